@@ -1,0 +1,129 @@
+//! Concurrency (a distributed semaphore): at most `max` units in flight per key.
+//!
+//! Each admitted request holds a permit with a lease. Releasing the permit frees
+//! its units at once; a holder that dies without releasing loses its permit when
+//! the lease expires, so a crash never leaks capacity for longer than a lease.
+
+use std::time::Duration;
+
+use super::{check_limit, window_micros};
+use crate::{Decision, PermitId, PolicyError};
+
+/// Parameters of a concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Concurrency {
+    max: u64,
+    lease: u64,
+}
+
+/// One held permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The permit's identity.
+    pub id: PermitId,
+    /// When the lease expires, in µs.
+    pub expires_at: u64,
+    /// How many units the permit holds.
+    pub units: u64,
+}
+
+/// State of a concurrency limit for one key: the permits held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConcurrencyState {
+    /// The permits currently held, in the order they were taken.
+    pub leases: Vec<Lease>,
+}
+
+impl ConcurrencyState {
+    fn held(&self) -> u64 {
+        self.leases.iter().map(|l| l.units).sum()
+    }
+
+    fn expire(&mut self, now: u64) {
+        self.leases.retain(|l| l.expires_at > now);
+    }
+}
+
+impl Concurrency {
+    /// At most `max` units in flight, each permit leased for `lease`.
+    pub fn new(max: u64, lease: Duration) -> Result<Self, PolicyError> {
+        Ok(Concurrency {
+            max: check_limit(max, "max")?,
+            lease: window_micros(lease, "lease")?,
+        })
+    }
+
+    /// The most units in flight.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The lease in microseconds.
+    pub fn lease_micros(&self) -> u64 {
+        self.lease
+    }
+
+    /// Tries to take a permit of `cost` units at `now` (µs), named `id`.
+    ///
+    /// A cost of 0 peeks and takes no permit.
+    pub fn acquire(
+        &self,
+        state: &mut ConcurrencyState,
+        now: u64,
+        cost: u64,
+        id: PermitId,
+    ) -> Decision {
+        state.expire(now);
+        let held = state.held();
+        if held + cost <= self.max {
+            if cost == 0 {
+                return Decision::allow(self.max, self.max - held, reset_after(state, now));
+            }
+            state.leases.push(Lease {
+                id,
+                expires_at: now + self.lease,
+                units: cost,
+            });
+            Decision::allow(self.max, self.max - held - cost, reset_after(state, now))
+                .with_permit(id)
+        } else {
+            let need = held + cost - self.max;
+            let mut by_expiry: Vec<(u64, u64)> =
+                state.leases.iter().map(|l| (l.expires_at, l.units)).collect();
+            by_expiry.sort_unstable();
+            let mut freed = 0;
+            let mut retry = self.lease;
+            for (expires_at, units) in by_expiry {
+                freed += units;
+                if freed >= need {
+                    retry = expires_at - now;
+                    break;
+                }
+            }
+            Decision::deny(self.max, self.max - held, reset_after(state, now), retry)
+        }
+    }
+
+    /// Releases the permit `id`. Returns whether it was still held (it may
+    /// have expired).
+    pub fn release(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
+        state.expire(now);
+        let before = state.leases.len();
+        state.leases.retain(|l| l.id != id);
+        state.leases.len() != before
+    }
+
+    /// The time until the state is empty, in µs.
+    pub fn reset_after(&self, state: &ConcurrencyState, now: u64) -> u64 {
+        reset_after(state, now)
+    }
+}
+
+fn reset_after(state: &ConcurrencyState, now: u64) -> u64 {
+    state
+        .leases
+        .iter()
+        .map(|l| l.expires_at.saturating_sub(now))
+        .max()
+        .unwrap_or(0)
+}

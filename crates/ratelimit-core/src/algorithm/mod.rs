@@ -1,0 +1,143 @@
+//! The algorithms as pure state transitions.
+//!
+//! Each algorithm is a small parameter struct with a `decide` method that takes
+//! its state, the current time in microseconds and a cost, updates the state in
+//! place and returns a [`Decision`](crate::Decision). There is no I/O and no
+//! floating point here: these functions are the reference that every store
+//! (in memory, and the Redis Lua scripts) reproduces exactly.
+//!
+//! Callers check the cost first ([`Policy::max_cost`](crate::Policy::max_cost));
+//! `decide` may assume `cost <= max_cost`.
+
+use std::time::Duration;
+
+use crate::PolicyError;
+
+pub mod concurrency;
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod token_bucket;
+
+pub use concurrency::Concurrency;
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_window_counter::SlidingWindowCounter;
+pub use sliding_window_log::SlidingWindowLog;
+pub use token_bucket::TokenBucket;
+
+/// The largest integer every store computes exactly (Redis Lua numbers are
+/// doubles, exact up to 2^53).
+pub const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// The longest time span a policy may cover, in microseconds (2^50 µs, about
+/// 35 years). Together with a clock reading below 2^52 (the Unix epoch in
+/// microseconds until the year 2112), every sum stays below [`MAX_EXACT`].
+pub const MAX_HORIZON_MICROS: u64 = 1 << 50;
+
+/// The largest limit, capacity or concurrency maximum a policy may have (2^40).
+pub const MAX_LIMIT: u64 = 1 << 40;
+
+/// Converts a duration to whole microseconds, rejecting zero and anything
+/// beyond [`MAX_HORIZON_MICROS`].
+pub(crate) fn window_micros(window: Duration, what: &'static str) -> Result<u64, PolicyError> {
+    let micros = window.as_micros();
+    if micros == 0 {
+        return Err(PolicyError::ZeroWindow { what });
+    }
+    if micros > u128::from(MAX_HORIZON_MICROS) {
+        return Err(PolicyError::Unrepresentable {
+            what,
+            max: MAX_HORIZON_MICROS,
+        });
+    }
+    u64::try_from(micros).map_err(|_| PolicyError::Unrepresentable {
+        what,
+        max: MAX_HORIZON_MICROS,
+    })
+}
+
+pub(crate) fn check_limit(limit: u64, what: &'static str) -> Result<u64, PolicyError> {
+    if limit == 0 {
+        return Err(PolicyError::ZeroLimit { what });
+    }
+    if limit > MAX_LIMIT {
+        return Err(PolicyError::Unrepresentable {
+            what,
+            max: MAX_LIMIT,
+        });
+    }
+    Ok(limit)
+}
+
+/// A refill rate: `amount` tokens every `period`.
+///
+/// Stores work with the emission interval, `period / amount` rounded *up* to a
+/// whole microsecond, so the effective rate is never above the configured one
+/// (for 3 per second the interval is 333,334 µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    amount: u64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `amount` tokens every `period`.
+    pub const fn new(amount: u64, period: Duration) -> Self {
+        Rate { amount, period }
+    }
+
+    /// `amount` tokens per second.
+    pub const fn per_second(amount: u64) -> Self {
+        Rate::new(amount, Duration::from_secs(1))
+    }
+
+    /// `amount` tokens per minute.
+    pub const fn per_minute(amount: u64) -> Self {
+        Rate::new(amount, Duration::from_secs(60))
+    }
+
+    /// `amount` tokens per hour.
+    pub const fn per_hour(amount: u64) -> Self {
+        Rate::new(amount, Duration::from_secs(3600))
+    }
+
+    /// Tokens per period.
+    pub const fn amount(&self) -> u64 {
+        self.amount
+    }
+
+    /// The period.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The emission interval in microseconds (one token every this many µs).
+    pub(crate) fn interval_micros(&self) -> Result<u64, PolicyError> {
+        if self.amount == 0 {
+            return Err(PolicyError::ZeroLimit { what: "rate" });
+        }
+        let period = window_micros(self.period, "period")?;
+        if period < self.amount {
+            return Err(PolicyError::RateTooHigh {
+                amount: self.amount,
+                period: self.period,
+            });
+        }
+        Ok(period.div_ceil(self.amount))
+    }
+}
+
+/// `capacity * interval`, checked against [`MAX_HORIZON_MICROS`].
+pub(crate) fn horizon(capacity: u64, interval: u64) -> Result<u64, PolicyError> {
+    capacity
+        .checked_mul(interval)
+        .filter(|&h| h <= MAX_HORIZON_MICROS)
+        .ok_or(PolicyError::Unrepresentable {
+            what: "capacity times emission interval",
+            max: MAX_HORIZON_MICROS,
+        })
+}

@@ -1,0 +1,134 @@
+//! Clocks: where a store's "now" comes from.
+//!
+//! Every algorithm works in integer microseconds. A store takes its time from
+//! exactly one clock: [`MonotonicClock`] by default, [`ManualClock`] in tests,
+//! and (with the `tokio` feature) [`TokioClock`], which follows
+//! `tokio::time::pause`/`advance`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of time in microseconds. It must never go backwards.
+pub trait Clock: Send + Sync + 'static {
+    /// The current time, in microseconds since an arbitrary fixed origin.
+    fn now(&self) -> u64;
+}
+
+/// A monotonic clock, anchored at the wall-clock time when it was created so
+/// that aligned windows (fixed window, sliding window counter) start on whole
+/// seconds, minutes and hours of the wall clock, as users expect.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+    origin_micros: u64,
+}
+
+impl MonotonicClock {
+    /// A clock that starts now.
+    pub fn new() -> Self {
+        let origin_micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 4))
+            .unwrap_or(0);
+        MonotonicClock {
+            origin: Instant::now(),
+            origin_micros,
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX / 4);
+        self.origin_micros.saturating_add(elapsed)
+    }
+}
+
+/// A clock that only moves when told to. Clones share the same time.
+///
+/// ```
+/// use ratelimit_core::clock::{Clock, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(0);
+/// clock.advance(Duration::from_millis(5));
+/// assert_eq!(clock.now(), 5_000);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    micros: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock reading `micros`.
+    pub fn new(micros: u64) -> Self {
+        ManualClock {
+            micros: Arc::new(AtomicU64::new(micros)),
+        }
+    }
+
+    /// Move the clock forward.
+    pub fn advance(&self, by: std::time::Duration) {
+        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.micros.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// Set the clock. Setting it backwards breaks the [`Clock`] contract and
+    /// is only meant for tests of that situation.
+    pub fn set(&self, micros: u64) {
+        self.micros.store(micros, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> u64 {
+        self.micros.load(Ordering::SeqCst)
+    }
+}
+
+/// A clock that follows `tokio::time`, including `tokio::time::pause()` and
+/// `advance()` in tests.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioClock {
+    /// A clock that starts at zero now.
+    pub fn new() -> Self {
+        TokioClock {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Clock for TokioClock {
+    fn now(&self) -> u64 {
+        // Start at one second so that "zero" never means "no state yet".
+        let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX / 4);
+        1_000_000 + elapsed
+    }
+}
+
+impl<C: Clock> Clock for Arc<C> {
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+}

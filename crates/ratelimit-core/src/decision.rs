@@ -1,0 +1,161 @@
+//! What a store answers: a [`Decision`].
+
+use std::fmt;
+use std::time::Duration;
+
+/// The answer to "may this request pass?" for one policy and one key.
+///
+/// The semantics are shared by every algorithm and every store:
+///
+/// - a denied request consumes nothing;
+/// - a cost of 0 peeks: it is always allowed and consumes nothing;
+/// - [`remaining`](Decision::remaining) is what a request of cost 1 could still
+///   take right now, after this decision;
+/// - [`reset_after`](Decision::reset_after) is how long until the budget is fully
+///   restored if nothing else is consumed;
+/// - [`retry_after`](Decision::retry_after) is, when denied, the exact delay
+///   until the same request would pass if nothing else is consumed (for the
+///   concurrency policy: until enough leases expire, an upper bound, since a
+///   holder may release sooner).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Decision {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_us: u64,
+    retry_after_us: u64,
+    delay_us: u64,
+    permit: Option<PermitId>,
+}
+
+impl Decision {
+    /// An allowed decision. Times are in microseconds.
+    pub fn allow(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
+        Decision {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after_us,
+            retry_after_us: 0,
+            delay_us: 0,
+            permit: None,
+        }
+    }
+
+    /// A denied decision. Times are in microseconds; `retry_after_us` is at least 1.
+    pub fn deny(limit: u64, remaining: u64, reset_after_us: u64, retry_after_us: u64) -> Self {
+        Decision {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after_us,
+            retry_after_us: retry_after_us.max(1),
+            delay_us: 0,
+            permit: None,
+        }
+    }
+
+    /// Sets the delay before an allowed request should start (leaky bucket).
+    #[must_use]
+    pub fn with_delay_us(mut self, delay_us: u64) -> Self {
+        self.delay_us = delay_us;
+        self
+    }
+
+    /// Attaches a concurrency permit.
+    #[must_use]
+    pub fn with_permit(mut self, permit: PermitId) -> Self {
+        self.permit = Some(permit);
+        self
+    }
+
+    /// Whether the request may pass.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The policy's limit: the most a key can take at once (the limit per
+    /// window, the bucket capacity, the concurrency maximum).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// What a request of cost 1 could still take right now, after this decision.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// How long until the budget is fully restored if nothing else is consumed.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.reset_after_us)
+    }
+
+    /// When denied, how long until the same request would pass; `None` when allowed.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.allowed).then(|| Duration::from_micros(self.retry_after_us))
+    }
+
+    /// For the leaky bucket, how long an allowed request should wait for its
+    /// slot so that admitted requests leave evenly spaced. Zero otherwise.
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.delay_us)
+    }
+
+    /// The concurrency permit taken by this decision, to be released when the
+    /// work is done.
+    pub fn permit(&self) -> Option<PermitId> {
+        self.permit
+    }
+
+    /// [`reset_after`](Self::reset_after) in microseconds.
+    pub fn reset_after_micros(&self) -> u64 {
+        self.reset_after_us
+    }
+
+    /// [`retry_after`](Self::retry_after) in microseconds (0 when allowed).
+    pub fn retry_after_micros(&self) -> u64 {
+        if self.allowed { 0 } else { self.retry_after_us }
+    }
+
+    /// [`delay`](Self::delay) in microseconds.
+    pub fn delay_micros(&self) -> u64 {
+        self.delay_us
+    }
+}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Decision");
+        d.field("allowed", &self.allowed)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("reset_after", &self.reset_after());
+        if !self.allowed {
+            d.field("retry_after", &Duration::from_micros(self.retry_after_us));
+        }
+        if self.delay_us > 0 {
+            d.field("delay", &self.delay());
+        }
+        if let Some(permit) = self.permit {
+            d.field("permit", &permit);
+        }
+        d.finish()
+    }
+}
+
+/// The identity of one concurrency permit, unique across the instances that
+/// share a store.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PermitId(pub u128);
+
+impl fmt::Debug for PermitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PermitId({:032x})", self.0)
+    }
+}
+
+impl fmt::Display for PermitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}

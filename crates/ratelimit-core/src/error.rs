@@ -1,0 +1,92 @@
+//! Errors: [`PolicyError`] when a policy is built, [`StoreError`] when a decision is asked for.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+/// A policy that cannot be built.
+///
+/// Every policy is validated when it is constructed, so a bad configuration
+/// fails at start-up rather than panicking or misbehaving under load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The limit (or capacity, or maximum) is zero: nothing could ever pass.
+    #[error("the {what} of a policy must be at least 1")]
+    ZeroLimit {
+        /// Which parameter was zero (`limit`, `capacity`, `max`, ...).
+        what: &'static str,
+    },
+    /// The window (or period, or lease) is zero or shorter than one microsecond.
+    #[error("the {what} of a policy must be at least one microsecond")]
+    ZeroWindow {
+        /// Which parameter was zero (`window`, `period`, `lease`).
+        what: &'static str,
+    },
+    /// The rate is more than one token per microsecond per key.
+    #[error("rate of {amount} per {period:?} is above one per microsecond, the finest rate a store represents")]
+    RateTooHigh {
+        /// Tokens per period.
+        amount: u64,
+        /// The period.
+        period: Duration,
+    },
+    /// A parameter or a product of parameters is too large for the stores to
+    /// represent exactly (Redis scripts compute in doubles, exact up to 2^53).
+    #[error("{what} is too large to represent exactly (at most {max})")]
+    Unrepresentable {
+        /// What overflowed.
+        what: &'static str,
+        /// The largest value allowed.
+        max: u64,
+    },
+    /// The policy name is empty, too long, or has characters outside `[A-Za-z0-9._-]`.
+    #[error("invalid policy name {name:?}: use 1 to 64 characters from [A-Za-z0-9._-]")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+    },
+}
+
+/// A decision that could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The cost is larger than the policy could ever admit, so waiting would not help.
+    #[error("cost {cost} exceeds what policy `{policy}` can ever admit ({max})")]
+    CostExceedsLimit {
+        /// The policy's name.
+        policy: String,
+        /// The cost asked for.
+        cost: u64,
+        /// The largest cost the policy admits.
+        max: u64,
+    },
+    /// The in-memory store holds its maximum number of keys and none has expired.
+    #[error("the in-memory store is full ({max_keys} keys, none expired)")]
+    Full {
+        /// The configured bound.
+        max_keys: usize,
+    },
+    /// One policy name was used with two different algorithms on the same store.
+    #[error("policy `{policy}` is stored with another algorithm; give each policy its own name")]
+    PolicyConflict {
+        /// The policy's name.
+        policy: String,
+    },
+    /// The store did not answer within its timeout.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store's backend failed (connection, protocol, script error).
+    #[error("store backend failed: {0}")]
+    Backend(#[source] Box<dyn StdError + Send + Sync + 'static>),
+}
+
+impl StoreError {
+    /// Whether this error means the store could not be reached or did not answer
+    /// (as opposed to a request that can never be admitted).
+    ///
+    /// Failure policies (fail open, fail closed, fallback) apply to these.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Timeout(_) | StoreError::Backend(_) | StoreError::Full { .. })
+    }
+}

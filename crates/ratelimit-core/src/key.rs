@@ -1,0 +1,111 @@
+//! How user keys become store keys.
+//!
+//! A user key (an IP address, an API key, a tenant id) is kept as it is when it
+//! is short and plainly printable; otherwise it is replaced by a hash, so a
+//! stored key is bounded in size and never echoes raw secrets or control bytes.
+//! Redis keys take the form `<prefix>:<policy>:{<key>}`: the braces are a Redis
+//! Cluster hash tag, so every key a script touches for one user key lives in one
+//! slot.
+
+use std::borrow::Cow;
+
+use sha2::{Digest, Sha256};
+
+/// The longest user key kept verbatim, in bytes.
+pub const MAX_VERBATIM_KEY_LEN: usize = 64;
+
+/// The prefix of a hashed key. Verbatim keys never start with it, so a client
+/// cannot forge a key that collides with the hashed form of another.
+pub const HASHED_KEY_MARKER: u8 = b'#';
+
+/// Returns the form of `key` that stores use: `key` itself when it is 1 to
+/// [`MAX_VERBATIM_KEY_LEN`] bytes of printable ASCII without `{`, `}` and does
+/// not start with `#`; otherwise `#` followed by 32 hex digits of its SHA-256.
+///
+/// ```
+/// use ratelimit_core::key::normalize;
+///
+/// assert_eq!(&*normalize(b"203.0.113.7"), b"203.0.113.7");
+/// let long = vec![b'a'; 1 << 20];
+/// assert_eq!(normalize(&long).len(), 33);
+/// assert_eq!(normalize(b"{tag}")[0], b'#');
+/// ```
+pub fn normalize(key: &[u8]) -> Cow<'_, [u8]> {
+    if is_verbatim(key) {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(hashed(key))
+    }
+}
+
+/// Whether [`normalize`] keeps `key` as it is.
+pub fn is_verbatim(key: &[u8]) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_VERBATIM_KEY_LEN
+        && key[0] != HASHED_KEY_MARKER
+        && key
+            .iter()
+            .all(|&b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}')
+}
+
+/// `#` and 32 lowercase hex digits: the first 128 bits of the SHA-256 of `key`.
+pub fn hashed(key: &[u8]) -> Vec<u8> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(key);
+    let mut out = Vec::with_capacity(33);
+    out.push(HASHED_KEY_MARKER);
+    for byte in &digest[..16] {
+        out.push(HEX[usize::from(byte >> 4)]);
+        out.push(HEX[usize::from(byte & 0x0f)]);
+    }
+    out
+}
+
+/// The full storage key `<prefix>:<policy>:{<normalized key>}` as used by the
+/// Redis store.
+///
+/// ```
+/// use ratelimit_core::key::storage_key;
+///
+/// assert_eq!(storage_key("rl", "api", b"alice"), "rl:api:{alice}");
+/// ```
+pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
+    let key = normalize(key);
+    let mut out = String::with_capacity(prefix.len() + policy.len() + key.len() + 4);
+    out.push_str(prefix);
+    out.push(':');
+    out.push_str(policy);
+    out.push_str(":{");
+    // `normalize` only returns printable ASCII.
+    out.extend(key.iter().map(|&b| char::from(b)));
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbatim_and_hashed() {
+        assert!(is_verbatim(b"user-1"));
+        assert!(!is_verbatim(b""));
+        assert!(!is_verbatim(b"with space"));
+        assert!(!is_verbatim(b"#abc"));
+        assert!(!is_verbatim(b"a{b"));
+        assert!(!is_verbatim(&[0xff, 0x00]));
+        assert!(!is_verbatim(&[b'a'; 65]));
+        assert!(is_verbatim(&[b'a'; 64]));
+        assert_ne!(hashed(b"a"), hashed(b"b"));
+        assert_eq!(hashed(b"a"), hashed(b"a"));
+        assert!(hashed(&[0u8; 3]).iter().all(|b| b.is_ascii_graphic()));
+    }
+
+    #[test]
+    fn storage_key_bounded() {
+        let huge = vec![0xffu8; 1 << 20];
+        let k = storage_key("rl", "p", &huge);
+        assert_eq!(k.len(), "rl:p:{}".len() + 33);
+        assert!(k.starts_with("rl:p:{#"));
+    }
+}

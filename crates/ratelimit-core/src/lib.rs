@@ -1,0 +1,50 @@
+//! Rate-limiting algorithms and stores with one set of exact semantics.
+//!
+//! `ratelimit-core` holds everything that is not HTTP:
+//!
+//! - [`Policy`]: one of seven algorithms (fixed window, sliding window log,
+//!   sliding window counter, token bucket, GCRA, leaky bucket, concurrency) with
+//!   validated parameters and a name;
+//! - [`algorithm`]: each algorithm as a pure state transition in integer
+//!   microseconds, the reference every store reproduces;
+//! - [`Decision`]: allowed or not, limit, remaining, reset and retry times;
+//! - [`Store`]: where state lives; [`MemoryStore`] is the embedded default.
+//!
+//! The tower middleware lives in `ratelimit-tower`, the axum integration in
+//! `ratelimit-axum`.
+//!
+//! # Example
+//!
+//! ```
+//! use ratelimit_core::{MemoryStore, Policy, Rate, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! // Bursts of 10, then 5 per second, per client.
+//! let policy = Policy::gcra(10, Rate::per_second(5))?.with_name("per-client")?;
+//!
+//! let decision = store.check(b"203.0.113.7", &policy, 1).await?;
+//! assert!(decision.is_allowed());
+//! assert_eq!(decision.remaining(), 9);
+//! # Ok(())
+//! # }
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+pub mod algorithm;
+pub mod clock;
+mod decision;
+mod error;
+pub mod key;
+pub mod memory;
+mod policy;
+mod store;
+
+pub use algorithm::Rate;
+pub use decision::{Decision, PermitId};
+pub use error::{PolicyError, StoreError};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use policy::{Algorithm, Policy, State};
+pub use store::{Check, Store, all_allowed};

@@ -1,0 +1,533 @@
+//! [`MemoryStore`]: the embedded, in-process store.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::{Ready, ready};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::policy::{Algorithm, State};
+use crate::store::{Check, Store};
+use crate::{Decision, PermitId, Policy, StoreError, key};
+
+/// The default bound on the number of keys a [`MemoryStore`] holds.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+const DEFAULT_SHARDS: usize = 64;
+
+/// An in-process store: no server, exact decisions, safe under many threads.
+///
+/// State is split into shards, each behind its own short-lived lock, so threads
+/// deciding for different keys rarely meet; one decision is one hash lookup and
+/// one state update under one shard lock.
+///
+/// # Bounded memory
+///
+/// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys
+/// (default [`DEFAULT_MAX_KEYS`]), enforced per shard (each shard holds at most
+/// `max_keys / shards`), with no background task:
+///
+/// - a key whose state is back to fresh (its window passed, its bucket refilled)
+///   is worth nothing and is dropped as soon as it is seen, and expired keys are
+///   swept from a shard whenever the shard is full;
+/// - when a shard is full and nothing in it has expired, a request for a **new**
+///   key gets [`StoreError::Full`]; existing keys keep being served exactly.
+///   Evicting live state instead would hand its owner a fresh budget (a bypass),
+///   so the store refuses and lets the caller's failure policy decide (the
+///   tower layer fails open, fails closed or falls back as configured).
+///
+/// # Example
+///
+/// ```
+/// use ratelimit_core::{MemoryStore, Policy, Store};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let policy = Policy::fixed_window(2, Duration::from_secs(10))?;
+/// assert!(store.check(b"alice", &policy, 1).await?.is_allowed());
+/// assert!(store.check(b"alice", &policy, 1).await?.is_allowed());
+/// let third = store.check(b"alice", &policy, 1).await?;
+/// assert!(!third.is_allowed());
+/// assert!(third.retry_after().is_some());
+/// # Ok(())
+/// # }
+/// ```
+pub struct MemoryStore<C = MonotonicClock> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for MemoryStore<C> {
+    fn clone(&self) -> Self {
+        MemoryStore {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+struct Shared<C> {
+    shards: Box<[Shard]>,
+    shard_mask: u64,
+    per_shard: usize,
+    max_keys: usize,
+    clock: C,
+    hasher: foldhash::fast::RandomState,
+    permit_prefix: u64,
+    permit_counter: AtomicU64,
+}
+
+// Each shard on its own cache lines, so neighbouring locks do not contend.
+#[repr(align(128))]
+struct Shard(Mutex<ShardInner>);
+
+struct ShardInner {
+    table: HashTable<Entry>,
+    /// No entry expires before this time (µs), so a full shard with
+    /// `now < next_expiry` has nothing to sweep.
+    next_expiry: u64,
+}
+
+struct Entry {
+    hash: u64,
+    policy: Policy,
+    key: Box<[u8]>,
+    state: State,
+    expires_at: u64,
+}
+
+impl Entry {
+    fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
+        self.hash == hash
+            && (self.policy.ptr_eq(policy) || self.policy.name() == policy.name())
+            && *self.key == *key
+    }
+}
+
+impl ShardInner {
+    /// Makes room for `extra` new entries, sweeping expired ones if needed.
+    fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
+        if self.table.len() + extra <= cap {
+            return true;
+        }
+        if now < self.next_expiry {
+            return false;
+        }
+        self.table.retain(|e| e.expires_at > now);
+        self.next_expiry = self
+            .table
+            .iter()
+            .map(|e| e.expires_at)
+            .min()
+            .unwrap_or(u64::MAX);
+        self.table.len() + extra <= cap
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        self.next_expiry = self.next_expiry.min(entry.expires_at);
+        self.table.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder<C = MonotonicClock> {
+    max_keys: usize,
+    shards: usize,
+    clock: C,
+}
+
+impl MemoryStoreBuilder<MonotonicClock> {
+    fn new() -> Self {
+        MemoryStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: DEFAULT_SHARDS,
+            clock: MonotonicClock::new(),
+        }
+    }
+}
+
+impl<C: Clock> MemoryStoreBuilder<C> {
+    /// The most keys the store holds (at least 1). See [`MemoryStore`] for
+    /// what happens at the bound.
+    #[must_use]
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// The number of shards, rounded up to a power of two (default 64). Never
+    /// more than `max_keys`.
+    #[must_use]
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.clamp(1, 1 << 16);
+        self
+    }
+
+    /// The clock decisions are made with (default: [`MonotonicClock`]).
+    pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
+        MemoryStoreBuilder {
+            max_keys: self.max_keys,
+            shards: self.shards,
+            clock,
+        }
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore<C> {
+        let mut shards = self.shards.next_power_of_two();
+        while shards > self.max_keys {
+            shards /= 2;
+        }
+        let shards = shards.max(1);
+        let per_shard = self.max_keys / shards;
+        let hasher = foldhash::fast::RandomState::default();
+        let permit_prefix = hasher.hash_one(std::time::SystemTime::now());
+        MemoryStore {
+            shared: Arc::new(Shared {
+                shards: (0..shards)
+                    .map(|_| {
+                        Shard(Mutex::new(ShardInner {
+                            table: HashTable::new(),
+                            next_expiry: u64::MAX,
+                        }))
+                    })
+                    .collect(),
+                shard_mask: (shards - 1) as u64,
+                per_shard,
+                max_keys: self.max_keys,
+                clock: self.clock,
+                hasher,
+                permit_prefix,
+                permit_counter: AtomicU64::new(1),
+            }),
+        }
+    }
+}
+
+impl MemoryStore<MonotonicClock> {
+    /// A store with the defaults: [`DEFAULT_MAX_KEYS`] keys, the monotonic clock.
+    pub fn new() -> Self {
+        MemoryStoreBuilder::new().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder<MonotonicClock> {
+        MemoryStoreBuilder::new()
+    }
+}
+
+impl Default for MemoryStore<MonotonicClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shared.shards.len())
+            .field("max_keys", &self.shared.max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// The number of keys held now (live or not yet reclaimed).
+    pub fn len(&self) -> usize {
+        self.shared.shards.iter().map(|s| s.0.lock().table.len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured bound on keys.
+    pub fn max_keys(&self) -> usize {
+        self.shared.max_keys
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.shared.clock
+    }
+
+    fn hash(&self, policy: &Policy, key: &[u8]) -> u64 {
+        self.shared.hasher.hash_one((policy.name(), key))
+    }
+
+    fn shard_index(&self, hash: u64) -> usize {
+        // The table uses the low bits and the top seven; shard on the middle.
+        ((hash >> 32) & self.shared.shard_mask) as usize
+    }
+
+    fn permit_for(&self, policy: &Policy) -> PermitId {
+        if matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            let n = self.shared.permit_counter.fetch_add(1, Ordering::Relaxed);
+            PermitId((u128::from(self.shared.permit_prefix) << 64) | u128::from(n))
+        } else {
+            PermitId(0)
+        }
+    }
+
+    fn full(&self) -> StoreError {
+        StoreError::Full {
+            max_keys: self.shared.max_keys,
+        }
+    }
+
+    /// [`Store::check`], synchronously.
+    pub fn check_now(&self, key: &[u8], policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        policy.check_cost(cost)?;
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let permit = self.permit_for(policy);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let now = self.shared.clock.now();
+        match shard.table.find_entry(hash, |e| e.matches(hash, policy, &key)) {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                let decision = policy
+                    .algorithm()
+                    .decide(&mut entry.state, now, cost, permit)
+                    .ok_or_else(|| conflict(policy))?;
+                let reset = decision.reset_after_micros();
+                if reset == 0 {
+                    occupied.remove();
+                } else {
+                    entry.expires_at = now + reset;
+                    let expires_at = entry.expires_at;
+                    shard.next_expiry = shard.next_expiry.min(expires_at);
+                }
+                Ok(decision)
+            }
+            Err(_) => {
+                let mut state = policy.algorithm().new_state();
+                let decision = policy
+                    .algorithm()
+                    .decide(&mut state, now, cost, permit)
+                    .ok_or_else(|| conflict(policy))?;
+                let reset = decision.reset_after_micros();
+                if reset > 0 {
+                    if !shard.make_room(now, 1, self.shared.per_shard) {
+                        return Err(self.full());
+                    }
+                    shard.insert(Entry {
+                        hash,
+                        policy: policy.clone(),
+                        key: key.into_owned().into_boxed_slice(),
+                        state,
+                        expires_at: now + reset,
+                    });
+                }
+                Ok(decision)
+            }
+        }
+    }
+
+    /// [`Store::check_all`], synchronously.
+    pub fn check_all_now(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        struct Item<'a> {
+            hash: u64,
+            shard: usize,
+            key: Cow<'a, [u8]>,
+            policy: &'a Policy,
+            /// Index of the working state this check uses (shared by duplicates).
+            slot: usize,
+        }
+        struct Slot {
+            state: State,
+            original: Option<State>,
+            existed: bool,
+            reset: u64,
+        }
+
+        let mut items = Vec::with_capacity(checks.len());
+        for check in checks {
+            check.policy.check_cost(check.cost)?;
+            let key = key::normalize(check.key);
+            let hash = self.hash(check.policy, &key);
+            items.push(Item {
+                hash,
+                shard: self.shard_index(hash),
+                key,
+                policy: check.policy,
+                slot: usize::MAX,
+            });
+        }
+        let mut order: Vec<usize> = items.iter().map(|i| i.shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        // Locks are always taken in shard order, so two multi-checks never deadlock.
+        let mut guards: Vec<(usize, MutexGuard<'_, ShardInner>)> = order
+            .iter()
+            .map(|&i| (i, self.shared.shards[i].0.lock()))
+            .collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+        let now = self.shared.clock.now();
+
+        let mut slots: Vec<Slot> = Vec::with_capacity(items.len());
+        for i in 0..items.len() {
+            let earlier = (0..i).find(|&j| {
+                items[j].hash == items[i].hash
+                    && items[j].policy.name() == items[i].policy.name()
+                    && items[j].key == items[i].key
+            });
+            items[i].slot = match earlier {
+                Some(j) => items[j].slot,
+                None => {
+                    let item = &items[i];
+                    let guard = &guards[guard_of(item.shard)].1;
+                    let found = guard
+                        .table
+                        .find(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
+                    let (state, existed) = match found {
+                        Some(e) => (e.state.clone(), true),
+                        None => (item.policy.algorithm().new_state(), false),
+                    };
+                    slots.push(Slot {
+                        original: Some(state.clone()),
+                        state,
+                        existed,
+                        reset: 0,
+                    });
+                    slots.len() - 1
+                }
+            };
+        }
+
+        let mut decisions = Vec::with_capacity(items.len());
+        for (item, check) in items.iter().zip(checks) {
+            let permit = self.permit_for(item.policy);
+            let slot = &mut slots[item.slot];
+            let decision = item
+                .policy
+                .algorithm()
+                .decide(&mut slot.state, now, check.cost, permit)
+                .ok_or_else(|| conflict(item.policy))?;
+            slot.reset = decision.reset_after_micros();
+            decisions.push(decision);
+        }
+
+        if !crate::store::all_allowed(&decisions) {
+            // Nothing is consumed; the limits that would have allowed report a peek.
+            for ((item, decision), _) in items.iter().zip(decisions.iter_mut()).zip(checks) {
+                if decision.is_allowed() {
+                    let mut state = slots[item.slot]
+                        .original
+                        .clone()
+                        .unwrap_or_else(|| item.policy.algorithm().new_state());
+                    if let Some(peek) =
+                        item.policy
+                            .algorithm()
+                            .decide(&mut state, now, 0, PermitId(0))
+                    {
+                        *decision = peek;
+                    }
+                }
+            }
+            return Ok(decisions);
+        }
+
+        // Room first, so that a full shard fails the whole request before any write.
+        let mut inserts = vec![0usize; order.len()];
+        let mut first_of_slot = vec![usize::MAX; slots.len()];
+        for (i, item) in items.iter().enumerate() {
+            if first_of_slot[item.slot] == usize::MAX {
+                first_of_slot[item.slot] = i;
+                let slot = &slots[item.slot];
+                if !slot.existed && slot.reset > 0 {
+                    inserts[guard_of(item.shard)] += 1;
+                }
+            }
+        }
+        for (g, extra) in inserts.iter().enumerate() {
+            if *extra > 0 && !guards[g].1.make_room(now, *extra, self.shared.per_shard) {
+                return Err(self.full());
+            }
+        }
+        for (slot_index, &i) in first_of_slot.iter().enumerate() {
+            let item = &items[i];
+            let slot = &mut slots[slot_index];
+            let guard = &mut guards[guard_of(item.shard)].1;
+            let state = std::mem::replace(&mut slot.state, State::Gcra(Default::default()));
+            let found = guard
+                .table
+                .find_entry(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
+            match found {
+                Ok(mut occupied) => {
+                    if slot.reset == 0 {
+                        occupied.remove();
+                    } else {
+                        let entry = occupied.get_mut();
+                        entry.state = state;
+                        entry.expires_at = now + slot.reset;
+                        guard.next_expiry = guard.next_expiry.min(now + slot.reset);
+                    }
+                }
+                Err(_) if slot.reset > 0 => guard.insert(Entry {
+                    hash: item.hash,
+                    policy: item.policy.clone(),
+                    key: item.key.to_vec().into_boxed_slice(),
+                    state,
+                    expires_at: now + slot.reset,
+                }),
+                Err(_) => {}
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// [`Store::release`], synchronously.
+    pub fn release_now(&self, key: &[u8], policy: &Policy, permit: PermitId) {
+        let Algorithm::Concurrency(algorithm) = policy.algorithm() else {
+            return;
+        };
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let now = self.shared.clock.now();
+        if let Ok(mut occupied) = shard.table.find_entry(hash, |e| e.matches(hash, policy, &key))
+            && let State::Concurrency(state) = &mut occupied.get_mut().state
+        {
+            algorithm.release(state, now, permit);
+            let reset = algorithm.reset_after(state, now);
+            if reset == 0 {
+                occupied.remove();
+            } else {
+                occupied.get_mut().expires_at = now + reset;
+            }
+        }
+    }
+}
+
+fn conflict(policy: &Policy) -> StoreError {
+    StoreError::PolicyConflict {
+        policy: policy.name().to_owned(),
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        ready(self.check_now(key, policy, cost))
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        ready(self.check_all_now(checks))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.release_now(key, policy, permit);
+        ready(Ok(()))
+    }
+}

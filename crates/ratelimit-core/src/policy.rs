@@ -1,0 +1,403 @@
+//! Policies: an algorithm, its parameters, and a name.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::concurrency::ConcurrencyState;
+use crate::algorithm::fixed_window::FixedWindowState;
+use crate::algorithm::gcra::GcraState;
+use crate::algorithm::sliding_window_counter::SlidingWindowCounterState;
+use crate::algorithm::sliding_window_log::SlidingWindowLogState;
+use crate::algorithm::token_bucket::TokenBucketState;
+use crate::algorithm::{
+    Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter, SlidingWindowLog,
+    TokenBucket,
+};
+use crate::{Decision, PermitId, PolicyError, StoreError};
+
+/// One of the seven algorithms with its validated parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingWindowLog`].
+    SlidingWindowLog(SlidingWindowLog),
+    /// See [`SlidingWindowCounter`].
+    SlidingWindowCounter(SlidingWindowCounter),
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`Gcra`].
+    Gcra(Gcra),
+    /// See [`LeakyBucket`].
+    LeakyBucket(LeakyBucket),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
+}
+
+impl Algorithm {
+    /// The algorithm's short name, as used on the command line and in metrics:
+    /// `fixed-window`, `sliding-log`, `sliding-window`, `token-bucket`, `gcra`,
+    /// `leaky-bucket` or `concurrency`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow(_) => "fixed-window",
+            Algorithm::SlidingWindowLog(_) => "sliding-log",
+            Algorithm::SlidingWindowCounter(_) => "sliding-window",
+            Algorithm::TokenBucket(_) => "token-bucket",
+            Algorithm::Gcra(_) => "gcra",
+            Algorithm::LeakyBucket(_) => "leaky-bucket",
+            Algorithm::Concurrency(_) => "concurrency",
+        }
+    }
+
+    /// The quota: the most a key can take at once.
+    pub fn limit(&self) -> u64 {
+        match self {
+            Algorithm::FixedWindow(a) => a.limit(),
+            Algorithm::SlidingWindowLog(a) => a.limit(),
+            Algorithm::SlidingWindowCounter(a) => a.limit(),
+            Algorithm::TokenBucket(a) => a.capacity(),
+            Algorithm::Gcra(a) => a.burst(),
+            Algorithm::LeakyBucket(a) => a.capacity(),
+            Algorithm::Concurrency(a) => a.max(),
+        }
+    }
+
+    /// The time over which the quota applies, in microseconds: the window, the
+    /// time to refill an empty bucket, or the lease of a permit.
+    pub fn window_micros(&self) -> u64 {
+        match self {
+            Algorithm::FixedWindow(a) => a.window_micros(),
+            Algorithm::SlidingWindowLog(a) => a.window_micros(),
+            Algorithm::SlidingWindowCounter(a) => a.window_micros(),
+            Algorithm::TokenBucket(a) => a.capacity() * a.interval_micros(),
+            Algorithm::Gcra(a) => a.burst() * a.interval_micros(),
+            Algorithm::LeakyBucket(a) => a.capacity() * a.interval_micros(),
+            Algorithm::Concurrency(a) => a.lease_micros(),
+        }
+    }
+
+    /// A fresh state for this algorithm.
+    pub fn new_state(&self) -> State {
+        match self {
+            Algorithm::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
+            Algorithm::SlidingWindowLog(_) => {
+                State::SlidingWindowLog(SlidingWindowLogState::default())
+            }
+            Algorithm::SlidingWindowCounter(_) => {
+                State::SlidingWindowCounter(SlidingWindowCounterState::default())
+            }
+            Algorithm::TokenBucket(_) => State::TokenBucket(TokenBucketState::default()),
+            Algorithm::Gcra(_) | Algorithm::LeakyBucket(_) => State::Gcra(GcraState::default()),
+            Algorithm::Concurrency(_) => State::Concurrency(ConcurrencyState::default()),
+        }
+    }
+
+    /// Applies one request to `state`. Returns `None` when the state belongs to
+    /// another algorithm. `permit` names the permit a concurrency policy takes.
+    ///
+    /// The caller has checked `cost` against [`Policy::max_cost`].
+    pub fn decide(&self, state: &mut State, now: u64, cost: u64, permit: PermitId) -> Option<Decision> {
+        Some(match (self, state) {
+            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.decide(s, now, cost),
+            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => a.decide(s, now, cost),
+            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
+                a.decide(s, now, cost)
+            }
+            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.decide(s, now, cost),
+            (Algorithm::Gcra(a), State::Gcra(s)) => a.decide(s, now, cost),
+            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.decide(s, now, cost),
+            (Algorithm::Concurrency(a), State::Concurrency(s)) => a.acquire(s, now, cost, permit),
+            _ => return None,
+        })
+    }
+}
+
+/// The state of one key under one algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum State {
+    /// Fixed window state.
+    FixedWindow(FixedWindowState),
+    /// Sliding window log state.
+    SlidingWindowLog(SlidingWindowLogState),
+    /// Sliding window counter state.
+    SlidingWindowCounter(SlidingWindowCounterState),
+    /// Token bucket state.
+    TokenBucket(TokenBucketState),
+    /// GCRA and leaky bucket state.
+    Gcra(GcraState),
+    /// Concurrency state.
+    Concurrency(ConcurrencyState),
+}
+
+/// A named, validated rate-limiting policy. Cheap to clone.
+///
+/// The name is part of every storage key, header and metric: two policies with
+/// the same name on one store share their state. Each constructor gives a
+/// default name that includes the parameters (such as `fixed-window-5-per-10s`);
+/// [`with_name`](Policy::with_name) sets your own.
+///
+/// ```
+/// use ratelimit_core::{Policy, Rate};
+/// use std::time::Duration;
+///
+/// let per_ip = Policy::fixed_window(5, Duration::from_secs(10))?;
+/// assert_eq!(per_ip.name(), "fixed-window-5-per-10s");
+///
+/// let api = Policy::gcra(20, Rate::per_second(10))?.with_name("api")?;
+/// assert_eq!(api.limit(), 20);
+///
+/// assert!(Policy::fixed_window(0, Duration::from_secs(1)).is_err());
+/// # Ok::<(), ratelimit_core::PolicyError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Policy {
+    inner: Arc<Inner>,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct Inner {
+    name: Box<str>,
+    algorithm: Algorithm,
+}
+
+impl Policy {
+    /// A policy from an algorithm, with its default name.
+    pub fn new(algorithm: Algorithm) -> Self {
+        let name = default_name(&algorithm);
+        Policy {
+            inner: Arc::new(Inner {
+                name: name.into_boxed_str(),
+                algorithm,
+            }),
+        }
+    }
+
+    /// At most `limit` per aligned `window`. See [`FixedWindow`].
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::FixedWindow(FixedWindow::new(limit, window)?)))
+    }
+
+    /// At most `limit` in any interval of length `window`. See [`SlidingWindowLog`].
+    pub fn sliding_window_log(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::SlidingWindowLog(SlidingWindowLog::new(limit, window)?)))
+    }
+
+    /// About `limit` per sliding `window`. See [`SlidingWindowCounter`].
+    pub fn sliding_window_counter(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::SlidingWindowCounter(SlidingWindowCounter::new(limit, window)?)))
+    }
+
+    /// Bursts up to `capacity`, refilled at `rate`. See [`TokenBucket`].
+    pub fn token_bucket(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::TokenBucket(TokenBucket::new(capacity, rate)?)))
+    }
+
+    /// Bursts up to `burst`, sustained `rate`, one timestamp per key. See [`Gcra`].
+    pub fn gcra(burst: u64, rate: Rate) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::Gcra(Gcra::new(burst, rate)?)))
+    }
+
+    /// Requests leave at `rate`, at most `capacity` in the bucket. See [`LeakyBucket`].
+    pub fn leaky_bucket(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::LeakyBucket(LeakyBucket::new(capacity, rate)?)))
+    }
+
+    /// At most `max` in flight per key, each permit leased for `lease`. See [`Concurrency`].
+    pub fn concurrency(max: u64, lease: Duration) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::Concurrency(Concurrency::new(max, lease)?)))
+    }
+
+    /// The same policy under another name: 1 to 64 characters from
+    /// `[A-Za-z0-9._-]`, so it is safe in storage keys, headers and metrics.
+    pub fn with_name(self, name: impl Into<String>) -> Result<Self, PolicyError> {
+        let name = name.into();
+        if !valid_name(&name) {
+            return Err(PolicyError::InvalidName { name });
+        }
+        Ok(Policy {
+            inner: Arc::new(Inner {
+                name: name.into_boxed_str(),
+                algorithm: self.inner.algorithm,
+            }),
+        })
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.inner.algorithm
+    }
+
+    /// The quota: the most a key can take at once.
+    pub fn limit(&self) -> u64 {
+        self.inner.algorithm.limit()
+    }
+
+    /// The time over which the quota applies (see [`Algorithm::window_micros`]).
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.inner.algorithm.window_micros())
+    }
+
+    /// The largest cost a single request can ever be admitted with.
+    pub fn max_cost(&self) -> u64 {
+        self.limit()
+    }
+
+    /// Returns an error when `cost` can never pass this policy.
+    pub fn check_cost(&self, cost: u64) -> Result<(), StoreError> {
+        if cost > self.max_cost() {
+            return Err(StoreError::CostExceedsLimit {
+                policy: self.name().to_owned(),
+                cost,
+                max: self.max_cost(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether two handles point at the same policy object (cheap).
+    pub fn ptr_eq(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name())
+            .field("algorithm", self.algorithm())
+            .finish()
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A compact, name-safe rendering of a duration: `10s`, `500ms`, `1h`, `250us`.
+pub(crate) fn short_duration(micros: u64) -> String {
+    const UNITS: [(u64, &str); 6] = [
+        (86_400_000_000, "d"),
+        (3_600_000_000, "h"),
+        (60_000_000, "m"),
+        (1_000_000, "s"),
+        (1_000, "ms"),
+        (1, "us"),
+    ];
+    for (size, unit) in UNITS {
+        if micros.is_multiple_of(size) {
+            return format!("{}{unit}", micros / size);
+        }
+    }
+    format!("{micros}us")
+}
+
+fn rate_name(rate: Rate) -> String {
+    let micros = u64::try_from(rate.period().as_micros()).unwrap_or(u64::MAX);
+    format!("{}-per-{}", rate.amount(), short_duration(micros))
+}
+
+fn default_name(algorithm: &Algorithm) -> String {
+    let kind = algorithm.kind();
+    match algorithm {
+        Algorithm::FixedWindow(a) => {
+            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+        }
+        Algorithm::SlidingWindowLog(a) => {
+            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+        }
+        Algorithm::SlidingWindowCounter(a) => {
+            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+        }
+        Algorithm::TokenBucket(a) => format!("{kind}-{}-at-{}", a.capacity(), rate_name(a.rate())),
+        Algorithm::Gcra(a) => format!("{kind}-{}-at-{}", a.burst(), rate_name(a.rate())),
+        Algorithm::LeakyBucket(a) => format!("{kind}-{}-at-{}", a.capacity(), rate_name(a.rate())),
+        Algorithm::Concurrency(a) => {
+            format!("{kind}-{}-lease-{}", a.max(), short_duration(a.lease_micros()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let p = Policy::token_bucket(20, Rate::per_second(10)).expect("valid");
+        assert_eq!(p.name(), "token-bucket-20-at-10-per-1s");
+        assert!(valid_name(p.name()));
+        let p = Policy::concurrency(3, Duration::from_millis(1500)).expect("valid");
+        assert_eq!(p.name(), "concurrency-3-lease-1500ms");
+        assert!(p.clone().with_name("bad name").is_err());
+        assert!(p.clone().with_name("").is_err());
+        assert!(p.clone().with_name("x".repeat(65)).is_err());
+        assert_eq!(p.with_name("ok-1.2_3").expect("valid").name(), "ok-1.2_3");
+    }
+
+    #[test]
+    fn invalid_policies_fail_when_built() {
+        let s = Duration::from_secs(1);
+        assert_eq!(
+            Policy::fixed_window(0, s).unwrap_err(),
+            PolicyError::ZeroLimit { what: "limit" }
+        );
+        assert!(matches!(
+            Policy::sliding_window_log(1, Duration::ZERO),
+            Err(PolicyError::ZeroWindow { .. })
+        ));
+        assert!(matches!(
+            Policy::sliding_window_log(1, Duration::from_nanos(999)),
+            Err(PolicyError::ZeroWindow { .. })
+        ));
+        assert!(matches!(
+            Policy::token_bucket(1, Rate::new(0, s)),
+            Err(PolicyError::ZeroLimit { .. })
+        ));
+        assert!(matches!(
+            Policy::gcra(1, Rate::new(2_000_000, s)),
+            Err(PolicyError::RateTooHigh { .. })
+        ));
+        assert!(matches!(
+            Policy::gcra(u64::MAX, Rate::per_second(1)),
+            Err(PolicyError::Unrepresentable { .. })
+        ));
+        assert!(matches!(
+            Policy::leaky_bucket(1 << 39, Rate::per_hour(1)),
+            Err(PolicyError::Unrepresentable { .. })
+        ));
+        assert!(matches!(
+            Policy::sliding_window_counter(1 << 30, Duration::from_secs(3600 * 24)),
+            Err(PolicyError::Unrepresentable { .. })
+        ));
+        assert!(matches!(
+            Policy::fixed_window(1, Duration::MAX),
+            Err(PolicyError::Unrepresentable { .. })
+        ));
+        assert!(matches!(
+            Policy::concurrency(1, Duration::ZERO),
+            Err(PolicyError::ZeroWindow { .. })
+        ));
+    }
+
+    #[test]
+    fn cost_checks() {
+        let p = Policy::fixed_window(5, Duration::from_secs(1)).expect("valid");
+        assert!(p.check_cost(5).is_ok());
+        assert!(matches!(
+            p.check_cost(u64::MAX),
+            Err(StoreError::CostExceedsLimit { cost: u64::MAX, max: 5, .. })
+        ));
+    }
+}

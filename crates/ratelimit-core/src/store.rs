@@ -1,0 +1,82 @@
+//! The [`Store`] trait: where decisions are made and state is kept.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::{Decision, PermitId, Policy, StoreError};
+
+/// One limit to check as part of [`Store::check_all`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Check<'a> {
+    /// The user key (an IP address, an API key, ...).
+    pub key: &'a [u8],
+    /// The policy to check it against.
+    pub policy: &'a Policy,
+    /// What the request costs under this policy.
+    pub cost: u64,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `key` against `policy` at `cost`.
+    pub fn new(key: &'a [u8], policy: &'a Policy, cost: u64) -> Self {
+        Check { key, policy, cost }
+    }
+}
+
+/// A place where rate-limit state lives and decisions are made atomically.
+///
+/// Implemented by [`MemoryStore`](crate::MemoryStore) (in process) and, with the
+/// `redis` feature, by the Redis store. Futures are `'static` so services can
+/// hold them across `await` points without borrowing the store.
+///
+/// Every implementation follows the semantics of [`Decision`]: denied requests
+/// consume nothing, cost 0 peeks, a cost above [`Policy::max_cost`] is
+/// [`StoreError::CostExceedsLimit`].
+pub trait Store: Send + Sync + 'static {
+    /// The future returned by [`check`](Store::check).
+    type CheckFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+    /// The future returned by [`check_all`](Store::check_all).
+    type CheckAllFuture: Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'static;
+    /// The future returned by [`release`](Store::release).
+    type ReleaseFuture: Future<Output = Result<(), StoreError>> + Send + 'static;
+
+    /// Decides one request of `cost` for `key` under `policy`, and consumes the
+    /// cost when allowed.
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture;
+
+    /// Decides several limits for one request, all or nothing: the request is
+    /// allowed when every decision allows it, and then every cost is consumed;
+    /// otherwise nothing is consumed, and the decisions that would have allowed
+    /// report the current state as a peek would.
+    ///
+    /// Decisions come back in the order of `checks`.
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture;
+
+    /// Releases a concurrency permit taken by an earlier decision. Releasing a
+    /// permit that already expired or was released is not an error.
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture;
+}
+
+impl<S: Store> Store for Arc<S> {
+    type CheckFuture = S::CheckFuture;
+    type CheckAllFuture = S::CheckAllFuture;
+    type ReleaseFuture = S::ReleaseFuture;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        (**self).check(key, policy, cost)
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        (**self).check_all(checks)
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        (**self).release(key, policy, permit)
+    }
+}
+
+/// Whether every decision allows the request.
+pub fn all_allowed(decisions: &[Decision]) -> bool {
+    decisions.iter().all(Decision::is_allowed)
+}
