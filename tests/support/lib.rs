@@ -1,1 +1,78 @@
-//! Test support for the workspace's integration tests.
+//! Test support for the workspace's integration tests: free loopback ports,
+//! child processes that are stopped on drop, and the example binaries.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A child process killed (and reaped) when dropped.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Child,
+}
+
+impl ChildGuard {
+    /// Spawns `command`.
+    pub fn spawn(command: &mut Command) -> std::io::Result<Self> {
+        Ok(ChildGuard {
+            child: command.spawn()?,
+        })
+    }
+
+    /// The process.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds the example `name` of the `ratelimit-examples` package and returns
+/// the path of its executable.
+pub fn example_binary(name: &str) -> PathBuf {
+    let run = escargot::CargoBuild::new()
+        .package("ratelimit-examples")
+        .example(name)
+        .current_target()
+        .run()
+        .unwrap_or_else(|e| panic!("building example {name}: {e}"));
+    run.path().to_path_buf()
+}
+
+/// Spawns the example `name` with `args` and extra environment.
+pub fn spawn_example(name: &str, args: &[&str], env: &[(&str, &str)]) -> ChildGuard {
+    let mut command = Command::new(example_binary(name));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"))
+}
+
+/// Waits until something accepts TCP connections on `addr`, for at most `limit`.
+pub fn wait_for_port(addr: SocketAddr, limit: Duration) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            start.elapsed() < limit,
+            "nothing listened on {addr} within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

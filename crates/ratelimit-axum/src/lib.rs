@@ -1,1 +1,126 @@
-//! placeholder
+//! axum integration for `ratelimit-tower`.
+//!
+//! [`RateLimitInfo`] is an extractor that gives a handler the decisions the
+//! rate-limit layer made for the request (policy, limit, remaining, reset), so
+//! it can show a user how much quota is left.
+//!
+//! ```
+//! use ratelimit_axum::RateLimitInfo;
+//!
+//! async fn handler(info: RateLimitInfo) -> String {
+//!     match info.tightest() {
+//!         Some(entry) => format!(
+//!             "{} of {} left under {}",
+//!             entry.decision().remaining(),
+//!             entry.decision().limit(),
+//!             entry.policy().name(),
+//!         ),
+//!         None => String::from("not limited"),
+//!     }
+//! }
+//! # let _ = handler;
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+use std::convert::Infallible;
+use std::fmt;
+use std::ops::Deref;
+
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use ratelimit_tower::Decisions;
+
+/// The rate-limit decisions for this request, put there by
+/// `ratelimit_tower::RateLimitLayer`.
+///
+/// Extracting it from a request that did not pass through the layer is a
+/// [`MissingRateLimitLayer`] rejection (500), a configuration error. Use
+/// `Option<RateLimitInfo>` for routes where the layer is optional.
+#[derive(Debug, Clone)]
+pub struct RateLimitInfo(pub Decisions);
+
+impl Deref for RateLimitInfo {
+    type Target = Decisions;
+
+    fn deref(&self) -> &Decisions {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RateLimitInfo {
+    type Rejection = MissingRateLimitLayer;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Decisions>()
+            .cloned()
+            .map(RateLimitInfo)
+            .ok_or(MissingRateLimitLayer)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for RateLimitInfo {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Decisions>().cloned().map(RateLimitInfo))
+    }
+}
+
+/// Rejection of [`RateLimitInfo`] when the request did not pass through the
+/// rate-limit layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingRateLimitLayer;
+
+impl fmt::Display for MissingRateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no rate-limit decision on this request: is RateLimitLayer applied to this route?")
+    }
+}
+
+impl std::error::Error for MissingRateLimitLayer {}
+
+impl IntoResponse for MissingRateLimitLayer {
+    fn into_response(self) -> Response {
+        (StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::{Decision, Policy};
+    use ratelimit_tower::PolicyDecision;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn extracts_or_rejects() {
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        let missing = <RateLimitInfo as FromRequestParts<()>>::from_request_parts(&mut parts, &())
+            .await
+            .unwrap_err();
+        assert_eq!(missing.into_response().status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let optional =
+            <RateLimitInfo as OptionalFromRequestParts<()>>::from_request_parts(&mut parts, &())
+                .await
+                .unwrap();
+        assert!(optional.is_none());
+
+        let policy = Policy::fixed_window(5, Duration::from_secs(10)).unwrap();
+        parts.extensions.insert(Decisions::new(vec![PolicyDecision::new(
+            policy,
+            Decision::allow(5, 4, 10_000_000),
+        )]));
+        let info = <RateLimitInfo as FromRequestParts<()>>::from_request_parts(&mut parts, &())
+            .await
+            .unwrap();
+        assert_eq!(info.tightest().unwrap().decision().remaining(), 4);
+    }
+}

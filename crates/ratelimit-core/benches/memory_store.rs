@@ -1,2 +1,288 @@
-//! Placeholder, replaced by the governor comparison.
-fn main() {}
+//! Decisions per second of [`MemoryStore::check_now`] next to `governor`'s keyed
+//! limiter, on the same workloads, in one criterion group.
+//!
+//! Bench ids read `<library>/<algorithm>/<workload>/<threads>`:
+//!
+//! - `memory/gcra/..` and `memory/token_bucket/..`: our store, one policy each;
+//! - `governor/gcra/..`: `governor::DefaultKeyedRateLimiter` (a `DashMap` of
+//!   atomic GCRA cells, std `RandomState` hasher, quanta clock). Governor only
+//!   implements GCRA, which admits exactly what a token bucket of the same
+//!   capacity and rate admits, so it is the reference for both of our rows;
+//! - workloads: `hot` is one key for every decision, `uniform` draws each
+//!   decision's key uniformly from 100,000 keys with a xorshift64 generator
+//!   (the same generator and seeds for both libraries, for the hot key it is
+//!   not called at all);
+//! - `1t` is one thread; `2t` is two threads (`std::thread::scope`) deciding
+//!   `iters / 2` each against the same limiter, timed on the wall clock from a
+//!   barrier to the join, so the figure is aggregate throughput.
+//!
+//! Throughput is `Elements(1)` per iteration: one decision. Every decision costs
+//! 1 and its whole result goes through `black_box`.
+//!
+//! Quota: 1,000,000 per second with bursts of 1,000 for both libraries
+//! (`Rate::per_second(1_000_000)`, an emission interval of 1 µs, is the highest
+//! rate our policies accept; governor's `Quota::per_second(1_000_000)` has an
+//! interval of 1,000 ns). Regimes, printed before the group runs:
+//!
+//! - `uniform`: a key comes back about every 100,000 decisions, long after it
+//!   refilled, so every decision is allowed for both libraries;
+//! - `hot`: one key at tens of millions of decisions per second drains the
+//!   burst at once, after which about one decision per µs is allowed and the
+//!   rest are denied, for both libraries. These rows mostly measure denials.
+//!
+//! Keys: the same `Vec<u8>` values for both libraries, `client-<n>` formatted
+//! once up front. Our store takes `&[u8]`; governor is keyed by `Vec<u8>`.
+//! Printable ASCII keys are the fair choice: our store keeps them verbatim,
+//! whereas raw binary keys (say a `u64` in 8 big-endian bytes) would be
+//! replaced by a SHA-256 digest on every call (see `key::normalize`).
+//!
+//! Uniform-key limiters are filled with all 100,000 keys before measuring, so
+//! the rows measure lookups of existing keys, not inserts.
+//!
+//! Run with `cargo bench -p ratelimit-core --bench memory_store`.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use ratelimit_core::{MemoryStore, Policy, Rate};
+
+/// The sustained rate, per second, for both libraries.
+const RATE_PER_SECOND: u32 = 1_000_000;
+/// The burst (GCRA) or capacity (token bucket), for both libraries.
+const BURST: u32 = 1_000;
+/// Keys in the uniform workload.
+const UNIFORM_KEYS: usize = 100_000;
+/// Thread counts measured.
+const THREADS: [usize; 2] = [1, 2];
+/// The generator's seed for thread `t` is `SEED + t`.
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// xorshift64 (Marsaglia): a cheap, deterministic key picker.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        XorShift(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A value in `0..n`, by multiply-shift (no division).
+    #[allow(clippy::cast_possible_truncation)] // the result is below `n`
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
+}
+
+/// A set of keys and how decisions pick from it.
+struct Workload {
+    name: &'static str,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Workload {
+    fn new(name: &'static str, count: usize) -> Self {
+        Workload {
+            name,
+            keys: (0..count)
+                .map(|i| format!("client-{i}").into_bytes())
+                .collect(),
+        }
+    }
+
+    #[inline]
+    fn pick(&self, rng: &mut XorShift) -> &Vec<u8> {
+        if self.keys.len() == 1 {
+            &self.keys[0]
+        } else {
+            &self.keys[rng.below(self.keys.len())]
+        }
+    }
+}
+
+/// One limiter under test: the library, the algorithm, how to decide.
+enum Limiter {
+    Memory {
+        algorithm: &'static str,
+        store: MemoryStore,
+        policy: Policy,
+    },
+    Governor(DefaultKeyedRateLimiter<Vec<u8>>),
+}
+
+impl Limiter {
+    fn memory_gcra() -> Self {
+        Limiter::Memory {
+            algorithm: "gcra",
+            store: MemoryStore::new(),
+            policy: Policy::gcra(
+                u64::from(BURST),
+                Rate::per_second(u64::from(RATE_PER_SECOND)),
+            )
+            .expect("valid policy"),
+        }
+    }
+
+    fn memory_token_bucket() -> Self {
+        Limiter::Memory {
+            algorithm: "token_bucket",
+            store: MemoryStore::new(),
+            policy: Policy::token_bucket(
+                u64::from(BURST),
+                Rate::per_second(u64::from(RATE_PER_SECOND)),
+            )
+            .expect("valid policy"),
+        }
+    }
+
+    fn governor_gcra() -> Self {
+        let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
+        let burst = NonZeroU32::new(BURST).expect("non-zero");
+        Limiter::Governor(RateLimiter::keyed(
+            Quota::per_second(rate).allow_burst(burst),
+        ))
+    }
+
+    fn id(&self, workload: &Workload, threads: usize) -> String {
+        let (library, algorithm) = match self {
+            Limiter::Memory { algorithm, .. } => ("memory", *algorithm),
+            Limiter::Governor(_) => ("governor", "gcra"),
+        };
+        format!("{library}/{algorithm}/{}/{threads}t", workload.name)
+    }
+
+    /// Decides one request of cost 1 and hands the whole result to `black_box`;
+    /// returns whether it was allowed.
+    #[inline]
+    fn decide(&self, key: &Vec<u8>) -> bool {
+        match self {
+            Limiter::Memory { store, policy, .. } => {
+                let result = store.check_now(key, policy, 1);
+                let allowed = matches!(&result, Ok(d) if d.is_allowed());
+                let _ = black_box(result);
+                allowed
+            }
+            Limiter::Governor(limiter) => {
+                let result = limiter.check_key(key);
+                let allowed = result.is_ok();
+                let _ = black_box(result);
+                allowed
+            }
+        }
+    }
+}
+
+/// Runs `iters` decisions split over `threads` threads and returns the wall
+/// time. Returns the number of allowed decisions too.
+fn run(limiter: &Limiter, workload: &Workload, threads: usize, iters: u64) -> (Duration, u64) {
+    let work = |thread: usize, n: u64| {
+        let mut rng = XorShift::new(SEED + thread as u64);
+        let mut allowed = 0;
+        for _ in 0..n {
+            allowed += u64::from(limiter.decide(workload.pick(&mut rng)));
+        }
+        allowed
+    };
+    if threads == 1 {
+        let start = Instant::now();
+        let allowed = work(0, iters);
+        return (start.elapsed(), allowed);
+    }
+    let barrier = Barrier::new(threads + 1);
+    let (barrier, work) = (&barrier, &work);
+    let per_thread = iters / threads as u64;
+    let extra = iters % threads as u64;
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let n = per_thread + u64::from((t as u64) < extra);
+                s.spawn(move || {
+                    barrier.wait();
+                    work(t, n)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let allowed = handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .sum();
+        (start.elapsed(), allowed)
+    })
+}
+
+/// Gives every key of the workload one decision, so measurement sees existing keys.
+fn fill(limiter: &Limiter, workload: &Workload) {
+    for key in &workload.keys {
+        black_box(limiter.decide(key));
+    }
+}
+
+fn limiters() -> [Limiter; 3] {
+    [
+        Limiter::memory_gcra(),
+        Limiter::memory_token_bucket(),
+        Limiter::governor_gcra(),
+    ]
+}
+
+/// Prints the share of allowed decisions for each case, on fresh limiters, so
+/// the regime of each row is on record.
+fn print_regimes(workloads: &[Workload]) {
+    const DECISIONS: u64 = 2_000_000;
+    for workload in workloads {
+        for threads in THREADS {
+            for limiter in limiters() {
+                fill(&limiter, workload);
+                let (elapsed, allowed) = run(&limiter, workload, threads, DECISIONS);
+                eprintln!(
+                    "regime {:<34} {:>6.2}% allowed ({DECISIONS} decisions in {elapsed:?})",
+                    limiter.id(workload, threads),
+                    100.0 * allowed as f64 / DECISIONS as f64,
+                );
+            }
+        }
+    }
+}
+
+fn decisions(c: &mut Criterion) {
+    let workloads = [
+        Workload::new("hot", 1),
+        Workload::new("uniform", UNIFORM_KEYS),
+    ];
+    print_regimes(&workloads);
+
+    let mut group = c.benchmark_group("decisions");
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .throughput(Throughput::Elements(1));
+    for workload in &workloads {
+        for threads in THREADS {
+            for limiter in limiters() {
+                fill(&limiter, workload);
+                group.bench_function(limiter.id(workload, threads), |b| {
+                    b.iter_custom(|iters| run(&limiter, workload, threads, iters).0);
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decisions);
+criterion_main!(benches);

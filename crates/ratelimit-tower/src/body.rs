@@ -1,0 +1,97 @@
+//! The response body of the rate-limit service.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+pin_project! {
+    /// The inner service's body, or the body of a rejection built by the layer.
+    ///
+    /// Keeping the rejection in the body type (instead of an error) keeps the
+    /// inner service's error type, so axum's `Infallible` routers still work.
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// Wraps the inner service's body.
+    pub fn new(body: B) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    /// A complete body of `data`.
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        ResponseBody {
+            kind: Kind::Full { data: None },
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Inner { .. } => f.write_str("ResponseBody::Inner"),
+            Kind::Full { data } => f
+                .debug_tuple("ResponseBody::Full")
+                .field(&data.as_ref().map_or(0, Bytes::len))
+                .finish(),
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}
