@@ -1,1 +1,259 @@
-//! Placeholder.
+//! `MemoryStore` under concurrency and at its memory bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{Check, MemoryStore, Policy, Rate, Store, StoreError};
+
+fn every_algorithm(limit: u64) -> Vec<Policy> {
+    let window = Duration::from_secs(60);
+    vec![
+        Policy::fixed_window(limit, window).unwrap(),
+        Policy::sliding_window_log(limit, window).unwrap(),
+        Policy::sliding_window_counter(limit, window).unwrap(),
+        Policy::token_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::gcra(limit, Rate::per_hour(1)).unwrap(),
+        Policy::leaky_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::concurrency(limit, window).unwrap(),
+    ]
+}
+
+/// 8 threads hammer one key; with the clock frozen, exactly `limit` pass.
+#[test]
+fn eight_threads_on_one_key_admit_exactly_the_limit() {
+    const LIMIT: u64 = 1_000;
+    const THREADS: u64 = 8;
+    const PER_THREAD: u64 = 400; // 3,200 attempts for 1,000 slots
+    for policy in every_algorithm(LIMIT) {
+        let store = MemoryStore::builder().clock(ManualClock::new(1_000_000_007)).build();
+        let admitted = AtomicU64::new(0);
+        thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..PER_THREAD {
+                        let d = store.check_now(b"hot", &policy, 1).unwrap();
+                        if d.is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            LIMIT,
+            "{}: admitted count",
+            policy.name()
+        );
+        let peek = store.check_now(b"hot", &policy, 0).unwrap();
+        assert_eq!(peek.remaining(), 0, "{}", policy.name());
+    }
+}
+
+/// The same through the async `Store` trait from tokio tasks on several workers,
+/// with costs above 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_with_costs_never_exceed_the_limit() {
+    const LIMIT: u64 = 500;
+    for policy in every_algorithm(LIMIT) {
+        let store = MemoryStore::builder().clock(ManualClock::new(5)).build();
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for t in 0..64u64 {
+            let (store, policy, admitted) = (store.clone(), policy.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..40u64 {
+                    let cost = 1 + (t + i) % 3;
+                    let d = store.check(b"hot", &policy, cost).await.unwrap();
+                    if d.is_allowed() {
+                        admitted.fetch_add(cost, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let admitted = admitted.load(Ordering::Relaxed);
+        assert!(admitted <= LIMIT, "{}: admitted {admitted}", policy.name());
+        // 64 × 40 attempts of cost ≥ 1 against 500: the store fills up to within one cost.
+        assert!(admitted > LIMIT - 3, "{}: admitted {admitted}", policy.name());
+    }
+}
+
+/// Two limits per request (per user and global) are all or nothing, under
+/// concurrency: the global limit is never exceeded, and a user's denied request
+/// consumes nothing from the global budget.
+#[test]
+fn check_all_is_all_or_nothing_under_concurrency() {
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let per_user = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_name("per-user")
+        .unwrap();
+    let global = Policy::fixed_window(50, Duration::from_secs(60))
+        .unwrap()
+        .with_name("global")
+        .unwrap();
+    let admitted = AtomicU64::new(0);
+    thread::scope(|s| {
+        for t in 0..8u64 {
+            let (store, per_user, global, admitted) = (&store, &per_user, &global, &admitted);
+            s.spawn(move || {
+                // 8 users (one per thread), 30 attempts each: each user can take 10,
+                // and together they are capped at 50 by the global limit.
+                let user = format!("user-{t}");
+                for _ in 0..30 {
+                    let decisions = store
+                        .check_all_now(&[
+                            Check::new(user.as_bytes(), per_user, 1),
+                            Check::new(b"all", global, 1),
+                        ])
+                        .unwrap();
+                    if decisions.iter().all(|d| d.is_allowed()) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(admitted.load(Ordering::Relaxed), 50);
+    let global_left = store.check_now(b"all", &global, 0).unwrap();
+    assert_eq!(global_left.remaining(), 0);
+    // What each user consumed adds up to exactly what the global limit consumed.
+    let used: u64 = (0..8)
+        .map(|t| {
+            10 - store
+                .check_now(format!("user-{t}").as_bytes(), &per_user, 0)
+                .unwrap()
+                .remaining()
+        })
+        .sum();
+    assert_eq!(used, 50);
+}
+
+#[test]
+fn check_all_denied_consumes_nothing() {
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let small = Policy::fixed_window(1, Duration::from_secs(60)).unwrap().with_name("small").unwrap();
+    let big = Policy::gcra(10, Rate::per_second(1)).unwrap().with_name("big").unwrap();
+    let first = store
+        .check_all_now(&[Check::new(b"k", &small, 1), Check::new(b"k", &big, 1)])
+        .unwrap();
+    assert!(first.iter().all(|d| d.is_allowed()));
+    let second = store
+        .check_all_now(&[Check::new(b"k", &small, 1), Check::new(b"k", &big, 1)])
+        .unwrap();
+    assert!(!second[0].is_allowed());
+    // The big limit allowed on its own but was not consumed: it reports a peek.
+    assert!(second[1].is_allowed());
+    assert_eq!(second[1].remaining(), 9);
+    assert_eq!(store.check_now(b"k", &big, 0).unwrap().remaining(), 9);
+    // A cost that can never pass is an error for the whole request.
+    let err = store
+        .check_all_now(&[Check::new(b"k", &small, 2), Check::new(b"k", &big, 1)])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::CostExceedsLimit { cost: 2, max: 1, .. }));
+}
+
+/// The key bound holds while an attacker rotates keys; existing keys keep
+/// working; expired keys make room again.
+#[test]
+fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::builder()
+        .max_keys(256)
+        .shards(16)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(3, Duration::from_secs(10)).unwrap();
+    // A legitimate user arrives first.
+    assert!(store.check_now(b"alice", &policy, 1).unwrap().is_allowed());
+
+    let mut full = 0;
+    for i in 0..100_000u32 {
+        match store.check_now(format!("attacker-{i}").as_bytes(), &policy, 1) {
+            Ok(d) => assert!(d.is_allowed()),
+            Err(StoreError::Full { max_keys }) => {
+                assert_eq!(max_keys, 256);
+                full += 1;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(store.len() <= 256);
+    }
+    assert!(full > 99_000, "full errors: {full}");
+    // Alice's state survived the attack exactly: 2 left, then 1, then denied.
+    assert_eq!(store.check_now(b"alice", &policy, 1).unwrap().remaining(), 1);
+    assert_eq!(store.check_now(b"alice", &policy, 1).unwrap().remaining(), 0);
+    assert!(!store.check_now(b"alice", &policy, 1).unwrap().is_allowed());
+    // Peeks at new keys need no room.
+    assert!(store.check_now(b"newcomer", &policy, 0).unwrap().is_allowed());
+
+    // Once the window has passed, the attackers' state is worth nothing and is swept.
+    clock.advance(Duration::from_secs(10));
+    assert!(store.check_now(b"newcomer", &policy, 1).unwrap().is_allowed());
+    assert!(store.len() <= 256);
+}
+
+/// State that is back to fresh is dropped as soon as it is seen.
+#[test]
+fn fresh_state_is_not_kept() {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    for policy in every_algorithm(5) {
+        assert!(store.check_now(b"k", &policy, 0).unwrap().is_allowed());
+    }
+    assert_eq!(store.len(), 0, "peeks leave no state");
+    let policy = Policy::gcra(5, Rate::per_second(5)).unwrap();
+    store.check_now(b"k", &policy, 2).unwrap();
+    assert_eq!(store.len(), 1);
+    clock.advance(Duration::from_secs(1));
+    // The bucket is full again: this peek finds nothing worth keeping.
+    assert_eq!(store.check_now(b"k", &policy, 0).unwrap().remaining(), 5);
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn one_name_two_algorithms_is_an_error() {
+    let store = MemoryStore::new();
+    let a = Policy::fixed_window(5, Duration::from_secs(1)).unwrap().with_name("same").unwrap();
+    let b = Policy::gcra(5, Rate::per_second(1)).unwrap().with_name("same").unwrap();
+    store.check_now(b"k", &a, 1).unwrap();
+    assert!(matches!(
+        store.check_now(b"k", &b, 1),
+        Err(StoreError::PolicyConflict { .. })
+    ));
+}
+
+#[test]
+fn concurrency_permits_release_and_expire() {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = Policy::concurrency(2, Duration::from_secs(30)).unwrap();
+    let a = store.check_now(b"k", &policy, 1).unwrap();
+    let b = store.check_now(b"k", &policy, 1).unwrap();
+    assert_ne!(a.permit(), b.permit());
+    let denied = store.check_now(b"k", &policy, 1).unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(30)));
+    store.release_now(b"k", &policy, a.permit().unwrap());
+    assert!(store.check_now(b"k", &policy, 1).unwrap().is_allowed());
+    // A holder that never releases loses its permit when the lease expires.
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(store.check_now(b"k", &policy, 0).unwrap().remaining(), 2);
+}
+
+#[test]
+fn huge_keys_are_bounded() {
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
+    let huge = vec![b'x'; 1 << 20];
+    assert!(store.check_now(&huge, &policy, 1).unwrap().is_allowed());
+    assert!(!store.check_now(&huge, &policy, 1).unwrap().is_allowed());
+    let mut other = huge.clone();
+    other[12345] = b'y';
+    assert!(store.check_now(&other, &policy, 1).unwrap().is_allowed());
+}
