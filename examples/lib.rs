@@ -25,7 +25,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => 60_000_000,
         "h" => 3_600_000_000,
         "d" => 86_400_000_000,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use us, ms, s, m, h or d)")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use us, ms, s, m, h or d)"
+            ));
+        }
     };
     n.checked_mul(micros_per_unit)
         .map(Duration::from_micros)

@@ -28,7 +28,9 @@ fn eight_threads_on_one_key_admit_exactly_the_limit() {
     const THREADS: u64 = 8;
     const PER_THREAD: u64 = 400; // 3,200 attempts for 1,000 slots
     for policy in every_algorithm(LIMIT) {
-        let store = MemoryStore::builder().clock(ManualClock::new(1_000_000_007)).build();
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(1_000_000_007))
+            .build();
         let admitted = AtomicU64::new(0);
         thread::scope(|s| {
             for _ in 0..THREADS {
@@ -80,7 +82,11 @@ async fn many_tasks_with_costs_never_exceed_the_limit() {
         let admitted = admitted.load(Ordering::Relaxed);
         assert!(admitted <= LIMIT, "{}: admitted {admitted}", policy.name());
         // 64 × 40 attempts of cost ≥ 1 against 500: the store fills up to within one cost.
-        assert!(admitted > LIMIT - 3, "{}: admitted {admitted}", policy.name());
+        assert!(
+            admitted > LIMIT - 3,
+            "{}: admitted {admitted}",
+            policy.name()
+        );
     }
 }
 
@@ -138,8 +144,14 @@ fn check_all_is_all_or_nothing_under_concurrency() {
 #[test]
 fn check_all_denied_consumes_nothing() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
-    let small = Policy::fixed_window(1, Duration::from_secs(60)).unwrap().with_name("small").unwrap();
-    let big = Policy::gcra(10, Rate::per_second(1)).unwrap().with_name("big").unwrap();
+    let small = Policy::fixed_window(1, Duration::from_secs(60))
+        .unwrap()
+        .with_name("small")
+        .unwrap();
+    let big = Policy::gcra(10, Rate::per_second(1))
+        .unwrap()
+        .with_name("big")
+        .unwrap();
     let first = store
         .check_all_now(&[Check::new(b"k", &small, 1), Check::new(b"k", &big, 1)])
         .unwrap();
@@ -156,7 +168,14 @@ fn check_all_denied_consumes_nothing() {
     let err = store
         .check_all_now(&[Check::new(b"k", &small, 2), Check::new(b"k", &big, 1)])
         .unwrap_err();
-    assert!(matches!(err, StoreError::CostExceedsLimit { cost: 2, max: 1, .. }));
+    assert!(matches!(
+        err,
+        StoreError::CostExceedsLimit {
+            cost: 2,
+            max: 1,
+            ..
+        }
+    ));
 }
 
 /// The key bound holds while an attacker rotates keys; existing keys keep
@@ -187,15 +206,31 @@ fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
     }
     assert!(full > 99_000, "full errors: {full}");
     // Alice's state survived the attack exactly: 2 left, then 1, then denied.
-    assert_eq!(store.check_now(b"alice", &policy, 1).unwrap().remaining(), 1);
-    assert_eq!(store.check_now(b"alice", &policy, 1).unwrap().remaining(), 0);
+    assert_eq!(
+        store.check_now(b"alice", &policy, 1).unwrap().remaining(),
+        1
+    );
+    assert_eq!(
+        store.check_now(b"alice", &policy, 1).unwrap().remaining(),
+        0
+    );
     assert!(!store.check_now(b"alice", &policy, 1).unwrap().is_allowed());
     // Peeks at new keys need no room.
-    assert!(store.check_now(b"newcomer", &policy, 0).unwrap().is_allowed());
+    assert!(
+        store
+            .check_now(b"newcomer", &policy, 0)
+            .unwrap()
+            .is_allowed()
+    );
 
     // Once the window has passed, the attackers' state is worth nothing and is swept.
     clock.advance(Duration::from_secs(10));
-    assert!(store.check_now(b"newcomer", &policy, 1).unwrap().is_allowed());
+    assert!(
+        store
+            .check_now(b"newcomer", &policy, 1)
+            .unwrap()
+            .is_allowed()
+    );
     assert!(store.len() <= 256);
 }
 
@@ -220,8 +255,14 @@ fn fresh_state_is_not_kept() {
 #[test]
 fn one_name_two_algorithms_is_an_error() {
     let store = MemoryStore::new();
-    let a = Policy::fixed_window(5, Duration::from_secs(1)).unwrap().with_name("same").unwrap();
-    let b = Policy::gcra(5, Rate::per_second(1)).unwrap().with_name("same").unwrap();
+    let a = Policy::fixed_window(5, Duration::from_secs(1))
+        .unwrap()
+        .with_name("same")
+        .unwrap();
+    let b = Policy::gcra(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("same")
+        .unwrap();
     store.check_now(b"k", &a, 1).unwrap();
     assert!(matches!(
         store.check_now(b"k", &b, 1),

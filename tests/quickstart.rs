@@ -44,7 +44,10 @@ async fn quickstart_allows_five_then_429_with_retry_after() {
         .parse()
         .expect("Retry-After in delay-seconds");
     // Sliding log of 10 s: the first request frees its slot at most 10 s later.
-    assert!((1..=10).contains(&retry_after), "Retry-After: {retry_after}");
+    assert!(
+        (1..=10).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
 }
 
 #[test]
@@ -64,6 +67,10 @@ fn child_guard_stops_the_process() {
     let pid = guard.child().id();
     drop(guard);
     // After the guard, the process is gone (reaped), so signalling it fails.
-    let alive = Command::new("kill").arg("-0").arg(pid.to_string()).status().unwrap();
+    let alive = Command::new("kill")
+        .arg("-0")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(!alive.success());
 }

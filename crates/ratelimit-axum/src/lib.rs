@@ -70,7 +70,11 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for RateLimitInfo {
         parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Decisions>().cloned().map(RateLimitInfo))
+        Ok(parts
+            .extensions
+            .get::<Decisions>()
+            .cloned()
+            .map(RateLimitInfo))
     }
 }
 
@@ -81,7 +85,9 @@ pub struct MissingRateLimitLayer;
 
 impl fmt::Display for MissingRateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no rate-limit decision on this request: is RateLimitLayer applied to this route?")
+        f.write_str(
+            "no rate-limit decision on this request: is RateLimitLayer applied to this route?",
+        )
     }
 }
 
@@ -106,7 +112,10 @@ mod tests {
         let missing = <RateLimitInfo as FromRequestParts<()>>::from_request_parts(&mut parts, &())
             .await
             .unwrap_err();
-        assert_eq!(missing.into_response().status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            missing.into_response().status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
         let optional =
             <RateLimitInfo as OptionalFromRequestParts<()>>::from_request_parts(&mut parts, &())
                 .await
@@ -114,10 +123,12 @@ mod tests {
         assert!(optional.is_none());
 
         let policy = Policy::fixed_window(5, Duration::from_secs(10)).unwrap();
-        parts.extensions.insert(Decisions::new(vec![PolicyDecision::new(
-            policy,
-            Decision::allow(5, 4, 10_000_000),
-        )]));
+        parts
+            .extensions
+            .insert(Decisions::new(vec![PolicyDecision::new(
+                policy,
+                Decision::allow(5, 4, 10_000_000),
+            )]));
         let info = <RateLimitInfo as FromRequestParts<()>>::from_request_parts(&mut parts, &())
             .await
             .unwrap();

@@ -23,7 +23,9 @@ pub enum PolicyError {
         what: &'static str,
     },
     /// The rate is more than one token per microsecond per key.
-    #[error("rate of {amount} per {period:?} is above one per microsecond, the finest rate a store represents")]
+    #[error(
+        "rate of {amount} per {period:?} is above one per microsecond, the finest rate a store represents"
+    )]
     RateTooHigh {
         /// Tokens per period.
         amount: u64,
@@ -87,6 +89,9 @@ impl StoreError {
     ///
     /// Failure policies (fail open, fail closed, fallback) apply to these.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Timeout(_) | StoreError::Backend(_) | StoreError::Full { .. })
+        matches!(
+            self,
+            StoreError::Timeout(_) | StoreError::Backend(_) | StoreError::Full { .. }
+        )
     }
 }

@@ -240,7 +240,11 @@ impl<C> fmt::Debug for MemoryStore<C> {
 impl<C: Clock> MemoryStore<C> {
     /// The number of keys held now (live or not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.shared.shards.iter().map(|s| s.0.lock().table.len()).sum()
+        self.shared
+            .shards
+            .iter()
+            .map(|s| s.0.lock().table.len())
+            .sum()
     }
 
     /// Whether the store holds no key.
@@ -283,14 +287,22 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// [`Store::check`], synchronously.
-    pub fn check_now(&self, key: &[u8], policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+    pub fn check_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         policy.check_cost(cost)?;
         let key = key::normalize(key);
         let hash = self.hash(policy, &key);
         let permit = self.permit_for(policy);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
         let now = self.shared.clock.now();
-        match shard.table.find_entry(hash, |e| e.matches(hash, policy, &key)) {
+        match shard
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
                 let decision = policy
@@ -493,7 +505,9 @@ impl<C: Clock> MemoryStore<C> {
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
         let now = self.shared.clock.now();
-        if let Ok(mut occupied) = shard.table.find_entry(hash, |e| e.matches(hash, policy, &key))
+        if let Ok(mut occupied) = shard
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
             && let State::Concurrency(state) = &mut occupied.get_mut().state
         {
             algorithm.release(state, now, permit);

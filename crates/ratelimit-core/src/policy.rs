@@ -99,7 +99,13 @@ impl Algorithm {
     /// another algorithm. `permit` names the permit a concurrency policy takes.
     ///
     /// The caller has checked `cost` against [`Policy::max_cost`].
-    pub fn decide(&self, state: &mut State, now: u64, cost: u64, permit: PermitId) -> Option<Decision> {
+    pub fn decide(
+        &self,
+        state: &mut State,
+        now: u64,
+        cost: u64,
+        permit: PermitId,
+    ) -> Option<Decision> {
         Some(match (self, state) {
             (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.decide(s, now, cost),
             (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => a.decide(s, now, cost),
@@ -178,22 +184,30 @@ impl Policy {
 
     /// At most `limit` per aligned `window`. See [`FixedWindow`].
     pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::FixedWindow(FixedWindow::new(limit, window)?)))
+        Ok(Policy::new(Algorithm::FixedWindow(FixedWindow::new(
+            limit, window,
+        )?)))
     }
 
     /// At most `limit` in any interval of length `window`. See [`SlidingWindowLog`].
     pub fn sliding_window_log(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::SlidingWindowLog(SlidingWindowLog::new(limit, window)?)))
+        Ok(Policy::new(Algorithm::SlidingWindowLog(
+            SlidingWindowLog::new(limit, window)?,
+        )))
     }
 
     /// About `limit` per sliding `window`. See [`SlidingWindowCounter`].
     pub fn sliding_window_counter(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::SlidingWindowCounter(SlidingWindowCounter::new(limit, window)?)))
+        Ok(Policy::new(Algorithm::SlidingWindowCounter(
+            SlidingWindowCounter::new(limit, window)?,
+        )))
     }
 
     /// Bursts up to `capacity`, refilled at `rate`. See [`TokenBucket`].
     pub fn token_bucket(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::TokenBucket(TokenBucket::new(capacity, rate)?)))
+        Ok(Policy::new(Algorithm::TokenBucket(TokenBucket::new(
+            capacity, rate,
+        )?)))
     }
 
     /// Bursts up to `burst`, sustained `rate`, one timestamp per key. See [`Gcra`].
@@ -203,12 +217,16 @@ impl Policy {
 
     /// Requests leave at `rate`, at most `capacity` in the bucket. See [`LeakyBucket`].
     pub fn leaky_bucket(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::LeakyBucket(LeakyBucket::new(capacity, rate)?)))
+        Ok(Policy::new(Algorithm::LeakyBucket(LeakyBucket::new(
+            capacity, rate,
+        )?)))
     }
 
     /// At most `max` in flight per key, each permit leased for `lease`. See [`Concurrency`].
     pub fn concurrency(max: u64, lease: Duration) -> Result<Self, PolicyError> {
-        Ok(Policy::new(Algorithm::Concurrency(Concurrency::new(max, lease)?)))
+        Ok(Policy::new(Algorithm::Concurrency(Concurrency::new(
+            max, lease,
+        )?)))
     }
 
     /// The same policy under another name: 1 to 64 characters from
@@ -312,19 +330,35 @@ fn default_name(algorithm: &Algorithm) -> String {
     let kind = algorithm.kind();
     match algorithm {
         Algorithm::FixedWindow(a) => {
-            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+            format!(
+                "{kind}-{}-per-{}",
+                a.limit(),
+                short_duration(a.window_micros())
+            )
         }
         Algorithm::SlidingWindowLog(a) => {
-            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+            format!(
+                "{kind}-{}-per-{}",
+                a.limit(),
+                short_duration(a.window_micros())
+            )
         }
         Algorithm::SlidingWindowCounter(a) => {
-            format!("{kind}-{}-per-{}", a.limit(), short_duration(a.window_micros()))
+            format!(
+                "{kind}-{}-per-{}",
+                a.limit(),
+                short_duration(a.window_micros())
+            )
         }
         Algorithm::TokenBucket(a) => format!("{kind}-{}-at-{}", a.capacity(), rate_name(a.rate())),
         Algorithm::Gcra(a) => format!("{kind}-{}-at-{}", a.burst(), rate_name(a.rate())),
         Algorithm::LeakyBucket(a) => format!("{kind}-{}-at-{}", a.capacity(), rate_name(a.rate())),
         Algorithm::Concurrency(a) => {
-            format!("{kind}-{}-lease-{}", a.max(), short_duration(a.lease_micros()))
+            format!(
+                "{kind}-{}-lease-{}",
+                a.max(),
+                short_duration(a.lease_micros())
+            )
         }
     }
 }
@@ -397,7 +431,11 @@ mod tests {
         assert!(p.check_cost(5).is_ok());
         assert!(matches!(
             p.check_cost(u64::MAX),
-            Err(StoreError::CostExceedsLimit { cost: u64::MAX, max: 5, .. })
+            Err(StoreError::CostExceedsLimit {
+                cost: u64::MAX,
+                max: 5,
+                ..
+            })
         ));
     }
 }

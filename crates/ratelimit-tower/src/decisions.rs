@@ -60,7 +60,11 @@ impl Decisions {
     pub fn tightest(&self) -> Option<&PolicyDecision> {
         self.entries.iter().max_by_key(|e| {
             let d = &e.decision;
-            (!d.is_allowed(), d.retry_after_micros(), std::cmp::Reverse(d.remaining()))
+            (
+                !d.is_allowed(),
+                d.retry_after_micros(),
+                std::cmp::Reverse(d.remaining()),
+            )
         })
     }
 

@@ -25,7 +25,10 @@ pub(crate) fn too_many_requests<B>(decisions: &Decisions) -> Response<ResponseBo
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds(retry)));
+    headers.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after_seconds(retry)),
+    );
     response
 }
 

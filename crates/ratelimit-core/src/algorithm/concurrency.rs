@@ -88,8 +88,11 @@ impl Concurrency {
                 .with_permit(id)
         } else {
             let need = held + cost - self.max;
-            let mut by_expiry: Vec<(u64, u64)> =
-                state.leases.iter().map(|l| (l.expires_at, l.units)).collect();
+            let mut by_expiry: Vec<(u64, u64)> = state
+                .leases
+                .iter()
+                .map(|l| (l.expires_at, l.units))
+                .collect();
             by_expiry.sort_unstable();
             let mut freed = 0;
             let mut retry = self.lease;

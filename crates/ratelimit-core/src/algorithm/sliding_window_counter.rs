@@ -81,7 +81,11 @@ impl SlidingWindowCounter {
                 current,
             };
             let remaining = (budget - weighted_previous - current * w) / w;
-            Decision::allow(self.limit, remaining, reset_after(start, w, now, previous, current))
+            Decision::allow(
+                self.limit,
+                remaining,
+                reset_after(start, w, now, previous, current),
+            )
         } else {
             *state = SlidingWindowCounterState {
                 window_start: start,

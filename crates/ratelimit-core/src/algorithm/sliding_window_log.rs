@@ -63,7 +63,11 @@ impl SlidingWindowLog {
                 }
                 state.total += cost;
             }
-            Decision::allow(self.limit, self.limit - state.total, self.reset_after(state, now))
+            Decision::allow(
+                self.limit,
+                self.limit - state.total,
+                self.reset_after(state, now),
+            )
         } else {
             let need = state.total + cost - self.limit;
             let mut freed = 0;
