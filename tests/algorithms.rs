@@ -124,9 +124,18 @@ fn run(policy: &Policy, t0: u64, steps: &[Step]) -> Vec<Option<Decision>> {
     let mut decisions: Vec<Option<Decision>> = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {
         let now = t0 + step.at;
-        assert!(now >= clock.now(), "{}: step {i} goes back in time", policy.name());
+        assert!(
+            now >= clock.now(),
+            "{}: step {i} goes back in time",
+            policy.name()
+        );
         clock.set(now);
-        let what = format!("{} step {i} at t0+{} ({:?})", policy.name(), step.at, step.op);
+        let what = format!(
+            "{} step {i} at t0+{} ({:?})",
+            policy.name(),
+            step.at,
+            step.op
+        );
         match step.op {
             Op::Check(cost) => {
                 let result = store.check(KEY, policy, cost).into_inner();
@@ -476,38 +485,40 @@ fn concurrency() {
     // the expiry of the lease that frees enough units, oldest expiry first.
     // Offsets from t0 = 1_234_567.
     let policy = Policy::concurrency(3, Duration::from_secs(10)).expect("valid policy");
+    // Releases name the step whose permit they return (steps count from 0).
     let steps = [
-        /* 0 */ check(0, 0, allow(3, 0)),
-        /* 1 */ check(0, 4, too_costly()),
-        // Permit A: 2 units, expires at 10_000_000.
-        /* 2 */ check(0, 2, allow(1, 10_000_000)),
-        // Permit B: 1 unit, expires at 11_000_000.
-        /* 3 */ check(1_000_000, 1, allow(0, 10_000_000)),
+        check(0, 0, allow(3, 0)),
+        check(0, 4, too_costly()),
+        // Step 2, permit A: 2 units, expires at 10_000_000.
+        check(0, 2, allow(1, 10_000_000)),
+        // Step 3, permit B: 1 unit, expires at 11_000_000.
+        check(1_000_000, 1, allow(0, 10_000_000)),
         // Full. One unit is needed: A's expiry frees 2 at 10_000_000.
-        /* 4 */ check(2_000_000, 1, deny(0, 9_000_000, 8_000_000)),
+        check(2_000_000, 1, deny(0, 9_000_000, 8_000_000)),
         // Three units: A then B, at 11_000_000.
-        /* 5 */ check(2_000_000, 3, deny(0, 9_000_000, 9_000_000)),
+        check(2_000_000, 3, deny(0, 9_000_000, 9_000_000)),
         // B is released early: A alone holds 2, until 10_000_000.
-        /* 6 */ release(3_000_000, 3),
-        /* 7 */ check(3_000_000, 0, allow(1, 7_000_000)),
-        // Permit C: 1 unit, expires at 13_000_000.
-        /* 8 */ check(3_000_000, 1, allow(0, 10_000_000)),
+        release(3_000_000, 3),
+        check(3_000_000, 0, allow(1, 7_000_000)),
+        // Step 8, permit C: 1 unit, expires at 13_000_000.
+        check(3_000_000, 1, allow(0, 10_000_000)),
         // A (never released: its holder died) still counts one µs before its
         // expiry.
-        /* 9 */ check(9_999_999, 1, deny(0, 3_000_001, 1)),
-        // A has expired: 1 held (C) + 2. Permit D expires at 20_000_000.
-        /* 10 */ check(10_000_000, 2, allow(0, 10_000_000)),
+        check(9_999_999, 1, deny(0, 3_000_001, 1)),
+        // Step 10: A has expired: 1 held (C) + 2. Permit D expires at
+        // 20_000_000.
+        check(10_000_000, 2, allow(0, 10_000_000)),
         // Releasing the expired A changes nothing.
-        /* 11 */ release(10_000_000, 2),
-        /* 12 */ check(10_000_000, 0, allow(0, 10_000_000)),
-        /* 13 */ release(10_000_000, 8),
-        // D alone: 2 held, until 20_000_000.
-        /* 14 */ check(10_000_000, 0, allow(1, 10_000_000)),
-        /* 15 */ release(10_000_000, 10),
-        /* 16 */ check(10_000_000, 0, allow(3, 0)),
+        release(10_000_000, 2),
+        check(10_000_000, 0, allow(0, 10_000_000)),
+        // C is released: D alone holds 2, until 20_000_000.
+        release(10_000_000, 8),
+        check(10_000_000, 0, allow(1, 10_000_000)),
+        release(10_000_000, 10),
+        check(10_000_000, 0, allow(3, 0)),
         // Releasing twice is harmless.
-        /* 17 */ release(10_000_000, 10),
-        /* 18 */ check(10_000_000, 3, allow(0, 10_000_000)),
+        release(10_000_000, 10),
+        check(10_000_000, 3, allow(0, 10_000_000)),
     ];
     let decisions = run(&policy, T0, &steps);
     let mut permits: Vec<_> = decisions

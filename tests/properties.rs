@@ -342,7 +342,8 @@ fn model_decide<M: Model>(model: &mut M, now: u64, cost: u64, id: u64) -> Observ
         .find(|&c| model.allows(now, c))
         .expect("a peek always passes");
     let reset_us = first_true(0, model.horizon(), |r| model.allows(now + r, limit));
-    let retry_us = (!allowed).then(|| first_true(1, model.horizon(), |r| model.allows(now + r, cost)));
+    let retry_us =
+        (!allowed).then(|| first_true(1, model.horizon(), |r| model.allows(now + r, cost)));
     Observed {
         allowed,
         limit,
@@ -371,9 +372,15 @@ enum When {
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Check { when: When, cost: u64 },
+    Check {
+        when: When,
+        cost: u64,
+    },
     /// Releases one of the permits still recorded as held (concurrency only).
-    Release { when: When, pick: usize },
+    Release {
+        when: When,
+        pick: usize,
+    },
 }
 
 /// One admitted request, from the store's decisions.
@@ -398,7 +405,12 @@ fn pure_peek(algorithm: &Algorithm, state: &State, now: u64) -> Observed {
 
 /// Runs `ops` on a store, on the pure transition and on `model`, checking that
 /// they agree and the per-denial properties. Returns the admitted history.
-fn run<M: Model>(policy: &Policy, mut model: M, t0: u64, ops: &[Op]) -> Result<Vec<Admission>, TestCaseError> {
+fn run<M: Model>(
+    policy: &Policy,
+    mut model: M,
+    t0: u64,
+    ops: &[Op],
+) -> Result<Vec<Admission>, TestCaseError> {
     let clock = ManualClock::new(t0);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let algorithm = *policy.algorithm();
@@ -432,10 +444,13 @@ fn run<M: Model>(policy: &Policy, mut model: M, t0: u64, ops: &[Op]) -> Result<V
             Op::Release { pick, .. } => {
                 if !held.is_empty() {
                     let (index, permit) = held.remove(pick % held.len());
-                    store.release(KEY, policy, permit).into_inner().map_err(|e| {
-                        TestCaseError::fail(format!("{at}: release failed: {e}"))
-                    })?;
-                    if let (Algorithm::Concurrency(c), State::Concurrency(s)) = (&algorithm, &mut state) {
+                    store
+                        .release(KEY, policy, permit)
+                        .into_inner()
+                        .map_err(|e| TestCaseError::fail(format!("{at}: release failed: {e}")))?;
+                    if let (Algorithm::Concurrency(c), State::Concurrency(s)) =
+                        (&algorithm, &mut state)
+                    {
                         c.release(s, now, PermitId(index as u128));
                     }
                     model.release(index as u64);
@@ -501,12 +516,18 @@ fn run<M: Model>(policy: &Policy, mut model: M, t0: u64, ops: &[Op]) -> Result<V
             let early = algorithm
                 .decide(&mut probe, now + retry - 1, cost, PermitId(u128::MAX - 1))
                 .expect("state matches algorithm");
-            prop_assert!(!early.is_allowed(), "{at}: allowed at retry_after - 1 µs: {early:?}");
+            prop_assert!(
+                !early.is_allowed(),
+                "{at}: allowed at retry_after - 1 µs: {early:?}"
+            );
             let mut probe = before.clone();
             let on_time = algorithm
                 .decide(&mut probe, now + retry, cost, PermitId(u128::MAX - 1))
                 .expect("state matches algorithm");
-            prop_assert!(on_time.is_allowed(), "{at}: denied at retry_after: {on_time:?}");
+            prop_assert!(
+                on_time.is_allowed(),
+                "{at}: denied at retry_after: {on_time:?}"
+            );
 
             // A denial consumes nothing: peeks before and after it agree, now
             // and later.
@@ -541,7 +562,11 @@ fn run<M: Model>(policy: &Policy, mut model: M, t0: u64, ops: &[Op]) -> Result<V
 // ---------------------------------------------------------------------------
 
 /// At most `limit` admitted per aligned window.
-fn check_per_aligned_window(history: &[Admission], limit: u64, window: u64) -> Result<(), TestCaseError> {
+fn check_per_aligned_window(
+    history: &[Admission],
+    limit: u64,
+    window: u64,
+) -> Result<(), TestCaseError> {
     let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
     for a in history {
         *per_window.entry(a.at / window).or_default() += a.cost;
@@ -554,14 +579,22 @@ fn check_per_aligned_window(history: &[Admission], limit: u64, window: u64) -> R
 
 /// At most `limit` admitted in any interval of length `window`. The worst
 /// intervals start at an admission.
-fn check_every_interval(history: &[Admission], limit: u64, window: u64) -> Result<(), TestCaseError> {
+fn check_every_interval(
+    history: &[Admission],
+    limit: u64,
+    window: u64,
+) -> Result<(), TestCaseError> {
     for a in history {
         let total: u64 = history
             .iter()
             .filter(|b| a.at <= b.at && b.at < a.at + window)
             .map(|b| b.cost)
             .sum();
-        prop_assert!(total <= limit, "[{}, +{window}) admitted {total} > {limit}", a.at);
+        prop_assert!(
+            total <= limit,
+            "[{}, +{window}) admitted {total} > {limit}",
+            a.at
+        );
     }
     Ok(())
 }
@@ -577,7 +610,12 @@ fn check_rate(history: &[Admission], capacity: u64, interval: u64) -> Result<(),
                 .map(|c| c.cost)
                 .sum();
             let bound = capacity + (b.at - a.at) / interval;
-            prop_assert!(total <= bound, "[{}, {}] admitted {total} > {bound}", a.at, b.at);
+            prop_assert!(
+                total <= bound,
+                "[{}, {}] admitted {total} > {bound}",
+                a.at,
+                b.at
+            );
         }
     }
     Ok(())
@@ -611,7 +649,9 @@ fn check_held(history: &[Admission], max: u64, lease: u64) -> Result<(), TestCas
     for a in history {
         let held: u64 = history
             .iter()
-            .filter(|b| b.step <= a.step && b.at + lease > a.at && b.released.is_none_or(|r| r > a.step))
+            .filter(|b| {
+                b.step <= a.step && b.at + lease > a.at && b.released.is_none_or(|r| r > a.step)
+            })
             .map(|b| b.cost)
             .sum();
         prop_assert!(held <= max, "{held} units held > {max} at step {}", a.step);
@@ -670,7 +710,12 @@ fn checks_and_releases(horizon: u64, limit: u64) -> impl Strategy<Value = Vec<Op
 fn window_case(windows: u64) -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
     (1..=20u64, 1..=1000u64).prop_flat_map(move |(limit, ms)| {
         let window = ms * 1000;
-        (Just(limit), Just(window), start(), checks(windows * window, limit))
+        (
+            Just(limit),
+            Just(window),
+            start(),
+            checks(windows * window, limit),
+        )
     })
 }
 
@@ -679,7 +724,12 @@ fn bucket_case() -> impl Strategy<Value = (u64, Rate, u64, Vec<Op>)> {
     (1..=20u64, 1..=20u64, 1..=1000u64).prop_flat_map(|(capacity, amount, ms)| {
         let rate = Rate::new(amount, Duration::from_millis(ms));
         let interval = (ms * 1000).div_ceil(amount);
-        (Just(capacity), Just(rate), start(), checks(capacity * interval, capacity))
+        (
+            Just(capacity),
+            Just(rate),
+            start(),
+            checks(capacity * interval, capacity),
+        )
     })
 }
 

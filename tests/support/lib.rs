@@ -1,10 +1,15 @@
 //! Test support for the workspace's integration tests: free loopback ports,
-//! child processes that are stopped on drop, and the example binaries.
+//! child processes that are stopped on drop, the example binaries, and real
+//! Redis servers and clusters ([`redis_server`]).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub mod redis_server;
+
+pub use redis_server::{RedisCluster, RedisServer};
 
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
