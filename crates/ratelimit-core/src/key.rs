@@ -82,6 +82,42 @@ pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
     out
 }
 
+/// The Redis Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash
+/// tag (the part between the first `{` and the next `}`, if not empty) or of
+/// the whole key, modulo 16384.
+///
+/// ```
+/// use ratelimit_core::key::cluster_slot;
+///
+/// assert_eq!(cluster_slot(b"123456789"), 0x31c3 % 16384);
+/// assert_eq!(cluster_slot(b"rl:a:{user}"), cluster_slot(b"rl:b:{user}"));
+/// ```
+pub fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,9 @@ mod error;
 pub mod key;
 pub mod memory;
 mod policy;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod store;
 
 pub use algorithm::Rate;

@@ -1,0 +1,51 @@
+-- Concurrency (a distributed semaphore): at most `max` units in flight.
+-- State (sorted set): one member "<permit id>:<units>" per held permit, scored
+-- by when its lease expires. Permit ids are random 128-bit values chosen by
+-- the client, unique across instances.
+ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
+  -- Leases of holders that died without releasing expire here.
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
+  local leases = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local held, latest = 0, nil
+  local expiries, units = {}, {}
+  for i = 1, #leases, 2 do
+    local u = tonumber(string.match(leases[i], ':(%d+)$'))
+    local e = tonumber(leases[i + 1])
+    held = held + u
+    expiries[#expiries + 1] = e
+    units[#units + 1] = u
+    latest = e
+  end
+  local function reset_from(t)
+    if t then
+      return positive(t - now)
+    end
+    return 0
+  end
+  if held + cost > max then
+    local need = held + cost - max
+    local freed, retry = 0, lease
+    for i = 1, #expiries do
+      freed = freed + units[i]
+      if freed >= need then
+        retry = expiries[i] - now
+        break
+      end
+    end
+    return {0, max, max - held, reset_from(latest), retry, 0}
+  end
+  if cost == 0 then
+    return {1, max, max - held, reset_from(latest), 0, 0}
+  end
+  local expires = now + lease
+  if not latest or expires > latest then
+    latest = expires
+  end
+  local reset = reset_from(latest)
+  local r = {1, max, max - held - cost, reset, 0, 0}
+  r.commit = function()
+    redis.call('ZADD', key, fmt(expires), permit .. ':' .. fmt(cost))
+    expire_or_delete(key, reset)
+  end
+  return r
+end

@@ -1,0 +1,31 @@
+-- Several limits for one request, all or nothing. KEYS[i]: the state key of
+-- check i. ARGV[1]: fixed time (0 = server TIME); then five values per check:
+-- algorithm, cost, two policy parameters, permit id.
+-- Every decision is made first; only if all allow are their writes applied.
+-- Otherwise nothing is written, and the checks that would have allowed report
+-- a peek (cost 0) of their current state.
+local now = server_now()
+local results, all = {}, true
+for i = 1, #KEYS do
+  local a = 1 + (i - 1) * 5
+  local decide = ALGORITHMS[ARGV[a + 1]]
+  local r = decide(KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+  results[i] = r
+  if r[1] ~= 1 then
+    all = false
+  end
+end
+local out = {}
+for i = 1, #KEYS do
+  local r = results[i]
+  if all then
+    if r.commit then
+      r.commit()
+    end
+  elseif r[1] == 1 then
+    local a = 1 + (i - 1) * 5
+    r = ALGORITHMS[ARGV[a + 1]](KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+  end
+  out[i] = {r[1], r[2], r[3], r[4], r[5], r[6]}
+end
+return out

@@ -1,0 +1,121 @@
+-- Shared helpers of the rate-limit scripts.
+--
+-- Every time is an integer number of microseconds. Lua numbers are doubles,
+-- exact for integers below 2^53, which policy validation guarantees for every
+-- value computed here. Two traps are avoided on purpose:
+--   * `a / b` can round up across an integer, so integer division goes
+--     through `idiv`, which corrects the quotient;
+--   * numbers passed to redis.call are turned into strings with 14 digits,
+--     so every number sent to Redis goes through `fmt` first.
+--
+-- ARGV[1] is 0 in production: the time is the Redis server's TIME, never the
+-- client's clock. Tests may pass a fixed time there to replay a timeline.
+
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
+local ALGORITHMS = {}
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function positive(n)
+  if n > 0 then
+    return n
+  end
+  return 0
+end
+
+local FIXED_NOW = tonumber(ARGV[1]) or 0
+
+local function server_now()
+  if FIXED_NOW > 0 then
+    return FIXED_NOW
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The TTL, in whole milliseconds rounded up, of state that matters for
+-- `reset` more microseconds. A replayed test timeline runs at its own pace,
+-- so its keys get an hour of slack instead of expiring in real time.
+local function ttl_ms(reset)
+  local ms = idiv(reset + 999, 1000)
+  if FIXED_NOW > 0 then
+    ms = ms + 3600000
+  end
+  return fmt(ms)
+end
+
+-- Saves a string state, or deletes it when it is back to fresh (reset 0).
+local function save_string(key, value, reset)
+  if reset > 0 then
+    redis.call('SET', key, value, 'PX', ttl_ms(reset))
+  else
+    redis.call('DEL', key)
+  end
+end
+
+local function expire_or_delete(key, reset)
+  if reset > 0 then
+    redis.call('PEXPIRE', key, ttl_ms(reset))
+  else
+    redis.call('DEL', key)
+  end
+end
+
+-- "12 345 6" -> {12, 345, 6}
+local function ints(raw)
+  local out = {}
+  for part in string.gmatch(raw, '%d+') do
+    out[#out + 1] = tonumber(part)
+  end
+  return out
+end
+
+-- The shared transition of GCRA and the leaky bucket. State: "tat", the
+-- theoretical arrival time.
+local function decide_tat(key, now, cost, capacity, interval, with_delay)
+  local tat = 0
+  local raw = redis.call('GET', key)
+  if raw then
+    tat = tonumber(raw)
+  end
+  local span = capacity * interval
+  local slot = tat
+  if now > slot then
+    slot = now
+  end
+  local new_tat = slot + cost * interval
+  if new_tat - now > span then
+    local reset = positive(tat - now)
+    return {0, capacity, idiv(positive(span - reset), interval), reset, new_tat - now - span, 0}
+  end
+  if cost > 0 then
+    tat = new_tat
+  end
+  local reset = positive(tat - now)
+  local delay = 0
+  if with_delay then
+    delay = slot - now
+  end
+  local r = {1, capacity, idiv(span - reset, interval), reset, 0, delay}
+  if cost > 0 then
+    r.commit = function()
+      save_string(key, fmt(tat), reset)
+    end
+  end
+  return r
+end

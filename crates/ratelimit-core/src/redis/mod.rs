@@ -1,0 +1,591 @@
+//! [`RedisStore`]: one limit shared by every instance of a service.
+//!
+//! Every decision is one Lua script, run atomically by Redis with `EVALSHA`
+//! (and reloaded by `EVAL` after a restart or failover empties the script
+//! cache). Scripts read the time from Redis `TIME`, never from the client, so
+//! instances with skewed clocks still agree. State keys are
+//! `<prefix>:<policy>:{<key>}`, the user key inside a Redis Cluster hash tag,
+//! and every key is written with a TTL no longer than its state matters.
+//!
+//! The scripts live next to this file as `.lua` files: a shared prelude, one
+//! file per algorithm, and the entry points for one decision, several limits
+//! at once, and releasing a concurrency permit.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::clock::Clock;
+use crate::policy::Algorithm;
+use crate::store::{Check, Store};
+use crate::{Decision, PermitId, Policy, StoreError, key};
+
+mod scripts;
+
+use scripts::Scripts;
+
+/// The default prefix of every key the store writes.
+pub const DEFAULT_PREFIX: &str = "ratelimit";
+/// The default number of pooled (multiplexed) connections.
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+/// The default time allowed to open a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default time allowed for one decision, connection checkout included.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A store in Redis (one node, or a Redis Cluster with the `redis-cluster`
+/// feature), shared by every instance that points at it.
+///
+/// ```no_run
+/// use ratelimit_core::redis::RedisStore;
+/// use ratelimit_core::{Policy, Rate, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379/0").build().await?;
+/// let policy = Policy::gcra(20, Rate::per_second(10))?.with_name("api")?;
+/// let decision = store.check(b"tenant-42", &policy, 1).await?;
+/// println!("{decision:?}");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    prefix: String,
+    call_timeout: Duration,
+    scripts: Scripts,
+    fixed_clock: Option<Arc<dyn Clock>>,
+    permit_prefix: u64,
+    permit_counter: AtomicU64,
+}
+
+enum Backend {
+    Pool(bb8::Pool<Manager>),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let backend = match &self.inner.backend {
+            Backend::Pool(_) => "single node",
+            #[cfg(feature = "redis-cluster")]
+            Backend::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("backend", &backend)
+            .field("prefix", &self.inner.prefix)
+            .field("call_timeout", &self.inner.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    pool_size: u32,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+    fixed_clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("nodes", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Configures a store on the Redis at `url`: `redis://[user:password@]host[:port][/db]`
+    /// (`user:password@` for Redis ACL users).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            urls: vec![url.into()],
+            cluster: false,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            fixed_clock: None,
+        }
+    }
+
+    /// Configures a store on a Redis Cluster reached through `urls` (any of its nodes).
+    #[cfg(feature = "redis-cluster")]
+    pub fn cluster_builder<I, S>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut builder = RedisStore::builder(String::new());
+        builder.urls = urls.into_iter().map(Into::into).collect();
+        builder.cluster = true;
+        builder
+    }
+
+    /// The Redis key that holds the state of `key` under `policy`.
+    pub fn state_key(&self, key: &[u8], policy: &Policy) -> String {
+        key::storage_key(&self.inner.prefix, policy.name(), key)
+    }
+
+    /// Sends `PING` (within the call timeout): whether Redis answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("PING");
+        cmd.arg("ratelimit");
+        self.inner.run(&cmd).await.map(|_| ())
+    }
+
+    fn permit_for(&self, policy: &Policy) -> PermitId {
+        if matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            let n = self.inner.permit_counter.fetch_add(1, Ordering::Relaxed);
+            PermitId((u128::from(self.inner.permit_prefix) << 64) | u128::from(n))
+        } else {
+            PermitId(0)
+        }
+    }
+
+    fn fixed_now(&self) -> u64 {
+        self.inner.fixed_clock.as_ref().map_or(0, |c| c.now())
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key (default [`DEFAULT_PREFIX`]). Use one prefix per
+    /// application sharing a Redis.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many multiplexed connections to pool (default [`DEFAULT_POOL_SIZE`], at least 1).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// The time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The time allowed for one decision, waiting for a pooled connection
+    /// included (default [`DEFAULT_CALL_TIMEOUT`]). Past it, the call fails with
+    /// [`StoreError::Timeout`] and the caller's failure policy applies.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// **For tests only.** Makes the scripts use `clock` instead of the Redis
+    /// server's `TIME`, so a test can replay a timeline through both stores.
+    /// Keys then get an hour of extra TTL, since the timeline does not run in
+    /// real time. Production stores never set this.
+    pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
+        self.fixed_clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Builds the store. A single-node store connects lazily (Redis may be
+    /// down at start-up; calls then fail and the failure policy applies); a
+    /// cluster store reads the cluster's topology now.
+    pub async fn build(self) -> Result<RedisStore, StoreError> {
+        if !valid_prefix(&self.prefix) {
+            return Err(StoreError::Backend(
+                format!(
+                    "invalid key prefix {:?}: use 1 to 64 characters from [A-Za-z0-9._-]",
+                    self.prefix
+                )
+                .into(),
+            ));
+        }
+        let backend = if self.cluster {
+            #[cfg(feature = "redis-cluster")]
+            {
+                let client = redis::cluster::ClusterClient::builder(self.urls.clone())
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.call_timeout)
+                    .build()
+                    .map_err(backend_error)?;
+                let connection = tokio::time::timeout(
+                    self.connect_timeout.saturating_mul(3),
+                    client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                .map_err(backend_error)?;
+                Backend::Cluster(connection)
+            }
+            #[cfg(not(feature = "redis-cluster"))]
+            {
+                return Err(StoreError::Backend(
+                    "Redis Cluster needs the `redis-cluster` feature".into(),
+                ));
+            }
+        } else {
+            let url = self.urls.first().cloned().unwrap_or_default();
+            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
+            let manager = Manager {
+                client,
+                config: AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.call_timeout)),
+            };
+            let pool = bb8::Pool::builder()
+                .max_size(self.pool_size)
+                .min_idle(Some(0))
+                .test_on_check_out(false)
+                .connection_timeout(self.connect_timeout)
+                .retry_connection(false)
+                .build_unchecked(manager);
+            Backend::Pool(pool)
+        };
+        let seed = std::collections::hash_map::RandomState::new();
+        let permit_prefix = std::hash::BuildHasher::hash_one(
+            &seed,
+            (std::time::SystemTime::now(), std::process::id()),
+        );
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                prefix: self.prefix,
+                call_timeout: self.call_timeout,
+                scripts: Scripts::new(),
+                fixed_clock: self.fixed_clock,
+                permit_prefix,
+                permit_counter: AtomicU64::new(1),
+            }),
+        })
+    }
+}
+
+fn valid_prefix(prefix: &str) -> bool {
+    (1..=64).contains(&prefix.len())
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn backend_error(e: RedisError) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+/// Connections for the pool: multiplexed, and marked broken after an I/O
+/// error so the pool replaces them (after a Redis restart, a dead connection
+/// would otherwise stay pooled forever).
+struct Manager {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+}
+
+struct Connection {
+    inner: MultiplexedConnection,
+    broken: bool,
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Connection, RedisError> {
+        let inner = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Connection {
+            inner,
+            broken: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
+        redis::cmd("PING").query_async::<()>(&mut conn.inner).await
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.broken
+    }
+}
+
+fn breaks_connection(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+impl Inner {
+    /// Runs `cmd` within the call timeout.
+    async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+        self.with_timeout(async {
+            match &self.backend {
+                Backend::Pool(pool) => {
+                    let mut conn = pool.get().await.map_err(|e| match e {
+                        bb8::RunError::User(e) => backend_error(e),
+                        bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
+                    })?;
+                    let result = cmd.query_async(&mut conn.inner).await;
+                    if let Err(e) = &result
+                        && breaks_connection(e)
+                    {
+                        conn.broken = true;
+                    }
+                    result.map_err(backend_error)
+                }
+                #[cfg(feature = "redis-cluster")]
+                Backend::Cluster(connection) => cmd
+                    .query_async(&mut connection.clone())
+                    .await
+                    .map_err(backend_error),
+            }
+        })
+        .await
+    }
+
+    /// Runs a script by `EVALSHA`; if Redis lost it (restart, failover,
+    /// `SCRIPT FLUSH`), by `EVAL`, which also puts it back in the cache.
+    async fn eval(
+        &self,
+        script: &redis::Script,
+        source: &str,
+        keys: &[String],
+        args: &[Arg<'_>],
+    ) -> Result<Value, StoreError> {
+        let command = |verb: &str, body: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(body).arg(keys.len()).arg(keys);
+            for arg in args {
+                match arg {
+                    Arg::Int(n) => cmd.arg(*n),
+                    Arg::Str(s) => cmd.arg(*s),
+                    Arg::Owned(s) => cmd.arg(s.as_str()),
+                };
+            }
+            cmd
+        };
+        match self.run(&command("EVALSHA", script.get_hash())).await {
+            Err(StoreError::Backend(e))
+                if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
+            {
+                self.run(&command("EVAL", source)).await
+            }
+            other => other,
+        }
+    }
+
+    async fn with_timeout<T>(
+        &self,
+        future: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.call_timeout, future)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.call_timeout)))
+    }
+}
+
+enum Arg<'a> {
+    Int(u64),
+    Str(&'a str),
+    Owned(String),
+}
+
+/// The two numeric parameters each algorithm's script takes.
+fn parameters(algorithm: &Algorithm) -> (u64, u64) {
+    match algorithm {
+        Algorithm::FixedWindow(a) => (a.limit(), a.window_micros()),
+        Algorithm::SlidingWindowLog(a) => (a.limit(), a.window_micros()),
+        Algorithm::SlidingWindowCounter(a) => (a.limit(), a.window_micros()),
+        Algorithm::TokenBucket(a) => (a.capacity(), a.interval_micros()),
+        Algorithm::Gcra(a) => (a.burst(), a.interval_micros()),
+        Algorithm::LeakyBucket(a) => (a.capacity(), a.interval_micros()),
+        Algorithm::Concurrency(a) => (a.max(), a.lease_micros()),
+    }
+}
+
+fn protocol_error(what: &str, value: &Value) -> StoreError {
+    StoreError::Backend(format!("unexpected reply to {what}: {value:?}").into())
+}
+
+fn int(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// `{allowed, limit, remaining, reset, retry, delay}` as a decision.
+fn decision_from(value: &Value, permit: PermitId, cost: u64) -> Result<Decision, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(protocol_error("a decision", value));
+    };
+    let fields: Option<Vec<u64>> = items.iter().map(int).collect();
+    let Some([allowed, limit, remaining, reset, retry, delay]) =
+        fields.as_deref().and_then(|f| <[u64; 6]>::try_from(f).ok())
+    else {
+        return Err(protocol_error("a decision", value));
+    };
+    Ok(if allowed == 1 {
+        let decision = Decision::allow(limit, remaining, reset).with_delay_us(delay);
+        if permit.0 != 0 && cost > 0 {
+            decision.with_permit(permit)
+        } else {
+            decision
+        }
+    } else {
+        Decision::deny(limit, remaining, reset, retry)
+    })
+}
+
+impl RedisStore {
+    async fn check_one(
+        self,
+        key: String,
+        policy: Policy,
+        cost: u64,
+        permit: PermitId,
+    ) -> Result<Decision, StoreError> {
+        let (p1, p2) = parameters(policy.algorithm());
+        let (script, source) = self.inner.scripts.single(policy.algorithm());
+        let permit_text = permit.to_string();
+        let args = [
+            Arg::Int(self.fixed_now()),
+            Arg::Int(cost),
+            Arg::Int(p1),
+            Arg::Int(p2),
+            Arg::Str(&permit_text),
+        ];
+        let reply = self
+            .inner
+            .eval(script, source, std::slice::from_ref(&key), &args)
+            .await?;
+        decision_from(&reply, permit, cost)
+    }
+
+    async fn check_many(
+        self,
+        keys: Vec<String>,
+        requests: Vec<(Policy, u64, PermitId)>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut args = Vec::with_capacity(1 + requests.len() * 5);
+        args.push(Arg::Int(self.fixed_now()));
+        for (policy, cost, permit) in &requests {
+            let (p1, p2) = parameters(policy.algorithm());
+            args.push(Arg::Str(policy.algorithm().kind()));
+            args.push(Arg::Int(*cost));
+            args.push(Arg::Int(p1));
+            args.push(Arg::Int(p2));
+            args.push(Arg::Owned(permit.to_string()));
+        }
+        let (script, source) = self.inner.scripts.multi();
+        let reply = self.inner.eval(script, source, &keys, &args).await?;
+        let Value::Array(items) = &reply else {
+            return Err(protocol_error("several decisions", &reply));
+        };
+        if items.len() != requests.len() {
+            return Err(protocol_error("several decisions", &reply));
+        }
+        items
+            .iter()
+            .zip(&requests)
+            .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
+            .collect()
+    }
+
+    async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {
+        let (script, source) = self.inner.scripts.release();
+        let permit_text = permit.to_string();
+        let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
+        self.inner
+            .eval(script, source, std::slice::from_ref(&key), &args)
+            .await
+            .map(|_| ())
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for RedisStore {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = BoxFuture<Vec<Decision>>;
+    type ReleaseFuture = BoxFuture<()>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        if let Err(e) = policy.check_cost(cost) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let permit = self.permit_for(policy);
+        let key = self.state_key(key, policy);
+        Box::pin(self.clone().check_one(key, policy.clone(), cost, permit))
+    }
+
+    /// On a single node, every limit is decided in one script: all or nothing.
+    ///
+    /// On a Redis Cluster, one script can only touch keys of one hash slot.
+    /// Checks whose keys share a slot (the same user key under several
+    /// policies, such as per-second and per-day) are still all or nothing;
+    /// checks spanning several slots are refused with an error for now.
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        let mut keys = Vec::with_capacity(checks.len());
+        let mut requests = Vec::with_capacity(checks.len());
+        for check in checks {
+            if let Err(e) = check.policy.check_cost(check.cost) {
+                return Box::pin(std::future::ready(Err(e)));
+            }
+            let key = self.state_key(check.key, check.policy);
+            if keys.contains(&key) {
+                return Box::pin(std::future::ready(Err(StoreError::Backend(
+                    format!("the same key and policy appear twice in one request ({key}); sum their costs into one check").into(),
+                ))));
+            }
+            keys.push(key);
+            requests.push((
+                check.policy.clone(),
+                check.cost,
+                self.permit_for(check.policy),
+            ));
+        }
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.inner.backend, Backend::Cluster(_)) {
+            let slot = |k: &String| key::cluster_slot(k.as_bytes());
+            if let Some(first) = keys.first().map(slot)
+                && keys.iter().any(|k| slot(k) != first)
+            {
+                return Box::pin(std::future::ready(Err(StoreError::Backend(
+                    "on Redis Cluster, several limits for one request must share a hash slot (use one user key for all of them)".into(),
+                ))));
+            }
+        }
+        if keys.is_empty() {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        Box::pin(self.clone().check_many(keys, requests))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        if !matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let key = self.state_key(key, policy);
+        Box::pin(self.clone().release_one(key, permit))
+    }
+}

@@ -1,0 +1,105 @@
+//! The Lua scripts, assembled from the `.lua` files next to this module.
+
+use redis::Script;
+
+use crate::policy::Algorithm;
+
+macro_rules! single {
+    ($file:literal, $name:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            "\n",
+            include_str!(concat!("lua/", $file)),
+            "\n",
+            include_str!("lua/single.lua"),
+            "\nreturn run_single(ALGORITHMS['",
+            $name,
+            "'])\n"
+        )
+    };
+}
+
+const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window");
+const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log");
+const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window");
+const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket");
+const GCRA: &str = single!("gcra.lua", "gcra");
+const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket");
+const CONCURRENCY: &str = single!("concurrency.lua", "concurrency");
+
+const MULTI: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    "\n",
+    include_str!("lua/fixed_window.lua"),
+    "\n",
+    include_str!("lua/sliding_log.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/token_bucket.lua"),
+    "\n",
+    include_str!("lua/gcra.lua"),
+    "\n",
+    include_str!("lua/leaky_bucket.lua"),
+    "\n",
+    include_str!("lua/concurrency.lua"),
+    "\n",
+    include_str!("lua/multi.lua"),
+);
+
+const RELEASE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    "\n",
+    include_str!("lua/release.lua"),
+);
+
+/// Every script with its SHA-1, computed once.
+pub(super) struct Scripts {
+    single: [(Script, &'static str); 7],
+    multi: (Script, &'static str),
+    release: (Script, &'static str),
+}
+
+fn script(source: &'static str) -> (Script, &'static str) {
+    (Script::new(source), source)
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Scripts {
+            single: [
+                script(FIXED_WINDOW),
+                script(SLIDING_LOG),
+                script(SLIDING_WINDOW),
+                script(TOKEN_BUCKET),
+                script(GCRA),
+                script(LEAKY_BUCKET),
+                script(CONCURRENCY),
+            ],
+            multi: script(MULTI),
+            release: script(RELEASE),
+        }
+    }
+
+    pub(super) fn single(&self, algorithm: &Algorithm) -> (&Script, &'static str) {
+        let index = match algorithm {
+            Algorithm::FixedWindow(_) => 0,
+            Algorithm::SlidingWindowLog(_) => 1,
+            Algorithm::SlidingWindowCounter(_) => 2,
+            Algorithm::TokenBucket(_) => 3,
+            Algorithm::Gcra(_) => 4,
+            Algorithm::LeakyBucket(_) => 5,
+            Algorithm::Concurrency(_) => 6,
+        };
+        let (script, source) = &self.single[index];
+        (script, source)
+    }
+
+    pub(super) fn multi(&self) -> (&Script, &'static str) {
+        (&self.multi.0, self.multi.1)
+    }
+
+    pub(super) fn release(&self) -> (&Script, &'static str) {
+        (&self.release.0, self.release.1)
+    }
+}
