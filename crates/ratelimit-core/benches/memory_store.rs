@@ -22,7 +22,8 @@
 //! Quota: 1,000,000 per second with bursts of 1,000 for both libraries
 //! (`Rate::per_second(1_000_000)`, an emission interval of 1 µs, is the highest
 //! rate our policies accept; governor's `Quota::per_second(1_000_000)` has an
-//! interval of 1,000 ns). Regimes, printed before the group runs:
+//! interval of 1,000 ns). The share of allowed decisions is printed after each
+//! row (`regime ...`, counted over warm-up and measurement). Regimes:
 //!
 //! - `uniform`: a key comes back about every 100,000 decisions, long after it
 //!   refilled, so every decision is allowed for both libraries;
@@ -239,31 +240,11 @@ fn limiters() -> [Limiter; 3] {
     ]
 }
 
-/// Prints the share of allowed decisions for each case, on fresh limiters, so
-/// the regime of each row is on record.
-fn print_regimes(workloads: &[Workload]) {
-    const DECISIONS: u64 = 2_000_000;
-    for workload in workloads {
-        for threads in THREADS {
-            for limiter in limiters() {
-                fill(&limiter, workload);
-                let (elapsed, allowed) = run(&limiter, workload, threads, DECISIONS);
-                eprintln!(
-                    "regime {:<34} {:>6.2}% allowed ({DECISIONS} decisions in {elapsed:?})",
-                    limiter.id(workload, threads),
-                    100.0 * allowed as f64 / DECISIONS as f64,
-                );
-            }
-        }
-    }
-}
-
 fn decisions(c: &mut Criterion) {
     let workloads = [
         Workload::new("hot", 1),
         Workload::new("uniform", UNIFORM_KEYS),
     ];
-    print_regimes(&workloads);
 
     let mut group = c.benchmark_group("decisions");
     group
@@ -275,9 +256,21 @@ fn decisions(c: &mut Criterion) {
         for threads in THREADS {
             for limiter in limiters() {
                 fill(&limiter, workload);
-                group.bench_function(limiter.id(workload, threads), |b| {
-                    b.iter_custom(|iters| run(&limiter, workload, threads, iters).0);
+                let id = limiter.id(workload, threads);
+                let (mut total, mut allowed) = (0u64, 0u64);
+                group.bench_function(&id, |b| {
+                    b.iter_custom(|iters| {
+                        let (elapsed, ok) = run(&limiter, workload, threads, iters);
+                        total += iters;
+                        allowed += ok;
+                        elapsed
+                    });
                 });
+                // The regime of this row, over warm-up and measurement.
+                eprintln!(
+                    "regime {id}: {:.2}% of {total} decisions allowed",
+                    100.0 * allowed as f64 / total.max(1) as f64,
+                );
             }
         }
     }

@@ -340,17 +340,30 @@ impl Inner {
         self.with_timeout(async {
             match &self.backend {
                 Backend::Pool(pool) => {
-                    let mut conn = pool.get().await.map_err(|e| match e {
-                        bb8::RunError::User(e) => backend_error(e),
-                        bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
-                    })?;
-                    let result = cmd.query_async(&mut conn.inner).await;
-                    if let Err(e) = &result
-                        && breaks_connection(e)
-                    {
-                        conn.broken = true;
+                    // A pooled connection may have died with a Redis restart or
+                    // failover; it is then dropped and the call retried once on
+                    // a fresh connection, within the same timeout.
+                    let mut attempt = 0;
+                    loop {
+                        attempt += 1;
+                        let mut conn = pool.get().await.map_err(|e| match e {
+                            bb8::RunError::User(e) => backend_error(e),
+                            bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
+                        })?;
+                        let result = cmd.query_async(&mut conn.inner).await;
+                        match result {
+                            Err(e) if breaks_connection(&e) => {
+                                conn.broken = true;
+                                // A timed-out command may have run: never resend it. A
+                                // dropped connection at worst consumed once more, which
+                                // errs towards denying, never towards admitting.
+                                if attempt >= 2 || e.is_connection_refusal() || e.is_timeout() {
+                                    return Err(backend_error(e));
+                                }
+                            }
+                            other => return other.map_err(backend_error),
+                        }
                     }
-                    result.map_err(backend_error)
                 }
                 #[cfg(feature = "redis-cluster")]
                 Backend::Cluster(connection) => cmd
@@ -504,10 +517,19 @@ impl RedisStore {
         if items.len() != requests.len() {
             return Err(protocol_error("several decisions", &reply));
         }
-        items
+        let decisions: Vec<Decision> = items
             .iter()
             .zip(&requests)
             .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
+            .collect::<Result<_, _>>()?;
+        if crate::store::all_allowed(&decisions) {
+            return Ok(decisions);
+        }
+        // Nothing was taken: the limits that would have allowed report a peek,
+        // which holds no permit.
+        items
+            .iter()
+            .map(|item| decision_from(item, PermitId(0), 0))
             .collect()
     }
 

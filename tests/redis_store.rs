@@ -1,0 +1,559 @@
+//! `RedisStore` against real Redis servers started by the tests: the same
+//! decisions as `MemoryStore` on replayed timelines, exactness under
+//! concurrency on one node and on a 3-master cluster, script reloads, TTLs,
+//! the semaphore, reconnection and connection settings.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Check, Decision, MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_tests::{RedisCluster, RedisServer};
+
+/// A small deterministic generator (xorshift64*), so failures replay.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Small policies of every algorithm, so timelines hit every branch.
+fn small_policies() -> Vec<Policy> {
+    vec![
+        Policy::fixed_window(5, ms(100)).unwrap(),
+        Policy::sliding_window_log(5, ms(100)).unwrap(),
+        Policy::sliding_window_counter(7, ms(100)).unwrap(),
+        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
+        Policy::concurrency(3, ms(100)).unwrap(),
+    ]
+}
+
+/// Long windows: nothing refills while a test runs.
+fn long_policies(limit: u64) -> Vec<Policy> {
+    let hour = Duration::from_secs(3600);
+    vec![
+        Policy::fixed_window(limit, hour).unwrap(),
+        Policy::sliding_window_log(limit, hour).unwrap(),
+        Policy::sliding_window_counter(limit, hour).unwrap(),
+        Policy::token_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::gcra(limit, Rate::per_hour(1)).unwrap(),
+        Policy::leaky_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::concurrency(limit, hour).unwrap(),
+    ]
+}
+
+/// Everything observable, with the permit reduced to whether there is one
+/// (ids differ between stores by design).
+fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64, bool) {
+    (
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after_micros(),
+        d.retry_after_micros(),
+        d.delay_micros(),
+        d.permit().is_some(),
+    )
+}
+
+fn same_outcome(
+    what: &str,
+    memory: &Result<Decision, StoreError>,
+    redis: &Result<Decision, StoreError>,
+) {
+    match (memory, redis) {
+        (Ok(m), Ok(r)) => assert_eq!(observable(m), observable(r), "{what}"),
+        (Err(StoreError::CostExceedsLimit { .. }), Err(StoreError::CostExceedsLimit { .. })) => {}
+        _ => panic!("{what}: memory {memory:?} vs redis {redis:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree_on_random_timelines() {
+    let server = RedisServer::start();
+    // Around the current Unix time in µs, so the scripts see realistic magnitudes.
+    let clock = ManualClock::new(1_763_000_000_123_457);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut compared = 0;
+    for policy in small_policies() {
+        for timeline in 0..25 {
+            let key = format!("{}-{timeline}", policy.name());
+            let mut held = Vec::new();
+            let mut last_retry = 0;
+            for step in 0..40 {
+                let advance = match rng.below(10) {
+                    0..=3 => 0,
+                    4..=6 => 1 + rng.below(30_000),
+                    7 => last_retry,
+                    8 => last_retry.saturating_sub(1),
+                    _ => 50_000 + rng.below(200_000),
+                };
+                clock.advance(Duration::from_micros(advance));
+                if !held.is_empty() && rng.below(4) == 0 {
+                    let (m, r) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    memory.release(key.as_bytes(), &policy, m).await.unwrap();
+                    redis.release(key.as_bytes(), &policy, r).await.unwrap();
+                }
+                let cost = if rng.below(20) == 0 {
+                    policy.max_cost() + 1
+                } else {
+                    rng.below(policy.max_cost() + 1)
+                };
+                let m = memory.check(key.as_bytes(), &policy, cost).await;
+                let r = redis.check(key.as_bytes(), &policy, cost).await;
+                same_outcome(
+                    &format!("{key} step {step} cost {cost} at +{advance}µs"),
+                    &m,
+                    &r,
+                );
+                if let (Ok(m), Ok(r)) = (&m, &r) {
+                    if let (Some(a), Some(b)) = (m.permit(), r.permit()) {
+                        held.push((a, b));
+                    }
+                    last_retry = m.retry_after_micros();
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 7 * 25 * 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree_on_several_limits_at_once() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policies: Vec<Policy> = small_policies()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| p.with_name(format!("multi-{i}")).unwrap())
+        .collect();
+    let mut rng = Rng(42);
+    for round in 0..300 {
+        clock.advance(Duration::from_micros(rng.below(20_000)));
+        let a = &policies[rng.below(7) as usize];
+        let b = &policies[rng.below(7) as usize];
+        let user = format!("u{}", rng.below(3));
+        let checks = [
+            Check::new(user.as_bytes(), a, rng.below(a.max_cost() + 1)),
+            Check::new(b"global", b, rng.below(3)),
+        ];
+        let m = memory.check_all(&checks).await.unwrap();
+        let r = redis.check_all(&checks).await.unwrap();
+        let m: Vec<_> = m.iter().map(observable).collect();
+        let r: Vec<_> = r.iter().map(observable).collect();
+        assert_eq!(m, r, "round {round}");
+    }
+}
+
+/// 64 tasks over 8 pooled connections hammer one key: exactly the limit passes,
+/// for every algorithm, with the server's own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(8)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    hammer(&store, "hot").await;
+}
+
+async fn hammer(store: &RedisStore, key: &'static str) {
+    const LIMIT: u64 = 100;
+    for policy in long_policies(LIMIT) {
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (store, policy, admitted) = (store.clone(), policy.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    if store
+                        .check(key.as_bytes(), &policy, 1)
+                        .await
+                        .unwrap()
+                        .is_allowed()
+                    {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), LIMIT, "{}", policy.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    hammer(&store, "hot-on-cluster").await;
+
+    // Per second and per day of one user share the user's hash tag: all or nothing.
+    let per_second = Policy::fixed_window(3, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("per-second")
+        .unwrap();
+    let per_day = Policy::fixed_window(4, Duration::from_secs(86_400))
+        .unwrap()
+        .with_name("per-day")
+        .unwrap();
+    for i in 0..3 {
+        let d = store
+            .check_all(&[
+                Check::new(b"carol", &per_second, 1),
+                Check::new(b"carol", &per_day, 1),
+            ])
+            .await
+            .unwrap();
+        assert!(d.iter().all(Decision::is_allowed), "request {i}");
+    }
+    let d = store
+        .check_all(&[
+            Check::new(b"carol", &per_second, 1),
+            Check::new(b"carol", &per_day, 1),
+        ])
+        .await
+        .unwrap();
+    assert!(!d[0].is_allowed());
+    assert_eq!(d[1].remaining(), 1, "the day's budget was not consumed");
+
+    // Keys in different slots cannot be decided atomically: a clear error.
+    let across = store
+        .check_all(&[
+            Check::new(b"carol", &per_second, 1),
+            Check::new(b"dave", &per_day, 1),
+        ])
+        .await;
+    let message = across.unwrap_err().to_string();
+    assert!(message.contains("hash slot"), "{message}");
+
+    // Keys really spread over the three masters.
+    let keys: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
+    let policy = Policy::gcra(5, Rate::per_second(1)).unwrap();
+    for k in &keys {
+        store.check(k.as_bytes(), &policy, 1).await.unwrap();
+    }
+    let per_node: Vec<u64> = (0..3)
+        .map(|n| cluster.cli(n, &["DBSIZE"]).parse().unwrap())
+        .collect();
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "keys per node: {per_node:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_flushed_script_cache_is_reloaded_transparently() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    for policy in long_policies(10) {
+        let first = store.check(b"k", &policy, 1).await.unwrap();
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+        let second = store.check(b"k", &policy, 1).await.unwrap();
+        assert_eq!(
+            second.remaining() + 1,
+            first.remaining(),
+            "{}",
+            policy.name()
+        );
+    }
+    let a = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let both = store
+        .check_all(&[Check::new(b"x", &a, 1), Check::new(b"y", &a, 1)])
+        .await
+        .unwrap();
+    assert!(both.iter().all(Decision::is_allowed));
+}
+
+#[tokio::test]
+async fn a_restarted_redis_is_used_again_without_failed_requests() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(2)
+        .call_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+    for _ in 0..4 {
+        store.check(b"k", &policy, 1).await.unwrap();
+    }
+    server.restart();
+    // Pooled connections died with the server and its script cache is empty:
+    // the store reconnects and reloads without failing a request.
+    for i in 0..4 {
+        let d = store
+            .check(b"k", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(d.remaining(), 9 - i, "state was lost with the restart");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_redis_is_an_error_within_the_timeout() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let store = RedisStore::builder(url)
+        .connect_timeout(ms(200))
+        .call_timeout(ms(300))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+    let started = std::time::Instant::now();
+    let err = store.check(b"k", &policy, 1).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(started.elapsed() < ms(600), "took {:?}", started.elapsed());
+}
+
+/// After a mixed workload with the server's clock, every key has a TTL, and
+/// none outlives its policy's state by more than a small margin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_has_a_ttl_no_longer_than_its_state() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("audit")
+        .build()
+        .await
+        .unwrap();
+    let second = Duration::from_secs(1);
+    let policies = vec![
+        Policy::fixed_window(5, 3 * second).unwrap(),
+        Policy::sliding_window_log(5, 3 * second).unwrap(),
+        Policy::sliding_window_counter(5, 3 * second).unwrap(),
+        Policy::token_bucket(5, Rate::new(5, 3 * second)).unwrap(),
+        Policy::gcra(5, Rate::new(5, 3 * second)).unwrap(),
+        Policy::leaky_bucket(5, Rate::new(5, 3 * second)).unwrap(),
+        Policy::concurrency(5, 3 * second).unwrap(),
+    ];
+    let mut rng = Rng(7);
+    for round in 0..400 {
+        let policy = &policies[rng.below(7) as usize];
+        let key = format!("user-{}", rng.below(20));
+        let cost = rng.below(4);
+        let d = store.check(key.as_bytes(), policy, cost).await.unwrap();
+        if let Some(permit) = d.permit()
+            && round % 2 == 0
+        {
+            store.release(key.as_bytes(), policy, permit).await.unwrap();
+        }
+    }
+    let keys = server.cli(&["--scan", "--pattern", "*"]);
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert!(keys.len() > 50, "workload left {} keys", keys.len());
+    for key in keys {
+        let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+        if ttl == -2 {
+            continue; // expired between SCAN and PTTL: gone, as it should be
+        }
+        let policy = policies
+            .iter()
+            .find(|p| key.starts_with(&format!("audit:{}:", p.name())))
+            .unwrap_or_else(|| panic!("unexpected key {key}"));
+        // The longest a state matters: two windows for the sliding counter,
+        // the window (refill time, lease) for the others.
+        let longest = match policy.algorithm().kind() {
+            "sliding-window" => 2 * policy.window(),
+            _ => policy.window(),
+        };
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        assert!(
+            ttl as u128 <= longest.as_millis() + 2,
+            "{key}: TTL {ttl} ms outlives its state ({longest:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn semaphore_reclaims_dead_holders_and_releases() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let policy = Policy::concurrency(2, ms(300)).unwrap();
+    let a = store.check(b"job", &policy, 1).await.unwrap();
+    let b = store.check(b"job", &policy, 1).await.unwrap();
+    assert!(a.is_allowed() && b.is_allowed());
+    assert_ne!(a.permit(), b.permit());
+    let denied = store.check(b"job", &policy, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert!(denied.retry_after().unwrap() <= ms(300));
+    // Releasing frees a slot at once.
+    store
+        .release(b"job", &policy, a.permit().unwrap())
+        .await
+        .unwrap();
+    let c = store.check(b"job", &policy, 1).await.unwrap();
+    assert!(c.is_allowed());
+    // The holders of b and c "crash": their leases expire and the slots return.
+    tokio::time::sleep(ms(350)).await;
+    let peek = store.check(b"job", &policy, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 2);
+}
+
+/// Three store instances (as three service instances would) share one
+/// semaphore: at no instant are more than `max` permits held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_never_exceeds_max_across_instances() {
+    const MAX: u64 = 3;
+    let server = RedisServer::start();
+    let policy = Policy::concurrency(MAX, Duration::from_secs(30)).unwrap();
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::builder(server.url())
+            .call_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..8 {
+            let (store, policy) = (store.clone(), policy.clone());
+            let (in_flight, peak, completed) = (in_flight.clone(), peak.clone(), completed.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let permit = loop {
+                        let d = store.check(b"shared", &policy, 1).await.unwrap();
+                        if let Some(p) = d.permit() {
+                            break p;
+                        }
+                        tokio::time::sleep(ms(2)).await;
+                    };
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(ms(5)).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    store.release(b"shared", &policy, permit).await.unwrap();
+                    completed.fetch_add(1, Ordering::SeqCst);
+                }
+            }));
+        }
+    }
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("the semaphore workload finished in time");
+    assert_eq!(completed.load(Ordering::SeqCst), 3 * 8 * 3);
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= MAX, "peak {peak} holders");
+    assert!(peak >= 2, "the test never overlapped holders (peak {peak})");
+}
+
+#[tokio::test]
+async fn acl_users_and_database_numbers_come_from_the_url() {
+    let server = RedisServer::start_with_args(&[
+        "--user", "default", "off", "--user", "limiter", "on", ">s3cret", "~*", "+@all",
+    ]);
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}/3", server.port());
+    let store = RedisStore::builder(url)
+        .prefix("acl")
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    let auth = [
+        "--user",
+        "limiter",
+        "--pass",
+        "s3cret",
+        "--no-auth-warning",
+        "-n",
+        "3",
+    ];
+    let keys = server.cli(&[&auth[..], &["--scan"]].concat());
+    assert_eq!(keys, "acl:fixed-window-2-per-1m:{k}");
+
+    let wrong = format!("redis://limiter:nope@127.0.0.1:{}/3", server.port());
+    let store = RedisStore::builder(wrong).build().await.unwrap();
+    assert!(store.check(b"k", &policy, 1).await.is_err());
+}
+
+#[tokio::test]
+async fn keys_are_bounded_and_never_echo_secrets() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let secret = format!("sk_live_{}", "x".repeat(1 << 20));
+    assert!(
+        store
+            .check(secret.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !store
+            .check(secret.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let key = server.cli(&["--scan"]);
+    assert!(key.len() < 100, "{key}");
+    assert!(!key.contains("sk_live"), "{key}");
+    assert!(
+        store
+            .check(&[0xff, 0x00, b'{'], &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(matches!(
+        store.check(b"k", &policy, u64::MAX).await,
+        Err(StoreError::CostExceedsLimit { .. })
+    ));
+    assert!(
+        RedisStore::builder(server.url())
+            .prefix("bad prefix {x}")
+            .build()
+            .await
+            .is_err()
+    );
+}
