@@ -26,6 +26,10 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).unwrap_or(0)
+    }
 }
 
 fn ms(n: u64) -> Duration {
@@ -114,7 +118,7 @@ async fn memory_and_redis_agree_on_random_timelines() {
                 };
                 clock.advance(Duration::from_micros(advance));
                 if !held.is_empty() && rng.below(4) == 0 {
-                    let (m, r) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    let (m, r) = held.swap_remove(rng.index(held.len()));
                     memory.release(key.as_bytes(), &policy, m).await.unwrap();
                     redis.release(key.as_bytes(), &policy, r).await.unwrap();
                 }
@@ -162,8 +166,8 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
     let mut rng = Rng(42);
     for round in 0..300 {
         clock.advance(Duration::from_micros(rng.below(20_000)));
-        let a = &policies[rng.below(7) as usize];
-        let b = &policies[rng.below(7) as usize];
+        let a = &policies[rng.index(7)];
+        let b = &policies[rng.index(7)];
         let user = format!("u{}", rng.below(3));
         let checks = [
             Check::new(user.as_bytes(), a, rng.below(a.max_cost() + 1)),
@@ -360,7 +364,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_state() {
         .await
         .unwrap();
     let second = Duration::from_secs(1);
-    let policies = vec![
+    let policies = [
         Policy::fixed_window(5, 3 * second).unwrap(),
         Policy::sliding_window_log(5, 3 * second).unwrap(),
         Policy::sliding_window_counter(5, 3 * second).unwrap(),
@@ -371,7 +375,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_state() {
     ];
     let mut rng = Rng(7);
     for round in 0..400 {
-        let policy = &policies[rng.below(7) as usize];
+        let policy = &policies[rng.index(7)];
         let key = format!("user-{}", rng.below(20));
         let cost = rng.below(4);
         let d = store.check(key.as_bytes(), policy, cost).await.unwrap();
