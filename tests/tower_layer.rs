@@ -2,6 +2,7 @@
 
 use std::future::{Ready, ready};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -12,7 +13,7 @@ use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
     RateLimitLayer,
 };
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
 type Mock = mock::Mock<Request<&'static str>, Response<String>>;
@@ -269,4 +270,83 @@ async fn poll_ready_is_the_inner_service() {
         fut
     );
     assert_eq!(body_text(response.unwrap()).await, "ok");
+}
+
+/// A body fed through a channel: it ends when the sender is dropped.
+struct ChannelBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_response_holds_its_concurrency_permit_until_the_body_ends() {
+    use tower::ServiceExt as _;
+    let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inner = {
+        let senders = senders.clone();
+        tower::service_fn(move |_req: Request<&'static str>| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            senders.lock().unwrap().push(tx);
+            async move { Ok::<_, std::convert::Infallible>(Response::new(ChannelBody(rx))) }
+        })
+    };
+    let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    let service = RateLimitLayer::new(store(), policy, GlobalKey::default()).layer(inner);
+
+    let first = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The response future has resolved, but its body is still streaming.
+    let second = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    let tx = senders.lock().unwrap().remove(0);
+    tx.send(bytes::Bytes::from_static(b"chunk")).await.unwrap();
+    drop(tx);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"chunk");
+    // The body ended: the slot is free again.
+    let third = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    // Dropping a body before its end frees the slot too.
+    drop(third);
+    let fourth = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(fourth.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_cancelled_request_releases_its_concurrency_permit() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    let mut service = RateLimitLayer::new(store(), policy, GlobalKey::default()).layer(mock);
+    handle.allow(2);
+    let pending = service.ready().await.unwrap().call(Request::new("slow"));
+    let mut pending = Box::pin(pending);
+    // Let it take the permit and reach the inner service, then cancel it.
+    assert!(futures_poll_once(pending.as_mut()).await.is_none());
+    let (_req, _respond_later) = handle.next_request().await.unwrap();
+    drop(pending);
+    let (r, reached) = send(&mut service, &mut handle, Request::new("next")).await;
+    assert!(reached, "the cancelled request's slot was freed");
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
 }

@@ -7,6 +7,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::permit::PermitGuard;
+
 pin_project! {
     /// The inner service's body, or the body of a rejection built by the layer.
     ///
@@ -21,7 +23,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        Inner { #[pin] body: B, permit: Option<PermitGuard> },
         Full { data: Option<Bytes> },
     }
 }
@@ -30,7 +32,15 @@ impl<B> ResponseBody<B> {
     /// Wraps the inner service's body.
     pub fn new(body: B) -> Self {
         ResponseBody {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, permit: None },
+        }
+    }
+
+    /// Wraps the inner service's body, holding a concurrency permit until the
+    /// body ends or is dropped.
+    pub(crate) fn with_permit(body: B, permit: Option<PermitGuard>) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body, permit },
         }
     }
 
@@ -76,21 +86,28 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body, permit } => {
+                let frame = body.poll_frame(cx);
+                if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    // The response is complete (or failed): free the slot now.
+                    permit.take();
+                }
+                frame
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

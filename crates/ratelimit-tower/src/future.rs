@@ -12,6 +12,7 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::layer::FailurePolicy;
+use crate::permit::{PermitGuard, Releaser};
 use crate::rejection;
 
 pin_project! {
@@ -35,10 +36,13 @@ pin_project! {
             pending: Option<(S, Req)>,
             policy: Policy,
             failure: FailurePolicy,
+            releaser: Option<Releaser>,
         },
         Calling {
             #[pin]
             future: F,
+            // Dropped with the future if the request is cancelled.
+            permit: Option<PermitGuard>,
         },
         Answered {
             response: Option<Res>,
@@ -56,6 +60,7 @@ where
         req: Request<ReqBody>,
         policy: Policy,
         failure: FailurePolicy,
+        releaser: Option<Releaser>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking {
@@ -63,6 +68,7 @@ where
                 pending: Some((service, req)),
                 policy,
                 failure,
+                releaser,
             },
         }
     }
@@ -71,6 +77,7 @@ where
         ResponseFuture {
             state: State::Calling {
                 future: service.call(req),
+                permit: None,
             },
         }
     }
@@ -103,6 +110,7 @@ where
                     pending,
                     policy,
                     failure,
+                    releaser,
                 } => {
                     let outcome = ready!(check.poll(cx));
                     let Some((mut service, mut req)) = pending.take() else {
@@ -111,12 +119,18 @@ where
                     let next = match outcome {
                         Ok(decision) => {
                             let allowed = decision.is_allowed();
+                            // Taken before the inner call, so it is released on every path.
+                            let permit = decision
+                                .permit()
+                                .zip(releaser.take())
+                                .map(|(id, releaser)| releaser(id));
                             let decisions =
                                 Decisions::new(vec![PolicyDecision::new(policy.clone(), decision)]);
                             if allowed {
                                 req.extensions_mut().insert(decisions);
                                 State::Calling {
                                     future: service.call(req),
+                                    permit,
                                 }
                             } else {
                                 State::Answered {
@@ -141,6 +155,7 @@ where
                         Err(_) => match failure {
                             FailurePolicy::Open => State::Calling {
                                 future: service.call(req),
+                                permit: None,
                             },
                             FailurePolicy::Closed => State::Answered {
                                 response: Some(rejection::plain(
@@ -152,9 +167,12 @@ where
                     };
                     state.set(next);
                 }
-                StateProj::Calling { future } => {
-                    let response = ready!(future.poll(cx))?;
-                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                StateProj::Calling { future, permit } => {
+                    let response = ready!(future.poll(cx));
+                    let permit = permit.take();
+                    // An error drops the permit here; a response carries it in its body.
+                    let response = response?;
+                    return Poll::Ready(Ok(response.map(|b| ResponseBody::with_permit(b, permit))));
                 }
                 StateProj::Answered { response } => {
                     let Some(response) = response.take() else {

@@ -43,6 +43,7 @@ mod decisions;
 pub mod future;
 mod key;
 mod layer;
+mod permit;
 mod rejection;
 mod service;
 
@@ -50,5 +51,6 @@ pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
 pub use key::{GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
 pub use layer::{FailurePolicy, MissingKey, RateLimitLayer};
+pub use permit::PermitGuard;
 pub use rejection::retry_after_seconds;
 pub use service::RateLimit;

@@ -11,6 +11,7 @@ use crate::cost::Cost;
 use crate::future::ResponseFuture;
 use crate::key::KeyExtractor;
 use crate::layer::{MissingKey, RateLimitLayer};
+use crate::permit;
 
 /// Rate-limits requests before they reach the inner service. Built by
 /// [`RateLimitLayer`].
@@ -46,7 +47,7 @@ impl<S, St, K, C> RateLimit<S, St, K, C> {
 impl<S, St, K, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, K, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    St: Store,
+    St: Store + Clone,
     K: KeyExtractor<Request<ReqBody>>,
     C: Cost<Request<ReqBody>>,
 {
@@ -71,6 +72,14 @@ where
         };
         let cost = config.cost.cost(&req);
         let check = config.store.check(key.as_bytes(), &config.policy, cost);
-        ResponseFuture::checking(check, inner, req, config.policy.clone(), config.failure)
+        let releaser = permit::releaser(&config.store, &key, &config.policy);
+        ResponseFuture::checking(
+            check,
+            inner,
+            req,
+            config.policy.clone(),
+            config.failure,
+            releaser,
+        )
     }
 }
