@@ -1,5 +1,7 @@
 //! The decisions made for a request, as a request extension.
 
+use std::sync::Arc;
+
 use ratelimit_core::{Decision, Policy};
 
 /// One policy's decision for a request.
@@ -29,20 +31,18 @@ impl PolicyDecision {
 /// The rate-limit decisions made for a request, inserted into the request's
 /// extensions by the layer before the inner service runs, so later layers and
 /// handlers can read them (remaining quota, reset time).
+/// Cloning is cheap (the list is shared).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
-    entries: Vec<PolicyDecision>,
+    entries: Arc<[PolicyDecision]>,
 }
 
 impl Decisions {
     /// Decisions from a list.
     pub fn new(entries: Vec<PolicyDecision>) -> Self {
-        Decisions { entries }
-    }
-
-    /// Adds a decision.
-    pub fn push(&mut self, entry: PolicyDecision) {
-        self.entries.push(entry);
+        Decisions {
+            entries: entries.into(),
+        }
     }
 
     /// The decisions, in the order the policies were checked.

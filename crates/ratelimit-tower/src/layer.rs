@@ -1,84 +1,242 @@
 //! [`RateLimitLayer`]: the configuration.
 
-use ratelimit_core::Policy;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_core::{Policy, StoreError};
 use tower_layer::Layer;
 
-use crate::cost::Constant;
+use crate::reject::{ErrorRejections, HttpRejections, Rejection};
+use crate::rule::{And, Rule};
 use crate::service::RateLimit;
 
-/// What to do when the store cannot decide (it is unreachable, timed out or
-/// failed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What to do when the store cannot decide (it is unreachable or timed out).
+///
+/// A full in-memory store never admits new keys, whatever this says:
+/// admitting them would be the very bypass its bound exists to prevent.
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through (the default): availability first.
     #[default]
     Open,
-    /// Reject the request with `503 Service Unavailable`.
+    /// Refuse the request: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
     Closed,
+    /// Ask a function: `true` lets the request through.
+    Custom(Arc<dyn Fn(&StoreError) -> bool + Send + Sync>),
 }
 
-/// What to do with a request for which the key extractor finds no key.
+impl FailurePolicy {
+    /// A failure policy that asks `f` (`true` lets the request through).
+    pub fn custom<F>(f: F) -> Self
+    where
+        F: Fn(&StoreError) -> bool + Send + Sync + 'static,
+    {
+        FailurePolicy::Custom(Arc::new(f))
+    }
+
+    pub(crate) fn allows(&self, error: &StoreError) -> bool {
+        if matches!(error, StoreError::Full { .. }) {
+            return false;
+        }
+        match self {
+            FailurePolicy::Open => true,
+            FailurePolicy::Closed => false,
+            FailurePolicy::Custom(f) => f(error),
+        }
+    }
+}
+
+impl fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailurePolicy::Open => f.write_str("Open"),
+            FailurePolicy::Closed => f.write_str("Closed"),
+            FailurePolicy::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// What to do with a request for which a rule's key extractor finds no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
     /// The rule does not apply: let the request through (the default).
     #[default]
     Allow,
-    /// Reject the request as if it were over its limit.
+    /// Refuse the request.
     Reject,
 }
 
-/// Applies a rate-limit [`Policy`] to every request, keyed by a
-/// [`KeyExtractor`](crate::KeyExtractor), at a [`Cost`](crate::Cost).
+/// Reject denied requests at once, or make them wait for their turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Refuse a denied request at once (the default; servers).
+    #[default]
+    Reject,
+    /// Wait until the request may pass, if that is within `max_delay`
+    /// (clients calling a strict downstream API). A denied request sleeps
+    /// until its `retry_after`, plus a little jitter so waiting workers do not
+    /// retry in lockstep, then asks again; a leaky-bucket policy delays each
+    /// admitted request to its slot, spacing calls evenly. Dropping the
+    /// future while it waits consumes nothing.
+    Wait {
+        /// The longest a request may wait in total.
+        max_delay: Duration,
+    },
+}
+
+/// Rate-limits requests with one or more rules, in a store.
 ///
 /// ```
-/// use ratelimit_core::{MemoryStore, Policy};
-/// use ratelimit_tower::{PeerIp, RateLimitLayer};
+/// use ratelimit_core::{MemoryStore, Policy, Rate};
+/// use ratelimit_tower::{GlobalKey, PeerIp, RateLimitLayer, Rule};
 /// use std::time::Duration;
 ///
+/// // 5 requests per 10 seconds per client IP...
 /// let layer = RateLimitLayer::new(
 ///     MemoryStore::new(),
-///     Policy::fixed_window(5, Duration::from_secs(10))?,
+///     Policy::sliding_window_log(5, Duration::from_secs(10))?,
 ///     PeerIp,
-/// );
+/// )
+/// // ...and 1,000 per second for everyone together, all or nothing.
+/// .and(Rule::new(Policy::gcra(1_000, Rate::per_second(1_000))?, GlobalKey::default()));
 /// # Ok::<(), ratelimit_core::PolicyError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct RateLimitLayer<St, K, C = Constant> {
+pub struct RateLimitLayer<St, P, J = HttpRejections> {
     pub(crate) store: St,
-    pub(crate) policy: Policy,
-    pub(crate) key: K,
-    pub(crate) cost: C,
+    pub(crate) rules: P,
+    pub(crate) reject: J,
+    pub(crate) mode: Mode,
     pub(crate) failure: FailurePolicy,
-    pub(crate) missing_key: MissingKey,
+    pub(crate) timeout: Option<Duration>,
 }
 
-impl<St, K> RateLimitLayer<St, K> {
+impl<St, K> RateLimitLayer<St, Rule<K>> {
     /// Limits requests by `key` under `policy`, in `store`, at cost 1.
     pub fn new(store: St, policy: Policy, key: K) -> Self {
-        RateLimitLayer {
-            store,
-            policy,
-            key,
-            cost: Constant(1),
-            failure: FailurePolicy::default(),
-            missing_key: MissingKey::default(),
-        }
+        RateLimitLayer::with_rules(store, Rule::new(policy, key))
     }
 }
 
-impl<St, K, C> RateLimitLayer<St, K, C> {
-    /// Prices requests with `cost` (a [`Constant`] or a closure over the request).
-    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<St, K, C2> {
+impl<St, P> RateLimitLayer<St, P> {
+    /// Limits requests with `rules`: a [`Rule`], rules joined with
+    /// [`Rule::and`], or a closure returning the [`Limits`](crate::Limits)
+    /// for each request, possibly after an asynchronous lookup.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::sync::Arc;
+    /// use ratelimit_core::{MemoryStore, Policy, Rate};
+    /// use ratelimit_tower::{Limit, Limits, RateLimitLayer};
+    ///
+    /// let free = Policy::gcra(10, Rate::per_minute(10))?.with_name("free")?;
+    /// let pro = Policy::gcra(100, Rate::per_minute(100))?.with_name("pro")?;
+    /// let tiers: Arc<HashMap<&'static str, Policy>> = Arc::new(HashMap::from([("key-pro", pro)]));
+    ///
+    /// let layer = RateLimitLayer::with_rules(MemoryStore::new(), move |req: &http::Request<()>| {
+    ///     let api_key = req.headers().get("x-api-key").map(|v| v.as_bytes().to_vec());
+    ///     let (tiers, free) = (tiers.clone(), free.clone());
+    ///     async move {
+    ///         let Some(api_key) = api_key else { return Limits::reject() };
+    ///         let policy = std::str::from_utf8(&api_key)
+    ///             .ok()
+    ///             .and_then(|k| tiers.get(k).cloned())
+    ///             .unwrap_or(free);
+    ///         Limits::one(Limit::new(policy, api_key, 1))
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit_core::PolicyError>(())
+    /// ```
+    pub fn with_rules(store: St, rules: P) -> Self {
+        RateLimitLayer {
+            store,
+            rules,
+            reject: HttpRejections::default(),
+            mode: Mode::default(),
+            failure: FailurePolicy::default(),
+            timeout: None,
+        }
+    }
+
+    /// Builds every refusal with `f` (HTTP requests only; see [`HttpRejections::custom`]).
+    pub fn on_rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejection) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
+    {
+        self.reject = HttpRejections::custom(f);
+        self
+    }
+}
+
+impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
+    /// Prices requests with `cost` (a [`Constant`](crate::Constant) or a closure over the request).
+    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<St, Rule<K, C2>, J> {
         RateLimitLayer {
             store: self.store,
-            policy: self.policy,
-            key: self.key,
-            cost,
+            rules: self.rules.cost(cost),
+            reject: self.reject,
+            mode: self.mode,
             failure: self.failure,
-            missing_key: self.missing_key,
+            timeout: self.timeout,
         }
+    }
+
+    /// What to do with requests without a key (default: [`MissingKey::Allow`]).
+    #[must_use]
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.rules = self.rules.on_missing_key(missing_key);
+        self
+    }
+
+    /// The policy of the rule.
+    pub fn policy(&self) -> &Policy {
+        self.rules.policy()
+    }
+}
+
+impl<St, P, J> RateLimitLayer<St, P, J> {
+    /// Checks `rule` too, all or nothing with the rules already there.
+    pub fn and<R>(self, rule: R) -> RateLimitLayer<St, And<P, R>, J> {
+        RateLimitLayer {
+            store: self.store,
+            rules: And(self.rules, rule),
+            reject: self.reject,
+            mode: self.mode,
+            failure: self.failure,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Refusals become errors (a [`Rejection`] in a [`BoxError`](crate::BoxError)),
+    /// for request types that are not HTTP.
+    pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
+        RateLimitLayer {
+            store: self.store,
+            rules: self.rules,
+            reject: ErrorRejections,
+            mode: self.mode,
+            failure: self.failure,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Reject or wait (default: [`Mode::Reject`]).
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Wait up to `max_delay` for denied requests instead of refusing them
+    /// (see [`Mode::Wait`]).
+    #[must_use]
+    pub fn wait(self, max_delay: Duration) -> Self {
+        self.mode(Mode::Wait { max_delay })
     }
 
     /// What to do when the store cannot decide (default: [`FailurePolicy::Open`]).
@@ -88,26 +246,22 @@ impl<St, K, C> RateLimitLayer<St, K, C> {
         self
     }
 
-    /// What to do with requests without a key (default: [`MissingKey::Allow`]).
+    /// The longest one store call may take before it counts as a failure
+    /// (default: none here; stores such as `RedisStore` have their own).
     #[must_use]
-    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
         self
-    }
-
-    /// The policy applied.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
     }
 }
 
-impl<S, St, K, C> Layer<S> for RateLimitLayer<St, K, C>
+impl<S, St, P, J> Layer<S> for RateLimitLayer<St, P, J>
 where
     St: Clone,
-    K: Clone,
-    C: Clone,
+    P: Clone,
+    J: Clone,
 {
-    type Service = RateLimit<S, St, K, C>;
+    type Service = RateLimit<S, St, P, J>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.clone())

@@ -1,15 +1,21 @@
 //! Tower middleware for rate limiting, in memory or shared through Redis.
 //!
-//! [`RateLimitLayer`] checks every request against a
+//! [`RateLimitLayer`] checks every request against one or more limits: a
 //! [`Policy`](ratelimit_core::Policy) in a [`Store`](ratelimit_core::Store),
-//! keyed by a [`KeyExtractor`] and priced by a [`Cost`]. Allowed requests reach
-//! the inner service with the [`Decisions`] in their extensions; denied ones are
-//! answered `429 Too Many Requests` with `Retry-After` (delay-seconds, rounded
-//! up, never 0).
+//! keyed by a [`KeyExtractor`] and priced by a [`Cost`]. Several rules are all
+//! or nothing ([`Rule::and`]); a [`RuleProvider`] can pick the limits per
+//! request (tiers per API key, allowlists, routes).
 //!
-//! The decision is made in `call`; `poll_ready` is the inner service's. The
-//! rejection is a response, not an error, so the inner error type is kept
-//! (axum's `Infallible` still works).
+//! - Allowed requests reach the inner service with the [`Decisions`] in their
+//!   extensions.
+//! - Denied requests are refused ([`Mode::Reject`]) or wait their turn
+//!   ([`Mode::Wait`]). HTTP refusals are responses (`429` with `Retry-After`,
+//!   or a gRPC trailers-only `RESOURCE_EXHAUSTED`), so the inner error type is
+//!   kept; for other request types they are errors ([`ErrorRejections`]).
+//! - When the store fails, the [`FailurePolicy`] decides.
+//! - Concurrency permits are held until the response body ends.
+//!
+//! The decision is made in `call`; `poll_ready` is the inner service's.
 //!
 //! # Example
 //!
@@ -39,18 +45,23 @@
 
 pub mod body;
 mod cost;
+mod decide;
 mod decisions;
 pub mod future;
 mod key;
 mod layer;
 mod permit;
-mod rejection;
+mod reject;
+mod rule;
 mod service;
 
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
 pub use key::{GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
-pub use layer::{FailurePolicy, MissingKey, RateLimitLayer};
+pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer};
 pub use permit::PermitGuard;
-pub use rejection::retry_after_seconds;
+pub use reject::{
+    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, is_grpc, retry_after_seconds,
+};
+pub use rule::{And, AndFuture, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

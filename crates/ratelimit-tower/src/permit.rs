@@ -8,46 +8,47 @@ use ratelimit_core::{PermitId, Policy, Store};
 
 use crate::key::Key;
 
-/// Prepares the release of a permit once its id is known.
-pub(crate) type Releaser = Box<dyn FnOnce(PermitId) -> PermitGuard + Send + Sync>;
+type Release = Box<dyn FnOnce() + Send + Sync>;
 
-/// A releaser for `policy` if it is a concurrency policy.
-pub(crate) fn releaser<St: Store + Clone>(
-    store: &St,
-    key: &Key,
-    policy: &Policy,
-) -> Option<Releaser> {
-    if !matches!(
-        policy.algorithm(),
-        ratelimit_core::Algorithm::Concurrency(_)
-    ) {
-        return None;
-    }
-    let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
-    Some(Box::new(move |permit| PermitGuard {
-        release: Some(Box::new(move || {
-            drive(store.release(key.as_bytes(), &policy, permit));
-        })),
-    }))
-}
-
-/// Releases a concurrency permit when dropped: when the response body has been
-/// sent or dropped, or when the request was cancelled before that.
+/// Releases a request's concurrency permits when dropped: when the response
+/// body has been sent or dropped, or when the request was cancelled before.
+#[derive(Default)]
 pub struct PermitGuard {
-    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+    releases: Vec<Release>,
 }
 
 impl fmt::Debug for PermitGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitGuard")
-            .field("held", &self.release.is_some())
+            .field("permits", &self.releases.len())
             .finish()
+    }
+}
+
+impl PermitGuard {
+    /// Adds the permit `permit` of `key` under `policy` in `store`.
+    pub(crate) fn hold<St: Store + Clone>(
+        &mut self,
+        store: &St,
+        key: &Key,
+        policy: &Policy,
+        permit: PermitId,
+    ) {
+        let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+        self.releases.push(Box::new(move || {
+            drive(store.release(key.as_bytes(), &policy, permit));
+        }));
+    }
+
+    /// Whether it holds no permit.
+    pub fn is_empty(&self) -> bool {
+        self.releases.is_empty()
     }
 }
 
 impl Drop for PermitGuard {
     fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
+        for release in self.releases.drain(..) {
             release();
         }
     }

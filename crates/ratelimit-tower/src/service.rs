@@ -2,29 +2,29 @@
 
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
 use ratelimit_core::Store;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::cost::Cost;
+use crate::decide::{Settings, decide};
 use crate::future::ResponseFuture;
-use crate::key::KeyExtractor;
-use crate::layer::{MissingKey, RateLimitLayer};
-use crate::permit;
+use crate::layer::RateLimitLayer;
+use crate::reject::Reject;
+use crate::rule::RuleProvider;
 
 /// Rate-limits requests before they reach the inner service. Built by
 /// [`RateLimitLayer`].
 ///
-/// The decision is made in `call`; `poll_ready` is the inner service's.
+/// The decision is made in `call`; `poll_ready` is the inner service's. The
+/// inner service that was made ready goes with the request; a clone of it
+/// waits for the next one.
 #[derive(Debug, Clone)]
-pub struct RateLimit<S, St, K, C> {
+pub struct RateLimit<S, St, P, J> {
     inner: S,
-    config: RateLimitLayer<St, K, C>,
+    config: RateLimitLayer<St, P, J>,
 }
 
-impl<S, St, K, C> RateLimit<S, St, K, C> {
-    pub(crate) fn new(inner: S, config: RateLimitLayer<St, K, C>) -> Self {
+impl<S, St, P, J> RateLimit<S, St, P, J> {
+    pub(crate) fn new(inner: S, config: RateLimitLayer<St, P, J>) -> Self {
         RateLimit { inner, config }
     }
 
@@ -44,42 +44,38 @@ impl<S, St, K, C> RateLimit<S, St, K, C> {
     }
 }
 
-impl<S, St, K, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, K, C>
+impl<S, St, P, J, Req> Service<Req> for RateLimit<S, St, P, J>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S: Service<Req> + Clone,
     St: Store + Clone,
-    K: KeyExtractor<Request<ReqBody>>,
-    C: Cost<Request<ReqBody>>,
+    P: RuleProvider<Req>,
+    J: Reject<Req, S::Response, S::Error>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, ResBody, St::CheckFuture>;
+    type Response = J::Response;
+    type Error = J::Error;
+    type Future = ResponseFuture<S, Req, J>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| self.config.reject.error(e))
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The ready service goes with this request; the clone waits for the next.
+    fn call(&mut self, req: Req) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
-        let Some(key) = config.key.extract(&req) else {
-            return match config.missing_key {
-                MissingKey::Allow => ResponseFuture::call(inner, req),
-                MissingKey::Reject => ResponseFuture::missing_key(),
-            };
-        };
-        let cost = config.cost.cost(&req);
-        let check = config.store.check(key.as_bytes(), &config.policy, cost);
-        let releaser = permit::releaser(&config.store, &key, &config.policy);
-        ResponseFuture::checking(
-            check,
-            inner,
-            req,
-            config.policy.clone(),
-            config.failure,
-            releaser,
-        )
+        let context = config.reject.context(&req);
+        let limits = config.rules.limits(&req);
+        let outcome = decide(
+            Settings {
+                store: config.store.clone(),
+                mode: config.mode,
+                failure: config.failure.clone(),
+                timeout: config.timeout,
+            },
+            limits,
+        );
+        ResponseFuture::new(outcome, inner, req, context, config.reject.clone())
     }
 }

@@ -1,0 +1,344 @@
+//! How refusals reach the client: responses for HTTP and gRPC, errors for
+//! other request types.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use ratelimit_core::StoreError;
+
+use crate::body::ResponseBody;
+use crate::decisions::Decisions;
+use crate::permit::PermitGuard;
+
+/// A boxed error, as tower uses for middleware errors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a request was refused.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// A limit denied the request. The decisions say which and for how long.
+    Limited(Decisions),
+    /// The request costs more than a policy could ever admit: retrying cannot help.
+    CostTooHigh {
+        /// The policy's name.
+        policy: String,
+        /// The cost asked for.
+        cost: u64,
+        /// The most the policy admits.
+        max: u64,
+    },
+    /// A rule found no key and is configured to refuse such requests.
+    MissingKey,
+    /// The store could not decide (unreachable, timed out, full) and the
+    /// failure policy refuses the request.
+    Unavailable(Arc<StoreError>),
+}
+
+impl Rejection {
+    /// The delay after which the same request could pass, for
+    /// [`Rejection::Limited`]: the longest `retry_after` of the denying limits.
+    pub fn retry_after_micros(&self) -> Option<u64> {
+        match self {
+            Rejection::Limited(decisions) => decisions
+                .iter()
+                .filter(|e| !e.decision().is_allowed())
+                .map(|e| e.decision().retry_after_micros())
+                .max(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Limited(decisions) => {
+                f.write_str("rate limit exceeded")?;
+                let mut names = decisions
+                    .iter()
+                    .filter(|e| !e.decision().is_allowed())
+                    .map(|e| e.policy().name());
+                if let Some(first) = names.next() {
+                    write!(f, " ({first}")?;
+                    for name in names {
+                        write!(f, ", {name}")?;
+                    }
+                    f.write_str(")")?;
+                }
+                Ok(())
+            }
+            Rejection::CostTooHigh { policy, cost, max } => write!(
+                f,
+                "request cost {cost} exceeds what policy {policy} can ever admit ({max})"
+            ),
+            Rejection::MissingKey => f.write_str("no rate-limit key for this request"),
+            Rejection::Unavailable(e) => write!(f, "rate limiter unavailable: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Rejection::Unavailable(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+/// Turns the layer's outcomes into the service's responses and errors.
+///
+/// [`HttpRejections`] (the default) answers refusals with HTTP responses
+/// (`429`, `503`, or a gRPC trailers-only response); [`ErrorRejections`]
+/// makes them errors, for request types that are not HTTP.
+pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
+    /// The service's response.
+    type Response;
+    /// The service's error.
+    type Error;
+    /// What is kept of the request to shape a refusal (such as "is it gRPC?").
+    type Context: Send + 'static;
+
+    /// Looks at the request before it is decided on.
+    fn context(&self, req: &Req) -> Self::Context;
+
+    /// Records the decisions on an allowed request (HTTP: its extensions).
+    fn annotate(&self, req: &mut Req, decisions: &Decisions);
+
+    /// Wraps the inner service's response. `permit` holds the request's
+    /// concurrency permits; dropping it releases them.
+    fn allowed(
+        &self,
+        response: Res,
+        decisions: Option<&Decisions>,
+        permit: Option<PermitGuard>,
+    ) -> Self::Response;
+
+    /// Answers a refusal.
+    fn rejected(
+        &self,
+        context: &Self::Context,
+        rejection: Rejection,
+    ) -> Result<Self::Response, Self::Error>;
+
+    /// Converts the inner service's error.
+    fn error(&self, error: E) -> Self::Error;
+}
+
+/// Whether a request is gRPC (`content-type: application/grpc...`).
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// `Retry-After` in delay-seconds: rounded up, and at least 1.
+pub fn retry_after_seconds(micros: u64) -> u64 {
+    micros.div_ceil(1_000_000).max(1)
+}
+
+type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
+
+/// Refusals as HTTP responses (the default):
+///
+/// - denied by a limit: `429 Too Many Requests` with `Retry-After`
+///   (delay-seconds, rounded up, never 0);
+/// - a cost that can never pass, or a missing key: `429` without `Retry-After`;
+/// - the store unavailable and the failure policy closed: `503 Service Unavailable`;
+///
+/// and for gRPC requests (`content-type: application/grpc...`) a trailers-only
+/// response, never a 429 (gRPC clients read HTTP 429 as `UNAVAILABLE` and
+/// retry): HTTP 200 with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
+/// `grpc-message`, and `grpc-retry-pushback-ms` (the retry delay; `-1`, "do not
+/// retry", when retrying cannot help), or `grpc-status: 14` (`UNAVAILABLE`)
+/// when the store is unavailable.
+#[derive(Clone, Default)]
+pub struct HttpRejections {
+    custom: Option<CustomHttp>,
+}
+
+impl fmt::Debug for HttpRejections {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpRejections")
+            .field("custom", &self.custom.is_some())
+            .finish()
+    }
+}
+
+impl HttpRejections {
+    /// Builds every refusal with `f` instead.
+    pub fn custom<F>(f: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        HttpRejections {
+            custom: Some(Arc::new(f)),
+        }
+    }
+
+    /// The default HTTP response for `rejection`.
+    pub fn http_response(rejection: &Rejection) -> Response<Bytes> {
+        let (status, retry) = match rejection {
+            Rejection::Limited(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                rejection.retry_after_micros(),
+            ),
+            Rejection::CostTooHigh { .. } | Rejection::MissingKey => {
+                (StatusCode::TOO_MANY_REQUESTS, None)
+            }
+            Rejection::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
+        };
+        let body = match rejection {
+            Rejection::Unavailable(_) => {
+                String::from("Service Unavailable: rate limiter unavailable\n")
+            }
+            other => format!("Too Many Requests: {other}\n"),
+        };
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if let Some(retry) = retry {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_seconds(retry)),
+            );
+        }
+        response
+    }
+
+    /// The default gRPC (trailers-only) response for `rejection`.
+    pub fn grpc_response(rejection: &Rejection) -> Response<Bytes> {
+        let (code, pushback) = match rejection {
+            Rejection::Limited(_) => (
+                8,
+                rejection.retry_after_micros().map_or(-1, |us| {
+                    i64::try_from(us.div_ceil(1_000)).unwrap_or(i64::MAX)
+                }),
+            ),
+            Rejection::CostTooHigh { .. } | Rejection::MissingKey => (8, -1),
+            Rejection::Unavailable(_) => (14, 0),
+        };
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from(code));
+        if let Ok(message) = HeaderValue::from_str(&grpc_message(&rejection.to_string())) {
+            headers.insert("grpc-message", message);
+        }
+        if code == 8 {
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(pushback));
+        }
+        response
+    }
+}
+
+/// Percent-encodes a `grpc-message` as the gRPC HTTP/2 protocol asks.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = E;
+    type Context = bool;
+
+    fn context(&self, req: &Request<B>) -> bool {
+        is_grpc(req.headers())
+    }
+
+    fn annotate(&self, req: &mut Request<B>, decisions: &Decisions) {
+        req.extensions_mut().insert(decisions.clone());
+    }
+
+    fn allowed(
+        &self,
+        response: Response<ResB>,
+        _decisions: Option<&Decisions>,
+        permit: Option<PermitGuard>,
+    ) -> Self::Response {
+        response.map(|body| ResponseBody::with_permit(body, permit))
+    }
+
+    fn rejected(&self, grpc: &bool, rejection: Rejection) -> Result<Self::Response, E> {
+        let response = match &self.custom {
+            Some(custom) => custom(&rejection),
+            None if *grpc => HttpRejections::grpc_response(&rejection),
+            None => HttpRejections::http_response(&rejection),
+        };
+        Ok(response.map(ResponseBody::full))
+    }
+
+    fn error(&self, error: E) -> E {
+        error
+    }
+}
+
+/// Refusals as errors, for request types that are not HTTP (a client-side
+/// stack calling a downstream API, a queue consumer): the service's error
+/// becomes [`BoxError`], and a refusal is a [`Rejection`] inside it
+/// (downcast to read the decisions).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ErrorRejections;
+
+impl<Req, Res, E> Reject<Req, Res, E> for ErrorRejections
+where
+    E: Into<BoxError>,
+{
+    type Response = Res;
+    type Error = BoxError;
+    type Context = ();
+
+    fn context(&self, _: &Req) {}
+
+    fn annotate(&self, _: &mut Req, _: &Decisions) {}
+
+    fn allowed(&self, response: Res, _: Option<&Decisions>, _permit: Option<PermitGuard>) -> Res {
+        // Without a body to outlive the response, the permits end with it.
+        response
+    }
+
+    fn rejected(&self, _: &(), rejection: Rejection) -> Result<Res, BoxError> {
+        Err(Box::new(rejection))
+    }
+
+    fn error(&self, error: E) -> BoxError {
+        error.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_up_never_zero() {
+        assert_eq!(retry_after_seconds(0), 1);
+        assert_eq!(retry_after_seconds(1), 1);
+        assert_eq!(retry_after_seconds(1_000_000), 1);
+        assert_eq!(retry_after_seconds(1_000_001), 2);
+        assert_eq!(retry_after_seconds(9_999_999), 10);
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(grpc_message("a b%c\né"), "a b%25c%0A%C3%A9");
+    }
+}

@@ -1,0 +1,301 @@
+//! Rules: which limits apply to a request.
+//!
+//! A [`RuleProvider`] turns a request into [`Limits`]: a list of (policy, key,
+//! cost) to check together, all or nothing. The common cases are static:
+//! one [`Rule`] (a policy, a key extractor and a cost), or several joined with
+//! [`Rule::and`]. A closure returning a future is a provider too, for limits
+//! that depend on the request in ways only known at run time: tiers looked up
+//! per API key, allowlisted keys that bypass, different limits per route.
+
+use std::future::{Future, Ready, ready};
+
+use ratelimit_core::Policy;
+
+use crate::cost::{Constant, Cost};
+use crate::key::{Key, KeyExtractor};
+use crate::layer::MissingKey;
+
+/// One limit to apply to one request: a policy, the key, and the cost.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    policy: Policy,
+    key: Key,
+    cost: u64,
+}
+
+impl Limit {
+    /// Checks `key` against `policy` at `cost`.
+    pub fn new(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
+        Limit {
+            policy,
+            key: key.into(),
+            cost,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The cost.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// The limits that apply to one request.
+///
+/// Empty limits let the request through unchecked (an allowlisted key, a
+/// route without limits). [`Limits::reject`] refuses the request outright
+/// (a rule whose key is missing, configured with [`MissingKey::Reject`]).
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    limits: Vec<Limit>,
+    reject: bool,
+}
+
+impl Limits {
+    /// No limit: the request passes unchecked.
+    pub fn none() -> Self {
+        Limits::default()
+    }
+
+    /// One limit.
+    pub fn one(limit: Limit) -> Self {
+        Limits {
+            limits: vec![limit],
+            reject: false,
+        }
+    }
+
+    /// Refuses the request without asking the store.
+    pub fn reject() -> Self {
+        Limits {
+            limits: Vec::new(),
+            reject: true,
+        }
+    }
+
+    /// Adds a limit.
+    #[must_use]
+    pub fn with(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Adds a limit.
+    pub fn push(&mut self, limit: Limit) {
+        self.limits.push(limit);
+    }
+
+    /// Adds every limit of `other` (and its refusal, if any).
+    pub fn extend(&mut self, other: Limits) {
+        self.limits.extend(other.limits);
+        self.reject |= other.reject;
+    }
+
+    /// The limits.
+    pub fn iter(&self) -> std::slice::Iter<'_, Limit> {
+        self.limits.iter()
+    }
+
+    /// Whether the request is refused outright.
+    pub fn is_reject(&self) -> bool {
+        self.reject
+    }
+
+    /// Whether there is no limit to check.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    pub(crate) fn into_vec(self) -> Vec<Limit> {
+        self.limits
+    }
+}
+
+impl From<Vec<Limit>> for Limits {
+    fn from(limits: Vec<Limit>) -> Self {
+        Limits {
+            limits,
+            reject: false,
+        }
+    }
+}
+
+impl FromIterator<Limit> for Limits {
+    fn from_iter<I: IntoIterator<Item = Limit>>(iter: I) -> Self {
+        Limits::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+/// Decides which limits apply to a request.
+///
+/// The future is `'static`: take what you need from the request synchronously,
+/// then move it into the future (see the example on [`RateLimitLayer::with_rules`](crate::RateLimitLayer::with_rules)).
+///
+/// Implemented by [`Rule`], by [`And`] (several rules), and by closures
+/// `Fn(&Req) -> impl Future<Output = Limits>`.
+pub trait RuleProvider<Req>: Clone + Send + Sync + 'static {
+    /// The future of the limits.
+    type Future: Future<Output = Limits> + Send + 'static;
+
+    /// The limits for `req`.
+    fn limits(&self, req: &Req) -> Self::Future;
+}
+
+impl<F, Fut, Req> RuleProvider<Req> for F
+where
+    F: Fn(&Req) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Limits> + Send + 'static,
+{
+    type Future = Fut;
+
+    fn limits(&self, req: &Req) -> Fut {
+        self(req)
+    }
+}
+
+/// A static rule: `policy` for the key `key` extracts, at the cost `cost` gives.
+#[derive(Debug, Clone)]
+pub struct Rule<K, C = Constant> {
+    policy: Policy,
+    key: K,
+    cost: C,
+    missing_key: MissingKey,
+}
+
+impl<K> Rule<K> {
+    /// Limits requests by `key` under `policy`, at cost 1.
+    pub fn new(policy: Policy, key: K) -> Self {
+        Rule {
+            policy,
+            key,
+            cost: Constant(1),
+            missing_key: MissingKey::default(),
+        }
+    }
+}
+
+impl<K, C> Rule<K, C> {
+    /// Prices requests with `cost` (a [`Constant`] or a closure over the request).
+    pub fn cost<C2>(self, cost: C2) -> Rule<K, C2> {
+        Rule {
+            policy: self.policy,
+            key: self.key,
+            cost,
+            missing_key: self.missing_key,
+        }
+    }
+
+    /// What to do with requests for which `key` finds no key (default:
+    /// [`MissingKey::Allow`], the rule does not apply).
+    #[must_use]
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// This rule and `other`, checked together, all or nothing.
+    pub fn and<R>(self, other: R) -> And<Self, R> {
+        And(self, other)
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub(crate) fn limit_for<Req>(&self, req: &Req) -> Limits
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        match self.key.extract(req) {
+            Some(key) => Limits::one(Limit::new(self.policy.clone(), key, self.cost.cost(req))),
+            None => match self.missing_key {
+                MissingKey::Allow => Limits::none(),
+                MissingKey::Reject => Limits::reject(),
+            },
+        }
+    }
+}
+
+impl<K, C, Req> RuleProvider<Req> for Rule<K, C>
+where
+    K: KeyExtractor<Req>,
+    C: Cost<Req>,
+{
+    type Future = Ready<Limits>;
+
+    fn limits(&self, req: &Req) -> Ready<Limits> {
+        ready(self.limit_for(req))
+    }
+}
+
+/// Two rule providers, checked together, all or nothing. Built by [`Rule::and`]
+/// and [`And::and`].
+#[derive(Debug, Clone)]
+pub struct And<A, B>(pub A, pub B);
+
+impl<A, B> And<A, B> {
+    /// These rules and `other`.
+    pub fn and<R>(self, other: R) -> And<Self, R> {
+        And(self, other)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`And`]'s limits.
+    pub struct AndFuture<FA, FB> {
+        #[pin]
+        a: FA,
+        #[pin]
+        b: FB,
+        first: Option<Limits>,
+    }
+}
+
+impl<FA, FB> Future for AndFuture<FA, FB>
+where
+    FA: Future<Output = Limits>,
+    FB: Future<Output = Limits>,
+{
+    type Output = Limits;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Limits> {
+        let this = self.project();
+        if this.first.is_none() {
+            *this.first = Some(std::task::ready!(this.a.poll(cx)));
+        }
+        let second = std::task::ready!(this.b.poll(cx));
+        let mut limits = this.first.take().unwrap_or_default();
+        limits.extend(second);
+        std::task::Poll::Ready(limits)
+    }
+}
+
+impl<A, B, Req> RuleProvider<Req> for And<A, B>
+where
+    A: RuleProvider<Req>,
+    B: RuleProvider<Req>,
+{
+    type Future = AndFuture<A::Future, B::Future>;
+
+    fn limits(&self, req: &Req) -> Self::Future {
+        AndFuture {
+            a: self.0.limits(req),
+            b: self.1.limits(req),
+            first: None,
+        }
+    }
+}
