@@ -266,11 +266,14 @@ fn decisions(c: &mut Criterion) {
                         elapsed
                     });
                 });
-                // The regime of this row, over warm-up and measurement.
-                eprintln!(
-                    "regime {id}: {:.2}% of {total} decisions allowed",
-                    100.0 * allowed as f64 / total.max(1) as f64,
-                );
+                // The regime of this row, over warm-up and measurement (nothing
+                // when a filter skipped the row).
+                if total > 0 {
+                    eprintln!(
+                        "regime {id}: {:.2}% of {total} decisions allowed",
+                        100.0 * allowed as f64 / total as f64,
+                    );
+                }
             }
         }
     }
