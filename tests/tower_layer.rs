@@ -350,3 +350,264 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F
     })
     .await
 }
+
+// ---- Several limits, rule providers, modes, gRPC and non-HTTP requests ----
+
+use ratelimit_core::Rate;
+use ratelimit_tower::{Limit, Limits, Mode, Rejection, Rule};
+
+#[tokio::test]
+async fn several_limits_are_all_or_nothing() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let per_ip = Policy::fixed_window(2, Duration::from_secs(10))
+        .unwrap()
+        .with_name("per-ip")
+        .unwrap();
+    let global = Policy::fixed_window(3, Duration::from_secs(10))
+        .unwrap()
+        .with_name("global")
+        .unwrap();
+    let mut service = RateLimitLayer::new(store(), per_ip, PeerIp)
+        .and(Rule::new(global, GlobalKey::default()))
+        .layer(mock);
+    // Two clients take the global budget of 3.
+    for ip in [[192, 0, 2, 1], [192, 0, 2, 1], [192, 0, 2, 2]] {
+        let (r, _) = send(&mut service, &mut handle, from(ip)).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // A third client is within its own limit but the global one is spent.
+    let (r, reached) = send(&mut service, &mut handle, from([192, 0, 2, 3])).await;
+    assert!(!reached);
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = r.body();
+    assert!(
+        body.contains("global") && !body.contains("per-ip"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_rule_provider_picks_tiers_and_allowlists() {
+    let free = Policy::fixed_window(1, Duration::from_secs(60))
+        .unwrap()
+        .with_name("free")
+        .unwrap();
+    let pro = Policy::fixed_window(3, Duration::from_secs(60))
+        .unwrap()
+        .with_name("pro")
+        .unwrap();
+    let rules = move |req: &Request<&'static str>| {
+        let api_key = req
+            .headers()
+            .get("x-api-key")
+            .map(|v| v.to_str().unwrap_or("").to_owned());
+        let (free, pro) = (free.clone(), pro.clone());
+        async move {
+            // An asynchronous lookup, as a database would be.
+            tokio::task::yield_now().await;
+            match api_key.as_deref() {
+                None => Limits::reject(),
+                Some("internal") => Limits::none(),
+                Some(key) if key.starts_with("pro-") => {
+                    Limits::one(Limit::new(pro, key.to_owned(), 1))
+                }
+                Some(key) => Limits::one(Limit::new(free, key.to_owned(), 1)),
+            }
+        }
+    };
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::with_rules(store(), rules).layer(mock);
+    let with_key = |key: &'static str| {
+        Request::builder()
+            .header("x-api-key", key)
+            .body("")
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for key in ["free-1", "free-1", "pro-1", "pro-1", "pro-1", "pro-1"] {
+        statuses.push(
+            send(&mut service, &mut handle, with_key(key))
+                .await
+                .0
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 429, 200, 200, 200, 429]);
+    for _ in 0..5 {
+        let (r, reached) = send(&mut service, &mut handle, with_key("internal")).await;
+        assert!(
+            reached && r.status() == StatusCode::OK,
+            "allowlisted keys bypass"
+        );
+    }
+    let (r, reached) = send(&mut service, &mut handle, Request::new("")).await;
+    assert!(!reached);
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+fn grpc_request() -> Request<&'static str> {
+    Request::builder()
+        .header("content-type", "application/grpc+proto")
+        .body("")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn grpc_requests_get_trailers_only_resource_exhausted_never_429() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service =
+        RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default()).layer(mock);
+    let (r, reached) = send(&mut service, &mut handle, grpc_request()).await;
+    assert!(reached);
+    assert_eq!(r.status(), StatusCode::OK);
+    let (r, reached) = send(&mut service, &mut handle, grpc_request()).await;
+    assert!(!reached);
+    assert_eq!(r.status(), StatusCode::OK, "never a 429 for gRPC");
+    assert_eq!(r.headers()["content-type"], "application/grpc");
+    assert_eq!(r.headers()["grpc-status"], "8");
+    assert!(
+        r.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .starts_with("rate limit exceeded")
+    );
+    assert_eq!(r.headers()["grpc-retry-pushback-ms"], "10000");
+    assert!(r.body().is_empty(), "trailers-only: no body");
+
+    // A cost that can never pass: do not retry.
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
+        .cost(|_: &Request<&'static str>| 2)
+        .layer(mock);
+    let (r, _) = send(&mut service, &mut handle, grpc_request()).await;
+    assert_eq!(r.headers()["grpc-status"], "8");
+    assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
+
+    // The store down and the failure policy closed: UNAVAILABLE.
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+        .on_failure(FailurePolicy::Closed)
+        .layer(mock);
+    let (r, _) = send(&mut service, &mut handle, grpc_request()).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["grpc-status"], "14");
+}
+
+#[tokio::test]
+async fn non_http_requests_get_a_typed_error_with_the_decision() {
+    let inner =
+        tower::service_fn(
+            |job: String| async move { Ok::<_, std::convert::Infallible>(job.len()) },
+        );
+    let policy = Policy::gcra(2, Rate::per_second(1)).unwrap();
+    let service = RateLimitLayer::new(store(), policy, |job: &String| Some(job.clone()))
+        .for_errors()
+        .layer(inner);
+    assert_eq!(
+        service.clone().oneshot(String::from("job")).await.unwrap(),
+        3
+    );
+    assert_eq!(
+        service.clone().oneshot(String::from("job")).await.unwrap(),
+        3
+    );
+    let error = service
+        .clone()
+        .oneshot(String::from("job"))
+        .await
+        .unwrap_err();
+    let rejection = error.downcast_ref::<Rejection>().expect("a Rejection");
+    let Rejection::Limited(decisions) = rejection else {
+        panic!("{rejection:?}")
+    };
+    let denied = decisions.tightest().unwrap().decision();
+    assert!(!denied.is_allowed());
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn a_custom_rejection_replaces_the_default() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
+        .on_rejection(|rejection: &Rejection| {
+            let mut response = Response::new(bytes::Bytes::from(format!("slow down: {rejection}")));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        })
+        .layer(mock);
+    send(&mut service, &mut handle, Request::new("")).await;
+    let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.body().starts_with("slow down: rate limit exceeded"));
+}
+
+/// A store that never answers.
+#[derive(Clone)]
+struct HangingStore;
+
+impl Store for HangingStore {
+    type CheckFuture = std::future::Pending<Result<Decision, StoreError>>;
+    type CheckAllFuture = std::future::Pending<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = std::future::Pending<Result<(), StoreError>>;
+
+    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
+        std::future::pending()
+    }
+
+    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
+        std::future::pending()
+    }
+
+    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        std::future::pending()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_times_out_into_the_failure_policy() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(HangingStore, per_ten_seconds(1), GlobalKey::default())
+        // Shorter than the 50 ms the test's mock waits for a request.
+        .timeout(Duration::from_millis(20))
+        .on_failure(FailurePolicy::custom(|e: &StoreError| {
+            matches!(e, StoreError::Timeout(_))
+        }))
+        .layer(mock);
+    let started = tokio::time::Instant::now();
+    let (r, reached) = send(&mut service, &mut handle, Request::new("")).await;
+    assert!(reached, "the custom policy lets timeouts through");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_millis(20));
+    assert!(started.elapsed() < Duration::from_millis(50));
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_mode_sleeps_until_allowed_or_refuses_past_max_delay() {
+    let clock = ratelimit_core::clock::TokioClock::new();
+    let store = MemoryStore::builder().clock(clock).build();
+    let policy = Policy::gcra(1, Rate::per_second(1)).unwrap();
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+        .wait(Duration::from_secs(5))
+        .layer(inner);
+    let started = tokio::time::Instant::now();
+    for _ in 0..3 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // One immediately, then one per second: about two seconds of waiting (plus jitter).
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
+    assert!(waited < Duration::from_millis(2_300), "{waited:?}");
+
+    let impatient = RateLimitLayer::new(store, policy, GlobalKey::default())
+        .mode(Mode::Wait {
+            max_delay: Duration::from_millis(100),
+        })
+        .layer(inner);
+    let r = impatient.oneshot(Request::new("")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+}

@@ -107,17 +107,17 @@ impl Cidr {
                 max,
             });
         }
-        let (net, len) = match addr {
+        let (net, net_len) = match addr {
             IpAddr::V6(v6) if len >= 96 => match v6.to_ipv4_mapped() {
                 Some(v4) => (IpAddr::V4(v4), len - 96),
                 None => (addr, len),
             },
             _ => (addr, len),
         };
-        if mask(net, len) != net {
+        if mask(net, net_len) != net {
             return Err(CidrError::HostBitsSet(format!("{addr}/{len}")));
         }
-        Ok(Cidr { net, len })
+        Ok(Cidr { net, len: net_len })
     }
 
     /// The network address.
@@ -526,30 +526,31 @@ impl ClientIp {
             ForwardingHeader::Auto if headers.contains_key(FORWARDED) => FORWARDED,
             ForwardingHeader::Auto => X_FORWARDED_FOR,
         };
-        let lines = headers.get_all(&name).iter();
-        if oversized(lines.clone(), self.max_header_bytes) {
+        if oversized(headers.get_all(&name).iter(), self.max_header_bytes) {
             return peer;
         }
         let forwarded = name == FORWARDED;
         let mut entries = Entries {
-            lines: lines.rev(),
+            lines: headers.get_all(&name).iter().rev(),
             line: None,
-        }
-        .peekable();
+            done: false,
+        };
         let mut last_trusted = peer;
         for _ in 0..self.max_hops {
+            // At the end of the list, every entry was trusted: `last_trusted`
+            // is the leftmost one, the client.
             let Some(entry) = entries.next() else {
-                break; // no header at all
+                break;
             };
             let ip = match entry {
                 Entry::Text(text) if forwarded => parse_forwarded_element(text),
-                Entry::Text(text) => parse_node(trim_ows(text)),
+                Entry::Text(text) => parse_node(text.trim_ascii()),
                 Entry::TooLong => None,
             };
             let Some(ip) = ip else {
                 return last_trusted;
             };
-            if entries.peek().is_none() || !self.trusted.contains(ip) {
+            if !self.trusted.contains(ip) {
                 return ip;
             }
             last_trusted = ip;
@@ -598,12 +599,17 @@ struct Entries<'a> {
     lines: std::iter::Rev<ValueIter<'a, HeaderValue>>,
     /// What is left of the current line, `None` once it is consumed.
     line: Option<&'a [u8]>,
+    /// Set after [`Entry::TooLong`]: nothing left of it is read.
+    done: bool,
 }
 
 impl<'a> Iterator for Entries<'a> {
     type Item = Entry<'a>;
 
     fn next(&mut self) -> Option<Entry<'a>> {
+        if self.done {
+            return None;
+        }
         let rest = match self.line.take() {
             Some(rest) => rest,
             None => self.lines.next()?.as_bytes(),
@@ -617,17 +623,11 @@ impl<'a> Iterator for Entries<'a> {
             }
             None if start == 0 => Some(Entry::Text(rest)),
             None => {
-                // Nothing after this is read: the walk stops here.
-                self.lines = ValueIter::default().rev();
+                self.done = true;
                 Some(Entry::TooLong)
             }
         }
     }
-}
-
-/// `s` without leading and trailing spaces and tabs.
-fn trim_ows(s: &[u8]) -> &[u8] {
-    s.trim_ascii()
 }
 
 /// An `X-Forwarded-For` entry or a `Forwarded` node: an IP address, an IPv4
@@ -666,7 +666,9 @@ fn valid_port(port: &str) -> bool {
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         }
         None => {
-            !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok()
+            !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok()
         }
     }
 }
@@ -687,7 +689,6 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
     let b = element;
     let mut i = 0;
     let mut found: Option<&[u8]> = None;
-    let mut pairs = 0usize;
     let skip_ows = |i: &mut usize| {
         while *i < b.len() && matches!(b[*i], b' ' | b'\t') {
             *i += 1;
@@ -748,7 +749,6 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
             }
             &b[value_start..i]
         };
-        pairs += 1;
         if name.eq_ignore_ascii_case(b"for") {
             if found.is_some() {
                 return None;
@@ -760,7 +760,6 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
             return None;
         }
     }
-    debug_assert!(pairs > 0 || found.is_none());
     parse_node(found?)
 }
 
@@ -776,8 +775,14 @@ mod tests {
     fn forwarded_elements() {
         let cases: &[(&str, Option<&str>)] = &[
             ("for=192.0.2.60", Some("192.0.2.60")),
-            ("For=\"[2001:db8:cafe::17]:4711\"", Some("2001:db8:cafe::17")),
-            ("for=\"192.0.2.60:8080\";proto=http;by=203.0.113.43", Some("192.0.2.60")),
+            (
+                "For=\"[2001:db8:cafe::17]:4711\"",
+                Some("2001:db8:cafe::17"),
+            ),
+            (
+                "for=\"192.0.2.60:8080\";proto=http;by=203.0.113.43",
+                Some("192.0.2.60"),
+            ),
             (" proto=https ; for=192.0.2.60 ", Some("192.0.2.60")),
             ("for=192.0.2.60:8080", Some("192.0.2.60")),
             ("for=[2001:db8::1]", Some("2001:db8::1")),

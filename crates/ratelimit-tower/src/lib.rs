@@ -44,6 +44,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 pub mod body;
+mod client_ip;
 mod cost;
 mod decide;
 mod decisions;
@@ -55,6 +56,7 @@ mod reject;
 mod rule;
 mod service;
 
+pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
 pub use key::{GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};

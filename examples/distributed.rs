@@ -1,0 +1,351 @@
+//! One rate limit shared by several instances of a service, through Redis.
+//!
+//! Start Redis and three instances, then spread requests across them: the
+//! limit holds for all of them together, because every decision is one atomic
+//! script in the same Redis.
+//!
+//! ```text
+//! redis-server --port 6379 --save ''
+//! cargo run --release --example distributed -- --listen 127.0.0.1:8081 \
+//!     --redis redis://127.0.0.1:6379 --algorithm gcra --limit 10 --window 1m
+//! # ... and the same with --listen 127.0.0.1:8082 and 127.0.0.1:8083
+//! for i in $(seq 1 15); do
+//!     curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: demo' http://127.0.0.1:808$((i % 3 + 1))/
+//! done
+//! ```
+//!
+//! Flags (a contract other tools rely on):
+//!
+//! - `--listen ADDR`: the address to serve on, such as `127.0.0.1:8081`;
+//! - `--redis URL`: the Redis to share, `redis://[user:password@]host[:port][/db]`;
+//!   with `--cluster`, any nodes of a Redis Cluster (repeat the flag or give a
+//!   comma-separated list);
+//! - `--algorithm NAME`: `fixed-window`, `sliding-log`, `sliding-window`,
+//!   `token-bucket`, `gcra`, `leaky-bucket` or `concurrency`;
+//! - `--limit N`: the limit per window; for `token-bucket`, `gcra` and
+//!   `leaky-bucket` the burst capacity, refilled at `N` per window; for
+//!   `concurrency` the most requests in flight;
+//! - `--window DURATION` (`500ms`, `10s`, `1m`, `1h`): the window, refill
+//!   period, or for `concurrency` the lease of a permit.
+//!
+//! Requests are keyed by the `x-api-key` header (hashed before it reaches
+//! Redis), or by the client IP without one. `GET /` costs 1, `GET /expensive`
+//! costs 10 from the same budget, and `GET /slow` costs 1 and answers after a
+//! second (to watch the concurrency policy). Denied requests are answered
+//! `429 Too Many Requests` with `Retry-After`. When Redis cannot answer within
+//! half a second the request is refused with `503` (fail closed), so the shared
+//! limit is never exceeded.
+//!
+//! Once bound, the server prints one line, `listening on http://ADDR`, on
+//! stdout. Bad or missing flags exit with status 2 and a usage line.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::routing::get;
+use ratelimit_axum::RateLimitInfo;
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Policy, Rate};
+use ratelimit_examples::parse_duration;
+use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
+
+/// The usage line printed with every flag error.
+const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
+     --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
+     --limit N --window DURATION";
+
+/// The algorithms `--algorithm` accepts.
+const ALGORITHMS: [&str; 7] = [
+    "fixed-window",
+    "sliding-log",
+    "sliding-window",
+    "token-bucket",
+    "gcra",
+    "leaky-bucket",
+    "concurrency",
+];
+
+/// The header requests are keyed by.
+const API_KEY_HEADER: &str = "x-api-key";
+
+/// The time Redis has to decide one request before it is refused with 503.
+const CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What `GET /expensive` costs.
+const EXPENSIVE_COST: u64 = 10;
+
+/// How long `GET /slow` takes to answer.
+const SLOW_DELAY: Duration = Duration::from_secs(1);
+
+/// The command line, parsed.
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    redis: Vec<String>,
+    cluster: bool,
+    algorithm: &'static str,
+    limit: u64,
+    window: Duration,
+}
+
+/// What the command line asks for.
+enum Command {
+    Run(Args),
+    Help,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Command::Run(args)) => args,
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("error: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let policy = match build_policy(args.algorithm, args.limit, args.window) {
+        Ok(policy) => policy,
+        Err(message) => {
+            eprintln!("error: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match serve(args, policy).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses the flags (without the program name).
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
+    let mut listen = None;
+    let mut redis = Vec::new();
+    let mut cluster = false;
+    let mut algorithm = None;
+    let mut limit = None;
+    let mut window = None;
+
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--cluster" => {
+                if inline.is_some() {
+                    return Err(String::from("--cluster takes no value"));
+                }
+                cluster = true;
+            }
+            "--listen" => {
+                let text = value()?;
+                let addr = text.parse().map_err(|_| {
+                    format!("--listen: {text:?} is not a socket address such as 127.0.0.1:8081")
+                })?;
+                set_once(&mut listen, addr, "--listen")?;
+            }
+            "--redis" => {
+                let text = value()?;
+                for url in text.split(',').map(str::trim) {
+                    if url.is_empty() {
+                        return Err(format!("--redis: empty URL in {text:?}"));
+                    }
+                    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+                        return Err(format!(
+                            "--redis: {url:?} is not a Redis URL such as redis://127.0.0.1:6379"
+                        ));
+                    }
+                    redis.push(url.to_owned());
+                }
+            }
+            "--algorithm" => {
+                let text = value()?;
+                let name = ALGORITHMS
+                    .iter()
+                    .copied()
+                    .find(|name| *name == text)
+                    .ok_or_else(|| {
+                        format!(
+                            "--algorithm: unknown algorithm {text:?} (use one of {})",
+                            ALGORITHMS.join(", ")
+                        )
+                    })?;
+                set_once(&mut algorithm, name, "--algorithm")?;
+            }
+            "--limit" => {
+                let text = value()?;
+                let n =
+                    text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        format!("--limit: {text:?} is not a whole number above 0")
+                    })?;
+                set_once(&mut limit, n, "--limit")?;
+            }
+            "--window" => {
+                let text = value()?;
+                let duration = parse_duration(&text).map_err(|e| format!("--window: {e}"))?;
+                if duration.is_zero() {
+                    return Err(format!("--window: {text:?} is zero"));
+                }
+                set_once(&mut window, duration, "--window")?;
+            }
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+    }
+
+    if redis.len() > 1 && !cluster {
+        return Err(format!(
+            "--redis: {} URLs given; several URLs are the nodes of a Redis Cluster and need --cluster",
+            redis.len()
+        ));
+    }
+    if redis.is_empty() {
+        return Err(String::from("missing --redis"));
+    }
+    Ok(Command::Run(Args {
+        listen: listen.ok_or("missing --listen")?,
+        redis,
+        cluster,
+        algorithm: algorithm.ok_or("missing --algorithm")?,
+        limit: limit.ok_or("missing --limit")?,
+        window: window.ok_or("missing --window")?,
+    }))
+}
+
+/// Stores `value` in `slot`, refusing a flag given twice.
+fn set_once<T>(slot: &mut Option<T>, value: T, flag: &str) -> Result<(), String> {
+    if slot.replace(value).is_some() {
+        return Err(format!("{flag} given twice"));
+    }
+    Ok(())
+}
+
+/// The policy for `--algorithm`, `--limit` and `--window`.
+fn build_policy(algorithm: &str, limit: u64, window: Duration) -> Result<Policy, String> {
+    let rate = Rate::new(limit, window);
+    let policy = match algorithm {
+        "fixed-window" => Policy::fixed_window(limit, window),
+        "sliding-log" => Policy::sliding_window_log(limit, window),
+        "sliding-window" => Policy::sliding_window_counter(limit, window),
+        "token-bucket" => Policy::token_bucket(limit, rate),
+        "gcra" => Policy::gcra(limit, rate),
+        "leaky-bucket" => Policy::leaky_bucket(limit, rate),
+        "concurrency" => Policy::concurrency(limit, window),
+        other => return Err(format!("--algorithm: unknown algorithm {other:?}")),
+    };
+    policy.map_err(|e| format!("--algorithm {algorithm} --limit {limit} --window {window:?}: {e}"))
+}
+
+/// Connects to Redis, binds `--listen` and serves until killed.
+async fn serve(args: Args, policy: Policy) -> Result<(), String> {
+    let builder = if args.cluster {
+        RedisStore::cluster_builder(args.redis.iter().cloned())
+    } else {
+        RedisStore::builder(args.redis[0].clone())
+    };
+    let redis = args.redis.join(",");
+    let store = builder
+        .call_timeout(CALL_TIMEOUT)
+        .build()
+        .await
+        .map_err(|e| format!("--redis {redis}: {e}"))?;
+    // Connect now: a typo in the URL shows at once, not as 503s later.
+    if let Err(e) = store.ping().await {
+        eprintln!(
+            "warning: Redis at {redis} does not answer ({e}); requests get 503 until it does"
+        );
+    }
+
+    let key = |req: &Request| -> Option<Key> {
+        match req.headers().get(API_KEY_HEADER) {
+            Some(value) if !value.is_empty() => {
+                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
+            }
+            _ => PeerIp::peer_ip(req).map(Key::from),
+        }
+    };
+    let cost = |req: &Request| -> u64 {
+        if req.uri().path() == "/expensive" {
+            EXPENSIVE_COST
+        } else {
+            1
+        }
+    };
+    let limit = RateLimitLayer::new(store, policy, key)
+        .cost(cost)
+        .on_failure(FailurePolicy::Closed);
+
+    let app = Router::new()
+        .route("/", get(root))
+        .route("/expensive", get(expensive))
+        .route("/slow", get(slow))
+        .route_layer(limit);
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on http://{addr}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("writing to stdout: {e}"))?;
+    drop(stdout);
+
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .map_err(|e| format!("serving on {addr}: {e}"))
+}
+
+/// `GET /`: cost 1.
+async fn root(info: RateLimitInfo) -> String {
+    answer("ok", &info)
+}
+
+/// `GET /expensive`: cost 10.
+async fn expensive(info: RateLimitInfo) -> String {
+    answer("expensive ok", &info)
+}
+
+/// `GET /slow`: cost 1, answers after a second.
+async fn slow(info: RateLimitInfo) -> String {
+    tokio::time::sleep(SLOW_DELAY).await;
+    answer("slow ok", &info)
+}
+
+/// A short answer with the quota left.
+fn answer(what: &str, info: &RateLimitInfo) -> String {
+    match info.tightest() {
+        Some(entry) => format!(
+            "{what}: {} of {} left ({})\n",
+            entry.decision().remaining(),
+            entry.decision().limit(),
+            entry.policy().name(),
+        ),
+        None => format!("{what}\n"),
+    }
+}
