@@ -7,7 +7,8 @@ use std::time::Duration;
 use ratelimit_core::{Policy, StoreError};
 use tower_layer::Layer;
 
-use crate::reject::{ErrorRejections, HttpRejections, Rejection};
+use crate::headers::RateLimitHeaders;
+use crate::reject::{ErrorRejections, HttpRejections, Rejection, RejectionBody};
 use crate::rule::{And, Rule};
 use crate::service::RateLimit;
 
@@ -162,13 +163,28 @@ impl<St, P> RateLimitLayer<St, P> {
             timeout: None,
         }
     }
+}
 
+impl<St, P> RateLimitLayer<St, P, HttpRejections> {
     /// Builds every refusal with `f` (HTTP requests only; see [`HttpRejections::custom`]).
     pub fn on_rejection<F>(mut self, f: F) -> Self
     where
         F: Fn(&Rejection) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
     {
-        self.reject = HttpRejections::custom(f);
+        self.reject = self.reject.with_custom(f);
+        self
+    }
+
+    /// Which rate-limit headers to send on allowed and denied responses
+    /// (default: the IETF `RateLimit-Policy` and `RateLimit` fields).
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.reject = self.reject.headers(headers);
+        self
+    }
+
+    /// The body of HTTP refusals (default: problem+json).
+    pub fn rejection_body(mut self, body: RejectionBody) -> Self {
+        self.reject = self.reject.body(body);
         self
     }
 }

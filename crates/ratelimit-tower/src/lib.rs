@@ -49,9 +49,11 @@ mod cost;
 mod decide;
 mod decisions;
 pub mod future;
+pub mod headers;
 mod key;
 mod layer;
 mod permit;
+pub mod problem;
 mod reject;
 mod rule;
 mod service;
@@ -63,7 +65,8 @@ pub use key::{GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
 pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer};
 pub use permit::PermitGuard;
 pub use reject::{
-    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, is_grpc, retry_after_seconds,
+    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, is_grpc,
+    retry_after_seconds,
 };
 pub use rule::{And, AndFuture, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

@@ -10,7 +10,9 @@ use ratelimit_core::StoreError;
 
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
+use crate::headers::RateLimitHeaders;
 use crate::permit::PermitGuard;
+use crate::problem::{PROBLEM_JSON, problem_json};
 
 /// A boxed error, as tower uses for middleware errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -142,10 +144,23 @@ pub fn retry_after_seconds(micros: u64) -> u64 {
 
 type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
 
+/// The body of an HTTP refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RejectionBody {
+    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::problem::problem_json)
+    /// (the default).
+    #[default]
+    ProblemJson,
+    /// A line of `text/plain`.
+    Text,
+}
+
 /// Refusals as HTTP responses (the default):
 ///
 /// - denied by a limit: `429 Too Many Requests` with `Retry-After`
-///   (delay-seconds, rounded up, never 0);
+///   (delay-seconds, rounded up, never 0) and a problem+json body of type
+///   `quota-exceeded` naming the violated policies;
 /// - a cost that can never pass, or a missing key: `429` without `Retry-After`;
 /// - the store unavailable and the failure policy closed: `503 Service Unavailable`;
 ///
@@ -155,32 +170,70 @@ type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
 /// `grpc-message`, and `grpc-retry-pushback-ms` (the retry delay; `-1`, "do not
 /// retry", when retrying cannot help), or `grpc-status: 14` (`UNAVAILABLE`)
 /// when the store is unavailable.
+///
+/// Allowed and denied HTTP responses carry the selected
+/// [`RateLimitHeaders`] (by default the IETF `RateLimit-Policy` and `RateLimit`
+/// fields).
 #[derive(Clone, Default)]
 pub struct HttpRejections {
     custom: Option<CustomHttp>,
+    headers: RateLimitHeaders,
+    body: RejectionBody,
 }
 
 impl fmt::Debug for HttpRejections {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRejections")
             .field("custom", &self.custom.is_some())
+            .field("headers", &self.headers)
+            .field("body", &self.body)
             .finish()
     }
 }
 
 impl HttpRejections {
-    /// Builds every refusal with `f` instead.
+    /// Builds every refusal with `f` instead (the rate-limit headers are still
+    /// added unless `f` sets them).
     pub fn custom<F>(f: F) -> Self
     where
         F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
     {
         HttpRejections {
             custom: Some(Arc::new(f)),
+            ..HttpRejections::default()
         }
     }
 
-    /// The default HTTP response for `rejection`.
+    /// These settings, with refusals built by `f`.
+    #[must_use]
+    pub fn with_custom<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.custom = Some(Arc::new(f));
+        self
+    }
+
+    /// Which rate-limit headers to send (default: the IETF fields).
+    #[must_use]
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The body of refusals (default: problem+json).
+    #[must_use]
+    pub fn body(mut self, body: RejectionBody) -> Self {
+        self.body = body;
+        self
+    }
+
+    /// The default HTTP response for `rejection`, with a problem+json body.
     pub fn http_response(rejection: &Rejection) -> Response<Bytes> {
+        HttpRejections::default().build_http(rejection)
+    }
+
+    fn build_http(&self, rejection: &Rejection) -> Response<Bytes> {
         let (status, retry) = match rejection {
             Rejection::Limited(_) => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -191,19 +244,22 @@ impl HttpRejections {
             }
             Rejection::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
         };
-        let body = match rejection {
-            Rejection::Unavailable(_) => {
-                String::from("Service Unavailable: rate limiter unavailable\n")
+        let (content_type, body) = match self.body {
+            RejectionBody::ProblemJson => (PROBLEM_JSON, problem_json(rejection)),
+            RejectionBody::Text => {
+                let text = match rejection {
+                    Rejection::Unavailable(_) => {
+                        String::from("Service Unavailable: rate limiter unavailable\n")
+                    }
+                    other => format!("Too Many Requests: {other}\n"),
+                };
+                ("text/plain; charset=utf-8", text)
             }
-            other => format!("Too Many Requests: {other}\n"),
         };
         let mut response = Response::new(Bytes::from(body));
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(retry) = retry {
             headers.insert(
                 header::RETRY_AFTER,
@@ -271,18 +327,35 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     fn allowed(
         &self,
         response: Response<ResB>,
-        _decisions: Option<&Decisions>,
+        decisions: Option<&Decisions>,
         permit: Option<PermitGuard>,
     ) -> Self::Response {
-        response.map(|body| ResponseBody::with_permit(body, permit))
+        let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
+        if let Some(decisions) = decisions {
+            self.headers.apply(decisions, response.headers_mut());
+        }
+        response
     }
 
     fn rejected(&self, grpc: &bool, rejection: Rejection) -> Result<Self::Response, E> {
-        let response = match &self.custom {
+        let mut response = match &self.custom {
             Some(custom) => custom(&rejection),
-            None if *grpc => HttpRejections::grpc_response(&rejection),
-            None => HttpRejections::http_response(&rejection),
+            None if *grpc => {
+                return Ok(HttpRejections::grpc_response(&rejection).map(ResponseBody::full));
+            }
+            None => self.build_http(&rejection),
         };
+        if let Rejection::Limited(decisions) = &rejection {
+            let mut headers = HeaderMap::new();
+            self.headers.apply(decisions, &mut headers);
+            for (name, value) in headers {
+                if let Some(name) = name
+                    && !response.headers().contains_key(&name)
+                {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+        }
         Ok(response.map(ResponseBody::full))
     }
 

@@ -1,0 +1,184 @@
+//! Rate-limit response headers: the IETF draft fields and the legacy
+//! `X-RateLimit-*` trio.
+//!
+//! - `RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>`
+//! - `RateLimit: "<name>";r=<remaining>;t=<seconds>`
+//!
+//! are structured-field lists (RFC 9651) with one member per policy, as
+//! described by draft-ietf-httpapi-ratelimit-headers. Names are policy names,
+//! which are always valid sf-strings (`[A-Za-z0-9._-]`); every parameter is an
+//! sf-integer. For a policy that denied the request, `t` is its retry delay
+//! (rounded up, at least 1), so `Retry-After` equals the largest `t` of the
+//! denying policies and is never earlier; for a policy that allowed it, `t` is
+//! the time until its quota is fully restored (rounded up; 0 when it is full).
+//! `w` is the policy's window: the window of the window algorithms, the time to
+//! refill an empty bucket, the lease of a concurrency permit (rounded up to a
+//! whole second).
+//!
+//! The legacy fields describe the most restrictive policy:
+//! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, and `X-RateLimit-Reset` in
+//! delay-seconds by default, or in Unix epoch seconds as GitHub sends it.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::decisions::{Decisions, PolicyDecision};
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Seconds from now, rounded up (the default).
+    #[default]
+    DelaySeconds,
+    /// A Unix time in seconds, rounded up, as GitHub sends it.
+    EpochSeconds,
+}
+
+/// Which rate-limit headers to send, on allowed and denied responses alike.
+/// `Retry-After` is always sent on a denial, whatever this says.
+///
+/// ```
+/// use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
+///
+/// let github_like = RateLimitHeaders::none().with_legacy(ResetFormat::EpochSeconds);
+/// let both = RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds);
+/// # let _ = (github_like, both);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    ietf: bool,
+    legacy: Option<ResetFormat>,
+}
+
+impl Default for RateLimitHeaders {
+    /// The IETF fields.
+    fn default() -> Self {
+        RateLimitHeaders::ietf()
+    }
+}
+
+impl RateLimitHeaders {
+    /// No rate-limit header (only `Retry-After` on denials).
+    pub const fn none() -> Self {
+        RateLimitHeaders {
+            ietf: false,
+            legacy: None,
+        }
+    }
+
+    /// `RateLimit-Policy` and `RateLimit`.
+    pub const fn ietf() -> Self {
+        RateLimitHeaders {
+            ietf: true,
+            legacy: None,
+        }
+    }
+
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delay-seconds).
+    pub const fn legacy() -> Self {
+        RateLimitHeaders {
+            ietf: false,
+            legacy: Some(ResetFormat::DelaySeconds),
+        }
+    }
+
+    /// Adds the legacy fields, with `X-RateLimit-Reset` written as `format`.
+    #[must_use]
+    pub const fn with_legacy(mut self, format: ResetFormat) -> Self {
+        self.legacy = Some(format);
+        self
+    }
+
+    /// Adds the IETF fields.
+    #[must_use]
+    pub const fn with_ietf(mut self) -> Self {
+        self.ietf = true;
+        self
+    }
+
+    /// Writes the selected headers for `decisions` into `headers`.
+    pub fn apply(&self, decisions: &Decisions, headers: &mut HeaderMap) {
+        if decisions.is_empty() {
+            return;
+        }
+        if self.ietf {
+            let mut policy = String::new();
+            let mut state = String::new();
+            for (i, entry) in decisions.iter().enumerate() {
+                let sep = if i == 0 { "" } else { ", " };
+                let p = entry.policy();
+                let _ = write!(
+                    policy,
+                    "{sep}\"{}\";q={};w={}",
+                    p.name(),
+                    p.limit(),
+                    seconds(u64::try_from(p.window().as_micros()).unwrap_or(u64::MAX))
+                );
+                let _ = write!(
+                    state,
+                    "{sep}\"{}\";r={};t={}",
+                    p.name(),
+                    entry.decision().remaining(),
+                    t_seconds(entry)
+                );
+            }
+            if let Ok(v) = HeaderValue::from_str(&policy) {
+                headers.insert(RATELIMIT_POLICY.clone(), v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&state) {
+                headers.insert(RATELIMIT.clone(), v);
+            }
+        }
+        if let (Some(format), Some(tightest)) = (self.legacy, decisions.tightest()) {
+            let d = tightest.decision();
+            headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit()));
+            headers.insert(
+                X_RATELIMIT_REMAINING.clone(),
+                HeaderValue::from(d.remaining()),
+            );
+            let delay = t_seconds(tightest);
+            let reset = match format {
+                ResetFormat::DelaySeconds => delay,
+                ResetFormat::EpochSeconds => epoch_seconds_in(delay),
+            };
+            headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+        }
+    }
+}
+
+/// The `t` of one policy: its retry delay when it denied, else the time until
+/// its quota is fully restored, in seconds rounded up.
+pub fn t_seconds(entry: &PolicyDecision) -> u64 {
+    let d = entry.decision();
+    if d.is_allowed() {
+        seconds(d.reset_after_micros())
+    } else {
+        crate::reject::retry_after_seconds(d.retry_after_micros())
+    }
+}
+
+fn seconds(micros: u64) -> u64 {
+    micros.div_ceil(1_000_000)
+}
+
+fn epoch_seconds_in(delay: u64) -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+        .unwrap_or(0);
+    now.saturating_add(delay)
+}
