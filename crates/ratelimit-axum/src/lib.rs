@@ -1,8 +1,37 @@
 //! axum integration for `ratelimit-tower`.
 //!
-//! [`RateLimitInfo`] is an extractor that gives a handler the decisions the
-//! rate-limit layer made for the request (policy, limit, remaining, reset), so
-//! it can show a user how much quota is left.
+//! - [`RateLimitInfo`]: an extractor that gives a handler the decisions the
+//!   rate-limit layer made for the request (policy, limit, remaining, reset),
+//!   so it can show a user how much quota is left.
+//! - [`Limiter`]: a limit a handler checks itself once it knows the key (login
+//!   attempts per username from the body); [`QuotaExceeded`] is its `429`
+//!   rejection (problem+json, `Retry-After`, rate-limit headers) and
+//!   [`Granted`] adds the headers to an allowed response.
+//! - [`RateLimitHeaders`]: which headers the layer and the limiter send (the
+//!   IETF `RateLimit-Policy`/`RateLimit` fields by default, the legacy
+//!   `X-RateLimit-*` fields on request).
+//!
+//! Per-route costs from one budget: give each route the same layer (same
+//! store, same policy, so the same key) with its own cost, next to the route:
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use ratelimit_core::{MemoryStore, Policy, Rate};
+//! use ratelimit_tower::{Constant, HeaderKey, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), ratelimit_core::PolicyError> {
+//! let budget = RateLimitLayer::new(
+//!     MemoryStore::new(),
+//!     Policy::gcra(100, Rate::per_minute(100))?.with_name("api")?,
+//!     HeaderKey::new(http::HeaderName::from_static("x-api-key")),
+//! );
+//! let app: Router = Router::new()
+//!     .route("/search", get(|| async { "results" }).route_layer(budget.clone().cost(Constant(1))))
+//!     .route("/export", get(|| async { "file" }).route_layer(budget.cost(Constant(10))));
+//! # let _ = app;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ```
 //! use ratelimit_axum::RateLimitInfo;
@@ -22,6 +51,11 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+mod limiter;
+
+pub use limiter::{Granted, Limiter, QuotaExceeded};
+pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 
 use std::convert::Infallible;
 use std::fmt;

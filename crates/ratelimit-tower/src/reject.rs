@@ -233,6 +233,12 @@ impl HttpRejections {
         HttpRejections::default().build_http(rejection)
     }
 
+    /// The HTTP response these settings give `rejection` (status, `Retry-After`,
+    /// body; without the rate-limit headers, which [`RateLimitHeaders::apply`] adds).
+    pub fn into_http_response(self, rejection: &Rejection) -> Response<Bytes> {
+        self.build_http(rejection)
+    }
+
     fn build_http(&self, rejection: &Rejection) -> Response<Bytes> {
         let (status, retry) = match rejection {
             Rejection::Limited(_) => (

@@ -1,0 +1,250 @@
+//! Limits checked inside a handler, once it knows the key.
+
+use std::fmt;
+
+use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::HeaderMap;
+use ratelimit_core::{Policy, Store, StoreError};
+use ratelimit_tower::headers::RateLimitHeaders;
+use ratelimit_tower::{Decisions, HttpRejections, PolicyDecision, Rejection};
+
+/// A named limit a handler checks itself, after it has parsed what the key
+/// depends on: login attempts per username from the body, emails per
+/// recipient. Cheap to clone; put it in your router's state.
+///
+/// A denial is a [`QuotaExceeded`], which answers `429` with `Retry-After`,
+/// the rate-limit headers and a problem+json body, like the layer; an allowed
+/// check gives [`Granted`], which adds the headers to your response.
+///
+/// ```
+/// use axum_core::response::IntoResponse;
+/// use ratelimit_axum::{Limiter, QuotaExceeded};
+/// use ratelimit_core::{MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let logins = Limiter::new(
+///     MemoryStore::new(),
+///     Policy::sliding_window_log(5, Duration::from_secs(900))?.with_name("login")?,
+/// );
+///
+/// // In a handler, after parsing the username from the body:
+/// async fn login(logins: &Limiter<MemoryStore>, username: &str) -> Result<impl IntoResponse, QuotaExceeded> {
+///     let granted = logins.check(username.as_bytes(), 1).await?;
+///     Ok((granted, "welcome"))
+/// }
+/// # let _ = login(&logins, "alice").await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Limiter<St> {
+    store: St,
+    policy: Policy,
+    headers: RateLimitHeaders,
+    fail_open: bool,
+}
+
+impl<St> fmt::Debug for Limiter<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.policy)
+            .field("headers", &self.headers)
+            .field("fail_open", &self.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    /// Checks keys against `policy` in `store`, sending the IETF headers.
+    pub fn new(store: St, policy: Policy) -> Self {
+        Limiter {
+            store,
+            policy,
+            headers: RateLimitHeaders::default(),
+            fail_open: false,
+        }
+    }
+
+    /// Which rate-limit headers to send (default: the IETF fields).
+    #[must_use]
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// When the store cannot decide, allow (`true`) or refuse with `503`
+    /// (`false`, the default: a limit checked by hand usually guards
+    /// something sensitive, such as logins).
+    #[must_use]
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Checks `key` at `cost`, consuming it when allowed.
+    pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
+        match self.store.check(key, &self.policy, cost).await {
+            Ok(decision) => {
+                let allowed = decision.is_allowed();
+                let decisions =
+                    Decisions::new(vec![PolicyDecision::new(self.policy.clone(), decision)]);
+                if allowed {
+                    Ok(Granted {
+                        decisions: Some(decisions),
+                        headers: self.headers,
+                    })
+                } else {
+                    Err(QuotaExceeded::new(Rejection::Limited(decisions)).headers(self.headers))
+                }
+            }
+            Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
+                Err(QuotaExceeded::new(Rejection::CostTooHigh {
+                    policy,
+                    cost,
+                    max,
+                }))
+            }
+            Err(_) if self.fail_open => Ok(Granted {
+                decisions: None,
+                headers: self.headers,
+            }),
+            Err(error) => Err(QuotaExceeded::new(Rejection::Unavailable(
+                std::sync::Arc::new(error),
+            ))),
+        }
+    }
+}
+
+/// An allowed check: add it to your response to send the rate-limit headers.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    decisions: Option<Decisions>,
+    headers: RateLimitHeaders,
+}
+
+impl Granted {
+    /// The decision, unless the store failed and the limiter failed open.
+    pub fn decisions(&self) -> Option<&Decisions> {
+        self.decisions.as_ref()
+    }
+}
+
+impl IntoResponseParts for Granted {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        if let Some(decisions) = &self.decisions {
+            self.headers.apply(decisions, res.headers_mut());
+        }
+        Ok(res)
+    }
+}
+
+/// A refused request, as an axum response: `429` with `Retry-After`, the
+/// rate-limit headers and an `application/problem+json` body (RFC 9457) of
+/// type `https://iana.org/assignments/http-problem-types#quota-exceeded`
+/// naming the violated policies and the retry delay. `503` when the store is
+/// unavailable.
+///
+/// Use [`QuotaExceeded::with_response`] to answer differently.
+#[derive(Clone)]
+pub struct QuotaExceeded {
+    rejection: Rejection,
+    headers: RateLimitHeaders,
+    custom: Option<std::sync::Arc<dyn Fn(&Rejection) -> Response + Send + Sync>>,
+}
+
+impl fmt::Debug for QuotaExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuotaExceeded")
+            .field("rejection", &self.rejection)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuotaExceeded {
+    /// A refusal for `rejection`.
+    pub fn new(rejection: Rejection) -> Self {
+        QuotaExceeded {
+            rejection,
+            headers: RateLimitHeaders::default(),
+            custom: None,
+        }
+    }
+
+    /// Which rate-limit headers to send (default: the IETF fields).
+    #[must_use]
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Builds the response with `f` instead (the rate-limit headers and
+    /// `Retry-After` are still added unless `f` sets them).
+    #[must_use]
+    pub fn with_response<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response + Send + Sync + 'static,
+    {
+        self.custom = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    /// Why the request was refused.
+    pub fn rejection(&self) -> &Rejection {
+        &self.rejection
+    }
+}
+
+impl fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.rejection.fmt(f)
+    }
+}
+
+impl std::error::Error for QuotaExceeded {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.rejection)
+    }
+}
+
+impl IntoResponse for QuotaExceeded {
+    fn into_response(self) -> Response {
+        let default = HttpRejections::default()
+            .headers(self.headers)
+            .body(ratelimit_tower::RejectionBody::ProblemJson);
+        let mut response = match &self.custom {
+            Some(custom) => custom(&self.rejection),
+            None => default
+                .clone()
+                .into_http_response(&self.rejection)
+                .map(axum_core::body::Body::from),
+        };
+        let mut extra = HeaderMap::new();
+        if let Rejection::Limited(decisions) = &self.rejection {
+            self.headers.apply(decisions, &mut extra);
+            if let Some(retry) = self.rejection.retry_after_micros() {
+                extra.insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from(ratelimit_tower::retry_after_seconds(retry)),
+                );
+            }
+        }
+        for (name, value) in extra {
+            if let Some(name) = name
+                && !response.headers().contains_key(&name)
+            {
+                response.headers_mut().insert(name, value);
+            }
+        }
+        response
+    }
+}
