@@ -147,6 +147,8 @@ impl IntoResponseParts for Granted {
     }
 }
 
+type CustomResponse = std::sync::Arc<dyn Fn(&Rejection) -> Response + Send + Sync>;
+
 /// A refused request, as an axum response: `429` with `Retry-After`, the
 /// rate-limit headers and an `application/problem+json` body (RFC 9457) of
 /// type `https://iana.org/assignments/http-problem-types#quota-exceeded`
@@ -158,7 +160,7 @@ impl IntoResponseParts for Granted {
 pub struct QuotaExceeded {
     rejection: Rejection,
     headers: RateLimitHeaders,
-    custom: Option<std::sync::Arc<dyn Fn(&Rejection) -> Response + Send + Sync>>,
+    custom: Option<CustomResponse>,
 }
 
 impl fmt::Debug for QuotaExceeded {
