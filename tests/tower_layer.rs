@@ -611,3 +611,55 @@ async fn wait_mode_sleeps_until_allowed_or_refuses_past_max_delay() {
     let r = impatient.oneshot(Request::new("")).await.unwrap();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test]
+async fn composite_and_route_keys() {
+    use ratelimit_tower::{Composite, RouteKey};
+    let key = Composite::new(
+        RouteKey,
+        HeaderKey::new(http::HeaderName::from_static("x-user")),
+    );
+    let req = |path: &str, user: &str| {
+        Request::builder()
+            .uri(path)
+            .header("x-user", user.to_owned())
+            .body("")
+            .unwrap()
+    };
+    let a = key.extract(&req("/export", "alice")).unwrap();
+    let b = key.extract(&req("/export", "bob")).unwrap();
+    let c = key.extract(&req("/search", "alice")).unwrap();
+    assert_ne!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(a, key.extract(&req("/export", "alice")).unwrap());
+    // No user, no key.
+    assert!(key.extract(&Request::new("")).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
+    let store = MemoryStore::builder()
+        .clock(ratelimit_core::clock::TokioClock::new())
+        .build();
+    // Three units in the bucket, one per second: the third slot is 2 s away.
+    let policy = Policy::leaky_bucket(3, Rate::per_second(1)).unwrap();
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store, policy, GlobalKey::default())
+        .wait(Duration::from_millis(1_500))
+        .layer(inner);
+    // Three callers at once: slots now, in 1 s and in 2 s.
+    let (a, b, c) = tokio::join!(
+        service.clone().oneshot(Request::new("")),
+        service.clone().oneshot(Request::new("")),
+        service.clone().oneshot(Request::new("")),
+    );
+    let mut statuses = [a, b, c].map(|r| r.unwrap().status().as_u16());
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "the slot 2 s away is beyond 1.5 s"
+    );
+}

@@ -97,9 +97,15 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
         match settings.mode {
             Mode::Reject if allowed => return Outcome::Allowed(decisions, permits),
             Mode::Reject => return Outcome::Rejected(Rejection::Limited(decisions)),
-            Mode::Wait { .. } if allowed => {
-                // The leaky bucket's slot: the permits are dropped, and
-                // released, if the wait is cancelled.
+            Mode::Wait { max_delay } if allowed => {
+                // A leaky bucket reserved a slot for this request: wait for it,
+                // unless it lies beyond the wait allowed. The slot stays
+                // reserved either way (a store cannot give a slot back), which
+                // errs towards fewer calls, never more. Concurrency permits
+                // are dropped, and released, if the wait is cancelled.
+                if started.elapsed() + delay > max_delay {
+                    return Outcome::Rejected(Rejection::Limited(decisions));
+                }
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }

@@ -152,7 +152,8 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
 pub struct PeerAddr(pub SocketAddr);
 
 /// The IP address of the TCP peer, read from the request's extensions:
-/// [`PeerAddr`], or axum's `ConnectInfo<SocketAddr>` (feature `axum`).
+/// [`PeerAddr`], axum's `ConnectInfo<SocketAddr>` (feature `axum`), or
+/// tonic's `TcpConnectInfo` (feature `tonic`).
 ///
 /// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) are keyed as the IPv4
 /// address. Requests without a known peer have no key.
@@ -169,6 +170,11 @@ impl PeerIp {
             ext.get::<axum::extract::ConnectInfo<SocketAddr>>()
                 .map(|c| c.0)
         });
+        #[cfg(feature = "tonic")]
+        let addr = addr.or_else(|| {
+            ext.get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|c| c.remote_addr())
+        });
         addr.map(|a| a.ip().to_canonical())
     }
 }
@@ -176,5 +182,66 @@ impl PeerIp {
 impl<B> KeyExtractor<Request<B>> for PeerIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         PeerIp::peer_ip(req).map(Key::from)
+    }
+}
+
+/// Two keys in one: route and user, tenant and user. A request has a key only
+/// when both parts do. The parts are joined unambiguously (the first is
+/// length-prefixed), so `("ab", "c")` and `("a", "bc")` differ.
+///
+/// ```
+/// use ratelimit_tower::{Composite, KeyExtractor};
+/// use http::Request;
+///
+/// let tenant = |req: &Request<()>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
+/// let user = |req: &Request<()>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
+/// let key = Composite::new(tenant, user);
+/// let req = Request::builder().header("x-tenant", "acme").header("x-user", "bob").body(()).unwrap();
+/// assert_eq!(key.extract(&req).unwrap().as_bytes(), b"4:acmebob");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Composite<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A, B> Composite<A, B> {
+    /// The key made of `first`'s and `second`'s.
+    pub fn new(first: A, second: B) -> Self {
+        Composite { first, second }
+    }
+}
+
+impl<A, B, Req> KeyExtractor<Req> for Composite<A, B>
+where
+    A: KeyExtractor<Req>,
+    B: KeyExtractor<Req>,
+{
+    fn extract(&self, req: &Req) -> Option<Key> {
+        let first = self.first.extract(req)?;
+        let second = self.second.extract(req)?;
+        let (a, b) = (first.as_bytes(), second.as_bytes());
+        let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
+        joined.extend_from_slice(a.len().to_string().as_bytes());
+        joined.push(b':');
+        joined.extend_from_slice(a);
+        joined.extend_from_slice(b);
+        Some(Key::from(joined))
+    }
+}
+
+/// The route of a request: the method and axum's matched route pattern
+/// (`GET /users/{id}`, feature `axum`), else the method and the path. Combine
+/// it with a user key in a [`Composite`] for per-route, per-user limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey;
+
+impl<B> KeyExtractor<Request<B>> for RouteKey {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        #[cfg(feature = "axum")]
+        if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
+            return Some(Key::from(format!("{} {}", req.method(), matched.as_str())));
+        }
+        Some(Key::from(format!("{} {}", req.method(), req.uri().path())))
     }
 }

@@ -80,9 +80,15 @@ pub enum Mode {
     /// Wait until the request may pass, if that is within `max_delay`
     /// (clients calling a strict downstream API). A denied request sleeps
     /// until its `retry_after`, plus a little jitter so waiting workers do not
-    /// retry in lockstep, then asks again; a leaky-bucket policy delays each
-    /// admitted request to its slot, spacing calls evenly. Dropping the
-    /// future while it waits consumes nothing.
+    /// retry in lockstep, then asks again; dropping the future during that
+    /// wait consumes nothing.
+    ///
+    /// A leaky-bucket policy delays each admitted request to its slot, which
+    /// spaces calls evenly. The slot is reserved when the request is
+    /// admitted: a slot further away than `max_delay` is refused, and a
+    /// request dropped while it waits for its slot still uses it up (a store
+    /// cannot give a slot back). Size the bucket so that
+    /// `capacity / rate <= max_delay` to avoid both.
     Wait {
         /// The longest a request may wait in total.
         max_delay: Duration,

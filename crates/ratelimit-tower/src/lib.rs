@@ -61,7 +61,7 @@ mod service;
 pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
-pub use key::{GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
+pub use key::{Composite, GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp, RouteKey};
 pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer};
 pub use permit::PermitGuard;
 pub use reject::{

@@ -374,6 +374,11 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
 /// stack calling a downstream API, a queue consumer): the service's error
 /// becomes [`BoxError`], and a refusal is a [`Rejection`] inside it
 /// (downcast to read the decisions).
+///
+/// The inner service's error must convert into [`BoxError`]. Give it a
+/// concrete error type: an inner service whose error is already `BoxError`
+/// works, but its futures may not be `Send` across `tokio::spawn` because of
+/// how the compiler checks that conversion for all lifetimes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorRejections;
 
