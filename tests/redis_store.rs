@@ -261,15 +261,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     assert!(!d[0].is_allowed());
     assert_eq!(d[1].remaining(), 1, "the day's budget was not consumed");
 
-    // Keys in different slots cannot be decided atomically: a clear error.
-    let across = store
-        .check_all(&[
-            Check::new(b"carol", &per_second, 1),
-            Check::new(b"dave", &per_day, 1),
-        ])
-        .await;
-    let message = across.unwrap_err().to_string();
-    assert!(message.contains("hash slot"), "{message}");
+    // Keys in different slots: decided slot by slot, refunded when a later slot denies.
+    cross_slot_limits_refund_on_denial(&store).await;
 
     // Keys really spread over the three masters.
     let keys: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
@@ -560,4 +553,53 @@ async fn keys_are_bounded_and_never_echo_secrets() {
             .await
             .is_err()
     );
+}
+
+/// Two users whose keys live in different cluster slots, each checked with a
+/// per-user limit and a small shared limit: when the later slot denies, what
+/// the earlier slot consumed is given back; nothing is ever over-admitted.
+async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
+    let slot = |k: &str, p: &Policy| {
+        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
+    };
+    for (round, algorithm) in long_policies(3).into_iter().enumerate() {
+        let per_user = algorithm.with_name(format!("cross-user-{round}")).unwrap();
+        let shared = Policy::fixed_window(1, Duration::from_secs(3600))
+            .unwrap()
+            .with_name(format!("cross-shared-{round}"))
+            .unwrap();
+        // Both orders: the per-user key in the earlier slot, then in the later one.
+        for earlier_first in [true, false] {
+            let shared_key = format!("s{round}-{earlier_first}");
+            let shared_slot = slot(&shared_key, &shared);
+            let user = (0..1000)
+                .map(|i| format!("u{round}-{earlier_first}-{i}"))
+                .find(|u| {
+                    let user_slot = slot(u, &per_user);
+                    if earlier_first {
+                        user_slot < shared_slot
+                    } else {
+                        user_slot > shared_slot
+                    }
+                })
+                .unwrap();
+            let checks = [
+                Check::new(user.as_bytes(), &per_user, 1),
+                Check::new(shared_key.as_bytes(), &shared, 1),
+            ];
+            let first = store.check_all(&checks).await.unwrap();
+            assert!(first.iter().all(Decision::is_allowed), "{first:?}");
+            // The shared limit of 1 is spent: denied, and the user's unit refunded.
+            let second = store.check_all(&checks).await.unwrap();
+            assert!(!second[1].is_allowed(), "{second:?}");
+            let peek = store.check(user.as_bytes(), &per_user, 0).await.unwrap();
+            assert_eq!(
+                peek.remaining(),
+                2,
+                "{} ({earlier_first}): the denied request consumed nothing",
+                per_user.name()
+            );
+            assert!(second[0].permit().is_none());
+        }
+    }
 }

@@ -439,6 +439,15 @@ fn protocol_error(what: &str, value: &Value) -> StoreError {
     StoreError::Backend(format!("unexpected reply to {what}: {value:?}").into())
 }
 
+fn text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        Some(Value::Int(n)) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
 fn int(value: &Value) -> Option<u64> {
     match value {
         Value::Int(n) => u64::try_from(*n).ok(),
@@ -451,7 +460,8 @@ fn decision_from(value: &Value, permit: PermitId, cost: u64) -> Result<Decision,
     let Value::Array(items) = value else {
         return Err(protocol_error("a decision", value));
     };
-    let fields: Option<Vec<u64>> = items.iter().map(int).collect();
+    // Multi-limit replies carry two strings more (the state after and before).
+    let fields: Option<Vec<u64>> = items.iter().take(6).map(int).collect();
     let Some([allowed, limit, remaining, reset, retry, delay]) =
         fields.as_deref().and_then(|f| <[u64; 6]>::try_from(f).ok())
     else {
@@ -499,9 +509,21 @@ impl RedisStore {
         keys: Vec<String>,
         requests: Vec<(Policy, u64, PermitId)>,
     ) -> Result<Vec<Decision>, StoreError> {
+        self.check_group(&keys, &requests)
+            .await
+            .map(|(decisions, _)| decisions)
+    }
+
+    /// One multi-limit script. Returns the decisions and, per check, the
+    /// state after and before its write (for refunds).
+    async fn check_group(
+        &self,
+        keys: &[String],
+        requests: &[(Policy, u64, PermitId)],
+    ) -> Result<(Vec<Decision>, Vec<(String, String)>), StoreError> {
         let mut args = Vec::with_capacity(1 + requests.len() * 5);
         args.push(Arg::Int(self.fixed_now()));
-        for (policy, cost, permit) in &requests {
+        for (policy, cost, permit) in requests {
             let (p1, p2) = parameters(policy.algorithm());
             args.push(Arg::Str(policy.algorithm().kind()));
             args.push(Arg::Int(*cost));
@@ -510,7 +532,7 @@ impl RedisStore {
             args.push(Arg::Owned(permit.to_string()));
         }
         let (script, source) = self.inner.scripts.multi();
-        let reply = self.inner.eval(script, source, &keys, &args).await?;
+        let reply = self.inner.eval(script, source, keys, &args).await?;
         let Value::Array(items) = &reply else {
             return Err(protocol_error("several decisions", &reply));
         };
@@ -519,18 +541,114 @@ impl RedisStore {
         }
         let decisions: Vec<Decision> = items
             .iter()
-            .zip(&requests)
+            .zip(requests)
             .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
             .collect::<Result<_, _>>()?;
-        if crate::store::all_allowed(&decisions) {
-            return Ok(decisions);
+        if !crate::store::all_allowed(&decisions) {
+            // Nothing was taken: the limits that would have allowed report a
+            // peek, which holds no permit.
+            let peeks = items
+                .iter()
+                .map(|item| decision_from(item, PermitId(0), 0))
+                .collect::<Result<_, _>>()?;
+            return Ok((peeks, Vec::new()));
         }
-        // Nothing was taken: the limits that would have allowed report a peek,
-        // which holds no permit.
-        items
+        let states = items
             .iter()
-            .map(|item| decision_from(item, PermitId(0), 0))
-            .collect()
+            .map(|item| match item {
+                Value::Array(fields) => (text(fields.get(6)), text(fields.get(7))),
+                _ => (String::new(), String::new()),
+            })
+            .collect();
+        Ok((decisions, states))
+    }
+
+    /// Several limits whose keys live in different Redis Cluster slots: one
+    /// script per slot, in slot order; if a slot denies, what the earlier
+    /// slots consumed is refunded (see `refund.lua`).
+    ///
+    /// The guarantee is weaker than one script: between a consumption and its
+    /// refund, other requests see the consumption (and may be denied); a
+    /// refund is skipped when another request changed the state meanwhile,
+    /// and is lost if the process dies before sending it. Each of these errs
+    /// towards denying: nothing is ever admitted beyond a limit.
+    #[cfg(feature = "redis-cluster")]
+    async fn check_across_slots(
+        self,
+        keys: Vec<String>,
+        requests: Vec<(Policy, u64, PermitId)>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, k) in keys.iter().enumerate() {
+            groups
+                .entry(key::cluster_slot(k.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let mut decisions: Vec<Option<Decision>> = vec![None; keys.len()];
+        let mut committed: Vec<(Vec<usize>, Vec<(String, String)>)> = Vec::new();
+        let mut denied = false;
+        for indexes in groups.values() {
+            let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
+            let group_requests: Vec<_> = indexes.iter().map(|&i| requests[i].clone()).collect();
+            let result = self.check_group(&group_keys, &group_requests).await;
+            let (group_decisions, states) = match result {
+                Ok(answer) => answer,
+                Err(error) => {
+                    self.refund(&keys, &requests, &committed).await;
+                    return Err(error);
+                }
+            };
+            let allowed = crate::store::all_allowed(&group_decisions);
+            for (&i, d) in indexes.iter().zip(group_decisions) {
+                decisions[i] = Some(d);
+            }
+            if !allowed {
+                denied = true;
+                break;
+            }
+            committed.push((indexes.clone(), states));
+        }
+        if !denied {
+            return Ok(decisions.into_iter().flatten().collect());
+        }
+        self.refund(&keys, &requests, &committed).await;
+        // Report the other limits as peeks of their current state.
+        for (i, slot) in decisions.iter_mut().enumerate() {
+            if slot.as_ref().is_none_or(Decision::is_allowed) {
+                let (policy, _, _) = &requests[i];
+                let peek = self
+                    .clone()
+                    .check_one(keys[i].clone(), policy.clone(), 0, PermitId(0))
+                    .await?;
+                *slot = Some(peek);
+            }
+        }
+        Ok(decisions.into_iter().flatten().collect())
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    async fn refund(
+        &self,
+        keys: &[String],
+        requests: &[(Policy, u64, PermitId)],
+        committed: &[(Vec<usize>, Vec<(String, String)>)],
+    ) {
+        let (script, source) = self.inner.scripts.refund();
+        for (indexes, states) in committed {
+            let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
+            let mut args = vec![Arg::Int(self.fixed_now())];
+            for (&i, (after, before)) in indexes.iter().zip(states) {
+                let (policy, cost, permit) = &requests[i];
+                args.push(Arg::Str(policy.algorithm().kind()));
+                args.push(Arg::Int(*cost));
+                args.push(Arg::Owned(permit.to_string()));
+                args.push(Arg::Owned(after.clone()));
+                args.push(Arg::Owned(before.clone()));
+            }
+            // A lost refund errs towards denying; nothing more can be done here.
+            let _ = self.inner.eval(script, source, &group_keys, &args).await;
+        }
     }
 
     async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {
@@ -564,8 +682,11 @@ impl Store for RedisStore {
     ///
     /// On a Redis Cluster, one script can only touch keys of one hash slot.
     /// Checks whose keys share a slot (the same user key under several
-    /// policies, such as per-second and per-day) are still all or nothing;
-    /// checks spanning several slots are refused with an error for now.
+    /// policies, such as per-second and per-day) are still all or nothing in
+    /// one script. Checks spanning several slots are decided slot by slot, in
+    /// slot order, and refunded when a later slot denies: a weaker guarantee
+    /// (another request may see, and be denied by, a consumption that is
+    /// about to be refunded), which still never admits beyond a limit.
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
         let mut keys = Vec::with_capacity(checks.len());
         let mut requests = Vec::with_capacity(checks.len());
@@ -592,9 +713,7 @@ impl Store for RedisStore {
             if let Some(first) = keys.first().map(slot)
                 && keys.iter().any(|k| slot(k) != first)
             {
-                return Box::pin(std::future::ready(Err(StoreError::Backend(
-                    "on Redis Cluster, several limits for one request must share a hash slot (use one user key for all of them)".into(),
-                ))));
+                return Box::pin(self.clone().check_across_slots(keys, requests));
             }
         }
         if keys.is_empty() {

@@ -47,6 +47,12 @@ const MULTI: &str = concat!(
     include_str!("lua/multi.lua"),
 );
 
+const REFUND: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    "\n",
+    include_str!("lua/refund.lua"),
+);
+
 const RELEASE: &str = concat!(
     include_str!("lua/prelude.lua"),
     "\n",
@@ -58,6 +64,7 @@ pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
     multi: (Script, &'static str),
     release: (Script, &'static str),
+    refund: (Script, &'static str),
 }
 
 fn script(source: &'static str) -> (Script, &'static str) {
@@ -78,6 +85,7 @@ impl Scripts {
             ],
             multi: script(MULTI),
             release: script(RELEASE),
+            refund: script(REFUND),
         }
     }
 
@@ -97,6 +105,10 @@ impl Scripts {
 
     pub(super) fn multi(&self) -> (&Script, &'static str) {
         (&self.multi.0, self.multi.1)
+    }
+
+    pub(super) fn refund(&self) -> (&Script, &'static str) {
+        (&self.refund.0, self.refund.1)
     }
 
     pub(super) fn release(&self) -> (&Script, &'static str) {

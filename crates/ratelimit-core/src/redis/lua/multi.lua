@@ -4,6 +4,11 @@
 -- Every decision is made first; only if all allow are their writes applied.
 -- Otherwise nothing is written, and the checks that would have allowed report
 -- a peek (cost 0) of their current state.
+--
+-- Each reply entry is {allowed, limit, remaining, reset, retry, delay, after,
+-- before}: for a write, the state key's value after and before it (strings
+-- for string states, the entry time for a sliding log), so that a refund
+-- (Redis Cluster, limits in several slots) can undo exactly this write.
 local now = server_now()
 local results, all = {}, true
 for i = 1, #KEYS do
@@ -18,14 +23,24 @@ end
 local out = {}
 for i = 1, #KEYS do
   local r = results[i]
+  local after, before = '', ''
   if all then
     if r.commit then
+      local algorithm = ARGV[1 + (i - 1) * 5 + 1]
+      if algorithm ~= 'sliding-log' and algorithm ~= 'concurrency' then
+        before = redis.call('GET', KEYS[i]) or ''
+      end
       r.commit()
+      if algorithm == 'sliding-log' then
+        after = fmt(r.entry_time)
+      elseif algorithm ~= 'concurrency' then
+        after = redis.call('GET', KEYS[i]) or ''
+      end
     end
   elseif r[1] == 1 then
     local a = 1 + (i - 1) * 5
     r = ALGORITHMS[ARGV[a + 1]](KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
   end
-  out[i] = {r[1], r[2], r[3], r[4], r[5], r[6]}
+  out[i] = {r[1], r[2], r[3], r[4], r[5], r[6], after, before}
 end
 return out

@@ -42,6 +42,7 @@ ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
   end
   local reset = reset_from(t)
   local r = {1, limit, limit - total - cost, reset, 0, 0}
+  r.entry_time = t
   r.commit = function()
     if t == newest then
       redis.call('ZREM', key, members[n])

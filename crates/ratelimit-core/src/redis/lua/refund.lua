@@ -1,0 +1,51 @@
+-- Gives back what a multi-limit script consumed, for limits on Redis Cluster
+-- whose keys live in different slots (one script per slot, in slot order; when
+-- a later slot denies, the earlier ones are refunded).
+--
+-- KEYS[i]: the state key of check i. ARGV[1]: fixed time (0 = server TIME);
+-- then four values per check: algorithm, cost, permit id, and the state the
+-- consuming script left ("after"), followed by the state it found ("before")
+-- as ARGV[...] pairs, see below.
+--
+-- A refund never gives back more than was taken:
+--   * a string state (fixed window, sliding counter, token bucket, GCRA,
+--     leaky bucket) is restored only if nobody changed it since; otherwise
+--     the consumption stays (the request is refused anyway, and the key
+--     errs towards denying);
+--   * a sliding log loses exactly the units this request added;
+--   * a concurrency permit is removed.
+
+local function restore_string(key, after, before)
+  if after == '' or redis.call('GET', key) ~= after then
+    return
+  end
+  if before == '' then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, before, 'KEEPTTL')
+  end
+end
+
+for i = 1, #KEYS do
+  local a = 2 + (i - 1) * 5
+  local algorithm, cost, permit = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local after, before = ARGV[a + 3], ARGV[a + 4]
+  local key = KEYS[i]
+  if algorithm == 'concurrency' then
+    redis.call('ZREM', key, permit .. ':' .. fmt(cost))
+  elseif algorithm == 'sliding-log' and after ~= '' then
+    -- `after` holds the time of the entry this request added to.
+    local t = tonumber(after)
+    local found = redis.call('ZRANGEBYSCORE', key, fmt(t), fmt(t))
+    if found[1] then
+      local p = ints(found[1])
+      redis.call('ZREM', key, found[1])
+      if p[2] > cost then
+        redis.call('ZADD', key, fmt(p[1]), fmt(p[1]) .. ':' .. fmt(p[2] - cost))
+      end
+    end
+  elseif algorithm ~= 'sliding-log' then
+    restore_string(key, after, before)
+  end
+end
+return #KEYS
