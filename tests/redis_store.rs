@@ -603,3 +603,121 @@ async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
         }
     }
 }
+
+/// Writes a CA and a server certificate for 127.0.0.1 into `dir` with the
+/// `openssl` command (installed by scripts/test).
+fn make_certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("openssl not runnable ({e}): run scripts/test, which installs it")
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=ratelimit-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+#[tokio::test]
+async fn rediss_urls_use_tls_with_a_private_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certificates(certs.path());
+    let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+    let server = RedisServer::start_with_args(&[
+        "--port",
+        "0",
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{}", server.port());
+    let store = RedisStore::builder(url.clone())
+        .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+    // Without the CA the server's certificate is not trusted: an error, not a bypass.
+    let untrusting = RedisStore::builder(url)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    assert!(
+        untrusting
+            .check(b"k", &policy, 1)
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    // A plain-text client cannot talk to the TLS port.
+    let plain = RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))
+        .call_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    assert!(plain.check(b"k", &policy, 1).await.is_err());
+}

@@ -99,6 +99,8 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     call_timeout: Duration,
     fixed_clock: Option<Arc<dyn Clock>>,
+    #[cfg(feature = "tls")]
+    root_cert: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -116,7 +118,8 @@ impl fmt::Debug for RedisStoreBuilder {
 
 impl RedisStore {
     /// Configures a store on the Redis at `url`: `redis://[user:password@]host[:port][/db]`
-    /// (`user:password@` for Redis ACL users).
+    /// (`user:password@` for Redis ACL users), or `rediss://...` for TLS
+    /// (feature `tls`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             urls: vec![url.into()],
@@ -126,6 +129,8 @@ impl RedisStore {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             fixed_clock: None,
+            #[cfg(feature = "tls")]
+            root_cert: None,
         }
     }
 
@@ -196,6 +201,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
+    /// instead of the system's roots, as for a private CA. Single node only.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
     /// **For tests only.** Makes the scripts use `clock` instead of the Redis
     /// server's `TIME`, so a test can replay a timeline through both stores.
     /// Keys then get an hour of extra TTL, since the timeline does not run in
@@ -221,6 +234,8 @@ impl RedisStoreBuilder {
         let backend = if self.cluster {
             #[cfg(feature = "redis-cluster")]
             {
+                #[cfg(feature = "tls")]
+                let _ = rustls::crypto::ring::default_provider().install_default();
                 let client = redis::cluster::ClusterClient::builder(self.urls.clone())
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.call_timeout)
@@ -243,6 +258,23 @@ impl RedisStoreBuilder {
             }
         } else {
             let url = self.urls.first().cloned().unwrap_or_default();
+            #[cfg(feature = "tls")]
+            let client = {
+                // redis-rs uses the process's default rustls provider.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                match self.root_cert.clone() {
+                    Some(root_cert) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root_cert),
+                        },
+                    ),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(backend_error)?
+            };
+            #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
             let manager = Manager {
                 client,
