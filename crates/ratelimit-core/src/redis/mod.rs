@@ -552,7 +552,7 @@ impl RedisStore {
         &self,
         keys: &[String],
         requests: &[(Policy, u64, PermitId)],
-    ) -> Result<(Vec<Decision>, Vec<(String, String)>), StoreError> {
+    ) -> Result<(Vec<Decision>, Vec<StateChange>), StoreError> {
         let mut args = Vec::with_capacity(1 + requests.len() * 5);
         args.push(Arg::Int(self.fixed_now()));
         for (policy, cost, permit) in requests {
@@ -618,7 +618,7 @@ impl RedisStore {
                 .push(i);
         }
         let mut decisions: Vec<Option<Decision>> = vec![None; keys.len()];
-        let mut committed: Vec<(Vec<usize>, Vec<(String, String)>)> = Vec::new();
+        let mut committed: Vec<Committed> = Vec::new();
         let mut denied = false;
         for indexes in groups.values() {
             let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
@@ -664,7 +664,7 @@ impl RedisStore {
         &self,
         keys: &[String],
         requests: &[(Policy, u64, PermitId)],
-        committed: &[(Vec<usize>, Vec<(String, String)>)],
+        committed: &[Committed],
     ) {
         let (script, source) = self.inner.scripts.refund();
         for (indexes, states) in committed {
@@ -693,6 +693,13 @@ impl RedisStore {
             .map(|_| ())
     }
 }
+
+/// The state of a key after and before a write (for refunds).
+type StateChange = (String, String);
+
+/// The checks of one slot that consumed, and their state changes.
+#[cfg(feature = "redis-cluster")]
+type Committed = (Vec<usize>, Vec<StateChange>);
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
