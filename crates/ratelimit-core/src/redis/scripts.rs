@@ -64,6 +64,7 @@ pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
     multi: (Script, &'static str),
     release: (Script, &'static str),
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     refund: (Script, &'static str),
 }
 
@@ -107,6 +108,7 @@ impl Scripts {
         (&self.multi.0, self.multi.1)
     }
 
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(super) fn refund(&self) -> (&Script, &'static str) {
         (&self.refund.0, self.refund.1)
     }
