@@ -34,9 +34,11 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 pub mod algorithm;
+mod breaker;
 pub mod clock;
 mod decision;
 mod error;
+mod fallback;
 pub mod key;
 pub mod memory;
 mod policy;
@@ -46,8 +48,10 @@ pub mod redis;
 mod store;
 
 pub use algorithm::Rate;
+pub use breaker::{BreakerState, CircuitBreaker, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
 pub use decision::{Decision, PermitId};
 pub use error::{PolicyError, StoreError};
+pub use fallback::FallbackStore;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, Policy, State};
 pub use store::{Check, Store, all_allowed};

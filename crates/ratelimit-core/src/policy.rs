@@ -281,6 +281,65 @@ impl Policy {
         Ok(())
     }
 
+    /// The same policy with its quota divided by `instances` (at least 1 unit
+    /// and, for rates, the rate divided too), under the same name: the
+    /// conservative local limit each of `instances` service instances can
+    /// enforce on its own while the shared store is unreachable.
+    ///
+    /// ```
+    /// use ratelimit_core::{Policy, Rate};
+    ///
+    /// let shared = Policy::gcra(100, Rate::per_second(50))?.with_name("api")?;
+    /// let local = shared.divided_among(4)?;
+    /// assert_eq!(local.name(), "api");
+    /// assert_eq!(local.limit(), 25);
+    /// # Ok::<(), ratelimit_core::PolicyError>(())
+    /// ```
+    pub fn divided_among(&self, instances: u32) -> Result<Policy, PolicyError> {
+        let n = u64::from(instances.max(1));
+        let share = |limit: u64| (limit / n).max(1);
+        // The same amount over an n times longer period: 1/n of the rate.
+        let slower = |rate: Rate| {
+            Rate::new(
+                rate.amount(),
+                rate.period().saturating_mul(instances.max(1)),
+            )
+        };
+        let algorithm = match self.algorithm() {
+            Algorithm::FixedWindow(a) => Algorithm::FixedWindow(FixedWindow::new(
+                share(a.limit()),
+                Duration::from_micros(a.window_micros()),
+            )?),
+            Algorithm::SlidingWindowLog(a) => Algorithm::SlidingWindowLog(SlidingWindowLog::new(
+                share(a.limit()),
+                Duration::from_micros(a.window_micros()),
+            )?),
+            Algorithm::SlidingWindowCounter(a) => {
+                Algorithm::SlidingWindowCounter(SlidingWindowCounter::new(
+                    share(a.limit()),
+                    Duration::from_micros(a.window_micros()),
+                )?)
+            }
+            Algorithm::TokenBucket(a) => {
+                Algorithm::TokenBucket(TokenBucket::new(share(a.capacity()), slower(a.rate()))?)
+            }
+            Algorithm::Gcra(a) => Algorithm::Gcra(Gcra::new(share(a.burst()), slower(a.rate()))?),
+            Algorithm::LeakyBucket(a) => {
+                Algorithm::LeakyBucket(LeakyBucket::new(share(a.capacity()), slower(a.rate()))?)
+            }
+            Algorithm::Concurrency(a) => Algorithm::Concurrency(Concurrency::new(
+                share(a.max()),
+                Duration::from_micros(a.lease_micros()),
+            )?),
+        };
+        Ok(Policy {
+            inner: Arc::new(Inner {
+                name: self.inner.name.clone(),
+                algorithm,
+            }),
+        })
+    }
+
     /// Whether two handles point at the same policy object (cheap).
     pub fn ptr_eq(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
