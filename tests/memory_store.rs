@@ -298,3 +298,167 @@ fn huge_keys_are_bounded() {
     other[12345] = b'y';
     assert!(store.check_now(&other, &policy, 1).unwrap().is_allowed());
 }
+
+// ---- DeniedCache: known denials answered locally ----
+
+use ratelimit_core::DeniedCache;
+
+/// A store that counts the checks that reach it.
+#[derive(Clone)]
+struct Counting {
+    store: MemoryStore,
+    calls: Arc<AtomicU64>,
+}
+
+impl Store for Counting {
+    type CheckFuture = <MemoryStore as Store>::CheckFuture;
+    type CheckAllFuture = <MemoryStore as Store>::CheckAllFuture;
+    type ReleaseFuture = <MemoryStore as Store>::ReleaseFuture;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.store.check(key, policy, cost)
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.store.check_all(checks)
+    }
+
+    fn release(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        permit: ratelimit_core::PermitId,
+    ) -> Self::ReleaseFuture {
+        self.store.release(key, policy, permit)
+    }
+}
+
+fn counting() -> (Counting, Arc<AtomicU64>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    (
+        Counting {
+            store: MemoryStore::new(),
+            calls: calls.clone(),
+        },
+        calls,
+    )
+}
+
+#[tokio::test]
+async fn denied_cache_answers_known_denials_without_the_store() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::new(store);
+    let policy = Policy::token_bucket(3, Rate::per_hour(1)).unwrap();
+    for _ in 0..3 {
+        assert!(
+            cache
+                .check(b"abuser", &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let denied = cache.check(b"abuser", &policy, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(calls.load(Ordering::Relaxed), 4);
+    for _ in 0..1_000 {
+        let d = cache.check(b"abuser", &policy, 1).await.unwrap();
+        assert!(!d.is_allowed());
+        assert!(d.retry_after().unwrap() <= denied.retry_after().unwrap());
+    }
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        4,
+        "no store call for cached denials"
+    );
+    assert_eq!(cache.hits(), 1_000);
+    // Peeks and other keys still go to the store.
+    cache.check(b"abuser", &policy, 0).await.unwrap();
+    assert!(
+        cache
+            .check(b"someone-else", &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 6);
+}
+
+#[tokio::test]
+async fn denied_cache_asks_again_for_cheaper_requests_and_after_expiry() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::new(store);
+    let policy = Policy::gcra(3, Rate::new(1, Duration::from_millis(100))).unwrap();
+    assert!(cache.check(b"k", &policy, 2).await.unwrap().is_allowed());
+    // One unit left: a cost of 3 is denied and cached...
+    assert!(!cache.check(b"k", &policy, 3).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &policy, 3).await.unwrap().is_allowed());
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    // ...but a cost of 1 may pass: it is asked, and allowed.
+    assert!(cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    // Once the retry time has passed, the store decides again.
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    assert!(cache.check(b"k", &policy, 3).await.unwrap().is_allowed());
+    assert_eq!(calls.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test]
+async fn denied_cache_skips_concurrency_and_stays_bounded() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::with_capacity(store, 32);
+    let semaphore = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    let held = cache.check(b"k", &semaphore, 1).await.unwrap();
+    assert!(!cache.check(b"k", &semaphore, 1).await.unwrap().is_allowed());
+    cache
+        .release(b"k", &semaphore, held.permit().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        cache.check(b"k", &semaphore, 1).await.unwrap().is_allowed(),
+        "not cached"
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    for i in 0..2_000 {
+        let key = format!("attacker-{i}");
+        cache.check(key.as_bytes(), &policy, 1).await.unwrap();
+        cache.check(key.as_bytes(), &policy, 1).await.unwrap();
+    }
+    assert!(cache.len() <= 32 + 16, "cache holds {}", cache.len());
+}
+
+#[test]
+fn denied_cache_is_exact_under_threads() {
+    let cache = DeniedCache::new(MemoryStore::new());
+    let policy = Policy::gcra(500, Rate::per_hour(1)).unwrap();
+    let admitted = AtomicU64::new(0);
+    thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..200 {
+                    let d = futures_lite_block_on(cache.check(b"hot", &policy, 1)).unwrap();
+                    if d.is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(admitted.load(Ordering::Relaxed), 500);
+    assert!(cache.hits() > 0);
+}
+
+/// Polls a future to completion on this thread (the stores here never wait).
+fn futures_lite_block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}

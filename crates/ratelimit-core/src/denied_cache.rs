@@ -1,0 +1,195 @@
+//! [`DeniedCache`]: answer known denials locally, without a round trip.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::policy::Algorithm;
+use crate::store::{Check, Store};
+use crate::{Decision, PermitId, Policy, StoreError, key};
+
+/// The default bound on cached denials.
+pub const DEFAULT_CACHE_ENTRIES: usize = 10_000;
+
+const SHARDS: usize = 16;
+
+/// A store wrapper that remembers denials: once the inner store denies key K
+/// under policy P for a request of cost c, with `retry_after` R, requests for
+/// K under P costing c or more are denied locally until R has passed, without
+/// asking the inner store. An abusive client hammering one key then costs
+/// nothing but a hash lookup.
+///
+/// It is exact: it only ever denies, and only what the inner store would deny.
+/// A request costing at least c cannot pass before R, and other requests (from
+/// any instance) can only push that time further. The expiry is measured from
+/// when the request was *sent*, which is no later than when the store decided,
+/// so the cache never outlives the denial. Concurrency denials are not cached
+/// (a release may end them early). Its memory is bounded: at most
+/// [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when full, new denials
+/// are simply not cached.
+pub struct DeniedCache<S> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S> {
+    store: S,
+    shards: [Mutex<Shard>; SHARDS],
+    per_shard: usize,
+    origin: Instant,
+    hasher: RandomState,
+    hits: AtomicU64,
+}
+
+/// Cached denials by (policy name, stored key).
+type Shard = HashMap<(Box<str>, Box<[u8]>), Entry>;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    cost: u64,
+    until_micros: u64,
+    limit: u64,
+    remaining: u64,
+}
+
+impl<S> Clone for DeniedCache<S> {
+    fn clone(&self) -> Self {
+        DeniedCache {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S> fmt::Debug for DeniedCache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeniedCache")
+            .field("hits", &self.inner.hits.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> DeniedCache<S> {
+    /// Caches the denials of `store`, at most [`DEFAULT_CACHE_ENTRIES`].
+    pub fn new(store: S) -> Self {
+        DeniedCache::with_capacity(store, DEFAULT_CACHE_ENTRIES)
+    }
+
+    /// Caches at most `entries` denials of `store`.
+    pub fn with_capacity(store: S, entries: usize) -> Self {
+        DeniedCache {
+            inner: Arc::new(Inner {
+                store,
+                shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                per_shard: entries.div_ceil(SHARDS).max(1),
+                origin: Instant::now(),
+                hasher: RandomState::new(),
+                hits: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// How many decisions were answered from the cache.
+    pub fn hits(&self) -> u64 {
+        self.inner.hits.load(Ordering::Relaxed)
+    }
+
+    /// How many denials are cached now (live or not yet reclaimed).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Whether no denial is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.inner.store
+    }
+}
+
+impl<S> Inner<S> {
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn shard(&self, policy: &str, key: &[u8]) -> &Mutex<Shard> {
+        let index = usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
+        &self.shards[index]
+    }
+
+    /// A cached denial for this request, if one still holds.
+    fn lookup(&self, policy: &Policy, key: &[u8], cost: u64) -> Option<Decision> {
+        let now = self.now();
+        let shard = self.shard(policy.name(), key).lock();
+        let entry = shard.get(&(Box::<str>::from(policy.name()), Box::<[u8]>::from(key)))?;
+        (cost >= entry.cost && now < entry.until_micros).then(|| {
+            let retry = entry.until_micros - now;
+            Decision::deny(entry.limit, entry.remaining, retry, retry)
+        })
+    }
+
+    fn remember(&self, policy: &Policy, key: &[u8], cost: u64, sent_at: u64, decision: &Decision) {
+        if decision.is_allowed() || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            return;
+        }
+        let mut shard = self.shard(policy.name(), key).lock();
+        let now = self.now();
+        if shard.len() >= self.per_shard {
+            shard.retain(|_, e| e.until_micros > now);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        let entry = Entry {
+            cost,
+            until_micros: sent_at.saturating_add(decision.retry_after_micros()),
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+        };
+        shard.insert((policy.name().into(), key.into()), entry);
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl<S: Store> Store for DeniedCache<S> {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = S::CheckAllFuture;
+    type ReleaseFuture = S::ReleaseFuture;
+
+    fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        let normalized = key::normalize(user_key);
+        if cost > 0
+            && let Some(denied) = self.inner.lookup(policy, &normalized, cost)
+        {
+            self.inner.hits.fetch_add(1, Ordering::Relaxed);
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
+        let sent_at = self.inner.now();
+        let call = self.inner.store.check(user_key, policy, cost);
+        let inner = Arc::clone(&self.inner);
+        let (policy, normalized) = (policy.clone(), normalized.into_owned());
+        Box::pin(async move {
+            let decision = call.await?;
+            inner.remember(&policy, &normalized, cost, sent_at, &decision);
+            Ok(decision)
+        })
+    }
+
+    /// Several limits go to the inner store as they are (not cached).
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        self.inner.store.check_all(checks)
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.inner.store.release(key, policy, permit)
+    }
+}
