@@ -121,7 +121,8 @@ impl<S> Inner<S> {
     }
 
     fn shard(&self, policy: &str, key: &[u8]) -> &Mutex<Shard> {
-        let index = usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
+        let index =
+            usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
         &self.shards[index]
     }
 

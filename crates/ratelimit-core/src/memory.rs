@@ -263,7 +263,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn hash(&self, policy: &Policy, key: &[u8]) -> u64 {
-        self.shared.hasher.hash_one((policy.name(), key))
+        self.shared.hasher.hash_one((policy.name_hash(), key))
     }
 
     fn shard_index(&self, hash: u64) -> usize {

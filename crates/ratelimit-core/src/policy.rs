@@ -83,15 +83,13 @@ impl Algorithm {
     pub fn new_state(&self) -> State {
         match self {
             Algorithm::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
-            Algorithm::SlidingWindowLog(_) => {
-                State::SlidingWindowLog(SlidingWindowLogState::default())
-            }
+            Algorithm::SlidingWindowLog(_) => State::SlidingWindowLog(Box::default()),
             Algorithm::SlidingWindowCounter(_) => {
                 State::SlidingWindowCounter(SlidingWindowCounterState::default())
             }
             Algorithm::TokenBucket(_) => State::TokenBucket(TokenBucketState::default()),
             Algorithm::Gcra(_) | Algorithm::LeakyBucket(_) => State::Gcra(GcraState::default()),
-            Algorithm::Concurrency(_) => State::Concurrency(ConcurrencyState::default()),
+            Algorithm::Concurrency(_) => State::Concurrency(Box::default()),
         }
     }
 
@@ -127,16 +125,16 @@ impl Algorithm {
 pub enum State {
     /// Fixed window state.
     FixedWindow(FixedWindowState),
-    /// Sliding window log state.
-    SlidingWindowLog(SlidingWindowLogState),
+    /// Sliding window log state (boxed: it grows with the limit).
+    SlidingWindowLog(Box<SlidingWindowLogState>),
     /// Sliding window counter state.
     SlidingWindowCounter(SlidingWindowCounterState),
     /// Token bucket state.
     TokenBucket(TokenBucketState),
     /// GCRA and leaky bucket state.
     Gcra(GcraState),
-    /// Concurrency state.
-    Concurrency(ConcurrencyState),
+    /// Concurrency state (boxed: it grows with the permits held).
+    Concurrency(Box<ConcurrencyState>),
 }
 
 /// A named, validated rate-limiting policy. Cheap to clone.
@@ -168,6 +166,15 @@ pub struct Policy {
 struct Inner {
     name: Box<str>,
     algorithm: Algorithm,
+    /// A hash of the name, computed once (stores hash it with the key).
+    name_hash: u64,
+}
+
+/// FNV-1a of a policy name: stable and cheap, computed once per policy.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Policy {
@@ -176,6 +183,7 @@ impl Policy {
         let name = default_name(&algorithm);
         Policy {
             inner: Arc::new(Inner {
+                name_hash: name_hash(&name),
                 name: name.into_boxed_str(),
                 algorithm,
             }),
@@ -238,6 +246,7 @@ impl Policy {
         }
         Ok(Policy {
             inner: Arc::new(Inner {
+                name_hash: name_hash(&name),
                 name: name.into_boxed_str(),
                 algorithm: self.inner.algorithm,
             }),
@@ -247,6 +256,11 @@ impl Policy {
     /// The policy's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// A hash of the name, computed once when the policy was built.
+    pub(crate) fn name_hash(&self) -> u64 {
+        self.inner.name_hash
     }
 
     /// The algorithm and its parameters.
@@ -336,6 +350,7 @@ impl Policy {
             inner: Arc::new(Inner {
                 name: self.inner.name.clone(),
                 algorithm,
+                name_hash: self.inner.name_hash,
             }),
         })
     }
