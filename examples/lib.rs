@@ -35,3 +35,38 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map(Duration::from_micros)
         .ok_or_else(|| format!("{text:?}: too long"))
 }
+
+/// The policy named on the command line: `--algorithm` with `--limit` per
+/// `--window`. For token bucket, GCRA and leaky bucket, `limit` is the burst
+/// capacity and the rate is `limit / window`; for concurrency, `limit` is the
+/// maximum in flight and `window` the lease.
+///
+/// ```
+/// use std::time::Duration;
+/// let p = ratelimit_examples::policy_from_flags("gcra", 10, Duration::from_secs(1)).unwrap();
+/// assert_eq!(p.limit(), 10);
+/// assert!(ratelimit_examples::policy_from_flags("nope", 10, Duration::from_secs(1)).is_err());
+/// ```
+pub fn policy_from_flags(
+    algorithm: &str,
+    limit: u64,
+    window: Duration,
+) -> Result<ratelimit_core::Policy, String> {
+    use ratelimit_core::{Policy, Rate};
+    let rate = Rate::new(limit, window);
+    match algorithm {
+        "fixed-window" => Policy::fixed_window(limit, window),
+        "sliding-log" => Policy::sliding_window_log(limit, window),
+        "sliding-window" => Policy::sliding_window_counter(limit, window),
+        "token-bucket" => Policy::token_bucket(limit, rate),
+        "gcra" => Policy::gcra(limit, rate),
+        "leaky-bucket" => Policy::leaky_bucket(limit, rate),
+        "concurrency" => Policy::concurrency(limit, window),
+        other => {
+            return Err(format!(
+                "unknown algorithm {other:?} (fixed-window, sliding-log, sliding-window, token-bucket, gcra, leaky-bucket, concurrency)"
+            ));
+        }
+    }
+    .map_err(|e| e.to_string())
+}

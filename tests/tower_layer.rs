@@ -663,3 +663,36 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
         "the slot 2 s away is beyond 1.5 s"
     );
 }
+
+#[tokio::test]
+async fn unlimited_and_failed_open_requests_still_carry_decisions() {
+    let inner = tower::service_fn(|req: Request<&'static str>| async move {
+        let seen = req.extensions().get::<Decisions>().map(|d| d.len());
+        Ok::<_, std::convert::Infallible>(Response::new(format!("{seen:?}")))
+    });
+    let allowlisted = RateLimitLayer::with_rules(store(), |_: &Request<&'static str>| async {
+        Limits::none()
+    })
+    .layer(inner);
+    let body = body_text(allowlisted.oneshot(Request::new("")).await.unwrap()).await;
+    assert_eq!(body, "Some(0)", "an empty set, not a missing one");
+
+    let failed_open = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+        .on_failure(FailurePolicy::Open)
+        .layer(inner);
+    let body = body_text(failed_open.oneshot(Request::new("")).await.unwrap()).await;
+    assert_eq!(body, "Some(0)");
+}
+
+#[tokio::test]
+async fn a_custom_rejection_still_gets_retry_after_and_headers() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
+        .on_rejection(|_: &Rejection| Response::new(bytes::Bytes::from_static(b"custom")))
+        .layer(mock);
+    send(&mut service, &mut handle, Request::new("")).await;
+    let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
+    assert_eq!(r.body(), "custom");
+    assert_eq!(r.headers()["retry-after"], "10");
+    assert!(r.headers().contains_key("ratelimit"));
+}

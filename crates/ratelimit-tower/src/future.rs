@@ -91,7 +91,12 @@ where
                             this.reject.annotate(&mut req, &decisions);
                             (Some(decisions), (!permit.is_empty()).then_some(permit))
                         }
-                        Outcome::Unlimited | Outcome::FailedOpen => (None, None),
+                        Outcome::Unlimited | Outcome::FailedOpen => {
+                            // No limit applied (allowlisted, or the store failed
+                            // open): handlers still find an empty set of decisions.
+                            this.reject.annotate(&mut req, &Decisions::default());
+                            (None, None)
+                        }
                     };
                     let future = service.call(req);
                     this.state.set(State::Calling {

@@ -153,7 +153,7 @@ impl RateLimitHeaders {
             let delay = t_seconds(tightest);
             let reset = match format {
                 ResetFormat::DelaySeconds => delay,
-                ResetFormat::EpochSeconds => epoch_seconds_in(delay),
+                ResetFormat::EpochSeconds => epoch_seconds_after(t_micros(tightest)),
             };
             headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
         }
@@ -175,10 +175,21 @@ fn seconds(micros: u64) -> u64 {
     micros.div_ceil(1_000_000)
 }
 
-fn epoch_seconds_in(delay: u64) -> u64 {
+/// The Unix time, in seconds rounded up, `micros` from now.
+fn epoch_seconds_after(micros: u64) -> u64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
         .unwrap_or(0);
-    now.saturating_add(delay)
+    now.saturating_add(micros).div_ceil(1_000_000)
+}
+
+/// The `t` of one policy in microseconds (see [`t_seconds`]).
+fn t_micros(entry: &PolicyDecision) -> u64 {
+    let d = entry.decision();
+    if d.is_allowed() {
+        d.reset_after_micros()
+    } else {
+        d.retry_after_micros().max(1)
+    }
 }

@@ -354,6 +354,13 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         if let Rejection::Limited(decisions) = &rejection {
             let mut headers = HeaderMap::new();
             self.headers.apply(decisions, &mut headers);
+            // Retry-After on every denial, even from a custom builder.
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_seconds(
+                    rejection.retry_after_micros().unwrap_or(0),
+                )),
+            );
             for (name, value) in headers {
                 if let Some(name) = name
                     && !response.headers().contains_key(&name)

@@ -1,0 +1,212 @@
+//! Decisions per second of a store, as one JSON line (a contract other tools
+//! rely on):
+//!
+//! ```text
+//! cargo run --release --example bench -- --store <memory|redis> [--redis URL] [--cluster] \
+//!     --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window D]
+//! {"store":"memory","algorithm":"gcra","keys":100000,"concurrency":64,"decisions":1000000,
+//!  "allowed":..,"denied":..,"secs":..,"per_sec":..,"p50_us":..,"p99_us":..}
+//! ```
+//!
+//! `C` tasks share `R` decisions; each draws its key uniformly from `N` keys
+//! (`--keys 1` is one hot key). The policy is `--limit` per `--window`
+//! (default 1000 per 1s; for bucket algorithms the burst, refilled over the
+//! window). The store is `MemoryStore` or `RedisStore` (one node, or a
+//! cluster with `--cluster` and `--redis` given per node or comma-separated).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Decision, MemoryStore, Policy, Store, StoreError};
+use ratelimit_examples::{parse_duration, policy_from_flags};
+
+const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]";
+
+#[derive(Clone)]
+enum AnyStore {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    async fn check(&self, key: &[u8], policy: &Policy) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.check(key, policy, 1).await,
+            AnyStore::Redis(s) => s.check(key, policy, 1).await,
+        }
+    }
+}
+
+struct Args {
+    store: String,
+    redis: Vec<String>,
+    cluster: bool,
+    algorithm: String,
+    keys: u64,
+    concurrency: u64,
+    requests: u64,
+    limit: u64,
+    window: Duration,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        store: String::new(),
+        redis: Vec::new(),
+        cluster: false,
+        algorithm: String::new(),
+        keys: 0,
+        concurrency: 0,
+        requests: 0,
+        limit: 1000,
+        window: Duration::from_secs(1),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        let number = |name: &str, v: String| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{name} must be a positive integer, not {v:?}"))
+        };
+        match flag.as_str() {
+            "--store" => args.store = value("--store")?,
+            "--redis" => args
+                .redis
+                .extend(value("--redis")?.split(',').map(str::to_owned)),
+            "--cluster" => args.cluster = true,
+            "--algorithm" => args.algorithm = value("--algorithm")?,
+            "--keys" => args.keys = number("--keys", value("--keys")?)?,
+            "--concurrency" => args.concurrency = number("--concurrency", value("--concurrency")?)?,
+            "--requests" => args.requests = number("--requests", value("--requests")?)?,
+            "--limit" => args.limit = number("--limit", value("--limit")?)?,
+            "--window" => args.window = parse_duration(&value("--window")?)?,
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+    }
+    if !matches!(args.store.as_str(), "memory" | "redis") {
+        return Err(String::from("--store must be memory or redis"));
+    }
+    if args.algorithm.is_empty() || args.keys == 0 || args.concurrency == 0 || args.requests == 0 {
+        return Err(String::from(
+            "--algorithm, --keys, --concurrency and --requests are required",
+        ));
+    }
+    if args.store == "redis" && args.redis.is_empty() {
+        args.redis.push(String::from("redis://127.0.0.1:6379"));
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("bench: {message}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let policy = match policy_from_flags(&args.algorithm, args.limit, args.window) {
+        Ok(policy) => policy,
+        Err(message) => {
+            eprintln!("bench: --algorithm: {message}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let store = match args.store.as_str() {
+        "memory" => AnyStore::Memory(MemoryStore::new()),
+        _ => {
+            let builder = if args.cluster {
+                RedisStore::cluster_builder(args.redis.clone())
+            } else {
+                RedisStore::builder(args.redis[0].clone())
+            };
+            match builder
+                .pool_size(8)
+                .call_timeout(Duration::from_secs(5))
+                .prefix("bench")
+                .build()
+                .await
+            {
+                Ok(store) => AnyStore::Redis(store),
+                Err(e) => {
+                    eprintln!("bench: cannot use Redis: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    };
+    // Keys made once, so formatting is not measured.
+    let keys: Arc<Vec<Vec<u8>>> = Arc::new(
+        (0..args.keys)
+            .map(|i| format!("k{i}").into_bytes())
+            .collect(),
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let allowed = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for task in 0..args.concurrency {
+        let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
+        let (next, allowed, errors) = (next.clone(), allowed.clone(), errors.clone());
+        let requests = args.requests;
+        tasks.push(tokio::spawn(async move {
+            let mut rng =
+                0x9e37_79b9_7f4a_7c15_u64 ^ (task + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let mut latencies = Vec::new();
+            while next.fetch_add(1, Ordering::Relaxed) < requests {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = &keys[usize::try_from(rng % keys.len() as u64).unwrap_or(0)];
+                let begun = Instant::now();
+                match store.check(key, &policy).await {
+                    Ok(d) if d.is_allowed() => {
+                        allowed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                latencies.push(u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX));
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::with_capacity(usize::try_from(args.requests).unwrap_or(0));
+    for task in tasks {
+        latencies.extend(task.await.unwrap_or_default());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let at = |percent: usize| {
+        let index = (latencies.len().saturating_sub(1) * percent).div_ceil(100);
+        latencies.get(index).copied().unwrap_or(0)
+    };
+    let decisions = latencies.len() as u64;
+    let allowed = allowed.load(Ordering::Relaxed);
+    let errors = errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        eprintln!("bench: {errors} decisions failed");
+    }
+    println!(
+        "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{}}}",
+        args.store,
+        args.algorithm,
+        args.keys,
+        args.concurrency,
+        decisions,
+        allowed,
+        decisions - allowed - errors,
+        secs,
+        decisions as f64 / secs,
+        at(50),
+        at(99),
+    );
+}

@@ -1,0 +1,102 @@
+//! Per-route costs from one budget: every API key has 100 units a minute;
+//! `GET /search` costs 1 unit and `GET /export` costs 10, both drawn from the
+//! same budget, and each price is declared next to its route.
+//!
+//! ```text
+//! cargo run --example per_route_cost            # serves on 127.0.0.1:3000
+//! PORT=8080 cargo run --example per_route_cost  # another port
+//! curl -si -H 'x-api-key: demo' http://127.0.0.1:3000/export
+//! ```
+//!
+//! The budget is a GCRA policy named `api`: bursts of up to 100 units, refilled
+//! at 100 a minute (one unit every 600 ms), per `x-api-key` (hashed before it
+//! reaches the store). Nine exports leave 10 units; a search then leaves 9, so
+//! the next export is refused with `429 Too Many Requests` and `Retry-After`
+//! while searches still pass until the budget is empty. Every response carries
+//! `RateLimit-Policy: "api";q=100;w=60` and `RateLimit: "api";r=<units left>;t=<s>`.
+//!
+//! Requests without an `x-api-key` are refused with `429` and no `Retry-After`
+//! (waiting cannot help).
+//!
+//! Once bound, the server prints one line, `listening on http://ADDR`.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::routing::get;
+use http::HeaderName;
+use ratelimit_axum::RateLimitInfo;
+use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_tower::{Constant, HeaderKey, MissingKey, RateLimitLayer};
+
+/// What `GET /search` costs.
+const SEARCH_COST: u64 = 1;
+
+/// What `GET /export` costs.
+const EXPORT_COST: u64 = 10;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let port = port_from_env()?;
+
+    // One budget per API key: 100 units, refilled at 100 a minute.
+    let budget = RateLimitLayer::new(
+        MemoryStore::new(),
+        Policy::gcra(100, Rate::per_minute(100))?.with_name("api")?,
+        HeaderKey::new(HeaderName::from_static("x-api-key")),
+    )
+    .on_missing_key(MissingKey::Reject);
+
+    // The same layer (same store, same policy, so the same key) on each route,
+    // each with its own price.
+    let app = Router::new()
+        .route(
+            "/search",
+            get(search).route_layer(budget.clone().cost(Constant(SEARCH_COST))),
+        )
+        .route(
+            "/export",
+            get(export).route_layer(budget.cost(Constant(EXPORT_COST))),
+        );
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The port from `PORT`, 3000 by default.
+fn port_from_env() -> Result<u16, String> {
+    match std::env::var("PORT") {
+        Ok(port) => port
+            .parse()
+            .map_err(|_| format!("PORT must be a port number, not {port:?}")),
+        Err(_) => Ok(3000),
+    }
+}
+
+/// `GET /search`: 1 unit.
+async fn search(info: RateLimitInfo) -> String {
+    answer("search results", SEARCH_COST, &info)
+}
+
+/// `GET /export`: 10 units.
+async fn export(info: RateLimitInfo) -> String {
+    answer("export file", EXPORT_COST, &info)
+}
+
+/// A short answer with the units left.
+fn answer(what: &str, cost: u64, info: &RateLimitInfo) -> String {
+    match info.tightest() {
+        Some(entry) => format!(
+            "{what} (cost {cost}): {} of {} units left\n",
+            entry.decision().remaining(),
+            entry.decision().limit(),
+        ),
+        None => format!("{what}\n"),
+    }
+}

@@ -1,0 +1,1070 @@
+//! Every rate-limit header, byte for byte, over loopback: real axum servers on
+//! `127.0.0.1:0` (with `ConnectInfo`, so requests are keyed by peer IP) asked
+//! by a real HTTP client. The stores run on a [`ManualClock`], so every `t`
+//! and `Retry-After` is computed by hand from the policy and asserted exactly.
+//!
+//! - every algorithm with one policy: `RateLimit-Policy`, `RateLimit` and
+//!   `Retry-After` on allowed and denied responses;
+//! - a per-IP and a global limit on one route: two list members, in order,
+//!   whichever of them denies;
+//! - the legacy `X-RateLimit-*` fields, with the reset in delay-seconds and in
+//!   Unix epoch seconds;
+//! - on every response: both IETF fields parse as RFC 9651 lists (the `sfv`
+//!   crate) of sf-strings with exactly the integer parameters `q`,`w` /
+//!   `r`,`t`; on every denial, `Retry-After` is an integer of at least 1 equal
+//!   to the largest `t` of the denying members, and the body is
+//!   `application/problem+json` of type `quota-exceeded` naming them;
+//! - [`ratelimit_axum::Limiter`] checked inside a handler (login attempts per
+//!   username from a JSON body);
+//! - the quickstart example's sixth response.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use http::HeaderMap;
+use ratelimit_axum::{Limiter, QuotaExceeded};
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_tests::{free_port, spawn_example, wait_for_port};
+use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
+use ratelimit_tower::{GlobalKey, PeerIp, RateLimitLayer, Rule};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+/// The problem type of a request over its quota.
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Where the manual clocks start, in µs: a whole multiple of 20 s (and of
+/// 900 s), so aligned windows of 10 s and 20 s start exactly here.
+const BASE: u64 = 1_700_000_000_000_000;
+
+/// A store on a manual clock.
+type Store = MemoryStore<ManualClock>;
+
+/// A store whose clock reads `micros`, and the clock.
+fn store_at(micros: u64) -> (Store, ManualClock) {
+    let clock = ManualClock::new(micros);
+    (MemoryStore::builder().clock(clock.clone()).build(), clock)
+}
+
+/// Serves `app` on a fresh loopback port, in this runtime, with the peer
+/// address as `ConnectInfo`. Returns its base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    format!("http://{addr}")
+}
+
+/// A client that gives up after 10 s.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+/// The current Unix time in whole seconds, rounded down.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// One member of `RateLimit-Policy` (`q`, `w`) or `RateLimit` (`r`, `t`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Member {
+    name: String,
+    first: i64,
+    second: i64,
+}
+
+/// Parses `value` as an RFC 9651 List whose members are sf-strings with
+/// exactly the integer parameters `keys`, in that order.
+fn members(field: &str, value: &str, keys: [&str; 2]) -> Vec<Member> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{field}: {value:?} is not an RFC 9651 list: {e}"));
+    assert!(!list.is_empty(), "{field}: {value:?} is an empty list");
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{field}: {value:?} has an inner list member");
+            };
+            let name = item
+                .bare_item
+                .as_string()
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{field}: {value:?}: member {:?} is not an sf-string",
+                        item.bare_item
+                    )
+                })
+                .as_str()
+                .to_owned();
+            let params: Vec<(String, i64)> = item
+                .params
+                .iter()
+                .map(|(key, bare)| {
+                    let n = bare.as_integer().unwrap_or_else(|| {
+                        panic!(
+                            "{field}: {value:?}: parameter {key:?}={bare:?} is not an sf-integer"
+                        )
+                    });
+                    (key.as_str().to_owned(), i64::from(n))
+                })
+                .collect();
+            let names: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(names, keys, "{field}: {value:?}: parameters of {name:?}");
+            Member {
+                name,
+                first: params[0].1,
+                second: params[1].1,
+            }
+        })
+        .collect()
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    /// Sends `request`, reads the response and checks what every response
+    /// must satisfy (see [`Reply::check_invariants`]).
+    async fn fetch(request: reqwest::RequestBuilder) -> Reply {
+        let response = request.send().await.expect("request");
+        let reply = Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.expect("body"),
+        };
+        reply.check_invariants();
+        reply
+    }
+
+    /// The single value of the header `name`, if any.
+    fn header(&self, name: &str) -> Option<&str> {
+        let mut values = self.headers.get_all(name).iter();
+        let value = values.next()?;
+        assert!(values.next().is_none(), "{name} sent twice: {self:?}");
+        Some(value.to_str().expect("visible ASCII header"))
+    }
+
+    /// The `RateLimit` members (`r`, `t`).
+    fn state(&self) -> Vec<Member> {
+        members(
+            "RateLimit",
+            self.header("ratelimit").expect("RateLimit"),
+            ["r", "t"],
+        )
+    }
+
+    /// The integer value of the header `name`.
+    fn number(&self, name: &str) -> u64 {
+        let value = self
+            .header(name)
+            .unwrap_or_else(|| panic!("no {name}: {self:?}"));
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {value:?} is not a whole number"))
+    }
+
+    /// For every response:
+    ///
+    /// - `RateLimit-Policy` and `RateLimit` come together, each as one list
+    ///   of sf-strings with the integer parameters `q`,`w` / `r`,`t`, naming
+    ///   the same policies in the same order, with `q >= 1`, `w >= 0`,
+    ///   `0 <= r <= q` and `t >= 0`;
+    /// - an allowed response has no `Retry-After`;
+    /// - a quota refusal (429 with `Retry-After`) has `Retry-After` >= 1, a
+    ///   problem+json body of type `quota-exceeded` with `status` 429, a
+    ///   `title`, a `detail`, the violated policies and `retry-after` equal to
+    ///   the header, and `Retry-After` equal to the largest `t` of the
+    ///   violated policies' members (so never below any of them).
+    fn check_invariants(&self) {
+        let policy = self.header("ratelimit-policy");
+        let state = self.header("ratelimit");
+        assert_eq!(
+            policy.is_some(),
+            state.is_some(),
+            "RateLimit-Policy and RateLimit come together: {self:?}"
+        );
+        let mut limits = Vec::new();
+        if let (Some(policy), Some(state)) = (policy, state) {
+            let policies = members("RateLimit-Policy", policy, ["q", "w"]);
+            let states = members("RateLimit", state, ["r", "t"]);
+            let names = |m: &[Member]| m.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+            assert_eq!(
+                names(&policies),
+                names(&states),
+                "the same policies in the same order: {self:?}"
+            );
+            for (p, s) in policies.iter().zip(&states) {
+                assert!(p.first >= 1 && p.second >= 0, "q, w of {p:?}");
+                assert!((0..=p.first).contains(&s.first), "r of {s:?} vs {p:?}");
+                assert!(s.second >= 0, "t of {s:?}");
+            }
+            limits = states;
+        }
+        if (200..300).contains(&self.status) {
+            assert!(
+                self.header("retry-after").is_none(),
+                "Retry-After on an allowed response: {self:?}"
+            );
+        }
+        if self.status != 429 || self.header("retry-after").is_none() {
+            return;
+        }
+        let retry_after = self.number("retry-after");
+        assert!(retry_after >= 1, "Retry-After: {retry_after}");
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        let body: Value = serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("problem+json body {:?}: {e}", self.body));
+        assert_eq!(body["type"], QUOTA_EXCEEDED, "{body}");
+        assert_eq!(body["status"], 429, "{body}");
+        assert!(
+            body["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{body}"
+        );
+        let detail = body["detail"].as_str().expect("detail");
+        assert_eq!(body["retry-after"], retry_after, "{body}");
+        let violated: Vec<&str> = body["violated-policies"]
+            .as_array()
+            .expect("violated-policies")
+            .iter()
+            .map(|v| v.as_str().expect("a policy name"))
+            .collect();
+        assert!(!violated.is_empty(), "{body}");
+        let mut largest = 0;
+        for name in &violated {
+            assert!(detail.contains(name), "detail {detail:?} names {name}");
+            if !limits.is_empty() {
+                let member = limits
+                    .iter()
+                    .find(|m| m.name == *name)
+                    .unwrap_or_else(|| panic!("{name} violated but not in RateLimit: {self:?}"));
+                let t = u64::try_from(member.second).expect("t >= 0");
+                assert!(
+                    retry_after >= t,
+                    "Retry-After {retry_after} < t of {member:?}"
+                );
+                largest = largest.max(t);
+            }
+        }
+        if !limits.is_empty() {
+            assert_eq!(
+                retry_after, largest,
+                "Retry-After is the largest t: {self:?}"
+            );
+        }
+    }
+
+    /// A `200` with exactly these IETF fields and no legacy ones.
+    fn assert_allowed(&self, what: &str, policy: &str, state: &str) {
+        assert_eq!(self.status, 200, "{what}: {self:?}");
+        assert_eq!(
+            self.header("ratelimit-policy"),
+            Some(policy),
+            "{what}: RateLimit-Policy"
+        );
+        assert_eq!(self.header("ratelimit"), Some(state), "{what}: RateLimit");
+        self.assert_no_legacy(what);
+    }
+
+    /// A `429` with exactly these IETF fields, `Retry-After: retry_after` and a
+    /// problem+json body naming `violated`.
+    fn assert_denied(
+        &self,
+        what: &str,
+        policy: &str,
+        state: &str,
+        retry_after: u64,
+        violated: &[&str],
+    ) {
+        assert_eq!(self.status, 429, "{what}: {self:?}");
+        assert_eq!(
+            self.header("ratelimit-policy"),
+            Some(policy),
+            "{what}: RateLimit-Policy"
+        );
+        assert_eq!(self.header("ratelimit"), Some(state), "{what}: RateLimit");
+        assert_eq!(
+            self.header("retry-after"),
+            Some(retry_after.to_string().as_str()),
+            "{what}: Retry-After"
+        );
+        self.assert_problem(what, retry_after, violated);
+    }
+
+    /// A problem+json body of type `quota-exceeded`.
+    fn assert_problem(&self, what: &str, retry_after: u64, violated: &[&str]) {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{what}"
+        );
+        let body: Value = serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("{what}: problem+json body {:?}: {e}", self.body));
+        assert_eq!(body["type"], QUOTA_EXCEEDED, "{what}: {body}");
+        assert_eq!(body["status"], 429, "{what}: {body}");
+        assert!(body["title"].is_string(), "{what}: {body}");
+        assert!(body["detail"].is_string(), "{what}: {body}");
+        assert_eq!(
+            body["violated-policies"],
+            serde_json::json!(violated),
+            "{what}: {body}"
+        );
+        assert_eq!(body["retry-after"], retry_after, "{what}: {body}");
+    }
+
+    /// No `X-RateLimit-*` field.
+    fn assert_no_legacy(&self, what: &str) {
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert!(self.header(name).is_none(), "{what}: {name} sent: {self:?}");
+        }
+    }
+
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delay-seconds).
+    fn assert_legacy(&self, what: &str, limit: u64, remaining: u64, reset: u64) {
+        assert_eq!(self.number("x-ratelimit-limit"), limit, "{what}: limit");
+        assert_eq!(
+            self.number("x-ratelimit-remaining"),
+            remaining,
+            "{what}: remaining"
+        );
+        assert_eq!(self.number("x-ratelimit-reset"), reset, "{what}: reset");
+    }
+}
+
+/// A server under test and the clock of its store.
+struct Harness {
+    clock: ManualClock,
+    url: String,
+    client: reqwest::Client,
+}
+
+impl Harness {
+    /// Serves the router `app` builds from a store whose clock reads `start`.
+    async fn new(start: u64, app: impl FnOnce(Store) -> Router) -> Harness {
+        let (store, clock) = store_at(start);
+        Harness {
+            clock,
+            url: serve(app(store)).await,
+            client: client(),
+        }
+    }
+
+    /// Moves the clock `advance_ms` forward, then asks `GET /`.
+    async fn get_after(&self, advance_ms: u64) -> Reply {
+        self.clock.advance(Duration::from_millis(advance_ms));
+        Reply::fetch(self.client.get(&self.url)).await
+    }
+}
+
+/// `GET /` limited by `layer`.
+fn limited<L>(layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<axum::extract::Request> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Response: IntoResponse + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Error:
+        Into<std::convert::Infallible> + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
+{
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+/// What one request should get.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// `200`.
+    Allowed,
+    /// `429` with this `Retry-After`, denied by these policies.
+    Denied(u64, &'static [&'static str]),
+}
+
+/// One request of a script: after moving the clock `advance_ms` forward,
+/// `GET /` answers `expect` with exactly this `RateLimit`.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    advance_ms: u64,
+    ratelimit: &'static str,
+    expect: Expect,
+}
+
+/// An allowed step.
+const fn ok(advance_ms: u64, ratelimit: &'static str) -> Step {
+    Step {
+        advance_ms,
+        ratelimit,
+        expect: Expect::Allowed,
+    }
+}
+
+/// A denied step.
+const fn no(
+    advance_ms: u64,
+    ratelimit: &'static str,
+    retry_after: u64,
+    violated: &'static [&'static str],
+) -> Step {
+    Step {
+        advance_ms,
+        ratelimit,
+        expect: Expect::Denied(retry_after, violated),
+    }
+}
+
+/// Runs `steps` against `harness`, whose `RateLimit-Policy` is always `policy`.
+async fn run(harness: &Harness, what: &str, policy: &str, steps: &[Step]) {
+    for (i, step) in steps.iter().enumerate() {
+        let reply = harness.get_after(step.advance_ms).await;
+        let what = format!("{what}, request {}", i + 1);
+        match step.expect {
+            Expect::Allowed => reply.assert_allowed(&what, policy, step.ratelimit),
+            Expect::Denied(retry_after, violated) => {
+                reply.assert_denied(&what, policy, step.ratelimit, retry_after, violated);
+                reply.assert_no_legacy(&what);
+            }
+        }
+    }
+}
+
+/// One policy, keyed by peer IP, on `GET /`, from a clock at `start`.
+async fn run_one(policy: Policy, start: u64, expected_policy: &str, steps: &[Step]) {
+    let name = policy.name().to_owned();
+    let harness = Harness::new(start, |store| {
+        limited(RateLimitLayer::new(store, policy, PeerIp))
+    })
+    .await;
+    run(&harness, &name, expected_policy, steps).await;
+}
+
+#[tokio::test]
+async fn fixed_window() {
+    // 3 per 10 s, windows aligned on the clock; start 2.5 s into a window.
+    let policy = Policy::fixed_window(3, Duration::from_secs(10))
+        .unwrap()
+        .with_name("fixed")
+        .unwrap();
+    run_one(
+        policy,
+        BASE + 2_500_000,
+        r#""fixed";q=3;w=10"#,
+        &[
+            // t: until the window ends, 7.5 s, 6.5 s, 5.5 s, rounded up.
+            ok(0, r#""fixed";r=2;t=8"#),
+            ok(1_000, r#""fixed";r=1;t=7"#),
+            ok(1_000, r#""fixed";r=0;t=6"#),
+            // 5.5 s into the window: 4.5 s to go.
+            no(1_000, r#""fixed";r=0;t=5"#, 5, &["fixed"]),
+            // A new window: the full quota, used once, for its whole 10 s.
+            ok(4_500, r#""fixed";r=2;t=10"#),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sliding_window_log() {
+    let policy = Policy::sliding_window_log(3, Duration::from_secs(10))
+        .unwrap()
+        .with_name("log")
+        .unwrap();
+    run_one(
+        policy,
+        BASE,
+        r#""log";q=3;w=10"#,
+        &[
+            // t: until the newest entry leaves the window, always 10 s here.
+            ok(0, r#""log";r=2;t=10"#),
+            ok(1_500, r#""log";r=1;t=10"#),
+            ok(1_500, r#""log";r=0;t=10"#),
+            // 4.5 s after the first entry, which frees its slot 5.5 s later.
+            no(1_500, r#""log";r=0;t=6"#, 6, &["log"]),
+            // 10 s after the first: its slot is free again.
+            ok(5_500, r#""log";r=0;t=10"#),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sliding_window_counter() {
+    // 3 per 10 s, aligned windows; start 2.5 s into a window.
+    let policy = Policy::sliding_window_counter(3, Duration::from_secs(10))
+        .unwrap()
+        .with_name("counter")
+        .unwrap();
+    run_one(
+        policy,
+        BASE + 2_500_000,
+        r#""counter";q=3;w=10"#,
+        &[
+            // t: until the current window's count has slid out: the end of
+            // the next window, 17.5 s, 16.5 s, 15.5 s away.
+            ok(0, r#""counter";r=2;t=18"#),
+            ok(1_000, r#""counter";r=1;t=17"#),
+            ok(1_000, r#""counter";r=0;t=16"#),
+            // At 5.5 s: 4.5 s to the next window, where 3 previous count as
+            // 3 * (10 - x) / 10 and 1 more fits once x >= 6.666666 s:
+            // 4.5 + 3.333334 = 7.833334 s.
+            no(1_000, r#""counter";r=0;t=8"#, 8, &["counter"]),
+            // 2.5 s into the next window: 3 * 7.5 / 10 = 2.25 weighted, no
+            // room for 1 before 3.333334 s: 0.833334 s.
+            no(7_000, r#""counter";r=0;t=1"#, 1, &["counter"]),
+            // At 3.5 s: 3 * 6.5 / 10 = 1.95, 1 fits; 16.5 s until both
+            // windows' counts have slid out.
+            ok(1_000, r#""counter";r=0;t=17"#),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn token_bucket() {
+    // 3 tokens, one more every 10 s: refilling an empty bucket takes 30 s.
+    let policy = Policy::token_bucket(3, Rate::new(1, Duration::from_secs(10)))
+        .unwrap()
+        .with_name("bucket")
+        .unwrap();
+    run_one(
+        policy,
+        BASE,
+        r#""bucket";q=3;w=30"#,
+        &[
+            // t: until the bucket is full, (3 - tokens) * 10 s less the
+            // progress towards the next token.
+            ok(0, r#""bucket";r=2;t=10"#),
+            ok(1_500, r#""bucket";r=1;t=19"#),
+            ok(1_500, r#""bucket";r=0;t=27"#),
+            // The next token comes 10 s after the first request: 5.5 s.
+            no(1_500, r#""bucket";r=0;t=6"#, 6, &["bucket"]),
+            // It came, and went at once: 30 s to a full bucket.
+            ok(5_500, r#""bucket";r=0;t=30"#),
+        ],
+    )
+    .await;
+}
+
+/// The script of GCRA and the leaky bucket with a capacity of 3 and one
+/// request every 10 s: the same numbers as the token bucket.
+fn tat_script(name: &str) -> Vec<(u64, String, Option<u64>)> {
+    vec![
+        (0, format!(r#""{name}";r=2;t=10"#), None),
+        (1_500, format!(r#""{name}";r=1;t=19"#), None),
+        (1_500, format!(r#""{name}";r=0;t=27"#), None),
+        (1_500, format!(r#""{name}";r=0;t=6"#), Some(6)),
+        (5_500, format!(r#""{name}";r=0;t=30"#), None),
+    ]
+}
+
+/// Runs [`tat_script`] for `policy`.
+async fn run_tat(policy: Policy) {
+    let name = policy.name().to_owned();
+    let harness = Harness::new(BASE, |store| {
+        limited(RateLimitLayer::new(store, policy, PeerIp))
+    })
+    .await;
+    let expected_policy = format!(r#""{name}";q=3;w=30"#);
+    for (i, (advance_ms, state, retry)) in tat_script(&name).into_iter().enumerate() {
+        let reply = harness.get_after(advance_ms).await;
+        let what = format!("{name}, request {}", i + 1);
+        match retry {
+            None => reply.assert_allowed(&what, &expected_policy, &state),
+            Some(retry) => reply.assert_denied(&what, &expected_policy, &state, retry, &[&name]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn gcra() {
+    // Theoretical arrival time: T+10, T+20, T+30 (t = tat - now); the fourth
+    // would push it to 40 s ahead, 5.5 s past the 30 s allowed at T+4.5.
+    run_tat(
+        Policy::gcra(3, Rate::new(1, Duration::from_secs(10)))
+            .unwrap()
+            .with_name("gcra")
+            .unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn leaky_bucket() {
+    // GCRA's arithmetic; rejecting mode, so admitted requests are not delayed.
+    run_tat(
+        Policy::leaky_bucket(3, Rate::new(1, Duration::from_secs(10)))
+            .unwrap()
+            .with_name("leaky")
+            .unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn concurrency() {
+    // 2 in flight, each permit leased for 30 s. The handler holds requests
+    // until the gate opens.
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let (gate, gate_rx) = watch::channel(false);
+    let hold = move || {
+        let (entered, mut gate) = (entered_tx.clone(), gate_rx.clone());
+        async move {
+            let _ = entered.send(());
+            let _ = gate.wait_for(|open| *open).await;
+            "done"
+        }
+    };
+    let policy = Policy::concurrency(2, Duration::from_secs(30))
+        .unwrap()
+        .with_name("inflight")
+        .unwrap();
+    let harness = Harness::new(BASE, |store| {
+        Router::new()
+            .route("/", get(hold))
+            .route_layer(RateLimitLayer::new(store, policy, PeerIp))
+    })
+    .await;
+    let expected_policy = r#""inflight";q=2;w=30"#;
+
+    let first = tokio::spawn(Reply::fetch(harness.client.get(&harness.url)));
+    entered.recv().await.expect("first request in the handler");
+    // The second comes 5.5 s later, while the first is still in flight.
+    harness.clock.advance(Duration::from_millis(5_500));
+    let second = tokio::spawn(Reply::fetch(harness.client.get(&harness.url)));
+    entered.recv().await.expect("second request in the handler");
+
+    // 11 s after the first: its lease, the first to expire, ends in 19 s.
+    let third = harness.get_after(5_500).await;
+    third.assert_denied(
+        "third in flight",
+        expected_policy,
+        r#""inflight";r=0;t=19"#,
+        19,
+        &["inflight"],
+    );
+
+    gate.send(true).expect("open the gate");
+    // t: until every lease held has expired, 30 s after the newest.
+    first.await.expect("first").assert_allowed(
+        "first in flight",
+        expected_policy,
+        r#""inflight";r=1;t=30"#,
+    );
+    second.await.expect("second").assert_allowed(
+        "second in flight",
+        expected_policy,
+        r#""inflight";r=0;t=30"#,
+    );
+
+    // Both permits are released with their response bodies: a new request
+    // finds both free (released asynchronously, so allow it a moment).
+    let mut last = None;
+    for _ in 0..100 {
+        let reply = harness.get_after(0).await;
+        if reply.status == 200 && reply.header("ratelimit") == Some(r#""inflight";r=1;t=30"#) {
+            reply.assert_allowed("after release", expected_policy, r#""inflight";r=1;t=30"#);
+            return;
+        }
+        last = Some(reply);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("permits never released: {last:?}");
+}
+
+/// A per-IP policy and a global one on `GET /`, from a clock at `BASE`.
+async fn two_policies(per_ip: Policy, global: Policy) -> Harness {
+    Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, per_ip, PeerIp).and(Rule::new(global, GlobalKey::default())),
+        )
+    })
+    .await
+}
+
+/// A sliding log of `limit` per `window_s` seconds named `name`.
+fn log(name: &str, limit: u64, window_s: u64) -> Policy {
+    Policy::sliding_window_log(limit, Duration::from_secs(window_s))
+        .unwrap()
+        .with_name(name)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn two_policies_per_ip_denies() {
+    let harness = two_policies(log("per-ip", 2, 10), log("global", 10, 20)).await;
+    run(
+        &harness,
+        "per-ip denies",
+        r#""per-ip";q=2;w=10, "global";q=10;w=20"#,
+        &[
+            ok(0, r#""per-ip";r=1;t=10, "global";r=9;t=20"#),
+            ok(1_000, r#""per-ip";r=0;t=10, "global";r=8;t=20"#),
+            // per-ip frees a slot 10 s after the first request; global did
+            // not count the refused request and is full again 20 s after
+            // the second.
+            no(
+                1_000,
+                r#""per-ip";r=0;t=8, "global";r=8;t=19"#,
+                8,
+                &["per-ip"],
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn two_policies_global_denies() {
+    let harness = two_policies(log("per-ip", 10, 10), log("global", 2, 20)).await;
+    run(
+        &harness,
+        "global denies",
+        r#""per-ip";q=10;w=10, "global";q=2;w=20"#,
+        &[
+            ok(0, r#""per-ip";r=9;t=10, "global";r=1;t=20"#),
+            ok(1_000, r#""per-ip";r=8;t=10, "global";r=0;t=20"#),
+            no(
+                1_000,
+                r#""per-ip";r=8;t=9, "global";r=0;t=18"#,
+                18,
+                &["global"],
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn two_policies_both_deny() {
+    let harness = two_policies(log("per-ip", 2, 10), log("global", 2, 20)).await;
+    run(
+        &harness,
+        "both deny",
+        r#""per-ip";q=2;w=10, "global";q=2;w=20"#,
+        &[
+            ok(0, r#""per-ip";r=1;t=10, "global";r=1;t=20"#),
+            ok(1_000, r#""per-ip";r=0;t=10, "global";r=0;t=20"#),
+            // Retry-After is the longer of the two retries.
+            no(
+                1_000,
+                r#""per-ip";r=0;t=8, "global";r=0;t=18"#,
+                18,
+                &["per-ip", "global"],
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn legacy_delay_seconds() {
+    let harness = Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, log("legacy", 3, 10), PeerIp)
+                .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds)),
+        )
+    })
+    .await;
+    let policy = r#""legacy";q=3;w=10"#;
+    let steps = [
+        (0, r#""legacy";r=2;t=10"#, 2, 10),
+        (1_500, r#""legacy";r=1;t=10"#, 1, 10),
+        (1_500, r#""legacy";r=0;t=10"#, 0, 10),
+    ];
+    for (i, (advance_ms, state, remaining, reset)) in steps.into_iter().enumerate() {
+        let reply = harness.get_after(advance_ms).await;
+        let what = format!("legacy, request {}", i + 1);
+        assert_eq!(reply.status, 200, "{what}");
+        assert_eq!(reply.header("ratelimit-policy"), Some(policy), "{what}");
+        assert_eq!(reply.header("ratelimit"), Some(state), "{what}");
+        reply.assert_legacy(&what, 3, remaining, reset);
+    }
+    let denied = harness.get_after(1_500).await;
+    denied.assert_denied(
+        "legacy denied",
+        policy,
+        r#""legacy";r=0;t=6"#,
+        6,
+        &["legacy"],
+    );
+    denied.assert_legacy("legacy denied", 3, 0, 6);
+}
+
+#[tokio::test]
+async fn legacy_fields_describe_the_tightest_policy() {
+    let harness = Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, log("per-ip", 10, 10), PeerIp)
+                .and(Rule::new(log("global", 2, 20), GlobalKey::default()))
+                .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds)),
+        )
+    })
+    .await;
+    // global has the least left, then is the one that denies.
+    harness.get_after(0).await.assert_legacy("first", 2, 1, 20);
+    harness
+        .get_after(1_000)
+        .await
+        .assert_legacy("second", 2, 0, 20);
+    let denied = harness.get_after(1_000).await;
+    assert_eq!(denied.status, 429);
+    denied.assert_legacy("denied", 2, 0, 18);
+    assert_eq!(denied.number("retry-after"), 18);
+}
+
+#[tokio::test]
+async fn legacy_epoch_seconds() {
+    let harness = Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, log("epoch", 3, 10), PeerIp)
+                .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::EpochSeconds)),
+        )
+    })
+    .await;
+    // (advance, remaining, delay until reset, denied)
+    let steps = [
+        (0, 2, 10, false),
+        (1_500, 1, 10, false),
+        (1_500, 0, 10, false),
+        (1_500, 0, 6, true),
+    ];
+    for (i, (advance_ms, remaining, delay, denied)) in steps.into_iter().enumerate() {
+        let what = format!("epoch, request {}", i + 1);
+        let before = unix_now();
+        let reply = harness.get_after(advance_ms).await;
+        let after = unix_now();
+        assert_eq!(reply.status, if denied { 429 } else { 200 }, "{what}");
+        assert_eq!(reply.number("x-ratelimit-limit"), 3, "{what}");
+        assert_eq!(reply.number("x-ratelimit-remaining"), remaining, "{what}");
+        // The server's now, rounded up, plus the delay.
+        let reset = reply.number("x-ratelimit-reset");
+        assert!(
+            (before + delay..=after + delay + 1).contains(&reset),
+            "{what}: X-RateLimit-Reset {reset} not now ({before}..={after}) + {delay} (+1)"
+        );
+        assert_eq!(
+            reply.header("ratelimit"),
+            Some(format!(r#""epoch";r={remaining};t={delay}"#).as_str()),
+            "{what}"
+        );
+        if denied {
+            assert_eq!(reply.number("retry-after"), delay, "{what}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn legacy_only_and_none() {
+    let legacy = Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, log("old", 1, 10), PeerIp)
+                .headers(RateLimitHeaders::legacy()),
+        )
+    })
+    .await;
+    let allowed = legacy.get_after(0).await;
+    assert_eq!(allowed.status, 200);
+    assert!(allowed.header("ratelimit").is_none() && allowed.header("ratelimit-policy").is_none());
+    allowed.assert_legacy("legacy only", 1, 0, 10);
+    let denied = legacy.get_after(2_000).await;
+    assert_eq!(denied.status, 429);
+    assert!(denied.header("ratelimit").is_none() && denied.header("ratelimit-policy").is_none());
+    denied.assert_legacy("legacy only, denied", 1, 0, 8);
+    denied.assert_problem("legacy only, denied", 8, &["old"]);
+    assert_eq!(denied.number("retry-after"), 8);
+
+    let none = Harness::new(BASE, |store| {
+        limited(
+            RateLimitLayer::new(store, log("quiet", 1, 10), PeerIp)
+                .headers(RateLimitHeaders::none()),
+        )
+    })
+    .await;
+    let allowed = none.get_after(0).await;
+    assert_eq!(allowed.status, 200);
+    assert!(allowed.header("ratelimit").is_none() && allowed.header("ratelimit-policy").is_none());
+    allowed.assert_no_legacy("none");
+    // Retry-After is sent on a denial whatever the header settings.
+    let denied = none.get_after(2_000).await;
+    assert_eq!(denied.status, 429);
+    assert!(denied.header("ratelimit").is_none() && denied.header("ratelimit-policy").is_none());
+    denied.assert_no_legacy("none, denied");
+    assert_eq!(denied.number("retry-after"), 8);
+    denied.assert_problem("none, denied", 8, &["quiet"]);
+}
+
+/// `POST` a login attempt for `username` as JSON.
+fn login_request(client: &reqwest::Client, url: &str, username: &str) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(serde_json::json!({ "username": username, "password": "hunter2" }).to_string())
+}
+
+/// The login handler: checks the attempt against `logins` once the username
+/// is known from the body.
+async fn login(logins: Limiter<Store>, body: Value) -> Result<impl IntoResponse, QuotaExceeded> {
+    let username = body["username"].as_str().unwrap_or_default().to_owned();
+    let granted = logins.check(username.as_bytes(), 1).await?;
+    Ok((granted, format!("checked {username}\n")))
+}
+
+#[tokio::test]
+async fn limiter_in_a_handler() {
+    // 3 attempts per username in any 15 minutes.
+    let (store, clock) = store_at(BASE);
+    let logins = Limiter::new(store.clone(), log("login", 3, 900));
+    let legacy = Limiter::new(store, log("login-legacy", 3, 900))
+        .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds));
+    let app = Router::new()
+        .route(
+            "/login",
+            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
+        )
+        .route(
+            "/login-legacy",
+            post(move |Json(body): Json<Value>| login(legacy.clone(), body)),
+        );
+    let base = serve(app).await;
+    let (url, legacy_url) = (format!("{base}/login"), format!("{base}/login-legacy"));
+    let client = client();
+    let policy = r#""login";q=3;w=900"#;
+
+    for (i, state) in [
+        r#""login";r=2;t=900"#,
+        r#""login";r=1;t=900"#,
+        r#""login";r=0;t=900"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            clock.advance(Duration::from_secs(10));
+        }
+        let reply = Reply::fetch(login_request(&client, &url, "alice")).await;
+        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
+        assert_eq!(reply.body, "checked alice\n");
+    }
+    // 30 s after the first attempt, which leaves the window 870 s later.
+    clock.advance(Duration::from_secs(10));
+    let denied = Reply::fetch(login_request(&client, &url, "alice")).await;
+    denied.assert_denied(
+        "alice, attempt 4",
+        policy,
+        r#""login";r=0;t=870"#,
+        870,
+        &["login"],
+    );
+    denied.assert_no_legacy("alice, attempt 4");
+    // Another username has its own attempts.
+    Reply::fetch(login_request(&client, &url, "bob"))
+        .await
+        .assert_allowed("bob", policy, r#""login";r=2;t=900"#);
+
+    // The same limiter with the legacy fields too.
+    let policy = r#""login-legacy";q=3;w=900"#;
+    for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
+        let reply = Reply::fetch(login_request(&client, &legacy_url, "carol")).await;
+        let what = format!("carol, attempt {}", i + 1);
+        assert_eq!(reply.status, 200, "{what}");
+        assert_eq!(reply.header("ratelimit-policy"), Some(policy), "{what}");
+        assert_eq!(
+            reply.header("ratelimit"),
+            Some(format!(r#""login-legacy";r={remaining};t=900"#).as_str()),
+            "{what}"
+        );
+        reply.assert_legacy(&what, 3, remaining, 900);
+    }
+    clock.advance(Duration::from_millis(500));
+    let denied = Reply::fetch(login_request(&client, &legacy_url, "carol")).await;
+    // 899.5 s, rounded up.
+    denied.assert_denied(
+        "carol, attempt 4",
+        policy,
+        r#""login-legacy";r=0;t=900"#,
+        900,
+        &["login-legacy"],
+    );
+    denied.assert_legacy("carol, attempt 4", 3, 0, 900);
+}
+
+#[tokio::test]
+async fn quickstart_sixth_response() {
+    let port = free_port();
+    let mut server = spawn_example("quickstart", &[], &[("PORT", &port.to_string())]);
+    wait_for_port(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Duration::from_secs(30),
+    );
+    // Listening, and not something else that took the port first.
+    assert!(
+        server
+            .child()
+            .try_wait()
+            .expect("quickstart status")
+            .is_none(),
+        "quickstart exited"
+    );
+    let url = format!("http://127.0.0.1:{port}/");
+    let client = client();
+    let policy = r#""per-ip";q=5;w=10"#;
+    for i in 0..5 {
+        let reply = Reply::fetch(client.get(&url)).await;
+        // A sliding log: its newest entry, this request, leaves in 10 s.
+        reply.assert_allowed(
+            &format!("quickstart, request {}", i + 1),
+            policy,
+            &format!(r#""per-ip";r={};t=10"#, 4 - i),
+        );
+    }
+    let sixth = Reply::fetch(client.get(&url)).await;
+    assert_eq!(sixth.status, 429, "{sixth:?}");
+    assert_eq!(sixth.header("ratelimit-policy"), Some(policy));
+    let retry_after = sixth.number("retry-after");
+    // The first request's slot frees up at most 10 s after it was taken.
+    assert!((1..=10).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(
+        sixth.state(),
+        [Member {
+            name: String::from("per-ip"),
+            first: 0,
+            second: i64::try_from(retry_after).unwrap(),
+        }]
+    );
+    assert_eq!(
+        sixth.header("ratelimit"),
+        Some(format!(r#""per-ip";r=0;t={retry_after}"#).as_str())
+    );
+    sixth.assert_problem("quickstart, request 6", retry_after, &["per-ip"]);
+}
