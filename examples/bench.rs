@@ -170,8 +170,10 @@ async fn main() {
                         allowed.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(_) => {}
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                    Err(e) => {
+                        if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                            eprintln!("bench: first error: {e}");
+                        }
                     }
                 }
                 latencies.push(u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX));

@@ -286,7 +286,8 @@ impl RedisStoreBuilder {
                 .max_size(self.pool_size)
                 .min_idle(Some(0))
                 .test_on_check_out(false)
-                .connection_timeout(self.connect_timeout)
+                // Waiting for a pooled connection is part of the call's budget.
+                .connection_timeout(self.connect_timeout.max(self.call_timeout))
                 .retry_connection(false)
                 .build_unchecked(manager);
             Backend::Pool(pool)

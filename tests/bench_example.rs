@@ -1,0 +1,143 @@
+//! The `bench` example's contract: its flags, and one JSON line with the
+//! documented fields, for the in-memory store and for Redis.
+
+use std::process::Command;
+
+use ratelimit_tests::{RedisServer, example_binary};
+
+fn run_bench(args: &[&str]) -> serde_json::Value {
+    let output = Command::new(example_binary("bench"))
+        .args(args)
+        .output()
+        .expect("bench runs");
+    assert!(
+        output.status.success(),
+        "bench {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON line: {stdout:?}");
+    serde_json::from_str(lines[0]).unwrap()
+}
+
+fn check_fields(json: &serde_json::Value, store: &str, decisions: u64) {
+    for field in [
+        "store",
+        "algorithm",
+        "keys",
+        "concurrency",
+        "decisions",
+        "allowed",
+        "denied",
+        "secs",
+        "per_sec",
+        "p50_us",
+        "p99_us",
+    ] {
+        assert!(json.get(field).is_some(), "missing {field}: {json}");
+    }
+    assert_eq!(json["store"], store);
+    assert_eq!(json["decisions"], decisions);
+    let (allowed, denied) = (
+        json["allowed"].as_u64().unwrap(),
+        json["denied"].as_u64().unwrap(),
+    );
+    assert_eq!(allowed + denied, decisions);
+    assert!(json["per_sec"].as_f64().unwrap() > 0.0);
+    assert!(json["p99_us"].as_u64().unwrap() >= json["p50_us"].as_u64().unwrap());
+}
+
+#[test]
+fn bench_prints_one_json_line_for_memory() {
+    let json = run_bench(&[
+        "--store",
+        "memory",
+        "--algorithm",
+        "gcra",
+        "--keys",
+        "1",
+        "--concurrency",
+        "4",
+        "--requests",
+        "20000",
+        "--limit",
+        "100",
+        "--window",
+        "1h",
+    ]);
+    check_fields(&json, "memory", 20_000);
+    // One hot key with a burst of 100 and a slow refill: exactly 100 pass.
+    assert_eq!(json["allowed"], 100);
+    assert_eq!(json["keys"], 1);
+}
+
+#[test]
+fn bench_prints_one_json_line_for_redis() {
+    let server = RedisServer::start();
+    let json = run_bench(&[
+        "--store",
+        "redis",
+        "--redis",
+        &server.url(),
+        "--algorithm",
+        "token-bucket",
+        "--keys",
+        "1000",
+        "--concurrency",
+        "16",
+        "--requests",
+        "5000",
+    ]);
+    check_fields(&json, "redis", 5_000);
+    assert_eq!(json["algorithm"], "token-bucket");
+}
+
+#[test]
+fn bench_rejects_bad_flags() {
+    for args in [
+        &[
+            "--store",
+            "disk",
+            "--algorithm",
+            "gcra",
+            "--keys",
+            "1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+        ][..],
+        &[
+            "--store",
+            "memory",
+            "--algorithm",
+            "nope",
+            "--keys",
+            "1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+        ][..],
+        &[
+            "--store",
+            "memory",
+            "--algorithm",
+            "gcra",
+            "--keys",
+            "0",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+        ][..],
+    ] {
+        let output = Command::new(example_binary("bench"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("usage: bench"));
+    }
+}
