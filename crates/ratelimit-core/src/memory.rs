@@ -516,6 +516,8 @@ impl<C: Clock> MemoryStore<C> {
                 occupied.remove();
             } else {
                 occupied.get_mut().expires_at = now + reset;
+                // The entry may now expire sooner than the shard thought.
+                shard.next_expiry = shard.next_expiry.min(now + reset);
             }
         }
     }

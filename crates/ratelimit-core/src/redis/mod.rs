@@ -231,6 +231,12 @@ impl RedisStoreBuilder {
                 .into(),
             ));
         }
+        #[cfg(feature = "tls")]
+        if self.cluster && self.root_cert.is_some() {
+            return Err(StoreError::Backend(
+                "tls_root_cert is for a single node; a cluster uses the system's roots".into(),
+            ));
+        }
         let backend = if self.cluster {
             #[cfg(feature = "redis-cluster")]
             {

@@ -1,0 +1,269 @@
+//! `MemoryStore` under a key-rotation attack, in process (the small-scale
+//! twin of `examples/memory_attack.rs`): an attacker sends far more distinct
+//! keys than the store may hold.
+//!
+//! - The number of keys held never exceeds `max_keys`, at any sampled step.
+//! - The heap the store holds stops growing once it is full.
+//! - Keys already held keep exact decisions; new keys are refused with
+//!   `StoreError::Full` (a 503 through the layer, even when failing open).
+//! - When keys expire, they are reclaimed: the store stays under its bound
+//!   and admits new keys again.
+//!
+//! Heap bytes are counted by a counting global allocator (`cap`). Tests run
+//! one at a time (a lock), so the counts are this test's own.
+
+use std::alloc::System;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cap::Cap;
+use http::{Request, Response, StatusCode};
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
+use ratelimit_tower::{PeerAddr, PeerIp, RateLimitLayer};
+use tower::{Layer, ServiceExt};
+
+#[global_allocator]
+static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
+
+/// One test at a time, so that allocation counts are not mixed.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const MAX_KEYS: usize = 10_000;
+const ATTEMPTED: u64 = 300_000;
+const SAMPLE_EVERY: u64 = 1_000;
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn key(i: u64) -> String {
+    format!("client-{i}")
+}
+
+/// What an attack did.
+#[derive(Debug, Default)]
+struct Attack {
+    full_errors: u64,
+    /// The most keys held at a sampled step.
+    max_held: usize,
+    /// Keys that were admitted (held), a sample of them.
+    admitted: Vec<u64>,
+    /// The store's heap at the end.
+    bytes_at_end: usize,
+}
+
+/// Sends the distinct keys `keys`, one check each (after `advance` of the
+/// clock), checking the bound every `SAMPLE_EVERY` keys.
+fn attack(
+    store: &MemoryStore<ManualClock>,
+    policy: &Policy,
+    heap_before: usize,
+    keys: std::ops::Range<u64>,
+    advance: impl Fn(u64),
+) -> Attack {
+    let mut attack = Attack::default();
+    for i in keys {
+        advance(i);
+        match store.check_now(key(i).as_bytes(), policy, 1) {
+            Ok(d) => {
+                assert!(d.is_allowed(), "a new key's first request: {d:?}");
+                if attack.admitted.len() < 200 && i % 7 == 0 {
+                    attack.admitted.push(i);
+                }
+            }
+            Err(StoreError::Full { max_keys }) => {
+                assert_eq!(max_keys, MAX_KEYS);
+                attack.full_errors += 1;
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        if i % SAMPLE_EVERY == 0 {
+            let held = store.len();
+            assert!(held <= MAX_KEYS, "held {held} keys at step {i}");
+            attack.max_held = attack.max_held.max(held);
+        }
+    }
+    attack.bytes_at_end = ALLOCATOR.allocated() - heap_before;
+    attack
+}
+
+fn bounded_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .max_keys(MAX_KEYS)
+        .clock(clock.clone())
+        .build()
+}
+
+#[test]
+fn rotating_keys_through_long_windows_fill_the_store_and_no_more() {
+    let _serial = serial();
+    let limit = 5;
+    let policies = [
+        Policy::fixed_window(limit, Duration::from_secs(3600)).unwrap(),
+        Policy::gcra(limit, Rate::per_hour(limit)).unwrap(),
+        Policy::token_bucket(limit, Rate::per_hour(limit)).unwrap(),
+        Policy::sliding_window_log(limit, Duration::from_secs(3600)).unwrap(),
+    ];
+    for policy in policies {
+        let heap_before = ALLOCATOR.allocated();
+        let clock = ManualClock::new(1_000_000_000);
+        let store = bounded_store(&clock);
+        let attack = attack(&store, &policy, heap_before, 0..ATTEMPTED, |_| {});
+        let held = store.len();
+        let name = policy.name();
+        assert!(
+            held <= MAX_KEYS && held > MAX_KEYS * 9 / 10,
+            "{name}: {held}"
+        );
+        assert_eq!(attack.full_errors, ATTEMPTED - held as u64, "{name}");
+
+        // Once full, refusing more keys costs no memory.
+        let more = self::attack(
+            &store,
+            &policy,
+            heap_before,
+            ATTEMPTED..ATTEMPTED + ATTEMPTED / 3,
+            |_| {},
+        );
+        assert_eq!(more.full_errors, ATTEMPTED / 3, "{name}");
+        assert_eq!(store.len(), held);
+        assert!(
+            more.bytes_at_end <= attack.bytes_at_end + 1024,
+            "{name}: {} bytes when full, {} after more keys",
+            attack.bytes_at_end,
+            more.bytes_at_end
+        );
+        let per_key = attack.bytes_at_end / held;
+        assert!(per_key < 400, "{name}: {per_key} bytes per key");
+
+        // Held keys keep exact decisions: limit - 1 more, then refused.
+        for &i in &attack.admitted {
+            let k = key(i);
+            for n in 1..limit {
+                let d = store.check_now(k.as_bytes(), &policy, 1).unwrap();
+                assert!(d.is_allowed(), "{name}: {k} request {n}: {d:?}");
+                assert_eq!(d.remaining(), limit - 1 - n, "{name}: {k}");
+            }
+            let d = store.check_now(k.as_bytes(), &policy, 1).unwrap();
+            assert!(!d.is_allowed(), "{name}: {k}: {d:?}");
+            assert!(d.retry_after().is_some());
+        }
+        // A refused key stays refused: it never gets a fresh budget.
+        let refused = key(ATTEMPTED - 1);
+        assert!(matches!(
+            store.check_now(refused.as_bytes(), &policy, 1),
+            Err(StoreError::Full { .. })
+        ));
+        // A peek of a new key holds nothing, so it is answered.
+        assert!(store.check_now(b"peek", &policy, 0).unwrap().is_allowed());
+        assert!(store.len() <= MAX_KEYS);
+        drop(store);
+    }
+}
+
+#[test]
+fn expired_keys_are_reclaimed_and_the_bound_holds() {
+    let _serial = serial();
+    // A one-second window; keys arrive every 200 µs, so about 5,000 (half
+    // the bound) are live at any time.
+    let policy = Policy::fixed_window(3, Duration::from_secs(1)).unwrap();
+    let heap_before = ALLOCATOR.allocated();
+    let clock = ManualClock::new(1_000_000_000);
+    let store = bounded_store(&clock);
+    let attack = attack(&store, &policy, heap_before, 0..ATTEMPTED, |_| {
+        clock.advance(Duration::from_micros(200));
+    });
+    assert_eq!(attack.full_errors, 0, "{attack:?}");
+    assert!(attack.max_held <= MAX_KEYS, "{attack:?}");
+    let per_max_key = attack.bytes_at_end / MAX_KEYS;
+    assert!(
+        per_max_key < 400,
+        "{per_max_key} bytes per key of the bound"
+    );
+    // Recent keys are still exact.
+    let recent = key(ATTEMPTED - 1);
+    let d = store.check_now(recent.as_bytes(), &policy, 1).unwrap();
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
+}
+
+#[test]
+fn a_saturated_store_reclaims_keys_one_by_one() {
+    let _serial = serial();
+    // GCRA: each key expires one emission interval (100 ms) after its
+    // request, so expiries are spread out. Keys arrive every 5 µs: about
+    // 20,000 would be live, twice the bound.
+    let policy = Policy::gcra(10, Rate::per_second(10)).unwrap();
+    let heap_before = ALLOCATOR.allocated();
+    let clock = ManualClock::new(1_000_000_000);
+    let store = bounded_store(&clock);
+    let attack = attack(&store, &policy, heap_before, 0..ATTEMPTED, |_| {
+        clock.advance(Duration::from_micros(5));
+    });
+    assert!(attack.max_held <= MAX_KEYS, "{attack:?}");
+    // About half the keys are refused; the other half got in as older keys
+    // expired.
+    let admitted = ATTEMPTED - attack.full_errors;
+    assert!(
+        admitted > ATTEMPTED / 3 && attack.full_errors > ATTEMPTED / 3,
+        "{admitted} admitted, {} refused",
+        attack.full_errors
+    );
+    let per_max_key = attack.bytes_at_end / MAX_KEYS;
+    assert!(
+        per_max_key < 400,
+        "{per_max_key} bytes per key of the bound"
+    );
+}
+
+#[test]
+fn through_the_layer_a_full_store_refuses_new_clients_with_503_even_failing_open() {
+    let _serial = serial();
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(full_store_through_the_layer());
+}
+
+async fn full_store_through_the_layer() {
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(3)
+        .clock(ManualClock::new(0))
+        .build();
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let service = RateLimitLayer::new(store.clone(), policy, PeerIp).layer(tower::service_fn(
+        |_req: Request<&'static str>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+        },
+    ));
+    let send = |ip: [u8; 4]| {
+        let service = service.clone();
+        async move {
+            let mut req = Request::new("");
+            req.extensions_mut()
+                .insert(PeerAddr(SocketAddr::from((ip, 4000))));
+            service.oneshot(req).await.unwrap().status()
+        }
+    };
+    for last in 1..=3 {
+        assert_eq!(send([192, 0, 2, last]).await, StatusCode::OK);
+    }
+    assert_eq!(store.len(), 3);
+    // A fourth client: the store is full, and admitting it unchecked would be
+    // the bypass the bound exists to prevent.
+    for _ in 0..3 {
+        assert_eq!(
+            send([198, 51, 100, 1]).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    // The clients already held keep exact decisions.
+    assert_eq!(send([192, 0, 2, 1]).await, StatusCode::OK);
+    assert_eq!(send([192, 0, 2, 1]).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send([192, 0, 2, 2]).await, StatusCode::OK);
+    assert_eq!(store.len(), 3);
+}

@@ -1,0 +1,529 @@
+//! The least-privileged Redis ACL user for `RedisStore`, as documented in
+//! `SECURITY.md`, found and checked against real servers:
+//!
+//! - a user with exactly that ACL runs every algorithm's check, `check_all`,
+//!   `release`, `ping` and the `NOSCRIPT` reload (after `SCRIPT FLUSH` by an
+//!   admin user), on one node and on a Redis Cluster (with its refunds), and
+//!   Redis logs no denied command for it;
+//! - a user lacking any one of those commands gets an error from the store
+//!   (never a panic, never a wrong decision), or, for the commands only
+//!   cluster refunds use, loses the refund (which errs towards denying);
+//! - the key pattern confines the user to its prefix.
+//!
+//! Redis 7 checks every command a script calls against the ACL of the user
+//! running the script, so the list names the scripts' commands too.
+
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
+use tower::{Layer, ServiceExt};
+
+const ADMIN_PASSWORD: &str = "admin-pw";
+const LIMITER_PASSWORD: &str = "limiter-pw";
+
+/// The commands of the documented ACL (SECURITY.md), in its order.
+const COMMANDS: &[&str] = &[
+    // The client: scripts by hash, reloaded by source after NOSCRIPT.
+    "evalsha",
+    "eval",
+    // Inside the scripts.
+    "time",
+    "get",
+    "set",
+    "pexpire",
+    "del",
+    "zadd",
+    "zrem",
+    "zrange",
+    "zrangebyscore",
+    "zremrangebyscore",
+    // `RedisStore::ping`, and the cluster client on every new node connection.
+    "ping",
+];
+
+/// What a Redis Cluster client needs besides [`COMMANDS`]: the topology.
+const CLUSTER_COMMANDS: &[&str] = &["cluster|slots"];
+
+/// The commands only cluster refunds (`refund.lua`) call: a single node never
+/// runs them with the current scripts.
+const REFUND_ONLY: &[&str] = &["del", "zrangebyscore"];
+
+/// `ACL SETUSER <name> ...` rules: the password, the key pattern, and
+/// nothing but `commands`.
+fn rules(commands: &[&str]) -> Vec<String> {
+    let mut rules: Vec<String> = [
+        "reset",
+        "on",
+        &format!(">{LIMITER_PASSWORD}"),
+        "~ratelimit:*",
+        "resetchannels",
+        "-@all",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    rules.extend(commands.iter().map(|c| format!("+{c}")));
+    rules
+}
+
+/// A server whose default user is off, with an `admin` user for `SCRIPT
+/// FLUSH`, `ACL SETUSER` and `ACL LOG`.
+fn server() -> RedisServer {
+    RedisServer::start_with_args(&[
+        "--user",
+        "default",
+        "off",
+        "--user",
+        "admin",
+        "on",
+        ">admin-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ])
+}
+
+fn admin(server: &RedisServer, args: &[&str]) -> String {
+    let auth = [
+        "--user",
+        "admin",
+        "--pass",
+        ADMIN_PASSWORD,
+        "--no-auth-warning",
+    ];
+    server.cli(&[&auth[..], args].concat())
+}
+
+fn set_user(server: &RedisServer, name: &str, commands: &[&str]) {
+    let rules = rules(commands);
+    let mut args = vec!["ACL", "SETUSER", name];
+    args.extend(rules.iter().map(String::as_str));
+    assert_eq!(admin(server, &args), "OK", "ACL SETUSER {name} {rules:?}");
+}
+
+/// The commands the server denied, from `ACL LOG` (`object` of each entry),
+/// without `client|setinfo`: redis-rs sends `CLIENT SETINFO` on connect to
+/// Redis 7.2 and later and ignores its reply, so it may be denied.
+fn denied(acl_log: &str) -> Vec<String> {
+    let lines: Vec<&str> = acl_log.lines().map(str::trim).collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == "object")
+        .map(|w| w[1].to_owned())
+        .filter(|object| object != "client|setinfo")
+        .collect()
+}
+
+fn url(server: &RedisServer, user: &str, db: u8) -> String {
+    format!(
+        "redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}/{db}",
+        server.port()
+    )
+}
+
+async fn store(url: String) -> RedisStore {
+    RedisStore::builder(url)
+        .call_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("a single-node store builds without connecting")
+}
+
+/// Every algorithm with a limit of 2 and a long window (nothing refills).
+fn policies() -> Vec<Policy> {
+    let hour = Duration::from_secs(3600);
+    vec![
+        Policy::fixed_window(2, hour).unwrap(),
+        Policy::sliding_window_log(2, hour).unwrap(),
+        Policy::sliding_window_counter(2, hour).unwrap(),
+        Policy::token_bucket(2, Rate::per_hour(1)).unwrap(),
+        Policy::gcra(2, Rate::per_hour(1)).unwrap(),
+        Policy::leaky_bucket(2, Rate::per_hour(1)).unwrap(),
+        Policy::concurrency(2, hour).unwrap(),
+    ]
+}
+
+/// Why an operation failed.
+#[derive(Debug)]
+enum Failure {
+    /// The store returned an error: what a missing permission must give.
+    Store(StoreError),
+    /// The store answered, but not what the algorithm decides: never acceptable.
+    Wrong(String),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+fn expect(what: &str, d: &Decision, allowed: bool, remaining: u64) -> Result<(), Failure> {
+    if d.is_allowed() == allowed && d.remaining() == remaining {
+        Ok(())
+    } else {
+        Err(Failure::Wrong(format!(
+            "{what}: expected allowed={allowed} remaining={remaining}, got {d:?}"
+        )))
+    }
+}
+
+/// Two admissions, then a denial with a retry time.
+async fn check_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let first = store.check(key, policy, 1).await?;
+    expect("first", &first, true, 1)?;
+    let second = store.check(key, policy, 1).await?;
+    expect("second", &second, true, 0)?;
+    let third = store.check(key, policy, 1).await?;
+    expect("third", &third, false, 0)?;
+    if third.retry_after().is_none() {
+        return Err(Failure::Wrong(format!("a denial without retry: {third:?}")));
+    }
+    Ok(())
+}
+
+/// A permit taken, released, and taken again.
+async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let d = store.check(key, policy, 1).await?;
+    expect("acquire", &d, true, 1)?;
+    let permit = d
+        .permit()
+        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    store.release(key, policy, permit).await?;
+    let again = store.check(key, policy, 2).await?;
+    expect("after release", &again, true, 0)?;
+    Ok(())
+}
+
+/// Every algorithm at once, all or nothing.
+async fn check_all_op(store: &RedisStore, key: &[u8]) -> Result<(), Failure> {
+    let policies = policies();
+    let checks =
+        |cost| -> Vec<Check<'_>> { policies.iter().map(|p| Check::new(key, p, cost)).collect() };
+    for (cost, allowed, remaining) in [(1, true, 1), (2, false, 1), (1, true, 0), (1, false, 0)] {
+        let decisions = store.check_all(&checks(cost)).await?;
+        for (policy, d) in policies.iter().zip(&decisions) {
+            // A refused group reports peeks: the limits that had room say so.
+            let allowed_here = allowed || d.remaining() >= cost;
+            expect(policy.name(), d, allowed_here, remaining)?;
+        }
+        if decisions.iter().all(Decision::is_allowed) != allowed {
+            return Err(Failure::Wrong(format!(
+                "group of cost {cost}: {decisions:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every operation of the store, on keys fresh for `round`: the name of each
+/// operation and what became of it.
+async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Failure>)> {
+    let mut report = Vec::new();
+    report.push(("ping".to_owned(), store.ping().await.map_err(Failure::from)));
+    for policy in policies() {
+        let kind = policy.algorithm().kind();
+        let key = format!("{round}-{kind}");
+        let result = check_op(store, key.as_bytes(), &policy).await;
+        report.push((format!("check {kind}"), result));
+        if kind == "concurrency" {
+            let key = format!("{round}-release");
+            let result = release_op(store, key.as_bytes(), &policy).await;
+            report.push(("release".to_owned(), result));
+        }
+    }
+    let key = format!("{round}-multi");
+    let result = check_all_op(store, key.as_bytes()).await;
+    report.push(("check_all".to_owned(), result));
+    report
+}
+
+fn assert_all_ok(report: &[(String, Result<(), Failure>)], context: &str) {
+    let failures: Vec<_> = report.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(failures.is_empty(), "{context}: {failures:#?}");
+}
+
+#[tokio::test]
+async fn the_documented_acl_runs_every_operation_and_the_noscript_reload() {
+    let server = server();
+    set_user(&server, "limiter", COMMANDS);
+    let store = store(url(&server, "limiter", 0)).await;
+    // A fresh server has no script cached: every first call is EVALSHA,
+    // NOSCRIPT, then EVAL.
+    assert_all_ok(&exercise(&store, "cold").await, "cold script cache");
+    assert_all_ok(&exercise(&store, "warm").await, "warm script cache");
+    assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
+    assert_all_ok(&exercise(&store, "flushed").await, "after SCRIPT FLUSH");
+    // Nothing was denied, not even a command whose reply is ignored.
+    assert_eq!(
+        denied(&admin(&server, &["ACL", "LOG"])),
+        Vec::<String>::new()
+    );
+    // Everything the user wrote is under its prefix, and has a TTL.
+    let keys = admin(&server, &["--scan"]);
+    assert!(!keys.is_empty());
+    for key in keys.lines() {
+        assert!(key.starts_with("ratelimit:"), "{key}");
+        let ttl: i64 = admin(&server, &["PTTL", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
+
+/// Which operation a user lacking `command` cannot do, on a single node.
+fn witness(command: &str) -> &'static str {
+    match command {
+        "evalsha" | "eval" | "time" | "get" | "set" => "check fixed-window",
+        "pexpire" | "zadd" | "zrange" | "zremrangebyscore" => "check sliding-log",
+        "zrem" => "release",
+        "ping" => "ping",
+        other => panic!("no witness for {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
+    let server = server();
+    for &missing in COMMANDS {
+        if REFUND_ONLY.contains(&missing) {
+            continue;
+        }
+        let user = format!("lacks-{missing}");
+        let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
+        set_user(&server, &user, &commands);
+        assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
+        let store = store(url(&server, &user, 0)).await;
+        let mut report = exercise(&store, &format!("{user}-cold")).await;
+        report.extend(exercise(&store, &format!("{user}-warm")).await);
+        let mut witnessed = false;
+        for (op, result) in &report {
+            match result {
+                Ok(()) => {}
+                Err(Failure::Wrong(what)) => {
+                    panic!("without {missing}, {op} decided wrongly: {what}")
+                }
+                Err(Failure::Store(e)) => {
+                    assert!(
+                        matches!(e, StoreError::Backend(_)) && e.is_unavailable(),
+                        "{missing}: {op}: {e:?}"
+                    );
+                    let text = e.to_string();
+                    assert!(
+                        text.contains("NoPerm") || text.contains("can't run this command"),
+                        "without {missing}, {op}: {text}"
+                    );
+                    witnessed |= op == witness(missing);
+                }
+            }
+        }
+        assert!(
+            witnessed,
+            "without {missing}, {} did not fail: {report:#?}",
+            witness(missing)
+        );
+        if ["set", "pexpire", "zadd", "zrem"].contains(&missing) {
+            // Write commands are checked before any write: the error names
+            // the command, and no key was written half-way (without a TTL).
+            let named = report.iter().any(|(_, r)| {
+                matches!(r, Err(Failure::Store(e)) if e.to_string().contains(&format!("needs {missing}")))
+            });
+            assert!(named, "without {missing}: no error names it: {report:#?}");
+            for key in admin(&server, &["--scan"])
+                .lines()
+                .filter(|k| !k.is_empty())
+            {
+                let ttl = admin(&server, &["PTTL", key]);
+                assert_ne!(ttl, "-1", "without {missing}, {key} was left without a TTL");
+            }
+        } else {
+            let log = admin(&server, &["ACL", "LOG"]);
+            assert!(
+                denied(&log).iter().any(|c| c == missing),
+                "ACL LOG does not show {missing}: {log}"
+            );
+        }
+        assert_eq!(admin(&server, &["ACL", "LOG", "RESET"]), "OK");
+    }
+}
+
+#[tokio::test]
+async fn the_key_pattern_confines_the_user_to_its_prefix() {
+    let server = server();
+    set_user(&server, "limiter", COMMANDS);
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let other = RedisStore::builder(url(&server, "limiter", 0))
+        .prefix("other-app")
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let error = other.check(b"k", &policy, 1).await.unwrap_err();
+    assert!(error.to_string().contains("NoPerm"), "{error}");
+    assert!(admin(&server, &["--scan"]).is_empty());
+}
+
+#[tokio::test]
+async fn a_database_number_in_the_url_needs_select() {
+    let server = server();
+    set_user(&server, "limiter", COMMANDS);
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let denied_select = store(url(&server, "limiter", 3)).await;
+    let error = denied_select.check(b"k", &policy, 1).await.unwrap_err();
+    assert!(error.is_unavailable(), "{error:?}");
+
+    let with_select: Vec<&str> = COMMANDS.iter().copied().chain(["select"]).collect();
+    set_user(&server, "limiter-db", &with_select);
+    let store = store(url(&server, "limiter-db", 3)).await;
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    let keys = admin(&server, &["-n", "3", "--scan"]);
+    assert_eq!(keys, "ratelimit:fixed-window-2-per-1m:{k}");
+}
+
+/// A missing permission is a store failure: the layer's failure policy
+/// decides. Fail closed refuses; the default, fail open, admits everything,
+/// which is why SECURITY.md asks for a check at start-up.
+#[tokio::test]
+async fn through_the_layer_a_missing_permission_follows_the_failure_policy() {
+    let server = server();
+    let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != "get").collect();
+    set_user(&server, "lacks-get", &commands);
+    let store = store(url(&server, "lacks-get", 0)).await;
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let inner = tower::service_fn(|_req: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let closed = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+        .on_failure(FailurePolicy::Closed)
+        .layer(inner);
+    for _ in 0..3 {
+        let response = closed.clone().oneshot(Request::new("")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let open = RateLimitLayer::new(store, policy, GlobalKey::default()).layer(inner);
+    for _ in 0..3 {
+        let response = open.clone().oneshot(Request::new("")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "fail open admits");
+    }
+}
+
+/// On a Redis Cluster: the documented ACL plus `cluster|slots` runs every
+/// operation, and limits spanning slots are refunded when a later slot
+/// denies (`refund.lua`: DEL, ZRANGEBYSCORE, ZREM, ZADD, SET, GET). Without
+/// DEL or ZRANGEBYSCORE the refunds are lost, which only ever denies more;
+/// without `cluster|slots` the store cannot be built.
+#[tokio::test]
+async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
+    let cluster = RedisCluster::start();
+    let with_cluster: Vec<&str> = COMMANDS.iter().chain(CLUSTER_COMMANDS).copied().collect();
+    let set_user_everywhere = |name: &str, commands: &[&str]| {
+        for i in 0..cluster.nodes().len() {
+            let rules = rules(commands);
+            let mut args = vec!["ACL", "SETUSER", name];
+            args.extend(rules.iter().map(String::as_str));
+            assert_eq!(cluster.cli(i, &args), "OK");
+        }
+    };
+    let cluster_store = |user: &str| {
+        let urls: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}", n.port()))
+            .collect();
+        RedisStore::cluster_builder(urls)
+            .call_timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+    };
+    let acl_denials = || -> Vec<String> {
+        (0..cluster.nodes().len())
+            .flat_map(|i| {
+                let denials = denied(&cluster.cli(i, &["ACL", "LOG"]));
+                assert_eq!(cluster.cli(i, &["ACL", "LOG", "RESET"]), "OK");
+                denials
+            })
+            .collect()
+    };
+
+    set_user_everywhere("limiter", &with_cluster);
+    let store = cluster_store("limiter").await.unwrap();
+    assert_all_ok(&exercise(&store, "cluster-cold").await, "cluster, cold");
+    for i in 0..cluster.nodes().len() {
+        assert_eq!(cluster.cli(i, &["SCRIPT", "FLUSH"]), "OK");
+    }
+    assert_all_ok(
+        &exercise(&store, "cluster-flushed").await,
+        "cluster, flushed",
+    );
+    assert_eq!(refunds(&store, "full").await, vec![2; 7], "every refund");
+    assert_eq!(acl_denials(), Vec::<String>::new());
+
+    // Without the refund-only commands, refunds are lost (the key keeps the
+    // consumption: fewer admissions, never more) and Redis logs the denial.
+    for missing in REFUND_ONLY {
+        let user = format!("lacks-{missing}");
+        let commands: Vec<&str> = with_cluster
+            .iter()
+            .copied()
+            .filter(|c| c != missing)
+            .collect();
+        set_user_everywhere(&user, &commands);
+        let store = cluster_store(&user).await.unwrap();
+        let remaining = refunds(&store, &user).await;
+        assert!(remaining.iter().all(|&r| r == 1 || r == 2), "{remaining:?}");
+        assert!(remaining.contains(&1), "{missing}: no refund was lost");
+        assert!(acl_denials().iter().any(|c| c == missing), "{missing}");
+    }
+
+    set_user_everywhere("lacks-slots", COMMANDS);
+    let error = cluster_store("lacks-slots").await.unwrap_err();
+    assert!(error.to_string().contains("cluster|slots"), "{error}");
+}
+
+/// For each algorithm, a per-user limit and an exhausted shared limit in a
+/// later slot, checked together: the shared limit denies, so the per-user
+/// consumption is refunded. Returns what each per-user limit has left (2 when
+/// refunded, 1 when the refund was lost).
+async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
+    let hour = Duration::from_secs(3600);
+    let shared = Policy::fixed_window(1, hour)
+        .unwrap()
+        .with_name(format!("{tag}-shared"))
+        .unwrap();
+    let slot = |key: &str, policy: &Policy| {
+        ratelimit_core::key::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
+    };
+    // The shared key in a high slot, so that per-user keys come before it.
+    let shared_key = (0..10_000)
+        .map(|i| format!("shared-{i}"))
+        .find(|k| slot(k, &shared) > 12_000)
+        .unwrap();
+    assert!(
+        store
+            .check(shared_key.as_bytes(), &shared, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let mut remaining = Vec::new();
+    for policy in policies() {
+        let kind = policy.algorithm().kind();
+        let policy = policy.with_name(format!("{tag}-{kind}")).unwrap();
+        let user = (0..10_000)
+            .map(|i| format!("user-{i}"))
+            .find(|u| slot(u, &policy) < 4_000)
+            .unwrap();
+        let checks = [
+            Check::new(user.as_bytes(), &policy, 1),
+            Check::new(shared_key.as_bytes(), &shared, 1),
+        ];
+        let decisions = store.check_all(&checks).await.unwrap();
+        assert!(!decisions[1].is_allowed(), "{kind}: {decisions:?}");
+        let peek = store.check(user.as_bytes(), &policy, 0).await.unwrap();
+        remaining.push(peek.remaining());
+    }
+    remaining
+}
