@@ -26,15 +26,28 @@
 //!   `leaky-bucket` the burst capacity, refilled at `N` per window; for
 //!   `concurrency` the most requests in flight;
 //! - `--window DURATION` (`500ms`, `10s`, `1m`, `1h`): the window, refill
-//!   period, or for `concurrency` the lease of a permit.
+//!   period, or for `concurrency` the lease of a permit;
+//! - `--failure MODE` (default `closed`): what happens when Redis cannot
+//!   decide. `closed` refuses the request with `503` (`FailurePolicy::Closed`),
+//!   so the shared limit is never exceeded; `open` lets it through
+//!   (`FailurePolicy::Open`), so an outage lifts the limit; `fallback` decides
+//!   it in memory with the limit divided among `--instances` (a
+//!   `FallbackStore` behind a `CircuitBreaker`: after 3 consecutive failures
+//!   Redis is left alone for 500 ms, then probed, and used again once it
+//!   answers);
+//! - `--timeout DURATION` (default `500ms`): how long Redis has to decide one
+//!   request before it counts as a failure;
+//! - `--instances N` (default 3, used with `--failure fallback`): how many
+//!   instances share the limit, so each enforces `limit / N` (at least 1) on
+//!   its own while Redis is unreachable, and their sum stays within the limit.
 //!
 //! Requests are keyed by the `x-api-key` header (hashed before it reaches
 //! Redis), or by the client IP without one. `GET /` costs 1, `GET /expensive`
 //! costs 10 from the same budget, and `GET /slow` costs 1 and answers after a
 //! second (to watch the concurrency policy). Denied requests are answered
-//! `429 Too Many Requests` with `Retry-After`. When Redis cannot answer within
-//! half a second the request is refused with `503` (fail closed), so the shared
-//! limit is never exceeded.
+//! `429 Too Many Requests` with `Retry-After`. `GET /health` is not rate
+//! limited: it answers the breaker's state (`closed`, `open` or `half-open`)
+//! with `--failure fallback`, and `ok` otherwise.
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`, on
 //! stdout. Bad or missing flags exit with status 2 and a usage line.
@@ -42,6 +55,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -49,14 +63,17 @@ use axum::extract::Request;
 use axum::routing::get;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{Policy, Rate};
+use ratelimit_core::{
+    BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Rate, Store,
+};
 use ratelimit_examples::parse_duration;
 use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
 
 /// The usage line printed with every flag error.
 const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
      --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
-     --limit N --window DURATION";
+     --limit N --window DURATION [--failure <open|closed|fallback>] [--timeout DURATION] \
+     [--instances N]";
 
 /// The algorithms `--algorithm` accepts.
 const ALGORITHMS: [&str; 7] = [
@@ -72,8 +89,11 @@ const ALGORITHMS: [&str; 7] = [
 /// The header requests are keyed by.
 const API_KEY_HEADER: &str = "x-api-key";
 
-/// The time Redis has to decide one request before it is refused with 503.
-const CALL_TIMEOUT: Duration = Duration::from_millis(500);
+/// The time Redis has to decide one request (`--timeout`'s default).
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How many instances share the limit (`--instances`'s default).
+const DEFAULT_INSTANCES: u32 = 3;
 
 /// What `GET /expensive` costs.
 const EXPENSIVE_COST: u64 = 10;
@@ -90,6 +110,34 @@ struct Args {
     algorithm: &'static str,
     limit: u64,
     window: Duration,
+    failure: Failure,
+    timeout: Duration,
+    instances: u32,
+}
+
+/// What to do when Redis cannot decide (`--failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Let the request through.
+    Open,
+    /// Refuse it with 503.
+    Closed,
+    /// Decide it in memory, with the limit divided among the instances.
+    Fallback,
+}
+
+impl Failure {
+    /// The values `--failure` accepts.
+    const NAMES: [&'static str; 3] = ["open", "closed", "fallback"];
+
+    fn parse(text: &str) -> Option<Failure> {
+        match text {
+            "open" => Some(Failure::Open),
+            "closed" => Some(Failure::Closed),
+            "fallback" => Some(Failure::Fallback),
+            _ => None,
+        }
+    }
 }
 
 /// What the command line asks for.
@@ -135,6 +183,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     let mut algorithm = None;
     let mut limit = None;
     let mut window = None;
+    let mut failure = None;
+    let mut timeout = None;
+    let mut instances = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -209,6 +260,34 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
                 }
                 set_once(&mut window, duration, "--window")?;
             }
+            "--failure" => {
+                let text = value()?;
+                let mode = Failure::parse(&text).ok_or_else(|| {
+                    format!(
+                        "--failure: unknown mode {text:?} (use one of {})",
+                        Failure::NAMES.join(", ")
+                    )
+                })?;
+                set_once(&mut failure, mode, "--failure")?;
+            }
+            "--timeout" => {
+                let text = value()?;
+                let duration = parse_duration(&text).map_err(|e| format!("--timeout: {e}"))?;
+                if duration.is_zero() {
+                    return Err(format!("--timeout: {text:?} is zero"));
+                }
+                set_once(&mut timeout, duration, "--timeout")?;
+            }
+            "--instances" => {
+                let text = value()?;
+                let n = text.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!(
+                        "--instances: {text:?} is not a whole number from 1 to {}",
+                        u32::MAX
+                    )
+                })?;
+                set_once(&mut instances, n, "--instances")?;
+            }
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
@@ -229,6 +308,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         algorithm: algorithm.ok_or("missing --algorithm")?,
         limit: limit.ok_or("missing --limit")?,
         window: window.ok_or("missing --window")?,
+        failure: failure.unwrap_or(Failure::Closed),
+        timeout: timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
+        instances: instances.unwrap_or(DEFAULT_INSTANCES),
     }))
 }
 
@@ -265,41 +347,41 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
     };
     let redis = args.redis.join(",");
     let store = builder
-        .call_timeout(CALL_TIMEOUT)
+        .call_timeout(args.timeout)
         .build()
         .await
         .map_err(|e| format!("--redis {redis}: {e}"))?;
-    // Connect now: a typo in the URL shows at once, not as 503s later.
+    // Connect now: a typo in the URL shows at once, not as failures later.
     if let Err(e) = store.ping().await {
-        eprintln!(
-            "warning: Redis at {redis} does not answer ({e}); requests get 503 until it does"
-        );
+        let then = match args.failure {
+            Failure::Closed => "requests get 503 until it does",
+            Failure::Open => "requests are let through unlimited until it does",
+            Failure::Fallback => "requests are limited in memory until it does",
+        };
+        eprintln!("warning: Redis at {redis} does not answer ({e}); {then}");
     }
 
-    let key = |req: &Request| -> Option<Key> {
-        match req.headers().get(API_KEY_HEADER) {
-            Some(value) if !value.is_empty() => {
-                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
-            }
-            _ => PeerIp::peer_ip(req).map(Key::from),
+    let (limited, breaker) = match args.failure {
+        Failure::Closed => (limited_routes(store, policy, FailurePolicy::Closed), None),
+        Failure::Open => (limited_routes(store, policy, FailurePolicy::Open), None),
+        Failure::Fallback => {
+            let breaker = Arc::new(CircuitBreaker::default());
+            let store = FallbackStore::new(
+                store,
+                MemoryStore::new(),
+                args.instances,
+                Arc::clone(&breaker),
+            );
+            // The fallback decides whenever Redis cannot, so the layer only
+            // sees an error when memory cannot decide either: refuse then.
+            let routes = limited_routes(store, policy, FailurePolicy::Closed);
+            (routes, Some(breaker))
         }
     };
-    let cost = |req: &Request| -> u64 {
-        if req.uri().path() == "/expensive" {
-            EXPENSIVE_COST
-        } else {
-            1
-        }
-    };
-    let limit = RateLimitLayer::new(store, policy, key)
-        .cost(cost)
-        .on_failure(FailurePolicy::Closed);
-
+    // Not rate limited: merged after the layer was applied to the others.
     let app = Router::new()
-        .route("/", get(root))
-        .route("/expensive", get(expensive))
-        .route("/slow", get(slow))
-        .route_layer(limit);
+        .route("/health", get(move || health(breaker.clone())))
+        .merge(limited);
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -319,6 +401,49 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("serving on {addr}: {e}"))
+}
+
+/// `GET /`, `GET /expensive` and `GET /slow`, rate limited in `store`.
+fn limited_routes<St>(store: St, policy: Policy, failure: FailurePolicy) -> Router
+where
+    St: Store + Clone,
+{
+    let key = |req: &Request| -> Option<Key> {
+        match req.headers().get(API_KEY_HEADER) {
+            Some(value) if !value.is_empty() => {
+                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
+            }
+            _ => PeerIp::peer_ip(req).map(Key::from),
+        }
+    };
+    let cost = |req: &Request| -> u64 {
+        if req.uri().path() == "/expensive" {
+            EXPENSIVE_COST
+        } else {
+            1
+        }
+    };
+    let limit = RateLimitLayer::new(store, policy, key)
+        .cost(cost)
+        .on_failure(failure);
+
+    Router::new()
+        .route("/", get(root))
+        .route("/expensive", get(expensive))
+        .route("/slow", get(slow))
+        .route_layer(limit)
+}
+
+/// `GET /health`: the breaker's state with `--failure fallback`, else `ok`.
+async fn health(breaker: Option<Arc<CircuitBreaker>>) -> &'static str {
+    match breaker.map(|b| b.state()) {
+        None => "ok\n",
+        Some(BreakerState::Closed) => "closed\n",
+        Some(BreakerState::Open) => "open\n",
+        Some(BreakerState::HalfOpen) => "half-open\n",
+        // `BreakerState` is non-exhaustive.
+        Some(_) => "unknown\n",
+    }
 }
 
 /// `GET /`: cost 1.

@@ -356,3 +356,122 @@ fn bad_flags_exit_2_naming_the_flag() {
         assert!(output.stdout.is_empty(), "{args:?}: nothing on stdout");
     }
 }
+
+#[test]
+fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
+    let good = [
+        "--listen",
+        "127.0.0.1:1",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "10",
+        "--window",
+        "1m",
+    ];
+    let cases: [(&[&str], &str); 8] = [
+        (&["--failure", "sometimes"], "--failure"),
+        (&["--failure", "open", "--failure", "closed"], "--failure"),
+        (&["--failure"], "--failure"),
+        (&["--timeout", "0ms"], "--timeout"),
+        (&["--timeout", "soon"], "--timeout"),
+        (&["--instances", "0"], "--instances"),
+        (&["--instances", "-1"], "--instances"),
+        (&["--instances", "99999999999"], "--instances"),
+    ];
+    for (extra, expected) in cases {
+        let output = Command::new(binary())
+            .args(good)
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running the distributed example");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+        assert!(stderr.contains("usage: distributed"), "{extra:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{extra:?}: nothing on stdout");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_is_not_rate_limited_and_says_ok_without_fallback() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let instance = spawn_instance(&[
+        "--redis",
+        &url,
+        "--algorithm",
+        "fixed-window",
+        "--limit",
+        "1",
+        "--window",
+        "1d",
+    ]);
+    let client = client();
+    let root = format!("{}/", instance.base);
+    let health = format!("{}/health", instance.base);
+    assert_eq!(get(&client, &root, "health-key").await.status, 200);
+    assert_eq!(get(&client, &root, "health-key").await.status, 429);
+    for _ in 0..5 {
+        let answer = get(&client, &health, "health-key").await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body, "ok\n", "{answer:?}");
+        assert_eq!(answer.retry_after, None, "{answer:?}");
+    }
+}
+
+/// With Redis down from the start: `closed` refuses, `open` lets everything
+/// through, `fallback` enforces the limit divided among `--instances` (and
+/// its `/health` shows the breaker open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failure_flag_decides_what_a_dead_redis_means() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.stop();
+    let common = [
+        "--redis",
+        url.as_str(),
+        "--algorithm",
+        "sliding-log",
+        "--limit",
+        "8",
+        "--window",
+        "1h",
+        "--timeout",
+        "50ms",
+    ];
+    let closed = spawn_instance(&common);
+    let explicit_closed = spawn_instance(&[&common[..], &["--failure", "closed"]].concat());
+    let open = spawn_instance(&[&common[..], &["--failure", "open"]].concat());
+    let fallback =
+        spawn_instance(&[&common[..], &["--failure", "fallback", "--instances", "4"]].concat());
+    let client = client();
+    let statuses = async |instance: &Instance| {
+        let mut statuses = BTreeMap::new();
+        for _ in 0..12 {
+            let answer = get(&client, &format!("{}/", instance.base), "dead-redis").await;
+            *statuses.entry(answer.status).or_insert(0_usize) += 1;
+        }
+        statuses
+    };
+    assert_eq!(statuses(&closed).await, BTreeMap::from([(503, 12)]));
+    assert_eq!(
+        statuses(&explicit_closed).await,
+        BTreeMap::from([(503, 12)])
+    );
+    assert_eq!(statuses(&open).await, BTreeMap::from([(200, 12)]));
+    // 8 divided among 4 instances: 2 each.
+    assert_eq!(
+        statuses(&fallback).await,
+        BTreeMap::from([(200, 2), (429, 10)])
+    );
+    let answer = get(&client, &format!("{}/", fallback.base), "dead-redis-2").await;
+    assert!(answer.body.contains("1 of 2 left"), "{answer:?}");
+    let health = get(&client, &format!("{}/health", fallback.base), "").await;
+    assert_eq!((health.status, health.body.as_str()), (200, "open\n"));
+    let health = get(&client, &format!("{}/health", open.base), "").await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+}

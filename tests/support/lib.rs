@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod fault_proxy;
 pub mod redis_server;
 
 pub use redis_server::{RedisCluster, RedisServer};

@@ -155,8 +155,10 @@ impl CircuitBreaker {
     }
 }
 
-/// Marks a probe as failed if it is dropped before its outcome is known (a
-/// cancelled request), so the breaker never waits for a probe that is gone.
+/// Counts a call to the store as failed if it is dropped before its outcome
+/// is known: a caller's shorter timeout gave up on it (so the store is too
+/// slow for the caller), or a probe was cancelled (so the breaker never waits
+/// for a probe that is gone).
 pub(crate) struct ProbeGuard<'a> {
     pub(crate) breaker: &'a CircuitBreaker,
     pub(crate) probe: bool,
@@ -165,8 +167,8 @@ pub(crate) struct ProbeGuard<'a> {
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        if self.probe && !self.done {
-            self.breaker.failed(true);
+        if !self.done {
+            self.breaker.failed(self.probe);
         }
     }
 }

@@ -28,6 +28,10 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 ///   sum stays within the shared limit.
 /// - Errors that are not about availability (a cost above the limit) are
 ///   returned as they are.
+/// - A call to the primary that the caller drops before it answers (a
+///   shorter timeout in the layer) counts as a failure too, so the breaker
+///   opens even when the caller gives up first. Still, give the layer a
+///   timeout longer than the primary's, so the fallback can answer the call.
 ///
 /// ```
 /// use std::sync::Arc;

@@ -60,6 +60,7 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Backend,
+    pool_size: u32,
     prefix: String,
     call_timeout: Duration,
     scripts: Scripts,
@@ -306,6 +307,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,
+                pool_size: self.pool_size,
                 prefix: self.prefix,
                 call_timeout: self.call_timeout,
                 scripts: Scripts::new(),
@@ -379,36 +381,64 @@ impl Inner {
         self.with_timeout(async {
             match &self.backend {
                 Backend::Pool(pool) => {
-                    // A pooled connection may have died with a Redis restart or
-                    // failover; it is then dropped and the call retried once on
-                    // a fresh connection, within the same timeout.
+                    // Pooled connections may have died with a Redis restart or
+                    // failover: each one that fails is dropped and the call is
+                    // retried on another, up to once per pooled connection plus
+                    // a fresh one, within the same timeout.
+                    let attempts = self.pool_size + 1;
                     let mut attempt = 0;
                     loop {
                         attempt += 1;
-                        let mut conn = pool.get().await.map_err(|e| match e {
-                            bb8::RunError::User(e) => backend_error(e),
-                            bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
-                        })?;
-                        let result = cmd.query_async(&mut conn.inner).await;
-                        match result {
-                            Err(e) if breaks_connection(&e) => {
-                                conn.broken = true;
-                                // A timed-out command may have run: never resend it. A
-                                // dropped connection at worst consumed once more, which
-                                // errs towards denying, never towards admitting.
-                                if attempt >= 2 || e.is_connection_refusal() || e.is_timeout() {
-                                    return Err(backend_error(e));
-                                }
+                        let state = pool.state();
+                        let result = if state.idle_connections == 0
+                            && state.connections < self.pool_size
+                        {
+                            // Connect here rather than through `Pool::get`, which
+                            // hides connection errors behind its own timeout: a
+                            // refused connection then fails at once.
+                            let mut conn =
+                                pool.dedicated_connection().await.map_err(backend_error)?;
+                            let result = cmd.query_async(&mut conn.inner).await;
+                            if !result.as_ref().is_err_and(breaks_connection) {
+                                let _ = pool.add(conn);
                             }
+                            result
+                        } else {
+                            let mut conn = pool.get().await.map_err(|e| match e {
+                                bb8::RunError::User(e) => backend_error(e),
+                                bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
+                            })?;
+                            let result = cmd.query_async(&mut conn.inner).await;
+                            if result.as_ref().is_err_and(breaks_connection) {
+                                conn.broken = true;
+                            }
+                            result
+                        };
+                        match result {
+                            // A timed-out command may have run: never resend it.
+                            Err(e) if e.is_timeout() => {
+                                return Err(StoreError::Timeout(self.call_timeout));
+                            }
+                            // A dead connection at worst ran the command once more,
+                            // which errs towards denying, never towards admitting.
+                            Err(e)
+                                if breaks_connection(&e)
+                                    && !e.is_connection_refusal()
+                                    && attempt < attempts => {}
                             other => return other.map_err(backend_error),
                         }
                     }
                 }
                 #[cfg(feature = "redis-cluster")]
-                Backend::Cluster(connection) => cmd
-                    .query_async(&mut connection.clone())
-                    .await
-                    .map_err(backend_error),
+                Backend::Cluster(connection) => {
+                    cmd.query_async(&mut connection.clone()).await.map_err(|e| {
+                        if e.is_timeout() {
+                            StoreError::Timeout(self.call_timeout)
+                        } else {
+                            backend_error(e)
+                        }
+                    })
+                }
             }
         })
         .await

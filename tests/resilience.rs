@@ -1,0 +1,1140 @@
+//! Faults between the rate limiter and Redis, with real processes on
+//! loopback: Redis killed under load and restarted, a slow, stalled or
+//! connection-dropping network (a [`FaultProxy`]), a replica promoted to
+//! primary, and the `distributed` example falling back to memory.
+//!
+//! Every test prints the figures it saw (`--nocapture` shows them);
+//! RELIABILITY.md summarises one run. The tests take turns (a shared lock):
+//! they measure latencies, which other tests running at once would blur.
+//! Everything is bounded in time: calls have timeouts, loads have deadlines,
+//! servers and processes are stopped when dropped.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{
+    BreakerState, CircuitBreaker, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD, Decision,
+    FallbackStore, MemoryStore, Policy, Rate, Store, StoreError,
+};
+use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::{ChildGuard, RedisServer, example_binary, free_port};
+use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
+use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
+use tower::{Layer, ServiceExt};
+
+/// The Redis call timeout of the stores under test.
+const CALL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What a call may take beyond [`CALL_TIMEOUT`] (scheduling, the fallback).
+const MARGIN: Duration = Duration::from_millis(150);
+
+/// The shared limit in these tests, and how many instances share it.
+const LIMIT: u64 = 30;
+const INSTANCES: u32 = 3;
+
+/// What each instance may admit on its own while Redis is unreachable.
+const LOCAL_SHARE: u64 = LIMIT / INSTANCES as u64;
+
+/// Concurrent clients of the load under which Redis is killed.
+const TASKS: usize = 20;
+
+/// Pause between two requests of one client of the load.
+const PACE: Duration = Duration::from_millis(10);
+
+/// Load before Redis is killed, how long it stays down, load after it is back.
+const BEFORE: Duration = Duration::from_millis(700);
+const DOWN: Duration = Duration::from_secs(1);
+const AFTER: Duration = Duration::from_millis(1_500);
+
+/// Longest a whole test may run before it fails.
+const TEST_LIMIT: Duration = Duration::from_secs(40);
+
+/// The tests take turns: they measure latencies.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// 30 per 10 s, a window longer than any test, as a sliding log: exact, so
+/// "at most N in any window" is "at most N during the test".
+fn policy(name: &str) -> Policy {
+    Policy::sliding_window_log(LIMIT, Duration::from_secs(10))
+        .unwrap()
+        .with_name(name)
+        .unwrap()
+}
+
+async fn redis_store(url: String) -> RedisStore {
+    RedisStore::builder(url)
+        .call_timeout(CALL_TIMEOUT)
+        .build()
+        .await
+        .expect("a Redis store")
+}
+
+/// Runs `future`, failing the test if it takes longer than [`TEST_LIMIT`].
+async fn bounded<T>(future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_LIMIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("the test did not finish within {TEST_LIMIT:?}"))
+}
+
+/// Runs `future` and times it.
+async fn timed<T>(future: impl Future<Output = T>) -> (Duration, T) {
+    let start = Instant::now();
+    let value = future.await;
+    (start.elapsed(), value)
+}
+
+/// Stops (kills) `server` on a blocking thread, returning it.
+async fn stop(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .expect("stopping redis")
+}
+
+/// Restarts `server` on a blocking thread (it waits until Redis answers).
+async fn restart(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .expect("restarting redis")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}ms", d.as_secs_f64() * 1e3)
+}
+
+/// The `percent`-th percentile of `values`, which must not be empty.
+fn percentile(values: &[Duration], percent: usize) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let at = ((sorted.len() - 1) * percent.min(100) + 50) / 100;
+    sorted[at]
+}
+
+fn latency_summary(values: &[Duration]) -> String {
+    if values.is_empty() {
+        return String::from("no calls");
+    }
+    format!(
+        "p50 {} p99 {} max {}",
+        ms(percentile(values, 50)),
+        ms(percentile(values, 99)),
+        ms(percentile(values, 100))
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Redis killed under load, and restarted.
+
+/// How the layer under load is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// `RedisStore`, `FailurePolicy::Closed`.
+    Closed,
+    /// `RedisStore`, `FailurePolicy::Open`.
+    Open,
+    /// `FallbackStore` (limit / 3 in memory, default breaker), `Closed`.
+    Fallback,
+}
+
+/// One request of the load.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// When it was sent, from the start of the load.
+    start: Duration,
+    took: Duration,
+    status: u16,
+    /// `X-RateLimit-Limit`: 30 when Redis decided, 10 when the fallback did,
+    /// absent when the request failed open or was refused with 503.
+    limit: Option<u64>,
+}
+
+impl Sample {
+    fn end(&self) -> Duration {
+        self.start + self.took
+    }
+}
+
+/// When Redis went down and came back, from the start of the load.
+#[derive(Debug, Default, Clone, Copy)]
+struct Timeline {
+    /// `stop` returned: Redis is dead.
+    down: Duration,
+    /// `restart` was called: nothing answers before this.
+    restarting: Duration,
+    /// `restart` returned: Redis answers.
+    up: Duration,
+    end: Duration,
+}
+
+/// Runs [`TASKS`] clients against `service` for the whole timeline, every
+/// request timed, while Redis is killed after [`BEFORE`] and restarted
+/// [`DOWN`] later. Returns the samples and the timeline.
+async fn load_through_outage<S>(service: S, server: RedisServer) -> (Vec<Sample>, Timeline)
+where
+    S: tower::Service<
+            Request<()>,
+            Response = Response<ratelimit_tower::body::ResponseBody<String>>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let t0 = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::with_capacity(TASKS);
+    for _ in 0..TASKS {
+        let service = service.clone();
+        let done = Arc::clone(&done);
+        clients.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let start = t0.elapsed();
+                let (took, response) = timed(service.clone().oneshot(Request::new(()))).await;
+                let response = response.expect("the service is infallible");
+                let limit = response
+                    .headers()
+                    .get(&X_RATELIMIT_LIMIT)
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                samples.push(Sample {
+                    start,
+                    took,
+                    status: response.status().as_u16(),
+                    limit,
+                });
+                tokio::time::sleep(PACE).await;
+            }
+            samples
+        }));
+    }
+
+    tokio::time::sleep(BEFORE).await;
+    let server = stop(server).await;
+    let down = t0.elapsed();
+    tokio::time::sleep(DOWN).await;
+    let restarting = t0.elapsed();
+    let server = restart(server).await;
+    let up = t0.elapsed();
+    tokio::time::sleep(AFTER).await;
+    done.store(true, Ordering::Relaxed);
+
+    let mut samples = Vec::new();
+    for client in clients {
+        samples.extend(client.await.expect("a load client panicked"));
+    }
+    let end = t0.elapsed();
+    drop(server);
+    samples.sort_by_key(|s| s.start);
+    (
+        samples,
+        Timeline {
+            down,
+            restarting,
+            up,
+            end,
+        },
+    )
+}
+
+fn statuses(samples: &[&Sample]) -> BTreeMap<u16, usize> {
+    let mut counts = BTreeMap::new();
+    for s in samples {
+        *counts.entry(s.status).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn redis_killed_under_load(setup: Setup) {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let redis = redis_store(server.url()).await;
+    let policy = policy("outage");
+    let key = |_: &Request<()>| Some(Key::from("hot"));
+    let headers = RateLimitHeaders::none().with_legacy(ResetFormat::DelaySeconds);
+    let inner = tower::service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let breaker = Arc::new(CircuitBreaker::default());
+    let fallback = FallbackStore::new(
+        redis.clone(),
+        MemoryStore::new(),
+        INSTANCES,
+        Arc::clone(&breaker),
+    );
+    // Warm up: a connection and the script, outside the measured load.
+    redis
+        .check(b"warm-up", &policy, 1)
+        .await
+        .expect("Redis answers");
+
+    let (samples, t) = bounded(async {
+        match setup {
+            Setup::Closed | Setup::Open => {
+                let failure = if setup == Setup::Closed {
+                    FailurePolicy::Closed
+                } else {
+                    FailurePolicy::Open
+                };
+                let layer = RateLimitLayer::new(redis.clone(), policy.clone(), key)
+                    .on_failure(failure)
+                    .headers(headers);
+                load_through_outage(layer.layer(inner), server).await
+            }
+            Setup::Fallback => {
+                let layer = RateLimitLayer::new(fallback.clone(), policy.clone(), key)
+                    .on_failure(FailurePolicy::Closed)
+                    .headers(headers);
+                load_through_outage(layer.layer(inner), server).await
+            }
+        }
+    })
+    .await;
+
+    let label = format!("{setup:?}").to_lowercase();
+    let all: Vec<&Sample> = samples.iter().collect();
+    let before: Vec<&Sample> = samples.iter().filter(|s| s.end() < t.down).collect();
+    // Sent once Redis was dead, answered before it was restarted: nothing
+    // but the failure policy (or the fallback) can answer these. (A call
+    // sent a little earlier may wait for a connection until the restart.)
+    let during: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.start >= t.down && s.end() <= t.restarting)
+        .collect();
+    // Answered after the restart began: Redis may have answered these.
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.end() > t.restarting).collect();
+    let took = |set: &[&Sample]| set.iter().map(|s| s.took).collect::<Vec<_>>();
+    let by_redis = |s: &Sample| s.limit == Some(LIMIT);
+    let by_fallback = |s: &Sample| s.limit == Some(LOCAL_SHARE);
+    // The first decision Redis made after the restart.
+    let recovered = after.iter().filter(|s| by_redis(s)).map(|s| s.end()).min();
+    let recovery = recovered.map(|r| r.saturating_sub(t.up));
+    let since_restart = recovered.map(|r| r.saturating_sub(t.restarting));
+
+    println!(
+        "[resilience] redis killed under load, {label}: {} requests from {TASKS} clients over {}; \
+         Redis down at {}, restarted at {} (answering at {})",
+        samples.len(),
+        ms(t.end),
+        ms(t.down),
+        ms(t.restarting),
+        ms(t.up),
+    );
+    println!(
+        "[resilience]   latency: all {}; while down {}",
+        latency_summary(&took(&all)),
+        latency_summary(&took(&during))
+    );
+    println!(
+        "[resilience]   statuses before {:?}, while down {:?}, after {:?}",
+        statuses(&before),
+        statuses(&during),
+        statuses(&after)
+    );
+    let admitted_down = during.iter().filter(|s| s.status == 200).count();
+    println!(
+        "[resilience]   admitted while down: {admitted_down} (decided by the fallback: {}); \
+         Redis decided again {} after the restart began, {} after it answered",
+        during.iter().filter(|s| by_fallback(s)).count(),
+        since_restart.map_or_else(|| String::from("never"), ms),
+        recovery.map_or_else(|| String::from("never"), ms),
+    );
+
+    // Every call answered within the call timeout, plus a margin.
+    let slowest = percentile(&took(&all), 100);
+    assert!(
+        slowest <= CALL_TIMEOUT + MARGIN,
+        "{label}: the slowest call took {}",
+        ms(slowest)
+    );
+    assert!(
+        during.len() >= TASKS * 5,
+        "{label}: only {} requests while Redis was down",
+        during.len()
+    );
+    assert!(
+        before
+            .iter()
+            .filter(|s| by_redis(s) && s.status == 200)
+            .count() as u64
+            == LIMIT,
+        "{label}: before the outage, Redis admitted exactly the limit: {:?}",
+        statuses(&before)
+    );
+    match setup {
+        Setup::Closed => assert!(
+            during.iter().all(|s| s.status == 503),
+            "{label}: while Redis was down every request is refused: {:?}",
+            statuses(&during)
+        ),
+        Setup::Open => assert!(
+            during.iter().all(|s| s.status == 200 && s.limit.is_none()),
+            "{label}: while Redis was down every request is let through: {:?}",
+            statuses(&during)
+        ),
+        Setup::Fallback => {
+            assert!(
+                during.iter().all(|s| by_fallback(s)),
+                "{label}: while Redis was down the fallback decides every request: {:?}",
+                during.iter().find(|s| !by_fallback(s))
+            );
+            // The fallback decided the calls in flight when Redis died too,
+            // before `down`: count everything it admitted during the test.
+            let admitted_by_fallback = samples
+                .iter()
+                .filter(|s| by_fallback(s) && s.status == 200)
+                .count() as u64;
+            println!(
+                "[resilience]   admitted by the fallback in all: {admitted_by_fallback} \
+                 (local share {LOCAL_SHARE} of {LIMIT})"
+            );
+            assert!(
+                (1..=LOCAL_SHARE).contains(&admitted_by_fallback),
+                "{label}: the fallback admits at most the local share ({LOCAL_SHARE}), admitted {admitted_by_fallback}"
+            );
+            println!(
+                "[resilience]   breaker: {:?} at the end, {} trip(s), {} fallback decisions",
+                breaker.state(),
+                breaker.trips(),
+                fallback.fallback_decisions()
+            );
+            assert_eq!(breaker.state(), BreakerState::Closed, "{label}");
+            assert_eq!(
+                fallback.fallback_decisions(),
+                samples.iter().filter(|s| by_fallback(s)).count() as u64,
+                "{label}: every fallback decision is a sample with the local limit"
+            );
+            let recovered = recovered.expect("Redis decided again");
+            let late: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.start > recovered && !by_redis(s))
+                .collect();
+            assert!(
+                late.is_empty(),
+                "{label}: once Redis decided again, it decided everything: {late:?}"
+            );
+        }
+    }
+    let recovery = recovery.unwrap_or_else(|| panic!("{label}: Redis never decided again"));
+    assert!(
+        recovery <= Duration::from_secs(1),
+        "{label}: Redis decided again {} after it answered",
+        ms(recovery)
+    );
+    // At most the limit: a call that timed out after Redis ran its script
+    // consumed without being admitted (which errs towards denying).
+    let readmitted = after
+        .iter()
+        .filter(|s| by_redis(s) && s.status == 200)
+        .count() as u64;
+    println!("[resilience]   admitted by the restarted (empty) Redis: {readmitted} of {LIMIT}");
+    assert!(
+        (1..=LIMIT).contains(&readmitted),
+        "{label}: the restarted (empty) Redis admits again, at most the limit: {readmitted}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_load_fail_closed_refuses_everything_while_down() {
+    redis_killed_under_load(Setup::Closed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_load_fail_open_admits_everything_while_down() {
+    redis_killed_under_load(Setup::Open).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_load_fallback_holds_the_local_share_and_recovers() {
+    redis_killed_under_load(Setup::Fallback).await;
+}
+
+/// How a call to a Redis that is down fails, with no load: within the call
+/// timeout, as an error the failure policies apply to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_fails_within_the_call_timeout() {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let redis = redis_store(server.url()).await;
+    let policy = policy("dead");
+    redis.check(b"k", &policy, 1).await.expect("Redis answers");
+    let server = stop(server).await;
+    bounded(async {
+        let mut took = Vec::new();
+        let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+        for _ in 0..5 {
+            let (t, result) = timed(redis.check(b"k", &policy, 1)).await;
+            let e = result.expect_err("Redis is down");
+            assert!(e.is_unavailable(), "{e:?}");
+            assert!(t <= CALL_TIMEOUT + MARGIN, "{e} after {}", ms(t));
+            *errors.entry(e.to_string()).or_default() += 1;
+            took.push(t);
+        }
+        println!(
+            "[resilience] Redis down (connection refused), call timeout {}: calls failed in {} \
+             with {errors:?}",
+            ms(CALL_TIMEOUT),
+            latency_summary(&took)
+        );
+    })
+    .await;
+    drop(server);
+}
+
+// ---------------------------------------------------------------------------
+// A slow, stalled, or connection-dropping network: the fault proxy.
+
+/// Whether `e` says Redis did not answer within [`CALL_TIMEOUT`].
+///
+/// `RedisStore` documents `StoreError::Timeout`, but the Redis client's own
+/// response timeout (set to the same duration) usually fires first, and is
+/// reported as `StoreError::Backend(timed out)`: both count here, and the
+/// tests print which one they saw (see RELIABILITY.md).
+fn is_timeout(e: &StoreError) -> bool {
+    match e {
+        StoreError::Timeout(t) => *t == CALL_TIMEOUT,
+        StoreError::Backend(e) => e.to_string().contains("timed out"),
+        _ => false,
+    }
+}
+
+/// Calls `store` directly `n` times: each must fail within the timeout
+/// (plus the margin) and satisfy `expected`. Returns the latencies, and how
+/// many times each error was seen.
+async fn failing_calls(
+    store: &RedisStore,
+    policy: &Policy,
+    n: usize,
+    what: &str,
+    expected: impl Fn(&StoreError) -> bool,
+) -> (Vec<Duration>, BTreeMap<String, usize>) {
+    let mut took = Vec::with_capacity(n);
+    let mut errors = BTreeMap::new();
+    for i in 0..n {
+        let (t, result) = timed(store.check(b"proxied", policy, 1)).await;
+        match result {
+            Err(e) if expected(&e) => *errors.entry(e.to_string()).or_insert(0) += 1,
+            other => panic!("{what}: call {i} gave {other:?} after {}", ms(t)),
+        }
+        assert!(
+            t <= CALL_TIMEOUT + MARGIN,
+            "{what}: call {i} took {}",
+            ms(t)
+        );
+        took.push(t);
+    }
+    (took, errors)
+}
+
+/// Calls `store` (a fallback store) until its breaker opens. Every call must
+/// be decided by the fallback within the timeout plus the margin. Returns the
+/// latencies of the calls it took, then of ten calls while it is open.
+async fn trip(
+    store: &FallbackStore<RedisStore>,
+    policy: &Policy,
+    what: &str,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let breaker = store.breaker();
+    let mut tripping = Vec::new();
+    while breaker.state() != BreakerState::Open {
+        assert!(
+            tripping.len() < 10,
+            "{what}: the breaker did not open after {} failures",
+            tripping.len()
+        );
+        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
+        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            decision.limit(),
+            LOCAL_SHARE,
+            "{what}: decided by the fallback"
+        );
+        assert!(t <= CALL_TIMEOUT + MARGIN, "{what}: a call took {}", ms(t));
+        tripping.push(t);
+    }
+    let mut open = Vec::new();
+    for _ in 0..10 {
+        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
+        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            decision.limit(),
+            LOCAL_SHARE,
+            "{what}: decided by the fallback"
+        );
+        open.push(t);
+    }
+    (tripping, open)
+}
+
+/// Calls `store` every 10 ms until its breaker is closed and a call was
+/// decided by Redis; returns how long that took.
+async fn until_closed(store: &FallbackStore<RedisStore>, policy: &Policy, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let decision: Decision = store
+            .check(b"proxied", policy, 0)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        if store.breaker().state() == BreakerState::Closed && decision.limit() == LIMIT {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{what}: the breaker stayed {:?}",
+            store.breaker().state()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers() {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let redis = redis_store(proxy.redis_url()).await;
+    let breaker = Arc::new(CircuitBreaker::default());
+    let store = FallbackStore::new(
+        redis.clone(),
+        MemoryStore::new(),
+        INSTANCES,
+        Arc::clone(&breaker),
+    );
+    let policy = policy("proxied");
+    let recovery_bound = DEFAULT_COOL_DOWN + CALL_TIMEOUT + MARGIN;
+
+    bounded(async {
+        let (t, decision) = timed(store.check(b"proxied", &policy, 1)).await;
+        let decision = decision.expect("Redis through the proxy");
+        assert_eq!(decision.limit(), LIMIT, "decided by Redis");
+        println!(
+            "[resilience] fault proxy, forwarding: first call (connect + script load) {}",
+            ms(t)
+        );
+
+        for (fault, set) in [
+            (
+                "300 ms latency",
+                Box::new(|p: &FaultProxy| p.set_latency(Duration::from_millis(300)))
+                    as Box<dyn Fn(&FaultProxy)>,
+            ),
+            ("stall", Box::new(|p: &FaultProxy| p.set_mode(Mode::Stall))),
+        ] {
+            set(&proxy);
+            let (direct, errors) = failing_calls(&redis, &policy, 5, fault, is_timeout).await;
+            assert!(
+                direct
+                    .iter()
+                    .all(|t| *t >= CALL_TIMEOUT - Duration::from_millis(2)),
+                "{fault}: a call gave up before the timeout: {direct:?}"
+            );
+            let trips = breaker.trips();
+            let (tripping, open) = trip(&store, &policy, fault).await;
+            assert_eq!(
+                tripping.len(),
+                DEFAULT_FAILURE_THRESHOLD as usize,
+                "{fault}: the breaker opens after its threshold of consecutive failures"
+            );
+            assert_eq!(breaker.trips(), trips + 1, "{fault}");
+            proxy.set_latency(Duration::ZERO);
+            proxy.set_mode(Mode::Forward);
+            let recovery = until_closed(&store, &policy, fault).await;
+            println!(
+                "[resilience] fault proxy, {fault}: RedisStore (call timeout {}) failed in {} \
+                 with {errors:?}; FallbackStore: {} slow calls to open the breaker ({}), then \
+                 {} while open; back to forwarding, breaker closed in {}",
+                ms(CALL_TIMEOUT),
+                latency_summary(&direct),
+                tripping.len(),
+                latency_summary(&tripping),
+                latency_summary(&open),
+                ms(recovery),
+            );
+            assert!(
+                recovery <= recovery_bound,
+                "{fault}: the breaker closed {} after the fault ended (cool-down {} + a probe)",
+                ms(recovery),
+                ms(DEFAULT_COOL_DOWN)
+            );
+        }
+
+        proxy.set_mode(Mode::Drop);
+        // Errors, never a hang: within the call timeout. (They come only at
+        // the timeout, as `Timeout`: see `a_refused_connection_fails_at_once`.)
+        let (direct, errors) =
+            failing_calls(&redis, &policy, 5, "drop", StoreError::is_unavailable).await;
+        let (tripping, open) = trip(&store, &policy, "drop").await;
+        proxy.set_mode(Mode::Forward);
+        let recovery = until_closed(&store, &policy, "drop").await;
+        println!(
+            "[resilience] fault proxy, dropped connections: RedisStore errors in {} ({errors:?}); \
+             FallbackStore: {} failed calls to open the breaker ({}), then {} while open; \
+             back to forwarding, breaker closed in {}",
+            latency_summary(&direct),
+            tripping.len(),
+            latency_summary(&tripping),
+            latency_summary(&open),
+            ms(recovery),
+        );
+        assert!(
+            recovery <= recovery_bound,
+            "drop: closed in {}",
+            ms(recovery)
+        );
+        assert_eq!(breaker.trips(), 3);
+        println!(
+            "[resilience] fault proxy: {} connections accepted in all",
+            proxy.accepted()
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// A replica promoted to primary.
+
+/// Polls `INFO replication` of `replica` until its link to the primary is up.
+fn wait_for_link(replica: &RedisServer) -> Duration {
+    let start = Instant::now();
+    loop {
+        let info = replica.cli(&["INFO", "replication"]);
+        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the replica did not sync within 10 s:\n{info}\n{}",
+            replica.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of `field` in `INFO replication` of `server`.
+fn replication_offset(server: &RedisServer, field: &str) -> u64 {
+    let info = server.cli(&["INFO", "replication"]);
+    info.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(field)?
+                .strip_prefix(':')?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {field} in INFO replication:\n{info}"))
+}
+
+/// Polls `replica` until it has applied the replication stream up to
+/// `offset`; returns how long that took. (A replica fed by a diskless full
+/// sync is only sent the stream once it first acknowledges, up to a second
+/// after the sync.)
+fn wait_for_offset(replica: &RedisServer, offset: u64) -> Duration {
+    let start = Instant::now();
+    loop {
+        if replication_offset(replica, "slave_repl_offset") >= offset {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the replica did not reach offset {offset} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
+    let _turn = SERIAL.lock().await;
+    let mut primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let primary_port = primary.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &primary_port]);
+    let synced = wait_for_link(&replica);
+    let policy = Policy::gcra(10, Rate::per_hour(10))
+        .unwrap()
+        .with_name("failover")
+        .unwrap();
+
+    bounded(async {
+        let on_primary = redis_store(primary.url()).await;
+        for expected in (6..10).rev() {
+            let d = on_primary.check(b"tenant", &policy, 1).await.unwrap();
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), expected);
+        }
+        // Wait until the replica applied every write. (`WAIT` from
+        // redis-cli would not do: it waits for that connection's writes.)
+        let written = replication_offset(&primary, "master_repl_offset");
+        let caught_up = wait_for_offset(&replica, written);
+
+        // A replica refuses writes until it is promoted.
+        let on_replica = redis_store(replica.url()).await;
+        let cached = replica
+            .cli(&["INFO", "memory"])
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("number_of_cached_scripts:")
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        assert_eq!(cached, "0", "scripts cached on the replica");
+        let refused = on_replica.check(b"tenant", &policy, 1).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Backend(e))
+                if e.to_string().to_lowercase().contains("read only")),
+            "a check on a replica: {refused:?}"
+        );
+
+        let promoting = Instant::now();
+        assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+        primary.stop();
+        let (t, dead) = timed(on_primary.check(b"tenant", &policy, 1)).await;
+        assert!(dead.is_err(), "the old primary is gone: {dead:?}");
+        assert!(
+            t <= CALL_TIMEOUT + MARGIN,
+            "the old primary's error took {}",
+            ms(t)
+        );
+        // Replication sends the scripts' effects, not the scripts: the
+        // replica had none cached. (The refused check above loaded one;
+        // flushing drops it, as a fresh replica would have none.)
+        assert_eq!(replica.cli(&["SCRIPT", "FLUSH"]), "OK");
+
+        // Clients pointed at the promoted replica continue where the primary
+        // stopped: the state was replicated.
+        let promoted = redis_store(replica.url()).await;
+        let mut remaining = Vec::new();
+        for expected in (0..6).rev() {
+            let d = promoted.check(b"tenant", &policy, 1).await.unwrap();
+            assert!(d.is_allowed(), "{d:?}");
+            assert_eq!(d.remaining(), expected, "the replicated state continues");
+            remaining.push(d.remaining());
+        }
+        let denied = promoted.check(b"tenant", &policy, 1).await.unwrap();
+        assert!(!denied.is_allowed(), "the 11th request of 10: {denied:?}");
+        // The old store instance, once its Redis is gone, keeps failing; the
+        // refused store on the replica works once it is promoted.
+        let d = on_replica.check(b"other", &policy, 1).await.unwrap();
+        assert_eq!(d.remaining(), 9);
+        println!(
+            "[resilience] replica promoted: synced in {}, caught up with the writes in {}; before promotion a check on the \
+             replica failed (read only); the old primary's error came after {}; scripts cached \
+             on the replica: {cached}; after REPLICAOF NO ONE and SCRIPT FLUSH, decisions continued \
+             from the replicated state (remaining {remaining:?}, then denied), all within {} of \
+             the promotion",
+            ms(synced),
+            ms(caught_up),
+            ms(t),
+            ms(promoting.elapsed()),
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// The `distributed` example with `--failure fallback`.
+
+/// A running instance of the example, killed when dropped.
+struct Instance {
+    _process: ChildGuard,
+    base: String,
+}
+
+/// Spawns the example on a free loopback port with `args` after `--listen`,
+/// and waits for its `listening on http://ADDR` line.
+fn spawn_instance(binary: &PathBuf, args: &[&str]) -> Instance {
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut command = Command::new(binary);
+    command
+        .arg("--listen")
+        .arg(listen.to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut process = ChildGuard::spawn(&mut command).expect("spawning the distributed example");
+    let stdout = process.child().stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let result = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+        let _ = sender.send(result);
+    });
+    let line = receiver
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a line on stdout within 30 s")
+        .expect("reading stdout");
+    assert_eq!(line.trim_end(), format!("listening on http://{listen}"));
+    Instance {
+        _process: process,
+        base: format!("http://{listen}"),
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str, api_key: &str) -> (u16, String) {
+    let response = client
+        .get(url)
+        .header("x-api-key", api_key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
+    let _turn = SERIAL.lock().await;
+    let binary = tokio::task::spawn_blocking(|| example_binary("distributed"))
+        .await
+        .unwrap();
+    let server = RedisServer::start();
+    let url = server.url();
+    let instances: Vec<Instance> = (0..INSTANCES)
+        .map(|_| {
+            spawn_instance(
+                &binary,
+                &[
+                    "--redis",
+                    &url,
+                    "--algorithm",
+                    "sliding-log",
+                    "--limit",
+                    "30",
+                    "--window",
+                    "1m",
+                    "--failure",
+                    "fallback",
+                    "--instances",
+                    "3",
+                    "--timeout",
+                    "200ms",
+                ],
+            )
+        })
+        .collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    bounded(async {
+        for (i, instance) in instances.iter().enumerate() {
+            let health = get(&client, &format!("{}/health", instance.base), "").await;
+            assert_eq!(health, (200, String::from("closed\n")), "instance {i}");
+            let (status, body) = get(&client, &format!("{}/", instance.base), "alice").await;
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains(&format!("{} of 30 left", 29 - i)), "{body}");
+        }
+
+        let server = stop(server).await;
+        let mut tasks = Vec::new();
+        for instance in &instances {
+            for _ in 0..30 {
+                let (client, url) = (client.clone(), format!("{}/", instance.base));
+                tasks.push(tokio::spawn(async move {
+                    let (took, (status, body)) = timed(get(&client, &url, "alice")).await;
+                    (url, took, status, body)
+                }));
+            }
+        }
+        let mut admitted: BTreeMap<String, usize> = BTreeMap::new();
+        let mut counts: BTreeMap<u16, usize> = BTreeMap::new();
+        let mut took = Vec::new();
+        for task in tasks {
+            let (url, t, status, body) = task.await.unwrap();
+            *counts.entry(status).or_default() += 1;
+            took.push(t);
+            if status == 200 {
+                assert!(
+                    body.contains(" of 10 left"),
+                    "decided by the fallback: {body}"
+                );
+                *admitted.entry(url).or_default() += 1;
+            }
+        }
+        let mut states = Vec::new();
+        for instance in &instances {
+            states.push(
+                get(&client, &format!("{}/health", instance.base), "")
+                    .await
+                    .1,
+            );
+        }
+        println!(
+            "[resilience] distributed example, Redis killed: 90 requests for one key across 3 \
+             instances: statuses {counts:?}, admitted per instance {:?} (share {LOCAL_SHARE}), \
+             latency {}; /health {states:?}",
+            admitted.values().collect::<Vec<_>>(),
+            latency_summary(&took),
+        );
+        assert!(
+            admitted.values().all(|&n| n as u64 <= LOCAL_SHARE),
+            "at most the share per instance: {admitted:?}"
+        );
+        assert!(
+            admitted.values().sum::<usize>() as u64 <= LIMIT,
+            "at most the shared limit in all"
+        );
+        assert!(
+            !admitted.is_empty(),
+            "the fallback admits while Redis is down"
+        );
+        assert_eq!(counts.get(&503), None, "nothing refused for want of Redis");
+        assert!(states.iter().all(|s| s == "open\n"), "{states:?}");
+
+        let server = restart(server).await;
+        let up = Instant::now();
+        let mut recovered = Vec::new();
+        for instance in &instances {
+            loop {
+                let _ = get(&client, &format!("{}/", instance.base), "bob").await;
+                let (_, state) = get(&client, &format!("{}/health", instance.base), "").await;
+                if state == "closed\n" {
+                    recovered.push(up.elapsed());
+                    break;
+                }
+                assert!(
+                    up.elapsed() < Duration::from_secs(2),
+                    "{}: /health still {state:?} 2 s after Redis came back",
+                    instance.base
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let (status, body) = get(&client, &format!("{}/", instances[0].base), "carol").await;
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("29 of 30 left"),
+            "decided by Redis again: {body}"
+        );
+        println!(
+            "[resilience] distributed example, Redis restarted: /health closed again after {:?}",
+            recovered.iter().map(|d| ms(*d)).collect::<Vec<_>>()
+        );
+        drop(server);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Regressions: four faults found by these tests and fixed in `ratelimit-core`
+// (see RELIABILITY.md).
+
+/// `RedisStore` retries a call once "on a fresh connection" when its pooled
+/// connection died with a Redis restart. But the retry takes the next idle
+/// connection, dead too when several were pooled: after a restart with no
+/// traffic in between, the first calls fail (`broken pipe`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_fails_no_call_whatever_the_pool_held() {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .call_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let policy = policy("restart");
+    // Concurrent calls fill the pool with several connections.
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let (redis, policy) = (redis.clone(), policy.clone());
+            tokio::spawn(async move { redis.check(format!("k{i}").as_bytes(), &policy, 1).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    let _server = restart(server).await;
+    for i in 0..4 {
+        let result = redis.check(b"after", &policy, 1).await;
+        assert!(result.is_ok(), "call {i} after the restart: {result:?}");
+    }
+}
+
+/// A refused connection (nothing listens) fails at once, as a backend
+/// error, rather than after the whole call timeout as `Timeout`: bb8's
+/// `Pool::get` never returns connection errors (it hands them to its error
+/// sink and waits for its connection timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_fails_at_once() {
+    let _turn = SERIAL.lock().await;
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let redis = redis_store(url).await;
+    let (t, result) = timed(redis.check(b"k", &policy("refused"), 1)).await;
+    assert!(
+        matches!(result, Err(StoreError::Backend(_))) && t < CALL_TIMEOUT / 2,
+        "{result:?} after {}",
+        ms(t)
+    );
+}
+
+/// A Redis slower than the call timeout fails with `StoreError::Timeout`, as
+/// `RedisStoreBuilder::call_timeout` documents, not `Backend(timed out)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_fails_with_store_error_timeout() {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let redis = redis_store(proxy.redis_url()).await;
+    let policy = policy("slow");
+    redis.check(b"k", &policy, 1).await.unwrap();
+    proxy.set_latency(Duration::from_millis(300));
+    for i in 0..10 {
+        let result = redis.check(b"k", &policy, 1).await;
+        assert!(
+            matches!(result, Err(StoreError::Timeout(_))),
+            "call {i}: {result:?}"
+        );
+    }
+}
+
+/// With a `FallbackStore`, a layer timeout shorter than the store's call
+/// timeout drops the primary call before it fails: the breaker never counts
+/// the failure, never opens, and the fallback never decides; every request
+/// gets the layer's failure policy (here 503) instead of the local share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_timeout_below_the_store_timeout_still_falls_back() {
+    let _turn = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let redis = redis_store(proxy.redis_url()).await;
+    let breaker = Arc::new(CircuitBreaker::default());
+    let store = FallbackStore::new(redis, MemoryStore::new(), INSTANCES, Arc::clone(&breaker));
+    let policy = policy("layer-timeout");
+    store.check(b"k", &policy, 1).await.unwrap();
+    let inner = tower::service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let service = RateLimitLayer::new(store.clone(), policy, |_: &Request<()>| {
+        Some(Key::from("k"))
+    })
+    .on_failure(FailurePolicy::Closed)
+    .timeout(CALL_TIMEOUT / 2)
+    .layer(inner);
+    proxy.set_mode(Mode::Stall);
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let response = service.clone().oneshot(Request::new(())).await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(breaker.state(), BreakerState::Open, "statuses {statuses:?}");
+    assert!(store.fallback_decisions() > 0, "statuses {statuses:?}");
+}
