@@ -105,6 +105,39 @@ impl<P: Store, F: Store> FallbackStore<P, F> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
+/// Awaits the primary's answer when the breaker routed the call there, and
+/// tells the breaker how it went. `None` means: let the fallback decide (the
+/// breaker is open, or the primary is unavailable).
+async fn ask_primary<T, Fut>(
+    breaker: &CircuitBreaker,
+    route: Route,
+    call: Option<Fut>,
+) -> Option<Result<T, StoreError>>
+where
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let (Route::Primary { probe }, Some(call)) = (route, call) else {
+        return None;
+    };
+    let mut guard = ProbeGuard {
+        breaker,
+        probe,
+        done: false,
+    };
+    let result = call.await;
+    guard.done = true;
+    match result {
+        Err(e) if e.is_unavailable() && !matches!(e, StoreError::Full { .. }) => {
+            breaker.failed(probe);
+            None
+        }
+        other => {
+            breaker.succeeded(probe);
+            Some(other)
+        }
+    }
+}
+
 fn mark(decision: Decision) -> Decision {
     match decision.permit() {
         Some(p) => decision.with_permit(PermitId(p.0 | FALLBACK_PERMIT)),
@@ -160,23 +193,8 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             Route::Elsewhere => None,
         };
         Box::pin(async move {
-            if let (Route::Primary { probe }, Some(call)) = (route, primary) {
-                let mut guard = ProbeGuard {
-                    breaker: &inner.breaker,
-                    probe,
-                    done: false,
-                };
-                let result = call.await;
-                guard.done = true;
-                match result {
-                    Err(e) if e.is_unavailable() && !matches!(e, StoreError::Full { .. }) => {
-                        inner.breaker.failed(probe);
-                    }
-                    other => {
-                        inner.breaker.succeeded(probe);
-                        return other;
-                    }
-                }
+            if let Some(answer) = ask_primary(&inner.breaker, route, primary).await {
+                return answer;
             }
             inner.fallback_check(key, policy, cost).await
         })
@@ -199,23 +217,8 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             Route::Elsewhere => None,
         };
         Box::pin(async move {
-            if let (Route::Primary { probe }, Some(call)) = (route, primary) {
-                let mut guard = ProbeGuard {
-                    breaker: &inner.breaker,
-                    probe,
-                    done: false,
-                };
-                let result = call.await;
-                guard.done = true;
-                match result {
-                    Err(e) if e.is_unavailable() && !matches!(e, StoreError::Full { .. }) => {
-                        inner.breaker.failed(probe);
-                    }
-                    other => {
-                        inner.breaker.succeeded(probe);
-                        return other;
-                    }
-                }
+            if let Some(answer) = ask_primary(&inner.breaker, route, primary).await {
+                return answer;
             }
             inner.fallback_decisions.fetch_add(1, Ordering::Relaxed);
             let mut locals = Vec::with_capacity(owned.len());
