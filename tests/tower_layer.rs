@@ -212,22 +212,26 @@ impl Store for DownStore {
 #[tokio::test]
 async fn store_failures_follow_the_failure_policy() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let mut open = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
-        .on_failure(FailurePolicy::Open)
-        .layer(mock);
+    let open_layer = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+        .on_failure(FailurePolicy::Open);
+    let mut open = open_layer.layer(mock);
     for _ in 0..3 {
         let (r, reached) = send(&mut open, &mut handle, Request::new("")).await;
         assert!(reached);
         assert_eq!(r.status(), StatusCode::OK);
     }
+    // Failing open is counted (and logged).
+    assert_eq!(open_layer.stats().failed_open(), 3);
+    assert_eq!(open_layer.stats().failed_closed(), 0);
 
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let mut closed = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
-        .on_failure(FailurePolicy::Closed)
-        .layer(mock);
+    let closed_layer = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+        .on_failure(FailurePolicy::Closed);
+    let mut closed = closed_layer.layer(mock);
     let (r, reached) = send(&mut closed, &mut handle, Request::new("")).await;
     assert!(!reached);
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(closed_layer.stats().failed_closed(), 1);
 }
 
 #[tokio::test]

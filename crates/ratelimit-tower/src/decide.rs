@@ -29,6 +29,7 @@ pub(crate) enum Outcome {
 pub(crate) type OutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 pub(crate) struct Settings<St> {
+    pub(crate) stats: Arc<crate::layer::Stats>,
     pub(crate) store: St,
     pub(crate) mode: Mode,
     pub(crate) failure: FailurePolicy,
@@ -61,7 +62,15 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
             }
             Err(error) => {
-                return if settings.failure.allows(&error) {
+                let allowed = settings.failure.allows(&error);
+                settings.stats.record(allowed);
+                tracing::warn!(
+                    error = %error,
+                    allowed,
+                    "rate-limit store could not decide; the failure policy {}",
+                    if allowed { "lets the request through" } else { "refuses it" }
+                );
+                return if allowed {
                     Outcome::FailedOpen
                 } else {
                     Outcome::Rejected(Rejection::Unavailable(Arc::new(error)))

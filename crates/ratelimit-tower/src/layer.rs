@@ -59,6 +59,36 @@ impl fmt::Debug for FailurePolicy {
     }
 }
 
+/// Counts of what a layer did when its store could not decide. Each such
+/// request is also logged with `tracing` at `warn` level.
+#[derive(Debug, Default)]
+pub struct Stats {
+    failed_open: std::sync::atomic::AtomicU64,
+    failed_closed: std::sync::atomic::AtomicU64,
+}
+
+impl Stats {
+    /// Requests let through because the store failed and the policy allowed it.
+    pub fn failed_open(&self) -> u64 {
+        self.failed_open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Requests refused because the store failed and the policy refused them.
+    pub fn failed_closed(&self) -> u64 {
+        self.failed_closed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn record(&self, allowed: bool) {
+        let counter = if allowed {
+            &self.failed_open
+        } else {
+            &self.failed_closed
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// What to do with a request for which a rule's key extractor finds no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -114,6 +144,7 @@ pub enum Mode {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer<St, P, J = HttpRejections> {
+    pub(crate) stats: Arc<Stats>,
     pub(crate) store: St,
     pub(crate) rules: P,
     pub(crate) reject: J,
@@ -161,6 +192,7 @@ impl<St, P> RateLimitLayer<St, P> {
     /// ```
     pub fn with_rules(store: St, rules: P) -> Self {
         RateLimitLayer {
+            stats: Arc::default(),
             store,
             rules,
             reject: HttpRejections::default(),
@@ -199,6 +231,7 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
     /// Prices requests with `cost` (a [`Constant`](crate::Constant) or a closure over the request).
     pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<St, Rule<K, C2>, J> {
         RateLimitLayer {
+            stats: self.stats,
             store: self.store,
             rules: self.rules.cost(cost),
             reject: self.reject,
@@ -225,6 +258,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// Checks `rule` too, all or nothing with the rules already there.
     pub fn and<R>(self, rule: R) -> RateLimitLayer<St, And<P, R>, J> {
         RateLimitLayer {
+            stats: self.stats,
             store: self.store,
             rules: And(self.rules, rule),
             reject: self.reject,
@@ -238,6 +272,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// for request types that are not HTTP.
     pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
         RateLimitLayer {
+            stats: self.stats,
             store: self.store,
             rules: self.rules,
             reject: ErrorRejections,
@@ -266,6 +301,12 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;
         self
+    }
+
+    /// What the layer has done when the store could not decide, shared by
+    /// every service this layer built.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// The longest one store call may take before it counts as a failure

@@ -62,7 +62,7 @@ pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies}
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
 pub use key::{Composite, GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp, RouteKey};
-pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer};
+pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer, Stats};
 pub use permit::PermitGuard;
 pub use reject::{
     BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, is_grpc,

@@ -69,6 +69,7 @@ where
         let limits = config.rules.limits(&req);
         let outcome = decide(
             Settings {
+                stats: config.stats.clone(),
                 store: config.store.clone(),
                 mode: config.mode,
                 failure: config.failure.clone(),
