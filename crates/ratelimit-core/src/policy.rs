@@ -168,6 +168,8 @@ struct Inner {
     algorithm: Algorithm,
     /// A hash of the name, computed once (stores hash it with the key).
     name_hash: u64,
+    /// Shadow mode: decided and counted, never enforced.
+    shadow: bool,
 }
 
 /// FNV-1a of a policy name: stable and cheap, computed once per policy.
@@ -186,6 +188,7 @@ impl Policy {
                 name_hash: name_hash(&name),
                 name: name.into_boxed_str(),
                 algorithm,
+                shadow: false,
             }),
         }
     }
@@ -249,8 +252,45 @@ impl Policy {
                 name_hash: name_hash(&name),
                 name: name.into_boxed_str(),
                 algorithm: self.inner.algorithm,
+                shadow: self.inner.shadow,
             }),
         })
+    }
+
+    /// The same policy in shadow mode (or not): it is decided, consumes and
+    /// is counted like any other, and its headers are set as configured, but
+    /// a layer never refuses a request because of it. Use it to dark-launch a
+    /// new limit and watch what it would have denied.
+    ///
+    /// Shadow mode does not change the storage key: a shadow policy and an
+    /// enforced one with the same name share their state.
+    ///
+    /// ```
+    /// use ratelimit_core::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let trial = Policy::fixed_window(100, Duration::from_secs(60))?.with_shadow(true);
+    /// assert!(trial.is_shadow());
+    /// # Ok::<(), ratelimit_core::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_shadow(self, shadow: bool) -> Self {
+        if self.inner.shadow == shadow {
+            return self;
+        }
+        Policy {
+            inner: Arc::new(Inner {
+                name: self.inner.name.clone(),
+                algorithm: self.inner.algorithm,
+                name_hash: self.inner.name_hash,
+                shadow,
+            }),
+        }
+    }
+
+    /// Whether the policy is in shadow mode (see [`with_shadow`](Policy::with_shadow)).
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow
     }
 
     /// The policy's name.
@@ -351,6 +391,7 @@ impl Policy {
                 name: self.inner.name.clone(),
                 algorithm,
                 name_hash: self.inner.name_hash,
+                shadow: self.inner.shadow,
             }),
         })
     }
@@ -366,6 +407,7 @@ impl fmt::Debug for Policy {
         f.debug_struct("Policy")
             .field("name", &self.name())
             .field("algorithm", self.algorithm())
+            .field("shadow", &self.is_shadow())
             .finish()
     }
 }
