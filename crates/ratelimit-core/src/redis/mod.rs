@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::clock::Clock;
@@ -24,13 +23,16 @@ use crate::policy::Algorithm;
 use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
+mod connections;
 mod scripts;
 
+use connections::Connections;
 use scripts::Scripts;
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
-/// The default number of pooled (multiplexed) connections.
+/// The default number of multiplexed connections to one node, each shared by
+/// every concurrent call.
 pub const DEFAULT_POOL_SIZE: u32 = 4;
 /// The default time allowed to open a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -60,7 +62,6 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Backend,
-    pool_size: u32,
     prefix: String,
     call_timeout: Duration,
     scripts: Scripts,
@@ -70,7 +71,7 @@ struct Inner {
 }
 
 enum Backend {
-    Pool(bb8::Pool<Manager>),
+    Node(Box<Connections>),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
@@ -78,7 +79,7 @@ enum Backend {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let backend = match &self.inner.backend {
-            Backend::Pool(_) => "single node",
+            Backend::Node(_) => "single node",
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(_) => "cluster",
         };
@@ -182,7 +183,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many multiplexed connections to pool (default [`DEFAULT_POOL_SIZE`], at least 1).
+    /// How many multiplexed connections to keep to a single node (default
+    /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
+    /// call, which pipelines its commands; calls take them in turn.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
@@ -283,21 +286,10 @@ impl RedisStoreBuilder {
             };
             #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
-            let manager = Manager {
-                client,
-                config: AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.call_timeout)),
-            };
-            let pool = bb8::Pool::builder()
-                .max_size(self.pool_size)
-                .min_idle(Some(0))
-                .test_on_check_out(false)
-                // Waiting for a pooled connection is part of the call's budget.
-                .connection_timeout(self.connect_timeout.max(self.call_timeout))
-                .retry_connection(false)
-                .build_unchecked(manager);
-            Backend::Pool(pool)
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                .set_response_timeout(Some(self.call_timeout));
+            Backend::Node(Box::new(Connections::new(client, config, self.pool_size)))
         };
         let seed = std::collections::hash_map::RandomState::new();
         let permit_prefix = std::hash::BuildHasher::hash_one(
@@ -307,7 +299,6 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,
-                pool_size: self.pool_size,
                 prefix: self.prefix,
                 call_timeout: self.call_timeout,
                 scripts: Scripts::new(),
@@ -319,6 +310,18 @@ impl RedisStoreBuilder {
     }
 }
 
+/// The Lua source of the script that decides one request under `algorithm`,
+/// as the store sends it with `EVALSHA`.
+///
+/// `KEYS[1]` is the state key ([`RedisStore::state_key`]); `ARGV` is a fixed
+/// time in µs (`0`: the server's `TIME`), the cost, the algorithm's two
+/// parameters (limit or burst, then window or interval in µs), and a permit
+/// id (concurrency, else `0`). Use it to preload the scripts with
+/// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
+pub fn script_source(algorithm: &Algorithm) -> &'static str {
+    Scripts::single_source(algorithm)
+}
+
 fn valid_prefix(prefix: &str) -> bool {
     (1..=64).contains(&prefix.len())
         && prefix
@@ -328,43 +331,6 @@ fn valid_prefix(prefix: &str) -> bool {
 
 fn backend_error(e: RedisError) -> StoreError {
     StoreError::Backend(Box::new(e))
-}
-
-/// Connections for the pool: multiplexed, and marked broken after an I/O
-/// error so the pool replaces them (after a Redis restart, a dead connection
-/// would otherwise stay pooled forever).
-struct Manager {
-    client: redis::Client,
-    config: AsyncConnectionConfig,
-}
-
-struct Connection {
-    inner: MultiplexedConnection,
-    broken: bool,
-}
-
-impl bb8::ManageConnection for Manager {
-    type Connection = Connection;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Connection, RedisError> {
-        let inner = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        Ok(Connection {
-            inner,
-            broken: false,
-        })
-    }
-
-    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut conn.inner).await
-    }
-
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken
-    }
 }
 
 fn breaks_connection(e: &RedisError) -> bool {
@@ -380,40 +346,22 @@ impl Inner {
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
         self.with_timeout(async {
             match &self.backend {
-                Backend::Pool(pool) => {
-                    // Pooled connections may have died with a Redis restart or
+                Backend::Node(connections) => {
+                    // A connection may have died with a Redis restart or
                     // failover: each one that fails is dropped and the call is
-                    // retried on another, up to once per pooled connection plus
-                    // a fresh one, within the same timeout.
-                    let attempts = self.pool_size + 1;
+                    // retried on the next, up to once per connection plus a
+                    // fresh one, within the same timeout.
+                    let attempts = connections.size() + 1;
                     let mut attempt = 0;
                     loop {
                         attempt += 1;
-                        let state = pool.state();
-                        let result = if state.idle_connections == 0
-                            && state.connections < self.pool_size
-                        {
-                            // Connect here rather than through `Pool::get`, which
-                            // hides connection errors behind its own timeout: a
-                            // refused connection then fails at once.
-                            let mut conn =
-                                pool.dedicated_connection().await.map_err(backend_error)?;
-                            let result = cmd.query_async(&mut conn.inner).await;
-                            if !result.as_ref().is_err_and(breaks_connection) {
-                                let _ = pool.add(conn);
-                            }
-                            result
-                        } else {
-                            let mut conn = pool.get().await.map_err(|e| match e {
-                                bb8::RunError::User(e) => backend_error(e),
-                                bb8::RunError::TimedOut => StoreError::Timeout(self.call_timeout),
-                            })?;
-                            let result = cmd.query_async(&mut conn.inner).await;
-                            if result.as_ref().is_err_and(breaks_connection) {
-                                conn.broken = true;
-                            }
-                            result
-                        };
+                        let slot = connections.next_slot();
+                        let (id, mut connection) =
+                            connections.get(slot).await.map_err(backend_error)?;
+                        let result = cmd.query_async(&mut connection).await;
+                        if result.as_ref().is_err_and(breaks_connection) {
+                            connections.discard(slot, id);
+                        }
                         match result {
                             // A timed-out command may have run: never resend it.
                             Err(e) if e.is_timeout() => {
@@ -558,13 +506,17 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let (p1, p2) = parameters(policy.algorithm());
         let (script, source) = self.inner.scripts.single(policy.algorithm());
-        let permit_text = permit.to_string();
+        let permit_arg = if permit.0 == 0 {
+            Arg::Int(0)
+        } else {
+            Arg::Owned(permit.to_string())
+        };
         let args = [
             Arg::Int(self.fixed_now()),
             Arg::Int(cost),
             Arg::Int(p1),
             Arg::Int(p2),
-            Arg::Str(&permit_text),
+            permit_arg,
         ];
         let reply = self
             .inner

@@ -91,17 +91,20 @@ impl Scripts {
     }
 
     pub(super) fn single(&self, algorithm: &Algorithm) -> (&Script, &'static str) {
-        let index = match algorithm {
-            Algorithm::FixedWindow(_) => 0,
-            Algorithm::SlidingWindowLog(_) => 1,
-            Algorithm::SlidingWindowCounter(_) => 2,
-            Algorithm::TokenBucket(_) => 3,
-            Algorithm::Gcra(_) => 4,
-            Algorithm::LeakyBucket(_) => 5,
-            Algorithm::Concurrency(_) => 6,
-        };
-        let (script, source) = &self.single[index];
+        let (script, source) = &self.single[single_index(algorithm)];
         (script, source)
+    }
+
+    pub(super) fn single_source(algorithm: &Algorithm) -> &'static str {
+        [
+            FIXED_WINDOW,
+            SLIDING_LOG,
+            SLIDING_WINDOW,
+            TOKEN_BUCKET,
+            GCRA,
+            LEAKY_BUCKET,
+            CONCURRENCY,
+        ][single_index(algorithm)]
     }
 
     pub(super) fn multi(&self) -> (&Script, &'static str) {
@@ -115,5 +118,17 @@ impl Scripts {
 
     pub(super) fn release(&self) -> (&Script, &'static str) {
         (&self.release.0, self.release.1)
+    }
+}
+
+fn single_index(algorithm: &Algorithm) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow(_) => 0,
+        Algorithm::SlidingWindowLog(_) => 1,
+        Algorithm::SlidingWindowCounter(_) => 2,
+        Algorithm::TokenBucket(_) => 3,
+        Algorithm::Gcra(_) => 4,
+        Algorithm::LeakyBucket(_) => 5,
+        Algorithm::Concurrency(_) => 6,
     }
 }

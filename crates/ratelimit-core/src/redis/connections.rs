@@ -1,0 +1,84 @@
+//! A few multiplexed connections to one Redis node, shared by every call.
+//!
+//! A multiplexed connection pipelines the commands of concurrent callers on
+//! one socket: 64 decisions in flight are 64 commands written back to back,
+//! not 64 round trips waiting for a free connection. Calls are spread over
+//! the connections in turn. A connection that fails with an I/O error is
+//! dropped and the next call on its slot opens a new one, so a restarted or
+//! failed-over Redis is used again without a health-check on every call.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError};
+
+/// A connection and the id that tells it apart from its replacements.
+pub(super) type Shared = (u64, MultiplexedConnection);
+
+pub(super) struct Connections {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    slots: Box<[Slot]>,
+    turn: AtomicUsize,
+    ids: AtomicU64,
+}
+
+#[derive(Default)]
+struct Slot {
+    current: Mutex<Option<Shared>>,
+    /// Held while connecting, so one slot opens one connection at a time.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Connections {
+    pub(super) fn new(client: redis::Client, config: AsyncConnectionConfig, size: u32) -> Self {
+        let size = usize::try_from(size.max(1)).unwrap_or(1);
+        Connections {
+            client,
+            config,
+            slots: (0..size).map(|_| Slot::default()).collect(),
+            turn: AtomicUsize::new(0),
+            ids: AtomicU64::new(1),
+        }
+    }
+
+    /// The number of connections kept.
+    pub(super) fn size(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The next slot in turn.
+    pub(super) fn next_slot(&self) -> usize {
+        self.turn.fetch_add(1, Ordering::Relaxed) % self.slots.len()
+    }
+
+    /// The connection of `slot`, opened now if it has none. A refused
+    /// connection fails at once.
+    pub(super) async fn get(&self, slot: usize) -> Result<Shared, RedisError> {
+        let slot = &self.slots[slot];
+        if let Some(shared) = slot.current.lock().clone() {
+            return Ok(shared);
+        }
+        let _connecting = slot.connecting.lock().await;
+        if let Some(shared) = slot.current.lock().clone() {
+            return Ok(shared);
+        }
+        let connection = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        let shared = (self.ids.fetch_add(1, Ordering::Relaxed), connection);
+        *slot.current.lock() = Some(shared.clone());
+        Ok(shared)
+    }
+
+    /// Forgets the connection `id` of `slot` (it failed), unless it was
+    /// already replaced. Calls still using it finish or fail on their own.
+    pub(super) fn discard(&self, slot: usize, id: u64) {
+        let mut current = self.slots[slot].current.lock();
+        if current.as_ref().is_some_and(|(current, _)| *current == id) {
+            *current = None;
+        }
+    }
+}
