@@ -41,6 +41,9 @@ mod denied_cache;
 mod error;
 mod fallback;
 pub mod key;
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+mod lease;
 pub mod memory;
 mod policy;
 #[cfg(feature = "redis")]
@@ -54,6 +57,8 @@ pub use decision::{Decision, PermitId};
 pub use denied_cache::{DEFAULT_CACHE_ENTRIES, DeniedCache};
 pub use error::{PolicyError, StoreError};
 pub use fallback::FallbackStore;
+#[cfg(feature = "lease")]
+pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, Policy, State};
 pub use store::{Check, Store, all_allowed};

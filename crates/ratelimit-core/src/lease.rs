@@ -1,0 +1,462 @@
+//! [`LeasedStore`]: hot keys decided locally from leased batches of budget.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::policy::Algorithm;
+use crate::store::{Check, Store};
+use crate::{Decision, PermitId, Policy, StoreError, key};
+
+/// The default number of units an instance leases at once.
+pub const DEFAULT_LEASE_BATCH: u64 = 100;
+/// The default bound on keys with a lease.
+pub const DEFAULT_LEASE_ENTRIES: usize = 10_000;
+
+const SHARDS: usize = 16;
+
+/// A store wrapper that leases a hot key's budget in batches and spends it
+/// locally: past one round trip per request. **Approximate and opt-in.**
+///
+/// When this instance has seen `hot_after` requests for a key in one lease
+/// period, its next miss asks the inner store for `batch` units at once (one
+/// decision of cost `batch`, which the store consumes like any other). The
+/// following requests spend those units locally without a round trip until
+/// they run out or the lease expires, after at most one window of the
+/// policy (or [`lease_for`](LeasedStoreBuilder::lease_for) if shorter).
+/// Unspent units expire with their lease: they are never given back.
+/// Requests that arrive while a batch is on its way wait for it, so a hot
+/// key costs one round trip per batch. When the store refuses a batch, the
+/// wrapper asks for single requests until the denial would have ended.
+///
+/// # What it costs in accuracy
+///
+/// Nothing is admitted that the store did not consume, but units consumed in
+/// one window can be spent in the next. A new lease replaces the previous
+/// one (its leftovers are dropped), so each instance carries at most one
+/// batch across a window boundary: **under a fixed window, at most
+/// `limit + instances × batch` requests pass in any window.** For the other
+/// windowed and rate-based algorithms the same holds for any interval of one
+/// window's length. The other way, units leased and not spent are lost for
+/// everyone until they would have been restored: a key can be denied while
+/// another instance sits on leased units. Keep `batch` small against the limit
+/// (a few percent) and lease only keys that are truly hot.
+///
+/// Concurrency and leaky-bucket policies, peeks (cost 0), costs above the
+/// batch and [`check_all`](Store::check_all) are passed to the inner store
+/// unchanged. Decisions spent locally report the store's remaining budget at
+/// lease time plus the units still leased.
+///
+/// ```
+/// use ratelimit_core::{LeasedStore, MemoryStore, Policy, Store};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // In production the inner store is a `RedisStore` shared by every instance.
+/// let store = LeasedStore::builder(MemoryStore::new()).batch(10).hot_after(1).build();
+/// let policy = Policy::fixed_window(1_000, Duration::from_secs(1))?;
+/// for _ in 0..25 {
+///     assert!(store.check(b"hot", &policy, 1).await?.is_allowed());
+/// }
+/// // 1 cold request, then 3 batches of 10: 24 spent, 6 left on lease.
+/// assert_eq!(store.leased_decisions(), 21);
+/// # Ok(())
+/// # }
+/// ```
+pub struct LeasedStore<S, C = MonotonicClock> {
+    inner: Arc<Inner<S, C>>,
+}
+
+struct Inner<S, C> {
+    store: S,
+    clock: C,
+    batch: u64,
+    hot_after: u64,
+    lease_for: Option<u64>,
+    shards: [Mutex<Shard>; SHARDS],
+    per_shard: usize,
+    hasher: RandomState,
+    leased: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// Leases by (policy name, normalized key).
+type Shard = HashMap<(Box<str>, Box<[u8]>), Lease>;
+
+#[derive(Default)]
+struct Lease {
+    /// Units left to spend, until `expires_at` (µs of the clock).
+    units: u64,
+    expires_at: u64,
+    /// Requests seen since `counting_since`, to tell hot keys apart.
+    seen: u64,
+    counting_since: u64,
+    /// Until when the store refused a batch: single requests until then.
+    refused_until: u64,
+    /// What the store reported with the last batch.
+    limit: u64,
+    remaining: u64,
+    reset_at: u64,
+    /// Set while a batch is being fetched; waiters are woken when it lands.
+    fetching: Option<Arc<Notify>>,
+}
+
+impl<S, C> Clone for LeasedStore<S, C> {
+    fn clone(&self) -> Self {
+        LeasedStore {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S, C> fmt::Debug for LeasedStore<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStore")
+            .field("batch", &self.inner.batch)
+            .field("hot_after", &self.inner.hot_after)
+            .field(
+                "leased_decisions",
+                &self.inner.leased.load(Ordering::Relaxed),
+            )
+            .field("batches", &self.inner.batches.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`LeasedStore`].
+#[must_use]
+pub struct LeasedStoreBuilder<S, C = MonotonicClock> {
+    store: S,
+    clock: C,
+    batch: u64,
+    hot_after: u64,
+    lease_for: Option<Duration>,
+    entries: usize,
+}
+
+impl<S, C> fmt::Debug for LeasedStoreBuilder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStoreBuilder")
+            .field("batch", &self.batch)
+            .field("hot_after", &self.hot_after)
+            .field("lease_for", &self.lease_for)
+            .field("entries", &self.entries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> LeasedStore<S> {
+    /// Leases from `store` with the defaults: batches of
+    /// [`DEFAULT_LEASE_BATCH`], keys hot after as many requests in one lease
+    /// period, at most [`DEFAULT_LEASE_ENTRIES`] keys tracked.
+    pub fn new(store: S) -> Self {
+        LeasedStore::builder(store).build()
+    }
+
+    /// Configures leasing from `store`.
+    pub fn builder(store: S) -> LeasedStoreBuilder<S> {
+        LeasedStoreBuilder {
+            store,
+            clock: MonotonicClock::new(),
+            batch: DEFAULT_LEASE_BATCH,
+            hot_after: DEFAULT_LEASE_BATCH,
+            lease_for: None,
+            entries: DEFAULT_LEASE_ENTRIES,
+        }
+    }
+}
+
+impl<S, C> LeasedStoreBuilder<S, C> {
+    /// Units leased at once (at least 1, default [`DEFAULT_LEASE_BATCH`]);
+    /// capped by each policy's limit. Each instance may overshoot a window by
+    /// up to this many.
+    pub fn batch(mut self, batch: u64) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// How many requests for one key this instance must see in one lease
+    /// period before it leases (default: the batch). 1 leases from the first
+    /// request on.
+    pub fn hot_after(mut self, requests: u64) -> Self {
+        self.hot_after = requests.max(1);
+        self
+    }
+
+    /// The longest a lease lives (default and maximum: the policy's window).
+    pub fn lease_for(mut self, lease_for: Duration) -> Self {
+        self.lease_for = Some(lease_for);
+        self
+    }
+
+    /// The most keys tracked at once (default [`DEFAULT_LEASE_ENTRIES`]); when
+    /// full, other keys go to the store unchanged.
+    pub fn max_keys(mut self, entries: usize) -> Self {
+        self.entries = entries.max(1);
+        self
+    }
+
+    /// The clock that times leases (a [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> LeasedStoreBuilder<S, C2> {
+        LeasedStoreBuilder {
+            store: self.store,
+            clock,
+            batch: self.batch,
+            hot_after: self.hot_after,
+            lease_for: self.lease_for,
+            entries: self.entries,
+        }
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> LeasedStore<S, C> {
+        LeasedStore {
+            inner: Arc::new(Inner {
+                store: self.store,
+                clock: self.clock,
+                batch: self.batch,
+                hot_after: self.hot_after,
+                lease_for: self
+                    .lease_for
+                    .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)),
+                shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                per_shard: self.entries.div_ceil(SHARDS).max(1),
+                hasher: RandomState::new(),
+                leased: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl<S, C> LeasedStore<S, C> {
+    /// How many decisions were spent from leases, without a round trip.
+    pub fn leased_decisions(&self) -> u64 {
+        self.inner.leased.load(Ordering::Relaxed)
+    }
+
+    /// How many batches were leased from the store.
+    pub fn batches(&self) -> u64 {
+        self.inner.batches.load(Ordering::Relaxed)
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.inner.store
+    }
+}
+
+/// What to do with one request.
+enum Step {
+    /// Spent from a lease.
+    Spent(Decision),
+    /// Ask the store for this request alone.
+    Single,
+    /// Ask the store for a batch; this task fetches it.
+    Fetch(FetchGuard),
+    /// Another task is fetching a batch: wait for it, then look again.
+    Wait(Arc<Notify>),
+}
+
+/// Clears the fetching mark and wakes the waiters however the fetch ends,
+/// cancellation included.
+struct FetchGuard {
+    notify: Arc<Notify>,
+    done: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for FetchGuard {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done();
+        }
+        self.notify.notify_waiters();
+    }
+}
+
+fn leasable(policy: &Policy, cost: u64, batch: u64) -> bool {
+    cost > 0
+        && cost <= batch
+        && !matches!(
+            policy.algorithm(),
+            Algorithm::Concurrency(_) | Algorithm::LeakyBucket(_)
+        )
+}
+
+impl<S: Store, C: Clock> Inner<S, C> {
+    fn shard(&self, policy: &str, key: &[u8]) -> &Mutex<Shard> {
+        let index =
+            usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
+        &self.shards[index]
+    }
+
+    fn lease_micros(&self, policy: &Policy) -> u64 {
+        let window = policy.algorithm().window_micros().max(1);
+        self.lease_for.map_or(window, |l| l.min(window))
+    }
+
+    fn step(self: &Arc<Self>, policy: &Policy, key: &[u8], cost: u64) -> Step {
+        let now = self.clock.now();
+        let lease_micros = self.lease_micros(policy);
+        let mut shard = self.shard(policy.name(), key).lock();
+        let id = (Box::<str>::from(policy.name()), Box::<[u8]>::from(key));
+        if !shard.contains_key(&id) {
+            if shard.len() >= self.per_shard {
+                shard.retain(|_, l| {
+                    l.fetching.is_some()
+                        || l.expires_at > now
+                        || now.saturating_sub(l.counting_since) < lease_micros
+                });
+                if shard.len() >= self.per_shard {
+                    return Step::Single;
+                }
+            }
+            shard.insert(
+                id.clone(),
+                Lease {
+                    counting_since: now,
+                    ..Lease::default()
+                },
+            );
+        }
+        let Some(lease) = shard.get_mut(&id) else {
+            return Step::Single;
+        };
+        if now < lease.expires_at && lease.units >= cost {
+            lease.units -= cost;
+            self.leased.fetch_add(1, Ordering::Relaxed);
+            let reset_after = lease.reset_at.saturating_sub(now);
+            let remaining = lease.remaining.saturating_add(lease.units).min(lease.limit);
+            return Step::Spent(Decision::allow(lease.limit, remaining, reset_after));
+        }
+        if let Some(notify) = &lease.fetching {
+            return Step::Wait(Arc::clone(notify));
+        }
+        if now.saturating_sub(lease.counting_since) >= lease_micros {
+            lease.counting_since = now;
+            lease.seen = 0;
+        }
+        lease.seen += 1;
+        if lease.seen <= self.hot_after || now < lease.refused_until {
+            return Step::Single;
+        }
+        let notify = Arc::new(Notify::new());
+        lease.fetching = Some(Arc::clone(&notify));
+        let inner = Arc::clone(self);
+        let name: Box<str> = policy.name().into();
+        let key: Box<[u8]> = key.into();
+        Step::Fetch(FetchGuard {
+            notify,
+            done: Some(Box::new(move || {
+                if let Some(lease) = inner.shard(&name, &key).lock().get_mut(&(name, key)) {
+                    lease.fetching = None;
+                }
+            })),
+        })
+    }
+
+    /// Records a batch the store answered for (sent at `sent_at`), and spends
+    /// `cost` from it when granted.
+    fn landed(
+        &self,
+        policy: &Policy,
+        key: &[u8],
+        sent_at: u64,
+        amount: u64,
+        cost: u64,
+        batch: &Decision,
+    ) -> Option<Decision> {
+        let mut shard = self.shard(policy.name(), key).lock();
+        let lease = shard.get_mut(&(Box::<str>::from(policy.name()), Box::<[u8]>::from(key)))?;
+        if !batch.is_allowed() {
+            lease.refused_until = sent_at.saturating_add(batch.retry_after_micros());
+            return None;
+        }
+        // Timed from when the batch was asked for, so it never outlives a window.
+        lease.units = amount.saturating_sub(cost);
+        lease.expires_at = sent_at.saturating_add(self.lease_micros(policy));
+        lease.limit = batch.limit();
+        lease.remaining = batch.remaining();
+        lease.reset_at = sent_at.saturating_add(batch.reset_after_micros());
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        Some(Decision::allow(
+            batch.limit(),
+            batch
+                .remaining()
+                .saturating_add(lease.units)
+                .min(batch.limit()),
+            batch.reset_after_micros(),
+        ))
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = S::CheckAllFuture;
+    type ReleaseFuture = S::ReleaseFuture;
+
+    fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        let batch = self.inner.batch.min(policy.max_cost());
+        if !leasable(policy, cost, batch) {
+            return Box::pin(self.inner.store.check(user_key, policy, cost));
+        }
+        let inner = Arc::clone(&self.inner);
+        let (policy, user_key) = (policy.clone(), user_key.to_vec());
+        Box::pin(async move {
+            let normalized = key::normalize(&user_key).into_owned();
+            // A waiter looks again after each batch lands; after a few
+            // batches that others spent first, it asks for itself.
+            for _ in 0..16 {
+                match inner.step(&policy, &normalized, cost) {
+                    Step::Spent(decision) => return Ok(decision),
+                    Step::Single => break,
+                    Step::Wait(notify) => {
+                        let landed = notify.notified();
+                        // The fetch may have ended between the step and now.
+                        if inner
+                            .shard(policy.name(), &normalized)
+                            .lock()
+                            .get(&(Box::<str>::from(policy.name()), normalized.clone().into()))
+                            .is_some_and(|l| l.fetching.is_some())
+                        {
+                            landed.await;
+                        }
+                    }
+                    Step::Fetch(guard) => {
+                        let sent_at = inner.clock.now();
+                        let answer = inner.store.check(&user_key, &policy, batch).await?;
+                        let spent =
+                            inner.landed(&policy, &normalized, sent_at, batch, cost, &answer);
+                        drop(guard);
+                        match spent {
+                            Some(decision) => return Ok(decision),
+                            None => break,
+                        }
+                    }
+                }
+            }
+            inner.store.check(&user_key, &policy, cost).await
+        })
+    }
+
+    /// Several limits go to the inner store as they are (not leased).
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        self.inner.store.check_all(checks)
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.inner.store.release(key, policy, permit)
+    }
+}

@@ -1,0 +1,268 @@
+//! `LeasedStore`: the documented overshoot bound (`limit + instances × batch`
+//! per window) holds, leasing saves round trips, and what cannot be leased
+//! passes through unchanged.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_core::clock::{Clock, ManualClock};
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{LeasedStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_tests::redis_server::RedisServer;
+
+const INSTANCES: u64 = 4;
+const BATCH: u64 = 25;
+
+/// `INSTANCES` leasing instances over one shared store, driven by one manual
+/// clock in 1 ms steps for `millis`. The last instance sends one request every
+/// 10 ms all along; the others hammer (one request per ms each) in odd seconds
+/// only. So the quiet instance leases late in even seconds, when there is
+/// budget left, and carries its lease into the next busy second: the worst
+/// case of the bound. Returns the times (µs) of the allowed requests.
+async fn drive(policy: &Policy, leasing: bool, millis: u64) -> Vec<u64> {
+    let clock = ManualClock::new(1_000_000);
+    let shared = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let instances: Vec<_> = (0..INSTANCES)
+        .map(|_| {
+            LeasedStore::builder(Arc::clone(&shared))
+                .batch(if leasing { BATCH } else { 1 })
+                .hot_after(if leasing { 3 } else { u64::MAX })
+                .clock(clock.clone())
+                .build()
+        })
+        .collect();
+    let mut allowed = Vec::new();
+    for step in 0..millis {
+        let busy = (step / 1_000) % 2 == 1;
+        for (i, instance) in instances.iter().enumerate() {
+            let quiet = i as u64 == INSTANCES - 1;
+            if (quiet && step % 10 == 0) || (!quiet && busy) {
+                let decision = instance.check(b"hot", policy, 1).await.expect("decided");
+                if decision.is_allowed() {
+                    allowed.push(clock.now());
+                }
+            }
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    allowed
+}
+
+/// The most allowed in any interval `[t, t + window)`, `t` on the allowed times.
+fn max_in_any_window(times: &[u64], window: u64) -> usize {
+    let mut end = 0;
+    let mut best = 0;
+    for (start, &t) in times.iter().enumerate() {
+        while end < times.len() && times[end] < t + window {
+            end += 1;
+        }
+        best = best.max(end - start);
+    }
+    best
+}
+
+#[tokio::test]
+async fn fixed_window_overshoot_is_at_most_instances_times_batch_per_window() {
+    let limit = 1_000;
+    let policy = Policy::fixed_window(limit, Duration::from_secs(1)).unwrap();
+    // Busy seconds offer 3 times the limit; quiet ones a tenth of it.
+    let allowed = drive(&policy, true, 8_000).await;
+    let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
+    for t in &allowed {
+        *per_window.entry(t / 1_000_000).or_default() += 1;
+    }
+    assert_eq!(per_window.len(), 8, "{per_window:?}");
+    for (window, &count) in &per_window {
+        assert!(
+            count <= limit + INSTANCES * BATCH,
+            "window {window}: {count} allowed, bound {}",
+            limit + INSTANCES * BATCH
+        );
+        // In busy windows, units leased and left unspent are lost, at most
+        // a batch per instance.
+        if window % 2 == 0 {
+            assert!(
+                count + INSTANCES * BATCH >= limit,
+                "window {window}: only {count} allowed"
+            );
+        }
+    }
+    // The bound is reached in practice: leases cross window boundaries.
+    let overshoot = per_window.values().filter(|&&c| c > limit).count();
+    assert!(overshoot > 0, "no window overshot: {per_window:?}");
+}
+
+#[tokio::test]
+async fn rate_based_overshoot_is_bounded_against_the_exact_store() {
+    for policy in [
+        Policy::gcra(200, Rate::per_second(200)).unwrap(),
+        Policy::token_bucket(200, Rate::per_second(200)).unwrap(),
+        Policy::sliding_window_log(200, Duration::from_millis(500)).unwrap(),
+        Policy::sliding_window_counter(200, Duration::from_millis(500)).unwrap(),
+    ] {
+        let window = policy.algorithm().window_micros();
+        let exact = drive(&policy, false, 6_000).await;
+        let leased = drive(&policy, true, 6_000).await;
+        let exact_max = max_in_any_window(&exact, window);
+        let leased_max = max_in_any_window(&leased, window);
+        assert!(
+            leased_max as u64 <= exact_max as u64 + INSTANCES * BATCH,
+            "{}: {leased_max} in one window with leases, {exact_max} without",
+            policy.name()
+        );
+        // Over the whole run, leasing admits about as much as the exact store.
+        let (e, l) = (exact.len() as u64, leased.len() as u64);
+        assert!(
+            l <= e + INSTANCES * BATCH && l + 8 * INSTANCES * BATCH >= e,
+            "{}: {l} allowed with leases, {e} without",
+            policy.name()
+        );
+    }
+}
+
+#[tokio::test]
+async fn hot_keys_are_leased_and_cold_keys_are_not() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(5)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(1)).unwrap();
+    // Five requests for a key are decided by the store, one each.
+    for _ in 0..5 {
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(store.batches(), 0);
+    assert_eq!(
+        shared.check(b"k", &policy, 0).await.unwrap().remaining(),
+        995
+    );
+    // The sixth leases 10 units; the next nine are spent locally.
+    for _ in 0..10 {
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(store.batches(), 1);
+    assert_eq!(store.leased_decisions(), 9);
+    assert_eq!(
+        shared.check(b"k", &policy, 0).await.unwrap().remaining(),
+        985
+    );
+    // Locally spent decisions report what the store had left plus the lease.
+    let d = store.check(b"k", &policy, 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(store.batches(), 2);
+    assert_eq!(d.remaining(), 975 + 9);
+    // Another key starts cold.
+    store.check(b"other", &policy, 1).await.unwrap();
+    assert_eq!(store.batches(), 2);
+    // Leases expire with the window: nothing carries further.
+    clock.advance(Duration::from_millis(1_000));
+    let before = store.leased_decisions();
+    store.check(b"k", &policy, 1).await.unwrap();
+    assert_eq!(
+        store.leased_decisions(),
+        before,
+        "an expired lease was spent"
+    );
+}
+
+#[tokio::test]
+async fn refused_batches_fall_back_to_single_requests_without_overadmitting() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(15, Duration::from_secs(1)).unwrap();
+    let mut allowed = 0;
+    for _ in 0..40 {
+        if store.check(b"k", &policy, 1).await.unwrap().is_allowed() {
+            allowed += 1;
+        }
+    }
+    // 1 single + one batch of 10 + 4 singles once a batch no longer fits.
+    assert_eq!(allowed, 15);
+    assert_eq!(shared.check(b"k", &policy, 0).await.unwrap().remaining(), 0);
+}
+
+#[tokio::test]
+async fn peeks_big_costs_and_concurrency_pass_through() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .clock(clock)
+        .build();
+    let window = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    for _ in 0..3 {
+        store.check(b"k", &window, 0).await.unwrap();
+        store.check(b"k", &window, 20).await.unwrap();
+    }
+    assert_eq!(store.batches(), 0);
+    assert_eq!(
+        shared.check(b"k", &window, 0).await.unwrap().remaining(),
+        40
+    );
+    let permits = Policy::concurrency(2, Duration::from_secs(5)).unwrap();
+    let a = store.check(b"c", &permits, 1).await.unwrap();
+    let b = store.check(b"c", &permits, 1).await.unwrap();
+    assert!(a.is_allowed() && b.is_allowed());
+    assert!(!store.check(b"c", &permits, 1).await.unwrap().is_allowed());
+    store
+        .release(b"c", &permits, a.permit().unwrap())
+        .await
+        .unwrap();
+    assert!(store.check(b"c", &permits, 1).await.unwrap().is_allowed());
+    assert_eq!(store.batches(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_on_one_hot_redis_key_share_batches_and_never_exceed_what_redis_granted() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url()).build().await.unwrap();
+    let store = LeasedStore::builder(redis.clone())
+        .batch(50)
+        .hot_after(1)
+        .build();
+    // A limit that is not reached within the test: every request passes,
+    // and Redis sees one batch per 50 decisions at most, plus the cold one.
+    let policy = Policy::fixed_window(1_000_000, Duration::from_secs(60)).unwrap();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut allowed = 0u64;
+                for _ in 0..200 {
+                    if store.check(b"hot", &policy, 1).await.unwrap().is_allowed() {
+                        allowed += 1;
+                    }
+                }
+                allowed
+            })
+        })
+        .collect();
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += task.await.unwrap();
+    }
+    assert_eq!(allowed, 32 * 200);
+    let batches = store.batches();
+    assert!(
+        batches <= 6_400 / 50 + 2 && store.leased_decisions() >= 6_400 * 3 / 4,
+        "{batches} batches, {} leased decisions",
+        store.leased_decisions()
+    );
+    // Redis consumed every batch: what it reports used covers what passed.
+    let used = 1_000_000 - redis.check(b"hot", &policy, 0).await.unwrap().remaining();
+    assert!(used >= allowed, "Redis counted {used}, {allowed} passed");
+    assert!(
+        used <= allowed + 50,
+        "Redis counted {used}, {allowed} passed"
+    );
+}
