@@ -12,22 +12,33 @@
 //! (`--keys 1` is one hot key). The policy is `--limit` per `--window`
 //! (default 1000 per 1s; for bucket algorithms the burst, refilled over the
 //! window). The store is `MemoryStore` or `RedisStore` (one node, or a
-//! cluster with `--cluster` and `--redis` given per node or comma-separated).
+//! cluster with `--cluster` and `--redis` given per node or comma-separated),
+//! with `--connections` multiplexed connections (default 4).
+//!
+//! With Redis, `--denied-cache` answers known denials locally
+//! ([`DeniedCache`]) and `--lease B` also leases hot keys' budget in batches
+//! of `B` ([`LeasedStore`], approximate).
+//!
+//! `--print-script` prints the Lua script that decides one request under
+//! `--algorithm` and exits: `scripts/bench-redis` loads it into Redis to
+//! measure Redis alone with `redis-benchmark`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{Decision, MemoryStore, Policy, Store, StoreError};
+use ratelimit_core::{Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Store, StoreError};
 use ratelimit_examples::{parse_duration, policy_from_flags};
 
-const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]";
+const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>";
 
 #[derive(Clone)]
 enum AnyStore {
     Memory(MemoryStore),
     Redis(RedisStore),
+    Cached(DeniedCache<RedisStore>),
+    Leased(DeniedCache<LeasedStore<RedisStore>>),
 }
 
 impl AnyStore {
@@ -35,6 +46,8 @@ impl AnyStore {
         match self {
             AnyStore::Memory(s) => s.check(key, policy, 1).await,
             AnyStore::Redis(s) => s.check(key, policy, 1).await,
+            AnyStore::Cached(s) => s.check(key, policy, 1).await,
+            AnyStore::Leased(s) => s.check(key, policy, 1).await,
         }
     }
 }
@@ -43,6 +56,10 @@ struct Args {
     store: String,
     redis: Vec<String>,
     cluster: bool,
+    connections: u32,
+    denied_cache: bool,
+    lease: u64,
+    print_script: bool,
     algorithm: String,
     keys: u64,
     concurrency: u64,
@@ -56,6 +73,10 @@ fn parse_args() -> Result<Args, String> {
         store: String::new(),
         redis: Vec::new(),
         cluster: false,
+        connections: 4,
+        denied_cache: false,
+        lease: 0,
+        print_script: false,
         algorithm: String::new(),
         keys: 0,
         concurrency: 0,
@@ -78,6 +99,13 @@ fn parse_args() -> Result<Args, String> {
                 .redis
                 .extend(value("--redis")?.split(',').map(str::to_owned)),
             "--cluster" => args.cluster = true,
+            "--connections" => {
+                args.connections = u32::try_from(number("--connections", value("--connections")?)?)
+                    .map_err(|_| String::from("--connections is too large"))?;
+            }
+            "--print-script" => args.print_script = true,
+            "--denied-cache" => args.denied_cache = true,
+            "--lease" => args.lease = number("--lease", value("--lease")?)?,
             "--algorithm" => args.algorithm = value("--algorithm")?,
             "--keys" => args.keys = number("--keys", value("--keys")?)?,
             "--concurrency" => args.concurrency = number("--concurrency", value("--concurrency")?)?,
@@ -86,6 +114,13 @@ fn parse_args() -> Result<Args, String> {
             "--window" => args.window = parse_duration(&value("--window")?)?,
             other => return Err(format!("unknown flag {other:?}")),
         }
+    }
+    if args.print_script {
+        return if args.algorithm.is_empty() {
+            Err(String::from("--print-script needs --algorithm"))
+        } else {
+            Ok(args)
+        };
     }
     if !matches!(args.store.as_str(), "memory" | "redis") {
         return Err(String::from("--store must be memory or redis"));
@@ -117,6 +152,13 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if args.print_script {
+        print!(
+            "{}",
+            ratelimit_core::redis::script_source(policy.algorithm())
+        );
+        return;
+    }
     let store = match args.store.as_str() {
         "memory" => AnyStore::Memory(MemoryStore::new()),
         _ => {
@@ -126,12 +168,16 @@ async fn main() {
                 RedisStore::builder(args.redis[0].clone())
             };
             match builder
-                .pool_size(8)
+                .pool_size(args.connections)
                 .call_timeout(Duration::from_secs(5))
                 .prefix("bench")
                 .build()
                 .await
             {
+                Ok(store) if args.lease > 0 => AnyStore::Leased(DeniedCache::new(
+                    LeasedStore::builder(store).batch(args.lease).build(),
+                )),
+                Ok(store) if args.denied_cache => AnyStore::Cached(DeniedCache::new(store)),
                 Ok(store) => AnyStore::Redis(store),
                 Err(e) => {
                     eprintln!("bench: cannot use Redis: {e}");
