@@ -96,7 +96,7 @@ struct ShardInner {
 struct Entry {
     hash: u64,
     policy: Policy,
-    key: Box<[u8]>,
+    key: StoredKey,
     state: State,
     expires_at: u64,
 }
@@ -105,7 +105,37 @@ impl Entry {
     fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
         self.hash == hash
             && (self.policy.ptr_eq(policy) || self.policy.name() == policy.name())
-            && *self.key == *key
+            && self.key.as_slice() == key
+    }
+}
+
+/// Keys up to this long are stored in the entry itself: one cache miss less
+/// per decision than a separately allocated key (IP addresses, most API keys
+/// and tenant ids fit; hashed keys are 33 bytes).
+const INLINE_KEY: usize = 38;
+
+enum StoredKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl StoredKey {
+    fn new(key: &[u8]) -> Self {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key);
+                StoredKey::Inline { len, bytes }
+            }
+            _ => StoredKey::Heap(key.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            StoredKey::Heap(key) => key,
+        }
     }
 }
 
@@ -333,7 +363,7 @@ impl<C: Clock> MemoryStore<C> {
                     shard.insert(Entry {
                         hash,
                         policy: policy.clone(),
-                        key: key.into_owned().into_boxed_slice(),
+                        key: StoredKey::new(&key),
                         state,
                         expires_at: now + reset,
                     });
@@ -486,7 +516,7 @@ impl<C: Clock> MemoryStore<C> {
                 Err(_) if slot.reset > 0 => guard.insert(Entry {
                     hash: item.hash,
                     policy: item.policy.clone(),
-                    key: item.key.to_vec().into_boxed_slice(),
+                    key: StoredKey::new(&item.key),
                     state,
                     expires_at: now + slot.reset,
                 }),
