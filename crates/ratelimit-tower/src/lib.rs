@@ -45,6 +45,9 @@
 
 pub mod body;
 mod client_ip;
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
+pub mod config;
 mod cost;
 mod decide;
 mod decisions;
