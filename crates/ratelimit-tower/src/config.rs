@@ -321,10 +321,12 @@ impl Config {
 
     /// The policy named `name`.
     pub fn policy(&self, name: &str) -> Option<&Policy> {
-        self.inner.policies.iter().find(|p| p.name() == name)
+        let policies = &self.inner.policies;
+        let index = policies.binary_search_by(|p| p.name().cmp(name)).ok()?;
+        policies.get(index)
     }
 
-    /// Every policy, in the order of the document.
+    /// Every policy, by name.
     pub fn policies(&self) -> std::slice::Iter<'_, Policy> {
         self.inner.policies.iter()
     }
@@ -520,6 +522,7 @@ fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     for (name, policy) in spec.policies {
         policies.push(build_policy(&name, policy)?);
     }
+    policies.sort_by(|a: &Policy, b: &Policy| a.name().cmp(b.name()));
     let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
     let mut rules = Vec::with_capacity(spec.rules.len());
     for (index, rule) in spec.rules.into_iter().enumerate() {

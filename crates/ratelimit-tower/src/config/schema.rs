@@ -416,6 +416,11 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_alphabetic())
             .unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
+        if unit.is_empty() && after.starts_with(char::is_whitespace) {
+            return Err(format!(
+                "invalid duration {text:?}: write the unit right after the number, such as \"1m\""
+            ));
+        }
         if unit.is_empty() {
             return Err(format!(
                 "invalid duration {text:?}: {number} needs a unit ({UNITS})"
@@ -450,6 +455,11 @@ pub(super) fn parse_rate(text: &str) -> Result<Rate, String> {
     // A bare unit is one of it: `10/s` is `10/1s`.
     let period = match unit_micros(period) {
         Some(micros) => Duration::from_micros(micros),
+        None if !period.is_empty() && period.bytes().all(|b| b.is_ascii_alphabetic()) => {
+            return Err(format!(
+                "invalid rate {text:?}: unknown unit {period:?} (use {UNITS})"
+            ));
+        }
         None => parse_duration(period).map_err(|e| format!("invalid rate {text:?}: {e}"))?,
     };
     Ok(Rate::new(amount, period))
