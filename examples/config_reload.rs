@@ -106,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// What is left of each limit that applied (none when no rule matched).
-fn quota(info: Option<RateLimitInfo>) -> String {
+fn quota(info: Option<&RateLimitInfo>) -> String {
     let mut text = String::new();
     for entry in info.iter().flat_map(|info| info.iter()) {
         text.push_str(&format!(
@@ -120,13 +120,13 @@ fn quota(info: Option<RateLimitInfo>) -> String {
 }
 
 async fn hello(info: Option<RateLimitInfo>) -> String {
-    format!("Hello!\n{}", quota(info))
+    format!("Hello!\n{}", quota(info.as_ref()))
 }
 
 async fn items(info: Option<RateLimitInfo>) -> String {
-    format!("[\"apple\", \"pear\"]\n{}", quota(info))
+    format!("[\"apple\", \"pear\"]\n{}", quota(info.as_ref()))
 }
 
 async fn login(info: Option<RateLimitInfo>) -> String {
-    format!("Welcome.\n{}", quota(info))
+    format!("Welcome.\n{}", quota(info.as_ref()))
 }

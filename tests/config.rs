@@ -3,6 +3,8 @@
 //! parses; rules match by route, method and key; and rules reload while
 //! requests flow, without failing one, enforcing the new limit exactly,
 //! keeping the old one when the new file is bad, and following a watched file.
+//! Also why an algorithm change needs a new policy name: both stores refuse
+//! (or misread) another algorithm's state under one name.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -919,9 +921,9 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
     const N: u64 = 3;
     const M: u64 = 7;
     const WORKERS: usize = 4;
-    const KEYS: usize = 5;
+    const KEYS: u64 = 5;
     /// A bound on each worker, far above what it needs.
-    const MAX_REQUESTS: usize = 5_000;
+    const MAX_REQUESTS: u64 = 5_000;
 
     let rules = ReloadableRules::from_str(&api_config(N), Format::Toml).expect("valid");
     let layer = layer(rules.clone());
@@ -934,7 +936,7 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
         let (service, reloaded, progress) = (service.clone(), reloaded.clone(), progress.clone());
         workers.push(tokio::spawn(async move {
             // (key, status, limit it was decided under, sent after the reload returned)
-            let mut seen: Vec<(usize, StatusCode, u64, bool)> = Vec::new();
+            let mut seen: Vec<(u64, StatusCode, u64, bool)> = Vec::new();
             let mut after = 0;
             for i in 0..MAX_REQUESTS {
                 let key = i % KEYS;
@@ -954,7 +956,7 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
                 if sent_after_reload {
                     after += 1;
                     // Every key asked more than M times under the new limit.
-                    if after >= KEYS * (M as usize + 1) {
+                    if after >= KEYS * (M + 1) {
                         break;
                     }
                 }
@@ -965,7 +967,7 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
     }
 
     // Reload while the workers run, once each has exhausted its keys under N.
-    let exhausted = (KEYS * (N as usize + 1)) as u64;
+    let exhausted = KEYS * (N + 1);
     tokio::time::timeout(Duration::from_secs(60), async {
         while progress
             .iter()
@@ -992,10 +994,10 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
 
     for (worker, seen) in results.iter().enumerate() {
         assert!(
-            seen.len() < MAX_REQUESTS,
+            u64::try_from(seen.len()).expect("small") < MAX_REQUESTS,
             "worker {worker} did not see the reload"
         );
-        let mut allowed_under: HashMap<(usize, u64), u64> = HashMap::new();
+        let mut allowed_under: HashMap<(u64, u64), u64> = HashMap::new();
         let mut saw_new = false;
         for &(key, status, limit, sent_after_reload) in seen {
             // Only 200 or 429: nothing failed, nothing fell to the failure policy.
@@ -1347,4 +1349,41 @@ async fn the_config_reload_example_follows_its_file() {
         get("/api/items").await,
         reqwest::StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+/// The same on Redis, worse: a script finds state it cannot read and fails
+/// (so the layer's failure policy decides those requests), or reads another
+/// algorithm's string as its own (token bucket and sliding window counter
+/// over a fixed window's state: counting goes on from nonsense).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_store_fails_on_another_algorithm_under_one_name() {
+    use ratelimit_core::Store;
+    use ratelimit_core::redis::RedisStore;
+    let server = ratelimit_tests::RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("connect");
+    let named = |policy: Result<Policy, ratelimit_core::PolicyError>| {
+        policy.and_then(|p| p.with_name("api")).expect("valid")
+    };
+    let hour = Duration::from_secs(3600);
+    let window = named(Policy::fixed_window(5, hour));
+    redis.check(b"k", &window, 1).await.expect("first");
+    for other in [
+        named(Policy::sliding_window_log(5, hour)),
+        named(Policy::gcra(5, Rate::per_hour(5))),
+        named(Policy::concurrency(5, hour)),
+    ] {
+        let result = redis.check(b"k", &other, 1).await;
+        assert!(
+            matches!(result, Err(StoreError::Backend(_))),
+            "{}: {result:?}",
+            other.algorithm().kind()
+        );
+    }
+    // The fixed window itself still reads its state.
+    let decision = redis.check(b"k", &window, 1).await.expect("same algorithm");
+    assert_eq!(decision.remaining(), 3);
 }

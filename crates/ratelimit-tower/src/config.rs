@@ -111,20 +111,18 @@
 //!   path is the request's as the layer sees it (inside a nested axum router,
 //!   without the nesting prefix).
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
-//!   ([`PeerIp`](crate::PeerIp)); `client-ip` the client behind the trusted
-//!   proxies of `[client_ip]` ([`ClientIp`](crate::ClientIp)); `route` the
-//!   method and route ([`RouteKey`](crate::RouteKey)); `header:x-api-key` the
-//!   header's value, hashed ([`HeaderKey`](crate::HeaderKey)). A list joins
-//!   its parts as [`Composite`](crate::Composite) does, and has a key only when
-//!   every part does.
+//!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
+//!   `[client_ip]` ([`ClientIp`]); `route` the method and route
+//!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
+//!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
+//!   does, and has a key only when every part does.
 //! - A request no rule matches passes unchecked. When a matching rule finds
 //!   no key, the rule does not apply, unless it says `missing_key = "reject"`.
 //!
 //! Every field is checked when the configuration is loaded; the error names
-//! the field ([`ConfigError::path`]): policies' numbers as
-//! [`Policy`](ratelimit_core::Policy) validates them, rules naming unknown
-//! policies or costs a policy can never admit, durations, rates, header names,
-//! CIDR blocks, methods and routes.
+//! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
+//! validates them, rules naming unknown policies or costs a policy can never
+//! admit, durations, rates, header names, CIDR blocks, methods and routes.
 //!
 //! # Reloading and stored state
 //!
@@ -135,18 +133,21 @@
 //!   against the new numbers.
 //! - Renaming a policy starts every key afresh, under the new name (the old
 //!   name's state expires on its own).
-//! - Changing a policy's *algorithm* needs a new name. The stored state of one
-//!   algorithm means nothing to another: [`MemoryStore`](ratelimit_core::MemoryStore)
-//!   answers [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
-//!   for every key that still has state of the old algorithm, and `RedisStore`'s
-//!   scripts fail on it (or, for GCRA and the leaky bucket, which store the same
-//!   timestamp, read it as their own); until that state expires, the layer's
-//!   [`FailurePolicy`](crate::FailurePolicy) decides those requests. So
-//!   [`ReloadableRules`] refuses a reload that gives an existing name another
-//!   algorithm ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the
-//!   configuration in force: removing a policy and bringing it back with
-//!   another algorithm before its old state expired, or restarting with a
-//!   shared Redis, is not caught.
+//! - Changing a policy's *algorithm* needs a new name. The stored state of
+//!   one algorithm means nothing to another:
+//!   [`MemoryStore`](ratelimit_core::MemoryStore) answers
+//!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
+//!   for every key that still has state of the old algorithm (so the layer's
+//!   [`FailurePolicy`](crate::FailurePolicy) decides those requests until
+//!   that state expires), and `RedisStore`'s scripts either fail on it the
+//!   same way (a backend error) or, worse, read one algorithm's state as
+//!   their own and count on from nonsense (a token bucket over a fixed
+//!   window's state, for one). So [`ReloadableRules`] refuses a reload that
+//!   gives a name in force another algorithm
+//!   ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the configuration
+//!   in force: removing a policy and bringing it back with another algorithm
+//!   before its old state expired, or restarting with a shared Redis, is not
+//!   caught.
 
 mod error;
 mod reload;
