@@ -14,6 +14,8 @@
 //!   kept; for other request types they are errors ([`ErrorRejections`]).
 //! - When the store fails, the [`FailurePolicy`] decides.
 //! - Concurrency permits are held until the response body ends.
+//! - With the feature `config`, policies and rules come from a TOML or JSON
+//!   file and can be reloaded while serving (the `config` module).
 //!
 //! The decision is made in `call`; `poll_ready` is the inner service's.
 //!
@@ -45,6 +47,9 @@
 
 pub mod body;
 mod client_ip;
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
+pub mod config;
 mod cost;
 mod decide;
 mod decisions;

@@ -1,0 +1,263 @@
+//! [`ReloadableRules`]: a [`Config`] that can be replaced while serving.
+
+use std::fmt;
+use std::future::{Ready, ready};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use http::Request;
+
+use super::{Config, ConfigError, ConfigErrorKind, Format};
+use crate::rule::{Limits, RuleProvider};
+
+/// Rules from a [`Config`] that can be replaced at run time, without
+/// dropping or holding back a request.
+///
+/// Each request reads the configuration in force when it arrives, with one
+/// atomic load (no lock); a reload swaps in the new one atomically. The
+/// limits of a request are taken from one configuration, so requests in
+/// flight finish under the limits they started with. A reload that fails
+/// (a bad file) leaves the configuration in force as it was.
+///
+/// Clones share the configuration: keep one to reload, give another to
+/// [`RateLimitLayer::with_rules`](crate::RateLimitLayer::with_rules).
+///
+/// A reload refuses to give a policy name in force another algorithm (see
+/// [stored state](super#reloading-and-stored-state)).
+///
+/// ```
+/// use ratelimit_tower::config::{ConfigErrorKind, Format, ReloadableRules};
+///
+/// let toml = |algorithm: &str, limit: u32| format!(r#"
+///     [policies.api]
+///     algorithm = "{algorithm}"
+///     limit = {limit}
+///     window = "1m"
+/// "#);
+/// let rules = ReloadableRules::from_str(&toml("fixed-window", 10), Format::Toml)?;
+/// rules.reload_from_str(&toml("fixed-window", 20), Format::Toml)?;
+/// assert_eq!(rules.current().policy("api").unwrap().limit(), 20);
+///
+/// let error = rules.reload_from_str(&toml("sliding-log", 20), Format::Toml).unwrap_err();
+/// assert_eq!(error.kind(), ConfigErrorKind::AlgorithmChanged);
+/// assert_eq!(error.path(), "policies.api.algorithm");
+/// assert_eq!(rules.current().policy("api").unwrap().algorithm().kind(), "fixed-window");
+/// # Ok::<(), ratelimit_tower::config::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct ReloadableRules {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    current: ArcSwap<Config>,
+    /// Held while a reload checks and swaps, so two reloads do not interleave;
+    /// requests never take it. Also records which file version is loaded.
+    reload: Mutex<Option<(PathBuf, Option<Stamp>)>>,
+}
+
+/// What identifies a version of a file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    /// The inode: a file replaced by a rename (as editors and Kubernetes
+    /// config maps do) is another file even with the same time and size.
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let metadata = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&metadata);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some(Stamp {
+        modified: metadata.modified().ok(),
+        len: metadata.len(),
+        inode,
+    })
+}
+
+impl fmt::Debug for ReloadableRules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadableRules")
+            .field("current", &self.shared.current.load())
+            .finish()
+    }
+}
+
+impl ReloadableRules {
+    /// Starts with `config`.
+    pub fn new(config: Config) -> Self {
+        ReloadableRules {
+            shared: Arc::new(Shared {
+                current: ArcSwap::from_pointee(config),
+                reload: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Starts with the configuration in `text`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::parse`].
+    pub fn from_str(text: &str, format: Format) -> Result<Self, ConfigError> {
+        Config::parse(text, format).map(ReloadableRules::new)
+    }
+
+    /// Starts with the configuration in the file at `path`, remembering its
+    /// version for [`watch_file`](ReloadableRules::watch_file).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::from_file`].
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let version = stamp(path);
+        let rules = ReloadableRules::new(Config::from_file(path)?);
+        *rules.lock() = Some((path.to_owned(), version));
+        Ok(rules)
+    }
+
+    /// The configuration in force.
+    pub fn current(&self) -> Arc<Config> {
+        self.shared.current.load_full()
+    }
+
+    /// Puts `config` in force, for every request from now on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigErrorKind::AlgorithmChanged`] when `config` gives a policy
+    /// name in force another algorithm; the configuration in force stays.
+    pub fn reload(&self, config: Config) -> Result<(), ConfigError> {
+        let _guard = self.lock();
+        self.swap(config)
+    }
+
+    /// Reads `text` and puts it in force.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::parse`] and [`reload`](ReloadableRules::reload); the
+    /// configuration in force stays.
+    pub fn reload_from_str(&self, text: &str, format: Format) -> Result<(), ConfigError> {
+        self.reload(Config::parse(text, format)?)
+    }
+
+    /// Reads the file at `path` and puts it in force.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::from_file`] and [`reload`](ReloadableRules::reload); the
+    /// configuration in force stays.
+    pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigError> {
+        let path = path.as_ref();
+        let mut loaded = self.lock();
+        // Taken before reading: a change made while reading is seen next time.
+        let version = stamp(path);
+        let config = Config::from_file(path)?;
+        self.swap(config).map_err(|e| e.in_file(path))?;
+        *loaded = Some((path.to_owned(), version));
+        Ok(())
+    }
+
+    /// Watches the file at `path`: every `every` (at least 1 ms), compares
+    /// its modification time, size and inode with those of the version last
+    /// loaded, and when they differ, reloads it
+    /// ([`reload_from_file`](ReloadableRules::reload_from_file)).
+    ///
+    /// A reload that fails is logged with `tracing` at `warn` level, once per
+    /// version of the file, and the configuration in force stays; a
+    /// successful one is logged at `info`. If the rules were not loaded from
+    /// `path`, the first check loads it.
+    ///
+    /// The task runs until it is aborted through the returned handle (dropping
+    /// the handle leaves it running). It reads the file's metadata on the
+    /// runtime's thread, which is quick for a local file.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime.
+    pub fn watch_file(
+        &self,
+        path: impl Into<PathBuf>,
+        every: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let rules = self.clone();
+        let path = path.into();
+        let every = every.max(Duration::from_millis(1));
+        let mut tried = match &*self.lock() {
+            Some((loaded, version)) if *loaded == path => Some(*version),
+            _ => None,
+        };
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let version = stamp(&path);
+                if tried == Some(version) {
+                    continue;
+                }
+                tried = Some(version);
+                match rules.reload_from_file(&path) {
+                    Ok(()) => tracing::info!(
+                        file = %path.display(),
+                        "rate-limit configuration reloaded"
+                    ),
+                    Err(error) => tracing::warn!(
+                        file = %path.display(),
+                        %error,
+                        "rate-limit configuration not reloaded; the one in force stays"
+                    ),
+                }
+            }
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(PathBuf, Option<Stamp>)>> {
+        self.shared
+            .reload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Checks `config` against the one in force and swaps it in. The caller
+    /// holds the reload lock.
+    fn swap(&self, config: Config) -> Result<(), ConfigError> {
+        let current = self.shared.current.load();
+        for policy in config.policies() {
+            if let Some(old) = current.policy(policy.name()) {
+                let (was, now) = (old.algorithm().kind(), policy.algorithm().kind());
+                if was != now {
+                    return Err(ConfigError::new(
+                        ConfigErrorKind::AlgorithmChanged,
+                        format!("policies.{}.algorithm", policy.name()),
+                        format!(
+                            "policy {:?} is {was} in the configuration in force, not {now}: \
+                             stores keep state per policy name, so give the new algorithm \
+                             a new name (such as \"{}-{now}\")",
+                            policy.name(),
+                            policy.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        self.shared.current.store(Arc::new(config));
+        Ok(())
+    }
+}
+
+impl<B> RuleProvider<Request<B>> for ReloadableRules {
+    type Future = Ready<Limits>;
+
+    fn limits(&self, req: &Request<B>) -> Ready<Limits> {
+        ready(self.shared.current.load().limits(req))
+    }
+}

@@ -1,0 +1,1389 @@
+//! Policies and rules from configuration (`ratelimit_tower::config`): every
+//! bad configuration names its field, in TOML and JSON; every algorithm
+//! parses; rules match by route, method and key; and rules reload while
+//! requests flow, without failing one, enforcing the new limit exactly,
+//! keeping the old one when the new file is bad, and following a watched file.
+//! Also why an algorithm change needs a new policy name: both stores refuse
+//! (or misread) another algorithm's state under one name.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
+use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
+use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
+use ratelimit_tower::{
+    Composite, Decisions, FailurePolicy, HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer,
+    RouteKey,
+};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// A GCRA policy `api` of burst `limit` refilling one an hour (nothing refills
+/// during a test), keyed by the `x-client` header.
+fn api_config(limit: u64) -> String {
+    format!(
+        r#"
+[policies.api]
+algorithm = "gcra"
+limit = {limit}
+rate = "1/h"
+
+[[rules]]
+policy = "api"
+key = "header:x-client"
+"#
+    )
+}
+
+fn request(client: &str) -> Request<String> {
+    Request::get("/api/items")
+        .header("x-client", client)
+        .body(String::new())
+        .expect("request")
+}
+
+fn peer(req: &mut Request<String>, ip: [u8; 4]) {
+    req.extensions_mut()
+        .insert(PeerAddr(SocketAddr::from((ip, 40_000))));
+}
+
+/// The layer over a `MemoryStore`: store failures refuse (503) so that none
+/// can hide as a 200, and the legacy headers carry each decision's limit.
+fn layer(
+    rules: ReloadableRules,
+) -> RateLimitLayer<MemoryStore, ReloadableRules, ratelimit_tower::HttpRejections> {
+    RateLimitLayer::with_rules(MemoryStore::new(), rules)
+        .on_failure(FailurePolicy::Closed)
+        .headers(RateLimitHeaders::legacy())
+}
+
+async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
+    Ok(Response::new(String::from("ok")))
+}
+
+/// The limit the response's decision was made under (`X-RateLimit-Limit`).
+fn limit_of<B>(response: &Response<B>) -> u64 {
+    response
+        .headers()
+        .get(&X_RATELIMIT_LIMIT)
+        .expect("X-RateLimit-Limit")
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a number")
+}
+
+/// Sends `client`'s requests until one is refused; returns how many passed.
+async fn allowed_until_refused<S, B>(service: &S, client: &str, at_most: u64) -> u64
+where
+    S: Service<Request<String>, Response = Response<B>, Error = Infallible> + Clone,
+{
+    for passed in 0..at_most {
+        let response = service
+            .clone()
+            .oneshot(request(client))
+            .await
+            .expect("infallible");
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => return passed,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    panic!("{client}: more than {at_most} requests passed");
+}
+
+#[track_caller]
+fn assert_error(
+    result: Result<Config, ConfigError>,
+    path: &str,
+    fragment: &str,
+    kind: ConfigErrorKind,
+    case: &str,
+) {
+    let error = result.expect_err(case);
+    let text = error.to_string();
+    assert_eq!(error.path(), path, "{case}: {text}");
+    assert_eq!(error.kind(), kind, "{case}: {text}");
+    assert!(
+        error.message().contains(fragment),
+        "{case}: {text:?} does not say {fragment:?}"
+    );
+    if !path.is_empty() {
+        assert!(
+            text.starts_with(&format!("{path}: ")),
+            "{case}: {text:?} does not start with the path"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bad configurations
+
+/// A TOML document: the policy `api` with `fields`, then `rest`.
+fn toml_policy(fields: &str, rest: &str) -> String {
+    format!("[policies.api]\n{fields}\n{rest}")
+}
+
+const GCRA: &str = "algorithm = \"gcra\"\nlimit = 20\nrate = \"10/s\"";
+const RULE: &str = "[[rules]]\npolicy = \"api\"\nkey = \"ip\"";
+
+#[test]
+fn bad_toml_configurations_name_the_field() {
+    use ConfigErrorKind::{Parse, Policy, Rule};
+    let rule = |fields: &str| toml_policy(GCRA, &format!("{RULE}\n{fields}"));
+    let cases: Vec<(String, &str, &str, ConfigErrorKind)> = vec![
+        // policies: numbers refused by Policy
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 0\nrate = \"10/s\"", ""),
+            "policies.api.limit",
+            "must be at least 1",
+            Policy,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"gcra\"\nlimit = 2199023255553\nrate = \"10/s\"",
+                "",
+            ),
+            "policies.api.limit",
+            "too large",
+            Policy,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5\nrate = \"0/s\"", ""),
+            "policies.api.rate",
+            "amount must be at least 1",
+            Policy,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5\nrate = \"2000000/s\"", ""),
+            "policies.api.rate",
+            "above one per microsecond",
+            Policy,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"0s\"",
+                "",
+            ),
+            "policies.api.window",
+            "at least one microsecond",
+            Policy,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"concurrency\"\nlimit = 5\nlease = \"0ms\"",
+                "",
+            ),
+            "policies.api.lease",
+            "at least one microsecond",
+            Policy,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"sliding-window\"\nlimit = 1073741824\nwindow = \"1d\"",
+                "",
+            ),
+            "policies.api",
+            "too large to represent",
+            Policy,
+        ),
+        // policies: the parameter each algorithm takes
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5", ""),
+            "policies.api.rate",
+            "gcra needs a rate",
+            Policy,
+        ),
+        (
+            toml_policy("algorithm = \"concurrency\"\nlimit = 5", ""),
+            "policies.api.lease",
+            "concurrency needs a lease",
+            Policy,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5\nwindow = \"1m\"", ""),
+            "policies.api.window",
+            "gcra takes no window",
+            Policy,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"sliding-log\"\nlimit = 5\nwindow = \"1m\"\nrate = \"1/s\"",
+                "",
+            ),
+            "policies.api.rate",
+            "sliding-log takes no rate",
+            Policy,
+        ),
+        // policies: names
+        (
+            "[policies.\"bad name\"]\nalgorithm = \"gcra\"\nlimit = 5\nrate = \"1/s\"".to_owned(),
+            "policies.bad name",
+            "invalid policy name",
+            Policy,
+        ),
+        // policies: the schema
+        (
+            toml_policy("algorithm = \"gcr\"\nlimit = 5\nrate = \"1/s\"", ""),
+            "policies.api.algorithm",
+            "unknown variant `gcr`",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = \"5\"\nrate = \"1/s\"", ""),
+            "policies.api.limit",
+            "invalid type",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = -5\nrate = \"1/s\"", ""),
+            "policies.api.limit",
+            "invalid value",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimt = 5\nrate = \"1/s\"", ""),
+            "policies.api.limt",
+            "unknown field `limt`",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nrate = \"1/s\"", ""),
+            "policies.api",
+            "missing field `limit`",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5\nrate = \"10/x\"", ""),
+            "policies.api.rate",
+            "unknown unit \"x\"",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"gcra\"\nlimit = 5\nrate = \"10\"", ""),
+            "policies.api.rate",
+            "an amount per period",
+            Parse,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1 minute\"",
+                "",
+            ),
+            "policies.api.window",
+            "invalid duration",
+            Parse,
+        ),
+        (
+            toml_policy("algorithm = \"fixed-window\"\nlimit = 5\nwindow = 60", ""),
+            "policies.api.window",
+            "expected a duration",
+            Parse,
+        ),
+        (
+            toml_policy(
+                "algorithm = \"gcra\"\nlimit = 5\nrate = \"1/s\"\nshadow = \"yes\"",
+                "",
+            ),
+            "policies.api.shadow",
+            "invalid type",
+            Parse,
+        ),
+        // rules
+        (
+            toml_policy(
+                GCRA,
+                "[[rules]]\npolicy = \"api\"\nkey = \"ip\"\n[[rules]]\npolicy = \"apii\"\nkey = \"ip\"",
+            ),
+            "rules[1].policy",
+            "unknown policy \"apii\" (defined: api)",
+            Rule,
+        ),
+        (
+            rule("cost = 21"),
+            "rules[0].cost",
+            "21 is more than policy \"api\" can ever admit (20)",
+            Rule,
+        ),
+        (rule("cost = -1"), "rules[0].cost", "invalid value", Parse),
+        (
+            rule("routes = []"),
+            "rules[0].routes",
+            "must not be empty",
+            Rule,
+        ),
+        (
+            rule("routes = [\"/ok\", \"api\"]"),
+            "rules[0].routes[1]",
+            "starts with '/'",
+            Parse,
+        ),
+        (
+            rule("methods = []"),
+            "rules[0].methods",
+            "must not be empty",
+            Rule,
+        ),
+        (
+            rule("methods = [\"post\"]"),
+            "rules[0].methods[0]",
+            "write \"POST\"",
+            Parse,
+        ),
+        (
+            rule("methods = [\"GE T\"]"),
+            "rules[0].methods[0]",
+            "invalid HTTP method",
+            Parse,
+        ),
+        (
+            rule("missing_key = \"deny\""),
+            "rules[0].missing_key",
+            "unknown variant `deny`",
+            Parse,
+        ),
+        (
+            rule("weight = 2"),
+            "rules[0].weight",
+            "unknown field `weight`",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[[rules]]\npolicy = \"api\"\nkey = \"user\""),
+            "rules[0].key",
+            "unknown key \"user\"",
+            Parse,
+        ),
+        (
+            toml_policy(
+                GCRA,
+                "[[rules]]\npolicy = \"api\"\nkey = \"header:x api key\"",
+            ),
+            "rules[0].key",
+            "invalid header name",
+            Parse,
+        ),
+        (
+            toml_policy(
+                GCRA,
+                "[[rules]]\npolicy = \"api\"\nkey = [\"route\", \"header:\"]",
+            ),
+            "rules[0].key[1]",
+            "invalid header name",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[[rules]]\npolicy = \"api\"\nkey = []"),
+            "rules[0].key",
+            "must not be empty",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[[rules]]\npolicy = \"api\""),
+            "rules[0]",
+            "missing field `key`",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[[rules]]\npolicy = \"api\"\nkey = \"client-ip\""),
+            "rules[0].key",
+            "needs trusted proxies",
+            Rule,
+        ),
+        // client_ip
+        (
+            toml_policy(
+                GCRA,
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.1/8\"]",
+            ),
+            "client_ip.trusted_proxies[1]",
+            "bits set after its prefix",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[client_ip]\ntrusted_proxies = [\"10.0.0/8\"]"),
+            "client_ip.trusted_proxies[0]",
+            "invalid IP address",
+            Parse,
+        ),
+        (
+            toml_policy(
+                GCRA,
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nipv6_prefix = 129",
+            ),
+            "client_ip.ipv6_prefix",
+            "longer than /128",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[client_ip]\nheader = \"x-real-ip\""),
+            "client_ip.header",
+            "unknown variant `x-real-ip`",
+            Parse,
+        ),
+        // the document
+        (
+            toml_policy(GCRA, "[[rule]]\npolicy = \"api\""),
+            "rule",
+            "unknown field `rule`",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[policies.api]\nlimit = 3"),
+            "",
+            "duplicate key",
+            Parse,
+        ),
+        ("limit = = 3".to_owned(), "", "", Parse),
+    ];
+    for (text, path, fragment, kind) in cases {
+        assert_error(Config::from_toml(&text), path, fragment, kind, &text);
+    }
+}
+
+#[test]
+fn bad_json_configurations_name_the_field() {
+    use ConfigErrorKind::{Parse, Policy, Rule};
+    let cases: Vec<(&str, &str, &str, ConfigErrorKind)> = vec![
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 0, "rate": "10/s"}}}"#,
+            "policies.api.limit",
+            "must be at least 1",
+            Policy,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 5, "rate": "10/s"}},
+                "rules": [{"policy": "api", "key": "ip"}, {"policy": "apii", "key": "ip"}, {"policy": "api", "key": "ip"}]}"#,
+            "rules[1].policy",
+            "unknown policy \"apii\" (defined: api)",
+            Rule,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 5, "rate": "10/s"}},
+                "rules": [{"policy": "api", "key": "ip"}, {"policy": "api", "key": "ip", "cost": 6}]}"#,
+            "rules[1].cost",
+            "6 is more than policy \"api\" can ever admit (5)",
+            Rule,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": "5", "rate": "10/s"}}}"#,
+            "policies.api.limit",
+            "invalid type",
+            Parse,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 5, "rate": "10/s", "burst": 3}}}"#,
+            "policies.api.burst",
+            "unknown field `burst`",
+            Parse,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 5, "rate": "10/s"},
+                             "api": {"algorithm": "gcra", "limit": 9, "rate": "10/s"}}}"#,
+            "policies",
+            "policy \"api\" is defined twice",
+            Parse,
+        ),
+        (
+            r#"{"policies": {"w": {"algorithm": "fixed-window", "limit": 5, "window": "5 s"}}}"#,
+            "policies.w.window",
+            "invalid duration",
+            Parse,
+        ),
+        (
+            r#"{"policies": {"api": {"algorithm": "gcra", "limit": 5, "rate": "10/s"}},
+                "rules": [{"policy": "api", "key": ["ip", 7]}]}"#,
+            "rules[0].key[1]",
+            "invalid type",
+            Parse,
+        ),
+        (
+            r#"{"policies": {}, "client_ip": {"trusted_proxies": ["300.0.0.0/8"]}}"#,
+            "client_ip.trusted_proxies[0]",
+            "invalid IP address",
+            Parse,
+        ),
+        (
+            r#"{"policies": {}} trailing"#,
+            "",
+            "trailing characters",
+            Parse,
+        ),
+        (r#"{"policies": "#, "policies", "EOF", Parse),
+    ];
+    for (text, path, fragment, kind) in cases {
+        assert_error(Config::from_json(text), path, fragment, kind, text);
+    }
+}
+
+#[test]
+fn errors_give_the_position_and_the_file() {
+    // TOML: the line and column of the bad value.
+    let text = "[policies.api]\nalgorithm = \"gcra\"\nlimit = 5\nrate = \"10/x\"\n";
+    let error = Config::from_toml(text).unwrap_err();
+    assert_eq!(error.line_column(), Some((4, 8)));
+    assert!(error.to_string().ends_with("(line 4, column 8)"), "{error}");
+    // A syntax error has a position but no path.
+    let error = Config::from_toml("[policies.api]\nlimit = = 3\n").unwrap_err();
+    assert_eq!(error.path(), "");
+    assert_eq!(error.line_column().map(|(line, _)| line), Some(2));
+    // JSON: the position serde_json reports, shown apart from the message.
+    let error = Config::from_json("{\n  \"rules\": 5\n}").unwrap_err();
+    assert_eq!(error.path(), "rules");
+    assert_eq!(error.line_column().map(|(line, _)| line), Some(2));
+    assert!(!error.message().contains("at line"), "{error}");
+    // The source is the parser's error.
+    assert!(std::error::Error::source(&error).is_some());
+
+    // Files: named in the message, format by extension.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let toml = dir.path().join("limits.toml");
+    std::fs::write(
+        &toml,
+        "[policies.api]\nalgorithm = \"gcra\"\nlimit = 0\nrate = \"1/s\"\n",
+    )
+    .expect("write");
+    let error = Config::from_file(&toml).unwrap_err();
+    assert_eq!(error.file(), Some(toml.as_path()));
+    assert_eq!(
+        error.to_string(),
+        format!("{}: policies.api.limit: must be at least 1", toml.display())
+    );
+    assert!(
+        std::error::Error::source(&error)
+            .and_then(|s| s.downcast_ref::<ratelimit_core::PolicyError>())
+            .is_some()
+    );
+
+    let missing = dir.path().join("missing.json");
+    let error = Config::from_file(&missing).unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Io);
+    assert!(
+        error
+            .to_string()
+            .starts_with(&missing.display().to_string())
+    );
+
+    let yaml = dir.path().join("limits.yaml");
+    std::fs::write(&yaml, "policies: {}").expect("write");
+    let error = Config::from_file(&yaml).unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::UnknownFormat);
+}
+
+// ---------------------------------------------------------------------------
+// Every algorithm
+
+const ALL_TOML: &str = r#"
+[policies.fixed]
+algorithm = "fixed-window"
+limit = 10
+window = "1m"
+
+[policies.log]
+algorithm = "sliding-log"
+limit = 11
+window = "30s"
+
+[policies.counter]
+algorithm = "sliding-window"
+limit = 12
+window = "1h30m"
+
+[policies.bucket]
+algorithm = "token-bucket"
+limit = 13
+rate = "5/s"
+
+[policies.gcra]
+algorithm = "gcra"
+limit = 14
+rate = "100/m"
+shadow = true
+
+[policies.leaky]
+algorithm = "leaky-bucket"
+limit = 15
+rate = "1/500ms"
+
+[policies.slots]
+algorithm = "concurrency"
+limit = 16
+lease = "30s"
+"#;
+
+const ALL_JSON: &str = r#"{
+  "policies": {
+    "fixed":   {"algorithm": "fixed-window", "limit": 10, "window": "1m"},
+    "log":     {"algorithm": "sliding-log", "limit": 11, "window": "30s"},
+    "counter": {"algorithm": "sliding-window", "limit": 12, "window": "90m"},
+    "bucket":  {"algorithm": "token-bucket", "limit": 13, "rate": "5/1s"},
+    "gcra":    {"algorithm": "gcra", "limit": 14, "rate": "100/60s", "shadow": true},
+    "leaky":   {"algorithm": "leaky-bucket", "limit": 15, "rate": "2/s"},
+    "slots":   {"algorithm": "concurrency", "limit": 16, "lease": "30000ms"}
+  }
+}"#;
+
+#[test]
+fn every_algorithm_parses_in_toml_and_json() {
+    let s = Duration::from_secs;
+    let expected = [
+        Policy::fixed_window(10, s(60)),
+        Policy::sliding_window_log(11, s(30)),
+        Policy::sliding_window_counter(12, s(5400)),
+        Policy::token_bucket(13, Rate::per_second(5)),
+        Policy::gcra(14, Rate::per_minute(100)),
+        Policy::leaky_bucket(15, Rate::new(1, Duration::from_millis(500))),
+        Policy::concurrency(16, s(30)),
+    ];
+    let names = [
+        "fixed", "log", "counter", "bucket", "gcra", "leaky", "slots",
+    ];
+    let kinds = [
+        "fixed-window",
+        "sliding-log",
+        "sliding-window",
+        "token-bucket",
+        "gcra",
+        "leaky-bucket",
+        "concurrency",
+    ];
+    let toml = Config::from_toml(ALL_TOML).expect("toml");
+    let json = Config::from_json(ALL_JSON).expect("json");
+    let mut sorted = names;
+    sorted.sort_unstable();
+    assert_eq!(
+        toml.policies().map(Policy::name).collect::<Vec<_>>(),
+        sorted
+    );
+    assert_eq!(
+        json.policies().map(Policy::name).collect::<Vec<_>>(),
+        sorted
+    );
+    for ((name, kind), expected) in names.iter().zip(kinds).zip(expected) {
+        let expected = expected
+            .expect("valid")
+            .with_name(*name)
+            .expect("name")
+            .with_shadow(*name == "gcra");
+        let from_toml = toml.policy(name).expect("in toml");
+        assert_eq!(from_toml.algorithm().kind(), kind);
+        assert_eq!(*from_toml, expected, "{name} from TOML");
+        // Equal rates written differently (`1/500ms` and `2/s` differ as
+        // rates but not as emission intervals) build equal algorithms.
+        let from_json = json.policy(name).expect("in json");
+        assert_eq!(from_json.algorithm().kind(), kind);
+        assert_eq!(from_json.limit(), expected.limit(), "{name} from JSON");
+        assert_eq!(from_json.window(), expected.window(), "{name} from JSON");
+        assert_eq!(
+            from_json.is_shadow(),
+            expected.is_shadow(),
+            "{name} from JSON"
+        );
+    }
+    assert_eq!(toml.rule_count(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Rule matching
+
+const RULES: &str = r#"
+[client_ip]
+trusted_proxies = ["10.0.0.0/8"]
+
+[policies.everyone]
+algorithm = "fixed-window"
+limit = 1000
+window = "1s"
+
+[policies.api]
+algorithm = "gcra"
+limit = 20
+rate = "10/s"
+
+[policies.keyed]
+algorithm = "token-bucket"
+limit = 100
+rate = "10/s"
+
+[policies.login]
+algorithm = "fixed-window"
+limit = 5
+window = "1m"
+
+[policies.per-route]
+algorithm = "sliding-window"
+limit = 50
+window = "1m"
+
+[[rules]]
+policy = "everyone"
+key = "global"
+
+[[rules]]
+policy = "api"
+key = "ip"
+routes = ["/api"]
+
+[[rules]]
+policy = "keyed"
+key = "header:x-api-key"
+routes = ["/api/"]
+cost = 3
+missing_key = "reject"
+
+[[rules]]
+policy = "login"
+key = "client-ip"
+routes = ["/login"]
+methods = ["POST"]
+
+[[rules]]
+policy = "per-route"
+key = ["route", "ip"]
+routes = ["/static", "/docs/"]
+"#;
+
+/// (policy, key bytes, cost) of each limit, in rule order.
+fn limits_of(config: &Config, req: &Request<String>) -> Vec<(String, Vec<u8>, u64)> {
+    let limits = config.limits(req);
+    assert!(!limits.is_reject());
+    limits
+        .iter()
+        .map(|l| {
+            (
+                l.policy().name().to_owned(),
+                l.key().as_bytes().to_vec(),
+                l.cost(),
+            )
+        })
+        .collect()
+}
+
+fn names(limits: &[(String, Vec<u8>, u64)]) -> Vec<&str> {
+    limits.iter().map(|(n, _, _)| n.as_str()).collect()
+}
+
+#[test]
+fn rules_match_by_route_method_and_key() {
+    let config = Config::from_toml(RULES).expect("valid");
+    assert_eq!(config.rule_count(), 5);
+    let build = |method: &str, path: &str, headers: &[(&str, &str)], ip: Option<[u8; 4]>| {
+        let mut builder = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let mut req = builder.body(String::new()).expect("request");
+        if let Some(ip) = ip {
+            peer(&mut req, ip);
+        }
+        req
+    };
+    let client = Some([192, 0, 2, 1]);
+
+    // Only the global rule: `/apiary` is not under `/api`.
+    let req = build("GET", "/apiary", &[], client);
+    let limits = limits_of(&config, &req);
+    assert_eq!(names(&limits), ["everyone"]);
+    assert_eq!(limits[0].1, b"global");
+
+    // `/api` itself: the `/api` rule, not the `/api/` one.
+    let req = build("GET", "/api", &[], client);
+    let limits = limits_of(&config, &req);
+    assert_eq!(names(&limits), ["everyone", "api"]);
+    assert_eq!(limits[1].1, b"192.0.2.1");
+
+    // Below `/api/` with an API key: the key is hashed, the cost is 3.
+    let req = build(
+        "GET",
+        "/api/items?page=2",
+        &[("x-api-key", "secret")],
+        client,
+    );
+    let limits = limits_of(&config, &req);
+    assert_eq!(names(&limits), ["everyone", "api", "keyed"]);
+    let hashed = HeaderKey::new(http::HeaderName::from_static("x-api-key"))
+        .extract(&req)
+        .expect("key");
+    assert_eq!(limits[2].1, hashed.as_bytes());
+    assert_ne!(limits[2].1, b"secret");
+    assert_eq!(limits[2].2, 3);
+
+    // Without the API key, `missing_key = "reject"` refuses the request.
+    let req = build("GET", "/api/items", &[], client);
+    assert!(config.limits(&req).is_reject());
+
+    // Without a peer address the `ip` rule has no key: it does not apply.
+    let req = build("GET", "/api", &[], None);
+    assert_eq!(names(&limits_of(&config, &req)), ["everyone"]);
+
+    // POST /login from a trusted proxy: keyed by the forwarded client.
+    let req = build(
+        "POST",
+        "/login",
+        &[("x-forwarded-for", "203.0.113.7")],
+        Some([10, 0, 0, 5]),
+    );
+    let limits = limits_of(&config, &req);
+    assert_eq!(names(&limits), ["everyone", "login"]);
+    assert_eq!(limits[1].1, b"203.0.113.7");
+    // The same header from an untrusted peer is not believed.
+    let req = build(
+        "POST",
+        "/login",
+        &[("x-forwarded-for", "203.0.113.7")],
+        client,
+    );
+    assert_eq!(limits_of(&config, &req)[1].1, b"192.0.2.1");
+    // GET /login: not a method of the rule.
+    let req = build("GET", "/login", &[], client);
+    assert_eq!(names(&limits_of(&config, &req)), ["everyone"]);
+
+    // A list of keys is joined as `Composite` joins them.
+    for path in ["/static/app.js", "/docs/index.html"] {
+        let req = build("GET", path, &[], client);
+        let limits = limits_of(&config, &req);
+        assert_eq!(names(&limits), ["everyone", "per-route"]);
+        let composite = Composite::new(RouteKey, PeerIp).extract(&req).expect("key");
+        assert_eq!(limits[1].1, composite.as_bytes());
+    }
+    // `/docs/` needs the slash; `/static` matches itself.
+    let req = build("GET", "/docs", &[], client);
+    assert_eq!(names(&limits_of(&config, &req)), ["everyone"]);
+    let req = build("GET", "/static", &[], client);
+    assert_eq!(names(&limits_of(&config, &req)), ["everyone", "per-route"]);
+
+    // No rule at all: nothing to check.
+    let empty = Config::from_toml("").expect("empty is valid");
+    assert!(empty.limits(&build("GET", "/", &[], client)).is_empty());
+}
+
+#[tokio::test]
+async fn a_config_limits_requests_through_the_layer() {
+    let config = Config::from_toml(RULES).expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::with_rules(MemoryStore::new(), config)
+                .on_failure(FailurePolicy::Closed),
+        )
+        .service_fn(ok);
+    let login = |ip: [u8; 4]| {
+        let mut req = Request::post("/login")
+            .body(String::new())
+            .expect("request");
+        peer(&mut req, ip);
+        req
+    };
+    // 5 logins a minute per client, each client on its own.
+    for _ in 0..5 {
+        let response = service
+            .clone()
+            .oneshot(login([192, 0, 2, 1]))
+            .await
+            .expect("ok");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let response = service
+        .clone()
+        .oneshot(login([192, 0, 2, 1]))
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let response = service
+        .clone()
+        .oneshot(login([192, 0, 2, 2]))
+        .await
+        .expect("ok");
+    assert_eq!(response.status(), StatusCode::OK);
+    // `missing_key = "reject"` through the layer.
+    let mut req = Request::get("/api/items")
+        .body(String::new())
+        .expect("request");
+    peer(&mut req, [192, 0, 2, 1]);
+    let response = service.clone().oneshot(req).await.expect("ok");
+    assert!(response.status().is_client_error(), "{}", response.status());
+}
+
+// ---------------------------------------------------------------------------
+// Reloading
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
+    const N: u64 = 3;
+    const M: u64 = 7;
+    const WORKERS: usize = 4;
+    const KEYS: u64 = 5;
+    /// A bound on each worker, far above what it needs.
+    const MAX_REQUESTS: u64 = 5_000;
+
+    let rules = ReloadableRules::from_str(&api_config(N), Format::Toml).expect("valid");
+    let layer = layer(rules.clone());
+    let service = ServiceBuilder::new().layer(layer.clone()).service_fn(ok);
+    let reloaded = Arc::new(AtomicBool::new(false));
+    let progress: Arc<Vec<AtomicU64>> = Arc::new((0..WORKERS).map(|_| AtomicU64::new(0)).collect());
+
+    let mut workers = Vec::new();
+    for worker in 0..WORKERS {
+        let (service, reloaded, progress) = (service.clone(), reloaded.clone(), progress.clone());
+        workers.push(tokio::spawn(async move {
+            // (key, status, limit it was decided under, sent after the reload returned)
+            let mut seen: Vec<(u64, StatusCode, u64, bool)> = Vec::new();
+            let mut after = 0;
+            for i in 0..MAX_REQUESTS {
+                let key = i % KEYS;
+                let sent_after_reload = reloaded.load(Ordering::SeqCst);
+                let response = service
+                    .clone()
+                    .oneshot(request(&format!("w{worker}-k{key}")))
+                    .await
+                    .expect("infallible");
+                seen.push((
+                    key,
+                    response.status(),
+                    limit_of(&response),
+                    sent_after_reload,
+                ));
+                progress[worker].fetch_add(1, Ordering::SeqCst);
+                if sent_after_reload {
+                    after += 1;
+                    // Every key asked more than M times under the new limit.
+                    if after >= KEYS * (M + 1) {
+                        break;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            seen
+        }));
+    }
+
+    // Reload while the workers run, once each has exhausted its keys under N.
+    let exhausted = KEYS * (N + 1);
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while progress
+            .iter()
+            .any(|p| p.load(Ordering::SeqCst) < exhausted)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the workers made progress");
+    rules
+        .reload_from_str(&api_config(M), Format::Toml)
+        .expect("reload");
+    reloaded.store(true, Ordering::SeqCst);
+
+    let mut results = Vec::new();
+    for worker in workers {
+        let seen = tokio::time::timeout(Duration::from_secs(60), worker)
+            .await
+            .expect("workers finish")
+            .expect("no panic");
+        results.push(seen);
+    }
+
+    for (worker, seen) in results.iter().enumerate() {
+        assert!(
+            u64::try_from(seen.len()).expect("small") < MAX_REQUESTS,
+            "worker {worker} did not see the reload"
+        );
+        let mut allowed_under: HashMap<(u64, u64), u64> = HashMap::new();
+        let mut saw_new = false;
+        for &(key, status, limit, sent_after_reload) in seen {
+            // Only 200 or 429: nothing failed, nothing fell to the failure policy.
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "worker {worker}: status {status}"
+            );
+            assert!(limit == N || limit == M, "limit {limit}");
+            // One worker's requests are sequential: once the new limit is
+            // seen, the old one never comes back.
+            if limit == M {
+                saw_new = true;
+            }
+            assert!(
+                !(saw_new && limit == N),
+                "worker {worker}: old limit after the new one"
+            );
+            if sent_after_reload {
+                assert_eq!(
+                    limit, M,
+                    "sent after the reload, decided under the old limit"
+                );
+            }
+            if status == StatusCode::OK {
+                *allowed_under.entry((key, limit)).or_default() += 1;
+            }
+        }
+        for key in 0..KEYS {
+            let old = allowed_under.get(&(key, N)).copied().unwrap_or(0);
+            let new = allowed_under.get(&(key, M)).copied().unwrap_or(0);
+            // N before the reload (each key was exhausted), and the new limit
+            // counts on from there: M in all, exactly.
+            assert_eq!(old, N, "worker {worker} key {key} under the old limit");
+            assert_eq!(old + new, M, "worker {worker} key {key} in all");
+        }
+    }
+    assert_eq!(
+        layer.stats().failed_open() + layer.stats().failed_closed(),
+        0
+    );
+
+    // A fresh key gets exactly M, then 429.
+    assert_eq!(allowed_until_refused(&service, "fresh", 100).await, M);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_in_flight_keep_the_rules_they_started_with() {
+    let rules = ReloadableRules::from_str(&api_config(2), Format::Toml).expect("valid");
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (inside, go) = (entered.clone(), release.clone());
+    let service = ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service_fn(move |req: Request<String>| {
+            let (inside, go) = (inside.clone(), go.clone());
+            async move {
+                let limit = req
+                    .extensions()
+                    .get::<Decisions>()
+                    .and_then(|d| d.tightest())
+                    .map(|d| d.decision().limit());
+                inside.notify_one();
+                go.notified().await;
+                Ok::<_, Infallible>(Response::new(format!("{limit:?}")))
+            }
+        });
+
+    let slow = tokio::spawn(service.clone().oneshot(request("a")));
+    entered.notified().await;
+    rules
+        .reload_from_str(&api_config(5), Format::Toml)
+        .expect("reload");
+    release.notify_one();
+    let response = slow.await.expect("no panic").expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        limit_of(&response),
+        2,
+        "headers of the limit it was decided under"
+    );
+
+    // The next request is decided under the new limit, and counts on: one of
+    // the five was used before the reload.
+    let next = tokio::spawn(service.clone().oneshot(request("a")));
+    entered.notified().await;
+    release.notify_one();
+    let response = next.await.expect("no panic").expect("infallible");
+    assert_eq!(limit_of(&response), 5);
+    assert_eq!(
+        response
+            .headers()
+            .get("x-ratelimit-remaining")
+            .and_then(|v| v.to_str().ok()),
+        Some("3")
+    );
+}
+
+#[tokio::test]
+async fn a_bad_reload_keeps_the_old_limit() {
+    let rules = ReloadableRules::from_str(&api_config(3), Format::Toml).expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service_fn(ok);
+    let before = rules.current();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let yaml = dir.path().join("limits.yaml");
+    std::fs::write(&yaml, api_config(9)).expect("write");
+
+    let attempts: Vec<(Result<(), ConfigError>, ConfigErrorKind)> = vec![
+        (
+            rules.reload_from_str(&api_config(0), Format::Toml),
+            ConfigErrorKind::Policy,
+        ),
+        (
+            rules.reload_from_str("[policies.api\nlimit = 9", Format::Toml),
+            ConfigErrorKind::Parse,
+        ),
+        (
+            rules.reload_from_str(
+                &api_config(9).replace("policy = \"api\"", "policy = \"apii\""),
+                Format::Toml,
+            ),
+            ConfigErrorKind::Rule,
+        ),
+        (
+            rules.reload_from_str(&api_config(9), Format::Json),
+            ConfigErrorKind::Parse,
+        ),
+        (
+            rules.reload_from_file(dir.path().join("missing.toml")),
+            ConfigErrorKind::Io,
+        ),
+        (
+            rules.reload_from_file(&yaml),
+            ConfigErrorKind::UnknownFormat,
+        ),
+        (
+            rules.reload_from_str(
+                &api_config(9)
+                    .replace("\"gcra\"", "\"fixed-window\"")
+                    .replace("rate = \"1/h\"", "window = \"1h\""),
+                Format::Toml,
+            ),
+            ConfigErrorKind::AlgorithmChanged,
+        ),
+    ];
+    for (i, (result, kind)) in attempts.into_iter().enumerate() {
+        let error = result.expect_err("a bad reload fails");
+        assert_eq!(error.kind(), kind, "attempt {i}: {error}");
+        assert!(
+            Arc::ptr_eq(&before, &rules.current()),
+            "attempt {i} replaced the config"
+        );
+    }
+    assert_eq!(allowed_until_refused(&service, "fresh", 100).await, 3);
+
+    // Renaming is how an algorithm changes: a new name starts afresh.
+    let renamed = api_config(4)
+        .replace("[policies.api]", "[policies.api-v2]")
+        .replace("policy = \"api\"", "policy = \"api-v2\"")
+        .replace("\"gcra\"", "\"fixed-window\"")
+        .replace("rate = \"1/h\"", "window = \"1h\"");
+    rules
+        .reload_from_str(&renamed, Format::Toml)
+        .expect("a new name");
+    assert_eq!(allowed_until_refused(&service, "fresh", 100).await, 4);
+}
+
+/// Why an algorithm change needs a new name: the store refuses state of
+/// another algorithm under the same policy name.
+#[test]
+fn a_store_refuses_another_algorithm_under_one_name() {
+    let store = MemoryStore::new();
+    let window = Policy::fixed_window(5, Duration::from_secs(3600))
+        .and_then(|p| p.with_name("api"))
+        .expect("valid");
+    let gcra = Policy::gcra(5, Rate::per_hour(5))
+        .and_then(|p| p.with_name("api"))
+        .expect("valid");
+    store.check_now(b"k", &window, 1).expect("first");
+    assert!(matches!(
+        store.check_now(b"k", &gcra, 1),
+        Err(StoreError::PolicyConflict { .. })
+    ));
+    // Same algorithm, other numbers: counting goes on.
+    let bigger = Policy::fixed_window(9, Duration::from_secs(3600))
+        .and_then(|p| p.with_name("api"))
+        .expect("valid");
+    assert_eq!(
+        store
+            .check_now(b"k", &bigger, 1)
+            .expect("same kind")
+            .remaining(),
+        7
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Watching a file
+
+async fn wait_for_limit(rules: &ReloadableRules, limit: u64) {
+    for _ in 0..100 {
+        if rules.current().policy("api").map(Policy::limit) == Some(limit) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "limit {limit} not loaded; in force: {:?}",
+        rules.current().policy("api").map(Policy::limit)
+    );
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_watcher_follows_a_changed_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ratelimit.toml");
+    write(&path, &api_config(3));
+    let rules = ReloadableRules::from_file(&path).expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service_fn(ok);
+    let watch = rules.watch_file(&path, Duration::from_millis(100));
+
+    // Unchanged: nothing is reloaded.
+    let first = rules.current();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(Arc::ptr_eq(&first, &rules.current()));
+
+    write(&path, &api_config(12));
+    wait_for_limit(&rules, 12).await;
+    assert_eq!(allowed_until_refused(&service, "a", 100).await, 12);
+
+    // A broken file is not loaded, and stays not loaded.
+    let good = rules.current();
+    write(&path, &api_config(0));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(Arc::ptr_eq(&good, &rules.current()));
+    assert_eq!(allowed_until_refused(&service, "b", 100).await, 12);
+
+    // Fixed: loaded.
+    write(&path, &api_config(5));
+    wait_for_limit(&rules, 5).await;
+
+    // Replaced by a rename, same size: another inode, loaded too.
+    let next = dir.path().join("next.toml");
+    write(&next, &api_config(6));
+    std::fs::rename(&next, &path).expect("rename");
+    wait_for_limit(&rules, 6).await;
+    assert_eq!(allowed_until_refused(&service, "c", 100).await, 6);
+
+    watch.abort();
+    assert!(watch.await.expect_err("aborted").is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_watcher_loads_a_file_the_rules_did_not_come_from() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ratelimit.json");
+    write(
+        &path,
+        r#"{"policies": {"api": {"algorithm": "gcra", "limit": 4, "rate": "1/h"}},
+            "rules": [{"policy": "api", "key": "header:x-client"}]}"#,
+    );
+    let rules = ReloadableRules::from_str(&api_config(1), Format::Toml).expect("valid");
+    let watch = rules.watch_file(&path, Duration::from_millis(100));
+    wait_for_limit(&rules, 4).await;
+    watch.abort();
+}
+
+// ---------------------------------------------------------------------------
+// The example, over loopback HTTP
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_reload_example_follows_its_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ratelimit.toml");
+    let config = |limit: u64| {
+        format!(
+            "[policies.api]\nalgorithm = \"gcra\"\nlimit = {limit}\nrate = \"1/h\"\n\n\
+             [[rules]]\npolicy = \"api\"\nkey = \"ip\"\nroutes = [\"/api\"]\n"
+        )
+    };
+    write(&path, &config(2));
+    let port = ratelimit_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut process = ratelimit_tests::spawn_example(
+        "config_reload",
+        &[
+            "--config",
+            path.to_str().expect("utf-8 path"),
+            "--listen",
+            &listen,
+            "--poll",
+            "50ms",
+        ],
+        &[],
+    );
+    ratelimit_tests::wait_for_port(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Duration::from_secs(60),
+    );
+    assert!(
+        process.child().try_wait().expect("status").is_none(),
+        "exited"
+    );
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let get = |path: &'static str| {
+        let client = client.clone();
+        let url = format!("http://{listen}{path}");
+        async move { client.get(url).send().await.expect("request").status() }
+    };
+    for _ in 0..2 {
+        assert_eq!(get("/api/items").await, reqwest::StatusCode::OK);
+    }
+    assert_eq!(
+        get("/api/items").await,
+        reqwest::StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(get("/").await, reqwest::StatusCode::OK, "no rule for /");
+
+    // A bad file: reported, and the limit in force stays.
+    write(&path, &config(0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        get("/api/items").await,
+        reqwest::StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Limit 5: three more than the two used, once the file is seen.
+    write(&path, &config(5));
+    let started = std::time::Instant::now();
+    while get("/api/items").await != reqwest::StatusCode::OK {
+        assert!(started.elapsed() < Duration::from_secs(20), "not reloaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..2 {
+        assert_eq!(get("/api/items").await, reqwest::StatusCode::OK);
+    }
+    assert_eq!(
+        get("/api/items").await,
+        reqwest::StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// The same on Redis, worse: a script finds state it cannot read and fails
+/// (so the layer's failure policy decides those requests), or reads another
+/// algorithm's string as its own (token bucket and sliding window counter
+/// over a fixed window's state: counting goes on from nonsense).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_store_fails_on_another_algorithm_under_one_name() {
+    use ratelimit_core::Store;
+    use ratelimit_core::redis::RedisStore;
+    let server = ratelimit_tests::RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("connect");
+    let named = |policy: Result<Policy, ratelimit_core::PolicyError>| {
+        policy.and_then(|p| p.with_name("api")).expect("valid")
+    };
+    let hour = Duration::from_secs(3600);
+    let window = named(Policy::fixed_window(5, hour));
+    redis.check(b"k", &window, 1).await.expect("first");
+    for other in [
+        named(Policy::sliding_window_log(5, hour)),
+        named(Policy::gcra(5, Rate::per_hour(5))),
+        named(Policy::concurrency(5, hour)),
+    ] {
+        let result = redis.check(b"k", &other, 1).await;
+        assert!(
+            matches!(result, Err(StoreError::Backend(_))),
+            "{}: {result:?}",
+            other.algorithm().kind()
+        );
+    }
+    // The fixed window itself still reads its state.
+    let decision = redis.check(b"k", &window, 1).await.expect("same algorithm");
+    assert_eq!(decision.remaining(), 3);
+}
