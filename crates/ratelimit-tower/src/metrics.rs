@@ -36,8 +36,8 @@
 //! [`MissingKey::Reject`](crate::MissingKey::Reject), a cost above what a
 //! policy can ever admit) is not counted.
 //!
-//! Call [`describe`] once after installing the recorder to give each metric
-//! its help text and unit.
+//! Call `describe()` (feature `metrics`) once after installing the recorder,
+//! to give each metric its help text and unit.
 //!
 //! # Tracing
 //!
