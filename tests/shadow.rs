@@ -537,3 +537,14 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
     assert_eq!(count("shadow_denied"), Some(4.0), "{text}");
     assert!(!text.contains("shadow-secret"));
 }
+
+#[tokio::test]
+async fn a_shadow_policy_checked_in_a_handler_is_always_granted() {
+    let store = memory();
+    let login = per_ten_seconds("login", 1).with_shadow(true);
+    let limiter = ratelimit_axum::Limiter::new(store.clone(), login.clone());
+    for _ in 0..3 {
+        assert!(limiter.check(KEY.as_bytes(), 1).await.is_ok());
+    }
+    assert_eq!(remaining(&store, &login).await, 0, "it consumed");
+}

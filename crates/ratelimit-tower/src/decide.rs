@@ -63,9 +63,16 @@ where
 /// once, never refusing).
 async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Limit>) -> Outcome {
     let started = tokio::time::Instant::now();
-    let order: Vec<bool> = limits.iter().map(|l| l.policy().is_shadow()).collect();
-    let (shadow, enforced): (Vec<Limit>, Vec<Limit>) =
-        limits.into_iter().partition(|l| l.policy().is_shadow());
+    // Which limits were shadow, in order, to give the decisions back in the
+    // order of the limits (empty, and no allocation, without shadow limits).
+    let (order, shadow, enforced): (Vec<bool>, Vec<Limit>, Vec<Limit>) =
+        if limits.iter().any(|l| l.policy().is_shadow()) {
+            let order = limits.iter().map(|l| l.policy().is_shadow()).collect();
+            let (shadow, enforced) = limits.into_iter().partition(|l| l.policy().is_shadow());
+            (order, shadow, enforced)
+        } else {
+            (Vec::new(), Vec::new(), limits)
+        };
     // Two groups, asked together: in one all-or-nothing check a shadow
     // denial would stop the enforced limits from consuming, and an enforced
     // denial would hide what the shadow policies decide.
