@@ -39,7 +39,15 @@
 //!   request before it counts as a failure;
 //! - `--instances N` (default 3, used with `--failure fallback`): how many
 //!   instances share the limit, so each enforces `limit / N` (at least 1) on
-//!   its own while Redis is unreachable, and their sum stays within the limit.
+//!   its own while Redis is unreachable, and their sum stays within the limit;
+//! - `--shadow`: the policy in shadow mode (`Policy::with_shadow`): every
+//!   request is decided and counted, and gets its rate-limit headers, but none
+//!   is refused for it (dark launch);
+//! - `--metrics ADDR`: serve `GET /metrics` on `ADDR` (another address than
+//!   `--listen`), in the Prometheus text format: the layer's metrics
+//!   (`ratelimit_decisions_total{policy,outcome}` and others, see
+//!   `ratelimit_tower::metrics`) and, with `--failure fallback`, the breaker's
+//!   (`ratelimit_circuit_breaker_state{breaker="redis"}`).
 //!
 //! Requests are keyed by the `x-api-key` header (hashed before it reaches
 //! Redis), or by the client IP without one. `GET /` costs 1, `GET /expensive`
@@ -50,7 +58,9 @@
 //! with `--failure fallback`, and `ok` otherwise.
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`, on
-//! stdout. Bad or missing flags exit with status 2 and a usage line.
+//! stdout (with `--metrics`, once both addresses are bound; the metrics
+//! address goes to stderr). Bad or missing flags exit with status 2 and a
+//! usage line.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -66,14 +76,14 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Rate, Store,
 };
-use ratelimit_examples::parse_duration;
+use ratelimit_examples::{install_prometheus, parse_duration, serve_metrics};
 use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
 
 /// The usage line printed with every flag error.
 const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
      --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
      --limit N --window DURATION [--failure <open|closed|fallback>] [--timeout DURATION] \
-     [--instances N]";
+     [--instances N] [--shadow] [--metrics ADDR]";
 
 /// The algorithms `--algorithm` accepts.
 const ALGORITHMS: [&str; 7] = [
@@ -113,6 +123,8 @@ struct Args {
     failure: Failure,
     timeout: Duration,
     instances: u32,
+    shadow: bool,
+    metrics: Option<SocketAddr>,
 }
 
 /// What to do when Redis cannot decide (`--failure`).
@@ -160,7 +172,7 @@ async fn main() -> ExitCode {
         }
     };
     let policy = match build_policy(args.algorithm, args.limit, args.window) {
-        Ok(policy) => policy,
+        Ok(policy) => policy.with_shadow(args.shadow),
         Err(message) => {
             eprintln!("error: {message}\n{USAGE}");
             return ExitCode::from(2);
@@ -186,6 +198,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     let mut failure = None;
     let mut timeout = None;
     let mut instances = None;
+    let mut shadow = false;
+    let mut metrics = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -208,6 +222,19 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
                     return Err(String::from("--cluster takes no value"));
                 }
                 cluster = true;
+            }
+            "--shadow" => {
+                if inline.is_some() {
+                    return Err(String::from("--shadow takes no value"));
+                }
+                shadow = true;
+            }
+            "--metrics" => {
+                let text = value()?;
+                let addr = text.parse().map_err(|_| {
+                    format!("--metrics: {text:?} is not a socket address such as 127.0.0.1:9090")
+                })?;
+                set_once(&mut metrics, addr, "--metrics")?;
             }
             "--listen" => {
                 let text = value()?;
@@ -311,6 +338,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         failure: failure.unwrap_or(Failure::Closed),
         timeout: timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
         instances: instances.unwrap_or(DEFAULT_INSTANCES),
+        shadow,
+        metrics,
     }))
 }
 
@@ -340,6 +369,14 @@ fn build_policy(algorithm: &str, limit: u64, window: Duration) -> Result<Policy,
 
 /// Connects to Redis, binds `--listen` and serves until killed.
 async fn serve(args: Args, policy: Policy) -> Result<(), String> {
+    // Installed first, so the breaker's and the store's metrics land in it.
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let handle = install_prometheus().map_err(|e| format!("--metrics {addr}: {e}"))?;
+            Some((addr, handle))
+        }
+        None => None,
+    };
     let builder = if args.cluster {
         RedisStore::cluster_builder(args.redis.iter().cloned())
     } else {
@@ -365,7 +402,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         Failure::Closed => (limited_routes(store, policy, FailurePolicy::Closed), None),
         Failure::Open => (limited_routes(store, policy, FailurePolicy::Open), None),
         Failure::Fallback => {
-            let breaker = Arc::new(CircuitBreaker::default());
+            let breaker = Arc::new(CircuitBreaker::default().with_name("redis"));
             let store = FallbackStore::new(
                 store,
                 MemoryStore::new(),
@@ -389,6 +426,12 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    if let Some((addr, handle)) = metrics {
+        let bound = serve_metrics(addr, handle)
+            .await
+            .map_err(|e| format!("--metrics {addr}: {e}"))?;
+        eprintln!("metrics on http://{bound}/metrics");
+    }
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{addr}")
         .and_then(|()| stdout.flush())

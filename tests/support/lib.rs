@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod fault_proxy;
+pub mod metrics;
 pub mod redis_server;
 
 pub use redis_server::{RedisCluster, RedisServer};
@@ -81,4 +82,54 @@ pub fn wait_for_port(addr: SocketAddr, limit: Duration) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Spawns the example `name` with `args` and stdout piped, and returns it
+/// with the first `lines` lines it printed there, waiting at most `limit`
+/// for them (the example is killed when the guard drops).
+pub fn spawn_example_lines(
+    name: &str,
+    args: &[&str],
+    lines: usize,
+    limit: Duration,
+) -> (ChildGuard, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut command = Command::new(example_binary(name));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child =
+        ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"));
+    let stdout = child.child().stdout.take().expect("piped stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        for _ in 0..lines {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if sender.send(line.trim_end().to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Keep reading, so the example never writes into a closed pipe.
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    let deadline = Instant::now() + limit;
+    let mut printed = Vec::with_capacity(lines);
+    while printed.len() < lines {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => panic!(
+                "example {name} {args:?} printed {printed:?}, not {lines} lines, within {limit:?}"
+            ),
+        }
+    }
+    (child, printed)
 }

@@ -88,11 +88,13 @@ impl<St: Store> Limiter<St> {
         &self.policy
     }
 
-    /// Checks `key` at `cost`, consuming it when allowed.
+    /// Checks `key` at `cost`, consuming it when allowed. A policy in shadow
+    /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
+    /// granted (its decision, denied or not, is in the headers).
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
         match self.store.check(key, &self.policy, cost).await {
             Ok(decision) => {
-                let allowed = decision.is_allowed();
+                let allowed = decision.is_allowed() || self.policy.is_shadow();
                 let decisions =
                     Decisions::new(vec![PolicyDecision::new(self.policy.clone(), decision)]);
                 if allowed {

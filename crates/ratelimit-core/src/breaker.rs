@@ -25,13 +25,22 @@ const HALF_OPEN: u8 = 2;
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 /// The default cool-down before a probe.
 pub const DEFAULT_COOL_DOWN: Duration = Duration::from_millis(500);
+/// The name of a breaker that was not given one.
+pub const DEFAULT_BREAKER_NAME: &str = "default";
 
 /// A circuit breaker: after `threshold` consecutive failures (errors or
 /// timeouts) it opens and stops sending calls to the store for a cool-down;
 /// then it lets one probe through, and closes again when the probe succeeds
 /// (or opens for another cool-down when it fails). Lock-free; share it with
 /// an `Arc`.
+///
+/// Every transition is logged with `tracing` (opening at `warn`, probing and
+/// closing at `info`) and, with the `metrics` feature, recorded in the gauge
+/// [`CIRCUIT_BREAKER_STATE`](crate::metrics::CIRCUIT_BREAKER_STATE) and the
+/// counter [`CIRCUIT_BREAKER_TRANSITIONS`](crate::metrics::CIRCUIT_BREAKER_TRANSITIONS),
+/// labelled with the breaker's [name](CircuitBreaker::with_name).
 pub struct CircuitBreaker {
+    name: Box<str>,
     threshold: u32,
     cool_down: Duration,
     origin: Instant,
@@ -45,6 +54,7 @@ pub struct CircuitBreaker {
 impl fmt::Debug for CircuitBreaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
+            .field("name", &self.name)
             .field("state", &self.state())
             .field("threshold", &self.threshold)
             .field("cool_down", &self.cool_down)
@@ -70,6 +80,7 @@ impl CircuitBreaker {
     /// Opens after `threshold` consecutive failures (at least 1), probes after `cool_down`.
     pub fn new(threshold: u32, cool_down: Duration) -> Self {
         CircuitBreaker {
+            name: DEFAULT_BREAKER_NAME.into(),
             threshold: threshold.max(1),
             cool_down,
             origin: Instant::now(),
@@ -79,6 +90,28 @@ impl CircuitBreaker {
             probing: AtomicBool::new(false),
             trips: AtomicU64::new(0),
         }
+    }
+
+    /// The same breaker named `name` (default [`DEFAULT_BREAKER_NAME`]): the
+    /// `breaker` label of its metrics and a field of its log events, to tell
+    /// several breakers in one process apart.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ratelimit_core::CircuitBreaker;
+    ///
+    /// let breaker = Arc::new(CircuitBreaker::default().with_name("redis-eu"));
+    /// assert_eq!(breaker.name(), "redis-eu");
+    /// ```
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into().into_boxed_str();
+        self
+    }
+
+    /// The breaker's name (see [`with_name`](Self::with_name)).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The current state.
@@ -112,6 +145,7 @@ impl CircuitBreaker {
                         .is_ok()
                 {
                     self.state.store(HALF_OPEN, Ordering::Release);
+                    self.transition(OPEN, HALF_OPEN);
                     Route::Primary { probe: true }
                 } else {
                     Route::Elsewhere
@@ -124,8 +158,9 @@ impl CircuitBreaker {
     pub(crate) fn succeeded(&self, probe: bool) {
         self.failures.store(0, Ordering::Release);
         if probe {
-            self.state.store(CLOSED, Ordering::Release);
+            let from = self.state.swap(CLOSED, Ordering::AcqRel);
             self.probing.store(false, Ordering::Release);
+            self.transition(from, CLOSED);
         }
     }
 
@@ -145,13 +180,56 @@ impl CircuitBreaker {
             self.opened_at_micros
                 .store(self.now_micros(), Ordering::Release);
             self.trips.fetch_add(1, Ordering::Relaxed);
+            self.transition(CLOSED, OPEN);
         }
     }
 
     fn open(&self) {
         self.opened_at_micros
             .store(self.now_micros(), Ordering::Release);
-        self.state.store(OPEN, Ordering::Release);
+        let from = self.state.swap(OPEN, Ordering::AcqRel);
+        self.transition(from, OPEN);
+    }
+
+    /// Reports a change of state: logs it, and records it with the `metrics`
+    /// feature. Transitions are rare, so the labels are built here.
+    fn transition(&self, from: u8, to: u8) {
+        if from == to {
+            return;
+        }
+        let (from, to) = (state_name(from), state_name(to));
+        match to {
+            "open" => tracing::warn!(
+                breaker = %self.name,
+                from,
+                to,
+                cool_down = ?self.cool_down,
+                "circuit breaker opened: calls go elsewhere until the cool-down ends"
+            ),
+            "half_open" => tracing::info!(
+                breaker = %self.name,
+                from,
+                to,
+                "circuit breaker half-open: one probe goes to the store"
+            ),
+            _ => tracing::info!(
+                breaker = %self.name,
+                from,
+                to,
+                "circuit breaker closed: calls go to the store again"
+            ),
+        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::record_transition(&self.name, from, to);
+    }
+}
+
+/// The name of a state in logs and metric labels.
+fn state_name(state: u8) -> &'static str {
+    match state {
+        CLOSED => "closed",
+        OPEN => "open",
+        _ => "half_open",
     }
 }
 

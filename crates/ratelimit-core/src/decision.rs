@@ -26,6 +26,42 @@ pub struct Decision {
     retry_after_us: u64,
     delay_us: u64,
     permit: Option<PermitId>,
+    source: DecisionSource,
+}
+
+/// Who made a [`Decision`]: the store asked, or a store combinator answering
+/// in its place. Layers report it (metrics, logs); it never changes what the
+/// decision means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The store itself (the default): `MemoryStore`, `RedisStore`, or the
+    /// primary store of a [`FallbackStore`](crate::FallbackStore).
+    #[default]
+    Store,
+    /// The local store of a [`FallbackStore`](crate::FallbackStore), while
+    /// its primary was unreachable.
+    Fallback,
+    /// A [`DeniedCache`](crate::DeniedCache), from a denial it remembered,
+    /// without asking the store.
+    DeniedCache,
+}
+
+impl DecisionSource {
+    /// A short name: `store`, `fallback` or `denied_cache`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DecisionSource::Store => "store",
+            DecisionSource::Fallback => "fallback",
+            DecisionSource::DeniedCache => "denied_cache",
+        }
+    }
+}
+
+impl fmt::Display for DecisionSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Decision {
@@ -39,6 +75,7 @@ impl Decision {
             retry_after_us: 0,
             delay_us: 0,
             permit: None,
+            source: DecisionSource::Store,
         }
     }
 
@@ -52,6 +89,7 @@ impl Decision {
             retry_after_us: retry_after_us.max(1),
             delay_us: 0,
             permit: None,
+            source: DecisionSource::Store,
         }
     }
 
@@ -67,6 +105,19 @@ impl Decision {
     pub fn with_permit(mut self, permit: PermitId) -> Self {
         self.permit = Some(permit);
         self
+    }
+
+    /// Marks who made the decision (store combinators set it; see
+    /// [`DecisionSource`]).
+    #[must_use]
+    pub fn with_source(mut self, source: DecisionSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// Who made the decision: the store, or a combinator in its place.
+    pub fn source(&self) -> DecisionSource {
+        self.source
     }
 
     /// Whether the request may pass.
@@ -138,6 +189,9 @@ impl fmt::Debug for Decision {
         }
         if let Some(permit) = self.permit {
             d.field("permit", &permit);
+        }
+        if self.source != DecisionSource::Store {
+            d.field("source", &self.source);
         }
         d.finish()
     }

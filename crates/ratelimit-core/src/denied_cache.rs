@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::policy::Algorithm;
 use crate::store::{Check, Store};
-use crate::{Decision, PermitId, Policy, StoreError, key};
+use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
 pub const DEFAULT_CACHE_ENTRIES: usize = 10_000;
@@ -34,6 +34,9 @@ const SHARDS: usize = 16;
 /// (a release may end them early). Its memory is bounded: at most
 /// [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when full, new denials
 /// are simply not cached.
+///
+/// Denials answered from the cache have [`DecisionSource::DeniedCache`] as
+/// their [`Decision::source`].
 pub struct DeniedCache<S> {
     inner: Arc<Inner<S>>,
 }
@@ -134,6 +137,7 @@ impl<S> Inner<S> {
         (cost >= entry.cost && now < entry.until_micros).then(|| {
             let retry = entry.until_micros - now;
             Decision::deny(entry.limit, entry.remaining, retry, retry)
+                .with_source(DecisionSource::DeniedCache)
         })
     }
 

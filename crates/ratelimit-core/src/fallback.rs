@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::breaker::{CircuitBreaker, ProbeGuard, Route};
 use crate::store::{Check, Store};
-use crate::{Decision, MemoryStore, PermitId, Policy, StoreError};
+use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
 /// Permits issued by the fallback carry this bit, so releases find their store.
 const FALLBACK_PERMIT: u128 = 1 << 127;
@@ -28,6 +28,8 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 ///   sum stays within the shared limit.
 /// - Errors that are not about availability (a cost above the limit) are
 ///   returned as they are.
+/// - The fallback's decisions say so: their [`Decision::source`] is
+///   [`DecisionSource::Fallback`].
 /// - A call to the primary that the caller drops before it answers (a
 ///   shorter timeout in the layer) counts as a failure too, so the breaker
 ///   opens even when the caller gives up first. Still, give the layer a
@@ -138,7 +140,10 @@ where
     }
 }
 
+/// A decision of the fallback: its source says so, and its permit carries
+/// [`FALLBACK_PERMIT`].
 fn mark(decision: Decision) -> Decision {
+    let decision = decision.with_source(DecisionSource::Fallback);
     match decision.permit() {
         Some(p) => decision.with_permit(PermitId(p.0 | FALLBACK_PERMIT)),
         None => decision,
@@ -165,12 +170,12 @@ impl<P: Store, F: Store> Inner<P, F> {
         if cost > local.max_cost() {
             let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
             let peek = self.fallback.check(&key, &local, 0).await?;
-            return Ok(Decision::deny(
+            return Ok(mark(Decision::deny(
                 local.limit(),
                 peek.remaining(),
                 window,
                 window,
-            ));
+            )));
         }
         self.fallback.check(&key, &local, cost).await.map(mark)
     }
@@ -243,7 +248,7 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
                 .map(|((d, (_, local, _)), too_costly)| {
                     if too_costly {
                         let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
-                        Decision::deny(local.limit(), d.remaining(), window, window)
+                        mark(Decision::deny(local.limit(), d.remaining(), window, window))
                     } else {
                         mark(d)
                     }

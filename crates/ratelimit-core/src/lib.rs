@@ -45,6 +45,7 @@ pub mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 mod lease;
 pub mod memory;
+pub mod metrics;
 mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -52,8 +53,11 @@ pub mod redis;
 mod store;
 
 pub use algorithm::Rate;
-pub use breaker::{BreakerState, CircuitBreaker, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
-pub use decision::{Decision, PermitId};
+pub use breaker::{
+    BreakerState, CircuitBreaker, DEFAULT_BREAKER_NAME, DEFAULT_COOL_DOWN,
+    DEFAULT_FAILURE_THRESHOLD,
+};
+pub use decision::{Decision, DecisionSource, PermitId};
 pub use denied_cache::{DEFAULT_CACHE_ENTRIES, DeniedCache};
 pub use error::{PolicyError, StoreError};
 pub use fallback::FallbackStore;

@@ -10,6 +10,7 @@ use ratelimit_core::{Check, Decision, Store, StoreError};
 
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::layer::{FailurePolicy, Mode};
+use crate::metrics;
 use crate::permit::PermitGuard;
 use crate::reject::Rejection;
 use crate::rule::{Limit, Limits};
@@ -18,10 +19,13 @@ use crate::rule::{Limit, Limits};
 pub(crate) enum Outcome {
     /// No limit applies.
     Unlimited,
-    /// Every limit allowed; the permits are held.
+    /// Every enforced limit allowed; the permits are held (shadow policies'
+    /// too).
     Allowed(Decisions, PermitGuard),
-    /// The store failed and the failure policy lets the request through.
-    FailedOpen,
+    /// The store failed for the enforced limits and the failure policy lets
+    /// the request through; the decisions and permits of the shadow policies,
+    /// if the store could decide those.
+    FailedOpen(Decisions, PermitGuard),
     /// Refused.
     Rejected(Rejection),
 }
@@ -34,6 +38,7 @@ pub(crate) struct Settings<St> {
     pub(crate) mode: Mode,
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) near_limit: f64,
 }
 
 pub(crate) fn decide<St, F>(settings: Settings<St>, limits: F) -> OutcomeFuture
@@ -53,15 +58,41 @@ where
     })
 }
 
+/// Decides the enforced limits (all or nothing, with waiting in wait mode)
+/// and, at the same time, the shadow ones (all or nothing among themselves,
+/// once, never refusing).
 async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Limit>) -> Outcome {
     let started = tokio::time::Instant::now();
+    // Which limits were shadow, in order, to give the decisions back in the
+    // order of the limits (empty, and no allocation, without shadow limits).
+    let (order, shadow, enforced): (Vec<bool>, Vec<Limit>, Vec<Limit>) =
+        if limits.iter().any(|l| l.policy().is_shadow()) {
+            let order = limits.iter().map(|l| l.policy().is_shadow()).collect();
+            let (shadow, enforced) = limits.into_iter().partition(|l| l.policy().is_shadow());
+            (order, shadow, enforced)
+        } else {
+            (Vec::new(), Vec::new(), limits)
+        };
+    // Two groups, asked together: in one all-or-nothing check a shadow
+    // denial would stop the enforced limits from consuming, and an enforced
+    // denial would hide what the shadow policies decide.
+    let (first, (shadow_decisions, shadow_permits)) =
+        tokio::join!(ask(&settings, &enforced), decide_shadow(&settings, &shadow));
+    let mut first = Some(first);
     loop {
-        let decisions = match ask(&settings, &limits).await {
+        let answer = match first.take() {
+            Some(answer) => answer,
+            None => ask(&settings, &enforced).await,
+        };
+        let decisions = match answer {
             Ok(decisions) => decisions,
             Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
                 return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
             }
             Err(error) => {
+                for limit in &enforced {
+                    metrics::record_error(limit.policy(), limit.key());
+                }
                 let allowed = settings.failure.allows(&error);
                 settings.stats.record(allowed);
                 tracing::warn!(
@@ -71,21 +102,26 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                     if allowed { "lets the request through" } else { "refuses it" }
                 );
                 return if allowed {
-                    Outcome::FailedOpen
+                    Outcome::FailedOpen(Decisions::new(shadow_decisions), shadow_permits)
                 } else {
                     Outcome::Rejected(Rejection::Unavailable(Arc::new(error)))
                 };
             }
         };
+        for (limit, decision) in enforced.iter().zip(&decisions) {
+            metrics::record_decision(limit.policy(), limit.key(), decision, settings.near_limit);
+        }
         let allowed = decisions.iter().all(Decision::is_allowed);
         let mut permits = PermitGuard::default();
         if allowed {
-            for (limit, decision) in limits.iter().zip(&decisions) {
+            for (limit, decision) in enforced.iter().zip(&decisions) {
                 if let Some(permit) = decision.permit() {
                     permits.hold(&settings.store, limit.key(), limit.policy(), permit);
                 }
             }
         }
+        // Only enforced policies make a request wait: a shadow leaky bucket's
+        // slot or a shadow denial never delays it.
         let delay = decisions
             .iter()
             .map(Decision::delay)
@@ -96,16 +132,20 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             .filter_map(Decision::retry_after)
             .max()
             .unwrap_or_default();
-        let decisions = Decisions::new(
-            limits
+        let merged = || {
+            let enforced = enforced
                 .iter()
-                .zip(decisions)
+                .zip(decisions.iter().cloned())
                 .map(|(limit, decision)| PolicyDecision::new(limit.policy().clone(), decision))
-                .collect(),
-        );
+                .collect();
+            merge(&order, enforced, shadow_decisions.clone())
+        };
         match settings.mode {
-            Mode::Reject if allowed => return Outcome::Allowed(decisions, permits),
-            Mode::Reject => return Outcome::Rejected(Rejection::Limited(decisions)),
+            Mode::Reject if allowed => {
+                permits.absorb(shadow_permits);
+                return Outcome::Allowed(merged(), permits);
+            }
+            Mode::Reject => return Outcome::Rejected(Rejection::Limited(merged())),
             Mode::Wait { max_delay } if allowed => {
                 // A leaky bucket reserved a slot for this request: wait for it,
                 // unless it lies beyond the wait allowed. The slot stays
@@ -113,8 +153,10 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 // errs towards fewer calls, never more. Concurrency permits
                 // are dropped, and released, if the wait is cancelled.
                 if started.elapsed() + delay > max_delay {
-                    return Outcome::Rejected(Rejection::Limited(decisions));
+                    return Outcome::Rejected(Rejection::Limited(merged()));
                 }
+                let decisions = merged();
+                permits.absorb(shadow_permits);
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
@@ -123,18 +165,95 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             Mode::Wait { max_delay } => {
                 let wait = retry + jitter(retry);
                 if started.elapsed() + wait > max_delay {
-                    return Outcome::Rejected(Rejection::Limited(decisions));
+                    return Outcome::Rejected(Rejection::Limited(merged()));
                 }
+                // Shadow policies were decided once, on the first attempt;
+                // asking them again would count one request twice.
                 tokio::time::sleep(wait).await;
             }
         }
     }
 }
 
+/// Decides the shadow policies of a request (all or nothing among
+/// themselves) and holds their permits; a failure is logged and counted,
+/// and leaves the request alone.
+async fn decide_shadow<St: Store + Clone>(
+    settings: &Settings<St>,
+    limits: &[Limit],
+) -> (Vec<PolicyDecision>, PermitGuard) {
+    let mut permits = PermitGuard::default();
+    if limits.is_empty() {
+        return (Vec::new(), permits);
+    }
+    match ask(settings, limits).await {
+        Ok(decisions) => {
+            let allowed = decisions.iter().all(Decision::is_allowed);
+            for (limit, decision) in limits.iter().zip(&decisions) {
+                metrics::record_decision(
+                    limit.policy(),
+                    limit.key(),
+                    decision,
+                    settings.near_limit,
+                );
+                if allowed && let Some(permit) = decision.permit() {
+                    permits.hold(&settings.store, limit.key(), limit.policy(), permit);
+                }
+            }
+            let decisions = limits
+                .iter()
+                .zip(decisions)
+                .map(|(limit, decision)| PolicyDecision::new(limit.policy().clone(), decision))
+                .collect();
+            (decisions, permits)
+        }
+        Err(error) => {
+            for limit in limits {
+                metrics::record_error(limit.policy(), limit.key());
+            }
+            tracing::warn!(
+                error = %error,
+                "rate-limit store could not decide the shadow policies; the request is not affected"
+            );
+            (Vec::new(), permits)
+        }
+    }
+}
+
+/// The decisions of both groups in the order of the request's limits
+/// (`order` says which were shadow). A group the store could not decide is
+/// empty and left out.
+fn merge(order: &[bool], enforced: Vec<PolicyDecision>, shadow: Vec<PolicyDecision>) -> Decisions {
+    if shadow.is_empty() {
+        return Decisions::new(enforced);
+    }
+    if enforced.is_empty() {
+        return Decisions::new(shadow);
+    }
+    let (mut enforced, mut shadow) = (enforced.into_iter(), shadow.into_iter());
+    Decisions::new(
+        order
+            .iter()
+            .filter_map(|&is_shadow| {
+                if is_shadow {
+                    shadow.next()
+                } else {
+                    enforced.next()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// One store call for `limits` (none when there are none), timed.
 async fn ask<St: Store>(
     settings: &Settings<St>,
     limits: &[Limit],
 ) -> Result<Vec<Decision>, StoreError> {
+    if limits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let timer = metrics::StoreCall::start();
     let call = async {
         if let [limit] = limits {
             let decision = settings
@@ -150,12 +269,14 @@ async fn ask<St: Store>(
             settings.store.check_all(&checks).await
         }
     };
-    match settings.timeout {
+    let answer = match settings.timeout {
         Some(timeout) => tokio::time::timeout(timeout, call)
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout))),
         None => call.await,
-    }
+    };
+    timer.finish(answer.is_ok());
+    answer
 }
 
 /// Up to a tenth of the wait (at most 50 ms), so workers that were denied

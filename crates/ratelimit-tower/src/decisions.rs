@@ -26,12 +26,28 @@ impl PolicyDecision {
     pub fn decision(&self) -> &Decision {
         &self.decision
     }
+
+    /// Whether the policy is in shadow mode: decided and counted, never
+    /// enforced (see [`Policy::with_shadow`]).
+    pub fn is_shadow(&self) -> bool {
+        self.policy.is_shadow()
+    }
+
+    /// Whether this decision refuses the request: the policy denied it and
+    /// is enforced (a shadow policy never refuses).
+    pub fn refuses(&self) -> bool {
+        !self.decision.is_allowed() && !self.policy.is_shadow()
+    }
 }
 
 /// The rate-limit decisions made for a request, inserted into the request's
 /// extensions by the layer before the inner service runs, so later layers and
 /// handlers can read them (remaining quota, reset time).
 /// Cloning is cheap (the list is shared).
+///
+/// Shadow policies are listed with the others, in the order the limits were
+/// given, and may have denied an allowed request
+/// ([`PolicyDecision::is_shadow`]).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
     entries: Arc<[PolicyDecision]>,
@@ -50,17 +66,20 @@ impl Decisions {
         self.entries.iter()
     }
 
-    /// Whether every decision allows the request.
+    /// Whether the request may pass: no decision [refuses](PolicyDecision::refuses)
+    /// it (shadow policies may have denied it).
     pub fn allowed(&self) -> bool {
-        self.entries.iter().all(|e| e.decision.is_allowed())
+        !self.entries.iter().any(PolicyDecision::refuses)
     }
 
-    /// The most restrictive decision: the denied one with the longest retry,
-    /// else the allowed one with the least remaining.
+    /// The most restrictive decision: the one that [refuses](PolicyDecision::refuses)
+    /// the request with the longest retry, else the one with the least
+    /// remaining (a shadow policy's included), denied ones first.
     pub fn tightest(&self) -> Option<&PolicyDecision> {
         self.entries.iter().max_by_key(|e| {
             let d = &e.decision;
             (
+                e.refuses(),
                 !d.is_allowed(),
                 d.retry_after_micros(),
                 std::cmp::Reverse(d.remaining()),

@@ -91,11 +91,20 @@ where
                             this.reject.annotate(&mut req, &decisions);
                             (Some(decisions), (!permit.is_empty()).then_some(permit))
                         }
-                        Outcome::Unlimited | Outcome::FailedOpen => {
-                            // No limit applied (allowlisted, or the store failed
-                            // open): handlers still find an empty set of decisions.
+                        Outcome::Unlimited => {
+                            // No limit applied (allowlisted): handlers still
+                            // find an empty set of decisions.
                             this.reject.annotate(&mut req, &Decisions::default());
                             (None, None)
+                        }
+                        Outcome::FailedOpen(decisions, permit) => {
+                            // The store failed open: handlers find the shadow
+                            // policies' decisions, if any, else none.
+                            this.reject.annotate(&mut req, &decisions);
+                            (
+                                (!decisions.is_empty()).then_some(decisions),
+                                (!permit.is_empty()).then_some(permit),
+                            )
                         }
                     };
                     let future = service.call(req);

@@ -151,6 +151,7 @@ pub struct RateLimitLayer<St, P, J = HttpRejections> {
     pub(crate) mode: Mode,
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) near_limit: f64,
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
@@ -199,6 +200,7 @@ impl<St, P> RateLimitLayer<St, P> {
             mode: Mode::default(),
             failure: FailurePolicy::default(),
             timeout: None,
+            near_limit: crate::metrics::DEFAULT_NEAR_LIMIT,
         }
     }
 }
@@ -238,6 +240,7 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
             mode: self.mode,
             failure: self.failure,
             timeout: self.timeout,
+            near_limit: self.near_limit,
         }
     }
 
@@ -265,6 +268,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
             mode: self.mode,
             failure: self.failure,
             timeout: self.timeout,
+            near_limit: self.near_limit,
         }
     }
 
@@ -279,6 +283,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
             mode: self.mode,
             failure: self.failure,
             timeout: self.timeout,
+            near_limit: self.near_limit,
         }
     }
 
@@ -307,6 +312,20 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// every service this layer built.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Allowed decisions that leave less than `fraction` of their policy's
+    /// limit count in `ratelimit_near_limit_total` (default 0.1: under a
+    /// tenth left). Clamped to `0.0..=1.0`; 0 (or NaN) counts none. Only
+    /// recorded with the `metrics` feature (see [`metrics`](crate::metrics)).
+    #[must_use]
+    pub fn near_limit(mut self, fraction: f64) -> Self {
+        self.near_limit = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        self
     }
 
     /// The longest one store call may take before it counts as a failure

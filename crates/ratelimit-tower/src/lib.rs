@@ -16,6 +16,11 @@
 //! - Concurrency permits are held until the response body ends.
 //! - With the feature `config`, policies and rules come from a TOML or JSON
 //!   file and can be reloaded while serving (the `config` module).
+//! - A policy in [shadow mode](ratelimit_core::Policy::with_shadow) is
+//!   decided and counted but never refuses (see [below](#shadow-policies)).
+//! - With the `metrics` feature, every decision is counted through the
+//!   `metrics` facade; every decision is a `tracing` event at `debug` (see
+//!   [`metrics`] for the names, a contract).
 //!
 //! The decision is made in `call`; `poll_ready` is the inner service's.
 //!
@@ -42,6 +47,56 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Shadow policies
+//!
+//! A policy built with [`Policy::with_shadow(true)`](ratelimit_core::Policy::with_shadow)
+//! is decided, consumes, is counted (`ratelimit_decisions_total` with outcome
+//! `allowed` or `shadow_denied`) and appears in the [`Decisions`] and the
+//! rate-limit headers like any other, but a layer never refuses, nor delays,
+//! a request because of it: dark-launch a new limit and watch what it would
+//! deny.
+//!
+//! Several limits on one request are all or nothing, so the shadow policies
+//! cannot simply join the others: a shadow denial would keep the enforced
+//! limits from consuming, and an enforced denial would hide what the shadow
+//! policies decide. The layer splits a request's limits into an enforced and a
+//! shadow group, and asks the store for both at once (two concurrent calls,
+//! so no added latency but one more store call per request). Each group is
+//! all or nothing on its own. What follows:
+//!
+//! - A shadow policy consumes for every request it allows, even one an
+//!   enforced policy refuses; the enforced limits consume even when a shadow
+//!   policy denies. A shadow policy's numbers are those it would give alone
+//!   in front of the enforced ones; enforced together with them, all or
+//!   nothing, it would deny somewhat fewer requests (the refused ones would no
+//!   longer use up its quota).
+//! - In [`Mode::Wait`], shadow policies are decided once, on the first
+//!   attempt; their denials and leaky-bucket slots never make a request wait.
+//! - Their concurrency permits are held like any other, until the response
+//!   body ends, and released at once when the request is refused.
+//! - When the store cannot decide the shadow group, that is logged and counted
+//!   (`error`) and nothing else happens: the [`FailurePolicy`] applies to the
+//!   enforced limits only.
+//! - A `429`'s `Retry-After` and problem details name the enforced policies
+//!   only; [`Decisions::allowed`] and [`PolicyDecision::refuses`] ignore
+//!   shadow denials.
+//!
+//! ```
+//! use ratelimit_core::{MemoryStore, Policy};
+//! use ratelimit_tower::{PeerIp, RateLimitLayer, Rule};
+//! use std::time::Duration;
+//!
+//! // Enforced: 100 per minute per client. On trial: 20 per minute.
+//! let enforced = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-ip")?;
+//! let trial = Policy::fixed_window(20, Duration::from_secs(60))?
+//!     .with_name("per-ip-strict")?
+//!     .with_shadow(true);
+//! let layer = RateLimitLayer::new(MemoryStore::new(), enforced, PeerIp)
+//!     .and(Rule::new(trial, PeerIp));
+//! # let _ = layer;
+//! # Ok::<(), ratelimit_core::PolicyError>(())
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
@@ -57,6 +112,7 @@ pub mod future;
 pub mod headers;
 mod key;
 mod layer;
+pub mod metrics;
 mod permit;
 pub mod problem;
 mod reject;

@@ -40,6 +40,11 @@ impl PermitGuard {
         }));
     }
 
+    /// Takes over the permits of `other`.
+    pub(crate) fn absorb(&mut self, mut other: PermitGuard) {
+        self.releases.append(&mut other.releases);
+    }
+
     /// Whether it holds no permit.
     pub fn is_empty(&self) -> bool {
         self.releases.is_empty()

@@ -22,16 +22,16 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///  "retry-after":7}
 /// ```
 ///
+/// Only enforced policies are violated: a shadow policy that denied too is
+/// not named.
+///
 /// Refusals that are not a quota (a cost that can never pass, a missing key,
 /// an unavailable limiter) use `about:blank` with their status.
 pub fn problem_json(rejection: &Rejection) -> String {
     let mut out = String::with_capacity(320);
     match rejection {
         Rejection::Limited(decisions) => {
-            let violated: Vec<_> = decisions
-                .iter()
-                .filter(|e| !e.decision().is_allowed())
-                .collect();
+            let violated: Vec<_> = decisions.iter().filter(|e| e.refuses()).collect();
             let retry = retry_after_seconds(rejection.retry_after_micros().unwrap_or(0));
             let mut detail = String::from("Quota exceeded for policy ");
             for (i, e) in violated.iter().enumerate() {

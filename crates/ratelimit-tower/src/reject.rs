@@ -21,7 +21,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {
-    /// A limit denied the request. The decisions say which and for how long.
+    /// A limit denied the request. The decisions say which and for how long
+    /// (those that [refuse](crate::PolicyDecision::refuses) it; shadow
+    /// policies are listed too, and never refuse).
     Limited(Decisions),
     /// The request costs more than a policy could ever admit: retrying cannot help.
     CostTooHigh {
@@ -41,12 +43,13 @@ pub enum Rejection {
 
 impl Rejection {
     /// The delay after which the same request could pass, for
-    /// [`Rejection::Limited`]: the longest `retry_after` of the denying limits.
+    /// [`Rejection::Limited`]: the longest `retry_after` of the limits that
+    /// refuse it (shadow policies left out).
     pub fn retry_after_micros(&self) -> Option<u64> {
         match self {
             Rejection::Limited(decisions) => decisions
                 .iter()
-                .filter(|e| !e.decision().is_allowed())
+                .filter(|e| e.refuses())
                 .map(|e| e.decision().retry_after_micros())
                 .max(),
             _ => None,
@@ -61,7 +64,7 @@ impl fmt::Display for Rejection {
                 f.write_str("rate limit exceeded")?;
                 let mut names = decisions
                     .iter()
-                    .filter(|e| !e.decision().is_allowed())
+                    .filter(|e| e.refuses())
                     .map(|e| e.policy().name());
                 if let Some(first) = names.next() {
                     write!(f, " ({first}")?;

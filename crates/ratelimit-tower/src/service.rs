@@ -74,6 +74,7 @@ where
                 mode: config.mode,
                 failure: config.failure.clone(),
                 timeout: config.timeout,
+                near_limit: config.near_limit,
             },
             limits,
         );

@@ -1,0 +1,232 @@
+//! What the layer records: metrics through the [`metrics`](https://docs.rs/metrics)
+//! facade (feature `metrics`), and `tracing` events.
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature, the layer records these into whatever recorder
+//! the application installed (`metrics-exporter-prometheus`, for one). The
+//! names and labels are a contract:
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `ratelimit_decisions_total` | counter | `policy`, `outcome` | one per policy per decision (below) |
+//! | `ratelimit_near_limit_total` | counter | `policy` | allowed decisions leaving less than a fraction of the limit ([`RateLimitLayer::near_limit`](crate::RateLimitLayer::near_limit), default 0.1) |
+//! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer makes to its store, timeout included |
+//! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open (recorded by `ratelimit-core`'s `CircuitBreaker`) |
+//! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | breaker transitions (`closed`, `half_open`, `open`) |
+//!
+//! The `outcome` of a decision is one of:
+//!
+//! | outcome | meaning |
+//! |---|---|
+//! | `allowed` | the store allowed it |
+//! | `denied` | the store denied it (an enforced policy) |
+//! | `shadow_denied` | a [shadow](ratelimit_core::Policy::with_shadow) policy denied it; the request was not refused for it |
+//! | `error` | the store could not decide; the failure policy applied (for a shadow policy: nothing happened to the request) |
+//! | `fallback` | a `FallbackStore` decided in its local store while the primary was down (allowed or denied) |
+//! | `cached_denied` | a `DeniedCache` denied it without asking the store (a shadow policy's cached denial counts as `shadow_denied`) |
+//!
+//! `policy` is the policy's name ([`Policy::with_name`](ratelimit_core::Policy::with_name)).
+//! Keys never appear in labels: a label per client would grow without bound
+//! and leak who the clients are.
+//!
+//! Every store decision counts. In [`Mode::Wait`](crate::Mode::Wait) a request
+//! that was denied, waited and then passed counts once `denied` and once
+//! `allowed`. A request refused before any decision (no key with
+//! [`MissingKey::Reject`](crate::MissingKey::Reject), a cost above what a
+//! policy can ever admit) is not counted.
+//!
+//! Call `describe()` (feature `metrics`) once after installing the recorder,
+//! to give each metric its help text and unit.
+//!
+//! # Tracing
+//!
+//! - Every decision is a `debug` event with the `policy`, the `outcome`,
+//!   `remaining` and `limit`, and `key_hash`: the first 16 hex digits of a
+//!   keyed hash of the key (the hash key is random per process, so the same
+//!   client has the same `key_hash` throughout one process's logs, and the
+//!   raw key cannot be recovered from them, not even by trying every IP
+//!   address).
+//! - A store failure is a `warn` event with the error and what the failure
+//!   policy did.
+//! - With a `FallbackStore`, its `CircuitBreaker` logs each transition
+//!   (opening at `warn`, probing and closing at `info`).
+
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
+
+use ratelimit_core::{Decision, DecisionSource, Policy};
+
+use crate::key::Key;
+
+/// Counter: decisions, labelled `policy` and `outcome`.
+pub const DECISIONS: &str = "ratelimit_decisions_total";
+
+/// Counter: allowed decisions close to the limit, labelled `policy`.
+pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+
+/// Histogram: the duration of each store call in seconds, labelled `outcome`
+/// (`ok` or `error`).
+pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
+
+pub use ratelimit_core::metrics::{CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS};
+
+/// The default fraction of the limit under which an allowed decision counts
+/// as near the limit.
+pub const DEFAULT_NEAR_LIMIT: f64 = 0.1;
+
+/// Describes every metric of the layer and of `ratelimit-core` (help text
+/// and unit) to the installed recorder. Call it once, after installing it.
+///
+/// ```
+/// // After installing a recorder, e.g. metrics_exporter_prometheus's.
+/// ratelimit_tower::metrics::describe();
+/// ```
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe() {
+    ::metrics::describe_counter!(
+        DECISIONS,
+        "Rate-limit decisions, one per policy per decision, by policy and outcome \
+         (allowed, denied, shadow_denied, error, fallback, cached_denied)."
+    );
+    ::metrics::describe_counter!(
+        NEAR_LIMIT,
+        "Allowed rate-limit decisions that left less than the near-limit fraction of the limit."
+    );
+    ::metrics::describe_histogram!(
+        STORE_CALL_DURATION,
+        ::metrics::Unit::Seconds,
+        "Duration of each call from the rate-limit layer to its store, by outcome (ok, error)."
+    );
+    ratelimit_core::metrics::describe();
+}
+
+/// The `outcome` label of a decision.
+pub(crate) fn outcome(policy: &Policy, decision: &Decision) -> &'static str {
+    let source = decision.source();
+    if source == DecisionSource::Fallback {
+        "fallback"
+    } else if decision.is_allowed() {
+        "allowed"
+    } else if policy.is_shadow() {
+        "shadow_denied"
+    } else if source == DecisionSource::DeniedCache {
+        "cached_denied"
+    } else {
+        "denied"
+    }
+}
+
+/// Records one decision: counters and a `debug` event.
+pub(crate) fn record_decision(policy: &Policy, key: &Key, decision: &Decision, near_limit: f64) {
+    let outcome = outcome(policy, decision);
+    tracing::debug!(
+        policy = policy.name(),
+        outcome,
+        remaining = decision.remaining(),
+        limit = decision.limit(),
+        key_hash = %KeyHash(key),
+        "rate-limit decision"
+    );
+    #[cfg(feature = "metrics")]
+    {
+        let name = policy.name().to_owned();
+        if decision.is_allowed() && is_near_limit(decision, near_limit) {
+            ::metrics::counter!(NEAR_LIMIT, "policy" => name.clone()).increment(1);
+        }
+        ::metrics::counter!(DECISIONS, "policy" => name, "outcome" => outcome).increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = near_limit;
+}
+
+/// Records a policy the store could not decide.
+pub(crate) fn record_error(policy: &Policy, key: &Key) {
+    tracing::debug!(
+        policy = policy.name(),
+        outcome = "error",
+        key_hash = %KeyHash(key),
+        "rate-limit decision"
+    );
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => "error")
+        .increment(1);
+}
+
+/// Whether an allowed decision leaves less than `fraction` of its limit.
+#[cfg(feature = "metrics")]
+fn is_near_limit(decision: &Decision, fraction: f64) -> bool {
+    (decision.remaining() as f64) < fraction * decision.limit() as f64
+}
+
+/// Times one store call.
+pub(crate) struct StoreCall {
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl StoreCall {
+    pub(crate) fn start() -> Self {
+        StoreCall {
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn finish(self, ok: bool) {
+        #[cfg(feature = "metrics")]
+        ::metrics::histogram!(STORE_CALL_DURATION, "outcome" => if ok { "ok" } else { "error" })
+            .record(self.started.elapsed());
+        #[cfg(not(feature = "metrics"))]
+        let _ = ok;
+    }
+}
+
+/// A key as it appears in logs: 16 hex digits of a keyed hash, never the key.
+struct KeyHash<'a>(&'a Key);
+
+impl fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        static HASHER: OnceLock<RandomState> = OnceLock::new();
+        let hash = HASHER
+            .get_or_init(RandomState::new)
+            .hash_one(self.0.as_bytes());
+        write!(f, "{hash:016x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_hashes_are_stable_in_a_process_and_hide_the_key() {
+        let key = Key::from("203.0.113.7");
+        let shown = KeyHash(&key).to_string();
+        assert_eq!(shown.len(), 16);
+        assert!(shown.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(shown, KeyHash(&Key::from("203.0.113.7")).to_string());
+        assert_ne!(shown, KeyHash(&Key::from("203.0.113.8")).to_string());
+        assert!(!shown.contains("203"));
+    }
+
+    #[test]
+    fn outcomes() {
+        let policy = Policy::gcra(10, ratelimit_core::Rate::per_second(1)).unwrap();
+        let shadow = policy.clone().with_shadow(true);
+        let allowed = Decision::allow(10, 9, 1);
+        let denied = Decision::deny(10, 0, 1, 1);
+        assert_eq!(outcome(&policy, &allowed), "allowed");
+        assert_eq!(outcome(&policy, &denied), "denied");
+        assert_eq!(outcome(&shadow, &denied), "shadow_denied");
+        assert_eq!(outcome(&shadow, &allowed), "allowed");
+        let cached = denied.clone().with_source(DecisionSource::DeniedCache);
+        assert_eq!(outcome(&policy, &cached), "cached_denied");
+        assert_eq!(outcome(&shadow, &cached), "shadow_denied");
+        let fallback = denied.with_source(DecisionSource::Fallback);
+        assert_eq!(outcome(&policy, &fallback), "fallback");
+        assert_eq!(outcome(&shadow, &fallback), "fallback");
+    }
+}

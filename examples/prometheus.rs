@@ -1,0 +1,231 @@
+//! Rate-limit metrics for Prometheus: an axum app behind `RateLimitLayer`,
+//! with the `metrics` feature of `ratelimit-tower` recording into
+//! `metrics-exporter-prometheus`, scraped at `GET /metrics`.
+//!
+//! ```text
+//! cargo run --example prometheus -- --listen 127.0.0.1:3000 --limit 5 --window 10s \
+//!     --shadow-limit 2
+//! for i in $(seq 1 8); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: demo' http://127.0.0.1:3000/; done
+//! curl -s http://127.0.0.1:3000/metrics | grep ratelimit_
+//! ```
+//!
+//! shows, among others:
+//!
+//! ```text
+//! ratelimit_decisions_total{policy="per-client",outcome="allowed"} 5
+//! ratelimit_decisions_total{policy="per-client",outcome="denied"} 3
+//! ratelimit_decisions_total{policy="per-client-trial",outcome="allowed"} 2
+//! ratelimit_decisions_total{policy="per-client-trial",outcome="shadow_denied"} 6
+//! ```
+//!
+//! Flags:
+//!
+//! - `--listen ADDR` (default `127.0.0.1:3000`): the address of the app;
+//! - `--metrics ADDR`: serve `GET /metrics` on this address instead. Without
+//!   it, `GET /metrics` is served on the `--listen` address, outside the rate
+//!   limit (a scraper must never be limited, nor count against a client);
+//!   a separate address keeps metrics off the public listener;
+//! - `--limit N` (default 5) per `--window DURATION` (default `10s`): the
+//!   enforced fixed-window policy `per-client`;
+//! - `--shadow-limit N`: also a policy `per-client-trial` of `N` per window in
+//!   shadow mode: decided and counted (`shadow_denied`), never enforced;
+//! - `--denied-cache`: answer known denials locally (`DeniedCache`), counted
+//!   as `cached_denied` instead of `denied`.
+//!
+//! Requests are keyed by the `x-api-key` header (hashed first: metrics and logs
+//! never show keys), or by the client IP without one. Once bound, the example
+//! prints two lines on stdout: `listening on http://ADDR` and
+//! `metrics on http://ADDR/metrics`. Bad flags exit with status 2.
+//!
+//! Set `RUST_LOG`-style filtering up with a `tracing` subscriber of your own
+//! to see one `debug` event per decision (this example installs none).
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::routing::get;
+use ratelimit_axum::RateLimitInfo;
+use ratelimit_core::{DeniedCache, MemoryStore, Policy, Store};
+use ratelimit_examples::{install_prometheus, metrics_router, parse_duration, serve_metrics};
+use ratelimit_tower::{Key, PeerIp, RateLimitLayer, Rule};
+
+const USAGE: &str = "usage: prometheus [--listen ADDR] [--metrics ADDR] [--limit N] \
+     [--window DURATION] [--shadow-limit N] [--denied-cache]";
+
+/// The header requests are keyed by.
+const API_KEY_HEADER: &str = "x-api-key";
+
+/// The command line, parsed.
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    metrics: Option<SocketAddr>,
+    limit: u64,
+    window: Duration,
+    shadow_limit: Option<u64>,
+    denied_cache: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("error: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses the flags (without the program name); `None` asks for the usage.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
+    let mut parsed = Args {
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        metrics: None,
+        limit: 5,
+        window: Duration::from_secs(10),
+        shadow_limit: None,
+        denied_cache: false,
+    };
+    let mut args = args.into_iter();
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--listen" => parsed.listen = parse_addr("--listen", &value()?)?,
+            "--metrics" => parsed.metrics = Some(parse_addr("--metrics", &value()?)?),
+            "--limit" => parsed.limit = parse_count("--limit", &value()?)?,
+            "--shadow-limit" => {
+                parsed.shadow_limit = Some(parse_count("--shadow-limit", &value()?)?)
+            }
+            "--window" => {
+                let text = value()?;
+                parsed.window = parse_duration(&text)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| format!("--window: {text:?} is not a duration such as 10s"))?;
+            }
+            "--denied-cache" => parsed.denied_cache = true,
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+    }
+    Ok(Some(parsed))
+}
+
+fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
+    text.parse()
+        .map_err(|_| format!("{flag}: {text:?} is not a socket address such as 127.0.0.1:3000"))
+}
+
+fn parse_count(flag: &str, text: &str) -> Result<u64, String> {
+    text.parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{flag}: {text:?} is not a whole number above 0"))
+}
+
+/// Installs the recorder, binds the listeners and serves until killed.
+async fn serve(args: Args) -> Result<(), String> {
+    let handle = install_prometheus().map_err(|e| format!("installing the recorder: {e}"))?;
+
+    let policy = Policy::fixed_window(args.limit, args.window)
+        .and_then(|p| p.with_name("per-client"))
+        .map_err(|e| format!("--limit {} --window {:?}: {e}", args.limit, args.window))?;
+    let trial = match args.shadow_limit {
+        Some(limit) => Some(
+            Policy::fixed_window(limit, args.window)
+                .and_then(|p| p.with_name("per-client-trial"))
+                .map_err(|e| format!("--shadow-limit {limit}: {e}"))?
+                .with_shadow(true),
+        ),
+        None => None,
+    };
+    let limited = if args.denied_cache {
+        limited_routes(DeniedCache::new(MemoryStore::new()), policy, trial)
+    } else {
+        limited_routes(MemoryStore::new(), policy, trial)
+    };
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    // `/metrics` is merged after the layer was applied: never rate limited.
+    let (app, metrics_addr) = match args.metrics {
+        Some(metrics) => {
+            let bound = serve_metrics(metrics, handle)
+                .await
+                .map_err(|e| format!("--metrics {metrics}: {e}"))?;
+            (limited, bound)
+        }
+        None => (metrics_router(handle).merge(limited), addr),
+    };
+
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on http://{addr}")
+        .and_then(|()| writeln!(stdout, "metrics on http://{metrics_addr}/metrics"))
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("writing to stdout: {e}"))?;
+    drop(stdout);
+
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .map_err(|e| format!("serving on {addr}: {e}"))
+}
+
+/// `GET /`, limited by `policy` (and `trial`, in shadow mode) in `store`.
+fn limited_routes<St>(store: St, policy: Policy, trial: Option<Policy>) -> Router
+where
+    St: Store + Clone,
+{
+    let key = |req: &Request| -> Option<Key> {
+        match req.headers().get(API_KEY_HEADER) {
+            Some(value) if !value.is_empty() => {
+                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
+            }
+            _ => PeerIp::peer_ip(req).map(Key::from),
+        }
+    };
+    let router = Router::new().route("/", get(root));
+    let layer = RateLimitLayer::new(store, policy, key);
+    match trial {
+        Some(trial) => router.route_layer(layer.and(Rule::new(trial, key))),
+        None => router.route_layer(layer),
+    }
+}
+
+/// `GET /`: what is left of each policy.
+async fn root(info: RateLimitInfo) -> String {
+    let mut out = String::from("ok");
+    for entry in info.iter() {
+        let shadow = if entry.is_shadow() { ", shadow" } else { "" };
+        out.push_str(&format!(
+            "; {}: {} of {} left{shadow}",
+            entry.policy().name(),
+            entry.decision().remaining(),
+            entry.decision().limit()
+        ));
+    }
+    out.push('\n');
+    out
+}

@@ -1,0 +1,589 @@
+//! Metrics: every outcome of `ratelimit_decisions_total`, near-limit counts,
+//! store call durations and the circuit breaker's gauge, read back through a
+//! local `DebuggingRecorder`; and the examples' `/metrics` endpoints scraped
+//! over loopback in the Prometheus text format.
+//!
+//! Each in-process test runs on a current-thread runtime inside its own
+//! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
+//! parallel never see each other's metrics.
+
+use std::convert::Infallible;
+use std::future::{Future, ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response};
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{
+    Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, PermitId, Policy,
+    Store, StoreError,
+};
+use ratelimit_tests::metrics::{Recorded, Scrape, capture};
+use ratelimit_tests::{free_port, spawn_example_lines};
+use ratelimit_tower::metrics::{
+    CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
+};
+use ratelimit_tower::{FailurePolicy, RateLimitLayer};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+/// The key of every request in these tests: it must never show in a label.
+const SECRET_KEY: &str = "alice-secret-key-4242";
+
+/// How long an example may take to print its first lines.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn request() -> Request<String> {
+    Request::builder()
+        .header("x-client", SECRET_KEY)
+        .body(String::new())
+        .unwrap()
+}
+
+fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
+    req.headers().get("x-client").map(|v| v.as_bytes().to_vec())
+}
+
+fn memory() -> MemoryStore<ManualClock> {
+    MemoryStore::builder().clock(ManualClock::new(0)).build()
+}
+
+fn policy(name: &str, limit: u64) -> Policy {
+    Policy::fixed_window(limit, Duration::from_secs(3600))
+        .unwrap()
+        .with_name(name)
+        .unwrap()
+}
+
+/// Sends `n` requests through `service`, one after the other; their statuses.
+async fn send_n<S>(service: &mut S, n: usize) -> Vec<u16>
+where
+    S: Service<Request<String>, Response = Response<ratelimit_tower::body::ResponseBody<String>>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+fn ok_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<String>| {
+        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
+    })
+}
+
+fn assert_no_key_in_labels(recorded: &Recorded) {
+    for value in recorded.label_values() {
+        assert!(
+            !value.contains(SECRET_KEY) && !value.contains("alice"),
+            "a label holds the key: {value:?}"
+        );
+    }
+}
+
+fn counts(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for &s in statuses {
+        *counts.entry(s).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn allowed_and_denied_decisions_are_counted_by_policy_with_store_call_durations() {
+    let (statuses, recorded) = capture(false, || async {
+        let mut service =
+            RateLimitLayer::new(memory(), policy("per-client", 10), by_client).layer(ok_service());
+        send_n(&mut service, 13).await
+    });
+    assert_eq!(counts(&statuses), [(200, 10), (429, 3)].into());
+    let labels = |outcome| [("policy", "per-client"), ("outcome", outcome)];
+    assert_eq!(recorded.counter(DECISIONS, &labels("allowed")), 10);
+    assert_eq!(recorded.counter(DECISIONS, &labels("denied")), 3);
+    assert_eq!(
+        recorded.counters_named(DECISIONS).len(),
+        2,
+        "only the outcomes that happened: {:?}",
+        recorded.counters
+    );
+    // Under a tenth of 10 left: only the decision leaving 0.
+    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "per-client")]), 1);
+    let durations = recorded.histogram(STORE_CALL_DURATION, &[("outcome", "ok")]);
+    assert_eq!(durations.len(), 13, "one store call per request");
+    assert!(
+        durations.iter().all(|&d| (0.0..1.0).contains(&d)),
+        "{durations:?}"
+    );
+    assert_no_key_in_labels(&recorded);
+}
+
+#[test]
+fn the_near_limit_fraction_is_configurable() {
+    let (_, recorded) = capture(false, || async {
+        let mut half = RateLimitLayer::new(memory(), policy("half", 10), by_client)
+            .near_limit(0.5)
+            .layer(ok_service());
+        send_n(&mut half, 12).await;
+        let mut never = RateLimitLayer::new(memory(), policy("never", 10), by_client)
+            .near_limit(0.0)
+            .layer(ok_service());
+        send_n(&mut never, 12).await;
+    });
+    // Remaining 4, 3, 2, 1 and 0 are under half of 10; denials never count.
+    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "half")]), 5);
+    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "never")]), 0);
+    assert_no_key_in_labels(&recorded);
+}
+
+/// A store that fails while `down` is set, and is a `MemoryStore` otherwise.
+#[derive(Clone)]
+struct Flaky {
+    down: Arc<AtomicBool>,
+    memory: MemoryStore,
+}
+
+impl Flaky {
+    fn new(down: bool) -> Self {
+        Flaky {
+            down: Arc::new(AtomicBool::new(down)),
+            memory: MemoryStore::new(),
+        }
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.down
+            .load(Ordering::Relaxed)
+            .then(|| StoreError::Backend("connection refused".into()))
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for Flaky {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = BoxFuture<Vec<Decision>>;
+    type ReleaseFuture = BoxFuture<()>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        match self.failure() {
+            Some(e) => Box::pin(ready(Err(e))),
+            None => Box::pin(self.memory.check(key, policy, cost)),
+        }
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        match self.failure() {
+            Some(e) => Box::pin(ready(Err(e))),
+            None => Box::pin(self.memory.check_all(checks)),
+        }
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        Box::pin(self.memory.release(key, policy, permit))
+    }
+}
+
+#[test]
+fn store_failures_count_as_errors_whatever_the_failure_policy() {
+    let (statuses, recorded) = capture(false, || async {
+        let mut open = RateLimitLayer::new(Flaky::new(true), policy("open", 5), by_client)
+            .on_failure(FailurePolicy::Open)
+            .layer(ok_service());
+        let mut closed = RateLimitLayer::new(Flaky::new(true), policy("closed", 5), by_client)
+            .on_failure(FailurePolicy::Closed)
+            .layer(ok_service());
+        (send_n(&mut open, 3).await, send_n(&mut closed, 2).await)
+    });
+    assert_eq!(statuses, (vec![200; 3], vec![503; 2]));
+    assert_eq!(
+        recorded.counter(DECISIONS, &[("policy", "open"), ("outcome", "error")]),
+        3
+    );
+    assert_eq!(
+        recorded.counter(DECISIONS, &[("policy", "closed"), ("outcome", "error")]),
+        2
+    );
+    assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
+    assert_eq!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
+            .len(),
+        5
+    );
+    assert!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
+            .is_empty()
+    );
+    assert_no_key_in_labels(&recorded);
+}
+
+#[test]
+fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
+    let cool_down = Duration::from_millis(50);
+    let (statuses, recorded) = capture(false, || async move {
+        let primary = Flaky::new(true);
+        let breaker = Arc::new(CircuitBreaker::new(2, cool_down).with_name("test-primary"));
+        let store = FallbackStore::new(primary.clone(), MemoryStore::new(), 2, breaker.clone());
+        // 6 per hour shared by 2 instances: 3 each while the primary is down.
+        let mut service =
+            RateLimitLayer::new(store, policy("shared", 6), by_client).layer(ok_service());
+        let mut statuses = send_n(&mut service, 5).await;
+        assert_eq!(
+            breaker.state(),
+            ratelimit_core::BreakerState::Open,
+            "open after 2 failures"
+        );
+        // The primary is back: after the cool-down, a probe closes the breaker.
+        primary.down.store(false, Ordering::Relaxed);
+        tokio::time::sleep(cool_down * 2).await;
+        statuses.extend(send_n(&mut service, 1).await);
+        assert_eq!(breaker.state(), ratelimit_core::BreakerState::Closed);
+        statuses
+    });
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 200]);
+    let outcome =
+        |outcome| recorded.counter(DECISIONS, &[("policy", "shared"), ("outcome", outcome)]);
+    assert_eq!(
+        outcome("fallback"),
+        5,
+        "allowed or denied, the fallback decided"
+    );
+    assert_eq!(outcome("allowed"), 1, "the primary decided the probe");
+    assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
+    // From the layer's side every call succeeded: the fallback answered.
+    assert_eq!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
+            .len(),
+        6
+    );
+
+    let breaker = [("breaker", "test-primary")];
+    assert_eq!(recorded.gauge(CIRCUIT_BREAKER_STATE, &breaker), Some(0.0));
+    let transition = |from, to| {
+        recorded.counter(
+            CIRCUIT_BREAKER_TRANSITIONS,
+            &[("breaker", "test-primary"), ("from", from), ("to", to)],
+        )
+    };
+    assert_eq!(transition("closed", "open"), 1);
+    assert_eq!(transition("open", "half_open"), 1);
+    assert_eq!(transition("half_open", "closed"), 1);
+    assert_eq!(
+        recorded.counters_named(CIRCUIT_BREAKER_TRANSITIONS).len(),
+        3
+    );
+    assert_no_key_in_labels(&recorded);
+}
+
+#[test]
+fn the_breaker_gauge_reads_open_while_the_primary_is_down() {
+    let ((), recorded) = capture(false, || async {
+        let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
+        let store = FallbackStore::new(Flaky::new(true), MemoryStore::new(), 1, breaker);
+        let mut service =
+            RateLimitLayer::new(store, policy("down", 100), by_client).layer(ok_service());
+        assert_eq!(send_n(&mut service, 10).await, vec![200; 10]);
+    });
+    // Unnamed breakers are "default".
+    assert_eq!(
+        recorded.gauge(CIRCUIT_BREAKER_STATE, &[("breaker", "default")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        recorded.counter(DECISIONS, &[("policy", "down"), ("outcome", "fallback")]),
+        10
+    );
+}
+
+#[test]
+fn denials_answered_by_the_denied_cache_are_counted_as_cached_denied() {
+    let (statuses, recorded) = capture(false, || async {
+        let store = DeniedCache::new(MemoryStore::new());
+        let mut service =
+            RateLimitLayer::new(store.clone(), policy("cached", 2), by_client).layer(ok_service());
+        let statuses = send_n(&mut service, 7).await;
+        assert_eq!(store.hits(), 4);
+        statuses
+    });
+    assert_eq!(counts(&statuses), [(200, 2), (429, 5)].into());
+    let outcome =
+        |outcome| recorded.counter(DECISIONS, &[("policy", "cached"), ("outcome", outcome)]);
+    assert_eq!(outcome("allowed"), 2);
+    assert_eq!(outcome("denied"), 1, "the store's denial, then cached");
+    assert_eq!(outcome("cached_denied"), 4);
+    assert_no_key_in_labels(&recorded);
+}
+
+#[test]
+fn shadow_denials_are_counted_apart_from_enforced_ones() {
+    let (statuses, recorded) = capture(false, || async {
+        let mut service = RateLimitLayer::new(memory(), policy("enforced", 3), by_client)
+            .and(ratelimit_tower::Rule::new(
+                policy("trial", 1).with_shadow(true),
+                by_client,
+            ))
+            .layer(ok_service());
+        send_n(&mut service, 5).await
+    });
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("enforced", "allowed"), 3);
+    assert_eq!(count("enforced", "denied"), 2);
+    assert_eq!(count("trial", "allowed"), 1);
+    assert_eq!(count("trial", "shadow_denied"), 4);
+    assert_eq!(recorded.counters_named(DECISIONS).len(), 4);
+    assert_eq!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
+            .len(),
+        10,
+        "two store calls per request: the enforced and the shadow group"
+    );
+    assert_no_key_in_labels(&recorded);
+}
+
+#[test]
+fn describe_gives_help_and_units() {
+    let ((), recorded) = capture(false, || async {
+        ratelimit_tower::metrics::describe();
+        let mut service =
+            RateLimitLayer::new(memory(), policy("described", 1), by_client).layer(ok_service());
+        send_n(&mut service, 2).await;
+    });
+    assert_eq!(recorded.described.get(DECISIONS), Some(&None));
+    assert_eq!(recorded.described.get(NEAR_LIMIT), Some(&None));
+    assert_eq!(
+        recorded.described.get(STORE_CALL_DURATION),
+        Some(&Some(metrics::Unit::Seconds))
+    );
+}
+
+// ---- the examples' /metrics, scraped over loopback ----
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn get_status(client: &reqwest::Client, url: &str, api_key: &str) -> u16 {
+    client
+        .get(url)
+        .header("x-api-key", api_key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .status()
+        .as_u16()
+}
+
+/// GETs `url` (a `/metrics` endpoint): the text, checked to be the
+/// Prometheus text format, parsed.
+async fn scrape(client: &reqwest::Client, url: &str) -> (String, Scrape) {
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert_eq!(response.status().as_u16(), 200, "GET {url}");
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    let text = response.text().await.unwrap();
+    let parsed = Scrape::parse(&text);
+    (text, parsed)
+}
+
+/// The first line of the example: `listening on http://ADDR` → `http://ADDR`.
+fn base_of(line: &str) -> String {
+    line.strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("not a listening line: {line:?}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prometheus_example_serves_every_metric_on_its_listener() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (_example, lines) = spawn_example_lines(
+        "prometheus",
+        &["--listen", &listen, "--limit", "3", "--shadow-limit", "1"],
+        2,
+        START_TIMEOUT,
+    );
+    let base = base_of(&lines[0]);
+    assert_eq!(lines[1], format!("metrics on {base}/metrics"));
+    let client = client();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+
+    let (text, page) = scrape(&client, &format!("{base}/metrics")).await;
+    assert_eq!(page.types[DECISIONS], "counter");
+    assert_eq!(page.types[NEAR_LIMIT], "counter");
+    assert_eq!(page.types[STORE_CALL_DURATION], "histogram");
+    let decisions =
+        |policy, outcome| page.value(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(decisions("per-client", "allowed"), Some(3.0));
+    assert_eq!(decisions("per-client", "denied"), Some(2.0));
+    assert_eq!(decisions("per-client-trial", "allowed"), Some(1.0));
+    assert_eq!(decisions("per-client-trial", "shadow_denied"), Some(4.0));
+    assert_eq!(page.named(DECISIONS).len(), 4, "{text}");
+    assert_eq!(
+        page.value(NEAR_LIMIT, &[("policy", "per-client")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        page.value(
+            &format!("{STORE_CALL_DURATION}_count"),
+            &[("outcome", "ok")]
+        ),
+        Some(10.0),
+        "{text}"
+    );
+    assert_eq!(
+        page.value(
+            &format!("{STORE_CALL_DURATION}_bucket"),
+            &[("outcome", "ok"), ("le", "+Inf")]
+        ),
+        Some(10.0)
+    );
+    assert!(!text.contains(SECRET_KEY), "the key shows in:\n{text}");
+    let hashed = ratelimit_core::key::hashed(SECRET_KEY.as_bytes());
+    assert!(
+        !text.contains(std::str::from_utf8(&hashed[1..]).unwrap()),
+        "the hashed key shows in:\n{text}"
+    );
+
+    // Scrapes are not rate limited, and do not count.
+    for _ in 0..5 {
+        scrape(&client, &format!("{base}/metrics")).await;
+    }
+    let (_, again) = scrape(&client, &format!("{base}/metrics")).await;
+    assert_eq!(again.named(DECISIONS), page.named(DECISIONS));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_denials() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (_example, lines) = spawn_example_lines(
+        "prometheus",
+        &[
+            "--listen",
+            &listen,
+            "--metrics",
+            &metrics,
+            "--limit",
+            "2",
+            "--denied-cache",
+        ],
+        2,
+        START_TIMEOUT,
+    );
+    let base = base_of(&lines[0]);
+    assert_eq!(lines[1], format!("metrics on http://{metrics}/metrics"));
+    let client = client();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert_eq!(
+        get_status(&client, &format!("{base}/metrics"), "").await,
+        404,
+        "not on the app's listener"
+    );
+    let (text, page) = scrape(&client, &format!("http://{metrics}/metrics")).await;
+    let decisions =
+        |outcome| page.value(DECISIONS, &[("policy", "per-client"), ("outcome", outcome)]);
+    assert_eq!(decisions("allowed"), Some(2.0), "{text}");
+    assert_eq!(decisions("denied"), Some(1.0), "{text}");
+    assert_eq!(decisions("cached_denied"), Some(2.0), "{text}");
+    assert!(!text.contains(SECRET_KEY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_breaker() {
+    // Nothing listens there: every Redis call is refused at once.
+    let dead_redis = format!("redis://127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (_example, lines) = spawn_example_lines(
+        "distributed",
+        &[
+            "--listen",
+            &listen,
+            "--redis",
+            &dead_redis,
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "4",
+            "--window",
+            "1h",
+            "--failure",
+            "fallback",
+            "--instances",
+            "2",
+            "--timeout",
+            "200ms",
+            "--metrics",
+            &metrics,
+        ],
+        1,
+        START_TIMEOUT,
+    );
+    let base = base_of(&lines[0]);
+    let client = client();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+    }
+    // 4 divided between 2 instances.
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    let (text, page) = scrape(&client, &format!("http://{metrics}/metrics")).await;
+    let decisions = page.named(DECISIONS);
+    assert_eq!(decisions.len(), 1, "{text}");
+    let (labels, count) = decisions.into_iter().next().unwrap();
+    assert_eq!(labels["outcome"], "fallback");
+    assert_eq!(count, 5.0);
+    assert_eq!(page.types[CIRCUIT_BREAKER_STATE], "gauge");
+    assert_eq!(
+        page.value(CIRCUIT_BREAKER_STATE, &[("breaker", "redis")]),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        page.value(
+            CIRCUIT_BREAKER_TRANSITIONS,
+            &[("breaker", "redis"), ("from", "closed"), ("to", "open")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains(SECRET_KEY));
+}

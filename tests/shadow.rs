@@ -1,0 +1,550 @@
+//! Shadow policies: decided, consuming, counted and in the headers, never
+//! refusing; enforced policies alongside keep their exact semantics; permits
+//! of both are released; wait mode never waits for them; and the
+//! `distributed` example's `--shadow` seen through its `/metrics`.
+
+use std::convert::Infallible;
+use std::future::{Future, ready};
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_tests::metrics::{Scrape, capture};
+use ratelimit_tests::{RedisServer, free_port, spawn_example_lines};
+use ratelimit_tower::body::ResponseBody;
+use ratelimit_tower::metrics::DECISIONS;
+use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+const KEY: &str = "client-1";
+
+fn request() -> Request<String> {
+    Request::builder()
+        .header("x-client", KEY)
+        .body(String::new())
+        .unwrap()
+}
+
+fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
+    req.headers().get("x-client").map(|v| v.as_bytes().to_vec())
+}
+
+fn memory() -> MemoryStore<ManualClock> {
+    MemoryStore::builder().clock(ManualClock::new(0)).build()
+}
+
+fn per_ten_seconds(name: &str, limit: u64) -> Policy {
+    Policy::fixed_window(limit, Duration::from_secs(10))
+        .unwrap()
+        .with_name(name)
+        .unwrap()
+}
+
+/// The inner service: answers what the layer decided, as the handler sees it.
+fn echo_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|req: Request<String>| {
+        let decisions = req
+            .extensions()
+            .get::<Decisions>()
+            .cloned()
+            .unwrap_or_default();
+        let mut body = format!("allowed={}", decisions.allowed());
+        for entry in &decisions {
+            body.push_str(&format!(
+                " {}:{}{}",
+                entry.policy().name(),
+                if entry.decision().is_allowed() {
+                    "allowed"
+                } else {
+                    "denied"
+                },
+                if entry.is_shadow() { ":shadow" } else { "" },
+            ));
+        }
+        ready(Ok::<_, Infallible>(Response::new(body)))
+    })
+}
+
+/// One answer, its body read.
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+async fn send<S>(service: &mut S) -> Answer
+where
+    S: Service<Request<String>, Response = Response<ResponseBody<String>>>,
+    S::Error: std::fmt::Debug,
+{
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+fn header(answer: &Answer, name: &str) -> String {
+    answer
+        .headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header; body {:?}", answer.body))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
+async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
+    store
+        .check(KEY.as_bytes(), policy, 0)
+        .await
+        .unwrap()
+        .remaining()
+}
+
+#[test]
+fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
+    let (answers, recorded) = capture(false, || async {
+        let store = memory();
+        let trial = per_ten_seconds("trial", 3).with_shadow(true);
+        let mut service =
+            RateLimitLayer::new(store.clone(), trial.clone(), by_client).layer(echo_service());
+        let mut answers = Vec::new();
+        for _ in 0..10 {
+            answers.push(send(&mut service).await);
+        }
+        assert_eq!(remaining(&store, &trial).await, 0, "it consumed");
+        answers
+    });
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "request {i}: {}",
+            answer.body
+        );
+        assert!(answer.headers.get("retry-after").is_none());
+        assert_eq!(header(answer, "ratelimit-policy"), r#""trial";q=3;w=10"#);
+        let state = header(answer, "ratelimit");
+        if i < 3 {
+            assert_eq!(answer.body, "allowed=true trial:allowed:shadow");
+            assert!(
+                state.starts_with(&format!(r#""trial";r={};t="#, 2 - i)),
+                "{state}"
+            );
+        } else {
+            assert_eq!(answer.body, "allowed=true trial:denied:shadow");
+            assert_eq!(state, r#""trial";r=0;t=10"#, "t: when it would pass again");
+        }
+    }
+    let count = |outcome| recorded.counter(DECISIONS, &[("policy", "trial"), ("outcome", outcome)]);
+    assert_eq!(count("allowed"), 3);
+    assert_eq!(count("shadow_denied"), 7);
+    assert_eq!(count("denied"), 0);
+}
+
+#[test]
+fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
+    let (answers, recorded) = capture(false, || async {
+        let store = memory();
+        let enforced = per_ten_seconds("per-client", 5);
+        let trial = per_ten_seconds("trial", 2).with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
+            .and(Rule::new(trial.clone(), by_client))
+            .layer(echo_service());
+        let mut answers = Vec::new();
+        for _ in 0..8 {
+            answers.push(send(&mut service).await);
+        }
+        // Both consumed on their own: the shadow's denials never stopped the
+        // enforced policy (all or nothing would have stopped it at 2).
+        assert_eq!(remaining(&store, &enforced).await, 0);
+        assert_eq!(remaining(&store, &trial).await, 0);
+        answers
+    });
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+    assert_eq!(
+        answers[0].body,
+        "allowed=true per-client:allowed trial:allowed:shadow"
+    );
+    assert_eq!(
+        answers[2].body,
+        "allowed=true per-client:allowed trial:denied:shadow"
+    );
+    for answer in &answers {
+        assert_eq!(
+            header(answer, "ratelimit-policy"),
+            r#""per-client";q=5;w=10, "trial";q=2;w=10"#
+        );
+    }
+    let refused = &answers[5];
+    assert_eq!(header(refused, "retry-after"), "10");
+    assert!(
+        refused
+            .body
+            .contains(r#""violated-policies":["per-client"]"#),
+        "the shadow policy is not named: {}",
+        refused.body
+    );
+    assert_eq!(
+        header(refused, "ratelimit"),
+        r#""per-client";r=0;t=10, "trial";r=0;t=10"#,
+        "the shadow decision is not hidden by the enforced denial"
+    );
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("per-client", "allowed"), 5);
+    assert_eq!(count("per-client", "denied"), 3);
+    assert_eq!(count("trial", "allowed"), 2);
+    assert_eq!(count("trial", "shadow_denied"), 6);
+}
+
+#[test]
+fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
+    let ((), recorded) = capture(false, || async {
+        let store = memory();
+        let enforced = per_ten_seconds("per-client", 2);
+        let trial = per_ten_seconds("trial", 5).with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
+            .and(Rule::new(trial.clone(), by_client))
+            .layer(echo_service());
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            statuses.push(send(&mut service).await.status.as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 429, 429]);
+        assert_eq!(remaining(&store, &enforced).await, 0);
+        // The documented consequence of deciding the groups apart.
+        assert_eq!(remaining(&store, &trial).await, 1);
+    });
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("per-client", "allowed"), 2);
+    assert_eq!(count("per-client", "denied"), 2);
+    assert_eq!(count("trial", "allowed"), 4);
+    assert_eq!(count("trial", "shadow_denied"), 0);
+}
+
+#[test]
+fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
+    let ((), recorded) = capture(false, || async {
+        let store = memory();
+        let enforced = per_ten_seconds("per-client", 10);
+        let wide = per_ten_seconds("wide", 4).with_shadow(true);
+        let narrow = per_ten_seconds("narrow", 2).with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
+            .and(Rule::new(wide.clone(), by_client))
+            .and(Rule::new(narrow.clone(), by_client))
+            .layer(echo_service());
+        for _ in 0..5 {
+            assert_eq!(send(&mut service).await.status, StatusCode::OK);
+        }
+        assert_eq!(remaining(&store, &enforced).await, 5);
+        // Once `narrow` denied, the shadow group consumed nothing more.
+        assert_eq!(remaining(&store, &narrow).await, 0);
+        assert_eq!(remaining(&store, &wide).await, 2);
+    });
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("per-client", "allowed"), 5);
+    assert_eq!(count("narrow", "allowed"), 2);
+    assert_eq!(count("narrow", "shadow_denied"), 3);
+    // `wide` allowed each time, but the group was denied for three.
+    assert_eq!(count("wide", "allowed"), 5);
+}
+
+#[test]
+fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
+    capture(false, || async {
+        let store = memory();
+        let lease = Duration::from_secs(3600);
+        let enforced = Policy::concurrency(1, lease)
+            .unwrap()
+            .with_name("in-flight")
+            .unwrap();
+        let trial = Policy::concurrency(5, lease)
+            .unwrap()
+            .with_name("in-flight-trial")
+            .unwrap()
+            .with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
+            .and(Rule::new(trial.clone(), by_client))
+            .layer(echo_service());
+
+        // The first response is held: its body keeps both permits.
+        let held = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        assert_eq!(held.status(), StatusCode::OK);
+        assert_eq!(remaining(&store, &enforced).await, 0);
+        assert_eq!(remaining(&store, &trial).await, 4);
+
+        // Refused by the enforced policy while the first is in flight: the
+        // shadow permit it took is released at once.
+        for _ in 0..3 {
+            assert_eq!(
+                send(&mut service).await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+        assert_eq!(remaining(&store, &trial).await, 4);
+
+        // The body ends: both permits come back.
+        let body = held.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.starts_with(b"allowed=true"));
+        assert_eq!(remaining(&store, &enforced).await, 1);
+        assert_eq!(remaining(&store, &trial).await, 5);
+
+        // A shadow concurrency policy alone: permits held and released too.
+        let mut alone =
+            RateLimitLayer::new(store.clone(), trial.clone(), by_client).layer(echo_service());
+        let mut responses = Vec::new();
+        for _ in 0..7 {
+            let response = alone.ready().await.unwrap().call(request()).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "a shadow never refuses");
+            responses.push(response);
+        }
+        assert_eq!(remaining(&store, &trial).await, 0);
+        drop(responses);
+        assert_eq!(remaining(&store, &trial).await, 5);
+    });
+}
+
+#[test]
+fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
+    let ((), recorded) = capture(true, || async {
+        let store = MemoryStore::builder()
+            .clock(ratelimit_core::clock::TokioClock::new())
+            .build();
+        // A shadow denial and a shadow leaky-bucket slot: neither may delay.
+        let trial = per_ten_seconds("trial", 1).with_shadow(true);
+        let spaced = Policy::leaky_bucket(10, Rate::per_second(1))
+            .unwrap()
+            .with_name("spaced")
+            .unwrap()
+            .with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), trial.clone(), by_client)
+            .and(Rule::new(spaced, by_client))
+            .wait(Duration::from_secs(30))
+            .layer(echo_service());
+        let start = tokio::time::Instant::now();
+        for _ in 0..4 {
+            assert_eq!(send(&mut service).await.status, StatusCode::OK);
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "no request waited");
+
+        // An enforced policy that makes requests wait: one per second. The
+        // shadow policy beside it is asked once per request, not per attempt.
+        let enforced = Policy::gcra(1, Rate::per_second(1))
+            .unwrap()
+            .with_name("one-per-second")
+            .unwrap();
+        let counted = Policy::fixed_window(100, Duration::from_secs(3600))
+            .unwrap()
+            .with_name("counted")
+            .unwrap()
+            .with_shadow(true);
+        let mut service = RateLimitLayer::new(store.clone(), enforced, by_client)
+            .and(Rule::new(counted.clone(), by_client))
+            .wait(Duration::from_secs(30))
+            .layer(echo_service());
+        let start = tokio::time::Instant::now();
+        for _ in 0..3 {
+            assert_eq!(send(&mut service).await.status, StatusCode::OK);
+        }
+        assert!(
+            start.elapsed() >= Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(remaining(&store, &counted).await, 97);
+    });
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("trial", "allowed"), 1);
+    assert_eq!(count("trial", "shadow_denied"), 3);
+    assert_eq!(count("counted", "allowed"), 3);
+    assert_eq!(count("one-per-second", "allowed"), 3);
+    assert!(
+        count("one-per-second", "denied") >= 2,
+        "waited attempts count"
+    );
+}
+
+/// A `MemoryStore` that fails every call involving the policy named `trial`.
+#[derive(Clone)]
+struct FailsForTrial(MemoryStore<ManualClock>);
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+fn trial_down() -> StoreError {
+    StoreError::Backend("the shard of trial is down".into())
+}
+
+impl Store for FailsForTrial {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = BoxFuture<Vec<Decision>>;
+    type ReleaseFuture = BoxFuture<()>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        if policy.name() == "trial" {
+            return Box::pin(ready(Err(trial_down())));
+        }
+        Box::pin(self.0.check(key, policy, cost))
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        if checks.iter().any(|c| c.policy.name() == "trial") {
+            return Box::pin(ready(Err(trial_down())));
+        }
+        Box::pin(self.0.check_all(checks))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        Box::pin(self.0.release(key, policy, permit))
+    }
+}
+
+#[test]
+fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
+    let (stats, recorded) = capture(false, || async {
+        let layer = RateLimitLayer::new(
+            FailsForTrial(memory()),
+            per_ten_seconds("per-client", 2),
+            by_client,
+        )
+        .and(Rule::new(
+            per_ten_seconds("trial", 1).with_shadow(true),
+            by_client,
+        ))
+        .on_failure(FailurePolicy::Closed);
+        let mut service = layer.layer(echo_service());
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let answer = send(&mut service).await;
+            statuses.push(answer.status.as_u16());
+            if answer.status == StatusCode::OK {
+                assert!(answer.body.starts_with("allowed=true per-client:allowed"));
+                assert!(!answer.body.contains("trial"), "{}", answer.body);
+            }
+        }
+        assert_eq!(statuses, [200, 200, 429]);
+        (layer.stats().failed_open(), layer.stats().failed_closed())
+    });
+    assert_eq!(stats, (0, 0), "the failure policy was never asked");
+    let count =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(count("trial", "error"), 3);
+    assert_eq!(count("per-client", "allowed"), 2);
+    assert_eq!(count("per-client", "denied"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_would_deny() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (_example, lines) = spawn_example_lines(
+        "distributed",
+        &[
+            "--listen",
+            &listen,
+            "--redis",
+            &url,
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "3",
+            "--window",
+            "1d",
+            "--shadow",
+            "--metrics",
+            &metrics,
+        ],
+        1,
+        Duration::from_secs(60),
+    );
+    assert_eq!(lines[0], format!("listening on http://{listen}"));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut policy_names = Vec::new();
+    for i in 0..7 {
+        let response = client
+            .get(format!("http://{listen}/"))
+            .header("x-api-key", "shadow-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "request {i}");
+        assert!(response.headers().get("retry-after").is_none());
+        let state = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+        let expected_r = 2_i64.saturating_sub(i).max(0);
+        assert!(
+            state.contains(&format!(";r={expected_r};")),
+            "request {i}: {state}"
+        );
+        let policy = response.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        policy_names.push(policy.split('"').nth(1).unwrap().to_owned());
+    }
+    let name = policy_names[0].clone();
+    assert!(policy_names.iter().all(|n| *n == name));
+
+    let response = client
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.unwrap();
+    let page = Scrape::parse(&text);
+    assert_eq!(page.types[DECISIONS], "counter", "{text}");
+    let decisions = page.named(DECISIONS);
+    assert_eq!(decisions.len(), 2, "{text}");
+    let count = |outcome| {
+        page.value(
+            DECISIONS,
+            &[("policy", name.as_str()), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(count("allowed"), Some(3.0), "{text}");
+    assert_eq!(count("shadow_denied"), Some(4.0), "{text}");
+    assert!(!text.contains("shadow-secret"));
+}
+
+#[tokio::test]
+async fn a_shadow_policy_checked_in_a_handler_is_always_granted() {
+    let store = memory();
+    let login = per_ten_seconds("login", 1).with_shadow(true);
+    let limiter = ratelimit_axum::Limiter::new(store.clone(), login.clone());
+    for _ in 0..3 {
+        assert!(limiter.check(KEY.as_bytes(), 1).await.is_ok());
+    }
+    assert_eq!(remaining(&store, &login).await, 0, "it consumed");
+}
