@@ -141,3 +141,84 @@ fn bench_rejects_bad_flags() {
         assert!(String::from_utf8_lossy(&output.stderr).contains("usage: bench"));
     }
 }
+
+#[test]
+fn bench_denied_cache_and_lease_keep_the_limit_on_a_hot_redis_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for extra in [&["--denied-cache"][..], &["--lease", "10"][..]] {
+        let mut args = vec![
+            "--store",
+            "redis",
+            "--redis",
+            &url,
+            "--algorithm",
+            "fixed-window",
+            "--keys",
+            "1",
+            "--concurrency",
+            "16",
+            "--requests",
+            "3000",
+            "--limit",
+            "50",
+            "--window",
+            "1h",
+        ];
+        args.extend_from_slice(extra);
+        // Each run gets its own window's worth of state: start empty.
+        server.cli(&["FLUSHALL"]);
+        let json = run_bench(&args);
+        check_fields(&json, "redis", 3_000);
+        // A window's worth passes and nothing more (leases spend only what
+        // Redis granted, and a lease cannot outlive this hour-long window).
+        assert_eq!(json["allowed"], 50, "{extra:?}: {json}");
+    }
+}
+
+#[test]
+fn bench_prints_the_decision_script() {
+    let output = Command::new(example_binary("bench"))
+        .args(["--print-script", "--algorithm", "gcra"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let script = String::from_utf8(output.stdout).unwrap();
+    assert!(script.contains("redis.call('TIME')"), "{script}");
+    assert!(
+        script
+            .trim_end()
+            .ends_with("return run_single(ALGORITHMS['gcra'])")
+    );
+}
+
+#[test]
+fn http_bench_serves_each_variant() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for variant in ["none", "memory", "governor", "redis"] {
+        let port = ratelimit_tests::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let _child = ratelimit_tests::spawn_example(
+            "http_bench",
+            &[
+                "--variant",
+                variant,
+                "--listen",
+                &listen,
+                "--redis",
+                &server.url(),
+            ],
+            &[],
+        );
+        ratelimit_tests::wait_for_port(listen.parse().unwrap(), std::time::Duration::from_secs(60));
+        let response = runtime
+            .block_on(reqwest::get(format!("http://{listen}/")))
+            .unwrap();
+        assert_eq!(response.status(), 200, "{variant}");
+        let limited = response.headers().contains_key("ratelimit");
+        assert_eq!(limited, matches!(variant, "memory" | "redis"), "{variant}");
+        let body = runtime.block_on(response.text()).unwrap();
+        assert_eq!(body, "Hello, World!", "{variant}");
+    }
+}
