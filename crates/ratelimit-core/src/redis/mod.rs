@@ -24,6 +24,7 @@ use crate::policy::Algorithm;
 use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
+mod admin;
 mod scripts;
 
 use scripts::Scripts;
@@ -566,10 +567,8 @@ impl RedisStore {
             Arg::Int(p2),
             Arg::Str(&permit_text),
         ];
-        let reply = self
-            .inner
-            .eval(script, source, std::slice::from_ref(&key), &args)
-            .await?;
+        let keys = admin::with_block_keys(std::slice::from_ref(&key));
+        let reply = self.inner.eval(script, source, &keys, &args).await?;
         decision_from(&reply, permit, cost)
     }
 
@@ -601,7 +600,8 @@ impl RedisStore {
             args.push(Arg::Owned(permit.to_string()));
         }
         let (script, source) = self.inner.scripts.multi();
-        let reply = self.inner.eval(script, source, keys, &args).await?;
+        let keys = admin::with_block_keys(keys);
+        let reply = self.inner.eval(script, source, &keys, &args).await?;
         let Value::Array(items) = &reply else {
             return Err(protocol_error("several decisions", &reply));
         };
