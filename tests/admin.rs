@@ -692,15 +692,17 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
         .unwrap();
     let denied = store.check(b"real", &gcra, 1).await.unwrap();
     let retry = denied.retry_after().unwrap();
+    // The server's clock runs between the calls: at most the block's length
+    // (exact retry times are checked on the manual clock above).
     assert!(
-        retry <= Duration::from_millis(400) && retry > Duration::from_millis(200),
+        retry <= Duration::from_millis(400) && retry > Duration::ZERO,
         "{retry:?}"
     );
     let block_ttl: i64 = server
         .cli(&["PTTL", &store.block_key(b"real", &gcra)])
         .parse()
         .unwrap();
-    assert!((200..=400).contains(&block_ttl), "{block_ttl}");
+    assert!((0..=400).contains(&block_ttl), "{block_ttl}");
     tokio::time::sleep(retry + Duration::from_millis(20)).await;
     assert!(store.check(b"real", &gcra, 1).await.unwrap().is_allowed());
     assert_eq!(
@@ -761,8 +763,8 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
     assert!(keys.len() > 40, "{} keys", keys.len());
     for key in keys {
         let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
-        if ttl == -2 {
-            continue; // expired between SCAN and PTTL
+        if ttl == -2 || ttl == 0 {
+            continue; // expired between SCAN and PTTL, or expiring this millisecond
         }
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
         let bound = if key.ends_with(":block") {
@@ -871,7 +873,8 @@ async fn cluster_blocks_keys_in_their_own_slot() {
             .filter(|l| !l.is_empty())
         {
             let ttl: i64 = cluster.cli(node, &["PTTL", key]).parse().unwrap();
-            assert!(ttl > 0 || ttl == -2, "{key}: {ttl}");
+            // -1 is a key without a TTL; 0 expires this millisecond, -2 is gone.
+            assert!(ttl >= 0 || ttl == -2, "{key}: {ttl}");
         }
     }
 }
