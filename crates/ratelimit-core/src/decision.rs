@@ -8,7 +8,9 @@ use std::time::Duration;
 /// The semantics are shared by every algorithm and every store:
 ///
 /// - a denied request consumes nothing;
-/// - a cost of 0 peeks: it is always allowed and consumes nothing;
+/// - a cost of 0 peeks: it consumes nothing and is allowed, unless an
+///   operator blocked the key or penalised it into debt
+///   ([`AdminStore`](crate::AdminStore));
 /// - [`remaining`](Decision::remaining) is what a request of cost 1 could still
 ///   take right now, after this decision;
 /// - [`reset_after`](Decision::reset_after) is how long until the budget is fully

@@ -7,10 +7,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::admin::AdminStore;
 use crate::policy::Algorithm;
 use crate::store::{Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
@@ -37,6 +38,16 @@ const SHARDS: usize = 16;
 ///
 /// Denials answered from the cache have [`DecisionSource::DeniedCache`] as
 /// their [`Decision::source`].
+///
+/// When the inner store is an [`AdminStore`], so is the cache: every
+/// operation is forwarded, and a [`reset`](AdminStore::reset),
+/// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
+/// can end a denial early, also drops the cached denial of that key (once the
+/// store has answered, whatever it answered); denials of requests sent before
+/// then are not cached afterwards, so a reply in flight cannot bring it back.
+/// Penalties and blocks only ever lengthen denials and leave the cache as it
+/// is. This holds for one cache: other instances' caches keep their denials
+/// of the key until they expire.
 pub struct DeniedCache<S> {
     inner: Arc<Inner<S>>,
 }
@@ -48,6 +59,9 @@ struct Inner<S> {
     origin: Instant,
     hasher: RandomState,
     hits: AtomicU64,
+    /// Denials of requests sent before this time (µs) are not cached: an
+    /// admin operation may have ended them (see [`Inner::forget`]).
+    forgotten_at: AtomicU64,
 }
 
 /// Cached denials by (policy name, stored key).
@@ -93,6 +107,7 @@ impl<S: Store> DeniedCache<S> {
                 origin: Instant::now(),
                 hasher: RandomState::new(),
                 hits: AtomicU64::new(0),
+                forgotten_at: AtomicU64::new(0),
             }),
         }
     }
@@ -146,6 +161,11 @@ impl<S> Inner<S> {
             return;
         }
         let mut shard = self.shard(policy.name(), key).lock();
+        // Read under the shard lock that `forget` takes for this key, so a
+        // denial is either dropped by it or not cached at all.
+        if sent_at < self.forgotten_at.load(Ordering::Relaxed) {
+            return;
+        }
         let now = self.now();
         if shard.len() >= self.per_shard {
             shard.retain(|_, e| e.until_micros > now);
@@ -163,7 +183,39 @@ impl<S> Inner<S> {
     }
 }
 
+impl<S> Inner<S> {
+    /// Drops the cached denial of `key` (normalized) under `policy`, after an
+    /// admin operation that may have ended it. A check sent before now may
+    /// still bring back the old denial: those are not cached any more.
+    fn forget(&self, policy: &str, key: &[u8]) {
+        let mut shard = self.shard(policy, key).lock();
+        self.forgotten_at
+            .fetch_max(self.now().saturating_add(1), Ordering::Relaxed);
+        shard.remove(&(Box::<str>::from(policy), Box::<[u8]>::from(key)));
+    }
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// Forwards `call`, then forgets the cached denial of `key` under `policy`.
+fn forgetting<S, T>(
+    inner: &Arc<Inner<S>>,
+    key: &[u8],
+    policy: &Policy,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> BoxFuture<T>
+where
+    S: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let inner = Arc::clone(inner);
+    let (policy, key) = (policy.name().to_owned(), key::normalize(key).into_owned());
+    Box::pin(async move {
+        let result = call.await;
+        inner.forget(&policy, &key);
+        result
+    })
+}
 
 impl<S: Store> Store for DeniedCache<S> {
     type CheckFuture = BoxFuture<Decision>;
@@ -196,5 +248,38 @@ impl<S: Store> Store for DeniedCache<S> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
+    }
+}
+
+impl<S: AdminStore> AdminStore for DeniedCache<S> {
+    type DecisionFuture = BoxFuture<Decision>;
+    type UpdateFuture = BoxFuture<()>;
+
+    /// Asks the inner store (a peek is never answered from the cache).
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        Box::pin(self.inner.store.peek(key, policy))
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        let call = self.inner.store.reset(key, policy);
+        forgetting(&self.inner, key, policy, call)
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        Box::pin(self.inner.store.penalize(key, policy, amount))
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        let call = self.inner.store.reward(key, policy, amount);
+        forgetting(&self.inner, key, policy, call)
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        Box::pin(self.inner.store.block(key, policy, duration))
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        let call = self.inner.store.unblock(key, policy);
+        forgetting(&self.inner, key, policy, call)
     }
 }

@@ -75,6 +75,18 @@ pub enum StoreError {
         /// The policy's name.
         policy: String,
     },
+    /// The operation does not apply to the policy's algorithm: an admin
+    /// penalty or reward on a concurrency limit (whose units are permits, to
+    /// be released, not consumed).
+    #[error("`{operation}` does not apply to policy `{policy}` ({algorithm})")]
+    Unsupported {
+        /// The policy's name.
+        policy: String,
+        /// The algorithm's kind ([`Algorithm::kind`](crate::Algorithm::kind)).
+        algorithm: &'static str,
+        /// The operation asked for (`penalize`, `reward`).
+        operation: &'static str,
+    },
     /// The store did not answer within its timeout.
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),

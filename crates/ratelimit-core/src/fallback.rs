@@ -5,7 +5,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::admin::AdminStore;
 use crate::breaker::{CircuitBreaker, ProbeGuard, Route};
 use crate::store::{Check, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
@@ -34,6 +36,13 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 ///   shorter timeout in the layer) counts as a failure too, so the breaker
 ///   opens even when the caller gives up first. Still, give the layer a
 ///   timeout longer than the primary's, so the fallback can answer the call.
+/// - When the primary is an [`AdminStore`], so is this store: admin
+///   operations go to the primary, whatever the breaker's state, and are not
+///   counted by it. When the primary is unreachable they fail with its error
+///   (an operator should know that the change was not made), and the
+///   fallback's local state is never touched: a reset or an unblock does not
+///   reach the local shares an instance enforces while the primary is down,
+///   and a block is not enforced by them.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -271,5 +280,34 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
         } else {
             Box::pin(self.inner.primary.release(key, policy, permit))
         }
+    }
+}
+
+impl<P: AdminStore, F: Store> AdminStore for FallbackStore<P, F> {
+    type DecisionFuture = P::DecisionFuture;
+    type UpdateFuture = P::UpdateFuture;
+
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        self.inner.primary.peek(key, policy)
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.inner.primary.reset(key, policy)
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.inner.primary.penalize(key, policy, amount)
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.inner.primary.reward(key, policy, amount)
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        self.inner.primary.block(key, policy, duration)
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.inner.primary.unblock(key, policy)
     }
 }

@@ -8,7 +8,9 @@
 //! - [`algorithm`]: each algorithm as a pure state transition in integer
 //!   microseconds, the reference every store reproduces;
 //! - [`Decision`]: allowed or not, limit, remaining, reset and retry times;
-//! - [`Store`]: where state lives; [`MemoryStore`] is the embedded default.
+//! - [`Store`]: where state lives; [`MemoryStore`] is the embedded default;
+//! - [`AdminStore`]: operator actions on one key (peek, reset, penalize,
+//!   reward, block, unblock), on both stores.
 //!
 //! The tower middleware lives in `ratelimit-tower`, the axum integration in
 //! `ratelimit-axum`.
@@ -33,6 +35,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+mod admin;
 pub mod algorithm;
 mod breaker;
 pub mod clock;
@@ -52,6 +55,7 @@ mod policy;
 pub mod redis;
 mod store;
 
+pub use admin::AdminStore;
 pub use algorithm::Rate;
 pub use breaker::{
     BreakerState, CircuitBreaker, DEFAULT_BREAKER_NAME, DEFAULT_COOL_DOWN,

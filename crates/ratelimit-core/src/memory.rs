@@ -6,10 +6,12 @@ use std::future::{Ready, ready};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
@@ -39,7 +41,9 @@ const DEFAULT_SHARDS: usize = 64;
 ///   key gets [`StoreError::Full`]; existing keys keep being served exactly.
 ///   Evicting live state instead would hand its owner a fresh budget (a bypass),
 ///   so the store refuses and lets the caller's failure policy decide (the
-///   tower layer fails open, fails closed or falls back as configured).
+///   tower layer fails open, fails closed or falls back as configured);
+/// - blocks ([`AdminStore::block`]) count as keys too, expire when they end,
+///   and a block of a new key in a full shard is [`StoreError::Full`].
 ///
 /// # Example
 ///
@@ -88,7 +92,10 @@ struct Shard(Mutex<ShardInner>);
 
 struct ShardInner {
     table: HashTable<Entry>,
-    /// No entry expires before this time (µs), so a full shard with
+    /// Admin blocks, apart from the states so that a check looks here only
+    /// while the shard holds a block at all.
+    blocks: HashTable<Block>,
+    /// No entry or block expires before this time (µs), so a full shard with
     /// `now < next_expiry` has nothing to sweep.
     next_expiry: u64,
 }
@@ -101,11 +108,24 @@ struct Entry {
     expires_at: u64,
 }
 
+/// Every check of `key` under `policy` is denied until `until` (µs).
+struct Block {
+    hash: u64,
+    policy: Policy,
+    key: Box<[u8]>,
+    until: u64,
+}
+
 impl Entry {
     fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
-        self.hash == hash
-            && (self.policy.ptr_eq(policy) || self.policy.name() == policy.name())
-            && self.key.as_slice() == key
+        same_key(
+            self.hash,
+            &self.policy,
+            self.key.as_slice(),
+            hash,
+            policy,
+            key,
+        )
     }
 }
 
@@ -139,23 +159,87 @@ impl StoredKey {
     }
 }
 
+impl Block {
+    fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
+        same_key(self.hash, &self.policy, &self.key, hash, policy, key)
+    }
+}
+
+fn same_key(
+    stored_hash: u64,
+    stored_policy: &Policy,
+    stored_key: &[u8],
+    hash: u64,
+    policy: &Policy,
+    key: &[u8],
+) -> bool {
+    stored_hash == hash
+        && (stored_policy.ptr_eq(policy) || stored_policy.name() == policy.name())
+        && *stored_key == *key
+}
+
 impl ShardInner {
-    /// Makes room for `extra` new entries, sweeping expired ones if needed.
+    /// Makes room for `extra` new entries or blocks, sweeping expired ones
+    /// if needed.
     fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
-        if self.table.len() + extra <= cap {
+        if self.table.len() + self.blocks.len() + extra <= cap {
             return true;
         }
         if now < self.next_expiry {
             return false;
         }
         self.table.retain(|e| e.expires_at > now);
+        self.blocks.retain(|b| b.until > now);
         self.next_expiry = self
             .table
             .iter()
             .map(|e| e.expires_at)
+            .chain(self.blocks.iter().map(|b| b.until))
             .min()
             .unwrap_or(u64::MAX);
-        self.table.len() + extra <= cap
+        self.table.len() + self.blocks.len() + extra <= cap
+    }
+
+    /// How long `key` stays blocked under `policy`, in µs (0: not blocked).
+    /// A block found expired is dropped.
+    #[inline]
+    fn block_left(&mut self, hash: u64, policy: &Policy, key: &[u8], now: u64) -> u64 {
+        if self.blocks.is_empty() {
+            return 0;
+        }
+        match self
+            .blocks
+            .find_entry(hash, |b| b.matches(hash, policy, key))
+        {
+            Ok(block) if block.get().until > now => block.get().until - now,
+            Ok(block) => {
+                block.remove();
+                0
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// The decision for a check of `key` blocked for `left` more µs.
+    fn blocked_check(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        key: &[u8],
+        now: u64,
+        cost: u64,
+        left: u64,
+    ) -> Result<Decision, StoreError> {
+        let found = self.table.find(hash, |e| e.matches(hash, policy, key));
+        let fresh;
+        let state = match found {
+            Some(entry) => &entry.state,
+            None => {
+                fresh = policy.algorithm().new_state();
+                &fresh
+            }
+        };
+        blocked_decision(policy.algorithm(), state, now, cost, left).ok_or_else(|| conflict(policy))
     }
 
     fn insert(&mut self, entry: Entry) {
@@ -224,6 +308,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                     .map(|_| {
                         Shard(Mutex::new(ShardInner {
                             table: HashTable::new(),
+                            blocks: HashTable::new(),
                             next_expiry: u64::MAX,
                         }))
                     })
@@ -268,12 +353,16 @@ impl<C> fmt::Debug for MemoryStore<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// The number of keys held now (live or not yet reclaimed).
+    /// The number of keys held now (live or not yet reclaimed), each state
+    /// and each block ([`AdminStore::block`]) counting as one.
     pub fn len(&self) -> usize {
         self.shared
             .shards
             .iter()
-            .map(|s| s.0.lock().table.len())
+            .map(|s| {
+                let shard = s.0.lock();
+                shard.table.len() + shard.blocks.len()
+            })
             .sum()
     }
 
@@ -329,6 +418,10 @@ impl<C: Clock> MemoryStore<C> {
         let permit = self.permit_for(policy);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
         let now = self.shared.clock.now();
+        let left = shard.block_left(hash, policy, &key, now);
+        if left > 0 {
+            return shard.blocked_check(hash, policy, &key, now, cost, left);
+        }
         match shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -413,6 +506,15 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
+        // How long each check's key stays blocked (0: not blocked).
+        let blocked_for: Vec<u64> = items
+            .iter()
+            .map(|item| {
+                guards[guard_of(item.shard)]
+                    .1
+                    .block_left(item.hash, item.policy, &item.key, now)
+            })
+            .collect();
 
         let mut slots: Vec<Slot> = Vec::with_capacity(items.len());
         for i in 0..items.len() {
@@ -445,14 +547,18 @@ impl<C: Clock> MemoryStore<C> {
         }
 
         let mut decisions = Vec::with_capacity(items.len());
-        for (item, check) in items.iter().zip(checks) {
+        for ((item, check), &left) in items.iter().zip(checks).zip(&blocked_for) {
             let permit = self.permit_for(item.policy);
             let slot = &mut slots[item.slot];
-            let decision = item
-                .policy
-                .algorithm()
-                .decide(&mut slot.state, now, check.cost, permit)
-                .ok_or_else(|| conflict(item.policy))?;
+            let algorithm = item.policy.algorithm();
+            // A blocked key is denied (so nothing at all is consumed) and
+            // its state is left as it is.
+            let decision = if left > 0 {
+                blocked_decision(algorithm, &slot.state, now, check.cost, left)
+            } else {
+                algorithm.decide(&mut slot.state, now, check.cost, permit)
+            }
+            .ok_or_else(|| conflict(item.policy))?;
             slot.reset = decision.reset_after_micros();
             decisions.push(decision);
         }
@@ -553,6 +659,165 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// The admin operations ([`AdminStore`]), synchronously.
+impl<C: Clock> MemoryStore<C> {
+    /// [`AdminStore::peek`], synchronously.
+    pub fn peek_now(&self, key: &[u8], policy: &Policy) -> Result<Decision, StoreError> {
+        self.check_now(key, policy, 0)
+    }
+
+    /// [`AdminStore::reset`], synchronously.
+    pub fn reset_now(&self, key: &[u8], policy: &Policy) {
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        if let Ok(entry) = shard
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        {
+            entry.remove();
+        }
+        if let Ok(block) = shard
+            .blocks
+            .find_entry(hash, |b| b.matches(hash, policy, &key))
+        {
+            block.remove();
+        }
+    }
+
+    /// [`AdminStore::penalize`], synchronously.
+    pub fn penalize_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        amount: u64,
+    ) -> Result<Decision, StoreError> {
+        self.adjust(key, policy, Adjustment::Penalize, amount)
+    }
+
+    /// [`AdminStore::reward`], synchronously.
+    pub fn reward_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        amount: u64,
+    ) -> Result<Decision, StoreError> {
+        self.adjust(key, policy, Adjustment::Reward, amount)
+    }
+
+    /// [`AdminStore::block`], synchronously.
+    pub fn block_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        let micros = block_micros(duration);
+        if micros == 0 {
+            self.unblock_now(key, policy);
+            return Ok(());
+        }
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let now = self.shared.clock.now();
+        let until = now + micros;
+        match shard
+            .blocks
+            .find_entry(hash, |b| b.matches(hash, policy, &key))
+        {
+            Ok(mut block) => block.get_mut().until = until,
+            Err(_) => {
+                if !shard.make_room(now, 1, self.shared.per_shard) {
+                    return Err(self.full());
+                }
+                let block = Block {
+                    hash,
+                    policy: policy.clone(),
+                    key: key.into_owned().into_boxed_slice(),
+                    until,
+                };
+                shard.blocks.insert_unique(hash, block, |b| b.hash);
+            }
+        }
+        shard.next_expiry = shard.next_expiry.min(until);
+        Ok(())
+    }
+
+    /// [`AdminStore::unblock`], synchronously.
+    pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        if let Ok(block) = shard
+            .blocks
+            .find_entry(hash, |b| b.matches(hash, policy, &key))
+        {
+            block.remove();
+        }
+    }
+
+    fn adjust(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        adjustment: Adjustment,
+        amount: u64,
+    ) -> Result<Decision, StoreError> {
+        adjustment.check(policy)?;
+        let algorithm = policy.algorithm();
+        let key = key::normalize(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let now = self.shared.clock.now();
+        let peek = match shard
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                let peek = adjustment
+                    .apply(algorithm, &mut entry.state, now, amount)
+                    .ok_or_else(|| conflict(policy))?;
+                let reset = peek.reset_after_micros();
+                if reset == 0 {
+                    occupied.remove();
+                } else {
+                    entry.expires_at = now + reset;
+                    shard.next_expiry = shard.next_expiry.min(now + reset);
+                }
+                peek
+            }
+            Err(_) => {
+                let mut state = algorithm.new_state();
+                let peek = adjustment
+                    .apply(algorithm, &mut state, now, amount)
+                    .ok_or_else(|| conflict(policy))?;
+                let reset = peek.reset_after_micros();
+                if reset > 0 {
+                    if !shard.make_room(now, 1, self.shared.per_shard) {
+                        return Err(self.full());
+                    }
+                    shard.insert(Entry {
+                        hash,
+                        policy: policy.clone(),
+                        key: StoredKey::new(&key),
+                        state,
+                        expires_at: now + reset,
+                    });
+                }
+                peek
+            }
+        };
+        let left = shard.block_left(hash, policy, &key, now);
+        Ok(if left > 0 {
+            blocked(&peek, &peek, left)
+        } else {
+            peek
+        })
+    }
+}
+
 fn conflict(policy: &Policy) -> StoreError {
     StoreError::PolicyConflict {
         policy: policy.name().to_owned(),
@@ -574,6 +839,37 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.release_now(key, policy, permit);
+        ready(Ok(()))
+    }
+}
+
+impl<C: Clock> AdminStore for MemoryStore<C> {
+    type DecisionFuture = Ready<Result<Decision, StoreError>>;
+    type UpdateFuture = Ready<Result<(), StoreError>>;
+
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        ready(self.peek_now(key, policy))
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.reset_now(key, policy);
+        ready(Ok(()))
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        ready(self.penalize_now(key, policy, amount))
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        ready(self.reward_now(key, policy, amount))
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        ready(self.block_now(key, policy, duration))
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.unblock_now(key, policy);
         ready(Ok(()))
     }
 }

@@ -119,6 +119,53 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// Applies an admin penalty of `amount` units to `state` (see each
+    /// algorithm's `penalize`) and returns what a peek then reports. `None`
+    /// when the state belongs to another algorithm, or for concurrency, which
+    /// has no penalty.
+    pub fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+        Some(match (self, state) {
+            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.penalize(s, now, amount),
+            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => {
+                a.penalize(s, now, amount)
+            }
+            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
+                a.penalize(s, now, amount)
+            }
+            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.penalize(s, now, amount),
+            (Algorithm::Gcra(a), State::Gcra(s)) => a.penalize(s, now, amount),
+            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.penalize(s, now, amount),
+            _ => return None,
+        })
+    }
+
+    /// Applies an admin reward of `amount` units to `state` (see each
+    /// algorithm's `reward`) and returns what a peek then reports. `None`
+    /// when the state belongs to another algorithm, or for concurrency.
+    pub fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+        Some(match (self, state) {
+            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.reward(s, now, amount),
+            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => {
+                a.reward(s, now, amount)
+            }
+            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
+                a.reward(s, now, amount)
+            }
+            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.reward(s, now, amount),
+            (Algorithm::Gcra(a), State::Gcra(s)) => a.reward(s, now, amount),
+            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.reward(s, now, amount),
+            _ => return None,
+        })
+    }
+
+    /// Whether [`penalize`](Self::penalize) and [`reward`](Self::reward)
+    /// apply (every algorithm but concurrency).
+    pub fn supports_adjustments(&self) -> bool {
+        !matches!(self, Algorithm::Concurrency(_))
+    }
+}
+
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

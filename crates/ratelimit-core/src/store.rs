@@ -32,7 +32,8 @@ impl<'a> Check<'a> {
 ///
 /// Every implementation follows the semantics of [`Decision`]: denied requests
 /// consume nothing, cost 0 peeks, a cost above [`Policy::max_cost`] is
-/// [`StoreError::CostExceedsLimit`].
+/// [`StoreError::CostExceedsLimit`]. Stores with an admin API
+/// ([`AdminStore`](crate::AdminStore)) also deny every check of a blocked key.
 pub trait Store: Send + Sync + 'static {
     /// The future returned by [`check`](Store::check).
     type CheckFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;

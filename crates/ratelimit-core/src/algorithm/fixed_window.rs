@@ -4,7 +4,7 @@
 //! whole window's limit just before a boundary and another just after it, so up
 //! to twice the limit can pass across a boundary.
 
-use super::{check_limit, window_micros};
+use super::{check_limit, penalized, window_micros};
 use crate::{Decision, PolicyError};
 use std::time::Duration;
 
@@ -43,16 +43,21 @@ impl FixedWindow {
         self.window
     }
 
-    /// Decides one request of `cost` at `now` (µs).
-    pub fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
+    /// The window and count that apply at `now`.
+    fn current(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
         let aligned = now - now % self.window;
         // A count from a later window (a clock that stepped back) is kept: the
         // conservative choice.
-        let (start, count) = if state.count > 0 && state.window_start >= aligned {
+        if state.count > 0 && state.window_start >= aligned {
             (state.window_start, state.count)
         } else {
             (aligned, 0)
-        };
+        }
+    }
+
+    /// Decides one request of `cost` at `now` (µs).
+    pub fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
+        let (start, count) = self.current(state, now);
         let until_end = start + self.window - now;
         if count + cost <= self.limit {
             let count = count + cost;
@@ -67,7 +72,73 @@ impl FixedWindow {
                 window_start: start,
                 count,
             };
-            Decision::deny(self.limit, self.limit - count, until_end, until_end)
+            // A penalty may have pushed the count past the limit.
+            let remaining = self.limit.saturating_sub(count);
+            Decision::deny(self.limit, remaining, until_end, until_end)
         }
+    }
+
+    /// Consumes `amount` more in the current window even past the limit (an
+    /// admin penalty), counting at most `2 × limit`; returns what a peek
+    /// then reports.
+    ///
+    /// The count is per window: the key is denied at most until the current
+    /// window ends, and a penalty never carries over into the next window.
+    pub fn penalize(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
+        let (start, count) = self.current(state, now);
+        *state = FixedWindowState {
+            window_start: start,
+            count: penalized(count, amount, 2 * self.limit),
+        };
+        self.decide(state, now, 0)
+    }
+
+    /// Gives back `amount` of the current window's count (never below zero,
+    /// so never beyond a full budget); returns what a peek then reports.
+    pub fn reward(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
+        let (start, count) = self.current(state, now);
+        *state = FixedWindowState {
+            window_start: start,
+            count: count.saturating_sub(amount),
+        };
+        self.decide(state, now, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> FixedWindow {
+        FixedWindow::new(4, Duration::from_micros(1_000)).expect("valid")
+    }
+
+    #[test]
+    fn penalize_denies_until_the_window_ends_and_is_capped() {
+        let fw = policy();
+        let mut state = FixedWindowState::default();
+        assert!(fw.decide(&mut state, 10_100, 1).is_allowed());
+        let d = fw.penalize(&mut state, 10_200, 100);
+        assert!(!d.is_allowed(), "a debt peeks as denied");
+        assert_eq!(state.count, 8, "capped at twice the limit");
+        assert_eq!(d.remaining(), 0);
+        let denied = fw.decide(&mut state, 10_300, 1);
+        assert_eq!(denied.retry_after_micros(), 700);
+        // The next window starts from nothing.
+        assert!(fw.decide(&mut state, 11_000, 4).is_allowed());
+    }
+
+    #[test]
+    fn reward_undoes_a_penalty_and_never_exceeds_the_budget() {
+        let fw = policy();
+        let mut state = FixedWindowState::default();
+        fw.penalize(&mut state, 10_000, 6);
+        assert!(!fw.reward(&mut state, 10_000, 1).is_allowed());
+        let d = fw.reward(&mut state, 10_000, 2);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 1);
+        let d = fw.reward(&mut state, 10_000, 50);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
+        assert_eq!(state.count, 0);
     }
 }

@@ -52,6 +52,46 @@ impl Gcra {
     pub fn decide(&self, state: &mut GcraState, now: u64, cost: u64) -> Decision {
         decide_tat(self.burst, self.interval, state, now, cost).0
     }
+
+    /// Consumes `amount` units even past empty (an admin penalty): the TAT
+    /// moves `amount` intervals later, to at most two full bursts ahead of
+    /// `now`, so a request of cost 1 waits at most one burst's refill time
+    /// plus one interval. Returns what a peek then reports.
+    pub fn penalize(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
+        penalize_tat(self.burst, self.interval, state, now, amount);
+        self.decide(state, now, 0)
+    }
+
+    /// Gives back `amount` units (the TAT moves earlier, never before `now`:
+    /// at most a full burst). Returns what a peek then reports.
+    pub fn reward(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
+        reward_tat(self.interval, state, now, amount);
+        self.decide(state, now, 0)
+    }
+}
+
+/// The penalty of GCRA and the leaky bucket: the TAT moves `amount`
+/// intervals later, capped at `now + 2 × capacity × interval` (and never
+/// earlier than it was).
+pub(crate) fn penalize_tat(
+    capacity: u64,
+    interval: u64,
+    state: &mut GcraState,
+    now: u64,
+    amount: u64,
+) {
+    let cap = now + 2 * capacity * interval;
+    // `amount` above twice the capacity reaches the cap anyway.
+    let amount = amount.min(2 * capacity);
+    let moved = state.tat.max(now) + amount * interval;
+    state.tat = state.tat.max(moved.min(cap));
+}
+
+/// The reward of GCRA and the leaky bucket: the TAT moves `amount` intervals
+/// earlier; at or before `now` the state is fresh.
+pub(crate) fn reward_tat(interval: u64, state: &mut GcraState, now: u64, amount: u64) {
+    let tat = state.tat.saturating_sub(amount.saturating_mul(interval));
+    state.tat = if tat > now { tat } else { 0 };
 }
 
 /// The shared TAT transition of GCRA and the leaky bucket. Returns the decision
@@ -78,5 +118,56 @@ pub(crate) fn decide_tat(
         let remaining = limit_span.saturating_sub(reset) / interval;
         let retry = new_tat - now - limit_span;
         (Decision::deny(capacity, remaining, reset, retry), slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Bursts of 4, one unit every 100 µs: a full burst refills in 400 µs.
+    fn policy() -> Gcra {
+        Gcra::new(4, Rate::new(1, std::time::Duration::from_micros(100))).expect("valid")
+    }
+
+    #[test]
+    fn penalize_goes_into_debt_capped_at_one_more_burst() {
+        let gcra = policy();
+        let mut state = GcraState::default();
+        let d = gcra.penalize(&mut state, 1_000, 2);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2));
+        let d = gcra.penalize(&mut state, 1_000, 1_000_000);
+        assert_eq!(state.tat, 1_000 + 800, "capped at two bursts ahead");
+        assert!(!d.is_allowed());
+        assert_eq!(d.reset_after_micros(), 800);
+        // Cost 1 passes once the TAT is one interval within the burst.
+        let denied = gcra.decide(&mut state, 1_000, 1);
+        assert_eq!(denied.retry_after_micros(), 500);
+        assert!(!gcra.decide(&mut state, 1_499, 1).is_allowed());
+        assert!(gcra.decide(&mut state, 1_500, 1).is_allowed());
+    }
+
+    #[test]
+    fn reward_gives_back_never_beyond_a_full_burst() {
+        let gcra = policy();
+        let mut state = GcraState::default();
+        assert!(gcra.decide(&mut state, 1_000, 4).is_allowed());
+        assert!(!gcra.decide(&mut state, 1_000, 1).is_allowed());
+        let d = gcra.reward(&mut state, 1_000, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
+        let d = gcra.reward(&mut state, 1_000, u64::MAX);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
+        assert_eq!(state, GcraState::default(), "back to fresh");
+    }
+
+    #[test]
+    fn penalize_then_reward_of_the_same_amount_is_undone() {
+        let gcra = policy();
+        let mut state = GcraState::default();
+        gcra.decide(&mut state, 1_000, 3);
+        let before = gcra.decide(&mut state.clone(), 1_050, 0);
+        gcra.penalize(&mut state, 1_050, 3);
+        let after = gcra.reward(&mut state, 1_050, 3);
+        assert_eq!(before, after);
     }
 }

@@ -8,7 +8,7 @@
 //! calls to a downstream service are spaced evenly; in reject mode the delay is
 //! reported but not waited for.
 
-use super::gcra::{GcraState, decide_tat};
+use super::gcra::{GcraState, decide_tat, penalize_tat, reward_tat};
 use super::{Rate, check_limit, horizon};
 use crate::{Decision, PolicyError};
 
@@ -59,5 +59,42 @@ impl LeakyBucket {
         } else {
             decision
         }
+    }
+
+    /// Consumes `amount` units even past empty (an admin penalty): the next
+    /// free slot moves `amount` intervals later, to at most two full buckets
+    /// ahead of `now`. As for GCRA. Returns what a peek then reports.
+    pub fn penalize(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
+        penalize_tat(self.capacity, self.interval, state, now, amount);
+        self.decide(state, now, 0)
+    }
+
+    /// Gives back `amount` units: the next free slot moves earlier (never
+    /// before `now`). Requests already admitted keep their slots, so the next
+    /// ones may start closer to them than the rate. Returns what a peek then
+    /// reports.
+    pub fn reward(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
+        reward_tat(self.interval, state, now, amount);
+        self.decide(state, now, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn penalize_and_reward_move_the_next_slot() {
+        let bucket = LeakyBucket::new(3, Rate::new(1, std::time::Duration::from_micros(100)))
+            .expect("valid");
+        let mut state = LeakyBucketState::default();
+        let d = bucket.penalize(&mut state, 5_000, 2);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
+        let admitted = bucket.decide(&mut state, 5_000, 1);
+        assert_eq!(admitted.delay_micros(), 200, "waits behind the penalty");
+        let d = bucket.penalize(&mut state, 5_000, 100);
+        assert_eq!(d.reset_after_micros(), 600, "capped at two buckets");
+        let d = bucket.reward(&mut state, 5_000, 6);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (3, 0));
     }
 }

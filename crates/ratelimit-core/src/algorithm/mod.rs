@@ -8,6 +8,12 @@
 //!
 //! Callers check the cost first ([`Policy::max_cost`](crate::Policy::max_cost));
 //! `decide` may assume `cost <= max_cost`.
+//!
+//! Every algorithm but concurrency also has `penalize` and `reward`, the
+//! transitions behind [`AdminStore`](crate::AdminStore): a penalty consumes
+//! even past empty, into a debt of at most one more full budget (so a key is
+//! denied at most about one window longer), and a reward gives back, never
+//! beyond a full budget. Both return what a peek reports afterwards.
 
 use std::time::Duration;
 
@@ -71,6 +77,12 @@ pub(crate) fn check_limit(limit: u64, what: &'static str) -> Result<u64, PolicyE
         });
     }
     Ok(limit)
+}
+
+/// `value` raised by `amount`, but not beyond `cap` (and never lowered, should
+/// `value` already exceed `cap`): how a penalty adds to a counter.
+pub(crate) fn penalized(value: u64, amount: u64, cap: u64) -> u64 {
+    value.max(value.saturating_add(amount).min(cap))
 }
 
 /// A refill rate: `amount` tokens every `period`.

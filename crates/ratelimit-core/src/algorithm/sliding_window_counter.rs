@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{MAX_EXACT, check_limit, window_micros};
+use super::{MAX_EXACT, check_limit, penalized, window_micros};
 use crate::{Decision, PolicyError};
 
 /// Parameters of a sliding window counter.
@@ -56,19 +56,25 @@ impl SlidingWindowCounter {
         self.window
     }
 
-    /// Decides one request of `cost` at `now` (µs).
-    pub fn decide(&self, state: &mut SlidingWindowCounterState, now: u64, cost: u64) -> Decision {
+    /// The window start and the two counts that apply at `now`.
+    fn current(&self, state: &SlidingWindowCounterState, now: u64) -> (u64, u64, u64) {
         let w = self.window;
         let aligned = now - now % w;
         let empty = state.previous == 0 && state.current == 0;
-        let (start, previous, current) = if empty || state.window_start + w < aligned {
+        if empty || state.window_start + w < aligned {
             (aligned, 0, 0)
         } else if state.window_start + w == aligned {
             (aligned, state.current, 0)
         } else {
             // The same window, or a later one if the clock stepped back.
             (state.window_start, state.previous, state.current)
-        };
+        }
+    }
+
+    /// Decides one request of `cost` at `now` (µs).
+    pub fn decide(&self, state: &mut SlidingWindowCounterState, now: u64, cost: u64) -> Decision {
+        let w = self.window;
+        let (start, previous, current) = self.current(state, now);
         let elapsed = now.saturating_sub(start);
         // Everything below is scaled by `w` to stay in integers.
         let weighted_previous = previous * (w - elapsed);
@@ -113,6 +119,44 @@ impl SlidingWindowCounter {
     }
 }
 
+impl SlidingWindowCounter {
+    /// Consumes `amount` more in the current window even past the limit (an
+    /// admin penalty), counting at most `2 × limit` there. The count weighs
+    /// in the next window as the previous one, so a full penalty keeps a key
+    /// denied for about half of the next window too, and never longer.
+    /// Returns what a peek then reports.
+    pub fn penalize(
+        &self,
+        state: &mut SlidingWindowCounterState,
+        now: u64,
+        amount: u64,
+    ) -> Decision {
+        let (start, previous, current) = self.current(state, now);
+        *state = SlidingWindowCounterState {
+            window_start: start,
+            previous,
+            current: penalized(current, amount, 2 * self.limit),
+        };
+        self.decide(state, now, 0)
+    }
+
+    /// Gives back `amount`: from the current window's count first, then from
+    /// the previous window's (whose units only weigh in part, so giving them
+    /// back frees less than one unit each). Never below zero, so never beyond
+    /// a full budget. Returns what a peek then reports.
+    pub fn reward(&self, state: &mut SlidingWindowCounterState, now: u64, amount: u64) -> Decision {
+        let (start, previous, current) = self.current(state, now);
+        let from_current = amount.min(current);
+        let from_previous = (amount - from_current).min(previous);
+        *state = SlidingWindowCounterState {
+            window_start: start,
+            previous: previous - from_previous,
+            current: current - from_current,
+        };
+        self.decide(state, now, 0)
+    }
+}
+
 fn reset_after(start: u64, w: u64, now: u64, previous: u64, current: u64) -> u64 {
     if current > 0 {
         (start + 2 * w).saturating_sub(now)
@@ -120,5 +164,42 @@ fn reset_after(start: u64, w: u64, now: u64, previous: u64, current: u64) -> u64
         (start + w).saturating_sub(now)
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> SlidingWindowCounter {
+        SlidingWindowCounter::new(4, Duration::from_micros(1_000)).expect("valid")
+    }
+
+    #[test]
+    fn a_penalty_weighs_into_the_next_window() {
+        let swc = policy();
+        let mut state = SlidingWindowCounterState::default();
+        let d = swc.penalize(&mut state, 10_000, 1_000);
+        assert_eq!(state.current, 8, "capped at twice the limit");
+        assert!(!d.is_allowed());
+        // Next window: previous 8 weighs 8 × (1000 - e) / 1000; cost 1 passes
+        // once that is at most 3, at e = 625.
+        let denied = swc.decide(&mut state, 10_000, 1);
+        assert_eq!(denied.retry_after_micros(), 1_625);
+        assert!(!swc.decide(&mut state, 11_624, 1).is_allowed());
+        assert!(swc.decide(&mut state, 11_625, 1).is_allowed());
+    }
+
+    #[test]
+    fn reward_takes_from_the_current_window_then_the_previous() {
+        let swc = policy();
+        let mut state = SlidingWindowCounterState::default();
+        assert!(swc.decide(&mut state, 10_000, 3).is_allowed());
+        assert!(swc.decide(&mut state, 11_000, 1).is_allowed());
+        let d = swc.reward(&mut state, 11_000, 2);
+        assert_eq!((state.previous, state.current), (2, 0));
+        assert_eq!(d.remaining(), 2);
+        let d = swc.reward(&mut state, 11_000, 10);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
     }
 }

@@ -58,7 +58,7 @@ impl TokenBucket {
     pub fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let (c, t) = (self.capacity, self.interval);
         let (mut tokens, mut last) = if state.started {
-            (state.tokens, state.last)
+            settle(state.tokens, state.last, now, t)
         } else {
             (c, now)
         };
@@ -73,7 +73,11 @@ impl TokenBucket {
         }
         // Progress toward the next token, in µs.
         let progress = now.saturating_sub(last);
-        let allowed = tokens >= cost;
+        // A `last` ahead of `now` (with no token left, see `settle`) is a
+        // debt, from an admin penalty: nothing passes, not even a peek, until
+        // it is paid back by the refill.
+        let ahead = last.saturating_sub(now);
+        let allowed = tokens >= cost && ahead == 0;
         if allowed {
             tokens -= cost;
         }
@@ -85,12 +89,159 @@ impl TokenBucket {
         let reset = if tokens == c {
             0
         } else {
-            (c - tokens) * t - progress
+            (c - tokens) * t - progress + ahead
         };
         if allowed {
             Decision::allow(c, tokens, reset)
         } else {
-            Decision::deny(c, tokens, reset, (cost - tokens) * t - progress)
+            Decision::deny(c, tokens, reset, (cost - tokens) * t - progress + ahead)
         }
+    }
+
+    /// Consumes `amount` tokens even past empty (an admin penalty): the
+    /// bucket goes into a debt of at most one full bucket, which it refills
+    /// at the usual rate before earning tokens again, so a request of cost 1
+    /// waits at most one full refill plus one interval. Returns what a peek
+    /// then reports.
+    pub fn penalize(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
+        let level = self.level(state, now);
+        let span = i128::from(self.capacity * self.interval);
+        let lowered = level - i128::from(amount.min(2 * self.capacity) * self.interval);
+        self.set_level(state, now, level.min(lowered.max(-span)));
+        self.decide(state, now, 0)
+    }
+
+    /// Gives back `amount` tokens (paying back a debt first), never beyond a
+    /// full bucket. Returns what a peek then reports.
+    pub fn reward(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
+        let level = self.level(state, now);
+        let span = i128::from(self.capacity * self.interval);
+        let raised = level + i128::from(amount.min(2 * self.capacity) * self.interval);
+        self.set_level(state, now, raised.min(span));
+        self.decide(state, now, 0)
+    }
+
+    /// The bucket's content at `now` in token-microseconds (a token is
+    /// `interval` of them): whole tokens and the progress toward the next
+    /// one, at most a full bucket, negative in debt.
+    fn level(&self, state: &TokenBucketState, now: u64) -> i128 {
+        let span = i128::from(self.capacity * self.interval);
+        if !state.started {
+            return span;
+        }
+        let level = i128::from(state.tokens) * i128::from(self.interval) + i128::from(now)
+            - i128::from(state.last);
+        level.min(span)
+    }
+
+    /// The state holding `level` at `now` (see [`level`](Self::level)).
+    fn set_level(&self, state: &mut TokenBucketState, now: u64, level: i128) {
+        let t = self.interval;
+        let span = i128::from(self.capacity * t);
+        *state = if level >= span {
+            TokenBucketState::default()
+        } else if level >= 0 {
+            let level = u64::try_from(level).unwrap_or(0);
+            TokenBucketState {
+                started: true,
+                tokens: level / t,
+                last: now - level % t,
+            }
+        } else {
+            TokenBucketState {
+                started: true,
+                tokens: 0,
+                last: now + u64::try_from(-level).unwrap_or(0),
+            }
+        };
+    }
+}
+
+/// Tokens and refill time with `last` never ahead of `now` while tokens are
+/// left: when `last` is ahead (a debt, or a clock that stepped back), the
+/// tokens in hand pay the debt first.
+fn settle(tokens: u64, last: u64, now: u64, interval: u64) -> (u64, u64) {
+    if last <= now || tokens == 0 {
+        return (tokens, last);
+    }
+    let (debt, held) = (last - now, tokens * interval);
+    if held >= debt {
+        let level = held - debt;
+        (level / interval, now - level % interval)
+    } else {
+        (0, last - held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    // 4 tokens, one every 100 µs.
+    fn policy() -> TokenBucket {
+        TokenBucket::new(4, Rate::new(1, Duration::from_micros(100))).expect("valid")
+    }
+
+    #[test]
+    fn penalize_empties_then_goes_into_debt_of_at_most_a_bucket() {
+        let bucket = policy();
+        let mut state = TokenBucketState::default();
+        let d = bucket.penalize(&mut state, 10_000, 3);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
+        let d = bucket.penalize(&mut state, 10_030, 100);
+        assert!(!d.is_allowed());
+        assert_eq!(
+            d.reset_after_micros(),
+            800,
+            "a bucket of debt, then a bucket"
+        );
+        assert_eq!(state.last, 10_430);
+        let denied = bucket.decide(&mut state, 10_030, 1);
+        assert_eq!(denied.retry_after_micros(), 500);
+        assert!(!bucket.decide(&mut state, 10_529, 1).is_allowed());
+        assert!(bucket.decide(&mut state, 10_530, 1).is_allowed());
+    }
+
+    #[test]
+    fn reward_pays_back_debt_then_refills_to_full_at_most() {
+        let bucket = policy();
+        let mut state = TokenBucketState::default();
+        bucket.penalize(&mut state, 10_000, 6);
+        let d = bucket.reward(&mut state, 10_000, 2);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (0, 400));
+        let d = bucket.reward(&mut state, 10_050, 1);
+        // Level 50 µs of progress + 1 token.
+        assert_eq!((d.remaining(), d.reset_after_micros()), (1, 250));
+        let d = bucket.reward(&mut state, 10_050, 9);
+        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
+        assert_eq!(state.tokens, 4);
+    }
+
+    #[test]
+    fn tokens_held_ahead_of_now_pay_the_debt_first() {
+        let bucket = policy();
+        // Three tokens as of 50 µs from now (a clock that stepped back):
+        // two tokens and 50 µs of progress now.
+        let mut state = TokenBucketState {
+            started: true,
+            tokens: 3,
+            last: 10_050,
+        };
+        let d = bucket.decide(&mut state, 10_000, 3);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after_micros(), 50);
+        assert!(bucket.decide(&mut state, 10_000, 2).is_allowed());
+    }
+
+    #[test]
+    fn penalize_keeps_the_progress_toward_the_next_token() {
+        let bucket = policy();
+        let mut state = TokenBucketState::default();
+        assert!(bucket.decide(&mut state, 10_000, 4).is_allowed());
+        // 2 tokens and 50 µs of progress at 10_250; take 1.
+        let d = bucket.penalize(&mut state, 10_250, 1);
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(d.reset_after_micros(), 250);
     }
 }

@@ -23,6 +23,7 @@ use crate::policy::Algorithm;
 use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
+mod admin;
 mod connections;
 mod scripts;
 
@@ -518,10 +519,8 @@ impl RedisStore {
             Arg::Int(p2),
             permit_arg,
         ];
-        let reply = self
-            .inner
-            .eval(script, source, std::slice::from_ref(&key), &args)
-            .await?;
+        let keys = admin::with_block_keys(std::slice::from_ref(&key));
+        let reply = self.inner.eval(script, source, &keys, &args).await?;
         decision_from(&reply, permit, cost)
     }
 
@@ -553,7 +552,8 @@ impl RedisStore {
             args.push(Arg::Owned(permit.to_string()));
         }
         let (script, source) = self.inner.scripts.multi();
-        let reply = self.inner.eval(script, source, keys, &args).await?;
+        let keys = admin::with_block_keys(keys);
+        let reply = self.inner.eval(script, source, &keys, &args).await?;
         let Value::Array(items) = &reply else {
             return Err(protocol_error("several decisions", &reply));
         };

@@ -27,24 +27,39 @@ const GCRA: &str = single!("gcra.lua", "gcra");
 const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket");
 const CONCURRENCY: &str = single!("concurrency.lua", "concurrency");
 
-const MULTI: &str = concat!(
+/// The prelude and every algorithm, followed by the entry point `$entry`.
+macro_rules! every_algorithm {
+    ($entry:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            "\n",
+            include_str!("lua/fixed_window.lua"),
+            "\n",
+            include_str!("lua/sliding_log.lua"),
+            "\n",
+            include_str!("lua/sliding_window.lua"),
+            "\n",
+            include_str!("lua/token_bucket.lua"),
+            "\n",
+            include_str!("lua/gcra.lua"),
+            "\n",
+            include_str!("lua/leaky_bucket.lua"),
+            "\n",
+            include_str!("lua/concurrency.lua"),
+            "\n",
+            include_str!(concat!("lua/", $entry)),
+        )
+    };
+}
+
+const MULTI: &str = every_algorithm!("multi.lua");
+
+const ADMIN: &str = every_algorithm!("admin.lua");
+
+const BLOCK: &str = concat!(
     include_str!("lua/prelude.lua"),
     "\n",
-    include_str!("lua/fixed_window.lua"),
-    "\n",
-    include_str!("lua/sliding_log.lua"),
-    "\n",
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/token_bucket.lua"),
-    "\n",
-    include_str!("lua/gcra.lua"),
-    "\n",
-    include_str!("lua/leaky_bucket.lua"),
-    "\n",
-    include_str!("lua/concurrency.lua"),
-    "\n",
-    include_str!("lua/multi.lua"),
+    include_str!("lua/block.lua"),
 );
 
 const REFUND: &str = concat!(
@@ -64,6 +79,8 @@ pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
     multi: (Script, &'static str),
     release: (Script, &'static str),
+    admin: (Script, &'static str),
+    block: (Script, &'static str),
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     refund: (Script, &'static str),
 }
@@ -86,6 +103,8 @@ impl Scripts {
             ],
             multi: script(MULTI),
             release: script(RELEASE),
+            admin: script(ADMIN),
+            block: script(BLOCK),
             refund: script(REFUND),
         }
     }
@@ -118,6 +137,16 @@ impl Scripts {
 
     pub(super) fn release(&self) -> (&Script, &'static str) {
         (&self.release.0, self.release.1)
+    }
+
+    /// Penalties and rewards (`admin.lua`).
+    pub(super) fn admin(&self) -> (&Script, &'static str) {
+        (&self.admin.0, self.admin.1)
+    }
+
+    /// Blocks (`block.lua`).
+    pub(super) fn block(&self) -> (&Script, &'static str) {
+        (&self.block.0, self.block.1)
     }
 }
 

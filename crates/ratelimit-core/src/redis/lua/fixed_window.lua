@@ -1,19 +1,25 @@
 -- Fixed window: at most `limit` per window aligned on the clock.
 -- State (string): "<window start> <count>".
-ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
+-- The window start and count that apply at `now`.
+local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
-  local start, count = aligned, 0
   local raw = redis.call('GET', key)
   if raw then
     local s = ints(raw)
     -- A count from a later window (the server clock stepped back) is kept.
     if s[2] > 0 and s[1] >= aligned then
-      start, count = s[1], s[2]
+      return s[1], s[2]
     end
   end
+  return aligned, 0
+end
+
+ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
+  local start, count = fixed_window_current(key, now, window)
   local until_end = start + window - now
   if count + cost > limit then
-    return {0, limit, limit - count, until_end, until_end, 0}
+    -- A penalty (admin.lua) may have pushed the count past the limit.
+    return {0, limit, positive(limit - count), until_end, until_end, 0}
   end
   count = count + cost
   local reset = 0

@@ -1,27 +1,30 @@
--- Several limits for one request, all or nothing. KEYS[i]: the state key of
--- check i. ARGV[1]: fixed time (0 = server TIME); then five values per check:
--- algorithm, cost, two policy parameters, permit id.
+-- Several limits for one request, all or nothing. With n checks, KEYS[i]: the
+-- state key of check i, KEYS[n + i]: its block key. ARGV[1]: fixed time (0 =
+-- server TIME); then five values per check: algorithm, cost, two policy
+-- parameters, permit id.
 -- Every decision is made first; only if all allow are their writes applied.
--- Otherwise nothing is written, and the checks that would have allowed report
--- a peek (cost 0) of their current state.
+-- Otherwise (a limit denies, or a key is blocked) nothing is written, and the
+-- checks that would have allowed report a peek (cost 0) of their current
+-- state.
 --
 -- Each reply entry is {allowed, limit, remaining, reset, retry, delay, after,
 -- before}: for a write, the state key's value after and before it (strings
 -- for string states, the entry time for a sliding log), so that a refund
 -- (Redis Cluster, limits in several slots) can undo exactly this write.
 local now = server_now()
+local n = idiv(#KEYS, 2)
 local results, all = {}, true
-for i = 1, #KEYS do
+for i = 1, n do
   local a = 1 + (i - 1) * 5
   local decide = ALGORITHMS[ARGV[a + 1]]
-  local r = decide(KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+  local r = decide_unless_blocked(decide, KEYS[i], KEYS[n + i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
   results[i] = r
   if r[1] ~= 1 then
     all = false
   end
 end
 local out = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local r = results[i]
   local after, before = '', ''
   if all then

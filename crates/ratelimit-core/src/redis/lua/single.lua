@@ -1,9 +1,10 @@
--- One decision. KEYS[1]: the state key. ARGV: fixed time (0 = server TIME),
--- cost, two policy parameters, permit id (concurrency only).
+-- One decision. KEYS[1]: the state key, KEYS[2]: its block key. ARGV: fixed
+-- time (0 = server TIME), cost, two policy parameters, permit id
+-- (concurrency only).
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay} in µs.
 local function run_single(decide)
   local now = server_now()
-  local r = decide(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+  local r = decide_unless_blocked(decide, KEYS[1], KEYS[2], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
   if r[1] == 1 and r.commit then
     r.commit()
   end

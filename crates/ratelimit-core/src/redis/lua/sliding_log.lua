@@ -30,7 +30,8 @@ ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
         break
       end
     end
-    return {0, limit, limit - total, reset_from(newest), retry, 0}
+    -- A penalty (admin.lua) may have pushed the total past the limit.
+    return {0, limit, positive(limit - total), reset_from(newest), retry, 0}
   end
   if cost == 0 then
     return {1, limit, limit - total, reset_from(newest), 0, 0}

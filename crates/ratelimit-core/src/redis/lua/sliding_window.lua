@@ -2,9 +2,9 @@
 -- with the sliding window, plus the current window's count. Everything is
 -- scaled by the window length to stay in integers.
 -- State (string): "<window start> <previous> <current>".
-ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
+-- The window start and the previous and current counts that apply at `now`.
+local function sliding_window_current(key, now, w)
   local aligned = idiv(now, w) * w
-  local start, previous, current = aligned, 0, 0
   local raw = redis.call('GET', key)
   if raw then
     local s = ints(raw)
@@ -13,12 +13,17 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     elseif s[1] + w < aligned then
       -- older than the previous window: fresh
     elseif s[1] + w == aligned then
-      previous = s[3]
+      return aligned, s[3], 0
     else
       -- the same window, or a later one if the server clock stepped back
-      start, previous, current = s[1], s[2], s[3]
+      return s[1], s[2], s[3]
     end
   end
+  return aligned, 0, 0
+end
+
+ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
+  local start, previous, current = sliding_window_current(key, now, w)
   local elapsed = positive(now - start)
   local weighted = previous * (w - elapsed)
   local budget = limit * w

@@ -1,12 +1,25 @@
 -- Token bucket: bursts up to `capacity`, one token every `interval`.
 -- State (string): "<tokens> <last refill>". The refill time advances by whole
--- intervals only, so the fraction of a token earned is never lost.
+-- intervals only, so the fraction of a token earned is never lost. A refill
+-- time ahead of now is a debt (see admin.lua).
 ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local tokens, last = capacity, now
   local raw = redis.call('GET', key)
   if raw then
     local s = ints(raw)
     tokens, last = s[1], s[2]
+    -- `last` ahead of now with tokens in hand (a clock that stepped back):
+    -- the tokens pay that debt first.
+    if last > now and tokens > 0 then
+      local debt, held = last - now, tokens * interval
+      if held >= debt then
+        local level = held - debt
+        tokens = idiv(level, interval)
+        last = now - (level - tokens * interval)
+      else
+        tokens, last = 0, last - held
+      end
+    end
   end
   local added = idiv(positive(now - last), interval)
   if tokens + added >= capacity then
@@ -19,16 +32,19 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
     last = last + added * interval
   end
   local progress = positive(now - last)
-  local allowed = tokens >= cost
+  -- `last` ahead of now with no token left is a debt (an admin penalty):
+  -- nothing passes, not even a peek, until the refill pays it back.
+  local ahead = positive(last - now)
+  local allowed = tokens >= cost and ahead == 0
   if allowed then
     tokens = tokens - cost
   end
   local reset = 0
   if tokens < capacity then
-    reset = (capacity - tokens) * interval - progress
+    reset = (capacity - tokens) * interval - progress + ahead
   end
   if not allowed then
-    return {0, capacity, tokens, reset, (cost - tokens) * interval - progress, 0}
+    return {0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0}
   end
   local r = {1, capacity, tokens, reset, 0, 0}
   if cost > 0 then

@@ -1,0 +1,156 @@
+-- Admin penalties and rewards (AdminStore::penalize and ::reward). The
+-- reference transitions are the `penalize` and `reward` functions of each
+-- algorithm in Rust (crates/ratelimit-core/src/algorithm/); these reproduce
+-- them on the stored states.
+--
+-- KEYS[1]: the state key, KEYS[2]: its block key. ARGV: fixed time (0 =
+-- server TIME), 'penalize' or 'reward', algorithm, amount (at most four times
+-- the limit: no state holds more, and the arithmetic stays exact), two policy
+-- parameters.
+-- Reply: {allowed, limit, remaining, reset_after, retry_after, delay}, what a
+-- peek (cost 0) reports afterwards, block included.
+--
+-- Each transition writes the new state with a provisional TTL of the longest
+-- a state can matter (two windows); the peek then sets the exact one, or
+-- deletes a state that is back to fresh.
+
+-- Back to fresh deletes the state: a write the prelude does not check.
+if redis.acl_check_cmd and not redis.acl_check_cmd('del', KEYS[1]) then
+  return redis.error_reply('NOPERM the rate limiter needs del on ' .. KEYS[1])
+end
+
+local ADJUST = {}
+
+-- `value` raised by `amount`, to at most `cap` (never lowered).
+local function penalized(value, amount, cap)
+  return math.max(value, math.min(value + amount, cap))
+end
+
+ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
+  local start, count = fixed_window_current(key, now, window)
+  if penalty then
+    count = penalized(count, amount, 2 * limit)
+  else
+    count = count - math.min(amount, count)
+  end
+  redis.call('SET', key, fmt(start) .. ' ' .. fmt(count), 'PX', ttl_ms(2 * window))
+end
+
+ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
+  local start, previous, current = sliding_window_current(key, now, w)
+  if penalty then
+    current = penalized(current, amount, 2 * limit)
+  else
+    -- The current window's count first, then the previous one's.
+    local from_current = math.min(amount, current)
+    current = current - from_current
+    previous = previous - math.min(amount - from_current, previous)
+  end
+  local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
+  redis.call('SET', key, value, 'PX', ttl_ms(2 * w))
+end
+
+ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+  local members = redis.call('ZRANGE', key, 0, -1)
+  local n, total = #members, 0
+  for _, member in ipairs(members) do
+    total = total + ints(member)[2]
+  end
+  if penalty then
+    -- Logged now, as if admitted, merged into an entry of the same time.
+    local add = math.min(amount, positive(2 * limit - total))
+    if add > 0 then
+      local t = now
+      if n > 0 then
+        local newest = ints(members[n])
+        if newest[1] >= now then
+          t = newest[1]
+          add = add + newest[2]
+          redis.call('ZREM', key, members[n])
+        end
+      end
+      redis.call('ZADD', key, fmt(t), fmt(t) .. ':' .. fmt(add))
+    end
+  else
+    -- The most recent units first.
+    local left = amount
+    for i = n, 1, -1 do
+      if left <= 0 then
+        break
+      end
+      local p = ints(members[i])
+      local taken = math.min(left, p[2])
+      redis.call('ZREM', key, members[i])
+      if p[2] > taken then
+        redis.call('ZADD', key, fmt(p[1]), fmt(p[1]) .. ':' .. fmt(p[2] - taken))
+      end
+      left = left - taken
+    end
+  end
+  redis.call('PEXPIRE', key, ttl_ms(window))
+end
+
+-- The bucket's content in token-µs: whole tokens and the progress toward the
+-- next one, at most a full bucket, negative in debt (a refill time ahead of
+-- now).
+ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
+  local span = capacity * interval
+  local level = span
+  local raw = redis.call('GET', key)
+  if raw then
+    local s = ints(raw)
+    level = math.min(s[1] * interval + now - s[2], span)
+  end
+  if penalty then
+    -- At most one full bucket of debt.
+    level = math.min(level, math.max(level - amount * interval, -span))
+  else
+    level = math.min(level + amount * interval, span)
+  end
+  if level >= span then
+    redis.call('DEL', key)
+    return
+  end
+  local tokens, last = 0, now - level
+  if level >= 0 then
+    tokens = idiv(level, interval)
+    last = now - (level - tokens * interval)
+  end
+  redis.call('SET', key, fmt(tokens) .. ' ' .. fmt(last), 'PX', ttl_ms(2 * span))
+end
+
+-- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
+local function adjust_tat(key, now, penalty, amount, capacity, interval)
+  local tat = tonumber(redis.call('GET', key) or '0')
+  local span = capacity * interval
+  if penalty then
+    local moved = math.max(tat, now) + amount * interval
+    tat = math.max(tat, math.min(moved, now + 2 * span))
+  else
+    tat = tat - amount * interval
+    if tat <= now then
+      redis.call('DEL', key)
+      return
+    end
+  end
+  redis.call('SET', key, fmt(tat), 'PX', ttl_ms(2 * span))
+end
+ADJUST['gcra'] = adjust_tat
+ADJUST['leaky-bucket'] = adjust_tat
+
+local now = server_now()
+local operation, algorithm, amount = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local p1, p2 = tonumber(ARGV[5]), tonumber(ARGV[6])
+local adjust = ADJUST[algorithm]
+if not adjust then
+  return redis.error_reply('ERR ' .. operation .. ' does not apply to ' .. algorithm)
+end
+adjust(KEYS[1], now, operation == 'penalize', amount, p1, p2)
+local peek = ALGORITHMS[algorithm](KEYS[1], now, 0, p1, p2, '')
+expire_or_delete(KEYS[1], peek[4])
+local left = block_left(KEYS[2], now)
+if left > 0 then
+  peek = blocked_reply(peek, peek, left)
+end
+return {peek[1], peek[2], peek[3], peek[4], peek[5], peek[6]}
