@@ -314,7 +314,8 @@ impl RedisStoreBuilder {
 /// The Lua source of the script that decides one request under `algorithm`,
 /// as the store sends it with `EVALSHA`.
 ///
-/// `KEYS[1]` is the state key ([`RedisStore::state_key`]); `ARGV` is a fixed
+/// `KEYS[1]` is the state key ([`RedisStore::state_key`]) and `KEYS[2]` its
+/// block key ([`key::block_key`]); `ARGV` is a fixed
 /// time in µs (`0`: the server's `TIME`), the cost, the algorithm's two
 /// parameters (limit or burst, then window or interval in µs), and a permit
 /// id (concurrency, else `0`). Use it to preload the scripts with
