@@ -354,7 +354,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
 async fn the_key_pattern_confines_the_user_to_its_prefix() {
     let server = server();
     set_user(&server, "limiter", COMMANDS);
-    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     let other = RedisStore::builder(url(&server, "limiter", 0))
         .prefix("other-app")
         .call_timeout(Duration::from_secs(5))
@@ -370,7 +370,7 @@ async fn the_key_pattern_confines_the_user_to_its_prefix() {
 async fn a_database_number_in_the_url_needs_select() {
     let server = server();
     set_user(&server, "limiter", COMMANDS);
-    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     let denied_select = store(url(&server, "limiter", 3)).await;
     let error = denied_select.check(b"k", &policy, 1).await.unwrap_err();
     assert!(error.is_unavailable(), "{error:?}");
@@ -380,7 +380,7 @@ async fn a_database_number_in_the_url_needs_select() {
     let store = store(url(&server, "limiter-db", 3)).await;
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     let keys = admin(&server, &["-n", "3", "--scan"]);
-    assert_eq!(keys, "ratelimit:fixed-window-2-per-1m:{k}");
+    assert_eq!(keys, "ratelimit:sliding-log-2-per-1m:{k}");
 }
 
 /// A missing permission is a store failure: the layer's failure policy
@@ -392,7 +392,7 @@ async fn through_the_layer_a_missing_permission_follows_the_failure_policy() {
     let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != "get").collect();
     set_user(&server, "lacks-get", &commands);
     let store = store(url(&server, "lacks-get", 0)).await;
-    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
     let inner = tower::service_fn(|_req: Request<&'static str>| async {
         Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
     });

@@ -294,7 +294,7 @@ async fn a_flushed_script_cache_is_reloaded_transparently() {
             policy.name()
         );
     }
-    let a = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
+    let a = Policy::sliding_window_log(3, Duration::from_secs(60)).unwrap();
     server.cli(&["SCRIPT", "FLUSH"]);
     let both = store
         .check_all(&[Check::new(b"x", &a, 1), Check::new(b"y", &a, 1)])
@@ -496,7 +496,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
         .build()
         .await
         .unwrap();
-    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     let auth = [
         "--user",
@@ -519,7 +519,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
 async fn keys_are_bounded_and_never_echo_secrets() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).build().await.unwrap();
-    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
     let secret = format!("sk_live_{}", "x".repeat(1 << 20));
     assert!(
         store
@@ -698,7 +698,7 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
         .build()
         .await
         .unwrap();
-    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());

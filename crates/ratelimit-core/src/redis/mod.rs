@@ -289,7 +289,8 @@ impl RedisStoreBuilder {
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
-                .set_response_timeout(Some(self.call_timeout));
+                // The store times each call itself (see `run_on_node`).
+                .set_response_timeout(None);
             Backend::Node(Box::new(Connections::new(client, config, self.pool_size)))
         };
         let seed = std::collections::hash_map::RandomState::new();
@@ -346,41 +347,13 @@ fn is_noscript(e: &RedisError) -> bool {
 impl Inner {
     /// Runs `cmd` within the call timeout.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
-        self.with_timeout(async {
-            match &self.backend {
-                Backend::Node(connections) => {
-                    // A connection may have died with a Redis restart or
-                    // failover: each one that fails is dropped and the call is
-                    // retried on the next, up to once per connection plus a
-                    // fresh one, within the same timeout.
-                    let attempts = connections.size() + 1;
-                    let mut attempt = 0;
-                    loop {
-                        attempt += 1;
-                        let slot = connections.next_slot();
-                        let (id, mut connection) =
-                            connections.get(slot).await.map_err(backend_error)?;
-                        let result = cmd.query_async(&mut connection).await;
-                        if result.as_ref().is_err_and(breaks_connection) {
-                            connections.discard(slot, id);
-                        }
-                        match result {
-                            // A timed-out command may have run: never resend it.
-                            Err(e) if e.is_timeout() => {
-                                return Err(StoreError::Timeout(self.call_timeout));
-                            }
-                            // A dead connection at worst ran the command once more,
-                            // which errs towards denying, never towards admitting.
-                            Err(e)
-                                if breaks_connection(&e)
-                                    && !e.is_connection_refusal()
-                                    && attempt < attempts => {}
-                            other => return other.map_err(backend_error),
-                        }
-                    }
-                }
-                #[cfg(feature = "redis-cluster")]
-                Backend::Cluster(connection) => {
+        match &self.backend {
+            // One timer per call, here, rather than one around the call and
+            // one more per command inside redis-rs.
+            Backend::Node(connections) => self.run_on_node(connections, cmd).await,
+            #[cfg(feature = "redis-cluster")]
+            Backend::Cluster(connection) => {
+                self.with_timeout(async {
                     cmd.query_async(&mut connection.clone()).await.map_err(|e| {
                         if e.is_timeout() {
                             StoreError::Timeout(self.call_timeout)
@@ -388,10 +361,54 @@ impl Inner {
                             backend_error(e)
                         }
                     })
-                }
+                })
+                .await
             }
-        })
-        .await
+        }
+    }
+
+    async fn run_on_node(
+        &self,
+        connections: &Connections,
+        cmd: &redis::Cmd,
+    ) -> Result<Value, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let timeout = StoreError::Timeout(self.call_timeout);
+        // A connection may have died with a Redis restart or failover: each
+        // one that fails is dropped and the call is retried on the next, up
+        // to once per connection plus a fresh one, within the same timeout.
+        let attempts = connections.size() + 1;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let slot = connections.next_slot();
+            let Ok(got) = tokio::time::timeout_at(deadline, connections.get(slot)).await else {
+                return Err(timeout);
+            };
+            let (id, mut connection) = got.map_err(backend_error)?;
+            let Ok(result) =
+                tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await
+            else {
+                // A stalled connection is replaced; the command may have run,
+                // so it is never resent.
+                connections.discard(slot, id);
+                return Err(timeout);
+            };
+            if result.as_ref().is_err_and(breaks_connection) {
+                connections.discard(slot, id);
+            }
+            match result {
+                // A timed-out command may have run: never resend it.
+                Err(e) if e.is_timeout() => return Err(timeout),
+                // A dead connection at worst ran the command once more, which
+                // errs towards denying, never towards admitting.
+                Err(e)
+                    if breaks_connection(&e)
+                        && !e.is_connection_refusal()
+                        && attempt < attempts => {}
+                other => return other.map_err(backend_error),
+            }
+        }
     }
 
     /// Runs a script by `EVALSHA`; if Redis lost it (restart, failover,
@@ -425,6 +442,7 @@ impl Inner {
         }
     }
 
+    #[cfg(feature = "redis-cluster")]
     async fn with_timeout<T>(
         &self,
         future: impl Future<Output = Result<T, StoreError>>,
