@@ -25,7 +25,7 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    origin: u64,
     origin_micros: u64,
 }
 
@@ -38,7 +38,7 @@ impl MonotonicClock {
             .unwrap_or(0);
         let clock = quanta::Clock::new();
         MonotonicClock {
-            origin: clock.now(),
+            origin: clock.raw(),
             clock,
             origin_micros,
         }
@@ -53,14 +53,10 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now(&self) -> u64 {
-        let elapsed = u64::try_from(
-            self.clock
-                .now()
-                .saturating_duration_since(self.origin)
-                .as_micros(),
-        )
-        .unwrap_or(u64::MAX / 4);
-        self.origin_micros.saturating_add(elapsed)
+        // Raw counter ticks scaled to nanoseconds: no `Instant`/`Duration`
+        // arithmetic on the hot path.
+        let nanos = self.clock.delta_as_nanos(self.origin, self.clock.raw());
+        self.origin_micros.saturating_add(nanos / 1_000)
     }
 }
 
