@@ -156,7 +156,8 @@ mod admin {
     use axum::routing::{get, post};
     use axum::{Json, Router};
     use ratelimit_core::{AdminStore, Decision, Policy, StoreError};
-    use serde_json::{Value, json};
+    use serde::Serialize;
+    use serde_json::json;
 
     use crate::parse_duration;
 
@@ -261,7 +262,7 @@ mod admin {
         State(admin): State<Admin<S>>,
         key: KeyPath,
         parameters: Parameters,
-    ) -> Result<Json<Value>, AdminError> {
+    ) -> Result<Response, AdminError> {
         let key = key_of(key)?;
         parameter(parameters, None)?;
         let decision = admin.store.peek(key.as_bytes(), &admin.policy).await?;
@@ -285,7 +286,7 @@ mod admin {
         State(admin): State<Admin<S>>,
         key: KeyPath,
         parameters: Parameters,
-    ) -> Result<Json<Value>, AdminError> {
+    ) -> Result<Response, AdminError> {
         let key = key_of(key)?;
         let amount = amount(parameters)?;
         let decision = admin
@@ -300,7 +301,7 @@ mod admin {
         State(admin): State<Admin<S>>,
         key: KeyPath,
         parameters: Parameters,
-    ) -> Result<Json<Value>, AdminError> {
+    ) -> Result<Response, AdminError> {
         let key = key_of(key)?;
         let amount = amount(parameters)?;
         let decision = admin
@@ -411,20 +412,33 @@ mod admin {
         })
     }
 
-    /// A decision as the API shows it.
-    fn decision_json(policy: &Policy, key: &str, decision: &Decision) -> Json<Value> {
+    /// A decision as the API shows it, fields in this order.
+    #[derive(Debug, Serialize)]
+    struct DecisionBody<'a> {
+        policy: &'a str,
+        key: &'a str,
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after_ms: u64,
+        retry_after_ms: Option<u64>,
+    }
+
+    /// The `200` answer with `decision`.
+    fn decision_json(policy: &Policy, key: &str, decision: &Decision) -> Response {
         let millis = |micros: u64| micros.div_ceil(1_000);
-        Json(json!({
-            "policy": policy.name(),
-            "key": key,
-            "allowed": decision.is_allowed(),
-            "limit": decision.limit(),
-            "remaining": decision.remaining(),
-            "reset_after_ms": millis(decision.reset_after_micros()),
-            "retry_after_ms": decision
+        Json(DecisionBody {
+            policy: policy.name(),
+            key,
+            allowed: decision.is_allowed(),
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+            reset_after_ms: millis(decision.reset_after_micros()),
+            retry_after_ms: decision
                 .retry_after()
                 .map(|_| millis(decision.retry_after_micros())),
-        }))
+        })
+        .into_response()
     }
 
     /// Why an admin request failed; answered as `{"error":"..."}`.
