@@ -87,7 +87,8 @@
 //! `%23` in a URL. Errors are `{"error":"..."}`: `400` for a bad amount,
 //! duration or query, `409` for penalties and rewards of `concurrency`
 //! (whose units are permits), `503` when Redis cannot answer (whatever
-//! `--failure` says: admin operations always go to Redis).
+//! `--failure` says: admin operations always go to Redis), and `403` for
+//! requests a browser sends on behalf of a web page (with `Origin`).
 //!
 //! ```text
 //! cargo run --example distributed -- --listen 127.0.0.1:8081 --admin 127.0.0.1:9091 \
