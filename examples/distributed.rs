@@ -47,7 +47,11 @@
 //!   `--listen`), in the Prometheus text format: the layer's metrics
 //!   (`ratelimit_decisions_total{policy,outcome}` and others, see
 //!   `ratelimit_tower::metrics`) and, with `--failure fallback`, the breaker's
-//!   (`ratelimit_circuit_breaker_state{breaker="redis"}`).
+//!   (`ratelimit_circuit_breaker_state{breaker="redis"}`);
+//! - `--admin ADDR`: serve the admin API (below) on `ADDR`, its own listener
+//!   (never `--listen`'s address, nor `--metrics`'). It has no
+//!   authentication: bind it to loopback (`127.0.0.1:9091`) or an internal
+//!   network only, never where clients can reach it.
 //!
 //! Requests are keyed by the `x-api-key` header (hashed before it reaches
 //! Redis), or by the client IP without one. `GET /` costs 1, `GET /expensive`
@@ -57,10 +61,49 @@
 //! limited: it answers the breaker's state (`closed`, `open` or `half-open`)
 //! with `--failure fallback`, and `ok` otherwise.
 //!
+//! ## The admin API
+//!
+//! With `--admin ADDR`, an operator can look at and act on one client's
+//! budget while the instances run, through the same Redis, so every instance
+//! sees the change at once (`ratelimit_examples::admin_router`; answers are
+//! JSON, see its docs):
+//!
+//! - `GET /admin/keys/{key}`: the key's decision now, consuming nothing:
+//!   `{"policy":..,"key":..,"allowed":..,"limit":..,"remaining":..,"reset_after_ms":..,"retry_after_ms":..}`;
+//! - `POST /admin/keys/{key}/reset`: a full budget again, any block lifted
+//!   (`204`);
+//! - `POST /admin/keys/{key}/penalize?amount=N` and `.../reward?amount=N`:
+//!   consume `N` units (even into debt) or give `N` back; answers the
+//!   decision after;
+//! - `POST /admin/keys/{key}/block?for=DURATION` (`30s`, `10m`, `1h`, ...):
+//!   every request of the key is refused until then (`204`);
+//!   `POST /admin/keys/{key}/unblock` ends it (`204`).
+//!
+//! `{key}` is exactly the key the limiter uses. Without an `x-api-key`
+//! header (or with an empty one), that is the client's IP as Rust prints it:
+//! `127.0.0.1`, `203.0.113.7`, `2001:db8::7` (an IPv4-mapped IPv6 peer,
+//! `::ffff:203.0.113.7`, as `203.0.113.7`). With one, it is `#` followed by
+//! the first 32 hex digits of the SHA-256 of the header's value, written
+//! `%23` in a URL. Errors are `{"error":"..."}`: `400` for a bad amount,
+//! duration or query, `409` for penalties and rewards of `concurrency`
+//! (whose units are permits), `503` when Redis cannot answer (whatever
+//! `--failure` says: admin operations always go to Redis), and `403` for
+//! requests a browser sends on behalf of a web page (with `Origin`).
+//!
+//! ```text
+//! cargo run --example distributed -- --listen 127.0.0.1:8081 --admin 127.0.0.1:9091 \
+//!     --redis redis://127.0.0.1:6379 --algorithm gcra --limit 10 --window 1m
+//! curl -s http://127.0.0.1:9091/admin/keys/127.0.0.1
+//! curl -s -X POST 'http://127.0.0.1:9091/admin/keys/127.0.0.1/block?for=30s'
+//! key=$(printf %s alice | sha256sum | cut -c1-32)   # x-api-key: alice
+//! curl -s -X POST "http://127.0.0.1:9091/admin/keys/%23$key/reset"
+//! ```
+//!
 //! Once bound, the server prints one line, `listening on http://ADDR`, on
-//! stdout (with `--metrics`, once both addresses are bound; the metrics
-//! address goes to stderr). Bad or missing flags exit with status 2 and a
-//! usage line.
+//! stdout (with `--metrics` or `--admin`, once every address is bound; the
+//! metrics and admin addresses go to stderr). Bad or missing flags exit with
+//! status 2 and a usage line; `--help` prints the usage line and a summary of
+//! the flags.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -76,14 +119,48 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Rate, Store,
 };
-use ratelimit_examples::{install_prometheus, parse_duration, serve_metrics};
+use ratelimit_examples::{admin_router, install_prometheus, parse_duration, serve_metrics};
 use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
 
 /// The usage line printed with every flag error.
 const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
      --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
      --limit N --window DURATION [--failure <open|closed|fallback>] [--timeout DURATION] \
-     [--instances N] [--shadow] [--metrics ADDR]";
+     [--instances N] [--shadow] [--metrics ADDR] [--admin ADDR]";
+
+/// What `--help` prints after the usage line.
+const HELP: &str = "\
+Serves GET / (cost 1), GET /expensive (cost 10) and GET /slow (cost 1, answers
+after a second), rate limited through a Redis shared with the other instances,
+and GET /health. Requests are keyed by x-api-key (hashed), else the client IP.
+
+  --listen ADDR        the public address, such as 127.0.0.1:8081
+  --redis URL          redis://[user:password@]host[:port][/db]; with --cluster,
+                       any nodes of a Redis Cluster (repeated or comma-separated)
+  --cluster            the Redis URLs are nodes of a Redis Cluster
+  --algorithm NAME     fixed-window, sliding-log, sliding-window, token-bucket,
+                       gcra, leaky-bucket or concurrency
+  --limit N            the limit per window; the burst for token-bucket, gcra and
+                       leaky-bucket; the most in flight for concurrency
+  --window DURATION    500ms, 10s, 1m, 1h: the window, refill period or lease
+  --failure MODE       when Redis cannot decide: closed (503, the default), open
+                       (let through) or fallback (in memory, limit / --instances)
+  --timeout DURATION   how long Redis has to decide a request (default 500ms)
+  --instances N        instances sharing the limit, for --failure fallback (default 3)
+  --shadow             decide and count every request, refuse none
+  --metrics ADDR       serve GET /metrics (Prometheus text format) on ADDR
+  --admin ADDR         serve the admin API on ADDR, another address than --listen.
+                       It has no authentication: bind it to loopback or an
+                       internal network only.
+      GET  /admin/keys/KEY                      the key's decision, consuming nothing
+      POST /admin/keys/KEY/reset                a full budget again, any block lifted
+      POST /admin/keys/KEY/penalize?amount=N    consume N units (even into debt)
+      POST /admin/keys/KEY/reward?amount=N      give N units back
+      POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
+      POST /admin/keys/KEY/unblock              end a block
+    KEY is the limiter's key: the client IP (127.0.0.1, 2001:db8::7) or, for
+    requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of
+    the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
 
 /// The algorithms `--algorithm` accepts.
 const ALGORITHMS: [&str; 7] = [
@@ -125,6 +202,7 @@ struct Args {
     instances: u32,
     shadow: bool,
     metrics: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
 }
 
 /// What to do when Redis cannot decide (`--failure`).
@@ -163,7 +241,7 @@ async fn main() -> ExitCode {
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(Command::Run(args)) => args,
         Ok(Command::Help) => {
-            println!("{USAGE}");
+            println!("{USAGE}\n\n{HELP}");
             return ExitCode::SUCCESS;
         }
         Err(message) => {
@@ -200,6 +278,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     let mut instances = None;
     let mut shadow = false;
     let mut metrics = None;
+    let mut admin = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -235,6 +314,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
                     format!("--metrics: {text:?} is not a socket address such as 127.0.0.1:9090")
                 })?;
                 set_once(&mut metrics, addr, "--metrics")?;
+            }
+            "--admin" => {
+                let text = value()?;
+                let addr = text.parse().map_err(|_| {
+                    format!("--admin: {text:?} is not a socket address such as 127.0.0.1:9091")
+                })?;
+                set_once(&mut admin, addr, "--admin")?;
             }
             "--listen" => {
                 let text = value()?;
@@ -328,8 +414,22 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     if redis.is_empty() {
         return Err(String::from("missing --redis"));
     }
+    let listen = listen.ok_or("missing --listen")?;
+    if let Some(admin) = admin {
+        // The admin API has no authentication: never on the public listener.
+        if collide(admin, listen) {
+            return Err(format!(
+                "--admin {admin}: the admin API needs its own address, not --listen's ({listen})"
+            ));
+        }
+        if let Some(metrics) = metrics.filter(|&metrics| collide(admin, metrics)) {
+            return Err(format!(
+                "--admin {admin}: the admin API needs its own address, not --metrics' ({metrics})"
+            ));
+        }
+    }
     Ok(Command::Run(Args {
-        listen: listen.ok_or("missing --listen")?,
+        listen,
         redis,
         cluster,
         algorithm: algorithm.ok_or("missing --algorithm")?,
@@ -340,7 +440,16 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         instances: instances.unwrap_or(DEFAULT_INSTANCES),
         shadow,
         metrics,
+        admin,
     }))
+}
+
+/// Whether two listeners would share a socket: the same port (not 0, which
+/// picks a free one) on the same IP, or on any IP when one is unspecified.
+fn collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// Stores `value` in `slot`, refusing a flag given twice.
@@ -398,9 +507,19 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         eprintln!("warning: Redis at {redis} does not answer ({e}); {then}");
     }
 
-    let (limited, breaker) = match args.failure {
-        Failure::Closed => (limited_routes(store, policy, FailurePolicy::Closed), None),
-        Failure::Open => (limited_routes(store, policy, FailurePolicy::Open), None),
+    // The admin API acts on the store the layer decides with, under the
+    // same policy, so its keys are the layer's keys.
+    let (limited, admin, breaker) = match args.failure {
+        Failure::Closed => (
+            limited_routes(store.clone(), policy.clone(), FailurePolicy::Closed),
+            admin_router(store, policy),
+            None,
+        ),
+        Failure::Open => (
+            limited_routes(store.clone(), policy.clone(), FailurePolicy::Open),
+            admin_router(store, policy),
+            None,
+        ),
         Failure::Fallback => {
             let breaker = Arc::new(CircuitBreaker::default().with_name("redis"));
             let store = FallbackStore::new(
@@ -411,8 +530,10 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             );
             // The fallback decides whenever Redis cannot, so the layer only
             // sees an error when memory cannot decide either: refuse then.
-            let routes = limited_routes(store, policy, FailurePolicy::Closed);
-            (routes, Some(breaker))
+            let routes = limited_routes(store.clone(), policy.clone(), FailurePolicy::Closed);
+            // `FallbackStore` sends admin operations to Redis, whatever the
+            // breaker says: the local shares are never touched.
+            (routes, admin_router(store, policy), Some(breaker))
         }
     };
     // Not rate limited: merged after the layer was applied to the others.
@@ -432,6 +553,18 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             .map_err(|e| format!("--metrics {addr}: {e}"))?;
         eprintln!("metrics on http://{bound}/metrics");
     }
+    if let Some(addr) = args.admin {
+        let bound = serve_admin(addr, admin)
+            .await
+            .map_err(|e| format!("--admin {addr}: {e}"))?;
+        eprintln!("admin API on http://{bound}/admin/keys/{{key}}");
+        if !bound.ip().is_loopback() {
+            eprintln!(
+                "warning: --admin {bound} is not a loopback address; the admin API has no \
+                 authentication, so keep {bound} on an internal network only"
+            );
+        }
+    }
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{addr}")
         .and_then(|()| stdout.flush())
@@ -444,6 +577,19 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("serving on {addr}: {e}"))
+}
+
+/// Binds `addr` and serves the admin API there in the background; returns
+/// the address bound.
+async fn serve_admin(addr: SocketAddr, admin: Router) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, admin).await {
+            eprintln!("error: serving the admin API on {bound}: {e}");
+        }
+    });
+    Ok(bound)
 }
 
 /// `GET /`, `GET /expensive` and `GET /slow`, rate limited in `store`.

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+pub use admin::admin_router;
+
 /// Parses a duration such as `500ms`, `10s`, `2m`, `1h` or `1d`.
 ///
 /// ```
@@ -139,4 +141,369 @@ pub async fn serve_metrics(
         }
     });
     Ok(bound)
+}
+
+/// The operators' admin API ([`admin_router`]) over HTTP and JSON.
+mod admin {
+    use std::error::Error;
+    use std::fmt;
+
+    use axum::extract::rejection::{PathRejection, QueryRejection};
+    use axum::extract::{Path, Query, Request, State};
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use ratelimit_core::{AdminStore, Decision, Policy, StoreError};
+    use serde::Serialize;
+    use serde_json::json;
+
+    use crate::parse_duration;
+
+    /// A JSON admin API over `store` for one `policy`: what an operator does
+    /// to one client's key ([`AdminStore`]) while the service runs.
+    ///
+    /// | request | what | answer |
+    /// |---|---|---|
+    /// | `GET /admin/keys/{key}` | [`peek`](AdminStore::peek): consumes nothing | `200`, the decision |
+    /// | `POST /admin/keys/{key}/reset` | [`reset`](AdminStore::reset): a full budget again, any block lifted | `204` |
+    /// | `POST /admin/keys/{key}/penalize?amount=N` | [`penalize`](AdminStore::penalize): consume `N` units, even into debt | `200`, the decision after |
+    /// | `POST /admin/keys/{key}/reward?amount=N` | [`reward`](AdminStore::reward): give back `N` units | `200`, the decision after |
+    /// | `POST /admin/keys/{key}/block?for=DURATION` | [`block`](AdminStore::block) for `30s`, `10m`, `1h`, `1d`... ([`parse_duration`](crate::parse_duration)) | `204` |
+    /// | `POST /admin/keys/{key}/unblock` | [`unblock`](AdminStore::unblock) | `204` |
+    ///
+    /// A decision is
+    /// `{"policy":"gcra-10-at-10-per-1m","key":"203.0.113.7","allowed":true,"limit":10,"remaining":7,"reset_after_ms":18000,"retry_after_ms":null}`:
+    /// the policy's name, the key as given, and the fields of [`Decision`]
+    /// (`remaining`: what a request of cost 1 could still take; the times in
+    /// whole milliseconds, rounded up; `retry_after_ms` is `null` unless
+    /// denied, as while blocked or in debt).
+    ///
+    /// `{key}` is the key the rate limiter passes to the store, as its key
+    /// extractor made it (for [`PeerIp`](ratelimit_tower::PeerIp), the client
+    /// IP as Rust prints it: `203.0.113.7`, `2001:db8::7`),
+    /// percent-decoded: write `/` as `%2F` and `#` as `%23`.
+    ///
+    /// Errors are `{"error":"..."}`: `400` for a bad key, amount or duration,
+    /// a missing, repeated or unknown query parameter (amounts are whole
+    /// numbers above 0, durations above zero); `403` for requests sent by a
+    /// web browser from a page (they carry `Origin`, or a `Sec-Fetch-Site`
+    /// other than `none`): no web page can reset or unblock anything through
+    /// an operator's browser; `409` when the operation does not apply to the
+    /// policy ([`StoreError::Unsupported`]: penalties and rewards of a
+    /// concurrency limit) or the policy conflicts with what the store holds;
+    /// `503` when the store is unavailable ([`StoreError::is_unavailable`]:
+    /// unreachable, timed out, full); `500` otherwise. The router has no
+    /// fallback of its own, so it can be merged into another: other paths are
+    /// whatever that router answers (axum's bare `404` alone).
+    ///
+    /// The API has no authentication: serve it on its own listener, bound to
+    /// loopback or an internal network only, never next to the public routes.
+    ///
+    /// ```
+    /// use axum::body::{Body, to_bytes};
+    /// use axum::http::{Request, StatusCode};
+    /// use ratelimit_core::{MemoryStore, Policy, Rate, Store};
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::gcra(10, Rate::per_hour(10))?.with_name("api")?;
+    /// store.check(b"203.0.113.7", &policy, 3).await?;
+    ///
+    /// let admin = ratelimit_examples::admin_router(store, policy);
+    /// let peek = Request::get("/admin/keys/203.0.113.7").body(Body::empty())?;
+    /// let response = admin.clone().oneshot(peek).await?;
+    /// assert_eq!(response.status(), StatusCode::OK);
+    /// let body = to_bytes(response.into_body(), 1 << 16).await?;
+    /// let json = String::from_utf8(body.to_vec())?;
+    /// assert!(json.contains(r#""key":"203.0.113.7""#), "{json}");
+    /// assert!(json.contains(r#""remaining":7"#), "{json}");
+    ///
+    /// let block = Request::post("/admin/keys/203.0.113.7/block?for=30s").body(Body::empty())?;
+    /// assert_eq!(admin.clone().oneshot(block).await?.status(), StatusCode::NO_CONTENT);
+    /// let bad = Request::post("/admin/keys/203.0.113.7/penalize?amount=lots").body(Body::empty())?;
+    /// assert_eq!(admin.oneshot(bad).await?.status(), StatusCode::BAD_REQUEST);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn admin_router<S>(store: S, policy: Policy) -> Router
+    where
+        S: AdminStore + Clone,
+    {
+        Router::new()
+            .route("/admin/keys/{key}", get(peek::<S>))
+            .route("/admin/keys/{key}/reset", post(reset::<S>))
+            .route("/admin/keys/{key}/penalize", post(penalize::<S>))
+            .route("/admin/keys/{key}/reward", post(reward::<S>))
+            .route("/admin/keys/{key}/block", post(block::<S>))
+            .route("/admin/keys/{key}/unblock", post(unblock::<S>))
+            .route_layer(middleware::from_fn(refuse_browsers))
+            .with_state(Admin { store, policy })
+    }
+
+    /// The router's state: the store and the policy every operation is on.
+    #[derive(Clone)]
+    struct Admin<S> {
+        store: S,
+        policy: Policy,
+    }
+
+    /// The `{key}` of a request's path.
+    type KeyPath = Result<Path<String>, PathRejection>;
+
+    /// A request's query parameters, in order.
+    type Parameters = Result<Query<Vec<(String, String)>>, QueryRejection>;
+
+    /// `GET /admin/keys/{key}`.
+    async fn peek<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<Response, AdminError> {
+        let key = key_of(key)?;
+        parameter(parameters, None)?;
+        let decision = admin.store.peek(key.as_bytes(), &admin.policy).await?;
+        Ok(decision_json(&admin.policy, &key, &decision))
+    }
+
+    /// `POST /admin/keys/{key}/reset`.
+    async fn reset<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<StatusCode, AdminError> {
+        let key = key_of(key)?;
+        parameter(parameters, None)?;
+        admin.store.reset(key.as_bytes(), &admin.policy).await?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+
+    /// `POST /admin/keys/{key}/penalize?amount=N`.
+    async fn penalize<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<Response, AdminError> {
+        let key = key_of(key)?;
+        let amount = amount(parameters)?;
+        let decision = admin
+            .store
+            .penalize(key.as_bytes(), &admin.policy, amount)
+            .await?;
+        Ok(decision_json(&admin.policy, &key, &decision))
+    }
+
+    /// `POST /admin/keys/{key}/reward?amount=N`.
+    async fn reward<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<Response, AdminError> {
+        let key = key_of(key)?;
+        let amount = amount(parameters)?;
+        let decision = admin
+            .store
+            .reward(key.as_bytes(), &admin.policy, amount)
+            .await?;
+        Ok(decision_json(&admin.policy, &key, &decision))
+    }
+
+    /// `POST /admin/keys/{key}/block?for=DURATION`.
+    async fn block<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<StatusCode, AdminError> {
+        let key = key_of(key)?;
+        let text = parameter(parameters, Some("for"))?.unwrap_or_default();
+        let duration = parse_duration(&text).map_err(|e| AdminError::bad(format!("for: {e}")))?;
+        if duration.is_zero() {
+            // The store would unblock: say so rather than do it quietly.
+            return Err(AdminError::bad(format!(
+                "for: {text:?} is zero (to end a block, POST .../unblock)"
+            )));
+        }
+        admin
+            .store
+            .block(key.as_bytes(), &admin.policy, duration)
+            .await?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+
+    /// `POST /admin/keys/{key}/unblock`.
+    async fn unblock<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+    ) -> Result<StatusCode, AdminError> {
+        let key = key_of(key)?;
+        parameter(parameters, None)?;
+        admin.store.unblock(key.as_bytes(), &admin.policy).await?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+
+    /// Refuses requests a web page made a browser send: an unauthenticated
+    /// API on loopback is still reachable from every page the operator opens.
+    async fn refuse_browsers(request: Request, next: Next) -> Response {
+        if from_a_web_page(request.headers()) {
+            return AdminError::FromWebPage.into_response();
+        }
+        next.run(request).await
+    }
+
+    /// Whether a browser sent the request on behalf of a page: browsers add
+    /// `Origin` to every cross-origin request and every `POST`, and
+    /// `Sec-Fetch-Site` to every request (`none` when the user typed the URL).
+    fn from_a_web_page(headers: &HeaderMap) -> bool {
+        headers.contains_key(header::ORIGIN)
+            || headers
+                .get("sec-fetch-site")
+                .is_some_and(|site| site.as_bytes() != b"none")
+    }
+
+    /// The key, percent-decoded.
+    fn key_of(key: KeyPath) -> Result<String, AdminError> {
+        let Path(key) = key.map_err(|e| AdminError::bad(format!("key: {}", e.body_text())))?;
+        if key.is_empty() {
+            return Err(AdminError::bad("key: empty"));
+        }
+        Ok(key)
+    }
+
+    /// The value of the query parameter `expected`, required when named;
+    /// any other parameter, or one given twice, is an error.
+    fn parameter(
+        parameters: Parameters,
+        expected: Option<&str>,
+    ) -> Result<Option<String>, AdminError> {
+        let Query(pairs) =
+            parameters.map_err(|e| AdminError::bad(format!("query string: {}", e.body_text())))?;
+        let mut value = None;
+        for (name, text) in pairs {
+            if Some(name.as_str()) != expected {
+                let takes = match expected {
+                    Some(expected) => format!("only {expected}"),
+                    None => String::from("none"),
+                };
+                return Err(AdminError::bad(format!(
+                    "unknown query parameter {name:?} (this operation takes {takes})"
+                )));
+            }
+            if value.replace(text).is_some() {
+                return Err(AdminError::bad(format!("{name} given twice")));
+            }
+        }
+        match expected {
+            Some(expected) if value.is_none() => Err(AdminError::bad(format!(
+                "missing query parameter {expected}"
+            ))),
+            _ => Ok(value),
+        }
+    }
+
+    /// `?amount=N`, a whole number above 0.
+    fn amount(parameters: Parameters) -> Result<u64, AdminError> {
+        let text = parameter(parameters, Some("amount"))?.unwrap_or_default();
+        text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            AdminError::bad(format!("amount: {text:?} is not a whole number above 0"))
+        })
+    }
+
+    /// A decision as the API shows it, fields in this order.
+    #[derive(Debug, Serialize)]
+    struct DecisionBody<'a> {
+        policy: &'a str,
+        key: &'a str,
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after_ms: u64,
+        retry_after_ms: Option<u64>,
+    }
+
+    /// The `200` answer with `decision`.
+    fn decision_json(policy: &Policy, key: &str, decision: &Decision) -> Response {
+        let millis = |micros: u64| micros.div_ceil(1_000);
+        Json(DecisionBody {
+            policy: policy.name(),
+            key,
+            allowed: decision.is_allowed(),
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+            reset_after_ms: millis(decision.reset_after_micros()),
+            retry_after_ms: decision
+                .retry_after()
+                .map(|_| millis(decision.retry_after_micros())),
+        })
+        .into_response()
+    }
+
+    /// Why an admin request failed; answered as `{"error":"..."}`.
+    #[derive(Debug)]
+    enum AdminError {
+        /// A bad key, amount, duration or query string: `400`.
+        BadRequest(String),
+        /// Sent by a browser for a web page: `403`.
+        FromWebPage,
+        /// The store refused or failed: `409`, `503` or `500`.
+        Store(StoreError),
+    }
+
+    impl AdminError {
+        fn bad(message: impl Into<String>) -> Self {
+            AdminError::BadRequest(message.into())
+        }
+
+        fn status(&self) -> StatusCode {
+            match self {
+                AdminError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                AdminError::FromWebPage => StatusCode::FORBIDDEN,
+                AdminError::Store(
+                    StoreError::Unsupported { .. } | StoreError::PolicyConflict { .. },
+                ) => StatusCode::CONFLICT,
+                AdminError::Store(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+                AdminError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }
+    }
+
+    impl fmt::Display for AdminError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                AdminError::BadRequest(message) => f.write_str(message),
+                AdminError::FromWebPage => f.write_str(
+                    "refused: sent by a web browser for a page (Origin or Sec-Fetch-Site); \
+                     the admin API is for operators' tools",
+                ),
+                AdminError::Store(e) if e.is_unavailable() => {
+                    write!(f, "the store is unavailable: {e}")
+                }
+                AdminError::Store(e) => e.fmt(f),
+            }
+        }
+    }
+
+    impl Error for AdminError {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            match self {
+                AdminError::Store(e) => Some(e),
+                AdminError::BadRequest(_) | AdminError::FromWebPage => None,
+            }
+        }
+    }
+
+    impl From<StoreError> for AdminError {
+        fn from(e: StoreError) -> Self {
+            AdminError::Store(e)
+        }
+    }
+
+    impl IntoResponse for AdminError {
+        fn into_response(self) -> Response {
+            (self.status(), Json(json!({ "error": self.to_string() }))).into_response()
+        }
+    }
 }

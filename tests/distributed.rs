@@ -2,6 +2,9 @@
 //! Redis (or one Redis Cluster), and a burst of concurrent requests spread
 //! across them is admitted exactly up to the limit, for every algorithm.
 //!
+//! With `--admin`, an operator resets, penalises, rewards, blocks and
+//! unblocks one client through one instance, and every instance sees it.
+//!
 //! Everything runs on loopback and is bounded in time: servers and instances
 //! are killed when dropped, every HTTP request has a timeout, and windows are
 //! long enough that nothing refills while a test runs.
@@ -96,9 +99,16 @@ struct Answer {
 }
 
 async fn get(client: &reqwest::Client, url: &str, api_key: &str) -> Answer {
-    let response = client
-        .get(url)
-        .header("x-api-key", api_key)
+    answer(client.get(url).header("x-api-key", api_key), url).await
+}
+
+/// `GET url` without `x-api-key`: keyed by the client IP, `127.0.0.1`.
+async fn get_by_ip(client: &reqwest::Client, url: &str) -> Answer {
+    answer(client.get(url), url).await
+}
+
+async fn answer(request: reqwest::RequestBuilder, url: &str) -> Answer {
+    let response = request
         .send()
         .await
         .unwrap_or_else(|e| panic!("GET {url}: {e}"));
@@ -371,7 +381,7 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
         "--window",
         "1m",
     ];
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["--failure", "sometimes"], "--failure"),
         (&["--failure", "open", "--failure", "closed"], "--failure"),
         (&["--failure"], "--failure"),
@@ -380,6 +390,15 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
         (&["--instances", "0"], "--instances"),
         (&["--instances", "-1"], "--instances"),
         (&["--instances", "99999999999"], "--instances"),
+        (&["--admin", "localhost:9091"], "--admin"),
+        (&["--admin"], "--admin"),
+        // The admin API never shares the public listener, nor the metrics one.
+        (&["--admin", "127.0.0.1:1"], "--listen"),
+        (&["--admin", "0.0.0.0:1"], "--listen"),
+        (
+            &["--metrics", "127.0.0.1:2", "--admin", "127.0.0.1:2"],
+            "--metrics",
+        ),
     ];
     for (extra, expected) in cases {
         let output = Command::new(binary())
@@ -393,6 +412,27 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
         assert!(stderr.contains("usage: distributed"), "{extra:?}: {stderr}");
         assert!(output.stdout.is_empty(), "{extra:?}: nothing on stdout");
+    }
+}
+
+#[test]
+fn help_describes_the_admin_api() {
+    let output = Command::new(binary())
+        .arg("--help")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the distributed example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("usage: distributed"), "{stdout}");
+    for needle in [
+        "[--admin ADDR]",
+        "loopback",
+        "/admin/keys/KEY/penalize?amount=N",
+        "/admin/keys/KEY/block?for=DURATION",
+        "sha256sum",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} in {stdout}");
     }
 }
 
@@ -474,4 +514,320 @@ async fn failure_flag_decides_what_a_dead_redis_means() {
     assert_eq!((health.status, health.body.as_str()), (200, "open\n"));
     let health = get(&client, &format!("{}/health", open.base), "").await;
     assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+}
+
+/// The key the limiter gives this test's requests without `x-api-key`: the
+/// client IP.
+const LOOPBACK_KEY: &str = "127.0.0.1";
+
+/// An admin API answer: status and JSON body (`Null` when there is none).
+#[derive(Debug)]
+struct AdminAnswer {
+    status: u16,
+    json: serde_json::Value,
+}
+
+impl AdminAnswer {
+    /// The `remaining` of a decision, asserting a `200` decision of `limit`.
+    fn remaining(&self, limit: u64) -> u64 {
+        assert_eq!(self.status, 200, "{self:?}");
+        assert_eq!(self.json["limit"], limit, "{self:?}");
+        self.json["remaining"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no remaining: {self:?}"))
+    }
+
+    /// Asserts a JSON error of `status` whose message mentions `mentions`.
+    fn assert_error(&self, status: u16, mentions: &str, what: &str) {
+        assert_eq!(self.status, status, "{what}: {self:?}");
+        let message = self.json["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: no JSON error: {self:?}"));
+        assert!(message.contains(mentions), "{what}: {self:?}");
+    }
+}
+
+/// Sends an admin request (`GET` when `post` is false) to `url`.
+async fn admin(client: &reqwest::Client, post: bool, url: &str) -> AdminAnswer {
+    admin_request(
+        if post {
+            client.post(url)
+        } else {
+            client.get(url)
+        },
+        url,
+    )
+    .await
+}
+
+async fn admin_request(request: reqwest::RequestBuilder, url: &str) -> AdminAnswer {
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let body = response.text().await.unwrap_or_default();
+    let json = if body.is_empty() {
+        serde_json::Value::Null
+    } else {
+        assert_eq!(
+            content_type.as_deref(),
+            Some("application/json"),
+            "{url}: {status} {body}"
+        );
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url}: {status} {body:?}: {e}"))
+    };
+    AdminAnswer { status, json }
+}
+
+/// Two instances share one Redis, the first with `--admin`: what the
+/// operator does there holds on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    // 5 per day: nothing refills while the test runs (one unit per 4.8 h).
+    let common = [
+        "--redis",
+        url.as_str(),
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "5",
+        "--window",
+        "1d",
+    ];
+    let with_admin = spawn_instance(&[&common[..], &["--admin", admin_addr.as_str()]].concat());
+    let plain = spawn_instance(&common);
+    let client = client();
+    let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
+    let request =
+        async |instance: &Instance| get_by_ip(&client, &format!("{}/", instance.base)).await;
+    let expect_left = async |instance: &Instance, left: usize, what: &str| {
+        let answer = request(instance).await;
+        assert_eq!(answer.status, 200, "{what}: {answer:?}");
+        assert_eq!(remaining_in(&answer.body, 5), left, "{what}: {answer:?}");
+    };
+
+    // The client uses up its budget, across both instances: refused on both.
+    for left in (0..5).rev() {
+        let instance = if left % 2 == 0 { &with_admin } else { &plain };
+        expect_left(instance, left, "spending the budget").await;
+    }
+    for instance in [&with_admin, &plain] {
+        let answer = request(instance).await;
+        assert_eq!(answer.status, 429, "exhausted: {answer:?}");
+    }
+    let peek = admin(&client, false, &keys).await;
+    assert_eq!(peek.remaining(5), 0, "{peek:?}");
+    assert_eq!(peek.json["key"], LOOPBACK_KEY, "{peek:?}");
+    assert_eq!(peek.json["policy"], "gcra-5-at-5-per-1d", "{peek:?}");
+
+    // Reset through the admin listener: a full budget again on both, and
+    // peeks (two, agreeing) consume nothing of it.
+    let reset = admin(&client, true, &format!("{keys}/reset")).await;
+    assert_eq!((reset.status, &reset.json), (204, &serde_json::Value::Null));
+    let first = admin(&client, false, &keys).await;
+    let second = admin(&client, false, &keys).await;
+    assert_eq!(first.remaining(5), 5, "{first:?}");
+    assert_eq!(second.remaining(5), 5, "{second:?}");
+    assert_eq!(first.json["allowed"], true, "{first:?}");
+    assert_eq!(
+        first.json["retry_after_ms"],
+        serde_json::Value::Null,
+        "{first:?}"
+    );
+    expect_left(&with_admin, 4, "after the reset").await;
+    expect_left(&plain, 3, "after the reset").await;
+
+    // Penalties and rewards move `remaining` by their amount.
+    let penalized = admin(&client, true, &format!("{keys}/penalize?amount=2")).await;
+    assert_eq!(penalized.remaining(5), 1, "{penalized:?}");
+    let rewarded = admin(&client, true, &format!("{keys}/reward?amount=1")).await;
+    assert_eq!(rewarded.remaining(5), 2, "{rewarded:?}");
+    assert_eq!(admin(&client, false, &keys).await.remaining(5), 2);
+
+    // Blocked for 60 s: refused on both, with a Retry-After of about 60 s,
+    // whatever the budget says; the block consumes nothing.
+    let block = admin(&client, true, &format!("{keys}/block?for=60s")).await;
+    assert_eq!(block.status, 204, "{block:?}");
+    for instance in [&with_admin, &plain] {
+        let answer = request(instance).await;
+        assert_eq!(answer.status, 429, "blocked: {answer:?}");
+        let retry = answer.retry_after.unwrap_or_else(|| panic!("{answer:?}"));
+        assert!(
+            (50..=60).contains(&retry),
+            "Retry-After {retry}: {answer:?}"
+        );
+    }
+    let blocked = admin(&client, false, &keys).await;
+    assert_eq!(blocked.remaining(5), 0, "{blocked:?}");
+    assert_eq!(blocked.json["allowed"], false, "{blocked:?}");
+    let retry_ms = blocked.json["retry_after_ms"].as_u64().unwrap_or_default();
+    assert!((50_000..=60_000).contains(&retry_ms), "{blocked:?}");
+
+    // A browser sent by a web page cannot unblock it.
+    let from_page = admin_request(
+        client
+            .post(format!("{keys}/unblock"))
+            .header("origin", "https://attacker.example"),
+        "unblock with Origin",
+    )
+    .await;
+    from_page.assert_error(403, "browser", "unblock with Origin");
+    assert_eq!(request(&plain).await.status, 429, "still blocked");
+
+    // Unblocked: both instances serve it again, from the budget it had.
+    let unblock = admin(&client, true, &format!("{keys}/unblock")).await;
+    assert_eq!(unblock.status, 204, "{unblock:?}");
+    expect_left(&plain, 1, "after the unblock").await;
+    expect_left(&with_admin, 0, "after the unblock").await;
+
+    // Bad input: 400 with a JSON error naming what is wrong, and nothing done.
+    admin(&client, true, &format!("{keys}/reset")).await;
+    for (path, mentions) in [
+        ("penalize?amount=lots", "amount"),
+        ("penalize?amount=0", "amount"),
+        ("penalize?amount=-3", "amount"),
+        ("penalize?amount=99999999999999999999999", "amount"),
+        ("penalize", "amount"),
+        ("reward?amount=1&amount=2", "amount"),
+        ("reward?amunt=1", "amunt"),
+        ("block?for=60", "for"),
+        ("block?for=soon", "for"),
+        ("block?for=0s", "for"),
+        ("block", "for"),
+        ("reset?amount=1", "amount"),
+        ("unblock?for=1s", "for"),
+    ] {
+        let answer = admin(&client, true, &format!("{keys}/{path}")).await;
+        answer.assert_error(400, mentions, path);
+    }
+    let peek_with_query = admin(&client, false, &format!("{keys}?x=1")).await;
+    peek_with_query.assert_error(400, "\"x\"", "a peek with a query");
+    assert_eq!(admin(&client, false, &keys).await.remaining(5), 5);
+
+    // Neither public listener serves the admin API, and the admin listener
+    // serves nothing else.
+    for instance in [&with_admin, &plain] {
+        let peek = get_by_ip(
+            &client,
+            &format!("{}/admin/keys/{LOOPBACK_KEY}", instance.base),
+        )
+        .await;
+        assert_eq!(peek.status, 404, "{peek:?}");
+        let penalize = admin(
+            &client,
+            true,
+            &format!(
+                "{}/admin/keys/{LOOPBACK_KEY}/penalize?amount=5",
+                instance.base
+            ),
+        )
+        .await;
+        assert_eq!(penalize.status, 404, "{penalize:?}");
+    }
+    assert_eq!(admin(&client, false, &keys).await.remaining(5), 5);
+    let root = get_by_ip(&client, &format!("http://{admin_addr}/")).await;
+    assert_eq!(root.status, 404, "{root:?}");
+}
+
+/// A client with an `x-api-key` is keyed by `#` and 32 hex digits of the
+/// key's SHA-256 (`%23...` in the URL), separately from its IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let instance = spawn_instance(&[
+        "--redis",
+        &url,
+        "--algorithm",
+        "fixed-window",
+        "--limit",
+        "2",
+        "--window",
+        "1d",
+        "--admin",
+        &admin_addr,
+    ]);
+    let client = client();
+    let root = format!("{}/", instance.base);
+    for expected in [200, 200, 429] {
+        assert_eq!(get(&client, &root, "customer-7").await.status, expected);
+    }
+    let hashed = ratelimit_core::key::hashed(b"customer-7");
+    let hashed = String::from_utf8(hashed).expect("hex");
+    let hex = hashed.strip_prefix('#').expect("a # first");
+    assert_eq!(hex.len(), 32, "{hashed}");
+    let keys = format!("http://{admin_addr}/admin/keys");
+
+    // The IP's own budget is untouched; the API key's is spent.
+    let by_ip = admin(&client, false, &format!("{keys}/{LOOPBACK_KEY}")).await;
+    assert_eq!(by_ip.remaining(2), 2, "{by_ip:?}");
+    let by_key = admin(&client, false, &format!("{keys}/%23{hex}")).await;
+    assert_eq!(by_key.remaining(2), 0, "{by_key:?}");
+    assert_eq!(by_key.json["key"], hashed.as_str(), "{by_key:?}");
+
+    let reset = admin(&client, true, &format!("{keys}/%23{hex}/reset")).await;
+    assert_eq!(reset.status, 204, "{reset:?}");
+    let answer = get(&client, &root, "customer-7").await;
+    assert_eq!(answer.status, 200, "after the reset: {answer:?}");
+    assert_eq!(remaining_in(&answer.body, 2), 1, "{answer:?}");
+}
+
+/// Penalties and rewards of a concurrency limit are 409; with Redis gone,
+/// every operation is 503, even with `--failure open`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_operations_refuse_concurrency_adjustments_and_need_redis() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let instance = spawn_instance(&[
+        "--redis",
+        &url,
+        "--algorithm",
+        "concurrency",
+        "--limit",
+        "3",
+        "--window",
+        "1h",
+        "--timeout",
+        "200ms",
+        "--failure",
+        "open",
+        "--admin",
+        &admin_addr,
+    ]);
+    let client = client();
+    let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
+    let peek = admin(&client, false, &keys).await;
+    assert_eq!(peek.remaining(3), 3, "{peek:?}");
+    for operation in ["penalize", "reward"] {
+        let answer = admin(&client, true, &format!("{keys}/{operation}?amount=1")).await;
+        answer.assert_error(409, operation, operation);
+    }
+    let block = admin(&client, true, &format!("{keys}/block?for=1h")).await;
+    assert_eq!(block.status, 204, "blocks apply to concurrency: {block:?}");
+    let refused = get_by_ip(&client, &format!("{}/", instance.base)).await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+
+    redis.stop();
+    for (post, path) in [
+        (false, ""),
+        (true, "/reset"),
+        (true, "/unblock"),
+        (true, "/block?for=1m"),
+    ] {
+        let answer = admin(&client, post, &format!("{keys}{path}")).await;
+        answer.assert_error(503, "unavailable", path);
+    }
+    // The limiter itself fails open, as asked.
+    let open = get_by_ip(&client, &format!("{}/", instance.base)).await;
+    assert_eq!(open.status, 200, "{open:?}");
 }
