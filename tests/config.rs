@@ -4,7 +4,7 @@
 //! requests flow, without failing one, enforcing the new limit exactly,
 //! keeping the old one when the new file is bad, and following a watched file.
 //! Also why an algorithm change needs a new policy name: both stores refuse
-//! (or misread) another algorithm's state under one name.
+//! another algorithm's state under one name (`PolicyConflict`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
+use ratelimit_tests::RedisServer;
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{
@@ -1166,33 +1168,74 @@ async fn a_bad_reload_keeps_the_old_limit() {
     assert_eq!(allowed_until_refused(&service, "fresh", 100).await, 4);
 }
 
-/// Why an algorithm change needs a new name: the store refuses state of
-/// another algorithm under the same policy name.
-#[test]
-fn a_store_refuses_another_algorithm_under_one_name() {
-    let store = MemoryStore::new();
-    let window = Policy::fixed_window(5, Duration::from_secs(3600))
-        .and_then(|p| p.with_name("api"))
-        .expect("valid");
-    let gcra = Policy::gcra(5, Rate::per_hour(5))
-        .and_then(|p| p.with_name("api"))
-        .expect("valid");
-    store.check_now(b"k", &window, 1).expect("first");
-    assert!(matches!(
-        store.check_now(b"k", &gcra, 1),
-        Err(StoreError::PolicyConflict { .. })
-    ));
+/// Why an algorithm change needs a new name: under one name, both stores
+/// refuse the state of an algorithm that keeps another kind of state
+/// (`PolicyConflict`, for every such pair); GCRA and the leaky bucket share
+/// theirs. The same algorithm with other numbers counts on.
+#[tokio::test]
+async fn a_store_refuses_another_algorithm_under_one_name() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("store");
+    let memory = MemoryStore::new();
+    let hour = Duration::from_secs(3600);
+    let api = |p: Result<Policy, PolicyError>| p.and_then(|p| p.with_name("api")).expect("valid");
+    let policies = [
+        api(Policy::fixed_window(5, hour)),
+        api(Policy::sliding_window_log(5, hour)),
+        api(Policy::sliding_window_counter(5, hour)),
+        api(Policy::token_bucket(5, Rate::per_hour(5))),
+        api(Policy::gcra(5, Rate::per_hour(5))),
+        api(Policy::leaky_bucket(5, Rate::per_hour(5))),
+        api(Policy::concurrency(5, hour)),
+    ];
+    let family = |p: &Policy| match p.algorithm().kind() {
+        "leaky-bucket" => "gcra",
+        kind => kind,
+    };
+    for old in &policies {
+        for new in &policies {
+            let (old_kind, new_kind) = (old.algorithm().kind(), new.algorithm().kind());
+            let key = format!("{old_kind}-then-{new_kind}");
+            let key = key.as_bytes();
+            memory.check(key, old, 1).await.expect("first");
+            redis.check(key, old, 1).await.expect("first");
+            let answers = [
+                ("memory", memory.check(key, new, 1).await),
+                ("redis", redis.check(key, new, 1).await),
+            ];
+            for (store, answer) in answers {
+                if family(old) == family(new) {
+                    assert!(
+                        answer.is_ok(),
+                        "{store}: {old_kind} then {new_kind}: {answer:?}"
+                    );
+                } else {
+                    assert!(
+                        matches!(&answer, Err(StoreError::PolicyConflict { policy }) if policy == "api"),
+                        "{store}: {old_kind} then {new_kind}: {answer:?}"
+                    );
+                }
+            }
+        }
+    }
     // Same algorithm, other numbers: counting goes on.
-    let bigger = Policy::fixed_window(9, Duration::from_secs(3600))
-        .and_then(|p| p.with_name("api"))
-        .expect("valid");
-    assert_eq!(
-        store
-            .check_now(b"k", &bigger, 1)
-            .expect("same kind")
-            .remaining(),
-        7
-    );
+    let bigger = api(Policy::fixed_window(9, hour));
+    for remaining in [
+        memory.check(b"k", &policies[0], 1).await,
+        redis.check(b"k", &policies[0], 1).await,
+    ] {
+        assert_eq!(remaining.expect("first").remaining(), 4);
+    }
+    for decision in [
+        memory.check(b"k", &bigger, 1).await,
+        redis.check(b"k", &bigger, 1).await,
+    ] {
+        assert_eq!(decision.expect("same kind").remaining(), 7);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1349,41 +1392,4 @@ async fn the_config_reload_example_follows_its_file() {
         get("/api/items").await,
         reqwest::StatusCode::TOO_MANY_REQUESTS
     );
-}
-
-/// The same on Redis, worse: a script finds state it cannot read and fails
-/// (so the layer's failure policy decides those requests), or reads another
-/// algorithm's string as its own (token bucket and sliding window counter
-/// over a fixed window's state: counting goes on from nonsense).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_store_fails_on_another_algorithm_under_one_name() {
-    use ratelimit_core::Store;
-    use ratelimit_core::redis::RedisStore;
-    let server = ratelimit_tests::RedisServer::start();
-    let redis = RedisStore::builder(server.url())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("connect");
-    let named = |policy: Result<Policy, ratelimit_core::PolicyError>| {
-        policy.and_then(|p| p.with_name("api")).expect("valid")
-    };
-    let hour = Duration::from_secs(3600);
-    let window = named(Policy::fixed_window(5, hour));
-    redis.check(b"k", &window, 1).await.expect("first");
-    for other in [
-        named(Policy::sliding_window_log(5, hour)),
-        named(Policy::gcra(5, Rate::per_hour(5))),
-        named(Policy::concurrency(5, hour)),
-    ] {
-        let result = redis.check(b"k", &other, 1).await;
-        assert!(
-            matches!(result, Err(StoreError::Backend(_))),
-            "{}: {result:?}",
-            other.algorithm().kind()
-        );
-    }
-    // The fixed window itself still reads its state.
-    let decision = redis.check(b"k", &window, 1).await.expect("same algorithm");
-    assert_eq!(decision.remaining(), 3);
 }

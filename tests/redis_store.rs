@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{Check, Decision, MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_core::{
+    AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
+};
 use ratelimit_tests::{RedisCluster, RedisServer};
 
 /// A small deterministic generator (xorshift64*), so failures replay.
@@ -263,6 +265,34 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
 
     // Keys in different slots: decided slot by slot, refunded when a later slot denies.
     cross_slot_limits_refund_on_denial(&store).await;
+
+    // A name that changed algorithm is a conflict on a cluster too; across
+    // slots, what the earlier slot consumed is refunded.
+    let hour = Duration::from_secs(3600);
+    let window = Policy::fixed_window(3, hour)
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    let bucket = Policy::token_bucket(3, Rate::per_hour(1))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    store.check(b"dave", &window, 1).await.unwrap();
+    assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
+    let slot = |k: &str| {
+        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &window).as_bytes())
+    };
+    let earlier = (0..1000)
+        .map(|i| format!("earlier-{i}"))
+        .find(|k| slot(k) < slot("dave"))
+        .unwrap();
+    let checks = [
+        Check::new(earlier.as_bytes(), &per_day, 1),
+        Check::new(b"dave", &bucket, 1),
+    ];
+    assert_conflict("cluster, across slots", store.check_all(&checks).await);
+    let peek = store.check(earlier.as_bytes(), &per_day, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 4, "refunded");
 
     // Keys really spread over the three masters.
     let keys: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
@@ -604,6 +634,208 @@ async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
             );
             assert!(second[0].permit().is_none());
         }
+    }
+}
+
+/// Which state an algorithm keeps, as `MemoryStore`'s `State` has it: GCRA
+/// and the leaky bucket share one.
+fn state_family(policy: &Policy) -> &'static str {
+    match policy.algorithm().kind() {
+        "leaky-bucket" => "gcra",
+        kind => kind,
+    }
+}
+
+/// What a Redis key holds, to tell whether a script wrote to it.
+fn raw_state(server: &RedisServer, key: &str) -> String {
+    match server.cli(&["TYPE", key]).as_str() {
+        "string" => format!("string {}", server.cli(&["GET", key])),
+        "zset" => format!(
+            "zset {}",
+            server.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+        ),
+        other => other.to_owned(),
+    }
+}
+
+fn assert_conflict<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
+    match result {
+        Err(StoreError::PolicyConflict { policy }) => assert_eq!(policy, "shared", "{what}"),
+        other => panic!("{what}: expected PolicyConflict, got {other:?}"),
+    }
+}
+
+/// A policy that keeps its name but changes algorithm (a restart against a
+/// shared Redis, a policy removed and brought back) meets the old
+/// algorithm's state. For every ordered pair of algorithms whose states
+/// differ, both stores answer `PolicyConflict` to checks, peeks, `check_all`,
+/// penalties and rewards, consume nothing and leave the old state as it was;
+/// a release finds no permit. (Untagged, a token bucket or a sliding window
+/// counter read a fixed window's state as its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policies: Vec<Policy> = long_policies(5)
+        .into_iter()
+        .map(|p| p.with_name("shared").unwrap())
+        .collect();
+    let other = Policy::fixed_window(5, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("other")
+        .unwrap();
+    let mut pairs = 0;
+    for old in &policies {
+        for new in &policies {
+            if state_family(old) == state_family(new) {
+                continue;
+            }
+            let (old_kind, new_kind) = (old.algorithm().kind(), new.algorithm().kind());
+            let what = format!("{old_kind} then {new_kind}");
+            let key = format!("{old_kind}-then-{new_kind}");
+            let key = key.as_bytes();
+            let m = memory.check(key, old, 2).await.unwrap();
+            let r = redis.check(key, old, 2).await.unwrap();
+            assert!(m.is_allowed() && r.is_allowed(), "{what}");
+            let state_key = redis.state_key(key, new);
+            let written = raw_state(&server, &state_key);
+
+            for cost in [0, 1] {
+                let at = format!("{what}, cost {cost}");
+                assert_conflict(&format!("memory: {at}"), memory.check(key, new, cost).await);
+                assert_conflict(&format!("redis: {at}"), redis.check(key, new, cost).await);
+            }
+            // With another limit, the other consumes nothing either.
+            let checks = [Check::new(b"bystander", &other, 1), Check::new(key, new, 1)];
+            assert_conflict(
+                &format!("memory: {what}, check_all"),
+                memory.check_all(&checks).await,
+            );
+            assert_conflict(
+                &format!("redis: {what}, check_all"),
+                redis.check_all(&checks).await,
+            );
+            if new_kind == "concurrency" {
+                let permit = PermitId(1);
+                memory.release(key, new, permit).await.unwrap();
+                redis.release(key, new, permit).await.unwrap();
+            } else {
+                assert_conflict(
+                    &format!("memory: {what}, penalize"),
+                    memory.penalize(key, new, 1).await,
+                );
+                assert_conflict(
+                    &format!("redis: {what}, penalize"),
+                    redis.penalize(key, new, 1).await,
+                );
+                assert_conflict(
+                    &format!("memory: {what}, reward"),
+                    memory.reward(key, new, 1).await,
+                );
+                assert_conflict(
+                    &format!("redis: {what}, reward"),
+                    redis.reward(key, new, 1).await,
+                );
+            }
+
+            assert_eq!(
+                raw_state(&server, &state_key),
+                written,
+                "{what}: written to"
+            );
+            let m = memory.check(key, old, 0).await.unwrap();
+            let r = redis.check(key, old, 0).await.unwrap();
+            assert_eq!(observable(&m), observable(&r), "{what}");
+            assert_eq!(m.remaining(), 3, "{what}: the old state counts on");
+            pairs += 1;
+        }
+    }
+    // 7 algorithms in 6 families: every ordered pair but GCRA/leaky bucket.
+    assert_eq!(pairs, 7 * 6 - 2);
+    for store_peek in [
+        memory.check(b"bystander", &other, 0).await,
+        redis.check(b"bystander", &other, 0).await,
+    ] {
+        assert_eq!(store_peek.unwrap().remaining(), 5, "check_all consumed");
+    }
+}
+
+/// GCRA and the leaky bucket keep one state, a theoretical arrival time, on
+/// both stores: a name moved from one to the other counts on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_and_leaky_bucket_share_their_state_on_both_stores() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let gcra = Policy::gcra(5, Rate::per_hour(1))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    let leaky = Policy::leaky_bucket(5, Rate::per_hour(1))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    for (first, then) in [(&gcra, &leaky), (&leaky, &gcra)] {
+        let key = format!(
+            "{}-then-{}",
+            first.algorithm().kind(),
+            then.algorithm().kind()
+        );
+        let key = key.as_bytes();
+        for store_decision in [
+            memory.check(key, first, 2).await,
+            redis.check(key, first, 2).await,
+        ] {
+            assert!(store_decision.unwrap().is_allowed());
+        }
+        let m = memory.check(key, then, 1).await.unwrap();
+        let r = redis.check(key, then, 1).await.unwrap();
+        assert_eq!(observable(&m), observable(&r), "{key:?}");
+        assert!(m.is_allowed());
+        assert_eq!(m.remaining(), 2, "{key:?}: counted on");
+    }
+}
+
+/// A state written before states were tagged with their algorithm (no
+/// leading letter) is read as it always was, and written back tagged.
+#[tokio::test]
+async fn untagged_states_from_before_tags_count_on() {
+    const HOUR: u64 = 3_600_000_000;
+    let server = RedisServer::start();
+    let now = 1_763_000_000_000_001;
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(ManualClock::new(now))
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let window = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
+    let gcra = Policy::gcra(5, Rate::per_hour(1)).unwrap();
+    let untagged = [
+        (&window, format!("{} 2", now / HOUR * HOUR), 'f'),
+        (&gcra, format!("{}", now + 2 * HOUR), 'g'),
+    ];
+    for (policy, value, tag) in untagged {
+        let key = redis.state_key(b"old", policy);
+        server.cli(&["SET", &key, &value, "PX", "60000"]);
+        let decision = redis.check(b"old", policy, 1).await.unwrap();
+        assert!(decision.is_allowed());
+        assert_eq!(decision.remaining(), 2, "{}", policy.name());
+        let stored = server.cli(&["GET", &key]);
+        assert!(stored.starts_with(tag), "{}: {stored}", policy.name());
     }
 }
 

@@ -134,20 +134,18 @@
 //! - Renaming a policy starts every key afresh, under the new name (the old
 //!   name's state expires on its own).
 //! - Changing a policy's *algorithm* needs a new name. The stored state of
-//!   one algorithm means nothing to another:
-//!   [`MemoryStore`](ratelimit_core::MemoryStore) answers
+//!   one algorithm means nothing to another: both
+//!   [`MemoryStore`](ratelimit_core::MemoryStore) and `RedisStore` answer
 //!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
-//!   for every key that still has state of the old algorithm (so the layer's
+//!   for every key that still has state of the old algorithm (GCRA and the
+//!   leaky bucket excepted: they share one state), so the layer's
 //!   [`FailurePolicy`](crate::FailurePolicy) decides those requests until
-//!   that state expires), and `RedisStore`'s scripts either fail on it the
-//!   same way (a backend error) or, worse, read one algorithm's state as
-//!   their own and count on from nonsense (a token bucket over a fixed
-//!   window's state, for one). So [`ReloadableRules`] refuses a reload that
-//!   gives a name in force another algorithm
+//!   that state expires. So [`ReloadableRules`] refuses a reload that gives
+//!   a name in force another algorithm
 //!   ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the configuration
 //!   in force: removing a policy and bringing it back with another algorithm
 //!   before its old state expired, or restarting with a shared Redis, is not
-//!   caught.
+//!   refused, and meets that `PolicyConflict` instead.
 
 mod error;
 mod reload;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Arg, BoxFuture, RedisStore, decision_from, parameters};
+use super::{Arg, BoxFuture, RedisStore, decision_from, parameters, policy_conflict};
 use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
 use crate::{Decision, PermitId, Policy, StoreError, key};
@@ -46,7 +46,11 @@ impl RedisStore {
         ];
         let (script, source) = self.inner.scripts.admin();
         let keys = with_block_keys(std::slice::from_ref(&state_key));
-        let reply = self.inner.eval(script, source, &keys, &args).await?;
+        let reply = self
+            .inner
+            .eval(script, source, &keys, &args)
+            .await
+            .map_err(|e| policy_conflict(e, [(&state_key, &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
     }
 

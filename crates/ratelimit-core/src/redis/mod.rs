@@ -344,6 +344,37 @@ fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+/// A script that met another algorithm's state under a policy's name fails
+/// with `RATELIMIT_CONFLICT <state key>` (see the prelude), or with Redis's
+/// `WRONGTYPE`, which names no key (so only a script over one state key says
+/// whose it is): [`StoreError::PolicyConflict`], as `MemoryStore` answers.
+/// `checks`: the script's state keys and their policies.
+fn policy_conflict<'a>(
+    error: StoreError,
+    checks: impl IntoIterator<Item = (&'a String, &'a Policy)>,
+) -> StoreError {
+    let StoreError::Backend(source) = &error else {
+        return error;
+    };
+    let Some(e) = source.downcast_ref::<RedisError>() else {
+        return error;
+    };
+    let named = match e.code() {
+        Some("RATELIMIT_CONFLICT") => e.detail().and_then(|d| d.split_whitespace().next()),
+        Some("WRONGTYPE") => None,
+        _ => return error,
+    };
+    let mut candidates = checks
+        .into_iter()
+        .filter(|(key, _)| named.is_none_or(|named| named == key.as_str()));
+    match (candidates.next(), candidates.next()) {
+        (Some((_, policy)), None) => StoreError::PolicyConflict {
+            policy: policy.name().to_owned(),
+        },
+        _ => error,
+    }
+}
+
 impl Inner {
     /// Runs `cmd` within the call timeout.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
@@ -539,7 +570,11 @@ impl RedisStore {
             permit_arg,
         ];
         let keys = admin::with_block_keys(std::slice::from_ref(&key));
-        let reply = self.inner.eval(script, source, &keys, &args).await?;
+        let reply = self
+            .inner
+            .eval(script, source, &keys, &args)
+            .await
+            .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
         decision_from(&reply, permit, cost)
     }
 
@@ -571,8 +606,12 @@ impl RedisStore {
             args.push(Arg::Owned(permit.to_string()));
         }
         let (script, source) = self.inner.scripts.multi();
-        let keys = admin::with_block_keys(keys);
-        let reply = self.inner.eval(script, source, &keys, &args).await?;
+        let all_keys = admin::with_block_keys(keys);
+        let reply = self
+            .inner
+            .eval(script, source, &all_keys, &args)
+            .await
+            .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         let Value::Array(items) = &reply else {
             return Err(protocol_error("several decisions", &reply));
         };

@@ -33,7 +33,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  redis.call('SET', key, fmt(start) .. ' ' .. fmt(count), 'PX', ttl_ms(2 * window))
+  write_state(key, TAG.fixed_window, fmt(start) .. ' ' .. fmt(count), 2 * window)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
@@ -47,10 +47,11 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     previous = previous - math.min(amount - from_current, previous)
   end
   local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
-  redis.call('SET', key, value, 'PX', ttl_ms(2 * w))
+  write_state(key, TAG.sliding_window, value, 2 * w)
 end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
+  check_members(key, 'log')
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
   local members = redis.call('ZRANGE', key, 0, -1)
   local n, total = #members, 0
@@ -97,7 +98,7 @@ end
 ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
   local span = capacity * interval
   local level = span
-  local raw = redis.call('GET', key)
+  local raw = read_state(key, TAG.token_bucket)
   if raw then
     local s = ints(raw)
     level = math.min(s[1] * interval + now - s[2], span)
@@ -117,12 +118,12 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     tokens = idiv(level, interval)
     last = now - (level - tokens * interval)
   end
-  redis.call('SET', key, fmt(tokens) .. ' ' .. fmt(last), 'PX', ttl_ms(2 * span))
+  write_state(key, TAG.token_bucket, fmt(tokens) .. ' ' .. fmt(last), 2 * span)
 end
 
 -- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
 local function adjust_tat(key, now, penalty, amount, capacity, interval)
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(read_state(key, TAG.tat) or '0')
   local span = capacity * interval
   if penalty then
     local moved = math.max(tat, now) + amount * interval
@@ -134,7 +135,7 @@ local function adjust_tat(key, now, penalty, amount, capacity, interval)
       return
     end
   end
-  redis.call('SET', key, fmt(tat), 'PX', ttl_ms(2 * span))
+  write_state(key, TAG.tat, fmt(tat), 2 * span)
 end
 ADJUST['gcra'] = adjust_tat
 ADJUST['leaky-bucket'] = adjust_tat

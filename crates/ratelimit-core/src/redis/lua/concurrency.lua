@@ -3,6 +3,7 @@
 -- by when its lease expires. Permit ids are random 128-bit values chosen by
 -- the client, unique across instances.
 ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
+  check_members(key, 'permits')
   -- Leases of holders that died without releasing expire here.
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
   local leases = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')

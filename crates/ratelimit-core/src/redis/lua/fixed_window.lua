@@ -1,9 +1,9 @@
 -- Fixed window: at most `limit` per window aligned on the clock.
--- State (string): "<window start> <count>".
+-- State (string, tag TAG.fixed_window): "<window start> <count>".
 -- The window start and count that apply at `now`.
 local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
-  local raw = redis.call('GET', key)
+  local raw = read_state(key, TAG.fixed_window)
   if raw then
     local s = ints(raw)
     -- A count from a later window (the server clock stepped back) is kept.
@@ -29,7 +29,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
   local r = {1, limit, limit - count, reset, 0, 0}
   if cost > 0 then
     r.commit = function()
-      save_string(key, fmt(start) .. ' ' .. fmt(count), reset)
+      write_state(key, TAG.fixed_window, fmt(start) .. ' ' .. fmt(count), reset)
     end
   end
   return r

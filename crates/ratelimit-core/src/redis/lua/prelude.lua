@@ -79,12 +79,94 @@ local function ttl_ms(reset)
   return fmt(ms)
 end
 
--- Saves a string state, or deletes it when it is back to fresh (reset 0).
-local function save_string(key, value, reset)
+-- State families. A policy may keep its name and change algorithm (a restart
+-- against a shared Redis, a policy removed and brought back): its keys may
+-- then hold another algorithm's state, which must never be read as its own.
+-- A script that meets one fails before writing anything, with
+-- `RATELIMIT_CONFLICT <key>` (RedisStore: StoreError::PolicyConflict, as
+-- MemoryStore answers).
+--
+-- String states start with the tag of their family, read and written only by
+-- read_state and write_state:
+local TAG = {
+  fixed_window = 'f', -- "f<window start> <count>"
+  sliding_window = 'w', -- "w<window start> <previous> <current>"
+  token_bucket = 't', -- "t<tokens> <last refill>"
+  tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
+}
+-- Sorted-set states (sliding log, concurrency) tell their family by their
+-- members, see holds_members. Either kind found where the other is expected
+-- is a WRONGTYPE, and a conflict too.
+
+local function conflict(key)
+  error({err = 'RATELIMIT_CONFLICT ' .. key})
+end
+
+-- Whether `reply`, from redis.pcall on a state key, is WRONGTYPE (another
+-- family's state); any other error is raised as redis.call would.
+local function wrong_type(reply)
+  if type(reply) == 'table' and reply.err then
+    if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+      return true
+    end
+    error(reply)
+  end
+  return false
+end
+
+-- The string state of `key` without its tag, nil when there is none; a
+-- conflict when it belongs to another family. A state written before states
+-- were tagged starts with a digit: it is read as the caller's own, as it
+-- always was (it expires within its TTL).
+local function read_state(key, tag)
+  local raw = redis.pcall('GET', key)
+  if wrong_type(raw) then
+    conflict(key)
+  end
+  if not raw then
+    return nil
+  end
+  local found = string.sub(raw, 1, 1)
+  if found == tag then
+    return string.sub(raw, 2)
+  elseif string.find(found, '^%d') then
+    return raw
+  end
+  conflict(key)
+end
+
+-- Saves a string state with its tag for `reset` more µs, or deletes it when it
+-- is back to fresh (reset 0).
+local function write_state(key, tag, value, reset)
   if reset > 0 then
-    redis.call('SET', key, value, 'PX', ttl_ms(reset))
+    redis.call('SET', key, tag .. value, 'PX', ttl_ms(reset))
   else
     redis.call('DEL', key)
+  end
+end
+
+-- Whether the sorted set `key` is missing or holds members of `family`:
+-- 'permits' (concurrency) "<permit id>:<units>", the id 32 hex digits
+-- (PermitId's Display), or 'log' (sliding log) "<t>:<cost>", t below 2^53, so
+-- at most 16 digits. Every member of a key comes from one family: the first
+-- one tells.
+local function holds_members(key, family)
+  local first = redis.pcall('ZRANGE', key, 0, 0)
+  if wrong_type(first) then
+    return false
+  end
+  if not first[1] then
+    return true
+  end
+  local id = string.match(first[1], '^(%x+):')
+  local permit = id ~= nil and #id == 32
+  return permit == (family == 'permits')
+end
+
+-- A conflict unless `key` is missing or a sorted set of `family`.
+local function check_members(key, family)
+  if not holds_members(key, family) then
+    conflict(key)
   end
 end
 
@@ -149,11 +231,11 @@ local function decide_unless_blocked(decide, key, block_key, now, cost, p1, p2, 
   return blocked_reply(r, peek, left)
 end
 
--- The shared transition of GCRA and the leaky bucket. State: "tat", the
--- theoretical arrival time.
+-- The shared transition of GCRA and the leaky bucket. State (string, tag
+-- TAG.tat): the theoretical arrival time.
 local function decide_tat(key, now, cost, capacity, interval, with_delay)
   local tat = 0
-  local raw = redis.call('GET', key)
+  local raw = read_state(key, TAG.tat)
   if raw then
     tat = tonumber(raw)
   end
@@ -178,7 +260,7 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   local r = {1, capacity, idiv(span - reset, interval), reset, 0, delay}
   if cost > 0 then
     r.commit = function()
-      save_string(key, fmt(tat), reset)
+      write_state(key, TAG.tat, fmt(tat), reset)
     end
   end
   return r

@@ -14,9 +14,15 @@
 --     errs towards denying);
 --   * a sliding log loses exactly the units this request added;
 --   * a concurrency permit is removed.
+-- A key that meanwhile holds another type of state (WRONGTYPE: a policy that
+-- changed algorithm) is left alone, and the other keys are still refunded.
 
 local function restore_string(key, after, before)
-  if after == '' or redis.call('GET', key) ~= after then
+  if after == '' then
+    return
+  end
+  local current = redis.pcall('GET', key)
+  if wrong_type(current) or current ~= after then
     return
   end
   if before == '' then
@@ -32,12 +38,12 @@ for i = 1, #KEYS do
   local after, before = ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[i]
   if algorithm == 'concurrency' then
-    redis.call('ZREM', key, permit .. ':' .. fmt(cost))
+    wrong_type(redis.pcall('ZREM', key, permit .. ':' .. fmt(cost)))
   elseif algorithm == 'sliding-log' and after ~= '' then
     -- `after` holds the time of the entry this request added to.
     local t = tonumber(after)
-    local found = redis.call('ZRANGEBYSCORE', key, fmt(t), fmt(t))
-    if found[1] then
+    local found = redis.pcall('ZRANGEBYSCORE', key, fmt(t), fmt(t))
+    if not wrong_type(found) and found[1] then
       local p = ints(found[1])
       redis.call('ZREM', key, found[1])
       if p[2] > cost then

@@ -2,6 +2,11 @@
 -- (0 = server TIME), permit id. Reply: 1 if the permit was still held.
 local now = server_now()
 local key, prefix = KEYS[1], ARGV[2] .. ':'
+-- Another algorithm's state under the policy's name holds no permit of ours
+-- (MemoryStore ignores it too): nothing to release, nothing to touch.
+if not holds_members(key, 'permits') then
+  return 0
+end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
 local found = 0
 for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do

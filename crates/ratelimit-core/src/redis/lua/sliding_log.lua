@@ -3,6 +3,7 @@
 -- Requests admitted in the same microsecond share one member, so members
 -- never collide.
 ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
+  check_members(key, 'log')
   -- An entry admitted at t counts during [t, t + window).
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
   local members = redis.call('ZRANGE', key, 0, -1)

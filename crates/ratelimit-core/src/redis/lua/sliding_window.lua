@@ -1,11 +1,12 @@
 -- Sliding window counter: the previous window's count weighted by its overlap
 -- with the sliding window, plus the current window's count. Everything is
 -- scaled by the window length to stay in integers.
--- State (string): "<window start> <previous> <current>".
+-- State (string, tag TAG.sliding_window):
+-- "<window start> <previous> <current>".
 -- The window start and the previous and current counts that apply at `now`.
 local function sliding_window_current(key, now, w)
   local aligned = idiv(now, w) * w
-  local raw = redis.call('GET', key)
+  local raw = read_state(key, TAG.sliding_window)
   if raw then
     local s = ints(raw)
     if s[2] == 0 and s[3] == 0 then
@@ -41,7 +42,8 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     local r = {1, limit, idiv(budget - weighted - current * w, w), reset, 0, 0}
     if cost > 0 then
       r.commit = function()
-        save_string(key, fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current), reset)
+        local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
+        write_state(key, TAG.sliding_window, value, reset)
       end
     end
     return r

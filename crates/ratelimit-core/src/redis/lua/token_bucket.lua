@@ -1,10 +1,10 @@
 -- Token bucket: bursts up to `capacity`, one token every `interval`.
--- State (string): "<tokens> <last refill>". The refill time advances by whole
--- intervals only, so the fraction of a token earned is never lost. A refill
--- time ahead of now is a debt (see admin.lua).
+-- State (string, tag TAG.token_bucket): "<tokens> <last refill>". The refill
+-- time advances by whole intervals only, so the fraction of a token earned is
+-- never lost. A refill time ahead of now is a debt (see admin.lua).
 ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local tokens, last = capacity, now
-  local raw = redis.call('GET', key)
+  local raw = read_state(key, TAG.token_bucket)
   if raw then
     local s = ints(raw)
     tokens, last = s[1], s[2]
@@ -49,7 +49,7 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local r = {1, capacity, tokens, reset, 0, 0}
   if cost > 0 then
     r.commit = function()
-      save_string(key, fmt(tokens) .. ' ' .. fmt(last), reset)
+      write_state(key, TAG.token_bucket, fmt(tokens) .. ' ' .. fmt(last), reset)
     end
   end
   return r
