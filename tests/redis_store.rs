@@ -538,7 +538,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
         "3",
     ];
     let keys = server.cli(&[&auth[..], &["--scan"]].concat());
-    assert_eq!(keys, "acl:fixed-window-2-per-1m:{k}");
+    assert_eq!(keys, "acl:sliding-log-2-per-1m:{k}");
 
     let wrong = format!("redis://limiter:nope@127.0.0.1:{}/3", server.port());
     let store = RedisStore::builder(wrong).build().await.unwrap();
