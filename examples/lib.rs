@@ -283,31 +283,37 @@ mod admin {
 
     /// `POST /admin/keys/{key}/penalize?amount=N`.
     async fn penalize<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
+        admin: State<Admin<S>>,
         key: KeyPath,
         parameters: Parameters,
     ) -> Result<Response, AdminError> {
-        let key = key_of(key)?;
-        let amount = amount(parameters)?;
-        let decision = admin
-            .store
-            .penalize(key.as_bytes(), &admin.policy, amount)
-            .await?;
-        Ok(decision_json(&admin.policy, &key, &decision))
+        adjust(admin, key, parameters, true).await
     }
 
     /// `POST /admin/keys/{key}/reward?amount=N`.
     async fn reward<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
+        admin: State<Admin<S>>,
         key: KeyPath,
         parameters: Parameters,
     ) -> Result<Response, AdminError> {
+        adjust(admin, key, parameters, false).await
+    }
+
+    /// A penalty (`penalize`) or a reward of `amount` units: the decision after.
+    async fn adjust<S: AdminStore + Clone>(
+        State(admin): State<Admin<S>>,
+        key: KeyPath,
+        parameters: Parameters,
+        penalize: bool,
+    ) -> Result<Response, AdminError> {
         let key = key_of(key)?;
         let amount = amount(parameters)?;
-        let decision = admin
-            .store
-            .reward(key.as_bytes(), &admin.policy, amount)
-            .await?;
+        let (key_bytes, policy) = (key.as_bytes(), &admin.policy);
+        let decision = if penalize {
+            admin.store.penalize(key_bytes, policy, amount).await?
+        } else {
+            admin.store.reward(key_bytes, policy, amount).await?
+        };
         Ok(decision_json(&admin.policy, &key, &decision))
     }
 
