@@ -193,7 +193,7 @@ mod admin {
     /// an operator's browser; `409` when the operation does not apply to the
     /// policy ([`StoreError::Unsupported`]: penalties and rewards of a
     /// concurrency limit) or the policy conflicts with what the store holds;
-    /// `503` when the store is unavailable ([`StoreError::is_unavailable`]:
+    /// `503` when the store is unavailable ([`StoreError::is_outage`]:
     /// unreachable, timed out, full); `500` otherwise. The router has no
     /// fallback of its own, so it can be merged into another: other paths are
     /// whatever that router answers (axum's bare `404` alone).
@@ -470,7 +470,7 @@ mod admin {
                 AdminError::Store(
                     StoreError::Unsupported { .. } | StoreError::PolicyConflict { .. },
                 ) => StatusCode::CONFLICT,
-                AdminError::Store(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+                AdminError::Store(e) if e.is_outage() => StatusCode::SERVICE_UNAVAILABLE,
                 AdminError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             }
         }
@@ -484,7 +484,7 @@ mod admin {
                     "refused: sent by a web browser for a page (Origin or Sec-Fetch-Site); \
                      the admin API is for operators' tools",
                 ),
-                AdminError::Store(e) if e.is_unavailable() => {
+                AdminError::Store(e) if e.is_outage() => {
                     write!(f, "the store is unavailable: {e}")
                 }
                 AdminError::Store(e) => e.fmt(f),

@@ -606,21 +606,9 @@ async fn fallback_store_forwards_to_the_primary_and_fails_when_it_is_down() {
         .block(b"k", &policy, Duration::from_secs(60))
         .await
         .unwrap_err();
-    assert!(error.is_unavailable(), "{error}");
-    assert!(
-        store
-            .peek(b"k", &policy)
-            .await
-            .unwrap_err()
-            .is_unavailable()
-    );
-    assert!(
-        store
-            .reset(b"k", &policy)
-            .await
-            .unwrap_err()
-            .is_unavailable()
-    );
+    assert!(error.is_outage(), "{error}");
+    assert!(store.peek(b"k", &policy).await.unwrap_err().is_outage());
+    assert!(store.reset(b"k", &policy).await.unwrap_err().is_outage());
     assert!(local.is_empty());
 }
 

@@ -166,7 +166,7 @@ impl Flaky {
     fn failure(&self) -> Option<StoreError> {
         self.down
             .load(Ordering::Relaxed)
-            .then(|| StoreError::Backend("connection refused".into()))
+            .then(|| StoreError::Unavailable("connection refused".into()))
     }
 }
 

@@ -308,7 +308,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
                 }
                 Err(Failure::Store(e)) => {
                     assert!(
-                        matches!(e, StoreError::Backend(_)) && e.is_unavailable(),
+                        matches!(e, StoreError::Backend(_)) && !e.is_outage(),
                         "{missing}: {op}: {e:?}"
                     );
                     let text = e.to_string();
@@ -373,7 +373,12 @@ async fn a_database_number_in_the_url_needs_select() {
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     let denied_select = store(url(&server, "limiter", 3)).await;
     let error = denied_select.check(b"k", &policy, 1).await.unwrap_err();
-    assert!(error.is_unavailable(), "{error:?}");
+    // A permission the Redis user lacks is a configuration mistake, not an
+    // outage: no failure policy may lift the limit for it.
+    assert!(
+        matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+        "{error:?}"
+    );
 
     let with_select: Vec<&str> = COMMANDS.iter().copied().chain(["select"]).collect();
     set_user(&server, "limiter-db", &with_select);
@@ -383,11 +388,12 @@ async fn a_database_number_in_the_url_needs_select() {
     assert_eq!(keys, "ratelimit:sliding-log-2-per-1m:{k}");
 }
 
-/// A missing permission is a store failure: the layer's failure policy
-/// decides. Fail closed refuses; the default, fail open, admits everything,
-/// which is why SECURITY.md asks for a check at start-up.
+/// A missing permission is a configuration mistake, not an outage: the
+/// layer refuses every request with `500` whatever its failure policy (it
+/// used to follow the failure policy, so the default, fail open, admitted
+/// everything), and counts it.
 #[tokio::test]
-async fn through_the_layer_a_missing_permission_follows_the_failure_policy() {
+async fn through_the_layer_a_missing_permission_is_refused_whatever_the_failure_policy() {
     let server = server();
     let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != "get").collect();
     set_user(&server, "lacks-get", &commands);
@@ -396,17 +402,25 @@ async fn through_the_layer_a_missing_permission_follows_the_failure_policy() {
     let inner = tower::service_fn(|_req: Request<&'static str>| async {
         Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
     });
-    let closed = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
-        .on_failure(FailurePolicy::Closed)
-        .layer(inner);
-    for _ in 0..3 {
-        let response = closed.clone().oneshot(Request::new("")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    }
-    let open = RateLimitLayer::new(store, policy, GlobalKey::default()).layer(inner);
-    for _ in 0..3 {
-        let response = open.clone().oneshot(Request::new("")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "fail open admits");
+    for failure in [FailurePolicy::Closed, FailurePolicy::Open] {
+        let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+            .on_failure(failure.clone());
+        let service = layer.clone().layer(inner);
+        for _ in 0..3 {
+            let response = service.clone().oneshot(Request::new("")).await.unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{failure:?}"
+            );
+        }
+        let stats = layer.stats();
+        assert_eq!(stats.refused_on_error(), 3, "{failure:?}");
+        assert_eq!(
+            stats.failed_open() + stats.failed_closed(),
+            0,
+            "{failure:?}"
+        );
     }
 }
 

@@ -372,7 +372,7 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
     let started = std::time::Instant::now();
     let err = store.check(b"k", &policy, 1).await.unwrap_err();
-    assert!(err.is_unavailable(), "{err}");
+    assert!(err.is_outage(), "{err}");
     assert!(started.elapsed() < ms(600), "took {:?}", started.elapsed());
 }
 
@@ -946,7 +946,7 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
             .check(b"k", &policy, 1)
             .await
             .unwrap_err()
-            .is_unavailable()
+            .is_outage()
     );
     // A plain-text client cannot talk to the TLS port.
     let plain = RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))

@@ -480,7 +480,7 @@ async fn a_dead_redis_fails_within_the_call_timeout() {
         for _ in 0..5 {
             let (t, result) = timed(redis.check(b"k", &policy, 1)).await;
             let e = result.expect_err("Redis is down");
-            assert!(e.is_unavailable(), "{e:?}");
+            assert!(e.is_outage(), "{e:?}");
             assert!(t <= CALL_TIMEOUT + MARGIN, "{e} after {}", ms(t));
             *errors.entry(e.to_string()).or_default() += 1;
             took.push(t);
@@ -503,12 +503,12 @@ async fn a_dead_redis_fails_within_the_call_timeout() {
 ///
 /// `RedisStore` documents `StoreError::Timeout`, but the Redis client's own
 /// response timeout (set to the same duration) usually fires first, and is
-/// reported as `StoreError::Backend(timed out)`: both count here, and the
+/// reported as `StoreError::Unavailable(timed out)`: both count here, and the
 /// tests print which one they saw (see RELIABILITY.md).
 fn is_timeout(e: &StoreError) -> bool {
     match e {
         StoreError::Timeout(t) => *t == CALL_TIMEOUT,
-        StoreError::Backend(e) => e.to_string().contains("timed out"),
+        StoreError::Unavailable(e) => e.to_string().contains("timed out"),
         _ => false,
     }
 }
@@ -677,7 +677,7 @@ async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers(
         // Errors, never a hang: within the call timeout. (They come only at
         // the timeout, as `Timeout`: see `a_refused_connection_fails_at_once`.)
         let (direct, errors) =
-            failing_calls(&redis, &policy, 5, "drop", StoreError::is_unavailable).await;
+            failing_calls(&redis, &policy, 5, "drop", StoreError::is_outage).await;
         let (tripping, open) = trip(&store, &policy, "drop").await;
         proxy.set_mode(Mode::Forward);
         let recovery = until_closed(&store, &policy, "drop").await;
@@ -795,7 +795,7 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
         assert_eq!(cached, "0", "scripts cached on the replica");
         let refused = on_replica.check(b"tenant", &policy, 1).await;
         assert!(
-            matches!(&refused, Err(StoreError::Backend(e))
+            matches!(&refused, Err(StoreError::Unavailable(e))
                 if e.to_string().to_lowercase().contains("read only")),
             "a check on a replica: {refused:?}"
         );
@@ -1080,7 +1080,7 @@ async fn a_refused_connection_fails_at_once() {
     let redis = redis_store(url).await;
     let (t, result) = timed(redis.check(b"k", &policy("refused"), 1)).await;
     assert!(
-        matches!(result, Err(StoreError::Backend(_))) && t < CALL_TIMEOUT / 2,
+        matches!(result, Err(StoreError::Unavailable(_))) && t < CALL_TIMEOUT / 2,
         "{result:?} after {}",
         ms(t)
     );

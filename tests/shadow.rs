@@ -399,7 +399,7 @@ struct FailsForTrial(MemoryStore<ManualClock>);
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 fn trial_down() -> StoreError {
-    StoreError::Backend("the shard of trial is down".into())
+    StoreError::Unavailable("the shard of trial is down".into())
 }
 
 impl Store for FailsForTrial {

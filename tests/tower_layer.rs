@@ -188,7 +188,7 @@ async fn header_keys_are_hashed_and_missing_keys_follow_the_setting() {
 struct DownStore;
 
 fn down() -> StoreError {
-    StoreError::Backend("connection refused".into())
+    StoreError::Unavailable("connection refused".into())
 }
 
 impl Store for DownStore {

@@ -6,7 +6,9 @@ use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponsePar
 use http::HeaderMap;
 use ratelimit_core::{Policy, Store, StoreError};
 use ratelimit_tower::headers::RateLimitHeaders;
-use ratelimit_tower::{Decisions, HttpRejections, PolicyDecision, Rejection};
+use ratelimit_tower::{
+    Decisions, FailurePolicy, HttpRejections, Key, PermitGuard, PolicyDecision, Rejection,
+};
 
 /// A named limit a handler checks itself, after it has parsed what the key
 /// depends on: login attempts per username from the body, emails per
@@ -14,7 +16,13 @@ use ratelimit_tower::{Decisions, HttpRejections, PolicyDecision, Rejection};
 ///
 /// A denial is a [`QuotaExceeded`], which answers `429` with `Retry-After`,
 /// the rate-limit headers and a problem+json body, like the layer; an allowed
-/// check gives [`Granted`], which adds the headers to your response.
+/// check gives [`Granted`], which adds the headers to your response and
+/// holds a concurrency policy's permit until it is dropped.
+///
+/// When the store fails, [`on_failure`](Limiter::on_failure) decides, for
+/// outages only ([`StoreError::is_outage`]), as on the layer; any other error
+/// (a policy conflict, a full in-memory store, a reply that does not decode)
+/// is refused, `500` (`503` for a full store), and logged.
 ///
 /// ```
 /// use axum_core::response::IntoResponse;
@@ -43,7 +51,7 @@ pub struct Limiter<St> {
     store: St,
     policy: Policy,
     headers: RateLimitHeaders,
-    fail_open: bool,
+    failure: FailurePolicy,
 }
 
 impl<St> fmt::Debug for Limiter<St> {
@@ -51,19 +59,20 @@ impl<St> fmt::Debug for Limiter<St> {
         f.debug_struct("Limiter")
             .field("policy", &self.policy)
             .field("headers", &self.headers)
-            .field("fail_open", &self.fail_open)
+            .field("failure", &self.failure)
             .finish_non_exhaustive()
     }
 }
 
-impl<St: Store> Limiter<St> {
-    /// Checks keys against `policy` in `store`, sending the IETF headers.
+impl<St: Store + Clone> Limiter<St> {
+    /// Checks keys against `policy` in `store`, sending the IETF headers,
+    /// refusing requests when the store is down ([`FailurePolicy::Closed`]).
     pub fn new(store: St, policy: Policy) -> Self {
         Limiter {
             store,
             policy,
             headers: RateLimitHeaders::default(),
-            fail_open: false,
+            failure: FailurePolicy::Closed,
         }
     }
 
@@ -74,12 +83,13 @@ impl<St: Store> Limiter<St> {
         self
     }
 
-    /// When the store cannot decide, allow (`true`) or refuse with `503`
-    /// (`false`, the default: a limit checked by hand usually guards
-    /// something sensitive, such as logins).
+    /// What to do when the store cannot decide because of an outage
+    /// (default [`FailurePolicy::Closed`], `503`: a limit checked by hand
+    /// usually guards something sensitive, such as logins). Errors that are
+    /// not outages are refused whatever this says.
     #[must_use]
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.fail_open = fail_open;
+    pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
+        self.failure = failure;
         self
     }
 
@@ -95,12 +105,17 @@ impl<St: Store> Limiter<St> {
         match self.store.check(key, &self.policy, cost).await {
             Ok(decision) => {
                 let allowed = decision.is_allowed() || self.policy.is_shadow();
+                let mut permit = PermitGuard::default();
+                if let Some(id) = decision.permit() {
+                    permit.hold(&self.store, &Key::from(key.to_vec()), &self.policy, id);
+                }
                 let decisions =
                     Decisions::new(vec![PolicyDecision::new(self.policy.clone(), decision)]);
                 if allowed {
                     Ok(Granted {
                         decisions: Some(decisions),
                         headers: self.headers,
+                        _permit: permit,
                     })
                 } else {
                     Err(QuotaExceeded::new(Rejection::Limited(decisions)).headers(self.headers))
@@ -113,22 +128,54 @@ impl<St: Store> Limiter<St> {
                     max,
                 }))
             }
-            Err(_) if self.fail_open => Ok(Granted {
-                decisions: None,
-                headers: self.headers,
-            }),
-            Err(error) => Err(QuotaExceeded::new(Rejection::Unavailable(
-                std::sync::Arc::new(error),
-            ))),
+            Err(error) if self.failure.allows(&error) => {
+                tracing::warn!(
+                    policy = self.policy.name(),
+                    error = %error,
+                    "rate-limit store could not decide; the failure policy lets the request through"
+                );
+                Ok(Granted {
+                    decisions: None,
+                    headers: self.headers,
+                    _permit: PermitGuard::default(),
+                })
+            }
+            Err(error) if error.is_outage() || matches!(error, StoreError::Full { .. }) => {
+                tracing::warn!(
+                    policy = self.policy.name(),
+                    error = %error,
+                    "rate-limit store could not decide; the request is refused"
+                );
+                Err(QuotaExceeded::new(Rejection::Unavailable(
+                    std::sync::Arc::new(error),
+                )))
+            }
+            Err(error) => {
+                tracing::error!(
+                    policy = self.policy.name(),
+                    error = %error,
+                    kind = error.kind(),
+                    "rate-limit store answered with an error that is not an outage; \
+                     the request is refused"
+                );
+                Err(QuotaExceeded::new(Rejection::Internal(
+                    std::sync::Arc::new(error),
+                )))
+            }
         }
     }
 }
 
 /// An allowed check: add it to your response to send the rate-limit headers.
-#[derive(Debug, Clone)]
+///
+/// Under a concurrency policy it holds the permit it was granted, released
+/// when it is dropped: keep it for as long as the work it guards runs (adding
+/// it to the response drops it once the response is built).
+#[derive(Debug)]
 pub struct Granted {
     decisions: Option<Decisions>,
     headers: RateLimitHeaders,
+    _permit: PermitGuard,
 }
 
 impl Granted {

@@ -184,6 +184,21 @@ impl CircuitBreaker {
         }
     }
 
+    /// A call whose caller went away before the store answered: not counted.
+    /// An abandoned probe leaves the breaker open with its cool-down over, so
+    /// the next call probes.
+    pub(crate) fn abandoned(&self, probe: bool) {
+        if probe
+            && self
+                .state
+                .compare_exchange(HALF_OPEN, OPEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.transition(HALF_OPEN, OPEN);
+            self.probing.store(false, Ordering::Release);
+        }
+    }
+
     fn open(&self) {
         self.opened_at_micros
             .store(self.now_micros(), Ordering::Release);
@@ -233,10 +248,10 @@ fn state_name(state: u8) -> &'static str {
     }
 }
 
-/// Counts a call to the store as failed if it is dropped before its outcome
-/// is known: a caller's shorter timeout gave up on it (so the store is too
-/// slow for the caller), or a probe was cancelled (so the breaker never waits
-/// for a probe that is gone).
+/// Tells the breaker about a call dropped before its outcome was known (its
+/// caller went away). That says nothing about the store, so it counts as
+/// neither a success nor a failure; a dropped probe hands the probe to the
+/// next call, so the breaker never waits for a probe that is gone.
 pub(crate) struct ProbeGuard<'a> {
     pub(crate) breaker: &'a CircuitBreaker,
     pub(crate) probe: bool,
@@ -246,7 +261,7 @@ pub(crate) struct ProbeGuard<'a> {
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.breaker.failed(self.probe);
+            self.breaker.abandoned(self.probe);
         }
     }
 }
@@ -284,9 +299,15 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_probe_reopens() {
-        let b = CircuitBreaker::new(1, Duration::ZERO);
+    fn a_dropped_probe_hands_the_probe_on() {
+        let b = CircuitBreaker::new(1, Duration::from_secs(3600));
         b.failed(false);
+        b.opened_at_micros.store(0, Ordering::Release);
+        // The cool-down is over only because `opened_at` was moved back.
+        let b = {
+            let origin = Instant::now() - Duration::from_secs(7200);
+            CircuitBreaker { origin, ..b }
+        };
         assert_eq!(b.route(), Route::Primary { probe: true });
         drop(ProbeGuard {
             breaker: &b,
@@ -294,10 +315,27 @@ mod tests {
             done: false,
         });
         assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.trips(), 1, "an abandoned probe is not a new trip");
         assert_eq!(
             b.route(),
             Route::Primary { probe: true },
-            "a new probe may go"
+            "the next call probes at once, without another cool-down"
         );
+    }
+
+    #[test]
+    fn dropped_calls_never_open_the_breaker() {
+        // Issue 12, item 6: three cancellations opened the breaker.
+        let b = CircuitBreaker::new(3, Duration::from_secs(60));
+        for _ in 0..10 {
+            assert_eq!(b.route(), Route::Primary { probe: false });
+            drop(ProbeGuard {
+                breaker: &b,
+                probe: false,
+                done: false,
+            });
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.trips(), 0);
     }
 }

@@ -87,23 +87,61 @@ pub enum StoreError {
         /// The operation asked for (`penalize`, `reward`).
         operation: &'static str,
     },
-    /// The store did not answer within its timeout.
+    /// The store did not answer within its timeout: an outage
+    /// ([`is_outage`](StoreError::is_outage)).
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),
-    /// The store's backend failed (connection, protocol, script error).
+    /// The store could not be reached: a refused, reset or closed
+    /// connection, an I/O error, a cluster without a node for the key, a
+    /// server that is loading its data, busy with a script, or read-only
+    /// during a failover. An outage ([`is_outage`](StoreError::is_outage)).
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn StdError + Send + Sync + 'static>),
+    /// The store answered, but not with a decision: a reply that does not
+    /// decode, a script error, a command the store's user may not run, a
+    /// failed authentication, an invalid configuration. A bug or a
+    /// configuration mistake, never an outage: the failure policy does not
+    /// apply, and the request is refused.
     #[error("store backend failed: {0}")]
     Backend(#[source] Box<dyn StdError + Send + Sync + 'static>),
 }
 
 impl StoreError {
-    /// Whether this error means the store could not be reached or did not answer
-    /// (as opposed to a request that can never be admitted).
+    /// Whether this error is an outage: the store could not be reached or did
+    /// not answer in time ([`Timeout`](StoreError::Timeout),
+    /// [`Unavailable`](StoreError::Unavailable)).
     ///
-    /// Failure policies (fail open, fail closed, fallback) apply to these.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Timeout(_) | StoreError::Backend(_) | StoreError::Full { .. }
-        )
+    /// Only outages reach a failure policy (fail open, fail closed, fall back
+    /// to a local store) or count as failures for a
+    /// [`CircuitBreaker`](crate::CircuitBreaker). Every other error (a policy
+    /// conflict, a full store, a cost no policy admits, a reply that does not
+    /// decode) is a configuration mistake, a bug or a refusal: it never lifts
+    /// a limit.
+    ///
+    /// ```
+    /// use ratelimit_core::StoreError;
+    /// use std::time::Duration;
+    ///
+    /// assert!(StoreError::Timeout(Duration::from_millis(100)).is_outage());
+    /// assert!(!StoreError::Full { max_keys: 10 }.is_outage());
+    /// assert!(!StoreError::Backend("unexpected reply".into()).is_outage());
+    /// ```
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Timeout(_) | StoreError::Unavailable(_))
+    }
+
+    /// A short name of this error's kind, for logs and metric labels:
+    /// `cost_exceeds_limit`, `full`, `policy_conflict`, `unsupported`,
+    /// `timeout`, `unavailable` or `backend`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::CostExceedsLimit { .. } => "cost_exceeds_limit",
+            StoreError::Full { .. } => "full",
+            StoreError::PolicyConflict { .. } => "policy_conflict",
+            StoreError::Unsupported { .. } => "unsupported",
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Backend(_) => "backend",
+        }
     }
 }

@@ -20,7 +20,8 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 /// primary is unreachable.
 ///
 /// - A call goes to the primary while the breaker is closed. If it fails
-///   (error or timeout: [`StoreError::is_unavailable`]), that call is decided
+///   with an outage (a timeout or an unreachable store:
+///   [`StoreError::is_outage`]), that call is decided
 ///   by the fallback and the failure is counted; after the breaker's threshold
 ///   of consecutive failures it opens, and calls go straight to the fallback
 ///   for the cool-down. Then one probe goes to the primary; when it answers,
@@ -28,14 +29,19 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 /// - The fallback enforces each policy divided among `instances`
 ///   ([`Policy::divided_among`]): if every instance falls back at once, their
 ///   sum stays within the shared limit.
-/// - Errors that are not about availability (a cost above the limit) are
-///   returned as they are.
+/// - Errors that are not outages (a cost above the limit, a policy
+///   conflict, a reply that does not decode) are returned as they are: they
+///   are mistakes to fix, and neither the fallback nor the breaker hides
+///   them. The breaker counts them as answers, not failures.
 /// - The fallback's decisions say so: their [`Decision::source`] is
 ///   [`DecisionSource::Fallback`].
-/// - A call to the primary that the caller drops before it answers (a
-///   shorter timeout in the layer) counts as a failure too, so the breaker
-///   opens even when the caller gives up first. Still, give the layer a
-///   timeout longer than the primary's, so the fallback can answer the call.
+/// - A call to the primary that the caller drops before it answers (a client
+///   that went away, an HTTP/2 reset) is neither a success nor a failure: a
+///   few impatient clients must not open the breaker for everyone. A dropped
+///   probe lets the next call probe at once. So give the primary its own
+///   timeout (`RedisStore`'s call timeout), shorter than any timeout of the
+///   layer: the primary's timeout is what the breaker counts, and what lets
+///   the fallback answer the call.
 /// - When the primary is an [`AdminStore`], so is this store: admin
 ///   operations go to the primary, whatever the breaker's state, and are not
 ///   counted by it. When the primary is unreachable they fail with its error
@@ -138,7 +144,7 @@ where
     let result = call.await;
     guard.done = true;
     match result {
-        Err(e) if e.is_unavailable() && !matches!(e, StoreError::Full { .. }) => {
+        Err(e) if e.is_outage() => {
             breaker.failed(probe);
             None
         }

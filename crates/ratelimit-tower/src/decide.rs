@@ -89,9 +89,29 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
                 return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
             }
+            Err(error) if !error.is_outage() => {
+                // Not an outage: a configuration mistake, a bug, or a store
+                // that refuses (full). No failure policy lifts the limit.
+                for limit in &enforced {
+                    metrics::record_error(limit.policy(), limit.key(), &error);
+                }
+                settings.stats.record_refused_on_error();
+                tracing::error!(
+                    error = %error,
+                    kind = error.kind(),
+                    "rate-limit store answered with an error that is not an outage; \
+                     the request is refused whatever the failure policy"
+                );
+                let error = Arc::new(error);
+                return Outcome::Rejected(if matches!(*error, StoreError::Full { .. }) {
+                    Rejection::Unavailable(error)
+                } else {
+                    Rejection::Internal(error)
+                });
+            }
             Err(error) => {
                 for limit in &enforced {
-                    metrics::record_error(limit.policy(), limit.key());
+                    metrics::record_error(limit.policy(), limit.key(), &error);
                 }
                 let allowed = settings.failure.allows(&error);
                 settings.stats.record(allowed);
@@ -209,12 +229,21 @@ async fn decide_shadow<St: Store + Clone>(
         }
         Err(error) => {
             for limit in limits {
-                metrics::record_error(limit.policy(), limit.key());
+                metrics::record_error(limit.policy(), limit.key(), &error);
             }
-            tracing::warn!(
-                error = %error,
-                "rate-limit store could not decide the shadow policies; the request is not affected"
-            );
+            if error.is_outage() {
+                tracing::warn!(
+                    error = %error,
+                    "rate-limit store could not decide the shadow policies; the request is not affected"
+                );
+            } else {
+                tracing::error!(
+                    error = %error,
+                    kind = error.kind(),
+                    "rate-limit store answered the shadow policies with an error that is not an \
+                     outage; the request is not affected"
+                );
+            }
             (Vec::new(), permits)
         }
     }

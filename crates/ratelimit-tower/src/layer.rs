@@ -12,10 +12,15 @@ use crate::reject::{ErrorRejections, HttpRejections, Rejection, RejectionBody};
 use crate::rule::{And, Rule};
 use crate::service::RateLimit;
 
-/// What to do when the store cannot decide (it is unreachable or timed out).
+/// What to do when the store cannot decide because of an outage: it is
+/// unreachable or timed out ([`StoreError::is_outage`]).
 ///
-/// A full in-memory store never admits new keys, whatever this says:
-/// admitting them would be the very bypass its bound exists to prevent.
+/// Only outages reach a failure policy. Any other error is a configuration
+/// mistake, a bug or a refusal (a policy conflict, a reply that does not
+/// decode, a permission the Redis user lacks, a full in-memory store, whose
+/// bound exists to keep new keys out): the request is refused (`500`, or
+/// `503` for a full store), logged at `error` and counted (metrics outcome
+/// `invalid`, [`Stats::refused_on_error`]), whatever this says.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -37,8 +42,24 @@ impl FailurePolicy {
         FailurePolicy::Custom(Arc::new(f))
     }
 
-    pub(crate) fn allows(&self, error: &StoreError) -> bool {
-        if matches!(error, StoreError::Full { .. }) {
+    /// Whether this policy lets a request through when the store failed
+    /// with `error`: never for an error that is not an outage
+    /// ([`StoreError::is_outage`]).
+    ///
+    /// ```
+    /// use ratelimit_core::StoreError;
+    /// use ratelimit_tower::FailurePolicy;
+    /// use std::time::Duration;
+    ///
+    /// let timeout = StoreError::Timeout(Duration::from_millis(100));
+    /// assert!(FailurePolicy::Open.allows(&timeout));
+    /// assert!(!FailurePolicy::Closed.allows(&timeout));
+    /// let bug = StoreError::Backend("unexpected reply".into());
+    /// assert!(!FailurePolicy::Open.allows(&bug));
+    /// assert!(!FailurePolicy::custom(|_| true).allows(&bug));
+    /// ```
+    pub fn allows(&self, error: &StoreError) -> bool {
+        if !error.is_outage() {
             return false;
         }
         match self {
@@ -60,11 +81,13 @@ impl fmt::Debug for FailurePolicy {
 }
 
 /// Counts of what a layer did when its store could not decide. Each such
-/// request is also logged with `tracing` at `warn` level.
+/// request is also logged with `tracing`: an outage at `warn`, any other
+/// error at `error`.
 #[derive(Debug, Default)]
 pub struct Stats {
     failed_open: std::sync::atomic::AtomicU64,
     failed_closed: std::sync::atomic::AtomicU64,
+    refused_on_error: std::sync::atomic::AtomicU64,
 }
 
 impl Stats {
@@ -77,6 +100,19 @@ impl Stats {
     pub fn failed_closed(&self) -> u64 {
         self.failed_closed
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Requests refused because the store answered with an error that is not
+    /// an outage (a configuration mistake, a bug, a full in-memory store),
+    /// whatever the failure policy.
+    pub fn refused_on_error(&self) -> u64 {
+        self.refused_on_error
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_refused_on_error(&self) {
+        self.refused_on_error
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn record(&self, allowed: bool) {

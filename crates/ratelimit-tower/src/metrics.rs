@@ -22,7 +22,8 @@
 //! | `allowed` | the store allowed it |
 //! | `denied` | the store denied it (an enforced policy) |
 //! | `shadow_denied` | a [shadow](ratelimit_core::Policy::with_shadow) policy denied it; the request was not refused for it |
-//! | `error` | the store could not decide; the failure policy applied (for a shadow policy: nothing happened to the request) |
+//! | `error` | an outage: the store could not be reached or did not answer in time ([`StoreError::is_outage`](ratelimit_core::StoreError::is_outage)); the failure policy applied (for a shadow policy: nothing happened to the request) |
+//! | `invalid` | the store answered with an error that is not an outage (a policy conflict, a full in-memory store, a reply that does not decode, a permission the Redis user lacks): a configuration mistake or a bug. The request was refused (`500`, or `503` for a full store) whatever the failure policy says; a shadow policy's error leaves the request alone |
 //! | `fallback` | a `FallbackStore` decided in its local store while the primary was down (allowed or denied) |
 //! | `cached_denied` | a `DeniedCache` denied it without asking the store (a shadow policy's cached denial counts as `shadow_denied`) |
 //!
@@ -47,8 +48,8 @@
 //!   client has the same `key_hash` throughout one process's logs, and the
 //!   raw key cannot be recovered from them, not even by trying every IP
 //!   address).
-//! - A store failure is a `warn` event with the error and what the failure
-//!   policy did.
+//! - An outage is a `warn` event with the error and what the failure policy
+//!   did; any other store error is an `error` event (the request is refused).
 //! - With a `FallbackStore`, its `CircuitBreaker` logs each transition
 //!   (opening at `warn`, probing and closing at `info`).
 
@@ -56,7 +57,7 @@ use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
-use ratelimit_core::{Decision, DecisionSource, Policy};
+use ratelimit_core::{Decision, DecisionSource, Policy, StoreError};
 
 use crate::key::Key;
 
@@ -142,16 +143,22 @@ pub(crate) fn record_decision(policy: &Policy, key: &Key, decision: &Decision, n
     let _ = near_limit;
 }
 
-/// Records a policy the store could not decide.
-pub(crate) fn record_error(policy: &Policy, key: &Key) {
+/// Records a policy the store could not decide: outcome `error` for an
+/// outage, `invalid` for any other error.
+pub(crate) fn record_error(policy: &Policy, key: &Key, error: &StoreError) {
+    let outcome = if error.is_outage() {
+        "error"
+    } else {
+        "invalid"
+    };
     tracing::debug!(
         policy = policy.name(),
-        outcome = "error",
+        outcome,
         key_hash = %KeyHash(key),
         "rate-limit decision"
     );
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => "error")
+    ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => outcome)
         .increment(1);
 }
 

@@ -26,8 +26,9 @@ impl fmt::Debug for PermitGuard {
 }
 
 impl PermitGuard {
-    /// Adds the permit `permit` of `key` under `policy` in `store`.
-    pub(crate) fn hold<St: Store + Clone>(
+    /// Adds the permit `permit` of `key` under `policy` in `store`, released
+    /// when this guard is dropped.
+    pub fn hold<St: Store + Clone>(
         &mut self,
         store: &St,
         key: &Key,

@@ -69,12 +69,13 @@ pub fn problem_json(rejection: &Rejection) -> String {
         other => {
             let (status, title) = match other {
                 Rejection::Unavailable(_) => (503, "Service Unavailable"),
+                Rejection::Internal(_) => (500, "Internal Server Error"),
                 _ => (429, "Too Many Requests"),
             };
             out.push_str("{\"type\":\"about:blank\",\"title\":");
             string(&mut out, title);
             let _ = write!(out, ",\"status\":{status},\"detail\":");
-            string(&mut out, &other.to_string());
+            string(&mut out, &other.public_detail());
             out.push('}');
         }
     }

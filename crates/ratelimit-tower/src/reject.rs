@@ -36,9 +36,16 @@ pub enum Rejection {
     },
     /// A rule found no key and is configured to refuse such requests.
     MissingKey,
-    /// The store could not decide (unreachable, timed out, full) and the
-    /// failure policy refuses the request.
+    /// The store could not decide because of an outage (unreachable, timed
+    /// out) and the failure policy refuses the request, or the in-memory store
+    /// is full: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
     Unavailable(Arc<StoreError>),
+    /// The store answered with an error that is not an outage
+    /// ([`StoreError::is_outage`]): a policy conflict, a reply that does not
+    /// decode, a permission the Redis user lacks. A configuration mistake or
+    /// a bug, which no failure policy lifts: `500 Internal Server Error`
+    /// (gRPC `INTERNAL`). The body does not echo the error; the layer logs it.
+    Internal(Arc<StoreError>),
 }
 
 impl Rejection {
@@ -53,6 +60,20 @@ impl Rejection {
                 .map(|e| e.decision().retry_after_micros())
                 .max(),
             _ => None,
+        }
+    }
+}
+
+impl Rejection {
+    /// What a client is told: the [`Display`](fmt::Display) text, except for
+    /// [`Rejection::Internal`], whose error (a bug or a configuration
+    /// mistake, which may name internal keys) stays in the server's logs.
+    pub(crate) fn public_detail(&self) -> String {
+        match self {
+            Rejection::Internal(_) => {
+                String::from("rate limiter failed; the server's logs say why")
+            }
+            other => other.to_string(),
         }
     }
 }
@@ -81,6 +102,7 @@ impl fmt::Display for Rejection {
             ),
             Rejection::MissingKey => f.write_str("no rate-limit key for this request"),
             Rejection::Unavailable(e) => write!(f, "rate limiter unavailable: {e}"),
+            Rejection::Internal(e) => write!(f, "rate limiter failed: {e}"),
         }
     }
 }
@@ -88,7 +110,7 @@ impl fmt::Display for Rejection {
 impl std::error::Error for Rejection {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Rejection::Unavailable(e) => Some(&**e),
+            Rejection::Unavailable(e) | Rejection::Internal(e) => Some(&**e),
             _ => None,
         }
     }
@@ -166,13 +188,16 @@ pub enum RejectionBody {
 ///   `quota-exceeded` naming the violated policies;
 /// - a cost that can never pass, or a missing key: `429` without `Retry-After`;
 /// - the store unavailable and the failure policy closed: `503 Service Unavailable`;
+/// - a store error that is not an outage (a configuration mistake or a bug):
+///   `500 Internal Server Error`;
 ///
 /// and for gRPC requests (`content-type: application/grpc...`) a trailers-only
 /// response, never a 429 (gRPC clients read HTTP 429 as `UNAVAILABLE` and
 /// retry): HTTP 200 with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
 /// `grpc-message`, and `grpc-retry-pushback-ms` (the retry delay; `-1`, "do not
-/// retry", when retrying cannot help), or `grpc-status: 14` (`UNAVAILABLE`)
-/// when the store is unavailable.
+/// retry", when retrying cannot help), `grpc-status: 14` (`UNAVAILABLE`)
+/// when the store is unavailable, or `grpc-status: 13` (`INTERNAL`) for a
+/// store error that is not an outage.
 ///
 /// Allowed and denied HTTP responses carry the selected
 /// [`RateLimitHeaders`] (by default the IETF `RateLimit-Policy` and `RateLimit`
@@ -252,6 +277,7 @@ impl HttpRejections {
                 (StatusCode::TOO_MANY_REQUESTS, None)
             }
             Rejection::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
+            Rejection::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         let (content_type, body) = match self.body {
             RejectionBody::ProblemJson => (PROBLEM_JSON, problem_json(rejection)),
@@ -259,6 +285,9 @@ impl HttpRejections {
                 let text = match rejection {
                     Rejection::Unavailable(_) => {
                         String::from("Service Unavailable: rate limiter unavailable\n")
+                    }
+                    Rejection::Internal(_) => {
+                        String::from("Internal Server Error: rate limiter failed\n")
                     }
                     other => format!("Too Many Requests: {other}\n"),
                 };
@@ -289,6 +318,7 @@ impl HttpRejections {
             ),
             Rejection::CostTooHigh { .. } | Rejection::MissingKey => (8, -1),
             Rejection::Unavailable(_) => (14, 0),
+            Rejection::Internal(_) => (13, 0),
         };
         let mut response = Response::new(Bytes::new());
         let headers = response.headers_mut();
@@ -297,7 +327,7 @@ impl HttpRejections {
             HeaderValue::from_static("application/grpc"),
         );
         headers.insert("grpc-status", HeaderValue::from(code));
-        if let Ok(message) = HeaderValue::from_str(&grpc_message(&rejection.to_string())) {
+        if let Ok(message) = HeaderValue::from_str(&grpc_message(&rejection.public_detail())) {
             headers.insert("grpc-message", message);
         }
         if code == 8 {

@@ -332,8 +332,37 @@ fn valid_prefix(prefix: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// A Redis error as a [`StoreError`]: [`StoreError::Unavailable`] for an
+/// outage (see [`is_outage`]), [`StoreError::Backend`] for everything else.
 fn backend_error(e: RedisError) -> StoreError {
-    StoreError::Backend(Box::new(e))
+    if is_outage(&e) {
+        StoreError::Unavailable(Box::new(e))
+    } else {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+/// Whether `e` means Redis could not be reached or could not serve the call
+/// now (so a failure policy may apply): a broken or refused connection, no
+/// node for the slot, a cluster that is down or resharding, a master that is
+/// down or was demoted during a failover, a server loading its data or busy
+/// running another script. Everything else (a script error, `NOPERM`, a
+/// failed authentication, a reply of the wrong type) is a mistake to fix,
+/// never an outage.
+fn is_outage(e: &RedisError) -> bool {
+    breaks_connection(e)
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+        || matches!(e.code(), Some("BUSY" | "MASTERDOWN" | "LOADING"))
 }
 
 fn breaks_connection(e: &RedisError) -> bool {
