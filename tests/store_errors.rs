@@ -1,0 +1,325 @@
+//! Only an outage reaches a failure policy: every `StoreError` variant
+//! through the layer, `FallbackStore` and the axum `Limiter`.
+//!
+//! The stores here are stand-ins that fail with a chosen error (the layer's
+//! and the wrappers' handling is under test, not a store); the errors a real
+//! Redis gives are classified in `redis_store.rs`, `redis_acl.rs` and
+//! `resilience.rs`.
+
+use std::future::{Pending, Ready, pending, ready};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::IntoResponse;
+use http::{Request, Response, StatusCode};
+use ratelimit_axum::Limiter;
+use ratelimit_core::{
+    BreakerState, Check, CircuitBreaker, Decision, DecisionSource, FallbackStore, MemoryStore,
+    PermitId, Policy, Store, StoreError,
+};
+use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
+use tower::{Layer, ServiceExt};
+
+/// Every variant of `StoreError`, made afresh (it is not `Clone`).
+fn every_error() -> Vec<StoreError> {
+    vec![
+        StoreError::CostExceedsLimit {
+            policy: "p".into(),
+            cost: 9,
+            max: 5,
+        },
+        StoreError::Full { max_keys: 10 },
+        StoreError::PolicyConflict { policy: "p".into() },
+        StoreError::Unsupported {
+            policy: "p".into(),
+            algorithm: "concurrency",
+            operation: "penalize",
+        },
+        StoreError::Timeout(Duration::from_millis(100)),
+        StoreError::Unavailable("connection refused".into()),
+        StoreError::Backend("unexpected reply to a decision: Int(-1)".into()),
+    ]
+}
+
+/// A copy of `e` (same variant and text).
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::CostExceedsLimit { policy, cost, max } => StoreError::CostExceedsLimit {
+            policy: policy.clone(),
+            cost: *cost,
+            max: *max,
+        },
+        StoreError::Full { max_keys } => StoreError::Full {
+            max_keys: *max_keys,
+        },
+        StoreError::PolicyConflict { policy } => StoreError::PolicyConflict {
+            policy: policy.clone(),
+        },
+        StoreError::Unsupported {
+            policy,
+            algorithm,
+            operation,
+        } => StoreError::Unsupported {
+            policy: policy.clone(),
+            algorithm,
+            operation,
+        },
+        StoreError::Timeout(t) => StoreError::Timeout(*t),
+        StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
+        StoreError::Backend(e) => StoreError::Backend(e.to_string().into()),
+        other => panic!("a variant this test does not know: {other:?}"),
+    }
+}
+
+/// A store whose every call fails with one error.
+#[derive(Clone)]
+struct Failing(Arc<StoreError>);
+
+impl Failing {
+    fn new(error: &StoreError) -> Self {
+        Failing(Arc::new(copy(error)))
+    }
+}
+
+impl Store for Failing {
+    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+
+    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
+        ready(Err(copy(&self.0)))
+    }
+
+    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
+        ready(Err(copy(&self.0)))
+    }
+
+    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        ready(Err(copy(&self.0)))
+    }
+}
+
+fn policy() -> Policy {
+    Policy::fixed_window(5, Duration::from_secs(60))
+        .unwrap()
+        .with_name("p")
+        .unwrap()
+}
+
+/// The status the layer and the `Limiter` answer for `error` under a
+/// failure policy that would let the request through (`open`) or not.
+fn expected(error: &StoreError, open: bool) -> StatusCode {
+    match error {
+        StoreError::Timeout(_) | StoreError::Unavailable(_) if open => StatusCode::OK,
+        StoreError::Timeout(_) | StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        StoreError::CostExceedsLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
+        StoreError::Full { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[tokio::test]
+async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    for error in every_error() {
+        for (failure, open) in [
+            (FailurePolicy::Open, true),
+            (FailurePolicy::Closed, false),
+            // A custom policy that would admit anything it is asked about.
+            (FailurePolicy::custom(|_| true), true),
+        ] {
+            let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default())
+                .on_failure(failure.clone());
+            let service = layer.clone().layer(inner);
+            for _ in 0..3 {
+                let response = service
+                    .clone()
+                    .oneshot(Request::new(String::new()))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    response.status(),
+                    expected(&error, open),
+                    "{error:?} with {failure:?}"
+                );
+            }
+            let stats = layer.stats();
+            let (failed_open, failed_closed, refused) = match &error {
+                e if e.is_outage() && open => (3, 0, 0),
+                e if e.is_outage() => (0, 3, 0),
+                StoreError::CostExceedsLimit { .. } => (0, 0, 0),
+                _ => (0, 0, 3),
+            };
+            assert_eq!(
+                (
+                    stats.failed_open(),
+                    stats.failed_closed(),
+                    stats.refused_on_error()
+                ),
+                (failed_open, failed_closed, refused),
+                "{error:?} with {failure:?}: (failed open, failed closed, refused on error)"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_grpc_request_gets_internal_for_a_store_bug_and_no_detail_of_it() {
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let secret = StoreError::Backend("RATELIMIT_CONFLICT ratelimit:p:{secret-key}".into());
+    let service = RateLimitLayer::new(Failing::new(&secret), policy(), GlobalKey::default())
+        .on_failure(FailurePolicy::Open)
+        .layer(inner);
+    let grpc = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    let response = service.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "13");
+    let message = response.headers()["grpc-message"].to_str().unwrap();
+    assert!(!message.contains("secret"), "{message}");
+
+    let response = service.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("500") && !body.contains("secret"), "{body}");
+}
+
+#[tokio::test]
+async fn a_fallback_store_falls_back_on_outages_only() {
+    for error in every_error() {
+        let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
+        let store = FallbackStore::new(
+            Failing::new(&error),
+            MemoryStore::new(),
+            2,
+            Arc::clone(&breaker),
+        );
+        let policy = policy();
+        let checks = [Check::new(b"k", &policy, 1)];
+        for _ in 0..5 {
+            let one = store.check(b"k", &policy, 1).await;
+            let all = store.check_all(&checks).await;
+            if error.is_outage() {
+                let one = one.unwrap_or_else(|e| panic!("{error:?}: {e:?}"));
+                assert_eq!(one.source(), DecisionSource::Fallback, "{error:?}");
+                let all = all.unwrap_or_else(|e| panic!("{error:?}: {e:?}"));
+                assert_eq!(all[0].source(), DecisionSource::Fallback, "{error:?}");
+            } else {
+                let one = one.expect_err("not an outage: the error comes back");
+                assert_eq!(one.kind(), error.kind());
+                let all = all.expect_err("not an outage: the error comes back");
+                assert_eq!(all.kind(), error.kind());
+            }
+        }
+        if error.is_outage() {
+            assert_eq!(breaker.state(), BreakerState::Open, "{error:?}");
+        } else {
+            assert_eq!(store.fallback_decisions(), 0, "{error:?}");
+            assert_eq!(breaker.state(), BreakerState::Closed, "{error:?}");
+            assert_eq!(breaker.trips(), 0, "{error:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_limiter_fails_open_on_outages_only() {
+    for error in every_error() {
+        for (failure, open) in [
+            (FailurePolicy::Open, true),
+            (FailurePolicy::Closed, false),
+            (FailurePolicy::custom(|_| true), true),
+        ] {
+            let limiter = Limiter::new(Failing::new(&error), policy()).on_failure(failure.clone());
+            let status = match limiter.check(b"k", 1).await {
+                Ok(granted) => {
+                    assert!(granted.decisions().is_none());
+                    StatusCode::OK
+                }
+                Err(refused) => refused.into_response().status(),
+            };
+            assert_eq!(status, expected(&error, open), "{error:?} with {failure:?}");
+        }
+    }
+}
+
+/// A store that never answers.
+#[derive(Clone)]
+struct Silent;
+
+impl Store for Silent {
+    type CheckFuture = Pending<Result<Decision, StoreError>>;
+    type CheckAllFuture = Pending<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Pending<Result<(), StoreError>>;
+
+    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
+        pending()
+    }
+
+    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
+        pending()
+    }
+
+    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        pending()
+    }
+}
+
+/// Issue 12, item 6: clients that go away (a disconnect, an HTTP/2 reset)
+/// drop their store calls; three of them used to open the breaker for
+/// everyone.
+#[tokio::test(start_paused = true)]
+async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
+    let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
+    let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store, policy(), GlobalKey::default()).layer(inner);
+    for _ in 0..10 {
+        let call = service.clone().oneshot(Request::new(String::new()));
+        // The client goes away before the store answers.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), call)
+                .await
+                .is_err()
+        );
+    }
+    assert_eq!(breaker.state(), BreakerState::Closed);
+    assert_eq!(breaker.trips(), 0);
+}
+
+/// Issue 12, item 7: a concurrency permit granted to a handler is held by
+/// `Granted` and released when it is dropped (it used to be dropped at once,
+/// never released, and held until its lease expired).
+#[tokio::test]
+async fn a_limiter_permit_is_held_by_granted_until_dropped() {
+    let policy = Policy::concurrency(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("uploads")
+        .unwrap();
+    let limiter = Limiter::new(MemoryStore::new(), policy);
+    let granted = limiter
+        .check(b"alice", 1)
+        .await
+        .expect("the first is granted");
+    let refused = limiter
+        .check(b"alice", 1)
+        .await
+        .expect_err("one in flight at most");
+    assert_eq!(
+        refused.into_response().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(granted);
+    let again = limiter.check(b"alice", 1).await;
+    assert!(again.is_ok(), "the permit was released with its Granted");
+}
