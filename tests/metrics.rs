@@ -231,6 +231,41 @@ fn store_failures_count_as_errors_whatever_the_failure_policy() {
     assert_no_key_in_labels(&recorded);
 }
 
+/// A store error that is not an outage (here a policy conflict: one name,
+/// two algorithms in one store) is refused and counted as `invalid`, never
+/// `error`, even with fail open.
+#[test]
+fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
+    let (statuses, recorded) = capture(false, || async {
+        let store = memory();
+        let window = policy("shared-name", 5);
+        let bucket = Policy::gcra(5, ratelimit_core::Rate::per_second(1))
+            .unwrap()
+            .with_name("shared-name")
+            .unwrap();
+        let mut first = RateLimitLayer::new(store.clone(), window, by_client)
+            .on_failure(FailurePolicy::Open)
+            .layer(ok_service());
+        let mut second = RateLimitLayer::new(store, bucket, by_client)
+            .on_failure(FailurePolicy::Open)
+            .layer(ok_service());
+        (send_n(&mut first, 1).await, send_n(&mut second, 2).await)
+    });
+    assert_eq!(statuses, (vec![200], vec![500; 2]));
+    assert_eq!(
+        recorded.counter(
+            DECISIONS,
+            &[("policy", "shared-name"), ("outcome", "invalid")]
+        ),
+        2
+    );
+    assert_eq!(
+        recorded.counter(DECISIONS, &[("policy", "shared-name"), ("outcome", "error")]),
+        0
+    );
+    assert_no_key_in_labels(&recorded);
+}
+
 #[test]
 fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     let cool_down = Duration::from_millis(50);
