@@ -260,7 +260,10 @@ fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
         2
     );
     assert_eq!(
-        recorded.counter(DECISIONS, &[("policy", "shared-name"), ("outcome", "error")]),
+        recorded.counter(
+            DECISIONS,
+            &[("policy", "shared-name"), ("outcome", "error")]
+        ),
         0
     );
     assert_no_key_in_labels(&recorded);

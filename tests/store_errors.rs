@@ -297,6 +297,31 @@ async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
     assert_eq!(breaker.trips(), 0);
 }
 
+/// A layer timeout shorter than the store's (the store is too slow for its
+/// callers) still opens the breaker: a call dropped after the breaker's
+/// slow-call time is a failure.
+#[tokio::test]
+async fn calls_the_layer_times_out_open_the_breaker() {
+    let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
+    let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store, policy(), GlobalKey::default())
+        .on_failure(FailurePolicy::Closed)
+        .timeout(ratelimit_core::DEFAULT_SLOW_CALL * 3)
+        .layer(inner);
+    for _ in 0..3 {
+        let response = service
+            .clone()
+            .oneshot(Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+}
+
 /// Issue 12, item 7: a concurrency permit granted to a handler is held by
 /// `Granted` and released when it is dropped (it used to be dropped at once,
 /// never released, and held until its lease expired).

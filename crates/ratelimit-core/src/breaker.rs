@@ -25,6 +25,9 @@ const HALF_OPEN: u8 = 2;
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 /// The default cool-down before a probe.
 pub const DEFAULT_COOL_DOWN: Duration = Duration::from_millis(500);
+/// The default time after which a call its caller gave up on counts as a
+/// failure (see [`CircuitBreaker::with_slow_call`]).
+pub const DEFAULT_SLOW_CALL: Duration = Duration::from_millis(20);
 /// The name of a breaker that was not given one.
 pub const DEFAULT_BREAKER_NAME: &str = "default";
 
@@ -43,6 +46,7 @@ pub struct CircuitBreaker {
     name: Box<str>,
     threshold: u32,
     cool_down: Duration,
+    slow_call: Duration,
     origin: Instant,
     state: AtomicU8,
     failures: AtomicU32,
@@ -83,6 +87,7 @@ impl CircuitBreaker {
             name: DEFAULT_BREAKER_NAME.into(),
             threshold: threshold.max(1),
             cool_down,
+            slow_call: DEFAULT_SLOW_CALL,
             origin: Instant::now(),
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
@@ -106,6 +111,21 @@ impl CircuitBreaker {
     #[must_use]
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into().into_boxed_str();
+        self
+    }
+
+    /// The same breaker, counting a call whose caller went away as a failure
+    /// only once it has waited `slow_call` (default [`DEFAULT_SLOW_CALL`]).
+    ///
+    /// A caller that drops a call it has waited on for that long (a layer
+    /// timeout shorter than the store's own) says the store is too slow, and
+    /// the breaker should open; a caller that goes away sooner (a client that
+    /// disconnected, an HTTP/2 reset) says nothing about the store, and a few
+    /// of them must not open the breaker for everyone. Keep it below any
+    /// timeout of the layer, and above the store's usual latency.
+    #[must_use]
+    pub fn with_slow_call(mut self, slow_call: Duration) -> Self {
+        self.slow_call = slow_call;
         self
     }
 
@@ -249,18 +269,42 @@ fn state_name(state: u8) -> &'static str {
 }
 
 /// Tells the breaker about a call dropped before its outcome was known (its
-/// caller went away). That says nothing about the store, so it counts as
-/// neither a success nor a failure; a dropped probe hands the probe to the
-/// next call, so the breaker never waits for a probe that is gone.
+/// caller went away). After the breaker's `slow_call`, that is a failure (the
+/// store was too slow for its caller); sooner, it says nothing about the
+/// store and counts as neither a success nor a failure, and a dropped probe
+/// hands the probe to the next call, so the breaker never waits for a probe
+/// that is gone.
 pub(crate) struct ProbeGuard<'a> {
-    pub(crate) breaker: &'a CircuitBreaker,
-    pub(crate) probe: bool,
-    pub(crate) done: bool,
+    breaker: &'a CircuitBreaker,
+    probe: bool,
+    started: Instant,
+    done: bool,
+}
+
+impl<'a> ProbeGuard<'a> {
+    pub(crate) fn new(breaker: &'a CircuitBreaker, probe: bool) -> Self {
+        ProbeGuard {
+            breaker,
+            probe,
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// The call ended with an outcome, which the caller reports.
+    pub(crate) fn finish(mut self) {
+        self.done = true;
+    }
 }
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        if !self.done {
+        if self.done {
+            return;
+        }
+        if self.started.elapsed() >= self.breaker.slow_call {
+            self.breaker.failed(self.probe);
+        } else {
             self.breaker.abandoned(self.probe);
         }
     }
@@ -300,7 +344,8 @@ mod tests {
 
     #[test]
     fn a_dropped_probe_hands_the_probe_on() {
-        let b = CircuitBreaker::new(1, Duration::from_secs(3600));
+        let b = CircuitBreaker::new(1, Duration::from_secs(3600))
+            .with_slow_call(Duration::from_secs(3600));
         b.failed(false);
         b.opened_at_micros.store(0, Ordering::Release);
         // The cool-down is over only because `opened_at` was moved back.
@@ -309,11 +354,7 @@ mod tests {
             CircuitBreaker { origin, ..b }
         };
         assert_eq!(b.route(), Route::Primary { probe: true });
-        drop(ProbeGuard {
-            breaker: &b,
-            probe: true,
-            done: false,
-        });
+        drop(ProbeGuard::new(&b, true));
         assert_eq!(b.state(), BreakerState::Open);
         assert_eq!(b.trips(), 1, "an abandoned probe is not a new trip");
         assert_eq!(
@@ -324,18 +365,25 @@ mod tests {
     }
 
     #[test]
-    fn dropped_calls_never_open_the_breaker() {
+    fn calls_dropped_early_never_open_the_breaker() {
         // Issue 12, item 6: three cancellations opened the breaker.
-        let b = CircuitBreaker::new(3, Duration::from_secs(60));
+        let b = CircuitBreaker::new(3, Duration::from_secs(60))
+            .with_slow_call(Duration::from_secs(3600));
         for _ in 0..10 {
             assert_eq!(b.route(), Route::Primary { probe: false });
-            drop(ProbeGuard {
-                breaker: &b,
-                probe: false,
-                done: false,
-            });
+            drop(ProbeGuard::new(&b, false));
         }
         assert_eq!(b.state(), BreakerState::Closed);
         assert_eq!(b.trips(), 0);
+    }
+
+    #[test]
+    fn calls_dropped_after_the_slow_call_time_are_failures() {
+        let b = CircuitBreaker::new(3, Duration::from_secs(60)).with_slow_call(Duration::ZERO);
+        for _ in 0..3 {
+            assert_eq!(b.route(), Route::Primary { probe: false });
+            drop(ProbeGuard::new(&b, false));
+        }
+        assert_eq!(b.state(), BreakerState::Open);
     }
 }

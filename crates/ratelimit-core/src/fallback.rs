@@ -35,13 +35,15 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 ///   them. The breaker counts them as answers, not failures.
 /// - The fallback's decisions say so: their [`Decision::source`] is
 ///   [`DecisionSource::Fallback`].
-/// - A call to the primary that the caller drops before it answers (a client
-///   that went away, an HTTP/2 reset) is neither a success nor a failure: a
-///   few impatient clients must not open the breaker for everyone. A dropped
-///   probe lets the next call probe at once. So give the primary its own
-///   timeout (`RedisStore`'s call timeout), shorter than any timeout of the
-///   layer: the primary's timeout is what the breaker counts, and what lets
-///   the fallback answer the call.
+/// - A call to the primary that the caller drops before it answers counts as
+///   a failure once it has waited the breaker's
+///   [slow-call time](CircuitBreaker::with_slow_call) (a layer timeout
+///   shorter than the store's: the store is too slow for its callers), and
+///   as nothing sooner (a client that went away, an HTTP/2 reset: a few
+///   impatient clients must not open the breaker for everyone; a dropped
+///   probe lets the next call probe at once). Still, give the primary its
+///   own timeout (`RedisStore`'s call timeout) shorter than the layer's, so
+///   the fallback can answer the call.
 /// - When the primary is an [`AdminStore`], so is this store: admin
 ///   operations go to the primary, whatever the breaker's state, and are not
 ///   counted by it. When the primary is unreachable they fail with its error
@@ -136,13 +138,9 @@ where
     let (Route::Primary { probe }, Some(call)) = (route, call) else {
         return None;
     };
-    let mut guard = ProbeGuard {
-        breaker,
-        probe,
-        done: false,
-    };
+    let guard = ProbeGuard::new(breaker, probe);
     let result = call.await;
-    guard.done = true;
+    guard.finish();
     match result {
         Err(e) if e.is_outage() => {
             breaker.failed(probe);

@@ -59,7 +59,7 @@ pub use admin::AdminStore;
 pub use algorithm::Rate;
 pub use breaker::{
     BreakerState, CircuitBreaker, DEFAULT_BREAKER_NAME, DEFAULT_COOL_DOWN,
-    DEFAULT_FAILURE_THRESHOLD,
+    DEFAULT_FAILURE_THRESHOLD, DEFAULT_SLOW_CALL,
 };
 pub use decision::{Decision, DecisionSource, PermitId};
 pub use denied_cache::{DEFAULT_CACHE_ENTRIES, DeniedCache};
