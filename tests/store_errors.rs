@@ -348,3 +348,20 @@ async fn a_limiter_permit_is_held_by_granted_until_dropped() {
     let again = limiter.check(b"alice", 1).await;
     assert!(again.is_ok(), "the permit was released with its Granted");
 }
+
+/// Issue 12, item 7: a `Limiter` that fails open still refuses a new key in
+/// a full `MemoryStore` (it admitted it: a key-rotation flood got through).
+#[tokio::test]
+async fn a_fail_open_limiter_refuses_new_keys_in_a_full_store() {
+    let full = MemoryStore::builder().max_keys(1).build();
+    let limiter = Limiter::new(full, policy()).on_failure(FailurePolicy::Open);
+    assert!(limiter.check(b"a", 1).await.is_ok());
+    let refused = limiter
+        .check(b"b", 1)
+        .await
+        .expect_err("a full store admits no new key");
+    assert_eq!(
+        refused.into_response().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
