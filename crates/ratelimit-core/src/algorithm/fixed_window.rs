@@ -44,12 +44,18 @@ impl FixedWindow {
     }
 
     /// The window and count that apply at `now`.
+    ///
+    /// A state written under another window length (the same policy name
+    /// with other numbers) starts where no window of this length starts: its
+    /// count belongs to the window of this length that holds its start, so
+    /// it counts until that window ends, and not beyond.
     fn current(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
         let aligned = now - now % self.window;
+        let start = state.window_start - state.window_start % self.window;
         // A count from a later window (a clock that stepped back) is kept: the
         // conservative choice.
-        if state.count > 0 && state.window_start >= aligned {
-            (state.window_start, state.count)
+        if state.count > 0 && start >= aligned {
+            (start, state.count)
         } else {
             (aligned, 0)
         }

@@ -58,7 +58,9 @@ impl TokenBucket {
     pub fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let (c, t) = (self.capacity, self.interval);
         let (mut tokens, mut last) = if state.started {
-            settle(state.tokens, state.last, now, t)
+            // Tokens above the capacity (a bucket that was larger under the
+            // same name) are a full bucket.
+            settle(state.tokens.min(c), state.last, now, t)
         } else {
             (c, now)
         };
@@ -243,5 +245,31 @@ mod tests {
         let d = bucket.penalize(&mut state, 10_250, 1);
         assert_eq!(d.remaining(), 1);
         assert_eq!(d.reset_after_micros(), 250);
+    }
+
+    #[test]
+    fn tokens_above_a_lowered_capacity_are_a_full_bucket() {
+        let bucket = policy();
+        // Written by a bucket of 100.
+        let mut state = TokenBucketState {
+            started: true,
+            tokens: 100,
+            last: 9_000,
+        };
+        let d = bucket.decide(&mut state, 10_000, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 3));
+        assert_eq!(d.reset_after_micros(), 100);
+        // The same, with its refill time ahead of now (a clock that stepped
+        // back) and a new interval that 2^40 tokens times would overflow.
+        let slow = TokenBucket::new(4, Rate::new(1, Duration::from_micros(1 << 48))).expect("ok");
+        let now = 1 << 51;
+        let mut state = TokenBucketState {
+            started: true,
+            tokens: 1 << 40,
+            last: now + 50,
+        };
+        let d = slow.decide(&mut state, now, 4);
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 3));
+        assert_eq!(d.retry_after_micros(), 50);
     }
 }
