@@ -147,4 +147,22 @@ mod tests {
         assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
         assert_eq!(state.count, 0);
     }
+
+    #[test]
+    fn a_window_start_of_another_length_counts_until_its_new_window_ends() {
+        const S: u64 = 1_000_000;
+        // 10 per 60 s filled the window that started at 60 s; now 10 per 45 s.
+        let old = FixedWindow::new(10, Duration::from_secs(60)).expect("valid");
+        let new = FixedWindow::new(10, Duration::from_secs(45)).expect("valid");
+        let mut state = FixedWindowState::default();
+        assert!(old.decide(&mut state, 61 * S, 10).is_allowed());
+        // It belongs to the 45 s window [45 s, 90 s): denied until 90 s, and
+        // the retry time says so exactly.
+        let d = new.decide(&mut state, 70 * S, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+        assert_eq!(d.retry_after_micros(), 20 * S);
+        assert_eq!(d.reset_after_micros(), 20 * S);
+        assert!(!new.decide(&mut state, 90 * S - 1, 1).is_allowed());
+        assert!(new.decide(&mut state, 90 * S, 10).is_allowed());
+    }
 }
