@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, MemoryStore, Policy, Rate, Store};
 use ratelimit_tests::RedisServer;
@@ -177,4 +177,245 @@ async fn a_token_bucket_above_a_lowered_capacity_is_a_full_bucket() {
     let d = stores.check("k", &small, 4).await;
     assert_eq!((d.is_allowed(), d.remaining()), (false, 3));
     assert_eq!(d.retry_after_micros(), 250_000);
+}
+
+// ---------------------------------------------------------------------------
+// Random parameter changes on one timeline
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+    Concurrency,
+}
+
+const FAMILIES: [Family; 7] = [
+    Family::FixedWindow,
+    Family::SlidingLog,
+    Family::SlidingCounter,
+    Family::TokenBucket,
+    Family::Gcra,
+    Family::LeakyBucket,
+    Family::Concurrency,
+];
+
+/// One set of numbers: the limit (capacity, burst, max) and a time in µs
+/// (the window, the emission interval, or the lease).
+#[derive(Debug, Clone, Copy)]
+struct Numbers {
+    limit: u64,
+    span: u64,
+}
+
+impl Numbers {
+    fn policy(self, family: Family) -> Policy {
+        let (limit, time) = (self.limit, Duration::from_micros(self.span));
+        let rate = Rate::new(1, time);
+        named(
+            match family {
+                Family::FixedWindow => Policy::fixed_window(limit, time),
+                Family::SlidingLog => Policy::sliding_window_log(limit, time),
+                Family::SlidingCounter => Policy::sliding_window_counter(limit, time),
+                Family::TokenBucket => Policy::token_bucket(limit, rate),
+                Family::Gcra => Policy::gcra(limit, rate),
+                Family::LeakyBucket => Policy::leaky_bucket(limit, rate),
+                Family::Concurrency => Policy::concurrency(limit, time),
+            }
+            .expect("valid numbers"),
+        )
+    }
+
+    /// The longest reset or retry time a state of these numbers can imply
+    /// (no penalties here): a window, two for the sliding counter, a bucket
+    /// for the token bucket, a bucket ahead plus a bucket for the TAT.
+    fn bound(self, family: Family) -> u64 {
+        match family {
+            Family::FixedWindow | Family::SlidingLog | Family::Concurrency => self.span,
+            Family::SlidingCounter | Family::Gcra | Family::LeakyBucket => {
+                2 * self.limit * self.span.max(1)
+            }
+            Family::TokenBucket => self.limit * self.span,
+        }
+    }
+}
+
+/// A timeline: parameter sets, and segments of (advance µs, cost) decided
+/// under one of them.
+#[derive(Debug, Clone)]
+struct Case {
+    numbers: Vec<Numbers>,
+    segments: Vec<(usize, Vec<(u64, u64)>)>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let numbers = prop::collection::vec(
+        (1..=6u64, 500..=10_000u64).prop_map(|(limit, span)| Numbers { limit, span }),
+        2..=3,
+    );
+    let op = (prop_oneof![Just(0u64), 1..=8_000u64], 0..=6u64);
+    let segments = prop::collection::vec((0..3usize, prop::collection::vec(op, 2..=10)), 1..=4);
+    (numbers, segments).prop_map(|(numbers, segments)| {
+        let n = numbers.len();
+        Case {
+            segments: segments.into_iter().map(|(i, ops)| (i % n, ops)).collect(),
+            numbers,
+        }
+    })
+}
+
+/// One admitted request: its place in the timeline, when, how much, and its
+/// lease end (concurrency).
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    seq: usize,
+    at: u64,
+    cost: u64,
+    until: u64,
+}
+
+async fn run_case(
+    stores: &Pair,
+    family: Family,
+    case: &Case,
+    key: &str,
+) -> Result<(), TestCaseError> {
+    let mut admitted: Vec<Admission> = Vec::new();
+    let mut bound = 0;
+    let mut previous = None;
+    let mut change = (0, stores.clock.now());
+    let mut seq = 0;
+    for (index, ops) in &case.segments {
+        let numbers = case.numbers[*index];
+        let policy = numbers.policy(family);
+        bound = bound.max(numbers.bound(family));
+        for (n, &(advance, cost)) in ops.iter().enumerate() {
+            stores.clock.advance(Duration::from_micros(advance));
+            let now = stores.clock.now();
+            seq += 1;
+            if n == 0 && previous != Some(*index) {
+                change = (seq, now);
+            }
+            let cost = cost.min(numbers.limit);
+            let memory = stores.memory.check(key.as_bytes(), &policy, cost).await;
+            let redis = stores.redis.check(key.as_bytes(), &policy, cost).await;
+            let (d, r) = match (memory, redis) {
+                (Ok(d), Ok(r)) => (d, r),
+                (m, r) => {
+                    return Err(TestCaseError::fail(format!(
+                        "at {now} cost {cost}: memory {m:?}, redis {r:?}"
+                    )));
+                }
+            };
+            prop_assert_eq!(observable(&d), observable(&r), "at {} cost {}", now, cost);
+            prop_assert_eq!(d.limit(), numbers.limit);
+            prop_assert!(d.remaining() <= numbers.limit, "{:?}", d);
+            prop_assert!(d.reset_after_micros() <= bound, "{:?} > {}", d, bound);
+            prop_assert!(d.retry_after_micros() <= bound, "{:?} > {}", d, bound);
+            prop_assert!(d.delay_micros() <= numbers.bound(family), "{:?}", d);
+            if d.is_allowed() && cost > 0 {
+                admitted.push(Admission {
+                    seq,
+                    at: now,
+                    cost,
+                    until: now + numbers.span,
+                });
+            }
+        }
+        previous = Some(*index);
+    }
+    let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
+    guarantee(family, last, &admitted, change)
+}
+
+/// The final numbers' guarantee over the admissions since the last change
+/// (its place in the timeline and its time).
+fn guarantee(
+    family: Family,
+    numbers: Numbers,
+    admitted: &[Admission],
+    (change, since): (usize, u64),
+) -> Result<(), TestCaseError> {
+    let (limit, span) = (numbers.limit, numbers.span);
+    let after: Vec<Admission> = admitted
+        .iter()
+        .copied()
+        .filter(|a| a.seq >= change)
+        .collect();
+    let sum = |from: u64, to: u64| -> u64 {
+        after
+            .iter()
+            .filter(|a| a.at >= from && a.at < to)
+            .map(|a| a.cost)
+            .sum()
+    };
+    for a in &after {
+        match family {
+            // Each aligned window that starts after the change.
+            Family::FixedWindow | Family::SlidingCounter => {
+                let start = a.at - a.at % span;
+                if start >= since {
+                    prop_assert!(sum(start, start + span) <= limit, "window at {}", start);
+                }
+            }
+            // Every interval of one window after the change.
+            Family::SlidingLog => {
+                prop_assert!(sum(a.at, a.at + span) <= limit, "interval at {}", a.at);
+            }
+            // A burst, then one unit per interval.
+            Family::TokenBucket | Family::Gcra | Family::LeakyBucket => {
+                for b in after.iter().filter(|b| b.at >= a.at) {
+                    let most = limit + (b.at - a.at) / span;
+                    prop_assert!(sum(a.at, b.at + 1) <= most, "from {} to {}", a.at, b.at);
+                }
+            }
+            // In flight when it was admitted, permits from before the
+            // change included.
+            Family::Concurrency => {
+                let held: u64 = admitted
+                    .iter()
+                    .filter(|p| p.at <= a.at && a.at < p.until)
+                    .map(|p| p.cost)
+                    .sum();
+                prop_assert!(held <= limit, "{} held at {}", held, a.at);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For every algorithm, random timelines with random changes of numbers
+/// under one name, on both stores: no panic, no error, the same decisions,
+/// values in range, and the final numbers' guarantee after the last change.
+#[test]
+fn random_parameter_changes_on_both_stores() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stores = runtime.block_on(Pair::new(&server, B + 123_457));
+    let cases = std::cell::Cell::new(0u64);
+    for family in FAMILIES {
+        let mut runner = TestRunner::new(Config {
+            cases: 24,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&case(), |case| {
+                cases.set(cases.get() + 1);
+                // A fresh key per case, a second apart.
+                stores.clock.advance(Duration::from_secs(1));
+                let key = format!("{family:?}-{}", cases.get());
+                runtime.block_on(run_case(&stores, family, &case, &key))
+            })
+            .unwrap_or_else(|e| panic!("{family:?}: {e}"));
+    }
+    assert!(cases.get() >= 7 * 24);
 }

@@ -62,23 +62,26 @@ impl FixedWindow {
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does: a state written under other numbers stays as it
+    /// was until then, so both stores read it alike after a later change.
     pub fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
         let (start, count) = self.current(state, now);
         let until_end = start + self.window - now;
         if count + cost <= self.limit {
             let count = count + cost;
-            *state = FixedWindowState {
-                window_start: start,
-                count,
-            };
+            if cost > 0 {
+                *state = FixedWindowState {
+                    window_start: start,
+                    count,
+                };
+            }
             let reset = if count > 0 { until_end } else { 0 };
             Decision::allow(self.limit, self.limit - count, reset)
         } else {
-            *state = FixedWindowState {
-                window_start: start,
-                count,
-            };
-            // A penalty may have pushed the count past the limit.
+            // A penalty, or a limit since lowered, may have pushed the count
+            // past the limit.
             let remaining = self.limit.saturating_sub(count);
             Decision::deny(self.limit, remaining, until_end, until_end)
         }

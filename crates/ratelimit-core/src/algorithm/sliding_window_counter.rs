@@ -84,6 +84,9 @@ impl SlidingWindowCounter {
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
     pub fn decide(&self, state: &mut SlidingWindowCounterState, now: u64, cost: u64) -> Decision {
         let w = self.window;
         let (start, previous, current) = self.current(state, now);
@@ -93,11 +96,13 @@ impl SlidingWindowCounter {
         let budget = self.limit * w;
         if weighted_previous + (current + cost) * w <= budget {
             let current = current + cost;
-            *state = SlidingWindowCounterState {
-                window_start: start,
-                previous,
-                current,
-            };
+            if cost > 0 {
+                *state = SlidingWindowCounterState {
+                    window_start: start,
+                    previous,
+                    current,
+                };
+            }
             let remaining = (budget - weighted_previous - current * w) / w;
             Decision::allow(
                 self.limit,
@@ -105,11 +110,6 @@ impl SlidingWindowCounter {
                 reset_after(start, w, now, previous, current),
             )
         } else {
-            *state = SlidingWindowCounterState {
-                window_start: start,
-                previous,
-                current,
-            };
             let remaining = budget.saturating_sub(weighted_previous + current * w) / w;
             let retry = if current + cost <= self.limit {
                 // Passes later in this window, once the previous window's

@@ -55,6 +55,9 @@ impl TokenBucket {
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
     pub fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let (c, t) = (self.capacity, self.interval);
         let (mut tokens, mut last) = if state.started {
@@ -80,14 +83,14 @@ impl TokenBucket {
         // it is paid back by the refill.
         let ahead = last.saturating_sub(now);
         let allowed = tokens >= cost && ahead == 0;
-        if allowed {
+        if allowed && cost > 0 {
             tokens -= cost;
+            *state = TokenBucketState {
+                started: true,
+                tokens,
+                last,
+            };
         }
-        *state = TokenBucketState {
-            started: true,
-            tokens,
-            last,
-        };
         let reset = if tokens == c {
             0
         } else {
@@ -217,7 +220,7 @@ mod tests {
         assert_eq!((d.remaining(), d.reset_after_micros()), (1, 250));
         let d = bucket.reward(&mut state, 10_050, 9);
         assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
-        assert_eq!(state.tokens, 4);
+        assert_eq!(state, TokenBucketState::default(), "back to fresh");
     }
 
     #[test]
