@@ -257,8 +257,11 @@ impl Numbers {
 #[derive(Debug, Clone)]
 struct Case {
     numbers: Vec<Numbers>,
-    segments: Vec<(usize, Vec<(u64, u64, u8)>)>,
+    segments: Vec<(usize, Vec<Op>)>,
 }
+
+/// One step: advance µs, cost, what.
+type Op = (u64, u64, u8);
 
 const PENALIZE: u8 = 10;
 const REWARD: u8 = 11;
