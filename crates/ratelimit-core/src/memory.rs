@@ -233,8 +233,8 @@ impl ShardInner {
         let found = self.table.find(hash, |e| e.matches(hash, policy, key));
         let fresh;
         let state = match found {
-            Some(entry) => &entry.state,
-            None => {
+            Some(entry) if entry.expires_at > now => &entry.state,
+            _ => {
                 fresh = policy.algorithm().new_state();
                 &fresh
             }
@@ -428,17 +428,18 @@ impl<C: Clock> MemoryStore<C> {
         {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
+                forget_if_expired(entry, policy, now);
                 let decision = policy
                     .algorithm()
                     .decide(&mut entry.state, now, cost, permit)
                     .ok_or_else(|| conflict(policy))?;
                 let reset = decision.reset_after_micros();
-                if reset == 0 {
-                    occupied.remove();
-                } else {
-                    entry.expires_at = now + reset;
-                    let expires_at = entry.expires_at;
+                let wrote = decision.is_allowed() && cost > 0;
+                if let Some(expires_at) = keep_until(wrote, entry.expires_at, now, reset) {
+                    entry.expires_at = expires_at;
                     shard.next_expiry = shard.next_expiry.min(expires_at);
+                } else {
+                    occupied.remove();
                 }
                 Ok(decision)
             }
@@ -481,6 +482,8 @@ impl<C: Clock> MemoryStore<C> {
             original: Option<State>,
             existed: bool,
             reset: u64,
+            /// Whether a check of a positive cost decided on it.
+            wrote: bool,
         }
 
         let mut items = Vec::with_capacity(checks.len());
@@ -532,6 +535,9 @@ impl<C: Clock> MemoryStore<C> {
                         .table
                         .find(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
                     let (state, existed) = match found {
+                        Some(e) if e.expires_at <= now => {
+                            (item.policy.algorithm().new_state(), true)
+                        }
                         Some(e) => (e.state.clone(), true),
                         None => (item.policy.algorithm().new_state(), false),
                     };
@@ -540,6 +546,7 @@ impl<C: Clock> MemoryStore<C> {
                         state,
                         existed,
                         reset: 0,
+                        wrote: false,
                     });
                     slots.len() - 1
                 }
@@ -560,6 +567,7 @@ impl<C: Clock> MemoryStore<C> {
             }
             .ok_or_else(|| conflict(item.policy))?;
             slot.reset = decision.reset_after_micros();
+            slot.wrote |= check.cost > 0;
             decisions.push(decision);
         }
 
@@ -610,13 +618,15 @@ impl<C: Clock> MemoryStore<C> {
                 .find_entry(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
             match found {
                 Ok(mut occupied) => {
-                    if slot.reset == 0 {
-                        occupied.remove();
-                    } else {
-                        let entry = occupied.get_mut();
+                    let entry = occupied.get_mut();
+                    if let Some(expires_at) =
+                        keep_until(slot.wrote, entry.expires_at, now, slot.reset)
+                    {
                         entry.state = state;
-                        entry.expires_at = now + slot.reset;
-                        guard.next_expiry = guard.next_expiry.min(now + slot.reset);
+                        entry.expires_at = expires_at;
+                        guard.next_expiry = guard.next_expiry.min(expires_at);
+                    } else {
+                        occupied.remove();
                     }
                 }
                 Err(_) if slot.reset > 0 => guard.insert(Entry {
@@ -776,6 +786,7 @@ impl<C: Clock> MemoryStore<C> {
         {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
+                forget_if_expired(entry, policy, now);
                 let peek = adjustment
                     .apply(algorithm, &mut entry.state, now, amount)
                     .ok_or_else(|| conflict(policy))?;
@@ -815,6 +826,33 @@ impl<C: Clock> MemoryStore<C> {
         } else {
             peek
         })
+    }
+}
+
+/// A state past the lifetime its last write gave it is no state, as a Redis
+/// key past its TTL (it may still be in the table until a sweep): under the
+/// numbers that wrote it, it is back to fresh; under other numbers it would
+/// not always read so.
+fn forget_if_expired(entry: &mut Entry, policy: &Policy, now: u64) {
+    if entry.expires_at <= now {
+        entry.state = policy.algorithm().new_state();
+    }
+}
+
+/// Until when an entry is kept after a decision that reports `reset`
+/// (`None`: drop it now), as Redis keeps a key: a decision that wrote the
+/// state sets its lifetime (and drops it when back to fresh); any other
+/// keeps the lifetime the last write set. A state written under other
+/// numbers (the same policy name) may look fresh to the numbers reading it
+/// and still count under those that wrote it, so it stays as long as they
+/// said, on both stores.
+fn keep_until(wrote: bool, expires_at: u64, now: u64, reset: u64) -> Option<u64> {
+    if wrote {
+        (reset > 0).then(|| now + reset)
+    } else if reset == 0 && expires_at <= now {
+        None
+    } else {
+        Some(expires_at)
     }
 }
 

@@ -44,35 +44,44 @@ impl FixedWindow {
     }
 
     /// The window and count that apply at `now`.
+    ///
+    /// A state written under another window length (the same policy name
+    /// with other numbers) starts where no window of this length starts: its
+    /// count belongs to the window of this length that holds its start, so
+    /// it counts until that window ends, and not beyond.
     fn current(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
         let aligned = now - now % self.window;
+        let start = state.window_start - state.window_start % self.window;
         // A count from a later window (a clock that stepped back) is kept: the
         // conservative choice.
-        if state.count > 0 && state.window_start >= aligned {
-            (state.window_start, state.count)
+        if state.count > 0 && start >= aligned {
+            (start, state.count)
         } else {
             (aligned, 0)
         }
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does: a state written under other numbers stays as it
+    /// was until then, so both stores read it alike after a later change.
     pub fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
         let (start, count) = self.current(state, now);
         let until_end = start + self.window - now;
         if count + cost <= self.limit {
             let count = count + cost;
-            *state = FixedWindowState {
-                window_start: start,
-                count,
-            };
+            if cost > 0 {
+                *state = FixedWindowState {
+                    window_start: start,
+                    count,
+                };
+            }
             let reset = if count > 0 { until_end } else { 0 };
             Decision::allow(self.limit, self.limit - count, reset)
         } else {
-            *state = FixedWindowState {
-                window_start: start,
-                count,
-            };
-            // A penalty may have pushed the count past the limit.
+            // A penalty, or a limit since lowered, may have pushed the count
+            // past the limit.
             let remaining = self.limit.saturating_sub(count);
             Decision::deny(self.limit, remaining, until_end, until_end)
         }
@@ -140,5 +149,23 @@ mod tests {
         let d = fw.reward(&mut state, 10_000, 50);
         assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
         assert_eq!(state.count, 0);
+    }
+
+    #[test]
+    fn a_window_start_of_another_length_counts_until_its_new_window_ends() {
+        const S: u64 = 1_000_000;
+        // 10 per 60 s filled the window that started at 60 s; now 10 per 45 s.
+        let old = FixedWindow::new(10, Duration::from_secs(60)).expect("valid");
+        let new = FixedWindow::new(10, Duration::from_secs(45)).expect("valid");
+        let mut state = FixedWindowState::default();
+        assert!(old.decide(&mut state, 61 * S, 10).is_allowed());
+        // It belongs to the 45 s window [45 s, 90 s): denied until 90 s, and
+        // the retry time says so exactly.
+        let d = new.decide(&mut state, 70 * S, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+        assert_eq!(d.retry_after_micros(), 20 * S);
+        assert_eq!(d.reset_after_micros(), 20 * S);
+        assert!(!new.decide(&mut state, 90 * S - 1, 1).is_allowed());
+        assert!(new.decide(&mut state, 90 * S, 10).is_allowed());
     }
 }

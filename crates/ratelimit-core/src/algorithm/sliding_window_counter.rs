@@ -57,21 +57,36 @@ impl SlidingWindowCounter {
     }
 
     /// The window start and the two counts that apply at `now`.
+    ///
+    /// A state written under other parameters (the same policy name with
+    /// another window or limit) is read as one of this policy's: its window
+    /// start moves back to the start of the window of this length that holds
+    /// it (so the counts stay in a window that began no later than theirs,
+    /// and `now` is never more than one window past it), and a count above
+    /// twice the limit (the most a penalty leaves) counts as twice the limit.
     fn current(&self, state: &SlidingWindowCounterState, now: u64) -> (u64, u64, u64) {
         let w = self.window;
         let aligned = now - now % w;
-        let empty = state.previous == 0 && state.current == 0;
-        if empty || state.window_start + w < aligned {
+        let start = state.window_start - state.window_start % w;
+        let (previous, current) = (
+            state.previous.min(2 * self.limit),
+            state.current.min(2 * self.limit),
+        );
+        let empty = previous == 0 && current == 0;
+        if empty || start + w < aligned {
             (aligned, 0, 0)
-        } else if state.window_start + w == aligned {
-            (aligned, state.current, 0)
+        } else if start + w == aligned {
+            (aligned, current, 0)
         } else {
             // The same window, or a later one if the clock stepped back.
-            (state.window_start, state.previous, state.current)
+            (start, previous, current)
         }
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
     pub fn decide(&self, state: &mut SlidingWindowCounterState, now: u64, cost: u64) -> Decision {
         let w = self.window;
         let (start, previous, current) = self.current(state, now);
@@ -81,11 +96,13 @@ impl SlidingWindowCounter {
         let budget = self.limit * w;
         if weighted_previous + (current + cost) * w <= budget {
             let current = current + cost;
-            *state = SlidingWindowCounterState {
-                window_start: start,
-                previous,
-                current,
-            };
+            if cost > 0 {
+                *state = SlidingWindowCounterState {
+                    window_start: start,
+                    previous,
+                    current,
+                };
+            }
             let remaining = (budget - weighted_previous - current * w) / w;
             Decision::allow(
                 self.limit,
@@ -93,11 +110,6 @@ impl SlidingWindowCounter {
                 reset_after(start, w, now, previous, current),
             )
         } else {
-            *state = SlidingWindowCounterState {
-                window_start: start,
-                previous,
-                current,
-            };
             let remaining = budget.saturating_sub(weighted_previous + current * w) / w;
             let retry = if current + cost <= self.limit {
                 // Passes later in this window, once the previous window's
@@ -201,5 +213,59 @@ mod tests {
         assert_eq!(d.remaining(), 2);
         let d = swc.reward(&mut state, 11_000, 10);
         assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
+    }
+
+    /// Issue 12, item 5: a state written under a 60 s window ("w60000000 8
+    /// 2" in Redis) read under 45 s, at every point of the next windows.
+    #[test]
+    fn a_state_from_another_window_never_underflows_nor_over_admits() {
+        const S: u64 = 1_000_000;
+        let old = SlidingWindowCounter::new(10, Duration::from_secs(60)).expect("valid");
+        let new = SlidingWindowCounter::new(10, Duration::from_secs(45)).expect("valid");
+        let mut written = SlidingWindowCounterState::default();
+        assert!(old.decide(&mut written, 10 * S, 8).is_allowed());
+        assert!(old.decide(&mut written, 61 * S, 2).is_allowed());
+        assert_eq!(
+            (written.window_start, written.previous, written.current),
+            (60 * S, 8, 2)
+        );
+        for now in (61..=200).map(|s| s * S) {
+            for cost in 0..=10 {
+                let d = new.decide(&mut written.clone(), now, cost);
+                assert!(d.remaining() <= 10, "{now} {cost}: {d:?}");
+                assert!(d.reset_after_micros() <= 90 * S, "{now} {cost}: {d:?}");
+                assert!(d.retry_after_micros() <= 90 * S, "{now} {cost}: {d:?}");
+            }
+        }
+        // The 2 units of the 60 s window that started at 60 s belong to the
+        // 45 s window that holds its start, [45 s, 90 s); in [90 s, 135 s)
+        // they weigh as the previous window's, so fewer than 10 pass there.
+        let mut state = written;
+        let mut admitted = 0;
+        for now in (106..135).map(|s| s * S) {
+            while new.decide(&mut state, now, 1).is_allowed() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 9);
+        assert_eq!(
+            (state.window_start, state.previous, state.current),
+            (90 * S, 2, 9)
+        );
+    }
+
+    #[test]
+    fn counts_above_twice_a_lowered_limit_count_as_twice_the_limit() {
+        // 2^40 per 4 µs, then 1 per 2^50 µs: the product of the old count and
+        // the new window does not fit in 64 bits.
+        let new = SlidingWindowCounter::new(1, Duration::from_micros(1 << 50)).expect("valid");
+        let mut state = SlidingWindowCounterState {
+            window_start: 1 << 50,
+            previous: 1 << 41,
+            current: 1 << 41,
+        };
+        let d = new.decide(&mut state, (1 << 50) + 1, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+        assert!(d.retry_after_micros() <= 2 << 50);
     }
 }

@@ -55,10 +55,15 @@ impl TokenBucket {
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    ///
+    /// Only an admitted request of a positive cost writes the state, as the
+    /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
     pub fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let (c, t) = (self.capacity, self.interval);
         let (mut tokens, mut last) = if state.started {
-            settle(state.tokens, state.last, now, t)
+            // Tokens above the capacity (a bucket that was larger under the
+            // same name) are a full bucket.
+            settle(state.tokens.min(c), state.last, now, t)
         } else {
             (c, now)
         };
@@ -78,14 +83,14 @@ impl TokenBucket {
         // it is paid back by the refill.
         let ahead = last.saturating_sub(now);
         let allowed = tokens >= cost && ahead == 0;
-        if allowed {
+        if allowed && cost > 0 {
             tokens -= cost;
+            *state = TokenBucketState {
+                started: true,
+                tokens,
+                last,
+            };
         }
-        *state = TokenBucketState {
-            started: true,
-            tokens,
-            last,
-        };
         let reset = if tokens == c {
             0
         } else {
@@ -215,7 +220,7 @@ mod tests {
         assert_eq!((d.remaining(), d.reset_after_micros()), (1, 250));
         let d = bucket.reward(&mut state, 10_050, 9);
         assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
-        assert_eq!(state.tokens, 4);
+        assert_eq!(state, TokenBucketState::default(), "back to fresh");
     }
 
     #[test]
@@ -243,5 +248,31 @@ mod tests {
         let d = bucket.penalize(&mut state, 10_250, 1);
         assert_eq!(d.remaining(), 1);
         assert_eq!(d.reset_after_micros(), 250);
+    }
+
+    #[test]
+    fn tokens_above_a_lowered_capacity_are_a_full_bucket() {
+        let bucket = policy();
+        // Written by a bucket of 100.
+        let mut state = TokenBucketState {
+            started: true,
+            tokens: 100,
+            last: 9_000,
+        };
+        let d = bucket.decide(&mut state, 10_000, 1);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 3));
+        assert_eq!(d.reset_after_micros(), 100);
+        // The same, with its refill time ahead of now (a clock that stepped
+        // back) and a new interval that 2^40 tokens times would overflow.
+        let slow = TokenBucket::new(4, Rate::new(1, Duration::from_micros(1 << 48))).expect("ok");
+        let now = 1 << 51;
+        let mut state = TokenBucketState {
+            started: true,
+            tokens: 1 << 40,
+            last: now + 50,
+        };
+        let d = slow.decide(&mut state, now, 4);
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 3));
+        assert_eq!(d.retry_after_micros(), 50);
     }
 }

@@ -37,7 +37,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
-  local start, previous, current = sliding_window_current(key, now, w)
+  local start, previous, current = sliding_window_current(key, now, w, limit)
   if penalty then
     current = penalized(current, amount, 2 * limit)
   else

@@ -33,7 +33,9 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
         break
       end
     end
-    return {0, max, max - held, reset_from(latest), retry, 0}
+    -- Permits taken under a larger max (the same name with other numbers)
+    -- may hold more than this max: nothing remains until they end.
+    return {0, max, positive(max - held), reset_from(latest), retry, 0}
   end
   if cost == 0 then
     return {1, max, max - held, reset_from(latest), 0, 0}

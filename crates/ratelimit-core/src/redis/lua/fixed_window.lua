@@ -1,14 +1,17 @@
 -- Fixed window: at most `limit` per window aligned on the clock.
 -- State (string, tag TAG.fixed_window): "<window start> <count>".
--- The window start and count that apply at `now`.
+-- The window start and count that apply at `now`. A window start written
+-- under another window length counts in the window of this length that holds
+-- it (FixedWindow::current in Rust).
 local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
   local raw = read_state(key, TAG.fixed_window)
   if raw then
     local s = ints(raw)
+    local start = idiv(s[1], window) * window
     -- A count from a later window (the server clock stepped back) is kept.
-    if s[2] > 0 and s[1] >= aligned then
-      return s[1], s[2]
+    if s[2] > 0 and start >= aligned then
+      return start, s[2]
     end
   end
   return aligned, 0

@@ -4,27 +4,33 @@
 -- State (string, tag TAG.sliding_window):
 -- "<window start> <previous> <current>".
 -- The window start and the previous and current counts that apply at `now`.
-local function sliding_window_current(key, now, w)
+-- A state written under other numbers (SlidingWindowCounter::current in
+-- Rust): its window start moves back to the start of the window of this
+-- length that holds it, and counts above twice the limit count as twice the
+-- limit.
+local function sliding_window_current(key, now, w, limit)
   local aligned = idiv(now, w) * w
   local raw = read_state(key, TAG.sliding_window)
   if raw then
     local s = ints(raw)
-    if s[2] == 0 and s[3] == 0 then
+    local start = idiv(s[1], w) * w
+    local previous, current = math.min(s[2], 2 * limit), math.min(s[3], 2 * limit)
+    if previous == 0 and current == 0 then
       -- empty: fresh
-    elseif s[1] + w < aligned then
+    elseif start + w < aligned then
       -- older than the previous window: fresh
-    elseif s[1] + w == aligned then
-      return aligned, s[3], 0
+    elseif start + w == aligned then
+      return aligned, current, 0
     else
       -- the same window, or a later one if the server clock stepped back
-      return s[1], s[2], s[3]
+      return start, previous, current
     end
   end
   return aligned, 0, 0
 end
 
 ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
-  local start, previous, current = sliding_window_current(key, now, w)
+  local start, previous, current = sliding_window_current(key, now, w, limit)
   local elapsed = positive(now - start)
   local weighted = previous * (w - elapsed)
   local budget = limit * w

@@ -7,7 +7,9 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local raw = read_state(key, TAG.token_bucket)
   if raw then
     local s = ints(raw)
-    tokens, last = s[1], s[2]
+    -- Tokens above the capacity (a larger bucket under the same name) are
+    -- a full bucket.
+    tokens, last = math.min(s[1], capacity), s[2]
     -- `last` ahead of now with tokens in hand (a clock that stepped back):
     -- the tokens pay that debt first.
     if last > now and tokens > 0 then

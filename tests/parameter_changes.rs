@@ -1,0 +1,479 @@
+//! Changed numbers under one policy name (a reload, a deploy that changes a
+//! limit, two versions of a service on one Redis): every algorithm, on
+//! `MemoryStore` and on `RedisStore` against a real server, replaying one
+//! timeline on one manual clock, reads a state written under other
+//! parameters as a valid state of its own, decides within its new limit,
+//! and never panics, wraps or reports values out of range. Both stores give
+//! the same decision, field by field.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use ratelimit_core::clock::{Clock, ManualClock};
+use ratelimit_core::key::storage_key;
+use ratelimit_core::redis::{DEFAULT_PREFIX, RedisStore};
+use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
+use ratelimit_tests::RedisServer;
+
+const SECOND: u64 = 1_000_000;
+
+/// A whole Unix second in µs that is a multiple of 180 s, so windows of 45 s
+/// and of 60 s both start on it.
+const B: u64 = 1_762_999_920 * SECOND;
+
+fn named(policy: Policy) -> Policy {
+    policy.with_name("changing").expect("valid name")
+}
+
+/// Everything observable of a decision but its permit (the ids differ).
+fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64) {
+    (
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after_micros(),
+        d.retry_after_micros(),
+        d.delay_micros(),
+    )
+}
+
+/// Both stores on one clock.
+struct Pair {
+    memory: MemoryStore<ManualClock>,
+    redis: RedisStore,
+    clock: ManualClock,
+}
+
+impl Pair {
+    async fn new(server: &RedisServer, now: u64) -> Pair {
+        let clock = ManualClock::new(now);
+        Pair {
+            memory: MemoryStore::builder().clock(clock.clone()).build(),
+            redis: RedisStore::builder(server.url())
+                .script_clock_for_tests(clock.clone())
+                .call_timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .expect("redis store"),
+            clock,
+        }
+    }
+
+    fn at(&self, now: u64) {
+        self.clock.set(now);
+    }
+
+    /// One check on both stores, which must agree; memory's decision.
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Decision {
+        let memory = self.memory.check(key.as_bytes(), policy, cost).await;
+        let redis = self.redis.check(key.as_bytes(), policy, cost).await;
+        let (memory, redis) = match (memory, redis) {
+            (Ok(m), Ok(r)) => (m, r),
+            (m, r) => panic!("{key} cost {cost}: memory {m:?}, redis {r:?}"),
+        };
+        assert_eq!(
+            observable(&memory),
+            observable(&redis),
+            "{key} cost {cost} under {:?}",
+            policy.algorithm()
+        );
+        memory
+    }
+}
+
+/// Issue 12, item 4: a concurrency max lowered under the same name. Redis
+/// answered remaining -1 (a reply that did not decode, so the failure
+/// policy decided); memory computed `max - held` (a panic in debug).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_concurrency_max_denies_with_nothing_remaining() {
+    let server = RedisServer::start();
+    let stores = Pair::new(&server, B).await;
+    let wide = named(Policy::concurrency(5, Duration::from_secs(1)).unwrap());
+    let narrow = named(Policy::concurrency(2, Duration::from_millis(500)).unwrap());
+    for i in 0..4 {
+        stores.at(B + i * 100_000);
+        assert!(stores.check("k", &wide, 1).await.is_allowed());
+    }
+    // Four held (their leases end at 1.0 s .. 1.3 s) under a max of 2.
+    stores.at(B + 400_000);
+    let d = stores.check("k", &narrow, 1).await;
+    assert_eq!((d.is_allowed(), d.limit(), d.remaining()), (false, 2, 0));
+    assert_eq!(d.retry_after_micros(), 800_000, "three must end first");
+    assert_eq!(d.reset_after_micros(), 900_000);
+    let peek = stores.check("k", &narrow, 0).await;
+    assert_eq!((peek.is_allowed(), peek.remaining()), (false, 0));
+    stores.at(B + 1_200_000 - 1);
+    assert!(!stores.check("k", &narrow, 1).await.is_allowed());
+    stores.at(B + 1_200_000);
+    let d = stores.check("k", &narrow, 1).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 0));
+    assert!(d.permit().is_some());
+}
+
+/// Issue 12, item 5: a sliding window counter's window changed from 60 s to
+/// 45 s under one name, with the state "w<60 s> 8 2" (10 per window).
+/// Memory underflowed (`previous * (w - elapsed)`); Redis weighed the
+/// previous window negatively and admitted past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_counter_window_change_never_over_admits() {
+    let server = RedisServer::start();
+    let stores = Pair::new(&server, B + 10 * SECOND).await;
+    let minute = named(Policy::sliding_window_counter(10, Duration::from_secs(60)).unwrap());
+    let shorter = named(Policy::sliding_window_counter(10, Duration::from_secs(45)).unwrap());
+    assert!(stores.check("k", &minute, 8).await.is_allowed());
+    stores.at(B + 61 * SECOND);
+    assert!(stores.check("k", &minute, 2).await.is_allowed());
+    // The 2 units of the minute that began at 60 s belong to the 45 s window
+    // that holds its start, [45 s, 90 s), and weigh into [90 s, 135 s) as
+    // its previous window: 9 more pass there, one at a time.
+    let mut admitted = 0;
+    for s in 106..135 {
+        stores.at(B + s * SECOND);
+        loop {
+            let d = stores.check("k", &shorter, 1).await;
+            assert!(d.remaining() <= 10, "{d:?}");
+            assert!(d.reset_after_micros() <= 90 * SECOND, "{d:?}");
+            assert!(d.retry_after_micros() <= 90 * SECOND, "{d:?}");
+            if !d.is_allowed() {
+                break;
+            }
+            admitted += 1;
+            assert!(admitted <= 10, "over the limit within one 45 s window");
+        }
+    }
+    assert_eq!(admitted, 9);
+}
+
+/// A fixed window's count from a 60 s window counts in the 45 s window that
+/// holds its start, until that window ends, and the retry time says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends() {
+    let server = RedisServer::start();
+    let stores = Pair::new(&server, B + 61 * SECOND).await;
+    let minute = named(Policy::fixed_window(10, Duration::from_secs(60)).unwrap());
+    let shorter = named(Policy::fixed_window(10, Duration::from_secs(45)).unwrap());
+    assert!(stores.check("k", &minute, 10).await.is_allowed());
+    stores.at(B + 70 * SECOND);
+    let d = stores.check("k", &shorter, 1).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+    assert_eq!(d.retry_after_micros(), 20 * SECOND);
+    stores.at(B + 90 * SECOND);
+    assert!(stores.check("k", &shorter, 10).await.is_allowed());
+}
+
+/// A token bucket whose capacity was lowered: the tokens above the new
+/// capacity are a full bucket, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_above_a_lowered_capacity_is_a_full_bucket() {
+    let server = RedisServer::start();
+    let stores = Pair::new(&server, B).await;
+    let large = named(Policy::token_bucket(100, Rate::per_second(100)).unwrap());
+    let small = named(Policy::token_bucket(4, Rate::per_second(4)).unwrap());
+    let d = stores.check("k", &large, 1).await;
+    assert_eq!(d.remaining(), 99);
+    stores.at(B + 5_000);
+    let d = stores.check("k", &small, 1).await;
+    assert_eq!((d.is_allowed(), d.limit(), d.remaining()), (true, 4, 3));
+    let d = stores.check("k", &small, 4).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (false, 3));
+    assert_eq!(d.retry_after_micros(), 250_000);
+}
+
+// ---------------------------------------------------------------------------
+// Random parameter changes on one timeline
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+    Concurrency,
+}
+
+const FAMILIES: [Family; 7] = [
+    Family::FixedWindow,
+    Family::SlidingLog,
+    Family::SlidingCounter,
+    Family::TokenBucket,
+    Family::Gcra,
+    Family::LeakyBucket,
+    Family::Concurrency,
+];
+
+/// One set of numbers: the limit (capacity, burst, max) and a time in µs
+/// (the window, the emission interval, or the lease).
+#[derive(Debug, Clone, Copy)]
+struct Numbers {
+    limit: u64,
+    span: u64,
+}
+
+impl Numbers {
+    fn policy(self, family: Family) -> Policy {
+        let (limit, time) = (self.limit, Duration::from_micros(self.span));
+        let rate = Rate::new(1, time);
+        named(
+            match family {
+                Family::FixedWindow => Policy::fixed_window(limit, time),
+                Family::SlidingLog => Policy::sliding_window_log(limit, time),
+                Family::SlidingCounter => Policy::sliding_window_counter(limit, time),
+                Family::TokenBucket => Policy::token_bucket(limit, rate),
+                Family::Gcra => Policy::gcra(limit, rate),
+                Family::LeakyBucket => Policy::leaky_bucket(limit, rate),
+                Family::Concurrency => Policy::concurrency(limit, time),
+            }
+            .expect("valid numbers"),
+        )
+    }
+
+    /// The longest reset or retry time a state of these numbers can imply,
+    /// penalties included: a window (two for the sliding counter, whose
+    /// count weighs into the next one), a lease, and for the buckets a debt
+    /// of one more bucket, the bucket itself, and one more bucket under the
+    /// new numbers (a retry behind a TAT written under these).
+    fn bound(self, family: Family) -> u64 {
+        match family {
+            Family::FixedWindow | Family::SlidingLog | Family::Concurrency => self.span,
+            Family::SlidingCounter => 2 * self.span,
+            Family::TokenBucket | Family::Gcra | Family::LeakyBucket => 3 * self.limit * self.span,
+        }
+    }
+
+    /// The longest a leaky bucket's request waits for its slot.
+    fn delay_bound(self) -> u64 {
+        self.limit * self.span
+    }
+}
+
+/// A timeline: parameter sets, and segments of (advance µs, cost, what)
+/// decided under one of them. `what` is a check, but 10 is a penalty and 11
+/// a reward of `cost` (admin operations, only before the final numbers came
+/// in, and not for concurrency).
+#[derive(Debug, Clone)]
+struct Case {
+    numbers: Vec<Numbers>,
+    segments: Vec<(usize, Vec<Op>)>,
+}
+
+/// One step: advance µs, cost, what.
+type Op = (u64, u64, u8);
+
+const PENALIZE: u8 = 10;
+const REWARD: u8 = 11;
+
+fn case() -> impl Strategy<Value = Case> {
+    let numbers = prop::collection::vec(
+        (1..=6u64, 500..=10_000u64).prop_map(|(limit, span)| Numbers { limit, span }),
+        2..=3,
+    );
+    let op = (prop_oneof![Just(0u64), 1..=8_000u64], 0..=6u64, 0..=11u8);
+    let segments = prop::collection::vec((0..3usize, prop::collection::vec(op, 2..=10)), 1..=4);
+    (numbers, segments).prop_map(|(numbers, segments)| {
+        let n = numbers.len();
+        Case {
+            segments: segments.into_iter().map(|(i, ops)| (i % n, ops)).collect(),
+            numbers,
+        }
+    })
+}
+
+/// One admitted request: its place in the timeline, when, how much, and its
+/// lease end (concurrency).
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    seq: usize,
+    at: u64,
+    cost: u64,
+    until: u64,
+}
+
+async fn run_case(
+    stores: &Pair,
+    server: &RedisServer,
+    family: Family,
+    case: &Case,
+    key: &str,
+) -> Result<(), TestCaseError> {
+    // The scripts' TTLs follow the Redis server's own clock, with an hour of
+    // slack on a replayed timeline; the key is dropped here at the time its
+    // TTL would end on this timeline (the lifetime its last write gave it,
+    // MemoryStore's too).
+    let redis_key = storage_key(DEFAULT_PREFIX, "changing", key.as_bytes());
+    let mut expires: Option<u64> = None;
+    let mut admitted: Vec<Admission> = Vec::new();
+    let mut bound = 0;
+    let mut previous = None;
+    let mut change = (0, stores.clock.now());
+    let mut seq = 0;
+    // The segment where the final numbers came in: admin operations only
+    // before it (a reward after it gives back what the guarantee counts).
+    let settled = (1..case.segments.len())
+        .rev()
+        .find(|&s| case.segments[s].0 != case.segments[s - 1].0)
+        .unwrap_or(0);
+    for (s, (index, ops)) in case.segments.iter().enumerate() {
+        let numbers = case.numbers[*index];
+        let policy = numbers.policy(family);
+        bound = bound.max(numbers.bound(family));
+        for (n, &(advance, cost, what)) in ops.iter().enumerate() {
+            stores.clock.advance(Duration::from_micros(advance));
+            let now = stores.clock.now();
+            seq += 1;
+            if expires.is_some_and(|e| now >= e) {
+                server.cli(&["DEL", &redis_key]);
+                expires = None;
+            }
+            if n == 0 && previous != Some(*index) {
+                change = (seq, now);
+            }
+            let cost = cost.min(numbers.limit);
+            let admin = family != Family::Concurrency && s < settled;
+            let k = key.as_bytes();
+            let (memory, redis) = match what {
+                PENALIZE if admin => (
+                    stores.memory.penalize(k, &policy, cost).await,
+                    stores.redis.penalize(k, &policy, cost).await,
+                ),
+                REWARD if admin => (
+                    stores.memory.reward(k, &policy, cost).await,
+                    stores.redis.reward(k, &policy, cost).await,
+                ),
+                _ => (
+                    stores.memory.check(k, &policy, cost).await,
+                    stores.redis.check(k, &policy, cost).await,
+                ),
+            };
+            // What the stores did: a check (admissions count), or an
+            // adjustment (they do not).
+            let adjusted = admin && what >= PENALIZE;
+            let cost = if adjusted { 0 } else { cost };
+            let (d, r) = match (memory, redis) {
+                (Ok(d), Ok(r)) => (d, r),
+                (m, r) => {
+                    return Err(TestCaseError::fail(format!(
+                        "at {now} cost {cost}: memory {m:?}, redis {r:?}"
+                    )));
+                }
+            };
+            prop_assert_eq!(observable(&d), observable(&r), "at {} cost {}", now, cost);
+            prop_assert_eq!(d.limit(), numbers.limit);
+            prop_assert!(d.remaining() <= numbers.limit, "{:?}", d);
+            prop_assert!(d.reset_after_micros() <= bound, "{:?} > {}", d, bound);
+            prop_assert!(d.retry_after_micros() <= bound, "{:?} > {}", d, bound);
+            prop_assert!(d.delay_micros() <= numbers.delay_bound(), "{:?}", d);
+            if adjusted || (d.is_allowed() && cost > 0) {
+                let reset = d.reset_after_micros();
+                expires = (reset > 0).then_some(now + reset);
+            }
+            if d.is_allowed() && cost > 0 {
+                admitted.push(Admission {
+                    seq,
+                    at: now,
+                    cost,
+                    until: now + numbers.span,
+                });
+            }
+        }
+        previous = Some(*index);
+    }
+    let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
+    guarantee(family, last, &admitted, change)
+}
+
+/// The final numbers' guarantee over the admissions since the last change
+/// (its place in the timeline and its time).
+fn guarantee(
+    family: Family,
+    numbers: Numbers,
+    admitted: &[Admission],
+    (change, since): (usize, u64),
+) -> Result<(), TestCaseError> {
+    let (limit, span) = (numbers.limit, numbers.span);
+    let after: Vec<Admission> = admitted
+        .iter()
+        .copied()
+        .filter(|a| a.seq >= change)
+        .collect();
+    let sum = |from: u64, to: u64| -> u64 {
+        after
+            .iter()
+            .filter(|a| a.at >= from && a.at < to)
+            .map(|a| a.cost)
+            .sum()
+    };
+    for a in &after {
+        match family {
+            // Each aligned window that starts after the change.
+            Family::FixedWindow | Family::SlidingCounter => {
+                let start = a.at - a.at % span;
+                if start >= since {
+                    prop_assert!(sum(start, start + span) <= limit, "window at {}", start);
+                }
+            }
+            // Every interval of one window after the change.
+            Family::SlidingLog => {
+                prop_assert!(sum(a.at, a.at + span) <= limit, "interval at {}", a.at);
+            }
+            // A burst, then one unit per interval.
+            Family::TokenBucket | Family::Gcra | Family::LeakyBucket => {
+                for b in after.iter().filter(|b| b.at >= a.at) {
+                    let most = limit + (b.at - a.at) / span;
+                    prop_assert!(sum(a.at, b.at + 1) <= most, "from {} to {}", a.at, b.at);
+                }
+            }
+            // In flight when it was admitted, permits from before the
+            // change included.
+            Family::Concurrency => {
+                let held: u64 = admitted
+                    .iter()
+                    .filter(|p| p.at <= a.at && a.at < p.until)
+                    .map(|p| p.cost)
+                    .sum();
+                prop_assert!(held <= limit, "{} held at {}", held, a.at);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For every algorithm, random timelines with random changes of numbers
+/// under one name, on both stores: no panic, no error, the same decisions,
+/// values in range, and the final numbers' guarantee after the last change.
+#[test]
+fn random_parameter_changes_on_both_stores() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stores = runtime.block_on(Pair::new(&server, B + 123_457));
+    let cases = std::cell::Cell::new(0u64);
+    for family in FAMILIES {
+        let mut runner = TestRunner::new(Config {
+            // Modest by default (the suite's time budget); PROPTEST_CASES
+            // searches longer.
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(32),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&case(), |case| {
+                cases.set(cases.get() + 1);
+                // A fresh key per case, a second apart.
+                stores.clock.advance(Duration::from_secs(1));
+                let key = format!("{family:?}-{}", cases.get());
+                runtime.block_on(run_case(&stores, &server, family, &case, &key))
+            })
+            .unwrap_or_else(|e| panic!("{family:?}: {e}"));
+    }
+    assert!(cases.get() >= 7);
+}
