@@ -45,10 +45,12 @@ for i = 1, #KEYS do
     local found = redis.pcall('ZRANGEBYSCORE', key, fmt(t), fmt(t))
     if not wrong_type(found) and found[1] then
       local p = ints(found[1])
-      redis.call('ZREM', key, found[1])
+      -- Add the reduced entry before removing the old one: removing a key's
+      -- only member deletes the key, and ZADD would recreate it without TTL.
       if p[2] > cost then
         redis.call('ZADD', key, fmt(p[1]), fmt(p[1]) .. ':' .. fmt(p[2] - cost))
       end
+      redis.call('ZREM', key, found[1])
     end
   elseif algorithm ~= 'sliding-log' then
     restore_string(key, after, before)
