@@ -52,7 +52,7 @@ end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
   check_members(key, 'log')
-  local _, newest, total = log_read(key, now, window)
+  local oldest, newest, total = log_read(key, now, window)
   if penalty then
     -- Logged now, as if admitted (log_add: in the newest entry when it shares
     -- the slot).
@@ -61,17 +61,15 @@ ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
       log_add(key, newest, now, add, log_slot(limit, window))
     end
   else
-    -- The most recent units first; at most the log's 2 × LOG_SLOTS entries.
-    local left = amount
-    while left > 0 and newest do
-      local taken = math.min(left, newest.cost)
-      if newest.cost > taken then
-        log_rewrite(key, newest, newest.t, newest.cost - taken, newest.before)
-      else
-        redis.call('ZREM', key, newest.member)
-      end
-      left = left - taken
-      newest = log_at(key, -1)
+    -- The most recent units first: the entry where the units kept end is
+    -- found as a denial's is, and the later ones go in one command.
+    local keep = total - amount
+    if keep <= 0 then
+      redis.call('DEL', key)
+    else
+      local e = log_find(key, oldest, keep)
+      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(e.t), '+inf')
+      log_rewrite(key, e, e.t, oldest.before + keep - e.before, e.before)
     end
   end
   redis.call('PEXPIRE', key, ttl_ms(window))
