@@ -956,3 +956,61 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
         .unwrap();
     assert!(plain.check(b"k", &policy, 1).await.is_err());
 }
+
+/// Issue 12, item 9: a cross-slot refund that gives back part of the only
+/// entry of a sliding log keeps the key's TTL (it used to remove the entry,
+/// which deleted the key, and recreate it without a TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
+    let cluster = RedisCluster::start();
+    // A fixed clock: both requests land in the same microsecond, so the
+    // refunded request shares the log's only entry.
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let per_user = Policy::sliding_window_log(5, Duration::from_secs(60))
+        .unwrap()
+        .with_name("refund-log")
+        .unwrap();
+    let shared = Policy::fixed_window(1, Duration::from_secs(60))
+        .unwrap()
+        .with_name("refund-shared")
+        .unwrap();
+    let slot = |k: &str, p: &Policy| {
+        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
+    };
+    let shared_slot = slot("everyone", &shared);
+    let user = (0..1000)
+        .map(|i| format!("refund-user-{i}"))
+        .find(|u| slot(u, &per_user) < shared_slot)
+        .unwrap();
+    assert!(
+        store
+            .check(user.as_bytes(), &per_user, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        store
+            .check(b"everyone", &shared, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let checks = [
+        Check::new(user.as_bytes(), &per_user, 2),
+        Check::new(b"everyone", &shared, 1),
+    ];
+    let denied = store.check_all(&checks).await.unwrap();
+    assert!(!denied[1].is_allowed(), "{denied:?}");
+    let peek = store.check(user.as_bytes(), &per_user, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 4, "the refund gave back the 2 units");
+    let key = store.state_key(user.as_bytes(), &per_user);
+    let ttl: i64 = cluster.cli(0, &["-c", "PTTL", &key]).parse().unwrap();
+    assert!(ttl > 0, "{key} has no TTL after the refund ({ttl})");
+}

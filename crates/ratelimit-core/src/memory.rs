@@ -43,7 +43,12 @@ const DEFAULT_SHARDS: usize = 64;
 ///   so the store refuses and lets the caller's failure policy decide (the
 ///   tower layer fails open, fails closed or falls back as configured);
 /// - blocks ([`AdminStore::block`]) count as keys too, expire when they end,
-///   and a block of a new key in a full shard is [`StoreError::Full`].
+///   and a block of a new key in a full shard is [`StoreError::Full`];
+/// - the state inside a key is bounded too: a sliding log holds at most
+///   `2 × `[`LOG_SLOTS`](crate::algorithm::sliding_window_log::LOG_SLOTS)
+///   entries of 16 bytes (32 KiB) whatever its limit (see
+///   [`sliding_window_log`](crate::algorithm::sliding_window_log)), and a
+///   concurrency key one lease per held permit, at most `max`.
 ///
 /// # Example
 ///

@@ -172,7 +172,8 @@ impl Algorithm {
 pub enum State {
     /// Fixed window state.
     FixedWindow(FixedWindowState),
-    /// Sliding window log state (boxed: it grows with the limit).
+    /// Sliding window log state (boxed: it grows with the limit, up to
+    /// `2 ×` [`LOG_SLOTS`](crate::algorithm::sliding_window_log::LOG_SLOTS) entries).
     SlidingWindowLog(Box<SlidingWindowLogState>),
     /// Sliding window counter state.
     SlidingWindowCounter(SlidingWindowCounterState),

@@ -1,13 +1,32 @@
 //! Sliding window log: at most `limit` in every interval of length `window`.
 //!
-//! Exact: it remembers when each admitted unit was admitted (requests admitted
-//! in the same microsecond share one entry), so its state grows with the limit.
+//! It remembers when each admitted unit was admitted: requests admitted in
+//! the same microsecond share one entry.
+//!
+//! # Bounded state
+//!
+//! A limit up to [`LOG_SLOTS`] is exact: the log holds at most one entry per
+//! unit, so at most `2 × limit` entries (a penalty may log up to twice the
+//! limit). Above [`LOG_SLOTS`], the window is cut into slots of
+//! `ceil(window / LOG_SLOTS)` µs aligned on the clock's origin, and the
+//! requests admitted within one slot share one entry, stamped with the latest
+//! admission: at most `LOG_SLOTS + 1` entries count at any time. The
+//! approximation only ever errs towards denying: a unit counts at most one
+//! slot (`window / LOG_SLOTS`, rounded up) longer than it was admitted, so
+//! there are never more than `limit` units in any interval of length
+//! `window`, and `retry_after`/`reset_after` are at most one slot later than
+//! the exact log's. Either way a key holds at most `2 × LOG_SLOTS` entries
+//! (16 bytes each in memory), and every decision reads at most that many.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{check_limit, window_micros};
 use crate::{Decision, PolicyError};
+
+/// The number of slots a window is cut into when the limit exceeds it (see
+/// the module's docs): the bound on the entries of one sliding log.
+pub const LOG_SLOTS: u64 = 1024;
 
 /// Parameters of a sliding window log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,11 +63,22 @@ impl SlidingWindowLog {
         self.window
     }
 
+    /// The width in µs of the slots whose admissions share one entry: 1 (one
+    /// entry per microsecond, exact) up to a limit of [`LOG_SLOTS`],
+    /// `ceil(window / LOG_SLOTS)` above.
+    pub fn slot_micros(&self) -> u64 {
+        if self.limit > LOG_SLOTS {
+            self.window.div_ceil(LOG_SLOTS)
+        } else {
+            1
+        }
+    }
+
     /// Decides one request of `cost` at `now` (µs).
     pub fn decide(&self, state: &mut SlidingWindowLogState, now: u64, cost: u64) -> Decision {
         self.expire(state, now);
         if state.total + cost <= self.limit {
-            add(state, now, cost);
+            add(state, now, cost, self.slot_micros());
             Decision::allow(
                 self.limit,
                 self.limit - state.total,
@@ -82,7 +112,7 @@ impl SlidingWindowLog {
     pub fn penalize(&self, state: &mut SlidingWindowLogState, now: u64, amount: u64) -> Decision {
         self.expire(state, now);
         let room = (2 * self.limit).saturating_sub(state.total);
-        add(state, now, amount.min(room));
+        add(state, now, amount.min(room), self.slot_micros());
         self.decide(state, now, 0)
     }
 
@@ -126,14 +156,19 @@ impl SlidingWindowLog {
     }
 }
 
-/// Logs `cost` units at `now` (nothing for 0).
-fn add(state: &mut SlidingWindowLogState, now: u64, cost: u64) {
+/// Logs `cost` units at `now` (nothing for 0), in the newest entry when it
+/// lies in the same slot of `slot` µs, or later (the clock stepped back): the
+/// entry then moves to the later of the two times, so units never leave
+/// earlier than they would on their own.
+fn add(state: &mut SlidingWindowLogState, now: u64, cost: u64, slot: u64) {
     if cost == 0 {
         return;
     }
     match state.entries.back_mut() {
-        // Keep entries ordered even if the clock stepped back.
-        Some((t, c)) if *t >= now => *c += cost,
+        Some((t, c)) if *t >= now || *t / slot == now / slot => {
+            *t = now.max(*t);
+            *c += cost;
+        }
         _ => state.entries.push_back((now, cost)),
     }
     state.total += cost;
@@ -174,5 +209,41 @@ mod tests {
         let d = log.reward(&mut state, 10_300, 5);
         assert!(state.entries.is_empty());
         assert_eq!((d.remaining(), d.reset_after_micros()), (3, 0));
+    }
+
+    #[test]
+    fn a_large_limit_keeps_at_most_one_entry_per_slot() {
+        let window = 1_000_000;
+        let log = SlidingWindowLog::new(100_000, Duration::from_micros(window)).expect("valid");
+        assert_eq!(log.slot_micros(), 977);
+        let mut state = SlidingWindowLogState::default();
+        let mut admitted = Vec::new();
+        let mut now = 5_000_000;
+        // 10,000 admissions 50 µs apart, then 10,000 more after a pause.
+        for i in 0..20_000u64 {
+            now += if i == 10_000 { 600_000 } else { 50 };
+            if log.decide(&mut state, now, 3).is_allowed() {
+                admitted.push(now);
+            }
+            assert!(
+                state.entries.len() as u64 <= LOG_SLOTS + 1,
+                "{}",
+                state.entries.len()
+            );
+        }
+        assert_eq!(state.total, state.entries.iter().map(|e| e.1).sum::<u64>());
+        // Never more than the limit in any window: each entry's units count
+        // from no earlier than they were admitted.
+        for (i, &t) in admitted.iter().enumerate() {
+            let within = admitted[i..]
+                .iter()
+                .take_while(|&&u| u < t + window)
+                .count();
+            assert!(3 * within as u64 <= 100_000, "{within} admissions from {t}");
+        }
+        // Admissions in one slot share one entry, at the latest time.
+        let &(t, c) = state.entries.back().expect("entries");
+        assert_eq!(t, now);
+        assert!(c > 3);
     }
 }

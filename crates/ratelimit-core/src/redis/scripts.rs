@@ -65,6 +65,8 @@ const BLOCK: &str = concat!(
 const REFUND: &str = concat!(
     include_str!("lua/prelude.lua"),
     "\n",
+    include_str!("lua/sliding_log.lua"),
+    "\n",
     include_str!("lua/refund.lua"),
 );
 

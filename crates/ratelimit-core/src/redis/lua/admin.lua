@@ -52,41 +52,24 @@ end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
   check_members(key, 'log')
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  local members = redis.call('ZRANGE', key, 0, -1)
-  local n, total = #members, 0
-  for _, member in ipairs(members) do
-    total = total + ints(member)[2]
-  end
+  local oldest, newest, total = log_read(key, now, window)
   if penalty then
-    -- Logged now, as if admitted, merged into an entry of the same time.
+    -- Logged now, as if admitted (log_add: in the newest entry when it shares
+    -- the slot).
     local add = math.min(amount, positive(2 * limit - total))
     if add > 0 then
-      local t = now
-      if n > 0 then
-        local newest = ints(members[n])
-        if newest[1] >= now then
-          t = newest[1]
-          add = add + newest[2]
-          redis.call('ZREM', key, members[n])
-        end
-      end
-      redis.call('ZADD', key, fmt(t), fmt(t) .. ':' .. fmt(add))
+      log_add(key, newest, now, add, log_slot(limit, window))
     end
   else
-    -- The most recent units first.
-    local left = amount
-    for i = n, 1, -1 do
-      if left <= 0 then
-        break
-      end
-      local p = ints(members[i])
-      local taken = math.min(left, p[2])
-      redis.call('ZREM', key, members[i])
-      if p[2] > taken then
-        redis.call('ZADD', key, fmt(p[1]), fmt(p[1]) .. ':' .. fmt(p[2] - taken))
-      end
-      left = left - taken
+    -- The most recent units first: the entry where the units kept end is
+    -- found as a denial's is, and the later ones go in one command.
+    local keep = total - amount
+    if keep <= 0 then
+      redis.call('DEL', key)
+    else
+      local e = log_find(key, oldest, keep)
+      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(e.t), '+inf')
+      log_rewrite(key, e, e.t, oldest.before + keep - e.before, e.before)
     end
   end
   redis.call('PEXPIRE', key, ttl_ms(window))
