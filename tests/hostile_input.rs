@@ -533,7 +533,19 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
         (
             "concurrency u64::MAX",
             Box::new(move || Policy::concurrency(u64::MAX, s)),
-            is_unrepresentable,
+            is_too_large,
+        ),
+        (
+            // Each held permit is an entry a decision reads: a larger max
+            // would make a Redis call's work grow with it (issue 12).
+            "concurrency MAX_CONCURRENCY + 1",
+            Box::new(move || {
+                Policy::concurrency(
+                    ratelimit_core::algorithm::concurrency::MAX_CONCURRENCY + 1,
+                    s,
+                )
+            }),
+            is_too_large,
         ),
     ];
     for (what, build, expected) in cases {
@@ -561,6 +573,9 @@ fn is_zero_limit(e: &PolicyError) -> bool {
 }
 fn is_zero_window(e: &PolicyError) -> bool {
     matches!(e, PolicyError::ZeroWindow { .. })
+}
+fn is_too_large(e: &PolicyError) -> bool {
+    matches!(e, PolicyError::TooLarge { .. })
 }
 fn is_unrepresentable(e: &PolicyError) -> bool {
     matches!(e, PolicyError::Unrepresentable { .. })

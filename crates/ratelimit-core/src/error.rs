@@ -41,6 +41,16 @@ pub enum PolicyError {
         /// The largest value allowed.
         max: u64,
     },
+    /// A parameter is above what a store decides in bounded work per call
+    /// (a concurrency `max` above
+    /// [`MAX_CONCURRENCY`](crate::algorithm::concurrency::MAX_CONCURRENCY)).
+    #[error("{what} is above {max}, the most a store decides in bounded work per call")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// The largest value allowed.
+        max: u64,
+    },
     /// The policy name is empty, too long, or has characters outside `[A-Za-z0-9._-]`.
     #[error("invalid policy name {name:?}: use 1 to 64 characters from [A-Za-z0-9._-]")]
     InvalidName {

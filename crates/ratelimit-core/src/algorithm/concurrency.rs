@@ -9,6 +9,17 @@ use std::time::Duration;
 use super::{check_limit, window_micros};
 use crate::{Decision, PermitId, PolicyError};
 
+/// The largest `max` of a concurrency limit.
+///
+/// Every held permit is one entry in the key's state (a sorted-set member in
+/// Redis), and a decision reads them all to count the units held and to find
+/// when enough are freed: bounding `max` bounds the entries, so every Redis
+/// call on a semaphore stays short (about 1 ms at 1,024 permits held, see
+/// BENCHMARKS.md) and never stalls the other decisions. For more in flight,
+/// split the key (for example by a hash of the request into several keys,
+/// each with its share).
+pub const MAX_CONCURRENCY: u64 = 1024;
+
 /// Parameters of a concurrency limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Concurrency {
@@ -46,7 +57,15 @@ impl ConcurrencyState {
 
 impl Concurrency {
     /// At most `max` units in flight, each permit leased for `lease`.
+    ///
+    /// `max` is at most [`MAX_CONCURRENCY`] ([`PolicyError::TooLarge`]).
     pub fn new(max: u64, lease: Duration) -> Result<Self, PolicyError> {
+        if max > MAX_CONCURRENCY {
+            return Err(PolicyError::TooLarge {
+                what: "the max of a concurrency limit",
+                max: MAX_CONCURRENCY,
+            });
+        }
         Ok(Concurrency {
             max: check_limit(max, "max")?,
             lease: window_micros(lease, "lease")?,
