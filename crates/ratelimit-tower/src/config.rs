@@ -135,7 +135,7 @@
 //!   name's state expires on its own).
 //! - Changing a policy's *algorithm* needs a new name. The stored state of
 //!   one algorithm means nothing to another: both
-//!   [`MemoryStore`](ratelimit_core::MemoryStore) and `RedisStore` answer
+//!   [`MemoryStore`](crate::MemoryStore) and `RedisStore` answer
 //!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
 //!   for every key that still has state of the old algorithm (GCRA and the
 //!   leaky bucket excepted: they share one state), so the layer's
