@@ -21,7 +21,7 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::key::{self, HASHED_KEY_MARKER, MAX_VERBATIM_KEY_LEN};
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 use ratelimit_tower::{
-    ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
+    ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
     RateLimitLayer, Rule, TrustedProxies,
 };
 use tower::{Layer, Service, ServiceExt};
@@ -84,7 +84,8 @@ impl Outcome {
 }
 
 /// Sends `requests`, one after another, through `layer` over a counting
-/// inner service. Every response must be 200 or 429.
+/// inner service. Every response must be 200 or 429, or 500 for a request
+/// without a peer address under a peer or client IP key.
 fn send_all<L>(layer: &L, requests: Vec<Req>) -> Outcome
 where
     L: Layer<Counting>,
@@ -101,10 +102,14 @@ where
     let mut held = Vec::new();
     runtime().block_on(async {
         for req in requests {
+            let req_has_no_peer = req.extensions().get::<PeerAddr>().is_none();
             let response = service.clone().oneshot(req).await.expect("no error");
             let status = response.status();
+            let no_peer = req_has_no_peer;
             assert!(
-                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                status == StatusCode::OK
+                    || status == StatusCode::TOO_MANY_REQUESTS
+                    || (no_peer && status == StatusCode::INTERNAL_SERVER_ERROR),
                 "unexpected status {status}"
             );
             retry_after.push(response.headers().contains_key(RETRY_AFTER));
@@ -800,9 +805,9 @@ where
     for _ in 0..repeats {
         sent.extend(requests.iter().map(Hostile::request));
     }
-    let keys: Vec<Option<Vec<u8>>> = sent
+    let keys: Vec<Result<Vec<u8>, NoKey>> = sent
         .iter()
-        .map(|r| extractor.extract(r).map(|k| k.as_bytes().to_vec()))
+        .map(|r| extractor.try_extract(r).map(|k| k.as_bytes().to_vec()))
         .collect();
     let layer = RateLimitLayer::new(store(), fixed(LIMIT as u64), extractor)
         .on_missing_key(MissingKey::Reject);
@@ -810,8 +815,9 @@ where
     let mut per_key: std::collections::HashMap<&[u8], (usize, usize)> = Default::default();
     for (key, status) in keys.iter().zip(&outcome.statuses) {
         match key {
-            None => assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS),
-            Some(key) => {
+            Err(NoKey::NoPeerAddress) => assert_eq!(*status, StatusCode::INTERNAL_SERVER_ERROR),
+            Err(_) => assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS),
+            Ok(key) => {
                 let entry = per_key.entry(key).or_default();
                 entry.0 += 1;
                 if *status == StatusCode::OK {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use http::header::{FORWARDED, HeaderValue, ValueIter};
 use http::{HeaderMap, HeaderName, Request};
 
-use crate::key::{Key, KeyExtractor, PeerIp};
+use crate::key::{Key, KeyExtractor, NoKey, PeerIp};
 
 /// The longest single list entry (one `X-Forwarded-For` address or one
 /// `Forwarded` element) that is scanned; longer entries are malformed. This
@@ -339,7 +339,7 @@ pub enum ForwardingHeader {
 /// # Algorithm
 ///
 /// 1. Start from the TCP peer IP ([`PeerIp::peer_ip`]). No known peer: no key
-///    (`None`).
+///    ([`NoKey::NoPeerAddress`]: the layer answers `500`, a wiring mistake).
 /// 2. If the peer is not a trusted proxy, it is the client; headers are not
 ///    read at all.
 /// 3. Otherwise read one forwarding header, chosen by
@@ -569,6 +569,11 @@ impl ClientIp {
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         self.client_ip(req).map(|ip| Key::from(self.key_text(ip)))
+    }
+
+    /// No TCP peer is a wiring mistake, as for [`PeerIp`]: `500`.
+    fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        self.extract(req).ok_or(NoKey::NoPeerAddress)
     }
 }
 

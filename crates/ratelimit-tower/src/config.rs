@@ -93,7 +93,8 @@
 //! cost = 1             # optional, default 1; 0 only reports
 //! routes = ["/api/"]   # optional path prefixes; absent: every path
 //! methods = ["POST"]   # optional; absent: every method
-//! missing_key = "allow"  # or "reject": requests without the key (no header)
+//! missing_key = "reject"  # or "allow": requests without the header
+//!                      # (default: reject for header keys; see below)
 //!
 //! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
 //! [client_ip]
@@ -117,7 +118,11 @@
 //!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
 //!   does, and has a key only when every part does.
 //! - A request no rule matches passes unchecked. When a matching rule finds
-//!   no key, the rule does not apply, unless it says `missing_key = "reject"`.
+//!   no key, as [`MissingKey`] describes: without its header a request is
+//!   refused, unless the rule says `missing_key = "allow"` (then that rule
+//!   does not apply to it); `ip` and `client-ip` without a peer address
+//!   answer `500` whatever `missing_key` says (the server is not wired to
+//!   give one). Each such request is counted and logged.
 //!
 //! Every field is checked when the configuration is loaded; the error names
 //! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
@@ -163,7 +168,7 @@ pub use error::{ConfigError, ConfigErrorKind};
 pub use reload::ReloadableRules;
 
 use crate::client_ip::{ClientIp, TrustedProxies};
-use crate::key::{HeaderKey, Key, KeyExtractor, PeerIp, RouteKey};
+use crate::key::{HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey};
 use crate::layer::MissingKey;
 use crate::rule::{Limit, Limits, RuleProvider};
 use schema::{AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec};
@@ -367,9 +372,14 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Some(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
-                None if rule.missing_key == MissingKey::Reject => return Limits::reject(),
-                None => {}
+                Ok(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
+                Err(cause) => {
+                    let action = rule.missing_key.unwrap_or(cause.default_action());
+                    limits.extend(Limits::missed(&rule.policy, cause, action));
+                    if limits.is_reject() {
+                        return limits;
+                    }
+                }
             }
         }
         limits
@@ -392,7 +402,7 @@ struct ConfiguredRule {
     cost: u64,
     routes: Option<Box<[String]>>,
     methods: Option<Box<[Method]>>,
-    missing_key: MissingKey,
+    missing_key: Option<MissingKey>,
 }
 
 impl ConfiguredRule {
@@ -411,9 +421,12 @@ impl ConfiguredRule {
         }
     }
 
-    fn key<B>(&self, req: &Request<B>) -> Option<Key> {
+    fn key<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         let mut parts = self.key.iter();
-        let mut key = parts.next()?.extract(req)?;
+        let Some(first) = parts.next() else {
+            return Err(NoKey::NotApplicable);
+        };
+        let mut key = first.extract(req)?;
         // Joined as `Composite` joins two keys: the first length-prefixed.
         for part in parts {
             let next = part.extract(req)?;
@@ -425,7 +438,7 @@ impl ConfiguredRule {
             joined.extend_from_slice(b);
             key = Key::from(joined);
         }
-        Some(key)
+        Ok(key)
     }
 }
 
@@ -448,13 +461,13 @@ enum KeySource {
 }
 
 impl KeySource {
-    fn extract<B>(&self, req: &Request<B>) -> Option<Key> {
+    fn extract<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         match self {
-            KeySource::Global => Some(Key::from("global")),
-            KeySource::Peer => PeerIp.extract(req),
-            KeySource::Client(client_ip) => client_ip.extract(req),
-            KeySource::Header(header) => header.extract(req),
-            KeySource::Route => RouteKey.extract(req),
+            KeySource::Global => Ok(Key::from("global")),
+            KeySource::Peer => PeerIp.try_extract(req),
+            KeySource::Client(client_ip) => client_ip.try_extract(req),
+            KeySource::Header(header) => header.try_extract(req),
+            KeySource::Route => RouteKey.try_extract(req),
         }
     }
 }
@@ -733,7 +746,7 @@ fn build_rule(
         cost: spec.cost,
         routes,
         methods,
-        missing_key: spec.missing_key.into(),
+        missing_key: spec.missing_key.map(MissingKey::from),
     })
 }
 

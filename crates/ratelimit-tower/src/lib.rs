@@ -150,7 +150,9 @@ pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
-pub use key::{Composite, GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp, RouteKey};
+pub use key::{
+    Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
+};
 pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer, Stats};
 pub use permit::PermitGuard;
 pub use reject::{

@@ -69,6 +69,7 @@ pub fn problem_json(rejection: &Rejection) -> String {
         other => {
             let (status, title) = match other {
                 Rejection::Unavailable(_) => (503, "Service Unavailable"),
+                Rejection::NoPeerAddress => (500, "Internal Server Error"),
                 _ => (429, "Too Many Requests"),
             };
             out.push_str("{\"type\":\"about:blank\",\"title\":");
