@@ -202,7 +202,7 @@ fn a_64_kib_api_key_and_a_non_utf8_one_are_limited_like_any_other() {
 }
 
 #[test]
-fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
+fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right() {
     let mib = 1 << 20;
     // One entry of a megabyte, a megabyte of entries, 10,000 entries.
     let one_entry = header_value(&vec![b'1'; mib]);
@@ -217,7 +217,9 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
     let unterminated = header_value(format!("for=\"{}", "9".repeat(mib)).as_bytes());
 
     let cases: Vec<(&str, ClientIp, (HeaderName, HeaderValue), &str)> = vec![
-        // Over max_header_bytes (8 KiB): the peer.
+        // Over max_header_bytes (8 KiB): still walked from the right. A
+        // malformed entry (over 1 KiB) stops the walk at the last trusted hop
+        // (here the peer); the first untrusted address is the client.
         (
             "1 MiB entry",
             behind(),
@@ -228,19 +230,19 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
             "1 MiB of entries",
             behind(),
             (XFF, many.clone()),
-            "10.0.0.1",
+            "198.51.100.1",
         ),
         (
             "10,000 entries",
             behind(),
             (XFF, ten_thousand.clone()),
-            "10.0.0.1",
+            "10.0.38.208",
         ),
         (
             "1 MiB Forwarded",
             behind(),
             (FORWARDED, forwarded.clone()),
-            "10.0.0.1",
+            "198.51.100.1",
         ),
         (
             "unterminated quote",
@@ -298,6 +300,32 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
         let outcome = send_all(&layer, repeat(make, 6));
         assert_eq!(outcome.admitted(), 3, "{what}: {outcome:?}");
     }
+}
+
+#[test]
+fn an_oversized_forwarding_header_keys_the_client_its_proxy_appended() {
+    // Each client writes 9 KiB of spoofed entries (over the old 8 KiB cap);
+    // the trusted proxy appends the address it saw. The walk from the right
+    // finds that address first: the client is keyed, never the proxy, so no
+    // client drains the proxy's shared bucket.
+    let spoofed: String = std::iter::repeat_n("198.51.100.1, ", 9 * 1024 / 14).collect();
+    let store = store();
+    let layer = RateLimitLayer::new(store.clone(), fixed(3), behind());
+    for client in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let header = (XFF, header_value(format!("{spoofed}{client}").as_bytes()));
+        let make = || request(peer("10.0.0.1"), std::slice::from_ref(&header));
+        assert_eq!(behind().client_ip(&make()), Some(ip(client)));
+        let outcome = send_all(&layer, repeat(make, 5));
+        assert_eq!(outcome.admitted(), 3, "{client}: {outcome:?}");
+    }
+    // The same through `Forwarded`.
+    let spoofed: String = std::iter::repeat_n("for=198.51.100.1, ", 9 * 1024 / 18).collect();
+    let header = (
+        FORWARDED,
+        header_value(format!("{spoofed}for=203.0.113.4").as_bytes()),
+    );
+    let req = request(peer("10.0.0.1"), std::slice::from_ref(&header));
+    assert_eq!(behind().client_ip(&req), Some(ip("203.0.113.4")));
 }
 
 fn behind() -> ClientIp {
