@@ -22,7 +22,7 @@ use ratelimit_core::key::{self, HASHED_KEY_MARKER, MAX_VERBATIM_KEY_LEN};
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 use ratelimit_tower::{
     ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
-    RateLimitLayer, Rule, TrustedProxies,
+    RateLimitLayer, RouteKey, Rule, TrustedProxies,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -1090,5 +1090,70 @@ proptest! {
         one_budget(ClientIp::peer(), &variations, limit, "192.0.2.7");
         // A trusted list that does not include the client changes nothing.
         one_budget(behind(), &variations, limit, "192.0.2.7");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// No bypass: spellings of one path that reach one handler share one rule.
+
+/// Spellings of `/api/items` a client may send: repeated slashes and dot
+/// segments (`%2e` too), which some servers behind the layer normalise.
+const API_ITEMS_SPELLINGS: &[&str] = &[
+    "/api/items",
+    "/api//items",
+    "//api/items",
+    "/api/./items",
+    "/./api/items",
+    "/api/other/../items",
+    "/../api/items",
+    "/api/%2e/items",
+    "/api/other/%2E%2e/items",
+    "/api///items/",
+];
+
+#[test]
+fn dot_segments_and_repeated_slashes_map_to_one_route_key_and_one_rule() {
+    let config = ratelimit_tower::config::Config::from_toml(
+        r#"
+        [policies.api]
+        algorithm = "fixed-window"
+        limit = 3
+        window = "1h"
+
+        [[rules]]
+        policy = "api"
+        key = "global"
+        routes = ["/api/items"]
+        "#,
+    )
+    .unwrap();
+    for spelling in API_ITEMS_SPELLINGS {
+        let req = Request::get(*spelling).body("").unwrap();
+        let names: Vec<String> = config
+            .limits(&req)
+            .iter()
+            .map(|l| l.policy().name().to_owned())
+            .collect();
+        assert_eq!(names, ["api"], "{spelling}");
+        let key = RouteKey.extract(&req).unwrap();
+        let want: &[u8] = if spelling.ends_with("items/") {
+            b"GET /api/items/"
+        } else {
+            b"GET /api/items"
+        };
+        assert_eq!(key.as_bytes(), want, "{spelling}");
+    }
+    // Through the layer: one budget for every spelling.
+    let layer = RateLimitLayer::with_rules(store(), config.clone());
+    let sent = API_ITEMS_SPELLINGS
+        .iter()
+        .map(|s| Request::get(*s).body("body").unwrap())
+        .collect();
+    assert_eq!(send_all(&layer, sent).admitted(), 3);
+    // Case and percent-encoded slashes are left alone (axum routes on them
+    // as they are; see SECURITY.md).
+    for other in ["/API/items", "/api%2Fitems", "/apiary/items"] {
+        let req = Request::get(other).body("").unwrap();
+        assert!(config.limits(&req).is_empty(), "{other}");
     }
 }

@@ -110,7 +110,9 @@
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
 //!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. The
 //!   path is the request's as the layer sees it (inside a nested axum router,
-//!   without the nesting prefix).
+//!   without the nesting prefix), with repeated slashes merged and dot
+//!   segments resolved (`/api//x`, `/api/./x` and `/api/y/../x` are all
+//!   `/api/x`); case and other percent-encoded bytes are kept (SECURITY.md).
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
 //!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
 //!   `[client_ip]` ([`ClientIp`]); `route` the method and route
@@ -414,8 +416,8 @@ impl ConfiguredRule {
         }
         match &self.routes {
             Some(routes) => {
-                let path = req.uri().path();
-                routes.iter().any(|prefix| route_matches(prefix, path))
+                let path = crate::path::normalize(req.uri().path());
+                routes.iter().any(|prefix| route_matches(prefix, &path))
             }
             None => true,
         }

@@ -302,8 +302,10 @@ where
 }
 
 /// The route of a request: the method and axum's matched route pattern
-/// (`GET /users/{id}`, feature `axum`), else the method and the path. Combine
-/// it with a user key in a [`Composite`] for per-route, per-user limits.
+/// (`GET /users/{id}`, feature `axum`), else the method and the path, with
+/// repeated slashes merged and dot segments resolved (`/api//x` and
+/// `/api/./x` are `/api/x`; case and `%2F` are kept). Combine it with a user
+/// key in a [`Composite`] for per-route, per-user limits.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey;
 
@@ -313,6 +315,7 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
         if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
             return Some(Key::from(format!("{} {}", req.method(), matched.as_str())));
         }
-        Some(Key::from(format!("{} {}", req.method(), req.uri().path())))
+        let path = crate::path::normalize(req.uri().path());
+        Some(Key::from(format!("{} {path}", req.method())))
     }
 }

@@ -130,6 +130,7 @@ pub mod headers;
 mod key;
 mod layer;
 pub mod metrics;
+mod path;
 mod permit;
 pub mod problem;
 mod reject;
