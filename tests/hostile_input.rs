@@ -21,8 +21,8 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::key::{self, HASHED_KEY_MARKER, MAX_VERBATIM_KEY_LEN};
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 use ratelimit_tower::{
-    ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
-    RateLimitLayer, Rule, TrustedProxies,
+    ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
+    RateLimitLayer, RouteKey, Rule, TrustedProxies,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -84,7 +84,8 @@ impl Outcome {
 }
 
 /// Sends `requests`, one after another, through `layer` over a counting
-/// inner service. Every response must be 200 or 429.
+/// inner service. Every response must be 200 or 429, or 500 for a request
+/// without a peer address under a peer or client IP key.
 fn send_all<L>(layer: &L, requests: Vec<Req>) -> Outcome
 where
     L: Layer<Counting>,
@@ -101,10 +102,14 @@ where
     let mut held = Vec::new();
     runtime().block_on(async {
         for req in requests {
+            let req_has_no_peer = req.extensions().get::<PeerAddr>().is_none();
             let response = service.clone().oneshot(req).await.expect("no error");
             let status = response.status();
+            let no_peer = req_has_no_peer;
             assert!(
-                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                status == StatusCode::OK
+                    || status == StatusCode::TOO_MANY_REQUESTS
+                    || (no_peer && status == StatusCode::INTERNAL_SERVER_ERROR),
                 "unexpected status {status}"
             );
             retry_after.push(response.headers().contains_key(RETRY_AFTER));
@@ -197,7 +202,7 @@ fn a_64_kib_api_key_and_a_non_utf8_one_are_limited_like_any_other() {
 }
 
 #[test]
-fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
+fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right() {
     let mib = 1 << 20;
     // One entry of a megabyte, a megabyte of entries, 10,000 entries.
     let one_entry = header_value(&vec![b'1'; mib]);
@@ -212,7 +217,9 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
     let unterminated = header_value(format!("for=\"{}", "9".repeat(mib)).as_bytes());
 
     let cases: Vec<(&str, ClientIp, (HeaderName, HeaderValue), &str)> = vec![
-        // Over max_header_bytes (8 KiB): the peer.
+        // Over max_header_bytes (8 KiB): still walked from the right. A
+        // malformed entry (over 1 KiB) stops the walk at the last trusted hop
+        // (here the peer); the first untrusted address is the client.
         (
             "1 MiB entry",
             behind(),
@@ -223,19 +230,19 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
             "1 MiB of entries",
             behind(),
             (XFF, many.clone()),
-            "10.0.0.1",
+            "198.51.100.1",
         ),
         (
             "10,000 entries",
             behind(),
             (XFF, ten_thousand.clone()),
-            "10.0.0.1",
+            "10.0.38.208",
         ),
         (
             "1 MiB Forwarded",
             behind(),
             (FORWARDED, forwarded.clone()),
-            "10.0.0.1",
+            "198.51.100.1",
         ),
         (
             "unterminated quote",
@@ -293,6 +300,32 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_key_by_the_proxy() {
         let outcome = send_all(&layer, repeat(make, 6));
         assert_eq!(outcome.admitted(), 3, "{what}: {outcome:?}");
     }
+}
+
+#[test]
+fn an_oversized_forwarding_header_keys_the_client_its_proxy_appended() {
+    // Each client writes 9 KiB of spoofed entries (over the old 8 KiB cap);
+    // the trusted proxy appends the address it saw. The walk from the right
+    // finds that address first: the client is keyed, never the proxy, so no
+    // client drains the proxy's shared bucket.
+    let spoofed: String = std::iter::repeat_n("198.51.100.1, ", 9 * 1024 / 14).collect();
+    let store = store();
+    let layer = RateLimitLayer::new(store.clone(), fixed(3), behind());
+    for client in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let header = (XFF, header_value(format!("{spoofed}{client}").as_bytes()));
+        let make = || request(peer("10.0.0.1"), std::slice::from_ref(&header));
+        assert_eq!(behind().client_ip(&make()), Some(ip(client)));
+        let outcome = send_all(&layer, repeat(make, 5));
+        assert_eq!(outcome.admitted(), 3, "{client}: {outcome:?}");
+    }
+    // The same through `Forwarded`.
+    let spoofed: String = std::iter::repeat_n("for=198.51.100.1, ", 9 * 1024 / 18).collect();
+    let header = (
+        FORWARDED,
+        header_value(format!("{spoofed}for=203.0.113.4").as_bytes()),
+    );
+    let req = request(peer("10.0.0.1"), std::slice::from_ref(&header));
+    assert_eq!(behind().client_ip(&req), Some(ip("203.0.113.4")));
 }
 
 fn behind() -> ClientIp {
@@ -815,9 +848,9 @@ where
     for _ in 0..repeats {
         sent.extend(requests.iter().map(Hostile::request));
     }
-    let keys: Vec<Option<Vec<u8>>> = sent
+    let keys: Vec<Result<Vec<u8>, NoKey>> = sent
         .iter()
-        .map(|r| extractor.extract(r).map(|k| k.as_bytes().to_vec()))
+        .map(|r| extractor.try_extract(r).map(|k| k.as_bytes().to_vec()))
         .collect();
     let layer = RateLimitLayer::new(store(), fixed(LIMIT as u64), extractor)
         .on_missing_key(MissingKey::Reject);
@@ -825,8 +858,9 @@ where
     let mut per_key: std::collections::HashMap<&[u8], (usize, usize)> = Default::default();
     for (key, status) in keys.iter().zip(&outcome.statuses) {
         match key {
-            None => assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS),
-            Some(key) => {
+            Err(NoKey::NoPeerAddress) => assert_eq!(*status, StatusCode::INTERNAL_SERVER_ERROR),
+            Err(_) => assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS),
+            Ok(key) => {
                 let entry = per_key.entry(key).or_default();
                 entry.0 += 1;
                 if *status == StatusCode::OK {
@@ -1071,5 +1105,70 @@ proptest! {
         one_budget(ClientIp::peer(), &variations, limit, "192.0.2.7");
         // A trusted list that does not include the client changes nothing.
         one_budget(behind(), &variations, limit, "192.0.2.7");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// No bypass: spellings of one path that reach one handler share one rule.
+
+/// Spellings of `/api/items` a client may send: repeated slashes and dot
+/// segments (`%2e` too), which some servers behind the layer normalise.
+const API_ITEMS_SPELLINGS: &[&str] = &[
+    "/api/items",
+    "/api//items",
+    "//api/items",
+    "/api/./items",
+    "/./api/items",
+    "/api/other/../items",
+    "/../api/items",
+    "/api/%2e/items",
+    "/api/other/%2E%2e/items",
+    "/api///items/",
+];
+
+#[test]
+fn dot_segments_and_repeated_slashes_map_to_one_route_key_and_one_rule() {
+    let config = ratelimit_tower::config::Config::from_toml(
+        r#"
+        [policies.api]
+        algorithm = "fixed-window"
+        limit = 3
+        window = "1h"
+
+        [[rules]]
+        policy = "api"
+        key = "global"
+        routes = ["/api/items"]
+        "#,
+    )
+    .unwrap();
+    for spelling in API_ITEMS_SPELLINGS {
+        let req = Request::get(*spelling).body("").unwrap();
+        let names: Vec<String> = config
+            .limits(&req)
+            .iter()
+            .map(|l| l.policy().name().to_owned())
+            .collect();
+        assert_eq!(names, ["api"], "{spelling}");
+        let key = RouteKey.extract(&req).unwrap();
+        let want: &[u8] = if spelling.ends_with("items/") {
+            b"GET /api/items/"
+        } else {
+            b"GET /api/items"
+        };
+        assert_eq!(key.as_bytes(), want, "{spelling}");
+    }
+    // Through the layer: one budget for every spelling.
+    let layer = RateLimitLayer::with_rules(store(), config.clone());
+    let sent = API_ITEMS_SPELLINGS
+        .iter()
+        .map(|s| Request::get(*s).body("body").unwrap())
+        .collect();
+    assert_eq!(send_all(&layer, sent).admitted(), 3);
+    // Case and percent-encoded slashes are left alone (axum routes on them
+    // as they are; see SECURITY.md).
+    for other in ["/API/items", "/api%2Fitems", "/apiary/items"] {
+        let req = Request::get(other).body("").unwrap();
+        assert!(config.limits(&req).is_empty(), "{other}");
     }
 }

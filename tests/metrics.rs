@@ -25,7 +25,7 @@ use ratelimit_tests::{free_port, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
-use ratelimit_tower::{FailurePolicy, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 /// The key of every request in these tests: it must never show in a label.
@@ -394,6 +394,54 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
         "two store calls per request: the enforced and the shadow group"
     );
     assert_no_key_in_labels(&recorded);
+}
+
+/// Two requests without a key or a peer address.
+async fn send_two<S, B>(service: S) -> Vec<u16>
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let response = service
+            .clone()
+            .oneshot(Request::new(String::new()))
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+#[test]
+fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
+    let api_key = http::HeaderName::from_static("x-api-key");
+    let (statuses, recorded) = capture(false, || async {
+        let refused = RateLimitLayer::new(
+            memory(),
+            policy("keyed", 10),
+            HeaderKey::new(api_key.clone()),
+        )
+        .layer(ok_service());
+        let allowed =
+            RateLimitLayer::new(memory(), policy("optional", 10), HeaderKey::new(api_key))
+                .on_missing_key(MissingKey::Allow)
+                .layer(ok_service());
+        let no_peer =
+            RateLimitLayer::new(memory(), policy("per-ip", 10), PeerIp).layer(ok_service());
+        let mut statuses = Vec::new();
+        statuses.extend(send_two(refused).await);
+        statuses.extend(send_two(allowed).await);
+        statuses.extend(send_two(no_peer).await);
+        statuses
+    });
+    assert_eq!(statuses, [429, 429, 200, 200, 500, 500]);
+    let counted =
+        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    assert_eq!(counted("keyed", "missing_key_rejected"), 2);
+    assert_eq!(counted("optional", "missing_key_allowed"), 2);
+    assert_eq!(counted("per-ip", "no_peer_address"), 2);
 }
 
 #[test]

@@ -1,4 +1,33 @@
-//! axum integration for `ratelimit-tower`.
+//! Rate limiting for axum: one dependency.
+//!
+//! ```toml
+//! [dependencies]
+//! axum = "0.8"
+//! tokio = { version = "1", features = ["full"] }
+//! ratelimit-axum = "0.1"
+//! ```
+//!
+//! This crate turns on what axum needs in `ratelimit-tower` (the peer address
+//! from `ConnectInfo`, routes from `MatchedPath`) and re-exports what a
+//! service uses: the layer ([`RateLimitLayer`], [`Rule`]), the key extractors
+//! ([`PeerIp`], [`ClientIp`], [`HeaderKey`], ...), the policies ([`Policy`],
+//! [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the feature
+//! `redis`) and the decision types. Everything else is in the re-exported
+//! crates [`ratelimit_core`] and [`ratelimit_tower`].
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `redis` | `RedisStore`: one limit shared by every instance |
+//! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
+//! | `tls` | `rediss://` URLs |
+//! | `metrics` | decisions counted through the `metrics` facade |
+//! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
+//!
+//! In a file that also uses tower's own `tower::limit::RateLimitLayer`,
+//! rename one of them on import:
+//! `use tower::limit::RateLimitLayer as TowerRateLimitLayer;`.
+//!
+//! What this crate adds to axum:
 //!
 //! - [`RateLimitInfo`]: an extractor that gives a handler the decisions the
 //!   rate-limit layer made for the request (policy, limit, remaining, reset),
@@ -16,10 +45,9 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use ratelimit_core::{MemoryStore, Policy, Rate};
-//! use ratelimit_tower::{Constant, HeaderKey, RateLimitLayer};
+//! use ratelimit_axum::{Constant, HeaderKey, MemoryStore, Policy, Rate, RateLimitLayer};
 //!
-//! # fn main() -> Result<(), ratelimit_core::PolicyError> {
+//! # fn main() -> Result<(), ratelimit_axum::PolicyError> {
 //! let budget = RateLimitLayer::new(
 //!     MemoryStore::new(),
 //!     Policy::gcra(100, Rate::per_minute(100))?.with_name("api")?,
@@ -55,7 +83,24 @@
 mod limiter;
 
 pub use limiter::{Granted, Limiter, QuotaExceeded};
+
+/// The store and policy crate, whole.
+pub use ratelimit_core;
+/// The Tower layer crate, whole (with its feature `axum` on).
+pub use ratelimit_tower;
+
+// What an axum service uses, so this crate alone is a complete dependency.
+/// The Redis store (feature `redis`).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use ratelimit_core::redis::RedisStore;
+pub use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
+pub use ratelimit_tower::{
+    ClientIp, Composite, Constant, Cost, Decisions, FailurePolicy, ForwardingHeader, GlobalKey,
+    HeaderKey, Key, KeyExtractor, Limit, Limits, MissingKey, Mode, PeerAddr, PeerIp,
+    PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, Stats, TrustedProxies,
+};
 
 use std::convert::Infallible;
 use std::fmt;
@@ -65,7 +110,6 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
-use ratelimit_tower::Decisions;
 
 /// The rate-limit decisions for this request, put there by
 /// `ratelimit_tower::RateLimitLayer`.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use http::header::{FORWARDED, HeaderValue, ValueIter};
 use http::{HeaderMap, HeaderName, Request};
 
-use crate::key::{Key, KeyExtractor, PeerIp};
+use crate::key::{Key, KeyExtractor, NoKey, PeerIp};
 
 /// The longest single list entry (one `X-Forwarded-For` address or one
 /// `Forwarded` element) that is scanned; longer entries are malformed. This
@@ -339,7 +339,7 @@ pub enum ForwardingHeader {
 /// # Algorithm
 ///
 /// 1. Start from the TCP peer IP ([`PeerIp::peer_ip`]). No known peer: no key
-///    (`None`).
+///    ([`NoKey::NoPeerAddress`]: the layer answers `500`, a wiring mistake).
 /// 2. If the peer is not a trusted proxy, it is the client; headers are not
 ///    read at all.
 /// 3. Otherwise read one forwarding header, chosen by
@@ -368,10 +368,13 @@ pub enum ForwardingHeader {
 /// - obfuscated or unknown `Forwarded` nodes (`for=_hidden`, `for=unknown`),
 ///   `Forwarded` elements without or with several `for=`, or with bad syntax
 ///   (such as an unterminated quoted string);
-/// - an entry over 1 KiB;
-/// - the whole header, all lines, longer than
-///   [`max_header_bytes`](ClientIp::max_header_bytes) (8 KiB by default): the
-///   peer is returned without reading any entry.
+/// - an entry over 1 KiB.
+///
+/// The walk also stops, at the last trusted address read, after
+/// [`max_hops`](ClientIp::max_hops) entries (64 by default) or
+/// [`max_header_bytes`](ClientIp::max_header_bytes) bytes (8 KiB by default,
+/// read from the right). A header longer than that is read like any other: a
+/// client cannot make itself keyed as its proxy by sending a long one.
 ///
 /// `Forwarded` values should be quoted when they contain `:` or `[`
 /// (`for="[2001:db8::1]:4711"`, `for="192.0.2.60:8080"`); unquoted ones are
@@ -495,9 +498,12 @@ impl ClientIp {
         self
     }
 
-    /// Treats a forwarding header longer than `n` bytes in total (all its
-    /// lines, plus one separator between lines) as malformed: the result is the
-    /// peer (default 8 KiB).
+    /// Reads at most `n` bytes of the forwarding header, from the right (the
+    /// entries read, with one separator each; default 8 KiB). Like
+    /// [`max_hops`](ClientIp::max_hops), when the next entry would go past
+    /// it, the last trusted address read is the result. A longer header is
+    /// not an error: the client's address, which the nearest trusted proxy
+    /// appended, is at its right end.
     pub fn max_header_bytes(mut self, n: usize) -> Self {
         self.max_header_bytes = n;
         self
@@ -526,10 +532,13 @@ impl ClientIp {
             ForwardingHeader::Auto if headers.contains_key(FORWARDED) => FORWARDED,
             ForwardingHeader::Auto => X_FORWARDED_FOR,
         };
-        if oversized(headers.get_all(&name).iter(), self.max_header_bytes) {
-            return peer;
-        }
+        // No early exit for a long header: the walk reads from the right and
+        // is bounded (`max_hops`, `max_header_bytes`, an entry's 1 KiB), and
+        // the entries a trusted proxy appended are the last ones. Falling
+        // back to the peer would key every client behind that proxy as one.
         let forwarded = name == FORWARDED;
+        // Bytes read so far, each entry with its separator.
+        let mut read = 0usize;
         let mut entries = Entries {
             lines: headers.get_all(&name).iter().rev(),
             line: None,
@@ -542,6 +551,14 @@ impl ClientIp {
             let Some(entry) = entries.next() else {
                 break;
             };
+            read = read.saturating_add(match entry {
+                Entry::Text(text) => text.len().saturating_add(1),
+                Entry::TooLong => MAX_ENTRY_BYTES,
+            });
+            if read > self.max_header_bytes.saturating_add(1) {
+                // Past the budget, as past `max_hops`: the last trusted hop.
+                return last_trusted;
+            }
             let ip = match entry {
                 Entry::Text(text) if forwarded => parse_forwarded_element(text),
                 Entry::Text(text) => parse_node(text.trim_ascii()),
@@ -570,20 +587,11 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         self.client_ip(req).map(|ip| Key::from(self.key_text(ip)))
     }
-}
 
-/// Whether the lines, joined by one separator each, exceed `max` bytes. Stops
-/// counting as soon as they do.
-fn oversized(lines: ValueIter<'_, HeaderValue>, max: usize) -> bool {
-    let mut total = 0usize;
-    for line in lines {
-        // `+ 1` for the separator, and so that many empty lines count too.
-        total = total.saturating_add(line.len()).saturating_add(1);
-        if total > max.saturating_add(1) {
-            return true;
-        }
+    /// No TCP peer is a wiring mistake, as for [`PeerIp`]: `500`.
+    fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        self.extract(req).ok_or(NoKey::NoPeerAddress)
     }
-    false
 }
 
 /// One list entry, right to left.

@@ -93,7 +93,8 @@
 //! cost = 1             # optional, default 1; 0 only reports
 //! routes = ["/api/"]   # optional path prefixes; absent: every path
 //! methods = ["POST"]   # optional; absent: every method
-//! missing_key = "allow"  # or "reject": requests without the key (no header)
+//! missing_key = "reject"  # or "allow": requests without the header
+//!                      # (default: reject for header keys; see below)
 //!
 //! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
 //! [client_ip]
@@ -109,7 +110,9 @@
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
 //!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. The
 //!   path is the request's as the layer sees it (inside a nested axum router,
-//!   without the nesting prefix).
+//!   without the nesting prefix), with repeated slashes merged and dot
+//!   segments resolved (`/api//x`, `/api/./x` and `/api/y/../x` are all
+//!   `/api/x`); case and other percent-encoded bytes are kept (SECURITY.md).
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
 //!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
 //!   `[client_ip]` ([`ClientIp`]); `route` the method and route
@@ -117,7 +120,11 @@
 //!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
 //!   does, and has a key only when every part does.
 //! - A request no rule matches passes unchecked. When a matching rule finds
-//!   no key, the rule does not apply, unless it says `missing_key = "reject"`.
+//!   no key, as [`MissingKey`] describes: without its header a request is
+//!   refused, unless the rule says `missing_key = "allow"` (then that rule
+//!   does not apply to it); `ip` and `client-ip` without a peer address
+//!   answer `500` whatever `missing_key` says (the server is not wired to
+//!   give one). Each such request is counted and logged.
 //!
 //! Every field is checked when the configuration is loaded; the error names
 //! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
@@ -135,7 +142,7 @@
 //!   name's state expires on its own).
 //! - Changing a policy's *algorithm* needs a new name. The stored state of
 //!   one algorithm means nothing to another: both
-//!   [`MemoryStore`](ratelimit_core::MemoryStore) and `RedisStore` answer
+//!   [`MemoryStore`](crate::MemoryStore) and `RedisStore` answer
 //!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
 //!   for every key that still has state of the old algorithm (GCRA and the
 //!   leaky bucket excepted: they share one state), so the layer's
@@ -163,7 +170,7 @@ pub use error::{ConfigError, ConfigErrorKind};
 pub use reload::ReloadableRules;
 
 use crate::client_ip::{ClientIp, TrustedProxies};
-use crate::key::{HeaderKey, Key, KeyExtractor, PeerIp, RouteKey};
+use crate::key::{HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey};
 use crate::layer::MissingKey;
 use crate::rule::{Limit, Limits, RuleProvider};
 use schema::{AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec};
@@ -367,9 +374,14 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Some(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
-                None if rule.missing_key == MissingKey::Reject => return Limits::reject(),
-                None => {}
+                Ok(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
+                Err(cause) => {
+                    let action = rule.missing_key.unwrap_or(cause.default_action());
+                    limits.extend(Limits::missed(&rule.policy, cause, action));
+                    if limits.is_reject() {
+                        return limits;
+                    }
+                }
             }
         }
         limits
@@ -392,7 +404,7 @@ struct ConfiguredRule {
     cost: u64,
     routes: Option<Box<[String]>>,
     methods: Option<Box<[Method]>>,
-    missing_key: MissingKey,
+    missing_key: Option<MissingKey>,
 }
 
 impl ConfiguredRule {
@@ -404,16 +416,19 @@ impl ConfiguredRule {
         }
         match &self.routes {
             Some(routes) => {
-                let path = req.uri().path();
-                routes.iter().any(|prefix| route_matches(prefix, path))
+                let path = crate::path::normalize(req.uri().path());
+                routes.iter().any(|prefix| route_matches(prefix, &path))
             }
             None => true,
         }
     }
 
-    fn key<B>(&self, req: &Request<B>) -> Option<Key> {
+    fn key<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         let mut parts = self.key.iter();
-        let mut key = parts.next()?.extract(req)?;
+        let Some(first) = parts.next() else {
+            return Err(NoKey::NotApplicable);
+        };
+        let mut key = first.extract(req)?;
         // Joined as `Composite` joins two keys: the first length-prefixed.
         for part in parts {
             let next = part.extract(req)?;
@@ -425,7 +440,7 @@ impl ConfiguredRule {
             joined.extend_from_slice(b);
             key = Key::from(joined);
         }
-        Some(key)
+        Ok(key)
     }
 }
 
@@ -448,13 +463,13 @@ enum KeySource {
 }
 
 impl KeySource {
-    fn extract<B>(&self, req: &Request<B>) -> Option<Key> {
+    fn extract<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         match self {
-            KeySource::Global => Some(Key::from("global")),
-            KeySource::Peer => PeerIp.extract(req),
-            KeySource::Client(client_ip) => client_ip.extract(req),
-            KeySource::Header(header) => header.extract(req),
-            KeySource::Route => RouteKey.extract(req),
+            KeySource::Global => Ok(Key::from("global")),
+            KeySource::Peer => PeerIp.try_extract(req),
+            KeySource::Client(client_ip) => client_ip.try_extract(req),
+            KeySource::Header(header) => header.try_extract(req),
+            KeySource::Route => RouteKey.try_extract(req),
         }
     }
 }
@@ -733,7 +748,7 @@ fn build_rule(
         cost: spec.cost,
         routes,
         methods,
-        missing_key: spec.missing_key.into(),
+        missing_key: spec.missing_key.map(MissingKey::from),
     })
 }
 

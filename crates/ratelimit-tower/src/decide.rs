@@ -48,8 +48,33 @@ where
 {
     Box::pin(async move {
         let limits = limits.await;
+        if limits.is_no_peer_address() {
+            metrics::record_missed(limits.missed_rules());
+            if settings.stats.record_no_peer() {
+                tracing::error!(
+                    "rate limiting needs the client's address, and the server gives none: \
+                     requests are refused with 500 until it does (axum: serve \
+                     `app.into_make_service_with_connect_info::<SocketAddr>()`; \
+                     hyper: insert a `PeerAddr` extension); logged once per layer"
+                );
+            }
+            return Outcome::Rejected(Rejection::NoPeerAddress);
+        }
         if limits.is_reject() {
+            metrics::record_missed(limits.missed_rules());
+            settings.stats.record_missing_rejected();
             return Outcome::Rejected(Rejection::MissingKey);
+        }
+        if !limits.missed_rules().is_empty() {
+            metrics::record_missed(limits.missed_rules());
+            if settings.stats.record_missing_allowed() {
+                tracing::warn!(
+                    policy = limits.missed_rules()[0].policy.name(),
+                    "a request had no rate-limit key and passed that rule unlimited \
+                     (MissingKey::Allow); such requests are counted in Stats and metrics \
+                     and logged at debug; logged once per layer"
+                );
+            }
         }
         if limits.is_empty() {
             return Outcome::Unlimited;

@@ -6,6 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use bytes::Bytes;
 use http::{HeaderName, Request};
 
+use crate::layer::MissingKey;
+
 /// The key a request is limited under: an IP address, an API key, a tenant id.
 ///
 /// Keys are bytes; stores keep short printable keys as they are and hash the
@@ -64,10 +66,45 @@ impl From<u64> for Key {
     }
 }
 
+/// Why a key extractor found no key for a request
+/// ([`KeyExtractor::try_extract`]). Each cause has its own safe default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoKey {
+    /// The rule does not apply to this request: a closure returned `None`.
+    /// [`on_missing_key`](crate::RateLimitLayer::on_missing_key) decides;
+    /// by default ([`MissingKey::Allow`]) the request passes this rule.
+    NotApplicable,
+    /// The request lacks what its key is made of: [`HeaderKey`] without its
+    /// header. [`on_missing_key`](crate::RateLimitLayer::on_missing_key)
+    /// decides; by default ([`MissingKey::Reject`]) the request is refused,
+    /// since leaving a header out must not lift a limit.
+    Absent,
+    /// The server gives the layer no peer address ([`PeerIp`],
+    /// [`ClientIp`](crate::ClientIp)): a wiring mistake (axum: serve
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). Whatever
+    /// `on_missing_key` says, the request is refused with `500`
+    /// ([`Rejection::NoPeerAddress`](crate::Rejection::NoPeerAddress)).
+    NoPeerAddress,
+}
+
+impl NoKey {
+    /// What a rule does when none is configured with `on_missing_key`.
+    pub(crate) fn default_action(self) -> MissingKey {
+        match self {
+            NoKey::NotApplicable => MissingKey::Allow,
+            NoKey::Absent | NoKey::NoPeerAddress => MissingKey::Reject,
+        }
+    }
+}
+
 /// Picks the key a request is limited under.
 ///
-/// Returning `None` means this rule does not apply to the request (see
+/// Returning `None` means no key: [`try_extract`](KeyExtractor::try_extract)
+/// says why ([`NoKey`]), and the rule acts on it (see
 /// [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key)).
+/// For a closure, `None` means the rule does not apply to the request
+/// ([`NoKey::NotApplicable`]).
 ///
 /// Closures `Fn(&Req) -> Option<K>` where `K: Into<Key>` are key extractors:
 ///
@@ -84,8 +121,15 @@ impl From<u64> for Key {
 /// assert!(by_tenant.extract(&req).is_some());
 /// ```
 pub trait KeyExtractor<Req>: Clone + Send + Sync + 'static {
-    /// The key for `req`, or `None` when the rule does not apply.
+    /// The key for `req`, or `None` when there is none.
     fn extract(&self, req: &Req) -> Option<Key>;
+
+    /// The key for `req`, or why there is none. The default says
+    /// [`NoKey::NotApplicable`] for `None`; extractors whose missing key
+    /// means something else say so here.
+    fn try_extract(&self, req: &Req) -> Result<Key, NoKey> {
+        self.extract(req).ok_or(NoKey::NotApplicable)
+    }
 }
 
 impl<F, Req, K> KeyExtractor<Req> for F
@@ -123,7 +167,15 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 
 /// The value of a request header, such as `x-api-key`, hashed (SHA-256) before
 /// it reaches a store, so stores, logs and metrics never see the raw secret.
-/// Requests without the header, or with an empty one, have no key.
+///
+/// Requests without the header, or with an empty one, have no key
+/// ([`NoKey::Absent`]): by default they are refused (`429`, or what
+/// [`on_rejection`](crate::RateLimitLayer::on_rejection) makes of
+/// [`Rejection::MissingKey`](crate::Rejection::MissingKey)), so leaving the
+/// header out does not lift the limit. `on_missing_key(MissingKey::Allow)`
+/// lets them through this rule instead (give them another rule, such as
+/// [`PeerIp`], with [`Rule::and`](crate::Rule::and)); either way each one is
+/// counted ([`Stats`](crate::Stats), metrics) and logged.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -144,6 +196,10 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
         }
         Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
     }
+
+    fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        self.extract(req).ok_or(NoKey::Absent)
+    }
 }
 
 /// The TCP peer address of a connection, for servers that do not use axum's
@@ -156,7 +212,13 @@ pub struct PeerAddr(pub SocketAddr);
 /// tonic's `TcpConnectInfo` (feature `tonic`).
 ///
 /// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) are keyed as the IPv4
-/// address. Requests without a known peer have no key.
+/// address.
+///
+/// A request without a known peer is a wiring mistake, never a pass: the
+/// layer answers `500` ([`Rejection::NoPeerAddress`](crate::Rejection::NoPeerAddress),
+/// [`NoKey::NoPeerAddress`]), logs it once at `error` and counts each one
+/// ([`Stats::no_peer_address`](crate::Stats::no_peer_address)). With axum,
+/// serve `app.into_make_service_with_connect_info::<SocketAddr>()`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
@@ -183,10 +245,15 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         PeerIp::peer_ip(req).map(Key::from)
     }
+
+    fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        self.extract(req).ok_or(NoKey::NoPeerAddress)
+    }
 }
 
 /// Two keys in one: route and user, tenant and user. A request has a key only
-/// when both parts do. The parts are joined unambiguously (the first is
+/// when both parts do; otherwise the first part without one says why
+/// ([`NoKey`]). The parts are joined unambiguously (the first is
 /// length-prefixed), so `("ab", "c")` and `("a", "bc")` differ.
 ///
 /// ```
@@ -218,21 +285,27 @@ where
     B: KeyExtractor<Req>,
 {
     fn extract(&self, req: &Req) -> Option<Key> {
-        let first = self.first.extract(req)?;
-        let second = self.second.extract(req)?;
+        self.try_extract(req).ok()
+    }
+
+    fn try_extract(&self, req: &Req) -> Result<Key, NoKey> {
+        let first = self.first.try_extract(req)?;
+        let second = self.second.try_extract(req)?;
         let (a, b) = (first.as_bytes(), second.as_bytes());
         let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
         joined.extend_from_slice(a.len().to_string().as_bytes());
         joined.push(b':');
         joined.extend_from_slice(a);
         joined.extend_from_slice(b);
-        Some(Key::from(joined))
+        Ok(Key::from(joined))
     }
 }
 
 /// The route of a request: the method and axum's matched route pattern
-/// (`GET /users/{id}`, feature `axum`), else the method and the path. Combine
-/// it with a user key in a [`Composite`] for per-route, per-user limits.
+/// (`GET /users/{id}`, feature `axum`), else the method and the path, with
+/// repeated slashes merged and dot segments resolved (`/api//x` and
+/// `/api/./x` are `/api/x`; case and `%2F` are kept). Combine it with a user
+/// key in a [`Composite`] for per-route, per-user limits.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey;
 
@@ -242,6 +315,7 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
         if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
             return Some(Key::from(format!("{} {}", req.method(), matched.as_str())));
         }
-        Some(Key::from(format!("{} {}", req.method(), req.uri().path())))
+        let path = crate::path::normalize(req.uri().path());
+        Some(Key::from(format!("{} {path}", req.method())))
     }
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ratelimit_core::{Policy, StoreError};
@@ -80,39 +81,60 @@ impl fmt::Debug for FailurePolicy {
     }
 }
 
-/// Counts of what a layer did when its store could not decide. Each such
-/// request is also logged with `tracing`: an outage at `warn`, any other
-/// error at `error`.
+/// Counts of what a layer did outside a store decision: when its store could
+/// not decide, and when a rule found no key. Each store failure is also logged
+/// with `tracing`: an outage at `warn`, any other error at `error`; missing
+/// keys are logged as described on [`MissingKey`].
 #[derive(Debug, Default)]
 pub struct Stats {
-    failed_open: std::sync::atomic::AtomicU64,
-    failed_closed: std::sync::atomic::AtomicU64,
-    refused_on_error: std::sync::atomic::AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    refused_on_error: AtomicU64,
+    missing_key_allowed: AtomicU64,
+    missing_key_rejected: AtomicU64,
+    no_peer_address: AtomicU64,
+    logged_no_peer: AtomicBool,
+    logged_missing_allowed: AtomicBool,
 }
 
 impl Stats {
     /// Requests let through because the store failed and the policy allowed it.
     pub fn failed_open(&self) -> u64 {
-        self.failed_open.load(std::sync::atomic::Ordering::Relaxed)
+        self.failed_open.load(Ordering::Relaxed)
     }
 
     /// Requests refused because the store failed and the policy refused them.
     pub fn failed_closed(&self) -> u64 {
-        self.failed_closed
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.failed_closed.load(Ordering::Relaxed)
+    }
+
+    /// Requests that passed a rule without a key ([`MissingKey::Allow`]):
+    /// that rule did not limit them.
+    pub fn missing_key_allowed(&self) -> u64 {
+        self.missing_key_allowed.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused because a rule found no key ([`MissingKey::Reject`],
+    /// or a rule provider's [`Limits::reject`](crate::Limits::reject)).
+    pub fn missing_key_rejected(&self) -> u64 {
+        self.missing_key_rejected.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered `500` because the server gave no peer address
+    /// (see [`NoKey::NoPeerAddress`](crate::NoKey::NoPeerAddress)).
+    pub fn no_peer_address(&self) -> u64 {
+        self.no_peer_address.load(Ordering::Relaxed)
     }
 
     /// Requests refused because the store answered with an error that is not
     /// an outage (a configuration mistake, a bug, a full in-memory store),
     /// whatever the failure policy.
     pub fn refused_on_error(&self) -> u64 {
-        self.refused_on_error
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.refused_on_error.load(Ordering::Relaxed)
     }
 
     pub(crate) fn record_refused_on_error(&self) {
-        self.refused_on_error
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.refused_on_error.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn record(&self, allowed: bool) {
@@ -121,18 +143,58 @@ impl Stats {
         } else {
             &self.failed_closed
         };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request without a peer address; `true` the first time, to
+    /// log it once per layer.
+    pub(crate) fn record_no_peer(&self) -> bool {
+        self.no_peer_address.fetch_add(1, Ordering::Relaxed);
+        !self.logged_no_peer.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a request refused for a missing key.
+    pub(crate) fn record_missing_rejected(&self) {
+        self.missing_key_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request that passed a rule without a key; `true` the first
+    /// time, to log it once per layer.
+    pub(crate) fn record_missing_allowed(&self) -> bool {
+        self.missing_key_allowed.fetch_add(1, Ordering::Relaxed);
+        !self.logged_missing_allowed.swap(true, Ordering::Relaxed)
     }
 }
 
 /// What to do with a request for which a rule's key extractor finds no key.
+///
+/// A rule without [`on_missing_key`](RateLimitLayer::on_missing_key) acts on
+/// why there is no key ([`NoKey`](crate::NoKey)), safe by default:
+///
+/// | extractor | no key when | default |
+/// |---|---|---|
+/// | [`PeerIp`](crate::PeerIp), [`ClientIp`](crate::ClientIp) | the server gives no peer address (axum without `into_make_service_with_connect_info`) | `500`, always: a wiring mistake, never a pass |
+/// | [`HeaderKey`](crate::HeaderKey) | the header is absent or empty | [`Reject`](MissingKey::Reject) |
+/// | a closure | it returns `None`: the rule does not apply | [`Allow`](MissingKey::Allow) |
+/// | [`Composite`](crate::Composite) | a part has none | that part's default |
+/// | [`GlobalKey`](crate::GlobalKey), [`RouteKey`](crate::RouteKey) | never | |
+///
+/// Nothing is silent: every such request is counted in [`Stats`]
+/// (`missing_key_allowed`, `missing_key_rejected`, `no_peer_address`) and in
+/// `ratelimit_decisions_total` under the rule's policy (outcomes
+/// `missing_key_allowed`, `missing_key_rejected`, `no_peer_address`; see
+/// [`metrics`](crate::metrics)), and logged at `debug`; the first request a
+/// layer lets through without a key is logged at `warn`, and the first
+/// without a peer address at `error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// The rule does not apply: let the request through (the default).
+    /// This rule does not apply: the request passes it (other rules still
+    /// apply). The default for closures.
     #[default]
     Allow,
-    /// Refuse the request.
+    /// Refuse the request ([`Rejection::MissingKey`]: `429`, gRPC
+    /// `RESOURCE_EXHAUSTED`). The default for [`HeaderKey`](crate::HeaderKey).
     Reject,
 }
 
@@ -280,7 +342,8 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
         }
     }
 
-    /// What to do with requests without a key (default: [`MissingKey::Allow`]).
+    /// What to do with requests without a key (default: by extractor, see
+    /// [`MissingKey`]).
     #[must_use]
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.rules = self.rules.on_missing_key(missing_key);

@@ -1,7 +1,7 @@
 //! Tower middleware for rate limiting, in memory or shared through Redis.
 //!
 //! [`RateLimitLayer`] checks every request against one or more limits: a
-//! [`Policy`](ratelimit_core::Policy) in a [`Store`](ratelimit_core::Store),
+//! [`Policy`] in a [`Store`](ratelimit_core::Store),
 //! keyed by a [`KeyExtractor`] and priced by a [`Cost`]. Several rules are all
 //! or nothing ([`Rule::and`]); a [`RuleProvider`] can pick the limits per
 //! request (tiers per API key, allowlists, routes).
@@ -23,6 +23,23 @@
 //!   [`metrics`] for the names, a contract).
 //!
 //! The decision is made in `call`; `poll_ready` is the inner service's.
+//!
+//! # One dependency
+//!
+//! This crate re-exports what a layer needs from `ratelimit-core`
+//! ([`MemoryStore`], [`Policy`], [`Rate`], and `RedisStore` with the feature
+//! `redis`), and the crate itself as [`ratelimit_core`]. A tonic server
+//! needs only this crate, with the feature `tonic` (the peer address from
+//! tonic's `TcpConnectInfo`):
+//!
+//! ```toml
+//! [dependencies]
+//! ratelimit-tower = { version = "0.1", features = ["tonic"] }
+//! # Redis: features = ["tonic", "redis"] ("redis-cluster", "tls" as well)
+//! ```
+//!
+//! axum users depend on `ratelimit-axum` instead, which turns on this
+//! crate's feature `axum` and re-exports all of this.
 //!
 //! # Example
 //!
@@ -113,16 +130,30 @@ pub mod headers;
 mod key;
 mod layer;
 pub mod metrics;
+mod path;
 mod permit;
 pub mod problem;
 mod reject;
 mod rule;
 mod service;
 
+/// The store and policy crate, whole, for what this crate does not re-export.
+pub use ratelimit_core;
+// What a layer needs besides this crate, so `ratelimit-tower` alone is a
+// complete dependency (for tonic, with the feature `tonic`).
+/// The Redis store (feature `redis`; `redis-cluster` and `tls` forward to
+/// `ratelimit-core`'s features of the same names).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use ratelimit_core::redis::RedisStore;
+pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
+
 pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
-pub use key::{Composite, GlobalKey, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp, RouteKey};
+pub use key::{
+    Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
+};
 pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer, Stats};
 pub use permit::PermitGuard;
 pub use reject::{

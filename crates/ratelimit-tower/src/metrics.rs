@@ -26,6 +26,9 @@
 //! | `invalid` | the store answered with an error that is not an outage (a policy conflict, a full in-memory store, a reply that does not decode, a permission the Redis user lacks): a configuration mistake or a bug. The request was refused (`500`, or `503` for a full store) whatever the failure policy says; a shadow policy's error leaves the request alone |
 //! | `fallback` | a `FallbackStore` decided in its local store while the primary was down (allowed or denied) |
 //! | `cached_denied` | a `DeniedCache` denied it without asking the store (a shadow policy's cached denial counts as `shadow_denied`) |
+//! | `missing_key_allowed` | the rule found no key and let the request pass it ([`MissingKey::Allow`](crate::MissingKey::Allow)) |
+//! | `missing_key_rejected` | the rule found no key and refused the request ([`MissingKey::Reject`](crate::MissingKey::Reject)) |
+//! | `no_peer_address` | the rule needs the peer address and the server gives none: `500` ([`NoKey::NoPeerAddress`](crate::NoKey::NoPeerAddress)) |
 //!
 //! `policy` is the policy's name ([`Policy::with_name`](ratelimit_core::Policy::with_name)).
 //! Keys never appear in labels: a label per client would grow without bound
@@ -33,9 +36,10 @@
 //!
 //! Every store decision counts. In [`Mode::Wait`](crate::Mode::Wait) a request
 //! that was denied, waited and then passed counts once `denied` and once
-//! `allowed`. A request refused before any decision (no key with
-//! [`MissingKey::Reject`](crate::MissingKey::Reject), a cost above what a
-//! policy can ever admit) is not counted.
+//! `allowed`. A rule that found no key counts once under its policy with one
+//! of the `missing_key_*`/`no_peer_address` outcomes. A request refused before
+//! any decision for a cost above what a policy can ever admit, or by a rule
+//! provider's own `Limits::reject()`, is not counted here.
 //!
 //! Call `describe()` (feature `metrics`) once after installing the recorder,
 //! to give each metric its help text and unit.
@@ -90,7 +94,8 @@ pub fn describe() {
     ::metrics::describe_counter!(
         DECISIONS,
         "Rate-limit decisions, one per policy per decision, by policy and outcome \
-         (allowed, denied, shadow_denied, error, fallback, cached_denied)."
+         (allowed, denied, shadow_denied, error, fallback, cached_denied, \
+         missing_key_allowed, missing_key_rejected, no_peer_address)."
     );
     ::metrics::describe_counter!(
         NEAR_LIMIT,
@@ -160,6 +165,27 @@ pub(crate) fn record_error(policy: &Policy, key: &Key, error: &StoreError) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+/// Records the rules that found no key for a request: a `debug` event and a
+/// decision counted under the rule's policy.
+pub(crate) fn record_missed(missed: &[crate::rule::Missed]) {
+    for rule in missed {
+        let outcome = match (rule.cause, rule.action) {
+            (crate::NoKey::NoPeerAddress, _) => "no_peer_address",
+            (_, crate::MissingKey::Reject) => "missing_key_rejected",
+            (_, crate::MissingKey::Allow) => "missing_key_allowed",
+        };
+        tracing::debug!(
+            policy = rule.policy.name(),
+            outcome,
+            cause = ?rule.cause,
+            "rate-limit rule found no key"
+        );
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!(DECISIONS, "policy" => rule.policy.name().to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
 }
 
 /// Whether an allowed decision leaves less than `fraction` of its limit.

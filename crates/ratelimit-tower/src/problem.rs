@@ -70,6 +70,7 @@ pub fn problem_json(rejection: &Rejection) -> String {
             let (status, title) = match other {
                 Rejection::Unavailable(_) => (503, "Service Unavailable"),
                 Rejection::Internal(_) => (500, "Internal Server Error"),
+                Rejection::NoPeerAddress => (500, "Internal Server Error"),
                 _ => (429, "Too Many Requests"),
             };
             out.push_str("{\"type\":\"about:blank\",\"title\":");

@@ -36,6 +36,11 @@ pub enum Rejection {
     },
     /// A rule found no key and is configured to refuse such requests.
     MissingKey,
+    /// A rule keys requests by the peer address, and the server gives none:
+    /// a wiring mistake (axum: serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). `500`, gRPC
+    /// `INTERNAL`.
+    NoPeerAddress,
     /// The store could not decide because of an outage (unreachable, timed
     /// out) and the failure policy refuses the request, or the in-memory store
     /// is full: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
@@ -101,6 +106,10 @@ impl fmt::Display for Rejection {
                 "request cost {cost} exceeds what policy {policy} can ever admit ({max})"
             ),
             Rejection::MissingKey => f.write_str("no rate-limit key for this request"),
+            Rejection::NoPeerAddress => f.write_str(
+                "rate limiter misconfigured: no peer address for this request; \
+                 serve the axum app with into_make_service_with_connect_info::<SocketAddr>()",
+            ),
             Rejection::Unavailable(e) => write!(f, "rate limiter unavailable: {e}"),
             Rejection::Internal(e) => write!(f, "rate limiter failed: {e}"),
         }
@@ -190,6 +199,7 @@ pub enum RejectionBody {
 /// - the store unavailable and the failure policy closed: `503 Service Unavailable`;
 /// - a store error that is not an outage (a configuration mistake or a bug):
 ///   `500 Internal Server Error`;
+/// - no peer address for a peer or client IP key: `500 Internal Server Error`;
 ///
 /// and for gRPC requests (`content-type: application/grpc...`) a trailers-only
 /// response, never a 429 (gRPC clients read HTTP 429 as `UNAVAILABLE` and
@@ -278,6 +288,7 @@ impl HttpRejections {
             }
             Rejection::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
             Rejection::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+            Rejection::NoPeerAddress => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         let (content_type, body) = match self.body {
             RejectionBody::ProblemJson => (PROBLEM_JSON, problem_json(rejection)),
@@ -289,6 +300,7 @@ impl HttpRejections {
                     Rejection::Internal(_) => {
                         String::from("Internal Server Error: rate limiter failed\n")
                     }
+                    Rejection::NoPeerAddress => format!("Internal Server Error: {rejection}\n"),
                     other => format!("Too Many Requests: {other}\n"),
                 };
                 ("text/plain; charset=utf-8", text)
@@ -319,6 +331,7 @@ impl HttpRejections {
             Rejection::CostTooHigh { .. } | Rejection::MissingKey => (8, -1),
             Rejection::Unavailable(_) => (14, 0),
             Rejection::Internal(_) => (13, 0),
+            Rejection::NoPeerAddress => (13, 0),
         };
         let mut response = Response::new(Bytes::new());
         let headers = response.headers_mut();

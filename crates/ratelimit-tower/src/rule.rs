@@ -12,7 +12,7 @@ use std::future::{Future, Ready, ready};
 use ratelimit_core::Policy;
 
 use crate::cost::{Constant, Cost};
-use crate::key::{Key, KeyExtractor};
+use crate::key::{Key, KeyExtractor, NoKey};
 use crate::layer::MissingKey;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
@@ -49,15 +49,27 @@ impl Limit {
     }
 }
 
+/// A rule that found no key for a request: the layer counts and logs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Missed {
+    pub(crate) policy: Policy,
+    pub(crate) cause: NoKey,
+    pub(crate) action: MissingKey,
+}
+
 /// The limits that apply to one request.
 ///
 /// Empty limits let the request through unchecked (an allowlisted key, a
 /// route without limits). [`Limits::reject`] refuses the request outright
-/// (a rule whose key is missing, configured with [`MissingKey::Reject`]).
+/// (a rule whose key is missing, configured with [`MissingKey::Reject`]);
+/// [`Limits::no_peer_address`] refuses it with `500` (the server gives no
+/// peer address).
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     limits: Vec<Limit>,
     reject: bool,
+    no_peer: bool,
+    missed: Vec<Missed>,
 }
 
 impl Limits {
@@ -70,15 +82,41 @@ impl Limits {
     pub fn one(limit: Limit) -> Self {
         Limits {
             limits: vec![limit],
-            reject: false,
+            ..Limits::default()
         }
     }
 
-    /// Refuses the request without asking the store.
+    /// Refuses the request without asking the store
+    /// ([`Rejection::MissingKey`](crate::Rejection::MissingKey)).
     pub fn reject() -> Self {
         Limits {
-            limits: Vec::new(),
             reject: true,
+            ..Limits::default()
+        }
+    }
+
+    /// Refuses the request with `500`: the server gives the layer no peer
+    /// address to key it by, a wiring mistake
+    /// ([`Rejection::NoPeerAddress`](crate::Rejection::NoPeerAddress)).
+    pub fn no_peer_address() -> Self {
+        Limits {
+            no_peer: true,
+            ..Limits::default()
+        }
+    }
+
+    /// A rule under `policy` found no key, for `cause`; `action` is what its
+    /// configuration does about it (a peer address missing always refuses).
+    pub(crate) fn missed(policy: &Policy, cause: NoKey, action: MissingKey) -> Self {
+        Limits {
+            limits: Vec::new(),
+            reject: cause != NoKey::NoPeerAddress && action == MissingKey::Reject,
+            no_peer: cause == NoKey::NoPeerAddress,
+            missed: vec![Missed {
+                policy: policy.clone(),
+                cause,
+                action,
+            }],
         }
     }
 
@@ -98,6 +136,8 @@ impl Limits {
     pub fn extend(&mut self, other: Limits) {
         self.limits.extend(other.limits);
         self.reject |= other.reject;
+        self.no_peer |= other.no_peer;
+        self.missed.extend(other.missed);
     }
 
     /// The limits.
@@ -105,9 +145,19 @@ impl Limits {
         self.limits.iter()
     }
 
-    /// Whether the request is refused outright.
+    /// Whether the request is refused outright (for a missing key, or a
+    /// missing peer address).
     pub fn is_reject(&self) -> bool {
-        self.reject
+        self.reject || self.no_peer
+    }
+
+    /// Whether the request is refused because the server gives no peer address.
+    pub fn is_no_peer_address(&self) -> bool {
+        self.no_peer
+    }
+
+    pub(crate) fn missed_rules(&self) -> &[Missed] {
+        &self.missed
     }
 
     /// Whether there is no limit to check.
@@ -124,7 +174,7 @@ impl From<Vec<Limit>> for Limits {
     fn from(limits: Vec<Limit>) -> Self {
         Limits {
             limits,
-            reject: false,
+            ..Limits::default()
         }
     }
 }
@@ -168,7 +218,7 @@ pub struct Rule<K, C = Constant> {
     policy: Policy,
     key: K,
     cost: C,
-    missing_key: MissingKey,
+    missing_key: Option<MissingKey>,
 }
 
 impl<K> Rule<K> {
@@ -178,7 +228,7 @@ impl<K> Rule<K> {
             policy,
             key,
             cost: Constant(1),
-            missing_key: MissingKey::default(),
+            missing_key: None,
         }
     }
 }
@@ -194,11 +244,13 @@ impl<K, C> Rule<K, C> {
         }
     }
 
-    /// What to do with requests for which `key` finds no key (default:
-    /// [`MissingKey::Allow`], the rule does not apply).
+    /// What to do with requests for which `key` finds no key. The default
+    /// depends on why there is none ([`NoKey`]): a closure's `None` lets the
+    /// request pass this rule, a missing header refuses it, and a missing
+    /// peer address always answers `500`, whatever this says.
     #[must_use]
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.missing_key = Some(missing_key);
         self
     }
 
@@ -217,12 +269,13 @@ impl<K, C> Rule<K, C> {
         K: KeyExtractor<Req>,
         C: Cost<Req>,
     {
-        match self.key.extract(req) {
-            Some(key) => Limits::one(Limit::new(self.policy.clone(), key, self.cost.cost(req))),
-            None => match self.missing_key {
-                MissingKey::Allow => Limits::none(),
-                MissingKey::Reject => Limits::reject(),
-            },
+        match self.key.try_extract(req) {
+            Ok(key) => Limits::one(Limit::new(self.policy.clone(), key, self.cost.cost(req))),
+            Err(cause) => Limits::missed(
+                &self.policy,
+                cause,
+                self.missing_key.unwrap_or(cause.default_action()),
+            ),
         }
     }
 }

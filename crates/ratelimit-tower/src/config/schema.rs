@@ -116,7 +116,7 @@ pub(super) struct RuleSpec {
     pub(super) routes: Option<Vec<Parsed<Route>>>,
     pub(super) methods: Option<Vec<Parsed<Method>>>,
     #[serde(default)]
-    pub(super) missing_key: MissingKeySpec,
+    pub(super) missing_key: Option<MissingKeySpec>,
 }
 
 fn one() -> u64 {
@@ -124,10 +124,9 @@ fn one() -> u64 {
 }
 
 /// `missing_key = "allow" | "reject"`.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(super) enum MissingKeySpec {
-    #[default]
     Allow,
     Reject,
 }

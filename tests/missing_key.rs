@@ -1,0 +1,210 @@
+//! A missing key is never a silent bypass: no peer address is a wiring
+//! mistake (`500` naming `into_make_service_with_connect_info`, gRPC
+//! `INTERNAL`, logged once at `error`), a missing header follows
+//! `on_missing_key` (by default refused), and both are counted.
+
+use std::convert::Infallible;
+use std::future::ready;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use ratelimit_axum::{
+    ClientIp, GlobalKey, HeaderKey, MemoryStore, MissingKey, PeerIp, Policy, RateLimitLayer, Rule,
+};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+fn policy() -> Policy {
+    Policy::fixed_window(100, Duration::from_secs(60))
+        .unwrap()
+        .with_name("per-client")
+        .unwrap()
+}
+
+fn ok_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<String>| {
+        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
+    })
+}
+
+async fn status_and_body<S, B>(service: S, req: Request<String>) -> (StatusCode, String)
+where
+    S: Service<Request<String>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let response = service.oneshot(req).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn axum_served_without_connect_info_answers_500_naming_the_fix() {
+    // A Router called without `into_make_service_with_connect_info`: no
+    // `ConnectInfo` in the request, so no peer address.
+    for app in [
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(RateLimitLayer::new(MemoryStore::new(), policy(), PeerIp)),
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(RateLimitLayer::new(
+                MemoryStore::new(),
+                policy(),
+                ClientIp::peer(),
+            )),
+    ] {
+        for _ in 0..3 {
+            let req = Request::get("/").body(axum::body::Body::empty()).unwrap();
+            let response = app.clone().oneshot(req).await.unwrap();
+            assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8(bytes.to_vec()).unwrap();
+            assert!(
+                body.contains("into_make_service_with_connect_info"),
+                "the 500 names the fix: {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_peer_address_wins_over_missing_key_allow_and_other_rules() {
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), PeerIp)
+        .on_missing_key(MissingKey::Allow)
+        .and(Rule::new(
+            policy().with_name("global").unwrap(),
+            GlobalKey::default(),
+        ));
+    let (status, _) = status_and_body(layer.layer(ok_service()), Request::new(String::new())).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[tokio::test]
+async fn grpc_without_a_peer_address_is_trailers_only_internal() {
+    let service = RateLimitLayer::new(MemoryStore::new(), policy(), PeerIp).layer(ok_service());
+    let req = Request::post("/pkg.Service/Method")
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    let response = service.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "13");
+    let message = response.headers()["grpc-message"].to_str().unwrap();
+    assert!(
+        message.contains("into_make_service_with_connect_info"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_header_is_refused_by_default() {
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), HeaderKey::new(API_KEY));
+    for _ in 0..3 {
+        let (status, _) = status_and_body(
+            layer.clone().layer(ok_service()),
+            Request::new(String::new()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(layer.stats().missing_key_rejected(), 3);
+    assert_eq!(layer.stats().missing_key_allowed(), 0);
+    // With the header, the same layer limits as usual.
+    let req = Request::builder()
+        .header(API_KEY, "k1")
+        .body(String::new())
+        .unwrap();
+    let (status, _) = status_and_body(layer.layer(ok_service()), req).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_missing_header_with_allow_passes_and_is_counted() {
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), HeaderKey::new(API_KEY))
+        .on_missing_key(MissingKey::Allow);
+    for _ in 0..4 {
+        let (status, body) = status_and_body(
+            layer.clone().layer(ok_service()),
+            Request::new(String::new()),
+        )
+        .await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    }
+    assert_eq!(layer.stats().missing_key_allowed(), 4);
+    assert_eq!(layer.stats().missing_key_rejected(), 0);
+    assert_eq!(layer.stats().no_peer_address(), 0);
+}
+
+#[tokio::test]
+async fn a_closure_returning_none_does_not_apply_and_is_counted() {
+    let by_tenant =
+        |req: &Request<String>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), by_tenant);
+    let (status, _) = status_and_body(
+        layer.clone().layer(ok_service()),
+        Request::new(String::new()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(layer.stats().missing_key_allowed(), 1);
+}
+
+/// Counts `tracing` events at `error` level.
+struct ErrorEvents(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for ErrorEvents {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
+    let errors = Arc::new(AtomicUsize::new(0));
+    let _guard = tracing::subscriber::set_default(ErrorEvents(errors.clone()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), PeerIp);
+    runtime.block_on(async {
+        for _ in 0..5 {
+            let (status, _) = status_and_body(
+                layer.clone().layer(ok_service()),
+                Request::new(String::new()),
+            )
+            .await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    });
+    assert_eq!(layer.stats().no_peer_address(), 5);
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        1,
+        "one error event per layer"
+    );
+}
