@@ -802,20 +802,24 @@ impl Store for RedisStore {
     /// slot order, and refunded when a later slot denies: a weaker guarantee
     /// (another request may see, and be denied by, a consumption that is
     /// about to be refunded), which still never admits beyond a limit.
+    ///
+    /// Two checks of one key under one policy (two rules of overlapping
+    /// routes) are one check of their summed cost, and each gets its
+    /// decision, as on [`MemoryStore`](crate::MemoryStore).
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        let merged = match crate::store::Merged::new(checks, |c| self.state_key(c.key, c.policy)) {
+            Ok(merged) => merged,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        if !merged.is_distinct() {
+            let call = self.check_all(&merged.checks);
+            let of = merged.of;
+            return Box::pin(async move { crate::store::spread(&of, &call.await?) });
+        }
         let mut keys = Vec::with_capacity(checks.len());
         let mut requests = Vec::with_capacity(checks.len());
         for check in checks {
-            if let Err(e) = check.policy.check_cost(check.cost) {
-                return Box::pin(std::future::ready(Err(e)));
-            }
-            let key = self.state_key(check.key, check.policy);
-            if keys.contains(&key) {
-                return Box::pin(std::future::ready(Err(StoreError::Backend(
-                    format!("the same key and policy appear twice in one request ({key}); sum their costs into one check").into(),
-                ))));
-            }
-            keys.push(key);
+            keys.push(self.state_key(check.key, check.policy));
             requests.push((
                 check.policy.clone(),
                 check.cost,
