@@ -472,3 +472,139 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
         "0"
     );
 }
+
+/// A user key whose state key, under `policy`, is in a slot with `pick`.
+fn user_in_slot(
+    store: &RedisStore,
+    policy: &Policy,
+    prefix: &str,
+    pick: impl Fn(u16) -> bool,
+) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|u| {
+            pick(ratelimit_core::key::cluster_slot(
+                store.state_key(u.as_bytes(), policy).as_bytes(),
+            ))
+        })
+        .unwrap()
+}
+
+/// On a cluster, a request denied in one slot stays denied when the peeks
+/// of its other limits fail: here the later slot's state belongs to another
+/// algorithm (its check was never reached, so only the peek meets it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    let policy = Policy::fixed_window(1, hour)
+        .unwrap()
+        .with_name("peek")
+        .unwrap();
+    let other = Policy::fixed_window(10, hour)
+        .unwrap()
+        .with_name("peek-other")
+        .unwrap();
+    // Slot order: `early` (consumes, refunded), `denier`, `late` (never checked).
+    let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
+    let early = user_in_slot(&store, &other, "early", |s| s < 5000);
+    let late = user_in_slot(&store, &policy, "late", |s| s > 12_000);
+    assert!(
+        store
+            .check(denier.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    // Another algorithm's state under the name "peek" for `late`.
+    let semaphore = Policy::concurrency(5, hour)
+        .unwrap()
+        .with_name("peek")
+        .unwrap();
+    assert!(
+        store
+            .check(late.as_bytes(), &semaphore, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let checks = [
+        Check::new(early.as_bytes(), &other, 1),
+        Check::new(denier.as_bytes(), &policy, 1),
+        Check::new(late.as_bytes(), &policy, 1),
+    ];
+    let decisions = store.check_all(&checks).await.unwrap();
+    assert!(!decisions[1].is_allowed(), "{decisions:?}");
+    assert!(
+        decisions.iter().all(|d| d.permit().is_none()),
+        "{decisions:?}"
+    );
+    // `early` was refunded.
+    let peek = store.check(early.as_bytes(), &other, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 10, "{peek:?}");
+}
+
+/// The same when the later slot's node is down: an outage after the denial
+/// does not turn it into an error (which a failure policy might admit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
+    let mut cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .call_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    let policy = Policy::fixed_window(1, hour)
+        .unwrap()
+        .with_name("down")
+        .unwrap();
+    let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
+    let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
+    let slot_of = |k: &str| {
+        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes())
+    };
+    let late_node = owner_of(&cluster, slot_of(&late));
+    assert_ne!(late_node, owner_of(&cluster, slot_of(&denier)));
+    assert!(
+        store
+            .check(denier.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    cluster.node_mut(late_node).stop();
+    let checks = [
+        Check::new(denier.as_bytes(), &policy, 1),
+        Check::new(late.as_bytes(), &policy, 1),
+    ];
+    let decisions = store.check_all(&checks).await.unwrap();
+    assert!(!decisions[0].is_allowed(), "{decisions:?}");
+    // Nothing is known of the limit on the node that is down: nothing left.
+    assert!(
+        decisions[1].is_allowed() && decisions[1].remaining() == 0,
+        "{decisions:?}"
+    );
+}
+
+/// The index of the node that serves `slot`, from each node's `CLUSTER NODES`.
+fn owner_of(cluster: &RedisCluster, slot: u16) -> usize {
+    (0..3)
+        .find(|&i| {
+            let nodes = cluster.cli(i, &["CLUSTER", "NODES"]);
+            let myself = nodes.lines().find(|l| l.contains("myself")).unwrap_or("");
+            myself.split_whitespace().skip(8).any(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                match (a.parse::<u16>(), b.parse::<u16>()) {
+                    (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                    _ => false,
+                }
+            })
+        })
+        .unwrap()
+}

@@ -721,15 +721,24 @@ impl RedisStore {
             return Ok(decisions.into_iter().flatten().collect());
         }
         self.refund(&keys, &requests, &committed).await;
-        // Report the other limits as peeks of their current state.
+        // Report the other limits as peeks of their current state. The
+        // request is denied whatever happens to the peeks: once one fails,
+        // the others report what is known (see `unpeeked`), never an error
+        // that a failure policy could turn into an admission.
+        let mut peeking = true;
         for (i, slot) in decisions.iter_mut().enumerate() {
             if slot.as_ref().is_none_or(Decision::is_allowed) {
                 let (policy, _, _) = &requests[i];
-                let peek = self
-                    .clone()
-                    .check_one(keys[i].clone(), policy.clone(), 0, PermitId(0))
-                    .await?;
-                *slot = Some(peek);
+                let peek = if peeking {
+                    self.clone()
+                        .check_one(keys[i].clone(), policy.clone(), 0, PermitId(0))
+                        .await
+                        .ok()
+                } else {
+                    None
+                };
+                peeking = peek.is_some();
+                *slot = Some(peek.unwrap_or_else(|| unpeeked(policy, slot.as_ref())));
             }
         }
         Ok(decisions.into_iter().flatten().collect())
@@ -767,6 +776,22 @@ impl RedisStore {
             .eval(script, source, std::slice::from_ref(&key), &args)
             .await
             .map(|_| ())
+    }
+}
+
+/// What a cross-slot denial reports for a limit whose peek failed: its own
+/// decision when its slot was decided (it allowed, and was refunded), without
+/// its permit; for a slot never reached, nothing known left (remaining 0,
+/// restored within the policy's window).
+#[cfg(feature = "redis-cluster")]
+fn unpeeked(policy: &Policy, decided: Option<&Decision>) -> Decision {
+    match decided {
+        Some(d) => Decision::allow(d.limit(), d.remaining(), d.reset_after_micros()),
+        None => Decision::allow(
+            parameters(policy.algorithm()).0,
+            0,
+            policy.algorithm().window_micros(),
+        ),
     }
 }
 
