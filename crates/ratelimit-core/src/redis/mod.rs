@@ -45,6 +45,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 /// A store in Redis (one node, or a Redis Cluster with the `redis-cluster`
 /// feature), shared by every instance that points at it.
 ///
+/// A concurrency permit that a check took in Redis but could not hand to its
+/// caller (the reply timed out, the connection dropped, the caller dropped
+/// the call in flight) is released in the background on the current tokio
+/// runtime, rather than held for its whole lease.
+///
 /// ```no_run
 /// use ratelimit_core::redis::RedisStore;
 /// use ratelimit_core::{Policy, Rate, Store};
