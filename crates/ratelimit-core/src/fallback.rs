@@ -5,15 +5,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
 use crate::breaker::{CircuitBreaker, ProbeGuard, Route};
 use crate::store::{Check, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
-/// Permits issued by the fallback carry this bit, so releases find their store.
-const FALLBACK_PERMIT: u128 = 1 << 127;
+/// The most permits of the fallback whose lease is running that a
+/// [`FallbackStore`] keeps track of. Past it, the fallback denies further
+/// concurrency permits until leases end or permits are released.
+pub const MAX_FALLBACK_PERMITS: usize = 65_536;
 
 /// A primary store (Redis) behind a [`CircuitBreaker`], with a local fallback
 /// (a [`MemoryStore`]) enforcing a conservative share of each limit while the
@@ -44,6 +48,11 @@ const FALLBACK_PERMIT: u128 = 1 << 127;
 ///   probe lets the next call probe at once). Still, give the primary its
 ///   own timeout (`RedisStore`'s call timeout) shorter than the layer's, so
 ///   the fallback can answer the call.
+/// - Permits are released to the store that issued them: the fallback keeps
+///   the ids of the permits it issued (until released or their lease ends,
+///   at most [`MAX_FALLBACK_PERMITS`]) and releases only those locally;
+///   every other id goes to the primary, whatever ids the primary chooses.
+///   While the fallback holds that many permits, it denies new ones.
 /// - When the primary is an [`AdminStore`], so is this store: admin
 ///   operations go to the primary, whatever the breaker's state, and are not
 ///   counted by it. When the primary is unreachable they fail with its error
@@ -73,6 +82,47 @@ struct Inner<P, F> {
     instances: u32,
     breaker: Arc<CircuitBreaker>,
     fallback_decisions: AtomicU64,
+    permits: LocalPermits,
+}
+
+/// The permits the fallback issued whose lease has not ended, so that their
+/// releases go to the fallback and every other release to the primary.
+/// Permit ids are the stores' own: no bit of an id is reserved, since a
+/// primary may choose any id.
+struct LocalPermits {
+    /// Each permit and when its lease ends.
+    held: Mutex<hashbrown::HashMap<PermitId, Instant>>,
+    capacity: usize,
+}
+
+impl LocalPermits {
+    fn new(capacity: usize) -> Self {
+        LocalPermits {
+            held: Mutex::new(hashbrown::HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// Remembers `permit`, leased for `lease`. When `capacity` permits are
+    /// held and none has ended, returns how long until the first one ends.
+    fn insert(&self, permit: PermitId, lease: Duration) -> Result<(), Duration> {
+        let now = Instant::now();
+        let mut held = self.held.lock();
+        if held.len() >= self.capacity {
+            held.retain(|_, ends| *ends > now);
+        }
+        if held.len() >= self.capacity {
+            let first = held.values().min().copied().unwrap_or(now);
+            return Err(first.saturating_duration_since(now));
+        }
+        held.insert(permit, now + lease);
+        Ok(())
+    }
+
+    /// Forgets `permit`; whether the fallback issued it.
+    fn remove(&self, permit: PermitId) -> bool {
+        self.held.lock().remove(&permit).is_some()
+    }
 }
 
 impl<P, F> Clone for FallbackStore<P, F> {
@@ -100,6 +150,16 @@ impl<P: Store, F: Store> FallbackStore<P, F> {
     /// `primary`, with `fallback` enforcing each limit divided among
     /// `instances` while `breaker` keeps calls away from the primary.
     pub fn new(primary: P, fallback: F, instances: u32, breaker: Arc<CircuitBreaker>) -> Self {
+        Self::with_permit_capacity(primary, fallback, instances, breaker, MAX_FALLBACK_PERMITS)
+    }
+
+    fn with_permit_capacity(
+        primary: P,
+        fallback: F,
+        instances: u32,
+        breaker: Arc<CircuitBreaker>,
+        permits: usize,
+    ) -> Self {
         FallbackStore {
             inner: Arc::new(Inner {
                 primary,
@@ -107,6 +167,7 @@ impl<P: Store, F: Store> FallbackStore<P, F> {
                 instances: instances.max(1),
                 breaker,
                 fallback_decisions: AtomicU64::new(0),
+                permits: LocalPermits::new(permits),
             }),
         }
     }
@@ -153,14 +214,9 @@ where
     }
 }
 
-/// A decision of the fallback: its source says so, and its permit carries
-/// [`FALLBACK_PERMIT`].
+/// A decision of the fallback: its source says so.
 fn mark(decision: Decision) -> Decision {
-    let decision = decision.with_source(DecisionSource::Fallback);
-    match decision.permit() {
-        Some(p) => decision.with_permit(PermitId(p.0 | FALLBACK_PERMIT)),
-        None => decision,
-    }
+    decision.with_source(DecisionSource::Fallback)
 }
 
 impl<P: Store, F: Store> Inner<P, F> {
@@ -190,7 +246,35 @@ impl<P: Store, F: Store> Inner<P, F> {
                 window,
             )));
         }
-        self.fallback.check(&key, &local, cost).await.map(mark)
+        let decision = self.fallback.check(&key, &local, cost).await?;
+        self.track(&key, &local, mark(decision)).await
+    }
+
+    /// Remembers the permit of a fallback decision, so that its release goes
+    /// to the fallback. When the fallback already holds as many permits as
+    /// it tracks, the permit is given back and the request denied.
+    async fn track(
+        &self,
+        key: &[u8],
+        local: &Policy,
+        decision: Decision,
+    ) -> Result<Decision, StoreError> {
+        let Some(permit) = decision.permit() else {
+            return Ok(decision);
+        };
+        match self.permits.insert(permit, local.window()) {
+            Ok(()) => Ok(decision),
+            Err(wait) => {
+                self.fallback.release(key, local, permit).await?;
+                let retry = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                Ok(mark(Decision::deny(
+                    decision.limit(),
+                    decision.remaining(),
+                    decision.reset_after_micros(),
+                    retry,
+                )))
+            }
+        }
     }
 }
 
@@ -254,33 +338,28 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
                 })
                 .collect();
             let decisions = inner.fallback.check_all(&local_checks).await?;
-            Ok(decisions
-                .into_iter()
-                .zip(&locals)
-                .zip(too_costly)
-                .map(|((d, (_, local, _)), too_costly)| {
-                    if too_costly {
-                        let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
-                        mark(Decision::deny(local.limit(), d.remaining(), window, window))
-                    } else {
-                        mark(d)
-                    }
-                })
-                .collect())
+            let mut out = Vec::with_capacity(decisions.len());
+            for ((d, (key, local, _)), too_costly) in
+                decisions.into_iter().zip(&locals).zip(too_costly)
+            {
+                out.push(if too_costly {
+                    let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
+                    mark(Decision::deny(local.limit(), d.remaining(), window, window))
+                } else {
+                    inner.track(key, local, mark(d)).await?
+                });
+            }
+            Ok(out)
         })
     }
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        if permit.0 & FALLBACK_PERMIT != 0 {
+        if self.inner.permits.remove(permit) {
             let local = match self.inner.local(policy) {
                 Ok(local) => local,
                 Err(e) => return Box::pin(std::future::ready(Err(e))),
             };
-            let call =
-                self.inner
-                    .fallback
-                    .release(key, &local, PermitId(permit.0 & !FALLBACK_PERMIT));
-            Box::pin(call)
+            Box::pin(self.inner.fallback.release(key, &local, permit))
         } else {
             Box::pin(self.inner.primary.release(key, policy, permit))
         }
@@ -313,5 +392,59 @@ impl<P: AdminStore, F: Store> AdminStore for FallbackStore<P, F> {
 
     fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
         self.inner.primary.unblock(key, policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A primary that is always down.
+    struct Down;
+
+    impl Store for Down {
+        type CheckFuture = std::future::Ready<Result<Decision, StoreError>>;
+        type CheckAllFuture = std::future::Ready<Result<Vec<Decision>, StoreError>>;
+        type ReleaseFuture = std::future::Ready<Result<(), StoreError>>;
+
+        fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
+            std::future::ready(Err(StoreError::Unavailable("down".into())))
+        }
+
+        fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
+            std::future::ready(Err(StoreError::Unavailable("down".into())))
+        }
+
+        fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+            panic!("a release of a fallback permit went to the primary")
+        }
+    }
+
+    #[tokio::test]
+    async fn past_its_permit_capacity_the_fallback_denies_and_takes_nothing() {
+        let breaker = Arc::new(CircuitBreaker::default());
+        let local = MemoryStore::new();
+        let store = FallbackStore::with_permit_capacity(Down, local.clone(), 1, breaker, 2);
+        let policy = Policy::concurrency(10, Duration::from_secs(60)).unwrap();
+        let a = store.check(b"k", &policy, 1).await.unwrap();
+        let b = store
+            .check_all(&[Check::new(b"k", &policy, 1)])
+            .await
+            .unwrap()
+            .remove(0);
+        assert!(a.is_allowed() && b.is_allowed());
+        let c = store.check(b"k", &policy, 1).await.unwrap();
+        assert!(!c.is_allowed(), "{c:?}");
+        assert!(c.retry_after().is_some_and(|r| r > Duration::from_secs(59)));
+        // The denied one took nothing locally.
+        assert_eq!(local.check_now(b"k", &policy, 0).unwrap().remaining(), 8);
+        // Releases go to the fallback (the primary would panic), and free room.
+        store
+            .release(b"k", &policy, a.permit().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(local.check_now(b"k", &policy, 0).unwrap().remaining(), 9);
+        let d = store.check(b"k", &policy, 1).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}");
     }
 }

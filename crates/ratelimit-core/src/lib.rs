@@ -64,7 +64,7 @@ pub use breaker::{
 pub use decision::{Decision, DecisionSource, PermitId};
 pub use denied_cache::{DEFAULT_CACHE_ENTRIES, DeniedCache};
 pub use error::{PolicyError, StoreError};
-pub use fallback::FallbackStore;
+pub use fallback::{FallbackStore, MAX_FALLBACK_PERMITS};
 #[cfg(feature = "lease")]
 pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -474,6 +474,13 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`Store::check_all`], synchronously.
     pub fn check_all_now(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        // Duplicates are one check of their summed cost, as on every store.
+        let merged =
+            crate::store::Merged::new(checks, |c| (c.policy.name(), key::normalize(c.key)))?;
+        if !merged.is_distinct() {
+            let decisions = self.check_all_now(&merged.checks)?;
+            return crate::store::spread(&merged.of, &decisions);
+        }
         struct Item<'a> {
             hash: u64,
             shard: usize,

@@ -81,3 +81,71 @@ impl<S: Store> Store for Arc<S> {
 pub fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
+
+/// The checks of one request with each key and policy once. Two checks of
+/// the same key under the same policy (two rules of overlapping routes) are
+/// one check of their summed cost, and both get its decision (and its
+/// permit: one permit for the sum, which each may release, harmlessly
+/// twice). Both stores decide duplicates this way.
+pub(crate) struct Merged<'a> {
+    /// One check per key and policy, in the order of their first appearance.
+    pub(crate) checks: Vec<Check<'a>>,
+    /// For each check asked for, the index of its merged check.
+    pub(crate) of: Vec<usize>,
+}
+
+impl<'a> Merged<'a> {
+    /// Merges the checks whose `identity` (the state they share) is equal.
+    /// Two policies under one name with other parameters in one request are
+    /// [`StoreError::PolicyConflict`]; a sum above what the policy admits is
+    /// [`StoreError::CostExceedsLimit`].
+    pub(crate) fn new<K: PartialEq>(
+        checks: &[Check<'a>],
+        identity: impl Fn(&Check<'a>) -> K,
+    ) -> Result<Self, StoreError> {
+        let mut merged: Vec<(K, Check<'a>)> = Vec::with_capacity(checks.len());
+        let mut of = Vec::with_capacity(checks.len());
+        for check in checks {
+            check.policy.check_cost(check.cost)?;
+            let id = identity(check);
+            match merged.iter().position(|(other, _)| *other == id) {
+                Some(i) => {
+                    let first = &mut merged[i].1;
+                    if first.policy != check.policy {
+                        return Err(StoreError::PolicyConflict {
+                            policy: check.policy.name().to_owned(),
+                        });
+                    }
+                    first.cost = first.cost.saturating_add(check.cost);
+                    of.push(i);
+                }
+                None => {
+                    of.push(merged.len());
+                    merged.push((id, *check));
+                }
+            }
+        }
+        let checks: Vec<Check<'a>> = merged.into_iter().map(|(_, c)| c).collect();
+        for check in &checks {
+            check.policy.check_cost(check.cost)?;
+        }
+        Ok(Merged { checks, of })
+    }
+
+    /// Whether every check was distinct.
+    pub(crate) fn is_distinct(&self) -> bool {
+        self.checks.len() == self.of.len()
+    }
+}
+
+/// The decisions of merged checks, one per check asked for (see [`Merged`]).
+pub(crate) fn spread(of: &[usize], decisions: &[Decision]) -> Result<Vec<Decision>, StoreError> {
+    of.iter()
+        .map(|&i| {
+            decisions
+                .get(i)
+                .cloned()
+                .ok_or_else(|| StoreError::Backend("fewer decisions than merged checks".into()))
+        })
+        .collect()
+}

@@ -26,9 +26,11 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 mod admin;
 mod connections;
 mod scripts;
+mod unclaimed;
 
 use connections::Connections;
 use scripts::Scripts;
+use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -42,6 +44,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A store in Redis (one node, or a Redis Cluster with the `redis-cluster`
 /// feature), shared by every instance that points at it.
+///
+/// A concurrency permit that a check took in Redis but could not hand to its
+/// caller (the reply timed out, the connection dropped, the caller dropped
+/// the call in flight) is released in the background on the current tokio
+/// runtime, rather than held for its whole lease.
 ///
 /// ```no_run
 /// use ratelimit_core::redis::RedisStore;
@@ -69,6 +76,8 @@ struct Inner {
     fixed_clock: Option<Arc<dyn Clock>>,
     permit_prefix: u64,
     permit_counter: AtomicU64,
+    /// Releases of unclaimed permits under way (see `unclaimed`).
+    pending_releases: std::sync::atomic::AtomicUsize,
 }
 
 enum Backend {
@@ -307,6 +316,7 @@ impl RedisStoreBuilder {
                 fixed_clock: self.fixed_clock,
                 permit_prefix,
                 permit_counter: AtomicU64::new(1),
+                pending_releases: Default::default(),
             }),
         })
     }
@@ -407,10 +417,20 @@ fn policy_conflict<'a>(
 impl Inner {
     /// Runs `cmd` within the call timeout.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+        self.run_via(cmd, Via::Pool).await
+    }
+
+    /// Runs `cmd` within the call timeout, on a single node on the
+    /// connection `via` says (a cluster routes every command itself).
+    async fn run_via(&self, cmd: &redis::Cmd, via: Via<'_>) -> Result<Value, StoreError> {
         match &self.backend {
             // One timer per call, here, rather than one around the call and
             // one more per command inside redis-rs.
-            Backend::Node(connections) => self.run_on_node(connections, cmd).await,
+            Backend::Node(connections) => match via {
+                Via::Pool => self.run_on_node(connections, cmd, None).await,
+                Via::Record(sent_on) => self.run_on_node(connections, cmd, Some(sent_on)).await,
+                Via::On(connection) => self.run_on(connection, cmd).await,
+            },
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(connection) => {
                 self.with_timeout(async {
@@ -427,10 +447,13 @@ impl Inner {
         }
     }
 
+    /// Runs `cmd` on one of the pooled connections; `sent_on`, when given,
+    /// records the connection it was sent on.
     async fn run_on_node(
         &self,
         connections: &Connections,
         cmd: &redis::Cmd,
+        sent_on: Option<&SentOn>,
     ) -> Result<Value, StoreError> {
         let deadline = tokio::time::Instant::now() + self.call_timeout;
         let timeout = StoreError::Timeout(self.call_timeout);
@@ -446,6 +469,9 @@ impl Inner {
                 return Err(timeout);
             };
             let (id, mut connection) = got.map_err(backend_error)?;
+            if let Some(sent_on) = sent_on {
+                sent_on.record(&connection);
+            }
             let Ok(result) =
                 tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await
             else {
@@ -471,6 +497,21 @@ impl Inner {
         }
     }
 
+    /// Runs `cmd` on `connection` (not one of the pool's: see `unclaimed`),
+    /// within the call timeout.
+    async fn run_on(
+        &self,
+        connection: &redis::aio::MultiplexedConnection,
+        cmd: &redis::Cmd,
+    ) -> Result<Value, StoreError> {
+        let mut connection = connection.clone();
+        match tokio::time::timeout(self.call_timeout, cmd.query_async(&mut connection)).await {
+            Err(_) => Err(StoreError::Timeout(self.call_timeout)),
+            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(self.call_timeout)),
+            Ok(result) => result.map_err(backend_error),
+        }
+    }
+
     /// Runs a script by `EVALSHA`; if Redis lost it (restart, failover,
     /// `SCRIPT FLUSH`), by `EVAL`, which also puts it back in the cache.
     async fn eval(
@@ -479,6 +520,18 @@ impl Inner {
         source: &str,
         keys: &[String],
         args: &[Arg<'_>],
+    ) -> Result<Value, StoreError> {
+        self.eval_via(script, source, keys, args, Via::Pool).await
+    }
+
+    /// [`eval`](Inner::eval) on the connection `via` says.
+    async fn eval_via(
+        &self,
+        script: &redis::Script,
+        source: &str,
+        keys: &[String],
+        args: &[Arg<'_>],
+        via: Via<'_>,
     ) -> Result<Value, StoreError> {
         let command = |verb: &str, body: &str| {
             let mut cmd = redis::cmd(verb);
@@ -492,11 +545,14 @@ impl Inner {
             }
             cmd
         };
-        match self.run(&command("EVALSHA", script.get_hash())).await {
+        match self
+            .run_via(&command("EVALSHA", script.get_hash()), via)
+            .await
+        {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
-                self.run(&command("EVAL", source)).await
+                self.run_via(&command("EVAL", source), via).await
             }
             other => other,
         }
@@ -583,6 +639,7 @@ impl RedisStore {
         policy: Policy,
         cost: u64,
         permit: PermitId,
+        via: Via<'_>,
     ) -> Result<Decision, StoreError> {
         let (p1, p2) = parameters(policy.algorithm());
         let (script, source) = self.inner.scripts.single(policy.algorithm());
@@ -601,7 +658,7 @@ impl RedisStore {
         let keys = admin::with_block_keys(std::slice::from_ref(&key));
         let reply = self
             .inner
-            .eval(script, source, &keys, &args)
+            .eval_via(script, source, &keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
         decision_from(&reply, permit, cost)
@@ -611,8 +668,9 @@ impl RedisStore {
         self,
         keys: Vec<String>,
         requests: Vec<(Policy, u64, PermitId)>,
+        via: Via<'_>,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.check_group(&keys, &requests)
+        self.check_group(&keys, &requests, via)
             .await
             .map(|(decisions, _)| decisions)
     }
@@ -623,6 +681,7 @@ impl RedisStore {
         &self,
         keys: &[String],
         requests: &[(Policy, u64, PermitId)],
+        via: Via<'_>,
     ) -> Result<(Vec<Decision>, Vec<StateChange>), StoreError> {
         let mut args = Vec::with_capacity(1 + requests.len() * 5);
         args.push(Arg::Int(self.fixed_now()));
@@ -638,7 +697,7 @@ impl RedisStore {
         let all_keys = admin::with_block_keys(keys);
         let reply = self
             .inner
-            .eval(script, source, &all_keys, &args)
+            .eval_via(script, source, &all_keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         let Value::Array(items) = &reply else {
@@ -699,7 +758,9 @@ impl RedisStore {
         for indexes in groups.values() {
             let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
             let group_requests: Vec<_> = indexes.iter().map(|&i| requests[i].clone()).collect();
-            let result = self.check_group(&group_keys, &group_requests).await;
+            let result = self
+                .check_group(&group_keys, &group_requests, Via::Pool)
+                .await;
             let (group_decisions, states) = match result {
                 Ok(answer) => answer,
                 Err(error) => {
@@ -721,15 +782,24 @@ impl RedisStore {
             return Ok(decisions.into_iter().flatten().collect());
         }
         self.refund(&keys, &requests, &committed).await;
-        // Report the other limits as peeks of their current state.
+        // Report the other limits as peeks of their current state. The
+        // request is denied whatever happens to the peeks: once one fails,
+        // the others report what is known (see `unpeeked`), never an error
+        // that a failure policy could turn into an admission.
+        let mut peeking = true;
         for (i, slot) in decisions.iter_mut().enumerate() {
             if slot.as_ref().is_none_or(Decision::is_allowed) {
                 let (policy, _, _) = &requests[i];
-                let peek = self
-                    .clone()
-                    .check_one(keys[i].clone(), policy.clone(), 0, PermitId(0))
-                    .await?;
-                *slot = Some(peek);
+                let peek = if peeking {
+                    self.clone()
+                        .check_one(keys[i].clone(), policy.clone(), 0, PermitId(0), Via::Pool)
+                        .await
+                        .ok()
+                } else {
+                    None
+                };
+                peeking = peek.is_some();
+                *slot = Some(peek.unwrap_or_else(|| unpeeked(policy, slot.as_ref())));
             }
         }
         Ok(decisions.into_iter().flatten().collect())
@@ -760,13 +830,38 @@ impl RedisStore {
     }
 
     async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {
+        self.release_via(&key, permit, Via::Pool).await
+    }
+
+    async fn release_via(
+        &self,
+        key: &str,
+        permit: PermitId,
+        via: Via<'_>,
+    ) -> Result<(), StoreError> {
         let (script, source) = self.inner.scripts.release();
         let permit_text = permit.to_string();
         let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
         self.inner
-            .eval(script, source, std::slice::from_ref(&key), &args)
+            .eval_via(script, source, &[key.to_owned()], &args, via)
             .await
             .map(|_| ())
+    }
+}
+
+/// What a cross-slot denial reports for a limit whose peek failed: its own
+/// decision when its slot was decided (it allowed, and was refunded), without
+/// its permit; for a slot never reached, nothing known left (remaining 0,
+/// restored within the policy's window).
+#[cfg(feature = "redis-cluster")]
+fn unpeeked(policy: &Policy, decided: Option<&Decision>) -> Decision {
+    match decided {
+        Some(d) => Decision::allow(d.limit(), d.remaining(), d.reset_after_micros()),
+        None => Decision::allow(
+            parameters(policy.algorithm()).0,
+            0,
+            policy.algorithm().window_micros(),
+        ),
     }
 }
 
@@ -790,7 +885,22 @@ impl Store for RedisStore {
         }
         let permit = self.permit_for(policy);
         let key = self.state_key(key, policy);
-        Box::pin(self.clone().check_one(key, policy.clone(), cost, permit))
+        let store = self.clone();
+        let policy = policy.clone();
+        if permit.0 == 0 || cost == 0 {
+            return Box::pin(store.check_one(key, policy, cost, permit, Via::Pool));
+        }
+        // A permit the caller does not receive is released (see `unclaimed`).
+        let mut unclaimed = Unclaimed::new(self.clone(), vec![(key.clone(), permit)], &policy);
+        Box::pin(async move {
+            let result = store
+                .check_one(key, policy, cost, permit, Via::Record(unclaimed.sent_on()))
+                .await;
+            if result.is_ok() {
+                unclaimed.claim();
+            }
+            result
+        })
     }
 
     /// On a single node, every limit is decided in one script: all or nothing.
@@ -802,39 +912,72 @@ impl Store for RedisStore {
     /// slot order, and refunded when a later slot denies: a weaker guarantee
     /// (another request may see, and be denied by, a consumption that is
     /// about to be refunded), which still never admits beyond a limit.
+    ///
+    /// Two checks of one key under one policy (two rules of overlapping
+    /// routes) are one check of their summed cost, and each gets its
+    /// decision, as on [`MemoryStore`](crate::MemoryStore).
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        let merged = match crate::store::Merged::new(checks, |c| self.state_key(c.key, c.policy)) {
+            Ok(merged) => merged,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        if !merged.is_distinct() {
+            let call = self.check_all(&merged.checks);
+            let of = merged.of;
+            return Box::pin(async move { crate::store::spread(&of, &call.await?) });
+        }
         let mut keys = Vec::with_capacity(checks.len());
         let mut requests = Vec::with_capacity(checks.len());
         for check in checks {
-            if let Err(e) = check.policy.check_cost(check.cost) {
-                return Box::pin(std::future::ready(Err(e)));
-            }
-            let key = self.state_key(check.key, check.policy);
-            if keys.contains(&key) {
-                return Box::pin(std::future::ready(Err(StoreError::Backend(
-                    format!("the same key and policy appear twice in one request ({key}); sum their costs into one check").into(),
-                ))));
-            }
-            keys.push(key);
+            keys.push(self.state_key(check.key, check.policy));
             requests.push((
                 check.policy.clone(),
                 check.cost,
                 self.permit_for(check.policy),
             ));
         }
+        if keys.is_empty() {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        // The permits the caller does not receive are released (see `unclaimed`).
+        let permits: Vec<(String, PermitId)> = keys
+            .iter()
+            .zip(&requests)
+            .filter(|(_, (_, cost, permit))| permit.0 != 0 && *cost > 0)
+            .map(|(key, (_, _, permit))| (key.clone(), *permit))
+            .collect();
+        let longest = requests
+            .iter()
+            .filter(|(_, _, permit)| permit.0 != 0)
+            .map(|(policy, _, _)| policy)
+            .max_by_key(|policy| policy.window());
+        let mut unclaimed = longest.map(|policy| Unclaimed::new(self.clone(), permits, policy));
+        let store = self.clone();
         #[cfg(feature = "redis-cluster")]
         if matches!(self.inner.backend, Backend::Cluster(_)) {
             let slot = |k: &String| key::cluster_slot(k.as_bytes());
             if let Some(first) = keys.first().map(slot)
                 && keys.iter().any(|k| slot(k) != first)
             {
-                return Box::pin(self.clone().check_across_slots(keys, requests));
+                return Box::pin(async move {
+                    let result = store.check_across_slots(keys, requests).await;
+                    if result.is_ok() {
+                        unclaimed.as_mut().map(Unclaimed::claim);
+                    }
+                    result
+                });
             }
         }
-        if keys.is_empty() {
-            return Box::pin(std::future::ready(Ok(Vec::new())));
-        }
-        Box::pin(self.clone().check_many(keys, requests))
+        Box::pin(async move {
+            let via = unclaimed
+                .as_ref()
+                .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
+            let result = store.check_many(keys, requests, via).await;
+            if result.is_ok() {
+                unclaimed.as_mut().map(Unclaimed::claim);
+            }
+            result
+        })
     }
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {

@@ -1,0 +1,610 @@
+//! Permits, duplicate checks and denials that must stay denials, on
+//! `MemoryStore`, `FallbackStore` and `RedisStore` (real Redis servers and a
+//! real Redis Cluster started by `tests/support`):
+//!
+//! - a `FallbackStore` releases a permit to the store that issued it,
+//!   whatever ids the primary chooses;
+//! - two checks of one key under one policy in a `check_all` are summed, the
+//!   same way on every store, single node and cluster;
+//! - a concurrency permit the caller never received (a reply that timed out,
+//!   a dropped call) is released by `RedisStore`, not held for its lease;
+//! - on a cluster, a denial across slots stays a denial when the peeks of the
+//!   other limits fail.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{
+    Check, CircuitBreaker, Decision, FallbackStore, MemoryStore, PermitId, Policy, Rate, Store,
+    StoreError,
+};
+use ratelimit_tests::fault_proxy::FaultProxy;
+use ratelimit_tests::{RedisCluster, RedisServer};
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+const HIGH_BIT: u128 = 1 << 127;
+
+/// A primary whose permit ids have bit 127 set, as any `Store` may choose
+/// (and as `MemoryStore` and `RedisStore` do in about half of process
+/// starts); it can also be switched into an outage.
+#[derive(Clone)]
+struct HighBitPermits {
+    store: MemoryStore<ManualClock>,
+    down: Arc<AtomicBool>,
+    /// The ids it gave out, each for its inner store's id.
+    ids: Arc<Mutex<HashMap<u128, PermitId>>>,
+}
+
+impl HighBitPermits {
+    fn new() -> Self {
+        HighBitPermits {
+            store: MemoryStore::builder().clock(ManualClock::new(0)).build(),
+            down: Arc::new(AtomicBool::new(false)),
+            ids: Arc::default(),
+        }
+    }
+
+    fn outage<T: Send + 'static>(&self) -> Option<BoxFuture<T>> {
+        self.down.load(Ordering::SeqCst).then(|| {
+            Box::pin(std::future::ready(Err(StoreError::Unavailable(
+                "switched off by the test".into(),
+            )))) as BoxFuture<T>
+        })
+    }
+
+    /// The decision with its permit renamed to an id with bit 127 set.
+    fn high(&self, d: Decision) -> Decision {
+        match d.permit() {
+            Some(p) => {
+                let mut ids = self.ids.lock().unwrap();
+                let id = HIGH_BIT | (ids.len() as u128 + 1);
+                ids.insert(id, p);
+                d.with_permit(PermitId(id))
+            }
+            None => d,
+        }
+    }
+}
+
+impl Store for HighBitPermits {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = BoxFuture<Vec<Decision>>;
+    type ReleaseFuture = BoxFuture<()>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        if let Some(outage) = self.outage() {
+            return outage;
+        }
+        Box::pin(std::future::ready(
+            self.store
+                .check_now(key, policy, cost)
+                .map(|d| self.high(d)),
+        ))
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        if let Some(outage) = self.outage() {
+            return outage;
+        }
+        let decisions = self
+            .store
+            .check_all_now(checks)
+            .map(|ds| ds.into_iter().map(|d| self.high(d)).collect());
+        Box::pin(std::future::ready(decisions))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        if let Some(outage) = self.outage() {
+            return outage;
+        }
+        let inner = self.ids.lock().unwrap().remove(&permit.0);
+        let inner =
+            inner.unwrap_or_else(|| panic!("{permit:?} is not one of this store's permits"));
+        self.store.release_now(key, policy, inner);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+fn semaphore(max: u64) -> Policy {
+    Policy::concurrency(max, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("sem")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
+    let primary = HighBitPermits::new();
+    let local = MemoryStore::new();
+    let breaker = Arc::new(CircuitBreaker::default());
+    let store = FallbackStore::new(primary.clone(), local.clone(), 1, breaker);
+    let policy = semaphore(1);
+    for round in 0..3 {
+        let d = store.check(b"k", &policy, 1).await.unwrap();
+        assert!(d.is_allowed(), "round {round}: the permit leaked: {d:?}");
+        let permit = d.permit().unwrap();
+        assert_ne!(permit.0 & HIGH_BIT, 0);
+        store.release(b"k", &policy, permit).await.unwrap();
+        assert_eq!(
+            primary
+                .store
+                .check_now(b"k", &policy, 0)
+                .unwrap()
+                .remaining(),
+            1,
+            "round {round}: the primary still holds the permit"
+        );
+    }
+    // The same through check_all.
+    let d = store
+        .check_all(&[Check::new(b"k", &policy, 1)])
+        .await
+        .unwrap();
+    store
+        .release(b"k", &policy, d[0].permit().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        primary
+            .store
+            .check_now(b"k", &policy, 0)
+            .unwrap()
+            .remaining(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
+    let primary = HighBitPermits::new();
+    let local = MemoryStore::new();
+    let breaker = Arc::new(CircuitBreaker::default());
+    let store = FallbackStore::new(primary.clone(), local.clone(), 1, breaker);
+    let policy = semaphore(1);
+    // A permit of the primary, held across the outage.
+    let held = store.check(b"k", &policy, 1).await.unwrap();
+    primary.down.store(true, Ordering::SeqCst);
+    for round in 0..3 {
+        let d = store.check(b"k", &policy, 1).await.unwrap();
+        assert!(d.is_allowed(), "round {round}: {d:?}");
+        assert_eq!(d.source(), ratelimit_core::DecisionSource::Fallback);
+        // Released locally (the primary is down: a release sent there fails).
+        store
+            .release(b"k", &policy, d.permit().unwrap())
+            .await
+            .unwrap();
+    }
+    primary.down.store(false, Ordering::SeqCst);
+    store
+        .release(b"k", &policy, held.permit().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        primary
+            .store
+            .check_now(b"k", &policy, 0)
+            .unwrap()
+            .remaining(),
+        1
+    );
+}
+
+/// Every algorithm with long windows (nothing refills during a test).
+fn long_policies(limit: u64) -> Vec<Policy> {
+    let hour = Duration::from_secs(3600);
+    vec![
+        Policy::fixed_window(limit, hour).unwrap(),
+        Policy::sliding_window_log(limit, hour).unwrap(),
+        Policy::sliding_window_counter(limit, hour).unwrap(),
+        Policy::token_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::gcra(limit, Rate::per_hour(1)).unwrap(),
+        Policy::leaky_bucket(limit, Rate::per_hour(1)).unwrap(),
+        Policy::concurrency(limit, hour).unwrap(),
+    ]
+}
+
+/// Everything observable, with the permit reduced to whether there is one.
+fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64, bool) {
+    (
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after_micros(),
+        d.retry_after_micros(),
+        d.delay_micros(),
+        d.permit().is_some(),
+    )
+}
+
+/// Two rules of one request with the same policy and key (overlapping
+/// routes), next to another limit: both stores sum the duplicates into one
+/// check and give each the merged decision; a permit is one for the summed
+/// cost, and releasing it once per duplicate is harmless.
+async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore, label: &str) {
+    for (round, policy) in long_policies(5).into_iter().enumerate() {
+        let policy = policy.with_name(format!("dup-{round}")).unwrap();
+        let other = Policy::fixed_window(100, Duration::from_secs(3600))
+            .unwrap()
+            .with_name(format!("dup-other-{round}"))
+            .unwrap();
+        let user = format!("user-{label}-{round}");
+        let checks = [
+            Check::new(user.as_bytes(), &policy, 1),
+            Check::new(b"global", &other, 1),
+            Check::new(user.as_bytes(), &policy, 2),
+        ];
+        let mut held = Vec::new();
+        for step in 0..3 {
+            let m = memory.check_all(&checks).await.unwrap();
+            let r = redis.check_all(&checks).await.unwrap_or_else(|e| {
+                panic!("{label} {}: step {step}: {e}", policy.name());
+            });
+            let mo: Vec<_> = m.iter().map(observable).collect();
+            let ro: Vec<_> = r.iter().map(observable).collect();
+            assert_eq!(mo, ro, "{label} {}: step {step}", policy.name());
+            // The duplicates share one decision: the sum of their costs.
+            assert_eq!(mo[0], mo[2], "{label} {}: step {step}", policy.name());
+            assert_eq!(m[0].permit(), m[2].permit());
+            assert_eq!(r[0].permit(), r[2].permit());
+            let expect_allowed = step == 0;
+            assert_eq!(
+                m[0].is_allowed(),
+                expect_allowed,
+                "{}: {m:?}",
+                policy.name()
+            );
+            if expect_allowed {
+                // 5 - (1 + 2) left.
+                assert_eq!(m[0].remaining(), 2, "{}: {m:?}", policy.name());
+            }
+            if let (Some(a), Some(b)) = (m[0].permit(), r[0].permit()) {
+                held.push((a, b));
+            }
+        }
+        if !held.is_empty() {
+            // Each duplicate releases its permit: twice the same id.
+            for (a, b) in held {
+                for _ in 0..2 {
+                    memory.release(user.as_bytes(), &policy, a).await.unwrap();
+                    redis.release(user.as_bytes(), &policy, b).await.unwrap();
+                }
+            }
+            let m = memory.check(user.as_bytes(), &policy, 0).await.unwrap();
+            let r = redis.check(user.as_bytes(), &policy, 0).await.unwrap();
+            assert_eq!(m.remaining(), 5, "{label}: {m:?}");
+            assert_eq!(observable(&m), observable(&r), "{label}");
+        }
+    }
+    // The same policy name with other parameters twice in one request is a
+    // conflict on both stores, never a silent pass.
+    let a = Policy::fixed_window(5, Duration::from_secs(60))
+        .unwrap()
+        .with_name("dup-conflict")
+        .unwrap();
+    let b = Policy::fixed_window(7, Duration::from_secs(60))
+        .unwrap()
+        .with_name("dup-conflict")
+        .unwrap();
+    let checks = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
+    for (store, result) in [
+        ("memory", memory.check_all(&checks).await),
+        ("redis", redis.check_all(&checks).await),
+    ] {
+        assert!(
+            matches!(result, Err(StoreError::PolicyConflict { ref policy }) if policy == "dup-conflict"),
+            "{label} {store}: {result:?}"
+        );
+    }
+    // Summed costs above what the policy admits: a clear error on both.
+    let small = Policy::fixed_window(2, Duration::from_secs(60))
+        .unwrap()
+        .with_name("dup-small")
+        .unwrap();
+    let checks = [Check::new(b"k", &small, 2), Check::new(b"k", &small, 1)];
+    for (store, result) in [
+        ("memory", memory.check_all(&checks).await),
+        ("redis", redis.check_all(&checks).await),
+    ] {
+        assert!(
+            matches!(
+                result,
+                Err(StoreError::CostExceedsLimit {
+                    cost: 3,
+                    max: 2,
+                    ..
+                })
+            ),
+            "{label} {store}: {result:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_node() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.url())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    duplicates_agree(&memory, &redis, "node").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::cluster_builder(cluster.urls())
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // `user-*` and `global` live in different slots: across slots, with refunds.
+    duplicates_agree(&memory, &redis, "cluster").await;
+}
+
+/// Polls the number of permits held in `key`'s sorted set until it is 0,
+/// for at most `limit`; returns the last count.
+async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let count = server.cli(&["ZCARD", key]);
+        if count.trim() == "0" || start.elapsed() > limit {
+            return count.trim().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_reply_timed_out_is_released() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .call_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    let policy = semaphore(5);
+    let key = store.state_key(b"slow", &policy);
+    // Loads the script, so the check below is one EVALSHA.
+    store.check(b"slow", &policy, 0).await.unwrap();
+    // The script runs; its reply comes too late.
+    proxy.set_latency(Duration::from_millis(400));
+    let result = store.check(b"slow", &policy, 1).await;
+    assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+    proxy.set_latency(Duration::ZERO);
+    // The lease is an hour: only a release frees it this soon.
+    assert_eq!(
+        permits_left(&server, &key, Duration::from_secs(3)).await,
+        "0"
+    );
+    let d = store.check(b"slow", &policy, 0).await.unwrap();
+    assert_eq!(d.remaining(), 5, "{d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    let policy = semaphore(5);
+    let key = store.state_key(b"gone", &policy);
+    // Loads the script, so the check below is one EVALSHA.
+    store.check(b"gone", &policy, 0).await.unwrap();
+    proxy.set_latency(Duration::from_millis(400));
+    // The caller goes away (a client disconnect) while the call is in flight.
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(100), store.check(b"gone", &policy, 1)).await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    assert_eq!(
+        permits_left(&server, &key, Duration::from_secs(3)).await,
+        "0"
+    );
+    proxy.set_latency(Duration::ZERO);
+    let d = store.check(b"gone", &policy, 0).await.unwrap();
+    assert_eq!(d.remaining(), 5, "{d:?}");
+}
+
+/// A Redis busy with a long script: the check waits behind it on its
+/// connection and times out; its release must not overtake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(1)
+        .call_timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    let policy = semaphore(5);
+    let key = store.state_key(b"busy", &policy);
+    // Loads the script, so the check below is one EVALSHA.
+    store.check(b"busy", &policy, 0).await.unwrap();
+    // 600 ms of a script that holds the server (below the 5 s busy limit).
+    let script = "local t = redis.call('TIME') \
+        local start = t[1] * 1000000 + t[2] \
+        while true do \
+          local n = redis.call('TIME') \
+          if n[1] * 1000000 + n[2] - start > 600000 then return 1 end \
+        end";
+    let port = server.port();
+    let busy = std::thread::spawn(move || {
+        let output = std::process::Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "EVAL",
+                script,
+                "0",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let result = store.check(b"busy", &policy, 1).await;
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(busy.join().unwrap(), "1");
+    assert_eq!(
+        permits_left(&server, &key, Duration::from_secs(5)).await,
+        "0"
+    );
+}
+
+/// A user key whose state key, under `policy`, is in a slot with `pick`.
+fn user_in_slot(
+    store: &RedisStore,
+    policy: &Policy,
+    prefix: &str,
+    pick: impl Fn(u16) -> bool,
+) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|u| {
+            pick(ratelimit_core::key::cluster_slot(
+                store.state_key(u.as_bytes(), policy).as_bytes(),
+            ))
+        })
+        .unwrap()
+}
+
+/// On a cluster, a request denied in one slot stays denied when the peeks
+/// of its other limits fail: here the later slot's state belongs to another
+/// algorithm (its check was never reached, so only the peek meets it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    let policy = Policy::fixed_window(1, hour)
+        .unwrap()
+        .with_name("peek")
+        .unwrap();
+    let other = Policy::fixed_window(10, hour)
+        .unwrap()
+        .with_name("peek-other")
+        .unwrap();
+    // Slot order: `early` (consumes, refunded), `denier`, `late` (never checked).
+    let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
+    let early = user_in_slot(&store, &other, "early", |s| s < 5000);
+    let late = user_in_slot(&store, &policy, "late", |s| s > 12_000);
+    assert!(
+        store
+            .check(denier.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    // Another algorithm's state under the name "peek" for `late`.
+    let semaphore = Policy::concurrency(5, hour)
+        .unwrap()
+        .with_name("peek")
+        .unwrap();
+    assert!(
+        store
+            .check(late.as_bytes(), &semaphore, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let checks = [
+        Check::new(early.as_bytes(), &other, 1),
+        Check::new(denier.as_bytes(), &policy, 1),
+        Check::new(late.as_bytes(), &policy, 1),
+    ];
+    let decisions = store.check_all(&checks).await.unwrap();
+    assert!(!decisions[1].is_allowed(), "{decisions:?}");
+    assert!(
+        decisions.iter().all(|d| d.permit().is_none()),
+        "{decisions:?}"
+    );
+    // `early` was refunded.
+    let peek = store.check(early.as_bytes(), &other, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 10, "{peek:?}");
+}
+
+/// The same when the later slot's node is down: an outage after the denial
+/// does not turn it into an error (which a failure policy might admit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
+    let mut cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .call_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    let policy = Policy::fixed_window(1, hour)
+        .unwrap()
+        .with_name("down")
+        .unwrap();
+    let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
+    let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
+    let slot_of = |k: &str| {
+        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes())
+    };
+    let late_node = owner_of(&cluster, slot_of(&late));
+    assert_ne!(late_node, owner_of(&cluster, slot_of(&denier)));
+    assert!(
+        store
+            .check(denier.as_bytes(), &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    cluster.node_mut(late_node).stop();
+    let checks = [
+        Check::new(denier.as_bytes(), &policy, 1),
+        Check::new(late.as_bytes(), &policy, 1),
+    ];
+    let decisions = store.check_all(&checks).await.unwrap();
+    assert!(!decisions[0].is_allowed(), "{decisions:?}");
+    // Nothing is known of the limit on the node that is down: nothing left.
+    assert!(
+        decisions[1].is_allowed() && decisions[1].remaining() == 0,
+        "{decisions:?}"
+    );
+}
+
+/// The index of the node that serves `slot`, from each node's `CLUSTER NODES`.
+fn owner_of(cluster: &RedisCluster, slot: u16) -> usize {
+    (0..3)
+        .find(|&i| {
+            let nodes = cluster.cli(i, &["CLUSTER", "NODES"]);
+            let myself = nodes.lines().find(|l| l.contains("myself")).unwrap_or("");
+            myself.split_whitespace().skip(8).any(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                match (a.parse::<u16>(), b.parse::<u16>()) {
+                    (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                    _ => false,
+                }
+            })
+        })
+        .unwrap()
+}
