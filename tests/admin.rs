@@ -15,7 +15,7 @@ use ratelimit_core::{
     AdminStore, Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, Policy,
     Rate, Store, StoreError,
 };
-use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tests::{RedisCluster, RedisServer, observable};
 
 /// A whole second of Unix time in µs: fixed windows start at it.
 const T0: u64 = 1_763_000_000_000_000;
@@ -49,18 +49,6 @@ fn retry_after_full_penalty(policy: &Policy) -> u64 {
         "sliding-window" => 1_625_000,
         _ => 1_250_000,
     }
-}
-
-/// Everything observable of a decision (no permits here).
-fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64) {
-    (
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after_micros(),
-        d.retry_after_micros(),
-        d.delay_micros(),
-    )
 }
 
 /// A store and the clock its decisions follow.

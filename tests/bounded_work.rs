@@ -12,8 +12,8 @@ use ratelimit_core::algorithm::MAX_LIMIT;
 use ratelimit_core::algorithm::sliding_window_log::LOG_SLOTS;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
-use ratelimit_tests::RedisServer;
+use ratelimit_core::{AdminStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_tests::{RedisServer, observable};
 
 /// A loose bound on one script's time in Redis (the old sliding log took
 /// about 47 ms with 20,000 entries; every call now takes well under 1 ms on
@@ -35,16 +35,6 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
     }
-}
-
-fn observable(d: &Decision) -> (bool, u64, u64, u64, u64) {
-    (
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after_micros(),
-        d.retry_after_micros(),
-    )
 }
 
 async fn stores(

@@ -14,7 +14,7 @@ use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::key::storage_key;
 use ratelimit_core::redis::{DEFAULT_PREFIX, RedisStore};
 use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
-use ratelimit_tests::RedisServer;
+use ratelimit_tests::{RedisServer, observable};
 
 const SECOND: u64 = 1_000_000;
 
@@ -24,18 +24,6 @@ const B: u64 = 1_762_999_920 * SECOND;
 
 fn named(policy: Policy) -> Policy {
     policy.with_name("changing").expect("valid name")
-}
-
-/// Everything observable of a decision but its permit (the ids differ).
-fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64) {
-    (
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after_micros(),
-        d.retry_after_micros(),
-        d.delay_micros(),
-    )
 }
 
 /// Both stores on one clock.

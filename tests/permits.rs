@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    Check, CircuitBreaker, Decision, FallbackStore, MemoryStore, PermitId, Policy, Rate, Store,
+    Check, CircuitBreaker, Decision, FallbackStore, MemoryStore, PermitId, Policy, Store,
     StoreError,
 };
 use ratelimit_tests::fault_proxy::FaultProxy;
-use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable};
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
@@ -192,33 +192,6 @@ async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
             .remaining(),
         1
     );
-}
-
-/// Every algorithm with long windows (nothing refills during a test).
-fn long_policies(limit: u64) -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    vec![
-        Policy::fixed_window(limit, hour).unwrap(),
-        Policy::sliding_window_log(limit, hour).unwrap(),
-        Policy::sliding_window_counter(limit, hour).unwrap(),
-        Policy::token_bucket(limit, Rate::per_hour(1)).unwrap(),
-        Policy::gcra(limit, Rate::per_hour(1)).unwrap(),
-        Policy::leaky_bucket(limit, Rate::per_hour(1)).unwrap(),
-        Policy::concurrency(limit, hour).unwrap(),
-    ]
-}
-
-/// Everything observable, with the permit reduced to whether there is one.
-fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64, bool) {
-    (
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after_micros(),
-        d.retry_after_micros(),
-        d.delay_micros(),
-        d.permit().is_some(),
-    )
 }
 
 /// Two rules of one request with the same policy and key (overlapping

@@ -12,7 +12,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
 };
-use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable};
 
 /// A small deterministic generator (xorshift64*), so failures replay.
 struct Rng(u64);
@@ -49,34 +49,6 @@ fn small_policies() -> Vec<Policy> {
         Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
         Policy::concurrency(3, ms(100)).unwrap(),
     ]
-}
-
-/// Long windows: nothing refills while a test runs.
-fn long_policies(limit: u64) -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    vec![
-        Policy::fixed_window(limit, hour).unwrap(),
-        Policy::sliding_window_log(limit, hour).unwrap(),
-        Policy::sliding_window_counter(limit, hour).unwrap(),
-        Policy::token_bucket(limit, Rate::per_hour(1)).unwrap(),
-        Policy::gcra(limit, Rate::per_hour(1)).unwrap(),
-        Policy::leaky_bucket(limit, Rate::per_hour(1)).unwrap(),
-        Policy::concurrency(limit, hour).unwrap(),
-    ]
-}
-
-/// Everything observable, with the permit reduced to whether there is one
-/// (ids differ between stores by design).
-fn observable(d: &Decision) -> (bool, u64, u64, u64, u64, u64, bool) {
-    (
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after_micros(),
-        d.retry_after_micros(),
-        d.delay_micros(),
-        d.permit().is_some(),
-    )
 }
 
 fn same_outcome(

@@ -13,6 +13,41 @@ pub mod redis_server;
 
 pub use redis_server::{RedisCluster, RedisServer};
 
+use ratelimit_core::{Decision, Policy, Rate};
+
+/// Every algorithm with long windows: nothing refills while a test runs.
+pub fn long_policies(limit: u64) -> Vec<Policy> {
+    let hour = Duration::from_secs(3600);
+    let slow = Rate::per_hour(1);
+    vec![
+        Policy::fixed_window(limit, hour).expect("valid"),
+        Policy::sliding_window_log(limit, hour).expect("valid"),
+        Policy::sliding_window_counter(limit, hour).expect("valid"),
+        Policy::token_bucket(limit, slow).expect("valid"),
+        Policy::gcra(limit, slow).expect("valid"),
+        Policy::leaky_bucket(limit, slow).expect("valid"),
+        Policy::concurrency(limit, hour).expect("valid"),
+    ]
+}
+
+/// What [`observable`] keeps of a decision.
+pub type Observed = (bool, u64, u64, u64, u64, u64, bool);
+
+/// Everything observable of a decision, to compare two stores: allowed,
+/// limit, remaining, reset, retry, delay, and whether it holds a permit (the
+/// ids differ between stores by design).
+pub fn observable(d: &Decision) -> Observed {
+    (
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after_micros(),
+        d.retry_after_micros(),
+        d.delay_micros(),
+        d.permit().is_some(),
+    )
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
