@@ -350,6 +350,48 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
     }
 }
 
+/// The write permissions are checked once per connection, when the store
+/// connects (and reconnects), not inside every decision: a missing one fails
+/// even `ping` (a health check then sees the misconfiguration) and a peek,
+/// which writes nothing, with an error naming the command, and nothing is
+/// written. The user is fixed and connects again: everything works.
+#[tokio::test]
+async fn a_missing_write_permission_fails_at_connect_even_ping_and_peek() {
+    let server = server();
+    for missing in ["set", "pexpire", "zadd", "zrem"] {
+        let user = format!("connect-lacks-{missing}");
+        let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
+        set_user(&server, &user, &commands);
+        let store = store(url(&server, &user, 0)).await;
+        let ping = store.ping().await.unwrap_err();
+        assert!(
+            matches!(ping, StoreError::Backend(_)) && !ping.is_outage(),
+            "{missing}: {ping:?}"
+        );
+        assert!(
+            ping.to_string().contains(&format!("needs {missing}")),
+            "{missing}: {ping}"
+        );
+        let policy = Policy::gcra(2, Rate::per_hour(1)).unwrap();
+        let peek = store.check(b"k", &policy, 0).await.unwrap_err();
+        assert!(
+            peek.to_string().contains(&format!("needs {missing}")),
+            "{peek}"
+        );
+        assert_eq!(
+            admin(&server, &["--scan"]),
+            "",
+            "{missing}: a key was written"
+        );
+
+        set_user(&server, &user, COMMANDS);
+        let store = self::store(url(&server, &user, 0)).await;
+        store.ping().await.unwrap();
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        assert_eq!(admin(&server, &["FLUSHALL"]), "OK");
+    }
+}
+
 #[tokio::test]
 async fn the_key_pattern_confines_the_user_to_its_prefix() {
     let server = server();

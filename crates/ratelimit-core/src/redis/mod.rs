@@ -28,7 +28,7 @@ mod connections;
 mod scripts;
 
 use connections::Connections;
-use scripts::Scripts;
+use scripts::{AclProbe, Scripts};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_PREFIX: &str = "ratelimit";
@@ -259,6 +259,13 @@ impl RedisStoreBuilder {
                 .await
                 .map_err(|_| StoreError::Timeout(self.connect_timeout))?
                 .map_err(backend_error)?;
+                // The ACL probe, on the master of its key's slot (the
+                // cluster client reconnects on its own, unprobed).
+                let probe = AclProbe::new(&self.prefix);
+                tokio::time::timeout(self.connect_timeout, probe.run(&mut connection.clone()))
+                    .await
+                    .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                    .map_err(backend_error)?;
                 Backend::Cluster(connection)
             }
             #[cfg(not(feature = "redis-cluster"))]
@@ -291,7 +298,12 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(self.connect_timeout))
                 // The store times each call itself (see `run_on_node`).
                 .set_response_timeout(None);
-            Backend::Node(Box::new(Connections::new(client, config, self.pool_size)))
+            Backend::Node(Box::new(Connections::new(
+                client,
+                config,
+                self.pool_size,
+                AclProbe::new(&self.prefix),
+            )))
         };
         let seed = std::collections::hash_map::RandomState::new();
         let permit_prefix = std::hash::BuildHasher::hash_one(

@@ -1,6 +1,7 @@
 //! The Lua scripts, assembled from the `.lua` files next to this module.
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::policy::Algorithm;
 
@@ -161,5 +162,43 @@ fn single_index(algorithm: &Algorithm) -> usize {
         Algorithm::Gcra(_) => 4,
         Algorithm::LeakyBucket(_) => 5,
         Algorithm::Concurrency(_) => 6,
+    }
+}
+
+/// The check, once per connection, that the Redis user may run every write
+/// command the scripts use on the store's keys (`acl_probe.lua`): the scripts
+/// themselves no longer ask on every call.
+pub(super) struct AclProbe {
+    script: Script,
+    key: String,
+}
+
+impl AclProbe {
+    /// The probe for keys under `prefix`.
+    pub(super) fn new(prefix: &str) -> Self {
+        AclProbe {
+            script: Script::new(include_str!("lua/acl_probe.lua")),
+            key: format!("{prefix}:acl-probe"),
+        }
+    }
+
+    /// Runs the probe on `connection` (`EVALSHA`, then `EVAL` after
+    /// `NOSCRIPT`): `NOPERM the rate limiter needs <command> on <key>` when a
+    /// write command is denied.
+    pub(super) async fn run(&self, connection: &mut impl ConnectionLike) -> Result<(), RedisError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.script.get_hash()).arg(1).arg(&self.key);
+        match evalsha.query_async::<redis::Value>(connection).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(include_str!("lua/acl_probe.lua"))
+                    .arg(1)
+                    .arg(&self.key);
+                eval.query_async::<redis::Value>(connection)
+                    .await
+                    .map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
     }
 }

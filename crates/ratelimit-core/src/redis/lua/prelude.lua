@@ -20,20 +20,10 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
--- A script that fails half-way keeps its earlier writes. If the Redis user
--- may not run a write command (an ACL too tight), fail before writing
--- anything, so no key is ever left without its TTL.
-if redis.acl_check_cmd and KEYS[1] then
-  local key = KEYS[1]
-  local writes = {
-    {'set', key, '1'}, {'pexpire', key, '1'}, {'zadd', key, '1', 'm'}, {'zrem', key, 'm'},
-  }
-  for _, command in ipairs(writes) do
-    if not redis.acl_check_cmd(unpack(command)) then
-      return redis.error_reply('NOPERM the rate limiter needs ' .. command[1] .. ' on ' .. key)
-    end
-  end
-end
+-- A script that fails half-way keeps its earlier writes: the store checks
+-- once per connection, before any script runs, that the Redis user may run
+-- every write command on its keys (acl_probe.lua), so no key is ever left
+-- without its TTL by an ACL too tight.
 
 local ALGORITHMS = {}
 
