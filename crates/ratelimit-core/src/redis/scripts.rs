@@ -5,14 +5,25 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::policy::Algorithm;
 
-macro_rules! single {
-    ($file:literal, $name:literal) => {
+/// The prelude, then each of the helper files `$helper` in order (a file may
+/// use what an earlier one defines), then the entry point `$entry`.
+macro_rules! assemble {
+    ($($helper:literal),* ; $entry:literal) => {
         concat!(
             include_str!("lua/prelude.lua"),
             "\n",
-            include_str!(concat!("lua/", $file)),
-            "\n",
-            include_str!("lua/single.lua"),
+            $(include_str!(concat!("lua/", $helper)), "\n",)*
+            include_str!(concat!("lua/", $entry)),
+        )
+    };
+}
+
+/// One decision under the algorithm of `$file` (its entry `$name` in
+/// `ALGORITHMS`), with the helpers `$helper` it uses besides the prelude.
+macro_rules! single {
+    ($file:literal, $name:literal; $($helper:literal),*) => {
+        concat!(
+            assemble!($($helper,)* "blocks.lua", $file; "single.lua"),
             "\nreturn run_single(ALGORITHMS['",
             $name,
             "'])\n"
@@ -20,35 +31,30 @@ macro_rules! single {
     };
 }
 
-const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window");
-const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log");
-const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window");
-const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket");
-const GCRA: &str = single!("gcra.lua", "gcra");
-const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket");
-const CONCURRENCY: &str = single!("concurrency.lua", "concurrency");
+const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua");
+const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "members.lua");
+const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window"; "state.lua");
+const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket"; "state.lua");
+const GCRA: &str = single!("gcra.lua", "gcra"; "state.lua", "tat.lua");
+const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket"; "state.lua", "tat.lua");
+const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "members.lua");
 
-/// The prelude and every algorithm, followed by the entry point `$entry`.
+/// Every helper and every algorithm, followed by the entry point `$entry`.
 macro_rules! every_algorithm {
     ($entry:literal) => {
-        concat!(
-            include_str!("lua/prelude.lua"),
-            "\n",
-            include_str!("lua/fixed_window.lua"),
-            "\n",
-            include_str!("lua/sliding_log.lua"),
-            "\n",
-            include_str!("lua/sliding_window.lua"),
-            "\n",
-            include_str!("lua/token_bucket.lua"),
-            "\n",
-            include_str!("lua/gcra.lua"),
-            "\n",
-            include_str!("lua/leaky_bucket.lua"),
-            "\n",
-            include_str!("lua/concurrency.lua"),
-            "\n",
-            include_str!(concat!("lua/", $entry)),
+        assemble!(
+            "state.lua",
+            "members.lua",
+            "blocks.lua",
+            "tat.lua",
+            "fixed_window.lua",
+            "sliding_log.lua",
+            "sliding_window.lua",
+            "token_bucket.lua",
+            "gcra.lua",
+            "leaky_bucket.lua",
+            "concurrency.lua";
+            $entry
         )
     };
 }
@@ -57,25 +63,11 @@ const MULTI: &str = every_algorithm!("multi.lua");
 
 const ADMIN: &str = every_algorithm!("admin.lua");
 
-const BLOCK: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/block.lua"),
-);
+const BLOCK: &str = assemble!(; "block.lua");
 
-const REFUND: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/sliding_log.lua"),
-    "\n",
-    include_str!("lua/refund.lua"),
-);
+const REFUND: &str = assemble!("members.lua", "sliding_log.lua"; "refund.lua");
 
-const RELEASE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/release.lua"),
-);
+const RELEASE: &str = assemble!("members.lua"; "release.lua");
 
 /// Every script with its SHA-1, computed once.
 pub(super) struct Scripts {

@@ -1,0 +1,40 @@
+-- String states (fixed window, sliding window counter, token bucket, GCRA,
+-- leaky bucket) start with the tag of their family, read and written only by
+-- read_state and write_state:
+local TAG = {
+  fixed_window = 'f', -- "f<window start> <count>"
+  sliding_window = 'w', -- "w<window start> <previous> <current>"
+  token_bucket = 't', -- "t<tokens> <last refill>"
+  tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
+}
+
+-- The string state of `key` without its tag, nil when there is none; a
+-- conflict when it belongs to another family. A state written before states
+-- were tagged starts with a digit: it is read as the caller's own, as it
+-- always was (it expires within its TTL).
+local function read_state(key, tag)
+  local raw = redis.pcall('GET', key)
+  if wrong_type(raw) then
+    conflict(key)
+  end
+  if not raw then
+    return nil
+  end
+  local found = string.sub(raw, 1, 1)
+  if found == tag then
+    return string.sub(raw, 2)
+  elseif string.find(found, '^%d') then
+    return raw
+  end
+  conflict(key)
+end
+
+-- Saves a string state with its tag for `reset` more µs, or deletes it when it
+-- is back to fresh (reset 0).
+local function write_state(key, tag, value, reset)
+  if reset > 0 then
+    redis.call('SET', key, tag .. value, 'PX', ttl_ms(reset))
+  else
+    redis.call('DEL', key)
+  end
+end
