@@ -25,6 +25,7 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
 mod connections;
+mod functions;
 mod scripts;
 
 use connections::Connections;
@@ -66,6 +67,7 @@ struct Inner {
     prefix: String,
     call_timeout: Duration,
     scripts: Scripts,
+    functions: functions::Mode,
     fixed_clock: Option<Arc<dyn Clock>>,
     permit_prefix: u64,
     permit_counter: AtomicU64,
@@ -316,6 +318,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 call_timeout: self.call_timeout,
                 scripts: Scripts::new(),
+                functions: functions::Mode::default(),
                 fixed_clock: self.fixed_clock,
                 permit_prefix,
                 permit_counter: AtomicU64::new(1),
@@ -325,7 +328,8 @@ impl RedisStoreBuilder {
 }
 
 /// The Lua source of the script that decides one request under `algorithm`,
-/// as the store sends it with `EVALSHA`.
+/// as the store sends it with `EVALSHA` where it cannot use Redis Functions
+/// (see [`function_library`]).
 ///
 /// `KEYS[1]` is the state key ([`RedisStore::state_key`]) and `KEYS[2]` its
 /// block key ([`key::block_key`]); `ARGV` is a fixed
@@ -335,6 +339,21 @@ impl RedisStoreBuilder {
 /// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
+}
+
+/// The Redis Functions library (Redis 7 and later) by which the store decides
+/// one request, for `FUNCTION LOAD` by an admin user when the store's own
+/// user may not load it (see `SECURITY.md`). Its name and its functions'
+/// names carry its SHA-1: libraries of different versions coexist.
+pub fn function_library() -> &'static str {
+    scripts::Library::get().source()
+}
+
+/// The function of [`function_library`] that decides one request under
+/// `algorithm`, with the keys and arguments of [`script_source`]'s script
+/// (`FCALL <name> 2 <state key> <block key> <args...>`).
+pub fn function_name(algorithm: &Algorithm) -> &'static str {
+    scripts::Library::get().function(algorithm)
 }
 
 fn valid_prefix(prefix: &str) -> bool {
@@ -597,7 +616,6 @@ impl RedisStore {
         permit: PermitId,
     ) -> Result<Decision, StoreError> {
         let (p1, p2) = parameters(policy.algorithm());
-        let (script, source) = self.inner.scripts.single(policy.algorithm());
         let permit_arg = if permit.0 == 0 {
             Arg::Int(0)
         } else {
@@ -613,7 +631,7 @@ impl RedisStore {
         let keys = admin::with_block_keys(std::slice::from_ref(&key));
         let reply = self
             .inner
-            .eval(script, source, &keys, &args)
+            .decide(policy.algorithm(), &keys, &args)
             .await
             .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
         decision_from(&reply, permit, cost)

@@ -1,18 +1,23 @@
 //! The Lua scripts, assembled from the `.lua` files next to this module.
 
+use std::sync::OnceLock;
+
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::policy::Algorithm;
 
 /// The prelude, then each of the helper files `$helper` in order (a file may
-/// use what an earlier one defines), then the entry point `$entry`.
+/// use what an earlier one defines), then the entry point `$entry` of a
+/// script (after `eval.lua`).
 macro_rules! assemble {
     ($($helper:literal),* ; $entry:literal) => {
         concat!(
             include_str!("lua/prelude.lua"),
             "\n",
             $(include_str!(concat!("lua/", $helper)), "\n",)*
+            include_str!("lua/eval.lua"),
+            "\n",
             include_str!(concat!("lua/", $entry)),
         )
     };
@@ -26,7 +31,7 @@ macro_rules! single {
             assemble!($($helper,)* "blocks.lua", $file; "single.lua"),
             "\nreturn run_single(ALGORITHMS['",
             $name,
-            "'])\n"
+            "'], KEYS, ARGV)\n"
         )
     };
 }
@@ -39,10 +44,14 @@ const GCRA: &str = single!("gcra.lua", "gcra"; "state.lua", "tat.lua");
 const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket"; "state.lua", "tat.lua");
 const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "members.lua");
 
-/// Every helper and every algorithm, followed by the entry point `$entry`.
+/// Every helper and every algorithm, followed by the entry point `$entry`
+/// (a script, or `library.lua` with `$how` = `library`).
 macro_rules! every_algorithm {
     ($entry:literal) => {
-        assemble!(
+        every_algorithm!(assemble; $entry)
+    };
+    ($how:ident; $entry:literal) => {
+        $how!(
             "state.lua",
             "members.lua",
             "blocks.lua",
@@ -58,6 +67,23 @@ macro_rules! every_algorithm {
         )
     };
 }
+
+/// As `assemble!`, without `eval.lua`: the body of the Functions library.
+macro_rules! library {
+    ($($helper:literal),* ; $entry:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            "\n",
+            $(include_str!(concat!("lua/", $helper)), "\n",)*
+            include_str!("lua/single.lua"),
+            "\n",
+            include_str!(concat!("lua/", $entry)),
+        )
+    };
+}
+
+/// The Functions library without its header (see [`Library`]).
+const LIBRARY_BODY: &str = every_algorithm!(library; "library.lua");
 
 const MULTI: &str = every_algorithm!("multi.lua");
 
@@ -142,6 +168,54 @@ impl Scripts {
     /// Blocks (`block.lua`).
     pub(super) fn block(&self) -> (&Script, &'static str) {
         (&self.block.0, self.block.1)
+    }
+}
+
+/// The algorithms in the order of `single_index`, as `ALGORITHMS` names them.
+const KINDS: [&str; 7] = [
+    "fixed-window",
+    "sliding-log",
+    "sliding-window",
+    "token-bucket",
+    "gcra",
+    "leaky-bucket",
+    "concurrency",
+];
+
+/// The Redis Functions library (`library.lua`): a single decision of each
+/// algorithm as a function. Its name and its functions' names carry the
+/// first 16 hex digits of its SHA-1, so that stores of different versions
+/// sharing a Redis load side by side and never replace each other's.
+pub(super) struct Library {
+    source: String,
+    names: [String; 7],
+}
+
+impl Library {
+    /// The library, built once per process.
+    pub(super) fn get() -> &'static Library {
+        static LIBRARY: OnceLock<Library> = OnceLock::new();
+        LIBRARY.get_or_init(|| {
+            let sha = Script::new(LIBRARY_BODY).get_hash().to_owned();
+            let version = sha.get(..16).unwrap_or(&sha);
+            let prefix = format!("ratelimit_{version}_");
+            Library {
+                source: format!(
+                    "#!lua name=ratelimit_{version}\nlocal FUNCTION_PREFIX = '{prefix}'\n{LIBRARY_BODY}"
+                ),
+                names: KINDS.map(|kind| format!("{prefix}{}", kind.replace('-', "_"))),
+            }
+        })
+    }
+
+    /// The source, for `FUNCTION LOAD`.
+    pub(super) fn source(&'static self) -> &'static str {
+        &self.source
+    }
+
+    /// The function that decides one request under `algorithm`.
+    pub(super) fn function(&'static self, algorithm: &Algorithm) -> &'static str {
+        &self.names[single_index(algorithm)]
     }
 }
 

@@ -19,10 +19,6 @@
 -- block.lua: while it holds a time (µs) later than now, every check of the
 -- state key is denied and consumes nothing.
 
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
-
 -- A script that fails half-way keeps its earlier writes: the store checks
 -- once per connection, before any script runs, that the Redis user may run
 -- every write command on its keys (acl_probe.lua), so no key is ever left
@@ -51,7 +47,9 @@ local function positive(n)
   return 0
 end
 
-local FIXED_NOW = tonumber(ARGV[1]) or 0
+-- The fixed time of the current call (ARGV[1]), set by eval.lua or by the
+-- library's functions (library.lua) before anything reads it.
+local FIXED_NOW = 0
 
 local function server_now()
   if FIXED_NOW > 0 then
