@@ -50,6 +50,9 @@ end
 -- The fixed time of the current call (ARGV[1]), set by eval.lua or by the
 -- library's functions (library.lua) before anything reads it.
 local FIXED_NOW = 0
+-- Whether the call decides over one state key only (single.lua): its
+-- errors then name no key (see read_state).
+local ONE_STATE_KEY = false
 
 local function server_now()
   if FIXED_NOW > 0 then

@@ -5,10 +5,12 @@
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay} in µs.
 local function run_single(decide, keys, args)
   FIXED_NOW = tonumber(args[1]) or 0
+  ONE_STATE_KEY = true
   local now = server_now()
   local r = decide_unless_blocked(decide, keys[1], keys[2], now, tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), args[5])
   if r[1] == 1 and r.commit then
     r.commit()
   end
-  return {r[1], r[2], r[3], r[4], r[5], r[6]}
+  -- Redis replies with the array part only (commit and other fields aside).
+  return r
 end

@@ -12,10 +12,19 @@ local TAG = {
 -- conflict when it belongs to another family. A state written before states
 -- were tagged starts with a digit: it is read as the caller's own, as it
 -- always was (it expires within its TTL).
+--
+-- A decision over one state key (single.lua) lets Redis's own WRONGTYPE
+-- through, which the store reports as a conflict of that key's policy, and
+-- saves a protected call; several keys (multi.lua, admin.lua) name theirs.
 local function read_state(key, tag)
-  local raw = redis.pcall('GET', key)
-  if wrong_type(raw) then
-    conflict(key)
+  local raw
+  if ONE_STATE_KEY then
+    raw = redis.call('GET', key)
+  else
+    raw = redis.pcall('GET', key)
+    if wrong_type(raw) then
+      conflict(key)
+    end
   end
   if not raw then
     return nil
