@@ -1,8 +1,12 @@
 //! [`RedisStore`]: one limit shared by every instance of a service.
 //!
-//! Every decision is one Lua script, run atomically by Redis with `EVALSHA`
-//! (and reloaded by `EVAL` after a restart or failover empties the script
-//! cache). Scripts read the time from Redis `TIME`, never from the client, so
+//! Every decision is one Lua call, run atomically by Redis: on Redis 7 and
+//! later a single check is an `FCALL` of the store's function library
+//! (loaded by `FUNCTION LOAD` when missing, see `functions.rs`); everything
+//! else, and every check where functions cannot be used, is a script run by
+//! `EVALSHA` (and reloaded by `EVAL` after a restart or failover empties the
+//! script cache). Each new connection first checks the Redis user's write
+//! permissions once (`acl_probe.lua`), so no script has to. Scripts read the time from Redis `TIME`, never from the client, so
 //! instances with skewed clocks still agree. State keys are
 //! `<prefix>:<policy>:{<key>}`, the user key inside a Redis Cluster hash tag,
 //! and every key is written with a TTL no longer than its state matters.
