@@ -37,12 +37,12 @@ macro_rules! single {
 }
 
 const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua");
-const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "members.lua");
+const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "state.lua", "members.lua");
 const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window"; "state.lua");
 const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket"; "state.lua");
 const GCRA: &str = single!("gcra.lua", "gcra"; "state.lua", "tat.lua");
 const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket"; "state.lua", "tat.lua");
-const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "members.lua");
+const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "state.lua", "members.lua");
 
 /// Every helper and every algorithm, followed by the entry point `$entry`
 /// (a script, or `library.lua` with `$how` = `library`).

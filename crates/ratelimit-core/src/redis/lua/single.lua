@@ -8,8 +8,8 @@ local function run_single(decide, keys, args)
   ONE_STATE_KEY = true
   local now = server_now()
   local r = decide_unless_blocked(decide, keys[1], keys[2], now, tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), args[5])
-  if r[1] == 1 and r.commit then
-    r.commit()
+  if r[1] == 1 then
+    commit(r)
   end
   -- Redis replies with the array part only (commit and other fields aside).
   return r

@@ -47,3 +47,24 @@ local function write_state(key, tag, value, reset)
     redis.call('DEL', key)
   end
 end
+
+-- A decision that would write a string state carries the write in its
+-- reply's array, after the six fields: r[7] the key, r[8] the tag, r[9] the
+-- value, r[10] the reset (write_state's arguments), rather than in a
+-- closure, which with its upvalues costs Redis about 4 % of a decision
+-- (callgrind). Sorted-set states keep a closure, r.commit. commit applies
+-- either and clears r[7..10]: Redis replies with the array up to its first
+-- nil, so a committed reply is the six fields again.
+local function commit(r)
+  if r[7] then
+    write_state(r[7], r[8], r[9], r[10])
+    r[7], r[8], r[9], r[10] = nil, nil, nil, nil
+  elseif r.commit then
+    r.commit()
+  end
+end
+
+-- Whether `r` writes when committed.
+local function writes(r)
+  return r[7] ~= nil or r.commit ~= nil
+end

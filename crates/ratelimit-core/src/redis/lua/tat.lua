@@ -24,11 +24,9 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   if with_delay then
     delay = slot - now
   end
-  local r = {1, capacity, idiv(span - reset, interval), reset, 0, delay}
+  local remaining = idiv(span - reset, interval)
   if cost > 0 then
-    r.commit = function()
-      write_state(key, TAG.tat, fmt(tat), reset)
-    end
+    return {1, capacity, remaining, reset, 0, delay, key, TAG.tat, fmt(tat), reset}
   end
-  return r
+  return {1, capacity, remaining, reset, 0, delay}
 end
