@@ -19,6 +19,10 @@
 //! ([`DeniedCache`]) and `--lease B` also leases hot keys' budget in batches
 //! of `B` ([`LeasedStore`], approximate).
 //!
+//! `--print-library` prints the Redis Functions library the store loads, and
+//! `--print-function` the name of its function that decides one request under
+//! `--algorithm` (`FCALL` it as the script below, after `FUNCTION LOAD`).
+//!
 //! `--print-script` prints the Lua script that decides one request under
 //! `--algorithm` and exits: `scripts/bench-redis` loads it into Redis to
 //! measure Redis alone with `redis-benchmark`.
@@ -31,7 +35,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Store, StoreError};
 use ratelimit_examples::{parse_duration, policy_from_flags};
 
-const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>";
+const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>\n       bench --print-function --algorithm <name>\n       bench --print-library";
 
 #[derive(Clone)]
 enum AnyStore {
@@ -60,6 +64,8 @@ struct Args {
     denied_cache: bool,
     lease: u64,
     print_script: bool,
+    print_function: bool,
+    print_library: bool,
     algorithm: String,
     keys: u64,
     concurrency: u64,
@@ -77,6 +83,8 @@ fn parse_args() -> Result<Args, String> {
         denied_cache: false,
         lease: 0,
         print_script: false,
+        print_function: false,
+        print_library: false,
         algorithm: String::new(),
         keys: 0,
         concurrency: 0,
@@ -104,6 +112,8 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| String::from("--connections is too large"))?;
             }
             "--print-script" => args.print_script = true,
+            "--print-function" => args.print_function = true,
+            "--print-library" => args.print_library = true,
             "--denied-cache" => args.denied_cache = true,
             "--lease" => args.lease = number("--lease", value("--lease")?)?,
             "--algorithm" => args.algorithm = value("--algorithm")?,
@@ -115,9 +125,14 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
-    if args.print_script {
+    if args.print_library {
+        return Ok(args);
+    }
+    if args.print_script || args.print_function {
         return if args.algorithm.is_empty() {
-            Err(String::from("--print-script needs --algorithm"))
+            Err(String::from(
+                "--print-script and --print-function need --algorithm",
+            ))
         } else {
             Ok(args)
         };
@@ -145,6 +160,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if args.print_library {
+        print!("{}", ratelimit_core::redis::function_library());
+        return;
+    }
     let policy = match policy_from_flags(&args.algorithm, args.limit, args.window) {
         Ok(policy) => policy,
         Err(message) => {
@@ -156,6 +175,13 @@ async fn main() {
         print!(
             "{}",
             ratelimit_core::redis::script_source(policy.algorithm())
+        );
+        return;
+    }
+    if args.print_function {
+        println!(
+            "{}",
+            ratelimit_core::redis::function_name(policy.algorithm())
         );
         return;
     }

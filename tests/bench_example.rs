@@ -188,8 +188,52 @@ fn bench_prints_the_decision_script() {
     assert!(
         script
             .trim_end()
-            .ends_with("return run_single(ALGORITHMS['gcra'])")
+            .ends_with("return run_single(ALGORITHMS['gcra'], KEYS, ARGV)")
     );
+}
+
+/// `--print-library` and `--print-function` give what the store runs on
+/// Redis 7: the library loads, and its function decides as the script does.
+#[test]
+fn bench_prints_the_function_library_and_its_functions() {
+    let print = |args: &[&str]| {
+        let output = Command::new(example_binary("bench"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let library = print(&["--print-library"]);
+    let name = library
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!lua name="))
+        .unwrap()
+        .to_owned();
+    let function = print(&["--print-function", "--algorithm", "gcra"]);
+    let function = function.trim();
+    assert_eq!(function, format!("{name}_gcra"));
+    let server = RedisServer::start();
+    assert_eq!(server.cli(&["FUNCTION", "LOAD", &library]), name);
+    // burst 2, one unit per hour: two admissions, then a denial.
+    let call = || {
+        server.cli(&[
+            "FCALL",
+            function,
+            "2",
+            "p:{k}",
+            "p:{k}:block",
+            "0",
+            "1",
+            "2",
+            "3600000000",
+            "0",
+        ])
+    };
+    assert!(call().starts_with("1\n2\n1\n"), "{}", call());
+    assert!(call().starts_with("1\n2\n0\n"));
+    assert!(call().starts_with("0\n2\n0\n"));
 }
 
 #[test]

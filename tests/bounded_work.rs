@@ -55,7 +55,7 @@ fn zcard(server: &RedisServer, key: &str) -> u64 {
     server.cli(&["ZCARD", key]).parse().unwrap()
 }
 
-/// What one script call cost Redis: its time (µs, `INFO commandstats`) and
+/// What one script or function call cost Redis: its time (µs, `INFO commandstats`) and
 /// the commands it ran.
 #[derive(Debug, Clone, Copy)]
 struct Cost {
@@ -99,7 +99,7 @@ async fn measure<F: Future<Output = ()>>(server: &RedisServer, call: F) -> Cost 
                 .map_or(0, |v| v.parse().unwrap())
         };
         match name {
-            "cmdstat_evalsha" | "cmdstat_eval" => cost.usec += field("usec"),
+            "cmdstat_evalsha" | "cmdstat_eval" | "cmdstat_fcall" => cost.usec += field("usec"),
             "cmdstat_config" | "cmdstat_info" => {}
             _ => cost.commands += field("calls"),
         }

@@ -27,7 +27,12 @@ const LIMITER_PASSWORD: &str = "limiter-pw";
 
 /// The commands of the documented ACL (SECURITY.md), in its order.
 const COMMANDS: &[&str] = &[
-    // The client: scripts by hash, reloaded by source after NOSCRIPT.
+    // The client: single decisions by Redis Functions, the library loaded
+    // when missing (both optional: see FALLBACK) ...
+    "fcall",
+    "function|load",
+    // ... everything else by scripts, by hash, reloaded by source after
+    // NOSCRIPT.
     "evalsha",
     "eval",
     // Inside the scripts.
@@ -44,6 +49,10 @@ const COMMANDS: &[&str] = &[
     // `RedisStore::ping`, and the cluster client on every new node connection.
     "ping",
 ];
+
+/// Without these, the store decides by scripts instead of functions (after
+/// one denied try, in `ACL LOG`): slower, never wrong, never failing.
+const FALLBACK: &[&str] = &["fcall", "function|load"];
 
 /// What a Redis Cluster client needs besides [`COMMANDS`]: the topology.
 const CLUSTER_COMMANDS: &[&str] = &["cluster|slots"];
@@ -258,7 +267,11 @@ async fn the_documented_acl_runs_every_operation_and_the_noscript_reload() {
     assert_all_ok(&exercise(&store, "cold").await, "cold script cache");
     assert_all_ok(&exercise(&store, "warm").await, "warm script cache");
     assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
-    assert_all_ok(&exercise(&store, "flushed").await, "after SCRIPT FLUSH");
+    assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
+    assert_all_ok(
+        &exercise(&store, "flushed").await,
+        "after SCRIPT FLUSH and FUNCTION FLUSH",
+    );
     // Nothing was denied, not even a command whose reply is ignored.
     assert_eq!(
         denied(&admin(&server, &["ACL", "LOG"])),
@@ -296,9 +309,20 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
         let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
         set_user(&server, &user, &commands);
         assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
         let store = store(url(&server, &user, 0)).await;
         let mut report = exercise(&store, &format!("{user}-cold")).await;
         report.extend(exercise(&store, &format!("{user}-warm")).await);
+        if FALLBACK.contains(&missing) {
+            assert_all_ok(&report, &format!("without {missing}, by scripts"));
+            let log = admin(&server, &["ACL", "LOG"]);
+            assert!(
+                denied(&log).iter().any(|c| c == missing),
+                "ACL LOG does not show {missing}: {log}"
+            );
+            assert_eq!(admin(&server, &["ACL", "LOG", "RESET"]), "OK");
+            continue;
+        }
         let mut witnessed = false;
         for (op, result) in &report {
             match result {
@@ -347,6 +371,48 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
             );
         }
         assert_eq!(admin(&server, &["ACL", "LOG", "RESET"]), "OK");
+    }
+}
+
+/// The write permissions are checked once per connection, when the store
+/// connects (and reconnects), not inside every decision: a missing one fails
+/// even `ping` (a health check then sees the misconfiguration) and a peek,
+/// which writes nothing, with an error naming the command, and nothing is
+/// written. The user is fixed and connects again: everything works.
+#[tokio::test]
+async fn a_missing_write_permission_fails_at_connect_even_ping_and_peek() {
+    let server = server();
+    for missing in ["set", "pexpire", "zadd", "zrem"] {
+        let user = format!("connect-lacks-{missing}");
+        let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
+        set_user(&server, &user, &commands);
+        let store = store(url(&server, &user, 0)).await;
+        let ping = store.ping().await.unwrap_err();
+        assert!(
+            matches!(ping, StoreError::Backend(_)) && !ping.is_outage(),
+            "{missing}: {ping:?}"
+        );
+        assert!(
+            ping.to_string().contains(&format!("needs {missing}")),
+            "{missing}: {ping}"
+        );
+        let policy = Policy::gcra(2, Rate::per_hour(1)).unwrap();
+        let peek = store.check(b"k", &policy, 0).await.unwrap_err();
+        assert!(
+            peek.to_string().contains(&format!("needs {missing}")),
+            "{peek}"
+        );
+        assert_eq!(
+            admin(&server, &["--scan"]),
+            "",
+            "{missing}: a key was written"
+        );
+
+        set_user(&server, &user, COMMANDS);
+        let store = self::store(url(&server, &user, 0)).await;
+        store.ping().await.unwrap();
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        assert_eq!(admin(&server, &["FLUSHALL"]), "OK");
     }
 }
 
@@ -467,6 +533,7 @@ async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
     assert_all_ok(&exercise(&store, "cluster-cold").await, "cluster, cold");
     for i in 0..cluster.nodes().len() {
         assert_eq!(cluster.cli(i, &["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(cluster.cli(i, &["FUNCTION", "FLUSH"]), "OK");
     }
     assert_all_ok(
         &exercise(&store, "cluster-flushed").await,

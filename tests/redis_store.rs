@@ -305,6 +305,53 @@ async fn a_flushed_script_cache_is_reloaded_transparently() {
     assert!(both.iter().all(Decision::is_allowed));
 }
 
+/// On Redis 7, single decisions run as Redis Functions (`FCALL`): the store
+/// loads its library the first time, and again after `FUNCTION FLUSH`,
+/// without a failed request; every algorithm decides as it did by script.
+#[tokio::test]
+async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let calls = |command: &str| -> u64 {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    for round in 0..2 {
+        for policy in long_policies(10) {
+            let first = store.check(b"f", &policy, 1).await.unwrap();
+            assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
+            let second = store.check(b"f", &policy, 1).await.unwrap();
+            assert_eq!(
+                second.remaining() + 1,
+                first.remaining(),
+                "round {round}: {}",
+                policy.name()
+            );
+        }
+    }
+    let libraries = server.cli(&["FUNCTION", "LIST"]);
+    assert!(libraries.contains("ratelimit_"), "{libraries}");
+    let checks = 2 * 2 * long_policies(10).len() as u64;
+    // Every check was an FCALL that succeeded or met a flushed library once.
+    assert!(
+        calls("fcall") >= checks,
+        "{}",
+        server.cli(&["INFO", "commandstats"])
+    );
+    // No decision fell back to a script: the only scripts are the ACL
+    // probes, one per pooled connection (DEFAULT_POOL_SIZE).
+    assert!(
+        calls("evalsha") <= 4 && calls("eval") <= 4,
+        "{}",
+        server.cli(&["INFO", "commandstats"])
+    );
+}
+
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();

@@ -13,12 +13,15 @@ use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 
+use super::scripts::AclProbe;
+
 /// A connection and the id that tells it apart from its replacements.
 pub(super) type Shared = (u64, MultiplexedConnection);
 
 pub(super) struct Connections {
     client: redis::Client,
     config: AsyncConnectionConfig,
+    probe: AclProbe,
     slots: Box<[Slot]>,
     turn: AtomicUsize,
     ids: AtomicU64,
@@ -32,11 +35,18 @@ struct Slot {
 }
 
 impl Connections {
-    pub(super) fn new(client: redis::Client, config: AsyncConnectionConfig, size: u32) -> Self {
+    /// `size` connections (at least 1), each checked by `probe` when it opens.
+    pub(super) fn new(
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+        size: u32,
+        probe: AclProbe,
+    ) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
         Connections {
             client,
             config,
+            probe,
             slots: (0..size).map(|_| Slot::default()).collect(),
             turn: AtomicUsize::new(0),
             ids: AtomicU64::new(1),
@@ -53,8 +63,10 @@ impl Connections {
         self.turn.fetch_add(1, Ordering::Relaxed) % self.slots.len()
     }
 
-    /// The connection of `slot`, opened now if it has none. A refused
-    /// connection fails at once.
+    /// The connection of `slot`, opened now if it has none, and kept only
+    /// once the ACL probe passed on it (a missing write permission fails the
+    /// call, and the next call probes again). A refused connection fails at
+    /// once.
     pub(super) async fn get(&self, slot: usize) -> Result<Shared, RedisError> {
         let slot = &self.slots[slot];
         if let Some(shared) = slot.current.lock().clone() {
@@ -64,10 +76,11 @@ impl Connections {
         if let Some(shared) = slot.current.lock().clone() {
             return Ok(shared);
         }
-        let connection = self
+        let mut connection = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        self.probe.run(&mut connection).await?;
         let shared = (self.ids.fetch_add(1, Ordering::Relaxed), connection);
         *slot.current.lock() = Some(shared.clone());
         Ok(shared)

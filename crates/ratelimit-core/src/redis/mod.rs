@@ -1,8 +1,12 @@
 //! [`RedisStore`]: one limit shared by every instance of a service.
 //!
-//! Every decision is one Lua script, run atomically by Redis with `EVALSHA`
-//! (and reloaded by `EVAL` after a restart or failover empties the script
-//! cache). Scripts read the time from Redis `TIME`, never from the client, so
+//! Every decision is one Lua call, run atomically by Redis: on Redis 7 and
+//! later a single check is an `FCALL` of the store's function library
+//! (loaded by `FUNCTION LOAD` when missing, see `functions.rs`); everything
+//! else, and every check where functions cannot be used, is a script run by
+//! `EVALSHA` (and reloaded by `EVAL` after a restart or failover empties the
+//! script cache). Each new connection first checks the Redis user's write
+//! permissions once (`acl_probe.lua`), so no script has to. Scripts read the time from Redis `TIME`, never from the client, so
 //! instances with skewed clocks still agree. State keys are
 //! `<prefix>:<policy>:{<key>}`, the user key inside a Redis Cluster hash tag,
 //! and every key is written with a TTL no longer than its state matters.
@@ -25,11 +29,12 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
 mod connections;
+mod functions;
 mod scripts;
 mod unclaimed;
 
 use connections::Connections;
-use scripts::Scripts;
+use scripts::{AclProbe, Scripts};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
@@ -73,6 +78,7 @@ struct Inner {
     prefix: String,
     call_timeout: Duration,
     scripts: Scripts,
+    functions: functions::Mode,
     fixed_clock: Option<Arc<dyn Clock>>,
     permit_prefix: u64,
     permit_counter: AtomicU64,
@@ -268,6 +274,13 @@ impl RedisStoreBuilder {
                 .await
                 .map_err(|_| StoreError::Timeout(self.connect_timeout))?
                 .map_err(backend_error)?;
+                // The ACL probe, on the master of its key's slot (the
+                // cluster client reconnects on its own, unprobed).
+                let probe = AclProbe::new(&self.prefix);
+                tokio::time::timeout(self.connect_timeout, probe.run(&mut connection.clone()))
+                    .await
+                    .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                    .map_err(backend_error)?;
                 Backend::Cluster(connection)
             }
             #[cfg(not(feature = "redis-cluster"))]
@@ -300,7 +313,12 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(self.connect_timeout))
                 // The store times each call itself (see `run_on_node`).
                 .set_response_timeout(None);
-            Backend::Node(Box::new(Connections::new(client, config, self.pool_size)))
+            Backend::Node(Box::new(Connections::new(
+                client,
+                config,
+                self.pool_size,
+                AclProbe::new(&self.prefix),
+            )))
         };
         let seed = std::collections::hash_map::RandomState::new();
         let permit_prefix = std::hash::BuildHasher::hash_one(
@@ -313,6 +331,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 call_timeout: self.call_timeout,
                 scripts: Scripts::new(),
+                functions: functions::Mode::default(),
                 fixed_clock: self.fixed_clock,
                 permit_prefix,
                 permit_counter: AtomicU64::new(1),
@@ -323,7 +342,8 @@ impl RedisStoreBuilder {
 }
 
 /// The Lua source of the script that decides one request under `algorithm`,
-/// as the store sends it with `EVALSHA`.
+/// as the store sends it with `EVALSHA` where it cannot use Redis Functions
+/// (see [`function_library`]).
 ///
 /// `KEYS[1]` is the state key ([`RedisStore::state_key`]) and `KEYS[2]` its
 /// block key ([`key::block_key`]); `ARGV` is a fixed
@@ -333,6 +353,21 @@ impl RedisStoreBuilder {
 /// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
+}
+
+/// The Redis Functions library (Redis 7 and later) by which the store decides
+/// one request, for `FUNCTION LOAD` by an admin user when the store's own
+/// user may not load it (see `SECURITY.md`). Its name and its functions'
+/// names carry its SHA-1: libraries of different versions coexist.
+pub fn function_library() -> &'static str {
+    scripts::Library::get().source()
+}
+
+/// The function of [`function_library`] that decides one request under
+/// `algorithm`, with the keys and arguments of [`script_source`]'s script
+/// (`FCALL <name> 2 <state key> <block key> <args...>`).
+pub fn function_name(algorithm: &Algorithm) -> &'static str {
+    scripts::Library::get().function(algorithm)
 }
 
 fn valid_prefix(prefix: &str) -> bool {
@@ -642,7 +677,6 @@ impl RedisStore {
         via: Via<'_>,
     ) -> Result<Decision, StoreError> {
         let (p1, p2) = parameters(policy.algorithm());
-        let (script, source) = self.inner.scripts.single(policy.algorithm());
         let permit_arg = if permit.0 == 0 {
             Arg::Int(0)
         } else {
@@ -658,7 +692,7 @@ impl RedisStore {
         let keys = admin::with_block_keys(std::slice::from_ref(&key));
         let reply = self
             .inner
-            .eval_via(script, source, &keys, &args, via)
+            .decide(policy.algorithm(), &keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
         decision_from(&reply, permit, cost)

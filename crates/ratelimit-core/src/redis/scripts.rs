@@ -1,80 +1,99 @@
 //! The Lua scripts, assembled from the `.lua` files next to this module.
 
-use redis::Script;
+use std::sync::OnceLock;
+
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::policy::Algorithm;
 
-macro_rules! single {
-    ($file:literal, $name:literal) => {
+/// The prelude, then each of the helper files `$helper` in order (a file may
+/// use what an earlier one defines), then the entry point `$entry` of a
+/// script (after `eval.lua`).
+macro_rules! assemble {
+    ($($helper:literal),* ; $entry:literal) => {
         concat!(
             include_str!("lua/prelude.lua"),
             "\n",
-            include_str!(concat!("lua/", $file)),
-            "\n",
-            include_str!("lua/single.lua"),
-            "\nreturn run_single(ALGORITHMS['",
-            $name,
-            "'])\n"
-        )
-    };
-}
-
-const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window");
-const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log");
-const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window");
-const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket");
-const GCRA: &str = single!("gcra.lua", "gcra");
-const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket");
-const CONCURRENCY: &str = single!("concurrency.lua", "concurrency");
-
-/// The prelude and every algorithm, followed by the entry point `$entry`.
-macro_rules! every_algorithm {
-    ($entry:literal) => {
-        concat!(
-            include_str!("lua/prelude.lua"),
-            "\n",
-            include_str!("lua/fixed_window.lua"),
-            "\n",
-            include_str!("lua/sliding_log.lua"),
-            "\n",
-            include_str!("lua/sliding_window.lua"),
-            "\n",
-            include_str!("lua/token_bucket.lua"),
-            "\n",
-            include_str!("lua/gcra.lua"),
-            "\n",
-            include_str!("lua/leaky_bucket.lua"),
-            "\n",
-            include_str!("lua/concurrency.lua"),
+            $(include_str!(concat!("lua/", $helper)), "\n",)*
+            include_str!("lua/eval.lua"),
             "\n",
             include_str!(concat!("lua/", $entry)),
         )
     };
 }
 
+/// One decision under the algorithm of `$file` (its entry `$name` in
+/// `ALGORITHMS`), with the helpers `$helper` it uses besides the prelude.
+macro_rules! single {
+    ($file:literal, $name:literal; $($helper:literal),*) => {
+        concat!(
+            assemble!($($helper,)* "blocks.lua", $file; "single.lua"),
+            "\nreturn run_single(ALGORITHMS['",
+            $name,
+            "'], KEYS, ARGV)\n"
+        )
+    };
+}
+
+const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua");
+const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "state.lua", "members.lua");
+const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window"; "state.lua");
+const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket"; "state.lua");
+const GCRA: &str = single!("gcra.lua", "gcra"; "state.lua", "tat.lua");
+const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket"; "state.lua", "tat.lua");
+const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "state.lua", "members.lua");
+
+/// Every helper and every algorithm, followed by the entry point `$entry`
+/// (a script, or `library.lua` with `$how` = `library`).
+macro_rules! every_algorithm {
+    ($entry:literal) => {
+        every_algorithm!(assemble; $entry)
+    };
+    ($how:ident; $entry:literal) => {
+        $how!(
+            "state.lua",
+            "members.lua",
+            "blocks.lua",
+            "tat.lua",
+            "fixed_window.lua",
+            "sliding_log.lua",
+            "sliding_window.lua",
+            "token_bucket.lua",
+            "gcra.lua",
+            "leaky_bucket.lua",
+            "concurrency.lua";
+            $entry
+        )
+    };
+}
+
+/// As `assemble!`, without `eval.lua`: the body of the Functions library.
+macro_rules! library {
+    ($($helper:literal),* ; $entry:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            "\n",
+            $(include_str!(concat!("lua/", $helper)), "\n",)*
+            include_str!("lua/single.lua"),
+            "\n",
+            include_str!(concat!("lua/", $entry)),
+        )
+    };
+}
+
+/// The Functions library without its header (see [`Library`]).
+const LIBRARY_BODY: &str = every_algorithm!(library; "library.lua");
+
 const MULTI: &str = every_algorithm!("multi.lua");
 
 const ADMIN: &str = every_algorithm!("admin.lua");
 
-const BLOCK: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/block.lua"),
-);
+const BLOCK: &str = assemble!(; "block.lua");
 
-const REFUND: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/sliding_log.lua"),
-    "\n",
-    include_str!("lua/refund.lua"),
-);
+const REFUND: &str = assemble!("members.lua", "sliding_log.lua"; "refund.lua");
 
-const RELEASE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    "\n",
-    include_str!("lua/release.lua"),
-);
+const RELEASE: &str = assemble!("members.lua"; "release.lua");
 
 /// Every script with its SHA-1, computed once.
 pub(super) struct Scripts {
@@ -152,6 +171,54 @@ impl Scripts {
     }
 }
 
+/// The algorithms in the order of `single_index`, as `ALGORITHMS` names them.
+const KINDS: [&str; 7] = [
+    "fixed-window",
+    "sliding-log",
+    "sliding-window",
+    "token-bucket",
+    "gcra",
+    "leaky-bucket",
+    "concurrency",
+];
+
+/// The Redis Functions library (`library.lua`): a single decision of each
+/// algorithm as a function. Its name and its functions' names carry the
+/// first 16 hex digits of its SHA-1, so that stores of different versions
+/// sharing a Redis load side by side and never replace each other's.
+pub(super) struct Library {
+    source: String,
+    names: [String; 7],
+}
+
+impl Library {
+    /// The library, built once per process.
+    pub(super) fn get() -> &'static Library {
+        static LIBRARY: OnceLock<Library> = OnceLock::new();
+        LIBRARY.get_or_init(|| {
+            let sha = Script::new(LIBRARY_BODY).get_hash().to_owned();
+            let version = sha.get(..16).unwrap_or(&sha);
+            let prefix = format!("ratelimit_{version}_");
+            Library {
+                source: format!(
+                    "#!lua name=ratelimit_{version}\nlocal FUNCTION_PREFIX = '{prefix}'\n{LIBRARY_BODY}"
+                ),
+                names: KINDS.map(|kind| format!("{prefix}{}", kind.replace('-', "_"))),
+            }
+        })
+    }
+
+    /// The source, for `FUNCTION LOAD`.
+    pub(super) fn source(&'static self) -> &'static str {
+        &self.source
+    }
+
+    /// The function that decides one request under `algorithm`.
+    pub(super) fn function(&'static self, algorithm: &Algorithm) -> &'static str {
+        &self.names[single_index(algorithm)]
+    }
+}
+
 fn single_index(algorithm: &Algorithm) -> usize {
     match algorithm {
         Algorithm::FixedWindow(_) => 0,
@@ -161,5 +228,43 @@ fn single_index(algorithm: &Algorithm) -> usize {
         Algorithm::Gcra(_) => 4,
         Algorithm::LeakyBucket(_) => 5,
         Algorithm::Concurrency(_) => 6,
+    }
+}
+
+/// The check, once per connection, that the Redis user may run every write
+/// command the scripts use on the store's keys (`acl_probe.lua`): the scripts
+/// themselves no longer ask on every call.
+pub(super) struct AclProbe {
+    script: Script,
+    key: String,
+}
+
+impl AclProbe {
+    /// The probe for keys under `prefix`.
+    pub(super) fn new(prefix: &str) -> Self {
+        AclProbe {
+            script: Script::new(include_str!("lua/acl_probe.lua")),
+            key: format!("{prefix}:acl-probe"),
+        }
+    }
+
+    /// Runs the probe on `connection` (`EVALSHA`, then `EVAL` after
+    /// `NOSCRIPT`): `NOPERM the rate limiter needs <command> on <key>` when a
+    /// write command is denied.
+    pub(super) async fn run(&self, connection: &mut impl ConnectionLike) -> Result<(), RedisError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.script.get_hash()).arg(1).arg(&self.key);
+        match evalsha.query_async::<redis::Value>(connection).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(include_str!("lua/acl_probe.lua"))
+                    .arg(1)
+                    .arg(&self.key);
+                eval.query_async::<redis::Value>(connection)
+                    .await
+                    .map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
     }
 }

@@ -29,11 +29,9 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
   if count > 0 then
     reset = until_end
   end
-  local r = {1, limit, limit - count, reset, 0, 0}
   if cost > 0 then
-    r.commit = function()
-      write_state(key, TAG.fixed_window, fmt(start) .. ' ' .. fmt(count), reset)
-    end
+    local value = fmt(start) .. ' ' .. fmt(count)
+    return {1, limit, limit - count, reset, 0, 0, key, TAG.fixed_window, value, reset}
   end
-  return r
+  return {1, limit, limit - count, reset, 0, 0}
 end

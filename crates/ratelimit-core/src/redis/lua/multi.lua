@@ -28,12 +28,12 @@ for i = 1, n do
   local r = results[i]
   local after, before = '', ''
   if all then
-    if r.commit then
+    if writes(r) then
       local algorithm = ARGV[1 + (i - 1) * 5 + 1]
       if algorithm ~= 'sliding-log' and algorithm ~= 'concurrency' then
         before = redis.call('GET', KEYS[i]) or ''
       end
-      r.commit()
+      commit(r)
       if algorithm == 'sliding-log' then
         after = fmt(r.entry_time)
       elseif algorithm ~= 'concurrency' then

@@ -1,12 +1,16 @@
--- One decision. KEYS[1]: the state key, KEYS[2]: its block key. ARGV: fixed
+-- One decision. keys[1]: the state key, keys[2]: its block key. args: fixed
 -- time (0 = server TIME), cost, two policy parameters, permit id
--- (concurrency only).
+-- (concurrency only): KEYS and ARGV of a script, or the keys and arguments of
+-- FCALL (library.lua).
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay} in µs.
-local function run_single(decide)
+local function run_single(decide, keys, args)
+  FIXED_NOW = tonumber(args[1]) or 0
+  ONE_STATE_KEY = true
   local now = server_now()
-  local r = decide_unless_blocked(decide, KEYS[1], KEYS[2], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
-  if r[1] == 1 and r.commit then
-    r.commit()
+  local r = decide_unless_blocked(decide, keys[1], keys[2], now, tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), args[5])
+  if r[1] == 1 then
+    commit(r)
   end
-  return {r[1], r[2], r[3], r[4], r[5], r[6]}
+  -- Redis replies with the array part only (commit and other fields aside).
+  return r
 end

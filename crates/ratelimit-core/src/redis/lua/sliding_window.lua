@@ -45,14 +45,12 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
   if weighted + (current + cost) * w <= budget then
     current = current + cost
     local reset = reset_of(previous, current)
-    local r = {1, limit, idiv(budget - weighted - current * w, w), reset, 0, 0}
+    local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
-      r.commit = function()
-        local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
-        write_state(key, TAG.sliding_window, value, reset)
-      end
+      local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
+      return {1, limit, remaining, reset, 0, 0, key, TAG.sliding_window, value, reset}
     end
-    return r
+    return {1, limit, remaining, reset, 0, 0}
   end
   local remaining = idiv(positive(budget - weighted - current * w), w)
   local retry

@@ -48,11 +48,9 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   if not allowed then
     return {0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0}
   end
-  local r = {1, capacity, tokens, reset, 0, 0}
   if cost > 0 then
-    r.commit = function()
-      write_state(key, TAG.token_bucket, fmt(tokens) .. ' ' .. fmt(last), reset)
-    end
+    local value = fmt(tokens) .. ' ' .. fmt(last)
+    return {1, capacity, tokens, reset, 0, 0, key, TAG.token_bucket, value, reset}
   end
-  return r
+  return {1, capacity, tokens, reset, 0, 0}
 end

@@ -1,0 +1,123 @@
+//! Single decisions by Redis Functions (`FCALL`, Redis 7 and later), with
+//! scripts (`EVALSHA`) where functions cannot be used.
+//!
+//! A script defines every helper it uses again on every call; a function
+//! library defines them once per load. The store loads the library
+//! ([`Library`]) the first time a function is missing, which also covers a
+//! restart, a failover, `FUNCTION FLUSH` and a new cluster node: the call
+//! that meets `Function not found` loads it (`FUNCTION LOAD`, on every master
+//! of a cluster) and is retried once. Where Redis has no functions (before
+//! 7) or the Redis user may not run `FCALL` or `FUNCTION LOAD`, the store
+//! switches to scripts for the rest of its life, after one try.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use redis::{RedisError, Value};
+
+use super::scripts::Library;
+use super::unclaimed::Via;
+use super::{Arg, Inner};
+use crate::StoreError;
+use crate::policy::Algorithm;
+
+/// Whether a store decides by functions: not known yet (try), or never.
+#[derive(Default)]
+pub(super) struct Mode(AtomicU8);
+
+const TRY: u8 = 0;
+const NEVER: u8 = 1;
+
+impl Inner {
+    /// One decision under `algorithm`: `FCALL` of its function, or its
+    /// script where functions cannot be used, on the connection `via` says.
+    pub(super) async fn decide(
+        &self,
+        algorithm: &Algorithm,
+        keys: &[String],
+        args: &[Arg<'_>],
+        via: Via<'_>,
+    ) -> Result<Value, StoreError> {
+        if self.functions.0.load(Ordering::Relaxed) == TRY {
+            let library = Library::get();
+            let function = library.function(algorithm);
+            match self.fcall(function, keys, args, via).await {
+                Err(e) if is_missing(&e) => match self.load(library).await {
+                    Ok(()) => match self.fcall(function, keys, args, via).await {
+                        // Loaded elsewhere only (a topology change meanwhile):
+                        // this call by script, the next one loads again.
+                        Err(e) if is_missing(&e) => {}
+                        other => return other,
+                    },
+                    Err(e) if is_unavailable(&e) => self.never_functions(),
+                    Err(e) => return Err(e),
+                },
+                Err(e) if is_unavailable(&e) => self.never_functions(),
+                other => return other,
+            }
+        }
+        let (script, source) = self.scripts.single(algorithm);
+        self.eval_via(script, source, keys, args, via).await
+    }
+
+    fn never_functions(&self) {
+        self.functions.0.store(NEVER, Ordering::Relaxed);
+    }
+
+    async fn fcall(
+        &self,
+        function: &str,
+        keys: &[String],
+        args: &[Arg<'_>],
+        via: Via<'_>,
+    ) -> Result<Value, StoreError> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function).arg(keys.len()).arg(keys);
+        for arg in args {
+            match arg {
+                Arg::Int(n) => cmd.arg(*n),
+                Arg::Str(s) => cmd.arg(*s),
+                Arg::Owned(s) => cmd.arg(s.as_str()),
+            };
+        }
+        self.run_via(&cmd, via).await
+    }
+
+    /// `FUNCTION LOAD` of the library (every master of a cluster). A library
+    /// loaded meanwhile by another store is loaded.
+    async fn load(&self, library: &'static Library) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg(library.source());
+        match self.run(&cmd).await {
+            Err(e) if redis_error(&e).is_some_and(|e| text(e).contains("already exists")) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+fn redis_error(e: &StoreError) -> Option<&RedisError> {
+    match e {
+        StoreError::Backend(source) => source.downcast_ref::<RedisError>(),
+        _ => None,
+    }
+}
+
+fn text(e: &RedisError) -> String {
+    e.to_string()
+}
+
+/// `Function not found`: the library is not loaded on that node.
+fn is_missing(e: &StoreError) -> bool {
+    redis_error(e).is_some_and(|e| text(e).contains("Function not found"))
+}
+
+/// Functions cannot be used: a Redis without them (`unknown command`), or a
+/// user who may not run `FCALL` or `FUNCTION LOAD` (`NOPERM` naming the
+/// command; a `NOPERM` for a key is the key's, and fails as with a script).
+fn is_unavailable(e: &StoreError) -> bool {
+    redis_error(e).is_some_and(|e| {
+        let text = text(e).to_ascii_lowercase();
+        text.contains("unknown command")
+            || (text.contains("noperm")
+                && (text.contains("'fcall'") || text.contains("'function|load'")))
+    })
+}

@@ -1,0 +1,19 @@
+-- Whether the Redis user may run every write command the scripts use, on a
+-- key under the store's prefix. Run once per connection, when the store
+-- connects or reconnects (a restart, a failover), not inside every decision:
+-- a Redis script is not rolled back when a command inside it is denied, so a
+-- user allowed to write a key but not to set its TTL must be refused before
+-- any script writes. KEYS[1]: a key under the prefix, never written.
+-- Reply: 1, or `NOPERM the rate limiter needs <command> on <key>`.
+if redis.acl_check_cmd then
+  local key = KEYS[1]
+  local writes = {
+    {'set', key, '1'}, {'pexpire', key, '1'}, {'zadd', key, '1', 'm'}, {'zrem', key, 'm'},
+  }
+  for _, command in ipairs(writes) do
+    if not redis.acl_check_cmd(unpack(command)) then
+      return redis.error_reply('NOPERM the rate limiter needs ' .. command[1] .. ' on ' .. key)
+    end
+  end
+end
+return 1

@@ -1,0 +1,44 @@
+-- Admin blocks (block.lua writes them): every check honours its key's.
+-- How long `block_key` still blocks its state key, in µs (0: not blocked).
+local function block_left(block_key, now)
+  if not block_key then
+    return 0
+  end
+  local raw = redis.call('GET', block_key)
+  if not raw then
+    return 0
+  end
+  return positive(tonumber(raw) - now)
+end
+
+-- The reply for a blocked key, `left` µs before the block ends: denied,
+-- nothing remaining, full again when both the block and the state allow
+-- (`peek`: the algorithm's reply at cost 0), retried when both the block and
+-- the algorithm allow the request (`r`: its reply, never committed).
+local function blocked_reply(r, peek, left)
+  local retry = left
+  if r[1] ~= 1 and r[5] > retry then
+    retry = r[5]
+  end
+  local reset = peek[4]
+  if left > reset then
+    reset = left
+  end
+  return {0, r[2], 0, reset, retry, 0}
+end
+
+-- One check of `key` by `decide`, honouring its block key: the algorithm's
+-- reply (and its commit) when not blocked, a denial without commit when
+-- blocked.
+local function decide_unless_blocked(decide, key, block_key, now, cost, p1, p2, permit)
+  local left = block_left(block_key, now)
+  local r = decide(key, now, cost, p1, p2, permit)
+  if left == 0 then
+    return r
+  end
+  local peek = r
+  if r[1] == 1 and cost > 0 then
+    peek = decide(key, now, 0, p1, p2, permit)
+  end
+  return blocked_reply(r, peek, left)
+end

@@ -1,0 +1,20 @@
+-- The Redis Functions library (Redis 7 and later): the prelude, every helper
+-- and every algorithm are defined once, when the library is loaded (FUNCTION
+-- LOAD), instead of on every call as in a script; FCALL then runs only the
+-- decision. One function per algorithm, FUNCTION_PREFIX .. <algorithm> (with
+-- '_' for '-': function names are letters, digits and '_'), with
+-- the keys and arguments of single.lua. The store prepends the library's name
+-- and FUNCTION_PREFIX, both made of the library's own SHA-1, so that stores of
+-- different versions sharing a Redis never replace each other's functions.
+-- (Loading runs in a narrow environment: no pairs, hence the list.)
+local FUNCTIONS = {
+  {'fixed_window', 'fixed-window'}, {'sliding_log', 'sliding-log'},
+  {'sliding_window', 'sliding-window'}, {'token_bucket', 'token-bucket'},
+  {'gcra', 'gcra'}, {'leaky_bucket', 'leaky-bucket'}, {'concurrency', 'concurrency'},
+}
+for i = 1, #FUNCTIONS do
+  local decide = ALGORITHMS[FUNCTIONS[i][2]]
+  redis.register_function(FUNCTION_PREFIX .. FUNCTIONS[i][1], function(keys, args)
+    return run_single(decide, keys, args)
+  end)
+end

@@ -1,0 +1,32 @@
+-- The shared transition of GCRA and the leaky bucket. State (string, tag
+-- TAG.tat): the theoretical arrival time.
+local function decide_tat(key, now, cost, capacity, interval, with_delay)
+  local tat = 0
+  local raw = read_state(key, TAG.tat)
+  if raw then
+    tat = tonumber(raw)
+  end
+  local span = capacity * interval
+  local slot = tat
+  if now > slot then
+    slot = now
+  end
+  local new_tat = slot + cost * interval
+  if new_tat - now > span then
+    local reset = positive(tat - now)
+    return {0, capacity, idiv(positive(span - reset), interval), reset, new_tat - now - span, 0}
+  end
+  if cost > 0 then
+    tat = new_tat
+  end
+  local reset = positive(tat - now)
+  local delay = 0
+  if with_delay then
+    delay = slot - now
+  end
+  local remaining = idiv(span - reset, interval)
+  if cost > 0 then
+    return {1, capacity, remaining, reset, 0, delay, key, TAG.tat, fmt(tat), reset}
+  end
+  return {1, capacity, remaining, reset, 0, delay}
+end
