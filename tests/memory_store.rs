@@ -462,3 +462,23 @@ fn futures_lite_block_on<F: std::future::Future>(future: F) -> F::Output {
         }
     }
 }
+
+#[test]
+fn keys_are_kept_apart_from_other_keys_hashes_and_from_each_other() {
+    // Short keys are kept as they are in memory, printable or not; long keys
+    // by their hash. No key reaches another's state through its hash.
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).expect("valid policy");
+    let long = vec![b'k'; 200];
+    let hashed_form = ratelimit_core::key::hashed(&long);
+    let binary: &[u8] = &[0x00, 0xff];
+    for key in [&long[..], &hashed_form, binary, b"\x00\xfe", b"", b"{tag}"] {
+        let first = store.check_now(key, &policy, 1).expect("decided");
+        assert!(first.is_allowed(), "{key:?} had its own budget");
+    }
+    for key in [&long[..], &hashed_form, binary, b"\x00\xfe", b"", b"{tag}"] {
+        let second = store.check_now(key, &policy, 1).expect("decided");
+        assert!(!second.is_allowed(), "{key:?} spent its own budget");
+    }
+    assert_eq!(store.len(), 6);
+}
