@@ -76,14 +76,36 @@ pub fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
     out
 }
 
+/// Each byte value's decimal digits (then zeros) and how many there are.
+const OCTET_TEXT: [[u8; 4]; 256] = {
+    let mut table = [[0u8; 4]; 256];
+    let mut n = 0;
+    while n < 256 {
+        // `n` is below 256.
+        #[allow(clippy::cast_possible_truncation)]
+        let byte = n as u8;
+        let (hundreds, tens, ones) = (byte / 100, byte / 10 % 10, byte % 10);
+        table[n] = if byte >= 100 {
+            [b'0' + hundreds, b'0' + tens, b'0' + ones, 3]
+        } else if byte >= 10 {
+            [b'0' + tens, b'0' + ones, 0, 2]
+        } else {
+            [b'0' + ones, 0, 0, 1]
+        };
+        n += 1;
+    }
+    table
+};
+
 /// The longest text of an IP address (`INET6_ADDRSTRLEN` without its NUL):
 /// `ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`.
 pub const MAX_IP_TEXT_LEN: usize = 45;
 
 /// An IP address written as text, exactly as its `Display` (`to_string`)
 /// writes it, held on the stack: the key of a client IP with no heap
-/// allocation. IPv4 is written by hand (the common case, about ten times
-/// cheaper than going through `fmt`), IPv6 through `Display`.
+/// allocation. IPv4, the common case, is written from a table of each
+/// octet's digits (no `fmt` machinery on the hot path); IPv6 through
+/// `Display`.
 ///
 /// ```
 /// use ratelimit_core::key::IpText;
@@ -120,22 +142,21 @@ impl IpText {
     }
 
     fn push_v4(&mut self, ip: Ipv4Addr) {
-        let mut at = usize::from(self.len);
+        let mut at = 0;
         for (i, octet) in ip.octets().into_iter().enumerate() {
-            if i > 0 {
-                self.bytes[at] = b'.';
+            let [a, b, c, len] = OCTET_TEXT[usize::from(octet)];
+            // Four bytes written, `len` kept: the dot (or the end) overwrites
+            // the rest. At most 4 × 4 bytes are touched, within the buffer.
+            if let Some(slot) = self.bytes.get_mut(at..at + 4) {
+                slot.copy_from_slice(&[a, b, c, b'.']);
+            }
+            at += usize::from(len);
+            if i < 3 {
+                if let Some(dot) = self.bytes.get_mut(at) {
+                    *dot = b'.';
+                }
                 at += 1;
             }
-            if octet >= 100 {
-                self.bytes[at] = b'0' + octet / 100;
-                at += 1;
-            }
-            if octet >= 10 {
-                self.bytes[at] = b'0' + octet / 10 % 10;
-                at += 1;
-            }
-            self.bytes[at] = b'0' + octet % 10;
-            at += 1;
         }
         #[allow(clippy::cast_possible_truncation)] // at most 15 bytes
         {
