@@ -103,6 +103,13 @@ struct ShardInner {
     /// No entry or block expires before this time (µs), so a full shard with
     /// `now < next_expiry` has nothing to sweep.
     next_expiry: u64,
+    /// The latest time (µs) any decision in this shard was made at. A check
+    /// reads the clock before taking the lock (the read then overlaps the
+    /// lock's atomic instead of waiting behind it) and uses that time only
+    /// if it is not before this one; otherwise it reads the clock again under
+    /// the lock, as every other path does. So the times a shard sees never go
+    /// back because two threads raced to its lock.
+    latest: u64,
 }
 
 struct Entry {
@@ -301,6 +308,19 @@ impl ShardInner {
         blocked_decision(policy.algorithm(), state, now, cost, left).ok_or_else(|| conflict(policy))
     }
 
+    /// The time a decision in this shard is made at: `early` (read before
+    /// the lock was taken) unless an earlier decision here used a later
+    /// time, then the clock read now.
+    #[inline]
+    fn now<C: Clock>(&mut self, clock: &C, early: Option<u64>) -> u64 {
+        let now = match early {
+            Some(early) if early >= self.latest => early,
+            _ => clock.now(),
+        };
+        self.latest = self.latest.max(now);
+        now
+    }
+
     fn insert(&mut self, entry: Entry) {
         self.next_expiry = self.next_expiry.min(entry.expires_at);
         self.table.insert_unique(entry.hash, entry, |e| e.hash);
@@ -369,6 +389,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                             table: HashTable::new(),
                             blocks: HashTable::new(),
                             next_expiry: u64::MAX,
+                            latest: 0,
                         }))
                     })
                     .collect(),
@@ -477,8 +498,9 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let permit = self.permit_for(policy);
+        let early = self.shared.clock.now();
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, &key, now);
         if left > 0 {
             return shard.blocked_check(hash, policy, &key, now, cost, left);
@@ -570,6 +592,9 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
+        for (_, guard) in &mut guards {
+            guard.latest = guard.latest.max(now);
+        }
         // How long each check's key stays blocked (0: not blocked).
         let blocked_for: Vec<u64> = items
             .iter()
@@ -711,7 +736,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         if let Ok(mut occupied) = shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -791,7 +816,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         match shard
             .blocks
@@ -841,7 +866,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         let peek = match shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
