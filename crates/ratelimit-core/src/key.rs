@@ -135,7 +135,7 @@ impl IpText {
             IpAddr::V6(v6) => {
                 // `Display` for an IPv6 address never writes more than
                 // `MAX_IP_TEXT_LEN` bytes, so this cannot fail.
-                let _ = fmt::Write::write_fmt(&mut text, format_args!("{v6}"));
+                let _ = fmt::Write::write_fmt(&mut Append(&mut text), format_args!("{v6}"));
             }
         }
         text
@@ -176,13 +176,18 @@ impl IpText {
     }
 }
 
-impl fmt::Write for IpText {
+/// Appends what `Display` writes to an [`IpText`] (private, so that only an
+/// address's own text ever lands there).
+struct Append<'a>(&'a mut IpText);
+
+impl fmt::Write for Append<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let at = usize::from(self.len);
+        let text = &mut *self.0;
+        let at = usize::from(text.len);
         let end = at + s.len();
-        let slot = self.bytes.get_mut(at..end).ok_or(fmt::Error)?;
+        let slot = text.bytes.get_mut(at..end).ok_or(fmt::Error)?;
         slot.copy_from_slice(s.as_bytes());
-        self.len = u8::try_from(end).map_err(|_| fmt::Error)?;
+        text.len = u8::try_from(end).map_err(|_| fmt::Error)?;
         Ok(())
     }
 }
