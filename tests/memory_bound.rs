@@ -9,6 +9,10 @@
 //! - When keys expire, they are reclaimed: the store stays under its bound
 //!   and admits new keys again.
 //!
+//! - Deciding for a known key allocates nothing on the common paths: a
+//!   client IP keyed by `PeerIp`, a header value keyed by `HeaderKey`, a
+//!   short binary key.
+//!
 //! Heap bytes are counted by a counting global allocator (`cap`). Tests run
 //! one at a time (a lock), so the counts are this test's own.
 
@@ -21,7 +25,7 @@ use cap::Cap;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
-use ratelimit_tower::{PeerAddr, PeerIp, RateLimitLayer};
+use ratelimit_tower::{HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
 #[global_allocator]
@@ -266,4 +270,75 @@ async fn full_store_through_the_layer() {
     assert_eq!(send([192, 0, 2, 1]).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(send([192, 0, 2, 2]).await, StatusCode::OK);
     assert_eq!(store.len(), 3);
+}
+
+/// Decisions per case in the allocation test.
+const DECISIONS: usize = 10_000;
+
+/// Bytes allocated (by any thread) while `decide` runs `DECISIONS` times.
+fn bytes_allocated_by(mut decide: impl FnMut()) -> usize {
+    let before = ALLOCATOR.total_allocated();
+    for _ in 0..DECISIONS {
+        decide();
+    }
+    ALLOCATOR.total_allocated() - before
+}
+
+#[test]
+fn a_decision_on_a_known_key_allocates_nothing() {
+    let _serial = serial();
+    let store = MemoryStore::new();
+    let policy = Policy::gcra(1_000_000, Rate::per_second(1_000_000)).expect("valid policy");
+    let mut req = Request::new(());
+    req.extensions_mut()
+        .insert(PeerAddr(SocketAddr::from(([203, 0, 113, 7], 443))));
+    let v6 = {
+        let mut req = Request::new(());
+        let addr: SocketAddr = "[2001:db8:85a3::8a2e:370:7334]:443".parse().expect("valid");
+        req.extensions_mut().insert(PeerAddr(addr));
+        req
+    };
+    let header = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
+    let with_header = Request::builder()
+        .header("x-api-key", "k-3f9a2c71d0e84b6f")
+        .body(())
+        .expect("valid request");
+    let binary: &[u8] = &[0x00, 0xff, 0x10, 0x7b];
+
+    let decide = |key: &[u8]| {
+        let decision = store.check_now(key, &policy, 1).expect("decided");
+        assert!(decision.is_allowed());
+    };
+    // The first decision of each key inserts it (that allocates the table).
+    for request in [&req, &v6] {
+        decide(PeerIp.extract(request).expect("a peer").as_bytes());
+    }
+    decide(header.extract(&with_header).expect("a header").as_bytes());
+    decide(binary);
+
+    // Before, every PeerIp key was `ip.to_string()` in `Bytes`, every header
+    // key a `Vec` of its hash, and a binary key was hashed into a `Vec` by the
+    // store: tens of bytes per decision. Less than a byte per decision is
+    // room for the test harness's own threads.
+    for (name, request) in [("PeerIp, IPv4", &req), ("PeerIp, IPv6", &v6)] {
+        let bytes = bytes_allocated_by(|| {
+            decide(PeerIp.extract(request).expect("a peer").as_bytes());
+        });
+        assert!(
+            bytes < DECISIONS,
+            "{name}: {bytes} bytes for {DECISIONS} decisions"
+        );
+    }
+    let bytes = bytes_allocated_by(|| {
+        decide(header.extract(&with_header).expect("a header").as_bytes());
+    });
+    assert!(
+        bytes < DECISIONS,
+        "HeaderKey: {bytes} bytes for {DECISIONS} decisions"
+    );
+    let bytes = bytes_allocated_by(|| decide(binary));
+    assert!(
+        bytes < DECISIONS,
+        "binary key: {bytes} bytes for {DECISIONS} decisions"
+    );
 }

@@ -462,3 +462,73 @@ fn futures_lite_block_on<F: std::future::Future>(future: F) -> F::Output {
         }
     }
 }
+
+#[test]
+fn keys_are_kept_apart_from_other_keys_hashes_and_from_each_other() {
+    // Short keys are kept as they are in memory, printable or not; long keys
+    // by their hash. No key reaches another's state through its hash.
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).expect("valid policy");
+    let long = vec![b'k'; 200];
+    let hashed_form = ratelimit_core::key::hashed(&long);
+    let binary: &[u8] = &[0x00, 0xff];
+    for key in [&long[..], &hashed_form, binary, b"\x00\xfe", b"", b"{tag}"] {
+        let first = store.check_now(key, &policy, 1).expect("decided");
+        assert!(first.is_allowed(), "{key:?} had its own budget");
+    }
+    for key in [&long[..], &hashed_form, binary, b"\x00\xfe", b"", b"{tag}"] {
+        let second = store.check_now(key, &policy, 1).expect("decided");
+        assert!(!second.is_allowed(), "{key:?} spent its own budget");
+    }
+    assert_eq!(store.len(), 6);
+}
+
+/// A clock that returns the given times in order (then the last one again):
+/// it plays a thread that read the clock, was overtaken at the shard lock by
+/// another, and reached the lock with an older time than the last decision.
+struct ScriptedClock(std::sync::Mutex<std::collections::VecDeque<u64>>);
+
+impl ratelimit_core::clock::Clock for ScriptedClock {
+    fn now(&self) -> u64 {
+        let mut times = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if times.len() > 1 {
+            times.pop_front().unwrap_or(0)
+        } else {
+            times.front().copied().unwrap_or(0)
+        }
+    }
+}
+
+#[test]
+fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
+    // One per aligned second. The first check reads 2.0 s; the second's
+    // first read is 1.999999 s (read before the first took the lock): the
+    // second must be decided at 2.0 s, on the shard's non-decreasing
+    // timeline, so its window ends exactly 1 s later.
+    let clock = ScriptedClock(std::sync::Mutex::new(
+        [2_000_000, 1_999_999, 2_000_000].into_iter().collect(),
+    ));
+    let store = MemoryStore::builder().clock(clock).build();
+    let policy = Policy::fixed_window(1, Duration::from_secs(1)).expect("valid policy");
+    assert!(
+        store
+            .check_now(b"k", &policy, 1)
+            .expect("decided")
+            .is_allowed()
+    );
+    let second = store.check_now(b"k", &policy, 1).expect("decided");
+    assert!(!second.is_allowed(), "{second:?}");
+    assert_eq!(
+        second.reset_after_micros(),
+        1_000_000,
+        "decided at 2.0 s: {second:?}"
+    );
+    assert_eq!(
+        second.retry_after_micros(),
+        1_000_000,
+        "decided at 2.0 s: {second:?}"
+    );
+}

@@ -40,9 +40,21 @@
 //! Uniform-key limiters are filled with all 100,000 keys before measuring, so
 //! the rows measure lookups of existing keys, not inserts.
 //!
-//! Run with `cargo bench -p ratelimit-core --bench memory_store`.
+//! A second group, `user_keys/..`, keys each limiter by client IP the way its
+//! users do: ours makes the key as the tower layer's `PeerIp` does
+//! ([`IpText`]: the address's text, on the stack) and calls
+//! `MemoryStore::check_now` with GCRA; governor is keyed by `IpAddr`, as
+//! tower_governor's `PeerIpKeyExtractor` keys it. `memory/gcra/ip_to_string`
+//! makes the key with `ip.to_string()` instead, as `PeerIp` did before, for
+//! reference. `hot` is one address; `uniform` 100,000 scattered IPv4
+//! addresses of every text length. Rows alternate ours, governor, ours
+//! (`to_string`) for each workload and thread count.
+//!
+//! Run with `cargo bench -p ratelimit-core --bench memory_store`
+//! (`-- user_keys` for the second group only).
 
 use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::thread;
@@ -50,6 +62,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use ratelimit_core::key::IpText;
 use ratelimit_core::{MemoryStore, Policy, Rate};
 
 /// The sustained rate, per second, for both libraries.
@@ -188,11 +201,20 @@ impl Limiter {
 /// Runs `iters` decisions split over `threads` threads and returns the wall
 /// time. Returns the number of allowed decisions too.
 fn run(limiter: &Limiter, workload: &Workload, threads: usize, iters: u64) -> (Duration, u64) {
+    run_with(threads, iters, |rng| limiter.decide(workload.pick(rng)))
+}
+
+/// Runs `iters` calls of `decide` (each given its thread's generator) split
+/// over `threads` threads; returns the wall time and how many returned true.
+fn run_with<F>(threads: usize, iters: u64, decide: F) -> (Duration, u64)
+where
+    F: Fn(&mut XorShift) -> bool + Sync,
+{
     let work = |thread: usize, n: u64| {
         let mut rng = XorShift::new(SEED + thread as u64);
         let mut allowed = 0;
         for _ in 0..n {
-            allowed += u64::from(limiter.decide(workload.pick(&mut rng)));
+            allowed += u64::from(decide(&mut rng));
         }
         allowed
     };
@@ -280,5 +302,142 @@ fn decisions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions);
+/// Client IPs, as a layer keyed by peer IP sees them.
+struct IpWorkload {
+    name: &'static str,
+    ips: Vec<IpAddr>,
+}
+
+impl IpWorkload {
+    fn new(name: &'static str, count: u32) -> Self {
+        // Multiplying by an odd constant is a bijection on u32: distinct,
+        // scattered addresses of every text length.
+        let ips = (0..count)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(i.wrapping_mul(0x9e37_79b1))))
+            .collect();
+        IpWorkload { name, ips }
+    }
+
+    #[inline]
+    fn pick(&self, rng: &mut XorShift) -> IpAddr {
+        if self.ips.len() == 1 {
+            self.ips[0]
+        } else {
+            self.ips[rng.below(self.ips.len())]
+        }
+    }
+}
+
+/// One limiter keyed by client IP, each the way its users key it.
+enum IpLimiter {
+    /// Our store, the key made as `PeerIp` makes it: [`IpText`], the
+    /// address's text on the stack.
+    IpText(MemoryStore, Policy),
+    /// Our store, the key made with `ip.to_string()` (how `PeerIp` made it
+    /// before `IpText`), for reference.
+    ToString(MemoryStore, Policy),
+    /// `governor::DefaultKeyedRateLimiter<IpAddr>`, as tower_governor's
+    /// `PeerIpKeyExtractor` keys it.
+    Governor(DefaultKeyedRateLimiter<IpAddr>),
+}
+
+impl IpLimiter {
+    fn all() -> [IpLimiter; 3] {
+        let policy = || {
+            Policy::gcra(
+                u64::from(BURST),
+                Rate::per_second(u64::from(RATE_PER_SECOND)),
+            )
+            .expect("valid policy")
+        };
+        let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
+        let burst = NonZeroU32::new(BURST).expect("non-zero");
+        [
+            IpLimiter::IpText(MemoryStore::new(), policy()),
+            IpLimiter::Governor(RateLimiter::keyed(
+                Quota::per_second(rate).allow_burst(burst),
+            )),
+            IpLimiter::ToString(MemoryStore::new(), policy()),
+        ]
+    }
+
+    fn id(&self, workload: &IpWorkload, threads: usize) -> String {
+        let name = match self {
+            IpLimiter::IpText(..) => "memory/gcra/ip_text",
+            IpLimiter::ToString(..) => "memory/gcra/ip_to_string",
+            IpLimiter::Governor(_) => "governor/gcra/ip_addr",
+        };
+        format!("{name}/{}/{threads}t", workload.name)
+    }
+
+    #[inline]
+    fn decide(&self, ip: IpAddr) -> bool {
+        match self {
+            IpLimiter::IpText(store, policy) => {
+                let key = IpText::new(ip);
+                let result = store.check_now(key.as_bytes(), policy, 1);
+                let allowed = matches!(&result, Ok(d) if d.is_allowed());
+                let _ = black_box(result);
+                allowed
+            }
+            IpLimiter::ToString(store, policy) => {
+                let key = ip.to_string();
+                let result = store.check_now(key.as_bytes(), policy, 1);
+                let allowed = matches!(&result, Ok(d) if d.is_allowed());
+                let _ = black_box(result);
+                allowed
+            }
+            IpLimiter::Governor(limiter) => {
+                let result = limiter.check_key(&ip);
+                let allowed = result.is_ok();
+                let _ = black_box(result);
+                allowed
+            }
+        }
+    }
+}
+
+/// Each limiter keyed by client IP the way its users key it: ours through
+/// [`IpText`] (what `PeerIp` does), governor by `IpAddr`.
+fn user_keys(c: &mut Criterion) {
+    let workloads = [
+        IpWorkload::new("hot", 1),
+        IpWorkload::new("uniform", u32::try_from(UNIFORM_KEYS).expect("fits")),
+    ];
+    let mut group = c.benchmark_group("user_keys");
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .throughput(Throughput::Elements(1));
+    for workload in &workloads {
+        for threads in THREADS {
+            for limiter in IpLimiter::all() {
+                for &ip in &workload.ips {
+                    black_box(limiter.decide(ip));
+                }
+                let id = limiter.id(workload, threads);
+                let (mut total, mut allowed) = (0u64, 0u64);
+                group.bench_function(&id, |b| {
+                    b.iter_custom(|iters| {
+                        let (elapsed, ok) =
+                            run_with(threads, iters, |rng| limiter.decide(workload.pick(rng)));
+                        total += iters;
+                        allowed += ok;
+                        elapsed
+                    });
+                });
+                if total > 0 {
+                    eprintln!(
+                        "regime {id}: {:.2}% of {total} decisions allowed",
+                        100.0 * allowed as f64 / total as f64,
+                    );
+                }
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decisions, user_keys);
 criterion_main!(benches);

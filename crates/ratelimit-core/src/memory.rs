@@ -103,6 +103,13 @@ struct ShardInner {
     /// No entry or block expires before this time (µs), so a full shard with
     /// `now < next_expiry` has nothing to sweep.
     next_expiry: u64,
+    /// The latest time (µs) any decision in this shard was made at. A check
+    /// reads the clock before taking the lock (the read then overlaps the
+    /// lock's atomic instead of waiting behind it) and uses that time only
+    /// if it is not before this one; otherwise it reads the clock again under
+    /// the lock, as every other path does. So the times a shard sees never go
+    /// back because two threads raced to its lock.
+    latest: u64,
 }
 
 struct Entry {
@@ -118,19 +125,51 @@ struct Block {
     hash: u64,
     policy: Policy,
     key: Box<[u8]>,
+    /// Whether `key` is a hash ([`MemoryKey::hashed`]).
+    hashed: bool,
     until: u64,
 }
 
 impl Entry {
-    fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
+    fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
             &self.policy,
-            self.key.as_slice(),
+            (self.key.hashed(), self.key.as_slice()),
             hash,
             policy,
             key,
         )
+    }
+}
+
+/// A user key as this store keeps it: its own bytes when at most
+/// [`MAX_VERBATIM_KEY_LEN`](key::MAX_VERBATIM_KEY_LEN) long, printable or
+/// not (nothing in memory echoes a key, and the map hashes it with its own
+/// keyed hasher), else its SHA-256 ([`key::hashed`]), so a stored key is
+/// bounded. Which of the two it is is kept beside the bytes, so no user key
+/// reaches the state of another key's hash. Short keys, the common case,
+/// cost no allocation and no SHA-256; Redis keys are made with
+/// [`key::normalize`] instead, where size and secrecy matter.
+#[derive(PartialEq, Eq)]
+struct MemoryKey<'a> {
+    bytes: Cow<'a, [u8]>,
+    hashed: bool,
+}
+
+impl<'a> MemoryKey<'a> {
+    fn new(key: &'a [u8]) -> Self {
+        if key.len() <= key::MAX_VERBATIM_KEY_LEN {
+            MemoryKey {
+                bytes: Cow::Borrowed(key),
+                hashed: false,
+            }
+        } else {
+            MemoryKey {
+                bytes: Cow::Owned(key::hashed_array(key).to_vec()),
+                hashed: true,
+            }
+        }
     }
 }
 
@@ -139,48 +178,70 @@ impl Entry {
 /// and tenant ids fit; hashed keys are 33 bytes).
 const INLINE_KEY: usize = 38;
 
+/// The bit of an inline key's length that says it is a hash.
+const HASHED_BIT: u8 = 0x80;
+
 enum StoredKey {
+    /// `len` with [`HASHED_BIT`] set for a hashed key.
     Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    /// Never a hash (hashes fit inline).
     Heap(Box<[u8]>),
 }
 
 impl StoredKey {
-    fn new(key: &[u8]) -> Self {
-        match u8::try_from(key.len()) {
-            Ok(len) if key.len() <= INLINE_KEY => {
-                let mut bytes = [0; INLINE_KEY];
-                bytes[..key.len()].copy_from_slice(key);
-                StoredKey::Inline { len, bytes }
+    fn new(key: &MemoryKey<'_>) -> Self {
+        let bytes = &*key.bytes;
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= INLINE_KEY => {
+                let mut inline = [0; INLINE_KEY];
+                inline[..bytes.len()].copy_from_slice(bytes);
+                let flag = if key.hashed { HASHED_BIT } else { 0 };
+                StoredKey::Inline {
+                    len: len | flag,
+                    bytes: inline,
+                }
             }
-            _ => StoredKey::Heap(key.into()),
+            _ => StoredKey::Heap(bytes.into()),
         }
     }
 
     fn as_slice(&self) -> &[u8] {
         match self {
-            StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len & !HASHED_BIT)],
             StoredKey::Heap(key) => key,
         }
+    }
+
+    fn hashed(&self) -> bool {
+        matches!(self, StoredKey::Inline { len, .. } if len & HASHED_BIT != 0)
     }
 }
 
 impl Block {
-    fn matches(&self, hash: u64, policy: &Policy, key: &[u8]) -> bool {
-        same_key(self.hash, &self.policy, &self.key, hash, policy, key)
+    fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.hashed, &self.key),
+            hash,
+            policy,
+            key,
+        )
     }
 }
 
 fn same_key(
     stored_hash: u64,
     stored_policy: &Policy,
-    stored_key: &[u8],
+    (stored_hashed, stored_key): (bool, &[u8]),
     hash: u64,
     policy: &Policy,
-    key: &[u8],
+    key: &MemoryKey<'_>,
 ) -> bool {
     stored_hash == hash
         && (stored_policy.ptr_eq(policy) || stored_policy.name() == policy.name())
-        && *stored_key == *key
+        && *stored_key == *key.bytes
+        && stored_hashed == key.hashed
 }
 
 impl ShardInner {
@@ -208,7 +269,7 @@ impl ShardInner {
     /// How long `key` stays blocked under `policy`, in µs (0: not blocked).
     /// A block found expired is dropped.
     #[inline]
-    fn block_left(&mut self, hash: u64, policy: &Policy, key: &[u8], now: u64) -> u64 {
+    fn block_left(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>, now: u64) -> u64 {
         if self.blocks.is_empty() {
             return 0;
         }
@@ -230,7 +291,7 @@ impl ShardInner {
         &self,
         hash: u64,
         policy: &Policy,
-        key: &[u8],
+        key: &MemoryKey<'_>,
         now: u64,
         cost: u64,
         left: u64,
@@ -245,6 +306,19 @@ impl ShardInner {
             }
         };
         blocked_decision(policy.algorithm(), state, now, cost, left).ok_or_else(|| conflict(policy))
+    }
+
+    /// The time a decision in this shard is made at: `early` (read before
+    /// the lock was taken) unless an earlier decision here used a later
+    /// time, then the clock read now.
+    #[inline]
+    fn now<C: Clock>(&mut self, clock: &C, early: Option<u64>) -> u64 {
+        let now = match early {
+            Some(early) if early >= self.latest => early,
+            _ => clock.now(),
+        };
+        self.latest = self.latest.max(now);
+        now
     }
 
     fn insert(&mut self, entry: Entry) {
@@ -315,6 +389,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                             table: HashTable::new(),
                             blocks: HashTable::new(),
                             next_expiry: u64::MAX,
+                            latest: 0,
                         }))
                     })
                     .collect(),
@@ -386,8 +461,10 @@ impl<C: Clock> MemoryStore<C> {
         &self.shared.clock
     }
 
-    fn hash(&self, policy: &Policy, key: &[u8]) -> u64 {
-        self.shared.hasher.hash_one((policy.name_hash(), key))
+    fn hash(&self, policy: &Policy, key: &MemoryKey<'_>) -> u64 {
+        self.shared
+            .hasher
+            .hash_one((policy.name_hash(), &*key.bytes))
     }
 
     fn shard_index(&self, hash: u64) -> usize {
@@ -418,11 +495,12 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         policy.check_cost(cost)?;
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let permit = self.permit_for(policy);
+        let early = self.shared.clock.now();
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, &key, now);
         if left > 0 {
             return shard.blocked_check(hash, policy, &key, now, cost, left);
@@ -484,7 +562,7 @@ impl<C: Clock> MemoryStore<C> {
         struct Item<'a> {
             hash: u64,
             shard: usize,
-            key: Cow<'a, [u8]>,
+            key: MemoryKey<'a>,
             policy: &'a Policy,
             /// Index of the working state this check uses (shared by duplicates).
             slot: usize,
@@ -501,7 +579,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut items = Vec::with_capacity(checks.len());
         for check in checks {
             check.policy.check_cost(check.cost)?;
-            let key = key::normalize(check.key);
+            let key = MemoryKey::new(check.key);
             let hash = self.hash(check.policy, &key);
             items.push(Item {
                 hash,
@@ -521,6 +599,9 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
+        for (_, guard) in &mut guards {
+            guard.latest = guard.latest.max(now);
+        }
         // How long each check's key stays blocked (0: not blocked).
         let blocked_for: Vec<u64> = items
             .iter()
@@ -659,10 +740,10 @@ impl<C: Clock> MemoryStore<C> {
         let Algorithm::Concurrency(algorithm) = policy.algorithm() else {
             return;
         };
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         if let Ok(mut occupied) = shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -690,7 +771,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`AdminStore::reset`], synchronously.
     pub fn reset_now(&self, key: &[u8], policy: &Policy) {
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
         if let Ok(entry) = shard
@@ -739,10 +820,10 @@ impl<C: Clock> MemoryStore<C> {
             self.unblock_now(key, policy);
             return Ok(());
         }
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         match shard
             .blocks
@@ -756,7 +837,8 @@ impl<C: Clock> MemoryStore<C> {
                 let block = Block {
                     hash,
                     policy: policy.clone(),
-                    key: key.into_owned().into_boxed_slice(),
+                    hashed: key.hashed,
+                    key: key.bytes.into_owned().into_boxed_slice(),
                     until,
                 };
                 shard.blocks.insert_unique(hash, block, |b| b.hash);
@@ -768,7 +850,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`AdminStore::unblock`], synchronously.
     pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
         if let Ok(block) = shard
@@ -788,10 +870,10 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         adjustment.check(policy)?;
         let algorithm = policy.algorithm();
-        let key = key::normalize(key);
+        let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
-        let now = self.shared.clock.now();
+        let now = shard.now(&self.shared.clock, None);
         let peek = match shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))

@@ -97,6 +97,7 @@ impl Algorithm {
     /// another algorithm. `permit` names the permit a concurrency policy takes.
     ///
     /// The caller has checked `cost` against [`Policy::max_cost`].
+    #[inline]
     pub fn decide(
         &self,
         state: &mut State,

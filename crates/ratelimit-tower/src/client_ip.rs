@@ -575,17 +575,17 @@ impl ClientIp {
         last_trusted
     }
 
-    fn key_text(&self, ip: IpAddr) -> String {
+    fn key(&self, ip: IpAddr) -> Key {
         match (ip, self.ipv6_prefix) {
-            (IpAddr::V6(_), Some(len)) => format!("{}/{len}", mask(ip, len)),
-            _ => ip.to_string(),
+            (IpAddr::V6(_), Some(len)) => Key::from(format!("{}/{len}", mask(ip, len))),
+            _ => Key::from(ip),
         }
     }
 }
 
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
-        self.client_ip(req).map(|ip| Key::from(self.key_text(ip)))
+        self.client_ip(req).map(|ip| self.key(ip))
     }
 
     /// No TCP peer is a wiring mistake, as for [`PeerIp`]: `500`.

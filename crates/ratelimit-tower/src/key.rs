@@ -11,58 +11,108 @@ use crate::layer::MissingKey;
 /// The key a request is limited under: an IP address, an API key, a tenant id.
 ///
 /// Keys are bytes; stores keep short printable keys as they are and hash the
-/// rest (see `ratelimit_core::key`).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Key(Bytes);
+/// rest (see `ratelimit_core::key`). Keys of up to [`Key::INLINE_LEN`] bytes
+/// (any IP address's text, a hashed header value) are held inline, so making
+/// one allocates nothing.
+#[derive(Clone)]
+pub struct Key(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        len: u8,
+        bytes: [u8; Key::INLINE_LEN],
+    },
+    Shared(Bytes),
+}
 
 impl Key {
+    /// The longest key held without a heap allocation, in bytes: the text of
+    /// any IP address with a prefix length (`/128`).
+    pub const INLINE_LEN: usize = ratelimit_core::key::MAX_IP_TEXT_LEN + 4;
+
+    /// A key with a copy of `bytes`: inline when short, else on the heap.
+    pub fn copy_from_slice(bytes: &[u8]) -> Self {
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= Key::INLINE_LEN => {
+                let mut inline = [0; Key::INLINE_LEN];
+                inline[..bytes.len()].copy_from_slice(bytes);
+                Key(Repr::Inline { len, bytes: inline })
+            }
+            _ => Key(Repr::Shared(Bytes::copy_from_slice(bytes))),
+        }
+    }
+
     /// The key's bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(bytes) => bytes,
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Keys can be secrets (API keys): show their stored form only.
-        let shown = ratelimit_core::key::normalize(&self.0);
+        let shown = ratelimit_core::key::normalize(self.as_bytes());
         write!(f, "Key({})", String::from_utf8_lossy(&shown))
     }
 }
 
 impl From<Bytes> for Key {
     fn from(b: Bytes) -> Self {
-        Key(b)
+        Key(Repr::Shared(b))
     }
 }
 
 impl From<Vec<u8>> for Key {
     fn from(v: Vec<u8>) -> Self {
-        Key(Bytes::from(v))
+        if v.len() <= Key::INLINE_LEN {
+            Key::copy_from_slice(&v)
+        } else {
+            Key(Repr::Shared(Bytes::from(v)))
+        }
     }
 }
 
 impl From<String> for Key {
     fn from(s: String) -> Self {
-        Key(Bytes::from(s))
+        Key::from(s.into_bytes())
     }
 }
 
 impl From<&'static str> for Key {
     fn from(s: &'static str) -> Self {
-        Key(Bytes::from_static(s.as_bytes()))
+        Key(Repr::Shared(Bytes::from_static(s.as_bytes())))
     }
 }
 
 impl From<IpAddr> for Key {
+    /// The address's text, as `ip.to_string()` writes it, without a heap
+    /// allocation.
     fn from(ip: IpAddr) -> Self {
-        Key(Bytes::from(ip.to_string()))
+        Key::copy_from_slice(ratelimit_core::key::IpText::new(ip).as_bytes())
     }
 }
 
 impl From<u64> for Key {
     fn from(n: u64) -> Self {
-        Key(Bytes::from(n.to_string()))
+        Key(Repr::Shared(Bytes::from(n.to_string())))
     }
 }
 
@@ -194,7 +244,9 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
         if value.is_empty() {
             return None;
         }
-        Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
+        Some(Key::copy_from_slice(&ratelimit_core::key::hashed_array(
+            value.as_bytes(),
+        )))
     }
 
     fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {

@@ -49,6 +49,7 @@ impl Gcra {
     }
 
     /// Decides one request of `cost` at `now` (µs).
+    #[inline]
     pub fn decide(&self, state: &mut GcraState, now: u64, cost: u64) -> Decision {
         decide_tat(self.burst, self.interval, state, now, cost).0
     }
@@ -96,6 +97,7 @@ pub(crate) fn reward_tat(interval: u64, state: &mut GcraState, now: u64, amount:
 
 /// The shared TAT transition of GCRA and the leaky bucket. Returns the decision
 /// and, when allowed, the start of the request's slot.
+#[inline]
 pub(crate) fn decide_tat(
     capacity: u64,
     interval: u64,
