@@ -1,0 +1,70 @@
+//! A missing peer address is logged once per layer at `error`, and counted
+//! for every request. Alone in its test binary: `tracing` caches per call
+//! site whether anyone listens, so a test that counts events must own the
+//! process's subscriber (with other tests on other threads it saw none).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use ratelimit_axum::{MemoryStore, PeerIp, Policy, RateLimitLayer};
+use tower::{Layer, ServiceExt, service_fn};
+
+/// Counts `tracing` events at `error` level.
+struct ErrorEvents(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for ErrorEvents {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
+    let errors = Arc::new(AtomicUsize::new(0));
+    tracing::subscriber::set_global_default(ErrorEvents(errors.clone()))
+        .expect("the only subscriber of this test binary");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window(100, Duration::from_secs(60))
+        .unwrap()
+        .with_name("per-client")
+        .unwrap();
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp);
+    let ok = service_fn(|_req: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    runtime.block_on(async {
+        for _ in 0..5 {
+            let response = layer
+                .clone()
+                .layer(ok)
+                .oneshot(Request::new(String::new()))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    });
+    assert_eq!(layer.stats().no_peer_address(), 5);
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        1,
+        "one error event per layer"
+    );
+}
