@@ -23,7 +23,7 @@ use ratelimit_core::{
     StoreError,
 };
 use ratelimit_tests::fault_proxy::FaultProxy;
-use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable};
+use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable, twin_stores};
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
@@ -301,13 +301,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
 async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_node() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     duplicates_agree(&memory, &redis, "node").await;
 }
 
@@ -315,13 +309,7 @@ async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_node() {
 async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::cluster_builder(cluster.urls())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::cluster_builder(cluster.urls()), &clock).await;
     // `user-*` and `global` live in different slots: across slots, with refunds.
     duplicates_agree(&memory, &redis, "cluster").await;
 }

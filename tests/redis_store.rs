@@ -9,10 +9,8 @@ use std::time::Duration;
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{
-    AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
-};
-use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable};
+use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable, twin_stores};
 
 /// A small deterministic generator (xorshift64*), so failures replay.
 struct Rng(u64);
@@ -68,13 +66,7 @@ async fn memory_and_redis_agree_on_random_timelines() {
     let server = RedisServer::start();
     // Around the current Unix time in µs, so the scripts see realistic magnitudes.
     let clock = ManualClock::new(1_763_000_000_123_457);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut compared = 0;
     for policy in small_policies() {
@@ -125,13 +117,7 @@ async fn memory_and_redis_agree_on_random_timelines() {
 async fn memory_and_redis_agree_on_several_limits_at_once() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let policies: Vec<Policy> = small_policies()
         .into_iter()
         .enumerate()
@@ -695,13 +681,7 @@ fn assert_conflict<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>
 async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let policies: Vec<Policy> = long_policies(5)
         .into_iter()
         .map(|p| p.with_name("shared").unwrap())
@@ -792,13 +772,7 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
 async fn gcra_and_leaky_bucket_share_their_state_on_both_stores() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let gcra = Policy::gcra(5, Rate::per_hour(1))
         .unwrap()
         .with_name("shared")

@@ -13,7 +13,25 @@ pub mod redis_server;
 
 pub use redis_server::{RedisCluster, RedisServer};
 
-use ratelimit_core::{Decision, Policy, Rate};
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
+use ratelimit_core::{Decision, MemoryStore, Policy, Rate};
+
+/// A `MemoryStore` and the `RedisStore` `redis` builds, both on `clock` (the
+/// scripts take their time from it), to replay one timeline through both.
+pub async fn twin_stores(
+    redis: RedisStoreBuilder,
+    clock: &ManualClock,
+) -> (MemoryStore<ManualClock>, RedisStore) {
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = redis
+        .script_clock_for_tests(clock.clone())
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("a Redis store");
+    (memory, redis)
+}
 
 /// Every algorithm with long windows: nothing refills while a test runs.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
