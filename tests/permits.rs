@@ -327,17 +327,23 @@ async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> Strin
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_whose_reply_timed_out_is_released() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = RedisStore::builder(proxy.redis_url())
+/// A store on one pooled connection with `call_timeout`, connected.
+async fn one_connection(url: String, call_timeout: Duration) -> RedisStore {
+    let store = RedisStore::builder(url)
         .pool_size(1)
-        .call_timeout(Duration::from_millis(100))
+        .call_timeout(call_timeout)
         .build()
         .await
         .unwrap();
     store.ping().await.unwrap();
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_reply_timed_out_is_released() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = one_connection(proxy.redis_url(), Duration::from_millis(100)).await;
     let policy = semaphore(5);
     let key = store.state_key(b"slow", &policy);
     // Loads the script, so the check below is one EVALSHA.
@@ -360,13 +366,7 @@ async fn a_permit_whose_reply_timed_out_is_released() {
 async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
-    let store = RedisStore::builder(proxy.redis_url())
-        .pool_size(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    store.ping().await.unwrap();
+    let store = one_connection(proxy.redis_url(), Duration::from_secs(5)).await;
     let policy = semaphore(5);
     let key = store.state_key(b"gone", &policy);
     // Loads the script, so the check below is one EVALSHA.
@@ -390,13 +390,7 @@ async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(1)
-        .call_timeout(Duration::from_millis(50))
-        .build()
-        .await
-        .unwrap();
-    store.ping().await.unwrap();
+    let store = one_connection(server.url(), Duration::from_millis(50)).await;
     let policy = semaphore(5);
     let key = store.state_key(b"busy", &policy);
     // Loads the script, so the check below is one EVALSHA.
