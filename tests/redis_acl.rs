@@ -349,7 +349,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
             "without {missing}, {} did not fail: {report:#?}",
             witness(missing)
         );
-        if ["set", "pexpire", "zadd", "zrem"].contains(&missing) {
+        if ["set", "pexpire", "zadd", "zrem", "zremrangebyscore"].contains(&missing) {
             // Write commands are checked before any write: the error names
             // the command, and no key was written half-way (without a TTL).
             let named = report.iter().any(|(_, r)| {
@@ -382,7 +382,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
 #[tokio::test]
 async fn a_missing_write_permission_fails_at_connect_even_ping_and_peek() {
     let server = server();
-    for missing in ["set", "pexpire", "zadd", "zrem"] {
+    for missing in ["set", "pexpire", "zadd", "zrem", "zremrangebyscore"] {
         let user = format!("connect-lacks-{missing}");
         let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
         set_user(&server, &user, &commands);

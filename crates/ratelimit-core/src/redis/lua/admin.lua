@@ -51,8 +51,7 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
 end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
-  check_members(key, 'log')
-  local oldest, newest, total = log_read(key, now, window)
+  local oldest, newest, total = log_read(key, now, window, check_members(key, 'log'))
   if penalty then
     -- Logged now, as if admitted (log_add: in the newest entry when it shares
     -- the slot).

@@ -3,19 +3,30 @@
 -- by when its lease expires. Permit ids are random 128-bit values chosen by
 -- the client, unique across instances.
 ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
-  check_members(key, 'permits')
-  -- Leases of holders that died without releasing expire here.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
-  local leases = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local held, latest = 0, nil
+  -- One read for the family check and every lease (a bounded read: `max` is
+  -- at most MAX_CONCURRENCY, and every call trims expired leases). Leases of
+  -- holders that died without releasing are skipped, and dropped only when
+  -- there are some.
+  local leases = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
+  if not of_family(leases, 'permits') then
+    conflict(key)
+  end
+  local held, latest, expired = 0, nil, false
   local expiries, units = {}, {}
   for i = 1, #leases, 2 do
-    local u = tonumber(string.match(leases[i], ':(%d+)$'))
     local e = tonumber(leases[i + 1])
-    held = held + u
-    expiries[#expiries + 1] = e
-    units[#units + 1] = u
-    latest = e
+    if e <= now then
+      expired = true
+    else
+      local u = tonumber(string.match(leases[i], ':(%d+)$'))
+      held = held + u
+      expiries[#expiries + 1] = e
+      units[#units + 1] = u
+      latest = e
+    end
+  end
+  if expired then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
   end
   local function reset_from(t)
     if t then

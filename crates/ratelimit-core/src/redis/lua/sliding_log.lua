@@ -60,12 +60,20 @@ end
 
 -- Drops the entries that left the window (an entry logged at t counts during
 -- [t, t + window)); returns the oldest and newest entries left (nil when
--- none) and the units they hold.
-local function log_read(key, now, window)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  local oldest = log_at(key, 0)
-  if not oldest then
+-- none) and the units they hold. `first`: the log's first member as
+-- check_members read it (nil: the log is empty, nothing to read); when it is
+-- still in the window, so is every other entry, and nothing is trimmed.
+local function log_read(key, now, window, first)
+  if not first then
     return nil, nil, 0
+  end
+  local oldest = log_entry(first)
+  if oldest.t <= now - window then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+    oldest = log_at(key, 0)
+    if not oldest then
+      return nil, nil, 0
+    end
   end
   local newest = log_at(key, -1)
   if not oldest.before or not newest.before or oldest.before > LOG_REBASE then
@@ -131,8 +139,7 @@ local function log_add(key, newest, now, units, slot)
 end
 
 ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
-  check_members(key, 'log')
-  local oldest, newest, total = log_read(key, now, window)
+  local oldest, newest, total = log_read(key, now, window, check_members(key, 'log'))
   local function reset_from(e)
     if e then
       return positive(e.t + window - now)
