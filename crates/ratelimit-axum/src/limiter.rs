@@ -282,11 +282,8 @@ impl IntoResponse for QuotaExceeded {
         let mut extra = HeaderMap::new();
         if let Rejection::Limited(decisions) = &self.rejection {
             self.headers.apply(decisions, &mut extra);
-            if let Some(retry) = self.rejection.retry_after_micros() {
-                extra.insert(
-                    http::header::RETRY_AFTER,
-                    http::HeaderValue::from(ratelimit_tower::retry_after_seconds(retry)),
-                );
+            if let Some(seconds) = self.rejection.retry_after_seconds() {
+                extra.insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
             }
         }
         for (name, value) in extra {

@@ -171,7 +171,7 @@ pub use reload::ReloadableRules;
 
 use crate::client_ip::{ClientIp, TrustedProxies};
 use crate::key::{HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey};
-use crate::layer::MissingKey;
+use crate::options::MissingKey;
 use crate::rule::{Limit, Limits, RuleProvider};
 use schema::{AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec};
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 use ratelimit_core::{Check, Decision, Store, StoreError};
 
 use crate::decisions::{Decisions, PolicyDecision};
-use crate::layer::{FailurePolicy, Mode};
 use crate::metrics;
+use crate::options::{FailurePolicy, Mode, Stats};
 use crate::permit::PermitGuard;
-use crate::reject::Rejection;
+use crate::rejection::Rejection;
 use crate::rule::{Limit, Limits};
 
 /// What the layer does with a request.
@@ -33,7 +33,7 @@ pub(crate) enum Outcome {
 pub(crate) type OutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 pub(crate) struct Settings<St> {
-    pub(crate) stats: Arc<crate::layer::Stats>,
+    pub(crate) stats: Arc<Stats>,
     pub(crate) store: St,
     pub(crate) mode: Mode,
     pub(crate) failure: FailurePolicy,

@@ -162,12 +162,12 @@ impl RateLimitHeaders {
 
 /// The `t` of one policy: its retry delay when it denied, else the time until
 /// its quota is fully restored, in seconds rounded up.
-pub fn t_seconds(entry: &PolicyDecision) -> u64 {
+pub(crate) fn t_seconds(entry: &PolicyDecision) -> u64 {
     let d = entry.decision();
     if d.is_allowed() {
         seconds(d.reset_after_micros())
     } else {
-        crate::reject::retry_after_seconds(d.retry_after_micros())
+        crate::rejection::retry_after_seconds(d.retry_after_micros())
     }
 }
 

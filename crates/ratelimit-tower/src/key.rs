@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use bytes::Bytes;
 use http::{HeaderName, Request};
 
-use crate::layer::MissingKey;
+use crate::options::MissingKey;
 
 /// The key a request is limited under: an IP address, an API key, a tenant id.
 ///

@@ -130,10 +130,12 @@ pub mod headers;
 mod key;
 mod layer;
 pub mod metrics;
+mod options;
 mod path;
 mod permit;
 pub mod problem;
 mod reject;
+mod rejection;
 mod rule;
 mod service;
 
@@ -154,11 +156,10 @@ pub use decisions::{Decisions, PolicyDecision};
 pub use key::{
     Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
 };
-pub use layer::{FailurePolicy, MissingKey, Mode, RateLimitLayer, Stats};
+pub use layer::RateLimitLayer;
+pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use reject::{
-    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, is_grpc,
-    retry_after_seconds,
-};
+pub use reject::{BoxError, ErrorRejections, HttpRejections, Reject, RejectionBody};
+pub use rejection::Rejection;
 pub use rule::{And, AndFuture, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

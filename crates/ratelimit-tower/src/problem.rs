@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::reject::{Rejection, retry_after_seconds};
+use crate::rejection::{Rejection, retry_after_seconds};
 
 /// The problem type of a request over its quota, registered by
 /// draft-ietf-httpapi-ratelimit-headers.

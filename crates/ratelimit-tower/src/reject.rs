@@ -6,124 +6,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use ratelimit_core::StoreError;
 
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::headers::RateLimitHeaders;
 use crate::permit::PermitGuard;
 use crate::problem::{PROBLEM_JSON, problem_json};
+use crate::rejection::{Rejection, retry_after_seconds};
 
 /// A boxed error, as tower uses for middleware errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Why a request was refused.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Rejection {
-    /// A limit denied the request. The decisions say which and for how long
-    /// (those that [refuse](crate::PolicyDecision::refuses) it; shadow
-    /// policies are listed too, and never refuse).
-    Limited(Decisions),
-    /// The request costs more than a policy could ever admit: retrying cannot help.
-    CostTooHigh {
-        /// The policy's name.
-        policy: String,
-        /// The cost asked for.
-        cost: u64,
-        /// The most the policy admits.
-        max: u64,
-    },
-    /// A rule found no key and is configured to refuse such requests.
-    MissingKey,
-    /// A rule keys requests by the peer address, and the server gives none:
-    /// a wiring mistake (axum: serve with
-    /// `into_make_service_with_connect_info::<SocketAddr>()`). `500`, gRPC
-    /// `INTERNAL`.
-    NoPeerAddress,
-    /// The store could not decide because of an outage (unreachable, timed
-    /// out) and the failure policy refuses the request, or the in-memory store
-    /// is full: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
-    Unavailable(Arc<StoreError>),
-    /// The store answered with an error that is not an outage
-    /// ([`StoreError::is_outage`]): a policy conflict, a reply that does not
-    /// decode, a permission the Redis user lacks. A configuration mistake or
-    /// a bug, which no failure policy lifts: `500 Internal Server Error`
-    /// (gRPC `INTERNAL`). The body does not echo the error; the layer logs it.
-    Internal(Arc<StoreError>),
-}
-
-impl Rejection {
-    /// The delay after which the same request could pass, for
-    /// [`Rejection::Limited`]: the longest `retry_after` of the limits that
-    /// refuse it (shadow policies left out).
-    pub fn retry_after_micros(&self) -> Option<u64> {
-        match self {
-            Rejection::Limited(decisions) => decisions
-                .iter()
-                .filter(|e| e.refuses())
-                .map(|e| e.decision().retry_after_micros())
-                .max(),
-            _ => None,
-        }
-    }
-}
-
-impl Rejection {
-    /// What a client is told: the [`Display`](fmt::Display) text, except for
-    /// [`Rejection::Internal`], whose error (a bug or a configuration
-    /// mistake, which may name internal keys) stays in the server's logs.
-    pub(crate) fn public_detail(&self) -> String {
-        match self {
-            Rejection::Internal(_) => {
-                String::from("rate limiter failed; the server's logs say why")
-            }
-            other => other.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for Rejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rejection::Limited(decisions) => {
-                f.write_str("rate limit exceeded")?;
-                let mut names = decisions
-                    .iter()
-                    .filter(|e| e.refuses())
-                    .map(|e| e.policy().name());
-                if let Some(first) = names.next() {
-                    write!(f, " ({first}")?;
-                    for name in names {
-                        write!(f, ", {name}")?;
-                    }
-                    f.write_str(")")?;
-                }
-                Ok(())
-            }
-            Rejection::CostTooHigh { policy, cost, max } => write!(
-                f,
-                "request cost {cost} exceeds what policy {policy} can ever admit ({max})"
-            ),
-            Rejection::MissingKey => f.write_str("no rate-limit key for this request"),
-            Rejection::NoPeerAddress => f.write_str(
-                "rate limiter misconfigured: no peer address for this request; \
-                 serve the axum app with into_make_service_with_connect_info::<SocketAddr>()",
-            ),
-            Rejection::Unavailable(e) => write!(f, "rate limiter unavailable: {e}"),
-            Rejection::Internal(e) => write!(f, "rate limiter failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for Rejection {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Rejection::Unavailable(e) | Rejection::Internal(e) => Some(&**e),
-            _ => None,
-        }
-    }
-}
 
 /// Turns the layer's outcomes into the service's responses and errors.
 ///
@@ -165,15 +57,10 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
 }
 
 /// Whether a request is gRPC (`content-type: application/grpc...`).
-pub fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// `Retry-After` in delay-seconds: rounded up, and at least 1.
-pub fn retry_after_seconds(micros: u64) -> u64 {
-    micros.div_ceil(1_000_000).max(1)
 }
 
 type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;

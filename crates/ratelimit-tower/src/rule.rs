@@ -13,7 +13,7 @@ use ratelimit_core::Policy;
 
 use crate::cost::{Constant, Cost};
 use crate::key::{Key, KeyExtractor, NoKey};
-use crate::layer::MissingKey;
+use crate::options::MissingKey;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
 #[derive(Debug, Clone)]

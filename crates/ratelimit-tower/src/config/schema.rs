@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::client_ip::{Cidr, ForwardingHeader};
-use crate::layer::MissingKey;
+use crate::options::MissingKey;
 
 /// The whole document.
 #[derive(Debug, Deserialize)]

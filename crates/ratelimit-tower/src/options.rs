@@ -1,0 +1,221 @@
+//! The layer's options: what to do on a store outage ([`FailurePolicy`]),
+//! without a key ([`MissingKey`]), with a denied request ([`Mode`]), and
+//! the counts of what it did outside a decision ([`Stats`]). A leaf module:
+//! the rules, the decision and the layer import it, it imports none of them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_core::StoreError;
+
+/// What to do when the store cannot decide because of an outage: it is
+/// unreachable or timed out ([`StoreError::is_outage`]).
+///
+/// Only outages reach a failure policy. Any other error is a configuration
+/// mistake, a bug or a refusal (a policy conflict, a reply that does not
+/// decode, a permission the Redis user lacks, a full in-memory store, whose
+/// bound exists to keep new keys out): the request is refused (`500`, or
+/// `503` for a full store), logged at `error` and counted (metrics outcome
+/// `invalid`, [`Stats::refused_on_error`]), whatever this says.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Let the request through (the default): availability first.
+    #[default]
+    Open,
+    /// Refuse the request: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
+    Closed,
+    /// Ask a function: `true` lets the request through.
+    Custom(Arc<dyn Fn(&StoreError) -> bool + Send + Sync>),
+}
+
+impl FailurePolicy {
+    /// A failure policy that asks `f` (`true` lets the request through).
+    pub fn custom<F>(f: F) -> Self
+    where
+        F: Fn(&StoreError) -> bool + Send + Sync + 'static,
+    {
+        FailurePolicy::Custom(Arc::new(f))
+    }
+
+    /// Whether this policy lets a request through when the store failed
+    /// with `error`: never for an error that is not an outage
+    /// ([`StoreError::is_outage`]).
+    ///
+    /// ```
+    /// use ratelimit_core::StoreError;
+    /// use ratelimit_tower::FailurePolicy;
+    /// use std::time::Duration;
+    ///
+    /// let timeout = StoreError::Timeout(Duration::from_millis(100));
+    /// assert!(FailurePolicy::Open.allows(&timeout));
+    /// assert!(!FailurePolicy::Closed.allows(&timeout));
+    /// let bug = StoreError::Backend("unexpected reply".into());
+    /// assert!(!FailurePolicy::Open.allows(&bug));
+    /// assert!(!FailurePolicy::custom(|_| true).allows(&bug));
+    /// ```
+    pub fn allows(&self, error: &StoreError) -> bool {
+        if !error.is_outage() {
+            return false;
+        }
+        match self {
+            FailurePolicy::Open => true,
+            FailurePolicy::Closed => false,
+            FailurePolicy::Custom(f) => f(error),
+        }
+    }
+}
+
+impl fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailurePolicy::Open => f.write_str("Open"),
+            FailurePolicy::Closed => f.write_str("Closed"),
+            FailurePolicy::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// Counts of what a layer did outside a store decision: when its store could
+/// not decide, and when a rule found no key. Each store failure is also logged
+/// with `tracing`: an outage at `warn`, any other error at `error`; missing
+/// keys are logged as described on [`MissingKey`].
+#[derive(Debug, Default)]
+pub struct Stats {
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    refused_on_error: AtomicU64,
+    missing_key_allowed: AtomicU64,
+    missing_key_rejected: AtomicU64,
+    no_peer_address: AtomicU64,
+    logged_no_peer: AtomicBool,
+    logged_missing_allowed: AtomicBool,
+}
+
+impl Stats {
+    /// Requests let through because the store failed and the policy allowed it.
+    pub fn failed_open(&self) -> u64 {
+        self.failed_open.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused because the store failed and the policy refused them.
+    pub fn failed_closed(&self) -> u64 {
+        self.failed_closed.load(Ordering::Relaxed)
+    }
+
+    /// Requests that passed a rule without a key ([`MissingKey::Allow`]):
+    /// that rule did not limit them.
+    pub fn missing_key_allowed(&self) -> u64 {
+        self.missing_key_allowed.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused because a rule found no key ([`MissingKey::Reject`],
+    /// or a rule provider's [`Limits::reject`](crate::Limits::reject)).
+    pub fn missing_key_rejected(&self) -> u64 {
+        self.missing_key_rejected.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered `500` because the server gave no peer address
+    /// (see [`NoKey::NoPeerAddress`](crate::NoKey::NoPeerAddress)).
+    pub fn no_peer_address(&self) -> u64 {
+        self.no_peer_address.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused because the store answered with an error that is not
+    /// an outage (a configuration mistake, a bug, a full in-memory store),
+    /// whatever the failure policy.
+    pub fn refused_on_error(&self) -> u64 {
+        self.refused_on_error.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_refused_on_error(&self) {
+        self.refused_on_error.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record(&self, allowed: bool) {
+        let counter = if allowed {
+            &self.failed_open
+        } else {
+            &self.failed_closed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request without a peer address; `true` the first time, to
+    /// log it once per layer.
+    pub(crate) fn record_no_peer(&self) -> bool {
+        self.no_peer_address.fetch_add(1, Ordering::Relaxed);
+        !self.logged_no_peer.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a request refused for a missing key.
+    pub(crate) fn record_missing_rejected(&self) {
+        self.missing_key_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request that passed a rule without a key; `true` the first
+    /// time, to log it once per layer.
+    pub(crate) fn record_missing_allowed(&self) -> bool {
+        self.missing_key_allowed.fetch_add(1, Ordering::Relaxed);
+        !self.logged_missing_allowed.swap(true, Ordering::Relaxed)
+    }
+}
+
+/// What to do with a request for which a rule's key extractor finds no key.
+///
+/// A rule without [`on_missing_key`](crate::RateLimitLayer::on_missing_key) acts on
+/// why there is no key ([`NoKey`](crate::NoKey)), safe by default:
+///
+/// | extractor | no key when | default |
+/// |---|---|---|
+/// | [`PeerIp`](crate::PeerIp), [`ClientIp`](crate::ClientIp) | the server gives no peer address (axum without `into_make_service_with_connect_info`) | `500`, always: a wiring mistake, never a pass |
+/// | [`HeaderKey`](crate::HeaderKey) | the header is absent or empty | [`Reject`](MissingKey::Reject) |
+/// | a closure | it returns `None`: the rule does not apply | [`Allow`](MissingKey::Allow) |
+/// | [`Composite`](crate::Composite) | a part has none | that part's default |
+/// | [`GlobalKey`](crate::GlobalKey), [`RouteKey`](crate::RouteKey) | never | |
+///
+/// Nothing is silent: every such request is counted in [`Stats`]
+/// (`missing_key_allowed`, `missing_key_rejected`, `no_peer_address`) and in
+/// `ratelimit_decisions_total` under the rule's policy (outcomes
+/// `missing_key_allowed`, `missing_key_rejected`, `no_peer_address`; see
+/// [`metrics`](crate::metrics)), and logged at `debug`; the first request a
+/// layer lets through without a key is logged at `warn`, and the first
+/// without a peer address at `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// This rule does not apply: the request passes it (other rules still
+    /// apply). The default for closures.
+    #[default]
+    Allow,
+    /// Refuse the request ([`Rejection::MissingKey`](crate::Rejection::MissingKey): `429`, gRPC
+    /// `RESOURCE_EXHAUSTED`). The default for [`HeaderKey`](crate::HeaderKey).
+    Reject,
+}
+
+/// Reject denied requests at once, or make them wait for their turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Refuse a denied request at once (the default; servers).
+    #[default]
+    Reject,
+    /// Wait until the request may pass, if that is within `max_delay`
+    /// (clients calling a strict downstream API). A denied request sleeps
+    /// until its `retry_after`, plus a little jitter so waiting workers do not
+    /// retry in lockstep, then asks again; dropping the future during that
+    /// wait consumes nothing.
+    ///
+    /// A leaky-bucket policy delays each admitted request to its slot, which
+    /// spaces calls evenly. The slot is reserved when the request is
+    /// admitted: a slot further away than `max_delay` is refused, and a
+    /// request dropped while it waits for its slot still uses it up (a store
+    /// cannot give a slot back). Size the bucket so that
+    /// `capacity / rate <= max_delay` to avoid both.
+    Wait {
+        /// The longest a request may wait in total.
+        max_delay: Duration,
+    },
+}
