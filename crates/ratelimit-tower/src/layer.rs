@@ -4,14 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::Policy;
-use tower_layer::Layer;
 
 use crate::headers::RateLimitHeaders;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::reject::{ErrorRejections, HttpRejections, RejectionBody};
 use crate::rejection::Rejection;
 use crate::rule::{And, Rule};
-use crate::service::RateLimit;
 
 /// Rate-limits requests with one or more rules, in a store.
 ///
@@ -223,18 +221,5 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
-    }
-}
-
-impl<S, St, P, J> Layer<S> for RateLimitLayer<St, P, J>
-where
-    St: Clone,
-    P: Clone,
-    J: Clone,
-{
-    type Service = RateLimit<S, St, P, J>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.clone())
     }
 }

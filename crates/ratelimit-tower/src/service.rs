@@ -3,6 +3,7 @@
 use std::task::{Context, Poll};
 
 use ratelimit_core::Store;
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::decide::{Settings, decide};
@@ -79,5 +80,18 @@ where
             limits,
         );
         ResponseFuture::new(outcome, inner, req, context, config.reject.clone())
+    }
+}
+
+impl<S, St, P, J> Layer<S> for RateLimitLayer<St, P, J>
+where
+    St: Clone,
+    P: Clone,
+    J: Clone,
+{
+    type Service = RateLimit<S, St, P, J>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.clone())
     }
 }
