@@ -68,5 +68,5 @@ pub use fallback::{FallbackStore, MAX_FALLBACK_PERMITS};
 #[cfg(feature = "lease")]
 pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use policy::{Algorithm, Policy, State};
+pub use policy::{Algorithm, AlgorithmKind, Policy, State, UnknownAlgorithm};
 pub use store::{Check, Store, all_allowed};

@@ -36,19 +36,119 @@ pub enum Algorithm {
     Concurrency(Concurrency),
 }
 
+/// Which of the seven algorithms, without its parameters: the one table of
+/// their names, as the command line, configuration files, metrics labels and
+/// Redis scripts spell them.
+///
+/// ```
+/// use ratelimit_core::AlgorithmKind;
+///
+/// let kind: AlgorithmKind = "token-bucket".parse()?;
+/// assert_eq!(kind, AlgorithmKind::TokenBucket);
+/// assert_eq!(kind.to_string(), "token-bucket");
+/// assert_eq!(AlgorithmKind::ALL.len(), 7);
+/// assert!("nope".parse::<AlgorithmKind>().unwrap_err().to_string().contains("gcra"));
+/// # Ok::<(), ratelimit_core::UnknownAlgorithm>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AlgorithmKind {
+    /// `fixed-window`: [`FixedWindow`].
+    FixedWindow,
+    /// `sliding-log`: [`SlidingWindowLog`].
+    SlidingLog,
+    /// `sliding-window`: [`SlidingWindowCounter`].
+    SlidingWindow,
+    /// `token-bucket`: [`TokenBucket`].
+    TokenBucket,
+    /// `gcra`: [`Gcra`].
+    Gcra,
+    /// `leaky-bucket`: [`LeakyBucket`].
+    LeakyBucket,
+    /// `concurrency`: [`Concurrency`].
+    Concurrency,
+}
+
+impl AlgorithmKind {
+    /// Every kind, in this order.
+    pub const ALL: [AlgorithmKind; 7] = [
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingLog,
+        AlgorithmKind::SlidingWindow,
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+        AlgorithmKind::LeakyBucket,
+        AlgorithmKind::Concurrency,
+    ];
+
+    /// The kind's name: `fixed-window`, `sliding-log`, `sliding-window`,
+    /// `token-bucket`, `gcra`, `leaky-bucket` or `concurrency`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AlgorithmKind::FixedWindow => "fixed-window",
+            AlgorithmKind::SlidingLog => "sliding-log",
+            AlgorithmKind::SlidingWindow => "sliding-window",
+            AlgorithmKind::TokenBucket => "token-bucket",
+            AlgorithmKind::Gcra => "gcra",
+            AlgorithmKind::LeakyBucket => "leaky-bucket",
+            AlgorithmKind::Concurrency => "concurrency",
+        }
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AlgorithmKind {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AlgorithmKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+/// A name that is not one of [`AlgorithmKind`]'s; its message lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAlgorithm(String);
+
+impl fmt::Display for UnknownAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown algorithm {:?} (one of: ", self.0)?;
+        for (i, kind) in AlgorithmKind::ALL.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(kind.name())?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::error::Error for UnknownAlgorithm {}
+
 impl Algorithm {
     /// The algorithm's short name, as used on the command line and in metrics:
-    /// `fixed-window`, `sliding-log`, `sliding-window`, `token-bucket`, `gcra`,
-    /// `leaky-bucket` or `concurrency`.
+    /// [`AlgorithmKind::name`] of [`Algorithm::algorithm_kind`].
     pub fn kind(&self) -> &'static str {
+        self.algorithm_kind().name()
+    }
+
+    /// Which algorithm this is, without its parameters.
+    pub fn algorithm_kind(&self) -> AlgorithmKind {
         match self {
-            Algorithm::FixedWindow(_) => "fixed-window",
-            Algorithm::SlidingWindowLog(_) => "sliding-log",
-            Algorithm::SlidingWindowCounter(_) => "sliding-window",
-            Algorithm::TokenBucket(_) => "token-bucket",
-            Algorithm::Gcra(_) => "gcra",
-            Algorithm::LeakyBucket(_) => "leaky-bucket",
-            Algorithm::Concurrency(_) => "concurrency",
+            Algorithm::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            Algorithm::SlidingWindowLog(_) => AlgorithmKind::SlidingLog,
+            Algorithm::SlidingWindowCounter(_) => AlgorithmKind::SlidingWindow,
+            Algorithm::TokenBucket(_) => AlgorithmKind::TokenBucket,
+            Algorithm::Gcra(_) => AlgorithmKind::Gcra,
+            Algorithm::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
+            Algorithm::Concurrency(_) => AlgorithmKind::Concurrency,
         }
     }
 
@@ -531,6 +631,19 @@ fn default_name(algorithm: &Algorithm) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn algorithm_kinds_are_listed_in_declaration_order_and_parse_back() {
+        for (i, kind) in AlgorithmKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind}");
+            assert_eq!(kind.name().parse::<AlgorithmKind>(), Ok(kind));
+        }
+        let err = "Gcra".parse::<AlgorithmKind>().unwrap_err().to_string();
+        assert!(
+            err.contains("\"Gcra\"") && err.contains("leaky-bucket"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn names() {

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, AlgorithmKind};
 
 /// The prelude, then each of the helper files `$helper` in order (a file may
 /// use what an earlier one defines), then the entry point `$entry` of a
@@ -171,17 +171,6 @@ impl Scripts {
     }
 }
 
-/// The algorithms in the order of `single_index`, as `ALGORITHMS` names them.
-const KINDS: [&str; 7] = [
-    "fixed-window",
-    "sliding-log",
-    "sliding-window",
-    "token-bucket",
-    "gcra",
-    "leaky-bucket",
-    "concurrency",
-];
-
 /// The Redis Functions library (`library.lua`): a single decision of each
 /// algorithm as a function. Its name and its functions' names carry the
 /// first 16 hex digits of its SHA-1, so that stores of different versions
@@ -203,7 +192,7 @@ impl Library {
                 source: format!(
                     "#!lua name=ratelimit_{version}\nlocal FUNCTION_PREFIX = '{prefix}'\n{LIBRARY_BODY}"
                 ),
-                names: KINDS.map(|kind| format!("{prefix}{}", kind.replace('-', "_"))),
+                names: AlgorithmKind::ALL.map(|kind| format!("{prefix}{}", kind.name().replace('-', "_"))),
             }
         })
     }
@@ -219,16 +208,12 @@ impl Library {
     }
 }
 
+/// The index of `algorithm`'s script and function: its place in
+/// [`AlgorithmKind::ALL`], the order of the arrays above.
 fn single_index(algorithm: &Algorithm) -> usize {
-    match algorithm {
-        Algorithm::FixedWindow(_) => 0,
-        Algorithm::SlidingWindowLog(_) => 1,
-        Algorithm::SlidingWindowCounter(_) => 2,
-        Algorithm::TokenBucket(_) => 3,
-        Algorithm::Gcra(_) => 4,
-        Algorithm::LeakyBucket(_) => 5,
-        Algorithm::Concurrency(_) => 6,
-    }
+    // `ALL` lists the kinds in their declaration order (a test in
+    // policy.rs checks it), so the discriminant is the place.
+    algorithm.algorithm_kind() as usize
 }
 
 /// The check, once per connection, that the Redis user may run every write
