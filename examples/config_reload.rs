@@ -28,51 +28,45 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
+use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::MemoryStore;
-use ratelimit_examples::parse_duration;
+use ratelimit_examples::{exit_with_flag_error, nonzero_duration};
 use ratelimit_tower::RateLimitLayer;
 use ratelimit_tower::config::ReloadableRules;
 
 /// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "config_reload",
+    about = "Limits from a configuration file, reloaded while the server runs."
+)]
 struct Options {
+    /// The rules, TOML or JSON by extension.
+    #[arg(long, value_name = "FILE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/ratelimit.toml"))]
     config: PathBuf,
-    listen: SocketAddr,
+    /// The address to serve on [default: 127.0.0.1:$PORT, PORT defaulting to 3000].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// How often the file is checked for changes.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nonzero_duration)]
     poll: Duration,
 }
 
-fn options() -> Result<Options, String> {
-    let port: u16 = match std::env::var("PORT") {
-        Ok(port) => port
-            .parse()
-            .map_err(|_| format!("PORT must be a port number, not {port:?}"))?,
-        Err(_) => 3000,
-    };
-    let mut options = Options {
-        config: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ratelimit.toml"),
-        listen: SocketAddr::from(([127, 0, 0, 1], port)),
-        poll: Duration::from_secs(1),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--config" => options.config = PathBuf::from(value()?),
-            "--listen" => {
-                let text = value()?;
-                options.listen = text
-                    .parse()
-                    .map_err(|_| format!("--listen: not an address: {text:?}"))?;
-            }
-            "--poll" => options.poll = parse_duration(&value()?)?,
-            other => {
-                return Err(format!(
-                    "unknown option {other:?} (use --config FILE, --listen ADDR, --poll DURATION)"
-                ));
-            }
+impl Options {
+    /// `--listen`, or `127.0.0.1:$PORT`.
+    fn listen(&self) -> Result<SocketAddr, String> {
+        if let Some(listen) = self.listen {
+            return Ok(listen);
         }
+        let port: u16 = match std::env::var("PORT") {
+            Ok(port) => port
+                .parse()
+                .map_err(|_| format!("PORT must be a port number, not {port:?}"))?,
+            Err(_) => 3000,
+        };
+        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
     }
-    Ok(options)
 }
 
 #[tokio::main]
@@ -81,7 +75,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init();
-    let options = options()?;
+    let options = Options::parse();
+    let listen = options
+        .listen()
+        .unwrap_or_else(|message| exit_with_flag_error::<Options>(message));
 
     // A configuration that does not load at start-up is fatal: there is no
     // previous one to keep.
@@ -95,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/login", post(login))
         .layer(limit);
 
-    let listener = tokio::net::TcpListener::bind(options.listen).await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(
         listener,

@@ -20,8 +20,8 @@
 //! - `--redis URL`: the Redis to share, `redis://[user:password@]host[:port][/db]`;
 //!   with `--cluster`, any nodes of a Redis Cluster (repeat the flag or give a
 //!   comma-separated list);
-//! - `--algorithm NAME`: `fixed-window`, `sliding-log`, `sliding-window`,
-//!   `token-bucket`, `gcra`, `leaky-bucket` or `concurrency`;
+//! - `--algorithm NAME`: one of `ratelimit_core::AlgorithmKind`'s names
+//!   (`gcra`, `token-bucket`, ...; `--help` lists them);
 //! - `--limit N`: the limit per window; for `token-bucket`, `gcra` and
 //!   `leaky-bucket` the burst capacity, refilled at `N` per window; for
 //!   `concurrency` the most requests in flight;
@@ -101,86 +101,97 @@
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`, on
 //! stdout (with `--metrics` or `--admin`, once every address is bound; the
-//! metrics and admin addresses go to stderr). Bad or missing flags exit with
-//! status 2 and a usage line; `--help` prints the usage line and a summary of
-//! the flags.
+//! metrics and admin addresses go to stderr). The flags are parsed with
+//! `clap`: bad, missing or repeated flags exit with status 2 and a message
+//! naming the flag; `--help` prints the usage line and a summary of the flags.
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::get;
+use clap::{Parser, ValueEnum};
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{
-    BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Rate, Store,
+use ratelimit_core::{BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Store};
+use ratelimit_examples::{
+    PolicyArgs, admin_router, exit_with_flag_error, install_prometheus, nonzero_duration,
+    redis_url, serve_metrics,
 };
-use ratelimit_examples::{admin_router, install_prometheus, parse_duration, serve_metrics};
 use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
 
-/// The usage line printed with every flag error.
-const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
-     --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
-     --limit N --window DURATION [--failure <open|closed|fallback>] [--timeout DURATION] \
-     [--instances N] [--shadow] [--metrics ADDR] [--admin ADDR]";
+/// What `--help` prints after the flags: the admin API.
+const ADMIN_HELP: &str = "\
+The admin API (--admin ADDR) has no authentication: bind it to loopback or an
+internal network only.
+    GET  /admin/keys/KEY                      the key's decision, consuming nothing
+    POST /admin/keys/KEY/reset                a full budget again, any block lifted
+    POST /admin/keys/KEY/penalize?amount=N    consume N units (even into debt)
+    POST /admin/keys/KEY/reward?amount=N      give N units back
+    POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
+    POST /admin/keys/KEY/unblock              end a block
+KEY is the limiter's key: the client IP (127.0.0.1, 2001:db8::7) or, for
+requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of
+the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
 
-/// What `--help` prints after the usage line.
-const HELP: &str = "\
-Serves GET / (cost 1), GET /expensive (cost 10) and GET /slow (cost 1, answers
-after a second), rate limited through a Redis shared with the other instances,
-and GET /health. Requests are keyed by x-api-key (hashed), else the client IP.
+/// The command line (`clap` refuses a flag that takes one value given twice).
+#[derive(Debug, Parser)]
+#[command(
+    name = "distributed",
+    about = "Serves GET / (cost 1), GET /expensive (cost 10) and GET /slow (cost 1, answers\n\
+             after a second), rate limited through a Redis shared with the other instances,\n\
+             and GET /health. Requests are keyed by x-api-key (hashed), else the client IP.",
+    after_help = ADMIN_HELP
+)]
+struct Args {
+    /// The public address, such as 127.0.0.1:8081.
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// redis://[user:password@]host[:port][/db]; with --cluster, any nodes of
+    /// a Redis Cluster (repeated or comma-separated).
+    #[arg(long, value_name = "URL", required = true, value_delimiter = ',', value_parser = redis_url)]
+    redis: Vec<String>,
+    /// The Redis URLs are nodes of a Redis Cluster.
+    #[arg(long)]
+    cluster: bool,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// When Redis cannot decide.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Failure::Closed)]
+    failure: Failure,
+    /// How long Redis has to decide a request.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = nonzero_duration)]
+    timeout: Duration,
+    /// Instances sharing the limit, for --failure fallback.
+    #[arg(long, value_name = "N", default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
+    instances: u32,
+    /// Decide and count every request, refuse none.
+    #[arg(long)]
+    shadow: bool,
+    /// Serve GET /metrics (Prometheus text format) on ADDR.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Serve the admin API on ADDR, another address than --listen (see below).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+}
 
-  --listen ADDR        the public address, such as 127.0.0.1:8081
-  --redis URL          redis://[user:password@]host[:port][/db]; with --cluster,
-                       any nodes of a Redis Cluster (repeated or comma-separated)
-  --cluster            the Redis URLs are nodes of a Redis Cluster
-  --algorithm NAME     fixed-window, sliding-log, sliding-window, token-bucket,
-                       gcra, leaky-bucket or concurrency
-  --limit N            the limit per window; the burst for token-bucket, gcra and
-                       leaky-bucket; the most in flight for concurrency
-  --window DURATION    500ms, 10s, 1m, 1h: the window, refill period or lease
-  --failure MODE       when Redis cannot decide: closed (503, the default), open
-                       (let through) or fallback (in memory, limit / --instances)
-  --timeout DURATION   how long Redis has to decide a request (default 500ms)
-  --instances N        instances sharing the limit, for --failure fallback (default 3)
-  --shadow             decide and count every request, refuse none
-  --metrics ADDR       serve GET /metrics (Prometheus text format) on ADDR
-  --admin ADDR         serve the admin API on ADDR, another address than --listen.
-                       It has no authentication: bind it to loopback or an
-                       internal network only.
-      GET  /admin/keys/KEY                      the key's decision, consuming nothing
-      POST /admin/keys/KEY/reset                a full budget again, any block lifted
-      POST /admin/keys/KEY/penalize?amount=N    consume N units (even into debt)
-      POST /admin/keys/KEY/reward?amount=N      give N units back
-      POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
-      POST /admin/keys/KEY/unblock              end a block
-    KEY is the limiter's key: the client IP (127.0.0.1, 2001:db8::7) or, for
-    requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of
-    the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
-
-/// The algorithms `--algorithm` accepts.
-const ALGORITHMS: [&str; 7] = [
-    "fixed-window",
-    "sliding-log",
-    "sliding-window",
-    "token-bucket",
-    "gcra",
-    "leaky-bucket",
-    "concurrency",
-];
+/// What to do when Redis cannot decide (`--failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Failure {
+    /// Let the request through.
+    Open,
+    /// Refuse it with 503.
+    Closed,
+    /// Decide it in memory, with the limit divided among --instances.
+    Fallback,
+}
 
 /// The header requests are keyed by.
 const API_KEY_HEADER: &str = "x-api-key";
-
-/// The time Redis has to decide one request (`--timeout`'s default).
-const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// How many instances share the limit (`--instances`'s default).
-const DEFAULT_INSTANCES: u32 = 3;
 
 /// What `GET /expensive` costs.
 const EXPENSIVE_COST: u64 = 10;
@@ -188,260 +199,50 @@ const EXPENSIVE_COST: u64 = 10;
 /// How long `GET /slow` takes to answer.
 const SLOW_DELAY: Duration = Duration::from_secs(1);
 
-/// The command line, parsed.
-#[derive(Debug)]
-struct Args {
-    listen: SocketAddr,
-    redis: Vec<String>,
-    cluster: bool,
-    algorithm: &'static str,
-    limit: u64,
-    window: Duration,
-    failure: Failure,
-    timeout: Duration,
-    instances: u32,
-    shadow: bool,
-    metrics: Option<SocketAddr>,
-    admin: Option<SocketAddr>,
-}
-
-/// What to do when Redis cannot decide (`--failure`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Failure {
-    /// Let the request through.
-    Open,
-    /// Refuse it with 503.
-    Closed,
-    /// Decide it in memory, with the limit divided among the instances.
-    Fallback,
-}
-
-impl Failure {
-    /// The values `--failure` accepts.
-    const NAMES: [&'static str; 3] = ["open", "closed", "fallback"];
-
-    fn parse(text: &str) -> Option<Failure> {
-        match text {
-            "open" => Some(Failure::Open),
-            "closed" => Some(Failure::Closed),
-            "fallback" => Some(Failure::Fallback),
-            _ => None,
-        }
-    }
-}
-
-/// What the command line asks for.
-enum Command {
-    Run(Args),
-    Help,
-}
-
 #[tokio::main]
-async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(args)) => args,
-        Ok(Command::Help) => {
-            println!("{USAGE}\n\n{HELP}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let policy = match build_policy(args.algorithm, args.limit, args.window) {
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if let Err(message) = check_addresses(&args) {
+        exit_with_flag_error::<Args>(message);
+    }
+    let policy = match args.policy.policy() {
         Ok(policy) => policy.with_shadow(args.shadow),
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(message) => exit_with_flag_error::<Args>(message),
     };
     match serve(args, policy).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => std::process::ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
-            ExitCode::FAILURE
+            std::process::ExitCode::FAILURE
         }
     }
 }
 
-/// Parses the flags (without the program name).
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut listen = None;
-    let mut redis = Vec::new();
-    let mut cluster = false;
-    let mut algorithm = None;
-    let mut limit = None;
-    let mut window = None;
-    let mut failure = None;
-    let mut timeout = None;
-    let mut instances = None;
-    let mut shadow = false;
-    let mut metrics = None;
-    let mut admin = None;
-
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--cluster" => {
-                if inline.is_some() {
-                    return Err(String::from("--cluster takes no value"));
-                }
-                cluster = true;
-            }
-            "--shadow" => {
-                if inline.is_some() {
-                    return Err(String::from("--shadow takes no value"));
-                }
-                shadow = true;
-            }
-            "--metrics" => {
-                let text = value()?;
-                let addr = text.parse().map_err(|_| {
-                    format!("--metrics: {text:?} is not a socket address such as 127.0.0.1:9090")
-                })?;
-                set_once(&mut metrics, addr, "--metrics")?;
-            }
-            "--admin" => {
-                let text = value()?;
-                let addr = text.parse().map_err(|_| {
-                    format!("--admin: {text:?} is not a socket address such as 127.0.0.1:9091")
-                })?;
-                set_once(&mut admin, addr, "--admin")?;
-            }
-            "--listen" => {
-                let text = value()?;
-                let addr = text.parse().map_err(|_| {
-                    format!("--listen: {text:?} is not a socket address such as 127.0.0.1:8081")
-                })?;
-                set_once(&mut listen, addr, "--listen")?;
-            }
-            "--redis" => {
-                let text = value()?;
-                for url in text.split(',').map(str::trim) {
-                    if url.is_empty() {
-                        return Err(format!("--redis: empty URL in {text:?}"));
-                    }
-                    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-                        return Err(format!(
-                            "--redis: {url:?} is not a Redis URL such as redis://127.0.0.1:6379"
-                        ));
-                    }
-                    redis.push(url.to_owned());
-                }
-            }
-            "--algorithm" => {
-                let text = value()?;
-                let name = ALGORITHMS
-                    .iter()
-                    .copied()
-                    .find(|name| *name == text)
-                    .ok_or_else(|| {
-                        format!(
-                            "--algorithm: unknown algorithm {text:?} (use one of {})",
-                            ALGORITHMS.join(", ")
-                        )
-                    })?;
-                set_once(&mut algorithm, name, "--algorithm")?;
-            }
-            "--limit" => {
-                let text = value()?;
-                let n =
-                    text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        format!("--limit: {text:?} is not a whole number above 0")
-                    })?;
-                set_once(&mut limit, n, "--limit")?;
-            }
-            "--window" => {
-                let text = value()?;
-                let duration = parse_duration(&text).map_err(|e| format!("--window: {e}"))?;
-                if duration.is_zero() {
-                    return Err(format!("--window: {text:?} is zero"));
-                }
-                set_once(&mut window, duration, "--window")?;
-            }
-            "--failure" => {
-                let text = value()?;
-                let mode = Failure::parse(&text).ok_or_else(|| {
-                    format!(
-                        "--failure: unknown mode {text:?} (use one of {})",
-                        Failure::NAMES.join(", ")
-                    )
-                })?;
-                set_once(&mut failure, mode, "--failure")?;
-            }
-            "--timeout" => {
-                let text = value()?;
-                let duration = parse_duration(&text).map_err(|e| format!("--timeout: {e}"))?;
-                if duration.is_zero() {
-                    return Err(format!("--timeout: {text:?} is zero"));
-                }
-                set_once(&mut timeout, duration, "--timeout")?;
-            }
-            "--instances" => {
-                let text = value()?;
-                let n = text.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                    format!(
-                        "--instances: {text:?} is not a whole number from 1 to {}",
-                        u32::MAX
-                    )
-                })?;
-                set_once(&mut instances, n, "--instances")?;
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-
-    if redis.len() > 1 && !cluster {
+/// What only the flags together can tell: several Redis URLs without
+/// `--cluster`, and an admin API on another listener's address.
+fn check_addresses(args: &Args) -> Result<(), String> {
+    if args.redis.len() > 1 && !args.cluster {
         return Err(format!(
             "--redis: {} URLs given; several URLs are the nodes of a Redis Cluster and need --cluster",
-            redis.len()
+            args.redis.len()
         ));
     }
-    if redis.is_empty() {
-        return Err(String::from("missing --redis"));
+    let Some(admin) = args.admin else {
+        return Ok(());
+    };
+    // The admin API has no authentication: never on the public listener.
+    if collide(admin, args.listen) {
+        return Err(format!(
+            "--admin {admin}: the admin API needs its own address, not --listen's ({})",
+            args.listen
+        ));
     }
-    let listen = listen.ok_or("missing --listen")?;
-    if let Some(admin) = admin {
-        // The admin API has no authentication: never on the public listener.
-        if collide(admin, listen) {
-            return Err(format!(
-                "--admin {admin}: the admin API needs its own address, not --listen's ({listen})"
-            ));
-        }
-        if let Some(metrics) = metrics.filter(|&metrics| collide(admin, metrics)) {
-            return Err(format!(
-                "--admin {admin}: the admin API needs its own address, not --metrics' ({metrics})"
-            ));
-        }
+    if let Some(metrics) = args.metrics.filter(|&metrics| collide(admin, metrics)) {
+        return Err(format!(
+            "--admin {admin}: the admin API needs its own address, not --metrics' ({metrics})"
+        ));
     }
-    Ok(Command::Run(Args {
-        listen,
-        redis,
-        cluster,
-        algorithm: algorithm.ok_or("missing --algorithm")?,
-        limit: limit.ok_or("missing --limit")?,
-        window: window.ok_or("missing --window")?,
-        failure: failure.unwrap_or(Failure::Closed),
-        timeout: timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
-        instances: instances.unwrap_or(DEFAULT_INSTANCES),
-        shadow,
-        metrics,
-        admin,
-    }))
+    Ok(())
 }
 
 /// Whether two listeners would share a socket: the same port (not 0, which
@@ -450,30 +251,6 @@ fn collide(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
-}
-
-/// Stores `value` in `slot`, refusing a flag given twice.
-fn set_once<T>(slot: &mut Option<T>, value: T, flag: &str) -> Result<(), String> {
-    if slot.replace(value).is_some() {
-        return Err(format!("{flag} given twice"));
-    }
-    Ok(())
-}
-
-/// The policy for `--algorithm`, `--limit` and `--window`.
-fn build_policy(algorithm: &str, limit: u64, window: Duration) -> Result<Policy, String> {
-    let rate = Rate::new(limit, window);
-    let policy = match algorithm {
-        "fixed-window" => Policy::fixed_window(limit, window),
-        "sliding-log" => Policy::sliding_window_log(limit, window),
-        "sliding-window" => Policy::sliding_window_counter(limit, window),
-        "token-bucket" => Policy::token_bucket(limit, rate),
-        "gcra" => Policy::gcra(limit, rate),
-        "leaky-bucket" => Policy::leaky_bucket(limit, rate),
-        "concurrency" => Policy::concurrency(limit, window),
-        other => return Err(format!("--algorithm: unknown algorithm {other:?}")),
-    };
-    policy.map_err(|e| format!("--algorithm {algorithm} --limit {limit} --window {window:?}: {e}"))
 }
 
 /// Connects to Redis, binds `--listen` and serves until killed.

@@ -20,36 +20,55 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use clap::{Parser, ValueEnum};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Rate};
 use ratelimit_tower::{PeerIp, RateLimitLayer};
 
-const USAGE: &str =
-    "usage: http_bench --variant <none|memory|governor|redis> [--listen ADDR] [--redis URL]";
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "http_bench", about = "An axum hello-world for load tests.")]
+struct Args {
+    /// The limiter in front of the handler.
+    #[arg(long, value_enum)]
+    variant: Variant,
+    /// The address to serve on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// The Redis of `--variant redis`.
+    #[arg(long, value_name = "URL", default_value = "redis://127.0.0.1:6379", value_parser = ratelimit_examples::redis_url)]
+    redis: String,
+}
 
+/// The limiters `--variant` names.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Variant {
+    /// No limiter.
+    None,
+    /// `RateLimitLayer` on a `MemoryStore`.
+    Memory,
+    /// `tower_governor`'s layer.
+    Governor,
+    /// `RateLimitLayer` on a `RedisStore`.
+    Redis,
+}
+
+/// The rate every limiter allows per IP, and its burst.
 const PER_SECOND: u64 = 1_000_000;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut variant = String::new();
-    let mut listen: SocketAddr = ([127, 0, 0, 1], 3000).into();
-    let mut redis = String::from("redis://127.0.0.1:6379");
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--variant" => variant = value()?,
-            "--listen" => listen = value()?.parse()?,
-            "--redis" => redis = value()?,
-            other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
-        }
-    }
+    let Args {
+        variant,
+        listen,
+        redis,
+    } = Args::parse();
     let policy = Policy::gcra(PER_SECOND, Rate::per_second(PER_SECOND))?.with_name("bench")?;
     let app = Router::new().route("/", get(|| async { "Hello, World!" }));
-    let app = match variant.as_str() {
-        "none" => app,
-        "memory" => app.layer(RateLimitLayer::new(MemoryStore::new(), policy, PeerIp)),
-        "redis" => {
+    let app = match variant {
+        Variant::None => app,
+        Variant::Memory => app.layer(RateLimitLayer::new(MemoryStore::new(), policy, PeerIp)),
+        Variant::Redis => {
             let store = RedisStore::builder(redis)
                 .prefix("http-bench")
                 .call_timeout(Duration::from_secs(1))
@@ -57,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             app.layer(RateLimitLayer::new(store, policy, PeerIp))
         }
-        "governor" => {
+        Variant::Governor => {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1_000_000_000 / PER_SECOND)
                 .burst_size(u32::try_from(PER_SECOND)?)
@@ -65,7 +84,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .ok_or("invalid governor configuration")?;
             app.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
-        other => return Err(format!("unknown variant {other:?}\n{USAGE}").into()),
     };
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -3,75 +3,12 @@
 use std::time::Duration;
 
 pub use admin::admin_router;
+pub use flags::{
+    PolicyArgs, PolicyForError, algorithm_parser, exit_with_flag_error, nonzero_duration,
+    parse_duration, policy_for, policy_from_flags, redis_url,
+};
 
-/// Parses a duration such as `500ms`, `10s`, `2m`, `1h` or `1d`.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(ratelimit_examples::parse_duration("500ms"), Ok(Duration::from_millis(500)));
-/// assert!(ratelimit_examples::parse_duration("10 parsecs").is_err());
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?}: missing unit (use us, ms, s, m, h or d)"))?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a whole number before the unit"))?;
-    let micros_per_unit: u64 = match unit {
-        "us" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" => 60_000_000,
-        "h" => 3_600_000_000,
-        "d" => 86_400_000_000,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use us, ms, s, m, h or d)"
-            ));
-        }
-    };
-    n.checked_mul(micros_per_unit)
-        .map(Duration::from_micros)
-        .ok_or_else(|| format!("{text:?}: too long"))
-}
-
-/// The policy named on the command line: `--algorithm` with `--limit` per
-/// `--window`. For token bucket, GCRA and leaky bucket, `limit` is the burst
-/// capacity and the rate is `limit / window`; for concurrency, `limit` is the
-/// maximum in flight and `window` the lease.
-///
-/// ```
-/// use std::time::Duration;
-/// let p = ratelimit_examples::policy_from_flags("gcra", 10, Duration::from_secs(1)).unwrap();
-/// assert_eq!(p.limit(), 10);
-/// assert!(ratelimit_examples::policy_from_flags("nope", 10, Duration::from_secs(1)).is_err());
-/// ```
-pub fn policy_from_flags(
-    algorithm: &str,
-    limit: u64,
-    window: Duration,
-) -> Result<ratelimit_core::Policy, String> {
-    use ratelimit_core::{Policy, Rate};
-    let rate = Rate::new(limit, window);
-    match algorithm {
-        "fixed-window" => Policy::fixed_window(limit, window),
-        "sliding-log" => Policy::sliding_window_log(limit, window),
-        "sliding-window" => Policy::sliding_window_counter(limit, window),
-        "token-bucket" => Policy::token_bucket(limit, rate),
-        "gcra" => Policy::gcra(limit, rate),
-        "leaky-bucket" => Policy::leaky_bucket(limit, rate),
-        "concurrency" => Policy::concurrency(limit, window),
-        other => {
-            return Err(format!(
-                "unknown algorithm {other:?} (fixed-window, sliding-log, sliding-window, token-bucket, gcra, leaky-bucket, concurrency)"
-            ));
-        }
-    }
-    .map_err(|e| e.to_string())
-}
+mod flags;
 
 /// A Prometheus recorder for the examples' metrics: installs it as the
 /// global `metrics` recorder, describes the rate limiter's metrics, renders

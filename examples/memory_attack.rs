@@ -40,68 +40,62 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cap::Cap;
+use clap::Parser;
+use clap::builder::PossibleValuesParser;
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
+use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, StoreError};
+use ratelimit_examples::{exit_with_flag_error, policy_for};
 
 #[global_allocator]
 static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
 
-const ALGORITHMS: [&str; 4] = ["fixed-window", "gcra", "token-bucket", "sliding-log"];
+/// The algorithms `--algorithm all` attacks, in this order.
+const ATTACKED: [AlgorithmKind; 4] = [
+    AlgorithmKind::FixedWindow,
+    AlgorithmKind::Gcra,
+    AlgorithmKind::TokenBucket,
+    AlgorithmKind::SlidingLog,
+];
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "memory_attack",
+    about = "A key-rotation attack on MemoryStore: one JSON line per algorithm and scenario."
+)]
 struct Args {
+    /// The most keys the store may hold.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
     max_keys: usize,
+    /// How many distinct keys the attacker rotates.
+    #[arg(long, value_name = "M", default_value_t = 2_000_000)]
     keys: u64,
-    algorithms: Vec<&'static str>,
+    /// The algorithm attacked, or all of them.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "fixed-window",
+        value_parser = PossibleValuesParser::new(ATTACKED.map(AlgorithmKind::name).into_iter().chain(["all"]))
+    )]
+    algorithm: String,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        max_keys: 100_000,
-        keys: 2_000_000,
-        algorithms: vec!["fixed-window"],
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--max-keys" => {
-                args.max_keys = value()?.parse().map_err(|e| format!("--max-keys: {e}"))?;
-            }
-            "--keys" => args.keys = value()?.parse().map_err(|e| format!("--keys: {e}"))?,
-            "--algorithm" => {
-                let name = value()?;
-                args.algorithms = if name == "all" {
-                    ALGORITHMS.to_vec()
-                } else {
-                    vec![
-                        *ALGORITHMS
-                            .iter()
-                            .find(|a| **a == name)
-                            .ok_or_else(|| format!("--algorithm: one of {ALGORITHMS:?} or all"))?,
-                    ]
-                };
-            }
-            "-h" | "--help" => {
-                return Err(
-                    "usage: memory_attack [--max-keys N] [--keys M] [--algorithm NAME|all]".into(),
-                );
-            }
-            other => return Err(format!("unknown argument {other:?}")),
+impl Args {
+    /// The algorithms `--algorithm` names.
+    fn algorithms(&self) -> Vec<AlgorithmKind> {
+        match self.algorithm.parse::<AlgorithmKind>() {
+            Ok(kind) => vec![kind],
+            // "all", the only other value the parser lets through.
+            Err(_) => ATTACKED.to_vec(),
         }
     }
-    Ok(args)
 }
 
 /// `algorithm` with a budget of 10 per `window`.
-fn policy(algorithm: &str, window: Duration) -> Policy {
-    let rate = Rate::new(10, window);
-    match algorithm {
-        "fixed-window" => Policy::fixed_window(10, window),
-        "gcra" => Policy::gcra(10, rate),
-        "token-bucket" => Policy::token_bucket(10, rate),
-        _ => Policy::sliding_window_log(10, window),
-    }
-    .expect("a valid policy")
+fn policy(algorithm: AlgorithmKind, window: Duration) -> Policy {
+    policy_for(algorithm, 10, window).unwrap_or_else(|e| {
+        exit_with_flag_error::<Args>(format_args!("--algorithm {algorithm}: {e}"))
+    })
 }
 
 /// The resident set size of this process in bytes (Linux; 0 elsewhere).
@@ -147,7 +141,7 @@ impl Scenario {
 
 /// Rotates `keys` distinct keys through a store bounded to `max_keys`, with
 /// the clock of `scenario`.
-fn attack(algorithm: &str, max_keys: usize, keys: u64, scenario: Scenario) -> Report {
+fn attack(algorithm: AlgorithmKind, max_keys: usize, keys: u64, scenario: Scenario) -> Report {
     let expiring = scenario != Scenario::LongWindow;
     let window = if expiring {
         Duration::from_secs(1)
@@ -156,7 +150,11 @@ fn attack(algorithm: &str, max_keys: usize, keys: u64, scenario: Scenario) -> Re
     };
     let policy = policy(algorithm, window);
     // Entries per key: a sliding log with a few entries, one state otherwise.
-    let checks_per_key = if algorithm == "sliding-log" { 3 } else { 1 };
+    let checks_per_key = if algorithm == AlgorithmKind::SlidingLog {
+        3
+    } else {
+        1
+    };
     let max = u64::try_from(max_keys).unwrap_or(u64::MAX);
     let live = match scenario {
         Scenario::Saturated => max.saturating_mul(2),
@@ -234,15 +232,9 @@ fn attack(algorithm: &str, max_keys: usize, keys: u64, scenario: Scenario) -> Re
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     let mut over_bound = false;
-    for algorithm in &args.algorithms {
+    for algorithm in args.algorithms() {
         for scenario in [
             Scenario::LongWindow,
             Scenario::Expiring,

@@ -77,15 +77,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use clap::Parser;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Rate, Store};
-use ratelimit_examples::parse_duration;
+use ratelimit_examples::{exit_with_flag_error, nonzero_duration, parse_duration, redis_url};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
-
-/// The usage line printed with every flag error.
-const USAGE: &str = "usage: outbound_client [--workers N] [--requests M] [--limit L] \
-     [--window DURATION] [--margin DURATION] [--max-delay DURATION] [--redis URL]";
 
 /// The key every call is limited under: one budget for the downstream API.
 const BUDGET_KEY: &str = "downstream-api";
@@ -96,43 +93,52 @@ const POLICY_NAME: &str = "outbound";
 /// The longest one HTTP call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The command line, parsed.
-#[derive(Debug)]
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbound_client",
+    about = "Workers call a strict mock API through a limiter that waits for its turn."
+)]
 struct Args {
+    /// Concurrent workers.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     workers: usize,
+    /// Calls per worker.
+    #[arg(long, value_name = "M", default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     requests: usize,
+    /// The most calls the downstream API accepts in any window.
+    #[arg(long, value_name = "L", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     limit: u64,
+    /// That window (500ms, 1s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nonzero_duration)]
     window: Duration,
-    margin: Duration,
+    /// Slack for the time between the limiter's decision and the call's
+    /// arrival [default: a twentieth of the window, at most 25ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    margin: Option<Duration>,
+    /// The longest one call may wait for its turn; a call that would wait
+    /// longer fails.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     max_delay: Duration,
+    /// Keep the limiter's state in Redis, shared by every process using it.
+    #[arg(long, value_name = "URL", value_parser = redis_url)]
     redis: Option<String>,
 }
 
-/// What the command line asks for.
-enum Command {
-    Run(Args),
-    Help,
+impl Args {
+    /// `--margin`, or its default.
+    fn margin(&self) -> Duration {
+        self.margin
+            .unwrap_or_else(|| (self.window / 20).min(Duration::from_millis(25)))
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(args)) => args,
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     let policy = match spacing_policy(&args) {
         Ok(policy) => policy,
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(message) => exit_with_flag_error::<Args>(message),
     };
     match run(args, policy).await {
         Ok(true) => ExitCode::SUCCESS,
@@ -144,97 +150,11 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Parses the flags (without the program name).
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut workers = None;
-    let mut requests = None;
-    let mut limit = None;
-    let mut window = None;
-    let mut margin = None;
-    let mut max_delay = None;
-    let mut redis = None;
-
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--workers" => set_once(&mut workers, positive(&flag, &value()?)?, &flag)?,
-            "--requests" => set_once(&mut requests, positive(&flag, &value()?)?, &flag)?,
-            "--limit" => set_once(&mut limit, positive(&flag, &value()?)?, &flag)?,
-            "--window" => {
-                let window_value = duration(&flag, &value()?)?;
-                if window_value.is_zero() {
-                    return Err(String::from("--window: must not be zero"));
-                }
-                set_once(&mut window, window_value, &flag)?;
-            }
-            "--margin" => set_once(&mut margin, duration(&flag, &value()?)?, &flag)?,
-            "--max-delay" => set_once(&mut max_delay, duration(&flag, &value()?)?, &flag)?,
-            "--redis" => {
-                let url = value()?;
-                if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-                    return Err(format!(
-                        "--redis: {url:?} is not a Redis URL such as redis://127.0.0.1:6379"
-                    ));
-                }
-                set_once(&mut redis, url, &flag)?;
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    let window = window.unwrap_or(Duration::from_secs(1));
-    Ok(Command::Run(Args {
-        workers: workers.unwrap_or(8),
-        requests: requests.unwrap_or(5),
-        limit: limit.unwrap_or(5),
-        window,
-        margin: margin.unwrap_or_else(|| (window / 20).min(Duration::from_millis(25))),
-        max_delay: max_delay.unwrap_or(Duration::from_secs(30)),
-        redis,
-    }))
-}
-
-/// A whole number above zero.
-fn positive<T: std::str::FromStr + PartialOrd + Default>(
-    flag: &str,
-    text: &str,
-) -> Result<T, String> {
-    text.parse::<T>()
-        .ok()
-        .filter(|n| *n > T::default())
-        .ok_or_else(|| format!("{flag}: {text:?} is not a whole number above 0"))
-}
-
-/// A duration such as `500ms`.
-fn duration(flag: &str, text: &str) -> Result<Duration, String> {
-    parse_duration(text).map_err(|e| format!("{flag}: {e}"))
-}
-
-/// Stores `value` in `slot`, refusing a flag given twice.
-fn set_once<T>(slot: &mut Option<T>, value: T, flag: &str) -> Result<(), String> {
-    if slot.replace(value).is_some() {
-        return Err(format!("{flag} given twice"));
-    }
-    Ok(())
-}
-
 /// The leaky bucket that spaces calls `(window + margin) / limit` apart (see
 /// the crate docs for why), queueing as many calls as can leave within
 /// `max_delay`.
 fn spacing_policy(args: &Args) -> Result<Policy, String> {
-    let period = args.window + args.margin;
+    let period = args.window + args.margin();
     let rate = Rate::new(args.limit, period);
     // The store rounds the interval up to a whole microsecond; so do we.
     let interval_us = period.as_micros().div_ceil(u128::from(args.limit));
@@ -262,7 +182,7 @@ async fn run(args: Args, policy: Policy) -> Result<bool, String> {
         args.window,
         policy.limit(),
         args.limit,
-        args.window + args.margin,
+        args.window + args.margin(),
         if args.redis.is_some() {
             ", in Redis"
         } else {

@@ -35,7 +35,8 @@
 //! Requests are keyed by the `x-api-key` header (hashed first: metrics and logs
 //! never show keys), or by the client IP without one. Once bound, the example
 //! prints two lines on stdout: `listening on http://ADDR` and
-//! `metrics on http://ADDR/metrics`. Bad flags exit with status 2.
+//! `metrics on http://ADDR/metrics`. Bad flags exit with status 2 and a
+//! message naming the flag (`clap`).
 //!
 //! Set `RUST_LOG`-style filtering up with a `tracing` subscriber of your own
 //! to see one `debug` event per decision (this example installs none).
@@ -48,95 +49,51 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::get;
+use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::{DeniedCache, MemoryStore, Policy, Store};
-use ratelimit_examples::{install_prometheus, metrics_router, parse_duration, serve_metrics};
+use ratelimit_examples::{install_prometheus, metrics_router, nonzero_duration, serve_metrics};
 use ratelimit_tower::{Key, PeerIp, RateLimitLayer, Rule};
-
-const USAGE: &str = "usage: prometheus [--listen ADDR] [--metrics ADDR] [--limit N] \
-     [--window DURATION] [--shadow-limit N] [--denied-cache]";
 
 /// The header requests are keyed by.
 const API_KEY_HEADER: &str = "x-api-key";
 
-/// The command line, parsed.
-#[derive(Debug)]
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "prometheus",
+    about = "An axum app behind the rate limiter, its metrics at GET /metrics."
+)]
 struct Args {
+    /// The address of the app.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
+    /// Serve GET /metrics on this address instead of --listen's.
+    #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// The limit of the enforced fixed-window policy per-client.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     limit: u64,
+    /// Its window (500ms, 10s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = nonzero_duration)]
     window: Duration,
+    /// Also a policy per-client-trial of N per window, in shadow mode.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     shadow_limit: Option<u64>,
+    /// Answer known denials locally (DeniedCache).
+    #[arg(long)]
     denied_cache: bool,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    match serve(args).await {
+    match serve(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// Parses the flags (without the program name); `None` asks for the usage.
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut parsed = Args {
-        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
-        metrics: None,
-        limit: 5,
-        window: Duration::from_secs(10),
-        shadow_limit: None,
-        denied_cache: false,
-    };
-    let mut args = args.into_iter();
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--listen" => parsed.listen = parse_addr("--listen", &value()?)?,
-            "--metrics" => parsed.metrics = Some(parse_addr("--metrics", &value()?)?),
-            "--limit" => parsed.limit = parse_count("--limit", &value()?)?,
-            "--shadow-limit" => {
-                parsed.shadow_limit = Some(parse_count("--shadow-limit", &value()?)?)
-            }
-            "--window" => {
-                let text = value()?;
-                parsed.window = parse_duration(&text)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| format!("--window: {text:?} is not a duration such as 10s"))?;
-            }
-            "--denied-cache" => parsed.denied_cache = true,
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    Ok(Some(parsed))
-}
-
-fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
-    text.parse()
-        .map_err(|_| format!("{flag}: {text:?} is not a socket address such as 127.0.0.1:3000"))
-}
-
-fn parse_count(flag: &str, text: &str) -> Result<u64, String> {
-    text.parse::<u64>()
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{flag}: {text:?} is not a whole number above 0"))
 }
 
 /// Installs the recorder, binds the listeners and serves until killed.

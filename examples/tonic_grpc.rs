@@ -23,66 +23,55 @@
 //! the call could pass again) in the metadata.
 //!
 //! Once bound, the server prints one line, `listening on ADDR`, on stdout. Bad
-//! flags exit with status 2 and a usage line.
+//! flags exit with status 2 and a message naming the flag (`clap`).
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use http::HeaderName;
 use ratelimit_core::{MemoryStore, Policy};
-use ratelimit_examples::parse_duration;
+use ratelimit_examples::{exit_with_flag_error, nonzero_duration};
 use ratelimit_tower::{HeaderKey, Key, KeyExtractor, RateLimitLayer};
 use tonic::transport::Server;
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::SERVICE_NAME;
 
-/// The usage line printed with every flag error.
-const USAGE: &str = "usage: tonic_grpc [--listen ADDR] [--limit N] [--window DURATION]";
-
 /// The metadata (HTTP/2 header) callers are keyed by.
 const API_KEY_HEADER: &str = "x-api-key";
 
-/// The command line, parsed.
-#[derive(Debug)]
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tonic_grpc",
+    about = "A gRPC health service, rate limited per caller (x-api-key, else IP) in memory."
+)]
 struct Args {
+    /// The address to serve on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    /// The most calls per window and caller.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     limit: u64,
+    /// The window (500ms, 10s, 1m, 1h).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = nonzero_duration)]
     window: Duration,
-}
-
-/// What the command line asks for.
-enum Command {
-    Run(Args),
-    Help,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(args)) => args,
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("error: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     let policy = match Policy::sliding_window_log(args.limit, args.window)
         .and_then(|p| p.with_name("grpc-per-caller"))
     {
         Ok(policy) => policy,
-        Err(e) => {
-            eprintln!(
-                "error: --limit {} --window {:?}: {e}\n{USAGE}",
-                args.limit, args.window
-            );
-            return ExitCode::from(2);
-        }
+        Err(e) => exit_with_flag_error::<Args>(format_args!(
+            "--limit {} --window {:?}: {e}",
+            args.limit, args.window
+        )),
     };
     match serve(args.listen, policy).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,69 +80,6 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Parses the flags (without the program name).
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut listen = None;
-    let mut limit = None;
-    let mut window = None;
-
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--listen" => {
-                let text = value()?;
-                let addr = text.parse().map_err(|_| {
-                    format!("--listen: {text:?} is not a socket address such as 127.0.0.1:50051")
-                })?;
-                set_once(&mut listen, addr, "--listen")?;
-            }
-            "--limit" => {
-                let text = value()?;
-                let n =
-                    text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        format!("--limit: {text:?} is not a whole number above 0")
-                    })?;
-                set_once(&mut limit, n, "--limit")?;
-            }
-            "--window" => {
-                let text = value()?;
-                let duration = parse_duration(&text).map_err(|e| format!("--window: {e}"))?;
-                if duration.is_zero() {
-                    return Err(format!("--window: {text:?} is zero"));
-                }
-                set_once(&mut window, duration, "--window")?;
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    Ok(Command::Run(Args {
-        listen: listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051))),
-        limit: limit.unwrap_or(5),
-        window: window.unwrap_or(Duration::from_secs(60)),
-    }))
-}
-
-/// Stores `value` in `slot`, refusing a flag given twice.
-fn set_once<T>(slot: &mut Option<T>, value: T, flag: &str) -> Result<(), String> {
-    if slot.replace(value).is_some() {
-        return Err(format!("{flag} given twice"));
-    }
-    Ok(())
 }
 
 /// The key of a call: its `x-api-key` (hashed), else the IP address of the

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use ratelimit_tests::{example_binary, free_port, spawn_example, wait_for_port};
+use ratelimit_tests::{CLAP_FOOTER, example_binary, free_port, spawn_example, wait_for_port};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::HealthCheckRequest;
@@ -114,11 +114,16 @@ async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
 
 #[test]
 fn tonic_grpc_rejects_bad_flags() {
-    for args in [
-        &["--limit", "0"][..],
-        &["--window", "10 parsecs"],
-        &["--listen", "nowhere"],
-        &["--frobnicate"],
+    for (args, flag) in [
+        (&["--limit", "0"][..], "'--limit <N>'"),
+        (&["--window", "10 parsecs"], "'--window <DURATION>'"),
+        (&["--window", "0s"], "'--window <DURATION>'"),
+        (&["--listen", "nowhere"], "'--listen <ADDR>'"),
+        (
+            &["--limit", "1", "--limit", "2"],
+            "cannot be used multiple times",
+        ),
+        (&["--frobnicate"], "'--frobnicate'"),
     ] {
         let output = Command::new(example_binary("tonic_grpc"))
             .args(args)
@@ -126,6 +131,7 @@ fn tonic_grpc_rejects_bad_flags() {
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("usage: tonic_grpc"), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(stderr.contains(CLAP_FOOTER), "{args:?}: {stderr}");
     }
 }

@@ -66,6 +66,10 @@ pub fn observable(d: &Decision) -> Observed {
     )
 }
 
+/// How `clap` ends every error about the examples' flags (after the message
+/// naming the flag, and sometimes the usage line); they exit with status 2.
+pub const CLAP_FOOTER: &str = "For more information, try '--help'.";
+
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
