@@ -31,7 +31,7 @@ use axum::routing::{get, post};
 use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::MemoryStore;
-use ratelimit_examples::{exit_with_flag_error, nonzero_duration};
+use ratelimit_examples::{exit_with_flag_error, listen_addr_from_env, nonzero_duration, serve};
 use ratelimit_tower::RateLimitLayer;
 use ratelimit_tower::config::ReloadableRules;
 
@@ -53,22 +53,6 @@ struct Options {
     poll: Duration,
 }
 
-impl Options {
-    /// `--listen`, or `127.0.0.1:$PORT`.
-    fn listen(&self) -> Result<SocketAddr, String> {
-        if let Some(listen) = self.listen {
-            return Ok(listen);
-        }
-        let port: u16 = match std::env::var("PORT") {
-            Ok(port) => port
-                .parse()
-                .map_err(|_| format!("PORT must be a port number, not {port:?}"))?,
-            Err(_) => 3000,
-        };
-        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Reload successes and failures are logged with `tracing`.
@@ -76,9 +60,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let options = Options::parse();
-    let listen = options
-        .listen()
-        .unwrap_or_else(|message| exit_with_flag_error::<Options>(message));
+    let listen = match options.listen {
+        Some(listen) => listen,
+        None => listen_addr_from_env()
+            .unwrap_or_else(|message| exit_with_flag_error::<Options>(message)),
+    };
 
     // A configuration that does not load at start-up is fatal: there is no
     // previous one to keep.
@@ -93,12 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(limit);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    serve(listener, app).await?;
     Ok(())
 }
 

@@ -20,8 +20,6 @@
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`.
 
-use std::net::SocketAddr;
-
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
@@ -36,7 +34,7 @@ const TENANT_HEADER: &str = "x-tenant";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let port = port_from_env()?;
+    let listen = ratelimit_examples::listen_addr_from_env()?;
 
     // The key: the tenant's name, or none when the header is missing or empty.
     let tenant = |req: &Request| -> Option<Vec<u8>> {
@@ -59,24 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let app = Router::new().route("/", get(hello)).route_layer(limit);
 
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    ratelimit_examples::serve(listener, app).await?;
     Ok(())
-}
-
-/// The port from `PORT`, 3000 by default.
-fn port_from_env() -> Result<u16, String> {
-    match std::env::var("PORT") {
-        Ok(port) => port
-            .parse()
-            .map_err(|_| format!("PORT must be a port number, not {port:?}")),
-        Err(_) => Ok(3000),
-    }
 }
 
 /// `400 Bad Request` for a request without a tenant.

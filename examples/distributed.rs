@@ -105,7 +105,6 @@
 //! `clap`: bad, missing or repeated flags exit with status 2 and a message
 //! naming the flag; `--help` prints the usage line and a summary of the flags.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,10 +117,10 @@ use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Store};
 use ratelimit_examples::{
-    PolicyArgs, admin_router, exit_with_flag_error, install_prometheus, nonzero_duration,
-    redis_url, serve_metrics,
+    PolicyArgs, admin_router, api_key_or_peer_ip, exit_with_flag_error, install_prometheus,
+    nonzero_duration, redis_url, serve_metrics, spawn_serve,
 };
-use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, RateLimitLayer};
 
 /// What `--help` prints after the flags: the admin API.
 const ADMIN_HELP: &str = "\
@@ -189,9 +188,6 @@ enum Failure {
     /// Decide it in memory, with the limit divided among --instances.
     Fallback,
 }
-
-/// The header requests are keyed by.
-const API_KEY_HEADER: &str = "x-api-key";
 
 /// What `GET /expensive` costs.
 const EXPENSIVE_COST: u64 = 10;
@@ -331,7 +327,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         eprintln!("metrics on http://{bound}/metrics");
     }
     if let Some(addr) = args.admin {
-        let bound = serve_admin(addr, admin)
+        let bound = spawn_serve(addr, admin, "the admin API")
             .await
             .map_err(|e| format!("--admin {addr}: {e}"))?;
         eprintln!("admin API on http://{bound}/admin/keys/{{key}}");
@@ -342,31 +338,9 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             );
         }
     }
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "listening on http://{addr}")
-        .and_then(|()| stdout.flush())
-        .map_err(|e| format!("writing to stdout: {e}"))?;
-    drop(stdout);
-
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await
-    .map_err(|e| format!("serving on {addr}: {e}"))
-}
-
-/// Binds `addr` and serves the admin API there in the background; returns
-/// the address bound.
-async fn serve_admin(addr: SocketAddr, admin: Router) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, admin).await {
-            eprintln!("error: serving the admin API on {bound}: {e}");
-        }
-    });
-    Ok(bound)
+    ratelimit_examples::serve(listener, app)
+        .await
+        .map_err(|e| format!("serving on {addr}: {e}"))
 }
 
 /// `GET /`, `GET /expensive` and `GET /slow`, rate limited in `store`.
@@ -374,14 +348,6 @@ fn limited_routes<St>(store: St, policy: Policy, failure: FailurePolicy) -> Rout
 where
     St: Store + Clone,
 {
-    let key = |req: &Request| -> Option<Key> {
-        match req.headers().get(API_KEY_HEADER) {
-            Some(value) if !value.is_empty() => {
-                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
-            }
-            _ => PeerIp::peer_ip(req).map(Key::from),
-        }
-    };
     let cost = |req: &Request| -> u64 {
         if req.uri().path() == "/expensive" {
             EXPENSIVE_COST
@@ -389,7 +355,7 @@ where
             1
         }
     };
-    let limit = RateLimitLayer::new(store, policy, key)
+    let limit = RateLimitLayer::new(store, policy, api_key_or_peer_ip)
         .cost(cost)
         .on_failure(failure);
 

@@ -86,11 +86,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    ratelimit_examples::serve(listener, app).await?;
     Ok(())
 }

@@ -8,7 +8,12 @@ pub use flags::{
     parse_duration, policy_for, policy_from_flags, redis_url,
 };
 
+pub use serve::{
+    API_KEY_HEADER, api_key_or_peer_ip, listen_addr_from_env, serve, serve_with_peers, spawn_serve,
+};
+
 mod flags;
+mod serve;
 
 /// A Prometheus recorder for the examples' metrics: installs it as the
 /// global `metrics` recorder, describes the rate limiter's metrics, renders
@@ -70,14 +75,7 @@ pub async fn serve_metrics(
     addr: std::net::SocketAddr,
     handle: metrics_exporter_prometheus::PrometheusHandle,
 ) -> std::io::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, metrics_router(handle)).await {
-            eprintln!("error: serving metrics on {bound}: {e}");
-        }
-    });
-    Ok(bound)
+    spawn_serve(addr, metrics_router(handle), "metrics").await
 }
 
 /// The operators' admin API ([`admin_router`]) over HTTP and JSON.

@@ -80,7 +80,9 @@ use axum::routing::get;
 use clap::Parser;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Rate, Store};
-use ratelimit_examples::{exit_with_flag_error, nonzero_duration, parse_duration, redis_url};
+use ratelimit_examples::{
+    exit_with_flag_error, nonzero_duration, parse_duration, redis_url, spawn_serve,
+};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -399,17 +401,10 @@ impl Downstream {
         let app = Router::new()
             .route("/call", get(arrive))
             .with_state(limits.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let addr = spawn_serve(loopback, app, "the downstream mock")
             .await
             .map_err(|e| format!("cannot start the downstream mock: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read the mock's address: {e}"))?;
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("downstream mock failed: {e}");
-            }
-        });
         Ok(Downstream {
             url: format!("http://{addr}"),
             limits,

@@ -20,8 +20,6 @@
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`.
 
-use std::net::SocketAddr;
-
 use axum::Router;
 use axum::routing::get;
 use http::HeaderName;
@@ -37,7 +35,7 @@ const EXPORT_COST: u64 = 10;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let port = port_from_env()?;
+    let listen = ratelimit_examples::listen_addr_from_env()?;
 
     // One budget per API key: 100 units, refilled at 100 a minute.
     let budget = RateLimitLayer::new(
@@ -59,24 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             get(export).route_layer(budget.cost(Constant(EXPORT_COST))),
         );
 
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    ratelimit_examples::serve(listener, app).await?;
     Ok(())
-}
-
-/// The port from `PORT`, 3000 by default.
-fn port_from_env() -> Result<u16, String> {
-    match std::env::var("PORT") {
-        Ok(port) => port
-            .parse()
-            .map_err(|_| format!("PORT must be a port number, not {port:?}")),
-        Err(_) => Ok(3000),
-    }
 }
 
 /// `GET /search`: 1 unit.

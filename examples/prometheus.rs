@@ -47,16 +47,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
 use axum::routing::get;
 use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::{DeniedCache, MemoryStore, Policy, Store};
-use ratelimit_examples::{install_prometheus, metrics_router, nonzero_duration, serve_metrics};
-use ratelimit_tower::{Key, PeerIp, RateLimitLayer, Rule};
-
-/// The header requests are keyed by.
-const API_KEY_HEADER: &str = "x-api-key";
+use ratelimit_examples::{
+    api_key_or_peer_ip, install_prometheus, metrics_router, nonzero_duration, serve_metrics,
+    serve_with_peers,
+};
+use ratelimit_tower::{RateLimitLayer, Rule};
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -142,12 +141,9 @@ async fn serve(args: Args) -> Result<(), String> {
         .map_err(|e| format!("writing to stdout: {e}"))?;
     drop(stdout);
 
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await
-    .map_err(|e| format!("serving on {addr}: {e}"))
+    serve_with_peers(listener, app)
+        .await
+        .map_err(|e| format!("serving on {addr}: {e}"))
 }
 
 /// `GET /`, limited by `policy` (and `trial`, in shadow mode) in `store`.
@@ -155,14 +151,7 @@ fn limited_routes<St>(store: St, policy: Policy, trial: Option<Policy>) -> Route
 where
     St: Store + Clone,
 {
-    let key = |req: &Request| -> Option<Key> {
-        match req.headers().get(API_KEY_HEADER) {
-            Some(value) if !value.is_empty() => {
-                Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
-            }
-            _ => PeerIp::peer_ip(req).map(Key::from),
-        }
-    };
+    let key = api_key_or_peer_ip;
     let router = Router::new().route("/", get(root));
     let layer = RateLimitLayer::new(store, policy, key);
     match trial {

@@ -22,7 +22,6 @@
 //! Once bound, the server prints one line, `listening on http://ADDR`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -53,7 +52,7 @@ type Accounts = Arc<HashMap<&'static str, Tier>>;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let port = port_from_env()?;
+    let listen = ratelimit_examples::listen_addr_from_env()?;
 
     let accounts: Accounts = Arc::new(HashMap::from([
         ("free-key", Tier::Free),
@@ -97,24 +96,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let app = Router::new().route("/", get(quota)).route_layer(limit);
 
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    ratelimit_examples::serve(listener, app).await?;
     Ok(())
-}
-
-/// The port from `PORT`, 3000 by default.
-fn port_from_env() -> Result<u16, String> {
-    match std::env::var("PORT") {
-        Ok(port) => port
-            .parse()
-            .map_err(|_| format!("PORT must be a port number, not {port:?}")),
-        Err(_) => Ok(3000),
-    }
 }
 
 /// `401 Unauthorized` for a missing or unknown API key.

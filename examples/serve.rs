@@ -1,0 +1,102 @@
+//! How the examples serve their routers and key their requests: one way,
+//! instead of each writing its own.
+
+use std::io::{self, Write};
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::Request;
+use ratelimit_tower::{Key, PeerIp};
+use tokio::net::TcpListener;
+
+/// `127.0.0.1:$PORT`, `PORT` defaulting to 3000: where the examples without
+/// a `--listen` flag serve.
+///
+/// # Errors
+///
+/// When `PORT` is set to something other than a port number.
+pub fn listen_addr_from_env() -> Result<SocketAddr, String> {
+    let port: u16 = match std::env::var("PORT") {
+        Ok(port) => port
+            .parse()
+            .map_err(|_| format!("PORT must be a port number, not {port:?}"))?,
+        Err(_) => 3000,
+    };
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// Prints `listening on http://ADDR` on stdout (flushed at once, for the
+/// tools that wait for it), then serves `app` on `listener` as
+/// [`serve_with_peers`] does, until the process ends.
+///
+/// # Errors
+///
+/// When stdout or the listener fails.
+pub async fn serve(listener: TcpListener, app: Router) -> io::Result<()> {
+    let addr = listener.local_addr()?;
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "listening on http://{addr}")?;
+    stdout.flush()?;
+    drop(stdout);
+    serve_with_peers(listener, app).await
+}
+
+/// Serves `app` on `listener` with each connection's peer address in the
+/// requests' extensions (`ConnectInfo<SocketAddr>`, which
+/// [`PeerIp`](ratelimit_tower::PeerIp) reads), until the process ends.
+///
+/// # Errors
+///
+/// When the listener fails.
+pub async fn serve_with_peers(listener: TcpListener, app: Router) -> io::Result<()> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+}
+
+/// Binds `addr` and serves `app` there in the background, for a second
+/// listener beside the main one (metrics, an admin API, a mock); returns the
+/// address bound. An error while serving goes to stderr, naming `what`.
+///
+/// # Errors
+///
+/// When `addr` cannot be bound.
+pub async fn spawn_serve(addr: SocketAddr, app: Router, what: &str) -> io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let what = what.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = serve_with_peers(listener, app).await {
+            eprintln!("error: serving {what} on {bound}: {e}");
+        }
+    });
+    Ok(bound)
+}
+
+/// The header [`api_key_or_peer_ip`] keys requests by.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// The key of a request: its `x-api-key` header, hashed
+/// (`ratelimit_core::key::hashed`, so keys never reach the store, metrics or
+/// logs as sent), else the client IP; `None` without either.
+///
+/// ```
+/// use axum::body::Body;
+/// use axum::http::Request;
+///
+/// let with_key = Request::get("/").header("x-api-key", "alice").body(Body::empty())?;
+/// let without = Request::get("/").body(Body::empty())?;
+/// assert!(ratelimit_examples::api_key_or_peer_ip(&with_key).is_some());
+/// assert!(ratelimit_examples::api_key_or_peer_ip(&without).is_none(), "no peer address either");
+/// # Ok::<(), axum::http::Error>(())
+/// ```
+pub fn api_key_or_peer_ip(req: &Request) -> Option<Key> {
+    match req.headers().get(API_KEY_HEADER) {
+        Some(value) if !value.is_empty() => {
+            Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
+        }
+        _ => PeerIp::peer_ip(req).map(Key::from),
+    }
+}
