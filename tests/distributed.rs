@@ -10,23 +10,20 @@
 //! long enough that nothing refills while a test runs.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::AlgorithmKind;
+use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
 use ratelimit_tests::{
-    CLAP_FOOTER, ChildGuard, RedisCluster, RedisServer, example_binary, free_port,
+    Listening, RedisCluster, RedisServer, assert_refuses_flags, example_binary, free_port,
+    spawn_listening,
 };
 use tokio::sync::Barrier;
 
 /// How long an instance may take to print `listening on http://ADDR`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The timeout of every HTTP request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Instances per shared limit.
 const INSTANCES: usize = 3;
@@ -34,100 +31,18 @@ const INSTANCES: usize = 3;
 /// Concurrent requests sent to each instance in a burst.
 const PER_INSTANCE: usize = 30;
 
-/// The `distributed` example, built once per test binary.
-fn binary() -> &'static PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| example_binary("distributed"))
-}
-
 /// A running instance of the example, killed when dropped.
-struct Instance {
-    _process: ChildGuard,
-    base: String,
-}
+type Instance = Listening;
 
 /// Spawns an instance on a free loopback port with `args` after `--listen`,
 /// and waits for its `listening on http://ADDR` line.
 fn spawn_instance(args: &[&str]) -> Instance {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut command = Command::new(binary());
-    command
-        .arg("--listen")
-        .arg(&listen)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut process = ChildGuard::spawn(&mut command).expect("spawning the distributed example");
-    let stdout = process.child().stdout.take().expect("piped stdout");
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let result = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-        let _ = sender.send(result);
-    });
-    let line = receiver
-        .recv_timeout(START_TIMEOUT)
-        .unwrap_or_else(|_| panic!("no line on stdout within {START_TIMEOUT:?} ({args:?})"))
-        .expect("reading stdout");
-    assert_eq!(
-        line.trim_end(),
-        format!("listening on http://{listen}"),
-        "first line on stdout ({args:?}); did the process exit?"
-    );
-    Instance {
-        _process: process,
-        base: format!("http://{listen}"),
-    }
+    spawn_listening("distributed", args, START_TIMEOUT)
 }
 
 /// Spawns [`INSTANCES`] instances with the same `args`.
 fn spawn_instances(args: &[&str]) -> Vec<Instance> {
     (0..INSTANCES).map(|_| spawn_instance(args)).collect()
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .expect("an HTTP client")
-}
-
-/// One answer: status, `Retry-After` (when present), body.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    retry_after: Option<u64>,
-    body: String,
-}
-
-async fn get(client: &reqwest::Client, url: &str, api_key: &str) -> Answer {
-    answer(client.get(url).header("x-api-key", api_key), url).await
-}
-
-/// `GET url` without `x-api-key`: keyed by the client IP, `127.0.0.1`.
-async fn get_by_ip(client: &reqwest::Client, url: &str) -> Answer {
-    answer(client.get(url), url).await
-}
-
-async fn answer(request: reqwest::RequestBuilder, url: &str) -> Answer {
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    let status = response.status().as_u16();
-    let retry_after = response.headers().get("retry-after").map(|v| {
-        v.to_str()
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("Retry-After in delay-seconds, not {v:?}"))
-    });
-    let body = response.text().await.unwrap_or_default();
-    Answer {
-        status,
-        retry_after,
-        body,
-    }
 }
 
 /// Sends [`PER_INSTANCE`] requests for `path` to every instance at once (all
@@ -353,16 +268,8 @@ fn bad_flags_exit_2_naming_the_flag() {
         (unknown, "'--bogus'"),
     ];
     for (args, expected) in cases {
-        let output = Command::new(binary())
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running the distributed example");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        assert!(stderr.contains(CLAP_FOOTER), "{args:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{args:?}: nothing on stdout");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_refuses_flags("distributed", &args, expected);
     }
 }
 
@@ -403,23 +310,13 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
         ),
     ];
     for (extra, expected) in cases {
-        let output = Command::new(binary())
-            .args(good)
-            .args(extra)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running the distributed example");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
-        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
-        assert!(stderr.contains(CLAP_FOOTER), "{extra:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{extra:?}: nothing on stdout");
+        assert_refuses_flags("distributed", &[&good[..], extra].concat(), expected);
     }
 }
 
 #[test]
 fn help_describes_the_admin_api() {
-    let output = Command::new(binary())
+    let output = Command::new(example_binary("distributed"))
         .arg("--help")
         .stdin(Stdio::null())
         .output()

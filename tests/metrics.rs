@@ -7,7 +7,6 @@
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
 //! parallel never see each other's metrics.
 
-use std::convert::Infallible;
 use std::future::{Future, ready};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,18 +14,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
-use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{
     Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, PermitId, Policy,
     Store, StoreError,
 };
+use ratelimit_tests::fixtures::{
+    answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
+};
+use ratelimit_tests::loopback::{client, get};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
 use ratelimit_tests::{free_port, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
 use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer};
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceExt};
 
 /// The key of every request in these tests: it must never show in a label.
 const SECRET_KEY: &str = "alice-secret-key-4242";
@@ -34,55 +36,26 @@ const SECRET_KEY: &str = "alice-secret-key-4242";
 /// How long an example may take to print its first lines.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn request() -> Request<String> {
-    Request::builder()
-        .header("x-client", SECRET_KEY)
-        .body(String::new())
-        .unwrap()
-}
-
-fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
-    req.headers().get("x-client").map(|v| v.as_bytes().to_vec())
-}
-
-fn memory() -> MemoryStore<ManualClock> {
-    MemoryStore::builder().clock(ManualClock::new(0)).build()
-}
-
+/// A fixed window of `limit` an hour named `name`.
 fn policy(name: &str, limit: u64) -> Policy {
-    Policy::fixed_window(limit, Duration::from_secs(3600))
-        .unwrap()
-        .with_name(name)
-        .unwrap()
+    fixed_window(name, limit, Duration::from_secs(3600))
 }
 
-/// Sends `n` requests through `service`, one after the other; their statuses.
-async fn send_n<S>(service: &mut S, n: usize) -> Vec<u16>
+/// Sends `n` requests from [`SECRET_KEY`] through `service`, one after the
+/// other; their statuses.
+async fn send_n<S, B>(service: &mut S, n: usize) -> Vec<u16>
 where
-    S: Service<Request<String>, Response = Response<ratelimit_tower::body::ResponseBody<String>>>,
+    S: Service<Request<String>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
 {
     let mut statuses = Vec::with_capacity(n);
     for _ in 0..n {
-        let response = service
-            .ready()
-            .await
-            .unwrap()
-            .call(request())
-            .await
-            .unwrap();
-        statuses.push(response.status().as_u16());
+        let answer = answer(&mut *service, request_from(SECRET_KEY)).await;
+        statuses.push(answer.status.as_u16());
     }
     statuses
-}
-
-fn ok_service()
--> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<String>| {
-        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
-    })
 }
 
 fn assert_no_key_in_labels(recorded: &Recorded) {
@@ -105,8 +78,8 @@ fn counts(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
 #[test]
 fn allowed_and_denied_decisions_are_counted_by_policy_with_store_call_durations() {
     let (statuses, recorded) = capture(false, || async {
-        let mut service =
-            RateLimitLayer::new(memory(), policy("per-client", 10), by_client).layer(ok_service());
+        let mut service = RateLimitLayer::new(frozen_memory(), policy("per-client", 10), by_client)
+            .layer(ok_service());
         send_n(&mut service, 13).await
     });
     assert_eq!(counts(&statuses), [(200, 10), (429, 3)].into());
@@ -133,11 +106,11 @@ fn allowed_and_denied_decisions_are_counted_by_policy_with_store_call_durations(
 #[test]
 fn the_near_limit_fraction_is_configurable() {
     let (_, recorded) = capture(false, || async {
-        let mut half = RateLimitLayer::new(memory(), policy("half", 10), by_client)
+        let mut half = RateLimitLayer::new(frozen_memory(), policy("half", 10), by_client)
             .near_limit(0.5)
             .layer(ok_service());
         send_n(&mut half, 12).await;
-        let mut never = RateLimitLayer::new(memory(), policy("never", 10), by_client)
+        let mut never = RateLimitLayer::new(frozen_memory(), policy("never", 10), by_client)
             .near_limit(0.0)
             .layer(ok_service());
         send_n(&mut never, 12).await;
@@ -237,7 +210,7 @@ fn store_failures_count_as_errors_whatever_the_failure_policy() {
 #[test]
 fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
     let (statuses, recorded) = capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let window = policy("shared-name", 5);
         let bucket = Policy::gcra(5, ratelimit_core::Rate::per_second(1))
             .unwrap()
@@ -370,7 +343,7 @@ fn denials_answered_by_the_denied_cache_are_counted_as_cached_denied() {
 #[test]
 fn shadow_denials_are_counted_apart_from_enforced_ones() {
     let (statuses, recorded) = capture(false, || async {
-        let mut service = RateLimitLayer::new(memory(), policy("enforced", 3), by_client)
+        let mut service = RateLimitLayer::new(frozen_memory(), policy("enforced", 3), by_client)
             .and(ratelimit_tower::Rule::new(
                 policy("trial", 1).with_shadow(true),
                 by_client,
@@ -419,17 +392,20 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
     let api_key = http::HeaderName::from_static("x-api-key");
     let (statuses, recorded) = capture(false, || async {
         let refused = RateLimitLayer::new(
-            memory(),
+            frozen_memory(),
             policy("keyed", 10),
             HeaderKey::new(api_key.clone()),
         )
         .layer(ok_service());
-        let allowed =
-            RateLimitLayer::new(memory(), policy("optional", 10), HeaderKey::new(api_key))
-                .on_missing_key(MissingKey::Allow)
-                .layer(ok_service());
+        let allowed = RateLimitLayer::new(
+            frozen_memory(),
+            policy("optional", 10),
+            HeaderKey::new(api_key),
+        )
+        .on_missing_key(MissingKey::Allow)
+        .layer(ok_service());
         let no_peer =
-            RateLimitLayer::new(memory(), policy("per-ip", 10), PeerIp).layer(ok_service());
+            RateLimitLayer::new(frozen_memory(), policy("per-ip", 10), PeerIp).layer(ok_service());
         let mut statuses = Vec::new();
         statuses.extend(send_two(refused).await);
         statuses.extend(send_two(allowed).await);
@@ -448,8 +424,8 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
 fn describe_gives_help_and_units() {
     let ((), recorded) = capture(false, || async {
         ratelimit_tower::metrics::describe();
-        let mut service =
-            RateLimitLayer::new(memory(), policy("described", 1), by_client).layer(ok_service());
+        let mut service = RateLimitLayer::new(frozen_memory(), policy("described", 1), by_client)
+            .layer(ok_service());
         send_n(&mut service, 2).await;
     });
     assert_eq!(recorded.described.get(DECISIONS), Some(&None));
@@ -461,24 +437,6 @@ fn describe_gives_help_and_units() {
 }
 
 // ---- the examples' /metrics, scraped over loopback ----
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-async fn get_status(client: &reqwest::Client, url: &str, api_key: &str) -> u16 {
-    client
-        .get(url)
-        .header("x-api-key", api_key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
-        .status()
-        .as_u16()
-}
 
 /// GETs `url` (a `/metrics` endpoint): the text, checked to be the
 /// Prometheus text format, parsed.
@@ -523,7 +481,7 @@ async fn the_prometheus_example_serves_every_metric_on_its_listener() {
     let client = client();
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 
@@ -595,11 +553,11 @@ async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_
     let client = client();
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
     }
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
     assert_eq!(
-        get_status(&client, &format!("{base}/metrics"), "").await,
+        get(&client, &format!("{base}/metrics"), "").await.status,
         404,
         "not on the app's listener"
     );
@@ -647,7 +605,7 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
     let client = client();
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(get_status(&client, &format!("{base}/"), SECRET_KEY).await);
+        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
     }
     // 4 divided between 2 instances.
     assert_eq!(statuses, [200, 200, 429, 429, 429]);

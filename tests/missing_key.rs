@@ -3,8 +3,6 @@
 //! `INTERNAL`, logged once at `error`), a missing header follows
 //! `on_missing_key` (by default refused), and both are counted.
 
-use std::convert::Infallible;
-use std::future::ready;
 use std::time::Duration;
 
 use axum::Router;
@@ -14,7 +12,8 @@ use http_body_util::BodyExt;
 use ratelimit_axum::{
     ClientIp, GlobalKey, HeaderKey, MemoryStore, MissingKey, PeerIp, Policy, RateLimitLayer, Rule,
 };
-use tower::{Layer, Service, ServiceExt, service_fn};
+use ratelimit_tests::fixtures::{answer, ok_service};
+use tower::{Layer, Service, ServiceExt};
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -25,15 +24,7 @@ fn policy() -> Policy {
         .unwrap()
 }
 
-fn ok_service()
--> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<String>| {
-        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
-    })
-}
-
+/// Sends `req` through `service`: the status and the body.
 async fn status_and_body<S, B>(service: S, req: Request<String>) -> (StatusCode, String)
 where
     S: Service<Request<String>, Response = Response<B>>,
@@ -41,10 +32,8 @@ where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
-    let response = service.oneshot(req).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
+    let answer = answer(service, req).await;
+    (answer.status, answer.body)
 }
 
 #[tokio::test]

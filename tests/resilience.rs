@@ -12,13 +12,8 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
@@ -28,7 +23,8 @@ use ratelimit_core::{
     FallbackStore, MemoryStore, Policy, Rate, Store, StoreError,
 };
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
-use ratelimit_tests::{ChildGuard, RedisServer, example_binary, free_port};
+use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
+use ratelimit_tests::{Listening, RedisServer, spawn_listening};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -849,66 +845,15 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
 // ---------------------------------------------------------------------------
 // The `distributed` example with `--failure fallback`.
 
-/// A running instance of the example, killed when dropped.
-struct Instance {
-    _process: ChildGuard,
-    base: String,
-}
-
-/// Spawns the example on a free loopback port with `args` after `--listen`,
-/// and waits for its `listening on http://ADDR` line.
-fn spawn_instance(binary: &PathBuf, args: &[&str]) -> Instance {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut command = Command::new(binary);
-    command
-        .arg("--listen")
-        .arg(listen.to_string())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut process = ChildGuard::spawn(&mut command).expect("spawning the distributed example");
-    let stdout = process.child().stdout.take().expect("piped stdout");
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let result = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-        let _ = sender.send(result);
-    });
-    let line = receiver
-        .recv_timeout(Duration::from_secs(30))
-        .expect("a line on stdout within 30 s")
-        .expect("reading stdout");
-    assert_eq!(line.trim_end(), format!("listening on http://{listen}"));
-    Instance {
-        _process: process,
-        base: format!("http://{listen}"),
-    }
-}
-
-async fn get(client: &reqwest::Client, url: &str, api_key: &str) -> (u16, String) {
-    let response = client
-        .get(url)
-        .header("x-api-key", api_key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
     let _turn = SERIAL.lock().await;
-    let binary = tokio::task::spawn_blocking(|| example_binary("distributed"))
-        .await
-        .unwrap();
     let server = RedisServer::start();
     let url = server.url();
-    let instances: Vec<Instance> = (0..INSTANCES)
+    let instances: Vec<Listening> = (0..INSTANCES)
         .map(|_| {
-            spawn_instance(
-                &binary,
+            spawn_listening(
+                "distributed",
                 &[
                     "--redis",
                     &url,
@@ -925,19 +870,22 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
                     "--timeout",
                     "200ms",
                 ],
+                Duration::from_secs(30),
             )
         })
         .collect();
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let client = client();
 
     bounded(async {
         for (i, instance) in instances.iter().enumerate() {
-            let health = get(&client, &format!("{}/health", instance.base), "").await;
-            assert_eq!(health, (200, String::from("closed\n")), "instance {i}");
-            let (status, body) = get(&client, &format!("{}/", instance.base), "alice").await;
+            let health = get_by_ip(&client, &format!("{}/health", instance.base)).await;
+            assert_eq!(
+                (health.status, health.body.as_str()),
+                (200, "closed\n"),
+                "instance {i}"
+            );
+            let Answer { status, body, .. } =
+                get(&client, &format!("{}/", instance.base), "alice").await;
             assert_eq!(status, 200, "{body}");
             assert!(body.contains(&format!("{} of 30 left", 29 - i)), "{body}");
         }
@@ -948,7 +896,8 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
             for _ in 0..30 {
                 let (client, url) = (client.clone(), format!("{}/", instance.base));
                 tasks.push(tokio::spawn(async move {
-                    let (took, (status, body)) = timed(get(&client, &url, "alice")).await;
+                    let (took, Answer { status, body, .. }) =
+                        timed(get(&client, &url, "alice")).await;
                     (url, took, status, body)
                 }));
             }
@@ -971,9 +920,9 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
         let mut states = Vec::new();
         for instance in &instances {
             states.push(
-                get(&client, &format!("{}/health", instance.base), "")
+                get_by_ip(&client, &format!("{}/health", instance.base))
                     .await
-                    .1,
+                    .body,
             );
         }
         println!(
@@ -1004,7 +953,9 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
         for instance in &instances {
             loop {
                 let _ = get(&client, &format!("{}/", instance.base), "bob").await;
-                let (_, state) = get(&client, &format!("{}/health", instance.base), "").await;
+                let state = get_by_ip(&client, &format!("{}/health", instance.base))
+                    .await
+                    .body;
                 if state == "closed\n" {
                     recovered.push(up.elapsed());
                     break;
@@ -1017,7 +968,8 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let (status, body) = get(&client, &format!("{}/", instances[0].base), "carol").await;
+        let Answer { status, body, .. } =
+            get(&client, &format!("{}/", instances[0].base), "carol").await;
         assert_eq!(status, 200);
         assert!(
             body.contains("29 of 30 left"),

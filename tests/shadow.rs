@@ -12,8 +12,12 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fixtures::{
+    Answer, answer, by_client, fixed_window, frozen_memory, request_from,
+};
+use ratelimit_tests::loopback::client;
 use ratelimit_tests::metrics::{Scrape, capture};
-use ratelimit_tests::{RedisServer, free_port, spawn_example_lines};
+use ratelimit_tests::{RedisServer, free_port, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
@@ -22,25 +26,11 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 const KEY: &str = "client-1";
 
 fn request() -> Request<String> {
-    Request::builder()
-        .header("x-client", KEY)
-        .body(String::new())
-        .unwrap()
-}
-
-fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
-    req.headers().get("x-client").map(|v| v.as_bytes().to_vec())
-}
-
-fn memory() -> MemoryStore<ManualClock> {
-    MemoryStore::builder().clock(ManualClock::new(0)).build()
+    request_from(KEY)
 }
 
 fn per_ten_seconds(name: &str, limit: u64) -> Policy {
-    Policy::fixed_window(limit, Duration::from_secs(10))
-        .unwrap()
-        .with_name(name)
-        .unwrap()
+    fixed_window(name, limit, Duration::from_secs(10))
 }
 
 /// The inner service: answers what the layer decided, as the handler sees it.
@@ -71,42 +61,13 @@ fn echo_service()
     })
 }
 
-/// One answer, its body read.
-struct Answer {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: String,
-}
-
+/// Sends a request from [`KEY`] through `service`; the whole answer.
 async fn send<S>(service: &mut S) -> Answer
 where
     S: Service<Request<String>, Response = Response<ResponseBody<String>>>,
     S::Error: std::fmt::Debug,
 {
-    let response = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request())
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(bytes.to_vec()).unwrap(),
-    }
-}
-
-fn header(answer: &Answer, name: &str) -> String {
-    answer
-        .headers
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} header; body {:?}", answer.body))
-        .to_str()
-        .unwrap()
-        .to_owned()
+    answer(service, request()).await
 }
 
 /// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
@@ -121,7 +82,7 @@ async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
 #[test]
 fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
     let (answers, recorded) = capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let trial = per_ten_seconds("trial", 3).with_shadow(true);
         let mut service =
             RateLimitLayer::new(store.clone(), trial.clone(), by_client).layer(echo_service());
@@ -140,8 +101,8 @@ fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
             answer.body
         );
         assert!(answer.headers.get("retry-after").is_none());
-        assert_eq!(header(answer, "ratelimit-policy"), r#""trial";q=3;w=10"#);
-        let state = header(answer, "ratelimit");
+        assert_eq!(answer.header("ratelimit-policy"), r#""trial";q=3;w=10"#);
+        let state = answer.header("ratelimit");
         if i < 3 {
             assert_eq!(answer.body, "allowed=true trial:allowed:shadow");
             assert!(
@@ -162,7 +123,7 @@ fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
 #[test]
 fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
     let (answers, recorded) = capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let enforced = per_ten_seconds("per-client", 5);
         let trial = per_ten_seconds("trial", 2).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
@@ -190,12 +151,12 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
     );
     for answer in &answers {
         assert_eq!(
-            header(answer, "ratelimit-policy"),
+            answer.header("ratelimit-policy"),
             r#""per-client";q=5;w=10, "trial";q=2;w=10"#
         );
     }
     let refused = &answers[5];
-    assert_eq!(header(refused, "retry-after"), "10");
+    assert_eq!(refused.header("retry-after"), "10");
     assert!(
         refused
             .body
@@ -204,7 +165,7 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
         refused.body
     );
     assert_eq!(
-        header(refused, "ratelimit"),
+        refused.header("ratelimit"),
         r#""per-client";r=0;t=10, "trial";r=0;t=10"#,
         "the shadow decision is not hidden by the enforced denial"
     );
@@ -219,7 +180,7 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
 #[test]
 fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
     let ((), recorded) = capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let enforced = per_ten_seconds("per-client", 2);
         let trial = per_ten_seconds("trial", 5).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
@@ -245,7 +206,7 @@ fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
 #[test]
 fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
     let ((), recorded) = capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let enforced = per_ten_seconds("per-client", 10);
         let wide = per_ten_seconds("wide", 4).with_shadow(true);
         let narrow = per_ten_seconds("narrow", 2).with_shadow(true);
@@ -273,7 +234,7 @@ fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
 #[test]
 fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
     capture(false, || async {
-        let store = memory();
+        let store = frozen_memory();
         let lease = Duration::from_secs(3600);
         let enforced = Policy::concurrency(1, lease)
             .unwrap()
@@ -430,7 +391,7 @@ impl Store for FailsForTrial {
 fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
     let (stats, recorded) = capture(false, || async {
         let layer = RateLimitLayer::new(
-            FailsForTrial(memory()),
+            FailsForTrial(frozen_memory()),
             per_ten_seconds("per-client", 2),
             by_client,
         )
@@ -464,13 +425,10 @@ fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
 async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_would_deny() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
-    let (_example, lines) = spawn_example_lines(
+    let example = spawn_listening(
         "distributed",
         &[
-            "--listen",
-            &listen,
             "--redis",
             &url,
             "--algorithm",
@@ -483,18 +441,13 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
             "--metrics",
             &metrics,
         ],
-        1,
         Duration::from_secs(60),
     );
-    assert_eq!(lines[0], format!("listening on http://{listen}"));
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let client = client();
     let mut policy_names = Vec::new();
     for i in 0..7 {
         let response = client
-            .get(format!("http://{listen}/"))
+            .get(format!("{}/", example.base))
             .header("x-api-key", "shadow-secret")
             .send()
             .await
@@ -540,7 +493,7 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
 
 #[tokio::test]
 async fn a_shadow_policy_checked_in_a_handler_is_always_granted() {
-    let store = memory();
+    let store = frozen_memory();
     let login = per_ten_seconds("login", 1).with_shadow(true);
     let limiter = ratelimit_axum::Limiter::new(store.clone(), login.clone());
     for _ in 0..3 {

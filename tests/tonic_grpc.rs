@@ -4,10 +4,9 @@
 //! (another API key, or no key at all: the peer IP) have their own budgets.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::Command;
 use std::time::Duration;
 
-use ratelimit_tests::{CLAP_FOOTER, example_binary, free_port, spawn_example, wait_for_port};
+use ratelimit_tests::{assert_refuses_flags, free_port, spawn_example, wait_for_port};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::HealthCheckRequest;
@@ -125,13 +124,6 @@ fn tonic_grpc_rejects_bad_flags() {
         ),
         (&["--frobnicate"], "'--frobnicate'"),
     ] {
-        let output = Command::new(example_binary("tonic_grpc"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(2), "{args:?}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains(flag), "{args:?}: {stderr}");
-        assert!(stderr.contains(CLAP_FOOTER), "{args:?}: {stderr}");
+        assert_refuses_flags("tonic_grpc", args, flag);
     }
 }

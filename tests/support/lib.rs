@@ -1,16 +1,24 @@
 //! Test support for the workspace's integration tests: free loopback ports,
-//! child processes that are stopped on drop, the example binaries, and real
-//! Redis servers and clusters ([`redis_server`]).
+//! child processes that are stopped on drop, the example binaries
+//! ([`examples`]), requests to them over loopback ([`loopback`]), in-process
+//! fixtures for the layer ([`fixtures`]), and real Redis servers and clusters
+//! ([`redis_server`]).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+pub mod examples;
 pub mod fault_proxy;
+pub mod fixtures;
+pub mod loopback;
 pub mod metrics;
 pub mod redis_server;
 
+pub use examples::{
+    CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, spawn_example,
+    spawn_example_lines, spawn_listening,
+};
 pub use redis_server::{RedisCluster, RedisServer};
 
 use ratelimit_core::clock::ManualClock;
@@ -66,10 +74,6 @@ pub fn observable(d: &Decision) -> Observed {
     )
 }
 
-/// How `clap` ends every error about the examples' flags (after the message
-/// naming the flag, and sometimes the usage line); they exit with status 2.
-pub const CLAP_FOOTER: &str = "For more information, try '--help'.";
-
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
@@ -103,32 +107,6 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Builds the example `name` of the `ratelimit-examples` package and returns
-/// the path of its executable.
-pub fn example_binary(name: &str) -> PathBuf {
-    let run = escargot::CargoBuild::new()
-        .package("ratelimit-examples")
-        .example(name)
-        .current_target()
-        .run()
-        .unwrap_or_else(|e| panic!("building example {name}: {e}"));
-    run.path().to_path_buf()
-}
-
-/// Spawns the example `name` with `args` and extra environment.
-pub fn spawn_example(name: &str, args: &[&str], env: &[(&str, &str)]) -> ChildGuard {
-    let mut command = Command::new(example_binary(name));
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"))
-}
-
 /// Waits until something accepts TCP connections on `addr`, for at most `limit`.
 pub fn wait_for_port(addr: SocketAddr, limit: Duration) {
     let start = Instant::now();
@@ -139,54 +117,4 @@ pub fn wait_for_port(addr: SocketAddr, limit: Duration) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Spawns the example `name` with `args` and stdout piped, and returns it
-/// with the first `lines` lines it printed there, waiting at most `limit`
-/// for them (the example is killed when the guard drops).
-pub fn spawn_example_lines(
-    name: &str,
-    args: &[&str],
-    lines: usize,
-    limit: Duration,
-) -> (ChildGuard, Vec<String>) {
-    use std::io::{BufRead, BufReader};
-    let mut command = Command::new(example_binary(name));
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child =
-        ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"));
-    let stdout = child.child().stdout.take().expect("piped stdout");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        for _ in 0..lines {
-            let mut line = String::new();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if sender.send(line.trim_end().to_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        // Keep reading, so the example never writes into a closed pipe.
-        let _ = std::io::copy(&mut reader, &mut std::io::sink());
-    });
-    let deadline = Instant::now() + limit;
-    let mut printed = Vec::with_capacity(lines);
-    while printed.len() < lines {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match receiver.recv_timeout(left) {
-            Ok(line) => printed.push(line),
-            Err(_) => panic!(
-                "example {name} {args:?} printed {printed:?}, not {lines} lines, within {limit:?}"
-            ),
-        }
-    }
-    (child, printed)
 }

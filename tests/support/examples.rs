@@ -1,0 +1,149 @@
+//! The example binaries of `ratelimit-examples`: built once, spawned with
+//! their output read, killed when the test drops them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::{ChildGuard, free_port};
+
+/// How `clap` ends every error about the examples' flags (after the message
+/// naming the flag, and sometimes the usage line); they exit with status 2.
+pub const CLAP_FOOTER: &str = "For more information, try '--help'.";
+
+/// Builds the example `name` of the `ratelimit-examples` package and returns
+/// the path of its executable; once per test binary and example (cargo is
+/// asked again only for an example not built yet).
+pub fn example_binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(path) = built.get(name) {
+        return path.clone();
+    }
+    let run = escargot::CargoBuild::new()
+        .package("ratelimit-examples")
+        .example(name)
+        .current_target()
+        .run()
+        .unwrap_or_else(|e| panic!("building example {name}: {e}"));
+    let path = run.path().to_path_buf();
+    built.insert(name.to_owned(), path.clone());
+    path
+}
+
+/// The example `name` with `args`, no stdin, stderr shown with the test's.
+fn command(name: &str, args: &[&str], stdout: Stdio) -> Command {
+    let mut command = Command::new(example_binary(name));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// Spawns the example `name` with `args` and extra environment.
+pub fn spawn_example(name: &str, args: &[&str], env: &[(&str, &str)]) -> ChildGuard {
+    let mut command = command(name, args, Stdio::null());
+    command.envs(env.iter().copied());
+    ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"))
+}
+
+/// Runs the example `name` with `args`, which its flags refuse, and asserts
+/// how: status 2, nothing on stdout, and on stderr `expected` (what names
+/// the flag at fault) and clap's [`CLAP_FOOTER`].
+pub fn assert_refuses_flags(name: &str, args: &[&str], expected: &str) {
+    let output = command(name, args, Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("running example {name}: {e}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{name} {args:?}: {stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{name} {args:?}: {expected:?} in {stderr}"
+    );
+    assert!(stderr.contains(CLAP_FOOTER), "{name} {args:?}: {stderr}");
+    assert!(
+        output.stdout.is_empty(),
+        "{name} {args:?}: nothing on stdout"
+    );
+}
+
+/// Spawns the example `name` with `args` and stdout piped, and returns it
+/// with the first `lines` lines it printed there, waiting at most `limit`
+/// for them (the example is killed when the guard drops).
+pub fn spawn_example_lines(
+    name: &str,
+    args: &[&str],
+    lines: usize,
+    limit: Duration,
+) -> (ChildGuard, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = ChildGuard::spawn(&mut command(name, args, Stdio::piped()))
+        .unwrap_or_else(|e| panic!("spawning example {name}: {e}"));
+    let stdout = child.child().stdout.take().expect("piped stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        for _ in 0..lines {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if sender.send(line.trim_end().to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Keep reading, so the example never writes into a closed pipe.
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    let deadline = Instant::now() + limit;
+    let mut printed = Vec::with_capacity(lines);
+    while printed.len() < lines {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => panic!(
+                "example {name} {args:?} printed {printed:?}, not {lines} lines, within {limit:?}"
+            ),
+        }
+    }
+    (child, printed)
+}
+
+/// An example serving HTTP on a free loopback port, killed when dropped.
+#[derive(Debug)]
+pub struct Listening {
+    _process: ChildGuard,
+    /// `http://127.0.0.1:PORT`, where it serves.
+    pub base: String,
+}
+
+/// Spawns the example `name` with `--listen 127.0.0.1:PORT` (a free port)
+/// and then `args`, and waits at most `limit` for the line it prints once
+/// bound, `listening on http://127.0.0.1:PORT`.
+pub fn spawn_listening(name: &str, args: &[&str], limit: Duration) -> Listening {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let all: Vec<&str> = ["--listen", listen.as_str()]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let (process, lines) = spawn_example_lines(name, &all, 1, limit);
+    assert_eq!(
+        lines[0],
+        format!("listening on http://{listen}"),
+        "the first line of {name} {args:?}"
+    );
+    Listening {
+        _process: process,
+        base: format!("http://{listen}"),
+    }
+}

@@ -1,0 +1,97 @@
+//! Fixtures of the tests that drive the layer in process: a request from a
+//! client, the key extractor that reads it back, a store on a manual clock,
+//! an inner service that answers `ok`, and [`answer`], which sends one
+//! request through a service and reads the whole response.
+
+use std::convert::Infallible;
+use std::future::ready;
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::{MemoryStore, Policy};
+use tower::{Service, ServiceExt, service_fn};
+
+/// The header [`request_from`] names the client in, and [`by_client`] reads.
+pub const CLIENT_HEADER: &str = "x-client";
+
+/// A `GET /` with an empty body from `client` (in [`CLIENT_HEADER`]).
+pub fn request_from(client: &str) -> Request<String> {
+    Request::builder()
+        .header(CLIENT_HEADER, client)
+        .body(String::new())
+        .expect("a valid request")
+}
+
+/// The key extractor of [`request_from`]'s requests: the client's name.
+pub fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
+    req.headers()
+        .get(CLIENT_HEADER)
+        .map(|v| v.as_bytes().to_vec())
+}
+
+/// A `MemoryStore` on a manual clock at 0 that nobody advances: nothing
+/// refills while a test runs.
+pub fn frozen_memory() -> MemoryStore<ManualClock> {
+    MemoryStore::builder().clock(ManualClock::new(0)).build()
+}
+
+/// A fixed window of `limit` per `window` named `name`.
+pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
+    Policy::fixed_window(limit, window)
+        .and_then(|p| p.with_name(name))
+        .expect("a valid policy")
+}
+
+/// The inner service that answers `200 ok` to everything.
+pub fn ok_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<String>| {
+        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
+    })
+}
+
+/// A whole response: status, headers and the body as text.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body, read to its end.
+    pub body: String,
+}
+
+impl Answer {
+    /// The header `name` as text; panics naming it (and the body) when absent.
+    pub fn header(&self, name: &str) -> String {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header; body {:?}", self.body))
+            .to_str()
+            .expect("a text header")
+            .to_owned()
+    }
+}
+
+/// Sends `request` through `service` (`&mut service` to keep it) and reads
+/// the whole response.
+pub async fn answer<S, B>(service: S, request: Request<String>) -> Answer
+where
+    S: Service<Request<String>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let response = service.oneshot(request).await.expect("the service answers");
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.expect("the body").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(bytes.to_vec()).expect("a UTF-8 body"),
+    }
+}
