@@ -17,7 +17,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
-use ratelimit_tests::RedisServer;
+use ratelimit_tests::{RedisServer, assert_refuses_flags};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{
@@ -1311,6 +1311,16 @@ async fn the_watcher_loads_a_file_the_rules_did_not_come_from() {
 
 // ---------------------------------------------------------------------------
 // The example, over loopback HTTP
+
+/// A poll of zero would read the file every millisecond (the watcher's
+/// floor): refused, naming the flag (it was accepted before the flags moved
+/// to clap).
+#[test]
+fn the_config_reload_example_refuses_a_zero_poll() {
+    for poll in ["0s", "0ms", "soon"] {
+        assert_refuses_flags("config_reload", &["--poll", poll], "'--poll <DURATION>'");
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_config_reload_example_follows_its_file() {

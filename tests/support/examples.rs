@@ -54,24 +54,49 @@ pub fn spawn_example(name: &str, args: &[&str], env: &[(&str, &str)]) -> ChildGu
     ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"))
 }
 
+/// How long an example may take to refuse its flags.
+const REFUSAL_LIMIT: Duration = Duration::from_secs(30);
+
 /// Runs the example `name` with `args`, which its flags refuse, and asserts
 /// how: status 2, nothing on stdout, and on stderr `expected` (what names
-/// the flag at fault) and clap's [`CLAP_FOOTER`].
+/// the flag at fault) and clap's [`CLAP_FOOTER`]. An example still running
+/// after 30 s accepted the flags: killed, and the assertion fails.
 pub fn assert_refuses_flags(name: &str, args: &[&str], expected: &str) {
-    let output = command(name, args, Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap_or_else(|e| panic!("running example {name}: {e}"));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{name} {args:?}: {stderr}");
+    use std::io::Read;
+    let mut command = command(name, args, Stdio::piped());
+    command.stderr(Stdio::piped());
+    let mut child =
+        ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("running example {name}: {e}"));
+    let deadline = Instant::now() + REFUSAL_LIMIT;
+    let status = loop {
+        if let Some(status) = child.child().try_wait().expect("the example's status") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} {args:?} still runs after {REFUSAL_LIMIT:?}: it accepted the flags"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let process = child.child();
+    if let Some(mut pipe) = process.stdout.take() {
+        pipe.read_to_string(&mut stdout)
+            .expect("the example's stdout");
+    }
+    if let Some(mut pipe) = process.stderr.take() {
+        pipe.read_to_string(&mut stderr)
+            .expect("the example's stderr");
+    }
+    assert_eq!(status.code(), Some(2), "{name} {args:?}: {stderr}");
     assert!(
         stderr.contains(expected),
         "{name} {args:?}: {expected:?} in {stderr}"
     );
     assert!(stderr.contains(CLAP_FOOTER), "{name} {args:?}: {stderr}");
     assert!(
-        output.stdout.is_empty(),
-        "{name} {args:?}: nothing on stdout"
+        stdout.is_empty(),
+        "{name} {args:?}: nothing on stdout: {stdout}"
     );
 }
 
