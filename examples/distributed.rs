@@ -117,8 +117,8 @@ use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Store};
 use ratelimit_examples::{
-    PolicyArgs, admin_router, api_key_or_peer_ip, exit_with_flag_error, install_prometheus,
-    nonzero_duration, redis_url, serve_metrics, spawn_serve,
+    PolicyArgs, admin_router, api_key_or_peer_ip, bind_listener, exit_with_flag_error,
+    install_prometheus, nonzero_duration, redis_url, serve_metrics, spawn_serve,
 };
 use ratelimit_tower::{FailurePolicy, RateLimitLayer};
 
@@ -314,12 +314,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         .route("/health", get(move || health(breaker.clone())))
         .merge(limited);
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let (listener, addr) = bind_listener("--listen", args.listen).await?;
     if let Some((addr, handle)) = metrics {
         let bound = serve_metrics(addr, handle)
             .await

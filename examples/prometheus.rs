@@ -52,8 +52,8 @@ use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::{DeniedCache, MemoryStore, Policy, Store};
 use ratelimit_examples::{
-    api_key_or_peer_ip, install_prometheus, metrics_router, nonzero_duration, serve_metrics,
-    serve_with_peers,
+    api_key_or_peer_ip, bind_listener, install_prometheus, metrics_router, nonzero_duration,
+    serve_metrics, serve_with_peers,
 };
 use ratelimit_tower::{RateLimitLayer, Rule};
 
@@ -117,12 +117,7 @@ async fn serve(args: Args) -> Result<(), String> {
         limited_routes(MemoryStore::new(), policy, trial)
     };
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let (listener, addr) = bind_listener("--listen", args.listen).await?;
     // `/metrics` is merged after the layer was applied: never rate limited.
     let (app, metrics_addr) = match args.metrics {
         Some(metrics) => {

@@ -25,6 +25,24 @@ pub fn listen_addr_from_env() -> Result<SocketAddr, String> {
     Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
+/// Binds `addr`, given as `flag` on the command line: the listener and the
+/// address it is bound to (the port chosen when `addr`'s is 0).
+///
+/// # Errors
+///
+/// When `addr` cannot be bound; the message names `flag` and `addr`.
+pub async fn bind_listener(
+    flag: &str,
+    addr: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), String> {
+    let bound = async {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        Ok::<_, io::Error>((listener, local))
+    };
+    bound.await.map_err(|e| format!("{flag} {addr}: {e}"))
+}
+
 /// Prints `listening on http://ADDR` on stdout (flushed at once, for the
 /// tools that wait for it), then serves `app` on `listener` as
 /// [`serve_with_peers`] does, until the process ends.

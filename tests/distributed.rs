@@ -221,20 +221,24 @@ async fn three_instances_share_one_limit_on_a_redis_cluster() {
     assert_exactly(&answers, 20, "gcra on a Redis Cluster");
 }
 
+/// Flags the example accepts (it then fails to reach Redis): each bad-flag
+/// case changes one of them or adds one.
+const GOOD_FLAGS: [&str; 10] = [
+    "--listen",
+    "127.0.0.1:1",
+    "--redis",
+    "redis://127.0.0.1:1",
+    "--algorithm",
+    "gcra",
+    "--limit",
+    "10",
+    "--window",
+    "1m",
+];
+
 #[test]
 fn bad_flags_exit_2_naming_the_flag() {
-    let good = [
-        "--listen",
-        "127.0.0.1:1",
-        "--redis",
-        "redis://127.0.0.1:1",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "10",
-        "--window",
-        "1m",
-    ];
+    let good = GOOD_FLAGS;
     let with = |flag: &str, value: &str| -> Vec<String> {
         let mut args: Vec<String> = good.iter().map(|s| (*s).to_owned()).collect();
         let at = args.iter().position(|a| a == flag).expect("a known flag");
@@ -275,18 +279,7 @@ fn bad_flags_exit_2_naming_the_flag() {
 
 #[test]
 fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
-    let good = [
-        "--listen",
-        "127.0.0.1:1",
-        "--redis",
-        "redis://127.0.0.1:1",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "10",
-        "--window",
-        "1m",
-    ];
+    let good = GOOD_FLAGS;
     let cases: [(&[&str], &str); 13] = [
         (&["--failure", "sometimes"], "'--failure <MODE>'"),
         (

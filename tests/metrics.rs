@@ -21,7 +21,7 @@ use ratelimit_core::{
 use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
-use ratelimit_tests::loopback::{client, get};
+use ratelimit_tests::loopback::{client, get, statuses};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
 use ratelimit_tests::{free_port, spawn_example_lines};
 use ratelimit_tower::metrics::{
@@ -479,10 +479,7 @@ async fn the_prometheus_example_serves_every_metric_on_its_listener() {
     let base = base_of(&lines[0]);
     assert_eq!(lines[1], format!("metrics on {base}/metrics"));
     let client = client();
-    let mut statuses = Vec::new();
-    for _ in 0..5 {
-        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
-    }
+    let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 
     let (text, page) = scrape(&client, &format!("{base}/metrics")).await;
@@ -551,10 +548,7 @@ async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_
     let base = base_of(&lines[0]);
     assert_eq!(lines[1], format!("metrics on http://{metrics}/metrics"));
     let client = client();
-    let mut statuses = Vec::new();
-    for _ in 0..5 {
-        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
-    }
+    let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
     assert_eq!(
         get(&client, &format!("{base}/metrics"), "").await.status,
@@ -603,10 +597,7 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
     );
     let base = base_of(&lines[0]);
     let client = client();
-    let mut statuses = Vec::new();
-    for _ in 0..5 {
-        statuses.push(get(&client, &format!("{base}/"), SECRET_KEY).await.status);
-    }
+    let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;
     // 4 divided between 2 instances.
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
     let (text, page) = scrape(&client, &format!("http://{metrics}/metrics")).await;

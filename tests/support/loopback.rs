@@ -32,6 +32,16 @@ pub async fn get(client: &reqwest::Client, url: &str, api_key: &str) -> Answer {
     send(client.get(url).header(API_KEY_HEADER, api_key), url).await
 }
 
+/// The statuses of `n` `GET url` with `x-api-key: api_key`, one after the
+/// other.
+pub async fn statuses(client: &reqwest::Client, url: &str, api_key: &str, n: usize) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        statuses.push(get(client, url, api_key).await.status);
+    }
+    statuses
+}
+
 /// `GET url` without `x-api-key`: keyed by the client IP, `127.0.0.1`.
 pub async fn get_by_ip(client: &reqwest::Client, url: &str) -> Answer {
     send(client.get(url), url).await
