@@ -8,51 +8,31 @@
 //! and where a refill could intervene (`per_route_cost`, one unit every
 //! 600 ms) a run that took too long is repeated with a fresh key.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use ratelimit_tests::{ChildGuard, free_port, spawn_example, wait_for_port};
+use ratelimit_tests::loopback::client;
+use ratelimit_tests::{Listening, spawn_on_env_port};
 use serde_json::Value;
 
 /// An example serving on loopback, stopped on drop.
 struct Example {
-    _process: ChildGuard,
-    base: String,
+    listening: Listening,
     client: reqwest::Client,
 }
 
 impl Example {
     /// Builds and starts the example `name` on a free port, and waits for it.
     fn start(name: &str) -> Example {
-        let port = free_port();
-        let mut process = spawn_example(name, &[], &[("PORT", &port.to_string())]);
-        wait_for_port(
-            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-            Duration::from_secs(30),
-        );
-        // Listening, and not something else that took the port first.
-        assert!(
-            process
-                .child()
-                .try_wait()
-                .expect("example status")
-                .is_none(),
-            "{name} exited"
-        );
         Example {
-            _process: process,
-            base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("client"),
+            listening: spawn_on_env_port(name, Duration::from_secs(30)),
+            client: client(),
         }
     }
 
     /// `GET path` with `headers`.
     async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut request = self.client.get(format!("{}{path}", self.base));
+        let mut request = self.client.get(format!("{}{path}", self.listening.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
         }

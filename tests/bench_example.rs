@@ -241,23 +241,13 @@ fn http_bench_serves_each_variant() {
     let server = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     for variant in ["none", "memory", "governor", "redis"] {
-        let port = ratelimit_tests::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let _child = ratelimit_tests::spawn_example(
+        let example = ratelimit_tests::spawn_listening(
             "http_bench",
-            &[
-                "--variant",
-                variant,
-                "--listen",
-                &listen,
-                "--redis",
-                &server.url(),
-            ],
-            &[],
+            &["--variant", variant, "--redis", &server.url()],
+            std::time::Duration::from_secs(60),
         );
-        ratelimit_tests::wait_for_port(listen.parse().unwrap(), std::time::Duration::from_secs(60));
         let response = runtime
-            .block_on(reqwest::get(format!("http://{listen}/")))
+            .block_on(reqwest::get(format!("{}/", example.base)))
             .unwrap();
         assert_eq!(response.status(), 200, "{variant}");
         let limited = response.headers().contains_key("ratelimit");

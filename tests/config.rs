@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +17,8 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
-use ratelimit_tests::{RedisServer, assert_refuses_flags};
+use ratelimit_tests::loopback::client;
+use ratelimit_tests::{RedisServer, assert_refuses_flags, spawn_listening};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{
@@ -1333,36 +1334,20 @@ async fn the_config_reload_example_follows_its_file() {
         )
     };
     write(&path, &config(2));
-    let port = ratelimit_tests::free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut process = ratelimit_tests::spawn_example(
+    let example = spawn_listening(
         "config_reload",
         &[
             "--config",
             path.to_str().expect("utf-8 path"),
-            "--listen",
-            &listen,
             "--poll",
             "50ms",
         ],
-        &[],
-    );
-    ratelimit_tests::wait_for_port(
-        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         Duration::from_secs(60),
     );
-    assert!(
-        process.child().try_wait().expect("status").is_none(),
-        "exited"
-    );
-
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client");
+    let client = client();
     let get = |path: &'static str| {
         let client = client.clone();
-        let url = format!("http://{listen}{path}");
+        let url = format!("{}{path}", example.base);
         async move { client.get(url).send().await.expect("request").status() }
     };
     for _ in 0..2 {

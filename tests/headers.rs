@@ -29,7 +29,8 @@ use http::HeaderMap;
 use ratelimit_axum::{Limiter, QuotaExceeded};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tests::{free_port, spawn_example, wait_for_port};
+use ratelimit_tests::loopback::client;
+use ratelimit_tests::spawn_on_env_port;
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 use ratelimit_tower::{GlobalKey, PeerIp, RateLimitLayer, Rule};
 use serde_json::Value;
@@ -67,14 +68,6 @@ async fn serve(app: Router) -> String {
         .expect("serve");
     });
     format!("http://{addr}")
-}
-
-/// A client that gives up after 10 s.
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client")
 }
 
 /// The current Unix time in whole seconds, rounded down.
@@ -1021,22 +1014,8 @@ async fn limiter_in_a_handler() {
 
 #[tokio::test]
 async fn quickstart_sixth_response() {
-    let port = free_port();
-    let mut server = spawn_example("quickstart", &[], &[("PORT", &port.to_string())]);
-    wait_for_port(
-        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        Duration::from_secs(30),
-    );
-    // Listening, and not something else that took the port first.
-    assert!(
-        server
-            .child()
-            .try_wait()
-            .expect("quickstart status")
-            .is_none(),
-        "quickstart exited"
-    );
-    let url = format!("http://127.0.0.1:{port}/");
+    let server = spawn_on_env_port("quickstart", Duration::from_secs(30));
+    let url = format!("{}/", server.base);
     let client = client();
     let policy = r#""per-ip";q=5;w=10"#;
     for i in 0..5 {

@@ -1,25 +1,17 @@
 //! The quickstart example, run as a real process and asked by a real HTTP
 //! client over loopback: 5 × 200, then 429 with `Retry-After`.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use ratelimit_tests::{ChildGuard, example_binary, free_port, spawn_example, wait_for_port};
+use ratelimit_tests::loopback::client;
+use ratelimit_tests::{ChildGuard, example_binary, spawn_on_env_port};
 
 #[tokio::test]
 async fn quickstart_allows_five_then_429_with_retry_after() {
-    let port = free_port();
-    let _server = spawn_example("quickstart", &[], &[("PORT", &port.to_string())]);
-    wait_for_port(
-        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        Duration::from_secs(30),
-    );
-    let url = format!("http://127.0.0.1:{port}/");
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let server = spawn_on_env_port("quickstart", Duration::from_secs(30));
+    let url = format!("{}/", server.base);
+    let client = client();
 
     for i in 0..5 {
         let response = client.get(&url).send().await.unwrap();

@@ -109,9 +109,26 @@ pub fn spawn_example_lines(
     lines: usize,
     limit: Duration,
 ) -> (ChildGuard, Vec<String>) {
+    spawn_lines(
+        command(name, args, Stdio::piped()),
+        name,
+        args,
+        lines,
+        limit,
+    )
+}
+
+/// [`spawn_example_lines`] of a command already made.
+fn spawn_lines(
+    mut command: Command,
+    name: &str,
+    args: &[&str],
+    lines: usize,
+    limit: Duration,
+) -> (ChildGuard, Vec<String>) {
     use std::io::{BufRead, BufReader};
-    let mut child = ChildGuard::spawn(&mut command(name, args, Stdio::piped()))
-        .unwrap_or_else(|e| panic!("spawning example {name}: {e}"));
+    let mut child =
+        ChildGuard::spawn(&mut command).unwrap_or_else(|e| panic!("spawning example {name}: {e}"));
     let stdout = child.child().stdout.take().expect("piped stdout");
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -170,5 +187,25 @@ pub fn spawn_listening(name: &str, args: &[&str], limit: Duration) -> Listening 
     Listening {
         _process: process,
         base: format!("http://{listen}"),
+    }
+}
+
+/// Spawns the example `name`, which takes no flags, with `PORT` set to a
+/// free port, and waits at most `limit` for the line it prints once bound,
+/// `listening on http://127.0.0.1:PORT`.
+pub fn spawn_on_env_port(name: &str, limit: Duration) -> Listening {
+    let port = free_port().to_string();
+    let mut command = command(name, &[], Stdio::piped());
+    command.env("PORT", &port);
+    let (process, lines) = spawn_lines(command, name, &[], 1, limit);
+    let base = format!("http://127.0.0.1:{port}");
+    assert_eq!(
+        lines[0],
+        format!("listening on {base}"),
+        "the first line of {name}"
+    );
+    Listening {
+        _process: process,
+        base,
     }
 }
