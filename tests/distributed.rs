@@ -34,6 +34,27 @@ const PER_INSTANCE: usize = 30;
 /// A running instance of the example, killed when dropped.
 type Instance = Listening;
 
+/// `--redis`, `--algorithm`, `--limit` and `--window`, then `more` flags.
+fn policy_flags<'a>(
+    redis: &'a str,
+    algorithm: &'a str,
+    limit: &'a str,
+    window: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let policy = [
+        "--redis",
+        redis,
+        "--algorithm",
+        algorithm,
+        "--limit",
+        limit,
+        "--window",
+        window,
+    ];
+    [&policy[..], more].concat()
+}
+
 /// Spawns an instance on a free loopback port with `args` after `--listen`,
 /// and waits for its `listening on http://ADDR` line.
 fn spawn_instance(args: &[&str]) -> Instance {
@@ -132,16 +153,7 @@ async fn three_instances_share_one_limit_for_every_algorithm() {
             (20, "1d", "/")
         };
         let limit_text = limit.to_string();
-        let instances = spawn_instances(&[
-            "--redis",
-            &url,
-            "--algorithm",
-            algorithm,
-            "--limit",
-            &limit_text,
-            "--window",
-            window,
-        ]);
+        let instances = spawn_instances(&policy_flags(&url, algorithm, &limit_text, window, &[]));
         // Open each instance's Redis connection and load the scripts with
         // another key, so the burst's checks all land well within /slow's second.
         for instance in &instances {
@@ -159,16 +171,7 @@ async fn three_instances_share_one_limit_for_every_algorithm() {
 async fn expensive_requests_cost_ten_from_the_same_budget() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let instances = spawn_instances(&[
-        "--redis",
-        &url,
-        "--algorithm",
-        "fixed-window",
-        "--limit",
-        "25",
-        "--window",
-        "1d",
-    ]);
+    let instances = spawn_instances(&policy_flags(&url, "fixed-window", "25", "1d", &[]));
     let client = client();
     let mut next = instances.iter().map(|i| i.base.as_str()).cycle();
     let mut ask = async |path: &str| {
@@ -332,16 +335,7 @@ fn help_describes_the_admin_api() {
 async fn health_is_not_rate_limited_and_says_ok_without_fallback() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let instance = spawn_instance(&[
-        "--redis",
-        &url,
-        "--algorithm",
-        "fixed-window",
-        "--limit",
-        "1",
-        "--window",
-        "1d",
-    ]);
+    let instance = spawn_instance(&policy_flags(&url, "fixed-window", "1", "1d", &[]));
     let client = client();
     let root = format!("{}/", instance.base);
     let health = format!("{}/health", instance.base);
@@ -363,18 +357,13 @@ async fn failure_flag_decides_what_a_dead_redis_means() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     redis.stop();
-    let common = [
-        "--redis",
+    let common = policy_flags(
         url.as_str(),
-        "--algorithm",
         "sliding-log",
-        "--limit",
         "8",
-        "--window",
         "1h",
-        "--timeout",
-        "50ms",
-    ];
+        &["--timeout", "50ms"],
+    );
     let closed = spawn_instance(&common);
     let explicit_closed = spawn_instance(&[&common[..], &["--failure", "closed"]].concat());
     let open = spawn_instance(&[&common[..], &["--failure", "open"]].concat());
@@ -484,16 +473,7 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
     let url = redis.url();
     let admin_addr = format!("127.0.0.1:{}", free_port());
     // 5 per day: nothing refills while the test runs (one unit per 4.8 h).
-    let common = [
-        "--redis",
-        url.as_str(),
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "5",
-        "--window",
-        "1d",
-    ];
+    let common = policy_flags(url.as_str(), "gcra", "5", "1d", &[]);
     let with_admin = spawn_instance(&[&common[..], &["--admin", admin_addr.as_str()]].concat());
     let plain = spawn_instance(&common);
     let client = client();
@@ -636,18 +616,13 @@ async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();
     let url = redis.url();
     let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&[
-        "--redis",
+    let instance = spawn_instance(&policy_flags(
         &url,
-        "--algorithm",
         "fixed-window",
-        "--limit",
         "2",
-        "--window",
         "1d",
-        "--admin",
-        &admin_addr,
-    ]);
+        &["--admin", &admin_addr],
+    ));
     let client = client();
     let root = format!("{}/", instance.base);
     for expected in [200, 200, 429] {
@@ -680,22 +655,20 @@ async fn admin_operations_refuse_concurrency_adjustments_and_need_redis() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&[
-        "--redis",
+    let instance = spawn_instance(&policy_flags(
         &url,
-        "--algorithm",
         "concurrency",
-        "--limit",
         "3",
-        "--window",
         "1h",
-        "--timeout",
-        "200ms",
-        "--failure",
-        "open",
-        "--admin",
-        &admin_addr,
-    ]);
+        &[
+            "--timeout",
+            "200ms",
+            "--failure",
+            "open",
+            "--admin",
+            &admin_addr,
+        ],
+    ));
     let client = client();
     let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
     let peek = admin(&client, false, &keys).await;
