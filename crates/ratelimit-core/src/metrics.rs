@@ -60,3 +60,15 @@ pub(crate) fn record_transition(name: &str, from: &'static str, to: &'static str
     )
     .increment(1);
 }
+
+/// Gauge: seconds since this region's Redis last heard from a peer region
+/// (`+Inf` before the first time), labelled `region` and `peer`; set every
+/// sync interval by a [`MultiRegionStore`](crate::multi_region::MultiRegionStore).
+pub const REGION_PEER_STALENESS: &str = "ratelimit_region_peer_staleness_seconds";
+
+/// Counter: times a peer region became stale (counted at its conservative
+/// share), labelled `region` and `peer`.
+pub const REGION_STALE_TRANSITIONS: &str = "ratelimit_region_peer_stale_total";
+
+/// Counter: pushes to a peer region that failed, labelled `region` and `peer`.
+pub const REGION_PUSH_FAILURES: &str = "ratelimit_region_push_failures_total";
