@@ -384,3 +384,158 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
         assert!(ttl > 0, "{key}: {ttl}");
     }
 }
+
+/// The tower layer works unchanged on top: one limit across two regions'
+/// layers, 429 with `Retry-After` once the shared budget is used, and the
+/// failure policy when the region's own Redis is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_works_unchanged_on_top() {
+    use http::{Request, Response, StatusCode};
+    use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+
+    let mut regions = Regions::start(Duration::from_millis(10), Duration::from_secs(2)).await;
+    regions.wait_fresh().await;
+    let policy = fixed(4);
+    let inner = tower::service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let layers: Vec<_> = regions
+        .stores
+        .iter()
+        .map(|store| {
+            RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+                .on_failure(FailurePolicy::Closed)
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let service = layers[i % 2].layer(inner);
+        let response = service.oneshot(Request::new(())).await.expect("a response");
+        statuses.push(response.status());
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        // Further apart than one sync plus the lag on loopback.
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(ok, 4, "{statuses:?}");
+    regions.servers[0].stop();
+    let response = layers[0]
+        .layer(inner)
+        .oneshot(Request::new(()))
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// With 100 ms between regions (the fault proxy's latency), uneven and even
+/// traffic both stay within `limit` plus what the other regions admitted
+/// during one sync interval plus one replication lag; the over-admission is
+/// printed for BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bound_holds_with_100_ms_between_regions() {
+    let sync = Duration::from_millis(100);
+    let latency = Duration::from_millis(100);
+    for (name, pick) in [
+        (
+            "80/10/10",
+            (|i: usize| [0, 0, 0, 0, 0, 0, 0, 0, 1, 2][i % 10]) as fn(usize) -> usize,
+        ),
+        ("even", |i: usize| i % 3),
+    ] {
+        let regions = Regions::start(sync, Duration::from_secs(2)).await;
+        for proxy in regions.proxies.iter().flatten().flatten() {
+            proxy.set_latency(latency);
+        }
+        regions.wait_fresh().await;
+        let limit = 100;
+        let policy = fixed(limit);
+        let admitted = traffic(
+            &regions,
+            &policy,
+            b"far",
+            600,
+            Duration::from_millis(1),
+            pick,
+        )
+        .await;
+        let per_region: Vec<usize> = admitted.iter().map(Vec::len).collect();
+        let total: usize = per_region.iter().sum();
+        // The lag: the proxy's latency plus a margin for loopback and scheduling.
+        let extra = lagging(&admitted, sync + latency + Duration::from_millis(30));
+        eprintln!(
+            "{name}, sync {sync:?}, {latency:?} between regions: admitted {per_region:?}, \
+             total {total}, over-admission {}, bound {limit} + {extra}",
+            total.saturating_sub(limit as usize)
+        );
+        assert!(total >= limit as usize, "{per_region:?}");
+        assert!(
+            total <= limit as usize + extra,
+            "{total} > {limit} + {extra}"
+        );
+    }
+}
+
+/// The point of it: a decision in the region's own Redis against one in a
+/// global Redis 50 ms away (through the fault proxy). Prints the medians
+/// and 99th percentiles for BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
+    use ratelimit_core::redis::RedisStore;
+
+    let regions = Regions::start(Duration::from_millis(100), Duration::from_secs(2)).await;
+    for proxy in regions.proxies.iter().flatten().flatten() {
+        proxy.set_latency(Duration::from_millis(50));
+    }
+    regions.wait_fresh().await;
+    let global_redis = RedisServer::start();
+    let far = FaultProxy::start(global_redis.addr());
+    far.set_latency(Duration::from_millis(50));
+    let global = RedisStore::builder(far.redis_url())
+        .call_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("a Redis store");
+    let policy = fixed(1_000_000);
+    // Warm up: connections, the ACL probe and script loads are not timed.
+    regions.stores[0]
+        .check(b"lat", &policy, 1)
+        .await
+        .expect("a decision");
+    global.check(b"lat", &policy, 1).await.expect("a decision");
+    let samples = 100;
+    let mut local_times = Vec::with_capacity(samples);
+    let mut global_times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        assert!(
+            regions.stores[0]
+                .check(b"lat", &policy, 1)
+                .await
+                .expect("a decision")
+                .is_allowed()
+        );
+        local_times.push(start.elapsed());
+        let start = Instant::now();
+        assert!(
+            global
+                .check(b"lat", &policy, 1)
+                .await
+                .expect("a decision")
+                .is_allowed()
+        );
+        global_times.push(start.elapsed());
+    }
+    local_times.sort();
+    global_times.sort();
+    let (local_p50, local_p99) = (local_times[samples / 2], local_times[samples * 99 / 100]);
+    let (global_p50, global_p99) = (global_times[samples / 2], global_times[samples * 99 / 100]);
+    eprintln!(
+        "decision latency over {samples} sequential checks: local region p50 {local_p50:?} p99 {local_p99:?}; \
+         global Redis 50 ms away p50 {global_p50:?} p99 {global_p99:?}"
+    );
+    assert!(global_p50 >= Duration::from_millis(50));
+    assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
+}
