@@ -4,6 +4,8 @@ use std::time::Duration;
 
 pub use admin::admin_router;
 
+pub mod region;
+
 /// Parses a duration such as `500ms`, `10s`, `2m`, `1h` or `1d`.
 ///
 /// ```

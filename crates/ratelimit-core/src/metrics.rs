@@ -5,6 +5,9 @@
 //! |---|---|---|---|
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open; set on every transition |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | transitions; `from` and `to` are `closed`, `half_open` or `open` |
+//! | `ratelimit_region_peer_staleness_seconds` | gauge | `region`, `peer` | seconds since `region`'s Redis last heard from `peer` (`+Inf` before the first time), set every sync interval |
+//! | `ratelimit_region_peer_stale_total` | counter | `region`, `peer` | times `peer` became stale for `region` (then counted at its conservative share) |
+//! | `ratelimit_region_push_failures_total` | counter | `region`, `peer` | pushes of `region`'s counts to `peer` that failed (retried at the next sync) |
 //!
 //! `breaker` is the breaker's name ([`CircuitBreaker::with_name`](crate::CircuitBreaker::with_name),
 //! `default` unless given). The gauge appears with the first transition: a
@@ -44,6 +47,19 @@ pub fn describe() {
     ::metrics::describe_counter!(
         CIRCUIT_BREAKER_TRANSITIONS,
         "Transitions of a rate-limit store's circuit breaker, by from and to state."
+    );
+    ::metrics::describe_gauge!(
+        REGION_PEER_STALENESS,
+        ::metrics::Unit::Seconds,
+        "Seconds since a region last heard from a peer region (multi-region store)."
+    );
+    ::metrics::describe_counter!(
+        REGION_STALE_TRANSITIONS,
+        "Times a peer region became stale and was counted at its conservative share."
+    );
+    ::metrics::describe_counter!(
+        REGION_PUSH_FAILURES,
+        "Failed pushes of a region's counts to a peer region."
     );
 }
 

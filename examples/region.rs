@@ -1,0 +1,115 @@
+//! The multi-region wiring of the `distributed` example: `--region NAME`,
+//! `--peer NAME=URL` (repeatable) and `--sync DURATION`, and the
+//! [`MultiRegionStore`] they build.
+
+use std::time::Duration;
+
+use ratelimit_core::multi_region::{DEFAULT_SYNC, MultiRegionStore};
+
+/// The multi-region flags of one instance.
+#[derive(Debug, Clone, Default)]
+pub struct RegionFlags {
+    /// `--region NAME`: this instance's region; `None` for one shared Redis.
+    pub region: Option<String>,
+    /// `--peer NAME=URL`, once per other region: its name and its Redis.
+    pub peers: Vec<(String, String)>,
+    /// `--sync DURATION`: how often counts are pushed to the peers
+    /// (default [`DEFAULT_SYNC`], 100 ms).
+    pub sync: Option<Duration>,
+}
+
+/// Parses `NAME=URL` (the value of `--peer`).
+pub fn parse_peer(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, url))
+            if !name.is_empty()
+                && (url.starts_with("redis://") || url.starts_with("rediss://")) =>
+        {
+            Ok((name.to_owned(), url.to_owned()))
+        }
+        _ => Err(format!(
+            "--peer: {text:?} is not NAME=URL, such as us=redis://10.0.2.1:6379"
+        )),
+    }
+}
+
+impl RegionFlags {
+    /// Refuses combinations that make no sense: peers or `--sync` without
+    /// `--region`, a region without peers, or a region on a Redis Cluster.
+    pub fn check(&self, cluster: bool) -> Result<(), String> {
+        match &self.region {
+            None if !self.peers.is_empty() || self.sync.is_some() => {
+                Err(String::from("--peer and --sync need --region"))
+            }
+            Some(_) if self.peers.is_empty() => {
+                Err(String::from("--region needs at least one --peer NAME=URL"))
+            }
+            Some(_) if cluster => Err(String::from(
+                "--region: each region's Redis is one node, not a --cluster",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The store of this region on `redis` (its own Redis), or `None`
+    /// without `--region`. Decisions get `timeout` each.
+    pub async fn store(
+        &self,
+        redis: &str,
+        timeout: Duration,
+    ) -> Result<Option<MultiRegionStore>, String> {
+        let Some(region) = &self.region else {
+            return Ok(None);
+        };
+        let mut builder = MultiRegionStore::builder(region.clone(), redis)
+            .sync(self.sync.unwrap_or(DEFAULT_SYNC))
+            .call_timeout(timeout);
+        for (name, url) in &self.peers {
+            builder = builder.peer(name.clone(), url.clone());
+        }
+        let store = builder
+            .build()
+            .await
+            .map_err(|e| format!("--region {region} --redis {redis}: {e}"))?;
+        eprintln!(
+            "region {region}: deciding in {redis}, syncing with {} every {:?}",
+            self.peers
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.sync.unwrap_or(DEFAULT_SYNC)
+        );
+        Ok(Some(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_name_equals_url() {
+        assert_eq!(
+            parse_peer("us=redis://127.0.0.1:6380").expect("valid"),
+            ("us".to_owned(), "redis://127.0.0.1:6380".to_owned())
+        );
+        assert!(parse_peer("us").is_err());
+        assert!(parse_peer("=redis://x").is_err());
+        assert!(parse_peer("us=http://x").is_err());
+    }
+
+    #[test]
+    fn flags_that_need_a_region_are_refused_without_one() {
+        let flags = RegionFlags {
+            peers: vec![("us".into(), "redis://x".into())],
+            ..RegionFlags::default()
+        };
+        assert!(flags.check(false).is_err());
+        let alone = RegionFlags {
+            region: Some("eu".into()),
+            ..RegionFlags::default()
+        };
+        assert!(alone.check(false).is_err());
+    }
+}
