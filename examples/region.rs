@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use ratelimit_core::Policy;
+use ratelimit_core::multi_region::counts::supports;
 use ratelimit_core::multi_region::{DEFAULT_SYNC, MultiRegionStore};
 
 /// The multi-region flags of one instance.
@@ -52,15 +54,23 @@ impl RegionFlags {
     }
 
     /// The store of this region on `redis` (its own Redis), or `None`
-    /// without `--region`. Decisions get `timeout` each.
+    /// without `--region`. Decisions get `timeout` each. A policy whose
+    /// state is not a count per window is refused here, at start-up.
     pub async fn store(
         &self,
         redis: &str,
         timeout: Duration,
+        policy: &Policy,
     ) -> Result<Option<MultiRegionStore>, String> {
         let Some(region) = &self.region else {
             return Ok(None);
         };
+        if !supports(policy) {
+            return Err(format!(
+                "--region: --algorithm {} is not supported across regions (use fixed-window or sliding-window)",
+                policy.algorithm().kind()
+            ));
+        }
         let mut builder = MultiRegionStore::builder(region.clone(), redis)
             .sync(self.sync.unwrap_or(DEFAULT_SYNC))
             .call_timeout(timeout);
