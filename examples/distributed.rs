@@ -48,6 +48,10 @@
 //!   (`ratelimit_decisions_total{policy,outcome}` and others, see
 //!   `ratelimit_tower::metrics`) and, with `--failure fallback`, the breaker's
 //!   (`ratelimit_circuit_breaker_state{breaker="redis"}`);
+//! - `--region NAME`, `--peer NAME=URL` (once per other region), `--sync
+//!   DURATION` (default `100ms`): serve region `NAME`, deciding in its own
+//!   `--redis` against the counts of every region (`MultiRegionStore`, see
+//!   the README's multi-region demo); `fixed-window` or `sliding-window` only;
 //! - `--admin ADDR`: serve the admin API (below) on `ADDR`, its own listener
 //!   (never `--listen`'s address, nor `--metrics`'). It has no
 //!   authentication: bind it to loopback (`127.0.0.1:9091`) or an internal
@@ -126,7 +130,8 @@ use ratelimit_tower::{FailurePolicy, Key, PeerIp, RateLimitLayer};
 const USAGE: &str = "usage: distributed --listen ADDR --redis URL [--redis URL ...] [--cluster] \
      --algorithm <fixed-window|sliding-log|sliding-window|token-bucket|gcra|leaky-bucket|concurrency> \
      --limit N --window DURATION [--failure <open|closed|fallback>] [--timeout DURATION] \
-     [--instances N] [--shadow] [--metrics ADDR] [--admin ADDR]";
+     [--instances N] [--shadow] [--metrics ADDR] [--admin ADDR] \
+     [--region NAME --peer NAME=URL ... [--sync DURATION]]";
 
 /// What `--help` prints after the usage line.
 const HELP: &str = "\
@@ -148,6 +153,9 @@ and GET /health. Requests are keyed by x-api-key (hashed), else the client IP.
   --timeout DURATION   how long Redis has to decide a request (default 500ms)
   --instances N        instances sharing the limit, for --failure fallback (default 3)
   --shadow             decide and count every request, refuse none
+  --region NAME        serve region NAME: decide in its own --redis against all
+  --peer NAME=URL      regions' counts; one --peer per other region's Redis
+  --sync DURATION      how often counts go to the peers (default 100ms)
   --metrics ADDR       serve GET /metrics (Prometheus text format) on ADDR
   --admin ADDR         serve the admin API on ADDR, another address than --listen.
                        It has no authentication: bind it to loopback or an
@@ -203,6 +211,7 @@ struct Args {
     shadow: bool,
     metrics: Option<SocketAddr>,
     admin: Option<SocketAddr>,
+    regions: ratelimit_examples::region::RegionFlags,
 }
 
 /// What to do when Redis cannot decide (`--failure`).
@@ -279,6 +288,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     let mut shadow = false;
     let mut metrics = None;
     let mut admin = None;
+    let mut regions = ratelimit_examples::region::RegionFlags::default();
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -401,6 +411,14 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
                 })?;
                 set_once(&mut instances, n, "--instances")?;
             }
+            "--region" => set_once(&mut regions.region, value()?, "--region")?,
+            "--peer" => regions
+                .peers
+                .push(ratelimit_examples::region::parse_peer(&value()?)?),
+            "--sync" => {
+                let sync = parse_duration(&value()?).map_err(|e| format!("--sync: {e}"))?;
+                set_once(&mut regions.sync, sync, "--sync")?;
+            }
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
@@ -415,6 +433,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         return Err(String::from("missing --redis"));
     }
     let listen = listen.ok_or("missing --listen")?;
+    regions.check(cluster)?;
+    if regions.region.is_some() && (admin.is_some() || failure == Some(Failure::Fallback)) {
+        return Err(String::from("--region: no --admin, nor --failure fallback"));
+    }
     if let Some(admin) = admin {
         // The admin API has no authentication: never on the public listener.
         if collide(admin, listen) {
@@ -441,6 +463,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         shadow,
         metrics,
         admin,
+        regions,
     }))
 }
 
@@ -507,6 +530,18 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         eprintln!("warning: Redis at {redis} does not answer ({e}); {then}");
     }
 
+    let failure = match args.failure {
+        Failure::Open => FailurePolicy::Open,
+        _ => FailurePolicy::Closed,
+    };
+    let region = match args
+        .regions
+        .store(&args.redis[0], args.timeout, &policy)
+        .await?
+    {
+        Some(store) => Some(limited_routes(store, policy.clone(), failure)),
+        None => None,
+    };
     // The admin API acts on the store the layer decides with, under the
     // same policy, so its keys are the layer's keys.
     let (limited, admin, breaker) = match args.failure {
@@ -536,6 +571,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             (routes, admin_router(store, policy), Some(breaker))
         }
     };
+    let limited = region.unwrap_or(limited);
     // Not rate limited: merged after the layer was applied to the others.
     let app = Router::new()
         .route("/health", get(move || health(breaker.clone())))
