@@ -211,7 +211,7 @@ struct Args {
     shadow: bool,
     metrics: Option<SocketAddr>,
     admin: Option<SocketAddr>,
-    regions: ratelimit_examples::region::RegionFlags,
+    regions: Box<ratelimit_examples::region::RegionFlags>,
 }
 
 /// What to do when Redis cannot decide (`--failure`).
@@ -463,7 +463,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         shadow,
         metrics,
         admin,
-        regions,
+        regions: Box::new(regions),
     }))
 }
 
@@ -534,14 +534,11 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         Failure::Open => FailurePolicy::Open,
         _ => FailurePolicy::Closed,
     };
-    let region = match args
+    let region = args
         .regions
         .store(&args.redis[0], args.timeout, &policy)
         .await?
-    {
-        Some(store) => Some(limited_routes(store, policy.clone(), failure)),
-        None => None,
-    };
+        .map(|store| limited_routes(store, policy.clone(), failure));
     // The admin API acts on the store the layer decides with, under the
     // same policy, so its keys are the layer's keys.
     let (limited, admin, breaker) = match args.failure {

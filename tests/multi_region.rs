@@ -113,7 +113,8 @@ impl Regions {
     }
 }
 
-fn fixed(limit: u64) -> Policy {
+fn fixed(limit: usize) -> Policy {
+    let limit = u64::try_from(limit).expect("a limit");
     Policy::fixed_window(limit, Duration::from_secs(3600))
         .expect("valid")
         .with_name("mr")
@@ -198,15 +199,9 @@ async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
     // One sync interval plus a generous replication lag on loopback.
     let extra = lagging(&admitted, sync + Duration::from_millis(30));
     eprintln!("80/10/10: admitted {per_region:?}, total {total}, bound {limit} + {extra}");
-    assert!(per_region[0] > 2 * limit as usize / 3, "{per_region:?}");
-    assert!(
-        total >= limit as usize,
-        "the budget was used: {per_region:?}"
-    );
-    assert!(
-        total <= limit as usize + extra,
-        "{total} > {limit} + {extra}"
-    );
+    assert!(per_region[0] > 2 * limit / 3, "{per_region:?}");
+    assert!(total >= limit, "the budget was used: {per_region:?}");
+    assert!(total <= limit + extra, "{total} > {limit} + {extra}");
     regions.assert_every_key_has_a_ttl();
 }
 
@@ -229,7 +224,7 @@ async fn spaced_requests_admit_the_limit_exactly() {
     )
     .await;
     let total: usize = admitted.iter().map(Vec::len).sum();
-    assert_eq!(total, limit as usize, "{admitted:?}");
+    assert_eq!(total, limit, "{admitted:?}");
 }
 
 /// Several limits of one request are all or nothing within the region;
@@ -305,8 +300,8 @@ async fn a_partition_keeps_each_side_within_its_share_and_heals() {
     // Before: 3 per region. The isolated region counts each peer at
     // max(3, 33): it reaches 99 - 66 in all, 30 more. The other side counts
     // it at 33 and itself at 6: 60 more.
-    assert_eq!(eu, limit as usize - 2 * share - 3, "isolated side");
-    assert_eq!(us, limit as usize - share - 6, "the other side");
+    assert_eq!(eu, limit - 2 * share - 3, "isolated side");
+    assert_eq!(us, limit - share - 6, "the other side");
     regions.isolate(0, Mode::Forward);
     let healed = Instant::now();
     let hash = regions.stores[0].state_key(b"split", &policy);
@@ -468,13 +463,10 @@ async fn the_bound_holds_with_100_ms_between_regions() {
         eprintln!(
             "{name}, sync {sync:?}, {latency:?} between regions: admitted {per_region:?}, \
              total {total}, over-admission {}, bound {limit} + {extra}",
-            total.saturating_sub(limit as usize)
+            total.saturating_sub(limit)
         );
-        assert!(total >= limit as usize, "{per_region:?}");
-        assert!(
-            total <= limit as usize + extra,
-            "{total} > {limit} + {extra}"
-        );
+        assert!(total >= limit, "{per_region:?}");
+        assert!(total <= limit + extra, "{total} > {limit} + {extra}");
     }
 }
 

@@ -60,7 +60,7 @@ impl Simulation {
         for &(now, region, cost) in requests {
             // Sync ticks up to now: every region pushes its components.
             while next_sync <= now {
-                for from in 0..n {
+                for (from, values) in own.iter().enumerate() {
                     for to in (0..n).filter(|&to| to != from && !apart(from, to)) {
                         let lag = self.lags[pushes % self.lags.len()];
                         pushes += 1;
@@ -68,7 +68,7 @@ impl Simulation {
                             at: next_sync + lag,
                             from,
                             to,
-                            values: own[from].clone(),
+                            values: values.clone(),
                         });
                     }
                 }
