@@ -531,3 +531,44 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
     assert!(global_p50 >= Duration::from_millis(50));
     assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
 }
+
+/// Partitions are logged and counted: the staleness gauge per region and
+/// peer, the count of stale transitions, and failed pushes.
+#[test]
+fn staleness_is_a_gauge_and_transitions_are_counted() {
+    use ratelimit_core::metrics::{
+        REGION_PEER_STALENESS, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS,
+    };
+    use ratelimit_tests::metrics::capture;
+
+    let ((), recorded) = capture(false, || async {
+        let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(200)).await;
+        regions.wait_fresh().await;
+        regions.isolate(0, Mode::Drop);
+        let cut = Instant::now();
+        while !regions.stores[0].peers().iter().all(|p| p.stale) {
+            assert!(cut.elapsed() < Duration::from_secs(5), "never stale");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = regions.stores[0].sync_now().await;
+        let _ = regions.stores[1].sync_now().await;
+    });
+    let eu_us = [("region", "eu"), ("peer", "us")];
+    let stale_for = recorded
+        .gauge(REGION_PEER_STALENESS, &eu_us)
+        .expect("a staleness gauge");
+    assert!(stale_for > 0.2, "{stale_for}");
+    let fresh = recorded
+        .gauge(REGION_PEER_STALENESS, &[("region", "us"), ("peer", "ap")])
+        .expect("a staleness gauge");
+    assert!(fresh < 0.2, "{fresh}");
+    assert_eq!(recorded.counter(REGION_STALE_TRANSITIONS, &eu_us), 1);
+    assert_eq!(
+        recorded.counter(
+            REGION_STALE_TRANSITIONS,
+            &[("region", "us"), ("peer", "ap")]
+        ),
+        0
+    );
+    assert!(recorded.counter(REGION_PUSH_FAILURES, &eu_us) > 0);
+}
