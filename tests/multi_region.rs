@@ -572,3 +572,65 @@ fn staleness_is_a_gauge_and_transitions_are_counted() {
     );
     assert!(recorded.counter(REGION_PUSH_FAILURES, &eu_us) > 0);
 }
+
+/// The README's three-region demo: three `redis-server`s, three
+/// `distributed --region` instances, 15 requests 80/10/10 spaced further
+/// apart than the sync interval: exactly the limit (10) passes across the
+/// regions, the busy region far more than a third of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_distributed_example_serves_three_regions() {
+    use ratelimit_tests::{free_port, spawn_example_lines};
+
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut instances = Vec::new();
+    for (i, name) in NAMES.iter().enumerate() {
+        let listen = format!("127.0.0.1:{}", ports[i]);
+        let redis = servers[i].url();
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            listen,
+            "--redis".into(),
+            redis,
+            "--region".into(),
+            (*name).into(),
+            "--algorithm".into(),
+            "fixed-window".into(),
+            "--limit".into(),
+            "10".into(),
+            "--window".into(),
+            "1h".into(),
+        ];
+        for (j, peer) in NAMES.iter().enumerate().filter(|(j, _)| *j != i) {
+            args.push("--peer".into());
+            args.push(format!("{peer}={}", servers[j].url()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (child, lines) = spawn_example_lines("distributed", &args, 1, Duration::from_secs(120));
+        assert!(lines[0].starts_with("listening on http://"), "{lines:?}");
+        instances.push(child);
+    }
+    // Every region heard from every peer (a fresh region counts unheard
+    // peers at their share): ten sync intervals.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let client = reqwest::Client::new();
+    let mut passed = [0; 3];
+    for i in 0..15 {
+        let region = [0, 0, 0, 0, 0, 0, 0, 0, 1, 2][i % 10];
+        let response = client
+            .get(format!("http://127.0.0.1:{}/", ports[region]))
+            .header("x-api-key", "demo")
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .expect("an answer");
+        match response.status().as_u16() {
+            200 => passed[region] += 1,
+            429 => assert!(response.headers().contains_key("retry-after")),
+            other => panic!("status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(passed.iter().sum::<usize>(), 10, "{passed:?}");
+    assert!(passed[0] > 4, "{passed:?}");
+}
