@@ -48,6 +48,10 @@
 //!   (`ratelimit_decisions_total{policy,outcome}` and others, see
 //!   `ratelimit_tower::metrics`) and, with `--failure fallback`, the breaker's
 //!   (`ratelimit_circuit_breaker_state{breaker="redis"}`);
+//! - `--region NAME`, `--peer NAME=URL` (once per other region), `--sync
+//!   DURATION` (default `100ms`): serve region `NAME`, deciding in its own
+//!   `--redis` against the counts of every region (`MultiRegionStore`, see
+//!   the README's multi-region demo); `fixed-window` or `sliding-window` only;
 //! - `--admin ADDR`: serve the admin API (below) on `ADDR`, its own listener
 //!   (never `--listen`'s address, nor `--metrics`'). It has no
 //!   authentication: bind it to loopback (`127.0.0.1:9091`) or an internal
@@ -176,6 +180,8 @@ struct Args {
     /// Serve the admin API on ADDR, another address than --listen (see below).
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
+    #[command(flatten)]
+    regions: ratelimit_examples::region::RegionFlags,
 }
 
 /// What to do when Redis cannot decide (`--failure`).
@@ -217,6 +223,11 @@ async fn main() -> std::process::ExitCode {
 /// What only the flags together can tell: several Redis URLs without
 /// `--cluster`, and an admin API on another listener's address.
 fn check_addresses(args: &Args) -> Result<(), String> {
+    args.regions.check(args.cluster)?;
+    if args.regions.region.is_some() && (args.admin.is_some() || args.failure == Failure::Fallback)
+    {
+        return Err(String::from("--region: no --admin, nor --failure fallback"));
+    }
     if args.redis.len() > 1 && !args.cluster {
         return Err(format!(
             "--redis: {} URLs given; several URLs are the nodes of a Redis Cluster and need --cluster",
@@ -280,6 +291,17 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
         eprintln!("warning: Redis at {redis} does not answer ({e}); {then}");
     }
 
+    // With --region, decisions go to this region's own Redis, against every
+    // region's counts.
+    let failure = match args.failure {
+        Failure::Open => FailurePolicy::Open,
+        _ => FailurePolicy::Closed,
+    };
+    let region = args
+        .regions
+        .store(&args.redis[0], args.timeout, &policy)
+        .await?
+        .map(|store| limited_routes(store, policy.clone(), failure));
     // The admin API acts on the store the layer decides with, under the
     // same policy, so its keys are the layer's keys.
     let (limited, admin, breaker) = match args.failure {
@@ -309,6 +331,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             (routes, admin_router(store, policy), Some(breaker))
         }
     };
+    let limited = region.unwrap_or(limited);
     // Not rate limited: merged after the layer was applied to the others.
     let app = Router::new()
         .route("/health", get(move || health(breaker.clone())))

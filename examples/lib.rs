@@ -13,6 +13,8 @@ pub use serve::{
     serve_with_peers, spawn_serve,
 };
 
+pub mod region;
+
 mod flags;
 mod serve;
 

@@ -49,6 +49,9 @@ pub mod key;
 mod lease;
 pub mod memory;
 pub mod metrics;
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub mod multi_region;
 mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

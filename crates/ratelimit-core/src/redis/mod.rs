@@ -379,7 +379,7 @@ fn valid_prefix(prefix: &str) -> bool {
 
 /// A Redis error as a [`StoreError`]: [`StoreError::Unavailable`] for an
 /// outage (see [`is_outage`]), [`StoreError::Backend`] for everything else.
-fn backend_error(e: RedisError) -> StoreError {
+pub(crate) fn backend_error(e: RedisError) -> StoreError {
     if is_outage(&e) {
         StoreError::Unavailable(Box::new(e))
     } else {

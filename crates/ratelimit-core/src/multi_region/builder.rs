@@ -1,0 +1,230 @@
+//! [`MultiRegionStoreBuilder`]: a region, its Redis, its peers, and how
+//! often and how long to wait for them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::sync::{Peer, Shared};
+use super::{Inner, MAX_REGIONS, MultiRegionStore};
+use crate::StoreError;
+use crate::clock::Clock;
+use crate::redis::backend_error;
+
+/// The default interval at which an instance pushes its region's counts to
+/// every peer.
+pub const DEFAULT_SYNC: Duration = Duration::from_millis(100);
+/// The default time after which a peer not heard from is stale.
+pub const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
+/// The default time allowed for one decision in the region's own Redis.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+/// The default time allowed for one push to a peer's Redis.
+pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Configures a [`MultiRegionStore`].
+#[must_use]
+pub struct MultiRegionStoreBuilder {
+    region: String,
+    url: String,
+    peers: Vec<(String, String)>,
+    prefix: String,
+    sync: Duration,
+    staleness: Duration,
+    call_timeout: Duration,
+    push_timeout: Duration,
+    fixed_clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for MultiRegionStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may carry passwords: only the names are shown.
+        let peers: Vec<&str> = self.peers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("MultiRegionStoreBuilder")
+            .field("region", &self.region)
+            .field("peers", &peers)
+            .field("prefix", &self.prefix)
+            .field("sync", &self.sync)
+            .field("staleness", &self.staleness)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MultiRegionStore {
+    /// Configures the store of region `region`, deciding in the Redis at
+    /// `url` (a single node: `redis://[user:password@]host[:port][/db]`).
+    pub fn builder(region: impl Into<String>, url: impl Into<String>) -> MultiRegionStoreBuilder {
+        MultiRegionStoreBuilder {
+            region: region.into(),
+            url: url.into(),
+            peers: Vec::new(),
+            prefix: crate::redis::DEFAULT_PREFIX.to_owned(),
+            sync: DEFAULT_SYNC,
+            staleness: DEFAULT_STALENESS,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            push_timeout: DEFAULT_PUSH_TIMEOUT,
+            fixed_clock: None,
+        }
+    }
+}
+
+impl MultiRegionStoreBuilder {
+    /// Adds the peer region `name`, whose Redis is at `url`. Every region
+    /// lists every other one, each under the name it gives itself.
+    pub fn peer(mut self, name: impl Into<String>, url: impl Into<String>) -> Self {
+        self.peers.push((name.into(), url.into()));
+        self
+    }
+
+    /// The prefix of every key (default `ratelimit`), the same in every region.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How often this instance pushes its region's counts to every peer
+    /// (default [`DEFAULT_SYNC`]). The over-admission bound grows with it.
+    pub fn sync(mut self, interval: Duration) -> Self {
+        self.sync = interval;
+        self
+    }
+
+    /// How long a peer may go unheard before this region counts it at its
+    /// conservative share (default [`DEFAULT_STALENESS`]); longer than `sync`.
+    pub fn staleness(mut self, staleness: Duration) -> Self {
+        self.staleness = staleness;
+        self
+    }
+
+    /// The time allowed for one decision in the region's Redis (default
+    /// [`DEFAULT_CALL_TIMEOUT`]); beyond it the check fails with
+    /// [`StoreError::Timeout`], an outage for the failure policy.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The time allowed for one push to a peer (default [`DEFAULT_PUSH_TIMEOUT`]).
+    pub fn push_timeout(mut self, timeout: Duration) -> Self {
+        self.push_timeout = timeout;
+        self
+    }
+
+    /// Tests only: windows follow `clock` instead of the Redis server's
+    /// `TIME` (staleness still follows the servers' real time).
+    #[doc(hidden)]
+    pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
+        self.fixed_clock = Some(Arc::new(clock));
+        self
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |what: &str, value: &str| {
+            StoreError::Backend(
+                format!("invalid {what} {value:?}: use 1 to 32 characters from [A-Za-z0-9._-]")
+                    .into(),
+            )
+        };
+        if !valid_name(&self.prefix, 64) {
+            return Err(invalid("key prefix", &self.prefix));
+        }
+        if !valid_name(&self.region, 32) {
+            return Err(invalid("region name", &self.region));
+        }
+        for (i, (name, _)) in self.peers.iter().enumerate() {
+            if !valid_name(name, 32) {
+                return Err(invalid("peer region name", name));
+            }
+            if *name == self.region || self.peers[..i].iter().any(|(other, _)| other == name) {
+                return Err(StoreError::Backend(
+                    format!("region {name:?} is named twice: every region needs its own name")
+                        .into(),
+                ));
+            }
+        }
+        if self.peers.len() + 1 > MAX_REGIONS {
+            return Err(StoreError::Backend(
+                format!(
+                    "at most {MAX_REGIONS} regions, not {}",
+                    self.peers.len() + 1
+                )
+                .into(),
+            ));
+        }
+        if self.sync.is_zero() || self.staleness <= self.sync {
+            return Err(StoreError::Backend(
+                format!(
+                    "sync ({:?}) must be positive and shorter than staleness ({:?})",
+                    self.sync, self.staleness
+                )
+                .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Connects to the region's Redis (an error if it cannot be reached
+    /// within the call timeout, retried three times), prepares lazy
+    /// connections to the peers (a peer that is down does not stop this
+    /// region), and starts the sync tasks on the current tokio runtime.
+    pub async fn build(self) -> Result<MultiRegionStore, StoreError> {
+        self.validate()?;
+        let config = |timeout: Duration| {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(1))
+        };
+        let client = redis::Client::open(self.url.as_str()).map_err(backend_error)?;
+        let connect = config(self.call_timeout.max(Duration::from_millis(500)));
+        let local = tokio::time::timeout(
+            self.call_timeout
+                .max(Duration::from_millis(500))
+                .saturating_mul(3),
+            ConnectionManager::new_with_config(client, connect),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(self.call_timeout))?
+        .map_err(backend_error)?;
+        let mut peers = Vec::with_capacity(self.peers.len());
+        for (name, url) in &self.peers {
+            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
+            let connection =
+                ConnectionManager::new_lazy_with_config(client, config(self.push_timeout))
+                    .map_err(backend_error)?;
+            peers.push(Peer::new(name.clone(), connection));
+        }
+        let shared = Arc::new(Shared::new(
+            self.region.clone(),
+            self.prefix.clone(),
+            local.clone(),
+            peers,
+            self.sync,
+            self.staleness,
+            self.push_timeout,
+            self.fixed_clock.clone(),
+        ));
+        let tasks = shared.start();
+        Ok(MultiRegionStore {
+            inner: Arc::new(Inner {
+                region: self.region,
+                prefix: self.prefix,
+                local,
+                call_timeout: self.call_timeout,
+                fixed_clock: self.fixed_clock,
+                shared,
+                tasks,
+            }),
+        })
+    }
+}
+
+/// 1 to `max` characters from `[A-Za-z0-9._-]`.
+fn valid_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}

@@ -1,0 +1,319 @@
+//! [`MultiRegionStore`]: one limit across regions that each keep their own
+//! Redis, without a cross-region round trip per request.
+//!
+//! Every decision is one Lua call in the region's own Redis, against the
+//! global count of a G-counter: this region's exact count plus every other
+//! region's last known count (see [`counts`]). Each instance pushes its
+//! region's counts to every peer's Redis every `sync` (default 100 ms),
+//! merged there by maximum, so replays, duplicates and reordering are
+//! harmless. A peer unheard for longer than `staleness` counts at its
+//! conservative share, `ceil(limit / regions)`, until it is heard again.
+//!
+//! **The bound.** Let `D` be one sync interval plus one replication lag (the
+//! time a push takes to land). In any window, the regions together admit at
+//! most `limit` plus what the other regions admitted during the `D` before
+//! the last admission: a region's view of a peer is never older than `D`,
+//! and every admission keeps `own + known <= limit`. Requests further apart
+//! than `D` therefore admit `limit` exactly. While a peer is unreachable
+//! but not yet stale, `D` stretches to the staleness.
+//!
+//! Algorithms: fixed window and sliding window counter, whose state is a
+//! count per window; other policies are [`StoreError::Unsupported`].
+//! Concurrency and the sliding window log need every unit, not a count, and
+//! a token bucket or GCRA would need their units consumed per period (see
+//! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ratelimit_core::multi_region::MultiRegionStore;
+//! use ratelimit_core::{Policy, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MultiRegionStore::builder("eu", "redis://127.0.0.1:6379")
+//!     .peer("us", "redis://us.example:6379")
+//!     .peer("ap", "redis://ap.example:6379")
+//!     .sync(Duration::from_millis(100))
+//!     .build()
+//!     .await?;
+//! let policy = Policy::fixed_window(1000, Duration::from_secs(60))?.with_name("api")?;
+//! let decision = store.check(b"tenant-42", &policy, 1).await?;
+//! println!("{decision:?}");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::redis::backend_error;
+use crate::store::{Check, Merged, Store, spread};
+use crate::{Decision, PermitId, Policy, StoreError, key};
+
+mod builder;
+pub mod counts;
+#[cfg(test)]
+mod simulation;
+mod sync;
+
+pub use builder::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
+    MultiRegionStoreBuilder,
+};
+pub use counts::Component;
+pub use sync::{MAX_PENDING, PeerStatus};
+
+/// The most regions one store knows (itself and its peers).
+pub const MAX_REGIONS: usize = 16;
+
+/// A store whose decisions are made in the region's own Redis against a
+/// G-counter shared with peer regions (see the [module docs](self)).
+///
+/// Cloning shares the connections and the sync tasks, which stop when the
+/// last clone drops.
+#[derive(Clone)]
+pub struct MultiRegionStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    region: String,
+    prefix: String,
+    local: ConnectionManager,
+    call_timeout: Duration,
+    fixed_clock: Option<Arc<dyn Clock>>,
+    shared: Arc<sync::Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for MultiRegionStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiRegionStore")
+            .field("region", &self.inner.region)
+            .field("prefix", &self.inner.prefix)
+            .field("peers", &self.inner.shared.peers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn decide_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("lua/decide.lua")))
+}
+
+/// One check's part of the script's reply.
+struct Seen {
+    passes: bool,
+    start: u64,
+    global: Component,
+    own_after: u64,
+}
+
+impl MultiRegionStore {
+    /// This region's name.
+    pub fn region(&self) -> &str {
+        &self.inner.region
+    }
+
+    /// The Redis hash that holds the G-counter of `key` under `policy`:
+    /// `<prefix>:<policy>:{<key>}:mr`, one field `<region>:<window start>`
+    /// per region and window.
+    pub fn state_key(&self, key: &[u8], policy: &Policy) -> String {
+        format!(
+            "{}:mr",
+            key::storage_key(&self.inner.prefix, policy.name(), key)
+        )
+    }
+
+    /// What this instance knows of each peer, as of its last sync.
+    pub fn peers(&self) -> Vec<PeerStatus> {
+        self.inner.shared.status()
+    }
+
+    /// Pushes everything queued to every peer and reads their staleness now,
+    /// rather than at the next tick. The first error, if any, is returned
+    /// after every peer was tried.
+    pub async fn sync_now(&self) -> Result<(), StoreError> {
+        let shared = &self.inner.shared;
+        let mut first = None;
+        for index in 0..shared.peers.len() {
+            if let Err(e) = shared.push(index).await {
+                first.get_or_insert(e);
+            }
+        }
+        if let Err(e) = shared.refresh_staleness().await {
+            first.get_or_insert(e);
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    async fn decide(self, checks: Vec<(String, Policy, u64)>) -> Result<Vec<Decision>, StoreError> {
+        let inner = &self.inner;
+        let stale: Vec<&str> = inner.shared.stale_peers().collect();
+        let mut invocation = decide_script().prepare_invoke();
+        invocation
+            .arg(inner.fixed_clock.as_ref().map_or(0, |c| c.now()))
+            .arg(&inner.region)
+            .arg(inner.shared.peers.len() + 1)
+            .arg(stale.len());
+        for name in &stale {
+            invocation.arg(*name);
+        }
+        for (hash, policy, cost) in &checks {
+            let kind = match policy.algorithm() {
+                crate::Algorithm::FixedWindow(_) => 1,
+                _ => 2,
+            };
+            invocation
+                .key(hash)
+                .arg(kind)
+                .arg(policy.limit())
+                .arg(policy.algorithm().window_micros())
+                .arg(*cost);
+        }
+        let mut connection = inner.local.clone();
+        let reply = tokio::time::timeout(
+            inner.call_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(inner.call_timeout))?
+        .map_err(backend_error)?;
+        let (now, seen) = parse_reply(&reply, checks.len())?;
+        let all = seen.iter().all(|s| s.passes);
+        let mut decisions = Vec::with_capacity(checks.len());
+        for ((hash, policy, cost), seen) in checks.iter().zip(&seen) {
+            let window = policy.algorithm().window_micros();
+            // When another check denied, one that would pass reports a peek.
+            let asked = if all || !seen.passes { *cost } else { 0 };
+            let decision = counts::decide(policy, seen.start, now, asked, seen.global)?;
+            if decision.is_allowed() != seen.passes {
+                return Err(StoreError::Backend(
+                    format!("decide.lua and the algorithm disagree on {hash}").into(),
+                ));
+            }
+            if all && *cost > 0 {
+                inner
+                    .shared
+                    .record(hash, seen.start, window, seen.own_after, now);
+            }
+            decisions.push(decision);
+        }
+        Ok(decisions)
+    }
+}
+
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreError> {
+    let bad = || StoreError::Backend(format!("unexpected reply to decide.lua: {reply:?}").into());
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let numbers: Vec<u64> = items
+        .iter()
+        .map(number)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let Some((&now, rest)) = numbers.split_first() else {
+        return Err(bad());
+    };
+    if rest.len() != checks * 5 {
+        return Err(bad());
+    }
+    let seen = rest
+        .chunks_exact(5)
+        .map(|c| Seen {
+            passes: c[0] == 1,
+            start: c[1],
+            global: Component::new(c[2], c[3]),
+            own_after: c[4],
+        })
+        .collect();
+    Ok((now, seen))
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for MultiRegionStore {
+    type CheckFuture = BoxFuture<Decision>;
+    type CheckAllFuture = BoxFuture<Vec<Decision>>;
+    type ReleaseFuture = BoxFuture<()>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        let checks = [Check::new(key, policy, cost)];
+        let all = self.check_all(&checks);
+        Box::pin(async move {
+            all.await?
+                .pop()
+                .ok_or_else(|| StoreError::Backend("no decision for one check".into()))
+        })
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        let prepared = prepare(self, checks);
+        let store = self.clone();
+        Box::pin(async move {
+            let (checks, of) = prepared?;
+            if checks.is_empty() {
+                return Ok(Vec::new());
+            }
+            let decisions = store.decide(checks).await?;
+            spread(&of, &decisions)
+        })
+    }
+
+    fn release(&self, _key: &[u8], policy: &Policy, _permit: PermitId) -> Self::ReleaseFuture {
+        let error = StoreError::Unsupported {
+            policy: policy.name().to_owned(),
+            algorithm: policy.algorithm().kind(),
+            operation: "release",
+        };
+        Box::pin(async move { Err(error) })
+    }
+}
+
+/// The checks merged by state key, each checked for its cost and algorithm.
+#[allow(clippy::type_complexity)]
+fn prepare(
+    store: &MultiRegionStore,
+    checks: &[Check<'_>],
+) -> Result<(Vec<(String, Policy, u64)>, Vec<usize>), StoreError> {
+    for check in checks {
+        if !counts::supports(check.policy) {
+            return Err(StoreError::Unsupported {
+                policy: check.policy.name().to_owned(),
+                algorithm: check.policy.algorithm().kind(),
+                operation: "multi-region",
+            });
+        }
+    }
+    let merged = Merged::new(checks, |c| store.state_key(c.key, c.policy))?;
+    let owned = merged
+        .checks
+        .iter()
+        .map(|c| (store.state_key(c.key, c.policy), c.policy.clone(), c.cost))
+        .collect();
+    Ok((owned, merged.of))
+}
