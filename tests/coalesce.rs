@@ -1,0 +1,303 @@
+//! Coalescing in `RedisStore`: concurrent decisions gathered into one call
+//! of the batch function, on a real Redis (and a real Redis Cluster). Each
+//! decision keeps its own outcome, exactly as if decided alone in the order
+//! Redis applied them; failures are each decision's own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
+
+/// A small deterministic generator (xorshift64*), so failures replay.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).unwrap_or(0)
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Awaits every future, polling them in order on every pass: the first poll
+/// of each, which queues its request, happens in the vector's order, so the
+/// coalescer sends them in that order.
+async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *slot = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
+        }
+    })
+    .await
+}
+
+/// Small policies of every algorithm, each under its own name.
+fn small_policies() -> Vec<Policy> {
+    vec![
+        Policy::fixed_window(5, ms(100)).unwrap(),
+        Policy::sliding_window_log(5, ms(100)).unwrap(),
+        Policy::sliding_window_counter(7, ms(100)).unwrap(),
+        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
+        Policy::concurrency(3, ms(100)).unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, p)| p.with_name(format!("batch-{i}")).unwrap())
+    .collect()
+}
+
+/// One request of a timeline: a single check, or two limits at once.
+enum Op {
+    One(String, usize, u64),
+    Two(String, usize, u64, String, usize, u64),
+}
+
+fn ops(rng: &mut Rng, n: usize, policies: &[Policy]) -> Vec<Op> {
+    (0..n)
+        .map(|_| {
+            let user = format!("u{}", rng.below(3));
+            let a = rng.index(policies.len());
+            let cost = rng.below(policies[a].max_cost() + 1);
+            if rng.below(4) == 0 {
+                let b = (a + 1 + rng.index(policies.len() - 1)) % policies.len();
+                Op::Two(user, a, cost, "global".to_owned(), b, rng.below(3))
+            } else {
+                Op::One(user, a, cost)
+            }
+        })
+        .collect()
+}
+
+fn run<S: Store>(
+    store: &S,
+    op: &Op,
+    policies: &[Policy],
+) -> Boxed<Result<Vec<Decision>, StoreError>>
+where
+    S::CheckFuture: Send + 'static,
+    S::CheckAllFuture: Send + 'static,
+{
+    match op {
+        Op::One(user, a, cost) => {
+            let call = store.check(user.as_bytes(), &policies[*a], *cost);
+            Box::pin(async move { call.await.map(|d| vec![d]) })
+        }
+        Op::Two(user, a, ca, other, b, cb) => {
+            let checks = [
+                Check::new(user.as_bytes(), &policies[*a], *ca),
+                Check::new(other.as_bytes(), &policies[*b], *cb),
+            ];
+            Box::pin(store.check_all(&checks))
+        }
+    }
+}
+
+/// Sixty requests at once, every algorithm, single and multi-limit checks
+/// mixed, on one connection: the first goes out alone, the others wait for
+/// it and go as one batch, in their order of arrival (more than a batch
+/// waiting would start a second call, whose order against the first is
+/// Redis's). Each gets exactly what the in-memory reference gives it
+/// deciding the same requests one by one in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_decide_as_the_reference_one_by_one_in_order() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()).pool_size(1), &clock).await;
+    let policies = small_policies();
+    let mut rng = Rng(7);
+    for round in 0..30 {
+        clock.advance(Duration::from_micros(rng.below(40_000)));
+        let ops = ops(&mut rng, 60, &policies);
+        let calls = ops.iter().map(|op| run(&redis, op, &policies)).collect();
+        let got = join_in_order(calls).await;
+        for (i, (op, got)) in ops.iter().zip(got).enumerate() {
+            let want = run(&memory, op, &policies).await;
+            let want: Vec<_> = want.unwrap().iter().map(observable).collect();
+            let got: Vec<_> = got.unwrap().iter().map(observable).collect();
+            assert_eq!(want, got, "round {round}, request {i}");
+        }
+    }
+    let stats = redis.coalescing();
+    assert_eq!(stats.requests, 30 * 60, "{stats:?}");
+    assert!(stats.mean_batch() > 20.0, "{stats:?}");
+}
+
+/// Many tasks on a multi-threaded runtime hammer a few keys over four
+/// connections. Admitted per key never exceeds the limit, and the decisions
+/// replay exactly through the reference model in the order Redis applied
+/// them: at one fixed time a state only goes down, and each decision shows
+/// the state it met (remaining before = remaining, plus the cost if
+/// admitted), which orders them; denials at one state change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let policies = [
+        Policy::token_bucket(40, Rate::new(10, ms(100)))
+            .unwrap()
+            .with_name("hot-tb")
+            .unwrap(),
+        Policy::fixed_window(30, ms(100))
+            .unwrap()
+            .with_name("hot-fw")
+            .unwrap(),
+    ];
+    let keys = ["a", "b", "c"];
+    let mut rng = Rng(11);
+    for round in 0..6 {
+        clock.advance(ms(25 + rng.below(100)));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            let plan: Vec<(usize, usize, u64)> = (0..8)
+                .map(|_| (rng.index(keys.len()), rng.index(2), 1 + rng.below(3)))
+                .collect();
+            let redis = redis.clone();
+            let policies = policies.clone();
+            tasks.spawn(async move {
+                let mut seen = Vec::new();
+                for (k, p, cost) in plan {
+                    let d = redis
+                        .check(keys[k].as_bytes(), &policies[p], cost)
+                        .await
+                        .unwrap();
+                    seen.push((k, p, cost, d));
+                }
+                seen
+            });
+        }
+        let mut seen = Vec::new();
+        while let Some(task) = tasks.join_next().await {
+            seen.extend(task.unwrap());
+        }
+        for (k, key) in keys.iter().enumerate() {
+            for (p, policy) in policies.iter().enumerate() {
+                let mut mine: Vec<&(usize, usize, u64, Decision)> =
+                    seen.iter().filter(|s| s.0 == k && s.1 == p).collect();
+                let admitted: u64 = mine.iter().filter(|s| s.3.is_allowed()).map(|s| s.2).sum();
+                if round == 0 {
+                    // A fresh key: nothing refilled yet.
+                    assert!(admitted <= policy.limit(), "{key} {policy:?}: {admitted}");
+                }
+                let before = |s: &(usize, usize, u64, Decision)| {
+                    s.3.remaining() + if s.3.is_allowed() { s.2 } else { 0 }
+                };
+                // At one state, denials (which change nothing) before the admission.
+                mine.sort_by_key(|s| (std::cmp::Reverse(before(s)), s.3.is_allowed()));
+                for s in mine {
+                    let want = memory.check(key.as_bytes(), policy, s.2).await.unwrap();
+                    assert_eq!(
+                        observable(&want),
+                        observable(&s.3),
+                        "round {round}, key {key}, policy {}",
+                        policy.name()
+                    );
+                }
+            }
+        }
+    }
+    let stats = redis.coalescing();
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
+}
+
+/// One request of a batch that meets another algorithm's state fails with a
+/// policy conflict; the others in the same batch are decided as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_fails_its_own_request_only() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let window = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    let bucket = Policy::token_bucket(10, Rate::per_second(1))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    store.check(b"k", &window, 1).await.unwrap();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = vec![
+        Box::pin(store.check(b"first", &window, 1)),
+        Box::pin(store.check(b"x", &window, 1)),
+        Box::pin(store.check(b"k", &bucket, 1)),
+        Box::pin(store.check(b"y", &window, 1)),
+        Box::pin(store.check(b"k", &window, 1)),
+    ];
+    let got = join_in_order(calls).await;
+    assert!(
+        matches!(&got[2], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
+        "{:?}",
+        got[2]
+    );
+    for i in [0, 1, 3] {
+        let d = got[i].as_ref().unwrap();
+        assert!(d.is_allowed() && d.remaining() == 9, "{i}: {d:?}");
+    }
+    let d = got[4].as_ref().unwrap();
+    assert!(d.is_allowed() && d.remaining() == 8, "{d:?}");
+    // The first request alone, the others in one batch (the last call's
+    // task may take them at once).
+    let stats = store.coalescing();
+    assert!(stats.calls < 6 && stats.requests == 6, "{stats:?}");
+}
+
+/// `max_batch(1)`: no coalescing, every request its own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_batch_one_turns_coalescing_off() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(1)
+        .max_batch(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
+        .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
+        .collect();
+    let got = join_in_order(calls).await;
+    assert!(got.iter().all(|d| d.as_ref().unwrap().is_allowed()));
+    assert_eq!(store.coalescing().calls, 0);
+    let d = store.check(b"k", &policy, 0).await.unwrap();
+    assert_eq!(d.remaining(), 80, "{d:?}");
+}
