@@ -240,12 +240,8 @@ async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_fails_its_own_request_only() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
     let window = Policy::fixed_window(10, Duration::from_secs(60))
         .unwrap()
         .with_name("shared")
@@ -255,29 +251,32 @@ async fn a_conflict_fails_its_own_request_only() {
         .with_name("shared")
         .unwrap();
     store.check(b"k", &window, 1).await.unwrap();
+    let before = store.coalescing();
+    // The lead call holds the connection: the five behind it go as one batch.
+    proxy.set_latency(ms(200));
+    let (lead, _) = behind_a_call(&store, &window, 0, ms(20)).await;
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = vec![
-        Box::pin(store.check(b"first", &window, 1)),
         Box::pin(store.check(b"x", &window, 1)),
         Box::pin(store.check(b"k", &bucket, 1)),
         Box::pin(store.check(b"y", &window, 1)),
         Box::pin(store.check(b"k", &window, 1)),
     ];
     let got = join_in_order(calls).await;
+    lead.await.unwrap().unwrap();
     assert!(
-        matches!(&got[2], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
+        matches!(&got[1], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
         "{:?}",
-        got[2]
+        got[1]
     );
-    for i in [0, 1, 3] {
+    for i in [0, 2] {
         let d = got[i].as_ref().unwrap();
         assert!(d.is_allowed() && d.remaining() == 9, "{i}: {d:?}");
     }
-    let d = got[4].as_ref().unwrap();
+    let d = got[3].as_ref().unwrap();
     assert!(d.is_allowed() && d.remaining() == 8, "{d:?}");
-    // The first request alone, the others in one batch (the last call's
-    // task may take them at once).
-    let stats = store.coalescing();
-    assert!(stats.calls < 6 && stats.requests == 6, "{stats:?}");
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 5, "{after:?}");
 }
 
 /// `max_batch(1)`: no coalescing, every request its own call.
@@ -300,4 +299,219 @@ async fn max_batch_one_turns_coalescing_off() {
     assert_eq!(store.coalescing().calls, 0);
     let d = store.check(b"k", &policy, 0).await.unwrap();
     assert_eq!(d.remaining(), 80, "{d:?}");
+}
+
+/// A store on one connection through `proxy`, its library loaded.
+async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
+    let store = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .call_timeout(call_timeout)
+        .build()
+        .await
+        .unwrap();
+    let warm = Policy::fixed_window(1000, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("warm")
+        .unwrap();
+    // One call alone, then a batch: both functions are loaded.
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
+        .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        d.unwrap();
+    }
+    store
+}
+
+/// `n` checks of distinct keys under `policy`, queued while `lead` is in
+/// flight (started `after` before them), so they go as one batch.
+async fn behind_a_call(
+    store: &RedisStore,
+    policy: &Policy,
+    n: usize,
+    after: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<Decision, StoreError>>,
+    Vec<Boxed<Result<Decision, StoreError>>>,
+) {
+    let lead = {
+        let store = store.clone();
+        let policy = policy.clone();
+        tokio::spawn(async move { store.check(b"lead", &policy, 1).await })
+    };
+    tokio::time::sleep(after).await;
+    let calls = (0..n)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), policy, 1)) as Boxed<_>)
+        .collect();
+    (lead, calls)
+}
+
+fn window() -> Policy {
+    Policy::fixed_window(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("fw")
+        .unwrap()
+}
+
+/// A batch whose reply comes after the call timeout: a timeout, an outage,
+/// for each of its decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, ms(300)).await;
+    let before = store.coalescing();
+    proxy.set_latency(ms(450));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(150)).await;
+    let got = join_in_order(calls).await;
+    assert!(matches!(lead.await.unwrap(), Err(StoreError::Timeout(_))));
+    for d in &got {
+        assert!(matches!(d, Err(StoreError::Timeout(_))), "{d:?}");
+    }
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+}
+
+/// A batch whose connection drops (and every new one with it): each of its
+/// decisions is an outage, `Unavailable`, for its failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    proxy.set_latency(ms(300));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
+    let dropping = async {
+        tokio::time::sleep(ms(100)).await;
+        proxy.set_mode(Mode::Drop);
+    };
+    let (got, ()) = tokio::join!(join_in_order(calls), dropping);
+    let lead = lead.await.unwrap();
+    assert!(matches!(lead, Err(StoreError::Unavailable(_))), "{lead:?}");
+    for d in &got {
+        assert!(matches!(d, Err(StoreError::Unavailable(_))), "{d:?}");
+    }
+    // Redis comes back: the next batch is decided.
+    proxy.set_mode(Mode::Forward);
+    proxy.set_latency(Duration::ZERO);
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..5)
+        .map(|_| Box::pin(store.check(b"again", &window(), 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+}
+
+/// `FUNCTION FLUSH` while a call is in flight: the batch behind it meets a
+/// missing function, loads the library again and is retried once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    let loads = |stats: &str| {
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_function|load:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let loaded = loads(&server.cli(&["INFO", "commandstats"]));
+    assert!(loaded >= 1, "{loaded}");
+    proxy.set_latency(ms(300));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
+    let flush = async {
+        tokio::time::sleep(ms(100)).await;
+        // Straight to Redis: the lead call already ran, its reply is held.
+        assert_eq!(server.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+        proxy.set_latency(Duration::ZERO);
+    };
+    let (got, ()) = tokio::join!(join_in_order(calls), flush);
+    assert!(lead.await.unwrap().unwrap().is_allowed());
+    for d in &got {
+        let d = d.as_ref().unwrap();
+        assert!(d.is_allowed() && d.remaining() == 99, "{d:?}");
+    }
+    assert_eq!(loads(&server.cli(&["INFO", "commandstats"])), loaded + 1);
+    assert!(server.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
+}
+
+/// Polls the number of permits held in `key` until it is 0, for at most
+/// `limit`; returns the last count.
+async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let count = server.cli(&["ZCARD", key]);
+        if count.trim() == "0" || start.elapsed() > limit {
+            return count.trim().to_owned();
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// Callers that go away: before their batch is sent, they are left out of
+/// it; after, their results are dropped and the permits they received are
+/// released, so the semaphore never leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_gone_leave_their_batch_or_release_its_permits() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    let semaphore = Policy::concurrency(20, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("sem")
+        .unwrap();
+    let lead_policy = window();
+    let keys: Vec<String> = (0..10)
+        .map(|i| store.state_key(format!("k{i}").as_bytes(), &semaphore))
+        .collect();
+
+    // Gone before the send: the lead call holds the connection for 400 ms.
+    proxy.set_latency(ms(400));
+    let before = store.coalescing();
+    let lead = {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(b"lead", &lead_policy, 1).await })
+    };
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<_>> = (0..10)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), &semaphore, 1)) as Boxed<_>)
+        .collect();
+    let gone = tokio::time::timeout(ms(100), join_in_order(calls)).await;
+    assert!(gone.is_err());
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.requests - before.requests, 1, "{after:?}");
+    for key in &keys {
+        assert_eq!(server.cli(&["ZCARD", key]).trim(), "0", "{key}");
+    }
+
+    // Gone after the send: the batch goes at 400 ms, its reply at 800 ms.
+    let before = store.coalescing();
+    let (lead, calls) = behind_a_call(&store, &window(), 0, Duration::ZERO).await;
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<_>> =
+        calls
+            .into_iter()
+            .chain((0..10).map(|i| {
+                Box::pin(store.check(format!("k{i}").as_bytes(), &semaphore, 1)) as Boxed<_>
+            }))
+            .collect();
+    let gone = tokio::time::timeout(ms(600), join_in_order(calls)).await;
+    assert!(gone.is_err());
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    proxy.set_latency(Duration::ZERO);
+    for key in &keys {
+        assert_eq!(
+            permits_left(&server, key, Duration::from_secs(3)).await,
+            "0",
+            "{key}"
+        );
+    }
 }
