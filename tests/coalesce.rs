@@ -515,3 +515,83 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
         );
     }
 }
+
+/// A Redis Cluster: batches form per slot (a hot key; one user's limits
+/// under one hash tag), and stay exact there: 64 tasks over one hot key
+/// admit exactly the limit, and one user's two limits stay all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .pool_size(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("hot")
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (store, policy) = (store.clone(), policy.clone());
+        tasks.spawn(async move {
+            let mut admitted = 0u64;
+            for _ in 0..5 {
+                if store.check(b"hot", &policy, 1).await.unwrap().is_allowed() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(task) = tasks.join_next().await {
+        admitted += task.unwrap();
+    }
+    assert_eq!(admitted, 100);
+    let stats = store.coalescing();
+    assert_eq!(stats.requests, 320, "{stats:?}");
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
+
+    // Per minute and per hour of one user: one slot, all or nothing, in
+    // batches with other users' requests.
+    let minute = Policy::fixed_window(3, Duration::from_secs(60))
+        .unwrap()
+        .with_name("per-minute")
+        .unwrap();
+    let hour = Policy::fixed_window(5, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("per-hour")
+        .unwrap();
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = (0..8)
+        .map(|i| {
+            let user = if i % 2 == 0 { "alice" } else { "bob" };
+            let checks = [
+                Check::new(user.as_bytes(), &minute, 1),
+                Check::new(user.as_bytes(), &hour, 1),
+            ];
+            Box::pin(store.check_all(&checks)) as Boxed<_>
+        })
+        .collect();
+    let got = join_in_order(calls).await;
+    for (i, d) in got.iter().enumerate() {
+        let d = d.as_ref().unwrap();
+        // The first three of each user pass both limits; the fourth is
+        // denied by the minute and consumes nothing from the hour (whose
+        // entry is a peek).
+        let passed = all_allowed(d);
+        assert_eq!(passed, i < 6, "{i}: {d:?}");
+        assert_eq!(
+            d[1].remaining(),
+            if i < 6 { 4 - (i as u64 / 2) } else { 2 },
+            "{i}: {d:?}"
+        );
+    }
+    let hour_left = store.check(b"alice", &hour, 0).await.unwrap();
+    assert_eq!(hour_left.remaining(), 2, "{hour_left:?}");
+}
+
+fn all_allowed(decisions: &[Decision]) -> bool {
+    decisions.iter().all(Decision::is_allowed)
+}
