@@ -136,8 +136,12 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_decide_as_the_reference_one_by_one_in_order() {
     let server = RedisServer::start();
+    // 10 ms more per round trip: the others surely queue behind the first.
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set_latency(ms(10));
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()).pool_size(1), &clock).await;
+    let (memory, redis) =
+        twin_stores(RedisStore::builder(proxy.redis_url()).pool_size(1), &clock).await;
     let policies = small_policies();
     let mut rng = Rng(7);
     for round in 0..30 {
@@ -594,4 +598,33 @@ async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
 
 fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
+}
+
+/// A caller that sends its request alone (the lane was idle) and goes away
+/// while it is in flight hands the requests queued behind it to a task:
+/// they are decided, not stranded until their timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_caller_gone_in_flight_strands_nobody() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    proxy.set_latency(ms(300));
+    let lead = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(ms(100), store.check(b"lead", &window(), 1)).await
+        })
+    };
+    tokio::time::sleep(ms(20)).await;
+    let started = Instant::now();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..5)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), &window(), 1)) as Boxed<_>)
+        .collect();
+    let got = join_in_order(calls).await;
+    assert!(lead.await.unwrap().is_err(), "the lead caller went away");
+    for d in &got {
+        assert!(d.as_ref().unwrap().is_allowed(), "{d:?}");
+    }
+    // Sent when the lead caller left (100 ms), answered 300 ms later.
+    assert!(started.elapsed() < ms(1500), "{:?}", started.elapsed());
 }

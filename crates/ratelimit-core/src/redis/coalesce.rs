@@ -1,18 +1,20 @@
 //! Coalescing: the decisions that arrive while calls are in flight go to
 //! Redis together, as one call of the batch function (`batch.lua`).
 //!
-//! Every decision is queued on its lane (a single node has one lane; a Redis
+//! Every decision belongs to a lane (a single node has one lane; a Redis
 //! Cluster one per hash slot, since one call only reaches keys of one slot).
-//! While the lane has fewer calls in flight than its bound (the pool size),
-//! a decision goes out at once, alone, as it would without coalescing: there
-//! is no timer and no added wait. Once that many calls are in flight, the
+//! While the lane has fewer calls in flight than its bound (the pool size)
+//! and nothing waits, a decision goes out at once, alone, sent by its caller
+//! as it would be without coalescing ([`Alone`]): there is no timer and no
+//! added wait. Once that many calls are in flight, the
 //! decisions that arrive wait, and each call that returns takes up to
 //! `max_batch` of them, in their order of arrival, as its next call. When
 //! more wait than the calls in flight would take in one turn, one more call
 //! starts: no decision waits behind more than one batch.
 //!
-//! The calls run in tasks of their own, so a caller that goes away never
-//! strands the others. A caller that goes away before its batch is sent is
+//! Batches run in tasks of their own, so a caller that goes away never
+//! strands the others (a caller sending alone that goes away hands what
+//! queued behind it to a task). A caller that goes away before its batch is sent is
 //! left out of it; after, its result is dropped, and a concurrency permit it
 //! received is released (its [`Unclaimed`] guard travels with its result).
 
@@ -119,7 +121,77 @@ impl Coalescer {
     }
 }
 
+/// A call its caller sends itself, the lane being idle: counted in flight
+/// until dropped (sent, or its caller gone); then whatever queued meanwhile
+/// goes in a task.
+pub(super) struct Alone {
+    store: RedisStore,
+    lane: u16,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        self.store.finish_alone(self.lane);
+    }
+}
+
 impl RedisStore {
+    /// When `lane` has room and nothing waits: the caller sends its request
+    /// itself, at once, as it would without coalescing (no task, no channel).
+    pub(super) fn go_alone(&self, coalescer: &Coalescer, lane: u16) -> Option<Alone> {
+        let mut lanes = coalescer.lanes.lock();
+        let state = lanes.entry(lane).or_default();
+        if state.in_flight >= coalescer.max_in_flight || !state.queue.is_empty() {
+            return None;
+        }
+        state.in_flight += 1;
+        coalescer.calls.fetch_add(1, Ordering::Relaxed);
+        coalescer.requests.fetch_add(1, Ordering::Relaxed);
+        Some(Alone {
+            store: self.clone(),
+            lane,
+        })
+    }
+
+    /// The end of a call sent alone: what queued behind it goes now.
+    fn finish_alone(&self, lane: u16) {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return;
+        };
+        let batch = {
+            let mut lanes = coalescer.lanes.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                return;
+            };
+            let batch = coalescer.take(state);
+            if batch.is_empty() {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if state.in_flight == 0 && state.queue.is_empty() {
+                    lanes.remove(&lane);
+                }
+                return;
+            }
+            batch
+        };
+        match tokio::runtime::Handle::try_current() {
+            // Still counted in flight: the task's now.
+            Ok(runtime) => {
+                runtime.spawn(self.clone().drive(lane, batch));
+            }
+            Err(_) => {
+                let sent_on = SentOn::default();
+                for item in batch {
+                    let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
+                    answer(item, Err(error), &sent_on);
+                }
+                let mut lanes = coalescer.lanes.lock();
+                if let Some(state) = lanes.get_mut(&lane) {
+                    state.in_flight = state.in_flight.saturating_sub(1);
+                }
+            }
+        }
+    }
+
     /// Queues `item` on `lane`, and starts a call for it (and whatever
     /// waits) if the lane's bound allows. Needs a tokio runtime.
     pub(super) fn submit(&self, coalescer: &Coalescer, lane: u16, item: Item) {

@@ -882,7 +882,7 @@ impl RedisStore {
         self,
         keys: Vec<String>,
         requests: Vec<(Policy, u64, PermitId)>,
-        unclaimed: Option<Unclaimed>,
+        mut unclaimed: Option<Unclaimed>,
     ) -> Result<Vec<Decision>, StoreError> {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return Err(StoreError::Backend("coalescing is off".into()));
@@ -892,6 +892,29 @@ impl RedisStore {
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(_) => keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes())),
         };
+        if let Some(alone) = self.go_alone(coalescer, lane) {
+            let result = {
+                let via = unclaimed
+                    .as_ref()
+                    .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
+                if let [(policy, cost, permit)] = requests.as_slice() {
+                    let key = keys.into_iter().next().unwrap_or_default();
+                    self.clone()
+                        .check_one(key, policy.clone(), *cost, *permit, via)
+                        .await
+                        .map(|d| vec![d])
+                } else {
+                    self.check_group(&keys, &requests, via)
+                        .await
+                        .map(|(decisions, _)| decisions)
+                }
+            };
+            drop(alone);
+            if result.is_ok() {
+                unclaimed.as_mut().map(Unclaimed::claim);
+            }
+            return result;
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let item = Item {
             keys,
