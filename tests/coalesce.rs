@@ -136,6 +136,23 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_decide_as_the_reference_one_by_one_in_order() {
     let server = RedisServer::start();
+    replay_in_order(&server, 30).await;
+}
+
+/// The same through the batch script (`EVALSHA`), on a Redis where `FCALL`
+/// cannot be used (renamed away, as on Redis 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_run_as_a_script_where_functions_cannot_be_used() {
+    let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    replay_in_order(&server, 10).await;
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+    assert!(!stats.contains("cmdstat_fcall:"), "{stats}");
+}
+
+/// `rounds` rounds of sixty requests on `server` (see above), checked
+/// against the reference.
+async fn replay_in_order(server: &RedisServer, rounds: u64) {
     // 10 ms more per round trip: the others surely queue behind the first.
     let proxy = FaultProxy::start(server.addr());
     proxy.set_latency(ms(10));
@@ -144,7 +161,7 @@ async fn batches_decide_as_the_reference_one_by_one_in_order() {
         twin_stores(RedisStore::builder(proxy.redis_url()).pool_size(1), &clock).await;
     let policies = small_policies();
     let mut rng = Rng(7);
-    for round in 0..30 {
+    for round in 0..rounds {
         clock.advance(Duration::from_micros(rng.below(40_000)));
         let ops = ops(&mut rng, 60, &policies);
         let calls = ops.iter().map(|op| run(&redis, op, &policies)).collect();
@@ -157,7 +174,7 @@ async fn batches_decide_as_the_reference_one_by_one_in_order() {
         }
     }
     let stats = redis.coalescing();
-    assert_eq!(stats.requests, 30 * 60, "{stats:?}");
+    assert_eq!(stats.requests, rounds * 60, "{stats:?}");
     assert!(stats.mean_batch() > 20.0, "{stats:?}");
 }
 
