@@ -9,7 +9,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::redis::RedisStore;
+use ratelimit_core::redis::{RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
@@ -644,4 +644,56 @@ async fn a_lone_caller_gone_in_flight_strands_nobody() {
     }
     // Sent when the lead caller left (100 ms), answered 300 ms later.
     assert!(started.elapsed() < ms(1500), "{:?}", started.elapsed());
+}
+
+/// A batch reply that does not decode is a bug, never an outage: each of its
+/// requests fails with an error no failure policy turns into an admission.
+/// (The library is loaded again with its batch function answering garbage,
+/// under its own name, so the store finds it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    let broken = function_library().replace(
+        "return run_batch(keys, args)",
+        "return {'not', 'decisions'}",
+    );
+    assert_ne!(broken, function_library());
+    let mut load = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "-x",
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        load.stdin
+            .take()
+            .unwrap()
+            .write_all(broken.as_bytes())
+            .unwrap();
+    }
+    let loaded = load.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&loaded.stdout).starts_with("ratelimit_"),
+        "{loaded:?}"
+    );
+    proxy.set_latency(ms(200));
+    let (lead, calls) = behind_a_call(&store, &window(), 5, ms(20)).await;
+    let got = join_in_order(calls).await;
+    assert!(lead.await.unwrap().unwrap().is_allowed());
+    for d in &got {
+        match d {
+            Err(e @ StoreError::Backend(_)) => assert!(!e.is_outage(), "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
