@@ -697,3 +697,38 @@ async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
         }
     }
 }
+
+/// A batch holds at most `max_batch` units of work: a concurrency check
+/// weighs one unit per permit it may read, so semaphores of 100 never
+/// share a call (a batch of 64 full 1,024-permit semaphores held Redis for
+/// a quarter of a second), while simple decisions still batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costly_checks_do_not_share_a_call() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    let semaphore = Policy::concurrency(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("sem")
+        .unwrap();
+    proxy.set_latency(ms(100));
+    let before = store.coalescing();
+    let (lead, calls) = behind_a_call(&store, &semaphore, 6, ms(20)).await;
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.requests - before.requests, 7, "{after:?}");
+    assert_eq!(after.calls - before.calls, 7, "{after:?}");
+
+    // Sixty simple checks behind one: one batch (the limit is 64 units).
+    let (lead, calls) = behind_a_call(&store, &window(), 60, ms(20)).await;
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+    lead.await.unwrap().unwrap();
+    let last = store.coalescing();
+    assert_eq!(last.requests - after.requests, 61, "{last:?}");
+    assert_eq!(last.calls - after.calls, 2, "{last:?}");
+}

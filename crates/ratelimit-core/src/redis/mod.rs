@@ -916,11 +916,16 @@ impl RedisStore {
             return result;
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let weight = requests
+            .iter()
+            .map(|(policy, _, _)| coalesce::weight(policy))
+            .fold(0, usize::saturating_add);
         let item = Item {
             keys,
             requests,
             unclaimed,
             reply,
+            weight,
         };
         self.submit(coalescer, lane, item);
         // The call's own timeout starts when it is sent, after at most one
