@@ -157,8 +157,13 @@ async fn replay_in_order(server: &RedisServer, rounds: u64) {
     let proxy = FaultProxy::start(server.addr());
     proxy.set_latency(ms(10));
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) =
-        twin_stores(RedisStore::builder(proxy.redis_url()).pool_size(1), &clock).await;
+    // Room for all sixty in one batch whatever their weights (a sliding log
+    // weighs 8, a semaphore of 3 weighs 4): a second call would start
+    // otherwise, and its order against the first is Redis's.
+    let builder = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .max_batch(1000);
+    let (memory, redis) = twin_stores(builder, &clock).await;
     let policies = small_policies();
     let mut rng = Rng(7);
     for round in 0..rounds {
@@ -324,8 +329,19 @@ async fn max_batch_one_turns_coalescing_off() {
 
 /// A store on one connection through `proxy`, its library loaded.
 async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
+    through_with(
+        proxy,
+        call_timeout,
+        ratelimit_core::redis::DEFAULT_MAX_BATCH,
+    )
+    .await
+}
+
+/// [`through`] with batches of up to `max_batch` units.
+async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usize) -> RedisStore {
     let store = RedisStore::builder(proxy.redis_url())
         .pool_size(1)
+        .max_batch(max_batch)
         .call_timeout(call_timeout)
         .build()
         .await
@@ -480,7 +496,8 @@ async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> Strin
 async fn callers_gone_leave_their_batch_or_release_its_permits() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    // Room for ten semaphores of 20 (21 units each) in one batch.
+    let store = through_with(&proxy, Duration::from_secs(5), 1000).await;
     let semaphore = Policy::concurrency(20, Duration::from_secs(3600))
         .unwrap()
         .with_name("sem")
