@@ -6,17 +6,18 @@
 //! While the lane has fewer calls in flight than its bound (the pool size)
 //! and nothing waits, a decision goes out at once, alone, sent by its caller
 //! as it would be without coalescing ([`Alone`]): there is no timer and no
-//! added wait. Once that many calls are in flight, the
-//! decisions that arrive wait, and each call that returns takes up to
-//! `max_batch` of them, in their order of arrival, as its next call. When
-//! more wait than the calls in flight would take in one turn, one more call
+//! added wait. Once that many calls are in flight, the decisions that arrive
+//! wait, and each call that returns takes, in their order of arrival, up to
+//! `max_batch` units of them ([`weight`]) as its next call. When more units
+//! wait than the calls in flight would take in one turn, one more call
 //! starts: no decision waits behind more than one batch.
 //!
 //! Batches run in tasks of their own, so a caller that goes away never
 //! strands the others (a caller sending alone that goes away hands what
-//! queued behind it to a task). A caller that goes away before its batch is sent is
-//! left out of it; after, its result is dropped, and a concurrency permit it
-//! received is released (its [`Unclaimed`] guard travels with its result).
+//! queued behind it to a task). A caller that goes away before its batch is
+//! sent is left out of it; after, its result is dropped, and a concurrency
+//! permit it received is released (its [`Unclaimed`] guard travels with its
+//! result).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,7 +107,7 @@ impl CoalescingStats {
 }
 
 impl Coalescer {
-    /// Batches of at most `max_batch` requests, at most `max_in_flight`
+    /// Batches of at most `max_batch` units, at most `max_in_flight`
     /// calls per lane before requests wait (each at least 1).
     pub(super) fn new(max_batch: usize, max_in_flight: usize) -> Self {
         Coalescer {

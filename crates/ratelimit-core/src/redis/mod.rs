@@ -238,17 +238,20 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The most requests sent to Redis as one call (default
-    /// [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0 counts as 1).
+    /// The most work sent to Redis as one call, in units of one simple
+    /// decision (default [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0
+    /// counts as 1). A concurrency check weighs its `max` + 1 units (it reads
+    /// every permit held), a sliding-log check 8, any other check 1; a batch
+    /// always takes at least one request.
     ///
     /// A request goes out at once while fewer calls than the pool size are
     /// in flight (per hash slot on a cluster); the requests that arrive while
     /// that many are in flight are gathered, and each call that returns sends
-    /// up to `max_batch` of them as one call of the batch function. No timer
+    /// up to `max_batch` units of them as one call of the batch function. No timer
     /// and no added wait; each request keeps its own outcome, and the limits
     /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
     /// a batch as one script: the bound also bounds how long one call holds
-    /// Redis (the bound times the costliest decision).
+    /// Redis (the bound times a simple decision, or one costly request).
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
         self
