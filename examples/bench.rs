@@ -5,7 +5,8 @@
 //! cargo run --release --example bench -- --store <memory|redis> [--redis URL] [--cluster] \
 //!     --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window D]
 //! {"store":"memory","algorithm":"gcra","keys":100000,"concurrency":64,"decisions":1000000,
-//!  "allowed":..,"denied":..,"secs":..,"per_sec":..,"p50_us":..,"p99_us":..}
+//!  "allowed":..,"denied":..,"secs":..,"per_sec":..,"p50_us":..,"p99_us":..,
+//!  "max_batch":..,"mean_batch":..}
 //! ```
 //!
 //! `C` tasks share `R` decisions; each draws its key uniformly from `N` keys
@@ -13,7 +14,9 @@
 //! (default 1000 per 1s; for bucket algorithms the burst, refilled over the
 //! window). The store is `MemoryStore` or `RedisStore` (one node, or a
 //! cluster with `--cluster` and `--redis` given per node or comma-separated),
-//! with `--connections` multiplexed connections (default 4).
+//! with `--connections` multiplexed connections (default 4) and batches of
+//! at most `--max-batch` requests (default 64, 1: no coalescing);
+//! `mean_batch` is the mean number of requests per call (0 for memory).
 //!
 //! With Redis, `--denied-cache` answers known denials locally
 //! ([`DeniedCache`]) and `--lease B` also leases hot keys' budget in batches
@@ -35,7 +38,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Store, StoreError};
 use ratelimit_examples::{parse_duration, policy_from_flags};
 
-const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>\n       bench --print-function --algorithm <name>\n       bench --print-library";
+const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--max-batch N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>\n       bench --print-function --algorithm <name>\n       bench --print-library";
 
 #[derive(Clone)]
 enum AnyStore {
@@ -61,6 +64,7 @@ struct Args {
     redis: Vec<String>,
     cluster: bool,
     connections: u32,
+    max_batch: usize,
     denied_cache: bool,
     lease: u64,
     print_script: bool,
@@ -80,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         redis: Vec::new(),
         cluster: false,
         connections: 4,
+        max_batch: ratelimit_core::redis::DEFAULT_MAX_BATCH,
         denied_cache: false,
         lease: 0,
         print_script: false,
@@ -110,6 +115,10 @@ fn parse_args() -> Result<Args, String> {
             "--connections" => {
                 args.connections = u32::try_from(number("--connections", value("--connections")?)?)
                     .map_err(|_| String::from("--connections is too large"))?;
+            }
+            "--max-batch" => {
+                args.max_batch = usize::try_from(number("--max-batch", value("--max-batch")?)?)
+                    .map_err(|_| String::from("--max-batch is too large"))?;
             }
             "--print-script" => args.print_script = true,
             "--print-function" => args.print_function = true,
@@ -185,6 +194,8 @@ async fn main() {
         );
         return;
     }
+    // The Redis store, to read its coalescing's mean batch at the end.
+    let mut redis_store: Option<RedisStore> = None;
     let store = match args.store.as_str() {
         "memory" => AnyStore::Memory(MemoryStore::new()),
         _ => {
@@ -195,16 +206,24 @@ async fn main() {
             };
             match builder
                 .pool_size(args.connections)
+                .max_batch(args.max_batch)
                 .call_timeout(Duration::from_secs(5))
                 .prefix("bench")
                 .build()
                 .await
             {
-                Ok(store) if args.lease > 0 => AnyStore::Leased(DeniedCache::new(
-                    LeasedStore::builder(store).batch(args.lease).build(),
-                )),
-                Ok(store) if args.denied_cache => AnyStore::Cached(DeniedCache::new(store)),
-                Ok(store) => AnyStore::Redis(store),
+                Ok(store) => {
+                    redis_store = Some(store.clone());
+                    if args.lease > 0 {
+                        AnyStore::Leased(DeniedCache::new(
+                            LeasedStore::builder(store).batch(args.lease).build(),
+                        ))
+                    } else if args.denied_cache {
+                        AnyStore::Cached(DeniedCache::new(store))
+                    } else {
+                        AnyStore::Redis(store)
+                    }
+                }
                 Err(e) => {
                     eprintln!("bench: cannot use Redis: {e}");
                     std::process::exit(1);
@@ -270,7 +289,7 @@ async fn main() {
         eprintln!("bench: {errors} decisions failed");
     }
     println!(
-        "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{}}}",
+        "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"max_batch\":{},\"mean_batch\":{:.2}}}",
         args.store,
         args.algorithm,
         args.keys,
@@ -282,5 +301,7 @@ async fn main() {
         decisions as f64 / secs,
         at(50),
         at(99),
+        args.max_batch,
+        redis_store.map_or(0.0, |s| s.coalescing().mean_batch()),
     );
 }

@@ -93,6 +93,47 @@ fn bench_prints_one_json_line_for_redis() {
     assert_eq!(json["algorithm"], "token-bucket");
 }
 
+/// `--max-batch N`: the JSON line reports it and the mean batch (requests
+/// per call); 1 turns coalescing off (mean 0, no call through it). On one
+/// hot key with a burst of 50, exactly 50 pass either way.
+#[test]
+fn bench_max_batch_reports_the_mean_batch_and_keeps_the_limit() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for max_batch in ["64", "1"] {
+        server.cli(&["FLUSHALL"]);
+        let json = run_bench(&[
+            "--store",
+            "redis",
+            "--redis",
+            &url,
+            "--algorithm",
+            "fixed-window",
+            "--keys",
+            "1",
+            "--concurrency",
+            "64",
+            "--requests",
+            "3000",
+            "--limit",
+            "50",
+            "--window",
+            "1h",
+            "--max-batch",
+            max_batch,
+        ]);
+        check_fields(&json, "redis", 3_000);
+        assert_eq!(json["allowed"], 50, "{json}");
+        assert_eq!(json["max_batch"].as_u64(), max_batch.parse().ok(), "{json}");
+        let mean = json["mean_batch"].as_f64().unwrap();
+        if max_batch == "1" {
+            assert_eq!(mean, 0.0, "{json}");
+        } else {
+            assert!((1.0..=64.0).contains(&mean), "{json}");
+        }
+    }
+}
+
 #[test]
 fn bench_rejects_bad_flags() {
     for args in [

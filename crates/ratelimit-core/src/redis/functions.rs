@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use redis::{RedisError, Value};
+use redis::{RedisError, Script, Value};
 
 use super::scripts::Library;
 use super::unclaimed::Via;
@@ -37,9 +37,43 @@ impl Inner {
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
+        let library = Library::get();
+        let (script, source) = self.scripts.single(algorithm);
+        self.call(
+            library.function(algorithm),
+            (script, source),
+            keys,
+            args,
+            via,
+        )
+        .await
+    }
+
+    /// Several requests in one call (`batch.lua`): `FCALL` of the library's
+    /// batch function, or its script where functions cannot be used.
+    pub(super) async fn decide_batch(
+        &self,
+        keys: &[String],
+        args: &[Arg<'_>],
+        via: Via<'_>,
+    ) -> Result<Value, StoreError> {
+        let library = Library::get();
+        self.call(library.batch(), self.scripts.batch(), keys, args, via)
+            .await
+    }
+
+    /// `FCALL` of `function`, loading the library once when it is missing,
+    /// or `script` where functions cannot be used.
+    async fn call(
+        &self,
+        function: &str,
+        (script, source): (&Script, &str),
+        keys: &[String],
+        args: &[Arg<'_>],
+        via: Via<'_>,
+    ) -> Result<Value, StoreError> {
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
-            let function = library.function(algorithm);
             match self.fcall(function, keys, args, via).await {
                 Err(e) if is_missing(&e) => match self.load(library).await {
                     Ok(()) => match self.fcall(function, keys, args, via).await {
@@ -55,7 +89,6 @@ impl Inner {
                 other => return other,
             }
         }
-        let (script, source) = self.scripts.single(algorithm);
         self.eval_via(script, source, keys, args, via).await
     }
 

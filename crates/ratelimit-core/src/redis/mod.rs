@@ -28,11 +28,14 @@ use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
+mod coalesce;
 mod connections;
 mod functions;
 mod scripts;
 mod unclaimed;
 
+use coalesce::{Coalescer, Item};
+pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::Connections;
 use scripts::{AclProbe, Scripts};
 use unclaimed::{SentOn, Unclaimed, Via};
@@ -84,6 +87,8 @@ struct Inner {
     permit_counter: AtomicU64,
     /// Releases of unclaimed permits under way (see `unclaimed`).
     pending_releases: std::sync::atomic::AtomicUsize,
+    /// Coalescing (see `coalesce`); `None` with a `max_batch` of 1.
+    coalescer: Option<Coalescer>,
 }
 
 enum Backend {
@@ -116,6 +121,7 @@ pub struct RedisStoreBuilder {
     pool_size: u32,
     connect_timeout: Duration,
     call_timeout: Duration,
+    max_batch: usize,
     fixed_clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "tls")]
     root_cert: Option<Vec<u8>>,
@@ -130,6 +136,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
+            .field("max_batch", &self.max_batch)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +153,7 @@ impl RedisStore {
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            max_batch: DEFAULT_MAX_BATCH,
             fixed_clock: None,
             #[cfg(feature = "tls")]
             root_cert: None,
@@ -175,6 +183,15 @@ impl RedisStore {
         let mut cmd = redis::cmd("PING");
         cmd.arg("ratelimit");
         self.inner.run(&cmd).await.map(|_| ())
+    }
+
+    /// What coalescing did so far: calls sent and requests they decided
+    /// (all zero with a `max_batch` of 1). See [`RedisStoreBuilder::max_batch`].
+    pub fn coalescing(&self) -> CoalescingStats {
+        self.inner
+            .coalescer
+            .as_ref()
+            .map_or_else(CoalescingStats::default, Coalescer::stats)
     }
 
     fn permit_for(&self, policy: &Policy) -> PermitId {
@@ -218,6 +235,25 @@ impl RedisStoreBuilder {
     /// [`StoreError::Timeout`] and the caller's failure policy applies.
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
+        self
+    }
+
+    /// The most work sent to Redis as one call, in units of one simple
+    /// decision (default [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0
+    /// counts as 1). A concurrency check weighs its `max` + 1 units (it reads
+    /// every permit held), a sliding-log check 8, any other check 1; a batch
+    /// always takes at least one request.
+    ///
+    /// A request goes out at once while fewer calls than the pool size are
+    /// in flight (per hash slot on a cluster); the requests that arrive while
+    /// that many are in flight are gathered, and each call that returns sends
+    /// up to `max_batch` units of them as one call of the batch function. No timer
+    /// and no added wait; each request keeps its own outcome, and the limits
+    /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
+    /// a batch as one script: the bound also bounds how long one call holds
+    /// Redis (the bound times a simple decision, or one costly request).
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
         self
     }
 
@@ -320,6 +356,12 @@ impl RedisStoreBuilder {
                 AclProbe::new(&self.prefix),
             )))
         };
+        let coalescer = (self.max_batch > 1).then(|| {
+            Coalescer::new(
+                self.max_batch,
+                usize::try_from(self.pool_size).unwrap_or(usize::MAX),
+            )
+        });
         let seed = std::collections::hash_map::RandomState::new();
         let permit_prefix = std::hash::BuildHasher::hash_one(
             &seed,
@@ -336,6 +378,7 @@ impl RedisStoreBuilder {
                 permit_prefix,
                 permit_counter: AtomicU64::new(1),
                 pending_releases: Default::default(),
+                coalescer,
             }),
         })
     }
@@ -734,34 +777,7 @@ impl RedisStore {
             .eval_via(script, source, &all_keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
-        let Value::Array(items) = &reply else {
-            return Err(protocol_error("several decisions", &reply));
-        };
-        if items.len() != requests.len() {
-            return Err(protocol_error("several decisions", &reply));
-        }
-        let decisions: Vec<Decision> = items
-            .iter()
-            .zip(requests)
-            .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
-            .collect::<Result<_, _>>()?;
-        if !crate::store::all_allowed(&decisions) {
-            // Nothing was taken: the limits that would have allowed report a
-            // peek, which holds no permit.
-            let peeks = items
-                .iter()
-                .map(|item| decision_from(item, PermitId(0), 0))
-                .collect::<Result<_, _>>()?;
-            return Ok((peeks, Vec::new()));
-        }
-        let states = items
-            .iter()
-            .map(|item| match item {
-                Value::Array(fields) => (text(fields.get(6)), text(fields.get(7))),
-                _ => (String::new(), String::new()),
-            })
-            .collect();
-        Ok((decisions, states))
+        group_from(&reply, requests)
     }
 
     /// Several limits whose keys live in different Redis Cluster slots: one
@@ -863,6 +879,75 @@ impl RedisStore {
         }
     }
 
+    /// One request (`keys`: its checks' state keys, all in one slot) through
+    /// the coalescer (see `coalesce`); `unclaimed` guards its permits.
+    async fn coalesced(
+        self,
+        keys: Vec<String>,
+        requests: Vec<(Policy, u64, PermitId)>,
+        mut unclaimed: Option<Unclaimed>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return Err(StoreError::Backend("coalescing is off".into()));
+        };
+        let lane = match &self.inner.backend {
+            Backend::Node(_) => 0,
+            #[cfg(feature = "redis-cluster")]
+            Backend::Cluster(_) => keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes())),
+        };
+        if let Some(alone) = self.go_alone(coalescer, lane) {
+            let result = {
+                let via = unclaimed
+                    .as_ref()
+                    .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
+                if let [(policy, cost, permit)] = requests.as_slice() {
+                    let key = keys.into_iter().next().unwrap_or_default();
+                    self.clone()
+                        .check_one(key, policy.clone(), *cost, *permit, via)
+                        .await
+                        .map(|d| vec![d])
+                } else {
+                    self.check_group(&keys, &requests, via)
+                        .await
+                        .map(|(decisions, _)| decisions)
+                }
+            };
+            drop(alone);
+            if result.is_ok() {
+                unclaimed.as_mut().map(Unclaimed::claim);
+            }
+            return result;
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let weight = requests
+            .iter()
+            .map(|(policy, _, _)| coalesce::weight(policy))
+            .fold(0, usize::saturating_add);
+        let item = Item {
+            keys,
+            requests,
+            unclaimed,
+            reply,
+            weight,
+        };
+        self.submit(coalescer, lane, item);
+        // The call's own timeout starts when it is sent, after at most one
+        // batch ahead of it.
+        let limit = self.inner.call_timeout.saturating_mul(2);
+        match tokio::time::timeout(limit, answer).await {
+            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
+            Ok(Err(_)) => Err(StoreError::Backend(
+                "the call was cancelled with its runtime".into(),
+            )),
+            Ok(Ok((result, mut unclaimed))) => {
+                if result.is_ok() {
+                    unclaimed.as_mut().map(Unclaimed::claim);
+                }
+                result
+            }
+        }
+    }
+
     async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {
         self.release_via(&key, permit, Via::Pool).await
     }
@@ -899,6 +984,43 @@ fn unpeeked(policy: &Policy, decided: Option<&Decision>) -> Decision {
     }
 }
 
+/// The decisions of a multi-limit check from its reply (`multi.lua`, or its
+/// entry in a batch's reply) and, per check, the state after and before its
+/// write when the reply has them (for refunds).
+fn group_from(
+    reply: &Value,
+    requests: &[(Policy, u64, PermitId)],
+) -> Result<(Vec<Decision>, Vec<StateChange>), StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(protocol_error("several decisions", reply));
+    };
+    if items.len() != requests.len() {
+        return Err(protocol_error("several decisions", reply));
+    }
+    let decisions: Vec<Decision> = items
+        .iter()
+        .zip(requests)
+        .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
+        .collect::<Result<_, _>>()?;
+    if !crate::store::all_allowed(&decisions) {
+        // Nothing was taken: the limits that would have allowed report a
+        // peek, which holds no permit.
+        let peeks = items
+            .iter()
+            .map(|item| decision_from(item, PermitId(0), 0))
+            .collect::<Result<_, _>>()?;
+        return Ok((peeks, Vec::new()));
+    }
+    let states = items
+        .iter()
+        .map(|item| match item {
+            Value::Array(fields) => (text(fields.get(6)), text(fields.get(7))),
+            _ => (String::new(), String::new()),
+        })
+        .collect();
+    Ok((decisions, states))
+}
+
 /// The state of a key after and before a write (for refunds).
 type StateChange = (String, String);
 
@@ -921,6 +1043,19 @@ impl Store for RedisStore {
         let key = self.state_key(key, policy);
         let store = self.clone();
         let policy = policy.clone();
+        if self.inner.coalescer.is_some() {
+            // A permit the caller does not receive is released (see `unclaimed`).
+            let unclaimed = (permit.0 != 0 && cost > 0)
+                .then(|| Unclaimed::new(self.clone(), vec![(key.clone(), permit)], &policy));
+            return Box::pin(async move {
+                let mut decisions = store
+                    .coalesced(vec![key], vec![(policy, cost, permit)], unclaimed)
+                    .await?;
+                decisions
+                    .pop()
+                    .ok_or_else(|| StoreError::Backend("a batch answered no decision".into()))
+            });
+        }
         if permit.0 == 0 || cost == 0 {
             return Box::pin(store.check_one(key, policy, cost, permit, Via::Pool));
         }
@@ -1001,6 +1136,9 @@ impl Store for RedisStore {
                     result
                 });
             }
+        }
+        if self.inner.coalescer.is_some() {
+            return Box::pin(store.coalesced(keys, requests, unclaimed));
         }
         Box::pin(async move {
             let via = unclaimed

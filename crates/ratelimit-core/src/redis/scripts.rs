@@ -77,6 +77,8 @@ macro_rules! library {
             $(include_str!(concat!("lua/", $helper)), "\n",)*
             include_str!("lua/single.lua"),
             "\n",
+            include_str!("lua/batch.lua"),
+            "\n",
             include_str!(concat!("lua/", $entry)),
         )
     };
@@ -86,6 +88,13 @@ macro_rules! library {
 const LIBRARY_BODY: &str = every_algorithm!(library; "library.lua");
 
 const MULTI: &str = every_algorithm!("multi.lua");
+
+/// Several requests in one call (`batch.lua`), as a script: the fallback of
+/// the library's batch function.
+const BATCH: &str = concat!(
+    every_algorithm!("batch.lua"),
+    "\nreturn run_batch(KEYS, ARGV)\n"
+);
 
 const ADMIN: &str = every_algorithm!("admin.lua");
 
@@ -99,6 +108,7 @@ const RELEASE: &str = assemble!("members.lua"; "release.lua");
 pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
     multi: (Script, &'static str),
+    batch: (Script, &'static str),
     release: (Script, &'static str),
     admin: (Script, &'static str),
     block: (Script, &'static str),
@@ -123,6 +133,7 @@ impl Scripts {
                 script(CONCURRENCY),
             ],
             multi: script(MULTI),
+            batch: script(BATCH),
             release: script(RELEASE),
             admin: script(ADMIN),
             block: script(BLOCK),
@@ -149,6 +160,11 @@ impl Scripts {
 
     pub(super) fn multi(&self) -> (&Script, &'static str) {
         (&self.multi.0, self.multi.1)
+    }
+
+    /// Several requests in one call (`batch.lua`).
+    pub(super) fn batch(&self) -> (&Script, &'static str) {
+        (&self.batch.0, self.batch.1)
     }
 
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
@@ -178,6 +194,7 @@ impl Scripts {
 pub(super) struct Library {
     source: String,
     names: [String; 7],
+    batch: String,
 }
 
 impl Library {
@@ -193,6 +210,7 @@ impl Library {
                     "#!lua name=ratelimit_{version}\nlocal FUNCTION_PREFIX = '{prefix}'\n{LIBRARY_BODY}"
                 ),
                 names: AlgorithmKind::ALL.map(|kind| format!("{prefix}{}", kind.name().replace('-', "_"))),
+                batch: format!("{prefix}batch"),
             }
         })
     }
@@ -205,6 +223,11 @@ impl Library {
     /// The function that decides one request under `algorithm`.
     pub(super) fn function(&'static self, algorithm: &Algorithm) -> &'static str {
         &self.names[single_index(algorithm)]
+    }
+
+    /// The function that decides several requests in one call (`batch.lua`).
+    pub(super) fn batch(&'static self) -> &'static str {
+        &self.batch
     }
 }
 

@@ -59,6 +59,13 @@ impl SentOn {
         *self.0.lock() = Some(connection.clone());
     }
 
+    /// Records in `other` the connection recorded here, if any.
+    pub(super) fn copy_to(&self, other: &SentOn) {
+        if let Some(connection) = self.0.lock().clone() {
+            other.record(&connection);
+        }
+    }
+
     fn take(&self) -> Option<MultiplexedConnection> {
         self.0.lock().take()
     }

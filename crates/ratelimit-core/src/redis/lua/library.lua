@@ -3,7 +3,8 @@
 -- LOAD), instead of on every call as in a script; FCALL then runs only the
 -- decision. One function per algorithm, FUNCTION_PREFIX .. <algorithm> (with
 -- '_' for '-': function names are letters, digits and '_'), with
--- the keys and arguments of single.lua. The store prepends the library's name
+-- the keys and arguments of single.lua, and FUNCTION_PREFIX .. 'batch', with
+-- those of batch.lua (several requests in one call). The store prepends the library's name
 -- and FUNCTION_PREFIX, both made of the library's own SHA-1, so that stores of
 -- different versions sharing a Redis never replace each other's functions.
 -- (Loading runs in a narrow environment: no pairs, hence the list.)
@@ -18,3 +19,6 @@ for i = 1, #FUNCTIONS do
     return run_single(decide, keys, args)
   end)
 end
+redis.register_function(FUNCTION_PREFIX .. 'batch', function(keys, args)
+  return run_batch(keys, args)
+end)

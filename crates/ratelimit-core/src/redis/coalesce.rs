@@ -1,0 +1,429 @@
+//! Coalescing: the decisions that arrive while calls are in flight go to
+//! Redis together, as one call of the batch function (`batch.lua`).
+//!
+//! Every decision belongs to a lane (a single node has one lane; a Redis
+//! Cluster one per hash slot, since one call only reaches keys of one slot).
+//! While the lane has fewer calls in flight than its bound (the pool size)
+//! and nothing waits, a decision goes out at once, alone, sent by its caller
+//! as it would be without coalescing ([`Alone`]): there is no timer and no
+//! added wait. Once that many calls are in flight, the decisions that arrive
+//! wait, and each call that returns takes, in their order of arrival, up to
+//! `max_batch` units of them ([`weight`]) as its next call. When more units
+//! wait than the calls in flight would take in one turn, one more call
+//! starts: no decision waits behind more than one batch.
+//!
+//! Batches run in tasks of their own, so a caller that goes away never
+//! strands the others (a caller sending alone that goes away hands what
+//! queued behind it to a task). A caller that goes away before its batch is
+//! sent is left out of it; after, its result is dropped, and a concurrency
+//! permit it received is released (its [`Unclaimed`] guard travels with its
+//! result).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use redis::{RedisError, Value};
+use tokio::sync::oneshot;
+
+use super::unclaimed::{SentOn, Unclaimed, Via};
+use super::{Arg, RedisStore, admin, decision_from, group_from, parameters};
+use crate::policy::Algorithm;
+use crate::{Decision, PermitId, Policy, StoreError};
+
+/// The default bound on the decisions of one batch.
+pub const DEFAULT_MAX_BATCH: usize = 64;
+
+/// One request: its checks (one, or the limits of a multi-limit check, all in
+/// one slot) and where its answer goes.
+pub(super) struct Item {
+    pub(super) keys: Vec<String>,
+    pub(super) requests: Vec<(Policy, u64, PermitId)>,
+    pub(super) unclaimed: Option<Unclaimed>,
+    pub(super) reply: oneshot::Sender<Answer>,
+    /// The summed [`weight`] of its checks.
+    pub(super) weight: usize,
+}
+
+/// A request's decisions, with its permits' guard (claimed by the caller
+/// once it has them, released if the answer is dropped).
+pub(super) type Answer = (Result<Vec<Decision>, StoreError>, Option<Unclaimed>);
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Item>,
+    /// The summed weight of the queue's requests.
+    queued: usize,
+    in_flight: usize,
+}
+
+/// What one check costs Redis, in units of a one-string decision (fixed
+/// window, sliding window counter, token bucket, GCRA, leaky bucket: a few
+/// µs each in a batch). A batch holds at most `max_batch` units, or one
+/// request whatever its weight, so it never holds Redis much longer than
+/// `max_batch` simple decisions or one costly one.
+///
+/// A concurrency check reads every permit held, up to its `max` (about 1 µs
+/// each, against 3–4 µs for a simple decision: one unit per permit is
+/// generous, and keeps a full semaphore alone in its call). A sliding-log
+/// check reads a few dozen members of its log at most: 8 units.
+pub(super) fn weight(policy: &Policy) -> usize {
+    match policy.algorithm() {
+        Algorithm::Concurrency(a) => usize::try_from(a.max())
+            .unwrap_or(usize::MAX)
+            .saturating_add(1),
+        Algorithm::SlidingWindowLog(_) => 8,
+        _ => 1,
+    }
+}
+
+/// The lanes of a store, with their bounds.
+pub(super) struct Coalescer {
+    max_batch: usize,
+    max_in_flight: usize,
+    lanes: Mutex<HashMap<u16, Lane>>,
+    calls: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// What a store's coalescing did so far ([`RedisStore::coalescing`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoalescingStats {
+    /// Calls sent by the coalescer (a batch of one request included).
+    pub calls: u64,
+    /// Requests those calls decided (a multi-limit check counts once).
+    pub requests: u64,
+}
+
+impl CoalescingStats {
+    /// The mean number of requests per call (0 before the first call).
+    pub fn mean_batch(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.requests as f64 / self.calls as f64
+        }
+    }
+}
+
+impl Coalescer {
+    /// Batches of at most `max_batch` units, at most `max_in_flight`
+    /// calls per lane before requests wait (each at least 1).
+    pub(super) fn new(max_batch: usize, max_in_flight: usize) -> Self {
+        Coalescer {
+            max_batch: max_batch.max(1),
+            max_in_flight: max_in_flight.max(1),
+            lanes: Mutex::new(HashMap::new()),
+            calls: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    /// The calls and requests so far.
+    pub(super) fn stats(&self) -> CoalescingStats {
+        CoalescingStats {
+            calls: self.calls.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The first requests of `lane` whose callers still wait, up to
+    /// `max_batch` units of [`weight`] (at least one request).
+    fn take(&self, lane: &mut Lane) -> Vec<Item> {
+        let mut batch = Vec::new();
+        let mut room = self.max_batch;
+        while room > 0 {
+            let Some(front) = lane.queue.front() else {
+                break;
+            };
+            if !batch.is_empty() && front.weight > room && !front.reply.is_closed() {
+                break;
+            }
+            let Some(mut item) = lane.queue.pop_front() else {
+                break;
+            };
+            lane.queued = lane.queued.saturating_sub(item.weight);
+            if item.reply.is_closed() {
+                // Never sent: nothing to release.
+                if let Some(unclaimed) = item.unclaimed.as_mut() {
+                    unclaimed.claim();
+                }
+                continue;
+            }
+            room = room.saturating_sub(item.weight);
+            batch.push(item);
+        }
+        batch
+    }
+}
+
+/// A call its caller sends itself, the lane being idle: counted in flight
+/// until dropped (sent, or its caller gone); then whatever queued meanwhile
+/// goes in a task.
+pub(super) struct Alone {
+    store: RedisStore,
+    lane: u16,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        self.store.finish_alone(self.lane);
+    }
+}
+
+impl RedisStore {
+    /// When `lane` has room and nothing waits: the caller sends its request
+    /// itself, at once, as it would without coalescing (no task, no channel).
+    pub(super) fn go_alone(&self, coalescer: &Coalescer, lane: u16) -> Option<Alone> {
+        let mut lanes = coalescer.lanes.lock();
+        let state = lanes.entry(lane).or_default();
+        if state.in_flight >= coalescer.max_in_flight || !state.queue.is_empty() {
+            return None;
+        }
+        state.in_flight += 1;
+        coalescer.calls.fetch_add(1, Ordering::Relaxed);
+        coalescer.requests.fetch_add(1, Ordering::Relaxed);
+        Some(Alone {
+            store: self.clone(),
+            lane,
+        })
+    }
+
+    /// The end of a call sent alone: what queued behind it goes now.
+    fn finish_alone(&self, lane: u16) {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return;
+        };
+        let batch = {
+            let mut lanes = coalescer.lanes.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                return;
+            };
+            let batch = coalescer.take(state);
+            if batch.is_empty() {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if state.in_flight == 0 && state.queue.is_empty() {
+                    lanes.remove(&lane);
+                }
+                return;
+            }
+            batch
+        };
+        match tokio::runtime::Handle::try_current() {
+            // Still counted in flight: the task's now.
+            Ok(runtime) => {
+                runtime.spawn(self.clone().drive(lane, batch));
+            }
+            Err(_) => {
+                let sent_on = SentOn::default();
+                for item in batch {
+                    let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
+                    answer(item, Err(error), &sent_on);
+                }
+                let mut lanes = coalescer.lanes.lock();
+                if let Some(state) = lanes.get_mut(&lane) {
+                    state.in_flight = state.in_flight.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Queues `item` on `lane`, and starts a call for it (and whatever
+    /// waits) if the lane's bound allows. Needs a tokio runtime.
+    pub(super) fn submit(&self, coalescer: &Coalescer, lane: u16, item: Item) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
+            let _ = item.reply.send((Err(error), item.unclaimed));
+            return;
+        };
+        let batch = {
+            let mut lanes = coalescer.lanes.lock();
+            let state = lanes.entry(lane).or_default();
+            state.queued = state.queued.saturating_add(item.weight);
+            state.queue.push_back(item);
+            // More waiting than the calls in flight take on their next turn:
+            // one more call, so that no request waits behind two batches.
+            let start = state.in_flight < coalescer.max_in_flight
+                || state.queued > coalescer.max_batch.saturating_mul(state.in_flight);
+            if !start {
+                return;
+            }
+            state.in_flight += 1;
+            coalescer.take(state)
+        };
+        runtime.spawn(self.clone().drive(lane, batch));
+    }
+
+    /// Sends `batch`, then whatever waits on `lane`, until nothing does.
+    async fn drive(self, lane: u16, mut batch: Vec<Item>) {
+        loop {
+            if !batch.is_empty() {
+                self.send_batch(batch).await;
+            }
+            let Some(coalescer) = self.inner.coalescer.as_ref() else {
+                return;
+            };
+            let mut lanes = coalescer.lanes.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                return;
+            };
+            batch = coalescer.take(state);
+            if batch.is_empty() {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if state.in_flight == 0 && state.queue.is_empty() {
+                    lanes.remove(&lane);
+                }
+                return;
+            }
+        }
+    }
+
+    /// One call for every request of `batch`, and each its answer. A batch
+    /// of one request is the call it would be without coalescing.
+    async fn send_batch(&self, mut batch: Vec<Item>) {
+        if let Some(coalescer) = self.inner.coalescer.as_ref() {
+            coalescer.calls.fetch_add(1, Ordering::Relaxed);
+            coalescer
+                .requests
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        if batch.len() == 1
+            && let Some(item) = batch.pop()
+        {
+            let sent_on = SentOn::default();
+            let via = item
+                .unclaimed
+                .as_ref()
+                .map_or(Via::Pool, |_| Via::Record(&sent_on));
+            let result = if item.keys.len() == 1 {
+                let (policy, cost, permit) = &item.requests[0];
+                self.clone()
+                    .check_one(item.keys[0].clone(), policy.clone(), *cost, *permit, via)
+                    .await
+                    .map(|d| vec![d])
+            } else {
+                self.check_group(&item.keys, &item.requests, via)
+                    .await
+                    .map(|(decisions, _)| decisions)
+            };
+            answer(item, result, &sent_on);
+            return;
+        }
+        let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
+        let mut keys = Vec::with_capacity(checks);
+        let mut args = Vec::with_capacity(1 + batch.len() + checks * 5);
+        args.push(Arg::Int(self.fixed_now()));
+        for item in &batch {
+            keys.extend(item.keys.iter().cloned());
+            args.push(Arg::Int(item.keys.len() as u64));
+            for (policy, cost, permit) in &item.requests {
+                let (p1, p2) = parameters(policy.algorithm());
+                args.push(Arg::Str(policy.algorithm().kind()));
+                args.push(Arg::Int(*cost));
+                args.push(Arg::Int(p1));
+                args.push(Arg::Int(p2));
+                args.push(if permit.0 == 0 {
+                    Arg::Int(0)
+                } else {
+                    Arg::Owned(permit.to_string())
+                });
+            }
+        }
+        let keys = admin::with_block_keys(&keys);
+        let sent_on = SentOn::default();
+        let via = if batch.iter().any(|item| item.unclaimed.is_some()) {
+            Via::Record(&sent_on)
+        } else {
+            Via::Pool
+        };
+        let reply = self.inner.decide_batch(&keys, &args, via).await;
+        let entries = match reply {
+            Ok(Value::Array(entries)) if entries.len() == batch.len() => entries,
+            Ok(other) => {
+                // A reply that does not decode is a bug, never an outage.
+                let error = super::protocol_error("a batch of decisions", &other);
+                for item in batch {
+                    answer(item, Err(share(&error)), &sent_on);
+                }
+                return;
+            }
+            Err(error) => {
+                // A timeout or a dropped connection: an outage for each.
+                for item in batch {
+                    answer(item, Err(share(&error)), &sent_on);
+                }
+                return;
+            }
+        };
+        for (item, entry) in batch.into_iter().zip(entries) {
+            let result = item_result(&item, &entry);
+            answer(item, result, &sent_on);
+        }
+    }
+}
+
+/// The decisions of `item` from its entry in the batch's reply.
+fn item_result(item: &Item, entry: &Value) -> Result<Vec<Decision>, StoreError> {
+    match entry {
+        Value::BulkString(message) => return Err(request_error(item, message)),
+        Value::SimpleString(message) => return Err(request_error(item, message.as_bytes())),
+        _ => {}
+    }
+    if let [(_, cost, permit)] = item.requests.as_slice() {
+        return decision_from(entry, *permit, *cost).map(|d| vec![d]);
+    }
+    group_from(entry, &item.requests).map(|(decisions, _)| decisions)
+}
+
+/// The error of one request of a batch (`batch.lua` sends its message): a
+/// policy conflict when it names one of the request's state keys (or is
+/// Redis's `WRONGTYPE` on a request of one check), as for a call of its own.
+fn request_error(item: &Item, message: &[u8]) -> StoreError {
+    let message = String::from_utf8_lossy(message);
+    let mut words = message.split_whitespace();
+    let named = match words.next() {
+        Some("RATELIMIT_CONFLICT") => words.next(),
+        Some(code) if code.starts_with("WRONGTYPE") && item.keys.len() == 1 => {
+            item.keys.first().map(String::as_str)
+        }
+        _ => None,
+    };
+    let policy = named.and_then(|named| {
+        item.keys
+            .iter()
+            .position(|k| k == named)
+            .map(|i| item.requests[i].0.name().to_owned())
+    });
+    match policy {
+        Some(policy) => StoreError::PolicyConflict { policy },
+        None => StoreError::Backend(format!("batch request failed: {message}").into()),
+    }
+}
+
+/// Sends `item` its answer (the guard records where its check was sent).
+/// A caller gone meanwhile drops it, which releases its permits.
+fn answer(mut item: Item, result: Result<Vec<Decision>, StoreError>, sent_on: &SentOn) {
+    if let Some(unclaimed) = item.unclaimed.as_mut() {
+        sent_on.copy_to(unclaimed.sent_on());
+    }
+    let _ = item.reply.send((result, item.unclaimed));
+}
+
+/// A copy of `error` for each request of a batch.
+fn share(error: &StoreError) -> StoreError {
+    let source = |e: &(dyn std::error::Error + Send + Sync + 'static)| -> Box<dyn std::error::Error + Send + Sync> {
+        match e.downcast_ref::<RedisError>() {
+            Some(e) => Box::new(e.clone()),
+            None => e.to_string().into(),
+        }
+    };
+    match error {
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::Unavailable(e) => StoreError::Unavailable(source(e.as_ref())),
+        StoreError::Backend(e) => StoreError::Backend(source(e.as_ref())),
+        StoreError::PolicyConflict { policy } => StoreError::PolicyConflict {
+            policy: policy.clone(),
+        },
+        other => StoreError::Backend(other.to_string().into()),
+    }
+}

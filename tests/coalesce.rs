@@ -1,0 +1,751 @@
+//! Coalescing in `RedisStore`: concurrent decisions gathered into one call
+//! of the batch function, on a real Redis (and a real Redis Cluster). Each
+//! decision keeps its own outcome, exactly as if decided alone in the order
+//! Redis applied them; failures are each decision's own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::{RedisStore, function_library};
+use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
+
+/// A small deterministic generator (xorshift64*), so failures replay.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).unwrap_or(0)
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Awaits every future, polling them in order on every pass: the first poll
+/// of each, which queues its request, happens in the vector's order, so the
+/// coalescer sends them in that order.
+async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *slot = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
+        }
+    })
+    .await
+}
+
+/// Small policies of every algorithm, each under its own name.
+fn small_policies() -> Vec<Policy> {
+    vec![
+        Policy::fixed_window(5, ms(100)).unwrap(),
+        Policy::sliding_window_log(5, ms(100)).unwrap(),
+        Policy::sliding_window_counter(7, ms(100)).unwrap(),
+        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
+        Policy::concurrency(3, ms(100)).unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, p)| p.with_name(format!("batch-{i}")).unwrap())
+    .collect()
+}
+
+/// One request of a timeline: a single check, or two limits at once.
+enum Op {
+    One(String, usize, u64),
+    Two(String, usize, u64, String, usize, u64),
+}
+
+fn ops(rng: &mut Rng, n: usize, policies: &[Policy]) -> Vec<Op> {
+    (0..n)
+        .map(|_| {
+            let user = format!("u{}", rng.below(3));
+            let a = rng.index(policies.len());
+            let cost = rng.below(policies[a].max_cost() + 1);
+            if rng.below(4) == 0 {
+                let b = (a + 1 + rng.index(policies.len() - 1)) % policies.len();
+                Op::Two(user, a, cost, "global".to_owned(), b, rng.below(3))
+            } else {
+                Op::One(user, a, cost)
+            }
+        })
+        .collect()
+}
+
+fn run<S: Store>(
+    store: &S,
+    op: &Op,
+    policies: &[Policy],
+) -> Boxed<Result<Vec<Decision>, StoreError>>
+where
+    S::CheckFuture: Send + 'static,
+    S::CheckAllFuture: Send + 'static,
+{
+    match op {
+        Op::One(user, a, cost) => {
+            let call = store.check(user.as_bytes(), &policies[*a], *cost);
+            Box::pin(async move { call.await.map(|d| vec![d]) })
+        }
+        Op::Two(user, a, ca, other, b, cb) => {
+            let checks = [
+                Check::new(user.as_bytes(), &policies[*a], *ca),
+                Check::new(other.as_bytes(), &policies[*b], *cb),
+            ];
+            Box::pin(store.check_all(&checks))
+        }
+    }
+}
+
+/// Sixty requests at once, every algorithm, single and multi-limit checks
+/// mixed, on one connection: the first goes out alone, the others wait for
+/// it and go as one batch, in their order of arrival (more than a batch
+/// waiting would start a second call, whose order against the first is
+/// Redis's). Each gets exactly what the in-memory reference gives it
+/// deciding the same requests one by one in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_decide_as_the_reference_one_by_one_in_order() {
+    let server = RedisServer::start();
+    replay_in_order(&server, 30).await;
+}
+
+/// The same through the batch script (`EVALSHA`), on a Redis where `FCALL`
+/// cannot be used (renamed away, as on Redis 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_run_as_a_script_where_functions_cannot_be_used() {
+    let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    replay_in_order(&server, 10).await;
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+    assert!(!stats.contains("cmdstat_fcall:"), "{stats}");
+}
+
+/// `rounds` rounds of sixty requests on `server` (see above), checked
+/// against the reference.
+async fn replay_in_order(server: &RedisServer, rounds: u64) {
+    // 10 ms more per round trip: the others surely queue behind the first.
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set_latency(ms(10));
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    // Room for all sixty in one batch whatever their weights (a sliding log
+    // weighs 8, a semaphore of 3 weighs 4): a second call would start
+    // otherwise, and its order against the first is Redis's.
+    let builder = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .max_batch(1000);
+    let (memory, redis) = twin_stores(builder, &clock).await;
+    let policies = small_policies();
+    let mut rng = Rng(7);
+    for round in 0..rounds {
+        clock.advance(Duration::from_micros(rng.below(40_000)));
+        let ops = ops(&mut rng, 60, &policies);
+        let calls = ops.iter().map(|op| run(&redis, op, &policies)).collect();
+        let got = join_in_order(calls).await;
+        for (i, (op, got)) in ops.iter().zip(got).enumerate() {
+            let want = run(&memory, op, &policies).await;
+            let want: Vec<_> = want.unwrap().iter().map(observable).collect();
+            let got: Vec<_> = got.unwrap().iter().map(observable).collect();
+            assert_eq!(want, got, "round {round}, request {i}");
+        }
+    }
+    let stats = redis.coalescing();
+    assert_eq!(stats.requests, rounds * 60, "{stats:?}");
+    assert!(stats.mean_batch() > 20.0, "{stats:?}");
+}
+
+/// Many tasks on a multi-threaded runtime hammer a few keys over four
+/// connections. Admitted per key never exceeds the limit, and the decisions
+/// replay exactly through the reference model in the order Redis applied
+/// them: at one fixed time a state only goes down, and each decision shows
+/// the state it met (remaining before = remaining, plus the cost if
+/// admitted), which orders them; denials at one state change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_763_000_000_000_001);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let policies = [
+        Policy::token_bucket(40, Rate::new(10, ms(100)))
+            .unwrap()
+            .with_name("hot-tb")
+            .unwrap(),
+        Policy::fixed_window(30, ms(100))
+            .unwrap()
+            .with_name("hot-fw")
+            .unwrap(),
+    ];
+    let keys = ["a", "b", "c"];
+    let mut rng = Rng(11);
+    for round in 0..6 {
+        clock.advance(ms(25 + rng.below(100)));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            let plan: Vec<(usize, usize, u64)> = (0..8)
+                .map(|_| (rng.index(keys.len()), rng.index(2), 1 + rng.below(3)))
+                .collect();
+            let redis = redis.clone();
+            let policies = policies.clone();
+            tasks.spawn(async move {
+                let mut seen = Vec::new();
+                for (k, p, cost) in plan {
+                    let d = redis
+                        .check(keys[k].as_bytes(), &policies[p], cost)
+                        .await
+                        .unwrap();
+                    seen.push((k, p, cost, d));
+                }
+                seen
+            });
+        }
+        let mut seen = Vec::new();
+        while let Some(task) = tasks.join_next().await {
+            seen.extend(task.unwrap());
+        }
+        for (k, key) in keys.iter().enumerate() {
+            for (p, policy) in policies.iter().enumerate() {
+                let mut mine: Vec<&(usize, usize, u64, Decision)> =
+                    seen.iter().filter(|s| s.0 == k && s.1 == p).collect();
+                let admitted: u64 = mine.iter().filter(|s| s.3.is_allowed()).map(|s| s.2).sum();
+                if round == 0 {
+                    // A fresh key: nothing refilled yet.
+                    assert!(admitted <= policy.limit(), "{key} {policy:?}: {admitted}");
+                }
+                let before = |s: &(usize, usize, u64, Decision)| {
+                    s.3.remaining() + if s.3.is_allowed() { s.2 } else { 0 }
+                };
+                // At one state, denials (which change nothing) before the admission.
+                mine.sort_by_key(|s| (std::cmp::Reverse(before(s)), s.3.is_allowed()));
+                for s in mine {
+                    let want = memory.check(key.as_bytes(), policy, s.2).await.unwrap();
+                    assert_eq!(
+                        observable(&want),
+                        observable(&s.3),
+                        "round {round}, key {key}, policy {}",
+                        policy.name()
+                    );
+                }
+            }
+        }
+    }
+    let stats = redis.coalescing();
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
+}
+
+/// One request of a batch that meets another algorithm's state fails with a
+/// policy conflict; the others in the same batch are decided as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_fails_its_own_request_only() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    let window = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    let bucket = Policy::token_bucket(10, Rate::per_second(1))
+        .unwrap()
+        .with_name("shared")
+        .unwrap();
+    store.check(b"k", &window, 1).await.unwrap();
+    let before = store.coalescing();
+    // The lead call holds the connection: the five behind it go as one batch.
+    proxy.set_latency(ms(200));
+    let (lead, _) = behind_a_call(&store, &window, 0, ms(20)).await;
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = vec![
+        Box::pin(store.check(b"x", &window, 1)),
+        Box::pin(store.check(b"k", &bucket, 1)),
+        Box::pin(store.check(b"y", &window, 1)),
+        Box::pin(store.check(b"k", &window, 1)),
+    ];
+    let got = join_in_order(calls).await;
+    lead.await.unwrap().unwrap();
+    assert!(
+        matches!(&got[1], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
+        "{:?}",
+        got[1]
+    );
+    for i in [0, 2] {
+        let d = got[i].as_ref().unwrap();
+        assert!(d.is_allowed() && d.remaining() == 9, "{i}: {d:?}");
+    }
+    let d = got[3].as_ref().unwrap();
+    assert!(d.is_allowed() && d.remaining() == 8, "{d:?}");
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 5, "{after:?}");
+}
+
+/// `max_batch(1)`: no coalescing, every request its own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_batch_one_turns_coalescing_off() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .pool_size(1)
+        .max_batch(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
+        .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
+        .collect();
+    let got = join_in_order(calls).await;
+    assert!(got.iter().all(|d| d.as_ref().unwrap().is_allowed()));
+    assert_eq!(store.coalescing().calls, 0);
+    let d = store.check(b"k", &policy, 0).await.unwrap();
+    assert_eq!(d.remaining(), 80, "{d:?}");
+}
+
+/// A store on one connection through `proxy`, its library loaded.
+async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
+    through_with(
+        proxy,
+        call_timeout,
+        ratelimit_core::redis::DEFAULT_MAX_BATCH,
+    )
+    .await
+}
+
+/// [`through`] with batches of up to `max_batch` units.
+async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usize) -> RedisStore {
+    let store = RedisStore::builder(proxy.redis_url())
+        .pool_size(1)
+        .max_batch(max_batch)
+        .call_timeout(call_timeout)
+        .build()
+        .await
+        .unwrap();
+    let warm = Policy::fixed_window(1000, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("warm")
+        .unwrap();
+    // One call alone, then a batch: both functions are loaded.
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
+        .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        d.unwrap();
+    }
+    store
+}
+
+/// `n` checks of distinct keys under `policy`, queued while `lead` is in
+/// flight (started `after` before them), so they go as one batch.
+async fn behind_a_call(
+    store: &RedisStore,
+    policy: &Policy,
+    n: usize,
+    after: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<Decision, StoreError>>,
+    Vec<Boxed<Result<Decision, StoreError>>>,
+) {
+    let lead = {
+        let store = store.clone();
+        let policy = policy.clone();
+        tokio::spawn(async move { store.check(b"lead", &policy, 1).await })
+    };
+    tokio::time::sleep(after).await;
+    let calls = (0..n)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), policy, 1)) as Boxed<_>)
+        .collect();
+    (lead, calls)
+}
+
+fn window() -> Policy {
+    Policy::fixed_window(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("fw")
+        .unwrap()
+}
+
+/// A batch whose reply comes after the call timeout: a timeout, an outage,
+/// for each of its decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, ms(300)).await;
+    let before = store.coalescing();
+    proxy.set_latency(ms(450));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(150)).await;
+    let got = join_in_order(calls).await;
+    assert!(matches!(lead.await.unwrap(), Err(StoreError::Timeout(_))));
+    for d in &got {
+        assert!(matches!(d, Err(StoreError::Timeout(_))), "{d:?}");
+    }
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+}
+
+/// A batch whose connection drops (and every new one with it): each of its
+/// decisions is an outage, `Unavailable`, for its failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    proxy.set_latency(ms(300));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
+    let dropping = async {
+        tokio::time::sleep(ms(100)).await;
+        proxy.set_mode(Mode::Drop);
+    };
+    let (got, ()) = tokio::join!(join_in_order(calls), dropping);
+    let lead = lead.await.unwrap();
+    assert!(matches!(lead, Err(StoreError::Unavailable(_))), "{lead:?}");
+    for d in &got {
+        assert!(matches!(d, Err(StoreError::Unavailable(_))), "{d:?}");
+    }
+    // Redis comes back: the next batch is decided.
+    proxy.set_mode(Mode::Forward);
+    proxy.set_latency(Duration::ZERO);
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..5)
+        .map(|_| Box::pin(store.check(b"again", &window(), 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+}
+
+/// `FUNCTION FLUSH` while a call is in flight: the batch behind it meets a
+/// missing function, loads the library again and is retried once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    let loads = |stats: &str| {
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_function|load:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let loaded = loads(&server.cli(&["INFO", "commandstats"]));
+    assert!(loaded >= 1, "{loaded}");
+    proxy.set_latency(ms(300));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
+    let flush = async {
+        tokio::time::sleep(ms(100)).await;
+        // Straight to Redis: the lead call already ran, its reply is held.
+        assert_eq!(server.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+        proxy.set_latency(Duration::ZERO);
+    };
+    let (got, ()) = tokio::join!(join_in_order(calls), flush);
+    assert!(lead.await.unwrap().unwrap().is_allowed());
+    for d in &got {
+        let d = d.as_ref().unwrap();
+        assert!(d.is_allowed() && d.remaining() == 99, "{d:?}");
+    }
+    assert_eq!(loads(&server.cli(&["INFO", "commandstats"])), loaded + 1);
+    assert!(server.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
+}
+
+/// Polls the number of permits held in `key` until it is 0, for at most
+/// `limit`; returns the last count.
+async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let count = server.cli(&["ZCARD", key]);
+        if count.trim() == "0" || start.elapsed() > limit {
+            return count.trim().to_owned();
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// Callers that go away: before their batch is sent, they are left out of
+/// it; after, their results are dropped and the permits they received are
+/// released, so the semaphore never leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_gone_leave_their_batch_or_release_its_permits() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    // Room for ten semaphores of 20 (21 units each) in one batch.
+    let store = through_with(&proxy, Duration::from_secs(5), 1000).await;
+    let semaphore = Policy::concurrency(20, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("sem")
+        .unwrap();
+    let lead_policy = window();
+    let keys: Vec<String> = (0..10)
+        .map(|i| store.state_key(format!("k{i}").as_bytes(), &semaphore))
+        .collect();
+
+    // Gone before the send: the lead call holds the connection for 400 ms.
+    proxy.set_latency(ms(400));
+    let before = store.coalescing();
+    let lead = {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(b"lead", &lead_policy, 1).await })
+    };
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<_>> = (0..10)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), &semaphore, 1)) as Boxed<_>)
+        .collect();
+    let gone = tokio::time::timeout(ms(100), join_in_order(calls)).await;
+    assert!(gone.is_err());
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.requests - before.requests, 1, "{after:?}");
+    for key in &keys {
+        assert_eq!(server.cli(&["ZCARD", key]).trim(), "0", "{key}");
+    }
+
+    // Gone after the send: the batch goes at 400 ms, its reply at 800 ms.
+    let before = store.coalescing();
+    let (lead, calls) = behind_a_call(&store, &window(), 0, Duration::ZERO).await;
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<_>> =
+        calls
+            .into_iter()
+            .chain((0..10).map(|i| {
+                Box::pin(store.check(format!("k{i}").as_bytes(), &semaphore, 1)) as Boxed<_>
+            }))
+            .collect();
+    let gone = tokio::time::timeout(ms(600), join_in_order(calls)).await;
+    assert!(gone.is_err());
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    proxy.set_latency(Duration::ZERO);
+    for key in &keys {
+        assert_eq!(
+            permits_left(&server, key, Duration::from_secs(3)).await,
+            "0",
+            "{key}"
+        );
+    }
+}
+
+/// A Redis Cluster: batches form per slot (a hot key; one user's limits
+/// under one hash tag), and stay exact there: 64 tasks over one hot key
+/// admit exactly the limit, and one user's two limits stay all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .pool_size(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("hot")
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (store, policy) = (store.clone(), policy.clone());
+        tasks.spawn(async move {
+            let mut admitted = 0u64;
+            for _ in 0..5 {
+                if store.check(b"hot", &policy, 1).await.unwrap().is_allowed() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(task) = tasks.join_next().await {
+        admitted += task.unwrap();
+    }
+    assert_eq!(admitted, 100);
+    let stats = store.coalescing();
+    assert_eq!(stats.requests, 320, "{stats:?}");
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
+
+    // Per minute and per hour of one user: one slot, all or nothing, in
+    // batches with other users' requests.
+    let minute = Policy::fixed_window(3, Duration::from_secs(60))
+        .unwrap()
+        .with_name("per-minute")
+        .unwrap();
+    let hour = Policy::fixed_window(5, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("per-hour")
+        .unwrap();
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = (0..8)
+        .map(|i| {
+            let user = if i % 2 == 0 { "alice" } else { "bob" };
+            let checks = [
+                Check::new(user.as_bytes(), &minute, 1),
+                Check::new(user.as_bytes(), &hour, 1),
+            ];
+            Box::pin(store.check_all(&checks)) as Boxed<_>
+        })
+        .collect();
+    let got = join_in_order(calls).await;
+    for (i, d) in got.iter().enumerate() {
+        let d = d.as_ref().unwrap();
+        // The first three of each user pass both limits; the fourth is
+        // denied by the minute and consumes nothing from the hour (whose
+        // entry is a peek).
+        let passed = all_allowed(d);
+        assert_eq!(passed, i < 6, "{i}: {d:?}");
+        assert_eq!(
+            d[1].remaining(),
+            if i < 6 { 4 - (i as u64 / 2) } else { 2 },
+            "{i}: {d:?}"
+        );
+    }
+    let hour_left = store.check(b"alice", &hour, 0).await.unwrap();
+    assert_eq!(hour_left.remaining(), 2, "{hour_left:?}");
+}
+
+fn all_allowed(decisions: &[Decision]) -> bool {
+    decisions.iter().all(Decision::is_allowed)
+}
+
+/// A caller that sends its request alone (the lane was idle) and goes away
+/// while it is in flight hands the requests queued behind it to a task:
+/// they are decided, not stranded until their timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_caller_gone_in_flight_strands_nobody() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    proxy.set_latency(ms(300));
+    let lead = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(ms(100), store.check(b"lead", &window(), 1)).await
+        })
+    };
+    tokio::time::sleep(ms(20)).await;
+    let started = Instant::now();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..5)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), &window(), 1)) as Boxed<_>)
+        .collect();
+    let got = join_in_order(calls).await;
+    assert!(lead.await.unwrap().is_err(), "the lead caller went away");
+    for d in &got {
+        assert!(d.as_ref().unwrap().is_allowed(), "{d:?}");
+    }
+    // Sent when the lead caller left (100 ms), answered 300 ms later.
+    assert!(started.elapsed() < ms(1500), "{:?}", started.elapsed());
+}
+
+/// A batch reply that does not decode is a bug, never an outage: each of its
+/// requests fails with an error no failure policy turns into an admission.
+/// (The library is loaded again with its batch function answering garbage,
+/// under its own name, so the store finds it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(2)).await;
+    let broken = function_library().replace(
+        "return run_batch(keys, args)",
+        "return {'not', 'decisions'}",
+    );
+    assert_ne!(broken, function_library());
+    let mut load = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "-x",
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        load.stdin
+            .take()
+            .unwrap()
+            .write_all(broken.as_bytes())
+            .unwrap();
+    }
+    let loaded = load.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&loaded.stdout).starts_with("ratelimit_"),
+        "{loaded:?}"
+    );
+    proxy.set_latency(ms(200));
+    let (lead, calls) = behind_a_call(&store, &window(), 5, ms(20)).await;
+    let got = join_in_order(calls).await;
+    assert!(lead.await.unwrap().unwrap().is_allowed());
+    for d in &got {
+        match d {
+            Err(e @ StoreError::Backend(_)) => assert!(!e.is_outage(), "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A batch holds at most `max_batch` units of work: a concurrency check
+/// weighs one unit per permit it may read, so semaphores of 100 never
+/// share a call (a batch of 64 full 1,024-permit semaphores held Redis for
+/// a quarter of a second), while simple decisions still batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costly_checks_do_not_share_a_call() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    let semaphore = Policy::concurrency(100, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("sem")
+        .unwrap();
+    proxy.set_latency(ms(100));
+    let before = store.coalescing();
+    let (lead, calls) = behind_a_call(&store, &semaphore, 6, ms(20)).await;
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+    lead.await.unwrap().unwrap();
+    let after = store.coalescing();
+    assert_eq!(after.requests - before.requests, 7, "{after:?}");
+    assert_eq!(after.calls - before.calls, 7, "{after:?}");
+
+    // Sixty simple checks behind one: one batch (the limit is 64 units).
+    let (lead, calls) = behind_a_call(&store, &window(), 60, ms(20)).await;
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+    lead.await.unwrap().unwrap();
+    let last = store.coalescing();
+    assert_eq!(last.requests - after.requests, 61, "{last:?}");
+    assert_eq!(last.calls - after.calls, 2, "{last:?}");
+}
