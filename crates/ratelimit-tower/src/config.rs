@@ -169,8 +169,8 @@ use ratelimit_core::{Policy, PolicyError};
 pub use error::{ConfigError, ConfigErrorKind};
 pub use reload::ReloadableRules;
 
-use crate::client_ip::{ClientIp, TrustedProxies};
-use crate::key::{HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey};
+use crate::keys::{ClientIp, TrustedProxies};
+use crate::keys::{HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey};
 use crate::options::MissingKey;
 use crate::rule::{Limit, Limits, RuleProvider};
 use schema::{AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec};

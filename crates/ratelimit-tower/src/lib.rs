@@ -118,7 +118,6 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 pub mod body;
-mod client_ip;
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config;
@@ -127,7 +126,7 @@ mod decide;
 mod decisions;
 pub mod future;
 pub mod headers;
-mod key;
+mod keys;
 mod layer;
 pub mod metrics;
 mod options;
@@ -150,11 +149,11 @@ pub use ratelimit_core;
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 
-pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
 pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
-pub use key::{
-    Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
+pub use keys::{
+    Cidr, CidrError, ClientIp, Composite, ForwardingHeader, GlobalKey, HeaderKey, Key,
+    KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey, TrustedProxies,
 };
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};

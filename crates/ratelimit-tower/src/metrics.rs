@@ -63,7 +63,7 @@ use std::sync::OnceLock;
 
 use ratelimit_core::{Decision, DecisionSource, Policy, StoreError};
 
-use crate::key::Key;
+use crate::keys::Key;
 
 /// Counter: decisions, labelled `policy` and `outcome`.
 pub const DECISIONS: &str = "ratelimit_decisions_total";

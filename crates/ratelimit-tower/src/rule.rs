@@ -12,7 +12,7 @@ use std::future::{Future, Ready, ready};
 use ratelimit_core::Policy;
 
 use crate::cost::{Constant, Cost};
-use crate::key::{Key, KeyExtractor, NoKey};
+use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
 
 /// One limit to apply to one request: a policy, the key, and the cost.

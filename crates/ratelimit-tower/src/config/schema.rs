@@ -12,7 +12,7 @@ use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::client_ip::{Cidr, ForwardingHeader};
+use crate::keys::{Cidr, ForwardingHeader};
 use crate::options::MissingKey;
 
 /// The whole document.

@@ -1,4 +1,4 @@
-//! Key extractors: which bucket a request draws from.
+//! The [`Key`] type, the [`KeyExtractor`] trait and the simple extractors.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
