@@ -343,14 +343,20 @@ where
     fn try_extract(&self, req: &Req) -> Result<Key, NoKey> {
         let first = self.first.try_extract(req)?;
         let second = self.second.try_extract(req)?;
-        let (a, b) = (first.as_bytes(), second.as_bytes());
-        let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
-        joined.extend_from_slice(a.len().to_string().as_bytes());
-        joined.push(b':');
-        joined.extend_from_slice(a);
-        joined.extend_from_slice(b);
-        Ok(Key::from(joined))
+        Ok(join(&first, &second))
     }
+}
+
+/// `first` and `second` as one key, `first` length-prefixed so that
+/// `("ab", "c")` and `("a", "bc")` differ: `2:abc`, `1:abc`.
+pub(crate) fn join(first: &Key, second: &Key) -> Key {
+    let (a, b) = (first.as_bytes(), second.as_bytes());
+    let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
+    joined.extend_from_slice(a.len().to_string().as_bytes());
+    joined.push(b':');
+    joined.extend_from_slice(a);
+    joined.extend_from_slice(b);
+    Key::from(joined)
 }
 
 /// The route of a request: the method and axum's matched route pattern

@@ -22,3 +22,5 @@ pub use key::{
     Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
 };
 pub use trusted_proxies::TrustedProxies;
+
+pub(crate) use key::join as join_keys;
