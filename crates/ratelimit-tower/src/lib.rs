@@ -125,6 +125,7 @@ mod cost;
 mod decide;
 mod decisions;
 pub mod future;
+mod grpc;
 pub mod headers;
 mod keys;
 mod layer;

@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
+use crate::grpc::is_grpc;
 use crate::headers::RateLimitHeaders;
 use crate::permit::PermitGuard;
 use crate::problem::{PROBLEM_JSON, problem_json};
@@ -54,13 +55,6 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
 
     /// Converts the inner service's error.
     fn error(&self, error: E) -> Self::Error;
-}
-
-/// Whether a request is gRPC (`content-type: application/grpc...`).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
@@ -208,46 +202,8 @@ impl HttpRejections {
 
     /// The default gRPC (trailers-only) response for `rejection`.
     pub fn grpc_response(rejection: &Rejection) -> Response<Bytes> {
-        let (code, pushback) = match rejection {
-            Rejection::Limited(_) => (
-                8,
-                rejection.retry_after_micros().map_or(-1, |us| {
-                    i64::try_from(us.div_ceil(1_000)).unwrap_or(i64::MAX)
-                }),
-            ),
-            Rejection::CostTooHigh { .. } | Rejection::MissingKey => (8, -1),
-            Rejection::Unavailable(_) => (14, 0),
-            Rejection::Internal(_) => (13, 0),
-            Rejection::NoPeerAddress => (13, 0),
-        };
-        let mut response = Response::new(Bytes::new());
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert("grpc-status", HeaderValue::from(code));
-        if let Ok(message) = HeaderValue::from_str(&grpc_message(&rejection.public_detail())) {
-            headers.insert("grpc-message", message);
-        }
-        if code == 8 {
-            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(pushback));
-        }
-        response
+        crate::grpc::trailers_only(rejection)
     }
-}
-
-/// Percent-encodes a `grpc-message` as the gRPC HTTP/2 protocol asks.
-fn grpc_message(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
@@ -359,10 +315,5 @@ mod tests {
         assert_eq!(retry_after_seconds(1_000_000), 1);
         assert_eq!(retry_after_seconds(1_000_001), 2);
         assert_eq!(retry_after_seconds(9_999_999), 10);
-    }
-
-    #[test]
-    fn grpc_messages_are_percent_encoded() {
-        assert_eq!(grpc_message("a b%c\né"), "a b%25c%0A%C3%A9");
     }
 }
