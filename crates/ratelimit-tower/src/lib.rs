@@ -150,10 +150,10 @@ pub use ratelimit_core;
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 
-pub use cost::{Constant, Cost};
+pub use cost::Cost;
 pub use decisions::{Decisions, PolicyDecision};
 pub use keys::{
-    Cidr, CidrError, ClientIp, Composite, ForwardingHeader, GlobalKey, HeaderKey, Key,
+    Cidr, CidrError, ClientIp, Composite, Fallback, ForwardingHeader, GlobalKey, HeaderKey, Key,
     KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey, TrustedProxies,
 };
 pub use layer::RateLimitLayer;

@@ -291,6 +291,8 @@ impl ClientIp {
     }
 }
 
+fallback_or!(ClientIp);
+
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         self.client_ip(req).map(|ip| self.key(ip))
