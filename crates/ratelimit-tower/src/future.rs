@@ -1,4 +1,5 @@
-//! Response futures.
+//! The futures the layer's types return: the service's response future and
+//! [`And`](crate::And)'s rule future.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +12,8 @@ use crate::decide::{Outcome, OutcomeFuture};
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::reject::Reject;
+
+pub use crate::rule::AndFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the

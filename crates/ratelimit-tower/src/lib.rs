@@ -161,5 +161,5 @@ pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
 pub use reject::{BoxError, ErrorRejections, HttpRejections, Reject, RejectionBody};
 pub use rejection::Rejection;
-pub use rule::{And, AndFuture, Limit, Limits, Rule, RuleProvider};
+pub use rule::{And, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

@@ -41,11 +41,11 @@ impl Format {
 }
 
 /// Named policies and the rules that apply them, read from TOML or JSON and
-/// checked field by field (see the [module docs](self) for the schema).
+/// checked field by field (see the [module docs](super) for the schema).
 ///
-/// A `Config` is a [`RuleProvider`] for `http::Request`s: give it to
+/// A `Config` is a [`RuleProvider`](crate::RuleProvider) for `http::Request`s: give it to
 /// [`RateLimitLayer::with_rules`](crate::RateLimitLayer::with_rules) as it is,
-/// or wrap it in [`ReloadableRules`] to replace it at run time. Cheap to clone.
+/// or wrap it in [`ReloadableRules`](super::ReloadableRules) to replace it at run time. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Config {
     pub(super) inner: Arc<Inner>,

@@ -154,6 +154,14 @@
 //!   in force: removing a policy and bringing it back with another algorithm
 //!   before its old state expired, or restarting with a shared Redis, is not
 //!   refused, and meets that `PolicyConflict` instead.
+//!
+//! [`RuleProvider`]: crate::RuleProvider
+//! [`PeerIp`]: crate::PeerIp
+//! [`ClientIp`]: crate::ClientIp
+//! [`RouteKey`]: crate::RouteKey
+//! [`HeaderKey`]: crate::HeaderKey
+//! [`MissingKey`]: crate::MissingKey
+//! [`Policy`]: crate::Policy
 
 mod compile;
 mod error;
