@@ -11,9 +11,9 @@ use tower_service::Service;
 use crate::decide::{Outcome, OutcomeFuture};
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
-use crate::reject::Reject;
+use crate::responses::reject::Reject;
 
-pub use crate::rule::AndFuture;
+pub use crate::rules::rule::AndFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the

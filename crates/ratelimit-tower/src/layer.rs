@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use ratelimit_core::Policy;
 
-use crate::headers::RateLimitHeaders;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
-use crate::reject::{ErrorRejections, HttpRejections, RejectionBody};
-use crate::rejection::Rejection;
-use crate::rule::{And, Rule};
+use crate::responses::headers::RateLimitHeaders;
+use crate::responses::reject::{ErrorRejections, HttpRejections, RejectionBody};
+use crate::responses::rejection::Rejection;
+use crate::rules::rule::{And, Rule};
 
 /// Rate-limits requests with one or more rules, in a store.
 ///

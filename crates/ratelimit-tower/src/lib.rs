@@ -121,22 +121,17 @@ pub mod body;
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config;
-mod cost;
 mod decide;
 mod decisions;
 pub mod future;
-mod grpc;
-pub mod headers;
 mod keys;
 mod layer;
 pub mod metrics;
 mod options;
 mod path;
 mod permit;
-pub mod problem;
-mod reject;
-mod rejection;
-mod rule;
+mod responses;
+mod rules;
 mod service;
 
 /// The store and policy crate, whole, for what this crate does not re-export.
@@ -150,7 +145,6 @@ pub use ratelimit_core;
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 
-pub use cost::Cost;
 pub use decisions::{Decisions, PolicyDecision};
 pub use keys::{
     Cidr, CidrError, ClientIp, Composite, Fallback, ForwardingHeader, GlobalKey, HeaderKey, Key,
@@ -159,7 +153,8 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use reject::{BoxError, ErrorRejections, HttpRejections, Reject, RejectionBody};
-pub use rejection::Rejection;
-pub use rule::{And, Limit, Limits, Rule, RuleProvider};
+pub use responses::{
+    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, headers, problem,
+};
+pub use rules::{And, Cost, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

@@ -8,7 +8,7 @@ use ratelimit_core::Policy;
 use super::Config;
 use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
 use crate::options::MissingKey;
-use crate::rule::{Limit, Limits, RuleProvider};
+use crate::rules::rule::{Limit, Limits, RuleProvider};
 
 impl Config {
     /// The limits of every rule that matches `req`, to be checked together.

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::rejection::{Rejection, retry_after_seconds};
+use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// The problem type of a request over its quota, registered by
 /// draft-ietf-httpapi-ratelimit-headers.

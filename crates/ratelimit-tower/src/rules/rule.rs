@@ -11,9 +11,9 @@ use std::future::{Future, Ready, ready};
 
 use ratelimit_core::Policy;
 
-use crate::cost::Cost;
 use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
+use crate::rules::cost::Cost;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
 #[derive(Debug, Clone)]

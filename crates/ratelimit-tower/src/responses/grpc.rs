@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, header};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::rejection::Rejection;
+use crate::responses::rejection::Rejection;
 
 /// The gRPC status codes a refusal uses (the gRPC spec's numbers, as tonic's
 /// `Code` has them).

@@ -9,11 +9,11 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
-use crate::grpc::is_grpc;
-use crate::headers::RateLimitHeaders;
 use crate::permit::PermitGuard;
-use crate::problem::{PROBLEM_JSON, problem_json};
-use crate::rejection::{Rejection, retry_after_seconds};
+use crate::responses::grpc::is_grpc;
+use crate::responses::headers::RateLimitHeaders;
+use crate::responses::problem::{PROBLEM_JSON, problem_json};
+use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// A boxed error, as tower uses for middleware errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -63,7 +63,7 @@ type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RejectionBody {
-    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::problem::problem_json)
+    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::responses::problem::problem_json)
     /// (the default).
     #[default]
     ProblemJson,
@@ -202,7 +202,7 @@ impl HttpRejections {
 
     /// The default gRPC (trailers-only) response for `rejection`.
     pub fn grpc_response(rejection: &Rejection) -> Response<Bytes> {
-        crate::grpc::trailers_only(rejection)
+        crate::responses::grpc::trailers_only(rejection)
     }
 }
 
