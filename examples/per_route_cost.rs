@@ -25,7 +25,7 @@ use axum::routing::get;
 use http::HeaderName;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::{Constant, HeaderKey, MissingKey, RateLimitLayer};
+use ratelimit_tower::{HeaderKey, MissingKey, RateLimitLayer};
 
 /// What `GET /search` costs.
 const SEARCH_COST: u64 = 1;
@@ -50,12 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route(
             "/search",
-            get(search).route_layer(budget.clone().cost(Constant(SEARCH_COST))),
+            get(search).route_layer(budget.clone().cost(SEARCH_COST)),
         )
-        .route(
-            "/export",
-            get(export).route_layer(budget.cost(Constant(EXPORT_COST))),
-        );
+        .route("/export", get(export).route_layer(budget.cost(EXPORT_COST)));
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     ratelimit_examples::serve(listener, app).await?;

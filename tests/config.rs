@@ -269,7 +269,7 @@ fn bad_toml_configurations_name_the_field() {
         (
             toml_policy("algorithm = \"gcra\"\nlimit = 5\nrate = \"10/x\"", ""),
             "policies.api.rate",
-            "unknown unit \"x\"",
+            "unknown time unit \"x\"",
             Parse,
         ),
         (
@@ -280,7 +280,7 @@ fn bad_toml_configurations_name_the_field() {
         ),
         (
             toml_policy(
-                "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1 minute\"",
+                "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"a minute\"",
                 "",
             ),
             "policies.api.window",
@@ -498,7 +498,7 @@ fn bad_json_configurations_name_the_field() {
             Parse,
         ),
         (
-            r#"{"policies": {"w": {"algorithm": "fixed-window", "limit": 5, "window": "5 s"}}}"#,
+            r#"{"policies": {"w": {"algorithm": "fixed-window", "limit": 5, "window": "5 fortnights"}}}"#,
             "policies.w.window",
             "invalid duration",
             Parse,

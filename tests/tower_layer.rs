@@ -142,6 +142,57 @@ async fn costs_come_from_the_request() {
 }
 
 #[tokio::test]
+async fn a_constant_cost_is_a_number() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let layer = RateLimitLayer::new(store(), per_ten_seconds(25), GlobalKey::default()).cost(10);
+    let mut service = layer.layer(mock);
+    let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
+    assert_eq!(r.body(), "ok 15");
+    let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
+    assert_eq!(r.body(), "ok 5");
+    let (r, reached) = send(&mut service, &mut handle, Request::new("")).await;
+    assert!(!reached);
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_header_key_falls_back_to_the_peer_ip() {
+    let key = HeaderKey::from_static("x-api-key").or(PeerIp);
+    let with_header = |ip: [u8; 4], api_key: &str| {
+        let mut req = from(ip);
+        req.headers_mut()
+            .insert("x-api-key", api_key.parse().unwrap());
+        req
+    };
+    let header_only = HeaderKey::from_static("x-api-key");
+    assert_eq!(
+        key.try_extract(&with_header([192, 0, 2, 1], "k1")),
+        header_only.try_extract(&with_header([192, 0, 2, 1], "k1"))
+    );
+    assert_eq!(
+        key.try_extract(&from([192, 0, 2, 1])).unwrap().as_bytes(),
+        b"192.0.2.1"
+    );
+    // Neither a header nor a peer: the fallback's reason, a wiring mistake.
+    assert_eq!(
+        key.try_extract(&Request::new("")),
+        Err(ratelimit_tower::NoKey::NoPeerAddress)
+    );
+
+    // Through a layer: one budget per API key, else one per client IP.
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), key).layer(mock);
+    let (r, _) = send(&mut service, &mut handle, with_header([192, 0, 2, 1], "k1")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (r, _) = send(&mut service, &mut handle, from([192, 0, 2, 1])).await;
+    assert_eq!(r.status(), StatusCode::OK, "the IP's budget is its own");
+    let (r, _) = send(&mut service, &mut handle, from([192, 0, 2, 1])).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let (r, _) = send(&mut service, &mut handle, with_header([192, 0, 2, 1], "k2")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
 async fn a_cost_above_the_limit_is_refused_without_retry_after() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
     let layer = RateLimitLayer::new(store(), per_ten_seconds(3), GlobalKey::default())

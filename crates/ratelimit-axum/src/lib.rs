@@ -45,7 +45,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use ratelimit_axum::{Constant, HeaderKey, MemoryStore, Policy, Rate, RateLimitLayer};
+//! use ratelimit_axum::{HeaderKey, MemoryStore, Policy, Rate, RateLimitLayer};
 //!
 //! # fn main() -> Result<(), ratelimit_axum::PolicyError> {
 //! let budget = RateLimitLayer::new(
@@ -54,8 +54,8 @@
 //!     HeaderKey::new(http::HeaderName::from_static("x-api-key")),
 //! );
 //! let app: Router = Router::new()
-//!     .route("/search", get(|| async { "results" }).route_layer(budget.clone().cost(Constant(1))))
-//!     .route("/export", get(|| async { "file" }).route_layer(budget.cost(Constant(10))));
+//!     .route("/search", get(|| async { "results" }).route_layer(budget.clone().cost(1)))
+//!     .route("/export", get(|| async { "file" }).route_layer(budget.cost(10)));
 //! # let _ = app;
 //! # Ok(())
 //! # }
@@ -97,7 +97,7 @@ pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 pub use ratelimit_tower::{
-    ClientIp, Composite, Constant, Cost, Decisions, FailurePolicy, ForwardingHeader, GlobalKey,
+    ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader, GlobalKey,
     HeaderKey, Key, KeyExtractor, Limit, Limits, MissingKey, Mode, PeerAddr, PeerIp,
     PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, Stats, TrustedProxies,
 };

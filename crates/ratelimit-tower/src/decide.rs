@@ -12,8 +12,8 @@ use crate::decisions::{Decisions, PolicyDecision};
 use crate::metrics;
 use crate::options::{FailurePolicy, Mode, Stats};
 use crate::permit::PermitGuard;
-use crate::rejection::Rejection;
-use crate::rule::{Limit, Limits};
+use crate::responses::rejection::Rejection;
+use crate::rules::rule::{Limit, Limits};
 
 /// What the layer does with a request.
 pub(crate) enum Outcome {

@@ -1,4 +1,5 @@
-//! Response futures.
+//! The futures the layer's types return: the service's response future and
+//! [`And`](crate::And)'s rule future.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,7 +11,9 @@ use tower_service::Service;
 use crate::decide::{Outcome, OutcomeFuture};
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
-use crate::reject::Reject;
+use crate::responses::reject::Reject;
+
+pub use crate::rules::rule::AndFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use ratelimit_core::Policy;
 
-use crate::headers::RateLimitHeaders;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
-use crate::reject::{ErrorRejections, HttpRejections, RejectionBody};
-use crate::rejection::Rejection;
-use crate::rule::{And, Rule};
+use crate::responses::headers::RateLimitHeaders;
+use crate::responses::reject::{ErrorRejections, HttpRejections, RejectionBody};
+use crate::responses::rejection::Rejection;
+use crate::rules::rule::{And, Rule};
 
 /// Rate-limits requests with one or more rules, in a store.
 ///
@@ -116,7 +116,25 @@ impl<St, P> RateLimitLayer<St, P, HttpRejections> {
 }
 
 impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
-    /// Prices requests with `cost` (a [`Constant`](crate::Constant) or a closure over the request).
+    /// Prices requests with `cost`: a number for a fixed price, or a closure
+    /// over the request ([`Cost`](crate::Cost)).
+    ///
+    /// ```
+    /// use ratelimit_tower::{MemoryStore, PeerIp, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    /// use tower::ServiceBuilder;
+    ///
+    /// let policy = Policy::fixed_window(100, Duration::from_secs(60))?;
+    /// // Each request takes 10 of the 100.
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp).cost(10);
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_req: http::Request<String>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     });
+    /// # let _ = service;
+    /// # Ok::<(), ratelimit_tower::PolicyError>(())
+    /// ```
     pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<St, Rule<K, C2>, J> {
         RateLimitLayer {
             stats: self.stats,

@@ -118,25 +118,20 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 pub mod body;
-mod client_ip;
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config;
-mod cost;
 mod decide;
 mod decisions;
 pub mod future;
-pub mod headers;
-mod key;
+mod keys;
 mod layer;
 pub mod metrics;
 mod options;
 mod path;
 mod permit;
-pub mod problem;
-mod reject;
-mod rejection;
-mod rule;
+mod responses;
+mod rules;
 mod service;
 
 /// The store and policy crate, whole, for what this crate does not re-export.
@@ -150,16 +145,16 @@ pub use ratelimit_core;
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 
-pub use client_ip::{Cidr, CidrError, ClientIp, ForwardingHeader, TrustedProxies};
-pub use cost::{Constant, Cost};
 pub use decisions::{Decisions, PolicyDecision};
-pub use key::{
-    Composite, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey,
+pub use keys::{
+    Cidr, CidrError, ClientIp, Composite, Fallback, ForwardingHeader, GlobalKey, HeaderKey, Key,
+    KeyExtractor, NoKey, PeerAddr, PeerIp, RouteKey, TrustedProxies,
 };
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use reject::{BoxError, ErrorRejections, HttpRejections, Reject, RejectionBody};
-pub use rejection::Rejection;
-pub use rule::{And, AndFuture, Limit, Limits, Rule, RuleProvider};
+pub use responses::{
+    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, headers, problem,
+};
+pub use rules::{And, Cost, Limit, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

@@ -63,7 +63,7 @@ use std::sync::OnceLock;
 
 use ratelimit_core::{Decision, DecisionSource, Policy, StoreError};
 
-use crate::key::Key;
+use crate::keys::Key;
 
 /// Counter: decisions, labelled `policy` and `outcome`.
 pub const DECISIONS: &str = "ratelimit_decisions_total";
@@ -169,7 +169,7 @@ pub(crate) fn record_error(policy: &Policy, key: &Key, error: &StoreError) {
 
 /// Records the rules that found no key for a request: a `debug` event and a
 /// decision counted under the rule's policy.
-pub(crate) fn record_missed(missed: &[crate::rule::Missed]) {
+pub(crate) fn record_missed(missed: &[crate::rules::rule::Missed]) {
     for rule in missed {
         let outcome = match (rule.cause, rule.action) {
             (crate::NoKey::NoPeerAddress, _) => "no_peer_address",

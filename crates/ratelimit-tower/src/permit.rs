@@ -6,7 +6,7 @@ use std::task::{Context, Waker};
 
 use ratelimit_core::{PermitId, Policy, Store};
 
-use crate::key::Key;
+use crate::keys::Key;
 
 type Release = Box<dyn FnOnce() + Send + Sync>;
 

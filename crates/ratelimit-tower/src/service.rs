@@ -9,8 +9,8 @@ use tower_service::Service;
 use crate::decide::{Settings, decide};
 use crate::future::ResponseFuture;
 use crate::layer::RateLimitLayer;
-use crate::reject::Reject;
-use crate::rule::RuleProvider;
+use crate::responses::reject::Reject;
+use crate::rules::rule::RuleProvider;
 
 /// Rate-limits requests before they reach the inner service. Built by
 /// [`RateLimitLayer`].

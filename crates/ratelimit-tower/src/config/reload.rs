@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use http::Request;
 
 use super::{Config, ConfigError, ConfigErrorKind, Format};
-use crate::rule::{Limits, RuleProvider};
+use crate::rules::rule::{Limits, RuleProvider};
 
 /// Rules from a [`Config`] that can be replaced at run time, without
 /// dropping or holding back a request.

@@ -3,16 +3,15 @@
 //! line).
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use ratelimit_core::Rate;
-use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::client_ip::{Cidr, ForwardingHeader};
+use super::values::Parsed;
+use crate::keys::{Cidr, ForwardingHeader};
 use crate::options::MissingKey;
 
 /// The whole document.
@@ -258,93 +257,6 @@ impl std::str::FromStr for Route {
     }
 }
 
-/// A value read from a string with [`Parse`].
-#[derive(Debug, Clone)]
-pub(super) struct Parsed<T>(pub(super) T);
-
-/// How a value is read from its configuration string.
-pub(super) trait Parse: Sized {
-    /// What the value looks like, for error messages.
-    const EXPECTING: &'static str;
-
-    fn parse(s: &str) -> Result<Self, String>;
-}
-
-impl Parse for Duration {
-    const EXPECTING: &'static str = "a duration such as \"500ms\", \"10s\", \"1m\" or \"1h30m\"";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        parse_duration(s)
-    }
-}
-
-impl Parse for Rate {
-    const EXPECTING: &'static str = "a rate such as \"10/s\", \"100/m\" or \"5/10s\"";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        parse_rate(s)
-    }
-}
-
-impl Parse for Cidr {
-    const EXPECTING: &'static str = "a network such as \"10.0.0.0/8\" or an address";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        s.parse().map_err(|e: crate::CidrError| e.to_string())
-    }
-}
-
-impl Parse for Method {
-    const EXPECTING: &'static str = "an HTTP method such as \"GET\"";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        if s.bytes().any(|b| b.is_ascii_lowercase()) {
-            return Err(format!(
-                "methods are case-sensitive: write {:?}, not {s:?}",
-                s.to_ascii_uppercase()
-            ));
-        }
-        Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid HTTP method {s:?}"))
-    }
-}
-
-impl Parse for Route {
-    const EXPECTING: &'static str = "a path prefix such as \"/api/\"";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
-impl Parse for KeyPart {
-    const EXPECTING: &'static str =
-        "a key: \"global\", \"ip\", \"client-ip\", \"route\" or \"header:<name>\"";
-
-    fn parse(s: &str) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
-impl<'de, T: Parse> Deserialize<'de> for Parsed<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ParseVisitor<T>(PhantomData<T>);
-
-        impl<T: Parse> Visitor<'_> for ParseVisitor<T> {
-            type Value = Parsed<T>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(T::EXPECTING)
-            }
-
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Parsed<T>, E> {
-                T::parse(s).map(Parsed).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(ParseVisitor(PhantomData))
-    }
-}
-
 /// The policies map, in document order, refusing a name defined twice (JSON
 /// allows it; TOML already refuses it).
 fn unique_policies<'de, D>(deserializer: D) -> Result<Vec<(String, PolicySpec)>, D::Error>
@@ -378,119 +290,9 @@ where
     deserializer.deserialize_map(PoliciesVisitor)
 }
 
-const UNITS: &str = "us, ms, s, m, h or d";
-
-fn unit_micros(unit: &str) -> Option<u64> {
-    Some(match unit {
-        "us" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" => 60_000_000,
-        "h" => 3_600_000_000,
-        "d" => 86_400_000_000,
-        _ => return None,
-    })
-}
-
-/// `500ms`, `10s`, `1m`, `1h30m`: whole numbers, each with a unit.
-pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(String::from(
-            "empty duration: write a number and a unit, such as \"1m\"",
-        ));
-    }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!(
-                "invalid duration {text:?}: expected a number and a unit ({UNITS}), such as \"1m\""
-            ));
-        }
-        let (number, after) = rest.split_at(digits);
-        let unit_len = after
-            .find(|c: char| !c.is_ascii_alphabetic())
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        if unit.is_empty() && after.starts_with(char::is_whitespace) {
-            return Err(format!(
-                "invalid duration {text:?}: write the unit right after the number, such as \"1m\""
-            ));
-        }
-        if unit.is_empty() {
-            return Err(format!(
-                "invalid duration {text:?}: {number} needs a unit ({UNITS})"
-            ));
-        }
-        let per_unit = unit_micros(unit).ok_or_else(|| {
-            format!("invalid duration {text:?}: unknown unit {unit:?} (use {UNITS})")
-        })?;
-        total = number
-            .parse::<u64>()
-            .ok()
-            .and_then(|n| n.checked_mul(per_unit))
-            .and_then(|n| n.checked_add(total))
-            .filter(|&n| n <= MAX_HORIZON_MICROS)
-            .ok_or_else(|| format!("duration {text:?} is too long (at most about 35 years)"))?;
-        rest = after;
-    }
-    Ok(Duration::from_micros(total))
-}
-
-/// `10/s`, `100/m`, `5/10s`, `1/500ms`: an amount per period.
-pub(super) fn parse_rate(text: &str) -> Result<Rate, String> {
-    let Some((amount, period)) = text.split_once('/') else {
-        return Err(format!(
-            "invalid rate {text:?}: expected an amount per period, such as \"10/s\" or \"100/m\""
-        ));
-    };
-    let amount: u64 = amount.trim().parse().map_err(|_| {
-        format!("invalid rate {text:?}: the amount before '/' must be a whole number")
-    })?;
-    let period = period.trim();
-    // A bare unit is one of it: `10/s` is `10/1s`.
-    let period = match unit_micros(period) {
-        Some(micros) => Duration::from_micros(micros),
-        None if !period.is_empty() && period.bytes().all(|b| b.is_ascii_alphabetic()) => {
-            return Err(format!(
-                "invalid rate {text:?}: unknown unit {period:?} (use {UNITS})"
-            ));
-        }
-        None => parse_duration(period).map_err(|e| format!("invalid rate {text:?}: {e}"))?,
-    };
-    Ok(Rate::new(amount, period))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration(" 250us "), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        for bad in ["", "10", "s", "1x", "1.5s", "1 s", "-1s", "99999999999d"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn rates() {
-        assert_eq!(parse_rate("10/s"), Ok(Rate::per_second(10)));
-        assert_eq!(parse_rate("100 / m"), Ok(Rate::per_minute(100)));
-        assert_eq!(
-            parse_rate("5/10s"),
-            Ok(Rate::new(5, Duration::from_secs(10)))
-        );
-        for bad in ["10", "x/s", "10/", "10/x", "-1/s", "10/1.5s"] {
-            assert!(parse_rate(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn keys() {

@@ -2,7 +2,9 @@
 
 use std::fmt::Write as _;
 
-use crate::rejection::{Rejection, retry_after_seconds};
+use serde::Serialize;
+
+use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// The problem type of a request over its quota, registered by
 /// draft-ietf-httpapi-ratelimit-headers.
@@ -28,8 +30,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// Refusals that are not a quota (a cost that can never pass, a missing key,
 /// an unavailable limiter) use `about:blank` with their status.
 pub fn problem_json(rejection: &Rejection) -> String {
-    let mut out = String::with_capacity(320);
-    match rejection {
+    let problem = match rejection {
         Rejection::Limited(decisions) => {
             let violated: Vec<_> = decisions.iter().filter(|e| e.refuses()).collect();
             let retry = retry_after_seconds(rejection.retry_after_micros().unwrap_or(0));
@@ -48,23 +49,14 @@ pub fn problem_json(rejection: &Rejection) -> String {
                 );
             }
             let _ = write!(detail, "; retry in {retry} s.");
-            out.push_str("{\"type\":");
-            string(&mut out, QUOTA_EXCEEDED);
-            out.push_str(",\"title\":");
-            string(
-                &mut out,
-                "Request cannot be satisfied as assigned quota has been exceeded",
-            );
-            out.push_str(",\"status\":429,\"detail\":");
-            string(&mut out, &detail);
-            out.push_str(",\"violated-policies\":[");
-            for (i, e) in violated.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                string(&mut out, e.policy().name());
+            Problem {
+                kind: QUOTA_EXCEEDED,
+                title: "Request cannot be satisfied as assigned quota has been exceeded",
+                status: 429,
+                detail,
+                violated_policies: Some(violated.iter().map(|e| e.policy().name()).collect()),
+                retry_after: Some(retry),
             }
-            let _ = write!(out, "],\"retry-after\":{retry}}}");
         }
         other => {
             let (status, title) = match other {
@@ -73,40 +65,49 @@ pub fn problem_json(rejection: &Rejection) -> String {
                 Rejection::NoPeerAddress => (500, "Internal Server Error"),
                 _ => (429, "Too Many Requests"),
             };
-            out.push_str("{\"type\":\"about:blank\",\"title\":");
-            string(&mut out, title);
-            let _ = write!(out, ",\"status\":{status},\"detail\":");
-            string(&mut out, &other.public_detail());
-            out.push('}');
+            Problem {
+                kind: "about:blank",
+                title,
+                status,
+                detail: other.public_detail(),
+                violated_policies: None,
+                retry_after: None,
+            }
         }
-    }
-    out
+    };
+    // Serializing strings, numbers and a list of strings to a String cannot
+    // fail; an empty object would still be valid problem+json.
+    serde_json::to_string(&problem).unwrap_or_else(|_| String::from("{}"))
 }
 
-/// Appends `text` as a JSON string.
-fn string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+/// The members of a problem+json object, in the order RFC 9457 shows them.
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<Vec<&'a str>>,
+    #[serde(rename = "retry-after", skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
 }
 
 #[cfg(test)]
 mod tests {
-    use super::string;
+    use super::*;
 
     #[test]
-    fn escapes_json_strings() {
-        let mut out = String::new();
-        string(&mut out, "a\"b\\c\nd");
-        assert_eq!(out, r#""a\"b\\c\u000ad""#);
+    fn other_refusals_are_about_blank_with_the_detail_escaped() {
+        let rejection = Rejection::CostTooHigh {
+            policy: String::from("a\"b\\c\nd"),
+            cost: 9,
+            max: 5,
+        };
+        assert_eq!(
+            problem_json(&rejection),
+            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"request cost 9 exceeds what policy a\"b\\c\nd can ever admit (5)"}"#
+        );
     }
 }

@@ -11,9 +11,9 @@ use std::future::{Future, Ready, ready};
 
 use ratelimit_core::Policy;
 
-use crate::cost::{Constant, Cost};
-use crate::key::{Key, KeyExtractor, NoKey};
+use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
+use crate::rules::cost::Cost;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
 #[derive(Debug, Clone)]
@@ -214,7 +214,7 @@ where
 
 /// A static rule: `policy` for the key `key` extracts, at the cost `cost` gives.
 #[derive(Debug, Clone)]
-pub struct Rule<K, C = Constant> {
+pub struct Rule<K, C = u64> {
     policy: Policy,
     key: K,
     cost: C,
@@ -227,14 +227,27 @@ impl<K> Rule<K> {
         Rule {
             policy,
             key,
-            cost: Constant(1),
+            cost: 1,
             missing_key: None,
         }
     }
 }
 
 impl<K, C> Rule<K, C> {
-    /// Prices requests with `cost` (a [`Constant`] or a closure over the request).
+    /// Prices requests with `cost`: a number for a fixed price, or a closure
+    /// over the request ([`Cost`]).
+    ///
+    /// ```
+    /// use ratelimit_tower::{PeerIp, Policy, Rule};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::fixed_window(100, Duration::from_secs(60))?;
+    /// let exports = Rule::new(policy.clone(), PeerIp).cost(10);
+    /// let by_path = Rule::new(policy, PeerIp)
+    ///     .cost(|req: &http::Request<()>| if req.uri().path() == "/export" { 10 } else { 1 });
+    /// # let _ = (exports, by_path);
+    /// # Ok::<(), ratelimit_tower::PolicyError>(())
+    /// ```
     pub fn cost<C2>(self, cost: C2) -> Rule<K, C2> {
         Rule {
             policy: self.policy,

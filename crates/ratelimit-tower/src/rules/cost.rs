@@ -3,15 +3,17 @@
 /// How much a request costs. Cost 0 peeks: the request is checked but takes
 /// nothing.
 ///
-/// Closures `Fn(&Req) -> u64` are cost functions; [`Constant`] is the usual
-/// fixed price.
+/// A number (`u64`) is a fixed price, the same for every request; closures
+/// `Fn(&Req) -> u64` price each request.
 ///
 /// ```
 /// use ratelimit_tower::Cost;
 /// use http::{Method, Request};
 ///
-/// let by_method = |req: &Request<()>| if req.method() == Method::GET { 1 } else { 5 };
 /// let req = Request::post("/").body(()).unwrap();
+/// assert_eq!(10.cost(&req), 10);
+///
+/// let by_method = |req: &Request<()>| if req.method() == Method::GET { 1 } else { 5 };
 /// assert_eq!(by_method.cost(&req), 5);
 /// ```
 pub trait Cost<Req>: Clone + Send + Sync + 'static {
@@ -19,19 +21,10 @@ pub trait Cost<Req>: Clone + Send + Sync + 'static {
     fn cost(&self, req: &Req) -> u64;
 }
 
-/// The same cost for every request (1 by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Constant(pub u64);
-
-impl Default for Constant {
-    fn default() -> Self {
-        Constant(1)
-    }
-}
-
-impl<Req> Cost<Req> for Constant {
+/// The same cost for every request.
+impl<Req> Cost<Req> for u64 {
     fn cost(&self, _: &Req) -> u64 {
-        self.0
+        *self
     }
 }
 

@@ -167,7 +167,7 @@ pub(crate) fn t_seconds(entry: &PolicyDecision) -> u64 {
     if d.is_allowed() {
         seconds(d.reset_after_micros())
     } else {
-        crate::rejection::retry_after_seconds(d.retry_after_micros())
+        crate::responses::rejection::retry_after_seconds(d.retry_after_micros())
     }
 }
 

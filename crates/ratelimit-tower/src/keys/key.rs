@@ -1,4 +1,4 @@
-//! Key extractors: which bucket a request draws from.
+//! The [`Key`] type, the [`KeyExtractor`] trait and the simple extractors.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -236,6 +236,17 @@ impl HeaderKey {
     pub fn new(name: HeaderName) -> Self {
         HeaderKey { name }
     }
+
+    /// Keys requests by the header `name`, a constant:
+    /// `HeaderKey::from_static("x-api-key")`.
+    ///
+    /// # Panics
+    ///
+    /// As [`HeaderName::from_static`]: when `name` is not a valid header name
+    /// in lowercase. A constant, so this shows at the first run.
+    pub fn from_static(name: &'static str) -> Self {
+        HeaderKey::new(HeaderName::from_static(name))
+    }
 }
 
 impl<B> KeyExtractor<Request<B>> for HeaderKey {
@@ -343,13 +354,69 @@ where
     fn try_extract(&self, req: &Req) -> Result<Key, NoKey> {
         let first = self.first.try_extract(req)?;
         let second = self.second.try_extract(req)?;
-        let (a, b) = (first.as_bytes(), second.as_bytes());
-        let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
-        joined.extend_from_slice(a.len().to_string().as_bytes());
-        joined.push(b':');
-        joined.extend_from_slice(a);
-        joined.extend_from_slice(b);
-        Ok(Key::from(joined))
+        Ok(join(&first, &second))
+    }
+}
+
+/// `first` and `second` as one key, `first` length-prefixed so that
+/// `("ab", "c")` and `("a", "bc")` differ: `2:abc`, `1:abc`.
+pub(crate) fn join(first: &Key, second: &Key) -> Key {
+    let (a, b) = (first.as_bytes(), second.as_bytes());
+    let mut joined = Vec::with_capacity(a.len() + b.len() + 8);
+    joined.extend_from_slice(a.len().to_string().as_bytes());
+    joined.push(b':');
+    joined.extend_from_slice(a);
+    joined.extend_from_slice(b);
+    Key::from(joined)
+}
+
+/// A key, or another when the first finds none: built by [`Fallback::new`]
+/// or by the `or` method of this crate's extractors
+/// (`HeaderKey::from_static("x-api-key").or(PeerIp)`).
+///
+/// The second is asked only when the first has no key, whatever the reason;
+/// when neither has one, the second's reason ([`NoKey`]) decides, so
+/// `HeaderKey::from_static("x-api-key").or(PeerIp)` answers `500` for a
+/// request with neither a header nor a peer address, as [`PeerIp`] does.
+/// The two keys share one key space: with a [`HeaderKey`] first (its keys are
+/// SHA-256 hashes) and an IP second, no header value can take an IP's
+/// budget.
+#[derive(Debug, Clone)]
+pub struct Fallback<A, B> {
+    first: A,
+    then: B,
+}
+
+impl<A, B> Fallback<A, B> {
+    /// `first`'s key, or `then`'s when `first` finds none.
+    ///
+    /// ```
+    /// use ratelimit_tower::{Fallback, KeyExtractor, PeerIp};
+    /// use http::Request;
+    ///
+    /// let tenant = |req: &Request<()>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
+    /// let key = Fallback::new(tenant, PeerIp);
+    /// let req = Request::builder().header("x-tenant", "acme").body(()).unwrap();
+    /// assert_eq!(key.extract(&req).unwrap().as_bytes(), b"acme");
+    /// ```
+    pub fn new(first: A, then: B) -> Self {
+        Fallback { first, then }
+    }
+}
+
+impl<A, B, Req> KeyExtractor<Req> for Fallback<A, B>
+where
+    A: KeyExtractor<Req>,
+    B: KeyExtractor<Req>,
+{
+    fn extract(&self, req: &Req) -> Option<Key> {
+        self.try_extract(req).ok()
+    }
+
+    fn try_extract(&self, req: &Req) -> Result<Key, NoKey> {
+        self.first
+            .try_extract(req)
+            .or_else(|_| self.then.try_extract(req))
     }
 }
 
@@ -371,3 +438,7 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
         Some(Key::from(format!("{} {path}", req.method())))
     }
 }
+
+fallback_or!(GlobalKey, HeaderKey, PeerIp, RouteKey);
+fallback_or!(<A, B> Composite<A, B>);
+fallback_or!(<A, B> Fallback<A, B>);

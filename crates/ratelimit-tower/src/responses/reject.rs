@@ -9,10 +9,11 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
-use crate::headers::RateLimitHeaders;
 use crate::permit::PermitGuard;
-use crate::problem::{PROBLEM_JSON, problem_json};
-use crate::rejection::{Rejection, retry_after_seconds};
+use crate::responses::grpc::is_grpc;
+use crate::responses::headers::RateLimitHeaders;
+use crate::responses::problem::{PROBLEM_JSON, problem_json};
+use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// A boxed error, as tower uses for middleware errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -56,20 +57,13 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     fn error(&self, error: E) -> Self::Error;
 }
 
-/// Whether a request is gRPC (`content-type: application/grpc...`).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
 
 /// The body of an HTTP refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RejectionBody {
-    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::problem::problem_json)
+    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::responses::problem::problem_json)
     /// (the default).
     #[default]
     ProblemJson,
@@ -208,46 +202,8 @@ impl HttpRejections {
 
     /// The default gRPC (trailers-only) response for `rejection`.
     pub fn grpc_response(rejection: &Rejection) -> Response<Bytes> {
-        let (code, pushback) = match rejection {
-            Rejection::Limited(_) => (
-                8,
-                rejection.retry_after_micros().map_or(-1, |us| {
-                    i64::try_from(us.div_ceil(1_000)).unwrap_or(i64::MAX)
-                }),
-            ),
-            Rejection::CostTooHigh { .. } | Rejection::MissingKey => (8, -1),
-            Rejection::Unavailable(_) => (14, 0),
-            Rejection::Internal(_) => (13, 0),
-            Rejection::NoPeerAddress => (13, 0),
-        };
-        let mut response = Response::new(Bytes::new());
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert("grpc-status", HeaderValue::from(code));
-        if let Ok(message) = HeaderValue::from_str(&grpc_message(&rejection.public_detail())) {
-            headers.insert("grpc-message", message);
-        }
-        if code == 8 {
-            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(pushback));
-        }
-        response
+        crate::responses::grpc::trailers_only(rejection)
     }
-}
-
-/// Percent-encodes a `grpc-message` as the gRPC HTTP/2 protocol asks.
-fn grpc_message(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
@@ -359,10 +315,5 @@ mod tests {
         assert_eq!(retry_after_seconds(1_000_000), 1);
         assert_eq!(retry_after_seconds(1_000_001), 2);
         assert_eq!(retry_after_seconds(9_999_999), 10);
-    }
-
-    #[test]
-    fn grpc_messages_are_percent_encoded() {
-        assert_eq!(grpc_message("a b%c\né"), "a b%25c%0A%C3%A9");
     }
 }

@@ -1,0 +1,237 @@
+//! Compiling: the parsed [schema](super::schema) checked field by field into
+//! policies and rules ready to apply.
+
+use std::sync::Arc;
+
+use ratelimit_core::{Policy, PolicyError};
+
+use super::load::Inner;
+use super::matching::{ConfiguredRule, KeySource};
+use super::schema::{
+    AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec,
+};
+use super::{Config, ConfigError, ConfigErrorKind};
+use crate::keys::{ClientIp, HeaderKey, TrustedProxies};
+use crate::options::MissingKey;
+
+/// The configuration `spec` describes, or the first field at fault.
+pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
+    let mut policies = Vec::with_capacity(spec.policies.len());
+    for (name, policy) in spec.policies {
+        policies.push(build_policy(&name, policy)?);
+    }
+    policies.sort_by(|a: &Policy, b: &Policy| a.name().cmp(b.name()));
+    let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
+    let mut rules = Vec::with_capacity(spec.rules.len());
+    for (index, rule) in spec.rules.into_iter().enumerate() {
+        rules.push(build_rule(index, rule, &policies, client_ip.as_ref())?);
+    }
+    Ok(Config {
+        inner: Arc::new(Inner { policies, rules }),
+    })
+}
+
+fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
+    let base = format!("policies.{name}");
+    let algorithm = spec.algorithm;
+    let period = algorithm.period();
+    let given = [
+        (Period::Rate, spec.rate.is_some()),
+        (Period::Window, spec.window.is_some()),
+        (Period::Lease, spec.lease.is_some()),
+    ];
+    for (field, present) in given {
+        if present && field != period {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Policy,
+                format!("{base}.{}", field.field()),
+                format!(
+                    "{} takes no {}: write {}",
+                    algorithm.name(),
+                    field.field(),
+                    period.example()
+                ),
+            ));
+        }
+    }
+    let missing = || {
+        ConfigError::new(
+            ConfigErrorKind::Policy,
+            format!("{base}.{}", period.field()),
+            format!(
+                "missing: {} needs a {}, such as {}",
+                algorithm.name(),
+                period.field(),
+                period.example()
+            ),
+        )
+    };
+    let limit = spec.limit;
+    let built = match algorithm {
+        AlgorithmKind::FixedWindow => {
+            Policy::fixed_window(limit, spec.window.ok_or_else(missing)?.0)
+        }
+        AlgorithmKind::SlidingLog => {
+            Policy::sliding_window_log(limit, spec.window.ok_or_else(missing)?.0)
+        }
+        AlgorithmKind::SlidingWindow => {
+            Policy::sliding_window_counter(limit, spec.window.ok_or_else(missing)?.0)
+        }
+        AlgorithmKind::TokenBucket => Policy::token_bucket(limit, spec.rate.ok_or_else(missing)?.0),
+        AlgorithmKind::Gcra => Policy::gcra(limit, spec.rate.ok_or_else(missing)?.0),
+        AlgorithmKind::LeakyBucket => Policy::leaky_bucket(limit, spec.rate.ok_or_else(missing)?.0),
+        AlgorithmKind::Concurrency => Policy::concurrency(limit, spec.lease.ok_or_else(missing)?.0),
+    };
+    let policy = built.map_err(|e| policy_error(&base, period, e))?;
+    let policy = policy
+        .with_name(name)
+        .map_err(|e| policy_error(&base, period, e))?;
+    Ok(policy.with_shadow(spec.shadow))
+}
+
+/// A [`PolicyError`] as an error on the field it is about.
+fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
+    let period_field = period.field();
+    let (field, message) = match &error {
+        PolicyError::ZeroLimit { what: "rate" } => {
+            ("rate", String::from("the amount must be at least 1"))
+        }
+        PolicyError::ZeroLimit { .. } => ("limit", String::from("must be at least 1")),
+        PolicyError::ZeroWindow { what: "period" } => (
+            "rate",
+            String::from("the period must be at least one microsecond"),
+        ),
+        PolicyError::ZeroWindow { .. } => (
+            period_field,
+            String::from("must be at least one microsecond"),
+        ),
+        PolicyError::RateTooHigh { .. } => ("rate", error.to_string()),
+        PolicyError::Unrepresentable { what, max }
+            if matches!(*what, "limit" | "burst" | "capacity" | "max") =>
+        {
+            ("limit", format!("is too large (at most {max})"))
+        }
+        PolicyError::Unrepresentable { what: "period", .. } => ("rate", error.to_string()),
+        PolicyError::Unrepresentable { what, .. } if *what == period_field => {
+            (period_field, error.to_string())
+        }
+        _ => ("", error.to_string()),
+    };
+    let path = if field.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}.{field}")
+    };
+    ConfigError::new(ConfigErrorKind::Policy, path, message).with_source(error)
+}
+
+fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
+    let proxies: TrustedProxies = spec.trusted_proxies.into_iter().map(|c| c.0).collect();
+    let mut client_ip = ClientIp::trusting(proxies).header(spec.header.into());
+    if let Some(len) = spec.ipv6_prefix {
+        client_ip = client_ip.ipv6_prefix(len).map_err(|e| {
+            ConfigError::new(
+                ConfigErrorKind::Parse,
+                "client_ip.ipv6_prefix",
+                e.to_string(),
+            )
+            .with_source(e)
+        })?;
+    }
+    if let Some(max_hops) = spec.max_hops {
+        client_ip = client_ip.max_hops(max_hops);
+    }
+    Ok(client_ip)
+}
+
+fn build_rule(
+    index: usize,
+    spec: RuleSpec,
+    policies: &[Policy],
+    client_ip: Option<&ClientIp>,
+) -> Result<ConfiguredRule, ConfigError> {
+    let base = format!("rules[{index}]");
+    let rule_error = |field: &str, message: String| {
+        ConfigError::new(ConfigErrorKind::Rule, format!("{base}.{field}"), message)
+    };
+    let policy = policies
+        .iter()
+        .find(|p| p.name() == spec.policy)
+        .cloned()
+        .ok_or_else(|| {
+            let defined: Vec<&str> = policies.iter().map(Policy::name).collect();
+            let defined = if defined.is_empty() {
+                String::from("no policy is defined")
+            } else {
+                format!("defined: {}", defined.join(", "))
+            };
+            rule_error(
+                "policy",
+                format!("unknown policy {:?} ({defined})", spec.policy),
+            )
+        })?;
+    if spec.cost > policy.max_cost() {
+        return Err(rule_error(
+            "cost",
+            format!(
+                "{} is more than policy {:?} can ever admit ({})",
+                spec.cost,
+                policy.name(),
+                policy.max_cost()
+            ),
+        ));
+    }
+    let routes = match spec.routes {
+        Some(routes) if routes.is_empty() => {
+            return Err(rule_error(
+                "routes",
+                String::from("must not be empty: leave it out to match every path"),
+            ));
+        }
+        Some(routes) => Some(routes.into_iter().map(|r| r.0.0).collect()),
+        None => None,
+    };
+    let methods = match spec.methods {
+        Some(methods) if methods.is_empty() => {
+            return Err(rule_error(
+                "methods",
+                String::from("must not be empty: leave it out to match every method"),
+            ));
+        }
+        Some(methods) => Some(methods.into_iter().map(|m| m.0).collect()),
+        None => None,
+    };
+    let key = spec
+        .key
+        .0
+        .into_iter()
+        .map(|part| {
+            Ok(match part {
+                KeyPart::Global => KeySource::Global,
+                KeyPart::PeerIp => KeySource::Peer,
+                KeyPart::Route => KeySource::Route,
+                KeyPart::Header(name) => KeySource::Header(HeaderKey::new(name)),
+                KeyPart::ClientIp => match client_ip {
+                    Some(c) if !c.trusted_proxies().is_empty() => KeySource::Client(c.clone()),
+                    _ => {
+                        return Err(rule_error(
+                            "key",
+                            String::from(
+                                "\"client-ip\" needs trusted proxies in [client_ip] trusted_proxies \
+                                 (without them the client is the TCP peer: use \"ip\")",
+                            ),
+                        ));
+                    }
+                },
+            })
+        })
+        .collect::<Result<Box<[KeySource]>, ConfigError>>()?;
+    Ok(ConfiguredRule {
+        policy,
+        key,
+        cost: spec.cost,
+        routes,
+        methods,
+        missing_key: spec.missing_key.map(MissingKey::from),
+    })
+}

@@ -1,0 +1,152 @@
+//! Matching per request: the rules that apply to a request, and its keys.
+
+use std::future::{Ready, ready};
+
+use http::{Method, Request};
+use ratelimit_core::Policy;
+
+use super::Config;
+use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
+use crate::options::MissingKey;
+use crate::rules::rule::{Limit, Limits, RuleProvider};
+
+impl Config {
+    /// The limits of every rule that matches `req`, to be checked together.
+    ///
+    /// ```
+    /// use ratelimit_tower::config::Config;
+    ///
+    /// let config = Config::from_toml(r#"
+    ///     [policies.writes]
+    ///     algorithm = "token-bucket"
+    ///     limit = 10
+    ///     rate = "1/s"
+    ///
+    ///     [[rules]]
+    ///     policy = "writes"
+    ///     key = "header:x-api-key"
+    ///     methods = ["POST", "PUT"]
+    ///     cost = 2
+    /// "#)?;
+    /// let post = http::Request::post("/items").header("x-api-key", "k1").body(()).unwrap();
+    /// let limits = config.limits(&post);
+    /// assert_eq!(limits.iter().map(|l| l.cost()).collect::<Vec<_>>(), [2]);
+    ///
+    /// let get = http::Request::get("/items").header("x-api-key", "k1").body(()).unwrap();
+    /// assert!(config.limits(&get).is_empty());
+    /// # Ok::<(), ratelimit_tower::config::ConfigError>(())
+    /// ```
+    pub fn limits<B>(&self, req: &Request<B>) -> Limits {
+        let mut limits = Limits::none();
+        for rule in &self.inner.rules {
+            if !rule.matches(req) {
+                continue;
+            }
+            match rule.key(req) {
+                Ok(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
+                Err(cause) => {
+                    let action = rule.missing_key.unwrap_or(cause.default_action());
+                    limits.extend(Limits::missed(&rule.policy, cause, action));
+                    if limits.is_reject() {
+                        return limits;
+                    }
+                }
+            }
+        }
+        limits
+    }
+}
+
+impl<B> RuleProvider<Request<B>> for Config {
+    type Future = Ready<Limits>;
+
+    fn limits(&self, req: &Request<B>) -> Ready<Limits> {
+        ready(Config::limits(self, req))
+    }
+}
+
+/// One rule, ready to apply.
+#[derive(Debug, Clone)]
+pub(super) struct ConfiguredRule {
+    pub(super) policy: Policy,
+    pub(super) key: Box<[KeySource]>,
+    pub(super) cost: u64,
+    pub(super) routes: Option<Box<[String]>>,
+    pub(super) methods: Option<Box<[Method]>>,
+    pub(super) missing_key: Option<MissingKey>,
+}
+
+impl ConfiguredRule {
+    fn matches<B>(&self, req: &Request<B>) -> bool {
+        if let Some(methods) = &self.methods
+            && !methods.contains(req.method())
+        {
+            return false;
+        }
+        match &self.routes {
+            Some(routes) => {
+                let path = crate::path::normalize(req.uri().path());
+                routes.iter().any(|prefix| route_matches(prefix, &path))
+            }
+            None => true,
+        }
+    }
+
+    fn key<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        let mut parts = self.key.iter();
+        let Some(first) = parts.next() else {
+            return Err(NoKey::NotApplicable);
+        };
+        let mut key = first.extract(req)?;
+        // Joined as `Composite` joins two keys: the first length-prefixed.
+        for part in parts {
+            key = join_keys(&key, &part.extract(req)?);
+        }
+        Ok(key)
+    }
+}
+
+/// Whether the route prefix `prefix` covers `path`, by whole segments.
+fn route_matches(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// One part of a rule's key.
+#[derive(Debug, Clone)]
+pub(super) enum KeySource {
+    Global,
+    Peer,
+    Client(ClientIp),
+    Header(HeaderKey),
+    Route,
+}
+
+impl KeySource {
+    fn extract<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
+        match self {
+            KeySource::Global => Ok(Key::from("global")),
+            KeySource::Peer => PeerIp.try_extract(req),
+            KeySource::Client(client_ip) => client_ip.try_extract(req),
+            KeySource::Header(header) => header.try_extract(req),
+            KeySource::Route => RouteKey.try_extract(req),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_whole_segments() {
+        assert!(route_matches("/api", "/api"));
+        assert!(route_matches("/api", "/api/users"));
+        assert!(!route_matches("/api", "/apiary"));
+        assert!(route_matches("/api/", "/api/users"));
+        assert!(!route_matches("/api/", "/api"));
+        assert!(route_matches("/", "/anything"));
+    }
+}

@@ -1,0 +1,177 @@
+//! Policies and rules from a configuration file (TOML or JSON), reloadable at
+//! run time (feature `config`).
+//!
+//! Operators change limits without a rebuild: [`Config`] reads named
+//! policies and the rules that apply them, checks every field, and is itself a
+//! [`RuleProvider`]; [`ReloadableRules`] holds one behind an atomic swap, so a
+//! new file takes effect for the next request while requests in flight finish
+//! under the limits they started with. A file that does not load leaves the
+//! configuration in force untouched, and says which field is wrong.
+//!
+//! # Example
+//!
+//! ```
+//! use ratelimit_core::MemoryStore;
+//! use ratelimit_tower::config::{Config, Format, ReloadableRules};
+//! use ratelimit_tower::{PeerAddr, RateLimitLayer};
+//! use std::net::SocketAddr;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! const CONFIG: &str = r#"
+//! [policies.api]
+//! algorithm = "fixed-window"
+//! limit = 2
+//! window = "1m"
+//!
+//! [[rules]]
+//! policy = "api"
+//! key = "ip"
+//! routes = ["/api/"]
+//! "#;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let rules = ReloadableRules::new(Config::from_toml(CONFIG)?);
+//! let service = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::with_rules(MemoryStore::new(), rules.clone()))
+//!     .service_fn(|_req: http::Request<String>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//!     });
+//! let request = || {
+//!     let mut req = http::Request::get("/api/users").body(String::new()).unwrap();
+//!     req.extensions_mut().insert(PeerAddr(SocketAddr::from(([192, 0, 2, 1], 4000))));
+//!     req
+//! };
+//! for expected in [200, 200, 429] {
+//!     let response = service.clone().oneshot(request()).await?;
+//!     assert_eq!(response.status(), expected);
+//! }
+//!
+//! // More room, same policy name: the count so far is kept.
+//! rules.reload_from_str(&CONFIG.replace("limit = 2", "limit = 3"), Format::Toml)?;
+//! assert_eq!(service.clone().oneshot(request()).await?.status(), 200);
+//!
+//! // A bad configuration is refused, and the one in force stays.
+//! let error = rules
+//!     .reload_from_str(&CONFIG.replace("limit = 2", "limit = 0"), Format::Toml)
+//!     .unwrap_err();
+//! assert_eq!(error.to_string(), "policies.api.limit: must be at least 1");
+//! assert_eq!(rules.current().policy("api").unwrap().limit(), 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The schema
+//!
+//! The same in TOML and JSON. Unknown fields are errors.
+//!
+//! ```toml
+//! # Named policies. The name is the policy's name in stores, headers and
+//! # metrics: 1 to 64 characters from [A-Za-z0-9._-].
+//! [policies.api]
+//! algorithm = "gcra"   # fixed-window | sliding-log | sliding-window |
+//!                      # token-bucket | gcra | leaky-bucket | concurrency
+//! limit = 20           # the limit, burst, capacity or maximum in flight
+//! rate = "10/s"        # token-bucket, gcra, leaky-bucket: amount per period
+//! shadow = false       # optional: decide and count, never refuse
+//!
+//! [policies.login]
+//! algorithm = "sliding-log"
+//! limit = 5
+//! window = "1m"        # fixed-window, sliding-log, sliding-window
+//!
+//! [policies.uploads]
+//! algorithm = "concurrency"
+//! limit = 2
+//! lease = "30s"        # concurrency: how long a permit outlives a dead holder
+//!
+//! # Rules: every rule that matches a request applies, all or nothing.
+//! [[rules]]
+//! policy = "api"
+//! key = "ip"           # global | ip | client-ip | route | header:<name>,
+//!                      # or a list of them joined into one key: ["route", "ip"]
+//! cost = 1             # optional, default 1; 0 only reports
+//! routes = ["/api/"]   # optional path prefixes; absent: every path
+//! methods = ["POST"]   # optional; absent: every method
+//! missing_key = "reject"  # or "allow": requests without the header
+//!                      # (default: reject for header keys; see below)
+//!
+//! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
+//! [client_ip]
+//! trusted_proxies = ["10.0.0.0/8"]
+//! header = "auto"      # optional: auto | forwarded | x-forwarded-for
+//! ipv6_prefix = 64     # optional: key IPv6 clients by their network
+//! max_hops = 64        # optional
+//! ```
+//!
+//! - Durations are read by [`humantime`](https://docs.rs/humantime): numbers
+//!   with units `us`, `ms`, `s`, `m`, `h`, `d` (or their long names,
+//!   `minutes`), possibly combined (`1h30m`, `1h 30m`) or fractional
+//!   (`1.5s`). Rates are an amount per period: `10/s`, `100/m`, `5/10s`.
+//! - A route prefix matches whole path segments: `/api` matches `/api` and
+//!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. The
+//!   path is the request's as the layer sees it (inside a nested axum router,
+//!   without the nesting prefix), with repeated slashes merged and dot
+//!   segments resolved (`/api//x`, `/api/./x` and `/api/y/../x` are all
+//!   `/api/x`); case and other percent-encoded bytes are kept (SECURITY.md).
+//! - Keys: `global` is one key for every request; `ip` the TCP peer
+//!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
+//!   `[client_ip]` ([`ClientIp`]); `route` the method and route
+//!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
+//!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
+//!   does, and has a key only when every part does.
+//! - A request no rule matches passes unchecked. When a matching rule finds
+//!   no key, as [`MissingKey`] describes: without its header a request is
+//!   refused, unless the rule says `missing_key = "allow"` (then that rule
+//!   does not apply to it); `ip` and `client-ip` without a peer address
+//!   answer `500` whatever `missing_key` says (the server is not wired to
+//!   give one). Each such request is counted and logged.
+//!
+//! Every field is checked when the configuration is loaded; the error names
+//! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
+//! validates them, rules naming unknown policies or costs a policy can never
+//! admit, durations, rates, header names, CIDR blocks, methods and routes.
+//!
+//! # Reloading and stored state
+//!
+//! Stores keep state per policy *name* and key, not per configuration. So:
+//!
+//! - Changing a policy's numbers (limit, rate, window) under the same name
+//!   keeps counting: what clients consumed before the reload still counts,
+//!   against the new numbers.
+//! - Renaming a policy starts every key afresh, under the new name (the old
+//!   name's state expires on its own).
+//! - Changing a policy's *algorithm* needs a new name. The stored state of
+//!   one algorithm means nothing to another: both
+//!   [`MemoryStore`](crate::MemoryStore) and `RedisStore` answer
+//!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
+//!   for every key that still has state of the old algorithm (GCRA and the
+//!   leaky bucket excepted: they share one state), so the layer's
+//!   [`FailurePolicy`](crate::FailurePolicy) decides those requests until
+//!   that state expires. So [`ReloadableRules`] refuses a reload that gives
+//!   a name in force another algorithm
+//!   ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the configuration
+//!   in force: removing a policy and bringing it back with another algorithm
+//!   before its old state expired, or restarting with a shared Redis, is not
+//!   refused, and meets that `PolicyConflict` instead.
+//!
+//! [`RuleProvider`]: crate::RuleProvider
+//! [`PeerIp`]: crate::PeerIp
+//! [`ClientIp`]: crate::ClientIp
+//! [`RouteKey`]: crate::RouteKey
+//! [`HeaderKey`]: crate::HeaderKey
+//! [`MissingKey`]: crate::MissingKey
+//! [`Policy`]: crate::Policy
+
+mod compile;
+mod error;
+mod load;
+mod matching;
+mod parse;
+mod reload;
+mod schema;
+mod values;
+
+pub use error::{ConfigError, ConfigErrorKind};
+pub use load::{Config, Format};
+pub use reload::ReloadableRules;

@@ -1,0 +1,8 @@
+//! Rules: which limits a request is checked against ([`Rule`], [`And`],
+//! [`RuleProvider`], [`Limits`]) and what it costs ([`Cost`]).
+
+pub(crate) mod cost;
+pub(crate) mod rule;
+
+pub use cost::Cost;
+pub use rule::{And, Limit, Limits, Rule, RuleProvider};
