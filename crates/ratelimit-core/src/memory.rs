@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
+use crate::algorithm::gcra::{GcraState, decide_tat};
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
@@ -92,11 +93,18 @@ struct Shared<C> {
 }
 
 // Each shard on its own cache lines, so neighbouring locks do not contend.
+// A read-write lock: checks of GCRA and leaky-bucket keys that exist already
+// decide under the shared lock (see `WordEntry`); every other path takes it
+// exclusively.
 #[repr(align(128))]
-struct Shard(Mutex<ShardInner>);
+struct Shard(RwLock<ShardInner>);
 
 struct ShardInner {
+    /// The states of more than one word (every algorithm but GCRA and the
+    /// leaky bucket).
     table: HashTable<Entry>,
+    /// The states of one word: GCRA and the leaky bucket (their TAT).
+    words: HashTable<WordEntry>,
     /// Admin blocks, apart from the states so that a check looks here only
     /// while the shard holds a block at all.
     blocks: HashTable<Block>,
@@ -118,6 +126,38 @@ struct Entry {
     key: StoredKey,
     state: State,
     expires_at: u64,
+}
+
+/// The state of a key under GCRA or the leaky bucket, in one cache line: its
+/// theoretical arrival time (TAT), in an atomic so that a check updates it
+/// under the shard's *shared* lock, by compare-and-swap
+/// ([`MemoryStore::check_now`]). The TAT is its own expiry: the state is
+/// fresh once the TAT is not after now, so the fast path writes one word.
+///
+/// Paths holding the shard's exclusive lock read and write the TAT as a plain
+/// value (`get_mut`).
+#[repr(align(64))]
+struct WordEntry {
+    hash: u64,
+    tat: AtomicU64,
+    policy: Policy,
+    key: StoredKey,
+}
+
+// One cache line: the first load of an entry brings all a check reads.
+const _: () = assert!(std::mem::size_of::<WordEntry>() == 64);
+
+impl WordEntry {
+    fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.key.hashed(), self.key.as_slice()),
+            hash,
+            policy,
+            key,
+        )
+    }
 }
 
 /// Every check of `key` under `policy` is denied until `until` (µs).
@@ -248,22 +288,120 @@ impl ShardInner {
     /// Makes room for `extra` new entries or blocks, sweeping expired ones
     /// if needed.
     fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
-        if self.table.len() + self.blocks.len() + extra <= cap {
+        if self.len() + extra <= cap {
             return true;
         }
         if now < self.next_expiry {
             return false;
         }
         self.table.retain(|e| e.expires_at > now);
+        self.words.retain(|e| *e.tat.get_mut() > now);
         self.blocks.retain(|b| b.until > now);
+        // A TAT only moves later under the shared lock, so a bound taken
+        // from it stays a lower bound of the entry's expiry.
         self.next_expiry = self
             .table
             .iter()
             .map(|e| e.expires_at)
+            .chain(self.words.iter().map(|e| e.tat.load(Ordering::Relaxed)))
             .chain(self.blocks.iter().map(|b| b.until))
             .min()
             .unwrap_or(u64::MAX);
-        self.table.len() + self.blocks.len() + extra <= cap
+        self.len() + extra <= cap
+    }
+
+    /// Entries and blocks held.
+    fn len(&self) -> usize {
+        self.table.len() + self.words.len() + self.blocks.len()
+    }
+
+    /// The one-word state of `key` (its TAT; `None` when the key has no
+    /// one-word state).
+    fn word(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> Option<u64> {
+        self.words
+            .find(hash, |e| e.matches(hash, policy, key))
+            .map(|e| e.tat.load(Ordering::Relaxed))
+    }
+
+    /// The state of `key` (fresh when it has none or it expired) and
+    /// whether an entry holds it.
+    fn state_of(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>, now: u64) -> (State, bool) {
+        if let Some(tat) = self.word(hash, policy, key) {
+            return (State::Gcra(GcraState { tat }), true);
+        }
+        match self.table.find(hash, |e| e.matches(hash, policy, key)) {
+            Some(e) if e.expires_at > now => (e.state.clone(), true),
+            Some(_) => (policy.algorithm().new_state(), true),
+            None => (policy.algorithm().new_state(), false),
+        }
+    }
+
+    /// Keeps `state` as the state of `key` after a decision that reported
+    /// `reset` and wrote it (`wrote`) or not, as [`keep_until`] says; a new
+    /// entry only when `reset > 0` (the caller made room).
+    #[allow(clippy::too_many_arguments)] // one key's identity and one decision's outcome
+    fn put_state(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        state: State,
+        wrote: bool,
+        now: u64,
+        reset: u64,
+    ) {
+        if let State::Gcra(GcraState { tat }) = state {
+            // A TAT is its own expiry: an entry is kept while it is after now.
+            match self
+                .words
+                .find_entry(hash, |e| e.matches(hash, policy, key))
+            {
+                Ok(occupied) if tat <= now => {
+                    occupied.remove();
+                }
+                Ok(mut occupied) => {
+                    *occupied.get_mut().tat.get_mut() = tat;
+                    self.next_expiry = self.next_expiry.min(tat);
+                }
+                Err(_) if tat > now => self.insert_word(hash, policy, key, tat),
+                Err(_) => {}
+            }
+            return;
+        }
+        match self
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, key))
+        {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                if let Some(expires_at) = keep_until(wrote, entry.expires_at, now, reset) {
+                    entry.state = state;
+                    entry.expires_at = expires_at;
+                    self.next_expiry = self.next_expiry.min(expires_at);
+                } else {
+                    occupied.remove();
+                }
+            }
+            Err(_) if reset > 0 => self.insert(Entry {
+                hash,
+                policy: policy.clone(),
+                key: StoredKey::new(key),
+                state,
+                expires_at: now + reset,
+            }),
+            Err(_) => {}
+        }
+    }
+
+    fn insert_word(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>, tat: u64) {
+        self.next_expiry = self.next_expiry.min(tat);
+        let entry = WordEntry {
+            hash,
+            tat: AtomicU64::new(tat),
+            policy: policy.clone(),
+            key: StoredKey::new(key),
+        };
+        self.words.insert_unique(hash, entry, |e| e.hash);
     }
 
     /// How long `key` stays blocked under `policy`, in µs (0: not blocked).
@@ -296,16 +434,9 @@ impl ShardInner {
         cost: u64,
         left: u64,
     ) -> Result<Decision, StoreError> {
-        let found = self.table.find(hash, |e| e.matches(hash, policy, key));
-        let fresh;
-        let state = match found {
-            Some(entry) if entry.expires_at > now => &entry.state,
-            _ => {
-                fresh = policy.algorithm().new_state();
-                &fresh
-            }
-        };
-        blocked_decision(policy.algorithm(), state, now, cost, left).ok_or_else(|| conflict(policy))
+        let (state, _) = self.state_of(hash, policy, key, now);
+        blocked_decision(policy.algorithm(), &state, now, cost, left)
+            .ok_or_else(|| conflict(policy))
     }
 
     /// The time a decision in this shard is made at: `early` (read before
@@ -385,8 +516,9 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shared: Arc::new(Shared {
                 shards: (0..shards)
                     .map(|_| {
-                        Shard(Mutex::new(ShardInner {
+                        Shard(RwLock::new(ShardInner {
                             table: HashTable::new(),
+                            words: HashTable::new(),
                             blocks: HashTable::new(),
                             next_expiry: u64::MAX,
                             latest: 0,
@@ -436,14 +568,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The number of keys held now (live or not yet reclaimed), each state
     /// and each block ([`AdminStore::block`]) counting as one.
     pub fn len(&self) -> usize {
-        self.shared
-            .shards
-            .iter()
-            .map(|s| {
-                let shard = s.0.lock();
-                shard.table.len() + shard.blocks.len()
-            })
-            .sum()
+        self.shared.shards.iter().map(|s| s.0.read().len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -497,13 +622,33 @@ impl<C: Clock> MemoryStore<C> {
         policy.check_cost(cost)?;
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let permit = self.permit_for(policy);
         let early = self.shared.clock.now();
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let lock = &self.shared.shards[self.shard_index(hash)].0;
+        if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
+            return Ok(decision);
+        }
+        let permit = self.permit_for(policy);
+        let mut shard = lock.write();
         let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, &key, now);
         if left > 0 {
             return shard.blocked_check(hash, policy, &key, now, cost, left);
+        }
+        if let Ok(mut occupied) = shard
+            .words
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        {
+            let tat = occupied.get_mut().tat.get_mut();
+            let mut state = GcraState { tat: *tat };
+            let decision = decide_word(policy, &mut state, now, cost)?;
+            *tat = state.tat;
+            // A TAT is its own expiry (see `WordEntry`).
+            if state.tat <= now {
+                occupied.remove();
+            } else {
+                shard.next_expiry = shard.next_expiry.min(state.tat);
+            }
+            return Ok(decision);
         }
         match shard
             .table
@@ -537,13 +682,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.insert(Entry {
-                        hash,
-                        policy: policy.clone(),
-                        key: StoredKey::new(&key),
-                        state,
-                        expires_at: now + reset,
-                    });
+                    shard.put_state(hash, policy, &key, state, true, now, reset);
                 }
                 Ok(decision)
             }
@@ -593,9 +732,9 @@ impl<C: Clock> MemoryStore<C> {
         order.sort_unstable();
         order.dedup();
         // Locks are always taken in shard order, so two multi-checks never deadlock.
-        let mut guards: Vec<(usize, MutexGuard<'_, ShardInner>)> = order
+        let mut guards: Vec<(usize, RwLockWriteGuard<'_, ShardInner>)> = order
             .iter()
-            .map(|&i| (i, self.shared.shards[i].0.lock()))
+            .map(|&i| (i, self.shared.shards[i].0.write()))
             .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
@@ -624,16 +763,7 @@ impl<C: Clock> MemoryStore<C> {
                 None => {
                     let item = &items[i];
                     let guard = &guards[guard_of(item.shard)].1;
-                    let found = guard
-                        .table
-                        .find(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
-                    let (state, existed) = match found {
-                        Some(e) if e.expires_at <= now => {
-                            (item.policy.algorithm().new_state(), true)
-                        }
-                        Some(e) => (e.state.clone(), true),
-                        None => (item.policy.algorithm().new_state(), false),
-                    };
+                    let (state, existed) = guard.state_of(item.hash, item.policy, &item.key, now);
                     slots.push(Slot {
                         original: Some(state.clone()),
                         state,
@@ -706,31 +836,15 @@ impl<C: Clock> MemoryStore<C> {
             let slot = &mut slots[slot_index];
             let guard = &mut guards[guard_of(item.shard)].1;
             let state = std::mem::replace(&mut slot.state, State::Gcra(Default::default()));
-            let found = guard
-                .table
-                .find_entry(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
-            match found {
-                Ok(mut occupied) => {
-                    let entry = occupied.get_mut();
-                    if let Some(expires_at) =
-                        keep_until(slot.wrote, entry.expires_at, now, slot.reset)
-                    {
-                        entry.state = state;
-                        entry.expires_at = expires_at;
-                        guard.next_expiry = guard.next_expiry.min(expires_at);
-                    } else {
-                        occupied.remove();
-                    }
-                }
-                Err(_) if slot.reset > 0 => guard.insert(Entry {
-                    hash: item.hash,
-                    policy: item.policy.clone(),
-                    key: StoredKey::new(&item.key),
-                    state,
-                    expires_at: now + slot.reset,
-                }),
-                Err(_) => {}
-            }
+            guard.put_state(
+                item.hash,
+                item.policy,
+                &item.key,
+                state,
+                slot.wrote,
+                now,
+                slot.reset,
+            );
         }
         Ok(decisions)
     }
@@ -742,7 +856,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         if let Ok(mut occupied) = shard
             .table
@@ -773,9 +887,15 @@ impl<C: Clock> MemoryStore<C> {
     pub fn reset_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         if let Ok(entry) = shard
             .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        {
+            entry.remove();
+        }
+        if let Ok(entry) = shard
+            .words
             .find_entry(hash, |e| e.matches(hash, policy, &key))
         {
             entry.remove();
@@ -822,7 +942,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         match shard
@@ -852,7 +972,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         if let Ok(block) = shard
             .blocks
             .find_entry(hash, |b| b.matches(hash, policy, &key))
@@ -872,8 +992,29 @@ impl<C: Clock> MemoryStore<C> {
         let algorithm = policy.algorithm();
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
+        if let Some(tat) = shard.word(hash, policy, &key) {
+            let mut state = State::Gcra(GcraState { tat });
+            let peek = adjustment
+                .apply(algorithm, &mut state, now, amount)
+                .ok_or_else(|| conflict(policy))?;
+            shard.put_state(
+                hash,
+                policy,
+                &key,
+                state,
+                true,
+                now,
+                peek.reset_after_micros(),
+            );
+            let left = shard.block_left(hash, policy, &key, now);
+            return Ok(if left > 0 {
+                blocked(&peek, &peek, left)
+            } else {
+                peek
+            });
+        }
         let peek = match shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -903,13 +1044,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.insert(Entry {
-                        hash,
-                        policy: policy.clone(),
-                        key: StoredKey::new(&key),
-                        state,
-                        expires_at: now + reset,
-                    });
+                    shard.put_state(hash, policy, &key, state, true, now, reset);
                 }
                 peek
             }
@@ -920,6 +1055,89 @@ impl<C: Clock> MemoryStore<C> {
         } else {
             peek
         })
+    }
+}
+
+/// A check of a key that already has a one-word state (GCRA, leaky bucket),
+/// under the shard's shared lock: one load when denied, one compare-and-swap
+/// when allowed, so checks of one key on several threads do not queue.
+/// `None` sends the check to the exclusive path: another algorithm, no entry
+/// yet (an insert), a block on the shard's key, or a peek at an expired
+/// state (the exclusive path drops the entry).
+///
+/// Time: `now` was read before the lock and is not ordered with the other
+/// checks of the shard (the exclusive path keeps `ShardInner::latest`, this
+/// one does not). That is safe for a TAT: at an earlier `now` the same TAT
+/// is never more permissive (admitted when `max(tat, now) + cost × interval
+/// - now <= burst × interval`, which only grows as `now` falls while
+/// `tat > now`, and does not depend on `now` otherwise), the TAT only ever
+/// moves later here (`max(tat, now) + cost × interval`), and each admission
+/// moves it at least `cost` intervals past the time it was decided at, so
+/// over any span of clock readings at most `burst + span / interval` units
+/// are admitted, as in order. No field underflows: when allowed,
+/// `new_tat - now <= burst × interval`; when denied, `new_tat - now` exceeds
+/// it; and `reset` saturates at 0.
+#[inline]
+fn check_shared(
+    lock: &RwLock<ShardInner>,
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+    now: u64,
+    cost: u64,
+) -> Option<Decision> {
+    let (capacity, interval, leaky) = match policy.algorithm() {
+        Algorithm::Gcra(a) => (a.burst(), a.interval_micros(), false),
+        Algorithm::LeakyBucket(a) => (a.capacity(), a.interval_micros(), true),
+        _ => return None,
+    };
+    let shard = lock.read();
+    if !shard.blocks.is_empty()
+        && shard
+            .blocks
+            .find(hash, |b| b.matches(hash, policy, key))
+            .is_some()
+    {
+        return None;
+    }
+    let entry = shard.words.find(hash, |e| e.matches(hash, policy, key))?;
+    let mut tat = entry.tat.load(Ordering::Acquire);
+    loop {
+        if cost == 0 && tat <= now {
+            return None;
+        }
+        let mut state = GcraState { tat };
+        let (decision, slot) = decide_tat(capacity, interval, &mut state, now, cost);
+        let decision = if leaky && decision.is_allowed() {
+            decision.with_delay_us(slot - now)
+        } else {
+            decision
+        };
+        if state.tat == tat {
+            return Some(decision);
+        }
+        match entry
+            .tat
+            .compare_exchange_weak(tat, state.tat, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Some(decision),
+            Err(current) => tat = current,
+        }
+    }
+}
+
+/// Decides a request on a one-word state with `policy`: a policy conflict
+/// when its algorithm is neither GCRA nor the leaky bucket.
+fn decide_word(
+    policy: &Policy,
+    state: &mut GcraState,
+    now: u64,
+    cost: u64,
+) -> Result<Decision, StoreError> {
+    match policy.algorithm() {
+        Algorithm::Gcra(a) => Ok(a.decide(state, now, cost)),
+        Algorithm::LeakyBucket(a) => Ok(a.decide(state, now, cost)),
+        _ => Err(conflict(policy)),
     }
 }
 
