@@ -148,6 +148,7 @@ struct WordEntry {
 const _: () = assert!(std::mem::size_of::<WordEntry>() == 64);
 
 impl WordEntry {
+    #[inline]
     fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
@@ -171,6 +172,7 @@ struct Block {
 }
 
 impl Entry {
+    #[inline]
     fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
@@ -198,6 +200,7 @@ struct MemoryKey<'a> {
 }
 
 impl<'a> MemoryKey<'a> {
+    #[inline]
     fn new(key: &'a [u8]) -> Self {
         if key.len() <= key::MAX_VERBATIM_KEY_LEN {
             MemoryKey {
@@ -245,6 +248,7 @@ impl StoredKey {
         }
     }
 
+    #[inline]
     fn as_slice(&self) -> &[u8] {
         match self {
             StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len & !HASHED_BIT)],
@@ -252,12 +256,14 @@ impl StoredKey {
         }
     }
 
+    #[inline]
     fn hashed(&self) -> bool {
         matches!(self, StoredKey::Inline { len, .. } if len & HASHED_BIT != 0)
     }
 }
 
 impl Block {
+    #[inline]
     fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
@@ -270,6 +276,7 @@ impl Block {
     }
 }
 
+#[inline]
 fn same_key(
     stored_hash: u64,
     stored_policy: &Policy,
@@ -1128,6 +1135,7 @@ fn check_shared(
 
 /// Decides a request on a one-word state with `policy`: a policy conflict
 /// when its algorithm is neither GCRA nor the leaky bucket.
+#[inline]
 fn decide_word(
     policy: &Policy,
     state: &mut GcraState,
