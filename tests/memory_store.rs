@@ -680,3 +680,41 @@ fn shared_path_races_with_blocks_penalties_and_resets() {
     assert!(admitted <= bound, "{admitted} admitted, at most {bound}");
     assert!(admitted >= BURST, "{admitted}");
 }
+
+/// Many GCRA keys of every length (0 to 40 bytes, printable and binary)
+/// through the tables' growth: every key keeps its own state (a denial
+/// after its one unit), none is lost or shared when its table is rebuilt.
+#[test]
+fn one_word_states_survive_their_tables_growth() {
+    let policy = Policy::gcra(1, Rate::per_hour(1)).unwrap();
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_000_000_007))
+        .build();
+    let keys: Vec<Vec<u8>> = (0u32..6_000)
+        .map(|i| {
+            let len = (i % 41) as usize;
+            let mut key: Vec<u8> = i.to_le_bytes().iter().copied().cycle().take(len).collect();
+            if i % 2 == 0 {
+                key.iter_mut().for_each(|b| *b = b'a' + *b % 26);
+            }
+            if let Some(first) = key.first_mut() {
+                // Distinct keys of one length: the index in the first bytes.
+                *first = (i / 41 % 256) as u8;
+            }
+            key
+        })
+        .collect();
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    let mut admitted = 0;
+    for key in &keys {
+        admitted += u64::from(store.check_now(key, &policy, 1).unwrap().is_allowed());
+    }
+    assert_eq!(admitted, distinct.len() as u64, "one unit per distinct key");
+    assert_eq!(store.len(), distinct.len());
+    for key in &distinct {
+        let again = store.check_now(key, &policy, 1).unwrap();
+        assert!(!again.is_allowed(), "{key:?} lost its state: {again:?}");
+    }
+}
