@@ -563,7 +563,8 @@ fn one_word_states_admit_at_most_the_rate_under_threads_and_a_moving_clock() {
                         if done.load(Ordering::Relaxed) {
                             break;
                         }
-                        let cost = 1 + u64::from(admitted.load(Ordering::Relaxed) % 3 == 0);
+                        let cost =
+                            1 + u64::from(admitted.load(Ordering::Relaxed).is_multiple_of(3));
                         let start = clock.now();
                         let d = store.check_now(b"hot", &policy, cost).unwrap();
                         // A check may be decided at a time read before
@@ -699,7 +700,7 @@ fn one_word_states_survive_their_tables_growth() {
             }
             if let Some(first) = key.first_mut() {
                 // Distinct keys of one length: the index in the first bytes.
-                *first = (i / 41 % 256) as u8;
+                *first = (i / 41).to_le_bytes()[0];
             }
             key
         })
