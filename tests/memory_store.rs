@@ -502,6 +502,27 @@ impl ratelimit_core::clock::Clock for ScriptedClock {
     }
 }
 
+/// A leaky bucket's delay is counted from the time of its decision, which
+/// the caller sleeps from: a check that read the clock before another
+/// thread's later decision must not be decided at that older time, or its
+/// delay runs past its slot and the next request comes too soon after it.
+#[test]
+fn a_leaky_bucket_delay_is_never_counted_from_a_time_older_than_a_decision() {
+    // One unit per ms. The first check reads 2.0 s and takes the slot at
+    // 2.0 s; the second read 1.999 s before the first took the lock: its
+    // slot starts at 2.001 s, 1 ms after 2.0 s, and its delay is 1 ms.
+    let clock = ScriptedClock(std::sync::Mutex::new(
+        [2_000_000, 1_999_000, 2_000_000].into_iter().collect(),
+    ));
+    let store = MemoryStore::builder().clock(clock).build();
+    let policy = Policy::leaky_bucket(5, Rate::new(1, Duration::from_millis(1))).unwrap();
+    let first = store.check_now(b"k", &policy, 1).unwrap();
+    assert_eq!(first.delay_micros(), 0, "{first:?}");
+    let second = store.check_now(b"k", &policy, 1).unwrap();
+    assert!(second.is_allowed(), "{second:?}");
+    assert_eq!(second.delay_micros(), 1_000, "decided at 2.0 s: {second:?}");
+}
+
 #[test]
 fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
     // One per aligned second. The first check reads 2.0 s; the second's
@@ -533,10 +554,10 @@ fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
     );
 }
 
-/// GCRA and leaky-bucket checks of a known key decide under the shard's
-/// shared lock (one compare-and-swap); threads racing on one key while the
-/// clock moves admit at most what the policy allows over the time that
-/// passed: `burst + elapsed / interval`, exactly.
+/// GCRA checks of a known key decide under the shard's shared lock (one
+/// compare-and-swap), leaky-bucket checks under the exclusive one; threads
+/// racing on one key while the clock moves admit at most what the policy
+/// allows over the time that passed: `burst + elapsed / interval`, exactly.
 #[test]
 fn one_word_states_admit_at_most_the_rate_under_threads_and_a_moving_clock() {
     const BURST: u64 = 50;

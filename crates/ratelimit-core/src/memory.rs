@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
-use crate::algorithm::gcra::{GcraState, decide_tat};
+use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
@@ -93,9 +93,8 @@ struct Shared<C> {
 }
 
 // Each shard on its own cache lines, so neighbouring locks do not contend.
-// A read-write lock: checks of GCRA and leaky-bucket keys that exist already
-// decide under the shared lock (see `WordEntry`); every other path takes it
-// exclusively.
+// A read-write lock: checks of GCRA keys that exist already decide under the
+// shared lock (see `check_shared`); every other path takes it exclusively.
 #[repr(align(128))]
 struct Shard(RwLock<ShardInner>);
 
@@ -1214,12 +1213,20 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
-/// A check of a key that already has a one-word state (GCRA, leaky bucket),
-/// under the shard's shared lock: one load when denied, one compare-and-swap
-/// when allowed, so checks of one key on several threads do not queue.
-/// `None` sends the check to the exclusive path: another algorithm, no entry
-/// yet (an insert), a block on the shard's key, or a peek at an expired
-/// state (the exclusive path drops the entry).
+/// A GCRA check of a key that already has its state, under the shard's
+/// shared lock: one load when denied, one compare-and-swap when allowed, so
+/// checks of one key on several threads do not queue. `None` sends the
+/// check to the exclusive path: another algorithm, no entry yet (an insert),
+/// a block on the shard's key, or a peek at an expired state (the exclusive
+/// path drops the entry).
+///
+/// Not the leaky bucket, although it keeps the same state: its decision
+/// carries a delay, `slot - now`, which the caller sleeps from the real time
+/// it gets the decision. At a `now` older than another thread's decision
+/// (below) that delay would be too long by the difference, and the next
+/// request's slot, taken from the TAT, would then come too soon after it:
+/// the spacing it promises would break. The exclusive path decides at a time
+/// never older than the shard's latest decision (`ShardInner::now`).
 ///
 /// Time: `now` was read before the lock and is not ordered with the other
 /// checks of the shard (the exclusive path keeps `ShardInner::latest`, this
@@ -1242,10 +1249,8 @@ fn check_shared(
     now: u64,
     cost: u64,
 ) -> Option<Decision> {
-    let (capacity, interval, leaky) = match policy.algorithm() {
-        Algorithm::Gcra(a) => (a.burst(), a.interval_micros(), false),
-        Algorithm::LeakyBucket(a) => (a.capacity(), a.interval_micros(), true),
-        _ => return None,
+    let Algorithm::Gcra(gcra) = policy.algorithm() else {
+        return None;
     };
     let shard = lock.read();
     if !shard.blocks.is_empty()
@@ -1263,12 +1268,7 @@ fn check_shared(
             return None;
         }
         let mut state = GcraState { tat };
-        let (decision, slot) = decide_tat(capacity, interval, &mut state, now, cost);
-        let decision = if leaky && decision.is_allowed() {
-            decision.with_delay_us(slot - now)
-        } else {
-            decision
-        };
+        let decision = gcra.decide(&mut state, now, cost);
         if state.tat == tat {
             return Some(decision);
         }
