@@ -98,6 +98,10 @@ struct Shared<C> {
 #[repr(align(128))]
 struct Shard(RwLock<ShardInner>);
 
+// Aligned to a cache line, so the lock's word (which every check writes)
+// sits on a line of its own and the tables' headers (which the shared path
+// only reads) are not pulled away from a core by another core's lock.
+#[repr(align(64))]
 struct ShardInner {
     /// The states of more than one word (every algorithm but GCRA and the
     /// leaky bucket).
