@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::{Check, MemoryStore, Policy, Rate, Store, StoreError};
 
 fn every_algorithm(limit: u64) -> Vec<Policy> {
@@ -502,6 +502,27 @@ impl ratelimit_core::clock::Clock for ScriptedClock {
     }
 }
 
+/// A leaky bucket's delay is counted from the time of its decision, which
+/// the caller sleeps from: a check that read the clock before another
+/// thread's later decision must not be decided at that older time, or its
+/// delay runs past its slot and the next request comes too soon after it.
+#[test]
+fn a_leaky_bucket_delay_is_never_counted_from_a_time_older_than_a_decision() {
+    // One unit per ms. The first check reads 2.0 s and takes the slot at
+    // 2.0 s; the second read 1.999 s before the first took the lock: its
+    // slot starts at 2.001 s, 1 ms after 2.0 s, and its delay is 1 ms.
+    let clock = ScriptedClock(std::sync::Mutex::new(
+        [2_000_000, 1_999_000, 2_000_000].into_iter().collect(),
+    ));
+    let store = MemoryStore::builder().clock(clock).build();
+    let policy = Policy::leaky_bucket(5, Rate::new(1, Duration::from_millis(1))).unwrap();
+    let first = store.check_now(b"k", &policy, 1).unwrap();
+    assert_eq!(first.delay_micros(), 0, "{first:?}");
+    let second = store.check_now(b"k", &policy, 1).unwrap();
+    assert!(second.is_allowed(), "{second:?}");
+    assert_eq!(second.delay_micros(), 1_000, "decided at 2.0 s: {second:?}");
+}
+
 #[test]
 fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
     // One per aligned second. The first check reads 2.0 s; the second's
@@ -531,4 +552,191 @@ fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
         1_000_000,
         "decided at 2.0 s: {second:?}"
     );
+}
+
+/// GCRA checks of a known key decide under the shard's shared lock (one
+/// compare-and-swap), leaky-bucket checks under the exclusive one; threads
+/// racing on one key while the clock moves admit at most what the policy
+/// allows over the time that passed: `burst + elapsed / interval`, exactly.
+#[test]
+fn one_word_states_admit_at_most_the_rate_under_threads_and_a_moving_clock() {
+    const BURST: u64 = 50;
+    const THREADS: usize = 4;
+    const STEPS: u64 = 200;
+    const STEP_MICROS: u64 = 1_000; // one unit per 1,000 µs: one per step
+    let policies = [
+        Policy::gcra(BURST, Rate::per_second(1_000)).unwrap(),
+        Policy::leaky_bucket(BURST, Rate::per_second(1_000)).unwrap(),
+    ];
+    for policy in policies {
+        let clock = ManualClock::new(1_000_000_007);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        // The key exists before the race, so every check below can take
+        // the shared path.
+        assert!(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
+        let admitted = AtomicU64::new(1);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    // Bounded: at most 200,000 checks per thread.
+                    for _ in 0..200_000 {
+                        if done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let cost =
+                            1 + u64::from(admitted.load(Ordering::Relaxed).is_multiple_of(3));
+                        let start = clock.now();
+                        let d = store.check_now(b"hot", &policy, cost).unwrap();
+                        // A check may be decided at a time read before
+                        // other threads' later decisions: its reset and
+                        // retry times are then longer by at most the time
+                        // that passed during the call (conservative).
+                        let late = clock.now() - start;
+                        assert!(
+                            d.reset_after_micros() <= BURST * STEP_MICROS + late,
+                            "{d:?}"
+                        );
+                        if d.is_allowed() {
+                            admitted.fetch_add(cost, Ordering::Relaxed);
+                            assert!(d.remaining() < BURST, "{d:?}");
+                        } else {
+                            assert!(d.retry_after_micros() > 0, "{d:?}");
+                            assert!(d.retry_after_micros() <= cost * STEP_MICROS + late, "{d:?}");
+                        }
+                    }
+                });
+            }
+            s.spawn(|| {
+                for _ in 0..STEPS {
+                    clock.advance(Duration::from_micros(STEP_MICROS));
+                    thread::yield_now();
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+        });
+        let admitted = admitted.load(Ordering::Relaxed);
+        assert!(
+            admitted <= BURST + STEPS,
+            "{}: {admitted} admitted, at most {} allowed",
+            policy.name(),
+            BURST + STEPS
+        );
+        // The threads kept the key drained: the first burst at least passed.
+        assert!(admitted >= BURST, "{}: {admitted}", policy.name());
+    }
+}
+
+/// Checks on the shared path racing with an operator's blocks, penalties,
+/// rewards and resets on the same key: a check that starts after a block
+/// was set and ends before it is lifted is denied, and with the clock
+/// frozen no more passes than full budgets given (the first and one per
+/// reset) plus what rewards gave back.
+#[test]
+fn shared_path_races_with_blocks_penalties_and_resets() {
+    const BURST: u64 = 100;
+    const ROUNDS: u64 = 300;
+    let policy = Policy::gcra(BURST, Rate::per_hour(1)).unwrap();
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_000_000_007))
+        .build();
+    // Odd while the operator holds a block, even otherwise.
+    let generation = AtomicU64::new(0);
+    let admitted = AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut resets, mut rewarded) = (0, 0);
+    thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..2_000_000 {
+                    if done.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let before = generation.load(Ordering::SeqCst);
+                    let d = store.check_now(b"hot", &policy, 1).unwrap();
+                    let after = generation.load(Ordering::SeqCst);
+                    if d.is_allowed() {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        assert!(
+                            !(before == after && before % 2 == 1),
+                            "allowed while blocked: {d:?}"
+                        );
+                    }
+                }
+            });
+        }
+        for round in 0..ROUNDS {
+            match round % 5 {
+                0 => {
+                    store
+                        .block_now(b"hot", &policy, Duration::from_secs(60))
+                        .unwrap();
+                    generation.fetch_add(1, Ordering::SeqCst);
+                    // Budget back while blocked: only the block denies now.
+                    store.reward_now(b"hot", &policy, BURST / 2).unwrap();
+                    rewarded += BURST / 2;
+                    for _ in 0..20 {
+                        thread::yield_now();
+                    }
+                    generation.fetch_add(1, Ordering::SeqCst);
+                    store.unblock_now(b"hot", &policy);
+                }
+                1 => {
+                    store.penalize_now(b"hot", &policy, 7).unwrap();
+                }
+                2 => {
+                    store.reward_now(b"hot", &policy, 3).unwrap();
+                    rewarded += 3;
+                }
+                3 => {
+                    store.reset_now(b"hot", &policy);
+                    resets += 1;
+                }
+                _ => thread::yield_now(),
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    let admitted = admitted.load(Ordering::SeqCst);
+    let bound = BURST * (1 + resets) + rewarded;
+    assert!(admitted <= bound, "{admitted} admitted, at most {bound}");
+    assert!(admitted >= BURST, "{admitted}");
+}
+
+/// Many GCRA keys of every length (0 to 40 bytes, printable and binary)
+/// through the tables' growth: every key keeps its own state (a denial
+/// after its one unit), none is lost or shared when its table is rebuilt.
+#[test]
+fn one_word_states_survive_their_tables_growth() {
+    let policy = Policy::gcra(1, Rate::per_hour(1)).unwrap();
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(1_000_000_007))
+        .build();
+    let keys: Vec<Vec<u8>> = (0u32..6_000)
+        .map(|i| {
+            let len = (i % 41) as usize;
+            let mut key: Vec<u8> = i.to_le_bytes().iter().copied().cycle().take(len).collect();
+            if i % 2 == 0 {
+                key.iter_mut().for_each(|b| *b = b'a' + *b % 26);
+            }
+            if let Some(first) = key.first_mut() {
+                // Distinct keys of one length: the index in the first bytes.
+                *first = (i / 41).to_le_bytes()[0];
+            }
+            key
+        })
+        .collect();
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    let mut admitted = 0;
+    for key in &keys {
+        admitted += u64::from(store.check_now(key, &policy, 1).unwrap().is_allowed());
+    }
+    assert_eq!(admitted, distinct.len() as u64, "one unit per distinct key");
+    assert_eq!(store.len(), distinct.len());
+    for key in &distinct {
+        let again = store.check_now(key, &policy, 1).unwrap();
+        assert!(!again.is_allowed(), "{key:?} lost its state: {again:?}");
+    }
 }

@@ -52,6 +52,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     fn now(&self) -> u64 {
         // Raw counter ticks scaled to nanoseconds: no `Instant`/`Duration`
         // arithmetic on the hot path.
@@ -97,6 +98,7 @@ impl ManualClock {
 }
 
 impl Clock for ManualClock {
+    #[inline]
     fn now(&self) -> u64 {
         self.micros.load(Ordering::SeqCst)
     }
@@ -129,6 +131,7 @@ impl Default for TokioClock {
 
 #[cfg(feature = "tokio")]
 impl Clock for TokioClock {
+    #[inline]
     fn now(&self) -> u64 {
         // Start at one second so that "zero" never means "no state yet".
         let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX / 4);
@@ -137,6 +140,7 @@ impl Clock for TokioClock {
 }
 
 impl<C: Clock> Clock for Arc<C> {
+    #[inline]
     fn now(&self) -> u64 {
         (**self).now()
     }

@@ -72,6 +72,7 @@ impl fmt::Display for DecisionSource {
 
 impl Decision {
     /// An allowed decision. Times are in microseconds.
+    #[inline]
     pub fn allow(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
         Decision {
             allowed: true,
@@ -87,6 +88,7 @@ impl Decision {
     }
 
     /// A denied decision. Times are in microseconds; `retry_after_us` is at least 1.
+    #[inline]
     pub fn deny(limit: u64, remaining: u64, reset_after_us: u64, retry_after_us: u64) -> Self {
         Decision {
             allowed: false,
@@ -103,6 +105,7 @@ impl Decision {
 
     /// Sets the delay before an allowed request should start (leaky bucket).
     #[must_use]
+    #[inline]
     pub fn with_delay_us(mut self, delay_us: u64) -> Self {
         self.delay_us = delay_us;
         self
@@ -133,17 +136,20 @@ impl Decision {
     }
 
     /// Whether the request may pass.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.allowed
     }
 
     /// The policy's limit: the most a key can take at once (the limit per
     /// window, the bucket capacity, the concurrency maximum).
+    #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// What a request of cost 1 could still take right now, after this decision.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
@@ -173,16 +179,19 @@ impl Decision {
     }
 
     /// [`reset_after`](Self::reset_after) in microseconds.
+    #[inline]
     pub fn reset_after_micros(&self) -> u64 {
         self.reset_after_us
     }
 
     /// [`retry_after`](Self::retry_after) in microseconds (0 when allowed).
+    #[inline]
     pub fn retry_after_micros(&self) -> u64 {
         if self.allowed { 0 } else { self.retry_after_us }
     }
 
     /// [`delay`](Self::delay) in microseconds.
+    #[inline]
     pub fn delay_micros(&self) -> u64 {
         self.delay_us
     }

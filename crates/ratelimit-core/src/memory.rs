@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
+use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
@@ -92,11 +93,27 @@ struct Shared<C> {
 }
 
 // Each shard on its own cache lines, so neighbouring locks do not contend.
+// A read-write lock: checks of GCRA keys that exist already decide under the
+// shared lock (see `check_shared`); every other path takes it exclusively.
 #[repr(align(128))]
-struct Shard(Mutex<ShardInner>);
+struct Shard(RwLock<ShardInner>);
 
+// Aligned to a cache line, so the lock's word (which every check writes)
+// sits on a line of its own and the tables' headers (which the shared path
+// only reads) are not pulled away from a core by another core's lock.
+#[repr(align(64))]
 struct ShardInner {
+    /// The states of more than one word (every algorithm but GCRA and the
+    /// leaky bucket).
     table: HashTable<Entry>,
+    /// The states of one word, GCRA's and the leaky bucket's (their TAT),
+    /// of keys up to [`SHORT_KEY`] bytes: 32-byte entries.
+    short_words: HashTable<ShortWordEntry>,
+    /// The same for longer keys: 64-byte entries.
+    words: HashTable<WordEntry>,
+    /// The store's hasher (`short_words` keeps no hash: it is computed
+    /// again when the table grows).
+    hasher: foldhash::fast::RandomState,
     /// Admin blocks, apart from the states so that a check looks here only
     /// while the shard holds a block at all.
     blocks: HashTable<Block>,
@@ -120,6 +137,69 @@ struct Entry {
     expires_at: u64,
 }
 
+/// The state of a key under GCRA or the leaky bucket, in one cache line: its
+/// theoretical arrival time (TAT), in an atomic so that a check updates it
+/// under the shard's *shared* lock, by compare-and-swap
+/// ([`MemoryStore::check_now`]). The TAT is its own expiry: the state is
+/// fresh once the TAT is not after now, so the fast path writes one word.
+///
+/// Paths holding the shard's exclusive lock read and write the TAT as a plain
+/// value (`get_mut`).
+#[repr(align(64))]
+struct WordEntry {
+    hash: u64,
+    tat: AtomicU64,
+    policy: Policy,
+    key: StoredKey,
+}
+
+// One cache line: the first load of an entry brings all a check reads.
+const _: () = assert!(std::mem::size_of::<WordEntry>() == 64);
+
+/// Keys up to this long have their one-word state in a [`ShortWordEntry`]
+/// (IPv4 addresses as text, short ids).
+const SHORT_KEY: usize = 15;
+
+/// A [`WordEntry`] of a key up to [`SHORT_KEY`] bytes, in half a cache line
+/// (twice as many entries per cache and TLB reach, as governor's slots):
+/// the key packed in one `u128` (see [`MemoryKey::short`]) and compared in
+/// one go; no hash kept (computed again when the table grows).
+#[repr(C, align(32))]
+struct ShortWordEntry {
+    tat: AtomicU64,
+    policy: Policy,
+    key: u128,
+}
+
+const _: () = assert!(std::mem::size_of::<ShortWordEntry>() == 32);
+
+impl ShortWordEntry {
+    #[inline]
+    fn matches(&self, policy: &Policy, short: u128) -> bool {
+        self.key == short && same_policy(&self.policy, policy)
+    }
+
+    /// The key's bytes (from 1) and its length.
+    fn key_bytes(&self) -> ([u8; 16], usize) {
+        let bytes = self.key.to_le_bytes();
+        (bytes, usize::from(bytes[0]))
+    }
+}
+
+impl WordEntry {
+    #[inline]
+    fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.key.hashed(), self.key.as_slice()),
+            hash,
+            policy,
+            key,
+        )
+    }
+}
+
 /// Every check of `key` under `policy` is denied until `until` (µs).
 struct Block {
     hash: u64,
@@ -131,6 +211,7 @@ struct Block {
 }
 
 impl Entry {
+    #[inline]
     fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
@@ -155,21 +236,67 @@ impl Entry {
 struct MemoryKey<'a> {
     bytes: Cow<'a, [u8]>,
     hashed: bool,
+    /// The key packed for a [`ShortWordEntry`] when it is at most
+    /// [`SHORT_KEY`] bytes (never a hash: hashes are 33 bytes): its length
+    /// in the low byte, its bytes above, zeros after.
+    short: Option<u128>,
 }
 
 impl<'a> MemoryKey<'a> {
+    #[inline]
     fn new(key: &'a [u8]) -> Self {
         if key.len() <= key::MAX_VERBATIM_KEY_LEN {
             MemoryKey {
                 bytes: Cow::Borrowed(key),
                 hashed: false,
+                short: pack_short(key),
             }
         } else {
             MemoryKey {
                 bytes: Cow::Owned(key::hashed_array(key).to_vec()),
                 hashed: true,
+                short: None,
             }
         }
+    }
+}
+
+/// `key` packed as [`MemoryKey::short`] says, when it is short enough.
+///
+/// Built in registers: a copy into a buffer read back as one `u128` stalls
+/// store forwarding (perf: a sixth of a hot check), and so does a load
+/// across the two 8-byte halves an [`IpText`](crate::key::IpText) is
+/// written with, so no load here crosses byte 8.
+#[inline]
+fn pack_short(key: &[u8]) -> Option<u128> {
+    if key.len() > SHORT_KEY {
+        return None;
+    }
+    let body = match key.split_first_chunk::<8>() {
+        Some((low, high)) => {
+            u128::from(u64::from_le_bytes(*low)) | u128::from(pack_word(high)) << 64
+        }
+        None => u128::from(pack_word(key)),
+    };
+    Some(body << 8 | key.len() as u128)
+}
+
+/// Up to 8 bytes as a little-endian `u64` (zeros above), from loads inside
+/// `bytes`.
+#[inline]
+fn pack_word(bytes: &[u8]) -> u64 {
+    let len = bytes.len();
+    if let Ok(all) = <[u8; 8]>::try_from(bytes) {
+        u64::from_le_bytes(all)
+    } else if let (Some(low), Some(high)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+        // `high` holds bytes `len - 4..len`; bytes `4..len` are its top `len - 4`.
+        u64::from(u32::from_le_bytes(*low))
+            | (u64::from(u32::from_le_bytes(*high)) >> (8 * (8 - len))) << 32
+    } else {
+        bytes
+            .iter()
+            .rev()
+            .fold(0, |packed, &byte| packed << 8 | u64::from(byte))
     }
 }
 
@@ -205,6 +332,7 @@ impl StoredKey {
         }
     }
 
+    #[inline]
     fn as_slice(&self) -> &[u8] {
         match self {
             StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len & !HASHED_BIT)],
@@ -212,12 +340,14 @@ impl StoredKey {
         }
     }
 
+    #[inline]
     fn hashed(&self) -> bool {
         matches!(self, StoredKey::Inline { len, .. } if len & HASHED_BIT != 0)
     }
 }
 
 impl Block {
+    #[inline]
     fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
         same_key(
             self.hash,
@@ -230,6 +360,7 @@ impl Block {
     }
 }
 
+#[inline]
 fn same_key(
     stored_hash: u64,
     stored_policy: &Policy,
@@ -239,31 +370,212 @@ fn same_key(
     key: &MemoryKey<'_>,
 ) -> bool {
     stored_hash == hash
-        && (stored_policy.ptr_eq(policy) || stored_policy.name() == policy.name())
+        && same_policy(stored_policy, policy)
         && *stored_key == *key.bytes
         && stored_hashed == key.hashed
+}
+
+/// Whether a state kept under `stored` is the state of `policy`: the same
+/// name (parameters may differ: see `tests/parameter_changes.rs`).
+#[inline]
+fn same_policy(stored: &Policy, policy: &Policy) -> bool {
+    stored.ptr_eq(policy) || stored.name() == policy.name()
+}
+
+/// The hash of `key` under the policy whose name hashes to `name_hash`:
+/// where its entries sit in a shard and which shard.
+#[inline]
+fn key_hash(hasher: &foldhash::fast::RandomState, name_hash: u64, key: &[u8]) -> u64 {
+    hasher.hash_one((name_hash, key))
 }
 
 impl ShardInner {
     /// Makes room for `extra` new entries or blocks, sweeping expired ones
     /// if needed.
     fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
-        if self.table.len() + self.blocks.len() + extra <= cap {
+        if self.len() + extra <= cap {
             return true;
         }
         if now < self.next_expiry {
             return false;
         }
         self.table.retain(|e| e.expires_at > now);
+        self.words.retain(|e| *e.tat.get_mut() > now);
+        self.short_words.retain(|e| *e.tat.get_mut() > now);
         self.blocks.retain(|b| b.until > now);
+        // A TAT only moves later under the shared lock, so a bound taken
+        // from it stays a lower bound of the entry's expiry.
         self.next_expiry = self
             .table
             .iter()
             .map(|e| e.expires_at)
+            .chain(self.words.iter().map(|e| e.tat.load(Ordering::Relaxed)))
+            .chain(
+                self.short_words
+                    .iter()
+                    .map(|e| e.tat.load(Ordering::Relaxed)),
+            )
             .chain(self.blocks.iter().map(|b| b.until))
             .min()
             .unwrap_or(u64::MAX);
-        self.table.len() + self.blocks.len() + extra <= cap
+        self.len() + extra <= cap
+    }
+
+    /// Entries and blocks held.
+    fn len(&self) -> usize {
+        self.table.len() + self.words.len() + self.short_words.len() + self.blocks.len()
+    }
+
+    /// The one-word state of `key` (its TAT; `None` when the key has no
+    /// one-word state).
+    fn word(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> Option<u64> {
+        self.tat(hash, policy, key)
+            .map(|tat| tat.load(Ordering::Relaxed))
+    }
+
+    /// The TAT of `key`'s one-word state, in whichever table holds it.
+    #[inline]
+    fn tat(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> Option<&AtomicU64> {
+        match key.short {
+            Some(short) => self
+                .short_words
+                .find(hash, |e| e.matches(policy, short))
+                .map(|e| &e.tat),
+            None => self
+                .words
+                .find(hash, |e| e.matches(hash, policy, key))
+                .map(|e| &e.tat),
+        }
+    }
+
+    /// [`tat`](Self::tat), to write under the exclusive lock.
+    fn tat_mut(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> Option<&mut u64> {
+        match key.short {
+            Some(short) => self
+                .short_words
+                .find_mut(hash, |e| e.matches(policy, short))
+                .map(|e| e.tat.get_mut()),
+            None => self
+                .words
+                .find_mut(hash, |e| e.matches(hash, policy, key))
+                .map(|e| e.tat.get_mut()),
+        }
+    }
+
+    /// Drops `key`'s one-word state, if any.
+    fn remove_word(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) {
+        match key.short {
+            Some(short) => {
+                if let Ok(entry) = self
+                    .short_words
+                    .find_entry(hash, |e| e.matches(policy, short))
+                {
+                    entry.remove();
+                }
+            }
+            None => {
+                if let Ok(entry) = self
+                    .words
+                    .find_entry(hash, |e| e.matches(hash, policy, key))
+                {
+                    entry.remove();
+                }
+            }
+        }
+    }
+
+    /// Sets `key`'s one-word state after a decision at `now`: a TAT is its
+    /// own expiry, so the entry is kept (or made) while it is after `now`.
+    /// The caller made room for a new entry.
+    fn set_word(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>, tat: u64, now: u64) {
+        if tat <= now {
+            self.remove_word(hash, policy, key);
+            return;
+        }
+        self.next_expiry = self.next_expiry.min(tat);
+        if let Some(stored) = self.tat_mut(hash, policy, key) {
+            *stored = tat;
+            return;
+        }
+        match key.short {
+            Some(short) => {
+                let entry = ShortWordEntry {
+                    tat: AtomicU64::new(tat),
+                    policy: policy.clone(),
+                    key: short,
+                };
+                let hasher = &self.hasher;
+                self.short_words.insert_unique(hash, entry, |e| {
+                    let (bytes, len) = e.key_bytes();
+                    key_hash(hasher, e.policy.name_hash(), &bytes[1..=len])
+                });
+            }
+            None => {
+                let entry = WordEntry {
+                    hash,
+                    tat: AtomicU64::new(tat),
+                    policy: policy.clone(),
+                    key: StoredKey::new(key),
+                };
+                self.words.insert_unique(hash, entry, |e| e.hash);
+            }
+        }
+    }
+
+    /// The state of `key` (fresh when it has none or it expired) and
+    /// whether an entry holds it.
+    fn state_of(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>, now: u64) -> (State, bool) {
+        if let Some(tat) = self.word(hash, policy, key) {
+            return (State::Gcra(GcraState { tat }), true);
+        }
+        match self.table.find(hash, |e| e.matches(hash, policy, key)) {
+            Some(e) if e.expires_at > now => (e.state.clone(), true),
+            Some(_) => (policy.algorithm().new_state(), true),
+            None => (policy.algorithm().new_state(), false),
+        }
+    }
+
+    /// Keeps `state` as the state of `key` after a decision that reported
+    /// `reset` and wrote it (`wrote`) or not, as [`keep_until`] says; a new
+    /// entry only when `reset > 0` (the caller made room).
+    #[allow(clippy::too_many_arguments)] // one key's identity and one decision's outcome
+    fn put_state(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        state: State,
+        wrote: bool,
+        now: u64,
+        reset: u64,
+    ) {
+        if let State::Gcra(GcraState { tat }) = state {
+            self.set_word(hash, policy, key, tat, now);
+            return;
+        }
+        match self
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, key))
+        {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                if let Some(expires_at) = keep_until(wrote, entry.expires_at, now, reset) {
+                    entry.state = state;
+                    entry.expires_at = expires_at;
+                    self.next_expiry = self.next_expiry.min(expires_at);
+                } else {
+                    occupied.remove();
+                }
+            }
+            Err(_) if reset > 0 => self.insert(Entry {
+                hash,
+                policy: policy.clone(),
+                key: StoredKey::new(key),
+                state,
+                expires_at: now + reset,
+            }),
+            Err(_) => {}
+        }
     }
 
     /// How long `key` stays blocked under `policy`, in µs (0: not blocked).
@@ -296,16 +608,9 @@ impl ShardInner {
         cost: u64,
         left: u64,
     ) -> Result<Decision, StoreError> {
-        let found = self.table.find(hash, |e| e.matches(hash, policy, key));
-        let fresh;
-        let state = match found {
-            Some(entry) if entry.expires_at > now => &entry.state,
-            _ => {
-                fresh = policy.algorithm().new_state();
-                &fresh
-            }
-        };
-        blocked_decision(policy.algorithm(), state, now, cost, left).ok_or_else(|| conflict(policy))
+        let (state, _) = self.state_of(hash, policy, key, now);
+        blocked_decision(policy.algorithm(), &state, now, cost, left)
+            .ok_or_else(|| conflict(policy))
     }
 
     /// The time a decision in this shard is made at: `early` (read before
@@ -385,8 +690,11 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shared: Arc::new(Shared {
                 shards: (0..shards)
                     .map(|_| {
-                        Shard(Mutex::new(ShardInner {
+                        Shard(RwLock::new(ShardInner {
                             table: HashTable::new(),
+                            short_words: HashTable::new(),
+                            words: HashTable::new(),
+                            hasher: hasher.clone(),
                             blocks: HashTable::new(),
                             next_expiry: u64::MAX,
                             latest: 0,
@@ -436,14 +744,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The number of keys held now (live or not yet reclaimed), each state
     /// and each block ([`AdminStore::block`]) counting as one.
     pub fn len(&self) -> usize {
-        self.shared
-            .shards
-            .iter()
-            .map(|s| {
-                let shard = s.0.lock();
-                shard.table.len() + shard.blocks.len()
-            })
-            .sum()
+        self.shared.shards.iter().map(|s| s.0.read().len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -462,9 +763,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn hash(&self, policy: &Policy, key: &MemoryKey<'_>) -> u64 {
-        self.shared
-            .hasher
-            .hash_one((policy.name_hash(), &*key.bytes))
+        key_hash(&self.shared.hasher, policy.name_hash(), &key.bytes)
     }
 
     fn shard_index(&self, hash: u64) -> usize {
@@ -497,13 +796,23 @@ impl<C: Clock> MemoryStore<C> {
         policy.check_cost(cost)?;
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let permit = self.permit_for(policy);
         let early = self.shared.clock.now();
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let lock = &self.shared.shards[self.shard_index(hash)].0;
+        if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
+            return Ok(decision);
+        }
+        let permit = self.permit_for(policy);
+        let mut shard = lock.write();
         let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, &key, now);
         if left > 0 {
             return shard.blocked_check(hash, policy, &key, now, cost, left);
+        }
+        if let Some(tat) = shard.tat_mut(hash, policy, &key) {
+            let mut state = GcraState { tat: *tat };
+            let decision = decide_word(policy, &mut state, now, cost)?;
+            shard.set_word(hash, policy, &key, state.tat, now);
+            return Ok(decision);
         }
         match shard
             .table
@@ -537,13 +846,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.insert(Entry {
-                        hash,
-                        policy: policy.clone(),
-                        key: StoredKey::new(&key),
-                        state,
-                        expires_at: now + reset,
-                    });
+                    shard.put_state(hash, policy, &key, state, true, now, reset);
                 }
                 Ok(decision)
             }
@@ -593,9 +896,9 @@ impl<C: Clock> MemoryStore<C> {
         order.sort_unstable();
         order.dedup();
         // Locks are always taken in shard order, so two multi-checks never deadlock.
-        let mut guards: Vec<(usize, MutexGuard<'_, ShardInner>)> = order
+        let mut guards: Vec<(usize, RwLockWriteGuard<'_, ShardInner>)> = order
             .iter()
-            .map(|&i| (i, self.shared.shards[i].0.lock()))
+            .map(|&i| (i, self.shared.shards[i].0.write()))
             .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
@@ -624,16 +927,7 @@ impl<C: Clock> MemoryStore<C> {
                 None => {
                     let item = &items[i];
                     let guard = &guards[guard_of(item.shard)].1;
-                    let found = guard
-                        .table
-                        .find(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
-                    let (state, existed) = match found {
-                        Some(e) if e.expires_at <= now => {
-                            (item.policy.algorithm().new_state(), true)
-                        }
-                        Some(e) => (e.state.clone(), true),
-                        None => (item.policy.algorithm().new_state(), false),
-                    };
+                    let (state, existed) = guard.state_of(item.hash, item.policy, &item.key, now);
                     slots.push(Slot {
                         original: Some(state.clone()),
                         state,
@@ -706,31 +1000,15 @@ impl<C: Clock> MemoryStore<C> {
             let slot = &mut slots[slot_index];
             let guard = &mut guards[guard_of(item.shard)].1;
             let state = std::mem::replace(&mut slot.state, State::Gcra(Default::default()));
-            let found = guard
-                .table
-                .find_entry(item.hash, |e| e.matches(item.hash, item.policy, &item.key));
-            match found {
-                Ok(mut occupied) => {
-                    let entry = occupied.get_mut();
-                    if let Some(expires_at) =
-                        keep_until(slot.wrote, entry.expires_at, now, slot.reset)
-                    {
-                        entry.state = state;
-                        entry.expires_at = expires_at;
-                        guard.next_expiry = guard.next_expiry.min(expires_at);
-                    } else {
-                        occupied.remove();
-                    }
-                }
-                Err(_) if slot.reset > 0 => guard.insert(Entry {
-                    hash: item.hash,
-                    policy: item.policy.clone(),
-                    key: StoredKey::new(&item.key),
-                    state,
-                    expires_at: now + slot.reset,
-                }),
-                Err(_) => {}
-            }
+            guard.put_state(
+                item.hash,
+                item.policy,
+                &item.key,
+                state,
+                slot.wrote,
+                now,
+                slot.reset,
+            );
         }
         Ok(decisions)
     }
@@ -742,7 +1020,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         if let Ok(mut occupied) = shard
             .table
@@ -773,13 +1051,14 @@ impl<C: Clock> MemoryStore<C> {
     pub fn reset_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         if let Ok(entry) = shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
         {
             entry.remove();
         }
+        shard.remove_word(hash, policy, &key);
         if let Ok(block) = shard
             .blocks
             .find_entry(hash, |b| b.matches(hash, policy, &key))
@@ -822,7 +1101,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         match shard
@@ -852,7 +1131,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         if let Ok(block) = shard
             .blocks
             .find_entry(hash, |b| b.matches(hash, policy, &key))
@@ -872,8 +1151,29 @@ impl<C: Clock> MemoryStore<C> {
         let algorithm = policy.algorithm();
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.lock();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
+        if let Some(tat) = shard.word(hash, policy, &key) {
+            let mut state = State::Gcra(GcraState { tat });
+            let peek = adjustment
+                .apply(algorithm, &mut state, now, amount)
+                .ok_or_else(|| conflict(policy))?;
+            shard.put_state(
+                hash,
+                policy,
+                &key,
+                state,
+                true,
+                now,
+                peek.reset_after_micros(),
+            );
+            let left = shard.block_left(hash, policy, &key, now);
+            return Ok(if left > 0 {
+                blocked(&peek, &peek, left)
+            } else {
+                peek
+            });
+        }
         let peek = match shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -903,13 +1203,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.insert(Entry {
-                        hash,
-                        policy: policy.clone(),
-                        key: StoredKey::new(&key),
-                        state,
-                        expires_at: now + reset,
-                    });
+                    shard.put_state(hash, policy, &key, state, true, now, reset);
                 }
                 peek
             }
@@ -920,6 +1214,88 @@ impl<C: Clock> MemoryStore<C> {
         } else {
             peek
         })
+    }
+}
+
+/// A GCRA check of a key that already has its state, under the shard's
+/// shared lock: one load when denied, one compare-and-swap when allowed, so
+/// checks of one key on several threads do not queue. `None` sends the
+/// check to the exclusive path: another algorithm, no entry yet (an insert),
+/// a block on the shard's key, or a peek at an expired state (the exclusive
+/// path drops the entry).
+///
+/// Not the leaky bucket, although it keeps the same state: its decision
+/// carries a delay, `slot - now`, which the caller sleeps from the real time
+/// it gets the decision. At a `now` older than another thread's decision
+/// (below) that delay would be too long by the difference, and the next
+/// request's slot, taken from the TAT, would then come too soon after it:
+/// the spacing it promises would break. The exclusive path decides at a time
+/// never older than the shard's latest decision (`ShardInner::now`).
+///
+/// Time: `now` was read before the lock and is not ordered with the other
+/// checks of the shard (the exclusive path keeps `ShardInner::latest`, this
+/// one does not). That is safe for a TAT: at an earlier `now` the same TAT
+/// is never more permissive (admitted when `max(tat, now) + cost × interval
+/// - now <= burst × interval`, which only grows as `now` falls while
+/// `tat > now`, and does not depend on `now` otherwise), the TAT only ever
+/// moves later here (`max(tat, now) + cost × interval`), and each admission
+/// moves it at least `cost` intervals past the time it was decided at, so
+/// over any span of clock readings at most `burst + span / interval` units
+/// are admitted, as in order. No field underflows: when allowed,
+/// `new_tat - now <= burst × interval`; when denied, `new_tat - now` exceeds
+/// it; and `reset` saturates at 0.
+#[inline]
+fn check_shared(
+    lock: &RwLock<ShardInner>,
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+    now: u64,
+    cost: u64,
+) -> Option<Decision> {
+    let Algorithm::Gcra(gcra) = policy.algorithm() else {
+        return None;
+    };
+    let shard = lock.read();
+    if !shard.blocks.is_empty()
+        && shard
+            .blocks
+            .find(hash, |b| b.matches(hash, policy, key))
+            .is_some()
+    {
+        return None;
+    }
+    let stored = shard.tat(hash, policy, key)?;
+    let mut tat = stored.load(Ordering::Acquire);
+    loop {
+        if cost == 0 && tat <= now {
+            return None;
+        }
+        let mut state = GcraState { tat };
+        let decision = gcra.decide(&mut state, now, cost);
+        if state.tat == tat {
+            return Some(decision);
+        }
+        match stored.compare_exchange_weak(tat, state.tat, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(decision),
+            Err(current) => tat = current,
+        }
+    }
+}
+
+/// Decides a request on a one-word state with `policy`: a policy conflict
+/// when its algorithm is neither GCRA nor the leaky bucket.
+#[inline]
+fn decide_word(
+    policy: &Policy,
+    state: &mut GcraState,
+    now: u64,
+    cost: u64,
+) -> Result<Decision, StoreError> {
+    match policy.algorithm() {
+        Algorithm::Gcra(a) => Ok(a.decide(state, now, cost)),
+        Algorithm::LeakyBucket(a) => Ok(a.decide(state, now, cost)),
+        _ => Err(conflict(policy)),
     }
 }
 
@@ -1003,5 +1379,30 @@ impl<C: Clock> AdminStore for MemoryStore<C> {
     fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
         self.unblock_now(key, policy);
         ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_key_packs_its_length_then_its_bytes() {
+        for len in 0..=SHORT_KEY {
+            for seed in [0u8, 7, 0x80, 0xff] {
+                let key: Vec<u8> = (0..len)
+                    .map(|i| seed.wrapping_add(u8::try_from(i).expect("small").wrapping_mul(37)))
+                    .collect();
+                let mut expected = [0; 16];
+                expected[0] = u8::try_from(len).expect("small");
+                expected[1..=len].copy_from_slice(&key);
+                assert_eq!(
+                    pack_short(&key),
+                    Some(u128::from_le_bytes(expected)),
+                    "{key:?}"
+                );
+            }
+        }
+        assert_eq!(pack_short(&[0; SHORT_KEY + 1]), None);
     }
 }

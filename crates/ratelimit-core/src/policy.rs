@@ -443,16 +443,19 @@ impl Policy {
     }
 
     /// The policy's name.
+    #[inline]
     pub fn name(&self) -> &str {
         &self.inner.name
     }
 
     /// A hash of the name, computed once when the policy was built.
+    #[inline]
     pub(crate) fn name_hash(&self) -> u64 {
         self.inner.name_hash
     }
 
     /// The algorithm and its parameters.
+    #[inline]
     pub fn algorithm(&self) -> &Algorithm {
         &self.inner.algorithm
     }
@@ -468,11 +471,13 @@ impl Policy {
     }
 
     /// The largest cost a single request can ever be admitted with.
+    #[inline]
     pub fn max_cost(&self) -> u64 {
         self.limit()
     }
 
     /// Returns an error when `cost` can never pass this policy.
+    #[inline]
     pub fn check_cost(&self, cost: u64) -> Result<(), StoreError> {
         if cost > self.max_cost() {
             return Err(StoreError::CostExceedsLimit {
@@ -546,6 +551,7 @@ impl Policy {
     }
 
     /// Whether two handles point at the same policy object (cheap).
+    #[inline]
     pub fn ptr_eq(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

@@ -34,6 +34,7 @@ impl Gcra {
     }
 
     /// The largest burst.
+    #[inline]
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -44,6 +45,7 @@ impl Gcra {
     }
 
     /// Microseconds per unit.
+    #[inline]
     pub fn interval_micros(&self) -> u64 {
         self.interval
     }

@@ -37,6 +37,7 @@ impl LeakyBucket {
     }
 
     /// How many units the bucket holds.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -47,6 +48,7 @@ impl LeakyBucket {
     }
 
     /// Microseconds per unit.
+    #[inline]
     pub fn interval_micros(&self) -> u64 {
         self.interval
     }
