@@ -34,11 +34,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use ratelimit_core::AlgorithmKind;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Store, StoreError};
-use ratelimit_examples::{parse_duration, policy_from_flags};
-
-const USAGE: &str = "usage: bench --store <memory|redis> [--redis URL] [--cluster] [--connections N] [--max-batch N] [--denied-cache] [--lease B] --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window DURATION]\n       bench --print-script --algorithm <name>\n       bench --print-function --algorithm <name>\n       bench --print-library";
+use ratelimit_examples::{
+    algorithm_parser, exit_with_flag_error, nonzero_duration, policy_for, redis_url,
+};
 
 #[derive(Clone)]
 enum AnyStore {
@@ -59,126 +61,104 @@ impl AnyStore {
     }
 }
 
+/// `--store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    /// `MemoryStore`.
+    Memory,
+    /// `RedisStore`.
+    Redis,
+}
+
+/// The printing modes, any of which makes the load flags optional.
+const PRINTING: [&str; 3] = ["print_script", "print_function", "print_library"];
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    about = "Decisions per second of a store, as one JSON line."
+)]
 struct Args {
-    store: String,
+    /// The store to measure.
+    #[arg(long, value_enum, required_unless_present_any = PRINTING)]
+    store: Option<StoreKind>,
+    /// Redis URLs (repeated or comma-separated; several with --cluster).
+    #[arg(long, value_name = "URL", value_delimiter = ',', value_parser = redis_url,
+          default_value = "redis://127.0.0.1:6379")]
     redis: Vec<String>,
+    /// The Redis URLs are nodes of a Redis Cluster.
+    #[arg(long)]
     cluster: bool,
+    /// Multiplexed connections to Redis.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     connections: u32,
+    /// The most requests coalesced into one Redis call (1: none).
+    #[arg(long, value_name = "N", default_value_t = ratelimit_core::redis::DEFAULT_MAX_BATCH,
+          value_parser = positive_usize)]
     max_batch: usize,
+    /// Answer known denials locally (`DeniedCache`).
+    #[arg(long)]
     denied_cache: bool,
-    lease: u64,
+    /// Lease hot keys' budget in batches of B (`LeasedStore`).
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u64).range(1..))]
+    lease: Option<u64>,
+    /// Print the Lua script deciding one request under --algorithm, and exit.
+    #[arg(long, requires = "algorithm")]
     print_script: bool,
+    /// Print the name of the function deciding one request under
+    /// --algorithm, and exit.
+    #[arg(long, requires = "algorithm")]
     print_function: bool,
+    /// Print the Redis Functions library the store loads, and exit.
+    #[arg(long)]
     print_library: bool,
-    algorithm: String,
-    keys: u64,
-    concurrency: u64,
-    requests: u64,
+    /// The algorithm.
+    #[arg(long, value_name = "NAME", value_parser = algorithm_parser(),
+          required_unless_present = "print_library")]
+    algorithm: Option<AlgorithmKind>,
+    /// Keys drawn from, uniformly (1: one hot key).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          required_unless_present_any = PRINTING)]
+    keys: Option<u64>,
+    /// Tasks deciding at once.
+    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u64).range(1..),
+          required_unless_present_any = PRINTING)]
+    concurrency: Option<u64>,
+    /// Decisions in all.
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..),
+          required_unless_present_any = PRINTING)]
+    requests: Option<u64>,
+    /// The limit per window (the burst for bucket algorithms).
+    #[arg(long, value_name = "L", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     limit: u64,
+    /// The window (or the refill period, or the lease).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nonzero_duration)]
     window: Duration,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        store: String::new(),
-        redis: Vec::new(),
-        cluster: false,
-        connections: 4,
-        max_batch: ratelimit_core::redis::DEFAULT_MAX_BATCH,
-        denied_cache: false,
-        lease: 0,
-        print_script: false,
-        print_function: false,
-        print_library: false,
-        algorithm: String::new(),
-        keys: 0,
-        concurrency: 0,
-        requests: 0,
-        limit: 1000,
-        window: Duration::from_secs(1),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        let number = |name: &str, v: String| {
-            v.parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("{name} must be a positive integer, not {v:?}"))
-        };
-        match flag.as_str() {
-            "--store" => args.store = value("--store")?,
-            "--redis" => args
-                .redis
-                .extend(value("--redis")?.split(',').map(str::to_owned)),
-            "--cluster" => args.cluster = true,
-            "--connections" => {
-                args.connections = u32::try_from(number("--connections", value("--connections")?)?)
-                    .map_err(|_| String::from("--connections is too large"))?;
-            }
-            "--max-batch" => {
-                args.max_batch = usize::try_from(number("--max-batch", value("--max-batch")?)?)
-                    .map_err(|_| String::from("--max-batch is too large"))?;
-            }
-            "--print-script" => args.print_script = true,
-            "--print-function" => args.print_function = true,
-            "--print-library" => args.print_library = true,
-            "--denied-cache" => args.denied_cache = true,
-            "--lease" => args.lease = number("--lease", value("--lease")?)?,
-            "--algorithm" => args.algorithm = value("--algorithm")?,
-            "--keys" => args.keys = number("--keys", value("--keys")?)?,
-            "--concurrency" => args.concurrency = number("--concurrency", value("--concurrency")?)?,
-            "--requests" => args.requests = number("--requests", value("--requests")?)?,
-            "--limit" => args.limit = number("--limit", value("--limit")?)?,
-            "--window" => args.window = parse_duration(&value("--window")?)?,
-            other => return Err(format!("unknown flag {other:?}")),
-        }
+/// A `usize` above zero (a value parser).
+fn positive_usize(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{text:?} is not a positive integer")),
     }
-    if args.print_library {
-        return Ok(args);
-    }
-    if args.print_script || args.print_function {
-        return if args.algorithm.is_empty() {
-            Err(String::from(
-                "--print-script and --print-function need --algorithm",
-            ))
-        } else {
-            Ok(args)
-        };
-    }
-    if !matches!(args.store.as_str(), "memory" | "redis") {
-        return Err(String::from("--store must be memory or redis"));
-    }
-    if args.algorithm.is_empty() || args.keys == 0 || args.concurrency == 0 || args.requests == 0 {
-        return Err(String::from(
-            "--algorithm, --keys, --concurrency and --requests are required",
-        ));
-    }
-    if args.store == "redis" && args.redis.is_empty() {
-        args.redis.push(String::from("redis://127.0.0.1:6379"));
-    }
-    Ok(args)
 }
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("bench: {message}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
     if args.print_library {
         print!("{}", ratelimit_core::redis::function_library());
         return;
     }
-    let policy = match policy_from_flags(&args.algorithm, args.limit, args.window) {
+    // Present unless printing the library (clap's `required_unless_present`).
+    let Some(algorithm) = args.algorithm else {
+        exit_with_flag_error::<Args>("--algorithm is required");
+    };
+    let policy = match policy_for(algorithm, args.limit, args.window) {
         Ok(policy) => policy,
-        Err(message) => {
-            eprintln!("bench: --algorithm: {message}\n{USAGE}");
-            std::process::exit(2);
-        }
+        Err(message) => exit_with_flag_error::<Args>(format!("--algorithm: {message}")),
     };
     if args.print_script {
         print!(
@@ -194,11 +174,17 @@ async fn main() {
         );
         return;
     }
+    // Present unless printing (clap's `required_unless_present_any`).
+    let (Some(kind), Some(key_count), Some(concurrency), Some(requests)) =
+        (args.store, args.keys, args.concurrency, args.requests)
+    else {
+        exit_with_flag_error::<Args>("--store, --keys, --concurrency and --requests are required");
+    };
     // The Redis store, to read its coalescing's mean batch at the end.
     let mut redis_store: Option<RedisStore> = None;
-    let store = match args.store.as_str() {
-        "memory" => AnyStore::Memory(MemoryStore::new()),
-        _ => {
+    let store = match kind {
+        StoreKind::Memory => AnyStore::Memory(MemoryStore::new()),
+        StoreKind::Redis => {
             let builder = if args.cluster {
                 RedisStore::cluster_builder(args.redis.clone())
             } else {
@@ -214,9 +200,9 @@ async fn main() {
             {
                 Ok(store) => {
                     redis_store = Some(store.clone());
-                    if args.lease > 0 {
+                    if let Some(lease) = args.lease {
                         AnyStore::Leased(DeniedCache::new(
-                            LeasedStore::builder(store).batch(args.lease).build(),
+                            LeasedStore::builder(store).batch(lease).build(),
                         ))
                     } else if args.denied_cache {
                         AnyStore::Cached(DeniedCache::new(store))
@@ -233,7 +219,7 @@ async fn main() {
     };
     // Keys made once, so formatting is not measured.
     let keys: Arc<Vec<Vec<u8>>> = Arc::new(
-        (0..args.keys)
+        (0..key_count)
             .map(|i| format!("k{i}").into_bytes())
             .collect(),
     );
@@ -242,10 +228,9 @@ async fn main() {
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for task in 0..args.concurrency {
+    for task in 0..concurrency {
         let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
         let (next, allowed, errors) = (next.clone(), allowed.clone(), errors.clone());
-        let requests = args.requests;
         tasks.push(tokio::spawn(async move {
             let mut rng =
                 0x9e37_79b9_7f4a_7c15_u64 ^ (task + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
@@ -272,7 +257,7 @@ async fn main() {
             latencies
         }));
     }
-    let mut latencies = Vec::with_capacity(usize::try_from(args.requests).unwrap_or(0));
+    let mut latencies = Vec::with_capacity(usize::try_from(requests).unwrap_or(0));
     for task in tasks {
         latencies.extend(task.await.unwrap_or_default());
     }
@@ -290,10 +275,13 @@ async fn main() {
     }
     println!(
         "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"max_batch\":{},\"mean_batch\":{:.2}}}",
-        args.store,
-        args.algorithm,
-        args.keys,
-        args.concurrency,
+        match kind {
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        },
+        algorithm,
+        key_count,
+        concurrency,
         decisions,
         allowed,
         decisions - allowed - errors,

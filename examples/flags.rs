@@ -199,25 +199,6 @@ impl std::error::Error for PolicyForError {
     }
 }
 
-/// The policy named by `algorithm` with `limit` per `window` ([`policy_for`]
-/// after parsing the name).
-///
-/// ```
-/// use std::time::Duration;
-/// let p = ratelimit_examples::policy_from_flags("gcra", 10, Duration::from_secs(1)).unwrap();
-/// assert_eq!(p.limit(), 10);
-/// assert!(ratelimit_examples::policy_from_flags("nope", 10, Duration::from_secs(1)).is_err());
-/// ```
-///
-/// # Errors
-///
-/// When `algorithm` is not one of [`AlgorithmKind::ALL`]'s names, or the
-/// policy refuses the numbers.
-pub fn policy_from_flags(algorithm: &str, limit: u64, window: Duration) -> Result<Policy, String> {
-    let kind: AlgorithmKind = algorithm.parse().map_err(|e| format!("{e}"))?;
-    policy_for(kind, limit, window).map_err(|e| e.to_string())
-}
-
 /// Exits as clap does for a bad flag (the message, a pointer to `--help`,
 /// status 2), for what only the parsed flags together can tell: two flags
 /// that conflict, numbers a policy refuses.

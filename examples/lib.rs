@@ -5,7 +5,7 @@ use std::time::Duration;
 pub use admin::admin_router;
 pub use flags::{
     PolicyArgs, PolicyForError, algorithm_parser, exit_with_flag_error, nonzero_duration,
-    parse_duration, policy_for, policy_from_flags, redis_url,
+    parse_duration, policy_for, redis_url,
 };
 
 pub use serve::{

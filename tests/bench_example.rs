@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use ratelimit_tests::{RedisServer, example_binary};
+use ratelimit_tests::{RedisServer, assert_refuses_flags, example_binary};
 
 fn run_bench(args: &[&str]) -> serde_json::Value {
     let output = Command::new(example_binary("bench"))
@@ -136,50 +136,41 @@ fn bench_max_batch_reports_the_mean_batch_and_keeps_the_limit() {
 
 #[test]
 fn bench_rejects_bad_flags() {
-    for args in [
-        &[
-            "--store",
-            "disk",
-            "--algorithm",
-            "gcra",
-            "--keys",
-            "1",
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-        ][..],
-        &[
-            "--store",
-            "memory",
-            "--algorithm",
-            "nope",
-            "--keys",
-            "1",
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-        ][..],
-        &[
-            "--store",
-            "memory",
-            "--algorithm",
-            "gcra",
-            "--keys",
-            "0",
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-        ][..],
+    let load = ["--concurrency", "1", "--requests", "1"];
+    for (bad, expected) in [
+        (
+            &["--store", "disk", "--algorithm", "gcra", "--keys", "1"][..],
+            "'--store <STORE>'",
+        ),
+        (
+            &["--store", "memory", "--algorithm", "nope", "--keys", "1"][..],
+            "'--algorithm <NAME>'",
+        ),
+        (
+            &["--store", "memory", "--algorithm", "gcra", "--keys", "0"][..],
+            "'--keys <N>'",
+        ),
+        (
+            &[
+                "--store",
+                "memory",
+                "--algorithm",
+                "gcra",
+                "--keys",
+                "1",
+                "--max-batch",
+                "0",
+            ][..],
+            "'--max-batch <N>'",
+        ),
+        (
+            &["--algorithm", "gcra", "--keys", "1"][..],
+            "--store <STORE>",
+        ),
+        (&["--print-script"][..], "--algorithm <NAME>"),
     ] {
-        let output = Command::new(example_binary("bench"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&output.stderr).contains("usage: bench"));
+        let args: Vec<&str> = bad.iter().chain(&load).copied().collect();
+        assert_refuses_flags("bench", &args, expected);
     }
 }
 
