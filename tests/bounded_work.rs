@@ -13,6 +13,7 @@ use ratelimit_core::algorithm::sliding_window_log::LOG_SLOTS;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{RedisServer, observable};
 
 /// A loose bound on one script's time in Redis (the old sliding log took
@@ -24,18 +25,6 @@ const MAX_CALL_USEC: u64 = 20_000;
 /// The most Redis commands one check script may run (the sliding log's
 /// galloping and binary searches read one member at a time).
 const MAX_COMMANDS_PER_CHECK: u64 = 40;
-
-/// A small deterministic generator (xorshift64*), so failures replay.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
-}
 
 async fn stores(
     server: &RedisServer,

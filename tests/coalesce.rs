@@ -12,27 +12,8 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
-
-/// A small deterministic generator (xorshift64*), so failures replay.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        usize::try_from(self.below(len as u64)).unwrap_or(0)
-    }
-}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -10,27 +10,8 @@ use std::time::Duration;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable, twin_stores};
-
-/// A small deterministic generator (xorshift64*), so failures replay.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        usize::try_from(self.below(len as u64)).unwrap_or(0)
-    }
-}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
