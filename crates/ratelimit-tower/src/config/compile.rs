@@ -3,13 +3,11 @@
 
 use std::sync::Arc;
 
-use ratelimit_core::{Policy, PolicyError};
+use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
 
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
-use super::schema::{
-    AlgorithmKind, ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec,
-};
+use super::schema::{ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec, period};
 use super::{Config, ConfigError, ConfigErrorKind};
 use crate::keys::{ClientIp, HeaderKey, TrustedProxies};
 use crate::options::MissingKey;
@@ -34,7 +32,7 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
 fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
     let base = format!("policies.{name}");
     let algorithm = spec.algorithm;
-    let period = algorithm.period();
+    let period = period(algorithm);
     let given = [
         (Period::Rate, spec.rate.is_some()),
         (Period::Window, spec.window.is_some()),

@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use ratelimit_core::Rate;
+use ratelimit_core::{AlgorithmKind, Rate};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
@@ -30,6 +30,7 @@ pub(super) struct ConfigSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PolicySpec {
+    #[serde(deserialize_with = "algorithm_kind")]
     pub(super) algorithm: AlgorithmKind,
     pub(super) limit: u64,
     pub(super) rate: Option<Parsed<Rate>>,
@@ -39,17 +40,22 @@ pub(super) struct PolicySpec {
     pub(super) shadow: bool,
 }
 
-/// The algorithm names of [`Algorithm::kind`](ratelimit_core::Algorithm::kind).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(super) enum AlgorithmKind {
-    FixedWindow,
-    SlidingLog,
-    SlidingWindow,
-    TokenBucket,
-    Gcra,
-    LeakyBucket,
-    Concurrency,
+/// Every algorithm's name, for serde's "expected one of" message.
+const ALGORITHM_NAMES: [&str; AlgorithmKind::ALL.len()] = {
+    let mut names = [""; AlgorithmKind::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = AlgorithmKind::ALL[i].name();
+        i += 1;
+    }
+    names
+};
+
+/// `algorithm = "<name>"`: one of [`AlgorithmKind`]'s names.
+fn algorithm_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<AlgorithmKind, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    name.parse()
+        .map_err(|_| de::Error::unknown_variant(&name, &ALGORITHM_NAMES))
 }
 
 /// Which of `rate`, `window` and `lease` an algorithm takes.
@@ -78,29 +84,16 @@ impl Period {
     }
 }
 
-impl AlgorithmKind {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            AlgorithmKind::FixedWindow => "fixed-window",
-            AlgorithmKind::SlidingLog => "sliding-log",
-            AlgorithmKind::SlidingWindow => "sliding-window",
-            AlgorithmKind::TokenBucket => "token-bucket",
-            AlgorithmKind::Gcra => "gcra",
-            AlgorithmKind::LeakyBucket => "leaky-bucket",
-            AlgorithmKind::Concurrency => "concurrency",
+/// Which period field `kind` takes.
+pub(super) fn period(kind: AlgorithmKind) -> Period {
+    match kind {
+        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingLog | AlgorithmKind::SlidingWindow => {
+            Period::Window
         }
-    }
-
-    pub(super) fn period(self) -> Period {
-        match self {
-            AlgorithmKind::FixedWindow
-            | AlgorithmKind::SlidingLog
-            | AlgorithmKind::SlidingWindow => Period::Window,
-            AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket => {
-                Period::Rate
-            }
-            AlgorithmKind::Concurrency => Period::Lease,
+        AlgorithmKind::TokenBucket | AlgorithmKind::Gcra | AlgorithmKind::LeakyBucket => {
+            Period::Rate
         }
+        AlgorithmKind::Concurrency => Period::Lease,
     }
 }
 
