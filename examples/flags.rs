@@ -141,20 +141,19 @@ impl PolicyArgs {
 /// use ratelimit_core::AlgorithmKind;
 /// let p = ratelimit_examples::policy_for(AlgorithmKind::Gcra, 10, Duration::from_secs(1))?;
 /// assert_eq!(p.limit(), 10);
-/// # Ok::<(), ratelimit_examples::PolicyForError>(())
+/// # Ok::<(), ratelimit_core::PolicyError>(())
 /// ```
 ///
 /// # Errors
 ///
-/// When the policy refuses the numbers, or for a kind this version does not
-/// know.
+/// When the policy refuses the numbers.
 pub fn policy_for(
     algorithm: AlgorithmKind,
     limit: u64,
     window: Duration,
-) -> Result<Policy, PolicyForError> {
+) -> Result<Policy, PolicyError> {
     let rate = Rate::new(limit, window);
-    let policy = match algorithm {
+    match algorithm {
         AlgorithmKind::FixedWindow => Policy::fixed_window(limit, window),
         AlgorithmKind::SlidingLog => Policy::sliding_window_log(limit, window),
         AlgorithmKind::SlidingWindow => Policy::sliding_window_counter(limit, window),
@@ -162,40 +161,6 @@ pub fn policy_for(
         AlgorithmKind::Gcra => Policy::gcra(limit, rate),
         AlgorithmKind::LeakyBucket => Policy::leaky_bucket(limit, rate),
         AlgorithmKind::Concurrency => Policy::concurrency(limit, window),
-        // `AlgorithmKind` is non-exhaustive: a new kind is refused until
-        // the examples learn to build it.
-        other => return Err(PolicyForError::Unsupported(other)),
-    };
-    policy.map_err(PolicyForError::Policy)
-}
-
-/// Why [`policy_for`] built no policy.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum PolicyForError {
-    /// The policy refused the numbers.
-    Policy(PolicyError),
-    /// A kind the examples cannot build yet.
-    Unsupported(AlgorithmKind),
-}
-
-impl fmt::Display for PolicyForError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PolicyForError::Policy(e) => e.fmt(f),
-            PolicyForError::Unsupported(kind) => {
-                write!(f, "the examples cannot build a {kind} policy")
-            }
-        }
-    }
-}
-
-impl std::error::Error for PolicyForError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            PolicyForError::Policy(e) => Some(e),
-            PolicyForError::Unsupported(_) => None,
-        }
     }
 }
 

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 pub use admin::admin_router;
 pub use flags::{
-    PolicyArgs, PolicyForError, algorithm_parser, exit_with_flag_error, nonzero_duration,
-    parse_duration, policy_for, redis_url,
+    PolicyArgs, algorithm_parser, exit_with_flag_error, nonzero_duration, parse_duration,
+    policy_for, redis_url,
 };
 
 pub use serve::{
