@@ -49,4 +49,5 @@ pub use key::{
 };
 pub use trusted_proxies::TrustedProxies;
 
+#[cfg(feature = "config")]
 pub(crate) use key::join as join_keys;
