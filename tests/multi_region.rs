@@ -416,6 +416,52 @@ async fn the_layer_works_unchanged_on_top() {
     }
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
     assert_eq!(ok, 4, "{statuses:?}");
+
+    // A cost, two limits and a shadow policy, with their headers, on the
+    // third region: a budget of 6 at cost 2 admits three requests; the
+    // shadow policy (limit 1) is decided and counted but never refuses.
+    let named = |name: &str, limit: u64| {
+        Policy::fixed_window(limit, Duration::from_secs(3600))
+            .expect("valid")
+            .with_name(name)
+            .expect("valid")
+    };
+    let layer = RateLimitLayer::new(
+        regions.stores[2].clone(),
+        named("mr-costly", 6),
+        GlobalKey::default(),
+    )
+    .cost(2)
+    .and(ratelimit_tower::Rule::new(
+        named("mr-hourly", 100),
+        GlobalKey::default(),
+    ))
+    .and(ratelimit_tower::Rule::new(
+        named("mr-shadow", 1).with_shadow(true),
+        GlobalKey::default(),
+    ));
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = layer
+            .layer(inner)
+            .oneshot(Request::new(()))
+            .await
+            .expect("a response");
+        if response.status() == StatusCode::OK {
+            assert!(response.headers().contains_key("ratelimit"), "{response:?}");
+        }
+        statuses.push(response.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+
     regions.servers[0].stop();
     let response = layers[0]
         .layer(inner)
