@@ -348,7 +348,12 @@ async fn a_partition_keeps_each_side_within_its_share_and_heals() {
 #[test]
 fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
-    let merge = include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua");
+    // As the store sends it: the shared integer helpers, then the merge.
+    let merge = concat!(
+        include_str!("../crates/ratelimit-core/src/redis/lua/numbers.lua"),
+        "\n",
+        include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua")
+    );
     let window = 3_600_000_000u64;
     let start = T0 - T0 % window;
     let push = |value: u64| {

@@ -112,7 +112,13 @@ impl fmt::Debug for MultiRegionStore {
 
 fn decide_script() -> &'static Script {
     static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("lua/decide.lua")))
+    SCRIPT.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("../redis/lua/numbers.lua"),
+            "\n",
+            include_str!("lua/decide.lua")
+        ))
+    })
 }
 
 /// One check's part of the script's reply.

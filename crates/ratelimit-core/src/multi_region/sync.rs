@@ -151,7 +151,11 @@ impl Shared {
             staleness,
             push_timeout,
             fixed_clock,
-            merge: Script::new(include_str!("lua/merge.lua")),
+            merge: Script::new(concat!(
+                include_str!("../redis/lua/numbers.lua"),
+                "\n",
+                include_str!("lua/merge.lua")
+            )),
             heard: Script::new(include_str!("lua/heard.lua")),
         }
     }

@@ -13,6 +13,8 @@ use crate::policy::{Algorithm, AlgorithmKind};
 macro_rules! assemble {
     ($($helper:literal),* ; $entry:literal) => {
         concat!(
+            include_str!("lua/numbers.lua"),
+            "\n",
             include_str!("lua/prelude.lua"),
             "\n",
             $(include_str!(concat!("lua/", $helper)), "\n",)*
@@ -72,6 +74,8 @@ macro_rules! every_algorithm {
 macro_rules! library {
     ($($helper:literal),* ; $entry:literal) => {
         concat!(
+            include_str!("lua/numbers.lua"),
+            "\n",
             include_str!("lua/prelude.lua"),
             "\n",
             $(include_str!(concat!("lua/", $helper)), "\n",)*

@@ -21,19 +21,7 @@
 -- passes, the window start, the global previous and current counts (before
 -- this call), and this region's current count after it.
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function fmt(n)
-  return string.format('%d', n)
-end
+-- idiv and fmt: redis/lua/numbers.lua, which comes first.
 
 local now = tonumber(ARGV[1])
 local fixed = now > 0

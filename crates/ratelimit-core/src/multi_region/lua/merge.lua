@@ -15,19 +15,7 @@
 -- of the window after the count's (never shortened). Fields of windows
 -- before the previous one are dropped. Returns the number of fields raised.
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function fmt(n)
-  return string.format('%d', n)
-end
+-- idiv and fmt: redis/lua/numbers.lua, which comes first.
 
 local t = redis.call('TIME')
 local server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])

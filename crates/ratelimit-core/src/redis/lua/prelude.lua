@@ -3,13 +3,9 @@
 -- tat.lua; see scripts.rs): every helper is a closure Redis creates again on
 -- every call, so a script carries no helper it does not call.
 --
--- Every time is an integer number of microseconds. Lua numbers are doubles,
--- exact for integers below 2^53, which policy validation guarantees for every
--- value computed here. Two traps are avoided on purpose:
---   * `a / b` can round up across an integer, so integer division goes
---     through `idiv`, which corrects the quotient;
---   * numbers passed to redis.call are turned into strings with 14 digits,
---     so every number sent to Redis goes through `fmt` first.
+-- Every time is an integer number of microseconds, below 2^53 (policy
+-- validation guarantees it for every value computed here), divided with
+-- `idiv` and sent to Redis through `fmt` (numbers.lua, before the prelude).
 --
 -- ARGV[1] is 0 in production: the time is the Redis server's TIME, never the
 -- client's clock. Tests may pass a fixed time there to replay a timeline.
@@ -26,19 +22,7 @@
 
 local ALGORITHMS = {}
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function fmt(n)
-  return string.format('%d', n)
-end
+-- idiv and fmt: numbers.lua, which comes first.
 
 local function positive(n)
   if n > 0 then
