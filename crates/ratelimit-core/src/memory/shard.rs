@@ -1,0 +1,452 @@
+//! A shard: its lock, its tables (states of several words, one-word states
+//! by key length, blocks) and what it does under its lock.
+
+use super::keys::*;
+use super::*;
+
+// Each shard on its own cache lines, so neighbouring locks do not contend.
+// A read-write lock: checks of GCRA keys that exist already decide under the
+// shared lock (see `check_shared`); every other path takes it exclusively.
+#[repr(align(128))]
+pub(super) struct Shard(pub(super) RwLock<ShardInner>);
+
+// Aligned to a cache line, so the lock's word (which every check writes)
+// sits on a line of its own and the tables' headers (which the shared path
+// only reads) are not pulled away from a core by another core's lock.
+#[repr(align(64))]
+pub(super) struct ShardInner {
+    /// The states of more than one word (every algorithm but GCRA and the
+    /// leaky bucket).
+    pub(super) table: HashTable<Entry>,
+    /// The states of one word, GCRA's and the leaky bucket's (their TAT),
+    /// of keys up to [`SHORT_KEY`] bytes: 32-byte entries.
+    pub(super) short_words: HashTable<ShortWordEntry>,
+    /// The same for longer keys: 64-byte entries.
+    pub(super) words: HashTable<WordEntry>,
+    /// The store's hasher (`short_words` keeps no hash: it is computed
+    /// again when the table grows).
+    pub(super) hasher: foldhash::fast::RandomState,
+    /// Admin blocks, apart from the states so that a check looks here only
+    /// while the shard holds a block at all.
+    pub(super) blocks: HashTable<Block>,
+    /// No entry or block expires before this time (µs), so a full shard with
+    /// `now < next_expiry` has nothing to sweep.
+    pub(super) next_expiry: u64,
+    /// The latest time (µs) any decision in this shard was made at. A check
+    /// reads the clock before taking the lock (the read then overlaps the
+    /// lock's atomic instead of waiting behind it) and uses that time only
+    /// if it is not before this one; otherwise it reads the clock again under
+    /// the lock, as every other path does. So the times a shard sees never go
+    /// back because two threads raced to its lock.
+    pub(super) latest: u64,
+}
+
+pub(super) struct Entry {
+    pub(super) hash: u64,
+    pub(super) policy: Policy,
+    pub(super) key: StoredKey,
+    pub(super) state: State,
+    pub(super) expires_at: u64,
+}
+
+/// The state of a key under GCRA or the leaky bucket, in one cache line: its
+/// theoretical arrival time (TAT), in an atomic so that a check updates it
+/// under the shard's *shared* lock, by compare-and-swap
+/// ([`MemoryStore::check_now`]). The TAT is its own expiry: the state is
+/// fresh once the TAT is not after now, so the fast path writes one word.
+///
+/// Paths holding the shard's exclusive lock read and write the TAT as a plain
+/// value (`get_mut`).
+#[repr(align(64))]
+pub(super) struct WordEntry {
+    pub(super) hash: u64,
+    pub(super) tat: AtomicU64,
+    pub(super) policy: Policy,
+    pub(super) key: StoredKey,
+}
+
+// One cache line: the first load of an entry brings all a check reads.
+const _: () = assert!(std::mem::size_of::<WordEntry>() == 64);
+
+/// Keys up to this long have their one-word state in a [`ShortWordEntry`]
+/// (IPv4 addresses as text, short ids).
+pub(super) const SHORT_KEY: usize = 15;
+
+/// A [`WordEntry`] of a key up to [`SHORT_KEY`] bytes, in half a cache line
+/// (twice as many entries per cache and TLB reach, as governor's slots):
+/// the key packed in one `u128` (see [`MemoryKey::short`]) and compared in
+/// one go; no hash kept (computed again when the table grows).
+#[repr(C, align(32))]
+pub(super) struct ShortWordEntry {
+    pub(super) tat: AtomicU64,
+    pub(super) policy: Policy,
+    pub(super) key: u128,
+}
+
+const _: () = assert!(std::mem::size_of::<ShortWordEntry>() == 32);
+
+impl ShortWordEntry {
+    #[inline]
+    pub(super) fn matches(&self, policy: &Policy, short: u128) -> bool {
+        self.key == short && same_policy(&self.policy, policy)
+    }
+
+    /// The key's bytes (from 1) and its length.
+    pub(super) fn key_bytes(&self) -> ([u8; 16], usize) {
+        let bytes = self.key.to_le_bytes();
+        (bytes, usize::from(bytes[0]))
+    }
+}
+
+impl WordEntry {
+    #[inline]
+    pub(super) fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.key.hashed(), self.key.as_slice()),
+            hash,
+            policy,
+            key,
+        )
+    }
+}
+
+/// Every check of `key` under `policy` is denied until `until` (µs).
+pub(super) struct Block {
+    pub(super) hash: u64,
+    pub(super) policy: Policy,
+    pub(super) key: Box<[u8]>,
+    /// Whether `key` is a hash ([`MemoryKey::hashed`]).
+    pub(super) hashed: bool,
+    pub(super) until: u64,
+}
+
+impl Entry {
+    #[inline]
+    pub(super) fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.key.hashed(), self.key.as_slice()),
+            hash,
+            policy,
+            key,
+        )
+    }
+}
+
+impl Block {
+    #[inline]
+    pub(super) fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
+        same_key(
+            self.hash,
+            &self.policy,
+            (self.hashed, &self.key),
+            hash,
+            policy,
+            key,
+        )
+    }
+}
+
+#[inline]
+pub(super) fn same_key(
+    stored_hash: u64,
+    stored_policy: &Policy,
+    (stored_hashed, stored_key): (bool, &[u8]),
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+) -> bool {
+    stored_hash == hash
+        && same_policy(stored_policy, policy)
+        && *stored_key == *key.bytes
+        && stored_hashed == key.hashed
+}
+
+/// Whether a state kept under `stored` is the state of `policy`: the same
+/// name (parameters may differ: see `tests/parameter_changes.rs`).
+#[inline]
+pub(super) fn same_policy(stored: &Policy, policy: &Policy) -> bool {
+    stored.ptr_eq(policy) || stored.name() == policy.name()
+}
+
+/// The hash of `key` under the policy whose name hashes to `name_hash`:
+/// where its entries sit in a shard and which shard.
+#[inline]
+pub(super) fn key_hash(hasher: &foldhash::fast::RandomState, name_hash: u64, key: &[u8]) -> u64 {
+    hasher.hash_one((name_hash, key))
+}
+
+impl ShardInner {
+    /// Makes room for `extra` new entries or blocks, sweeping expired ones
+    /// if needed.
+    pub(super) fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
+        if self.len() + extra <= cap {
+            return true;
+        }
+        if now < self.next_expiry {
+            return false;
+        }
+        self.table.retain(|e| e.expires_at > now);
+        self.words.retain(|e| *e.tat.get_mut() > now);
+        self.short_words.retain(|e| *e.tat.get_mut() > now);
+        self.blocks.retain(|b| b.until > now);
+        // A TAT only moves later under the shared lock, so a bound taken
+        // from it stays a lower bound of the entry's expiry.
+        self.next_expiry = self
+            .table
+            .iter()
+            .map(|e| e.expires_at)
+            .chain(self.words.iter().map(|e| e.tat.load(Ordering::Relaxed)))
+            .chain(
+                self.short_words
+                    .iter()
+                    .map(|e| e.tat.load(Ordering::Relaxed)),
+            )
+            .chain(self.blocks.iter().map(|b| b.until))
+            .min()
+            .unwrap_or(u64::MAX);
+        self.len() + extra <= cap
+    }
+
+    /// Entries and blocks held.
+    pub(super) fn len(&self) -> usize {
+        self.table.len() + self.words.len() + self.short_words.len() + self.blocks.len()
+    }
+
+    /// The one-word state of `key` (its TAT; `None` when the key has no
+    /// one-word state).
+    pub(super) fn word(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> Option<u64> {
+        self.tat(hash, policy, key)
+            .map(|tat| tat.load(Ordering::Relaxed))
+    }
+
+    /// The TAT of `key`'s one-word state, in whichever table holds it.
+    #[inline]
+    pub(super) fn tat(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+    ) -> Option<&AtomicU64> {
+        match key.short {
+            Some(short) => self
+                .short_words
+                .find(hash, |e| e.matches(policy, short))
+                .map(|e| &e.tat),
+            None => self
+                .words
+                .find(hash, |e| e.matches(hash, policy, key))
+                .map(|e| &e.tat),
+        }
+    }
+
+    /// [`tat`](Self::tat), to write under the exclusive lock.
+    pub(super) fn tat_mut(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+    ) -> Option<&mut u64> {
+        match key.short {
+            Some(short) => self
+                .short_words
+                .find_mut(hash, |e| e.matches(policy, short))
+                .map(|e| e.tat.get_mut()),
+            None => self
+                .words
+                .find_mut(hash, |e| e.matches(hash, policy, key))
+                .map(|e| e.tat.get_mut()),
+        }
+    }
+
+    /// Drops `key`'s one-word state, if any.
+    pub(super) fn remove_word(&mut self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) {
+        match key.short {
+            Some(short) => {
+                if let Ok(entry) = self
+                    .short_words
+                    .find_entry(hash, |e| e.matches(policy, short))
+                {
+                    entry.remove();
+                }
+            }
+            None => {
+                if let Ok(entry) = self
+                    .words
+                    .find_entry(hash, |e| e.matches(hash, policy, key))
+                {
+                    entry.remove();
+                }
+            }
+        }
+    }
+
+    /// Sets `key`'s one-word state after a decision at `now`: a TAT is its
+    /// own expiry, so the entry is kept (or made) while it is after `now`.
+    /// The caller made room for a new entry.
+    pub(super) fn set_word(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        tat: u64,
+        now: u64,
+    ) {
+        if tat <= now {
+            self.remove_word(hash, policy, key);
+            return;
+        }
+        self.next_expiry = self.next_expiry.min(tat);
+        if let Some(stored) = self.tat_mut(hash, policy, key) {
+            *stored = tat;
+            return;
+        }
+        match key.short {
+            Some(short) => {
+                let entry = ShortWordEntry {
+                    tat: AtomicU64::new(tat),
+                    policy: policy.clone(),
+                    key: short,
+                };
+                let hasher = &self.hasher;
+                self.short_words.insert_unique(hash, entry, |e| {
+                    let (bytes, len) = e.key_bytes();
+                    key_hash(hasher, e.policy.name_hash(), &bytes[1..=len])
+                });
+            }
+            None => {
+                let entry = WordEntry {
+                    hash,
+                    tat: AtomicU64::new(tat),
+                    policy: policy.clone(),
+                    key: StoredKey::new(key),
+                };
+                self.words.insert_unique(hash, entry, |e| e.hash);
+            }
+        }
+    }
+
+    /// The state of `key` (fresh when it has none or it expired) and
+    /// whether an entry holds it.
+    pub(super) fn state_of(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        now: u64,
+    ) -> (State, bool) {
+        if let Some(tat) = self.word(hash, policy, key) {
+            return (State::Gcra(GcraState { tat }), true);
+        }
+        match self.table.find(hash, |e| e.matches(hash, policy, key)) {
+            Some(e) if e.expires_at > now => (e.state.clone(), true),
+            Some(_) => (policy.algorithm().new_state(), true),
+            None => (policy.algorithm().new_state(), false),
+        }
+    }
+
+    /// Keeps `state` as the state of `key` after a decision that reported
+    /// `reset` and wrote it (`wrote`) or not, as [`keep_until`] says; a new
+    /// entry only when `reset > 0` (the caller made room).
+    #[allow(clippy::too_many_arguments)] // one key's identity and one decision's outcome
+    pub(super) fn put_state(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        state: State,
+        wrote: bool,
+        now: u64,
+        reset: u64,
+    ) {
+        if let State::Gcra(GcraState { tat }) = state {
+            self.set_word(hash, policy, key, tat, now);
+            return;
+        }
+        match self
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, key))
+        {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                if let Some(expires_at) = keep_until(wrote, entry.expires_at, now, reset) {
+                    entry.state = state;
+                    entry.expires_at = expires_at;
+                    self.next_expiry = self.next_expiry.min(expires_at);
+                } else {
+                    occupied.remove();
+                }
+            }
+            Err(_) if reset > 0 => self.insert(Entry {
+                hash,
+                policy: policy.clone(),
+                key: StoredKey::new(key),
+                state,
+                expires_at: now + reset,
+            }),
+            Err(_) => {}
+        }
+    }
+
+    /// How long `key` stays blocked under `policy`, in µs (0: not blocked).
+    /// A block found expired is dropped.
+    #[inline]
+    pub(super) fn block_left(
+        &mut self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        now: u64,
+    ) -> u64 {
+        if self.blocks.is_empty() {
+            return 0;
+        }
+        match self
+            .blocks
+            .find_entry(hash, |b| b.matches(hash, policy, key))
+        {
+            Ok(block) if block.get().until > now => block.get().until - now,
+            Ok(block) => {
+                block.remove();
+                0
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// The decision for a check of `key` blocked for `left` more µs.
+    pub(super) fn blocked_check(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        now: u64,
+        cost: u64,
+        left: u64,
+    ) -> Result<Decision, StoreError> {
+        let (state, _) = self.state_of(hash, policy, key, now);
+        blocked_decision(policy.algorithm(), &state, now, cost, left)
+            .ok_or_else(|| conflict(policy))
+    }
+
+    /// The time a decision in this shard is made at: `early` (read before
+    /// the lock was taken) unless an earlier decision here used a later
+    /// time, then the clock read now.
+    #[inline]
+    pub(super) fn now<C: Clock>(&mut self, clock: &C, early: Option<u64>) -> u64 {
+        let now = match early {
+            Some(early) if early >= self.latest => early,
+            _ => clock.now(),
+        };
+        self.latest = self.latest.max(now);
+        now
+    }
+
+    pub(super) fn insert(&mut self, entry: Entry) {
+        self.next_expiry = self.next_expiry.min(entry.expires_at);
+        self.table.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+}
