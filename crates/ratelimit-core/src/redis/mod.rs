@@ -28,11 +28,19 @@ use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
+mod builder;
 mod coalesce;
 mod connections;
+mod errors;
 mod functions;
+mod replies;
 mod scripts;
 mod unclaimed;
+
+pub use builder::RedisStoreBuilder;
+pub(crate) use errors::backend_error;
+use errors::*;
+use replies::*;
 
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
@@ -112,35 +120,6 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Configures a [`RedisStore`].
-#[must_use]
-pub struct RedisStoreBuilder {
-    urls: Vec<String>,
-    cluster: bool,
-    prefix: String,
-    pool_size: u32,
-    connect_timeout: Duration,
-    call_timeout: Duration,
-    max_batch: usize,
-    fixed_clock: Option<Arc<dyn Clock>>,
-    #[cfg(feature = "tls")]
-    root_cert: Option<Vec<u8>>,
-}
-
-impl fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("nodes", &self.urls.len())
-            .field("cluster", &self.cluster)
-            .field("prefix", &self.prefix)
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("call_timeout", &self.call_timeout)
-            .field("max_batch", &self.max_batch)
-            .finish_non_exhaustive()
-    }
-}
-
 impl RedisStore {
     /// Configures a store on the Redis at `url`: `redis://[user:password@]host[:port][/db]`
     /// (`user:password@` for Redis ACL users), or `rediss://...` for TLS
@@ -208,182 +187,6 @@ impl RedisStore {
     }
 }
 
-impl RedisStoreBuilder {
-    /// The prefix of every key (default [`DEFAULT_PREFIX`]). Use one prefix per
-    /// application sharing a Redis.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How many multiplexed connections to keep to a single node (default
-    /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
-    /// call, which pipelines its commands; calls take them in turn.
-    pub fn pool_size(mut self, size: u32) -> Self {
-        self.pool_size = size.max(1);
-        self
-    }
-
-    /// The time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The time allowed for one decision, waiting for a pooled connection
-    /// included (default [`DEFAULT_CALL_TIMEOUT`]). Past it, the call fails with
-    /// [`StoreError::Timeout`] and the caller's failure policy applies.
-    pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
-    }
-
-    /// The most work sent to Redis as one call, in units of one simple
-    /// decision (default [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0
-    /// counts as 1). A concurrency check weighs its `max` + 1 units (it reads
-    /// every permit held), a sliding-log check 8, any other check 1; a batch
-    /// always takes at least one request.
-    ///
-    /// A request goes out at once while fewer calls than the pool size are
-    /// in flight (per hash slot on a cluster); the requests that arrive while
-    /// that many are in flight are gathered, and each call that returns sends
-    /// up to `max_batch` units of them as one call of the batch function. No timer
-    /// and no added wait; each request keeps its own outcome, and the limits
-    /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
-    /// a batch as one script: the bound also bounds how long one call holds
-    /// Redis (the bound times a simple decision, or one costly request).
-    pub fn max_batch(mut self, max_batch: usize) -> Self {
-        self.max_batch = max_batch.max(1);
-        self
-    }
-
-    /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
-    /// instead of the system's roots, as for a private CA. Single node only.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.root_cert = Some(pem.into());
-        self
-    }
-
-    /// **For tests only.** Makes the scripts use `clock` instead of the Redis
-    /// server's `TIME`, so a test can replay a timeline through both stores.
-    /// Keys then get an hour of extra TTL, since the timeline does not run in
-    /// real time. Production stores never set this.
-    pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
-        self.fixed_clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Builds the store. A single-node store connects lazily (Redis may be
-    /// down at start-up; calls then fail and the failure policy applies); a
-    /// cluster store reads the cluster's topology now.
-    pub async fn build(self) -> Result<RedisStore, StoreError> {
-        if !valid_prefix(&self.prefix) {
-            return Err(StoreError::Backend(
-                format!(
-                    "invalid key prefix {:?}: use 1 to 64 characters from [A-Za-z0-9._-]",
-                    self.prefix
-                )
-                .into(),
-            ));
-        }
-        #[cfg(feature = "tls")]
-        if self.cluster && self.root_cert.is_some() {
-            return Err(StoreError::Backend(
-                "tls_root_cert is for a single node; a cluster uses the system's roots".into(),
-            ));
-        }
-        let backend = if self.cluster {
-            #[cfg(feature = "redis-cluster")]
-            {
-                #[cfg(feature = "tls")]
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let client = redis::cluster::ClusterClient::builder(self.urls.clone())
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(self.call_timeout)
-                    .build()
-                    .map_err(backend_error)?;
-                let connection = tokio::time::timeout(
-                    self.connect_timeout.saturating_mul(3),
-                    client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| StoreError::Timeout(self.connect_timeout))?
-                .map_err(backend_error)?;
-                // The ACL probe, on the master of its key's slot (the
-                // cluster client reconnects on its own, unprobed).
-                let probe = AclProbe::new(&self.prefix);
-                tokio::time::timeout(self.connect_timeout, probe.run(&mut connection.clone()))
-                    .await
-                    .map_err(|_| StoreError::Timeout(self.connect_timeout))?
-                    .map_err(backend_error)?;
-                Backend::Cluster(connection)
-            }
-            #[cfg(not(feature = "redis-cluster"))]
-            {
-                return Err(StoreError::Backend(
-                    "Redis Cluster needs the `redis-cluster` feature".into(),
-                ));
-            }
-        } else {
-            let url = self.urls.first().cloned().unwrap_or_default();
-            #[cfg(feature = "tls")]
-            let client = {
-                // redis-rs uses the process's default rustls provider.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                match self.root_cert.clone() {
-                    Some(root_cert) => redis::Client::build_with_tls(
-                        url.as_str(),
-                        redis::TlsCertificates {
-                            client_tls: None,
-                            root_cert: Some(root_cert),
-                        },
-                    ),
-                    None => redis::Client::open(url.as_str()),
-                }
-                .map_err(backend_error)?
-            };
-            #[cfg(not(feature = "tls"))]
-            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.connect_timeout))
-                // The store times each call itself (see `run_on_node`).
-                .set_response_timeout(None);
-            Backend::Node(Box::new(Connections::new(
-                client,
-                config,
-                self.pool_size,
-                AclProbe::new(&self.prefix),
-            )))
-        };
-        let coalescer = (self.max_batch > 1).then(|| {
-            Coalescer::new(
-                self.max_batch,
-                usize::try_from(self.pool_size).unwrap_or(usize::MAX),
-            )
-        });
-        let seed = std::collections::hash_map::RandomState::new();
-        let permit_prefix = std::hash::BuildHasher::hash_one(
-            &seed,
-            (std::time::SystemTime::now(), std::process::id()),
-        );
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                backend,
-                prefix: self.prefix,
-                call_timeout: self.call_timeout,
-                scripts: Scripts::new(),
-                functions: functions::Mode::default(),
-                fixed_clock: self.fixed_clock,
-                permit_prefix,
-                permit_counter: AtomicU64::new(1),
-                pending_releases: Default::default(),
-                coalescer,
-            }),
-        })
-    }
-}
-
 /// The Lua source of the script that decides one request under `algorithm`,
 /// as the store sends it with `EVALSHA` where it cannot use Redis Functions
 /// (see [`function_library`]).
@@ -411,85 +214,6 @@ pub fn function_library() -> &'static str {
 /// (`FCALL <name> 2 <state key> <block key> <args...>`).
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
-}
-
-fn valid_prefix(prefix: &str) -> bool {
-    (1..=64).contains(&prefix.len())
-        && prefix
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-/// A Redis error as a [`StoreError`]: [`StoreError::Unavailable`] for an
-/// outage (see [`is_outage`]), [`StoreError::Backend`] for everything else.
-pub(crate) fn backend_error(e: RedisError) -> StoreError {
-    if is_outage(&e) {
-        StoreError::Unavailable(Box::new(e))
-    } else {
-        StoreError::Backend(Box::new(e))
-    }
-}
-
-/// Whether `e` means Redis could not be reached or could not serve the call
-/// now (so a failure policy may apply): a broken or refused connection, no
-/// node for the slot, a cluster that is down or resharding, a master that is
-/// down or was demoted during a failover, a server loading its data or busy
-/// running another script. Everything else (a script error, `NOPERM`, a
-/// failed authentication, a reply of the wrong type) is a mistake to fix,
-/// never an outage.
-fn is_outage(e: &RedisError) -> bool {
-    breaks_connection(e)
-        || matches!(
-            e.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                )
-        )
-        || matches!(e.code(), Some("BUSY" | "MASTERDOWN" | "LOADING"))
-}
-
-fn breaks_connection(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
-}
-
-fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// A script that met another algorithm's state under a policy's name fails
-/// with `RATELIMIT_CONFLICT <state key>` (see the prelude), or with Redis's
-/// `WRONGTYPE`, which names no key (so only a script over one state key says
-/// whose it is): [`StoreError::PolicyConflict`], as `MemoryStore` answers.
-/// `checks`: the script's state keys and their policies.
-fn policy_conflict<'a>(
-    error: StoreError,
-    checks: impl IntoIterator<Item = (&'a String, &'a Policy)>,
-) -> StoreError {
-    let StoreError::Backend(source) = &error else {
-        return error;
-    };
-    let Some(e) = source.downcast_ref::<RedisError>() else {
-        return error;
-    };
-    let named = match e.code() {
-        Some("RATELIMIT_CONFLICT") => e.detail().and_then(|d| d.split_whitespace().next()),
-        Some("WRONGTYPE") => None,
-        _ => return error,
-    };
-    let mut candidates = checks
-        .into_iter()
-        .filter(|(key, _)| named.is_none_or(|named| named == key.as_str()));
-    match (candidates.next(), candidates.next()) {
-        (Some((_, policy)), None) => StoreError::PolicyConflict {
-            policy: policy.name().to_owned(),
-        },
-        _ => error,
-    }
 }
 
 impl Inner {
@@ -645,69 +369,6 @@ impl Inner {
             .await
             .unwrap_or(Err(StoreError::Timeout(self.call_timeout)))
     }
-}
-
-enum Arg<'a> {
-    Int(u64),
-    Str(&'a str),
-    Owned(String),
-}
-
-/// The two numeric parameters each algorithm's script takes.
-fn parameters(algorithm: &Algorithm) -> (u64, u64) {
-    match algorithm {
-        Algorithm::FixedWindow(a) => (a.limit(), a.window_micros()),
-        Algorithm::SlidingWindowLog(a) => (a.limit(), a.window_micros()),
-        Algorithm::SlidingWindowCounter(a) => (a.limit(), a.window_micros()),
-        Algorithm::TokenBucket(a) => (a.capacity(), a.interval_micros()),
-        Algorithm::Gcra(a) => (a.burst(), a.interval_micros()),
-        Algorithm::LeakyBucket(a) => (a.capacity(), a.interval_micros()),
-        Algorithm::Concurrency(a) => (a.max(), a.lease_micros()),
-    }
-}
-
-fn protocol_error(what: &str, value: &Value) -> StoreError {
-    StoreError::Backend(format!("unexpected reply to {what}: {value:?}").into())
-}
-
-fn text(value: Option<&Value>) -> String {
-    match value {
-        Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-        Some(Value::SimpleString(s)) => s.clone(),
-        Some(Value::Int(n)) => n.to_string(),
-        _ => String::new(),
-    }
-}
-
-fn int(value: &Value) -> Option<u64> {
-    match value {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        _ => None,
-    }
-}
-
-/// `{allowed, limit, remaining, reset, retry, delay}` as a decision.
-fn decision_from(value: &Value, permit: PermitId, cost: u64) -> Result<Decision, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(protocol_error("a decision", value));
-    };
-    // Multi-limit replies carry two strings more (the state after and before).
-    let fields: Option<Vec<u64>> = items.iter().take(6).map(int).collect();
-    let Some([allowed, limit, remaining, reset, retry, delay]) =
-        fields.as_deref().and_then(|f| <[u64; 6]>::try_from(f).ok())
-    else {
-        return Err(protocol_error("a decision", value));
-    };
-    Ok(if allowed == 1 {
-        let decision = Decision::allow(limit, remaining, reset).with_delay_us(delay);
-        if permit.0 != 0 && cost > 0 {
-            decision.with_permit(permit)
-        } else {
-            decision
-        }
-    } else {
-        Decision::deny(limit, remaining, reset, retry)
-    })
 }
 
 impl RedisStore {
@@ -966,59 +627,6 @@ impl RedisStore {
             .await
             .map(|_| ())
     }
-}
-
-/// What a cross-slot denial reports for a limit whose peek failed: its own
-/// decision when its slot was decided (it allowed, and was refunded), without
-/// its permit; for a slot never reached, nothing known left (remaining 0,
-/// restored within the policy's window).
-#[cfg(feature = "redis-cluster")]
-fn unpeeked(policy: &Policy, decided: Option<&Decision>) -> Decision {
-    match decided {
-        Some(d) => Decision::allow(d.limit(), d.remaining(), d.reset_after_micros()),
-        None => Decision::allow(
-            parameters(policy.algorithm()).0,
-            0,
-            policy.algorithm().window_micros(),
-        ),
-    }
-}
-
-/// The decisions of a multi-limit check from its reply (`multi.lua`, or its
-/// entry in a batch's reply) and, per check, the state after and before its
-/// write when the reply has them (for refunds).
-fn group_from(
-    reply: &Value,
-    requests: &[(Policy, u64, PermitId)],
-) -> Result<(Vec<Decision>, Vec<StateChange>), StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(protocol_error("several decisions", reply));
-    };
-    if items.len() != requests.len() {
-        return Err(protocol_error("several decisions", reply));
-    }
-    let decisions: Vec<Decision> = items
-        .iter()
-        .zip(requests)
-        .map(|(item, (_, cost, permit))| decision_from(item, *permit, *cost))
-        .collect::<Result<_, _>>()?;
-    if !crate::store::all_allowed(&decisions) {
-        // Nothing was taken: the limits that would have allowed report a
-        // peek, which holds no permit.
-        let peeks = items
-            .iter()
-            .map(|item| decision_from(item, PermitId(0), 0))
-            .collect::<Result<_, _>>()?;
-        return Ok((peeks, Vec::new()));
-    }
-    let states = items
-        .iter()
-        .map(|item| match item {
-            Value::Array(fields) => (text(fields.get(6)), text(fields.get(7))),
-            _ => (String::new(), String::new()),
-        })
-        .collect();
-    Ok((decisions, states))
 }
 
 /// The state of a key after and before a write (for refunds).

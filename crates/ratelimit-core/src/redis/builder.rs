@@ -1,0 +1,216 @@
+//! [`RedisStoreBuilder`]: URLs, TLS, cluster, pool, timeouts, prefix,
+//! coalescing; `build` connects, loads the scripts and probes the ACL.
+
+use super::*;
+
+/// Configures a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    pub(super) urls: Vec<String>,
+    pub(super) cluster: bool,
+    pub(super) prefix: String,
+    pub(super) pool_size: u32,
+    pub(super) connect_timeout: Duration,
+    pub(super) call_timeout: Duration,
+    pub(super) max_batch: usize,
+    pub(super) fixed_clock: Option<Arc<dyn Clock>>,
+    #[cfg(feature = "tls")]
+    pub(super) root_cert: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("nodes", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key (default [`DEFAULT_PREFIX`]). Use one prefix per
+    /// application sharing a Redis.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many multiplexed connections to keep to a single node (default
+    /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
+    /// call, which pipelines its commands; calls take them in turn.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// The time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The time allowed for one decision, waiting for a pooled connection
+    /// included (default [`DEFAULT_CALL_TIMEOUT`]). Past it, the call fails with
+    /// [`StoreError::Timeout`] and the caller's failure policy applies.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The most work sent to Redis as one call, in units of one simple
+    /// decision (default [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0
+    /// counts as 1). A concurrency check weighs its `max` + 1 units (it reads
+    /// every permit held), a sliding-log check 8, any other check 1; a batch
+    /// always takes at least one request.
+    ///
+    /// A request goes out at once while fewer calls than the pool size are
+    /// in flight (per hash slot on a cluster); the requests that arrive while
+    /// that many are in flight are gathered, and each call that returns sends
+    /// up to `max_batch` units of them as one call of the batch function. No timer
+    /// and no added wait; each request keeps its own outcome, and the limits
+    /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
+    /// a batch as one script: the bound also bounds how long one call holds
+    /// Redis (the bound times a simple decision, or one costly request).
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
+    /// instead of the system's roots, as for a private CA. Single node only.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
+    /// **For tests only.** Makes the scripts use `clock` instead of the Redis
+    /// server's `TIME`, so a test can replay a timeline through both stores.
+    /// Keys then get an hour of extra TTL, since the timeline does not run in
+    /// real time. Production stores never set this.
+    pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
+        self.fixed_clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Builds the store. A single-node store connects lazily (Redis may be
+    /// down at start-up; calls then fail and the failure policy applies); a
+    /// cluster store reads the cluster's topology now.
+    pub async fn build(self) -> Result<RedisStore, StoreError> {
+        if !valid_prefix(&self.prefix) {
+            return Err(StoreError::Backend(
+                format!(
+                    "invalid key prefix {:?}: use 1 to 64 characters from [A-Za-z0-9._-]",
+                    self.prefix
+                )
+                .into(),
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.cluster && self.root_cert.is_some() {
+            return Err(StoreError::Backend(
+                "tls_root_cert is for a single node; a cluster uses the system's roots".into(),
+            ));
+        }
+        let backend = if self.cluster {
+            #[cfg(feature = "redis-cluster")]
+            {
+                #[cfg(feature = "tls")]
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = redis::cluster::ClusterClient::builder(self.urls.clone())
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.call_timeout)
+                    .build()
+                    .map_err(backend_error)?;
+                let connection = tokio::time::timeout(
+                    self.connect_timeout.saturating_mul(3),
+                    client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                .map_err(backend_error)?;
+                // The ACL probe, on the master of its key's slot (the
+                // cluster client reconnects on its own, unprobed).
+                let probe = AclProbe::new(&self.prefix);
+                tokio::time::timeout(self.connect_timeout, probe.run(&mut connection.clone()))
+                    .await
+                    .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                    .map_err(backend_error)?;
+                Backend::Cluster(connection)
+            }
+            #[cfg(not(feature = "redis-cluster"))]
+            {
+                return Err(StoreError::Backend(
+                    "Redis Cluster needs the `redis-cluster` feature".into(),
+                ));
+            }
+        } else {
+            let url = self.urls.first().cloned().unwrap_or_default();
+            #[cfg(feature = "tls")]
+            let client = {
+                // redis-rs uses the process's default rustls provider.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                match self.root_cert.clone() {
+                    Some(root_cert) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root_cert),
+                        },
+                    ),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(backend_error)?
+            };
+            #[cfg(not(feature = "tls"))]
+            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                // The store times each call itself (see `run_on_node`).
+                .set_response_timeout(None);
+            Backend::Node(Box::new(Connections::new(
+                client,
+                config,
+                self.pool_size,
+                AclProbe::new(&self.prefix),
+            )))
+        };
+        let coalescer = (self.max_batch > 1).then(|| {
+            Coalescer::new(
+                self.max_batch,
+                usize::try_from(self.pool_size).unwrap_or(usize::MAX),
+            )
+        });
+        let seed = std::collections::hash_map::RandomState::new();
+        let permit_prefix = std::hash::BuildHasher::hash_one(
+            &seed,
+            (std::time::SystemTime::now(), std::process::id()),
+        );
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                prefix: self.prefix,
+                call_timeout: self.call_timeout,
+                scripts: Scripts::new(),
+                functions: functions::Mode::default(),
+                fixed_clock: self.fixed_clock,
+                permit_prefix,
+                permit_counter: AtomicU64::new(1),
+                pending_releases: Default::default(),
+                coalescer,
+            }),
+        })
+    }
+}
+
+pub(super) fn valid_prefix(prefix: &str) -> bool {
+    (1..=64).contains(&prefix.len())
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
