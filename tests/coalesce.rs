@@ -45,21 +45,13 @@ async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
     .await
 }
 
-/// Small policies of every algorithm, each under its own name.
-fn small_policies() -> Vec<Policy> {
-    vec![
-        Policy::fixed_window(5, ms(100)).unwrap(),
-        Policy::sliding_window_log(5, ms(100)).unwrap(),
-        Policy::sliding_window_counter(7, ms(100)).unwrap(),
-        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
-        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
-        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
-        Policy::concurrency(3, ms(100)).unwrap(),
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, p)| p.with_name(format!("batch-{i}")).unwrap())
-    .collect()
+/// The shared small policies of every algorithm, each under its own name.
+fn batch_policies() -> Vec<Policy> {
+    ratelimit_tests::small_policies()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| p.with_name(format!("batch-{i}")).unwrap())
+        .collect()
 }
 
 /// One request of a timeline: a single check, or two limits at once.
@@ -145,7 +137,7 @@ async fn replay_in_order(server: &RedisServer, rounds: u64) {
         .pool_size(1)
         .max_batch(1000);
     let (memory, redis) = twin_stores(builder, &clock).await;
-    let policies = small_policies();
+    let policies = batch_policies();
     let mut rng = Rng(7);
     for round in 0..rounds {
         clock.advance(Duration::from_micros(rng.below(40_000)));

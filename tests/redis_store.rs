@@ -11,23 +11,12 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable, twin_stores};
+use ratelimit_tests::{
+    RedisCluster, RedisServer, long_policies, observable, small_policies, twin_stores,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Small policies of every algorithm, so timelines hit every branch.
-fn small_policies() -> Vec<Policy> {
-    vec![
-        Policy::fixed_window(5, ms(100)).unwrap(),
-        Policy::sliding_window_log(5, ms(100)).unwrap(),
-        Policy::sliding_window_counter(7, ms(100)).unwrap(),
-        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
-        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
-        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
-        Policy::concurrency(3, ms(100)).unwrap(),
-    ]
 }
 
 fn same_outcome(

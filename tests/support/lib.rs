@@ -41,6 +41,21 @@ pub async fn twin_stores(
     (memory, redis)
 }
 
+/// Small policies of every algorithm (100 ms windows, limits of 3 to 7), so
+/// random timelines reach every branch of every algorithm.
+pub fn small_policies() -> Vec<Policy> {
+    let ms = Duration::from_millis;
+    vec![
+        Policy::fixed_window(5, ms(100)).unwrap(),
+        Policy::sliding_window_log(5, ms(100)).unwrap(),
+        Policy::sliding_window_counter(7, ms(100)).unwrap(),
+        Policy::token_bucket(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::gcra(4, Rate::new(3, ms(100))).unwrap(),
+        Policy::leaky_bucket(3, Rate::new(10, ms(100))).unwrap(),
+        Policy::concurrency(3, ms(100)).unwrap(),
+    ]
+}
+
 /// Every algorithm with long windows: nothing refills while a test runs.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
     let hour = Duration::from_secs(3600);
