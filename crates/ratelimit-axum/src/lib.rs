@@ -20,6 +20,7 @@
 //! | `redis` | `RedisStore`: one limit shared by every instance |
 //! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
 //! | `tls` | `rediss://` URLs |
+//! | `bb8` | `RedisStore::bb8_builder`, on the application's own `bb8` pool |
 //! | `metrics` | decisions counted through the `metrics` facade |
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
 //!

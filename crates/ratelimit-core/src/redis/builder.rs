@@ -16,6 +16,8 @@ pub struct RedisStoreBuilder {
     pub(super) fixed_clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
+    #[cfg(feature = "bb8")]
+    pub(super) pool: Option<bb8::Pool<bb8_redis::RedisConnectionManager>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -28,6 +30,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("max_batch", &self.max_batch)
+            .field("bb8_pool", &self.has_pool())
             .finish_non_exhaustive()
     }
 }
@@ -101,7 +104,7 @@ impl RedisStoreBuilder {
     /// Builds the store. A single-node store connects lazily (Redis may be
     /// down at start-up; calls then fail and the failure policy applies); a
     /// cluster store reads the cluster's topology now.
-    pub async fn build(self) -> Result<RedisStore, StoreError> {
+    pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         if !valid_prefix(&self.prefix) {
             return Err(StoreError::Backend(
                 format!(
@@ -117,7 +120,9 @@ impl RedisStoreBuilder {
                 "tls_root_cert is for a single node; a cluster uses the system's roots".into(),
             ));
         }
-        let backend = if self.cluster {
+        let backend = if let Some(pooled) = self.pooled()? {
+            pooled
+        } else if self.cluster {
             #[cfg(feature = "redis-cluster")]
             {
                 #[cfg(feature = "tls")]
@@ -173,19 +178,19 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(self.connect_timeout))
                 // The store times each call itself (see `run_on_node`).
                 .set_response_timeout(None);
-            Backend::Node(Box::new(Connections::new(
+            Backend::Node(Box::new(Node::Own(Connections::new(
                 client,
                 config,
                 self.pool_size,
                 AclProbe::new(&self.prefix),
-            )))
+            ))))
         };
-        let coalescer = (self.max_batch > 1).then(|| {
-            Coalescer::new(
-                self.max_batch,
-                usize::try_from(self.pool_size).unwrap_or(usize::MAX),
-            )
-        });
+        let in_flight = match &backend {
+            Backend::Node(node) => node.size(),
+            #[cfg(feature = "redis-cluster")]
+            Backend::Cluster(_) => usize::try_from(self.pool_size).unwrap_or(usize::MAX),
+        };
+        let coalescer = (self.max_batch > 1).then(|| Coalescer::new(self.max_batch, in_flight));
         let seed = std::collections::hash_map::RandomState::new();
         let permit_prefix = std::hash::BuildHasher::hash_one(
             &seed,
@@ -205,6 +210,41 @@ impl RedisStoreBuilder {
                 coalescer,
             }),
         })
+    }
+}
+
+impl RedisStoreBuilder {
+    fn has_pool(&self) -> bool {
+        #[cfg(feature = "bb8")]
+        return self.pool.is_some();
+        #[cfg(not(feature = "bb8"))]
+        false
+    }
+
+    /// The backend on the application's bb8 pool, if it gave one.
+    #[cfg(feature = "bb8")]
+    fn pooled(&mut self) -> Result<Option<Backend>, StoreError> {
+        let Some(pool) = self.pool.take() else {
+            return Ok(None);
+        };
+        #[cfg(feature = "tls")]
+        if self.root_cert.is_some() {
+            return Err(StoreError::Backend(
+                "tls_root_cert is for the store's own connections; a bb8 pool connects \
+                 as its RedisConnectionManager says"
+                    .into(),
+            ));
+        }
+        let probe = AclProbe::new(&self.prefix);
+        Ok(Some(Backend::Node(Box::new(Node::Pool(pool::Bb8::new(
+            pool, probe,
+        ))))))
+    }
+
+    #[cfg(not(feature = "bb8"))]
+    #[allow(clippy::unnecessary_wraps)]
+    fn pooled(&mut self) -> Result<Option<Backend>, StoreError> {
+        Ok(None)
     }
 }
 

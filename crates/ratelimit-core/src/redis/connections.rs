@@ -95,3 +95,77 @@ impl Connections {
         }
     }
 }
+
+/// Where a single-node store takes its connections: its own few multiplexed
+/// connections (the default), or the application's `bb8` pool (feature
+/// `bb8`, see `pool`).
+pub(super) enum Node {
+    Own(Connections),
+    #[cfg(feature = "bb8")]
+    Pool(super::pool::Bb8),
+}
+
+/// A connection taken for one command, and how to give it back.
+pub(super) struct Checkout {
+    /// The connection to send the command on.
+    pub(super) connection: MultiplexedConnection,
+    lease: Lease,
+}
+
+enum Lease {
+    /// The connection of `slot`, whose id is `id`.
+    Own { slot: usize, id: u64 },
+    /// A connection of the pool, in use until dropped (then back in the pool).
+    #[cfg(feature = "bb8")]
+    Pool(#[allow(dead_code)] super::pool::Pooled),
+}
+
+impl Node {
+    /// How many connections the store uses at once: a call tries that many
+    /// (plus one), and the coalescer keeps that many calls in flight.
+    pub(super) fn size(&self) -> usize {
+        match self {
+            Node::Own(connections) => connections.size(),
+            #[cfg(feature = "bb8")]
+            Node::Pool(pool) => pool.size(),
+        }
+    }
+
+    /// A connection for one command, probed if it is new (see [`AclProbe`]).
+    pub(super) async fn checkout(&self) -> Result<Checkout, crate::StoreError> {
+        match self {
+            Node::Own(connections) => {
+                let slot = connections.next_slot();
+                let (id, connection) = connections
+                    .get(slot)
+                    .await
+                    .map_err(super::backend_error)?;
+                Ok(Checkout {
+                    connection,
+                    lease: Lease::Own { slot, id },
+                })
+            }
+            #[cfg(feature = "bb8")]
+            Node::Pool(pool) => {
+                let pooled = pool.checkout().await?;
+                Ok(Checkout {
+                    connection: (*pooled).clone(),
+                    lease: Lease::Pool(pooled),
+                })
+            }
+        }
+    }
+
+    /// Gives up `checkout`, whose connection failed or stalled. The store's
+    /// own connection is dropped, and replaced by the next call on its slot.
+    /// bb8 offers no way to drop a pooled connection: it goes back to the
+    /// pool, whose test on checkout (bb8's `test_on_check_out`, on by
+    /// default) drops it if it is dead.
+    pub(super) fn discard(&self, checkout: Checkout) {
+        match (self, checkout.lease) {
+            (Node::Own(connections), Lease::Own { slot, id }) => connections.discard(slot, id),
+            #[cfg(feature = "bb8")]
+            _ => {}
+        }
+    }
+}

@@ -33,10 +33,19 @@ mod coalesce;
 mod connections;
 mod errors;
 mod functions;
+#[cfg(feature = "bb8")]
+mod pool;
 mod replies;
 mod scripts;
 mod unclaimed;
 
+/// The bb8 pool (feature `bb8`), of the version [`RedisStore::bb8_builder`] takes.
+#[cfg(feature = "bb8")]
+pub use bb8;
+/// bb8's Redis connection manager (feature `bb8`), of the version
+/// [`RedisStore::bb8_builder`] takes.
+#[cfg(feature = "bb8")]
+pub use bb8_redis;
 pub use builder::RedisStoreBuilder;
 pub(crate) use errors::backend_error;
 use errors::*;
@@ -44,7 +53,7 @@ use replies::*;
 
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
-use connections::Connections;
+use connections::{Connections, Node};
 use scripts::{AclProbe, Scripts};
 use unclaimed::{SentOn, Unclaimed, Via};
 
@@ -100,7 +109,7 @@ struct Inner {
 }
 
 enum Backend {
-    Node(Box<Connections>),
+    Node(Box<Node>),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
@@ -108,7 +117,11 @@ enum Backend {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let backend = match &self.inner.backend {
-            Backend::Node(_) => "single node",
+            Backend::Node(node) => match **node {
+                Node::Own(_) => "single node",
+                #[cfg(feature = "bb8")]
+                Node::Pool(_) => "single node, bb8 pool",
+            },
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(_) => "cluster",
         };
@@ -136,7 +149,44 @@ impl RedisStore {
             fixed_clock: None,
             #[cfg(feature = "tls")]
             root_cert: None,
+            #[cfg(feature = "bb8")]
+            pool: None,
         }
+    }
+
+    /// Configures a store that decides on the connections of `pool`, an
+    /// application's own bb8 pool of one Redis node, instead of opening its
+    /// own (feature `bb8`). The pool's `max_size` takes the place of
+    /// [`pool_size`](RedisStoreBuilder::pool_size), and its manager's URL and
+    /// bb8's `connection_timeout` the places of the URL and of
+    /// [`connect_timeout`](RedisStoreBuilder::connect_timeout); the call
+    /// timeout still bounds every call, the wait for a pooled connection
+    /// included, so a pool that gives none in time is an outage (the failure
+    /// policy applies).
+    ///
+    /// The store's own multiplexed connections are the default, and faster
+    /// (see `BENCHMARKS.md`). Keep bb8's `test_on_check_out` on (its
+    /// default): `RedisConnectionManager` never reports a broken connection
+    /// otherwise, and a pool keeps handing out a connection that died with a
+    /// Redis restart.
+    ///
+    /// ```no_run
+    /// use ratelimit_core::redis::{RedisStore, bb8, bb8_redis::RedisConnectionManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = RedisConnectionManager::new("redis://127.0.0.1:6379/0")?;
+    /// let pool = bb8::Pool::builder().max_size(16).build(manager).await?;
+    /// let store = RedisStore::bb8_builder(pool.clone()).build().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "bb8")]
+    pub fn bb8_builder(pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> RedisStoreBuilder {
+        let mut builder = RedisStore::builder(String::new());
+        builder.urls = Vec::new();
+        builder.pool = Some(pool);
+        builder
     }
 
     /// Configures a store on a Redis Cluster reached through `urls` (any of its nodes).
@@ -249,11 +299,11 @@ impl Inner {
         }
     }
 
-    /// Runs `cmd` on one of the pooled connections; `sent_on`, when given,
+    /// Runs `cmd` on one of the node's connections; `sent_on`, when given,
     /// records the connection it was sent on.
     async fn run_on_node(
         &self,
-        connections: &Connections,
+        node: &Node,
         cmd: &redis::Cmd,
         sent_on: Option<&SentOn>,
     ) -> Result<Value, StoreError> {
@@ -262,28 +312,27 @@ impl Inner {
         // A connection may have died with a Redis restart or failover: each
         // one that fails is dropped and the call is retried on the next, up
         // to once per connection plus a fresh one, within the same timeout.
-        let attempts = connections.size() + 1;
+        let attempts = node.size() + 1;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let slot = connections.next_slot();
-            let Ok(got) = tokio::time::timeout_at(deadline, connections.get(slot)).await else {
+            let Ok(checkout) = tokio::time::timeout_at(deadline, node.checkout()).await else {
                 return Err(timeout);
             };
-            let (id, mut connection) = got.map_err(backend_error)?;
+            let mut checkout = checkout?;
             if let Some(sent_on) = sent_on {
-                sent_on.record(&connection);
+                sent_on.record(&checkout.connection);
             }
             let Ok(result) =
-                tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await
+                tokio::time::timeout_at(deadline, cmd.query_async(&mut checkout.connection)).await
             else {
                 // A stalled connection is replaced; the command may have run,
                 // so it is never resent.
-                connections.discard(slot, id);
+                node.discard(checkout);
                 return Err(timeout);
             };
             if result.as_ref().is_err_and(breaks_connection) {
-                connections.discard(slot, id);
+                node.discard(checkout);
             }
             match result {
                 // A timed-out command may have run: never resend it.
