@@ -12,7 +12,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{
-    RedisCluster, RedisServer, long_policies, observable, small_policies, twin_stores,
+    RedisCluster, RedisServer, admit_exactly_the_limit, long_policies, observable, small_policies,
+    twin_stores,
 };
 
 fn ms(n: u64) -> Duration {
@@ -122,34 +123,7 @@ async fn sixty_four_tasks_admit_exactly_the_limit() {
         .build()
         .await
         .unwrap();
-    hammer(&store, "hot").await;
-}
-
-async fn hammer(store: &RedisStore, key: &'static str) {
-    const LIMIT: u64 = 100;
-    for policy in long_policies(LIMIT) {
-        let admitted = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for _ in 0..64 {
-            let (store, policy, admitted) = (store.clone(), policy.clone(), admitted.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..4 {
-                    if store
-                        .check(key.as_bytes(), &policy, 1)
-                        .await
-                        .unwrap()
-                        .is_allowed()
-                    {
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-        assert_eq!(admitted.load(Ordering::Relaxed), LIMIT, "{}", policy.name());
-    }
+    admit_exactly_the_limit(&store, "hot").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -160,7 +134,7 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
         .build()
         .await
         .unwrap();
-    hammer(&store, "hot-on-cluster").await;
+    admit_exactly_the_limit(&store, "hot-on-cluster").await;
 
     // Per second and per day of one user share the user's hash tag: all or nothing.
     let per_second = Policy::fixed_window(3, Duration::from_secs(3600))

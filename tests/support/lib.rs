@@ -6,6 +6,8 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod examples;
@@ -23,7 +25,7 @@ pub use redis_server::{RedisCluster, RedisServer};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Decision, MemoryStore, Policy, Rate};
+use ratelimit_core::{Decision, MemoryStore, Policy, Rate, Store};
 
 /// A `MemoryStore` and the `RedisStore` `redis` builds, both on `clock` (the
 /// scripts take their time from it), to replay one timeline through both.
@@ -69,6 +71,35 @@ pub fn long_policies(limit: u64) -> Vec<Policy> {
         Policy::leaky_bucket(limit, slow).expect("valid"),
         Policy::concurrency(limit, hour).expect("valid"),
     ]
+}
+
+/// 64 tasks check `key` 4 times each under every policy of
+/// [`long_policies`] with a limit of 100: exactly 100 pass under each.
+pub async fn admit_exactly_the_limit(store: &RedisStore, key: &'static str) {
+    const LIMIT: u64 = 100;
+    for policy in long_policies(LIMIT) {
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (store, policy, admitted) = (store.clone(), policy.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    if store
+                        .check(key.as_bytes(), &policy, 1)
+                        .await
+                        .unwrap()
+                        .is_allowed()
+                    {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), LIMIT, "{}", policy.name());
+    }
 }
 
 /// What [`observable`] keeps of a decision.

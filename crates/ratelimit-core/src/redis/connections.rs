@@ -117,7 +117,7 @@ enum Lease {
     Own { slot: usize, id: u64 },
     /// A connection of the pool, in use until dropped (then back in the pool).
     #[cfg(feature = "bb8")]
-    Pool(#[allow(dead_code)] super::pool::Pooled),
+    Pool(super::pool::Pooled),
 }
 
 impl Node {
@@ -156,14 +156,14 @@ impl Node {
         }
     }
 
-    /// Gives up `checkout`, whose connection failed or stalled. The store's
-    /// own connection is dropped, and replaced by the next call on its slot.
-    /// bb8 offers no way to drop a pooled connection: it goes back to the
-    /// pool, whose test on checkout (bb8's `test_on_check_out`, on by
-    /// default) drops it if it is dead.
+    /// Gives up `checkout`, whose connection failed or stalled: the store's
+    /// own connection is dropped, and replaced by the next call on its slot;
+    /// a pooled one is replaced in the pool (see `pool`).
     pub(super) fn discard(&self, checkout: Checkout) {
         match (self, checkout.lease) {
             (Node::Own(connections), Lease::Own { slot, id }) => connections.discard(slot, id),
+            #[cfg(feature = "bb8")]
+            (Node::Pool(pool), Lease::Pool(pooled)) => pool.replace(pooled),
             #[cfg(feature = "bb8")]
             _ => {}
         }

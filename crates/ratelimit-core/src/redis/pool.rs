@@ -8,6 +8,13 @@
 //! it), and records it for the release of an unclaimed permit (see
 //! `unclaimed`), which then goes on that connection outside the pool.
 //!
+//! A connection that stalled or broke is replaced in the pool, as the store
+//! replaces its own: bb8 has no way to drop one connection, so the store
+//! keeps it checked out while it opens a fresh one by the pool's manager
+//! (`Pool::dedicated_connection`), puts the fresh one in its place, and
+//! gives it back. Otherwise the next call would wait behind a stalled reply,
+//! and with `test_on_check_out` off a dead connection would stay in the pool.
+//!
 //! The ACL probe: the store does not open the pool's connections, so it
 //! cannot probe each as it opens. Every connection of one pool logs in
 //! through one manager, as one user; the store probes the connection it
@@ -15,6 +22,7 @@
 //! passed (bb8's `connections_created`), and fails the call as on its own
 //! connections when the probe fails.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bb8_redis::RedisConnectionManager;
@@ -30,8 +38,9 @@ pub(super) type Pooled = bb8::PooledConnection<'static, RedisConnectionManager>;
 pub(super) struct Bb8 {
     pool: bb8::Pool<RedisConnectionManager>,
     probe: AclProbe,
-    /// The pool's `connections_created` when the probe last passed.
-    probed: AtomicU64,
+    /// The pool's `connections_created` when the probe last passed (0 after
+    /// a replacement, so the next call probes).
+    probed: Arc<AtomicU64>,
     /// The pool's `max_size`.
     size: usize,
 }
@@ -42,7 +51,7 @@ impl Bb8 {
         Bb8 {
             pool,
             probe,
-            probed: AtomicU64::new(0),
+            probed: Arc::default(),
             size,
         }
     }
@@ -69,5 +78,26 @@ impl Bb8 {
             self.probed.fetch_max(created, Ordering::AcqRel);
         }
         Ok(pooled)
+    }
+
+    /// Replaces the connection of `pooled` in the pool by a fresh one, in
+    /// the background (see the module's documentation). Outside a tokio
+    /// runtime, or when no fresh connection opens within bb8's
+    /// `connection_timeout`, `pooled` goes back as it is.
+    pub(super) fn replace(&self, mut pooled: Pooled) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let probed = Arc::clone(&self.probed);
+        runtime.spawn(async move {
+            let connect = pool.dedicated_connection();
+            let limit = pool.config().connection_timeout;
+            if let Ok(Ok(fresh)) = tokio::time::timeout(limit, connect).await {
+                *pooled = fresh;
+                probed.store(0, Ordering::Release);
+            }
+            drop(pooled);
+        });
     }
 }

@@ -1,0 +1,197 @@
+//! `RedisStore` on an application's own bb8 pool (feature `bb8`), against
+//! real Redis servers: exact decisions with and without coalescing,
+//! `check_all` all or nothing, permits released (by the caller, and by the
+//! store when its reply timed out), and a stopped Redis as an outage that
+//! the layer's failure policy answers. The ACL probe on the pool's
+//! connections is in `redis_acl.rs`.
+
+use std::time::{Duration, Instant};
+
+use http::{Request, StatusCode};
+use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
+use ratelimit_core::redis::{RedisStore, bb8};
+use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fault_proxy::FaultProxy;
+use ratelimit_tests::fixtures::{answer, ok_service};
+use ratelimit_tests::{RedisServer, admit_exactly_the_limit};
+use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
+use tower::Layer;
+
+type Pool = bb8::Pool<RedisConnectionManager>;
+
+/// A pool of at most `max_size` connections to `url`, opened lazily.
+fn pool(url: &str, max_size: u32) -> Pool {
+    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+    bb8::Pool::builder()
+        .max_size(max_size)
+        .connection_timeout(Duration::from_secs(5))
+        .build_unchecked(manager)
+}
+
+async fn store_on(pool: &Pool, call_timeout: Duration) -> RedisStore {
+    RedisStore::bb8_builder(pool.clone())
+        .call_timeout(call_timeout)
+        .build()
+        .await
+        .expect("a store on a bb8 pool")
+}
+
+/// 64 tasks over a pool of 8 hammer one key: exactly the limit passes for
+/// every algorithm, coalesced (the default) and one call per decision, and
+/// every call went through the application's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
+    let server = RedisServer::start();
+    let pool = pool(&server.url(), 8);
+    let coalesced = store_on(&pool, Duration::from_secs(5)).await;
+    admit_exactly_the_limit(&coalesced, "coalesced").await;
+    let taken = pool.state().statistics.get_started;
+    assert!(taken > 0, "the store took no connection from the pool");
+
+    let single = RedisStore::bb8_builder(pool.clone())
+        .max_batch(1)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    admit_exactly_the_limit(&single, "single").await;
+    assert_eq!(single.coalescing().requests, 0);
+    // One decision at least per admitted request (7 policies x 100).
+    let after = pool.state().statistics.get_started;
+    assert!(after - taken >= 700, "{} checkouts", after - taken);
+    assert!(pool.state().connections <= 8);
+}
+
+#[tokio::test]
+async fn several_limits_through_the_pool_are_all_or_nothing() {
+    let server = RedisServer::start();
+    let store = store_on(&pool(&server.url(), 2), Duration::from_secs(5)).await;
+    let hour = Duration::from_secs(3600);
+    let per_key = Policy::fixed_window(3, hour)
+        .unwrap()
+        .with_name("per-key")
+        .unwrap();
+    let global = Policy::gcra(2, Rate::per_hour(1))
+        .unwrap()
+        .with_name("global")
+        .unwrap();
+    let checks = [Check::new(b"a", &per_key, 1), Check::new(b"g", &global, 1)];
+    for (round, allowed, per_key_left) in [(0, true, 2), (1, true, 1), (2, false, 1)] {
+        let decisions = store.check_all(&checks).await.unwrap();
+        assert_eq!(
+            decisions.iter().all(|d| d.is_allowed()),
+            allowed,
+            "round {round}: {decisions:?}"
+        );
+        assert_eq!(decisions[0].remaining(), per_key_left, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn a_permit_is_released_through_the_pool() {
+    let server = RedisServer::start();
+    let store = store_on(&pool(&server.url(), 2), Duration::from_secs(5)).await;
+    let policy = Policy::concurrency(2, Duration::from_secs(3600)).unwrap();
+    let a = store.check(b"job", &policy, 1).await.unwrap();
+    let b = store.check(b"job", &policy, 1).await.unwrap();
+    assert!(a.is_allowed() && b.is_allowed());
+    assert!(!store.check(b"job", &policy, 1).await.unwrap().is_allowed());
+    store
+        .release(b"job", &policy, a.permit().unwrap())
+        .await
+        .unwrap();
+    assert!(store.check(b"job", &policy, 1).await.unwrap().is_allowed());
+}
+
+/// A check whose reply comes after its timeout took its permit in Redis:
+/// the store releases it, on the pooled connection the check was sent on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_reply_timed_out_is_released_through_the_pool() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = store_on(&pool(&proxy.redis_url(), 1), Duration::from_millis(100)).await;
+    let policy = Policy::concurrency(5, Duration::from_secs(3600)).unwrap();
+    let key = store.state_key(b"slow", &policy);
+    // Connects, probes and loads the function, so the check below is one call.
+    store.check(b"slow", &policy, 0).await.unwrap();
+    proxy.set_latency(Duration::from_millis(400));
+    let sent = Instant::now();
+    let result = store.check(b"slow", &policy, 1).await;
+    assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+    proxy.set_latency(Duration::ZERO);
+    // The lease is an hour: only a release frees the permit this soon.
+    let started = Instant::now();
+    let mut held = server.cli(&["ZCARD", &key]);
+    while held != "0" && started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held = server.cli(&["ZCARD", &key]);
+    }
+    assert_eq!(held, "0", "the permit is still held");
+    // The proxy delivers what it held (the fresh connection that replaced
+    // the stalled one may have answered meanwhile, 400 ms late).
+    tokio::time::sleep_until((sent + Duration::from_millis(500)).into()).await;
+    let peek = store.check(b"slow", &policy, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 5, "{peek:?}");
+}
+
+/// Redis restarts: the pooled connection dies with it, and is replaced in the
+/// pool by the store, even with bb8's test on checkout off (with which bb8
+/// itself would hand out the dead connection for ever).
+#[tokio::test]
+async fn a_dead_pooled_connection_is_replaced_without_failed_requests() {
+    let mut server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).unwrap();
+    let pool = bb8::Pool::builder()
+        .max_size(1)
+        .test_on_check_out(false)
+        .build_unchecked(manager);
+    let store = store_on(&pool, Duration::from_secs(2)).await;
+    let policy = Policy::gcra(10, Rate::per_hour(1)).unwrap();
+    store.check(b"k", &policy, 1).await.unwrap();
+    server.restart();
+    for i in 0..4 {
+        let d = store
+            .check(b"k", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        // The restart lost the data (no persistence): a fresh key.
+        assert_eq!(d.remaining(), 9 - i, "call {i}");
+    }
+}
+
+/// Redis stops: the pool gives no connection, each call fails as an outage
+/// within the call timeout, and the layer answers by its failure policy.
+#[tokio::test]
+async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
+    let mut server = RedisServer::start();
+    let call_timeout = Duration::from_millis(300);
+    let store = store_on(&pool(&server.url(), 2), call_timeout).await;
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    server.stop();
+
+    let started = Instant::now();
+    let error = store.check(b"k", &policy, 1).await.unwrap_err();
+    assert!(error.is_outage(), "{error:?}");
+    assert!(
+        started.elapsed() < call_timeout * 2,
+        "took {:?}",
+        started.elapsed()
+    );
+
+    for (failure, status, counted) in [
+        (FailurePolicy::Open, StatusCode::OK, (1, 0)),
+        (FailurePolicy::Closed, StatusCode::SERVICE_UNAVAILABLE, (0, 1)),
+    ] {
+        let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+            .on_failure(failure.clone());
+        let response = answer(layer.layer(ok_service()), Request::new(String::new())).await;
+        assert_eq!(response.status, status, "{failure:?}: {}", response.body);
+        let stats = layer.stats();
+        assert_eq!(
+            (stats.failed_open(), stats.failed_closed()),
+            counted,
+            "{failure:?}"
+        );
+    }
+}
