@@ -16,7 +16,8 @@
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use ratelimit_core::redis::RedisStore;
+use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
+use ratelimit_core::redis::{RedisStore, bb8};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::{RedisCluster, RedisServer};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
@@ -607,4 +608,67 @@ async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
         remaining.push(peek.remaining());
     }
     remaining
+}
+
+/// A store on a bb8 pool of `url`'s connections (feature `bb8`).
+async fn store_on_pool(url: String) -> RedisStore {
+    let manager = RedisConnectionManager::new(url).expect("a valid URL");
+    let pool = bb8::Pool::builder()
+        .max_size(2)
+        .connection_timeout(Duration::from_secs(5))
+        .build_unchecked(manager);
+    RedisStore::bb8_builder(pool)
+        .call_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("a store on a bb8 pool")
+}
+
+/// The documented ACL is enough on the application's bb8 pool too, the
+/// `NOSCRIPT` reload included.
+#[tokio::test]
+async fn the_documented_acl_runs_every_operation_through_a_bb8_pool() {
+    let server = server();
+    set_user(&server, "limiter", COMMANDS);
+    let store = store_on_pool(url(&server, "limiter", 0)).await;
+    assert_all_ok(&exercise(&store, "cold").await, "bb8, cold script cache");
+    assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
+    assert_all_ok(&exercise(&store, "flushed").await, "bb8, after the flushes");
+    assert_eq!(
+        denied(&admin(&server, &["ACL", "LOG"])),
+        Vec::<String>::new()
+    );
+}
+
+/// The ACL probe runs on the pool's connections: a user lacking a write
+/// command is refused before any script (even a peek, which writes
+/// nothing), as a mistake and not an outage; fixed, the next call probes
+/// again and passes; and a connection the pool opens later is probed again.
+#[tokio::test]
+async fn the_acl_probe_refuses_a_tight_user_on_a_bb8_pool() {
+    let server = server();
+    let lacking = |missing: &str| -> Vec<&str> {
+        COMMANDS.iter().copied().filter(|c| *c != missing).collect()
+    };
+    set_user(&server, "limiter", &lacking("set"));
+    let store = store_on_pool(url(&server, "limiter", 0)).await;
+    let policy = Policy::gcra(2, Rate::per_hour(1)).unwrap();
+    let peek = store.check(b"k", &policy, 0).await.unwrap_err();
+    assert!(
+        matches!(peek, StoreError::Backend(_)) && !peek.is_outage(),
+        "{peek:?}"
+    );
+    assert!(peek.to_string().contains("needs set"), "{peek}");
+    assert_eq!(admin(&server, &["--scan"]), "", "a key was written");
+
+    set_user(&server, "limiter", COMMANDS);
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+    // The user loses `zadd`, and its connections drop: the pool opens a new
+    // one, which the store probes before using it.
+    set_user(&server, "limiter", &lacking("zadd"));
+    assert_ne!(admin(&server, &["CLIENT", "KILL", "USER", "limiter"]), "0");
+    let peek = store.check(b"k", &policy, 0).await.unwrap_err();
+    assert!(peek.to_string().contains("needs zadd"), "{peek}");
 }
