@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- --store <memory|redis> [--redis URL] [--cluster] \
-//!     --algorithm <name> --keys <N> --concurrency <C> --requests <R> [--limit L] [--window D]
+//!     [--pool <own|bb8>] --algorithm <name> --keys <N> --concurrency <C> --requests <R> \
+//!     [--limit L] [--window D]
 //! {"store":"memory","algorithm":"gcra","keys":100000,"concurrency":64,"decisions":1000000,
 //!  "allowed":..,"denied":..,"secs":..,"per_sec":..,"p50_us":..,"p99_us":..,
-//!  "max_batch":..,"mean_batch":..}
+//!  "max_batch":..,"mean_batch":..,"pool":"own"}
 //! ```
 //!
 //! `C` tasks share `R` decisions; each draws its key uniformly from `N` keys
@@ -17,6 +18,8 @@
 //! with `--connections` multiplexed connections (default 4) and batches of
 //! at most `--max-batch` requests (default 64, 1: no coalescing);
 //! `mean_batch` is the mean number of requests per call (0 for memory).
+//! `--pool bb8` decides on a `bb8` pool of `--connections` connections
+//! instead, as an application hands its own pool to the store (one node).
 //!
 //! With Redis, `--denied-cache` answers known denials locally
 //! ([`DeniedCache`]) and `--lease B` also leases hot keys' budget in batches
@@ -36,7 +39,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ratelimit_core::AlgorithmKind;
-use ratelimit_core::redis::RedisStore;
+use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
+use ratelimit_core::redis::{RedisStore, bb8};
 use ratelimit_core::{Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Store, StoreError};
 use ratelimit_examples::{
     algorithm_parser, exit_with_flag_error, nonzero_duration, policy_for, redis_url,
@@ -59,6 +63,15 @@ impl AnyStore {
             AnyStore::Leased(s) => s.check(key, policy, 1).await,
         }
     }
+}
+
+/// `--pool`: whose connections a single-node `RedisStore` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PoolKind {
+    /// The store's own multiplexed connections (the default).
+    Own,
+    /// A `bb8` pool, as an application would hand it to the store.
+    Bb8,
 }
 
 /// `--store`.
@@ -93,6 +106,10 @@ struct Args {
     /// Multiplexed connections to Redis.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     connections: u32,
+    /// Whose connections: the store's own, or a bb8 pool of --connections
+    /// (one node).
+    #[arg(long, value_enum, default_value = "own", conflicts_with = "cluster")]
+    pool: PoolKind,
     /// The most requests coalesced into one Redis call (1: none).
     #[arg(long, value_name = "N", default_value_t = ratelimit_core::redis::DEFAULT_MAX_BATCH,
           value_parser = positive_usize)]
@@ -187,6 +204,19 @@ async fn main() {
         StoreKind::Redis => {
             let builder = if args.cluster {
                 RedisStore::cluster_builder(args.redis.clone())
+            } else if args.pool == PoolKind::Bb8 {
+                let pool = RedisConnectionManager::new(args.redis[0].as_str()).map(|manager| {
+                    bb8::Pool::builder()
+                        .max_size(args.connections)
+                        .build_unchecked(manager)
+                });
+                match pool {
+                    Ok(pool) => RedisStore::bb8_builder(pool),
+                    Err(e) => {
+                        eprintln!("bench: cannot use Redis: {e}");
+                        std::process::exit(1);
+                    }
+                }
             } else {
                 RedisStore::builder(args.redis[0].clone())
             };
@@ -274,7 +304,7 @@ async fn main() {
         eprintln!("bench: {errors} decisions failed");
     }
     println!(
-        "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"max_batch\":{},\"mean_batch\":{:.2}}}",
+        "{{\"store\":\"{}\",\"algorithm\":\"{}\",\"keys\":{},\"concurrency\":{},\"decisions\":{},\"allowed\":{},\"denied\":{},\"secs\":{:.3},\"per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"max_batch\":{},\"mean_batch\":{:.2},\"pool\":\"{}\"}}",
         match kind {
             StoreKind::Memory => "memory",
             StoreKind::Redis => "redis",
@@ -291,5 +321,9 @@ async fn main() {
         at(99),
         args.max_batch,
         redis_store.map_or(0.0, |s| s.coalescing().mean_batch()),
+        match args.pool {
+            PoolKind::Own => "own",
+            PoolKind::Bb8 => "bb8",
+        },
     );
 }

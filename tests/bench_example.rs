@@ -168,6 +168,20 @@ fn bench_rejects_bad_flags() {
             "--store <STORE>",
         ),
         (&["--print-script"][..], "--algorithm <NAME>"),
+        (
+            &[
+                "--store",
+                "redis",
+                "--cluster",
+                "--pool",
+                "bb8",
+                "--algorithm",
+                "gcra",
+                "--keys",
+                "1",
+            ][..],
+            "'--pool <POOL>'",
+        ),
     ] {
         let args: Vec<&str> = bad.iter().chain(&load).copied().collect();
         assert_refuses_flags("bench", &args, expected);
@@ -175,10 +189,14 @@ fn bench_rejects_bad_flags() {
 }
 
 #[test]
-fn bench_denied_cache_and_lease_keep_the_limit_on_a_hot_redis_key() {
+fn bench_denied_cache_lease_and_bb8_pool_keep_the_limit_on_a_hot_redis_key() {
     let server = RedisServer::start();
     let url = server.url();
-    for extra in [&["--denied-cache"][..], &["--lease", "10"][..]] {
+    for extra in [
+        &["--denied-cache"][..],
+        &["--lease", "10"][..],
+        &["--pool", "bb8"][..],
+    ] {
         let mut args = vec![
             "--store",
             "redis",
@@ -205,6 +223,8 @@ fn bench_denied_cache_and_lease_keep_the_limit_on_a_hot_redis_key() {
         // A window's worth passes and nothing more (leases spend only what
         // Redis granted, and a lease cannot outlive this hour-long window).
         assert_eq!(json["allowed"], 50, "{extra:?}: {json}");
+        let pool = if extra[0] == "--pool" { "bb8" } else { "own" };
+        assert_eq!(json["pool"], pool, "{extra:?}: {json}");
     }
 }
 
