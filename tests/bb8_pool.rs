@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
-use ratelimit_core::redis::{RedisStore, bb8};
+use ratelimit_core::redis::{DEFAULT_MAX_BATCH, RedisStore, bb8};
 use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
-use ratelimit_tests::fixtures::{answer, ok_service};
-use ratelimit_tests::{RedisServer, admit_exactly_the_limit};
+use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
+use ratelimit_tests::{RedisServer, admit_exactly_the_limit, decide_through_a_restart};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::Layer;
 
@@ -28,12 +28,21 @@ fn pool(url: &str, max_size: u32) -> Pool {
         .build_unchecked(manager)
 }
 
-async fn store_on(pool: &Pool, call_timeout: Duration) -> RedisStore {
+async fn store_on(pool: &Pool, call_timeout: Duration, max_batch: usize) -> RedisStore {
     RedisStore::bb8_builder(pool.clone())
         .call_timeout(call_timeout)
+        .max_batch(max_batch)
         .build()
         .await
         .expect("a store on a bb8 pool")
+}
+
+/// A fresh server, and a store on a pool of 2 of its connections.
+async fn on_a_fresh_server() -> (RedisServer, RedisStore) {
+    let server = RedisServer::start();
+    let pool = pool(&server.url(), 2);
+    let store = store_on(&pool, Duration::from_secs(5), DEFAULT_MAX_BATCH).await;
+    (server, store)
 }
 
 /// 64 tasks over a pool of 8 hammer one key: exactly the limit passes for
@@ -43,17 +52,12 @@ async fn store_on(pool: &Pool, call_timeout: Duration) -> RedisStore {
 async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
     let server = RedisServer::start();
     let pool = pool(&server.url(), 8);
-    let coalesced = store_on(&pool, Duration::from_secs(5)).await;
+    let coalesced = store_on(&pool, Duration::from_secs(5), DEFAULT_MAX_BATCH).await;
     admit_exactly_the_limit(&coalesced, "coalesced").await;
     let taken = pool.state().statistics.get_started;
     assert!(taken > 0, "the store took no connection from the pool");
 
-    let single = RedisStore::bb8_builder(pool.clone())
-        .max_batch(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let single = store_on(&pool, Duration::from_secs(5), 1).await;
     admit_exactly_the_limit(&single, "single").await;
     assert_eq!(single.coalescing().requests, 0);
     // One decision at least per admitted request (7 policies x 100).
@@ -64,16 +68,10 @@ async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
 
 #[tokio::test]
 async fn several_limits_through_the_pool_are_all_or_nothing() {
-    let server = RedisServer::start();
-    let store = store_on(&pool(&server.url(), 2), Duration::from_secs(5)).await;
-    let hour = Duration::from_secs(3600);
-    let per_key = Policy::fixed_window(3, hour)
-        .unwrap()
-        .with_name("per-key")
-        .unwrap();
+    let (_server, store) = on_a_fresh_server().await;
+    let per_key = fixed_window("per-key", 3, Duration::from_secs(3600));
     let global = Policy::gcra(2, Rate::per_hour(1))
-        .unwrap()
-        .with_name("global")
+        .and_then(|p| p.with_name("global"))
         .unwrap();
     let checks = [Check::new(b"a", &per_key, 1), Check::new(b"g", &global, 1)];
     for (round, allowed, per_key_left) in [(0, true, 2), (1, true, 1), (2, false, 1)] {
@@ -89,18 +87,24 @@ async fn several_limits_through_the_pool_are_all_or_nothing() {
 
 #[tokio::test]
 async fn a_permit_is_released_through_the_pool() {
-    let server = RedisServer::start();
-    let store = store_on(&pool(&server.url(), 2), Duration::from_secs(5)).await;
+    let (_server, store) = on_a_fresh_server().await;
     let policy = Policy::concurrency(2, Duration::from_secs(3600)).unwrap();
-    let a = store.check(b"job", &policy, 1).await.unwrap();
-    let b = store.check(b"job", &policy, 1).await.unwrap();
-    assert!(a.is_allowed() && b.is_allowed());
-    assert!(!store.check(b"job", &policy, 1).await.unwrap().is_allowed());
-    store
-        .release(b"job", &policy, a.permit().unwrap())
-        .await
-        .unwrap();
-    assert!(store.check(b"job", &policy, 1).await.unwrap().is_allowed());
+    let held = [(); 3].map(|()| store.check(b"job", &policy, 1));
+    let mut decisions = Vec::new();
+    for check in held {
+        decisions.push(check.await.unwrap());
+    }
+    let allowed: Vec<bool> = decisions.iter().map(|d| d.is_allowed()).collect();
+    assert_eq!(allowed, [true, true, false]);
+    let permit = decisions[0]
+        .permit()
+        .expect("an admitted check holds a permit");
+    store.release(b"job", &policy, permit).await.unwrap();
+    let again = store.check(b"job", &policy, 1).await.unwrap();
+    assert!(
+        again.is_allowed() && again.permit() != Some(permit),
+        "{again:?}"
+    );
 }
 
 /// A check whose reply comes after its timeout took its permit in Redis:
@@ -109,7 +113,12 @@ async fn a_permit_is_released_through_the_pool() {
 async fn a_permit_whose_reply_timed_out_is_released_through_the_pool() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
-    let store = store_on(&pool(&proxy.redis_url(), 1), Duration::from_millis(100)).await;
+    let store = store_on(
+        &pool(&proxy.redis_url(), 1),
+        Duration::from_millis(100),
+        DEFAULT_MAX_BATCH,
+    )
+    .await;
     let policy = Policy::concurrency(5, Duration::from_secs(3600)).unwrap();
     let key = store.state_key(b"slow", &policy);
     // Connects, probes and loads the function, so the check below is one call.
@@ -145,18 +154,8 @@ async fn a_dead_pooled_connection_is_replaced_without_failed_requests() {
         .max_size(1)
         .test_on_check_out(false)
         .build_unchecked(manager);
-    let store = store_on(&pool, Duration::from_secs(2)).await;
-    let policy = Policy::gcra(10, Rate::per_hour(1)).unwrap();
-    store.check(b"k", &policy, 1).await.unwrap();
-    server.restart();
-    for i in 0..4 {
-        let d = store
-            .check(b"k", &policy, 1)
-            .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        // The restart lost the data (no persistence): a fresh key.
-        assert_eq!(d.remaining(), 9 - i, "call {i}");
-    }
+    let store = store_on(&pool, Duration::from_secs(2), DEFAULT_MAX_BATCH).await;
+    decide_through_a_restart(&store, &mut server).await;
 }
 
 /// Redis stops: the pool gives no connection, each call fails as an outage
@@ -165,7 +164,7 @@ async fn a_dead_pooled_connection_is_replaced_without_failed_requests() {
 async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
     let mut server = RedisServer::start();
     let call_timeout = Duration::from_millis(300);
-    let store = store_on(&pool(&server.url(), 2), call_timeout).await;
+    let store = store_on(&pool(&server.url(), 2), call_timeout, DEFAULT_MAX_BATCH).await;
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     server.stop();
@@ -181,7 +180,11 @@ async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
 
     for (failure, status, counted) in [
         (FailurePolicy::Open, StatusCode::OK, (1, 0)),
-        (FailurePolicy::Closed, StatusCode::SERVICE_UNAVAILABLE, (0, 1)),
+        (
+            FailurePolicy::Closed,
+            StatusCode::SERVICE_UNAVAILABLE,
+            (0, 1),
+        ),
     ] {
         let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
             .on_failure(failure.clone());

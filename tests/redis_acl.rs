@@ -258,32 +258,47 @@ fn assert_all_ok(report: &[(String, Result<(), Failure>)], context: &str) {
     assert!(failures.is_empty(), "{context}: {failures:#?}");
 }
 
+/// On the store's own connections and on the application's bb8 pool.
 #[tokio::test]
 async fn the_documented_acl_runs_every_operation_and_the_noscript_reload() {
-    let server = server();
-    set_user(&server, "limiter", COMMANDS);
-    let store = store(url(&server, "limiter", 0)).await;
+    for on_pool in [false, true] {
+        let server = server();
+        set_user(&server, "limiter", COMMANDS);
+        let url = url(&server, "limiter", 0);
+        let store = if on_pool {
+            store_on_pool(url).await
+        } else {
+            store(url).await
+        };
+        runs_every_operation_and_the_noscript_reload(&server, &store).await;
+    }
+}
+
+/// Every operation on `store` of the `limiter` user of `server` (fresh),
+/// with a cold script cache, a warm one, and after both flushes: nothing is
+/// denied, and every key is under the prefix with a TTL.
+async fn runs_every_operation_and_the_noscript_reload(server: &RedisServer, store: &RedisStore) {
     // A fresh server has no script cached: every first call is EVALSHA,
     // NOSCRIPT, then EVAL.
-    assert_all_ok(&exercise(&store, "cold").await, "cold script cache");
-    assert_all_ok(&exercise(&store, "warm").await, "warm script cache");
-    assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
-    assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
+    assert_all_ok(&exercise(store, "cold").await, "cold script cache");
+    assert_all_ok(&exercise(store, "warm").await, "warm script cache");
+    assert_eq!(admin(server, &["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(admin(server, &["FUNCTION", "FLUSH"]), "OK");
     assert_all_ok(
-        &exercise(&store, "flushed").await,
+        &exercise(store, "flushed").await,
         "after SCRIPT FLUSH and FUNCTION FLUSH",
     );
     // Nothing was denied, not even a command whose reply is ignored.
     assert_eq!(
-        denied(&admin(&server, &["ACL", "LOG"])),
+        denied(&admin(server, &["ACL", "LOG"])),
         Vec::<String>::new()
     );
     // Everything the user wrote is under its prefix, and has a TTL.
-    let keys = admin(&server, &["--scan"]);
+    let keys = admin(server, &["--scan"]);
     assert!(!keys.is_empty());
     for key in keys.lines() {
         assert!(key.starts_with("ratelimit:"), "{key}");
-        let ttl: i64 = admin(&server, &["PTTL", key]).parse().unwrap();
+        let ttl: i64 = admin(server, &["PTTL", key]).parse().unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
     }
 }
@@ -622,23 +637,6 @@ async fn store_on_pool(url: String) -> RedisStore {
         .build()
         .await
         .expect("a store on a bb8 pool")
-}
-
-/// The documented ACL is enough on the application's bb8 pool too, the
-/// `NOSCRIPT` reload included.
-#[tokio::test]
-async fn the_documented_acl_runs_every_operation_through_a_bb8_pool() {
-    let server = server();
-    set_user(&server, "limiter", COMMANDS);
-    let store = store_on_pool(url(&server, "limiter", 0)).await;
-    assert_all_ok(&exercise(&store, "cold").await, "bb8, cold script cache");
-    assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
-    assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
-    assert_all_ok(&exercise(&store, "flushed").await, "bb8, after the flushes");
-    assert_eq!(
-        denied(&admin(&server, &["ACL", "LOG"])),
-        Vec::<String>::new()
-    );
 }
 
 /// The ACL probe runs on the pool's connections: a user lacking a write

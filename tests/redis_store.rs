@@ -12,8 +12,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{
-    RedisCluster, RedisServer, admit_exactly_the_limit, long_policies, observable, small_policies,
-    twin_stores,
+    RedisCluster, RedisServer, admit_exactly_the_limit, decide_through_a_restart, long_policies,
+    observable, small_policies, twin_stores,
 };
 
 fn ms(n: u64) -> Duration {
@@ -291,20 +291,7 @@ async fn a_restarted_redis_is_used_again_without_failed_requests() {
         .build()
         .await
         .unwrap();
-    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
-    for _ in 0..4 {
-        store.check(b"k", &policy, 1).await.unwrap();
-    }
-    server.restart();
-    // Pooled connections died with the server and its script cache is empty:
-    // the store reconnects and reloads without failing a request.
-    for i in 0..4 {
-        let d = store
-            .check(b"k", &policy, 1)
-            .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        assert_eq!(d.remaining(), 9 - i, "state was lost with the restart");
-    }
+    decide_through_a_restart(&store, &mut server).await;
 }
 
 #[tokio::test]

@@ -102,6 +102,23 @@ pub async fn admit_exactly_the_limit(store: &RedisStore, key: &'static str) {
     }
 }
 
+/// Decides on `store` through a restart of `server`: the connections die
+/// with it and its script cache and data are lost, yet no call fails.
+pub async fn decide_through_a_restart(store: &RedisStore, server: &mut RedisServer) {
+    let policy = Policy::gcra(10, Rate::per_hour(1)).expect("valid");
+    for _ in 0..4 {
+        store.check(b"k", &policy, 1).await.unwrap();
+    }
+    server.restart();
+    for i in 0..4 {
+        let d = store
+            .check(b"k", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(d.remaining(), 9 - i, "state was lost with the restart");
+    }
+}
+
 /// What [`observable`] keeps of a decision.
 pub type Observed = (bool, u64, u64, u64, u64, u64, bool);
 

@@ -136,10 +136,7 @@ impl Node {
         match self {
             Node::Own(connections) => {
                 let slot = connections.next_slot();
-                let (id, connection) = connections
-                    .get(slot)
-                    .await
-                    .map_err(super::backend_error)?;
+                let (id, connection) = connections.get(slot).await.map_err(super::backend_error)?;
                 Ok(Checkout {
                     connection,
                     lease: Lease::Own { slot, id },
