@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
 use crate::policy::Algorithm;
-use crate::store::{Check, Store};
+use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
@@ -194,8 +193,6 @@ impl<S> Inner<S> {
         shard.remove(&(Box::<str>::from(policy), Box::<[u8]>::from(key)));
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// Forwards `call`, then forgets the cached denial of `key` under `policy`.
 fn forgetting<S, T>(

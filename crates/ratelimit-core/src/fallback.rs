@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
 use crate::breaker::{CircuitBreaker, ProbeGuard, Route};
-use crate::store::{Check, Store};
+use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
 /// The most permits of the fallback whose lease is running that a
@@ -182,8 +181,6 @@ impl<P: Store, F: Store> FallbackStore<P, F> {
         self.inner.fallback_decisions.load(Ordering::Relaxed)
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// Awaits the primary's answer when the breaker routed the call there, and
 /// tells the breaker how it went. `None` means: let the fallback decide (the

@@ -2,9 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,8 +12,8 @@ use tokio::sync::Notify;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
-use crate::store::{Check, Store};
-use crate::{Decision, PermitId, Policy, StoreError, key};
+use crate::store::{BoxFuture, Check, Store};
+use crate::{Decision, PermitId, Policy, key};
 
 /// The default number of units an instance leases at once.
 pub const DEFAULT_LEASE_BATCH: u64 = 100;
@@ -399,8 +397,6 @@ impl<S: Store, C: Clock> Inner<S, C> {
         ))
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
     type CheckFuture = BoxFuture<Decision>;

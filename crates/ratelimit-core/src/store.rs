@@ -5,6 +5,10 @@ use std::sync::Arc;
 
 use crate::{Decision, PermitId, Policy, StoreError};
 
+/// The boxed future of the stores whose calls are `async` blocks.
+pub(crate) type BoxFuture<T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
 /// One limit to check as part of [`Store::check_all`].
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]

@@ -53,7 +53,7 @@ use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
 use crate::redis::backend_error;
-use crate::store::{Check, Merged, Store, spread};
+use crate::store::{BoxFuture, Check, Merged, Store, spread};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod builder;
@@ -259,8 +259,6 @@ fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreEr
         .collect();
     Ok((now, seen))
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 impl Store for MultiRegionStore {
     type CheckFuture = BoxFuture<Decision>;

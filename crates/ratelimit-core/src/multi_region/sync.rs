@@ -166,26 +166,32 @@ impl Shared {
     pub(super) fn start(self: &Arc<Self>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::with_capacity(self.peers.len() + 1);
         for index in 0..self.peers.len() {
-            let shared = Arc::clone(self);
-            tasks.push(tokio::spawn(async move {
-                let mut interval = tokio::time::interval(shared.sync);
-                interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                loop {
-                    interval.tick().await;
-                    let _ = shared.push(index).await;
-                }
+            tasks.push(self.every_sync(move |shared| async move {
+                let _ = shared.push(index).await;
             }));
         }
+        tasks.push(self.every_sync(|shared| async move {
+            let _ = shared.refresh_staleness().await;
+        }));
+        tasks
+    }
+
+    /// A task that runs `tick` on the shared state every sync interval
+    /// (a tick that overruns delays the next one).
+    fn every_sync<F, Fut>(self: &Arc<Self>, tick: F) -> JoinHandle<()>
+    where
+        F: Fn(Arc<Self>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
         let shared = Arc::clone(self);
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             let mut interval = tokio::time::interval(shared.sync);
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
-                let _ = shared.refresh_staleness().await;
+                tick(Arc::clone(&shared)).await;
             }
-        }));
-        tasks
+        })
     }
 
     /// Remembers this region's component `value` of `hash` in the window

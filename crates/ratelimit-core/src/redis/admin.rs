@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Arg, BoxFuture, RedisStore, decision_from, parameters, policy_conflict};
+use super::{Arg, BoxFuture, RedisStore, Via, decision_from, parameters, policy_conflict};
 use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
 use crate::{Decision, PermitId, Policy, StoreError, key};
@@ -48,7 +48,7 @@ impl RedisStore {
         let keys = with_block_keys(std::slice::from_ref(&state_key));
         let reply = self
             .inner
-            .eval(script, source, &keys, &args)
+            .eval(script, source, &keys, &args, Via::Pool)
             .await
             .map_err(|e| policy_conflict(e, [(&state_key, &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
@@ -58,7 +58,13 @@ impl RedisStore {
         let args = [Arg::Int(self.fixed_now()), Arg::Int(micros)];
         let (script, source) = self.inner.scripts.block();
         self.inner
-            .eval(script, source, std::slice::from_ref(&block_key), &args)
+            .eval(
+                script,
+                source,
+                std::slice::from_ref(&block_key),
+                &args,
+                Via::Pool,
+            )
             .await
             .map(|_| ())
     }

@@ -89,7 +89,7 @@ impl Inner {
                 other => return other,
             }
         }
-        self.eval_via(script, source, keys, args, via).await
+        self.eval(script, source, keys, args, via).await
     }
 
     fn never_functions(&self) {
@@ -103,15 +103,7 @@ impl Inner {
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(function).arg(keys.len()).arg(keys);
-        for arg in args {
-            match arg {
-                Arg::Int(n) => cmd.arg(*n),
-                Arg::Str(s) => cmd.arg(*s),
-                Arg::Owned(s) => cmd.arg(s.as_str()),
-            };
-        }
+        let cmd = super::scripts::invocation("FCALL", function, keys, args);
         self.run_via(&cmd, via).await
     }
 

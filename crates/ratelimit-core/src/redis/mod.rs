@@ -24,7 +24,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value
 
 use crate::clock::Clock;
 use crate::policy::Algorithm;
-use crate::store::{Check, Store};
+use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
@@ -364,19 +364,21 @@ impl Inner {
     }
 
     /// Runs a script by `EVALSHA`; if Redis lost it (restart, failover,
-    /// `SCRIPT FLUSH`), by `EVAL`, which also puts it back in the cache.
+    /// `SCRIPT FLUSH`), by `EVAL`, which also puts it back in the cache; on
+    /// the connection `via` says.
+    ///
+    /// Not `redis::Script::invoke_async` (which still gives the SHA-1 here):
+    /// after `NOSCRIPT`, redis-rs 1.8 sends `SCRIPT LOAD` and then `EVALSHA`
+    /// again, one round trip more than `EVAL`, and `SCRIPT LOAD` is not in the
+    /// least-privileged ACL of `SECURITY.md`, so that user would fail every call
+    /// after a restart (seen: with `invoke_async` in the ACL probe,
+    /// `redis_acl::the_documented_acl_runs_every_operation_and_the_noscript_reload`
+    /// fails with `NoPerm ... 'script|load'`). And `invoke_async` runs both
+    /// attempts on one given connection, where a call here takes one
+    /// deadline over both, a connection per attempt (retried when one
+    /// breaks) and records it for permit releases (`run_via`). The hit path
+    /// is the same single `EVALSHA` either way: no speed is claimed.
     async fn eval(
-        &self,
-        script: &redis::Script,
-        source: &str,
-        keys: &[String],
-        args: &[Arg<'_>],
-    ) -> Result<Value, StoreError> {
-        self.eval_via(script, source, keys, args, Via::Pool).await
-    }
-
-    /// [`eval`](Inner::eval) on the connection `via` says.
-    async fn eval_via(
         &self,
         script: &redis::Script,
         source: &str,
@@ -384,26 +386,13 @@ impl Inner {
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
-        let command = |verb: &str, body: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(body).arg(keys.len()).arg(keys);
-            for arg in args {
-                match arg {
-                    Arg::Int(n) => cmd.arg(*n),
-                    Arg::Str(s) => cmd.arg(*s),
-                    Arg::Owned(s) => cmd.arg(s.as_str()),
-                };
-            }
-            cmd
-        };
-        match self
-            .run_via(&command("EVALSHA", script.get_hash()), via)
-            .await
-        {
+        let evalsha = scripts::invocation("EVALSHA", script.get_hash(), keys, args);
+        match self.run_via(&evalsha, via).await {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
-                self.run_via(&command("EVAL", source), via).await
+                let eval = scripts::invocation("EVAL", source, keys, args);
+                self.run_via(&eval, via).await
             }
             other => other,
         }
@@ -484,7 +473,7 @@ impl RedisStore {
         let all_keys = admin::with_block_keys(keys);
         let reply = self
             .inner
-            .eval_via(script, source, &all_keys, &args, via)
+            .eval(script, source, &all_keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         group_from(&reply, requests)
@@ -585,7 +574,10 @@ impl RedisStore {
                 args.push(Arg::Owned(before.clone()));
             }
             // A lost refund errs towards denying; nothing more can be done here.
-            let _ = self.inner.eval(script, source, &group_keys, &args).await;
+            let _ = self
+                .inner
+                .eval(script, source, &group_keys, &args, Via::Pool)
+                .await;
         }
     }
 
@@ -672,7 +664,7 @@ impl RedisStore {
         let permit_text = permit.to_string();
         let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
         self.inner
-            .eval_via(script, source, &[key.to_owned()], &args, via)
+            .eval(script, source, &[key.to_owned()], &args, via)
             .await
             .map(|_| ())
     }
@@ -684,8 +676,6 @@ type StateChange = (String, String);
 /// The checks of one slot that consumed, and their state changes.
 #[cfg(feature = "redis-cluster")]
 type Committed = (Vec<usize>, Vec<StateChange>);
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 impl Store for RedisStore {
     type CheckFuture = BoxFuture<Decision>;

@@ -3,25 +3,31 @@
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{RedisError, Script};
+
+use super::errors::is_noscript;
+use super::replies::Arg;
 
 use crate::policy::{Algorithm, AlgorithmKind};
 
-/// The prelude, then each of the helper files `$helper` in order (a file may
-/// use what an earlier one defines), then the entry point `$entry` of a
-/// script (after `eval.lua`).
-macro_rules! assemble {
-    ($($helper:literal),* ; $entry:literal) => {
+/// The shared numbers and prelude, then each file `$file` in order (a file
+/// may use what an earlier one defines).
+macro_rules! after_prelude {
+    ($($file:literal),*) => {
         concat!(
             include_str!("lua/numbers.lua"),
             "\n",
             include_str!("lua/prelude.lua"),
-            "\n",
-            $(include_str!(concat!("lua/", $helper)), "\n",)*
-            include_str!("lua/eval.lua"),
-            "\n",
-            include_str!(concat!("lua/", $entry)),
+            $("\n", include_str!(concat!("lua/", $file)),)*
         )
+    };
+}
+
+/// The prelude, then each of the helper files `$helper` in order, then the
+/// entry point `$entry` of a script (after `eval.lua`).
+macro_rules! assemble {
+    ($($helper:literal),* ; $entry:literal) => {
+        after_prelude!($($helper,)* "eval.lua", $entry)
     };
 }
 
@@ -70,21 +76,11 @@ macro_rules! every_algorithm {
     };
 }
 
-/// As `assemble!`, without `eval.lua`: the body of the Functions library.
+/// As `assemble!`, with the single and batch entry points instead of
+/// `eval.lua`: the body of the Functions library.
 macro_rules! library {
     ($($helper:literal),* ; $entry:literal) => {
-        concat!(
-            include_str!("lua/numbers.lua"),
-            "\n",
-            include_str!("lua/prelude.lua"),
-            "\n",
-            $(include_str!(concat!("lua/", $helper)), "\n",)*
-            include_str!("lua/single.lua"),
-            "\n",
-            include_str!("lua/batch.lua"),
-            "\n",
-            include_str!(concat!("lua/", $entry)),
-        )
+        after_prelude!($($helper,)* "single.lua", "batch.lua", $entry)
     };
 }
 
@@ -243,6 +239,8 @@ fn single_index(algorithm: &Algorithm) -> usize {
     algorithm.algorithm_kind() as usize
 }
 
+const ACL_PROBE: &str = include_str!("lua/acl_probe.lua");
+
 /// The check, once per connection, that the Redis user may run every write
 /// command the scripts use on the store's keys (`acl_probe.lua`): the scripts
 /// themselves no longer ask on every call.
@@ -255,7 +253,7 @@ impl AclProbe {
     /// The probe for keys under `prefix`.
     pub(super) fn new(prefix: &str) -> Self {
         AclProbe {
-            script: Script::new(include_str!("lua/acl_probe.lua")),
+            script: Script::new(ACL_PROBE),
             key: format!("{prefix}:acl-probe"),
         }
     }
@@ -263,15 +261,16 @@ impl AclProbe {
     /// Runs the probe on `connection` (`EVALSHA`, then `EVAL` after
     /// `NOSCRIPT`): `NOPERM the rate limiter needs <command> on <key>` when a
     /// write command is denied.
+    ///
+    /// Not `Script::invoke_async`: after `NOSCRIPT` it sends `SCRIPT LOAD`,
+    /// which the least-privileged ACL does not grant (see `Inner::eval`),
+    /// and the probe runs on every new connection, so after every restart.
     pub(super) async fn run(&self, connection: &mut impl ConnectionLike) -> Result<(), RedisError> {
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(self.script.get_hash()).arg(1).arg(&self.key);
+        let keys = std::slice::from_ref(&self.key);
+        let evalsha = invocation("EVALSHA", self.script.get_hash(), keys, &[]);
         match evalsha.query_async::<redis::Value>(connection).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(include_str!("lua/acl_probe.lua"))
-                    .arg(1)
-                    .arg(&self.key);
+            Err(e) if is_noscript(&e) => {
+                let eval = invocation("EVAL", ACL_PROBE, keys, &[]);
                 eval.query_async::<redis::Value>(connection)
                     .await
                     .map(|_| ())
@@ -279,4 +278,19 @@ impl AclProbe {
             other => other.map(|_| ()),
         }
     }
+}
+
+/// The command `<verb> <name> <number of keys> <keys...> <args...>`: `EVALSHA`
+/// of a script's SHA-1, `EVAL` of its source, or `FCALL` of a function.
+pub(super) fn invocation(verb: &str, name: &str, keys: &[String], args: &[Arg<'_>]) -> redis::Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(name).arg(keys.len()).arg(keys);
+    for arg in args {
+        match arg {
+            Arg::Int(n) => cmd.arg(*n),
+            Arg::Str(s) => cmd.arg(*s),
+            Arg::Owned(s) => cmd.arg(s.as_str()),
+        };
+    }
+    cmd
 }
