@@ -225,6 +225,41 @@ impl fmt::Debug for Decision {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PermitId(pub u128);
 
+/// Where a store draws its permit ids: a random prefix per store instance
+/// (the high 64 bits, so instances sharing a store never collide) and a
+/// counter.
+pub(crate) struct PermitIds {
+    prefix: u64,
+    counter: std::sync::atomic::AtomicU64,
+}
+
+impl PermitIds {
+    pub(crate) fn new() -> Self {
+        let seed = std::collections::hash_map::RandomState::new();
+        let prefix = std::hash::BuildHasher::hash_one(
+            &seed,
+            (std::time::SystemTime::now(), std::process::id()),
+        );
+        PermitIds {
+            prefix,
+            counter: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh id for a check under `policy`: a concurrency policy's permit,
+    /// or `PermitId(0)` (none) for every other algorithm.
+    pub(crate) fn next_for(&self, policy: &crate::Policy) -> PermitId {
+        if matches!(policy.algorithm(), crate::Algorithm::Concurrency(_)) {
+            let n = self
+                .counter
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            PermitId((u128::from(self.prefix) << 64) | u128::from(n))
+        } else {
+            PermitId(0)
+        }
+    }
+}
+
 impl fmt::Debug for PermitId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PermitId({:032x})", self.0)

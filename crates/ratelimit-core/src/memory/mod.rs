@@ -94,8 +94,7 @@ struct Shared<C> {
     max_keys: usize,
     clock: C,
     hasher: foldhash::fast::RandomState,
-    permit_prefix: u64,
-    permit_counter: AtomicU64,
+    permit_ids: crate::decision::PermitIds,
 }
 
 /// Configures a [`MemoryStore`].
@@ -151,7 +150,6 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let shards = shards.max(1);
         let per_shard = self.max_keys / shards;
         let hasher = foldhash::fast::RandomState::default();
-        let permit_prefix = hasher.hash_one(std::time::SystemTime::now());
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..shards)
@@ -172,8 +170,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                 max_keys: self.max_keys,
                 clock: self.clock,
                 hasher,
-                permit_prefix,
-                permit_counter: AtomicU64::new(1),
+                permit_ids: crate::decision::PermitIds::new(),
             }),
         }
     }
@@ -238,12 +235,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn permit_for(&self, policy: &Policy) -> PermitId {
-        if matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
-            let n = self.shared.permit_counter.fetch_add(1, Ordering::Relaxed);
-            PermitId((u128::from(self.shared.permit_prefix) << 64) | u128::from(n))
-        } else {
-            PermitId(0)
-        }
+        self.shared.permit_ids.next_for(policy)
     }
 
     fn full(&self) -> StoreError {

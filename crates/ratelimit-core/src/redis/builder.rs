@@ -191,11 +191,6 @@ impl RedisStoreBuilder {
             Backend::Cluster(_) => usize::try_from(self.pool_size).unwrap_or(usize::MAX),
         };
         let coalescer = (self.max_batch > 1).then(|| Coalescer::new(self.max_batch, in_flight));
-        let seed = std::collections::hash_map::RandomState::new();
-        let permit_prefix = std::hash::BuildHasher::hash_one(
-            &seed,
-            (std::time::SystemTime::now(), std::process::id()),
-        );
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,
@@ -204,8 +199,7 @@ impl RedisStoreBuilder {
                 scripts: Scripts::new(),
                 functions: functions::Mode::default(),
                 fixed_clock: self.fixed_clock,
-                permit_prefix,
-                permit_counter: AtomicU64::new(1),
+                permit_ids: crate::decision::PermitIds::new(),
                 pending_releases: Default::default(),
                 coalescer,
             }),

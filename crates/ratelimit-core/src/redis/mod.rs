@@ -17,7 +17,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -100,8 +99,7 @@ struct Inner {
     scripts: Scripts,
     functions: functions::Mode,
     fixed_clock: Option<Arc<dyn Clock>>,
-    permit_prefix: u64,
-    permit_counter: AtomicU64,
+    permit_ids: crate::decision::PermitIds,
     /// Releases of unclaimed permits under way (see `unclaimed`).
     pending_releases: std::sync::atomic::AtomicUsize,
     /// Coalescing (see `coalesce`); `None` with a `max_batch` of 1.
@@ -224,12 +222,7 @@ impl RedisStore {
     }
 
     fn permit_for(&self, policy: &Policy) -> PermitId {
-        if matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
-            let n = self.inner.permit_counter.fetch_add(1, Ordering::Relaxed);
-            PermitId((u128::from(self.inner.permit_prefix) << 64) | u128::from(n))
-        } else {
-            PermitId(0)
-        }
+        self.inner.permit_ids.next_for(policy)
     }
 
     fn fixed_now(&self) -> u64 {
