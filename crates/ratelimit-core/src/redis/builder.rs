@@ -45,13 +45,15 @@ impl RedisStoreBuilder {
 
     /// How many multiplexed connections to keep to a single node (default
     /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
-    /// call, which pipelines its commands; calls take them in turn.
+    /// call, which pipelines its commands; calls take them in turn. On a bb8
+    /// pool ([`RedisStore::bb8_builder`]) the pool's `max_size` counts instead.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
     }
 
     /// The time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// On a bb8 pool, the pool's `connection_timeout` counts instead.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -178,7 +180,7 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(self.connect_timeout))
                 // The store times each call itself (see `run_on_node`).
                 .set_response_timeout(None);
-            Backend::Node(Box::new(Node::Own(Connections::new(
+            Backend::Node(Node::Own(Box::new(Connections::new(
                 client,
                 config,
                 self.pool_size,
@@ -230,9 +232,7 @@ impl RedisStoreBuilder {
             ));
         }
         let probe = AclProbe::new(&self.prefix);
-        Ok(Some(Backend::Node(Box::new(Node::Pool(pool::Bb8::new(
-            pool, probe,
-        ))))))
+        Ok(Some(Backend::Node(Node::Pool(pool::Bb8::new(pool, probe)))))
     }
 
     #[cfg(not(feature = "bb8"))]

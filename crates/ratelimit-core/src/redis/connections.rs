@@ -100,7 +100,7 @@ impl Connections {
 /// connections (the default), or the application's `bb8` pool (feature
 /// `bb8`, see `pool`).
 pub(super) enum Node {
-    Own(Connections),
+    Own(Box<Connections>),
     #[cfg(feature = "bb8")]
     Pool(super::pool::Bb8),
 }

@@ -107,7 +107,7 @@ struct Inner {
 }
 
 enum Backend {
-    Node(Box<Node>),
+    Node(Node),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
@@ -115,7 +115,7 @@ enum Backend {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let backend = match &self.inner.backend {
-            Backend::Node(node) => match **node {
+            Backend::Node(node) => match node {
                 Node::Own(_) => "single node",
                 #[cfg(feature = "bb8")]
                 Node::Pool(_) => "single node, bb8 pool",
