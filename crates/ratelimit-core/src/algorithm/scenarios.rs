@@ -62,6 +62,52 @@ struct Scenario {
     steps: Vec<(Op, Vec<Expect>)>,
 }
 
+/// The table is written as one chain per scenario, a line per step.
+impl Scenario {
+    /// A scenario on a fresh key under `algorithm`.
+    fn on(algorithm: Algorithm) -> Self {
+        Scenario {
+            name: "",
+            algorithm,
+            state: None,
+            steps: Vec::new(),
+        }
+    }
+
+    /// The scenario's name, for its failures.
+    fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// Starts from `state` rather than a fresh key.
+    fn from(mut self, state: State) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    fn step<const N: usize>(mut self, op: Op, expected: [Expect; N]) -> Self {
+        self.steps.push((op, expected.into()));
+        self
+    }
+
+    fn decide<const N: usize>(self, now: u64, cost: u64, expected: [Expect; N]) -> Self {
+        self.step(Decide(now, cost), expected)
+    }
+
+    fn penalize<const N: usize>(self, now: u64, amount: u64, expected: [Expect; N]) -> Self {
+        self.step(Penalize(now, amount), expected)
+    }
+
+    fn reward<const N: usize>(self, now: u64, amount: u64, expected: [Expect; N]) -> Self {
+        self.step(Reward(now, amount), expected)
+    }
+
+    fn reload(self, algorithm: Algorithm) -> Self {
+        self.step(Reload(algorithm), [])
+    }
+}
+
 fn fixed_window(limit: u64, window_micros: u64) -> Algorithm {
     let window = Duration::from_micros(window_micros);
     Algorithm::FixedWindow(FixedWindow::new(limit, window).expect("valid"))
@@ -135,312 +181,230 @@ fn tat(tat: u64) -> State {
 
 fn scenarios() -> Vec<Scenario> {
     vec![
-        Scenario {
-            name: "fixed window: a penalty denies until the window ends and is capped",
-            algorithm: fixed_window(4, 1_000),
-            state: None,
-            steps: vec![
-                (Decide(10_100, 1), vec![Allowed(true)]),
-                // Capped at twice the limit; a debt peeks as denied.
-                (
-                    Penalize(10_200, 100),
-                    vec![
-                        Allowed(false),
-                        StateIs(fixed_window_state(10_000, 8)),
-                        Remaining(0),
-                    ],
-                ),
-                (Decide(10_300, 1), vec![Retry(700)]),
-                // The next window starts from nothing.
-                (Decide(11_000, 4), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "fixed window: a reward undoes a penalty and never exceeds the budget",
-            algorithm: fixed_window(4, 1_000),
-            state: None,
-            steps: vec![
-                (Penalize(10_000, 6), vec![]),
-                (Reward(10_000, 1), vec![Allowed(false)]),
-                (Reward(10_000, 2), vec![Allowed(true), Remaining(1)]),
-                (
-                    Reward(10_000, 50),
-                    vec![
-                        Remaining(4),
-                        Reset(0),
-                        StateIs(fixed_window_state(10_000, 0)),
-                    ],
-                ),
-            ],
-        },
-        Scenario {
-            name: "fixed window: a window start of another length counts until its new window ends",
-            // 10 per 60 s filled the window that started at 60 s; now 10 per 45 s.
-            algorithm: fixed_window(10, 60 * S),
-            state: None,
-            steps: vec![
-                (Decide(61 * S, 10), vec![Allowed(true)]),
-                (Reload(fixed_window(10, 45 * S)), vec![]),
-                // It belongs to the 45 s window [45 s, 90 s): denied until
-                // 90 s, and the retry time says so exactly.
-                (
-                    Decide(70 * S, 1),
-                    vec![Allowed(false), Remaining(0), Retry(20 * S), Reset(20 * S)],
-                ),
-                (Decide(90 * S - 1, 1), vec![Allowed(false)]),
-                (Decide(90 * S, 10), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "sliding counter: a penalty weighs into the next window",
-            algorithm: sliding_counter(4, 1_000),
-            state: None,
-            steps: vec![
-                // Capped at twice the limit.
-                (
-                    Penalize(10_000, 1_000),
-                    vec![StateIs(sliding_counter_state(10_000, 0, 8)), Allowed(false)],
-                ),
-                // Next window: previous 8 weighs 8 × (1000 - e) / 1000; cost 1
-                // passes once that is at most 3, at e = 625.
-                (Decide(10_000, 1), vec![Retry(1_625)]),
-                (Decide(11_624, 1), vec![Allowed(false)]),
-                (Decide(11_625, 1), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "sliding counter: a reward takes from the current window, then the previous",
-            algorithm: sliding_counter(4, 1_000),
-            state: None,
-            steps: vec![
-                (Decide(10_000, 3), vec![Allowed(true)]),
-                (Decide(11_000, 1), vec![Allowed(true)]),
-                (
-                    Reward(11_000, 2),
-                    vec![StateIs(sliding_counter_state(11_000, 2, 0)), Remaining(2)],
-                ),
-                (Reward(11_000, 10), vec![Remaining(4), Reset(0)]),
-            ],
-        },
-        Scenario {
-            name: "sliding counter: counts above twice a lowered limit count as twice the limit",
-            // 2^40 per 4 µs, then 1 per 2^50 µs: the product of the old count
-            // and the new window does not fit in 64 bits.
-            algorithm: sliding_counter(1, 1 << 50),
-            state: Some(sliding_counter_state(1 << 50, 1 << 41, 1 << 41)),
-            steps: vec![(
-                Decide((1 << 50) + 1, 1),
-                vec![Allowed(false), Remaining(0), RetryAtMost(2 << 50)],
-            )],
-        },
-        Scenario {
-            name: "sliding log: penalty units leave with the window",
-            algorithm: sliding_log(3, 1_000),
-            state: None,
-            steps: vec![
-                (Decide(10_000, 1), vec![Allowed(true)]),
-                // Capped at twice the limit.
-                (
-                    Penalize(10_400, 100),
-                    vec![
-                        StateIs(sliding_log_state(&[(10_000, 1), (10_400, 5)])),
-                        Allowed(false),
-                        Remaining(0),
-                    ],
-                ),
-                // The penalty sits at 10_400 and leaves at 11_400.
-                (Decide(10_500, 1), vec![Retry(900)]),
-                (Decide(11_400, 3), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "sliding log: a reward removes the most recent units",
-            algorithm: sliding_log(3, 1_000),
-            state: None,
-            steps: vec![
-                (Decide(10_000, 1), vec![]),
-                (Decide(10_200, 2), vec![]),
-                (
-                    Reward(10_300, 1),
-                    vec![
-                        StateIs(sliding_log_state(&[(10_000, 1), (10_200, 1)])),
-                        Remaining(1),
-                        Reset(900),
-                    ],
-                ),
-                (
-                    Reward(10_300, 5),
-                    vec![StateIs(sliding_log_state(&[])), Remaining(3), Reset(0)],
-                ),
-            ],
-        },
-        Scenario {
-            name: "token bucket: a penalty empties, then goes into a debt of at most a bucket",
-            algorithm: token_bucket(4, 100),
-            state: None,
-            steps: vec![
-                (Penalize(10_000, 3), vec![Allowed(true), Remaining(1)]),
-                // A bucket of debt, then a bucket.
-                (
-                    Penalize(10_030, 100),
-                    vec![
-                        Allowed(false),
-                        Reset(800),
-                        StateIs(token_bucket_state(0, 10_430)),
-                    ],
-                ),
-                (Decide(10_030, 1), vec![Retry(500)]),
-                (Decide(10_529, 1), vec![Allowed(false)]),
-                (Decide(10_530, 1), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "token bucket: a reward pays back a debt, then refills to full at most",
-            algorithm: token_bucket(4, 100),
-            state: None,
-            steps: vec![
-                (Penalize(10_000, 6), vec![]),
-                (Reward(10_000, 2), vec![Remaining(0), Reset(400)]),
-                // Level 50 µs of progress + 1 token.
-                (Reward(10_050, 1), vec![Remaining(1), Reset(250)]),
-                // Back to fresh.
-                (
-                    Reward(10_050, 9),
-                    vec![
-                        Remaining(4),
-                        Reset(0),
-                        StateIs(State::TokenBucket(TokenBucketState::default())),
-                    ],
-                ),
-            ],
-        },
-        Scenario {
-            name: "token bucket: tokens held ahead of now pay the debt first",
-            algorithm: token_bucket(4, 100),
-            // Three tokens as of 50 µs from now (a clock that stepped back):
-            // two tokens and 50 µs of progress now.
-            state: Some(token_bucket_state(3, 10_050)),
-            steps: vec![
-                (Decide(10_000, 3), vec![Allowed(false), Retry(50)]),
-                (Decide(10_000, 2), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "token bucket: a penalty keeps the progress toward the next token",
-            algorithm: token_bucket(4, 100),
-            state: None,
-            steps: vec![
-                (Decide(10_000, 4), vec![Allowed(true)]),
-                // 2 tokens and 50 µs of progress at 10_250; take 1.
-                (Penalize(10_250, 1), vec![Remaining(1), Reset(250)]),
-            ],
-        },
-        Scenario {
-            name: "token bucket: tokens above a lowered capacity are a full bucket",
-            algorithm: token_bucket(4, 100),
-            // Written by a bucket of 100.
-            state: Some(token_bucket_state(100, 9_000)),
-            steps: vec![(
-                Decide(10_000, 1),
-                vec![Allowed(true), Remaining(3), Reset(100)],
-            )],
-        },
-        Scenario {
-            name: "token bucket: tokens above a lowered capacity, refilled ahead of now",
-            // The same, with its refill time ahead of now (a clock that
-            // stepped back) and a new interval that 2^40 tokens times would
-            // overflow.
-            algorithm: token_bucket(4, 1 << 48),
-            state: Some(token_bucket_state(1 << 40, (1 << 51) + 50)),
-            steps: vec![(
-                Decide(1 << 51, 4),
-                vec![Allowed(false), Remaining(3), Retry(50)],
-            )],
-        },
-        Scenario {
-            name: "gcra: a penalty goes into a debt capped at one more burst",
-            // Bursts of 4, one unit every 100 µs: a full burst refills in 400 µs.
-            algorithm: gcra(4, 100),
-            state: None,
-            steps: vec![
-                (Penalize(1_000, 2), vec![Allowed(true), Remaining(2)]),
-                // Capped at two bursts ahead.
-                (
-                    Penalize(1_000, 1_000_000),
-                    vec![StateIs(tat(1_000 + 800)), Allowed(false), Reset(800)],
-                ),
-                // Cost 1 passes once the TAT is one interval within the burst.
-                (Decide(1_000, 1), vec![Retry(500)]),
-                (Decide(1_499, 1), vec![Allowed(false)]),
-                (Decide(1_500, 1), vec![Allowed(true)]),
-            ],
-        },
-        Scenario {
-            name: "gcra: a reward gives back, never beyond a full burst",
-            algorithm: gcra(4, 100),
-            state: None,
-            steps: vec![
-                (Decide(1_000, 4), vec![Allowed(true)]),
-                (Decide(1_000, 1), vec![Allowed(false)]),
-                (Reward(1_000, 1), vec![Allowed(true), Remaining(1)]),
-                // Back to fresh.
-                (
-                    Reward(1_000, u64::MAX),
-                    vec![Remaining(4), Reset(0), StateIs(tat(0))],
-                ),
-            ],
-        },
-        Scenario {
-            name: "gcra: a penalty then a reward of the same amount is undone",
-            algorithm: gcra(4, 100),
-            state: None,
-            steps: vec![
-                (Decide(1_000, 3), vec![]),
-                (Decide(1_050, 0), vec![Exactly(Decision::allow(4, 1, 250))]),
-                (Penalize(1_050, 3), vec![]),
-                (Reward(1_050, 3), vec![Exactly(Decision::allow(4, 1, 250))]),
-            ],
-        },
-        Scenario {
-            name: "leaky bucket: a penalty and a reward move the next slot",
-            algorithm: leaky_bucket(3, 100),
-            state: None,
-            steps: vec![
-                (Penalize(5_000, 2), vec![Allowed(true), Remaining(1)]),
-                // Waits behind the penalty.
-                (Decide(5_000, 1), vec![Delay(200)]),
-                // Capped at two buckets.
-                (Penalize(5_000, 100), vec![Reset(600)]),
-                (Reward(5_000, 6), vec![Remaining(3), Reset(0)]),
-            ],
-        },
-        Scenario {
-            name: "concurrency: a lowered max denies with nothing remaining until enough leases end",
-            algorithm: concurrency(5, 1_000),
-            state: None,
-            steps: vec![
-                (Decide(10_000, 1), vec![Allowed(true)]),
-                (Decide(10_100, 1), vec![Allowed(true)]),
-                (Decide(10_200, 1), vec![Allowed(true)]),
-                (Decide(10_300, 1), vec![Allowed(true)]),
-                // Four held (leases ending at 11_000 .. 11_300) under a max of 2.
-                (Reload(concurrency(2, 500)), vec![]),
-                // Three must end before one more fits: the third ends at 11_200.
-                (
-                    Decide(10_400, 1),
-                    vec![
-                        Allowed(false),
-                        Limit(2),
-                        Remaining(0),
-                        Retry(800),
-                        Reset(900),
-                    ],
-                ),
-                (Decide(10_400, 0), vec![Allowed(false), Remaining(0)]),
-                (Decide(11_199, 1), vec![Allowed(false)]),
-                (Decide(11_200, 1), vec![Allowed(true), Remaining(0)]),
-            ],
-        },
+        Scenario::on(fixed_window(4, 1_000))
+            .named("fixed window: penalty until the window ends")
+            .decide(10_100, 1, [Allowed(true)])
+            // Capped at twice the limit; a debt peeks as denied.
+            .penalize(
+                10_200,
+                100,
+                [
+                    Allowed(false),
+                    StateIs(fixed_window_state(10_000, 8)),
+                    Remaining(0),
+                ],
+            )
+            .decide(10_300, 1, [Retry(700)])
+            // The next window starts from nothing.
+            .decide(11_000, 4, [Allowed(true)]),
+        Scenario::on(fixed_window(4, 1_000))
+            .named("fixed window: reward up to the budget")
+            .penalize(10_000, 6, [])
+            .reward(10_000, 1, [Allowed(false)])
+            .reward(10_000, 2, [Allowed(true), Remaining(1)])
+            .reward(
+                10_000,
+                50,
+                [
+                    Remaining(4),
+                    Reset(0),
+                    StateIs(fixed_window_state(10_000, 0)),
+                ],
+            ),
+        // 10 per 60 s filled the window that started at 60 s; now 10 per 45 s.
+        Scenario::on(fixed_window(10, 60 * S))
+            .named("fixed window: another length")
+            .decide(61 * S, 10, [Allowed(true)])
+            .reload(fixed_window(10, 45 * S))
+            // It belongs to the 45 s window [45 s, 90 s): denied until 90 s,
+            // and the retry time says so exactly.
+            .decide(
+                70 * S,
+                1,
+                [Allowed(false), Remaining(0), Retry(20 * S), Reset(20 * S)],
+            )
+            .decide(90 * S - 1, 1, [Allowed(false)])
+            .decide(90 * S, 10, [Allowed(true)]),
+        Scenario::on(sliding_counter(4, 1_000))
+            .named("sliding counter: penalty weighs next window")
+            // Capped at twice the limit.
+            .penalize(
+                10_000,
+                1_000,
+                [StateIs(sliding_counter_state(10_000, 0, 8)), Allowed(false)],
+            )
+            // Next window: previous 8 weighs 8 × (1000 - e) / 1000; cost 1
+            // passes once that is at most 3, at e = 625.
+            .decide(10_000, 1, [Retry(1_625)])
+            .decide(11_624, 1, [Allowed(false)])
+            .decide(11_625, 1, [Allowed(true)]),
+        Scenario::on(sliding_counter(4, 1_000))
+            .named("sliding counter: reward current first")
+            .decide(10_000, 3, [Allowed(true)])
+            .decide(11_000, 1, [Allowed(true)])
+            .reward(
+                11_000,
+                2,
+                [StateIs(sliding_counter_state(11_000, 2, 0)), Remaining(2)],
+            )
+            .reward(11_000, 10, [Remaining(4), Reset(0)]),
+        // 2^40 per 4 µs, then 1 per 2^50 µs: the product of the old count and
+        // the new window does not fit in 64 bits.
+        Scenario::on(sliding_counter(1, 1 << 50))
+            .named("sliding counter: lowered limit")
+            .from(sliding_counter_state(1 << 50, 1 << 41, 1 << 41))
+            .decide(
+                (1 << 50) + 1,
+                1,
+                [Allowed(false), Remaining(0), RetryAtMost(2 << 50)],
+            ),
+        Scenario::on(sliding_log(3, 1_000))
+            .named("sliding log: penalty leaves with window")
+            .decide(10_000, 1, [Allowed(true)])
+            // Capped at twice the limit.
+            .penalize(
+                10_400,
+                100,
+                [
+                    StateIs(sliding_log_state(&[(10_000, 1), (10_400, 5)])),
+                    Allowed(false),
+                    Remaining(0),
+                ],
+            )
+            // The penalty sits at 10_400 and leaves at 11_400.
+            .decide(10_500, 1, [Retry(900)])
+            .decide(11_400, 3, [Allowed(true)]),
+        Scenario::on(sliding_log(3, 1_000))
+            .named("sliding log: reward most recent first")
+            .decide(10_000, 1, [])
+            .decide(10_200, 2, [])
+            .reward(
+                10_300,
+                1,
+                [
+                    StateIs(sliding_log_state(&[(10_000, 1), (10_200, 1)])),
+                    Remaining(1),
+                    Reset(900),
+                ],
+            )
+            .reward(
+                10_300,
+                5,
+                [StateIs(sliding_log_state(&[])), Remaining(3), Reset(0)],
+            ),
+        Scenario::on(token_bucket(4, 100))
+            .named("token bucket: penalty into debt")
+            .penalize(10_000, 3, [Allowed(true), Remaining(1)])
+            // A bucket of debt, then a bucket.
+            .penalize(
+                10_030,
+                100,
+                [
+                    Allowed(false),
+                    Reset(800),
+                    StateIs(token_bucket_state(0, 10_430)),
+                ],
+            )
+            .decide(10_030, 1, [Retry(500)])
+            .decide(10_529, 1, [Allowed(false)])
+            .decide(10_530, 1, [Allowed(true)]),
+        Scenario::on(token_bucket(4, 100))
+            .named("token bucket: reward pays debt first")
+            .penalize(10_000, 6, [])
+            .reward(10_000, 2, [Remaining(0), Reset(400)])
+            // Level 50 µs of progress + 1 token.
+            .reward(10_050, 1, [Remaining(1), Reset(250)])
+            // Back to fresh.
+            .reward(
+                10_050,
+                9,
+                [
+                    Remaining(4),
+                    Reset(0),
+                    StateIs(State::TokenBucket(TokenBucketState::default())),
+                ],
+            ),
+        // Three tokens as of 50 µs from now (a clock that stepped back): two
+        // tokens and 50 µs of progress now.
+        Scenario::on(token_bucket(4, 100))
+            .named("token bucket: tokens ahead pay debt")
+            .from(token_bucket_state(3, 10_050))
+            .decide(10_000, 3, [Allowed(false), Retry(50)])
+            .decide(10_000, 2, [Allowed(true)]),
+        Scenario::on(token_bucket(4, 100))
+            .named("token bucket: penalty keeps progress")
+            .decide(10_000, 4, [Allowed(true)])
+            // 2 tokens and 50 µs of progress at 10_250; take 1.
+            .penalize(10_250, 1, [Remaining(1), Reset(250)]),
+        // Written by a bucket of 100.
+        Scenario::on(token_bucket(4, 100))
+            .named("token bucket: lowered capacity")
+            .from(token_bucket_state(100, 9_000))
+            .decide(10_000, 1, [Allowed(true), Remaining(3), Reset(100)]),
+        // The same, with its refill time ahead of now (a clock that stepped
+        // back) and a new interval that 2^40 tokens times would overflow.
+        Scenario::on(token_bucket(4, 1 << 48))
+            .named("token bucket: lowered capacity, ahead")
+            .from(token_bucket_state(1 << 40, (1 << 51) + 50))
+            .decide(1 << 51, 4, [Allowed(false), Remaining(3), Retry(50)]),
+        // Bursts of 4, one unit every 100 µs: a full burst refills in 400 µs.
+        Scenario::on(gcra(4, 100))
+            .named("gcra: penalty of one more burst")
+            .penalize(1_000, 2, [Allowed(true), Remaining(2)])
+            // Capped at two bursts ahead.
+            .penalize(
+                1_000,
+                1_000_000,
+                [StateIs(tat(1_000 + 800)), Allowed(false), Reset(800)],
+            )
+            // Cost 1 passes once the TAT is one interval within the burst.
+            .decide(1_000, 1, [Retry(500)])
+            .decide(1_499, 1, [Allowed(false)])
+            .decide(1_500, 1, [Allowed(true)]),
+        Scenario::on(gcra(4, 100))
+            .named("gcra: reward up to a full burst")
+            .decide(1_000, 4, [Allowed(true)])
+            .decide(1_000, 1, [Allowed(false)])
+            .reward(1_000, 1, [Allowed(true), Remaining(1)])
+            // Back to fresh.
+            .reward(1_000, u64::MAX, [Remaining(4), Reset(0), StateIs(tat(0))]),
+        Scenario::on(gcra(4, 100))
+            .named("gcra: penalty then reward undone")
+            .decide(1_000, 3, [])
+            .decide(1_050, 0, [Exactly(Decision::allow(4, 1, 250))])
+            .penalize(1_050, 3, [])
+            .reward(1_050, 3, [Exactly(Decision::allow(4, 1, 250))]),
+        Scenario::on(leaky_bucket(3, 100))
+            .named("leaky bucket: adjustments move the slot")
+            .penalize(5_000, 2, [Allowed(true), Remaining(1)])
+            // Waits behind the penalty.
+            .decide(5_000, 1, [Delay(200)])
+            // Capped at two buckets.
+            .penalize(5_000, 100, [Reset(600)])
+            .reward(5_000, 6, [Remaining(3), Reset(0)]),
+        Scenario::on(concurrency(5, 1_000))
+            .named("concurrency: lowered max")
+            .decide(10_000, 1, [Allowed(true)])
+            .decide(10_100, 1, [Allowed(true)])
+            .decide(10_200, 1, [Allowed(true)])
+            .decide(10_300, 1, [Allowed(true)])
+            // Four held (leases ending at 11_000 .. 11_300) under a max of 2.
+            .reload(concurrency(2, 500))
+            // Three must end before one more fits: the third ends at 11_200.
+            .decide(
+                10_400,
+                1,
+                [
+                    Allowed(false),
+                    Limit(2),
+                    Remaining(0),
+                    Retry(800),
+                    Reset(900),
+                ],
+            )
+            .decide(10_400, 0, [Allowed(false), Remaining(0)])
+            .decide(11_199, 1, [Allowed(false)])
+            .decide(11_200, 1, [Allowed(true), Remaining(0)]),
     ]
 }
 
