@@ -13,7 +13,7 @@ use ratelimit_core::redis::{RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
+use ratelimit_tests::{RedisCluster, RedisServer, observable, permits_left, twin_stores};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -447,19 +447,6 @@ async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
     }
     assert_eq!(loads(&server.cli(&["INFO", "commandstats"])), loaded + 1);
     assert!(server.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
-}
-
-/// Polls the number of permits held in `key` until it is 0, for at most
-/// `limit`; returns the last count.
-async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let count = server.cli(&["ZCARD", key]);
-        if count.trim() == "0" || start.elapsed() > limit {
-            return count.trim().to_owned();
-        }
-        tokio::time::sleep(ms(20)).await;
-    }
 }
 
 /// Callers that go away: before their batch is sent, they are left out of

@@ -12,7 +12,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{
-    RedisCluster, RedisServer, long_policies, observable, small_policies, twin_stores,
+    CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, long_policies, named,
+    observable, redis_store, small_policies, twin_stores,
 };
 
 fn ms(n: u64) -> Duration {
@@ -116,12 +117,12 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_tasks_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(8)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(8)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     hammer(&store, "hot").await;
 }
 
@@ -155,22 +156,18 @@ async fn hammer(store: &RedisStore, key: &'static str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster).await;
     hammer(&store, "hot-on-cluster").await;
 
     // Per second and per day of one user share the user's hash tag: all or nothing.
-    let per_second = Policy::fixed_window(3, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("per-second")
-        .unwrap();
-    let per_day = Policy::fixed_window(4, Duration::from_secs(86_400))
-        .unwrap()
-        .with_name("per-day")
-        .unwrap();
+    let per_second = named(
+        "per-second",
+        Policy::fixed_window(3, Duration::from_secs(3600)),
+    );
+    let per_day = named(
+        "per-day",
+        Policy::fixed_window(4, Duration::from_secs(86_400)),
+    );
     for i in 0..3 {
         let d = store
             .check_all(&[
@@ -197,14 +194,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     // A name that changed algorithm is a conflict on a cluster too; across
     // slots, what the earlier slot consumed is refunded.
     let hour = Duration::from_secs(3600);
-    let window = Policy::fixed_window(3, hour)
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let bucket = Policy::token_bucket(3, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let window = named("shared", Policy::fixed_window(3, hour));
+    let bucket = named("shared", Policy::token_bucket(3, Rate::per_hour(1)));
     store.check(b"dave", &window, 1).await.unwrap();
     assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
     let slot = |k: &str| {
@@ -311,12 +302,12 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(2)
-        .call_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(2)
+            .call_timeout(Duration::from_secs(2)),
+    )
+    .await;
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
     for _ in 0..4 {
         store.check(b"k", &policy, 1).await.unwrap();
@@ -338,12 +329,12 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.stop();
-    let store = RedisStore::builder(url)
-        .connect_timeout(ms(200))
-        .call_timeout(ms(300))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(url)
+            .connect_timeout(ms(200))
+            .call_timeout(ms(300)),
+    )
+    .await;
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
     let started = std::time::Instant::now();
     let err = store.check(b"k", &policy, 1).await.unwrap_err();
@@ -356,11 +347,7 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl_no_longer_than_its_state() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix("audit")
-        .build()
-        .await
-        .unwrap();
+    let store = build(RedisStore::builder(server.url()).prefix("audit")).await;
     let second = Duration::from_secs(1);
     let policies = [
         Policy::fixed_window(5, 3 * second).unwrap(),
@@ -449,11 +436,7 @@ async fn semaphore_never_exceeds_max_across_instances() {
     let completed = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::builder(server.url())
-            .call_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
+        let store = redis_store(server.url()).await;
         for _ in 0..8 {
             let (store, policy) = (store.clone(), policy.clone());
             let (in_flight, peak, completed) = (in_flight.clone(), peak.clone(), completed.clone());
@@ -496,11 +479,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
         "--user", "default", "off", "--user", "limiter", "on", ">s3cret", "~*", "+@all",
     ]);
     let url = format!("redis://limiter:s3cret@127.0.0.1:{}/3", server.port());
-    let store = RedisStore::builder(url)
-        .prefix("acl")
-        .build()
-        .await
-        .unwrap();
+    let store = build(RedisStore::builder(url).prefix("acl")).await;
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     let auth = [
@@ -572,10 +551,10 @@ async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
     };
     for (round, algorithm) in long_policies(3).into_iter().enumerate() {
         let per_user = algorithm.with_name(format!("cross-user-{round}")).unwrap();
-        let shared = Policy::fixed_window(1, Duration::from_secs(3600))
-            .unwrap()
-            .with_name(format!("cross-shared-{round}"))
-            .unwrap();
+        let shared = named(
+            format!("cross-shared-{round}"),
+            Policy::fixed_window(1, Duration::from_secs(3600)),
+        );
         // Both orders: the per-user key in the earlier slot, then in the later one.
         for earlier_first in [true, false] {
             let shared_key = format!("s{round}-{earlier_first}");
@@ -656,10 +635,7 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
         .into_iter()
         .map(|p| p.with_name("shared").unwrap())
         .collect();
-    let other = Policy::fixed_window(5, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("other")
-        .unwrap();
+    let other = named("other", Policy::fixed_window(5, Duration::from_secs(3600)));
     let mut pairs = 0;
     for old in &policies {
         for new in &policies {
@@ -743,14 +719,8 @@ async fn gcra_and_leaky_bucket_share_their_state_on_both_stores() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_763_000_000_000_001);
     let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
-    let gcra = Policy::gcra(5, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let leaky = Policy::leaky_bucket(5, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let gcra = named("shared", Policy::gcra(5, Rate::per_hour(1)));
+    let leaky = named("shared", Policy::leaky_bucket(5, Rate::per_hour(1)));
     for (first, then) in [(&gcra, &leaky), (&leaky, &gcra)] {
         let key = format!(
             "{}-then-{}",
@@ -779,12 +749,12 @@ async fn untagged_states_from_before_tags_count_on() {
     const HOUR: u64 = 3_600_000_000;
     let server = RedisServer::start();
     let now = 1_763_000_000_000_001;
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(ManualClock::new(now))
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let redis = build(
+        RedisStore::builder(server.url())
+            .script_clock_for_tests(ManualClock::new(now))
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let window = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
     let gcra = Policy::gcra(5, Rate::per_hour(1)).unwrap();
     let untagged = [
@@ -887,23 +857,19 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
         "no",
     ]);
     let url = format!("rediss://127.0.0.1:{}", server.port());
-    let store = RedisStore::builder(url.clone())
-        .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(url.clone())
+            .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
     // Without the CA the server's certificate is not trusted: an error, not a bypass.
-    let untrusting = RedisStore::builder(url)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let untrusting = redis_store(url).await;
     assert!(
         untrusting
             .check(b"k", &policy, 1)
@@ -912,11 +878,11 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
             .is_outage()
     );
     // A plain-text client cannot talk to the TLS port.
-    let plain = RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))
-        .call_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let plain = build(
+        RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))
+            .call_timeout(Duration::from_millis(500)),
+    )
+    .await;
     assert!(plain.check(b"k", &policy, 1).await.is_err());
 }
 
@@ -929,20 +895,20 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     // A fixed clock: both requests land in the same microsecond, so the
     // refunded request shares the log's only entry.
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let per_user = Policy::sliding_window_log(5, Duration::from_secs(60))
-        .unwrap()
-        .with_name("refund-log")
-        .unwrap();
-    let shared = Policy::fixed_window(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("refund-shared")
-        .unwrap();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let per_user = named(
+        "refund-log",
+        Policy::sliding_window_log(5, Duration::from_secs(60)),
+    );
+    let shared = named(
+        "refund-shared",
+        Policy::fixed_window(1, Duration::from_secs(60)),
+    );
     let slot = |k: &str, p: &Policy| {
         ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
     };

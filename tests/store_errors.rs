@@ -17,6 +17,7 @@ use ratelimit_core::{
     BreakerState, Check, CircuitBreaker, Decision, DecisionSource, FallbackStore, MemoryStore,
     PermitId, Policy, Store, StoreError,
 };
+use ratelimit_tests::named;
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -100,10 +101,7 @@ impl Store for Failing {
 }
 
 fn policy() -> Policy {
-    Policy::fixed_window(5, Duration::from_secs(60))
-        .unwrap()
-        .with_name("p")
-        .unwrap()
+    named("p", Policy::fixed_window(5, Duration::from_secs(60)))
 }
 
 /// The status the layer and the `Limiter` answer for `error` under a
@@ -327,10 +325,7 @@ async fn calls_the_layer_times_out_open_the_breaker() {
 /// never released, and held until its lease expired).
 #[tokio::test]
 async fn a_limiter_permit_is_held_by_granted_until_dropped() {
-    let policy = Policy::concurrency(1, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("uploads")
-        .unwrap();
+    let policy = named("uploads", Policy::concurrency(1, Duration::from_secs(3600)));
     let limiter = Limiter::new(MemoryStore::new(), policy);
     let granted = limiter
         .check(b"alice", 1)
