@@ -15,6 +15,7 @@ use ratelimit_core::{
     AdminStore, Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, Policy,
     Rate, Store, StoreError,
 };
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
     CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
     observable, redis_store,
@@ -757,7 +758,7 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
 async fn cluster_blocks_keys_in_their_own_slot() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
-    let hourly = named("hourly", Policy::fixed_window(3, Duration::from_secs(3600)));
+    let hourly = fixed_window("hourly", 3, Duration::from_secs(3600));
     let per_day = named("per-day", Policy::gcra(5, Rate::per_hour(1)));
     let users: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
     let mut slots = std::collections::HashSet::new();

@@ -96,11 +96,8 @@ async fn many_tasks_with_costs_never_exceed_the_limit() {
 #[test]
 fn check_all_is_all_or_nothing_under_concurrency() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
-    let per_user = named(
-        "per-user",
-        Policy::fixed_window(10, Duration::from_secs(60)),
-    );
-    let global = named("global", Policy::fixed_window(50, Duration::from_secs(60)));
+    let per_user = fixed_window("per-user", 10, Duration::from_secs(60));
+    let global = fixed_window("global", 50, Duration::from_secs(60));
     let admitted = AtomicU64::new(0);
     thread::scope(|s| {
         for t in 0..8u64 {
@@ -141,7 +138,7 @@ fn check_all_is_all_or_nothing_under_concurrency() {
 #[test]
 fn check_all_denied_consumes_nothing() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
-    let small = named("small", Policy::fixed_window(1, Duration::from_secs(60)));
+    let small = fixed_window("small", 1, Duration::from_secs(60));
     let big = named("big", Policy::gcra(10, Rate::per_second(1)));
     let first = store
         .check_all_now(&[Check::new(b"k", &small, 1), Check::new(b"k", &big, 1)])
@@ -246,7 +243,7 @@ fn fresh_state_is_not_kept() {
 #[test]
 fn one_name_two_algorithms_is_an_error() {
     let store = MemoryStore::new();
-    let a = named("same", Policy::fixed_window(5, Duration::from_secs(1)));
+    let a = fixed_window("same", 5, Duration::from_secs(1));
     let b = named("same", Policy::gcra(5, Rate::per_second(1)));
     store.check_now(b"k", &a, 1).unwrap();
     assert!(matches!(
@@ -287,6 +284,7 @@ fn huge_keys_are_bounded() {
 // ---- DeniedCache: known denials answered locally ----
 
 use ratelimit_core::DeniedCache;
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
 
 /// A store that counts the checks that reach it.

@@ -23,7 +23,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::{client, get, statuses};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{free_port, spawn_example_lines};
+use ratelimit_tests::{free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
@@ -212,10 +212,10 @@ fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
     let (statuses, recorded) = capture(false, || async {
         let store = frozen_memory();
         let window = policy("shared-name", 5);
-        let bucket = Policy::gcra(5, ratelimit_core::Rate::per_second(1))
-            .unwrap()
-            .with_name("shared-name")
-            .unwrap();
+        let bucket = named(
+            "shared-name",
+            Policy::gcra(5, ratelimit_core::Rate::per_second(1)),
+        );
         let mut first = RateLimitLayer::new(store.clone(), window, by_client)
             .on_failure(FailurePolicy::Open)
             .layer(ok_service());

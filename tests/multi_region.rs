@@ -9,6 +9,7 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{RedisServer, build, named};
 
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
@@ -115,7 +116,7 @@ impl Regions {
 
 fn fixed(limit: usize) -> Policy {
     let limit = u64::try_from(limit).expect("a limit");
-    named("mr", Policy::fixed_window(limit, Duration::from_secs(3600)))
+    fixed_window("mr", limit, Duration::from_secs(3600))
 }
 
 /// Sends `count` requests for `key`, the i-th to region `pick(i)`, `gap`
@@ -422,9 +423,7 @@ async fn the_layer_works_unchanged_on_top() {
     // A cost, two limits and a shadow policy, with their headers, on the
     // third region: a budget of 6 at cost 2 admits three requests; the
     // shadow policy (limit 1) is decided and counted but never refuses.
-    let named = |name: &str, limit: u64| {
-        named(name, Policy::fixed_window(limit, Duration::from_secs(3600)))
-    };
+    let named = |name: &str, limit: u64| fixed_window(name, limit, Duration::from_secs(3600));
     let layer = RateLimitLayer::new(
         regions.stores[2].clone(),
         named("mr-costly", 6),
@@ -691,7 +690,7 @@ async fn one_region_decides_as_the_single_region_algorithm() {
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let window = Duration::from_millis(1000);
     let policies = [
-        named("one-fw", Policy::fixed_window(5, window)),
+        fixed_window("one-fw", 5, window),
         named("one-swc", Policy::sliding_window_counter(5, window)),
     ];
     // Steps of 37 to 411 ms, costs 0 to 3: a fixed pseudo-random timeline.

@@ -23,6 +23,7 @@ use ratelimit_core::{
     StoreError,
 };
 use ratelimit_tests::fault_proxy::FaultProxy;
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
     RedisCluster, RedisServer, build, cluster_store, long_policies, named, observable,
     permits_left, twin_stores,
@@ -255,14 +256,8 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     }
     // The same policy name with other parameters twice in one request is a
     // conflict on both stores, never a silent pass.
-    let a = named(
-        "dup-conflict",
-        Policy::fixed_window(5, Duration::from_secs(60)),
-    );
-    let b = named(
-        "dup-conflict",
-        Policy::fixed_window(7, Duration::from_secs(60)),
-    );
+    let a = fixed_window("dup-conflict", 5, Duration::from_secs(60));
+    let b = fixed_window("dup-conflict", 7, Duration::from_secs(60));
     let checks = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
     for (store, result) in [
         ("memory", memory.check_all(&checks).await),
@@ -274,10 +269,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
         );
     }
     // Summed costs above what the policy admits: a clear error on both.
-    let small = named(
-        "dup-small",
-        Policy::fixed_window(2, Duration::from_secs(60)),
-    );
+    let small = fixed_window("dup-small", 2, Duration::from_secs(60));
     let checks = [Check::new(b"k", &small, 2), Check::new(b"k", &small, 1)];
     for (store, result) in [
         ("memory", memory.check_all(&checks).await),
@@ -454,8 +446,8 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
     let hour = Duration::from_secs(3600);
-    let policy = named("peek", Policy::fixed_window(1, hour));
-    let other = named("peek-other", Policy::fixed_window(10, hour));
+    let policy = fixed_window("peek", 1, hour);
+    let other = fixed_window("peek-other", 10, hour);
     // Slot order: `early` (consumes, refunded), `denier`, `late` (never checked).
     let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
     let early = user_in_slot(&store, &other, "early", |s| s < 5000);
@@ -501,7 +493,7 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
         build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)))
             .await;
     let hour = Duration::from_secs(3600);
-    let policy = named("down", Policy::fixed_window(1, hour));
+    let policy = fixed_window("down", 1, hour);
     let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
     let slot_of = |k: &str| {

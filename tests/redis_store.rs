@@ -10,7 +10,7 @@ use std::time::Duration;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
-use ratelimit_tests::fixtures::Rng;
+use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, long_policies, named,
     observable, redis_store, small_policies, twin_stores,
@@ -160,14 +160,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     hammer(&store, "hot-on-cluster").await;
 
     // Per second and per day of one user share the user's hash tag: all or nothing.
-    let per_second = named(
-        "per-second",
-        Policy::fixed_window(3, Duration::from_secs(3600)),
-    );
-    let per_day = named(
-        "per-day",
-        Policy::fixed_window(4, Duration::from_secs(86_400)),
-    );
+    let per_second = fixed_window("per-second", 3, Duration::from_secs(3600));
+    let per_day = fixed_window("per-day", 4, Duration::from_secs(86_400));
     for i in 0..3 {
         let d = store
             .check_all(&[
@@ -194,7 +188,7 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     // A name that changed algorithm is a conflict on a cluster too; across
     // slots, what the earlier slot consumed is refunded.
     let hour = Duration::from_secs(3600);
-    let window = named("shared", Policy::fixed_window(3, hour));
+    let window = fixed_window("shared", 3, hour);
     let bucket = named("shared", Policy::token_bucket(3, Rate::per_hour(1)));
     store.check(b"dave", &window, 1).await.unwrap();
     assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
@@ -635,7 +629,7 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
         .into_iter()
         .map(|p| p.with_name("shared").unwrap())
         .collect();
-    let other = named("other", Policy::fixed_window(5, Duration::from_secs(3600)));
+    let other = fixed_window("other", 5, Duration::from_secs(3600));
     let mut pairs = 0;
     for old in &policies {
         for new in &policies {
@@ -905,10 +899,7 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
         "refund-log",
         Policy::sliding_window_log(5, Duration::from_secs(60)),
     );
-    let shared = named(
-        "refund-shared",
-        Policy::fixed_window(1, Duration::from_secs(60)),
-    );
+    let shared = fixed_window("refund-shared", 1, Duration::from_secs(60));
     let slot = |k: &str, p: &Policy| {
         ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
     };

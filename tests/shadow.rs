@@ -17,7 +17,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::metrics::{Scrape, capture};
-use ratelimit_tests::{RedisServer, free_port, spawn_listening};
+use ratelimit_tests::{RedisServer, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
@@ -236,15 +236,8 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
     capture(false, || async {
         let store = frozen_memory();
         let lease = Duration::from_secs(3600);
-        let enforced = Policy::concurrency(1, lease)
-            .unwrap()
-            .with_name("in-flight")
-            .unwrap();
-        let trial = Policy::concurrency(5, lease)
-            .unwrap()
-            .with_name("in-flight-trial")
-            .unwrap()
-            .with_shadow(true);
+        let enforced = named("in-flight", Policy::concurrency(1, lease));
+        let trial = named("in-flight-trial", Policy::concurrency(5, lease)).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
             .and(Rule::new(trial.clone(), by_client))
             .layer(echo_service());
@@ -300,11 +293,8 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
             .build();
         // A shadow denial and a shadow leaky-bucket slot: neither may delay.
         let trial = per_ten_seconds("trial", 1).with_shadow(true);
-        let spaced = Policy::leaky_bucket(10, Rate::per_second(1))
-            .unwrap()
-            .with_name("spaced")
-            .unwrap()
-            .with_shadow(true);
+        let spaced =
+            named("spaced", Policy::leaky_bucket(10, Rate::per_second(1))).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), trial.clone(), by_client)
             .and(Rule::new(spaced, by_client))
             .wait(Duration::from_secs(30))
@@ -317,15 +307,8 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
 
         // An enforced policy that makes requests wait: one per second. The
         // shadow policy beside it is asked once per request, not per attempt.
-        let enforced = Policy::gcra(1, Rate::per_second(1))
-            .unwrap()
-            .with_name("one-per-second")
-            .unwrap();
-        let counted = Policy::fixed_window(100, Duration::from_secs(3600))
-            .unwrap()
-            .with_name("counted")
-            .unwrap()
-            .with_shadow(true);
+        let enforced = named("one-per-second", Policy::gcra(1, Rate::per_second(1)));
+        let counted = fixed_window("counted", 100, Duration::from_secs(3600)).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), enforced, by_client)
             .and(Rule::new(counted.clone(), by_client))
             .wait(Duration::from_secs(30))

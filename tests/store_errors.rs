@@ -17,6 +17,7 @@ use ratelimit_core::{
     BreakerState, Check, CircuitBreaker, Decision, DecisionSource, FallbackStore, MemoryStore,
     PermitId, Policy, Store, StoreError,
 };
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -101,7 +102,7 @@ impl Store for Failing {
 }
 
 fn policy() -> Policy {
-    named("p", Policy::fixed_window(5, Duration::from_secs(60)))
+    fixed_window("p", 5, Duration::from_secs(60))
 }
 
 /// The status the layer and the `Limiter` answer for `error` under a
