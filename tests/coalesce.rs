@@ -14,7 +14,8 @@ use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisCluster, RedisServer, build, named, observable, permits_left, twin_stores,
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, named, observable, permits_left,
+    twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -166,9 +167,7 @@ async fn replay_in_order(server: &RedisServer, rounds: u64) {
 /// admitted), which orders them; denials at one state change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies = [
         named("hot-tb", Policy::token_bucket(40, Rate::new(10, ms(100)))),
         fixed_window("hot-fw", 30, ms(100)),

@@ -25,8 +25,8 @@ use ratelimit_core::{
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
-    RedisCluster, RedisServer, build, cluster_store, long_policies, named, observable,
-    permits_left, twin_stores,
+    NOW_MICROS, RedisCluster, RedisServer, build, cluster_store, long_policies, named, observable,
+    permits_left, twin_stores, twins_at,
 };
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -291,9 +291,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_node() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
     duplicates_agree(&memory, &redis, "node").await;
 }
 

@@ -12,8 +12,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, long_policies, named,
-    observable, redis_store, small_policies, twin_stores,
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, cluster_store, long_policies,
+    named, observable, redis_store, small_policies, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -34,10 +34,8 @@ fn same_outcome(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_agree_on_random_timelines() {
-    let server = RedisServer::start();
     // Around the current Unix time in µs, so the scripts see realistic magnitudes.
-    let clock = ManualClock::new(1_763_000_000_123_457);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(1_763_000_000_123_457).await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut compared = 0;
     for policy in small_policies() {
@@ -86,9 +84,7 @@ async fn memory_and_redis_agree_on_random_timelines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_agree_on_several_limits_at_once() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies: Vec<Policy> = small_policies()
         .into_iter()
         .enumerate()
@@ -622,9 +618,7 @@ fn assert_conflict<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>
 /// counter read a fixed window's state as its own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies: Vec<Policy> = long_policies(5)
         .into_iter()
         .map(|p| p.with_name("shared").unwrap())
@@ -710,9 +704,7 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
 /// both stores: a name moved from one to the other counts on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gcra_and_leaky_bucket_share_their_state_on_both_stores() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
     let gcra = named("shared", Policy::gcra(5, Rate::per_hour(1)));
     let leaky = named("shared", Policy::leaky_bucket(5, Rate::per_hour(1)));
     for (first, then) in [(&gcra, &leaky), (&leaky, &gcra)] {

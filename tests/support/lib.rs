@@ -43,6 +43,25 @@ pub async fn twin_stores(
     (memory, redis)
 }
 
+/// A whole second of Unix time plus 1 µs, in µs: around the current time, so
+/// the scripts see realistic magnitudes.
+pub const NOW_MICROS: u64 = 1_763_000_000_000_001;
+
+/// A new Redis server, a clock at `t0` µs and [`twin_stores`] on both.
+pub async fn twins_at(
+    t0: u64,
+) -> (
+    RedisServer,
+    ManualClock,
+    MemoryStore<ManualClock>,
+    RedisStore,
+) {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(t0);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    (server, clock, memory, redis)
+}
+
 /// Small policies of every algorithm (100 ms windows, limits of 3 to 7), so
 /// random timelines reach every branch of every algorithm.
 pub fn small_policies() -> Vec<Policy> {
