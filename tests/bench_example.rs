@@ -5,6 +5,30 @@ use std::process::Command;
 
 use ratelimit_tests::{RedisServer, assert_refuses_flags, example_binary};
 
+/// 3,000 requests from `concurrency` tasks on one key of the Redis at `url`,
+/// under a fixed window of 50 an hour, with the flags `extra`.
+fn on_a_hot_redis_key(url: &str, concurrency: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--store",
+        "redis",
+        "--redis",
+        url,
+        "--algorithm",
+        "fixed-window",
+    ];
+    args.extend([
+        "--keys",
+        "1",
+        "--concurrency",
+        concurrency,
+        "--requests",
+        "3000",
+    ]);
+    args.extend(["--limit", "50", "--window", "1h"]);
+    args.extend_from_slice(extra);
+    run_bench(&args)
+}
+
 fn run_bench(args: &[&str]) -> serde_json::Value {
     let output = Command::new(example_binary("bench"))
         .args(args)
@@ -102,26 +126,7 @@ fn bench_max_batch_reports_the_mean_batch_and_keeps_the_limit() {
     let url = server.url();
     for max_batch in ["64", "1"] {
         server.cli(&["FLUSHALL"]);
-        let json = run_bench(&[
-            "--store",
-            "redis",
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--keys",
-            "1",
-            "--concurrency",
-            "64",
-            "--requests",
-            "3000",
-            "--limit",
-            "50",
-            "--window",
-            "1h",
-            "--max-batch",
-            max_batch,
-        ]);
+        let json = on_a_hot_redis_key(&url, "64", &["--max-batch", max_batch]);
         check_fields(&json, "redis", 3_000);
         assert_eq!(json["allowed"], 50, "{json}");
         assert_eq!(json["max_batch"].as_u64(), max_batch.parse().ok(), "{json}");
@@ -179,28 +184,9 @@ fn bench_denied_cache_and_lease_keep_the_limit_on_a_hot_redis_key() {
     let server = RedisServer::start();
     let url = server.url();
     for extra in [&["--denied-cache"][..], &["--lease", "10"][..]] {
-        let mut args = vec![
-            "--store",
-            "redis",
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--keys",
-            "1",
-            "--concurrency",
-            "16",
-            "--requests",
-            "3000",
-            "--limit",
-            "50",
-            "--window",
-            "1h",
-        ];
-        args.extend_from_slice(extra);
         // Each run gets its own window's worth of state: start empty.
         server.cli(&["FLUSHALL"]);
-        let json = run_bench(&args);
+        let json = on_a_hot_redis_key(&url, "16", extra);
         check_fields(&json, "redis", 3_000);
         // A window's worth passes and nothing more (leases spend only what
         // Redis granted, and a lease cannot outlive this hour-long window).
