@@ -34,6 +34,12 @@ impl Recorded {
             .unwrap_or(0)
     }
 
+    /// The counter `name` with the labels `policy` and `outcome` only, as the
+    /// layer counts its decisions (0 when never recorded).
+    pub fn outcome(&self, name: &str, policy: &str, outcome: &str) -> u64 {
+        self.counter(name, &[("policy", policy), ("outcome", outcome)])
+    }
+
     /// The gauge `name` with exactly `labels`.
     pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.gauges.get(&series(name, labels)).copied()
