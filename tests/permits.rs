@@ -346,8 +346,7 @@ async fn assert_released(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_reply_timed_out_is_released() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (server, proxy) = FaultProxy::with_new_server();
     let slow =
         semaphore_on_one_connection(proxy.redis_url(), Duration::from_millis(100), b"slow").await;
     let (store, policy, _) = &slow;
@@ -362,8 +361,7 @@ async fn a_permit_whose_reply_timed_out_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (server, proxy) = FaultProxy::with_new_server();
     let gone =
         semaphore_on_one_connection(proxy.redis_url(), Duration::from_secs(5), b"gone").await;
     let (store, policy, key) = &gone;

@@ -597,8 +597,7 @@ async fn until_closed(store: &FallbackStore<RedisStore>, policy: &Policy, what: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let breaker = Arc::new(CircuitBreaker::default());
     let store = FallbackStore::new(
@@ -1033,8 +1032,7 @@ async fn a_refused_connection_fails_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_fails_with_store_error_timeout() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let policy = policy("slow");
     redis.check(b"k", &policy, 1).await.unwrap();
@@ -1055,8 +1053,7 @@ async fn a_slow_redis_fails_with_store_error_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layer_timeout_below_the_store_timeout_still_falls_back() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let breaker = Arc::new(CircuitBreaker::default());
     let store = FallbackStore::new(redis, MemoryStore::new(), INSTANCES, Arc::clone(&breaker));
