@@ -8,30 +8,19 @@ use ratelimit_tests::{RedisServer, assert_refuses_flags, example_binary};
 /// 3,000 requests from `concurrency` tasks on one key of the Redis at `url`,
 /// under a fixed window of 50 an hour, with the flags `extra`.
 fn on_a_hot_redis_key(url: &str, concurrency: &str, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "--store",
-        "redis",
-        "--redis",
-        url,
-        "--algorithm",
-        "fixed-window",
-    ];
-    args.extend([
-        "--keys",
-        "1",
-        "--concurrency",
-        concurrency,
-        "--requests",
-        "3000",
-    ]);
-    args.extend(["--limit", "50", "--window", "1h"]);
-    args.extend_from_slice(extra);
-    run_bench(&args)
+    run_bench(&format!(
+        "--store redis --redis {url} --algorithm fixed-window --keys 1 \
+         --concurrency {concurrency} --requests 3000 --limit 50 --window 1h {}",
+        extra.join(" ")
+    ))
 }
 
-fn run_bench(args: &[&str]) -> serde_json::Value {
+/// Runs `bench` with the flags of `command_line` (split at white space) and
+/// reads its one JSON line.
+fn run_bench(command_line: &str) -> serde_json::Value {
+    let args: Vec<&str> = command_line.split_whitespace().collect();
     let output = Command::new(example_binary("bench"))
-        .args(args)
+        .args(&args)
         .output()
         .expect("bench runs");
     assert!(
@@ -74,22 +63,10 @@ fn check_fields(json: &serde_json::Value, store: &str, decisions: u64) {
 
 #[test]
 fn bench_prints_one_json_line_for_memory() {
-    let json = run_bench(&[
-        "--store",
-        "memory",
-        "--algorithm",
-        "gcra",
-        "--keys",
-        "1",
-        "--concurrency",
-        "4",
-        "--requests",
-        "20000",
-        "--limit",
-        "100",
-        "--window",
-        "1h",
-    ]);
+    let json = run_bench(
+        "--store memory --algorithm gcra --keys 1 --concurrency 4 --requests 20000 \
+         --limit 100 --window 1h",
+    );
     check_fields(&json, "memory", 20_000);
     // One hot key with a burst of 100 and a slow refill: exactly 100 pass.
     assert_eq!(json["allowed"], 100);
@@ -99,20 +76,11 @@ fn bench_prints_one_json_line_for_memory() {
 #[test]
 fn bench_prints_one_json_line_for_redis() {
     let server = RedisServer::start();
-    let json = run_bench(&[
-        "--store",
-        "redis",
-        "--redis",
-        &server.url(),
-        "--algorithm",
-        "token-bucket",
-        "--keys",
-        "1000",
-        "--concurrency",
-        "16",
-        "--requests",
-        "5000",
-    ]);
+    let json = run_bench(&format!(
+        "--store redis --redis {} --algorithm token-bucket --keys 1000 --concurrency 16 \
+         --requests 5000",
+        server.url()
+    ));
     check_fields(&json, "redis", 5_000);
     assert_eq!(json["algorithm"], "token-bucket");
 }
@@ -144,37 +112,22 @@ fn bench_rejects_bad_flags() {
     let load = ["--concurrency", "1", "--requests", "1"];
     for (bad, expected) in [
         (
-            &["--store", "disk", "--algorithm", "gcra", "--keys", "1"][..],
+            "--store disk --algorithm gcra --keys 1",
             "'--store <STORE>'",
         ),
         (
-            &["--store", "memory", "--algorithm", "nope", "--keys", "1"][..],
+            "--store memory --algorithm nope --keys 1",
             "'--algorithm <NAME>'",
         ),
+        ("--store memory --algorithm gcra --keys 0", "'--keys <N>'"),
         (
-            &["--store", "memory", "--algorithm", "gcra", "--keys", "0"][..],
-            "'--keys <N>'",
-        ),
-        (
-            &[
-                "--store",
-                "memory",
-                "--algorithm",
-                "gcra",
-                "--keys",
-                "1",
-                "--max-batch",
-                "0",
-            ][..],
+            "--store memory --algorithm gcra --keys 1 --max-batch 0",
             "'--max-batch <N>'",
         ),
-        (
-            &["--algorithm", "gcra", "--keys", "1"][..],
-            "--store <STORE>",
-        ),
-        (&["--print-script"][..], "--algorithm <NAME>"),
+        ("--algorithm gcra --keys 1", "--store <STORE>"),
+        ("--print-script", "--algorithm <NAME>"),
     ] {
-        let args: Vec<&str> = bad.iter().chain(&load).copied().collect();
+        let args: Vec<&str> = bad.split_whitespace().chain(load).collect();
         assert_refuses_flags("bench", &args, expected);
     }
 }
