@@ -218,21 +218,34 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     );
 }
 
+/// Under every algorithm: checks `key`, runs `flush` on `server`, checks it
+/// again; the second check decides on the state the first left (`what`
+/// names the run when it does not).
+async fn flush_between_checks(
+    server: &RedisServer,
+    store: &RedisStore,
+    key: &[u8],
+    flush: &[&str],
+    what: &str,
+) {
+    for policy in long_policies(10) {
+        let first = store.check(key, &policy, 1).await.unwrap();
+        assert_eq!(server.cli(flush), "OK");
+        let second = store.check(key, &policy, 1).await.unwrap();
+        assert_eq!(
+            second.remaining() + 1,
+            first.remaining(),
+            "{what}: {}",
+            policy.name()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_flushed_script_cache_is_reloaded_transparently() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).build().await.unwrap();
-    for policy in long_policies(10) {
-        let first = store.check(b"k", &policy, 1).await.unwrap();
-        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
-        let second = store.check(b"k", &policy, 1).await.unwrap();
-        assert_eq!(
-            second.remaining() + 1,
-            first.remaining(),
-            "{}",
-            policy.name()
-        );
-    }
+    flush_between_checks(&server, &store, b"k", &["SCRIPT", "FLUSH"], "").await;
     let a = Policy::sliding_window_log(3, Duration::from_secs(60)).unwrap();
     server.cli(&["SCRIPT", "FLUSH"]);
     let both = store
@@ -259,17 +272,8 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
             .map_or(0, |n| n.parse().unwrap())
     };
     for round in 0..2 {
-        for policy in long_policies(10) {
-            let first = store.check(b"f", &policy, 1).await.unwrap();
-            assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
-            let second = store.check(b"f", &policy, 1).await.unwrap();
-            assert_eq!(
-                second.remaining() + 1,
-                first.remaining(),
-                "round {round}: {}",
-                policy.name()
-            );
-        }
+        let what = format!("round {round}");
+        flush_between_checks(&server, &store, b"f", &["FUNCTION", "FLUSH"], &what).await;
     }
     let libraries = server.cli(&["FUNCTION", "LIST"]);
     assert!(libraries.contains("ratelimit_"), "{libraries}");

@@ -20,7 +20,7 @@ use ratelimit_core::{
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 /// Every variant of `StoreError`, made afresh (it is not `Clone`).
 fn every_error() -> Vec<StoreError> {
@@ -133,13 +133,8 @@ async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
                 .on_failure(failure.clone());
             let service = layer.clone().layer(inner);
             for _ in 0..3 {
-                let response = service
-                    .clone()
-                    .oneshot(Request::new(String::new()))
-                    .await
-                    .unwrap();
                 assert_eq!(
-                    response.status(),
+                    status_of(&service).await,
                     expected(&error, open),
                     "{error:?} with {failure:?}"
                 );
@@ -311,12 +306,7 @@ async fn calls_the_layer_times_out_open_the_breaker() {
         .timeout(ratelimit_core::DEFAULT_SLOW_CALL * 3)
         .layer(inner);
     for _ in 0..3 {
-        let response = service
-            .clone()
-            .oneshot(Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status_of(&service).await, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(breaker.state(), BreakerState::Open);
 }
@@ -363,4 +353,14 @@ async fn refused_status<St: Store + Clone>(limiter: &Limiter<St>, key: &[u8]) ->
         panic!("{key:?} was granted");
     };
     refused.into_response().status()
+}
+
+/// The status `service` answers an empty request with.
+async fn status_of<S, B>(service: &S) -> StatusCode
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let response = service.clone().oneshot(Request::new(String::new())).await;
+    response.expect("the service answers").status()
 }
