@@ -25,8 +25,8 @@ use ratelimit_core::{
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
-    NOW_MICROS, RedisCluster, RedisServer, build, cluster_store, long_policies, named, observable,
-    permits_left, twin_stores, twins_at,
+    NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies, named,
+    observable, permits_left, twin_stores, twins_at,
 };
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -448,22 +448,10 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
     let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
     let early = user_in_slot(&store, &other, "early", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 12_000);
-    assert!(
-        store
-            .check(denier.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, denier.as_bytes(), &policy).await);
     // Another algorithm's state under the name "peek" for `late`.
     let semaphore = named("peek", Policy::concurrency(5, hour));
-    assert!(
-        store
-            .check(late.as_bytes(), &semaphore, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, late.as_bytes(), &semaphore).await);
     let checks = [
         Check::new(early.as_bytes(), &other, 1),
         Check::new(denier.as_bytes(), &policy, 1),
@@ -497,13 +485,7 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     };
     let late_node = owner_of(&cluster, slot_of(&late));
     assert_ne!(late_node, owner_of(&cluster, slot_of(&denier)));
-    assert!(
-        store
-            .check(denier.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, denier.as_bytes(), &policy).await);
     cluster.node_mut(late_node).stop();
     let checks = [
         Check::new(denier.as_bytes(), &policy, 1),

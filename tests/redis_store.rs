@@ -12,8 +12,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, cluster_store, long_policies,
-    named, observable, redis_store, small_policies, twins_at,
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store,
+    long_policies, named, observable, redis_store, small_policies, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -499,20 +499,8 @@ async fn keys_are_bounded_and_never_echo_secrets() {
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
     let secret = format!("sk_live_{}", "x".repeat(1 << 20));
-    assert!(
-        store
-            .check(secret.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
-    assert!(
-        !store
-            .check(secret.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, secret.as_bytes(), &policy).await);
+    assert!(!admits(&store, secret.as_bytes(), &policy).await);
     let key = server.cli(&["--scan"]);
     assert!(key.len() < 100, "{key}");
     assert!(!key.contains("sk_live"), "{key}");
@@ -904,20 +892,8 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
         .map(|i| format!("refund-user-{i}"))
         .find(|u| slot(u, &per_user) < shared_slot)
         .unwrap();
-    assert!(
-        store
-            .check(user.as_bytes(), &per_user, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
-    assert!(
-        store
-            .check(b"everyone", &shared, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, user.as_bytes(), &per_user).await);
+    assert!(admits(&store, b"everyone", &shared).await);
     let checks = [
         Check::new(user.as_bytes(), &per_user, 2),
         Check::new(b"everyone", &shared, 1),

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
+use ratelimit_core::{Policy, Store};
 
 use crate::{RedisCluster, RedisServer};
 
@@ -38,4 +39,10 @@ pub async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> S
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether `store` admits a request of cost 1 from `key` under `policy`.
+pub async fn admits<S: Store>(store: &S, key: &[u8], policy: &Policy) -> bool {
+    let decision = store.check(key, policy, 1).await;
+    decision.expect("the store decides").is_allowed()
 }
