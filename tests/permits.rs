@@ -411,7 +411,7 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let result = store.check(b"busy", &policy, 1).await;
+    let result = store.check(b"busy", policy, 1).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(busy.join().unwrap(), "1");
     assert_released(&server, &busy_user, b"busy", Duration::from_secs(5)).await;
