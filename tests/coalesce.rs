@@ -12,8 +12,11 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
-use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
+use ratelimit_tests::fixtures::{Rng, fixed_window};
+use ratelimit_tests::{
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, named, observable, permits_left,
+    twin_stores, twins_at,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -164,18 +167,10 @@ async fn replay_in_order(server: &RedisServer, rounds: u64) {
 /// admitted), which orders them; denials at one state change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies = [
-        Policy::token_bucket(40, Rate::new(10, ms(100)))
-            .unwrap()
-            .with_name("hot-tb")
-            .unwrap(),
-        Policy::fixed_window(30, ms(100))
-            .unwrap()
-            .with_name("hot-fw")
-            .unwrap(),
+        named("hot-tb", Policy::token_bucket(40, Rate::new(10, ms(100)))),
+        fixed_window("hot-fw", 30, ms(100)),
     ];
     let keys = ["a", "b", "c"];
     let mut rng = Rng(11);
@@ -241,14 +236,8 @@ async fn a_conflict_fails_its_own_request_only() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
     let store = through(&proxy, Duration::from_secs(5)).await;
-    let window = Policy::fixed_window(10, Duration::from_secs(60))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let bucket = Policy::token_bucket(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let window = fixed_window("shared", 10, Duration::from_secs(60));
+    let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
     let before = store.coalescing();
     // The lead call holds the connection: the five behind it go as one batch.
@@ -282,13 +271,13 @@ async fn a_conflict_fails_its_own_request_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_one_turns_coalescing_off() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(1)
-        .max_batch(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(1)
+            .max_batch(1)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
         .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
@@ -312,17 +301,14 @@ async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
 
 /// [`through`] with batches of up to `max_batch` units.
 async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usize) -> RedisStore {
-    let store = RedisStore::builder(proxy.redis_url())
-        .pool_size(1)
-        .max_batch(max_batch)
-        .call_timeout(call_timeout)
-        .build()
-        .await
-        .unwrap();
-    let warm = Policy::fixed_window(1000, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("warm")
-        .unwrap();
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(1)
+            .max_batch(max_batch)
+            .call_timeout(call_timeout),
+    )
+    .await;
+    let warm = fixed_window("warm", 1000, Duration::from_secs(3600));
     // One call alone, then a batch: both functions are loaded.
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
         .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
@@ -357,10 +343,7 @@ async fn behind_a_call(
 }
 
 fn window() -> Policy {
-    Policy::fixed_window(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("fw")
-        .unwrap()
+    fixed_window("fw", 100, Duration::from_secs(3600))
 }
 
 /// A batch whose reply comes after the call timeout: a timeout, an outage,
@@ -449,19 +432,6 @@ async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
     assert!(server.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
 }
 
-/// Polls the number of permits held in `key` until it is 0, for at most
-/// `limit`; returns the last count.
-async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let count = server.cli(&["ZCARD", key]);
-        if count.trim() == "0" || start.elapsed() > limit {
-            return count.trim().to_owned();
-        }
-        tokio::time::sleep(ms(20)).await;
-    }
-}
-
 /// Callers that go away: before their batch is sent, they are left out of
 /// it; after, their results are dropped and the permits they received are
 /// released, so the semaphore never leaks.
@@ -471,10 +441,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
     let proxy = FaultProxy::start(server.addr());
     // Room for ten semaphores of 20 (21 units each) in one batch.
     let store = through_with(&proxy, Duration::from_secs(5), 1000).await;
-    let semaphore = Policy::concurrency(20, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("sem")
-        .unwrap();
+    let semaphore = named("sem", Policy::concurrency(20, Duration::from_secs(3600)));
     let lead_policy = window();
     let keys: Vec<String> = (0..10)
         .map(|i| store.state_key(format!("k{i}").as_bytes(), &semaphore))
@@ -533,16 +500,13 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .pool_size(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let policy = Policy::fixed_window(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("hot")
-        .unwrap();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .pool_size(1)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let policy = fixed_window("hot", 100, Duration::from_secs(3600));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let (store, policy) = (store.clone(), policy.clone());
@@ -567,14 +531,8 @@ async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
 
     // Per minute and per hour of one user: one slot, all or nothing, in
     // batches with other users' requests.
-    let minute = Policy::fixed_window(3, Duration::from_secs(60))
-        .unwrap()
-        .with_name("per-minute")
-        .unwrap();
-    let hour = Policy::fixed_window(5, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("per-hour")
-        .unwrap();
+    let minute = fixed_window("per-minute", 3, Duration::from_secs(60));
+    let hour = fixed_window("per-hour", 5, Duration::from_secs(3600));
     let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = (0..8)
         .map(|i| {
             let user = if i % 2 == 0 { "alice" } else { "bob" };
@@ -697,10 +655,7 @@ async fn costly_checks_do_not_share_a_call() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
     let store = through(&proxy, Duration::from_secs(5)).await;
-    let semaphore = Policy::concurrency(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("sem")
-        .unwrap();
+    let semaphore = named("sem", Policy::concurrency(100, Duration::from_secs(3600)));
     proxy.set_latency(ms(100));
     let before = store.coalescing();
     let (lead, calls) = behind_a_call(&store, &semaphore, 6, ms(20)).await;

@@ -18,7 +18,9 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
-use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tests::{
+    CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, long_policies, named,
+};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -135,26 +137,17 @@ fn url(server: &RedisServer, user: &str, db: u8) -> String {
 }
 
 async fn store(url: String) -> RedisStore {
-    RedisStore::builder(url)
-        .call_timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("a single-node store builds without connecting")
+    build(
+        RedisStore::builder(url)
+            .call_timeout(CALL_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await
 }
 
 /// Every algorithm with a limit of 2 and a long window (nothing refills).
 fn policies() -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    vec![
-        Policy::fixed_window(2, hour).unwrap(),
-        Policy::sliding_window_log(2, hour).unwrap(),
-        Policy::sliding_window_counter(2, hour).unwrap(),
-        Policy::token_bucket(2, Rate::per_hour(1)).unwrap(),
-        Policy::gcra(2, Rate::per_hour(1)).unwrap(),
-        Policy::leaky_bucket(2, Rate::per_hour(1)).unwrap(),
-        Policy::concurrency(2, hour).unwrap(),
-    ]
+    long_policies(2)
 }
 
 /// Why an operation failed.
@@ -421,12 +414,12 @@ async fn the_key_pattern_confines_the_user_to_its_prefix() {
     let server = server();
     set_user(&server, "limiter", COMMANDS);
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
-    let other = RedisStore::builder(url(&server, "limiter", 0))
-        .prefix("other-app")
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let other = build(
+        RedisStore::builder(url(&server, "limiter", 0))
+            .prefix("other-app")
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let error = other.check(b"k", &policy, 1).await.unwrap_err();
     assert!(error.to_string().contains("NoPerm"), "{error}");
     assert!(admin(&server, &["--scan"]).is_empty());
@@ -570,10 +563,7 @@ async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
 /// refunded, 1 when the refund was lost).
 async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
     let hour = Duration::from_secs(3600);
-    let shared = Policy::fixed_window(1, hour)
-        .unwrap()
-        .with_name(format!("{tag}-shared"))
-        .unwrap();
+    let shared = named(format!("{tag}-shared"), Policy::fixed_window(1, hour));
     let slot = |key: &str, policy: &Policy| {
         ratelimit_core::key::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
     };
@@ -582,13 +572,7 @@ async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
         .map(|i| format!("shared-{i}"))
         .find(|k| slot(k, &shared) > 12_000)
         .unwrap();
-    assert!(
-        store
-            .check(shared_key.as_bytes(), &shared, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(store, shared_key.as_bytes(), &shared).await);
     let mut remaining = Vec::new();
     for policy in policies() {
         let kind = policy.algorithm().kind();

@@ -9,6 +9,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
     RateLimitLayer,
@@ -415,14 +416,8 @@ use ratelimit_tower::{Limit, Limits, Mode, Rejection, Rule};
 #[tokio::test]
 async fn several_limits_are_all_or_nothing() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let per_ip = Policy::fixed_window(2, Duration::from_secs(10))
-        .unwrap()
-        .with_name("per-ip")
-        .unwrap();
-    let global = Policy::fixed_window(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("global")
-        .unwrap();
+    let per_ip = fixed_window("per-ip", 2, Duration::from_secs(10));
+    let global = fixed_window("global", 3, Duration::from_secs(10));
     let mut service = RateLimitLayer::new(store(), per_ip, PeerIp)
         .and(Rule::new(global, GlobalKey::default()))
         .layer(mock);
@@ -444,14 +439,8 @@ async fn several_limits_are_all_or_nothing() {
 
 #[tokio::test]
 async fn a_rule_provider_picks_tiers_and_allowlists() {
-    let free = Policy::fixed_window(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("free")
-        .unwrap();
-    let pro = Policy::fixed_window(3, Duration::from_secs(60))
-        .unwrap()
-        .with_name("pro")
-        .unwrap();
+    let free = fixed_window("free", 1, Duration::from_secs(60));
+    let pro = fixed_window("pro", 3, Duration::from_secs(60));
     let rules = move |req: &Request<&'static str>| {
         let api_key = req
             .headers()
