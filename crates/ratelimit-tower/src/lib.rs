@@ -11,7 +11,9 @@
 //! - Denied requests are refused ([`Mode::Reject`]) or wait their turn
 //!   ([`Mode::Wait`]). HTTP refusals are responses (`429` with `Retry-After`,
 //!   or a gRPC trailers-only `RESOURCE_EXHAUSTED`), so the inner error type is
-//!   kept; for other request types they are errors ([`ErrorRejections`]).
+//!   kept ([`HttpRejections`], see [`RateLimitLayer::on_rejection`]); for
+//!   other request types they are errors
+//!   ([`RateLimitLayer::for_errors`]).
 //! - When the store fails, the [`FailurePolicy`] decides.
 //! - Concurrency permits are held until the response body ends.
 //! - With the feature `config`, policies and rules come from a TOML or JSON
@@ -153,8 +155,6 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use responses::{
-    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, headers, problem,
-};
-pub use rules::{And, Cost, Limit, Limits, Rule, RuleProvider};
+pub use responses::{BoxError, HttpRejections, Rejection, headers};
+pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

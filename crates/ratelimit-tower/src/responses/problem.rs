@@ -4,14 +4,16 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::responses::headers::window_seconds;
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// The problem type of a request over its quota, registered by
 /// draft-ietf-httpapi-ratelimit-headers.
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The media type of the body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The problem details of a refusal, as a JSON object:
 ///
@@ -29,7 +31,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///
 /// Refusals that are not a quota (a cost that can never pass, a missing key,
 /// an unavailable limiter) use `about:blank` with their status.
-pub fn problem_json(rejection: &Rejection) -> String {
+pub(crate) fn problem_json(rejection: &Rejection) -> String {
     let problem = match rejection {
         Rejection::Limited(decisions) => {
             let violated: Vec<_> = decisions.iter().filter(|e| e.refuses()).collect();
@@ -45,7 +47,7 @@ pub fn problem_json(rejection: &Rejection) -> String {
                     "{} ({} per {} s)",
                     p.name(),
                     p.limit(),
-                    p.window().as_micros().div_ceil(1_000_000)
+                    window_seconds(p)
                 );
             }
             let _ = write!(detail, "; retry in {retry} s.");
