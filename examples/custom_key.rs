@@ -25,9 +25,9 @@ use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::get;
 use http::{HeaderValue, StatusCode, header};
-use ratelimit_axum::RateLimitInfo;
-use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::{HttpRejections, MissingKey, RateLimitLayer, Rejection};
+use ratelimit_axum::{
+    MemoryStore, MissingKey, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection,
+};
 
 /// The header naming the tenant.
 const TENANT_HEADER: &str = "x-tenant";
@@ -50,9 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // No tenant: refuse the request...
         .on_missing_key(MissingKey::Reject)
         // ...with 400, while quota refusals keep the default 429.
-        .on_rejection(|rejection| match rejection {
+        .on_rejection(|rejection, default| match rejection {
             Rejection::MissingKey => missing_tenant(),
-            other => HttpRejections::http_response(other),
+            _ => default,
         });
 
     let app = Router::new().route("/", get(hello)).route_layer(limit);

@@ -754,13 +754,7 @@ fn limits_of(config: &Config, req: &Request<String>) -> Vec<(String, Vec<u8>, u6
     assert!(!limits.is_reject());
     limits
         .iter()
-        .map(|l| {
-            (
-                l.policy().name().to_owned(),
-                l.key().as_bytes().to_vec(),
-                l.cost(),
-            )
-        })
+        .map(|(policy, key, cost)| (policy.name().to_owned(), key.as_bytes().to_vec(), cost))
         .collect()
 }
 

@@ -1139,7 +1139,7 @@ fn dot_segments_and_repeated_slashes_map_to_one_route_key_and_one_rule() {
         let names: Vec<String> = config
             .limits(&req)
             .iter()
-            .map(|l| l.policy().name().to_owned())
+            .map(|(policy, _, _)| policy.name().to_owned())
             .collect();
         assert_eq!(names, ["api"], "{spelling}");
         let key = RouteKey.extract(&req).unwrap();
