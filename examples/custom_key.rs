@@ -24,7 +24,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::get;
-use http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 use ratelimit_axum::{
     MemoryStore, MissingKey, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection,
 };
@@ -64,17 +64,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// `400 Bad Request` for a request without a tenant.
 fn missing_tenant() -> http::Response<Bytes> {
-    let body = format!(
-        "{{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\
-         \"detail\":\"missing {TENANT_HEADER} header\"}}"
-    );
-    let mut response = http::Response::new(Bytes::from(body));
-    *response.status_mut() = StatusCode::BAD_REQUEST;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    ratelimit_examples::problem(
+        StatusCode::BAD_REQUEST,
+        &format!("missing {TENANT_HEADER} header"),
+    )
 }
 
 /// `GET /`: the tenant's quota left.

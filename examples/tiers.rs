@@ -101,19 +101,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// `401 Unauthorized` for a missing or unknown API key.
 fn unauthorized() -> http::Response<Bytes> {
-    let body = format!(
-        "{{\"type\":\"about:blank\",\"title\":\"Unauthorized\",\"status\":401,\
-         \"detail\":\"missing or unknown {API_KEY_HEADER}\"}}"
-    );
-    let mut response = http::Response::new(Bytes::from(body));
-    *response.status_mut() = StatusCode::UNAUTHORIZED;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+    let mut response = ratelimit_examples::problem(
+        StatusCode::UNAUTHORIZED,
+        &format!("missing or unknown {API_KEY_HEADER}"),
     );
     // A 401 names how to authenticate.
-    headers.insert(
+    response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static(r#"ApiKey realm="tiers", header="x-api-key""#),
     );
