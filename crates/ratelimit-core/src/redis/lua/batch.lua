@@ -81,11 +81,21 @@ local function decide_requests(keys, args, forms, held, now, out)
       end
       BATCH_NEXT_ARG, BATCH_NEXT_KEY = a, k + 1
       ONE_STATE_KEY = true
-      local r = decide_with_block(f[1], keys[k], block_left_of(held[k], now), now, f[2], f[3], f[4], permit)
+      local r
+      if held[k] then
+        r = decide_with_block(f[1], keys[k], block_left_of(held[k], now), now, f[2], f[3], f[4], permit)
+      else
+        r = f[1](keys[k], now, f[2], f[3], f[4], permit)
+      end
+      -- put(out, n, r), inline: the common case, once per decision.
       if r[1] == 1 then
         commit(r)
+        out[n + 4] = r[6]
+      else
+        out[n + 4] = r[5]
       end
-      n = put(out, n, r)
+      out[n + 1], out[n + 2], out[n + 3] = r[1], r[3], r[4]
+      n = n + 4
       k = k + 1
     else
       local m = -v
