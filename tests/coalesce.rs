@@ -724,7 +724,11 @@ async fn costly_checks_do_not_share_a_call() {
 }
 
 /// A check of cost 1 as a request of a batch.
-fn one(store: &RedisStore, key: &[u8], policy: &Policy) -> Boxed<Result<Vec<Decision>, StoreError>> {
+fn one(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+) -> Boxed<Result<Vec<Decision>, StoreError>> {
     let call = store.check(key, policy, 1);
     Box::pin(async move { call.await.map(|d| vec![d]) })
 }
@@ -780,16 +784,29 @@ async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
     let blocked = |d: &Decision| {
         !d.is_allowed()
             && d.remaining() == 0
-            && d.retry_after().is_some_and(|r| r > Duration::from_secs(3500))
+            && d.retry_after()
+                .is_some_and(|r| r > Duration::from_secs(3500))
     };
-    assert!(got[0][0].is_allowed() && got[0][0].remaining() == 99, "{got:?}");
+    assert!(
+        got[0][0].is_allowed() && got[0][0].remaining() == 99,
+        "{got:?}"
+    );
     assert!(blocked(&got[1][0]), "{got:?}");
     // The multi-limit request: its free limit reports a peek, the blocked one
     // denies, and nothing is taken.
-    assert!(got[2][0].is_allowed() && got[2][0].remaining() == 10, "{got:?}");
+    assert!(
+        got[2][0].is_allowed() && got[2][0].remaining() == 10,
+        "{got:?}"
+    );
     assert!(blocked(&got[2][1]), "{got:?}");
-    assert!(got[3][0].is_allowed() && got[3][0].remaining() == 98, "{got:?}");
-    assert_eq!(store.check(b"free-2", &other, 0).await.unwrap().remaining(), 10);
+    assert!(
+        got[3][0].is_allowed() && got[3][0].remaining() == 98,
+        "{got:?}"
+    );
+    assert_eq!(
+        store.check(b"free-2", &other, 0).await.unwrap().remaining(),
+        10
+    );
 }
 
 /// Requests on one key in one batch are decided one after the other, each
@@ -811,7 +828,10 @@ async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    let seen: Vec<(bool, u64)> = got.iter().map(|d| (d.is_allowed(), d.remaining())).collect();
+    let seen: Vec<(bool, u64)> = got
+        .iter()
+        .map(|d| (d.is_allowed(), d.remaining()))
+        .collect();
     assert_eq!(seen, [(true, 1), (true, 0), (false, 0)], "{got:?}");
     assert!(got[2].retry_after().is_some(), "{got:?}");
 }
@@ -877,6 +897,9 @@ async fn a_block_key_of_another_type_blocks_nothing() {
         .map(|_| Box::pin(store.check(b"odd", &policy, 1)) as Boxed<_>)
         .collect();
     let got = as_one_batch(&store, &proxy, calls).await;
-    let seen: Vec<_> = got.iter().map(|d| d.as_ref().map(Decision::remaining)).collect();
+    let seen: Vec<_> = got
+        .iter()
+        .map(|d| d.as_ref().map(Decision::remaining))
+        .collect();
     assert!(matches!(seen[..], [Ok(98), Ok(97)]), "{got:?}");
 }

@@ -433,7 +433,11 @@ fn batch_results(batch: &[Item], values: &[Value]) -> Result<Answers, Value> {
             .zip(&item.requests)
             .map(|(f, (policy, cost, permit))| {
                 let limit = parameters(policy.algorithm()).0;
-                let (permit, cost) = if all { (*permit, *cost) } else { (PermitId(0), 0) };
+                let (permit, cost) = if all {
+                    (*permit, *cost)
+                } else {
+                    (PermitId(0), 0)
+                };
                 decision_of(f[0] == 1, limit, f[1], f[2], f[3], permit, cost)
             })
             .collect();

@@ -18,7 +18,7 @@ local function block_left(block_key, now)
     return 0
   end
   local raw = redis.pcall('GET', block_key)
-  if wrong_type(raw) then
+  if type(raw) == 'table' and wrong_type(raw) then
     return 0
   end
   return block_left_of(raw, now)
