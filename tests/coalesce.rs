@@ -749,14 +749,21 @@ async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxe
     got
 }
 
+/// A Redis, a proxy in front of it, and a store on one connection through
+/// the proxy.
+async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    (server, proxy, store)
+}
+
 /// A blocked key in a batch is denied, beside unblocked keys that pass; a
 /// multi-limit request with a blocked limit takes nothing from its others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
     use ratelimit_core::AdminStore;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (_server, proxy, store) = one_connection().await;
     let policy = window();
     let other = Policy::token_bucket(10, Rate::per_second(1))
         .unwrap()
@@ -813,13 +820,8 @@ async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
 /// seeing what the previous took: a limit of 2 admits two of three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
-    let gcra = Policy::gcra(2, Rate::per_second(1))
-        .unwrap()
-        .with_name("two")
-        .unwrap();
+    let (_server, proxy, store) = one_connection().await;
+    let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..3)
         .map(|_| Box::pin(store.check(b"same", &gcra, 1)) as Boxed<_>)
         .collect();
@@ -842,17 +844,11 @@ async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
 /// requests around them are decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
-    let log = Policy::sliding_window_log(10, Duration::from_secs(60))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let counter = Policy::fixed_window(10, Duration::from_secs(60))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let (_server, proxy, store) = one_connection().await;
+    // Two algorithms under one name, "shared".
+    let shared = |p: Result<Policy, _>| p.unwrap().with_name("shared").unwrap();
+    let log = shared(Policy::sliding_window_log(10, Duration::from_secs(60)));
+    let counter = shared(Policy::fixed_window(10, Duration::from_secs(60)));
     let policy = window();
     // A sorted set under "shared", where the fixed window keeps a string.
     assert!(store.check(b"k", &log, 1).await.unwrap().is_allowed());
@@ -885,9 +881,7 @@ async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
 /// type) is no block: a check of its key passes, in a batch as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_key_of_another_type_blocks_nothing() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (server, proxy, store) = one_connection().await;
     let policy = window();
     let block_key = store.block_key(b"odd", &policy);
     server.cli(&["RPUSH", &block_key, "not a block"]);
