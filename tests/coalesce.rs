@@ -677,3 +677,178 @@ async fn costly_checks_do_not_share_a_call() {
     assert_eq!(last.requests - after.requests, 61, "{last:?}");
     assert_eq!(last.calls - after.calls, 2, "{last:?}");
 }
+
+/// A check of cost 1 as a request of a batch.
+fn one(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+) -> Boxed<Result<Vec<Decision>, StoreError>> {
+    let call = store.check(key, policy, 1);
+    Box::pin(async move { call.await.map(|d| vec![d]) })
+}
+
+/// `calls`, queued behind a lead call on `store` (one connection through
+/// `proxy`), so that they go as one batch; checks that they did.
+async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxed<T>>) -> Vec<T> {
+    let before = store.coalescing();
+    proxy.set_latency(ms(200));
+    let (lead, _) = behind_a_call(store, &window(), 0, ms(20)).await;
+    let n = calls.len() as u64;
+    let got = join_in_order(calls).await;
+    lead.await.unwrap().unwrap();
+    proxy.set_latency(Duration::ZERO);
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, n + 1, "{after:?}");
+    got
+}
+
+/// A Redis, a proxy in front of it, and a store on one connection through
+/// the proxy.
+async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    (server, proxy, store)
+}
+
+/// A blocked key in a batch is denied, beside unblocked keys that pass; a
+/// multi-limit request with a blocked limit takes nothing from its others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
+    use ratelimit_core::AdminStore;
+    let (_server, proxy, store) = one_connection().await;
+    let policy = window();
+    let other = Policy::token_bucket(10, Rate::per_second(1))
+        .unwrap()
+        .with_name("other")
+        .unwrap();
+    store
+        .block(b"blocked", &policy, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let checks = [
+        Check::new(b"free-2", &other, 1),
+        Check::new(b"blocked", &policy, 1),
+    ];
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = vec![
+        one(&store, b"free", &policy),
+        one(&store, b"blocked", &policy),
+        Box::pin(store.check_all(&checks)),
+        one(&store, b"free", &policy),
+    ];
+    let got: Vec<Vec<Decision>> = as_one_batch(&store, &proxy, calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let blocked = |d: &Decision| {
+        !d.is_allowed()
+            && d.remaining() == 0
+            && d.retry_after()
+                .is_some_and(|r| r > Duration::from_secs(3500))
+    };
+    assert!(
+        got[0][0].is_allowed() && got[0][0].remaining() == 99,
+        "{got:?}"
+    );
+    assert!(blocked(&got[1][0]), "{got:?}");
+    // The multi-limit request: its free limit reports a peek, the blocked one
+    // denies, and nothing is taken.
+    assert!(
+        got[2][0].is_allowed() && got[2][0].remaining() == 10,
+        "{got:?}"
+    );
+    assert!(blocked(&got[2][1]), "{got:?}");
+    assert!(
+        got[3][0].is_allowed() && got[3][0].remaining() == 98,
+        "{got:?}"
+    );
+    assert_eq!(
+        store.check(b"free-2", &other, 0).await.unwrap().remaining(),
+        10
+    );
+}
+
+/// Requests on one key in one batch are decided one after the other, each
+/// seeing what the previous took: a limit of 2 admits two of three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
+    let (_server, proxy, store) = one_connection().await;
+    let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..3)
+        .map(|_| Box::pin(store.check(b"same", &gcra, 1)) as Boxed<_>)
+        .collect();
+    let got: Vec<Decision> = as_one_batch(&store, &proxy, calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let seen: Vec<(bool, u64)> = got
+        .iter()
+        .map(|d| (d.is_allowed(), d.remaining()))
+        .collect();
+    assert_eq!(seen, [(true, 1), (true, 0), (false, 0)], "{got:?}");
+    assert!(got[2].retry_after().is_some(), "{got:?}");
+}
+
+/// A request of one check meeting another family's state of another Redis
+/// type (Redis's own WRONGTYPE, not caught in the script) fails as a policy
+/// conflict of its policy, alone; a multi-limit request meeting it too; the
+/// requests around them are decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
+    let (_server, proxy, store) = one_connection().await;
+    // Two algorithms under one name, "shared".
+    let shared = |p: Result<Policy, _>| p.unwrap().with_name("shared").unwrap();
+    let log = shared(Policy::sliding_window_log(10, Duration::from_secs(60)));
+    let counter = shared(Policy::fixed_window(10, Duration::from_secs(60)));
+    let policy = window();
+    // A sorted set under "shared", where the fixed window keeps a string.
+    assert!(store.check(b"k", &log, 1).await.unwrap().is_allowed());
+    let checks = [Check::new(b"x", &policy, 1), Check::new(b"k", &counter, 1)];
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = vec![
+        one(&store, b"x", &policy),
+        one(&store, b"k", &counter),
+        Box::pin(store.check_all(&checks)),
+        one(&store, b"k", &log),
+        one(&store, b"x", &policy),
+    ];
+    let got = as_one_batch(&store, &proxy, calls).await;
+    for i in [1, 2] {
+        assert!(
+            matches!(&got[i], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
+            "{i}: {:?}",
+            got[i]
+        );
+    }
+    let remaining = |i: usize| {
+        let d = &got[i].as_ref().unwrap()[0];
+        assert!(d.is_allowed(), "{i}: {d:?}");
+        d.remaining()
+    };
+    // The failed multi-limit request took nothing from "x".
+    assert_eq!((remaining(0), remaining(3), remaining(4)), (99, 8, 98));
+}
+
+/// A block key holding something block.lua never writes (another Redis
+/// type) is no block: a check of its key passes, in a batch as alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_key_of_another_type_blocks_nothing() {
+    let (server, proxy, store) = one_connection().await;
+    let policy = window();
+    let block_key = store.block_key(b"odd", &policy);
+    server.cli(&["RPUSH", &block_key, "not a block"]);
+    let d = store.check(b"odd", &policy, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 99, "{d:?}");
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..2)
+        .map(|_| Box::pin(store.check(b"odd", &policy, 1)) as Boxed<_>)
+        .collect();
+    let got = as_one_batch(&store, &proxy, calls).await;
+    let seen: Vec<_> = got
+        .iter()
+        .map(|d| d.as_ref().map(Decision::remaining))
+        .collect();
+    assert!(matches!(seen[..], [Ok(98), Ok(97)]), "{got:?}");
+}
