@@ -852,6 +852,7 @@ async fn the_documented_acl_runs_every_admin_operation() {
         "+eval",
         "+time",
         "+get",
+        "+mget",
         "+set",
         "+pexpire",
         "+del",

@@ -3,9 +3,6 @@
 //! decision keeps its own outcome, exactly as if decided alone in the order
 //! Redis applied them; failures are each decision's own.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
@@ -14,38 +11,12 @@ use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, named, observable, permits_left,
-    twin_stores, twins_at,
+    Boxed, CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named,
+    observable, permits_left, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Awaits every future, polling them in order on every pass: the first poll
-/// of each, which queues its request, happens in the vector's order, so the
-/// coalescer sends them in that order.
-async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(move |cx| {
-        let mut pending = false;
-        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
-            if slot.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *slot = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
-        }
-    })
-    .await
 }
 
 /// The shared small policies of every algorithm, each under its own name.

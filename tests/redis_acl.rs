@@ -19,7 +19,8 @@ use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, long_policies, named,
+    Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
+    named,
 };
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -40,6 +41,8 @@ const COMMANDS: &[&str] = &[
     // Inside the scripts.
     "time",
     "get",
+    // The block keys of a coalesced call (`batch.lua`), read at once.
+    "mget",
     "set",
     "pexpire",
     "del",
@@ -242,7 +245,39 @@ async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Fa
     let key = format!("{round}-multi");
     let result = check_all_op(store, key.as_bytes()).await;
     report.push(("check_all".to_owned(), result));
+    let result = batch_op(store, round).await;
+    report.push(("batch".to_owned(), result));
     report
+}
+
+/// More checks at once than the store has connections, so that the ones
+/// that wait go together as one coalesced call (`batch.lua`): every
+/// algorithm, two keys each, each admitted once.
+async fn batch_op(store: &RedisStore, round: &str) -> Result<(), Failure> {
+    let policies = policies();
+    let keys: Vec<(String, &Policy)> = policies
+        .iter()
+        .flat_map(|p| (0..2).map(move |i| (format!("{round}-batch-{i}"), p)))
+        .collect();
+    let before = store.coalescing();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = keys
+        .iter()
+        .map(|(key, policy)| {
+            let (store, key, policy) = (store.clone(), key.clone(), (*policy).clone());
+            Box::pin(async move { store.check(key.as_bytes(), &policy, 1).await }) as Boxed<_>
+        })
+        .collect();
+    let decisions = join_in_order(calls).await;
+    let after = store.coalescing();
+    for ((key, _), decision) in keys.iter().zip(decisions) {
+        expect(key, &decision?, true, 1)?;
+    }
+    if after.calls - before.calls >= after.requests - before.requests {
+        return Err(Failure::Wrong(format!(
+            "no batch formed: {before:?} then {after:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn assert_all_ok(report: &[(String, Result<(), Failure>)], context: &str) {
@@ -286,6 +321,7 @@ fn witness(command: &str) -> &'static str {
         "evalsha" | "eval" | "time" | "get" | "set" => "check fixed-window",
         "pexpire" | "zadd" | "zrange" | "zremrangebyscore" => "check sliding-log",
         "zrem" => "release",
+        "mget" => "batch",
         "ping" => "ping",
         other => panic!("no witness for {other}"),
     }

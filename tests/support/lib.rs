@@ -21,7 +21,9 @@ pub use examples::{
     spawn_example_lines, spawn_listening, spawn_on_env_port,
 };
 pub use redis_server::{RedisCluster, RedisServer};
-pub use stores::{CALL_TIMEOUT, admits, build, cluster_store, permits_left, redis_store};
+pub use stores::{
+    Boxed, CALL_TIMEOUT, admits, build, cluster_store, join_in_order, permits_left, redis_store,
+};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};

@@ -1,6 +1,9 @@
 //! Stores on the test servers: a `RedisStore` on one server or on a cluster,
 //! built with the tests' call timeout, and what the tests read back of one.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
@@ -45,4 +48,31 @@ pub async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> S
 pub async fn admits<S: Store>(store: &S, key: &[u8], policy: &Policy) -> bool {
     let decision = store.check(key, policy, 1).await;
     decision.expect("the store decides").is_allowed()
+}
+
+/// A boxed future, to hold several of different kinds in one vector.
+pub type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Awaits every future, polling them in order on every pass: the first poll
+/// of each, which queues its request, happens in the vector's order, so the
+/// coalescer sends them in that order.
+pub async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *slot = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
+        }
+    })
+    .await
 }
