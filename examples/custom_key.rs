@@ -24,10 +24,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::get;
-use http::{HeaderValue, StatusCode, header};
-use ratelimit_axum::RateLimitInfo;
-use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::{HttpRejections, MissingKey, RateLimitLayer, Rejection};
+use http::StatusCode;
+use ratelimit_axum::{
+    MemoryStore, MissingKey, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection,
+};
 
 /// The header naming the tenant.
 const TENANT_HEADER: &str = "x-tenant";
@@ -50,9 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // No tenant: refuse the request...
         .on_missing_key(MissingKey::Reject)
         // ...with 400, while quota refusals keep the default 429.
-        .on_rejection(|rejection| match rejection {
+        .on_rejection(|rejection, default| match rejection {
             Rejection::MissingKey => missing_tenant(),
-            other => HttpRejections::http_response(other),
+            _ => default,
         });
 
     let app = Router::new().route("/", get(hello)).route_layer(limit);
@@ -64,17 +64,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// `400 Bad Request` for a request without a tenant.
 fn missing_tenant() -> http::Response<Bytes> {
-    let body = format!(
-        "{{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\
-         \"detail\":\"missing {TENANT_HEADER} header\"}}"
-    );
-    let mut response = http::Response::new(Bytes::from(body));
-    *response.status_mut() = StatusCode::BAD_REQUEST;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    ratelimit_examples::problem(
+        StatusCode::BAD_REQUEST,
+        &format!("missing {TENANT_HEADER} header"),
+    )
 }
 
 /// `GET /`: the tenant's quota left.

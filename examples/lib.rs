@@ -9,7 +9,7 @@ pub use flags::{
 };
 
 pub use serve::{
-    API_KEY_HEADER, api_key_or_peer_ip, bind_listener, listen_addr_from_env, serve,
+    API_KEY_HEADER, api_key_or_peer_ip, bind_listener, listen_addr_from_env, problem, serve,
     serve_with_peers, spawn_serve,
 };
 

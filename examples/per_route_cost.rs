@@ -23,9 +23,9 @@
 use axum::Router;
 use axum::routing::get;
 use http::HeaderName;
-use ratelimit_axum::RateLimitInfo;
-use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::{HeaderKey, MissingKey, RateLimitLayer};
+use ratelimit_axum::{
+    HeaderKey, MemoryStore, MissingKey, Policy, Rate, RateLimitInfo, RateLimitLayer,
+};
 
 /// What `GET /search` costs.
 const SEARCH_COST: u64 = 1;

@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use ratelimit_axum::RateLimitInfo;
-use ratelimit_core::{MemoryStore, Policy};
-use ratelimit_tower::{PeerIp, RateLimitLayer};
+use ratelimit_axum::{MemoryStore, PeerIp, Policy, RateLimitInfo, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

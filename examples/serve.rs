@@ -118,3 +118,22 @@ pub fn api_key_or_peer_ip(req: &Request) -> Option<Key> {
         _ => PeerIp::peer_ip(req).map(Key::from),
     }
 }
+
+/// An `application/problem+json` response (RFC 9457) with `status` and
+/// `detail`: an example's own refusals (a missing tenant, an unknown API
+/// key), beside the layer's 429s.
+pub fn problem(status: http::StatusCode, detail: &str) -> http::Response<axum::body::Bytes> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = http::Response::new(axum::body::Bytes::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}

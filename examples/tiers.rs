@@ -29,9 +29,7 @@ use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::get;
 use http::{HeaderValue, StatusCode, header};
-use ratelimit_axum::RateLimitInfo;
-use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::{HttpRejections, Limit, Limits, RateLimitLayer, Rejection};
+use ratelimit_axum::{Limits, MemoryStore, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection};
 
 /// The header carrying the API key.
 const API_KEY_HEADER: &str = "x-api-key";
@@ -78,20 +76,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .ok()
                 .and_then(|key| accounts.get(key).copied());
             // Hashed, so the store never holds the raw secret.
-            let key = ratelimit_core::key::hashed(&api_key);
+            let key = ratelimit_axum::ratelimit_core::key::hashed(&api_key);
             match tier {
                 None => Limits::reject(),
                 Some(Tier::Internal) => Limits::none(),
-                Some(Tier::Free) => Limits::one(Limit::new(free, key, 1)),
-                Some(Tier::Pro) => Limits::one(Limit::new(pro, key, 1)),
+                Some(Tier::Free) => Limits::one(free, key, 1),
+                Some(Tier::Pro) => Limits::one(pro, key, 1),
             }
         }
     };
     let limit = RateLimitLayer::with_rules(MemoryStore::new(), rules)
         // A missing or unknown key is not a quota problem: 401.
-        .on_rejection(|rejection| match rejection {
+        .on_rejection(|rejection, default| match rejection {
             Rejection::MissingKey => unauthorized(),
-            other => HttpRejections::http_response(other),
+            _ => default,
         });
 
     let app = Router::new().route("/", get(quota)).route_layer(limit);
@@ -103,19 +101,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// `401 Unauthorized` for a missing or unknown API key.
 fn unauthorized() -> http::Response<Bytes> {
-    let body = format!(
-        "{{\"type\":\"about:blank\",\"title\":\"Unauthorized\",\"status\":401,\
-         \"detail\":\"missing or unknown {API_KEY_HEADER}\"}}"
-    );
-    let mut response = http::Response::new(Bytes::from(body));
-    *response.status_mut() = StatusCode::UNAUTHORIZED;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+    let mut response = ratelimit_examples::problem(
+        StatusCode::UNAUTHORIZED,
+        &format!("missing or unknown {API_KEY_HEADER}"),
     );
     // A 401 names how to authenticate.
-    headers.insert(
+    response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static(r#"ApiKey realm="tiers", header="x-api-key""#),
     );

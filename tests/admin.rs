@@ -15,7 +15,11 @@ use ratelimit_core::{
     AdminStore, Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, Policy,
     Rate, Store, StoreError,
 };
-use ratelimit_tests::{RedisCluster, RedisServer, observable};
+use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::{
+    CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
+    observable, redis_store,
+};
 
 /// A whole second of Unix time in µs: fixed windows start at it.
 const T0: u64 = 1_763_000_000_000_000;
@@ -28,15 +32,15 @@ fn us(n: u64) -> Duration {
 
 /// A limit of 4 per second under every algorithm that has penalties.
 fn policies() -> Vec<Policy> {
-    let second = Duration::from_secs(1);
-    vec![
-        Policy::fixed_window(4, second).unwrap(),
-        Policy::sliding_window_log(4, second).unwrap(),
-        Policy::sliding_window_counter(4, second).unwrap(),
-        Policy::token_bucket(4, Rate::per_second(4)).unwrap(),
-        Policy::gcra(4, Rate::per_second(4)).unwrap(),
-        Policy::leaky_bucket(4, Rate::per_second(4)).unwrap(),
-    ]
+    with_penalties(4, Duration::from_secs(1), Rate::per_second(4))
+}
+
+/// [`every_algorithm`] but the ones without penalties (concurrency).
+fn with_penalties(limit: u64, window: Duration, rate: Rate) -> Vec<Policy> {
+    every_algorithm(limit, window, rate)
+        .into_iter()
+        .filter(|p| p.algorithm().supports_adjustments())
+        .collect()
 }
 
 /// How long a request of cost 1 waits after a maximal penalty at a window
@@ -433,12 +437,12 @@ fn memory_timeline() -> Timeline<MemoryStore<ManualClock>> {
 async fn redis_timeline(server: &RedisServer) -> Timeline<RedisStore> {
     let clock = ManualClock::new(T0);
     Timeline {
-        store: RedisStore::builder(server.url())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
+        store: build(
+            RedisStore::builder(server.url())
+                .script_clock_for_tests(clock.clone())
+                .call_timeout(CALL_TIMEOUT),
+        )
+        .await,
         clock,
         log: Vec::new(),
     }
@@ -525,12 +529,7 @@ async fn denied_cache_on_memory_forgets_on_reset_reward_and_unblock() {
 #[tokio::test]
 async fn denied_cache_on_redis_forgets_on_reset_reward_and_unblock() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    denied_cache_forgets(store).await;
+    denied_cache_forgets(redis_store(server.url()).await).await;
 }
 
 #[tokio::test]
@@ -583,12 +582,12 @@ async fn fallback_store_forwards_to_the_primary_and_fails_when_it_is_down() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.stop();
-    let dead = RedisStore::builder(url)
-        .connect_timeout(Duration::from_millis(200))
-        .call_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let dead = build(
+        RedisStore::builder(url)
+            .connect_timeout(Duration::from_millis(200))
+            .call_timeout(Duration::from_millis(300)),
+    )
+    .await;
     let store = FallbackStore::new(dead, local.clone(), 2, Arc::new(CircuitBreaker::default()));
     let error = store
         .block(b"k", &policy, Duration::from_secs(60))
@@ -655,12 +654,12 @@ async fn memory_blocks_count_towards_max_keys_and_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix("admin")
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .prefix("admin")
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let gcra = Policy::gcra(4, Rate::per_second(4)).unwrap();
     store
         .block(b"real", &gcra, Duration::from_millis(400))
@@ -689,14 +688,7 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
 
     // A workload of every operation.
     let window = Duration::from_secs(3);
-    let mut policies = vec![
-        Policy::fixed_window(5, window).unwrap(),
-        Policy::sliding_window_log(5, window).unwrap(),
-        Policy::sliding_window_counter(5, window).unwrap(),
-        Policy::token_bucket(5, Rate::new(5, window)).unwrap(),
-        Policy::gcra(5, Rate::new(5, window)).unwrap(),
-        Policy::leaky_bucket(5, Rate::new(5, window)).unwrap(),
-    ];
+    let mut policies = with_penalties(5, window, Rate::new(5, window));
     let block = Duration::from_secs(2);
     for (i, policy) in (0u64..).zip(&policies) {
         for k in 0..6u64 {
@@ -765,19 +757,9 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_blocks_keys_in_their_own_slot() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let hourly = Policy::fixed_window(3, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("hourly")
-        .unwrap();
-    let per_day = Policy::gcra(5, Rate::per_hour(1))
-        .unwrap()
-        .with_name("per-day")
-        .unwrap();
+    let store = cluster_store(&cluster).await;
+    let hourly = fixed_window("hourly", 3, Duration::from_secs(3600));
+    let per_day = named("per-day", Policy::gcra(5, Rate::per_hour(1)));
     let users: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
     let mut slots = std::collections::HashSet::new();
     for user in &users {
@@ -870,6 +852,7 @@ async fn the_documented_acl_runs_every_admin_operation() {
         "+eval",
         "+time",
         "+get",
+        "+mget",
         "+set",
         "+pexpire",
         "+del",
@@ -881,11 +864,7 @@ async fn the_documented_acl_runs_every_admin_operation() {
         "+ping",
     ]);
     let url = format!("redis://limiter:limiter-pw@127.0.0.1:{}", server.port());
-    let store = RedisStore::builder(url)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = redis_store(url).await;
     for policy in policies() {
         let name = policy.name();
         store.check(b"k", &policy, 1).await.unwrap();

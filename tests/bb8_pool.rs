@@ -13,7 +13,9 @@ use ratelimit_core::redis::{DEFAULT_MAX_BATCH, RedisStore, bb8};
 use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
-use ratelimit_tests::{RedisServer, admit_exactly_the_limit, decide_through_a_restart};
+use ratelimit_tests::{
+    CALL_TIMEOUT, RedisServer, admit_exactly_the_limit, decide_through_a_restart, permits_left,
+};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::Layer;
 
@@ -24,7 +26,7 @@ fn pool(url: &str, max_size: u32) -> Pool {
     let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
     bb8::Pool::builder()
         .max_size(max_size)
-        .connection_timeout(Duration::from_secs(5))
+        .connection_timeout(CALL_TIMEOUT)
         .build_unchecked(manager)
 }
 
@@ -41,7 +43,7 @@ async fn store_on(pool: &Pool, call_timeout: Duration, max_batch: usize) -> Redi
 async fn on_a_fresh_server() -> (RedisServer, RedisStore) {
     let server = RedisServer::start();
     let pool = pool(&server.url(), 2);
-    let store = store_on(&pool, Duration::from_secs(5), DEFAULT_MAX_BATCH).await;
+    let store = store_on(&pool, CALL_TIMEOUT, DEFAULT_MAX_BATCH).await;
     (server, store)
 }
 
@@ -52,12 +54,12 @@ async fn on_a_fresh_server() -> (RedisServer, RedisStore) {
 async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
     let server = RedisServer::start();
     let pool = pool(&server.url(), 8);
-    let coalesced = store_on(&pool, Duration::from_secs(5), DEFAULT_MAX_BATCH).await;
+    let coalesced = store_on(&pool, CALL_TIMEOUT, DEFAULT_MAX_BATCH).await;
     admit_exactly_the_limit(&coalesced, "coalesced").await;
     let taken = pool.state().statistics.get_started;
     assert!(taken > 0, "the store took no connection from the pool");
 
-    let single = store_on(&pool, Duration::from_secs(5), 1).await;
+    let single = store_on(&pool, CALL_TIMEOUT, 1).await;
     admit_exactly_the_limit(&single, "single").await;
     assert_eq!(single.coalescing().requests, 0);
     // One decision at least per admitted request (7 policies x 100).
@@ -129,13 +131,10 @@ async fn a_permit_whose_reply_timed_out_is_released_through_the_pool() {
     assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
     proxy.set_latency(Duration::ZERO);
     // The lease is an hour: only a release frees the permit this soon.
-    let started = Instant::now();
-    let mut held = server.cli(&["ZCARD", &key]);
-    while held != "0" && started.elapsed() < Duration::from_secs(3) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        held = server.cli(&["ZCARD", &key]);
-    }
-    assert_eq!(held, "0", "the permit is still held");
+    assert_eq!(
+        permits_left(&server, &key, Duration::from_secs(3)).await,
+        "0"
+    );
     // The proxy delivers what it held (the fresh connection that replaced
     // the stalled one may have answered meanwhile, 400 ms late).
     tokio::time::sleep_until((sent + Duration::from_millis(500)).into()).await;

@@ -5,9 +5,22 @@ use std::process::Command;
 
 use ratelimit_tests::{RedisServer, assert_refuses_flags, example_binary};
 
-fn run_bench(args: &[&str]) -> serde_json::Value {
+/// 3,000 requests from `concurrency` tasks on one key of the Redis at `url`,
+/// under a fixed window of 50 an hour, with the flags `extra`.
+fn on_a_hot_redis_key(url: &str, concurrency: &str, extra: &[&str]) -> serde_json::Value {
+    run_bench(&format!(
+        "--store redis --redis {url} --algorithm fixed-window --keys 1 \
+         --concurrency {concurrency} --requests 3000 --limit 50 --window 1h {}",
+        extra.join(" ")
+    ))
+}
+
+/// Runs `bench` with the flags of `command_line` (split at white space) and
+/// reads its one JSON line.
+fn run_bench(command_line: &str) -> serde_json::Value {
+    let args: Vec<&str> = command_line.split_whitespace().collect();
     let output = Command::new(example_binary("bench"))
-        .args(args)
+        .args(&args)
         .output()
         .expect("bench runs");
     assert!(
@@ -50,22 +63,10 @@ fn check_fields(json: &serde_json::Value, store: &str, decisions: u64) {
 
 #[test]
 fn bench_prints_one_json_line_for_memory() {
-    let json = run_bench(&[
-        "--store",
-        "memory",
-        "--algorithm",
-        "gcra",
-        "--keys",
-        "1",
-        "--concurrency",
-        "4",
-        "--requests",
-        "20000",
-        "--limit",
-        "100",
-        "--window",
-        "1h",
-    ]);
+    let json = run_bench(
+        "--store memory --algorithm gcra --keys 1 --concurrency 4 --requests 20000 \
+         --limit 100 --window 1h",
+    );
     check_fields(&json, "memory", 20_000);
     // One hot key with a burst of 100 and a slow refill: exactly 100 pass.
     assert_eq!(json["allowed"], 100);
@@ -75,20 +76,11 @@ fn bench_prints_one_json_line_for_memory() {
 #[test]
 fn bench_prints_one_json_line_for_redis() {
     let server = RedisServer::start();
-    let json = run_bench(&[
-        "--store",
-        "redis",
-        "--redis",
-        &server.url(),
-        "--algorithm",
-        "token-bucket",
-        "--keys",
-        "1000",
-        "--concurrency",
-        "16",
-        "--requests",
-        "5000",
-    ]);
+    let json = run_bench(&format!(
+        "--store redis --redis {} --algorithm token-bucket --keys 1000 --concurrency 16 \
+         --requests 5000",
+        server.url()
+    ));
     check_fields(&json, "redis", 5_000);
     assert_eq!(json["algorithm"], "token-bucket");
 }
@@ -102,26 +94,7 @@ fn bench_max_batch_reports_the_mean_batch_and_keeps_the_limit() {
     let url = server.url();
     for max_batch in ["64", "1"] {
         server.cli(&["FLUSHALL"]);
-        let json = run_bench(&[
-            "--store",
-            "redis",
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--keys",
-            "1",
-            "--concurrency",
-            "64",
-            "--requests",
-            "3000",
-            "--limit",
-            "50",
-            "--window",
-            "1h",
-            "--max-batch",
-            max_batch,
-        ]);
+        let json = on_a_hot_redis_key(&url, "64", &["--max-batch", max_batch]);
         check_fields(&json, "redis", 3_000);
         assert_eq!(json["allowed"], 50, "{json}");
         assert_eq!(json["max_batch"].as_u64(), max_batch.parse().ok(), "{json}");
@@ -139,51 +112,26 @@ fn bench_rejects_bad_flags() {
     let load = ["--concurrency", "1", "--requests", "1"];
     for (bad, expected) in [
         (
-            &["--store", "disk", "--algorithm", "gcra", "--keys", "1"][..],
+            "--store disk --algorithm gcra --keys 1",
             "'--store <STORE>'",
         ),
         (
-            &["--store", "memory", "--algorithm", "nope", "--keys", "1"][..],
+            "--store memory --algorithm nope --keys 1",
             "'--algorithm <NAME>'",
         ),
+        ("--store memory --algorithm gcra --keys 0", "'--keys <N>'"),
         (
-            &["--store", "memory", "--algorithm", "gcra", "--keys", "0"][..],
-            "'--keys <N>'",
-        ),
-        (
-            &[
-                "--store",
-                "memory",
-                "--algorithm",
-                "gcra",
-                "--keys",
-                "1",
-                "--max-batch",
-                "0",
-            ][..],
+            "--store memory --algorithm gcra --keys 1 --max-batch 0",
             "'--max-batch <N>'",
         ),
+        ("--algorithm gcra --keys 1", "--store <STORE>"),
+        ("--print-script", "--algorithm <NAME>"),
         (
-            &["--algorithm", "gcra", "--keys", "1"][..],
-            "--store <STORE>",
-        ),
-        (&["--print-script"][..], "--algorithm <NAME>"),
-        (
-            &[
-                "--store",
-                "redis",
-                "--cluster",
-                "--pool",
-                "bb8",
-                "--algorithm",
-                "gcra",
-                "--keys",
-                "1",
-            ][..],
+            "--store redis --cluster --pool bb8 --algorithm gcra --keys 1",
             "'--pool <POOL>'",
         ),
     ] {
-        let args: Vec<&str> = bad.iter().chain(&load).copied().collect();
+        let args: Vec<&str> = bad.split_whitespace().chain(load).collect();
         assert_refuses_flags("bench", &args, expected);
     }
 }
@@ -197,28 +145,9 @@ fn bench_denied_cache_lease_and_bb8_pool_keep_the_limit_on_a_hot_redis_key() {
         &["--lease", "10"][..],
         &["--pool", "bb8"][..],
     ] {
-        let mut args = vec![
-            "--store",
-            "redis",
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--keys",
-            "1",
-            "--concurrency",
-            "16",
-            "--requests",
-            "3000",
-            "--limit",
-            "50",
-            "--window",
-            "1h",
-        ];
-        args.extend_from_slice(extra);
         // Each run gets its own window's worth of state: start empty.
         server.cli(&["FLUSHALL"]);
-        let json = run_bench(&args);
+        let json = on_a_hot_redis_key(&url, "16", extra);
         check_fields(&json, "redis", 3_000);
         // A window's worth passes and nothing more (leases spend only what
         // Redis granted, and a lease cannot outlive this hour-long window).

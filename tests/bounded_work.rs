@@ -14,7 +14,7 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, MemoryStore, Policy, Rate, Store};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisServer, observable};
+use ratelimit_tests::{RedisServer, admits, build, named, observable};
 
 /// A loose bound on one script's time in Redis (the old sliding log took
 /// about 47 ms with 20,000 entries; every call now takes well under 1 ms on
@@ -31,12 +31,12 @@ async fn stores(
     clock: &ManualClock,
 ) -> (MemoryStore<ManualClock>, RedisStore) {
     let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
+    let redis = build(
+        RedisStore::builder(server.url())
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(Duration::from_secs(10)),
+    )
+    .await;
     (memory, redis)
 }
 
@@ -114,10 +114,10 @@ async fn large_limit_sliding_logs_agree_on_both_stores() {
     let mut rng = Rng(12);
     for (round, limit) in [1_500u64, 5_000, MAX_LIMIT].into_iter().enumerate() {
         let window = 100_000 + 37 * round as u64;
-        let policy = Policy::sliding_window_log(limit, Duration::from_micros(window))
-            .unwrap()
-            .with_name(format!("large-{round}"))
-            .unwrap();
+        let policy = named(
+            format!("large-{round}"),
+            Policy::sliding_window_log(limit, Duration::from_micros(window)),
+        );
         let key = redis.state_key(b"k", &policy);
         for step in 0..2_000 {
             clock.advance(Duration::from_micros(rng.below(if step % 500 < 5 {
@@ -230,13 +230,7 @@ async fn the_costliest_calls_are_measured_and_bounded() {
     }
     redis.check(b"issue", &policy, 0).await.unwrap();
     let cost = measure_denial(&server, || async {
-        assert!(
-            !redis
-                .check(b"issue", &policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        assert!(!admits(&redis, b"issue", &policy).await);
     })
     .await;
     check(

@@ -3,46 +3,20 @@
 //! decision keeps its own outcome, exactly as if decided alone in the order
 //! Redis applied them; failures are each decision's own.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
-use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisCluster, RedisServer, observable, twin_stores};
+use ratelimit_tests::fixtures::{Rng, fixed_window};
+use ratelimit_tests::{
+    Boxed, CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named,
+    observable, permits_left, twin_stores, twins_at,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Awaits every future, polling them in order on every pass: the first poll
-/// of each, which queues its request, happens in the vector's order, so the
-/// coalescer sends them in that order.
-async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(move |cx| {
-        let mut pending = false;
-        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
-            if slot.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *slot = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
-        }
-    })
-    .await
 }
 
 /// The shared small policies of every algorithm, each under its own name.
@@ -164,18 +138,10 @@ async fn replay_in_order(server: &RedisServer, rounds: u64) {
 /// admitted), which orders them; denials at one state change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies = [
-        Policy::token_bucket(40, Rate::new(10, ms(100)))
-            .unwrap()
-            .with_name("hot-tb")
-            .unwrap(),
-        Policy::fixed_window(30, ms(100))
-            .unwrap()
-            .with_name("hot-fw")
-            .unwrap(),
+        named("hot-tb", Policy::token_bucket(40, Rate::new(10, ms(100)))),
+        fixed_window("hot-fw", 30, ms(100)),
     ];
     let keys = ["a", "b", "c"];
     let mut rng = Rng(11);
@@ -241,14 +207,8 @@ async fn a_conflict_fails_its_own_request_only() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
     let store = through(&proxy, Duration::from_secs(5)).await;
-    let window = Policy::fixed_window(10, Duration::from_secs(60))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let bucket = Policy::token_bucket(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let window = fixed_window("shared", 10, Duration::from_secs(60));
+    let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
     let before = store.coalescing();
     // The lead call holds the connection: the five behind it go as one batch.
@@ -282,13 +242,13 @@ async fn a_conflict_fails_its_own_request_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_one_turns_coalescing_off() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(1)
-        .max_batch(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(1)
+            .max_batch(1)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
         .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
@@ -312,17 +272,14 @@ async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
 
 /// [`through`] with batches of up to `max_batch` units.
 async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usize) -> RedisStore {
-    let store = RedisStore::builder(proxy.redis_url())
-        .pool_size(1)
-        .max_batch(max_batch)
-        .call_timeout(call_timeout)
-        .build()
-        .await
-        .unwrap();
-    let warm = Policy::fixed_window(1000, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("warm")
-        .unwrap();
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(1)
+            .max_batch(max_batch)
+            .call_timeout(call_timeout),
+    )
+    .await;
+    let warm = fixed_window("warm", 1000, Duration::from_secs(3600));
     // One call alone, then a batch: both functions are loaded.
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
         .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
@@ -357,10 +314,7 @@ async fn behind_a_call(
 }
 
 fn window() -> Policy {
-    Policy::fixed_window(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("fw")
-        .unwrap()
+    fixed_window("fw", 100, Duration::from_secs(3600))
 }
 
 /// A batch whose reply comes after the call timeout: a timeout, an outage,
@@ -449,19 +403,6 @@ async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
     assert!(server.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
 }
 
-/// Polls the number of permits held in `key` until it is 0, for at most
-/// `limit`; returns the last count.
-async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let count = server.cli(&["ZCARD", key]);
-        if count.trim() == "0" || start.elapsed() > limit {
-            return count.trim().to_owned();
-        }
-        tokio::time::sleep(ms(20)).await;
-    }
-}
-
 /// Callers that go away: before their batch is sent, they are left out of
 /// it; after, their results are dropped and the permits they received are
 /// released, so the semaphore never leaks.
@@ -471,10 +412,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
     let proxy = FaultProxy::start(server.addr());
     // Room for ten semaphores of 20 (21 units each) in one batch.
     let store = through_with(&proxy, Duration::from_secs(5), 1000).await;
-    let semaphore = Policy::concurrency(20, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("sem")
-        .unwrap();
+    let semaphore = named("sem", Policy::concurrency(20, Duration::from_secs(3600)));
     let lead_policy = window();
     let keys: Vec<String> = (0..10)
         .map(|i| store.state_key(format!("k{i}").as_bytes(), &semaphore))
@@ -533,16 +471,13 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .pool_size(1)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let policy = Policy::fixed_window(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("hot")
-        .unwrap();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .pool_size(1)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let policy = fixed_window("hot", 100, Duration::from_secs(3600));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let (store, policy) = (store.clone(), policy.clone());
@@ -567,14 +502,8 @@ async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
 
     // Per minute and per hour of one user: one slot, all or nothing, in
     // batches with other users' requests.
-    let minute = Policy::fixed_window(3, Duration::from_secs(60))
-        .unwrap()
-        .with_name("per-minute")
-        .unwrap();
-    let hour = Policy::fixed_window(5, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("per-hour")
-        .unwrap();
+    let minute = fixed_window("per-minute", 3, Duration::from_secs(60));
+    let hour = fixed_window("per-hour", 5, Duration::from_secs(3600));
     let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = (0..8)
         .map(|i| {
             let user = if i % 2 == 0 { "alice" } else { "bob" };
@@ -697,10 +626,7 @@ async fn costly_checks_do_not_share_a_call() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
     let store = through(&proxy, Duration::from_secs(5)).await;
-    let semaphore = Policy::concurrency(100, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("sem")
-        .unwrap();
+    let semaphore = named("sem", Policy::concurrency(100, Duration::from_secs(3600)));
     proxy.set_latency(ms(100));
     let before = store.coalescing();
     let (lead, calls) = behind_a_call(&store, &semaphore, 6, ms(20)).await;
@@ -721,4 +647,179 @@ async fn costly_checks_do_not_share_a_call() {
     let last = store.coalescing();
     assert_eq!(last.requests - after.requests, 61, "{last:?}");
     assert_eq!(last.calls - after.calls, 2, "{last:?}");
+}
+
+/// A check of cost 1 as a request of a batch.
+fn one(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+) -> Boxed<Result<Vec<Decision>, StoreError>> {
+    let call = store.check(key, policy, 1);
+    Box::pin(async move { call.await.map(|d| vec![d]) })
+}
+
+/// `calls`, queued behind a lead call on `store` (one connection through
+/// `proxy`), so that they go as one batch; checks that they did.
+async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxed<T>>) -> Vec<T> {
+    let before = store.coalescing();
+    proxy.set_latency(ms(200));
+    let (lead, _) = behind_a_call(store, &window(), 0, ms(20)).await;
+    let n = calls.len() as u64;
+    let got = join_in_order(calls).await;
+    lead.await.unwrap().unwrap();
+    proxy.set_latency(Duration::ZERO);
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, 2, "{after:?}");
+    assert_eq!(after.requests - before.requests, n + 1, "{after:?}");
+    got
+}
+
+/// A Redis, a proxy in front of it, and a store on one connection through
+/// the proxy.
+async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through(&proxy, Duration::from_secs(5)).await;
+    (server, proxy, store)
+}
+
+/// A blocked key in a batch is denied, beside unblocked keys that pass; a
+/// multi-limit request with a blocked limit takes nothing from its others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
+    use ratelimit_core::AdminStore;
+    let (_server, proxy, store) = one_connection().await;
+    let policy = window();
+    let other = Policy::token_bucket(10, Rate::per_second(1))
+        .unwrap()
+        .with_name("other")
+        .unwrap();
+    store
+        .block(b"blocked", &policy, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let checks = [
+        Check::new(b"free-2", &other, 1),
+        Check::new(b"blocked", &policy, 1),
+    ];
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = vec![
+        one(&store, b"free", &policy),
+        one(&store, b"blocked", &policy),
+        Box::pin(store.check_all(&checks)),
+        one(&store, b"free", &policy),
+    ];
+    let got: Vec<Vec<Decision>> = as_one_batch(&store, &proxy, calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let blocked = |d: &Decision| {
+        !d.is_allowed()
+            && d.remaining() == 0
+            && d.retry_after()
+                .is_some_and(|r| r > Duration::from_secs(3500))
+    };
+    assert!(
+        got[0][0].is_allowed() && got[0][0].remaining() == 99,
+        "{got:?}"
+    );
+    assert!(blocked(&got[1][0]), "{got:?}");
+    // The multi-limit request: its free limit reports a peek, the blocked one
+    // denies, and nothing is taken.
+    assert!(
+        got[2][0].is_allowed() && got[2][0].remaining() == 10,
+        "{got:?}"
+    );
+    assert!(blocked(&got[2][1]), "{got:?}");
+    assert!(
+        got[3][0].is_allowed() && got[3][0].remaining() == 98,
+        "{got:?}"
+    );
+    assert_eq!(
+        store.check(b"free-2", &other, 0).await.unwrap().remaining(),
+        10
+    );
+}
+
+/// Requests on one key in one batch are decided one after the other, each
+/// seeing what the previous took: a limit of 2 admits two of three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
+    let (_server, proxy, store) = one_connection().await;
+    let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..3)
+        .map(|_| Box::pin(store.check(b"same", &gcra, 1)) as Boxed<_>)
+        .collect();
+    let got: Vec<Decision> = as_one_batch(&store, &proxy, calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let seen: Vec<(bool, u64)> = got
+        .iter()
+        .map(|d| (d.is_allowed(), d.remaining()))
+        .collect();
+    assert_eq!(seen, [(true, 1), (true, 0), (false, 0)], "{got:?}");
+    assert!(got[2].retry_after().is_some(), "{got:?}");
+}
+
+/// A request of one check meeting another family's state of another Redis
+/// type (Redis's own WRONGTYPE, not caught in the script) fails as a policy
+/// conflict of its policy, alone; a multi-limit request meeting it too; the
+/// requests around them are decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
+    let (_server, proxy, store) = one_connection().await;
+    // Two algorithms under one name, "shared".
+    let shared = |p: Result<Policy, _>| p.unwrap().with_name("shared").unwrap();
+    let log = shared(Policy::sliding_window_log(10, Duration::from_secs(60)));
+    let counter = shared(Policy::fixed_window(10, Duration::from_secs(60)));
+    let policy = window();
+    // A sorted set under "shared", where the fixed window keeps a string.
+    assert!(store.check(b"k", &log, 1).await.unwrap().is_allowed());
+    let checks = [Check::new(b"x", &policy, 1), Check::new(b"k", &counter, 1)];
+    let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = vec![
+        one(&store, b"x", &policy),
+        one(&store, b"k", &counter),
+        Box::pin(store.check_all(&checks)),
+        one(&store, b"k", &log),
+        one(&store, b"x", &policy),
+    ];
+    let got = as_one_batch(&store, &proxy, calls).await;
+    for i in [1, 2] {
+        assert!(
+            matches!(&got[i], Err(StoreError::PolicyConflict { policy }) if policy == "shared"),
+            "{i}: {:?}",
+            got[i]
+        );
+    }
+    let remaining = |i: usize| {
+        let d = &got[i].as_ref().unwrap()[0];
+        assert!(d.is_allowed(), "{i}: {d:?}");
+        d.remaining()
+    };
+    // The failed multi-limit request took nothing from "x".
+    assert_eq!((remaining(0), remaining(3), remaining(4)), (99, 8, 98));
+}
+
+/// A block key holding something block.lua never writes (another Redis
+/// type) is no block: a check of its key passes, in a batch as alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_key_of_another_type_blocks_nothing() {
+    let (server, proxy, store) = one_connection().await;
+    let policy = window();
+    let block_key = store.block_key(b"odd", &policy);
+    server.cli(&["RPUSH", &block_key, "not a block"]);
+    let d = store.check(b"odd", &policy, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 99, "{d:?}");
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..2)
+        .map(|_| Box::pin(store.check(b"odd", &policy, 1)) as Boxed<_>)
+        .collect();
+    let got = as_one_batch(&store, &proxy, calls).await;
+    let seen: Vec<_> = got
+        .iter()
+        .map(|d| d.as_ref().map(Decision::remaining))
+        .collect();
+    assert!(matches!(seen[..], [Ok(98), Ok(97)]), "{got:?}");
 }

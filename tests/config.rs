@@ -15,10 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
 use ratelimit_tests::loopback::client;
-use ratelimit_tests::{RedisServer, assert_refuses_flags, spawn_listening};
+use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{
@@ -755,13 +754,7 @@ fn limits_of(config: &Config, req: &Request<String>) -> Vec<(String, Vec<u8>, u6
     assert!(!limits.is_reject());
     limits
         .iter()
-        .map(|l| {
-            (
-                l.policy().name().to_owned(),
-                l.key().as_bytes().to_vec(),
-                l.cost(),
-            )
-        })
+        .map(|(policy, key, cost)| (policy.name().to_owned(), key.as_bytes().to_vec(), cost))
         .collect()
 }
 
@@ -1170,11 +1163,7 @@ async fn a_bad_reload_keeps_the_old_limit() {
 #[tokio::test]
 async fn a_store_refuses_another_algorithm_under_one_name() {
     let server = RedisServer::start();
-    let redis = RedisStore::builder(server.url())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("store");
+    let redis = redis_store(server.url()).await;
     let memory = MemoryStore::new();
     let hour = Duration::from_secs(3600);
     let api = |p: Result<Policy, PolicyError>| p.and_then(|p| p.with_name("api")).expect("valid");

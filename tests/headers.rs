@@ -30,7 +30,7 @@ use ratelimit_axum::{Limiter, QuotaExceeded};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate};
 use ratelimit_tests::loopback::client;
-use ratelimit_tests::spawn_on_env_port;
+use ratelimit_tests::{named, spawn_on_env_port};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 use ratelimit_tower::{GlobalKey, PeerIp, RateLimitLayer, Rule};
 use serde_json::Value;
@@ -465,10 +465,7 @@ async fn run_one(policy: Policy, start: u64, expected_policy: &str, steps: &[Ste
 #[tokio::test]
 async fn fixed_window() {
     // 3 per 10 s, windows aligned on the clock; start 2.5 s into a window.
-    let policy = Policy::fixed_window(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("fixed")
-        .unwrap();
+    let policy = named("fixed", Policy::fixed_window(3, Duration::from_secs(10)));
     run_one(
         policy,
         BASE + 2_500_000,
@@ -489,10 +486,10 @@ async fn fixed_window() {
 
 #[tokio::test]
 async fn sliding_window_log() {
-    let policy = Policy::sliding_window_log(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("log")
-        .unwrap();
+    let policy = named(
+        "log",
+        Policy::sliding_window_log(3, Duration::from_secs(10)),
+    );
     run_one(
         policy,
         BASE,
@@ -514,10 +511,10 @@ async fn sliding_window_log() {
 #[tokio::test]
 async fn sliding_window_counter() {
     // 3 per 10 s, aligned windows; start 2.5 s into a window.
-    let policy = Policy::sliding_window_counter(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("counter")
-        .unwrap();
+    let policy = named(
+        "counter",
+        Policy::sliding_window_counter(3, Duration::from_secs(10)),
+    );
     run_one(
         policy,
         BASE + 2_500_000,
@@ -546,10 +543,10 @@ async fn sliding_window_counter() {
 #[tokio::test]
 async fn token_bucket() {
     // 3 tokens, one more every 10 s: refilling an empty bucket takes 30 s.
-    let policy = Policy::token_bucket(3, Rate::new(1, Duration::from_secs(10)))
-        .unwrap()
-        .with_name("bucket")
-        .unwrap();
+    let policy = named(
+        "bucket",
+        Policy::token_bucket(3, Rate::new(1, Duration::from_secs(10))),
+    );
     run_one(
         policy,
         BASE,
@@ -603,24 +600,20 @@ async fn run_tat(policy: Policy) {
 async fn gcra() {
     // Theoretical arrival time: T+10, T+20, T+30 (t = tat - now); the fourth
     // would push it to 40 s ahead, 5.5 s past the 30 s allowed at T+4.5.
-    run_tat(
-        Policy::gcra(3, Rate::new(1, Duration::from_secs(10)))
-            .unwrap()
-            .with_name("gcra")
-            .unwrap(),
-    )
+    run_tat(named(
+        "gcra",
+        Policy::gcra(3, Rate::new(1, Duration::from_secs(10))),
+    ))
     .await;
 }
 
 #[tokio::test]
 async fn leaky_bucket() {
     // GCRA's arithmetic; rejecting mode, so admitted requests are not delayed.
-    run_tat(
-        Policy::leaky_bucket(3, Rate::new(1, Duration::from_secs(10)))
-            .unwrap()
-            .with_name("leaky")
-            .unwrap(),
-    )
+    run_tat(named(
+        "leaky",
+        Policy::leaky_bucket(3, Rate::new(1, Duration::from_secs(10))),
+    ))
     .await;
 }
 
@@ -638,10 +631,7 @@ async fn concurrency() {
             "done"
         }
     };
-    let policy = Policy::concurrency(2, Duration::from_secs(30))
-        .unwrap()
-        .with_name("inflight")
-        .unwrap();
+    let policy = named("inflight", Policy::concurrency(2, Duration::from_secs(30)));
     let harness = Harness::new(BASE, |store| {
         Router::new()
             .route("/", get(hold))
@@ -707,10 +697,10 @@ async fn two_policies(per_ip: Policy, global: Policy) -> Harness {
 
 /// A sliding log of `limit` per `window_s` seconds named `name`.
 fn log(name: &str, limit: u64, window_s: u64) -> Policy {
-    Policy::sliding_window_log(limit, Duration::from_secs(window_s))
-        .unwrap()
-        .with_name(name)
-        .unwrap()
+    named(
+        name,
+        Policy::sliding_window_log(limit, Duration::from_secs(window_s)),
+    )
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::key::{self, HASHED_KEY_MARKER, MAX_VERBATIM_KEY_LEN};
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
+use ratelimit_tests::{every_algorithm, named};
 use ratelimit_tower::{
     ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
     RateLimitLayer, RouteKey, Rule, TrustedProxies,
@@ -383,16 +384,7 @@ fn a_key_of_a_megabyte_is_hashed_and_limited_exactly() {
 
 #[test]
 fn a_cost_of_u64_max_is_refused_without_retry_after_on_every_algorithm() {
-    let policies = [
-        Policy::fixed_window(5, HOUR).unwrap(),
-        Policy::sliding_window_log(5, HOUR).unwrap(),
-        Policy::sliding_window_counter(5, HOUR).unwrap(),
-        Policy::token_bucket(5, Rate::per_hour(5)).unwrap(),
-        Policy::gcra(5, Rate::per_hour(5)).unwrap(),
-        Policy::leaky_bucket(5, Rate::per_hour(5)).unwrap(),
-        Policy::concurrency(5, HOUR).unwrap(),
-    ];
-    for policy in policies {
+    for policy in every_algorithm(5, HOUR, Rate::per_hour(5)) {
         for cost in [u64::MAX, u64::MAX - 1, 1 << 63, 6] {
             let store = store();
             let layer = RateLimitLayer::new(store.clone(), policy.clone(), PeerIp)
@@ -911,8 +903,8 @@ proptest! {
         requests in proptest::collection::vec(hostile_request(), 1..6),
         repeats in 1usize..5,
     ) {
-        let api = Policy::fixed_window(3, HOUR).unwrap().with_name("api").unwrap();
-        let per_ip = Policy::gcra(2, Rate::per_hour(1)).unwrap().with_name("ip").unwrap();
+        let api = named("api", Policy::fixed_window(3, HOUR));
+        let per_ip = named("ip", Policy::gcra(2, Rate::per_hour(1)));
         let layer = RateLimitLayer::new(store(), api, HeaderKey::new(API_KEY))
             .and(Rule::new(per_ip, behind()));
         let mut sent = Vec::new();
@@ -1147,7 +1139,7 @@ fn dot_segments_and_repeated_slashes_map_to_one_route_key_and_one_rule() {
         let names: Vec<String> = config
             .limits(&req)
             .iter()
-            .map(|l| l.policy().name().to_owned())
+            .map(|(policy, _, _)| policy.name().to_owned())
             .collect();
         assert_eq!(names, ["api"], "{spelling}");
         let key = RouteKey.extract(&req).unwrap();

@@ -121,15 +121,28 @@ async fn rate_based_overshoot_is_bounded_against_the_exact_store() {
     }
 }
 
-#[tokio::test]
-async fn hot_keys_are_leased_and_cold_keys_are_not() {
+/// A store on a manual clock at 0, and leases on it in batches of 10 for
+/// keys hot after `hot_after` requests.
+fn leasing(
+    hot_after: u64,
+) -> (
+    ManualClock,
+    MemoryStore<ManualClock>,
+    LeasedStore<MemoryStore<ManualClock>, ManualClock>,
+) {
     let clock = ManualClock::new(0);
     let shared = MemoryStore::builder().clock(clock.clone()).build();
     let store = LeasedStore::builder(shared.clone())
         .batch(10)
-        .hot_after(5)
+        .hot_after(hot_after)
         .clock(clock.clone())
         .build();
+    (clock, shared, store)
+}
+
+#[tokio::test]
+async fn hot_keys_are_leased_and_cold_keys_are_not() {
+    let (clock, shared, store) = leasing(5);
     let policy = Policy::fixed_window(1_000, Duration::from_secs(1)).unwrap();
     // Five requests for a key are decided by the store, one each.
     for _ in 0..5 {
@@ -171,13 +184,7 @@ async fn hot_keys_are_leased_and_cold_keys_are_not() {
 
 #[tokio::test]
 async fn refused_batches_fall_back_to_single_requests_without_overadmitting() {
-    let clock = ManualClock::new(0);
-    let shared = MemoryStore::builder().clock(clock.clone()).build();
-    let store = LeasedStore::builder(shared.clone())
-        .batch(10)
-        .hot_after(1)
-        .clock(clock.clone())
-        .build();
+    let (_clock, shared, store) = leasing(1);
     let policy = Policy::fixed_window(15, Duration::from_secs(1)).unwrap();
     let mut allowed = 0;
     for _ in 0..40 {
@@ -192,13 +199,7 @@ async fn refused_batches_fall_back_to_single_requests_without_overadmitting() {
 
 #[tokio::test]
 async fn peeks_big_costs_and_concurrency_pass_through() {
-    let clock = ManualClock::new(0);
-    let shared = MemoryStore::builder().clock(clock.clone()).build();
-    let store = LeasedStore::builder(shared.clone())
-        .batch(10)
-        .hot_after(1)
-        .clock(clock)
-        .build();
+    let (_clock, shared, store) = leasing(1);
     let window = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
     for _ in 0..3 {
         store.check(b"k", &window, 0).await.unwrap();

@@ -96,14 +96,8 @@ async fn many_tasks_with_costs_never_exceed_the_limit() {
 #[test]
 fn check_all_is_all_or_nothing_under_concurrency() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
-    let per_user = Policy::fixed_window(10, Duration::from_secs(60))
-        .unwrap()
-        .with_name("per-user")
-        .unwrap();
-    let global = Policy::fixed_window(50, Duration::from_secs(60))
-        .unwrap()
-        .with_name("global")
-        .unwrap();
+    let per_user = fixed_window("per-user", 10, Duration::from_secs(60));
+    let global = fixed_window("global", 50, Duration::from_secs(60));
     let admitted = AtomicU64::new(0);
     thread::scope(|s| {
         for t in 0..8u64 {
@@ -144,14 +138,8 @@ fn check_all_is_all_or_nothing_under_concurrency() {
 #[test]
 fn check_all_denied_consumes_nothing() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
-    let small = Policy::fixed_window(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("small")
-        .unwrap();
-    let big = Policy::gcra(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("big")
-        .unwrap();
+    let small = fixed_window("small", 1, Duration::from_secs(60));
+    let big = named("big", Policy::gcra(10, Rate::per_second(1)));
     let first = store
         .check_all_now(&[Check::new(b"k", &small, 1), Check::new(b"k", &big, 1)])
         .unwrap();
@@ -255,14 +243,8 @@ fn fresh_state_is_not_kept() {
 #[test]
 fn one_name_two_algorithms_is_an_error() {
     let store = MemoryStore::new();
-    let a = Policy::fixed_window(5, Duration::from_secs(1))
-        .unwrap()
-        .with_name("same")
-        .unwrap();
-    let b = Policy::gcra(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("same")
-        .unwrap();
+    let a = fixed_window("same", 5, Duration::from_secs(1));
+    let b = named("same", Policy::gcra(5, Rate::per_second(1)));
     store.check_now(b"k", &a, 1).unwrap();
     assert!(matches!(
         store.check_now(b"k", &b, 1),
@@ -302,6 +284,9 @@ fn huge_keys_are_bounded() {
 // ---- DeniedCache: known denials answered locally ----
 
 use ratelimit_core::DeniedCache;
+use ratelimit_tests::admits;
+use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::named;
 
 /// A store that counts the checks that reach it.
 #[derive(Clone)]
@@ -352,13 +337,7 @@ async fn denied_cache_answers_known_denials_without_the_store() {
     let cache = DeniedCache::new(store);
     let policy = Policy::token_bucket(3, Rate::per_hour(1)).unwrap();
     for _ in 0..3 {
-        assert!(
-            cache
-                .check(b"abuser", &policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        assert!(admits(&cache, b"abuser", &policy).await);
     }
     let denied = cache.check(b"abuser", &policy, 1).await.unwrap();
     assert!(!denied.is_allowed());
@@ -376,13 +355,7 @@ async fn denied_cache_answers_known_denials_without_the_store() {
     assert_eq!(cache.hits(), 1_000);
     // Peeks and other keys still go to the store.
     cache.check(b"abuser", &policy, 0).await.unwrap();
-    assert!(
-        cache
-            .check(b"someone-else", &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&cache, b"someone-else", &policy).await);
     assert_eq!(calls.load(Ordering::Relaxed), 6);
 }
 

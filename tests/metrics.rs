@@ -23,7 +23,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::{client, get, statuses};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{free_port, spawn_example_lines};
+use ratelimit_tests::{free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
@@ -181,14 +181,8 @@ fn store_failures_count_as_errors_whatever_the_failure_policy() {
         (send_n(&mut open, 3).await, send_n(&mut closed, 2).await)
     });
     assert_eq!(statuses, (vec![200; 3], vec![503; 2]));
-    assert_eq!(
-        recorded.counter(DECISIONS, &[("policy", "open"), ("outcome", "error")]),
-        3
-    );
-    assert_eq!(
-        recorded.counter(DECISIONS, &[("policy", "closed"), ("outcome", "error")]),
-        2
-    );
+    assert_eq!(recorded.outcome(DECISIONS, "open", "error"), 3);
+    assert_eq!(recorded.outcome(DECISIONS, "closed", "error"), 2);
     assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
     assert_eq!(
         recorded
@@ -212,10 +206,10 @@ fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
     let (statuses, recorded) = capture(false, || async {
         let store = frozen_memory();
         let window = policy("shared-name", 5);
-        let bucket = Policy::gcra(5, ratelimit_core::Rate::per_second(1))
-            .unwrap()
-            .with_name("shared-name")
-            .unwrap();
+        let bucket = named(
+            "shared-name",
+            Policy::gcra(5, ratelimit_core::Rate::per_second(1)),
+        );
         let mut first = RateLimitLayer::new(store.clone(), window, by_client)
             .on_failure(FailurePolicy::Open)
             .layer(ok_service());
@@ -266,8 +260,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
         statuses
     });
     assert_eq!(statuses, [200, 200, 200, 429, 429, 200]);
-    let outcome =
-        |outcome| recorded.counter(DECISIONS, &[("policy", "shared"), ("outcome", outcome)]);
+    let outcome = |outcome| recorded.outcome(DECISIONS, "shared", outcome);
     assert_eq!(
         outcome("fallback"),
         5,
@@ -315,10 +308,7 @@ fn the_breaker_gauge_reads_open_while_the_primary_is_down() {
         recorded.gauge(CIRCUIT_BREAKER_STATE, &[("breaker", "default")]),
         Some(2.0)
     );
-    assert_eq!(
-        recorded.counter(DECISIONS, &[("policy", "down"), ("outcome", "fallback")]),
-        10
-    );
+    assert_eq!(recorded.outcome(DECISIONS, "down", "fallback"), 10);
 }
 
 #[test]
@@ -332,8 +322,7 @@ fn denials_answered_by_the_denied_cache_are_counted_as_cached_denied() {
         statuses
     });
     assert_eq!(counts(&statuses), [(200, 2), (429, 5)].into());
-    let outcome =
-        |outcome| recorded.counter(DECISIONS, &[("policy", "cached"), ("outcome", outcome)]);
+    let outcome = |outcome| recorded.outcome(DECISIONS, "cached", outcome);
     assert_eq!(outcome("allowed"), 2);
     assert_eq!(outcome("denied"), 1, "the store's denial, then cached");
     assert_eq!(outcome("cached_denied"), 4);
@@ -352,8 +341,7 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
         send_n(&mut service, 5).await
     });
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("enforced", "allowed"), 3);
     assert_eq!(count("enforced", "denied"), 2);
     assert_eq!(count("trial", "allowed"), 1);
@@ -413,8 +401,7 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
         statuses
     });
     assert_eq!(statuses, [429, 429, 200, 200, 500, 500]);
-    let counted =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let counted = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(counted("keyed", "missing_key_rejected"), 2);
     assert_eq!(counted("optional", "missing_key_allowed"), 2);
     assert_eq!(counted("per-ip", "no_peer_address"), 2);

@@ -12,16 +12,13 @@ use http_body_util::BodyExt;
 use ratelimit_axum::{
     ClientIp, GlobalKey, HeaderKey, MemoryStore, MissingKey, PeerIp, Policy, RateLimitLayer, Rule,
 };
-use ratelimit_tests::fixtures::{answer, ok_service};
+use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
 use tower::{Layer, Service, ServiceExt};
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 fn policy() -> Policy {
-    Policy::fixed_window(100, Duration::from_secs(60))
-        .unwrap()
-        .with_name("per-client")
-        .unwrap()
+    fixed_window("per-client", 100, Duration::from_secs(60))
 }
 
 /// Sends `req` through `service`: the status and the body.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use ratelimit_axum::{MemoryStore, PeerIp, Policy, RateLimitLayer};
+use ratelimit_tests::named;
 use tower::{Layer, ServiceExt, service_fn};
 
 /// Counts `tracing` events at `error` level.
@@ -42,10 +43,10 @@ fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
         .enable_all()
         .build()
         .unwrap();
-    let policy = Policy::fixed_window(100, Duration::from_secs(60))
-        .unwrap()
-        .with_name("per-client")
-        .unwrap();
+    let policy = named(
+        "per-client",
+        Policy::fixed_window(100, Duration::from_secs(60)),
+    );
     let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp);
     let ok = service_fn(|_req: Request<String>| async {
         Ok::<_, Infallible>(Response::new(String::from("ok")))

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Policy, Store, StoreError};
-use ratelimit_tests::RedisServer;
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::{RedisServer, build, named};
 
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
 /// A fixed time (µs) a second into a window of an hour: the script clock,
@@ -115,10 +116,7 @@ impl Regions {
 
 fn fixed(limit: usize) -> Policy {
     let limit = u64::try_from(limit).expect("a limit");
-    Policy::fixed_window(limit, Duration::from_secs(3600))
-        .expect("valid")
-        .with_name("mr")
-        .expect("valid")
+    fixed_window("mr", limit, Duration::from_secs(3600))
 }
 
 /// Sends `count` requests for `key`, the i-th to region `pick(i)`, `gap`
@@ -234,10 +232,10 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
     let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
     regions.wait_fresh().await;
     let small = fixed(2);
-    let large = Policy::sliding_window_counter(10, Duration::from_secs(3600))
-        .expect("valid")
-        .with_name("mr-large")
-        .expect("valid");
+    let large = named(
+        "mr-large",
+        Policy::sliding_window_counter(10, Duration::from_secs(3600)),
+    );
     let store = &regions.stores[0];
     let both = [Check::new(b"k", &small, 1), Check::new(b"k", &large, 1)];
     for _ in 0..2 {
@@ -425,12 +423,7 @@ async fn the_layer_works_unchanged_on_top() {
     // A cost, two limits and a shadow policy, with their headers, on the
     // third region: a budget of 6 at cost 2 admits three requests; the
     // shadow policy (limit 1) is decided and counted but never refuses.
-    let named = |name: &str, limit: u64| {
-        Policy::fixed_window(limit, Duration::from_secs(3600))
-            .expect("valid")
-            .with_name(name)
-            .expect("valid")
-    };
+    let named = |name: &str, limit: u64| fixed_window(name, limit, Duration::from_secs(3600));
     let layer = RateLimitLayer::new(
         regions.stores[2].clone(),
         named("mr-costly", 6),
@@ -536,11 +529,8 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
     let global_redis = RedisServer::start();
     let far = FaultProxy::start(global_redis.addr());
     far.set_latency(Duration::from_millis(50));
-    let global = RedisStore::builder(far.redis_url())
-        .call_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect("a Redis store");
+    let global =
+        build(RedisStore::builder(far.redis_url()).call_timeout(Duration::from_secs(2))).await;
     let policy = fixed(1_000_000);
     // Warm up: connections, the ACL probe and script loads are not timed.
     regions.stores[0]
@@ -700,14 +690,8 @@ async fn one_region_decides_as_the_single_region_algorithm() {
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let window = Duration::from_millis(1000);
     let policies = [
-        Policy::fixed_window(5, window)
-            .expect("valid")
-            .with_name("one-fw")
-            .expect("valid"),
-        Policy::sliding_window_counter(5, window)
-            .expect("valid")
-            .with_name("one-swc")
-            .expect("valid"),
+        fixed_window("one-fw", 5, window),
+        named("one-swc", Policy::sliding_window_counter(5, window)),
     ];
     // Steps of 37 to 411 ms, costs 0 to 3: a fixed pseudo-random timeline.
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;

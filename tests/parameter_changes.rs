@@ -14,7 +14,7 @@ use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::key::storage_key;
 use ratelimit_core::redis::{DEFAULT_PREFIX, RedisStore};
 use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
-use ratelimit_tests::{RedisServer, observable};
+use ratelimit_tests::{CALL_TIMEOUT, RedisServer, build, observable};
 
 const SECOND: u64 = 1_000_000;
 
@@ -38,12 +38,12 @@ impl Pair {
         let clock = ManualClock::new(now);
         Pair {
             memory: MemoryStore::builder().clock(clock.clone()).build(),
-            redis: RedisStore::builder(server.url())
-                .script_clock_for_tests(clock.clone())
-                .call_timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .expect("redis store"),
+            redis: build(
+                RedisStore::builder(server.url())
+                    .script_clock_for_tests(clock.clone())
+                    .call_timeout(CALL_TIMEOUT),
+            )
+            .await,
             clock,
         }
     }

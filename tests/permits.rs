@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
@@ -23,7 +23,11 @@ use ratelimit_core::{
     StoreError,
 };
 use ratelimit_tests::fault_proxy::FaultProxy;
-use ratelimit_tests::{RedisCluster, RedisServer, long_policies, observable, twin_stores};
+use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::{
+    NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies, named,
+    observable, permits_left, twin_stores, twins_at,
+};
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
@@ -111,10 +115,7 @@ impl Store for HighBitPermits {
 }
 
 fn semaphore(max: u64) -> Policy {
-    Policy::concurrency(max, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("sem")
-        .unwrap()
+    named("sem", Policy::concurrency(max, Duration::from_secs(3600)))
 }
 
 #[tokio::test]
@@ -201,10 +202,10 @@ async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
 async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore, label: &str) {
     for (round, policy) in long_policies(5).into_iter().enumerate() {
         let policy = policy.with_name(format!("dup-{round}")).unwrap();
-        let other = Policy::fixed_window(100, Duration::from_secs(3600))
-            .unwrap()
-            .with_name(format!("dup-other-{round}"))
-            .unwrap();
+        let other = named(
+            format!("dup-other-{round}"),
+            Policy::fixed_window(100, Duration::from_secs(3600)),
+        );
         let user = format!("user-{label}-{round}");
         let checks = [
             Check::new(user.as_bytes(), &policy, 1),
@@ -255,14 +256,8 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     }
     // The same policy name with other parameters twice in one request is a
     // conflict on both stores, never a silent pass.
-    let a = Policy::fixed_window(5, Duration::from_secs(60))
-        .unwrap()
-        .with_name("dup-conflict")
-        .unwrap();
-    let b = Policy::fixed_window(7, Duration::from_secs(60))
-        .unwrap()
-        .with_name("dup-conflict")
-        .unwrap();
+    let a = fixed_window("dup-conflict", 5, Duration::from_secs(60));
+    let b = fixed_window("dup-conflict", 7, Duration::from_secs(60));
     let checks = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
     for (store, result) in [
         ("memory", memory.check_all(&checks).await),
@@ -274,10 +269,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
         );
     }
     // Summed costs above what the policy admits: a clear error on both.
-    let small = Policy::fixed_window(2, Duration::from_secs(60))
-        .unwrap()
-        .with_name("dup-small")
-        .unwrap();
+    let small = fixed_window("dup-small", 2, Duration::from_secs(60));
     let checks = [Check::new(b"k", &small, 2), Check::new(b"k", &small, 1)];
     for (store, result) in [
         ("memory", memory.check_all(&checks).await),
@@ -299,9 +291,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_node() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
     duplicates_agree(&memory, &redis, "node").await;
 }
 
@@ -314,75 +304,79 @@ async fn duplicate_checks_are_summed_alike_on_memory_and_a_redis_cluster() {
     duplicates_agree(&memory, &redis, "cluster").await;
 }
 
-/// Polls the number of permits held in `key`'s sorted set until it is 0,
-/// for at most `limit`; returns the last count.
-async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let count = server.cli(&["ZCARD", key]);
-        if count.trim() == "0" || start.elapsed() > limit {
-            return count.trim().to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A store on one pooled connection with `call_timeout`, connected.
 async fn one_connection(url: String, call_timeout: Duration) -> RedisStore {
-    let store = RedisStore::builder(url)
-        .pool_size(1)
-        .call_timeout(call_timeout)
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(url)
+            .pool_size(1)
+            .call_timeout(call_timeout),
+    )
+    .await;
     store.ping().await.unwrap();
     store
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_whose_reply_timed_out_is_released() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = one_connection(proxy.redis_url(), Duration::from_millis(100)).await;
+/// A semaphore of 5 for `user` on [`one_connection`] to `url`, and the
+/// state key of `user`'s permits; its script is loaded, so the next check is
+/// one EVALSHA.
+async fn semaphore_on_one_connection(
+    url: String,
+    call_timeout: Duration,
+    user: &[u8],
+) -> (RedisStore, Policy, String) {
+    let store = one_connection(url, call_timeout).await;
     let policy = semaphore(5);
-    let key = store.state_key(b"slow", &policy);
-    // Loads the script, so the check below is one EVALSHA.
-    store.check(b"slow", &policy, 0).await.unwrap();
-    // The script runs; its reply comes too late.
-    proxy.set_latency(Duration::from_millis(400));
-    let result = store.check(b"slow", &policy, 1).await;
-    assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
-    proxy.set_latency(Duration::ZERO);
-    // The lease is an hour: only a release frees it this soon.
-    assert_eq!(
-        permits_left(&server, &key, Duration::from_secs(3)).await,
-        "0"
-    );
-    let d = store.check(b"slow", &policy, 0).await.unwrap();
+    let key = store.state_key(user, &policy);
+    store.check(user, &policy, 0).await.unwrap();
+    (store, policy, key)
+}
+
+/// Asserts that `user` holds no permit: Redis lets go of every entry within
+/// `limit`, and a peek sees the whole semaphore free.
+async fn assert_released(
+    server: &RedisServer,
+    (store, policy, key): &(RedisStore, Policy, String),
+    user: &[u8],
+    limit: Duration,
+) {
+    assert_eq!(permits_left(server, key, limit).await, "0");
+    let d = store.check(user, policy, 0).await.unwrap();
     assert_eq!(d.remaining(), 5, "{d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_reply_timed_out_is_released() {
+    let (server, proxy) = FaultProxy::with_new_server();
+    let slow =
+        semaphore_on_one_connection(proxy.redis_url(), Duration::from_millis(100), b"slow").await;
+    let (store, policy, _) = &slow;
+    // The script runs; its reply comes too late.
+    proxy.set_latency(Duration::from_millis(400));
+    let result = store.check(b"slow", policy, 1).await;
+    assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+    proxy.set_latency(Duration::ZERO);
+    // The lease is an hour: only a release frees it this soon.
+    assert_released(&server, &slow, b"slow", Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = one_connection(proxy.redis_url(), Duration::from_secs(5)).await;
-    let policy = semaphore(5);
-    let key = store.state_key(b"gone", &policy);
-    // Loads the script, so the check below is one EVALSHA.
-    store.check(b"gone", &policy, 0).await.unwrap();
+    let (server, proxy) = FaultProxy::with_new_server();
+    let gone =
+        semaphore_on_one_connection(proxy.redis_url(), Duration::from_secs(5), b"gone").await;
+    let (store, policy, key) = &gone;
     proxy.set_latency(Duration::from_millis(400));
     // The caller goes away (a client disconnect) while the call is in flight.
     let dropped =
-        tokio::time::timeout(Duration::from_millis(100), store.check(b"gone", &policy, 1)).await;
+        tokio::time::timeout(Duration::from_millis(100), store.check(b"gone", policy, 1)).await;
     assert!(dropped.is_err(), "{dropped:?}");
+    // Through the slow proxy, before the check of `assert_released`.
     assert_eq!(
-        permits_left(&server, &key, Duration::from_secs(3)).await,
+        permits_left(&server, key, Duration::from_secs(3)).await,
         "0"
     );
     proxy.set_latency(Duration::ZERO);
-    let d = store.check(b"gone", &policy, 0).await.unwrap();
-    assert_eq!(d.remaining(), 5, "{d:?}");
+    assert_released(&server, &gone, b"gone", Duration::from_secs(3)).await;
 }
 
 /// A Redis busy with a long script: the check waits behind it on its
@@ -390,11 +384,9 @@ async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
     let server = RedisServer::start();
-    let store = one_connection(server.url(), Duration::from_millis(50)).await;
-    let policy = semaphore(5);
-    let key = store.state_key(b"busy", &policy);
-    // Loads the script, so the check below is one EVALSHA.
-    store.check(b"busy", &policy, 0).await.unwrap();
+    let busy_user =
+        semaphore_on_one_connection(server.url(), Duration::from_millis(50), b"busy").await;
+    let (store, policy, _) = &busy_user;
     // 600 ms of a script that holds the server (below the 5 s busy limit).
     let script = "local t = redis.call('TIME') \
         local start = t[1] * 1000000 + t[2] \
@@ -419,13 +411,10 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let result = store.check(b"busy", &policy, 1).await;
+    let result = store.check(b"busy", policy, 1).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(busy.join().unwrap(), "1");
-    assert_eq!(
-        permits_left(&server, &key, Duration::from_secs(5)).await,
-        "0"
-    );
+    assert_released(&server, &busy_user, b"busy", Duration::from_secs(5)).await;
 }
 
 /// A user key whose state key, under `policy`, is in a slot with `pick`.
@@ -451,43 +440,18 @@ fn user_in_slot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster).await;
     let hour = Duration::from_secs(3600);
-    let policy = Policy::fixed_window(1, hour)
-        .unwrap()
-        .with_name("peek")
-        .unwrap();
-    let other = Policy::fixed_window(10, hour)
-        .unwrap()
-        .with_name("peek-other")
-        .unwrap();
+    let policy = fixed_window("peek", 1, hour);
+    let other = fixed_window("peek-other", 10, hour);
     // Slot order: `early` (consumes, refunded), `denier`, `late` (never checked).
     let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
     let early = user_in_slot(&store, &other, "early", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 12_000);
-    assert!(
-        store
-            .check(denier.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, denier.as_bytes(), &policy).await);
     // Another algorithm's state under the name "peek" for `late`.
-    let semaphore = Policy::concurrency(5, hour)
-        .unwrap()
-        .with_name("peek")
-        .unwrap();
-    assert!(
-        store
-            .check(late.as_bytes(), &semaphore, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    let semaphore = named("peek", Policy::concurrency(5, hour));
+    assert!(admits(&store, late.as_bytes(), &semaphore).await);
     let checks = [
         Check::new(early.as_bytes(), &other, 1),
         Check::new(denier.as_bytes(), &policy, 1),
@@ -509,16 +473,11 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     let mut cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .call_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)))
+            .await;
     let hour = Duration::from_secs(3600);
-    let policy = Policy::fixed_window(1, hour)
-        .unwrap()
-        .with_name("down")
-        .unwrap();
+    let policy = fixed_window("down", 1, hour);
     let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
     let slot_of = |k: &str| {
@@ -526,13 +485,7 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     };
     let late_node = owner_of(&cluster, slot_of(&late));
     assert_ne!(late_node, owner_of(&cluster, slot_of(&denier)));
-    assert!(
-        store
-            .check(denier.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, denier.as_bytes(), &policy).await);
     cluster.node_mut(late_node).stop();
     let checks = [
         Check::new(denier.as_bytes(), &policy, 1),

@@ -19,7 +19,10 @@ use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
 use ratelimit_core::redis::{RedisStore, bb8};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
-use ratelimit_tests::{RedisCluster, RedisServer};
+use ratelimit_tests::{
+    Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
+    named,
+};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -39,6 +42,8 @@ const COMMANDS: &[&str] = &[
     // Inside the scripts.
     "time",
     "get",
+    // The block keys of a coalesced call (`batch.lua`), read at once.
+    "mget",
     "set",
     "pexpire",
     "del",
@@ -136,26 +141,17 @@ fn url(server: &RedisServer, user: &str, db: u8) -> String {
 }
 
 async fn store(url: String) -> RedisStore {
-    RedisStore::builder(url)
-        .call_timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("a single-node store builds without connecting")
+    build(
+        RedisStore::builder(url)
+            .call_timeout(CALL_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await
 }
 
 /// Every algorithm with a limit of 2 and a long window (nothing refills).
 fn policies() -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    vec![
-        Policy::fixed_window(2, hour).unwrap(),
-        Policy::sliding_window_log(2, hour).unwrap(),
-        Policy::sliding_window_counter(2, hour).unwrap(),
-        Policy::token_bucket(2, Rate::per_hour(1)).unwrap(),
-        Policy::gcra(2, Rate::per_hour(1)).unwrap(),
-        Policy::leaky_bucket(2, Rate::per_hour(1)).unwrap(),
-        Policy::concurrency(2, hour).unwrap(),
-    ]
+    long_policies(2)
 }
 
 /// Why an operation failed.
@@ -250,7 +246,39 @@ async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Fa
     let key = format!("{round}-multi");
     let result = check_all_op(store, key.as_bytes()).await;
     report.push(("check_all".to_owned(), result));
+    let result = batch_op(store, round).await;
+    report.push(("batch".to_owned(), result));
     report
+}
+
+/// More checks at once than the store has connections, so that the ones
+/// that wait go together as one coalesced call (`batch.lua`): every
+/// algorithm, two keys each, each admitted once.
+async fn batch_op(store: &RedisStore, round: &str) -> Result<(), Failure> {
+    let policies = policies();
+    let keys: Vec<(String, &Policy)> = policies
+        .iter()
+        .flat_map(|p| (0..2).map(move |i| (format!("{round}-batch-{i}"), p)))
+        .collect();
+    let before = store.coalescing();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = keys
+        .iter()
+        .map(|(key, policy)| {
+            let (store, key, policy) = (store.clone(), key.clone(), (*policy).clone());
+            Box::pin(async move { store.check(key.as_bytes(), &policy, 1).await }) as Boxed<_>
+        })
+        .collect();
+    let decisions = join_in_order(calls).await;
+    let after = store.coalescing();
+    for ((key, _), decision) in keys.iter().zip(decisions) {
+        expect(key, &decision?, true, 1)?;
+    }
+    if after.calls - before.calls >= after.requests - before.requests {
+        return Err(Failure::Wrong(format!(
+            "no batch formed: {before:?} then {after:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn assert_all_ok(report: &[(String, Result<(), Failure>)], context: &str) {
@@ -309,6 +337,7 @@ fn witness(command: &str) -> &'static str {
         "evalsha" | "eval" | "time" | "get" | "set" => "check fixed-window",
         "pexpire" | "zadd" | "zrange" | "zremrangebyscore" => "check sliding-log",
         "zrem" => "release",
+        "mget" => "batch",
         "ping" => "ping",
         other => panic!("no witness for {other}"),
     }
@@ -437,12 +466,12 @@ async fn the_key_pattern_confines_the_user_to_its_prefix() {
     let server = server();
     set_user(&server, "limiter", COMMANDS);
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
-    let other = RedisStore::builder(url(&server, "limiter", 0))
-        .prefix("other-app")
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let other = build(
+        RedisStore::builder(url(&server, "limiter", 0))
+            .prefix("other-app")
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let error = other.check(b"k", &policy, 1).await.unwrap_err();
     assert!(error.to_string().contains("NoPerm"), "{error}");
     assert!(admin(&server, &["--scan"]).is_empty());
@@ -586,10 +615,7 @@ async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
 /// refunded, 1 when the refund was lost).
 async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
     let hour = Duration::from_secs(3600);
-    let shared = Policy::fixed_window(1, hour)
-        .unwrap()
-        .with_name(format!("{tag}-shared"))
-        .unwrap();
+    let shared = named(format!("{tag}-shared"), Policy::fixed_window(1, hour));
     let slot = |key: &str, policy: &Policy| {
         ratelimit_core::key::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
     };
@@ -598,13 +624,7 @@ async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
         .map(|i| format!("shared-{i}"))
         .find(|k| slot(k, &shared) > 12_000)
         .unwrap();
-    assert!(
-        store
-            .check(shared_key.as_bytes(), &shared, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(store, shared_key.as_bytes(), &shared).await);
     let mut remaining = Vec::new();
     for policy in policies() {
         let kind = policy.algorithm().kind();

@@ -10,10 +10,11 @@ use std::time::Duration;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
-use ratelimit_tests::fixtures::Rng;
+use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    RedisCluster, RedisServer, admit_exactly_the_limit, decide_through_a_restart, long_policies,
-    observable, small_policies, twin_stores,
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit, admits, build,
+    cluster_store, decide_through_a_restart, long_policies, named, observable, redis_store,
+    small_policies, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -34,10 +35,8 @@ fn same_outcome(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_agree_on_random_timelines() {
-    let server = RedisServer::start();
     // Around the current Unix time in µs, so the scripts see realistic magnitudes.
-    let clock = ManualClock::new(1_763_000_000_123_457);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(1_763_000_000_123_457).await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut compared = 0;
     for policy in small_policies() {
@@ -86,9 +85,7 @@ async fn memory_and_redis_agree_on_random_timelines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_agree_on_several_limits_at_once() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies: Vec<Policy> = small_policies()
         .into_iter()
         .enumerate()
@@ -117,34 +114,24 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_tasks_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(8)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(8)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     admit_exactly_the_limit(&store, "hot").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(&cluster).await;
     admit_exactly_the_limit(&store, "hot-on-cluster").await;
 
     // Per second and per day of one user share the user's hash tag: all or nothing.
-    let per_second = Policy::fixed_window(3, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("per-second")
-        .unwrap();
-    let per_day = Policy::fixed_window(4, Duration::from_secs(86_400))
-        .unwrap()
-        .with_name("per-day")
-        .unwrap();
+    let per_second = fixed_window("per-second", 3, Duration::from_secs(3600));
+    let per_day = fixed_window("per-day", 4, Duration::from_secs(86_400));
     for i in 0..3 {
         let d = store
             .check_all(&[
@@ -171,14 +158,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     // A name that changed algorithm is a conflict on a cluster too; across
     // slots, what the earlier slot consumed is refunded.
     let hour = Duration::from_secs(3600);
-    let window = Policy::fixed_window(3, hour)
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let bucket = Policy::token_bucket(3, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let window = fixed_window("shared", 3, hour);
+    let bucket = named("shared", Policy::token_bucket(3, Rate::per_hour(1)));
     store.check(b"dave", &window, 1).await.unwrap();
     assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
     let slot = |k: &str| {
@@ -211,21 +192,34 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     );
 }
 
+/// Under every algorithm: checks `key`, runs `flush` on `server`, checks it
+/// again; the second check decides on the state the first left (`what`
+/// names the run when it does not).
+async fn flush_between_checks(
+    server: &RedisServer,
+    store: &RedisStore,
+    key: &[u8],
+    flush: &[&str],
+    what: &str,
+) {
+    for policy in long_policies(10) {
+        let first = store.check(key, &policy, 1).await.unwrap();
+        assert_eq!(server.cli(flush), "OK");
+        let second = store.check(key, &policy, 1).await.unwrap();
+        assert_eq!(
+            second.remaining() + 1,
+            first.remaining(),
+            "{what}: {}",
+            policy.name()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_flushed_script_cache_is_reloaded_transparently() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).build().await.unwrap();
-    for policy in long_policies(10) {
-        let first = store.check(b"k", &policy, 1).await.unwrap();
-        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
-        let second = store.check(b"k", &policy, 1).await.unwrap();
-        assert_eq!(
-            second.remaining() + 1,
-            first.remaining(),
-            "{}",
-            policy.name()
-        );
-    }
+    flush_between_checks(&server, &store, b"k", &["SCRIPT", "FLUSH"], "").await;
     let a = Policy::sliding_window_log(3, Duration::from_secs(60)).unwrap();
     server.cli(&["SCRIPT", "FLUSH"]);
     let both = store
@@ -252,17 +246,8 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
             .map_or(0, |n| n.parse().unwrap())
     };
     for round in 0..2 {
-        for policy in long_policies(10) {
-            let first = store.check(b"f", &policy, 1).await.unwrap();
-            assert_eq!(server.cli(&["FUNCTION", "FLUSH"]), "OK");
-            let second = store.check(b"f", &policy, 1).await.unwrap();
-            assert_eq!(
-                second.remaining() + 1,
-                first.remaining(),
-                "round {round}: {}",
-                policy.name()
-            );
-        }
+        let what = format!("round {round}");
+        flush_between_checks(&server, &store, b"f", &["FUNCTION", "FLUSH"], &what).await;
     }
     let libraries = server.cli(&["FUNCTION", "LIST"]);
     assert!(libraries.contains("ratelimit_"), "{libraries}");
@@ -285,12 +270,12 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .pool_size(2)
-        .call_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(server.url())
+            .pool_size(2)
+            .call_timeout(Duration::from_secs(2)),
+    )
+    .await;
     decide_through_a_restart(&store, &mut server).await;
 }
 
@@ -299,12 +284,12 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.stop();
-    let store = RedisStore::builder(url)
-        .connect_timeout(ms(200))
-        .call_timeout(ms(300))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(url)
+            .connect_timeout(ms(200))
+            .call_timeout(ms(300)),
+    )
+    .await;
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
     let started = std::time::Instant::now();
     let err = store.check(b"k", &policy, 1).await.unwrap_err();
@@ -317,11 +302,7 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl_no_longer_than_its_state() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix("audit")
-        .build()
-        .await
-        .unwrap();
+    let store = build(RedisStore::builder(server.url()).prefix("audit")).await;
     let second = Duration::from_secs(1);
     let policies = [
         Policy::fixed_window(5, 3 * second).unwrap(),
@@ -410,11 +391,7 @@ async fn semaphore_never_exceeds_max_across_instances() {
     let completed = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::builder(server.url())
-            .call_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
+        let store = redis_store(server.url()).await;
         for _ in 0..8 {
             let (store, policy) = (store.clone(), policy.clone());
             let (in_flight, peak, completed) = (in_flight.clone(), peak.clone(), completed.clone());
@@ -457,11 +434,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
         "--user", "default", "off", "--user", "limiter", "on", ">s3cret", "~*", "+@all",
     ]);
     let url = format!("redis://limiter:s3cret@127.0.0.1:{}/3", server.port());
-    let store = RedisStore::builder(url)
-        .prefix("acl")
-        .build()
-        .await
-        .unwrap();
+    let store = build(RedisStore::builder(url).prefix("acl")).await;
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     let auth = [
@@ -487,20 +460,8 @@ async fn keys_are_bounded_and_never_echo_secrets() {
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
     let secret = format!("sk_live_{}", "x".repeat(1 << 20));
-    assert!(
-        store
-            .check(secret.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
-    assert!(
-        !store
-            .check(secret.as_bytes(), &policy, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, secret.as_bytes(), &policy).await);
+    assert!(!admits(&store, secret.as_bytes(), &policy).await);
     let key = server.cli(&["--scan"]);
     assert!(key.len() < 100, "{key}");
     assert!(!key.contains("sk_live"), "{key}");
@@ -533,10 +494,10 @@ async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
     };
     for (round, algorithm) in long_policies(3).into_iter().enumerate() {
         let per_user = algorithm.with_name(format!("cross-user-{round}")).unwrap();
-        let shared = Policy::fixed_window(1, Duration::from_secs(3600))
-            .unwrap()
-            .with_name(format!("cross-shared-{round}"))
-            .unwrap();
+        let shared = named(
+            format!("cross-shared-{round}"),
+            Policy::fixed_window(1, Duration::from_secs(3600)),
+        );
         // Both orders: the per-user key in the earlier slot, then in the later one.
         for earlier_first in [true, false] {
             let shared_key = format!("s{round}-{earlier_first}");
@@ -610,17 +571,12 @@ fn assert_conflict<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>
 /// counter read a fixed window's state as its own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    let (server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
     let policies: Vec<Policy> = long_policies(5)
         .into_iter()
         .map(|p| p.with_name("shared").unwrap())
         .collect();
-    let other = Policy::fixed_window(5, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("other")
-        .unwrap();
+    let other = fixed_window("other", 5, Duration::from_secs(3600));
     let mut pairs = 0;
     for old in &policies {
         for new in &policies {
@@ -701,17 +657,9 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
 /// both stores: a name moved from one to the other counts on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gcra_and_leaky_bucket_share_their_state_on_both_stores() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(1_763_000_000_000_001);
-    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
-    let gcra = Policy::gcra(5, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
-    let leaky = Policy::leaky_bucket(5, Rate::per_hour(1))
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let (_server, _clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let gcra = named("shared", Policy::gcra(5, Rate::per_hour(1)));
+    let leaky = named("shared", Policy::leaky_bucket(5, Rate::per_hour(1)));
     for (first, then) in [(&gcra, &leaky), (&leaky, &gcra)] {
         let key = format!(
             "{}-then-{}",
@@ -740,12 +688,12 @@ async fn untagged_states_from_before_tags_count_on() {
     const HOUR: u64 = 3_600_000_000;
     let server = RedisServer::start();
     let now = 1_763_000_000_000_001;
-    let redis = RedisStore::builder(server.url())
-        .script_clock_for_tests(ManualClock::new(now))
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let redis = build(
+        RedisStore::builder(server.url())
+            .script_clock_for_tests(ManualClock::new(now))
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let window = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
     let gcra = Policy::gcra(5, Rate::per_hour(1)).unwrap();
     let untagged = [
@@ -848,23 +796,19 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
         "no",
     ]);
     let url = format!("rediss://127.0.0.1:{}", server.port());
-    let store = RedisStore::builder(url.clone())
-        .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = build(
+        RedisStore::builder(url.clone())
+            .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
     let policy = Policy::sliding_window_log(2, Duration::from_secs(60)).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
     // Without the CA the server's certificate is not trusted: an error, not a bypass.
-    let untrusting = RedisStore::builder(url)
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let untrusting = redis_store(url).await;
     assert!(
         untrusting
             .check(b"k", &policy, 1)
@@ -873,11 +817,11 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
             .is_outage()
     );
     // A plain-text client cannot talk to the TLS port.
-    let plain = RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))
-        .call_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let plain = build(
+        RedisStore::builder(format!("redis://127.0.0.1:{}", server.port()))
+            .call_timeout(Duration::from_millis(500)),
+    )
+    .await;
     assert!(plain.check(b"k", &policy, 1).await.is_err());
 }
 
@@ -890,20 +834,17 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     // A fixed clock: both requests land in the same microsecond, so the
     // refunded request shares the log's only entry.
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let store = RedisStore::cluster_builder(cluster.urls())
-        .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let per_user = Policy::sliding_window_log(5, Duration::from_secs(60))
-        .unwrap()
-        .with_name("refund-log")
-        .unwrap();
-    let shared = Policy::fixed_window(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("refund-shared")
-        .unwrap();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let per_user = named(
+        "refund-log",
+        Policy::sliding_window_log(5, Duration::from_secs(60)),
+    );
+    let shared = fixed_window("refund-shared", 1, Duration::from_secs(60));
     let slot = |k: &str, p: &Policy| {
         ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
     };
@@ -912,20 +853,8 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
         .map(|i| format!("refund-user-{i}"))
         .find(|u| slot(u, &per_user) < shared_slot)
         .unwrap();
-    assert!(
-        store
-            .check(user.as_bytes(), &per_user, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
-    assert!(
-        store
-            .check(b"everyone", &shared, 1)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits(&store, user.as_bytes(), &per_user).await);
+    assert!(admits(&store, b"everyone", &shared).await);
     let checks = [
         Check::new(user.as_bytes(), &per_user, 2),
         Check::new(b"everyone", &shared, 1),

@@ -24,7 +24,7 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
-use ratelimit_tests::{Listening, RedisServer, spawn_listening};
+use ratelimit_tests::{Listening, RedisServer, build, named, spawn_listening};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -62,18 +62,14 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// 30 per 10 s, a window longer than any test, as a sliding log: exact, so
 /// "at most N in any window" is "at most N during the test".
 fn policy(name: &str) -> Policy {
-    Policy::sliding_window_log(LIMIT, Duration::from_secs(10))
-        .unwrap()
-        .with_name(name)
-        .unwrap()
+    named(
+        name,
+        Policy::sliding_window_log(LIMIT, Duration::from_secs(10)),
+    )
 }
 
 async fn redis_store(url: String) -> RedisStore {
-    RedisStore::builder(url)
-        .call_timeout(CALL_TIMEOUT)
-        .build()
-        .await
-        .expect("a Redis store")
+    build(RedisStore::builder(url).call_timeout(CALL_TIMEOUT)).await
 }
 
 /// Runs `future`, failing the test if it takes longer than [`TEST_LIMIT`].
@@ -601,8 +597,7 @@ async fn until_closed(store: &FallbackStore<RedisStore>, policy: &Policy, what: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let breaker = Arc::new(CircuitBreaker::default());
     let store = FallbackStore::new(
@@ -760,10 +755,7 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
     let primary_port = primary.port().to_string();
     let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &primary_port]);
     let synced = wait_for_link(&replica);
-    let policy = Policy::gcra(10, Rate::per_hour(10))
-        .unwrap()
-        .with_name("failover")
-        .unwrap();
+    let policy = named("failover", Policy::gcra(10, Rate::per_hour(10)));
 
     bounded(async {
         let on_primary = redis_store(primary.url()).await;
@@ -996,11 +988,8 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
 async fn a_restart_fails_no_call_whatever_the_pool_held() {
     let _turn = SERIAL.lock().await;
     let server = RedisServer::start();
-    let redis = RedisStore::builder(server.url())
-        .call_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let redis =
+        build(RedisStore::builder(server.url()).call_timeout(Duration::from_millis(500))).await;
     let policy = policy("restart");
     // Concurrent calls fill the pool with several connections.
     let calls: Vec<_> = (0..16)
@@ -1043,8 +1032,7 @@ async fn a_refused_connection_fails_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_fails_with_store_error_timeout() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let policy = policy("slow");
     redis.check(b"k", &policy, 1).await.unwrap();
@@ -1065,8 +1053,7 @@ async fn a_slow_redis_fails_with_store_error_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layer_timeout_below_the_store_timeout_still_falls_back() {
     let _turn = SERIAL.lock().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
+    let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let breaker = Arc::new(CircuitBreaker::default());
     let store = FallbackStore::new(redis, MemoryStore::new(), INSTANCES, Arc::clone(&breaker));

@@ -17,7 +17,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::metrics::{Scrape, capture};
-use ratelimit_tests::{RedisServer, free_port, spawn_listening};
+use ratelimit_tests::{RedisServer, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
@@ -70,6 +70,18 @@ where
     answer(service, request()).await
 }
 
+/// `enforced`, then `trial` (a shadow policy) as a rule of its own, both
+/// keyed by client, on `store` around [`echo_service`].
+fn with_trial(
+    store: &MemoryStore<ManualClock>,
+    enforced: &Policy,
+    trial: &Policy,
+) -> impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Infallible> {
+    RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
+        .and(Rule::new(trial.clone(), by_client))
+        .layer(echo_service())
+}
+
 /// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
 async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
     store
@@ -114,7 +126,7 @@ fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
             assert_eq!(state, r#""trial";r=0;t=10"#, "t: when it would pass again");
         }
     }
-    let count = |outcome| recorded.counter(DECISIONS, &[("policy", "trial"), ("outcome", outcome)]);
+    let count = |outcome| recorded.outcome(DECISIONS, "trial", outcome);
     assert_eq!(count("allowed"), 3);
     assert_eq!(count("shadow_denied"), 7);
     assert_eq!(count("denied"), 0);
@@ -126,9 +138,7 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
         let store = frozen_memory();
         let enforced = per_ten_seconds("per-client", 5);
         let trial = per_ten_seconds("trial", 2).with_shadow(true);
-        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
-            .and(Rule::new(trial.clone(), by_client))
-            .layer(echo_service());
+        let mut service = with_trial(&store, &enforced, &trial);
         let mut answers = Vec::new();
         for _ in 0..8 {
             answers.push(send(&mut service).await);
@@ -169,8 +179,7 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
         r#""per-client";r=0;t=10, "trial";r=0;t=10"#,
         "the shadow decision is not hidden by the enforced denial"
     );
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("per-client", "allowed"), 5);
     assert_eq!(count("per-client", "denied"), 3);
     assert_eq!(count("trial", "allowed"), 2);
@@ -183,9 +192,7 @@ fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
         let store = frozen_memory();
         let enforced = per_ten_seconds("per-client", 2);
         let trial = per_ten_seconds("trial", 5).with_shadow(true);
-        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
-            .and(Rule::new(trial.clone(), by_client))
-            .layer(echo_service());
+        let mut service = with_trial(&store, &enforced, &trial);
         let mut statuses = Vec::new();
         for _ in 0..4 {
             statuses.push(send(&mut service).await.status.as_u16());
@@ -195,8 +202,7 @@ fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
         // The documented consequence of deciding the groups apart.
         assert_eq!(remaining(&store, &trial).await, 1);
     });
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("per-client", "allowed"), 2);
     assert_eq!(count("per-client", "denied"), 2);
     assert_eq!(count("trial", "allowed"), 4);
@@ -222,8 +228,7 @@ fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
         assert_eq!(remaining(&store, &narrow).await, 0);
         assert_eq!(remaining(&store, &wide).await, 2);
     });
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("per-client", "allowed"), 5);
     assert_eq!(count("narrow", "allowed"), 2);
     assert_eq!(count("narrow", "shadow_denied"), 3);
@@ -236,18 +241,9 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
     capture(false, || async {
         let store = frozen_memory();
         let lease = Duration::from_secs(3600);
-        let enforced = Policy::concurrency(1, lease)
-            .unwrap()
-            .with_name("in-flight")
-            .unwrap();
-        let trial = Policy::concurrency(5, lease)
-            .unwrap()
-            .with_name("in-flight-trial")
-            .unwrap()
-            .with_shadow(true);
-        let mut service = RateLimitLayer::new(store.clone(), enforced.clone(), by_client)
-            .and(Rule::new(trial.clone(), by_client))
-            .layer(echo_service());
+        let enforced = named("in-flight", Policy::concurrency(1, lease));
+        let trial = named("in-flight-trial", Policy::concurrency(5, lease)).with_shadow(true);
+        let mut service = with_trial(&store, &enforced, &trial);
 
         // The first response is held: its body keeps both permits.
         let held = service
@@ -300,11 +296,8 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
             .build();
         // A shadow denial and a shadow leaky-bucket slot: neither may delay.
         let trial = per_ten_seconds("trial", 1).with_shadow(true);
-        let spaced = Policy::leaky_bucket(10, Rate::per_second(1))
-            .unwrap()
-            .with_name("spaced")
-            .unwrap()
-            .with_shadow(true);
+        let spaced =
+            named("spaced", Policy::leaky_bucket(10, Rate::per_second(1))).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), trial.clone(), by_client)
             .and(Rule::new(spaced, by_client))
             .wait(Duration::from_secs(30))
@@ -317,15 +310,8 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
 
         // An enforced policy that makes requests wait: one per second. The
         // shadow policy beside it is asked once per request, not per attempt.
-        let enforced = Policy::gcra(1, Rate::per_second(1))
-            .unwrap()
-            .with_name("one-per-second")
-            .unwrap();
-        let counted = Policy::fixed_window(100, Duration::from_secs(3600))
-            .unwrap()
-            .with_name("counted")
-            .unwrap()
-            .with_shadow(true);
+        let enforced = named("one-per-second", Policy::gcra(1, Rate::per_second(1)));
+        let counted = fixed_window("counted", 100, Duration::from_secs(3600)).with_shadow(true);
         let mut service = RateLimitLayer::new(store.clone(), enforced, by_client)
             .and(Rule::new(counted.clone(), by_client))
             .wait(Duration::from_secs(30))
@@ -341,8 +327,7 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
         );
         assert_eq!(remaining(&store, &counted).await, 97);
     });
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("trial", "allowed"), 1);
     assert_eq!(count("trial", "shadow_denied"), 3);
     assert_eq!(count("counted", "allowed"), 3);
@@ -414,8 +399,7 @@ fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
         (layer.stats().failed_open(), layer.stats().failed_closed())
     });
     assert_eq!(stats, (0, 0), "the failure policy was never asked");
-    let count =
-        |policy, outcome| recorded.counter(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
     assert_eq!(count("trial", "error"), 3);
     assert_eq!(count("per-client", "allowed"), 2);
     assert_eq!(count("per-client", "denied"), 1);

@@ -17,8 +17,10 @@ use ratelimit_core::{
     BreakerState, Check, CircuitBreaker, Decision, DecisionSource, FallbackStore, MemoryStore,
     PermitId, Policy, Store, StoreError,
 };
+use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::named;
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 /// Every variant of `StoreError`, made afresh (it is not `Clone`).
 fn every_error() -> Vec<StoreError> {
@@ -100,10 +102,7 @@ impl Store for Failing {
 }
 
 fn policy() -> Policy {
-    Policy::fixed_window(5, Duration::from_secs(60))
-        .unwrap()
-        .with_name("p")
-        .unwrap()
+    fixed_window("p", 5, Duration::from_secs(60))
 }
 
 /// The status the layer and the `Limiter` answer for `error` under a
@@ -134,13 +133,8 @@ async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
                 .on_failure(failure.clone());
             let service = layer.clone().layer(inner);
             for _ in 0..3 {
-                let response = service
-                    .clone()
-                    .oneshot(Request::new(String::new()))
-                    .await
-                    .unwrap();
                 assert_eq!(
-                    response.status(),
+                    status_of(&service).await,
                     expected(&error, open),
                     "{error:?} with {failure:?}"
                 );
@@ -312,12 +306,7 @@ async fn calls_the_layer_times_out_open_the_breaker() {
         .timeout(ratelimit_core::DEFAULT_SLOW_CALL * 3)
         .layer(inner);
     for _ in 0..3 {
-        let response = service
-            .clone()
-            .oneshot(Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status_of(&service).await, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(breaker.state(), BreakerState::Open);
 }
@@ -327,22 +316,16 @@ async fn calls_the_layer_times_out_open_the_breaker() {
 /// never released, and held until its lease expired).
 #[tokio::test]
 async fn a_limiter_permit_is_held_by_granted_until_dropped() {
-    let policy = Policy::concurrency(1, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("uploads")
-        .unwrap();
+    let policy = named("uploads", Policy::concurrency(1, Duration::from_secs(3600)));
     let limiter = Limiter::new(MemoryStore::new(), policy);
     let granted = limiter
         .check(b"alice", 1)
         .await
         .expect("the first is granted");
-    let refused = limiter
-        .check(b"alice", 1)
-        .await
-        .expect_err("one in flight at most");
     assert_eq!(
-        refused.into_response().status(),
-        StatusCode::TOO_MANY_REQUESTS
+        refused_status(&limiter, b"alice").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "one in flight at most"
     );
     drop(granted);
     let again = limiter.check(b"alice", 1).await;
@@ -356,12 +339,28 @@ async fn a_fail_open_limiter_refuses_new_keys_in_a_full_store() {
     let full = MemoryStore::builder().max_keys(1).build();
     let limiter = Limiter::new(full, policy()).on_failure(FailurePolicy::Open);
     assert!(limiter.check(b"a", 1).await.is_ok());
-    let refused = limiter
-        .check(b"b", 1)
-        .await
-        .expect_err("a full store admits no new key");
     assert_eq!(
-        refused.into_response().status(),
-        StatusCode::SERVICE_UNAVAILABLE
+        refused_status(&limiter, b"b").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a full store admits no new key"
     );
+}
+
+/// The status of `limiter`'s refusal of a request from `key`; panics when
+/// it is granted.
+async fn refused_status<St: Store + Clone>(limiter: &Limiter<St>, key: &[u8]) -> StatusCode {
+    let Err(refused) = limiter.check(key, 1).await else {
+        panic!("{key:?} was granted");
+    };
+    refused.into_response().status()
+}
+
+/// The status `service` answers an empty request with.
+async fn status_of<S, B>(service: &S) -> StatusCode
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let response = service.clone().oneshot(Request::new(String::new())).await;
+    response.expect("the service answers").status()
 }

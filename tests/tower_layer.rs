@@ -9,6 +9,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
+use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
     RateLimitLayer,
@@ -410,19 +411,13 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F
 // ---- Several limits, rule providers, modes, gRPC and non-HTTP requests ----
 
 use ratelimit_core::Rate;
-use ratelimit_tower::{Limit, Limits, Mode, Rejection, Rule};
+use ratelimit_tower::{Limits, Mode, Rejection, Rule};
 
 #[tokio::test]
 async fn several_limits_are_all_or_nothing() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let per_ip = Policy::fixed_window(2, Duration::from_secs(10))
-        .unwrap()
-        .with_name("per-ip")
-        .unwrap();
-    let global = Policy::fixed_window(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("global")
-        .unwrap();
+    let per_ip = fixed_window("per-ip", 2, Duration::from_secs(10));
+    let global = fixed_window("global", 3, Duration::from_secs(10));
     let mut service = RateLimitLayer::new(store(), per_ip, PeerIp)
         .and(Rule::new(global, GlobalKey::default()))
         .layer(mock);
@@ -444,14 +439,8 @@ async fn several_limits_are_all_or_nothing() {
 
 #[tokio::test]
 async fn a_rule_provider_picks_tiers_and_allowlists() {
-    let free = Policy::fixed_window(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("free")
-        .unwrap();
-    let pro = Policy::fixed_window(3, Duration::from_secs(60))
-        .unwrap()
-        .with_name("pro")
-        .unwrap();
+    let free = fixed_window("free", 1, Duration::from_secs(60));
+    let pro = fixed_window("pro", 3, Duration::from_secs(60));
     let rules = move |req: &Request<&'static str>| {
         let api_key = req
             .headers()
@@ -464,10 +453,8 @@ async fn a_rule_provider_picks_tiers_and_allowlists() {
             match api_key.as_deref() {
                 None => Limits::reject(),
                 Some("internal") => Limits::none(),
-                Some(key) if key.starts_with("pro-") => {
-                    Limits::one(Limit::new(pro, key.to_owned(), 1))
-                }
-                Some(key) => Limits::one(Limit::new(free, key.to_owned(), 1)),
+                Some(key) if key.starts_with("pro-") => Limits::one(pro, key.to_owned(), 1),
+                Some(key) => Limits::one(free, key.to_owned(), 1),
             }
         }
     };
@@ -586,7 +573,7 @@ async fn non_http_requests_get_a_typed_error_with_the_decision() {
 async fn a_custom_rejection_replaces_the_default() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
     let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
-        .on_rejection(|rejection: &Rejection| {
+        .on_rejection(|rejection: &Rejection, _| {
             let mut response = Response::new(bytes::Bytes::from(format!("slow down: {rejection}")));
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             response
@@ -744,11 +731,65 @@ async fn unlimited_and_failed_open_requests_still_carry_decisions() {
 async fn a_custom_rejection_still_gets_retry_after_and_headers() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
     let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
-        .on_rejection(|_: &Rejection| Response::new(bytes::Bytes::from_static(b"custom")))
+        .on_rejection(|_: &Rejection, _| Response::new(bytes::Bytes::from_static(b"custom")))
         .layer(mock);
     send(&mut service, &mut handle, Request::new("")).await;
     let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
     assert_eq!(r.body(), "custom");
     assert_eq!(r.headers()["retry-after"], "10");
     assert!(r.headers().contains_key("ratelimit"));
+}
+
+#[tokio::test]
+async fn a_custom_rejection_leaves_grpc_denials_trailers_only() {
+    // A custom builder for one case (no tenant: 401) and the default for the
+    // rest: a gRPC request over its quota still gets `RESOURCE_EXHAUSTED`,
+    // never an HTTP 429 (before, the fallback was always the HTTP answer).
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
+        .on_rejection(|rejection: &Rejection, default| match rejection {
+            Rejection::MissingKey => {
+                let mut r = Response::new(bytes::Bytes::new());
+                *r.status_mut() = StatusCode::UNAUTHORIZED;
+                r
+            }
+            _ => default,
+        })
+        .layer(mock);
+    let grpc = || {
+        Request::builder()
+            .header("content-type", "application/grpc")
+            .body("")
+            .unwrap()
+    };
+    send(&mut service, &mut handle, grpc()).await;
+    let (r, reached) = send(&mut service, &mut handle, grpc()).await;
+    assert!(!reached);
+    assert_eq!(r.status(), StatusCode::OK, "trailers-only, not 429");
+    assert_eq!(r.headers()["grpc-status"], "8");
+    assert!(!r.headers().contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn a_custom_rejection_is_given_the_response_of_the_layers_settings() {
+    let (mock, mut handle): (Mock, Handle) = mock::pair();
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(1), GlobalKey::default())
+        .headers(ratelimit_tower::headers::RateLimitHeaders::legacy())
+        .on_rejection(|_: &Rejection, mut default| {
+            default.headers_mut().insert(
+                "x-support",
+                http::HeaderValue::from_static("ops@example.com"),
+            );
+            default
+        })
+        .layer(mock);
+    send(&mut service, &mut handle, Request::new("")).await;
+    let (r, _) = send(&mut service, &mut handle, Request::new("")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()["x-support"], "ops@example.com");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(r.headers()["retry-after"], "10");
+    assert_eq!(r.headers()["x-ratelimit-limit"], "1");
+    assert!(!r.headers().contains_key("ratelimit"), "legacy fields only");
+    assert!(r.body().contains("quota-exceeded"));
 }

@@ -40,6 +40,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::RedisServer;
+
 /// The most connections the proxy holds at once.
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -96,6 +98,13 @@ impl fmt::Debug for FaultProxy {
 }
 
 impl FaultProxy {
+    /// Starts a new Redis server and a proxy in front of it.
+    pub fn with_new_server() -> (RedisServer, FaultProxy) {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.addr());
+        (server, proxy)
+    }
+
     /// Starts a proxy on a free port of 127.0.0.1 forwarding to `upstream`.
     /// Callable from synchronous code and from within a tokio runtime alike.
     ///
@@ -309,20 +318,9 @@ async fn requests(
     poisoned: Arc<AtomicBool>,
 ) {
     let mut buffer = vec![0_u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let mode = settings.borrow().mode;
-        match mode {
-            Mode::Forward => {
-                if to.write_all(&buffer[..n]).await.is_err() {
-                    return;
-                }
-            }
-            Mode::Stall => poisoned.store(true, Ordering::Release),
-            Mode::Drop => return,
+    while let Some((n, _latency)) = next_chunk(&mut from, &mut buffer, &settings, &poisoned).await {
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
         }
     }
 }
@@ -335,21 +333,34 @@ async fn replies(
     poisoned: Arc<AtomicBool>,
 ) {
     let mut buffer = vec![0_u8; 16 * 1024];
+    while let Some((n, latency)) = next_chunk(&mut from, &mut buffer, &settings, &poisoned).await {
+        let due = Instant::now() + latency;
+        if queue.send((due, buffer[..n].to_vec())).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The length of the next chunk read from `from` into `buffer` to forward,
+/// with the latency in force: chunks read while the proxy stalls are
+/// swallowed (the connection is poisoned); `None` once `from` closes or the
+/// proxy drops connections.
+async fn next_chunk(
+    from: &mut OwnedReadHalf,
+    buffer: &mut [u8],
+    settings: &watch::Receiver<Settings>,
+    poisoned: &AtomicBool,
+) -> Option<(usize, Duration)> {
     loop {
-        let n = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
+        let n = match from.read(buffer).await {
+            Ok(0) | Err(_) => return None,
             Ok(n) => n,
         };
         let Settings { mode, latency } = *settings.borrow();
         match mode {
-            Mode::Forward => {
-                let due = Instant::now() + latency;
-                if queue.send((due, buffer[..n].to_vec())).await.is_err() {
-                    return;
-                }
-            }
+            Mode::Forward => return Some((n, latency)),
             Mode::Stall => poisoned.store(true, Ordering::Release),
-            Mode::Drop => return,
+            Mode::Drop => return None,
         }
     }
 }

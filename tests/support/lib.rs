@@ -1,8 +1,8 @@
 //! Test support for the workspace's integration tests: free loopback ports,
 //! child processes that are stopped on drop, the example binaries
 //! ([`examples`]), requests to them over loopback ([`loopback`]), in-process
-//! fixtures for the layer ([`fixtures`]), and real Redis servers and clusters
-//! ([`redis_server`]).
+//! fixtures for the layer ([`fixtures`]), real Redis servers and clusters
+//! ([`redis_server`]) and stores on them ([`stores`]).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command};
@@ -16,12 +16,16 @@ pub mod fixtures;
 pub mod loopback;
 pub mod metrics;
 pub mod redis_server;
+pub mod stores;
 
 pub use examples::{
     CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, spawn_example,
     spawn_example_lines, spawn_listening, spawn_on_env_port,
 };
 pub use redis_server::{RedisCluster, RedisServer};
+pub use stores::{
+    Boxed, CALL_TIMEOUT, admits, build, cluster_store, join_in_order, permits_left, redis_store,
+};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
@@ -43,6 +47,25 @@ pub async fn twin_stores(
     (memory, redis)
 }
 
+/// A whole second of Unix time plus 1 µs, in µs: around the current time, so
+/// the scripts see realistic magnitudes.
+pub const NOW_MICROS: u64 = 1_763_000_000_000_001;
+
+/// A new Redis server, a clock at `t0` µs and [`twin_stores`] on both.
+pub async fn twins_at(
+    t0: u64,
+) -> (
+    RedisServer,
+    ManualClock,
+    MemoryStore<ManualClock>,
+    RedisStore,
+) {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(t0);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    (server, clock, memory, redis)
+}
+
 /// Small policies of every algorithm (100 ms windows, limits of 3 to 7), so
 /// random timelines reach every branch of every algorithm.
 pub fn small_policies() -> Vec<Policy> {
@@ -58,18 +81,30 @@ pub fn small_policies() -> Vec<Policy> {
     ]
 }
 
+/// `policy`, which must be valid, named `name`.
+pub fn named<E: std::fmt::Debug>(name: impl Into<String>, policy: Result<Policy, E>) -> Policy {
+    policy
+        .expect("a valid policy")
+        .with_name(name)
+        .expect("a valid policy name")
+}
+
 /// Every algorithm with long windows: nothing refills while a test runs.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    let slow = Rate::per_hour(1);
+    every_algorithm(limit, Duration::from_secs(3600), Rate::per_hour(1))
+}
+
+/// One policy of every algorithm, in the order of [`small_policies`]: the
+/// windows and the concurrency lease `window`, the buckets refilling at `rate`.
+pub fn every_algorithm(limit: u64, window: Duration, rate: Rate) -> Vec<Policy> {
     vec![
-        Policy::fixed_window(limit, hour).expect("valid"),
-        Policy::sliding_window_log(limit, hour).expect("valid"),
-        Policy::sliding_window_counter(limit, hour).expect("valid"),
-        Policy::token_bucket(limit, slow).expect("valid"),
-        Policy::gcra(limit, slow).expect("valid"),
-        Policy::leaky_bucket(limit, slow).expect("valid"),
-        Policy::concurrency(limit, hour).expect("valid"),
+        Policy::fixed_window(limit, window).expect("valid"),
+        Policy::sliding_window_log(limit, window).expect("valid"),
+        Policy::sliding_window_counter(limit, window).expect("valid"),
+        Policy::token_bucket(limit, rate).expect("valid"),
+        Policy::gcra(limit, rate).expect("valid"),
+        Policy::leaky_bucket(limit, rate).expect("valid"),
+        Policy::concurrency(limit, window).expect("valid"),
     ]
 }
 

@@ -34,6 +34,12 @@ impl Recorded {
             .unwrap_or(0)
     }
 
+    /// The counter `name` with the labels `policy` and `outcome` only, as the
+    /// layer counts its decisions (0 when never recorded).
+    pub fn outcome(&self, name: &str, policy: &str, outcome: &str) -> u64 {
+        self.counter(name, &[("policy", policy), ("outcome", outcome)])
+    }
+
     /// The gauge `name` with exactly `labels`.
     pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.gauges.get(&series(name, labels)).copied()
@@ -48,11 +54,7 @@ impl Recorded {
 
     /// Every counter named `name`, by labels.
     pub fn counters_named(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, u64> {
-        self.counters
-            .iter()
-            .filter(|((n, _), _)| n == name)
-            .map(|((_, labels), v)| (labels.clone(), *v))
-            .collect()
+        named_series(&self.counters, name)
     }
 
     /// Every label value of every series.
@@ -186,12 +188,20 @@ impl Scrape {
 
     /// Every sample named `name`, by labels.
     pub fn named(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
-        self.samples
-            .iter()
-            .filter(|((n, _), _)| n == name)
-            .map(|((_, labels), v)| (labels.clone(), *v))
-            .collect()
+        named_series(&self.samples, name)
     }
+}
+
+/// The values of every series in `values` named `name`, by labels.
+fn named_series<V: Copy>(
+    values: &BTreeMap<Series, V>,
+    name: &str,
+) -> BTreeMap<BTreeMap<String, String>, V> {
+    values
+        .iter()
+        .filter(|((n, _), _)| n == name)
+        .map(|((_, labels), v)| (labels.clone(), *v))
+        .collect()
 }
 
 /// `k="v",k2="v2"` (values with `\"`, `\\` and `\n` escapes).

@@ -9,11 +9,13 @@
 //!
 //! This crate turns on what axum needs in `ratelimit-tower` (the peer address
 //! from `ConnectInfo`, routes from `MatchedPath`) and re-exports what a
-//! service uses: the layer ([`RateLimitLayer`], [`Rule`]), the key extractors
-//! ([`PeerIp`], [`ClientIp`], [`HeaderKey`], ...), the policies ([`Policy`],
-//! [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the feature
-//! `redis`) and the decision types. Everything else is in the re-exported
-//! crates [`ratelimit_core`] and [`ratelimit_tower`].
+//! service uses: the layer ([`RateLimitLayer`], [`Rule`], [`Limits`] for
+//! limits chosen per request, [`Rejection`] for custom refusals), the key
+//! extractors ([`PeerIp`], [`ClientIp`], [`HeaderKey`], ...), the policies
+//! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the
+//! feature `redis`) and the decision types: import from this crate only.
+//! The rest is in the re-exported crates [`ratelimit_core`] and
+//! [`ratelimit_tower`] (the `config` module, `for_errors` layers).
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -24,9 +26,25 @@
 //! | `metrics` | decisions counted through the `metrics` facade |
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
 //!
-//! In a file that also uses tower's own `tower::limit::RateLimitLayer`,
-//! rename one of them on import:
-//! `use tower::limit::RateLimitLayer as TowerRateLimitLayer;`.
+//! In a file that also uses tower's own `tower::limit::RateLimitLayer`, name
+//! this crate with a short alias rather than importing both layers:
+//!
+//! ```
+//! use ratelimit_axum as rl;
+//! use std::time::Duration;
+//! use tower::limit::RateLimitLayer;
+//!
+//! # fn main() -> Result<(), rl::PolicyError> {
+//! let per_client = rl::RateLimitLayer::new(
+//!     rl::MemoryStore::new(),
+//!     rl::Policy::fixed_window(100, Duration::from_secs(60))?,
+//!     rl::PeerIp,
+//! );
+//! let overall = RateLimitLayer::new(1_000, Duration::from_secs(1));
+//! # let _ = (per_client, overall);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! What this crate adds to axum:
 //!
@@ -99,7 +117,7 @@ pub use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 pub use ratelimit_tower::{
     ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader, GlobalKey,
-    HeaderKey, Key, KeyExtractor, Limit, Limits, MissingKey, Mode, PeerAddr, PeerIp,
+    HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
     PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, Stats, TrustedProxies,
 };
 

@@ -3,7 +3,6 @@
 use std::fmt;
 
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use http::HeaderMap;
 use ratelimit_core::{Policy, Store, StoreError};
 use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{
@@ -118,15 +117,11 @@ impl<St: Store + Clone> Limiter<St> {
                         _permit: permit,
                     })
                 } else {
-                    Err(QuotaExceeded::new(Rejection::Limited(decisions)).headers(self.headers))
+                    Err(self.refuse(Rejection::Limited(decisions)))
                 }
             }
             Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
-                Err(QuotaExceeded::new(Rejection::CostTooHigh {
-                    policy,
-                    cost,
-                    max,
-                }))
+                Err(self.refuse(Rejection::CostTooHigh { policy, cost, max }))
             }
             Err(error) if self.failure.allows(&error) => {
                 tracing::warn!(
@@ -146,9 +141,7 @@ impl<St: Store + Clone> Limiter<St> {
                     error = %error,
                     "rate-limit store could not decide; the request is refused"
                 );
-                Err(QuotaExceeded::new(Rejection::Unavailable(
-                    std::sync::Arc::new(error),
-                )))
+                Err(self.refuse(Rejection::Unavailable(std::sync::Arc::new(error))))
             }
             Err(error) => {
                 tracing::error!(
@@ -158,10 +151,16 @@ impl<St: Store + Clone> Limiter<St> {
                     "rate-limit store answered with an error that is not an outage; \
                      the request is refused"
                 );
-                Err(QuotaExceeded::new(Rejection::Internal(
-                    std::sync::Arc::new(error),
-                )))
+                Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))))
             }
+        }
+    }
+
+    /// A refusal, answered as the layer would with this limiter's headers.
+    fn refuse(&self, rejection: Rejection) -> QuotaExceeded {
+        QuotaExceeded {
+            rejection,
+            rejections: HttpRejections::default().headers(self.headers),
         }
     }
 }
@@ -196,59 +195,21 @@ impl IntoResponseParts for Granted {
     }
 }
 
-type CustomResponse = std::sync::Arc<dyn Fn(&Rejection) -> Response + Send + Sync>;
-
 /// A refused request, as an axum response: `429` with `Retry-After`, the
 /// rate-limit headers and an `application/problem+json` body (RFC 9457) of
 /// type `https://iana.org/assignments/http-problem-types#quota-exceeded`
-/// naming the violated policies and the retry delay. `503` when the store is
-/// unavailable.
+/// naming the violated policies and the retry delay; `503` when the store is
+/// unavailable. The same response as the layer's ([`HttpRejections`]).
 ///
-/// Use [`QuotaExceeded::with_response`] to answer differently.
-#[derive(Clone)]
+/// To answer differently, map it in the handler:
+/// `limiter.check(key, 1).await.map_err(|refused| my_response(refused.rejection()))`.
+#[derive(Debug, Clone)]
 pub struct QuotaExceeded {
     rejection: Rejection,
-    headers: RateLimitHeaders,
-    custom: Option<CustomResponse>,
-}
-
-impl fmt::Debug for QuotaExceeded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("QuotaExceeded")
-            .field("rejection", &self.rejection)
-            .field("headers", &self.headers)
-            .finish_non_exhaustive()
-    }
+    rejections: HttpRejections,
 }
 
 impl QuotaExceeded {
-    /// A refusal for `rejection`.
-    pub fn new(rejection: Rejection) -> Self {
-        QuotaExceeded {
-            rejection,
-            headers: RateLimitHeaders::default(),
-            custom: None,
-        }
-    }
-
-    /// Which rate-limit headers to send (default: the IETF fields).
-    #[must_use]
-    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
-        self.headers = headers;
-        self
-    }
-
-    /// Builds the response with `f` instead (the rate-limit headers and
-    /// `Retry-After` are still added unless `f` sets them).
-    #[must_use]
-    pub fn with_response<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Rejection) -> Response + Send + Sync + 'static,
-    {
-        self.custom = Some(std::sync::Arc::new(f));
-        self
-    }
-
     /// Why the request was refused.
     pub fn rejection(&self) -> &Rejection {
         &self.rejection
@@ -269,30 +230,8 @@ impl std::error::Error for QuotaExceeded {
 
 impl IntoResponse for QuotaExceeded {
     fn into_response(self) -> Response {
-        let default = HttpRejections::default()
-            .headers(self.headers)
-            .body(ratelimit_tower::RejectionBody::ProblemJson);
-        let mut response = match &self.custom {
-            Some(custom) => custom(&self.rejection),
-            None => default
-                .clone()
-                .into_http_response(&self.rejection)
-                .map(axum_core::body::Body::from),
-        };
-        let mut extra = HeaderMap::new();
-        if let Rejection::Limited(decisions) = &self.rejection {
-            self.headers.apply(decisions, &mut extra);
-            if let Some(seconds) = self.rejection.retry_after_seconds() {
-                extra.insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
-            }
-        }
-        for (name, value) in extra {
-            if let Some(name) = name
-                && !response.headers().contains_key(&name)
-            {
-                response.headers_mut().insert(name, value);
-            }
-        }
-        response
+        self.rejections
+            .response(&self.rejection)
+            .map(axum_core::body::Body::from)
     }
 }

@@ -60,7 +60,8 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use ratelimit_core::key::IpText;
 use ratelimit_core::{MemoryStore, Policy, Rate};
@@ -75,6 +76,40 @@ const UNIFORM_KEYS: usize = 100_000;
 const THREADS: [usize; 2] = [1, 2];
 /// The generator's seed for thread `t` is `SEED + t`.
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Our GCRA policy at the quota above.
+fn gcra_policy() -> Policy {
+    Policy::gcra(
+        u64::from(BURST),
+        Rate::per_second(u64::from(RATE_PER_SECOND)),
+    )
+    .expect("valid policy")
+}
+
+/// Governor's quota, the same as ours.
+fn governor_quota() -> Quota {
+    let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
+    let burst = NonZeroU32::new(BURST).expect("non-zero");
+    Quota::per_second(rate).allow_burst(burst)
+}
+
+/// Decides one request of cost 1 for `key` on our store and hands the whole
+/// result to `black_box`; returns whether it was allowed.
+#[inline]
+fn memory_decide(store: &MemoryStore, key: &[u8], policy: &Policy) -> bool {
+    let result = store.check_now(key, policy, 1);
+    let allowed = matches!(&result, Ok(d) if d.is_allowed());
+    let _ = black_box(result);
+    allowed
+}
+
+/// Hands governor's whole result to `black_box`; returns whether it allowed.
+#[inline]
+fn governor_allowed<T, E>(result: Result<T, E>) -> bool {
+    let allowed = result.is_ok();
+    let _ = black_box(result);
+    allowed
+}
 
 /// xorshift64 (Marsaglia): a cheap, deterministic key picker.
 struct XorShift(u64);
@@ -141,11 +176,7 @@ impl Limiter {
         Limiter::Memory {
             algorithm: "gcra",
             store: MemoryStore::new(),
-            policy: Policy::gcra(
-                u64::from(BURST),
-                Rate::per_second(u64::from(RATE_PER_SECOND)),
-            )
-            .expect("valid policy"),
+            policy: gcra_policy(),
         }
     }
 
@@ -162,11 +193,7 @@ impl Limiter {
     }
 
     fn governor_gcra() -> Self {
-        let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
-        let burst = NonZeroU32::new(BURST).expect("non-zero");
-        Limiter::Governor(RateLimiter::keyed(
-            Quota::per_second(rate).allow_burst(burst),
-        ))
+        Limiter::Governor(RateLimiter::keyed(governor_quota()))
     }
 
     fn id(&self, workload: &Workload, threads: usize) -> String {
@@ -182,26 +209,10 @@ impl Limiter {
     #[inline]
     fn decide(&self, key: &Vec<u8>) -> bool {
         match self {
-            Limiter::Memory { store, policy, .. } => {
-                let result = store.check_now(key, policy, 1);
-                let allowed = matches!(&result, Ok(d) if d.is_allowed());
-                let _ = black_box(result);
-                allowed
-            }
-            Limiter::Governor(limiter) => {
-                let result = limiter.check_key(key);
-                let allowed = result.is_ok();
-                let _ = black_box(result);
-                allowed
-            }
+            Limiter::Memory { store, policy, .. } => memory_decide(store, key, policy),
+            Limiter::Governor(limiter) => governor_allowed(limiter.check_key(key)),
         }
     }
-}
-
-/// Runs `iters` decisions split over `threads` threads and returns the wall
-/// time. Returns the number of allowed decisions too.
-fn run(limiter: &Limiter, workload: &Workload, threads: usize, iters: u64) -> (Duration, u64) {
-    run_with(threads, iters, |rng| limiter.decide(workload.pick(rng)))
 }
 
 /// Runs `iters` calls of `decide` (each given its thread's generator) split
@@ -254,6 +265,41 @@ fn fill(limiter: &Limiter, workload: &Workload) {
     }
 }
 
+/// A group with the settings every row here runs with.
+fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(name);
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .throughput(Throughput::Elements(1));
+    group
+}
+
+/// One row: `decide` (given its thread's generator) on `threads` threads,
+/// then the row's regime, over warm-up and measurement (nothing when a
+/// filter skipped the row).
+fn row<F>(group: &mut BenchmarkGroup<'_, WallTime>, id: &str, threads: usize, decide: F)
+where
+    F: Fn(&mut XorShift) -> bool + Sync,
+{
+    let (mut total, mut allowed) = (0u64, 0u64);
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let (elapsed, ok) = run_with(threads, iters, &decide);
+            total += iters;
+            allowed += ok;
+            elapsed
+        });
+    });
+    if total > 0 {
+        eprintln!(
+            "regime {id}: {:.2}% of {total} decisions allowed",
+            100.0 * allowed as f64 / total as f64,
+        );
+    }
+}
+
 fn limiters() -> [Limiter; 3] {
     [
         Limiter::memory_gcra(),
@@ -268,34 +314,15 @@ fn decisions(c: &mut Criterion) {
         Workload::new("uniform", UNIFORM_KEYS),
     ];
 
-    let mut group = c.benchmark_group("decisions");
-    group
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-        .throughput(Throughput::Elements(1));
+    let mut group = group(c, "decisions");
     for workload in &workloads {
         for threads in THREADS {
             for limiter in limiters() {
                 fill(&limiter, workload);
                 let id = limiter.id(workload, threads);
-                let (mut total, mut allowed) = (0u64, 0u64);
-                group.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        let (elapsed, ok) = run(&limiter, workload, threads, iters);
-                        total += iters;
-                        allowed += ok;
-                        elapsed
-                    });
+                row(&mut group, &id, threads, |rng| {
+                    limiter.decide(workload.pick(rng))
                 });
-                // The regime of this row, over warm-up and measurement (nothing
-                // when a filter skipped the row).
-                if total > 0 {
-                    eprintln!(
-                        "regime {id}: {:.2}% of {total} decisions allowed",
-                        100.0 * allowed as f64 / total as f64,
-                    );
-                }
             }
         }
     }
@@ -343,21 +370,10 @@ enum IpLimiter {
 
 impl IpLimiter {
     fn all() -> [IpLimiter; 3] {
-        let policy = || {
-            Policy::gcra(
-                u64::from(BURST),
-                Rate::per_second(u64::from(RATE_PER_SECOND)),
-            )
-            .expect("valid policy")
-        };
-        let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
-        let burst = NonZeroU32::new(BURST).expect("non-zero");
         [
-            IpLimiter::IpText(MemoryStore::new(), policy()),
-            IpLimiter::Governor(RateLimiter::keyed(
-                Quota::per_second(rate).allow_burst(burst),
-            )),
-            IpLimiter::ToString(MemoryStore::new(), policy()),
+            IpLimiter::IpText(MemoryStore::new(), gcra_policy()),
+            IpLimiter::Governor(RateLimiter::keyed(governor_quota())),
+            IpLimiter::ToString(MemoryStore::new(), gcra_policy()),
         ]
     }
 
@@ -374,25 +390,12 @@ impl IpLimiter {
     fn decide(&self, ip: IpAddr) -> bool {
         match self {
             IpLimiter::IpText(store, policy) => {
-                let key = IpText::new(ip);
-                let result = store.check_now(key.as_bytes(), policy, 1);
-                let allowed = matches!(&result, Ok(d) if d.is_allowed());
-                let _ = black_box(result);
-                allowed
+                memory_decide(store, IpText::new(ip).as_bytes(), policy)
             }
             IpLimiter::ToString(store, policy) => {
-                let key = ip.to_string();
-                let result = store.check_now(key.as_bytes(), policy, 1);
-                let allowed = matches!(&result, Ok(d) if d.is_allowed());
-                let _ = black_box(result);
-                allowed
+                memory_decide(store, ip.to_string().as_bytes(), policy)
             }
-            IpLimiter::Governor(limiter) => {
-                let result = limiter.check_key(&ip);
-                let allowed = result.is_ok();
-                let _ = black_box(result);
-                allowed
-            }
+            IpLimiter::Governor(limiter) => governor_allowed(limiter.check_key(&ip)),
         }
     }
 }
@@ -404,12 +407,7 @@ fn user_keys(c: &mut Criterion) {
         IpWorkload::new("hot", 1),
         IpWorkload::new("uniform", u32::try_from(UNIFORM_KEYS).expect("fits")),
     ];
-    let mut group = c.benchmark_group("user_keys");
-    group
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-        .throughput(Throughput::Elements(1));
+    let mut group = group(c, "user_keys");
     for workload in &workloads {
         for threads in THREADS {
             for limiter in IpLimiter::all() {
@@ -417,22 +415,9 @@ fn user_keys(c: &mut Criterion) {
                     black_box(limiter.decide(ip));
                 }
                 let id = limiter.id(workload, threads);
-                let (mut total, mut allowed) = (0u64, 0u64);
-                group.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        let (elapsed, ok) =
-                            run_with(threads, iters, |rng| limiter.decide(workload.pick(rng)));
-                        total += iters;
-                        allowed += ok;
-                        elapsed
-                    });
+                row(&mut group, &id, threads, |rng| {
+                    limiter.decide(workload.pick(rng))
                 });
-                if total > 0 {
-                    eprintln!(
-                        "regime {id}: {:.2}% of {total} decisions allowed",
-                        100.0 * allowed as f64 / total as f64,
-                    );
-                }
             }
         }
     }

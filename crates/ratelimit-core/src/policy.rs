@@ -136,6 +136,27 @@ impl fmt::Display for UnknownAlgorithm {
 
 impl std::error::Error for UnknownAlgorithm {}
 
+/// `Some($body)` with `$a` bound to the parameters of `$algorithm` and `$s`
+/// to its state in `$state`, for the six algorithms whose transitions have
+/// the same signature (`decide`, `penalize`, `reward`: all but concurrency);
+/// `None` when the state belongs to another algorithm, or for concurrency.
+///
+/// A macro, not a function: `$body` is the same expression in every arm but
+/// of another type in each, which a closure cannot be.
+macro_rules! with_transitions {
+    ($algorithm:expr, $state:expr, |$a:ident, $s:ident| $body:expr) => {
+        match ($algorithm, $state) {
+            (Algorithm::FixedWindow($a), State::FixedWindow($s)) => Some($body),
+            (Algorithm::SlidingWindowLog($a), State::SlidingWindowLog($s)) => Some($body),
+            (Algorithm::SlidingWindowCounter($a), State::SlidingWindowCounter($s)) => Some($body),
+            (Algorithm::TokenBucket($a), State::TokenBucket($s)) => Some($body),
+            (Algorithm::Gcra($a), State::Gcra($s)) => Some($body),
+            (Algorithm::LeakyBucket($a), State::Gcra($s)) => Some($body),
+            _ => None,
+        }
+    };
+}
+
 impl Algorithm {
     /// The algorithm's short name, as used on the command line and in metrics:
     /// [`AlgorithmKind::name`] of [`Algorithm::algorithm_kind`].
@@ -209,59 +230,29 @@ impl Algorithm {
         cost: u64,
         permit: PermitId,
     ) -> Option<Decision> {
-        Some(match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.decide(s, now, cost),
-            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => a.decide(s, now, cost),
-            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
-                a.decide(s, now, cost)
+        match (self, state) {
+            (Algorithm::Concurrency(a), State::Concurrency(s)) => {
+                Some(a.acquire(s, now, cost, permit))
             }
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.decide(s, now, cost),
-            (Algorithm::Gcra(a), State::Gcra(s)) => a.decide(s, now, cost),
-            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.decide(s, now, cost),
-            (Algorithm::Concurrency(a), State::Concurrency(s)) => a.acquire(s, now, cost, permit),
-            _ => return None,
-        })
+            (algorithm, state) => {
+                with_transitions!(algorithm, state, |a, s| a.decide(s, now, cost))
+            }
+        }
     }
-}
 
-impl Algorithm {
     /// Applies an admin penalty of `amount` units to `state` (see each
     /// algorithm's `penalize`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency, which
     /// has no penalty.
     pub fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
-        Some(match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.penalize(s, now, amount),
-            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => {
-                a.penalize(s, now, amount)
-            }
-            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
-                a.penalize(s, now, amount)
-            }
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.penalize(s, now, amount),
-            (Algorithm::Gcra(a), State::Gcra(s)) => a.penalize(s, now, amount),
-            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.penalize(s, now, amount),
-            _ => return None,
-        })
+        with_transitions!(self, state, |a, s| a.penalize(s, now, amount))
     }
 
     /// Applies an admin reward of `amount` units to `state` (see each
     /// algorithm's `reward`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency.
     pub fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
-        Some(match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.reward(s, now, amount),
-            (Algorithm::SlidingWindowLog(a), State::SlidingWindowLog(s)) => {
-                a.reward(s, now, amount)
-            }
-            (Algorithm::SlidingWindowCounter(a), State::SlidingWindowCounter(s)) => {
-                a.reward(s, now, amount)
-            }
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.reward(s, now, amount),
-            (Algorithm::Gcra(a), State::Gcra(s)) => a.reward(s, now, amount),
-            (Algorithm::LeakyBucket(a), State::Gcra(s)) => a.reward(s, now, amount),
-            _ => return None,
-        })
+        with_transitions!(self, state, |a, s| a.reward(s, now, amount))
     }
 
     /// Whether [`penalize`](Self::penalize) and [`reward`](Self::reward)

@@ -29,13 +29,6 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    /// Wraps the inner service's body.
-    pub fn new(body: B) -> Self {
-        ResponseBody {
-            kind: Kind::Inner { body, permit: None },
-        }
-    }
-
     /// Wraps the inner service's body, holding a concurrency permit until the
     /// body ends or is dropped.
     pub(crate) fn with_permit(body: B, permit: Option<PermitGuard>) -> Self {
@@ -44,20 +37,13 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    /// A complete body of `data`.
-    pub fn full(data: impl Into<Bytes>) -> Self {
+    /// A complete body of `data`: a refusal built by the layer.
+    pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
-        }
-    }
-
-    /// An empty body.
-    pub fn empty() -> Self {
-        ResponseBody {
-            kind: Kind::Full { data: None },
         }
     }
 }

@@ -7,7 +7,7 @@ use ratelimit_core::Policy;
 
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::responses::headers::RateLimitHeaders;
-use crate::responses::reject::{ErrorRejections, HttpRejections, RejectionBody};
+use crate::responses::reject::{ErrorRejections, HttpRejections};
 use crate::responses::rejection::Rejection;
 use crate::rules::rule::{And, Rule};
 
@@ -56,7 +56,7 @@ impl<St, P> RateLimitLayer<St, P> {
     /// use std::collections::HashMap;
     /// use std::sync::Arc;
     /// use ratelimit_core::{MemoryStore, Policy, Rate};
-    /// use ratelimit_tower::{Limit, Limits, RateLimitLayer};
+    /// use ratelimit_tower::{Limits, RateLimitLayer};
     ///
     /// let free = Policy::gcra(10, Rate::per_minute(10))?.with_name("free")?;
     /// let pro = Policy::gcra(100, Rate::per_minute(100))?.with_name("pro")?;
@@ -71,7 +71,7 @@ impl<St, P> RateLimitLayer<St, P> {
     ///             .ok()
     ///             .and_then(|k| tiers.get(k).cloned())
     ///             .unwrap_or(free);
-    ///         Limits::one(Limit::new(policy, api_key, 1))
+    ///         Limits::one(policy, api_key, 1)
     ///     }
     /// });
     /// # let _ = layer;
@@ -92,12 +92,38 @@ impl<St, P> RateLimitLayer<St, P> {
 }
 
 impl<St, P> RateLimitLayer<St, P, HttpRejections> {
-    /// Builds every refusal with `f` (HTTP requests only; see [`HttpRejections::custom`]).
+    /// Answers refusals with `f`, which is given the refusal and the response
+    /// the layer would send (see [`HttpRejections::on_rejection`]): return
+    /// that for the cases you leave alone.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use ratelimit_tower::{HeaderKey, MemoryStore, Policy, RateLimitLayer, Rejection};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::fixed_window(100, Duration::from_secs(60))?;
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), policy, HeaderKey::from_static("x-api-key"))
+    ///     // No API key: 401; every other refusal as the layer answers it.
+    ///     .on_rejection(|rejection, default| match rejection {
+    ///         Rejection::MissingKey => {
+    ///             let mut unauthorized = Response::new(Bytes::from_static(b"API key required\n"));
+    ///             *unauthorized.status_mut() = StatusCode::UNAUTHORIZED;
+    ///             unauthorized
+    ///         }
+    ///         _ => default,
+    ///     });
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit_tower::PolicyError>(())
+    /// ```
     pub fn on_rejection<F>(mut self, f: F) -> Self
     where
-        F: Fn(&Rejection) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
+        F: Fn(&Rejection, http::Response<bytes::Bytes>) -> http::Response<bytes::Bytes>
+            + Send
+            + Sync
+            + 'static,
     {
-        self.reject = self.reject.with_custom(f);
+        self.reject = self.reject.on_rejection(f);
         self
     }
 
@@ -105,12 +131,6 @@ impl<St, P> RateLimitLayer<St, P, HttpRejections> {
     /// (default: the IETF `RateLimit-Policy` and `RateLimit` fields).
     pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
         self.reject = self.reject.headers(headers);
-        self
-    }
-
-    /// The body of HTTP refusals (default: problem+json).
-    pub fn rejection_body(mut self, body: RejectionBody) -> Self {
-        self.reject = self.reject.body(body);
         self
     }
 }
@@ -178,7 +198,11 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     }
 
     /// Refusals become errors (a [`Rejection`] in a [`BoxError`](crate::BoxError)),
-    /// for request types that are not HTTP.
+    /// for request types that are not HTTP. The inner service's error must
+    /// convert into `BoxError`; give it a concrete error type (with an inner
+    /// error that is already `BoxError`, the futures may not be `Send` across
+    /// `tokio::spawn`, because of how the compiler checks that conversion for
+    /// all lifetimes).
     pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
         RateLimitLayer {
             stats: self.stats,

@@ -3,7 +3,8 @@
 //! [`RateLimitLayer`] checks every request against one or more limits: a
 //! [`Policy`] in a [`Store`](ratelimit_core::Store),
 //! keyed by a [`KeyExtractor`] and priced by a [`Cost`]. Several rules are all
-//! or nothing ([`Rule::and`]); a [`RuleProvider`] can pick the limits per
+//! or nothing ([`Rule::and`]); a [`RuleProvider`] (a closure returning
+//! [`Limits`]) can pick the limits per
 //! request (tiers per API key, allowlists, routes).
 //!
 //! - Allowed requests reach the inner service with the [`Decisions`] in their
@@ -11,7 +12,9 @@
 //! - Denied requests are refused ([`Mode::Reject`]) or wait their turn
 //!   ([`Mode::Wait`]). HTTP refusals are responses (`429` with `Retry-After`,
 //!   or a gRPC trailers-only `RESOURCE_EXHAUSTED`), so the inner error type is
-//!   kept; for other request types they are errors ([`ErrorRejections`]).
+//!   kept ([`HttpRejections`], see [`RateLimitLayer::on_rejection`]); for
+//!   other request types they are errors
+//!   ([`RateLimitLayer::for_errors`]).
 //! - When the store fails, the [`FailurePolicy`] decides.
 //! - Concurrency permits are held until the response body ends.
 //! - With the feature `config`, policies and rules come from a TOML or JSON
@@ -39,7 +42,28 @@
 //! ```
 //!
 //! axum users depend on `ratelimit-axum` instead, which turns on this
-//! crate's feature `axum` and re-exports all of this.
+//! crate's feature `axum` and re-exports what a service uses.
+//!
+//! In a file that also uses tower's own `tower::limit::RateLimitLayer` (a
+//! fixed rate for the whole service, no keys), name this crate with an alias
+//! rather than importing both layers:
+//!
+//! ```
+//! use ratelimit_tower as rl;
+//! use std::time::Duration;
+//! use tower::limit::RateLimitLayer;
+//!
+//! # fn main() -> Result<(), rl::PolicyError> {
+//! let per_client = rl::RateLimitLayer::new(
+//!     rl::MemoryStore::new(),
+//!     rl::Policy::fixed_window(100, Duration::from_secs(60))?,
+//!     rl::PeerIp,
+//! );
+//! let overall = RateLimitLayer::new(1_000, Duration::from_secs(1));
+//! # let _ = (per_client, overall);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Example
 //!
@@ -153,8 +177,6 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use responses::{
-    BoxError, ErrorRejections, HttpRejections, Reject, Rejection, RejectionBody, headers, problem,
-};
-pub use rules::{And, Cost, Limit, Limits, Rule, RuleProvider};
+pub use responses::{BoxError, HttpRejections, Rejection, headers};
+pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;

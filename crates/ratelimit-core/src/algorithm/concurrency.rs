@@ -156,35 +156,3 @@ fn reset_after(state: &ConcurrencyState, now: u64) -> u64 {
         .max()
         .unwrap_or(0)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lowered_max_denies_with_nothing_remaining_until_enough_leases_end() {
-        let wide = Concurrency::new(5, Duration::from_micros(1_000)).expect("valid");
-        let narrow = Concurrency::new(2, Duration::from_micros(500)).expect("valid");
-        let mut state = ConcurrencyState::default();
-        for i in 0..4 {
-            let d = wide.acquire(&mut state, 10_000 + i * 100, 1, PermitId(u128::from(i)));
-            assert!(d.is_allowed());
-        }
-        // Four held (leases ending at 11_000 .. 11_300) under a max of 2.
-        let d = narrow.acquire(&mut state, 10_400, 1, PermitId(9));
-        assert!(!d.is_allowed());
-        assert_eq!((d.limit(), d.remaining()), (2, 0));
-        // Three must end before one more fits: the third ends at 11_200.
-        assert_eq!(d.retry_after_micros(), 800);
-        assert_eq!(d.reset_after_micros(), 900);
-        let peek = narrow.acquire(&mut state, 10_400, 0, PermitId(9));
-        assert_eq!((peek.is_allowed(), peek.remaining()), (false, 0));
-        assert!(
-            !narrow
-                .acquire(&mut state, 11_199, 1, PermitId(9))
-                .is_allowed()
-        );
-        let d = narrow.acquire(&mut state, 11_200, 1, PermitId(9));
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 0));
-    }
-}

@@ -1,7 +1,7 @@
 //! GCRA (generic cell rate algorithm): the shape of a token bucket kept in one
 //! timestamp, the theoretical arrival time (TAT), with exact retry times.
 
-use super::{Rate, check_limit, horizon};
+use super::{Rate, refill};
 use crate::{Decision, PolicyError};
 
 /// Parameters of a GCRA limiter.
@@ -23,9 +23,7 @@ pub struct GcraState {
 impl Gcra {
     /// Bursts of up to `burst`, sustained `rate`.
     pub fn new(burst: u64, rate: Rate) -> Result<Self, PolicyError> {
-        let burst = check_limit(burst, "burst")?;
-        let interval = rate.interval_micros()?;
-        horizon(burst, interval)?;
+        let (burst, interval) = refill(burst, "burst", rate)?;
         Ok(Gcra {
             burst,
             interval,
@@ -122,56 +120,5 @@ pub(crate) fn decide_tat(
         let remaining = limit_span.saturating_sub(reset) / interval;
         let retry = new_tat - now - limit_span;
         (Decision::deny(capacity, remaining, reset, retry), slot)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    // Bursts of 4, one unit every 100 µs: a full burst refills in 400 µs.
-    fn policy() -> Gcra {
-        Gcra::new(4, Rate::new(1, std::time::Duration::from_micros(100))).expect("valid")
-    }
-
-    #[test]
-    fn penalize_goes_into_debt_capped_at_one_more_burst() {
-        let gcra = policy();
-        let mut state = GcraState::default();
-        let d = gcra.penalize(&mut state, 1_000, 2);
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 2));
-        let d = gcra.penalize(&mut state, 1_000, 1_000_000);
-        assert_eq!(state.tat, 1_000 + 800, "capped at two bursts ahead");
-        assert!(!d.is_allowed());
-        assert_eq!(d.reset_after_micros(), 800);
-        // Cost 1 passes once the TAT is one interval within the burst.
-        let denied = gcra.decide(&mut state, 1_000, 1);
-        assert_eq!(denied.retry_after_micros(), 500);
-        assert!(!gcra.decide(&mut state, 1_499, 1).is_allowed());
-        assert!(gcra.decide(&mut state, 1_500, 1).is_allowed());
-    }
-
-    #[test]
-    fn reward_gives_back_never_beyond_a_full_burst() {
-        let gcra = policy();
-        let mut state = GcraState::default();
-        assert!(gcra.decide(&mut state, 1_000, 4).is_allowed());
-        assert!(!gcra.decide(&mut state, 1_000, 1).is_allowed());
-        let d = gcra.reward(&mut state, 1_000, 1);
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
-        let d = gcra.reward(&mut state, 1_000, u64::MAX);
-        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
-        assert_eq!(state, GcraState::default(), "back to fresh");
-    }
-
-    #[test]
-    fn penalize_then_reward_of_the_same_amount_is_undone() {
-        let gcra = policy();
-        let mut state = GcraState::default();
-        gcra.decide(&mut state, 1_000, 3);
-        let before = gcra.decide(&mut state.clone(), 1_050, 0);
-        gcra.penalize(&mut state, 1_050, 3);
-        let after = gcra.reward(&mut state, 1_050, 3);
-        assert_eq!(before, after);
     }
 }

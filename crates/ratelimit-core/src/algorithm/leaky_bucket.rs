@@ -9,7 +9,7 @@
 //! reported but not waited for.
 
 use super::gcra::{GcraState, decide_tat, penalize_tat, reward_tat};
-use super::{Rate, check_limit, horizon};
+use super::{Rate, refill};
 use crate::{Decision, PolicyError};
 
 /// Parameters of a leaky bucket.
@@ -26,9 +26,7 @@ pub type LeakyBucketState = GcraState;
 impl LeakyBucket {
     /// A bucket holding up to `capacity` units, draining at `rate`.
     pub fn new(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
-        let capacity = check_limit(capacity, "capacity")?;
-        let interval = rate.interval_micros()?;
-        horizon(capacity, interval)?;
+        let (capacity, interval) = refill(capacity, "capacity", rate)?;
         Ok(LeakyBucket {
             capacity,
             interval,
@@ -78,25 +76,5 @@ impl LeakyBucket {
     pub fn reward(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
         reward_tat(self.interval, state, now, amount);
         self.decide(state, now, 0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn penalize_and_reward_move_the_next_slot() {
-        let bucket = LeakyBucket::new(3, Rate::new(1, std::time::Duration::from_micros(100)))
-            .expect("valid");
-        let mut state = LeakyBucketState::default();
-        let d = bucket.penalize(&mut state, 5_000, 2);
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
-        let admitted = bucket.decide(&mut state, 5_000, 1);
-        assert_eq!(admitted.delay_micros(), 200, "waits behind the penalty");
-        let d = bucket.penalize(&mut state, 5_000, 100);
-        assert_eq!(d.reset_after_micros(), 600, "capped at two buckets");
-        let d = bucket.reward(&mut state, 5_000, 6);
-        assert_eq!((d.remaining(), d.reset_after_micros()), (3, 0));
     }
 }

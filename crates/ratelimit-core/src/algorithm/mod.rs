@@ -27,6 +27,9 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
+#[cfg(test)]
+mod scenarios;
+
 pub use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
@@ -143,13 +146,23 @@ impl Rate {
     }
 }
 
-/// `capacity * interval`, checked against [`MAX_HORIZON_MICROS`].
-pub(crate) fn horizon(capacity: u64, interval: u64) -> Result<u64, PolicyError> {
+/// The parameters of the algorithms that refill at a rate (the token
+/// bucket, GCRA, the leaky bucket), validated alike: `capacity` (called
+/// `what`) and the emission interval of `rate`, with `capacity * interval`
+/// checked against [`MAX_HORIZON_MICROS`].
+pub(crate) fn refill(
+    capacity: u64,
+    what: &'static str,
+    rate: Rate,
+) -> Result<(u64, u64), PolicyError> {
+    let capacity = check_limit(capacity, what)?;
+    let interval = rate.interval_micros()?;
     capacity
         .checked_mul(interval)
         .filter(|&h| h <= MAX_HORIZON_MICROS)
         .ok_or(PolicyError::Unrepresentable {
             what: "capacity times emission interval",
             max: MAX_HORIZON_MICROS,
-        })
+        })?;
+    Ok((capacity, interval))
 }

@@ -178,39 +178,6 @@ fn add(state: &mut SlidingWindowLogState, now: u64, cost: u64, slot: u64) {
 mod tests {
     use super::*;
 
-    fn policy() -> SlidingWindowLog {
-        SlidingWindowLog::new(3, Duration::from_micros(1_000)).expect("valid")
-    }
-
-    #[test]
-    fn penalty_units_leave_with_the_window() {
-        let log = policy();
-        let mut state = SlidingWindowLogState::default();
-        assert!(log.decide(&mut state, 10_000, 1).is_allowed());
-        let d = log.penalize(&mut state, 10_400, 100);
-        assert_eq!(state.total, 6, "capped at twice the limit");
-        assert!(!d.is_allowed());
-        assert_eq!(d.remaining(), 0);
-        // The penalty sits at 10_400 and leaves at 11_400.
-        let denied = log.decide(&mut state, 10_500, 1);
-        assert_eq!(denied.retry_after_micros(), 900);
-        assert!(log.decide(&mut state, 11_400, 3).is_allowed());
-    }
-
-    #[test]
-    fn reward_removes_the_most_recent_units() {
-        let log = policy();
-        let mut state = SlidingWindowLogState::default();
-        log.decide(&mut state, 10_000, 1);
-        log.decide(&mut state, 10_200, 2);
-        let d = log.reward(&mut state, 10_300, 1);
-        assert_eq!(state.entries, [(10_000, 1), (10_200, 1)]);
-        assert_eq!((d.remaining(), d.reset_after_micros()), (1, 900));
-        let d = log.reward(&mut state, 10_300, 5);
-        assert!(state.entries.is_empty());
-        assert_eq!((d.remaining(), d.reset_after_micros()), (3, 0));
-    }
-
     #[test]
     fn a_large_limit_keeps_at_most_one_entry_per_slot() {
         let window = 1_000_000;

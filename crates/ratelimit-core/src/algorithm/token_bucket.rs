@@ -4,7 +4,7 @@
 //! refill time advances by whole emission intervals only, so the fraction of
 //! a token earned since then is never lost nor rounded up.
 
-use super::{Rate, check_limit, horizon};
+use super::{Rate, refill};
 use crate::{Decision, PolicyError};
 
 /// Parameters of a token bucket.
@@ -29,9 +29,7 @@ pub struct TokenBucketState {
 impl TokenBucket {
     /// A bucket of `capacity` tokens, refilled at `rate`.
     pub fn new(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
-        let capacity = check_limit(capacity, "capacity")?;
-        let interval = rate.interval_micros()?;
-        horizon(capacity, interval)?;
+        let (capacity, interval) = refill(capacity, "capacity", rate)?;
         Ok(TokenBucket {
             capacity,
             interval,
@@ -175,104 +173,5 @@ fn settle(tokens: u64, last: u64, now: u64, interval: u64) -> (u64, u64) {
         (level / interval, now - level % interval)
     } else {
         (0, last - held)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    // 4 tokens, one every 100 µs.
-    fn policy() -> TokenBucket {
-        TokenBucket::new(4, Rate::new(1, Duration::from_micros(100))).expect("valid")
-    }
-
-    #[test]
-    fn penalize_empties_then_goes_into_debt_of_at_most_a_bucket() {
-        let bucket = policy();
-        let mut state = TokenBucketState::default();
-        let d = bucket.penalize(&mut state, 10_000, 3);
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 1));
-        let d = bucket.penalize(&mut state, 10_030, 100);
-        assert!(!d.is_allowed());
-        assert_eq!(
-            d.reset_after_micros(),
-            800,
-            "a bucket of debt, then a bucket"
-        );
-        assert_eq!(state.last, 10_430);
-        let denied = bucket.decide(&mut state, 10_030, 1);
-        assert_eq!(denied.retry_after_micros(), 500);
-        assert!(!bucket.decide(&mut state, 10_529, 1).is_allowed());
-        assert!(bucket.decide(&mut state, 10_530, 1).is_allowed());
-    }
-
-    #[test]
-    fn reward_pays_back_debt_then_refills_to_full_at_most() {
-        let bucket = policy();
-        let mut state = TokenBucketState::default();
-        bucket.penalize(&mut state, 10_000, 6);
-        let d = bucket.reward(&mut state, 10_000, 2);
-        assert_eq!((d.remaining(), d.reset_after_micros()), (0, 400));
-        let d = bucket.reward(&mut state, 10_050, 1);
-        // Level 50 µs of progress + 1 token.
-        assert_eq!((d.remaining(), d.reset_after_micros()), (1, 250));
-        let d = bucket.reward(&mut state, 10_050, 9);
-        assert_eq!((d.remaining(), d.reset_after_micros()), (4, 0));
-        assert_eq!(state, TokenBucketState::default(), "back to fresh");
-    }
-
-    #[test]
-    fn tokens_held_ahead_of_now_pay_the_debt_first() {
-        let bucket = policy();
-        // Three tokens as of 50 µs from now (a clock that stepped back):
-        // two tokens and 50 µs of progress now.
-        let mut state = TokenBucketState {
-            started: true,
-            tokens: 3,
-            last: 10_050,
-        };
-        let d = bucket.decide(&mut state, 10_000, 3);
-        assert!(!d.is_allowed());
-        assert_eq!(d.retry_after_micros(), 50);
-        assert!(bucket.decide(&mut state, 10_000, 2).is_allowed());
-    }
-
-    #[test]
-    fn penalize_keeps_the_progress_toward_the_next_token() {
-        let bucket = policy();
-        let mut state = TokenBucketState::default();
-        assert!(bucket.decide(&mut state, 10_000, 4).is_allowed());
-        // 2 tokens and 50 µs of progress at 10_250; take 1.
-        let d = bucket.penalize(&mut state, 10_250, 1);
-        assert_eq!(d.remaining(), 1);
-        assert_eq!(d.reset_after_micros(), 250);
-    }
-
-    #[test]
-    fn tokens_above_a_lowered_capacity_are_a_full_bucket() {
-        let bucket = policy();
-        // Written by a bucket of 100.
-        let mut state = TokenBucketState {
-            started: true,
-            tokens: 100,
-            last: 9_000,
-        };
-        let d = bucket.decide(&mut state, 10_000, 1);
-        assert_eq!((d.is_allowed(), d.remaining()), (true, 3));
-        assert_eq!(d.reset_after_micros(), 100);
-        // The same, with its refill time ahead of now (a clock that stepped
-        // back) and a new interval that 2^40 tokens times would overflow.
-        let slow = TokenBucket::new(4, Rate::new(1, Duration::from_micros(1 << 48))).expect("ok");
-        let now = 1 << 51;
-        let mut state = TokenBucketState {
-            started: true,
-            tokens: 1 << 40,
-            last: now + 50,
-        };
-        let d = slow.decide(&mut state, now, 4);
-        assert_eq!((d.is_allowed(), d.remaining()), (false, 3));
-        assert_eq!(d.retry_after_micros(), 50);
     }
 }

@@ -101,14 +101,7 @@ impl ShortWordEntry {
 impl WordEntry {
     #[inline]
     pub(super) fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
-        same_key(
-            self.hash,
-            &self.policy,
-            (self.key.hashed(), self.key.as_slice()),
-            hash,
-            policy,
-            key,
-        )
+        same_stored_key(self.hash, &self.policy, &self.key, hash, policy, key)
     }
 }
 
@@ -125,14 +118,7 @@ pub(super) struct Block {
 impl Entry {
     #[inline]
     pub(super) fn matches(&self, hash: u64, policy: &Policy, key: &MemoryKey<'_>) -> bool {
-        same_key(
-            self.hash,
-            &self.policy,
-            (self.key.hashed(), self.key.as_slice()),
-            hash,
-            policy,
-            key,
-        )
+        same_stored_key(self.hash, &self.policy, &self.key, hash, policy, key)
     }
 }
 
@@ -163,6 +149,21 @@ pub(super) fn same_key(
         && same_policy(stored_policy, policy)
         && *stored_key == *key.bytes
         && stored_hashed == key.hashed
+}
+
+/// [`same_key`] for the entries that keep their key as a [`StoredKey`] (both
+/// tables of states of several words and of one word).
+#[inline]
+fn same_stored_key(
+    stored_hash: u64,
+    stored_policy: &Policy,
+    stored_key: &StoredKey,
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+) -> bool {
+    let stored_key = (stored_key.hashed(), stored_key.as_slice());
+    same_key(stored_hash, stored_policy, stored_key, hash, policy, key)
 }
 
 /// Whether a state kept under `stored` is the state of `policy`: the same

@@ -112,8 +112,10 @@ impl MultiRegionStoreBuilder {
     }
 
     /// Tests only: windows follow `clock` instead of the Redis server's
-    /// `TIME` (staleness still follows the servers' real time).
-    #[doc(hidden)]
+    /// `TIME` (staleness still follows the servers' real time). Behind the
+    /// feature `test-support`.
+    #[cfg(feature = "test-support")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self

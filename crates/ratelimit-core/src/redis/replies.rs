@@ -58,16 +58,40 @@ pub(super) fn decision_from(
     else {
         return Err(protocol_error("a decision", value));
     };
-    Ok(if allowed == 1 {
-        let decision = Decision::allow(limit, remaining, reset).with_delay_us(delay);
+    let wait = if allowed == 1 { delay } else { retry };
+    Ok(decision_of(
+        allowed == 1,
+        limit,
+        remaining,
+        reset,
+        wait,
+        permit,
+        cost,
+    ))
+}
+
+/// A decision from its fields: admitted when `allowed` (after `wait` µs,
+/// holding `permit` when it took something), or denied (retried after
+/// `wait` µs).
+pub(super) fn decision_of(
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+    wait: u64,
+    permit: PermitId,
+    cost: u64,
+) -> Decision {
+    if allowed {
+        let decision = Decision::allow(limit, remaining, reset).with_delay_us(wait);
         if permit.0 != 0 && cost > 0 {
             decision.with_permit(permit)
         } else {
             decision
         }
     } else {
-        Decision::deny(limit, remaining, reset, retry)
-    })
+        Decision::deny(limit, remaining, reset, wait)
+    }
 }
 
 /// What a cross-slot denial reports for a limit whose peek failed: its own

@@ -179,26 +179,22 @@ fn build_rule(
             ),
         ));
     }
-    let routes = match spec.routes {
-        Some(routes) if routes.is_empty() => {
-            return Err(rule_error(
-                "routes",
-                String::from("must not be empty: leave it out to match every path"),
-            ));
-        }
-        Some(routes) => Some(routes.into_iter().map(|r| r.0.0).collect()),
-        None => None,
+    // An empty list would match nothing, which is never what a rule means.
+    let non_empty = |field: &str, what: &str, list_len: Option<usize>| match list_len {
+        Some(0) => Err(rule_error(
+            field,
+            format!("must not be empty: leave it out to match every {what}"),
+        )),
+        _ => Ok(()),
     };
-    let methods = match spec.methods {
-        Some(methods) if methods.is_empty() => {
-            return Err(rule_error(
-                "methods",
-                String::from("must not be empty: leave it out to match every method"),
-            ));
-        }
-        Some(methods) => Some(methods.into_iter().map(|m| m.0).collect()),
-        None => None,
-    };
+    non_empty("routes", "path", spec.routes.as_ref().map(Vec::len))?;
+    non_empty("methods", "method", spec.methods.as_ref().map(Vec::len))?;
+    let routes = spec
+        .routes
+        .map(|routes| routes.into_iter().map(|r| r.0.0).collect());
+    let methods = spec
+        .methods
+        .map(|methods| methods.into_iter().map(|m| m.0).collect());
     let key = spec
         .key
         .0

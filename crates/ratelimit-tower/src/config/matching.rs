@@ -8,7 +8,7 @@ use ratelimit_core::Policy;
 use super::Config;
 use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
 use crate::options::MissingKey;
-use crate::rules::rule::{Limit, Limits, RuleProvider};
+use crate::rules::rule::{Limits, RuleProvider};
 
 impl Config {
     /// The limits of every rule that matches `req`, to be checked together.
@@ -30,7 +30,7 @@ impl Config {
     /// "#)?;
     /// let post = http::Request::post("/items").header("x-api-key", "k1").body(()).unwrap();
     /// let limits = config.limits(&post);
-    /// assert_eq!(limits.iter().map(|l| l.cost()).collect::<Vec<_>>(), [2]);
+    /// assert_eq!(limits.iter().map(|(_, _, cost)| cost).collect::<Vec<_>>(), [2]);
     ///
     /// let get = http::Request::get("/items").header("x-api-key", "k1").body(()).unwrap();
     /// assert!(config.limits(&get).is_empty());
@@ -43,7 +43,7 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Ok(key) => limits.push(Limit::new(rule.policy.clone(), key, rule.cost)),
+                Ok(key) => limits.push(rule.policy.clone(), key, rule.cost),
                 Err(cause) => {
                     let action = rule.missing_key.unwrap_or(cause.default_action());
                     limits.extend(Limits::missed(&rule.policy, cause, action));

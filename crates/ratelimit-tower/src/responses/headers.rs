@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use ratelimit_core::Policy;
 
 use crate::decisions::{Decisions, PolicyDecision};
 
@@ -126,7 +127,7 @@ impl RateLimitHeaders {
                     "{sep}\"{}\";q={};w={}",
                     p.name(),
                     p.limit(),
-                    seconds(u64::try_from(p.window().as_micros()).unwrap_or(u64::MAX))
+                    window_seconds(p)
                 );
                 let _ = write!(
                     state,
@@ -173,6 +174,12 @@ pub(crate) fn t_seconds(entry: &PolicyDecision) -> u64 {
 
 fn seconds(micros: u64) -> u64 {
     micros.div_ceil(1_000_000)
+}
+
+/// A policy's window (see [`Policy::window`]) in whole seconds, rounded up:
+/// the `w` of `RateLimit-Policy` and the window a problem+json detail names.
+pub(crate) fn window_seconds(policy: &Policy) -> u64 {
+    seconds(u64::try_from(policy.window().as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The Unix time, in seconds rounded up, `micros` from now.

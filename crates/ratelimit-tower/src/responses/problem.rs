@@ -1,17 +1,17 @@
 //! `application/problem+json` bodies (RFC 9457) for refusals.
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 
+use crate::responses::headers::window_seconds;
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
 /// The problem type of a request over its quota, registered by
 /// draft-ietf-httpapi-ratelimit-headers.
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The media type of the body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The problem details of a refusal, as a JSON object:
 ///
@@ -29,26 +29,22 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///
 /// Refusals that are not a quota (a cost that can never pass, a missing key,
 /// an unavailable limiter) use `about:blank` with their status.
-pub fn problem_json(rejection: &Rejection) -> String {
+pub(crate) fn problem_json(rejection: &Rejection) -> String {
     let problem = match rejection {
         Rejection::Limited(decisions) => {
             let violated: Vec<_> = decisions.iter().filter(|e| e.refuses()).collect();
             let retry = retry_after_seconds(rejection.retry_after_micros().unwrap_or(0));
-            let mut detail = String::from("Quota exceeded for policy ");
-            for (i, e) in violated.iter().enumerate() {
-                if i > 0 {
-                    detail.push_str(", ");
-                }
-                let p = e.policy();
-                let _ = write!(
-                    detail,
-                    "{} ({} per {} s)",
-                    p.name(),
-                    p.limit(),
-                    p.window().as_micros().div_ceil(1_000_000)
-                );
-            }
-            let _ = write!(detail, "; retry in {retry} s.");
+            let named: Vec<String> = violated
+                .iter()
+                .map(|e| {
+                    let p = e.policy();
+                    format!("{} ({} per {} s)", p.name(), p.limit(), window_seconds(p))
+                })
+                .collect();
+            let detail = format!(
+                "Quota exceeded for policy {}; retry in {retry} s.",
+                named.join(", ")
+            );
             Problem {
                 kind: QUOTA_EXCEEDED,
                 title: "Request cannot be satisfied as assigned quota has been exceeded",
@@ -97,6 +93,41 @@ struct Problem<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quota_names_each_violated_policy_with_its_window() {
+        use crate::decisions::{Decisions, PolicyDecision};
+        use ratelimit_core::{Decision, Policy};
+        use std::time::Duration;
+
+        let policy = |name: &str, limit, secs| {
+            Policy::fixed_window(limit, Duration::from_secs(secs))
+                .and_then(|p| p.with_name(name))
+                .expect("a valid policy")
+        };
+        let rejection = Rejection::Limited(Decisions::new(vec![
+            PolicyDecision::new(
+                policy("per-ip", 5, 10),
+                Decision::deny(5, 0, 7_000_000, 6_500_000),
+            ),
+            PolicyDecision::new(policy("calm", 9, 60), Decision::allow(9, 3, 1_000_000)),
+            PolicyDecision::new(
+                policy("daily", 100, 86_400),
+                Decision::deny(100, 0, 9, 2_000_000),
+            ),
+        ]));
+        let body: serde_json::Value =
+            serde_json::from_str(&problem_json(&rejection)).expect("JSON");
+        assert_eq!(
+            body["detail"],
+            "Quota exceeded for policy per-ip (5 per 10 s), daily (100 per 86400 s); retry in 7 s."
+        );
+        assert_eq!(
+            body["violated-policies"],
+            serde_json::json!(["per-ip", "daily"])
+        );
+        assert_eq!(body["retry-after"], 7);
+    }
 
     #[test]
     fn other_refusals_are_about_blank_with_the_detail_escaped() {

@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
-use crate::responses::grpc::is_grpc;
+use crate::responses::grpc::{is_grpc, trailers_only};
 use crate::responses::headers::RateLimitHeaders;
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
@@ -23,6 +23,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// [`HttpRejections`] (the default) answers refusals with HTTP responses
 /// (`429`, `503`, or a gRPC trailers-only response); [`ErrorRejections`]
 /// makes them errors, for request types that are not HTTP.
+///
+/// Not part of the API: `pub` only because it bounds the public
+/// `Service` impl of [`RateLimit`](crate::RateLimit), and left unexported, so
+/// no user can name or implement it (answers are customised with
+/// [`HttpRejections::on_rejection`]).
 pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     /// The service's response.
     type Response;
@@ -57,47 +62,46 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     fn error(&self, error: E) -> Self::Error;
 }
 
-type CustomHttp = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
+type CustomHttp = Arc<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
 
-/// The body of an HTTP refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum RejectionBody {
-    /// `application/problem+json` (RFC 9457), see [`problem_json`](crate::responses::problem::problem_json)
-    /// (the default).
-    #[default]
-    ProblemJson,
-    /// A line of `text/plain`.
-    Text,
-}
-
-/// Refusals as HTTP responses (the default):
+/// How refusals are answered: the one rejection builder, with the layer's
+/// settings ([`RateLimitLayer::headers`](crate::RateLimitLayer::headers),
+/// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection)).
+///
+/// For an HTTP request:
 ///
 /// - denied by a limit: `429 Too Many Requests` with `Retry-After`
-///   (delay-seconds, rounded up, never 0) and a problem+json body of type
-///   `quota-exceeded` naming the violated policies;
+///   (delay-seconds, rounded up, never 0) and an `application/problem+json`
+///   body (RFC 9457) of type `quota-exceeded` naming the violated policies;
 /// - a cost that can never pass, or a missing key: `429` without `Retry-After`;
 /// - the store unavailable and the failure policy closed: `503 Service Unavailable`;
 /// - a store error that is not an outage (a configuration mistake or a bug):
 ///   `500 Internal Server Error`;
 /// - no peer address for a peer or client IP key: `500 Internal Server Error`;
 ///
-/// and for gRPC requests (`content-type: application/grpc...`) a trailers-only
-/// response, never a 429 (gRPC clients read HTTP 429 as `UNAVAILABLE` and
-/// retry): HTTP 200 with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
-/// `grpc-message`, and `grpc-retry-pushback-ms` (the retry delay; `-1`, "do not
-/// retry", when retrying cannot help), `grpc-status: 14` (`UNAVAILABLE`)
-/// when the store is unavailable, or `grpc-status: 13` (`INTERNAL`) for a
-/// store error that is not an outage.
+/// and for a gRPC request (`content-type: application/grpc...`) a
+/// trailers-only response, never a 429 (gRPC clients read HTTP 429 as
+/// `UNAVAILABLE` and retry): HTTP 200 with `grpc-status: 8`
+/// (`RESOURCE_EXHAUSTED`), `grpc-message`, and `grpc-retry-pushback-ms` (the
+/// retry delay; `-1`, "do not retry", when retrying cannot help),
+/// `grpc-status: 14` (`UNAVAILABLE`) when the store is unavailable, or
+/// `grpc-status: 13` (`INTERNAL`) for a store error that is not an outage.
 ///
-/// Allowed and denied HTTP responses carry the selected
-/// [`RateLimitHeaders`] (by default the IETF `RateLimit-Policy` and `RateLimit`
-/// fields).
+/// Allowed and denied HTTP responses carry the selected [`RateLimitHeaders`]
+/// (by default the IETF `RateLimit-Policy` and `RateLimit` fields).
+///
+/// ```
+/// use ratelimit_tower::{HttpRejections, Rejection};
+/// use ratelimit_tower::headers::RateLimitHeaders;
+///
+/// let rejections = HttpRejections::default().headers(RateLimitHeaders::legacy());
+/// let response = rejections.response(&Rejection::MissingKey);
+/// assert_eq!(response.status(), 429);
+/// ```
 #[derive(Clone, Default)]
 pub struct HttpRejections {
     custom: Option<CustomHttp>,
     headers: RateLimitHeaders,
-    body: RejectionBody,
 }
 
 impl fmt::Debug for HttpRejections {
@@ -105,34 +109,11 @@ impl fmt::Debug for HttpRejections {
         f.debug_struct("HttpRejections")
             .field("custom", &self.custom.is_some())
             .field("headers", &self.headers)
-            .field("body", &self.body)
             .finish()
     }
 }
 
 impl HttpRejections {
-    /// Builds every refusal with `f` instead (the rate-limit headers are still
-    /// added unless `f` sets them).
-    pub fn custom<F>(f: F) -> Self
-    where
-        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        HttpRejections {
-            custom: Some(Arc::new(f)),
-            ..HttpRejections::default()
-        }
-    }
-
-    /// These settings, with refusals built by `f`.
-    #[must_use]
-    pub fn with_custom<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.custom = Some(Arc::new(f));
-        self
-    }
-
     /// Which rate-limit headers to send (default: the IETF fields).
     #[must_use]
     pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
@@ -140,70 +121,76 @@ impl HttpRejections {
         self
     }
 
-    /// The body of refusals (default: problem+json).
+    /// Answers refusals with `f`, which is given the refusal and the response
+    /// these settings would send (return it for the cases `f` leaves alone).
+    /// A denial's response still gets the rate-limit headers and
+    /// `Retry-After` that `f` did not set; a gRPC response is sent as `f`
+    /// returns it.
     #[must_use]
-    pub fn body(mut self, body: RejectionBody) -> Self {
-        self.body = body;
+    pub fn on_rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.custom = Some(Arc::new(f));
         self
     }
 
-    /// The default HTTP response for `rejection`, with a problem+json body.
-    pub fn http_response(rejection: &Rejection) -> Response<Bytes> {
-        HttpRejections::default().build_http(rejection)
+    /// The HTTP response to `rejection`: status, body, `Retry-After` and the
+    /// rate-limit headers, as these settings give them.
+    pub fn response(&self, rejection: &Rejection) -> Response<Bytes> {
+        self.respond(false, rejection)
     }
 
-    /// The HTTP response these settings give `rejection` (status, `Retry-After`,
-    /// body; without the rate-limit headers, which [`RateLimitHeaders::apply`] adds).
-    pub fn into_http_response(self, rejection: &Rejection) -> Response<Bytes> {
-        self.build_http(rejection)
-    }
-
-    fn build_http(&self, rejection: &Rejection) -> Response<Bytes> {
-        let (status, retry) = match rejection {
-            Rejection::Limited(_) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                rejection.retry_after_micros(),
-            ),
-            Rejection::CostTooHigh { .. } | Rejection::MissingKey => {
-                (StatusCode::TOO_MANY_REQUESTS, None)
-            }
-            Rejection::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
-            Rejection::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
-            Rejection::NoPeerAddress => (StatusCode::INTERNAL_SERVER_ERROR, None),
+    /// The response to `rejection` for an HTTP or a gRPC request.
+    fn respond(&self, grpc: bool, rejection: &Rejection) -> Response<Bytes> {
+        let default = if grpc {
+            trailers_only(rejection)
+        } else {
+            standard_http(rejection)
         };
-        let (content_type, body) = match self.body {
-            RejectionBody::ProblemJson => (PROBLEM_JSON, problem_json(rejection)),
-            RejectionBody::Text => {
-                let text = match rejection {
-                    Rejection::Unavailable(_) => {
-                        String::from("Service Unavailable: rate limiter unavailable\n")
-                    }
-                    Rejection::Internal(_) => {
-                        String::from("Internal Server Error: rate limiter failed\n")
-                    }
-                    Rejection::NoPeerAddress => format!("Internal Server Error: {rejection}\n"),
-                    other => format!("Too Many Requests: {other}\n"),
-                };
-                ("text/plain; charset=utf-8", text)
-            }
+        let mut response = match &self.custom {
+            Some(custom) => custom(rejection, default),
+            None => default,
         };
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        if let Some(retry) = retry {
+        if !grpc && let Rejection::Limited(decisions) = rejection {
+            let mut headers = HeaderMap::new();
+            self.headers.apply(decisions, &mut headers);
+            // Retry-After on every denial, even from a custom builder.
             headers.insert(
                 header::RETRY_AFTER,
-                HeaderValue::from(retry_after_seconds(retry)),
+                HeaderValue::from(retry_after_seconds(
+                    rejection.retry_after_micros().unwrap_or(0),
+                )),
             );
+            for (name, value) in headers {
+                if let Some(name) = name
+                    && !response.headers().contains_key(&name)
+                {
+                    response.headers_mut().insert(name, value);
+                }
+            }
         }
         response
     }
+}
 
-    /// The default gRPC (trailers-only) response for `rejection`.
-    pub fn grpc_response(rejection: &Rejection) -> Response<Bytes> {
-        crate::responses::grpc::trailers_only(rejection)
-    }
+/// The standard HTTP response to `rejection`: its status and a problem+json
+/// body (the rate-limit headers and `Retry-After` are added by
+/// [`HttpRejections::respond`]).
+fn standard_http(rejection: &Rejection) -> Response<Bytes> {
+    let status = match rejection {
+        Rejection::Limited(_) | Rejection::CostTooHigh { .. } | Rejection::MissingKey => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        Rejection::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Rejection::Internal(_) | Rejection::NoPeerAddress => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let mut response = Response::new(Bytes::from(problem_json(rejection)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
 }
 
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
@@ -233,32 +220,7 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     }
 
     fn rejected(&self, grpc: &bool, rejection: Rejection) -> Result<Self::Response, E> {
-        let mut response = match &self.custom {
-            Some(custom) => custom(&rejection),
-            None if *grpc => {
-                return Ok(HttpRejections::grpc_response(&rejection).map(ResponseBody::full));
-            }
-            None => self.build_http(&rejection),
-        };
-        if let Rejection::Limited(decisions) = &rejection {
-            let mut headers = HeaderMap::new();
-            self.headers.apply(decisions, &mut headers);
-            // Retry-After on every denial, even from a custom builder.
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after_seconds(
-                    rejection.retry_after_micros().unwrap_or(0),
-                )),
-            );
-            for (name, value) in headers {
-                if let Some(name) = name
-                    && !response.headers().contains_key(&name)
-                {
-                    response.headers_mut().insert(name, value);
-                }
-            }
-        }
-        Ok(response.map(ResponseBody::full))
+        Ok(self.respond(*grpc, &rejection).map(ResponseBody::full))
     }
 
     fn error(&self, error: E) -> E {
@@ -269,12 +231,11 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
 /// Refusals as errors, for request types that are not HTTP (a client-side
 /// stack calling a downstream API, a queue consumer): the service's error
 /// becomes [`BoxError`], and a refusal is a [`Rejection`] inside it
-/// (downcast to read the decisions).
+/// (downcast to read the decisions). Chosen by
+/// [`RateLimitLayer::for_errors`](crate::RateLimitLayer::for_errors).
 ///
-/// The inner service's error must convert into [`BoxError`]. Give it a
-/// concrete error type: an inner service whose error is already `BoxError`
-/// works, but its futures may not be `Send` across `tokio::spawn` because of
-/// how the compiler checks that conversion for all lifetimes.
+/// Not exported: `pub` only because it is a type parameter of the layer it
+/// builds (as [`Reject`] is a bound); nothing about it is configurable.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorRejections;
 

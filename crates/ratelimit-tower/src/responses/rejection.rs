@@ -58,12 +58,6 @@ impl Rejection {
             _ => None,
         }
     }
-
-    /// The `Retry-After` header's value for this refusal, in whole seconds
-    /// (rounded up, at least 1), for [`Rejection::Limited`].
-    pub fn retry_after_seconds(&self) -> Option<u64> {
-        self.retry_after_micros().map(retry_after_seconds)
-    }
 }
 
 impl Rejection {

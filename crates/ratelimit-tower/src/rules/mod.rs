@@ -5,4 +5,4 @@ pub(crate) mod cost;
 pub(crate) mod rule;
 
 pub use cost::Cost;
-pub use rule::{And, Limit, Limits, Rule, RuleProvider};
+pub use rule::{And, Limits, Rule, RuleProvider};

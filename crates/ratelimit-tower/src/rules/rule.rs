@@ -17,7 +17,7 @@ use crate::rules::cost::Cost;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
 #[derive(Debug, Clone)]
-pub struct Limit {
+pub(crate) struct Limit {
     policy: Policy,
     key: Key,
     cost: u64,
@@ -25,26 +25,22 @@ pub struct Limit {
 
 impl Limit {
     /// Checks `key` against `policy` at `cost`.
-    pub fn new(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
-        Limit {
-            policy,
-            key: key.into(),
-            cost,
-        }
+    pub(crate) fn new(policy: Policy, key: Key, cost: u64) -> Self {
+        Limit { policy, key, cost }
     }
 
     /// The policy.
-    pub fn policy(&self) -> &Policy {
+    pub(crate) fn policy(&self) -> &Policy {
         &self.policy
     }
 
     /// The key.
-    pub fn key(&self) -> &Key {
+    pub(crate) fn key(&self) -> &Key {
         &self.key
     }
 
     /// The cost.
-    pub fn cost(&self) -> u64 {
+    pub(crate) fn cost(&self) -> u64 {
         self.cost
     }
 }
@@ -57,13 +53,26 @@ pub(crate) struct Missed {
     pub(crate) action: MissingKey,
 }
 
-/// The limits that apply to one request.
+/// The limits that apply to one request: each a policy, a key and a cost,
+/// checked together, all or nothing. What a [`RuleProvider`] gives.
 ///
 /// Empty limits let the request through unchecked (an allowlisted key, a
 /// route without limits). [`Limits::reject`] refuses the request outright
 /// (a rule whose key is missing, configured with [`MissingKey::Reject`]);
 /// [`Limits::no_peer_address`] refuses it with `500` (the server gives no
 /// peer address).
+///
+/// ```
+/// use ratelimit_tower::{Limits, Policy};
+/// use std::time::Duration;
+///
+/// let per_user = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-user")?;
+/// let per_day = Policy::fixed_window(1_000, Duration::from_secs(86_400))?.with_name("per-day")?;
+/// // Both, for this user, at cost 1: all or nothing.
+/// let limits = Limits::one(per_user, "alice", 1).with(per_day, "alice", 1);
+/// assert_eq!(limits.len(), 2);
+/// # Ok::<(), ratelimit_tower::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     limits: Vec<Limit>,
@@ -78,12 +87,9 @@ impl Limits {
         Limits::default()
     }
 
-    /// One limit.
-    pub fn one(limit: Limit) -> Self {
-        Limits {
-            limits: vec![limit],
-            ..Limits::default()
-        }
+    /// One limit: `key` checked against `policy` at `cost`.
+    pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
+        Limits::none().with(policy, key, cost)
     }
 
     /// Refuses the request without asking the store
@@ -120,16 +126,16 @@ impl Limits {
         }
     }
 
-    /// Adds a limit.
+    /// These limits and `key` checked against `policy` at `cost`.
     #[must_use]
-    pub fn with(mut self, limit: Limit) -> Self {
-        self.limits.push(limit);
+    pub fn with(mut self, policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
+        self.push(policy, key, cost);
         self
     }
 
-    /// Adds a limit.
-    pub fn push(&mut self, limit: Limit) {
-        self.limits.push(limit);
+    /// Adds `key` checked against `policy` at `cost`.
+    pub fn push(&mut self, policy: Policy, key: impl Into<Key>, cost: u64) {
+        self.limits.push(Limit::new(policy, key.into(), cost));
     }
 
     /// Adds every limit of `other` (and its refusal, if any).
@@ -140,9 +146,9 @@ impl Limits {
         self.missed.extend(other.missed);
     }
 
-    /// The limits.
-    pub fn iter(&self) -> std::slice::Iter<'_, Limit> {
-        self.limits.iter()
+    /// The limits, as (policy, key, cost), in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (&Policy, &Key, u64)> {
+        self.limits.iter().map(|l| (l.policy(), l.key(), l.cost()))
     }
 
     /// Whether the request is refused outright (for a missing key, or a
@@ -160,6 +166,11 @@ impl Limits {
         &self.missed
     }
 
+    /// The number of limits to check.
+    pub fn len(&self) -> usize {
+        self.limits.len()
+    }
+
     /// Whether there is no limit to check.
     pub fn is_empty(&self) -> bool {
         self.limits.is_empty()
@@ -167,21 +178,6 @@ impl Limits {
 
     pub(crate) fn into_vec(self) -> Vec<Limit> {
         self.limits
-    }
-}
-
-impl From<Vec<Limit>> for Limits {
-    fn from(limits: Vec<Limit>) -> Self {
-        Limits {
-            limits,
-            ..Limits::default()
-        }
-    }
-}
-
-impl FromIterator<Limit> for Limits {
-    fn from_iter<I: IntoIterator<Item = Limit>>(iter: I) -> Self {
-        Limits::from(iter.into_iter().collect::<Vec<_>>())
     }
 }
 
@@ -283,7 +279,7 @@ impl<K, C> Rule<K, C> {
         C: Cost<Req>,
     {
         match self.key.try_extract(req) {
-            Ok(key) => Limits::one(Limit::new(self.policy.clone(), key, self.cost.cost(req))),
+            Ok(key) => Limits::one(self.policy.clone(), key, self.cost.cost(req)),
             Err(cause) => Limits::missed(
                 &self.policy,
                 cause,

@@ -4,9 +4,15 @@
 -- functions cannot be used, as a script with the same keys and arguments.
 --
 -- keys: the state key of every check of every request, in order, then their
--- block keys in the same order. args[1]: fixed time (0 = server TIME); then,
--- per request, its number of checks m, then five values per check:
--- algorithm, cost, two policy parameters, permit id.
+-- block keys in the same order.
+-- args[1]: fixed time (0 = server TIME); args[2]: the number of forms f,
+-- then four values per form: algorithm, cost, two policy parameters (a form
+-- is what a check asks, besides its key: a batch has few, each sent once).
+-- Then per request: a form's index (1-based) for a request of one check, or
+-- -m for a request of m checks followed by their m forms' indexes. A check
+-- of a concurrency form is followed by its permit id.
+-- (Arguments cost Redis about 800 instructions each: six per check made
+-- a third of a batched decision's work; callgrind, see coalesce.rs.)
 --
 -- The requests are decided one after the other, each with its writes applied
 -- before the next reads: as if each had been its own call, in this order. A
@@ -15,66 +21,164 @@
 -- have allowed report a peek), without the states multi.lua reports for
 -- refunds.
 --
--- Reply: per request, {allowed, limit, remaining, reset, retry, delay} for
--- one check, a list of those for several; or, for a request that fails (a
--- policy conflict), its error message as a string, and the other requests
--- go on.
+-- Reply: one flat array, per check {allowed, remaining, reset, wait} (wait:
+-- the retry of a denial, the delay of an admission; the limit is the form's
+-- first parameter, which the client knows), in order; for a request that
+-- fails (a policy conflict), its error message as one string in place of
+-- its checks, and the other requests go on.
 
--- Request `m` checks: state keys keys[first..], block keys keys[blocks +
--- first..], arguments args[a..].
-local function batch_request(keys, blocks, first, args, a, m, now)
-  if m == 1 then
-    local r = decide_unless_blocked(ALGORITHMS[args[a]], keys[first], keys[blocks + first], now, tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3]), args[a + 4])
-    if r[1] == 1 then
-      commit(r)
-    end
-    return {r[1], r[2], r[3], r[4], r[5], r[6]}
+-- The values of every block key, keys[from..to], by MGET: nil (false) for a
+-- key that is missing or not a string (no block: see blocks.lua). Lua's
+-- unpack takes a few thousand values at most, so long lists go in parts.
+local function block_values(keys, from, to)
+  if to - from < 4000 then
+    return redis.call('MGET', unpack(keys, from, to))
   end
-  local results, all = {}, true
-  for i = 1, m do
-    local k, b = first + i - 1, a + (i - 1) * 5
-    local r = decide_unless_blocked(ALGORITHMS[args[b]], keys[k], keys[blocks + k], now, tonumber(args[b + 1]), tonumber(args[b + 2]), tonumber(args[b + 3]), args[b + 4])
-    results[i] = r
-    if r[1] ~= 1 then
-      all = false
+  local out, n = {}, 0
+  for first = from, to, 4000 do
+    local part = redis.call('MGET', unpack(keys, first, math.min(first + 3999, to)))
+    for i = 1, #part do
+      out[n + i] = part[i]
     end
-  end
-  local out = {}
-  for i = 1, m do
-    local r = results[i]
-    if all then
-      commit(r)
-    elseif r[1] == 1 then
-      local k, b = first + i - 1, a + (i - 1) * 5
-      r = ALGORITHMS[args[b]](keys[k], now, 0, tonumber(args[b + 2]), tonumber(args[b + 3]), args[b + 4])
-    end
-    out[i] = {r[1], r[2], r[3], r[4], r[5], r[6]}
+    n = n + #part
   end
   return out
 end
 
+-- Appends the reply of check `r` to `out` after its `n` values; returns the
+-- new count.
+local function put(out, n, r)
+  local wait = r[5]
+  if r[1] == 1 then
+    wait = r[6]
+  end
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = r[1], r[3], r[4], wait
+  return n + 4
+end
+
+-- Where the requests not yet decided start (args[BATCH_ARG], keys[BATCH_KEY]
+-- and the values of their block keys), how far the reply is filled, and
+-- where the request being decided ends: decide_requests leaves them right
+-- for run_batch to go on after a request that fails.
+local BATCH_ARG, BATCH_KEY, BATCH_FILLED, BATCH_NEXT_ARG, BATCH_NEXT_KEY = 0, 0, 0, 0, 0
+
+-- Decides the requests from BATCH_ARG on, filling `out`.
+local function decide_requests(keys, args, forms, held, now, out)
+  local a, k, n = BATCH_ARG, BATCH_KEY, BATCH_FILLED
+  local last = #args
+  while a <= last do
+    -- Until its extent is known, a failure ends the batch.
+    BATCH_NEXT_ARG = last + 1
+    local v = tonumber(args[a])
+    if v > 0 then
+      -- One check: Redis's WRONGTYPE, unprotected, is its conflict.
+      local f = forms[v]
+      local permit = nil
+      a = a + 1
+      if f[5] then
+        permit = args[a]
+        a = a + 1
+      end
+      BATCH_NEXT_ARG, BATCH_NEXT_KEY = a, k + 1
+      ONE_STATE_KEY = true
+      local r
+      if held[k] then
+        r = decide_with_block(f[1], keys[k], block_left_of(held[k], now), now, f[2], f[3], f[4], permit)
+      else
+        r = f[1](keys[k], now, f[2], f[3], f[4], permit)
+      end
+      -- put(out, n, r), inline: the common case, once per decision.
+      if r[1] == 1 then
+        commit(r)
+        out[n + 4] = r[6]
+      else
+        out[n + 4] = r[5]
+      end
+      out[n + 1], out[n + 2], out[n + 3] = r[1], r[3], r[4]
+      n = n + 4
+      k = k + 1
+    else
+      local m = -v
+      -- Its extent first, for run_batch should it fail.
+      local permits, e = {}, a + 1
+      for i = 1, m do
+        local f = forms[tonumber(args[e])]
+        e = e + 1
+        if f[5] then
+          permits[i] = args[e]
+          e = e + 1
+        end
+      end
+      BATCH_NEXT_ARG, BATCH_NEXT_KEY = e, k + m
+      -- Several state keys: errors name theirs (see read_state).
+      ONE_STATE_KEY = false
+      local results, all, checks = {}, true, {}
+      e = a + 1
+      for i = 1, m do
+        local f = forms[tonumber(args[e])]
+        e = e + 1
+        if f[5] then
+          e = e + 1
+        end
+        checks[i] = f
+        local r = decide_with_block(f[1], keys[k + i - 1], block_left_of(held[k + i - 1], now), now, f[2], f[3], f[4], permits[i])
+        results[i] = r
+        if r[1] ~= 1 then
+          all = false
+        end
+      end
+      for i = 1, m do
+        local r = results[i]
+        if all then
+          commit(r)
+        elseif r[1] == 1 then
+          local f = checks[i]
+          r = f[1](keys[k + i - 1], now, 0, f[3], f[4], permits[i])
+        end
+        n = put(out, n, r)
+      end
+      a, k = e, k + m
+    end
+    BATCH_FILLED = n
+  end
+  BATCH_ARG = a
+end
+
 local function run_batch(keys, args)
   FIXED_NOW = tonumber(args[1]) or 0
-  -- Several state keys: errors name theirs (see read_state).
-  ONE_STATE_KEY = false
   local now = server_now()
-  local blocks = idiv(#keys, 2)
-  local out, first, a = {}, 1, 2
-  while a <= #args do
-    local m = tonumber(args[a])
-    local ok, r = pcall(batch_request, keys, blocks, first, args, a + 1, m, now)
-    if not ok then
-      -- A conflict fails before writing anything; its request alone fails.
-      -- Its error goes as a string (an error inside an array would fail the
-      -- whole reply in clients).
-      if type(r) == 'table' and r.err then
-        r = r.err
-      else
-        r = tostring(r)
-      end
+  local forms, a = {}, 3
+  for f = 1, tonumber(args[2]) do
+    local name = args[a]
+    forms[f] = {ALGORITHMS[name], tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3]), name == 'concurrency'}
+    a = a + 4
+  end
+  local checks = idiv(#keys, 2)
+  local held = block_values(keys, checks + 1, 2 * checks)
+  local out = {}
+  BATCH_ARG, BATCH_KEY, BATCH_FILLED = a, 1, 0
+  -- One protected call for the whole batch while no request fails: a
+  -- request that fails does before writing anything, and the batch goes on
+  -- after it.
+  while BATCH_ARG <= #args do
+    local ok, r = pcall(decide_requests, keys, args, forms, held, now, out)
+    if ok then
+      break
     end
-    out[#out + 1] = r
-    first, a = first + m, a + 1 + m * 5
+    -- Its error goes as a string (an error inside an array would fail the
+    -- whole reply in clients).
+    if type(r) == 'table' and r.err then
+      r = r.err
+    else
+      r = tostring(r)
+    end
+    -- In place of what it put before failing, if anything.
+    for i = #out, BATCH_FILLED + 1, -1 do
+      out[i] = nil
+    end
+    BATCH_FILLED = BATCH_FILLED + 1
+    out[BATCH_FILLED] = r
+    BATCH_ARG, BATCH_KEY = BATCH_NEXT_ARG, BATCH_NEXT_KEY
   end
   return out
 end

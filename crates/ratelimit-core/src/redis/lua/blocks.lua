@@ -1,14 +1,27 @@
 -- Admin blocks (block.lua writes them): every check honours its key's.
+-- A block key only ever holds the string block.lua writes (its SET replaces
+-- whatever the key held), so a key of another type is no block: read as
+-- none, here as by the batch's MGET (batch.lua), which answers nil for it.
+
+-- How long a block key holding `raw` (its GET or MGET reply: false when
+-- missing or not a string) still blocks, in µs (0: not blocked).
+local function block_left_of(raw, now)
+  if not raw then
+    return 0
+  end
+  return positive(tonumber(raw) - now)
+end
+
 -- How long `block_key` still blocks its state key, in µs (0: not blocked).
 local function block_left(block_key, now)
   if not block_key then
     return 0
   end
-  local raw = redis.call('GET', block_key)
-  if not raw then
+  local raw = redis.pcall('GET', block_key)
+  if type(raw) == 'table' and wrong_type(raw) then
     return 0
   end
-  return positive(tonumber(raw) - now)
+  return block_left_of(raw, now)
 end
 
 -- The reply for a blocked key, `left` µs before the block ends: denied,
@@ -27,11 +40,10 @@ local function blocked_reply(r, peek, left)
   return {0, r[2], 0, reset, retry, 0}
 end
 
--- One check of `key` by `decide`, honouring its block key: the algorithm's
--- reply (and its commit) when not blocked, a denial without commit when
--- blocked.
-local function decide_unless_blocked(decide, key, block_key, now, cost, p1, p2, permit)
-  local left = block_left(block_key, now)
+-- One check of `key` by `decide`, its key blocked `left` more µs: the
+-- algorithm's reply (and its commit) when not blocked, a denial without
+-- commit when blocked.
+local function decide_with_block(decide, key, left, now, cost, p1, p2, permit)
   local r = decide(key, now, cost, p1, p2, permit)
   if left == 0 then
     return r
@@ -41,4 +53,9 @@ local function decide_unless_blocked(decide, key, block_key, now, cost, p1, p2, 
     peek = decide(key, now, 0, p1, p2, permit)
   end
   return blocked_reply(r, peek, left)
+end
+
+-- The same, reading the block from `block_key`.
+local function decide_unless_blocked(decide, key, block_key, now, cost, p1, p2, permit)
+  return decide_with_block(decide, key, block_left(block_key, now), now, cost, p1, p2, permit)
 end

@@ -7,7 +7,7 @@ local function run_single(decide, keys, args)
   FIXED_NOW = tonumber(args[1]) or 0
   ONE_STATE_KEY = true
   local now = server_now()
-  local r = decide_unless_blocked(decide, keys[1], keys[2], now, tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), args[5])
+  local r = decide_with_block(decide, keys[1], block_left(keys[2], now), now, tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), args[5])
   if r[1] == 1 then
     commit(r)
   end

@@ -1,0 +1,78 @@
+//! Stores on the test servers: a `RedisStore` on one server or on a cluster,
+//! built with the tests' call timeout, and what the tests read back of one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
+use ratelimit_core::{Policy, Store};
+
+use crate::{RedisCluster, RedisServer};
+
+/// The call timeout of the stores built here: long enough that a loaded
+/// test machine never times a call out, short enough that a hung test ends.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Builds `builder`'s store (no connection is made yet).
+pub async fn build(builder: RedisStoreBuilder) -> RedisStore {
+    builder.build().await.expect("a Redis store")
+}
+
+/// A store on the single Redis at `url`, calls timing out after
+/// [`CALL_TIMEOUT`].
+pub async fn redis_store(url: impl Into<String>) -> RedisStore {
+    build(RedisStore::builder(url).call_timeout(CALL_TIMEOUT)).await
+}
+
+/// A store on `cluster`, calls timing out after [`CALL_TIMEOUT`].
+pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
+    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await
+}
+
+/// Polls the number of permits held in `key`'s sorted set until it is 0, for
+/// at most `limit`; returns the last count.
+pub async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let count = server.cli(&["ZCARD", key]);
+        if count.trim() == "0" || start.elapsed() > limit {
+            return count.trim().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether `store` admits a request of cost 1 from `key` under `policy`.
+pub async fn admits<S: Store>(store: &S, key: &[u8], policy: &Policy) -> bool {
+    let decision = store.check(key, policy, 1).await;
+    decision.expect("the store decides").is_allowed()
+}
+
+/// A boxed future, to hold several of different kinds in one vector.
+pub type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Awaits every future, polling them in order on every pass: the first poll
+/// of each, which queues its request, happens in the vector's order, so the
+/// coalescer sends them in that order.
+pub async fn join_in_order<T>(mut futures: Vec<Boxed<T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (future, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *slot = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|v| v.take().expect("ready")).collect())
+        }
+    })
+    .await
+}
