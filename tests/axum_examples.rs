@@ -10,8 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
-use ratelimit_tests::loopback::client;
+use ratelimit_tests::loopback::{Reply, client};
 use ratelimit_tests::{Listening, spawn_on_env_port};
 use serde_json::Value;
 
@@ -36,32 +35,24 @@ impl Example {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = request.send().await.expect("request");
-        Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.expect("body"),
-        }
+        Reply::read(request).await
     }
 }
 
-/// A response, read whole.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    /// The value of the header `name`, if any.
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("visible ASCII header"))
-    }
-
+/// What these tests read of a [`Reply`].
+trait ReplyExt {
     /// `Retry-After`, a whole number of seconds.
+    fn retry_after(&self) -> u64;
+    /// The single member of `RateLimit`: its policy name, `r` and `t`.
+    fn ratelimit(&self) -> (String, i64, i64);
+    /// The body as JSON.
+    fn json(&self) -> Value;
+    /// A quota refusal: 429, `Retry-After` equal to the `t` of `policy`'s
+    /// member, a problem+json body naming `policy`. Returns `Retry-After`.
+    fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64;
+}
+
+impl ReplyExt for Reply {
     fn retry_after(&self) -> u64 {
         self.header("retry-after")
             .unwrap_or_else(|| panic!("no Retry-After: {self:?}"))
@@ -69,7 +60,6 @@ impl Reply {
             .expect("Retry-After in delay-seconds")
     }
 
-    /// The single member of `RateLimit`: its policy name, `r` and `t`.
     fn ratelimit(&self) -> (String, i64, i64) {
         let value = self
             .header("ratelimit")
@@ -90,13 +80,10 @@ impl Reply {
         (name.to_owned(), param("r"), param("t"))
     }
 
-    /// The body as JSON.
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{:?}: {e}", self.body))
     }
 
-    /// A quota refusal: 429, `Retry-After` equal to the `t` of `policy`'s
-    /// member, a problem+json body naming `policy`. Returns `Retry-After`.
     fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64 {
         assert_eq!(self.status, 429, "{what}: {self:?}");
         let retry_after = self.retry_after();
