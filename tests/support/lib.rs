@@ -17,7 +17,7 @@ pub mod redis_server;
 pub mod stores;
 
 pub use examples::{
-    CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, spawn_example,
+    CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, flags, spawn_example,
     spawn_example_lines, spawn_listening, spawn_on_env_port,
 };
 pub use redis_server::{RedisCluster, RedisServer};

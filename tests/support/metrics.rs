@@ -40,6 +40,22 @@ impl Recorded {
         self.counter(name, &[("policy", policy), ("outcome", outcome)])
     }
 
+    /// Every outcome the counter `name` counted for `policy` (series with
+    /// the labels `policy` and `outcome` only), as `outcome=count` in the
+    /// outcomes' order, space-separated: `"allowed=5 denied=3"`. Comparing it
+    /// whole asserts that no other outcome was counted.
+    pub fn outcomes(&self, name: &str, policy: &str) -> String {
+        let mut counted = Vec::new();
+        for (labels, count) in self.counters_named(name) {
+            if labels.len() == 2 && labels.get("policy").map(String::as_str) == Some(policy) {
+                if let Some(outcome) = labels.get("outcome") {
+                    counted.push(format!("{outcome}={count}"));
+                }
+            }
+        }
+        counted.join(" ")
+    }
+
     /// The gauge `name` with exactly `labels`.
     pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.gauges.get(&series(name, labels)).copied()
