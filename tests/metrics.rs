@@ -341,14 +341,8 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
         send_n(&mut service, 5).await
     });
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "enforced"),
-        "allowed=3 denied=2"
-    );
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "trial"),
-        "allowed=1 shadow_denied=4"
-    );
+    recorded.assert_outcomes(DECISIONS, "enforced", "allowed=3 denied=2");
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=4");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 4);
     assert_eq!(
         recorded
@@ -404,15 +398,9 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
         statuses
     });
     assert_eq!(statuses, [429, 429, 200, 200, 500, 500]);
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "keyed"),
-        "missing_key_rejected=2"
-    );
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "optional"),
-        "missing_key_allowed=2"
-    );
-    assert_eq!(recorded.outcomes(DECISIONS, "per-ip"), "no_peer_address=2");
+    recorded.assert_outcomes(DECISIONS, "keyed", "missing_key_rejected=2");
+    recorded.assert_outcomes(DECISIONS, "optional", "missing_key_allowed=2");
+    recorded.assert_outcomes(DECISIONS, "per-ip", "no_peer_address=2");
 }
 
 #[test]

@@ -82,6 +82,50 @@ fn with_trial(
         .layer(echo_service())
 }
 
+/// An enforced policy and a shadow one on a frozen store, both keyed by
+/// client.
+struct Trial {
+    store: MemoryStore<ManualClock>,
+    enforced: Policy,
+    trial: Policy,
+}
+
+impl Trial {
+    /// `enforced` and `trial`, made a shadow policy, on a new frozen store.
+    fn new(enforced: Policy, trial: Policy) -> Trial {
+        Trial {
+            store: frozen_memory(),
+            enforced,
+            trial: trial.with_shadow(true),
+        }
+    }
+
+    /// `enforced` as `per-client` and `trial` as `trial`, fixed windows of
+    /// 10 s.
+    fn per_ten_seconds(enforced: u64, trial: u64) -> Trial {
+        Trial::new(
+            per_ten_seconds("per-client", enforced),
+            per_ten_seconds("trial", trial),
+        )
+    }
+
+    /// The layer of both policies around [`echo_service`].
+    fn service(
+        &self,
+    ) -> impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Infallible>
+    {
+        with_trial(&self.store, &self.enforced, &self.trial)
+    }
+
+    /// What remains of the enforced policy and of the trial.
+    async fn remaining(&self) -> (u64, u64) {
+        (
+            remaining(&self.store, &self.enforced).await,
+            remaining(&self.store, &self.trial).await,
+        )
+    }
+}
+
 /// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
 async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
     store
@@ -127,27 +171,21 @@ fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
         }
     }
     // Not one `denied`: the shadow policy only ever reports.
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "trial"),
-        "allowed=3 shadow_denied=7"
-    );
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=3 shadow_denied=7");
 }
 
 #[test]
 fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
     let (answers, recorded) = capture(false, || async {
-        let store = frozen_memory();
-        let enforced = per_ten_seconds("per-client", 5);
-        let trial = per_ten_seconds("trial", 2).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::per_ten_seconds(5, 2);
+        let mut service = trial.service();
         let mut answers = Vec::new();
         for _ in 0..8 {
             answers.push(send(&mut service).await);
         }
         // Both consumed on their own: the shadow's denials never stopped the
         // enforced policy (all or nothing would have stopped it at 2).
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        assert_eq!(remaining(&store, &trial).await, 0);
+        assert_eq!(trial.remaining().await, (0, 0));
         answers
     });
     let statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
@@ -180,41 +218,27 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
         r#""per-client";r=0;t=10, "trial";r=0;t=10"#,
         "the shadow decision is not hidden by the enforced denial"
     );
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "per-client"),
-        "allowed=5 denied=3"
-    );
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "trial"),
-        "allowed=2 shadow_denied=6"
-    );
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=5 denied=3");
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=2 shadow_denied=6");
 }
 
 #[test]
 fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
     let ((), recorded) = capture(false, || async {
-        let store = frozen_memory();
-        let enforced = per_ten_seconds("per-client", 2);
-        let trial = per_ten_seconds("trial", 5).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::per_ten_seconds(2, 5);
+        let mut service = trial.service();
         let mut statuses = Vec::new();
         for _ in 0..4 {
             statuses.push(send(&mut service).await.status.as_u16());
         }
         assert_eq!(statuses, [200, 200, 429, 429]);
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        // The documented consequence of deciding the groups apart.
-        assert_eq!(remaining(&store, &trial).await, 1);
+        // The trial kept 1: the documented consequence of deciding the
+        // groups apart.
+        assert_eq!(trial.remaining().await, (0, 1));
     });
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "per-client"),
-        "allowed=2 denied=2"
-    );
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "trial"),
-        "allowed=4",
-        "no shadow_denied"
-    );
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=2 denied=2");
+    // No `shadow_denied`.
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=4");
 }
 
 #[test]
@@ -236,23 +260,21 @@ fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
         assert_eq!(remaining(&store, &narrow).await, 0);
         assert_eq!(remaining(&store, &wide).await, 2);
     });
-    assert_eq!(recorded.outcomes(DECISIONS, "per-client"), "allowed=5");
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "narrow"),
-        "allowed=2 shadow_denied=3"
-    );
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=5");
+    recorded.assert_outcomes(DECISIONS, "narrow", "allowed=2 shadow_denied=3");
     // `wide` allowed each time, but the group was denied for three.
-    assert_eq!(recorded.outcomes(DECISIONS, "wide"), "allowed=5");
+    recorded.assert_outcomes(DECISIONS, "wide", "allowed=5");
 }
 
 #[test]
 fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
     capture(false, || async {
-        let store = frozen_memory();
         let lease = Duration::from_secs(3600);
-        let enforced = named("in-flight", Policy::concurrency(1, lease));
-        let trial = named("in-flight-trial", Policy::concurrency(5, lease)).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::new(
+            named("in-flight", Policy::concurrency(1, lease)),
+            named("in-flight-trial", Policy::concurrency(5, lease)),
+        );
+        let mut service = trial.service();
 
         // The first response is held: its body keeps both permits.
         let held = service
@@ -263,8 +285,7 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
             .await
             .unwrap();
         assert_eq!(held.status(), StatusCode::OK);
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        assert_eq!(remaining(&store, &trial).await, 4);
+        assert_eq!(trial.remaining().await, (0, 4));
 
         // Refused by the enforced policy while the first is in flight: the
         // shadow permit it took is released at once.
@@ -274,26 +295,25 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
                 StatusCode::TOO_MANY_REQUESTS
             );
         }
-        assert_eq!(remaining(&store, &trial).await, 4);
+        assert_eq!(trial.remaining().await, (0, 4));
 
         // The body ends: both permits come back.
         let body = held.into_body().collect().await.unwrap().to_bytes();
         assert!(body.starts_with(b"allowed=true"));
-        assert_eq!(remaining(&store, &enforced).await, 1);
-        assert_eq!(remaining(&store, &trial).await, 5);
+        assert_eq!(trial.remaining().await, (1, 5));
 
         // A shadow concurrency policy alone: permits held and released too.
-        let mut alone =
-            RateLimitLayer::new(store.clone(), trial.clone(), by_client).layer(echo_service());
+        let mut alone = RateLimitLayer::new(trial.store.clone(), trial.trial.clone(), by_client)
+            .layer(echo_service());
         let mut responses = Vec::new();
         for _ in 0..7 {
             let response = alone.ready().await.unwrap().call(request()).await.unwrap();
             assert_eq!(response.status(), StatusCode::OK, "a shadow never refuses");
             responses.push(response);
         }
-        assert_eq!(remaining(&store, &trial).await, 0);
+        assert_eq!(trial.remaining().await.1, 0);
         drop(responses);
-        assert_eq!(remaining(&store, &trial).await, 5);
+        assert_eq!(trial.remaining().await.1, 5);
     });
 }
 
@@ -336,11 +356,8 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
         );
         assert_eq!(remaining(&store, &counted).await, 97);
     });
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "trial"),
-        "allowed=1 shadow_denied=3"
-    );
-    assert_eq!(recorded.outcomes(DECISIONS, "counted"), "allowed=3");
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=3");
+    recorded.assert_outcomes(DECISIONS, "counted", "allowed=3");
     let count = |outcome| recorded.outcome(DECISIONS, "one-per-second", outcome);
     assert_eq!(count("allowed"), 3);
     assert!(count("denied") >= 2, "waited attempts count");
@@ -407,11 +424,8 @@ fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
         (layer.stats().failed_open(), layer.stats().failed_closed())
     });
     assert_eq!(stats, (0, 0), "the failure policy was never asked");
-    assert_eq!(recorded.outcomes(DECISIONS, "trial"), "error=3");
-    assert_eq!(
-        recorded.outcomes(DECISIONS, "per-client"),
-        "allowed=2 denied=1"
-    );
+    recorded.assert_outcomes(DECISIONS, "trial", "error=3");
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=2 denied=1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,6 +56,14 @@ impl Recorded {
         counted.join(" ")
     }
 
+    /// Asserts that [`Recorded::outcomes`] of `policy` in `name` are
+    /// exactly `expected`.
+    #[track_caller]
+    pub fn assert_outcomes(&self, name: &str, policy: &str, expected: &str) {
+        let outcomes = self.outcomes(name, policy);
+        assert_eq!(outcomes, expected, "{name} of {policy}");
+    }
+
     /// The gauge `name` with exactly `labels`.
     pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.gauges.get(&series(name, labels)).copied()
