@@ -47,12 +47,23 @@ trait ReplyExt {
     fn ratelimit(&self) -> (String, i64, i64);
     /// The body as JSON.
     fn json(&self) -> Value;
+    /// A problem+json refusal with `status` (asked with `headers`).
+    fn assert_problem(&self, status: u16, headers: &[(&str, &str)]);
     /// A quota refusal: 429, `Retry-After` equal to the `t` of `policy`'s
     /// member, a problem+json body naming `policy`. Returns `Retry-After`.
     fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64;
 }
 
 impl ReplyExt for Reply {
+    fn assert_problem(&self, status: u16, headers: &[(&str, &str)]) {
+        assert_eq!(self.status, status, "{headers:?}: {self:?}");
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(self.json()["status"], status);
+    }
+
     fn retry_after(&self) -> u64 {
         self.header("retry-after")
             .unwrap_or_else(|| panic!("no Retry-After: {self:?}"))
@@ -236,12 +247,7 @@ async fn custom_key_limits_tenants_independently() {
     // No tenant, or an empty one: 400, not limited, nothing spent.
     for headers in [&[][..], &[("x-tenant", "")][..]] {
         let reply = example.get("/", headers).await;
-        assert_eq!(reply.status, 400, "{headers:?}: {reply:?}");
-        assert_eq!(
-            reply.header("content-type"),
-            Some("application/problem+json")
-        );
-        assert_eq!(reply.json()["status"], 400);
+        reply.assert_problem(400, headers);
         assert!(reply.header("retry-after").is_none());
         assert!(reply.header("ratelimit").is_none());
     }
@@ -265,12 +271,7 @@ async fn tiers_free_pro_internal_and_unknown() {
     // Missing and unknown keys: 401, before any quota.
     for headers in [&[][..], &[("x-api-key", "no-such-key")][..]] {
         let reply = example.get("/", headers).await;
-        assert_eq!(reply.status, 401, "{headers:?}: {reply:?}");
-        assert_eq!(
-            reply.header("content-type"),
-            Some("application/problem+json")
-        );
-        assert_eq!(reply.json()["status"], 401);
+        reply.assert_problem(401, headers);
         assert!(reply.header("www-authenticate").is_some());
         assert!(reply.header("ratelimit").is_none());
     }

@@ -55,6 +55,14 @@ fn policy_flags<'a>(
     [&policy[..], more].concat()
 }
 
+/// Spawns an instance with `args` and `--admin` on a free loopback port;
+/// returns it and the admin address.
+fn spawn_with_admin(args: &[&str]) -> (Instance, String) {
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let instance = spawn_instance(&[args, &["--admin", admin_addr.as_str()]].concat());
+    (instance, admin_addr)
+}
+
 /// Spawns an instance on a free loopback port with `args` after `--listen`,
 /// and waits for its `listening on http://ADDR` line.
 fn spawn_instance(args: &[&str]) -> Instance {
@@ -461,10 +469,9 @@ async fn admin_request(request: reqwest::RequestBuilder, url: &str) -> AdminAnsw
 async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
     // 5 per day: nothing refills while the test runs (one unit per 4.8 h).
     let common = policy_flags(url.as_str(), "gcra", "5", "1d", &[]);
-    let with_admin = spawn_instance(&[&common[..], &["--admin", admin_addr.as_str()]].concat());
+    let (with_admin, admin_addr) = spawn_with_admin(&common);
     let plain = spawn_instance(&common);
     let client = client();
     let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
@@ -605,14 +612,8 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
 async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&policy_flags(
-        &url,
-        "fixed-window",
-        "2",
-        "1d",
-        &["--admin", &admin_addr],
-    ));
+    let policy = policy_flags(&url, "fixed-window", "2", "1d", &[]);
+    let (instance, admin_addr) = spawn_with_admin(&policy);
     let client = client();
     let root = format!("{}/", instance.base);
     for expected in [200, 200, 429] {
@@ -644,21 +645,9 @@ async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
 async fn admin_operations_refuse_concurrency_adjustments_and_need_redis() {
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&policy_flags(
-        &url,
-        "concurrency",
-        "3",
-        "1h",
-        &[
-            "--timeout",
-            "200ms",
-            "--failure",
-            "open",
-            "--admin",
-            &admin_addr,
-        ],
-    ));
+    let failing_open = flags("--timeout 200ms --failure open");
+    let (instance, admin_addr) =
+        spawn_with_admin(&policy_flags(&url, "concurrency", "3", "1h", &failing_open));
     let client = client();
     let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
     let peek = admin(&client, false, &keys).await;
