@@ -23,7 +23,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::{client, get, statuses};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{ChildGuard, free_port, named, spawn_example_lines};
+use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
@@ -566,26 +566,10 @@ async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_
 async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_breaker() {
     // Nothing listens there: every Redis call is refused at once.
     let dead_redis = format!("redis://127.0.0.1:{}", free_port());
-    let example = spawn_with_metrics(
-        "distributed",
-        &[
-            "--redis",
-            &dead_redis,
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "4",
-            "--window",
-            "1h",
-            "--failure",
-            "fallback",
-            "--instances",
-            "2",
-            "--timeout",
-            "200ms",
-        ],
-        1,
-    );
+    let mut args = flags("--algorithm fixed-window --limit 4 --window 1h --failure fallback");
+    args.extend(flags("--instances 2 --timeout 200ms --redis"));
+    args.push(&dead_redis);
+    let example = spawn_with_metrics("distributed", &args, 1);
     let (base, metrics) = (&example.base, &example.metrics);
     let client = client();
     let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;

@@ -17,7 +17,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::metrics::{Scrape, capture};
-use ratelimit_tests::{RedisServer, free_port, named, spawn_listening};
+use ratelimit_tests::{RedisServer, flags, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
@@ -433,23 +433,9 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
     let redis = RedisServer::start();
     let url = redis.url();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let example = spawn_listening(
-        "distributed",
-        &[
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "3",
-            "--window",
-            "1d",
-            "--shadow",
-            "--metrics",
-            &metrics,
-        ],
-        Duration::from_secs(60),
-    );
+    let mut args = flags("--algorithm fixed-window --limit 3 --window 1d --shadow");
+    args.extend(["--redis", &url, "--metrics", &metrics]);
+    let example = spawn_listening("distributed", &args, Duration::from_secs(60));
     let client = client();
     let mut policy_names = Vec::new();
     for i in 0..7 {
