@@ -798,12 +798,8 @@ fn rules_match_by_route_method_and_key() {
     assert_eq!(limits[1].1, b"192.0.2.1");
 
     // Below `/api/` with an API key: the key is hashed, the cost is 3.
-    let req = build(
-        "GET",
-        "/api/items?page=2",
-        &[("x-api-key", "secret")],
-        client,
-    );
+    let api_key = [("x-api-key", "secret")];
+    let req = build("GET", "/api/items?page=2", &api_key, client);
     let limits = limits_of(&config, &req);
     assert_eq!(names(&limits), ["everyone", "api", "keyed"]);
     let hashed = HeaderKey::new(http::HeaderName::from_static("x-api-key"))
@@ -823,22 +819,13 @@ fn rules_match_by_route_method_and_key() {
     assert!(config.limits(&req).is_no_peer_address());
 
     // POST /login from a trusted proxy: keyed by the forwarded client.
-    let req = build(
-        "POST",
-        "/login",
-        &[("x-forwarded-for", "203.0.113.7")],
-        Some([10, 0, 0, 5]),
-    );
+    let forwarded = [("x-forwarded-for", "203.0.113.7")];
+    let req = build("POST", "/login", &forwarded, Some([10, 0, 0, 5]));
     let limits = limits_of(&config, &req);
     assert_eq!(names(&limits), ["everyone", "login"]);
     assert_eq!(limits[1].1, b"203.0.113.7");
     // The same header from an untrusted peer is not believed.
-    let req = build(
-        "POST",
-        "/login",
-        &[("x-forwarded-for", "203.0.113.7")],
-        client,
-    );
+    let req = build("POST", "/login", &forwarded, client);
     assert_eq!(limits_of(&config, &req)[1].1, b"192.0.2.1");
     // GET /login: not a method of the rule.
     let req = build("GET", "/login", &[], client);
