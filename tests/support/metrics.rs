@@ -47,10 +47,9 @@ impl Recorded {
     pub fn outcomes(&self, name: &str, policy: &str) -> String {
         let mut counted = Vec::new();
         for (labels, count) in self.counters_named(name) {
-            if labels.len() == 2 && labels.get("policy").map(String::as_str) == Some(policy) {
-                if let Some(outcome) = labels.get("outcome") {
-                    counted.push(format!("{outcome}={count}"));
-                }
+            let of_policy = labels.get("policy").map(String::as_str) == Some(policy);
+            if let (2, true, Some(outcome)) = (labels.len(), of_policy, labels.get("outcome")) {
+                counted.push(format!("{outcome}={count}"));
             }
         }
         counted.join(" ")
