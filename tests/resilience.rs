@@ -86,24 +86,27 @@ async fn timed<T>(future: impl Future<Output = T>) -> (Duration, T) {
     (start.elapsed(), value)
 }
 
-/// Stops (kills) `server` on a blocking thread, returning it.
-async fn stop(mut server: RedisServer) -> RedisServer {
+/// Runs `change` on `server` on a blocking thread, returning it.
+async fn on_a_blocking_thread(
+    mut server: RedisServer,
+    change: fn(&mut RedisServer),
+) -> RedisServer {
     tokio::task::spawn_blocking(move || {
-        server.stop();
+        change(&mut server);
         server
     })
     .await
-    .expect("stopping redis")
+    .expect("changing redis")
+}
+
+/// Stops (kills) `server` on a blocking thread, returning it.
+async fn stop(server: RedisServer) -> RedisServer {
+    on_a_blocking_thread(server, RedisServer::stop).await
 }
 
 /// Restarts `server` on a blocking thread (it waits until Redis answers).
-async fn restart(mut server: RedisServer) -> RedisServer {
-    tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .expect("restarting redis")
+async fn restart(server: RedisServer) -> RedisServer {
+    on_a_blocking_thread(server, RedisServer::restart).await
 }
 
 fn ms(d: Duration) -> String {
