@@ -18,7 +18,7 @@ use ratelimit_core::{
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
     CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
-    observable, redis_store,
+    observable, redis_store, redis_store_on_clock,
 };
 
 /// A whole second of Unix time in µs: fixed windows start at it.
@@ -437,12 +437,7 @@ fn memory_timeline() -> Timeline<MemoryStore<ManualClock>> {
 async fn redis_timeline(server: &RedisServer) -> Timeline<RedisStore> {
     let clock = ManualClock::new(T0);
     Timeline {
-        store: build(
-            RedisStore::builder(server.url())
-                .script_clock_for_tests(clock.clone())
-                .call_timeout(CALL_TIMEOUT),
-        )
-        .await,
+        store: redis_store_on_clock(server.url(), &clock).await,
         clock,
         log: Vec::new(),
     }

@@ -10,8 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
-use ratelimit_tests::loopback::client;
+use ratelimit_tests::loopback::{Reply, client};
 use ratelimit_tests::{Listening, spawn_on_env_port};
 use serde_json::Value;
 
@@ -36,32 +35,35 @@ impl Example {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = request.send().await.expect("request");
-        Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.expect("body"),
-        }
+        Reply::read(request).await
     }
 }
 
-/// A response, read whole.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    /// The value of the header `name`, if any.
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("visible ASCII header"))
-    }
-
+/// What these tests read of a [`Reply`].
+trait ReplyExt {
     /// `Retry-After`, a whole number of seconds.
+    fn retry_after(&self) -> u64;
+    /// The single member of `RateLimit`: its policy name, `r` and `t`.
+    fn ratelimit(&self) -> (String, i64, i64);
+    /// The body as JSON.
+    fn json(&self) -> Value;
+    /// A problem+json refusal with `status` (asked with `headers`).
+    fn assert_problem(&self, status: u16, headers: &[(&str, &str)]);
+    /// A quota refusal: 429, `Retry-After` equal to the `t` of `policy`'s
+    /// member, a problem+json body naming `policy`. Returns `Retry-After`.
+    fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64;
+}
+
+impl ReplyExt for Reply {
+    fn assert_problem(&self, status: u16, headers: &[(&str, &str)]) {
+        assert_eq!(self.status, status, "{headers:?}: {self:?}");
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(self.json()["status"], status);
+    }
+
     fn retry_after(&self) -> u64 {
         self.header("retry-after")
             .unwrap_or_else(|| panic!("no Retry-After: {self:?}"))
@@ -69,7 +71,6 @@ impl Reply {
             .expect("Retry-After in delay-seconds")
     }
 
-    /// The single member of `RateLimit`: its policy name, `r` and `t`.
     fn ratelimit(&self) -> (String, i64, i64) {
         let value = self
             .header("ratelimit")
@@ -90,13 +91,10 @@ impl Reply {
         (name.to_owned(), param("r"), param("t"))
     }
 
-    /// The body as JSON.
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{:?}: {e}", self.body))
     }
 
-    /// A quota refusal: 429, `Retry-After` equal to the `t` of `policy`'s
-    /// member, a problem+json body naming `policy`. Returns `Retry-After`.
     fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64 {
         assert_eq!(self.status, 429, "{what}: {self:?}");
         let retry_after = self.retry_after();
@@ -249,12 +247,7 @@ async fn custom_key_limits_tenants_independently() {
     // No tenant, or an empty one: 400, not limited, nothing spent.
     for headers in [&[][..], &[("x-tenant", "")][..]] {
         let reply = example.get("/", headers).await;
-        assert_eq!(reply.status, 400, "{headers:?}: {reply:?}");
-        assert_eq!(
-            reply.header("content-type"),
-            Some("application/problem+json")
-        );
-        assert_eq!(reply.json()["status"], 400);
+        reply.assert_problem(400, headers);
         assert!(reply.header("retry-after").is_none());
         assert!(reply.header("ratelimit").is_none());
     }
@@ -278,48 +271,35 @@ async fn tiers_free_pro_internal_and_unknown() {
     // Missing and unknown keys: 401, before any quota.
     for headers in [&[][..], &[("x-api-key", "no-such-key")][..]] {
         let reply = example.get("/", headers).await;
-        assert_eq!(reply.status, 401, "{headers:?}: {reply:?}");
-        assert_eq!(
-            reply.header("content-type"),
-            Some("application/problem+json")
-        );
-        assert_eq!(reply.json()["status"], 401);
+        reply.assert_problem(401, headers);
         assert!(reply.header("www-authenticate").is_some());
         assert!(reply.header("ratelimit").is_none());
     }
 
-    // Free: 10 an hour (one back every 6 minutes).
-    for remaining in (0..10).rev() {
-        let reply = example.get("/", &[("x-api-key", "free-key")]).await;
-        assert_eq!(reply.status, 200, "{reply:?}");
-        assert_eq!(
-            reply.header("ratelimit-policy"),
-            Some(r#""free";q=10;w=3600"#)
-        );
-        assert_eq!(reply.ratelimit().0, "free");
-        assert_eq!(reply.ratelimit().1, remaining, "{reply:?}");
-        assert_eq!(
-            reply.body,
-            format!("{remaining} of 10 requests left this hour (free tier)\n")
-        );
+    // (tier, its quota an hour, the range of Retry-After once spent): free
+    // gets one back every 6 minutes, pro one every 36 s.
+    for (tier, quota, retry) in [("free", 10, 355..=360), ("pro", 100, 31..=36)] {
+        let key = format!("{tier}-key");
+        let api_key = [("x-api-key", key.as_str())];
+        for remaining in (0..quota).rev() {
+            let reply = example.get("/", &api_key).await;
+            assert_eq!(reply.status, 200, "{reply:?}");
+            assert_eq!(
+                reply.header("ratelimit-policy"),
+                Some(format!(r#""{tier}";q={quota};w=3600"#).as_str())
+            );
+            assert_eq!(reply.ratelimit().0, tier);
+            assert_eq!(reply.ratelimit().1, remaining, "{reply:?}");
+            assert_eq!(
+                reply.body,
+                format!("{remaining} of {quota} requests left this hour ({tier} tier)\n")
+            );
+        }
+        let denied = example.get("/", &api_key).await;
+        let what = format!("{tier}, request {}", quota + 1);
+        let retry_after = denied.assert_quota_exceeded(&what, tier);
+        assert!(retry.contains(&retry_after), "{tier}: {retry_after}");
     }
-    let denied = example.get("/", &[("x-api-key", "free-key")]).await;
-    let retry_after = denied.assert_quota_exceeded("free, 11th", "free");
-    assert!((355..=360).contains(&retry_after), "{retry_after}");
-
-    // Pro: 100 an hour (one back every 36 s).
-    for remaining in (0..100).rev() {
-        let reply = example.get("/", &[("x-api-key", "pro-key")]).await;
-        assert_eq!(reply.status, 200, "{reply:?}");
-        assert_eq!(
-            reply.header("ratelimit-policy"),
-            Some(r#""pro";q=100;w=3600"#)
-        );
-        assert_eq!(reply.ratelimit().1, remaining, "{reply:?}");
-    }
-    let denied = example.get("/", &[("x-api-key", "pro-key")]).await;
-    let retry_after = denied.assert_quota_exceeded("pro, 101st", "pro");
-    assert!((31..=36).contains(&retry_after), "{retry_after}");
 
     // Internal: never limited, no rate-limit fields.
     for i in 0..150 {

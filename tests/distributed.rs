@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use ratelimit_core::AlgorithmKind;
 use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
 use ratelimit_tests::{
-    Listening, RedisCluster, RedisServer, assert_refuses_flags, example_binary, free_port,
+    Listening, RedisCluster, RedisServer, assert_refuses_flags, example_binary, flags, free_port,
     spawn_listening,
 };
 use tokio::sync::Barrier;
@@ -53,6 +53,14 @@ fn policy_flags<'a>(
         window,
     ];
     [&policy[..], more].concat()
+}
+
+/// Spawns an instance with `args` and `--admin` on a free loopback port;
+/// returns it and the admin address.
+fn spawn_with_admin(args: &[&str]) -> (Instance, String) {
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let instance = spawn_instance(&[args, &["--admin", admin_addr.as_str()]].concat());
+    (instance, admin_addr)
 }
 
 /// Spawns an instance on a free loopback port with `args` after `--listen`,
@@ -179,46 +187,36 @@ async fn expensive_requests_cost_ten_from_the_same_budget() {
         get(&client, &url, "expensive-test").await
     };
 
-    for expected_left in [15, 5] {
-        let answer = ask("/expensive").await;
-        assert_eq!(answer.status, 200, "{answer:?}");
-        assert_eq!(remaining_in(&answer.body, 25), expected_left, "{answer:?}");
+    // (path, what is left after each allowed request): two /expensive take
+    // 20 of 25 and a third is denied; then five / take the last 5 and a sixth
+    // is denied.
+    let script: [(&str, &[usize]); 2] = [("/expensive", &[15, 5]), ("/", &[4, 3, 2, 1, 0])];
+    for (path, lefts) in script {
+        for &expected_left in lefts {
+            let answer = ask(path).await;
+            assert_eq!(answer.status, 200, "{path}: {answer:?}");
+            assert_eq!(remaining_in(&answer.body, 25), expected_left, "{answer:?}");
+        }
+        let denied = ask(path).await;
+        let nth = lefts.len() + 1;
+        assert_eq!(denied.status, 429, "{path} number {nth}: {denied:?}");
+        assert!(denied.retry_after.is_some_and(|s| s >= 1), "{denied:?}");
     }
-    let denied = ask("/expensive").await;
-    assert_eq!(denied.status, 429, "a third /expensive: {denied:?}");
-    assert!(denied.retry_after.is_some_and(|s| s >= 1), "{denied:?}");
-
-    for expected_left in (0..5).rev() {
-        let answer = ask("/").await;
-        assert_eq!(answer.status, 200, "{answer:?}");
-        assert_eq!(remaining_in(&answer.body, 25), expected_left, "{answer:?}");
-    }
-    let denied = ask("/").await;
-    assert_eq!(denied.status, 429, "a sixth /: {denied:?}");
-    assert!(denied.retry_after.is_some_and(|s| s >= 1), "{denied:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_share_one_limit_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
-    let common = [
-        "--cluster",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "20",
-        "--window",
-        "1d",
-    ];
+    let common = flags("--cluster --algorithm gcra --limit 20 --window 1d");
     // The three ways to name the nodes: the flag repeated, a comma-separated
     // list, and one node (the others are discovered).
     let repeated: Vec<&str> = urls.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
     let listed = urls.join(",");
     let instances = vec![
-        spawn_instance(&[repeated.as_slice(), &common].concat()),
-        spawn_instance(&[&["--redis", listed.as_str()][..], &common].concat()),
-        spawn_instance(&[&["--redis", urls[1].as_str()][..], &common].concat()),
+        spawn_instance(&[repeated.as_slice(), &common[..]].concat()),
+        spawn_instance(&[&["--redis", listed.as_str()][..], &common[..]].concat()),
+        spawn_instance(&[&["--redis", urls[1].as_str()][..], &common[..]].concat()),
     ];
     let answers = burst(&instances, "/", "cluster-key").await;
     assert_exactly(&answers, 20, "gcra on a Redis Cluster");
@@ -471,10 +469,9 @@ async fn admin_request(request: reqwest::RequestBuilder, url: &str) -> AdminAnsw
 async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
     // 5 per day: nothing refills while the test runs (one unit per 4.8 h).
     let common = policy_flags(url.as_str(), "gcra", "5", "1d", &[]);
-    let with_admin = spawn_instance(&[&common[..], &["--admin", admin_addr.as_str()]].concat());
+    let (with_admin, admin_addr) = spawn_with_admin(&common);
     let plain = spawn_instance(&common);
     let client = client();
     let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
@@ -615,14 +612,8 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
 async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&policy_flags(
-        &url,
-        "fixed-window",
-        "2",
-        "1d",
-        &["--admin", &admin_addr],
-    ));
+    let policy = policy_flags(&url, "fixed-window", "2", "1d", &[]);
+    let (instance, admin_addr) = spawn_with_admin(&policy);
     let client = client();
     let root = format!("{}/", instance.base);
     for expected in [200, 200, 429] {
@@ -654,21 +645,9 @@ async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
 async fn admin_operations_refuse_concurrency_adjustments_and_need_redis() {
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&policy_flags(
-        &url,
-        "concurrency",
-        "3",
-        "1h",
-        &[
-            "--timeout",
-            "200ms",
-            "--failure",
-            "open",
-            "--admin",
-            &admin_addr,
-        ],
-    ));
+    let failing_open = flags("--timeout 200ms --failure open");
+    let (instance, admin_addr) =
+        spawn_with_admin(&policy_flags(&url, "concurrency", "3", "1h", &failing_open));
     let client = client();
     let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
     let peek = admin(&client, false, &keys).await;

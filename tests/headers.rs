@@ -25,11 +25,10 @@ use axum::Json;
 use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use http::HeaderMap;
 use ratelimit_axum::{Limiter, QuotaExceeded};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tests::loopback::client;
+use ratelimit_tests::loopback::{Reply, client};
 use ratelimit_tests::{named, spawn_on_env_port};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 use ratelimit_tower::{GlobalKey, PeerIp, RateLimitLayer, Rule};
@@ -132,36 +131,43 @@ fn members(field: &str, value: &str, keys: [&str; 2]) -> Vec<Member> {
         .collect()
 }
 
-/// A response, read whole.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
+/// Sends `request`, reads the response and checks what every response
+/// must satisfy (see [`Checks::check_invariants`]).
+async fn fetch(request: reqwest::RequestBuilder) -> Reply {
+    let reply = Reply::read(request).await;
+    reply.check_invariants();
+    reply
 }
 
-impl Reply {
-    /// Sends `request`, reads the response and checks what every response
-    /// must satisfy (see [`Reply::check_invariants`]).
-    async fn fetch(request: reqwest::RequestBuilder) -> Reply {
-        let response = request.send().await.expect("request");
-        let reply = Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.expect("body"),
-        };
-        reply.check_invariants();
-        reply
-    }
+/// What these tests check of a [`Reply`].
+trait Checks {
+    /// The `RateLimit` members (`r`, `t`).
+    fn state(&self) -> Vec<Member>;
+    /// The integer value of the header `name`.
+    fn number(&self, name: &str) -> u64;
+    /// What every response must satisfy (see the impl).
+    fn check_invariants(&self);
+    /// An allowed response with exactly these `RateLimit-Policy` and
+    /// `RateLimit` values.
+    fn assert_allowed(&self, what: &str, policy: &str, ratelimit: &str);
+    /// A denial with exactly these fields, `Retry-After` and violated policies.
+    fn assert_denied(
+        &self,
+        what: &str,
+        policy: &str,
+        ratelimit: &str,
+        retry_after: u64,
+        violated: &[&str],
+    );
+    /// A problem+json body of type `quota-exceeded`.
+    fn assert_problem(&self, what: &str, retry_after: u64, violated: &[&str]);
+    /// No `X-RateLimit-*` field.
+    fn assert_no_legacy(&self, what: &str);
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delay-seconds).
+    fn assert_legacy(&self, what: &str, limit: u64, remaining: u64, reset: u64);
+}
 
-    /// The single value of the header `name`, if any.
-    fn header(&self, name: &str) -> Option<&str> {
-        let mut values = self.headers.get_all(name).iter();
-        let value = values.next()?;
-        assert!(values.next().is_none(), "{name} sent twice: {self:?}");
-        Some(value.to_str().expect("visible ASCII header"))
-    }
-
+impl Checks for Reply {
     /// The `RateLimit` members (`r`, `t`).
     fn state(&self) -> Vec<Member> {
         members(
@@ -377,7 +383,7 @@ impl Harness {
     /// Moves the clock `advance_ms` forward, then asks `GET /`.
     async fn get_after(&self, advance_ms: u64) -> Reply {
         self.clock.advance(Duration::from_millis(advance_ms));
-        Reply::fetch(self.client.get(&self.url)).await
+        fetch(self.client.get(&self.url)).await
     }
 }
 
@@ -640,11 +646,11 @@ async fn concurrency() {
     .await;
     let expected_policy = r#""inflight";q=2;w=30"#;
 
-    let first = tokio::spawn(Reply::fetch(harness.client.get(&harness.url)));
+    let first = tokio::spawn(fetch(harness.client.get(&harness.url)));
     entered.recv().await.expect("first request in the handler");
     // The second comes 5.5 s later, while the first is still in flight.
     harness.clock.advance(Duration::from_millis(5_500));
-    let second = tokio::spawn(Reply::fetch(harness.client.get(&harness.url)));
+    let second = tokio::spawn(fetch(harness.client.get(&harness.url)));
     entered.recv().await.expect("second request in the handler");
 
     // 11 s after the first: its lease, the first to expire, ends in 19 s.
@@ -955,13 +961,13 @@ async fn limiter_in_a_handler() {
         if i > 0 {
             clock.advance(Duration::from_secs(10));
         }
-        let reply = Reply::fetch(login_request(&client, &url, "alice")).await;
+        let reply = fetch(login_request(&client, &url, "alice")).await;
         reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
         assert_eq!(reply.body, "checked alice\n");
     }
     // 30 s after the first attempt, which leaves the window 870 s later.
     clock.advance(Duration::from_secs(10));
-    let denied = Reply::fetch(login_request(&client, &url, "alice")).await;
+    let denied = fetch(login_request(&client, &url, "alice")).await;
     denied.assert_denied(
         "alice, attempt 4",
         policy,
@@ -971,14 +977,14 @@ async fn limiter_in_a_handler() {
     );
     denied.assert_no_legacy("alice, attempt 4");
     // Another username has its own attempts.
-    Reply::fetch(login_request(&client, &url, "bob"))
+    fetch(login_request(&client, &url, "bob"))
         .await
         .assert_allowed("bob", policy, r#""login";r=2;t=900"#);
 
     // The same limiter with the legacy fields too.
     let policy = r#""login-legacy";q=3;w=900"#;
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
-        let reply = Reply::fetch(login_request(&client, &legacy_url, "carol")).await;
+        let reply = fetch(login_request(&client, &legacy_url, "carol")).await;
         let what = format!("carol, attempt {}", i + 1);
         assert_eq!(reply.status, 200, "{what}");
         assert_eq!(reply.header("ratelimit-policy"), Some(policy), "{what}");
@@ -990,7 +996,7 @@ async fn limiter_in_a_handler() {
         reply.assert_legacy(&what, 3, remaining, 900);
     }
     clock.advance(Duration::from_millis(500));
-    let denied = Reply::fetch(login_request(&client, &legacy_url, "carol")).await;
+    let denied = fetch(login_request(&client, &legacy_url, "carol")).await;
     // 899.5 s, rounded up.
     denied.assert_denied(
         "carol, attempt 4",
@@ -1009,7 +1015,7 @@ async fn quickstart_sixth_response() {
     let client = client();
     let policy = r#""per-ip";q=5;w=10"#;
     for i in 0..5 {
-        let reply = Reply::fetch(client.get(&url)).await;
+        let reply = fetch(client.get(&url)).await;
         // A sliding log: its newest entry, this request, leaves in 10 s.
         reply.assert_allowed(
             &format!("quickstart, request {}", i + 1),
@@ -1017,7 +1023,7 @@ async fn quickstart_sixth_response() {
             &format!(r#""per-ip";r={};t=10"#, 4 - i),
         );
     }
-    let sixth = Reply::fetch(client.get(&url)).await;
+    let sixth = fetch(client.get(&url)).await;
     assert_eq!(sixth.status, 429, "{sixth:?}");
     assert_eq!(sixth.header("ratelimit-policy"), Some(policy));
     let retry_after = sixth.number("retry-after");

@@ -102,6 +102,25 @@ fn bounded_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
         .build()
 }
 
+/// [`ATTEMPTED`] new keys into a new [`bounded_store`], one every `every` on
+/// its clock; checks that the store never held more than [`MAX_KEYS`] and
+/// stayed under 400 bytes per key of the bound.
+fn attack_over_time(policy: &Policy, every: Duration) -> (MemoryStore<ManualClock>, Attack) {
+    let heap_before = ALLOCATOR.allocated();
+    let clock = ManualClock::new(1_000_000_000);
+    let store = bounded_store(&clock);
+    let attack = attack(&store, policy, heap_before, 0..ATTEMPTED, |_| {
+        clock.advance(every);
+    });
+    assert!(attack.max_held <= MAX_KEYS, "{attack:?}");
+    let per_max_key = attack.bytes_at_end / MAX_KEYS;
+    assert!(
+        per_max_key < 400,
+        "{per_max_key} bytes per key of the bound"
+    );
+    (store, attack)
+}
+
 #[test]
 fn rotating_keys_through_long_windows_fill_the_store_and_no_more() {
     let _serial = serial();
@@ -175,19 +194,8 @@ fn expired_keys_are_reclaimed_and_the_bound_holds() {
     // A one-second window; keys arrive every 200 µs, so about 5,000 (half
     // the bound) are live at any time.
     let policy = Policy::fixed_window(3, Duration::from_secs(1)).unwrap();
-    let heap_before = ALLOCATOR.allocated();
-    let clock = ManualClock::new(1_000_000_000);
-    let store = bounded_store(&clock);
-    let attack = attack(&store, &policy, heap_before, 0..ATTEMPTED, |_| {
-        clock.advance(Duration::from_micros(200));
-    });
+    let (store, attack) = attack_over_time(&policy, Duration::from_micros(200));
     assert_eq!(attack.full_errors, 0, "{attack:?}");
-    assert!(attack.max_held <= MAX_KEYS, "{attack:?}");
-    let per_max_key = attack.bytes_at_end / MAX_KEYS;
-    assert!(
-        per_max_key < 400,
-        "{per_max_key} bytes per key of the bound"
-    );
     // Recent keys are still exact.
     let recent = key(ATTEMPTED - 1);
     let d = store.check_now(recent.as_bytes(), &policy, 1).unwrap();
@@ -201,13 +209,7 @@ fn a_saturated_store_reclaims_keys_one_by_one() {
     // request, so expiries are spread out. Keys arrive every 5 µs: about
     // 20,000 would be live, twice the bound.
     let policy = Policy::gcra(10, Rate::per_second(10)).unwrap();
-    let heap_before = ALLOCATOR.allocated();
-    let clock = ManualClock::new(1_000_000_000);
-    let store = bounded_store(&clock);
-    let attack = attack(&store, &policy, heap_before, 0..ATTEMPTED, |_| {
-        clock.advance(Duration::from_micros(5));
-    });
-    assert!(attack.max_held <= MAX_KEYS, "{attack:?}");
+    let (_store, attack) = attack_over_time(&policy, Duration::from_micros(5));
     // About half the keys are refused; the other half got in as older keys
     // expired.
     let admitted = ATTEMPTED - attack.full_errors;
@@ -215,11 +217,6 @@ fn a_saturated_store_reclaims_keys_one_by_one() {
         admitted > ATTEMPTED / 3 && attack.full_errors > ATTEMPTED / 3,
         "{admitted} admitted, {} refused",
         attack.full_errors
-    );
-    let per_max_key = attack.bytes_at_end / MAX_KEYS;
-    assert!(
-        per_max_key < 400,
-        "{per_max_key} bytes per key of the bound"
     );
 }
 

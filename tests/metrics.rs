@@ -23,7 +23,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::{client, get, statuses};
 use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{free_port, named, spawn_example_lines};
+use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
 };
@@ -341,11 +341,8 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
         send_n(&mut service, 5).await
     });
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("enforced", "allowed"), 3);
-    assert_eq!(count("enforced", "denied"), 2);
-    assert_eq!(count("trial", "allowed"), 1);
-    assert_eq!(count("trial", "shadow_denied"), 4);
+    recorded.assert_outcomes(DECISIONS, "enforced", "allowed=3 denied=2");
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=4");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 4);
     assert_eq!(
         recorded
@@ -401,10 +398,9 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
         statuses
     });
     assert_eq!(statuses, [429, 429, 200, 200, 500, 500]);
-    let counted = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(counted("keyed", "missing_key_rejected"), 2);
-    assert_eq!(counted("optional", "missing_key_allowed"), 2);
-    assert_eq!(counted("per-ip", "no_peer_address"), 2);
+    recorded.assert_outcomes(DECISIONS, "keyed", "missing_key_rejected=2");
+    recorded.assert_outcomes(DECISIONS, "optional", "missing_key_allowed=2");
+    recorded.assert_outcomes(DECISIONS, "per-ip", "no_peer_address=2");
 }
 
 #[test]
@@ -452,6 +448,33 @@ fn base_of(line: &str) -> String {
     line.strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("not a listening line: {line:?}"))
         .to_owned()
+}
+
+/// An example serving metrics on their own address.
+struct WithMetrics {
+    _process: ChildGuard,
+    /// The lines it printed.
+    lines: Vec<String>,
+    /// `http://ADDR` of the app.
+    base: String,
+    /// `ADDR` of the metrics listener.
+    metrics: String,
+}
+
+/// Spawns the example `name` with `--listen` and `--metrics` on free
+/// loopback ports and then `args`, and waits for its first `lines` lines.
+fn spawn_with_metrics(name: &str, args: &[&str], lines: usize) -> WithMetrics {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut all = vec!["--listen", &listen, "--metrics", &metrics];
+    all.extend_from_slice(args);
+    let (process, lines) = spawn_example_lines(name, &all, lines, START_TIMEOUT);
+    WithMetrics {
+        _process: process,
+        base: base_of(&lines[0]),
+        lines,
+        metrics,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -516,24 +539,12 @@ async fn the_prometheus_example_serves_every_metric_on_its_listener() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_denials() {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let (_example, lines) = spawn_example_lines(
-        "prometheus",
-        &[
-            "--listen",
-            &listen,
-            "--metrics",
-            &metrics,
-            "--limit",
-            "2",
-            "--denied-cache",
-        ],
-        2,
-        START_TIMEOUT,
+    let example = spawn_with_metrics("prometheus", &["--limit", "2", "--denied-cache"], 2);
+    let (base, metrics) = (&example.base, &example.metrics);
+    assert_eq!(
+        example.lines[1],
+        format!("metrics on http://{metrics}/metrics")
     );
-    let base = base_of(&lines[0]);
-    assert_eq!(lines[1], format!("metrics on http://{metrics}/metrics"));
     let client = client();
     let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
@@ -555,34 +566,11 @@ async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_
 async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_breaker() {
     // Nothing listens there: every Redis call is refused at once.
     let dead_redis = format!("redis://127.0.0.1:{}", free_port());
-    let listen = format!("127.0.0.1:{}", free_port());
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let (_example, lines) = spawn_example_lines(
-        "distributed",
-        &[
-            "--listen",
-            &listen,
-            "--redis",
-            &dead_redis,
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "4",
-            "--window",
-            "1h",
-            "--failure",
-            "fallback",
-            "--instances",
-            "2",
-            "--timeout",
-            "200ms",
-            "--metrics",
-            &metrics,
-        ],
-        1,
-        START_TIMEOUT,
-    );
-    let base = base_of(&lines[0]);
+    let mut args = flags("--algorithm fixed-window --limit 4 --window 1h --failure fallback");
+    args.extend(flags("--instances 2 --timeout 200ms --redis"));
+    args.push(&dead_redis);
+    let example = spawn_with_metrics("distributed", &args, 1);
+    let (base, metrics) = (&example.base, &example.metrics);
     let client = client();
     let statuses = statuses(&client, &format!("{base}/"), SECRET_KEY, 5).await;
     // 4 divided between 2 instances.

@@ -33,6 +33,19 @@ where
     (answer.status, answer.body)
 }
 
+/// Sends a request without a key through a new service of `layer` around
+/// `inner`: the status and the body.
+async fn without_key<L, S, B>(layer: &L, inner: S) -> (StatusCode, String)
+where
+    L: Layer<S> + Clone,
+    L::Service: Service<Request<String>, Response = Response<B>>,
+    <L::Service as Service<Request<String>>>::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    status_and_body(layer.clone().layer(inner), Request::new(String::new())).await
+}
+
 #[tokio::test]
 async fn axum_served_without_connect_info_answers_500_naming_the_fix() {
     // A Router called without `into_make_service_with_connect_info`: no
@@ -96,11 +109,7 @@ async fn grpc_without_a_peer_address_is_trailers_only_internal() {
 async fn a_missing_header_is_refused_by_default() {
     let layer = RateLimitLayer::new(MemoryStore::new(), policy(), HeaderKey::new(API_KEY));
     for _ in 0..3 {
-        let (status, _) = status_and_body(
-            layer.clone().layer(ok_service()),
-            Request::new(String::new()),
-        )
-        .await;
+        let (status, _) = without_key(&layer, ok_service()).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     }
     assert_eq!(layer.stats().missing_key_rejected(), 3);
@@ -119,11 +128,7 @@ async fn a_missing_header_with_allow_passes_and_is_counted() {
     let layer = RateLimitLayer::new(MemoryStore::new(), policy(), HeaderKey::new(API_KEY))
         .on_missing_key(MissingKey::Allow);
     for _ in 0..4 {
-        let (status, body) = status_and_body(
-            layer.clone().layer(ok_service()),
-            Request::new(String::new()),
-        )
-        .await;
+        let (status, body) = without_key(&layer, ok_service()).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
     }
     assert_eq!(layer.stats().missing_key_allowed(), 4);
@@ -136,11 +141,7 @@ async fn a_closure_returning_none_does_not_apply_and_is_counted() {
     let by_tenant =
         |req: &Request<String>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
     let layer = RateLimitLayer::new(MemoryStore::new(), policy(), by_tenant);
-    let (status, _) = status_and_body(
-        layer.clone().layer(ok_service()),
-        Request::new(String::new()),
-    )
-    .await;
+    let (status, _) = without_key(&layer, ok_service()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(layer.stats().missing_key_allowed(), 1);
 }

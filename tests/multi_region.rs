@@ -168,6 +168,32 @@ fn lagging(admitted: &[Vec<Instant>], d: Duration) -> usize {
         .count()
 }
 
+/// The limit of [`within_the_bound`].
+const SHARED_LIMIT: usize = 100;
+
+/// `count` requests for `key`, 1 ms apart, each in the region `pick` names,
+/// under a fixed window of [`SHARED_LIMIT`]: asserts that the regions used
+/// the budget and stayed within it plus what the others admitted within
+/// `lag` of the last admission. Returns what each region admitted, the
+/// total and that extra.
+async fn within_the_bound(
+    regions: &Regions,
+    key: &[u8],
+    count: usize,
+    pick: impl Fn(usize) -> usize,
+    lag: Duration,
+) -> (Vec<usize>, usize, usize) {
+    let limit = SHARED_LIMIT;
+    let gap = Duration::from_millis(1);
+    let admitted = traffic(regions, &fixed(limit), key, count, gap, pick).await;
+    let per_region: Vec<usize> = admitted.iter().map(Vec::len).collect();
+    let total: usize = per_region.iter().sum();
+    let extra = lagging(&admitted, lag);
+    assert!(total >= limit, "the budget was used: {per_region:?}");
+    assert!(total <= limit + extra, "{total} > {limit} + {extra}");
+    (per_region, total, extra)
+}
+
 /// 80 % of the traffic in one region: it uses far more than `limit / 3`,
 /// and the three together stay within `limit` plus what the others
 /// admitted during one sync interval plus one replication lag.
@@ -176,30 +202,17 @@ async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
     let sync = Duration::from_millis(20);
     let regions = Regions::start(sync, Duration::from_secs(2)).await;
     regions.wait_fresh().await;
-    let limit = 100;
-    let policy = fixed(limit);
+    let limit = SHARED_LIMIT;
     let pick = |i: usize| match i % 10 {
         8 => 1,
         9 => 2,
         _ => 0,
     };
-    let admitted = traffic(
-        &regions,
-        &policy,
-        b"uneven",
-        400,
-        Duration::from_millis(1),
-        pick,
-    )
-    .await;
-    let per_region: Vec<usize> = admitted.iter().map(Vec::len).collect();
-    let total: usize = per_region.iter().sum();
     // One sync interval plus a generous replication lag on loopback.
-    let extra = lagging(&admitted, sync + Duration::from_millis(30));
+    let lag = sync + Duration::from_millis(30);
+    let (per_region, total, extra) = within_the_bound(&regions, b"uneven", 400, pick, lag).await;
     eprintln!("80/10/10: admitted {per_region:?}, total {total}, bound {limit} + {extra}");
     assert!(per_region[0] > 2 * limit / 3, "{per_region:?}");
-    assert!(total >= limit, "the budget was used: {per_region:?}");
-    assert!(total <= limit + extra, "{total} > {limit} + {extra}");
     regions.assert_every_key_has_a_ttl();
 }
 
@@ -489,28 +502,15 @@ async fn the_bound_holds_with_100_ms_between_regions() {
             proxy.set_latency(latency);
         }
         regions.wait_fresh().await;
-        let limit = 100;
-        let policy = fixed(limit);
-        let admitted = traffic(
-            &regions,
-            &policy,
-            b"far",
-            600,
-            Duration::from_millis(1),
-            pick,
-        )
-        .await;
-        let per_region: Vec<usize> = admitted.iter().map(Vec::len).collect();
-        let total: usize = per_region.iter().sum();
+        let limit = SHARED_LIMIT;
         // The lag: the proxy's latency plus a margin for loopback and scheduling.
-        let extra = lagging(&admitted, sync + latency + Duration::from_millis(30));
+        let lag = sync + latency + Duration::from_millis(30);
+        let (per_region, total, extra) = within_the_bound(&regions, b"far", 600, pick, lag).await;
         eprintln!(
             "{name}, sync {sync:?}, {latency:?} between regions: admitted {per_region:?}, \
              total {total}, over-admission {}, bound {limit} + {extra}",
             total.saturating_sub(limit)
         );
-        assert!(total >= limit, "{per_region:?}");
-        assert!(total <= limit + extra, "{total} > {limit} + {extra}");
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use ratelimit_core::clock::TokioClock;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tests::{RedisServer, example_binary};
+use ratelimit_tests::{RedisServer, example_binary, flags};
 use ratelimit_tower::{BoxError, GlobalKey, RateLimitLayer, Rejection};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -103,18 +103,8 @@ async fn example_keeps_the_downstream_api_within_its_limit() {
 async fn two_processes_share_one_budget_through_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let args = [
-        "--workers",
-        "3",
-        "--requests",
-        "4",
-        "--limit",
-        "6",
-        "--window",
-        "500ms",
-        "--redis",
-        url.as_str(),
-    ];
+    let mut args = flags("--workers 3 --requests 4 --limit 6 --window 500ms --redis");
+    args.push(&url);
     // Build first, so both processes start together.
     let _ = example_binary("outbound_client");
     let (a, b) = tokio::join!(run_example(&args), run_example(&args));

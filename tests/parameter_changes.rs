@@ -14,7 +14,7 @@ use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::key::storage_key;
 use ratelimit_core::redis::{DEFAULT_PREFIX, RedisStore};
 use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
-use ratelimit_tests::{CALL_TIMEOUT, RedisServer, build, observable};
+use ratelimit_tests::{RedisServer, observable, twins_at};
 
 const SECOND: u64 = 1_000_000;
 
@@ -26,24 +26,32 @@ fn named(policy: Policy) -> Policy {
     policy.with_name("changing").expect("valid name")
 }
 
+/// A windowed algorithm's constructor: `Policy::fixed_window` and the like.
+type Windowed<E> = fn(u64, Duration) -> Result<Policy, E>;
+
+/// `algorithm`'s policy of 10 per minute, and the same limit per 45 s under
+/// the same name.
+fn minute_and_shorter<E: std::fmt::Debug>(algorithm: Windowed<E>) -> (Policy, Policy) {
+    let per = |window_s| named(algorithm(10, Duration::from_secs(window_s)).unwrap());
+    (per(60), per(45))
+}
+
 /// Both stores on one clock.
 struct Pair {
+    server: RedisServer,
     memory: MemoryStore<ManualClock>,
     redis: RedisStore,
     clock: ManualClock,
 }
 
 impl Pair {
-    async fn new(server: &RedisServer, now: u64) -> Pair {
-        let clock = ManualClock::new(now);
+    /// A new Redis server and both stores, their clock at `now`.
+    async fn start(now: u64) -> Pair {
+        let (server, clock, memory, redis) = twins_at(now).await;
         Pair {
-            memory: MemoryStore::builder().clock(clock.clone()).build(),
-            redis: build(
-                RedisStore::builder(server.url())
-                    .script_clock_for_tests(clock.clone())
-                    .call_timeout(CALL_TIMEOUT),
-            )
-            .await,
+            server,
+            memory,
+            redis,
             clock,
         }
     }
@@ -75,8 +83,7 @@ impl Pair {
 /// policy decided); memory computed `max - held` (a panic in debug).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lowered_concurrency_max_denies_with_nothing_remaining() {
-    let server = RedisServer::start();
-    let stores = Pair::new(&server, B).await;
+    let stores = Pair::start(B).await;
     let wide = named(Policy::concurrency(5, Duration::from_secs(1)).unwrap());
     let narrow = named(Policy::concurrency(2, Duration::from_millis(500)).unwrap());
     for i in 0..4 {
@@ -105,10 +112,8 @@ async fn a_lowered_concurrency_max_denies_with_nothing_remaining() {
 /// previous window negatively and admitted past the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sliding_counter_window_change_never_over_admits() {
-    let server = RedisServer::start();
-    let stores = Pair::new(&server, B + 10 * SECOND).await;
-    let minute = named(Policy::sliding_window_counter(10, Duration::from_secs(60)).unwrap());
-    let shorter = named(Policy::sliding_window_counter(10, Duration::from_secs(45)).unwrap());
+    let stores = Pair::start(B + 10 * SECOND).await;
+    let (minute, shorter) = minute_and_shorter(Policy::sliding_window_counter);
     assert!(stores.check("k", &minute, 8).await.is_allowed());
     stores.at(B + 61 * SECOND);
     assert!(stores.check("k", &minute, 2).await.is_allowed());
@@ -137,10 +142,8 @@ async fn a_sliding_counter_window_change_never_over_admits() {
 /// holds its start, until that window ends, and the retry time says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends() {
-    let server = RedisServer::start();
-    let stores = Pair::new(&server, B + 61 * SECOND).await;
-    let minute = named(Policy::fixed_window(10, Duration::from_secs(60)).unwrap());
-    let shorter = named(Policy::fixed_window(10, Duration::from_secs(45)).unwrap());
+    let stores = Pair::start(B + 61 * SECOND).await;
+    let (minute, shorter) = minute_and_shorter(Policy::fixed_window);
     assert!(stores.check("k", &minute, 10).await.is_allowed());
     stores.at(B + 70 * SECOND);
     let d = stores.check("k", &shorter, 1).await;
@@ -154,8 +157,7 @@ async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends
 /// capacity are a full bucket, never more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_bucket_above_a_lowered_capacity_is_a_full_bucket() {
-    let server = RedisServer::start();
-    let stores = Pair::new(&server, B).await;
+    let stores = Pair::start(B).await;
     let large = named(Policy::token_bucket(100, Rate::per_second(100)).unwrap());
     let small = named(Policy::token_bucket(4, Rate::per_second(4)).unwrap());
     let d = stores.check("k", &large, 1).await;
@@ -434,13 +436,12 @@ fn guarantee(
 /// values in range, and the final numbers' guarantee after the last change.
 #[test]
 fn random_parameter_changes_on_both_stores() {
-    let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let stores = runtime.block_on(Pair::new(&server, B + 123_457));
+    let stores = runtime.block_on(Pair::start(B + 123_457));
     let cases = std::cell::Cell::new(0u64);
     for family in FAMILIES {
         let mut runner = TestRunner::new(Config {
@@ -459,7 +460,7 @@ fn random_parameter_changes_on_both_stores() {
                 // A fresh key per case, a second apart.
                 stores.clock.advance(Duration::from_secs(1));
                 let key = format!("{family:?}-{}", cases.get());
-                runtime.block_on(run_case(&stores, &server, family, &case, &key))
+                runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))
             })
             .unwrap_or_else(|e| panic!("{family:?}: {e}"));
     }

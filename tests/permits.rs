@@ -53,6 +53,19 @@ impl HighBitPermits {
         }
     }
 
+    /// A `FallbackStore` on this primary and a local `MemoryStore`, one
+    /// instance, with a breaker of its own.
+    fn behind_fallback(&self) -> FallbackStore<HighBitPermits, MemoryStore> {
+        let breaker = Arc::new(CircuitBreaker::default());
+        FallbackStore::new(self.clone(), MemoryStore::new(), 1, breaker)
+    }
+
+    /// What remains of `policy` for `k` in this primary (a peek).
+    fn remaining(&self, policy: &Policy) -> u64 {
+        let peek = self.store.check_now(b"k", policy, 0);
+        peek.expect("the primary decides").remaining()
+    }
+
     fn outage<T: Send + 'static>(&self) -> Option<BoxFuture<T>> {
         self.down.load(Ordering::SeqCst).then(|| {
             Box::pin(std::future::ready(Err(StoreError::Unavailable(
@@ -121,9 +134,7 @@ fn semaphore(max: u64) -> Policy {
 #[tokio::test]
 async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
     let primary = HighBitPermits::new();
-    let local = MemoryStore::new();
-    let breaker = Arc::new(CircuitBreaker::default());
-    let store = FallbackStore::new(primary.clone(), local.clone(), 1, breaker);
+    let store = primary.behind_fallback();
     let policy = semaphore(1);
     for round in 0..3 {
         let d = store.check(b"k", &policy, 1).await.unwrap();
@@ -132,11 +143,7 @@ async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
         assert_ne!(permit.0 & HIGH_BIT, 0);
         store.release(b"k", &policy, permit).await.unwrap();
         assert_eq!(
-            primary
-                .store
-                .check_now(b"k", &policy, 0)
-                .unwrap()
-                .remaining(),
+            primary.remaining(&policy),
             1,
             "round {round}: the primary still holds the permit"
         );
@@ -150,22 +157,13 @@ async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
         .release(b"k", &policy, d[0].permit().unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        primary
-            .store
-            .check_now(b"k", &policy, 0)
-            .unwrap()
-            .remaining(),
-        1
-    );
+    assert_eq!(primary.remaining(&policy), 1);
 }
 
 #[tokio::test]
 async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
     let primary = HighBitPermits::new();
-    let local = MemoryStore::new();
-    let breaker = Arc::new(CircuitBreaker::default());
-    let store = FallbackStore::new(primary.clone(), local.clone(), 1, breaker);
+    let store = primary.behind_fallback();
     let policy = semaphore(1);
     // A permit of the primary, held across the outage.
     let held = store.check(b"k", &policy, 1).await.unwrap();
@@ -185,14 +183,7 @@ async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
         .release(b"k", &policy, held.permit().unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        primary
-            .store
-            .check_now(b"k", &policy, 0)
-            .unwrap()
-            .remaining(),
-        1
-    );
+    assert_eq!(primary.remaining(&policy), 1);
 }
 
 /// Two rules of one request with the same policy and key (overlapping

@@ -132,23 +132,15 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     // Per second and per day of one user share the user's hash tag: all or nothing.
     let per_second = fixed_window("per-second", 3, Duration::from_secs(3600));
     let per_day = fixed_window("per-day", 4, Duration::from_secs(86_400));
+    let both = [
+        Check::new(b"carol", &per_second, 1),
+        Check::new(b"carol", &per_day, 1),
+    ];
     for i in 0..3 {
-        let d = store
-            .check_all(&[
-                Check::new(b"carol", &per_second, 1),
-                Check::new(b"carol", &per_day, 1),
-            ])
-            .await
-            .unwrap();
+        let d = store.check_all(&both).await.unwrap();
         assert!(d.iter().all(Decision::is_allowed), "request {i}");
     }
-    let d = store
-        .check_all(&[
-            Check::new(b"carol", &per_second, 1),
-            Check::new(b"carol", &per_day, 1),
-        ])
-        .await
-        .unwrap();
+    let d = store.check_all(&both).await.unwrap();
     assert!(!d[0].is_allowed());
     assert_eq!(d[1].remaining(), 1, "the day's budget was not consumed");
 

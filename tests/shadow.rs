@@ -17,7 +17,7 @@ use ratelimit_tests::fixtures::{
 };
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::metrics::{Scrape, capture};
-use ratelimit_tests::{RedisServer, free_port, named, spawn_listening};
+use ratelimit_tests::{RedisServer, flags, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
@@ -82,6 +82,50 @@ fn with_trial(
         .layer(echo_service())
 }
 
+/// An enforced policy and a shadow one on a frozen store, both keyed by
+/// client.
+struct Trial {
+    store: MemoryStore<ManualClock>,
+    enforced: Policy,
+    trial: Policy,
+}
+
+impl Trial {
+    /// `enforced` and `trial`, made a shadow policy, on a new frozen store.
+    fn new(enforced: Policy, trial: Policy) -> Trial {
+        Trial {
+            store: frozen_memory(),
+            enforced,
+            trial: trial.with_shadow(true),
+        }
+    }
+
+    /// `enforced` as `per-client` and `trial` as `trial`, fixed windows of
+    /// 10 s.
+    fn per_ten_seconds(enforced: u64, trial: u64) -> Trial {
+        Trial::new(
+            per_ten_seconds("per-client", enforced),
+            per_ten_seconds("trial", trial),
+        )
+    }
+
+    /// The layer of both policies around [`echo_service`].
+    fn service(
+        &self,
+    ) -> impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Infallible>
+    {
+        with_trial(&self.store, &self.enforced, &self.trial)
+    }
+
+    /// What remains of the enforced policy and of the trial.
+    async fn remaining(&self) -> (u64, u64) {
+        (
+            remaining(&self.store, &self.enforced).await,
+            remaining(&self.store, &self.trial).await,
+        )
+    }
+}
+
 /// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
 async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
     store
@@ -126,27 +170,22 @@ fn a_shadow_policy_admits_everything_and_counts_exactly_what_it_would_deny() {
             assert_eq!(state, r#""trial";r=0;t=10"#, "t: when it would pass again");
         }
     }
-    let count = |outcome| recorded.outcome(DECISIONS, "trial", outcome);
-    assert_eq!(count("allowed"), 3);
-    assert_eq!(count("shadow_denied"), 7);
-    assert_eq!(count("denied"), 0);
+    // Not one `denied`: the shadow policy only ever reports.
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=3 shadow_denied=7");
 }
 
 #[test]
 fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
     let (answers, recorded) = capture(false, || async {
-        let store = frozen_memory();
-        let enforced = per_ten_seconds("per-client", 5);
-        let trial = per_ten_seconds("trial", 2).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::per_ten_seconds(5, 2);
+        let mut service = trial.service();
         let mut answers = Vec::new();
         for _ in 0..8 {
             answers.push(send(&mut service).await);
         }
         // Both consumed on their own: the shadow's denials never stopped the
         // enforced policy (all or nothing would have stopped it at 2).
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        assert_eq!(remaining(&store, &trial).await, 0);
+        assert_eq!(trial.remaining().await, (0, 0));
         answers
     });
     let statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
@@ -179,34 +218,27 @@ fn an_enforced_policy_alongside_is_still_enforced_and_consumes_as_if_alone() {
         r#""per-client";r=0;t=10, "trial";r=0;t=10"#,
         "the shadow decision is not hidden by the enforced denial"
     );
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("per-client", "allowed"), 5);
-    assert_eq!(count("per-client", "denied"), 3);
-    assert_eq!(count("trial", "allowed"), 2);
-    assert_eq!(count("trial", "shadow_denied"), 6);
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=5 denied=3");
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=2 shadow_denied=6");
 }
 
 #[test]
 fn a_shadow_policy_consumes_even_for_requests_the_enforced_one_refuses() {
     let ((), recorded) = capture(false, || async {
-        let store = frozen_memory();
-        let enforced = per_ten_seconds("per-client", 2);
-        let trial = per_ten_seconds("trial", 5).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::per_ten_seconds(2, 5);
+        let mut service = trial.service();
         let mut statuses = Vec::new();
         for _ in 0..4 {
             statuses.push(send(&mut service).await.status.as_u16());
         }
         assert_eq!(statuses, [200, 200, 429, 429]);
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        // The documented consequence of deciding the groups apart.
-        assert_eq!(remaining(&store, &trial).await, 1);
+        // The trial kept 1: the documented consequence of deciding the
+        // groups apart.
+        assert_eq!(trial.remaining().await, (0, 1));
     });
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("per-client", "allowed"), 2);
-    assert_eq!(count("per-client", "denied"), 2);
-    assert_eq!(count("trial", "allowed"), 4);
-    assert_eq!(count("trial", "shadow_denied"), 0);
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=2 denied=2");
+    // No `shadow_denied`.
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=4");
 }
 
 #[test]
@@ -228,22 +260,21 @@ fn several_shadow_policies_are_all_or_nothing_among_themselves_only() {
         assert_eq!(remaining(&store, &narrow).await, 0);
         assert_eq!(remaining(&store, &wide).await, 2);
     });
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("per-client", "allowed"), 5);
-    assert_eq!(count("narrow", "allowed"), 2);
-    assert_eq!(count("narrow", "shadow_denied"), 3);
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=5");
+    recorded.assert_outcomes(DECISIONS, "narrow", "allowed=2 shadow_denied=3");
     // `wide` allowed each time, but the group was denied for three.
-    assert_eq!(count("wide", "allowed"), 5);
+    recorded.assert_outcomes(DECISIONS, "wide", "allowed=5");
 }
 
 #[test]
 fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
     capture(false, || async {
-        let store = frozen_memory();
         let lease = Duration::from_secs(3600);
-        let enforced = named("in-flight", Policy::concurrency(1, lease));
-        let trial = named("in-flight-trial", Policy::concurrency(5, lease)).with_shadow(true);
-        let mut service = with_trial(&store, &enforced, &trial);
+        let trial = Trial::new(
+            named("in-flight", Policy::concurrency(1, lease)),
+            named("in-flight-trial", Policy::concurrency(5, lease)),
+        );
+        let mut service = trial.service();
 
         // The first response is held: its body keeps both permits.
         let held = service
@@ -254,8 +285,7 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
             .await
             .unwrap();
         assert_eq!(held.status(), StatusCode::OK);
-        assert_eq!(remaining(&store, &enforced).await, 0);
-        assert_eq!(remaining(&store, &trial).await, 4);
+        assert_eq!(trial.remaining().await, (0, 4));
 
         // Refused by the enforced policy while the first is in flight: the
         // shadow permit it took is released at once.
@@ -265,26 +295,25 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
                 StatusCode::TOO_MANY_REQUESTS
             );
         }
-        assert_eq!(remaining(&store, &trial).await, 4);
+        assert_eq!(trial.remaining().await, (0, 4));
 
         // The body ends: both permits come back.
         let body = held.into_body().collect().await.unwrap().to_bytes();
         assert!(body.starts_with(b"allowed=true"));
-        assert_eq!(remaining(&store, &enforced).await, 1);
-        assert_eq!(remaining(&store, &trial).await, 5);
+        assert_eq!(trial.remaining().await, (1, 5));
 
         // A shadow concurrency policy alone: permits held and released too.
-        let mut alone =
-            RateLimitLayer::new(store.clone(), trial.clone(), by_client).layer(echo_service());
+        let mut alone = RateLimitLayer::new(trial.store.clone(), trial.trial.clone(), by_client)
+            .layer(echo_service());
         let mut responses = Vec::new();
         for _ in 0..7 {
             let response = alone.ready().await.unwrap().call(request()).await.unwrap();
             assert_eq!(response.status(), StatusCode::OK, "a shadow never refuses");
             responses.push(response);
         }
-        assert_eq!(remaining(&store, &trial).await, 0);
+        assert_eq!(trial.remaining().await.1, 0);
         drop(responses);
-        assert_eq!(remaining(&store, &trial).await, 5);
+        assert_eq!(trial.remaining().await.1, 5);
     });
 }
 
@@ -327,15 +356,11 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
         );
         assert_eq!(remaining(&store, &counted).await, 97);
     });
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("trial", "allowed"), 1);
-    assert_eq!(count("trial", "shadow_denied"), 3);
-    assert_eq!(count("counted", "allowed"), 3);
-    assert_eq!(count("one-per-second", "allowed"), 3);
-    assert!(
-        count("one-per-second", "denied") >= 2,
-        "waited attempts count"
-    );
+    recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=3");
+    recorded.assert_outcomes(DECISIONS, "counted", "allowed=3");
+    let count = |outcome| recorded.outcome(DECISIONS, "one-per-second", outcome);
+    assert_eq!(count("allowed"), 3);
+    assert!(count("denied") >= 2, "waited attempts count");
 }
 
 /// A `MemoryStore` that fails every call involving the policy named `trial`.
@@ -399,10 +424,8 @@ fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
         (layer.stats().failed_open(), layer.stats().failed_closed())
     });
     assert_eq!(stats, (0, 0), "the failure policy was never asked");
-    let count = |policy, outcome| recorded.outcome(DECISIONS, policy, outcome);
-    assert_eq!(count("trial", "error"), 3);
-    assert_eq!(count("per-client", "allowed"), 2);
-    assert_eq!(count("per-client", "denied"), 1);
+    recorded.assert_outcomes(DECISIONS, "trial", "error=3");
+    recorded.assert_outcomes(DECISIONS, "per-client", "allowed=2 denied=1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,23 +433,9 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
     let redis = RedisServer::start();
     let url = redis.url();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let example = spawn_listening(
-        "distributed",
-        &[
-            "--redis",
-            &url,
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "3",
-            "--window",
-            "1d",
-            "--shadow",
-            "--metrics",
-            &metrics,
-        ],
-        Duration::from_secs(60),
-    );
+    let mut args = flags("--algorithm fixed-window --limit 3 --window 1d --shadow");
+    args.extend(["--redis", &url, "--metrics", &metrics]);
+    let example = spawn_listening("distributed", &args, Duration::from_secs(60));
     let client = client();
     let mut policy_names = Vec::new();
     for i in 0..7 {

@@ -209,3 +209,9 @@ pub fn spawn_on_env_port(name: &str, limit: Duration) -> Listening {
         base,
     }
 }
+
+/// The flags of a command line written as one string, split at white space:
+/// `flags("--limit 20 --window 1d")`.
+pub fn flags(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}

@@ -19,12 +19,13 @@ pub mod redis_server;
 pub mod stores;
 
 pub use examples::{
-    CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, spawn_example,
+    CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, flags, spawn_example,
     spawn_example_lines, spawn_listening, spawn_on_env_port,
 };
 pub use redis_server::{RedisCluster, RedisServer};
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, build, cluster_store, join_in_order, permits_left, redis_store,
+    redis_store_on_clock,
 };
 
 use ratelimit_core::clock::ManualClock;
@@ -40,11 +41,8 @@ pub async fn twin_stores(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let redis = redis
         .script_clock_for_tests(clock.clone())
-        .call_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("a Redis store");
-    (memory, redis)
+        .call_timeout(CALL_TIMEOUT);
+    (memory, build(redis).await)
 }
 
 /// A whole second of Unix time plus 1 µs, in µs: around the current time, so

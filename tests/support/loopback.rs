@@ -67,3 +67,36 @@ pub async fn send(request: reqwest::RequestBuilder, url: &str) -> Answer {
         body,
     }
 }
+
+/// A response read whole: status, headers and body, for tests that check
+/// headers byte for byte.
+#[derive(Debug)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// Every header field as sent.
+    pub headers: reqwest::header::HeaderMap,
+    /// The body.
+    pub body: String,
+}
+
+impl Reply {
+    /// Sends `request` and reads its response whole.
+    pub async fn read(request: reqwest::RequestBuilder) -> Reply {
+        let response = request.send().await.expect("request");
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.expect("body"),
+        }
+    }
+
+    /// The single value of the header `name`, if any; a field sent twice
+    /// fails the test.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let mut values = self.headers.get_all(name).iter();
+        let value = values.next()?;
+        assert!(values.next().is_none(), "{name} sent twice: {self:?}");
+        Some(value.to_str().expect("visible ASCII header"))
+    }
+}

@@ -40,6 +40,29 @@ impl Recorded {
         self.counter(name, &[("policy", policy), ("outcome", outcome)])
     }
 
+    /// Every outcome the counter `name` counted for `policy` (series with
+    /// the labels `policy` and `outcome` only), as `outcome=count` in the
+    /// outcomes' order, space-separated: `"allowed=5 denied=3"`. Comparing it
+    /// whole asserts that no other outcome was counted.
+    pub fn outcomes(&self, name: &str, policy: &str) -> String {
+        let mut counted = Vec::new();
+        for (labels, count) in self.counters_named(name) {
+            let of_policy = labels.get("policy").map(String::as_str) == Some(policy);
+            if let (2, true, Some(outcome)) = (labels.len(), of_policy, labels.get("outcome")) {
+                counted.push(format!("{outcome}={count}"));
+            }
+        }
+        counted.join(" ")
+    }
+
+    /// Asserts that [`Recorded::outcomes`] of `policy` in `name` are
+    /// exactly `expected`.
+    #[track_caller]
+    pub fn assert_outcomes(&self, name: &str, policy: &str, expected: &str) {
+        let outcomes = self.outcomes(name, policy);
+        assert_eq!(outcomes, expected, "{name} of {policy}");
+    }
+
     /// The gauge `name` with exactly `labels`.
     pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.gauges.get(&series(name, labels)).copied()

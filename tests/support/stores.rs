@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
 use ratelimit_core::{Policy, Store};
 
@@ -24,6 +25,17 @@ pub async fn build(builder: RedisStoreBuilder) -> RedisStore {
 /// [`CALL_TIMEOUT`].
 pub async fn redis_store(url: impl Into<String>) -> RedisStore {
     build(RedisStore::builder(url).call_timeout(CALL_TIMEOUT)).await
+}
+
+/// A store on the single Redis at `url` whose scripts take their time from
+/// `clock`, calls timing out after [`CALL_TIMEOUT`].
+pub async fn redis_store_on_clock(url: impl Into<String>, clock: &ManualClock) -> RedisStore {
+    build(
+        RedisStore::builder(url)
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await
 }
 
 /// A store on `cluster`, calls timing out after [`CALL_TIMEOUT`].
