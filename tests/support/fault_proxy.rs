@@ -1,5 +1,5 @@
 //! [`FaultProxy`]: a loopback TCP proxy that injects faults between a client
-//! and a server (a [`RedisServer`](crate::RedisServer)).
+//! and a server (a [`RedisServer`]).
 //!
 //! The proxy listens on a free port of 127.0.0.1 and forwards every
 //! connection to its upstream, until told otherwise:
