@@ -18,9 +18,11 @@ use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
+mod blocks;
 mod keys;
 mod shard;
 
+use blocks::*;
 use keys::*;
 use shard::*;
 
@@ -155,17 +157,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..shards)
-                    .map(|_| {
-                        Shard(RwLock::new(ShardInner {
-                            table: HashTable::new(),
-                            short_words: HashTable::new(),
-                            words: HashTable::new(),
-                            hasher: hasher.clone(),
-                            blocks: HashTable::new(),
-                            next_expiry: u64::MAX,
-                            latest: 0,
-                        }))
-                    })
+                    .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
                     .collect(),
                 shard_mask: (shards - 1) as u64,
                 per_shard,
@@ -525,12 +517,7 @@ impl<C: Clock> MemoryStore<C> {
             entry.remove();
         }
         shard.remove_word(hash, policy, &key);
-        if let Ok(block) = shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            block.remove();
-        }
+        shard.blocks.remove(hash, policy, &key);
     }
 
     /// [`AdminStore::penalize`], synchronously.
@@ -570,24 +557,17 @@ impl<C: Clock> MemoryStore<C> {
         let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
-        match shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            Ok(mut block) => block.get_mut().until = until,
-            Err(_) => {
-                if !shard.make_room(now, 1, self.shared.per_shard) {
-                    return Err(self.full());
-                }
-                let block = Block {
-                    hash,
-                    policy: policy.clone(),
-                    hashed: key.hashed,
-                    key: key.bytes.into_owned().into_boxed_slice(),
-                    until,
-                };
-                shard.blocks.insert_unique(hash, block, |b| b.hash);
+        if !shard.blocks.extend(hash, policy, &key, until) {
+            if !shard.make_room(now, 1, self.shared.per_shard) {
+                return Err(self.full());
             }
+            shard.blocks.insert(Block {
+                hash,
+                policy: policy.clone(),
+                hashed: key.hashed,
+                key: key.bytes.into_owned().into_boxed_slice(),
+                until,
+            });
         }
         shard.next_expiry = shard.next_expiry.min(until);
         Ok(())
@@ -598,12 +578,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
-        if let Ok(block) = shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            block.remove();
-        }
+        shard.blocks.remove(hash, policy, &key);
     }
 
     fn adjust(
@@ -723,12 +698,7 @@ fn check_shared(
         return None;
     };
     let shard = lock.read();
-    if !shard.blocks.is_empty()
-        && shard
-            .blocks
-            .find(hash, |b| b.matches(hash, policy, key))
-            .is_some()
-    {
+    if shard.blocks.until(hash, policy, key).is_some() {
         return None;
     }
     let stored = shard.tat(hash, policy, key)?;
