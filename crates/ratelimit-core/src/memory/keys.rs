@@ -71,11 +71,13 @@ pub(super) fn pack_word(bytes: &[u8]) -> u64 {
         // `high` holds bytes `len - 4..len`; bytes `4..len` are its top `len - 4`.
         u64::from(u32::from_le_bytes(*low))
             | (u64::from(u32::from_le_bytes(*high)) >> (8 * (8 - len))) << 32
+    } else if let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) {
+        // 1 to 3 bytes: the first, the middle and the last (some of them the
+        // same byte when fewer), cut to `len` bytes; no loop on the length.
+        let middle = bytes[len / 2]; // `len / 2 < len`
+        (u64::from(first) | u64::from(middle) << 8 | u64::from(last) << 16) & ((1 << (8 * len)) - 1)
     } else {
-        bytes
-            .iter()
-            .rev()
-            .fold(0, |packed, &byte| packed << 8 | u64::from(byte))
+        0
     }
 }
 

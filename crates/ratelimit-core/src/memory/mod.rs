@@ -221,7 +221,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn hash(&self, policy: &Policy, key: &MemoryKey<'_>) -> u64 {
-        key_hash(&self.shared.hasher, policy.name_hash(), &key.bytes)
+        key_hash(&self.shared.hasher, policy.name_hash(), key)
     }
 
     fn shard_index(&self, hash: u64) -> usize {
