@@ -31,11 +31,18 @@ impl<'a> MemoryKey<'a> {
                 short: pack_short(key),
             }
         } else {
-            MemoryKey {
-                bytes: Cow::Owned(key::hashed_array(key).to_vec()),
-                hashed: true,
-                short: None,
-            }
+            Self::hashed(key)
+        }
+    }
+
+    // Out of line: SHA-256 would swell every inlined check.
+    #[cold]
+    #[inline(never)]
+    fn hashed(key: &[u8]) -> Self {
+        MemoryKey {
+            bytes: Cow::Owned(key::hashed_array(key).to_vec()),
+            hashed: true,
+            short: None,
         }
     }
 }

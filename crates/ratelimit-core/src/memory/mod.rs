@@ -245,6 +245,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// [`Store::check`], synchronously.
+    // Inlined into the caller, so the decision of the shared path (below) is
+    // written where the caller keeps it; every other path is out of line.
+    #[inline]
     pub fn check_now(
         &self,
         key: &[u8],
@@ -259,22 +262,37 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
+        self.check_exclusive(lock, hash, policy, &key, early, cost)
+    }
+
+    /// [`check_now`](Self::check_now) under the shard's exclusive lock:
+    /// every check [`check_shared`] does not decide.
+    #[inline(never)]
+    fn check_exclusive(
+        &self,
+        lock: &RwLock<ShardInner>,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        early: u64,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         let permit = self.permit_for(policy);
         let mut shard = lock.write();
         let now = shard.now(&self.shared.clock, Some(early));
-        let left = shard.block_left(hash, policy, &key, now);
+        let left = shard.block_left(hash, policy, key, now);
         if left > 0 {
-            return shard.blocked_check(hash, policy, &key, now, cost, left);
+            return shard.blocked_check(hash, policy, key, now, cost, left);
         }
-        if let Some(tat) = shard.tat_mut(hash, policy, &key) {
+        if let Some(tat) = shard.tat_mut(hash, policy, key) {
             let mut state = GcraState { tat: *tat };
             let decision = decide_word(policy, &mut state, now, cost)?;
-            shard.set_word(hash, policy, &key, state.tat, now);
+            shard.set_word(hash, policy, key, state.tat, now);
             return Ok(decision);
         }
         match shard
             .table
-            .find_entry(hash, |e| e.matches(hash, policy, &key))
+            .find_entry(hash, |e| e.matches(hash, policy, key))
         {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
@@ -304,7 +322,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.put_state(hash, policy, &key, state, true, now, reset);
+                    shard.put_state(hash, policy, key, state, true, now, reset);
                 }
                 Ok(decision)
             }
