@@ -127,7 +127,8 @@ pub const MAX_IP_TEXT_LEN: usize = 45;
 /// # Ok::<(), std::net::AddrParseError>(())
 /// ```
 // The bytes first and 8-aligned: IPv4 text is written by two aligned 8-byte
-// stores that the hash's and the compare's 8-byte loads read straight back.
+// stores that the memory store's packing of a short key reads straight back
+// with loads inside each half (see `memory::keys::pack_short`).
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
 pub struct IpText {

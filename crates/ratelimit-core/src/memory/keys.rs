@@ -17,7 +17,8 @@ pub(super) struct MemoryKey<'a> {
     pub(super) hashed: bool,
     /// The key packed for a [`ShortWordEntry`] when it is at most
     /// [`SHORT_KEY`] bytes (never a hash: hashes are 33 bytes): its length
-    /// in the low byte, its bytes above, zeros after.
+    /// in the low byte, its bytes above, zeros after. A short key is hashed
+    /// from this ([`key_hash`]).
     pub(super) short: Option<u128>,
 }
 

@@ -262,7 +262,7 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
-        self.check_exclusive(lock, hash, policy, &key, early, cost)
+        self.check_exclusive(hash, policy, &key, early, cost)
     }
 
     /// [`check_now`](Self::check_now) under the shard's exclusive lock:
@@ -270,7 +270,6 @@ impl<C: Clock> MemoryStore<C> {
     #[inline(never)]
     fn check_exclusive(
         &self,
-        lock: &RwLock<ShardInner>,
         hash: u64,
         policy: &Policy,
         key: &MemoryKey<'_>,
@@ -278,7 +277,7 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let permit = self.permit_for(policy);
-        let mut shard = lock.write();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, key, now);
         if left > 0 {
