@@ -42,7 +42,7 @@
 //!
 //! A second group, `user_keys/..`, keys each limiter by client IP the way its
 //! users do: ours makes the key as the tower layer's `PeerIp` does
-//! ([`IpText`]: the address's text, on the stack) and calls
+//! ([`IpText`](ratelimit_core::key::IpText): the address's text, on the stack) and calls
 //! `MemoryStore::check_now` with GCRA; governor is keyed by `IpAddr`, as
 //! tower_governor's `PeerIpKeyExtractor` keys it. `memory/gcra/ip_to_string`
 //! makes the key with `ip.to_string()` instead, as `PeerIp` did before, for
@@ -54,86 +54,19 @@
 //! (`-- user_keys` for the second group only).
 
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr};
-use std::num::NonZeroU32;
-use std::sync::Barrier;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use ratelimit_core::key::IpText;
+use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use ratelimit_core::{MemoryStore, Policy, Rate};
 
-/// The sustained rate, per second, for both libraries.
-const RATE_PER_SECOND: u32 = 1_000_000;
-/// The burst (GCRA) or capacity (token bucket), for both libraries.
-const BURST: u32 = 1_000;
-/// Keys in the uniform workload.
-const UNIFORM_KEYS: usize = 100_000;
+mod common;
+
+use common::*;
+
 /// Thread counts measured.
 const THREADS: [usize; 2] = [1, 2];
-/// The generator's seed for thread `t` is `SEED + t`.
-const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// Our GCRA policy at the quota above.
-fn gcra_policy() -> Policy {
-    Policy::gcra(
-        u64::from(BURST),
-        Rate::per_second(u64::from(RATE_PER_SECOND)),
-    )
-    .expect("valid policy")
-}
-
-/// Governor's quota, the same as ours.
-fn governor_quota() -> Quota {
-    let rate = NonZeroU32::new(RATE_PER_SECOND).expect("non-zero");
-    let burst = NonZeroU32::new(BURST).expect("non-zero");
-    Quota::per_second(rate).allow_burst(burst)
-}
-
-/// Decides one request of cost 1 for `key` on our store and hands the whole
-/// result to `black_box`; returns whether it was allowed.
-#[inline]
-fn memory_decide(store: &MemoryStore, key: &[u8], policy: &Policy) -> bool {
-    let result = store.check_now(key, policy, 1);
-    let allowed = matches!(&result, Ok(d) if d.is_allowed());
-    let _ = black_box(result);
-    allowed
-}
-
-/// Hands governor's whole result to `black_box`; returns whether it allowed.
-#[inline]
-fn governor_allowed<T, E>(result: Result<T, E>) -> bool {
-    let allowed = result.is_ok();
-    let _ = black_box(result);
-    allowed
-}
-
-/// xorshift64 (Marsaglia): a cheap, deterministic key picker.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// A value in `0..n`, by multiply-shift (no division).
-    #[allow(clippy::cast_possible_truncation)] // the result is below `n`
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next()) * n as u128) >> 64) as usize
-    }
-}
 
 /// A set of keys and how decisions pick from it.
 struct Workload {
@@ -215,49 +148,6 @@ impl Limiter {
     }
 }
 
-/// Runs `iters` calls of `decide` (each given its thread's generator) split
-/// over `threads` threads; returns the wall time and how many returned true.
-fn run_with<F>(threads: usize, iters: u64, decide: F) -> (Duration, u64)
-where
-    F: Fn(&mut XorShift) -> bool + Sync,
-{
-    let work = |thread: usize, n: u64| {
-        let mut rng = XorShift::new(SEED + thread as u64);
-        let mut allowed = 0;
-        for _ in 0..n {
-            allowed += u64::from(decide(&mut rng));
-        }
-        allowed
-    };
-    if threads == 1 {
-        let start = Instant::now();
-        let allowed = work(0, iters);
-        return (start.elapsed(), allowed);
-    }
-    let barrier = Barrier::new(threads + 1);
-    let (barrier, work) = (&barrier, &work);
-    let per_thread = iters / threads as u64;
-    let extra = iters % threads as u64;
-    thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let n = per_thread + u64::from((t as u64) < extra);
-                s.spawn(move || {
-                    barrier.wait();
-                    work(t, n)
-                })
-            })
-            .collect();
-        barrier.wait();
-        let start = Instant::now();
-        let allowed = handles
-            .into_iter()
-            .map(|h| h.join().expect("bench thread panicked"))
-            .sum();
-        (start.elapsed(), allowed)
-    })
-}
-
 /// Gives every key of the workload one decision, so measurement sees existing keys.
 fn fill(limiter: &Limiter, workload: &Workload) {
     for key in &workload.keys {
@@ -329,92 +219,15 @@ fn decisions(c: &mut Criterion) {
     group.finish();
 }
 
-/// Client IPs, as a layer keyed by peer IP sees them.
-struct IpWorkload {
-    name: &'static str,
-    ips: Vec<IpAddr>,
-}
-
-impl IpWorkload {
-    fn new(name: &'static str, count: u32) -> Self {
-        // Multiplying by an odd constant is a bijection on u32: distinct,
-        // scattered addresses of every text length.
-        let ips = (0..count)
-            .map(|i| IpAddr::V4(Ipv4Addr::from(i.wrapping_mul(0x9e37_79b1))))
-            .collect();
-        IpWorkload { name, ips }
-    }
-
-    #[inline]
-    fn pick(&self, rng: &mut XorShift) -> IpAddr {
-        if self.ips.len() == 1 {
-            self.ips[0]
-        } else {
-            self.ips[rng.below(self.ips.len())]
-        }
-    }
-}
-
-/// One limiter keyed by client IP, each the way its users key it.
-enum IpLimiter {
-    /// Our store, the key made as `PeerIp` makes it: [`IpText`], the
-    /// address's text on the stack.
-    IpText(MemoryStore, Policy),
-    /// Our store, the key made with `ip.to_string()` (how `PeerIp` made it
-    /// before `IpText`), for reference.
-    ToString(MemoryStore, Policy),
-    /// `governor::DefaultKeyedRateLimiter<IpAddr>`, as tower_governor's
-    /// `PeerIpKeyExtractor` keys it.
-    Governor(DefaultKeyedRateLimiter<IpAddr>),
-}
-
-impl IpLimiter {
-    fn all() -> [IpLimiter; 3] {
-        [
-            IpLimiter::IpText(MemoryStore::new(), gcra_policy()),
-            IpLimiter::Governor(RateLimiter::keyed(governor_quota())),
-            IpLimiter::ToString(MemoryStore::new(), gcra_policy()),
-        ]
-    }
-
-    fn id(&self, workload: &IpWorkload, threads: usize) -> String {
-        let name = match self {
-            IpLimiter::IpText(..) => "memory/gcra/ip_text",
-            IpLimiter::ToString(..) => "memory/gcra/ip_to_string",
-            IpLimiter::Governor(_) => "governor/gcra/ip_addr",
-        };
-        format!("{name}/{}/{threads}t", workload.name)
-    }
-
-    #[inline]
-    fn decide(&self, ip: IpAddr) -> bool {
-        match self {
-            IpLimiter::IpText(store, policy) => {
-                memory_decide(store, IpText::new(ip).as_bytes(), policy)
-            }
-            IpLimiter::ToString(store, policy) => {
-                memory_decide(store, ip.to_string().as_bytes(), policy)
-            }
-            IpLimiter::Governor(limiter) => governor_allowed(limiter.check_key(&ip)),
-        }
-    }
-}
-
 /// Each limiter keyed by client IP the way its users key it: ours through
-/// [`IpText`] (what `PeerIp` does), governor by `IpAddr`.
+/// [`IpText`](ratelimit_core::key::IpText) (what `PeerIp` does), governor by `IpAddr`.
 fn user_keys(c: &mut Criterion) {
-    let workloads = [
-        IpWorkload::new("hot", 1),
-        IpWorkload::new("uniform", u32::try_from(UNIFORM_KEYS).expect("fits")),
-    ];
     let mut group = group(c, "user_keys");
-    for workload in &workloads {
+    for workload in &IpWorkload::all() {
         for threads in THREADS {
             for limiter in IpLimiter::all() {
-                for &ip in &workload.ips {
-                    black_box(limiter.decide(ip));
-                }
-                let id = limiter.id(workload, threads);
+                limiter.fill(workload);
+                let id = format!("{}/{}/{threads}t", limiter.name(), workload.name);
                 row(&mut group, &id, threads, |rng| {
                     limiter.decide(workload.pick(rng))
                 });

@@ -76,22 +76,31 @@ pub fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
     out
 }
 
-/// Each byte value's decimal digits (then zeros) and how many there are.
-const OCTET_TEXT: [[u8; 4]; 256] = {
-    let mut table = [[0u8; 4]; 256];
+/// Each byte value's decimal digits and a dot after them, little-endian in
+/// the low 32 bits, and how many bits those take (16, 24 or 32) above.
+const OCTET_TEXT: [u64; 256] = {
+    let mut table = [0u64; 256];
     let mut n = 0;
     while n < 256 {
         // `n` is below 256.
         #[allow(clippy::cast_possible_truncation)]
         let byte = n as u8;
         let (hundreds, tens, ones) = (byte / 100, byte / 10 % 10, byte % 10);
-        table[n] = if byte >= 100 {
-            [b'0' + hundreds, b'0' + tens, b'0' + ones, 3]
+        let digits: [u8; 4] = if byte >= 100 {
+            [b'0' + hundreds, b'0' + tens, b'0' + ones, b'.']
         } else if byte >= 10 {
-            [b'0' + tens, b'0' + ones, 0, 2]
+            [b'0' + tens, b'0' + ones, b'.', 0]
         } else {
-            [b'0' + ones, 0, 0, 1]
+            [b'0' + ones, b'.', 0, 0]
         };
+        let bits: u64 = if byte >= 100 {
+            32
+        } else if byte >= 10 {
+            24
+        } else {
+            16
+        };
+        table[n] = u32::from_le_bytes(digits) as u64 | bits << 32;
         n += 1;
     }
     table
@@ -118,7 +127,8 @@ pub const MAX_IP_TEXT_LEN: usize = 45;
 /// # Ok::<(), std::net::AddrParseError>(())
 /// ```
 // The bytes first and 8-aligned: IPv4 text is written by two aligned 8-byte
-// stores that the hash's and the compare's 8-byte loads read straight back.
+// stores that the memory store's packing of a short key reads straight back
+// with loads inside each half (see `memory::keys::pack_short`).
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
 pub struct IpText {
@@ -138,26 +148,33 @@ impl IpText {
 
     #[inline]
     fn v4(ip: Ipv4Addr) -> Self {
-        // The text is built in one register and stored once, straight into
+        // The text is built in two registers and stored once, straight into
         // the value returned: byte-wise stores, or a copy of the value, read
-        // back by the wider loads of the key's hash and compare stall store
-        // forwarding (perf: most of this function's time).
-        let mut text: u128 = 0;
-        let mut bits = 0;
-        for (i, octet) in ip.octets().into_iter().enumerate() {
-            let [a, b, c, len] = OCTET_TEXT[usize::from(octet)];
-            text |= u128::from(u32::from_le_bytes([a, b, c, 0])) << bits;
-            bits += 8 * u32::from(len);
-            if i < 3 {
-                text |= u128::from(b'.') << bits;
-                bits += 8;
-            }
+        // back by the wider loads of the key's packing and compare stall
+        // store forwarding (perf: most of this function's time). Each octet
+        // is its digits and a dot from the table; two octets make at most 8
+        // bytes, so the halves are put together with 64-bit shifts only.
+        fn text(entry: u64) -> u64 {
+            entry & 0xffff_ffff
         }
-        // At most 15 bytes: 120 bits.
+        fn bits(entry: u64) -> u64 {
+            entry >> 32
+        }
+        let [a, b, c, d] = ip.octets().map(|octet| OCTET_TEXT[usize::from(octet)]);
+        // "a.b." (32 to 64 bits) and "c.d" (the last dot cut: at most 56).
+        let first = text(a) | text(b) << bits(a);
+        let first_bits = bits(a) + bits(b);
+        let second_bits = bits(c) + bits(d) - 8;
+        let second = (text(c) | text(d) << bits(c)) & ((1 << second_bits) - 1);
+        // `first_bits` is 32 to 64, so neither shift reaches 64.
+        let low = first | (second << (first_bits - 8)) << 8;
+        let high = second >> (64 - first_bits);
         let mut bytes = [0; MAX_IP_TEXT_LEN];
-        bytes[..16].copy_from_slice(&text.to_le_bytes());
-        #[allow(clippy::cast_possible_truncation)] // at most 15
-        let len = (bits / 8) as u8;
+        bytes[..8].copy_from_slice(&low.to_le_bytes());
+        bytes[8..16].copy_from_slice(&high.to_le_bytes());
+        // At most 15 bytes: 120 bits.
+        #[allow(clippy::cast_possible_truncation)]
+        let len = ((first_bits + second_bits) / 8) as u8;
         IpText { bytes, len }
     }
 
@@ -321,10 +338,18 @@ mod tests {
             let ip = IpAddr::from(octets);
             assert_eq!(IpText::new(ip).as_str(), ip.to_string());
         }
-        // Every octet value in every position.
+        // Every octet value in every position, beside octets of each length.
         for n in 0..=255u8 {
             let ip = IpAddr::from([n, n.wrapping_mul(7), 255 - n, n / 3]);
             assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+            for other in [0, 10, 100] {
+                for position in 0..4 {
+                    let mut octets = [other; 4];
+                    octets[position] = n;
+                    let ip = IpAddr::from(octets);
+                    assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+                }
+            }
         }
         for text in [
             "::",

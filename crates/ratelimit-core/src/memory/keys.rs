@@ -17,7 +17,8 @@ pub(super) struct MemoryKey<'a> {
     pub(super) hashed: bool,
     /// The key packed for a [`ShortWordEntry`] when it is at most
     /// [`SHORT_KEY`] bytes (never a hash: hashes are 33 bytes): its length
-    /// in the low byte, its bytes above, zeros after.
+    /// in the low byte, its bytes above, zeros after. A short key is hashed
+    /// from this ([`key_hash`]).
     pub(super) short: Option<u128>,
 }
 
@@ -31,11 +32,18 @@ impl<'a> MemoryKey<'a> {
                 short: pack_short(key),
             }
         } else {
-            MemoryKey {
-                bytes: Cow::Owned(key::hashed_array(key).to_vec()),
-                hashed: true,
-                short: None,
-            }
+            Self::hashed(key)
+        }
+    }
+
+    // Out of line: SHA-256 would swell every inlined check.
+    #[cold]
+    #[inline(never)]
+    fn hashed(key: &[u8]) -> Self {
+        MemoryKey {
+            bytes: Cow::Owned(key::hashed_array(key).to_vec()),
+            hashed: true,
+            short: None,
         }
     }
 }
@@ -71,11 +79,13 @@ pub(super) fn pack_word(bytes: &[u8]) -> u64 {
         // `high` holds bytes `len - 4..len`; bytes `4..len` are its top `len - 4`.
         u64::from(u32::from_le_bytes(*low))
             | (u64::from(u32::from_le_bytes(*high)) >> (8 * (8 - len))) << 32
+    } else if let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) {
+        // 1 to 3 bytes: the first, the middle and the last (some of them the
+        // same byte when fewer), cut to `len` bytes; no loop on the length.
+        let middle = bytes[len / 2]; // `len / 2 < len`
+        (u64::from(first) | u64::from(middle) << 8 | u64::from(last) << 16) & ((1 << (8 * len)) - 1)
     } else {
-        bytes
-            .iter()
-            .rev()
-            .fold(0, |packed, &byte| packed << 8 | u64::from(byte))
+        0
     }
 }
 

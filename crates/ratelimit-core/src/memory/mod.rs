@@ -18,9 +18,11 @@ use crate::policy::{Algorithm, State};
 use crate::store::{Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
+mod blocks;
 mod keys;
 mod shard;
 
+use blocks::*;
 use keys::*;
 use shard::*;
 
@@ -153,17 +155,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..shards)
-                    .map(|_| {
-                        Shard(RwLock::new(ShardInner {
-                            table: HashTable::new(),
-                            short_words: HashTable::new(),
-                            words: HashTable::new(),
-                            hasher: hasher.clone(),
-                            blocks: HashTable::new(),
-                            next_expiry: u64::MAX,
-                            latest: 0,
-                        }))
-                    })
+                    .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
                     .collect(),
                 shard_mask: (shards - 1) as u64,
                 per_shard,
@@ -226,7 +218,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn hash(&self, policy: &Policy, key: &MemoryKey<'_>) -> u64 {
-        key_hash(&self.shared.hasher, policy.name_hash(), &key.bytes)
+        key_hash(&self.shared.hasher, policy.name_hash(), key)
     }
 
     fn shard_index(&self, hash: u64) -> usize {
@@ -245,6 +237,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// [`Store::check`], synchronously.
+    // Inlined into the caller, so the decision of the shared path (below) is
+    // written where the caller keeps it; every other path is out of line.
+    #[inline]
     pub fn check_now(
         &self,
         key: &[u8],
@@ -259,22 +254,36 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
+        self.check_exclusive(hash, policy, &key, early, cost)
+    }
+
+    /// [`check_now`](Self::check_now) under the shard's exclusive lock:
+    /// every check [`check_shared`] does not decide.
+    #[inline(never)]
+    fn check_exclusive(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        key: &MemoryKey<'_>,
+        early: u64,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         let permit = self.permit_for(policy);
-        let mut shard = lock.write();
+        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, Some(early));
-        let left = shard.block_left(hash, policy, &key, now);
+        let left = shard.block_left(hash, policy, key, now);
         if left > 0 {
-            return shard.blocked_check(hash, policy, &key, now, cost, left);
+            return shard.blocked_check(hash, policy, key, now, cost, left);
         }
-        if let Some(tat) = shard.tat_mut(hash, policy, &key) {
+        if let Some(tat) = shard.tat_mut(hash, policy, key) {
             let mut state = GcraState { tat: *tat };
             let decision = decide_word(policy, &mut state, now, cost)?;
-            shard.set_word(hash, policy, &key, state.tat, now);
+            shard.set_word(hash, policy, key, state.tat, now);
             return Ok(decision);
         }
         match shard
             .table
-            .find_entry(hash, |e| e.matches(hash, policy, &key))
+            .find_entry(hash, |e| e.matches(hash, policy, key))
         {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
@@ -304,7 +313,7 @@ impl<C: Clock> MemoryStore<C> {
                     if !shard.make_room(now, 1, self.shared.per_shard) {
                         return Err(self.full());
                     }
-                    shard.put_state(hash, policy, &key, state, true, now, reset);
+                    shard.put_state(hash, policy, key, state, true, now, reset);
                 }
                 Ok(decision)
             }
@@ -517,12 +526,7 @@ impl<C: Clock> MemoryStore<C> {
             entry.remove();
         }
         shard.remove_word(hash, policy, &key);
-        if let Ok(block) = shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            block.remove();
-        }
+        shard.blocks.remove(hash, policy, &key);
     }
 
     /// [`AdminStore::penalize`], synchronously.
@@ -562,24 +566,17 @@ impl<C: Clock> MemoryStore<C> {
         let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
-        match shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            Ok(mut block) => block.get_mut().until = until,
-            Err(_) => {
-                if !shard.make_room(now, 1, self.shared.per_shard) {
-                    return Err(self.full());
-                }
-                let block = Block {
-                    hash,
-                    policy: policy.clone(),
-                    hashed: key.hashed,
-                    key: key.bytes.into_owned().into_boxed_slice(),
-                    until,
-                };
-                shard.blocks.insert_unique(hash, block, |b| b.hash);
+        if !shard.blocks.extend(hash, policy, &key, until) {
+            if !shard.make_room(now, 1, self.shared.per_shard) {
+                return Err(self.full());
             }
+            shard.blocks.insert(Block {
+                hash,
+                policy: policy.clone(),
+                hashed: key.hashed,
+                key: key.bytes.into_owned().into_boxed_slice(),
+                until,
+            });
         }
         shard.next_expiry = shard.next_expiry.min(until);
         Ok(())
@@ -590,12 +587,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
-        if let Ok(block) = shard
-            .blocks
-            .find_entry(hash, |b| b.matches(hash, policy, &key))
-        {
-            block.remove();
-        }
+        shard.blocks.remove(hash, policy, &key);
     }
 
     fn adjust(
@@ -715,12 +707,7 @@ fn check_shared(
         return None;
     };
     let shard = lock.read();
-    if !shard.blocks.is_empty()
-        && shard
-            .blocks
-            .find(hash, |b| b.matches(hash, policy, key))
-            .is_some()
-    {
+    if shard.blocks.until(hash, policy, key).is_some() {
         return None;
     }
     let stored = shard.tat(hash, policy, key)?;
