@@ -6,12 +6,12 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::redis::{RedisStore, function_library};
+use ratelimit_core::redis::{CoalescingStats, RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    Boxed, CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named,
+    Boxed, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named, pooled,
     observable, permits_left, twin_stores, twins_at,
 };
 
@@ -233,22 +233,14 @@ async fn a_conflict_fails_its_own_request_only() {
     }
     let d = got[3].as_ref().unwrap();
     assert!(d.is_allowed() && d.remaining() == 8, "{d:?}");
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 5, "{after:?}");
+    calls_since(&store, before, 2, 5);
 }
 
 /// `max_batch(1)`: no coalescing, every request its own call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_one_turns_coalescing_off() {
     let server = RedisServer::start();
-    let store = build(
-        RedisStore::builder(server.url())
-            .pool_size(1)
-            .max_batch(1)
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = pooled(RedisStore::builder(server.url()).max_batch(1), 1).await;
     let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
         .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
@@ -313,6 +305,20 @@ async fn behind_a_call(
     (lead, calls)
 }
 
+/// Asserts that `store` sent `calls` calls deciding `requests` requests
+/// since its counters were `before`; returns its counters now.
+fn calls_since(
+    store: &RedisStore,
+    before: CoalescingStats,
+    calls: u64,
+    requests: u64,
+) -> CoalescingStats {
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, calls, "{after:?}");
+    assert_eq!(after.requests - before.requests, requests, "{after:?}");
+    after
+}
+
 fn window() -> Policy {
     fixed_window("fw", 100, Duration::from_secs(3600))
 }
@@ -332,9 +338,7 @@ async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
     for d in &got {
         assert!(matches!(d, Err(StoreError::Timeout(_))), "{d:?}");
     }
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    calls_since(&store, before, 2, 11);
 }
 
 /// A batch whose connection drops (and every new one with it): each of its
@@ -452,9 +456,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
     let gone = tokio::time::timeout(ms(600), join_in_order(calls)).await;
     assert!(gone.is_err());
     lead.await.unwrap().unwrap();
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    calls_since(&store, before, 2, 11);
     proxy.set_latency(Duration::ZERO);
     for key in &keys {
         assert_eq!(
@@ -471,12 +473,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let store = build(
-        RedisStore::cluster_builder(cluster.urls())
-            .pool_size(1)
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = pooled(RedisStore::cluster_builder(cluster.urls()), 1).await;
     let policy = fixed_window("hot", 100, Duration::from_secs(3600));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
@@ -634,9 +631,7 @@ async fn costly_checks_do_not_share_a_call() {
         assert!(d.unwrap().is_allowed());
     }
     lead.await.unwrap().unwrap();
-    let after = store.coalescing();
-    assert_eq!(after.requests - before.requests, 7, "{after:?}");
-    assert_eq!(after.calls - before.calls, 7, "{after:?}");
+    let after = calls_since(&store, before, 7, 7);
 
     // Sixty simple checks behind one: one batch (the limit is 64 units).
     let (lead, calls) = behind_a_call(&store, &window(), 60, ms(20)).await;
@@ -644,9 +639,7 @@ async fn costly_checks_do_not_share_a_call() {
         assert!(d.unwrap().is_allowed());
     }
     lead.await.unwrap().unwrap();
-    let last = store.coalescing();
-    assert_eq!(last.requests - after.requests, 61, "{last:?}");
-    assert_eq!(last.calls - after.calls, 2, "{last:?}");
+    calls_since(&store, after, 2, 61);
 }
 
 /// A check of cost 1 as a request of a batch.
@@ -669,9 +662,7 @@ async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxe
     let got = join_in_order(calls).await;
     lead.await.unwrap().unwrap();
     proxy.set_latency(Duration::ZERO);
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, n + 1, "{after:?}");
+    calls_since(store, before, 2, n + 1);
     got
 }
 
