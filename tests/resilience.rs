@@ -554,28 +554,32 @@ async fn trip(
             "{what}: the breaker did not open after {} failures",
             tripping.len()
         );
-        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
-        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(
-            decision.limit(),
-            LOCAL_SHARE,
-            "{what}: decided by the fallback"
-        );
+        let t = by_the_fallback(store, policy, what).await;
         assert!(t <= CALL_TIMEOUT + MARGIN, "{what}: a call took {}", ms(t));
         tripping.push(t);
     }
     let mut open = Vec::new();
     for _ in 0..10 {
-        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
-        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(
-            decision.limit(),
-            LOCAL_SHARE,
-            "{what}: decided by the fallback"
-        );
-        open.push(t);
+        open.push(by_the_fallback(store, policy, what).await);
     }
     (tripping, open)
+}
+
+/// One check on `store` that must be decided by its fallback (the local
+/// share); returns how long it took.
+async fn by_the_fallback(
+    store: &FallbackStore<RedisStore>,
+    policy: &Policy,
+    what: &str,
+) -> Duration {
+    let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
+    let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        decision.limit(),
+        LOCAL_SHARE,
+        "{what}: decided by the fallback"
+    );
+    t
 }
 
 /// Calls `store` every 10 ms until its breaker is closed and a call was
