@@ -204,9 +204,7 @@ async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
 /// policy conflict; the others in the same batch are decided as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_fails_its_own_request_only() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let window = fixed_window("shared", 10, Duration::from_secs(60));
     let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
@@ -327,9 +325,7 @@ fn window() -> Policy {
 /// for each of its decisions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, ms(300)).await;
+    let (_server, proxy, store) = one_connection(ms(300)).await;
     let before = store.coalescing();
     proxy.set_latency(ms(450));
     let (lead, calls) = behind_a_call(&store, &window(), 10, ms(150)).await;
@@ -345,9 +341,7 @@ async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
 /// decisions is an outage, `Unavailable`, for its failure policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     proxy.set_latency(ms(300));
     let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
     let dropping = async {
@@ -375,9 +369,7 @@ async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
 /// missing function, loads the library again and is retried once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     let loads = |stats: &str| {
         stats
             .lines()
@@ -538,9 +530,7 @@ fn all_allowed(decisions: &[Decision]) -> bool {
 /// they are decided, not stranded until their timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_caller_gone_in_flight_strands_nobody() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     proxy.set_latency(ms(300));
     let lead = {
         let store = store.clone();
@@ -568,9 +558,7 @@ async fn a_lone_caller_gone_in_flight_strands_nobody() {
 /// under its own name, so the store finds it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     let broken = function_library().replace(
         "return run_batch(keys, args)",
         "return {'not', 'decisions'}",
@@ -620,9 +608,7 @@ async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
 /// a quarter of a second), while simple decisions still batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costly_checks_do_not_share_a_call() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let semaphore = named("sem", Policy::concurrency(100, Duration::from_secs(3600)));
     proxy.set_latency(ms(100));
     let before = store.coalescing();
@@ -667,11 +653,11 @@ async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxe
 }
 
 /// A Redis, a proxy in front of it, and a store on one connection through
-/// the proxy.
-async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
+/// the proxy, calls timing out after `call_timeout`.
+async fn one_connection(call_timeout: Duration) -> (RedisServer, FaultProxy, RedisStore) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let store = through(&proxy, call_timeout).await;
     (server, proxy, store)
 }
 
@@ -680,7 +666,7 @@ async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
     use ratelimit_core::AdminStore;
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
     let other = Policy::token_bucket(10, Rate::per_second(1))
         .unwrap()
@@ -737,7 +723,7 @@ async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
 /// seeing what the previous took: a limit of 2 admits two of three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..3)
         .map(|_| Box::pin(store.check(b"same", &gcra, 1)) as Boxed<_>)
@@ -761,7 +747,7 @@ async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
 /// requests around them are decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     // Two algorithms under one name, "shared".
     let shared = |p: Result<Policy, _>| p.unwrap().with_name("shared").unwrap();
     let log = shared(Policy::sliding_window_log(10, Duration::from_secs(60)));
@@ -798,7 +784,7 @@ async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
 /// type) is no block: a check of its key passes, in a batch as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_key_of_another_type_blocks_nothing() {
-    let (server, proxy, store) = one_connection().await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
     let block_key = store.block_key(b"odd", &policy);
     server.cli(&["RPUSH", &block_key, "not a block"]);
