@@ -250,10 +250,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     let a = fixed_window("dup-conflict", 5, Duration::from_secs(60));
     let b = fixed_window("dup-conflict", 7, Duration::from_secs(60));
     let checks = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
-    for (store, result) in [
-        ("memory", memory.check_all(&checks).await),
-        ("redis", redis.check_all(&checks).await),
-    ] {
+    for (store, result) in on_both(memory, redis, &checks).await {
         assert!(
             matches!(result, Err(StoreError::PolicyConflict { ref policy }) if policy == "dup-conflict"),
             "{label} {store}: {result:?}"
@@ -262,10 +259,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     // Summed costs above what the policy admits: a clear error on both.
     let small = fixed_window("dup-small", 2, Duration::from_secs(60));
     let checks = [Check::new(b"k", &small, 2), Check::new(b"k", &small, 1)];
-    for (store, result) in [
-        ("memory", memory.check_all(&checks).await),
-        ("redis", redis.check_all(&checks).await),
-    ] {
+    for (store, result) in on_both(memory, redis, &checks).await {
         assert!(
             matches!(
                 result,
@@ -278,6 +272,19 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
             "{label} {store}: {result:?}"
         );
     }
+}
+
+/// `checks` as one request on `memory`, then on `redis`, each result
+/// named by its store.
+async fn on_both(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    checks: &[Check<'_>],
+) -> [(&'static str, Result<Vec<Decision>, StoreError>); 2] {
+    [
+        ("memory", memory.check_all(checks).await),
+        ("redis", redis.check_all(checks).await),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
