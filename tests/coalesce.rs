@@ -11,8 +11,8 @@ use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    Boxed, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named, pooled,
-    observable, permits_left, twin_stores, twins_at,
+    Boxed, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named, observable,
+    permits_left, pooled, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {

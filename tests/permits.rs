@@ -369,7 +369,8 @@ async fn a_permit_whose_reply_timed_out_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
-    let (server, proxy, gone) = semaphore_behind_a_slow_proxy(Duration::from_secs(5), b"gone").await;
+    let (server, proxy, gone) =
+        semaphore_behind_a_slow_proxy(Duration::from_secs(5), b"gone").await;
     let (store, policy, key) = &gone;
     // The caller goes away (a client disconnect) while the call is in flight.
     let dropped =

@@ -39,7 +39,11 @@ pub fn frozen_memory() -> MemoryStore<ManualClock> {
 
 /// A `MemoryStore` on `clock` that holds at most `max_keys` keys over
 /// `shards` shards.
-pub fn bounded_memory(max_keys: usize, shards: usize, clock: &ManualClock) -> MemoryStore<ManualClock> {
+pub fn bounded_memory(
+    max_keys: usize,
+    shards: usize,
+    clock: &ManualClock,
+) -> MemoryStore<ManualClock> {
     MemoryStore::builder()
         .max_keys(max_keys)
         .shards(shards)
