@@ -15,7 +15,7 @@ use ratelimit_core::{
     AdminStore, Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, Policy,
     Rate, Store, StoreError,
 };
-use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::{bounded_memory, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
     observable, redis_store, redis_store_on_clock,
@@ -597,11 +597,7 @@ async fn fallback_store_forwards_to_the_primary_and_fails_when_it_is_down() {
 #[tokio::test]
 async fn memory_blocks_count_towards_max_keys_and_expire() {
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::builder()
-        .max_keys(3)
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let store = bounded_memory(3, 1, &clock);
     let policy = Policy::gcra(2, Rate::per_second(2)).unwrap();
     store.check(b"state", &policy, 1).await.unwrap();
     store

@@ -6,13 +6,13 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::redis::{RedisStore, function_library};
+use ratelimit_core::redis::{CoalescingStats, RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    Boxed, CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named,
-    observable, permits_left, twin_stores, twins_at,
+    Boxed, NOW_MICROS, RedisCluster, RedisServer, build, join_in_order, named, observable,
+    permits_left, pooled, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -204,9 +204,7 @@ async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
 /// policy conflict; the others in the same batch are decided as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_fails_its_own_request_only() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let window = fixed_window("shared", 10, Duration::from_secs(60));
     let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
@@ -233,22 +231,14 @@ async fn a_conflict_fails_its_own_request_only() {
     }
     let d = got[3].as_ref().unwrap();
     assert!(d.is_allowed() && d.remaining() == 8, "{d:?}");
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 5, "{after:?}");
+    calls_since(&store, before, 2, 5);
 }
 
 /// `max_batch(1)`: no coalescing, every request its own call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_one_turns_coalescing_off() {
     let server = RedisServer::start();
-    let store = build(
-        RedisStore::builder(server.url())
-            .pool_size(1)
-            .max_batch(1)
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = pooled(RedisStore::builder(server.url()).max_batch(1), 1).await;
     let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
         .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
@@ -313,6 +303,20 @@ async fn behind_a_call(
     (lead, calls)
 }
 
+/// Asserts that `store` sent `calls` calls deciding `requests` requests
+/// since its counters were `before`; returns its counters now.
+fn calls_since(
+    store: &RedisStore,
+    before: CoalescingStats,
+    calls: u64,
+    requests: u64,
+) -> CoalescingStats {
+    let after = store.coalescing();
+    assert_eq!(after.calls - before.calls, calls, "{after:?}");
+    assert_eq!(after.requests - before.requests, requests, "{after:?}");
+    after
+}
+
 fn window() -> Policy {
     fixed_window("fw", 100, Duration::from_secs(3600))
 }
@@ -321,9 +325,7 @@ fn window() -> Policy {
 /// for each of its decisions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, ms(300)).await;
+    let (_server, proxy, store) = one_connection(ms(300)).await;
     let before = store.coalescing();
     proxy.set_latency(ms(450));
     let (lead, calls) = behind_a_call(&store, &window(), 10, ms(150)).await;
@@ -332,18 +334,14 @@ async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
     for d in &got {
         assert!(matches!(d, Err(StoreError::Timeout(_))), "{d:?}");
     }
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    calls_since(&store, before, 2, 11);
 }
 
 /// A batch whose connection drops (and every new one with it): each of its
 /// decisions is an outage, `Unavailable`, for its failure policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     proxy.set_latency(ms(300));
     let (lead, calls) = behind_a_call(&store, &window(), 10, ms(20)).await;
     let dropping = async {
@@ -371,9 +369,7 @@ async fn a_batch_whose_connection_drops_is_an_outage_for_each_decision() {
 /// missing function, loads the library again and is retried once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_library_is_loaded_again_and_the_batch_retried() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     let loads = |stats: &str| {
         stats
             .lines()
@@ -452,9 +448,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
     let gone = tokio::time::timeout(ms(600), join_in_order(calls)).await;
     assert!(gone.is_err());
     lead.await.unwrap().unwrap();
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, 11, "{after:?}");
+    calls_since(&store, before, 2, 11);
     proxy.set_latency(Duration::ZERO);
     for key in &keys {
         assert_eq!(
@@ -471,12 +465,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let store = build(
-        RedisStore::cluster_builder(cluster.urls())
-            .pool_size(1)
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = pooled(RedisStore::cluster_builder(cluster.urls()), 1).await;
     let policy = fixed_window("hot", 100, Duration::from_secs(3600));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
@@ -541,9 +530,7 @@ fn all_allowed(decisions: &[Decision]) -> bool {
 /// they are decided, not stranded until their timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_caller_gone_in_flight_strands_nobody() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     proxy.set_latency(ms(300));
     let lead = {
         let store = store.clone();
@@ -571,9 +558,7 @@ async fn a_lone_caller_gone_in_flight_strands_nobody() {
 /// under its own name, so the store finds it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(2)).await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     let broken = function_library().replace(
         "return run_batch(keys, args)",
         "return {'not', 'decisions'}",
@@ -623,9 +608,7 @@ async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
 /// a quarter of a second), while simple decisions still batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costly_checks_do_not_share_a_call() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let semaphore = named("sem", Policy::concurrency(100, Duration::from_secs(3600)));
     proxy.set_latency(ms(100));
     let before = store.coalescing();
@@ -634,9 +617,7 @@ async fn costly_checks_do_not_share_a_call() {
         assert!(d.unwrap().is_allowed());
     }
     lead.await.unwrap().unwrap();
-    let after = store.coalescing();
-    assert_eq!(after.requests - before.requests, 7, "{after:?}");
-    assert_eq!(after.calls - before.calls, 7, "{after:?}");
+    let after = calls_since(&store, before, 7, 7);
 
     // Sixty simple checks behind one: one batch (the limit is 64 units).
     let (lead, calls) = behind_a_call(&store, &window(), 60, ms(20)).await;
@@ -644,9 +625,7 @@ async fn costly_checks_do_not_share_a_call() {
         assert!(d.unwrap().is_allowed());
     }
     lead.await.unwrap().unwrap();
-    let last = store.coalescing();
-    assert_eq!(last.requests - after.requests, 61, "{last:?}");
-    assert_eq!(last.calls - after.calls, 2, "{last:?}");
+    calls_since(&store, after, 2, 61);
 }
 
 /// A check of cost 1 as a request of a batch.
@@ -669,18 +648,16 @@ async fn as_one_batch<T>(store: &RedisStore, proxy: &FaultProxy, calls: Vec<Boxe
     let got = join_in_order(calls).await;
     lead.await.unwrap().unwrap();
     proxy.set_latency(Duration::ZERO);
-    let after = store.coalescing();
-    assert_eq!(after.calls - before.calls, 2, "{after:?}");
-    assert_eq!(after.requests - before.requests, n + 1, "{after:?}");
+    calls_since(store, before, 2, n + 1);
     got
 }
 
 /// A Redis, a proxy in front of it, and a store on one connection through
-/// the proxy.
-async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
+/// the proxy, calls timing out after `call_timeout`.
+async fn one_connection(call_timeout: Duration) -> (RedisServer, FaultProxy, RedisStore) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
-    let store = through(&proxy, Duration::from_secs(5)).await;
+    let store = through(&proxy, call_timeout).await;
     (server, proxy, store)
 }
 
@@ -689,7 +666,7 @@ async fn one_connection() -> (RedisServer, FaultProxy, RedisStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
     use ratelimit_core::AdminStore;
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
     let other = Policy::token_bucket(10, Rate::per_second(1))
         .unwrap()
@@ -746,7 +723,7 @@ async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
 /// seeing what the previous took: a limit of 2 admits two of three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..3)
         .map(|_| Box::pin(store.check(b"same", &gcra, 1)) as Boxed<_>)
@@ -770,7 +747,7 @@ async fn requests_on_one_key_in_a_batch_see_each_others_writes() {
 /// requests around them are decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
-    let (_server, proxy, store) = one_connection().await;
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     // Two algorithms under one name, "shared".
     let shared = |p: Result<Policy, _>| p.unwrap().with_name("shared").unwrap();
     let log = shared(Policy::sliding_window_log(10, Duration::from_secs(60)));
@@ -807,7 +784,7 @@ async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
 /// type) is no block: a check of its key passes, in a batch as alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_key_of_another_type_blocks_nothing() {
-    let (server, proxy, store) = one_connection().await;
+    let (server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
     let block_key = store.block_key(b"odd", &policy);
     server.cli(&["RPUSH", &block_key, "not a block"]);

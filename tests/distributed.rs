@@ -69,6 +69,13 @@ fn spawn_instance(args: &[&str]) -> Instance {
     spawn_listening("distributed", args, START_TIMEOUT)
 }
 
+/// Spawns with `spawn` what serves a fixed window of `limit` per day on
+/// `redis`.
+fn per_day<T>(redis: &RedisServer, limit: &str, spawn: fn(&[&str]) -> T) -> T {
+    let url = redis.url();
+    spawn(&policy_flags(&url, "fixed-window", limit, "1d", &[]))
+}
+
 /// Spawns [`INSTANCES`] instances with the same `args`.
 fn spawn_instances(args: &[&str]) -> Vec<Instance> {
     (0..INSTANCES).map(|_| spawn_instance(args)).collect()
@@ -178,8 +185,7 @@ async fn three_instances_share_one_limit_for_every_algorithm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expensive_requests_cost_ten_from_the_same_budget() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let instances = spawn_instances(&policy_flags(&url, "fixed-window", "25", "1d", &[]));
+    let instances = per_day(&redis, "25", spawn_instances);
     let client = client();
     let mut next = instances.iter().map(|i| i.base.as_str()).cycle();
     let mut ask = async |path: &str| {
@@ -332,8 +338,7 @@ fn help_describes_the_admin_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_is_not_rate_limited_and_says_ok_without_fallback() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let instance = spawn_instance(&policy_flags(&url, "fixed-window", "1", "1d", &[]));
+    let instance = per_day(&redis, "1", spawn_instance);
     let client = client();
     let root = format!("{}/", instance.base);
     let health = format!("{}/health", instance.base);
@@ -611,9 +616,7 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let policy = policy_flags(&url, "fixed-window", "2", "1d", &[]);
-    let (instance, admin_addr) = spawn_with_admin(&policy);
+    let (instance, admin_addr) = per_day(&redis, "2", spawn_with_admin);
     let client = client();
     let root = format!("{}/", instance.base);
     for expected in [200, 200, 429] {

@@ -25,6 +25,7 @@ use cap::Cap;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
+use ratelimit_tests::fixtures::bounded_memory;
 use ratelimit_tower::{HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -230,11 +231,7 @@ fn through_the_layer_a_full_store_refuses_new_clients_with_503_even_failing_open
 }
 
 async fn full_store_through_the_layer() {
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(3)
-        .clock(ManualClock::new(0))
-        .build();
+    let store = bounded_memory(3, 1, &ManualClock::new(0));
     let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
     let service = RateLimitLayer::new(store.clone(), policy, PeerIp).layer(tower::service_fn(
         |_req: Request<&'static str>| async {

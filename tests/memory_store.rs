@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::{Check, MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fixtures::bounded_memory;
 
 fn every_algorithm(limit: u64) -> Vec<Policy> {
     let window = Duration::from_secs(60);
@@ -171,11 +172,7 @@ fn check_all_denied_consumes_nothing() {
 #[test]
 fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
     let clock = ManualClock::new(0);
-    let store = MemoryStore::builder()
-        .max_keys(256)
-        .shards(16)
-        .clock(clock.clone())
-        .build();
+    let store = bounded_memory(256, 16, &clock);
     let policy = Policy::fixed_window(3, Duration::from_secs(10)).unwrap();
     // A legitimate user arrives first.
     assert!(store.check_now(b"alice", &policy, 1).unwrap().is_allowed());

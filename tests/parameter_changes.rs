@@ -29,11 +29,21 @@ fn named(policy: Policy) -> Policy {
 /// A windowed algorithm's constructor: `Policy::fixed_window` and the like.
 type Windowed<E> = fn(u64, Duration) -> Result<Policy, E>;
 
-/// `algorithm`'s policy of 10 per minute, and the same limit per 45 s under
-/// the same name.
-fn minute_and_shorter<E: std::fmt::Debug>(algorithm: Windowed<E>) -> (Policy, Policy) {
+/// Both stores at `start`, `used` units of `algorithm`'s 10 per minute
+/// allowed on "k", then both at `then`; that minute policy and the same
+/// limit per 45 s under the same name.
+async fn a_minute_used<E: std::fmt::Debug>(
+    algorithm: Windowed<E>,
+    start: u64,
+    used: u64,
+    then: u64,
+) -> (Pair, Policy, Policy) {
     let per = |window_s| named(algorithm(10, Duration::from_secs(window_s)).unwrap());
-    (per(60), per(45))
+    let (minute, shorter) = (per(60), per(45));
+    let stores = Pair::start(start).await;
+    assert!(stores.check("k", &minute, used).await.is_allowed());
+    stores.at(then);
+    (stores, minute, shorter)
 }
 
 /// Both stores on one clock.
@@ -112,10 +122,13 @@ async fn a_lowered_concurrency_max_denies_with_nothing_remaining() {
 /// previous window negatively and admitted past the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sliding_counter_window_change_never_over_admits() {
-    let stores = Pair::start(B + 10 * SECOND).await;
-    let (minute, shorter) = minute_and_shorter(Policy::sliding_window_counter);
-    assert!(stores.check("k", &minute, 8).await.is_allowed());
-    stores.at(B + 61 * SECOND);
+    let (stores, minute, shorter) = a_minute_used(
+        Policy::sliding_window_counter,
+        B + 10 * SECOND,
+        8,
+        B + 61 * SECOND,
+    )
+    .await;
     assert!(stores.check("k", &minute, 2).await.is_allowed());
     // The 2 units of the minute that began at 60 s belong to the 45 s window
     // that holds its start, [45 s, 90 s), and weigh into [90 s, 135 s) as
@@ -142,10 +155,8 @@ async fn a_sliding_counter_window_change_never_over_admits() {
 /// holds its start, until that window ends, and the retry time says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends() {
-    let stores = Pair::start(B + 61 * SECOND).await;
-    let (minute, shorter) = minute_and_shorter(Policy::fixed_window);
-    assert!(stores.check("k", &minute, 10).await.is_allowed());
-    stores.at(B + 70 * SECOND);
+    let (stores, _, shorter) =
+        a_minute_used(Policy::fixed_window, B + 61 * SECOND, 10, B + 70 * SECOND).await;
     let d = stores.check("k", &shorter, 1).await;
     assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
     assert_eq!(d.retry_after_micros(), 20 * SECOND);

@@ -250,10 +250,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     let a = fixed_window("dup-conflict", 5, Duration::from_secs(60));
     let b = fixed_window("dup-conflict", 7, Duration::from_secs(60));
     let checks = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
-    for (store, result) in [
-        ("memory", memory.check_all(&checks).await),
-        ("redis", redis.check_all(&checks).await),
-    ] {
+    for (store, result) in on_both(memory, redis, &checks).await {
         assert!(
             matches!(result, Err(StoreError::PolicyConflict { ref policy }) if policy == "dup-conflict"),
             "{label} {store}: {result:?}"
@@ -262,10 +259,7 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
     // Summed costs above what the policy admits: a clear error on both.
     let small = fixed_window("dup-small", 2, Duration::from_secs(60));
     let checks = [Check::new(b"k", &small, 2), Check::new(b"k", &small, 1)];
-    for (store, result) in [
-        ("memory", memory.check_all(&checks).await),
-        ("redis", redis.check_all(&checks).await),
-    ] {
+    for (store, result) in on_both(memory, redis, &checks).await {
         assert!(
             matches!(
                 result,
@@ -278,6 +272,19 @@ async fn duplicates_agree(memory: &MemoryStore<ManualClock>, redis: &RedisStore,
             "{label} {store}: {result:?}"
         );
     }
+}
+
+/// `checks` as one request on `memory`, then on `redis`, each result
+/// named by its store.
+async fn on_both(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    checks: &[Check<'_>],
+) -> [(&'static str, Result<Vec<Decision>, StoreError>); 2] {
+    [
+        ("memory", memory.check_all(checks).await),
+        ("redis", redis.check_all(checks).await),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,6 +329,18 @@ async fn semaphore_on_one_connection(
     (store, policy, key)
 }
 
+/// A [`semaphore_on_one_connection`] for `user` through a proxy in front of
+/// a new Redis; the proxy then delays every reply by 400 ms.
+async fn semaphore_behind_a_slow_proxy(
+    call_timeout: Duration,
+    user: &[u8],
+) -> (RedisServer, FaultProxy, (RedisStore, Policy, String)) {
+    let (server, proxy) = FaultProxy::with_new_server();
+    let semaphore = semaphore_on_one_connection(proxy.redis_url(), call_timeout, user).await;
+    proxy.set_latency(Duration::from_millis(400));
+    (server, proxy, semaphore)
+}
+
 /// Asserts that `user` holds no permit: Redis lets go of every entry within
 /// `limit`, and a peek sees the whole semaphore free.
 async fn assert_released(
@@ -337,12 +356,10 @@ async fn assert_released(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_reply_timed_out_is_released() {
-    let (server, proxy) = FaultProxy::with_new_server();
-    let slow =
-        semaphore_on_one_connection(proxy.redis_url(), Duration::from_millis(100), b"slow").await;
-    let (store, policy, _) = &slow;
     // The script runs; its reply comes too late.
-    proxy.set_latency(Duration::from_millis(400));
+    let (server, proxy, slow) =
+        semaphore_behind_a_slow_proxy(Duration::from_millis(100), b"slow").await;
+    let (store, policy, _) = &slow;
     let result = store.check(b"slow", policy, 1).await;
     assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
     proxy.set_latency(Duration::ZERO);
@@ -352,11 +369,9 @@ async fn a_permit_whose_reply_timed_out_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_whose_call_was_dropped_in_flight_is_released() {
-    let (server, proxy) = FaultProxy::with_new_server();
-    let gone =
-        semaphore_on_one_connection(proxy.redis_url(), Duration::from_secs(5), b"gone").await;
+    let (server, proxy, gone) =
+        semaphore_behind_a_slow_proxy(Duration::from_secs(5), b"gone").await;
     let (store, policy, key) = &gone;
-    proxy.set_latency(Duration::from_millis(400));
     // The caller goes away (a client disconnect) while the call is in flight.
     let dropped =
         tokio::time::timeout(Duration::from_millis(100), store.check(b"gone", policy, 1)).await;

@@ -13,7 +13,7 @@ use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store,
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit, admits, build,
-    cluster_store, decide_through_a_restart, long_policies, named, observable, redis_store,
+    cluster_store, decide_through_a_restart, long_policies, named, observable, pooled, redis_store,
     small_policies, twins_at,
 };
 
@@ -114,12 +114,7 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_tasks_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let store = build(
-        RedisStore::builder(server.url())
-            .pool_size(8)
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = pooled(RedisStore::builder(server.url()), 8).await;
     admit_exactly_the_limit(&store, "hot").await;
 }
 
@@ -605,22 +600,18 @@ async fn another_algorithm_under_the_same_name_is_a_policy_conflict() {
                 memory.release(key, new, permit).await.unwrap();
                 redis.release(key, new, permit).await.unwrap();
             } else {
-                assert_conflict(
-                    &format!("memory: {what}, penalize"),
+                let penalized = (
                     memory.penalize(key, new, 1).await,
-                );
-                assert_conflict(
-                    &format!("redis: {what}, penalize"),
                     redis.penalize(key, new, 1).await,
                 );
-                assert_conflict(
-                    &format!("memory: {what}, reward"),
+                let rewarded = (
                     memory.reward(key, new, 1).await,
-                );
-                assert_conflict(
-                    &format!("redis: {what}, reward"),
                     redis.reward(key, new, 1).await,
                 );
+                for (op, (m, r)) in [("penalize", penalized), ("reward", rewarded)] {
+                    assert_conflict(&format!("memory: {what}, {op}"), m);
+                    assert_conflict(&format!("redis: {what}, {op}"), r);
+                }
             }
 
             assert_eq!(

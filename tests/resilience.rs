@@ -72,6 +72,13 @@ async fn redis_store(url: String) -> RedisStore {
     build(RedisStore::builder(url).call_timeout(CALL_TIMEOUT)).await
 }
 
+/// A `FallbackStore` over `redis` with a local share (limit / `INSTANCES`)
+/// in memory and a default `CircuitBreaker`, reachable through `breaker()`.
+fn with_fallback(redis: RedisStore) -> FallbackStore<RedisStore> {
+    let breaker = Arc::new(CircuitBreaker::default());
+    FallbackStore::new(redis, MemoryStore::new(), INSTANCES, breaker)
+}
+
 /// Runs `future`, failing the test if it takes longer than [`TEST_LIMIT`].
 async fn bounded<T>(future: impl Future<Output = T>) -> T {
     tokio::time::timeout(TEST_LIMIT, future)
@@ -265,13 +272,8 @@ async fn redis_killed_under_load(setup: Setup) {
     let inner = tower::service_fn(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::new(String::new()))
     });
-    let breaker = Arc::new(CircuitBreaker::default());
-    let fallback = FallbackStore::new(
-        redis.clone(),
-        MemoryStore::new(),
-        INSTANCES,
-        Arc::clone(&breaker),
-    );
+    let fallback = with_fallback(redis.clone());
+    let breaker = Arc::clone(fallback.breaker());
     // Warm up: a connection and the script, outside the measured load.
     redis
         .check(b"warm-up", &policy, 1)
@@ -552,28 +554,32 @@ async fn trip(
             "{what}: the breaker did not open after {} failures",
             tripping.len()
         );
-        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
-        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(
-            decision.limit(),
-            LOCAL_SHARE,
-            "{what}: decided by the fallback"
-        );
+        let t = by_the_fallback(store, policy, what).await;
         assert!(t <= CALL_TIMEOUT + MARGIN, "{what}: a call took {}", ms(t));
         tripping.push(t);
     }
     let mut open = Vec::new();
     for _ in 0..10 {
-        let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
-        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(
-            decision.limit(),
-            LOCAL_SHARE,
-            "{what}: decided by the fallback"
-        );
-        open.push(t);
+        open.push(by_the_fallback(store, policy, what).await);
     }
     (tripping, open)
+}
+
+/// One check on `store` that must be decided by its fallback (the local
+/// share); returns how long it took.
+async fn by_the_fallback(
+    store: &FallbackStore<RedisStore>,
+    policy: &Policy,
+    what: &str,
+) -> Duration {
+    let (t, decision) = timed(store.check(b"proxied", policy, 1)).await;
+    let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        decision.limit(),
+        LOCAL_SHARE,
+        "{what}: decided by the fallback"
+    );
+    t
 }
 
 /// Calls `store` every 10 ms until its breaker is closed and a call was
@@ -602,13 +608,8 @@ async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers(
     let _turn = SERIAL.lock().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
-    let breaker = Arc::new(CircuitBreaker::default());
-    let store = FallbackStore::new(
-        redis.clone(),
-        MemoryStore::new(),
-        INSTANCES,
-        Arc::clone(&breaker),
-    );
+    let store = with_fallback(redis.clone());
+    let breaker = Arc::clone(store.breaker());
     let policy = policy("proxied");
     let recovery_bound = DEFAULT_COOL_DOWN + CALL_TIMEOUT + MARGIN;
 
@@ -1060,8 +1061,8 @@ async fn a_layer_timeout_below_the_store_timeout_still_falls_back() {
     let _turn = SERIAL.lock().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
-    let breaker = Arc::new(CircuitBreaker::default());
-    let store = FallbackStore::new(redis, MemoryStore::new(), INSTANCES, Arc::clone(&breaker));
+    let store = with_fallback(redis);
+    let breaker = Arc::clone(store.breaker());
     let policy = policy("layer-timeout");
     store.check(b"k", &policy, 1).await.unwrap();
     let inner = tower::service_fn(|_: Request<()>| async {

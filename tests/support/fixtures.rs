@@ -37,6 +37,20 @@ pub fn frozen_memory() -> MemoryStore<ManualClock> {
     MemoryStore::builder().clock(ManualClock::new(0)).build()
 }
 
+/// A `MemoryStore` on `clock` that holds at most `max_keys` keys over
+/// `shards` shards.
+pub fn bounded_memory(
+    max_keys: usize,
+    shards: usize,
+    clock: &ManualClock,
+) -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .max_keys(max_keys)
+        .shards(shards)
+        .clock(clock.clone())
+        .build()
+}
+
 /// A fixed window of `limit` per `window` named `name`.
 pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
     Policy::fixed_window(limit, window)

@@ -38,6 +38,12 @@ pub async fn redis_store_on_clock(url: impl Into<String>, clock: &ManualClock) -
     .await
 }
 
+/// `builder`'s store on a pool of `connections`, calls timing out after
+/// [`CALL_TIMEOUT`].
+pub async fn pooled(builder: RedisStoreBuilder, connections: u32) -> RedisStore {
+    build(builder.pool_size(connections).call_timeout(CALL_TIMEOUT)).await
+}
+
 /// A store on `cluster`, calls timing out after [`CALL_TIMEOUT`].
 pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await

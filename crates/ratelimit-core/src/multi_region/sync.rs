@@ -9,7 +9,6 @@
 //! and decisions count it at its conservative share until it is heard again.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -120,14 +119,6 @@ pub(super) struct Shared {
     fixed_clock: Option<Arc<dyn Clock>>,
     merge: Script,
     heard: Script,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("region", &self.region)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Shared {

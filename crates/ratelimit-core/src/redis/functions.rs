@@ -74,9 +74,10 @@ impl Inner {
     ) -> Result<Value, StoreError> {
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
-            match self.fcall(function, keys, args, via).await {
+            let fcall = super::scripts::invocation("FCALL", function, keys, args);
+            match self.run_via(&fcall, via).await {
                 Err(e) if is_missing(&e) => match self.load(library).await {
-                    Ok(()) => match self.fcall(function, keys, args, via).await {
+                    Ok(()) => match self.run_via(&fcall, via).await {
                         // Loaded elsewhere only (a topology change meanwhile):
                         // this call by script, the next one loads again.
                         Err(e) if is_missing(&e) => {}
@@ -94,17 +95,6 @@ impl Inner {
 
     fn never_functions(&self) {
         self.functions.0.store(NEVER, Ordering::Relaxed);
-    }
-
-    async fn fcall(
-        &self,
-        function: &str,
-        keys: &[String],
-        args: &[Arg<'_>],
-        via: Via<'_>,
-    ) -> Result<Value, StoreError> {
-        let cmd = super::scripts::invocation("FCALL", function, keys, args);
-        self.run_via(&cmd, via).await
     }
 
     /// `FUNCTION LOAD` of the library (every master of a cluster). A library
