@@ -31,7 +31,7 @@ use axum::routing::{get, post};
 use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::MemoryStore;
-use ratelimit_examples::{exit_with_flag_error, listen_addr_from_env, nonzero_duration, serve};
+use ratelimit_examples::{exit_with_flag_error, listen_addr_from_env, nonzero_duration, serve_on};
 use ratelimit_tower::RateLimitLayer;
 use ratelimit_tower::config::ReloadableRules;
 
@@ -78,8 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/login", post(login))
         .layer(limit);
 
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    serve(listener, app).await?;
+    serve_on(listen, app).await?;
     Ok(())
 }
 

@@ -57,8 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let app = Router::new().route("/", get(hello)).route_layer(limit);
 
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    ratelimit_examples::serve(listener, app).await?;
+    ratelimit_examples::serve_on(listen, app).await?;
     Ok(())
 }
 

@@ -85,7 +85,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             app.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
     };
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    ratelimit_examples::serve(listener, app).await?;
+    ratelimit_examples::serve_on(listen, app).await?;
     Ok(())
 }

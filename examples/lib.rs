@@ -10,7 +10,7 @@ pub use flags::{
 
 pub use serve::{
     API_KEY_HEADER, api_key_or_peer_ip, bind_listener, listen_addr_from_env, problem, serve,
-    serve_with_peers, spawn_serve,
+    serve_on, serve_with_peers, spawn_serve,
 };
 
 pub mod region;

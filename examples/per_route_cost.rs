@@ -54,8 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .route("/export", get(export).route_layer(budget.cost(EXPORT_COST)));
 
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    ratelimit_examples::serve(listener, app).await?;
+    ratelimit_examples::serve_on(listen, app).await?;
     Ok(())
 }
 

@@ -43,6 +43,16 @@ pub async fn bind_listener(
     bound.await.map_err(|e| format!("{flag} {addr}: {e}"))
 }
 
+/// Binds `addr` and serves `app` there as [`serve`] does, until the
+/// process ends: the end of most examples' `main`.
+///
+/// # Errors
+///
+/// When the address cannot be bound, or as [`serve`].
+pub async fn serve_on(addr: SocketAddr, app: Router) -> io::Result<()> {
+    serve(TcpListener::bind(addr).await?, app).await
+}
+
 /// Prints `listening on http://ADDR` on stdout (flushed at once, for the
 /// tools that wait for it), then serves `app` on `listener` as
 /// [`serve_with_peers`] does, until the process ends.

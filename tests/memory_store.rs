@@ -638,9 +638,7 @@ fn shared_path_races_with_blocks_penalties_and_resets() {
         // The operator starts once the checkers have drained the first
         // burst: on a loaded machine they may start after all its rounds.
         let start = std::time::Instant::now();
-        while admitted.load(Ordering::SeqCst) < BURST
-            && start.elapsed() < Duration::from_secs(30)
-        {
+        while admitted.load(Ordering::SeqCst) < BURST && start.elapsed() < Duration::from_secs(30) {
             thread::yield_now();
         }
         for round in 0..ROUNDS {
