@@ -87,7 +87,8 @@ mod admin {
     use std::fmt;
 
     use axum::extract::rejection::{PathRejection, QueryRejection};
-    use axum::extract::{Path, Query, Request, State};
+    use axum::extract::{FromRequestParts, Path, Query, Request};
+    use axum::http::request::Parts;
     use axum::http::{HeaderMap, StatusCode, header};
     use axum::middleware::{self, Next};
     use axum::response::{IntoResponse, Response};
@@ -189,80 +190,98 @@ mod admin {
         policy: Policy,
     }
 
-    /// The `{key}` of a request's path.
-    type KeyPath = Result<Path<String>, PathRejection>;
+    /// A request on one key: the router's state, the `{key}` of the path
+    /// (percent-decoded, not empty) and the query parameters, not yet
+    /// checked (each operation names the one it takes).
+    struct OnKey<S> {
+        admin: Admin<S>,
+        key: String,
+        query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    }
 
-    /// A request's query parameters, in order.
-    type Parameters = Result<Query<Vec<(String, String)>>, QueryRejection>;
+    impl<S: Clone + Send + Sync> FromRequestParts<Admin<S>> for OnKey<S> {
+        type Rejection = AdminError;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            admin: &Admin<S>,
+        ) -> Result<Self, AdminError> {
+            let key = key_of(Path::from_request_parts(parts, admin).await)?;
+            let query = Query::from_request_parts(parts, admin).await;
+            Ok(OnKey {
+                admin: admin.clone(),
+                key,
+                query,
+            })
+        }
+    }
+
+    impl<S: AdminStore> OnKey<S> {
+        /// The value of the query parameter `expected`, required when named;
+        /// any other parameter, or one given twice, is an error.
+        fn parameter(self, expected: Option<&str>) -> Result<(Self, Option<String>), AdminError> {
+            let Query(pairs) = self
+                .query
+                .as_ref()
+                .map_err(|e| AdminError::bad(format!("query string: {}", e.body_text())))?;
+            let value = only(pairs, expected)?;
+            Ok((self, value))
+        }
+
+        /// No query parameter at all.
+        fn without_parameters(self) -> Result<Self, AdminError> {
+            self.parameter(None).map(|(on, _)| on)
+        }
+
+        fn key(&self) -> &[u8] {
+            self.key.as_bytes()
+        }
+
+        /// The `200` answer with `decision` about this key.
+        fn json(&self, decision: &Decision) -> Response {
+            decision_json(&self.admin.policy, &self.key, decision)
+        }
+    }
 
     /// `GET /admin/keys/{key}`.
-    async fn peek<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<Response, AdminError> {
-        let key = key_of(key)?;
-        parameter(parameters, None)?;
-        let decision = admin.store.peek(key.as_bytes(), &admin.policy).await?;
-        Ok(decision_json(&admin.policy, &key, &decision))
+    async fn peek<S: AdminStore + Clone>(on: OnKey<S>) -> Result<Response, AdminError> {
+        let on = on.without_parameters()?;
+        Ok(on.json(&on.admin.store.peek(on.key(), &on.admin.policy).await?))
     }
 
     /// `POST /admin/keys/{key}/reset`.
-    async fn reset<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<StatusCode, AdminError> {
-        let key = key_of(key)?;
-        parameter(parameters, None)?;
-        admin.store.reset(key.as_bytes(), &admin.policy).await?;
+    async fn reset<S: AdminStore + Clone>(on: OnKey<S>) -> Result<StatusCode, AdminError> {
+        let on = on.without_parameters()?;
+        on.admin.store.reset(on.key(), &on.admin.policy).await?;
         Ok(StatusCode::NO_CONTENT)
     }
 
     /// `POST /admin/keys/{key}/penalize?amount=N`.
-    async fn penalize<S: AdminStore + Clone>(
-        admin: State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<Response, AdminError> {
-        adjust(admin, key, parameters, true).await
+    async fn penalize<S: AdminStore + Clone>(on: OnKey<S>) -> Result<Response, AdminError> {
+        adjust(on, true).await
     }
 
     /// `POST /admin/keys/{key}/reward?amount=N`.
-    async fn reward<S: AdminStore + Clone>(
-        admin: State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<Response, AdminError> {
-        adjust(admin, key, parameters, false).await
+    async fn reward<S: AdminStore + Clone>(on: OnKey<S>) -> Result<Response, AdminError> {
+        adjust(on, false).await
     }
 
-    /// A penalty (`penalize`) or a reward of `amount` units: the decision after.
-    async fn adjust<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-        penalize: bool,
-    ) -> Result<Response, AdminError> {
-        let key = key_of(key)?;
-        let amount = amount(parameters)?;
-        let (key_bytes, policy) = (key.as_bytes(), &admin.policy);
+    /// A penalty (`penalize`) or a reward of `?amount=N` units: the decision after.
+    async fn adjust<S: AdminStore>(on: OnKey<S>, penalize: bool) -> Result<Response, AdminError> {
+        let (on, amount) = amount(on)?;
+        let (store, key, policy) = (&on.admin.store, on.key(), &on.admin.policy);
         let decision = if penalize {
-            admin.store.penalize(key_bytes, policy, amount).await?
+            store.penalize(key, policy, amount).await?
         } else {
-            admin.store.reward(key_bytes, policy, amount).await?
+            store.reward(key, policy, amount).await?
         };
-        Ok(decision_json(&admin.policy, &key, &decision))
+        Ok(on.json(&decision))
     }
 
     /// `POST /admin/keys/{key}/block?for=DURATION`.
-    async fn block<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<StatusCode, AdminError> {
-        let key = key_of(key)?;
-        let text = parameter(parameters, Some("for"))?.unwrap_or_default();
+    async fn block<S: AdminStore + Clone>(on: OnKey<S>) -> Result<StatusCode, AdminError> {
+        let (on, text) = on.parameter(Some("for"))?;
+        let text = text.unwrap_or_default();
         let duration = parse_duration(&text).map_err(|e| AdminError::bad(format!("for: {e}")))?;
         if duration.is_zero() {
             // The store would unblock: say so rather than do it quietly.
@@ -270,22 +289,17 @@ mod admin {
                 "for: {text:?} is zero (to end a block, POST .../unblock)"
             )));
         }
-        admin
+        on.admin
             .store
-            .block(key.as_bytes(), &admin.policy, duration)
+            .block(on.key(), &on.admin.policy, duration)
             .await?;
         Ok(StatusCode::NO_CONTENT)
     }
 
     /// `POST /admin/keys/{key}/unblock`.
-    async fn unblock<S: AdminStore + Clone>(
-        State(admin): State<Admin<S>>,
-        key: KeyPath,
-        parameters: Parameters,
-    ) -> Result<StatusCode, AdminError> {
-        let key = key_of(key)?;
-        parameter(parameters, None)?;
-        admin.store.unblock(key.as_bytes(), &admin.policy).await?;
+    async fn unblock<S: AdminStore + Clone>(on: OnKey<S>) -> Result<StatusCode, AdminError> {
+        let on = on.without_parameters()?;
+        on.admin.store.unblock(on.key(), &on.admin.policy).await?;
         Ok(StatusCode::NO_CONTENT)
     }
 
@@ -309,7 +323,7 @@ mod admin {
     }
 
     /// The key, percent-decoded.
-    fn key_of(key: KeyPath) -> Result<String, AdminError> {
+    fn key_of(key: Result<Path<String>, PathRejection>) -> Result<String, AdminError> {
         let Path(key) = key.map_err(|e| AdminError::bad(format!("key: {}", e.body_text())))?;
         if key.is_empty() {
             return Err(AdminError::bad("key: empty"));
@@ -317,14 +331,12 @@ mod admin {
         Ok(key)
     }
 
-    /// The value of the query parameter `expected`, required when named;
-    /// any other parameter, or one given twice, is an error.
-    fn parameter(
-        parameters: Parameters,
+    /// The value of the query parameter `expected` among `pairs`, required
+    /// when named; any other parameter, or one given twice, is an error.
+    fn only(
+        pairs: &[(String, String)],
         expected: Option<&str>,
     ) -> Result<Option<String>, AdminError> {
-        let Query(pairs) =
-            parameters.map_err(|e| AdminError::bad(format!("query string: {}", e.body_text())))?;
         let mut value = None;
         for (name, text) in pairs {
             if Some(name.as_str()) != expected {
@@ -336,7 +348,7 @@ mod admin {
                     "unknown query parameter {name:?} (this operation takes {takes})"
                 )));
             }
-            if value.replace(text).is_some() {
+            if value.replace(text.clone()).is_some() {
                 return Err(AdminError::bad(format!("{name} given twice")));
             }
         }
@@ -349,11 +361,13 @@ mod admin {
     }
 
     /// `?amount=N`, a whole number above 0.
-    fn amount(parameters: Parameters) -> Result<u64, AdminError> {
-        let text = parameter(parameters, Some("amount"))?.unwrap_or_default();
-        text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+    fn amount<S: AdminStore>(on: OnKey<S>) -> Result<(OnKey<S>, u64), AdminError> {
+        let (on, text) = on.parameter(Some("amount"))?;
+        let text = text.unwrap_or_default();
+        let amount = text.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
             AdminError::bad(format!("amount: {text:?} is not a whole number above 0"))
-        })
+        })?;
+        Ok((on, amount))
     }
 
     /// A decision as the API shows it, fields in this order.
