@@ -27,7 +27,8 @@ use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, RedisStore, admin, decision_of, int, parameters};
+use super::{Arg, RedisStore, decision_of, int, parameters};
+use crate::key;
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -356,7 +357,9 @@ impl RedisStore {
 /// decision's work; an index is one.
 fn batch_call(batch: &[Item], fixed_now: u64) -> (Vec<String>, Vec<Arg<'static>>) {
     let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
-    let mut keys = Vec::with_capacity(checks);
+    // The state keys, then their block keys (as admin::with_block_keys orders them),
+    // built in place: the batch's keys are not copied a second time.
+    let mut keys = Vec::with_capacity(2 * checks);
     let mut forms: HashMap<(&'static str, u64, u64, u64), u64> = HashMap::new();
     let mut form_args = Vec::new();
     let mut request_args = Vec::with_capacity(checks + batch.len());
@@ -394,7 +397,11 @@ fn batch_call(batch: &[Item], fixed_now: u64) -> (Vec<String>, Vec<Arg<'static>>
     args.push(Arg::Int(forms.len() as u64));
     args.extend(form_args);
     args.extend(request_args);
-    (admin::with_block_keys(&keys), args)
+    for i in 0..checks {
+        let block = key::block_key(&keys[i]);
+        keys.push(block);
+    }
+    (keys, args)
 }
 
 /// One answer per request of a batch.
