@@ -591,7 +591,10 @@ impl RedisStore {
             Backend::Cluster(_) => keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes())),
         };
         if let Some(alone) = self.go_alone(coalescer, lane) {
-            let result = {
+            // Boxed: a call's state is large (about 4 KB), and a request that
+            // waits for a batch never needs it; unboxed, every request's future
+            // was that large, allocated and copied.
+            let result = Box::pin(async {
                 let via = unclaimed
                     .as_ref()
                     .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
@@ -606,7 +609,8 @@ impl RedisStore {
                         .await
                         .map(|(decisions, _)| decisions)
                 }
-            };
+            })
+            .await;
             drop(alone);
             if result.is_ok() {
                 unclaimed.as_mut().map(Unclaimed::claim);
