@@ -28,8 +28,7 @@ use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, RedisStore, decision_of, int, parameters};
-use crate::key;
+use super::{Arg, RedisStore, WithBlocks, decision_of, int, parameters};
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -324,7 +323,9 @@ impl RedisStore {
             answer(item, result, &sent_on);
             return;
         }
-        let (keys, args) = batch_call(&batch, self.fixed_now());
+        let args = batch_args(&batch, self.fixed_now());
+        // Every state key, then their block keys, written into the command.
+        let keys = WithBlocks(batch.iter().flat_map(|item| item.keys.iter()));
         let sent_on = SentOn::default();
         let via = if batch.iter().any(|item| item.unclaimed.is_some()) {
             Via::Record(&sent_on)
@@ -360,25 +361,23 @@ impl RedisStore {
     }
 }
 
-/// The keys and arguments of one call of `batch.lua` for `batch`: every
-/// state key, then their block keys; the time, each distinct form of check
-/// (algorithm, cost, two parameters) once, then per request the index of its
-/// check's form, or `-m` and the indexes of its `m` checks' forms, each
-/// concurrency check followed by its permit id.
+/// The arguments of one call of `batch.lua` for `batch` (its keys are every
+/// state key, then their block keys: [`WithBlocks`]): the time, each
+/// distinct form of check (algorithm, cost, two parameters) once, then per
+/// request the index of its check's form, or `-m` and the indexes of its `m`
+/// checks' forms, each concurrency check followed by its permit id.
 ///
 /// Redis spends about 800 instructions per argument (callgrind, a batch of
 /// 16 GCRA checks): five per check made about a third of a batched
 /// decision's work; an index is one.
-fn batch_call(batch: &[Item], fixed_now: u64) -> (Vec<String>, Vec<Arg<'static>>) {
+fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
-    // The state keys, then their block keys (as admin::with_block_keys orders them),
-    // built in place: the batch's keys are not copied a second time.
-    let mut keys = Vec::with_capacity(2 * checks);
-    let mut forms: HashMap<(&'static str, u64, u64, u64), u64> = HashMap::new();
+    // A batch holds a few distinct forms (one per policy and cost): a list
+    // searched in order costs less than hashing each check.
+    let mut forms: Vec<(&'static str, u64, u64, u64)> = Vec::new();
     let mut form_args = Vec::new();
     let mut request_args = Vec::with_capacity(checks + batch.len());
     for item in batch {
-        keys.extend(item.keys.iter().cloned());
         if item.requests.len() != 1 {
             request_args.push(Arg::Owned(format!("-{}", item.requests.len())));
         }
@@ -386,17 +385,20 @@ fn batch_call(batch: &[Item], fixed_now: u64) -> (Vec<String>, Vec<Arg<'static>>
             let algorithm = policy.algorithm();
             let (p1, p2) = parameters(algorithm);
             let form = (algorithm.kind(), *cost, p1, p2);
-            let next = forms.len() as u64 + 1;
-            let index = *forms.entry(form).or_insert_with(|| {
-                form_args.extend([
-                    Arg::Str(form.0),
-                    Arg::Int(form.1),
-                    Arg::Int(p1),
-                    Arg::Int(p2),
-                ]);
-                next
-            });
-            request_args.push(Arg::Int(index));
+            let index = match forms.iter().position(|f| *f == form) {
+                Some(i) => i,
+                None => {
+                    forms.push(form);
+                    form_args.extend([
+                        Arg::Str(form.0),
+                        Arg::Int(form.1),
+                        Arg::Int(p1),
+                        Arg::Int(p2),
+                    ]);
+                    forms.len() - 1
+                }
+            };
+            request_args.push(Arg::Int(index as u64 + 1));
             if matches!(algorithm, Algorithm::Concurrency(_)) {
                 request_args.push(if permit.0 == 0 {
                     Arg::Int(0)
@@ -411,11 +413,7 @@ fn batch_call(batch: &[Item], fixed_now: u64) -> (Vec<String>, Vec<Arg<'static>>
     args.push(Arg::Int(forms.len() as u64));
     args.extend(form_args);
     args.extend(request_args);
-    for i in 0..checks {
-        let block = key::block_key(&keys[i]);
-        keys.push(block);
-    }
-    (keys, args)
+    args
 }
 
 /// One answer per request of a batch.
@@ -443,12 +441,14 @@ fn batch_results(batch: &[Item], values: &[Value]) -> Result<Answers, Value> {
         let (Some(fields), Some(after)) = (rest.get(..width), rest.get(width..)) else {
             return Err(undecodable());
         };
-        let Some(fields) = fields.iter().map(int).collect::<Option<Vec<u64>>>() else {
+        if !fields.iter().all(|f| int(f).is_some()) {
             return Err(undecodable());
-        };
+        }
+        // Checked above: every field is a number.
+        let field = |f: &Value| int(f).unwrap_or(0);
         // A request of several checks takes all or nothing: when one denies,
         // the others report a peek, which holds no permit.
-        let all = fields.chunks_exact(4).all(|f| f[0] == 1);
+        let all = fields.chunks_exact(4).all(|f| field(&f[0]) == 1);
         let decisions = fields
             .chunks_exact(4)
             .zip(&item.requests)
@@ -459,7 +459,8 @@ fn batch_results(batch: &[Item], values: &[Value]) -> Result<Answers, Value> {
                 } else {
                     (PermitId(0), 0)
                 };
-                decision_of(f[0] == 1, limit, f[1], f[2], f[3], permit, cost)
+                let [allowed, remaining, reset, wait] = [0, 1, 2, 3].map(|i| field(&f[i]));
+                decision_of(allowed == 1, limit, remaining, reset, wait, permit, cost)
             })
             .collect();
         results.push(Ok(decisions));
