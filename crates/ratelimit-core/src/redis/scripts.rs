@@ -285,6 +285,8 @@ impl AclProbe {
 pub(super) trait CallKeys {
     /// How many keys.
     fn count(&self) -> usize;
+    /// Their summed length in bytes.
+    fn size(&self) -> usize;
     /// Writes each key as an argument of `cmd`.
     fn write_to(&self, cmd: &mut redis::Cmd);
 }
@@ -292,6 +294,10 @@ pub(super) trait CallKeys {
 impl CallKeys for [String] {
     fn count(&self) -> usize {
         self.len()
+    }
+
+    fn size(&self) -> usize {
+        self.iter().map(String::len).sum()
     }
 
     fn write_to(&self, cmd: &mut redis::Cmd) {
@@ -309,6 +315,13 @@ pub(super) struct WithBlocks<I>(pub(super) I);
 impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for WithBlocks<I> {
     fn count(&self) -> usize {
         2 * self.0.clone().count()
+    }
+
+    fn size(&self) -> usize {
+        self.0
+            .clone()
+            .map(|state| 2 * state.len() + key::BLOCK_KEY_SUFFIX.len())
+            .sum()
     }
 
     fn write_to(&self, cmd: &mut redis::Cmd) {
@@ -329,8 +342,16 @@ pub(super) fn invocation<K: CallKeys + ?Sized>(
     keys: &K,
     args: &[Arg<'_>],
 ) -> redis::Cmd {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(name).arg(keys.count());
+    // Sized once: a batch's command grew by doubling, copied each time.
+    let size = args.iter().fold(verb.len() + name.len() + 20, |size, arg| {
+        size + match arg {
+            Arg::Int(_) => 20,
+            Arg::Str(s) => s.len(),
+            Arg::Owned(s) => s.len(),
+        }
+    });
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.count() + args.len(), size + keys.size());
+    cmd.arg(verb).arg(name).arg(keys.count());
     keys.write_to(&mut cmd);
     for arg in args {
         match arg {
