@@ -628,6 +628,52 @@ async fn costly_checks_do_not_share_a_call() {
     calls_since(&store, after, 2, 61);
 }
 
+/// Two calls in flight per lane, whatever the pool size: the requests that
+/// arrive behind them wait and go as one batch when a call returns, rather
+/// than two more going alone and smaller batches behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_calls_in_flight_then_one_batch_whatever_the_pool_size() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(4)
+            .call_timeout(Duration::from_secs(5)),
+    )
+    .await;
+    // Calls alone, then a batch: both functions are loaded.
+    let warm = window();
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..8)
+        .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        d.unwrap();
+    }
+    proxy.set_latency(ms(200));
+    let before = store.coalescing();
+    let leads: Vec<_> = (0..2)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .check(format!("lead{i}").as_bytes(), &window(), 1)
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..10)
+        .map(|i| Box::pin(store.check(format!("k{i}").as_bytes(), &window(), 1)) as Boxed<_>)
+        .collect();
+    for d in join_in_order(calls).await {
+        assert!(d.unwrap().is_allowed());
+    }
+    for lead in leads {
+        assert!(lead.await.unwrap().unwrap().is_allowed());
+    }
+    calls_since(&store, before, 3, 12);
+}
+
 /// A check of cost 1 as a request of a batch.
 fn one(
     store: &RedisStore,

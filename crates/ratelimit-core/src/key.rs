@@ -267,8 +267,11 @@ pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
 /// assert_eq!(cluster_slot(block_key(&state).as_bytes()), cluster_slot(state.as_bytes()));
 /// ```
 pub fn block_key(storage_key: &str) -> String {
-    format!("{storage_key}:block")
+    format!("{storage_key}{BLOCK_KEY_SUFFIX}")
 }
+
+/// What [`block_key`] appends to a state key.
+pub(crate) const BLOCK_KEY_SUFFIX: &str = ":block";
 
 /// The Redis Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash
 /// tag (the part between the first `{` and the next `}`, if not empty) or of

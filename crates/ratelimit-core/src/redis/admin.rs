@@ -4,17 +4,12 @@
 
 use std::time::Duration;
 
-use super::{Arg, BoxFuture, RedisStore, Via, decision_from, parameters, policy_conflict};
+use super::{
+    Arg, BoxFuture, RedisStore, Via, WithBlocks, decision_from, parameters, policy_conflict,
+};
 use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
 use crate::{Decision, PermitId, Policy, StoreError, key};
-
-/// `state_keys` followed by their block keys, the `KEYS` of the check scripts
-/// (`single.lua`, `multi.lua`): a script declares every key it reads.
-pub(super) fn with_block_keys(state_keys: &[String]) -> Vec<String> {
-    let blocks = state_keys.iter().map(|k| key::block_key(k));
-    state_keys.iter().cloned().chain(blocks).collect()
-}
 
 impl RedisStore {
     /// The Redis key that holds a block of `key` under `policy`
@@ -45,7 +40,7 @@ impl RedisStore {
             Arg::Int(p2),
         ];
         let (script, source) = self.inner.scripts.admin();
-        let keys = with_block_keys(std::slice::from_ref(&state_key));
+        let keys = WithBlocks(std::slice::from_ref(&state_key).iter());
         let reply = self
             .inner
             .eval(script, source, &keys, &args, Via::Pool)

@@ -73,9 +73,10 @@ impl RedisStoreBuilder {
     /// every permit held), a sliding-log check 8, any other check 1; a batch
     /// always takes at least one request.
     ///
-    /// A request goes out at once while fewer calls than the pool size are
-    /// in flight (per hash slot on a cluster); the requests that arrive while
-    /// that many are in flight are gathered, and each call that returns sends
+    /// A request goes out at once while fewer than two calls are in flight
+    /// (one with a pool of one connection; per hash slot on a cluster); the
+    /// requests that arrive while that many are in flight are gathered, and
+    /// each call that returns sends
     /// up to `max_batch` units of them as one call of the batch function. No timer
     /// and no added wait; each request keeps its own outcome, and the limits
     /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
@@ -190,12 +191,12 @@ impl RedisStoreBuilder {
                 AclProbe::new(&self.prefix),
             ))))
         };
-        let in_flight = match &backend {
+        let pool_size = match &backend {
             Backend::Node(node) => node.size(),
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(_) => usize::try_from(self.pool_size).unwrap_or(usize::MAX),
         };
-        let coalescer = (self.max_batch > 1).then(|| Coalescer::new(self.max_batch, in_flight));
+        let coalescer = (self.max_batch > 1).then(|| Coalescer::new(self.max_batch, pool_size));
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 backend,

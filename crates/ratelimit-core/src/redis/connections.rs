@@ -122,7 +122,7 @@ enum Lease {
 
 impl Node {
     /// How many connections the store uses at once: a call tries that many
-    /// (plus one), and the coalescer keeps that many calls in flight.
+    /// (plus one), and the coalescer keeps at most that many calls in flight.
     pub(super) fn size(&self) -> usize {
         match self {
             Node::Own(connections) => connections.size(),

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::{RedisError, Script, Value};
 
-use super::scripts::Library;
+use super::scripts::{CallKeys, Library};
 use super::unclaimed::Via;
 use super::{Arg, Inner};
 use crate::StoreError;
@@ -30,10 +30,10 @@ const NEVER: u8 = 1;
 impl Inner {
     /// One decision under `algorithm`: `FCALL` of its function, or its
     /// script where functions cannot be used, on the connection `via` says.
-    pub(super) async fn decide(
+    pub(super) async fn decide<K: CallKeys + ?Sized>(
         &self,
         algorithm: &Algorithm,
-        keys: &[String],
+        keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
@@ -51,9 +51,9 @@ impl Inner {
 
     /// Several requests in one call (`batch.lua`): `FCALL` of the library's
     /// batch function, or its script where functions cannot be used.
-    pub(super) async fn decide_batch(
+    pub(super) async fn decide_batch<K: CallKeys + ?Sized>(
         &self,
-        keys: &[String],
+        keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
@@ -64,11 +64,11 @@ impl Inner {
 
     /// `FCALL` of `function`, loading the library once when it is missing,
     /// or `script` where functions cannot be used.
-    async fn call(
+    async fn call<K: CallKeys + ?Sized>(
         &self,
         function: &str,
         (script, source): (&Script, &str),
-        keys: &[String],
+        keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {

@@ -53,7 +53,7 @@ use replies::*;
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Node};
-use scripts::{AclProbe, Scripts};
+use scripts::{AclProbe, CallKeys, Scripts, WithBlocks};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
@@ -371,11 +371,11 @@ impl Inner {
     /// deadline over both, a connection per attempt (retried when one
     /// breaks) and records it for permit releases (`run_via`). The hit path
     /// is the same single `EVALSHA` either way: no speed is claimed.
-    async fn eval(
+    async fn eval<K: CallKeys + ?Sized>(
         &self,
         script: &redis::Script,
         source: &str,
-        keys: &[String],
+        keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
@@ -424,7 +424,7 @@ impl RedisStore {
             Arg::Int(p2),
             permit_arg,
         ];
-        let keys = admin::with_block_keys(std::slice::from_ref(&key));
+        let keys = WithBlocks(std::slice::from_ref(&key).iter());
         let reply = self
             .inner
             .decide(policy.algorithm(), &keys, &args, via)
@@ -463,10 +463,9 @@ impl RedisStore {
             args.push(Arg::Owned(permit.to_string()));
         }
         let (script, source) = self.inner.scripts.multi();
-        let all_keys = admin::with_block_keys(keys);
         let reply = self
             .inner
-            .eval(script, source, &all_keys, &args, via)
+            .eval(script, source, &WithBlocks(keys.iter()), &args, via)
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         group_from(&reply, requests)
@@ -569,7 +568,7 @@ impl RedisStore {
             // A lost refund errs towards denying; nothing more can be done here.
             let _ = self
                 .inner
-                .eval(script, source, &group_keys, &args, Via::Pool)
+                .eval(script, source, group_keys.as_slice(), &args, Via::Pool)
                 .await;
         }
     }
@@ -591,7 +590,10 @@ impl RedisStore {
             Backend::Cluster(_) => keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes())),
         };
         if let Some(alone) = self.go_alone(coalescer, lane) {
-            let result = {
+            // Boxed: a call's state is large (about 4 KB), and a request that
+            // waits for a batch never needs it; unboxed, every request's future
+            // was that large, allocated and copied.
+            let result = Box::pin(async {
                 let via = unclaimed
                     .as_ref()
                     .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
@@ -606,7 +608,8 @@ impl RedisStore {
                         .await
                         .map(|(decisions, _)| decisions)
                 }
-            };
+            })
+            .await;
             drop(alone);
             if result.is_ok() {
                 unclaimed.as_mut().map(Unclaimed::claim);
@@ -657,7 +660,7 @@ impl RedisStore {
         let permit_text = permit.to_string();
         let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
         self.inner
-            .eval(script, source, &[key.to_owned()], &args, via)
+            .eval(script, source, &[key.to_owned()][..], &args, via)
             .await
             .map(|_| ())
     }

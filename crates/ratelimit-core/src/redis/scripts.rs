@@ -3,11 +3,12 @@
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::{RedisError, RedisWrite, Script};
 
 use super::errors::is_noscript;
 use super::replies::Arg;
 
+use crate::key;
 use crate::policy::{Algorithm, AlgorithmKind};
 
 /// The shared numbers and prelude, then each file `$file` in order (a file
@@ -280,11 +281,78 @@ impl AclProbe {
     }
 }
 
+/// The keys of one call, written into its command as they are.
+pub(super) trait CallKeys {
+    /// How many keys.
+    fn count(&self) -> usize;
+    /// Their summed length in bytes.
+    fn size(&self) -> usize;
+    /// Writes each key as an argument of `cmd`.
+    fn write_to(&self, cmd: &mut redis::Cmd);
+}
+
+impl CallKeys for [String] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn size(&self) -> usize {
+        self.iter().map(String::len).sum()
+    }
+
+    fn write_to(&self, cmd: &mut redis::Cmd) {
+        for key in self {
+            cmd.arg(key.as_str());
+        }
+    }
+}
+
+/// State keys, then their block keys ([`key::block_key`]): the `KEYS` of
+/// the check scripts, which declare every key they read. A block key is
+/// written into the command, never built as a string of its own.
+pub(super) struct WithBlocks<I>(pub(super) I);
+
+impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for WithBlocks<I> {
+    fn count(&self) -> usize {
+        2 * self.0.clone().count()
+    }
+
+    fn size(&self) -> usize {
+        self.0
+            .clone()
+            .map(|state| 2 * state.len() + key::BLOCK_KEY_SUFFIX.len())
+            .sum()
+    }
+
+    fn write_to(&self, cmd: &mut redis::Cmd) {
+        for state in self.0.clone() {
+            cmd.arg(state.as_str());
+        }
+        for state in self.0.clone() {
+            cmd.write_arg_fmt(format_args!("{state}{}", key::BLOCK_KEY_SUFFIX));
+        }
+    }
+}
+
 /// The command `<verb> <name> <number of keys> <keys...> <args...>`: `EVALSHA`
 /// of a script's SHA-1, `EVAL` of its source, or `FCALL` of a function.
-pub(super) fn invocation(verb: &str, name: &str, keys: &[String], args: &[Arg<'_>]) -> redis::Cmd {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(name).arg(keys.len()).arg(keys);
+pub(super) fn invocation<K: CallKeys + ?Sized>(
+    verb: &str,
+    name: &str,
+    keys: &K,
+    args: &[Arg<'_>],
+) -> redis::Cmd {
+    // Sized once: a batch's command grew by doubling, copied each time.
+    let size = args.iter().fold(verb.len() + name.len() + 20, |size, arg| {
+        size + match arg {
+            Arg::Int(_) => 20,
+            Arg::Str(s) => s.len(),
+            Arg::Owned(s) => s.len(),
+        }
+    });
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.count() + args.len(), size + keys.size());
+    cmd.arg(verb).arg(name).arg(keys.count());
+    keys.write_to(&mut cmd);
     for arg in args {
         match arg {
             Arg::Int(n) => cmd.arg(*n),
