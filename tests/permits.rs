@@ -489,8 +489,8 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     let slot_of = |k: &str| {
         ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes())
     };
-    let late_node = owner_of(&cluster, slot_of(&late));
-    assert_ne!(late_node, owner_of(&cluster, slot_of(&denier)));
+    let late_node = cluster.master_of(slot_of(&late));
+    assert_ne!(late_node, cluster.master_of(slot_of(&denier)));
     assert!(admits(&store, denier.as_bytes(), &policy).await);
     cluster.node_mut(late_node).stop();
     let checks = [
@@ -504,21 +504,4 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
         decisions[1].is_allowed() && decisions[1].remaining() == 0,
         "{decisions:?}"
     );
-}
-
-/// The index of the node that serves `slot`, from each node's `CLUSTER NODES`.
-fn owner_of(cluster: &RedisCluster, slot: u16) -> usize {
-    (0..3)
-        .find(|&i| {
-            let nodes = cluster.cli(i, &["CLUSTER", "NODES"]);
-            let myself = nodes.lines().find(|l| l.contains("myself")).unwrap_or("");
-            myself.split_whitespace().skip(8).any(|range| {
-                let (a, b) = range.split_once('-').unwrap_or((range, range));
-                match (a.parse::<u16>(), b.parse::<u16>()) {
-                    (Ok(a), Ok(b)) => (a..=b).contains(&slot),
-                    _ => false,
-                }
-            })
-        })
-        .unwrap()
 }

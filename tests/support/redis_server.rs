@@ -588,6 +588,28 @@ impl RedisCluster {
         &mut self.nodes[index]
     }
 
+    /// The index of the node that serves `slot`, from each node's own line
+    /// (`myself`) of `CLUSTER NODES`.
+    ///
+    /// # Panics
+    ///
+    /// When no node claims `slot`, and as [`RedisServer::cli`].
+    pub fn master_of(&self, slot: u16) -> usize {
+        (0..self.nodes.len())
+            .find(|&i| {
+                let nodes = self.cli(i, &["CLUSTER", "NODES"]);
+                let myself = nodes.lines().find(|l| l.contains("myself")).unwrap_or("");
+                myself.split_whitespace().skip(8).any(|range| {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    match (a.parse::<u16>(), b.parse::<u16>()) {
+                        (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                        _ => false,
+                    }
+                })
+            })
+            .unwrap_or_else(|| panic!("no node of the cluster serves slot {slot}"))
+    }
+
     /// Runs `redis-cli` against node `index` (see [`RedisServer::cli`]).
     /// Pass `-c` first to follow `MOVED`/`ASK` redirections:
     /// `cluster.cli(0, &["-c", "SET", "k", "v"])`.

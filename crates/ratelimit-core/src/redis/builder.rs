@@ -133,9 +133,13 @@ impl RedisStoreBuilder {
             {
                 #[cfg(feature = "tls")]
                 let _ = rustls::crypto::ring::default_provider().install_default();
+                let wait = cluster_retry_wait(self.call_timeout);
                 let client = redis::cluster::ClusterClient::builder(self.urls.clone())
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.call_timeout)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(wait)
+                    .max_retry_wait(wait.saturating_add(1))
                     .build()
                     .map_err(backend_error)?;
                 let connection = tokio::time::timeout(
@@ -244,6 +248,32 @@ impl RedisStoreBuilder {
     fn pooled(&mut self) -> Result<Option<Backend>, StoreError> {
         Ok(None)
     }
+}
+
+/// How many times redis-rs's cluster client retries one command: each
+/// `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, dropped connection or
+/// unreachable node counts one.
+#[cfg(feature = "redis-cluster")]
+const CLUSTER_RETRIES: u32 = 16;
+
+/// The wait, in milliseconds, before redis-rs retries a command that met
+/// `TRYAGAIN` (a slot half migrated) or a node it could not connect to: one
+/// [`CLUSTER_RETRIES`]th of the call timeout, at least 1 ms, so that the
+/// retries of a migration span the call timeout. (The bounds given to
+/// redis-rs, this and this + 1, make its jittered wait this constant.)
+///
+/// redis-rs waits the same before retrying a refused node (after the
+/// `MOVED` from another master that served it in its place, which also
+/// counts a retry): a stopped master therefore fails after about half the
+/// call timeout, not at once. Its default (1.28 s and more) outlasted any
+/// call timeout below it, so a migration's `TRYAGAIN` was a timeout, and an
+/// outage, instead of a decision.
+#[cfg(feature = "redis-cluster")]
+fn cluster_retry_wait(call_timeout: Duration) -> u64 {
+    let per_retry = call_timeout / CLUSTER_RETRIES;
+    u64::try_from(per_retry.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 pub(super) fn valid_prefix(prefix: &str) -> bool {

@@ -15,7 +15,9 @@ pub(crate) fn backend_error(e: RedisError) -> StoreError {
 
 /// Whether `e` means Redis could not be reached or could not serve the call
 /// now (so a failure policy may apply): a broken or refused connection, no
-/// node for the slot, a cluster that is down or resharding, a master that is
+/// node for the slot, a cluster that is down or resharding, a `MOVED` or
+/// `ASK` still left when the cluster client's retries ran out (the slot's
+/// owner could not be reached, or the slot kept moving), a master that is
 /// down or was demoted during a failover, a server loading its data or busy
 /// running another script. Everything else (a script error, `NOPERM`, a
 /// failed authentication, a reply of the wrong type) is a mistake to fix,
@@ -31,6 +33,8 @@ pub(super) fn is_outage(e: &RedisError) -> bool {
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
                         | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
                 )
         )
         || matches!(e.code(), Some("BUSY" | "MASTERDOWN" | "LOADING"))
@@ -72,5 +76,30 @@ pub(super) fn policy_conflict<'a>(
             policy: policy.name().to_owned(),
         },
         _ => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(reply: &str) -> RedisError {
+        let value = redis::parse_redis_value(reply.as_bytes()).expect("a RESP error");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    #[test]
+    fn a_redirection_left_after_the_cluster_clients_retries_is_an_outage() {
+        for reply in [
+            "-MOVED 157 127.0.0.1:7000\r\n",
+            "-ASK 157 127.0.0.1:7000\r\n",
+        ] {
+            let error = server_error(reply);
+            assert!(is_outage(&error), "{reply:?}: {error:?}");
+            assert!(backend_error(error).is_outage(), "{reply:?}");
+        }
+        for reply in ["-ERR unknown command\r\n", "-NOPERM no\r\n"] {
+            assert!(!is_outage(&server_error(reply)), "{reply:?}");
+        }
     }
 }
