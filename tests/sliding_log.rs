@@ -56,24 +56,82 @@ fn assert_log_key(server: &RedisServer, key: &str, window: u64, what: &str) {
             let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
             assert!(ttl > 0, "{what}: {key} has no TTL ({ttl})");
             // The scripts on a test clock add an hour of slack (prelude.lua).
-            assert!(ttl as u64 <= window.div_ceil(1000) + 3_600_000, "{what}: TTL {ttl}");
+            assert!(
+                ttl as u64 <= window.div_ceil(1000) + 3_600_000,
+                "{what}: TTL {ttl}"
+            );
         }
         other => panic!("{what}: {key} is a {other}"),
     }
 }
 
-async fn both(
-    memory: &MemoryStore<ManualClock>,
-    redis: &RedisStore,
-    key: &[u8],
-    policy: &Policy,
-    cost: u64,
-    what: &str,
-) -> Decision {
-    let m = memory.check(key, policy, cost).await.unwrap();
-    let r = redis.check(key, policy, cost).await.unwrap();
-    assert_eq!(observable(&m), observable(&r), "{what}");
-    m
+/// Both stores on one manual clock, and the server under the Redis one.
+struct Twins {
+    server: RedisServer,
+    clock: ManualClock,
+    memory: MemoryStore<ManualClock>,
+    redis: RedisStore,
+}
+
+/// One operation on a key.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check(u64),
+    Penalize(u64),
+    Reward(u64),
+}
+
+impl Op {
+    /// Mostly checks of costs up to `max_cost`, sometimes a penalty or a
+    /// reward of up to `max_amount`.
+    fn random(rng: &mut Rng, max_cost: u64, max_amount: u64) -> Op {
+        match rng.below(25) {
+            0 => Op::Penalize(rng.below(max_amount) + 1),
+            1 => Op::Reward(rng.below(max_amount) + 1),
+            _ => Op::Check(rng.below(max_cost + 1)),
+        }
+    }
+}
+
+impl Twins {
+    async fn start() -> Twins {
+        let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+        Twins {
+            server,
+            clock,
+            memory,
+            redis,
+        }
+    }
+
+    /// Runs `op` on both stores, which must answer alike.
+    async fn run(&self, key: &[u8], policy: &Policy, op: Op, what: &str) -> Decision {
+        let (m, r) = match op {
+            Op::Check(cost) => (
+                self.memory.check(key, policy, cost).await,
+                self.redis.check(key, policy, cost).await,
+            ),
+            Op::Penalize(amount) => (
+                self.memory.penalize(key, policy, amount).await,
+                self.redis.penalize(key, policy, amount).await,
+            ),
+            Op::Reward(amount) => (
+                self.memory.reward(key, policy, amount).await,
+                self.redis.reward(key, policy, amount).await,
+            ),
+        };
+        let (m, r) = (m.unwrap(), r.unwrap());
+        assert_eq!(observable(&m), observable(&r), "{what}: {op:?}");
+        m
+    }
+
+    async fn check(&self, key: &[u8], policy: &Policy, cost: u64, what: &str) -> Decision {
+        self.run(key, policy, Op::Check(cost), what).await
+    }
+
+    fn advance(&self, micros: u64) {
+        self.clock.advance(Duration::from_micros(micros));
+    }
 }
 
 /// Window after window of entries leaving (all of them, some, none), with
@@ -81,75 +139,62 @@ async fn both(
 /// `2 × limit` entries, and every write drops those that left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_leave_window_after_window_and_the_string_stays_bounded() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::start().await;
     let window = 1_000u64;
     let policy = Policy::sliding_window_log(5, Duration::from_micros(window)).unwrap();
-    let key = redis.state_key(b"k", &policy);
+    let key = twins.redis.state_key(b"k", &policy);
     let mut rng = Rng(13);
     for step in 0..1_500 {
-        clock.advance(Duration::from_micros(match rng.below(20) {
+        twins.advance(match rng.below(20) {
             0 => window + rng.below(3 * window),
             1 => 0,
             _ => rng.below(window / 3),
-        }));
+        });
         let what = format!("step {step}");
-        match rng.below(30) {
-            0 => {
-                let amount = rng.below(8) + 1;
-                let m = memory.penalize(b"k", &policy, amount).await.unwrap();
-                let r = redis.penalize(b"k", &policy, amount).await.unwrap();
-                assert_eq!(observable(&m), observable(&r), "{what}, penalize");
-            }
-            1 => {
-                let amount = rng.below(8) + 1;
-                let m = memory.reward(b"k", &policy, amount).await.unwrap();
-                let r = redis.reward(b"k", &policy, amount).await.unwrap();
-                assert_eq!(observable(&m), observable(&r), "{what}, reward");
-            }
-            _ => {
-                let allowed = both(&memory, &redis, b"k", &policy, rng.below(6), &what)
-                    .await
-                    .is_allowed();
-                if allowed {
-                    // A write keeps only what is in the window: at most one
-                    // entry per unit, 2 × limit with penalties.
-                    assert!(entries(&server, &key) <= 10, "{what}");
-                }
-            }
+        let op = Op::random(&mut rng, 5, 8);
+        let d = twins.run(b"k", &policy, op, &what).await;
+        if matches!(op, Op::Check(_)) && d.is_allowed() {
+            // A write keeps only what is in the window: at most one entry
+            // per unit, 2 × limit with penalties.
+            assert!(entries(&twins.server, &key) <= 10, "{what}");
         }
-        assert_log_key(&server, &key, window, &what);
+        assert_log_key(&twins.server, &key, window, &what);
     }
 }
 
-/// A log that never empties counts on past 2^48 units: the next write
-/// renumbers its counts from 0, and nothing it decides changes.
+/// A log that never empties counts on past 2^48 units: the next call that
+/// drops an entry renumbers its counts from 0, and nothing it decides
+/// changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_past_2_48_are_renumbered_on_the_next_write() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::start().await;
+    let server = &twins.server;
     let window = 1_000_000u64;
     let policy = Policy::sliding_window_log(10, Duration::from_micros(window)).unwrap();
-    let key = redis.state_key(b"k", &policy);
+    let key = twins.redis.state_key(b"k", &policy);
     for step in 0..4 {
-        clock.advance(Duration::from_micros(100_000));
-        both(&memory, &redis, b"k", &policy, 2, &format!("before, {step}")).await;
+        twins.advance(100_000);
+        twins
+            .check(b"k", &policy, 2, &format!("before, {step}"))
+            .await;
     }
-    lift_counts(&server, &key, (1 << 48) + 7);
-    assert_eq!(base(&server, &key), (1 << 48) + 7);
+    lift_counts(server, &key, (1 << 48) + 7);
+    assert_eq!(base(server, &key), (1 << 48) + 7);
     // The oldest entries leave one by one; the first call that drops one
     // (a peek) renumbers.
     for step in 0..6 {
-        clock.advance(Duration::from_micros(150_000));
+        twins.advance(150_000);
         let what = format!("after, {step}");
-        both(&memory, &redis, b"k", &policy, 0, &what).await;
-        both(&memory, &redis, b"k", &policy, 3, &what).await;
-        both(&memory, &redis, b"k", &policy, 9, &what).await;
+        for cost in [0, 3, 9] {
+            twins.check(b"k", &policy, cost, &what).await;
+        }
         if step == 0 {
             // Nothing left the window, nothing was admitted: not written.
-            assert_eq!(base(&server, &key), (1 << 48) + 7, "{what}");
+            assert_eq!(base(server, &key), (1 << 48) + 7, "{what}");
         }
     }
-    assert!(base(&server, &key) < 1 << 48);
-    assert_log_key(&server, &key, window, "renumbered");
+    assert!(base(server, &key) < 1 << 48);
+    assert_log_key(server, &key, window, "renumbered");
 }
 
 /// The largest limit and cost, and a log of `LOG_SLOTS` taken by single
@@ -157,39 +202,46 @@ async fn counts_past_2_48_are_renumbered_on_the_next_write() {
 /// rewards included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_largest_costs_and_limits_decide_as_in_memory() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::start().await;
     let minute = Duration::from_secs(60);
     let max = Policy::sliding_window_log(MAX_LIMIT, minute).unwrap();
-    let what = |s: &str| format!("2^40: {s}");
-    assert!(both(&memory, &redis, b"m", &max, MAX_LIMIT, &what("all")).await.is_allowed());
-    clock.advance(Duration::from_secs(30));
-    let denied = both(&memory, &redis, b"m", &max, 1, &what("one more")).await;
+    assert!(
+        twins
+            .check(b"m", &max, MAX_LIMIT, "2^40")
+            .await
+            .is_allowed()
+    );
+    twins.advance(30_000_000);
+    let denied = twins.check(b"m", &max, 1, "2^40, one more").await;
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(30)));
-    clock.advance(Duration::from_secs(30));
-    assert!(both(&memory, &redis, b"m", &max, MAX_LIMIT - 1, &what("again")).await.is_allowed());
-    let m = memory.penalize(b"m", &max, 4 * MAX_LIMIT).await.unwrap();
-    let r = redis.penalize(b"m", &max, 4 * MAX_LIMIT).await.unwrap();
-    assert_eq!(observable(&m), observable(&r), "{}", what("penalty"));
-    clock.advance(Duration::from_secs(1));
-    both(&memory, &redis, b"m", &max, MAX_LIMIT, &what("in debt")).await;
-    let m = memory.reward(b"m", &max, MAX_LIMIT + 3).await.unwrap();
-    let r = redis.reward(b"m", &max, MAX_LIMIT + 3).await.unwrap();
-    assert_eq!(observable(&m), observable(&r), "{}", what("reward"));
-    both(&memory, &redis, b"m", &max, 3, &what("after the reward")).await;
+    twins.advance(30_000_000);
+    let ops = [
+        Op::Check(MAX_LIMIT - 1),
+        Op::Penalize(4 * MAX_LIMIT),
+        Op::Check(MAX_LIMIT),
+        Op::Reward(MAX_LIMIT + 3),
+        Op::Check(3),
+    ];
+    for op in ops {
+        twins.run(b"m", &max, op, "2^40").await;
+        twins.advance(1_000_000);
+    }
 
     let full = Policy::sliding_window_log(LOG_SLOTS, minute).unwrap();
-    let key = redis.state_key(b"f", &full);
+    let key = twins.redis.state_key(b"f", &full);
     for i in 0..LOG_SLOTS {
-        clock.advance(Duration::from_micros(7));
-        assert!(both(&memory, &redis, b"f", &full, 1, &format!("unit {i}")).await.is_allowed());
+        twins.advance(7);
+        let what = format!("unit {i}");
+        assert!(twins.check(b"f", &full, 1, &what).await.is_allowed());
     }
-    assert_eq!(entries(&server, &key), LOG_SLOTS);
+    assert_eq!(entries(&twins.server, &key), LOG_SLOTS);
     for cost in [LOG_SLOTS, 1, 0] {
-        both(&memory, &redis, b"f", &full, cost, &format!("full, cost {cost}")).await;
+        twins.check(b"f", &full, cost, "full").await;
     }
-    clock.advance(Duration::from_secs(60));
-    assert!(both(&memory, &redis, b"f", &full, LOG_SLOTS, "all at once").await.is_allowed());
-    assert_eq!(entries(&server, &key), 1);
+    twins.advance(60_000_000);
+    let all = twins.check(b"f", &full, LOG_SLOTS, "all at once").await;
+    assert!(all.is_allowed());
+    assert_eq!(entries(&twins.server, &key), 1);
 }
 
 /// The same name with other limits between calls (across `LOG_SLOTS`, so
@@ -200,39 +252,19 @@ async fn the_largest_costs_and_limits_decide_as_in_memory() {
 /// keys get an hour of slack.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_changed_between_calls_decides_as_in_memory() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::start().await;
     let ms = Duration::from_millis;
-    let policies = [
-        named("changing", Policy::sliding_window_log(3, ms(100))),
-        named("changing", Policy::sliding_window_log(8, ms(100))),
-        named("changing", Policy::sliding_window_log(3_000, ms(100))),
-        named("changing", Policy::sliding_window_log(1, ms(100))),
-    ];
-    let key = redis.state_key(b"k", &policies[0]);
+    let policies =
+        [3, 8, 3_000, 1].map(|limit| named("changing", Policy::sliding_window_log(limit, ms(100))));
+    let key = twins.redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(1313);
     for step in 0..1_200 {
-        clock.advance(Duration::from_micros(rng.below(30_000)));
+        twins.advance(rng.below(30_000));
         let policy = &policies[rng.index(policies.len())];
-        let what = format!("step {step}, {policy:?}");
-        match rng.below(25) {
-            0 => {
-                let amount = rng.below(policy.limit()) + 1;
-                let m = memory.penalize(b"k", policy, amount).await.unwrap();
-                let r = redis.penalize(b"k", policy, amount).await.unwrap();
-                assert_eq!(observable(&m), observable(&r), "{what}, penalize");
-            }
-            1 => {
-                let amount = rng.below(policy.limit()) + 1;
-                let m = memory.reward(b"k", policy, amount).await.unwrap();
-                let r = redis.reward(b"k", policy, amount).await.unwrap();
-                assert_eq!(observable(&m), observable(&r), "{what}, reward");
-            }
-            _ => {
-                let cost = rng.below(policy.limit().min(12) + 1);
-                both(&memory, &redis, b"k", policy, cost, &what).await;
-            }
-        }
-        assert!(entries(&server, &key) <= 2 * LOG_SLOTS, "{what}");
+        let what = format!("step {step}, limit {}", policy.limit());
+        let op = Op::random(&mut rng, policy.limit().min(12), policy.limit());
+        twins.run(b"k", policy, op, &what).await;
+        assert!(entries(&twins.server, &key) <= 2 * LOG_SLOTS, "{what}");
     }
 }
 
@@ -273,9 +305,18 @@ fn write_old_log(server: &RedisServer, key: &str, members: &[(String, String)]) 
 /// family (a semaphore's permits) stays a policy conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::start().await;
+    let Twins {
+        server,
+        clock,
+        memory,
+        redis,
+    } = &twins;
     let window = 60_000_000u64;
-    let policy = named("old", Policy::sliding_window_log(10, Duration::from_micros(window)));
+    let policy = named(
+        "old",
+        Policy::sliding_window_log(10, Duration::from_micros(window)),
+    );
     let other = named("other", Policy::fixed_window(5, Duration::from_secs(60)));
     let start = NOW_MICROS;
     // The first entry leaves the window before the checks below.
@@ -292,7 +333,7 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
             assert!(memory.check(key, &policy, cost).await.unwrap().is_allowed());
         }
         let state_key = redis.state_key(key, &policy);
-        write_old_log(&server, &state_key, &old_members(&timeline, with_sums));
+        write_old_log(server, &state_key, &old_members(&timeline, with_sums));
     }
     clock.set(start + window + 500);
     for &(key, _, op) in &cases {
@@ -300,12 +341,12 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
         let state_key = redis.state_key(key, &policy);
         match op {
             "peek" => {
-                let d = both(&memory, &redis, key, &policy, 0, &what).await;
+                let d = twins.check(key, &policy, 0, &what).await;
                 assert_eq!(d.remaining(), 3, "{what}");
             }
             "check" => {
-                assert!(!both(&memory, &redis, key, &policy, 4, &what).await.is_allowed());
-                assert!(both(&memory, &redis, key, &policy, 3, &what).await.is_allowed());
+                assert!(!twins.check(key, &policy, 4, &what).await.is_allowed());
+                assert!(twins.check(key, &policy, 3, &what).await.is_allowed());
             }
             "check_all" => {
                 let checks = [Check::new(b"o", &other, 1), Check::new(key, &policy, 4)];
@@ -318,26 +359,27 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
                 assert!(!r[1].is_allowed(), "{what}");
             }
             _ => {
-                let m = memory.reward(key, &policy, 2).await.unwrap();
-                let r = redis.reward(key, &policy, 2).await.unwrap();
-                assert_eq!(observable(&m), observable(&r), "{what}");
-                assert_eq!(r.remaining(), 5, "{what}");
+                let d = twins.run(key, &policy, Op::Reward(2), &what).await;
+                assert_eq!(d.remaining(), 5, "{what}");
             }
         }
         assert_eq!(server.cli(&["TYPE", &state_key]), "string", "{what}");
-        assert_log_key(&server, &state_key, window, &what);
-        both(&memory, &redis, key, &policy, 0, &format!("{what}, then a peek")).await;
+        assert_log_key(server, &state_key, window, &what);
+        twins
+            .check(key, &policy, 0, &format!("{what}, then a peek"))
+            .await;
     }
 
     // A log whose every entry has left: nothing counts, and the first
     // admission replaces it.
     let key = redis.state_key(b"gone", &policy);
-    write_old_log(&server, &key, &old_members(&timeline, true));
+    write_old_log(server, &key, &old_members(&timeline, true));
     clock.set(start + 3 * window);
-    let d = redis.check(b"gone", &policy, 0).await.unwrap();
-    assert_eq!(d.remaining(), 10);
-    assert!(redis.check(b"gone", &policy, 10).await.unwrap().is_allowed());
-    assert_eq!(entries(&server, &key), 1);
+    for (cost, remaining) in [(0, 10), (10, 0)] {
+        let d = redis.check(b"gone", &policy, cost).await.unwrap();
+        assert!(d.is_allowed() && d.remaining() == remaining, "{d:?}");
+    }
+    assert_eq!(entries(server, &key), 1);
 
     // A semaphore's permits under the log's name: a conflict, untouched.
     let key = redis.state_key(b"permits", &policy);

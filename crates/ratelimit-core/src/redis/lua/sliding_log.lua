@@ -45,19 +45,13 @@ local function log_size(raw)
   return n
 end
 
--- The first of the n entries of `raw` logged after `edge`, n + 1 when none.
-local function log_after(raw, n, edge)
-  if n == 0 or log_at(raw, n) <= edge then
-    return n + 1
-  end
-  if log_at(raw, 1) > edge then
-    return 1
-  end
-  -- Entry lo - 1 is at or before the edge, entry hi after it.
-  local lo, hi = 2, n
+-- The first entry from lo to hi whose field (1: its time, 2: its `through`,
+-- both never decreasing) is at least `least`; hi when none is (the caller
+-- checks).
+local function log_search(raw, lo, hi, field, least)
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    if log_at(raw, mid) > edge then
+    if select(field, log_at(raw, mid)) >= least then
       hi = mid
     else
       lo = mid + 1
@@ -66,20 +60,21 @@ local function log_after(raw, n, edge)
   return lo
 end
 
+-- The first of the n entries of `raw` logged after `edge`, n + 1 when none.
+local function log_after(raw, n, edge)
+  if n == 0 or log_at(raw, n) <= edge then
+    return n + 1
+  end
+  if log_at(raw, 1) > edge then
+    return 1
+  end
+  return log_search(raw, 2, n, 1, edge + 1)
+end
+
 -- The first entry from `first` to n whose `through` reaches `target`; n when
 -- none does (the caller checks).
 local function log_reach(raw, first, n, target)
-  local lo, hi = first, n
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local _, through = log_at(raw, mid)
-    if through >= target then
-      hi = mid
-    else
-      lo = mid + 1
-    end
-  end
-  return lo
+  return log_search(raw, first, n, 2, target)
 end
 
 -- A log in the previous layout (a sorted set, one member "<t>:<cost>" or
