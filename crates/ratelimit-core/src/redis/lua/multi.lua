@@ -30,13 +30,15 @@ for i = 1, n do
   if all then
     if writes(r) then
       local algorithm = ARGV[1 + (i - 1) * 5 + 1]
-      if algorithm ~= 'sliding-log' and algorithm ~= 'concurrency' then
+      if algorithm == 'sliding-log' then
+        -- The time of the entry that holds this request's units (the log's
+        -- newest once written), before commit clears the value.
+        after = fmt(log_newest(r[9]))
+      elseif algorithm ~= 'concurrency' then
         before = redis.call('GET', KEYS[i]) or ''
       end
       commit(r)
-      if algorithm == 'sliding-log' then
-        after = fmt(r.entry_time)
-      elseif algorithm ~= 'concurrency' then
+      if algorithm ~= 'sliding-log' and algorithm ~= 'concurrency' then
         after = redis.call('GET', KEYS[i]) or ''
       end
     end

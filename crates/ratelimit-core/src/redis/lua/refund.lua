@@ -41,32 +41,7 @@ for i = 1, #KEYS do
     wrong_type(redis.pcall('ZREM', key, permit .. ':' .. fmt(cost)))
   elseif algorithm == 'sliding-log' and after ~= '' then
     -- `after` holds the time of the entry this request added to.
-    local t = tonumber(after)
-    local found = redis.pcall('ZRANGEBYSCORE', key, fmt(t), fmt(t))
-    if not wrong_type(found) and found[1] then
-      local e = log_entry(found[1])
-      local taken = math.min(cost, e.cost)
-      -- Entries logged since count `taken` fewer units before them (at most
-      -- the log's 2 × LOG_SLOTS entries; usually none).
-      if e.before then
-        for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(t), '+inf')) do
-          local later = log_entry(member)
-          if later.before and later.before >= taken then
-            log_rewrite(key, later, later.t, later.cost, later.before - taken)
-          end
-        end
-      end
-      if e.cost > taken and e.before then
-        log_rewrite(key, e, e.t, e.cost - taken, e.before)
-      elseif e.cost > taken then
-        -- A member from before running sums keeps its form (renumbered when
-        -- next read).
-        redis.call('ZADD', key, fmt(t), fmt(t) .. ':' .. fmt(e.cost - taken))
-        redis.call('ZREM', key, e.member)
-      else
-        redis.call('ZREM', key, e.member)
-      end
-    end
+    log_refund(key, tonumber(after), cost)
   elseif algorithm ~= 'sliding-log' then
     restore_string(key, after, before)
   end
