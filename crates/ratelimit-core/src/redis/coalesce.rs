@@ -79,7 +79,8 @@ struct Lane {
 /// A concurrency check reads every permit held, up to its `max` (about 1 µs
 /// each, against 3–4 µs for a simple decision: one unit per permit is
 /// generous, and keeps a full semaphore alone in its call). A sliding-log
-/// check reads a few dozen members of its log at most: 8 units.
+/// check reads and writes its whole log, one string of up to 2,048 entries
+/// of 14 bytes, and searches it in Lua: 8 units.
 pub(super) fn weight(policy: &Policy) -> usize {
     match policy.algorithm() {
         Algorithm::Concurrency(a) => usize::try_from(a.max())
