@@ -786,6 +786,15 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(self.check_now(key, policy, cost))
     }
 
+    fn check_at_once(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_now(key, policy, cost))
+    }
+
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
         ready(self.check_all_now(checks))
     }
