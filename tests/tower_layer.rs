@@ -822,6 +822,16 @@ impl Service<Request<&'static str>> for CountsClones {
     }
 }
 
+/// The status `service`, made ready, answers to a request from 192.0.2.1,
+/// called on `service` itself (not on a clone, as `oneshot` would).
+async fn call_ready<S, B>(service: &mut S) -> StatusCode
+where
+    S: Service<Request<&'static str>, Response = Response<B>, Error = std::convert::Infallible>,
+{
+    let ready = service.ready().await.unwrap();
+    ready.call(from([192, 0, 2, 1])).await.unwrap().status()
+}
+
 #[tokio::test]
 async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
     // A static rule on a store that decides in memory is decided in `call`:
@@ -833,13 +843,7 @@ async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
         .layer(CountsClones(clones.clone()));
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let response = service
-            .ready()
-            .await
-            .unwrap()
-            .call(from([192, 0, 2, 1]))
-            .await;
-        statuses.push(response.unwrap().status());
+        statuses.push(call_ready(&mut service).await);
     }
     assert_eq!(
         statuses,
@@ -857,12 +861,6 @@ async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
         ready(ratelimit_tower::Limits::one(policy.clone(), "everyone", 1))
     })
     .layer(CountsClones(clones.clone()));
-    let response = later
-        .ready()
-        .await
-        .unwrap()
-        .call(from([192, 0, 2, 1]))
-        .await;
-    assert_eq!(response.unwrap().status(), StatusCode::OK);
+    assert_eq!(call_ready(&mut later).await, StatusCode::OK);
     assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), 1);
 }

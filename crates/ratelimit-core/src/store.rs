@@ -50,17 +50,12 @@ pub trait Store: Send + Sync + 'static {
     /// cost when allowed.
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture;
 
-    /// Decides as [`check`](Store::check) does when the store can decide
-    /// without waiting (in memory), so a caller on a hot path needs no
-    /// future; `None` when it cannot (the default), having consumed nothing:
-    /// then ask [`check`](Store::check).
-    fn check_at_once(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        let _ = (key, policy, cost);
+    /// Decides `check` as [`check`](Store::check) does when the store can
+    /// decide without waiting (in memory), so a caller on a hot path needs
+    /// no future; `None` when it cannot (the default), having consumed
+    /// nothing: then ask [`check`](Store::check).
+    fn check_at_once(&self, check: Check<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = check;
         None
     }
 
@@ -86,13 +81,8 @@ impl<S: Store> Store for Arc<S> {
         (**self).check(key, policy, cost)
     }
 
-    fn check_at_once(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Result<Decision, StoreError>> {
-        (**self).check_at_once(key, policy, cost)
+    fn check_at_once(&self, check: Check<'_>) -> Option<Result<Decision, StoreError>> {
+        (**self).check_at_once(check)
     }
 
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {

@@ -65,8 +65,11 @@ where
         None => return Err(decide(settings(), ready(limits))),
     };
     let timer = metrics::StoreCall::start();
-    let Some(answer) = store.check_at_once(limit.key().as_bytes(), limit.policy(), limit.cost())
-    else {
+    let Some(answer) = store.check_at_once(Check::new(
+        limit.key().as_bytes(),
+        limit.policy(),
+        limit.cost(),
+    )) else {
         return Err(decide(settings(), ready(Limits::from(limit))));
     };
     timer.finish(answer.is_ok());
