@@ -13,6 +13,7 @@ pub use serve::{
     serve_on, serve_with_peers, spawn_serve,
 };
 
+pub mod http_apps;
 pub mod region;
 
 mod flags;

@@ -221,7 +221,14 @@ fn bench_prints_the_function_library_and_its_functions() {
 fn http_bench_serves_each_variant() {
     let server = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    for variant in ["none", "memory", "governor", "redis"] {
+    for variant in [
+        "none",
+        "memory",
+        "memory-no-headers",
+        "governor",
+        "governor-headers",
+        "redis",
+    ] {
         let example = ratelimit_tests::spawn_listening(
             "http_bench",
             &["--variant", variant, "--redis", &server.url()],
@@ -233,6 +240,8 @@ fn http_bench_serves_each_variant() {
         assert_eq!(response.status(), 200, "{variant}");
         let limited = response.headers().contains_key("ratelimit");
         assert_eq!(limited, matches!(variant, "memory" | "redis"), "{variant}");
+        let governed = response.headers().contains_key("x-ratelimit-remaining");
+        assert_eq!(governed, variant == "governor-headers", "{variant}");
         let body = runtime.block_on(response.text()).unwrap();
         assert_eq!(body, "Hello, World!", "{variant}");
     }

@@ -793,3 +793,74 @@ async fn a_custom_rejection_is_given_the_response_of_the_layers_settings() {
     assert!(!r.headers().contains_key("ratelimit"), "legacy fields only");
     assert!(r.body().contains("quota-exceeded"));
 }
+
+/// An inner service that counts its clones.
+#[derive(Debug)]
+struct CountsClones(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Clone for CountsClones {
+    fn clone(&self) -> Self {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CountsClones(self.0.clone())
+    }
+}
+
+impl Service<Request<&'static str>> for CountsClones {
+    type Response = Response<String>;
+    type Error = std::convert::Infallible;
+    type Future = Ready<Result<Response<String>, std::convert::Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<&'static str>) -> Self::Future {
+        ready(Ok(Response::new(String::from("ok"))))
+    }
+}
+
+/// The status `service`, made ready, answers to a request from 192.0.2.1,
+/// called on `service` itself (not on a clone, as `oneshot` would).
+async fn call_ready<S, B>(service: &mut S) -> StatusCode
+where
+    S: Service<Request<&'static str>, Response = Response<B>, Error = std::convert::Infallible>,
+{
+    let ready = service.ready().await.unwrap();
+    ready.call(from([192, 0, 2, 1])).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
+    // A static rule on a store that decides in memory is decided in `call`:
+    // the inner service made ready is called there, as tower_governor calls
+    // it, instead of a clone going with a future (for axum's routes, a clone
+    // is a boxed service). Before, every request cloned it.
+    let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut service = RateLimitLayer::new(store(), per_ten_seconds(2), PeerIp)
+        .layer(CountsClones(clones.clone()));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(call_ready(&mut service).await);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // Rules decided later (a closure's future) still take a clone along.
+    let policy = per_ten_seconds(2);
+    let mut later = RateLimitLayer::with_rules(store(), move |_: &Request<&'static str>| {
+        ready(ratelimit_tower::Limits::one(policy.clone(), "everyone", 1))
+    })
+    .layer(CountsClones(clones.clone()));
+    assert_eq!(call_ready(&mut later).await, StatusCode::OK);
+    assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), 1);
+}

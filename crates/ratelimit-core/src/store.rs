@@ -50,6 +50,15 @@ pub trait Store: Send + Sync + 'static {
     /// cost when allowed.
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture;
 
+    /// Decides `check` as [`check`](Store::check) does when the store can
+    /// decide without waiting (in memory), so a caller on a hot path needs
+    /// no future; `None` when it cannot (the default), having consumed
+    /// nothing: then ask [`check`](Store::check).
+    fn check_at_once(&self, check: Check<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = check;
+        None
+    }
+
     /// Decides several limits for one request, all or nothing: the request is
     /// allowed when every decision allows it, and then every cost is consumed;
     /// otherwise nothing is consumed, and the decisions that would have allowed
@@ -70,6 +79,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         (**self).check(key, policy, cost)
+    }
+
+    fn check_at_once(&self, check: Check<'_>) -> Option<Result<Decision, StoreError>> {
+        (**self).check_at_once(check)
     }
 
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {

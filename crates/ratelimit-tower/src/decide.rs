@@ -1,6 +1,6 @@
 //! The decision for one request: rules, store, waiting, permits.
 
-use std::future::Future;
+use std::future::{Future, ready};
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,6 +39,68 @@ pub(crate) struct Settings<St> {
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
     pub(crate) near_limit: f64,
+}
+
+/// Decides `limits`, known at once, in place when they are one enforced
+/// limit, `mode` refuses without waiting, and `store` decides without
+/// waiting (the common case: no future, no heap allocation but the
+/// decisions'); else gives the future [`decide`] makes. `settings` are the
+/// layer's, built only when needed.
+pub(crate) fn decide_at_once<St>(
+    store: &St,
+    mode: Mode,
+    near_limit: f64,
+    settings: impl FnOnce() -> Settings<St>,
+    mut limits: Limits,
+) -> Result<Outcome, OutcomeFuture>
+where
+    St: Store + Clone,
+{
+    if !matches!(mode, Mode::Reject) {
+        return Err(decide(settings(), ready(limits)));
+    }
+    let limit = match limits.take_single() {
+        Some(limit) if !limit.policy().is_shadow() => limit,
+        Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
+        None => return Err(decide(settings(), ready(limits))),
+    };
+    let timer = metrics::StoreCall::start();
+    let Some(answer) = store.check_at_once(Check::new(
+        limit.key().as_bytes(),
+        limit.policy(),
+        limit.cost(),
+    )) else {
+        return Err(decide(settings(), ready(Limits::from(limit))));
+    };
+    timer.finish(answer.is_ok());
+    let decision = match answer {
+        Ok(decision) => decision,
+        Err(error) => {
+            let settings = settings();
+            return Ok(failed(
+                &settings,
+                &[limit],
+                error,
+                Vec::new(),
+                PermitGuard::default(),
+            ));
+        }
+    };
+    let (policy, key, _) = limit.into_parts();
+    if !decision.is_allowed() {
+        metrics::record_decision(&policy, &key, &decision, near_limit);
+        let decisions = Decisions::one(PolicyDecision::new(policy, decision));
+        return Ok(Outcome::Rejected(Rejection::Limited(decisions)));
+    }
+    let mut permits = PermitGuard::default();
+    if let Some(permit) = decision.permit() {
+        permits.hold(store, &key, &policy, permit);
+    }
+    metrics::record_decision(&policy, &key, &decision, near_limit);
+    Ok(Outcome::Allowed(
+        Decisions::one(PolicyDecision::new(policy, decision)),
+        permits,
+    ))
 }
 
 pub(crate) fn decide<St, F>(settings: Settings<St>, limits: F) -> OutcomeFuture
@@ -111,46 +173,14 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
         };
         let decisions = match answer {
             Ok(decisions) => decisions,
-            Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
-                return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
-            }
-            Err(error) if !error.is_outage() => {
-                // Not an outage: a configuration mistake, a bug, or a store
-                // that refuses (full). No failure policy lifts the limit.
-                for limit in &enforced {
-                    metrics::record_error(limit.policy(), limit.key(), &error);
-                }
-                settings.stats.record_refused_on_error();
-                tracing::error!(
-                    error = %error,
-                    kind = error.kind(),
-                    "rate-limit store answered with an error that is not an outage; \
-                     the request is refused whatever the failure policy"
-                );
-                let error = Arc::new(error);
-                return Outcome::Rejected(if matches!(*error, StoreError::Full { .. }) {
-                    Rejection::Unavailable(error)
-                } else {
-                    Rejection::Internal(error)
-                });
-            }
             Err(error) => {
-                for limit in &enforced {
-                    metrics::record_error(limit.policy(), limit.key(), &error);
-                }
-                let allowed = settings.failure.allows(&error);
-                settings.stats.record(allowed);
-                tracing::warn!(
-                    error = %error,
-                    allowed,
-                    "rate-limit store could not decide; the failure policy {}",
-                    if allowed { "lets the request through" } else { "refuses it" }
+                return failed(
+                    &settings,
+                    &enforced,
+                    error,
+                    shadow_decisions,
+                    shadow_permits,
                 );
-                return if allowed {
-                    Outcome::FailedOpen(Decisions::new(shadow_decisions), shadow_permits)
-                } else {
-                    Outcome::Rejected(Rejection::Unavailable(Arc::new(error)))
-                };
             }
         };
         for (limit, decision) in enforced.iter().zip(&decisions) {
@@ -217,6 +247,55 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 tokio::time::sleep(wait).await;
             }
         }
+    }
+}
+
+/// The outcome of a store error for the enforced limits: a cost that can
+/// never pass, an error that is not an outage (refused whatever the failure
+/// policy), or an outage (the failure policy decides; failing open, the
+/// shadow policies' decisions and permits go with the request).
+fn failed<St>(
+    settings: &Settings<St>,
+    enforced: &[Limit],
+    error: StoreError,
+    shadow_decisions: Vec<PolicyDecision>,
+    shadow_permits: PermitGuard,
+) -> Outcome {
+    if let StoreError::CostExceedsLimit { policy, cost, max } = error {
+        return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
+    }
+    for limit in enforced {
+        metrics::record_error(limit.policy(), limit.key(), &error);
+    }
+    if !error.is_outage() {
+        // Not an outage: a configuration mistake, a bug, or a store that
+        // refuses (full). No failure policy lifts the limit.
+        settings.stats.record_refused_on_error();
+        tracing::error!(
+            error = %error,
+            kind = error.kind(),
+            "rate-limit store answered with an error that is not an outage; \
+             the request is refused whatever the failure policy"
+        );
+        let error = Arc::new(error);
+        return Outcome::Rejected(if matches!(*error, StoreError::Full { .. }) {
+            Rejection::Unavailable(error)
+        } else {
+            Rejection::Internal(error)
+        });
+    }
+    let allowed = settings.failure.allows(&error);
+    settings.stats.record(allowed);
+    tracing::warn!(
+        error = %error,
+        allowed,
+        "rate-limit store could not decide; the failure policy {}",
+        if allowed { "lets the request through" } else { "refuses it" }
+    );
+    if allowed {
+        Outcome::FailedOpen(Decisions::new(shadow_decisions), shadow_permits)
+    } else {
+        Outcome::Rejected(Rejection::Unavailable(Arc::new(error)))
     }
 }
 

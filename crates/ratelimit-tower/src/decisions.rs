@@ -61,6 +61,13 @@ impl Decisions {
         }
     }
 
+    /// One decision, in one allocation.
+    pub(crate) fn one(entry: PolicyDecision) -> Self {
+        Decisions {
+            entries: Arc::new([entry]),
+        }
+    }
+
     /// The decisions, in the order the policies were checked.
     pub fn iter(&self) -> std::slice::Iter<'_, PolicyDecision> {
         self.entries.iter()

@@ -24,14 +24,14 @@ pin_project! {
         J: Reject<Req, S::Response, S::Error>,
     {
         #[pin]
-        state: State<S, Req, S::Future, J::Context>,
+        state: State<S, Req, S::Future, J::Context, Result<J::Response, J::Error>>,
         reject: J,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req, F, Ctx> {
+    enum State<S, Req, F, Ctx, A> {
         Deciding {
             outcome: OutcomeFuture,
             pending: Option<(S, Req, Ctx)>,
@@ -43,6 +43,10 @@ pin_project! {
             // Dropped, and released, if the request is cancelled.
             permit: Option<PermitGuard>,
         },
+        // Refused when the request was decided in `call`.
+        Answered {
+            answer: Option<A>,
+        },
         Done,
     }
 }
@@ -52,6 +56,7 @@ where
     S: Service<Req>,
     J: Reject<Req, S::Response, S::Error>,
 {
+    /// The request, to call `service` with once `outcome` allows it.
     pub(crate) fn new(
         outcome: OutcomeFuture,
         service: S,
@@ -67,6 +72,79 @@ where
             reject,
         }
     }
+
+    /// The request, decided as `outcome` already: `service` (made ready) is
+    /// called now if it is allowed.
+    pub(crate) fn decided(
+        outcome: Outcome,
+        service: &mut S,
+        req: Req,
+        context: &J::Context,
+        reject: J,
+    ) -> Self {
+        ResponseFuture {
+            state: proceed(outcome, service, req, context, &reject),
+            reject,
+        }
+    }
+}
+
+/// The state of the response future of `S` and `J`.
+type StateOf<S, Req, J> = State<
+    S,
+    Req,
+    <S as Service<Req>>::Future,
+    <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Context,
+    Result<
+        <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Response,
+        <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Error,
+    >,
+>;
+
+/// What follows a decision: the inner service called with the request
+/// (with its decisions), or the refusal.
+fn proceed<S, Req, J>(
+    outcome: Outcome,
+    service: &mut S,
+    mut req: Req,
+    context: &J::Context,
+    reject: &J,
+) -> StateOf<S, Req, J>
+where
+    S: Service<Req>,
+    J: Reject<Req, S::Response, S::Error>,
+{
+    let (decisions, permit) = match outcome {
+        Outcome::Rejected(rejection) => {
+            return State::Answered {
+                answer: Some(reject.rejected(context, rejection)),
+            };
+        }
+        Outcome::Allowed(decisions, permit) => {
+            reject.annotate(&mut req, &decisions);
+            (Some(decisions), (!permit.is_empty()).then_some(permit))
+        }
+        Outcome::Unlimited => {
+            // No limit applied (allowlisted): handlers still find an empty
+            // set of decisions.
+            reject.annotate(&mut req, &Decisions::default());
+            (None, None)
+        }
+        Outcome::FailedOpen(decisions, permit) => {
+            // The store failed open: handlers find the shadow policies'
+            // decisions, if any, else none.
+            reject.annotate(&mut req, &decisions);
+            (
+                (!decisions.is_empty()).then_some(decisions),
+                (!permit.is_empty()).then_some(permit),
+            )
+        }
+    };
+    State::Calling {
+        future: service.call(req),
+        decisions,
+        permit,
+    }
 }
 
 impl<S, Req, J> Future for ResponseFuture<S, Req, J>
@@ -81,41 +159,12 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Deciding { outcome, pending } => {
-                    let outcome = ready!(outcome.as_mut().poll(cx));
-                    let Some((mut service, mut req, context)) = pending.take() else {
+                    let outcome = ready!(Pin::new(outcome).poll(cx));
+                    let Some((mut service, req, context)) = pending.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let (decisions, permit) = match outcome {
-                        Outcome::Rejected(rejection) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(this.reject.rejected(&context, rejection));
-                        }
-                        Outcome::Allowed(decisions, permit) => {
-                            this.reject.annotate(&mut req, &decisions);
-                            (Some(decisions), (!permit.is_empty()).then_some(permit))
-                        }
-                        Outcome::Unlimited => {
-                            // No limit applied (allowlisted): handlers still
-                            // find an empty set of decisions.
-                            this.reject.annotate(&mut req, &Decisions::default());
-                            (None, None)
-                        }
-                        Outcome::FailedOpen(decisions, permit) => {
-                            // The store failed open: handlers find the shadow
-                            // policies' decisions, if any, else none.
-                            this.reject.annotate(&mut req, &decisions);
-                            (
-                                (!decisions.is_empty()).then_some(decisions),
-                                (!permit.is_empty()).then_some(permit),
-                            )
-                        }
-                    };
-                    let future = service.call(req);
-                    this.state.set(State::Calling {
-                        future,
-                        decisions,
-                        permit,
-                    });
+                    let next = proceed(outcome, &mut service, req, &context, this.reject);
+                    this.state.set(next);
                 }
                 StateProj::Calling {
                     future,
@@ -133,6 +182,13 @@ where
                         }
                         Err(error) => Err(this.reject.error(error)),
                     });
+                }
+                StateProj::Answered { answer } => {
+                    let Some(answer) = answer.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(answer);
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

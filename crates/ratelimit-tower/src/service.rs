@@ -6,7 +6,7 @@ use ratelimit_core::Store;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::decide::{Settings, decide};
+use crate::decide::{Settings, decide, decide_at_once};
 use crate::future::ResponseFuture;
 use crate::layer::RateLimitLayer;
 use crate::responses::reject::Reject;
@@ -15,9 +15,11 @@ use crate::rules::rule::RuleProvider;
 /// Rate-limits requests before they reach the inner service. Built by
 /// [`RateLimitLayer`].
 ///
-/// The decision is made in `call`; `poll_ready` is the inner service's. The
-/// inner service that was made ready goes with the request; a clone of it
-/// waits for the next one.
+/// The decision is made in `call`; `poll_ready` is the inner service's. When
+/// the decision is known at once (static rules on a store that decides in
+/// memory), an allowed request is passed to the inner service in `call`;
+/// otherwise the inner service that was made ready goes with the request,
+/// and a clone of it waits for the next one.
 #[derive(Debug, Clone)]
 pub struct RateLimit<S, St, P, J> {
     inner: S,
@@ -63,23 +65,41 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
         let context = config.reject.context(&req);
-        let limits = config.rules.limits(&req);
-        let outcome = decide(
-            Settings {
-                stats: config.stats.clone(),
-                store: config.store.clone(),
-                mode: config.mode,
-                failure: config.failure.clone(),
-                timeout: config.timeout,
-                near_limit: config.near_limit,
-            },
-            limits,
-        );
-        ResponseFuture::new(outcome, inner, req, context, config.reject.clone())
+        let settings = || Settings {
+            stats: config.stats.clone(),
+            store: config.store.clone(),
+            mode: config.mode,
+            failure: config.failure.clone(),
+            timeout: config.timeout,
+            near_limit: config.near_limit,
+        };
+        let outcome = match config.rules.limits_at_once(&req) {
+            Some(limits) => decide_at_once(
+                &config.store,
+                config.mode,
+                config.near_limit,
+                settings,
+                limits,
+            ),
+            None => Err(decide(settings(), config.rules.limits(&req))),
+        };
+        match outcome {
+            // Decided now: the inner service, made ready, is called now.
+            Ok(outcome) => ResponseFuture::decided(
+                outcome,
+                &mut self.inner,
+                req,
+                &context,
+                config.reject.clone(),
+            ),
+            Err(outcome) => {
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::new(outcome, inner, req, context, config.reject.clone())
+            }
+        }
     }
 }
 

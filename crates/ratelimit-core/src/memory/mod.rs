@@ -786,6 +786,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(self.check_now(key, policy, cost))
     }
 
+    fn check_at_once(&self, check: Check<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_now(check.key, check.policy, check.cost))
+    }
+
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
         ready(self.check_all_now(checks))
     }

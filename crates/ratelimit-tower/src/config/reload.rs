@@ -260,4 +260,8 @@ impl<B> RuleProvider<Request<B>> for ReloadableRules {
     fn limits(&self, req: &Request<B>) -> Ready<Limits> {
         ready(self.shared.current.load().limits(req))
     }
+
+    fn limits_at_once(&self, req: &Request<B>) -> Option<Limits> {
+        Some(self.shared.current.load().limits(req))
+    }
 }

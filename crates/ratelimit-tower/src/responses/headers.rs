@@ -19,7 +19,6 @@
 //! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, and `X-RateLimit-Reset` in
 //! delay-seconds by default, or in Unix epoch seconds as GitHub sends it.
 
-use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -117,30 +116,17 @@ impl RateLimitHeaders {
             return;
         }
         if self.ietf {
-            let mut policy = String::new();
-            let mut state = String::new();
-            for (i, entry) in decisions.iter().enumerate() {
-                let sep = if i == 0 { "" } else { ", " };
-                let p = entry.policy();
-                let _ = write!(
-                    policy,
-                    "{sep}\"{}\";q={};w={}",
-                    p.name(),
-                    p.limit(),
-                    window_seconds(p)
-                );
-                let _ = write!(
-                    state,
-                    "{sep}\"{}\";r={};t={}",
-                    p.name(),
-                    entry.decision().remaining(),
-                    t_seconds(entry)
-                );
-            }
-            if let Ok(v) = HeaderValue::from_str(&policy) {
+            let entries = decisions.iter();
+            let policy = sf_list(entries.clone(), |p, _| {
+                [("q", p.limit()), ("w", window_seconds(p))]
+            });
+            let state = sf_list(entries, |_, entry| {
+                [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
+            });
+            if let Ok(v) = policy {
                 headers.insert(RATELIMIT_POLICY.clone(), v);
             }
-            if let Ok(v) = HeaderValue::from_str(&state) {
+            if let Ok(v) = state {
                 headers.insert(RATELIMIT.clone(), v);
             }
         }
@@ -159,6 +145,38 @@ impl RateLimitHeaders {
             headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
         }
     }
+}
+
+/// A structured-field list with one member per policy, `"<name>"` with the
+/// two integer parameters `params` gives: written in one allocation of the
+/// right size, without `fmt` (a header on every response).
+fn sf_list<'a>(
+    entries: impl Iterator<Item = &'a PolicyDecision> + Clone,
+    params: impl Fn(&Policy, &PolicyDecision) -> [(&'static str, u64); 2],
+) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+    // Per member: `, "` `";` and `k=` `;` `k=` with two integers of at most 20 digits.
+    let len = entries
+        .clone()
+        .map(|e| e.policy().name().len() + 2 + 3 + 2 * (2 + 20) + 1)
+        .sum();
+    let mut value = Vec::with_capacity(len);
+    let mut digits = itoa::Buffer::new();
+    for (i, entry) in entries.enumerate() {
+        if i > 0 {
+            value.extend_from_slice(b", ");
+        }
+        let policy = entry.policy();
+        value.push(b'"');
+        value.extend_from_slice(policy.name().as_bytes());
+        value.push(b'"');
+        for (key, n) in params(policy, entry) {
+            value.push(b';');
+            value.extend_from_slice(key.as_bytes());
+            value.push(b'=');
+            value.extend_from_slice(digits.format(n).as_bytes());
+        }
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
 }
 
 /// The `t` of one policy: its retry delay when it denied, else the time until

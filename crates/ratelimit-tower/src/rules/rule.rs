@@ -43,6 +43,20 @@ impl Limit {
     pub(crate) fn cost(&self) -> u64 {
         self.cost
     }
+
+    /// The policy, the key and the cost, taken apart.
+    pub(crate) fn into_parts(self) -> (Policy, Key, u64) {
+        (self.policy, self.key, self.cost)
+    }
+}
+
+impl From<Limit> for Limits {
+    fn from(limit: Limit) -> Self {
+        Limits {
+            first: Some(limit),
+            ..Limits::default()
+        }
+    }
 }
 
 /// A rule that found no key for a request: the layer counts and logs it.
@@ -75,7 +89,10 @@ pub(crate) struct Missed {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
-    limits: Vec<Limit>,
+    // The first limit apart, so the common case (one limit) allocates
+    // nothing; `more` holds the others, and is empty while `first` is `None`.
+    first: Option<Limit>,
+    more: Vec<Limit>,
     reject: bool,
     no_peer: bool,
     missed: Vec<Missed>,
@@ -115,7 +132,8 @@ impl Limits {
     /// configuration does about it (a peer address missing always refuses).
     pub(crate) fn missed(policy: &Policy, cause: NoKey, action: MissingKey) -> Self {
         Limits {
-            limits: Vec::new(),
+            first: None,
+            more: Vec::new(),
             reject: cause != NoKey::NoPeerAddress && action == MissingKey::Reject,
             no_peer: cause == NoKey::NoPeerAddress,
             missed: vec![Missed {
@@ -135,12 +153,23 @@ impl Limits {
 
     /// Adds `key` checked against `policy` at `cost`.
     pub fn push(&mut self, policy: Policy, key: impl Into<Key>, cost: u64) {
-        self.limits.push(Limit::new(policy, key.into(), cost));
+        let limit = Limit::new(policy, key.into(), cost);
+        if self.first.is_none() {
+            self.first = Some(limit);
+        } else {
+            self.more.push(limit);
+        }
     }
 
     /// Adds every limit of `other` (and its refusal, if any).
     pub fn extend(&mut self, other: Limits) {
-        self.limits.extend(other.limits);
+        if self.first.is_none() {
+            self.first = other.first;
+            self.more = other.more;
+        } else {
+            self.more.extend(other.first);
+            self.more.extend(other.more);
+        }
         self.reject |= other.reject;
         self.no_peer |= other.no_peer;
         self.missed.extend(other.missed);
@@ -148,7 +177,10 @@ impl Limits {
 
     /// The limits, as (policy, key, cost), in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = (&Policy, &Key, u64)> {
-        self.limits.iter().map(|l| (l.policy(), l.key(), l.cost()))
+        self.first
+            .iter()
+            .chain(&self.more)
+            .map(|l| (l.policy(), l.key(), l.cost()))
     }
 
     /// Whether the request is refused outright (for a missing key, or a
@@ -168,16 +200,30 @@ impl Limits {
 
     /// The number of limits to check.
     pub fn len(&self) -> usize {
-        self.limits.len()
+        usize::from(self.first.is_some()) + self.more.len()
     }
 
     /// Whether there is no limit to check.
     pub fn is_empty(&self) -> bool {
-        self.limits.is_empty()
+        self.first.is_none()
     }
 
     pub(crate) fn into_vec(self) -> Vec<Limit> {
-        self.limits
+        let mut limits = Vec::with_capacity(self.len());
+        limits.extend(self.first);
+        limits.extend(self.more);
+        limits
+    }
+
+    /// Takes the one limit to check, when there is exactly one and nothing
+    /// else to do (no refusal, no rule without a key); else leaves these
+    /// limits as they are.
+    pub(crate) fn take_single(&mut self) -> Option<Limit> {
+        if self.more.is_empty() && self.missed.is_empty() && !self.reject && !self.no_peer {
+            self.first.take()
+        } else {
+            None
+        }
     }
 }
 
@@ -194,6 +240,15 @@ pub trait RuleProvider<Req>: Clone + Send + Sync + 'static {
 
     /// The limits for `req`.
     fn limits(&self, req: &Req) -> Self::Future;
+
+    /// The limits for `req` when they are known without waiting (static
+    /// rules), so the layer can decide without a future of its own; `None`
+    /// (the default) when they are not, and then the layer calls
+    /// [`limits`](RuleProvider::limits).
+    fn limits_at_once(&self, req: &Req) -> Option<Limits> {
+        let _ = req;
+        None
+    }
 }
 
 impl<F, Fut, Req> RuleProvider<Req> for F
@@ -299,6 +354,10 @@ where
     fn limits(&self, req: &Req) -> Ready<Limits> {
         ready(self.limit_for(req))
     }
+
+    fn limits_at_once(&self, req: &Req) -> Option<Limits> {
+        Some(self.limit_for(req))
+    }
 }
 
 /// Two rule providers, checked together, all or nothing. Built by [`Rule::and`]
@@ -359,5 +418,11 @@ where
             b: self.1.limits(req),
             first: None,
         }
+    }
+
+    fn limits_at_once(&self, req: &Req) -> Option<Limits> {
+        let mut limits = self.0.limits_at_once(req)?;
+        limits.extend(self.1.limits_at_once(req)?);
+        Some(limits)
     }
 }

@@ -1,0 +1,66 @@
+//! The HTTP benchmark's app (`http_apps`) called in process, without
+//! sockets, for a given number of requests from one client, so that a
+//! counter (`valgrind --tool=cachegrind`, as `scripts/count-layer` runs it)
+//! sees what each limiter adds to a request: the difference between a run of
+//! N requests and a run of 0 is N requests' instructions, whatever else runs
+//! on the machine.
+//!
+//! ```sh
+//! cargo bench -p ratelimit-examples --bench layer_count --no-run
+//! target/release/deps/layer_count-* <none|memory|memory-no-headers|governor|governor-headers> <requests>
+//! ```
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use clap::ValueEnum;
+use http::Request;
+use ratelimit_examples::http_apps::{Variant, app};
+use tower::{Service, ServiceExt};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [variant, requests] = args.as_slice() else {
+        eprintln!("usage: layer_count <variant> <requests>");
+        return ExitCode::FAILURE;
+    };
+    let (Ok(variant), Ok(requests)) = (Variant::from_str(variant, true), requests.parse::<u64>())
+    else {
+        eprintln!("layer_count: an in-process variant and a number of requests");
+        return ExitCode::FAILURE;
+    };
+    if variant == Variant::Redis {
+        eprintln!("layer_count: the redis variant needs a server; use scripts/bench-http");
+        return ExitCode::FAILURE;
+    }
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
+        eprintln!("layer_count: no runtime");
+        return ExitCode::FAILURE;
+    };
+    let peer = ConnectInfo(SocketAddr::from(([203, 0, 113, 7], 40_000)));
+    let served = runtime.block_on(async {
+        let mut app = app(variant, "").await?;
+        let mut ok = 0_u64;
+        for _ in 0..requests {
+            let mut req = Request::new(Body::empty());
+            req.extensions_mut().insert(peer);
+            let ready = ServiceExt::<Request<Body>>::ready(&mut app).await?;
+            let response = ready.call(req).await?;
+            ok += u64::from(response.status().is_success());
+        }
+        Ok::<_, Box<dyn std::error::Error>>(ok)
+    });
+    match served {
+        Ok(ok) if ok == requests => ExitCode::SUCCESS,
+        Ok(ok) => {
+            eprintln!("layer_count: {ok} of {requests} requests succeeded");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("layer_count: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
