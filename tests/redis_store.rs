@@ -254,6 +254,64 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
     );
 }
 
+/// A single decision sends Redis its two keys and three arguments (cost and
+/// the two parameters): the fixed time and the permit id go only where they
+/// say something (a concurrency check), since every argument costs Redis
+/// work on every call. The decisions stay those of the policy.
+#[tokio::test]
+async fn a_single_decision_sends_three_arguments_but_for_concurrency() {
+    let server = RedisServer::start_with_args(&[
+        "--slowlog-log-slower-than",
+        "0",
+        "--slowlog-max-len",
+        "1000",
+    ]);
+    let store = build(RedisStore::builder(server.url()).max_batch(1)).await;
+    let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
+    let window = fixed_window("w", 1, Duration::from_secs(60));
+    let permits = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    server.cli(&["SLOWLOG", "RESET"]);
+    assert!(store.check(b"g", &gcra, 1).await.unwrap().is_allowed());
+    assert!(store.check(b"w", &window, 1).await.unwrap().is_allowed());
+    let denied = store.check(b"w", &window, 1).await.unwrap();
+    assert!(!denied.is_allowed() && denied.limit() == 1, "{denied:?}");
+    assert!(
+        store
+            .check(b"c", &permits, 1)
+            .await
+            .unwrap()
+            .permit()
+            .is_some()
+    );
+    let log: serde_json::Value =
+        serde_json::from_str(&server.cli(&["--json", "SLOWLOG", "GET", "1000"])).unwrap();
+    let calls: Vec<Vec<String>> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            entry[3]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .filter(|args: &Vec<String>| args[0].eq_ignore_ascii_case("fcall"))
+        .collect();
+    // Four checks; the first may have met no library yet and been sent again.
+    assert!(calls.len() >= 4, "{calls:?}");
+    for args in &calls {
+        // FCALL <function> 2 <state key> <block key> <arguments...>
+        let expected = if args[1].ends_with("_concurrency") {
+            5
+        } else {
+            3
+        };
+        assert_eq!(args.len() - 5, expected, "{args:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();

@@ -70,6 +70,37 @@ pub(super) fn decision_from(
     ))
 }
 
+/// The decision of one check from the reply of `single.lua`:
+/// `{allowed, remaining, reset, wait}`, the limit being the policy's first
+/// parameter (`limit`), which the reply leaves out.
+pub(super) fn single_from(
+    value: &Value,
+    limit: u64,
+    permit: PermitId,
+    cost: u64,
+) -> Result<Decision, StoreError> {
+    let fields = match value {
+        Value::Array(items) if items.len() == 4 => {
+            items.iter().map(int).collect::<Option<Vec<u64>>>()
+        }
+        _ => None,
+    };
+    let Some([allowed, remaining, reset, wait]) =
+        fields.as_deref().and_then(|f| <[u64; 4]>::try_from(f).ok())
+    else {
+        return Err(protocol_error("a decision", value));
+    };
+    Ok(decision_of(
+        allowed == 1,
+        limit,
+        remaining,
+        reset,
+        wait,
+        permit,
+        cost,
+    ))
+}
+
 /// A decision from its fields: admitted when `allowed` (after `wait` µs,
 /// holding `permit` when it took something), or denied (retried after
 /// `wait` µs).

@@ -7,7 +7,8 @@
 -- validation guarantees it for every value computed here), divided with
 -- `idiv` and sent to Redis through `fmt` (numbers.lua, before the prelude).
 --
--- ARGV[1] is 0 in production: the time is the Redis server's TIME, never the
+-- The fixed time (ARGV[1]; for one decision, single.lua, its args[4]) is 0
+-- or absent in production: the time is the Redis server's TIME, never the
 -- client's clock. Tests may pass a fixed time there to replay a timeline.
 --
 -- Every state key `<prefix>:<policy>:{<key>}` may have a block key next to
@@ -31,8 +32,8 @@ local function positive(n)
   return 0
 end
 
--- The fixed time of the current call (ARGV[1]), set by eval.lua or by the
--- library's functions (library.lua) before anything reads it.
+-- The fixed time of the current call, set by eval.lua, run_single or
+-- run_batch before anything reads it.
 local FIXED_NOW = 0
 -- Whether the call decides over one state key only (single.lua): its
 -- errors then name no key (see read_state).
