@@ -312,6 +312,45 @@ async fn a_single_decision_sends_three_arguments_but_for_concurrency() {
     }
 }
 
+/// The library remembers the numbers it parses (`number` in prelude.lua, at
+/// most 256 at a time): more distinct limits, costs and counts than that,
+/// interleaved, still decide exactly, single and batched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_distinct_numbers_than_the_library_remembers_decide_exactly() {
+    let server = RedisServer::start();
+    for max_batch in [1, 64] {
+        let store = build(
+            RedisStore::builder(server.url())
+                .prefix(&format!("n{max_batch}"))
+                .max_batch(max_batch),
+        )
+        .await;
+        let policies: Vec<Policy> = (1..=300)
+            .map(|limit| fixed_window(&format!("w{limit}"), 1000 + limit, Duration::from_secs(600)))
+            .collect();
+        for round in 0..2u64 {
+            let mut checks = tokio::task::JoinSet::new();
+            for (i, policy) in policies.iter().enumerate() {
+                let (store, policy) = (store.clone(), policy.clone());
+                checks.spawn(async move {
+                    let cost = 1 + i as u64 % 7;
+                    let d = store.check(b"k", &policy, cost).await.unwrap();
+                    (policy.limit(), cost, d)
+                });
+            }
+            while let Some(result) = checks.join_next().await {
+                let (limit, cost, d) = result.unwrap();
+                assert!(d.is_allowed(), "{d:?}");
+                assert_eq!(
+                    d.remaining(),
+                    limit - (round + 1) * cost,
+                    "max_batch {max_batch}, {d:?}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();

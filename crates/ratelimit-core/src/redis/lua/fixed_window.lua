@@ -9,7 +9,8 @@ local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
   local raw = tagged_state(key, FIXED_WINDOW_BYTE)
   if raw then
-    local start, count = state_numbers2(raw)
+    -- Window starts and counts repeat across keys.
+    local start, count = state_numbers2(raw, number, number)
     start = idiv(start, window) * window
     -- A count from a later window (the server clock stepped back) is kept.
     if count > 0 and start >= aligned then

@@ -16,7 +16,7 @@ local function run_single(decide, keys, args)
   end
   ONE_STATE_KEY = true
   local now = server_now()
-  local key, cost, p1, p2 = keys[1], tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+  local key, cost, p1, p2 = keys[1], number(args[1]), number(args[2]), number(args[3])
   local left = block_left(keys[2], now)
   local r
   if left == 0 then

@@ -14,7 +14,8 @@ local function sliding_window_current(key, now, w, limit)
   local aligned = idiv(now, w) * w
   local raw = tagged_state(key, SLIDING_WINDOW_BYTE)
   if raw then
-    local start, previous, current = state_numbers3(raw)
+    -- Window starts and counts repeat across keys.
+    local start, previous, current = state_numbers3(raw, number)
     start = idiv(start, w) * w
     previous, current = math.min(previous, 2 * limit), math.min(current, 2 * limit)
     if previous == 0 and current == 0 then

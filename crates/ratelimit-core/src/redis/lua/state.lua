@@ -51,20 +51,22 @@ end
 
 -- The first two (three) numbers of a state as tagged_state answers it: its
 -- numbers in order, whatever separates them, as `ints` reads them; one
--- string.match in the common case.
-local function state_numbers2(raw)
+-- string.match in the common case, each number read by `parse`
+-- (`number` for those that repeat across keys, else tonumber), the last
+-- one of two by `parse_last`.
+local function state_numbers2(raw, parse, parse_last)
   local a, b = string.match(raw, '(%d+)%D+(%d+)')
   if a then
-    return tonumber(a), tonumber(b)
+    return parse(a), parse_last(b)
   end
   local s = ints(raw)
   return s[1], s[2]
 end
 
-local function state_numbers3(raw)
+local function state_numbers3(raw, parse)
   local a, b, c = string.match(raw, '(%d+)%D+(%d+)%D+(%d+)')
   if a then
-    return tonumber(a), tonumber(b), tonumber(c)
+    return parse(a), parse(b), parse(c)
   end
   local s = ints(raw)
   return s[1], s[2], s[3]

@@ -8,7 +8,8 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local tokens, last = capacity, now
   local raw = tagged_state(key, TOKEN_BUCKET_BYTE)
   if raw then
-    tokens, last = state_numbers2(raw)
+    -- Token counts repeat across keys, refill times seldom.
+    tokens, last = state_numbers2(raw, number, tonumber)
     -- Tokens above the capacity (a larger bucket under the same name) are
     -- a full bucket.
     if tokens > capacity then
