@@ -321,7 +321,7 @@ async fn more_distinct_numbers_than_the_library_remembers_decide_exactly() {
     for max_batch in [1, 64] {
         let store = build(
             RedisStore::builder(server.url())
-                .prefix(&format!("n{max_batch}"))
+                .prefix(format!("n{max_batch}"))
                 .max_batch(max_batch),
         )
         .await;
