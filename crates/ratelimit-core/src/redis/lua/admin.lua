@@ -21,6 +21,15 @@ end
 
 local ADJUST = {}
 
+-- The state of `key` without its tag (see tagged_state), nil when none.
+local function read_state(key, tag)
+  local raw = tagged_state(key, string.byte(tag))
+  if raw and string.sub(raw, 1, 1) == tag then
+    return string.sub(raw, 2)
+  end
+  return raw
+end
+
 -- `value` raised by `amount`, to at most `cap` (never lowered).
 local function penalized(value, amount, cap)
   return math.max(value, math.min(value + amount, cap))
@@ -33,7 +42,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  write_state(key, string.format(STATE_FORMAT.fixed_window, start, count), 2 * window)
+  write_state(key, string.format(FIXED_WINDOW_STATE, start, count), 2 * window)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
@@ -46,7 +55,7 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     current = current - from_current
     previous = previous - math.min(amount - from_current, previous)
   end
-  local value = string.format(STATE_FORMAT.sliding_window, start, previous, current)
+  local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
   write_state(key, value, 2 * w)
 end
 
@@ -100,7 +109,7 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     tokens = idiv(level, interval)
     last = now - (level - tokens * interval)
   end
-  write_state(key, string.format(STATE_FORMAT.token_bucket, tokens, last), 2 * span)
+  write_state(key, string.format(TOKEN_BUCKET_STATE, tokens, last), 2 * span)
 end
 
 -- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
@@ -117,7 +126,7 @@ local function adjust_tat(key, now, penalty, amount, capacity, interval)
       return
     end
   end
-  write_state(key, string.format(STATE_FORMAT.tat, tat), 2 * span)
+  write_state(key, string.format(TAT_STATE, tat), 2 * span)
 end
 ADJUST['gcra'] = adjust_tat
 ADJUST['leaky-bucket'] = adjust_tat

@@ -111,7 +111,7 @@ local function decide_requests(keys, args, forms, held, now, out)
         end
       end
       BATCH_NEXT_ARG, BATCH_NEXT_KEY = e, k + m
-      -- Several state keys: errors name theirs (see read_state).
+      -- Several state keys: errors name theirs (see tagged_state).
       ONE_STATE_KEY = false
       local results, all, checks = {}, true, {}
       e = a + 1

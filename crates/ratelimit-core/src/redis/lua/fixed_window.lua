@@ -4,6 +4,7 @@
 -- under another window length counts in the window of this length that holds
 -- it (FixedWindow::current in Rust).
 local FIXED_WINDOW_BYTE = 102 -- string.byte(TAG.fixed_window)
+local FIXED_WINDOW_STATE = 'f%d %d'
 
 local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
@@ -33,7 +34,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
     reset = until_end
   end
   if cost > 0 then
-    local value = string.format(STATE_FORMAT.fixed_window, start, count)
+    local value = string.format(FIXED_WINDOW_STATE, start, count)
     return {1, limit, limit - count, reset, 0, 0, key, value, reset}
   end
   return {1, limit, limit - count, reset, 0, 0}

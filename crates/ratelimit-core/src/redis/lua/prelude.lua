@@ -36,31 +36,15 @@ end
 -- run_batch before anything reads it.
 local FIXED_NOW = 0
 -- Whether the call decides over one state key only (single.lua): its
--- errors then name no key (see read_state).
+-- errors then name no key (see tagged_state, state.lua).
 local ONE_STATE_KEY = false
 
 -- tonumber of a numeric string that calls repeat (a policy's parameters, a
--- cost, TIME's seconds, a window's start, a count), remembered: the
--- library's functions live as long as the library, so most calls find
--- their numbers here instead of parsing them again with strtod, which
--- costs Redis about 4,000 instructions per decision (callgrind; a script
--- starts with an empty table on every call, and only pays the lookup). At
--- most NUMBER_CACHE_SIZE strings are held, then it starts again.
-local NUMBERS, NUMBERS_HELD, NUMBER_CACHE_SIZE = {}, 0, 256
-local function number(s)
-  local n = NUMBERS[s]
-  if n == nil then
-    n = tonumber(s)
-    if n == nil then
-      return nil
-    end
-    if NUMBERS_HELD >= NUMBER_CACHE_SIZE then
-      NUMBERS, NUMBERS_HELD = {}, 0
-    end
-    NUMBERS[s], NUMBERS_HELD = n, NUMBERS_HELD + 1
-  end
-  return n
-end
+-- cost, TIME's seconds, a window's start, a count), set before any call
+-- reads it: a script, whose every helper is created again on every call,
+-- uses tonumber itself (eval.lua); the Functions library, which lives as
+-- long as it is loaded, one that remembers (library.lua).
+local number
 
 local function server_now()
   if FIXED_NOW > 0 then

@@ -3,13 +3,24 @@
 -- scaled by the window length to stay in integers.
 -- State (string, tag TAG.sliding_window):
 -- "<window start> <previous> <current>".
+local SLIDING_WINDOW_BYTE = 119 -- string.byte(TAG.sliding_window)
+local SLIDING_WINDOW_STATE = 'w%d %d %d'
+
+-- As state_numbers2 (state.lua), for three numbers.
+local function state_numbers3(raw, parse)
+  local a, b, c = string.match(raw, '(%d+)%D+(%d+)%D+(%d+)')
+  if a then
+    return parse(a), parse(b), parse(c)
+  end
+  local s = ints(raw)
+  return s[1], s[2], s[3]
+end
+
 -- The window start and the previous and current counts that apply at `now`.
 -- A state written under other numbers (SlidingWindowCounter::current in
 -- Rust): its window start moves back to the start of the window of this
 -- length that holds it, and counts above twice the limit count as twice the
 -- limit.
-local SLIDING_WINDOW_BYTE = 119 -- string.byte(TAG.sliding_window)
-
 local function sliding_window_current(key, now, w, limit)
   local aligned = idiv(now, w) * w
   local raw = tagged_state(key, SLIDING_WINDOW_BYTE)
@@ -54,7 +65,7 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     local reset = sliding_window_reset(start, w, now, previous, current)
     local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
-      local value = string.format(STATE_FORMAT.sliding_window, start, previous, current)
+      local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
       return {1, limit, remaining, reset, 0, 0, key, value, reset}
     end
     return {1, limit, remaining, reset, 0, 0}

@@ -1,20 +1,15 @@
 -- String states (fixed window, sliding window counter, token bucket, GCRA,
 -- leaky bucket) start with the tag of their family, read by tagged_state
--- (or read_state) and written by write_state:
+-- (admin.lua: read_state) and written by write_state:
 local TAG = {
   fixed_window = 'f', -- "f<window start> <count>"
   sliding_window = 'w', -- "w<window start> <previous> <current>"
   token_bucket = 't', -- "t<tokens> <last refill>"
   tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
 }
--- Each state as written, tag included, by one string.format (one call
--- instead of a format per number and a concatenation per field).
-local STATE_FORMAT = {
-  fixed_window = 'f%d %d',
-  sliding_window = 'w%d %d %d',
-  token_bucket = 't%d %d',
-  tat = 'g%d',
-}
+-- Each algorithm writes its state, tag included, with one string.format of
+-- its own format (FIXED_WINDOW_STATE and the like, next to its decision):
+-- one call instead of a format per number and a concatenation per field.
 
 -- The string state of `key` without its tag, nil when there is none; a
 -- conflict when it belongs to another family. A state written before states
@@ -61,23 +56,6 @@ local function state_numbers2(raw, parse, parse_last)
   end
   local s = ints(raw)
   return s[1], s[2]
-end
-
-local function state_numbers3(raw, parse)
-  local a, b, c = string.match(raw, '(%d+)%D+(%d+)%D+(%d+)')
-  if a then
-    return parse(a), parse(b), parse(c)
-  end
-  local s = ints(raw)
-  return s[1], s[2], s[3]
-end
-
-local function read_state(key, tag)
-  local raw = tagged_state(key, string.byte(tag))
-  if raw and string.sub(raw, 1, 1) == tag then
-    return string.sub(raw, 2)
-  end
-  return raw
 end
 
 -- Saves a string state (`value`, tag included) for `reset` more µs, or

@@ -3,6 +3,7 @@
 -- time advances by whole intervals only, so the fraction of a token earned is
 -- never lost. A refill time ahead of now is a debt (see admin.lua).
 local TOKEN_BUCKET_BYTE = 116 -- string.byte(TAG.token_bucket)
+local TOKEN_BUCKET_STATE = 't%d %d'
 
 ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local tokens, last = capacity, now
@@ -54,7 +55,7 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
     return {0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0}
   end
   if cost > 0 then
-    local value = string.format(STATE_FORMAT.token_bucket, tokens, last)
+    local value = string.format(TOKEN_BUCKET_STATE, tokens, last)
     return {1, capacity, tokens, reset, 0, 0, key, value, reset}
   end
   return {1, capacity, tokens, reset, 0, 0}
