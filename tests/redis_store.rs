@@ -275,14 +275,8 @@ async fn a_single_decision_sends_three_arguments_but_for_concurrency() {
     assert!(store.check(b"w", &window, 1).await.unwrap().is_allowed());
     let denied = store.check(b"w", &window, 1).await.unwrap();
     assert!(!denied.is_allowed() && denied.limit() == 1, "{denied:?}");
-    assert!(
-        store
-            .check(b"c", &permits, 1)
-            .await
-            .unwrap()
-            .permit()
-            .is_some()
-    );
+    let held = store.check(b"c", &permits, 1).await.unwrap();
+    assert!(held.permit().is_some(), "{held:?}");
     let log: serde_json::Value =
         serde_json::from_str(&server.cli(&["--json", "SLOWLOG", "GET", "1000"])).unwrap();
     let calls: Vec<Vec<String>> = log

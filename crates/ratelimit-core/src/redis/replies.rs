@@ -59,12 +59,9 @@ pub(super) fn decision_from(
         return Err(protocol_error("a decision", value));
     };
     let wait = if allowed == 1 { delay } else { retry };
-    Ok(decision_of(
-        allowed == 1,
+    Ok(decision_of_four(
+        [allowed, remaining, reset, wait],
         limit,
-        remaining,
-        reset,
-        wait,
         permit,
         cost,
     ))
@@ -85,20 +82,16 @@ pub(super) fn single_from(
         }
         _ => None,
     };
-    let Some([allowed, remaining, reset, wait]) =
-        fields.as_deref().and_then(|f| <[u64; 4]>::try_from(f).ok())
-    else {
+    let Some(four) = fields.as_deref().and_then(|f| <[u64; 4]>::try_from(f).ok()) else {
         return Err(protocol_error("a decision", value));
     };
-    Ok(decision_of(
-        allowed == 1,
-        limit,
-        remaining,
-        reset,
-        wait,
-        permit,
-        cost,
-    ))
+    Ok(decision_of_four(four, limit, permit, cost))
+}
+
+/// A decision from `{allowed, remaining, reset, wait}` and the limit.
+fn decision_of_four(fields: [u64; 4], limit: u64, permit: PermitId, cost: u64) -> Decision {
+    let [allowed, remaining, reset, wait] = fields;
+    decision_of(allowed == 1, limit, remaining, reset, wait, permit, cost)
 }
 
 /// A decision from its fields: admitted when `allowed` (after `wait` µs,
