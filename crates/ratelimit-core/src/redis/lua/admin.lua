@@ -42,7 +42,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  write_state(key, string.format(FIXED_WINDOW_STATE, start, count), 2 * window)
+  write_state(key, TAG.fixed_window, fmt(start) .. ' ' .. fmt(count), 2 * window)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
@@ -55,8 +55,8 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     current = current - from_current
     previous = previous - math.min(amount - from_current, previous)
   end
-  local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
-  write_state(key, value, 2 * w)
+  local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
+  write_state(key, TAG.sliding_window, value, 2 * w)
 end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
@@ -109,7 +109,7 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     tokens = idiv(level, interval)
     last = now - (level - tokens * interval)
   end
-  write_state(key, string.format(TOKEN_BUCKET_STATE, tokens, last), 2 * span)
+  write_state(key, TAG.token_bucket, fmt(tokens) .. ' ' .. fmt(last), 2 * span)
 end
 
 -- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
@@ -126,7 +126,7 @@ local function adjust_tat(key, now, penalty, amount, capacity, interval)
       return
     end
   end
-  write_state(key, string.format(TAT_STATE, tat), 2 * span)
+  write_state(key, TAG.tat, fmt(tat), 2 * span)
 end
 ADJUST['gcra'] = adjust_tat
 ADJUST['leaky-bucket'] = adjust_tat

@@ -35,7 +35,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
   end
   if cost > 0 then
     local value = string.format(FIXED_WINDOW_STATE, start, count)
-    return {1, limit, limit - count, reset, 0, 0, key, value, reset}
+    return {1, limit, limit - count, reset, 0, 0, key, false, value, reset}
   end
   return {1, limit, limit - count, reset, 0, 0}
 end

@@ -66,7 +66,7 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
       local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
-      return {1, limit, remaining, reset, 0, 0, key, value, reset}
+      return {1, limit, remaining, reset, 0, 0, key, false, value, reset}
     end
     return {1, limit, remaining, reset, 0, 0}
   end

@@ -58,10 +58,14 @@ local function state_numbers2(raw, parse, parse_last)
   return s[1], s[2]
 end
 
--- Saves a string state (`value`, tag included) for `reset` more µs, or
--- deletes it when it is back to fresh (reset 0).
-local function write_state(key, value, reset)
+-- Saves a string state with its tag for `reset` more µs, or deletes it when it
+-- is back to fresh (reset 0). A `tag` of false: `value` carries its tag
+-- already (one string.format made both, see TAG).
+local function write_state(key, tag, value, reset)
   if reset > 0 then
+    if tag then
+      value = tag .. value
+    end
     redis.call('SET', key, value, 'PX', ttl_ms(reset))
   else
     redis.call('DEL', key)
@@ -69,16 +73,17 @@ local function write_state(key, value, reset)
 end
 
 -- A decision that would write a string state carries the write in its
--- reply's array, after the six fields: r[7] the key, r[8] the value (tag
--- included), r[9] the reset (write_state's arguments), rather than in a
--- closure, which with its upvalues costs Redis about 4 % of a decision
--- (callgrind). Sorted-set states keep a closure, r.commit. commit applies
--- either and clears r[7..9]: Redis replies with the array up to its first
--- nil, so a committed reply is the six fields again.
+-- reply's array, after the six fields: r[7] the key, r[8] the tag (false
+-- when r[9] carries it), r[9] the value, r[10] the reset (write_state's
+-- arguments), rather than in a closure, which with its upvalues costs Redis
+-- about 4 % of a decision (callgrind). Sorted-set states keep a closure,
+-- r.commit. commit applies either and clears r[7..10]: Redis replies with
+-- the array up to its first nil, so a committed reply is the six fields
+-- again.
 local function commit(r)
   if r[7] then
-    write_state(r[7], r[8], r[9])
-    r[7], r[8], r[9] = nil, nil, nil
+    write_state(r[7], r[8], r[9], r[10])
+    r[7], r[8], r[9], r[10] = nil, nil, nil, nil
   elseif r.commit then
     r.commit()
   end

@@ -32,7 +32,7 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   end
   local remaining = idiv(span - reset, interval)
   if cost > 0 then
-    return {1, capacity, remaining, reset, 0, delay, key, string.format(TAT_STATE, tat), reset}
+    return {1, capacity, remaining, reset, 0, delay, key, false, string.format(TAT_STATE, tat), reset}
   end
   return {1, capacity, remaining, reset, 0, delay}
 end

@@ -56,7 +56,7 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   end
   if cost > 0 then
     local value = string.format(TOKEN_BUCKET_STATE, tokens, last)
-    return {1, capacity, tokens, reset, 0, 0, key, value, reset}
+    return {1, capacity, tokens, reset, 0, 0, key, false, value, reset}
   end
   return {1, capacity, tokens, reset, 0, 0}
 end
