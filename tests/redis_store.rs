@@ -254,6 +254,97 @@ async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
     );
 }
 
+/// A single decision sends Redis its two keys and three arguments (cost and
+/// the two parameters): the fixed time and the permit id go only where they
+/// say something (a concurrency check), since every argument costs Redis
+/// work on every call. The decisions stay those of the policy.
+#[tokio::test]
+async fn a_single_decision_sends_three_arguments_but_for_concurrency() {
+    let server = RedisServer::start_with_args(&[
+        "--slowlog-log-slower-than",
+        "0",
+        "--slowlog-max-len",
+        "1000",
+    ]);
+    let store = build(RedisStore::builder(server.url()).max_batch(1)).await;
+    let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
+    let window = fixed_window("w", 1, Duration::from_secs(60));
+    let permits = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    server.cli(&["SLOWLOG", "RESET"]);
+    assert!(store.check(b"g", &gcra, 1).await.unwrap().is_allowed());
+    assert!(store.check(b"w", &window, 1).await.unwrap().is_allowed());
+    let denied = store.check(b"w", &window, 1).await.unwrap();
+    assert!(!denied.is_allowed() && denied.limit() == 1, "{denied:?}");
+    let held = store.check(b"c", &permits, 1).await.unwrap();
+    assert!(held.permit().is_some(), "{held:?}");
+    let log: serde_json::Value =
+        serde_json::from_str(&server.cli(&["--json", "SLOWLOG", "GET", "1000"])).unwrap();
+    let calls: Vec<Vec<String>> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            entry[3]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .filter(|args: &Vec<String>| args[0].eq_ignore_ascii_case("fcall"))
+        .collect();
+    // Four checks; the first may have met no library yet and been sent again.
+    assert!(calls.len() >= 4, "{calls:?}");
+    for args in &calls {
+        // FCALL <function> 2 <state key> <block key> <arguments...>
+        let expected = if args[1].ends_with("_concurrency") {
+            5
+        } else {
+            3
+        };
+        assert_eq!(args.len() - 5, expected, "{args:?}");
+    }
+}
+
+/// The library remembers the numbers it parses (`number` in prelude.lua, at
+/// most 256 at a time): more distinct limits, costs and counts than that,
+/// interleaved, still decide exactly, single and batched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_distinct_numbers_than_the_library_remembers_decide_exactly() {
+    let server = RedisServer::start();
+    for max_batch in [1, 64] {
+        let store = build(
+            RedisStore::builder(server.url())
+                .prefix(format!("n{max_batch}"))
+                .max_batch(max_batch),
+        )
+        .await;
+        let policies: Vec<Policy> = (1..=300)
+            .map(|limit| fixed_window(&format!("w{limit}"), 1000 + limit, Duration::from_secs(600)))
+            .collect();
+        for round in 0..2u64 {
+            let mut checks = tokio::task::JoinSet::new();
+            for (i, policy) in policies.iter().enumerate() {
+                let (store, policy) = (store.clone(), policy.clone());
+                checks.spawn(async move {
+                    let cost = 1 + i as u64 % 7;
+                    let d = store.check(b"k", &policy, cost).await.unwrap();
+                    (policy.limit(), cost, d)
+                });
+            }
+            while let Some(result) = checks.join_next().await {
+                let (limit, cost, d) = result.unwrap();
+                assert!(d.is_allowed(), "{d:?}");
+                assert_eq!(
+                    d.remaining(),
+                    limit - (round + 1) * cost,
+                    "max_batch {max_batch}, {d:?}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_restarted_redis_is_used_again_without_failed_requests() {
     let mut server = RedisServer::start();

@@ -22,7 +22,7 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::clock::Clock;
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, AlgorithmKind};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
@@ -235,10 +235,12 @@ impl RedisStore {
 /// (see [`function_library`]).
 ///
 /// `KEYS[1]` is the state key ([`RedisStore::state_key`]) and `KEYS[2]` its
-/// block key ([`key::block_key`]); `ARGV` is a fixed
-/// time in µs (`0`: the server's `TIME`), the cost, the algorithm's two
-/// parameters (limit or burst, then window or interval in µs), and a permit
-/// id (concurrency, else `0`). Use it to preload the scripts with
+/// block key ([`key::block_key`]); `ARGV` is the cost and the algorithm's two
+/// parameters (limit or burst, then window or interval in µs), then, only
+/// when needed, a fixed time in µs (absent or `0`: the server's `TIME`) and
+/// a permit id (concurrency only, which always sends both). The reply is
+/// `{allowed, remaining, reset_after, wait}` in µs (`wait`: the retry of a
+/// denial, the delay of an admission). Use it to preload the scripts with
 /// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
@@ -412,25 +414,37 @@ impl RedisStore {
         via: Via<'_>,
     ) -> Result<Decision, StoreError> {
         let (p1, p2) = parameters(policy.algorithm());
+        // The fixed time and the permit only when they say something
+        // (single.lua): every argument costs Redis work on every call.
+        let fixed_now = self.fixed_now();
+        let concurrency = policy.algorithm().algorithm_kind() == AlgorithmKind::Concurrency;
         let permit_arg = if permit.0 == 0 {
             Arg::Int(0)
         } else {
             Arg::Owned(permit.to_string())
         };
-        let args = [
-            Arg::Int(self.fixed_now()),
+        let all = [
             Arg::Int(cost),
             Arg::Int(p1),
             Arg::Int(p2),
+            Arg::Int(fixed_now),
             permit_arg,
         ];
+        let sent = if concurrency {
+            5
+        } else if fixed_now != 0 {
+            4
+        } else {
+            3
+        };
+        let args = &all[..sent];
         let keys = WithBlocks(std::slice::from_ref(&key).iter());
         let reply = self
             .inner
-            .decide(policy.algorithm(), &keys, &args, via)
+            .decide(policy.algorithm(), &keys, args, via)
             .await
             .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
-        decision_from(&reply, permit, cost)
+        single_from(&reply, p1, permit, cost)
     }
 
     async fn check_many(

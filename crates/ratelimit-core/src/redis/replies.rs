@@ -59,15 +59,39 @@ pub(super) fn decision_from(
         return Err(protocol_error("a decision", value));
     };
     let wait = if allowed == 1 { delay } else { retry };
-    Ok(decision_of(
-        allowed == 1,
+    Ok(decision_of_four(
+        [allowed, remaining, reset, wait],
         limit,
-        remaining,
-        reset,
-        wait,
         permit,
         cost,
     ))
+}
+
+/// The decision of one check from the reply of `single.lua`:
+/// `{allowed, remaining, reset, wait}`, the limit being the policy's first
+/// parameter (`limit`), which the reply leaves out.
+pub(super) fn single_from(
+    value: &Value,
+    limit: u64,
+    permit: PermitId,
+    cost: u64,
+) -> Result<Decision, StoreError> {
+    let fields = match value {
+        Value::Array(items) if items.len() == 4 => {
+            items.iter().map(int).collect::<Option<Vec<u64>>>()
+        }
+        _ => None,
+    };
+    let Some(four) = fields.as_deref().and_then(|f| <[u64; 4]>::try_from(f).ok()) else {
+        return Err(protocol_error("a decision", value));
+    };
+    Ok(decision_of_four(four, limit, permit, cost))
+}
+
+/// A decision from `{allowed, remaining, reset, wait}` and the limit.
+fn decision_of_four(fields: [u64; 4], limit: u64, permit: PermitId, cost: u64) -> Decision {
+    let [allowed, remaining, reset, wait] = fields;
+    decision_of(allowed == 1, limit, remaining, reset, wait, permit, cost)
 }
 
 /// A decision from its fields: admitted when `allowed` (after `wait` µs,

@@ -21,6 +21,15 @@ end
 
 local ADJUST = {}
 
+-- The state of `key` without its tag (see tagged_state), nil when none.
+local function read_state(key, tag)
+  local raw = tagged_state(key, string.byte(tag))
+  if raw and string.sub(raw, 1, 1) == tag then
+    return string.sub(raw, 2)
+  end
+  return raw
+end
+
 -- `value` raised by `amount`, to at most `cap` (never lowered).
 local function penalized(value, amount, cap)
   return math.max(value, math.min(value + amount, cap))

@@ -69,7 +69,8 @@ local function decide_requests(keys, args, forms, held, now, out)
   while a <= last do
     -- Until its extent is known, a failure ends the batch.
     BATCH_NEXT_ARG = last + 1
-    local v = tonumber(args[a])
+    -- (number: the same few indexes on every request.)
+    local v = number(args[a])
     if v > 0 then
       -- One check: Redis's WRONGTYPE, unprotected, is its conflict.
       local f = forms[v]
@@ -102,7 +103,7 @@ local function decide_requests(keys, args, forms, held, now, out)
       -- Its extent first, for run_batch should it fail.
       local permits, e = {}, a + 1
       for i = 1, m do
-        local f = forms[tonumber(args[e])]
+        local f = forms[number(args[e])]
         e = e + 1
         if f[5] then
           permits[i] = args[e]
@@ -110,12 +111,12 @@ local function decide_requests(keys, args, forms, held, now, out)
         end
       end
       BATCH_NEXT_ARG, BATCH_NEXT_KEY = e, k + m
-      -- Several state keys: errors name theirs (see read_state).
+      -- Several state keys: errors name theirs (see tagged_state).
       ONE_STATE_KEY = false
       local results, all, checks = {}, true, {}
       e = a + 1
       for i = 1, m do
-        local f = forms[tonumber(args[e])]
+        local f = forms[number(args[e])]
         e = e + 1
         if f[5] then
           e = e + 1
@@ -145,12 +146,12 @@ local function decide_requests(keys, args, forms, held, now, out)
 end
 
 local function run_batch(keys, args)
-  FIXED_NOW = tonumber(args[1]) or 0
+  FIXED_NOW = number(args[1]) or 0
   local now = server_now()
   local forms, a = {}, 3
-  for f = 1, tonumber(args[2]) do
+  for f = 1, number(args[2]) do
     local name = args[a]
-    forms[f] = {ALGORITHMS[name], tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3]), name == 'concurrency'}
+    forms[f] = {ALGORITHMS[name], number(args[a + 1]), number(args[a + 2]), number(args[a + 3]), name == 'concurrency'}
     a = a + 4
   end
   local checks = idiv(#keys, 2)

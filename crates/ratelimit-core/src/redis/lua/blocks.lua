@@ -12,16 +12,21 @@ local function block_left_of(raw, now)
   return positive(tonumber(raw) - now)
 end
 
+-- The same from the reply of redis.pcall('GET', <block key>): a key of
+-- another type (WRONGTYPE) is no block.
+local function block_left_of_get(raw, now)
+  if type(raw) == 'table' and wrong_type(raw) then
+    return 0
+  end
+  return block_left_of(raw, now)
+end
+
 -- How long `block_key` still blocks its state key, in µs (0: not blocked).
 local function block_left(block_key, now)
   if not block_key then
     return 0
   end
-  local raw = redis.pcall('GET', block_key)
-  if type(raw) == 'table' and wrong_type(raw) then
-    return 0
-  end
-  return block_left_of(raw, now)
+  return block_left_of_get(redis.pcall('GET', block_key), now)
 end
 
 -- The reply for a blocked key, `left` µs before the block ends: denied,

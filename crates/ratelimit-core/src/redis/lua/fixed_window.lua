@@ -3,15 +3,19 @@
 -- The window start and count that apply at `now`. A window start written
 -- under another window length counts in the window of this length that holds
 -- it (FixedWindow::current in Rust).
+local FIXED_WINDOW_BYTE = 102 -- string.byte(TAG.fixed_window)
+local FIXED_WINDOW_STATE = 'f%d %d'
+
 local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
-  local raw = read_state(key, TAG.fixed_window)
+  local raw = tagged_state(key, FIXED_WINDOW_BYTE)
   if raw then
-    local s = ints(raw)
-    local start = idiv(s[1], window) * window
+    -- Window starts and counts repeat across keys.
+    local start, count = state_numbers2(raw, number, number)
+    start = idiv(start, window) * window
     -- A count from a later window (the server clock stepped back) is kept.
-    if s[2] > 0 and start >= aligned then
-      return start, s[2]
+    if count > 0 and start >= aligned then
+      return start, count
     end
   end
   return aligned, 0
@@ -30,8 +34,8 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
     reset = until_end
   end
   if cost > 0 then
-    local value = fmt(start) .. ' ' .. fmt(count)
-    return {1, limit, limit - count, reset, 0, 0, key, TAG.fixed_window, value, reset}
+    local value = string.format(FIXED_WINDOW_STATE, start, count)
+    return {1, limit, limit - count, reset, 0, 0, key, false, value, reset}
   end
   return {1, limit, limit - count, reset, 0, 0}
 end

@@ -7,7 +7,8 @@
 -- validation guarantees it for every value computed here), divided with
 -- `idiv` and sent to Redis through `fmt` (numbers.lua, before the prelude).
 --
--- ARGV[1] is 0 in production: the time is the Redis server's TIME, never the
+-- The fixed time (ARGV[1]; for one decision, single.lua, its args[4]) is 0
+-- or absent in production: the time is the Redis server's TIME, never the
 -- client's clock. Tests may pass a fixed time there to replay a timeline.
 --
 -- Every state key `<prefix>:<policy>:{<key>}` may have a block key next to
@@ -31,19 +32,27 @@ local function positive(n)
   return 0
 end
 
--- The fixed time of the current call (ARGV[1]), set by eval.lua or by the
--- library's functions (library.lua) before anything reads it.
+-- The fixed time of the current call, set by eval.lua, run_single or
+-- run_batch before anything reads it.
 local FIXED_NOW = 0
 -- Whether the call decides over one state key only (single.lua): its
--- errors then name no key (see read_state).
+-- errors then name no key (see tagged_state, state.lua).
 local ONE_STATE_KEY = false
+
+-- tonumber of a numeric string that calls repeat (a policy's parameters, a
+-- cost, TIME's seconds, a window's start, a count), set before any call
+-- reads it: a script, whose every helper is created again on every call,
+-- uses tonumber itself (eval.lua); the Functions library, which lives as
+-- long as it is loaded, one that remembers (library.lua).
+local number
 
 local function server_now()
   if FIXED_NOW > 0 then
     return FIXED_NOW
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- The microseconds change on every call: not worth remembering.
+  return number(t[1]) * 1000000 + tonumber(t[2])
 end
 
 -- The TTL, in whole milliseconds rounded up, of state that matters for

@@ -3,6 +3,19 @@
 -- scaled by the window length to stay in integers.
 -- State (string, tag TAG.sliding_window):
 -- "<window start> <previous> <current>".
+local SLIDING_WINDOW_BYTE = 119 -- string.byte(TAG.sliding_window)
+local SLIDING_WINDOW_STATE = 'w%d %d %d'
+
+-- As state_numbers2 (state.lua), for three numbers.
+local function state_numbers3(raw, parse)
+  local a, b, c = string.match(raw, '(%d+)%D+(%d+)%D+(%d+)')
+  if a then
+    return parse(a), parse(b), parse(c)
+  end
+  local s = ints(raw)
+  return s[1], s[2], s[3]
+end
+
 -- The window start and the previous and current counts that apply at `now`.
 -- A state written under other numbers (SlidingWindowCounter::current in
 -- Rust): its window start moves back to the start of the window of this
@@ -10,11 +23,12 @@
 -- limit.
 local function sliding_window_current(key, now, w, limit)
   local aligned = idiv(now, w) * w
-  local raw = read_state(key, TAG.sliding_window)
+  local raw = tagged_state(key, SLIDING_WINDOW_BYTE)
   if raw then
-    local s = ints(raw)
-    local start = idiv(s[1], w) * w
-    local previous, current = math.min(s[2], 2 * limit), math.min(s[3], 2 * limit)
+    -- Window starts and counts repeat across keys.
+    local start, previous, current = state_numbers3(raw, number)
+    start = idiv(start, w) * w
+    previous, current = math.min(previous, 2 * limit), math.min(current, 2 * limit)
     if previous == 0 and current == 0 then
       -- empty: fresh
     elseif start + w < aligned then
@@ -29,26 +43,30 @@ local function sliding_window_current(key, now, w, limit)
   return aligned, 0, 0
 end
 
+-- When counts `p` and `c` of the window from `start` are all forgotten.
+-- (A function of its own, not a closure in the decision: a closure is
+-- created again on every call.)
+local function sliding_window_reset(start, w, now, p, c)
+  if c > 0 then
+    return positive(start + 2 * w - now)
+  elseif p > 0 then
+    return positive(start + w - now)
+  end
+  return 0
+end
+
 ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
   local start, previous, current = sliding_window_current(key, now, w, limit)
   local elapsed = positive(now - start)
   local weighted = previous * (w - elapsed)
   local budget = limit * w
-  local function reset_of(p, c)
-    if c > 0 then
-      return positive(start + 2 * w - now)
-    elseif p > 0 then
-      return positive(start + w - now)
-    end
-    return 0
-  end
   if weighted + (current + cost) * w <= budget then
     current = current + cost
-    local reset = reset_of(previous, current)
+    local reset = sliding_window_reset(start, w, now, previous, current)
     local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
-      local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
-      return {1, limit, remaining, reset, 0, 0, key, TAG.sliding_window, value, reset}
+      local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
+      return {1, limit, remaining, reset, 0, 0, key, false, value, reset}
     end
     return {1, limit, remaining, reset, 0, 0}
   end
@@ -69,5 +87,5 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     end
     retry = (w - elapsed) + (w - allowance)
   end
-  return {0, limit, remaining, reset_of(previous, current), retry, 0}
+  return {0, limit, remaining, sliding_window_reset(start, w, now, previous, current), retry, 0}
 end

@@ -1,12 +1,15 @@
 -- String states (fixed window, sliding window counter, token bucket, GCRA,
--- leaky bucket) start with the tag of their family, read and written only by
--- read_state and write_state:
+-- leaky bucket) start with the tag of their family, read by tagged_state
+-- (admin.lua: read_state) and written by write_state:
 local TAG = {
   fixed_window = 'f', -- "f<window start> <count>"
   sliding_window = 'w', -- "w<window start> <previous> <current>"
   token_bucket = 't', -- "t<tokens> <last refill>"
   tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
 }
+-- Each algorithm writes its state, tag included, with one string.format of
+-- its own format (FIXED_WINDOW_STATE and the like, next to its decision):
+-- one call instead of a format per number and a concatenation per field.
 
 -- The string state of `key` without its tag, nil when there is none; a
 -- conflict when it belongs to another family. A state written before states
@@ -16,7 +19,11 @@ local TAG = {
 -- A decision over one state key (single.lua) lets Redis's own WRONGTYPE
 -- through, which the store reports as a conflict of that key's policy, and
 -- saves a protected call; several keys (multi.lua, admin.lua) name theirs.
-local function read_state(key, tag)
+--
+-- tagged_state answers the state as stored, its tag (`tag_byte`, the tag's
+-- string.byte) included when it has one: the decisions read its numbers
+-- with one string.match, without cutting the tag off first.
+local function tagged_state(key, tag_byte)
   local raw
   if ONE_STATE_KEY then
     raw = redis.call('GET', key)
@@ -29,32 +36,50 @@ local function read_state(key, tag)
   if not raw then
     return nil
   end
-  local found = string.sub(raw, 1, 1)
-  if found == tag then
-    return string.sub(raw, 2)
-  elseif string.find(found, '^%d') then
+  local found = string.byte(raw)
+  -- 48..57: the digits.
+  if found == tag_byte or (found and found >= 48 and found <= 57) then
     return raw
   end
   conflict(key)
 end
 
+-- The first two (three) numbers of a state as tagged_state answers it: its
+-- numbers in order, whatever separates them, as `ints` reads them; one
+-- string.match in the common case, each number read by `parse`
+-- (`number` for those that repeat across keys, else tonumber), the last
+-- one of two by `parse_last`.
+local function state_numbers2(raw, parse, parse_last)
+  local a, b = string.match(raw, '(%d+)%D+(%d+)')
+  if a then
+    return parse(a), parse_last(b)
+  end
+  local s = ints(raw)
+  return s[1], s[2]
+end
+
 -- Saves a string state with its tag for `reset` more µs, or deletes it when it
--- is back to fresh (reset 0).
+-- is back to fresh (reset 0). A `tag` of false: `value` carries its tag
+-- already (one string.format made both, see TAG).
 local function write_state(key, tag, value, reset)
   if reset > 0 then
-    redis.call('SET', key, tag .. value, 'PX', ttl_ms(reset))
+    if tag then
+      value = tag .. value
+    end
+    redis.call('SET', key, value, 'PX', ttl_ms(reset))
   else
     redis.call('DEL', key)
   end
 end
 
 -- A decision that would write a string state carries the write in its
--- reply's array, after the six fields: r[7] the key, r[8] the tag, r[9] the
--- value, r[10] the reset (write_state's arguments), rather than in a
--- closure, which with its upvalues costs Redis about 4 % of a decision
--- (callgrind). Sorted-set states keep a closure, r.commit. commit applies
--- either and clears r[7..10]: Redis replies with the array up to its first
--- nil, so a committed reply is the six fields again.
+-- reply's array, after the six fields: r[7] the key, r[8] the tag (false
+-- when r[9] carries it), r[9] the value, r[10] the reset (write_state's
+-- arguments), rather than in a closure, which with its upvalues costs Redis
+-- about 4 % of a decision (callgrind). Sorted-set states keep a closure,
+-- r.commit. commit applies either and clears r[7..10]: Redis replies with
+-- the array up to its first nil, so a committed reply is the six fields
+-- again.
 local function commit(r)
   if r[7] then
     write_state(r[7], r[8], r[9], r[10])

@@ -1,9 +1,15 @@
 -- The shared transition of GCRA and the leaky bucket. State (string, tag
 -- TAG.tat): the theoretical arrival time.
+local TAT_BYTE = 103 -- string.byte(TAG.tat): loading has no string library
+local TAT_STATE = 'g%d'
+
 local function decide_tat(key, now, cost, capacity, interval, with_delay)
   local tat = 0
-  local raw = read_state(key, TAG.tat)
+  local raw = tagged_state(key, TAT_BYTE)
   if raw then
+    if string.byte(raw) == TAT_BYTE then
+      raw = string.sub(raw, 2)
+    end
     tat = tonumber(raw)
   end
   local span = capacity * interval
@@ -26,7 +32,7 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   end
   local remaining = idiv(span - reset, interval)
   if cost > 0 then
-    return {1, capacity, remaining, reset, 0, delay, key, TAG.tat, fmt(tat), reset}
+    return {1, capacity, remaining, reset, 0, delay, key, false, string.format(TAT_STATE, tat), reset}
   end
   return {1, capacity, remaining, reset, 0, delay}
 end

@@ -2,14 +2,20 @@
 -- State (string, tag TAG.token_bucket): "<tokens> <last refill>". The refill
 -- time advances by whole intervals only, so the fraction of a token earned is
 -- never lost. A refill time ahead of now is a debt (see admin.lua).
+local TOKEN_BUCKET_BYTE = 116 -- string.byte(TAG.token_bucket)
+local TOKEN_BUCKET_STATE = 't%d %d'
+
 ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
   local tokens, last = capacity, now
-  local raw = read_state(key, TAG.token_bucket)
+  local raw = tagged_state(key, TOKEN_BUCKET_BYTE)
   if raw then
-    local s = ints(raw)
+    -- Token counts repeat across keys, refill times seldom.
+    tokens, last = state_numbers2(raw, number, tonumber)
     -- Tokens above the capacity (a larger bucket under the same name) are
     -- a full bucket.
-    tokens, last = math.min(s[1], capacity), s[2]
+    if tokens > capacity then
+      tokens = capacity
+    end
     -- `last` ahead of now with tokens in hand (a clock that stepped back):
     -- the tokens pay that debt first.
     if last > now and tokens > 0 then
@@ -49,8 +55,8 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
     return {0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0}
   end
   if cost > 0 then
-    local value = fmt(tokens) .. ' ' .. fmt(last)
-    return {1, capacity, tokens, reset, 0, 0, key, TAG.token_bucket, value, reset}
+    local value = string.format(TOKEN_BUCKET_STATE, tokens, last)
+    return {1, capacity, tokens, reset, 0, 0, key, false, value, reset}
   end
   return {1, capacity, tokens, reset, 0, 0}
 end
