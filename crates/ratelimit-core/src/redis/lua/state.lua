@@ -6,6 +6,7 @@ local TAG = {
   sliding_window = 'w', -- "w<window start> <previous> <current>"
   token_bucket = 't', -- "t<tokens> <last refill>"
   tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
+  -- 'l': the sliding log, binary entries (sliding_log.lua: LOG_TAG).
 }
 -- Each algorithm writes its state, tag included, with one string.format of
 -- its own format (FIXED_WINDOW_STATE and the like, next to its decision):
