@@ -270,13 +270,22 @@ async fn full_store_through_the_layer() {
 /// Decisions per case in the allocation test.
 const DECISIONS: usize = 10_000;
 
-/// Bytes allocated (by any thread) while `decide` runs `DECISIONS` times.
+/// Bytes allocated (by any thread) while `decide` runs `DECISIONS` times:
+/// the least of three runs. The counter sees every thread, and the test
+/// harness allocates now and then (reporting the previous test, starting
+/// threads), which once landed in a run on a loaded machine; an allocation
+/// of the decision itself is in every run.
 fn bytes_allocated_by(mut decide: impl FnMut()) -> usize {
-    let before = ALLOCATOR.total_allocated();
-    for _ in 0..DECISIONS {
-        decide();
-    }
-    ALLOCATOR.total_allocated() - before
+    (0..3)
+        .map(|_| {
+            let before = ALLOCATOR.total_allocated();
+            for _ in 0..DECISIONS {
+                decide();
+            }
+            ALLOCATOR.total_allocated() - before
+        })
+        .min()
+        .unwrap_or(usize::MAX)
 }
 
 #[test]
