@@ -209,9 +209,10 @@ async fn a_conflict_fails_its_own_request_only() {
     let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
     let before = store.coalescing();
-    // The lead call holds the connection: the five behind it go as one batch.
-    proxy.set_latency(ms(200));
-    let (lead, _) = behind_a_call(&store, &window, 0, ms(20)).await;
+    // The lead call holds the connection: the four behind it go as one
+    // batch (half a second, so a loaded machine polls them all meanwhile).
+    proxy.set_latency(ms(500));
+    let (lead, _) = behind_a_call(&store, &window, 0, ms(50)).await;
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = vec![
         Box::pin(store.check(b"x", &window, 1)),
         Box::pin(store.check(b"k", &bucket, 1)),
