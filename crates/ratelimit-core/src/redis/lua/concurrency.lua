@@ -26,6 +26,12 @@ local SEM_WIDTH = 46
 local SEM_HEAD = 8
 -- Counts are renumbered from 0 once the base passes this (2^48).
 local SEM_REBASE = 281474976710656
+-- The value of an empty semaphore (a base of 0), without its tag: 7 zero
+-- bytes (struct.pack('>I7', 0), which FUNCTION LOAD cannot call: struct is
+-- not there while the library loads).
+local SEM_EMPTY = '\0\0\0\0\0\0\0'
+-- No entry to remove (sem_value's `gone`).
+local SEM_NONE = {}
 
 -- Entry i (1 to n) of the semaphore `raw`: its lease's expiry and its
 -- `through`.
@@ -64,7 +70,7 @@ local function sem_convert(key, now)
   if not of_family(leases, 'permits') then
     conflict(key)
   end
-  local parts, through, latest = {SEM_TAG, struct.pack('>I7', 0)}, 0, nil
+  local parts, through, latest = {SEM_TAG, SEM_EMPTY}, 0, nil
   for i = 1, #leases, 2 do
     local expires = tonumber(leases[i + 1])
     if expires > now then
@@ -156,6 +162,19 @@ local function sem_value(raw, first, n, base, gone, id, expires, units)
   local minus = 0
   if base >= SEM_REBASE then
     minus = base
+  elseif id and (n < first or sem_at(raw, n) <= expires) then
+    -- The common admission: appended, the rest copied as it is.
+    local through = base + units
+    if n >= first then
+      through = sem_through(raw, n) + units
+    end
+    local entry = id .. struct.pack(SEM_FORMAT, expires, through)
+    if n == 0 then
+      return SEM_EMPTY .. entry
+    elseif first == 1 then
+      return string.sub(raw, 2) .. entry
+    end
+    return struct.pack('>I7', base) .. string.sub(raw, SEM_HEAD + (first - 1) * SEM_WIDTH + 1) .. entry
   end
   local parts, from, shift = {struct.pack('>I7', base - minus)}, first, -minus
   for _, j in ipairs(gone) do
@@ -188,7 +207,7 @@ local function sem_drop(key, raw, first, n, base)
   if first > n then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, SEM_TAG .. sem_value(raw, first, n, base, {}), 'KEEPTTL')
+    redis.call('SET', key, SEM_TAG .. sem_value(raw, first, n, base, SEM_NONE), 'KEEPTTL')
   end
 end
 
@@ -232,7 +251,7 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   if expires - now > reset then
     reset = expires - now
   end
-  local value = sem_value(raw or '', first, n, base, {}, permit, expires, cost)
+  local value = sem_value(raw, first, n, base, SEM_NONE, permit, expires, cost)
   -- Written by commit (state.lua) as a string state: SET ... PX.
   return {1, max, max - held - cost, reset, 0, 0, key, SEM_TAG, value, reset}
 end
