@@ -333,8 +333,14 @@ async fn the_documented_acl_runs_every_operation_and_the_noscript_reload() {
 async fn runs_every_operation_and_the_noscript_reload(server: &RedisServer, store: &RedisStore) {
     // A fresh server has no script cached: every first call is EVALSHA,
     // NOSCRIPT, then EVAL.
-    assert_all_ok(&exercise_node(server, store, "cold").await, "cold script cache");
-    assert_all_ok(&exercise_node(server, store, "warm").await, "warm script cache");
+    assert_all_ok(
+        &exercise_node(server, store, "cold").await,
+        "cold script cache",
+    );
+    assert_all_ok(
+        &exercise_node(server, store, "warm").await,
+        "warm script cache",
+    );
     assert_eq!(admin(server, &["SCRIPT", "FLUSH"]), "OK");
     assert_eq!(admin(server, &["FUNCTION", "FLUSH"]), "OK");
     assert_all_ok(

@@ -13,7 +13,9 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{NOW_MICROS, RedisServer, named, observable, twins_at};
+use ratelimit_tests::{
+    NOW_MICROS, RedisServer, assert_string_state, named, observable, twins_at, write_sorted_set,
+};
 
 /// The tag and the base of a semaphore's string.
 const HEAD_BYTES: u64 = 8;
@@ -33,7 +35,8 @@ fn entries(server: &RedisServer, key: &str) -> u64 {
 /// The base of the semaphore at `key`: the units counted before its first
 /// entry.
 fn base(server: &RedisServer, key: &str) -> u64 {
-    let script = "return string.format('%d', (struct.unpack('>I7', redis.call('GET', KEYS[1]), 2)))";
+    let script =
+        "return string.format('%d', (struct.unpack('>I7', redis.call('GET', KEYS[1]), 2)))";
     server.cli(&["EVAL", script, "1", key]).parse().unwrap()
 }
 
@@ -54,24 +57,6 @@ fn lift_counts(server: &RedisServer, key: &str, lift: u64) {
                   return redis.call('SET', KEYS[1], table.concat(out), 'KEEPTTL')";
     let reply = server.cli(&["EVAL", script, "1", key, &lift.to_string()]);
     assert_eq!(reply, "OK");
-}
-
-/// The key is a semaphore's string with a TTL no longer than `lease`, or
-/// gone.
-fn assert_semaphore_key(server: &RedisServer, key: &str, lease: u64, what: &str) {
-    match server.cli(&["TYPE", key]).as_str() {
-        "none" => {}
-        "string" => {
-            let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
-            assert!(ttl > 0, "{what}: {key} has no TTL ({ttl})");
-            // The scripts on a test clock add an hour of slack (prelude.lua).
-            assert!(
-                ttl as u64 <= lease.div_ceil(1000) + 3_600_000,
-                "{what}: TTL {ttl}"
-            );
-        }
-        other => panic!("{what}: {key} is a {other}"),
-    }
 }
 
 /// A check of `cost` on both stores, which must answer alike; the permits
@@ -144,7 +129,7 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
         }
         assert!(entries(&server, &key) <= 8, "{what}");
         if step % 5 == 0 {
-            assert_semaphore_key(&server, &key, 2_500, &what);
+            assert_string_state(&server, &key, 2_500, &what);
         }
     }
 }
@@ -180,7 +165,7 @@ async fn counts_past_2_48_are_renumbered_on_the_next_write() {
     let (d, _) = check_both(&memory, &redis, &policy, 1, "its unit again").await;
     assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
     assert_eq!(entries(&server, &key), 4);
-    assert_semaphore_key(&server, &key, lease, "renumbered");
+    assert_string_state(&server, &key, lease, "renumbered");
 }
 
 /// Releasing an id the key does not hold changes nothing, byte for byte;
@@ -208,7 +193,7 @@ async fn a_release_of_an_unknown_or_expired_id_takes_nothing_else() {
     clock.advance(Duration::from_millis(800));
     release_both(&memory, &redis, &policy, first, "expired").await;
     assert_eq!(entries(&server, &key), 1);
-    assert_semaphore_key(&server, &key, 1_000_000, "expired");
+    assert_string_state(&server, &key, 1_000_000, "expired");
 
     release_both(&memory, &redis, &policy, second, "held").await;
     assert_eq!(server.cli(&["TYPE", &key]), "none");
@@ -236,14 +221,7 @@ fn write_old_semaphore(server: &RedisServer, key: &str, permits: &[(u128, u64, u
         .iter()
         .map(|&(id, units, expires)| (expires.to_string(), old_member(id, units)))
         .collect();
-    let mut args = vec!["ZADD", key];
-    for (score, member) in &members {
-        args.push(score);
-        args.push(member);
-    }
-    server.cli(&args);
-    server.cli(&["PEXPIRE", key, "3600000"]);
-    assert_eq!(server.cli(&["TYPE", key]), "zset");
+    write_sorted_set(server, key, &members);
 }
 
 /// A key holding a semaphore in the previous layout, written by the
@@ -305,7 +283,7 @@ async fn a_semaphore_in_the_previous_layout_is_converted_never_lifted() {
             }
         }
         assert_eq!(server.cli(&["TYPE", &key]), "string", "{case}");
-        assert_semaphore_key(&server, &key, 60 * second, case);
+        assert_string_state(&server, &key, 60 * second, case);
     }
 
     // Every lease ended: nothing counts, and the key is gone.
