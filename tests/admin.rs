@@ -847,11 +847,7 @@ async fn the_documented_acl_runs_every_admin_operation() {
         "+set",
         "+pexpire",
         "+del",
-        "+zadd",
-        "+zrem",
         "+zrange",
-        "+zrangebyscore",
-        "+zremrangebyscore",
         "+ping",
     ]);
     let url = format!("redis://limiter:limiter-pw@127.0.0.1:{}", server.port());

@@ -47,10 +47,9 @@ const COMMANDS: &[&str] = &[
     "set",
     "pexpire",
     "del",
-    "zadd",
-    "zrem",
+    // Read only to convert a key of an earlier layout (a semaphore or a
+    // sliding log kept as a sorted set).
     "zrange",
-    "zremrangebyscore",
     // `RedisStore::ping`, and the cluster client on every new node connection.
     "ping",
 ];
@@ -61,10 +60,6 @@ const FALLBACK: &[&str] = &["fcall", "function|load"];
 
 /// What a Redis Cluster client needs besides [`COMMANDS`]: the topology.
 const CLUSTER_COMMANDS: &[&str] = &["cluster|slots"];
-
-/// The commands only cluster refunds (`refund.lua`) call: a single node never
-/// runs them with the current scripts.
-const REFUND_ONLY: &[&str] = &["del"];
 
 /// `ACL SETUSER <name> ...` rules: the password, the key pattern, and
 /// nothing but `commands`.
@@ -250,6 +245,37 @@ async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Fa
     report
 }
 
+/// [`exercise`] on a single node, and a check of a semaphore the admin wrote
+/// in the previous layout (a sorted set holding one permit), which the
+/// store converts.
+async fn exercise_node(
+    server: &RedisServer,
+    store: &RedisStore,
+    round: &str,
+) -> Vec<(String, Result<(), Failure>)> {
+    let mut report = exercise(store, round).await;
+    let policy = policies()
+        .into_iter()
+        .find(|p| p.algorithm().kind() == "concurrency")
+        .unwrap();
+    let key = format!("{round}-old");
+    let state_key = store.state_key(key.as_bytes(), &policy);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let expires = (now + Duration::from_secs(1800)).as_micros().to_string();
+    let member = format!("{:032x}:1", 7);
+    admin(server, &["ZADD", &state_key, &expires, &member]);
+    admin(server, &["PEXPIRE", &state_key, "3600000"]);
+    let result = async {
+        let d = store.check(key.as_bytes(), &policy, 1).await?;
+        expect("an old semaphore", &d, true, 0)
+    }
+    .await;
+    report.push(("check an old semaphore".to_owned(), result));
+    report
+}
+
 /// More checks at once than the store has connections, so that the ones
 /// that wait go together as one coalesced call (`batch.lua`): every
 /// algorithm, two keys each, each admitted once.
@@ -307,12 +333,18 @@ async fn the_documented_acl_runs_every_operation_and_the_noscript_reload() {
 async fn runs_every_operation_and_the_noscript_reload(server: &RedisServer, store: &RedisStore) {
     // A fresh server has no script cached: every first call is EVALSHA,
     // NOSCRIPT, then EVAL.
-    assert_all_ok(&exercise(store, "cold").await, "cold script cache");
-    assert_all_ok(&exercise(store, "warm").await, "warm script cache");
+    assert_all_ok(
+        &exercise_node(server, store, "cold").await,
+        "cold script cache",
+    );
+    assert_all_ok(
+        &exercise_node(server, store, "warm").await,
+        "warm script cache",
+    );
     assert_eq!(admin(server, &["SCRIPT", "FLUSH"]), "OK");
     assert_eq!(admin(server, &["FUNCTION", "FLUSH"]), "OK");
     assert_all_ok(
-        &exercise(store, "flushed").await,
+        &exercise_node(server, store, "flushed").await,
         "after SCRIPT FLUSH and FUNCTION FLUSH",
     );
     // Nothing was denied, not even a command whose reply is ignored.
@@ -335,11 +367,11 @@ fn witness(command: &str) -> &'static str {
     match command {
         "evalsha" | "eval" | "time" | "get" | "set" => "check fixed-window",
         // Write commands: the connection's probe fails every operation.
-        "pexpire" | "zadd" | "zremrangebyscore" => "check sliding-log",
-        // Read by the semaphore (and by a sliding log only to convert a key
-        // of the previous layout).
-        "zrange" => "check concurrency",
-        "zrem" => "release",
+        "pexpire" => "check sliding-log",
+        // Read only to convert a key of the previous layout.
+        "zrange" => "check an old semaphore",
+        // A release of the last permit held deletes the key.
+        "del" => "release",
         "mget" => "batch",
         "ping" => "ping",
         other => panic!("no witness for {other}"),
@@ -350,17 +382,14 @@ fn witness(command: &str) -> &'static str {
 async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
     let server = server();
     for &missing in COMMANDS {
-        if REFUND_ONLY.contains(&missing) {
-            continue;
-        }
         let user = format!("lacks-{missing}");
         let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
         set_user(&server, &user, &commands);
         assert_eq!(admin(&server, &["SCRIPT", "FLUSH"]), "OK");
         assert_eq!(admin(&server, &["FUNCTION", "FLUSH"]), "OK");
         let store = store(url(&server, &user, 0)).await;
-        let mut report = exercise(&store, &format!("{user}-cold")).await;
-        report.extend(exercise(&store, &format!("{user}-warm")).await);
+        let mut report = exercise_node(&server, &store, &format!("{user}-cold")).await;
+        report.extend(exercise_node(&server, &store, &format!("{user}-warm")).await);
         if FALLBACK.contains(&missing) {
             assert_all_ok(&report, &format!("without {missing}, by scripts"));
             let log = admin(&server, &["ACL", "LOG"]);
@@ -397,7 +426,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
             "without {missing}, {} did not fail: {report:#?}",
             witness(missing)
         );
-        if ["set", "pexpire", "zadd", "zrem", "zremrangebyscore"].contains(&missing) {
+        if ["set", "pexpire"].contains(&missing) {
             // Write commands are checked before any write: the error names
             // the command, and no key was written half-way (without a TTL).
             let named = report.iter().any(|(_, r)| {
@@ -430,7 +459,7 @@ async fn a_user_lacking_any_one_command_gets_errors_never_wrong_decisions() {
 #[tokio::test]
 async fn a_missing_write_permission_fails_at_connect_even_ping_and_peek() {
     let server = server();
-    for missing in ["set", "pexpire", "zadd", "zrem", "zremrangebyscore"] {
+    for missing in ["set", "pexpire"] {
         let user = format!("connect-lacks-{missing}");
         let commands: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != missing).collect();
         set_user(&server, &user, &commands);
@@ -590,14 +619,14 @@ async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
     assert_eq!(refunds(&store, "full").await, vec![2; 7], "every refund");
     assert_eq!(acl_denials(), Vec::<String>::new());
 
-    // Without the refund-only commands, refunds are lost (the key keeps the
-    // consumption: fewer admissions, never more) and Redis logs the denial.
-    for missing in REFUND_ONLY {
+    // Without `del`, refunds are lost (the key keeps the consumption: fewer
+    // admissions, never more) and Redis logs the denial.
+    for missing in ["del"] {
         let user = format!("lacks-{missing}");
         let commands: Vec<&str> = with_cluster
             .iter()
             .copied()
-            .filter(|c| c != missing)
+            .filter(|c| *c != missing)
             .collect();
         set_user_everywhere(&user, &commands);
         let store = cluster_store(&user).await.unwrap();
@@ -686,10 +715,10 @@ async fn the_acl_probe_refuses_a_tight_user_on_a_bb8_pool() {
     set_user(&server, "limiter", COMMANDS);
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
-    // The user loses `zadd`, and its connections drop: the pool opens a new
-    // one, which the store probes before using it.
-    set_user(&server, "limiter", &lacking("zadd"));
+    // The user loses `pexpire`, and its connections drop: the pool opens a
+    // new one, which the store probes before using it.
+    set_user(&server, "limiter", &lacking("pexpire"));
     assert_ne!(admin(&server, &["CLIENT", "KILL", "USER", "limiter"]), "0");
     let peek = store.check(b"k", &policy, 0).await.unwrap_err();
-    assert!(peek.to_string().contains("needs zadd"), "{peek}");
+    assert!(peek.to_string().contains("needs pexpire"), "{peek}");
 }

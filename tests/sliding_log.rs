@@ -14,7 +14,9 @@ use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, MemoryStore, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{NOW_MICROS, RedisServer, named, observable, twins_at};
+use ratelimit_tests::{
+    NOW_MICROS, RedisServer, assert_string_state, named, observable, twins_at, write_sorted_set,
+};
 
 /// The bytes of one entry of a log's string.
 const ENTRY_BYTES: u64 = 14;
@@ -46,23 +48,6 @@ fn lift_counts(server: &RedisServer, key: &str, lift: u64) {
                   return redis.call('SET', KEYS[1], table.concat(out), 'KEEPTTL')";
     let reply = server.cli(&["EVAL", script, "1", key, &lift.to_string()]);
     assert_eq!(reply, "OK");
-}
-
-/// The key is a log's string with a TTL no longer than `window`, or gone.
-fn assert_log_key(server: &RedisServer, key: &str, window: u64, what: &str) {
-    match server.cli(&["TYPE", key]).as_str() {
-        "none" => {}
-        "string" => {
-            let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
-            assert!(ttl > 0, "{what}: {key} has no TTL ({ttl})");
-            // The scripts on a test clock add an hour of slack (prelude.lua).
-            assert!(
-                ttl as u64 <= window.div_ceil(1000) + 3_600_000,
-                "{what}: TTL {ttl}"
-            );
-        }
-        other => panic!("{what}: {key} is a {other}"),
-    }
 }
 
 /// Both stores on one manual clock, and the server under the Redis one.
@@ -159,7 +144,7 @@ async fn entries_leave_window_after_window_and_the_string_stays_bounded() {
             assert!(entries(&twins.server, &key) <= 10, "{what}");
         }
         if step % 5 == 0 {
-            assert_log_key(&twins.server, &key, window, &what);
+            assert_string_state(&twins.server, &key, window, &what);
         }
     }
 }
@@ -196,7 +181,7 @@ async fn counts_past_2_48_are_renumbered_on_the_next_write() {
         }
     }
     assert!(base(server, &key) < 1 << 48);
-    assert_log_key(server, &key, window, "renumbered");
+    assert_string_state(server, &key, window, "renumbered");
 }
 
 /// The largest limit and cost, and a log of `LOG_SLOTS` taken by single
@@ -288,18 +273,6 @@ fn old_members(entries: &[(u64, u64)], with_sums: bool) -> Vec<(String, String)>
         .collect()
 }
 
-/// Writes a log in the previous layout (a sorted set) at `key`, with a TTL.
-fn write_old_log(server: &RedisServer, key: &str, members: &[(String, String)]) {
-    let mut args = vec!["ZADD", key];
-    for (score, member) in members {
-        args.push(score);
-        args.push(member);
-    }
-    server.cli(&args);
-    server.cli(&["PEXPIRE", key, "3600000"]);
-    assert_eq!(server.cli(&["TYPE", key]), "zset");
-}
-
 /// A key holding a log in the previous layout, written by the previous
 /// version of the store, is never a silent lift: every entry of it still in
 /// the window counts, by checks, peeks, `check_all` and rewards alike, and
@@ -335,7 +308,7 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
             assert!(memory.check(key, &policy, cost).await.unwrap().is_allowed());
         }
         let state_key = redis.state_key(key, &policy);
-        write_old_log(server, &state_key, &old_members(&timeline, with_sums));
+        write_sorted_set(server, &state_key, &old_members(&timeline, with_sums));
     }
     clock.set(start + window + 500);
     for &(key, _, op) in &cases {
@@ -366,7 +339,7 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
             }
         }
         assert_eq!(server.cli(&["TYPE", &state_key]), "string", "{what}");
-        assert_log_key(server, &state_key, window, &what);
+        assert_string_state(server, &state_key, window, &what);
         twins
             .check(key, &policy, 0, &format!("{what}, then a peek"))
             .await;
@@ -375,7 +348,7 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
     // A log whose every entry has left: nothing counts, and the first
     // admission replaces it.
     let key = redis.state_key(b"gone", &policy);
-    write_old_log(server, &key, &old_members(&timeline, true));
+    write_sorted_set(server, &key, &old_members(&timeline, true));
     clock.set(start + 3 * window);
     for (cost, remaining) in [(0, 10), (10, 0)] {
         let d = redis.check(b"gone", &policy, cost).await.unwrap();

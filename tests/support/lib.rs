@@ -24,8 +24,8 @@ pub use examples::{
 };
 pub use redis_server::{RedisCluster, RedisServer};
 pub use stores::{
-    Boxed, CALL_TIMEOUT, admits, build, cluster_store, join_in_order, permits_left, pooled,
-    redis_store, redis_store_on_clock,
+    Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,
+    permits_left, pooled, redis_store, redis_store_on_clock, write_sorted_set,
 };
 
 use ratelimit_core::clock::ManualClock;

@@ -49,17 +49,56 @@ pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await
 }
 
-/// Polls the number of permits held in `key`'s sorted set until it is 0, for
-/// at most `limit`; returns the last count.
+/// Polls the number of permits held in the semaphore at `key` (a string:
+/// a tag and a 7-byte base, then 46 bytes per permit) until it is 0, for at
+/// most `limit`; returns the last count, or what Redis answered when the key
+/// holds no semaphore.
 pub async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> String {
     let start = Instant::now();
     loop {
-        let count = server.cli(&["ZCARD", key]);
-        if count.trim() == "0" || start.elapsed() > limit {
-            return count.trim().to_owned();
+        let len = server.cli(&["STRLEN", key]);
+        let count = match len.trim().parse::<u64>() {
+            Ok(0) => "0".to_owned(),
+            Ok(n) if n >= 8 && (n - 8) % 46 == 0 => ((n - 8) / 46).to_string(),
+            _ => len.trim().to_owned(),
+        };
+        if count == "0" || start.elapsed() > limit {
+            return count;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The key holds a string state (a sliding log, a semaphore) with a TTL no
+/// longer than `longest` µs (plus the hour of slack the scripts add on a
+/// test clock, see prelude.lua), or is gone.
+pub fn assert_string_state(server: &RedisServer, key: &str, longest: u64, what: &str) {
+    match server.cli(&["TYPE", key]).as_str() {
+        "none" => {}
+        "string" => {
+            let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap_or(-3);
+            assert!(ttl > 0, "{what}: {key} has no TTL ({ttl})");
+            assert!(
+                ttl.unsigned_abs() <= longest.div_ceil(1000) + 3_600_000,
+                "{what}: TTL {ttl}"
+            );
+        }
+        other => panic!("{what}: {key} is a {other}"),
+    }
+}
+
+/// Writes a sorted set of `(score, member)` at `key`, with an hour's TTL: a
+/// state in the layout before issue 13 (a sliding log, a semaphore), as the
+/// previous version of the store left it.
+pub fn write_sorted_set(server: &RedisServer, key: &str, members: &[(String, String)]) {
+    let mut args = vec!["ZADD", key];
+    for (score, member) in members {
+        args.push(score);
+        args.push(member);
+    }
+    server.cli(&args);
+    server.cli(&["PEXPIRE", key, "3600000"]);
+    assert_eq!(server.cli(&["TYPE", key]), "zset");
 }
 
 /// Whether `store` admits a request of cost 1 from `key` under `policy`.

@@ -101,9 +101,9 @@ const ADMIN: &str = every_algorithm!("admin.lua");
 
 const BLOCK: &str = assemble!(; "block.lua");
 
-const REFUND: &str = assemble!("members.lua", "sliding_log.lua"; "refund.lua");
+const REFUND: &str = assemble!("members.lua", "sliding_log.lua", "concurrency.lua"; "refund.lua");
 
-const RELEASE: &str = assemble!("members.lua"; "release.lua");
+const RELEASE: &str = assemble!("members.lua", "concurrency.lua"; "release.lua");
 
 /// Every script with its SHA-1, computed once.
 pub(super) struct Scripts {

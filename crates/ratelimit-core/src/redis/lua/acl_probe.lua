@@ -7,12 +7,7 @@
 -- Reply: 1, or `NOPERM the rate limiter needs <command> on <key>`.
 if redis.acl_check_cmd then
   local key = KEYS[1]
-  local writes = {
-    {'set', key, '1'}, {'pexpire', key, '1'}, {'zadd', key, '1', 'm'}, {'zrem', key, 'm'},
-    -- Run only when a sorted set holds expired entries, so a decision may
-    -- succeed long before one needs it.
-    {'zremrangebyscore', key, '-inf', '0'},
-  }
+  local writes = {{'set', key, '1'}, {'pexpire', key, '1'}}
   for _, command in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(command)) then
       return redis.error_reply('NOPERM the rate limiter needs ' .. command[1] .. ' on ' .. key)

@@ -1,76 +1,302 @@
 -- Concurrency (a distributed semaphore): at most `max` units in flight.
--- State (sorted set): one member "<permit id>:<units>" per held permit, scored
--- by when its lease expires. Permit ids are random 128-bit values chosen by
--- the client, unique across instances.
--- The units of a permit's member. A permit id is 32 hex digits (PermitId's
--- Display), so they start at byte 34, after the ':': string.sub costs a
--- third of a pattern match, which tried every position (callgrind: 2,100
--- against 5,100 instructions per held permit, read on every call).
-local function permit_units(member)
-  if string.byte(member, 33) == 58 then
-    return tonumber(string.sub(member, 34))
-  end
-  return tonumber(string.match(member, ':(%d+)$'))
+-- State (string): the tag SEM_TAG, a base count (7 bytes), then one entry of
+-- SEM_WIDTH bytes per held permit, in the order its lease expires (the
+-- soonest first): the permit id (SEM_ID bytes: 32 hex digits, PermitId's
+-- Display; random, unique across instances), then struct.pack(SEM_FORMAT,
+-- expires, through): when the lease expires (µs, server time), and the units
+-- held by this entry and every one before it, counted from the same origin
+-- as the base. An entry's units are its `through` minus the previous one's
+-- (the base's for the first), so the units held are the newest `through`
+-- minus the one before the first lease still running: a call unpacks a
+-- handful of entries (binary searches over expiries and over `through`),
+-- however many permits are held, and an admission writes the leases still
+-- running, its own added, in one SET ... PX.
+--
+-- Every entry holds at least one unit and an admission leaves at most `max`
+-- (at most MAX_CONCURRENCY in concurrency.rs) units held, so a state holds
+-- at most 1,024 running leases (46 KiB); expired ones are dropped by the
+-- next call that meets them.
+local SEM_TAG = 'c'
+-- Two unsigned big-endian integers of 7 bytes: times and counts stay below
+-- 2^53 (policy validation, and the rebase below).
+local SEM_FORMAT = '>I7I7'
+local SEM_ID = 32
+local SEM_WIDTH = 46
+-- The tag and the base.
+local SEM_HEAD = 8
+-- Counts are renumbered from 0 once the base passes this (2^48).
+local SEM_REBASE = 281474976710656
+-- The value of an empty semaphore (a base of 0), without its tag: 7 zero
+-- bytes (struct.pack('>I7', 0), which FUNCTION LOAD cannot call: struct is
+-- not there while the library loads).
+local SEM_EMPTY = '\0\0\0\0\0\0\0'
+-- No entry to remove (sem_value's `gone`).
+local SEM_NONE = {}
+
+-- Entry i (1 to n) of the semaphore `raw`: its lease's expiry and its
+-- `through`.
+local function sem_at(raw, i)
+  local expires, through = struct.unpack(SEM_FORMAT, raw, SEM_HEAD + (i - 1) * SEM_WIDTH + SEM_ID + 1)
+  return expires, through
 end
 
-ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
-  -- One read for the family check and every lease (a bounded read: `max` is
-  -- at most MAX_CONCURRENCY, and every call trims expired leases). Leases of
-  -- holders that died without releasing are skipped, and dropped only when
-  -- there are some.
+-- The `through` of entry i, the base for i = 0.
+local function sem_through(raw, i)
+  if i == 0 then
+    return (struct.unpack('>I7', raw, 2))
+  end
+  local _, through = sem_at(raw, i)
+  return through
+end
+
+-- The number of entries of the semaphore `raw`, nil when `raw` is none
+-- (another family's string state).
+local function sem_size(raw)
+  local n = (#raw - SEM_HEAD) / SEM_WIDTH
+  if string.sub(raw, 1, 1) ~= SEM_TAG or n < 0 or n ~= math.floor(n) then
+    return nil
+  end
+  return n
+end
+
+-- A semaphore in the layout before issue 13 (a sorted set, one member
+-- "<permit id>:<units>" per permit, scored by when its lease expires), as
+-- this layout: rewritten as a string with the leases still running, their
+-- ids, expiries and units kept (a holder can still release its permit), and
+-- the TTL of the longest; deleted when none runs. Returns the new state.
+-- Any other sorted set (an old sliding log) is a conflict.
+local function sem_convert(key, now)
   local leases = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
   if not of_family(leases, 'permits') then
     conflict(key)
   end
-  local held, latest, expired = 0, nil, false
-  local expiries, units = {}, {}
+  local parts, through, latest = {SEM_TAG, SEM_EMPTY}, 0, nil
   for i = 1, #leases, 2 do
-    local e = tonumber(leases[i + 1])
-    if e <= now then
-      expired = true
-    else
-      local u = permit_units(leases[i])
-      held = held + u
-      expiries[#expiries + 1] = e
-      units[#units + 1] = u
-      latest = e
+    local expires = tonumber(leases[i + 1])
+    if expires > now then
+      local member = leases[i]
+      local units = tonumber(string.sub(member, SEM_ID + 2))
+      if string.byte(member, SEM_ID + 1) ~= 58 or not units then
+        conflict(key)
+      end
+      through = through + units
+      latest = expires
+      parts[#parts + 1] = string.sub(member, 1, SEM_ID) .. struct.pack(SEM_FORMAT, expires, through)
     end
   end
-  if expired then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
+  local raw = table.concat(parts)
+  if latest then
+    redis.call('SET', key, raw, 'PX', ttl_ms(latest - now))
+  else
+    redis.call('DEL', key)
   end
-  local function reset_from(t)
-    if t then
-      return positive(t - now)
+  return raw
+end
+
+-- The semaphore of `key` and its number of entries (nil, 0 when there is
+-- none); a conflict when the key holds another family's state.
+local function sem_read(key, now)
+  local raw = read_converting(key, sem_convert, now)
+  if not raw then
+    return nil, 0
+  end
+  local n = sem_size(raw)
+  if not n then
+    conflict(key)
+  end
+  return raw, n
+end
+
+-- The first of the n entries of `raw` whose lease runs after `now` (n + 1
+-- when none does).
+local function sem_running(raw, n, now)
+  if n == 0 or sem_at(raw, 1) > now then
+    return 1
+  end
+  return first_reaching(sem_at, raw, 2, n + 1, 1, now + 1)
+end
+
+-- Appends entries `from` to `to` of `raw` to `parts`, their `through` moved
+-- by `shift`.
+local function sem_copy(parts, raw, from, to, shift)
+  if to < from then
+    return
+  end
+  local start = SEM_HEAD + (from - 1) * SEM_WIDTH + 1
+  if shift == 0 then
+    parts[#parts + 1] = string.sub(raw, start, SEM_HEAD + to * SEM_WIDTH)
+    return
+  end
+  for i = from, to do
+    local expires, through = sem_at(raw, i)
+    local at = start + (i - from) * SEM_WIDTH
+    parts[#parts + 1] = string.sub(raw, at, at + SEM_ID - 1) .. struct.pack(SEM_FORMAT, expires, through + shift)
+  end
+end
+
+-- The first entry of `raw` from `first` on whose permit id is `id`, nil
+-- when none is: a plain search, which counts a match at an entry's start
+-- only.
+local function sem_find(raw, first, id)
+  local from = SEM_HEAD + (first - 1) * SEM_WIDTH + 1
+  while true do
+    local at = string.find(raw, id, from, true)
+    if not at then
+      return nil
     end
-    return 0
+    local offset = at - SEM_HEAD - 1
+    if offset % SEM_WIDTH == 0 then
+      return offset / SEM_WIDTH + 1
+    end
+    from = at + 1
+  end
+end
+
+-- A semaphore's value (without its tag) holding entries `first` to n of
+-- `raw` (the base `base` is the `through` before `first`), but those in
+-- `gone` (a list of entry numbers, in order), and, when `id` is given, a new
+-- entry `id` for `units` whose lease expires at `expires`, after every
+-- entry expiring no later. Counts are renumbered from 0 once the base
+-- passes SEM_REBASE.
+local function sem_value(raw, first, n, base, gone, id, expires, units)
+  local minus = 0
+  if base >= SEM_REBASE then
+    minus = base
+  elseif id and (n < first or sem_at(raw, n) <= expires) then
+    -- The common admission: appended, the rest copied as it is.
+    local through = base + units
+    if n >= first then
+      through = sem_through(raw, n) + units
+    end
+    local entry = id .. struct.pack(SEM_FORMAT, expires, through)
+    if n == 0 then
+      return SEM_EMPTY .. entry
+    elseif first == 1 then
+      return string.sub(raw, 2) .. entry
+    end
+    return struct.pack('>I7', base) .. string.sub(raw, SEM_HEAD + (first - 1) * SEM_WIDTH + 1) .. entry
+  end
+  local parts, from, shift = {struct.pack('>I7', base - minus)}, first, -minus
+  for _, j in ipairs(gone) do
+    sem_copy(parts, raw, from, j - 1, shift)
+    shift = shift - (sem_through(raw, j) - sem_through(raw, j - 1))
+    from = j + 1
+  end
+  if id then
+    local at = n + 1
+    if n >= from and sem_at(raw, n) > expires then
+      at = first_reaching(sem_at, raw, from, n, 1, expires + 1)
+    end
+    sem_copy(parts, raw, from, at - 1, shift)
+    local before = base
+    if at > first then
+      before = sem_through(raw, at - 1)
+    end
+    parts[#parts + 1] = id .. struct.pack(SEM_FORMAT, expires, before + shift + units)
+    shift = shift + units
+    from = at
+  end
+  sem_copy(parts, raw, from, n, shift)
+  return table.concat(parts)
+end
+
+-- Drops the expired entries (before `first`) of the semaphore `raw` of n
+-- entries, as the reference drops them on every call, so that a later call
+-- at an earlier time (a clock that stepped back) never counts them again.
+local function sem_drop(key, raw, first, n, base)
+  if first > n then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, SEM_TAG .. sem_value(raw, first, n, base, SEM_NONE), 'KEEPTTL')
+  end
+end
+
+ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
+  local raw, n = sem_read(key, now)
+  local first, base, held, latest = 1, 0, 0, nil
+  if n > 0 then
+    first = sem_running(raw, n, now)
+    base = sem_through(raw, first - 1)
+    if first <= n then
+      local newest, through = sem_at(raw, n)
+      latest, held = newest, through - base
+    end
+  end
+  local reset = 0
+  if latest then
+    reset = positive(latest - now)
+  end
+  if first > 1 and (cost == 0 or held + cost > max) then
+    sem_drop(key, raw, first, n, base)
   end
   if held + cost > max then
-    local need = held + cost - max
-    local freed, retry = 0, lease
-    for i = 1, #expiries do
-      freed = freed + units[i]
-      if freed >= need then
-        retry = expiries[i] - now
-        break
-      end
+    -- The soonest leases free enough, found as the first entry whose
+    -- `through` covers what is missing.
+    local need, retry = held + cost - max, lease
+    if held >= need then
+      local j = first_reaching(sem_at, raw, first, n, 2, base + need)
+      retry = sem_at(raw, j) - now
     end
     -- Permits taken under a larger max (the same name with other numbers)
     -- may hold more than this max: nothing remains until they end.
-    return {0, max, positive(max - held), reset_from(latest), retry, 0}
+    return {0, max, positive(max - held), reset, retry, 0}
   end
   if cost == 0 then
-    return {1, max, max - held, reset_from(latest), 0, 0}
+    return {1, max, max - held, reset, 0, 0}
+  end
+  if type(permit) ~= 'string' or #permit ~= SEM_ID then
+    error({err = 'ERR a concurrency permit id is ' .. SEM_ID .. ' hex digits'})
   end
   local expires = now + lease
-  if not latest or expires > latest then
-    latest = expires
+  if expires - now > reset then
+    reset = expires - now
   end
-  local reset = reset_from(latest)
-  local r = {1, max, max - held - cost, reset, 0, 0}
-  r.commit = function()
-    redis.call('ZADD', key, fmt(expires), permit .. ':' .. fmt(cost))
-    expire_or_delete(key, reset)
+  local value = sem_value(raw, first, n, base, SEM_NONE, permit, expires, cost)
+  -- Written by commit (state.lua) as a string state: SET ... PX.
+  return {1, max, max - held - cost, reset, 0, 0, key, SEM_TAG, value, reset}
+end
+
+-- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives
+-- back a permit this way): every entry of that id leaves, and the state
+-- keeps the TTL of its longest lease still running. Returns 1 if the permit
+-- was still held, else 0. Another family's state holds no permit of ours
+-- (MemoryStore ignores it too): nothing released, nothing touched.
+local function sem_release(key, now, id)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and wrong_type(raw) then
+    if not holds_members(key, 'permits') then
+      return 0
+    end
+    raw = sem_convert(key, now)
   end
-  return r
+  local n = raw and sem_size(raw)
+  if not n or n == 0 then
+    return 0
+  end
+  local first = sem_running(raw, n, now)
+  local base = sem_through(raw, first - 1)
+  local gone, j = {}, first
+  while j <= n do
+    j = sem_find(raw, j, id)
+    if not j then
+      break
+    end
+    gone[#gone + 1] = j
+    j = j + 1
+  end
+  if #gone == 0 then
+    if first > 1 then
+      sem_drop(key, raw, first, n, base)
+    end
+    return 0
+  end
+  if #gone == n - first + 1 then
+    redis.call('DEL', key)
+    return 1
+  end
+  local value = sem_value(raw, first, n, base, gone)
+  -- The TTL of the longest lease left, the value's last entry.
+  local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
+  redis.call('SET', key, SEM_TAG .. value, 'PX', ttl_ms(positive(newest - now)))
+  return 1
 end

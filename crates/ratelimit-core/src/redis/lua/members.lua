@@ -1,6 +1,7 @@
--- Sorted-set states: the semaphore's permits (concurrency), and sliding logs
--- in the layout before issue 13, which sliding_log.lua converts when it meets
--- one (log_convert).
+-- Sorted-set states, the layout before issue 13 of the semaphore's permits
+-- (concurrency) and of sliding logs, which concurrency.lua and sliding_log.lua
+-- convert to their strings when they meet one (sem_convert, log_convert); and
+-- what both strings share: a read that converts, a binary search.
 -- Whether the members `first` (a ZRANGE reply from `key`, via redis.pcall)
 -- belong to `family`: 'permits' (concurrency) "<permit id>:<units>", the id
 -- 32 hex digits (PermitId's Display), or 'log' (the old sliding log)
@@ -23,6 +24,32 @@ end
 -- Whether the sorted set `key` is missing or holds members of `family`.
 local function holds_members(key, family)
   return of_family(redis.pcall('ZRANGE', key, 0, 0), family)
+end
+
+-- The string state of `key` (false when there is none), or, when the key
+-- holds a sorted set, what convert(key, now, p) makes of it (a string state,
+-- written). Any other error is raised.
+local function read_converting(key, convert, now, p)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and wrong_type(raw) then
+    return convert(key, now, p)
+  end
+  return raw
+end
+
+-- The first index from lo to hi whose value `field` (1 or 2) of at(raw, i),
+-- never decreasing in i, is at least `least`; hi when none is (the caller
+-- checks).
+local function first_reaching(at, raw, lo, hi, field, least)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if select(field, at(raw, mid)) >= least then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
 end
 
 local function expire_or_delete(key, reset)

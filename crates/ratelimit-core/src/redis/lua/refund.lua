@@ -13,7 +13,7 @@
 --     the consumption stays (the request is refused anyway, and the key
 --     errs towards denying);
 --   * a sliding log loses exactly the units this request added;
---   * a concurrency permit is removed.
+--   * a concurrency permit is released (as release.lua releases it).
 -- A key that meanwhile holds another type of state (WRONGTYPE: a policy that
 -- changed algorithm) is left alone, and the other keys are still refunded.
 
@@ -32,13 +32,14 @@ local function restore_string(key, after, before)
   end
 end
 
+local now = server_now()
 for i = 1, #KEYS do
   local a = 2 + (i - 1) * 5
   local algorithm, cost, permit = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
   local after, before = ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[i]
   if algorithm == 'concurrency' then
-    wrong_type(redis.pcall('ZREM', key, permit .. ':' .. fmt(cost)))
+    sem_release(key, now, permit)
   elseif algorithm == 'sliding-log' and after ~= '' then
     -- `after` holds the time of the entry this request added to.
     log_refund(key, tonumber(after), cost)

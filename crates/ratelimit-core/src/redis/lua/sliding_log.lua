@@ -49,15 +49,7 @@ end
 -- both never decreasing) is at least `least`; hi when none is (the caller
 -- checks).
 local function log_search(raw, lo, hi, field, least)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if select(field, log_at(raw, mid)) >= least then
-      hi = mid
-    else
-      lo = mid + 1
-    end
-  end
-  return lo
+  return first_reaching(log_at, raw, lo, hi, field, least)
 end
 
 -- The first of the n entries of `raw` logged after `edge`, n + 1 when none.
@@ -110,16 +102,9 @@ end
 -- The log of `key` and its number of entries (nil, 0 when there is none); a
 -- conflict when the key holds another family's state.
 local function log_read(key, now, window)
-  local raw = redis.pcall('GET', key)
+  local raw = read_converting(key, log_convert, now, window)
   if not raw then
     return nil, 0
-  end
-  if type(raw) == 'table' then
-    -- wrong_type raises any other error.
-    if not wrong_type(raw) then
-      error(raw)
-    end
-    raw = log_convert(key, now, window)
   end
   local n = log_size(raw)
   if not n then

@@ -1,0 +1,314 @@
+//! The semaphore's state in Redis (issue 13): one string per key, the tag
+//! `c`, a base count, then one fixed-width entry per held permit (its id,
+//! its lease's expiry, the units held through it), in expiry order. On a
+//! real server, against `MemoryStore` on one manual clock: leases that
+//! expire some at a time under a max and a lease that change between calls,
+//! counts renumbered past 2^48, releases of unknown and expired ids, and a
+//! key written in the previous layout (a sorted set), which is converted
+//! with its permits, never lifted.
+
+use std::time::Duration;
+
+use ratelimit_core::clock::ManualClock;
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
+use ratelimit_tests::fixtures::Rng;
+use ratelimit_tests::{
+    NOW_MICROS, RedisServer, assert_string_state, named, observable, twins_at, write_sorted_set,
+};
+
+/// The tag and the base of a semaphore's string.
+const HEAD_BYTES: u64 = 8;
+/// One permit's entry: a 32-digit id, then two 7-byte integers.
+const ENTRY_BYTES: u64 = 46;
+
+/// The entries of the semaphore at `key` (0 when there is none).
+fn entries(server: &RedisServer, key: &str) -> u64 {
+    let len: u64 = server.cli(&["STRLEN", key]).parse().unwrap();
+    if len == 0 {
+        return 0;
+    }
+    assert_eq!((len - HEAD_BYTES) % ENTRY_BYTES, 0, "{key}: {len} bytes");
+    (len - HEAD_BYTES) / ENTRY_BYTES
+}
+
+/// The base of the semaphore at `key`: the units counted before its first
+/// entry.
+fn base(server: &RedisServer, key: &str) -> u64 {
+    let script =
+        "return string.format('%d', (struct.unpack('>I7', redis.call('GET', KEYS[1]), 2)))";
+    server.cli(&["EVAL", script, "1", key]).parse().unwrap()
+}
+
+/// A digest of the value at `key`, to tell whether it changed.
+fn digest(server: &RedisServer, key: &str) -> String {
+    let script = "return redis.sha1hex(redis.call('GET', KEYS[1]))";
+    server.cli(&["EVAL", script, "1", key])
+}
+
+/// Adds `lift` to the base and to every entry's count of the semaphore at
+/// `key`: the same permits, as they read after that many more units have
+/// come and gone.
+fn lift_counts(server: &RedisServer, key: &str, lift: u64) {
+    let script = "local s = redis.call('GET', KEYS[1]) local d = tonumber(ARGV[1]) \
+                  local out = {'c', struct.pack('>I7', struct.unpack('>I7', s, 2) + d)} \
+                  for i = 9, #s, 46 do local e, t = struct.unpack('>I7I7', s, i + 32) \
+                  out[#out + 1] = string.sub(s, i, i + 31) .. struct.pack('>I7I7', e, t + d) end \
+                  return redis.call('SET', KEYS[1], table.concat(out), 'KEEPTTL')";
+    let reply = server.cli(&["EVAL", script, "1", key, &lift.to_string()]);
+    assert_eq!(reply, "OK");
+}
+
+/// A check of `cost` on both stores, which must answer alike; the permits
+/// taken, if any (memory's, then Redis's).
+async fn check_both(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    policy: &Policy,
+    cost: u64,
+    what: &str,
+) -> (Decision, Option<(PermitId, PermitId)>) {
+    let m = memory.check(b"k", policy, cost).await.unwrap();
+    let r = redis.check(b"k", policy, cost).await.unwrap();
+    assert_eq!(observable(&m), observable(&r), "{what}: cost {cost}");
+    let permits = m.permit().zip(r.permit());
+    (m, permits)
+}
+
+/// Releases on both stores, then a peek on both, which must answer alike.
+async fn release_both(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    policy: &Policy,
+    (m, r): (PermitId, PermitId),
+    what: &str,
+) {
+    memory.release(b"k", policy, m).await.unwrap();
+    redis.release(b"k", policy, r).await.unwrap();
+    check_both(memory, redis, policy, 0, &format!("{what}, released")).await;
+}
+
+/// Leases that expire none, some or all at a time, releases of held,
+/// expired, released and unknown ids, under a max and a lease that change
+/// between calls (one name): both stores decide alike, every call drops the
+/// expired leases, so the string never holds more entries than the largest
+/// max, and it keeps the TTL of its longest lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let us = Duration::from_micros;
+    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
+        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let key = redis.state_key(b"k", &policies[0]);
+    let mut rng = Rng(1313);
+    let mut held: Vec<(PermitId, PermitId)> = Vec::new();
+    for step in 0..1_000 {
+        clock.advance(us(match rng.below(20) {
+            0 => 2_500 + rng.below(3_000),
+            1 => 0,
+            _ => rng.below(300),
+        }));
+        let policy = &policies[rng.index(policies.len())];
+        let what = format!("step {step}, max {}", policy.limit());
+        match rng.below(20) {
+            0..=4 if !held.is_empty() => {
+                // Held, expired, or released already.
+                let permits = held[rng.index(held.len())];
+                release_both(&memory, &redis, policy, permits, &what).await;
+            }
+            5 => {
+                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
+                release_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+            }
+            _ => {
+                let cost = rng.below(policy.limit() + 1);
+                if let (_, Some(permits)) = check_both(&memory, &redis, policy, cost, &what).await {
+                    held.push(permits);
+                }
+            }
+        }
+        assert!(entries(&server, &key) <= 8, "{what}");
+        if step % 5 == 0 {
+            assert_string_state(&server, &key, 2_500, &what);
+        }
+    }
+}
+
+/// A semaphore that never empties counts on past 2^48 units: the next call
+/// that drops a lease renumbers its counts from 0, and nothing it decides
+/// changes; a held permit is still released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_past_2_48_are_renumbered_on_the_next_write() {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let lease = 1_000_000u64;
+    let policy = Policy::concurrency(6, Duration::from_micros(lease)).unwrap();
+    let key = redis.state_key(b"k", &policy);
+    let mut held = Vec::new();
+    for step in 0..4 {
+        clock.advance(Duration::from_micros(100_000));
+        let what = format!("before, {step}");
+        let (_, permits) = check_both(&memory, &redis, &policy, 1, &what).await;
+        held.extend(permits);
+    }
+    lift_counts(&server, &key, (1 << 48) + 7);
+    assert_eq!(base(&server, &key), (1 << 48) + 7);
+    check_both(&memory, &redis, &policy, 0, "lifted, a peek").await;
+    check_both(&memory, &redis, &policy, 3, "lifted, denied").await;
+    // Nothing expired, nothing admitted: not written.
+    assert_eq!(base(&server, &key), (1 << 48) + 7);
+    // The first lease ends: the next admission renumbers.
+    clock.advance(Duration::from_micros(750_000));
+    let (d, _) = check_both(&memory, &redis, &policy, 3, "after the first lease").await;
+    assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+    assert!(base(&server, &key) < 1 << 48);
+    release_both(&memory, &redis, &policy, held[2], "a held permit").await;
+    let (d, _) = check_both(&memory, &redis, &policy, 1, "its unit again").await;
+    assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+    assert_eq!(entries(&server, &key), 4);
+    assert_string_state(&server, &key, lease, "renumbered");
+}
+
+/// Releasing an id the key does not hold changes nothing, byte for byte;
+/// releasing an expired one drops the expired leases only; releasing the
+/// last held permit deletes the key, and releasing it again, or on a key
+/// that holds nothing or another algorithm's state, writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_an_unknown_or_expired_id_takes_nothing_else() {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let policy = named("sem", Policy::concurrency(4, Duration::from_secs(1)));
+    let key = redis.state_key(b"k", &policy);
+    let (_, first) = check_both(&memory, &redis, &policy, 1, "first").await;
+    clock.advance(Duration::from_millis(300));
+    let (_, second) = check_both(&memory, &redis, &policy, 2, "second").await;
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(server.cli(&["TYPE", &key]), "string");
+    assert_eq!(entries(&server, &key), 2);
+
+    let before = digest(&server, &key);
+    let unknown = PermitId(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
+    release_both(&memory, &redis, &policy, (unknown, unknown), "unknown").await;
+    assert_eq!(digest(&server, &key), before, "an unknown id");
+
+    // The first lease has ended: its release finds nothing, and drops it.
+    clock.advance(Duration::from_millis(800));
+    release_both(&memory, &redis, &policy, first, "expired").await;
+    assert_eq!(entries(&server, &key), 1);
+    assert_string_state(&server, &key, 1_000_000, "expired");
+
+    release_both(&memory, &redis, &policy, second, "held").await;
+    assert_eq!(server.cli(&["TYPE", &key]), "none");
+    release_both(&memory, &redis, &policy, second, "again").await;
+    assert_eq!(server.cli(&["TYPE", &key]), "none");
+
+    // Another algorithm's state under the name: untouched.
+    let window = named("sem", Policy::fixed_window(4, Duration::from_secs(60)));
+    assert!(redis.check(b"k", &window, 1).await.unwrap().is_allowed());
+    let before = digest(&server, &key);
+    redis.release(b"k", &policy, second.1).await.unwrap();
+    assert_eq!(digest(&server, &key), before, "a fixed window");
+}
+
+/// The permit `id` in the previous layout's sorted set: its member.
+fn old_member(id: u128, units: u64) -> String {
+    format!("{id:032x}:{units}")
+}
+
+/// Writes a semaphore in the previous layout (a sorted set: one member
+/// "<permit id>:<units>" per permit, scored by its lease's expiry) at `key`,
+/// with a TTL.
+fn write_old_semaphore(server: &RedisServer, key: &str, permits: &[(u128, u64, u64)]) {
+    let members: Vec<(String, String)> = permits
+        .iter()
+        .map(|&(id, units, expires)| (expires.to_string(), old_member(id, units)))
+        .collect();
+    write_sorted_set(server, key, &members);
+}
+
+/// A key holding a semaphore in the previous layout, written by the
+/// previous version of the store, is never a silent lift: every lease still
+/// running counts, by checks, peeks and `check_all` alike, with its expiry
+/// (the retry of a denial), and its holder can still release it; it is
+/// rewritten as a string with its TTL. Leases all ended: the key is gone. A
+/// sorted set of another family (an old sliding log) stays a policy
+/// conflict, and a release leaves it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_in_the_previous_layout_is_converted_never_lifted() {
+    let (server, _clock, _memory, redis) = twins_at(NOW_MICROS).await;
+    let second = 1_000_000u64;
+    let policy = named(
+        "old",
+        Policy::concurrency(5, Duration::from_micros(60 * second)),
+    );
+    let other = named("other", Policy::fixed_window(5, Duration::from_secs(60)));
+    let now = NOW_MICROS;
+    // 3 units held: 2 until now + 30 s, 1 until now + 50 s; one lease ended.
+    let permits = [
+        (11, 2, now + 30 * second),
+        (12, 1, now - 1),
+        (13, 1, now + 50 * second),
+    ];
+    for case in ["peek", "check", "check_all", "release"] {
+        let key = redis.state_key(case.as_bytes(), &policy);
+        write_old_semaphore(&server, &key, &permits);
+        let k = case.as_bytes();
+        match case {
+            "peek" => {
+                let d = redis.check(k, &policy, 0).await.unwrap();
+                assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
+                assert_eq!(d.reset_after_micros(), 50 * second);
+            }
+            "check" => {
+                let d = redis.check(k, &policy, 3).await.unwrap();
+                assert!(!d.is_allowed(), "{d:?}");
+                assert_eq!(d.retry_after_micros(), 30 * second, "{d:?}");
+                let d = redis.check(k, &policy, 2).await.unwrap();
+                assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+            }
+            "check_all" => {
+                let checks = [Check::new(b"o", &other, 1), Check::new(k, &policy, 3)];
+                let d = redis.check_all(&checks).await.unwrap();
+                assert!(!d[1].is_allowed(), "{d:?}");
+                let checks = [Check::new(b"o", &other, 1), Check::new(k, &policy, 2)];
+                let d = redis.check_all(&checks).await.unwrap();
+                assert!(d[1].is_allowed() && d[1].remaining() == 0, "{d:?}");
+            }
+            _ => {
+                // The holder of permit 11 releases it after the upgrade.
+                redis.release(k, &policy, PermitId(11)).await.unwrap();
+                let d = redis.check(k, &policy, 0).await.unwrap();
+                assert_eq!(d.remaining(), 4, "{d:?}");
+                redis.release(k, &policy, PermitId(13)).await.unwrap();
+                assert_eq!(server.cli(&["TYPE", &key]), "none");
+                continue;
+            }
+        }
+        assert_eq!(server.cli(&["TYPE", &key]), "string", "{case}");
+        assert_string_state(&server, &key, 60 * second, case);
+    }
+
+    // Every lease ended: nothing counts, and the key is gone.
+    let key = redis.state_key(b"gone", &policy);
+    write_old_semaphore(&server, &key, &[(21, 5, now - 10), (22, 1, now)]);
+    let d = redis.check(b"gone", &policy, 0).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 5, "{d:?}");
+    assert_eq!(server.cli(&["TYPE", &key]), "none");
+    let d = redis.check(b"gone", &policy, 5).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+
+    // An old sliding log under the semaphore's name: a conflict, untouched.
+    let key = redis.state_key(b"log", &policy);
+    let log = format!("{now}:2:0");
+    server.cli(&["ZADD", &key, &now.to_string(), &log]);
+    server.cli(&["PEXPIRE", &key, "3600000"]);
+    for result in [
+        redis.check(b"log", &policy, 1).await,
+        redis.check(b"log", &policy, 0).await,
+    ] {
+        assert!(
+            matches!(result, Err(StoreError::PolicyConflict { ref policy }) if policy == "old"),
+            "{result:?}"
+        );
+    }
+    redis.release(b"log", &policy, PermitId(11)).await.unwrap();
+    assert_eq!(server.cli(&["ZRANGE", &key, "0", "-1"]), log);
+}
