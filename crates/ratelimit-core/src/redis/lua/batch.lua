@@ -28,9 +28,9 @@
 -- (struct.pack '<Bddd'). A request that fails (a policy conflict) has one
 -- record of allowed 2 in place of its checks, and its error message follows
 -- the string, in the order of the failures; the other requests go on.
--- (One string costs Redis no more than 4 integers per check, about 1,600
--- instructions against 1,900, and the client reads it without a value per
--- number: callgrind, see coalesce.rs.)
+-- (One string costs Redis no more than 4 integers per check, and the client
+-- reads it without a value per number: callgrind, see BATCH_RECORD in
+-- replies.rs.)
 
 -- The values of every block key, keys[from..to], by MGET: nil (false) for a
 -- key that is missing or not a string (no block: see blocks.lua). Lua's
@@ -160,7 +160,8 @@ local function run_batch(keys, args)
   end
   local checks = idiv(#keys, 2)
   local held = block_values(keys, checks + 1, 2 * checks)
-  local out, failures = {}, {}
+  -- The records' string first, then the failures' messages.
+  local out, reply = {}, {false}
   BATCH_ARG, BATCH_KEY, BATCH_FILLED = a, 1, 0
   -- One protected call for the whole batch while no request fails: a
   -- request that fails does before writing anything, and the batch goes on
@@ -185,18 +186,17 @@ local function run_batch(keys, args)
     local n = BATCH_FILLED
     out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 2, 0, 0, 0
     BATCH_FILLED = n + 4
-    failures[#failures + 1] = r
+    reply[#reply + 1] = r
     BATCH_ARG, BATCH_KEY = BATCH_NEXT_ARG, BATCH_NEXT_KEY
   end
   -- Packed in parts: unpack takes a few thousand values at most.
-  local parts = {}
-  for first = 1, #out, 4000 do
-    local last = math.min(first + 3999, #out)
-    parts[#parts + 1] = struct.pack(string.rep('<Bddd', (last - first + 1) / 4), unpack(out, first, last))
+  local n = #out
+  local last = math.min(n, 4000)
+  local packed = struct.pack('<' .. string.rep('Bddd', last / 4), unpack(out, 1, last))
+  for first = 4001, n, 4000 do
+    last = math.min(first + 3999, n)
+    packed = packed .. struct.pack('<' .. string.rep('Bddd', (last - first + 1) / 4), unpack(out, first, last))
   end
-  local reply = {table.concat(parts)}
-  for i = 1, #failures do
-    reply[i + 1] = failures[i]
-  end
+  reply[1] = packed
   return reply
 end
