@@ -187,7 +187,11 @@ pub(super) fn batch_record(record: &[u8]) -> Result<Option<[u64; 4]>, String> {
         if !(0.0..18_446_744_073_709_551_616.0).contains(&value) || value.fract() != 0.0 {
             return Err(format!("{value} is not a count or a duration"));
         }
-        *field = value as u64;
+        // A whole number in range, checked above: exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        {
+            *field = value as u64;
+        }
     }
     Ok(Some(fields))
 }
