@@ -603,6 +603,48 @@ async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
     }
 }
 
+/// A batch of more checks than Lua's `unpack` takes at once (its reply is
+/// packed in parts of 1,000 records): 1,100 requests on seven keys in one
+/// call, each key's decisions in order, its last ones denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_more_than_a_thousand_checks_reads_in_order() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = through_with(&proxy, Duration::from_secs(10), 5000).await;
+    let policy = fixed_window("big", 150, Duration::from_secs(3600));
+    proxy.set_latency(ms(200));
+    let before = store.coalescing();
+    let lead = {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(b"lead", &window(), 1).await })
+    };
+    tokio::time::sleep(ms(20)).await;
+    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..1100)
+        .map(|i| Box::pin(store.check(format!("k{}", i % 7).as_bytes(), &policy, 1)) as Boxed<_>)
+        .collect();
+    let got = join_in_order(calls).await;
+    lead.await.unwrap().unwrap();
+    calls_since(&store, before, 2, 1101);
+    // Seven keys of 157 or 158 requests: 150 pass, remaining 149 down to 0.
+    for key in 0..7 {
+        let decisions: Vec<&Decision> = got
+            .iter()
+            .skip(key)
+            .step_by(7)
+            .map(|d| d.as_ref().unwrap())
+            .collect();
+        for (n, d) in decisions.iter().enumerate() {
+            if n < 150 {
+                assert!(d.is_allowed(), "key {key}, request {n}: {d:?}");
+                assert_eq!(d.remaining(), 149 - n as u64, "key {key}, request {n}");
+            } else {
+                assert!(!d.is_allowed(), "key {key}, request {n}: {d:?}");
+                assert!(d.retry_after().unwrap() > Duration::ZERO, "{d:?}");
+            }
+        }
+    }
+}
+
 /// A batch holds at most `max_batch` units of work: a concurrency check
 /// weighs one unit per permit it may read, so semaphores of 100 never
 /// share a call (a batch of 64 full 1,024-permit semaphores held Redis for

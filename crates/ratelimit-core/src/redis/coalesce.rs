@@ -28,7 +28,7 @@ use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, RedisStore, WithBlocks, decision_of, int, parameters};
+use super::{Arg, BATCH_RECORD, RedisStore, WithBlocks, batch_record, decision_of, parameters};
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -335,8 +335,7 @@ impl RedisStore {
         };
         let reply = self.inner.decide_batch(&keys, &args, via).await;
         let results = match reply {
-            Ok(Value::Array(values)) => batch_results(&batch, &values),
-            Ok(other) => Err(other),
+            Ok(reply) => batch_results(&batch, &reply),
             Err(error) => {
                 // A timeout or a dropped connection: an outage for each.
                 for item in batch {
@@ -351,9 +350,11 @@ impl RedisStore {
                     answer(item, result, &sent_on);
                 }
             }
-            Err(reply) => {
+            Err(wrong) => {
                 // A reply that does not decode is a bug, never an outage.
-                let error = super::protocol_error("a batch of decisions", &reply);
+                let error = StoreError::Backend(
+                    format!("undecodable reply to a batch of decisions: {wrong}").into(),
+                );
                 for item in batch {
                     answer(item, Err(share(&error)), &sent_on);
                 }
@@ -420,58 +421,70 @@ fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
 /// One answer per request of a batch.
 type Answers = Vec<Result<Vec<Decision>, StoreError>>;
 
-/// Each request's answer from the batch's flat reply (`batch.lua`): per
-/// check `{allowed, remaining, reset, wait}`, or one error message in place
-/// of a request's checks. The reply itself when it does not decode.
-fn batch_results(batch: &[Item], values: &[Value]) -> Result<Answers, Value> {
-    let undecodable = || Value::Array(values.to_vec());
-    let mut rest = values;
+/// Each request's answer from the batch's reply (`batch.lua`): an array of
+/// one string of [`BATCH_RECORD`] bytes per check (`{allowed, remaining,
+/// reset, wait}`), or one record of a failed request in place of its
+/// checks, whose error message follows the string. What is wrong when it
+/// does not decode.
+fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
+    let Value::Array(values) = reply else {
+        return Err(format!("not an array: {reply:?}"));
+    };
+    let Some(Value::BulkString(records)) = values.first() else {
+        return Err(format!("no string of records first: {:?}", values.first()));
+    };
+    let mut records = records.chunks(BATCH_RECORD);
+    let mut messages = values[1..].iter();
     let mut results = Vec::with_capacity(batch.len());
-    for item in batch {
-        let message = match rest.first() {
-            Some(Value::BulkString(message)) => Some(message.as_slice()),
-            Some(Value::SimpleString(message)) => Some(message.as_bytes()),
-            _ => None,
-        };
-        if let Some(message) = message {
+    for (i, item) in batch.iter().enumerate() {
+        let short = || format!("no record for request {i} of {}", batch.len());
+        let first = batch_record(records.next().ok_or_else(short)?)?;
+        let Some(first) = first else {
+            let message = match messages.next() {
+                Some(Value::BulkString(message)) => message.as_slice(),
+                Some(Value::SimpleString(message)) => message.as_bytes(),
+                other => return Err(format!("request {i} failed, with {other:?} as its message")),
+            };
             results.push(Err(request_error(item, message)));
-            rest = &rest[1..];
             continue;
-        }
-        let width = 4 * item.requests.len();
-        let (Some(fields), Some(after)) = (rest.get(..width), rest.get(width..)) else {
-            return Err(undecodable());
         };
-        if !fields.iter().all(|f| int(f).is_some()) {
-            return Err(undecodable());
+        let mut fields = Vec::with_capacity(item.requests.len());
+        fields.push(first);
+        for _ in 1..item.requests.len() {
+            match batch_record(records.next().ok_or_else(short)?)? {
+                Some(f) => fields.push(f),
+                None => return Err(format!("request {i} failed after its first check")),
+            }
         }
-        // Checked above: every field is a number.
-        let field = |f: &Value| int(f).unwrap_or(0);
         // A request of several checks takes all or nothing: when one denies,
         // the others report a peek, which holds no permit.
-        let all = fields.chunks_exact(4).all(|f| field(&f[0]) == 1);
+        let all = fields.iter().all(|f| f[0] == 1);
         let decisions = fields
-            .chunks_exact(4)
+            .iter()
             .zip(&item.requests)
-            .map(|(f, (policy, cost, permit))| {
-                let limit = parameters(policy.algorithm()).0;
-                let (permit, cost) = if all {
-                    (*permit, *cost)
-                } else {
-                    (PermitId(0), 0)
-                };
-                let [allowed, remaining, reset, wait] = [0, 1, 2, 3].map(|i| field(&f[i]));
-                decision_of(allowed == 1, limit, remaining, reset, wait, permit, cost)
-            })
+            .map(
+                |(&[allowed, remaining, reset, wait], (policy, cost, permit))| {
+                    let limit = parameters(policy.algorithm()).0;
+                    let (permit, cost) = if all {
+                        (*permit, *cost)
+                    } else {
+                        (PermitId(0), 0)
+                    };
+                    decision_of(allowed == 1, limit, remaining, reset, wait, permit, cost)
+                },
+            )
             .collect();
         results.push(Ok(decisions));
-        rest = after;
     }
-    if rest.is_empty() {
-        Ok(results)
-    } else {
-        Err(undecodable())
+    let left = records.count();
+    if left > 0 || messages.len() > 0 {
+        return Err(format!(
+            "{left} records and {} messages more than {} requests take",
+            messages.len(),
+            batch.len()
+        ));
     }
+    Ok(results)
 }
 
 /// The error of one request of a batch (`batch.lua` sends its message): a
@@ -524,5 +537,104 @@ fn share(error: &StoreError) -> StoreError {
             policy: policy.clone(),
         },
         other => StoreError::Backend(other.to_string().into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::redis::replies::tests::record;
+
+    fn item(checks: usize) -> Item {
+        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        Item {
+            keys: vec!["k".to_owned(); checks],
+            requests: vec![(policy, 1, PermitId(0)); checks],
+            unclaimed: None,
+            reply: oneshot::channel().0,
+            weight: checks,
+        }
+    }
+
+    fn reply(records: &[Vec<u8>], messages: &[&str]) -> Value {
+        let mut values = vec![Value::BulkString(records.concat())];
+        values.extend(
+            messages
+                .iter()
+                .map(|m| Value::BulkString(m.as_bytes().to_vec())),
+        );
+        Value::Array(values)
+    }
+
+    #[test]
+    fn a_batch_reply_reads_as_each_requests_answer() {
+        let batch = [item(1), item(2), item(1)];
+        let answers = batch_results(
+            &batch,
+            &reply(
+                &[
+                    record(1, 9.0, 1e6, 0.0),
+                    record(2, 0.0, 0.0, 0.0),
+                    record(0, 0.0, 1e6, 5e5),
+                ],
+                &["ERR no"],
+            ),
+        )
+        .unwrap();
+        let first = answers[0].as_ref().unwrap();
+        assert!(first[0].is_allowed() && first[0].remaining() == 9);
+        assert!(matches!(answers[1], Err(StoreError::Backend(_))));
+        let third = answers[2].as_ref().unwrap();
+        assert!(!third[0].is_allowed());
+        assert_eq!(third[0].retry_after(), Some(Duration::from_millis(500)));
+    }
+
+    /// A short, long or garbled reply is an error that says what is wrong,
+    /// never a panic and never a decision.
+    #[test]
+    fn a_garbled_batch_reply_says_what_is_wrong() {
+        let batch = [item(1), item(2)];
+        let ok = || record(1, 9.0, 1e6, 0.0);
+        for (reply, says) in [
+            (Value::Int(1), "not an array"),
+            (Value::Array(Vec::new()), "no string of records"),
+            (Value::Array(vec![Value::Int(3)]), "no string of records"),
+            (reply(&[ok(), ok()], &[]), "no record for request 1 of 2"),
+            (
+                reply(&[ok(), ok(), ok(), ok()], &[]),
+                "1 records and 0 messages more",
+            ),
+            (
+                reply(&[ok(), ok(), ok()[..7].to_vec()], &[]),
+                "a record of 7 bytes",
+            ),
+            (
+                reply(&[ok(), ok(), record(2, 0.0, 0.0, 0.0)], &["x"]),
+                "failed after its first",
+            ),
+            (
+                reply(&[record(2, 0.0, 0.0, 0.0), ok(), ok()], &[]),
+                "request 0 failed, with None",
+            ),
+            (
+                reply(&[ok(), ok(), ok()], &["extra"]),
+                "0 records and 1 messages more",
+            ),
+            (
+                reply(&[ok(), record(9, 0.0, 0.0, 0.0), ok()], &[]),
+                "allowed is 9",
+            ),
+            (
+                Value::Array(vec![Value::BulkString(b"\x01garbage".to_vec())]),
+                "a record of 8 bytes",
+            ),
+        ] {
+            match batch_results(&batch, &reply) {
+                Err(e) => assert!(e.contains(says), "{e:?} should say {says:?}"),
+                Ok(answers) => panic!("{reply:?} read as {answers:?}"),
+            }
+        }
     }
 }

@@ -170,3 +170,102 @@ pub(super) fn group_from(
         .collect();
     Ok((decisions, states))
 }
+
+/// The bytes of one record in a batch's reply (`batch.lua`): allowed (one
+/// byte), then remaining, reset and wait, each a little-endian double
+/// (Lua's `struct.pack('<Bddd', ...)`).
+///
+/// Read by hand rather than as an array of integers: redis-rs makes a
+/// `Value` per number, about 900 client instructions each. Measured with
+/// callgrind (`bench --store redis --algorithm gcra --concurrency 64`, 60,000
+/// minus 20,000 decisions): 8,930 instead of 12,600 client instructions per
+/// decision; Redis's per batched decision unchanged (46,350 against 46,320
+/// in batches of 16 GCRA requests, 43,750 against 43,930 in batches of 64).
+pub(super) const BATCH_RECORD: usize = 25;
+
+/// What one record of a batch's reply says: a check's `[allowed,
+/// remaining, reset, wait]` (allowed 1 or 0), or `None` for a request that
+/// failed (its message follows the records). An error names what is wrong.
+pub(super) fn batch_record(record: &[u8]) -> Result<Option<[u64; 4]>, String> {
+    let Some((&allowed, numbers)) = record.split_first() else {
+        return Err("an empty record".to_owned());
+    };
+    if numbers.len() != 3 * 8 {
+        return Err(format!(
+            "a record of {} bytes, not {BATCH_RECORD}",
+            record.len()
+        ));
+    }
+    if allowed == 2 {
+        return Ok(None);
+    }
+    if allowed > 1 {
+        return Err(format!("allowed is {allowed}, not 0, 1 or 2"));
+    }
+    let mut fields = [u64::from(allowed), 0, 0, 0];
+    for (field, bytes) in fields[1..].iter_mut().zip(numbers.chunks_exact(8)) {
+        let mut double = [0; 8];
+        double.copy_from_slice(bytes);
+        let value = f64::from_le_bytes(double);
+        // 2^64: the first double above u64::MAX.
+        if !(0.0..18_446_744_073_709_551_616.0).contains(&value) || value.fract() != 0.0 {
+            return Err(format!("{value} is not a count or a duration"));
+        }
+        // A whole number in range, checked above: exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        {
+            *field = value as u64;
+        }
+    }
+    Ok(Some(fields))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A record as `batch.lua` packs it.
+    pub(in crate::redis) fn record(allowed: u8, remaining: f64, reset: f64, wait: f64) -> Vec<u8> {
+        let mut bytes = vec![allowed];
+        for value in [remaining, reset, wait] {
+            bytes.extend_from_slice(&value.to_le_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_record_reads_as_its_fields() {
+        assert_eq!(
+            batch_record(&record(1, 99.0, 36e8, 0.0)),
+            Ok(Some([1, 99, 3_600_000_000, 0]))
+        );
+        assert_eq!(
+            batch_record(&record(0, 0.0, 5.0, 2e15)),
+            Ok(Some([0, 0, 5, 2_000_000_000_000_000]))
+        );
+        assert_eq!(batch_record(&record(2, 0.0, 0.0, 0.0)), Ok(None));
+    }
+
+    /// Garbled bytes are an error naming what is wrong, never a panic.
+    #[test]
+    fn garbled_records_are_errors_that_say_why() {
+        let good = record(1, 1.0, 2.0, 3.0);
+        for (bytes, says) in [
+            (Vec::new(), "empty"),
+            (good[..1].to_vec(), "1 bytes"),
+            (good[..24].to_vec(), "24 bytes"),
+            ([good.as_slice(), &[0]].concat(), "26 bytes"),
+            (record(7, 1.0, 2.0, 3.0), "allowed is 7"),
+            (record(1, -1.0, 2.0, 3.0), "-1 is not"),
+            (record(1, 1.5, 2.0, 3.0), "1.5 is not"),
+            (record(0, 1.0, f64::NAN, 3.0), "NaN is not"),
+            (record(0, 1.0, 2.0, f64::INFINITY), "inf is not"),
+            (record(0, 1.0, 2.0, 1.9e19), "19000000000000000000 is not"),
+        ] {
+            match batch_record(&bytes) {
+                Err(e) => assert!(e.contains(says), "{e:?} should say {says:?}"),
+                Ok(fields) => panic!("{bytes:?} read as {fields:?}"),
+            }
+        }
+    }
+}
