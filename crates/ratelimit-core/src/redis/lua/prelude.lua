@@ -73,9 +73,10 @@ end
 -- `RATELIMIT_CONFLICT <key>` (RedisStore: StoreError::PolicyConflict, as
 -- MemoryStore answers).
 --
--- String states carry a tag (state.lua); sorted-set states (sliding log,
--- concurrency) tell their family by their members (members.lua). Either kind
--- found where the other is expected is a WRONGTYPE, and a conflict too.
+-- States are strings that carry the tag of their family (state.lua; the
+-- sliding log and the semaphore, concurrency.lua and sliding_log.lua). A
+-- sorted set left by an earlier version is converted on its first touch
+-- (members.lua), or is a conflict when it belongs to another family.
 local function conflict(key)
   error({err = 'RATELIMIT_CONFLICT ' .. key})
 end

@@ -6,7 +6,8 @@ local TAG = {
   sliding_window = 'w', -- "w<window start> <previous> <current>"
   token_bucket = 't', -- "t<tokens> <last refill>"
   tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
-  -- 'l': the sliding log, binary entries (sliding_log.lua: LOG_TAG).
+  -- 'l': the sliding log, binary entries (sliding_log.lua: LOG_TAG);
+  -- 'c': the semaphore, binary entries (concurrency.lua).
 }
 -- Each algorithm writes its state, tag included, with one string.format of
 -- its own format (FIXED_WINDOW_STATE and the like, next to its decision):
@@ -77,20 +78,18 @@ end
 -- reply's array, after the six fields: r[7] the key, r[8] the tag (false
 -- when r[9] carries it), r[9] the value, r[10] the reset (write_state's
 -- arguments), rather than in a closure, which with its upvalues costs Redis
--- about 4 % of a decision (callgrind). Sorted-set states keep a closure,
--- r.commit. commit applies either and clears r[7..10]: Redis replies with
--- the array up to its first nil, so a committed reply is the six fields
--- again.
+-- about 4 % of a decision (callgrind). Every state is a string now (the
+-- sliding log and the semaphore too). commit applies the write and clears
+-- r[7..10]: Redis replies with the array up to its first nil, so a
+-- committed reply is the six fields again.
 local function commit(r)
   if r[7] then
     write_state(r[7], r[8], r[9], r[10])
     r[7], r[8], r[9], r[10] = nil, nil, nil, nil
-  elseif r.commit then
-    r.commit()
   end
 end
 
 -- Whether `r` writes when committed.
 local function writes(r)
-  return r[7] ~= nil or r.commit ~= nil
+  return r[7] ~= nil
 end
