@@ -96,15 +96,7 @@ end
 -- The semaphore of `key` and its number of entries (nil, 0 when there is
 -- none); a conflict when the key holds another family's state.
 local function sem_read(key, now)
-  local raw = read_converting(key, sem_convert, now)
-  if not raw then
-    return nil, 0
-  end
-  local n = sem_size(raw)
-  if not n then
-    conflict(key)
-  end
-  return raw, n
+  return read_entries(key, sem_convert, sem_size, now)
 end
 
 -- The first of the n entries of `raw` whose lease runs after `now` (n + 1

@@ -37,6 +37,20 @@ local function read_converting(key, convert, now, p)
   return raw
 end
 
+-- read_converting's state and its number of entries by size(raw) (nil, 0
+-- when there is none); a conflict when size finds another family's state.
+local function read_entries(key, convert, size, now, p)
+  local raw = read_converting(key, convert, now, p)
+  if not raw then
+    return nil, 0
+  end
+  local n = size(raw)
+  if not n then
+    conflict(key)
+  end
+  return raw, n
+end
+
 -- The first index from lo to hi whose value `field` (1 or 2) of at(raw, i),
 -- never decreasing in i, is at least `least`; hi when none is (the caller
 -- checks).

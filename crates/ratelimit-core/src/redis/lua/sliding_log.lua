@@ -102,15 +102,7 @@ end
 -- The log of `key` and its number of entries (nil, 0 when there is none); a
 -- conflict when the key holds another family's state.
 local function log_read(key, now, window)
-  local raw = read_converting(key, log_convert, now, window)
-  if not raw then
-    return nil, 0
-  end
-  local n = log_size(raw)
-  if not n then
-    conflict(key)
-  end
-  return raw, n
+  return read_entries(key, log_convert, log_size, now, window)
 end
 
 -- What the log `raw` of n entries holds at `now`: its first entry in the
