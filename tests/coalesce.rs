@@ -889,3 +889,40 @@ async fn a_block_key_of_another_type_blocks_nothing() {
         .collect();
     assert!(matches!(seen[..], [Ok(98), Ok(97)]), "{got:?}");
 }
+
+/// The callers a batch answers make their next requests before the lane
+/// takes its next batch: ten callers of two checks each, behind a lead
+/// call, go in two batches of ten (three calls in all). Taking the queue at
+/// once, before they ran, sent the first of them alone and the nine others
+/// behind it: four calls.
+#[tokio::test(flavor = "current_thread")]
+async fn callers_a_batch_answers_go_together_in_the_next() {
+    let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
+    proxy.set_latency(ms(50));
+    let before = store.coalescing();
+    let (lead, _) = behind_a_call(&store, &window(), 0, ms(10)).await;
+    let callers: Vec<_> = (0..10)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut allowed = 0;
+                for round in 0..2 {
+                    let key = format!("caller{i}-{round}");
+                    if store
+                        .check(key.as_bytes(), &window(), 1)
+                        .await?
+                        .is_allowed()
+                    {
+                        allowed += 1;
+                    }
+                }
+                Ok::<_, StoreError>(allowed)
+            })
+        })
+        .collect();
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), 2);
+    }
+    lead.await.unwrap().unwrap();
+    calls_since(&store, before, 3, 21);
+}
