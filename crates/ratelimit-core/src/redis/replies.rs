@@ -76,13 +76,11 @@ pub(super) fn single_from(
     permit: PermitId,
     cost: u64,
 ) -> Result<Decision, StoreError> {
-    let fields = match value {
-        Value::Array(items) if items.len() == 4 => {
-            items.iter().map(int).collect::<Option<Vec<u64>>>()
-        }
+    let four = match value {
+        Value::BulkString(record) => batch_record(record).ok().flatten(),
         _ => None,
     };
-    let Some(four) = fields.as_deref().and_then(|f| <[u64; 4]>::try_from(f).ok()) else {
+    let Some(four) = four else {
         return Err(protocol_error("a decision", value));
     };
     Ok(decision_of_four(four, limit, permit, cost))
@@ -244,6 +242,38 @@ pub(super) mod tests {
             Ok(Some([0, 0, 5, 2_000_000_000_000_000]))
         );
         assert_eq!(batch_record(&record(2, 0.0, 0.0, 0.0)), Ok(None));
+    }
+
+    /// A single decision's reply is one record: it reads as the decision;
+    /// anything else (the array of four integers replies used to be, a
+    /// failed request's record, garbled bytes) is a protocol error.
+    #[test]
+    fn a_single_reply_is_one_record() {
+        let reply = Value::BulkString(record(0, 0.0, 1_500_000.0, 250_000.0));
+        let denied = single_from(&reply, 10, PermitId(0), 1).unwrap();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.limit(), 10);
+        assert_eq!(denied.reset_after_micros(), 1_500_000);
+        assert_eq!(denied.retry_after_micros(), 250_000);
+        let reply = Value::BulkString(record(1, 7.0, 3.0, 0.0));
+        let allowed = single_from(&reply, 10, PermitId(0), 1).unwrap();
+        assert!(allowed.is_allowed());
+        assert_eq!(allowed.remaining(), 7);
+        let four = Value::Array(vec![Value::Int(1); 4]);
+        for wrong in [
+            four,
+            Value::BulkString(record(2, 0.0, 0.0, 0.0)),
+            Value::BulkString(vec![1; 24]),
+            Value::Nil,
+        ] {
+            assert!(
+                matches!(
+                    single_from(&wrong, 10, PermitId(0), 1),
+                    Err(StoreError::Backend(_))
+                ),
+                "{wrong:?}"
+            );
+        }
     }
 
     /// Garbled bytes are an error naming what is wrong, never a panic.

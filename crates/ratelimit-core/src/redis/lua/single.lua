@@ -4,15 +4,14 @@
 -- script, or the keys and arguments of FCALL (library.lua). Every argument
 -- costs Redis about 1,000 instructions (callgrind), so the common call sends
 -- three.
--- Reply: {allowed, remaining, reset_after, wait} in µs, `wait` being the
--- retry of a denial or the delay of an admission (the limit is the first
--- policy parameter, which the caller knows), as one check of batch.lua.
--- The reply, one table filled on every call: Redis turns it into its answer
--- as soon as the call returns, and a library's table outlives the call, so
--- no call allocates one (the Lua collector's work grows with what calls
--- allocate).
-local SINGLE_REPLY = {}
-
+-- Reply: one record of batch.lua's reply (struct.pack '<Bddd': allowed, one
+-- byte, then remaining, reset_after and wait, little-endian doubles), `wait`
+-- being the retry of a denial or the delay of an admission (the limit is
+-- the first policy parameter, which the caller knows). One string costs
+-- Redis less than an array of four integers (67,100 against 71,300
+-- instructions per GCRA call, callgrind), and the client reads one value
+-- instead of five (12,700 against 16,900 client instructions per decision
+-- at 64 in flight without coalescing): see BATCH_RECORD in replies.rs.
 local function run_single(decide, keys, args)
   local fixed = args[4]
   if fixed then
@@ -38,9 +37,7 @@ local function run_single(decide, keys, args)
   end
   if r[1] == 1 then
     commit(r)
-    SINGLE_REPLY[1], SINGLE_REPLY[2], SINGLE_REPLY[3], SINGLE_REPLY[4] = 1, r[3], r[4], r[6]
-  else
-    SINGLE_REPLY[1], SINGLE_REPLY[2], SINGLE_REPLY[3], SINGLE_REPLY[4] = 0, r[3], r[4], r[5]
+    return struct.pack('<Bddd', 1, r[3], r[4], r[6])
   end
-  return SINGLE_REPLY
+  return struct.pack('<Bddd', 0, r[3], r[4], r[5])
 end
