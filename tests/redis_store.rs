@@ -377,6 +377,56 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
 
 /// After a mixed workload with the server's clock, every key has a TTL, and
 /// none outlives its policy's state by more than a small margin.
+/// A fresh GCRA state matters for `cost × interval`: its key's TTL is that,
+/// in whole milliseconds, for more distinct TTLs than the library remembers
+/// the text of (256), alone and in batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_stay_exact_past_what_the_library_remembers() {
+    let server = RedisServer::start();
+    let mut audit = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let policy = Policy::gcra(400, Rate::per_second(1)).unwrap();
+    for max_batch in [1, 64] {
+        let prefix = format!("ttl{max_batch}");
+        let store = build(
+            RedisStore::builder(server.url())
+                .prefix(prefix.clone())
+                .max_batch(max_batch),
+        )
+        .await;
+        for round in 0..2 {
+            let mut checks = tokio::task::JoinSet::new();
+            for cost in 1..=300u64 {
+                let (store, policy) = (store.clone(), policy.clone());
+                checks.spawn(async move {
+                    let key = format!("r{round}-c{cost}");
+                    let d = store.check(key.as_bytes(), &policy, cost).await.unwrap();
+                    assert!(d.is_allowed(), "{d:?}");
+                    (key, cost)
+                });
+            }
+            while let Some(result) = checks.join_next().await {
+                let (key, cost) = result.unwrap();
+                let redis_key =
+                    ratelimit_core::key::storage_key(&prefix, policy.name(), key.as_bytes());
+                let ttl: i64 = redis::cmd("PTTL")
+                    .arg(&redis_key)
+                    .query_async(&mut audit)
+                    .await
+                    .unwrap();
+                let expected = cost as i64 * 1000;
+                assert!(
+                    ttl <= expected && ttl > expected - 1000,
+                    "{redis_key}: PTTL {ttl} ms, expected {expected}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl_no_longer_than_its_state() {
     let server = RedisServer::start();

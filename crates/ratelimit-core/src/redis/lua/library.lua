@@ -29,6 +29,23 @@ number = function(s)
   return n
 end
 
+-- The same for the text of a TTL in milliseconds (ttl_ms in the prelude):
+-- string.format cost Redis about 2,000 instructions per decision in a batch
+-- (callgrind, batches of 32 GCRA decisions on fresh keys: 42,360 against
+-- 40,220 instructions per decision).
+local TTL_TEXTS, TTL_TEXTS_HELD = {}, 0
+ttl_text = function(ms)
+  local text = TTL_TEXTS[ms]
+  if text == nil then
+    text = fmt(ms)
+    if TTL_TEXTS_HELD >= 256 then
+      TTL_TEXTS, TTL_TEXTS_HELD = {}, 0
+    end
+    TTL_TEXTS[ms], TTL_TEXTS_HELD = text, TTL_TEXTS_HELD + 1
+  end
+  return text
+end
+
 local FUNCTIONS = {
   {'fixed_window', 'fixed-window'}, {'sliding_log', 'sliding-log'},
   {'sliding_window', 'sliding-window'}, {'token_bucket', 'token-bucket'},

@@ -58,12 +58,16 @@ end
 -- The TTL, in whole milliseconds rounded up, of state that matters for
 -- `reset` more microseconds. A replayed test timeline runs at its own pace,
 -- so its keys get an hour of slack instead of expiring in real time.
+-- The text of a TTL goes through `ttl_text`: fmt in a script; the
+-- Functions library (library.lua) remembers the texts it made, since most
+-- TTLs repeat (a fresh state's is the same for every key of a policy).
+local ttl_text = fmt
 local function ttl_ms(reset)
   local ms = idiv(reset + 999, 1000)
   if FIXED_NOW > 0 then
     ms = ms + 3600000
   end
-  return fmt(ms)
+  return ttl_text(ms)
 end
 
 -- State families. A policy may keep its name and change algorithm (a restart
