@@ -94,6 +94,11 @@ impl Decisions {
         })
     }
 
+    /// The decisions, as a slice.
+    pub(crate) fn as_slice(&self) -> &[PolicyDecision] {
+        &self.entries
+    }
+
     /// The number of decisions.
     pub fn len(&self) -> usize {
         self.entries.len()

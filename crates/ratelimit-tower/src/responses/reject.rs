@@ -11,7 +11,7 @@ use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::responses::grpc::{is_grpc, trailers_only};
-use crate::responses::headers::RateLimitHeaders;
+use crate::responses::headers::{PolicyFieldCache, RateLimitHeaders};
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
@@ -102,6 +102,8 @@ type CustomHttp = Arc<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + S
 pub struct HttpRejections {
     custom: Option<CustomHttp>,
     headers: RateLimitHeaders,
+    // Shared by the clones a layer makes for its requests.
+    policy_field: Arc<PolicyFieldCache>,
 }
 
 impl fmt::Debug for HttpRejections {
@@ -154,7 +156,8 @@ impl HttpRejections {
         };
         if !grpc && let Rejection::Limited(decisions) = rejection {
             let mut headers = HeaderMap::new();
-            self.headers.apply(decisions, &mut headers);
+            self.headers
+                .apply_with(decisions, &mut headers, Some(&self.policy_field));
             // Retry-After on every denial, even from a custom builder.
             headers.insert(
                 header::RETRY_AFTER,
@@ -214,7 +217,8 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     ) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
         if let Some(decisions) = decisions {
-            self.headers.apply(decisions, response.headers_mut());
+            self.headers
+                .apply_with(decisions, response.headers_mut(), Some(&self.policy_field));
         }
         response
     }
