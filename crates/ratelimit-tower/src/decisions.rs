@@ -43,47 +43,60 @@ impl PolicyDecision {
 /// The rate-limit decisions made for a request, inserted into the request's
 /// extensions by the layer before the inner service runs, so later layers and
 /// handlers can read them (remaining quota, reset time).
-/// Cloning is cheap (the list is shared).
+/// Cloning is cheap (one decision is held inline, several are shared).
 ///
 /// Shadow policies are listed with the others, in the order the limits were
 /// given, and may have denied an allowed request
 /// ([`PolicyDecision::is_shadow`]).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
-    entries: Arc<[PolicyDecision]>,
+    entries: Entries,
+}
+
+// No decision and one decision (a request under one rule, the common case)
+// without a heap allocation of their own; several in one shared list.
+#[derive(Debug, Clone, Default)]
+enum Entries {
+    #[default]
+    None,
+    One(PolicyDecision),
+    Many(Arc<[PolicyDecision]>),
 }
 
 impl Decisions {
     /// Decisions from a list.
-    pub fn new(entries: Vec<PolicyDecision>) -> Self {
-        Decisions {
-            entries: entries.into(),
-        }
+    pub fn new(mut entries: Vec<PolicyDecision>) -> Self {
+        let entries = match entries.len() {
+            0 => Entries::None,
+            1 => entries.pop().map_or(Entries::None, Entries::One),
+            _ => Entries::Many(entries.into()),
+        };
+        Decisions { entries }
     }
 
-    /// One decision, in one allocation.
+    /// One decision.
     pub(crate) fn one(entry: PolicyDecision) -> Self {
         Decisions {
-            entries: Arc::new([entry]),
+            entries: Entries::One(entry),
         }
     }
 
     /// The decisions, in the order the policies were checked.
     pub fn iter(&self) -> std::slice::Iter<'_, PolicyDecision> {
-        self.entries.iter()
+        self.as_slice().iter()
     }
 
     /// Whether the request may pass: no decision [refuses](PolicyDecision::refuses)
     /// it (shadow policies may have denied it).
     pub fn allowed(&self) -> bool {
-        !self.entries.iter().any(PolicyDecision::refuses)
+        !self.iter().any(PolicyDecision::refuses)
     }
 
     /// The most restrictive decision: the one that [refuses](PolicyDecision::refuses)
     /// the request with the longest retry, else the one with the least
     /// remaining (a shadow policy's included), denied ones first.
     pub fn tightest(&self) -> Option<&PolicyDecision> {
-        self.entries.iter().max_by_key(|e| {
+        self.iter().max_by_key(|e| {
             let d = &e.decision;
             (
                 e.refuses(),
@@ -96,17 +109,21 @@ impl Decisions {
 
     /// The decisions, as a slice.
     pub(crate) fn as_slice(&self) -> &[PolicyDecision] {
-        &self.entries
+        match &self.entries {
+            Entries::None => &[],
+            Entries::One(entry) => std::slice::from_ref(entry),
+            Entries::Many(entries) => entries,
+        }
     }
 
     /// The number of decisions.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.as_slice().len()
     }
 
     /// Whether there is no decision.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.as_slice().is_empty()
     }
 }
 
@@ -115,6 +132,48 @@ impl<'a> IntoIterator for &'a Decisions {
     type IntoIter = std::slice::Iter<'a, PolicyDecision>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.iter()
+        self.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// None, one (held inline) and several (shared) decisions read alike.
+    #[test]
+    fn none_one_and_several() {
+        let policy = |name: &str| {
+            Policy::fixed_window(5, Duration::from_secs(10))
+                .unwrap()
+                .with_name(name)
+                .unwrap()
+        };
+        let allowed = |name: &str, remaining| {
+            PolicyDecision::new(policy(name), Decision::allow(5, remaining, 1_000_000))
+        };
+        let denied = PolicyDecision::new(policy("c"), Decision::deny(5, 0, 3_000_000, 2_000_000));
+        let names = |d: &Decisions| {
+            d.iter()
+                .map(|e| e.policy().name().to_owned())
+                .collect::<Vec<_>>()
+        };
+
+        for empty in [Decisions::default(), Decisions::new(Vec::new())] {
+            assert!(empty.is_empty() && empty.allowed() && empty.tightest().is_none());
+        }
+        let one = Decisions::new(vec![allowed("a", 4)]);
+        assert_eq!((one.len(), names(&one)), (1, vec!["a".to_owned()]));
+        assert!(one.allowed());
+        let several = Decisions::new(vec![allowed("a", 4), allowed("b", 1), denied]);
+        let cloned = several.clone();
+        assert_eq!(names(&cloned), ["a", "b", "c"]);
+        assert!(!cloned.allowed());
+        assert_eq!(cloned.tightest().unwrap().policy().name(), "c");
+        let two = Decisions::new(vec![allowed("a", 4), allowed("b", 1)]);
+        assert_eq!(two.tightest().unwrap().policy().name(), "b");
+        assert_eq!((&two).into_iter().count(), 2);
     }
 }
