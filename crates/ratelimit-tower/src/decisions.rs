@@ -43,60 +43,47 @@ impl PolicyDecision {
 /// The rate-limit decisions made for a request, inserted into the request's
 /// extensions by the layer before the inner service runs, so later layers and
 /// handlers can read them (remaining quota, reset time).
-/// Cloning is cheap (one decision is held inline, several are shared).
+/// Cloning is cheap (the list is shared).
 ///
 /// Shadow policies are listed with the others, in the order the limits were
 /// given, and may have denied an allowed request
 /// ([`PolicyDecision::is_shadow`]).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
-    entries: Entries,
-}
-
-// No decision and one decision (a request under one rule, the common case)
-// without a heap allocation of their own; several in one shared list.
-#[derive(Debug, Clone, Default)]
-enum Entries {
-    #[default]
-    None,
-    One(PolicyDecision),
-    Many(Arc<[PolicyDecision]>),
+    entries: Arc<[PolicyDecision]>,
 }
 
 impl Decisions {
     /// Decisions from a list.
-    pub fn new(mut entries: Vec<PolicyDecision>) -> Self {
-        let entries = match entries.len() {
-            0 => Entries::None,
-            1 => entries.pop().map_or(Entries::None, Entries::One),
-            _ => Entries::Many(entries.into()),
-        };
-        Decisions { entries }
+    pub fn new(entries: Vec<PolicyDecision>) -> Self {
+        Decisions {
+            entries: entries.into(),
+        }
     }
 
-    /// One decision.
+    /// One decision, in one allocation.
     pub(crate) fn one(entry: PolicyDecision) -> Self {
         Decisions {
-            entries: Entries::One(entry),
+            entries: Arc::new([entry]),
         }
     }
 
     /// The decisions, in the order the policies were checked.
     pub fn iter(&self) -> std::slice::Iter<'_, PolicyDecision> {
-        self.as_slice().iter()
+        self.entries.iter()
     }
 
     /// Whether the request may pass: no decision [refuses](PolicyDecision::refuses)
     /// it (shadow policies may have denied it).
     pub fn allowed(&self) -> bool {
-        !self.iter().any(PolicyDecision::refuses)
+        !self.entries.iter().any(PolicyDecision::refuses)
     }
 
     /// The most restrictive decision: the one that [refuses](PolicyDecision::refuses)
     /// the request with the longest retry, else the one with the least
     /// remaining (a shadow policy's included), denied ones first.
     pub fn tightest(&self) -> Option<&PolicyDecision> {
-        self.iter().max_by_key(|e| {
+        self.entries.iter().max_by_key(|e| {
             let d = &e.decision;
             (
                 e.refuses(),
@@ -109,21 +96,17 @@ impl Decisions {
 
     /// The decisions, as a slice.
     pub(crate) fn as_slice(&self) -> &[PolicyDecision] {
-        match &self.entries {
-            Entries::None => &[],
-            Entries::One(entry) => std::slice::from_ref(entry),
-            Entries::Many(entries) => entries,
-        }
+        &self.entries
     }
 
     /// The number of decisions.
     pub fn len(&self) -> usize {
-        self.as_slice().len()
+        self.entries.len()
     }
 
     /// Whether there is no decision.
     pub fn is_empty(&self) -> bool {
-        self.as_slice().is_empty()
+        self.entries.is_empty()
     }
 }
 
@@ -132,7 +115,7 @@ impl<'a> IntoIterator for &'a Decisions {
     type IntoIter = std::slice::Iter<'a, PolicyDecision>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.iter()
+        self.entries.iter()
     }
 }
 
