@@ -375,8 +375,7 @@ fn plain_text_service() -> impl tower::Service<
     Response = Response<()>,
     Error = std::convert::Infallible,
     Future = impl Send,
-> + Clone
-+ Copy
+> + Copy
 + Send
 + Sync
 + 'static {

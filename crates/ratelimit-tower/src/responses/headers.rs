@@ -358,7 +358,7 @@ mod tests {
         let long = |c: char| {
             Policy::fixed_window(1_000_000_000_000, Duration::from_secs(31_536_000))
                 .unwrap()
-                .with_name(&c.to_string().repeat(64))
+                .with_name(c.to_string().repeat(64))
                 .unwrap()
         };
         let (x, y) = (long('x'), long('y'));
