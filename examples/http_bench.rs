@@ -2,7 +2,8 @@
 //! [`ratelimit_examples::http_apps::Variant`]:
 //!
 //! ```text
-//! cargo run --release --example http_bench -- --variant <VARIANT> \
+//! cargo run --release -p ratelimit-examples --no-default-features \
+//!     --example http_bench -- --variant <VARIANT> \
 //!     [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //! ```
 //!

@@ -3,10 +3,11 @@
 //! counter (`valgrind --tool=cachegrind`, as `scripts/count-layer` runs it)
 //! sees what each limiter adds to a request: the difference between a run of
 //! N requests and a run of 0 is N requests' instructions, whatever else runs
-//! on the machine.
+//! on the machine. Built without the package's `metrics` feature, as a
+//! default `ratelimit-axum` user gets the layer.
 //!
 //! ```sh
-//! cargo bench -p ratelimit-examples --bench layer_count --no-run
+//! cargo bench -p ratelimit-examples --no-default-features --bench layer_count --no-run
 //! target/release/deps/layer_count-* <none|memory|memory-no-headers|governor|governor-headers> <requests>
 //! ```
 

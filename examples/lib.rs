@@ -1,7 +1,5 @@
 //! Helpers shared by the examples (see the `[[example]]` targets of this package).
 
-use std::time::Duration;
-
 pub use admin::admin_router;
 pub use flags::{
     PolicyArgs, algorithm_parser, exit_with_flag_error, nonzero_duration, parse_duration,
@@ -28,6 +26,7 @@ mod serve;
 /// # Errors
 ///
 /// When a global recorder is already installed.
+#[cfg(feature = "metrics")]
 pub fn install_prometheus()
 -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -43,7 +42,7 @@ pub fn install_prometheus()
     ratelimit_tower::metrics::describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
-        let mut interval = tokio::time::interval(Duration::from_secs(5));
+        let mut interval = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             interval.tick().await;
             upkeep.run_upkeep();
@@ -53,10 +52,12 @@ pub fn install_prometheus()
 }
 
 /// The media type of the Prometheus text format.
+#[cfg(feature = "metrics")]
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A router answering `GET /metrics` with what `handle` holds, in the
 /// Prometheus text format.
+#[cfg(feature = "metrics")]
 pub fn metrics_router(handle: metrics_exporter_prometheus::PrometheusHandle) -> axum::Router {
     use axum::http::header;
     use axum::routing::get;
@@ -75,6 +76,7 @@ pub fn metrics_router(handle: metrics_exporter_prometheus::PrometheusHandle) -> 
 /// # Errors
 ///
 /// When `addr` cannot be bound.
+#[cfg(feature = "metrics")]
 pub async fn serve_metrics(
     addr: std::net::SocketAddr,
     handle: metrics_exporter_prometheus::PrometheusHandle,

@@ -94,6 +94,11 @@ impl Decisions {
         })
     }
 
+    /// The decisions, as a slice.
+    pub(crate) fn as_slice(&self) -> &[PolicyDecision] {
+        &self.entries
+    }
+
     /// The number of decisions.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -111,5 +116,47 @@ impl<'a> IntoIterator for &'a Decisions {
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// None, one (held inline) and several (shared) decisions read alike.
+    #[test]
+    fn none_one_and_several() {
+        let policy = |name: &str| {
+            Policy::fixed_window(5, Duration::from_secs(10))
+                .unwrap()
+                .with_name(name)
+                .unwrap()
+        };
+        let allowed = |name: &str, remaining| {
+            PolicyDecision::new(policy(name), Decision::allow(5, remaining, 1_000_000))
+        };
+        let denied = PolicyDecision::new(policy("c"), Decision::deny(5, 0, 3_000_000, 2_000_000));
+        let names = |d: &Decisions| {
+            d.iter()
+                .map(|e| e.policy().name().to_owned())
+                .collect::<Vec<_>>()
+        };
+
+        for empty in [Decisions::default(), Decisions::new(Vec::new())] {
+            assert!(empty.is_empty() && empty.allowed() && empty.tightest().is_none());
+        }
+        let one = Decisions::new(vec![allowed("a", 4)]);
+        assert_eq!((one.len(), names(&one)), (1, vec!["a".to_owned()]));
+        assert!(one.allowed());
+        let several = Decisions::new(vec![allowed("a", 4), allowed("b", 1), denied]);
+        let cloned = several.clone();
+        assert_eq!(names(&cloned), ["a", "b", "c"]);
+        assert!(!cloned.allowed());
+        assert_eq!(cloned.tightest().unwrap().policy().name(), "c");
+        let two = Decisions::new(vec![allowed("a", 4), allowed("b", 1)]);
+        assert_eq!(two.tightest().unwrap().policy().name(), "b");
+        assert_eq!((&two).into_iter().count(), 2);
     }
 }

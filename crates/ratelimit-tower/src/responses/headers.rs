@@ -19,6 +19,8 @@
 //! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, and `X-RateLimit-Reset` in
 //! delay-seconds by default, or in Unix epoch seconds as GitHub sends it.
 
+use std::io::Write;
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -112,18 +114,29 @@ impl RateLimitHeaders {
 
     /// Writes the selected headers for `decisions` into `headers`.
     pub fn apply(&self, decisions: &Decisions, headers: &mut HeaderMap) {
+        self.apply_with(decisions, headers, None);
+    }
+
+    /// [`apply`](Self::apply), taking `RateLimit-Policy` from `cache` when it
+    /// holds the field of this request's one policy (the layer's case).
+    pub(crate) fn apply_with(
+        &self,
+        decisions: &Decisions,
+        headers: &mut HeaderMap,
+        cache: Option<&PolicyFieldCache>,
+    ) {
         if decisions.is_empty() {
             return;
         }
         if self.ietf {
-            let entries = decisions.iter();
-            let policy = sf_list(entries.clone(), |p, _| {
-                [("q", p.limit()), ("w", window_seconds(p))]
-            });
-            let state = sf_list(entries, |_, entry| {
+            let policy = match cache {
+                Some(cache) => cache.field(decisions),
+                None => policy_field(decisions),
+            };
+            let state = sf_list(decisions.iter(), |_, entry| {
                 [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
             });
-            if let Ok(v) = policy {
+            if let Some(v) = policy {
                 headers.insert(RATELIMIT_POLICY.clone(), v);
             }
             if let Ok(v) = state {
@@ -147,36 +160,88 @@ impl RateLimitHeaders {
     }
 }
 
+/// The `RateLimit-Policy` field of `decisions`.
+fn policy_field(decisions: &Decisions) -> Option<HeaderValue> {
+    sf_list(decisions.iter(), |p, _| {
+        [("q", p.limit()), ("w", window_seconds(p))]
+    })
+    .ok()
+}
+
+/// The `RateLimit-Policy` field of the first request a layer answered with
+/// one policy. The field depends on the policy alone, so for every later
+/// response of that policy (a static rule's every response) it is a shared
+/// copy instead of a value written, checked and allocated again. Responses of
+/// other policies, or of several, are written as before.
+#[derive(Debug, Default)]
+pub(crate) struct PolicyFieldCache(OnceLock<(Policy, HeaderValue)>);
+
+impl PolicyFieldCache {
+    /// The `RateLimit-Policy` field of `decisions`, from the cache when it
+    /// holds their one policy's.
+    fn field(&self, decisions: &Decisions) -> Option<HeaderValue> {
+        let [only] = decisions.as_slice() else {
+            return policy_field(decisions);
+        };
+        // `Policy` equality compares the shared pointer first: one test when
+        // it is the rule's own policy.
+        match self.0.get() {
+            Some((policy, value)) if policy == only.policy() => Some(value.clone()),
+            Some(_) => policy_field(decisions),
+            None => {
+                let value = policy_field(decisions)?;
+                let _ = self.0.set((only.policy().clone(), value.clone()));
+                Some(value)
+            }
+        }
+    }
+}
+
 /// A structured-field list with one member per policy, `"<name>"` with the
-/// two integer parameters `params` gives: written in one allocation of the
-/// right size, without `fmt` (a header on every response).
+/// two integer parameters `params` gives, written without `fmt` (a header on
+/// every response): on the stack, then copied into the value's one
+/// allocation of the exact size (a `Vec` of a guessed capacity would cost a
+/// second one, `Bytes`' shared header).
 fn sf_list<'a>(
     entries: impl Iterator<Item = &'a PolicyDecision> + Clone,
     params: impl Fn(&Policy, &PolicyDecision) -> [(&'static str, u64); 2],
 ) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
-    // Per member: `, "` `";` and `k=` `;` `k=` with two integers of at most 20 digits.
-    let len = entries
-        .clone()
-        .map(|e| e.policy().name().len() + 2 + 3 + 2 * (2 + 20) + 1)
-        .sum();
-    let mut value = Vec::with_capacity(len);
+    const STACK: usize = 128;
+    let mut stack = [0u8; STACK];
+    let mut spare: &mut [u8] = &mut stack;
+    if write_members(&mut spare, entries.clone(), &params).is_ok() {
+        let len = STACK - spare.len();
+        return HeaderValue::from_bytes(&stack[..len]);
+    }
+    // Longer than the stack buffer (long names, several policies).
+    let mut heap = Vec::with_capacity(256);
+    let _ = write_members(&mut heap, entries, &params);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(heap))
+}
+
+/// The members of [`sf_list`] written into `out` (an error: `out` is full).
+fn write_members<'a>(
+    out: &mut impl Write,
+    entries: impl Iterator<Item = &'a PolicyDecision>,
+    params: &impl Fn(&Policy, &PolicyDecision) -> [(&'static str, u64); 2],
+) -> std::io::Result<()> {
     let mut digits = itoa::Buffer::new();
     for (i, entry) in entries.enumerate() {
         if i > 0 {
-            value.extend_from_slice(b", ");
+            out.write_all(b", ")?;
         }
         let policy = entry.policy();
-        value.push(b'"');
-        value.extend_from_slice(policy.name().as_bytes());
-        value.push(b'"');
+        out.write_all(b"\"")?;
+        out.write_all(policy.name().as_bytes())?;
+        out.write_all(b"\"")?;
         for (key, n) in params(policy, entry) {
-            value.push(b';');
-            value.extend_from_slice(key.as_bytes());
-            value.push(b'=');
-            value.extend_from_slice(digits.format(n).as_bytes());
+            out.write_all(b";")?;
+            out.write_all(key.as_bytes())?;
+            out.write_all(b"=")?;
+            out.write_all(digits.format(n).as_bytes())?;
         }
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
+    Ok(())
 }
 
 /// The `t` of one policy: its retry delay when it denied, else the time until
@@ -216,5 +281,102 @@ fn t_micros(entry: &PolicyDecision) -> u64 {
         d.reset_after_micros()
     } else {
         d.retry_after_micros().max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ratelimit_core::Decision;
+
+    use super::*;
+
+    fn allowed(policies: &[&Policy]) -> Decisions {
+        Decisions::new(
+            policies
+                .iter()
+                .map(|&p| PolicyDecision::new(p.clone(), Decision::allow(p.limit(), 1, 2_500_000)))
+                .collect(),
+        )
+    }
+
+    fn fields(decisions: &Decisions, cache: Option<&PolicyFieldCache>) -> (String, String) {
+        let mut headers = HeaderMap::new();
+        RateLimitHeaders::ietf().apply_with(decisions, &mut headers, cache);
+        let text = |name: &HeaderName| headers[name].to_str().unwrap().to_owned();
+        (text(&RATELIMIT_POLICY), text(&RATELIMIT))
+    }
+
+    /// The cached `RateLimit-Policy` is only ever the field of the policy the
+    /// response is for: another policy, several policies, or the same
+    /// parameters under another name are written afresh.
+    #[test]
+    fn cached_policy_field_follows_the_policy() {
+        let window = Duration::from_secs(10);
+        let a = Policy::fixed_window(5, window)
+            .unwrap()
+            .with_name("a")
+            .unwrap();
+        let b = Policy::fixed_window(7, Duration::from_secs(60))
+            .unwrap()
+            .with_name("b")
+            .unwrap();
+        let a_again = Policy::fixed_window(5, window)
+            .unwrap()
+            .with_name("a")
+            .unwrap();
+        let renamed = Policy::fixed_window(5, window)
+            .unwrap()
+            .with_name("c")
+            .unwrap();
+        let cache = PolicyFieldCache::default();
+        let cases: [(&[&Policy], &str, &str); 6] = [
+            (&[&a], r#""a";q=5;w=10"#, r#""a";r=1;t=3"#),
+            (&[&b], r#""b";q=7;w=60"#, r#""b";r=1;t=3"#),
+            (&[&a], r#""a";q=5;w=10"#, r#""a";r=1;t=3"#),
+            (
+                &[&a, &b],
+                r#""a";q=5;w=10, "b";q=7;w=60"#,
+                r#""a";r=1;t=3, "b";r=1;t=3"#,
+            ),
+            (&[&a_again], r#""a";q=5;w=10"#, r#""a";r=1;t=3"#),
+            (&[&renamed], r#""c";q=5;w=10"#, r#""c";r=1;t=3"#),
+        ];
+        for (policies, policy, state) in cases {
+            let decisions = allowed(policies);
+            let want = (policy.to_owned(), state.to_owned());
+            assert_eq!(fields(&decisions, Some(&cache)), want);
+            assert_eq!(fields(&decisions, None), want);
+        }
+    }
+
+    /// Fields longer than the stack buffer (two policies with 64-character
+    /// names and 13-digit numbers) are written in full.
+    #[test]
+    fn long_fields_are_written_whole() {
+        let long = |c: char| {
+            Policy::fixed_window(1_000_000_000_000, Duration::from_secs(31_536_000))
+                .unwrap()
+                .with_name(c.to_string().repeat(64))
+                .unwrap()
+        };
+        let (x, y) = (long('x'), long('y'));
+        let decisions = allowed(&[&x, &y]);
+        let (policy, state) = fields(&decisions, Some(&PolicyFieldCache::default()));
+        let member = |name: &Policy| {
+            format!(
+                "\"{}\";q={};w={}",
+                name.name(),
+                name.limit(),
+                window_seconds(name)
+            )
+        };
+        assert!(policy.len() > 128, "{policy}");
+        assert_eq!(policy, format!("{}, {}", member(&x), member(&y)));
+        assert_eq!(
+            state,
+            format!("\"{}\";r=1;t=3, \"{}\";r=1;t=3", x.name(), y.name())
+        );
     }
 }

@@ -11,7 +11,7 @@ use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::responses::grpc::{is_grpc, trailers_only};
-use crate::responses::headers::RateLimitHeaders;
+use crate::responses::headers::{PolicyFieldCache, RateLimitHeaders};
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
@@ -62,7 +62,15 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     fn error(&self, error: E) -> Self::Error;
 }
 
-type CustomHttp = Arc<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
+type CustomHttp = Box<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
+
+/// What the clones of one [`HttpRejections`] share: behind one `Arc`, so the
+/// clone each request takes costs one reference count.
+#[derive(Default)]
+struct Shared {
+    custom: Option<CustomHttp>,
+    policy_field: PolicyFieldCache,
+}
 
 /// How refusals are answered: the one rejection builder, with the layer's
 /// settings ([`RateLimitLayer::headers`](crate::RateLimitLayer::headers),
@@ -100,14 +108,14 @@ type CustomHttp = Arc<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + S
 /// ```
 #[derive(Clone, Default)]
 pub struct HttpRejections {
-    custom: Option<CustomHttp>,
+    shared: Arc<Shared>,
     headers: RateLimitHeaders,
 }
 
 impl fmt::Debug for HttpRejections {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRejections")
-            .field("custom", &self.custom.is_some())
+            .field("custom", &self.shared.custom.is_some())
             .field("headers", &self.headers)
             .finish()
     }
@@ -131,7 +139,10 @@ impl HttpRejections {
     where
         F: Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.custom = Some(Arc::new(f));
+        self.shared = Arc::new(Shared {
+            custom: Some(Box::new(f)),
+            policy_field: PolicyFieldCache::default(),
+        });
         self
     }
 
@@ -148,13 +159,14 @@ impl HttpRejections {
         } else {
             standard_http(rejection)
         };
-        let mut response = match &self.custom {
+        let mut response = match &self.shared.custom {
             Some(custom) => custom(rejection, default),
             None => default,
         };
         if !grpc && let Rejection::Limited(decisions) = rejection {
             let mut headers = HeaderMap::new();
-            self.headers.apply(decisions, &mut headers);
+            self.headers
+                .apply_with(decisions, &mut headers, Some(&self.shared.policy_field));
             // Retry-After on every denial, even from a custom builder.
             headers.insert(
                 header::RETRY_AFTER,
@@ -214,7 +226,11 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     ) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
         if let Some(decisions) = decisions {
-            self.headers.apply(decisions, response.headers_mut());
+            self.headers.apply_with(
+                decisions,
+                response.headers_mut(),
+                Some(&self.shared.policy_field),
+            );
         }
         response
     }
