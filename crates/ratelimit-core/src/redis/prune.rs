@@ -220,6 +220,9 @@ local function b() return 1 end
 local function c() return 3 end
 return c()
 ";
-        assert_eq!(prune(source), "local function c() return 3 end\nreturn c()\n");
+        assert_eq!(
+            prune(source),
+            "local function c() return 3 end\nreturn c()\n"
+        );
     }
 }
