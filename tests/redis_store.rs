@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{AdminStore, Check, Decision, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_core::{
+    AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
+};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit, admits, build,
     cluster_store, decide_through_a_restart, long_policies, named, observable, pooled, redis_store,
-    small_policies, twins_at,
+    small_policies, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -37,6 +39,37 @@ fn same_outcome(
 async fn memory_and_redis_agree_on_random_timelines() {
     // Around the current Unix time in µs, so the scripts see realistic magnitudes.
     let (_server, clock, memory, redis) = twins_at(1_763_000_000_123_457).await;
+    agree_on_random_timelines(&clock, &memory, &redis).await;
+}
+
+/// The same, and several limits at once, by scripts (`EVALSHA`) on a Redis
+/// where `FCALL` cannot be used (renamed away, as on Redis 6): each script
+/// holds only the helpers it calls (pruned), and still decides every branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree_by_script_where_functions_cannot_be_used() {
+    let server = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    let clock = ManualClock::new(1_763_000_000_123_457);
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
+    agree_on_random_timelines(&clock, &memory, &redis).await;
+    agree_on_several_limits(&clock, &memory, &redis).await;
+    for policy in small_policies() {
+        redis
+            .block(b"blocked", &policy, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let denied = redis.check(b"blocked", &policy, 1).await.unwrap();
+        assert!(!denied.is_allowed(), "{}", policy.name());
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+    assert!(!stats.contains("cmdstat_fcall:"), "{stats}");
+}
+
+async fn agree_on_random_timelines(
+    clock: &ManualClock,
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut compared = 0;
     for policy in small_policies() {
@@ -86,6 +119,14 @@ async fn memory_and_redis_agree_on_random_timelines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_agree_on_several_limits_at_once() {
     let (_server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    agree_on_several_limits(&clock, &memory, &redis).await;
+}
+
+async fn agree_on_several_limits(
+    clock: &ManualClock,
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+) {
     let policies: Vec<Policy> = small_policies()
         .into_iter()
         .enumerate()

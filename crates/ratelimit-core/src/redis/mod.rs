@@ -34,6 +34,7 @@ mod errors;
 mod functions;
 #[cfg(feature = "bb8")]
 mod pool;
+mod prune;
 mod replies;
 mod scripts;
 mod unclaimed;

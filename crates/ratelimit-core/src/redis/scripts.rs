@@ -6,6 +6,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisWrite, Script};
 
 use super::errors::is_noscript;
+use super::prune::prune;
 use super::replies::Arg;
 
 use crate::key;
@@ -105,6 +106,42 @@ const REFUND: &str = assemble!("members.lua", "sliding_log.lua", "concurrency.lu
 
 const RELEASE: &str = assemble!("members.lua", "concurrency.lua"; "release.lua");
 
+/// The source of every script, each pruned of the helpers it never calls
+/// ([`prune`]), built once per process.
+struct Sources {
+    single: [String; 7],
+    multi: String,
+    batch: String,
+    release: String,
+    admin: String,
+    block: String,
+    refund: String,
+}
+
+impl Sources {
+    fn get() -> &'static Sources {
+        static SOURCES: OnceLock<Sources> = OnceLock::new();
+        SOURCES.get_or_init(|| Sources {
+            single: [
+                FIXED_WINDOW,
+                SLIDING_LOG,
+                SLIDING_WINDOW,
+                TOKEN_BUCKET,
+                GCRA,
+                LEAKY_BUCKET,
+                CONCURRENCY,
+            ]
+            .map(prune),
+            multi: prune(MULTI),
+            batch: prune(BATCH),
+            release: prune(RELEASE),
+            admin: prune(ADMIN),
+            block: prune(BLOCK),
+            refund: prune(REFUND),
+        })
+    }
+}
+
 /// Every script with its SHA-1, computed once.
 pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
@@ -123,22 +160,15 @@ fn script(source: &'static str) -> (Script, &'static str) {
 
 impl Scripts {
     pub(super) fn new() -> Self {
+        let sources = Sources::get();
         Scripts {
-            single: [
-                script(FIXED_WINDOW),
-                script(SLIDING_LOG),
-                script(SLIDING_WINDOW),
-                script(TOKEN_BUCKET),
-                script(GCRA),
-                script(LEAKY_BUCKET),
-                script(CONCURRENCY),
-            ],
-            multi: script(MULTI),
-            batch: script(BATCH),
-            release: script(RELEASE),
-            admin: script(ADMIN),
-            block: script(BLOCK),
-            refund: script(REFUND),
+            single: sources.single.each_ref().map(|source| script(source)),
+            multi: script(&sources.multi),
+            batch: script(&sources.batch),
+            release: script(&sources.release),
+            admin: script(&sources.admin),
+            block: script(&sources.block),
+            refund: script(&sources.refund),
         }
     }
 
@@ -148,15 +178,7 @@ impl Scripts {
     }
 
     pub(super) fn single_source(algorithm: &Algorithm) -> &'static str {
-        [
-            FIXED_WINDOW,
-            SLIDING_LOG,
-            SLIDING_WINDOW,
-            TOKEN_BUCKET,
-            GCRA,
-            LEAKY_BUCKET,
-            CONCURRENCY,
-        ][single_index(algorithm)]
+        &Sources::get().single[single_index(algorithm)]
     }
 
     pub(super) fn multi(&self) -> (&Script, &'static str) {

@@ -26,10 +26,10 @@ local SEM_WIDTH = 46
 local SEM_HEAD = 8
 -- Counts are renumbered from 0 once the base passes this (2^48).
 local SEM_REBASE = 281474976710656
--- The value of an empty semaphore (a base of 0), without its tag: 7 zero
--- bytes (struct.pack('>I7', 0), which FUNCTION LOAD cannot call: struct is
--- not there while the library loads).
-local SEM_EMPTY = '\0\0\0\0\0\0\0'
+-- The value of an empty semaphore: its tag and a base of 0, 7 zero bytes
+-- (struct.pack('>I7', 0), which FUNCTION LOAD cannot call: struct is not
+-- there while the library loads).
+local SEM_EMPTY = SEM_TAG .. '\0\0\0\0\0\0\0'
 -- No entry to remove (sem_value's `gone`).
 local SEM_NONE = {}
 
@@ -70,7 +70,7 @@ local function sem_convert(key, now)
   if not of_family(leases, 'permits') then
     conflict(key)
   end
-  local parts, through, latest = {SEM_TAG, SEM_EMPTY}, 0, nil
+  local parts, through, latest = {SEM_EMPTY}, 0, nil
   for i = 1, #leases, 2 do
     local expires = tonumber(leases[i + 1])
     if expires > now then
@@ -91,12 +91,6 @@ local function sem_convert(key, now)
     redis.call('DEL', key)
   end
   return raw
-end
-
--- The semaphore of `key` and its number of entries (nil, 0 when there is
--- none); a conflict when the key holds another family's state.
-local function sem_read(key, now)
-  return read_entries(key, sem_convert, sem_size, now)
 end
 
 -- The first of the n entries of `raw` whose lease runs after `now` (n + 1
@@ -144,7 +138,7 @@ local function sem_find(raw, first, id)
   end
 end
 
--- A semaphore's value (without its tag) holding entries `first` to n of
+-- A semaphore's value (its tag included) holding entries `first` to n of
 -- `raw` (the base `base` is the `through` before `first`), but those in
 -- `gone` (a list of entry numbers, in order), and, when `id` is given, a new
 -- entry `id` for `units` whose lease expires at `expires`, after every
@@ -156,19 +150,20 @@ local function sem_value(raw, first, n, base, gone, id, expires, units)
     minus = base
   elseif id and (n < first or sem_at(raw, n) <= expires) then
     -- The common admission: appended, the rest copied as it is.
+    -- Each value is one concatenation (one new string).
     local through = base + units
     if n >= first then
       through = sem_through(raw, n) + units
     end
-    local entry = id .. struct.pack(SEM_FORMAT, expires, through)
     if n == 0 then
-      return SEM_EMPTY .. entry
+      return SEM_EMPTY .. id .. struct.pack(SEM_FORMAT, expires, through)
     elseif first == 1 then
-      return string.sub(raw, 2) .. entry
+      return raw .. id .. struct.pack(SEM_FORMAT, expires, through)
     end
-    return struct.pack('>I7', base) .. string.sub(raw, SEM_HEAD + (first - 1) * SEM_WIDTH + 1) .. entry
+    return SEM_TAG .. struct.pack('>I7', base) .. string.sub(raw, SEM_HEAD + (first - 1) * SEM_WIDTH + 1)
+      .. id .. struct.pack(SEM_FORMAT, expires, through)
   end
-  local parts, from, shift = {struct.pack('>I7', base - minus)}, first, -minus
+  local parts, from, shift = {SEM_TAG, struct.pack('>I7', base - minus)}, first, -minus
   for _, j in ipairs(gone) do
     sem_copy(parts, raw, from, j - 1, shift)
     shift = shift - (sem_through(raw, j) - sem_through(raw, j - 1))
@@ -199,12 +194,12 @@ local function sem_drop(key, raw, first, n, base)
   if first > n then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, SEM_TAG .. sem_value(raw, first, n, base, SEM_NONE), 'KEEPTTL')
+    redis.call('SET', key, sem_value(raw, first, n, base, SEM_NONE), 'KEEPTTL')
   end
 end
 
 ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
-  local raw, n = sem_read(key, now)
+  local raw, n = read_entries(key, sem_convert, sem_size, now)
   local first, base, held, latest = 1, 0, 0, nil
   if n > 0 then
     first = sem_running(raw, n, now)
@@ -236,7 +231,8 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   if cost == 0 then
     return {1, max, max - held, reset, 0, 0}
   end
-  if type(permit) ~= 'string' or #permit ~= SEM_ID then
+  -- An argument is a string when present.
+  if not permit or #permit ~= SEM_ID then
     error({err = 'ERR a concurrency permit id is ' .. SEM_ID .. ' hex digits'})
   end
   local expires = now + lease
@@ -244,8 +240,9 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
     reset = expires - now
   end
   local value = sem_value(raw, first, n, base, SEM_NONE, permit, expires, cost)
-  -- Written by commit (state.lua) as a string state: SET ... PX.
-  return {1, max, max - held - cost, reset, 0, 0, key, SEM_TAG, value, reset}
+  -- Written by commit (state.lua) as a string state, its tag included:
+  -- SET ... PX.
+  return {1, max, max - held - cost, reset, 0, 0, key, false, value, reset}
 end
 
 -- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives
@@ -289,6 +286,6 @@ local function sem_release(key, now, id)
   local value = sem_value(raw, first, n, base, gone)
   -- The TTL of the longest lease left, the value's last entry.
   local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
-  redis.call('SET', key, SEM_TAG .. value, 'PX', ttl_ms(positive(newest - now)))
+  redis.call('SET', key, value, 'PX', ttl_ms(positive(newest - now)))
   return 1
 end

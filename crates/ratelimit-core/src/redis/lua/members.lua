@@ -26,23 +26,21 @@ local function holds_members(key, family)
   return of_family(redis.pcall('ZRANGE', key, 0, 0), family)
 end
 
--- The string state of `key` (false when there is none), or, when the key
--- holds a sorted set, what convert(key, now, p) makes of it (a string state,
--- written). Any other error is raised.
-local function read_converting(key, convert, now, p)
-  local raw = redis.pcall('GET', key)
-  if type(raw) == 'table' and wrong_type(raw) then
-    return convert(key, now, p)
-  end
-  return raw
-end
-
--- read_converting's state and its number of entries by size(raw) (nil, 0
--- when there is none); a conflict when size finds another family's state.
+-- The string state of `key` and its number of entries by size(raw) (nil, 0
+-- when there is none); when the key holds a sorted set, what
+-- convert(key, now, p) makes of it (a string state, written). A conflict
+-- when size finds another family's state; any other error is raised. (One
+-- Lua call on the common path: the read is not a helper of its own.)
 local function read_entries(key, convert, size, now, p)
-  local raw = read_converting(key, convert, now, p)
+  local raw = redis.pcall('GET', key)
   if not raw then
     return nil, 0
+  end
+  if type(raw) == 'table' and wrong_type(raw) then
+    raw = convert(key, now, p)
+    if not raw then
+      return nil, 0
+    end
   end
   local n = size(raw)
   if not n then
