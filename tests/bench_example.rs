@@ -198,22 +198,28 @@ fn bench_prints_the_function_library_and_its_functions() {
     let server = RedisServer::start();
     assert_eq!(server.cli(&["FUNCTION", "LOAD", &library]), name);
     // burst 2, one unit per hour: two admissions, then a denial.
+    // One record (struct.pack '<Bddd'): allowed, then remaining, reset and
+    // wait as little-endian doubles; the server's time, no permit.
     let call = || {
-        server.cli(&[
-            "FCALL",
-            function,
-            "2",
-            "p:{k}",
-            "p:{k}:block",
-            "1",
-            "2",
-            "3600000000",
-        ])
+        let out = server
+            .cli_output(&[
+                "FCALL",
+                function,
+                "2",
+                "p:{k}",
+                "p:{k}:block",
+                "1",
+                "2",
+                "3600000000",
+            ])
+            .stdout;
+        assert!(out.len() >= 25, "{out:?}");
+        let remaining = f64::from_le_bytes(out[1..9].try_into().unwrap());
+        (out[0], remaining)
     };
-    // {allowed, remaining, reset, wait}: the server's time, no permit.
-    assert!(call().starts_with("1\n1\n"), "{}", call());
-    assert!(call().starts_with("1\n0\n"));
-    assert!(call().starts_with("0\n0\n"));
+    assert_eq!(call(), (1, 1.0));
+    assert_eq!(call(), (1, 0.0));
+    assert_eq!(call(), (0, 0.0));
 }
 
 #[test]

@@ -240,8 +240,10 @@ impl RedisStore {
 /// parameters (limit or burst, then window or interval in µs), then, only
 /// when needed, a fixed time in µs (absent or `0`: the server's `TIME`) and
 /// a permit id (concurrency only, which always sends both). The reply is
-/// `{allowed, remaining, reset_after, wait}` in µs (`wait`: the retry of a
-/// denial, the delay of an admission). Use it to preload the scripts with
+/// one string of 25 bytes: `allowed` (one byte, 1 or 0), then `remaining`,
+/// `reset_after` and `wait` in µs (`wait`: the retry of a denial, the delay
+/// of an admission), each a little-endian double (Lua's `struct.pack
+/// '<Bddd'`). Use it to preload the scripts with
 /// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)

@@ -67,9 +67,10 @@ pub(super) fn decision_from(
     ))
 }
 
-/// The decision of one check from the reply of `single.lua`:
-/// `{allowed, remaining, reset, wait}`, the limit being the policy's first
-/// parameter (`limit`), which the reply leaves out.
+/// The decision of one check from the reply of `single.lua`: one record
+/// of [`BATCH_RECORD`] bytes (`{allowed, remaining, reset, wait}`), the
+/// limit being the policy's first parameter (`limit`), which the reply
+/// leaves out.
 pub(super) fn single_from(
     value: &Value,
     limit: u64,
