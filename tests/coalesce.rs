@@ -898,7 +898,9 @@ async fn a_block_key_of_another_type_blocks_nothing() {
 #[tokio::test(flavor = "current_thread")]
 async fn callers_a_batch_answers_go_together_in_the_next() {
     let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
-    proxy.set_latency(ms(50));
+    // The lead's reply comes 200 ms after it is sent: long enough for the
+    // callers to queue behind it on a loaded machine.
+    proxy.set_latency(ms(200));
     let before = store.coalescing();
     let (lead, _) = behind_a_call(&store, &window(), 0, ms(10)).await;
     let callers: Vec<_> = (0..10)
