@@ -202,16 +202,7 @@ fn bench_prints_the_function_library_and_its_functions() {
     // wait as little-endian doubles; the server's time, no permit.
     let call = || {
         let out = server
-            .cli_output(&[
-                "FCALL",
-                function,
-                "2",
-                "p:{k}",
-                "p:{k}:block",
-                "1",
-                "2",
-                "3600000000",
-            ])
+            .cli_output(&["FCALL", function, "1", "p:{k}", "1", "2", "3600000000"])
             .stdout;
         assert!(out.len() >= 25, "{out:?}");
         let remaining = f64::from_le_bytes(out[1..9].try_into().unwrap());

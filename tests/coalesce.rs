@@ -869,25 +869,69 @@ async fn a_wrong_type_in_a_batch_is_a_conflict_of_its_own_request() {
     assert_eq!((remaining(0), remaining(3), remaining(4)), (99, 8, 98));
 }
 
-/// A block key holding something block.lua never writes (another Redis
-/// type) is no block: a check of its key passes, in a batch as alone.
+/// A block lives in front of its key's state: the state under it is kept (a
+/// check after the unblock goes on from it), a batch denies the key without
+/// writing, and what writes a state while the block runs (a penalty, the
+/// release of a permit, the drop of expired leases) keeps the block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_block_key_of_another_type_blocks_nothing() {
+async fn a_block_keeps_its_state_and_what_writes_under_it_keeps_the_block() {
+    use ratelimit_core::AdminStore;
     let (server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
-    let block_key = store.block_key(b"odd", &policy);
-    server.cli(&["RPUSH", &block_key, "not a block"]);
-    let d = store.check(b"odd", &policy, 1).await.unwrap();
-    assert!(d.is_allowed() && d.remaining() == 99, "{d:?}");
+    let d = store.check(b"kept", &policy, 1).await.unwrap();
+    assert_eq!(d.remaining(), 99, "{d:?}");
+    let hour = Duration::from_secs(3600);
+    store.block(b"kept", &policy, hour).await.unwrap();
+    let state_key = store.state_key(b"kept", &policy);
+    let blocked = |what: &str| {
+        let value = server.cli(&["GET", &state_key]);
+        assert!(value.starts_with('b'), "{what}: {value:?}");
+        let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
+        assert!(ttl > 3_500_000, "{what}: the key outlives its block: {ttl}");
+    };
+    blocked("blocked");
+    let d = store.penalize(b"kept", &policy, 2).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    blocked("after a penalty");
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..2)
-        .map(|_| Box::pin(store.check(b"odd", &policy, 1)) as Boxed<_>)
+        .map(|_| Box::pin(store.check(b"kept", &policy, 1)) as Boxed<_>)
         .collect();
-    let got = as_one_batch(&store, &proxy, calls).await;
-    let seen: Vec<_> = got
-        .iter()
-        .map(|d| d.as_ref().map(Decision::remaining))
-        .collect();
-    assert!(matches!(seen[..], [Ok(98), Ok(97)]), "{got:?}");
+    for d in as_one_batch(&store, &proxy, calls).await {
+        let d = d.unwrap();
+        assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
+    }
+    blocked("after a batch");
+    store.unblock(b"kept", &policy).await.unwrap();
+    // One admitted, then a penalty of 2: 97 left, and this check takes one.
+    let d = store.check(b"kept", &policy, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 96, "{d:?}");
+    assert!(server.cli(&["GET", &state_key]).starts_with('f'));
+
+    // A semaphore: a permit released while its key is blocked.
+    let permits = Policy::concurrency(2, Duration::from_secs(60)).unwrap();
+    let a = store.check(b"sem", &permits, 1).await.unwrap();
+    let b = store.check(b"sem", &permits, 1).await.unwrap();
+    store.block(b"sem", &permits, hour).await.unwrap();
+    let sem_key = store.state_key(b"sem", &permits);
+    store
+        .release(b"sem", &permits, a.permit().unwrap())
+        .await
+        .unwrap();
+    assert!(server.cli(&["GET", &sem_key]).starts_with('b'));
+    let d = store.check(b"sem", &permits, 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    // The last one: no state left, the block alone.
+    store
+        .release(b"sem", &permits, b.permit().unwrap())
+        .await
+        .unwrap();
+    let held = server.cli(&["GET", &sem_key]);
+    assert!(held.starts_with('b') && held.ends_with(';'), "{held:?}");
+    assert!(!store.check(b"sem", &permits, 1).await.unwrap().is_allowed());
+    store.unblock(b"sem", &permits).await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", &sem_key]), "0");
+    let d = store.check(b"sem", &permits, 2).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
 }
 
 /// The callers a batch answers make their next requests before the lane

@@ -18,7 +18,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
 use ratelimit_core::redis::{RedisStore, bb8};
-use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_core::{AdminStore, Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::{
     Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
     named,
@@ -42,14 +42,14 @@ const COMMANDS: &[&str] = &[
     // Inside the scripts.
     "time",
     "get",
-    // The block keys of a coalesced call (`batch.lua`), read at once.
-    "mget",
     "set",
     "pexpire",
     "del",
     // Read only to convert a key of an earlier layout (a semaphore or a
     // sliding log kept as a sorted set).
     "zrange",
+    // A block (`block.lua`) keeps the TTL of the state it goes in front of.
+    "pttl",
     // `RedisStore::ping`, and the cluster client on every new node connection.
     "ping",
 ];
@@ -273,6 +273,22 @@ async fn exercise_node(
     }
     .await;
     report.push(("check an old semaphore".to_owned(), result));
+    // A block of a key that holds a state, whose TTL it keeps.
+    let gcra = policies()
+        .into_iter()
+        .find(|p| p.algorithm().kind() == "gcra")
+        .unwrap();
+    let key = format!("{round}-blocked");
+    let result = async {
+        store.check(key.as_bytes(), &gcra, 1).await?;
+        store
+            .block(key.as_bytes(), &gcra, Duration::from_secs(60))
+            .await?;
+        let d = store.check(key.as_bytes(), &gcra, 1).await?;
+        expect("a blocked key", &d, false, 0)
+    }
+    .await;
+    report.push(("block".to_owned(), result));
     report
 }
 
@@ -372,7 +388,7 @@ fn witness(command: &str) -> &'static str {
         "zrange" => "check an old semaphore",
         // A release of the last permit held deletes the key.
         "del" => "release",
-        "mget" => "batch",
+        "pttl" => "block",
         "ping" => "ping",
         other => panic!("no witness for {other}"),
     }

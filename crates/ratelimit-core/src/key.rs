@@ -254,25 +254,6 @@ pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
     out
 }
 
-/// The Redis key of an admin block ([`AdminStore::block`](crate::AdminStore::block))
-/// of the state key `storage_key` (see [`storage_key`]): `<storage key>:block`.
-/// It keeps the state key's hash tag, so both live in one cluster slot and one
-/// script reads both; no state key ends with `:block`.
-///
-/// ```
-/// use ratelimit_core::key::{block_key, cluster_slot, storage_key};
-///
-/// let state = storage_key("rl", "api", b"alice");
-/// assert_eq!(block_key(&state), "rl:api:{alice}:block");
-/// assert_eq!(cluster_slot(block_key(&state).as_bytes()), cluster_slot(state.as_bytes()));
-/// ```
-pub fn block_key(storage_key: &str) -> String {
-    format!("{storage_key}{BLOCK_KEY_SUFFIX}")
-}
-
-/// What [`block_key`] appends to a state key.
-pub(crate) const BLOCK_KEY_SUFFIX: &str = ":block";
-
 /// The Redis Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash
 /// tag (the part between the first `{` and the next `}`, if not empty) or of
 /// the whole key, modulo 16384.

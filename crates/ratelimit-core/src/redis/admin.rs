@@ -1,24 +1,16 @@
 //! [`AdminStore`] for [`RedisStore`]: penalties and rewards in `admin.lua`,
-//! blocks in `block.lua` (a block key next to the state key, in the same
-//! hash slot, read by every check script), resets and unblocks as `DEL`.
+//! blocks and unblocks in `block.lua` (a block lives in the state key, in
+//! front of the state: the read every check makes finds it), resets as
+//! `DEL`.
 
 use std::time::Duration;
 
-use super::{
-    Arg, BoxFuture, RedisStore, Via, WithBlocks, decision_from, parameters, policy_conflict,
-};
+use super::{Arg, BoxFuture, RedisStore, Via, decision_from, parameters, policy_conflict};
 use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
-use crate::{Decision, PermitId, Policy, StoreError, key};
+use crate::{Decision, PermitId, Policy, StoreError};
 
 impl RedisStore {
-    /// The Redis key that holds a block of `key` under `policy`
-    /// ([`AdminStore::block`]): [`state_key`](RedisStore::state_key) followed
-    /// by `:block`, in the same cluster slot. It expires when the block ends.
-    pub fn block_key(&self, key: &[u8], policy: &Policy) -> String {
-        key::block_key(&self.state_key(key, policy))
-    }
-
     async fn adjust(
         self,
         state_key: String,
@@ -40,23 +32,29 @@ impl RedisStore {
             Arg::Int(p2),
         ];
         let (script, source) = self.inner.scripts.admin();
-        let keys = WithBlocks(std::slice::from_ref(&state_key).iter());
         let reply = self
             .inner
-            .eval(script, source, &keys, &args, Via::Pool)
+            .eval(
+                script,
+                source,
+                std::slice::from_ref(&state_key),
+                &args,
+                Via::Pool,
+            )
             .await
             .map_err(|e| policy_conflict(e, [(&state_key, &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
     }
 
-    async fn block_for(self, block_key: String, micros: u64) -> Result<(), StoreError> {
+    /// Blocks `state_key` for `micros` µs, or lifts its block (0).
+    async fn block_for(self, state_key: String, micros: u64) -> Result<(), StoreError> {
         let args = [Arg::Int(self.fixed_now()), Arg::Int(micros)];
         let (script, source) = self.inner.scripts.block();
         self.inner
             .eval(
                 script,
                 source,
-                std::slice::from_ref(&block_key),
+                std::slice::from_ref(&state_key),
                 &args,
                 Via::Pool,
             )
@@ -64,18 +62,19 @@ impl RedisStore {
             .map(|_| ())
     }
 
-    /// `DEL` of keys in one slot.
-    async fn delete(self, keys: Vec<String>) -> Result<(), StoreError> {
+    /// `DEL` of a state key (and the block in it).
+    async fn delete(self, state_key: String) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("DEL");
-        cmd.arg(&keys);
+        cmd.arg(&state_key);
         self.inner.run(&cmd).await.map(|_| ())
     }
 }
 
 /// Every operation is one command: a script (`EVALSHA`, server `TIME`) for
-/// penalties, rewards and blocks, `DEL` for resets and unblocks; peeks are
+/// penalties, rewards, blocks and unblocks, `DEL` for resets; peeks are
 /// checks of cost 0. Every key written has a TTL: a state its own (at most
-/// two windows for a state in debt), a block key the block's duration.
+/// two windows for a state in debt), a blocked one at least until its block
+/// ends.
 impl AdminStore for RedisStore {
     type DecisionFuture = BoxFuture<Decision>;
     type UpdateFuture = BoxFuture<()>;
@@ -85,9 +84,7 @@ impl AdminStore for RedisStore {
     }
 
     fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
-        let state_key = self.state_key(key, policy);
-        let block_key = key::block_key(&state_key);
-        Box::pin(self.clone().delete(vec![state_key, block_key]))
+        Box::pin(self.clone().delete(self.state_key(key, policy)))
     }
 
     fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
@@ -100,15 +97,11 @@ impl AdminStore for RedisStore {
 
     fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
         let micros = block_micros(duration);
-        let block_key = self.block_key(key, policy);
-        if micros == 0 {
-            return Box::pin(self.clone().delete(vec![block_key]));
-        }
-        Box::pin(self.clone().block_for(block_key, micros))
+        Box::pin(self.clone().block_for(self.state_key(key, policy), micros))
     }
 
     fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
-        Box::pin(self.clone().delete(vec![self.block_key(key, policy)]))
+        Box::pin(self.clone().block_for(self.state_key(key, policy), 0))
     }
 }
 

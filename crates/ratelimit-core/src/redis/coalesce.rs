@@ -28,7 +28,7 @@ use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, BATCH_RECORD, RedisStore, WithBlocks, batch_record, decision_of, parameters};
+use super::{Arg, BATCH_RECORD, RedisStore, StateKeys, batch_record, decision_of, parameters};
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -371,8 +371,8 @@ impl RedisStore {
             return;
         }
         let args = batch_args(&batch, self.fixed_now());
-        // Every state key, then their block keys, written into the command.
-        let keys = WithBlocks(batch.iter().flat_map(|item| item.keys.iter()));
+        // Every state key, written into the command.
+        let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
         let sent_on = SentOn::default();
         let via = if batch.iter().any(|item| item.unclaimed.is_some()) {
             Via::Record(&sent_on)
@@ -410,7 +410,7 @@ impl RedisStore {
 }
 
 /// The arguments of one call of `batch.lua` for `batch` (its keys are every
-/// state key, then their block keys: [`WithBlocks`]): the time, each
+/// state key: [`StateKeys`]): the time, each
 /// distinct form of check (algorithm, cost, two parameters) once, then per
 /// request the index of its check's form, or `-m` and the indexes of its `m`
 /// checks' forms, each concurrency check followed by its permit id.

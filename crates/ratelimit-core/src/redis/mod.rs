@@ -54,7 +54,7 @@ use replies::*;
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Node};
-use scripts::{AclProbe, CallKeys, Scripts, WithBlocks};
+use scripts::{AclProbe, CallKeys, Scripts, StateKeys};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
@@ -235,8 +235,8 @@ impl RedisStore {
 /// as the store sends it with `EVALSHA` where it cannot use Redis Functions
 /// (see [`function_library`]).
 ///
-/// `KEYS[1]` is the state key ([`RedisStore::state_key`]) and `KEYS[2]` its
-/// block key ([`key::block_key`]); `ARGV` is the cost and the algorithm's two
+/// `KEYS[1]` is the state key ([`RedisStore::state_key`]), which also holds
+/// an admin block, in front of the state; `ARGV` is the cost and the algorithm's two
 /// parameters (limit or burst, then window or interval in µs), then, only
 /// when needed, a fixed time in µs (absent or `0`: the server's `TIME`) and
 /// a permit id (concurrency only, which always sends both). The reply is
@@ -259,7 +259,7 @@ pub fn function_library() -> &'static str {
 
 /// The function of [`function_library`] that decides one request under
 /// `algorithm`, with the keys and arguments of [`script_source`]'s script
-/// (`FCALL <name> 2 <state key> <block key> <args...>`).
+/// (`FCALL <name> 1 <state key> <args...>`).
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
@@ -441,10 +441,9 @@ impl RedisStore {
             3
         };
         let args = &all[..sent];
-        let keys = WithBlocks(std::slice::from_ref(&key).iter());
         let reply = self
             .inner
-            .decide(policy.algorithm(), &keys, args, via)
+            .decide(policy.algorithm(), std::slice::from_ref(&key), args, via)
             .await
             .map_err(|e| policy_conflict(e, [(&key, &policy)]))?;
         single_from(&reply, p1, permit, cost)
@@ -482,7 +481,7 @@ impl RedisStore {
         let (script, source) = self.inner.scripts.multi();
         let reply = self
             .inner
-            .eval(script, source, &WithBlocks(keys.iter()), &args, via)
+            .eval(script, source, keys, &args, via)
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         group_from(&reply, requests)

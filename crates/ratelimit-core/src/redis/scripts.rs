@@ -3,13 +3,12 @@
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
-use redis::{RedisError, RedisWrite, Script};
+use redis::{RedisError, Script};
 
 use super::errors::is_noscript;
 use super::prune::prune;
 use super::replies::Arg;
 
-use crate::key;
 use crate::policy::{Algorithm, AlgorithmKind};
 
 /// The shared numbers and prelude, then each file `$file` in order (a file
@@ -329,29 +328,23 @@ impl CallKeys for [String] {
     }
 }
 
-/// State keys, then their block keys ([`key::block_key`]): the `KEYS` of
-/// the check scripts, which declare every key they read. A block key is
-/// written into the command, never built as a string of its own.
-pub(super) struct WithBlocks<I>(pub(super) I);
+/// The state keys of a batch's requests, in order, written into its command
+/// from the requests themselves (an admin block lives in its state key: no
+/// other key is read).
+pub(super) struct StateKeys<I>(pub(super) I);
 
-impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for WithBlocks<I> {
+impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for StateKeys<I> {
     fn count(&self) -> usize {
-        2 * self.0.clone().count()
+        self.0.clone().count()
     }
 
     fn size(&self) -> usize {
-        self.0
-            .clone()
-            .map(|state| 2 * state.len() + key::BLOCK_KEY_SUFFIX.len())
-            .sum()
+        self.0.clone().map(String::len).sum()
     }
 
     fn write_to(&self, cmd: &mut redis::Cmd) {
         for state in self.0.clone() {
             cmd.arg(state.as_str());
-        }
-        for state in self.0.clone() {
-            cmd.write_arg_fmt(format_args!("{state}{}", key::BLOCK_KEY_SUFFIX));
         }
     }
 }

@@ -3,7 +3,8 @@
 -- algorithm in Rust (crates/ratelimit-core/src/algorithm/); these reproduce
 -- them on the stored states.
 --
--- KEYS[1]: the state key, KEYS[2]: its block key. ARGV: fixed time (0 =
+-- KEYS[1]: the state key (an admin block is in it, see the prelude). ARGV:
+-- fixed time (0 =
 -- server TIME), 'penalize' or 'reward', algorithm, amount (at most four times
 -- the limit: no state holds more, and the arithmetic stays exact), two policy
 -- parameters.
@@ -42,7 +43,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  write_state(key, TAG.fixed_window, fmt(start) .. ' ' .. fmt(count), 2 * window)
+  rewrite(key, TAG.fixed_window .. fmt(start) .. ' ' .. fmt(count), 2 * window, now)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
@@ -56,7 +57,7 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     previous = previous - math.min(amount - from_current, previous)
   end
   local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
-  write_state(key, TAG.sliding_window, value, 2 * w)
+  rewrite(key, TAG.sliding_window .. value, 2 * w, now)
 end
 
 ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
@@ -77,13 +78,13 @@ ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
     -- entry where they end, found as a denial's is.
     local keep = total - amount
     if keep <= 0 then
-      redis.call('DEL', key)
+      rewrite(key, nil, 0, now)
       return
     end
     local j = log_reach(raw, first, n, base + keep)
     value = log_value(raw, first, j - 1, base, log_at(raw, j), base + keep)
   end
-  redis.call('SET', key, LOG_TAG .. value, 'PX', ttl_ms(window))
+  rewrite(key, LOG_TAG .. value, window, now)
 end
 
 -- The bucket's content in token-µs: whole tokens and the progress toward the
@@ -104,7 +105,7 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     level = math.min(level + amount * interval, span)
   end
   if level >= span then
-    redis.call('DEL', key)
+    rewrite(key, nil, 0, now)
     return
   end
   local tokens, last = 0, now - level
@@ -112,7 +113,7 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     tokens = idiv(level, interval)
     last = now - (level - tokens * interval)
   end
-  write_state(key, TAG.token_bucket, fmt(tokens) .. ' ' .. fmt(last), 2 * span)
+  rewrite(key, TAG.token_bucket .. fmt(tokens) .. ' ' .. fmt(last), 2 * span, now)
 end
 
 -- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
@@ -125,11 +126,11 @@ local function adjust_tat(key, now, penalty, amount, capacity, interval)
   else
     tat = tat - amount * interval
     if tat <= now then
-      redis.call('DEL', key)
+      rewrite(key, nil, 0, now)
       return
     end
   end
-  write_state(key, TAG.tat, fmt(tat), 2 * span)
+  rewrite(key, TAG.tat .. fmt(tat), 2 * span, now)
 end
 ADJUST['gcra'] = adjust_tat
 ADJUST['leaky-bucket'] = adjust_tat
@@ -143,9 +144,15 @@ if not adjust then
 end
 adjust(KEYS[1], now, operation == 'penalize', amount, p1, p2)
 local peek = ALGORITHMS[algorithm](KEYS[1], now, 0, p1, p2, '')
-expire_or_delete(KEYS[1], peek[4])
-local left = block_left(KEYS[2], now)
-if left > 0 then
+-- The exact TTL now, or no state when it is back to fresh; a block keeps
+-- the key at least until it ends.
+if BLOCK_END > now then
+  local left = BLOCK_END - now
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(math.max(peek[4], left)))
   peek = blocked_reply(peek, peek, left)
+elseif peek[4] > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(peek[4]))
+else
+  redis.call('DEL', KEYS[1])
 end
 return {peek[1], peek[2], peek[3], peek[4], peek[5], peek[6]}

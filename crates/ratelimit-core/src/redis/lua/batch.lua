@@ -3,8 +3,8 @@
 -- and sends them together, as the library's batch function (FCALL) or, where
 -- functions cannot be used, as a script with the same keys and arguments.
 --
--- keys: the state key of every check of every request, in order, then their
--- block keys in the same order.
+-- keys: the state key of every check of every request, in order (an admin
+-- block is in the state key, see the prelude).
 -- args[1]: fixed time (0 = server TIME); args[2]: the number of forms f,
 -- then four values per form: algorithm, cost, two policy parameters (a form
 -- is what a check asks, besides its key: a batch has few, each sent once).
@@ -32,24 +32,6 @@
 -- reads it without a value per number: callgrind, see BATCH_RECORD in
 -- replies.rs.)
 
--- The values of every block key, keys[from..to], by MGET: nil (false) for a
--- key that is missing or not a string (no block: see blocks.lua). Lua's
--- unpack takes a few thousand values at most, so long lists go in parts.
-local function block_values(keys, from, to)
-  if to - from < 4000 then
-    return redis.call('MGET', unpack(keys, from, to))
-  end
-  local out, n = {}, 0
-  for first = from, to, 4000 do
-    local part = redis.call('MGET', unpack(keys, first, math.min(first + 3999, to)))
-    for i = 1, #part do
-      out[n + i] = part[i]
-    end
-    n = n + #part
-  end
-  return out
-end
-
 -- Appends the reply of check `r` to `out` after its `n` values; returns the
 -- new count.
 local function put(out, n, r)
@@ -61,14 +43,14 @@ local function put(out, n, r)
   return n + 4
 end
 
--- Where the requests not yet decided start (args[BATCH_ARG], keys[BATCH_KEY]
--- and the values of their block keys), how far the reply is filled, and
+-- Where the requests not yet decided start (args[BATCH_ARG], keys[BATCH_KEY]),
+-- how far the reply is filled, and
 -- where the request being decided ends: decide_requests leaves them right
 -- for run_batch to go on after a request that fails.
 local BATCH_ARG, BATCH_KEY, BATCH_FILLED, BATCH_NEXT_ARG, BATCH_NEXT_KEY = 0, 0, 0, 0, 0
 
 -- Decides the requests from BATCH_ARG on, filling `out`.
-local function decide_requests(keys, args, forms, held, now, out)
+local function decide_requests(keys, args, forms, now, out)
   local a, k, n = BATCH_ARG, BATCH_KEY, BATCH_FILLED
   local last = #args
   while a <= last do
@@ -87,11 +69,9 @@ local function decide_requests(keys, args, forms, held, now, out)
       end
       BATCH_NEXT_ARG, BATCH_NEXT_KEY = a, k + 1
       ONE_STATE_KEY = true
-      local r
-      if held[k] then
-        r = decide_with_block(f[1], keys[k], block_left_of(held[k], now), now, f[2], f[3], f[4], permit)
-      else
-        r = f[1](keys[k], now, f[2], f[3], f[4], permit)
+      local r = f[1](keys[k], now, f[2], f[3], f[4], permit)
+      if BLOCK_END > now then
+        r = blocked(f[1], r, keys[k], now, f[2], f[3], f[4], permit)
       end
       -- put(out, n, r), inline: the common case, once per decision.
       if r[1] == 1 then
@@ -127,7 +107,7 @@ local function decide_requests(keys, args, forms, held, now, out)
           e = e + 1
         end
         checks[i] = f
-        local r = decide_with_block(f[1], keys[k + i - 1], block_left_of(held[k + i - 1], now), now, f[2], f[3], f[4], permits[i])
+        local r = decide_unless_blocked(f[1], keys[k + i - 1], now, f[2], f[3], f[4], permits[i])
         results[i] = r
         if r[1] ~= 1 then
           all = false
@@ -159,8 +139,6 @@ local function run_batch(keys, args)
     forms[f] = {ALGORITHMS[name], number(args[a + 1]), number(args[a + 2]), number(args[a + 3]), name == 'concurrency'}
     a = a + 4
   end
-  local checks = idiv(#keys, 2)
-  local held = block_values(keys, checks + 1, 2 * checks)
   -- The records' string first, then the failures' messages.
   local out, reply = {}, {false}
   BATCH_ARG, BATCH_KEY, BATCH_FILLED = a, 1, 0
@@ -168,7 +146,7 @@ local function run_batch(keys, args)
   -- request that fails does before writing anything, and the batch goes on
   -- after it.
   while BATCH_ARG <= #args do
-    local ok, r = pcall(decide_requests, keys, args, forms, held, now, out)
+    local ok, r = pcall(decide_requests, keys, args, forms, now, out)
     if ok then
       break
     end

@@ -190,11 +190,12 @@ end
 -- Drops the expired entries (before `first`) of the semaphore `raw` of n
 -- entries, as the reference drops them on every call, so that a later call
 -- at an earlier time (a clock that stepped back) never counts them again.
-local function sem_drop(key, raw, first, n, base)
+-- A block read with the state stays in front (rewrite, in the prelude).
+local function sem_drop(key, raw, first, n, base, now)
   if first > n then
-    redis.call('DEL', key)
+    rewrite(key, nil, nil, now)
   else
-    redis.call('SET', key, sem_value(raw, first, n, base, SEM_NONE), 'KEEPTTL')
+    rewrite(key, sem_value(raw, first, n, base, SEM_NONE), nil, now)
   end
 end
 
@@ -214,7 +215,7 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
     reset = positive(latest - now)
   end
   if first > 1 and (cost == 0 or held + cost > max) then
-    sem_drop(key, raw, first, n, base)
+    sem_drop(key, raw, first, n, base, now)
   end
   if held + cost > max then
     -- The soonest leases free enough, found as the first entry whose
@@ -252,11 +253,15 @@ end
 -- (MemoryStore ignores it too): nothing released, nothing touched.
 local function sem_release(key, now, id)
   local raw = redis.pcall('GET', key)
+  BLOCK_END = 0
   if type(raw) == 'table' and wrong_type(raw) then
     if not holds_members(key, 'permits') then
       return 0
     end
     raw = sem_convert(key, now)
+  else
+    -- A block in front stays (rewrite).
+    raw = unblocked(raw)
   end
   local n = raw and sem_size(raw)
   if not n or n == 0 then
@@ -275,17 +280,17 @@ local function sem_release(key, now, id)
   end
   if #gone == 0 then
     if first > 1 then
-      sem_drop(key, raw, first, n, base)
+      sem_drop(key, raw, first, n, base, now)
     end
     return 0
   end
   if #gone == n - first + 1 then
-    redis.call('DEL', key)
+    rewrite(key, nil, 0, now)
     return 1
   end
   local value = sem_value(raw, first, n, base, gone)
   -- The TTL of the longest lease left, the value's last entry.
   local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
-  redis.call('SET', key, value, 'PX', ttl_ms(positive(newest - now)))
+  rewrite(key, value, positive(newest - now), now)
   return 1
 end

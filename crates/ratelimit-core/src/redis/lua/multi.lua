@@ -1,5 +1,5 @@
 -- Several limits for one request, all or nothing. With n checks, KEYS[i]: the
--- state key of check i, KEYS[n + i]: its block key. ARGV[1]: fixed time (0 =
+-- state key of check i (an admin block is in it, see the prelude). ARGV[1]: fixed time (0 =
 -- server TIME); then five values per check: algorithm, cost, two policy
 -- parameters, permit id.
 -- Every decision is made first; only if all allow are their writes applied.
@@ -12,12 +12,12 @@
 -- for string states, the entry time for a sliding log), so that a refund
 -- (Redis Cluster, limits in several slots) can undo exactly this write.
 local now = server_now()
-local n = idiv(#KEYS, 2)
+local n = #KEYS
 local results, all = {}, true
 for i = 1, n do
   local a = 1 + (i - 1) * 5
   local decide = ALGORITHMS[ARGV[a + 1]]
-  local r = decide_unless_blocked(decide, KEYS[i], KEYS[n + i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+  local r = decide_unless_blocked(decide, KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
   results[i] = r
   if r[1] ~= 1 then
     all = false

@@ -42,7 +42,7 @@ for i = 1, #KEYS do
     sem_release(key, now, permit)
   elseif algorithm == 'sliding-log' and after ~= '' then
     -- `after` holds the time of the entry this request added to.
-    log_refund(key, tonumber(after), cost)
+    log_refund(key, tonumber(after), cost, now)
   elseif algorithm ~= 'sliding-log' then
     restore_string(key, after, before)
   end

@@ -1,4 +1,5 @@
--- One decision. keys[1]: the state key, keys[2]: its block key. args: cost,
+-- One decision. keys[1]: the state key (an admin block in it, see the
+-- prelude). args: cost,
 -- the two policy parameters, then, only when needed, a fixed time (absent or
 -- 0: server TIME) and a permit id (concurrency only): KEYS and ARGV of a
 -- script, or the keys and arguments of FCALL (library.lua). Every argument
@@ -22,18 +23,11 @@ local function run_single(decide, keys, args)
   ONE_STATE_KEY = true
   local now = server_now()
   local key, cost, p1, p2 = keys[1], number(args[1]), number(args[2]), number(args[3])
-  -- The block key (block_left, inline: a missing key, the common case,
-  -- costs no further Lua call).
-  local held = redis.pcall('GET', keys[2])
-  local left = 0
-  if held then
-    left = block_left_of_get(held, now)
-  end
-  local r
-  if left == 0 then
-    r = decide(key, now, cost, p1, p2, args[5])
-  else
-    r = decide_with_block(decide, key, left, now, cost, p1, p2, args[5])
+  local r = decide(key, now, cost, p1, p2, args[5])
+  -- A block in the state key (decide_unless_blocked, inline: a key without
+  -- one, the common case, costs no further Lua call).
+  if BLOCK_END > now then
+    r = blocked(decide, r, key, now, cost, p1, p2, args[5])
   end
   if r[1] == 1 then
     commit(r)

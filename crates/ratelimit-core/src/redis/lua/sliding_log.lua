@@ -181,7 +181,7 @@ ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
     -- now, as the reference drops them on every call, so that a later call
     -- under a longer window (the same name with other numbers) or at an
     -- earlier time (a clock that stepped back) never counts them again.
-    redis.call('SET', key, LOG_TAG .. log_value(raw, first, n, base), 'KEEPTTL')
+    rewrite(key, LOG_TAG .. log_value(raw, first, n, base), nil, now)
   end
   local reset = 0
   if newest then
@@ -212,9 +212,14 @@ end
 -- has that time any more (it left the window, or moved to a later time with
 -- later admissions of its slot: the units then stay, which only denies
 -- more), or when the key holds no log.
-local function log_refund(key, t, units)
+local function log_refund(key, t, units, now)
   local raw = redis.pcall('GET', key)
   if not raw or wrong_type(raw) then
+    return
+  end
+  -- A block in front stays (rewrite).
+  raw = unblocked(raw)
+  if not raw then
     return
   end
   local n = log_size(raw)
@@ -236,5 +241,5 @@ local function log_refund(key, t, units)
     local et, eth = log_at(raw, i)
     parts[#parts + 1] = struct.pack(LOG_FORMAT, et, eth - taken)
   end
-  redis.call('SET', key, table.concat(parts), 'KEEPTTL')
+  rewrite(key, table.concat(parts), nil, now)
 end

@@ -24,7 +24,8 @@ local TAG = {
 --
 -- tagged_state answers the state as stored, its tag (`tag_byte`, the tag's
 -- string.byte) included when it has one: the decisions read its numbers
--- with one string.match, without cutting the tag off first.
+-- with one string.match, without cutting the tag off first. A block in
+-- front of the state (see the prelude) is noted in BLOCK_END and cut off.
 local function tagged_state(key, tag_byte)
   local raw
   if ONE_STATE_KEY then
@@ -35,10 +36,18 @@ local function tagged_state(key, tag_byte)
       conflict(key)
     end
   end
+  BLOCK_END = 0
   if not raw then
     return nil
   end
   local found = string.byte(raw)
+  if found == BLOCK_BYTE then
+    raw = unblocked(raw)
+    if not raw then
+      return nil
+    end
+    found = string.byte(raw)
+  end
   -- 48..57: the digits.
   if found == tag_byte or (found and found >= 48 and found <= 57) then
     return raw
