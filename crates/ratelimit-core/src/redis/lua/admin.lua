@@ -143,16 +143,16 @@ if not adjust then
   return redis.error_reply('ERR ' .. operation .. ' does not apply to ' .. algorithm)
 end
 adjust(KEYS[1], now, operation == 'penalize', amount, p1, p2)
-local peek = ALGORITHMS[algorithm](KEYS[1], now, 0, p1, p2, '')
+local ok, limit, remaining, reset, retry, delay = ALGORITHMS[algorithm](KEYS[1], now, 0, p1, p2, '')
 -- The exact TTL now, or no state when it is back to fresh; a block keeps
 -- the key at least until it ends.
 if BLOCK_END > now then
   local left = BLOCK_END - now
-  redis.call('PEXPIRE', KEYS[1], ttl_ms(math.max(peek[4], left)))
-  peek = blocked_reply(peek, peek, left)
-elseif peek[4] > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl_ms(peek[4]))
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(math.max(reset, left)))
+  ok, limit, remaining, reset, retry, delay = blocked_reply(left, ok, limit, retry, reset)
+elseif reset > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(reset))
 else
   redis.call('DEL', KEYS[1])
 end
-return {peek[1], peek[2], peek[3], peek[4], peek[5], peek[6]}
+return {ok, limit, remaining, reset, retry, delay}

@@ -69,18 +69,22 @@ local function decide_requests(keys, args, forms, now, out)
       end
       BATCH_NEXT_ARG, BATCH_NEXT_KEY = a, k + 1
       ONE_STATE_KEY = true
-      local r = f[1](keys[k], now, f[2], f[3], f[4], permit)
+      local decide = f[1]
+      local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(keys[k], now, f[2], f[3], f[4], permit)
       if BLOCK_END > now then
-        r = blocked(f[1], r, keys[k], now, f[2], f[3], f[4], permit)
+        ok, limit, remaining, reset, retry = blocked(decide, keys[k], now, f[2], f[3], f[4], permit, ok, limit, reset, retry)
       end
-      -- put(out, n, r), inline: the common case, once per decision.
-      if r[1] == 1 then
-        commit(r)
-        out[n + 4] = r[6]
+      -- put(out, n, r), inline and without a table: the common case, once
+      -- per decision.
+      if ok == 1 then
+        if wkey then
+          write_state(wkey, wtag, wvalue, wreset)
+        end
+        out[n + 4] = delay
       else
-        out[n + 4] = r[5]
+        out[n + 4] = retry
       end
-      out[n + 1], out[n + 2], out[n + 3] = r[1], r[3], r[4]
+      out[n + 1], out[n + 2], out[n + 3] = ok, remaining, reset
       n = n + 4
       k = k + 1
     else
@@ -107,7 +111,7 @@ local function decide_requests(keys, args, forms, now, out)
           e = e + 1
         end
         checks[i] = f
-        local r = decide_unless_blocked(f[1], keys[k + i - 1], now, f[2], f[3], f[4], permits[i])
+        local r = {decide_unless_blocked(f[1], keys[k + i - 1], now, f[2], f[3], f[4], permits[i])}
         results[i] = r
         if r[1] ~= 1 then
           all = false
@@ -119,7 +123,7 @@ local function decide_requests(keys, args, forms, now, out)
           commit(r)
         elseif r[1] == 1 then
           local f = checks[i]
-          r = f[1](keys[k + i - 1], now, 0, f[3], f[4], permits[i])
+          r = {f[1](keys[k + i - 1], now, 0, f[3], f[4], permits[i])}
         end
         n = put(out, n, r)
       end

@@ -227,10 +227,10 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
     end
     -- Permits taken under a larger max (the same name with other numbers)
     -- may hold more than this max: nothing remains until they end.
-    return {0, max, positive(max - held), reset, retry, 0}
+    return 0, max, positive(max - held), reset, retry, 0
   end
   if cost == 0 then
-    return {1, max, max - held, reset, 0, 0}
+    return 1, max, max - held, reset, 0, 0
   end
   -- An argument is a string when present.
   if not permit or #permit ~= SEM_ID then
@@ -241,9 +241,9 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
     reset = expires - now
   end
   local value = sem_value(raw, first, n, base, SEM_NONE, permit, expires, cost)
-  -- Written by commit (state.lua) as a string state, its tag included:
+  -- Written by the caller (write_state, state.lua) as a string state, its tag included:
   -- SET ... PX.
-  return {1, max, max - held - cost, reset, 0, 0, key, false, value, reset}
+  return 1, max, max - held - cost, reset, 0, 0, key, false, value, reset
 end
 
 -- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives

@@ -26,7 +26,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
   local until_end = start + window - now
   if count + cost > limit then
     -- A penalty (admin.lua) may have pushed the count past the limit.
-    return {0, limit, positive(limit - count), until_end, until_end, 0}
+    return 0, limit, positive(limit - count), until_end, until_end, 0
   end
   count = count + cost
   local reset = 0
@@ -35,7 +35,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
   end
   if cost > 0 then
     local value = string.format(FIXED_WINDOW_STATE, start, count)
-    return {1, limit, limit - count, reset, 0, 0, key, false, value, reset}
+    return 1, limit, limit - count, reset, 0, 0, key, false, value, reset
   end
-  return {1, limit, limit - count, reset, 0, 0}
+  return 1, limit, limit - count, reset, 0, 0
 end

@@ -17,7 +17,7 @@ local results, all = {}, true
 for i = 1, n do
   local a = 1 + (i - 1) * 5
   local decide = ALGORITHMS[ARGV[a + 1]]
-  local r = decide_unless_blocked(decide, KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+  local r = {decide_unless_blocked(decide, KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
   results[i] = r
   if r[1] ~= 1 then
     all = false
@@ -44,7 +44,7 @@ for i = 1, n do
     end
   elseif r[1] == 1 then
     local a = 1 + (i - 1) * 5
-    r = ALGORITHMS[ARGV[a + 1]](KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])
+    r = {ALGORITHMS[ARGV[a + 1]](KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
   end
   out[i] = {r[1], r[2], r[3], r[4], r[5], r[6], after, before}
 end

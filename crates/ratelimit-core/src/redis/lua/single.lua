@@ -23,15 +23,17 @@ local function run_single(decide, keys, args)
   ONE_STATE_KEY = true
   local now = server_now()
   local key, cost, p1, p2 = keys[1], number(args[1]), number(args[2]), number(args[3])
-  local r = decide(key, now, cost, p1, p2, args[5])
+  local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(key, now, cost, p1, p2, args[5])
   -- A block in the state key (decide_unless_blocked, inline: a key without
   -- one, the common case, costs no further Lua call).
   if BLOCK_END > now then
-    r = blocked(decide, r, key, now, cost, p1, p2, args[5])
+    ok, limit, remaining, reset, retry = blocked(decide, key, now, cost, p1, p2, args[5], ok, limit, reset, retry)
   end
-  if r[1] == 1 then
-    commit(r)
-    return struct.pack('<Bddd', 1, r[3], r[4], r[6])
+  if ok == 1 then
+    if wkey then
+      write_state(wkey, wtag, wvalue, wreset)
+    end
+    return struct.pack('<Bddd', 1, remaining, reset, delay)
   end
-  return struct.pack('<Bddd', 0, r[3], r[4], r[5])
+  return struct.pack('<Bddd', 0, remaining, reset, retry)
 end

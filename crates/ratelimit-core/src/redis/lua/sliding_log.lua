@@ -196,15 +196,15 @@ ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
       end
     end
     -- A penalty (admin.lua) may have pushed the total past the limit.
-    return {0, limit, positive(limit - total), reset, retry, 0}
+    return 0, limit, positive(limit - total), reset, retry, 0
   end
   if cost == 0 then
-    return {1, limit, limit - total, reset, 0, 0}
+    return 1, limit, limit - total, reset, 0, 0
   end
   local t, value = log_add(raw, n, first, base, total, newest, now, cost, log_slot(limit, window))
   reset = t + window - now
-  -- Written by commit (state.lua) as a string state: SET ... PX.
-  return {1, limit, limit - total - cost, reset, 0, 0, key, LOG_TAG, value, reset}
+  -- Written by the caller (write_state, state.lua) as a string state: SET ... PX.
+  return 1, limit, limit - total - cost, reset, 0, 0, key, LOG_TAG, value, reset
 end
 
 -- Takes back up to `units` from the entry logged at `t` (refund.lua): the

@@ -66,9 +66,9 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
       local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
-      return {1, limit, remaining, reset, 0, 0, key, false, value, reset}
+      return 1, limit, remaining, reset, 0, 0, key, false, value, reset
     end
-    return {1, limit, remaining, reset, 0, 0}
+    return 1, limit, remaining, reset, 0, 0
   end
   local remaining = idiv(positive(budget - weighted - current * w), w)
   local retry
@@ -87,5 +87,5 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     end
     retry = (w - elapsed) + (w - allowance)
   end
-  return {0, limit, remaining, sliding_window_reset(start, w, now, previous, current), retry, 0}
+  return 0, limit, remaining, sliding_window_reset(start, w, now, previous, current), retry, 0
 end

@@ -20,7 +20,7 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   local new_tat = slot + cost * interval
   if new_tat - now > span then
     local reset = positive(tat - now)
-    return {0, capacity, idiv(positive(span - reset), interval), reset, new_tat - now - span, 0}
+    return 0, capacity, idiv(positive(span - reset), interval), reset, new_tat - now - span, 0
   end
   if cost > 0 then
     tat = new_tat
@@ -32,7 +32,7 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
   end
   local remaining = idiv(span - reset, interval)
   if cost > 0 then
-    return {1, capacity, remaining, reset, 0, delay, key, false, string.format(TAT_STATE, tat), reset}
+    return 1, capacity, remaining, reset, 0, delay, key, false, string.format(TAT_STATE, tat), reset
   end
-  return {1, capacity, remaining, reset, 0, delay}
+  return 1, capacity, remaining, reset, 0, delay
 end

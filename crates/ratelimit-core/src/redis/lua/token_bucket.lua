@@ -52,11 +52,11 @@ ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
     reset = (capacity - tokens) * interval - progress + ahead
   end
   if not allowed then
-    return {0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0}
+    return 0, capacity, tokens, reset, (cost - tokens) * interval - progress + ahead, 0
   end
   if cost > 0 then
     local value = string.format(TOKEN_BUCKET_STATE, tokens, last)
-    return {1, capacity, tokens, reset, 0, 0, key, false, value, reset}
+    return 1, capacity, tokens, reset, 0, 0, key, false, value, reset
   end
-  return {1, capacity, tokens, reset, 0, 0}
+  return 1, capacity, tokens, reset, 0, 0
 end
