@@ -56,11 +56,10 @@ local function decide_requests(keys, args, forms, now, out)
   while a <= last do
     -- Until its extent is known, a failure ends the batch.
     BATCH_NEXT_ARG = last + 1
-    -- (number: the same few indexes on every request.)
-    local v = number(args[a])
-    if v > 0 then
+    -- A form's index, by its text (no number to parse), or -m.
+    local f = forms[args[a]]
+    if f then
       -- One check: Redis's WRONGTYPE, unprotected, is its conflict.
-      local f = forms[v]
       local permit = nil
       a = a + 1
       if f[5] then
@@ -88,11 +87,14 @@ local function decide_requests(keys, args, forms, now, out)
       n = n + 4
       k = k + 1
     else
-      local m = -v
+      local m = -(number(args[a]) or 0)
+      if m < 1 then
+        error({err = 'ERR a batch request is a form index or -m, not ' .. tostring(args[a])})
+      end
       -- Its extent first, for run_batch should it fail.
       local permits, e = {}, a + 1
       for i = 1, m do
-        local f = forms[number(args[e])]
+        local f = forms[args[e]]
         e = e + 1
         if f[5] then
           permits[i] = args[e]
@@ -105,7 +107,7 @@ local function decide_requests(keys, args, forms, now, out)
       local results, all, checks = {}, true, {}
       e = a + 1
       for i = 1, m do
-        local f = forms[number(args[e])]
+        local f = forms[args[e]]
         e = e + 1
         if f[5] then
           e = e + 1
@@ -140,7 +142,7 @@ local function run_batch(keys, args)
   local forms, a = {}, 3
   for f = 1, number(args[2]) do
     local name = args[a]
-    forms[f] = {ALGORITHMS[name], number(args[a + 1]), number(args[a + 2]), number(args[a + 3]), name == 'concurrency'}
+    forms[fmt(f)] = {ALGORITHMS[name], number(args[a + 1]), number(args[a + 2]), number(args[a + 3]), name == 'concurrency'}
     a = a + 4
   end
   -- The records' string first, then the failures' messages.

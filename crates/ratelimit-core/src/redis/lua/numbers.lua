@@ -5,8 +5,11 @@
 --     through `idiv`, which corrects the quotient;
 --   * numbers passed to redis.call are turned into strings with 14 digits,
 --     so every number sent to Redis goes through `fmt` first.
+-- (q - q % 1 is math.floor(q), exactly, without looking up and calling a
+-- function: the VM's own modulo.)
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = a / b
+  q = q - q % 1
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then

@@ -3,7 +3,10 @@
 local TAT_BYTE = 103 -- string.byte(TAG.tat): loading has no string library
 local TAT_STATE = 'g%d'
 
-local function decide_tat(key, now, cost, capacity, interval, with_delay)
+-- The decision of GCRA (with_delay false) or of the leaky bucket (true):
+-- one closure each, so that a decision is one Lua call and not two.
+local function tat_decision(with_delay)
+  return function(key, now, cost, capacity, interval)
   local tat = 0
   local raw = tagged_state(key, TAT_BYTE)
   if raw then
@@ -35,4 +38,5 @@ local function decide_tat(key, now, cost, capacity, interval, with_delay)
     return 1, capacity, remaining, reset, 0, delay, key, false, string.format(TAT_STATE, tat), reset
   end
   return 1, capacity, remaining, reset, 0, delay
+  end
 end
