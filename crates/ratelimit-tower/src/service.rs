@@ -1,6 +1,5 @@
 //! [`RateLimit`]: the service.
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use ratelimit_core::Store;
@@ -21,22 +20,15 @@ use crate::rules::rule::RuleProvider;
 /// memory), an allowed request is passed to the inner service in `call`;
 /// otherwise the inner service that was made ready goes with the request,
 /// and a clone of it waits for the next one.
-///
-/// The layer's configuration is shared by the clones: a router clones its
-/// service for every request (axum's routes do), and a clone is then the
-/// inner service's and one reference count.
 #[derive(Debug, Clone)]
 pub struct RateLimit<S, St, P, J> {
     inner: S,
-    config: Arc<RateLimitLayer<St, P, J>>,
+    config: RateLimitLayer<St, P, J>,
 }
 
 impl<S, St, P, J> RateLimit<S, St, P, J> {
     pub(crate) fn new(inner: S, config: RateLimitLayer<St, P, J>) -> Self {
-        RateLimit {
-            inner,
-            config: Arc::new(config),
-        }
+        RateLimit { inner, config }
     }
 
     /// The inner service.
@@ -73,7 +65,7 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let config = &*self.config;
+        let config = &self.config;
         let context = config.reject.context(&req);
         let settings = || Settings {
             stats: config.stats.clone(),
