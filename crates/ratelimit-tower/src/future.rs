@@ -75,6 +75,7 @@ where
 
     /// The request, decided as `outcome` already: `service` (made ready) is
     /// called now if it is allowed.
+    #[inline(always)]
     pub(crate) fn decided(
         outcome: Outcome,
         service: &mut S,
@@ -103,6 +104,7 @@ type StateOf<S, Req, J> = State<
 
 /// What follows a decision: the inner service called with the request
 /// (with its decisions), or the refusal.
+#[inline(always)]
 fn proceed<S, Req, J>(
     outcome: Outcome,
     service: &mut S,
