@@ -527,6 +527,37 @@ async fn denied_cache_on_redis_forgets_on_reset_reward_and_unblock() {
     denied_cache_forgets(redis_store(server.url()).await).await;
 }
 
+/// A block goes in front of its key's state: a key that holds no string (a
+/// sorted set left by an earlier layout, or anything else under the prefix)
+/// is replaced by the block alone, which denies; unblocking then leaves no
+/// key, and the next check starts fresh. A block of a fresh key holds the
+/// block alone, with the block's TTL.
+#[tokio::test]
+async fn redis_a_block_replaces_a_key_that_holds_no_string() {
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let policy = Policy::gcra(3, Rate::per_hour(3)).unwrap();
+    let state_key = store.state_key(b"odd", &policy);
+    server.cli(&["RPUSH", &state_key, "not a state"]);
+    store
+        .block(b"odd", &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["TYPE", &state_key]), "string");
+    let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
+    assert!((59_000..=60_000).contains(&ttl), "{ttl}");
+    let d = store.check(b"odd", &policy, 1).await.unwrap();
+    assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
+    store.unblock(b"odd", &policy).await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", &state_key]), "0");
+    let d = store.check(b"odd", &policy, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
+    // Unblocking a key that is not blocked changes nothing.
+    let before = server.cli(&["GET", &state_key]);
+    store.unblock(b"odd", &policy).await.unwrap();
+    assert_eq!(server.cli(&["GET", &state_key]), before);
+}
+
 #[tokio::test]
 async fn arc_forwards() {
     let store = Arc::new(MemoryStore::new());
