@@ -31,16 +31,8 @@ impl RedisStore {
             Arg::Int(p1),
             Arg::Int(p2),
         ];
-        let (script, source) = self.inner.scripts.admin();
         let reply = self
-            .inner
-            .eval(
-                script,
-                source,
-                std::slice::from_ref(&state_key),
-                &args,
-                Via::Pool,
-            )
+            .on_state_key(self.inner.scripts.admin(), &state_key, &args)
             .await
             .map_err(|e| policy_conflict(e, [(&state_key, &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
@@ -49,17 +41,28 @@ impl RedisStore {
     /// Blocks `state_key` for `micros` µs, or lifts its block (0).
     async fn block_for(self, state_key: String, micros: u64) -> Result<(), StoreError> {
         let args = [Arg::Int(self.fixed_now()), Arg::Int(micros)];
-        let (script, source) = self.inner.scripts.block();
+        self.on_state_key(self.inner.scripts.block(), &state_key, &args)
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs an admin script (`admin.lua`, `block.lua`: its handle and
+    /// source) on one state key.
+    async fn on_state_key(
+        &self,
+        (script, source): (&redis::Script, &'static str),
+        state_key: &String,
+        args: &[Arg<'_>],
+    ) -> Result<redis::Value, StoreError> {
         self.inner
             .eval(
                 script,
                 source,
-                std::slice::from_ref(&state_key),
-                &args,
+                std::slice::from_ref(state_key),
+                args,
                 Via::Pool,
             )
             .await
-            .map(|_| ())
     }
 
     /// `DEL` of a state key (and the block in it).
