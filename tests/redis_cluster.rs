@@ -1,6 +1,7 @@
-//! A `RedisStore` on a Redis Cluster (redis-rs's cluster client): a slot
-//! that moves to another master while decisions run on it (`ASK`,
-//! `TRYAGAIN`, then `MOVED`), and a master that stops.
+//! A `RedisStore` on a Redis Cluster (its direct path to each master, and
+//! redis-rs's cluster client behind it): a slot that moves to another master
+//! while decisions run on it (`ASK`, `TRYAGAIN`, then `MOVED`), a master
+//! that stops, and connections that are killed.
 
 use std::time::{Duration, Instant};
 
@@ -152,4 +153,39 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(back, "the restarted master decides again within 5 s");
+}
+
+/// Decisions go straight to the master of their slot, on connections of the
+/// store's own (not through the cluster client's routing): the master of a
+/// key sees its `FCALL`s arrive on more than the one connection the cluster
+/// client keeps to it. When every connection is killed, the next decisions
+/// are still answered (the dead direct connections hand their calls to the
+/// cluster client, which reconnects) and the limit stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_go_straight_to_their_master_and_survive_killed_connections() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let limit = 30;
+    let policy = fixed_window("direct", limit, HOUR);
+    let key = store.state_key(b"hot", &policy);
+    let master = cluster.master_of(cluster_slot(key.as_bytes()));
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += u64::from(admits(&store, b"hot", &policy).await);
+    }
+    let clients = cluster.cli(master, &["CLIENT", "LIST"]);
+    let fcalls = clients.lines().filter(|l| l.contains("cmd=fcall")).count();
+    assert!(fcalls >= 2, "FCALL on {fcalls} connection(s):\n{clients}");
+
+    for node in 0..3 {
+        cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal"]);
+    }
+    for i in 0..25 {
+        let decision = store
+            .check(b"hot", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("check {i} after the kill: {e}"));
+        admitted += u64::from(decision.is_allowed());
+    }
+    assert_eq!(admitted, limit, "35 requests, the limit admitted exactly");
 }

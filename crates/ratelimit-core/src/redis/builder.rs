@@ -47,6 +47,8 @@ impl RedisStoreBuilder {
     /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
     /// call, which pipelines its commands; calls take them in turn. On a bb8
     /// pool ([`RedisStore::bb8_builder`]) the pool's `max_size` counts instead.
+    /// On a Redis Cluster, the masters share them: each master gets
+    /// `size / masters`, rounded up.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
@@ -156,7 +158,17 @@ impl RedisStoreBuilder {
                     .await
                     .map_err(|_| StoreError::Timeout(self.connect_timeout))?
                     .map_err(backend_error)?;
-                Backend::Cluster(connection)
+                let url = self.urls.first().map_or("", String::as_str);
+                Backend::Cluster(Box::new(
+                    super::cluster::Cluster::new(
+                        connection,
+                        url,
+                        self.connect_timeout,
+                        &self.prefix,
+                        self.pool_size,
+                    )
+                    .await?,
+                ))
             }
             #[cfg(not(feature = "redis-cluster"))]
             {

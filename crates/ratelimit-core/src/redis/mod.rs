@@ -28,6 +28,8 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod admin;
 mod builder;
+#[cfg(feature = "redis-cluster")]
+mod cluster;
 mod coalesce;
 mod connections;
 mod errors;
@@ -110,7 +112,7 @@ struct Inner {
 enum Backend {
     Node(Node),
     #[cfg(feature = "redis-cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(Box<cluster::Cluster>),
 }
 
 impl fmt::Debug for RedisStore {
@@ -270,8 +272,8 @@ impl Inner {
         self.run_via(cmd, Via::Pool).await
     }
 
-    /// Runs `cmd` within the call timeout, on a single node on the
-    /// connection `via` says (a cluster routes every command itself).
+    /// Runs `cmd` within the call timeout, on the connection `via` says (on
+    /// a cluster, see `cluster`).
     async fn run_via(&self, cmd: &redis::Cmd, via: Via<'_>) -> Result<Value, StoreError> {
         match &self.backend {
             // One timer per call, here, rather than one around the call and
@@ -282,18 +284,7 @@ impl Inner {
                 Via::On(connection) => self.run_on(connection, cmd).await,
             },
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(connection) => {
-                self.with_timeout(async {
-                    cmd.query_async(&mut connection.clone()).await.map_err(|e| {
-                        if e.is_timeout() {
-                            StoreError::Timeout(self.call_timeout)
-                        } else {
-                            backend_error(e)
-                        }
-                    })
-                })
-                .await
-            }
+            Backend::Cluster(cluster) => self.run_on_cluster(cluster, cmd, via).await,
         }
     }
 
@@ -394,16 +385,6 @@ impl Inner {
             }
             other => other,
         }
-    }
-
-    #[cfg(feature = "redis-cluster")]
-    async fn with_timeout<T>(
-        &self,
-        future: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.call_timeout, future)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.call_timeout)))
     }
 }
 

@@ -274,9 +274,14 @@ pub(super) struct AclProbe {
 impl AclProbe {
     /// The probe for keys under `prefix`.
     pub(super) fn new(prefix: &str) -> Self {
+        Self::on_key(format!("{prefix}:acl-probe"))
+    }
+
+    /// The probe on `key` (on a cluster, one of the node's own slots).
+    pub(super) fn on_key(key: String) -> Self {
         AclProbe {
             script: Script::new(ACL_PROBE),
-            key: format!("{prefix}:acl-probe"),
+            key,
         }
     }
 
