@@ -283,14 +283,13 @@ impl Direct {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let direct = self.clone();
+        let reading = Reading(self.clone());
         let client = client.clone();
         tokio::spawn(async move {
             let read = tokio::time::timeout(Duration::from_secs(5), read_slots(&client)).await;
             if let Ok(Ok(slots)) = read {
-                direct.install(&slots);
+                reading.0.install(&slots);
             }
-            direct.refreshing.store(false, Ordering::Release);
         });
     }
 
@@ -398,6 +397,16 @@ fn not_run(e: &RedisError) -> bool {
                 redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
             )
         )
+}
+
+/// A read of the slot map under way: when it ends, or its task is dropped
+/// with its runtime, the next redirection may start another.
+struct Reading(Arc<Direct>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.refreshing.store(false, Ordering::Release);
+    }
 }
 
 async fn read_slots(client: &ClusterConnection) -> Result<Value, RedisError> {
