@@ -200,23 +200,19 @@ impl Inner {
         if let Via::Record(sent_on) = via {
             sent_on.record(&connection);
         }
-        match tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await {
+        match sent(tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await) {
+            Sent::Answered(result) => Attempt::Done(result),
             // It may have run: never sent again (see `run_on_node`).
-            Err(_) => {
+            Sent::TimedOut => {
                 connections.discard(slot, id);
                 timeout()
             }
-            Ok(Err(e)) if e.is_timeout() => {
-                connections.discard(slot, id);
-                timeout()
-            }
-            Ok(Err(e)) if not_run(&e) || breaks_connection(&e) => {
+            Sent::NotRun(e) => {
                 if breaks_connection(&e) {
                     connections.discard(slot, id);
                 }
                 cluster.direct.failed(node, &cluster.client, &e)
             }
-            Ok(result) => Attempt::Done(result.map_err(backend_error)),
         }
     }
 
@@ -230,17 +226,35 @@ impl Inner {
         deadline: Deadline,
     ) -> Attempt {
         let mut connection = connection.clone();
-        match tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await {
-            Err(_) => Attempt::Done(Err(StoreError::Timeout(self.call_timeout))),
-            Ok(Err(e)) if e.is_timeout() => {
-                Attempt::Done(Err(StoreError::Timeout(self.call_timeout)))
-            }
-            Ok(Err(e)) if not_run(&e) || breaks_connection(&e) => {
+        match sent(tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await) {
+            Sent::Answered(result) => Attempt::Done(result),
+            Sent::TimedOut => Attempt::Done(Err(StoreError::Timeout(self.call_timeout))),
+            Sent::NotRun(_) => {
                 cluster.direct.refresh(&cluster.client);
                 Attempt::Elsewhere
             }
-            Ok(result) => Attempt::Done(result.map_err(backend_error)),
         }
+    }
+}
+
+/// What became of a call sent to a master directly.
+enum Sent {
+    /// The node answered: its result (an error reply included).
+    Answered(Result<Value, StoreError>),
+    /// No answer in time: the call may have run.
+    TimedOut,
+    /// The node did not run it: a redirection or a cluster-state reply, or
+    /// a refused or broken connection.
+    NotRun(RedisError),
+}
+
+/// Sorts the outcome of a direct call sent within a deadline.
+fn sent(outcome: Result<Result<Value, RedisError>, tokio::time::error::Elapsed>) -> Sent {
+    match outcome {
+        Err(_) => Sent::TimedOut,
+        Ok(Err(e)) if e.is_timeout() => Sent::TimedOut,
+        Ok(Err(e)) if not_run(&e) || breaks_connection(&e) => Sent::NotRun(e),
+        Ok(result) => Sent::Answered(result.map_err(backend_error)),
     }
 }
 
