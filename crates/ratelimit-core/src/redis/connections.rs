@@ -72,6 +72,13 @@ impl Connections {
         if let Some(shared) = slot.current.lock().clone() {
             return Ok(shared);
         }
+        // Boxed: opening a connection is a large future (about 2 KB), and
+        // rare; kept inline, it made every call's future that much larger.
+        Box::pin(self.open(slot)).await
+    }
+
+    /// Opens the connection of `slot`, unless another call did meanwhile.
+    async fn open(&self, slot: &Slot) -> Result<Shared, RedisError> {
         let _connecting = slot.connecting.lock().await;
         if let Some(shared) = slot.current.lock().clone() {
             return Ok(shared);
