@@ -56,6 +56,61 @@ fn eight_threads_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// GCRA checks of a key that exists decide on the shard's lock without
+/// writing it while nothing writes the shard (its bias; see `MemoryStore`).
+/// Here every check of the hot key shares one shard with a thread that adds
+/// a key every 2 ms of the clock: each such write turns the bias off and
+/// waits for the hot key's readers, and the next read past the millisecond
+/// the bias stays off turns it on again. Exactly `limit` pass all the same
+/// (the rate, one an hour, adds none in the seconds the clock moves).
+#[test]
+fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_written() {
+    const LIMIT: u64 = 1_000;
+    const READERS: u64 = 4;
+    const PER_READER: u64 = 2_000;
+    const WRITES: usize = 2_000;
+    let clock = ManualClock::new(1_000_000_007);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::gcra(LIMIT, Rate::per_hour(1)).unwrap();
+    let admitted = AtomicU64::new(0);
+    let count = |allowed: bool| {
+        if allowed {
+            admitted.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    // The key exists, and the clock is past the span a write leaves the
+    // lock unbiased: the first read turns the bias on.
+    count(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
+    clock.advance(Duration::from_secs(1));
+    thread::scope(|s| {
+        for _ in 0..READERS {
+            s.spawn(|| {
+                for _ in 0..PER_READER {
+                    count(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
+                }
+            });
+        }
+        s.spawn(|| {
+            for i in 0..WRITES {
+                clock.advance(Duration::from_millis(2));
+                let key = format!("new-{i}");
+                assert!(
+                    store
+                        .check_now(key.as_bytes(), &policy, 1)
+                        .unwrap()
+                        .is_allowed()
+                );
+            }
+        });
+    });
+    assert_eq!(admitted.load(Ordering::Relaxed), LIMIT);
+    assert_eq!(store.check_now(b"hot", &policy, 0).unwrap().remaining(), 0);
+    assert_eq!(store.len(), 1 + WRITES);
+}
+
 /// The same through the async `Store` trait from tokio tasks on several workers,
 /// with costs above 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::RwLockWriteGuard;
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
 use crate::algorithm::gcra::GcraState;
@@ -20,10 +20,12 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod keys;
+mod lock;
 mod shard;
 
 use blocks::*;
 use keys::*;
+use lock::*;
 use shard::*;
 
 /// The default bound on the number of keys a [`MemoryStore`] holds.
@@ -35,7 +37,10 @@ const DEFAULT_SHARDS: usize = 64;
 ///
 /// State is split into shards, each behind its own short-lived lock, so threads
 /// deciding for different keys rarely meet; one decision is one hash lookup and
-/// one state update under one shard lock.
+/// one state update under one shard lock. A GCRA check of a key that has its
+/// state already takes the lock's shared side without writing the lock at
+/// all while nothing writes that shard, so threads checking one hot key do
+/// not queue on it (one compare-and-swap on the key's state).
 ///
 /// # Bounded memory
 ///
@@ -91,6 +96,8 @@ impl<C> Clone for MemoryStore<C> {
 
 struct Shared<C> {
     shards: Box<[Shard]>,
+    /// The slots biased readers of the shards announce themselves in.
+    readers: Readers,
     shard_mask: u64,
     per_shard: usize,
     max_keys: usize,
@@ -155,8 +162,9 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..shards)
-                    .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
+                    .map(|_| Shard(ShardLock::new(ShardInner::new(hasher.clone()))))
                     .collect(),
+                readers: Readers::new(),
                 shard_mask: (shards - 1) as u64,
                 per_shard,
                 max_keys: self.max_keys,
@@ -226,6 +234,14 @@ impl<C: Clock> MemoryStore<C> {
         ((hash >> 32) & self.shared.shard_mask) as usize
     }
 
+    /// Shard `index`'s lock, exclusively.
+    fn write_shard(&self, index: usize) -> RwLockWriteGuard<'_, ShardInner> {
+        let clock = &self.shared.clock;
+        self.shared.shards[index]
+            .0
+            .write(index, &self.shared.readers, || clock.now())
+    }
+
     fn permit_for(&self, policy: &Policy) -> PermitId {
         self.shared.permit_ids.next_for(policy)
     }
@@ -250,8 +266,9 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let early = self.shared.clock.now();
-        let lock = &self.shared.shards[self.shard_index(hash)].0;
-        if let Some(decision) = check_shared(lock, hash, policy, &key, early, cost) {
+        let index = self.shard_index(hash);
+        let shard = (&self.shared.shards[index].0, index, &self.shared.readers);
+        if let Some(decision) = check_shared(shard, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
         self.check_exclusive(hash, policy, &key, early, cost)
@@ -269,7 +286,7 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let permit = self.permit_for(policy);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         let now = shard.now(&self.shared.clock, Some(early));
         let left = shard.block_left(hash, policy, key, now);
         if left > 0 {
@@ -363,10 +380,8 @@ impl<C: Clock> MemoryStore<C> {
         order.sort_unstable();
         order.dedup();
         // Locks are always taken in shard order, so two multi-checks never deadlock.
-        let mut guards: Vec<(usize, RwLockWriteGuard<'_, ShardInner>)> = order
-            .iter()
-            .map(|&i| (i, self.shared.shards[i].0.write()))
-            .collect();
+        let mut guards: Vec<(usize, RwLockWriteGuard<'_, ShardInner>)> =
+            order.iter().map(|&i| (i, self.write_shard(i))).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
         for (_, guard) in &mut guards {
@@ -487,7 +502,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         let now = shard.now(&self.shared.clock, None);
         if let Ok(mut occupied) = shard
             .table
@@ -518,7 +533,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn reset_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         if let Ok(entry) = shard
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
@@ -563,7 +578,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         if !shard.blocks.extend(hash, policy, &key, until) {
@@ -586,7 +601,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         shard.blocks.remove(hash, policy, &key);
     }
 
@@ -601,7 +616,7 @@ impl<C: Clock> MemoryStore<C> {
         let algorithm = policy.algorithm();
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let mut shard = self.shared.shards[self.shard_index(hash)].0.write();
+        let mut shard = self.write_shard(self.shard_index(hash));
         let now = shard.now(&self.shared.clock, None);
         if let Some(tat) = shard.word(hash, policy, &key) {
             let mut state = State::Gcra(GcraState { tat });
@@ -696,7 +711,7 @@ impl<C: Clock> MemoryStore<C> {
 /// it; and `reset` saturates at 0.
 #[inline]
 fn check_shared(
-    lock: &RwLock<ShardInner>,
+    (lock, index, readers): (&ShardLock<ShardInner>, usize, &Readers),
     hash: u64,
     policy: &Policy,
     key: &MemoryKey<'_>,
@@ -706,7 +721,7 @@ fn check_shared(
     let Algorithm::Gcra(gcra) = policy.algorithm() else {
         return None;
     };
-    let shard = lock.read();
+    let shard = lock.read_biased(index, readers, now);
     if shard.blocks.until(hash, policy, key).is_some() {
         return None;
     }

@@ -5,18 +5,19 @@ use super::keys::*;
 use super::*;
 
 // Each shard on its own cache lines, so neighbouring locks do not contend.
-// A read-write lock: checks of GCRA keys that exist already decide under the
-// shared lock (see `check_shared`); every other path takes it exclusively.
+// A read-write lock biased towards readers (`ShardLock`): checks of GCRA keys
+// that exist already decide on its shared side (see `check_shared`), which
+// while biased writes nothing on the shard's lines; every other path takes
+// it exclusively.
 //
-// The lock's word comes first and `ShardInner` starts right after it, so the
-// word and all a check of a short key reads before its entry (the short
-// table's header, whether there are blocks) share one cache line: on many
-// keys, where shards fall out of the first-level cache, a check misses on
-// one line of its shard, not on three (cachegrind, 100,000 keys). Checks on
-// other cores that take the lock pull that line away, but the line is read
-// right after this core's own compare-and-swap on the word brought it in.
+// The bias and the lock's word come first and `ShardInner` starts right
+// after them, so they and all a check of a short key reads before its entry
+// (the short table's header, whether there are blocks) share one cache
+// line: on many keys, where shards fall out of the first-level cache, a
+// check misses on one line of its shard, not on three (cachegrind, 100,000
+// keys).
 #[repr(align(128))]
-pub(super) struct Shard(pub(super) RwLock<ShardInner>);
+pub(super) struct Shard(pub(super) ShardLock<ShardInner>);
 
 #[repr(C)]
 pub(super) struct ShardInner {
@@ -460,8 +461,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_lock_word_shares_a_line_with_what_a_short_check_reads() {
-        let shard = Shard(RwLock::new(ShardInner::new(Default::default())));
+    fn the_bias_and_the_lock_word_share_a_line_with_what_a_short_check_reads() {
+        let shard = Shard(ShardLock::new(ShardInner::new(Default::default())));
         let start = std::ptr::from_ref(&shard) as usize;
         assert_eq!(start % 64, 0);
         let inner = shard.0.read();
