@@ -156,22 +156,32 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
 }
 
 /// Decisions go straight to the master of their slot, on connections of the
-/// store's own (not through the cluster client's routing): the master of a
-/// key sees its `FCALL`s arrive on more than the one connection the cluster
-/// client keeps to it. When every connection is killed, the next decisions
-/// are still answered (the dead direct connections hand their calls to the
-/// cluster client, which reconnects) and the limit stays exact.
+/// store's own (not through the cluster client's routing): with two direct
+/// connections per master (`pool_size(6)` over 3 masters), two keys of one
+/// master whose slots take different connections see their `FCALL`s arrive
+/// on two connections, where the cluster client keeps one to each node.
+/// When every connection is killed, the next decisions are still answered
+/// (the dead direct connections hand their calls to the cluster client,
+/// which reconnects) and the limit stays exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_go_straight_to_their_master_and_survive_killed_connections() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = build(RedisStore::cluster_builder(cluster.urls()).pool_size(6)).await;
     let limit = 30;
     let policy = fixed_window("direct", limit, HOUR);
-    let key = store.state_key(b"hot", &policy);
-    let master = cluster.master_of(cluster_slot(key.as_bytes()));
+    let slot = cluster_slot(store.state_key(b"hot", &policy).as_bytes());
+    let master = cluster.master_of(slot);
+    let other = (0..10_000)
+        .map(|n| format!("other-{n}"))
+        .find(|k| {
+            let s = cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes());
+            s % 2 != slot % 2 && cluster.master_of(s) == master
+        })
+        .expect("a key of the same master on its other connection");
     let mut admitted = 0;
     for _ in 0..10 {
         admitted += u64::from(admits(&store, b"hot", &policy).await);
+        assert!(admits(&store, other.as_bytes(), &policy).await);
     }
     let clients = cluster.cli(master, &["CLIENT", "LIST"]);
     let fcalls = clients.lines().filter(|l| l.contains("cmd=fcall")).count();
@@ -188,4 +198,139 @@ async fn decisions_go_straight_to_their_master_and_survive_killed_connections() 
         admitted += u64::from(decision.is_allowed());
     }
     assert_eq!(admitted, limit, "35 requests, the limit admitted exactly");
+}
+
+/// The `INFO stats` counter `field` of `node`.
+fn stat(cluster: &RedisCluster, node: usize, field: &str) -> u64 {
+    let info = cluster.cli(node, &["INFO", "stats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO stats:\n{info}"))
+}
+
+/// `n` keys whose state keys under `policy` live on `master`.
+fn keys_of_master(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &ratelimit_core::Policy,
+    master: usize,
+    n: usize,
+) -> Vec<String> {
+    let mut owners = std::collections::HashMap::new();
+    (0..100_000)
+        .map(|i| format!("user-{i}"))
+        .filter(|k| {
+            let slot = cluster_slot(store.state_key(k.as_bytes(), policy).as_bytes());
+            *owners
+                .entry(slot)
+                .or_insert_with(|| cluster.master_of(slot))
+                == master
+        })
+        .take(n)
+        .collect()
+}
+
+/// Decisions that tasks start in one turn of the runtime, on keys of one
+/// master (each in a slot of its own, so each its own call), reach that
+/// master in one write: its reads carry many commands each, where a write
+/// per call gave it about one. One worker thread, as the runtime's wake
+/// order (the connection's task runs right after each caller) is the same
+/// on every worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn calls_started_together_go_to_their_master_in_one_write() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("together", 100, HOUR);
+    let keys = keys_of_master(&cluster, &store, &policy, 0, 40);
+    // Warm: every connection open, the functions loaded.
+    for key in &keys {
+        assert!(admits(&store, key.as_bytes(), &policy).await);
+    }
+    let (reads, commands) = (
+        stat(&cluster, 0, "total_reads_processed"),
+        stat(&cluster, 0, "total_commands_processed"),
+    );
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(keys.len()));
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(key.as_bytes(), &policy, 1).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let decision = task.await.unwrap().expect("a decision");
+        assert!(
+            decision.is_allowed() && decision.remaining() == 98,
+            "{decision:?}"
+        );
+    }
+    // Less the `INFO` that read the counters: one read, one command. (A
+    // script's own commands count too: 4 per decision.)
+    let reads = stat(&cluster, 0, "total_reads_processed") - reads - 1;
+    let commands = stat(&cluster, 0, "total_commands_processed") - commands - 1;
+    assert!(commands >= 40, "{commands} commands");
+    assert!(
+        reads <= 8,
+        "40 calls started together took {reads} reads ({commands} commands)"
+    );
+}
+
+/// A semaphore check whose caller goes away after it was queued, before it
+/// was written, still runs (the write belongs to no caller), and its permit
+/// is released by a call queued after it, on the same connection (a slot
+/// keeps to one of its master's two): once the master has run both, the
+/// semaphore is whole. (On one thread, the release is queued before the
+/// check's write goes out.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_check_dropped_before_its_write_is_released_after_it() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls()).pool_size(6)).await;
+    let policy = ratelimit_tests::named(
+        "sem",
+        ratelimit_core::Policy::concurrency(5, Duration::from_secs(3600)),
+    );
+    let master = cluster.master_of(cluster_slot(store.state_key(b"gone", &policy).as_bytes()));
+    // Warm: the connection open, the functions loaded.
+    assert_eq!(
+        store.check(b"gone", &policy, 0).await.unwrap().remaining(),
+        5
+    );
+    let calls = || {
+        let stats = cluster.cli(master, &["INFO", "commandstats"]);
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    let before = calls();
+    // Polled once (queued), then dropped.
+    let mut check = Box::pin(store.check(b"gone", &policy, 1));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(check.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "{polled:?}");
+    drop(check);
+    // The check and its release both run.
+    let start = Instant::now();
+    while calls() < before + 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the check and its release did not both run"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let peek = store.check(b"gone", &policy, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 5, "a permit is held: {peek:?}");
 }

@@ -48,7 +48,7 @@ impl RedisStoreBuilder {
     /// call, which pipelines its commands; calls take them in turn. On a bb8
     /// pool ([`RedisStore::bb8_builder`]) the pool's `max_size` counts instead.
     /// On a Redis Cluster, the masters share them: each master gets
-    /// `size / masters`, rounded up.
+    /// `size / masters`, rounded down, and at least 1.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
@@ -163,7 +163,7 @@ impl RedisStoreBuilder {
                     super::cluster::Cluster::new(
                         connection,
                         url,
-                        self.connect_timeout,
+                        (self.connect_timeout, self.call_timeout),
                         &self.prefix,
                         self.pool_size,
                     )

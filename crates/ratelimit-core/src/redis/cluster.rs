@@ -11,12 +11,13 @@
 //! is every decision, batch and release) goes straight to the master of its
 //! slot, on multiplexed connections of that master's own (the same
 //! [`Connections`] a single node uses, each probed when it opens), by a slot
-//! map read with `CLUSTER SLOTS`. The store's `pool_size` is shared among
-//! the masters (at least one connection each): fewer connections carry more
-//! commands per write, and with 4 per master instead of 2 or 1, the nodes
-//! and the client spent about a third more CPU per decision (`bench-cluster`,
-//! 3 masters: 0.51–0.53 of the ceiling against 0.67–0.71). The cluster
-//! client stays the authority:
+//! map read with `CLUSTER SLOTS`. The calls queued on one connection in one
+//! turn of the runtime are written together ([`Outbox`]), and a slot always
+//! takes the same connection of its master, so a release follows its check.
+//! The store's `pool_size` is shared among the masters (`pool_size /
+//! masters`, at least one each): fewer connections carry more commands per
+//! write, and the nodes' CPU per decision falls with every command a read
+//! brings (BENCHMARKS.md). The cluster client stays the authority:
 //!
 //! - a reply of `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` means the node
 //!   did not run the command; the map is read again (in the background, one
@@ -44,6 +45,7 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, V
 use tokio::time::Instant as Deadline;
 
 use super::connections::Connections;
+use super::outbox::Outbox;
 use super::scripts::AclProbe;
 use super::unclaimed::Via;
 use super::{Inner, backend_error, breaks_connection};
@@ -74,6 +76,7 @@ struct Direct {
     config: AsyncConnectionConfig,
     prefix: String,
     pool_size: u32,
+    call_timeout: Duration,
     map: RwLock<Arc<SlotMap>>,
     refreshing: AtomicBool,
     /// When this store was built: the origin of `DirectNode::paused_until`.
@@ -92,6 +95,8 @@ struct DirectNode {
     host: String,
     port: u16,
     connections: Connections,
+    /// One per connection slot.
+    outboxes: Box<[Arc<Outbox>]>,
     /// Milliseconds since [`Direct::origin`] before which the direct path
     /// leaves this node to the cluster client.
     paused_until: AtomicU64,
@@ -114,7 +119,7 @@ impl Cluster {
     pub(super) async fn new(
         client: ClusterConnection,
         url: &str,
-        connect_timeout: Duration,
+        (connect_timeout, call_timeout): (Duration, Duration),
         prefix: &str,
         pool_size: u32,
     ) -> Result<Self, StoreError> {
@@ -127,6 +132,7 @@ impl Cluster {
             config,
             prefix: prefix.to_owned(),
             pool_size,
+            call_timeout,
             map: RwLock::new(Arc::default()),
             refreshing: AtomicBool::new(true),
             origin: Instant::now(),
@@ -155,7 +161,10 @@ impl Inner {
                 Some(self.run_direct_on(cluster, connection, cmd, deadline).await)
             }
             Via::Pool | Via::Record(_) => match cluster.direct.node_for(cmd) {
-                Some(node) => Some(self.run_direct(cluster, &node, cmd, via, deadline).await),
+                Some((node, slot)) => Some(
+                    self.run_direct(cluster, &node, slot, cmd, via, deadline)
+                        .await,
+                ),
                 None => None,
             },
         };
@@ -179,37 +188,45 @@ impl Inner {
             .unwrap_or(Err(timeout))
     }
 
-    /// One attempt on `node`'s own connections.
+    /// One attempt on `node`'s own connections, on the one that hash slot
+    /// `slot` takes.
     async fn run_direct(
         &self,
         cluster: &Cluster,
         node: &DirectNode,
+        slot: u16,
         cmd: &redis::Cmd,
         via: Via<'_>,
         deadline: Deadline,
     ) -> Attempt {
         let timeout = || Attempt::Done(Err(StoreError::Timeout(self.call_timeout)));
         let connections = &node.connections;
-        let slot = connections.next_slot();
-        let (id, mut connection) =
-            match tokio::time::timeout_at(deadline, connections.get(slot)).await {
-                Err(_) => return timeout(),
-                Ok(Ok(shared)) => shared,
-                Ok(Err(e)) => return cluster.direct.failed(node, &cluster.client, &e),
-            };
+        let index = usize::from(slot) % node.outboxes.len();
+        let (id, connection) = match tokio::time::timeout_at(deadline, connections.get(index)).await
+        {
+            Err(_) => return timeout(),
+            Ok(Ok(shared)) => shared,
+            Ok(Err(e)) => return cluster.direct.failed(node, &cluster.client, &e),
+        };
         if let Via::Record(sent_on) = via {
             sent_on.record(&connection);
         }
-        match sent(tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await) {
+        let reply = node.outboxes[index].send(cmd.clone(), Some(id), connection);
+        match sent(
+            tokio::time::timeout_at(deadline, reply)
+                .await
+                .ok()
+                .and_then(Result::ok),
+        ) {
             Sent::Answered(result) => Attempt::Done(result),
             // It may have run: never sent again (see `run_on_node`).
             Sent::TimedOut => {
-                connections.discard(slot, id);
+                connections.discard(index, id);
                 timeout()
             }
             Sent::NotRun(e) => {
                 if breaks_connection(&e) {
-                    connections.discard(slot, id);
+                    connections.discard(index, id);
                 }
                 cluster.direct.failed(node, &cluster.client, &e)
             }
@@ -217,7 +234,9 @@ impl Inner {
     }
 
     /// One attempt on `connection`, a master's direct connection that an
-    /// earlier call was sent on (see `unclaimed`).
+    /// earlier call was sent on (see `unclaimed`): queued on the outbox of
+    /// its slot, behind that earlier call, while the map still places the
+    /// slot on a master; else sent at once.
     async fn run_direct_on(
         &self,
         cluster: &Cluster,
@@ -225,8 +244,23 @@ impl Inner {
         cmd: &redis::Cmd,
         deadline: Deadline,
     ) -> Attempt {
-        let mut connection = connection.clone();
-        match sent(tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await) {
+        let outcome = match cluster.direct.node_for(cmd) {
+            Some((node, slot)) => {
+                let outbox = &node.outboxes[usize::from(slot) % node.outboxes.len()];
+                let reply = outbox.send(cmd.clone(), None, connection.clone());
+                tokio::time::timeout_at(deadline, reply)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            None => {
+                let mut connection = connection.clone();
+                tokio::time::timeout_at(deadline, cmd.query_async(&mut connection))
+                    .await
+                    .ok()
+            }
+        };
+        match sent(outcome) {
             Sent::Answered(result) => Attempt::Done(result),
             Sent::TimedOut => Attempt::Done(Err(StoreError::Timeout(self.call_timeout))),
             Sent::NotRun(_) => {
@@ -248,26 +282,27 @@ enum Sent {
     NotRun(RedisError),
 }
 
-/// Sorts the outcome of a direct call sent within a deadline.
-fn sent(outcome: Result<Result<Value, RedisError>, tokio::time::error::Elapsed>) -> Sent {
+/// Sorts the outcome of a direct call sent within a deadline (`None`: no
+/// reply in time, or its flush gave up).
+fn sent(outcome: Option<Result<Value, RedisError>>) -> Sent {
     match outcome {
-        Err(_) => Sent::TimedOut,
-        Ok(Err(e)) if e.is_timeout() => Sent::TimedOut,
-        Ok(Err(e)) if not_run(&e) || breaks_connection(&e) => Sent::NotRun(e),
-        Ok(result) => Sent::Answered(result.map_err(backend_error)),
+        None => Sent::TimedOut,
+        Some(Err(e)) if e.is_timeout() => Sent::TimedOut,
+        Some(Err(e)) if not_run(&e) || breaks_connection(&e) => Sent::NotRun(e),
+        Some(result) => Sent::Answered(result.map_err(backend_error)),
     }
 }
 
 impl Direct {
-    /// The master a script call goes to directly, if the map places its
-    /// slot and that master is not paused.
-    fn node_for(&self, cmd: &redis::Cmd) -> Option<Arc<DirectNode>> {
+    /// The master a script call goes to directly, and the call's hash slot,
+    /// if the map places that slot and the master is not paused.
+    fn node_for(&self, cmd: &redis::Cmd) -> Option<(Arc<DirectNode>, u16)> {
         let slot = script_slot(cmd)?;
         let map = self.map.read();
         let node = map
             .nodes
             .get(usize::from(*map.owners.get(usize::from(slot))?))?;
-        (node.paused_until.load(Ordering::Relaxed) <= self.millis()).then(|| node.clone())
+        (node.paused_until.load(Ordering::Relaxed) <= self.millis()).then(|| (node.clone(), slot))
     }
 
     fn millis(&self) -> u64 {
@@ -321,9 +356,8 @@ impl Direct {
             ranges.iter().map(|r| (r.host.as_str(), r.port)).collect();
         masters.sort_unstable();
         masters.dedup();
-        let per_master = self
-            .pool_size
-            .div_ceil(u32::try_from(masters.len()).unwrap_or(u32::MAX).max(1));
+        let per_master =
+            (self.pool_size / u32::try_from(masters.len()).unwrap_or(u32::MAX).max(1)).max(1);
         for range in &ranges {
             let position = match index.get(&(range.host.as_str(), range.port)) {
                 Some(&position) => position,
@@ -395,6 +429,9 @@ impl Direct {
                 connections,
                 AclProbe::on_key(probe_key),
             ),
+            outboxes: (0..connections.max(1))
+                .map(|_| Arc::new(Outbox::new(self.call_timeout)))
+                .collect(),
             paused_until: AtomicU64::new(0),
         })
     }

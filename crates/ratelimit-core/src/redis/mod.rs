@@ -34,6 +34,8 @@ mod coalesce;
 mod connections;
 mod errors;
 mod functions;
+#[cfg(feature = "redis-cluster")]
+mod outbox;
 #[cfg(feature = "bb8")]
 mod pool;
 mod prune;
