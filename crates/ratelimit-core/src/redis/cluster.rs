@@ -420,18 +420,19 @@ impl Direct {
             .map(|n| format!("{}:acl-probe:{{{n}}}", self.prefix))
             .find(|k| serves(key::cluster_slot(k.as_bytes())))?;
         let client = redis::Client::open(self.base.clone().set_addr(addr)).ok()?;
+        let connections = Connections::new(
+            client,
+            self.config.clone(),
+            connections,
+            AclProbe::on_key(probe_key),
+        );
         Some(DirectNode {
             host: host.to_owned(),
             port,
-            connections: Connections::new(
-                client,
-                self.config.clone(),
-                connections,
-                AclProbe::on_key(probe_key),
-            ),
-            outboxes: (0..connections.max(1))
+            outboxes: (0..connections.size())
                 .map(|_| Arc::new(Outbox::new(self.call_timeout)))
                 .collect(),
+            connections,
             paused_until: AtomicU64::new(0),
         })
     }

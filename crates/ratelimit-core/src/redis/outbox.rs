@@ -24,7 +24,7 @@
 //! release of a permit that a check took is queued on the check's outbox
 //! (the outbox follows the key's slot), so it never overtakes the check.
 //!
-//! A flush waits at most the store's call timeout for its replies; the
+//! A flush waits at most the store's call timeout for all its replies; the
 //! caller waits no longer either. A call whose flush gave up, or was
 //! dropped with its runtime, may have run: the caller treats it as timed
 //! out, never as not sent.
@@ -97,6 +97,7 @@ impl Outbox {
     /// theirs: runs of one connection id as one pipeline each, in order.
     async fn flush(self: Arc<Self>) {
         tokio::task::yield_now().await;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let queued = std::mem::take(&mut *self.queue.lock());
         let mut queued = queued.into_iter().peekable();
         while let Some(first) = queued.next() {
@@ -107,7 +108,7 @@ impl Outbox {
             }
             // Past the timeout the replies are dropped: their callers
             // have given up by then, and treat the calls as timed out.
-            let _ = tokio::time::timeout(self.timeout, send(run)).await;
+            let _ = tokio::time::timeout_at(deadline, send(run)).await;
         }
     }
 }
