@@ -163,7 +163,7 @@ impl RedisStoreBuilder {
                     super::cluster::Cluster::new(
                         connection,
                         url,
-                        (self.connect_timeout, self.call_timeout),
+                        self.connect_timeout,
                         &self.prefix,
                         self.pool_size,
                     )

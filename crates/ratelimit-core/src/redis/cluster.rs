@@ -23,9 +23,14 @@
 //!   did not run the command; the map is read again (in the background, one
 //!   read at a time) and this call goes through the cluster client, which
 //!   follows the redirection as it always did;
-//! - a refused or broken connection does the same, and the node is left to
-//!   the cluster client for [`NODE_PAUSE`] (a stopped master fails as the
-//!   cluster client fails it, not once per call on the direct path first);
+//! - a refused or broken connection, or one that could not be opened
+//!   (log-in, ACL probe), does the same, and the node is left to the
+//!   cluster client for [`NODE_PAUSE`] (a stopped master fails as the
+//!   cluster client fails it, not once per call on the direct path first).
+//!   A connection that broke after the write may have run the call (and the
+//!   others of its pipeline): sent again, it counts twice at worst, which
+//!   errs towards denying, never towards admitting, as a single node's
+//!   retry on a dead connection does;
 //! - a call that times out is an outage, as on a single node: it may have
 //!   run, so it is never sent again;
 //! - every other command, and every slot the map does not know, goes
@@ -76,7 +81,6 @@ struct Direct {
     config: AsyncConnectionConfig,
     prefix: String,
     pool_size: u32,
-    call_timeout: Duration,
     map: RwLock<Arc<SlotMap>>,
     refreshing: AtomicBool,
     /// When this store was built: the origin of `DirectNode::paused_until`.
@@ -106,8 +110,9 @@ struct DirectNode {
 enum Attempt {
     /// The node answered (or the call timed out): this is the result.
     Done(Result<Value, StoreError>),
-    /// The node did not run the command (a redirection, or no connection):
-    /// the cluster client is to send it.
+    /// The node did not run the command (a redirection, or no connection),
+    /// or its connection broke (see the module's list): the cluster client
+    /// is to send it.
     Elsewhere,
 }
 
@@ -119,7 +124,7 @@ impl Cluster {
     pub(super) async fn new(
         client: ClusterConnection,
         url: &str,
-        (connect_timeout, call_timeout): (Duration, Duration),
+        connect_timeout: Duration,
         prefix: &str,
         pool_size: u32,
     ) -> Result<Self, StoreError> {
@@ -132,7 +137,6 @@ impl Cluster {
             config,
             prefix: prefix.to_owned(),
             pool_size,
-            call_timeout,
             map: RwLock::new(Arc::default()),
             refreshing: AtomicBool::new(true),
             origin: Instant::now(),
@@ -202,16 +206,26 @@ impl Inner {
         let timeout = || Attempt::Done(Err(StoreError::Timeout(self.call_timeout)));
         let connections = &node.connections;
         let index = usize::from(slot) % node.outboxes.len();
-        let (id, connection) = match tokio::time::timeout_at(deadline, connections.get(index)).await
-        {
+        // No timer when the connection is open (the common case).
+        let opened = match connections.current(index) {
+            Some(shared) => Ok(Ok(shared)),
+            None => tokio::time::timeout_at(deadline, connections.get(index)).await,
+        };
+        let (id, connection) = match opened {
             Err(_) => return timeout(),
             Ok(Ok(shared)) => shared,
-            Ok(Err(e)) => return cluster.direct.failed(node, &cluster.client, &e),
+            // Whatever failed (connecting, logging in, the ACL probe), the
+            // node is left to the cluster client for a while, not reopened
+            // by every call.
+            Ok(Err(_)) => return cluster.direct.failed(node, &cluster.client, true),
         };
         if let Via::Record(sent_on) = via {
             sent_on.record(&connection);
         }
-        let reply = node.outboxes[index].send(cmd.clone(), Some(id), connection);
+        let Ok(reply) = node.outboxes[index].send(cmd.clone(), Some(id), connection, deadline)
+        else {
+            return Attempt::Done(Err(no_runtime()));
+        };
         match sent(
             tokio::time::timeout_at(deadline, reply)
                 .await
@@ -228,7 +242,9 @@ impl Inner {
                 if breaks_connection(&e) {
                     connections.discard(index, id);
                 }
-                cluster.direct.failed(node, &cluster.client, &e)
+                cluster
+                    .direct
+                    .failed(node, &cluster.client, breaks_connection(&e))
             }
         }
     }
@@ -247,7 +263,9 @@ impl Inner {
         let outcome = match cluster.direct.node_for(cmd) {
             Some((node, slot)) => {
                 let outbox = &node.outboxes[usize::from(slot) % node.outboxes.len()];
-                let reply = outbox.send(cmd.clone(), None, connection.clone());
+                let Ok(reply) = outbox.send(cmd.clone(), None, connection.clone(), deadline) else {
+                    return Attempt::Done(Err(no_runtime()));
+                };
                 tokio::time::timeout_at(deadline, reply)
                     .await
                     .ok()
@@ -277,9 +295,14 @@ enum Sent {
     Answered(Result<Value, StoreError>),
     /// No answer in time: the call may have run.
     TimedOut,
-    /// The node did not run it: a redirection or a cluster-state reply, or
-    /// a refused or broken connection.
+    /// The node did not run it (a redirection or a cluster-state reply, a
+    /// refused connection), or its connection broke, maybe after it ran.
     NotRun(RedisError),
+}
+
+/// A call made outside a tokio runtime: a mistake, not an outage.
+fn no_runtime() -> StoreError {
+    StoreError::Backend("RedisStore needs a tokio runtime".into())
 }
 
 /// Sorts the outcome of a direct call sent within a deadline (`None`: no
@@ -309,15 +332,16 @@ impl Direct {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// `node` did not run a command (`e`): the map is read again, a node
-    /// that could not be reached is paused, and the call goes elsewhere.
+    /// `node` did not run a command: the map is read again, the node
+    /// is paused when `pause` says so (it could not be reached, or a
+    /// connection to it could not be opened), and the call goes elsewhere.
     fn failed(
         self: &Arc<Self>,
         node: &DirectNode,
         client: &ClusterConnection,
-        e: &RedisError,
+        pause: bool,
     ) -> Attempt {
-        if breaks_connection(e) {
+        if pause {
             let until = self
                 .millis()
                 .saturating_add(u64::try_from(NODE_PAUSE.as_millis()).unwrap_or(u64::MAX));
@@ -430,7 +454,7 @@ impl Direct {
             host: host.to_owned(),
             port,
             outboxes: (0..connections.size())
-                .map(|_| Arc::new(Outbox::new(self.call_timeout)))
+                .map(|_| Arc::new(Outbox::default()))
                 .collect(),
             connections,
             paused_until: AtomicU64::new(0),

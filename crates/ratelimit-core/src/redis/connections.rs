@@ -68,13 +68,18 @@ impl Connections {
     /// call, and the next call probes again). A refused connection fails at
     /// once.
     pub(super) async fn get(&self, slot: usize) -> Result<Shared, RedisError> {
-        let slot = &self.slots[slot];
-        if let Some(shared) = slot.current.lock().clone() {
+        if let Some(shared) = self.current(slot) {
             return Ok(shared);
         }
+        let slot = &self.slots[slot];
         // Boxed: opening a connection is a large future (about 2 KB), and
         // rare; kept inline, it made every call's future that much larger.
         Box::pin(self.open(slot)).await
+    }
+
+    /// The connection of `slot`, if it has one open.
+    pub(super) fn current(&self, slot: usize) -> Option<Shared> {
+        self.slots[slot].current.lock().clone()
     }
 
     /// Opens the connection of `slot`, unless another call did meanwhile.

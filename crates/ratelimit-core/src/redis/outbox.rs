@@ -17,35 +17,54 @@
 //! an earlier reply. Each call keeps its own command (and slot) and its own
 //! reply; a pipeline is transport only.
 //!
-//! Order: calls queued on one outbox reach Redis in the order they were
-//! queued. A flush sends its pipelines one after the other, and a later
-//! flush takes the queue only after an earlier one has started sending (the
-//! connection's queue admits senders first come, first served). The
-//! release of a permit that a check took is queued on the check's outbox
-//! (the outbox follows the key's slot), so it never overtakes the check.
+//! Order: calls queued on one outbox reach their connections in the order
+//! they were queued. A flush hands all its pipelines to their connections
+//! in one poll (a multiplexed connection queues a command when it is first
+//! polled, and its queue admits senders first come, first served), and it
+//! takes the queue only in its outbox's turn, which it keeps until then: a
+//! later flush cannot hand anything over first, even while an earlier one
+//! waits for its replies. The release of a permit that a check took is
+//! queued on the check's outbox (the outbox follows the key's slot) and on
+//! the check's connection, so it never overtakes the check. The pipelines
+//! of one flush wait for their replies together: one on a stalled
+//! connection does not hold the others back.
 //!
-//! A flush waits at most the store's call timeout for all its replies; the
-//! caller waits no longer either. A call whose flush gave up, or was
-//! dropped with its runtime, may have run: the caller treats it as timed
-//! out, never as not sent.
+//! Each call carries its caller's deadline. A flush sends only the calls
+//! whose deadline has not passed, and waits for their replies until the
+//! earliest of their deadlines; the caller waits no longer either. A call
+//! whose flush gave up, or was dropped with its runtime, may have run: the
+//! caller treats it as timed out, never as not sent.
+//!
+//! A queue that is not empty has a flush on its way, spawned on the runtime
+//! of the call that found it empty. That flush may never take it: its
+//! runtime shuts down (the flush, dropped, empties the queue as it goes),
+//! or is no longer driven (a current-thread runtime nobody blocks on). So a
+//! call that finds the oldest queued call past its deadline spawns a flush
+//! of its own: an outbox recovers within a call timeout, instead of every
+//! call on it timing out for good.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::Poll;
 
 use parking_lot::Mutex;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{RedisError, Value};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// What a queued call hears back: the node's reply, or (the sender dropped)
 /// nothing, when the call may or may not have run.
 pub(super) type Reply = oneshot::Receiver<Result<Value, RedisError>>;
 
 /// The calls queued for one direct connection slot of a master.
+#[derive(Default)]
 pub(super) struct Outbox {
     queue: Mutex<Vec<Queued>>,
-    /// The longest a flush waits for its replies.
-    timeout: Duration,
+    /// Held by a flush from before it takes the queue until it has handed
+    /// every call to its connection (see the module's "Order").
+    turn: tokio::sync::Mutex<()>,
 }
 
 /// A call waiting for the next flush.
@@ -57,48 +76,89 @@ struct Queued {
     id: Option<u64>,
     connection: MultiplexedConnection,
     reply: oneshot::Sender<Result<Value, RedisError>>,
+    /// When its caller gives up.
+    deadline: Instant,
 }
 
-impl Outbox {
-    /// An empty outbox whose flushes wait at most `timeout` for replies.
-    pub(super) fn new(timeout: Duration) -> Self {
-        Outbox {
-            queue: Mutex::new(Vec::new()),
-            timeout,
-        }
-    }
+/// The runtime a flush needs is missing: nothing was queued or sent.
+#[derive(Debug)]
+pub(super) struct NoRuntime;
 
+impl Outbox {
     /// Queues `cmd`, to be sent on `connection` (whose id is `id`, see
-    /// [`Queued::id`]) by the next flush. Needs a tokio runtime.
+    /// [`Queued::id`]) by the next flush, and answered by `deadline` (else
+    /// the reply is dropped: the caller waits no longer). Needs a tokio
+    /// runtime.
     pub(super) fn send(
         self: &Arc<Self>,
         cmd: redis::Cmd,
         id: Option<u64>,
         connection: MultiplexedConnection,
-    ) -> Reply {
+        deadline: Instant,
+    ) -> Result<Reply, NoRuntime> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NoRuntime)?;
         let (reply, receiver) = oneshot::channel();
-        let first = {
+        let flush = {
             let mut queue = self.queue.lock();
+            // Empty: no flush on its way. Its oldest call expired: the
+            // flush on its way may never come (see the module's docs).
+            let flush = queue
+                .first()
+                .is_none_or(|oldest| oldest.deadline <= Instant::now());
             queue.push(Queued {
                 cmd,
                 id,
                 connection,
                 reply,
+                deadline,
             });
-            queue.len() == 1
+            flush
         };
-        if first {
-            tokio::spawn(self.clone().flush());
+        if flush {
+            runtime.spawn(
+                Pending {
+                    outbox: self.clone(),
+                    taken: false,
+                }
+                .flush(),
+            );
         }
-        receiver
+        Ok(receiver)
+    }
+}
+
+/// A flush that has not yet taken its outbox's queue. Dropped before it
+/// does (its runtime shut down), it takes the queue then: the calls in it
+/// hear that no flush will send them, and the next call starts a flush
+/// (an outbox whose queue is not empty has one under way).
+struct Pending {
+    outbox: Arc<Outbox>,
+    taken: bool,
+}
+
+impl Pending {
+    fn take(&mut self) -> Vec<Queued> {
+        self.taken = true;
+        std::mem::take(&mut *self.outbox.queue.lock())
     }
 
     /// Sends what is queued once the tasks already runnable have queued
-    /// theirs: runs of one connection id as one pipeline each, in order.
-    async fn flush(self: Arc<Self>) {
+    /// theirs: runs of one connection id as one pipeline each, handed over
+    /// in order, then awaited together until the earliest deadline of the
+    /// calls taken.
+    async fn flush(mut self) {
         tokio::task::yield_now().await;
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let queued = std::mem::take(&mut *self.queue.lock());
+        let outbox = self.outbox.clone();
+        let turn = outbox.turn.lock().await;
+        let mut queued = self.take();
+        // Calls whose callers have given up are dropped unsent (they read
+        // as timed out).
+        let now = Instant::now();
+        queued.retain(|q| q.deadline > now);
+        let Some(deadline) = queued.iter().map(|q| q.deadline).min() else {
+            return;
+        };
+        let mut sends: Vec<Option<Pin<Box<dyn Future<Output = ()> + Send>>>> = Vec::new();
         let mut queued = queued.into_iter().peekable();
         while let Some(first) = queued.next() {
             let id = first.id;
@@ -106,9 +166,38 @@ impl Outbox {
             while let Some(next) = queued.next_if(|next| id.is_some() && next.id == id) {
                 run.push(next);
             }
-            // Past the timeout the replies are dropped: their callers
-            // have given up by then, and treat the calls as timed out.
-            let _ = tokio::time::timeout_at(deadline, send(run)).await;
+            sends.push(Some(Box::pin(send(run))));
+        }
+        // The turn ends with the first poll, once every pipeline is handed
+        // over. Past the deadline the replies still awaited are dropped:
+        // their callers treat the calls as timed out.
+        let mut turn = Some(turn);
+        let all = std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for slot in &mut sends {
+                if let Some(send) = slot {
+                    if send.as_mut().poll(cx).is_ready() {
+                        *slot = None;
+                    } else {
+                        pending = true;
+                    }
+                }
+            }
+            turn = None;
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        });
+        let _ = tokio::time::timeout_at(deadline, all).await;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.taken {
+            drop(self.take());
         }
     }
 }
