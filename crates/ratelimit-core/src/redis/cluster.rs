@@ -158,8 +158,8 @@ impl Inner {
         cluster: &Cluster,
         cmd: &redis::Cmd,
         via: Via<'_>,
+        deadline: Deadline,
     ) -> Result<Value, StoreError> {
-        let deadline = Deadline::now() + self.call_timeout;
         let direct = match via {
             Via::On(connection) => {
                 Some(self.run_direct_on(cluster, connection, cmd, deadline).await)

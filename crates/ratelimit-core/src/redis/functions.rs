@@ -13,6 +13,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::{RedisError, Script, Value};
+use tokio::time::Instant as Deadline;
 
 use super::scripts::{CallKeys, Library};
 use super::unclaimed::Via;
@@ -72,12 +73,14 @@ impl Inner {
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
+        // One deadline over every attempt (a load included).
+        let deadline = self.deadline();
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
             let fcall = super::scripts::invocation("FCALL", function, keys, args);
-            match self.run_via(&fcall, via).await {
-                Err(e) if is_missing(&e) => match self.load(library).await {
-                    Ok(()) => match self.run_via(&fcall, via).await {
+            match self.run_until(&fcall, via, deadline).await {
+                Err(e) if is_missing(&e) => match self.load(library, deadline).await {
+                    Ok(()) => match self.run_until(&fcall, via, deadline).await {
                         // Loaded elsewhere only (a topology change meanwhile):
                         // this call by script, the next one loads again.
                         Err(e) if is_missing(&e) => {}
@@ -90,19 +93,20 @@ impl Inner {
                 other => return other,
             }
         }
-        self.eval(script, source, keys, args, via).await
+        self.eval_until(script, source, keys, args, via, deadline)
+            .await
     }
 
     fn never_functions(&self) {
         self.functions.0.store(NEVER, Ordering::Relaxed);
     }
 
-    /// `FUNCTION LOAD` of the library (every master of a cluster). A library
-    /// loaded meanwhile by another store is loaded.
-    async fn load(&self, library: &'static Library) -> Result<(), StoreError> {
+    /// `FUNCTION LOAD` of the library (every master of a cluster) before
+    /// `deadline`. A library loaded meanwhile by another store is loaded.
+    async fn load(&self, library: &'static Library, deadline: Deadline) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("FUNCTION");
         cmd.arg("LOAD").arg(library.source());
-        match self.run(&cmd).await {
+        match self.run_until(&cmd, Via::Pool, deadline).await {
             Err(e) if redis_error(&e).is_some_and(|e| text(e).contains("already exists")) => Ok(()),
             other => other.map(|_| ()),
         }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::time::Instant as Deadline;
 
 use crate::clock::Clock;
 use crate::policy::{Algorithm, AlgorithmKind};
@@ -277,16 +278,35 @@ impl Inner {
     /// Runs `cmd` within the call timeout, on the connection `via` says (on
     /// a cluster, see `cluster`).
     async fn run_via(&self, cmd: &redis::Cmd, via: Via<'_>) -> Result<Value, StoreError> {
+        self.run_until(cmd, via, self.deadline()).await
+    }
+
+    /// The deadline of a call that starts now.
+    fn deadline(&self) -> Deadline {
+        Deadline::now() + self.call_timeout
+    }
+
+    /// Runs `cmd` before `deadline` (the end of the call timeout of the
+    /// call it is part of), on the connection `via` says.
+    async fn run_until(
+        &self,
+        cmd: &redis::Cmd,
+        via: Via<'_>,
+        deadline: Deadline,
+    ) -> Result<Value, StoreError> {
         match &self.backend {
             // One timer per call, here, rather than one around the call and
             // one more per command inside redis-rs.
             Backend::Node(connections) => match via {
-                Via::Pool => self.run_on_node(connections, cmd, None).await,
-                Via::Record(sent_on) => self.run_on_node(connections, cmd, Some(sent_on)).await,
-                Via::On(connection) => self.run_on(connection, cmd).await,
+                Via::Pool => self.run_on_node(connections, cmd, None, deadline).await,
+                Via::Record(sent_on) => {
+                    self.run_on_node(connections, cmd, Some(sent_on), deadline)
+                        .await
+                }
+                Via::On(connection) => self.run_on(connection, cmd, deadline).await,
             },
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(cluster) => self.run_on_cluster(cluster, cmd, via).await,
+            Backend::Cluster(cluster) => self.run_on_cluster(cluster, cmd, via, deadline).await,
         }
     }
 
@@ -297,8 +317,8 @@ impl Inner {
         node: &Node,
         cmd: &redis::Cmd,
         sent_on: Option<&SentOn>,
+        deadline: Deadline,
     ) -> Result<Value, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.call_timeout;
         let timeout = StoreError::Timeout(self.call_timeout);
         // A connection may have died with a Redis restart or failover: each
         // one that fails is dropped and the call is retried on the next, up
@@ -340,14 +360,15 @@ impl Inner {
     }
 
     /// Runs `cmd` on `connection` (not one of the pool's: see `unclaimed`),
-    /// within the call timeout.
+    /// before `deadline`.
     async fn run_on(
         &self,
         connection: &redis::aio::MultiplexedConnection,
         cmd: &redis::Cmd,
+        deadline: Deadline,
     ) -> Result<Value, StoreError> {
         let mut connection = connection.clone();
-        match tokio::time::timeout(self.call_timeout, cmd.query_async(&mut connection)).await {
+        match tokio::time::timeout_at(deadline, cmd.query_async(&mut connection)).await {
             Err(_) => Err(StoreError::Timeout(self.call_timeout)),
             Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(self.call_timeout)),
             Ok(result) => result.map_err(backend_error),
@@ -377,13 +398,27 @@ impl Inner {
         args: &[Arg<'_>],
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
+        self.eval_until(script, source, keys, args, via, self.deadline())
+            .await
+    }
+
+    /// [`eval`](Self::eval), both attempts before `deadline`.
+    async fn eval_until<K: CallKeys + ?Sized>(
+        &self,
+        script: &redis::Script,
+        source: &str,
+        keys: &K,
+        args: &[Arg<'_>],
+        via: Via<'_>,
+        deadline: Deadline,
+    ) -> Result<Value, StoreError> {
         let evalsha = scripts::invocation("EVALSHA", script.get_hash(), keys, args);
-        match self.run_via(&evalsha, via).await {
+        match self.run_until(&evalsha, via, deadline).await {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
                 let eval = scripts::invocation("EVAL", source, keys, args);
-                self.run_via(&eval, via).await
+                self.run_until(&eval, via, deadline).await
             }
             other => other,
         }
