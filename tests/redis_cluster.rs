@@ -335,14 +335,20 @@ async fn a_check_dropped_before_its_write_is_released_after_it() {
     assert_eq!(peek.remaining(), 5, "a permit is held: {peek:?}");
 }
 
-/// A call queued on a master's outbox from a runtime that then shuts down,
-/// before the flush it spawned there ran: the flush is dropped with that
-/// runtime, and it empties the queue as it goes. The next call, from the
-/// runtime that serves the store, is sent and answered, not left behind
-/// the lost one waiting for a flush that no one will start (every later
-/// call on that connection would time out, an outage, for good).
-#[test]
-fn a_flush_lost_with_its_runtime_leaves_its_outbox_working() {
+/// A store on a new cluster, served by a current-thread runtime (returned
+/// second), with one call (cost 1 on `k` of `policy`, 99 left) left queued
+/// on its master's outbox by another current-thread runtime (returned
+/// last): polled once there, so the flush it spawned there has not run.
+fn a_call_left_on_another_runtime(
+    name: &str,
+    call_timeout: Duration,
+) -> (
+    RedisCluster,
+    tokio::runtime::Runtime,
+    RedisStore,
+    ratelimit_core::Policy,
+    tokio::runtime::Runtime,
+) {
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -351,38 +357,56 @@ fn a_flush_lost_with_its_runtime_leaves_its_outbox_working() {
     };
     let cluster = RedisCluster::start();
     let serving = runtime();
-    let call_timeout = Duration::from_secs(1);
     let store = serving.block_on(build(
         RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout),
     ));
-    let policy = fixed_window("lost", 100, HOUR);
+    let policy = fixed_window(name, 100, HOUR);
     // Warm: the master's connection open, the functions loaded.
     let warm = serving.block_on(store.check(b"k", &policy, 1)).unwrap();
     assert_eq!(warm.remaining(), 99);
-
-    let doomed = runtime();
-    doomed.block_on(async {
+    let other = runtime();
+    other.block_on(async {
         let mut check = Box::pin(store.check(b"k", &policy, 1));
         let polled =
             std::future::poll_fn(|cx| std::task::Poll::Ready(check.as_mut().poll(cx))).await;
         assert!(polled.is_pending(), "{polled:?}");
     });
-    drop(doomed);
+    (cluster, serving, store, policy, other)
+}
 
+/// The next call on `k` is answered at once, and the call left behind was
+/// never sent.
+fn the_next_call_is_answered_alone(
+    serving: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    policy: &ratelimit_core::Policy,
+    call_timeout: Duration,
+) {
     let started = Instant::now();
-    let next = serving.block_on(store.check(b"k", &policy, 1));
+    let next = serving.block_on(store.check(b"k", policy, 1));
     let next = next.unwrap_or_else(|e| panic!("after {:?}: {e}", started.elapsed()));
     assert!(next.is_allowed());
-    assert_eq!(
-        next.remaining(),
-        98,
-        "the lost call was sent after all: {next:?}"
-    );
+    assert_eq!(next.remaining(), 98, "the lost call was sent: {next:?}");
     assert!(
         started.elapsed() < call_timeout / 2,
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A call queued on a master's outbox from a runtime that then shuts down,
+/// before the flush it spawned there ran: the flush is dropped with that
+/// runtime, and it empties the queue as it goes. The next call, from the
+/// runtime that serves the store, is sent and answered, not left behind
+/// the lost one waiting for a flush that no one will start (every later
+/// call on that connection would time out, an outage, for good).
+#[test]
+fn a_flush_lost_with_its_runtime_leaves_its_outbox_working() {
+    let call_timeout = Duration::from_secs(1);
+    let (_cluster, serving, store, policy, doomed) =
+        a_call_left_on_another_runtime("lost", call_timeout);
+    drop(doomed);
+    the_next_call_is_answered_alone(&serving, &store, &policy, call_timeout);
 }
 
 /// A call queued from a current-thread runtime that is then kept but no
@@ -392,40 +416,11 @@ fn a_flush_lost_with_its_runtime_leaves_its_outbox_working() {
 /// lost call is never sent.
 #[test]
 fn an_outbox_whose_flush_never_runs_recovers_within_a_call_timeout() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime")
-    };
-    let cluster = RedisCluster::start();
-    let serving = runtime();
     let call_timeout = Duration::from_millis(300);
-    let store = serving.block_on(build(
-        RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout),
-    ));
-    let policy = fixed_window("idle", 100, HOUR);
-    let warm = serving.block_on(store.check(b"k", &policy, 1)).unwrap();
-    assert_eq!(warm.remaining(), 99);
-
-    let idle = runtime();
-    idle.block_on(async {
-        let mut check = Box::pin(store.check(b"k", &policy, 1));
-        let polled =
-            std::future::poll_fn(|cx| std::task::Poll::Ready(check.as_mut().poll(cx))).await;
-        assert!(polled.is_pending(), "{polled:?}");
-    });
+    let (_cluster, serving, store, policy, idle) =
+        a_call_left_on_another_runtime("idle", call_timeout);
     // `idle` is kept, and never driven again.
     std::thread::sleep(call_timeout + Duration::from_millis(50));
-
-    let started = Instant::now();
-    let next = serving.block_on(store.check(b"k", &policy, 1));
-    let next = next.unwrap_or_else(|e| panic!("after {:?}: {e}", started.elapsed()));
-    assert_eq!(next.remaining(), 98, "the lost call was sent: {next:?}");
-    assert!(
-        started.elapsed() < call_timeout / 2,
-        "{:?}",
-        started.elapsed()
-    );
+    the_next_call_is_answered_alone(&serving, &store, &policy, call_timeout);
     drop(idle);
 }

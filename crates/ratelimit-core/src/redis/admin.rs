@@ -61,6 +61,7 @@ impl RedisStore {
                 std::slice::from_ref(state_key),
                 args,
                 Via::Pool,
+                self.inner.deadline(),
             )
             .await
     }

@@ -93,8 +93,7 @@ impl Inner {
                 other => return other,
             }
         }
-        self.eval_until(script, source, keys, args, via, deadline)
-            .await
+        self.eval(script, source, keys, args, via, deadline).await
     }
 
     fn never_functions(&self) {

@@ -389,21 +389,9 @@ impl Inner {
     /// attempts on one given connection, where a call here takes one
     /// deadline over both, a connection per attempt (retried when one
     /// breaks) and records it for permit releases (`run_via`). The hit path
-    /// is the same single `EVALSHA` either way: no speed is claimed.
+    /// is the same single `EVALSHA` either way: no speed is claimed. Both
+    /// attempts end by `deadline`.
     async fn eval<K: CallKeys + ?Sized>(
-        &self,
-        script: &redis::Script,
-        source: &str,
-        keys: &K,
-        args: &[Arg<'_>],
-        via: Via<'_>,
-    ) -> Result<Value, StoreError> {
-        self.eval_until(script, source, keys, args, via, self.deadline())
-            .await
-    }
-
-    /// [`eval`](Self::eval), both attempts before `deadline`.
-    async fn eval_until<K: CallKeys + ?Sized>(
         &self,
         script: &redis::Script,
         source: &str,
@@ -499,7 +487,7 @@ impl RedisStore {
         let (script, source) = self.inner.scripts.multi();
         let reply = self
             .inner
-            .eval(script, source, keys, &args, via)
+            .eval(script, source, keys, &args, via, self.inner.deadline())
             .await
             .map_err(|e| policy_conflict(e, keys.iter().zip(requests.iter().map(|r| &r.0))))?;
         group_from(&reply, requests)
@@ -602,7 +590,14 @@ impl RedisStore {
             // A lost refund errs towards denying; nothing more can be done here.
             let _ = self
                 .inner
-                .eval(script, source, group_keys.as_slice(), &args, Via::Pool)
+                .eval(
+                    script,
+                    source,
+                    group_keys.as_slice(),
+                    &args,
+                    Via::Pool,
+                    self.inner.deadline(),
+                )
                 .await;
         }
     }
@@ -694,7 +689,14 @@ impl RedisStore {
         let permit_text = permit.to_string();
         let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
         self.inner
-            .eval(script, source, &[key.to_owned()][..], &args, via)
+            .eval(
+                script,
+                source,
+                &[key.to_owned()][..],
+                &args,
+                via,
+                self.inner.deadline(),
+            )
             .await
             .map(|_| ())
     }
