@@ -239,12 +239,11 @@ impl Inner {
                 timeout()
             }
             Sent::NotRun(e) => {
-                if breaks_connection(&e) {
+                let broke = breaks_connection(&e);
+                if broke {
                     connections.discard(index, id);
                 }
-                cluster
-                    .direct
-                    .failed(node, &cluster.client, breaks_connection(&e))
+                cluster.direct.failed(node, &cluster.client, broke)
             }
         }
     }

@@ -270,15 +270,9 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
 }
 
 impl Inner {
-    /// Runs `cmd` within the call timeout.
+    /// Runs `cmd` within the call timeout, on any connection.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
-        self.run_via(cmd, Via::Pool).await
-    }
-
-    /// Runs `cmd` within the call timeout, on the connection `via` says (on
-    /// a cluster, see `cluster`).
-    async fn run_via(&self, cmd: &redis::Cmd, via: Via<'_>) -> Result<Value, StoreError> {
-        self.run_until(cmd, via, self.deadline()).await
+        self.run_until(cmd, Via::Pool, self.deadline()).await
     }
 
     /// The deadline of a call that starts now.
@@ -287,7 +281,8 @@ impl Inner {
     }
 
     /// Runs `cmd` before `deadline` (the end of the call timeout of the
-    /// call it is part of), on the connection `via` says.
+    /// call it is part of), on the connection `via` says (on a cluster, see
+    /// `cluster`).
     async fn run_until(
         &self,
         cmd: &redis::Cmd,
@@ -388,7 +383,7 @@ impl Inner {
     /// fails with `NoPerm ... 'script|load'`). And `invoke_async` runs both
     /// attempts on one given connection, where a call here takes one
     /// deadline over both, a connection per attempt (retried when one
-    /// breaks) and records it for permit releases (`run_via`). The hit path
+    /// breaks) and records it for permit releases (`run_until`). The hit path
     /// is the same single `EVALSHA` either way: no speed is claimed. Both
     /// attempts end by `deadline`.
     async fn eval<K: CallKeys + ?Sized>(
