@@ -1033,6 +1033,104 @@ async fn a_refused_connection_fails_at_once() {
     );
 }
 
+/// A connection slower to open than a call may take (replies held 100 ms:
+/// the log-in and the ACL probe take two round trips or more, a call timeout
+/// of 150 ms) opens in the background: the first calls time out, the opening
+/// goes on without them, and a later call finds it open. Opened inside each
+/// call, it was dropped with every call that timed out and started again by
+/// the next: every call timed out (so failed open), for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_slower_to_open_than_a_call_opens_in_the_background() {
+    let _turn = SERIAL.lock().await;
+    let (_server, proxy) = FaultProxy::with_new_server();
+    proxy.set_latency(Duration::from_millis(100));
+    let redis = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(1)
+            .call_timeout(Duration::from_millis(150))
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await;
+    let policy = policy("slow-open");
+    let first = redis.check(b"k", &policy, 1).await;
+    assert!(matches!(first, Err(StoreError::Timeout(_))), "{first:?}");
+    let started = Instant::now();
+    let mut calls = 1;
+    let answered = loop {
+        calls += 1;
+        match redis.check(b"k", &policy, 1).await {
+            Ok(_) => break true,
+            Err(StoreError::Timeout(_)) if started.elapsed() < Duration::from_secs(5) => {}
+            Err(StoreError::Timeout(_)) => break false,
+            Err(e) => panic!("call {calls}: {e:?}"),
+        }
+    };
+    let opened = proxy.accepted();
+    println!(
+        "{calls} calls in {}, the last answered: {answered}; {opened} connections opened",
+        ms(started.elapsed())
+    );
+    assert!(answered, "no call answered in 5 s");
+    assert!(opened < calls, "{opened} connections for {calls} calls");
+}
+
+/// A store shared by two runtimes: an opening started by a call on one of
+/// them, which is then no longer driven (or is shut down), is replaced by
+/// the calls of the other once its connect timeout has passed (at once when
+/// its runtime is shut down), instead of keeping them waiting for good.
+#[test]
+fn an_opening_left_on_an_idle_or_shut_down_runtime_is_replaced() {
+    let _turn = SERIAL.blocking_lock();
+    let connect_timeout = Duration::from_secs(2);
+    for shut_down in [false, true] {
+        let (_server, proxy) = FaultProxy::with_new_server();
+        // Two round trips or more to open, one per call: see
+        // `a_connection_slower_to_open_than_a_call_opens_in_the_background`.
+        proxy.set_latency(Duration::from_millis(100));
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        // Its tasks run only while it blocks on a future.
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let redis = other.block_on(build(
+            RedisStore::builder(proxy.redis_url())
+                .pool_size(1)
+                .call_timeout(Duration::from_millis(150))
+                .connect_timeout(connect_timeout),
+        ));
+        let policy = policy("runtimes");
+        let first = idle.block_on(redis.check(b"k", &policy, 1));
+        assert!(matches!(first, Err(StoreError::Timeout(_))), "{first:?}");
+        // Its opening, a task of `idle`, is under way, and goes no further.
+        let idle = (!shut_down).then_some(idle);
+        let started = Instant::now();
+        let answered = other.block_on(async {
+            loop {
+                match redis.check(b"k", &policy, 1).await {
+                    Ok(_) => return Some(started.elapsed()),
+                    Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+                        if started.elapsed() < 2 * connect_timeout + Duration::from_secs(1) => {}
+                    Err(e) => {
+                        println!("{e:?}");
+                        return None;
+                    }
+                }
+            }
+        });
+        drop(idle);
+        println!("runtime shut down: {shut_down}, answered after {answered:?}");
+        let answered = answered.expect("a call answered on the other runtime");
+        if shut_down {
+            assert!(answered < connect_timeout, "{answered:?}");
+        }
+    }
+}
+
 /// A Redis slower than the call timeout fails with `StoreError::Timeout`, as
 /// `RedisStoreBuilder::call_timeout` documents, not `Backend(timed out)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

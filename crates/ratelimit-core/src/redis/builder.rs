@@ -54,7 +54,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// The time allowed to open a connection, TLS, log-in and the store's
+    /// ACL check included (default [`DEFAULT_CONNECT_TIMEOUT`]). A connection
+    /// is opened in the background: calls wait for it within their own
+    /// [`call_timeout`](Self::call_timeout), and one that takes longer to
+    /// open than a call may take is still opened for the calls that follow.
     /// On a bb8 pool, the pool's `connection_timeout` counts instead.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -196,13 +200,9 @@ impl RedisStoreBuilder {
             };
             #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.connect_timeout))
-                // The store times each call itself (see `run_on_node`).
-                .set_response_timeout(None);
             Backend::Node(Node::Own(Box::new(Connections::new(
                 client,
-                config,
+                self.connect_timeout,
                 self.pool_size,
                 AclProbe::new(&self.prefix),
             ))))

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, Value};
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::time::Instant as Deadline;
 
 use super::connections::Connections;
@@ -78,7 +78,8 @@ struct Direct {
     /// The first URL's connection settings (credentials, TLS, protocol);
     /// each master's connections use them with its own address.
     base: ConnectionInfo,
-    config: AsyncConnectionConfig,
+    /// The time allowed to open one of them.
+    connect_timeout: Duration,
     prefix: String,
     pool_size: u32,
     map: RwLock<Arc<SlotMap>>,
@@ -129,12 +130,9 @@ impl Cluster {
         pool_size: u32,
     ) -> Result<Self, StoreError> {
         let base = redis::IntoConnectionInfo::into_connection_info(url).map_err(backend_error)?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None);
         let direct = Arc::new(Direct {
             base,
-            config,
+            connect_timeout,
             prefix: prefix.to_owned(),
             pool_size,
             map: RwLock::new(Arc::default()),
@@ -222,6 +220,7 @@ impl Inner {
         if let Via::Record(sent_on) = via {
             sent_on.record(&connection);
         }
+        let sent_at = Deadline::now();
         let Ok(reply) = node.outboxes[index].send(cmd.clone(), Some(id), connection, deadline)
         else {
             return Attempt::Done(Err(no_runtime()));
@@ -235,7 +234,9 @@ impl Inner {
             Sent::Answered(result) => Attempt::Done(result),
             // It may have run: never sent again (see `run_on_node`).
             Sent::TimedOut => {
-                connections.discard(index, id);
+                if self.stalled(sent_at, deadline) {
+                    connections.discard(index, id);
+                }
                 timeout()
             }
             Sent::NotRun(e) => {
@@ -445,7 +446,7 @@ impl Direct {
         let client = redis::Client::open(self.base.clone().set_addr(addr)).ok()?;
         let connections = Connections::new(
             client,
-            self.config.clone(),
+            self.connect_timeout,
             connections,
             AclProbe::on_key(probe_key),
         );

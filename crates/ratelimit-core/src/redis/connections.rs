@@ -7,49 +7,81 @@
 //! dropped and the next call on its slot opens a new one, so a restarted or
 //! failed-over Redis is used again without a health-check on every call.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::scripts::AclProbe;
 
 /// A connection and the id that tells it apart from its replacements.
 pub(super) type Shared = (u64, MultiplexedConnection);
 
+/// What an opening gives its waiters: nothing yet, then the connection or
+/// why it could not be opened.
+type Opened = Option<Result<Shared, RedisError>>;
+
 pub(super) struct Connections {
+    opener: Arc<Opener>,
+    slots: Box<[Arc<Slot>]>,
+    turn: AtomicUsize,
+}
+
+/// What opening a connection takes, shared with the tasks that open them.
+struct Opener {
     client: redis::Client,
     config: AsyncConnectionConfig,
+    connect_timeout: Duration,
     probe: AclProbe,
-    slots: Box<[Slot]>,
-    turn: AtomicUsize,
     ids: AtomicU64,
 }
 
 #[derive(Default)]
 struct Slot {
     current: Mutex<Option<Shared>>,
-    /// Held while connecting, so one slot opens one connection at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// The opening under way, if any: one per slot at a time, run by a task
+    /// of its own, so that it completes whoever waits for it.
+    opening: Mutex<Option<Underway>>,
+}
+
+/// An opening under way: its id, what it gives, and when its connect
+/// timeout ends (past it, its task would have ended it: the runtime that
+/// runs the task is no longer driven, and another opening takes its place).
+struct Underway {
+    id: u64,
+    opened: watch::Receiver<Opened>,
+    ends: Instant,
 }
 
 impl Connections {
-    /// `size` connections (at least 1), each checked by `probe` when it opens.
+    /// `size` connections (at least 1), each opened within `connect_timeout`
+    /// (log-in and `probe` included) and checked by `probe` when it opens.
     pub(super) fn new(
         client: redis::Client,
-        config: AsyncConnectionConfig,
+        connect_timeout: Duration,
         size: u32,
         probe: AclProbe,
     ) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            // The store times each call itself (see `run_on_node`).
+            .set_response_timeout(None);
         Connections {
-            client,
-            config,
-            probe,
-            slots: (0..size).map(|_| Slot::default()).collect(),
+            opener: Arc::new(Opener {
+                client,
+                config,
+                connect_timeout,
+                probe,
+                ids: AtomicU64::new(1),
+            }),
+            slots: (0..size).map(|_| Arc::default()).collect(),
             turn: AtomicUsize::new(0),
-            ids: AtomicU64::new(1),
         }
     }
 
@@ -67,14 +99,19 @@ impl Connections {
     /// once the ACL probe passed on it (a missing write permission fails the
     /// call, and the next call probes again). A refused connection fails at
     /// once.
+    ///
+    /// The opening runs in a task of its own, not in the caller: a caller
+    /// whose call times out first (a connection slower to open, TLS and
+    /// log-in included, than a call may take) stops waiting, and the opening
+    /// goes on, so a later call finds the connection open instead of
+    /// starting again, and timing out again, for ever.
     pub(super) async fn get(&self, slot: usize) -> Result<Shared, RedisError> {
         if let Some(shared) = self.current(slot) {
             return Ok(shared);
         }
-        let slot = &self.slots[slot];
-        // Boxed: opening a connection is a large future (about 2 KB), and
-        // rare; kept inline, it made every call's future that much larger.
-        Box::pin(self.open(slot)).await
+        // Boxed: waiting for an opening is rare; kept inline, it made every
+        // call's future larger.
+        Box::pin(self.open(&self.slots[slot])).await
     }
 
     /// The connection of `slot`, if it has one open.
@@ -82,20 +119,60 @@ impl Connections {
         self.slots[slot].current.lock().clone()
     }
 
-    /// Opens the connection of `slot`, unless another call did meanwhile.
-    async fn open(&self, slot: &Slot) -> Result<Shared, RedisError> {
-        let _connecting = slot.connecting.lock().await;
-        if let Some(shared) = slot.current.lock().clone() {
-            return Ok(shared);
+    /// Waits for the opening of `slot`'s connection, started now unless one
+    /// is under way (or the connection was opened meanwhile).
+    async fn open(&self, slot: &Arc<Slot>) -> Result<Shared, RedisError> {
+        // A second round only when the first opening was lost with its
+        // runtime (a store shared by runtimes, one of them shut down).
+        for _ in 0..2 {
+            let (mut opened, start) = {
+                let mut opening = slot.opening.lock();
+                if let Some(shared) = slot.current.lock().clone() {
+                    return Ok(shared);
+                }
+                let now = Instant::now();
+                match &*opening {
+                    Some(underway) if now <= underway.ends => (underway.opened.clone(), None),
+                    _ => {
+                        let id = self.opener.ids.fetch_add(1, Ordering::Relaxed);
+                        let (sender, opened) = watch::channel(None);
+                        *opening = Some(Underway {
+                            id,
+                            opened: opened.clone(),
+                            ends: now + self.opener.connect_timeout,
+                        });
+                        let task = Opening {
+                            slot: Arc::clone(slot),
+                            id,
+                            sender,
+                        };
+                        (opened, Some(task))
+                    }
+                }
+            };
+            // Spawned with the slot's lock released: a task that cannot run
+            // is dropped at once, and its drop takes the lock.
+            if let Some(task) = start {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "RedisStore needs a tokio runtime",
+                    )));
+                };
+                runtime.spawn(task.run(Arc::clone(&self.opener)));
+            }
+            // `Err`: the opening was dropped unfinished (its runtime shut
+            // down), its slot freed.
+            if let Ok(result) = opened.wait_for(Option::is_some).await
+                && let Some(result) = &*result
+            {
+                return result.clone();
+            }
         }
-        let mut connection = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        self.probe.run(&mut connection).await?;
-        let shared = (self.ids.fetch_add(1, Ordering::Relaxed), connection);
-        *slot.current.lock() = Some(shared.clone());
-        Ok(shared)
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the connection's opening stopped with the runtime that ran it",
+        )))
     }
 
     /// Forgets the connection `id` of `slot` (it failed), unless it was
@@ -105,6 +182,64 @@ impl Connections {
         if current.as_ref().is_some_and(|(current, _)| *current == id) {
             *current = None;
         }
+    }
+}
+
+/// One slot's opening, run as a task; dropped unfinished (its runtime shut
+/// down), it frees its slot for another.
+struct Opening {
+    slot: Arc<Slot>,
+    id: u64,
+    sender: watch::Sender<Opened>,
+}
+
+impl Opening {
+    async fn run(self, opener: Arc<Opener>) {
+        let opened = tokio::time::timeout(opener.connect_timeout, opener.open())
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "opening a connection (log-in and ACL probe included) took longer \
+                     than the connect timeout",
+                )))
+            })
+            .map(|connection| (self.id, connection));
+        let mut opening = self.slot.opening.lock();
+        if let Ok(shared) = &opened {
+            *self.slot.current.lock() = Some(shared.clone());
+        }
+        self.end(&mut opening);
+        self.sender.send_replace(Some(opened));
+        drop(opening);
+    }
+
+    /// Frees the slot, unless another opening took it meanwhile.
+    fn end(&self, opening: &mut Option<Underway>) {
+        if opening
+            .as_ref()
+            .is_some_and(|underway| underway.id == self.id)
+        {
+            *opening = None;
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.end(&mut self.slot.opening.lock());
+    }
+}
+
+impl Opener {
+    /// A new connection, probed.
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        let mut connection = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        self.probe.run(&mut connection).await?;
+        Ok(connection)
     }
 }
 

@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant as Deadline;
 
 use crate::clock::Clock;
@@ -280,6 +280,16 @@ impl Inner {
         Deadline::now() + self.call_timeout
     }
 
+    /// Whether a command sent at `sent` and still unanswered at `deadline`
+    /// shows its connection stalled: it had (nearly) a whole call timeout to
+    /// itself. One sent late in its call (after waiting for a connection to
+    /// open, or after a first attempt) shows nothing: on a slow network,
+    /// replacing its connection would throw away one just opened, and the
+    /// next calls would wait for another, and so on.
+    fn stalled(&self, sent: Deadline, deadline: Deadline) -> bool {
+        deadline.saturating_duration_since(sent) >= self.call_timeout - self.call_timeout / 10
+    }
+
     /// Runs `cmd` before `deadline` (the end of the call timeout of the
     /// call it is part of), on the connection `via` says (on a cluster, see
     /// `cluster`).
@@ -329,12 +339,15 @@ impl Inner {
             if let Some(sent_on) = sent_on {
                 sent_on.record(&checkout.connection);
             }
+            let sent = Deadline::now();
             let Ok(result) =
                 tokio::time::timeout_at(deadline, cmd.query_async(&mut checkout.connection)).await
             else {
                 // A stalled connection is replaced; the command may have run,
                 // so it is never resent.
-                node.discard(checkout);
+                if self.stalled(sent, deadline) {
+                    node.discard(checkout);
+                }
                 return Err(timeout);
             };
             if result.as_ref().is_err_and(breaks_connection) {
