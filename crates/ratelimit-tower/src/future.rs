@@ -24,17 +24,17 @@ pin_project! {
         J: Reject<Req, S::Response, S::Error>,
     {
         #[pin]
-        state: State<S, Req, S::Future, J::Context, Result<J::Response, J::Error>>,
+        state: State<S, Req, S::Future, Result<J::Response, J::Error>>,
         reject: J,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req, F, Ctx, A> {
+    enum State<S, Req, F, A> {
         Deciding {
             outcome: OutcomeFuture,
-            pending: Option<(S, Req, Ctx)>,
+            pending: Option<(S, Req)>,
         },
         Calling {
             #[pin]
@@ -57,17 +57,11 @@ where
     J: Reject<Req, S::Response, S::Error>,
 {
     /// The request, to call `service` with once `outcome` allows it.
-    pub(crate) fn new(
-        outcome: OutcomeFuture,
-        service: S,
-        req: Req,
-        context: J::Context,
-        reject: J,
-    ) -> Self {
+    pub(crate) fn new(outcome: OutcomeFuture, service: S, req: Req, reject: J) -> Self {
         ResponseFuture {
             state: State::Deciding {
                 outcome,
-                pending: Some((service, req, context)),
+                pending: Some((service, req)),
             },
             reject,
         }
@@ -76,15 +70,9 @@ where
     /// The request, decided as `outcome` already: `service` (made ready) is
     /// called now if it is allowed.
     #[inline(always)]
-    pub(crate) fn decided(
-        outcome: Outcome,
-        service: &mut S,
-        req: Req,
-        context: &J::Context,
-        reject: J,
-    ) -> Self {
+    pub(crate) fn decided(outcome: Outcome, service: &mut S, req: Req, reject: J) -> Self {
         ResponseFuture {
-            state: proceed(outcome, service, req, context, &reject),
+            state: proceed(outcome, service, req, &reject),
             reject,
         }
     }
@@ -95,7 +83,6 @@ type StateOf<S, Req, J> = State<
     S,
     Req,
     <S as Service<Req>>::Future,
-    <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Context,
     Result<
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Response,
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Error,
@@ -109,7 +96,6 @@ fn proceed<S, Req, J>(
     outcome: Outcome,
     service: &mut S,
     mut req: Req,
-    context: &J::Context,
     reject: &J,
 ) -> StateOf<S, Req, J>
 where
@@ -119,7 +105,7 @@ where
     let (decisions, permit) = match outcome {
         Outcome::Rejected(rejection) => {
             return State::Answered {
-                answer: Some(reject.rejected(context, rejection)),
+                answer: Some(reject.rejected(&req, rejection)),
             };
         }
         Outcome::Allowed(decisions, permit) => {
@@ -162,10 +148,10 @@ where
             match this.state.as_mut().project() {
                 StateProj::Deciding { outcome, pending } => {
                     let outcome = ready!(Pin::new(outcome).poll(cx));
-                    let Some((mut service, req, context)) = pending.take() else {
+                    let Some((mut service, req)) = pending.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let next = proceed(outcome, &mut service, req, &context, this.reject);
+                    let next = proceed(outcome, &mut service, req, this.reject);
                     this.state.set(next);
                 }
                 StateProj::Calling {

@@ -66,7 +66,6 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let config = &self.config;
-        let context = config.reject.context(&req);
         let settings = || Settings {
             stats: config.stats.clone(),
             store: config.store.clone(),
@@ -87,17 +86,13 @@ where
         };
         match outcome {
             // Decided now: the inner service, made ready, is called now.
-            Ok(outcome) => ResponseFuture::decided(
-                outcome,
-                &mut self.inner,
-                req,
-                &context,
-                config.reject.clone(),
-            ),
+            Ok(outcome) => {
+                ResponseFuture::decided(outcome, &mut self.inner, req, config.reject.clone())
+            }
             Err(outcome) => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::new(outcome, inner, req, context, config.reject.clone())
+                ResponseFuture::new(outcome, inner, req, config.reject.clone())
             }
         }
     }

@@ -33,12 +33,6 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     type Response;
     /// The service's error.
     type Error;
-    /// What is kept of the request to shape a refusal (such as "is it gRPC?").
-    type Context: Send + 'static;
-
-    /// Looks at the request before it is decided on.
-    fn context(&self, req: &Req) -> Self::Context;
-
     /// Records the decisions on an allowed request (HTTP: its extensions).
     fn annotate(&self, req: &mut Req, decisions: &Decisions);
 
@@ -51,12 +45,9 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
         permit: Option<PermitGuard>,
     ) -> Self::Response;
 
-    /// Answers a refusal.
-    fn rejected(
-        &self,
-        context: &Self::Context,
-        rejection: Rejection,
-    ) -> Result<Self::Response, Self::Error>;
+    /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
+    /// it is refused).
+    fn rejected(&self, req: &Req, rejection: Rejection) -> Result<Self::Response, Self::Error>;
 
     /// Converts the inner service's error.
     fn error(&self, error: E) -> Self::Error;
@@ -208,12 +199,6 @@ fn standard_http(rejection: &Rejection) -> Response<Bytes> {
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     type Response = Response<ResponseBody<ResB>>;
     type Error = E;
-    type Context = bool;
-
-    fn context(&self, req: &Request<B>) -> bool {
-        is_grpc(req.headers())
-    }
-
     fn annotate(&self, req: &mut Request<B>, decisions: &Decisions) {
         req.extensions_mut().insert(decisions.clone());
     }
@@ -235,8 +220,9 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         response
     }
 
-    fn rejected(&self, grpc: &bool, rejection: Rejection) -> Result<Self::Response, E> {
-        Ok(self.respond(*grpc, &rejection).map(ResponseBody::full))
+    fn rejected(&self, req: &Request<B>, rejection: Rejection) -> Result<Self::Response, E> {
+        let grpc = is_grpc(req.headers());
+        Ok(self.respond(grpc, &rejection).map(ResponseBody::full))
     }
 
     fn error(&self, error: E) -> E {
@@ -261,9 +247,6 @@ where
 {
     type Response = Res;
     type Error = BoxError;
-    type Context = ();
-
-    fn context(&self, _: &Req) {}
 
     fn annotate(&self, _: &mut Req, _: &Decisions) {}
 
@@ -272,7 +255,7 @@ where
         response
     }
 
-    fn rejected(&self, _: &(), rejection: Rejection) -> Result<Res, BoxError> {
+    fn rejected(&self, _: &Req, rejection: Rejection) -> Result<Res, BoxError> {
         Err(Box::new(rejection))
     }
 
