@@ -205,6 +205,7 @@ impl RedisStoreBuilder {
                 self.connect_timeout,
                 self.pool_size,
                 AclProbe::new(&self.prefix),
+                Kind::Multiplexed,
             ))))
         };
         let pool_size = match &backend {

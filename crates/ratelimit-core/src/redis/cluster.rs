@@ -49,7 +49,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::time::Instant as Deadline;
 
-use super::connections::Connections;
+use super::connections::{Connections, Kind, Link};
 use super::outbox::Outbox;
 use super::scripts::AclProbe;
 use super::unclaimed::Via;
@@ -221,9 +221,14 @@ impl Inner {
             sent_on.record(&connection);
         }
         let sent_at = Deadline::now();
-        let Ok(reply) = node.outboxes[index].send(cmd.clone(), Some(id), connection, deadline)
-        else {
-            return Attempt::Done(Err(no_runtime()));
+        let reply = match connection {
+            Link::Wire(wire) => wire.send(cmd, Some(deadline)),
+            connection => {
+                match node.outboxes[index].send(cmd.clone(), Some(id), connection, deadline) {
+                    Ok(reply) => reply,
+                    Err(_) => return Attempt::Done(Err(no_runtime())),
+                }
+            }
         };
         match sent(
             tokio::time::timeout_at(deadline, reply)
@@ -256,12 +261,19 @@ impl Inner {
     async fn run_direct_on(
         &self,
         cluster: &Cluster,
-        connection: &redis::aio::MultiplexedConnection,
+        connection: &Link,
         cmd: &redis::Cmd,
         deadline: Deadline,
     ) -> Attempt {
-        let outcome = match cluster.direct.node_for(cmd) {
-            Some((node, slot)) => {
+        let outcome = match (cluster.direct.node_for(cmd), connection) {
+            // A wire writes in the order calls are queued on it.
+            (_, Link::Wire(wire)) => {
+                tokio::time::timeout_at(deadline, wire.send(cmd, Some(deadline)))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            (Some((node, slot)), _) => {
                 let outbox = &node.outboxes[usize::from(slot) % node.outboxes.len()];
                 let Ok(reply) = outbox.send(cmd.clone(), None, connection.clone(), deadline) else {
                     return Attempt::Done(Err(no_runtime()));
@@ -271,7 +283,7 @@ impl Inner {
                     .ok()
                     .and_then(Result::ok)
             }
-            None => {
+            (None, _) => {
                 let mut connection = connection.clone();
                 tokio::time::timeout_at(deadline, cmd.query_async(&mut connection))
                     .await
@@ -449,6 +461,7 @@ impl Direct {
             self.connect_timeout,
             connections,
             AclProbe::on_key(probe_key),
+            Kind::Wire,
         );
         Some(DirectNode {
             host: host.to_owned(),

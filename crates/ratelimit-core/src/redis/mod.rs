@@ -43,6 +43,8 @@ mod prune;
 mod replies;
 mod scripts;
 mod unclaimed;
+#[cfg(feature = "redis-cluster")]
+mod wire;
 
 /// The bb8 pool (feature `bb8`), of the version [`RedisStore::bb8_builder`] takes.
 #[cfg(feature = "bb8")]
@@ -58,7 +60,7 @@ use replies::*;
 
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
-use connections::{Connections, Node};
+use connections::{Connections, Kind, Link, Node};
 use scripts::{AclProbe, CallKeys, Scripts, StateKeys};
 use unclaimed::{SentOn, Unclaimed, Via};
 
@@ -371,7 +373,7 @@ impl Inner {
     /// before `deadline`.
     async fn run_on(
         &self,
-        connection: &redis::aio::MultiplexedConnection,
+        connection: &Link,
         cmd: &redis::Cmd,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {

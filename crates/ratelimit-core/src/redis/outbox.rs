@@ -49,10 +49,12 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+use super::connections::Link;
 
 /// What a queued call hears back: the node's reply, or (the sender dropped)
 /// nothing, when the call may or may not have run.
@@ -74,7 +76,7 @@ struct Queued {
     /// out as one pipeline. `None`: a connection recorded earlier (a
     /// release sent after its check), sent alone.
     id: Option<u64>,
-    connection: MultiplexedConnection,
+    connection: Link,
     reply: oneshot::Sender<Result<Value, RedisError>>,
     /// When its caller gives up.
     deadline: Instant,
@@ -93,7 +95,7 @@ impl Outbox {
         self: &Arc<Self>,
         cmd: redis::Cmd,
         id: Option<u64>,
-        connection: MultiplexedConnection,
+        connection: Link,
         deadline: Instant,
     ) -> Result<Reply, NoRuntime> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NoRuntime)?;

@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::RedisError;
-use redis::aio::MultiplexedConnection;
 
+use super::connections::Link;
 use super::{RedisStore, breaks_connection};
 use crate::{PermitId, Policy, StoreError};
 
@@ -47,15 +47,15 @@ pub(super) enum Via<'a> {
     /// A pooled connection, recorded in the [`SentOn`].
     Record(&'a SentOn),
     /// This connection, so the command runs after those sent on it before.
-    On(&'a MultiplexedConnection),
+    On(&'a Link),
 }
 
 /// The connection a check was last sent on.
 #[derive(Default)]
-pub(super) struct SentOn(Mutex<Option<MultiplexedConnection>>);
+pub(super) struct SentOn(Mutex<Option<Link>>);
 
 impl SentOn {
-    pub(super) fn record(&self, connection: &MultiplexedConnection) {
+    pub(super) fn record(&self, connection: &Link) {
         *self.0.lock() = Some(connection.clone());
     }
 
@@ -66,7 +66,7 @@ impl SentOn {
         }
     }
 
-    fn take(&self) -> Option<MultiplexedConnection> {
+    fn take(&self) -> Option<Link> {
         self.0.lock().take()
     }
 }
@@ -146,7 +146,7 @@ impl Drop for Pending {
 async fn release(
     store: &RedisStore,
     mut permits: Vec<(String, PermitId)>,
-    mut connection: Option<MultiplexedConnection>,
+    mut connection: Option<Link>,
     lease: Duration,
 ) {
     let deadline = tokio::time::Instant::now() + lease;
