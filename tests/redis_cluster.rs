@@ -428,3 +428,26 @@ fn an_outbox_whose_flush_never_runs_recovers_within_a_call_timeout() {
     drop(idle);
 }
 
+/// A single-node store given the URL of a cluster's node (`builder`, not
+/// `cluster_builder`) meets `MOVED` for every key another master serves: a
+/// mistake in the set-up, refused, never an outage that a failure policy
+/// would let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_store_on_a_cluster_node_is_refused_not_failed_open() {
+    let cluster = RedisCluster::start();
+    let policy = fixed_window("wrong-builder", 10, HOUR);
+    let mut refused = 0;
+    for url in cluster.urls() {
+        let store = build(RedisStore::builder(url)).await;
+        for i in 0..20 {
+            match store.check(format!("k{i}").as_bytes(), &policy, 1).await {
+                Ok(decision) => assert!(decision.is_allowed()),
+                Err(e) => {
+                    assert!(!e.is_outage(), "{e:?}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert!(refused > 0, "no key met another master");
+}

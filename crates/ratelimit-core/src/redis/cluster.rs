@@ -53,7 +53,7 @@ use super::connections::{Connections, Kind, Link};
 use super::outbox::Outbox;
 use super::scripts::AclProbe;
 use super::unclaimed::Via;
-use super::{Inner, backend_error, breaks_connection};
+use super::{Inner, backend_error, breaks_connection, cluster_error};
 use crate::{StoreError, key};
 
 /// How long a node whose direct connection failed is left to the cluster
@@ -181,7 +181,7 @@ impl Inner {
                     if e.is_timeout() {
                         StoreError::Timeout(self.call_timeout)
                     } else {
-                        backend_error(e)
+                        cluster_error(e)
                     }
                 })
         };

@@ -13,17 +13,35 @@ pub(crate) fn backend_error(e: RedisError) -> StoreError {
     }
 }
 
+/// A Redis error of the cluster client's path as a [`StoreError`]: as
+/// [`backend_error`], and a `MOVED` or `ASK` still left when its retries ran
+/// out (the slot's owner could not be reached, or the slot kept moving) is
+/// an outage too. On a single node's connections the same reply means the
+/// URL names a node of a Redis Cluster (a store built with `builder`, not
+/// `cluster_builder`): a mistake to fix, which never lifts the limit.
+#[cfg(feature = "redis-cluster")]
+pub(super) fn cluster_error(e: RedisError) -> StoreError {
+    if matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    ) {
+        StoreError::Unavailable(Box::new(e))
+    } else {
+        backend_error(e)
+    }
+}
+
 /// Whether `e` means Redis could not be reached or could not serve the call
-/// now (so a failure policy may apply): a broken or refused connection, no
-/// node for the slot, a cluster that is down or resharding, a `MOVED` or
-/// `ASK` still left when the cluster client's retries ran out (the slot's
-/// owner could not be reached, or the slot kept moving), a master that is
-/// down or was demoted during a failover, a server loading its data or busy
-/// running another script. Everything else (a script error, `NOPERM`, a
-/// failed authentication, a reply of the wrong type) is a mistake to fix,
-/// never an outage.
+/// now (so a failure policy may apply): a broken, refused or unreachable
+/// connection (see [`unreachable`]), no node for the slot, a cluster that is
+/// down or resharding, a master that is down or was demoted during a
+/// failover, a server loading its data or busy running another script.
+/// Everything else (a script error, `NOPERM`, a failed authentication, a
+/// TLS certificate or server name refused, a reply of the wrong type, a
+/// redirection on a single node's connection) is a mistake to fix, never an
+/// outage.
 pub(super) fn is_outage(e: &RedisError) -> bool {
-    breaks_connection(e)
+    unreachable(e)
         || matches!(
             e.kind(),
             ErrorKind::ClusterConnectionNotFound
@@ -33,11 +51,48 @@ pub(super) fn is_outage(e: &RedisError) -> bool {
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
                         | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::Moved
-                        | ServerErrorKind::Ask
                 )
         )
         || matches!(e.code(), Some("BUSY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// Whether `e` says the node could not be reached, or the connection to it
+/// failed or timed out: an I/O error, but not one of the kinds a mistake
+/// gives whatever the network does (a TLS certificate refused is
+/// `InvalidData`, a server name `rustls` cannot check is not an I/O error at
+/// all).
+fn unreachable(e: &RedisError) -> bool {
+    if e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
+        return true;
+    }
+    e.is_io_error()
+        && io_error_kind(e).is_some_and(|kind| {
+            !matches!(
+                kind,
+                std::io::ErrorKind::InvalidData
+                    | std::io::ErrorKind::InvalidInput
+                    | std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::Unsupported
+            )
+        })
+}
+
+/// The kind of the I/O error `e` wraps, if it wraps one.
+fn io_error_kind(e: &RedisError) -> Option<std::io::ErrorKind> {
+    // redis-rs gives its source as the `Arc` it keeps it in.
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut source = std::error::Error::source(e);
+    while let Some(error) = source {
+        let inner: &(dyn std::error::Error + 'static) = match error.downcast_ref::<Shared>() {
+            Some(shared) => &**shared,
+            None => error,
+        };
+        if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = inner.source();
+    }
+    None
 }
 
 pub(super) fn breaks_connection(e: &RedisError) -> bool {
@@ -88,18 +143,47 @@ mod tests {
         value.extract_error().expect_err("an error reply")
     }
 
+    /// A redirection is an outage only when the cluster client's retries
+    /// left it; on a single node's connection it says the URL names a
+    /// cluster's node, a mistake.
     #[test]
-    fn a_redirection_left_after_the_cluster_clients_retries_is_an_outage() {
+    fn a_redirection_is_an_outage_only_on_the_cluster_clients_path() {
         for reply in [
             "-MOVED 157 127.0.0.1:7000\r\n",
             "-ASK 157 127.0.0.1:7000\r\n",
         ] {
             let error = server_error(reply);
-            assert!(is_outage(&error), "{reply:?}: {error:?}");
-            assert!(backend_error(error).is_outage(), "{reply:?}");
+            assert!(!is_outage(&error), "{reply:?}: {error:?}");
+            assert!(!backend_error(error.clone()).is_outage(), "{reply:?}");
+            #[cfg(feature = "redis-cluster")]
+            assert!(cluster_error(error).is_outage(), "{reply:?}");
         }
         for reply in ["-ERR unknown command\r\n", "-NOPERM no\r\n"] {
             assert!(!is_outage(&server_error(reply)), "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn only_io_errors_a_network_gives_are_outages() {
+        use std::io::{Error, ErrorKind as Io};
+        for kind in [
+            Io::ConnectionRefused,
+            Io::ConnectionReset,
+            Io::ConnectionAborted,
+            Io::BrokenPipe,
+            Io::UnexpectedEof,
+            Io::TimedOut,
+            Io::HostUnreachable,
+            Io::NetworkUnreachable,
+            Io::AddrNotAvailable,
+        ] {
+            let error = RedisError::from(Error::new(kind, "down"));
+            assert!(is_outage(&error), "{kind:?}: {error:?}");
+        }
+        // What tokio-rustls makes of a certificate that does not verify.
+        for kind in [Io::InvalidData, Io::InvalidInput, Io::PermissionDenied] {
+            let error = RedisError::from(Error::new(kind, "invalid peer certificate"));
+            assert!(!is_outage(&error), "{kind:?}: {error:?}");
         }
     }
 }
