@@ -9,11 +9,13 @@
 //!
 //! So a script call (`FCALL`, `EVALSHA`, `EVAL` on keys of one slot, which
 //! is every decision, batch and release) goes straight to the master of its
-//! slot, on multiplexed connections of that master's own (the same
-//! [`Connections`] a single node uses, each probed when it opens), by a slot
-//! map read with `CLUSTER SLOTS`. The calls queued on one connection in one
-//! turn of the runtime are written together ([`Outbox`]), and a slot always
-//! takes the same connection of its master, so a release follows its check.
+//! slot, on connections of that master's own (the same [`Connections`] a
+//! single node uses, each probed when it opens), by a slot map read with
+//! `CLUSTER SLOTS`. Over plain TCP each is the store's own
+//! [`Wire`](super::wire::Wire), which writes the calls queued on it in one
+//! turn of the runtime together; over TLS a multiplexed connection, with an
+//! [`Outbox`] that does the same. A slot always takes the same connection
+//! of its master, so a release follows its check.
 //! The store's `pool_size` is shared among the masters (`pool_size /
 //! masters`, at least one each): fewer connections carry more commands per
 //! write, and the nodes' CPU per decision falls with every command a read

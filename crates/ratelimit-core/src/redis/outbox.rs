@@ -1,4 +1,6 @@
-//! Write combining on a cluster master's direct connection.
+//! Write combining on a cluster master's direct connection when it is
+//! redis-rs's multiplexed connection (a `rediss://` cluster; over plain TCP
+//! the store's own [`Wire`](super::wire::Wire) combines its writes itself).
 //!
 //! On a cluster every script call holds the keys of one slot (DESIGN.md), so
 //! with keys spread over 16,384 slots no two decisions share a call, and
