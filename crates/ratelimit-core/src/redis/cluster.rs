@@ -223,10 +223,14 @@ impl Inner {
             sent_on.record(&connection);
         }
         let sent_at = Deadline::now();
-        let reply = match connection {
+        // `connection` is kept until the reply comes: the last handle on a
+        // wire closes it, failing the calls it carries (the slot may drop
+        // its handle meanwhile, see `discard`).
+        let reply = match &connection {
             Link::Wire(wire) => wire.send(cmd, Some(deadline)),
             connection => {
-                match node.outboxes[index].send(cmd.clone(), Some(id), connection, deadline) {
+                match node.outboxes[index].send(cmd.clone(), Some(id), connection.clone(), deadline)
+                {
                     Ok(reply) => reply,
                     Err(_) => return Attempt::Done(Err(no_runtime())),
                 }
