@@ -89,39 +89,99 @@ struct Inner<P, F> {
 /// Permit ids are the stores' own: no bit of an id is reserved, since a
 /// primary may choose any id.
 struct LocalPermits {
-    /// Each permit and when its lease ends.
-    held: Mutex<hashbrown::HashMap<PermitId, Instant>>,
+    held: Mutex<Held>,
     capacity: usize,
+}
+
+struct Held {
+    /// Each permit and when its lease ends.
+    leases: hashbrown::HashMap<PermitId, Instant>,
+    /// Room promised to decisions still being made.
+    reserved: usize,
+}
+
+/// Room for `left` more permits in a [`LocalPermits`], taken before the
+/// decisions that may issue them, so that a batch never finds the table
+/// full after it consumed. What is not filled is given back when dropped.
+struct Reservation<'a> {
+    permits: &'a LocalPermits,
+    left: usize,
 }
 
 impl LocalPermits {
     fn new(capacity: usize) -> Self {
         LocalPermits {
-            held: Mutex::new(hashbrown::HashMap::new()),
+            held: Mutex::new(Held {
+                leases: hashbrown::HashMap::new(),
+                reserved: 0,
+            }),
             capacity,
         }
     }
 
-    /// Remembers `permit`, leased for `lease`. When `capacity` permits are
-    /// held and none has ended, returns how long until the first one ends.
-    fn insert(&self, permit: PermitId, lease: Duration) -> Result<(), Duration> {
-        let now = Instant::now();
-        let mut held = self.held.lock();
-        if held.len() >= self.capacity {
-            held.retain(|_, ends| *ends > now);
+    /// Room for `n` permits. When the permits held and the room promised
+    /// leave less than `n`, returns how long until the first lease ends.
+    fn reserve(&self, n: usize) -> Result<Reservation<'_>, Duration> {
+        if n > 0 {
+            let now = Instant::now();
+            let mut held = self.held.lock();
+            let fits = |held: &Held| {
+                held.leases
+                    .len()
+                    .saturating_add(held.reserved)
+                    .saturating_add(n)
+                    <= self.capacity
+            };
+            if !fits(&held) {
+                held.leases.retain(|_, ends| *ends > now);
+            }
+            if !fits(&held) {
+                let first = held.leases.values().min().copied().unwrap_or(now);
+                return Err(first.saturating_duration_since(now));
+            }
+            held.reserved += n;
         }
-        if held.len() >= self.capacity {
-            let first = held.values().min().copied().unwrap_or(now);
-            return Err(first.saturating_duration_since(now));
-        }
-        held.insert(permit, now + lease);
-        Ok(())
+        Ok(Reservation {
+            permits: self,
+            left: n,
+        })
     }
 
     /// Forgets `permit`; whether the fallback issued it.
     fn remove(&self, permit: PermitId) -> bool {
-        self.held.lock().remove(&permit).is_some()
+        self.held.lock().leases.remove(&permit).is_some()
     }
+}
+
+impl Reservation<'_> {
+    /// Remembers `permit`, leased for `lease`, in room reserved for it.
+    fn fill(&mut self, permit: PermitId, lease: Duration) {
+        debug_assert!(self.left > 0, "a permit the reservation left no room for");
+        let mut held = self.permits.held.lock();
+        if self.left > 0 {
+            self.left -= 1;
+            held.reserved -= 1;
+        }
+        held.leases.insert(permit, Instant::now() + lease);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.permits.held.lock().reserved -= self.left;
+        }
+    }
+}
+
+/// How many of `checks` may issue a concurrency permit.
+fn permits_issued<'a>(checks: impl IntoIterator<Item = (&'a Policy, u64)>) -> usize {
+    checks
+        .into_iter()
+        .filter(|(policy, cost)| {
+            *cost > 0 && policy.algorithm().algorithm_kind() == crate::AlgorithmKind::Concurrency
+        })
+        .count()
 }
 
 impl<P, F> Clone for FallbackStore<P, F> {
@@ -229,49 +289,81 @@ impl<P: Store, F: Store> Inner<P, F> {
         policy: Policy,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.fallback_decisions.fetch_add(1, Ordering::Relaxed);
-        let local = self.local(&policy)?;
-        // A cost the shared policy admits may exceed the local share: it is
-        // then refused for as long as the fallback decides, not an error.
-        if cost > local.max_cost() {
-            let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
-            let peek = self.fallback.check(&key, &local, 0).await?;
-            return Ok(mark(Decision::deny(
-                local.limit(),
-                peek.remaining(),
-                window,
-                window,
-            )));
-        }
-        let decision = self.fallback.check(&key, &local, cost).await?;
-        self.track(&key, &local, mark(decision)).await
+        let mut out = self.fallback_check_all(vec![(key, policy, cost)]).await?;
+        out.pop()
+            .ok_or_else(|| StoreError::Backend("the fallback gave no decision".into()))
     }
 
-    /// Remembers the permit of a fallback decision, so that its release goes
-    /// to the fallback. When the fallback already holds as many permits as
-    /// it tracks, the permit is given back and the request denied.
-    async fn track(
+    /// Decides `checks` on the fallback, all or nothing. Room for the
+    /// permits they may issue is reserved first: when the fallback already
+    /// holds as many as it tracks, nothing is consumed and the request is
+    /// denied until the first lease ends.
+    async fn fallback_check_all(
         &self,
-        key: &[u8],
-        local: &Policy,
-        decision: Decision,
-    ) -> Result<Decision, StoreError> {
-        let Some(permit) = decision.permit() else {
-            return Ok(decision);
-        };
-        match self.permits.insert(permit, local.window()) {
-            Ok(()) => Ok(decision),
-            Err(wait) => {
-                self.fallback.release(key, local, permit).await?;
-                let retry = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
-                Ok(mark(Decision::deny(
-                    decision.limit(),
-                    decision.remaining(),
-                    decision.reset_after_micros(),
-                    retry,
-                )))
-            }
+        checks: Vec<(Vec<u8>, Policy, u64)>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.fallback_decisions.fetch_add(1, Ordering::Relaxed);
+        let mut locals = Vec::with_capacity(checks.len());
+        for (key, policy, cost) in &checks {
+            locals.push((key, self.local(policy)?, *cost));
         }
+        // A cost the shared policy admits may exceed a local share: it is
+        // then refused for as long as the fallback decides (not an error),
+        // and nothing is consumed anywhere (the others peek).
+        let too_costly: Vec<bool> = locals.iter().map(|(_, p, c)| *c > p.max_cost()).collect();
+        let any_too_costly = too_costly.iter().any(|&t| t);
+        let issued = if any_too_costly {
+            0
+        } else {
+            permits_issued(locals.iter().map(|(_, p, c)| (p, *c)))
+        };
+        let reservation = self.permits.reserve(issued);
+        let consume = !any_too_costly && reservation.is_ok();
+        let local_checks: Vec<Check<'_>> = locals
+            .iter()
+            .map(|(key, policy, cost)| Check::new(key, policy, if consume { *cost } else { 0 }))
+            .collect();
+        let decisions = self.fallback.check_all(&local_checks).await?;
+        let mut reservation = match reservation {
+            Ok(reservation) => reservation,
+            Err(wait) => {
+                // No room for a permit: the checks that would take one are
+                // denied until the first lease ends; the others peeked.
+                let retry = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                return Ok(decisions
+                    .into_iter()
+                    .zip(&locals)
+                    .map(|(d, (_, local, cost))| {
+                        if permits_issued([(local, *cost)]) > 0 {
+                            mark(Decision::deny(
+                                d.limit(),
+                                d.remaining(),
+                                d.reset_after_micros(),
+                                retry,
+                            ))
+                        } else {
+                            mark(d)
+                        }
+                    })
+                    .collect());
+            }
+        };
+        Ok(decisions
+            .into_iter()
+            .zip(&locals)
+            .zip(too_costly)
+            .map(|((d, (_, local, _)), too_costly)| {
+                if too_costly {
+                    let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
+                    mark(Decision::deny(local.limit(), d.remaining(), window, window))
+                } else {
+                    if let Some(permit) = d.permit() {
+                        reservation.fill(permit, local.window());
+                    }
+                    mark(d)
+                }
+            })
+            .collect())
     }
 }
 
@@ -319,34 +411,7 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             if let Some(answer) = ask_primary(&inner.breaker, route, primary).await {
                 return answer;
             }
-            inner.fallback_decisions.fetch_add(1, Ordering::Relaxed);
-            let mut locals = Vec::with_capacity(owned.len());
-            for (key, policy, cost) in &owned {
-                locals.push((key, inner.local(policy)?, *cost));
-            }
-            // A cost above a local share is refused while the fallback
-            // decides; then nothing is consumed anywhere (the others peek).
-            let too_costly: Vec<bool> = locals.iter().map(|(_, p, c)| *c > p.max_cost()).collect();
-            let any_too_costly = too_costly.iter().any(|&t| t);
-            let local_checks: Vec<Check<'_>> = locals
-                .iter()
-                .map(|(key, policy, cost)| {
-                    Check::new(key, policy, if any_too_costly { 0 } else { *cost })
-                })
-                .collect();
-            let decisions = inner.fallback.check_all(&local_checks).await?;
-            let mut out = Vec::with_capacity(decisions.len());
-            for ((d, (key, local, _)), too_costly) in
-                decisions.into_iter().zip(&locals).zip(too_costly)
-            {
-                out.push(if too_costly {
-                    let window = u64::try_from(local.window().as_micros()).unwrap_or(u64::MAX);
-                    mark(Decision::deny(local.limit(), d.remaining(), window, window))
-                } else {
-                    inner.track(key, local, mark(d)).await?
-                });
-            }
-            Ok(out)
+            inner.fallback_check_all(owned).await
         })
     }
 
@@ -443,5 +508,56 @@ mod tests {
         assert_eq!(local.check_now(b"k", &policy, 0).unwrap().remaining(), 9);
         let d = store.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed(), "{d:?}");
+    }
+
+    /// A batch that needs more room for permits than the fallback has left
+    /// takes nothing at all: not the permit that would have fit, not the
+    /// other limits' costs.
+    #[tokio::test]
+    async fn a_batch_past_the_permit_capacity_consumes_nothing() {
+        let breaker = Arc::new(CircuitBreaker::default());
+        let local = MemoryStore::new();
+        let store = FallbackStore::with_permit_capacity(Down, local.clone(), 1, breaker, 2);
+        let slots = Policy::concurrency(10, Duration::from_secs(60)).unwrap();
+        let per_minute = Policy::fixed_window(10, Duration::from_secs(60))
+            .unwrap()
+            .with_name("per-minute")
+            .unwrap();
+        let first = store.check(b"a", &slots, 1).await.unwrap();
+        assert!(first.is_allowed(), "{first:?}");
+        let batch = [
+            Check::new(b"b", &slots, 1),
+            Check::new(b"c", &per_minute, 3),
+            Check::new(b"d", &slots, 1),
+        ];
+        let out = store.check_all(&batch).await.unwrap();
+        assert!(!out[0].is_allowed() && !out[2].is_allowed(), "{out:?}");
+        assert!(
+            out[0]
+                .retry_after()
+                .is_some_and(|r| r > Duration::from_secs(59))
+        );
+        assert!(out.iter().all(|d| d.source() == DecisionSource::Fallback));
+        assert_eq!(local.check_now(b"b", &slots, 0).unwrap().remaining(), 10);
+        assert_eq!(local.check_now(b"d", &slots, 0).unwrap().remaining(), 10);
+        assert_eq!(
+            local.check_now(b"c", &per_minute, 0).unwrap().remaining(),
+            10
+        );
+        // With the first permit released there is room for two: the same
+        // batch passes and takes everything, and then the table is full.
+        store
+            .release(b"a", &slots, first.permit().unwrap())
+            .await
+            .unwrap();
+        let out = store.check_all(&batch).await.unwrap();
+        assert!(out.iter().all(Decision::is_allowed), "{out:?}");
+        assert_eq!(
+            local.check_now(b"c", &per_minute, 0).unwrap().remaining(),
+            7
+        );
+        let third = store.check(b"e", &slots, 1).await.unwrap();
+        assert!(!third.is_allowed(), "{third:?}");
+        assert_eq!(local.check_now(b"e", &slots, 0).unwrap().remaining(), 10);
     }
 }
