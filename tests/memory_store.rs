@@ -411,6 +411,24 @@ async fn denied_cache_answers_known_denials_without_the_store() {
     assert_eq!(calls.load(Ordering::Relaxed), 6);
 }
 
+/// A cost above the policy's maximum is `CostExceedsLimit`, a mistake to
+/// fix, even for a key whose denial is cached: never a cached 429.
+#[tokio::test]
+async fn denied_cache_refuses_a_cost_above_the_limit_before_its_cache() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::new(store);
+    let policy = Policy::token_bucket(3, Rate::per_hour(1)).unwrap();
+    assert!(cache.check(b"k", &policy, 3).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    let err = cache.check(b"k", &policy, 4).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::CostExceedsLimit { .. }),
+        "{err:?}"
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+}
+
 #[tokio::test]
 async fn denied_cache_asks_again_for_cheaper_requests_and_after_expiry() {
     let (store, calls) = counting();

@@ -220,6 +220,11 @@ impl<S: Store> Store for DeniedCache<S> {
     type ReleaseFuture = S::ReleaseFuture;
 
     fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        // A cost the policy can never admit is the caller's mistake, whatever
+        // the cache holds.
+        if let Err(e) = policy.check_cost(cost) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
         let normalized = key::normalize(user_key);
         if cost > 0
             && let Some(denied) = self.inner.lookup(policy, &normalized, cost)
