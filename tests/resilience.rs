@@ -754,6 +754,68 @@ fn wait_for_offset(replica: &RedisServer, offset: u64) -> Duration {
     }
 }
 
+/// The status a request gets from `service`.
+async fn status_of<S, B>(service: &S) -> http::StatusCode
+where
+    S: tower::Service<Request<()>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    service
+        .clone()
+        .oneshot(Request::new(()))
+        .await
+        .unwrap()
+        .status()
+}
+
+/// A master demoted under a running store (a failover behind one name, or
+/// `REPLICAOF` by hand): its connections are of no more use, and the new
+/// one's probe finds a read-only replica, which is a mistake, refused
+/// (never an outage that a fail-open layer would let through). Once the
+/// node is a master again, the store decides on it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_is_refused_never_failed_open_then_used_again() {
+    let _turn = SERIAL.lock().await;
+    let other = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let node = RedisServer::start();
+    let policy = named("demoted", Policy::gcra(10, Rate::per_hour(10)));
+
+    bounded(async {
+        let store = redis_store(node.url()).await;
+        let key = |_: &Request<()>| Some(Key::from("k"));
+        let layer =
+            RateLimitLayer::new(store.clone(), policy.clone(), key).on_failure(FailurePolicy::Open);
+        let service = layer.layer(tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }));
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        assert_eq!(status_of(&service).await, http::StatusCode::OK);
+
+        let other_port = other.port().to_string();
+        assert_eq!(node.cli(&["REPLICAOF", "127.0.0.1", &other_port]), "OK");
+        wait_for_link(&node);
+        for _ in 0..3 {
+            let refused = store.check(b"k", &policy, 1).await;
+            assert!(
+                matches!(&refused, Err(e)
+                    if !e.is_outage() && e.to_string().contains("read-only replica")),
+                "a check on a demoted master: {refused:?}"
+            );
+            let status = status_of(&service).await;
+            assert!(
+                status.is_server_error() && status != http::StatusCode::SERVICE_UNAVAILABLE,
+                "a fail-open layer on a demoted master answered {status}"
+            );
+        }
+
+        assert_eq!(node.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+        let d = store.check(b"k", &policy, 1).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+        assert_eq!(status_of(&service).await, http::StatusCode::OK);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
     let _turn = SERIAL.lock().await;
@@ -775,7 +837,8 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
         let written = replication_offset(&primary, "master_repl_offset");
         let caught_up = wait_for_offset(&replica, written);
 
-        // A replica refuses writes until it is promoted.
+        // A replica refuses writes until it is promoted: the store refuses
+        // it as a mistake, never an outage a failure policy would let by.
         let on_replica = redis_store(replica.url()).await;
         let cached = replica
             .cli(&["INFO", "memory"])
@@ -789,8 +852,8 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
         assert_eq!(cached, "0", "scripts cached on the replica");
         let refused = on_replica.check(b"tenant", &policy, 1).await;
         assert!(
-            matches!(&refused, Err(StoreError::Unavailable(e))
-                if e.to_string().to_lowercase().contains("read only")),
+            matches!(&refused, Err(e @ StoreError::Backend(_))
+                if !e.is_outage() && e.to_string().contains("read-only replica")),
             "a check on a replica: {refused:?}"
         );
 

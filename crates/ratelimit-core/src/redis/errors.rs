@@ -38,8 +38,9 @@ pub(super) fn cluster_error(e: RedisError) -> StoreError {
 /// failover, a server loading its data or busy running another script.
 /// Everything else (a script error, `NOPERM`, a failed authentication, a
 /// TLS certificate or server name refused, a reply of the wrong type, a
-/// redirection on a single node's connection) is a mistake to fix, never an
-/// outage.
+/// redirection on a single node's connection, a new connection's probe
+/// finding a read-only replica: `RATELIMIT_REPLICA`) is a mistake to fix,
+/// never an outage.
 pub(super) fn is_outage(e: &RedisError) -> bool {
     unreachable(e)
         || matches!(
@@ -95,8 +96,16 @@ fn io_error_kind(e: &RedisError) -> Option<std::io::ErrorKind> {
     None
 }
 
+/// Whether the connection `e` came on is of no more use: it broke, timed
+/// out, or leads to a node that is no longer a master (`READONLY`: after a
+/// failover behind one name, a new connection may reach the new master; on
+/// a replica, the new connection's probe says so, a mistake).
 pub(super) fn breaks_connection(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
 pub(super) fn is_noscript(e: &RedisError) -> bool {
