@@ -197,3 +197,61 @@ async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
         );
     }
 }
+
+/// A pool whose manager logs in with a wrong password gives no error, only
+/// no connection, until bb8's `connection_timeout` (30 s by default): the
+/// store learns why by opening one itself, and refuses every call with
+/// that mistake, never an outage a fail-open layer would let through. Once
+/// the password is right, calls are decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_cannot_log_in_is_refused_never_failed_open() {
+    let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
+    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+    let call_timeout = Duration::from_millis(500);
+    let store = store_on(&pool, call_timeout, DEFAULT_MAX_BATCH).await;
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+
+    for _ in 0..5 {
+        let started = Instant::now();
+        let error = store.check(b"k", &policy, 1).await.unwrap_err();
+        assert!(
+            matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("authentication failed"),
+            "{error}"
+        );
+        assert!(
+            started.elapsed() < call_timeout,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+        .on_failure(FailurePolicy::Open);
+    let response = answer(layer.layer(ok_service()), Request::new(String::new())).await;
+    assert_eq!(
+        response.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        response.body
+    );
+    assert_eq!(layer.stats().failed_open(), 0);
+
+    let fixed = server.cli(&["--pass", "secret", "CONFIG", "SET", "requirepass", "wrong"]);
+    assert_eq!(fixed, "OK");
+    let started = Instant::now();
+    loop {
+        match store.check(b"k", &policy, 1).await {
+            Ok(decision) => break assert!(decision.is_allowed()),
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "still refused 10 s after the password was fixed: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

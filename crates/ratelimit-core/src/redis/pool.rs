@@ -21,13 +21,31 @@
 //! takes whenever the pool has opened connections since the last probe
 //! passed (bb8's `connections_created`), and fails the call as on its own
 //! connections when the probe fails.
+//!
+//! A pool whose manager cannot log in (a wrong password, a TLS certificate
+//! refused) gives no error, only no connection: bb8 keeps retrying and its
+//! `get` ends at `connection_timeout`, or at the store's call timeout,
+//! either way an outage that a fail-open policy would let through. So when
+//! a call finds no idle connection and the pool has fewer open than its
+//! `max_size` (it is trying to open one), the store opens one itself by the
+//! pool's manager, as bb8 would, while it waits (at most one at a time, and
+//! at most once a second): a mistake that opening gives (see
+//! `errors::is_outage`) fails that call, and every call that would wait
+//! for a connection in the next few seconds, with that error; the next
+//! attempt that opens a connection, or meets an outage, forgets it.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bb8_redis::RedisConnectionManager;
+use parking_lot::Mutex;
+use redis::RedisError;
 
 use super::backend_error;
+use super::errors::is_outage;
 use super::scripts::AclProbe;
 use crate::StoreError;
 
@@ -43,16 +61,97 @@ pub(super) struct Bb8 {
     probed: Arc<AtomicU64>,
     /// The pool's `max_size`.
     size: usize,
+    /// The pool's `connection_timeout`.
+    connect_timeout: Duration,
+    /// What opening a connection by the pool's manager last said.
+    diagnosis: Arc<Mutex<Diagnosis>>,
+}
+
+/// How long a mistake found opening a connection is believed without
+/// opening another.
+const MISTAKE_KEPT: Duration = Duration::from_secs(5);
+
+/// The least time between two connections the store opens to learn why
+/// the pool opens none.
+const DIAGNOSIS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Diagnosis {
+    /// The mistake the last connection opened gave, and when.
+    mistake: Option<(Instant, RedisError)>,
+    /// When the last connection was opened to learn it, and whether that
+    /// is still under way.
+    started: Option<Instant>,
+    underway: bool,
+}
+
+impl Diagnosis {
+    /// Takes the turn to open a connection, if no other is under way and
+    /// the last began long enough ago.
+    fn begin(&mut self, now: Instant) -> bool {
+        let due = self
+            .started
+            .is_none_or(|at| now.saturating_duration_since(at) >= DIAGNOSIS_EVERY);
+        if self.underway || !due {
+            return false;
+        }
+        self.underway = true;
+        self.started = Some(now);
+        true
+    }
+
+    /// The mistake found, if recent.
+    fn mistake(&self, now: Instant) -> Option<RedisError> {
+        self.mistake
+            .as_ref()
+            .filter(|(at, _)| now.saturating_duration_since(*at) < MISTAKE_KEPT)
+            .map(|(_, e)| e.clone())
+    }
+}
+
+/// Ends a turn at opening a connection, finished or dropped.
+struct Turn(Arc<Mutex<Diagnosis>>);
+
+impl Turn {
+    /// Records what opening said: `Some` mistake, or `None` (it opened, or
+    /// met an outage).
+    fn finish(self, mistake: Option<RedisError>) {
+        self.0.lock().mistake = mistake.map(|e| (Instant::now(), e));
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.lock().underway = false;
+    }
+}
+
+/// Opens a connection by `pool`'s manager within `limit`: the mistake it
+/// gives, if any.
+async fn diagnose(
+    pool: bb8::Pool<RedisConnectionManager>,
+    limit: Duration,
+    turn: Turn,
+) -> Option<RedisError> {
+    let mistake = match tokio::time::timeout(limit, pool.dedicated_connection()).await {
+        Ok(Err(e)) if !is_outage(&e) => Some(e),
+        _ => None,
+    };
+    turn.finish(mistake.clone());
+    mistake
 }
 
 impl Bb8 {
     pub(super) fn new(pool: bb8::Pool<RedisConnectionManager>, probe: AclProbe) -> Self {
-        let size = usize::try_from(pool.config().max_size.max(1)).unwrap_or(1);
+        let config = pool.config();
+        let size = usize::try_from(config.max_size.max(1)).unwrap_or(1);
         Bb8 {
             pool,
             probe,
             probed: Arc::default(),
             size,
+            connect_timeout: config.connection_timeout,
+            diagnosis: Arc::default(),
         }
     }
 
@@ -66,7 +165,12 @@ impl Bb8 {
     /// (bb8's own `connection_timeout`, or the store's call timeout around
     /// this call, whichever ends first).
     pub(super) async fn checkout(&self) -> Result<Pooled, StoreError> {
-        let mut pooled = self.pool.get_owned().await.map_err(|e| match e {
+        let mut get = std::pin::pin!(self.pool.get_owned());
+        let got = match std::future::poll_fn(|cx| Poll::Ready(get.as_mut().poll(cx))).await {
+            Poll::Ready(got) => got,
+            Poll::Pending => self.wait(get).await.map_err(backend_error)?,
+        };
+        let mut pooled = got.map_err(|e| match e {
             bb8::RunError::User(e) => backend_error(e),
             bb8::RunError::TimedOut => StoreError::Unavailable(
                 "the bb8 pool gave no Redis connection within its connection_timeout".into(),
@@ -78,6 +182,51 @@ impl Bb8 {
             self.probed.fetch_max(created, Ordering::AcqRel);
         }
         Ok(pooled)
+    }
+
+    /// Waits for `get`, which found no idle connection. When the pool is
+    /// opening one, learns meanwhile whether opening fails by a mistake
+    /// (see the module's documentation), and fails with it.
+    async fn wait<F: Future>(&self, get: std::pin::Pin<&mut F>) -> Result<F::Output, RedisError> {
+        let opening = self.pool.state().connections < u32::try_from(self.size).unwrap_or(u32::MAX);
+        if !opening {
+            return Ok(get.await);
+        }
+        let now = Instant::now();
+        let (mistake, turn) = {
+            let mut diagnosis = self.diagnosis.lock();
+            let turn = diagnosis
+                .begin(now)
+                .then(|| Turn(Arc::clone(&self.diagnosis)));
+            (diagnosis.mistake(now), turn)
+        };
+        match (mistake, turn) {
+            (Some(mistake), turn) => {
+                // Known: fail now, and look again in the background.
+                if let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current()) {
+                    runtime.spawn(diagnose(self.pool.clone(), self.connect_timeout, turn));
+                }
+                Err(mistake)
+            }
+            (None, Some(turn)) => {
+                let mut get = get;
+                let mut learning =
+                    std::pin::pin!(diagnose(self.pool.clone(), self.connect_timeout, turn));
+                let first = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                        return Poll::Ready(Ok(got));
+                    }
+                    learning.as_mut().poll(cx).map(Err)
+                })
+                .await;
+                match first {
+                    Ok(got) => Ok(got),
+                    Err(Some(mistake)) => Err(mistake),
+                    Err(None) => Ok(get.await),
+                }
+            }
+            (None, None) => Ok(get.await),
+        }
     }
 
     /// Replaces the connection of `pooled` in the pool by a fresh one, in
