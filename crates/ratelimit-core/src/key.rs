@@ -249,7 +249,10 @@ pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
     out.push_str(policy);
     out.push_str(":{");
     // `normalize` only returns printable ASCII.
-    out.extend(key.iter().map(|&b| char::from(b)));
+    match std::str::from_utf8(&key) {
+        Ok(text) => out.push_str(text),
+        Err(_) => out.extend(key.iter().map(|&b| char::from(b))),
+    }
     out.push('}');
     out
 }

@@ -53,7 +53,7 @@ use tokio::time::Instant as Deadline;
 
 use super::connections::{Connections, Kind, Link};
 use super::outbox::Outbox;
-use super::scripts::AclProbe;
+use super::scripts::{AclProbe, Command};
 use super::unclaimed::Via;
 use super::{Inner, backend_error, breaks_connection, cluster_error};
 use crate::{StoreError, key};
@@ -156,7 +156,7 @@ impl Inner {
     pub(super) async fn run_on_cluster(
         &self,
         cluster: &Cluster,
-        cmd: &redis::Cmd,
+        cmd: &dyn Command,
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
@@ -177,7 +177,8 @@ impl Inner {
         }
         let timeout = StoreError::Timeout(self.call_timeout);
         let routed = async {
-            cmd.query_async::<Value>(&mut cluster.client.clone())
+            cmd.cmd()
+                .query_async::<Value>(&mut cluster.client.clone())
                 .await
                 .map_err(|e| {
                     if e.is_timeout() {
@@ -199,7 +200,7 @@ impl Inner {
         cluster: &Cluster,
         node: &DirectNode,
         slot: u16,
-        cmd: &redis::Cmd,
+        cmd: &dyn Command,
         via: Via<'_>,
         deadline: Deadline,
     ) -> Attempt {
@@ -229,8 +230,12 @@ impl Inner {
         let reply = match &connection {
             Link::Wire(wire) => wire.send(cmd, Some(deadline)),
             connection => {
-                match node.outboxes[index].send(cmd.clone(), Some(id), connection.clone(), deadline)
-                {
+                match node.outboxes[index].send(
+                    cmd.cmd().into_owned(),
+                    Some(id),
+                    connection.clone(),
+                    deadline,
+                ) {
                     Ok(reply) => reply,
                     Err(_) => return Attempt::Done(Err(no_runtime())),
                 }
@@ -268,7 +273,7 @@ impl Inner {
         &self,
         cluster: &Cluster,
         connection: &Link,
-        cmd: &redis::Cmd,
+        cmd: &dyn Command,
         deadline: Deadline,
     ) -> Attempt {
         let outcome = match (cluster.direct.node_for(cmd), connection) {
@@ -281,7 +286,9 @@ impl Inner {
             }
             (Some((node, slot)), _) => {
                 let outbox = &node.outboxes[usize::from(slot) % node.outboxes.len()];
-                let Ok(reply) = outbox.send(cmd.clone(), None, connection.clone(), deadline) else {
+                let Ok(reply) =
+                    outbox.send(cmd.cmd().into_owned(), None, connection.clone(), deadline)
+                else {
                     return Attempt::Done(Err(no_runtime()));
                 };
                 tokio::time::timeout_at(deadline, reply)
@@ -291,6 +298,7 @@ impl Inner {
             }
             (None, _) => {
                 let mut connection = connection.clone();
+                let cmd = cmd.cmd();
                 tokio::time::timeout_at(deadline, cmd.query_async(&mut connection))
                     .await
                     .ok()
@@ -337,8 +345,8 @@ fn sent(outcome: Option<Result<Value, RedisError>>) -> Sent {
 impl Direct {
     /// The master a script call goes to directly, and the call's hash slot,
     /// if the map places that slot and the master is not paused.
-    fn node_for(&self, cmd: &redis::Cmd) -> Option<(Arc<DirectNode>, u16)> {
-        let slot = script_slot(cmd)?;
+    fn node_for(&self, cmd: &dyn Command) -> Option<(Arc<DirectNode>, u16)> {
+        let slot = cmd.slot()?;
         let map = self.map.read();
         let node = map
             .nodes
@@ -511,29 +519,6 @@ async fn read_slots(client: &ClusterConnection) -> Result<Value, RedisError> {
         .await
 }
 
-/// The slot of a script call's first key: `FCALL`, `FCALL_RO`, `EVALSHA` or
-/// `EVAL` with at least one key (a call's keys share one slot, or the node
-/// refuses it with `CROSSSLOT`, as it would through the cluster client).
-fn script_slot(cmd: &redis::Cmd) -> Option<u16> {
-    let mut args = cmd.args_iter().map(|arg| match arg {
-        redis::Arg::Simple(bytes) => Some(bytes),
-        _ => None,
-    });
-    let name = args.next()??;
-    if !["FCALL", "FCALL_RO", "EVALSHA", "EVAL"]
-        .iter()
-        .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
-    {
-        return None;
-    }
-    let _function = args.next()??;
-    let keys = std::str::from_utf8(args.next()??).ok()?;
-    if keys.parse::<u32>().ok()? == 0 {
-        return None;
-    }
-    Some(key::cluster_slot(args.next()??))
-}
-
 /// One range of `CLUSTER SLOTS`: its slots and its master's address.
 #[derive(Debug, PartialEq, Eq)]
 struct SlotRange {
@@ -641,18 +626,18 @@ mod tests {
     fn only_script_calls_with_keys_are_placed() {
         let mut fcall = redis::cmd("FCALL");
         fcall.arg("rl_gcra").arg(1).arg("p:api:{alice}").arg(5);
-        assert_eq!(script_slot(&fcall), Some(key::cluster_slot(b"alice")));
+        assert_eq!(Command::slot(&fcall), Some(key::cluster_slot(b"alice")));
         let mut evalsha = redis::cmd("evalsha");
         evalsha.arg("abc").arg(2).arg("p:a:{bob}").arg("p:b:{bob}");
-        assert_eq!(script_slot(&evalsha), Some(key::cluster_slot(b"bob")));
+        assert_eq!(Command::slot(&evalsha), Some(key::cluster_slot(b"bob")));
         let mut no_keys = redis::cmd("FCALL");
         no_keys.arg("f").arg(0);
-        assert_eq!(script_slot(&no_keys), None);
+        assert_eq!(Command::slot(&no_keys), None);
         let mut get = redis::cmd("GET");
         get.arg("p:api:{alice}");
-        assert_eq!(script_slot(&get), None);
+        assert_eq!(Command::slot(&get), None);
         let mut load = redis::cmd("FUNCTION");
         load.arg("LOAD").arg("code");
-        assert_eq!(script_slot(&load), None);
+        assert_eq!(Command::slot(&load), None);
     }
 }

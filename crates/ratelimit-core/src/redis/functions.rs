@@ -77,7 +77,7 @@ impl Inner {
         let deadline = self.deadline();
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
-            let fcall = super::scripts::invocation("FCALL", function, keys, args);
+            let fcall = super::scripts::Invocation::new("FCALL", function, keys, args);
             match self.run_until(&fcall, via, deadline).await {
                 Err(e) if is_missing(&e) => match self.load(library, deadline).await {
                     Ok(()) => match self.run_until(&fcall, via, deadline).await {

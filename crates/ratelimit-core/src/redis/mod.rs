@@ -61,7 +61,7 @@ use replies::*;
 use coalesce::{Coalescer, Item};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Kind, Link, Node};
-use scripts::{AclProbe, CallKeys, Scripts, StateKeys};
+use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
@@ -297,21 +297,24 @@ impl Inner {
     /// `cluster`).
     async fn run_until(
         &self,
-        cmd: &redis::Cmd,
+        cmd: &dyn Command,
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
         match &self.backend {
             // One timer per call, here, rather than one around the call and
             // one more per command inside redis-rs.
-            Backend::Node(connections) => match via {
-                Via::Pool => self.run_on_node(connections, cmd, None, deadline).await,
-                Via::Record(sent_on) => {
-                    self.run_on_node(connections, cmd, Some(sent_on), deadline)
-                        .await
+            Backend::Node(connections) => {
+                let cmd = cmd.cmd();
+                match via {
+                    Via::Pool => self.run_on_node(connections, &cmd, None, deadline).await,
+                    Via::Record(sent_on) => {
+                        self.run_on_node(connections, &cmd, Some(sent_on), deadline)
+                            .await
+                    }
+                    Via::On(connection) => self.run_on(connection, &cmd, deadline).await,
                 }
-                Via::On(connection) => self.run_on(connection, cmd, deadline).await,
-            },
+            }
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(cluster) => self.run_on_cluster(cluster, cmd, via, deadline).await,
         }
@@ -410,12 +413,12 @@ impl Inner {
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
-        let evalsha = scripts::invocation("EVALSHA", script.get_hash(), keys, args);
+        let evalsha = Invocation::new("EVALSHA", script.get_hash(), keys, args);
         match self.run_until(&evalsha, via, deadline).await {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
-                let eval = scripts::invocation("EVAL", source, keys, args);
+                let eval = Invocation::new("EVAL", source, keys, args);
                 self.run_until(&eval, via, deadline).await
             }
             other => other,

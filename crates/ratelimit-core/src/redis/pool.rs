@@ -168,7 +168,9 @@ impl Bb8 {
         let mut get = std::pin::pin!(self.pool.get_owned());
         let got = match std::future::poll_fn(|cx| Poll::Ready(get.as_mut().poll(cx))).await {
             Poll::Ready(got) => got,
-            Poll::Pending => self.wait(get).await.map_err(backend_error)?,
+            // Boxed: waiting (and opening a connection to learn why none
+            // comes) is rare, and inline it made every call's future larger.
+            Poll::Pending => Box::pin(self.wait(get)).await.map_err(backend_error)?,
         };
         let mut pooled = got.map_err(|e| match e {
             bb8::RunError::User(e) => backend_error(e),
@@ -178,7 +180,10 @@ impl Bb8 {
         })?;
         let created = self.pool.state().statistics.connections_created;
         if created > self.probed.load(Ordering::Acquire) {
-            self.probe.run(&mut *pooled).await.map_err(backend_error)?;
+            // Boxed, as the wait above: a probe runs once per new connection.
+            Box::pin(self.probe.run(&mut *pooled))
+                .await
+                .map_err(backend_error)?;
             self.probed.fetch_max(created, Ordering::AcqRel);
         }
         Ok(pooled)

@@ -1,5 +1,6 @@
 //! The Lua scripts, assembled from the `.lua` files next to this module.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
@@ -308,13 +309,18 @@ impl AclProbe {
 }
 
 /// The keys of one call, written into its command as they are.
-pub(super) trait CallKeys {
+pub(super) trait CallKeys: Sync {
     /// How many keys.
     fn count(&self) -> usize;
     /// Their summed length in bytes.
     fn size(&self) -> usize;
     /// Writes each key as an argument of `cmd`.
     fn write_to(&self, cmd: &mut redis::Cmd);
+    /// Writes each key as a bulk string of a packed command.
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>);
+    /// The hash slot of the first key.
+    fn first_slot(&self) -> Option<u16>;
 }
 
 impl CallKeys for [String] {
@@ -331,6 +337,18 @@ impl CallKeys for [String] {
             cmd.arg(key.as_str());
         }
     }
+
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>) {
+        for key in self {
+            bulk(out, key.as_bytes());
+        }
+    }
+
+    fn first_slot(&self) -> Option<u16> {
+        self.first()
+            .map(|key| crate::key::cluster_slot(key.as_bytes()))
+    }
 }
 
 /// The state keys of a batch's requests, in order, written into its command
@@ -338,7 +356,7 @@ impl CallKeys for [String] {
 /// other key is read).
 pub(super) struct StateKeys<I>(pub(super) I);
 
-impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for StateKeys<I> {
+impl<'a, I: Iterator<Item = &'a String> + Clone + Sync> CallKeys for StateKeys<I> {
     fn count(&self) -> usize {
         self.0.clone().count()
     }
@@ -352,6 +370,209 @@ impl<'a, I: Iterator<Item = &'a String> + Clone> CallKeys for StateKeys<I> {
             cmd.arg(state.as_str());
         }
     }
+
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>) {
+        for state in self.0.clone() {
+            bulk(out, state.as_bytes());
+        }
+    }
+
+    fn first_slot(&self) -> Option<u16> {
+        self.0
+            .clone()
+            .next()
+            .map(|key| crate::key::cluster_slot(key.as_bytes()))
+    }
+}
+
+/// A command as the store's paths need it: as redis-rs's `Cmd` where
+/// redis-rs sends it, packed straight into the write buffer of a
+/// connection of the store's own (`wire`), and its hash slot, for the
+/// cluster's direct path.
+pub(super) trait Command: Sync {
+    /// The command as redis-rs's `Cmd`.
+    fn cmd(&self) -> Cow<'_, redis::Cmd>;
+    /// Appends the command to `out` as the protocol writes it.
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>);
+    /// The hash slot of a script call's first key: `FCALL`, `FCALL_RO`,
+    /// `EVALSHA` or `EVAL` with at least one key (a call's keys share one
+    /// slot, or the node refuses it with `CROSSSLOT`, as it would through
+    /// the cluster client).
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    fn slot(&self) -> Option<u16>;
+}
+
+/// The verbs of a script call, whose first key gives its slot.
+const SCRIPT_CALLS: [&str; 4] = ["FCALL", "FCALL_RO", "EVALSHA", "EVAL"];
+
+impl Command for redis::Cmd {
+    fn cmd(&self) -> Cow<'_, redis::Cmd> {
+        Cow::Borrowed(self)
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>) {
+        self.write_packed_command(out);
+    }
+
+    fn slot(&self) -> Option<u16> {
+        let mut args = self.args_iter().map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        });
+        let verb = args.next()??;
+        if !SCRIPT_CALLS
+            .iter()
+            .any(|n| verb.eq_ignore_ascii_case(n.as_bytes()))
+        {
+            return None;
+        }
+        let _name = args.next()??;
+        let keys = std::str::from_utf8(args.next()??).ok()?;
+        if keys.parse::<u32>().ok()? == 0 {
+            return None;
+        }
+        Some(crate::key::cluster_slot(args.next()??))
+    }
+}
+
+/// `<verb> <name> <number of keys> <keys...> <args...>`, not written until a
+/// path needs it (see [`invocation`]): packed straight into a connection's
+/// buffer, or built as a `Cmd` for redis-rs.
+pub(super) struct Invocation<'a, K: ?Sized> {
+    verb: &'static str,
+    name: &'a str,
+    keys: &'a K,
+    args: &'a [Arg<'a>],
+}
+
+impl<'a, K: CallKeys + ?Sized> Invocation<'a, K> {
+    pub(super) fn new(verb: &'static str, name: &'a str, keys: &'a K, args: &'a [Arg<'a>]) -> Self {
+        Invocation {
+            verb,
+            name,
+            keys,
+            args,
+        }
+    }
+}
+
+impl<K: CallKeys + ?Sized> Command for Invocation<'_, K> {
+    fn cmd(&self) -> Cow<'_, redis::Cmd> {
+        Cow::Owned(invocation(self.verb, self.name, self.keys, self.args))
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    fn pack(&self, out: &mut Vec<u8>) {
+        let keys = self.keys.count();
+        let size = self.args.iter().fold(
+            self.verb.len() + self.name.len() + self.keys.size() + 16 * (4 + keys),
+            |size, arg| {
+                size + 16
+                    + match arg {
+                        Arg::Int(_) => 20,
+                        Arg::Str(s) => s.len(),
+                        Arg::Owned(s) => s.len(),
+                    }
+            },
+        );
+        out.reserve(size);
+        header(out, b'*', 3 + keys + self.args.len());
+        bulk(out, self.verb.as_bytes());
+        bulk(out, self.name.as_bytes());
+        bulk_number(out, keys as u64);
+        self.keys.pack(out);
+        for arg in self.args {
+            match arg {
+                Arg::Int(n) => bulk_number(out, *n),
+                Arg::Str(s) => bulk(out, s.as_bytes()),
+                Arg::Owned(s) => bulk(out, s.as_bytes()),
+            }
+        }
+    }
+
+    fn slot(&self) -> Option<u16> {
+        if !SCRIPT_CALLS.contains(&self.verb) {
+            return None;
+        }
+        self.keys.first_slot()
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+/// Appends `<kind><n>\r\n`.
+#[inline]
+fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    // Below 100 (a command's argument counts, the lengths of most of its
+    // arguments), in one small copy; `n / 10` and `n % 10` fit a byte.
+    #[allow(clippy::cast_possible_truncation)]
+    if n < 10 {
+        out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
+    } else if n < 100 {
+        out.extend_from_slice(&[
+            kind,
+            b'0' + (n / 10) as u8,
+            b'0' + (n % 10) as u8,
+            b'\r',
+            b'\n',
+        ]);
+    } else {
+        let mut buffer = [0u8; 20];
+        out.push(kind);
+        out.extend_from_slice(decimal(&mut buffer, n as u64));
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+/// Appends `bytes` as a bulk string.
+#[inline]
+fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    header(out, b'$', bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(feature = "redis-cluster")]
+/// Appends `n`, in decimal, as a bulk string (as redis-rs writes a number).
+#[inline]
+fn bulk_number(out: &mut Vec<u8>, n: u64) {
+    let mut buffer = [0u8; 20];
+    bulk(out, decimal(&mut buffer, n));
+}
+
+#[cfg(feature = "redis-cluster")]
+/// `n` in decimal, written at the end of `buffer`, two digits at a time.
+#[inline]
+fn decimal(buffer: &mut [u8; 20], mut n: u64) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut at = buffer.len();
+    while n >= 100 {
+        // Below 100.
+        #[allow(clippy::cast_possible_truncation)]
+        let pair = usize::from((n % 100) as u8) * 2;
+        n /= 100;
+        at -= 2;
+        buffer[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    // Below 100.
+    #[allow(clippy::cast_possible_truncation)]
+    let last = n as u8;
+    if last < 10 {
+        at -= 1;
+        buffer[at] = b'0' + last;
+    } else {
+        let pair = usize::from(last) * 2;
+        at -= 2;
+        buffer[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    &buffer[at..]
 }
 
 /// The command `<verb> <name> <number of keys> <keys...> <args...>`: `EVALSHA`
@@ -381,4 +602,59 @@ pub(super) fn invocation<K: CallKeys + ?Sized>(
         };
     }
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command packed straight into a buffer is the bytes redis-rs writes
+    /// for the same `Cmd`, and has the slot redis-rs's `Cmd` gives.
+    #[test]
+    fn an_invocation_packs_as_redis_rs_writes_it() {
+        let keys = [
+            "rl:api:{user-1}".to_owned(),
+            String::new(),
+            "é\r\n".to_owned(),
+        ];
+        let owned = u64::MAX.to_string();
+        let args = [
+            Arg::Int(0),
+            Arg::Int(9),
+            Arg::Int(10),
+            Arg::Int(99),
+            Arg::Int(100),
+            Arg::Int(1_234_567_890),
+            Arg::Int(u64::MAX),
+            Arg::Str(""),
+            Arg::Str("gcra"),
+            Arg::Owned(owned),
+        ];
+        for verb in ["FCALL", "EVALSHA", "EVAL", "GET"] {
+            for (keys, args) in [
+                (&keys[..], &args[..]),
+                (&keys[..1], &args[..3]),
+                (&keys[..0], &args[..0]),
+            ] {
+                let call = Invocation::new(verb, "ratelimit_gcra", keys, args);
+                let cmd = invocation(verb, "ratelimit_gcra", keys, args);
+                assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
+                #[cfg(feature = "redis-cluster")]
+                {
+                    let mut packed = b"before".to_vec();
+                    call.pack(&mut packed);
+                    assert_eq!(&packed[..6], b"before");
+                    assert_eq!(&packed[6..], &cmd.get_packed_command()[..]);
+                }
+                assert_eq!(call.slot(), Command::slot(&cmd), "{verb} {keys:?}");
+            }
+        }
+        #[cfg(feature = "redis-cluster")]
+        for n in (0..100_000).chain([u64::MAX, u64::MAX / 7, 10u64.pow(19), 10u64.pow(19) - 1]) {
+            let mut buffer = [0u8; 20];
+            assert_eq!(decimal(&mut buffer, n), n.to_string().as_bytes());
+        }
+        let call = Invocation::new("FCALL", "f", &keys[..1], &[]);
+        assert_eq!(call.slot(), Some(crate::key::cluster_slot(b"user-1")));
+    }
 }

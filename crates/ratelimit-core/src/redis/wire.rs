@@ -50,6 +50,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use super::scripts::Command;
+
 /// What a call hears back: the node's reply (an error reply as an error),
 /// or the error that closed the connection.
 pub(super) type Reply = oneshot::Receiver<Result<Value, RedisError>>;
@@ -194,13 +196,9 @@ impl Wire {
     /// Queues `cmd`, to be written with the others queued meanwhile unless
     /// its caller has given up by then (`deadline` passed, or the reply
     /// dropped): a call whose caller is gone is never sent.
-    pub(super) fn send(&self, cmd: &redis::Cmd, deadline: Option<Instant>) -> Reply {
+    pub(super) fn send(&self, cmd: &dyn Command, deadline: Option<Instant>) -> Reply {
         let (sender, reply) = oneshot::channel();
-        self.queue(
-            |bytes| cmd.write_packed_command(bytes),
-            deadline,
-            Waiter::One(sender),
-        );
+        self.queue(|bytes| cmd.pack(bytes), deadline, Waiter::One(sender));
         reply
     }
 
