@@ -9,8 +9,10 @@
 //! tasks:
 //!
 //! - a caller packs its command straight into the connection's write buffer
-//!   and queues its reply's sender behind it, under one lock, and wakes the
-//!   writer unless a wake-up is already on its way;
+//!   (a decision's script call is written there from its keys and arguments,
+//!   never built as a `redis::Cmd`: see `scripts::Invocation`) and queues
+//!   its reply's sender behind it, under one lock, and wakes the writer
+//!   unless a wake-up is already on its way;
 //! - the writer yields once (so the callers already runnable queue theirs
 //!   too, as the outbox did: a lone call waits for that one yield and
 //!   nothing else), then writes the whole buffer in one system call and
