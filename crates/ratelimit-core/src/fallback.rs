@@ -482,11 +482,18 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn past_its_permit_capacity_the_fallback_denies_and_takes_nothing() {
+    /// A store whose primary is down, its fallback (returned too) tracking
+    /// at most two permits.
+    fn falling_back_with_room_for_two() -> (FallbackStore<Down>, MemoryStore) {
         let breaker = Arc::new(CircuitBreaker::default());
         let local = MemoryStore::new();
         let store = FallbackStore::with_permit_capacity(Down, local.clone(), 1, breaker, 2);
+        (store, local)
+    }
+
+    #[tokio::test]
+    async fn past_its_permit_capacity_the_fallback_denies_and_takes_nothing() {
+        let (store, local) = falling_back_with_room_for_two();
         let policy = Policy::concurrency(10, Duration::from_secs(60)).unwrap();
         let a = store.check(b"k", &policy, 1).await.unwrap();
         let b = store
@@ -515,9 +522,7 @@ mod tests {
     /// other limits' costs.
     #[tokio::test]
     async fn a_batch_past_the_permit_capacity_consumes_nothing() {
-        let breaker = Arc::new(CircuitBreaker::default());
-        let local = MemoryStore::new();
-        let store = FallbackStore::with_permit_capacity(Down, local.clone(), 1, breaker, 2);
+        let (store, local) = falling_back_with_room_for_two();
         let slots = Policy::concurrency(10, Duration::from_secs(60)).unwrap();
         let per_minute = Policy::fixed_window(10, Duration::from_secs(60))
             .unwrap()
