@@ -24,17 +24,19 @@ pin_project! {
         J: Reject<Req, S::Response, S::Error>,
     {
         #[pin]
-        state: State<S, Req, S::Future, Result<J::Response, J::Error>>,
-        reject: J,
+        state: State<S, Req, S::Future, Result<J::Response, J::Error>, J, J::Allowed>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req, F, A> {
+    enum State<S, Req, F, A, J, W> {
+        // The settings are held only while the decision is to come: a
+        // request decided in `call` borrows them.
         Deciding {
             outcome: OutcomeFuture,
             pending: Option<(S, Req)>,
+            reject: J,
         },
         Calling {
             #[pin]
@@ -42,6 +44,7 @@ pin_project! {
             decisions: Option<Decisions>,
             // Dropped, and released, if the request is cancelled.
             permit: Option<PermitGuard>,
+            allowing: Option<W>,
         },
         // Refused when the request was decided in `call`.
         Answered {
@@ -62,18 +65,17 @@ where
             state: State::Deciding {
                 outcome,
                 pending: Some((service, req)),
+                reject,
             },
-            reject,
         }
     }
 
     /// The request, decided as `outcome` already: `service` (made ready) is
     /// called now if it is allowed.
     #[inline(always)]
-    pub(crate) fn decided(outcome: Outcome, service: &mut S, req: Req, reject: J) -> Self {
+    pub(crate) fn decided(outcome: Outcome, service: &mut S, req: Req, reject: &J) -> Self {
         ResponseFuture {
-            state: proceed(outcome, service, req, &reject),
-            reject,
+            state: proceed(outcome, service, req, reject),
         }
     }
 }
@@ -87,6 +89,8 @@ type StateOf<S, Req, J> = State<
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Response,
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Error,
     >,
+    J,
+    <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Allowed,
 >;
 
 /// What follows a decision: the inner service called with the request
@@ -129,6 +133,7 @@ where
         }
     };
     State::Calling {
+        allowing: Some(reject.allowing(decisions.as_ref())),
         future: service.call(req),
         decisions,
         permit,
@@ -146,29 +151,37 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Deciding { outcome, pending } => {
+                StateProj::Deciding {
+                    outcome,
+                    pending,
+                    reject,
+                } => {
                     let outcome = ready!(Pin::new(outcome).poll(cx));
                     let Some((mut service, req)) = pending.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let next = proceed(outcome, &mut service, req, this.reject);
+                    let next = proceed(outcome, &mut service, req, reject);
                     this.state.set(next);
                 }
                 StateProj::Calling {
                     future,
                     decisions,
                     permit,
+                    allowing,
                 } => {
                     let result = ready!(future.poll(cx));
                     let permit = permit.take();
                     let decisions = decisions.take();
+                    let Some(allowing) = allowing.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
                     this.state.set(State::Done);
                     // An error drops the permits here; a response carries them.
                     return Poll::Ready(match result {
                         Ok(response) => {
-                            Ok(this.reject.allowed(response, decisions.as_ref(), permit))
+                            Ok(J::allowed(allowing, response, decisions.as_ref(), permit))
                         }
-                        Err(error) => Err(this.reject.error(error)),
+                        Err(error) => Err(J::error(error)),
                     });
                 }
                 StateProj::Answered { answer } => {

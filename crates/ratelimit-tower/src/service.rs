@@ -1,5 +1,6 @@
 //! [`RateLimit`]: the service.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use ratelimit_core::Store;
@@ -20,14 +21,27 @@ use crate::rules::rule::RuleProvider;
 /// memory), an allowed request is passed to the inner service in `call`;
 /// otherwise the inner service that was made ready goes with the request,
 /// and a clone of it waits for the next one.
-#[derive(Debug, Clone)]
+///
+/// The layer's settings are shared behind one `Arc`: routers such as axum's
+/// clone the service for every request, and a clone costs the inner
+/// service's clone and one reference count.
+#[derive(Debug)]
 pub struct RateLimit<S, St, P, J> {
     inner: S,
-    config: RateLimitLayer<St, P, J>,
+    config: Arc<RateLimitLayer<St, P, J>>,
+}
+
+impl<S: Clone, St, P, J> Clone for RateLimit<S, St, P, J> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
 }
 
 impl<S, St, P, J> RateLimit<S, St, P, J> {
-    pub(crate) fn new(inner: S, config: RateLimitLayer<St, P, J>) -> Self {
+    pub(crate) fn new(inner: S, config: Arc<RateLimitLayer<St, P, J>>) -> Self {
         RateLimit { inner, config }
     }
 
@@ -59,13 +73,11 @@ where
     type Future = ResponseFuture<S, Req, J>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| self.config.reject.error(e))
+        self.inner.poll_ready(cx).map_err(J::error)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let config = &self.config;
+        let config = &*self.config;
         let settings = || Settings {
             stats: config.stats.clone(),
             store: config.store.clone(),
@@ -86,9 +98,7 @@ where
         };
         match outcome {
             // Decided now: the inner service, made ready, is called now.
-            Ok(outcome) => {
-                ResponseFuture::decided(outcome, &mut self.inner, req, config.reject.clone())
-            }
+            Ok(outcome) => ResponseFuture::decided(outcome, &mut self.inner, req, &config.reject),
             Err(outcome) => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
@@ -107,6 +117,6 @@ where
     type Service = RateLimit<S, St, P, J>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.clone())
+        RateLimit::new(inner, Arc::new(self.clone()))
     }
 }

@@ -33,13 +33,22 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     type Response;
     /// The service's error.
     type Error;
+    /// What an allowed request's response takes from these settings, taken
+    /// when the request is decided: the response future holds it instead of
+    /// a clone of the settings, whose reference count every request on every
+    /// thread would write.
+    type Allowed: Send + 'static;
+
     /// Records the decisions on an allowed request (HTTP: its extensions).
     fn annotate(&self, req: &mut Req, decisions: &Decisions);
+
+    /// What the response to a request allowed with `decisions` will take.
+    fn allowing(&self, decisions: Option<&Decisions>) -> Self::Allowed;
 
     /// Wraps the inner service's response. `permit` holds the request's
     /// concurrency permits; dropping it releases them.
     fn allowed(
-        &self,
+        allowing: Self::Allowed,
         response: Res,
         decisions: Option<&Decisions>,
         permit: Option<PermitGuard>,
@@ -50,7 +59,7 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     fn rejected(&self, req: &Req, rejection: Rejection) -> Result<Self::Response, Self::Error>;
 
     /// Converts the inner service's error.
-    fn error(&self, error: E) -> Self::Error;
+    fn error(error: E) -> Self::Error;
 }
 
 type CustomHttp = Box<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
@@ -156,8 +165,10 @@ impl HttpRejections {
         };
         if !grpc && let Rejection::Limited(decisions) = rejection {
             let mut headers = HeaderMap::new();
-            self.headers
-                .apply_with(decisions, &mut headers, Some(&self.shared.policy_field));
+            let policy = self
+                .headers
+                .policy_field(decisions, &self.shared.policy_field);
+            self.headers.apply_with(decisions, &mut headers, policy);
             // Retry-After on every denial, even from a custom builder.
             headers.insert(
                 header::RETRY_AFTER,
@@ -196,26 +207,45 @@ fn standard_http(rejection: &Rejection) -> Response<Bytes> {
     response
 }
 
+/// What the response to an allowed HTTP request takes from
+/// [`HttpRejections`]: which headers to send, and the `RateLimit-Policy`
+/// field when it is known before the response.
+#[derive(Debug)]
+pub struct AllowedHeaders {
+    headers: RateLimitHeaders,
+    policy: Option<HeaderValue>,
+}
+
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     type Response = Response<ResponseBody<ResB>>;
     type Error = E;
+    type Allowed = AllowedHeaders;
+
     fn annotate(&self, req: &mut Request<B>, decisions: &Decisions) {
         req.extensions_mut().insert(decisions.clone());
     }
 
+    fn allowing(&self, decisions: Option<&Decisions>) -> AllowedHeaders {
+        AllowedHeaders {
+            headers: self.headers,
+            policy: decisions.and_then(|decisions| {
+                self.headers
+                    .policy_field(decisions, &self.shared.policy_field)
+            }),
+        }
+    }
+
     fn allowed(
-        &self,
+        allowing: AllowedHeaders,
         response: Response<ResB>,
         decisions: Option<&Decisions>,
         permit: Option<PermitGuard>,
     ) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
         if let Some(decisions) = decisions {
-            self.headers.apply_with(
-                decisions,
-                response.headers_mut(),
-                Some(&self.shared.policy_field),
-            );
+            allowing
+                .headers
+                .apply_with(decisions, response.headers_mut(), allowing.policy);
         }
         response
     }
@@ -225,7 +255,7 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         Ok(self.respond(grpc, &rejection).map(ResponseBody::full))
     }
 
-    fn error(&self, error: E) -> E {
+    fn error(error: E) -> E {
         error
     }
 }
@@ -247,10 +277,13 @@ where
 {
     type Response = Res;
     type Error = BoxError;
+    type Allowed = ();
 
     fn annotate(&self, _: &mut Req, _: &Decisions) {}
 
-    fn allowed(&self, response: Res, _: Option<&Decisions>, _permit: Option<PermitGuard>) -> Res {
+    fn allowing(&self, _: Option<&Decisions>) {}
+
+    fn allowed((): (), response: Res, _: Option<&Decisions>, _permit: Option<PermitGuard>) -> Res {
         // Without a body to outlive the response, the permits end with it.
         response
     }
@@ -259,7 +292,7 @@ where
         Err(Box::new(rejection))
     }
 
-    fn error(&self, error: E) -> BoxError {
+    fn error(error: E) -> BoxError {
         error.into()
     }
 }
