@@ -43,47 +43,59 @@ impl PolicyDecision {
 /// The rate-limit decisions made for a request, inserted into the request's
 /// extensions by the layer before the inner service runs, so later layers and
 /// handlers can read them (remaining quota, reset time).
-/// Cloning is cheap (the list is shared).
+/// Cloning is cheap: one decision is held inline, several are shared.
 ///
 /// Shadow policies are listed with the others, in the order the limits were
 /// given, and may have denied an allowed request
 /// ([`PolicyDecision::is_shadow`]).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
-    entries: Arc<[PolicyDecision]>,
+    entries: Entries,
+}
+
+/// No decision, one (the common case: no allocation), or several.
+#[derive(Debug, Clone, Default)]
+enum Entries {
+    #[default]
+    None,
+    One(PolicyDecision),
+    Several(Arc<[PolicyDecision]>),
 }
 
 impl Decisions {
     /// Decisions from a list.
-    pub fn new(entries: Vec<PolicyDecision>) -> Self {
-        Decisions {
-            entries: entries.into(),
-        }
+    pub fn new(mut entries: Vec<PolicyDecision>) -> Self {
+        let entries = match entries.len() {
+            0 => Entries::None,
+            1 => entries.pop().map_or(Entries::None, Entries::One),
+            _ => Entries::Several(entries.into()),
+        };
+        Decisions { entries }
     }
 
-    /// One decision, in one allocation.
+    /// One decision.
     pub(crate) fn one(entry: PolicyDecision) -> Self {
         Decisions {
-            entries: Arc::new([entry]),
+            entries: Entries::One(entry),
         }
     }
 
     /// The decisions, in the order the policies were checked.
     pub fn iter(&self) -> std::slice::Iter<'_, PolicyDecision> {
-        self.entries.iter()
+        self.as_slice().iter()
     }
 
     /// Whether the request may pass: no decision [refuses](PolicyDecision::refuses)
     /// it (shadow policies may have denied it).
     pub fn allowed(&self) -> bool {
-        !self.entries.iter().any(PolicyDecision::refuses)
+        !self.iter().any(PolicyDecision::refuses)
     }
 
     /// The most restrictive decision: the one that [refuses](PolicyDecision::refuses)
     /// the request with the longest retry, else the one with the least
     /// remaining (a shadow policy's included), denied ones first.
     pub fn tightest(&self) -> Option<&PolicyDecision> {
-        self.entries.iter().max_by_key(|e| {
+        self.iter().max_by_key(|e| {
             let d = &e.decision;
             (
                 e.refuses(),
@@ -96,17 +108,21 @@ impl Decisions {
 
     /// The decisions, as a slice.
     pub(crate) fn as_slice(&self) -> &[PolicyDecision] {
-        &self.entries
+        match &self.entries {
+            Entries::None => &[],
+            Entries::One(entry) => std::slice::from_ref(entry),
+            Entries::Several(entries) => entries,
+        }
     }
 
     /// The number of decisions.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.as_slice().len()
     }
 
     /// Whether there is no decision.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        matches!(self.entries, Entries::None)
     }
 }
 
@@ -115,7 +131,7 @@ impl<'a> IntoIterator for &'a Decisions {
     type IntoIter = std::slice::Iter<'a, PolicyDecision>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.iter()
+        self.iter()
     }
 }
 

@@ -41,7 +41,6 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            decisions: Option<Decisions>,
             // Dropped, and released, if the request is cancelled.
             permit: Option<PermitGuard>,
             allowing: Option<W>,
@@ -106,37 +105,35 @@ where
     S: Service<Req>,
     J: Reject<Req, S::Response, S::Error>,
 {
-    let (decisions, permit) = match outcome {
+    let (allowing, permit) = match outcome {
         Outcome::Rejected(rejection) => {
             return State::Answered {
                 answer: Some(reject.rejected(&req, rejection)),
             };
         }
         Outcome::Allowed(decisions, permit) => {
-            reject.annotate(&mut req, &decisions);
-            (Some(decisions), (!permit.is_empty()).then_some(permit))
+            let allowing = reject.allowing(Some(&decisions));
+            reject.annotate(&mut req, decisions);
+            (allowing, permit)
         }
         Outcome::Unlimited => {
             // No limit applied (allowlisted): handlers still find an empty
             // set of decisions.
-            reject.annotate(&mut req, &Decisions::default());
-            (None, None)
+            reject.annotate(&mut req, Decisions::default());
+            (reject.allowing(None), PermitGuard::default())
         }
         Outcome::FailedOpen(decisions, permit) => {
             // The store failed open: handlers find the shadow policies'
             // decisions, if any, else none.
-            reject.annotate(&mut req, &decisions);
-            (
-                (!decisions.is_empty()).then_some(decisions),
-                (!permit.is_empty()).then_some(permit),
-            )
+            let allowing = reject.allowing(Some(&decisions));
+            reject.annotate(&mut req, decisions);
+            (allowing, permit)
         }
     };
     State::Calling {
-        allowing: Some(reject.allowing(decisions.as_ref())),
+        allowing: Some(allowing),
         future: service.call(req),
-        decisions,
-        permit,
+        permit: (!permit.is_empty()).then_some(permit),
     }
 }
 
@@ -165,22 +162,18 @@ where
                 }
                 StateProj::Calling {
                     future,
-                    decisions,
                     permit,
                     allowing,
                 } => {
                     let result = ready!(future.poll(cx));
                     let permit = permit.take();
-                    let decisions = decisions.take();
                     let Some(allowing) = allowing.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
                     this.state.set(State::Done);
                     // An error drops the permits here; a response carries them.
                     return Poll::Ready(match result {
-                        Ok(response) => {
-                            Ok(J::allowed(allowing, response, decisions.as_ref(), permit))
-                        }
+                        Ok(response) => Ok(J::allowed(allowing, response, permit)),
                         Err(error) => Err(J::error(error)),
                     });
                 }

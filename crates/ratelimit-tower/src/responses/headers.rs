@@ -115,60 +115,79 @@ impl RateLimitHeaders {
 
     /// Writes the selected headers for `decisions` into `headers`.
     pub fn apply(&self, decisions: &Decisions, headers: &mut HeaderMap) {
-        self.apply_with(decisions, headers, None);
+        self.fields(decisions, None).insert_into(headers);
     }
 
-    /// The `RateLimit-Policy` field these settings send for `decisions`,
-    /// from `cache` when it holds their one policy's; `None` when they send
-    /// no such field.
-    pub(crate) fn policy_field(
-        &self,
-        decisions: &Decisions,
-        cache: &PolicyFieldCache,
-    ) -> Option<HeaderValue> {
-        if self.ietf && !decisions.is_empty() {
-            cache.field(decisions)
-        } else {
-            None
-        }
-    }
-
-    /// [`apply`](Self::apply), with `RateLimit-Policy` given (`policy`, from
-    /// [`policy_field`](Self::policy_field)) instead of written.
-    pub(crate) fn apply_with(
-        &self,
-        decisions: &Decisions,
-        headers: &mut HeaderMap,
-        policy: Option<HeaderValue>,
-    ) {
+    /// The selected fields for `decisions`, with `RateLimit-Policy` from
+    /// `cache` when it holds their one policy's.
+    pub(crate) fn fields(&self, decisions: &Decisions, cache: Option<&PolicyFieldCache>) -> Fields {
+        let mut fields = Fields::default();
         if decisions.is_empty() {
-            return;
+            return fields;
         }
         if self.ietf {
-            let policy = policy.or_else(|| policy_field(decisions));
-            let state = sf_list(decisions.iter(), |_, entry| {
+            fields.policy = match cache {
+                Some(cache) => cache.field(decisions),
+                None => policy_field(decisions),
+            };
+            fields.state = sf_list(decisions.iter(), |_, entry| {
                 [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
-            });
-            if let Some(v) = policy {
-                headers.insert(RATELIMIT_POLICY.clone(), v);
-            }
-            if let Ok(v) = state {
-                headers.insert(RATELIMIT.clone(), v);
-            }
+            })
+            .ok();
         }
         if let (Some(format), Some(tightest)) = (self.legacy, decisions.tightest()) {
             let d = tightest.decision();
-            headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit()));
-            headers.insert(
-                X_RATELIMIT_REMAINING.clone(),
-                HeaderValue::from(d.remaining()),
-            );
-            let delay = t_seconds(tightest);
             let reset = match format {
-                ResetFormat::DelaySeconds => delay,
+                ResetFormat::DelaySeconds => t_seconds(tightest),
                 ResetFormat::EpochSeconds => epoch_seconds_after(t_micros(tightest)),
             };
-            headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+            fields.legacy = Some(Box::new([
+                HeaderValue::from(d.limit()),
+                HeaderValue::from(d.remaining()),
+                HeaderValue::from(reset),
+            ]));
+        }
+        fields
+    }
+}
+
+pub(crate) use fields::Fields;
+
+mod fields {
+    use http::{HeaderMap, HeaderValue};
+
+    use super::{
+        RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    };
+
+    /// The rate-limit fields of one response, written when its request is
+    /// decided (the decisions then go to the request's extensions, not along
+    /// with the response future). `pub` only as the layer's unexported
+    /// `Reject` names it; not reachable outside the crate.
+    #[derive(Debug, Default)]
+    pub struct Fields {
+        pub(crate) policy: Option<HeaderValue>,
+        pub(crate) state: Option<HeaderValue>,
+        // `X-RateLimit-Limit`, `-Remaining` and `-Reset`: boxed, so the IETF
+        // fields alone (the default) keep the future small.
+        pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
+    }
+
+    impl Fields {
+        /// Inserts the fields into `headers`, replacing any of the same names.
+        pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
+            if let Some(v) = self.policy {
+                headers.insert(RATELIMIT_POLICY.clone(), v);
+            }
+            if let Some(v) = self.state {
+                headers.insert(RATELIMIT.clone(), v);
+            }
+            if let Some(legacy) = self.legacy {
+                let [limit, remaining, reset] = *legacy;
+                headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+                headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+                headers.insert(X_RATELIMIT_RESET.clone(), reset);
+            }
         }
     }
 }
@@ -343,9 +362,9 @@ mod tests {
 
     fn fields(decisions: &Decisions, cache: Option<&PolicyFieldCache>) -> (String, String) {
         let mut headers = HeaderMap::new();
-        let ietf = RateLimitHeaders::ietf();
-        let policy = cache.and_then(|cache| ietf.policy_field(decisions, cache));
-        ietf.apply_with(decisions, &mut headers, policy);
+        RateLimitHeaders::ietf()
+            .fields(decisions, cache)
+            .insert_into(&mut headers);
         let text = |name: &HeaderName| headers[name].to_str().unwrap().to_owned();
         (text(&RATELIMIT_POLICY), text(&RATELIMIT))
     }

@@ -11,7 +11,7 @@ use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::responses::grpc::{is_grpc, trailers_only};
-use crate::responses::headers::{PolicyFieldCache, RateLimitHeaders};
+use crate::responses::headers::{Fields, PolicyFieldCache, RateLimitHeaders};
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
@@ -33,24 +33,24 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     type Response;
     /// The service's error.
     type Error;
-    /// What an allowed request's response takes from these settings, taken
-    /// when the request is decided: the response future holds it instead of
-    /// a clone of the settings, whose reference count every request on every
+    /// What an allowed request's response takes from its decisions and these
+    /// settings (HTTP: its rate-limit fields), taken when the request is
+    /// decided: the response future holds it instead of the decisions and a
+    /// clone of the settings, whose reference count every request on every
     /// thread would write.
     type Allowed: Send + 'static;
 
-    /// Records the decisions on an allowed request (HTTP: its extensions).
-    fn annotate(&self, req: &mut Req, decisions: &Decisions);
-
     /// What the response to a request allowed with `decisions` will take.
     fn allowing(&self, decisions: Option<&Decisions>) -> Self::Allowed;
+
+    /// Records the decisions on an allowed request (HTTP: its extensions).
+    fn annotate(&self, req: &mut Req, decisions: Decisions);
 
     /// Wraps the inner service's response. `permit` holds the request's
     /// concurrency permits; dropping it releases them.
     fn allowed(
         allowing: Self::Allowed,
         response: Res,
-        decisions: Option<&Decisions>,
         permit: Option<PermitGuard>,
     ) -> Self::Response;
 
@@ -165,10 +165,9 @@ impl HttpRejections {
         };
         if !grpc && let Rejection::Limited(decisions) = rejection {
             let mut headers = HeaderMap::new();
-            let policy = self
-                .headers
-                .policy_field(decisions, &self.shared.policy_field);
-            self.headers.apply_with(decisions, &mut headers, policy);
+            self.headers
+                .fields(decisions, Some(&self.shared.policy_field))
+                .insert_into(&mut headers);
             // Retry-After on every denial, even from a custom builder.
             headers.insert(
                 header::RETRY_AFTER,
@@ -207,46 +206,29 @@ fn standard_http(rejection: &Rejection) -> Response<Bytes> {
     response
 }
 
-/// What the response to an allowed HTTP request takes from
-/// [`HttpRejections`]: which headers to send, and the `RateLimit-Policy`
-/// field when it is known before the response.
-#[derive(Debug)]
-pub struct AllowedHeaders {
-    headers: RateLimitHeaders,
-    policy: Option<HeaderValue>,
-}
-
 impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     type Response = Response<ResponseBody<ResB>>;
     type Error = E;
-    type Allowed = AllowedHeaders;
+    type Allowed = Fields;
 
-    fn annotate(&self, req: &mut Request<B>, decisions: &Decisions) {
-        req.extensions_mut().insert(decisions.clone());
+    fn allowing(&self, decisions: Option<&Decisions>) -> Fields {
+        decisions.map_or_else(Fields::default, |decisions| {
+            self.headers
+                .fields(decisions, Some(&self.shared.policy_field))
+        })
     }
 
-    fn allowing(&self, decisions: Option<&Decisions>) -> AllowedHeaders {
-        AllowedHeaders {
-            headers: self.headers,
-            policy: decisions.and_then(|decisions| {
-                self.headers
-                    .policy_field(decisions, &self.shared.policy_field)
-            }),
-        }
+    fn annotate(&self, req: &mut Request<B>, decisions: Decisions) {
+        req.extensions_mut().insert(decisions);
     }
 
     fn allowed(
-        allowing: AllowedHeaders,
+        fields: Fields,
         response: Response<ResB>,
-        decisions: Option<&Decisions>,
         permit: Option<PermitGuard>,
     ) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
-        if let Some(decisions) = decisions {
-            allowing
-                .headers
-                .apply_with(decisions, response.headers_mut(), allowing.policy);
-        }
+        fields.insert_into(response.headers_mut());
         response
     }
 
@@ -279,11 +261,11 @@ where
     type Error = BoxError;
     type Allowed = ();
 
-    fn annotate(&self, _: &mut Req, _: &Decisions) {}
-
     fn allowing(&self, _: Option<&Decisions>) {}
 
-    fn allowed((): (), response: Res, _: Option<&Decisions>, _permit: Option<PermitGuard>) -> Res {
+    fn annotate(&self, _: &mut Req, _: Decisions) {}
+
+    fn allowed((): (), response: Res, _permit: Option<PermitGuard>) -> Res {
         // Without a body to outlive the response, the permits end with it.
         response
     }
