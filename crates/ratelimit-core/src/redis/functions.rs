@@ -78,22 +78,35 @@ impl Inner {
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
             let fcall = super::scripts::Invocation::new("FCALL", function, keys, args);
-            match self.run_until(&fcall, via, deadline).await {
-                Err(e) if is_missing(&e) => match self.load(library, deadline).await {
-                    Ok(()) => match self.run_until(&fcall, via, deadline).await {
-                        // Loaded elsewhere only (a topology change meanwhile):
-                        // this call by script, the next one loads again.
-                        Err(e) if is_missing(&e) => {}
-                        other => return other,
-                    },
-                    Err(e) if is_unavailable(&e) => self.never_functions(),
-                    Err(e) => return Err(e),
-                },
-                Err(e) if is_unavailable(&e) => self.never_functions(),
-                other => return other,
+            // One await of the call, in a loop, so the future holds one
+            // call's state, not two.
+            let mut loaded = false;
+            loop {
+                match self.run_until(&fcall, via, deadline).await {
+                    // Boxed, as the script path below: rare, and its state
+                    // would make every call's future larger.
+                    Err(e) if is_missing(&e) && !loaded => {
+                        match Box::pin(self.load(library, deadline)).await {
+                            Ok(()) => loaded = true,
+                            Err(e) if is_unavailable(&e) => {
+                                self.never_functions();
+                                break;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    // Loaded elsewhere only (a topology change meanwhile):
+                    // this call by script, the next one loads again.
+                    Err(e) if is_missing(&e) => break,
+                    Err(e) if is_unavailable(&e) && !loaded => {
+                        self.never_functions();
+                        break;
+                    }
+                    other => return other,
+                }
             }
         }
-        self.eval(script, source, keys, args, via, deadline).await
+        Box::pin(self.eval(script, source, keys, args, via, deadline)).await
     }
 
     fn never_functions(&self) {
