@@ -20,11 +20,13 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod keys;
+mod lines;
 mod lock;
 mod shard;
 
 use blocks::*;
 use keys::*;
+use lines::*;
 use lock::*;
 use shard::*;
 

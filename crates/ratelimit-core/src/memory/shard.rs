@@ -19,12 +19,15 @@ use super::*;
 #[repr(align(128))]
 pub(super) struct Shard(pub(super) ShardLock<ShardInner>);
 
+/// A shard's table: in whole cache lines of its own ([`Lines`]).
+pub(super) type Table<T> = HashTable<T, Lines>;
+
 #[repr(C)]
 pub(super) struct ShardInner {
     /// The states of one word, GCRA's and the leaky bucket's (their TAT),
     /// of keys up to [`SHORT_KEY`] bytes: 32-byte entries. First: on the
     /// lock's cache line.
-    pub(super) short_words: HashTable<ShortWordEntry>,
+    pub(super) short_words: Table<ShortWordEntry>,
     /// Admin blocks, apart from the states so that a check looks here only
     /// while the shard holds a block at all (one word on the lock's line).
     pub(super) blocks: Blocks,
@@ -39,10 +42,10 @@ pub(super) struct ShardInner {
     /// `now < next_expiry` has nothing to sweep.
     pub(super) next_expiry: u64,
     /// The same as `short_words` for longer keys: 64-byte entries.
-    pub(super) words: HashTable<WordEntry>,
+    pub(super) words: Table<WordEntry>,
     /// The states of more than one word (every algorithm but GCRA and the
     /// leaky bucket).
-    pub(super) table: HashTable<Entry>,
+    pub(super) table: Table<Entry>,
     /// The store's hasher (`short_words` keeps no hash: it is computed
     /// again when the table grows).
     pub(super) hasher: foldhash::fast::RandomState,
@@ -51,12 +54,12 @@ pub(super) struct ShardInner {
 impl ShardInner {
     pub(super) fn new(hasher: foldhash::fast::RandomState) -> Self {
         ShardInner {
-            short_words: HashTable::new(),
+            short_words: Table::new_in(Lines),
             blocks: Blocks::default(),
             latest: 0,
             next_expiry: u64::MAX,
-            words: HashTable::new(),
-            table: HashTable::new(),
+            words: Table::new_in(Lines),
+            table: Table::new_in(Lines),
             hasher,
         }
     }
