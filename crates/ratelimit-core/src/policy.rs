@@ -306,7 +306,11 @@ pub struct Policy {
     inner: Arc<Inner>,
 }
 
+// Aligned to a cache line, so the reference counts in front of it (and a
+// policy's fields) share no line with another allocation: a layer keeps a
+// copy of a rule's policy per thread, whose counts each thread writes.
 #[derive(PartialEq, Eq, Hash)]
+#[repr(align(64))]
 struct Inner {
     name: Box<str>,
     algorithm: Algorithm,

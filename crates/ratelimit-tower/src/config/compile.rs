@@ -11,6 +11,7 @@ use super::schema::{ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleS
 use super::{Config, ConfigError, ConfigErrorKind};
 use crate::keys::{ClientIp, HeaderKey, TrustedProxies};
 use crate::options::MissingKey;
+use crate::rules::Copies;
 
 /// The configuration `spec` describes, or the first field at fault.
 pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
@@ -221,7 +222,7 @@ fn build_rule(
         })
         .collect::<Result<Box<[KeySource]>, ConfigError>>()?;
     Ok(ConfiguredRule {
-        policy,
+        policy: Copies::new(policy),
         key,
         cost: spec.cost,
         routes,

@@ -13,6 +13,7 @@ use ratelimit_core::Policy;
 
 use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
+use crate::rules::Copies;
 use crate::rules::cost::Cost;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
@@ -266,7 +267,7 @@ where
 /// A static rule: `policy` for the key `key` extracts, at the cost `cost` gives.
 #[derive(Debug, Clone)]
 pub struct Rule<K, C = u64> {
-    policy: Policy,
+    policy: Copies,
     key: K,
     cost: C,
     missing_key: Option<MissingKey>,
@@ -276,7 +277,7 @@ impl<K> Rule<K> {
     /// Limits requests by `key` under `policy`, at cost 1.
     pub fn new(policy: Policy, key: K) -> Self {
         Rule {
-            policy,
+            policy: Copies::new(policy),
             key,
             cost: 1,
             missing_key: None,
@@ -325,7 +326,7 @@ impl<K, C> Rule<K, C> {
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.policy.policy()
     }
 
     pub(crate) fn limit_for<Req>(&self, req: &Req) -> Limits
@@ -334,9 +335,9 @@ impl<K, C> Rule<K, C> {
         C: Cost<Req>,
     {
         match self.key.try_extract(req) {
-            Ok(key) => Limits::one(self.policy.clone(), key, self.cost.cost(req)),
+            Ok(key) => Limits::one(self.policy.local().clone(), key, self.cost.cost(req)),
             Err(cause) => Limits::missed(
-                &self.policy,
+                self.policy.policy(),
                 cause,
                 self.missing_key.unwrap_or(cause.default_action()),
             ),
