@@ -451,3 +451,128 @@ async fn a_single_node_store_on_a_cluster_node_is_refused_not_failed_open() {
     }
     assert!(refused > 0, "no key met another master");
 }
+
+/// A TLS cluster behind a private CA (`tls_root_cert`): every node speaks
+/// TLS only, clients and cluster bus alike. Decisions take the store's own
+/// connections to each master there too (redis-rs's multiplexed TLS
+/// connections, written through the store's outbox): `FCALL`s arrive on two
+/// connections of one master, where the cluster client keeps one. Under 64
+/// tasks, one hot key admits exactly its limit and keys over every master
+/// exactly theirs; checks of a concurrency limit (a lease of an hour) cut
+/// short by a timeout, some after they were sent, leave no permit held
+/// within seconds, as a release queued behind its check never overtakes it.
+/// Without the CA the store is refused, as a mistake (not an outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
+    use ratelimit_core::Policy;
+    use ratelimit_tests::Certificates;
+
+    let certs = Certificates::make();
+    let cluster = RedisCluster::start_tls(&certs);
+    assert!(cluster.urls()[0].starts_with("rediss://"));
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .tls_root_cert(certs.ca_pem())
+            .pool_size(6),
+    )
+    .await;
+
+    // The direct path: two keys of one master on its two connections.
+    let policy = fixed_window("tls-direct", 5, HOUR);
+    let slot = cluster_slot(store.state_key(b"first", &policy).as_bytes());
+    let master = cluster.master_of(slot);
+    let other = (0..10_000)
+        .map(|n| format!("second-{n}"))
+        .find(|k| {
+            let s = cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes());
+            s % 2 != slot % 2 && cluster.master_of(s) == master
+        })
+        .expect("a key of the same master on its other connection");
+    assert!(admits(&store, b"first", &policy).await);
+    assert!(admits(&store, other.as_bytes(), &policy).await);
+    let clients = cluster.cli(master, &["CLIENT", "LIST"]);
+    let fcalls = clients.lines().filter(|l| l.contains("cmd=fcall")).count();
+    assert!(fcalls >= 2, "FCALL on {fcalls} connection(s):\n{clients}");
+
+    // One hot key and 120 keys over the three masters, 64 tasks at once.
+    let hot = fixed_window("tls-hot", 100, HOUR);
+    let spread = fixed_window("tls-spread", 3, HOUR);
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let (store, hot, spread) = (store.clone(), hot.clone(), spread.clone());
+            tokio::spawn(async move {
+                let mut admitted = (0u64, std::collections::HashMap::<u64, u64>::new());
+                for i in 0..10u64 {
+                    let hot_check = store.check(b"hot", &hot, 1).await.unwrap();
+                    admitted.0 += u64::from(hot_check.is_allowed());
+                    let k = (task * 10 + i) % 120;
+                    let key = format!("spread-{k}");
+                    let d = store.check(key.as_bytes(), &spread, 1).await.unwrap();
+                    *admitted.1.entry(k).or_default() += u64::from(d.is_allowed());
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut hot_admitted = 0;
+    let mut per_key = std::collections::HashMap::<u64, u64>::new();
+    for task in tasks {
+        let (h, keys) = task.await.unwrap();
+        hot_admitted += h;
+        for (k, n) in keys {
+            *per_key.entry(k).or_default() += n;
+        }
+    }
+    assert_eq!(hot_admitted, 100, "640 checks of one key, limit 100");
+    assert_eq!(per_key.len(), 120);
+    for (k, n) in &per_key {
+        // 640 checks over 120 keys: at least 5 per key, limit 3.
+        assert_eq!(*n, 3, "key spread-{k}");
+    }
+    let masters: std::collections::HashSet<usize> = (0..120)
+        .map(|k| {
+            let key = store.state_key(format!("spread-{k}").as_bytes(), &spread);
+            cluster.master_of(cluster_slot(key.as_bytes()))
+        })
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys span every master");
+
+    // Checks cut short leave no permit behind.
+    let one = Policy::concurrency(1, HOUR)
+        .unwrap()
+        .with_name("tls-permit")
+        .unwrap();
+    for i in 0..40u64 {
+        let cut = Duration::from_micros(50 * (i % 8));
+        // A check cut short releases what it may have taken in the
+        // background, so the next one may still find the permit held.
+        if let Ok(Ok(decision)) = tokio::time::timeout(cut, store.check(b"worker", &one, 1)).await
+            && let Some(permit) = decision.permit()
+        {
+            store.release(b"worker", &one, permit).await.unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let decision = store.check(b"worker", &one, 1).await.unwrap();
+        if decision.is_allowed() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a check cut short kept its permit: {decision:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Without the CA, the nodes' certificate is not trusted.
+    let untrusting = RedisStore::cluster_builder(cluster.urls())
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await;
+    let refused = untrusting.expect_err("a cluster store without the CA was built");
+    assert!(
+        !refused.is_outage(),
+        "a mistake, not an outage: {refused:?}"
+    );
+}

@@ -14,9 +14,9 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit, admits, build,
-    cluster_store, decide_through_a_restart, long_policies, named, observable, pooled, redis_store,
-    small_policies, twin_stores, twins_at,
+    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit,
+    admits, build, cluster_store, decide_through_a_restart, long_policies, named, observable,
+    pooled, redis_store, small_policies, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -892,94 +892,15 @@ async fn untagged_states_from_before_tags_count_on() {
     }
 }
 
-/// Writes a CA and a server certificate for 127.0.0.1 into `dir` with the
-/// `openssl` command (installed by scripts/test).
-fn make_certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("openssl not runnable ({e}): run scripts/test, which installs it")
-            });
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=ratelimit-test-ca",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-    ]);
-}
-
 #[tokio::test]
 async fn rediss_urls_use_tls_with_a_private_ca() {
-    let certs = tempfile::tempdir().unwrap();
-    make_certificates(certs.path());
-    let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
-    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-    let server = RedisServer::start_with_args(&[
-        "--port",
-        "0",
-        "--tls-port",
-        "{port}",
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let certs = Certificates::make();
+    let args = certs.server_args();
+    let server = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let url = format!("rediss://127.0.0.1:{}", server.port());
     let store = build(
         RedisStore::builder(url.clone())
-            .tls_root_cert(std::fs::read(certs.path().join("ca.crt")).unwrap())
+            .tls_root_cert(certs.ca_pem())
             .call_timeout(CALL_TIMEOUT),
     )
     .await;

@@ -489,6 +489,9 @@ fn read_all(file: &mut File) -> String {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// `redis-cli`'s TLS arguments (`--tls --cacert ...`) for a TLS cluster,
+    /// else none.
+    cli_tls: Vec<String>,
 }
 
 impl RedisCluster {
@@ -502,10 +505,31 @@ impl RedisCluster {
     /// With [`MISSING_REDIS`] when `redis-server` or `redis-cli` is missing,
     /// or when the cluster is not ready within [`CLUSTER_READY_TIMEOUT`].
     pub fn start() -> RedisCluster {
+        Self::start_with(&CLUSTER_ARGS, Vec::new())
+    }
+
+    /// As [`start`](Self::start), every node speaking TLS only (clients and
+    /// the cluster bus, `--tls-cluster yes`) with the server certificate of
+    /// `certs`; the nodes announce their TLS ports, so [`urls`](Self::urls)
+    /// are `rediss://` URLs. [`cli`](Self::cli) speaks TLS to them too
+    /// (`RedisServer::cli` on a node does not).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(certs: &Certificates) -> RedisCluster {
+        let mut args: Vec<String> = CLUSTER_ARGS.iter().map(|a| (*a).to_owned()).collect();
+        args.extend(certs.server_args());
+        args.extend(["--tls-cluster".to_owned(), "yes".to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_with(&args, certs.cli_args())
+    }
+
+    fn start_with(args: &[&str], cli_tls: Vec<String>) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_inner(REDIS_SERVER, &CLUSTER_ARGS, true))
+            .map(|_| RedisServer::start_inner(REDIS_SERVER, args, true))
             .collect();
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, cli_tls };
         cluster.create();
         cluster.wait_ready();
         cluster
@@ -513,6 +537,7 @@ impl RedisCluster {
 
     fn create(&self) {
         let mut command = Command::new(REDIS_CLI);
+        command.args(&self.cli_tls);
         command.args(["--cluster", "create"]);
         for node in &self.nodes {
             command.arg(format!("127.0.0.1:{}", node.port()));
@@ -532,10 +557,8 @@ impl RedisCluster {
         let start = Instant::now();
         let expected_slots = format!("cluster_slots_assigned:{CLUSTER_SLOTS}");
         loop {
-            let infos: Vec<String> = self
-                .nodes
-                .iter()
-                .map(|node| node.cli(&["CLUSTER", "INFO"]))
+            let infos: Vec<String> = (0..self.nodes.len())
+                .map(|i| self.cli(i, &["CLUSTER", "INFO"]))
                 .collect();
             let ready = infos.iter().all(|info| {
                 let lines: Vec<&str> = info.lines().map(str::trim).collect();
@@ -568,9 +591,18 @@ impl RedisCluster {
         }
     }
 
-    /// The nodes' URLs, `redis://127.0.0.1:port` each.
+    /// The nodes' URLs, `redis://127.0.0.1:port` each (`rediss://` on a
+    /// [TLS cluster](Self::start_tls)).
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
+        let scheme = if self.cli_tls.is_empty() {
+            "redis"
+        } else {
+            "rediss"
+        };
+        self.nodes
+            .iter()
+            .map(|node| format!("{scheme}://127.0.0.1:{}", node.port()))
+            .collect()
     }
 
     /// The nodes, all masters.
@@ -618,6 +650,124 @@ impl RedisCluster {
     ///
     /// When `index` is not below 3, and as [`RedisServer::cli`].
     pub fn cli(&self, index: usize, args: &[&str]) -> String {
-        self.nodes[index].cli(args)
+        let tls: Vec<&str> = self.cli_tls.iter().map(String::as_str).collect();
+        cli(self.nodes[index].port, &[&tls[..], args].concat())
+    }
+}
+
+/// A private CA and a server certificate it signed for 127.0.0.1 (PEM
+/// files in a temporary directory, made with the `openssl` command, which
+/// scripts/test installs), for TLS servers.
+#[derive(Debug)]
+pub struct Certificates {
+    dir: TempDir,
+}
+
+impl Certificates {
+    /// Writes `ca.crt`, `server.crt` and `server.key`, valid for a day.
+    ///
+    /// # Panics
+    ///
+    /// When `openssl` cannot be run (the message names scripts/test) or
+    /// fails.
+    pub fn make() -> Certificates {
+        let dir = tempfile::Builder::new()
+            .prefix("redis-tls-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("creating a temporary directory for certificates: {e}"));
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("openssl not runnable ({e}): run scripts/test, which installs it")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        std::fs::write(dir.path().join("san.ext"), "subjectAltName=IP:127.0.0.1\n")
+            .unwrap_or_else(|e| panic!("writing san.ext: {e}"));
+        let day = ["-days", "1"];
+        run(&[
+            &["req", "-x509", "-newkey", "rsa:2048", "-nodes"][..],
+            &["-keyout", "ca.key"],
+            &["-out", "ca.crt", "-subj", "/CN=ratelimit-test-ca"],
+            &day,
+        ]
+        .concat());
+        run(&[
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+            ][..],
+            &["-out", "server.csr", "-subj", "/CN=127.0.0.1"],
+        ]
+        .concat());
+        run(&[
+            &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt"][..],
+            &["-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt"],
+            &day,
+            &["-extfile", "san.ext"],
+        ]
+        .concat());
+        Certificates { dir }
+    }
+
+    /// The path of `name` in the certificates' directory.
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_string_lossy().into_owned()
+    }
+
+    /// The CA's certificate, PEM.
+    ///
+    /// # Panics
+    ///
+    /// When it cannot be read.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.path("ca.crt")).unwrap_or_else(|e| panic!("reading ca.crt: {e}"))
+    }
+
+    /// `redis-server` arguments for a TLS-only server on `{port}` with the
+    /// server certificate, not asking clients for one.
+    pub fn server_args(&self) -> Vec<String> {
+        let (cert, key, ca) = (
+            self.path("server.crt"),
+            self.path("server.key"),
+            self.path("ca.crt"),
+        );
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            "{port}",
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect()
+    }
+
+    /// `redis-cli` arguments to talk TLS to such a server.
+    pub fn cli_args(&self) -> Vec<String> {
+        vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            self.path("ca.crt"),
+        ]
     }
 }

@@ -94,7 +94,9 @@ impl RedisStoreBuilder {
     }
 
     /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
-    /// instead of the system's roots, as for a private CA. Single node only.
+    /// instead of the system's roots, as for a private CA. On a cluster, for
+    /// every node: the cluster client's connections and the store's own
+    /// connection to each master.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
@@ -126,12 +128,6 @@ impl RedisStoreBuilder {
                 .into(),
             ));
         }
-        #[cfg(feature = "tls")]
-        if self.cluster && self.root_cert.is_some() {
-            return Err(StoreError::Backend(
-                "tls_root_cert is for a single node; a cluster uses the system's roots".into(),
-            ));
-        }
         let backend = if let Some(pooled) = self.pooled()? {
             pooled
         } else if self.cluster {
@@ -140,14 +136,21 @@ impl RedisStoreBuilder {
                 #[cfg(feature = "tls")]
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let wait = cluster_retry_wait(self.call_timeout);
-                let client = redis::cluster::ClusterClient::builder(self.urls.clone())
+                let builder = redis::cluster::ClusterClient::builder(self.urls.clone())
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.call_timeout)
                     .retries(CLUSTER_RETRIES)
                     .min_retry_wait(wait)
-                    .max_retry_wait(wait.saturating_add(1))
-                    .build()
-                    .map_err(backend_error)?;
+                    .max_retry_wait(wait.saturating_add(1));
+                #[cfg(feature = "tls")]
+                let builder = match self.root_cert.clone() {
+                    Some(root_cert) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    }),
+                    None => builder,
+                };
+                let client = builder.build().map_err(backend_error)?;
                 let connection = tokio::time::timeout(
                     self.connect_timeout.saturating_mul(3),
                     client.get_async_connection(),
@@ -166,10 +169,14 @@ impl RedisStoreBuilder {
                 Backend::Cluster(Box::new(
                     super::cluster::Cluster::new(
                         connection,
-                        url,
-                        self.connect_timeout,
-                        &self.prefix,
-                        self.pool_size,
+                        super::cluster::DirectSettings {
+                            url,
+                            connect_timeout: self.connect_timeout,
+                            prefix: &self.prefix,
+                            pool_size: self.pool_size,
+                            #[cfg(feature = "tls")]
+                            root_cert: self.root_cert.clone(),
+                        },
                     )
                     .await?,
                 ))

@@ -75,11 +75,30 @@ pub(super) struct Cluster {
     direct: Arc<Direct>,
 }
 
+/// How the direct path connects to each master.
+pub(super) struct DirectSettings<'a> {
+    /// The URL whose settings (credentials, TLS, protocol) every master's
+    /// connections use, with the master's own address.
+    pub(super) url: &'a str,
+    /// The time allowed to open one connection.
+    pub(super) connect_timeout: Duration,
+    /// The store's key prefix (for each master's ACL probe).
+    pub(super) prefix: &'a str,
+    /// Connections per master.
+    pub(super) pool_size: u32,
+    /// The CA to trust over TLS instead of the system's roots.
+    #[cfg(feature = "tls")]
+    pub(super) root_cert: Option<Vec<u8>>,
+}
+
 /// The direct path: the slot map and each master's connections.
 struct Direct {
     /// The first URL's connection settings (credentials, TLS, protocol);
     /// each master's connections use them with its own address.
     base: ConnectionInfo,
+    /// The CA its TLS connections trust (`None`: the system's roots).
+    #[cfg(feature = "tls")]
+    root_cert: Option<Vec<u8>>,
     /// The time allowed to open one of them.
     connect_timeout: Duration,
     prefix: String,
@@ -126,14 +145,21 @@ impl Cluster {
     /// read leaves every call to the cluster client until a later one).
     pub(super) async fn new(
         client: ClusterConnection,
-        url: &str,
-        connect_timeout: Duration,
-        prefix: &str,
-        pool_size: u32,
+        settings: DirectSettings<'_>,
     ) -> Result<Self, StoreError> {
+        let DirectSettings {
+            url,
+            connect_timeout,
+            prefix,
+            pool_size,
+            #[cfg(feature = "tls")]
+            root_cert,
+        } = settings;
         let base = redis::IntoConnectionInfo::into_connection_info(url).map_err(backend_error)?;
         let direct = Arc::new(Direct {
             base,
+            #[cfg(feature = "tls")]
+            root_cert,
             connect_timeout,
             prefix: prefix.to_owned(),
             pool_size,
@@ -469,7 +495,21 @@ impl Direct {
         let probe_key = (0..100_000u32)
             .map(|n| format!("{}:acl-probe:{{{n}}}", self.prefix))
             .find(|k| serves(key::cluster_slot(k.as_bytes())))?;
-        let client = redis::Client::open(self.base.clone().set_addr(addr)).ok()?;
+        let info = self.base.clone().set_addr(addr);
+        #[cfg(feature = "tls")]
+        let client = match self.root_cert.clone() {
+            Some(root_cert) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+            None => redis::Client::open(info),
+        }
+        .ok()?;
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(info).ok()?;
         let connections = Connections::new(
             client,
             self.connect_timeout,

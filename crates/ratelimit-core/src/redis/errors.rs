@@ -42,6 +42,9 @@ pub(super) fn cluster_error(e: RedisError) -> StoreError {
 /// finding a read-only replica: `RATELIMIT_REPLICA`) is a mistake to fix,
 /// never an outage.
 pub(super) fn is_outage(e: &RedisError) -> bool {
+    if certificate_refused(e) {
+        return false;
+    }
     unreachable(e)
         || matches!(
             e.kind(),
@@ -55,6 +58,16 @@ pub(super) fn is_outage(e: &RedisError) -> bool {
                 )
         )
         || matches!(e.code(), Some("BUSY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// Whether `e` says a TLS certificate did not verify where redis-rs kept
+/// only the text of the error: its cluster client reports what failed its
+/// first connections as a message of kind `Io` with the cause's text
+/// (rustls's: `invalid peer certificate: UnknownIssuer`), which would
+/// otherwise read as a dropped connection.
+fn certificate_refused(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|detail| detail.contains("invalid peer certificate"))
 }
 
 /// Whether `e` says the node could not be reached, or the connection to it
@@ -194,5 +207,18 @@ mod tests {
             let error = RedisError::from(Error::new(kind, "invalid peer certificate"));
             assert!(!is_outage(&error), "{kind:?}: {error:?}");
         }
+        // What the cluster client keeps of either when its first
+        // connections fail: the text alone.
+        let initial = |cause: &str| {
+            RedisError::from((
+                ErrorKind::Io,
+                "Failed to create initial connections",
+                cause.to_owned(),
+            ))
+        };
+        let refused = initial("Io: invalid peer certificate: UnknownIssuer");
+        assert!(!is_outage(&refused), "{refused:?}");
+        let down = initial("Io: Connection refused (os error 111)");
+        assert!(is_outage(&down), "{down:?}");
     }
 }
