@@ -169,15 +169,7 @@ async fn decisions_go_straight_to_their_master_and_survive_killed_connections() 
     let store = build(RedisStore::cluster_builder(cluster.urls()).pool_size(6)).await;
     let limit = 30;
     let policy = fixed_window("direct", limit, HOUR);
-    let slot = cluster_slot(store.state_key(b"hot", &policy).as_bytes());
-    let master = cluster.master_of(slot);
-    let other = (0..10_000)
-        .map(|n| format!("other-{n}"))
-        .find(|k| {
-            let s = cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes());
-            s % 2 != slot % 2 && cluster.master_of(s) == master
-        })
-        .expect("a key of the same master on its other connection");
+    let (master, other) = on_the_other_connection(&cluster, &store, &policy, b"hot");
     let mut admitted = 0;
     for _ in 0..10 {
         admitted += u64::from(admits(&store, b"hot", &policy).await);
@@ -198,6 +190,27 @@ async fn decisions_go_straight_to_their_master_and_survive_killed_connections() 
         admitted += u64::from(decision.is_allowed());
     }
     assert_eq!(admitted, limit, "35 requests, the limit admitted exactly");
+}
+
+/// The master of `key`'s state under `policy`, and another key of that
+/// master whose slot takes its other direct connection (with two per
+/// master, a slot takes the connection of its parity).
+fn on_the_other_connection(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &ratelimit_core::Policy,
+    key: &[u8],
+) -> (usize, String) {
+    let slot = cluster_slot(store.state_key(key, policy).as_bytes());
+    let master = cluster.master_of(slot);
+    let other = (0..10_000)
+        .map(|n| format!("other-{n}"))
+        .find(|k| {
+            let s = cluster_slot(store.state_key(k.as_bytes(), policy).as_bytes());
+            s % 2 != slot % 2 && cluster.master_of(s) == master
+        })
+        .expect("a key of the same master on its other connection");
+    (master, other)
 }
 
 /// The `INFO stats` counter `field` of `node`.
@@ -479,15 +492,7 @@ async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
 
     // The direct path: two keys of one master on its two connections.
     let policy = fixed_window("tls-direct", 5, HOUR);
-    let slot = cluster_slot(store.state_key(b"first", &policy).as_bytes());
-    let master = cluster.master_of(slot);
-    let other = (0..10_000)
-        .map(|n| format!("second-{n}"))
-        .find(|k| {
-            let s = cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes());
-            s % 2 != slot % 2 && cluster.master_of(s) == master
-        })
-        .expect("a key of the same master on its other connection");
+    let (master, other) = on_the_other_connection(&cluster, &store, &policy, b"first");
     assert!(admits(&store, b"first", &policy).await);
     assert!(admits(&store, other.as_bytes(), &policy).await);
     let clients = cluster.cli(master, &["CLIENT", "LIST"]);
