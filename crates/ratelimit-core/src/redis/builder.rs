@@ -144,10 +144,7 @@ impl RedisStoreBuilder {
                     .max_retry_wait(wait.saturating_add(1));
                 #[cfg(feature = "tls")]
                 let builder = match self.root_cert.clone() {
-                    Some(root_cert) => builder.certs(redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(root_cert),
-                    }),
+                    Some(root_cert) => builder.certs(trusting(root_cert)),
                     None => builder,
                 };
                 let client = builder.build().map_err(backend_error)?;
@@ -193,17 +190,7 @@ impl RedisStoreBuilder {
             let client = {
                 // redis-rs uses the process's default rustls provider.
                 let _ = rustls::crypto::ring::default_provider().install_default();
-                match self.root_cert.clone() {
-                    Some(root_cert) => redis::Client::build_with_tls(
-                        url.as_str(),
-                        redis::TlsCertificates {
-                            client_tls: None,
-                            root_cert: Some(root_cert),
-                        },
-                    ),
-                    None => redis::Client::open(url.as_str()),
-                }
-                .map_err(backend_error)?
+                client_trusting(url.as_str(), self.root_cert.clone()).map_err(backend_error)?
             };
             #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
@@ -275,6 +262,29 @@ impl RedisStoreBuilder {
 /// unreachable node counts one.
 #[cfg(feature = "redis-cluster")]
 const CLUSTER_RETRIES: u32 = 16;
+
+/// TLS settings that trust the CA certificate `root_cert` (PEM) instead of
+/// the system's roots, with no client certificate.
+#[cfg(feature = "tls")]
+fn trusting(root_cert: Vec<u8>) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    }
+}
+
+/// A client of the node at `info`; over TLS it trusts `root_cert` (PEM)
+/// when given, else the system's roots.
+#[cfg(feature = "tls")]
+pub(super) fn client_trusting(
+    info: impl redis::IntoConnectionInfo,
+    root_cert: Option<Vec<u8>>,
+) -> redis::RedisResult<redis::Client> {
+    match root_cert {
+        Some(root_cert) => redis::Client::build_with_tls(info, trusting(root_cert)),
+        None => redis::Client::open(info),
+    }
+}
 
 /// The wait, in milliseconds, before redis-rs retries a command that met
 /// `TRYAGAIN` (a slot half migrated) or a node it could not connect to: one

@@ -497,17 +497,7 @@ impl Direct {
             .find(|k| serves(key::cluster_slot(k.as_bytes())))?;
         let info = self.base.clone().set_addr(addr);
         #[cfg(feature = "tls")]
-        let client = match self.root_cert.clone() {
-            Some(root_cert) => redis::Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            ),
-            None => redis::Client::open(info),
-        }
-        .ok()?;
+        let client = super::builder::client_trusting(info, self.root_cert.clone()).ok()?;
         #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(info).ok()?;
         let connections = Connections::new(
