@@ -23,7 +23,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Inner { #[pin] body: B, permit: Option<PermitGuard> },
+        Inner { #[pin] body: B, permit: PermitGuard },
         Full { data: Option<Bytes> },
     }
 }
@@ -31,7 +31,7 @@ pin_project! {
 impl<B> ResponseBody<B> {
     /// Wraps the inner service's body, holding a concurrency permit until the
     /// body ends or is dropped.
-    pub(crate) fn with_permit(body: B, permit: Option<PermitGuard>) -> Self {
+    pub(crate) fn with_permit(body: B, permit: PermitGuard) -> Self {
         ResponseBody {
             kind: Kind::Inner { body, permit },
         }
@@ -76,7 +76,7 @@ where
                 let frame = body.poll_frame(cx);
                 if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
                     // The response is complete (or failed): free the slot now.
-                    permit.take();
+                    drop(std::mem::take(permit));
                 }
                 frame
             }

@@ -42,7 +42,7 @@ pin_project! {
             #[pin]
             future: F,
             // Dropped, and released, if the request is cancelled.
-            permit: Option<PermitGuard>,
+            permit: PermitGuard,
             allowing: Option<W>,
         },
         // Refused when the request was decided in `call`.
@@ -133,7 +133,7 @@ where
     State::Calling {
         allowing: Some(allowing),
         future: service.call(req),
-        permit: (!permit.is_empty()).then_some(permit),
+        permit,
     }
 }
 
@@ -166,7 +166,7 @@ where
                     allowing,
                 } => {
                     let result = ready!(future.poll(cx));
-                    let permit = permit.take();
+                    let permit = std::mem::take(permit);
                     let Some(allowing) = allowing.take() else {
                         panic!("ResponseFuture polled after completion");
                     };

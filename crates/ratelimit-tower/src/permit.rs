@@ -14,13 +14,15 @@ type Release = Box<dyn FnOnce() + Send + Sync>;
 /// body has been sent or dropped, or when the request was cancelled before.
 #[derive(Default)]
 pub struct PermitGuard {
-    releases: Vec<Release>,
+    // Boxed, and absent while there is none: most requests hold no permit,
+    // and the guard travels in every response future and body.
+    releases: Option<Box<Vec<Release>>>,
 }
 
 impl fmt::Debug for PermitGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitGuard")
-            .field("permits", &self.releases.len())
+            .field("permits", &self.releases.as_ref().map_or(0, |r| r.len()))
             .finish()
     }
 }
@@ -36,25 +38,30 @@ impl PermitGuard {
         permit: PermitId,
     ) {
         let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
-        self.releases.push(Box::new(move || {
+        let releases = self.releases.get_or_insert_with(Box::default);
+        releases.push(Box::new(move || {
             drive(store.release(key.as_bytes(), &policy, permit));
         }));
     }
 
     /// Takes over the permits of `other`.
     pub(crate) fn absorb(&mut self, mut other: PermitGuard) {
-        self.releases.append(&mut other.releases);
+        match (&mut self.releases, other.releases.take()) {
+            (Some(mine), Some(mut theirs)) => mine.append(&mut theirs),
+            (mine @ None, theirs) => *mine = theirs,
+            (Some(_), None) => {}
+        }
     }
 
     /// Whether it holds no permit.
     pub fn is_empty(&self) -> bool {
-        self.releases.is_empty()
+        self.releases.as_ref().is_none_or(|r| r.is_empty())
     }
 }
 
 impl Drop for PermitGuard {
     fn drop(&mut self) {
-        for release in self.releases.drain(..) {
+        for release in self.releases.take().into_iter().flat_map(|r| *r) {
             release();
         }
     }

@@ -20,7 +20,6 @@
 //! delay-seconds by default, or in Unix epoch seconds as GitHub sends it.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -135,7 +134,11 @@ impl RateLimitHeaders {
             })
             .ok();
         }
-        if let (Some(format), Some(tightest)) = (self.legacy, decisions.tightest()) {
+        // The tightest decision is looked for only when the legacy fields
+        // are sent.
+        if let Some(format) = self.legacy
+            && let Some(tightest) = decisions.tightest()
+        {
             let d = tightest.decision();
             let reset = match format {
                 ResetFormat::DelaySeconds => t_seconds(tightest),
@@ -258,49 +261,57 @@ fn interned(value: HeaderValue) -> HeaderValue {
 
 /// A structured-field list with one member per policy, `"<name>"` with the
 /// two integer parameters `params` gives, written without `fmt` (a header on
-/// every response): on the stack, then copied into the value's one
-/// allocation of the exact size (a `Vec` of a guessed capacity would cost a
-/// second one, `Bytes`' shared header).
+/// every response) into one allocation of the exact size, which the value
+/// then owns (no copy, and none of `Bytes`' shared headers).
 fn sf_list<'a>(
     entries: impl Iterator<Item = &'a PolicyDecision> + Clone,
     params: impl Fn(&Policy, &PolicyDecision) -> [(&'static str, u64); 2],
 ) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
-    const STACK: usize = 128;
-    let mut stack = [0u8; STACK];
-    let mut spare: &mut [u8] = &mut stack;
-    if write_members(&mut spare, entries.clone(), &params).is_ok() {
-        let len = STACK - spare.len();
-        return HeaderValue::from_bytes(&stack[..len]);
-    }
-    // Longer than the stack buffer (long names, several policies).
-    let mut heap = Vec::with_capacity(256);
-    let _ = write_members(&mut heap, entries, &params);
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(heap))
+    let len = entries
+        .clone()
+        .enumerate()
+        .map(|(i, entry)| {
+            let separator = if i > 0 { 2 } else { 0 };
+            let params = params(entry.policy(), entry)
+                .iter()
+                .map(|(key, n)| 2 + key.len() + decimal_digits(*n))
+                .sum::<usize>();
+            separator + 2 + entry.policy().name().len() + params
+        })
+        .sum();
+    let mut out = Vec::with_capacity(len);
+    write_members(&mut out, entries, &params);
+    debug_assert_eq!(out.len(), len);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
 }
 
-/// The members of [`sf_list`] written into `out` (an error: `out` is full).
+/// How many decimal digits `n` is written with.
+fn decimal_digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+/// The members of [`sf_list`] written into `out`.
 fn write_members<'a>(
-    out: &mut impl Write,
+    out: &mut Vec<u8>,
     entries: impl Iterator<Item = &'a PolicyDecision>,
     params: &impl Fn(&Policy, &PolicyDecision) -> [(&'static str, u64); 2],
-) -> std::io::Result<()> {
+) {
     let mut digits = itoa::Buffer::new();
     for (i, entry) in entries.enumerate() {
         if i > 0 {
-            out.write_all(b", ")?;
+            out.extend_from_slice(b", ");
         }
         let policy = entry.policy();
-        out.write_all(b"\"")?;
-        out.write_all(policy.name().as_bytes())?;
-        out.write_all(b"\"")?;
+        out.push(b'"');
+        out.extend_from_slice(policy.name().as_bytes());
+        out.push(b'"');
         for (key, n) in params(policy, entry) {
-            out.write_all(b";")?;
-            out.write_all(key.as_bytes())?;
-            out.write_all(b"=")?;
-            out.write_all(digits.format(n).as_bytes())?;
+            out.push(b';');
+            out.extend_from_slice(key.as_bytes());
+            out.push(b'=');
+            out.extend_from_slice(digits.format(n).as_bytes());
         }
     }
-    Ok(())
 }
 
 /// The `t` of one policy: its retry delay when it denied, else the time until
@@ -425,8 +436,22 @@ mod tests {
         assert_ne!(a.as_bytes().as_ptr(), field.as_bytes().as_ptr());
     }
 
-    /// Fields longer than the stack buffer (two policies with 64-character
-    /// names and 13-digit numbers) are written in full.
+    /// A field's length is counted before it is written: every number's
+    /// digits, at each power of ten.
+    #[test]
+    fn decimal_digits_match_the_written_numbers() {
+        let mut n = 1u64;
+        for _ in 0..20 {
+            for m in [n - 1, n, n.saturating_add(n / 2), n.saturating_mul(10) - 1] {
+                assert_eq!(decimal_digits(m), m.to_string().len(), "{m}");
+            }
+            n = n.saturating_mul(10);
+        }
+        assert_eq!(decimal_digits(u64::MAX), 20);
+    }
+
+    /// Long fields (two policies with 64-character names and 13-digit
+    /// numbers) are written in full.
     #[test]
     fn long_fields_are_written_whole() {
         let long = |c: char| {

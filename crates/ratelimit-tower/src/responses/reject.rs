@@ -51,7 +51,7 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     fn allowed(
         allowing: Self::Allowed,
         response: Res,
-        permit: Option<PermitGuard>,
+        permit: PermitGuard,
     ) -> Self::Response;
 
     /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
@@ -225,7 +225,7 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     fn allowed(
         fields: Fields,
         response: Response<ResB>,
-        permit: Option<PermitGuard>,
+        permit: PermitGuard,
     ) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
         fields.insert_into(response.headers_mut());
@@ -265,7 +265,7 @@ where
 
     fn annotate(&self, _: &mut Req, _: Decisions) {}
 
-    fn allowed((): (), response: Res, _permit: Option<PermitGuard>) -> Res {
+    fn allowed((): (), response: Res, _permit: PermitGuard) -> Res {
         // Without a body to outlive the response, the permits end with it.
         response
     }
