@@ -11,9 +11,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use clap::ValueEnum;
+use http::HeaderValue;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::headers::RateLimitHeaders;
+use ratelimit_tower::headers::{RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders};
 use ratelimit_tower::{PeerIp, RateLimitLayer};
 use tower_governor::governor::GovernorConfigBuilder;
 
@@ -22,6 +23,11 @@ use tower_governor::governor::GovernorConfigBuilder;
 pub enum Variant {
     /// No limiter.
     None,
+    /// No limiter, and the handler sends the `RateLimit-Policy` and
+    /// `RateLimit` fields that `Memory` sends, as constants: what sending
+    /// the two fields costs the server and the client, apart from any
+    /// limiter.
+    NoneFields,
     /// `RateLimitLayer` on a `MemoryStore`, GCRA per peer IP, with its
     /// default headers (`RateLimit-Policy` and `RateLimit` on every response).
     Memory,
@@ -45,6 +51,16 @@ pub const PER_SECOND: u64 = 1_000_000;
 pub async fn app(variant: Variant, redis: &str) -> Result<Router, Box<dyn std::error::Error>> {
     let policy = Policy::gcra(PER_SECOND, Rate::per_second(PER_SECOND))?.with_name("bench")?;
     let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let fields = [
+        (
+            RATELIMIT_POLICY.clone(),
+            HeaderValue::from_static(r#""bench";q=1000000;w=1"#),
+        ),
+        (
+            RATELIMIT.clone(),
+            HeaderValue::from_static(r#""bench";r=999999;t=1"#),
+        ),
+    ];
     let governor = |headers: bool| {
         let mut config = GovernorConfigBuilder::default();
         config
@@ -68,6 +84,10 @@ pub async fn app(variant: Variant, redis: &str) -> Result<Router, Box<dyn std::e
     };
     Ok(match variant {
         Variant::None => app,
+        Variant::NoneFields => Router::new().route(
+            "/",
+            get(move || std::future::ready((fields.clone(), "Hello, World!"))),
+        ),
         Variant::Memory => app.layer(RateLimitLayer::new(MemoryStore::new(), policy, PeerIp)),
         Variant::MemoryNoHeaders => app.layer(
             RateLimitLayer::new(MemoryStore::new(), policy, PeerIp)

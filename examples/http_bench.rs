@@ -7,7 +7,8 @@
 //!     [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //! ```
 //!
-//! - `none`: no limiter;
+//! - `none`: no limiter; `none-fields`: no limiter, and the handler sends
+//!   the two fields `memory` sends, as constants (what sending them costs);
 //! - `memory`: `RateLimitLayer` on a `MemoryStore`, GCRA per peer IP, with
 //!   its default headers (`RateLimit-Policy` and `RateLimit` on every
 //!   response); `memory-no-headers`: the same without them;

@@ -10,7 +10,7 @@
 //!
 //! ```sh
 //! cargo bench -p ratelimit-examples --no-default-features --bench layer_count --no-run
-//! target/release/deps/layer_count-* <none|memory|memory-no-headers|governor|governor-headers> <requests>
+//! target/release/deps/layer_count-* <none|none-fields|memory|memory-no-headers|governor|governor-headers> <requests>
 //! ```
 
 use std::net::SocketAddr;

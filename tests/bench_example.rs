@@ -217,8 +217,10 @@ fn bench_prints_the_function_library_and_its_functions() {
 fn http_bench_serves_each_variant() {
     let server = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut fields = std::collections::HashMap::new();
     for variant in [
         "none",
+        "none-fields",
         "memory",
         "memory-no-headers",
         "governor",
@@ -234,11 +236,20 @@ fn http_bench_serves_each_variant() {
             .block_on(reqwest::get(format!("{}/", example.base)))
             .unwrap();
         assert_eq!(response.status(), 200, "{variant}");
-        let limited = response.headers().contains_key("ratelimit");
-        assert_eq!(limited, matches!(variant, "memory" | "redis"), "{variant}");
+        let field = |name: &str| response.headers().get(name).cloned();
+        let sent = (field("ratelimit-policy"), field("ratelimit"));
+        assert_eq!(
+            sent.1.is_some(),
+            matches!(variant, "none-fields" | "memory" | "redis"),
+            "{variant}"
+        );
+        fields.insert(variant, sent);
         let governed = response.headers().contains_key("x-ratelimit-remaining");
         assert_eq!(governed, variant == "governor-headers", "{variant}");
         let body = runtime.block_on(response.text()).unwrap();
         assert_eq!(body, "Hello, World!", "{variant}");
     }
+    // The constants are the fields the memory layer sends for a fresh
+    // server's first request, byte for byte.
+    assert_eq!(fields["none-fields"], fields["memory"]);
 }

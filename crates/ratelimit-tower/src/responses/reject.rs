@@ -48,11 +48,7 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
 
     /// Wraps the inner service's response. `permit` holds the request's
     /// concurrency permits; dropping it releases them.
-    fn allowed(
-        allowing: Self::Allowed,
-        response: Res,
-        permit: PermitGuard,
-    ) -> Self::Response;
+    fn allowed(allowing: Self::Allowed, response: Res, permit: PermitGuard) -> Self::Response;
 
     /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
     /// it is refused).
@@ -222,11 +218,7 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         req.extensions_mut().insert(decisions);
     }
 
-    fn allowed(
-        fields: Fields,
-        response: Response<ResB>,
-        permit: PermitGuard,
-    ) -> Self::Response {
+    fn allowed(fields: Fields, response: Response<ResB>, permit: PermitGuard) -> Self::Response {
         let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
         fields.insert_into(response.headers_mut());
         response
