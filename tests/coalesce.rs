@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
+use ratelimit_core::key::cluster_slot;
 use ratelimit_core::redis::{CoalescingStats, RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
@@ -460,11 +461,11 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
     }
 }
 
-/// A Redis Cluster: batches form per slot (a hot key; one user's limits
+/// A Redis Cluster: batches form on one slot (a hot key; one user's limits
 /// under one hash tag), and stay exact there: 64 tasks over one hot key
 /// admit exactly the limit, and one user's two limits stay all or nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
+async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
     let store = pooled(RedisStore::cluster_builder(cluster.urls()), 1).await;
     let policy = fixed_window("hot", 100, Duration::from_secs(3600));
@@ -522,6 +523,169 @@ async fn on_a_cluster_batches_form_per_slot_and_stay_exact() {
     assert_eq!(hour_left.remaining(), 2, "{hour_left:?}");
 }
 
+/// Requests on many keys, in many slots, from 64 tasks at once: a batch is
+/// one master's, whatever slots its keys are in (with a lane per slot, 200
+/// keys over 16,384 slots almost never share a call), and each key admits
+/// exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_batches_form_per_master_across_slots_and_stay_exact() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("spread", 5, Duration::from_secs(3600));
+    let keys = 200;
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let (store, policy) = (store.clone(), policy.clone());
+        tasks.spawn(async move {
+            let mut admitted = vec![0u64; keys];
+            for j in 0..25 {
+                let k = (task * 25 + j) % keys;
+                let decision = store
+                    .check(format!("user-{k}").as_bytes(), &policy, 1)
+                    .await
+                    .unwrap();
+                admitted[k] += u64::from(decision.is_allowed());
+            }
+            admitted
+        });
+    }
+    let mut admitted = vec![0u64; keys];
+    while let Some(task) = tasks.join_next().await {
+        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
+            *sum += n;
+        }
+    }
+    // 1,600 requests, 8 per key.
+    assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
+    let stats = store.coalescing();
+    assert_eq!(stats.requests, 1600, "{stats:?}");
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
+}
+
+/// The same on a cluster whose user may not run `FCALL`: the requests that
+/// chose a master's lane before the store found out go again each on its
+/// own, the others by slot, all by script; each key admits exactly its
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
+    let cluster = RedisCluster::start();
+    for node in 0..3 {
+        let reply = cluster.cli(node, &["ACL", "SETUSER", "default", "-fcall"]);
+        assert_eq!(reply.trim(), "OK");
+    }
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("scripted", 5, Duration::from_secs(3600));
+    let keys = 200;
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let (store, policy) = (store.clone(), policy.clone());
+        tasks.spawn(async move {
+            let mut admitted = vec![0u64; keys];
+            for j in 0..25 {
+                let k = (task * 25 + j) % keys;
+                let decision = store
+                    .check(format!("user-{k}").as_bytes(), &policy, 1)
+                    .await
+                    .expect("a decision, by script");
+                admitted[k] += u64::from(decision.is_allowed());
+            }
+            admitted
+        });
+    }
+    let mut admitted = vec![0u64; keys];
+    while let Some(task) = tasks.join_next().await {
+        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
+            *sum += n;
+        }
+    }
+    assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
+    let evalsha: u64 = (0..3)
+        .map(|node| {
+            let stats = cluster.cli(node, &["INFO", "commandstats"]);
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|l| l.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        })
+        .sum();
+    assert!(evalsha >= 1000, "{evalsha} calls by script");
+}
+
+/// A batch on a master that no longer serves one of its keys' slots (the
+/// slot was given to another master after the store read the slot map):
+/// Redis refuses that key's requests, before they write anything, and the
+/// store sends each again on its own, following the redirection; every
+/// request is answered, and each key, wherever it lives, admits exactly its
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("moved", 10, Duration::from_secs(3600));
+    let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
+    // Twelve keys of one master; the first one's slot moves.
+    let source = cluster.master_of(slot_of("user-0"));
+    let of_source: Vec<String> = (0..400)
+        .map(|i| format!("user-{i}"))
+        .filter(|k| cluster.master_of(slot_of(k)) == source)
+        .take(12)
+        .collect();
+    assert_eq!(of_source.len(), 12);
+    let moved = slot_of(&of_source[0]);
+    let target = (source + 1) % 3;
+    // The slot holds no key yet: it moves with SETSLOT alone, unknown to
+    // the store, whose slot map still places it on the source.
+    let target_id = cluster.cli(target, &["CLUSTER", "MYID"]).trim().to_owned();
+    for node in [source, target, 3 - source - target] {
+        let reply = cluster.cli(
+            node,
+            &["CLUSTER", "SETSLOT", &moved.to_string(), "NODE", &target_id],
+        );
+        assert_eq!(reply.trim(), "OK", "SETSLOT on node {node}");
+    }
+    assert_eq!(cluster.master_of(moved), target);
+
+    // 64 tasks at once on the source's lane: batches mix the moved key with
+    // keys the source still serves.
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64usize {
+        let (store, policy, keys) = (store.clone(), policy.clone(), of_source.clone());
+        tasks.spawn(async move {
+            let mut admitted = vec![0u64; keys.len()];
+            for j in 0..6 {
+                // Every other request on the moved slot's key.
+                let k = if (task + j) % 2 == 0 {
+                    0
+                } else {
+                    1 + (task * 6 + j) % (keys.len() - 1)
+                };
+                let decision = store
+                    .check(keys[k].as_bytes(), &policy, 1)
+                    .await
+                    .expect("a decision, though the slot moved");
+                admitted[k] += u64::from(decision.is_allowed());
+            }
+            admitted
+        });
+    }
+    let mut admitted = vec![0u64; of_source.len()];
+    while let Some(task) = tasks.join_next().await {
+        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
+            *sum += n;
+        }
+    }
+    // 192 requests on the moved key, 192 over the 11 others (17 or 18 each).
+    assert!(admitted.iter().all(|&n| n == 10), "{admitted:?}");
+    let state = store.state_key(of_source[0].as_bytes(), &policy);
+    assert_eq!(cluster.cli(target, &["EXISTS", &state]).trim(), "1");
+    assert!(
+        store.coalescing().mean_batch() > 1.5,
+        "{:?}",
+        store.coalescing()
+    );
+}
+
 fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
@@ -561,7 +725,7 @@ async fn a_lone_caller_gone_in_flight_strands_nobody() {
 async fn a_batch_reply_that_does_not_decode_is_not_an_outage() {
     let (server, proxy, store) = one_connection(Duration::from_secs(2)).await;
     let broken = function_library().replace(
-        "return run_batch(keys, args)",
+        "return run_batch(keys, args, 1)",
         "return {'not', 'decisions'}",
     );
     assert_ne!(broken, function_library());

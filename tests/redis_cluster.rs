@@ -245,7 +245,7 @@ fn keys_of_master(
 }
 
 /// Decisions that tasks start in one turn of the runtime, on keys of one
-/// master (each in a slot of its own, so each its own call), reach that
+/// master (coalescing off, so each its own call), reach that
 /// master in one write: its reads carry many commands each, where a write
 /// per call gave it about one. One worker thread, as the runtime's wake
 /// order (the connection's task runs right after each caller) is the same
@@ -253,7 +253,7 @@ fn keys_of_master(
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn calls_started_together_go_to_their_master_in_one_write() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = build(RedisStore::cluster_builder(cluster.urls()).max_batch(1)).await;
     let policy = fixed_window("together", 100, HOUR);
     let keys = keys_of_master(&cluster, &store, &policy, 0, 40);
     // Warm: every connection open, the functions loaded.

@@ -80,7 +80,8 @@ impl RedisStoreBuilder {
     /// always takes at least one request.
     ///
     /// A request goes out at once while fewer than two calls are in flight
-    /// (one with a pool of one connection; per hash slot on a cluster); the
+    /// (one with a pool of one connection; on a cluster, per master, or per
+    /// hash slot where Redis Functions cannot be used); the
     /// requests that arrive while that many are in flight are gathered, and
     /// each call that returns sends
     /// up to `max_batch` units of them as one call of the batch function. No timer

@@ -173,6 +173,18 @@ impl Cluster {
         direct.refreshing.store(false, Ordering::Release);
         Ok(Cluster { client, direct })
     }
+
+    /// The place in the slot map of the master that serves `slot`, if the
+    /// map places it and the direct path is not leaving that master to the
+    /// cluster client: the requests of its slots may share a call (see
+    /// `coalesce`).
+    pub(super) fn master_of(&self, slot: u16) -> Option<u16> {
+        let direct = &self.direct;
+        let map = direct.map.read();
+        let index = *map.owners.get(usize::from(slot))?;
+        let node = map.nodes.get(usize::from(index))?;
+        (node.paused_until.load(Ordering::Relaxed) <= direct.millis()).then_some(index)
+    }
 }
 
 impl Inner {

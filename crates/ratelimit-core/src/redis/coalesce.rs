@@ -1,8 +1,13 @@
 //! Coalescing: the decisions that arrive while calls are in flight go to
 //! Redis together, as one call of the batch function (`batch.lua`).
 //!
-//! Every decision belongs to a lane (a single node has one lane; a Redis
-//! Cluster one per hash slot, since one call only reaches keys of one slot).
+//! Every decision belongs to a lane ([`LaneId`]): a single node has one
+//! lane. On a Redis Cluster a call declares keys of one hash slot only, so
+//! a lane is one master's slots where the store calls the library's
+//! functions (the master batch function reaches keys of the master's other
+//! slots: `library.lua`), and one slot where it runs scripts (Redis before
+//! 7, or a user who may not run functions). With random keys a master's
+//! lane gathers batches where a slot's almost never does (16,384 slots).
 //! While the lane has fewer calls in flight than its bound
 //! ([`MAX_CALLS_IN_FLIGHT`], or the pool size if smaller) and nothing waits,
 //! a decision goes out at once, alone, sent by its caller as it would be
@@ -68,6 +73,17 @@ pub(super) struct Item {
 /// once it has them, released if the answer is dropped).
 pub(super) type Answer = (Result<Vec<Decision>, StoreError>, Option<Unclaimed>);
 
+/// Which requests may share a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum LaneId {
+    /// The requests of one hash slot (on a single node, every request: 0).
+    Slot(u16),
+    /// The requests of every slot of one cluster master (its place in the
+    /// store's slot map), in calls of the master batch function.
+    #[cfg(feature = "redis-cluster")]
+    Master(u16),
+}
+
 #[derive(Default)]
 struct Lane {
     queue: VecDeque<Item>,
@@ -102,10 +118,9 @@ pub(super) fn weight(policy: &Policy) -> usize {
 pub(super) struct Coalescer {
     max_batch: usize,
     max_in_flight: usize,
-    /// By hash slot (on a single node, one lane, 0). Hashed with foldhash:
-    /// each request looks its lane up twice, and SipHash made that cost
-    /// more than the rest of the lane's bookkeeping.
-    lanes: Mutex<HashMap<u16, Lane, foldhash::fast::RandomState>>,
+    /// Hashed with foldhash: each request looks its lane up twice, and
+    /// SipHash made that cost more than the rest of the lane's bookkeeping.
+    lanes: Mutex<HashMap<LaneId, Lane, foldhash::fast::RandomState>>,
     calls: AtomicU64,
     requests: AtomicU64,
 }
@@ -187,7 +202,7 @@ impl Coalescer {
 /// goes in a task.
 pub(super) struct Alone {
     store: RedisStore,
-    lane: u16,
+    lane: LaneId,
 }
 
 impl Drop for Alone {
@@ -199,7 +214,7 @@ impl Drop for Alone {
 impl RedisStore {
     /// When `lane` has room and nothing waits: the caller sends its request
     /// itself, at once, as it would without coalescing (no task, no channel).
-    pub(super) fn go_alone(&self, coalescer: &Coalescer, lane: u16) -> Option<Alone> {
+    pub(super) fn go_alone(&self, coalescer: &Coalescer, lane: LaneId) -> Option<Alone> {
         let mut lanes = coalescer.lanes.lock();
         let state = lanes.entry(lane).or_default();
         if state.in_flight >= coalescer.max_in_flight || !state.queue.is_empty() {
@@ -215,7 +230,7 @@ impl RedisStore {
     }
 
     /// The end of a call sent alone: what queued behind it goes now.
-    fn finish_alone(&self, lane: u16) {
+    fn finish_alone(&self, lane: LaneId) {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return;
         };
@@ -255,7 +270,7 @@ impl RedisStore {
 
     /// Queues `item` on `lane`, and starts a call for it (and whatever
     /// waits) if the lane's bound allows. Needs a tokio runtime.
-    pub(super) fn submit(&self, coalescer: &Coalescer, lane: u16, item: Item) {
+    pub(super) fn submit(&self, coalescer: &Coalescer, lane: LaneId, item: Item) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
             let _ = item.reply.send((Err(error), item.unclaimed));
@@ -280,11 +295,11 @@ impl RedisStore {
     }
 
     /// Sends `batch`, then whatever waits on `lane`, until nothing does.
-    async fn drive(self, lane: u16, mut batch: Vec<Item>) {
+    async fn drive(self, lane: LaneId, mut batch: Vec<Item>) {
         loop {
             if !batch.is_empty() {
                 let answered = batch.len();
-                self.send_batch(batch).await;
+                self.send_batch(lane, batch).await;
                 if answered > 1 {
                     self.gather(lane).await;
                 }
@@ -316,7 +331,7 @@ impl RedisStore {
     /// batches of 21 instead of 32, and about 15 % fewer decisions per
     /// second: BENCHMARKS.md). No timer: a yield lets ready tasks run, and
     /// a request that finds its lane idle still goes out at once, alone.
-    async fn gather(&self, lane: u16) {
+    async fn gather(&self, lane: LaneId) {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return;
         };
@@ -344,7 +359,7 @@ impl RedisStore {
 
     /// One call for every request of `batch`, and each its answer. A batch
     /// of one request is the call it would be without coalescing.
-    async fn send_batch(&self, mut batch: Vec<Item>) {
+    async fn send_batch(&self, lane: LaneId, mut batch: Vec<Item>) {
         if let Some(coalescer) = self.inner.coalescer.as_ref() {
             coalescer.calls.fetch_add(1, Ordering::Relaxed);
             coalescer
@@ -354,49 +369,102 @@ impl RedisStore {
         if batch.len() == 1
             && let Some(item) = batch.pop()
         {
-            let sent_on = SentOn::default();
-            let via = item
-                .unclaimed
-                .as_ref()
-                .map_or(Via::Pool, |_| Via::Record(&sent_on));
-            let result = if item.keys.len() == 1 {
-                let (policy, cost, permit) = &item.requests[0];
-                self.clone()
-                    .check_one(item.keys[0].clone(), policy.clone(), *cost, *permit, via)
-                    .await
-                    .map(|d| vec![d])
-            } else {
-                self.check_group(&item.keys, &item.requests, via)
-                    .await
-                    .map(|(decisions, _)| decisions)
-            };
-            answer(item, result, &sent_on);
+            self.send_alone(item).await;
             return;
         }
-        let args = batch_args(&batch, self.fixed_now());
-        // Every state key, written into the command.
-        let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
         let sent_on = SentOn::default();
         let via = if batch.iter().any(|item| item.unclaimed.is_some()) {
             Via::Record(&sent_on)
         } else {
             Via::Pool
         };
-        let reply = self.inner.decide_batch(&keys, &args, via).await;
+        let reply = match lane {
+            LaneId::Slot(_) => {
+                let args = batch_args(&batch, self.fixed_now());
+                // Every state key, written into the command.
+                let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
+                self.inner.decide_batch(&keys, &args, via).await
+            }
+            #[cfg(feature = "redis-cluster")]
+            LaneId::Master(_) => match self.master_batch(&batch, via).await {
+                Some(reply) => reply,
+                None => {
+                    // Functions cannot be used (found since the lane was
+                    // chosen): each request as it would go without a batch.
+                    self.send_again(batch);
+                    return;
+                }
+            },
+        };
+        self.deliver(batch, reply, &sent_on);
+    }
+
+    /// One request sent as it would be without coalescing, and its answer.
+    async fn send_alone(&self, item: Item) {
+        let sent_on = SentOn::default();
+        let via = item
+            .unclaimed
+            .as_ref()
+            .map_or(Via::Pool, |_| Via::Record(&sent_on));
+        let result = if item.keys.len() == 1 {
+            let (policy, cost, permit) = &item.requests[0];
+            self.clone()
+                .check_one(item.keys[0].clone(), policy.clone(), *cost, *permit, via)
+                .await
+                .map(|d| vec![d])
+        } else {
+            self.check_group(&item.keys, &item.requests, via)
+                .await
+                .map(|(decisions, _)| decisions)
+        };
+        answer(item, result, &sent_on);
+    }
+
+    /// `batch` (of one cluster master's lane) in one call of the master
+    /// batch function: its first state key declared (it routes the call),
+    /// the others as arguments (see `library.lua`). `None` where functions
+    /// cannot be used.
+    #[cfg(feature = "redis-cluster")]
+    async fn master_batch(
+        &self,
+        batch: &[Item],
+        via: Via<'_>,
+    ) -> Option<Result<Value, StoreError>> {
+        let mut keys = batch.iter().flat_map(|item| item.keys.iter());
+        let first = keys.next()?;
+        let checks = batch_args(batch, self.fixed_now());
+        let mut args = Vec::with_capacity(1 + checks.len() + keys.clone().count());
+        args.push(Arg::Int(0));
+        args.extend(keys.map(|key| Arg::Str(key)));
+        args[0] = Arg::Int(args.len() as u64 - 1);
+        args.extend(checks);
+        self.inner.decide_master_batch(first, &args, via).await
+    }
+
+    /// Each request of `batch` its answer from the batch's `reply`; those
+    /// the node could not decide go again, each on its own.
+    fn deliver(&self, batch: Vec<Item>, reply: Result<Value, StoreError>, sent_on: &SentOn) {
         let results = match reply {
             Ok(reply) => batch_results(&batch, &reply),
             Err(error) => {
                 // A timeout or a dropped connection: an outage for each.
                 for item in batch {
-                    answer(item, Err(share(&error)), &sent_on);
+                    answer(item, Err(share(&error)), sent_on);
                 }
                 return;
             }
         };
         match results {
             Ok(results) => {
+                let mut again = Vec::new();
                 for (item, result) in batch.into_iter().zip(results) {
-                    answer(item, result, &sent_on);
+                    match result {
+                        Outcome::Done(result) => answer(item, result, sent_on),
+                        Outcome::NotServed => again.push(item),
+                    }
+                }
+                if !again.is_empty() {
+                    self.send_again(again);
                 }
             }
             Err(wrong) => {
@@ -405,7 +473,31 @@ impl RedisStore {
                     format!("undecodable reply to a batch of decisions: {wrong}").into(),
                 );
                 for item in batch {
-                    answer(item, Err(share(&error)), &sent_on);
+                    answer(item, Err(share(&error)), sent_on);
+                }
+            }
+        }
+    }
+
+    /// Sends each of `items`, undecided, again on its own, in tasks (as
+    /// many calls, which the lane does not wait for). Its call follows the
+    /// cluster's redirections where a batch's could not.
+    fn send_again(&self, items: Vec<Item>) {
+        if let Some(coalescer) = self.inner.coalescer.as_ref() {
+            coalescer
+                .calls
+                .fetch_add(items.len() as u64, Ordering::Relaxed);
+        }
+        let runtime = tokio::runtime::Handle::try_current();
+        for item in items {
+            match &runtime {
+                Ok(runtime) => {
+                    let store = self.clone();
+                    runtime.spawn(async move { store.send_alone(item).await });
+                }
+                Err(_) => {
+                    let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
+                    answer(item, Err(error), &SentOn::default());
                 }
             }
         }
@@ -467,8 +559,19 @@ fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     args
 }
 
-/// One answer per request of a batch.
-type Answers = Vec<Result<Vec<Decision>, StoreError>>;
+/// What one request of a batch came to.
+#[derive(Debug)]
+enum Outcome {
+    /// Its decisions, or its error.
+    Done(Result<Vec<Decision>, StoreError>),
+    /// Not decided: the node that ran the batch does not serve its slot
+    /// (now), or its cluster is down. Redis refused the request's first
+    /// read of a key, so nothing of it was written; it goes again on its own.
+    NotServed,
+}
+
+/// One outcome per request of a batch.
+type Answers = Vec<Outcome>;
 
 /// Each request's answer from the batch's reply (`batch.lua`): an array of
 /// one string of [`BATCH_RECORD`] bytes per check (`{allowed, remaining,
@@ -494,7 +597,11 @@ fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
                 Some(Value::SimpleString(message)) => message.as_bytes(),
                 other => return Err(format!("request {i} failed, with {other:?} as its message")),
             };
-            results.push(Err(request_error(item, message)));
+            results.push(if not_served(message) {
+                Outcome::NotServed
+            } else {
+                Outcome::Done(Err(request_error(item, message)))
+            });
             continue;
         };
         let mut fields = Vec::with_capacity(item.requests.len());
@@ -523,7 +630,7 @@ fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
                 },
             )
             .collect();
-        results.push(Ok(decisions));
+        results.push(Outcome::Done(Ok(decisions)));
     }
     let left = records.count();
     if left > 0 || messages.len() > 0 {
@@ -534,6 +641,17 @@ fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
         ));
     }
     Ok(results)
+}
+
+/// Whether a request's error is Redis refusing a script a key of a slot
+/// its node does not serve: the slot moved or is moving (the store's slot
+/// map is stale, or the batch was redirected by its first key), or the
+/// cluster is down. Redis checks this before running the command, so the
+/// request's first read failed and nothing of it was written.
+fn not_served(message: &[u8]) -> bool {
+    let message = String::from_utf8_lossy(message);
+    message.contains("Script attempted to access a non local key")
+        || message.contains("while the cluster is down")
 }
 
 /// The error of one request of a batch (`batch.lua` sends its message): a
@@ -617,9 +735,16 @@ mod tests {
         Value::Array(values)
     }
 
+    fn decided(outcome: &Outcome) -> &Result<Vec<Decision>, StoreError> {
+        match outcome {
+            Outcome::Done(result) => result,
+            Outcome::NotServed => panic!("not served"),
+        }
+    }
+
     #[test]
     fn a_batch_reply_reads_as_each_requests_answer() {
-        let batch = [item(1), item(2), item(1)];
+        let batch = [item(1), item(2), item(1), item(1), item(1)];
         let answers = batch_results(
             &batch,
             &reply(
@@ -627,17 +752,27 @@ mod tests {
                     record(1, 9.0, 1e6, 0.0),
                     record(2, 0.0, 0.0, 0.0),
                     record(0, 0.0, 1e6, 5e5),
+                    record(2, 0.0, 0.0, 0.0),
+                    record(2, 0.0, 0.0, 0.0),
                 ],
-                &["ERR no"],
+                &[
+                    "ERR no",
+                    "ERR Script attempted to access a non local key in a cluster node script: x",
+                    "ERR Script attempted to execute a command while the cluster is down",
+                ],
             ),
         )
         .unwrap();
-        let first = answers[0].as_ref().unwrap();
+        let first = decided(&answers[0]).as_ref().unwrap();
         assert!(first[0].is_allowed() && first[0].remaining() == 9);
-        assert!(matches!(answers[1], Err(StoreError::Backend(_))));
-        let third = answers[2].as_ref().unwrap();
+        assert!(matches!(decided(&answers[1]), Err(StoreError::Backend(_))));
+        let third = decided(&answers[2]).as_ref().unwrap();
         assert!(!third[0].is_allowed());
         assert_eq!(third[0].retry_after(), Some(Duration::from_millis(500)));
+        // Redis refused a key of a slot its node does not serve: undecided,
+        // to be sent again, not an error of the request.
+        assert!(matches!(answers[3], Outcome::NotServed), "{:?}", answers[3]);
+        assert!(matches!(answers[4], Outcome::NotServed), "{:?}", answers[4]);
     }
 
     /// A short, long or garbled reply is an error that says what is wrong,

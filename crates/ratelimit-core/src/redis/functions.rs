@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use redis::{RedisError, Script, Value};
 use tokio::time::Instant as Deadline;
 
-use super::scripts::{CallKeys, Library};
+use super::scripts::{CallKeys, Invocation, Library};
 use super::unclaimed::Via;
 use super::{Arg, Inner};
 use crate::StoreError;
@@ -39,15 +39,11 @@ impl Inner {
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
         let library = Library::get();
-        let (script, source) = self.scripts.single(algorithm);
-        self.call(
-            library.function(algorithm),
-            (script, source),
-            keys,
-            args,
-            via,
+        let script = Some(self.scripts.single(algorithm));
+        scripted(
+            self.call(library.function(algorithm), script, keys, args, via)
+                .await,
         )
-        .await
     }
 
     /// Several requests in one call (`batch.lua`): `FCALL` of the library's
@@ -59,25 +55,53 @@ impl Inner {
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
         let library = Library::get();
-        self.call(library.batch(), self.scripts.batch(), keys, args, via)
-            .await
+        let script = Some(self.scripts.batch());
+        scripted(self.call(library.batch(), script, keys, args, via).await)
+    }
+
+    /// One call of the library's master batch function: the requests of
+    /// several slots of one cluster master (`library.lua`). `first` is the
+    /// call's one declared key (it routes the call), `args` the other keys'
+    /// number, the keys, then `batch.lua`'s arguments. `None` where functions
+    /// cannot be used: a script has no such form, and the requests then go
+    /// slot by slot.
+    #[cfg(feature = "redis-cluster")]
+    pub(super) async fn decide_master_batch(
+        &self,
+        first: &String,
+        args: &[Arg<'_>],
+        via: Via<'_>,
+    ) -> Option<Result<Value, StoreError>> {
+        let keys = std::slice::from_ref(first);
+        let function = Library::get().master_batch();
+        self.call(function, None, keys, args, via).await
+    }
+
+    /// Whether calls go by functions (not yet found impossible).
+    #[cfg(feature = "redis-cluster")]
+    pub(super) fn by_functions(&self) -> bool {
+        self.functions.0.load(Ordering::Relaxed) == TRY
     }
 
     /// `FCALL` of `function`, loading the library once when it is missing,
-    /// or `script` where functions cannot be used.
+    /// or `script` where functions cannot be used: `None` then when there is
+    /// no `script` (see [`scripted`] for calls that have one). One async fn
+    /// for both: with the `FCALL` part in an async fn of its own, awaited
+    /// here, every decision's future held the call's keys and arguments
+    /// twice (112 bytes more, `future_size` in mod.rs).
     async fn call<K: CallKeys + ?Sized>(
         &self,
         function: &str,
-        (script, source): (&Script, &str),
+        script: Option<(&Script, &str)>,
         keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
-    ) -> Result<Value, StoreError> {
+    ) -> Option<Result<Value, StoreError>> {
         // One deadline over every attempt (a load included).
         let deadline = self.deadline();
         if self.functions.0.load(Ordering::Relaxed) == TRY {
             let library = Library::get();
-            let fcall = super::scripts::Invocation::new("FCALL", function, keys, args);
+            let fcall = Invocation::new("FCALL", function, keys, args);
             // One await of the call, in a loop, so the future holds one
             // call's state, not two.
             let mut loaded = false;
@@ -92,7 +116,7 @@ impl Inner {
                                 self.never_functions();
                                 break;
                             }
-                            Err(e) => return Err(e),
+                            Err(e) => return Some(Err(e)),
                         }
                     }
                     // Loaded elsewhere only (a topology change meanwhile):
@@ -102,11 +126,12 @@ impl Inner {
                         self.never_functions();
                         break;
                     }
-                    other => return other,
+                    other => return Some(other),
                 }
             }
         }
-        Box::pin(self.eval(script, source, keys, args, via, deadline)).await
+        let (script, source) = script?;
+        Some(Box::pin(self.eval(script, source, keys, args, via, deadline)).await)
     }
 
     fn never_functions(&self) {
@@ -123,6 +148,16 @@ impl Inner {
             other => other.map(|_| ()),
         }
     }
+}
+
+/// The answer of a [`call`](Inner::call) given a script, which always has
+/// one.
+fn scripted(answer: Option<Result<Value, StoreError>>) -> Result<Value, StoreError> {
+    answer.unwrap_or_else(|| {
+        Err(StoreError::Backend(
+            "a call with a script went unanswered".into(),
+        ))
+    })
 }
 
 fn redis_error(e: &StoreError) -> Option<&RedisError> {

@@ -58,7 +58,7 @@ pub(crate) use errors::backend_error;
 use errors::*;
 use replies::*;
 
-use coalesce::{Coalescer, Item};
+use coalesce::{Coalescer, Item, LaneId};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Kind, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
@@ -627,9 +627,15 @@ impl RedisStore {
             return Err(StoreError::Backend("coalescing is off".into()));
         };
         let lane = match &self.inner.backend {
-            Backend::Node(_) => 0,
+            Backend::Node(_) => LaneId::Slot(0),
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(_) => keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes())),
+            Backend::Cluster(cluster) => {
+                let slot = keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes()));
+                match cluster.master_of(slot) {
+                    Some(master) if self.inner.by_functions() => LaneId::Master(master),
+                    _ => LaneId::Slot(slot),
+                }
+            }
         };
         if let Some(alone) = self.go_alone(coalescer, lane) {
             // Boxed: a call's state is large (about 1.7 KB), and a request that

@@ -95,7 +95,7 @@ const MULTI: &str = every_algorithm!("multi.lua");
 /// the library's batch function.
 const BATCH: &str = concat!(
     every_algorithm!("batch.lua"),
-    "\nreturn run_batch(KEYS, ARGV)\n"
+    "\nreturn run_batch(KEYS, ARGV, 1)\n"
 );
 
 const ADMIN: &str = every_algorithm!("admin.lua");
@@ -218,6 +218,8 @@ pub(super) struct Library {
     source: String,
     names: [String; 7],
     batch: String,
+    #[cfg(feature = "redis-cluster")]
+    master_batch: String,
 }
 
 impl Library {
@@ -234,6 +236,8 @@ impl Library {
                 ),
                 names: AlgorithmKind::ALL.map(|kind| format!("{prefix}{}", kind.name().replace('-', "_"))),
                 batch: format!("{prefix}batch"),
+                #[cfg(feature = "redis-cluster")]
+                master_batch: format!("{prefix}master_batch"),
             }
         })
     }
@@ -251,6 +255,13 @@ impl Library {
     /// The function that decides several requests in one call (`batch.lua`).
     pub(super) fn batch(&'static self) -> &'static str {
         &self.batch
+    }
+
+    /// The function that decides the requests of several slots of one
+    /// cluster master in one call (see `library.lua`).
+    #[cfg(feature = "redis-cluster")]
+    pub(super) fn master_batch(&'static self) -> &'static str {
+        &self.master_batch
     }
 }
 

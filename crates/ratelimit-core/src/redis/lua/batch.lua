@@ -136,11 +136,13 @@ local function decide_requests(keys, args, forms, now, out)
   BATCH_ARG = a
 end
 
-local function run_batch(keys, args)
-  FIXED_NOW = number(args[1]) or 0
+-- The batch's own arguments start at args[base] (1, or after the keys a
+-- master's batch passes as arguments: see the library).
+local function run_batch(keys, args, base)
+  FIXED_NOW = number(args[base]) or 0
   local now = server_now()
-  local forms, a = {}, 3
-  for f = 1, number(args[2]) do
+  local forms, a = {}, base + 2
+  for f = 1, number(args[base + 1]) do
     local name = args[a]
     forms[fmt(f)] = {ALGORITHMS[name], number(args[a + 1]), number(args[a + 2]), number(args[a + 3]), name == 'concurrency'}
     a = a + 4
