@@ -124,7 +124,8 @@ struct DirectNode {
     /// One per connection slot.
     outboxes: Box<[Arc<Outbox>]>,
     /// Milliseconds since [`Direct::origin`] before which the direct path
-    /// leaves this node to the cluster client.
+    /// leaves this node to the cluster client (0: not paused; a pause ends
+    /// at least [`NODE_PAUSE`] after the origin, so never at 0).
     paused_until: AtomicU64,
 }
 
@@ -183,7 +184,7 @@ impl Cluster {
         let map = direct.map.read();
         let index = *map.owners.get(usize::from(slot))?;
         let node = map.nodes.get(usize::from(index))?;
-        (node.paused_until.load(Ordering::Relaxed) <= direct.millis()).then_some(index)
+        direct.serves(node).then_some(index)
     }
 }
 
@@ -389,7 +390,25 @@ impl Direct {
         let node = map
             .nodes
             .get(usize::from(*map.owners.get(usize::from(slot))?))?;
-        (node.paused_until.load(Ordering::Relaxed) <= self.millis()).then(|| (node.clone(), slot))
+        self.serves(node).then(|| (node.clone(), slot))
+    }
+
+    /// Whether the direct path sends to `node`: it is not paused. A node
+    /// never paused, or whose pause has ended, holds 0, which is read
+    /// without reading the clock (once per call otherwise).
+    fn serves(&self, node: &DirectNode) -> bool {
+        let until = node.paused_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return true;
+        }
+        if until > self.millis() {
+            return false;
+        }
+        // Over: 0 again, unless a new pause began meanwhile.
+        let _ = node
+            .paused_until
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        true
     }
 
     fn millis(&self) -> u64 {

@@ -58,10 +58,11 @@ pub(crate) use errors::backend_error;
 use errors::*;
 use replies::*;
 
-use coalesce::{Coalescer, Item, LaneId};
+use coalesce::{Coalescer, Decided, Item, LaneId};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Kind, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
+use smallvec::{SmallVec, smallvec};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
@@ -619,10 +620,10 @@ impl RedisStore {
     /// the coalescer (see `coalesce`); `unclaimed` guards its permits.
     async fn coalesced(
         self,
-        keys: Vec<String>,
-        requests: Vec<(Policy, u64, PermitId)>,
-        mut unclaimed: Option<Unclaimed>,
-    ) -> Result<Vec<Decision>, StoreError> {
+        keys: SmallVec<[String; 1]>,
+        requests: SmallVec<[(Policy, u64, PermitId); 1]>,
+        mut unclaimed: Option<Box<Unclaimed>>,
+    ) -> Result<Decided, StoreError> {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return Err(StoreError::Backend("coalescing is off".into()));
         };
@@ -650,17 +651,19 @@ impl RedisStore {
                     self.clone()
                         .check_one(key, policy.clone(), *cost, *permit, via)
                         .await
-                        .map(|d| vec![d])
+                        .map(|d| smallvec![d])
                 } else {
                     self.check_group(&keys, &requests, via)
                         .await
-                        .map(|(decisions, _)| decisions)
+                        .map(|(decisions, _)| SmallVec::from_vec(decisions))
                 }
             })
             .await;
             drop(alone);
-            if result.is_ok() {
-                unclaimed.as_mut().map(Unclaimed::claim);
+            if result.is_ok()
+                && let Some(u) = unclaimed.as_mut()
+            {
+                u.claim();
             }
             return result;
         }
@@ -686,8 +689,10 @@ impl RedisStore {
                 "the call was cancelled with its runtime".into(),
             )),
             Ok(Ok((result, mut unclaimed))) => {
-                if result.is_ok() {
-                    unclaimed.as_mut().map(Unclaimed::claim);
+                if result.is_ok()
+                    && let Some(u) = unclaimed.as_mut()
+                {
+                    u.claim();
                 }
                 result
             }
@@ -743,11 +748,16 @@ impl Store for RedisStore {
         let policy = policy.clone();
         if self.inner.coalescer.is_some() {
             // A permit the caller does not receive is released (see `unclaimed`).
-            let unclaimed = (permit.0 != 0 && cost > 0)
-                .then(|| Unclaimed::new(self.clone(), vec![(key.clone(), permit)], &policy));
+            let unclaimed = (permit.0 != 0 && cost > 0).then(|| {
+                Box::new(Unclaimed::new(
+                    self.clone(),
+                    vec![(key.clone(), permit)],
+                    &policy,
+                ))
+            });
             return Box::pin(async move {
                 let mut decisions = store
-                    .coalesced(vec![key], vec![(policy, cost, permit)], unclaimed)
+                    .coalesced(smallvec![key], smallvec![(policy, cost, permit)], unclaimed)
                     .await?;
                 decisions
                     .pop()
@@ -836,7 +846,13 @@ impl Store for RedisStore {
             }
         }
         if self.inner.coalescer.is_some() {
-            return Box::pin(store.coalesced(keys, requests, unclaimed));
+            return Box::pin(async move {
+                let (keys, requests) = (SmallVec::from_vec(keys), SmallVec::from_vec(requests));
+                let decisions = store
+                    .coalesced(keys, requests, unclaimed.map(Box::new))
+                    .await?;
+                Ok(decisions.into_vec())
+            });
         }
         Box::pin(async move {
             let via = unclaimed
