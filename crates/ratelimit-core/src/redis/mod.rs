@@ -681,8 +681,9 @@ impl RedisStore {
         };
         self.submit(coalescer, lane, item);
         // The call's own timeout starts when it is sent, after at most one
-        // batch ahead of it.
-        let limit = self.inner.call_timeout.saturating_mul(2);
+        // batch ahead of it; on a cluster whose slot map was stale it may be
+        // sent once more, on its own (`coalesce::Outcome::NotServed`).
+        let limit = self.inner.call_timeout.saturating_mul(3);
         match tokio::time::timeout(limit, answer).await {
             Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
             Ok(Err(_)) => Err(StoreError::Backend(
