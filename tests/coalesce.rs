@@ -532,29 +532,9 @@ async fn on_a_cluster_batches_form_per_master_across_slots_and_stay_exact() {
     let cluster = RedisCluster::start();
     let store = build(RedisStore::cluster_builder(cluster.urls())).await;
     let policy = fixed_window("spread", 5, Duration::from_secs(3600));
-    let keys = 200;
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..64 {
-        let (store, policy) = (store.clone(), policy.clone());
-        tasks.spawn(async move {
-            let mut admitted = vec![0u64; keys];
-            for j in 0..25 {
-                let k = (task * 25 + j) % keys;
-                let decision = store
-                    .check(format!("user-{k}").as_bytes(), &policy, 1)
-                    .await
-                    .unwrap();
-                admitted[k] += u64::from(decision.is_allowed());
-            }
-            admitted
-        });
-    }
-    let mut admitted = vec![0u64; keys];
-    while let Some(task) = tasks.join_next().await {
-        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
-            *sum += n;
-        }
-    }
+    let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
+    let admitted =
+        admitted_per_key(&store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
     // 1,600 requests, 8 per key.
     assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
     let stats = store.coalescing();
@@ -575,29 +555,9 @@ async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
     }
     let store = build(RedisStore::cluster_builder(cluster.urls())).await;
     let policy = fixed_window("scripted", 5, Duration::from_secs(3600));
-    let keys = 200;
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..64 {
-        let (store, policy) = (store.clone(), policy.clone());
-        tasks.spawn(async move {
-            let mut admitted = vec![0u64; keys];
-            for j in 0..25 {
-                let k = (task * 25 + j) % keys;
-                let decision = store
-                    .check(format!("user-{k}").as_bytes(), &policy, 1)
-                    .await
-                    .expect("a decision, by script");
-                admitted[k] += u64::from(decision.is_allowed());
-            }
-            admitted
-        });
-    }
-    let mut admitted = vec![0u64; keys];
-    while let Some(task) = tasks.join_next().await {
-        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
-            *sum += n;
-        }
-    }
+    let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
+    let admitted =
+        admitted_per_key(&store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
     assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
     let evalsha: u64 = (0..3)
         .map(|node| {
@@ -647,34 +607,15 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
     assert_eq!(cluster.master_of(moved), target);
 
     // 64 tasks at once on the source's lane: batches mix the moved key with
-    // keys the source still serves.
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..64usize {
-        let (store, policy, keys) = (store.clone(), policy.clone(), of_source.clone());
-        tasks.spawn(async move {
-            let mut admitted = vec![0u64; keys.len()];
-            for j in 0..6 {
-                // Every other request on the moved slot's key.
-                let k = if (task + j) % 2 == 0 {
-                    0
-                } else {
-                    1 + (task * 6 + j) % (keys.len() - 1)
-                };
-                let decision = store
-                    .check(keys[k].as_bytes(), &policy, 1)
-                    .await
-                    .expect("a decision, though the slot moved");
-                admitted[k] += u64::from(decision.is_allowed());
-            }
-            admitted
-        });
-    }
-    let mut admitted = vec![0u64; of_source.len()];
-    while let Some(task) = tasks.join_next().await {
-        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
-            *sum += n;
+    // keys the source still serves, every other request on the moved key.
+    let admitted = admitted_per_key(&store, &policy, &of_source, 6, |task, j| {
+        if (task + j) % 2 == 0 {
+            0
+        } else {
+            1 + (task * 6 + j) % 11
         }
-    }
+    })
+    .await;
     // 192 requests on the moved key, 192 over the 11 others (17 or 18 each).
     assert!(admitted.iter().all(|&n| n == 10), "{admitted:?}");
     let state = store.state_key(of_source[0].as_bytes(), &policy);
@@ -684,6 +625,41 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
         "{:?}",
         store.coalescing()
     );
+}
+
+/// 64 tasks at once, each making `per_task` checks of cost 1, its `j`th on
+/// `keys[pick(task, j)]`, each expecting a decision: how many each key
+/// admitted.
+async fn admitted_per_key(
+    store: &RedisStore,
+    policy: &Policy,
+    keys: &[String],
+    per_task: usize,
+    pick: fn(usize, usize) -> usize,
+) -> Vec<u64> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let (store, policy, keys) = (store.clone(), policy.clone(), keys.to_vec());
+        tasks.spawn(async move {
+            let mut admitted = vec![0u64; keys.len()];
+            for j in 0..per_task {
+                let k = pick(task, j);
+                let decision = store
+                    .check(keys[k].as_bytes(), &policy, 1)
+                    .await
+                    .expect("a decision");
+                admitted[k] += u64::from(decision.is_allowed());
+            }
+            admitted
+        });
+    }
+    let mut admitted = vec![0u64; keys.len()];
+    while let Some(task) = tasks.join_next().await {
+        for (sum, n) in admitted.iter_mut().zip(task.unwrap()) {
+            *sum += n;
+        }
+    }
+    admitted
 }
 
 fn all_allowed(decisions: &[Decision]) -> bool {
