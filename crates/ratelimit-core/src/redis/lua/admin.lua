@@ -43,7 +43,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  rewrite(key, TAG.fixed_window .. fmt(start) .. ' ' .. fmt(count), 2 * window, now)
+  rewrite(key, fixed_window_text(start, count), 2 * window, now)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)

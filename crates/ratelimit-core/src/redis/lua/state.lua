@@ -10,8 +10,9 @@ local TAG = {
   -- 'c': the semaphore, binary entries (concurrency.lua).
 }
 -- Each algorithm writes its state, tag included, with one string.format of
--- its own format (FIXED_WINDOW_STATE and the like, next to its decision):
--- one call instead of a format per number and a concatenation per field.
+-- its own format (TAT_STATE and the like, next to its decision): one call
+-- instead of a format per number and a concatenation per field. The fixed
+-- window joins texts it keeps instead (fixed_window_text).
 
 -- The string state of `key` without its tag, nil when there is none; a
 -- conflict when it belongs to another family. A state written before states
