@@ -1,13 +1,101 @@
-//! The path as rules see it: repeated slashes merged and dot segments
-//! resolved, so `/api//x`, `/api/./x` and `/api/y/../x` are all `/api/x`.
+//! The path as rules see it.
 //!
-//! Servers and proxies behind the layer may normalise a path this way before
-//! routing; matching the raw path would let such spellings skip a route's
-//! limit. Merging only ever makes more spellings match a rule, never fewer.
-//! Case and percent-encoded bytes other than dots (`%2F`) are left as they
-//! are: axum routes on them as they are (see SECURITY.md).
+//! A route rule must cover every request the router runs under that route,
+//! whatever the client's spelling. The router (axum routes on the raw path)
+//! and the servers or proxies in front of it may each read a path another
+//! way, so a rule is matched against every spelling any of them may route
+//! on, and applies when one matches ([`any_spelling`]): the raw path; the
+//! path with repeated slashes merged and dot segments (also spelled `%2e`)
+//! resolved; the same after decoding percent-encoded unreserved bytes
+//! (`%61` is `a`); and, with axum, the route the router chose
+//! (`MatchedPath`) and the path before any nesting (`OriginalUri`). Each
+//! spelling only adds matches, never removes one. Case and encoded bytes
+//! outside the unreserved set (`%2F`) are kept: axum routes on them as they
+//! are (see SECURITY.md).
 
 use std::borrow::Cow;
+
+use http::{Method, Request};
+
+/// Whether `matches` holds for any spelling of `req`'s path a router or a
+/// proxy in front of it may route on (see the module docs).
+pub(crate) fn any_spelling<B>(req: &Request<B>, mut matches: impl FnMut(&str) -> bool) -> bool {
+    #[cfg(feature = "axum")]
+    {
+        let extensions = req.extensions();
+        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>()
+            && matches(matched.as_str())
+        {
+            return true;
+        }
+        if let Some(original) = extensions.get::<axum::extract::OriginalUri>()
+            && spellings_match(original.path(), &mut matches)
+        {
+            return true;
+        }
+    }
+    spellings_match(req.uri().path(), &mut matches)
+}
+
+fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
+    if matches(path) {
+        return true;
+    }
+    if let Cow::Owned(normal) = normalize(path)
+        && matches(&normal)
+    {
+        return true;
+    }
+    if let Cow::Owned(decoded) = decode_unreserved(path) {
+        return matches(&decoded) || matches(&normalize(&decoded));
+    }
+    false
+}
+
+/// The method a route rule or a route key sees: `HEAD` is `GET`, since
+/// routers (axum among them) answer `HEAD` with the `GET` handler.
+pub(crate) fn route_method(method: &Method) -> &Method {
+    if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    }
+}
+
+/// `path` with percent-encoded unreserved bytes (`ALPHA / DIGIT / - . _ ~`,
+/// which RFC 3986 says are the same written either way) decoded; borrowed
+/// when there are none.
+fn decode_unreserved(path: &str) -> Cow<'_, str> {
+    let bytes = path.as_bytes();
+    let decoded_at = |i: usize| -> Option<u8> {
+        let hex = bytes.get(i + 1..i + 3)?;
+        let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+        (byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')).then_some(byte)
+    };
+    let Some(first) = (0..bytes.len()).find(|&i| bytes[i] == b'%' && decoded_at(i).is_some())
+    else {
+        return Cow::Borrowed(path);
+    };
+    let mut out = String::with_capacity(path.len());
+    out.push_str(&path[..first]);
+    let mut i = first;
+    while i < bytes.len() {
+        match (bytes[i], decoded_at(i)) {
+            (b'%', Some(byte)) => {
+                out.push(char::from(byte));
+                i += 3;
+            }
+            _ => {
+                let next = (i + 1..bytes.len())
+                    .find(|&j| bytes[j] == b'%')
+                    .unwrap_or(bytes.len());
+                out.push_str(&path[i..next]);
+                i = next;
+            }
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// `path` with repeated slashes merged and `.`/`..` segments (also spelled
 /// `%2e`) resolved; `..` never climbs above the root. Borrowed, without
@@ -73,7 +161,41 @@ fn dots(segment: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{any_spelling, decode_unreserved, normalize};
+
+    fn spellings(path: &str) -> Vec<String> {
+        let req = http::Request::get(path).body(()).unwrap();
+        let mut seen = Vec::new();
+        any_spelling(&req, |p| {
+            seen.push(p.to_owned());
+            false
+        });
+        seen
+    }
+
+    #[test]
+    fn the_raw_path_is_always_a_spelling() {
+        // Resolving `..` alone would put this request under `/api/`, while
+        // a router runs `/api/export/{*rest}` for it.
+        assert_eq!(
+            spellings("/api/export/x/../.."),
+            ["/api/export/x/../..", "/api/"]
+        );
+        assert_eq!(spellings("/api/export/%2e%2e")[0], "/api/export/%2e%2e");
+        assert_eq!(spellings("/api/x"), ["/api/x"]);
+    }
+
+    #[test]
+    fn unreserved_bytes_are_decoded_and_others_kept() {
+        assert_eq!(decode_unreserved("/%61pi/%7E%2D%5f"), "/api/~-_");
+        assert_eq!(decode_unreserved("/api%2Fx%20%"), "/api%2Fx%20%");
+        assert_eq!(decode_unreserved("/%6"), "/%6");
+        assert_eq!(decode_unreserved("/é%61"), "/éa");
+        assert_eq!(
+            spellings("/%61pi/x/%2e%2e/y"),
+            ["/%61pi/x/%2e%2e/y", "/%61pi/y", "/api/x/../y", "/api/y"]
+        );
+    }
 
     #[test]
     fn merges_slashes_and_resolves_dot_segments() {

@@ -78,16 +78,17 @@ pub(super) struct ConfiguredRule {
 
 impl ConfiguredRule {
     fn matches<B>(&self, req: &Request<B>) -> bool {
+        // A `GET` rule covers `HEAD`: the router runs the `GET` handler.
         if let Some(methods) = &self.methods
             && !methods.contains(req.method())
+            && !methods.contains(crate::path::route_method(req.method()))
         {
             return false;
         }
         match &self.routes {
-            Some(routes) => {
-                let path = crate::path::normalize(req.uri().path());
-                routes.iter().any(|prefix| route_matches(prefix, &path))
-            }
+            Some(routes) => crate::path::any_spelling(req, |path| {
+                routes.iter().any(|prefix| route_matches(prefix, path))
+            }),
             None => true,
         }
     }
@@ -147,6 +148,9 @@ mod tests {
         assert!(!route_matches("/api", "/apiary"));
         assert!(route_matches("/api/", "/api/users"));
         assert!(!route_matches("/api/", "/api"));
+        assert!(!route_matches("/api/", "/apiary"));
         assert!(route_matches("/", "/anything"));
+        assert!(route_matches("/", "/"));
+        assert!(route_matches("/api/export", "/api/export/{*rest}"));
     }
 }

@@ -109,11 +109,18 @@
 //!   `minutes`), possibly combined (`1h30m`, `1h 30m`) or fractional
 //!   (`1.5s`). Rates are an amount per period: `10/s`, `100/m`, `5/10s`.
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
-//!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. The
-//!   path is the request's as the layer sees it (inside a nested axum router,
-//!   without the nesting prefix), with repeated slashes merged and dot
-//!   segments resolved (`/api//x`, `/api/./x` and `/api/y/../x` are all
-//!   `/api/x`); case and other percent-encoded bytes are kept (SECURITY.md).
+//!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. A
+//!   rule applies when its prefix matches any spelling of the path that a
+//!   router or a proxy may route on: the path as the client wrote it, the
+//!   same with repeated slashes merged and dot segments resolved (`/api//x`,
+//!   `/api/./x` and `/api/y/../x` are all `/api/x`) and with encoded letters,
+//!   digits and `-._~` decoded; with axum, also the route the router chose
+//!   (`MatchedPath`) and the path before nesting (`OriginalUri`). Case and
+//!   other percent-encoded bytes are kept (SECURITY.md). A prefix with `//`,
+//!   a `.` or `..` segment or an encoded unreserved byte (`%2e`) could never
+//!   match: it is refused.
+//! - `methods = ["GET"]` covers `HEAD` too: routers answer `HEAD` with the
+//!   `GET` handler.
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
 //!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
 //!   `[client_ip]` ([`ClientIp`]); `route` the method and route

@@ -246,8 +246,35 @@ impl std::str::FromStr for Route {
                 "a route prefix is a path, without query or fragment: {s:?}"
             ));
         }
+        // Requests are matched with slashes merged, dot segments resolved and
+        // unreserved bytes decoded: a prefix written otherwise would match
+        // only the spellings a router never runs, so it is a mistake.
+        if s.contains("//") {
+            return Err(format!("a route prefix has no empty segment ('//'): {s:?}"));
+        }
+        if s.split('/')
+            .any(|segment| segment == "." || segment == "..")
+        {
+            return Err(format!("a route prefix has no '.' or '..' segment: {s:?}"));
+        }
+        if let Some(escape) = unreserved_escape(s) {
+            return Err(format!(
+                "a route prefix writes {escape:?} as the character it encodes: {s:?}"
+            ));
+        }
         Ok(Route(s.to_owned()))
     }
+}
+
+/// The first `%XX` in `s` that encodes a byte RFC 3986 calls unreserved
+/// (letters, digits, `-`, `.`, `_`, `~`).
+fn unreserved_escape(s: &str) -> Option<&str> {
+    s.match_indices('%').find_map(|(at, _)| {
+        let escape = s.get(at..at + 3)?;
+        let byte = u8::from_str_radix(&escape[1..], 16).ok()?;
+        (byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~'))
+            .then_some(escape)
+    })
 }
 
 /// The policies map, in document order, refusing a name defined twice (JSON

@@ -423,19 +423,26 @@ where
 /// The route of a request: the method and axum's matched route pattern
 /// (`GET /users/{id}`, feature `axum`), else the method and the path, with
 /// repeated slashes merged and dot segments resolved (`/api//x` and
-/// `/api/./x` are `/api/x`; case and `%2F` are kept). Combine it with a user
-/// key in a [`Composite`] for per-route, per-user limits.
+/// `/api/./x` are `/api/x`; case and `%2F` are kept). `HEAD` is keyed as
+/// `GET`, whose handler answers it. Combine it with a user key in a
+/// [`Composite`] for per-route, per-user limits.
+///
+/// Only axum's matched route names the handler that runs: put the layer on
+/// the `Router` (`Router::layer` or `route_layer`), where `MatchedPath` is
+/// known. Elsewhere the key is the path a client wrote, so every path is a
+/// key of its own (`/users/1` and `/users/2`, or `/a/x/..` and `/a/y/..`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey;
 
 impl<B> KeyExtractor<Request<B>> for RouteKey {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
+        let method = crate::path::route_method(req.method());
         #[cfg(feature = "axum")]
         if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
-            return Some(Key::from(format!("{} {}", req.method(), matched.as_str())));
+            return Some(Key::from(format!("{method} {}", matched.as_str())));
         }
         let path = crate::path::normalize(req.uri().path());
-        Some(Key::from(format!("{} {path}", req.method())))
+        Some(Key::from(format!("{method} {path}")))
     }
 }
 
