@@ -968,3 +968,46 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     let ttl: i64 = cluster.cli(0, &["-c", "PTTL", &key]).parse().unwrap();
     assert!(ttl > 0, "{key} has no TTL after the refund ({ttl})");
 }
+
+/// Wait mode on Redis: a leaky bucket (one a second) with an hourly fixed
+/// window of 5, waiting at most 100 ms. The four refused requests give back
+/// what they took (an admin reward, one script each): the hourly window
+/// still has 4 of 5, and the leaky bucket only the admitted request's slot.
+#[tokio::test]
+async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
+    use http::{Request, Response, StatusCode};
+    use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
+    use tower::{Layer, ServiceExt};
+
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(ms(100))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        statuses.push(r.status());
+    }
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert!(
+        statuses[1..]
+            .iter()
+            .all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let hourly_left = store.peek(global.as_bytes(), &hourly).await.unwrap();
+    assert_eq!(hourly_left.remaining(), 4, "only the admitted request counts");
+    let smooth_left = store.peek(global.as_bytes(), &smooth).await.unwrap();
+    assert_eq!(smooth_left.remaining(), 4, "{smooth_left:?}");
+}
