@@ -1007,7 +1007,11 @@ async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
     );
     let global = GlobalKey::default().extract(&Request::new("")).unwrap();
     let hourly_left = store.peek(global.as_bytes(), &hourly).await.unwrap();
-    assert_eq!(hourly_left.remaining(), 4, "only the admitted request counts");
+    assert_eq!(
+        hourly_left.remaining(),
+        4,
+        "only the admitted request counts"
+    );
     let smooth_left = store.peek(global.as_bytes(), &smooth).await.unwrap();
     assert_eq!(smooth_left.remaining(), 4, "{smooth_left:?}");
 }
