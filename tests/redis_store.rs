@@ -1015,3 +1015,56 @@ async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
     let smooth_left = store.peek(global.as_bytes(), &smooth).await.unwrap();
     assert_eq!(smooth_left.remaining(), 4, "{smooth_left:?}");
 }
+
+/// A host name that never resolves is a configuration mistake, reported by
+/// `build` with the host's name (single node and cluster seeds), unless the
+/// deployment allows it: then it is an outage, as a server that is down.
+#[tokio::test]
+async fn a_host_that_never_resolves_fails_the_build_unless_allowed() {
+    let mistyped = "redis://no-such-host.invalid:6379";
+    let Err(error) = RedisStore::builder(mistyped).build().await else {
+        panic!("a store on a host that does not resolve was built");
+    };
+    assert!(!error.is_outage(), "{error}");
+    assert!(
+        error.to_string().contains("no-such-host.invalid"),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("allow_unresolved_hosts"),
+        "{error}"
+    );
+
+    let Err(error) = RedisStore::cluster_builder(["redis://127.0.0.1:1", mistyped])
+        .build()
+        .await
+    else {
+        panic!("a cluster store with a seed that does not resolve was built");
+    };
+    assert!(
+        error.to_string().contains("no-such-host.invalid"),
+        "{error}"
+    );
+
+    let policy = fixed_window("p", 5, Duration::from_secs(60));
+    let allowed = build(
+        RedisStore::builder(mistyped)
+            .allow_unresolved_hosts()
+            .call_timeout(ms(500)),
+    )
+    .await;
+    let answer = allowed.check(b"k", &policy, 1).await;
+    assert!(
+        answer.as_ref().is_err_and(StoreError::is_outage),
+        "{answer:?}"
+    );
+
+    // A server that resolves but is down at start-up builds: an outage later.
+    let down = format!("redis://127.0.0.1:{}", ratelimit_tests::free_port());
+    let store = build(RedisStore::builder(down).call_timeout(ms(500))).await;
+    let answer = store.check(b"k", &policy, 1).await;
+    assert!(
+        answer.as_ref().is_err_and(StoreError::is_outage),
+        "{answer:?}"
+    );
+}

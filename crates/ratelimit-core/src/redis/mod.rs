@@ -154,6 +154,7 @@ impl RedisStore {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             fixed_clock: None,
+            allow_unresolved_hosts: false,
             #[cfg(feature = "tls")]
             root_cert: None,
             #[cfg(feature = "bb8")]
