@@ -1068,3 +1068,21 @@ async fn a_host_that_never_resolves_fails_the_build_unless_allowed() {
         "{answer:?}"
     );
 }
+
+/// A refused password is not checked at build (that needs a connection,
+/// and a Redis down at start-up must build), but it is never an outage:
+/// every call fails with an error no failure policy lets through.
+#[tokio::test]
+async fn a_refused_password_builds_and_every_call_is_a_mistake_not_an_outage() {
+    let server = RedisServer::start_with_args(&["--requirepass", "right"]);
+    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+    let store = build(RedisStore::builder(url).call_timeout(ms(2_000))).await;
+    let policy = fixed_window("p", 5, Duration::from_secs(60));
+    for _ in 0..2 {
+        let answer = store.check(b"k", &policy, 1).await;
+        let Err(error) = answer else {
+            panic!("a wrong password decided: {answer:?}");
+        };
+        assert!(!error.is_outage(), "{error}");
+    }
+}
