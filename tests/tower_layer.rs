@@ -790,6 +790,40 @@ async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
     assert_eq!(remaining(&smooth), 4);
 }
 
+/// Behind a `FallbackStore` whose primary is down, wait-mode refusals give
+/// back what they took to the local store that decided.
+#[tokio::test(start_paused = true)]
+async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
+    use ratelimit_core::{CircuitBreaker, FallbackStore};
+    let local = MemoryStore::builder()
+        .clock(ratelimit_core::clock::TokioClock::new())
+        .build();
+    let breaker = Arc::new(CircuitBreaker::new(1, Duration::from_secs(60)));
+    let store = FallbackStore::new(DownStore, local.clone(), 1, breaker);
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store, smooth, GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(Duration::from_millis(100))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let hourly_here = hourly.divided_among(1).unwrap();
+    let left = local.peek_now(global.as_bytes(), &hourly_here).unwrap();
+    assert_eq!(left.remaining(), 4, "only the admitted request counts");
+}
+
 #[tokio::test]
 async fn unlimited_and_failed_open_requests_still_carry_decisions() {
     let inner = tower::service_fn(|req: Request<&'static str>| async move {

@@ -254,8 +254,14 @@ impl<S: Store> Store for DeniedCache<S> {
 
     /// Refunds in the inner store (a denial the cache holds stays until it
     /// expires, which errs towards denying).
-    fn refund(&self, key: &[u8], policy: &Policy, cost: u64) -> crate::RefundFuture {
-        self.inner.store.refund(key, policy, cost)
+    fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+        decision: &Decision,
+    ) -> crate::RefundFuture {
+        self.inner.store.refund(key, policy, cost, decision)
     }
 }
 

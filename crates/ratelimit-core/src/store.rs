@@ -74,10 +74,12 @@ pub trait Store: Send + Sync + 'static {
     /// permit that already expired or was released is not an error.
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture;
 
-    /// Gives back `cost` units that an allowed decision for `key` under
-    /// `policy` consumed, for a caller that refuses the request after all
-    /// (the Tower layer in wait mode, when a leaky bucket's slot lies beyond
-    /// the wait it allows, or when the waiting request is dropped).
+    /// Gives back the `cost` units that `decision`, an allowed decision for
+    /// `key` under `policy`, consumed, for a caller that refuses the request
+    /// after all (the Tower layer in wait mode, when a leaky bucket's slot
+    /// lies beyond the wait it allows, or when the waiting request is
+    /// dropped). A store combinator reads the decision's
+    /// [`source`](Decision::source) to refund the store that decided.
     ///
     /// Both stores give back as an admin
     /// [`reward`](crate::AdminStore::reward) does: never beyond a full
@@ -91,8 +93,8 @@ pub trait Store: Send + Sync + 'static {
     /// The default gives nothing back and answers
     /// [`StoreError::Unsupported`]: the consumption stays, which errs
     /// towards denying.
-    fn refund(&self, key: &[u8], policy: &Policy, cost: u64) -> RefundFuture {
-        let _ = (key, cost);
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
+        let _ = (key, cost, decision);
         Box::pin(std::future::ready(Err(StoreError::Unsupported {
             policy: policy.name().to_owned(),
             algorithm: policy.algorithm().kind(),
@@ -122,8 +124,8 @@ impl<S: Store> Store for Arc<S> {
         (**self).release(key, policy, permit)
     }
 
-    fn refund(&self, key: &[u8], policy: &Policy, cost: u64) -> RefundFuture {
-        (**self).refund(key, policy, cost)
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
+        (**self).refund(key, policy, cost, decision)
     }
 }
 

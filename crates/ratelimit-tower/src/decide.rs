@@ -269,8 +269,9 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
 /// consumption stays, which errs towards denying.
 struct Taken<St: Store> {
     store: St,
-    /// Each limit taken, and until when its refund is worth making.
-    limits: Vec<(Policy, Key, u64, Instant)>,
+    /// Each limit taken, its decision, and until when its refund is worth
+    /// making.
+    limits: Vec<(Policy, Key, u64, Decision, Instant)>,
 }
 
 impl<St: Store + Clone> Taken<St> {
@@ -282,12 +283,8 @@ impl<St: Store + Clone> Taken<St> {
             .filter(|(limit, _)| limit.cost() > 0)
             .map(|(limit, decision)| {
                 let until = now + decision.reset_after();
-                (
-                    limit.policy().clone(),
-                    limit.key().clone(),
-                    limit.cost(),
-                    until,
-                )
+                let (policy, key) = (limit.policy().clone(), limit.key().clone());
+                (policy, key, limit.cost(), decision.clone(), until)
             })
             .collect();
         Taken {
@@ -315,8 +312,8 @@ impl<St: Store + Clone> Taken<St> {
         std::mem::take(&mut self.limits)
             .into_iter()
             .filter(|(.., until)| now < *until)
-            .map(|(policy, key, cost, _)| {
-                let refund = self.store.refund(key.as_bytes(), &policy, cost);
+            .map(|(policy, key, cost, decision, _)| {
+                let refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
                 (policy, refund)
             })
             .collect()
@@ -333,11 +330,11 @@ impl<St: Store> Drop for Taken<St> {
             return;
         }
         let now = Instant::now();
-        for (policy, key, cost, until) in std::mem::take(&mut self.limits) {
+        for (policy, key, cost, decision, until) in std::mem::take(&mut self.limits) {
             if now >= until {
                 continue;
             }
-            let mut refund = self.store.refund(key.as_bytes(), &policy, cost);
+            let mut refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
             let mut cx = Context::from_waker(Waker::noop());
             if let Poll::Ready(result) = refund.as_mut().poll(&mut cx) {
                 log_refund(&policy, result);

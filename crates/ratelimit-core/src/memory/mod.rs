@@ -818,7 +818,7 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     /// A [`reward_now`](MemoryStore::reward_now) of `cost` (nothing for a
     /// concurrency policy, whose permits are released).
-    fn refund(&self, key: &[u8], policy: &Policy, cost: u64) -> RefundFuture {
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(ready(Ok(())));
         }

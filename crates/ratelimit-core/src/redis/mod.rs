@@ -878,7 +878,7 @@ impl Store for RedisStore {
 
     /// An admin [`reward`](crate::AdminStore::reward) of `cost`: one script
     /// (nothing for a concurrency policy, whose permits are released).
-    fn refund(&self, key: &[u8], policy: &Policy, cost: u64) -> crate::RefundFuture {
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> crate::RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(std::future::ready(Ok(())));
         }
