@@ -968,3 +968,121 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     let ttl: i64 = cluster.cli(0, &["-c", "PTTL", &key]).parse().unwrap();
     assert!(ttl > 0, "{key} has no TTL after the refund ({ttl})");
 }
+
+/// Wait mode on Redis: a leaky bucket (one a second) with an hourly fixed
+/// window of 5, waiting at most 100 ms. The four refused requests give back
+/// what they took (an admin reward, one script each): the hourly window
+/// still has 4 of 5, and the leaky bucket only the admitted request's slot.
+#[tokio::test]
+async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
+    use http::{Request, Response, StatusCode};
+    use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
+    use tower::{Layer, ServiceExt};
+
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(ms(100))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        statuses.push(r.status());
+    }
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert!(
+        statuses[1..]
+            .iter()
+            .all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let hourly_left = store.peek(global.as_bytes(), &hourly).await.unwrap();
+    assert_eq!(
+        hourly_left.remaining(),
+        4,
+        "only the admitted request counts"
+    );
+    let smooth_left = store.peek(global.as_bytes(), &smooth).await.unwrap();
+    assert_eq!(smooth_left.remaining(), 4, "{smooth_left:?}");
+}
+
+/// A host name that never resolves is a configuration mistake, reported by
+/// `build` with the host's name (single node and cluster seeds), unless the
+/// deployment allows it: then it is an outage, as a server that is down.
+#[tokio::test]
+async fn a_host_that_never_resolves_fails_the_build_unless_allowed() {
+    let mistyped = "redis://no-such-host.invalid:6379";
+    let Err(error) = RedisStore::builder(mistyped).build().await else {
+        panic!("a store on a host that does not resolve was built");
+    };
+    assert!(!error.is_outage(), "{error}");
+    assert!(
+        error.to_string().contains("no-such-host.invalid"),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("allow_unresolved_hosts"),
+        "{error}"
+    );
+
+    let Err(error) = RedisStore::cluster_builder(["redis://127.0.0.1:1", mistyped])
+        .build()
+        .await
+    else {
+        panic!("a cluster store with a seed that does not resolve was built");
+    };
+    assert!(
+        error.to_string().contains("no-such-host.invalid"),
+        "{error}"
+    );
+
+    let policy = fixed_window("p", 5, Duration::from_secs(60));
+    let allowed = build(
+        RedisStore::builder(mistyped)
+            .allow_unresolved_hosts()
+            .call_timeout(ms(500)),
+    )
+    .await;
+    let answer = allowed.check(b"k", &policy, 1).await;
+    assert!(
+        answer.as_ref().is_err_and(StoreError::is_outage),
+        "{answer:?}"
+    );
+
+    // A server that resolves but is down at start-up builds: an outage later.
+    let down = format!("redis://127.0.0.1:{}", ratelimit_tests::free_port());
+    let store = build(RedisStore::builder(down).call_timeout(ms(500))).await;
+    let answer = store.check(b"k", &policy, 1).await;
+    assert!(
+        answer.as_ref().is_err_and(StoreError::is_outage),
+        "{answer:?}"
+    );
+}
+
+/// A refused password is not checked at build (that needs a connection,
+/// and a Redis down at start-up must build), but it is never an outage:
+/// every call fails with an error no failure policy lets through.
+#[tokio::test]
+async fn a_refused_password_builds_and_every_call_is_a_mistake_not_an_outage() {
+    let server = RedisServer::start_with_args(&["--requirepass", "right"]);
+    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+    let store = build(RedisStore::builder(url).call_timeout(ms(2_000))).await;
+    let policy = fixed_window("p", 5, Duration::from_secs(60));
+    for _ in 0..2 {
+        let answer = store.check(b"k", &policy, 1).await;
+        let Err(error) = answer else {
+            panic!("a wrong password decided: {answer:?}");
+        };
+        assert!(!error.is_outage(), "{error}");
+    }
+}

@@ -187,6 +187,75 @@ async fn a_grpc_request_gets_internal_for_a_store_bug_and_no_detail_of_it() {
     assert!(body.contains("500") && !body.contains("secret"), "{body}");
 }
 
+/// An outage refused by a closed failure policy: the 503 body and gRPC's
+/// `grpc-message` say the store is unavailable, never the error's text (a
+/// host name, Redis's words); the layer counts the refusal (and logs the
+/// error). The same for the axum `Limiter`, and for a full store.
+#[tokio::test]
+async fn an_unavailable_store_answers_in_general_terms_and_names_no_host() {
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let secrets = [
+        StoreError::Unavailable(
+            "failed to connect to redis-primary.secret-zone.internal:6379: Connection refused"
+                .into(),
+        ),
+        StoreError::Timeout(Duration::from_millis(1234)),
+        StoreError::Full { max_keys: 4321 },
+    ];
+    for error in secrets {
+        let leaks = |text: &str| {
+            ["secret", "6379", "refused", "1234", "4321"]
+                .iter()
+                .any(|s| text.contains(s))
+        };
+        let general = if matches!(error, StoreError::Full { .. }) {
+            "rate limit store full"
+        } else {
+            "rate limit store unavailable"
+        };
+        let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default())
+            .on_failure(FailurePolicy::Closed);
+        let service = layer.clone().layer(inner);
+
+        let response = service.clone().oneshot(Request::new(String::new())).await;
+        let response = response.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = body_of(response).await;
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(!leaks(&body), "{error:?}: {body}");
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with(general),
+            "{body}"
+        );
+
+        let grpc = Request::builder()
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap();
+        let response = service.oneshot(grpc).await.unwrap();
+        assert_eq!(response.headers()["grpc-status"], "14");
+        let message = response.headers()["grpc-message"].to_str().unwrap();
+        assert!(!leaks(message), "{error:?}: {message}");
+        assert!(message.starts_with(general), "{message}");
+
+        // Counted: two refusals, on error or failed closed.
+        let stats = layer.stats();
+        assert_eq!(stats.failed_closed() + stats.refused_on_error(), 2);
+
+        let limiter =
+            Limiter::new(Failing::new(&error), policy()).on_failure(FailurePolicy::Closed);
+        let Err(refused) = limiter.check(b"k", 1).await else {
+            panic!("{error:?} was granted");
+        };
+        let response = refused.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = body_of(response).await;
+        assert!(!leaks(&body), "{error:?}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn a_fallback_store_falls_back_on_outages_only() {
     for error in every_error() {
@@ -353,6 +422,19 @@ async fn refused_status<St: Store + Clone>(limiter: &Limiter<St>, key: &[u8]) ->
         panic!("{key:?} was granted");
     };
     refused.into_response().status()
+}
+
+/// The body of `response`, as text.
+async fn body_of<B>(response: Response<B>) -> String
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The status `service` answers an empty request with.

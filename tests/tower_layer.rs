@@ -707,6 +707,123 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
     );
 }
 
+/// A leaky bucket (one a second) with an hourly fixed window of 5, waiting
+/// at most 100 ms: the first request passes, the next four find their slot
+/// a second away and are refused, and give back the hourly unit they took.
+#[tokio::test(start_paused = true)]
+async fn wait_mode_refusals_give_back_every_limit_they_took() {
+    let store = MemoryStore::builder()
+        .clock(ratelimit_core::clock::TokioClock::new())
+        .build();
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(Duration::from_millis(100))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let remaining = |policy: &Policy| {
+        store
+            .peek_now(global.as_bytes(), policy)
+            .unwrap()
+            .remaining()
+    };
+    assert_eq!(remaining(&hourly), 4, "only the admitted request counts");
+    // The leaky bucket holds only the admitted request's slot: one more
+    // waits the second it takes to drain, no longer.
+    assert_eq!(remaining(&smooth), 4);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let r = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(remaining(&hourly), 3);
+}
+
+/// A request dropped while it waits for its leaky bucket slot gives back
+/// what it took, as a refused one does.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
+    let store = MemoryStore::builder()
+        .clock(ratelimit_core::clock::TokioClock::new())
+        .build();
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(Duration::from_secs(5))
+        .layer(inner);
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let remaining = |policy: &Policy| {
+        store
+            .peek_now(global.as_bytes(), policy)
+            .unwrap()
+            .remaining()
+    };
+    let r = service.clone().oneshot(Request::new("")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // The second request's slot is a second away: it waits, and its caller
+    // gives up after 300 ms.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        service.clone().oneshot(Request::new("")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the second request was still waiting");
+    assert_eq!(remaining(&hourly), 4, "the dropped request took nothing");
+    assert_eq!(remaining(&smooth), 4);
+}
+
+/// Behind a `FallbackStore` whose primary is down, wait-mode refusals give
+/// back what they took to the local store that decided.
+#[tokio::test(start_paused = true)]
+async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
+    use ratelimit_core::{CircuitBreaker, FallbackStore};
+    let local = MemoryStore::builder()
+        .clock(ratelimit_core::clock::TokioClock::new())
+        .build();
+    let breaker = Arc::new(CircuitBreaker::new(1, Duration::from_secs(60)));
+    let store = FallbackStore::new(DownStore, local.clone(), 1, breaker);
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .unwrap()
+        .with_name("smooth")
+        .unwrap();
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let inner = tower::service_fn(|_: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    let service = RateLimitLayer::new(store, smooth, GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(Duration::from_millis(100))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = service.clone().oneshot(Request::new("")).await.unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    let hourly_here = hourly.divided_among(1).unwrap();
+    let left = local.peek_now(global.as_bytes(), &hourly_here).unwrap();
+    assert_eq!(left.remaining(), 4, "only the admitted request counts");
+}
+
 #[tokio::test]
 async fn unlimited_and_failed_open_requests_still_carry_decisions() {
     let inner = tower::service_fn(|req: Request<&'static str>| async move {

@@ -251,6 +251,18 @@ impl<S: Store> Store for DeniedCache<S> {
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
     }
+
+    /// Refunds in the inner store (a denial the cache holds stays until it
+    /// expires, which errs towards denying).
+    fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+        decision: &Decision,
+    ) -> crate::RefundFuture {
+        self.inner.store.refund(key, policy, cost, decision)
+    }
 }
 
 impl<S: AdminStore> AdminStore for DeniedCache<S> {

@@ -426,6 +426,26 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             Box::pin(self.inner.primary.release(key, policy, permit))
         }
     }
+
+    /// Refunds the store that decided ([`Decision::source`]): the local
+    /// store, under the local share of the policy, for a decision made
+    /// while the primary was unreachable; else the primary.
+    fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+        decision: &Decision,
+    ) -> crate::RefundFuture {
+        if decision.source() == DecisionSource::Fallback {
+            match self.inner.local(policy) {
+                Ok(local) => self.inner.fallback.refund(key, &local, cost, decision),
+                Err(e) => Box::pin(std::future::ready(Err(e))),
+            }
+        } else {
+            self.inner.primary.refund(key, policy, cost, decision)
+        }
+    }
 }
 
 impl<P: AdminStore, F: Store> AdminStore for FallbackStore<P, F> {

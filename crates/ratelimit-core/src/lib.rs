@@ -72,4 +72,4 @@ pub use fallback::{FallbackStore, MAX_FALLBACK_PERMITS};
 pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, AlgorithmKind, Policy, State, UnknownAlgorithm};
-pub use store::{Check, Store, all_allowed};
+pub use store::{Check, RefundFuture, Store, all_allowed};

@@ -9,6 +9,9 @@ use crate::{Decision, PermitId, Policy, StoreError};
 pub(crate) type BoxFuture<T> =
     std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
+/// The future returned by [`Store::refund`].
+pub type RefundFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// One limit to check as part of [`Store::check_all`].
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -70,6 +73,34 @@ pub trait Store: Send + Sync + 'static {
     /// Releases a concurrency permit taken by an earlier decision. Releasing a
     /// permit that already expired or was released is not an error.
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture;
+
+    /// Gives back the `cost` units that `decision`, an allowed decision for
+    /// `key` under `policy`, consumed, for a caller that refuses the request
+    /// after all (the Tower layer in wait mode, when a leaky bucket's slot
+    /// lies beyond the wait it allows, or when the waiting request is
+    /// dropped). A store combinator reads the decision's
+    /// [`source`](Decision::source) to refund the store that decided.
+    ///
+    /// Both stores give back as an admin
+    /// [`reward`](crate::AdminStore::reward) does: never beyond a full
+    /// budget; a leaky bucket or GCRA slot is given back by moving the next
+    /// free slot one cost earlier. A concurrency permit is not refunded but
+    /// [released](Store::release): this is a no-op for concurrency policies.
+    /// The refund is best effort: a refund after the consumption's window
+    /// ended, or one that another request's consumption overtook, may give
+    /// back units of a later request, so a caller refunds at once.
+    ///
+    /// The default gives nothing back and answers
+    /// [`StoreError::Unsupported`]: the consumption stays, which errs
+    /// towards denying.
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
+        let _ = (key, cost, decision);
+        Box::pin(std::future::ready(Err(StoreError::Unsupported {
+            policy: policy.name().to_owned(),
+            algorithm: policy.algorithm().kind(),
+            operation: "refund",
+        })))
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -91,6 +122,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         (**self).release(key, policy, permit)
+    }
+
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
+        (**self).refund(key, policy, cost, decision)
     }
 }
 

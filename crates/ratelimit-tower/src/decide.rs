@@ -4,11 +4,14 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ratelimit_core::{Check, Decision, Store, StoreError};
+use ratelimit_core::{Check, Decision, Policy, RefundFuture, Store, StoreError};
+use tokio::time::Instant;
 
 use crate::decisions::{Decisions, PolicyDecision};
+use crate::keys::Key;
 use crate::metrics;
 use crate::options::{FailurePolicy, Mode, Stats};
 use crate::permit::PermitGuard;
@@ -223,19 +226,24 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             Mode::Reject => return Outcome::Rejected(Rejection::Limited(merged())),
             Mode::Wait { max_delay } if allowed => {
                 // A leaky bucket reserved a slot for this request: wait for it,
-                // unless it lies beyond the wait allowed. The slot stays
-                // reserved either way (a store cannot give a slot back), which
-                // errs towards fewer calls, never more. Concurrency permits
-                // are dropped, and released, if the wait is cancelled.
+                // unless it lies beyond the wait allowed. Refused then, or
+                // dropped while it waits, the request gives back every limit
+                // it took (see `Taken`); its concurrency permits are released
+                // as `permits` drops.
                 if started.elapsed() + delay > max_delay {
+                    Taken::new(&settings.store, &enforced, &decisions)
+                        .give_back()
+                        .await;
                     return Outcome::Rejected(Rejection::Limited(merged()));
                 }
-                let decisions = merged();
+                let decisions_merged = merged();
                 permits.absorb(shadow_permits);
                 if !delay.is_zero() {
+                    let taken = Taken::new(&settings.store, &enforced, &decisions);
                     tokio::time::sleep(delay).await;
+                    taken.keep();
                 }
-                return Outcome::Allowed(decisions, permits);
+                return Outcome::Allowed(decisions_merged, permits);
             }
             Mode::Wait { max_delay } => {
                 let wait = retry + jitter(retry);
@@ -247,6 +255,104 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 tokio::time::sleep(wait).await;
             }
         }
+    }
+}
+
+/// What a request allowed in wait mode took, to give back if it is refused
+/// after all (its leaky bucket slot lies beyond the wait allowed) or dropped
+/// while it waits: denied requests consume nothing, in wait mode too.
+///
+/// Each limit is refunded ([`Store::refund`]) at its cost; a limit whose
+/// budget would be full again by now ([`Decision::reset_after`]: a window
+/// that ended) is left alone, so a late refund never gives back what a later
+/// window's requests took. A refund the store cannot make is logged and the
+/// consumption stays, which errs towards denying.
+struct Taken<St: Store> {
+    store: St,
+    /// Each limit taken, its decision, and until when its refund is worth
+    /// making.
+    limits: Vec<(Policy, Key, u64, Decision, Instant)>,
+}
+
+impl<St: Store + Clone> Taken<St> {
+    fn new(store: &St, enforced: &[Limit], decisions: &[Decision]) -> Self {
+        let now = Instant::now();
+        let limits = enforced
+            .iter()
+            .zip(decisions)
+            .filter(|(limit, _)| limit.cost() > 0)
+            .map(|(limit, decision)| {
+                let until = now + decision.reset_after();
+                let (policy, key) = (limit.policy().clone(), limit.key().clone());
+                (policy, key, limit.cost(), decision.clone(), until)
+            })
+            .collect();
+        Taken {
+            store: store.clone(),
+            limits,
+        }
+    }
+
+    /// The request keeps what it took.
+    fn keep(mut self) {
+        self.limits.clear();
+    }
+
+    /// Gives back every limit taken, and waits for the store.
+    async fn give_back(mut self) {
+        let refunds = self.refunds();
+        for (policy, refund) in refunds {
+            log_refund(&policy, refund.await);
+        }
+    }
+
+    /// The refunds still worth making (none once called).
+    fn refunds(&mut self) -> Vec<(Policy, RefundFuture)> {
+        let now = Instant::now();
+        std::mem::take(&mut self.limits)
+            .into_iter()
+            .filter(|(.., until)| now < *until)
+            .map(|(policy, key, cost, decision, _)| {
+                let refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
+                (policy, refund)
+            })
+            .collect()
+    }
+}
+
+impl<St: Store> Drop for Taken<St> {
+    /// Dropped while still holding limits: the request future was dropped
+    /// mid-wait. The refunds run at once when the store answers without
+    /// waiting (in memory), else on the current tokio runtime; without one
+    /// the consumption stays.
+    fn drop(&mut self) {
+        if self.limits.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for (policy, key, cost, decision, until) in std::mem::take(&mut self.limits) {
+            if now >= until {
+                continue;
+            }
+            let mut refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready(result) = refund.as_mut().poll(&mut cx) {
+                log_refund(&policy, result);
+            } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move { log_refund(&policy, refund.await) });
+            }
+        }
+    }
+}
+
+fn log_refund(policy: &Policy, result: Result<(), StoreError>) {
+    if let Err(error) = result {
+        tracing::debug!(
+            error = %error,
+            policy = policy.name(),
+            "rate-limit store did not give back what a request refused in wait mode \
+             took; the consumption stays, which errs towards denying"
+        );
     }
 }
 

@@ -209,11 +209,13 @@ pub enum Mode {
     /// wait consumes nothing.
     ///
     /// A leaky-bucket policy delays each admitted request to its slot, which
-    /// spaces calls evenly. The slot is reserved when the request is
-    /// admitted: a slot further away than `max_delay` is refused, and a
-    /// request dropped while it waits for its slot still uses it up (a store
-    /// cannot give a slot back). Size the bucket so that
-    /// `capacity / rate <= max_delay` to avoid both.
+    /// spaces calls evenly. The slot, and every other limit of the request,
+    /// is taken when the request is admitted: a slot further away than
+    /// `max_delay` is refused, and the refused request, or one dropped while
+    /// it waits for its slot, gives back everything it took
+    /// ([`Store::refund`](ratelimit_core::Store::refund), best effort; a
+    /// store without refunds keeps the consumption). Size the bucket so that
+    /// `capacity / rate <= max_delay` to avoid refusals.
     Wait {
         /// The longest a request may wait in total.
         max_delay: Duration,

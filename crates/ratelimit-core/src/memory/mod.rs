@@ -15,7 +15,7 @@ use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decisi
 use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
-use crate::store::{Check, Store};
+use crate::store::{Check, RefundFuture, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
@@ -814,6 +814,15 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.release_now(key, policy, permit);
         ready(Ok(()))
+    }
+
+    /// A [`reward_now`](MemoryStore::reward_now) of `cost` (nothing for a
+    /// concurrency policy, whose permits are released).
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> RefundFuture {
+        if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            return Box::pin(ready(Ok(())));
+        }
+        Box::pin(ready(self.reward_now(key, policy, cost).map(drop)))
     }
 }
 

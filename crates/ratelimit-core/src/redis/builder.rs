@@ -14,6 +14,7 @@ pub struct RedisStoreBuilder {
     pub(super) call_timeout: Duration,
     pub(super) max_batch: usize,
     pub(super) fixed_clock: Option<Arc<dyn Clock>>,
+    pub(super) allow_unresolved_hosts: bool,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
     #[cfg(feature = "bb8")]
@@ -30,6 +31,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("max_batch", &self.max_batch)
+            .field("allow_unresolved_hosts", &self.allow_unresolved_hosts)
             .field("bb8_pool", &self.has_pool())
             .finish_non_exhaustive()
     }
@@ -94,6 +96,44 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Lets [`build`](Self::build) succeed when a Redis host name does not
+    /// resolve, for a deployment whose Redis may get its DNS name only after
+    /// the application starts: until it resolves, calls fail as an outage
+    /// ([`StoreError::Unavailable`]) and the failure policy decides, so under
+    /// a fail-open policy every request passes unlimited.
+    ///
+    /// Without it (the default), `build` resolves the host name of the URL
+    /// (of each seed URL on a cluster) and fails with an error naming the
+    /// host when one does not resolve within the
+    /// [`connect_timeout`](Self::connect_timeout): a mistyped `redis://` URL
+    /// is a configuration mistake found at start-up, not an outage that
+    /// lifts every limit without a sound. A name that resolves to a server
+    /// that is down still builds (the outage is the failure policy's), and a
+    /// store on an application's bb8 pool resolves nothing (the pool's
+    /// manager connects).
+    ///
+    /// ```
+    /// use ratelimit_core::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mistyped = RedisStore::builder("redis://no-such-host.invalid:6379").build().await;
+    /// assert!(mistyped.unwrap_err().to_string().contains("no-such-host.invalid"));
+    ///
+    /// // Redis gets its name later: an outage until then.
+    /// let later = RedisStore::builder("redis://no-such-host.invalid:6379")
+    ///     .allow_unresolved_hosts()
+    ///     .build()
+    ///     .await?;
+    /// # drop(later);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn allow_unresolved_hosts(mut self) -> Self {
+        self.allow_unresolved_hosts = true;
+        self
+    }
+
     /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
     /// instead of the system's roots, as for a private CA. On a cluster, for
     /// every node: the cluster client's connections and the store's own
@@ -119,6 +159,10 @@ impl RedisStoreBuilder {
     /// Builds the store. A single-node store connects lazily (Redis may be
     /// down at start-up; calls then fail and the failure policy applies); a
     /// cluster store reads the cluster's topology now.
+    ///
+    /// Fails, among other mistakes, when a host name of the URL (of a seed
+    /// URL on a cluster) does not resolve, unless
+    /// [`allow_unresolved_hosts`](Self::allow_unresolved_hosts) is set.
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         if !valid_prefix(&self.prefix) {
             return Err(StoreError::Backend(
@@ -128,6 +172,9 @@ impl RedisStoreBuilder {
                 )
                 .into(),
             ));
+        }
+        if !self.allow_unresolved_hosts {
+            resolve_hosts(&self.urls, self.connect_timeout).await?;
         }
         let backend = if let Some(pooled) = self.pooled()? {
             pooled
@@ -256,6 +303,42 @@ impl RedisStoreBuilder {
     fn pooled(&mut self) -> Result<Option<Backend>, StoreError> {
         Ok(None)
     }
+}
+
+/// Resolves the host name of each TCP URL of `urls` (a Unix socket has none;
+/// a URL that does not parse is left to the client, which reports it), each
+/// within `timeout`: an error naming the first host that does not resolve.
+async fn resolve_hosts(urls: &[String], timeout: Duration) -> Result<(), StoreError> {
+    for url in urls {
+        let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) else {
+            continue;
+        };
+        let (host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+            _ => continue,
+        };
+        let unresolved = |why: String| {
+            StoreError::Backend(
+                format!(
+                    "Redis host `{host}` does not resolve ({why}): check the URL, or call \
+                     `allow_unresolved_hosts()` if the name may appear later (until then, \
+                     calls fail as an outage)"
+                )
+                .into(),
+            )
+        };
+        match tokio::time::timeout(timeout, tokio::net::lookup_host((host.as_str(), port))).await {
+            Ok(Ok(mut addresses)) => {
+                if addresses.next().is_none() {
+                    return Err(unresolved(String::from("no address")));
+                }
+            }
+            Ok(Err(error)) => return Err(unresolved(error.to_string())),
+            Err(_) => return Err(unresolved(format!("no answer within {timeout:?}"))),
+        }
+    }
+    Ok(())
 }
 
 /// How many times redis-rs's cluster client retries one command: each

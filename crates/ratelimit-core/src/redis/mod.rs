@@ -154,6 +154,7 @@ impl RedisStore {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             fixed_clock: None,
+            allow_unresolved_hosts: false,
             #[cfg(feature = "tls")]
             root_cert: None,
             #[cfg(feature = "bb8")]
@@ -873,6 +874,16 @@ impl Store for RedisStore {
         }
         let key = self.state_key(key, policy);
         Box::pin(self.clone().release_one(key, permit))
+    }
+
+    /// An admin [`reward`](crate::AdminStore::reward) of `cost`: one script
+    /// (nothing for a concurrency policy, whose permits are released).
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> crate::RefundFuture {
+        if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let reward = crate::AdminStore::reward(self, key, policy, cost);
+        Box::pin(async move { reward.await.map(drop) })
     }
 }
 

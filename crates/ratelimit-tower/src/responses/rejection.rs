@@ -34,7 +34,9 @@ pub enum Rejection {
     NoPeerAddress,
     /// The store could not decide because of an outage (unreachable, timed
     /// out) and the failure policy refuses the request, or the in-memory store
-    /// is full: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
+    /// is full: `503 Service Unavailable` (gRPC `UNAVAILABLE`). The body and
+    /// `grpc-message` say so in general terms, never the error's text (which
+    /// may name hosts); the layer logs it.
     Unavailable(Arc<StoreError>),
     /// The store answered with an error that is not an outage
     /// ([`StoreError::is_outage`]): a policy conflict, a reply that does not
@@ -61,11 +63,18 @@ impl Rejection {
 }
 
 impl Rejection {
-    /// What a client is told: the [`Display`](fmt::Display) text, except for
-    /// [`Rejection::Internal`], whose error (a bug or a configuration
-    /// mistake, which may name internal keys) stays in the server's logs.
+    /// What a client is told (the problem+json `detail`, gRPC's
+    /// `grpc-message`): the [`Display`](fmt::Display) text, except for the
+    /// refusals that carry a store error ([`Rejection::Unavailable`],
+    /// [`Rejection::Internal`]), which say what happened in general terms.
+    /// The error's own text (host names, addresses, Redis's error strings,
+    /// internal keys) stays in the server's logs, where the layer writes it.
     pub(crate) fn public_detail(&self) -> String {
         match self {
+            Rejection::Unavailable(error) if matches!(**error, StoreError::Full { .. }) => {
+                String::from("rate limit store full; retry later")
+            }
+            Rejection::Unavailable(_) => String::from("rate limit store unavailable"),
             Rejection::Internal(_) => {
                 String::from("rate limiter failed; the server's logs say why")
             }
