@@ -6,7 +6,9 @@
 //! [`RuleProvider`]; [`ReloadableRules`] holds one behind an atomic swap, so a
 //! new file takes effect for the next request while requests in flight finish
 //! under the limits they started with. A file that does not load leaves the
-//! configuration in force untouched, and says which field is wrong.
+//! configuration in force untouched, and says which field is wrong; so does
+//! one that would drop rules or policies in force (an empty or truncated
+//! file, unless the reloader allows it: see [`ReloadableRules`]).
 //!
 //! # Example
 //!
@@ -146,9 +148,10 @@
 //!   [`MemoryStore`](crate::MemoryStore) and `RedisStore` answer
 //!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
 //!   for every key that still has state of the old algorithm (GCRA and the
-//!   leaky bucket excepted: they share one state), so the layer's
-//!   [`FailurePolicy`](crate::FailurePolicy) decides those requests until
-//!   that state expires. So [`ReloadableRules`] refuses a reload that gives
+//!   leaky bucket excepted: they share one state). That is not an outage:
+//!   the layer refuses those requests (`500`, counted as `invalid`) whatever
+//!   its [`FailurePolicy`](crate::FailurePolicy) says, until that state
+//!   expires. So [`ReloadableRules`] refuses a reload that gives
 //!   a name in force another algorithm
 //!   ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the configuration
 //!   in force: removing a policy and bringing it back with another algorithm
