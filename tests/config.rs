@@ -421,7 +421,7 @@ fn bad_toml_configurations_name_the_field() {
         (
             toml_policy(
                 GCRA,
-                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nipv6_prefix = 129",
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"forwarded\"\nipv6_prefix = 129",
             ),
             "client_ip.ipv6_prefix",
             "longer than /128",
@@ -431,6 +431,47 @@ fn bad_toml_configurations_name_the_field() {
             toml_policy(GCRA, "[client_ip]\nheader = \"x-real-ip\""),
             "client_ip.header",
             "unknown variant `x-real-ip`",
+            Parse,
+        ),
+        // Trusted proxies need the header they write: there is no default.
+        (
+            toml_policy(GCRA, "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+            "client_ip.header",
+            "missing: name the header your trusted proxies write",
+            Parse,
+        ),
+        (
+            toml_policy(
+                GCRA,
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"auto\"",
+            ),
+            "client_ip.header",
+            "\"auto\" is not accepted",
+            Parse,
+        ),
+        // ip
+        (
+            toml_policy(GCRA, &format!("{RULE}\n[ip]\nipv6_prefix = 129")),
+            "ip.ipv6_prefix",
+            "prefix length /129 is longer than /128",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv6_prefix = 300"),
+            "ip.ipv6_prefix",
+            "invalid value: integer `300`",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv6_prefix = -1"),
+            "ip.ipv6_prefix",
+            "invalid value",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv4_prefix = 24"),
+            "ip.ipv4_prefix",
+            "unknown field `ipv4_prefix`",
             Parse,
         ),
         // the document
@@ -694,6 +735,7 @@ fn every_algorithm_parses_in_toml_and_json() {
 const RULES: &str = r#"
 [client_ip]
 trusted_proxies = ["10.0.0.0/8"]
+header = "x-forwarded-for"
 
 [policies.everyone]
 algorithm = "fixed-window"
@@ -818,6 +860,14 @@ fn rules_match_by_route_method_and_key() {
     let limits = limits_of(&config, &req);
     assert_eq!(names(&limits), ["everyone", "login"]);
     assert_eq!(limits[1].1, b"203.0.113.7");
+    // A `Forwarded` the client wrote, passed through by a proxy that appends
+    // to X-Forwarded-For, is not read: the key stays the client's.
+    let spoofed = [
+        ("forwarded", "for=198.51.100.99"),
+        ("x-forwarded-for", "203.0.113.7"),
+    ];
+    let req = build("POST", "/login", &spoofed, Some([10, 0, 0, 5]));
+    assert_eq!(limits_of(&config, &req)[1].1, b"203.0.113.7");
     // The same header from an untrusted peer is not believed.
     let req = build("POST", "/login", &forwarded, client);
     assert_eq!(limits_of(&config, &req)[1].1, b"192.0.2.1");
@@ -842,6 +892,79 @@ fn rules_match_by_route_method_and_key() {
     // No rule at all: nothing to check.
     let empty = Config::from_toml("").expect("empty is valid");
     assert!(empty.limits(&build("GET", "/", &[], client)).is_empty());
+}
+
+/// Sends a request from each IPv6 peer through a layer over `config`
+/// (`/api`, a limit of 2), and returns the statuses.
+async fn statuses_from(config: Config, peers: &[&str]) -> Vec<u16> {
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::with_rules(MemoryStore::new(), config))
+        .service_fn(ok);
+    let mut statuses = Vec::new();
+    for ip in peers {
+        let mut req = Request::get("/api/items")
+            .body(String::new())
+            .expect("request");
+        req.extensions_mut().insert(PeerAddr(SocketAddr::new(
+            ip.parse().expect("an address"),
+            40_000,
+        )));
+        let response = service.clone().oneshot(req).await.expect("infallible");
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+/// The `ip` key keys a directly connected IPv6 client by its /64 (or the
+/// `[ip]` prefix): rotating addresses within it spends one budget.
+#[tokio::test]
+async fn the_ip_key_keys_ipv6_peers_by_network() {
+    let config = |ip_section: &str| {
+        Config::from_toml(&format!(
+            "{ip_section}\n[policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n\n\
+             [[rules]]\npolicy = \"api\"\nkey = \"ip\"\nroutes = [\"/api\"]\n"
+        ))
+        .expect("valid")
+    };
+    let one_64 = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:a:b:c:d"];
+    let other_64s = ["2001:db8:1:2::1", "2001:db8:1:3::1", "2001:db8:1:4::1"];
+    let one_48 = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:3::1",
+        "2001:db8:1:ffff::1",
+        "2001:db8:2::1",
+    ];
+
+    // The default, and the default written out.
+    for section in ["", "[ip]", "[ip]\nipv6_prefix = 64"] {
+        assert_eq!(
+            statuses_from(config(section), &one_64).await,
+            [200, 200, 429],
+            "{section}"
+        );
+        assert_eq!(
+            statuses_from(config(section), &other_64s).await,
+            [200, 200, 200],
+            "{section}"
+        );
+        let keys = limits_of(&config(section), &{
+            let mut req = request("c");
+            req.extensions_mut()
+                .insert(PeerAddr("[2001:db8:1:2::9]:1".parse().expect("addr")));
+            req
+        });
+        assert_eq!(keys[0].1, b"2001:db8:1:2::/64");
+    }
+    // /48: the neighbouring /64s share one budget; another /48 has its own.
+    let per_48 = config("[ip]\nipv6_prefix = 48");
+    assert_eq!(statuses_from(per_48, &one_48).await, [200, 200, 429, 200]);
+    // /128: each address on its own.
+    let per_128 = config("[ip]\nipv6_prefix = 128");
+    assert_eq!(statuses_from(per_128, &one_64).await, [200, 200, 200]);
+    // IPv4 peers are keyed by their address whatever the IPv6 prefix.
+    let ipv4 = ["192.0.2.1", "192.0.2.2", "192.0.2.1", "192.0.2.1"];
+    let per_48 = config("[ip]\nipv6_prefix = 48");
+    assert_eq!(statuses_from(per_48, &ipv4).await, [200, 200, 200, 429]);
 }
 
 #[tokio::test]

@@ -98,10 +98,16 @@
 //! missing_key = "reject"  # or "allow": requests without the header
 //!                      # (default: reject for header keys; see below)
 //!
+//! # Optional, for the ip key: the network IPv6 peers are keyed by.
+//! [ip]
+//! ipv6_prefix = 64     # optional, default 64 (0 to 128); IPv4 peers are
+//!                      # keyed by their address
+//!
 //! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
 //! [client_ip]
 //! trusted_proxies = ["10.0.0.0/8"]
-//! header = "auto"      # optional: auto | forwarded | x-forwarded-for
+//! header = "x-forwarded-for"  # required with trusted_proxies: the header
+//!                      # they write, x-forwarded-for | forwarded
 //! ipv6_prefix = 64     # optional: key IPv6 clients by their network
 //! max_hops = 64        # optional
 //! ```
@@ -117,8 +123,11 @@
 //!   segments resolved (`/api//x`, `/api/./x` and `/api/y/../x` are all
 //!   `/api/x`); case and other percent-encoded bytes are kept (SECURITY.md).
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
-//!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
-//!   `[client_ip]` ([`ClientIp`]); `route` the method and route
+//!   ([`PeerIp`]: an IPv6 peer by its /64, or the `ipv6_prefix` of `[ip]`);
+//!   `client-ip` the client behind the trusted proxies of `[client_ip]`
+//!   ([`ClientIp`]), read from the one `header` they write (there is no
+//!   default: a proxy passes the other header through as the client wrote
+//!   it, see [`ForwardingHeader`]); `route` the method and route
 //!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
 //!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
 //!   does, and has a key only when every part does.
@@ -159,7 +168,8 @@
 //!   refused, and meets that `PolicyConflict` instead.
 //!
 //! [`RuleProvider`]: crate::RuleProvider
-//! [`PeerIp`]: crate::PeerIp
+//! [`PeerIp`]: struct@crate::PeerIp
+//! [`ForwardingHeader`]: crate::ForwardingHeader
 //! [`ClientIp`]: crate::ClientIp
 //! [`RouteKey`]: crate::RouteKey
 //! [`HeaderKey`]: crate::HeaderKey
