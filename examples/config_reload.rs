@@ -15,9 +15,11 @@
 //!   `PORT` defaulting to 3000);
 //! - `--poll DURATION`: how often the file is checked for changes (default `1s`).
 //!
-//! Edit the file while the server runs: within one poll the next request is
-//! limited by the new rules. A file that does not load is reported (with the
-//! field at fault) and the rules in force stay.
+//! Edit the file while the server runs: once it has been unchanged for one
+//! poll, the next request is limited by the new rules. A file that does not
+//! load is reported (with the field at fault) and the rules in force stay; so
+//! is one that drops rules or policies (an empty or truncated file reads like
+//! that), as this example does not allow dropping them.
 //!
 //! Routes: `GET /`, `GET /api/items`, `POST /login`. Once bound, the server
 //! prints one line, `listening on http://ADDR`.

@@ -84,9 +84,10 @@
 //!   `POST /admin/keys/{key}/unblock` ends it (`204`).
 //!
 //! `{key}` is exactly the key the limiter uses. Without an `x-api-key`
-//! header (or with an empty one), that is the client's IP as Rust prints it:
-//! `127.0.0.1`, `203.0.113.7`, `2001:db8::7` (an IPv4-mapped IPv6 peer,
-//! `::ffff:203.0.113.7`, as `203.0.113.7`). With one, it is `#` followed by
+//! header (or with an empty one), that is the client's IPv4 address as Rust
+//! prints it, `127.0.0.1`, `203.0.113.7` (an IPv4-mapped IPv6 peer,
+//! `::ffff:203.0.113.7`, as `203.0.113.7`), or an IPv6 client's /64,
+//! `2001:db8::/64` (written `2001:db8::%2F64` in a URL). With one, it is `#` followed by
 //! the first 32 hex digits of the SHA-256 of the header's value, written
 //! `%23` in a URL. Errors are `{"error":"..."}`: `400` for a bad amount,
 //! duration or query, `409` for penalties and rewards of `concurrency`
@@ -136,7 +137,7 @@ internal network only.
     POST /admin/keys/KEY/reward?amount=N      give N units back
     POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
     POST /admin/keys/KEY/unblock              end a block
-KEY is the limiter's key: the client IP (127.0.0.1, 2001:db8::7) or, for
+KEY is the limiter's key: the client IP (127.0.0.1) or IPv6 /64 (2001:db8::%2F64) or, for
 requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of
 the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
 

@@ -123,9 +123,10 @@ mod admin {
     /// denied, as while blocked or in debt).
     ///
     /// `{key}` is the key the rate limiter passes to the store, as its key
-    /// extractor made it (for [`PeerIp`](ratelimit_tower::PeerIp), the client
-    /// IP as Rust prints it: `203.0.113.7`, `2001:db8::7`),
-    /// percent-decoded: write `/` as `%2F` and `#` as `%23`.
+    /// extractor made it (for [`PeerIp`](struct@ratelimit_tower::PeerIp), an
+    /// IPv4 client's address as Rust prints it, `203.0.113.7`, and an IPv6
+    /// client's /64, `2001:db8::/64`), percent-decoded: write `/` as `%2F`
+    /// and `#` as `%23`.
     ///
     /// Errors are `{"error":"..."}`: `400` for a bad key, amount or duration,
     /// a missing, repeated or unknown query parameter (amounts are whole

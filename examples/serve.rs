@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::Request;
-use ratelimit_tower::{Key, PeerIp};
+use ratelimit_tower::{Key, KeyExtractor, PeerIp};
 use tokio::net::TcpListener;
 
 /// `127.0.0.1:$PORT`, `PORT` defaulting to 3000: where the examples without
@@ -71,7 +71,7 @@ pub async fn serve(listener: TcpListener, app: Router) -> io::Result<()> {
 
 /// Serves `app` on `listener` with each connection's peer address in the
 /// requests' extensions (`ConnectInfo<SocketAddr>`, which
-/// [`PeerIp`](ratelimit_tower::PeerIp) reads), until the process ends.
+/// [`PeerIp`](struct@ratelimit_tower::PeerIp) reads), until the process ends.
 ///
 /// # Errors
 ///
@@ -108,7 +108,8 @@ pub const API_KEY_HEADER: &str = "x-api-key";
 
 /// The key of a request: its `x-api-key` header, hashed
 /// (`ratelimit_core::key::hashed`, so keys never reach the store, metrics or
-/// logs as sent), else the client IP; `None` without either.
+/// logs as sent), else the client IP as [`PeerIp`] keys it (an IPv6 client
+/// by its /64); `None` without either.
 ///
 /// ```
 /// use axum::body::Body;
@@ -125,7 +126,7 @@ pub fn api_key_or_peer_ip(req: &Request) -> Option<Key> {
         Some(value) if !value.is_empty() => {
             Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
         }
-        _ => PeerIp::peer_ip(req).map(Key::from),
+        _ => PeerIp.extract(req),
     }
 }
 

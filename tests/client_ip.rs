@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Request};
 use proptest::prelude::*;
 use ratelimit_tower::{
-    Cidr, CidrError, ClientIp, ForwardingHeader, KeyExtractor, PeerAddr, TrustedProxies,
+    Cidr, CidrError, ClientIp, ForwardingHeader, KeyExtractor, PeerAddr, PeerIp, TrustedProxies,
 };
 
 const XFF: &str = "x-forwarded-for";
@@ -31,9 +31,22 @@ fn req(peer: &str, headers: &[(&str, &[u8])]) -> Request<()> {
     req
 }
 
-/// Trusts 10.0.0.0/8 and 2001:db8:ffff::/48.
+/// Trusts 10.0.0.0/8 and 2001:db8:ffff::/48, which append to X-Forwarded-For.
 fn behind_proxies() -> ClientIp {
-    ClientIp::trusting(TrustedProxies::parse(["10.0.0.0/8", "2001:db8:ffff::/48"]).unwrap())
+    ClientIp::trusting(
+        TrustedProxies::parse(["10.0.0.0/8", "2001:db8:ffff::/48"]).unwrap(),
+        ForwardingHeader::XForwardedFor,
+    )
+}
+
+/// The header the proxies of a case write: `Forwarded` when it has such a
+/// line, otherwise `X-Forwarded-For`.
+fn written_by_proxies(headers: &[(&str, &[u8])]) -> ForwardingHeader {
+    if headers.iter().any(|(name, _)| *name == FWD) {
+        ForwardingHeader::Forwarded
+    } else {
+        ForwardingHeader::XForwardedFor
+    }
 }
 
 fn key_text(extractor: &ClientIp, req: &Request<()>) -> String {
@@ -48,7 +61,18 @@ type Case = (
     &'static str,
 );
 
+/// Checks each case with `extractor` reading the header the case's proxies
+/// write ([`written_by_proxies`]).
 fn check_cases(extractor: &ClientIp, cases: &[Case]) {
+    for (peer, headers, want) in cases {
+        let extractor = extractor.clone().header(written_by_proxies(headers));
+        let got = extractor.client_ip(&req(peer, headers));
+        assert_eq!(got, Some(ip(want)), "peer {peer}, headers {headers:?}");
+    }
+}
+
+/// Checks each case with `extractor` as it is.
+fn check_cases_reading(extractor: &ClientIp, cases: &[Case]) {
     for (peer, headers, want) in cases {
         let got = extractor.client_ip(&req(peer, headers));
         assert_eq!(got, Some(ip(want)), "peer {peer}, headers {headers:?}");
@@ -175,30 +199,82 @@ fn forwarded_with_quoted_ipv6_and_ports() {
 }
 
 #[test]
-fn forwarded_is_preferred_and_headers_are_never_mixed() {
+fn only_the_named_header_is_read_and_headers_are_never_mixed() {
     let both: &[(&str, &[u8])] = &[(XFF, b"198.51.100.1"), (FWD, b"for=192.0.2.1")];
-    check_cases(&behind_proxies(), &[("10.0.0.1", both, "192.0.2.1")]);
-    // A malformed Forwarded does not fall through to X-Forwarded-For.
     let bad_forwarded: &[(&str, &[u8])] = &[(XFF, b"198.51.100.1"), (FWD, b"for=_hidden")];
-    check_cases(
-        &behind_proxies(),
-        &[("10.0.0.1", bad_forwarded, "10.0.0.1")],
-    );
     let empty_forwarded: &[(&str, &[u8])] = &[(XFF, b"198.51.100.1"), (FWD, b"")];
-    check_cases(
-        &behind_proxies(),
-        &[("10.0.0.1", empty_forwarded, "10.0.0.1")],
-    );
-    // Choosing a header explicitly.
-    let xff_only = behind_proxies().header(ForwardingHeader::XForwardedFor);
-    check_cases(&xff_only, &[("10.0.0.1", both, "198.51.100.1")]);
-    check_cases(&xff_only, &[("10.0.0.1", bad_forwarded, "198.51.100.1")]);
+    let xff_only = behind_proxies();
+    check_cases_reading(&xff_only, &[("10.0.0.1", both, "198.51.100.1")]);
+    check_cases_reading(&xff_only, &[("10.0.0.1", bad_forwarded, "198.51.100.1")]);
+    check_cases_reading(&xff_only, &[("10.0.0.1", empty_forwarded, "198.51.100.1")]);
     let fwd_only = behind_proxies().header(ForwardingHeader::Forwarded);
-    check_cases(&fwd_only, &[("10.0.0.1", both, "192.0.2.1")]);
-    check_cases(
+    check_cases_reading(&fwd_only, &[("10.0.0.1", both, "192.0.2.1")]);
+    // A malformed or empty Forwarded does not fall through to X-Forwarded-For.
+    check_cases_reading(&fwd_only, &[("10.0.0.1", bad_forwarded, "10.0.0.1")]);
+    check_cases_reading(&fwd_only, &[("10.0.0.1", empty_forwarded, "10.0.0.1")]);
+    check_cases_reading(
         &fwd_only,
         &[("10.0.0.1", &[(XFF, b"198.51.100.1")], "10.0.0.1")],
     );
+}
+
+/// Behind proxies that append to X-Forwarded-For and pass `Forwarded`
+/// through untouched (nginx's `proxy_add_x_forwarded_for`, AWS ALB), a
+/// client's own `Forwarded` neither gives it a fresh key per request nor
+/// puts it under a victim's key.
+#[test]
+fn a_spoofed_forwarded_header_behind_an_x_forwarded_for_proxy_does_not_change_the_key() {
+    let extractor = behind_proxies();
+    let honest = req("10.0.0.1", &[(XFF, b"203.0.113.9")]);
+    let honest_key = key_text(&extractor, &honest);
+    assert_eq!(honest_key, "203.0.113.9");
+    for spoofed in [
+        b"for=198.51.100.1".as_slice(),
+        b"for=\"[2001:db8::66]:80\"",
+        b"for=192.0.2.200;proto=https, for=10.0.0.2",
+        b"for=_hidden",
+        b"",
+    ] {
+        // The client wrote Forwarded (and an X-Forwarded-For entry); the
+        // proxy appended the address it saw to X-Forwarded-For.
+        let r = req(
+            "10.0.0.1",
+            &[(FWD, spoofed), (XFF, b"192.0.2.55, 203.0.113.9")],
+        );
+        assert_eq!(key_text(&extractor, &r), honest_key, "{spoofed:?}");
+    }
+    // Through the layer: one budget, however many Forwarded values it sends.
+    let limited = ratelimit_tower::RateLimitLayer::new(
+        ratelimit_core::MemoryStore::new(),
+        ratelimit_core::Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+        extractor,
+    );
+    let service =
+        tower::ServiceBuilder::new()
+            .layer(limited)
+            .service_fn(|_req: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let statuses: Vec<u16> = runtime.block_on(async {
+        let mut statuses = Vec::new();
+        for i in 0..6u8 {
+            let forwarded = format!("for=198.51.100.{i}");
+            let r = req(
+                "10.0.0.1",
+                &[(FWD, forwarded.as_bytes()), (XFF, b"203.0.113.9")],
+            );
+            let response = tower::ServiceExt::oneshot(service.clone(), r)
+                .await
+                .unwrap();
+            statuses.push(response.status().as_u16());
+        }
+        statuses
+    });
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }
 
 #[test]
@@ -491,13 +567,17 @@ fn ipv4_mapped_addresses_are_ipv4() {
     let r = req("::ffff:203.0.113.9", &[(XFF, b"1.2.3.4")]);
     assert_eq!(extractor.client_ip(&r), Some(ip("203.0.113.9")));
     let r = req("10.0.0.1", &[(FWD, b"for=\"[::ffff:192.0.2.1]:80\"")]);
-    assert_eq!(extractor.client_ip(&r), Some(ip("192.0.2.1")));
+    let forwarded = extractor.clone().header(ForwardingHeader::Forwarded);
+    assert_eq!(forwarded.client_ip(&r), Some(ip("192.0.2.1")));
     // Mapped entries are trusted hops too.
     let r = req("10.0.0.1", &[(XFF, b"192.0.2.1, [::ffff:10.0.0.2]:80")]);
     assert_eq!(extractor.client_ip(&r), Some(ip("192.0.2.1")));
 
     // Mapped networks are IPv4 networks.
-    let mapped = ClientIp::trusting(TrustedProxies::parse(["::ffff:10.0.0.0/104"]).unwrap());
+    let mapped = ClientIp::trusting(
+        TrustedProxies::parse(["::ffff:10.0.0.0/104"]).unwrap(),
+        ForwardingHeader::XForwardedFor,
+    );
     assert_eq!(
         mapped.trusted_proxies().cidrs(),
         &["10.0.0.0/8".parse::<Cidr>().unwrap()]
@@ -505,9 +585,15 @@ fn ipv4_mapped_addresses_are_ipv4() {
     let r = req("10.0.0.1", &[(XFF, b"192.0.2.1")]);
     assert_eq!(mapped.client_ip(&r), Some(ip("192.0.2.1")));
     // IPv6 networks containing the mapped range contain IPv4 addresses.
-    let all = ClientIp::trusting(TrustedProxies::parse(["::/0"]).unwrap());
+    let all = ClientIp::trusting(
+        TrustedProxies::parse(["::/0"]).unwrap(),
+        ForwardingHeader::XForwardedFor,
+    );
     assert_eq!(all.client_ip(&r), Some(ip("192.0.2.1")));
-    let v6_only = ClientIp::trusting(TrustedProxies::parse(["2001:db8::/32"]).unwrap());
+    let v6_only = ClientIp::trusting(
+        TrustedProxies::parse(["2001:db8::/32"]).unwrap(),
+        ForwardingHeader::XForwardedFor,
+    );
     assert_eq!(v6_only.client_ip(&r), Some(ip("10.0.0.1")));
 }
 
@@ -538,7 +624,10 @@ fn ipv6_clients_are_keyed_by_prefix() {
     assert_eq!(key_text(&ClientIp::peer(), &a), "2001:db8:1:2:aaaa::1");
 
     // Prefixes apply to forwarded clients too.
-    let proxied = behind_proxies().ipv6_prefix(64).unwrap();
+    let proxied = behind_proxies()
+        .header(ForwardingHeader::Forwarded)
+        .ipv6_prefix(64)
+        .unwrap();
     let r = req("10.0.0.1", &[(FWD, b"for=\"[2001:db8:9:9:1:2:3:4]:80\"")]);
     assert_eq!(key_text(&proxied, &r), "2001:db8:9:9::/64");
 
@@ -550,6 +639,103 @@ fn ipv6_clients_are_keyed_by_prefix() {
     assert_eq!(key_text(&each, &a), "2001:db8:1:2:aaaa::1/128");
     assert_eq!(
         ClientIp::peer().ipv6_prefix(129).unwrap_err(),
+        CidrError::PrefixLenTooLong { len: 129, max: 128 }
+    );
+}
+
+/// Sends one request from each peer through a layer keyed by `extractor`
+/// with a limit of 2, and returns the statuses.
+fn statuses_through<K>(extractor: K, peers: &[&str]) -> Vec<u16>
+where
+    K: KeyExtractor<Request<()>> + Clone + Send + Sync + 'static,
+{
+    let limited = ratelimit_tower::RateLimitLayer::new(
+        ratelimit_core::MemoryStore::new(),
+        ratelimit_core::Policy::fixed_window(2, Duration::from_secs(3600)).unwrap(),
+        extractor,
+    );
+    let service =
+        tower::ServiceBuilder::new()
+            .layer(limited)
+            .service_fn(|_req: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut statuses = Vec::new();
+        for peer in peers {
+            let response = tower::ServiceExt::oneshot(service.clone(), req(peer, &[]))
+                .await
+                .unwrap();
+            statuses.push(response.status().as_u16());
+        }
+        statuses
+    })
+}
+
+/// A directly connected IPv6 client that rotates addresses within its /64
+/// spends one budget under `PeerIp`; another /64 has its own.
+#[test]
+fn peer_ip_keys_ipv6_peers_by_their_64_by_default() {
+    let key = |extractor: &PeerIp, peer: &str| {
+        String::from_utf8(
+            extractor
+                .extract(&req(peer, &[]))
+                .unwrap()
+                .as_bytes()
+                .to_vec(),
+        )
+        .unwrap()
+    };
+    assert_eq!(PeerIp, PeerIp::new());
+    assert_eq!(PeerIp, PeerIp::default());
+    assert_eq!(PeerIp.ipv6_prefix_len(), 64);
+    assert_eq!(key(&PeerIp, "2001:db8:1:2::1"), "2001:db8:1:2::/64");
+    assert_eq!(
+        key(&PeerIp, "2001:db8:1:2:ffff:ffff:ffff:ffff"),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(key(&PeerIp, "2001:db8:1:3::1"), "2001:db8:1:3::/64");
+    // IPv4 (mapped or not) is keyed by its address.
+    assert_eq!(key(&PeerIp, "192.0.2.1"), "192.0.2.1");
+    assert_eq!(key(&PeerIp, "::ffff:192.0.2.1"), "192.0.2.1");
+
+    // One /64: one budget of 2, whatever the address.
+    let rotating = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::2",
+        "2001:db8:1:2:a:b:c:d",
+        "2001:db8:1:2:ffff::9",
+    ];
+    assert_eq!(statuses_through(PeerIp, &rotating), [200, 200, 429, 429]);
+    // Different /64s: a budget each.
+    let neighbours = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:3::1",
+        "2001:db8:2:2::1",
+        "2001:db8:1:2::5",
+    ];
+    assert_eq!(statuses_through(PeerIp, &neighbours), [200, 200, 200, 200]);
+
+    // A configured prefix is honoured: /48 puts these under one key...
+    let per_48 = PeerIp::new().ipv6_prefix(48).unwrap();
+    assert_eq!(key(&per_48, "2001:db8:1:2::1"), "2001:db8:1::/48");
+    let one_48 = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:3::1",
+        "2001:db8:1:ffff::1",
+        "2001:db8:2::1",
+    ];
+    assert_eq!(statuses_through(per_48, &one_48), [200, 200, 429, 200]);
+    // ... and /128 keys each address alone.
+    let per_128 = PeerIp::new().ipv6_prefix(128).unwrap();
+    assert_eq!(key(&per_128, "2001:db8:1:2::1"), "2001:db8:1:2::1/128");
+    assert_eq!(statuses_through(per_128, &rotating), [200, 200, 200, 200]);
+    assert_eq!(
+        PeerIp::new().ipv6_prefix(129).unwrap_err(),
         CidrError::PrefixLenTooLong { len: 129, max: 128 }
     );
 }
@@ -655,7 +841,10 @@ fn unknown_peer_has_no_key() {
     for extractor in [
         ClientIp::peer(),
         behind_proxies(),
-        ClientIp::trusting("::/0, 0.0.0.0/0".parse().unwrap()),
+        ClientIp::trusting(
+            "::/0, 0.0.0.0/0".parse().unwrap(),
+            ForwardingHeader::XForwardedFor,
+        ),
     ] {
         assert_eq!(extractor.client_ip(&r), None);
         assert_eq!(extractor.extract(&r), None);
@@ -825,8 +1014,12 @@ proptest! {
         mapped in any::<bool>(),
         prefix in prop::option::of(0u8..=128),
         max_hops in prop::option::of(0usize..4),
+        reads_forwarded in any::<bool>(),
     ) {
         let mut extractor = behind_proxies();
+        if reads_forwarded {
+            extractor = extractor.header(ForwardingHeader::Forwarded);
+        }
         if let Some(len) = prefix {
             extractor = extractor.ipv6_prefix(len).unwrap();
         }
@@ -847,15 +1040,22 @@ proptest! {
         if !extractor.trusted_proxies().contains(peer) {
             prop_assert_eq!(got, peer_canonical);
         } else if got != peer_canonical {
+            // Only the named header is read.
             let spelled: Vec<IpAddr> = lines
                 .iter()
+                .filter(|(forwarded, _)| *forwarded == reads_forwarded)
                 .flat_map(|(_, v)| addresses_in(v.as_bytes()))
                 .collect();
             prop_assert!(spelled.contains(&got), "{got} not in {lines:?}");
         }
-        // Without Forwarded lines, the lazy bounded walk agrees with the model.
-        if max_hops.is_none() && lines.iter().all(|(forwarded, _)| !forwarded) {
-            let bytes: Vec<&[u8]> = lines.iter().map(|(_, v)| v.as_bytes()).collect();
+        // Reading X-Forwarded-For, whatever Forwarded says, the lazy bounded
+        // walk agrees with the model.
+        if max_hops.is_none() && !reads_forwarded {
+            let bytes: Vec<&[u8]> = lines
+                .iter()
+                .filter(|(forwarded, _)| !forwarded)
+                .map(|(_, v)| v.as_bytes())
+                .collect();
             prop_assert_eq!(got, xff_model(&extractor, peer_canonical, &bytes));
         }
     }

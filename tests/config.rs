@@ -421,7 +421,7 @@ fn bad_toml_configurations_name_the_field() {
         (
             toml_policy(
                 GCRA,
-                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nipv6_prefix = 129",
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"forwarded\"\nipv6_prefix = 129",
             ),
             "client_ip.ipv6_prefix",
             "longer than /128",
@@ -431,6 +431,47 @@ fn bad_toml_configurations_name_the_field() {
             toml_policy(GCRA, "[client_ip]\nheader = \"x-real-ip\""),
             "client_ip.header",
             "unknown variant `x-real-ip`",
+            Parse,
+        ),
+        // Trusted proxies need the header they write: there is no default.
+        (
+            toml_policy(GCRA, "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+            "client_ip.header",
+            "missing: name the header your trusted proxies write",
+            Parse,
+        ),
+        (
+            toml_policy(
+                GCRA,
+                "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"auto\"",
+            ),
+            "client_ip.header",
+            "\"auto\" is not accepted",
+            Parse,
+        ),
+        // ip
+        (
+            toml_policy(GCRA, &format!("{RULE}\n[ip]\nipv6_prefix = 129")),
+            "ip.ipv6_prefix",
+            "prefix length /129 is longer than /128",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv6_prefix = 300"),
+            "ip.ipv6_prefix",
+            "invalid value: integer `300`",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv6_prefix = -1"),
+            "ip.ipv6_prefix",
+            "invalid value",
+            Parse,
+        ),
+        (
+            toml_policy(GCRA, "[ip]\nipv4_prefix = 24"),
+            "ip.ipv4_prefix",
+            "unknown field `ipv4_prefix`",
             Parse,
         ),
         // the document
@@ -694,6 +735,7 @@ fn every_algorithm_parses_in_toml_and_json() {
 const RULES: &str = r#"
 [client_ip]
 trusted_proxies = ["10.0.0.0/8"]
+header = "x-forwarded-for"
 
 [policies.everyone]
 algorithm = "fixed-window"
@@ -818,6 +860,14 @@ fn rules_match_by_route_method_and_key() {
     let limits = limits_of(&config, &req);
     assert_eq!(names(&limits), ["everyone", "login"]);
     assert_eq!(limits[1].1, b"203.0.113.7");
+    // A `Forwarded` the client wrote, passed through by a proxy that appends
+    // to X-Forwarded-For, is not read: the key stays the client's.
+    let spoofed = [
+        ("forwarded", "for=198.51.100.99"),
+        ("x-forwarded-for", "203.0.113.7"),
+    ];
+    let req = build("POST", "/login", &spoofed, Some([10, 0, 0, 5]));
+    assert_eq!(limits_of(&config, &req)[1].1, b"203.0.113.7");
     // The same header from an untrusted peer is not believed.
     let req = build("POST", "/login", &forwarded, client);
     assert_eq!(limits_of(&config, &req)[1].1, b"192.0.2.1");
@@ -842,6 +892,79 @@ fn rules_match_by_route_method_and_key() {
     // No rule at all: nothing to check.
     let empty = Config::from_toml("").expect("empty is valid");
     assert!(empty.limits(&build("GET", "/", &[], client)).is_empty());
+}
+
+/// Sends a request from each IPv6 peer through a layer over `config`
+/// (`/api`, a limit of 2), and returns the statuses.
+async fn statuses_from(config: Config, peers: &[&str]) -> Vec<u16> {
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::with_rules(MemoryStore::new(), config))
+        .service_fn(ok);
+    let mut statuses = Vec::new();
+    for ip in peers {
+        let mut req = Request::get("/api/items")
+            .body(String::new())
+            .expect("request");
+        req.extensions_mut().insert(PeerAddr(SocketAddr::new(
+            ip.parse().expect("an address"),
+            40_000,
+        )));
+        let response = service.clone().oneshot(req).await.expect("infallible");
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+/// The `ip` key keys a directly connected IPv6 client by its /64 (or the
+/// `[ip]` prefix): rotating addresses within it spends one budget.
+#[tokio::test]
+async fn the_ip_key_keys_ipv6_peers_by_network() {
+    let config = |ip_section: &str| {
+        Config::from_toml(&format!(
+            "{ip_section}\n[policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n\n\
+             [[rules]]\npolicy = \"api\"\nkey = \"ip\"\nroutes = [\"/api\"]\n"
+        ))
+        .expect("valid")
+    };
+    let one_64 = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:a:b:c:d"];
+    let other_64s = ["2001:db8:1:2::1", "2001:db8:1:3::1", "2001:db8:1:4::1"];
+    let one_48 = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:3::1",
+        "2001:db8:1:ffff::1",
+        "2001:db8:2::1",
+    ];
+
+    // The default, and the default written out.
+    for section in ["", "[ip]", "[ip]\nipv6_prefix = 64"] {
+        assert_eq!(
+            statuses_from(config(section), &one_64).await,
+            [200, 200, 429],
+            "{section}"
+        );
+        assert_eq!(
+            statuses_from(config(section), &other_64s).await,
+            [200, 200, 200],
+            "{section}"
+        );
+        let keys = limits_of(&config(section), &{
+            let mut req = request("c");
+            req.extensions_mut()
+                .insert(PeerAddr("[2001:db8:1:2::9]:1".parse().expect("addr")));
+            req
+        });
+        assert_eq!(keys[0].1, b"2001:db8:1:2::/64");
+    }
+    // /48: the neighbouring /64s share one budget; another /48 has its own.
+    let per_48 = config("[ip]\nipv6_prefix = 48");
+    assert_eq!(statuses_from(per_48, &one_48).await, [200, 200, 429, 200]);
+    // /128: each address on its own.
+    let per_128 = config("[ip]\nipv6_prefix = 128");
+    assert_eq!(statuses_from(per_128, &one_64).await, [200, 200, 200]);
+    // IPv4 peers are keyed by their address whatever the IPv6 prefix.
+    let ipv4 = ["192.0.2.1", "192.0.2.2", "192.0.2.1", "192.0.2.1"];
+    let per_48 = config("[ip]\nipv6_prefix = 48");
+    assert_eq!(statuses_from(per_48, &ipv4).await, [200, 200, 200, 429]);
 }
 
 #[tokio::test]
@@ -1131,6 +1254,215 @@ async fn a_bad_reload_keeps_the_old_limit() {
     assert_eq!(allowed_until_refused(&service, "fresh", 100).await, 4);
 }
 
+/// Three policies and three rules, as an operator writes them: every prefix
+/// of it is what a watcher may read mid-write, or a dead writer leaves.
+const FULL_CONFIG: &str = r#"# Limits for the public API.
+[policies.api]
+algorithm = "gcra"
+limit = 20
+rate = "10/s"
+
+[policies.login]
+algorithm = "sliding-log"
+limit = 5
+window = "1m"
+
+[policies.uploads]
+algorithm = "concurrency"
+limit = 2
+lease = "30s"
+
+[[rules]]
+policy = "api"
+key = "ip"
+routes = ["/api/"]
+
+[[rules]]
+policy = "login"
+key = ["route", "ip"]
+routes = ["/login"]
+methods = ["POST"]
+
+[[rules]]
+policy = "uploads"
+key = "header:x-api-key"
+routes = ["/upload"]
+"#;
+
+/// The policy names of `config`, sorted.
+fn policy_names(config: &Config) -> Vec<String> {
+    config.policies().map(|p| p.name().to_owned()).collect()
+}
+
+/// An empty or truncated document is refused on reload when it defines no
+/// rules, fewer rules or fewer policies; a key at 429 stays at 429.
+#[tokio::test]
+async fn a_reload_that_drops_rules_is_refused() {
+    let rules = ReloadableRules::from_str(&api_config(1), Format::Toml).expect("valid");
+    let service = ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service_fn(ok);
+    assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
+    let before = rules.current();
+
+    let two_rules = format!(
+        "{}\n[[rules]]\npolicy = \"api\"\nkey = \"header:x-other\"\n",
+        api_config(1)
+    );
+    rules
+        .reload_from_str(&two_rules, Format::Toml)
+        .expect("a rule more drops nothing");
+    let two = rules.current();
+    let two_policies =
+        format!("{two_rules}\n[policies.spare]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n");
+    let cases: [(&str, String, &str, &str); 5] = [
+        ("empty", String::new(), "rules", "defines no rules"),
+        (
+            "blank",
+            String::from("\n# nothing yet\n"),
+            "rules",
+            "defines no rules",
+        ),
+        (
+            "policies only",
+            api_config(1).replace(
+                "[[rules]]\npolicy = \"api\"\nkey = \"header:x-client\"\n",
+                "",
+            ),
+            "rules",
+            "defines no rules",
+        ),
+        (
+            "a rule less",
+            api_config(1),
+            "rules",
+            "1 rules where 2 are in force",
+        ),
+        ("json", String::from("{}"), "rules", "defines no rules"),
+    ];
+    for (case, text, path, fragment) in cases {
+        let format = if case == "json" {
+            Format::Json
+        } else {
+            Format::Toml
+        };
+        let error = rules.reload_from_str(&text, format).expect_err(case);
+        assert_eq!(
+            error.kind(),
+            ConfigErrorKind::RulesDropped,
+            "{case}: {error}"
+        );
+        assert_eq!(error.path(), path, "{case}: {error}");
+        assert!(error.message().contains(fragment), "{case}: {error}");
+        assert!(
+            error.message().contains("allow_dropping_rules"),
+            "{case}: {error}"
+        );
+        assert!(
+            Arc::ptr_eq(&two, &rules.current()),
+            "{case} replaced the config"
+        );
+    }
+    // The key at 429 is still refused.
+    assert_eq!(allowed_until_refused(&service, "a", 10).await, 0);
+
+    // A policy less, as many rules: refused too, naming it.
+    rules
+        .reload_from_str(&two_policies, Format::Toml)
+        .expect("a policy more drops nothing");
+    let error = rules
+        .reload_from_str(&two_rules, Format::Toml)
+        .expect_err("a policy less");
+    assert_eq!(error.kind(), ConfigErrorKind::RulesDropped, "{error}");
+    assert_eq!(error.path(), "policies");
+    assert!(error.message().contains("missing: spare"), "{error}");
+
+    // A rename replaces a policy: not a drop.
+    let renamed = two_policies.replace("[policies.spare]", "[policies.spare-v2]");
+    rules
+        .reload_from_str(&renamed, Format::Toml)
+        .expect("a renamed policy is not dropped");
+    assert_eq!(policy_names(&rules.current()), ["api", "spare-v2"]);
+    assert!(!Arc::ptr_eq(&before, &rules.current()));
+}
+
+/// What the caller says is meant goes through: an empty configuration lifts
+/// the limits.
+#[tokio::test]
+async fn dropping_rules_on_purpose_is_allowed_when_the_reloader_says_so() {
+    let rules = ReloadableRules::from_str(&api_config(1), Format::Toml)
+        .expect("valid")
+        .allow_dropping_rules(true);
+    let service = ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service_fn(ok);
+    assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
+    rules
+        .reload_from_str("", Format::Toml)
+        .expect("an empty configuration, allowed");
+    assert_eq!(rules.current().rule_count(), 0);
+    for _ in 0..5 {
+        let response = service
+            .clone()
+            .oneshot(request("a"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // The setting is the reloader's, and can be taken back.
+    let rules = rules.allow_dropping_rules(false);
+    rules
+        .reload_from_str(&api_config(1), Format::Toml)
+        .expect("rules again");
+    let error = rules
+        .reload_from_str("", Format::Toml)
+        .expect_err("refused again");
+    assert_eq!(error.kind(), ConfigErrorKind::RulesDropped);
+}
+
+/// Every prefix of a real configuration (what a reader sees of a file written
+/// in place, or what a writer that died leaves) is refused, or is a valid
+/// configuration with every rule and policy in force.
+#[test]
+fn every_prefix_of_a_config_is_refused_or_drops_nothing() {
+    let full = Config::from_toml(FULL_CONFIG).expect("valid");
+    let names = policy_names(&full);
+    let mut parsed_dropping = 0;
+    let mut loaded = 0;
+    for len in 0..=FULL_CONFIG.len() {
+        let prefix = &FULL_CONFIG[..len];
+        let rules = ReloadableRules::new(full.clone());
+        // Without the check, these would have been loaded.
+        if Config::from_toml(prefix).is_ok_and(|c| c.rule_count() < full.rule_count()) {
+            parsed_dropping += 1;
+        }
+        match rules.reload_from_str(prefix, Format::Toml) {
+            Ok(()) => {
+                let now = rules.current();
+                assert_eq!(now.rule_count(), full.rule_count(), "prefix of {len} bytes");
+                assert_eq!(policy_names(&now), names, "prefix of {len} bytes");
+                loaded += 1;
+            }
+            Err(error) => assert!(
+                matches!(
+                    error.kind(),
+                    ConfigErrorKind::Parse
+                        | ConfigErrorKind::Policy
+                        | ConfigErrorKind::Rule
+                        | ConfigErrorKind::RulesDropped
+                ),
+                "prefix of {len} bytes: {error}"
+            ),
+        }
+    }
+    assert!(
+        parsed_dropping >= 40,
+        "only {parsed_dropping} prefixes parsed with rules missing"
+    );
+    // The whole file, and the ones that only miss its last bytes.
+    assert!(loaded >= 1);
+}
+
 /// Why an algorithm change needs a new name: under one name, both stores
 /// refuse the state of an algorithm that keeps another kind of state
 /// (`PolicyConflict`, for every such pair); GCRA and the leaky bucket share
@@ -1271,6 +1603,108 @@ async fn the_watcher_loads_a_file_the_rules_did_not_come_from() {
     let rules = ReloadableRules::from_str(&api_config(1), Format::Toml).expect("valid");
     let watch = rules.watch_file(&path, Duration::from_millis(100));
     wait_for_limit(&rules, 4).await;
+    watch.abort();
+}
+
+/// A file written in place is read only once its writer has stopped for a
+/// whole interval: a first part that is itself a valid configuration (a
+/// limit of 1 where 12 is being written) is never loaded.
+#[tokio::test(start_paused = true)]
+async fn the_watcher_waits_for_a_file_written_in_place_to_settle() {
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ratelimit.toml");
+    // The policy last, so that a prefix ending in `limit = 1` parses.
+    let text = "[[rules]]\npolicy = \"api\"\nkey = \"header:x-client\"\n\n\
+                [policies.api]\nalgorithm = \"gcra\"\nrate = \"1/h\"\nlimit = 12";
+    write(&path, &text.replace("limit = 12", "limit = 3"));
+    let rules = ReloadableRules::from_file(&path).expect("valid");
+    let watch = rules.watch_file(&path, Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(1030)).await;
+
+    let (head, tail) = text.split_at(text.len() - 1);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .expect("open");
+    file.write_all(head.as_bytes()).expect("write");
+    file.flush().expect("flush");
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen.extend(rules.current().policy("api").map(Policy::limit));
+    }
+    file.write_all(tail.as_bytes()).expect("write");
+    drop(file);
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen.extend(rules.current().policy("api").map(Policy::limit));
+    }
+    assert!(
+        !seen.contains(&1),
+        "the half-written file was loaded: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&12), "{seen:?}");
+    watch.abort();
+}
+
+/// A writer that dies halfway leaves a prefix that stays: refused (it drops
+/// rules), logged and counted as a failed reload, and the limits in force
+/// stay; the fixed file, renamed over it, is loaded.
+#[test]
+fn the_watcher_keeps_the_limits_when_a_writer_dies_halfway() {
+    let ((), recorded) = ratelimit_tests::metrics::capture(true, || async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("ratelimit.toml");
+        write(&path, FULL_CONFIG);
+        let rules = ReloadableRules::from_file(&path).expect("valid");
+        let watch = rules.watch_file(&path, Duration::from_millis(100));
+        let first = rules.current();
+
+        // Killed after the second rule: a valid document with two rules.
+        let cut = FULL_CONFIG.rfind("[[rules]]").expect("rules");
+        let prefix = &FULL_CONFIG[..cut];
+        assert_eq!(Config::from_toml(prefix).expect("parses").rule_count(), 2);
+        for text in [prefix, "", &FULL_CONFIG[..40]] {
+            write(&path, text);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(Arc::ptr_eq(&first, &rules.current()), "{text:?} was loaded");
+        }
+
+        // Atomically replaced by a complete file: loaded.
+        let next = dir.path().join("next.toml");
+        write(&next, &FULL_CONFIG.replace("limit = 20", "limit = 30"));
+        std::fs::rename(&next, &path).expect("rename");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(rules.current().policy("api").map(Policy::limit), Some(30));
+        watch.abort();
+    });
+    let reloads = ratelimit_tower::metrics::CONFIG_RELOADS;
+    assert_eq!(recorded.counter(reloads, &[("outcome", "failed")]), 3);
+    assert_eq!(recorded.counter(reloads, &[("outcome", "loaded")]), 1);
+}
+
+/// With the reloader's consent, an emptied file is loaded by the watcher.
+#[tokio::test(start_paused = true)]
+async fn the_watcher_loads_an_empty_file_when_dropping_rules_is_allowed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ratelimit.toml");
+    write(&path, &api_config(3));
+    let rules = ReloadableRules::from_file(&path)
+        .expect("valid")
+        .allow_dropping_rules(true);
+    let watch = rules.watch_file(&path, Duration::from_millis(100));
+    write(&path, "");
+    for _ in 0..100 {
+        if rules.current().rule_count() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rules.current().rule_count(), 0);
+    assert!(rules.current().policy("api").is_none());
     watch.abort();
 }
 

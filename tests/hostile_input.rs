@@ -241,13 +241,13 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right()
         ),
         (
             "1 MiB Forwarded",
-            behind(),
+            behind_forwarded(),
             (FORWARDED, forwarded.clone()),
             "198.51.100.1",
         ),
         (
             "unterminated quote",
-            behind(),
+            behind_forwarded(),
             (FORWARDED, unterminated.clone()),
             "10.0.0.1",
         ),
@@ -275,13 +275,13 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right()
         ),
         (
             "1 MiB Forwarded, uncapped",
-            uncapped(),
+            behind_forwarded().max_header_bytes(usize::MAX),
             (FORWARDED, forwarded),
             "198.51.100.1",
         ),
         (
             "unterminated quote, uncapped",
-            uncapped(),
+            behind_forwarded().max_header_bytes(usize::MAX),
             (FORWARDED, unterminated),
             "10.0.0.1",
         ),
@@ -326,11 +326,17 @@ fn an_oversized_forwarding_header_keys_the_client_its_proxy_appended() {
         header_value(format!("{spoofed}for=203.0.113.4").as_bytes()),
     );
     let req = request(peer("10.0.0.1"), std::slice::from_ref(&header));
-    assert_eq!(behind().client_ip(&req), Some(ip("203.0.113.4")));
+    assert_eq!(behind_forwarded().client_ip(&req), Some(ip("203.0.113.4")));
 }
 
+/// Behind proxies that append to X-Forwarded-For.
 fn behind() -> ClientIp {
-    ClientIp::trusting(trusted_proxies())
+    ClientIp::trusting(trusted_proxies(), ForwardingHeader::XForwardedFor)
+}
+
+/// Behind proxies that append to Forwarded.
+fn behind_forwarded() -> ClientIp {
+    ClientIp::trusting(trusted_proxies(), ForwardingHeader::Forwarded)
 }
 
 fn uncapped() -> ClientIp {
@@ -957,7 +963,7 @@ fn spoof() -> impl Strategy<Value = String> {
 /// Ways the IPv4 client 203.0.113.9 reaches us: directly (as IPv4 or
 /// IPv4-mapped IPv6, with spoofed forwarding headers that must be ignored), or
 /// through trusted proxies that append to `X-Forwarded-For` or `Forwarded`.
-fn ipv4_client_variation() -> impl Strategy<Value = Hostile> {
+fn ipv4_client_variation(header: ForwardingHeader) -> impl Strategy<Value = Hostile> {
     let port = any::<u16>();
     let proxy = prop_oneof![
         Just("10.0.0.1"),
@@ -970,10 +976,41 @@ fn ipv4_client_variation() -> impl Strategy<Value = Hostile> {
         Just("203.0.113.9:4711"),
         Just("[::ffff:203.0.113.9]:4711"),
     ];
+    // The proxy writes the header it maintains: one or the other.
+    let via_proxy = if header == ForwardingHeader::Forwarded {
+        (proxy, port, as_written)
+            .prop_map(|(proxy, port, written)| Hostile {
+                peer: Some(SocketAddr::new(proxy.parse().unwrap(), port)),
+                headers: vec![
+                    (FORWARDED, b"for=198.51.100.77".to_vec()),
+                    (
+                        FORWARDED,
+                        format!("for=\"{written}\";proto=https").into_bytes(),
+                    ),
+                ],
+            })
+            .boxed()
+    } else {
+        (
+            proxy.clone(),
+            port,
+            spoof(),
+            as_written.clone(),
+            any::<bool>(),
+        )
+            .prop_map(|(proxy, port, spoof, written, two_hops)| {
+                let hops = if two_hops { ", 10.0.0.2" } else { "" };
+                Hostile {
+                    peer: Some(SocketAddr::new(proxy.parse().unwrap(), port)),
+                    headers: vec![(XFF, format!("{spoof}{written}{hops}").into_bytes())],
+                }
+            })
+            .boxed()
+    };
     prop_oneof![
         (
             prop_oneof![Just("203.0.113.9"), Just("::ffff:203.0.113.9")],
-            port,
+            any::<u16>(),
             spoof()
         )
             .prop_map(|(peer, port, spoof)| Hostile {
@@ -983,53 +1020,35 @@ fn ipv4_client_variation() -> impl Strategy<Value = Hostile> {
                     (FORWARDED, b"for=10.0.0.2".to_vec()),
                 ],
             }),
-        (
-            proxy.clone(),
-            port,
-            spoof(),
-            as_written.clone(),
-            any::<bool>()
-        )
-            .prop_map(|(proxy, port, spoof, written, two_hops)| {
-                let hops = if two_hops { ", 10.0.0.2" } else { "" };
-                Hostile {
-                    peer: Some(SocketAddr::new(proxy.parse().unwrap(), port)),
-                    headers: vec![(XFF, format!("{spoof}{written}{hops}").into_bytes())],
-                }
-            }),
-        (proxy, port, as_written).prop_map(|(proxy, port, written)| Hostile {
-            peer: Some(SocketAddr::new(proxy.parse().unwrap(), port)),
-            headers: vec![
-                (FORWARDED, b"for=198.51.100.77".to_vec()),
-                (
-                    FORWARDED,
-                    format!("for=\"{written}\";proto=https").into_bytes()
-                ),
-            ],
-        }),
+        via_proxy,
     ]
 }
 
 /// Ways a client of the IPv6 network 2001:db8:1:2::/64 reaches us, from any
 /// address of its /64.
-fn ipv6_client_variation() -> impl Strategy<Value = Hostile> {
+fn ipv6_client_variation(header: ForwardingHeader) -> impl Strategy<Value = Hostile> {
     let host = any::<u64>().prop_map(|low| {
         let net: u128 = 0x2001_0db8_0001_0002 << 64;
         IpAddr::from((net | u128::from(low)).to_be_bytes())
     });
-    (host, any::<u16>(), 0..3u8, spoof()).prop_map(|(host, port, how, spoof)| match how {
-        0 => Hostile {
-            peer: Some(SocketAddr::new(host, port)),
-            headers: vec![(XFF, format!("{spoof}2001:db8:ffff::1").into_bytes())],
-        },
-        1 => Hostile {
-            peer: peer("2001:db8:ffff::1"),
-            headers: vec![(XFF, format!("{spoof}[{host}]:{port}").into_bytes())],
-        },
-        _ => Hostile {
-            peer: peer("10.0.0.1"),
-            headers: vec![(FORWARDED, format!("for=\"[{host}]:{port}\"").into_bytes())],
-        },
+    // Directly, or through a proxy that writes the header it maintains.
+    (host, any::<u16>(), any::<bool>(), spoof()).prop_map(move |(host, port, direct, spoof)| {
+        if direct {
+            Hostile {
+                peer: Some(SocketAddr::new(host, port)),
+                headers: vec![(XFF, format!("{spoof}2001:db8:ffff::1").into_bytes())],
+            }
+        } else if header == ForwardingHeader::Forwarded {
+            Hostile {
+                peer: peer("10.0.0.1"),
+                headers: vec![(FORWARDED, format!("for=\"[{host}]:{port}\"").into_bytes())],
+            }
+        } else {
+            Hostile {
+                peer: peer("2001:db8:ffff::1"),
+                headers: vec![(XFF, format!("{spoof}[{host}]:{port}").into_bytes())],
+            }
+        }
     })
 }
 
@@ -1060,19 +1079,34 @@ proptest! {
 
     #[test]
     fn variations_of_one_ipv4_client_share_one_budget(
-        variations in proptest::collection::vec(ipv4_client_variation(), 1..20),
+        xff in proptest::collection::vec(ipv4_client_variation(ForwardingHeader::XForwardedFor), 1..20),
+        forwarded in proptest::collection::vec(ipv4_client_variation(ForwardingHeader::Forwarded), 1..20),
         limit in 1u64..8,
     ) {
-        one_budget(behind(), &variations, limit, "203.0.113.9");
-        one_budget(behind().ipv6_prefix(64).unwrap(), &variations, limit, "203.0.113.9");
+        one_budget(behind(), &xff, limit, "203.0.113.9");
+        one_budget(behind().ipv6_prefix(64).unwrap(), &xff, limit, "203.0.113.9");
+        one_budget(behind_forwarded(), &forwarded, limit, "203.0.113.9");
+        one_budget(behind_forwarded().ipv6_prefix(64).unwrap(), &forwarded, limit, "203.0.113.9");
     }
 
     #[test]
     fn variations_of_one_ipv6_network_share_one_budget(
-        variations in proptest::collection::vec(ipv6_client_variation(), 1..20),
+        xff in proptest::collection::vec(ipv6_client_variation(ForwardingHeader::XForwardedFor), 1..20),
+        forwarded in proptest::collection::vec(ipv6_client_variation(ForwardingHeader::Forwarded), 1..20),
         limit in 1u64..8,
     ) {
-        one_budget(behind().ipv6_prefix(64).unwrap(), &variations, limit, "2001:db8:1:2::/64");
+        one_budget(behind().ipv6_prefix(64).unwrap(), &xff, limit, "2001:db8:1:2::/64");
+        let forwarded_v6 = behind_forwarded().ipv6_prefix(64).unwrap();
+        one_budget(forwarded_v6, &forwarded, limit, "2001:db8:1:2::/64");
+        // PeerIp keys a direct IPv6 client by its /64 too.
+        let proxy = ip("2001:db8:ffff::1");
+        let direct: Vec<Hostile> = xff
+            .into_iter()
+            .filter(|h| h.peer.is_some_and(|p| p.ip() != proxy))
+            .collect();
+        if !direct.is_empty() {
+            one_budget(PeerIp, &direct, limit, "2001:db8:1:2::/64");
+        }
     }
 
     /// Without trusted proxies the peer is the client however it is written,

@@ -11,7 +11,7 @@
 //! from `ConnectInfo`, routes from `MatchedPath`) and re-exports what a
 //! service uses: the layer ([`RateLimitLayer`], [`Rule`], [`Limits`] for
 //! limits chosen per request, [`Rejection`] for custom refusals), the key
-//! extractors ([`PeerIp`], [`ClientIp`], [`HeaderKey`], ...), the policies
+//! extractors ([`PeerIp`](struct@crate::PeerIp), [`ClientIp`], [`HeaderKey`], ...), the policies
 //! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the
 //! feature `redis`) and the decision types: import from this crate only.
 //! The rest is in the re-exported crates [`ratelimit_core`] and

@@ -14,6 +14,7 @@
 //! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer makes to its store, timeout included |
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open (recorded by `ratelimit-core`'s `CircuitBreaker`) |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | breaker transitions (`closed`, `half_open`, `open`) |
+//! | `ratelimit_config_reloads_total` | counter | `outcome` (`loaded`, `failed`) | each reload of a `config::ReloadableRules` (feature `config`), the file watcher's included; `failed` counts every refused one: unreadable, invalid, changing while read, an algorithm changed under one name, rules dropped |
 //!
 //! The `outcome` of a decision is one of:
 //!
@@ -75,6 +76,10 @@ pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
 /// (`ok` or `error`).
 pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
 
+/// Counter: reloads of a `config::ReloadableRules` (feature `config`),
+/// labelled `outcome` (`loaded` or `failed`).
+pub const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
+
 pub use ratelimit_core::metrics::{CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS};
 
 /// The default fraction of the limit under which an allowed decision counts
@@ -105,6 +110,10 @@ pub fn describe() {
         STORE_CALL_DURATION,
         ::metrics::Unit::Seconds,
         "Duration of each call from the rate-limit layer to its store, by outcome (ok, error)."
+    );
+    ::metrics::describe_counter!(
+        CONFIG_RELOADS,
+        "Reloads of the rate-limit configuration, by outcome (loaded, failed)."
     );
     ratelimit_core::metrics::describe();
 }

@@ -7,9 +7,11 @@ use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
 
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
-use super::schema::{ClientIpSpec, ConfigSpec, KeyPart, Period, PolicySpec, RuleSpec, period};
+use super::schema::{
+    ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RuleSpec, period,
+};
 use super::{Config, ConfigError, ConfigErrorKind};
-use crate::keys::{ClientIp, HeaderKey, TrustedProxies};
+use crate::keys::{CidrError, ClientIp, ForwardingHeader, HeaderKey, PeerIp, TrustedProxies};
 use crate::options::MissingKey;
 use crate::rules::Copies;
 
@@ -21,9 +23,14 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     }
     policies.sort_by(|a: &Policy, b: &Policy| a.name().cmp(b.name()));
     let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
+    let peer_ip = spec.ip.map(build_peer_ip).transpose()?.flatten();
     let mut rules = Vec::with_capacity(spec.rules.len());
     for (index, rule) in spec.rules.into_iter().enumerate() {
-        rules.push(build_rule(index, rule, &policies, client_ip.as_ref())?);
+        let keys = Keys {
+            client_ip: client_ip.as_ref(),
+            peer_ip: peer_ip.as_ref(),
+        };
+        rules.push(build_rule(index, rule, &policies, keys)?);
     }
     Ok(Config {
         inner: Arc::new(Inner { policies, rules }),
@@ -126,16 +133,25 @@ fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
 
 fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
     let proxies: TrustedProxies = spec.trusted_proxies.into_iter().map(|c| c.0).collect();
-    let mut client_ip = ClientIp::trusting(proxies).header(spec.header.into());
-    if let Some(len) = spec.ipv6_prefix {
-        client_ip = client_ip.ipv6_prefix(len).map_err(|e| {
-            ConfigError::new(
+    let header = match spec.header {
+        Some(header) => header.into(),
+        // Without trusted proxies no header is read.
+        None if proxies.is_empty() => ForwardingHeader::XForwardedFor,
+        None => {
+            return Err(ConfigError::new(
                 ConfigErrorKind::Parse,
-                "client_ip.ipv6_prefix",
-                e.to_string(),
-            )
-            .with_source(e)
-        })?;
+                "client_ip.header",
+                "missing: name the header your trusted proxies write, \"x-forwarded-for\" \
+                 (nginx's proxy_add_x_forwarded_for, AWS ALB) or \"forwarded\" (RFC 7239); \
+                 the other one is never read, as a client can write it",
+            ));
+        }
+    };
+    let mut client_ip = ClientIp::trusting(proxies, header);
+    if let Some(len) = spec.ipv6_prefix {
+        client_ip = client_ip
+            .ipv6_prefix(len)
+            .map_err(|e| prefix_error("client_ip.ipv6_prefix", e))?;
     }
     if let Some(max_hops) = spec.max_hops {
         client_ip = client_ip.max_hops(max_hops);
@@ -143,11 +159,42 @@ fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
     Ok(client_ip)
 }
 
+/// `[ip]`: the `ip` key with another IPv6 prefix than [`PeerIp`](struct@PeerIp)'s default,
+/// as a [`ClientIp`] that trusts nobody (the TCP peer, keyed as [`PeerIp`](struct@PeerIp)
+/// keys it); `None` for the default.
+fn build_peer_ip(spec: IpSpec) -> Result<Option<ClientIp>, ConfigError> {
+    match spec.ipv6_prefix {
+        None | Some(PeerIp::DEFAULT_IPV6_PREFIX) => Ok(None),
+        Some(len) => ClientIp::peer()
+            .ipv6_prefix(len)
+            .map(Some)
+            .map_err(|e| prefix_error("ip.ipv6_prefix", e)),
+    }
+}
+
+fn prefix_error(path: &str, error: CidrError) -> ConfigError {
+    ConfigError::new(
+        ConfigErrorKind::Parse,
+        path,
+        format!("{error} (an IPv6 prefix length is 0 to 128; 64 keys each /64)"),
+    )
+    .with_source(error)
+}
+
+/// The settings of the keys that have some.
+#[derive(Clone, Copy)]
+struct Keys<'a> {
+    /// `[client_ip]`.
+    client_ip: Option<&'a ClientIp>,
+    /// `[ip]`, when not the default.
+    peer_ip: Option<&'a ClientIp>,
+}
+
 fn build_rule(
     index: usize,
     spec: RuleSpec,
     policies: &[Policy],
-    client_ip: Option<&ClientIp>,
+    keys: Keys<'_>,
 ) -> Result<ConfiguredRule, ConfigError> {
     let base = format!("rules[{index}]");
     let rule_error = |field: &str, message: String| {
@@ -203,10 +250,13 @@ fn build_rule(
         .map(|part| {
             Ok(match part {
                 KeyPart::Global => KeySource::Global,
-                KeyPart::PeerIp => KeySource::Peer,
+                KeyPart::PeerIp => match keys.peer_ip {
+                    Some(peer) => KeySource::Client(peer.clone()),
+                    None => KeySource::Peer,
+                },
                 KeyPart::Route => KeySource::Route,
                 KeyPart::Header(name) => KeySource::Header(HeaderKey::new(name)),
-                KeyPart::ClientIp => match client_ip {
+                KeyPart::ClientIp => match keys.client_ip {
                     Some(c) if !c.trusted_proxies().is_empty() => KeySource::Client(c.clone()),
                     _ => {
                         return Err(rule_error(

@@ -27,6 +27,14 @@ pub enum ConfigErrorKind {
     /// A reload would give an existing policy name another algorithm; state is
     /// stored per policy name, so the new algorithm needs a new name.
     AlgorithmChanged,
+    /// A reload would lift limits in force: the new document defines no
+    /// rules, fewer rules than are in force, or fewer policies. An empty or
+    /// truncated file looks like this, so it is refused unless the reloader
+    /// allows it ([`ReloadableRules::allow_dropping_rules`](super::ReloadableRules::allow_dropping_rules)).
+    RulesDropped,
+    /// The file changed while it was being read (a writer was still at
+    /// work): what was read may be half of it, so it was not loaded.
+    Changing,
 }
 
 /// A configuration that could not be loaded: what is wrong and where.

@@ -6,7 +6,9 @@
 //! [`RuleProvider`]; [`ReloadableRules`] holds one behind an atomic swap, so a
 //! new file takes effect for the next request while requests in flight finish
 //! under the limits they started with. A file that does not load leaves the
-//! configuration in force untouched, and says which field is wrong.
+//! configuration in force untouched, and says which field is wrong; so does
+//! one that would drop rules or policies in force (an empty or truncated
+//! file, unless the reloader allows it: see [`ReloadableRules`]).
 //!
 //! # Example
 //!
@@ -96,10 +98,16 @@
 //! missing_key = "reject"  # or "allow": requests without the header
 //!                      # (default: reject for header keys; see below)
 //!
+//! # Optional, for the ip key: the network IPv6 peers are keyed by.
+//! [ip]
+//! ipv6_prefix = 64     # optional, default 64 (0 to 128); IPv4 peers are
+//!                      # keyed by their address
+//!
 //! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
 //! [client_ip]
 //! trusted_proxies = ["10.0.0.0/8"]
-//! header = "auto"      # optional: auto | forwarded | x-forwarded-for
+//! header = "x-forwarded-for"  # required with trusted_proxies: the header
+//!                      # they write, x-forwarded-for | forwarded
 //! ipv6_prefix = 64     # optional: key IPv6 clients by their network
 //! max_hops = 64        # optional
 //! ```
@@ -122,8 +130,11 @@
 //! - `methods = ["GET"]` covers `HEAD` too: routers answer `HEAD` with the
 //!   `GET` handler.
 //! - Keys: `global` is one key for every request; `ip` the TCP peer
-//!   ([`PeerIp`]); `client-ip` the client behind the trusted proxies of
-//!   `[client_ip]` ([`ClientIp`]); `route` the method and route
+//!   ([`PeerIp`]: an IPv6 peer by its /64, or the `ipv6_prefix` of `[ip]`);
+//!   `client-ip` the client behind the trusted proxies of `[client_ip]`
+//!   ([`ClientIp`]), read from the one `header` they write (there is no
+//!   default: a proxy passes the other header through as the client wrote
+//!   it, see [`ForwardingHeader`]); `route` the method and route
 //!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
 //!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
 //!   does, and has a key only when every part does.
@@ -153,9 +164,10 @@
 //!   [`MemoryStore`](crate::MemoryStore) and `RedisStore` answer
 //!   [`StoreError::PolicyConflict`](ratelimit_core::StoreError::PolicyConflict)
 //!   for every key that still has state of the old algorithm (GCRA and the
-//!   leaky bucket excepted: they share one state), so the layer's
-//!   [`FailurePolicy`](crate::FailurePolicy) decides those requests until
-//!   that state expires. So [`ReloadableRules`] refuses a reload that gives
+//!   leaky bucket excepted: they share one state). That is not an outage:
+//!   the layer refuses those requests (`500`, counted as `invalid`) whatever
+//!   its [`FailurePolicy`](crate::FailurePolicy) says, until that state
+//!   expires. So [`ReloadableRules`] refuses a reload that gives
 //!   a name in force another algorithm
 //!   ([`ConfigErrorKind::AlgorithmChanged`]). It only knows the configuration
 //!   in force: removing a policy and bringing it back with another algorithm
@@ -163,7 +175,8 @@
 //!   refused, and meets that `PolicyConflict` instead.
 //!
 //! [`RuleProvider`]: crate::RuleProvider
-//! [`PeerIp`]: crate::PeerIp
+//! [`PeerIp`]: struct@crate::PeerIp
+//! [`ForwardingHeader`]: crate::ForwardingHeader
 //! [`ClientIp`]: crate::ClientIp
 //! [`RouteKey`]: crate::RouteKey
 //! [`HeaderKey`]: crate::HeaderKey

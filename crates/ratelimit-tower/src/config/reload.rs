@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::{Ready, ready};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -27,6 +28,25 @@ use crate::rules::rule::{Limits, RuleProvider};
 /// A reload refuses to give a policy name in force another algorithm (see
 /// [stored state](super#reloading-and-stored-state)).
 ///
+/// # Reloads that would lift limits
+///
+/// An empty file, or one cut short (a writer that died halfway, a file read
+/// while it was written in place), often still parses: `""`, or any prefix
+/// that ends before the `[[rules]]`, is a configuration without rules, and
+/// would lift every limit. So a reload is refused
+/// ([`ConfigErrorKind::RulesDropped`]) when the new configuration
+///
+/// - defines no rules,
+/// - defines fewer rules than the one in force, or
+/// - defines fewer policies than the one in force.
+///
+/// Changing rules and policies, adding some, or renaming a policy (one name
+/// replaced by another) is not dropping one. To remove rules or policies on
+/// purpose, or to load a configuration without rules, build the reloader with
+/// [`allow_dropping_rules`](ReloadableRules::allow_dropping_rules). The
+/// refusal is logged and counted like any failed reload, and the
+/// configuration in force stays.
+///
 /// ```
 /// use ratelimit_tower::config::{ConfigErrorKind, Format, ReloadableRules};
 ///
@@ -35,6 +55,10 @@ use crate::rules::rule::{Limits, RuleProvider};
 ///     algorithm = "{algorithm}"
 ///     limit = {limit}
 ///     window = "1m"
+///
+///     [[rules]]
+///     policy = "api"
+///     key = "ip"
 /// "#);
 /// let rules = ReloadableRules::from_str(&toml("fixed-window", 10), Format::Toml)?;
 /// rules.reload_from_str(&toml("fixed-window", 20), Format::Toml)?;
@@ -44,6 +68,16 @@ use crate::rules::rule::{Limits, RuleProvider};
 /// assert_eq!(error.kind(), ConfigErrorKind::AlgorithmChanged);
 /// assert_eq!(error.path(), "policies.api.algorithm");
 /// assert_eq!(rules.current().policy("api").unwrap().algorithm().kind(), "fixed-window");
+///
+/// // An empty (or truncated) file would lift every limit: refused.
+/// let error = rules.reload_from_str("", Format::Toml).unwrap_err();
+/// assert_eq!(error.kind(), ConfigErrorKind::RulesDropped);
+/// assert_eq!(rules.current().rule_count(), 1);
+///
+/// // Unless the reloader was told it is meant.
+/// let rules = rules.allow_dropping_rules(true);
+/// rules.reload_from_str("", Format::Toml)?;
+/// assert_eq!(rules.current().rule_count(), 0);
 /// # Ok::<(), ratelimit_tower::config::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -56,6 +90,8 @@ struct Shared {
     /// Held while a reload checks and swaps, so two reloads do not interleave;
     /// requests never take it. Also records which file version is loaded.
     reload: Mutex<Option<(PathBuf, Option<Stamp>)>>,
+    /// [`ReloadableRules::allow_dropping_rules`].
+    allow_dropping: AtomicBool,
 }
 
 /// What identifies a version of a file without reading it.
@@ -96,8 +132,22 @@ impl ReloadableRules {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(config),
                 reload: Mutex::new(None),
+                allow_dropping: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Whether a reload may drop rules or policies in force, or load a
+    /// configuration without rules (default `false`: such a reload is
+    /// refused with [`ConfigErrorKind::RulesDropped`]; see
+    /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits)).
+    ///
+    /// Set it when removing rules is what a reload is for, knowing that an
+    /// empty or truncated file is then loaded too. The setting is shared by
+    /// every clone, [`watch_file`](ReloadableRules::watch_file)'s included.
+    pub fn allow_dropping_rules(self, allow: bool) -> Self {
+        self.shared.allow_dropping.store(allow, Ordering::Relaxed);
+        self
     }
 
     /// Starts with the configuration in `text`.
@@ -133,10 +183,14 @@ impl ReloadableRules {
     /// # Errors
     ///
     /// [`ConfigErrorKind::AlgorithmChanged`] when `config` gives a policy
-    /// name in force another algorithm; the configuration in force stays.
+    /// name in force another algorithm, and
+    /// [`ConfigErrorKind::RulesDropped`] when it would drop rules or
+    /// policies in force (see
+    /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits));
+    /// the configuration in force stays.
     pub fn reload(&self, config: Config) -> Result<(), ConfigError> {
         let _guard = self.lock();
-        self.swap(config)
+        counted(self.swap(config))
     }
 
     /// Reads `text` and puts it in force.
@@ -146,22 +200,35 @@ impl ReloadableRules {
     /// As [`Config::parse`] and [`reload`](ReloadableRules::reload); the
     /// configuration in force stays.
     pub fn reload_from_str(&self, text: &str, format: Format) -> Result<(), ConfigError> {
-        self.reload(Config::parse(text, format)?)
+        let _guard = self.lock();
+        counted(Config::parse(text, format).and_then(|config| self.swap(config)))
     }
 
     /// Reads the file at `path` and puts it in force.
     ///
     /// # Errors
     ///
-    /// As [`Config::from_file`] and [`reload`](ReloadableRules::reload); the
-    /// configuration in force stays.
+    /// As [`Config::from_file`] and [`reload`](ReloadableRules::reload), and
+    /// [`ConfigErrorKind::Changing`] when the file's modification time, size
+    /// or inode changed while it was read; the configuration in force stays.
     pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigError> {
-        let path = path.as_ref();
+        counted(self.load_file(path.as_ref()))
+    }
+
+    fn load_file(&self, path: &Path) -> Result<(), ConfigError> {
         let mut loaded = self.lock();
         // Taken before reading: a change made while reading is seen next time.
         let version = stamp(path);
-        let config = Config::from_file(path)?;
-        self.swap(config).map_err(|e| e.in_file(path))?;
+        let config = Config::from_file(path);
+        if stamp(path) != version {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Changing,
+                "",
+                "the file changed while it was read; it is read again once it stops changing",
+            )
+            .in_file(path));
+        }
+        self.swap(config?).map_err(|e| e.in_file(path))?;
         *loaded = Some((path.to_owned(), version));
         Ok(())
     }
@@ -169,16 +236,32 @@ impl ReloadableRules {
     /// Watches the file at `path`: every `every` (at least 1 ms), compares
     /// its modification time, size and inode with those of the version last
     /// loaded, and when they differ, reloads it
-    /// ([`reload_from_file`](ReloadableRules::reload_from_file)).
+    /// ([`reload_from_file`](ReloadableRules::reload_from_file)) once it is
+    /// stable.
+    ///
+    /// Stable means the file's modification time, size and inode were the
+    /// same at two checks `every` apart, and stayed the same while it was
+    /// read. A file written in place is so read only after its writer has
+    /// stopped for a whole interval; a file that arrives by a rename (as
+    /// editors, `mv` of a finished file and Kubernetes config maps do) is
+    /// complete from the start, and is loaded one interval after it arrives.
+    /// What a writer that died halfway left is read like any stable file,
+    /// and refused if it drops rules (see
+    /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits)).
+    /// Writing the new file beside the old one and renaming it over it is the
+    /// safe way to change a watched file.
     ///
     /// A reload that fails is logged with `tracing` at `warn` level, once per
     /// version of the file, and the configuration in force stays; a
-    /// successful one is logged at `info`. If the rules were not loaded from
-    /// `path`, the first check loads it.
+    /// successful one is logged at `info`. Both are counted in
+    /// [`CONFIG_RELOADS`](crate::metrics::CONFIG_RELOADS) (feature
+    /// `metrics`). If the rules were not loaded from `path`, the first
+    /// stable version is loaded.
     ///
     /// The task runs until it is aborted through the returned handle (dropping
     /// the handle leaves it running). It reads the file's metadata on the
-    /// runtime's thread, which is quick for a local file.
+    /// runtime's thread, which is quick for a local file. It keeps time with
+    /// Tokio's clock.
     ///
     /// # Panics
     ///
@@ -198,23 +281,40 @@ impl ReloadableRules {
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A version not yet tried, seen at the previous check.
+            let mut pending: Option<Option<Stamp>> = None;
             loop {
                 ticks.tick().await;
                 let version = stamp(&path);
                 if tried == Some(version) {
+                    pending = None;
                     continue;
                 }
-                tried = Some(version);
+                if pending != Some(version) {
+                    // New, or changed since the last check: not settled yet.
+                    pending = Some(version);
+                    continue;
+                }
                 match rules.reload_from_file(&path) {
-                    Ok(()) => tracing::info!(
-                        file = %path.display(),
-                        "rate-limit configuration reloaded"
-                    ),
-                    Err(error) => tracing::warn!(
-                        file = %path.display(),
-                        %error,
-                        "rate-limit configuration not reloaded; the one in force stays"
-                    ),
+                    Ok(()) => {
+                        tried = Some(version);
+                        pending = None;
+                        tracing::info!(file = %path.display(), "rate-limit configuration reloaded");
+                    }
+                    // Still being written: wait until it settles again.
+                    Err(error) if error.kind() == ConfigErrorKind::Changing => {
+                        pending = Some(stamp(&path));
+                        tracing::debug!(file = %path.display(), %error, "rate-limit configuration changing");
+                    }
+                    Err(error) => {
+                        tried = Some(version);
+                        pending = None;
+                        tracing::warn!(
+                            file = %path.display(),
+                            %error,
+                            "rate-limit configuration not reloaded; the one in force stays"
+                        );
+                    }
                 }
             }
         })
@@ -231,6 +331,9 @@ impl ReloadableRules {
     /// holds the reload lock.
     fn swap(&self, config: Config) -> Result<(), ConfigError> {
         let current = self.shared.current.load();
+        if !self.shared.allow_dropping.load(Ordering::Relaxed) {
+            refuse_dropped(&current, &config)?;
+        }
         for policy in config.policies() {
             if let Some(old) = current.policy(policy.name()) {
                 let (was, now) = (old.algorithm().kind(), policy.algorithm().kind());
@@ -252,6 +355,63 @@ impl ReloadableRules {
         self.shared.current.store(Arc::new(config));
         Ok(())
     }
+}
+
+/// The allowing hint that ends every [`ConfigErrorKind::RulesDropped`] message.
+const ALLOW_HINT: &str = "a reload that drops rules is refused, as an empty or truncated file \
+     would lift limits; if it is meant, build the reloader with allow_dropping_rules(true)";
+
+/// Refuses `config` when it has no rules, or fewer rules or policies than
+/// `current` (see [`ReloadableRules`]).
+fn refuse_dropped(current: &Config, config: &Config) -> Result<(), ConfigError> {
+    let dropped = |path: &str, what: String| {
+        Err(ConfigError::new(
+            ConfigErrorKind::RulesDropped,
+            path,
+            format!("{what}: {ALLOW_HINT}"),
+        ))
+    };
+    let (rules, in_force) = (config.rule_count(), current.rule_count());
+    if rules == 0 {
+        return dropped(
+            "rules",
+            String::from("the new configuration defines no rules"),
+        );
+    }
+    if rules < in_force {
+        return dropped(
+            "rules",
+            format!("the new configuration defines {rules} rules where {in_force} are in force"),
+        );
+    }
+    let (policies, in_force) = (config.policies().len(), current.policies().len());
+    if policies < in_force {
+        let missing: Vec<&str> = current
+            .policies()
+            .map(|p| p.name())
+            .filter(|name| config.policy(name).is_none())
+            .collect();
+        return dropped(
+            "policies",
+            format!(
+                "the new configuration defines {policies} policies where {in_force} are in \
+                 force (missing: {})",
+                missing.join(", ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Counts a reload's outcome in [`CONFIG_RELOADS`](crate::metrics::CONFIG_RELOADS).
+fn counted(result: Result<(), ConfigError>) -> Result<(), ConfigError> {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        crate::metrics::CONFIG_RELOADS,
+        "outcome" => if result.is_ok() { "loaded" } else { "failed" }
+    )
+    .increment(1);
+    result
 }
 
 impl<B> RuleProvider<Request<B>> for ReloadableRules {

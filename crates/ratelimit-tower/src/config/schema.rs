@@ -24,6 +24,8 @@ pub(super) struct ConfigSpec {
     pub(super) rules: Vec<RuleSpec>,
     #[serde(default)]
     pub(super) client_ip: Option<ClientIpSpec>,
+    #[serde(default)]
+    pub(super) ip: Option<IpSpec>,
 }
 
 /// `[policies.<name>]`.
@@ -138,26 +140,50 @@ impl From<MissingKeySpec> for MissingKey {
 pub(super) struct ClientIpSpec {
     #[serde(default)]
     pub(super) trusted_proxies: Vec<Parsed<Cidr>>,
-    #[serde(default)]
-    pub(super) header: HeaderSpec,
+    /// Required with trusted proxies (checked when compiled).
+    pub(super) header: Option<HeaderSpec>,
     pub(super) ipv6_prefix: Option<u8>,
     pub(super) max_hops: Option<usize>,
 }
 
-/// `header = "auto" | "forwarded" | "x-forwarded-for"`.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// `[ip]`: how the `ip` key keys IPv6 peers.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct IpSpec {
+    pub(super) ipv6_prefix: Option<u8>,
+}
+
+/// `header = "forwarded" | "x-forwarded-for"`: the header the trusted
+/// proxies write. There is no `"auto"` (see [`ForwardingHeader`]).
+#[derive(Debug, Clone, Copy)]
 pub(super) enum HeaderSpec {
-    #[default]
-    Auto,
     Forwarded,
     XForwardedFor,
+}
+
+/// The names `header` takes.
+const HEADER_NAMES: &[&str] = &["x-forwarded-for", "forwarded"];
+
+impl<'de> Deserialize<'de> for HeaderSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        match name.as_str() {
+            "forwarded" => Ok(HeaderSpec::Forwarded),
+            "x-forwarded-for" => Ok(HeaderSpec::XForwardedFor),
+            "auto" => Err(de::Error::custom(
+                "\"auto\" is not accepted: it reads `Forwarded` when a request has one, \
+                 and proxies that append to X-Forwarded-For (nginx, AWS ALB) pass a \
+                 client's own `Forwarded` through; name the header your trusted proxies \
+                 write: \"x-forwarded-for\" or \"forwarded\"",
+            )),
+            _ => Err(de::Error::unknown_variant(&name, HEADER_NAMES)),
+        }
+    }
 }
 
 impl From<HeaderSpec> for ForwardingHeader {
     fn from(spec: HeaderSpec) -> Self {
         match spec {
-            HeaderSpec::Auto => ForwardingHeader::Auto,
             HeaderSpec::Forwarded => ForwardingHeader::Forwarded,
             HeaderSpec::XForwardedFor => ForwardingHeader::XForwardedFor,
         }

@@ -8,41 +8,44 @@ use std::net::IpAddr;
 
 use http::header::FORWARDED;
 use http::{HeaderMap, HeaderName, Request};
-use ipnet::IpNet;
 
 use super::cidr::CidrError;
 use super::forwarded::{Entries, Entry, MAX_ENTRY_BYTES, parse_forwarded_element, parse_node};
-use super::key::{Key, KeyExtractor, NoKey, PeerIp};
+use super::key::{Key, KeyExtractor, NoKey, PeerIp, checked_ipv6_prefix, ip_key};
 use super::trusted_proxies::TrustedProxies;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// Which forwarding header [`ClientIp`] reads from a trusted peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which forwarding header [`ClientIp`] reads from a trusted peer: the one
+/// your trusted proxies write.
+///
+/// There is no default, and no "whichever is present": a proxy appends to
+/// the header it maintains and passes any other through as the client wrote
+/// it. Behind nginx's `proxy_add_x_forwarded_for` or an AWS Application Load
+/// Balancer, both of which append to `X-Forwarded-For` and leave `Forwarded`
+/// alone, a reader that preferred `Forwarded` when present would let every
+/// client pick its own key (a fresh budget per request) or spend a victim's.
+/// So name the header the proxy nearest to you maintains; the other one is
+/// never read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForwardingHeader {
-    /// `Forwarded` if the request has at least one `Forwarded` line (even a
-    /// malformed or empty one), otherwise `X-Forwarded-For`. The two are never
-    /// mixed, and a malformed `Forwarded` does not fall through to
-    /// `X-Forwarded-For`.
-    ///
-    /// Only safe when every trusted proxy appends to (or strips) whichever
-    /// header is present. If your proxies only maintain `X-Forwarded-For`, a
-    /// client can send its own `Forwarded`, which would then be read: choose
-    /// [`XForwardedFor`](ForwardingHeader::XForwardedFor).
-    #[default]
-    Auto,
-    /// Only `Forwarded` (RFC 7239).
+    /// Only `Forwarded` (RFC 7239), for proxies that append to it (such as
+    /// Envoy or HAProxy configured to write it). `X-Forwarded-For` is ignored.
     Forwarded,
-    /// Only `X-Forwarded-For`.
+    /// Only `X-Forwarded-For`, for proxies that append to it (nginx's
+    /// `proxy_add_x_forwarded_for`, AWS ALB, most CDNs and ingress
+    /// controllers). `Forwarded` is ignored.
     XForwardedFor,
 }
 
 /// The client IP behind trusted reverse proxies, as a [`KeyExtractor`].
 ///
-/// Use [`ClientIp::peer`] when clients connect directly (nobody is trusted and
-/// the key is the TCP peer, like [`PeerIp`]), and [`ClientIp::trusting`] behind
-/// load balancers or reverse proxies.
+/// Use [`ClientIp::trusting`] behind load balancers or reverse proxies. When
+/// clients connect directly, use [`PeerIp`](struct@crate::PeerIp) (which
+/// keys IPv6 peers by their /64), or [`ClientIp::peer`]: nobody is trusted
+/// and the key is the TCP peer, IPv6 included unless
+/// [`ipv6_prefix`](ClientIp::ipv6_prefix) says otherwise.
 ///
 /// # Algorithm
 ///
@@ -50,10 +53,11 @@ pub enum ForwardingHeader {
 ///    ([`NoKey::NoPeerAddress`]: the layer answers `500`, a wiring mistake).
 /// 2. If the peer is not a trusted proxy, it is the client; headers are not
 ///    read at all.
-/// 3. Otherwise read one forwarding header, chosen by
-///    [`header`](ClientIp::header): by default `Forwarded` (RFC 7239, its
-///    `for=` parameters) if present, else `X-Forwarded-For`. Several lines of
-///    the header form one list, in order.
+/// 3. Otherwise read the one forwarding header named in
+///    [`trusting`](ClientIp::trusting) (see [`ForwardingHeader`]):
+///    `Forwarded` (RFC 7239, its `for=` parameters) or `X-Forwarded-For`.
+///    The other is never read. Several lines of the header form one list, in
+///    order.
 /// 4. Walk the list right to left (the rightmost entry was added by the proxy
 ///    closest to us). A trusted entry is a proxy hop and is skipped; the first
 ///    untrusted entry is the client.
@@ -99,7 +103,9 @@ pub enum ForwardingHeader {
 ///
 /// # Keys
 ///
-/// The key is the client IP as text (`192.0.2.1`, `2001:db8::1`). With
+/// The key is the client IP as text (`192.0.2.1`, `2001:db8::1`): unlike
+/// [`PeerIp`](struct@crate::PeerIp), IPv6 clients are keyed by their whole
+/// address unless told otherwise. With
 /// [`ipv6_prefix`](ClientIp::ipv6_prefix), IPv6 clients are keyed by their
 /// network instead (`2001:db8:1:2::/64`), since one subscriber typically holds
 /// a whole /64 or /56; IPv4 clients are not masked.
@@ -107,11 +113,13 @@ pub enum ForwardingHeader {
 /// # Example
 ///
 /// ```
-/// use ratelimit_tower::{ClientIp, KeyExtractor, PeerAddr, TrustedProxies};
+/// use ratelimit_tower::{ClientIp, ForwardingHeader, KeyExtractor, PeerAddr, TrustedProxies};
 /// use std::net::{IpAddr, SocketAddr};
 ///
 /// # fn main() -> Result<(), ratelimit_tower::CidrError> {
-/// let client_ip = ClientIp::trusting(TrustedProxies::parse(["10.0.0.0/8"])?).ipv6_prefix(64)?;
+/// // Proxies in 10.0.0.0/8 that append to X-Forwarded-For (nginx, AWS ALB).
+/// let proxies = TrustedProxies::parse(["10.0.0.0/8"])?;
+/// let client_ip = ClientIp::trusting(proxies, ForwardingHeader::XForwardedFor).ipv6_prefix(64)?;
 ///
 /// // A request that went client -> 10.0.0.2 -> 10.0.0.1 -> us, where the
 /// // client made up the first entry.
@@ -120,6 +128,10 @@ pub enum ForwardingHeader {
 ///     .body(())
 ///     .unwrap();
 /// req.extensions_mut().insert(PeerAddr(SocketAddr::from(([10, 0, 0, 1], 5000))));
+/// assert_eq!(client_ip.client_ip(&req), Some(IpAddr::from([203, 0, 113, 9])));
+///
+/// // A `Forwarded` header the proxy passed through untouched is not read.
+/// req.headers_mut().insert("forwarded", "for=6.6.6.6".parse().unwrap());
 /// assert_eq!(client_ip.client_ip(&req), Some(IpAddr::from([203, 0, 113, 9])));
 ///
 /// // The same header from an untrusted peer is ignored.
@@ -156,16 +168,21 @@ impl ClientIp {
     /// The default of [`max_header_bytes`](ClientIp::max_header_bytes): 8 KiB.
     pub const DEFAULT_MAX_HEADER_BYTES: usize = 8 * 1024;
 
-    /// Trusts nobody: the client is always the TCP peer.
+    /// Trusts nobody: the client is always the TCP peer, and no header is
+    /// read.
     pub fn peer() -> Self {
-        ClientIp::trusting(TrustedProxies::none())
+        // The header is never read without trusted proxies.
+        ClientIp::trusting(TrustedProxies::none(), ForwardingHeader::XForwardedFor)
     }
 
-    /// Believes forwarding headers from peers (and hops) in `proxies`.
-    pub fn trusting(proxies: TrustedProxies) -> Self {
+    /// Believes `header`, the forwarding header the proxies in `proxies`
+    /// write, from peers (and hops) in `proxies`. Name the header your
+    /// proxies append to: the other one is never read (see
+    /// [`ForwardingHeader`]).
+    pub fn trusting(proxies: TrustedProxies, header: ForwardingHeader) -> Self {
         ClientIp {
             trusted: proxies,
-            header: ForwardingHeader::Auto,
+            header,
             max_hops: Self::DEFAULT_MAX_HOPS,
             max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
             ipv6_prefix: None,
@@ -182,17 +199,12 @@ impl ClientIp {
     ///
     /// [`CidrError::PrefixLenTooLong`] when `len` exceeds 128.
     pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, CidrError> {
-        if len > 128 {
-            return Err(CidrError::PrefixLenTooLong {
-                len: u32::from(len),
-                max: 128,
-            });
-        }
-        self.ipv6_prefix = Some(len);
+        self.ipv6_prefix = Some(checked_ipv6_prefix(len)?);
         Ok(self)
     }
 
-    /// Which forwarding header to read (default [`ForwardingHeader::Auto`]).
+    /// Reads `header` instead of the one given to
+    /// [`trusting`](ClientIp::trusting).
     pub fn header(mut self, header: ForwardingHeader) -> Self {
         self.header = header;
         self
@@ -237,8 +249,6 @@ impl ClientIp {
         let name = match self.header {
             ForwardingHeader::Forwarded => FORWARDED,
             ForwardingHeader::XForwardedFor => X_FORWARDED_FOR,
-            ForwardingHeader::Auto if headers.contains_key(FORWARDED) => FORWARDED,
-            ForwardingHeader::Auto => X_FORWARDED_FOR,
         };
         // No early exit for a long header: the walk reads from the right and
         // is bounded (`max_hops`, `max_header_bytes`, an entry's 1 KiB), and
@@ -280,14 +290,7 @@ impl ClientIp {
     }
 
     fn key(&self, ip: IpAddr) -> Key {
-        match (ip, self.ipv6_prefix) {
-            // `len` is at most 128 (`ipv6_prefix`), so `IpNet::new` succeeds.
-            (IpAddr::V6(_), Some(len)) => match IpNet::new(ip, len) {
-                Ok(net) => Key::from(net.trunc().to_string()),
-                Err(_) => Key::from(ip),
-            },
-            _ => Key::from(ip),
-        }
+        ip_key(ip, self.ipv6_prefix)
     }
 }
 
@@ -298,7 +301,7 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
         self.client_ip(req).map(|ip| self.key(ip))
     }
 
-    /// No TCP peer is a wiring mistake, as for [`PeerIp`]: `500`.
+    /// No TCP peer is a wiring mistake, as for [`PeerIp`](struct@crate::PeerIp): `500`.
     fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
         self.extract(req).ok_or(NoKey::NoPeerAddress)
     }

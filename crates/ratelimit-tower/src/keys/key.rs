@@ -1,11 +1,12 @@
 //! The [`Key`] type, the [`KeyExtractor`] trait and the simple extractors.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use bytes::Bytes;
 use http::{HeaderName, Request};
 
+use super::cidr::CidrError;
 use crate::options::MissingKey;
 
 /// The key a request is limited under: an IP address, an API key, a tenant id.
@@ -130,7 +131,7 @@ pub enum NoKey {
     /// decides; by default ([`MissingKey::Reject`]) the request is refused,
     /// since leaving a header out must not lift a limit.
     Absent,
-    /// The server gives the layer no peer address ([`PeerIp`],
+    /// The server gives the layer no peer address ([`PeerIp`](struct@crate::PeerIp),
     /// [`ClientIp`](crate::ClientIp)): a wiring mistake (axum: serve
     /// `into_make_service_with_connect_info::<SocketAddr>()`). Whatever
     /// `on_missing_key` says, the request is refused with `500`
@@ -224,7 +225,7 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// [`Rejection::MissingKey`](crate::Rejection::MissingKey)), so leaving the
 /// header out does not lift the limit. `on_missing_key(MissingKey::Allow)`
 /// lets them through this rule instead (give them another rule, such as
-/// [`PeerIp`], with [`Rule::and`](crate::Rule::and)); either way each one is
+/// [`PeerIp`](struct@crate::PeerIp), with [`Rule::and`](crate::Rule::and)); either way each one is
 /// counted ([`Stats`](crate::Stats), metrics) and logged.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
@@ -274,19 +275,93 @@ pub struct PeerAddr(pub SocketAddr);
 /// [`PeerAddr`], axum's `ConnectInfo<SocketAddr>` (feature `axum`), or
 /// tonic's `TcpConnectInfo` (feature `tonic`).
 ///
+/// # Keys
+///
+/// An IPv4 peer is keyed by its address (`192.0.2.1`). An IPv6 peer is keyed
+/// by its network, the first 64 bits by default (`2001:db8:1:2::/64`): a
+/// subscriber, a host or a cloud instance is routinely given a whole /64
+/// (or /56, /48), and could otherwise take a fresh address, and a fresh
+/// budget, for every request. [`ipv6_prefix`](PeerIp::ipv6_prefix) sets
+/// another length (`128` keys each address alone, as `2001:db8::1/128`).
 /// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) are keyed as the IPv4
 /// address.
+///
+/// `PeerIp` is also a constant of its default, so `PeerIp` alone is the
+/// extractor with the /64 default (`PeerIp == PeerIp::new()`).
 ///
 /// A request without a known peer is a wiring mistake, never a pass: the
 /// layer answers `500` ([`Rejection::NoPeerAddress`](crate::Rejection::NoPeerAddress),
 /// [`NoKey::NoPeerAddress`]), logs it once at `error` and counts each one
 /// ([`Stats::no_peer_address`](crate::Stats::no_peer_address)). With axum,
 /// serve `app.into_make_service_with_connect_info::<SocketAddr>()`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerIp;
+///
+/// ```
+/// use ratelimit_tower::{KeyExtractor, PeerAddr, PeerIp};
+///
+/// let from = |addr: &str| {
+///     let mut req = http::Request::new(());
+///     req.extensions_mut().insert(PeerAddr(addr.parse().unwrap()));
+///     req
+/// };
+/// let key = |extractor: &PeerIp, addr| extractor.extract(&from(addr)).unwrap();
+///
+/// assert_eq!(key(&PeerIp, "192.0.2.1:4000").as_bytes(), b"192.0.2.1");
+/// // Two addresses of one /64 share a key.
+/// assert_eq!(key(&PeerIp, "[2001:db8:1:2::1]:4000").as_bytes(), b"2001:db8:1:2::/64");
+/// assert_eq!(key(&PeerIp, "[2001:db8:1:2:ffff::9]:4000").as_bytes(), b"2001:db8:1:2::/64");
+///
+/// let per_56 = PeerIp::new().ipv6_prefix(56)?;
+/// assert_eq!(key(&per_56, "[2001:db8:1:2ff::1]:4000").as_bytes(), b"2001:db8:1:200::/56");
+/// assert!(PeerIp::new().ipv6_prefix(129).is_err());
+/// # Ok::<(), ratelimit_tower::CidrError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+/// [`PeerIp`](struct@crate::PeerIp) with its defaults ([`PeerIp::new`]): IPv6 peers keyed by their
+/// /64, IPv4 peers by their address.
+#[allow(non_upper_case_globals)]
+pub const PeerIp: PeerIp = PeerIp::new();
+
+impl Default for PeerIp {
+    /// [`PeerIp::new`].
+    fn default() -> Self {
+        PeerIp::new()
+    }
+}
 
 impl PeerIp {
-    /// The peer IP of `req`, if known.
+    /// The default length of the network an IPv6 peer is keyed by: 64 bits.
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+    /// Keys IPv4 peers by their address and IPv6 peers by their /64.
+    pub const fn new() -> Self {
+        PeerIp {
+            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
+        }
+    }
+
+    /// Keys IPv6 peers by their first `len` bits (default 64; commonly 64,
+    /// 56 or 48): the key is the network, such as `2001:db8:1:2::/64`, even
+    /// for `len` 128 (`2001:db8::1/128`). 0 puts every IPv6 peer under one
+    /// key. IPv4 peers are not masked.
+    ///
+    /// # Errors
+    ///
+    /// [`CidrError::PrefixLenTooLong`] when `len` exceeds 128.
+    pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, CidrError> {
+        self.ipv6_prefix = checked_ipv6_prefix(len)?;
+        Ok(self)
+    }
+
+    /// The length of the network an IPv6 peer is keyed by.
+    pub fn ipv6_prefix_len(&self) -> u8 {
+        self.ipv6_prefix
+    }
+
+    /// The peer IP of `req`, if known (unmasked).
     pub fn peer_ip<B>(req: &Request<B>) -> Option<IpAddr> {
         let ext = req.extensions();
         let addr = ext.get::<PeerAddr>().map(|p| p.0);
@@ -304,9 +379,46 @@ impl PeerIp {
     }
 }
 
+/// `len` as an IPv6 prefix length, or the error for one over 128.
+pub(super) fn checked_ipv6_prefix(len: u8) -> Result<u8, CidrError> {
+    if len > 128 {
+        return Err(CidrError::PrefixLenTooLong {
+            len: u32::from(len),
+            max: 128,
+        });
+    }
+    Ok(len)
+}
+
+/// The key of `ip`: an IPv4 address as its text; an IPv6 address, when
+/// `ipv6_prefix` is given, as the network of its first `len` bits
+/// (`2001:db8:1:2::/64`), otherwise as its text.
+pub(super) fn ip_key(ip: IpAddr, ipv6_prefix: Option<u8>) -> Key {
+    let (IpAddr::V6(v6), Some(len)) = (ip, ipv6_prefix) else {
+        return Key::from(ip);
+    };
+    let len = len.min(128);
+    let mask = u128::MAX.checked_shl(u32::from(128 - len)).unwrap_or(0);
+    let network = IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask));
+    let text = ratelimit_core::key::IpText::new(network);
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(len).as_bytes();
+    // At most 39 bytes of address, '/' and 3 digits.
+    let mut buf = [0u8; 64];
+    let mut at = 0;
+    for part in [text.as_bytes(), b"/", digits] {
+        let end = at + part.len();
+        if let Some(slot) = buf.get_mut(at..end) {
+            slot.copy_from_slice(part);
+        }
+        at = end;
+    }
+    Key::copy_from_slice(buf.get(..at).unwrap_or_default())
+}
+
 impl<B> KeyExtractor<Request<B>> for PeerIp {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
-        PeerIp::peer_ip(req).map(Key::from)
+        PeerIp::peer_ip(req).map(|ip| ip_key(ip, Some(self.ipv6_prefix)))
     }
 
     fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
@@ -377,7 +489,7 @@ pub(crate) fn join(first: &Key, second: &Key) -> Key {
 /// The second is asked only when the first has no key, whatever the reason;
 /// when neither has one, the second's reason ([`NoKey`]) decides, so
 /// `HeaderKey::from_static("x-api-key").or(PeerIp)` answers `500` for a
-/// request with neither a header nor a peer address, as [`PeerIp`] does.
+/// request with neither a header nor a peer address, as [`PeerIp`](struct@crate::PeerIp) does.
 /// The two keys share one key space: with a [`HeaderKey`] first (its keys are
 /// SHA-256 hashes) and an IP second, no header value can take an IP's
 /// budget.
