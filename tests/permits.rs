@@ -92,6 +92,7 @@ impl Store for HighBitPermits {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         if let Some(outage) = self.outage() {
@@ -124,6 +125,15 @@ impl Store for HighBitPermits {
             inner.unwrap_or_else(|| panic!("{permit:?} is not one of this store's permits"));
         self.store.release_now(key, policy, inner);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        if let Some(outage) = self.outage() {
+            return outage;
+        }
+        let inner = self.ids.lock().unwrap().get(&permit.0).copied();
+        let held = inner.is_some_and(|inner| self.store.renew_now(key, policy, inner));
+        Box::pin(std::future::ready(Ok(held)))
     }
 }
 

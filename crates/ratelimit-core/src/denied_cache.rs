@@ -218,6 +218,7 @@ impl<S: Store> Store for DeniedCache<S> {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = S::CheckAllFuture;
     type ReleaseFuture = S::ReleaseFuture;
+    type RenewFuture = S::RenewFuture;
 
     fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         // A cost the policy can never admit is the caller's mistake, whatever
@@ -250,6 +251,10 @@ impl<S: Store> Store for DeniedCache<S> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.inner.store.renew(key, policy, permit)
     }
 }
 
