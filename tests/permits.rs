@@ -804,3 +804,55 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
     }
     assert_eq!(request(&service).await.status(), http::StatusCode::OK);
 }
+
+/// A `FallbackStore` renews each permit in the store that issued it: the
+/// primary's there (a renewal sent to the fallback would find nothing), the
+/// fallback's locally while the primary is down (one sent to the primary
+/// would fail).
+#[tokio::test]
+async fn fallback_renews_each_permit_in_the_store_that_issued_it() {
+    let primary = HighBitPermits::new();
+    let store = primary.behind_fallback();
+    let policy = semaphore(2);
+    let held = store.check(b"k", &policy, 1).await.unwrap();
+    let held = held.permit().unwrap();
+    assert!(store.renew(b"k", &policy, held).await.unwrap());
+    primary.down.store(true, Ordering::SeqCst);
+    let local = store.check(b"k", &policy, 1).await.unwrap();
+    assert_eq!(local.source(), ratelimit_core::DecisionSource::Fallback);
+    let local = local.permit().unwrap();
+    assert!(store.renew(b"k", &policy, local).await.unwrap());
+    store.release(b"k", &policy, local).await.unwrap();
+    primary.down.store(false, Ordering::SeqCst);
+    // Released: neither store holds it any more.
+    assert!(!store.renew(b"k", &policy, local).await.unwrap());
+    assert!(store.renew(b"k", &policy, held).await.unwrap());
+}
+
+/// On a Redis Cluster, a renewal goes to the master of the key's slot, as
+/// its check and release do: a permit outlives its first lease there, and
+/// once released it is not brought back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_a_redis_cluster_extends_the_permit_in_its_slot() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new(NOW_MICROS);
+    let (_, redis) = twin_stores(RedisStore::cluster_builder(cluster.urls()), &clock).await;
+    let policy = semaphore_leased(1, Duration::from_secs(1));
+    for user in ["alice", "bob", "carol", "dave"] {
+        let user = user.as_bytes();
+        let permit = redis
+            .check(user, &policy, 1)
+            .await
+            .unwrap()
+            .permit()
+            .unwrap();
+        clock.advance(Duration::from_millis(700));
+        assert!(redis.renew(user, &policy, permit).await.unwrap());
+        clock.advance(Duration::from_millis(700));
+        let d = redis.check(user, &policy, 1).await.unwrap();
+        assert!(!d.is_allowed(), "past its first lease: {d:?}");
+        redis.release(user, &policy, permit).await.unwrap();
+        assert!(!redis.renew(user, &policy, permit).await.unwrap());
+        assert!(redis.check(user, &policy, 0).await.unwrap().remaining() == 1);
+    }
+}
