@@ -93,7 +93,7 @@ impl Drop for PermitGuard {
 /// How often a permit leased for `lease_micros` is renewed: every third of
 /// its lease, so that two renewals can fail (a slow or unreachable store)
 /// before it lapses; at least every millisecond.
-pub(crate) fn renewal_period(lease_micros: u64) -> Duration {
+fn renewal_period(lease_micros: u64) -> Duration {
     Duration::from_micros(lease_micros / 3).max(Duration::from_millis(1))
 }
 
