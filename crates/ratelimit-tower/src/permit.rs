@@ -140,7 +140,9 @@ fn renew_while_held<St: Store + Clone>(
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(
+                    // Tried again next period; a permit lost meanwhile is
+                    // reported (above) by the first renewal that gets through.
+                    tracing::debug!(
                         policy = policy.name(),
                         error = %error,
                         "a concurrency permit's lease could not be renewed; retrying"
