@@ -769,18 +769,18 @@ async fn a_waiting_request_passes_soon_after_a_release() {
 }
 
 /// The same with `RedisStore` on a real server, on its own clock: a lease
-/// of 1 s, a body streaming for 2.5 s still holds its permit (renewed
-/// every third of a second), and its slot frees when it is dropped.
+/// of 2 s, a body streaming for 4.5 s still holds its permit (renewed
+/// every third of the lease), and its slot frees when it is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
     let server = RedisServer::start();
     let store = ratelimit_tests::redis_store(server.url()).await;
-    let policy = semaphore_leased(1, Duration::from_secs(1));
+    let policy = semaphore_leased(1, Duration::from_secs(2));
     let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
     let first = request(&service).await;
     assert_eq!(first.status(), http::StatusCode::OK);
     let started = tokio::time::Instant::now();
-    for at in [1_200, 2_500] {
+    for at in [2_400, 4_500] {
         tokio::time::sleep_until(started + Duration::from_millis(at)).await;
         assert_eq!(
             request(&service).await.status(),
