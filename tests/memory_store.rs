@@ -351,6 +351,7 @@ impl Store for Counting {
     type CheckFuture = <MemoryStore as Store>::CheckFuture;
     type CheckAllFuture = <MemoryStore as Store>::CheckAllFuture;
     type ReleaseFuture = <MemoryStore as Store>::ReleaseFuture;
+    type RenewFuture = <MemoryStore as Store>::RenewFuture;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -369,6 +370,15 @@ impl Store for Counting {
         permit: ratelimit_core::PermitId,
     ) -> Self::ReleaseFuture {
         self.store.release(key, policy, permit)
+    }
+
+    fn renew(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        permit: ratelimit_core::PermitId,
+    ) -> Self::RenewFuture {
+        self.store.renew(key, policy, permit)
     }
 }
 

@@ -149,6 +149,7 @@ impl Store for Flaky {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         match self.failure() {
@@ -166,6 +167,10 @@ impl Store for Flaky {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         Box::pin(self.memory.release(key, policy, permit))
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        Box::pin(self.memory.renew(key, policy, permit))
     }
 }
 

@@ -92,6 +92,7 @@ impl Store for HighBitPermits {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         if let Some(outage) = self.outage() {
@@ -124,6 +125,15 @@ impl Store for HighBitPermits {
             inner.unwrap_or_else(|| panic!("{permit:?} is not one of this store's permits"));
         self.store.release_now(key, policy, inner);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        if let Some(outage) = self.outage() {
+            return outage;
+        }
+        let inner = self.ids.lock().unwrap().get(&permit.0).copied();
+        let held = inner.is_some_and(|inner| self.store.renew_now(key, policy, inner));
+        Box::pin(std::future::ready(Ok(held)))
     }
 }
 
@@ -504,4 +514,345 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
         decisions[1].is_allowed() && decisions[1].remaining() == 0,
         "{decisions:?}"
     );
+}
+
+// ---- A permit lasts as long as its holder: renewed leases ----
+
+use ratelimit_core::clock::TokioClock;
+use ratelimit_tower::body::ResponseBody;
+use ratelimit_tower::{GlobalKey, Mode, RateLimitLayer};
+use tower::{Layer as _, ServiceExt as _};
+
+/// A response body fed through a channel: it streams until the sender is
+/// dropped.
+struct StreamingBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for StreamingBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+/// The senders of the bodies still streaming.
+type Senders = Arc<Mutex<Vec<tokio::sync::mpsc::Sender<bytes::Bytes>>>>;
+
+/// A response of [`streaming`]: its body streams while it lives.
+type Streaming = http::Response<ResponseBody<StreamingBody>>;
+
+/// A service whose every response streams a body until its sender (kept in
+/// the returned list) is dropped, behind a layer of `policy` (one global
+/// key) on `store`, in `mode`.
+fn streaming<St: Store + Clone>(
+    store: St,
+    policy: Policy,
+    mode: Mode,
+) -> (
+    impl tower::Service<
+        http::Request<&'static str>,
+        Response = Streaming,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static,
+    Senders,
+) {
+    let senders: Senders = Arc::default();
+    let inner = {
+        let senders = Arc::clone(&senders);
+        tower::service_fn(move |_req: http::Request<&'static str>| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            senders.lock().unwrap().push(tx);
+            async move { Ok(http::Response::new(StreamingBody(rx))) }
+        })
+    };
+    let layer = RateLimitLayer::new(store, policy, GlobalKey::default()).mode(mode);
+    (layer.layer(inner), senders)
+}
+
+/// One request through `service`: its response, whose body holds the
+/// request's permit while it lives.
+async fn request<S>(service: &S) -> Streaming
+where
+    S: tower::Service<
+            http::Request<&'static str>,
+            Response = Streaming,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
+    service
+        .clone()
+        .oneshot(http::Request::new(""))
+        .await
+        .unwrap()
+}
+
+/// A concurrency policy of `max` leased for `lease`.
+fn semaphore_leased(max: u64, lease: Duration) -> Policy {
+    named("leased", Policy::concurrency(max, lease))
+}
+
+/// With a max of 1 and a lease of 30 s, a response body that streams for
+/// longer than the lease still holds its permit: a second request is
+/// refused at 31 s and at 5 min. Once the body is dropped, the slot frees.
+#[tokio::test(start_paused = true)]
+async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
+    let t0 = tokio::time::Instant::now();
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let policy = semaphore_leased(1, Duration::from_secs(30));
+    let (service, _senders) = streaming(store, policy, Mode::Reject);
+    let first = request(&service).await;
+    assert_eq!(first.status(), http::StatusCode::OK);
+    for at in [31, 300] {
+        tokio::time::sleep_until(t0 + Duration::from_secs(at)).await;
+        assert_eq!(
+            request(&service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at {at} s: two in flight under a max of 1"
+        );
+    }
+    drop(first);
+    assert_eq!(request(&service).await.status(), http::StatusCode::OK);
+}
+
+/// A permit whose holder went away is released at once: the slot is free
+/// long before the lease ends, and stays free (its renewals stopped with
+/// it).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_body_frees_its_permit_and_stops_renewing_it() {
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let policy = semaphore_leased(1, Duration::from_secs(30));
+    let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
+    let first = request(&service).await;
+    assert_eq!(first.status(), http::StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    drop(first);
+    assert_eq!(
+        store.check_now(b"global", &policy, 0).unwrap().remaining(),
+        1
+    );
+    // A later request takes the slot, and nothing the first one left
+    // running brings its permit back.
+    let second = request(&service).await;
+    assert_eq!(second.status(), http::StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let peek = store.check_now(b"global", &policy, 0).unwrap();
+    assert_eq!(peek.remaining(), 0, "{peek:?}");
+    assert_eq!(
+        request(&service).await.status(),
+        http::StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(second);
+    assert_eq!(
+        store.check_now(b"global", &policy, 0).unwrap().remaining(),
+        1
+    );
+}
+
+/// Two instances share a store (one clock, moved in step with each
+/// runtime's paused time). The first takes the only permit and renews it
+/// while its response streams, then dies: its runtime stops (no more
+/// renewals) and its response is never dropped (no release), as when the
+/// process is killed. The permit ends with its last lease (renewed at 60 s,
+/// ending at 90 s), not before: the second instance is refused until then,
+/// and admitted after.
+#[test]
+fn a_holder_that_dies_loses_its_permit_when_its_lease_ends() {
+    let clock = ManualClock::new(NOW_MICROS);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = semaphore_leased(1, Duration::from_secs(30));
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    // Both clocks move one second at a time, together.
+    let run_for = |seconds: u64| {
+        let clock = clock.clone();
+        async move {
+            for _ in 0..seconds {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                clock.advance(Duration::from_secs(1));
+            }
+        }
+    };
+    let dying = runtime();
+    let held = dying.block_on(async {
+        let (service, senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
+        let held = request(&service).await;
+        assert_eq!(held.status(), http::StatusCode::OK);
+        // Renewed at 10, 20, ..., 60 s: its last lease ends at 90 s.
+        run_for(65).await;
+        (held, senders)
+    });
+    // Killed: no more renewals, and no release.
+    drop(dying);
+    std::mem::forget(held);
+
+    let other = runtime();
+    other.block_on(async {
+        let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
+        assert_eq!(
+            request(&service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at 65 s, the dead holder's last lease runs"
+        );
+        run_for(20).await;
+        assert_eq!(
+            request(&service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at 85 s, the dead holder's last lease runs"
+        );
+        run_for(10).await;
+        let admitted = request(&service).await;
+        assert_eq!(
+            admitted.status(),
+            http::StatusCode::OK,
+            "at 95 s, its lease has ended"
+        );
+    });
+}
+
+/// A handler's `Granted` holds its permit as long as the handler keeps it,
+/// past the lease; dropping it frees the slot.
+#[tokio::test(start_paused = true)]
+async fn a_limiter_grant_held_past_its_lease_still_holds_its_permit() {
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let limiter = ratelimit_axum::Limiter::new(store, semaphore_leased(1, Duration::from_secs(30)));
+    let granted = limiter.check(b"job", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let refused = limiter.check(b"job", 1).await;
+    assert!(refused.is_err(), "two in flight under a max of 1");
+    drop(granted);
+    assert!(limiter.check(b"job", 1).await.is_ok());
+}
+
+/// In wait mode, a request that meets a full semaphore passes soon after
+/// the permit is released, long before the lease would end (and even when
+/// the lease ends after its longest wait).
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_passes_soon_after_a_release() {
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let policy = semaphore_leased(1, Duration::from_secs(60));
+    let mode = Mode::Wait {
+        max_delay: Duration::from_secs(5),
+    };
+    let (service, _senders) = streaming(store, policy, mode);
+    let first = request(&service).await;
+    assert_eq!(first.status(), http::StatusCode::OK);
+    let waiting = tokio::spawn(service.clone().oneshot(http::Request::new("")));
+    let waiting = tokio::spawn(async move {
+        let response = waiting.await.unwrap().unwrap();
+        (response.status(), tokio::time::Instant::now())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "it waits while the slot is held");
+    let released = tokio::time::Instant::now();
+    drop(first);
+    let (status, passed) = waiting.await.unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    let after = passed - released;
+    assert!(
+        after <= Duration::from_millis(300),
+        "passed {after:?} after the release"
+    );
+}
+
+/// The same with `RedisStore` on a real server, on its own clock: a lease
+/// of 2 s, a body streaming for 4.5 s still holds its permit (renewed
+/// every third of the lease), and its slot frees when it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
+    let server = RedisServer::start();
+    let store = ratelimit_tests::redis_store(server.url()).await;
+    let policy = semaphore_leased(1, Duration::from_secs(2));
+    let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
+    let first = request(&service).await;
+    assert_eq!(first.status(), http::StatusCode::OK);
+    let started = tokio::time::Instant::now();
+    for at in [2_400, 4_500] {
+        tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+        assert_eq!(
+            request(&service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at {at} ms: two in flight under a max of 1"
+        );
+    }
+    drop(first);
+    // The release is sent on the runtime: look until it has landed.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        let peek = store.check(b"global", &policy, 0).await.unwrap();
+        if peek.remaining() == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not released: {peek:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(request(&service).await.status(), http::StatusCode::OK);
+}
+
+/// A `FallbackStore` renews each permit in the store that issued it: the
+/// primary's there (a renewal sent to the fallback would find nothing), the
+/// fallback's locally while the primary is down (one sent to the primary
+/// would fail).
+#[tokio::test]
+async fn fallback_renews_each_permit_in_the_store_that_issued_it() {
+    let primary = HighBitPermits::new();
+    let store = primary.behind_fallback();
+    let policy = semaphore(2);
+    let held = store.check(b"k", &policy, 1).await.unwrap();
+    let held = held.permit().unwrap();
+    assert!(store.renew(b"k", &policy, held).await.unwrap());
+    primary.down.store(true, Ordering::SeqCst);
+    let local = store.check(b"k", &policy, 1).await.unwrap();
+    assert_eq!(local.source(), ratelimit_core::DecisionSource::Fallback);
+    let local = local.permit().unwrap();
+    assert!(store.renew(b"k", &policy, local).await.unwrap());
+    store.release(b"k", &policy, local).await.unwrap();
+    primary.down.store(false, Ordering::SeqCst);
+    // Released: neither store holds it any more.
+    assert!(!store.renew(b"k", &policy, local).await.unwrap());
+    assert!(store.renew(b"k", &policy, held).await.unwrap());
+}
+
+/// On a Redis Cluster, a renewal goes to the master of the key's slot, as
+/// its check and release do: a permit outlives its first lease there, and
+/// once released it is not brought back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_a_redis_cluster_extends_the_permit_in_its_slot() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new(NOW_MICROS);
+    let (_, redis) = twin_stores(RedisStore::cluster_builder(cluster.urls()), &clock).await;
+    let policy = semaphore_leased(1, Duration::from_secs(1));
+    for user in ["alice", "bob", "carol", "dave"] {
+        let user = user.as_bytes();
+        let permit = redis
+            .check(user, &policy, 1)
+            .await
+            .unwrap()
+            .permit()
+            .unwrap();
+        clock.advance(Duration::from_millis(700));
+        assert!(redis.renew(user, &policy, permit).await.unwrap());
+        clock.advance(Duration::from_millis(700));
+        let d = redis.check(user, &policy, 1).await.unwrap();
+        assert!(!d.is_allowed(), "past its first lease: {d:?}");
+        redis.release(user, &policy, permit).await.unwrap();
+        assert!(!redis.renew(user, &policy, permit).await.unwrap());
+        assert!(redis.check(user, &policy, 0).await.unwrap().remaining() == 1);
+    }
 }

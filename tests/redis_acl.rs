@@ -2,7 +2,7 @@
 //! `SECURITY.md`, found and checked against real servers:
 //!
 //! - a user with exactly that ACL runs every algorithm's check, `check_all`,
-//!   `release`, `ping` and the `NOSCRIPT` reload (after `SCRIPT FLUSH` by an
+//!   `release`, `renew`, `ping` and the `NOSCRIPT` reload (after `SCRIPT FLUSH` by an
 //!   admin user), on one node and on a Redis Cluster (with its refunds), and
 //!   Redis logs no denied command for it;
 //! - a user lacking any one of those commands gets an error from the store
@@ -200,6 +200,23 @@ async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(
     Ok(())
 }
 
+/// A permit taken and renewed; once released, its renewal finds nothing.
+async fn renew_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let d = store.check(key, policy, 1).await?;
+    expect("acquire", &d, true, 1)?;
+    let permit = d
+        .permit()
+        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    if !store.renew(key, policy, permit).await? {
+        return Err(Failure::Wrong("a held permit was not renewed".into()));
+    }
+    store.release(key, policy, permit).await?;
+    if store.renew(key, policy, permit).await? {
+        return Err(Failure::Wrong("a released permit was renewed".into()));
+    }
+    Ok(())
+}
+
 /// Every algorithm at once, all or nothing.
 async fn check_all_op(store: &RedisStore, key: &[u8]) -> Result<(), Failure> {
     let policies = policies();
@@ -235,6 +252,9 @@ async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Fa
             let key = format!("{round}-release");
             let result = release_op(store, key.as_bytes(), &policy).await;
             report.push(("release".to_owned(), result));
+            let key = format!("{round}-renew");
+            let result = renew_op(store, key.as_bytes(), &policy).await;
+            report.push(("renew".to_owned(), result));
         }
     }
     let key = format!("{round}-multi");

@@ -312,3 +312,164 @@ async fn a_semaphore_in_the_previous_layout_is_converted_never_lifted() {
     redis.release(b"log", &policy, PermitId(11)).await.unwrap();
     assert_eq!(server.cli(&["ZRANGE", &key, "0", "-1"]), log);
 }
+
+/// Renews on both stores, which must answer alike, then a peek on both,
+/// which must answer alike; whether the permit was still held.
+async fn renew_both(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    policy: &Policy,
+    (m, r): (PermitId, PermitId),
+    what: &str,
+) -> bool {
+    let held = memory.renew(b"k", policy, m).await.unwrap();
+    assert_eq!(redis.renew(b"k", policy, r).await.unwrap(), held, "{what}");
+    check_both(memory, redis, policy, 0, &format!("{what}, renewed")).await;
+    held
+}
+
+/// A renewal extends the lease of a held permit, and of it alone: it
+/// outlives the lease it was taken with, moves behind a later lease in
+/// expiry order (which then ends first), and keeps its units. A permit
+/// released, or expired and its units taken by another, is gone: its
+/// renewal answers `false` and takes nothing (never over the max); an
+/// unknown id changes nothing, byte for byte; another algorithm's state
+/// under the name is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let ms = Duration::from_millis;
+    let policy = named("sem", Policy::concurrency(3, Duration::from_secs(1)));
+    let key = redis.state_key(b"k", &policy);
+    let (_, a) = check_both(&memory, &redis, &policy, 1, "a").await;
+    clock.advance(ms(300));
+    let (_, b) = check_both(&memory, &redis, &policy, 2, "b").await;
+    let (a, b) = (a.unwrap(), b.unwrap());
+
+    // At 900 ms, a's lease runs to 1,900 ms, after b's (1,300 ms).
+    clock.advance(ms(600));
+    assert!(renew_both(&memory, &redis, &policy, a, "a, held").await);
+    assert_string_state(&server, &key, 1_000_000, "a renewed");
+    clock.advance(ms(300));
+    let (d, _) = check_both(&memory, &redis, &policy, 1, "past a's first lease").await;
+    assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
+    // b's lease ends first: its 2 units free, a's unit still held.
+    clock.advance(ms(200));
+    let (d, _) = check_both(&memory, &redis, &policy, 0, "b ended").await;
+    assert_eq!(d.remaining(), 2, "{d:?}");
+    assert!(!renew_both(&memory, &redis, &policy, b, "b, expired").await);
+    let (_, c) = check_both(&memory, &redis, &policy, 2, "c takes b's units").await;
+    assert!(c.is_some());
+    assert!(!renew_both(&memory, &redis, &policy, b, "b, its units taken").await);
+    let (d, _) = check_both(&memory, &redis, &policy, 1, "full").await;
+    assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
+
+    // a released: its renewal takes nothing back.
+    release_both(&memory, &redis, &policy, a, "a").await;
+    assert!(!renew_both(&memory, &redis, &policy, a, "a, released").await);
+    let (d, _) = check_both(&memory, &redis, &policy, 0, "a stays released").await;
+    assert_eq!(d.remaining(), 1, "{d:?}");
+    assert_eq!(entries(&server, &key), 1);
+
+    let before = digest(&server, &key);
+    let unknown = PermitId(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
+    assert!(!renew_both(&memory, &redis, &policy, (unknown, unknown), "unknown").await);
+    assert_eq!(digest(&server, &key), before, "an unknown id");
+
+    // Every lease ended: nothing to renew, and the key is gone.
+    clock.advance(ms(1_500));
+    let c = c.unwrap();
+    assert!(!renew_both(&memory, &redis, &policy, c, "c, expired").await);
+    assert_eq!(server.cli(&["TYPE", &key]), "none");
+
+    // Another algorithm's state under the name: untouched.
+    let window = named("sem", Policy::fixed_window(4, Duration::from_secs(60)));
+    assert!(redis.check(b"k", &window, 1).await.unwrap().is_allowed());
+    let before = digest(&server, &key);
+    assert!(!redis.renew(b"k", &policy, c.1).await.unwrap());
+    assert_eq!(digest(&server, &key), before, "a fixed window");
+    // A policy that holds no permits renews none.
+    assert!(!redis.renew(b"k", &window, c.1).await.unwrap());
+    assert!(!memory.renew(b"k", &window, c.0).await.unwrap());
+}
+
+/// Random checks, releases and renewals of held, expired, released and
+/// unknown ids, under a max and a lease that change between calls (one
+/// name): both stores decide alike at every step (so Redis keeps its
+/// entries in expiry order with the right counts), and the string never
+/// holds more entries than the largest max.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_among_random_checks_and_releases_decide_as_memory() {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let us = Duration::from_micros;
+    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
+        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let key = redis.state_key(b"k", &policies[0]);
+    let mut rng = Rng(2626);
+    let mut held: Vec<(PermitId, PermitId)> = Vec::new();
+    let mut renewed = 0;
+    for step in 0..1_000 {
+        clock.advance(us(match rng.below(20) {
+            0 => 2_500 + rng.below(3_000),
+            1 => 0,
+            _ => rng.below(300),
+        }));
+        let policy = &policies[rng.index(policies.len())];
+        let what = format!("step {step}, max {}", policy.limit());
+        match rng.below(20) {
+            0..=2 if !held.is_empty() => {
+                let permits = held[rng.index(held.len())];
+                release_both(&memory, &redis, policy, permits, &what).await;
+            }
+            3..=9 if !held.is_empty() => {
+                // The newest permits most often: those still held.
+                let newest = held.len().saturating_sub(4);
+                let permits = held[newest + rng.index(held.len() - newest)];
+                if renew_both(&memory, &redis, policy, permits, &what).await {
+                    renewed += 1;
+                }
+            }
+            10 => {
+                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
+                renew_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+            }
+            _ => {
+                let cost = rng.below(policy.limit() + 1);
+                if let (_, Some(permits)) = check_both(&memory, &redis, policy, cost, &what).await {
+                    held.push(permits);
+                }
+            }
+        }
+        assert!(entries(&server, &key) <= 8, "{what}");
+        if step % 5 == 0 {
+            assert_string_state(&server, &key, 2_500, &what);
+        }
+    }
+    assert!(renewed > 50, "only {renewed} renewals found their permit");
+}
+
+/// On the server's own clock, a renewal moves the key's TTL to the end of
+/// the renewed lease: a renewed permit is not dropped with a key that
+/// expired under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_keeps_the_key_alive_as_long_as_its_lease() {
+    let server = RedisServer::start();
+    let redis = ratelimit_tests::redis_store(server.url()).await;
+    let policy = named("ttl", Policy::concurrency(1, Duration::from_secs(2)));
+    let key = redis.state_key(b"k", &policy);
+    let permit = redis
+        .check(b"k", &policy, 1)
+        .await
+        .unwrap()
+        .permit()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let before: u64 = server.cli(&["PTTL", &key]).parse().unwrap();
+    assert!(before <= 800, "PTTL {before} before the renewal");
+    assert!(redis.renew(b"k", &policy, permit).await.unwrap());
+    let after: u64 = server.cli(&["PTTL", &key]).parse().unwrap();
+    assert!((1_200..=2_000).contains(&after), "PTTL {after} after it");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let d = redis.check(b"k", &policy, 1).await.unwrap();
+    assert!(!d.is_allowed(), "past its first lease: {d:?}");
+}

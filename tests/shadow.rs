@@ -377,6 +377,7 @@ impl Store for FailsForTrial {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         if policy.name() == "trial" {
@@ -394,6 +395,10 @@ impl Store for FailsForTrial {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         Box::pin(self.0.release(key, policy, permit))
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        Box::pin(self.0.renew(key, policy, permit))
     }
 }
 

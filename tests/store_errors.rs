@@ -87,6 +87,7 @@ impl Store for Failing {
     type CheckFuture = Ready<Result<Decision, StoreError>>;
     type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
     type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
 
     fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
         ready(Err(copy(&self.0)))
@@ -97,6 +98,10 @@ impl Store for Failing {
     }
 
     fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        ready(Err(copy(&self.0)))
+    }
+
+    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
         ready(Err(copy(&self.0)))
     }
 }
@@ -322,6 +327,7 @@ impl Store for Silent {
     type CheckFuture = Pending<Result<Decision, StoreError>>;
     type CheckAllFuture = Pending<Result<Vec<Decision>, StoreError>>;
     type ReleaseFuture = Pending<Result<(), StoreError>>;
+    type RenewFuture = Pending<Result<bool, StoreError>>;
 
     fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
         pending()
@@ -332,6 +338,10 @@ impl Store for Silent {
     }
 
     fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        pending()
+    }
+
+    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
         pending()
     }
 }

@@ -248,6 +248,7 @@ impl Store for DownStore {
     type CheckFuture = Ready<Result<Decision, StoreError>>;
     type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
     type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
 
     fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
         ready(Err(down()))
@@ -258,6 +259,10 @@ impl Store for DownStore {
     }
 
     fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        ready(Err(down()))
+    }
+
+    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
         ready(Err(down()))
     }
 }
@@ -593,6 +598,7 @@ impl Store for HangingStore {
     type CheckFuture = std::future::Pending<Result<Decision, StoreError>>;
     type CheckAllFuture = std::future::Pending<Result<Vec<Decision>, StoreError>>;
     type ReleaseFuture = std::future::Pending<Result<(), StoreError>>;
+    type RenewFuture = std::future::Pending<Result<bool, StoreError>>;
 
     fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
         std::future::pending()
@@ -603,6 +609,10 @@ impl Store for HangingStore {
     }
 
     fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
+        std::future::pending()
+    }
+
+    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
         std::future::pending()
     }
 }

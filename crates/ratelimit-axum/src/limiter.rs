@@ -167,9 +167,12 @@ impl<St: Store + Clone> Limiter<St> {
 
 /// An allowed check: add it to your response to send the rate-limit headers.
 ///
-/// Under a concurrency policy it holds the permit it was granted, released
-/// when it is dropped: keep it for as long as the work it guards runs (adding
-/// it to the response drops it once the response is built).
+/// Under a concurrency policy it holds the permit it was granted, renewed
+/// every third of the policy's lease while it lives (so work that outlasts
+/// the lease keeps its slot) and released when it is dropped: keep it for as
+/// long as the work it guards runs (adding it to the response drops it once
+/// the response is built). If the process dies, the permit ends with its
+/// lease.
 #[derive(Debug)]
 pub struct Granted {
     decisions: Option<Decisions>,

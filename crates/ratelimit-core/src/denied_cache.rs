@@ -218,6 +218,7 @@ impl<S: Store> Store for DeniedCache<S> {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = S::CheckAllFuture;
     type ReleaseFuture = S::ReleaseFuture;
+    type RenewFuture = S::RenewFuture;
 
     fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         // A cost the policy can never admit is the caller's mistake, whatever
@@ -262,6 +263,10 @@ impl<S: Store> Store for DeniedCache<S> {
         decision: &Decision,
     ) -> crate::RefundFuture {
         self.inner.store.refund(key, policy, cost, decision)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.inner.store.renew(key, policy, permit)
     }
 }
 

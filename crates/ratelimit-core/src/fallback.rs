@@ -151,6 +151,19 @@ impl LocalPermits {
     fn remove(&self, permit: PermitId) -> bool {
         self.held.lock().leases.remove(&permit).is_some()
     }
+
+    /// Whether the fallback issued `permit`; if so, it is remembered until
+    /// `lease` from now (or later), as its renewal keeps it held that long.
+    fn renew(&self, permit: PermitId, lease: Duration) -> bool {
+        let ends = Instant::now() + lease;
+        match self.held.lock().leases.get_mut(&permit) {
+            Some(until) => {
+                *until = (*until).max(ends);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Reservation<'_> {
@@ -371,6 +384,7 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         if let Err(e) = policy.check_cost(cost) {
@@ -446,6 +460,21 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             self.inner.primary.refund(key, policy, cost, decision)
         }
     }
+
+    /// Renews a permit in the store that issued it, as
+    /// [`release`](Store::release) releases it there.
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        // A local policy keeps the lease of the shared one.
+        if self.inner.permits.renew(permit, policy.window()) {
+            let local = match self.inner.local(policy) {
+                Ok(local) => local,
+                Err(e) => return Box::pin(std::future::ready(Err(e))),
+            };
+            Box::pin(self.inner.fallback.renew(key, &local, permit))
+        } else {
+            Box::pin(self.inner.primary.renew(key, policy, permit))
+        }
+    }
 }
 
 impl<P: AdminStore, F: Store> AdminStore for FallbackStore<P, F> {
@@ -488,6 +517,7 @@ mod tests {
         type CheckFuture = std::future::Ready<Result<Decision, StoreError>>;
         type CheckAllFuture = std::future::Ready<Result<Vec<Decision>, StoreError>>;
         type ReleaseFuture = std::future::Ready<Result<(), StoreError>>;
+        type RenewFuture = std::future::Ready<Result<bool, StoreError>>;
 
         fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
             std::future::ready(Err(StoreError::Unavailable("down".into())))
@@ -499,6 +529,10 @@ mod tests {
 
         fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
             panic!("a release of a fallback permit went to the primary")
+        }
+
+        fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
+            panic!("a renewal of a fallback permit went to the primary")
         }
     }
 

@@ -402,6 +402,7 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = S::CheckAllFuture;
     type ReleaseFuture = S::ReleaseFuture;
+    type RenewFuture = S::RenewFuture;
 
     fn check(&self, user_key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         let batch = self.inner.batch.min(policy.max_cost());
@@ -454,5 +455,9 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.inner.store.renew(key, policy, permit)
     }
 }

@@ -48,6 +48,8 @@ pub trait Store: Send + Sync + 'static {
     type CheckAllFuture: Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'static;
     /// The future returned by [`release`](Store::release).
     type ReleaseFuture: Future<Output = Result<(), StoreError>> + Send + 'static;
+    /// The future returned by [`renew`](Store::renew).
+    type RenewFuture: Future<Output = Result<bool, StoreError>> + Send + 'static;
 
     /// Decides one request of `cost` for `key` under `policy`, and consumes the
     /// cost when allowed.
@@ -101,12 +103,29 @@ pub trait Store: Send + Sync + 'static {
             operation: "refund",
         })))
     }
+
+    /// Renews the lease of a concurrency permit taken by an earlier decision
+    /// and still held: the permit `permit`, and only it, then expires a whole
+    /// lease of `policy` from now (never sooner than it would have).
+    ///
+    /// Answers whether the permit was still held. A permit that was released
+    /// or whose lease ended is gone for good: its renewal answers `false`
+    /// and takes nothing, so a renewal never brings a permit back over the
+    /// max (its units may be someone else's by then). A policy that is not a
+    /// concurrency limit holds no permit: `false`.
+    ///
+    /// A holder renews every fraction of a lease while it lives (the Tower
+    /// layer's permit guard does), so a permit lasts as long as its holder,
+    /// and a holder that dies stops renewing and frees its units one lease
+    /// later at most.
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture;
 }
 
 impl<S: Store> Store for Arc<S> {
     type CheckFuture = S::CheckFuture;
     type CheckAllFuture = S::CheckAllFuture;
     type ReleaseFuture = S::ReleaseFuture;
+    type RenewFuture = S::RenewFuture;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         (**self).check(key, policy, cost)
@@ -126,6 +145,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
         (**self).refund(key, policy, cost, decision)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        (**self).renew(key, policy, permit)
     }
 }
 

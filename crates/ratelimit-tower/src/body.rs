@@ -29,8 +29,8 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    /// Wraps the inner service's body, holding a concurrency permit until the
-    /// body ends or is dropped.
+    /// Wraps the inner service's body, holding a concurrency permit (renewed
+    /// meanwhile) until the body ends or is dropped.
     pub(crate) fn with_permit(body: B, permit: PermitGuard) -> Self {
         ResponseBody {
             kind: Kind::Inner { body, permit },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ratelimit_core::{Check, Decision, Policy, RefundFuture, Store, StoreError};
+use ratelimit_core::{Algorithm, Check, Decision, Policy, RefundFuture, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::decisions::{Decisions, PolicyDecision};
@@ -169,6 +169,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
     let (first, (shadow_decisions, shadow_permits)) =
         tokio::join!(ask(&settings, &enforced), decide_shadow(&settings, &shadow));
     let mut first = Some(first);
+    let mut attempts: u32 = 0;
     loop {
         let answer = match first.take() {
             Some(answer) => answer,
@@ -205,11 +206,8 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             .map(Decision::delay)
             .max()
             .unwrap_or_default();
-        let retry = decisions
-            .iter()
-            .filter_map(Decision::retry_after)
-            .max()
-            .unwrap_or_default();
+        let retry = retry_wait(&enforced, &decisions, attempts);
+        attempts = attempts.saturating_add(1);
         let merged = || {
             let enforced = enforced
                 .iter()
@@ -516,6 +514,41 @@ async fn ask<St: Store>(
     };
     timer.finish(answer.is_ok());
     answer
+}
+
+/// The first look again at a full semaphore in wait mode.
+const FIRST_SEMAPHORE_LOOK: Duration = Duration::from_millis(10);
+
+/// The longest pause between two looks at a full semaphore in wait mode.
+const LONGEST_SEMAPHORE_LOOK: Duration = Duration::from_millis(250);
+
+/// How long a request denied with `decisions` (of `limits`, on its
+/// `attempts`-th denial, from 0) waits before it asks again.
+///
+/// A window or a bucket frees capacity at a time the store knows: its
+/// `retry_after`. A semaphore frees a slot when a lease ends, or sooner,
+/// when a holder releases its permit, which no store announces (across
+/// instances it would take a notification channel in Redis): a request
+/// denied by a concurrency limit looks again after 10 ms, then twice as
+/// long each time, up to 250 ms, but never later than the lease's end. So
+/// it passes soon after a release, and a full semaphore costs a waiting
+/// request at most four store calls a second once it has waited a while.
+fn retry_wait(limits: &[Limit], decisions: &[Decision], attempts: u32) -> Duration {
+    let look = FIRST_SEMAPHORE_LOOK
+        .saturating_mul(1 << attempts.min(5))
+        .min(LONGEST_SEMAPHORE_LOOK);
+    limits
+        .iter()
+        .zip(decisions)
+        .filter_map(|(limit, decision)| {
+            let retry = decision.retry_after()?;
+            Some(match limit.policy().algorithm() {
+                Algorithm::Concurrency(_) => retry.min(look),
+                _ => retry,
+            })
+        })
+        .max()
+        .unwrap_or_default()
 }
 
 /// Up to a tenth of the wait (at most 50 ms), so workers that were denied

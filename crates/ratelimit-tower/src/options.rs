@@ -208,6 +208,13 @@ pub enum Mode {
     /// retry in lockstep, then asks again; dropping the future during that
     /// wait consumes nothing.
     ///
+    /// A request denied by a concurrency limit waits for a release, not only
+    /// for a lease's end: no store announces a release (across instances it
+    /// would take a notification channel), so it asks again after 10 ms, then
+    /// twice as long each time up to 250 ms (never later than the soonest
+    /// lease's end), until it passes or `max_delay` would be exceeded. It
+    /// passes at most 250 ms, plus jitter, after a slot frees.
+    ///
     /// A leaky-bucket policy delays each admitted request to its slot, which
     /// spaces calls evenly. The slot, and every other limit of the request,
     /// is taken when the request is admitted: a slot further away than

@@ -3,8 +3,11 @@
 use std::fmt;
 use std::future::Future;
 use std::task::{Context, Waker};
+use std::time::Duration;
 
-use ratelimit_core::{PermitId, Policy, Store};
+use ratelimit_core::{Algorithm, PermitId, Policy, Store};
+use tokio::task::AbortHandle;
+use tokio::time::MissedTickBehavior;
 
 use crate::keys::Key;
 
@@ -12,6 +15,15 @@ type Release = Box<dyn FnOnce() + Send + Sync>;
 
 /// Releases a request's concurrency permits when dropped: when the response
 /// body has been sent or dropped, or when the request was cancelled before.
+///
+/// While it lives, it renews each permit's lease every third of the lease
+/// (one small tokio task per permit, asleep between renewals), so a permit
+/// lasts as long as its holder: a response body streaming for longer than
+/// the lease (server-sent events, a download, a gRPC stream) still holds its
+/// slot. Dropping the guard stops the renewals and releases. A process that
+/// dies renews no more: its permits end with their leases. Outside a tokio
+/// runtime there is no renewal (nor asynchronous release): the permit ends
+/// with its lease, or with its release if the store releases at once.
 #[derive(Default)]
 pub struct PermitGuard {
     // Boxed, and absent while there is none: most requests hold no permit,
@@ -30,8 +42,8 @@ impl fmt::Debug for PermitGuard {
 }
 
 impl PermitGuard {
-    /// Adds the permit `permit` of `key` under `policy` in `store`, released
-    /// when this guard is dropped.
+    /// Adds the permit `permit` of `key` under `policy` in `store`, renewed
+    /// while this guard lives and released when it is dropped.
     pub fn hold<St: Store + Clone>(
         &mut self,
         store: &St,
@@ -40,8 +52,12 @@ impl PermitGuard {
         permit: PermitId,
     ) {
         let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+        let renewals = renew_while_held(&store, &key, &policy, permit);
         let releases = self.releases.get_or_insert_with(Box::default);
         releases.push(Box::new(move || {
+            // Stopped first: a renewal still in flight finds the permit
+            // released and brings nothing back.
+            drop(renewals);
             drive(store.release(key.as_bytes(), &policy, permit));
         }));
     }
@@ -72,6 +88,70 @@ impl Drop for PermitGuard {
             }
         }
     }
+}
+
+/// How often a permit leased for `lease_micros` is renewed: every third of
+/// its lease, so that two renewals can fail (a slow or unreachable store)
+/// before it lapses; at least every millisecond.
+fn renewal_period(lease_micros: u64) -> Duration {
+    Duration::from_micros(lease_micros / 3).max(Duration::from_millis(1))
+}
+
+/// The renewals of one permit, stopped when dropped.
+struct Renewals(AbortHandle);
+
+impl Drop for Renewals {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts renewing `permit` (a concurrency policy's) on the current tokio
+/// runtime, every [`renewal_period`], until the returned handle is dropped
+/// or the store answers that the permit is gone (released elsewhere, or
+/// lapsed while the store could not be reached: it is never taken back).
+/// `None` without a runtime, or for a policy that holds no permits.
+fn renew_while_held<St: Store + Clone>(
+    store: &St,
+    key: &Key,
+    policy: &Policy,
+    permit: PermitId,
+) -> Option<Renewals> {
+    let Algorithm::Concurrency(concurrency) = policy.algorithm() else {
+        return None;
+    };
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let period = renewal_period(concurrency.lease_micros());
+    let (store, key, policy) = (store.clone(), key.clone(), policy.clone());
+    let task = runtime.spawn(async move {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match store.renew(key.as_bytes(), &policy, permit).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        policy = policy.name(),
+                        "a concurrency permit still in use was gone when renewed (its lease \
+                         lapsed while the store could not be reached, or it was released \
+                         elsewhere); its slot is no longer held"
+                    );
+                    return;
+                }
+                Err(error) => {
+                    // Tried again next period; a permit lost meanwhile is
+                    // reported (above) by the first renewal that gets through.
+                    tracing::debug!(
+                        policy = policy.name(),
+                        error = %error,
+                        "a concurrency permit's lease could not be renewed; retrying"
+                    );
+                }
+            }
+        }
+    });
+    Some(Renewals(task.abort_handle()))
 }
 
 /// Runs a release: at once if it completes without waiting (the in-memory

@@ -1,8 +1,11 @@
 //! Concurrency (a distributed semaphore): at most `max` units in flight per key.
 //!
 //! Each admitted request holds a permit with a lease. Releasing the permit frees
-//! its units at once; a holder that dies without releasing loses its permit when
-//! the lease expires, so a crash never leaks capacity for longer than a lease.
+//! its units at once; a live holder renews its lease (the Tower layer's
+//! permit guard does, every third of a lease), so a permit lasts as long as
+//! its holder; a holder that dies without releasing stops renewing and loses
+//! its permit when the lease expires, so a crash never leaks capacity for
+//! longer than a lease.
 
 use std::time::Duration;
 
@@ -139,6 +142,21 @@ impl Concurrency {
         let before = state.leases.len();
         state.leases.retain(|l| l.id != id);
         state.leases.len() != before
+    }
+
+    /// Renews the lease of the permit `id` at `now`: it then ends a whole
+    /// lease after `now` (never sooner than it did). Returns whether it was
+    /// still held. A permit released or expired stays gone: a renewal never
+    /// takes back a unit another request may hold by now.
+    pub fn renew(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
+        state.expire(now);
+        let expires_at = now + self.lease;
+        let mut held = false;
+        for lease in state.leases.iter_mut().filter(|l| l.id == id) {
+            lease.expires_at = lease.expires_at.max(expires_at);
+            held = true;
+        }
+        held
     }
 
     /// The time until the state is empty, in µs.

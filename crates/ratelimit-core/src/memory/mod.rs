@@ -524,6 +524,38 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+impl<C: Clock> MemoryStore<C> {
+    /// [`Store::renew`], synchronously: whether the permit was still held.
+    pub fn renew_now(&self, key: &[u8], policy: &Policy, permit: PermitId) -> bool {
+        let Algorithm::Concurrency(algorithm) = policy.algorithm() else {
+            return false;
+        };
+        let key = MemoryKey::new(key);
+        let hash = self.hash(policy, &key);
+        let mut shard = self.write_shard(self.shard_index(hash));
+        let now = shard.now(&self.shared.clock, None);
+        let Ok(mut occupied) = shard
+            .table
+            .find_entry(hash, |e| e.matches(hash, policy, &key))
+        else {
+            return false;
+        };
+        let State::Concurrency(state) = &mut occupied.get_mut().state else {
+            return false;
+        };
+        let held = algorithm.renew(state, now, permit);
+        let reset = algorithm.reset_after(state, now);
+        if reset == 0 {
+            occupied.remove();
+        } else {
+            // Later, or sooner when expired leases left with the renewal.
+            occupied.get_mut().expires_at = now + reset;
+            shard.next_expiry = shard.next_expiry.min(now + reset);
+        }
+        held
+    }
+}
+
 /// The admin operations ([`AdminStore`]), synchronously.
 impl<C: Clock> MemoryStore<C> {
     /// [`AdminStore::peek`], synchronously.
@@ -798,6 +830,7 @@ impl<C: Clock> Store for MemoryStore<C> {
     type CheckFuture = Ready<Result<Decision, StoreError>>;
     type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
     type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         ready(self.check_now(key, policy, cost))
@@ -823,6 +856,10 @@ impl<C: Clock> Store for MemoryStore<C> {
             return Box::pin(ready(Ok(())));
         }
         Box::pin(ready(self.reward_now(key, policy, cost).map(drop)))
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        ready(Ok(self.renew_now(key, policy, permit)))
     }
 }
 

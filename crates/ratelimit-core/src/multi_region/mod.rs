@@ -264,6 +264,7 @@ impl Store for MultiRegionStore {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         let checks = [Check::new(key, policy, cost)];
@@ -293,6 +294,15 @@ impl Store for MultiRegionStore {
             policy: policy.name().to_owned(),
             algorithm: policy.algorithm().kind(),
             operation: "release",
+        };
+        Box::pin(async move { Err(error) })
+    }
+
+    fn renew(&self, _key: &[u8], policy: &Policy, _permit: PermitId) -> Self::RenewFuture {
+        let error = StoreError::Unsupported {
+            policy: policy.name().to_owned(),
+            algorithm: policy.algorithm().kind(),
+            operation: "renew",
         };
         Box::pin(async move { Err(error) })
     }

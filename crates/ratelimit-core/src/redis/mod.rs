@@ -728,6 +728,42 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Renews the lease of `permit` at `key` for `lease` µs (`renew.lua`):
+    /// whether it was still held.
+    async fn renew_one(
+        self,
+        key: String,
+        permit: PermitId,
+        lease: u64,
+    ) -> Result<bool, StoreError> {
+        let (script, source) = self.inner.scripts.renew();
+        let permit_text = permit.to_string();
+        let args = [
+            Arg::Int(self.fixed_now()),
+            Arg::Str(&permit_text),
+            Arg::Int(lease),
+        ];
+        let reply = self
+            .inner
+            .eval(
+                script,
+                source,
+                &[key][..],
+                &args,
+                Via::Pool,
+                self.inner.deadline(),
+            )
+            .await?;
+        match reply {
+            Value::Int(held) => Ok(held == 1),
+            other => Err(StoreError::Backend(
+                format!("a renewal answered {other:?}, not 0 or 1").into(),
+            )),
+        }
+    }
+}
+
 /// The state of a key after and before a write (for refunds).
 type StateChange = (String, String);
 
@@ -739,6 +775,7 @@ impl Store for RedisStore {
     type CheckFuture = BoxFuture<Decision>;
     type CheckAllFuture = BoxFuture<Vec<Decision>>;
     type ReleaseFuture = BoxFuture<()>;
+    type RenewFuture = BoxFuture<bool>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
         if let Err(e) = policy.check_cost(cost) {
@@ -884,6 +921,21 @@ impl Store for RedisStore {
         }
         let reward = crate::AdminStore::reward(self, key, policy, cost);
         Box::pin(async move { reward.await.map(drop) })
+    }
+
+    /// One script (`renew.lua`), on server time like every decision: the
+    /// entry of `permit` moves to its new expiry, its units kept, and the
+    /// key keeps the TTL of its longest lease. On a cluster it goes to the
+    /// master of the key's slot, as its check and release do.
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        let Algorithm::Concurrency(concurrency) = policy.algorithm() else {
+            return Box::pin(std::future::ready(Ok(false)));
+        };
+        let key = self.state_key(key, policy);
+        Box::pin(
+            self.clone()
+                .renew_one(key, permit, concurrency.lease_micros()),
+        )
     }
 }
 

@@ -106,6 +106,8 @@ const REFUND: &str = assemble!("members.lua", "sliding_log.lua", "concurrency.lu
 
 const RELEASE: &str = assemble!("members.lua", "concurrency.lua"; "release.lua");
 
+const RENEW: &str = assemble!("members.lua", "concurrency.lua"; "renew.lua");
+
 /// The source of every script, each pruned of the helpers it never calls
 /// ([`prune`]), built once per process.
 struct Sources {
@@ -113,6 +115,7 @@ struct Sources {
     multi: String,
     batch: String,
     release: String,
+    renew: String,
     admin: String,
     block: String,
     refund: String,
@@ -135,6 +138,7 @@ impl Sources {
             multi: prune(MULTI),
             batch: prune(BATCH),
             release: prune(RELEASE),
+            renew: prune(RENEW),
             admin: prune(ADMIN),
             block: prune(BLOCK),
             refund: prune(REFUND),
@@ -148,6 +152,7 @@ pub(super) struct Scripts {
     multi: (Script, &'static str),
     batch: (Script, &'static str),
     release: (Script, &'static str),
+    renew: (Script, &'static str),
     admin: (Script, &'static str),
     block: (Script, &'static str),
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
@@ -166,6 +171,7 @@ impl Scripts {
             multi: script(&sources.multi),
             batch: script(&sources.batch),
             release: script(&sources.release),
+            renew: script(&sources.renew),
             admin: script(&sources.admin),
             block: script(&sources.block),
             refund: script(&sources.refund),
@@ -197,6 +203,11 @@ impl Scripts {
 
     pub(super) fn release(&self) -> (&Script, &'static str) {
         (&self.release.0, self.release.1)
+    }
+
+    /// The renewal of a concurrency permit's lease (`renew.lua`).
+    pub(super) fn renew(&self) -> (&Script, &'static str) {
+        (&self.renew.0, self.renew.1)
     }
 
     /// Penalties and rewards (`admin.lua`).

@@ -142,13 +142,14 @@ end
 -- `raw` (the base `base` is the `through` before `first`), but those in
 -- `gone` (a list of entry numbers, in order), and, when `id` is given, a new
 -- entry `id` for `units` whose lease expires at `expires`, after every
--- entry expiring no later. Counts are renumbered from 0 once the base
+-- entry expiring no later (with `gone`, `expires` is no sooner than the
+-- last of them: a renewal). Counts are renumbered from 0 once the base
 -- passes SEM_REBASE.
 local function sem_value(raw, first, n, base, gone, id, expires, units)
   local minus = 0
   if base >= SEM_REBASE then
     minus = base
-  elseif id and (n < first or sem_at(raw, n) <= expires) then
+  elseif id and #gone == 0 and (n < first or sem_at(raw, n) <= expires) then
     -- The common admission: appended, the rest copied as it is.
     -- Each value is one concatenation (one new string).
     local through = base + units
@@ -290,6 +291,62 @@ local function sem_release(key, now, id)
   end
   local value = sem_value(raw, first, n, base, gone)
   -- The TTL of the longest lease left, the value's last entry.
+  local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
+  rewrite(key, value, positive(newest - now), now)
+  return 1
+end
+
+-- Renews the lease of the permit `id` of `key` at `now` (renew.lua): its
+-- entries (one, or several under one id, merged) leave and one entry of
+-- their units comes back, its lease ending `lease` µs after `now` (never
+-- sooner than theirs), in its place in expiry order; the state keeps the TTL
+-- of its longest lease. Returns 1 if the permit was still held, else 0: a
+-- permit released or expired is never written back, as its units may be
+-- another's by now. Another family's state holds no permit of ours: nothing
+-- renewed, nothing touched.
+local function sem_renew(key, now, id, lease)
+  if not lease or lease <= 0 or #id ~= SEM_ID then
+    error({err = 'ERR a renewal takes a permit id of ' .. SEM_ID .. ' hex digits and a lease'})
+  end
+  local raw = redis.pcall('GET', key)
+  BLOCK_END = 0
+  if type(raw) == 'table' and wrong_type(raw) then
+    if not holds_members(key, 'permits') then
+      return 0
+    end
+    raw = sem_convert(key, now)
+  else
+    -- A block in front stays (rewrite).
+    raw = unblocked(raw)
+  end
+  local n = raw and sem_size(raw)
+  if not n or n == 0 then
+    return 0
+  end
+  local first = sem_running(raw, n, now)
+  local base = sem_through(raw, first - 1)
+  local gone, units, expires, j = {}, 0, now + lease, first
+  while j <= n do
+    j = sem_find(raw, j, id)
+    if not j then
+      break
+    end
+    gone[#gone + 1] = j
+    units = units + sem_through(raw, j) - sem_through(raw, j - 1)
+    local ends = sem_at(raw, j)
+    if ends > expires then
+      expires = ends
+    end
+    j = j + 1
+  end
+  if #gone == 0 then
+    if first > 1 then
+      sem_drop(key, raw, first, n, base, now)
+    end
+    return 0
+  end
+  local value = sem_value(raw, first, n, base, gone, id, expires, units)
+  -- The TTL of the longest lease, the value's last entry.
   local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
   rewrite(key, value, positive(newest - now), now)
   return 1

@@ -1,0 +1,5 @@
+-- Renews the lease of a concurrency permit. KEYS[1]: the state key. ARGV:
+-- fixed time (0 = server TIME), permit id, lease (µs). Reply: 1 if the
+-- permit was still held (its lease now ends a lease from now), 0 if it was
+-- released or expired (then nothing comes back).
+return sem_renew(KEYS[1], server_now(), ARGV[2], tonumber(ARGV[3]))
