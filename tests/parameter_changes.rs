@@ -131,8 +131,9 @@ async fn a_sliding_counter_window_change_never_over_admits() {
     .await;
     assert!(stores.check("k", &minute, 2).await.is_allowed());
     // The 2 units of the minute that began at 60 s belong to the 45 s window
-    // that holds its start, [45 s, 90 s), and weigh into [90 s, 135 s) as
-    // its previous window: 9 more pass there, one at a time.
+    // that holds its last µs, [90 s, 135 s), and the 8 of the minute before
+    // weigh into it as its previous window's: 7 more pass there, one at a
+    // time.
     let mut admitted = 0;
     for s in 106..135 {
         stores.at(B + s * SECOND);
@@ -148,20 +149,83 @@ async fn a_sliding_counter_window_change_never_over_admits() {
             assert!(admitted <= 10, "over the limit within one 45 s window");
         }
     }
-    assert_eq!(admitted, 9);
+    assert_eq!(admitted, 7);
 }
 
-/// A fixed window's count from a 60 s window counts in the 45 s window that
-/// holds its start, until that window ends, and the retry time says so.
+/// A fixed window's count from a 60 s window counts under 45 s until the
+/// minute would have ended: the retry time points at the end of the 45 s
+/// window that holds the minute's last µs, [90 s, 135 s), and the state
+/// lives as long as the minute's decision said (to 120 s), after which that
+/// window starts anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends() {
+async fn a_fixed_window_count_of_another_length_counts_until_its_window_would_have_ended() {
     let (stores, _, shorter) =
         a_minute_used(Policy::fixed_window, B + 61 * SECOND, 10, B + 70 * SECOND).await;
     let d = stores.check("k", &shorter, 1).await;
     assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
-    assert_eq!(d.retry_after_micros(), 20 * SECOND);
-    stores.at(B + 90 * SECOND);
+    assert_eq!(d.retry_after_micros(), 65 * SECOND);
+    stores.at(B + 120 * SECOND - 1);
+    let d = stores.check("k", &shorter, 1).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+    // The key's lifetime ends with the minute; Redis keeps TTLs on its own
+    // clock, so the test ends it there.
+    stores.at(B + 120 * SECOND);
+    stores
+        .server
+        .cli(&["DEL", &storage_key(DEFAULT_PREFIX, "changing", b"k")]);
     assert!(stores.check("k", &shorter, 10).await.is_allowed());
+}
+
+/// A whole Unix hour in µs.
+const HOUR: u64 = 1_763_002_800 * SECOND;
+
+/// 5 per hour all used at xx:59:30, then the policy reloaded as 5 per minute
+/// under the same name: the hour's 5 count until the hour ends (in the
+/// minute that ends with it), so none pass in that minute, on both stores,
+/// for the fixed window and the sliding window counter. Then the fixed
+/// window's next minute admits 5; the counter's weighs the hour's 5 as its
+/// previous minute's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_used_up_then_reloaded_per_minute_admits_nothing_more_that_minute() {
+    let stores = Pair::start(HOUR + 3_570 * SECOND).await;
+    let per = |algorithm: Windowed<_>, window_s| {
+        named(algorithm(5, Duration::from_secs(window_s)).expect("valid"))
+    };
+    for (key, algorithm) in [
+        ("fixed", Policy::fixed_window as Windowed<_>),
+        ("counter", Policy::sliding_window_counter),
+    ] {
+        let (hour, minute) = (per(algorithm, 3_600), per(algorithm, 60));
+        stores.at(HOUR + 3_570 * SECOND);
+        assert!(stores.check(key, &hour, 5).await.is_allowed(), "{key}");
+        // The same second, and every second to the end of the hour.
+        for s in 3_570..3_600 {
+            stores.at(HOUR + s * SECOND);
+            let d = stores.check(key, &minute, 1).await;
+            assert_eq!(
+                (d.is_allowed(), d.remaining()),
+                (false, 0),
+                "{key} at {s} s"
+            );
+            assert!(
+                d.retry_after_micros() >= (3_600 - s) * SECOND,
+                "{key}: {d:?}"
+            );
+        }
+        stores.at(HOUR + 3_600 * SECOND - 1);
+        assert!(!stores.check(key, &minute, 1).await.is_allowed(), "{key}");
+    }
+    stores.at(HOUR + 3_600 * SECOND);
+    let minute = per(Policy::fixed_window, 60);
+    let d = stores.check("fixed", &minute, 5).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 0));
+    // The hour's 5 weigh 5 × (60 s - e) / 60 s: one unit passes at e = 12 s.
+    let minute = per(Policy::sliding_window_counter, 60);
+    let d = stores.check("counter", &minute, 1).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after_micros(), 12 * SECOND);
+    stores.at(HOUR + 3_612 * SECOND);
+    assert!(stores.check("counter", &minute, 1).await.is_allowed());
 }
 
 /// A token bucket whose capacity was lowered: the tokens above the new
@@ -234,13 +298,17 @@ impl Numbers {
 
     /// The longest reset or retry time a state of these numbers can imply,
     /// penalties included: a window (two for the sliding counter, whose
-    /// count weighs into the next one), a lease, and for the buckets a debt
-    /// of one more bucket, the bucket itself, and one more bucket under the
-    /// new numbers (a retry behind a TAT written under these).
+    /// count weighs into the next one) plus one more, since a count written
+    /// in a longer window counts until that window would have ended (and
+    /// then until the window of the reading numbers that holds that end
+    /// ends), a lease, and for the buckets a debt of one more bucket, the
+    /// bucket itself, and one more bucket under the new numbers (a retry
+    /// behind a TAT written under these).
     fn bound(self, family: Family) -> u64 {
         match family {
-            Family::FixedWindow | Family::SlidingLog | Family::Concurrency => self.span,
-            Family::SlidingCounter => 2 * self.span,
+            Family::SlidingLog | Family::Concurrency => self.span,
+            Family::FixedWindow => 2 * self.span,
+            Family::SlidingCounter => 3 * self.span,
             Family::TokenBucket | Family::Gcra | Family::LeakyBucket => 3 * self.limit * self.span,
         }
     }
