@@ -361,13 +361,23 @@ struct Admission {
     until: u64,
 }
 
+/// What a replayed timeline admitted, and where its last change of numbers
+/// came in (its place in the timeline and its time).
+struct Replayed {
+    admitted: Vec<Admission>,
+    change: (usize, u64),
+}
+
+/// Replays `case` on both stores under `key` and checks every decision
+/// (both stores alike, values in range); the final numbers' guarantee is
+/// the caller's to check.
 async fn run_case(
     stores: &Pair,
     server: &RedisServer,
     family: Family,
     case: &Case,
     key: &str,
-) -> Result<(), TestCaseError> {
+) -> Result<Replayed, TestCaseError> {
     // The scripts' TTLs follow the Redis server's own clock, with an hour of
     // slack on a replayed timeline; the key is dropped here at the time its
     // TTL would end on this timeline (the lifetime its last write gave it,
@@ -450,8 +460,7 @@ async fn run_case(
         }
         previous = Some(*index);
     }
-    let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
-    guarantee(family, last, &admitted, change)
+    Ok(Replayed { admitted, change })
 }
 
 /// The final numbers' guarantee over the admissions since the last change
@@ -539,9 +548,188 @@ fn random_parameter_changes_on_both_stores() {
                 // A fresh key per case, a second apart.
                 stores.clock.advance(Duration::from_secs(1));
                 let key = format!("{family:?}-{}", cases.get());
-                runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))
+                let replayed =
+                    runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))?;
+                let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
+                guarantee(family, last, &replayed.admitted, replayed.change)
             })
             .unwrap_or_else(|e| panic!("{family:?}: {e}"));
     }
     assert!(cases.get() >= 7);
+}
+
+// ---------------------------------------------------------------------------
+// Tightened numbers: nothing more than the new numbers allow
+// ---------------------------------------------------------------------------
+
+/// Old numbers and tighter new ones for `family`: a limit (capacity, burst,
+/// max) no higher; for the windows a window no longer (for the fixed window
+/// and the sliding counter one that divides the old one, so that each new
+/// window lies within one old window, as a minute within an hour); for the
+/// buckets a rate no faster (an interval no shorter); any lease.
+fn tightened(family: Family) -> impl Strategy<Value = (Numbers, Numbers)> {
+    (1..=6u64, 1..=6u64, 500..=4_000u64, 500..=4_000u64, 1..=4u64).prop_map(
+        move |(old_limit, new_limit, a, b, times)| {
+            let new_limit = new_limit.min(old_limit);
+            let (old_span, new_span) = match family {
+                Family::FixedWindow | Family::SlidingCounter => (a * times, a),
+                Family::SlidingLog => (a.max(b), a.min(b)),
+                Family::TokenBucket | Family::Gcra | Family::LeakyBucket => (a.min(b), a.max(b)),
+                Family::Concurrency => (a, b),
+            };
+            (
+                Numbers {
+                    limit: old_limit,
+                    span: old_span,
+                },
+                Numbers {
+                    limit: new_limit,
+                    span: new_span,
+                },
+            )
+        },
+    )
+}
+
+/// Random use under the old numbers, then the new ones from the change on:
+/// a timeline of checks (no admin operations) in two segments.
+fn tightened_case(family: Family) -> impl Strategy<Value = Case> {
+    let op = || (prop_oneof![Just(0u64), 1..=6_000u64], 0..=6u64, Just(0u8));
+    (
+        tightened(family),
+        prop::collection::vec(op(), 1..=12),
+        prop::collection::vec(op(), 1..=16),
+    )
+        .prop_map(|((old, new), before, after)| Case {
+            numbers: vec![old, new],
+            segments: vec![(0, before), (1, after)],
+        })
+}
+
+/// What the new numbers allow after a change to tighter ones, counting
+/// what the old numbers admitted before the change where it overlaps:
+///
+/// - fixed window and sliding window counter: in every aligned window of
+///   the new length that holds an admission after the change, everything
+///   admitted (before the change and after it) is at most the new limit, or
+///   what was admitted there before the change if that alone is more
+///   (nothing is admitted after the change then);
+/// - sliding log: the same in every interval of the new window's length
+///   that starts at an admission;
+/// - token bucket, GCRA, leaky bucket: from any admission after the change
+///   `a` to any later one `b`, at most the new capacity plus one unit per
+///   new interval in between, `limit + (b - a) / interval`, admitted after
+///   the change;
+/// - concurrency: at every admission after the change, at most the new max
+///   in flight, permits taken before the change included.
+fn tightened_guarantee(
+    family: Family,
+    new: Numbers,
+    admitted: &[Admission],
+    (change, since): (usize, u64),
+) -> Result<(), TestCaseError> {
+    let (limit, span) = (new.limit, new.span);
+    let is_after = |a: &Admission| a.seq >= change;
+    let in_span = |from: u64, to: u64, after: bool| -> u64 {
+        admitted
+            .iter()
+            .filter(|a| is_after(a) == after && a.at >= from && a.at < to)
+            .map(|a| a.cost)
+            .sum()
+    };
+    let within = |from: u64, to: u64| -> Result<(), TestCaseError> {
+        let (before, after) = (in_span(from, to, false), in_span(from, to, true));
+        prop_assert!(
+            after == 0 || before + after <= limit.max(before),
+            "[{}, {}) since {}: {} before the change, {} after",
+            from,
+            to,
+            since,
+            before,
+            after
+        );
+        Ok(())
+    };
+    match family {
+        Family::FixedWindow | Family::SlidingCounter => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                let start = a.at - a.at % span;
+                within(start, start + span)?;
+            }
+        }
+        Family::SlidingLog => {
+            for a in admitted {
+                within(a.at, a.at + span)?;
+            }
+        }
+        Family::TokenBucket | Family::Gcra | Family::LeakyBucket => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                for b in admitted.iter().filter(|b| is_after(b) && b.at >= a.at) {
+                    let most = limit + (b.at - a.at) / span;
+                    let sum = in_span(a.at, b.at + 1, true);
+                    prop_assert!(sum <= most, "{} from {} to {} > {}", sum, a.at, b.at, most);
+                }
+            }
+        }
+        Family::Concurrency => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                let held: u64 = admitted
+                    .iter()
+                    .filter(|p| p.at <= a.at && a.at < p.until)
+                    .map(|p| p.cost)
+                    .sum();
+                prop_assert!(held <= limit, "{} held at {}", held, a.at);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For every algorithm, random old numbers, tighter new ones under the same
+/// name (see [`tightened`]), random use before the change and a random
+/// timeline after it, on both stores side by side: the same decisions, and
+/// nothing more admitted than the new numbers allow from the change on
+/// ([`tightened_guarantee`] states the bound for each algorithm).
+#[test]
+fn tightened_parameters_never_over_admit_on_both_stores() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stores = runtime.block_on(Pair::start(B + 654_321));
+    let cases = std::cell::Cell::new(0u64);
+    let changes = std::cell::Cell::new(0u64);
+    for family in FAMILIES {
+        let mut runner = TestRunner::new(Config {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(48),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&tightened_case(family), |case| {
+                cases.set(cases.get() + 1);
+                stores.clock.advance(Duration::from_secs(1));
+                let key = format!("tightened-{family:?}-{}", cases.get());
+                let replayed =
+                    runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))?;
+                let (change, _) = replayed.change;
+                if replayed.admitted.iter().any(|a| a.seq < change) {
+                    changes.set(changes.get() + 1);
+                }
+                tightened_guarantee(family, case.numbers[1], &replayed.admitted, replayed.change)
+            })
+            .unwrap_or_else(|e| panic!("{family:?}: {e}"));
+    }
+    assert!(cases.get() >= 7);
+    // Most cases admitted something before their change.
+    assert!(
+        changes.get() * 2 > cases.get(),
+        "{} of {}",
+        changes.get(),
+        cases.get()
+    );
 }
