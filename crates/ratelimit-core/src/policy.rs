@@ -284,7 +284,13 @@ pub enum State {
 /// A named, validated rate-limiting policy. Cheap to clone.
 ///
 /// The name is part of every storage key, header and metric: two policies with
-/// the same name on one store share their state. Each constructor gives a
+/// the same name on one store share their state. New numbers under a name in
+/// use (a reload) read the state the old numbers wrote; numbers no looser
+/// than the old ones never admit more than they allow from the change on,
+/// counting what the old numbers admitted (a count written in a longer
+/// window counts until that window would have ended; RELIABILITY.md, section
+/// "Parameter changes under one name", says exactly what holds for each
+/// algorithm). Each constructor gives a
 /// default name that includes the parameters (such as `fixed-window-5-per-10s`);
 /// [`with_name`](Policy::with_name) sets your own. A default name obeys the
 /// same rules as one given to `with_name` (at most 64 characters): parameters
