@@ -4,7 +4,10 @@
 //! timeline on one manual clock, reads a state written under other
 //! parameters as a valid state of its own, decides within its new limit,
 //! and never panics, wraps or reports values out of range. Both stores give
-//! the same decision, field by field.
+//! the same decision, field by field. Numbers no looser than the old ones
+//! never admit more than they allow from the change on, counting what the
+//! old numbers admitted (`tightened_guarantee` states the bound for each
+//! algorithm; RELIABILITY.md, "Parameter changes under one name").
 
 use std::time::Duration;
 
