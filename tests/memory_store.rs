@@ -274,6 +274,88 @@ fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
     assert!(store.len() <= 256);
 }
 
+/// `max_keys(n)` bounds the store's keys, not each shard's: any `n`
+/// distinct keys are held, whichever shards they hash to, and the next new
+/// key (a check or a block) is `StoreError::Full`, for every algorithm, with
+/// the default shards and with many. Once they expire, `n` other keys (in
+/// other shards) are held again.
+#[test]
+fn max_keys_admits_exactly_that_many_distinct_keys() {
+    for n in [1usize, 2, 7, 64, 1000] {
+        for shards in [64, 1 << 10] {
+            for policy in every_algorithm(3) {
+                let name = policy.name();
+                let clock = ManualClock::new(1_000_000_007);
+                let store = bounded_memory(n, shards, &clock);
+                for round in 0..2 {
+                    for i in 0..n {
+                        let key = format!("key-{round}-{i}");
+                        let d = store.check_now(key.as_bytes(), &policy, 1);
+                        assert!(
+                            d.as_ref().is_ok_and(|d| d.is_allowed()),
+                            "{name}, max_keys {n}, {shards} shards: key {i} of round {round}: {d:?}"
+                        );
+                    }
+                    assert_eq!(store.len(), n, "{name}, max_keys {n}");
+                    let extra = format!("extra-{round}");
+                    assert!(
+                        matches!(
+                            store.check_now(extra.as_bytes(), &policy, 1),
+                            Err(StoreError::Full { max_keys }) if max_keys == n
+                        ),
+                        "{name}, max_keys {n}, {shards} shards"
+                    );
+                    assert!(matches!(
+                        store.block_now(extra.as_bytes(), &policy, Duration::from_secs(1)),
+                        Err(StoreError::Full { .. })
+                    ));
+                    let checks = [Check::new(extra.as_bytes(), &policy, 1)];
+                    assert!(matches!(
+                        store.check_all_now(&checks),
+                        Err(StoreError::Full { .. })
+                    ));
+                    // Held keys are still decided.
+                    let held = format!("key-{round}-{}", n - 1);
+                    assert!(store.check_now(held.as_bytes(), &policy, 1).is_ok());
+                    assert_eq!(store.len(), n, "{name}, max_keys {n}");
+                    // Every state above is fresh again after two hours.
+                    clock.advance(Duration::from_secs(7200));
+                }
+            }
+        }
+    }
+}
+
+/// Threads racing for the last room never take more than `max_keys` keys
+/// between them, and take all of it.
+#[test]
+fn threads_racing_for_room_take_exactly_max_keys() {
+    const MAX_KEYS: usize = 64;
+    let store = bounded_memory(MAX_KEYS, 64, &ManualClock::new(1_000_000_007));
+    let policy = Policy::fixed_window(5, Duration::from_secs(60)).unwrap();
+    let admitted = AtomicU64::new(0);
+    thread::scope(|s| {
+        for t in 0..8 {
+            let (store, policy, admitted) = (&store, &policy, &admitted);
+            s.spawn(move || {
+                for i in 0..100 {
+                    let key = format!("thread-{t}-key-{i}");
+                    match store.check_now(key.as_bytes(), policy, 1) {
+                        Ok(d) => {
+                            assert!(d.is_allowed());
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(StoreError::Full { .. }) => {}
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(admitted.load(Ordering::Relaxed), MAX_KEYS as u64);
+    assert_eq!(store.len(), MAX_KEYS);
+}
+
 /// State that is back to fresh is dropped as soon as it is seen.
 #[test]
 fn fresh_state_is_not_kept() {

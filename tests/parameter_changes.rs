@@ -4,7 +4,10 @@
 //! timeline on one manual clock, reads a state written under other
 //! parameters as a valid state of its own, decides within its new limit,
 //! and never panics, wraps or reports values out of range. Both stores give
-//! the same decision, field by field.
+//! the same decision, field by field. Numbers no looser than the old ones
+//! never admit more than they allow from the change on, counting what the
+//! old numbers admitted (`tightened_guarantee` states the bound for each
+//! algorithm; RELIABILITY.md, "Parameter changes under one name").
 
 use std::time::Duration;
 
@@ -131,8 +134,9 @@ async fn a_sliding_counter_window_change_never_over_admits() {
     .await;
     assert!(stores.check("k", &minute, 2).await.is_allowed());
     // The 2 units of the minute that began at 60 s belong to the 45 s window
-    // that holds its start, [45 s, 90 s), and weigh into [90 s, 135 s) as
-    // its previous window: 9 more pass there, one at a time.
+    // that holds its last µs, [90 s, 135 s), and the 8 of the minute before
+    // weigh into it as its previous window's: 7 more pass there, one at a
+    // time.
     let mut admitted = 0;
     for s in 106..135 {
         stores.at(B + s * SECOND);
@@ -148,20 +152,83 @@ async fn a_sliding_counter_window_change_never_over_admits() {
             assert!(admitted <= 10, "over the limit within one 45 s window");
         }
     }
-    assert_eq!(admitted, 9);
+    assert_eq!(admitted, 7);
 }
 
-/// A fixed window's count from a 60 s window counts in the 45 s window that
-/// holds its start, until that window ends, and the retry time says so.
+/// A fixed window's count from a 60 s window counts under 45 s until the
+/// minute would have ended: the retry time points at the end of the 45 s
+/// window that holds the minute's last µs, [90 s, 135 s), and the state
+/// lives as long as the minute's decision said (to 120 s), after which that
+/// window starts anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fixed_window_start_of_another_length_counts_until_its_new_window_ends() {
+async fn a_fixed_window_count_of_another_length_counts_until_its_window_would_have_ended() {
     let (stores, _, shorter) =
         a_minute_used(Policy::fixed_window, B + 61 * SECOND, 10, B + 70 * SECOND).await;
     let d = stores.check("k", &shorter, 1).await;
     assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
-    assert_eq!(d.retry_after_micros(), 20 * SECOND);
-    stores.at(B + 90 * SECOND);
+    assert_eq!(d.retry_after_micros(), 65 * SECOND);
+    stores.at(B + 120 * SECOND - 1);
+    let d = stores.check("k", &shorter, 1).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (false, 0));
+    // The key's lifetime ends with the minute; Redis keeps TTLs on its own
+    // clock, so the test ends it there.
+    stores.at(B + 120 * SECOND);
+    stores
+        .server
+        .cli(&["DEL", &storage_key(DEFAULT_PREFIX, "changing", b"k")]);
     assert!(stores.check("k", &shorter, 10).await.is_allowed());
+}
+
+/// A whole Unix hour in µs.
+const HOUR: u64 = 1_763_002_800 * SECOND;
+
+/// 5 per hour all used at xx:59:30, then the policy reloaded as 5 per minute
+/// under the same name: the hour's 5 count until the hour ends (in the
+/// minute that ends with it), so none pass in that minute, on both stores,
+/// for the fixed window and the sliding window counter. Then the fixed
+/// window's next minute admits 5; the counter's weighs the hour's 5 as its
+/// previous minute's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_used_up_then_reloaded_per_minute_admits_nothing_more_that_minute() {
+    let stores = Pair::start(HOUR + 3_570 * SECOND).await;
+    let per = |algorithm: Windowed<_>, window_s| {
+        named(algorithm(5, Duration::from_secs(window_s)).expect("valid"))
+    };
+    for (key, algorithm) in [
+        ("fixed", Policy::fixed_window as Windowed<_>),
+        ("counter", Policy::sliding_window_counter),
+    ] {
+        let (hour, minute) = (per(algorithm, 3_600), per(algorithm, 60));
+        stores.at(HOUR + 3_570 * SECOND);
+        assert!(stores.check(key, &hour, 5).await.is_allowed(), "{key}");
+        // The same second, and every second to the end of the hour.
+        for s in 3_570..3_600 {
+            stores.at(HOUR + s * SECOND);
+            let d = stores.check(key, &minute, 1).await;
+            assert_eq!(
+                (d.is_allowed(), d.remaining()),
+                (false, 0),
+                "{key} at {s} s"
+            );
+            assert!(
+                d.retry_after_micros() >= (3_600 - s) * SECOND,
+                "{key}: {d:?}"
+            );
+        }
+        stores.at(HOUR + 3_600 * SECOND - 1);
+        assert!(!stores.check(key, &minute, 1).await.is_allowed(), "{key}");
+    }
+    stores.at(HOUR + 3_600 * SECOND);
+    let minute = per(Policy::fixed_window, 60);
+    let d = stores.check("fixed", &minute, 5).await;
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 0));
+    // The hour's 5 weigh 5 × (60 s - e) / 60 s: one unit passes at e = 12 s.
+    let minute = per(Policy::sliding_window_counter, 60);
+    let d = stores.check("counter", &minute, 1).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after_micros(), 12 * SECOND);
+    stores.at(HOUR + 3_612 * SECOND);
+    assert!(stores.check("counter", &minute, 1).await.is_allowed());
 }
 
 /// A token bucket whose capacity was lowered: the tokens above the new
@@ -234,13 +301,17 @@ impl Numbers {
 
     /// The longest reset or retry time a state of these numbers can imply,
     /// penalties included: a window (two for the sliding counter, whose
-    /// count weighs into the next one), a lease, and for the buckets a debt
-    /// of one more bucket, the bucket itself, and one more bucket under the
-    /// new numbers (a retry behind a TAT written under these).
+    /// count weighs into the next one) plus one more, since a count written
+    /// in a longer window counts until that window would have ended (and
+    /// then until the window of the reading numbers that holds that end
+    /// ends), a lease, and for the buckets a debt of one more bucket, the
+    /// bucket itself, and one more bucket under the new numbers (a retry
+    /// behind a TAT written under these).
     fn bound(self, family: Family) -> u64 {
         match family {
-            Family::FixedWindow | Family::SlidingLog | Family::Concurrency => self.span,
-            Family::SlidingCounter => 2 * self.span,
+            Family::SlidingLog | Family::Concurrency => self.span,
+            Family::FixedWindow => 2 * self.span,
+            Family::SlidingCounter => 3 * self.span,
             Family::TokenBucket | Family::Gcra | Family::LeakyBucket => 3 * self.limit * self.span,
         }
     }
@@ -293,13 +364,23 @@ struct Admission {
     until: u64,
 }
 
+/// What a replayed timeline admitted, and where its last change of numbers
+/// came in (its place in the timeline and its time).
+struct Replayed {
+    admitted: Vec<Admission>,
+    change: (usize, u64),
+}
+
+/// Replays `case` on both stores under `key` and checks every decision
+/// (both stores alike, values in range); the final numbers' guarantee is
+/// the caller's to check.
 async fn run_case(
     stores: &Pair,
     server: &RedisServer,
     family: Family,
     case: &Case,
     key: &str,
-) -> Result<(), TestCaseError> {
+) -> Result<Replayed, TestCaseError> {
     // The scripts' TTLs follow the Redis server's own clock, with an hour of
     // slack on a replayed timeline; the key is dropped here at the time its
     // TTL would end on this timeline (the lifetime its last write gave it,
@@ -382,8 +463,7 @@ async fn run_case(
         }
         previous = Some(*index);
     }
-    let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
-    guarantee(family, last, &admitted, change)
+    Ok(Replayed { admitted, change })
 }
 
 /// The final numbers' guarantee over the admissions since the last change
@@ -471,9 +551,228 @@ fn random_parameter_changes_on_both_stores() {
                 // A fresh key per case, a second apart.
                 stores.clock.advance(Duration::from_secs(1));
                 let key = format!("{family:?}-{}", cases.get());
-                runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))
+                let replayed =
+                    runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))?;
+                let last = case.numbers[case.segments.last().map_or(0, |s| s.0)];
+                guarantee(family, last, &replayed.admitted, replayed.change)
             })
             .unwrap_or_else(|e| panic!("{family:?}: {e}"));
     }
     assert!(cases.get() >= 7);
+}
+
+// ---------------------------------------------------------------------------
+// Tightened numbers: nothing more than the new numbers allow
+// ---------------------------------------------------------------------------
+
+/// Old numbers and tighter new ones for `family`: a limit (capacity, burst,
+/// max) no higher; for the windows a window no longer (for the fixed window
+/// and the sliding counter, half the time one that divides the old one, so
+/// that each new window lies within one old window, as a minute within an
+/// hour); for the buckets a rate no faster (an interval no shorter); any
+/// lease.
+fn tightened(family: Family) -> impl Strategy<Value = (Numbers, Numbers)> {
+    (1..=6u64, 1..=6u64, 500..=4_000u64, 500..=4_000u64, 1..=4u64).prop_map(
+        move |(old_limit, new_limit, a, b, times)| {
+            let new_limit = new_limit.min(old_limit);
+            let (old_span, new_span) = match family {
+                Family::FixedWindow | Family::SlidingCounter if b % 2 == 0 => (a * times, a),
+                Family::FixedWindow | Family::SlidingCounter | Family::SlidingLog => {
+                    (a.max(b), a.min(b))
+                }
+                Family::TokenBucket | Family::Gcra | Family::LeakyBucket => (a.min(b), a.max(b)),
+                Family::Concurrency => (a, b),
+            };
+            (
+                Numbers {
+                    limit: old_limit,
+                    span: old_span,
+                },
+                Numbers {
+                    limit: new_limit,
+                    span: new_span,
+                },
+            )
+        },
+    )
+}
+
+/// Random use under the old numbers, then the new ones from the change on:
+/// a timeline of checks (no admin operations) in two segments. Steps are
+/// short against the windows (500 µs and more), so that what the old
+/// numbers admitted often shares a new window with what comes after.
+fn tightened_case(family: Family) -> impl Strategy<Value = Case> {
+    let op = || {
+        (
+            prop_oneof![2 => Just(0u64), 3 => 1..=1_500u64, 1 => 1_500..=8_000u64],
+            0..=6u64,
+            Just(0u8),
+        )
+    };
+    (
+        tightened(family),
+        prop::collection::vec(op(), 1..=12),
+        prop::collection::vec(op(), 1..=16),
+    )
+        .prop_map(|((old, new), before, after)| Case {
+            numbers: vec![old, new],
+            segments: vec![(0, before), (1, after)],
+        })
+}
+
+/// What the new numbers allow after a change to tighter ones, counting
+/// what the old numbers admitted before the change where it overlaps:
+///
+/// - sliding window counter: in every aligned window of the new length that
+///   holds an admission after the change, everything admitted (before the
+///   change and after it) is at most the new limit, or what was admitted
+///   there before the change if that alone is more (nothing is admitted
+///   after the change then);
+/// - fixed window: the same where the new window lies within the old window
+///   of the last admission before the change (always, when the new length
+///   divides the old one). Where it reaches past that old window's end (its
+///   state's lifetime), the same up to that end, counting the admissions of
+///   that old window only (the state forgot earlier ones), and at most the
+///   new limit admitted after the change in the whole new window;
+/// - sliding log: the same in every interval of the new window's length
+///   that starts at an admission;
+/// - token bucket, GCRA, leaky bucket: from any admission after the change
+///   `a` to any later one `b`, at most the new capacity plus one unit per
+///   new interval in between, `limit + (b - a) / interval`, admitted after
+///   the change;
+/// - concurrency: at every admission after the change, at most the new max
+///   in flight, permits taken before the change included.
+fn tightened_guarantee(
+    family: Family,
+    (old, new): (Numbers, Numbers),
+    admitted: &[Admission],
+    (change, since): (usize, u64),
+) -> Result<(), TestCaseError> {
+    let (limit, span) = (new.limit, new.span);
+    let is_after = |a: &Admission| a.seq >= change;
+    // The old window of the last admission before the change (the fixed
+    // window's state), and the span since the change that it still covers.
+    let old_window = admitted
+        .iter()
+        .filter(|a| !is_after(a))
+        .map(|a| a.at - a.at % old.span)
+        .next_back()
+        .map_or((0, 0), |start| (start, start + old.span));
+    let in_span = |from: u64, to: u64, after: bool| -> u64 {
+        admitted
+            .iter()
+            .filter(|a| is_after(a) == after && a.at >= from && a.at < to)
+            .map(|a| a.cost)
+            .sum()
+    };
+    let within = |from: u64, to: u64| -> Result<(), TestCaseError> {
+        let before = if family == Family::FixedWindow {
+            in_span(from.max(old_window.0), to.min(old_window.1), false)
+        } else {
+            in_span(from, to, false)
+        };
+        let after = in_span(from, to, true);
+        prop_assert!(
+            after == 0 || before + after <= limit.max(before),
+            "[{}, {}) since {}: {} before the change, {} after",
+            from,
+            to,
+            since,
+            before,
+            after
+        );
+        Ok(())
+    };
+    match family {
+        Family::SlidingCounter => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                let start = a.at - a.at % span;
+                within(start, start + span)?;
+            }
+        }
+        Family::FixedWindow => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                let start = a.at - a.at % span;
+                let end = start + span;
+                within(start, end.min(old_window.1.max(start)))?;
+                let after = in_span(start, end, true);
+                prop_assert!(after <= limit, "{} after the change at {}", after, start);
+            }
+        }
+        Family::SlidingLog => {
+            for a in admitted {
+                within(a.at, a.at + span)?;
+            }
+        }
+        Family::TokenBucket | Family::Gcra | Family::LeakyBucket => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                for b in admitted.iter().filter(|b| is_after(b) && b.at >= a.at) {
+                    let most = limit + (b.at - a.at) / span;
+                    let sum = in_span(a.at, b.at + 1, true);
+                    prop_assert!(sum <= most, "{} from {} to {} > {}", sum, a.at, b.at, most);
+                }
+            }
+        }
+        Family::Concurrency => {
+            for a in admitted.iter().filter(|a| is_after(a)) {
+                let held: u64 = admitted
+                    .iter()
+                    .filter(|p| p.at <= a.at && a.at < p.until)
+                    .map(|p| p.cost)
+                    .sum();
+                prop_assert!(held <= limit, "{} held at {}", held, a.at);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For every algorithm, random old numbers, tighter new ones under the same
+/// name (see [`tightened`]), random use before the change and a random
+/// timeline after it, on both stores side by side: the same decisions, and
+/// nothing more admitted than the new numbers allow from the change on
+/// ([`tightened_guarantee`] states the bound for each algorithm).
+#[test]
+fn tightened_parameters_never_over_admit_on_both_stores() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stores = runtime.block_on(Pair::start(B + 654_321));
+    let cases = std::cell::Cell::new(0u64);
+    let changes = std::cell::Cell::new(0u64);
+    for family in FAMILIES {
+        let mut runner = TestRunner::new(Config {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(48),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&tightened_case(family), |case| {
+                cases.set(cases.get() + 1);
+                stores.clock.advance(Duration::from_secs(1));
+                let key = format!("tightened-{family:?}-{}", cases.get());
+                let replayed =
+                    runtime.block_on(run_case(&stores, &stores.server, family, &case, &key))?;
+                let (change, _) = replayed.change;
+                if replayed.admitted.iter().any(|a| a.seq < change) {
+                    changes.set(changes.get() + 1);
+                }
+                let numbers = (case.numbers[0], case.numbers[1]);
+                tightened_guarantee(family, numbers, &replayed.admitted, replayed.change)
+            })
+            .unwrap_or_else(|e| panic!("{family:?}: {e}"));
+    }
+    assert!(cases.get() >= 7);
+    // Most cases admitted something before their change.
+    assert!(
+        changes.get() * 2 > cases.get(),
+        "{} of {}",
+        changes.get(),
+        cases.get()
+    );
 }

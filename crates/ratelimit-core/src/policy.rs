@@ -284,9 +284,17 @@ pub enum State {
 /// A named, validated rate-limiting policy. Cheap to clone.
 ///
 /// The name is part of every storage key, header and metric: two policies with
-/// the same name on one store share their state. Each constructor gives a
+/// the same name on one store share their state. New numbers under a name in
+/// use (a reload) read the state the old numbers wrote; numbers no looser
+/// than the old ones never admit more than they allow from the change on,
+/// counting what the old numbers admitted (a count written in a longer
+/// window counts until that window would have ended; RELIABILITY.md, section
+/// "Parameter changes under one name", says exactly what holds for each
+/// algorithm). Each constructor gives a
 /// default name that includes the parameters (such as `fixed-window-5-per-10s`);
-/// [`with_name`](Policy::with_name) sets your own.
+/// [`with_name`](Policy::with_name) sets your own. A default name obeys the
+/// same rules as one given to `with_name` (at most 64 characters): parameters
+/// too long to spell out in full end in a hash of their full rendering.
 ///
 /// ```
 /// use ratelimit_core::{Policy, Rate};
@@ -596,7 +604,24 @@ fn rate_name(rate: Rate) -> String {
     format!("{}-per-{}", rate.amount(), short_duration(micros))
 }
 
+/// The default name of a policy: its kind and parameters (such as
+/// `fixed-window-5-per-10s`), held to the same rules as
+/// [`with_name`](Policy::with_name). A rendering longer than 64 characters
+/// (extreme limits or durations) keeps at most its first 47 characters and
+/// ends in `-` and 16 hex digits of the full rendering's hash, so that
+/// different parameters still give different names.
 fn default_name(algorithm: &Algorithm) -> String {
+    let full = full_default_name(algorithm);
+    if full.len() <= 64 {
+        return full;
+    }
+    // Every character of the rendering is ASCII, so any byte index is a
+    // character boundary.
+    let head = full.get(..47).unwrap_or(&full).trim_end_matches('-');
+    format!("{head}-{:016x}", name_hash(&full))
+}
+
+fn full_default_name(algorithm: &Algorithm) -> String {
     let kind = algorithm.kind();
     match algorithm {
         Algorithm::FixedWindow(a) => {
@@ -661,6 +686,66 @@ mod tests {
         assert!(p.clone().with_name("").is_err());
         assert!(p.clone().with_name("x".repeat(65)).is_err());
         assert_eq!(p.with_name("ok-1.2_3").expect("valid").name(), "ok-1.2_3");
+    }
+
+    #[test]
+    fn default_names_are_valid_names_even_for_extreme_parameters() {
+        use crate::algorithm::{MAX_HORIZON_MICROS, MAX_LIMIT};
+        let horizon = MAX_HORIZON_MICROS;
+        let mut policies = Vec::new();
+        // The largest accepted values, values just below them (whose
+        // durations render in microseconds, the longest way), and values
+        // past them that every constructor rejects.
+        let limits = [1, 7, MAX_LIMIT - 1, MAX_LIMIT, u64::MAX];
+        let windows = [1, 1_000_000, horizon - 1, horizon, u64::MAX].map(Duration::from_micros);
+        for limit in limits {
+            for window in windows.into_iter().chain([Duration::MAX]) {
+                policies.extend(Policy::fixed_window(limit, window));
+                policies.extend(Policy::sliding_window_log(limit, window));
+                policies.extend(Policy::sliding_window_counter(limit, window));
+                policies.extend(Policy::concurrency(limit, window));
+                for rate in [
+                    Rate::new(1, window),
+                    Rate::new(limit, window),
+                    Rate::new(horizon - 1, window),
+                    Rate::new(u64::MAX, window),
+                ] {
+                    policies.extend(Policy::token_bucket(limit, rate));
+                    policies.extend(Policy::gcra(limit, rate));
+                    policies.extend(Policy::leaky_bucket(limit, rate));
+                }
+            }
+        }
+        let mut kinds = std::collections::BTreeSet::new();
+        let mut long = 0;
+        let mut names = std::collections::HashMap::new();
+        for p in &policies {
+            let name = p.name();
+            assert!(valid_name(name), "{name:?} ({} chars)", name.len());
+            assert!(name.starts_with(p.algorithm().kind()), "{name}");
+            // The same name as `with_name` would accept.
+            assert!(p.clone().with_name(name).is_ok(), "{name}");
+            kinds.insert(p.algorithm().kind());
+            let full = full_default_name(p.algorithm());
+            if full.len() > 64 {
+                long += 1;
+                assert!(
+                    name.ends_with(&format!("-{:016x}", name_hash(&full))),
+                    "{name} for {full}"
+                );
+            } else {
+                assert_eq!(name, full);
+            }
+            // Different parameters, different names.
+            if let Some(other) = names.insert(name.to_owned(), p.algorithm()) {
+                assert_eq!(other, p.algorithm(), "{name}");
+            }
+        }
+        assert_eq!(kinds.len(), AlgorithmKind::ALL.len(), "{kinds:?}");
+        assert!(long > 0, "no parameters long enough to shorten");
+        // A short name is unchanged.
+        let p = Policy::fixed_window(5, Duration::from_secs(10)).expect("valid");
+        assert_eq!(p.name(), "fixed-window-5-per-10s");
     }
 
     #[test]

@@ -18,8 +18,13 @@ pub struct FixedWindow {
 /// State of a fixed window for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// Start of the window the count belongs to, in µs.
-    pub window_start: u64,
+    /// A time (µs) in the window the count belongs to: its last microsecond
+    /// as the stores write it. Under the window length that wrote it, any
+    /// time in the window reads alike (a state holding the window's first
+    /// microsecond, as multi-region decisions pass it, too); under a shorter
+    /// one, the count lasts until the window that holds this time ends, so
+    /// never less than the window that wrote it.
+    pub window_last: u64,
     /// Cost admitted in that window.
     pub count: u64,
 }
@@ -46,12 +51,17 @@ impl FixedWindow {
     /// The window and count that apply at `now`.
     ///
     /// A state written under another window length (the same policy name
-    /// with other numbers) starts where no window of this length starts: its
-    /// count belongs to the window of this length that holds its start, so
-    /// it counts until that window ends, and not beyond.
+    /// with other numbers) ends where no window of this length ends: its
+    /// count belongs to the window of this length that holds its last
+    /// microsecond, so it counts until that window ends. Under a shorter
+    /// window, a count written in a longer one thus counts, in every window
+    /// of this length, until the longer window would have ended, or later:
+    /// never less than under the numbers that admitted it. (A state lives as
+    /// long as the decision that wrote it said, so on the stores a count
+    /// lasts at most until the window that wrote it ends.)
     fn current(&self, state: &FixedWindowState, now: u64) -> (u64, u64) {
         let aligned = now - now % self.window;
-        let start = state.window_start - state.window_start % self.window;
+        let start = state.window_last - state.window_last % self.window;
         // A count from a later window (a clock that stepped back) is kept: the
         // conservative choice.
         if state.count > 0 && start >= aligned {
@@ -73,7 +83,7 @@ impl FixedWindow {
             let count = count + cost;
             if cost > 0 {
                 *state = FixedWindowState {
-                    window_start: start,
+                    window_last: start + (self.window - 1),
                     count,
                 };
             }
@@ -96,7 +106,7 @@ impl FixedWindow {
     pub fn penalize(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
         let (start, count) = self.current(state, now);
         *state = FixedWindowState {
-            window_start: start,
+            window_last: start + (self.window - 1),
             count: penalized(count, amount, 2 * self.limit),
         };
         self.decide(state, now, 0)
@@ -107,7 +117,7 @@ impl FixedWindow {
     pub fn reward(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
         let (start, count) = self.current(state, now);
         *state = FixedWindowState {
-            window_start: start,
+            window_last: start + (self.window - 1),
             count: count.saturating_sub(amount),
         };
         self.decide(state, now, 0)

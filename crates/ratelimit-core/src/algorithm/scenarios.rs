@@ -145,11 +145,8 @@ fn concurrency(max: u64, lease_micros: u64) -> Algorithm {
     Algorithm::Concurrency(Concurrency::new(max, lease).expect("valid"))
 }
 
-fn fixed_window_state(window_start: u64, count: u64) -> State {
-    State::FixedWindow(FixedWindowState {
-        window_start,
-        count,
-    })
+fn fixed_window_state(window_last: u64, count: u64) -> State {
+    State::FixedWindow(FixedWindowState { window_last, count })
 }
 
 fn sliding_log_state(entries: &[(u64, u64)]) -> State {
@@ -159,9 +156,9 @@ fn sliding_log_state(entries: &[(u64, u64)]) -> State {
     }))
 }
 
-fn sliding_counter_state(window_start: u64, previous: u64, current: u64) -> State {
+fn sliding_counter_state(window_last: u64, previous: u64, current: u64) -> State {
     State::SlidingWindowCounter(SlidingWindowCounterState {
-        window_start,
+        window_last,
         previous,
         current,
     })
@@ -190,7 +187,7 @@ fn scenarios() -> Vec<Scenario> {
                 100,
                 [
                     Allowed(false),
-                    StateIs(fixed_window_state(10_000, 8)),
+                    StateIs(fixed_window_state(10_999, 8)),
                     Remaining(0),
                 ],
             )
@@ -208,7 +205,7 @@ fn scenarios() -> Vec<Scenario> {
                 [
                     Remaining(4),
                     Reset(0),
-                    StateIs(fixed_window_state(10_000, 0)),
+                    StateIs(fixed_window_state(10_999, 0)),
                 ],
             ),
         // 10 per 60 s filled the window that started at 60 s; now 10 per 45 s.
@@ -216,22 +213,44 @@ fn scenarios() -> Vec<Scenario> {
             .named("fixed window: another length")
             .decide(61 * S, 10, [Allowed(true)])
             .reload(fixed_window(10, 45 * S))
-            // It belongs to the 45 s window [45 s, 90 s): denied until 90 s,
-            // and the retry time says so exactly.
+            // It belongs to the 45 s window that holds the minute's last µs,
+            // [90 s, 135 s): denied until 135 s, and the retry time says so
+            // exactly.
             .decide(
                 70 * S,
                 1,
-                [Allowed(false), Remaining(0), Retry(20 * S), Reset(20 * S)],
+                [Allowed(false), Remaining(0), Retry(65 * S), Reset(65 * S)],
             )
-            .decide(90 * S - 1, 1, [Allowed(false)])
-            .decide(90 * S, 10, [Allowed(true)]),
+            .decide(90 * S, 1, [Allowed(false), Retry(45 * S)])
+            .decide(135 * S - 1, 1, [Allowed(false)])
+            .decide(135 * S, 10, [Allowed(true)]),
+        // 5 per hour all used at 59:30; now 5 per minute under the same
+        // name: the hour's count holds until the hour ends, in the minute
+        // that ends with it.
+        Scenario::on(fixed_window(5, 3_600 * S))
+            .named("fixed window: an hour, then a minute")
+            .decide(3_570 * S, 5, [Allowed(true)])
+            .reload(fixed_window(5, 60 * S))
+            .decide(3_570 * S, 1, [Allowed(false), Remaining(0), Retry(30 * S)])
+            .decide(3_600 * S - 1, 1, [Allowed(false)])
+            .decide(3_600 * S, 5, [Allowed(true)]),
+        // The same for the sliding counter: the hour's 5 count in full in
+        // the last minute of the hour, then weigh into the next one.
+        Scenario::on(sliding_counter(5, 3_600 * S))
+            .named("sliding counter: an hour, then a minute")
+            .decide(3_570 * S, 5, [Allowed(true)])
+            .reload(sliding_counter(5, 60 * S))
+            .decide(3_570 * S, 1, [Allowed(false), Remaining(0), Retry(42 * S)])
+            .decide(3_600 * S, 1, [Allowed(false)])
+            .decide(3_612 * S - 1, 1, [Allowed(false)])
+            .decide(3_612 * S, 1, [Allowed(true)]),
         Scenario::on(sliding_counter(4, 1_000))
             .named("sliding counter: penalty weighs next window")
             // Capped at twice the limit.
             .penalize(
                 10_000,
                 1_000,
-                [StateIs(sliding_counter_state(10_000, 0, 8)), Allowed(false)],
+                [StateIs(sliding_counter_state(10_999, 0, 8)), Allowed(false)],
             )
             // Next window: previous 8 weighs 8 × (1000 - e) / 1000; cost 1
             // passes once that is at most 3, at e = 625.
@@ -245,7 +264,7 @@ fn scenarios() -> Vec<Scenario> {
             .reward(
                 11_000,
                 2,
-                [StateIs(sliding_counter_state(11_000, 2, 0)), Remaining(2)],
+                [StateIs(sliding_counter_state(11_999, 2, 0)), Remaining(2)],
             )
             .reward(11_000, 10, [Remaining(4), Reset(0)]),
         // 2^40 per 4 µs, then 1 per 2^50 µs: the product of the old count and

@@ -20,8 +20,10 @@ pub struct SlidingWindowCounter {
 /// State of a sliding window counter for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SlidingWindowCounterState {
-    /// Start of the current window, in µs.
-    pub window_start: u64,
+    /// A time (µs) in the current window: its last microsecond as the
+    /// stores write it (see
+    /// [`FixedWindowState::window_last`](super::fixed_window::FixedWindowState::window_last)).
+    pub window_last: u64,
     /// Cost admitted in the window before it.
     pub previous: u64,
     /// Cost admitted in the current window.
@@ -59,15 +61,18 @@ impl SlidingWindowCounter {
     /// The window start and the two counts that apply at `now`.
     ///
     /// A state written under other parameters (the same policy name with
-    /// another window or limit) is read as one of this policy's: its window
-    /// start moves back to the start of the window of this length that holds
-    /// it (so the counts stay in a window that began no later than theirs,
-    /// and `now` is never more than one window past it), and a count above
-    /// twice the limit (the most a penalty leaves) counts as twice the limit.
+    /// another window or limit) is read as one of this policy's: its current
+    /// count belongs to the window of this length that holds the last
+    /// microsecond of the window that wrote it, and its previous count to the
+    /// window before that one. Under a shorter window the current count thus
+    /// counts in full until the longer window would have ended (or later),
+    /// and the previous count was admitted before the window it weighs from
+    /// started. A count above twice the limit (the most a penalty leaves)
+    /// counts as twice the limit.
     fn current(&self, state: &SlidingWindowCounterState, now: u64) -> (u64, u64, u64) {
         let w = self.window;
         let aligned = now - now % w;
-        let start = state.window_start - state.window_start % w;
+        let start = state.window_last - state.window_last % w;
         let (previous, current) = (
             state.previous.min(2 * self.limit),
             state.current.min(2 * self.limit),
@@ -91,6 +96,10 @@ impl SlidingWindowCounter {
         let w = self.window;
         let (start, previous, current) = self.current(state, now);
         let elapsed = now.saturating_sub(start);
+        // How far the window the counts belong to starts after `now` (a
+        // count written in a longer window, or a clock that stepped back):
+        // the previous count weighs in full until then.
+        let ahead = start.saturating_sub(now);
         // Everything below is scaled by `w` to stay in integers.
         let weighted_previous = previous * (w - elapsed);
         let budget = self.limit * w;
@@ -98,7 +107,7 @@ impl SlidingWindowCounter {
             let current = current + cost;
             if cost > 0 {
                 *state = SlidingWindowCounterState {
-                    window_start: start,
+                    window_last: start + (w - 1),
                     previous,
                     current,
                 };
@@ -115,11 +124,11 @@ impl SlidingWindowCounter {
                 // Passes later in this window, once the previous window's
                 // weight has decayed: previous * (w - e) <= (limit - current - cost) * w.
                 let allowance = (self.limit - current - cost) * w / previous;
-                (w - allowance.min(w)) - elapsed
+                (w - allowance.min(w)) - elapsed + ahead
             } else {
                 // Passes in the next window, where `current` becomes the previous count.
                 let allowance = (self.limit - cost) * w / current;
-                (w - elapsed) + (w - allowance.min(w))
+                (w - elapsed) + (w - allowance.min(w)) + ahead
             };
             Decision::deny(
                 self.limit,
@@ -145,7 +154,7 @@ impl SlidingWindowCounter {
     ) -> Decision {
         let (start, previous, current) = self.current(state, now);
         *state = SlidingWindowCounterState {
-            window_start: start,
+            window_last: start + (self.window - 1),
             previous,
             current: penalized(current, amount, 2 * self.limit),
         };
@@ -161,7 +170,7 @@ impl SlidingWindowCounter {
         let from_current = amount.min(current);
         let from_previous = (amount - from_current).min(previous);
         *state = SlidingWindowCounterState {
-            window_start: start,
+            window_last: start + (self.window - 1),
             previous: previous - from_previous,
             current: current - from_current,
         };
@@ -183,8 +192,8 @@ fn reset_after(start: u64, w: u64, now: u64, previous: u64, current: u64) -> u64
 mod tests {
     use super::*;
 
-    /// Issue 12, item 5: a state written under a 60 s window ("w60000000 8
-    /// 2" in Redis) read under 45 s, at every point of the next windows.
+    /// A state written under a 60 s window ("w119999999 8 2" in Redis)
+    /// read under 45 s, at every point of the next windows.
     #[test]
     fn a_state_from_another_window_never_underflows_nor_over_admits() {
         const S: u64 = 1_000_000;
@@ -194,31 +203,40 @@ mod tests {
         assert!(old.decide(&mut written, 10 * S, 8).is_allowed());
         assert!(old.decide(&mut written, 61 * S, 2).is_allowed());
         assert_eq!(
-            (written.window_start, written.previous, written.current),
-            (60 * S, 8, 2)
+            (written.window_last, written.previous, written.current),
+            (120 * S - 1, 8, 2)
         );
         for now in (61..=200).map(|s| s * S) {
             for cost in 0..=10 {
                 let d = new.decide(&mut written.clone(), now, cost);
                 assert!(d.remaining() <= 10, "{now} {cost}: {d:?}");
-                assert!(d.reset_after_micros() <= 90 * S, "{now} {cost}: {d:?}");
-                assert!(d.retry_after_micros() <= 90 * S, "{now} {cost}: {d:?}");
+                // At most what is left of the minute and two 45 s windows.
+                assert!(d.reset_after_micros() < 120 * S, "{now} {cost}: {d:?}");
+                assert!(d.retry_after_micros() < 120 * S, "{now} {cost}: {d:?}");
+                if now < 90 * S && cost > 0 {
+                    // The minute's 10 count in full until it would have ended.
+                    assert!(!d.is_allowed(), "{now} {cost}: {d:?}");
+                    let at = now + d.retry_after_micros();
+                    let retried = new.decide(&mut written.clone(), at, cost);
+                    assert!(retried.is_allowed(), "{now} {cost} at {at}: {retried:?}");
+                    assert!(!new.decide(&mut written.clone(), at - 1, cost).is_allowed());
+                }
             }
         }
-        // The 2 units of the 60 s window that started at 60 s belong to the
-        // 45 s window that holds its start, [45 s, 90 s); in [90 s, 135 s)
-        // they weigh as the previous window's, so fewer than 10 pass there.
+        // The 2 units of the minute that began at 60 s belong to the 45 s
+        // window that holds the minute's last µs, [90 s, 135 s), and the 8
+        // before them weigh as its previous window's: 7 more pass there.
         let mut state = written;
         let mut admitted = 0;
-        for now in (106..135).map(|s| s * S) {
+        for now in (90..135).map(|s| s * S) {
             while new.decide(&mut state, now, 1).is_allowed() {
                 admitted += 1;
             }
         }
-        assert_eq!(admitted, 9);
+        assert_eq!(admitted, 7);
         assert_eq!(
-            (state.window_start, state.previous, state.current),
-            (90 * S, 2, 9)
+            (state.window_last, state.previous, state.current),
+            (135 * S - 1, 8, 9)
         );
     }
 }

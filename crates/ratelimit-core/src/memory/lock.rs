@@ -120,6 +120,28 @@ impl<T> ShardLock<T> {
         guard
     }
 
+    /// [`write`](Self::write) if no one holds the lock now (this thread
+    /// included), else `None` at once.
+    pub(super) fn try_write(
+        &self,
+        id: usize,
+        readers: &Readers,
+        now: impl FnOnce() -> u64,
+    ) -> Option<RwLockWriteGuard<'_, T>> {
+        let guard = self.lock.try_write()?;
+        if self.biased.load(Ordering::Relaxed) {
+            self.unbias(id, readers, now());
+        }
+        Some(guard)
+    }
+
+    /// The lock's read side, as a plain read-write lock, if no writer holds
+    /// it now (this thread included), else `None` at once. Leaves the bias
+    /// as it is.
+    pub(super) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+        self.lock.try_read()
+    }
+
     #[cold]
     #[inline(never)]
     fn unbias(&self, id: usize, readers: &Readers, now: u64) {

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::{Ready, ready};
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -47,19 +47,22 @@ const DEFAULT_SHARDS: usize = 64;
 /// # Bounded memory
 ///
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys
-/// (default [`DEFAULT_MAX_KEYS`]), enforced per shard (each shard holds at most
-/// `max_keys / shards`), with no background task:
+/// (default [`DEFAULT_MAX_KEYS`]): the shards share one budget of `max_keys`,
+/// so any `max_keys` distinct keys are held whichever shards they fall in,
+/// and never one more. There is no background task:
 ///
 /// - a key whose state is back to fresh (its window passed, its bucket refilled)
 ///   is worth nothing and is dropped as soon as it is seen, and expired keys are
-///   swept from a shard whenever the shard is full;
-/// - when a shard is full and nothing in it has expired, a request for a **new**
-///   key gets [`StoreError::Full`]; existing keys keep being served exactly.
+///   swept (from the key's own shard first, then from the others) whenever the
+///   store is full;
+/// - when the store is full and nothing in it has expired, a request for a
+///   **new** key gets [`StoreError::Full`]; existing keys keep being served
+///   exactly.
 ///   Evicting live state instead would hand its owner a fresh budget (a bypass),
 ///   so the store refuses and lets the caller's failure policy decide (the
 ///   tower layer fails open, fails closed or falls back as configured);
 /// - blocks ([`AdminStore::block`]) count as keys too, expire when they end,
-///   and a block of a new key in a full shard is [`StoreError::Full`];
+///   and a block of a new key in a full store is [`StoreError::Full`];
 /// - the state inside a key is bounded too: a sliding log holds at most
 ///   `2 × `[`LOG_SLOTS`](crate::algorithm::sliding_window_log::LOG_SLOTS)
 ///   entries of 16 bytes (32 KiB) whatever its limit (see
@@ -101,7 +104,9 @@ struct Shared<C> {
     /// The slots biased readers of the shards announce themselves in.
     readers: Readers,
     shard_mask: u64,
-    per_shard: usize,
+    /// Keys held in every shard, plus room reserved by writers (see
+    /// [`ShardInner::counted`]); never above `max_keys`.
+    held: AtomicUsize,
     max_keys: usize,
     clock: C,
     hasher: foldhash::fast::RandomState,
@@ -159,7 +164,6 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shards /= 2;
         }
         let shards = shards.max(1);
-        let per_shard = self.max_keys / shards;
         let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
             shared: Arc::new(Shared {
@@ -168,7 +172,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                     .collect(),
                 readers: Readers::new(),
                 shard_mask: (shards - 1) as u64,
-                per_shard,
+                held: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 clock: self.clock,
                 hasher,
@@ -237,11 +241,58 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Shard `index`'s lock, exclusively.
-    fn write_shard(&self, index: usize) -> RwLockWriteGuard<'_, ShardInner> {
+    fn write_shard(&self, index: usize) -> ShardGuard<'_> {
         let clock = &self.shared.clock;
-        self.shared.shards[index]
-            .0
-            .write(index, &self.shared.readers, || clock.now())
+        ShardGuard {
+            inner: self.shared.shards[index]
+                .0
+                .write(index, &self.shared.readers, || clock.now()),
+            held: &self.shared.held,
+        }
+    }
+
+    /// Reserves room for `extra` new keys in `shard` (held exclusively):
+    /// within the store's budget as it is, else after sweeping expired keys
+    /// from `shard`, else after sweeping them from the other shards (those
+    /// no other thread holds). False when the store is still full.
+    fn make_room(&self, shard: &mut ShardGuard<'_>, now: u64, extra: usize) -> bool {
+        if shard.reserve(extra, self.shared.max_keys) {
+            return true;
+        }
+        if shard.sweep(now) {
+            shard.settle();
+            if shard.reserve(extra, self.shared.max_keys) {
+                return true;
+            }
+        }
+        self.sweep_others(now) && shard.reserve(extra, self.shared.max_keys)
+    }
+
+    /// Sweeps expired keys from every shard that has some and that no one
+    /// holds now (the caller's own shards are held, so they are skipped);
+    /// true when any was swept.
+    #[cold]
+    #[inline(never)]
+    fn sweep_others(&self, now: u64) -> bool {
+        let clock = &self.shared.clock;
+        let mut swept = false;
+        for (index, shard) in self.shared.shards.iter().enumerate() {
+            let due = shard.0.try_read().is_some_and(|s| now >= s.next_expiry);
+            if !due {
+                continue;
+            }
+            if let Some(inner) = shard
+                .0
+                .try_write(index, &self.shared.readers, || clock.now())
+            {
+                let mut guard = ShardGuard {
+                    inner,
+                    held: &self.shared.held,
+                };
+                swept |= guard.sweep(now);
+            }
+        }
+        swept
     }
 
     fn permit_for(&self, policy: &Policy) -> PermitId {
@@ -329,7 +380,7 @@ impl<C: Clock> MemoryStore<C> {
                     .ok_or_else(|| conflict(policy))?;
                 let reset = decision.reset_after_micros();
                 if reset > 0 {
-                    if !shard.make_room(now, 1, self.shared.per_shard) {
+                    if !self.make_room(&mut shard, now, 1) {
                         return Err(self.full());
                     }
                     shard.put_state(hash, policy, key, state, true, now, reset);
@@ -382,7 +433,7 @@ impl<C: Clock> MemoryStore<C> {
         order.sort_unstable();
         order.dedup();
         // Locks are always taken in shard order, so two multi-checks never deadlock.
-        let mut guards: Vec<(usize, RwLockWriteGuard<'_, ShardInner>)> =
+        let mut guards: Vec<(usize, ShardGuard<'_>)> =
             order.iter().map(|&i| (i, self.write_shard(i))).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.shared.clock.now();
@@ -462,7 +513,7 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(decisions);
         }
 
-        // Room first, so that a full shard fails the whole request before any write.
+        // Room first, so that a full store fails the whole request before any write.
         let mut inserts = vec![0usize; order.len()];
         let mut first_of_slot = vec![usize::MAX; slots.len()];
         for (i, item) in items.iter().enumerate() {
@@ -475,7 +526,7 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         for (g, extra) in inserts.iter().enumerate() {
-            if *extra > 0 && !guards[g].1.make_room(now, *extra, self.shared.per_shard) {
+            if *extra > 0 && !self.make_room(&mut guards[g].1, now, *extra) {
                 return Err(self.full());
             }
         }
@@ -616,7 +667,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = shard.now(&self.shared.clock, None);
         let until = now + micros;
         if !shard.blocks.extend(hash, policy, &key, until) {
-            if !shard.make_room(now, 1, self.shared.per_shard) {
+            if !self.make_room(&mut shard, now, 1) {
                 return Err(self.full());
             }
             shard.blocks.insert(Block {
@@ -699,7 +750,7 @@ impl<C: Clock> MemoryStore<C> {
                     .ok_or_else(|| conflict(policy))?;
                 let reset = peek.reset_after_micros();
                 if reset > 0 {
-                    if !shard.make_room(now, 1, self.shared.per_shard) {
+                    if !self.make_room(&mut shard, now, 1) {
                         return Err(self.full());
                     }
                     shard.put_state(hash, policy, &key, state, true, now, reset);

@@ -49,6 +49,9 @@ pub(super) struct ShardInner {
     /// The store's hasher (`short_words` keeps no hash: it is computed
     /// again when the table grows).
     pub(super) hasher: foldhash::fast::RandomState,
+    /// What the store's key budget counts for this shard: its length when
+    /// its last writer let go, plus the room its writer reserved since.
+    pub(super) counted: usize,
 }
 
 impl ShardInner {
@@ -61,6 +64,7 @@ impl ShardInner {
             words: Table::new_in(Lines),
             table: Table::new_in(Lines),
             hasher,
+            counted: 0,
         }
     }
 }
@@ -195,12 +199,9 @@ pub(super) fn short_key_hash(
 }
 
 impl ShardInner {
-    /// Makes room for `extra` new entries or blocks, sweeping expired ones
-    /// if needed.
-    pub(super) fn make_room(&mut self, now: u64, extra: usize, cap: usize) -> bool {
-        if self.len() + extra <= cap {
-            return true;
-        }
+    /// Drops the entries and blocks expired at `now`; false when nothing in
+    /// the shard could have expired yet (nothing was swept).
+    pub(super) fn sweep(&mut self, now: u64) -> bool {
         if now < self.next_expiry {
             return false;
         }
@@ -223,7 +224,7 @@ impl ShardInner {
             .chain(self.blocks.ends())
             .min()
             .unwrap_or(u64::MAX);
-        self.len() + extra <= cap
+        true
     }
 
     /// Entries and blocks held.
@@ -456,6 +457,67 @@ impl ShardInner {
     pub(super) fn insert(&mut self, entry: Entry) {
         self.next_expiry = self.next_expiry.min(entry.expires_at);
         self.table.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+}
+
+/// A shard held exclusively. The shards share the store's budget of keys
+/// ([`MemoryStoreBuilder::max_keys`]): room for a new key is reserved in it
+/// first ([`reserve`](Self::reserve)), and what the shard's length gained or
+/// lost is settled with it when the guard is dropped.
+pub(super) struct ShardGuard<'a> {
+    pub(super) inner: RwLockWriteGuard<'a, ShardInner>,
+    /// The store's count of keys held and reserved.
+    pub(super) held: &'a AtomicUsize,
+}
+
+impl ShardGuard<'_> {
+    /// Brings the store's count up to the shard's length now: keys added or
+    /// removed since, and room reserved and not used, are settled.
+    pub(super) fn settle(&mut self) {
+        let len = self.inner.len();
+        let counted = self.inner.counted;
+        if len > counted {
+            self.held.fetch_add(len - counted, Ordering::Relaxed);
+        } else if len < counted {
+            self.held.fetch_sub(counted - len, Ordering::Relaxed);
+        }
+        self.inner.counted = len;
+    }
+
+    /// Reserves room for `extra` more keys in this shard if the store then
+    /// holds at most `max_keys`; false (nothing reserved) otherwise.
+    pub(super) fn reserve(&mut self, extra: usize, max_keys: usize) -> bool {
+        self.settle();
+        let reserved = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(extra).filter(|&n| n <= max_keys)
+            })
+            .is_ok();
+        if reserved {
+            self.inner.counted += extra;
+        }
+        reserved
+    }
+}
+
+impl std::ops::Deref for ShardGuard<'_> {
+    type Target = ShardInner;
+
+    fn deref(&self) -> &ShardInner {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for ShardGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ShardInner {
+        &mut self.inner
+    }
+}
+
+impl Drop for ShardGuard<'_> {
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 

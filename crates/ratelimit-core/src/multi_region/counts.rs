@@ -80,14 +80,14 @@ pub fn decide(
     match policy.algorithm() {
         Algorithm::FixedWindow(a) => {
             let mut state = FixedWindowState {
-                window_start,
+                window_last: window_start,
                 count: global.current,
             };
             Ok(a.decide(&mut state, now, cost))
         }
         Algorithm::SlidingWindowCounter(a) => {
             let mut state = SlidingWindowCounterState {
-                window_start,
+                window_last: window_start,
                 previous: global.previous,
                 current: global.current,
             };

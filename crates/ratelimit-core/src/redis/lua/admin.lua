@@ -43,7 +43,7 @@ ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
   else
     count = count - math.min(amount, count)
   end
-  rewrite(key, fixed_window_text(start, count), 2 * window, now)
+  rewrite(key, fixed_window_text(start + window - 1, count), 2 * window, now)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
@@ -56,7 +56,7 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     current = current - from_current
     previous = previous - math.min(amount - from_current, previous)
   end
-  local value = fmt(start) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
+  local value = fmt(start + w - 1) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
   rewrite(key, TAG.sliding_window .. value, 2 * w, now)
 end
 

@@ -1,10 +1,12 @@
 -- Fixed window: at most `limit` per window aligned on the clock.
--- State (string, tag TAG.fixed_window): "<window start> <count>".
+-- State (string, tag TAG.fixed_window): "<window's last µs> <count>" (any
+-- time in the window reads alike under its own length; see
+-- FixedWindow::current in Rust).
 local FIXED_WINDOW_BYTE = 102 -- string.byte(TAG.fixed_window)
 
--- Window starts repeat across keys, and counts are small: the state's text
--- is made of the text of the last start seen, "f<start> " (FW_PREFIX, for
--- FW_START), and of the count's text, kept for counts up to COUNT_TEXTS.
+-- Window ends repeat across keys, and counts are small: the state's text
+-- is made of the text of the last window's last µs seen, "f<last> "
+-- (FW_PREFIX, for FW_START), and of the count's text, kept for counts up to COUNT_TEXTS.
 -- A state that starts with FW_PREFIX is read without a pattern: one plain
 -- find and the count. (In the library these live as long as it is loaded;
 -- a script makes them again on every call.) Against one string.format of
@@ -13,7 +15,7 @@ local FIXED_WINDOW_BYTE = 102 -- string.byte(TAG.fixed_window)
 local FW_START, FW_PREFIX = -1, '\0'
 local COUNT_TEXT, COUNT_TEXTS = {}, 1024
 
--- The state's text for `count` in the window that starts at `start`.
+-- The state's text for `count` in the window whose last µs is `start`.
 local function fixed_window_text(start, count)
   if start ~= FW_START then
     FW_START, FW_PREFIX = start, 'f' .. fmt(start) .. ' '
@@ -28,9 +30,9 @@ local function fixed_window_text(start, count)
   return FW_PREFIX .. text
 end
 
--- The window start and count that apply at `now`. A window start written
--- under another window length counts in the window of this length that holds
--- it (FixedWindow::current in Rust).
+-- The window start and count that apply at `now`. A count written under
+-- another window length counts in the window of this length that holds the
+-- last µs of the window that wrote it (FixedWindow::current in Rust).
 local function fixed_window_current(key, now, window)
   local aligned = idiv(now, window) * window
   local raw = tagged_state(key, FIXED_WINDOW_BYTE)
@@ -65,7 +67,8 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
     reset = until_end
   end
   if cost > 0 then
-    return 1, limit, limit - count, reset, 0, 0, key, false, fixed_window_text(start, count), reset
+    local text = fixed_window_text(start + window - 1, count)
+    return 1, limit, limit - count, reset, 0, 0, key, false, text, reset
   end
   return 1, limit, limit - count, reset, 0, 0
 end

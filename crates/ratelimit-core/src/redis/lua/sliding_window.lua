@@ -2,7 +2,8 @@
 -- with the sliding window, plus the current window's count. Everything is
 -- scaled by the window length to stay in integers.
 -- State (string, tag TAG.sliding_window):
--- "<window start> <previous> <current>".
+-- "<window's last µs> <previous> <current>" (any time in the window reads
+-- alike under its own length; see SlidingWindowCounter::current in Rust).
 local SLIDING_WINDOW_BYTE = 119 -- string.byte(TAG.sliding_window)
 local SLIDING_WINDOW_STATE = 'w%d %d %d'
 
@@ -18,9 +19,9 @@ end
 
 -- The window start and the previous and current counts that apply at `now`.
 -- A state written under other numbers (SlidingWindowCounter::current in
--- Rust): its window start moves back to the start of the window of this
--- length that holds it, and counts above twice the limit count as twice the
--- limit.
+-- Rust): its counts belong to the window of this length that holds the last
+-- µs of the window that wrote them, and counts above twice the limit count
+-- as twice the limit.
 local function sliding_window_current(key, now, w, limit)
   local aligned = idiv(now, w) * w
   local raw = tagged_state(key, SLIDING_WINDOW_BYTE)
@@ -58,6 +59,8 @@ end
 ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
   local start, previous, current = sliding_window_current(key, now, w, limit)
   local elapsed = positive(now - start)
+  -- The counts' window may start after `now` (written in a longer window).
+  local ahead = positive(start - now)
   local weighted = previous * (w - elapsed)
   local budget = limit * w
   if weighted + (current + cost) * w <= budget then
@@ -65,7 +68,7 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     local reset = sliding_window_reset(start, w, now, previous, current)
     local remaining = idiv(budget - weighted - current * w, w)
     if cost > 0 then
-      local value = string.format(SLIDING_WINDOW_STATE, start, previous, current)
+      local value = string.format(SLIDING_WINDOW_STATE, start + w - 1, previous, current)
       return 1, limit, remaining, reset, 0, 0, key, false, value, reset
     end
     return 1, limit, remaining, reset, 0, 0
@@ -78,14 +81,14 @@ ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
     if allowance > w then
       allowance = w
     end
-    retry = (w - allowance) - elapsed
+    retry = (w - allowance) - elapsed + ahead
   else
     -- Passes in the next window, where `current` becomes the previous count.
     local allowance = idiv((limit - cost) * w, current)
     if allowance > w then
       allowance = w
     end
-    retry = (w - elapsed) + (w - allowance)
+    retry = (w - elapsed) + (w - allowance) + ahead
   end
   return 0, limit, remaining, sliding_window_reset(start, w, now, previous, current), retry, 0
 end

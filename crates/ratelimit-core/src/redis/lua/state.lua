@@ -2,8 +2,8 @@
 -- leaky bucket) start with the tag of their family, read by tagged_state
 -- (admin.lua: read_state) and written by write_state:
 local TAG = {
-  fixed_window = 'f', -- "f<window start> <count>"
-  sliding_window = 'w', -- "w<window start> <previous> <current>"
+  fixed_window = 'f', -- "f<window's last µs> <count>"
+  sliding_window = 'w', -- "w<window's last µs> <previous> <current>"
   token_bucket = 't', -- "t<tokens> <last refill>"
   tat = 'g', -- GCRA and leaky bucket, one shared state: "g<tat>"
   -- 'l': the sliding log, binary entries (sliding_log.lua: LOG_TAG);
