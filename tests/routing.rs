@@ -63,10 +63,12 @@ const RULES: &str = r#"
     routes = ["/v2/admin"]
 "#;
 
-/// The handlers that ran, per `x-id`, by the area that limits them (`None`
-/// for an unlimited handler).
+/// The area that limits a handler, `None` for an unlimited one.
+type Area = Option<&'static str>;
+
+/// The handlers that ran, per `x-id`, by their area.
 #[derive(Clone, Default)]
-struct Runs(Arc<Mutex<HashMap<String, Vec<Option<&'static str>>>>>);
+struct Runs(Arc<Mutex<HashMap<String, Vec<Area>>>>);
 
 impl Runs {
     fn record(&self, req: &Request<Body>, area: Option<&'static str>) {
