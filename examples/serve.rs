@@ -108,7 +108,7 @@ pub const API_KEY_HEADER: &str = "x-api-key";
 
 /// The key of a request: its `x-api-key` header, hashed
 /// (`ratelimit_core::key::hashed`, so keys never reach the store, metrics or
-/// logs as sent), else the client IP as [`PeerIp`] keys it (an IPv6 client
+/// logs as sent), else the client IP as [`PeerIp`](struct@ratelimit_tower::PeerIp) keys it (an IPv6 client
 /// by its /64); `None` without either.
 ///
 /// ```
