@@ -160,11 +160,13 @@ impl<S: AdminStore> AdminStore for Arc<S> {
     }
 }
 
-/// Which adjustment: a penalty or a reward.
+/// Which adjustment: a penalty, a reward, or the refund of a request
+/// refused after it was admitted ([`Store::refund`](crate::Store::refund)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Adjustment {
     Penalize,
     Reward,
+    Refund,
 }
 
 impl Adjustment {
@@ -173,6 +175,7 @@ impl Adjustment {
         match self {
             Adjustment::Penalize => "penalize",
             Adjustment::Reward => "reward",
+            Adjustment::Refund => "refund",
         }
     }
 
@@ -187,6 +190,7 @@ impl Adjustment {
         match self {
             Adjustment::Penalize => algorithm.penalize(state, now, amount),
             Adjustment::Reward => algorithm.reward(state, now, amount),
+            Adjustment::Refund => algorithm.refund(state, now, amount),
         }
     }
 

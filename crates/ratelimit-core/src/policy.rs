@@ -255,6 +255,17 @@ impl Algorithm {
         with_transitions!(self, state, |a, s| a.reward(s, now, amount))
     }
 
+    /// Gives back `amount` units of a request refused after it was admitted:
+    /// a [`reward`](Self::reward), but the oldest units of a sliding log
+    /// first (its own cannot be told from a later request's).
+    pub(crate) fn refund(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+        if let (Algorithm::SlidingWindowLog(log), State::SlidingWindowLog(s)) = (self, &mut *state)
+        {
+            return Some(log.refund(s, now, amount));
+        }
+        self.reward(state, now, amount)
+    }
+
     /// Whether [`penalize`](Self::penalize) and [`reward`](Self::reward)
     /// apply (every algorithm but concurrency).
     pub fn supports_adjustments(&self) -> bool {
@@ -417,6 +428,11 @@ impl Policy {
     /// is counted like any other, and its headers are set as configured, but
     /// a layer never refuses a request because of it. Use it to dark-launch a
     /// new limit and watch what it would have denied.
+    ///
+    /// A shadow policy counts every request that reaches the layer, those the
+    /// enforced policies refuse included: it answers what it would decide on
+    /// the traffic as it arrives, not on what the enforced policies let
+    /// through. (Denied requests consume nothing of the enforced limits.)
     ///
     /// Shadow mode does not change the storage key: a shadow policy and an
     /// enforced one with the same name share their state.

@@ -86,7 +86,10 @@ pub trait Store: Send + Sync + 'static {
     /// Both stores give back as an admin
     /// [`reward`](crate::AdminStore::reward) does: never beyond a full
     /// budget; a leaky bucket or GCRA slot is given back by moving the next
-    /// free slot one cost earlier. A concurrency permit is not refunded but
+    /// free slot one cost earlier. A sliding log gives back its oldest units
+    /// (a reward, its newest): the refund cannot tell its own from a later
+    /// request's, and giving back a later request's newer units would let
+    /// the log admit past its limit once the refunded, older ones left. A concurrency permit is not refunded but
     /// [released](Store::release): this is a no-op for concurrency policies.
     /// The refund is best effort: a refund after the consumption's window
     /// ended, or one that another request's consumption overtook, may give

@@ -52,8 +52,18 @@ fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
     false
 }
 
-/// The method a route rule or a route key sees: `HEAD` is `GET`, since
-/// routers (axum among them) answer `HEAD` with the `GET` handler.
+/// The path a route key uses where the router's route is not known:
+/// unreserved bytes decoded, then slashes merged and dot segments resolved,
+/// so the spellings of one path share one key.
+pub(crate) fn key_path(path: &str) -> Cow<'_, str> {
+    match decode_unreserved(path) {
+        Cow::Borrowed(path) => normalize(path),
+        Cow::Owned(decoded) => Cow::Owned(normalize(&decoded).into_owned()),
+    }
+}
+
+/// The method a route rule sees: `HEAD` is `GET`, since routers (axum among
+/// them) answer `HEAD` with the `GET` handler.
 pub(crate) fn route_method(method: &Method) -> &Method {
     if method == Method::HEAD {
         &Method::GET

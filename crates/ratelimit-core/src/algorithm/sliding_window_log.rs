@@ -136,6 +136,35 @@ impl SlidingWindowLog {
         self.decide(state, now, 0)
     }
 
+    /// Gives back `amount` units for a request refused after it was
+    /// admitted, the oldest first: a refund cannot tell its own units from a
+    /// later request's, and the oldest leave the window first anyway, so the
+    /// log then counts at least what it would have without the refunded
+    /// request, never less (giving back the newest could free a later
+    /// request's units early and admit past the limit). Returns what a peek
+    /// then reports.
+    pub(crate) fn refund(
+        &self,
+        state: &mut SlidingWindowLogState,
+        now: u64,
+        amount: u64,
+    ) -> Decision {
+        self.expire(state, now);
+        let mut left = amount;
+        while left > 0
+            && let Some((_, c)) = state.entries.front_mut()
+        {
+            let taken = left.min(*c);
+            *c -= taken;
+            state.total -= taken;
+            left -= taken;
+            if *c == 0 {
+                state.entries.pop_front();
+            }
+        }
+        self.decide(state, now, 0)
+    }
+
     /// Drops the entries that left the window: an entry admitted at `t`
     /// counts during `[t, t + window)`.
     fn expire(&self, state: &mut SlidingWindowLogState, now: u64) {

@@ -900,13 +900,16 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(()))
     }
 
-    /// A [`reward_now`](MemoryStore::reward_now) of `cost` (nothing for a
-    /// concurrency policy, whose permits are released).
+    /// A [`reward_now`](MemoryStore::reward_now) of `cost`, but the oldest
+    /// units of a sliding log first (nothing for a concurrency policy, whose
+    /// permits are released).
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(ready(Ok(())));
         }
-        Box::pin(ready(self.reward_now(key, policy, cost).map(drop)))
+        Box::pin(ready(
+            self.adjust(key, policy, Adjustment::Refund, cost).map(drop),
+        ))
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

@@ -110,7 +110,7 @@ impl AdminStore for RedisStore {
 }
 
 impl RedisStore {
-    fn adjust_boxed(
+    pub(super) fn adjust_boxed(
         &self,
         key: &[u8],
         policy: &Policy,

@@ -178,6 +178,11 @@ impl RedisStore {
     /// otherwise, and a pool keeps handing out a connection that died with a
     /// Redis restart.
     ///
+    /// Unlike [`builder`](RedisStore::builder), `build()` cannot check that
+    /// the host resolves: the manager does not show its URL. A mistyped host
+    /// there is an outage, which the failure policy decides; check the URL
+    /// when the application builds the manager (with `pool.get()`, say).
+    ///
     /// ```no_run
     /// use ratelimit_core::redis::{RedisStore, bb8, bb8_redis::RedisConnectionManager};
     ///
@@ -913,14 +918,15 @@ impl Store for RedisStore {
         Box::pin(self.clone().release_one(key, permit))
     }
 
-    /// An admin [`reward`](crate::AdminStore::reward) of `cost`: one script
-    /// (nothing for a concurrency policy, whose permits are released).
+    /// An admin [`reward`](crate::AdminStore::reward) of `cost`, but the
+    /// oldest units of a sliding log first: one script (nothing for a
+    /// concurrency policy, whose permits are released).
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> crate::RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(std::future::ready(Ok(())));
         }
-        let reward = crate::AdminStore::reward(self, key, policy, cost);
-        Box::pin(async move { reward.await.map(drop) })
+        let refund = self.adjust_boxed(key, policy, crate::admin::Adjustment::Refund, cost);
+        Box::pin(async move { refund.await.map(drop) })
     }
 
     /// One script (`renew.lua`), on server time like every decision: the

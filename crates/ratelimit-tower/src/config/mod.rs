@@ -134,7 +134,7 @@
 //!   `client-ip` the client behind the trusted proxies of `[client_ip]`
 //!   ([`ClientIp`]), read from the one `header` they write (there is no
 //!   default: a proxy passes the other header through as the client wrote
-//!   it, see [`ForwardingHeader`]); `route` the method and route
+//!   it, see [`ForwardingHeader`]); `route` the route
 //!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
 //!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
 //!   does, and has a key only when every part does.

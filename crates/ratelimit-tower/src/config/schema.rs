@@ -272,6 +272,12 @@ impl std::str::FromStr for Route {
                 "a route prefix is a path, without query or fragment: {s:?}"
             ));
         }
+        if s.parse::<http::uri::PathAndQuery>().is_err() {
+            return Err(format!(
+                "a route prefix holds only what a request's path can (no spaces, \
+                 control characters or '<', '>', '`'): {s:?}"
+            ));
+        }
         // Requests are matched with slashes merged, dot segments resolved and
         // unreserved bytes decoded: a prefix written otherwise would match
         // only the spellings a router never runs, so it is a mistake.

@@ -532,29 +532,45 @@ where
     }
 }
 
-/// The route of a request: the method and axum's matched route pattern
-/// (`GET /users/{id}`, feature `axum`), else the method and the path, with
-/// repeated slashes merged and dot segments resolved (`/api//x` and
-/// `/api/./x` are `/api/x`; case and `%2F` are kept). `HEAD` is keyed as
-/// `GET`, whose handler answers it. Combine it with a user key in a
-/// [`Composite`] for per-route, per-user limits.
+/// The route of a request: axum's matched route pattern (`/users/{id}`,
+/// feature `axum`), else the path, with repeated slashes merged, dot
+/// segments resolved and encoded letters, digits and `-._~` decoded
+/// (`/api//x`, `/api/./x` and `/%61pi/x` are `/api/x`; case and `%2F` are
+/// kept). Combine it with a user key in a [`Composite`] for per-route,
+/// per-user limits.
+///
+/// The method is not part of the key: an `any` route runs one handler for
+/// every method, and a client can invent methods without end (`PURGE`,
+/// `get`), so a key per method would be a budget per method. Limit methods
+/// apart with rules of their own (a config rule's `methods`).
 ///
 /// Only axum's matched route names the handler that runs: put the layer on
 /// the `Router` (`Router::layer` or `route_layer`), where `MatchedPath` is
-/// known. Elsewhere the key is the path a client wrote, so every path is a
-/// key of its own (`/users/1` and `/users/2`, or `/a/x/..` and `/a/y/..`).
+/// known. Elsewhere (around the router, under `nest_service`, in a
+/// fallback) the key is the path, so every path is a key of its own
+/// (`/users/1` and `/users/2`).
+///
+/// ```
+/// use ratelimit_tower::{KeyExtractor, RouteKey};
+///
+/// let key = |method: &str, path: &str| {
+///     let req = http::Request::builder().method(method).uri(path).body(()).unwrap();
+///     RouteKey.extract(&req).unwrap()
+/// };
+/// assert_eq!(key("GET", "/api//%65xport/").as_bytes(), b"/api/export/");
+/// assert_eq!(key("PURGE", "/api/export"), key("GET", "/api/export"));
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey;
 
 impl<B> KeyExtractor<Request<B>> for RouteKey {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
-        let method = crate::path::route_method(req.method());
         #[cfg(feature = "axum")]
         if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
-            return Some(Key::from(format!("{method} {}", matched.as_str())));
+            return Some(Key::copy_from_slice(matched.as_str().as_bytes()));
         }
-        let path = crate::path::normalize(req.uri().path());
-        Some(Key::from(format!("{method} {path}")))
+        let path = crate::path::key_path(req.uri().path());
+        Some(Key::copy_from_slice(path.as_bytes()))
     }
 }
 

@@ -5,7 +5,7 @@
 --
 -- KEYS[1]: the state key (an admin block is in it, see the prelude). ARGV:
 -- fixed time (0 =
--- server TIME), 'penalize' or 'reward', algorithm, amount (at most four times
+-- server TIME), 'penalize', 'reward' or 'refund', algorithm, amount (at most four times
 -- the limit: no state holds more, and the arithmetic stays exact), two policy
 -- parameters.
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay}, what a
@@ -73,6 +73,17 @@ ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window)
     end
     local _
     _, value = log_add(raw, n, first, base, total, newest, now, add, log_slot(limit, window))
+  elseif ARGV[2] == 'refund' then
+    -- A refund cannot tell its own units from a later request's: the oldest
+    -- go, which leave the window first anyway, so the log counts at least
+    -- what it would have without the refunded request, never less.
+    if amount >= total then
+      rewrite(key, nil, 0, now)
+      return
+    end
+    local gone = base + amount
+    local j = log_reach(raw, first, n, gone + 1)
+    value = log_value(raw, j, n, gone)
   else
     -- The most recent units first: the oldest `keep` units stay, up to the
     -- entry where they end, found as a denial's is.
