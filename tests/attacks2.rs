@@ -165,3 +165,257 @@ async fn a_reload_that_renames_the_policy_in_force_is_refused() {
         "a reload that drops the policy in force (renamed) was accepted"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Claims 4 and 6: a full store; denied requests consume nothing.
+// ---------------------------------------------------------------------------
+
+/// SECURITY.md: a full store answers a new key `503`; RELIABILITY.md:
+/// "Denied requests consume nothing". A request under two rules (a global
+/// limit held already, and a per-client limit for a new client) is refused
+/// 503 because the store is full; the refused requests must not spend the
+/// global budget every client shares.
+#[tokio::test]
+async fn requests_refused_by_a_full_store_spend_nothing_of_the_limits_in_force() {
+    let config = Config::from_toml(
+        "[policies.global]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n\n\
+         [policies.client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\n\
+         [[rules]]\npolicy = \"global\"\nkey = \"global\"\n\n\
+         [[rules]]\npolicy = \"client\"\nkey = \"header:x-client\"\n",
+    )
+    .expect("valid");
+    let store = MemoryStore::builder().max_keys(2).build();
+    let layer = RateLimitLayer::with_rules(store, config).on_failure(FailurePolicy::Closed);
+    let reqs = vec![
+        req_from("192.0.2.1", &[("x-client", "a")]),
+        req_from("192.0.2.2", &[("x-client", "b")]),
+        req_from("192.0.2.3", &[("x-client", "c")]),
+        req_from("192.0.2.1", &[("x-client", "a")]),
+        req_from("192.0.2.1", &[("x-client", "a")]),
+    ];
+    // a: global 1, a 1 (2 keys, full). b, c: 503, nothing spent.
+    // a again: global 2, global 3.
+    assert_eq!(statuses(layer, reqs).await, [200, 503, 503, 200, 200]);
+}
+
+// ---------------------------------------------------------------------------
+// Claim 3: parameter changes under one name never over-admit (large limits).
+// ---------------------------------------------------------------------------
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A timeline of (time µs, units) admissions of `old` then `new` on one
+/// MemoryStore key; returns the admissions and the change's time.
+fn sliding_log_timeline(
+    seed: u64,
+    old: (u64, u64),
+    new: (u64, u64),
+    steps: usize,
+) -> (Vec<(u64, u64, bool)>, u64) {
+    timeline(seed, Policy::sliding_window_log, old, new, steps)
+}
+
+fn timeline(
+    seed: u64,
+    make: fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>,
+    old: (u64, u64),
+    new: (u64, u64),
+    steps: usize,
+) -> (Vec<(u64, u64, bool)>, u64) {
+    use ratelimit_core::clock::ManualClock;
+    let mut rng = Lcg(seed);
+    let clock = ManualClock::new(1_000_000_000 + rng.below(10_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let p_old = make(old.0, Duration::from_micros(old.1))
+        .unwrap()
+        .with_name("p")
+        .unwrap();
+    let p_new = make(new.0, Duration::from_micros(new.1))
+        .unwrap()
+        .with_name("p")
+        .unwrap();
+    let mut admitted = Vec::new();
+    let mut change_at = 0;
+    for i in 0..steps {
+        let after = i >= steps / 2;
+        if after && change_at == 0 {
+            change_at = ratelimit_core::clock::Clock::now(&clock);
+        }
+        let policy = if after { &p_new } else { &p_old };
+        let cost = 1 + rng.below(policy.limit().min(40));
+        let d = store.check_now(b"k", policy, cost).unwrap();
+        if d.is_allowed() {
+            admitted.push((ratelimit_core::clock::Clock::now(&clock), cost, after));
+        }
+        let span = old.1.max(new.1);
+        let step = match rng.below(4) {
+            0 => 0,
+            1 => rng.below(span / 500 + 1),
+            2 => rng.below(span / 20 + 1),
+            _ => rng.below(span / 3 + 1),
+        };
+        clock.advance(Duration::from_micros(step));
+    }
+    (admitted, change_at)
+}
+
+/// RELIABILITY.md, "Parameter changes under one name", sliding log: "in every
+/// interval of the new window's length, everything admitted is at most the
+/// new limit, or the earlier admissions alone" -- checked here for limits
+/// above LOG_SLOTS (1,024), where entries share slots, which the property
+/// test (limits 1 to 6) never reaches.
+#[test]
+fn a_tightened_large_sliding_log_never_over_admits() {
+    let cases = [
+        ((3_000, 60_000_000), (2_000, 60_000_000)),
+        ((3_000, 60_000_000), (2_000, 45_000_000)),
+        ((5_000, 60_000_000), (1_500, 10_000_000)),
+        ((2_000, 60_000_000), (500, 7_000_000)),
+        ((1_500, 10_000_000), (1_100, 9_999_999)),
+        ((2_048, 1_024_000), (1_025, 1_000_001)),
+    ];
+    let mut failures = Vec::new();
+    for (old, new) in cases {
+        for seed in 0..12u64 {
+            let (admitted, change_at) = sliding_log_timeline(seed, old, new, 4_000);
+            for &(t, _, after) in &admitted {
+                if !after {
+                    continue;
+                }
+                let total: u64 = admitted
+                    .iter()
+                    .filter(|&&(u, _, _)| u + new.1 > t && u <= t)
+                    .map(|&(_, c, _)| c)
+                    .sum();
+                if total > new.0 {
+                    failures.push(format!(
+                        "old {old:?} new {new:?} seed {seed}: {total} units in the window ending {} µs after the change",
+                        t - change_at
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} over-admissions, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+}
+
+/// RELIABILITY.md, fixed window and sliding window counter: "when the new
+/// window divides the old one ...: in every aligned new window, everything
+/// admitted before and after the change is at most the new limit, or what
+/// the old numbers had admitted there if that alone is more (and then nothing
+/// passes after the change)" -- with large limits and costs.
+#[test]
+fn tightened_large_windows_never_over_admit_in_an_aligned_new_window() {
+    let cases = [
+        ((3_000, 60_000_000), (2_000, 60_000_000)),
+        ((3_000, 60_000_000), (2_000, 10_000_000)),
+        ((5_000, 3_600_000_000), (300, 60_000_000)),
+        ((100, 60_000_000), (100, 1_000_000)),
+        ((2_000, 60_000_000), (1_999, 30_000_000)),
+    ];
+    let makes: [(&str, fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>); 2] = [
+        ("fixed", Policy::fixed_window),
+        ("counter", Policy::sliding_window_counter),
+    ];
+    let mut failures = Vec::new();
+    for (name, make) in makes {
+        for (old, new) in cases {
+            for seed in 0..12u64 {
+                let (admitted, change_at) = timeline(seed, make, old, new, 3_000);
+                let w = new.1;
+                let mut windows: Vec<u64> = admitted.iter().filter(|a| a.2).map(|a| a.0 - a.0 % w).collect();
+                windows.dedup();
+                for start in windows {
+                    let inside = admitted.iter().filter(|a| a.0 >= start && a.0 < start + w);
+                    let (total, before): (u64, u64) = inside.fold((0, 0), |(t, b), a| (t + a.1, b + if a.2 { 0 } else { a.1 }));
+                    if total > new.0 && total != before {
+                        failures.push(format!(
+                            "{name} old {old:?} new {new:?} seed {seed}: {total} units ({before} before the change) in the aligned window starting {} µs after the change",
+                            start as i64 - change_at as i64
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} over-admissions, first: {:?}", failures.len(), &failures[..failures.len().min(6)]);
+}
+
+/// RELIABILITY.md, token bucket and GCRA: "From any admission after the
+/// change to any later one, at most the new capacity plus one unit per new
+/// interval between them is admitted" -- large capacities, costs above 1,
+/// fractional intervals. (One unit of slack for rounding.)
+#[test]
+fn tightened_large_buckets_never_over_admit() {
+    use ratelimit_core::clock::{Clock, ManualClock};
+    // (capacity, amount, period µs)
+    let cases: [((u64, u64, u64), (u64, u64, u64)); 5] = [
+        ((3_000, 100, 1_000_000), (2_000, 100, 1_000_000)),
+        ((3_000, 100, 1_000_000), (500, 7, 1_000_000)),
+        ((10, 3, 1_000), (10, 1, 1_000)),
+        ((5_000, 1_000, 60_000_000), (1, 1, 3_600_000_000)),
+        ((64, 64, 1_000_000), (63, 63, 1_000_001)),
+    ];
+    let makes: [(&str, fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::PolicyError>); 2] =
+        [("token", Policy::token_bucket), ("gcra", Policy::gcra)];
+    let mut failures = Vec::new();
+    for (name, make) in makes {
+        for (old, new) in cases {
+            for seed in 0..12u64 {
+                let mut rng = Lcg(seed);
+                let clock = ManualClock::new(1_000_000_000 + rng.below(10_000_000));
+                let store = MemoryStore::builder().clock(clock.clone()).build();
+                let p = |(c, a, per): (u64, u64, u64)| {
+                    make(c, ratelimit_core::Rate::new(a, Duration::from_micros(per)))
+                        .unwrap()
+                        .with_name("p")
+                        .unwrap()
+                };
+                let (p_old, p_new) = (p(old), p(new));
+                let mut after: Vec<(u64, u64)> = Vec::new();
+                for i in 0..3_000 {
+                    let policy = if i >= 1_500 { &p_new } else { &p_old };
+                    let cost = 1 + rng.below(policy.limit().min(20));
+                    let d = store.check_now(b"k", policy, cost).unwrap();
+                    if d.is_allowed() && i >= 1_500 {
+                        after.push((clock.now(), cost));
+                    }
+                    let span = old.2.max(new.2);
+                    clock.advance(Duration::from_micros(match rng.below(4) {
+                        0 => 0,
+                        1 => rng.below(span / 50 + 1),
+                        2 => rng.below(span / 5 + 1),
+                        _ => rng.below(span * 2 + 1),
+                    }));
+                }
+                'outer: for i in 0..after.len() {
+                    let mut sum = 0;
+                    for j in i..after.len() {
+                        sum += after[j].1;
+                        let dt = u128::from(after[j].0 - after[i].0);
+                        let refill = dt * u128::from(new.1) / u128::from(new.2);
+                        if u128::from(sum) > u128::from(new.0) + refill + 1 {
+                            failures.push(format!(
+                                "{name} old {old:?} new {new:?} seed {seed}: {sum} units over {dt} µs (bound {})",
+                                u128::from(new.0) + refill
+                            ));
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} over-admissions, first: {:?}", failures.len(), &failures[..failures.len().min(6)]);
+}
