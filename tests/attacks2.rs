@@ -419,3 +419,73 @@ fn tightened_large_buckets_never_over_admit() {
     }
     assert!(failures.is_empty(), "{} over-admissions, first: {:?}", failures.len(), &failures[..failures.len().min(6)]);
 }
+
+/// `MemoryStore::builder().max_keys(n)`: "any `max_keys` distinct keys are
+/// held whichever shards they fall in, and never one more" -- under threads
+/// racing, with keys that are expired making room: n live keys exactly.
+#[test]
+fn racing_threads_over_expiring_keys_hold_exactly_max_keys() {
+    use ratelimit_core::clock::ManualClock;
+    let clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::builder().max_keys(50).clock(clock.clone()).build();
+    let short = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+    // 50 keys that expire in 1 s.
+    for i in 0..50 {
+        assert!(store.check_now(format!("old{i}").as_bytes(), &short, 1).unwrap().is_allowed());
+    }
+    clock.advance(Duration::from_secs(2));
+    let long = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+    let admitted = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (store, long, admitted) = (&store, &long, &admitted);
+            s.spawn(move || {
+                for i in 0..40 {
+                    if let Ok(d) = store.check_now(format!("new{t}-{i}").as_bytes(), long, 1) {
+                        assert!(d.is_allowed());
+                        admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        admitted.into_inner(),
+        50,
+        "expired keys did not make room for exactly max_keys new ones under racing threads"
+    );
+}
+
+/// SECURITY.md: the watcher "reads a changed file only once it has held
+/// still for one poll interval". A change that keeps the size, the inode and
+/// the modification time (a copy in place that preserves times, `cp -p`,
+/// `rsync --inplace -t`, `touch -r`; or two same-size writes within the
+/// filesystem's timestamp granularity) is never seen: a tightened limit
+/// (5 to 1) is never put in force, although the file says 1.
+#[tokio::test]
+async fn the_watcher_sees_a_change_that_keeps_size_and_modification_time() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, api("api", 5)).expect("write");
+    let rules = ReloadableRules::from_file(&path).expect("valid");
+    let watcher = rules.watch_file(&path, Duration::from_millis(10));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let modified = std::fs::metadata(&path).expect("meta").modified().expect("mtime");
+    // Tightened in place, same length, and the time put back.
+    {
+        use std::io::{Seek, Write};
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+        file.seek(std::io::SeekFrom::Start(0)).expect("seek");
+        file.write_all(api("api", 1).as_bytes()).expect("write");
+        file.set_modified(modified).expect("set mtime");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    watcher.abort();
+    let layer = RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed);
+    let reqs = (0..3).map(|_| req_from("192.0.2.1", &[("x-client", "a")])).collect();
+    assert_eq!(
+        statuses(layer, reqs).await,
+        [200, 429, 429],
+        "the file says limit = 1; the watcher kept limit = 5"
+    );
+}
