@@ -489,3 +489,134 @@ async fn the_watcher_sees_a_change_that_keeps_size_and_modification_time() {
         "the file says limit = 1; the watcher kept limit = 5"
     );
 }
+
+/// "Nothing panics on hostile input": configuration values at and past
+/// their ranges either load or fail with an error, and a loaded one decides
+/// requests without panicking.
+#[tokio::test]
+async fn extreme_configuration_values_never_panic() {
+    let algos = [
+        ("fixed-window", "window"),
+        ("sliding-window", "window"),
+        ("sliding-log", "window"),
+        ("token-bucket", "rate"),
+        ("gcra", "rate"),
+        ("leaky-bucket", "rate"),
+        ("concurrency", "lease"),
+    ];
+    let limits = ["0", "1", "18446744073709551615", "9223372036854775807", "4294967296", "1048576"];
+    let periods = [
+        "\"0s\"", "\"1us\"", "\"1ns\"", "\"0/s\"", "\"1/0s\"", "\"18446744073709551615/s\"",
+        "\"1/18446744073709551615s\"", "\"18446744073709551615d\"", "\"99999999999999999999s\"",
+        "\"1/1us\"", "\"1000000/1us\"", "\"1/584942y\"", "\"584942y\"", "\"1.5s\"", "\"-1s\"",
+        "\"1/ms\"", "\"10/s \"", "\" 10/s\"", "\"1e3/s\"", "\"1s1s\"",
+    ];
+    let costs = ["0", "1", "18446744073709551615"];
+    let mut loaded = 0;
+    for (algo, field) in algos {
+        for limit in limits {
+            for period in periods {
+                for cost in costs {
+                    let text = format!(
+                        "[policies.p]\nalgorithm = \"{algo}\"\nlimit = {limit}\n{field} = {period}\n\n\
+                         [[rules]]\npolicy = \"p\"\nkey = \"header:x-client\"\ncost = {cost}\n"
+                    );
+                    let Ok(config) = std::panic::catch_unwind(|| Config::from_toml(&text))
+                        .unwrap_or_else(|_| panic!("parsing panicked:\n{text}"))
+                    else {
+                        continue;
+                    };
+                    loaded += 1;
+                    let layer = RateLimitLayer::with_rules(MemoryStore::new(), config)
+                        .on_failure(FailurePolicy::Closed);
+                    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+                    for _ in 0..3 {
+                        let req = req_from("192.0.2.1", &[("x-client", "a")]);
+                        let fut = service.clone().oneshot(req);
+                        let result = tokio::spawn(fut).await;
+                        assert!(result.is_ok(), "deciding panicked:\n{text}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(loaded > 0);
+}
+
+/// RELIABILITY.md: "Both stores read a state written under other numbers as
+/// a state of the new policy, alike" -- large limits (sliding log above
+/// LOG_SLOTS, buckets in the thousands), costs above 1, several changes,
+/// every algorithm but concurrency, decided on a MemoryStore and a real
+/// Redis on one manual clock: the same decision at every step.
+#[tokio::test]
+async fn large_parameter_changes_decide_alike_on_both_stores() {
+    use ratelimit_core::Store;
+    use ratelimit_core::clock::ManualClock;
+    use ratelimit_core::Rate;
+    let server = ratelimit_tests::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let redis = ratelimit_tests::stores::redis_store_on_clock(server.url(), &clock).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    type Make = fn(u64, u64) -> Policy;
+    let makes: [(&str, Make); 6] = [
+        ("fixed", |l, w| Policy::fixed_window(l, Duration::from_micros(w)).unwrap()),
+        ("counter", |l, w| Policy::sliding_window_counter(l, Duration::from_micros(w)).unwrap()),
+        ("log", |l, w| Policy::sliding_window_log(l, Duration::from_micros(w)).unwrap()),
+        ("token", |l, w| Policy::token_bucket(l, Rate::new(l.max(7) / 7, Duration::from_micros(w))).unwrap()),
+        ("gcra", |l, w| Policy::gcra(l, Rate::new(l.max(7) / 7, Duration::from_micros(w))).unwrap()),
+        ("leaky", |l, w| Policy::leaky_bucket(l, Rate::new(l.max(7) / 7, Duration::from_micros(w))).unwrap()),
+    ];
+    let limits = [1u64, 3, 500, 1_024, 1_025, 2_000, 5_000];
+    let windows = [1_000_000u64, 7_000_000, 60_000_000, 999_999];
+    let mut mismatches = Vec::new();
+    for (name, make) in makes {
+        for seed in 0..3u64 {
+            let mut rng = Lcg(seed * 31 + 7);
+            let key = format!("{name}-{seed}");
+            let mut expires: Option<u64> = None;
+            let mut policy = make(limits[rng.below(7) as usize], windows[rng.below(4) as usize])
+                .with_name(format!("p-{name}"))
+                .unwrap();
+            for step in 0..400 {
+                if rng.below(150) == 0 {
+                    policy = make(limits[rng.below(7) as usize], windows[rng.below(4) as usize])
+                        .with_name(format!("p-{name}"))
+                        .unwrap();
+                }
+                let cost = 1 + rng.below(policy.limit().min(50));
+                let now = ratelimit_core::clock::Clock::now(&clock);
+                // Redis TTLs run on the server's clock: the key is dropped
+                // when the last write's lifetime ends on this timeline (as
+                // tests/parameter_changes.rs does).
+                if expires.is_some_and(|e| now >= e) {
+                    server.cli(&["DEL", &ratelimit_core::key::storage_key(
+                        ratelimit_core::redis::DEFAULT_PREFIX,
+                        &format!("p-{name}"),
+                        key.as_bytes(),
+                    )]);
+                    expires = None;
+                }
+                let m = memory.check_now(key.as_bytes(), &policy, cost).unwrap();
+                let r = redis.check(key.as_bytes(), &policy, cost).await.unwrap();
+                if (m.is_allowed(), m.remaining()) != (r.is_allowed(), r.remaining()) {
+                    mismatches.push(format!(
+                        "{name} seed {seed} step {step} {policy:?} cost {cost}: memory {:?}/{} redis {:?}/{}",
+                        m.is_allowed(), m.remaining(), r.is_allowed(), r.remaining()
+                    ));
+                    break;
+                }
+                if m.is_allowed() {
+                    let reset = m.reset_after_micros();
+                    expires = (reset > 0).then_some(now + reset);
+                }
+                clock.advance(Duration::from_micros(match rng.below(4) {
+                    0 => 0,
+                    1 => rng.below(2_000),
+                    2 => rng.below(200_000),
+                    _ => rng.below(20_000_000),
+                }));
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{} mismatches: {:#?}", mismatches.len(), &mismatches[..mismatches.len().min(6)]);
+}
