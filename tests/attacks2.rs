@@ -620,3 +620,39 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
     }
     assert!(mismatches.is_empty(), "{} mismatches: {:#?}", mismatches.len(), &mismatches[..mismatches.len().min(6)]);
 }
+
+/// RELIABILITY.md: "every prefix of a ... file is refused, or is a valid
+/// configuration with every rule and policy in force"; what is "not caught"
+/// is "a prefix ... cut inside a number or after a rule's optional field".
+/// A file laid out as the schema in `config/mod.rs` shows (the
+/// `[client_ip]` section last, `ipv6_prefix = 64` then `max_hops`), cut just
+/// before its `ipv6_prefix` line, keeps every rule and policy, is loaded, and
+/// keys IPv6 clients behind the proxy by their whole address: each address of
+/// a /64 gets a fresh budget. Neither inside a number nor a rule's field.
+#[tokio::test]
+async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network() {
+    let full = "[policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
+                [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n\n\
+                [client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"x-forwarded-for\"\n\
+                ipv6_prefix = 64\nmax_hops = 64\n";
+    let mut lifted = Vec::new();
+    for cut in 0..=full.len() {
+        let rules = ReloadableRules::from_str(full, Format::Toml).expect("valid");
+        if rules.reload_from_str(&full[..cut], Format::Toml).is_err() {
+            continue;
+        }
+        let layer = RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed);
+        let reqs = ["2001:db8:1:2::1", "2001:db8:1:2::2"]
+            .iter()
+            .map(|ip| req_from("10.0.0.5", &[("x-forwarded-for", ip)]))
+            .collect();
+        if statuses(layer, reqs).await != [200, 429] {
+            lifted.push(format!("{:?}", &full[cut.saturating_sub(30)..cut]));
+        }
+    }
+    assert!(
+        lifted.is_empty(),
+        "{} prefixes were loaded and gave each address of one /64 its own budget; ends: {lifted:#?}",
+        lifted.len()
+    );
+}
