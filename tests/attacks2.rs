@@ -656,3 +656,78 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
         lifted.len()
     );
 }
+
+/// `max_keys(n)` "admits exactly n distinct keys": the same key under two
+/// policies is one key, or n is the number of (policy, key) states?
+#[test]
+fn max_keys_counts_distinct_keys_across_policies() {
+    let store = MemoryStore::builder().max_keys(4).build();
+    let a = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap().with_name("a").unwrap();
+    let b = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap().with_name("b").unwrap();
+    let mut held = 0;
+    for i in 0..4 {
+        let key = format!("client{i}");
+        let ok_a = store.check_now(key.as_bytes(), &a, 1).is_ok();
+        let ok_b = store.check_now(key.as_bytes(), &b, 1).is_ok();
+        if ok_a && ok_b {
+            held += 1;
+        }
+    }
+    assert_eq!(held, 4, "four distinct clients under two policies each");
+}
+
+/// "Denied requests consume nothing": after a limit is used up, a flood of
+/// denied requests of every cost does not move the time the next request
+/// passes (every algorithm but concurrency, MemoryStore).
+#[test]
+fn denied_floods_do_not_move_the_next_admission() {
+    use ratelimit_core::Rate;
+    use ratelimit_core::clock::ManualClock;
+    let policies = [
+        Policy::fixed_window(10, Duration::from_secs(60)).unwrap(),
+        Policy::sliding_window_counter(10, Duration::from_secs(60)).unwrap(),
+        Policy::sliding_window_log(10, Duration::from_secs(60)).unwrap(),
+        Policy::sliding_window_log(3_000, Duration::from_secs(60)).unwrap(),
+        Policy::token_bucket(10, Rate::per_minute(10)).unwrap(),
+        Policy::gcra(10, Rate::per_minute(10)).unwrap(),
+        Policy::leaky_bucket(10, Rate::per_minute(10)).unwrap(),
+    ];
+    let mut failures = Vec::new();
+    for policy in policies {
+        let clock = ManualClock::new(5_000_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limit = policy.limit();
+        // Use it up.
+        let mut first_denial = None;
+        for _ in 0..(limit * 3) {
+            let d = store.check_now(b"k", &policy, 1).unwrap();
+            if !d.is_allowed() {
+                first_denial = Some(d);
+                break;
+            }
+        }
+        let Some(denied) = first_denial else {
+            failures.push(format!("{policy:?}: never denied"));
+            continue;
+        };
+        let retry = denied.retry_after_micros();
+        // A flood of denials, costs 1..=limit, over most of the wait.
+        for i in 0..2_000u64 {
+            let _ = store.check_now(b"k", &policy, 1 + i % limit);
+            if i % 100 == 99 {
+                clock.advance(Duration::from_micros(retry / 40));
+            }
+        }
+        // Back to the time the first denial named.
+        let now = ratelimit_core::clock::Clock::now(&clock);
+        let target = 5_000_000_000 + retry;
+        if target > now {
+            clock.advance(Duration::from_micros(target - now));
+        }
+        let d = store.check_now(b"k", &policy, 1).unwrap();
+        if !d.is_allowed() {
+            failures.push(format!("{policy:?}: denied at its retry time after a flood: {d:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
