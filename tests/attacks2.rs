@@ -731,3 +731,56 @@ fn denied_floods_do_not_move_the_next_admission() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The watcher keeps the limits in force when its file is deleted, replaced
+/// by a directory, by an empty file, by a symlink to nowhere, then follows a
+/// valid file again (watcher alive, nothing lifted).
+#[tokio::test]
+async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, api("api", 1)).expect("write");
+    let rules = ReloadableRules::from_file(&path).expect("valid");
+    let watcher = rules.watch_file(&path, Duration::from_millis(5));
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::with_rules(MemoryStore::new(), rules.clone()).on_failure(FailurePolicy::Closed))
+        .service_fn(ok);
+    let send = |client: &'static str| {
+        let service = service.clone();
+        async move {
+            service
+                .oneshot(req_from("192.0.2.1", &[("x-client", client)]))
+                .await
+                .expect("infallible")
+                .status()
+                .as_u16()
+        }
+    };
+    let settle = || tokio::time::sleep(Duration::from_millis(80));
+    assert_eq!(send("a").await, 200);
+    assert_eq!(send("a").await, 429);
+    std::fs::remove_file(&path).expect("rm");
+    settle().await;
+    assert_eq!(send("a").await, 429, "deleted");
+    std::fs::create_dir(&path).expect("mkdir");
+    settle().await;
+    assert_eq!(send("a").await, 429, "a directory");
+    std::fs::remove_dir(&path).expect("rmdir");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &path).expect("symlink");
+    settle().await;
+    assert_eq!(send("a").await, 429, "a dangling symlink");
+    std::fs::remove_file(&path).expect("rm link");
+    std::fs::write(&path, "").expect("empty");
+    settle().await;
+    assert_eq!(send("a").await, 429, "empty");
+    // A valid file under another policy name... (see the rename finding);
+    // the same policy, tighter elsewhere: a second rule added.
+    let tmp = dir.path().join("next.toml");
+    std::fs::write(&tmp, format!("{}\n[[rules]]\npolicy = \"api\"\nkey = \"global\"\n", api("api", 1))).expect("write");
+    std::fs::rename(&tmp, &path).expect("rename");
+    settle().await;
+    assert_eq!(rules.current().rule_count(), 2, "the valid file was loaded");
+    assert_eq!(send("b").await, 200);
+    assert_eq!(send("c").await, 429, "the global rule applies");
+    watcher.abort();
+}
