@@ -784,3 +784,53 @@ async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
     assert_eq!(send("c").await, 429, "the global rule applies");
     watcher.abort();
 }
+
+/// On Redis: many permits of cost > 1 under two concurrency policies on one
+/// key, held by guards well past their lease (renewed), a second request
+/// refused meanwhile; released at once when the guards drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
+    use ratelimit_core::Store;
+    let server = ratelimit_tests::RedisServer::start();
+    let store = ratelimit_tests::stores::redis_store(server.url()).await;
+    let a = Policy::concurrency(6, Duration::from_millis(300)).unwrap().with_name("ca").unwrap();
+    let b = Policy::concurrency(4, Duration::from_millis(240)).unwrap().with_name("cb").unwrap();
+    let key = Key::from(b"k".to_vec());
+    let mut guards = Vec::new();
+    for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
+        for _ in 0..n {
+            let d = store.check(key.as_bytes(), policy, cost).await.unwrap();
+            assert!(d.is_allowed());
+            let mut g = PermitGuard::default();
+            g.hold(&store, &key, policy, d.permit().unwrap());
+            guards.push(g);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!store.check(key.as_bytes(), &a, 1).await.unwrap().is_allowed(), "a: a slot lapsed while held");
+    assert!(!store.check(key.as_bytes(), &b, 1).await.unwrap().is_allowed(), "b: a slot lapsed while held");
+    drop(guards);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let d = store.check(key.as_bytes(), &a, 6).await.unwrap();
+    assert!(d.is_allowed(), "a: not freed on drop");
+    store.release(key.as_bytes(), &a, d.permit().unwrap()).await.unwrap();
+}
+
+/// The short-lease finding (a_permit_with_a_short_lease_is_still_held_while_its_guard_lives)
+/// on Redis: the renewal comes after the 1 ms lease has lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_with_a_short_lease_is_still_held_on_redis() {
+    use ratelimit_core::Store;
+    let server = ratelimit_tests::RedisServer::start();
+    let store = ratelimit_tests::stores::redis_store(server.url()).await;
+    let short = Policy::concurrency(1, Duration::from_millis(1)).unwrap().with_name("cs").unwrap();
+    let d = store.check(b"s", &short, 1).await.unwrap();
+    let mut g = PermitGuard::default();
+    g.hold(&store, &Key::from(b"s".to_vec()), &short, d.permit().unwrap());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(
+        !store.check(b"s", &short, 1).await.unwrap().is_allowed(),
+        "redis: a second permit under a max of 1 while the first guard lives (1 ms lease)"
+    );
+    drop(g);
+}
