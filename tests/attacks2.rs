@@ -834,3 +834,4 @@ async fn a_permit_with_a_short_lease_is_still_held_on_redis() {
     );
     drop(g);
 }
+
