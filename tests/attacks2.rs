@@ -657,23 +657,22 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
     );
 }
 
-/// `max_keys(n)` "admits exactly n distinct keys": the same key under two
-/// policies is one key, or n is the number of (policy, key) states?
+/// `max_keys(n)` counts states, one per (policy, key) ("each state and each
+/// block counting as one", `MemoryStore::len`): four clients under two
+/// policies each fill a store of 8, not of 4. (Noted, not a finding: size
+/// `max_keys` as clients x policies.)
 #[test]
-fn max_keys_counts_distinct_keys_across_policies() {
-    let store = MemoryStore::builder().max_keys(4).build();
+fn max_keys_counts_one_state_per_policy_and_key() {
+    let store = MemoryStore::builder().max_keys(8).build();
     let a = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap().with_name("a").unwrap();
     let b = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap().with_name("b").unwrap();
-    let mut held = 0;
     for i in 0..4 {
         let key = format!("client{i}");
-        let ok_a = store.check_now(key.as_bytes(), &a, 1).is_ok();
-        let ok_b = store.check_now(key.as_bytes(), &b, 1).is_ok();
-        if ok_a && ok_b {
-            held += 1;
-        }
+        assert!(store.check_now(key.as_bytes(), &a, 1).is_ok());
+        assert!(store.check_now(key.as_bytes(), &b, 1).is_ok());
     }
-    assert_eq!(held, 4, "four distinct clients under two policies each");
+    assert_eq!(store.len(), 8);
+    assert!(store.check_now(b"client4", &a, 1).is_err());
 }
 
 /// "Denied requests consume nothing": after a limit is used up, a flood of
@@ -835,3 +834,104 @@ async fn a_permit_with_a_short_lease_is_still_held_on_redis() {
     drop(g);
 }
 
+
+/// The key budget never leaks: after random checks, batches, rewards,
+/// penalties, resets, blocks, unblocks, permits and renewals over many keys,
+/// policies and threads, `len()` never passes `max_keys`, and once every key
+/// has expired exactly `max_keys` new keys are admitted (a budget that leaked
+/// down would admit more, up would refuse live clients forever).
+#[test]
+fn the_key_budget_never_leaks_under_random_operations() {
+    use ratelimit_core::clock::ManualClock;
+    use ratelimit_core::Rate;
+    use ratelimit_core::Check;
+    const MAX: usize = 40;
+    let clock = ManualClock::new(1_000_000_000);
+    let store = MemoryStore::builder().max_keys(MAX).shards(8).clock(clock.clone()).build();
+    let policies = [
+        Policy::fixed_window(3, Duration::from_secs(2)).unwrap(),
+        Policy::sliding_window_counter(3, Duration::from_secs(2)).unwrap(),
+        Policy::sliding_window_log(3, Duration::from_secs(2)).unwrap(),
+        Policy::token_bucket(3, Rate::per_second(2)).unwrap(),
+        Policy::gcra(3, Rate::per_second(2)).unwrap(),
+        Policy::leaky_bucket(3, Rate::per_second(2)).unwrap(),
+        Policy::concurrency(3, Duration::from_secs(2)).unwrap(),
+    ];
+    let over = std::sync::atomic::AtomicUsize::new(0);
+    for round in 0..20u64 {
+        std::thread::scope(|s| {
+            for t in 0..threads() {
+                let (store, policies, over) = (&store, &policies, &over);
+                s.spawn(move || {
+                    let mut rng = Lcg(round * 1_000 + t);
+                    let mut permits = Vec::new();
+                    for _ in 0..400 {
+                        let key = format!("k{}", rng.below(90));
+                        let policy = &policies[rng.below(policies.len() as u64) as usize];
+                        let cost = rng.below(4);
+                        match rng.below(10) {
+                            0 => {
+                                let _ = store.reward_now(key.as_bytes(), policy, 1 + cost);
+                            }
+                            1 => {
+                                let _ = store.penalize_now(key.as_bytes(), policy, 1 + cost);
+                            }
+                            2 => store.reset_now(key.as_bytes(), policy),
+                            3 => {
+                                let _ = store.block_now(key.as_bytes(), policy, Duration::from_millis(1 + rng.below(3_000)));
+                            }
+                            4 => store.unblock_now(key.as_bytes(), policy),
+                            5 => {
+                                let other = format!("k{}", rng.below(90));
+                                let p2 = &policies[rng.below(policies.len() as u64) as usize];
+                                let _ = store.check_all_now(&[
+                                    Check::new(key.as_bytes(), policy, cost),
+                                    Check::new(other.as_bytes(), p2, 1),
+                                ]);
+                            }
+                            6 => {
+                                if let Some((k, p, id)) = permits.pop() {
+                                    let p: &Policy = p;
+                                    if rng.below(2) == 0 {
+                                        store.release_now(k, p, id);
+                                    } else {
+                                        store.renew_now(k, p, id);
+                                    }
+                                }
+                            }
+                            _ => {
+                                if let Ok(d) = store.check_now(key.as_bytes(), policy, cost) {
+                                    if let Some(id) = d.permit() {
+                                        let k: &'static [u8] = Box::leak(key.clone().into_bytes().into_boxed_slice());
+                                        permits.push((k, policy, id));
+                                    }
+                                }
+                            }
+                        }
+                        if threads() == 1 && store.len() > MAX {
+                            over.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(store.len() <= MAX, "round {round}: len() {} passed max_keys", store.len());
+        clock.advance(Duration::from_millis(rng_step(round)));
+    }
+    assert_eq!(over.into_inner(), 0, "len() passed max_keys");
+    // With threads, len() (read shard by shard) is checked once they stop.
+    assert!(store.len() <= MAX, "len() {} passed max_keys", store.len());
+    // Everything expires (blocks at most 3 s, windows and leases 2 s).
+    clock.advance(Duration::from_secs(3_600));
+    let long = Policy::fixed_window(10, Duration::from_secs(86_400)).unwrap().with_name("long").unwrap();
+    let admitted = (0..(2 * MAX)).filter(|i| store.check_now(format!("fresh{i}").as_bytes(), &long, 1).is_ok()).count();
+    assert_eq!(admitted, MAX, "after everything expired, {admitted} new keys were admitted of max_keys {MAX}");
+}
+
+fn rng_step(round: u64) -> u64 {
+    [0, 1, 300, 900, 2_100][(round % 5) as usize]
+}
+
+fn threads() -> u64 {
+    std::env::var("A2_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+}
