@@ -935,3 +935,58 @@ fn rng_step(round: u64) -> u64 {
 fn threads() -> u64 {
     std::env::var("A2_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
 }
+
+/// One request under two rules that name the same policy and key (two rules
+/// that both match, a config listing a limit twice): the all-or-nothing
+/// batch holds both checks against one state. Limit 5: a batch of 2 + 2 is
+/// admitted and counts 4 (duplicates are merged; 2 + 2 under a limit of 3 is
+/// `CostExceedsLimit`), one single request more passes. On both stores, every algorithm.
+#[tokio::test]
+async fn a_batch_naming_one_state_twice_never_over_admits() {
+    use ratelimit_core::{Check, Rate, Store};
+    let server = ratelimit_tests::RedisServer::start();
+    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
+    let memory = MemoryStore::new();
+    let policies = [
+        Policy::fixed_window(5, Duration::from_secs(3600)).unwrap(),
+        Policy::sliding_window_counter(5, Duration::from_secs(3600)).unwrap(),
+        Policy::sliding_window_log(5, Duration::from_secs(3600)).unwrap(),
+        Policy::token_bucket(5, Rate::per_hour(1)).unwrap(),
+        Policy::gcra(5, Rate::per_hour(1)).unwrap(),
+        Policy::leaky_bucket(5, Rate::per_hour(1)).unwrap(),
+        Policy::concurrency(5, Duration::from_secs(3600)).unwrap(),
+    ];
+    let mut failures = Vec::new();
+    for policy in &policies {
+        for (store_name, i) in [("memory", 0), ("redis", 1)] {
+            let key = format!("dup-{}-{store_name}", policy.name());
+            let batch = [Check::new(key.as_bytes(), policy, 2), Check::new(key.as_bytes(), policy, 2)];
+            let decisions = if i == 0 {
+                memory.check_all(&batch).await
+            } else {
+                redis.check_all(&batch).await
+            };
+            let Ok(decisions) = decisions else {
+                failures.push(format!("{store_name} {}: {decisions:?}", policy.name()));
+                continue;
+            };
+            let batch_allowed = decisions.iter().all(|d| d.is_allowed());
+            let mut single = Vec::new();
+            for _ in 0..3 {
+                single.push(if i == 0 {
+                    memory.check(key.as_bytes(), policy, 1).await
+                } else {
+                    redis.check(key.as_bytes(), policy, 1).await
+                }
+                .unwrap());
+            }
+            // Limit 5: the batch's 4 and the singles' admissions.
+            let total = if batch_allowed { 4 } else { 0 }
+                + single.iter().filter(|d| d.is_allowed()).count() as u64;
+            if total > 5 || !batch_allowed {
+                failures.push(format!("{store_name} {}: batch {decisions:?}, then single {single:?}", policy.name()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
