@@ -990,3 +990,43 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A reload shortens a concurrency policy's lease (60 s to 100 ms) while a
+/// permit taken under the long lease is held (no guard here: within its
+/// lease it needs none). A permit taken under the short lease must not cut
+/// the key's life short: the long permit still counts once the short one
+/// ends ("Permits taken before the change count against the new max"; "the
+/// key keeps the TTL of its longest lease").
+#[tokio::test]
+async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
+    use ratelimit_core::Store;
+    let server = ratelimit_tests::RedisServer::start();
+    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
+    let memory = MemoryStore::new();
+    let long = Policy::concurrency(2, Duration::from_secs(60)).unwrap().with_name("c").unwrap();
+    let short = Policy::concurrency(2, Duration::from_millis(100)).unwrap().with_name("c").unwrap();
+    let mut failures = Vec::new();
+    for (name, i) in [("memory", 0), ("redis", 1)] {
+        let check = |policy: &Policy| {
+            let policy = policy.clone();
+            let (memory, redis) = (memory.clone(), redis.clone());
+            async move {
+                if i == 0 {
+                    memory.check(b"k", &policy, 1).await
+                } else {
+                    redis.check(b"k", &policy, 1).await
+                }
+                .unwrap()
+                .is_allowed()
+            }
+        };
+        assert!(check(&long).await);
+        assert!(check(&short).await);
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let after = [check(&short).await, check(&short).await];
+        if after != [true, false] {
+            failures.push(format!("{name}: after the short permit ended, {after:?} (one slot is held by the 60 s permit)"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
