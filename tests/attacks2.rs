@@ -1030,3 +1030,46 @@ async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Permit ids of another key (or another policy) neither release nor renew
+/// a permit, nor bring one back, on either store.
+#[tokio::test]
+async fn permit_ids_of_another_key_or_policy_touch_nothing() {
+    use ratelimit_core::Store;
+    let server = ratelimit_tests::RedisServer::start();
+    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
+    let memory = MemoryStore::new();
+    let p = Policy::concurrency(1, Duration::from_secs(60)).unwrap().with_name("cp").unwrap();
+    let q = Policy::concurrency(1, Duration::from_secs(60)).unwrap().with_name("cq").unwrap();
+    async fn run<S: Store>(store: &S, p: &Policy, q: &Policy) -> Vec<String> {
+        let mut bad = Vec::new();
+        let a = store.check(b"a", p, 1).await.unwrap().permit().unwrap();
+        let b = store.check(b"b", p, 1).await.unwrap().permit().unwrap();
+        let c = store.check(b"a", q, 1).await.unwrap().permit().unwrap();
+        // b's id against a, a's id under q.
+        store.release(b"a", p, b).await.unwrap();
+        store.release(b"a", q, a).await.unwrap();
+        if store.check(b"a", p, 1).await.unwrap().is_allowed() {
+            bad.push("a/p freed by another key's or policy's id".to_owned());
+        }
+        if store.check(b"a", q, 1).await.unwrap().is_allowed() {
+            bad.push("a/q freed by p's id".to_owned());
+        }
+        // Release b, then renew it under a, and under b again.
+        store.release(b"b", p, b).await.unwrap();
+        if store.renew(b"a", p, b).await.unwrap() {
+            bad.push("b's id renewed on a".to_owned());
+        }
+        if store.renew(b"b", p, b).await.unwrap() {
+            bad.push("a released permit renewed".to_owned());
+        }
+        if !store.check(b"b", p, 1).await.unwrap().is_allowed() {
+            bad.push("b not free after release and renewals".to_owned());
+        }
+        let _ = c;
+        bad
+    }
+    let mut bad = run(&memory, &p, &q).await;
+    bad.extend(run(&redis, &p, &q).await.into_iter().map(|s| format!("redis: {s}")));
+    assert!(bad.is_empty(), "{bad:#?}");
+}
