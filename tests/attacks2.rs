@@ -1073,3 +1073,38 @@ async fn permit_ids_of_another_key_or_policy_touch_nothing() {
     bad.extend(run(&redis, &p, &q).await.into_iter().map(|s| format!("redis: {s}")));
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+/// RELIABILITY.md, "Waiting for a slot": "In `Mode::Wait`, a request denied
+/// by a full semaphore waits for a release"; the layer's `wait(max_delay)`
+/// is the longest a request may wait. A slot freed at 900 ms of a 1 s wait
+/// is never taken: the backoff (10, 20, 40, ... 250 ms, each plus up to 10%
+/// jitter) last asks between 810 and 891 ms, and the next ask (1,060 ms or
+/// later) "would exceed" the wait, so the request is refused then, over
+/// 100 ms before its wait ends, although a slot is free for the last 100 ms.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
+    use ratelimit_core::clock::TokioClock;
+    use ratelimit_tower::GlobalKey;
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
+    let global = ratelimit_tower::KeyExtractor::<Request<String>>::extract(&GlobalKey::default(), &Request::new(String::new()))
+        .expect("a global key");
+    let held = store.check_now(global.as_bytes(), &policy, 1).unwrap();
+    assert!(held.is_allowed());
+    // The holder: the global key's permit, released at 900 ms.
+    let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
+        .wait(Duration::from_secs(1));
+    let holder_store = store.clone();
+    let holder_policy = policy.clone();
+    let permit = held.permit().unwrap();
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        holder_store.release_now(global.as_bytes(), &holder_policy, permit);
+    });
+    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let status = service.oneshot(Request::new(String::new())).await.expect("infallible").status();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(100), "it did not wait ({took:?}): the permit was not on its key");
+    assert_eq!(status.as_u16(), 200, "refused after {took:?} of a 1 s wait; the slot freed at 900 ms");
+}
