@@ -1108,3 +1108,46 @@ async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
     assert!(took >= Duration::from_millis(100), "it did not wait ({took:?}): the permit was not on its key");
     assert_eq!(status.as_u16(), 200, "refused after {took:?} of a 1 s wait; the slot freed at 900 ms");
 }
+
+/// SECURITY.md, "Trusted proxies": "A malformed entry yields the last
+/// trusted hop, never a value an untrusted party wrote", and a client must
+/// not be able to choose its key nor drain the budget every client behind
+/// the proxy shares. A proxy that appends to the client's own `Forwarded`
+/// line (`$http_forwarded, for=<client>`) after a client value with an
+/// unterminated quote, or a dangling parameter, must still key the client
+/// by the address its proxy wrote.
+#[tokio::test]
+async fn a_client_written_forwarded_prefix_never_picks_or_merges_the_key() {
+    let config = Config::from_toml(
+        "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"forwarded\"\n\n\
+         [policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
+         [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
+    )
+    .expect("valid");
+    let prefixes = [
+        "for=\"198.51.100.1",
+        "for=\"198.51.100.2\\",
+        "for=198.51.100.3;by=\"x",
+        "for=\"[2001:db8::1]",
+        "for=\"198.51.100.4\";for",
+        "proto=\"",
+        "for=\"198.51.100.5, for=",
+    ];
+    let mut failures = Vec::new();
+    for (n, prefix) in prefixes.iter().enumerate() {
+        let layer = RateLimitLayer::with_rules(MemoryStore::new(), config.clone()).on_failure(FailurePolicy::Closed);
+        let attacker = format!("203.0.113.{}", 10 + n);
+        let spoofed = format!("{prefix}, for={attacker}");
+        let reqs = vec![
+            req_from("10.0.0.5", &[("forwarded", &spoofed)]),
+            req_from("10.0.0.5", &[("forwarded", &spoofed)]),
+            // An honest client behind the same proxy.
+            req_from("10.0.0.5", &[("forwarded", "for=203.0.113.99")]),
+        ];
+        let got = statuses(layer, reqs).await;
+        if got != [200, 429, 200] {
+            failures.push(format!("{spoofed:?}: {got:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
