@@ -1151,3 +1151,88 @@ async fn a_client_written_forwarded_prefix_never_picks_or_merges_the_key() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Extreme numbers (limits up to 2^40, rates of one per day to 2^40 per
+/// microsecond, windows of 1 µs to years), costs up to the limit, changes
+/// between them under one name: both stores answer alike, with values in
+/// range, and nothing panics.
+#[tokio::test]
+async fn extreme_numbers_decide_alike_on_both_stores() {
+    use ratelimit_core::clock::{Clock, ManualClock};
+    use ratelimit_core::{Rate, Store};
+    let server = ratelimit_tests::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let redis = ratelimit_tests::stores::redis_store_on_clock(server.url(), &clock).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let limits = [1u64, 2, 1 << 20, (1 << 40) - 1, 1 << 40];
+    let spans = [1u64, 999, 1_000_000, 86_400_000_000, 1 << 45];
+    type Make = fn(u64, u64) -> Result<Policy, ratelimit_core::PolicyError>;
+    let makes: [(&str, Make); 6] = [
+        ("fixed", |l, w| Policy::fixed_window(l, Duration::from_micros(w))),
+        ("counter", |l, w| Policy::sliding_window_counter(l, Duration::from_micros(w))),
+        ("log", |l, w| Policy::sliding_window_log(l, Duration::from_micros(w))),
+        ("token", |l, w| Policy::token_bucket(l, Rate::new(l, Duration::from_micros(w)))),
+        ("gcra", |l, w| Policy::gcra(l, Rate::new(1, Duration::from_micros(w)))),
+        ("leaky", |l, w| Policy::leaky_bucket(l, Rate::new(l.div_ceil(3), Duration::from_micros(w)))),
+    ];
+    let mut bad = Vec::new();
+    for (name, make) in makes {
+        let mut rng = Lcg(name.len() as u64 * 977);
+        let key = format!("x-{name}");
+        let mut expires: Option<u64> = None;
+        let mut policy = None;
+        for step in 0..300 {
+            if policy.is_none() || rng.below(20) == 0 {
+                let made = make(limits[rng.below(5) as usize], spans[rng.below(5) as usize]);
+                if let Ok(p) = made {
+                    policy = Some(p.with_name(format!("x-{name}")).unwrap());
+                }
+            }
+            let Some(policy) = policy.as_ref() else { continue };
+            let now = clock.now();
+            if expires.is_some_and(|e| now >= e) {
+                server.cli(&["DEL", &ratelimit_core::key::storage_key(
+                    ratelimit_core::redis::DEFAULT_PREFIX,
+                    policy.name(),
+                    key.as_bytes(),
+                )]);
+                expires = None;
+            }
+            let cost = match rng.below(4) {
+                0 => policy.limit(),
+                1 => 1,
+                2 => 1 + rng.below(policy.limit()),
+                _ => policy.limit() / 2 + 1,
+            };
+            let m = memory.check_now(key.as_bytes(), policy, cost);
+            let r = redis.check(key.as_bytes(), policy, cost).await;
+            match (&m, &r) {
+                (Ok(m), Ok(r)) => {
+                    if (m.is_allowed(), m.remaining()) != (r.is_allowed(), r.remaining())
+                        || m.remaining() > policy.limit()
+                    {
+                        bad.push(format!("{name} step {step} {policy:?} cost {cost}: memory {m:?} redis {r:?}"));
+                        break;
+                    }
+                    if m.is_allowed() {
+                        let reset = m.reset_after_micros();
+                        expires = (reset > 0).then_some(now + reset);
+                    }
+                }
+                (m, r) => {
+                    if m.is_ok() != r.is_ok() {
+                        bad.push(format!("{name} step {step} {policy:?} cost {cost}: memory {m:?} redis {r:?}"));
+                        break;
+                    }
+                }
+            }
+            clock.advance(Duration::from_micros(match rng.below(4) {
+                0 => 0,
+                1 => rng.below(1_000),
+                2 => rng.below(10_000_000),
+                _ => rng.below(1 << 40),
+            }));
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
