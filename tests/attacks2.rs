@@ -1236,3 +1236,20 @@ async fn extreme_numbers_decide_alike_on_both_stores() {
     }
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+/// The `ip` key inside a key list (`["route", "ip"]`) keys IPv6 peers by
+/// their /64 too, and an IPv4-mapped peer as its IPv4 address.
+#[tokio::test]
+async fn the_ip_key_in_a_list_keys_ipv6_by_network_and_mapped_as_ipv4() {
+    let config = Config::from_toml(
+        "[policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
+         [[rules]]\npolicy = \"api\"\nkey = [\"route\", \"ip\"]\n",
+    )
+    .expect("valid");
+    let layer = RateLimitLayer::with_rules(MemoryStore::new(), config.clone()).on_failure(FailurePolicy::Closed);
+    let reqs = ["2001:db8:1:2::1", "2001:db8:1:2:ffff::2"].iter().map(|ip| req_from(ip, &[])).collect();
+    assert_eq!(statuses(layer, reqs).await, [200, 429]);
+    let layer = RateLimitLayer::with_rules(MemoryStore::new(), config).on_failure(FailurePolicy::Closed);
+    let reqs = ["192.0.2.7", "::ffff:192.0.2.7", "::ffff:c000:207"].iter().map(|ip| req_from(ip, &[])).collect();
+    assert_eq!(statuses(layer, reqs).await, [200, 429, 429]);
+}
