@@ -1253,3 +1253,37 @@ async fn the_ip_key_in_a_list_keys_ipv6_by_network_and_mapped_as_ipv4() {
     let reqs = ["192.0.2.7", "::ffff:192.0.2.7", "::ffff:c000:207"].iter().map(|ip| req_from(ip, &[])).collect();
     assert_eq!(statuses(layer, reqs).await, [200, 429, 429]);
 }
+
+/// A Kubernetes-style config map: the watched path is a symlink through
+/// `..data`, which is swapped atomically to a new directory. The watcher
+/// follows it, and a swap to a truncated file is refused.
+#[tokio::test]
+async fn the_watcher_follows_a_config_map_symlink_swap() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path();
+    let v1 = root.join("..v1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::write(v1.join("limits.toml"), api("api", 5)).unwrap();
+    symlink("..v1", root.join("..data")).unwrap();
+    symlink("..data/limits.toml", root.join("limits.toml")).unwrap();
+    let path = root.join("limits.toml");
+    let rules = ReloadableRules::from_file(&path).expect("valid");
+    let watcher = rules.watch_file(&path, Duration::from_millis(5));
+    let swap = |name: &str, text: String| {
+        let v = root.join(name);
+        std::fs::create_dir(&v).unwrap();
+        std::fs::write(v.join("limits.toml"), text).unwrap();
+        symlink(name, root.join("..tmp")).unwrap();
+        std::fs::rename(root.join("..tmp"), root.join("..data")).unwrap();
+    };
+    // Truncated (no rules): refused.
+    swap("..v2", String::from("[policies.api]\nalgorithm = \"gcra\"\n"));
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(rules.current().policy("api").map(|p| p.limit()), Some(5));
+    // Tightened: loaded.
+    swap("..v3", api("api", 1));
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(rules.current().policy("api").map(|p| p.limit()), Some(1));
+    watcher.abort();
+}
