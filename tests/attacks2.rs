@@ -1287,3 +1287,27 @@ async fn the_watcher_follows_a_config_map_symlink_swap() {
     assert_eq!(rules.current().policy("api").map(|p| p.limit()), Some(1));
     watcher.abort();
 }
+
+/// The same for `[ip]`: a file ending `[ip]\nipv6_prefix = 48` (one budget
+/// per /48, as SECURITY.md suggests for /48 subscribers), cut before that
+/// line, is loaded with every rule and policy, and keys by /64 again: a /48
+/// holder gets 65,536 budgets.
+#[tokio::test]
+async fn every_prefix_of_an_ip_config_keeps_its_ipv6_network() {
+    let full = "[policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
+                [[rules]]\npolicy = \"api\"\nkey = \"ip\"\n\n\
+                [ip]\nipv6_prefix = 48\n";
+    let mut lifted = Vec::new();
+    for cut in 0..=full.len() {
+        let rules = ReloadableRules::from_str(full, Format::Toml).expect("valid");
+        if rules.reload_from_str(&full[..cut], Format::Toml).is_err() {
+            continue;
+        }
+        let layer = RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed);
+        let reqs = ["2001:db8:1:2::1", "2001:db8:1:3::1"].iter().map(|ip| req_from(ip, &[])).collect();
+        if statuses(layer, reqs).await != [200, 429] {
+            lifted.push(format!("{:?}", &full[cut.saturating_sub(30)..cut]));
+        }
+    }
+    assert!(lifted.is_empty(), "{} prefixes loaded with a wider budget; ends: {lifted:#?}", lifted.len());
+}
