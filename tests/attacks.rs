@@ -512,6 +512,7 @@ async fn nested_placements_never_run_the_export_handler_twice_for_one_key() {
         methods = ["GET"]
     "#;
     type Runs = Arc<Mutex<HashMap<String, usize>>>;
+    type Shape = Box<dyn Fn(Runs) -> Router>;
     let rl = || RateLimitLayer::with_rules(MemoryStore::new(), Config::from_toml(RULE).unwrap());
     fn export(runs: Runs) -> impl Fn(Request<Body>) -> std::future::Ready<&'static str> + Clone {
         move |req: Request<Body>| {
@@ -520,7 +521,7 @@ async fn nested_placements_never_run_the_export_handler_twice_for_one_key() {
             std::future::ready("export")
         }
     }
-    let shapes: Vec<(&str, Box<dyn Fn(Runs) -> Router>)> = vec![
+    let shapes: Vec<(&str, Shape)> = vec![
         (
             "nest + layer",
             Box::new(move |r: Runs| {

@@ -80,8 +80,7 @@ impl PermitGuard {
 impl Drop for PermitGuard {
     fn drop(&mut self) {
         // Most guards hold nothing: one test of the word, and no iterator
-        // built around an empty option (about 55 instructions a request,
-        // counted by scripts/count-layer).
+        // built around an empty option.
         if let Some(releases) = self.releases.take() {
             for release in *releases {
                 release();
