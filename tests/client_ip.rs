@@ -617,11 +617,11 @@ fn ipv6_clients_are_keyed_by_prefix() {
     assert_ne!(key_text(&by_56, &a), key_text(&by_56, &d));
     assert_eq!(key_text(&by_56, &d), "2001:db8:1:100::/56");
 
-    // client_ip is unmasked; IPv4 is never masked; no prefix: the address.
+    // client_ip is unmasked; IPv4 is never masked; by default: the /64.
     assert_eq!(by_64.client_ip(&a), Some(ip("2001:db8:1:2:aaaa::1")));
     assert_eq!(key_text(&by_64, &req("192.0.2.1", &[])), "192.0.2.1");
     assert_eq!(key_text(&by_64, &req("::ffff:192.0.2.1", &[])), "192.0.2.1");
-    assert_eq!(key_text(&ClientIp::peer(), &a), "2001:db8:1:2:aaaa::1");
+    assert_eq!(key_text(&ClientIp::peer(), &a), "2001:db8:1:2::/64");
 
     // Prefixes apply to forwarded clients too.
     let proxied = behind_proxies()

@@ -244,10 +244,15 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 return Outcome::Allowed(decisions_merged, permits);
             }
             Mode::Wait { max_delay } => {
-                let wait = retry + jitter(retry);
-                if started.elapsed() + wait > max_delay {
+                let (retry, firm) = retry;
+                let left = max_delay.saturating_sub(started.elapsed());
+                // A window or a bucket that frees the cost only after the
+                // wait allowed: refused now. A semaphore may free a slot at
+                // any moment: looked at until the wait ends.
+                if firm > left || left.is_zero() {
                     return Outcome::Rejected(Rejection::Limited(merged()));
                 }
+                let wait = (retry + jitter(retry)).min(left);
                 // Shadow policies were decided once, on the first attempt;
                 // asking them again would count one request twice.
                 tokio::time::sleep(wait).await;
@@ -523,7 +528,9 @@ const FIRST_SEMAPHORE_LOOK: Duration = Duration::from_millis(10);
 const LONGEST_SEMAPHORE_LOOK: Duration = Duration::from_millis(250);
 
 /// How long a request denied with `decisions` (of `limits`, on its
-/// `attempts`-th denial, from 0) waits before it asks again.
+/// `attempts`-th denial, from 0) waits before it asks again, and the least
+/// it must wait whatever happens meanwhile (the longest `retry_after` of a
+/// limit other than a semaphore).
 ///
 /// A window or a bucket frees capacity at a time the store knows: its
 /// `retry_after`. A semaphore frees a slot when a lease ends, or sooner,
@@ -533,22 +540,23 @@ const LONGEST_SEMAPHORE_LOOK: Duration = Duration::from_millis(250);
 /// long each time, up to 250 ms, but never later than the lease's end. So
 /// it passes soon after a release, and a full semaphore costs a waiting
 /// request at most four store calls a second once it has waited a while.
-fn retry_wait(limits: &[Limit], decisions: &[Decision], attempts: u32) -> Duration {
+fn retry_wait(limits: &[Limit], decisions: &[Decision], attempts: u32) -> (Duration, Duration) {
     let look = FIRST_SEMAPHORE_LOOK
         .saturating_mul(1 << attempts.min(5))
         .min(LONGEST_SEMAPHORE_LOOK);
-    limits
-        .iter()
-        .zip(decisions)
-        .filter_map(|(limit, decision)| {
-            let retry = decision.retry_after()?;
-            Some(match limit.policy().algorithm() {
-                Algorithm::Concurrency(_) => retry.min(look),
-                _ => retry,
-            })
-        })
-        .max()
-        .unwrap_or_default()
+    let (mut wait, mut firm) = (Duration::ZERO, Duration::ZERO);
+    for (limit, decision) in limits.iter().zip(decisions) {
+        let Some(retry) = decision.retry_after() else {
+            continue;
+        };
+        if let Algorithm::Concurrency(_) = limit.policy().algorithm() {
+            wait = wait.max(retry.min(look));
+        } else {
+            wait = wait.max(retry);
+            firm = firm.max(retry);
+        }
+    }
+    (wait, firm)
 }
 
 /// Up to a tenth of the wait (at most 50 ms), so workers that were denied

@@ -108,7 +108,7 @@
 //! trusted_proxies = ["10.0.0.0/8"]
 //! header = "x-forwarded-for"  # required with trusted_proxies: the header
 //!                      # they write, x-forwarded-for | forwarded
-//! ipv6_prefix = 64     # optional: key IPv6 clients by their network
+//! ipv6_prefix = 64     # optional, default 64: key IPv6 clients by network
 //! max_hops = 64        # optional
 //! ```
 //!

@@ -41,7 +41,9 @@ use crate::rules::rule::{Limits, RuleProvider};
 /// - defines fewer policies than the one in force.
 ///
 /// Changing rules and policies, adding some, or renaming a policy (one name
-/// replaced by another) is not dropping one. To remove rules or policies on
+/// replaced by another) is not dropping one. A renamed policy is a new limit:
+/// its state is another, so every key starts with a full budget under it
+/// (which is how an algorithm is changed; a cut file never renames). To remove rules or policies on
 /// purpose, or to load a configuration without rules, build the reloader with
 /// [`allow_dropping_rules`](ReloadableRules::allow_dropping_rules). The
 /// refusal is logged and counted like any failed reload, and the
@@ -94,7 +96,7 @@ struct Shared {
     allow_dropping: AtomicBool,
 }
 
-/// What identifies a version of a file without reading it.
+/// What identifies a version of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     modified: Option<SystemTime>,
@@ -102,6 +104,11 @@ struct Stamp {
     /// The inode: a file replaced by a rename (as editors and Kubernetes
     /// config maps do) is another file even with the same time and size.
     inode: u64,
+    /// A hash of the content: an edit that keeps the size and puts the
+    /// modification time back (`cp -p`, `touch -r`, two writes within the
+    /// file system's time resolution) is another version too. `None` when
+    /// the file cannot be read.
+    content: Option<u64>,
 }
 
 fn stamp(path: &Path) -> Option<Stamp> {
@@ -110,10 +117,17 @@ fn stamp(path: &Path) -> Option<Stamp> {
     let inode = std::os::unix::fs::MetadataExt::ino(&metadata);
     #[cfg(not(unix))]
     let inode = 0;
+    // A configuration file is small: reading it at each check costs little.
+    let content = std::fs::read(path).ok().map(|bytes| {
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&bytes, &mut hasher);
+        std::hash::Hasher::finish(&hasher)
+    });
     Some(Stamp {
         modified: metadata.modified().ok(),
         len: metadata.len(),
         inode,
+        content,
     })
 }
 
@@ -209,8 +223,9 @@ impl ReloadableRules {
     /// # Errors
     ///
     /// As [`Config::from_file`] and [`reload`](ReloadableRules::reload), and
-    /// [`ConfigErrorKind::Changing`] when the file's modification time, size
-    /// or inode changed while it was read; the configuration in force stays.
+    /// [`ConfigErrorKind::Changing`] when the file's modification time, size,
+    /// inode or content changed while it was read; the configuration in
+    /// force stays.
     pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigError> {
         counted(self.load_file(path.as_ref()))
     }
@@ -234,14 +249,14 @@ impl ReloadableRules {
     }
 
     /// Watches the file at `path`: every `every` (at least 1 ms), compares
-    /// its modification time, size and inode with those of the version last
-    /// loaded, and when they differ, reloads it
+    /// its modification time, size, inode and content with those of the
+    /// version last loaded, and when they differ, reloads it
     /// ([`reload_from_file`](ReloadableRules::reload_from_file)) once it is
     /// stable.
     ///
-    /// Stable means the file's modification time, size and inode were the
-    /// same at two checks `every` apart, and stayed the same while it was
-    /// read. A file written in place is so read only after its writer has
+    /// Stable means the file's modification time, size, inode and content
+    /// were the same at two checks `every` apart, and stayed the same while
+    /// it was read. A file written in place is so read only after its writer has
     /// stopped for a whole interval; a file that arrives by a rename (as
     /// editors, `mv` of a finished file and Kubernetes config maps do) is
     /// complete from the start, and is loaded one interval after it arrives.
@@ -259,8 +274,8 @@ impl ReloadableRules {
     /// stable version is loaded.
     ///
     /// The task runs until it is aborted through the returned handle (dropping
-    /// the handle leaves it running). It reads the file's metadata on the
-    /// runtime's thread, which is quick for a local file. It keeps time with
+    /// the handle leaves it running). It reads the file on the runtime's
+    /// thread at each check, which is quick for a local configuration file. It keeps time with
     /// Tokio's clock.
     ///
     /// # Panics

@@ -44,8 +44,7 @@ pub enum ForwardingHeader {
 /// Use [`ClientIp::trusting`] behind load balancers or reverse proxies. When
 /// clients connect directly, use [`PeerIp`](struct@crate::PeerIp) (which
 /// keys IPv6 peers by their /64), or [`ClientIp::peer`]: nobody is trusted
-/// and the key is the TCP peer, IPv6 included unless
-/// [`ipv6_prefix`](ClientIp::ipv6_prefix) says otherwise.
+/// and the key is the TCP peer, an IPv6 one by its /64 too.
 ///
 /// # Algorithm
 ///
@@ -103,12 +102,11 @@ pub enum ForwardingHeader {
 ///
 /// # Keys
 ///
-/// The key is the client IP as text (`192.0.2.1`, `2001:db8::1`): unlike
-/// [`PeerIp`](struct@crate::PeerIp), IPv6 clients are keyed by their whole
-/// address unless told otherwise. With
-/// [`ipv6_prefix`](ClientIp::ipv6_prefix), IPv6 clients are keyed by their
-/// network instead (`2001:db8:1:2::/64`), since one subscriber typically holds
-/// a whole /64 or /56; IPv4 clients are not masked.
+/// The key is the client IP as text (`192.0.2.1`), an IPv6 client's by its
+/// network (`2001:db8:1:2::/64`), as [`PeerIp`](struct@crate::PeerIp) keys
+/// it: one subscriber typically holds a whole /64 or /56, and would
+/// otherwise earn a budget per address. [`ipv6_prefix`](ClientIp::ipv6_prefix)
+/// sets another length (128 keys each address); IPv4 clients are not masked.
 ///
 /// # Example
 ///
@@ -119,7 +117,7 @@ pub enum ForwardingHeader {
 /// # fn main() -> Result<(), ratelimit_tower::CidrError> {
 /// // Proxies in 10.0.0.0/8 that append to X-Forwarded-For (nginx, AWS ALB).
 /// let proxies = TrustedProxies::parse(["10.0.0.0/8"])?;
-/// let client_ip = ClientIp::trusting(proxies, ForwardingHeader::XForwardedFor).ipv6_prefix(64)?;
+/// let client_ip = ClientIp::trusting(proxies, ForwardingHeader::XForwardedFor);
 ///
 /// // A request that went client -> 10.0.0.2 -> 10.0.0.1 -> us, where the
 /// // client made up the first entry.
@@ -162,6 +160,10 @@ impl Default for ClientIp {
 }
 
 impl ClientIp {
+    /// The default of [`ipv6_prefix`](ClientIp::ipv6_prefix): an IPv6
+    /// client is keyed by its /64.
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
     /// The default of [`max_hops`](ClientIp::max_hops).
     pub const DEFAULT_MAX_HOPS: usize = 64;
 
@@ -185,13 +187,13 @@ impl ClientIp {
             header,
             max_hops: Self::DEFAULT_MAX_HOPS,
             max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
-            ipv6_prefix: None,
+            ipv6_prefix: Some(Self::DEFAULT_IPV6_PREFIX),
         }
     }
 
-    /// Keys IPv6 clients by their first `len` bits (commonly 64 or 56): the
-    /// key is then the network, such as `2001:db8:1:2::/64`, including for
-    /// `len` 128 (`2001:db8::1/128`). 0 puts every IPv6 client under one key.
+    /// Keys IPv6 clients by their first `len` bits (64 by default, commonly
+    /// 56 too): the key is the network, such as `2001:db8:1:2::/64`,
+    /// including for `len` 128 (`2001:db8::1/128`). 0 puts every IPv6 client under one key.
     /// IPv4 clients are not masked. [`client_ip`](ClientIp::client_ip) still
     /// returns the unmasked address.
     ///
