@@ -16,6 +16,15 @@ use ratelimit_tower::config::{Config, Format, ReloadableRules};
 use ratelimit_tower::{FailurePolicy, PeerAddr, PermitGuard, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
+/// A windowed policy's constructor (`Policy::fixed_window` and the like).
+type Windowed = fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>;
+
+/// A metered policy's constructor (`Policy::token_bucket`, `Policy::gcra`).
+type Metered = fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::PolicyError>;
+
+/// A bucket's capacity, amount and period in µs.
+type Bucket = (u64, u64, u64);
+
 async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
     Ok(Response::new(String::from("ok")))
 }
@@ -156,7 +165,9 @@ async fn requests_refused_by_a_full_store_spend_nothing_of_the_limits_in_force()
 // Claim 3: parameter changes under one name never over-admit (large limits).
 // ---------------------------------------------------------------------------
 
+/// A small deterministic generator that takes any seed, 0 included.
 struct Lcg(u64);
+
 impl Lcg {
     fn next(&mut self) -> u64 {
         self.0 = self
@@ -167,6 +178,10 @@ impl Lcg {
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).unwrap_or(0)
     }
 }
 
@@ -285,10 +300,7 @@ fn tightened_large_windows_never_over_admit_in_an_aligned_new_window() {
         ((100, 60_000_000), (100, 1_000_000)),
         ((2_000, 60_000_000), (1_999, 30_000_000)),
     ];
-    let makes: [(
-        &str,
-        fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>,
-    ); 2] = [
+    let makes: [(&str, Windowed); 2] = [
         ("fixed", Policy::fixed_window),
         ("counter", Policy::sliding_window_counter),
     ];
@@ -335,17 +347,14 @@ fn tightened_large_windows_never_over_admit_in_an_aligned_new_window() {
 fn tightened_large_buckets_never_over_admit() {
     use ratelimit_core::clock::{Clock, ManualClock};
     // (capacity, amount, period µs)
-    let cases: [((u64, u64, u64), (u64, u64, u64)); 5] = [
+    let cases: [(Bucket, Bucket); 5] = [
         ((3_000, 100, 1_000_000), (2_000, 100, 1_000_000)),
         ((3_000, 100, 1_000_000), (500, 7, 1_000_000)),
         ((10, 3, 1_000), (10, 1, 1_000)),
         ((5_000, 1_000, 60_000_000), (1, 1, 3_600_000_000)),
         ((64, 64, 1_000_000), (63, 63, 1_000_001)),
     ];
-    let makes: [(
-        &str,
-        fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::PolicyError>,
-    ); 2] = [("token", Policy::token_bucket), ("gcra", Policy::gcra)];
+    let makes: [(&str, Metered); 2] = [("token", Policy::token_bucket), ("gcra", Policy::gcra)];
     let mut failures = Vec::new();
     for (name, make) in makes {
         for (old, new) in cases {
@@ -608,20 +617,14 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
             let mut rng = Lcg(seed * 31 + 7);
             let key = format!("{name}-{seed}");
             let mut expires: Option<u64> = None;
-            let mut policy = make(
-                limits[rng.below(7) as usize],
-                windows[rng.below(4) as usize],
-            )
-            .with_name(format!("p-{name}"))
-            .unwrap();
+            let mut policy = make(limits[rng.index(7)], windows[rng.index(4)])
+                .with_name(format!("p-{name}"))
+                .unwrap();
             for step in 0..400 {
                 if rng.below(150) == 0 {
-                    policy = make(
-                        limits[rng.below(7) as usize],
-                        windows[rng.below(4) as usize],
-                    )
-                    .with_name(format!("p-{name}"))
-                    .unwrap();
+                    policy = make(limits[rng.index(7)], windows[rng.index(4)])
+                        .with_name(format!("p-{name}"))
+                        .unwrap();
                 }
                 let cost = 1 + rng.below(policy.limit().min(50));
                 let now = ratelimit_core::clock::Clock::now(&clock);
@@ -941,7 +944,7 @@ fn the_key_budget_never_leaks_under_random_operations() {
                     let mut permits = Vec::new();
                     for _ in 0..400 {
                         let key = format!("k{}", rng.below(90));
-                        let policy = &policies[rng.below(policies.len() as u64) as usize];
+                        let policy = &policies[rng.index(policies.len())];
                         let cost = rng.below(4);
                         match rng.below(10) {
                             0 => {
@@ -961,7 +964,7 @@ fn the_key_budget_never_leaks_under_random_operations() {
                             4 => store.unblock_now(key.as_bytes(), policy),
                             5 => {
                                 let other = format!("k{}", rng.below(90));
-                                let p2 = &policies[rng.below(policies.len() as u64) as usize];
+                                let p2 = &policies[rng.index(policies.len())];
                                 let _ = store.check_all_now(&[
                                     Check::new(key.as_bytes(), policy, cost),
                                     Check::new(other.as_bytes(), p2, 1),
@@ -971,19 +974,17 @@ fn the_key_budget_never_leaks_under_random_operations() {
                                 if let Some((k, p, id)) = permits.pop() {
                                     let p: &Policy = p;
                                     if rng.below(2) == 0 {
-                                        store.release_now(k, p, id);
+                                        store.release_now(&k, p, id);
                                     } else {
-                                        store.renew_now(k, p, id);
+                                        store.renew_now(&k, p, id);
                                     }
                                 }
                             }
                             _ => {
-                                if let Ok(d) = store.check_now(key.as_bytes(), policy, cost) {
-                                    if let Some(id) = d.permit() {
-                                        let k: &'static [u8] =
-                                            Box::leak(key.clone().into_bytes().into_boxed_slice());
-                                        permits.push((k, policy, id));
-                                    }
+                                if let Ok(d) = store.check_now(key.as_bytes(), policy, cost)
+                                    && let Some(id) = d.permit()
+                                {
+                                    permits.push((key.clone().into_bytes(), policy, id));
                                 }
                             }
                         }
@@ -1024,7 +1025,7 @@ fn the_key_budget_never_leaks_under_random_operations() {
 }
 
 fn rng_step(round: u64) -> u64 {
-    [0, 1, 300, 900, 2_100][(round % 5) as usize]
+    [0, 1, 300, 900, 2_100][usize::try_from(round % 5).unwrap_or(0)]
 }
 
 fn threads() -> u64 {
@@ -1333,7 +1334,7 @@ async fn extreme_numbers_decide_alike_on_both_stores() {
         let mut policy = None;
         for step in 0..300 {
             if policy.is_none() || rng.below(20) == 0 {
-                let made = make(limits[rng.below(5) as usize], spans[rng.below(5) as usize]);
+                let made = make(limits[rng.index(5)], spans[rng.index(5)]);
                 if let Ok(p) = made {
                     policy = Some(p.with_name(format!("x-{name}")).unwrap());
                 }
