@@ -941,7 +941,7 @@ fn the_key_budget_never_leaks_under_random_operations() {
                 let (store, policies, over) = (&store, &policies, &over);
                 s.spawn(move || {
                     let mut rng = Lcg(round * 1_000 + t);
-                    let mut permits = Vec::new();
+                    let mut permits: Vec<(Vec<u8>, &Policy, _)> = Vec::new();
                     for _ in 0..400 {
                         let key = format!("k{}", rng.below(90));
                         let policy = &policies[rng.index(policies.len())];
