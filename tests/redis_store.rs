@@ -638,8 +638,14 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
     assert_eq!(keys, "acl:sliding-log-2-per-1m:{k}");
 
     let wrong = format!("redis://limiter:nope@127.0.0.1:{}/3", server.port());
-    let store = RedisStore::builder(wrong).build().await.unwrap();
-    assert!(store.check(b"k", &policy, 1).await.is_err());
+    let refused = RedisStore::builder(wrong).build().await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("credentials")),
+        "{:?}",
+        refused.err()
+    );
 }
 
 #[tokio::test]
@@ -1069,20 +1075,31 @@ async fn a_host_that_never_resolves_fails_the_build_unless_allowed() {
     );
 }
 
-/// A refused password is not checked at build (that needs a connection,
-/// and a Redis down at start-up must build), but it is never an outage:
-/// every call fails with an error no failure policy lets through.
+/// Refused credentials fail the build, naming them, for a wrong password and
+/// for none where the server wants one; the right password builds and
+/// decides. (A server that is down at start-up still builds: above.)
 #[tokio::test]
-async fn a_refused_password_builds_and_every_call_is_a_mistake_not_an_outage() {
+async fn refused_credentials_fail_the_build() {
     let server = RedisServer::start_with_args(&["--requirepass", "right"]);
-    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
-    let store = build(RedisStore::builder(url).call_timeout(ms(2_000))).await;
-    let policy = fixed_window("p", 5, Duration::from_secs(60));
-    for _ in 0..2 {
-        let answer = store.check(b"k", &policy, 1).await;
-        let Err(error) = answer else {
-            panic!("a wrong password decided: {answer:?}");
+    let port = server.port();
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+    ] {
+        let built = RedisStore::builder(url.clone())
+            .call_timeout(ms(2_000))
+            .build()
+            .await;
+        let Err(error) = built else {
+            panic!("{url}: refused credentials built a store");
         };
-        assert!(!error.is_outage(), "{error}");
+        assert!(!error.is_outage(), "{url}: {error}");
+        assert!(error.to_string().contains("credentials"), "{url}: {error}");
     }
+    let store = build(
+        RedisStore::builder(format!("redis://:right@127.0.0.1:{port}")).call_timeout(ms(2_000)),
+    )
+    .await;
+    let policy = fixed_window("p", 5, Duration::from_secs(60));
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 }

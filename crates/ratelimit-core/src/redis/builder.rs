@@ -162,7 +162,10 @@ impl RedisStoreBuilder {
     ///
     /// Fails, among other mistakes, when a host name of the URL (of a seed
     /// URL on a cluster) does not resolve, unless
-    /// [`allow_unresolved_hosts`](Self::allow_unresolved_hosts) is set.
+    /// [`allow_unresolved_hosts`](Self::allow_unresolved_hosts) is set, and
+    /// when a single node that answers refuses the URL's credentials (one
+    /// connection is tried, within the connect timeout; a node that does not
+    /// answer then is an outage, not a mistake).
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         if !valid_prefix(&self.prefix) {
             return Err(StoreError::Backend(
@@ -242,6 +245,7 @@ impl RedisStoreBuilder {
             };
             #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
+            check_credentials(&client, self.connect_timeout).await?;
             Backend::Node(Node::Own(Box::new(Connections::new(
                 client,
                 self.connect_timeout,
@@ -308,6 +312,34 @@ impl RedisStoreBuilder {
 /// Resolves the host name of each TCP URL of `urls` (a Unix socket has none;
 /// a URL that does not parse is left to the client, which reports it), each
 /// within `timeout`: an error naming the first host that does not resolve.
+/// Refused credentials are a mistake to report at start-up, never an
+/// outage for the failure policy: one connection is tried and a `PING`
+/// sent. A server that is down, slow or unreachable lets the store build (its
+/// calls are outages until it answers), and so does any other error, which
+/// every call will report.
+async fn check_credentials(client: &redis::Client, timeout: Duration) -> Result<(), StoreError> {
+    let attempt = async {
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<()>(&mut connection).await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Err(error))
+            if error.kind() == redis::ErrorKind::AuthenticationFailed
+                || error.code() == Some("NOAUTH")
+                || error.code() == Some("WRONGPASS") =>
+        {
+            Err(StoreError::Backend(
+                format!(
+                    "Redis refused the credentials of the URL ({error}); \
+                     check its user name and password"
+                )
+                .into(),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 async fn resolve_hosts(urls: &[String], timeout: Duration) -> Result<(), StoreError> {
     for url in urls {
         let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) else {
