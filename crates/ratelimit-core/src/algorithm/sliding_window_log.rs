@@ -121,18 +121,7 @@ impl SlidingWindowLog {
     /// budget. Returns what a peek then reports.
     pub fn reward(&self, state: &mut SlidingWindowLogState, now: u64, amount: u64) -> Decision {
         self.expire(state, now);
-        let mut left = amount;
-        while left > 0
-            && let Some((_, c)) = state.entries.back_mut()
-        {
-            let taken = left.min(*c);
-            *c -= taken;
-            state.total -= taken;
-            left -= taken;
-            if *c == 0 {
-                state.entries.pop_back();
-            }
-        }
+        remove(state, amount, End::Newest);
         self.decide(state, now, 0)
     }
 
@@ -150,18 +139,7 @@ impl SlidingWindowLog {
         amount: u64,
     ) -> Decision {
         self.expire(state, now);
-        let mut left = amount;
-        while left > 0
-            && let Some((_, c)) = state.entries.front_mut()
-        {
-            let taken = left.min(*c);
-            *c -= taken;
-            state.total -= taken;
-            left -= taken;
-            if *c == 0 {
-                state.entries.pop_front();
-            }
-        }
+        remove(state, amount, End::Oldest);
         self.decide(state, now, 0)
     }
 
@@ -182,6 +160,37 @@ impl SlidingWindowLog {
             .entries
             .back()
             .map_or(0, |&(t, _)| (t + self.window).saturating_sub(now))
+    }
+}
+
+/// Which end of a log units are removed from.
+#[derive(Clone, Copy)]
+enum End {
+    Oldest,
+    Newest,
+}
+
+/// Removes up to `amount` units from the `end` of the log.
+fn remove(state: &mut SlidingWindowLogState, amount: u64, end: End) {
+    let mut left = amount;
+    while left > 0 {
+        let entry = match end {
+            End::Oldest => state.entries.front_mut(),
+            End::Newest => state.entries.back_mut(),
+        };
+        let Some((_, c)) = entry else {
+            return;
+        };
+        let taken = left.min(*c);
+        *c -= taken;
+        state.total -= taken;
+        left -= taken;
+        if *c == 0 {
+            match end {
+                End::Oldest => state.entries.pop_front(),
+                End::Newest => state.entries.pop_back(),
+            };
+        }
     }
 }
 
