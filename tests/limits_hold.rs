@@ -6,4 +6,5 @@
 
 mod attacks;
 mod attacks2;
+mod attacks3;
 mod routing;
