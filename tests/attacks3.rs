@@ -68,3 +68,71 @@ async fn two_header_keys_under_one_policy_do_not_share_budgets() {
         "a client sending another's tenant id as its API key drained that tenant's budget"
     );
 }
+
+mod around_the_router {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Path;
+    use axum::http::Request;
+    use axum::routing::any;
+    use ratelimit_core::MemoryStore;
+    use ratelimit_tower::RateLimitLayer;
+    use ratelimit_tower::config::Config;
+    use tower::{Layer, ServiceExt};
+
+    const ROUTE_KEYED: &str = r#"
+        [policies.p]
+        algorithm = "fixed-window"
+        limit = 1
+        window = "1h"
+
+        [[rules]]
+        policy = "p"
+        key = "route"
+        routes = ["/api/export"]
+    "#;
+
+    /// SECURITY.md, "Route rules": where axum's `MatchedPath` is not known
+    /// (the layer around the router) `RouteKey` "keys by the path with
+    /// unreserved bytes decoded, slashes merged and dot segments resolved, so
+    /// the spellings of one path share one key". RFC 3986 says the hex digits
+    /// of an escape are case-insensitive (`%3A` is `%3a`), and axum's `Path`
+    /// decodes every escape, so `/api/export/a:b`, `/api/export/a%3Ab` and
+    /// `/api/export/a%3ab` are one path to the handler (it is given `a:b`
+    /// each time) but three keys: three budgets for one export. (Every
+    /// escaped byte with a hex letter doubles the count, and each sub-delim
+    /// can be written raw or escaped.)
+    #[tokio::test]
+    async fn route_key_around_the_router_shares_one_budget_across_escape_spellings() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let names = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (r, n) = (runs.clone(), names.clone());
+        let router: Router = Router::new().route(
+            "/api/export/{name}",
+            any(move |Path(name): Path<String>| {
+                r.fetch_add(1, Ordering::SeqCst);
+                n.lock().unwrap().push(name);
+                std::future::ready("ran")
+            }),
+        );
+        let layer = RateLimitLayer::with_rules(
+            MemoryStore::new(),
+            Config::from_toml(ROUTE_KEYED).expect("valid"),
+        );
+        let svc = layer.layer(router);
+        let mut statuses = Vec::new();
+        for path in ["/api/export/a:b", "/api/export/a%3Ab", "/api/export/a%3ab"] {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            statuses.push((path, svc.clone().oneshot(req).await.unwrap().status()));
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "one path spelt three ways, limit 1, ran for {:?}: {statuses:?}",
+            names.lock().unwrap()
+        );
+    }
+}
