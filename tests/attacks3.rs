@@ -136,3 +136,51 @@ mod around_the_router {
         );
     }
 }
+
+/// SECURITY.md/RELIABILITY.md, "Every limit holds": "an operator's ordinary
+/// operations (... Redis credential or host mistakes ...) never lift a limit
+/// silently", and a client cannot get a fresh budget "through ... keys".
+/// A Redis run with a memory bound and an eviction policy (`volatile-lru`
+/// is the default of managed Redis services such as ElastiCache; every
+/// rate-limit key has a TTL, so each is a candidate) builds without a word,
+/// and a client that rotates keys (header values cost nothing) pushes the
+/// counters out of Redis, its own included: a key at `429` is at `200`
+/// again within its window. `MemoryStore` refuses new keys rather than evict
+/// live state (SECURITY.md, "When the in-memory store is full"); the Redis
+/// store neither refuses to build on such a server nor notices the eviction.
+#[tokio::test]
+async fn a_redis_that_evicts_keys_never_hands_a_limited_key_a_fresh_budget() {
+    use ratelimit_core::{Check, Policy, Store};
+    use std::time::Duration;
+    let server = ratelimit_tests::RedisServer::start_with_args(&[
+        "--maxmemory",
+        "4mb",
+        "--maxmemory-policy",
+        "volatile-lru",
+    ]);
+    let store = ratelimit_tests::stores::redis_store(server.url()).await;
+    let policy = Policy::fixed_window(1, Duration::from_secs(3600)).expect("policy");
+    let victim = b"attacker-key".as_slice();
+    assert!(ratelimit_tests::stores::admits(&store, victim, &policy).await);
+    assert!(!ratelimit_tests::stores::admits(&store, victim, &policy).await);
+    // The attacker rotates a header value: one request per fresh key.
+    let keys: Vec<Vec<u8>> = (0..60_000u32)
+        .map(|i| format!("rotated-key-{i:08}").into_bytes())
+        .collect();
+    for chunk in keys.chunks(500) {
+        let checks: Vec<Check<'_>> = chunk.iter().map(|k| Check::new(k, &policy, 1)).collect();
+        // Refusals (an out-of-memory reply) would be the limiter holding.
+        let _ = store.check_all(&checks).await;
+    }
+    let evicted = server.cli(&["INFO", "stats"]);
+    let decision = store.check(victim, &policy, 1).await;
+    assert!(
+        !matches!(&decision, Ok(d) if d.is_allowed()),
+        "a key denied within its 1h window was admitted again after Redis evicted its \
+         counter ({}): {decision:?}",
+        evicted
+            .lines()
+            .find(|l| l.starts_with("evicted_keys"))
+            .unwrap_or("?")
+    );
+}
