@@ -184,3 +184,95 @@ async fn a_redis_that_evicts_keys_never_hands_a_limited_key_a_fresh_budget() {
             .unwrap_or("?")
     );
 }
+
+/// RELIABILITY.md, "Concurrency permits: held as long as their holder": "a
+/// permit lasts exactly as long as the work it guards, however long that is
+/// (server-sent events, downloads, gRPC streams)", and a concurrency limit
+/// "admits at most `max` requests in flight per key". A WebSocket (or any
+/// HTTP upgrade) is the same kind of long-lived work: the handler answers
+/// `101` with an empty body and keeps serving the upgraded connection. The
+/// permit lives in the response body, which ends with the `101`, so under a
+/// concurrency limit of 1 a client holds as many upgraded sessions of the
+/// limited handler at once as it opens.
+#[tokio::test]
+async fn an_upgraded_connection_holds_its_concurrency_permit() {
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Request as AxumRequest;
+    use axum::http::{Response as AxumResponse, StatusCode};
+    use axum::routing::get;
+    use ratelimit_core::Policy;
+    use ratelimit_tower::PeerIp;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let sessions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let live = sessions.clone();
+    let app = Router::new()
+        .route(
+            "/ws",
+            get(move |mut req: AxumRequest| {
+                let live = live.clone();
+                async move {
+                    let on_upgrade = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        if let Ok(upgraded) = on_upgrade.await {
+                            live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            // The session: held until the client goes away.
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            drop(upgraded);
+                        }
+                    });
+                    AxumResponse::builder()
+                        .status(StatusCode::SWITCHING_PROTOCOLS)
+                        .header("connection", "upgrade")
+                        .header("upgrade", "websocket")
+                        .body(Body::empty())
+                        .unwrap()
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            MemoryStore::new(),
+            Policy::concurrency(1, Duration::from_secs(30)).expect("policy"),
+            PeerIp,
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    let mut statuses = Vec::new();
+    let mut sockets = Vec::new();
+    for _ in 0..3 {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(
+                b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut head = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut head))
+            .await
+            .expect("an answer")
+            .unwrap();
+        let head = String::from_utf8_lossy(&head[..n]).into_owned();
+        statuses.push(head.lines().next().unwrap_or("").to_owned());
+        // The client keeps its session open.
+        sockets.push(socket);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.abort();
+    assert_eq!(
+        sessions.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "under a concurrency limit of 1, one client held these upgraded sessions at once: \
+         {statuses:?}"
+    );
+}
