@@ -276,3 +276,110 @@ async fn an_upgraded_connection_holds_its_concurrency_permit() {
          {statuses:?}"
     );
 }
+
+mod cancelled_with_a_shadow_policy {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use http::Request;
+    use ratelimit_core::{
+        Check, Decision, MemoryStore, PermitId, Policy, RefundFuture, Store, StoreError,
+    };
+    use ratelimit_tower::{GlobalKey, RateLimitLayer, Rule};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+    /// A `MemoryStore` whose shadow checks take as long as a slow store's
+    /// (a Redis call still in flight) while `slow` is set.
+    #[derive(Clone)]
+    struct SlowShadow {
+        inner: MemoryStore,
+        slow: Arc<AtomicBool>,
+    }
+
+    impl Store for SlowShadow {
+        type CheckFuture = Boxed<Decision>;
+        type CheckAllFuture = Boxed<Vec<Decision>>;
+        type ReleaseFuture = Boxed<()>;
+        type RenewFuture = Boxed<bool>;
+
+        fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+            let answer = self.inner.check(key, policy, cost);
+            if policy.is_shadow() && self.slow.load(Ordering::SeqCst) {
+                return Box::pin(async move {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    answer.await
+                });
+            }
+            Box::pin(answer)
+        }
+
+        fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+            Box::pin(self.inner.check_all(checks))
+        }
+
+        fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+            Box::pin(self.inner.release(key, policy, permit))
+        }
+
+        fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
+            self.inner.refund(key, policy, cost, decision)
+        }
+
+        fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+            Box::pin(self.inner.renew(key, policy, permit))
+        }
+    }
+
+    /// RELIABILITY.md, "Concurrency permits": "Dropping the guard (... the
+    /// request was cancelled ...) stops the renewals and releases the permit
+    /// at once", and SECURITY.md: a client cannot "drain another client's
+    /// budget" through "cancellation". The enforced and the shadow policies
+    /// of a request are asked together (`tokio::join!`); when the enforced
+    /// answer (with a concurrency permit) is in and the shadow answer is not
+    /// yet (a store call in flight), a client that goes away drops the
+    /// request there: the permit was never put in a guard, so nothing
+    /// releases it, and it stays held for its whole lease. Under a global
+    /// concurrency limit (the documented "global limit in front") a client
+    /// that connects and hangs up holds every slot, for every client, with
+    /// no request running.
+    #[tokio::test]
+    async fn a_request_cancelled_while_its_shadow_policy_is_asked_releases_its_permit() {
+        let slow = Arc::new(AtomicBool::new(true));
+        let store = SlowShadow {
+            inner: MemoryStore::new(),
+            slow: slow.clone(),
+        };
+        let global = Policy::concurrency(1, Duration::from_secs(60))
+            .unwrap()
+            .with_name("in-flight")
+            .unwrap();
+        let trial = Policy::fixed_window(100, Duration::from_secs(60))
+            .unwrap()
+            .with_name("trial")
+            .unwrap()
+            .with_shadow(true);
+        let rules = Rule::new(global, GlobalKey::default()).and(Rule::new(trial, GlobalKey::default()));
+        let service = ServiceBuilder::new()
+            .layer(RateLimitLayer::with_rules(store, rules))
+            .service_fn(super::ok);
+        let get = || Request::get("/").body(String::new()).unwrap();
+        // The attacker's request, cancelled while the shadow call is in flight.
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(50), service.clone().oneshot(get())).await;
+        assert!(cancelled.is_err(), "the shadow call was meant to be in flight");
+        slow.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Another client, with no request in flight anywhere.
+        let status = service.clone().oneshot(get()).await.unwrap().status();
+        assert_eq!(
+            status.as_u16(),
+            200,
+            "a cancelled request's permit stayed held: nothing runs, yet the global slot is taken"
+        );
+    }
+}
