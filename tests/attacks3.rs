@@ -383,3 +383,48 @@ mod cancelled_with_a_shadow_policy {
         );
     }
 }
+
+/// RELIABILITY.md, "Refused credentials": "Should credentials be revoked
+/// later, every call fails with the authentication error, which is not an
+/// outage: the layer refuses it with `500` whatever the failure policy". An
+/// operator rotates the Redis password (`CONFIG SET requirepass`) and the
+/// old connections go (`CLIENT KILL`, a restart, a failover): the store's
+/// new connections are refused. With `FailurePolicy::Open` the limit must
+/// not be lifted.
+#[tokio::test]
+async fn revoked_credentials_never_fail_open() {
+    use ratelimit_core::Policy;
+    use ratelimit_core::redis::RedisStore;
+    use ratelimit_tower::GlobalKey;
+    use std::time::Duration;
+
+    let server = ratelimit_tests::RedisServer::start_with_args(&["--requirepass", "right"]);
+    let port = server.port();
+    let store = RedisStore::builder(format!("redis://:right@127.0.0.1:{port}"))
+        .call_timeout(Duration::from_millis(1_000))
+        .build()
+        .await
+        .expect("the right password builds");
+    let policy = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
+    let layer = RateLimitLayer::new(store, policy, GlobalKey::default())
+        .on_failure(FailurePolicy::Open);
+    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let get = || Request::get("/").body(String::new()).unwrap();
+    let first = service.clone().oneshot(get()).await.unwrap().status().as_u16();
+    assert_eq!(first, 200);
+    // The password is rotated and the old connections are closed.
+    server.cli(&["-a", "right", "--no-auth-warning", "CONFIG", "SET", "requirepass", "rotated"]);
+    server.cli(&["-a", "rotated", "--no-auth-warning", "CLIENT", "KILL", "TYPE", "normal"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut after = Vec::new();
+    for _ in 0..4 {
+        after.push(service.clone().oneshot(get()).await.unwrap().status().as_u16());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("after the rotation: {after:?}");
+    assert!(
+        !after.contains(&200),
+        "after the password was rotated, a limit of 1 (already used) admitted again \
+         under FailurePolicy::Open: {after:?}"
+    );
+}
