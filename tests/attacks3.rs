@@ -428,3 +428,31 @@ async fn revoked_credentials_never_fail_open() {
          under FailurePolicy::Open: {after:?}"
     );
 }
+
+/// SECURITY.md, "Trusted proxies": "A malformed entry yields the last
+/// trusted hop, never a value an untrusted party wrote", and a client cannot
+/// drain the budget every client behind a proxy shares. A client writes its
+/// own `Forwarded` with an unclosed quote (or a dangling escape) so that a
+/// quote-aware reader would swallow the element its proxy appends and fall
+/// back to the proxy's address; the reader splits from the right, so the
+/// appended element is still the key. (Held.)
+#[test]
+fn a_client_forwarded_with_an_open_quote_cannot_swallow_its_proxys_element() {
+    use ratelimit_tower::{ClientIp, ForwardingHeader, KeyExtractor, TrustedProxies};
+    let client_ip = ClientIp::trusting(
+        TrustedProxies::parse(["10.0.0.0/8"]).expect("cidr"),
+        ForwardingHeader::Forwarded,
+    );
+    for written in [
+        "for=\"198.51.100.7",
+        "for=\"198.51.100.7\\",
+        "for=198.51.100.7;by=\"",
+        "for=\"[2001:db8::1",
+        "\"",
+    ] {
+        let value = format!("{written}, for=203.0.113.9");
+        let req = req("/", "10.0.0.5", &[("forwarded", &value)]);
+        let key = client_ip.extract(&req).expect("a key");
+        assert_eq!(key.as_bytes(), b"203.0.113.9", "{value:?}");
+    }
+}
