@@ -1,7 +1,9 @@
 //! Every limit holds on the paths users and attackers take: route rules
 //! against a real axum router (`routing`), and the attacks of reviewers who
 //! had not seen the code, on the HTTP face (`attacks`) and on reloads,
-//! permits, parameter changes, the key bound and client keys (`attacks2`).
+//! permits, parameter changes, the key bound and client keys (`attacks2`),
+//! and of the third review (`attacks3`: shared policies, escape spellings,
+//! Redis eviction, upgrades, cancellation beside shadow policies).
 //! One binary, so the suite links it once.
 
 mod attacks;
