@@ -166,14 +166,16 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
     // Two groups, asked together: in one all-or-nothing check a shadow
     // denial would stop the enforced limits from consuming, and an enforced
     // denial would hide what the shadow policies decide.
-    let (first, (shadow_decisions, shadow_permits)) =
-        tokio::join!(ask(&settings, &enforced), decide_shadow(&settings, &shadow));
+    let (first, (shadow_decisions, shadow_permits)) = tokio::join!(
+        ask_holding(&settings, &enforced),
+        decide_shadow(&settings, &shadow)
+    );
     let mut first = Some(first);
     let mut attempts: u32 = 0;
     loop {
-        let answer = match first.take() {
+        let (answer, permits) = match first.take() {
             Some(answer) => answer,
-            None => ask(&settings, &enforced).await,
+            None => ask_holding(&settings, &enforced).await,
         };
         let decisions = match answer {
             Ok(decisions) => decisions,
@@ -191,14 +193,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             metrics::record_decision(limit.policy(), limit.key(), decision, settings.near_limit);
         }
         let allowed = decisions.iter().all(Decision::is_allowed);
-        let mut permits = PermitGuard::default();
-        if allowed {
-            for (limit, decision) in enforced.iter().zip(&decisions) {
-                if let Some(permit) = decision.permit() {
-                    permits.hold(&settings.store, limit.key(), limit.policy(), permit);
-                }
-            }
-        }
+        let mut permits = permits;
         // Only enforced policies make a request wait: a shadow leaky bucket's
         // slot or a shadow denial never delays it.
         let delay = decisions
@@ -488,6 +483,27 @@ fn merge(order: &[bool], enforced: Vec<PolicyDecision>, shadow: Vec<PolicyDecisi
 }
 
 /// One store call for `limits` (none when there are none), timed.
+/// [`ask`], with the permits of an allowed answer held as soon as it
+/// arrives: a request dropped while something else it waits for is still
+/// running (its shadow policies) releases them, never leaks them.
+async fn ask_holding<St: Store + Clone>(
+    settings: &Settings<St>,
+    limits: &[Limit],
+) -> (Result<Vec<Decision>, StoreError>, PermitGuard) {
+    let answer = ask(settings, limits).await;
+    let mut permits = PermitGuard::default();
+    if let Ok(decisions) = &answer
+        && decisions.iter().all(Decision::is_allowed)
+    {
+        for (limit, decision) in limits.iter().zip(decisions) {
+            if let Some(permit) = decision.permit() {
+                permits.hold(&settings.store, limit.key(), limit.policy(), permit);
+            }
+        }
+    }
+    (answer, permits)
+}
+
 async fn ask<St: Store>(
     settings: &Settings<St>,
     limits: &[Limit],

@@ -55,14 +55,48 @@ fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
     false
 }
 
-/// The path a route key uses where the router's route is not known:
-/// unreserved bytes decoded, then slashes merged and dot segments resolved,
-/// so the spellings of one path share one key.
+/// The path a route key uses where the router's route is not known: every
+/// percent-encoded byte decoded but `/` and `%` (which would make another
+/// path, or another escape), whose escapes are written in capitals, then
+/// slashes merged and dot segments resolved, so the spellings of one path
+/// share one key (`/a:b`, `/a%3Ab` and `/a%3ab` are one, as for axum's
+/// `Path`). Bytes that do not decode to UTF-8 are replaced, which only ever
+/// joins keys.
 pub(crate) fn key_path(path: &str) -> Cow<'_, str> {
-    match decode_unreserved(path) {
-        Cow::Borrowed(path) => normalize(path),
-        Cow::Owned(decoded) => Cow::Owned(normalize(&decoded).into_owned()),
+    if !path.contains('%') {
+        return normalize(path);
     }
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], escaped(bytes, i)) {
+            (b'%', Some(byte @ (b'/' | b'%'))) => {
+                out.push(b'%');
+                out.extend_from_slice(if byte == b'/' { b"2F" } else { b"25" });
+                i += 3;
+            }
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    let decoded = String::from_utf8_lossy(&out);
+    Cow::Owned(normalize(&decoded).into_owned())
+}
+
+/// The byte the escape `%XX` at `at` in `bytes` encodes, if it is one.
+fn escaped(bytes: &[u8], at: usize) -> Option<u8> {
+    let hex = bytes.get(at + 1..at + 3)?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
 }
 
 /// The method a route rule sees: `HEAD` is `GET`, since routers (axum among
@@ -82,8 +116,7 @@ pub(crate) fn route_method(method: &Method) -> &Method {
 fn decode_unreserved(path: &str) -> Cow<'_, str> {
     let bytes = path.as_bytes();
     let decoded_at = |i: usize| -> Option<u8> {
-        let hex = bytes.get(i + 1..i + 3)?;
-        let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+        let byte = escaped(bytes, i)?;
         (byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')).then_some(byte)
     };
     let Some(first) = (0..bytes.len()).find(|&i| bytes[i] == b'%' && decoded_at(i).is_some())
@@ -199,6 +232,18 @@ mod tests {
         );
         assert_eq!(spellings("/api/export/%2e%2e")[0], "/api/export/%2e%2e");
         assert_eq!(spellings("/api/x"), ["/api/x"]);
+    }
+
+    #[test]
+    fn route_key_paths_decode_all_but_slash_and_percent() {
+        use super::key_path;
+        assert_eq!(key_path("/a:b"), "/a:b");
+        assert_eq!(key_path("/a%3Ab"), "/a:b");
+        assert_eq!(key_path("/a%3ab/%2e%2E/c"), "/c");
+        assert_eq!(key_path("/a%2fb%2F"), "/a%2Fb%2F");
+        assert_eq!(key_path("/a%252e%252e"), "/a%252e%252e");
+        assert_eq!(key_path("/%ff%FF"), "/\u{fffd}\u{fffd}");
+        assert_eq!(key_path("/a%+6%z"), "/a%+6%z");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub struct RedisStoreBuilder {
     pub(super) max_batch: usize,
     pub(super) fixed_clock: Option<Arc<dyn Clock>>,
     pub(super) allow_unresolved_hosts: bool,
+    pub(super) allow_eviction: bool,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
     #[cfg(feature = "bb8")]
@@ -32,6 +33,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("call_timeout", &self.call_timeout)
             .field("max_batch", &self.max_batch)
             .field("allow_unresolved_hosts", &self.allow_unresolved_hosts)
+            .field("allow_eviction", &self.allow_eviction)
             .field("bb8_pool", &self.has_pool())
             .finish_non_exhaustive()
     }
@@ -134,6 +136,20 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Builds on a node whose `maxmemory-policy` may evict keys. Every
+    /// rate-limit key has a TTL, so every `volatile-*` and `allkeys-*`
+    /// policy may evict them once the node is full, and a key evicted
+    /// within its window starts again with a full budget: a client that
+    /// rotates keys can push its own counters out. Without this,
+    /// [`build`](Self::build) refuses such a node (when it may read the
+    /// policy with `INFO memory`). Set `maxmemory-policy noeviction` instead
+    /// where you can: a full node then refuses writes, which the layer
+    /// refuses too (`500`), never admits.
+    pub fn allow_eviction(mut self) -> Self {
+        self.allow_eviction = true;
+        self
+    }
+
     /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
     /// instead of the system's roots, as for a private CA. On a cluster, for
     /// every node: the cluster client's connections and the store's own
@@ -163,7 +179,8 @@ impl RedisStoreBuilder {
     /// Fails, among other mistakes, when a host name of the URL (of a seed
     /// URL on a cluster) does not resolve, unless
     /// [`allow_unresolved_hosts`](Self::allow_unresolved_hosts) is set, and
-    /// when a single node that answers refuses the URL's credentials (one
+    /// when a single node that answers refuses the URL's credentials or may
+    /// evict keys (unless [`allow_eviction`](Self::allow_eviction); one
     /// connection is tried, within the connect timeout; a node that does not
     /// answer then is an outage, not a mistake).
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
@@ -245,7 +262,7 @@ impl RedisStoreBuilder {
             };
             #[cfg(not(feature = "tls"))]
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
-            check_credentials(&client, self.connect_timeout).await?;
+            check_node(&client, self.connect_timeout, self.allow_eviction).await?;
             Backend::Node(Node::Own(Box::new(Connections::new(
                 client,
                 self.connect_timeout,
@@ -312,15 +329,32 @@ impl RedisStoreBuilder {
 /// Resolves the host name of each TCP URL of `urls` (a Unix socket has none;
 /// a URL that does not parse is left to the client, which reports it), each
 /// within `timeout`: an error naming the first host that does not resolve.
-/// Refused credentials are a mistake to report at start-up, never an
-/// outage for the failure policy: one connection is tried and a `PING`
-/// sent. A server that is down, slow or unreachable lets the store build (its
-/// calls are outages until it answers), and so does any other error, which
-/// every call will report.
-async fn check_credentials(client: &redis::Client, timeout: Duration) -> Result<(), StoreError> {
+/// Mistakes a node that answers can show at start-up, rather than as
+/// refusals or over-admissions later: refused credentials (one connection is
+/// tried and a `PING` sent), and, unless `allow_eviction`, a
+/// `maxmemory-policy` that may evict rate-limit keys (read with `INFO
+/// memory`; a user not allowed `INFO` is not checked). A node that is down,
+/// slow or unreachable lets the store build (its calls are outages until it
+/// answers), and so does any other error, which every call will report.
+async fn check_node(
+    client: &redis::Client,
+    timeout: Duration,
+    allow_eviction: bool,
+) -> Result<(), StoreError> {
     let attempt = async {
         let mut connection = client.get_multiplexed_async_connection().await?;
-        redis::cmd("PING").query_async::<()>(&mut connection).await
+        redis::cmd("PING")
+            .query_async::<()>(&mut connection)
+            .await?;
+        if allow_eviction {
+            return Ok(None);
+        }
+        let info = redis::cmd("INFO")
+            .arg("memory")
+            .query_async::<String>(&mut connection)
+            .await
+            .ok();
+        Ok::<_, redis::RedisError>(info)
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(Err(error))
@@ -336,8 +370,33 @@ async fn check_credentials(client: &redis::Client, timeout: Duration) -> Result<
                 .into(),
             ))
         }
+        Ok(Ok(Some(info))) => match evicting_policy(&info) {
+            Some(policy) => Err(StoreError::Backend(
+                format!(
+                    "Redis's maxmemory-policy is {policy}, which may evict rate-limit keys \
+                     (each has a TTL) and hand their clients a fresh budget: set \
+                     maxmemory-policy noeviction, or build with allow_eviction()"
+                )
+                .into(),
+            )),
+            None => Ok(()),
+        },
         _ => Ok(()),
     }
+}
+
+/// The `maxmemory_policy` of an `INFO memory` reply, when it may evict keys:
+/// a policy other than `noeviction` under a memory bound (`maxmemory` 0 is
+/// none).
+fn evicting_policy(info: &str) -> Option<&str> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let bounded = field("maxmemory").is_some_and(|bytes| bytes != "0");
+    let policy = field("maxmemory_policy")?;
+    (bounded && policy != "noeviction").then_some(policy)
 }
 
 async fn resolve_hosts(urls: &[String], timeout: Duration) -> Result<(), StoreError> {

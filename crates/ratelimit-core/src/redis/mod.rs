@@ -155,6 +155,7 @@ impl RedisStore {
             max_batch: DEFAULT_MAX_BATCH,
             fixed_clock: None,
             allow_unresolved_hosts: false,
+            allow_eviction: false,
             #[cfg(feature = "tls")]
             root_cert: None,
             #[cfg(feature = "bb8")]

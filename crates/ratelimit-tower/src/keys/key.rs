@@ -218,6 +218,11 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 
 /// The value of a request header, such as `x-api-key`, hashed (SHA-256) before
 /// it reaches a store, so stores, logs and metrics never see the raw secret.
+/// The header's name is hashed with it: two rules keyed by two headers under
+/// one policy keep apart budgets, so a client cannot send another client's
+/// (not secret) tenant id as its API key and spend that tenant's budget.
+/// [`key_for`](HeaderKey::key_for) gives the key of a value, for an
+/// operator's tools.
 ///
 /// Requests without the header, or with an empty one, have no key
 /// ([`NoKey::Absent`]): by default they are refused (`429`, or what
@@ -248,6 +253,27 @@ impl HeaderKey {
     pub fn from_static(name: &'static str) -> Self {
         HeaderKey::new(HeaderName::from_static(name))
     }
+
+    /// The key of requests whose header holds `value`: the hash of the
+    /// header's name, `:` and the value (a name holds no `:`, so no two
+    /// pairs give one text).
+    ///
+    /// ```
+    /// use ratelimit_tower::{HeaderKey, KeyExtractor};
+    ///
+    /// let api_key = HeaderKey::from_static("x-api-key");
+    /// let req = http::Request::get("/").header("x-api-key", "acme").body(()).unwrap();
+    /// assert_eq!(api_key.extract(&req), Some(api_key.key_for(b"acme")));
+    /// assert_ne!(api_key.key_for(b"acme"), HeaderKey::from_static("x-tenant").key_for(b"acme"));
+    /// ```
+    pub fn key_for(&self, value: &[u8]) -> Key {
+        let name = self.name.as_str().as_bytes();
+        let mut text = Vec::with_capacity(name.len() + 1 + value.len());
+        text.extend_from_slice(name);
+        text.push(b':');
+        text.extend_from_slice(value);
+        Key::copy_from_slice(&ratelimit_core::key::hashed_array(&text))
+    }
 }
 
 impl<B> KeyExtractor<Request<B>> for HeaderKey {
@@ -256,9 +282,7 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
         if value.is_empty() {
             return None;
         }
-        Some(Key::copy_from_slice(&ratelimit_core::key::hashed_array(
-            value.as_bytes(),
-        )))
+        Some(self.key_for(value.as_bytes()))
     }
 
     fn try_extract(&self, req: &Request<B>) -> Result<Key, NoKey> {
