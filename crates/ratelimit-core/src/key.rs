@@ -66,8 +66,24 @@ pub fn hashed(key: &[u8]) -> Vec<u8> {
 /// assert_eq!(hashed_array(b"secret").as_slice(), hashed(b"secret").as_slice());
 /// ```
 pub fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
+    hashed_parts(&[key])
+}
+
+/// [`hashed_array`] of the parts written one after the other, without
+/// joining them first.
+///
+/// ```
+/// use ratelimit_core::key::{hashed_array, hashed_parts};
+///
+/// assert_eq!(hashed_parts(&[b"x-api-key", b":", b"k1"]), hashed_array(b"x-api-key:k1"));
+/// ```
+pub fn hashed_parts(parts: &[&[u8]]) -> [u8; HASHED_KEY_LEN] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(key);
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
     let mut out = [HASHED_KEY_MARKER; HASHED_KEY_LEN];
     for (pair, byte) in out[1..].chunks_exact_mut(2).zip(&digest[..16]) {
         pair[0] = HEX[usize::from(byte >> 4)];

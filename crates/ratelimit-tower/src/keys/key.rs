@@ -268,11 +268,7 @@ impl HeaderKey {
     /// ```
     pub fn key_for(&self, value: &[u8]) -> Key {
         let name = self.name.as_str().as_bytes();
-        let mut text = Vec::with_capacity(name.len() + 1 + value.len());
-        text.extend_from_slice(name);
-        text.push(b':');
-        text.extend_from_slice(value);
-        Key::copy_from_slice(&ratelimit_core::key::hashed_array(&text))
+        Key::copy_from_slice(&ratelimit_core::key::hashed_parts(&[name, b":", value]))
     }
 }
 
