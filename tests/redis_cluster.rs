@@ -581,3 +581,39 @@ async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
         "a mistake, not an outage: {refused:?}"
     );
 }
+
+/// A cluster whose masters may evict keys (a memory bound under
+/// `volatile-lru`) is refused at build, as a single node is: an evicted key
+/// would start again with a full budget. `allow_eviction()` builds.
+#[tokio::test]
+async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
+    let cluster = RedisCluster::start();
+    for index in 0..cluster.nodes().len() {
+        assert_eq!(
+            cluster.cli(index, &["CONFIG", "SET", "maxmemory", "100mb"]),
+            "OK"
+        );
+        assert_eq!(
+            cluster.cli(
+                index,
+                &["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]
+            ),
+            "OK"
+        );
+    }
+    let refused = RedisStore::cluster_builder(cluster.urls()).build().await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("volatile-lru") && !e.is_outage()),
+        "{:?}",
+        refused.err()
+    );
+    assert!(
+        RedisStore::cluster_builder(cluster.urls())
+            .allow_eviction()
+            .build()
+            .await
+            .is_ok()
+    );
+}

@@ -142,7 +142,8 @@ impl RedisStoreBuilder {
     /// within its window starts again with a full budget: a client that
     /// rotates keys can push its own counters out. Without this,
     /// [`build`](Self::build) refuses such a node (when it may read the
-    /// policy with `INFO memory`). Set `maxmemory-policy noeviction` instead
+    /// policy with `INFO memory`; on a cluster, every master's). Set
+    /// `maxmemory-policy noeviction` instead
     /// where you can: a full node then refuses writes, which the layer
     /// refuses too (`500`), never admits.
     pub fn allow_eviction(mut self) -> Self {
@@ -230,6 +231,19 @@ impl RedisStoreBuilder {
                     .await
                     .map_err(|_| StoreError::Timeout(self.connect_timeout))?
                     .map_err(backend_error)?;
+                if !self.allow_eviction {
+                    // Every master's `INFO memory` (a user not allowed
+                    // `INFO`, or a slow answer, is not checked).
+                    let mut command = redis::cmd("INFO");
+                    command.arg("memory");
+                    let mut asking = connection.clone();
+                    let info = command.query_async::<redis::Value>(&mut asking);
+                    if let Ok(Ok(info)) = tokio::time::timeout(self.connect_timeout, info).await
+                        && let Some(policy) = evicting_anywhere(&info)
+                    {
+                        return Err(eviction_error(&policy));
+                    }
+                }
                 let url = self.urls.first().map_or("", String::as_str);
                 Backend::Cluster(Box::new(
                     super::cluster::Cluster::new(
@@ -371,17 +385,41 @@ async fn check_node(
             ))
         }
         Ok(Ok(Some(info))) => match evicting_policy(&info) {
-            Some(policy) => Err(StoreError::Backend(
-                format!(
-                    "Redis's maxmemory-policy is {policy}, which may evict rate-limit keys \
-                     (each has a TTL) and hand their clients a fresh budget: set \
-                     maxmemory-policy noeviction, or build with allow_eviction()"
-                )
-                .into(),
-            )),
+            Some(policy) => Err(eviction_error(policy)),
             None => Ok(()),
         },
         _ => Ok(()),
+    }
+}
+
+/// A node that may evict keys, under `policy`: a mistake for `build()`.
+fn eviction_error(policy: &str) -> StoreError {
+    StoreError::Backend(
+        format!(
+            "Redis's maxmemory-policy is {policy}, which may evict rate-limit keys \
+             (each has a TTL) and hand their clients a fresh budget: set \
+             maxmemory-policy noeviction, or build with allow_eviction()"
+        )
+        .into(),
+    )
+}
+
+/// An evicting policy in any node's `INFO memory` of a cluster's reply (a
+/// map of node to text, or one text).
+#[cfg(feature = "redis-cluster")]
+fn evicting_anywhere(reply: &redis::Value) -> Option<String> {
+    match reply {
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(evicting_policy)
+            .map(str::to_owned),
+        redis::Value::SimpleString(text) => evicting_policy(text).map(str::to_owned),
+        redis::Value::VerbatimString { text, .. } => evicting_policy(text).map(str::to_owned),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().find_map(evicting_anywhere)
+        }
+        redis::Value::Map(pairs) => pairs.iter().find_map(|(_, v)| evicting_anywhere(v)),
+        _ => None,
     }
 }
 
