@@ -247,26 +247,26 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   return 1, max, max - held - cost, reset, 0, 0, key, false, value, reset
 end
 
--- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives
--- back a permit this way): every entry of that id leaves, and the state
--- keeps the TTL of its longest lease still running. Returns 1 if the permit
--- was still held, else 0. Another family's state holds no permit of ours
--- (MemoryStore ignores it too): nothing released, nothing touched.
-local function sem_release(key, now, id)
+-- The entries of the permit `id` in the semaphore at `key` at `now`, for a
+-- release or a renewal: the state (a block in front stays, see rewrite), its
+-- size, its first running entry, the count before it, and the indexes of the
+-- id's entries. Nil when the key holds no running permit of ours (another
+-- family's state holds none: MemoryStore ignores it too); when the id holds
+-- none, the expired entries are dropped on the way.
+local function sem_entries(key, now, id)
   local raw = redis.pcall('GET', key)
   BLOCK_END = 0
   if type(raw) == 'table' and wrong_type(raw) then
     if not holds_members(key, 'permits') then
-      return 0
+      return nil
     end
     raw = sem_convert(key, now)
   else
-    -- A block in front stays (rewrite).
     raw = unblocked(raw)
   end
   local n = raw and sem_size(raw)
   if not n or n == 0 then
-    return 0
+    return nil
   end
   local first = sem_running(raw, n, now)
   local base = sem_through(raw, first - 1)
@@ -283,16 +283,32 @@ local function sem_release(key, now, id)
     if first > 1 then
       sem_drop(key, raw, first, n, base, now)
     end
+    return nil
+  end
+  return raw, n, first, base, gone
+end
+
+-- Writes the semaphore `value` at `key`, with the TTL of its longest lease
+-- (its last entry).
+local function sem_write(key, value, now)
+  local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
+  rewrite(key, value, positive(newest - now), now)
+end
+
+-- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives
+-- back a permit this way): every entry of that id leaves, and the state
+-- keeps the TTL of its longest lease still running. Returns 1 if the permit
+-- was still held, else 0.
+local function sem_release(key, now, id)
+  local raw, n, first, base, gone = sem_entries(key, now, id)
+  if not raw then
     return 0
   end
   if #gone == n - first + 1 then
     rewrite(key, nil, 0, now)
     return 1
   end
-  local value = sem_value(raw, first, n, base, gone)
-  -- The TTL of the longest lease left, the value's last entry.
-  local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
-  rewrite(key, value, positive(newest - now), now)
+  sem_write(key, sem_value(raw, first, n, base, gone), now)
   return 1
 end
 
@@ -302,52 +318,20 @@ end
 -- sooner than theirs), in its place in expiry order; the state keeps the TTL
 -- of its longest lease. Returns 1 if the permit was still held, else 0: a
 -- permit released or expired is never written back, as its units may be
--- another's by now. Another family's state holds no permit of ours: nothing
--- renewed, nothing touched.
+-- another's by now.
 local function sem_renew(key, now, id, lease)
   if not lease or lease <= 0 or #id ~= SEM_ID then
     error({err = 'ERR a renewal takes a permit id of ' .. SEM_ID .. ' hex digits and a lease'})
   end
-  local raw = redis.pcall('GET', key)
-  BLOCK_END = 0
-  if type(raw) == 'table' and wrong_type(raw) then
-    if not holds_members(key, 'permits') then
-      return 0
-    end
-    raw = sem_convert(key, now)
-  else
-    -- A block in front stays (rewrite).
-    raw = unblocked(raw)
-  end
-  local n = raw and sem_size(raw)
-  if not n or n == 0 then
+  local raw, n, first, base, gone = sem_entries(key, now, id)
+  if not raw then
     return 0
   end
-  local first = sem_running(raw, n, now)
-  local base = sem_through(raw, first - 1)
-  local gone, units, expires, j = {}, 0, now + lease, first
-  while j <= n do
-    j = sem_find(raw, j, id)
-    if not j then
-      break
-    end
-    gone[#gone + 1] = j
+  local units, expires = 0, now + lease
+  for _, j in ipairs(gone) do
     units = units + sem_through(raw, j) - sem_through(raw, j - 1)
-    local ends = sem_at(raw, j)
-    if ends > expires then
-      expires = ends
-    end
-    j = j + 1
+    expires = math.max(expires, sem_at(raw, j))
   end
-  if #gone == 0 then
-    if first > 1 then
-      sem_drop(key, raw, first, n, base, now)
-    end
-    return 0
-  end
-  local value = sem_value(raw, first, n, base, gone, id, expires, units)
-  -- The TTL of the longest lease, the value's last entry.
-  local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
-  rewrite(key, value, positive(newest - now), now)
+  sem_write(key, sem_value(raw, first, n, base, gone, id, expires, units), now)
   return 1
 end
