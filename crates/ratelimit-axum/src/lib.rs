@@ -232,3 +232,8 @@ mod tests {
         assert_eq!(info.tightest().unwrap().decision().remaining(), 4);
     }
 }
+
+/// The crate's README, whose examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

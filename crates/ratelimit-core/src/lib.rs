@@ -73,3 +73,8 @@ pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedS
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, AlgorithmKind, Policy, State, UnknownAlgorithm};
 pub use store::{Check, RefundFuture, Store, all_allowed};
+
+/// The crate's README, whose examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

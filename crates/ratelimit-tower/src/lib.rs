@@ -180,3 +180,8 @@ pub use permit::PermitGuard;
 pub use responses::{BoxError, HttpRejections, Rejection, headers};
 pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;
+
+/// The crate's README, whose examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
