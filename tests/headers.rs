@@ -1008,6 +1008,58 @@ async fn limiter_in_a_handler() {
     denied.assert_legacy("carol, attempt 4", 3, 0, 900);
 }
 
+/// The login brute-force guard behind a per-client layer: the layer allows
+/// every request (100 a minute per client), the handler's `Limiter` refuses
+/// the fourth attempt for one username. Every response carries both
+/// policies, the handler's first, as one list per field; the refusal keeps
+/// the handler's `Retry-After`, the larger wait (the layer allowed it).
+#[tokio::test]
+async fn limiter_behind_the_layer_keeps_both_policies() {
+    let (store, clock) = store_at(BASE);
+    let logins = Limiter::new(store.clone(), log("login", 3, 900));
+    let app = Router::new()
+        .route(
+            "/login",
+            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
+        )
+        .layer(RateLimitLayer::new(
+            store,
+            log("per-client", 100, 60),
+            PeerIp,
+        ));
+    let url = format!("{}/login", serve(app).await);
+    let client = client();
+    let policy = r#""login";q=3;w=900, "per-client";q=100;w=60"#;
+    for (i, state) in [
+        r#""login";r=2;t=900, "per-client";r=99;t=60"#,
+        r#""login";r=1;t=900, "per-client";r=98;t=60"#,
+        r#""login";r=0;t=900, "per-client";r=97;t=60"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            clock.advance(Duration::from_secs(10));
+        }
+        let reply = fetch(login_request(&client, &url, "alice")).await;
+        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
+    }
+    clock.advance(Duration::from_secs(10));
+    let denied = fetch(login_request(&client, &url, "alice")).await;
+    denied.assert_denied(
+        "alice, attempt 4",
+        policy,
+        r#""login";r=0;t=870, "per-client";r=96;t=60"#,
+        870,
+        &["login"],
+    );
+    let states = denied.state();
+    assert!(
+        states[0].second > states[1].second,
+        "Retry-After is the larger wait: {states:?}"
+    );
+}
+
 #[tokio::test]
 async fn quickstart_sixth_response() {
     let server = spawn_on_env_port("quickstart", Duration::from_secs(30));
