@@ -64,7 +64,8 @@ type List = sfv::List;
 /// Merges the layer's `RateLimit-Policy` and `RateLimit` into those
 /// `headers` already has. Each field is one list: the inner response's
 /// members first, then the layer's. Where both name a policy, the more
-/// restrictive member (see [`tighter`]) stays, in both fields, and the
+/// restrictive `RateLimit` member (see [`tighter`]) stays, with its
+/// `RateLimit-Policy` member (the other's where it has none), and the
 /// other goes; a name the inner fields list twice keeps its first member.
 /// Inner fields that are not valid lists (or not visible ASCII) are
 /// dropped, both of them, and the layer's stand alone.
@@ -107,26 +108,25 @@ fn merge_ietf(headers: &mut HeaderMap, policy: Option<HeaderValue>, state: Optio
         };
         contested.push((name, inner_stays));
     }
-    let inner_wins = |name: &str| {
+    let inner_stays = |name: &str| {
         contested
             .iter()
             .find(|(contested, _)| *contested == name)
             .is_none_or(|(_, inner_stays)| *inner_stays)
     };
-    let merged_policy = merge_lists(&inner_policy, &our_policy, &inner_wins);
-    let merged_state = merge_lists(&inner_state, &our_state, &inner_wins);
-    for (name, merged, fallback) in [
+    let merged_policy = merge_lists(&inner_policy, &our_policy, &inner_stays);
+    let merged_state = merge_lists(&inner_state, &our_state, &inner_stays);
+    for (name, merged, ours) in [
         (&RATELIMIT_POLICY, merged_policy, policy),
         (&RATELIMIT, merged_state, state),
     ] {
-        match merged
-            .and_then(|text| HeaderValue::from_str(&text).ok())
-            .or(fallback)
-        {
-            Some(value) => {
+        // The writer escapes what it writes, so a merged list is always a
+        // valid value; were it not, the layer's own field is sent.
+        match merged.map(|text| HeaderValue::from_str(&text).ok().or(ours)) {
+            Some(Some(value)) => {
                 headers.insert(name.clone(), value);
             }
-            None => {
+            _ => {
                 headers.remove(name);
             }
         }
@@ -149,21 +149,27 @@ fn parse_field(values: GetAll<'_, HeaderValue>) -> Result<List, sfv::Error> {
     sfv::Parser::new(&joined).parse()
 }
 
-/// `inner`'s members, then `ours`: a named member of `inner` stays when
-/// `inner_wins` says so for its name (its first only), one of `ours` when it
-/// does not. Unnamed members of `inner` (not a string or a token) stay. The
-/// list written, `None` when it is empty.
-fn merge_lists(inner: &List, ours: &List, inner_wins: &impl Fn(&str) -> bool) -> Option<String> {
+/// `inner`'s members, then `ours`. A policy's member of `inner` (its first
+/// only) stays when `inner_stays` says so for its name or `ours` has none,
+/// one of `ours` when it does not or `inner` has none. Members that are not
+/// policies (neither a string nor a token) stay. The list written, `None`
+/// when it is empty.
+fn merge_lists(inner: &List, ours: &List, inner_stays: &impl Fn(&str) -> bool) -> Option<String> {
     let mut seen = HashSet::new();
-    let inner = inner.iter().filter(|entry| match name(entry) {
-        None => true,
-        Some(name) => seen.insert(name) && inner_wins(name),
-    });
+    let inner: Vec<&sfv::ListEntry> = inner
+        .iter()
+        .filter(|entry| match name(entry) {
+            None => true,
+            Some(name) => {
+                seen.insert(name) && (inner_stays(name) || first_named(ours, name).is_none())
+            }
+        })
+        .collect();
     let ours = ours
         .iter()
-        .filter(|entry| name(entry).is_none_or(|name| !inner_wins(name)));
+        .filter(|entry| name(entry).is_none_or(|name| !inner_stays(name) || !seen.contains(name)));
     let mut out = sfv::ListSerializer::new();
-    out.members(inner.chain(ours));
+    out.members(inner.into_iter().chain(ours));
     out.finish()
 }
 
@@ -245,4 +251,277 @@ fn number(value: &HeaderValue) -> Option<u64> {
         return None;
     }
     std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layer's fields for one policy `per-client`: 100 a minute, `r`
+    /// left, `t` seconds to wait.
+    fn ours(r: u64, t: u64) -> Fields {
+        let value = |text: String| Some(HeaderValue::try_from(text).unwrap());
+        Fields {
+            policy: value(String::from(r#""per-client";q=100;w=60"#)),
+            state: value(format!(r#""per-client";r={r};t={t}"#)),
+            legacy: Some(Box::new([
+                HeaderValue::from(100u64),
+                HeaderValue::from(r),
+                HeaderValue::from(t),
+            ])),
+        }
+    }
+
+    /// A response with these fields (a name twice: two lines).
+    fn response(fields: &[(&HeaderName, &[u8])]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append((*name).clone(), HeaderValue::from_bytes(value).unwrap());
+        }
+        headers
+    }
+
+    /// The response's fields once `fields` are written into it: each field
+    /// sent on one line, the IETF ones valid lists.
+    fn merged(mut headers: HeaderMap, fields: Fields) -> [Option<String>; 5] {
+        fields.insert_into(&mut headers);
+        [
+            &RATELIMIT_POLICY,
+            &RATELIMIT,
+            &X_RATELIMIT_LIMIT,
+            &X_RATELIMIT_REMAINING,
+            &X_RATELIMIT_RESET,
+        ]
+        .map(|name| {
+            let mut values = headers.get_all(name).iter();
+            let value = values.next()?.to_str().unwrap().to_owned();
+            assert!(values.next().is_none(), "{name} on two lines");
+            if *name == RATELIMIT_POLICY || *name == RATELIMIT {
+                let list: Result<List, _> = sfv::Parser::new(&value).parse();
+                assert!(list.is_ok(), "{name}: {value:?} is not a list");
+            }
+            Some(value)
+        })
+    }
+
+    fn ietf(merged: &[Option<String>; 5]) -> (&str, &str) {
+        (
+            merged[0].as_deref().unwrap_or(""),
+            merged[1].as_deref().unwrap_or(""),
+        )
+    }
+
+    const LAYER_POLICY: &str = r#""per-client";q=100;w=60"#;
+
+    /// With nothing to merge with, the layer's fields go in as they are.
+    #[test]
+    fn a_response_without_fields_gets_the_layers() {
+        let out = merged(HeaderMap::new(), ours(98, 60));
+        assert_eq!(ietf(&out), (LAYER_POLICY, r#""per-client";r=98;t=60"#));
+        assert_eq!(
+            out[2..],
+            [Some("100".into()), Some("98".into()), Some("60".into())]
+        );
+    }
+
+    /// The response's own policies come first, then the layer's.
+    #[test]
+    fn the_responses_policies_are_kept_before_the_layers() {
+        let inner = response(&[
+            (&RATELIMIT_POLICY, br#""login";q=3;w=900"#),
+            (&RATELIMIT, br#""login";r=0;t=870"#),
+        ]);
+        let out = merged(inner, ours(98, 60));
+        assert_eq!(
+            ietf(&out),
+            (
+                r#""login";q=3;w=900, "per-client";q=100;w=60"#,
+                r#""login";r=0;t=870, "per-client";r=98;t=60"#
+            )
+        );
+    }
+
+    /// A member under the layer's policy name that claims more quota than
+    /// the layer found cannot hide the layer's; one that claims less stays,
+    /// with its own `RateLimit-Policy` member.
+    #[test]
+    fn a_policy_in_both_keeps_the_more_restrictive_member() {
+        let claims = |r: u64, t: u64| {
+            response(&[
+                (&RATELIMIT_POLICY, br#""per-client";q=1000;w=1"#),
+                (
+                    &RATELIMIT,
+                    format!(r#""per-client";r={r};t={t}"#).as_bytes(),
+                ),
+            ])
+        };
+        let looser = merged(claims(999, 0), ours(5, 60));
+        assert_eq!(ietf(&looser), (LAYER_POLICY, r#""per-client";r=5;t=60"#));
+        let same_r_shorter_t = merged(claims(5, 59), ours(5, 60));
+        assert_eq!(
+            ietf(&same_r_shorter_t),
+            (LAYER_POLICY, r#""per-client";r=5;t=60"#)
+        );
+        let tie = merged(claims(5, 60), ours(5, 60));
+        assert_eq!(
+            ietf(&tie),
+            (r#""per-client";q=1000;w=1"#, r#""per-client";r=5;t=60"#)
+        );
+        let tighter = merged(claims(0, 900), ours(5, 60));
+        assert_eq!(
+            ietf(&tighter),
+            (r#""per-client";q=1000;w=1"#, r#""per-client";r=0;t=900"#)
+        );
+        // A token name is the same policy; the layer's RateLimit-Policy
+        // member stands in for the one the response lacks. Without an
+        // integer `r` the response's member gives way.
+        let token = response(&[(&RATELIMIT, b"per-client;r=0;t=9")]);
+        assert_eq!(
+            ietf(&merged(token, ours(5, 60))),
+            (LAYER_POLICY, "per-client;r=0;t=9")
+        );
+        for state in [
+            &b"\"per-client\";r=\"0\";t=9"[..],
+            b"\"per-client\";t=9",
+            b"\"per-client\";r=0.5",
+        ] {
+            let out = merged(response(&[(&RATELIMIT, state)]), ours(5, 60));
+            assert_eq!(
+                ietf(&out),
+                (LAYER_POLICY, r#""per-client";r=5;t=60"#),
+                "{state:?}"
+            );
+        }
+        // Named only in the response's RateLimit-Policy: nothing to compare,
+        // the layer's pair replaces it.
+        let policy_only = response(&[(&RATELIMIT_POLICY, br#""per-client";q=1;w=1"#)]);
+        assert_eq!(
+            ietf(&merged(policy_only, ours(5, 60))),
+            (LAYER_POLICY, r#""per-client";r=5;t=60"#)
+        );
+    }
+
+    /// A name the response lists twice keeps its first member, whatever it
+    /// says; members that are not policies stay; lines are joined.
+    #[test]
+    fn duplicates_and_lines_are_written_once() {
+        let inner = response(&[
+            (&RATELIMIT_POLICY, br#""login";q=3;w=900"#),
+            (&RATELIMIT_POLICY, br#""login";q=1;w=1, 7, ("a" "b");x"#),
+            (&RATELIMIT, br#""login";r=2;t=900"#),
+            (&RATELIMIT, br#""login";r=0;t=1"#),
+        ]);
+        let out = merged(inner, ours(98, 60));
+        assert_eq!(
+            ietf(&out),
+            (
+                r#""login";q=3;w=900, 7, ("a" "b");x, "per-client";q=100;w=60"#,
+                r#""login";r=2;t=900, "per-client";r=98;t=60"#
+            )
+        );
+    }
+
+    /// A response field that is not a valid list, or not ASCII, is dropped
+    /// with its pair: the layer never sends an invalid field, nor lets one
+    /// hide its own.
+    #[test]
+    fn invalid_fields_give_way_to_the_layers() {
+        let bad: [&[u8]; 8] = [
+            b"\"unterminated",
+            b"\"a\";r=1,",
+            b",",
+            b"\"a\";r=99999999999999999999",
+            b"\"caf\xc3\xa9\";r=1",
+            b"\"a\" \"b\"",
+            b"\"a\";R=1",
+            b"(\"a\"",
+        ];
+        for value in bad {
+            for name in [&RATELIMIT_POLICY, &RATELIMIT] {
+                let inner = response(&[
+                    (&RATELIMIT_POLICY, br#""login";q=3;w=900"#),
+                    (&RATELIMIT, br#""login";r=2;t=900"#),
+                    (name, value),
+                ]);
+                let out = merged(inner, ours(98, 60));
+                assert_eq!(
+                    ietf(&out),
+                    (LAYER_POLICY, r#""per-client";r=98;t=60"#),
+                    "{name}: {value:?}"
+                );
+            }
+        }
+        // An empty field is an empty list.
+        let empty = response(&[(&RATELIMIT, b""), (&RATELIMIT_POLICY, b"")]);
+        assert_eq!(
+            ietf(&merged(empty, ours(98, 60))),
+            (LAYER_POLICY, r#""per-client";r=98;t=60"#)
+        );
+    }
+
+    /// A field of thousands of members is merged whole, in one pass.
+    #[test]
+    fn huge_fields_are_merged_whole() {
+        let members = |params: &str| {
+            (0..20_000)
+                .map(|i| format!("\"p{i}\";{params}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (policy, state) = (members("q=1;w=1"), members("r=1;t=1"));
+        let inner = response(&[
+            (&RATELIMIT_POLICY, policy.as_bytes()),
+            (&RATELIMIT, state.as_bytes()),
+        ]);
+        let out = merged(inner, ours(98, 60));
+        let (merged_policy, merged_state) = ietf(&out);
+        assert_eq!(merged_policy, format!("{policy}, {LAYER_POLICY}"),);
+        assert_eq!(merged_state, format!(r#"{state}, "per-client";r=98;t=60"#),);
+    }
+
+    /// The legacy trio is kept or replaced whole: the response's when it is
+    /// valid and leaves no more remaining (a tie included), else the
+    /// layer's.
+    #[test]
+    fn the_legacy_trio_is_kept_or_replaced_whole() {
+        let trio = |limit: &'static [u8], remaining: &'static [u8], reset: &'static [u8]| {
+            response(&[
+                (&X_RATELIMIT_LIMIT, limit),
+                (&X_RATELIMIT_REMAINING, remaining),
+                (&X_RATELIMIT_RESET, reset),
+            ])
+        };
+        let legacy = |out: [Option<String>; 5]| out[2..].to_vec();
+        let theirs =
+            |l: &str, r: &str, t: &str| vec![Some(l.into()), Some(r.into()), Some(t.into())];
+        let layers = theirs("100", "5", "60");
+        assert_eq!(
+            legacy(merged(trio(b"3", b"0", b"900"), ours(5, 60))),
+            theirs("3", "0", "900")
+        );
+        assert_eq!(
+            legacy(merged(trio(b"3", b"5", b"9"), ours(5, 60))),
+            theirs("3", "5", "9")
+        );
+        assert_eq!(legacy(merged(trio(b"3", b"6", b"9"), ours(5, 60))), layers);
+        for (limit, remaining, reset) in [
+            (&b"3"[..], &b"-1"[..], &b"9"[..]),
+            (b"3", b"0x0", b"9"),
+            (b"3", b"", b"9"),
+            (b"", b"0", b"9"),
+            (b"3", b"0", b"soon"),
+            (b"3", b"99999999999999999999999", b"9"),
+        ] {
+            assert_eq!(
+                legacy(merged(trio(limit, remaining, reset), ours(5, 60))),
+                layers
+            );
+        }
+        // Partial, or sent twice.
+        let partial = response(&[(&X_RATELIMIT_REMAINING, b"0")]);
+        assert_eq!(legacy(merged(partial, ours(5, 60))), layers);
+        let mut twice = trio(b"3", b"0", b"9");
+        twice.append(&X_RATELIMIT_REMAINING, HeaderValue::from_static("0"));
+        assert_eq!(legacy(merged(twice, ours(5, 60))), layers);
+    }
 }

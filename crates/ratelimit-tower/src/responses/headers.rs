@@ -28,12 +28,13 @@
 //! limit it is under:
 //!
 //! - `RateLimit-Policy` and `RateLimit`: each stays one list, the response's
-//!   members first, then the layer's. A policy named in both keeps the more
-//!   restrictive member, in both fields: the one whose `RateLimit` member
+//!   members first, then the layer's. A policy named in both keeps the
+//!   members of the more restrictive side: the one whose `RateLimit` member
 //!   has less remaining (`r`), or as much and a longer `t`; the response's
-//!   on a tie, the layer's when the response's has no integer `r`. So a
-//!   member the response carries can make a policy look tighter than the
-//!   layer found it, never looser. A name the response lists twice keeps
+//!   on a tie, the layer's when the response's has no integer `r` (the
+//!   other side's `RateLimit-Policy` member stands in where the kept side
+//!   has none). So a member the response carries can make a policy look
+//!   tighter than the layer found it, never looser. A name the response lists twice keeps
 //!   its first member; members that are not policies (neither a string nor
 //!   a token) are kept as they are. Fields sent on several lines are read as
 //!   one list (RFC 9651) and written on one line. When either of the
@@ -381,7 +382,7 @@ mod tests {
         RateLimitHeaders::ietf()
             .fields(decisions, cache)
             .insert_into(&mut headers);
-        let text = |name: &HeaderName| headers[name].to_str().unwrap().to_owned();
+        let text = |name: &http::HeaderName| headers[name].to_str().unwrap().to_owned();
         (text(&RATELIMIT_POLICY), text(&RATELIMIT))
     }
 
