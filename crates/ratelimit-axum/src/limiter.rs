@@ -29,6 +29,12 @@ use ratelimit_tower::{
 /// the feature `metrics`), and a `debug` event per decision (see
 /// [`ratelimit_tower::metrics`]; keys never appear, only the policy's name).
 ///
+/// Behind a [`RateLimitLayer`](crate::RateLimitLayer), a response keeps this
+/// limiter's rate-limit fields and the layer adds its own, as it does to
+/// those of a second limiter's [`Granted`] in the same response (see
+/// [`ratelimit_tower::headers`]). A refusal's `Retry-After` stays this
+/// limiter's.
+///
 /// ```
 /// use axum_core::response::IntoResponse;
 /// use ratelimit_axum::{Limiter, QuotaExceeded};
@@ -173,7 +179,8 @@ impl<St: Store + Clone> Limiter<St> {
     }
 }
 
-/// An allowed check: add it to your response to send the rate-limit headers.
+/// An allowed check: add it to your response to send the rate-limit headers
+/// (merged with those the response already carries, another `Granted`'s).
 ///
 /// Under a concurrency policy it holds the permit it was granted, renewed
 /// every third of the policy's lease while it lives (so work that outlasts
