@@ -224,7 +224,7 @@ fn merge_legacy(headers: &mut HeaderMap, ours: [HeaderValue; 3]) {
         &X_RATELIMIT_RESET,
     ];
     if names.iter().any(|name| headers.contains_key(*name)) {
-        let inner = names.map(|name| single_number(headers.get_all(name)));
+        let inner = names.map(|name| single_number(headers, name));
         if let ([Some(_), Some(inner_remaining), Some(_)], Some(our_remaining)) =
             (inner, number(&ours[1]))
             && inner_remaining <= our_remaining
@@ -237,9 +237,10 @@ fn merge_legacy(headers: &mut HeaderMap, ours: [HeaderValue; 3]) {
     }
 }
 
-/// The value of a field sent once, when it is a whole number.
-fn single_number(values: GetAll<'_, HeaderValue>) -> Option<u64> {
-    let mut values = values.iter();
+/// The value of the field `name` in `headers`, when it is sent once and is
+/// a whole number.
+fn single_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    let mut values = headers.get_all(name).iter();
     let value = values.next()?;
     values.next().is_none().then(|| number(value))?
 }
