@@ -1,7 +1,8 @@
 //! Metrics: every outcome of `ratelimit_decisions_total`, near-limit counts,
 //! store call durations and the circuit breaker's gauge, read back through a
-//! local `DebuggingRecorder`; and the examples' `/metrics` endpoints scraped
-//! over loopback in the Prometheus text format.
+//! local `DebuggingRecorder`, for the layer and for a handler's `Limiter`
+//! (with its `tracing` events); and the examples' `/metrics` endpoints
+//! scraped over loopback in the Prometheus text format.
 //!
 //! Each in-process test runs on a current-thread runtime inside its own
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
