@@ -15,7 +15,10 @@
 //!   to the largest `t` of the denying members, and the body is
 //!   `application/problem+json` of type `quota-exceeded` naming them;
 //! - [`ratelimit_axum::Limiter`] checked inside a handler (login attempts per
-//!   username from a JSON body);
+//!   username from a JSON body), alone, twice in one response, and behind a
+//!   layer: the response carries both the limiter's and the layer's
+//!   policies, and a handler's own fields can neither loosen the layer's nor
+//!   make it send an invalid field;
 //! - the quickstart example's sixth response.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -1006,6 +1009,184 @@ async fn limiter_in_a_handler() {
         &["login-legacy"],
     );
     denied.assert_legacy("carol, attempt 4", 3, 0, 900);
+}
+
+/// The login brute-force guard behind a per-client layer: the layer allows
+/// every request (100 a minute per client), the handler's `Limiter` refuses
+/// the fourth attempt for one username. Every response carries both
+/// policies, the handler's first, as one list per field; the refusal keeps
+/// the handler's `Retry-After`, the larger wait (the layer allowed it).
+#[tokio::test]
+async fn limiter_behind_the_layer_keeps_both_policies() {
+    let (store, clock) = store_at(BASE);
+    let logins = Limiter::new(store.clone(), log("login", 3, 900));
+    let app = Router::new()
+        .route(
+            "/login",
+            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
+        )
+        .layer(RateLimitLayer::new(
+            store,
+            log("per-client", 100, 60),
+            PeerIp,
+        ));
+    let url = format!("{}/login", serve(app).await);
+    let client = client();
+    let policy = r#""login";q=3;w=900, "per-client";q=100;w=60"#;
+    for (i, state) in [
+        r#""login";r=2;t=900, "per-client";r=99;t=60"#,
+        r#""login";r=1;t=900, "per-client";r=98;t=60"#,
+        r#""login";r=0;t=900, "per-client";r=97;t=60"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            clock.advance(Duration::from_secs(10));
+        }
+        let reply = fetch(login_request(&client, &url, "alice")).await;
+        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
+    }
+    clock.advance(Duration::from_secs(10));
+    let denied = fetch(login_request(&client, &url, "alice")).await;
+    denied.assert_denied(
+        "alice, attempt 4",
+        policy,
+        r#""login";r=0;t=870, "per-client";r=96;t=60"#,
+        870,
+        &["login"],
+    );
+    let states = denied.state();
+    assert!(
+        states[0].second > states[1].second,
+        "Retry-After is the larger wait: {states:?}"
+    );
+}
+
+/// Two limits a handler checks (per username, per client) answer with both
+/// policies: the second `Granted` adds its members to the first's.
+#[tokio::test]
+async fn two_limiters_in_one_response_send_both_policies() {
+    let (store, _clock) = store_at(BASE);
+    let per_user = Limiter::new(store.clone(), log("login", 3, 900));
+    let per_client = Limiter::new(store, log("login-per-client", 20, 3600));
+    let app = Router::new().route(
+        "/login",
+        post(move |Json(body): Json<Value>| async move {
+            let username = body["username"].as_str().unwrap_or_default().to_owned();
+            let user = per_user.check(username.as_bytes(), 1).await?;
+            let client = per_client.check(b"127.0.0.1", 1).await?;
+            Ok::<_, QuotaExceeded>((user, client, "checked"))
+        }),
+    );
+    let url = format!("{}/login", serve(app).await);
+    fetch(login_request(&client(), &url, "alice"))
+        .await
+        .assert_allowed(
+            "two limiters",
+            r#""login";q=3;w=900, "login-per-client";q=20;w=3600"#,
+            r#""login";r=2;t=900, "login-per-client";r=19;t=3600"#,
+        );
+}
+
+/// The legacy fields of a `Limiter` behind a layer that sends them too: the
+/// trio that leaves less remaining, whole.
+#[tokio::test]
+async fn legacy_fields_behind_the_layer_describe_the_tighter_limit() {
+    let (store, clock) = store_at(BASE);
+    let both = RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds);
+    let logins = Limiter::new(store.clone(), log("login", 3, 900)).headers(both);
+    let app = Router::new()
+        .route(
+            "/login",
+            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
+        )
+        .layer(RateLimitLayer::new(store, log("per-client", 5, 60), PeerIp).headers(both));
+    let url = format!("{}/login", serve(app).await);
+    let client = client();
+    // (user, login remaining, per-client remaining): the trio of the lesser.
+    for (i, (user, login_left, client_left)) in [
+        ("alice", 2, 4),
+        ("alice", 1, 3),
+        ("bob", 2, 2),
+        ("carol", 2, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        clock.advance(Duration::from_secs(1));
+        let reply = fetch(login_request(&client, &url, user)).await;
+        let what = format!("request {}", i + 1);
+        assert_eq!(reply.status, 200, "{what}");
+        if login_left <= client_left {
+            reply.assert_legacy(&what, 3, login_left, 900);
+        } else {
+            reply.assert_legacy(&what, 5, client_left, 60);
+        }
+    }
+}
+
+/// A handler's own fields never loosen the layer's nor make it send an
+/// invalid field: a member claiming more quota under the layer's policy
+/// name gives way to the layer's; one that is not a structured-field list
+/// is dropped; fields on several lines leave on one.
+#[tokio::test]
+async fn a_handlers_own_fields_cannot_loosen_or_break_the_layers() {
+    fn with(fields: &'static [(&'static str, &'static str)]) -> axum::routing::MethodRouter {
+        get(move || async move {
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in fields {
+                headers.append(*name, http::HeaderValue::from_static(value));
+            }
+            (headers, "ok")
+        })
+    }
+    let (store, _clock) = store_at(BASE);
+    let app = Router::new()
+        .route(
+            "/forged",
+            with(&[
+                ("ratelimit-policy", r#""per-client";q=1000000;w=1"#),
+                ("ratelimit", r#""per-client";r=999999;t=0"#),
+            ]),
+        )
+        .route(
+            "/broken",
+            with(&[
+                ("ratelimit-policy", r#""upstream";q=5;w=9"#),
+                ("ratelimit", "\"upstream"),
+            ]),
+        )
+        .route(
+            "/lines",
+            with(&[
+                ("ratelimit-policy", r#""a";q=5;w=9"#),
+                ("ratelimit-policy", r#""b";q=7;w=9"#),
+                ("ratelimit", r#""a";r=4;t=9"#),
+                ("ratelimit", r#""b";r=6;t=9"#),
+            ]),
+        )
+        .layer(RateLimitLayer::new(
+            store,
+            log("per-client", 100, 60),
+            PeerIp,
+        ));
+    let base = serve(app).await;
+    let client = client();
+    let policy = r#""per-client";q=100;w=60"#;
+    fetch(client.get(format!("{base}/forged")))
+        .await
+        .assert_allowed("forged", policy, r#""per-client";r=99;t=60"#);
+    fetch(client.get(format!("{base}/broken")))
+        .await
+        .assert_allowed("broken", policy, r#""per-client";r=98;t=60"#);
+    fetch(client.get(format!("{base}/lines")))
+        .await
+        .assert_allowed(
+            "lines",
+            r#""a";q=5;w=9, "b";q=7;w=9, "per-client";q=100;w=60"#,
+            r#""a";r=4;t=9, "b";r=6;t=9, "per-client";r=97;t=60"#,
+        );
 }
 
 #[tokio::test]

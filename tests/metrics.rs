@@ -1,7 +1,8 @@
 //! Metrics: every outcome of `ratelimit_decisions_total`, near-limit counts,
 //! store call durations and the circuit breaker's gauge, read back through a
-//! local `DebuggingRecorder`; and the examples' `/metrics` endpoints scraped
-//! over loopback in the Prometheus text format.
+//! local `DebuggingRecorder`, for the layer and for a handler's `Limiter`
+//! (with its `tracing` events); and the examples' `/metrics` endpoints
+//! scraped over loopback in the Prometheus text format.
 //!
 //! Each in-process test runs on a current-thread runtime inside its own
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
@@ -601,4 +602,138 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
         "{text}"
     );
     assert!(!text.contains(SECRET_KEY));
+}
+
+/// The `tracing` events of one thread: each event's fields, by name, as
+/// text.
+#[derive(Clone, Default)]
+struct Events(Arc<std::sync::Mutex<Vec<std::collections::BTreeMap<String, String>>>>);
+
+impl Events {
+    /// The `(policy, outcome)` of every "rate-limit decision" event, in order.
+    fn decisions(&self) -> Vec<(String, String)> {
+        let events = self.0.lock().expect("events");
+        events
+            .iter()
+            .filter(|fields| {
+                fields.get("message").map(String::as_str) == Some("rate-limit decision")
+            })
+            .map(|fields| (fields["policy"].clone(), fields["outcome"].clone()))
+            .collect()
+    }
+
+    /// Every value of every field of every event.
+    fn values(&self) -> Vec<String> {
+        let events = self.0.lock().expect("events");
+        events.iter().flat_map(|f| f.values().cloned()).collect()
+    }
+}
+
+struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = std::collections::BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().expect("events").push(fields);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A limit checked in a handler (`ratelimit_axum::Limiter`, the login
+/// guard) is counted and traced as the layer's are: decisions by policy and
+/// outcome (near-limit ones too), store call durations, outages as `error`
+/// and other store errors as `invalid`, a `debug` event per decision, and
+/// never the key.
+#[test]
+fn limiter_decisions_are_counted_and_traced_like_the_layers() {
+    let events = Events::default();
+    let (statuses, recorded) = tracing::subscriber::with_default(events.clone(), || {
+        capture(false, || async {
+            let status =
+                |answer: Result<ratelimit_axum::Granted, ratelimit_axum::QuotaExceeded>| {
+                    match answer {
+                        Ok(_) => 200,
+                        Err(refused) => axum::response::IntoResponse::into_response(refused)
+                            .status()
+                            .as_u16(),
+                    }
+                };
+            let mut statuses = Vec::new();
+            let logins = ratelimit_axum::Limiter::new(frozen_memory(), policy("login", 2));
+            for _ in 0..3 {
+                statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
+            }
+            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2));
+            statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
+            // One name, two algorithms in one store: not an outage.
+            let store = frozen_memory();
+            let window = ratelimit_axum::Limiter::new(store.clone(), policy("login-conflict", 2));
+            let bucket = ratelimit_axum::Limiter::new(
+                store,
+                named(
+                    "login-conflict",
+                    Policy::gcra(2, ratelimit_core::Rate::per_second(1)),
+                ),
+            );
+            statuses.push(status(window.check(SECRET_KEY.as_bytes(), 1).await));
+            statuses.push(status(bucket.check(SECRET_KEY.as_bytes(), 1).await));
+            statuses
+        })
+    });
+    assert_eq!(statuses, [200, 200, 429, 503, 200, 500]);
+    recorded.assert_outcomes(DECISIONS, "login", "allowed=2 denied=1");
+    recorded.assert_outcomes(DECISIONS, "login-down", "error=1");
+    recorded.assert_outcomes(DECISIONS, "login-conflict", "allowed=1 invalid=1");
+    // Under a tenth of 2 left: the decision leaving 0.
+    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "login")]), 1);
+    assert_eq!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
+            .len(),
+        4
+    );
+    assert_eq!(
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
+            .len(),
+        2
+    );
+    assert_no_key_in_labels(&recorded);
+    let decisions = events.decisions();
+    let expected = [
+        ("login", "allowed"),
+        ("login", "allowed"),
+        ("login", "denied"),
+        ("login-down", "error"),
+        ("login-conflict", "allowed"),
+        ("login-conflict", "invalid"),
+    ]
+    .map(|(p, o)| (p.to_owned(), o.to_owned()));
+    assert_eq!(decisions, expected);
+    for value in events.values() {
+        assert!(
+            !value.contains(SECRET_KEY),
+            "an event holds the key: {value:?}"
+        );
+    }
 }

@@ -23,7 +23,7 @@
 //! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
 //! | `tls` | `rediss://` URLs |
 //! | `bb8` | `RedisStore::bb8_builder`, on the application's own `bb8` pool |
-//! | `metrics` | decisions counted through the `metrics` facade |
+//! | `metrics` | decisions, the layer's and [`Limiter`]'s, counted through the `metrics` facade |
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
 //!
 //! In a file that also uses tower's own `tower::limit::RateLimitLayer`, name

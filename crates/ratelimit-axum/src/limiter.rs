@@ -23,6 +23,18 @@ use ratelimit_tower::{
 /// (a policy conflict, a full in-memory store, a reply that does not decode)
 /// is refused, `500` (`503` for a full store), and logged.
 ///
+/// Its decisions are recorded as the layer's are, so a handler's limit shows
+/// in the same dashboards: `ratelimit_decisions_total` by policy name and
+/// outcome, `ratelimit_near_limit_total` and the store call durations (with
+/// the feature `metrics`), and a `debug` event per decision (see
+/// [`ratelimit_tower::metrics`]; keys never appear, only the policy's name).
+///
+/// Behind a [`RateLimitLayer`](crate::RateLimitLayer), a response keeps this
+/// limiter's rate-limit fields and the layer adds its own, as it does to
+/// those of a second limiter's [`Granted`] in the same response (see
+/// [`ratelimit_tower::headers`]). A refusal's `Retry-After` stays this
+/// limiter's.
+///
 /// ```
 /// use axum_core::response::IntoResponse;
 /// use ratelimit_axum::{Limiter, QuotaExceeded};
@@ -101,7 +113,9 @@ impl<St: Store + Clone> Limiter<St> {
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
-        match self.store.check(key, &self.policy, cost).await {
+        // Through the layer's own recording, so a limit checked here shows
+        // in the same metrics and events as the layer's.
+        match ratelimit_tower::metrics::recorded_check(&self.store, key, &self.policy, cost).await {
             Ok(decision) => {
                 let allowed = decision.is_allowed() || self.policy.is_shadow();
                 let mut permit = PermitGuard::default();
@@ -165,7 +179,8 @@ impl<St: Store + Clone> Limiter<St> {
     }
 }
 
-/// An allowed check: add it to your response to send the rate-limit headers.
+/// An allowed check: add it to your response to send the rate-limit headers
+/// (merged with those the response already carries, another `Granted`'s).
 ///
 /// Under a concurrency policy it holds the permit it was granted, renewed
 /// every third of the policy's lease while it lives (so work that outlasts

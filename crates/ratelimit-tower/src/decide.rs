@@ -91,7 +91,7 @@ where
     };
     let (policy, key, _) = limit.into_parts();
     if !decision.is_allowed() {
-        metrics::record_decision(&policy, &key, &decision, near_limit);
+        metrics::record_decision(&policy, key.as_bytes(), &decision, near_limit);
         let decisions = Decisions::one(PolicyDecision::new(policy, decision));
         return Ok(Outcome::Rejected(Rejection::Limited(decisions)));
     }
@@ -99,7 +99,7 @@ where
     if let Some(permit) = decision.permit() {
         permits.hold(store, &key, &policy, permit);
     }
-    metrics::record_decision(&policy, &key, &decision, near_limit);
+    metrics::record_decision(&policy, key.as_bytes(), &decision, near_limit);
     Ok(Outcome::Allowed(
         Decisions::one(PolicyDecision::new(policy, decision)),
         permits,
@@ -190,7 +190,12 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             }
         };
         for (limit, decision) in enforced.iter().zip(&decisions) {
-            metrics::record_decision(limit.policy(), limit.key(), decision, settings.near_limit);
+            metrics::record_decision(
+                limit.policy(),
+                limit.key().as_bytes(),
+                decision,
+                settings.near_limit,
+            );
         }
         let allowed = decisions.iter().all(Decision::is_allowed);
         let mut permits = permits;
@@ -369,7 +374,7 @@ fn failed<St>(
         return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
     }
     for limit in enforced {
-        metrics::record_error(limit.policy(), limit.key(), &error);
+        metrics::record_error(limit.policy(), limit.key().as_bytes(), &error);
     }
     if !error.is_outage() {
         // Not an outage: a configuration mistake, a bug, or a store that
@@ -420,7 +425,7 @@ async fn decide_shadow<St: Store + Clone>(
             for (limit, decision) in limits.iter().zip(&decisions) {
                 metrics::record_decision(
                     limit.policy(),
-                    limit.key(),
+                    limit.key().as_bytes(),
                     decision,
                     settings.near_limit,
                 );
@@ -437,7 +442,7 @@ async fn decide_shadow<St: Store + Clone>(
         }
         Err(error) => {
             for limit in limits {
-                metrics::record_error(limit.policy(), limit.key(), &error);
+                metrics::record_error(limit.policy(), limit.key().as_bytes(), &error);
             }
             if error.is_outage() {
                 tracing::warn!(

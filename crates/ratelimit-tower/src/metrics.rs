@@ -1,5 +1,7 @@
 //! What the layer records: metrics through the [`metrics`](https://docs.rs/metrics)
-//! facade (feature `metrics`), and `tracing` events.
+//! facade (feature `metrics`), and `tracing` events. A limit checked outside
+//! a layer through [`recorded_check`] (`ratelimit-axum`'s `Limiter`, such as
+//! a login guard in a handler) is recorded the same way, under the same names.
 //!
 //! # Metrics
 //!
@@ -11,7 +13,7 @@
 //! |---|---|---|---|
 //! | `ratelimit_decisions_total` | counter | `policy`, `outcome` | one per policy per decision (below) |
 //! | `ratelimit_near_limit_total` | counter | `policy` | allowed decisions leaving less than a fraction of the limit ([`RateLimitLayer::near_limit`](crate::RateLimitLayer::near_limit), default 0.1) |
-//! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer makes to its store, timeout included |
+//! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer (or [`recorded_check`]) makes to its store, timeout included |
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open (recorded by `ratelimit-core`'s `CircuitBreaker`) |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | breaker transitions (`closed`, `half_open`, `open`) |
 //! | `ratelimit_config_reloads_total` | counter | `outcome` (`loaded`, `failed`) | each reload of a `config::ReloadableRules` (feature `config`), the file watcher's included; `failed` counts every refused one: unreadable, invalid, changing while read, an algorithm changed under one name, rules dropped |
@@ -62,9 +64,7 @@ use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
-use ratelimit_core::{Decision, DecisionSource, Policy, StoreError};
-
-use crate::keys::Key;
+use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 
 /// Counter: decisions, labelled `policy` and `outcome`.
 pub const DECISIONS: &str = "ratelimit_decisions_total";
@@ -109,7 +109,7 @@ pub fn describe() {
     ::metrics::describe_histogram!(
         STORE_CALL_DURATION,
         ::metrics::Unit::Seconds,
-        "Duration of each call from the rate-limit layer to its store, by outcome (ok, error)."
+        "Duration of each call from a rate limiter to its store, by outcome (ok, error)."
     );
     ::metrics::describe_counter!(
         CONFIG_RELOADS,
@@ -134,8 +134,50 @@ pub(crate) fn outcome(policy: &Policy, decision: &Decision) -> &'static str {
     }
 }
 
+/// Asks `store` to check `key` against `policy` at `cost`, as the layer asks
+/// for one limit, and records the answer as the layer records its own: the
+/// store call's duration, the decision counted by policy and outcome (and
+/// near the limit under the default fraction, [`DEFAULT_NEAR_LIMIT`]), a
+/// `debug` event with the key's hash, never the key. A cost the policy can
+/// never admit ([`StoreError::CostExceedsLimit`]) is not counted, as on the
+/// layer.
+///
+/// For limits checked outside a layer, so that they show where the layer's
+/// do: `ratelimit-axum`'s `Limiter` (a login guard in a handler) checks
+/// through it.
+///
+/// ```
+/// use ratelimit_tower::{MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let exports = Policy::fixed_window(10, Duration::from_secs(3600))?.with_name("exports")?;
+/// let decision = ratelimit_tower::metrics::recorded_check(&store, b"user-7", &exports, 1).await?;
+/// assert!(decision.is_allowed());
+/// # Ok(())
+/// # }
+/// ```
+pub async fn recorded_check<St: Store>(
+    store: &St,
+    key: &[u8],
+    policy: &Policy,
+    cost: u64,
+) -> Result<Decision, StoreError> {
+    let timer = StoreCall::start();
+    let answer = store.check(key, policy, cost).await;
+    timer.finish(answer.is_ok());
+    match &answer {
+        Ok(decision) => record_decision(policy, key, decision, DEFAULT_NEAR_LIMIT),
+        Err(StoreError::CostExceedsLimit { .. }) => {}
+        Err(error) => record_error(policy, key, error),
+    }
+    answer
+}
+
 /// Records one decision: counters and a `debug` event.
-pub(crate) fn record_decision(policy: &Policy, key: &Key, decision: &Decision, near_limit: f64) {
+pub(crate) fn record_decision(policy: &Policy, key: &[u8], decision: &Decision, near_limit: f64) {
     let outcome = outcome(policy, decision);
     tracing::debug!(
         policy = policy.name(),
@@ -159,7 +201,7 @@ pub(crate) fn record_decision(policy: &Policy, key: &Key, decision: &Decision, n
 
 /// Records a policy the store could not decide: outcome `error` for an
 /// outage, `invalid` for any other error.
-pub(crate) fn record_error(policy: &Policy, key: &Key, error: &StoreError) {
+pub(crate) fn record_error(policy: &Policy, key: &[u8], error: &StoreError) {
     let outcome = if error.is_outage() {
         "error"
     } else {
@@ -234,14 +276,12 @@ impl StoreCall {
 }
 
 /// A key as it appears in logs: 16 hex digits of a keyed hash, never the key.
-struct KeyHash<'a>(&'a Key);
+struct KeyHash<'a>(&'a [u8]);
 
 impl fmt::Display for KeyHash<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         static HASHER: OnceLock<RandomState> = OnceLock::new();
-        let hash = HASHER
-            .get_or_init(RandomState::new)
-            .hash_one(self.0.as_bytes());
+        let hash = HASHER.get_or_init(RandomState::new).hash_one(self.0);
         write!(f, "{hash:016x}")
     }
 }
@@ -252,12 +292,12 @@ mod tests {
 
     #[test]
     fn key_hashes_are_stable_in_a_process_and_hide_the_key() {
-        let key = Key::from("203.0.113.7");
-        let shown = KeyHash(&key).to_string();
+        let key = b"203.0.113.7";
+        let shown = KeyHash(key).to_string();
         assert_eq!(shown.len(), 16);
         assert!(shown.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(shown, KeyHash(&Key::from("203.0.113.7")).to_string());
-        assert_ne!(shown, KeyHash(&Key::from("203.0.113.8")).to_string());
+        assert_eq!(shown, KeyHash(b"203.0.113.7").to_string());
+        assert_ne!(shown, KeyHash(b"203.0.113.8").to_string());
         assert!(!shown.contains("203"));
     }
 

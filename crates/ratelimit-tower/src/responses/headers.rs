@@ -18,26 +18,51 @@
 //! The legacy fields describe the most restrictive policy:
 //! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, and `X-RateLimit-Reset` in
 //! delay-seconds by default, or in Unix epoch seconds as GitHub sends it.
+//!
+//! # A response that already carries rate-limit fields
+//!
+//! A response may come with fields of its own: a handler's `Limiter`
+//! (`ratelimit-axum`) refusing a login, an inner layer, an upstream a
+//! handler proxies. The layer, and [`RateLimitHeaders::apply`], then merge
+//! theirs in rather than replace what is there, so the client sees every
+//! limit it is under:
+//!
+//! - `RateLimit-Policy` and `RateLimit`: each stays one list, the response's
+//!   members first, then the layer's. A policy named in both keeps the
+//!   members of the more restrictive side: the one whose `RateLimit` member
+//!   has less remaining (`r`), or as much and a longer `t`; the response's
+//!   on a tie, the layer's when the response's has no integer `r` (the
+//!   other side's `RateLimit-Policy` member stands in where the kept side
+//!   has none). So a member the response carries can make a policy look
+//!   tighter than the layer found it, never looser. A name the response lists twice keeps
+//!   its first member; members that are not policies (neither a string nor
+//!   a token) are kept as they are. Fields sent on several lines are read as
+//!   one list (RFC 9651) and written on one line. When either of the
+//!   response's fields is not a valid structured-field list, both are
+//!   dropped and the layer's stand alone: the layer never sends an invalid
+//!   field.
+//! - `X-RateLimit-Limit`, `-Remaining` and `-Reset` describe one policy, so
+//!   they are kept or replaced together: the response's stay when each is
+//!   sent once as a whole number and they leave no more remaining than the
+//!   layer's (the response's on a tie); else the layer's replace them.
+//! - `Retry-After`: the layer writes it only on its own refusals. On a
+//!   response it let through, the response's `Retry-After` (a `Limiter`'s
+//!   refusal) is left as it is: the layer allowed the request, so its own
+//!   wait is none and the response's is the larger.
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use ratelimit_core::Policy;
 
 use crate::decisions::{Decisions, PolicyDecision};
+use crate::responses::fields::Fields;
 
-/// `RateLimit-Policy`.
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit`.
-pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// `X-RateLimit-Limit`.
-pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// `X-RateLimit-Remaining`.
-pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// `X-RateLimit-Reset`.
-pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub use super::fields::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 
 /// How `X-RateLimit-Reset` is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -112,7 +137,29 @@ impl RateLimitHeaders {
         self
     }
 
-    /// Writes the selected headers for `decisions` into `headers`.
+    /// Writes the selected headers for `decisions` into `headers`, merged
+    /// with the rate-limit fields `headers` already holds (see
+    /// [the module docs](self#a-response-that-already-carries-rate-limit-fields)).
+    ///
+    /// ```
+    /// use ratelimit_tower::headers::{RATELIMIT, RateLimitHeaders};
+    /// use ratelimit_tower::{Decisions, PolicyDecision, Policy};
+    /// use ratelimit_core::Decision;
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), ratelimit_core::PolicyError> {
+    /// let exports = Policy::fixed_window(10, Duration::from_secs(60))?.with_name("exports")?;
+    /// let decisions = Decisions::new(vec![PolicyDecision::new(
+    ///     exports,
+    ///     Decision::allow(10, 9, 60_000_000),
+    /// )]);
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert(&RATELIMIT, http::HeaderValue::from_static(r#""login";r=2;t=900"#));
+    /// RateLimitHeaders::ietf().apply(&decisions, &mut headers);
+    /// assert_eq!(headers[&RATELIMIT], r#""login";r=2;t=900, "exports";r=9;t=60"#);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn apply(&self, decisions: &Decisions, headers: &mut HeaderMap) {
         self.fields(decisions, None).insert_into(headers);
     }
@@ -151,47 +198,6 @@ impl RateLimitHeaders {
             ]));
         }
         fields
-    }
-}
-
-pub(crate) use fields::Fields;
-
-mod fields {
-    use http::{HeaderMap, HeaderValue};
-
-    use super::{
-        RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-    };
-
-    /// The rate-limit fields of one response, written when its request is
-    /// decided (the decisions then go to the request's extensions, not along
-    /// with the response future). `pub` only as the layer's unexported
-    /// `Reject` names it; not reachable outside the crate.
-    #[derive(Debug, Default)]
-    pub struct Fields {
-        pub(crate) policy: Option<HeaderValue>,
-        pub(crate) state: Option<HeaderValue>,
-        // `X-RateLimit-Limit`, `-Remaining` and `-Reset`: boxed, so the IETF
-        // fields alone (the default) keep the future small.
-        pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
-    }
-
-    impl Fields {
-        /// Inserts the fields into `headers`, replacing any of the same names.
-        pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
-            if let Some(v) = self.policy {
-                headers.insert(RATELIMIT_POLICY.clone(), v);
-            }
-            if let Some(v) = self.state {
-                headers.insert(RATELIMIT.clone(), v);
-            }
-            if let Some(legacy) = self.legacy {
-                let [limit, remaining, reset] = *legacy;
-                headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-                headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
-                headers.insert(X_RATELIMIT_RESET.clone(), reset);
-            }
-        }
     }
 }
 
@@ -376,7 +382,7 @@ mod tests {
         RateLimitHeaders::ietf()
             .fields(decisions, cache)
             .insert_into(&mut headers);
-        let text = |name: &HeaderName| headers[name].to_str().unwrap().to_owned();
+        let text = |name: &http::HeaderName| headers[name].to_str().unwrap().to_owned();
         (text(&RATELIMIT_POLICY), text(&RATELIMIT))
     }
 

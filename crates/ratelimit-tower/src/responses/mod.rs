@@ -4,6 +4,7 @@
 //! responses (`grpc`), and the rate-limit header fields on every response
 //! (`headers`).
 
+pub(crate) mod fields;
 pub(crate) mod grpc;
 pub mod headers;
 pub(crate) mod problem;

@@ -10,8 +10,9 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use crate::body::ResponseBody;
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
+use crate::responses::fields::Fields;
 use crate::responses::grpc::{is_grpc, trailers_only};
-use crate::responses::headers::{Fields, PolicyFieldCache, RateLimitHeaders};
+use crate::responses::headers::{PolicyFieldCache, RateLimitHeaders};
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
