@@ -566,6 +566,45 @@ async fn denied_cache_skips_concurrency_and_stays_bounded() {
     assert!(cache.len() <= 32 + 16, "cache holds {}", cache.len());
 }
 
+/// A limit changed under the same name is another policy to the cache: a
+/// denial under the old numbers never denies under the new ones, and a
+/// lowered limit's denials come from the store (the cache only denies).
+#[tokio::test]
+async fn denied_cache_follows_a_limit_changed_under_the_same_name() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::new(store);
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3600)),
+        )
+    };
+    let one = hourly(1);
+    assert!(cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    for _ in 0..2 {
+        assert!(!cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!((cache.hits(), calls.load(Ordering::Relaxed)), (1, 2));
+    // Raised: the store admits with 998 left after this one, and so does
+    // the cache.
+    let thousand = hourly(1_000);
+    let d = cache.check(b"k", &thousand, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 998, "{d:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    // Lowered again: the old denial is not the answer, the store's is.
+    let two = hourly(2);
+    let d = cache.check(b"k", &two, 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 4);
+    // Back to the first numbers: the store denies as it would.
+    assert!(!cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    // Another algorithm under the name is a conflict the store reports,
+    // never a cached denial.
+    let bucket = named("api", Policy::token_bucket(1_000, Rate::per_hour(1_000)));
+    let err = cache.check(b"k", &bucket, 1).await.unwrap_err();
+    assert!(matches!(err, StoreError::PolicyConflict { .. }), "{err:?}");
+}
+
 #[test]
 fn denied_cache_is_exact_under_threads() {
     let cache = DeniedCache::new(MemoryStore::new());
