@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{LeasedStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_core::{AdminStore, LeasedStore, MemoryStore, Policy, Rate, Store};
 use ratelimit_tests::redis_server::RedisServer;
 
 const INSTANCES: u64 = 4;
@@ -221,6 +221,134 @@ async fn peeks_big_costs_and_concurrency_pass_through() {
         .unwrap();
     assert!(store.check(b"c", &permits, 1).await.unwrap().is_allowed());
     assert_eq!(store.batches(), 0);
+}
+
+/// How many of `n` requests for `key` are allowed.
+async fn admitted<S: Store>(store: &S, key: &[u8], policy: &Policy, n: u64) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..n {
+        if store.check(key, policy, 1).await.unwrap().is_allowed() {
+            allowed += 1;
+        }
+    }
+    allowed
+}
+
+/// An operator's block or penalty through the leased store takes effect at
+/// once: the local lease of the key goes with it; an unblock or a reset lets
+/// the key lease again.
+#[tokio::test]
+async fn a_block_or_penalty_through_the_leased_store_takes_effect_at_once() {
+    let (_clock, shared, store) = leasing(1);
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
+    assert_eq!(store.batches(), 1, "leasing");
+    store
+        .block(b"k", &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    store.unblock(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    assert!(store.batches() >= 2, "leasing again");
+    // A penalty into debt denies at once too.
+    let after = store.penalize(b"k", &policy, 2_000).await.unwrap();
+    assert!(!after.is_allowed());
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    store.reset(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    // What the store counted covers what passed: 45 and the lease's rest.
+    let used = 1_000 - shared.peek(b"k", &policy).await.unwrap().remaining();
+    assert!((20..=30).contains(&used), "{used}");
+    // Peeks and rewards go to the store.
+    assert_eq!(
+        store.peek(b"k", &policy).await.unwrap().remaining(),
+        1_000 - used
+    );
+    let rewarded = store.reward(b"k", &policy, 5).await.unwrap();
+    assert_eq!(rewarded.remaining(), 1_000 - used + 5);
+}
+
+/// A block made elsewhere (straight on the shared store, or through another
+/// instance) reaches an instance when its lease of the key ends: at most the
+/// units it had leased pass after the block, and none once `lease_for` has
+/// passed.
+#[tokio::test]
+async fn a_block_made_elsewhere_takes_effect_within_the_lease() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let instance = |lease_for| {
+        LeasedStore::builder(shared.clone())
+            .batch(10)
+            .hot_after(1)
+            .lease_for(lease_for)
+            .clock(clock.clone())
+            .build()
+    };
+    let (store, other) = (
+        instance(Duration::from_secs(2)),
+        instance(Duration::from_secs(2)),
+    );
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 3).await, 3);
+    assert_eq!(store.batches(), 1);
+    // 1 cold request, a batch of 10: 8 units still leased.
+    other
+        .block(b"k", &policy, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(admitted(&store, b"k", &policy, 100).await <= 8);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    // A penalty elsewhere, the same.
+    shared.unblock(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
+    shared.penalize(b"k", &policy, 2_000).await.unwrap();
+    assert!(admitted(&store, b"k", &policy, 100).await <= 10);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+}
+
+/// Keys seen once take no tracking slot from a key that proved hot: under a
+/// flood of one-off keys far beyond `max_keys`, a hot key keeps leasing, and
+/// a key that turns hot during the flood leases too.
+#[tokio::test]
+async fn a_flood_of_one_off_keys_leaves_hot_keys_leasing() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared)
+        .batch(10)
+        .hot_after(3)
+        .max_keys(64)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(1_000_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"hot", &policy, 20).await, 20);
+    let before = store.leased_decisions();
+    assert!(before > 0);
+    for i in 0..20_000u32 {
+        let key = format!("one-off-{i}");
+        assert!(
+            store
+                .check(key.as_bytes(), &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        if i % 20 == 0 {
+            store.check(b"hot", &policy, 1).await.unwrap();
+        }
+        // Once the flood has filled every slot.
+        if i % 20 == 0 && i >= 2_000 {
+            store.check(b"turns-hot", &policy, 1).await.unwrap();
+        }
+    }
+    // 1,000 and 900 requests: at most a tenth of them asked for a batch.
+    assert!(
+        store.leased_decisions() >= before + 1_900 * 8 / 10,
+        "{} leased decisions",
+        store.leased_decisions() - before
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
