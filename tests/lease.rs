@@ -3,13 +3,20 @@
 //! passes through unchanged.
 
 use std::collections::BTreeMap;
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{AdminStore, LeasedStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_core::{
+    AdminStore, Check, Decision, LeasedStore, MemoryStore, PermitId, Policy, Rate, Store,
+    StoreError,
+};
+use ratelimit_tests::named;
 use ratelimit_tests::redis_server::RedisServer;
+use tokio::sync::{Notify, Semaphore};
 
 const INSTANCES: u64 = 4;
 const BATCH: u64 = 25;
@@ -267,6 +274,132 @@ async fn a_block_or_penalty_through_the_leased_store_takes_effect_at_once() {
     );
     let rewarded = store.reward(b"k", &policy, 5).await.unwrap();
     assert_eq!(rewarded.remaining(), 1_000 - used + 5);
+}
+
+type Answer<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A `MemoryStore` that decides at once, and answers a batch (a cost above
+/// 1) only once its gate opens, saying when one arrived.
+#[derive(Clone)]
+struct Gated {
+    store: MemoryStore,
+    gate: Arc<Semaphore>,
+    arrived: Arc<Notify>,
+}
+
+impl Gated {
+    fn closed() -> Self {
+        Gated {
+            store: MemoryStore::new(),
+            gate: Arc::new(Semaphore::new(0)),
+            arrived: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Store for Gated {
+    type CheckFuture = Answer<Decision>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        let decided = self.store.check_now(key, policy, cost);
+        if cost <= 1 {
+            return Box::pin(ready(decided));
+        }
+        let (gate, arrived) = (Arc::clone(&self.gate), Arc::clone(&self.arrived));
+        Box::pin(async move {
+            arrived.notify_one();
+            let _open = gate.acquire().await;
+            decided
+        })
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        ready(self.store.check_all_now(checks))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.store.release(key, policy, permit)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.store.renew(key, policy, permit)
+    }
+}
+
+impl AdminStore for Gated {
+    type DecisionFuture = <MemoryStore as AdminStore>::DecisionFuture;
+    type UpdateFuture = <MemoryStore as AdminStore>::UpdateFuture;
+
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        self.store.peek(key, policy)
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.store.reset(key, policy)
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.store.penalize(key, policy, amount)
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.store.reward(key, policy, amount)
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        self.store.block(key, policy, duration)
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.store.unblock(key, policy)
+    }
+}
+
+/// A batch the store granted before a block through the leased store, and
+/// whose answer lands after it, admits the request that asked for it (the
+/// store consumed it) but leaves no lease to spend past the block.
+#[tokio::test]
+async fn a_batch_landing_after_a_block_leaves_nothing_to_spend() {
+    let inner = Gated::closed();
+    let store = LeasedStore::builder(inner.clone())
+        .batch(10)
+        .hot_after(1)
+        .build();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    let asking = tokio::spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        async move { store.check(b"k", &policy, 1).await }
+    });
+    inner.arrived.notified().await;
+    store
+        .block(b"k", &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    inner.gate.add_permits(1);
+    assert!(asking.await.unwrap().unwrap().is_allowed());
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    assert_eq!(store.leased_decisions(), 0);
+}
+
+/// A lease is of a policy's numbers: units leased under a limit of 1,000
+/// are not spent once the limit is 5 under the same name, which the store
+/// already counts as used up.
+#[tokio::test]
+async fn a_lease_taken_under_other_numbers_is_not_spent_under_new_ones() {
+    let (_clock, _shared, store) = leasing(1);
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3_600)),
+        )
+    };
+    // 1 cold request, a batch of 10: 11 counted, 8 left on lease.
+    assert_eq!(admitted(&store, b"k", &hourly(1_000), 3).await, 3);
+    assert_eq!(admitted(&store, b"k", &hourly(5), 20).await, 0);
 }
 
 /// A block made elsewhere (straight on the shared store, or through another
