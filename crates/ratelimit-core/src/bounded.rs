@@ -102,6 +102,7 @@ impl<K, V> BoundedMap<K, V> {
 
     /// Calls `f` on the value of every entry under `hash` whose key `eq`
     /// accepts.
+    #[cfg(feature = "lease")]
     pub(crate) fn for_each_mut(
         &mut self,
         hash: u64,
@@ -171,14 +172,14 @@ mod tests {
             let found = map.get(hash(key), |k| *k == key).map(|v| v.1);
             let modelled = model.iter().find(|(k, _)| *k == key).map(|e| e.1);
             assert_eq!(found, modelled, "step {step}, key {key}");
-            if seed % 3 == 0 {
+            if seed.is_multiple_of(3) {
                 map.remove_all(hash(key), |k| *k == key);
                 model.retain(|(k, _)| *k != key);
             } else if found.is_none() {
                 let mut gone = None;
                 let added = map
                     .insert(hash(key), key, (key, step), |v| {
-                        let even = v.1 % 2 == 0;
+                        let even = v.1.is_multiple_of(2);
                         if even {
                             gone = Some(v.0);
                         }
