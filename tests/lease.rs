@@ -442,6 +442,29 @@ async fn a_block_made_elsewhere_takes_effect_within_the_lease() {
     assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
 }
 
+/// A refused batch holds leasing back for one lease at most: a key blocked
+/// elsewhere for a year, and unblocked there, leases again on this instance
+/// once its lease period has passed, not a year later.
+#[tokio::test]
+async fn a_key_unblocked_elsewhere_leases_again_within_a_lease() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .lease_for(Duration::from_secs(2))
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let year = Duration::from_secs(365 * 86_400);
+    shared.block(b"k", &policy, year).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 0);
+    shared.unblock(b"k", &policy).await.unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    assert!(store.batches() >= 1, "leasing again");
+}
+
 /// Keys seen once take no tracking slot from a key that proved hot: under a
 /// flood of one-off keys far beyond `max_keys`, a hot key keeps leasing, and
 /// a key that turns hot during the flood leases too.

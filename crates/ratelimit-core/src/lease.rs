@@ -36,7 +36,8 @@ const SHARDS: usize = 16;
 /// Unspent units expire with their lease: they are never given back.
 /// Requests that arrive while a batch is on its way wait for it, so a hot
 /// key costs one round trip per batch. When the store refuses a batch, the
-/// wrapper asks for single requests until the denial would have ended.
+/// wrapper asks for single requests until the denial would have ended, or
+/// one lease period at most (a block lifted elsewhere lets it lease again).
 ///
 /// # What it costs in accuracy
 ///
@@ -481,8 +482,11 @@ impl<S: Store, C: Clock> Inner<S, C> {
             .get_mut(hash, |e| same(e, policy, key))
             .filter(|l| l.generation == generation);
         if !batch.is_allowed() {
+            // At most one lease period: a long block lifted elsewhere does
+            // not keep the key from leasing for the block's whole length.
+            let wait = batch.retry_after_micros().min(self.lease_micros(policy));
             if let Some(lease) = lease {
-                lease.refused_until = sent_at.saturating_add(batch.retry_after_micros());
+                lease.refused_until = sent_at.saturating_add(wait);
             }
             return None;
         }
