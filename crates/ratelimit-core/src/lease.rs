@@ -383,13 +383,17 @@ impl<S: Store, C: Clock> Inner<S, C> {
         self.lease_for.map_or(window, |l| l.min(window))
     }
 
-    /// Whether a batch for `key` under `policy` is on its way.
-    fn fetching(&self, policy: &Policy, key: &[u8]) -> bool {
+    /// Whether the fetch of a batch for `key` under `policy` that wakes
+    /// `notify` is still on its way. Another fetch since (the one awaited
+    /// landed, and another task asked for the next batch) wakes other
+    /// waiters, not those of `notify`, which would wait forever.
+    fn fetching(&self, policy: &Policy, key: &[u8], notify: &Arc<Notify>) -> bool {
         let hash = self.hash(policy.name(), key);
         self.shard(hash)
             .lock()
             .get(hash, |e| same(e, policy, key))
-            .is_some_and(|l| l.fetching.is_some())
+            .and_then(|l| l.fetching.as_ref())
+            .is_some_and(|n| Arc::ptr_eq(n, notify))
     }
 
     fn step(self: &Arc<Self>, policy: &Policy, key: &[u8], cost: u64) -> Step {
@@ -535,7 +539,7 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
                     Step::Wait(notify) => {
                         let landed = notify.notified();
                         // The fetch may have ended between the step and now.
-                        if inner.fetching(&policy, &normalized) {
+                        if inner.fetching(&policy, &normalized, &notify) {
                             landed.await;
                         }
                     }
