@@ -48,8 +48,9 @@ const SHARDS: usize = 16;
 /// When the inner store is an [`AdminStore`], so is the cache: every
 /// operation is forwarded, and a [`reset`](AdminStore::reset),
 /// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
-/// can end a denial early, also drops the cached denial of that key (once the
-/// store has answered, whatever it answered); denials of requests sent before
+/// can end a denial early, also drops the cached denials of that key under
+/// the policy's name, whatever their numbers (once the store has answered,
+/// whatever it answered); denials of requests sent before
 /// then are not cached afterwards, so a reply in flight cannot bring it back.
 /// Penalties and blocks only ever lengthen denials and leave the cache as it
 /// is. This holds for one cache: other instances' caches keep their denials
