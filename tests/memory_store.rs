@@ -417,7 +417,7 @@ fn huge_keys_are_bounded() {
 
 // ---- DeniedCache: known denials answered locally ----
 
-use ratelimit_core::DeniedCache;
+use ratelimit_core::{AdminStore, DeniedCache};
 use ratelimit_tests::admits;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
@@ -603,6 +603,25 @@ async fn denied_cache_follows_a_limit_changed_under_the_same_name() {
     let bucket = named("api", Policy::token_bucket(1_000, Rate::per_hour(1_000)));
     let err = cache.check(b"k", &bucket, 1).await.unwrap_err();
     assert!(matches!(err, StoreError::PolicyConflict { .. }), "{err:?}");
+}
+
+/// An admin operation under one set of numbers ends the key's state under
+/// the name, so it drops the cached denials of every policy of the name.
+#[tokio::test]
+async fn denied_cache_forgets_a_reset_key_under_every_policy_of_its_name() {
+    let cache = DeniedCache::new(MemoryStore::new());
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3600)),
+        )
+    };
+    assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert_eq!(cache.hits(), 1);
+    cache.reset(b"k", &hourly(5)).await.unwrap();
+    assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
 }
 
 #[test]
