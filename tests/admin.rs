@@ -776,6 +776,84 @@ async fn redis_blocks_in_real_time_and_every_key_has_a_ttl() {
     }
 }
 
+/// A block keeps its key at least until it ends, and no longer than the
+/// state needs once it does: an unblock, or a shorter block in its place,
+/// gives the state back its own lifetime (a state back to fresh goes),
+/// however long the block was, `Duration::MAX` included.
+#[tokio::test]
+async fn redis_an_unblock_gives_the_state_back_its_own_ttl() {
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let window = Duration::from_secs(60);
+    let year = Duration::from_secs(365 * 86_400);
+    let pttl = |key: &str| -> i64 { server.cli(&["PTTL", key]).parse().unwrap() };
+    for policy in every_algorithm(5, window, Rate::new(5, window)) {
+        let name = policy.name().to_owned();
+        for block in [year, Duration::MAX] {
+            let state_key = store.state_key(b"user", &policy);
+            store.reset(b"user", &policy).await.unwrap();
+            assert!(store.check(b"user", &policy, 2).await.unwrap().is_allowed());
+            store.block(b"user", &policy, block).await.unwrap();
+            assert!(pttl(&state_key) > 300 * 86_400 * 1_000, "{name}: {block:?}");
+            store.unblock(b"user", &policy).await.unwrap();
+            // The state's own lifetime: until the budget is full again, at
+            // most two windows (the sliding window counter's previous
+            // window weighs in the next). The peek first: the TTL read
+            // after it has only run down since.
+            let full_in = store.peek(b"user", &policy).await.unwrap().reset_after();
+            let ttl = pttl(&state_key);
+            assert!(ttl > 0, "{name}: {block:?}: TTL {ttl}");
+            assert!(
+                ttl as u128 <= full_in.as_millis() + 1 && full_in <= 2 * window,
+                "{name}: {block:?}: TTL {ttl} ms after the unblock, full in {full_in:?}"
+            );
+            // The state decides as before the block.
+            let d = store.check(b"user", &policy, 1).await.unwrap();
+            assert!(d.is_allowed() && d.remaining() == 2, "{name}: {d:?}");
+
+            // A short block in place of a long one: the key lives until
+            // the later of its end and the state's.
+            store.block(b"user", &policy, block).await.unwrap();
+            store
+                .block(b"user", &policy, Duration::from_secs(1))
+                .await
+                .unwrap();
+            let ttl = pttl(&state_key);
+            assert!(
+                ttl > 0 && ttl as u128 <= 2 * window.as_millis() + 1,
+                "{name}: {block:?}: TTL {ttl} ms under a 1 s block"
+            );
+            assert!(!store.check(b"user", &policy, 1).await.unwrap().is_allowed());
+        }
+        // A fresh key blocked for a year and unblocked leaves no key.
+        store.block(b"fresh", &policy, year).await.unwrap();
+        store.unblock(b"fresh", &policy).await.unwrap();
+        let fresh_key = store.state_key(b"fresh", &policy);
+        assert_eq!(server.cli(&["EXISTS", &fresh_key]), "0", "{name}");
+    }
+    // Another algorithm's state under the name, which the policy cannot
+    // read: it stays, with at most the policy's longest lifetime (two
+    // windows) once unblocked.
+    let window_policy = named(
+        "shared",
+        Policy::fixed_window(5, Duration::from_secs(3_600)),
+    );
+    let bucket = named("shared", Policy::token_bucket(5, Rate::new(5, window)));
+    assert!(
+        store
+            .check(b"user", &window_policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    store.block(b"user", &bucket, year).await.unwrap();
+    store.unblock(b"user", &bucket).await.unwrap();
+    let state_key = store.state_key(b"user", &bucket);
+    assert!(server.cli(&["GET", &state_key]).starts_with('f'));
+    let ttl = pttl(&state_key);
+    assert!(ttl > 0 && ttl as u128 <= 2 * window.as_millis(), "{ttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_blocks_keys_in_their_own_slot() {
     let cluster = RedisCluster::start();

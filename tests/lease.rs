@@ -3,13 +3,20 @@
 //! passes through unchanged.
 
 use std::collections::BTreeMap;
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{LeasedStore, MemoryStore, Policy, Rate, Store};
+use ratelimit_core::{
+    AdminStore, Check, Decision, LeasedStore, MemoryStore, PermitId, Policy, Rate, Store,
+    StoreError,
+};
+use ratelimit_tests::named;
 use ratelimit_tests::redis_server::RedisServer;
+use tokio::sync::{Notify, Semaphore};
 
 const INSTANCES: u64 = 4;
 const BATCH: u64 = 25;
@@ -221,6 +228,283 @@ async fn peeks_big_costs_and_concurrency_pass_through() {
         .unwrap();
     assert!(store.check(b"c", &permits, 1).await.unwrap().is_allowed());
     assert_eq!(store.batches(), 0);
+}
+
+/// How many of `n` requests for `key` are allowed.
+async fn admitted<S: Store>(store: &S, key: &[u8], policy: &Policy, n: u64) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..n {
+        if store.check(key, policy, 1).await.unwrap().is_allowed() {
+            allowed += 1;
+        }
+    }
+    allowed
+}
+
+/// An operator's block or penalty through the leased store takes effect at
+/// once: the local lease of the key goes with it; an unblock or a reset lets
+/// the key lease again.
+#[tokio::test]
+async fn a_block_or_penalty_through_the_leased_store_takes_effect_at_once() {
+    let (_clock, shared, store) = leasing(1);
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
+    assert_eq!(store.batches(), 1, "leasing");
+    store
+        .block(b"k", &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    store.unblock(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    assert!(store.batches() >= 2, "leasing again");
+    // A penalty into debt denies at once too.
+    let after = store.penalize(b"k", &policy, 2_000).await.unwrap();
+    assert!(!after.is_allowed());
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    store.reset(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    // What the store counted covers what passed: 45 and the lease's rest.
+    let used = 1_000 - shared.peek(b"k", &policy).await.unwrap().remaining();
+    assert!((20..=30).contains(&used), "{used}");
+    // Peeks and rewards go to the store.
+    assert_eq!(
+        store.peek(b"k", &policy).await.unwrap().remaining(),
+        1_000 - used
+    );
+    let rewarded = store.reward(b"k", &policy, 5).await.unwrap();
+    assert_eq!(rewarded.remaining(), 1_000 - used + 5);
+}
+
+type Answer<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A `MemoryStore` that decides at once, and answers a batch (a cost above
+/// 1) only once its gate opens, saying when one arrived.
+#[derive(Clone)]
+struct Gated {
+    store: MemoryStore,
+    gate: Arc<Semaphore>,
+    arrived: Arc<Notify>,
+}
+
+impl Gated {
+    fn closed() -> Self {
+        Gated {
+            store: MemoryStore::new(),
+            gate: Arc::new(Semaphore::new(0)),
+            arrived: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Store for Gated {
+    type CheckFuture = Answer<Decision>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        let decided = self.store.check_now(key, policy, cost);
+        if cost <= 1 {
+            return Box::pin(ready(decided));
+        }
+        let (gate, arrived) = (Arc::clone(&self.gate), Arc::clone(&self.arrived));
+        Box::pin(async move {
+            arrived.notify_one();
+            let _open = gate.acquire().await;
+            decided
+        })
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        ready(self.store.check_all_now(checks))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.store.release(key, policy, permit)
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.store.renew(key, policy, permit)
+    }
+}
+
+impl AdminStore for Gated {
+    type DecisionFuture = <MemoryStore as AdminStore>::DecisionFuture;
+    type UpdateFuture = <MemoryStore as AdminStore>::UpdateFuture;
+
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        self.store.peek(key, policy)
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.store.reset(key, policy)
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.store.penalize(key, policy, amount)
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        self.store.reward(key, policy, amount)
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        self.store.block(key, policy, duration)
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        self.store.unblock(key, policy)
+    }
+}
+
+/// A batch the store granted before a block through the leased store, and
+/// whose answer lands after it, admits the request that asked for it (the
+/// store consumed it) but leaves no lease to spend past the block.
+#[tokio::test]
+async fn a_batch_landing_after_a_block_leaves_nothing_to_spend() {
+    let inner = Gated::closed();
+    let store = LeasedStore::builder(inner.clone())
+        .batch(10)
+        .hot_after(1)
+        .build();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    let asking = tokio::spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        async move { store.check(b"k", &policy, 1).await }
+    });
+    inner.arrived.notified().await;
+    store
+        .block(b"k", &policy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    inner.gate.add_permits(1);
+    assert!(asking.await.unwrap().unwrap().is_allowed());
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    assert_eq!(store.leased_decisions(), 0);
+}
+
+/// A lease is of a policy's numbers: units leased under a limit of 1,000
+/// are not spent once the limit is 5 under the same name, which the store
+/// already counts as used up.
+#[tokio::test]
+async fn a_lease_taken_under_other_numbers_is_not_spent_under_new_ones() {
+    let (_clock, _shared, store) = leasing(1);
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3_600)),
+        )
+    };
+    // 1 cold request, a batch of 10: 11 counted, 8 left on lease.
+    assert_eq!(admitted(&store, b"k", &hourly(1_000), 3).await, 3);
+    assert_eq!(admitted(&store, b"k", &hourly(5), 20).await, 0);
+}
+
+/// A block made elsewhere (straight on the shared store, or through another
+/// instance) reaches an instance when its lease of the key ends: at most the
+/// units it had leased pass after the block, and none once `lease_for` has
+/// passed.
+#[tokio::test]
+async fn a_block_made_elsewhere_takes_effect_within_the_lease() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let instance = |lease_for| {
+        LeasedStore::builder(shared.clone())
+            .batch(10)
+            .hot_after(1)
+            .lease_for(lease_for)
+            .clock(clock.clone())
+            .build()
+    };
+    let (store, other) = (
+        instance(Duration::from_secs(2)),
+        instance(Duration::from_secs(2)),
+    );
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 3).await, 3);
+    assert_eq!(store.batches(), 1);
+    // 1 cold request, a batch of 10: 8 units still leased.
+    other
+        .block(b"k", &policy, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(admitted(&store, b"k", &policy, 100).await <= 8);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+    // A penalty elsewhere, the same.
+    shared.unblock(b"k", &policy).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
+    shared.penalize(b"k", &policy, 2_000).await.unwrap();
+    assert!(admitted(&store, b"k", &policy, 100).await <= 10);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 100).await, 0);
+}
+
+/// A refused batch holds leasing back for one lease at most: a key blocked
+/// elsewhere for a year, and unblocked there, leases again on this instance
+/// once its lease period has passed, not a year later.
+#[tokio::test]
+async fn a_key_unblocked_elsewhere_leases_again_within_a_lease() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .lease_for(Duration::from_secs(2))
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let year = Duration::from_secs(365 * 86_400);
+    shared.block(b"k", &policy, year).await.unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 0);
+    shared.unblock(b"k", &policy).await.unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&store, b"k", &policy, 20).await, 20);
+    assert!(store.batches() >= 1, "leasing again");
+}
+
+/// Keys seen once take no tracking slot from a key that proved hot: under a
+/// flood of one-off keys far beyond `max_keys`, a hot key keeps leasing, and
+/// a key that turns hot during the flood leases too.
+#[tokio::test]
+async fn a_flood_of_one_off_keys_leaves_hot_keys_leasing() {
+    let clock = ManualClock::new(0);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared)
+        .batch(10)
+        .hot_after(3)
+        .max_keys(64)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::fixed_window(1_000_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"hot", &policy, 20).await, 20);
+    let before = store.leased_decisions();
+    assert!(before > 0);
+    for i in 0..20_000u32 {
+        let key = format!("one-off-{i}");
+        assert!(
+            store
+                .check(key.as_bytes(), &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        if i % 20 == 0 {
+            store.check(b"hot", &policy, 1).await.unwrap();
+        }
+        // Once the flood has filled every slot.
+        if i % 20 == 0 && i >= 2_000 {
+            store.check(b"turns-hot", &policy, 1).await.unwrap();
+        }
+    }
+    // 1,000 and 900 requests: at most a tenth of them asked for a batch.
+    assert!(
+        store.leased_decisions() >= before + 1_900 * 8 / 10,
+        "{} leased decisions",
+        store.leased_decisions() - before
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

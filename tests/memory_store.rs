@@ -417,7 +417,7 @@ fn huge_keys_are_bounded() {
 
 // ---- DeniedCache: known denials answered locally ----
 
-use ratelimit_core::DeniedCache;
+use ratelimit_core::{AdminStore, DeniedCache};
 use ratelimit_tests::admits;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
@@ -564,6 +564,64 @@ async fn denied_cache_skips_concurrency_and_stays_bounded() {
         cache.check(key.as_bytes(), &policy, 1).await.unwrap();
     }
     assert!(cache.len() <= 32 + 16, "cache holds {}", cache.len());
+}
+
+/// A limit changed under the same name is another policy to the cache: a
+/// denial under the old numbers never denies under the new ones, and a
+/// lowered limit's denials come from the store (the cache only denies).
+#[tokio::test]
+async fn denied_cache_follows_a_limit_changed_under_the_same_name() {
+    let (store, calls) = counting();
+    let cache = DeniedCache::new(store);
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3600)),
+        )
+    };
+    let one = hourly(1);
+    assert!(cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    for _ in 0..2 {
+        assert!(!cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!((cache.hits(), calls.load(Ordering::Relaxed)), (1, 2));
+    // Raised: the store admits with 998 left after this one, and so does
+    // the cache.
+    let thousand = hourly(1_000);
+    let d = cache.check(b"k", &thousand, 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 998, "{d:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    // Lowered again: the old denial is not the answer, the store's is.
+    let two = hourly(2);
+    let d = cache.check(b"k", &two, 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 4);
+    // Back to the first numbers: the store denies as it would.
+    assert!(!cache.check(b"k", &one, 1).await.unwrap().is_allowed());
+    // Another algorithm under the name is a conflict the store reports,
+    // never a cached denial.
+    let bucket = named("api", Policy::token_bucket(1_000, Rate::per_hour(1_000)));
+    let err = cache.check(b"k", &bucket, 1).await.unwrap_err();
+    assert!(matches!(err, StoreError::PolicyConflict { .. }), "{err:?}");
+}
+
+/// An admin operation under one set of numbers ends the key's state under
+/// the name, so it drops the cached denials of every policy of the name.
+#[tokio::test]
+async fn denied_cache_forgets_a_reset_key_under_every_policy_of_its_name() {
+    let cache = DeniedCache::new(MemoryStore::new());
+    let hourly = |limit| {
+        named(
+            "api",
+            Policy::fixed_window(limit, Duration::from_secs(3600)),
+        )
+    };
+    assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
+    assert_eq!(cache.hits(), 1);
+    cache.reset(b"k", &hourly(5)).await.unwrap();
+    assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
 }
 
 #[test]

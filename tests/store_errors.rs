@@ -8,14 +8,15 @@
 
 use std::future::{Pending, Ready, pending, ready};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::response::IntoResponse;
 use http::{Request, Response, StatusCode};
 use ratelimit_axum::Limiter;
 use ratelimit_core::{
-    BreakerState, Check, CircuitBreaker, Decision, DecisionSource, FallbackStore, MemoryStore,
-    PermitId, Policy, Store, StoreError,
+    BreakerState, Check, CircuitBreaker, Decision, DecisionSource, DeniedCache, FallbackStore,
+    MemoryStore, PermitId, Policy, Store, StoreError,
 };
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
@@ -296,6 +297,92 @@ async fn a_fallback_store_falls_back_on_outages_only() {
             assert_eq!(breaker.trips(), 0, "{error:?}");
         }
     }
+}
+
+/// A store that is down (every call `Unavailable`) while its switch is on,
+/// a `MemoryStore` otherwise.
+#[derive(Clone, Default)]
+struct Switchable {
+    store: MemoryStore,
+    down: Arc<AtomicBool>,
+}
+
+impl Switchable {
+    fn outage<T>(
+        &self,
+        up: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Ready<Result<T, StoreError>> {
+        if self.down.load(Ordering::Relaxed) {
+            ready(Err(StoreError::Unavailable("connection refused".into())))
+        } else {
+            ready(up())
+        }
+    }
+}
+
+impl Store for Switchable {
+    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
+
+    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
+        self.outage(|| self.store.check_now(key, policy, cost))
+    }
+
+    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
+        self.outage(|| self.store.check_all_now(checks))
+    }
+
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
+        self.outage(|| {
+            self.store.release_now(key, policy, permit);
+            Ok(())
+        })
+    }
+
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
+        self.outage(|| Ok(self.store.renew_now(key, policy, permit)))
+    }
+}
+
+/// A `DeniedCache` in front of a `FallbackStore` keeps no denial of the
+/// fallback's: once the primary answers again, it decides, whatever the
+/// fallback's local share denied during the outage.
+#[tokio::test]
+async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
+    let primary = Switchable::default();
+    // A threshold never reached: every call asks the primary first.
+    let breaker = Arc::new(CircuitBreaker::new(1_000, Duration::from_secs(3600)));
+    let cache = DeniedCache::new(FallbackStore::new(
+        primary.clone(),
+        MemoryStore::new(),
+        4,
+        breaker,
+    ));
+    let policy = fixed_window("p", 8, Duration::from_secs(3600));
+    primary.down.store(true, Ordering::Relaxed);
+    // The fallback's share is 8 / 4 = 2 an hour.
+    for _ in 0..2 {
+        let d = cache.check(b"k", &policy, 1).await.unwrap();
+        assert!(d.is_allowed() && d.source() == DecisionSource::Fallback);
+    }
+    let denied = cache.check(b"k", &policy, 1).await.unwrap();
+    assert!(!denied.is_allowed() && denied.source() == DecisionSource::Fallback);
+    primary.down.store(false, Ordering::Relaxed);
+    let d = cache.check(b"k", &policy, 1).await.unwrap();
+    assert!(
+        d.is_allowed() && d.source() == DecisionSource::Store,
+        "the primary is back and admits: {d:?}"
+    );
+    assert_eq!(cache.hits(), 0);
+    // The primary's own denials are cached.
+    for _ in 0..7 {
+        assert!(cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert!(!cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    let d = cache.check(b"k", &policy, 1).await.unwrap();
+    assert_eq!(d.source(), DecisionSource::DeniedCache);
 }
 
 #[tokio::test]

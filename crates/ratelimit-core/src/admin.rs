@@ -14,7 +14,8 @@ use crate::{Decision, PermitId, Policy, StoreError};
 ///
 /// Implemented by [`MemoryStore`](crate::MemoryStore), the Redis store (with
 /// the `redis` feature), and forwarded by [`DeniedCache`](crate::DeniedCache),
-/// [`FallbackStore`](crate::FallbackStore) and `Arc<S>`. Both stores share
+/// [`FallbackStore`](crate::FallbackStore), `LeasedStore` (with the `lease`
+/// feature, dropping its lease of the key) and `Arc<S>`. Both stores share
 /// the semantics below, since the transitions are the pure functions of
 /// [`algorithm`](crate::algorithm).
 ///

@@ -1,6 +1,5 @@
 //! [`DeniedCache`]: answer known denials locally, without a round trip.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
@@ -11,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
+use crate::bounded::BoundedMap;
 use crate::policy::Algorithm;
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
@@ -30,10 +30,17 @@ const SHARDS: usize = 16;
 /// A request costing at least c cannot pass before R, and other requests (from
 /// any instance) can only push that time further. The expiry is measured from
 /// when the request was *sent*, which is no later than when the store decided,
-/// so the cache never outlives the denial. Concurrency denials are not cached
-/// (a release may end them early). Its memory is bounded: at most
-/// [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when full, new denials
-/// are simply not cached.
+/// so the cache never outlives the denial. A policy is its parameters, not
+/// only its name: a limit raised (or an algorithm changed) under the same
+/// name is another policy, which no denial of the old numbers answers.
+/// Concurrency denials are not cached (a release may end them early), nor
+/// those of a [`FallbackStore`](crate::FallbackStore)'s fallback
+/// ([`DecisionSource::Fallback`]): they are the local share of an outage,
+/// not what the primary denies once it answers again. Its memory is
+/// bounded: at most [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when
+/// full, a new denial takes the place of an expired one among the next few
+/// it looks at, or is not cached, so that making room costs a few steps
+/// whatever the cache's size.
 ///
 /// Denials answered from the cache have [`DecisionSource::DeniedCache`] as
 /// their [`Decision::source`].
@@ -41,8 +48,9 @@ const SHARDS: usize = 16;
 /// When the inner store is an [`AdminStore`], so is the cache: every
 /// operation is forwarded, and a [`reset`](AdminStore::reset),
 /// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
-/// can end a denial early, also drops the cached denial of that key (once the
-/// store has answered, whatever it answered); denials of requests sent before
+/// can end a denial early, also drops the cached denials of that key under
+/// the policy's name, whatever their numbers (once the store has answered,
+/// whatever it answered); denials of requests sent before
 /// then are not cached afterwards, so a reply in flight cannot bring it back.
 /// Penalties and blocks only ever lengthen denials and leave the cache as it
 /// is. This holds for one cache: other instances' caches keep their denials
@@ -54,7 +62,6 @@ pub struct DeniedCache<S> {
 struct Inner<S> {
     store: S,
     shards: [Mutex<Shard>; SHARDS],
-    per_shard: usize,
     origin: Instant,
     hasher: RandomState,
     hits: AtomicU64,
@@ -63,8 +70,10 @@ struct Inner<S> {
     forgotten_at: AtomicU64,
 }
 
-/// Cached denials by (policy name, stored key).
-type Shard = HashMap<(Box<str>, Box<[u8]>), Entry>;
+/// Cached denials by policy (its name and parameters) and stored key,
+/// hashed by the name and key alone, so that an admin operation finds the
+/// denials of every policy under the name ([`Inner::forget`]).
+type Shard = BoundedMap<(Policy, Box<[u8]>), Entry>;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -101,8 +110,9 @@ impl<S: Store> DeniedCache<S> {
         DeniedCache {
             inner: Arc::new(Inner {
                 store,
-                shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
-                per_shard: entries.div_ceil(SHARDS).max(1),
+                shards: std::array::from_fn(|_| {
+                    Mutex::new(BoundedMap::new(entries.div_ceil(SHARDS)))
+                }),
                 origin: Instant::now(),
                 hasher: RandomState::new(),
                 hits: AtomicU64::new(0),
@@ -137,17 +147,23 @@ impl<S> Inner<S> {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn shard(&self, policy: &str, key: &[u8]) -> &Mutex<Shard> {
-        let index =
-            usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
+    /// The hash of `key` under the policy named `policy`.
+    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
+        self.hasher.hash_one((policy, key))
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // Bits the shard's own table does not use to place its entries.
+        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
         &self.shards[index]
     }
 
     /// A cached denial for this request, if one still holds.
     fn lookup(&self, policy: &Policy, key: &[u8], cost: u64) -> Option<Decision> {
         let now = self.now();
-        let shard = self.shard(policy.name(), key).lock();
-        let entry = shard.get(&(Box::<str>::from(policy.name()), Box::<[u8]>::from(key)))?;
+        let hash = self.hash(policy.name(), key);
+        let shard = self.shard(hash).lock();
+        let entry = shard.get(hash, |(p, k)| p == policy && **k == *key)?;
         (cost >= entry.cost && now < entry.until_micros).then(|| {
             let retry = entry.until_micros - now;
             Decision::deny(entry.limit, entry.remaining, retry, retry)
@@ -156,21 +172,18 @@ impl<S> Inner<S> {
     }
 
     fn remember(&self, policy: &Policy, key: &[u8], cost: u64, sent_at: u64, decision: &Decision) {
-        if decision.is_allowed() || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
+        if decision.is_allowed()
+            || decision.source() == DecisionSource::Fallback
+            || matches!(policy.algorithm(), Algorithm::Concurrency(_))
+        {
             return;
         }
-        let mut shard = self.shard(policy.name(), key).lock();
+        let hash = self.hash(policy.name(), key);
+        let mut shard = self.shard(hash).lock();
         // Read under the shard lock that `forget` takes for this key, so a
         // denial is either dropped by it or not cached at all.
         if sent_at < self.forgotten_at.load(Ordering::Relaxed) {
             return;
-        }
-        let now = self.now();
-        if shard.len() >= self.per_shard {
-            shard.retain(|_, e| e.until_micros > now);
-            if shard.len() >= self.per_shard {
-                return;
-            }
         }
         let entry = Entry {
             cost,
@@ -178,19 +191,28 @@ impl<S> Inner<S> {
             limit: decision.limit(),
             remaining: decision.remaining(),
         };
-        shard.insert((policy.name().into(), key.into()), entry);
+        if let Some(cached) = shard.get_mut(hash, |(p, k)| p == policy && **k == *key) {
+            *cached = entry;
+            return;
+        }
+        let now = self.now();
+        shard.insert(hash, (policy.clone(), key.into()), entry, |e| {
+            e.until_micros <= now
+        });
     }
 }
 
 impl<S> Inner<S> {
-    /// Drops the cached denial of `key` (normalized) under `policy`, after an
-    /// admin operation that may have ended it. A check sent before now may
-    /// still bring back the old denial: those are not cached any more.
+    /// Drops the cached denials of `key` (normalized) under the policy named
+    /// `policy`, whatever its parameters (they share the key's state), after
+    /// an admin operation that may have ended them. A check sent before now
+    /// may still bring back an old denial: those are not cached any more.
     fn forget(&self, policy: &str, key: &[u8]) {
-        let mut shard = self.shard(policy, key).lock();
+        let hash = self.hash(policy, key);
+        let mut shard = self.shard(hash).lock();
         self.forgotten_at
             .fetch_max(self.now().saturating_add(1), Ordering::Relaxed);
-        shard.remove(&(Box::<str>::from(policy), Box::<[u8]>::from(key)));
+        shard.remove_all(hash, |(p, k)| p.name() == policy && **k == *key);
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`LeasedStore`]: hot keys decided locally from leased batches of budget.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,10 +10,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::admin::AdminStore;
+use crate::bounded::BoundedMap;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
 use crate::store::{BoxFuture, Check, Store};
-use crate::{Decision, PermitId, Policy, key};
+use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
 pub const DEFAULT_LEASE_BATCH: u64 = 100;
@@ -34,7 +36,8 @@ const SHARDS: usize = 16;
 /// Unspent units expire with their lease: they are never given back.
 /// Requests that arrive while a batch is on its way wait for it, so a hot
 /// key costs one round trip per batch. When the store refuses a batch, the
-/// wrapper asks for single requests until the denial would have ended.
+/// wrapper asks for single requests until the denial would have ended, or
+/// one lease period at most (a block lifted elsewhere lets it lease again).
 ///
 /// # What it costs in accuracy
 ///
@@ -52,7 +55,25 @@ const SHARDS: usize = 16;
 /// Concurrency and leaky-bucket policies, peeks (cost 0), costs above the
 /// batch and [`check_all`](Store::check_all) are passed to the inner store
 /// unchanged. Decisions spent locally report the store's remaining budget at
-/// lease time plus the units still leased.
+/// lease time plus the units still leased. A policy is its parameters, not
+/// only its name: a lease taken under other numbers is not spent under new
+/// ones.
+///
+/// # Blocks and penalties
+///
+/// When the inner store is an [`AdminStore`], so is this one: operations go
+/// to the inner store, and a block, penalty, reset, reward or unblock made
+/// through this instance also drops its lease of the key, so it takes effect
+/// here at once (a batch on its way at the time is not kept either).
+///
+/// A block or penalty made elsewhere (straight on the inner store, or
+/// through another instance) reaches this instance when its lease of the
+/// key ends: **at most the units it had leased** (at most `batch`) pass
+/// after the operation, and none once the lease has run out, at most
+/// [`lease_for`](LeasedStoreBuilder::lease_for) (default: the policy's
+/// window) after the batch was asked for. A blocked key's next batch is
+/// refused, and no lease is taken while the block lasts. Set `lease_for`
+/// to the delay an operator's block may take to reach every instance.
 ///
 /// ```
 /// use ratelimit_core::{LeasedStore, MemoryStore, Policy, Store};
@@ -82,14 +103,15 @@ struct Inner<S, C> {
     hot_after: u64,
     lease_for: Option<u64>,
     shards: [Mutex<Shard>; SHARDS],
-    per_shard: usize,
     hasher: RandomState,
     leased: AtomicU64,
     batches: AtomicU64,
 }
 
-/// Leases by (policy name, normalized key).
-type Shard = HashMap<(Box<str>, Box<[u8]>), Lease>;
+/// Leases by policy (its name and parameters) and normalized key, hashed by
+/// the name and key alone, so that an admin operation finds the leases of
+/// every policy under the name ([`Inner::forget`]).
+type Shard = BoundedMap<(Policy, Box<[u8]>), Lease>;
 
 #[derive(Default)]
 struct Lease {
@@ -107,6 +129,27 @@ struct Lease {
     reset_at: u64,
     /// Set while a batch is being fetched; waiters are woken when it lands.
     fetching: Option<Arc<Notify>>,
+    /// Bumped when an admin operation drops the lease: a batch asked for
+    /// before then is not kept (see [`Inner::landed`]).
+    generation: u64,
+    /// Until when the key counts as proved hot (it was leased within the
+    /// last lease period): keys that did not prove hot never take its slot.
+    hot_until: u64,
+    /// Whether the key was asked for since the clock hand last passed it
+    /// (see [`BoundedMap`]).
+    referenced: bool,
+}
+
+impl Lease {
+    /// Whether this entry may give its slot to a new key at `now`: not while
+    /// a batch is on its way (it lands here) or the key proved hot, and not
+    /// the first time the hand finds it used since its last pass.
+    fn evictable(&mut self, now: u64) -> bool {
+        if self.fetching.is_some() || now < self.hot_until {
+            return false;
+        }
+        !std::mem::replace(&mut self.referenced, false)
+    }
 }
 
 impl<S, C> Clone for LeasedStore<S, C> {
@@ -191,14 +234,19 @@ impl<S, C> LeasedStoreBuilder<S, C> {
         self
     }
 
-    /// The longest a lease lives (default and maximum: the policy's window).
+    /// The longest a lease lives (default and maximum: the policy's window):
+    /// also the longest a block or penalty made on another instance takes to
+    /// reach this one (see [`LeasedStore`]).
     pub fn lease_for(mut self, lease_for: Duration) -> Self {
         self.lease_for = Some(lease_for);
         self
     }
 
-    /// The most keys tracked at once (default [`DEFAULT_LEASE_ENTRIES`]); when
-    /// full, other keys go to the store unchanged.
+    /// The most keys tracked at once (default [`DEFAULT_LEASE_ENTRIES`]).
+    /// When full, a new key takes the slot of a key that did not prove hot
+    /// and was not asked for lately, among the next few looked at; when it
+    /// finds none, it goes to the store unchanged. A key that leased in the
+    /// last lease period keeps its slot, whatever the flood of new keys.
     pub fn max_keys(mut self, entries: usize) -> Self {
         self.entries = entries.max(1);
         self
@@ -227,8 +275,9 @@ impl<S, C> LeasedStoreBuilder<S, C> {
                 lease_for: self
                     .lease_for
                     .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)),
-                shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
-                per_shard: self.entries.div_ceil(SHARDS).max(1),
+                shards: std::array::from_fn(|_| {
+                    Mutex::new(BoundedMap::new(self.entries.div_ceil(SHARDS)))
+                }),
                 hasher: RandomState::new(),
                 leased: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
@@ -260,8 +309,9 @@ enum Step {
     Spent(Decision),
     /// Ask the store for this request alone.
     Single,
-    /// Ask the store for a batch; this task fetches it.
-    Fetch(FetchGuard),
+    /// Ask the store for a batch; this task fetches it (for the lease of
+    /// this generation).
+    Fetch(FetchGuard, u64),
     /// Another task is fetching a batch: wait for it, then look again.
     Wait(Arc<Notify>),
 }
@@ -291,43 +341,83 @@ fn leasable(policy: &Policy, cost: u64, batch: u64) -> bool {
         )
 }
 
-impl<S: Store, C: Clock> Inner<S, C> {
-    fn shard(&self, policy: &str, key: &[u8]) -> &Mutex<Shard> {
-        let index =
-            usize::try_from(self.hasher.hash_one((policy, key)) % SHARDS as u64).unwrap_or(0);
+impl<S, C> Inner<S, C> {
+    /// The hash of `key` under the policy named `policy`.
+    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
+        self.hasher.hash_one((policy, key))
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // Bits the shard's own table does not use to place its entries.
+        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
         &self.shards[index]
     }
 
+    /// Drops this instance's leases of `key` (normalized) under the policy
+    /// named `policy`, whatever its parameters (they share the key's state):
+    /// nothing more is spent from them, a refused batch no longer holds back
+    /// the next one, and a batch on its way is not kept when it lands.
+    fn forget(&self, policy: &str, key: &[u8]) {
+        let hash = self.hash(policy, key);
+        self.shard(hash).lock().for_each_mut(
+            hash,
+            |(p, k)| p.name() == policy && **k == *key,
+            |lease| {
+                lease.units = 0;
+                lease.expires_at = 0;
+                lease.refused_until = 0;
+                lease.generation = lease.generation.wrapping_add(1);
+            },
+        );
+    }
+}
+
+/// Whether `entry` is the lease of `key` under `policy`.
+fn same(entry: &(Policy, Box<[u8]>), policy: &Policy, key: &[u8]) -> bool {
+    entry.0 == *policy && *entry.1 == *key
+}
+
+impl<S: Store, C: Clock> Inner<S, C> {
     fn lease_micros(&self, policy: &Policy) -> u64 {
         let window = policy.algorithm().window_micros().max(1);
         self.lease_for.map_or(window, |l| l.min(window))
     }
 
+    /// Whether the fetch of a batch for `key` under `policy` that wakes
+    /// `notify` is still on its way. Another fetch since (the one awaited
+    /// landed, and another task asked for the next batch) wakes other
+    /// waiters, not those of `notify`, which would wait forever.
+    fn fetching(&self, policy: &Policy, key: &[u8], notify: &Arc<Notify>) -> bool {
+        let hash = self.hash(policy.name(), key);
+        self.shard(hash)
+            .lock()
+            .get(hash, |e| same(e, policy, key))
+            .and_then(|l| l.fetching.as_ref())
+            .is_some_and(|n| Arc::ptr_eq(n, notify))
+    }
+
     fn step(self: &Arc<Self>, policy: &Policy, key: &[u8], cost: u64) -> Step {
         let now = self.clock.now();
         let lease_micros = self.lease_micros(policy);
-        let mut shard = self.shard(policy.name(), key).lock();
-        let id = (Box::<str>::from(policy.name()), Box::<[u8]>::from(key));
-        if !shard.contains_key(&id) {
-            if shard.len() >= self.per_shard {
-                shard.retain(|_, l| {
-                    l.fetching.is_some()
-                        || l.expires_at > now
-                        || now.saturating_sub(l.counting_since) < lease_micros
-                });
-                if shard.len() >= self.per_shard {
+        let hash = self.hash(policy.name(), key);
+        let mut shard = self.shard(hash).lock();
+        match shard.get_mut(hash, |e| same(e, policy, key)) {
+            Some(lease) => lease.referenced = true,
+            None => {
+                let fresh = Lease {
+                    counting_since: now,
+                    ..Lease::default()
+                };
+                let slot = (policy.clone(), Box::<[u8]>::from(key));
+                if shard
+                    .insert(hash, slot, fresh, |l| l.evictable(now))
+                    .is_none()
+                {
                     return Step::Single;
                 }
             }
-            shard.insert(
-                id.clone(),
-                Lease {
-                    counting_since: now,
-                    ..Lease::default()
-                },
-            );
         }
-        let Some(lease) = shard.get_mut(&id) else {
+        let Some(lease) = shard.get_mut(hash, |e| same(e, policy, key)) else {
             return Step::Single;
         };
         if now < lease.expires_at && lease.units >= cost {
@@ -350,49 +440,76 @@ impl<S: Store, C: Clock> Inner<S, C> {
         }
         let notify = Arc::new(Notify::new());
         lease.fetching = Some(Arc::clone(&notify));
+        let generation = lease.generation;
         let inner = Arc::clone(self);
-        let name: Box<str> = policy.name().into();
-        let key: Box<[u8]> = key.into();
-        Step::Fetch(FetchGuard {
-            notify,
-            done: Some(Box::new(move || {
-                if let Some(lease) = inner.shard(&name, &key).lock().get_mut(&(name, key)) {
-                    lease.fetching = None;
-                }
-            })),
-        })
+        let (policy, key, mine) = (policy.clone(), Box::<[u8]>::from(key), Arc::clone(&notify));
+        let done = move || {
+            let mut shard = inner.shard(hash).lock();
+            if let Some(lease) = shard.get_mut(hash, |e| same(e, &policy, &key))
+                && lease
+                    .fetching
+                    .as_ref()
+                    .is_some_and(|n| Arc::ptr_eq(n, &mine))
+            {
+                lease.fetching = None;
+            }
+        };
+        Step::Fetch(
+            FetchGuard {
+                notify,
+                done: Some(Box::new(done)),
+            },
+            generation,
+        )
     }
 
-    /// Records a batch the store answered for (sent at `sent_at`), and spends
-    /// `cost` from it when granted.
+    /// Records a batch of `amount` the store answered for (sent at
+    /// `sent_at`, for the lease of `generation`), and spends `cost` from it
+    /// when granted: the decision of the request that asked for it, or
+    /// `None` when the store refused the batch.
     fn landed(
         &self,
         policy: &Policy,
         key: &[u8],
-        sent_at: u64,
+        (sent_at, generation): (u64, u64),
         amount: u64,
         cost: u64,
         batch: &Decision,
     ) -> Option<Decision> {
-        let mut shard = self.shard(policy.name(), key).lock();
-        let lease = shard.get_mut(&(Box::<str>::from(policy.name()), Box::<[u8]>::from(key)))?;
+        let hash = self.hash(policy.name(), key);
+        let mut shard = self.shard(hash).lock();
+        // An admin operation dropped the lease since the batch was asked
+        // for: the store may have granted it before the operation, so its
+        // units are not kept. The store consumed them, so the request that
+        // asked is admitted from them all the same.
+        let lease = shard
+            .get_mut(hash, |e| same(e, policy, key))
+            .filter(|l| l.generation == generation);
         if !batch.is_allowed() {
-            lease.refused_until = sent_at.saturating_add(batch.retry_after_micros());
+            // At most one lease period: a long block lifted elsewhere does
+            // not keep the key from leasing for the block's whole length.
+            let wait = batch.retry_after_micros().min(self.lease_micros(policy));
+            if let Some(lease) = lease {
+                lease.refused_until = sent_at.saturating_add(wait);
+            }
             return None;
         }
-        // Timed from when the batch was asked for, so it never outlives a window.
-        lease.units = amount.saturating_sub(cost);
-        lease.expires_at = sent_at.saturating_add(self.lease_micros(policy));
-        lease.limit = batch.limit();
-        lease.remaining = batch.remaining();
-        lease.reset_at = sent_at.saturating_add(batch.reset_after_micros());
-        self.batches.fetch_add(1, Ordering::Relaxed);
+        let mut left = 0;
+        if let Some(lease) = lease {
+            // Timed from when the batch was asked for, so it never outlives a window.
+            let lease_micros = self.lease_micros(policy);
+            lease.units = amount.saturating_sub(cost);
+            lease.expires_at = sent_at.saturating_add(lease_micros);
+            lease.hot_until = lease.expires_at.saturating_add(lease_micros);
+            lease.limit = batch.limit();
+            lease.remaining = batch.remaining();
+            lease.reset_at = sent_at.saturating_add(batch.reset_after_micros());
+            left = lease.units;
+            self.batches.fetch_add(1, Ordering::Relaxed);
+        }
         Some(Decision::allow(
             batch.limit(),
-            batch
-                .remaining()
-                .saturating_add(lease.units)
-                .min(batch.limit()),
+            batch.remaining().saturating_add(left).min(batch.limit()),
             batch.reset_after_micros(),
         ))
     }
@@ -422,20 +539,21 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
                     Step::Wait(notify) => {
                         let landed = notify.notified();
                         // The fetch may have ended between the step and now.
-                        if inner
-                            .shard(policy.name(), &normalized)
-                            .lock()
-                            .get(&(Box::<str>::from(policy.name()), normalized.clone().into()))
-                            .is_some_and(|l| l.fetching.is_some())
-                        {
+                        if inner.fetching(&policy, &normalized, &notify) {
                             landed.await;
                         }
                     }
-                    Step::Fetch(guard) => {
+                    Step::Fetch(guard, generation) => {
                         let sent_at = inner.clock.now();
                         let answer = inner.store.check(&user_key, &policy, batch).await?;
-                        let spent =
-                            inner.landed(&policy, &normalized, sent_at, batch, cost, &answer);
+                        let spent = inner.landed(
+                            &policy,
+                            &normalized,
+                            (sent_at, generation),
+                            batch,
+                            cost,
+                            &answer,
+                        );
                         drop(guard);
                         match spent {
                             Some(decision) => return Ok(decision),
@@ -459,5 +577,70 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
         self.inner.store.renew(key, policy, permit)
+    }
+}
+
+/// Forwards `call`, an admin operation on `key` under `policy`, dropping
+/// this instance's lease of the key before the call and once it answered
+/// (whatever it answered), so that a batch granted before the operation is
+/// not spent after it.
+fn dropping_lease<S, C, T>(
+    inner: &Arc<Inner<S, C>>,
+    key: &[u8],
+    policy: &Policy,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> BoxFuture<T>
+where
+    S: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let key = key::normalize(key).into_owned();
+    let policy = policy.name().to_owned();
+    inner.forget(&policy, &key);
+    let inner = Arc::clone(inner);
+    Box::pin(async move {
+        let result = call.await;
+        inner.forget(&policy, &key);
+        result
+    })
+}
+
+/// Every operation goes to the inner store. All but [`peek`](AdminStore::peek)
+/// also drop this instance's lease of the key (see [`LeasedStore`]), so
+/// that a block, a penalty, a reset or a reward takes effect on this
+/// instance at once. A peek reports the store's budget, without the units
+/// this instance holds on lease.
+impl<S: AdminStore, C: Clock> AdminStore for LeasedStore<S, C> {
+    type DecisionFuture = BoxFuture<Decision>;
+    type UpdateFuture = BoxFuture<()>;
+
+    fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
+        Box::pin(self.inner.store.peek(key, policy))
+    }
+
+    fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        let call = self.inner.store.reset(key, policy);
+        dropping_lease(&self.inner, key, policy, call)
+    }
+
+    fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        let call = self.inner.store.penalize(key, policy, amount);
+        dropping_lease(&self.inner, key, policy, call)
+    }
+
+    fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
+        let call = self.inner.store.reward(key, policy, amount);
+        dropping_lease(&self.inner, key, policy, call)
+    }
+
+    fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
+        let call = self.inner.store.block(key, policy, duration);
+        dropping_lease(&self.inner, key, policy, call)
+    }
+
+    fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
+        let call = self.inner.store.unblock(key, policy);
+        dropping_lease(&self.inner, key, policy, call)
     }
 }

@@ -37,6 +37,7 @@
 
 mod admin;
 pub mod algorithm;
+mod bounded;
 mod breaker;
 pub mod clock;
 mod decision;

@@ -38,9 +38,26 @@ impl RedisStore {
         decision_from(&reply, PermitId(0), 0)
     }
 
-    /// Blocks `state_key` for `micros` µs, or lifts its block (0).
-    async fn block_for(self, state_key: String, micros: u64) -> Result<(), StoreError> {
-        let args = [Arg::Int(self.fixed_now()), Arg::Int(micros)];
+    /// Blocks `state_key` of `policy` for `micros` µs, or lifts its block
+    /// (0). The script peeks at the state under the policy, so the key lives
+    /// no longer than the later of the block and the state.
+    async fn block_for(
+        self,
+        state_key: String,
+        policy: Policy,
+        micros: u64,
+    ) -> Result<(), StoreError> {
+        let (p1, p2) = parameters(policy.algorithm());
+        // Two windows: the longest a state can matter, a debt's included.
+        let longest = policy.algorithm().window_micros().saturating_mul(2);
+        let args = [
+            Arg::Int(self.fixed_now()),
+            Arg::Int(micros),
+            Arg::Str(policy.algorithm().kind()),
+            Arg::Int(p1),
+            Arg::Int(p2),
+            Arg::Int(longest),
+        ];
         self.on_state_key(self.inner.scripts.block(), &state_key, &args)
             .await
             .map(|_| ())
@@ -77,8 +94,9 @@ impl RedisStore {
 /// Every operation is one command: a script (`EVALSHA`, server `TIME`) for
 /// penalties, rewards, blocks and unblocks, `DEL` for resets; peeks are
 /// checks of cost 0. Every key written has a TTL: a state its own (at most
-/// two windows for a state in debt), a blocked one at least until its block
-/// ends.
+/// two windows for a state in debt), a blocked one until the later of its
+/// block's end and its state's own, so that an unblock gives the state back
+/// its own lifetime, however long the block was.
 impl AdminStore for RedisStore {
     type DecisionFuture = BoxFuture<Decision>;
     type UpdateFuture = BoxFuture<()>;
@@ -101,11 +119,13 @@ impl AdminStore for RedisStore {
 
     fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
         let micros = block_micros(duration);
-        Box::pin(self.clone().block_for(self.state_key(key, policy), micros))
+        let state_key = self.state_key(key, policy);
+        Box::pin(self.clone().block_for(state_key, policy.clone(), micros))
     }
 
     fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
-        Box::pin(self.clone().block_for(self.state_key(key, policy), 0))
+        let state_key = self.state_key(key, policy);
+        Box::pin(self.clone().block_for(state_key, policy.clone(), 0))
     }
 }
 

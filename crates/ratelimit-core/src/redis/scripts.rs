@@ -100,7 +100,7 @@ const BATCH: &str = concat!(
 
 const ADMIN: &str = every_algorithm!("admin.lua");
 
-const BLOCK: &str = assemble!(; "block.lua");
+const BLOCK: &str = every_algorithm!("block.lua");
 
 const REFUND: &str = assemble!("members.lua", "sliding_log.lua", "concurrency.lua"; "refund.lua");
 
