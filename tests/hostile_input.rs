@@ -221,7 +221,13 @@ fn a_grpc_binary_key_written_padded_and_unpadded_is_one_budget() {
 
     // Values that are not base64 (or not in its one canonical spelling) have
     // no key: refused, by default, as an absent header.
-    for bad in ["not base64!", "c2VjcmV0IR", "c2Vj cmV0IQ", "c2VjcmV0IQ,c2Vj", "===="] {
+    for bad in [
+        "not base64!",
+        "c2VjcmV0IR",
+        "c2Vj cmV0IQ",
+        "c2VjcmV0IQ,c2Vj",
+        "====",
+    ] {
         let req = request(None, &[(KEY_BIN, HeaderValue::from_static(bad))]);
         assert_eq!(
             HeaderKey::new(KEY_BIN).try_extract(&req).map(|_| ()),

@@ -8,9 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use ratelimit_tests::{
-    ChildGuard, assert_refuses_flags, free_port, spawn_example, wait_for_port,
-};
+use ratelimit_tests::{ChildGuard, assert_refuses_flags, free_port, spawn_example, wait_for_port};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::HealthCheckRequest;
@@ -69,7 +67,6 @@ async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
         start(&["--limit", "5", "--window", "60s", "--ip-limit", "20"]).await;
 
     tokio::time::timeout(TEST_LIMIT, async {
-
         // The whole server (""), then the health service by name: both serving.
         for i in 0..5 {
             let service = if i % 2 == 0 {
@@ -130,7 +127,10 @@ async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
 async fn a_new_api_key_on_every_call_passes_no_more_than_the_limit() {
     for (args, limit) in [
         (&["--limit", "5", "--window", "60s"][..], 5),
-        (&["--limit", "2", "--window", "60s", "--ip-limit", "7"][..], 7),
+        (
+            &["--limit", "2", "--window", "60s", "--ip-limit", "7"][..],
+            7,
+        ),
     ] {
         let (_server, mut client) = start(args).await;
         tokio::time::timeout(TEST_LIMIT, async {
