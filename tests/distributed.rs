@@ -831,3 +831,50 @@ fn the_admin_api_is_not_served_beyond_loopback_without_a_token() {
         assert_refuses_flags("distributed", &[&good[..], extra].concat(), expected);
     }
 }
+
+/// On loopback without a token the admin API is served unauthenticated, and
+/// the example says so on stderr when it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_api_on_loopback_without_a_token_is_announced() {
+    use std::io::{BufRead, BufReader};
+
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--listen", listen.as_str(), "--admin", admin_addr.as_str()];
+    args.extend(policy_flags(&url, "gcra", "5", "1d", &[]));
+    let mut command = Command::new(example_binary("distributed"));
+    command
+        .args(&args)
+        .env_remove("RATELIMIT_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut process = ratelimit_tests::ChildGuard::spawn(&mut command).expect("spawning");
+    let stderr = process.child().stderr.take().expect("piped stderr");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    let warning = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = receiver
+            .recv_timeout(left)
+            .expect("a warning about the token on stderr");
+        if line.starts_with("warning: the admin API") {
+            break line;
+        }
+    };
+    assert!(warning.contains("no token"), "{warning}");
+    assert!(warning.contains("RATELIMIT_ADMIN_TOKEN"), "{warning}");
+
+    let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
+    let peek = admin_request(client().get(&keys), &keys).await;
+    assert_eq!(peek.remaining(5), 5, "{peek:?}");
+}
