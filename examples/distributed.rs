@@ -74,7 +74,10 @@
 //! client sending a new key with every request would never be limited, and
 //! would fill Redis with keys. A service that knows its keys refuses unknown
 //! ones instead (the `tiers` example). Raise `--ip-limit` when many clients
-//! with keys of their own share an address (behind one NAT).
+//! with keys of their own share an address (behind one NAT). The client IP
+//! is the TCP peer's (`PeerIp`): behind a reverse proxy or a load balancer,
+//! key by `ClientIp::trusting` its addresses instead, or every client shares
+//! the proxy's budget.
 //!
 //! `GET /` costs 1, `GET /expensive` costs 10 from the same budgets, and
 //! `GET /slow` costs 1 and answers after a second (to watch the concurrency

@@ -25,7 +25,10 @@
 //! sending a new key with every call would never be limited, and would fill
 //! the store. A service that knows its keys refuses unknown ones instead (the
 //! `tiers` example). Raise `--ip-limit` when many callers share an address
-//! (behind one NAT), each with a key of its own.
+//! (behind one NAT), each with a key of its own. The address is the TCP
+//! peer's (`PeerIp`): behind a proxy or a load balancer, key by
+//! `ClientIp::trusting` its addresses instead, or every caller shares the
+//! proxy's budget.
 //!
 //! Both limits are sliding window logs: at most `--limit` (and `--ip-limit`)
 //! calls in any `--window`. A call past a limit is answered by the layer with
