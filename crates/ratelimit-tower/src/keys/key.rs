@@ -127,7 +127,7 @@ pub enum NoKey {
     /// by default ([`MissingKey::Allow`]) the request passes this rule.
     NotApplicable,
     /// The request lacks what its key is made of: [`HeaderKey`] without its
-    /// header. [`on_missing_key`](crate::RateLimitLayer::on_missing_key)
+    /// header (or with a gRPC `-bin` value that is not base64). [`on_missing_key`](crate::RateLimitLayer::on_missing_key)
     /// decides; by default ([`MissingKey::Reject`]) the request is refused,
     /// since leaving a header out must not lift a limit.
     Absent,
