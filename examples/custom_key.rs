@@ -12,6 +12,15 @@
 //! never uses up another's quota. The sixth request of a burst is answered
 //! `429 Too Many Requests` with `Retry-After`.
 //!
+//! The tenant is whatever the client writes in the header, and this example
+//! does not check it: a client that names a new tenant with every request
+//! would get a new budget each time. So every request also counts against
+//! its client IP, whatever tenant it names: `per-ip`, at most 20 requests in
+//! any minute (four tenants' worth from one address), all or nothing with
+//! the tenant's. A service that knows its tenants (from a login, a signed
+//! token) keys by what it checked instead, or refuses unknown ones (the
+//! `tiers` example).
+//!
 //! A request without `x-tenant` (or with an empty one) is a client error: it is
 //! answered `400 Bad Request` (a problem+json body), is not rate limited, and
 //! takes nothing from any tenant. Keying it by client IP instead would let a
@@ -20,13 +29,15 @@
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`.
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::get;
 use http::StatusCode;
 use ratelimit_axum::{
-    MemoryStore, MissingKey, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection,
+    MemoryStore, MissingKey, PeerIp, Policy, Rate, RateLimitInfo, RateLimitLayer, Rejection, Rule,
 };
 
 /// The header naming the tenant.
@@ -44,12 +55,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|value| value.as_bytes().to_vec())
     };
 
-    // 5 requests per tenant, refilled at 5 a minute.
-    let policy = Policy::token_bucket(5, Rate::per_minute(5))?.with_name("per-tenant")?;
-    let limit = RateLimitLayer::new(MemoryStore::new(), policy, tenant)
-        // No tenant: refuse the request...
-        .on_missing_key(MissingKey::Reject)
-        // ...with 400, while quota refusals keep the default 429.
+    // 5 requests per tenant, refilled at 5 a minute; no tenant: refuse the
+    // request.
+    let per_tenant = Policy::token_bucket(5, Rate::per_minute(5))?.with_name("per-tenant")?;
+    let tenants = Rule::new(per_tenant, tenant).on_missing_key(MissingKey::Reject);
+    // And at most 20 in any minute per client IP, whatever the tenant.
+    let per_ip = Policy::sliding_window_log(20, Duration::from_secs(60))?.with_name("per-ip")?;
+    let limit = RateLimitLayer::new(MemoryStore::new(), per_ip, PeerIp)
+        .and(tenants)
+        // No tenant: 400, while quota refusals keep the default 429.
         .on_rejection(|rejection, default| match rejection {
             Rejection::MissingKey => missing_tenant(),
             _ => default,
@@ -69,13 +83,15 @@ fn missing_tenant() -> http::Response<Bytes> {
     )
 }
 
-/// `GET /`: the tenant's quota left.
+/// `GET /`: the quota left under the tighter limit (the tenant's, unless its
+/// address has used more of its own).
 async fn hello(info: RateLimitInfo) -> String {
     match info.tightest() {
         Some(entry) => format!(
-            "Hello! {} of {} requests left for your tenant.\n",
+            "Hello! {} of {} requests left ({}).\n",
             entry.decision().remaining(),
             entry.decision().limit(),
+            entry.policy().name(),
         ),
         None => String::from("Hello!\n"),
     }

@@ -22,9 +22,12 @@
 //!   comma-separated list);
 //! - `--algorithm NAME`: one of `ratelimit_core::AlgorithmKind`'s names
 //!   (`gcra`, `token-bucket`, ...; `--help` lists them);
-//! - `--limit N`: the limit per window; for `token-bucket`, `gcra` and
-//!   `leaky-bucket` the burst capacity, refilled at `N` per window; for
-//!   `concurrency` the most requests in flight;
+//! - `--limit N`: the limit per window of each client (its API key, or its
+//!   IP without one); for `token-bucket`, `gcra` and `leaky-bucket` the burst
+//!   capacity, refilled at `N` per window; for `concurrency` the most
+//!   requests in flight;
+//! - `--ip-limit N` (default: `--limit`): the same for each client IP,
+//!   whatever API keys its requests carry (see below);
 //! - `--window DURATION` (`500ms`, `10s`, `1m`, `1h`): the window, refill
 //!   period, or for `concurrency` the lease of a permit;
 //! - `--failure MODE` (default `closed`): what happens when Redis cannot
@@ -53,24 +56,45 @@
 //!   `--redis` against the counts of every region (`MultiRegionStore`, see
 //!   the README's multi-region demo); `fixed-window` or `sliding-window` only;
 //! - `--admin ADDR`: serve the admin API (below) on `ADDR`, its own listener
-//!   (never `--listen`'s address, nor `--metrics`'). It has no
-//!   authentication: bind it to loopback (`127.0.0.1:9091`) or an internal
-//!   network only, never where clients can reach it.
+//!   (never `--listen`'s address, nor `--metrics`');
+//! - `--admin-token TOKEN`, or the environment variable
+//!   `RATELIMIT_ADMIN_TOKEN` (better: a command line is visible to every
+//!   user of the machine): the bearer token the admin API asks for, at
+//!   least 16 characters (`openssl rand -hex 32`). Required when `--admin`
+//!   is not a loopback address (`0.0.0.0` is not): the example refuses to
+//!   start without it. On loopback it may be left out, as Redis's protected
+//!   mode allows; the API then has no authentication, any process on the
+//!   machine can use it, and the example says so on stderr.
 //!
-//! Requests are keyed by the `x-api-key` header (hashed before it reaches
-//! Redis), or by the client IP without one. `GET /` costs 1, `GET /expensive`
-//! costs 10 from the same budget, and `GET /slow` costs 1 and answers after a
-//! second (to watch the concurrency policy). Denied requests are answered
-//! `429 Too Many Requests` with `Retry-After`. `GET /health` is not rate
-//! limited: it answers the breaker's state (`closed`, `open` or `half-open`)
-//! with `--failure fallback`, and `ok` otherwise.
+//! Every request counts against two budgets, all or nothing: its client's
+//! (`--limit`), keyed by the `x-api-key` header (hashed before it reaches
+//! Redis) or by the client IP without one, and its client IP's
+//! (`--ip-limit`), whatever key it carries. The API key is the client's to
+//! choose, and this example does not check it: without the budget per IP, a
+//! client sending a new key with every request would never be limited, and
+//! would fill Redis with keys. A service that knows its keys refuses unknown
+//! ones instead (the `tiers` example). Raise `--ip-limit` when many clients
+//! with keys of their own share an address (behind one NAT). The client IP
+//! is the TCP peer's (`PeerIp`): behind a reverse proxy or a load balancer,
+//! key by `ClientIp::trusting` its addresses instead, or every client shares
+//! the proxy's budget.
+//!
+//! `GET /` costs 1, `GET /expensive` costs 10 from the same budgets, and
+//! `GET /slow` costs 1 and answers after a second (to watch the concurrency
+//! policy). Denied requests are answered `429 Too Many Requests` with
+//! `Retry-After`. `GET /health` is not rate limited: it answers the
+//! breaker's state (`closed`, `open` or `half-open`) with `--failure
+//! fallback`, and `ok` otherwise.
 //!
 //! ## The admin API
 //!
 //! With `--admin ADDR`, an operator can look at and act on one client's
 //! budget while the instances run, through the same Redis, so every instance
-//! sees the change at once (`ratelimit_examples::admin_router`; answers are
-//! JSON, see its docs):
+//! sees the change at once (`ratelimit_examples::AdminApi`; answers are
+//! JSON, see its docs). With a token, every request carries
+//! `Authorization: Bearer TOKEN`; without it, it is answered `401`.
+//! Operations act on the key under both policies (per client and per IP);
+//! a decision is the tighter of the two:
 //!
 //! - `GET /admin/keys/{key}`: the key's decision now, consuming nothing:
 //!   `{"policy":..,"key":..,"allowed":..,"limit":..,"remaining":..,"reset_after_ms":..,"retry_after_ms":..}`;
@@ -80,28 +104,32 @@
 //!   consume `N` units (even into debt) or give `N` back; answers the
 //!   decision after;
 //! - `POST /admin/keys/{key}/block?for=DURATION` (`30s`, `10m`, `1h`, ...):
-//!   every request of the key is refused until then (`204`);
+//!   every request of the key is refused until then (`204`); blocking a
+//!   client IP refuses all its requests, whatever their API keys;
 //!   `POST /admin/keys/{key}/unblock` ends it (`204`).
 //!
-//! `{key}` is exactly the key the limiter uses. Without an `x-api-key`
-//! header (or with an empty one), that is the client's IPv4 address as Rust
-//! prints it, `127.0.0.1`, `203.0.113.7` (an IPv4-mapped IPv6 peer,
-//! `::ffff:203.0.113.7`, as `203.0.113.7`), or an IPv6 client's /64,
-//! `2001:db8::/64` (written `2001:db8::%2F64` in a URL). With one, it is `#` followed by
-//! the first 32 hex digits of the SHA-256 of the header's value, written
-//! `%23` in a URL. Errors are `{"error":"..."}`: `400` for a bad amount,
-//! duration or query, `409` for penalties and rewards of `concurrency`
-//! (whose units are permits), `503` when Redis cannot answer (whatever
-//! `--failure` says: admin operations always go to Redis), and `403` for
-//! requests a browser sends on behalf of a web page (with `Origin`).
+//! `{key}` is exactly the key the limiter uses. A client IP is its IPv4
+//! address as Rust prints it, `127.0.0.1`, `203.0.113.7` (an IPv4-mapped
+//! IPv6 peer, `::ffff:203.0.113.7`, as `203.0.113.7`), or an IPv6 client's
+//! /64, `2001:db8::/64` (written `2001:db8::%2F64` in a URL). An API key is
+//! `#` followed by the first 32 hex digits of the SHA-256 of `x-api-key:`
+//! and the header's value (`HeaderKey::key_for`), written `%23` in a URL.
+//! Errors are `{"error":"..."}`: `400` for a bad amount, duration or query,
+//! `401` without the token, `409` for penalties and rewards of
+//! `concurrency` (whose units are permits), `503` when Redis cannot answer
+//! (whatever `--failure` says: admin operations always go to Redis), and
+//! `403` for requests a browser sends on behalf of a web page (with
+//! `Origin`).
 //!
 //! ```text
+//! export RATELIMIT_ADMIN_TOKEN=$(openssl rand -hex 32)
 //! cargo run --example distributed -- --listen 127.0.0.1:8081 --admin 127.0.0.1:9091 \
 //!     --redis redis://127.0.0.1:6379 --algorithm gcra --limit 10 --window 1m
-//! curl -s http://127.0.0.1:9091/admin/keys/127.0.0.1
-//! curl -s -X POST 'http://127.0.0.1:9091/admin/keys/127.0.0.1/block?for=30s'
-//! key=$(printf %s alice | sha256sum | cut -c1-32)   # x-api-key: alice
-//! curl -s -X POST "http://127.0.0.1:9091/admin/keys/%23$key/reset"
+//! auth="Authorization: Bearer $RATELIMIT_ADMIN_TOKEN"
+//! curl -s -H "$auth" http://127.0.0.1:9091/admin/keys/127.0.0.1
+//! curl -s -H "$auth" -X POST 'http://127.0.0.1:9091/admin/keys/127.0.0.1/block?for=30s'
+//! key=$(printf 'x-api-key:%s' alice | sha256sum | cut -c1-32)   # x-api-key: alice
+//! curl -s -H "$auth" -X POST "http://127.0.0.1:9091/admin/keys/%23$key/reset"
 //! ```
 //!
 //! Once bound, the server prints one line, `listening on http://ADDR`, on
@@ -120,17 +148,23 @@ use axum::routing::get;
 use clap::{Parser, ValueEnum};
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Store};
-use ratelimit_examples::{
-    PolicyArgs, admin_router, api_key_or_peer_ip, bind_listener, exit_with_flag_error,
-    install_prometheus, nonzero_duration, redis_url, serve_metrics, spawn_serve,
+use ratelimit_core::{
+    AdminStore, BreakerState, CircuitBreaker, FallbackStore, MemoryStore, Policy, Store,
 };
-use ratelimit_tower::{FailurePolicy, RateLimitLayer};
+use ratelimit_examples::{
+    AdminApi, AdminToken, PolicyArgs, api_key_or_peer_ip, bind_listener, exit_with_flag_error,
+    install_prometheus, nonzero_duration, policy_for, redis_url, serve_metrics, spawn_serve,
+};
+use ratelimit_tower::{FailurePolicy, PeerIp, RateLimitLayer, Rule};
 
 /// What `--help` prints after the flags: the admin API.
 const ADMIN_HELP: &str = "\
-The admin API (--admin ADDR) has no authentication: bind it to loopback or an
-internal network only.
+Every request counts against its client (x-api-key, else IP; --limit) and its client IP
+(--ip-limit), so a client that sends a new API key each time is still limited.
+
+The admin API (--admin ADDR) asks for Authorization: Bearer TOKEN, the token given by
+--admin-token or RATELIMIT_ADMIN_TOKEN (at least 16 characters: openssl rand -hex 32).
+It needs one unless ADDR is a loopback address; without one, any local process can use it.
     GET  /admin/keys/KEY                      the key's decision, consuming nothing
     POST /admin/keys/KEY/reset                a full budget again, any block lifted
     POST /admin/keys/KEY/penalize?amount=N    consume N units (even into debt)
@@ -138,8 +172,8 @@ internal network only.
     POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
     POST /admin/keys/KEY/unblock              end a block
 KEY is the limiter's key: the client IP (127.0.0.1) or IPv6 /64 (2001:db8::%2F64) or, for
-requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of
-the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
+requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of x-api-key:
+and the header's value (printf 'x-api-key:%s' \"$API_KEY\" | sha256sum | cut -c1-32).";
 
 /// The command line (`clap` refuses a flag that takes one value given twice).
 #[derive(Debug, Parser)]
@@ -147,7 +181,8 @@ the header's value (printf %s \"$API_KEY\" | sha256sum | cut -c1-32).";
     name = "distributed",
     about = "Serves GET / (cost 1), GET /expensive (cost 10) and GET /slow (cost 1, answers\n\
              after a second), rate limited through a Redis shared with the other instances,\n\
-             and GET /health. Requests are keyed by x-api-key (hashed), else the client IP.",
+             and GET /health. Requests are limited per client (x-api-key, hashed, else the\n\
+             client IP) and per client IP.",
     after_help = ADMIN_HELP
 )]
 struct Args {
@@ -163,6 +198,9 @@ struct Args {
     cluster: bool,
     #[command(flatten)]
     policy: PolicyArgs,
+    /// The limit per window of each client IP, whatever its API keys [default: --limit].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    ip_limit: Option<u64>,
     /// When Redis cannot decide.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = Failure::Closed)]
     failure: Failure,
@@ -181,6 +219,14 @@ struct Args {
     /// Serve the admin API on ADDR, another address than --listen (see below).
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
+    /// The admin API's bearer token (better from the environment).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "RATELIMIT_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
     #[command(flatten)]
     regions: ratelimit_examples::region::RegionFlags,
 }
@@ -202,23 +248,59 @@ const EXPENSIVE_COST: u64 = 10;
 /// How long `GET /slow` takes to answer.
 const SLOW_DELAY: Duration = Duration::from_secs(1);
 
+/// The two policies every limited request counts against.
+#[derive(Debug, Clone)]
+struct Policies {
+    /// Per client IP, whatever the API key (`--ip-limit`).
+    per_ip: Policy,
+    /// Per client: its API key, else its IP (`--limit`).
+    per_client: Policy,
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if let Err(message) = check_addresses(&args) {
         exit_with_flag_error::<Args>(message);
     }
-    let policy = match args.policy.policy() {
-        Ok(policy) => policy.with_shadow(args.shadow),
+    let token = match args.admin_token.as_deref().map(AdminToken::new).transpose() {
+        Ok(token) => token,
+        // The message never holds the token.
+        Err(message) => exit_with_flag_error::<Args>(format_args!("--admin-token: {message}")),
+    };
+    let policies = match policies(&args) {
+        Ok(policies) => policies,
         Err(message) => exit_with_flag_error::<Args>(message),
     };
-    match serve(args, policy).await {
+    match serve(args, policies, token).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The policies the flags name: `--limit` per client, `--ip-limit` per IP
+/// (named `per-ip-` and its parameters), both in shadow mode with `--shadow`.
+fn policies(args: &Args) -> Result<Policies, String> {
+    let per_client = args.policy.policy()?.with_shadow(args.shadow);
+    let ip_limit = args.ip_limit.unwrap_or(args.policy.limit);
+    let flags = || {
+        format!(
+            "--algorithm {} --ip-limit {ip_limit} --window {}",
+            args.policy.algorithm,
+            humantime::format_duration(args.policy.window)
+        )
+    };
+    let per_ip = policy_for(args.policy.algorithm, ip_limit, args.policy.window)
+        .and_then(|p| {
+            let name = format!("per-ip-{}", p.name());
+            p.with_name(name)
+        })
+        .map_err(|e| format!("{}: {e}", flags()))?
+        .with_shadow(args.shadow);
+    Ok(Policies { per_ip, per_client })
 }
 
 /// What only the flags together can tell: several Redis URLs without
@@ -238,7 +320,7 @@ fn check_addresses(args: &Args) -> Result<(), String> {
     let Some(admin) = args.admin else {
         return Ok(());
     };
-    // The admin API has no authentication: never on the public listener.
+    // The admin API never shares the public listener.
     if collide(admin, args.listen) {
         return Err(format!(
             "--admin {admin}: the admin API needs its own address, not --listen's ({})",
@@ -248,6 +330,14 @@ fn check_addresses(args: &Args) -> Result<(), String> {
     if let Some(metrics) = args.metrics.filter(|&metrics| collide(admin, metrics)) {
         return Err(format!(
             "--admin {admin}: the admin API needs its own address, not --metrics' ({metrics})"
+        ));
+    }
+    // Beyond loopback, anyone who reaches the address could reset, unblock
+    // or block any client: not without a token.
+    if !admin.ip().is_loopback() && args.admin_token.is_none() {
+        return Err(format!(
+            "--admin {admin}: not a loopback address, so the admin API needs a token: \
+             --admin-token TOKEN or RATELIMIT_ADMIN_TOKEN (openssl rand -hex 32)"
         ));
     }
     Ok(())
@@ -262,7 +352,7 @@ fn collide(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 /// Connects to Redis, binds `--listen` and serves until killed.
-async fn serve(args: Args, policy: Policy) -> Result<(), String> {
+async fn serve(args: Args, policies: Policies, token: Option<AdminToken>) -> Result<(), String> {
     // Installed first, so the breaker's and the store's metrics land in it.
     let metrics = match args.metrics {
         Some(addr) => {
@@ -300,20 +390,21 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
     };
     let region = args
         .regions
-        .store(&args.redis[0], args.timeout, &policy)
+        .store(&args.redis[0], args.timeout, &policies.per_client)
         .await?
-        .map(|store| limited_routes(store, policy.clone(), failure));
+        .map(|store| limited_routes(store, &policies, failure));
     // The admin API acts on the store the layer decides with, under the
-    // same policy, so its keys are the layer's keys.
+    // same policies, so its keys are the layer's keys.
+    let admin = |store| admin_router(store, &policies, token.clone());
     let (limited, admin, breaker) = match args.failure {
         Failure::Closed => (
-            limited_routes(store.clone(), policy.clone(), FailurePolicy::Closed),
-            admin_router(store, policy),
+            limited_routes(store.clone(), &policies, FailurePolicy::Closed),
+            admin(store),
             None,
         ),
         Failure::Open => (
-            limited_routes(store.clone(), policy.clone(), FailurePolicy::Open),
-            admin_router(store, policy),
+            limited_routes(store.clone(), &policies, FailurePolicy::Open),
+            admin(store),
             None,
         ),
         Failure::Fallback => {
@@ -326,10 +417,14 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             );
             // The fallback decides whenever Redis cannot, so the layer only
             // sees an error when memory cannot decide either: refuse then.
-            let routes = limited_routes(store.clone(), policy.clone(), FailurePolicy::Closed);
+            let routes = limited_routes(store.clone(), &policies, FailurePolicy::Closed);
             // `FallbackStore` sends admin operations to Redis, whatever the
             // breaker says: the local shares are never touched.
-            (routes, admin_router(store, policy), Some(breaker))
+            (
+                routes,
+                admin_router(store, &policies, token.clone()),
+                Some(breaker),
+            )
         }
     };
     let limited = region.unwrap_or(limited);
@@ -350,10 +445,11 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
             .await
             .map_err(|e| format!("--admin {addr}: {e}"))?;
         eprintln!("admin API on http://{bound}/admin/keys/{{key}}");
-        if !bound.ip().is_loopback() {
+        if token.is_none() {
+            // Only on loopback (checked with the flags), and said out loud.
             eprintln!(
-                "warning: --admin {bound} is not a loopback address; the admin API has no \
-                 authentication, so keep {bound} on an internal network only"
+                "warning: the admin API on {bound} has no token: any process on this machine \
+                 can reset, penalize or block any client; set RATELIMIT_ADMIN_TOKEN"
             );
         }
     }
@@ -363,7 +459,7 @@ async fn serve(args: Args, policy: Policy) -> Result<(), String> {
 }
 
 /// `GET /`, `GET /expensive` and `GET /slow`, rate limited in `store`.
-fn limited_routes<St>(store: St, policy: Policy, failure: FailurePolicy) -> Router
+fn limited_routes<St>(store: St, policies: &Policies, failure: FailurePolicy) -> Router
 where
     St: Store + Clone,
 {
@@ -374,8 +470,14 @@ where
             1
         }
     };
-    let limit = RateLimitLayer::new(store, policy, api_key_or_peer_ip)
+    // Per client IP, whatever key the request sends, and per client: its
+    // API key, else its IP. All or nothing: a request one refuses takes
+    // nothing from the other. The API key is the client's to choose: without
+    // the first rule, a new key per request would escape the limit.
+    let per_client = Rule::new(policies.per_client.clone(), api_key_or_peer_ip()).cost(cost);
+    let limit = RateLimitLayer::new(store, policies.per_ip.clone(), PeerIp)
         .cost(cost)
+        .and(per_client)
         .on_failure(failure);
 
     Router::new()
@@ -383,6 +485,19 @@ where
         .route("/expensive", get(expensive))
         .route("/slow", get(slow))
         .route_layer(limit)
+}
+
+/// The admin API over `store`, under both policies, asking for `token`
+/// when there is one.
+fn admin_router<S>(store: S, policies: &Policies, token: Option<AdminToken>) -> Router
+where
+    S: AdminStore + Clone,
+{
+    let api = AdminApi::new(store, policies.per_ip.clone()).and(policies.per_client.clone());
+    match token {
+        Some(token) => api.bearer_token(token).router(),
+        None => api.router(),
+    }
 }
 
 /// `GET /health`: the breaker's state with `--failure fallback`, else `ok`.

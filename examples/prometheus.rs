@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --example prometheus -- --listen 127.0.0.1:3000 --limit 5 --window 10s \
 //!     --shadow-limit 2
-//! for i in $(seq 1 8); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: demo' http://127.0.0.1:3000/; done
+//! for i in $(seq 1 8); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/; done
 //! curl -s http://127.0.0.1:3000/metrics | grep ratelimit_
 //! ```
 //!
@@ -32,8 +32,10 @@
 //! - `--denied-cache`: answer known denials locally (`DeniedCache`), counted
 //!   as `cached_denied` instead of `denied`.
 //!
-//! Requests are keyed by the `x-api-key` header (hashed first: metrics and logs
-//! never show keys), or by the client IP without one. Once bound, the example
+//! Requests are keyed by the client IP (an IPv6 client by its /64): a key the
+//! client cannot choose, so no client escapes its limit by sending a new
+//! header value each time. Metrics never show keys, only policy names and
+//! outcomes. Once bound, the example
 //! prints two lines on stdout: `listening on http://ADDR` and
 //! `metrics on http://ADDR/metrics`. Bad flags exit with status 2 and a
 //! message naming the flag (`clap`).
@@ -52,10 +54,10 @@ use clap::Parser;
 use ratelimit_axum::RateLimitInfo;
 use ratelimit_core::{DeniedCache, MemoryStore, Policy, Store};
 use ratelimit_examples::{
-    api_key_or_peer_ip, bind_listener, install_prometheus, metrics_router, nonzero_duration,
-    serve_metrics, serve_with_peers,
+    bind_listener, install_prometheus, metrics_router, nonzero_duration, serve_metrics,
+    serve_with_peers,
 };
-use ratelimit_tower::{RateLimitLayer, Rule};
+use ratelimit_tower::{PeerIp, RateLimitLayer, Rule};
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -146,7 +148,7 @@ fn limited_routes<St>(store: St, policy: Policy, trial: Option<Policy>) -> Route
 where
     St: Store + Clone,
 {
-    let key = api_key_or_peer_ip;
+    let key = PeerIp;
     let router = Router::new().route("/", get(root));
     let layer = RateLimitLayer::new(store, policy, key);
     match trial {

@@ -5,8 +5,7 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::extract::Request;
-use ratelimit_tower::{Key, KeyExtractor, PeerIp};
+use ratelimit_tower::{Fallback, HeaderKey, PeerIp};
 use tokio::net::TcpListener;
 
 /// `127.0.0.1:$PORT`, `PORT` defaulting to 3000: where the examples without
@@ -106,28 +105,37 @@ pub async fn spawn_serve(addr: SocketAddr, app: Router, what: &str) -> io::Resul
 /// The header [`api_key_or_peer_ip`] keys requests by.
 pub const API_KEY_HEADER: &str = "x-api-key";
 
-/// The key of a request: its `x-api-key` header, hashed
-/// (`ratelimit_core::key::hashed`, so keys never reach the store, metrics or
-/// logs as sent), else the client IP as [`PeerIp`](struct@ratelimit_tower::PeerIp) keys it (an IPv6 client
-/// by its /64); `None` without either.
+/// The key of a client: its `x-api-key` header
+/// ([`HeaderKey`], hashed with the header's name, so keys never reach the
+/// store, metrics or logs as sent), else its IP as
+/// [`PeerIp`](struct@ratelimit_tower::PeerIp) keys it (an IPv6 client by its
+/// /64).
+///
+/// The API key is the client's to choose: a client that sends a new one with
+/// every request has a new budget with every request. Use this key beside a
+/// rule on [`PeerIp`](struct@ratelimit_tower::PeerIp) alone, which every
+/// request counts against whatever key it sends (as the `distributed`
+/// example does), or check the key before limiting by it (the `tiers`
+/// example).
+///
+/// Without a peer address (a server that does not give one, a wiring
+/// mistake) a request has no key, for a reason the layer refuses with `500`,
+/// never lets through:
 ///
 /// ```
 /// use axum::body::Body;
 /// use axum::http::Request;
+/// use ratelimit_tower::{KeyExtractor, NoKey};
 ///
+/// let key = ratelimit_examples::api_key_or_peer_ip();
 /// let with_key = Request::get("/").header("x-api-key", "alice").body(Body::empty())?;
 /// let without = Request::get("/").body(Body::empty())?;
-/// assert!(ratelimit_examples::api_key_or_peer_ip(&with_key).is_some());
-/// assert!(ratelimit_examples::api_key_or_peer_ip(&without).is_none(), "no peer address either");
+/// assert!(key.extract(&with_key).is_some());
+/// assert_eq!(key.try_extract(&without).err(), Some(NoKey::NoPeerAddress));
 /// # Ok::<(), axum::http::Error>(())
 /// ```
-pub fn api_key_or_peer_ip(req: &Request) -> Option<Key> {
-    match req.headers().get(API_KEY_HEADER) {
-        Some(value) if !value.is_empty() => {
-            Some(Key::from(ratelimit_core::key::hashed(value.as_bytes())))
-        }
-        _ => PeerIp.extract(req),
-    }
+pub fn api_key_or_peer_ip() -> Fallback<HeaderKey, PeerIp> {
+    HeaderKey::from_static(API_KEY_HEADER).or(PeerIp)
 }
 
 /// An `application/problem+json` response (RFC 9457) with `status` and

@@ -1,7 +1,9 @@
 //! The axum examples `per_route_cost`, `custom_key` and `tiers`, each run as a
 //! real process on a free loopback port (`PORT`) and asked by a real HTTP
 //! client: one budget drained across routes at each route's price, tenants
-//! limited independently, and tiers looked up per API key.
+//! limited independently, and tiers looked up per API key. A client that
+//! sends a new key (a new tenant) with every request gets no more than its
+//! address's limit.
 //!
 //! The examples use the wall clock, so the tests pick numbers that do not move
 //! within a fast run (a refill interval far longer than the requests take),
@@ -39,12 +41,45 @@ impl Example {
     }
 }
 
+/// The members of a reply's `RateLimit`: each policy's name, `r` and `t`.
+trait Members {
+    fn ratelimit_members(&self) -> Vec<(String, i64, i64)>;
+}
+
+impl Members for Reply {
+    fn ratelimit_members(&self) -> Vec<(String, i64, i64)> {
+        let value = self
+            .header("ratelimit")
+            .unwrap_or_else(|| panic!("no RateLimit: {self:?}"));
+        let list: sfv::List = sfv::Parser::new(value).parse().expect("an RFC 9651 list");
+        list.iter()
+            .map(|entry| {
+                let sfv::ListEntry::Item(item) = entry else {
+                    panic!("RateLimit {value:?}: an inner list");
+                };
+                let name = item.bare_item.as_string().expect("sf-string").as_str();
+                let param = |key: &str| -> i64 {
+                    item.params
+                        .iter()
+                        .find(|(k, _)| k.as_str() == key)
+                        .and_then(|(_, v)| v.as_integer())
+                        .map(i64::from)
+                        .unwrap_or_else(|| panic!("RateLimit {value:?}: no integer {key}"))
+                };
+                (name.to_owned(), param("r"), param("t"))
+            })
+            .collect()
+    }
+}
+
 /// What these tests read of a [`Reply`].
 trait ReplyExt {
     /// `Retry-After`, a whole number of seconds.
     fn retry_after(&self) -> u64;
     /// The single member of `RateLimit`: its policy name, `r` and `t`.
     fn ratelimit(&self) -> (String, i64, i64);
+    /// The `r` and `t` of `policy`'s member of `RateLimit`.
+    fn ratelimit_of(&self, policy: &str) -> (i64, i64);
     /// The body as JSON.
     fn json(&self) -> Value;
     /// A problem+json refusal with `status` (asked with `headers`).
@@ -72,23 +107,21 @@ impl ReplyExt for Reply {
     }
 
     fn ratelimit(&self) -> (String, i64, i64) {
-        let value = self
-            .header("ratelimit")
-            .unwrap_or_else(|| panic!("no RateLimit: {self:?}"));
-        let list: sfv::List = sfv::Parser::new(value).parse().expect("an RFC 9651 list");
-        let [sfv::ListEntry::Item(item)] = list.as_slice() else {
-            panic!("RateLimit {value:?}: one item expected");
+        let members = self.ratelimit_members();
+        let [member] = members.as_slice() else {
+            panic!("RateLimit {members:?}: one item expected");
         };
-        let name = item.bare_item.as_string().expect("sf-string").as_str();
-        let param = |key: &str| -> i64 {
-            item.params
-                .iter()
-                .find(|(k, _)| k.as_str() == key)
-                .and_then(|(_, v)| v.as_integer())
-                .map(i64::from)
-                .unwrap_or_else(|| panic!("RateLimit {value:?}: no integer {key}"))
+        member.clone()
+    }
+
+    fn ratelimit_of(&self, policy: &str) -> (i64, i64) {
+        let members = self.ratelimit_members();
+        let mut named = members.iter().filter(|(name, _, _)| name == policy);
+        let Some((_, r, t)) = named.next() else {
+            panic!("RateLimit {members:?}: no member {policy:?}");
         };
-        (name.to_owned(), param("r"), param("t"))
+        assert!(named.next().is_none(), "{policy:?} twice in {members:?}");
+        (*r, *t)
     }
 
     fn json(&self) -> Value {
@@ -98,8 +131,7 @@ impl ReplyExt for Reply {
     fn assert_quota_exceeded(&self, what: &str, policy: &str) -> u64 {
         assert_eq!(self.status, 429, "{what}: {self:?}");
         let retry_after = self.retry_after();
-        let (name, _, t) = self.ratelimit();
-        assert_eq!(name, policy, "{what}");
+        let (_, t) = self.ratelimit_of(policy);
         assert_eq!(i64::try_from(retry_after).unwrap(), t, "{what}: {self:?}");
         assert_eq!(
             self.header("content-type"),
@@ -155,15 +187,14 @@ async fn per_route_cost_drains_one_budget_across_routes() {
             let what = format!("request {} ({path}, {spent} spent)", i + 1);
             assert_eq!(
                 reply.header("ratelimit-policy"),
-                Some(r#""api";q=100;w=60"#),
+                Some(r#""per-ip";q=1000;w=60, "api";q=100;w=60"#),
                 "{what}"
             );
             let fits = spent + cost <= 100;
             if fits {
                 spent += cost;
             }
-            let (name, r, t) = reply.ratelimit();
-            assert_eq!(name, "api", "{what}");
+            let (r, t) = reply.ratelimit_of("api");
             // What a request of cost 1 could still take: exactly 100 - spent.
             assert_eq!(r, i64::try_from(100 - spent).unwrap(), "{what}: {reply:?}");
             if fits {
@@ -197,7 +228,7 @@ async fn per_route_cost_drains_one_budget_across_routes() {
             .get("/search", &[("x-api-key", &format!("other-key-{attempt}"))])
             .await;
         assert_eq!(other.status, 200);
-        assert_eq!(other.ratelimit().1, 99);
+        assert_eq!(other.ratelimit_of("api").0, 99);
 
         // No key: refused, and waiting would not help (no Retry-After).
         let anonymous = example.get("/export", &[]).await;
@@ -210,11 +241,35 @@ async fn per_route_cost_drains_one_budget_across_routes() {
     panic!("the script never ran within {FAST_ENOUGH:?}");
 }
 
+/// A new `x-api-key` with every export: the address's 1,000 units a minute
+/// (100 exports) pass, and nothing more, whatever the keys.
+#[tokio::test]
+async fn per_route_cost_limits_a_new_key_per_request_by_its_address() {
+    let example = Example::start("per_route_cost");
+    let mut passed = 0;
+    for i in 0..110 {
+        let key = format!("rotating-{i}");
+        let reply = example.get("/export", &[("x-api-key", &key)]).await;
+        match reply.status {
+            200 => passed += 1,
+            _ => {
+                reply.assert_quota_exceeded(&format!("export {i}"), "per-ip");
+            }
+        }
+    }
+    assert_eq!(passed, 100, "1,000 units at 10 each");
+    // The address's budget is spent for every key, new or not.
+    let search = example
+        .get("/search", &[("x-api-key", "yet-another")])
+        .await;
+    search.assert_quota_exceeded("a search with a new key", "per-ip");
+}
+
 /// Per-tenant token buckets of 5, keyed by a closure over `x-tenant`.
 #[tokio::test]
 async fn custom_key_limits_tenants_independently() {
     let example = Example::start("custom_key");
-    let policy = r#""per-tenant";q=5;w=60"#;
+    let policy = r#""per-ip";q=20;w=60, "per-tenant";q=5;w=60"#;
 
     for remaining in (0..5).rev() {
         let reply = example.get("/", &[("x-tenant", "acme")]).await;
@@ -222,7 +277,7 @@ async fn custom_key_limits_tenants_independently() {
         assert_eq!(reply.header("ratelimit-policy"), Some(policy));
         // One token back every 12 s: exact within this test.
         assert_eq!(
-            reply.ratelimit().1,
+            reply.ratelimit_of("per-tenant").0,
             remaining,
             "acme, {remaining} left: {reply:?}"
         );
@@ -237,12 +292,12 @@ async fn custom_key_limits_tenants_independently() {
     let denied = example.get("/", &[("x-tenant", "acme")]).await;
     let retry_after = denied.assert_quota_exceeded("acme, sixth", "per-tenant");
     assert!((1..=12).contains(&retry_after), "Retry-After {retry_after}");
-    assert_eq!(denied.ratelimit().1, 0);
+    assert_eq!(denied.ratelimit_of("per-tenant").0, 0);
 
     // Another tenant is not affected by acme's burst.
     let globex = example.get("/", &[("x-tenant", "globex")]).await;
     assert_eq!(globex.status, 200, "{globex:?}");
-    assert_eq!(globex.ratelimit(), (String::from("per-tenant"), 4, 12));
+    assert_eq!(globex.ratelimit_of("per-tenant"), (4, 12));
 
     // No tenant, or an empty one: 400, not limited, nothing spent.
     for headers in [&[][..], &[("x-tenant", "")][..]] {
@@ -255,11 +310,32 @@ async fn custom_key_limits_tenants_independently() {
         example
             .get("/", &[("x-tenant", "globex")])
             .await
-            .ratelimit()
-            .1,
+            .ratelimit_of("per-tenant")
+            .0,
         3
     );
     assert_eq!(example.get("/", &[("x-tenant", "acme")]).await.status, 429);
+}
+
+/// A new `x-tenant` with every request: the address's 20 a minute pass, and
+/// nothing more, whatever the tenants.
+#[tokio::test]
+async fn custom_key_limits_a_new_tenant_per_request_by_its_address() {
+    let example = Example::start("custom_key");
+    let mut passed = 0;
+    for i in 0..30 {
+        let tenant = format!("tenant-{i}");
+        let reply = example.get("/", &[("x-tenant", &tenant)]).await;
+        match reply.status {
+            200 => passed += 1,
+            _ => {
+                reply.assert_quota_exceeded(&format!("request {i}"), "per-ip");
+            }
+        }
+    }
+    assert_eq!(passed, 20, "30 requests, each naming a new tenant");
+    let acme = example.get("/", &[("x-tenant", "acme")]).await;
+    acme.assert_quota_exceeded("a tenant not seen before", "per-ip");
 }
 
 /// Free and pro tiers per API key, an allowlisted internal key, unknown and

@@ -2,8 +2,13 @@
 //! Redis (or one Redis Cluster), and a burst of concurrent requests spread
 //! across them is admitted exactly up to the limit, for every algorithm.
 //!
+//! Every request also counts against its client IP: a client that sends a
+//! new API key with every request gets no more than the limit.
+//!
 //! With `--admin`, an operator resets, penalises, rewards, blocks and
-//! unblocks one client through one instance, and every instance sees it.
+//! unblocks one client through one instance, and every instance sees it;
+//! the admin API asks for its bearer token, and refuses to start beyond
+//! loopback without one.
 //!
 //! Everything runs on loopback and is bounded in time: servers and instances
 //! are killed when dropped, every HTTP request has a timeout, and windows are
@@ -20,6 +25,7 @@ use ratelimit_tests::{
     Listening, RedisCluster, RedisServer, assert_refuses_flags, example_binary, flags, free_port,
     spawn_listening,
 };
+use ratelimit_tower::HeaderKey;
 use tokio::sync::Barrier;
 
 /// How long an instance may take to print `listening on http://ADDR`.
@@ -55,11 +61,15 @@ fn policy_flags<'a>(
     [&policy[..], more].concat()
 }
 
-/// Spawns an instance with `args` and `--admin` on a free loopback port;
-/// returns it and the admin address.
+/// The admin API's token in these tests.
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+/// Spawns an instance with `args`, `--admin` on a free loopback port and
+/// `--admin-token` [`ADMIN_TOKEN`]; returns it and the admin address.
 fn spawn_with_admin(args: &[&str]) -> (Instance, String) {
     let admin_addr = format!("127.0.0.1:{}", free_port());
-    let instance = spawn_instance(&[args, &["--admin", admin_addr.as_str()]].concat());
+    let admin = ["--admin", admin_addr.as_str(), "--admin-token", ADMIN_TOKEN];
+    let instance = spawn_instance(&[args, &admin[..]].concat());
     (instance, admin_addr)
 }
 
@@ -168,7 +178,9 @@ async fn three_instances_share_one_limit_for_every_algorithm() {
             (20, "1d", "/")
         };
         let limit_text = limit.to_string();
-        let instances = spawn_instances(&policy_flags(&url, algorithm, &limit_text, window, &[]));
+        // The warm-up's requests come from the burst's address: room for both.
+        let more = ["--ip-limit", "1000"];
+        let instances = spawn_instances(&policy_flags(&url, algorithm, &limit_text, window, &more));
         // Open each instance's Redis connection and load the scripts with
         // another key, so the burst's checks all land well within /slow's second.
         for instance in &instances {
@@ -214,7 +226,8 @@ async fn expensive_requests_cost_ten_from_the_same_budget() {
 async fn three_instances_share_one_limit_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
-    let common = flags("--cluster --algorithm gcra --limit 20 --window 1d");
+    // A per-IP budget far from the key's: what is left is the key's alone.
+    let common = flags("--cluster --algorithm gcra --limit 20 --window 1d --ip-limit 1000");
     // The three ways to name the nodes: the flag repeated, a comma-separated
     // list, and one node (the others are discovered).
     let repeated: Vec<&str> = urls.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
@@ -287,7 +300,7 @@ fn bad_flags_exit_2_naming_the_flag() {
 #[test]
 fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
     let good = GOOD_FLAGS;
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["--failure", "sometimes"], "'--failure <MODE>'"),
         (
             &["--failure", "open", "--failure", "closed"],
@@ -300,6 +313,8 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
         (&["--instances", "-1"], "'--instances <N>'"),
         (&["--instances", "99999999999"], "'--instances <N>'"),
         (&["--admin", "localhost:9091"], "'--admin <ADDR>'"),
+        (&["--ip-limit", "0"], "'--ip-limit <N>'"),
+        (&["--ip-limit", "lots"], "'--ip-limit <N>'"),
         (&["--admin"], "'--admin <ADDR>'"),
         // The admin API never shares the public listener, nor the metrics one.
         (&["--admin", "127.0.0.1:1"], "not --listen's"),
@@ -318,14 +333,20 @@ fn bad_failure_timeout_and_instances_flags_exit_2_naming_the_flag() {
 fn help_describes_the_admin_api() {
     let output = Command::new(example_binary("distributed"))
         .arg("--help")
+        .env("RATELIMIT_ADMIN_TOKEN", ADMIN_TOKEN)
         .stdin(Stdio::null())
         .output()
         .expect("running the distributed example");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(!stdout.contains(ADMIN_TOKEN), "the token shows: {stdout}");
     assert!(stdout.contains("Usage: distributed"), "{stdout}");
     for needle in [
         "--admin <ADDR>",
+        "--admin-token <TOKEN>",
+        "RATELIMIT_ADMIN_TOKEN",
+        "--ip-limit <N>",
+        "Bearer",
         "loopback",
         "/admin/keys/KEY/penalize?amount=N",
         "/admin/keys/KEY/block?for=DURATION",
@@ -360,12 +381,14 @@ async fn failure_flag_decides_what_a_dead_redis_means() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     redis.stop();
+    // Two keys from one address: its budget (20 per instance while Redis is
+    // down) leaves each key its own.
     let common = policy_flags(
         url.as_str(),
         "sliding-log",
         "8",
         "1h",
-        &["--timeout", "50ms"],
+        &["--timeout", "50ms", "--ip-limit", "80"],
     );
     let closed = spawn_instance(&common);
     let explicit_closed = spawn_instance(&[&common[..], &["--failure", "closed"]].concat());
@@ -431,17 +454,15 @@ impl AdminAnswer {
     }
 }
 
-/// Sends an admin request (`GET` when `post` is false) to `url`.
+/// Sends an admin request (`GET` when `post` is false) to `url`, with the
+/// token.
 async fn admin(client: &reqwest::Client, post: bool, url: &str) -> AdminAnswer {
-    admin_request(
-        if post {
-            client.post(url)
-        } else {
-            client.get(url)
-        },
-        url,
-    )
-    .await
+    let request = if post {
+        client.post(url)
+    } else {
+        client.get(url)
+    };
+    admin_request(request.bearer_auth(ADMIN_TOKEN), url).await
 }
 
 async fn admin_request(request: reqwest::RequestBuilder, url: &str) -> AdminAnswer {
@@ -549,6 +570,7 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
     let from_page = admin_request(
         client
             .post(format!("{keys}/unblock"))
+            .bearer_auth(ADMIN_TOKEN)
             .header("origin", "https://attacker.example"),
         "unblock with Origin",
     )
@@ -612,23 +634,33 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
 }
 
 /// A client with an `x-api-key` is keyed by `#` and 32 hex digits of the
-/// key's SHA-256 (`%23...` in the URL), separately from its IP.
+/// SHA-256 of `x-api-key:` and its key (`%23...` in the URL), separately from
+/// its IP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();
-    let (instance, admin_addr) = per_day(&redis, "2", spawn_with_admin);
+    let url = redis.url();
+    // 2 per key, 10 per address: the address keeps room after the key's 2.
+    let (instance, admin_addr) = spawn_with_admin(&policy_flags(
+        &url,
+        "fixed-window",
+        "2",
+        "1d",
+        &["--ip-limit", "10"],
+    ));
     let client = client();
     let root = format!("{}/", instance.base);
     for expected in [200, 200, 429] {
         assert_eq!(get(&client, &root, "customer-7").await.status, expected);
     }
-    let hashed = ratelimit_core::key::hashed(b"customer-7");
-    let hashed = String::from_utf8(hashed).expect("hex");
+    let hashed = HeaderKey::from_static("x-api-key").key_for(b"customer-7");
+    let hashed = String::from_utf8(hashed.as_bytes().to_vec()).expect("hex");
     let hex = hashed.strip_prefix('#').expect("a # first");
     assert_eq!(hex.len(), 32, "{hashed}");
     let keys = format!("http://{admin_addr}/admin/keys");
 
-    // The IP's own budget is untouched; the API key's is spent.
+    // The IP's own budget as a client is untouched (its budget as an
+    // address has 8 of 10 left); the API key's is spent.
     let by_ip = admin(&client, false, &format!("{keys}/{LOOPBACK_KEY}")).await;
     assert_eq!(by_ip.remaining(2), 2, "{by_ip:?}");
     let by_key = admin(&client, false, &format!("{keys}/%23{hex}")).await;
@@ -677,4 +709,172 @@ async fn admin_operations_refuse_concurrency_adjustments_and_need_redis() {
     // The limiter itself fails open, as asked.
     let open = get_by_ip(&client, &format!("{}/", instance.base)).await;
     assert_eq!(open.status, 200, "{open:?}");
+}
+
+/// A client that sends a new `x-api-key` with every request, spread across
+/// three instances: no more than the limit passes (its address's budget,
+/// `--limit` by default, `--ip-limit` when given), and Redis holds no more
+/// keys than the requests admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_api_key_per_request_passes_no_more_than_the_limit() {
+    let client = client();
+    for (more, limit) in [(&[][..], 5), (&["--ip-limit", "8"][..], 8)] {
+        let redis = RedisServer::start();
+        let url = redis.url();
+        let instances = spawn_instances(&policy_flags(&url, "gcra", "5", "1d", more));
+        let mut passed = 0;
+        for i in 0..30 {
+            let instance = &instances[i % INSTANCES];
+            let answer = get(&client, &format!("{}/", instance.base), &format!("k-{i}")).await;
+            match answer.status {
+                200 => passed += 1,
+                429 => assert!(answer.body.contains("per-ip-gcra-"), "{answer:?}"),
+                _ => panic!("{more:?}: {answer:?}"),
+            }
+        }
+        assert_eq!(passed, limit, "{more:?}: 30 requests, each with a new key");
+        // The address's key, and one per admitted request's API key.
+        let keys: usize = redis.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
+        assert!(keys <= limit + 1, "{more:?}: {keys} keys in Redis");
+    }
+}
+
+/// The admin API on loopback with a token: nothing without
+/// `Authorization: Bearer` and the token (`401` naming the scheme), anything
+/// with it, given by the flag or by `RATELIMIT_ADMIN_TOKEN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_api_asks_for_its_token() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let common = policy_flags(&url, "gcra", "5", "1d", &[]);
+    let client = client();
+
+    let from_flag = spawn_with_admin(&common);
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let from_env = ratelimit_tests::spawn_listening_with_env(
+        "distributed",
+        &[&common[..], &["--admin", admin_addr.as_str()]].concat(),
+        &[("RATELIMIT_ADMIN_TOKEN", ADMIN_TOKEN)],
+        START_TIMEOUT,
+    );
+    for (instance, admin_addr) in [(&from_flag.0, &from_flag.1), (&from_env, &admin_addr)] {
+        let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
+        let spend = get_by_ip(&client, &format!("{}/", instance.base)).await;
+        assert_eq!(spend.status, 200, "{spend:?}");
+        let wrong = format!("{ADMIN_TOKEN}x");
+        let refused: [(&str, Option<String>); 5] = [
+            ("no Authorization", None),
+            ("a wrong token", Some(format!("Bearer {wrong}"))),
+            (
+                "a prefix of the token",
+                Some(format!("Bearer {}", &ADMIN_TOKEN[..20])),
+            ),
+            ("another scheme", Some(format!("Basic {ADMIN_TOKEN}"))),
+            ("the scheme alone", Some(String::from("Bearer "))),
+        ];
+        for (what, authorization) in refused {
+            for (post, path) in [(false, ""), (true, "/reset"), (true, "/block?for=1h")] {
+                let request = if post {
+                    client.post(format!("{keys}{path}"))
+                } else {
+                    client.get(format!("{keys}{path}"))
+                };
+                let request = match &authorization {
+                    Some(value) => request.header("authorization", value),
+                    None => request,
+                };
+                let response = request.send().await.expect("an answer");
+                assert_eq!(response.status().as_u16(), 401, "{what}, {path:?}");
+                let challenge = response.headers()["www-authenticate"].to_str().unwrap();
+                assert!(challenge.starts_with("Bearer"), "{what}: {challenge}");
+                let body = response.text().await.unwrap();
+                assert!(body.contains("Bearer"), "{what}: {body}");
+            }
+        }
+        // Nothing was reset or blocked: the request above still counts.
+        let peek = admin(&client, false, &keys).await;
+        assert_eq!(peek.remaining(5), 4, "{peek:?}");
+        // The scheme in any case.
+        let lower = client
+            .post(format!("{keys}/reset"))
+            .header("authorization", format!("bearer {ADMIN_TOKEN}"))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(lower.status().as_u16(), 204);
+        assert_eq!(admin(&client, false, &keys).await.remaining(5), 5);
+    }
+}
+
+/// Beyond loopback the admin API needs a token, which must be long enough;
+/// the refusals never echo a token.
+#[test]
+fn the_admin_api_is_not_served_beyond_loopback_without_a_token() {
+    let good = GOOD_FLAGS;
+    let admin = format!("0.0.0.0:{}", free_port());
+    let admin_v6 = format!("[::]:{}", free_port());
+    let short = ["--admin", "127.0.0.1:2", "--admin-token", "hunter2"];
+    let spaced = ["--admin-token", "sixteen chars or more"];
+    let cases: [(&[&str], &str); 4] = [
+        (&["--admin", &admin], "not a loopback address"),
+        (&["--admin", &admin_v6], "--admin-token"),
+        (
+            &short,
+            "--admin-token: a token of 7 characters is too short",
+        ),
+        (
+            &[&["--admin", "127.0.0.1:2"][..], &spaced].concat(),
+            "visible ASCII",
+        ),
+    ];
+    for (extra, expected) in cases {
+        assert_refuses_flags("distributed", &[&good[..], extra].concat(), expected);
+    }
+}
+
+/// On loopback without a token the admin API is served unauthenticated, and
+/// the example says so on stderr when it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_api_on_loopback_without_a_token_is_announced() {
+    use std::io::{BufRead, BufReader};
+
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--listen", listen.as_str(), "--admin", admin_addr.as_str()];
+    args.extend(policy_flags(&url, "gcra", "5", "1d", &[]));
+    let mut command = Command::new(example_binary("distributed"));
+    command
+        .args(&args)
+        .env_remove("RATELIMIT_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut process = ratelimit_tests::ChildGuard::spawn(&mut command).expect("spawning");
+    let stderr = process.child().stderr.take().expect("piped stderr");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    let warning = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = receiver
+            .recv_timeout(left)
+            .expect("a warning about the token on stderr");
+        if line.starts_with("warning: the admin API") {
+            break line;
+        }
+    };
+    assert!(warning.contains("no token"), "{warning}");
+    assert!(warning.contains("RATELIMIT_ADMIN_TOKEN"), "{warning}");
+
+    let keys = format!("http://{admin_addr}/admin/keys/{LOOPBACK_KEY}");
+    let peek = admin_request(client().get(&keys), &keys).await;
+    assert_eq!(peek.remaining(5), 5, "{peek:?}");
 }

@@ -203,6 +203,47 @@ fn a_64_kib_api_key_and_a_non_utf8_one_are_limited_like_any_other() {
 }
 
 #[test]
+fn a_grpc_binary_key_written_padded_and_unpadded_is_one_budget() {
+    const KEY_BIN: HeaderName = HeaderName::from_static("x-api-key-bin");
+    let store = store();
+    let layer = RateLimitLayer::new(store.clone(), fixed(3), HeaderKey::new(KEY_BIN));
+    // "secret!" (7 bytes) in base64: padded, unpadded, half padded, in turn.
+    let spellings = ["c2VjcmV0IQ==", "c2VjcmV0IQ", "c2VjcmV0IQ="];
+    let requests = (0..9)
+        .map(|i| {
+            let value = HeaderValue::from_static(spellings[i % 3]);
+            request(None, &[(KEY_BIN, value)])
+        })
+        .collect();
+    let outcome = send_all(&layer, requests);
+    assert_eq!(outcome.admitted(), 3, "one value, one budget: {outcome:?}");
+    assert_eq!(store.len(), 1);
+
+    // Values that are not base64 (or not in its one canonical spelling) have
+    // no key: refused, by default, as an absent header.
+    for bad in [
+        "not base64!",
+        "c2VjcmV0IR",
+        "c2Vj cmV0IQ",
+        "c2VjcmV0IQ,c2Vj",
+        "====",
+    ] {
+        let req = request(None, &[(KEY_BIN, HeaderValue::from_static(bad))]);
+        assert_eq!(
+            HeaderKey::new(KEY_BIN).try_extract(&req).map(|_| ()),
+            Err(NoKey::Absent),
+            "{bad:?}"
+        );
+        let outcome = send_all(
+            &RateLimitLayer::new(store.clone(), fixed(3), HeaderKey::new(KEY_BIN)),
+            vec![req],
+        );
+        assert_eq!(outcome.admitted(), 0, "{bad:?}: {outcome:?}");
+    }
+    assert_eq!(store.len(), 1, "a bad value takes no room");
+}
+
+#[test]
 fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right() {
     let mib = 1 << 20;
     // One entry of a megabyte, a megabyte of entries, 10,000 entries.

@@ -582,11 +582,21 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
     // 4 divided between 2 instances.
     assert_eq!(statuses, [200, 200, 429, 429, 429]);
     let (text, page) = scrape(&client, &format!("http://{metrics}/metrics")).await;
+    // Each request is decided under both policies, per client IP and per
+    // client, by the fallback.
     let decisions = page.named(DECISIONS);
-    assert_eq!(decisions.len(), 1, "{text}");
-    let (labels, count) = decisions.into_iter().next().unwrap();
-    assert_eq!(labels["outcome"], "fallback");
-    assert_eq!(count, 5.0);
+    assert_eq!(decisions.len(), 2, "{text}");
+    for (labels, count) in decisions {
+        assert_eq!(labels["outcome"], "fallback", "{text}");
+        assert_eq!(count, 5.0, "{text}");
+    }
+    for policy in ["fixed-window-4-per-1h", "per-ip-fixed-window-4-per-1h"] {
+        assert_eq!(
+            page.value(DECISIONS, &[("policy", policy), ("outcome", "fallback")]),
+            Some(5.0),
+            "{text}"
+        );
+    }
     assert_eq!(page.types[CIRCUIT_BREAKER_STATE], "gauge");
     assert_eq!(
         page.value(CIRCUIT_BREAKER_STATE, &[("breaker", "redis")]),

@@ -145,3 +145,37 @@ async fn a_closure_returning_none_does_not_apply_and_is_counted() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(layer.stats().missing_key_allowed(), 1);
 }
+
+#[tokio::test]
+async fn a_closure_key_falls_back_to_the_peer_ip_through_fallback_and_refuses_without_one() {
+    let tenant =
+        |req: &Request<String>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
+    // A closure cannot say why it found nothing: one that reads the peer
+    // address itself lets a request without one through, as documented.
+    let by_hand = move |req: &Request<String>| {
+        tenant(req)
+            .map(ratelimit_axum::Key::from)
+            .or_else(|| ratelimit_axum::KeyExtractor::extract(&PeerIp, req))
+    };
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(), by_hand);
+    let (status, _) = without_key(&layer, ok_service()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(layer.stats().missing_key_allowed(), 1);
+
+    // Through `Fallback`, the missing peer address is PeerIp's: 500.
+    let layer = RateLimitLayer::new(
+        MemoryStore::new(),
+        policy(),
+        ratelimit_axum::Fallback::new(tenant, PeerIp),
+    );
+    let (status, body) = without_key(&layer, ok_service()).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(layer.stats().no_peer_address(), 1);
+    // A tenant is keyed by it, peer or not.
+    let req = Request::builder()
+        .header("x-tenant", "acme")
+        .body(String::new())
+        .unwrap();
+    let (status, _) = status_and_body(layer.layer(ok_service()), req).await;
+    assert_eq!(status, StatusCode::OK);
+}

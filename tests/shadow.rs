@@ -464,7 +464,9 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
             .to_owned();
         policy_names.push(policy.split('"').nth(1).unwrap().to_owned());
     }
+    // The per-IP policy first, then the per-client one: both in shadow mode.
     let name = policy_names[0].clone();
+    assert!(name.starts_with("per-ip-"), "{name}");
     assert!(policy_names.iter().all(|n| *n == name));
 
     let response = client
@@ -477,15 +479,13 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
     let page = Scrape::parse(&text);
     assert_eq!(page.types[DECISIONS], "counter", "{text}");
     let decisions = page.named(DECISIONS);
-    assert_eq!(decisions.len(), 2, "{text}");
-    let count = |outcome| {
-        page.value(
-            DECISIONS,
-            &[("policy", name.as_str()), ("outcome", outcome)],
-        )
-    };
-    assert_eq!(count("allowed"), Some(3.0), "{text}");
-    assert_eq!(count("shadow_denied"), Some(4.0), "{text}");
+    assert_eq!(decisions.len(), 4, "{text}");
+    let per_client = name.strip_prefix("per-ip-").unwrap_or_default();
+    for policy in [name.as_str(), per_client] {
+        let count = |outcome| page.value(DECISIONS, &[("policy", policy), ("outcome", outcome)]);
+        assert_eq!(count("allowed"), Some(3.0), "{policy}: {text}");
+        assert_eq!(count("shadow_denied"), Some(4.0), "{policy}: {text}");
+    }
     assert!(!text.contains("shadow-secret"));
 }
 

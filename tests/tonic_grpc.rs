@@ -1,12 +1,14 @@
 //! The tonic_grpc example, run as a real process and called by a real tonic
 //! client over loopback: 5 health checks per API key pass, the 6th is
-//! `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`, and other callers
-//! (another API key, or no key at all: the peer IP) have their own budgets.
+//! `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`, other callers
+//! (another API key, or no key at all: the peer IP) have their own budgets
+//! within their address's, and a caller that sends a new API key with every
+//! call gets no more than the limit.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use ratelimit_tests::{assert_refuses_flags, free_port, spawn_example, wait_for_port};
+use ratelimit_tests::{ChildGuard, assert_refuses_flags, free_port, spawn_example, wait_for_port};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::HealthCheckRequest;
@@ -35,29 +37,36 @@ async fn check(
     Ok(response.into_inner().status())
 }
 
-#[tokio::test]
-async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
+/// Starts the example with `args` on a free loopback port, waits for it,
+/// and connects a health client to it.
+async fn start(args: &[&str]) -> (ChildGuard, HealthClient<Channel>) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let _server = spawn_example(
+    let server = spawn_example(
         "tonic_grpc",
-        &["--listen", &listen, "--limit", "5", "--window", "60s"],
+        &[&["--listen", listen.as_str()][..], args].concat(),
         &[],
     );
     wait_for_port(
         SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         Duration::from_secs(60),
     );
+    let channel = Channel::from_shared(format!("http://{listen}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect to the example");
+    (server, HealthClient::new(channel))
+}
+
+#[tokio::test]
+async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
+    // An address may make 20 calls: room for three callers of 5 each.
+    let (_server, mut client) =
+        start(&["--limit", "5", "--window", "60s", "--ip-limit", "20"]).await;
 
     tokio::time::timeout(TEST_LIMIT, async {
-        let channel = Channel::from_shared(format!("http://{listen}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .expect("connect to the example");
-        let mut client = HealthClient::new(channel);
-
         // The whole server (""), then the health service by name: both serving.
         for i in 0..5 {
             let service = if i % 2 == 0 {
@@ -111,6 +120,39 @@ async fn five_checks_per_key_then_resource_exhausted_with_pushback() {
     .expect("the gRPC calls took too long");
 }
 
+/// A caller that sends a new `x-api-key` with every call (what a client
+/// that wants more than its limit does) meets its address's limit, which is
+/// `--limit` unless `--ip-limit` says otherwise.
+#[tokio::test]
+async fn a_new_api_key_on_every_call_passes_no_more_than_the_limit() {
+    for (args, limit) in [
+        (&["--limit", "5", "--window", "60s"][..], 5),
+        (
+            &["--limit", "2", "--window", "60s", "--ip-limit", "7"][..],
+            7,
+        ),
+    ] {
+        let (_server, mut client) = start(args).await;
+        tokio::time::timeout(TEST_LIMIT, async {
+            let mut passed = 0;
+            for i in 0..50 {
+                match check(&mut client, "", Some(&format!("rotating-{i}"))).await {
+                    Ok(status) => {
+                        assert_eq!(status, ServingStatus::Serving);
+                        passed += 1;
+                    }
+                    Err(refused) => {
+                        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+                    }
+                }
+            }
+            assert_eq!(passed, limit, "{args:?}: 50 calls, each with a new key");
+        })
+        .await
+        .expect("the gRPC calls took too long");
+    }
+}
+
 #[test]
 fn tonic_grpc_rejects_bad_flags() {
     for (args, flag) in [
@@ -123,6 +165,7 @@ fn tonic_grpc_rejects_bad_flags() {
             "cannot be used multiple times",
         ),
         (&["--frobnicate"], "'--frobnicate'"),
+        (&["--ip-limit", "0"], "'--ip-limit <N>'"),
     ] {
         assert_refuses_flags("tonic_grpc", args, flag);
     }

@@ -173,12 +173,24 @@ pub struct Listening {
 /// and then `args`, and waits at most `limit` for the line it prints once
 /// bound, `listening on http://127.0.0.1:PORT`.
 pub fn spawn_listening(name: &str, args: &[&str], limit: Duration) -> Listening {
+    spawn_listening_with_env(name, args, &[], limit)
+}
+
+/// [`spawn_listening`] with `env` added to the example's environment.
+pub fn spawn_listening_with_env(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Listening {
     let listen = format!("127.0.0.1:{}", free_port());
     let all: Vec<&str> = ["--listen", listen.as_str()]
         .into_iter()
         .chain(args.iter().copied())
         .collect();
-    let (process, lines) = spawn_example_lines(name, &all, 1, limit);
+    let mut command = command(name, &all, Stdio::piped());
+    command.envs(env.iter().copied());
+    let (process, lines) = spawn_lines(command, name, &all, 1, limit);
     assert_eq!(
         lines[0],
         format!("listening on http://{listen}"),

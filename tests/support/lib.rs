@@ -20,7 +20,7 @@ pub mod stores;
 
 pub use examples::{
     CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, flags, spawn_example,
-    spawn_example_lines, spawn_listening, spawn_on_env_port,
+    spawn_example_lines, spawn_listening, spawn_listening_with_env, spawn_on_env_port,
 };
 pub use redis_server::{Certificates, RedisCluster, RedisServer};
 pub use stores::{

@@ -65,6 +65,44 @@
 //! # }
 //! ```
 //!
+//! # gRPC (tonic)
+//!
+//! The layer goes in front of a tonic server (`Server::builder().layer(..)`,
+//! feature `tonic` for the peer address): a refusal is a trailers-only
+//! response with `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and
+//! `grpc-retry-pushback-ms`, never an HTTP `429`. The layer sees HTTP
+//! requests, not gRPC messages, so:
+//!
+//! - **A call is charged once, when it starts**: a unary call and a
+//!   streaming call (client, server or both) cost the rule's cost once, not
+//!   once per message. A stream of a million messages costs what one request
+//!   costs.
+//! - **A concurrency permit is held for the call's whole life**: from the
+//!   call's start until its response body ends (the trailers are sent) or is
+//!   dropped (the client cancels, the connection breaks), renewed while the
+//!   stream runs. A long-lived stream holds its slot for as long as it is open.
+//! - **Per-message limits belong in the handler**: check each message against
+//!   the store there, with the caller's key, and end the stream with
+//!   `Status::resource_exhausted` when it is denied (what
+//!   `ratelimit_axum::Limiter` does for an axum handler):
+//!
+//! ```
+//! use ratelimit_core::{MemoryStore, Policy, Rate, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let messages = Policy::gcra(100, Rate::per_second(100))?.with_name("messages")?;
+//! // In the streaming handler, for each message of the caller `key`:
+//! # let key = b"caller";
+//! let decision = store.check(key, &messages, 1).await?;
+//! if !decision.is_allowed() {
+//!     // return Err(tonic::Status::resource_exhausted("too many messages"));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Example
 //!
 //! ```

@@ -172,7 +172,7 @@ impl Stats {
 /// |---|---|---|
 /// | [`PeerIp`](struct@crate::PeerIp), [`ClientIp`](crate::ClientIp) | the server gives no peer address (axum without `into_make_service_with_connect_info`) | `500`, always: a wiring mistake, never a pass |
 /// | [`HeaderKey`](crate::HeaderKey) | the header is absent or empty | [`Reject`](MissingKey::Reject) |
-/// | a closure | it returns `None`: the rule does not apply | [`Allow`](MissingKey::Allow) |
+/// | a closure | it returns `None`: the rule does not apply (to fall back to the peer address, use [`Fallback::new(closure, PeerIp)`](crate::Fallback::new), which refuses a missing one as `PeerIp` does) | [`Allow`](MissingKey::Allow) |
 /// | [`Composite`](crate::Composite) | a part has none | that part's default |
 /// | [`GlobalKey`](crate::GlobalKey), [`RouteKey`](crate::RouteKey) | never | |
 ///

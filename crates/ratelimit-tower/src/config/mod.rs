@@ -136,8 +136,15 @@
 //!   default: a proxy passes the other header through as the client wrote
 //!   it, see [`ForwardingHeader`]); `route` the route
 //!   ([`RouteKey`]); `header:x-api-key` the header's value, hashed
-//!   ([`HeaderKey`]). A list joins its parts as [`Composite`](crate::Composite)
-//!   does, and has a key only when every part does.
+//!   ([`HeaderKey`]; a `-bin` header's value is base64-decoded first). A
+//!   list joins its parts as [`Composite`](crate::Composite) does, and has a
+//!   key only when every part does.
+//! - A header's value is the client's to choose: a client sending a new
+//!   value with every request gets a new budget each time, and so does one
+//!   under a list holding a header (`["ip", "header:x-api-key"]`). Unless
+//!   the service checks the value first, add a rule keyed by `ip` (or
+//!   `client-ip`) beside the header's, on the same routes: every rule that
+//!   matches applies, all or nothing.
 //! - A request no rule matches passes unchecked. When a matching rule finds
 //!   no key, as [`MissingKey`] describes: without its header a request is
 //!   refused, unless the rule says `missing_key = "allow"` (then that rule

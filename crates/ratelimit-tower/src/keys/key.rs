@@ -127,7 +127,7 @@ pub enum NoKey {
     /// by default ([`MissingKey::Allow`]) the request passes this rule.
     NotApplicable,
     /// The request lacks what its key is made of: [`HeaderKey`] without its
-    /// header. [`on_missing_key`](crate::RateLimitLayer::on_missing_key)
+    /// header (or with a gRPC `-bin` value that is not base64). [`on_missing_key`](crate::RateLimitLayer::on_missing_key)
     /// decides; by default ([`MissingKey::Reject`]) the request is refused,
     /// since leaving a header out must not lift a limit.
     Absent,
@@ -155,7 +155,16 @@ impl NoKey {
 /// says why ([`NoKey`]), and the rule acts on it (see
 /// [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key)).
 /// For a closure, `None` means the rule does not apply to the request
-/// ([`NoKey::NotApplicable`]).
+/// ([`NoKey::NotApplicable`]): the request passes this rule by default.
+///
+/// A closure cannot tell the layer *why* it found no key, so it must not
+/// return `None` for a key it failed to find. In particular, a closure that
+/// falls back to the client's address by calling `PeerIp.extract(req)` lets
+/// every request through when the server gives no peer address (a wiring
+/// mistake [`PeerIp`](struct@crate::PeerIp) answers with `500`). Let the
+/// closure find only its own key, and fall back with
+/// [`Fallback::new(closure, PeerIp)`](Fallback::new): the missing peer
+/// address is then refused, as by `PeerIp` alone.
 ///
 /// Closures `Fn(&Req) -> Option<K>` where `K: Into<Key>` are key extractors:
 ///
@@ -224,6 +233,37 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// [`key_for`](HeaderKey::key_for) gives the key of a value, for an
 /// operator's tools.
 ///
+/// # A key the client chooses
+///
+/// The value is whatever the client sends. Unless the service checks it
+/// (looks the API key up, verifies a token) before or in the rule, a client
+/// that sends a new value with every request gets a new budget with every
+/// request: the limit never applies to it, and each value takes room in the
+/// store. Keying by a header limits a client only when
+///
+/// - the service knows the value: unknown values are refused before they are
+///   counted (a [`RuleProvider`](crate::RuleProvider) that looks the key up
+///   and answers [`Limits::reject`](crate::Limits::reject) for an unknown
+///   one, then `401`), or
+/// - a limit the client cannot choose applies beside it: a rule on the client
+///   IP, all or nothing with the header's ([`Rule::and`](crate::Rule::and)):
+///
+/// ```
+/// use ratelimit_tower::{HeaderKey, MemoryStore, PeerIp, Policy, RateLimitLayer, Rule};
+/// use std::time::Duration;
+///
+/// let per_ip = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-ip")?;
+/// let per_key = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-key")?;
+/// // Every request counts against its client IP, whatever key it sends, and
+/// // against its API key (its IP without one).
+/// let layer = RateLimitLayer::new(MemoryStore::new(), per_ip, PeerIp)
+///     .and(Rule::new(per_key, HeaderKey::from_static("x-api-key").or(PeerIp)));
+/// # let _ = layer;
+/// # Ok::<(), ratelimit_tower::PolicyError>(())
+/// ```
+///
+/// # Without the header
+///
 /// Requests without the header, or with an empty one, have no key
 /// ([`NoKey::Absent`]): by default they are refused (`429`, or what
 /// [`on_rejection`](crate::RateLimitLayer::on_rejection) makes of
@@ -232,6 +272,28 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// lets them through this rule instead (give them another rule, such as
 /// [`PeerIp`](struct@crate::PeerIp), with [`Rule::and`](crate::Rule::and)); either way each one is
 /// counted ([`Stats`](crate::Stats), metrics) and logged.
+///
+/// # gRPC binary metadata
+///
+/// A header whose name ends in `-bin` is gRPC binary metadata: its value is
+/// base64, padded or not (gRPC clients send either, and both mean the same
+/// bytes). The key is that of the decoded bytes, so one value is one budget
+/// however it is written. A value that does not decode is no key, as an
+/// absent header ([`NoKey::Absent`]): refused by default.
+///
+/// ```
+/// use ratelimit_tower::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::from_static("x-api-key-bin");
+/// let with = |value: &str| {
+///     let req = http::Request::get("/").header("x-api-key-bin", value).body(()).unwrap();
+///     key.extract(&req)
+/// };
+/// // "secret!" padded and unpadded: one key, the key of the bytes.
+/// assert_eq!(with("c2VjcmV0IQ=="), Some(key.key_for(b"secret!")));
+/// assert_eq!(with("c2VjcmV0IQ"), Some(key.key_for(b"secret!")));
+/// assert_eq!(with("not base64!"), None);
+/// ```
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -256,7 +318,8 @@ impl HeaderKey {
 
     /// The key of requests whose header holds `value`: the hash of the
     /// header's name, `:` and the value (a name holds no `:`, so no two
-    /// pairs give one text).
+    /// pairs give one text). For a `-bin` header, `value` is the decoded
+    /// bytes, not their base64.
     ///
     /// ```
     /// use ratelimit_tower::{HeaderKey, KeyExtractor};
@@ -272,11 +335,36 @@ impl HeaderKey {
     }
 }
 
+impl HeaderKey {
+    /// Whether the header is gRPC binary metadata, whose values are base64.
+    fn is_binary(&self) -> bool {
+        self.name.as_str().ends_with("-bin")
+    }
+}
+
+/// The bytes of a gRPC binary metadata value: standard base64, padded or
+/// not, as the gRPC spec requires a server to accept. Bits left over after
+/// the last byte must be zero, so each byte string has one encoding (and its
+/// padded twin): a client cannot write one value many ways.
+fn decode_binary(value: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const BINARY_METADATA: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    BINARY_METADATA.decode(value).ok()
+}
+
 impl<B> KeyExtractor<Request<B>> for HeaderKey {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         let value = req.headers().get(&self.name)?;
         if value.is_empty() {
             return None;
+        }
+        if self.is_binary() {
+            let bytes = decode_binary(value.as_bytes())?;
+            return Some(self.key_for(&bytes));
         }
         Some(self.key_for(value.as_bytes()))
     }
@@ -513,6 +601,17 @@ pub(crate) fn join(first: &Key, second: &Key) -> Key {
 /// The two keys share one key space: with a [`HeaderKey`] first (its keys are
 /// SHA-256 hashes) and an IP second, no header value can take an IP's
 /// budget.
+///
+/// With a key the client chooses first (a header), a client that sends a
+/// new value with every request is never limited by this rule: pair it with
+/// a rule on the client IP ([`HeaderKey`](HeaderKey#a-key-the-client-chooses)
+/// shows how).
+///
+/// A closure first that finds no key (returns `None`) is followed by the
+/// second, so `Fallback::new(closure, PeerIp)` refuses a request without a
+/// peer address with `500`, as [`PeerIp`](struct@crate::PeerIp) does; a
+/// closure that calls `PeerIp.extract` itself cannot say why it found
+/// nothing, and its `None` lets the request pass (see [`KeyExtractor`]).
 #[derive(Debug, Clone)]
 pub struct Fallback<A, B> {
     first: A,

@@ -22,12 +22,26 @@ macro_rules! fallback_or {
             /// This key, or `other`'s for requests this one finds none for
             /// ([`Fallback`](crate::Fallback)).
             ///
-            /// ```
-            /// use ratelimit_tower::{HeaderKey, PeerIp};
+            /// A key the client chooses, such as a header's value, does not
+            /// limit a client that sends a new one with every request: each
+            /// value is a new budget (see [`HeaderKey`](crate::HeaderKey#a-key-the-client-chooses)).
+            /// `HeaderKey::from_static("x-api-key").or(PeerIp)` alone limits
+            /// only the clients that send no key, or always the same one.
+            /// Unless the service checks the key, add a rule on the client IP
+            /// beside it, all or nothing:
             ///
-            /// // Per API key; requests without one, per client IP.
-            /// let key = HeaderKey::from_static("x-api-key").or(PeerIp);
-            /// # let _ = key;
+            /// ```
+            /// use ratelimit_tower::{HeaderKey, MemoryStore, PeerIp, Policy, RateLimitLayer, Rule};
+            /// use std::time::Duration;
+            ///
+            /// let per_ip = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-ip")?;
+            /// let per_key = Policy::fixed_window(100, Duration::from_secs(60))?.with_name("per-key")?;
+            /// // Per API key (requests without one, per client IP), and per
+            /// // client IP whatever key a request sends.
+            /// let layer = RateLimitLayer::new(MemoryStore::new(), per_ip, PeerIp)
+            ///     .and(Rule::new(per_key, HeaderKey::from_static("x-api-key").or(PeerIp)));
+            /// # let _ = layer;
+            /// # Ok::<(), ratelimit_tower::PolicyError>(())
             /// ```
             pub fn or<Other>(self, other: Other) -> $crate::Fallback<Self, Other> {
                 $crate::Fallback::new(self, other)
