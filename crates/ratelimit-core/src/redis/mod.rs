@@ -667,10 +667,8 @@ impl RedisStore {
             })
             .await;
             drop(alone);
-            if result.is_ok()
-                && let Some(u) = unclaimed.as_mut()
-            {
-                u.claim();
+            if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                u.hand_over(decisions);
             }
             return result;
         }
@@ -697,10 +695,8 @@ impl RedisStore {
                 "the call was cancelled with its runtime".into(),
             )),
             Ok(Ok((result, mut unclaimed))) => {
-                if result.is_ok()
-                    && let Some(u) = unclaimed.as_mut()
-                {
-                    u.claim();
+                if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                    u.hand_over(decisions);
                 }
                 result
             }
@@ -818,8 +814,8 @@ impl Store for RedisStore {
             let result = store
                 .check_one(key, policy, cost, permit, Via::Record(unclaimed.sent_on()))
                 .await;
-            if result.is_ok() {
-                unclaimed.claim();
+            if let Ok(decision) = &result {
+                unclaimed.hand_over(std::slice::from_ref(decision));
             }
             result
         })
@@ -883,8 +879,8 @@ impl Store for RedisStore {
             {
                 return Box::pin(async move {
                     let result = store.check_across_slots(keys, requests).await;
-                    if result.is_ok() {
-                        unclaimed.as_mut().map(Unclaimed::claim);
+                    if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                        u.hand_over(decisions);
                     }
                     result
                 });
@@ -904,8 +900,8 @@ impl Store for RedisStore {
                 .as_ref()
                 .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
             let result = store.check_many(keys, requests, via).await;
-            if result.is_ok() {
-                unclaimed.as_mut().map(Unclaimed::claim);
+            if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                u.hand_over(decisions);
             }
             result
         })
