@@ -279,6 +279,17 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
 
+/// **For tests only.** The sources of the scripts by which a Redis Cluster
+/// store decides several limits of one slot (`multi.lua`) and refunds them
+/// when a later slot denies (`refund.lua`), so a test can send a refund
+/// again as a resend would. Behind the feature `test-support`.
+#[cfg(feature = "test-support")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
+    let scripts = Scripts::new();
+    (scripts.multi().1, scripts.refund().1)
+}
+
 impl Inner {
     /// Runs `cmd` within the call timeout, on any connection.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
@@ -597,9 +608,14 @@ impl RedisStore {
         committed: &[Committed],
     ) {
         let (script, source) = self.inner.scripts.refund();
+        // One id for the refund, in every slot and every resend: applied once.
+        let id = self.inner.permit_ids.fresh().to_string();
         for (indexes, states) in committed {
-            let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
-            let mut args = vec![Arg::Int(self.fixed_now())];
+            let mut group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
+            if let Some(first) = group_keys.first() {
+                group_keys.push(admin::applied_key(first));
+            }
+            let mut args = vec![Arg::Int(self.fixed_now()), Arg::Str(&id)];
             for (&i, (after, before)) in indexes.iter().zip(states) {
                 let (policy, cost, permit) = &requests[i];
                 args.push(Arg::Str(policy.algorithm().kind()));
