@@ -80,8 +80,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 ///
 /// A concurrency permit that a check took in Redis but could not hand to its
 /// caller (the reply timed out, the connection dropped, the caller dropped
-/// the call in flight) is released in the background on the current tokio
-/// runtime, rather than held for its whole lease.
+/// the call in flight, or the check was denied after all when sent again) is
+/// released in the background on the current tokio runtime, rather than
+/// held for its whole lease. A check sent again after its reply was lost
+/// finds the permit its first run took and is allowed, holding that one
+/// permit.
 ///
 /// ```no_run
 /// use ratelimit_core::redis::RedisStore;
@@ -933,7 +936,10 @@ impl Store for RedisStore {
 
     /// An admin [`reward`](crate::AdminStore::reward) of `cost`, but the
     /// oldest units of a sliding log first: one script (nothing for a
-    /// concurrency policy, whose permits are released).
+    /// concurrency policy, whose permits are released). The call carries an
+    /// id that Redis remembers beside the state (`<state key>:applied`, as
+    /// long as the state lives), so the store's resend after a broken
+    /// connection gives nothing more back; so do penalties and rewards.
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> crate::RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(std::future::ready(Ok(())));
