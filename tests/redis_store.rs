@@ -1072,6 +1072,61 @@ async fn a_cross_slot_refund_sent_again_gives_back_once() {
     assert!(ttl > 0, "{applied}: PTTL {ttl}");
 }
 
+/// A permit id of the wrong length, sent to the scripts themselves, is an
+/// error and changes nothing: a shorter id would match every permit it
+/// begins, so a check would pass as one of theirs, and a release (here in a
+/// cross-slot refund) would free them all.
+#[tokio::test]
+async fn a_permit_id_of_the_wrong_length_matches_no_permit() {
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let policy = named(
+        "short-ids",
+        Policy::concurrency(3, Duration::from_secs(3600)),
+    );
+    let held = [
+        store.check(b"u", &policy, 1).await.unwrap(),
+        store.check(b"u", &policy, 1).await.unwrap(),
+    ];
+    assert!(held.iter().all(Decision::is_allowed), "{held:?}");
+    let key = store.state_key(b"u", &policy);
+    let state = server.cli(&["GET", &key]);
+    let prefix = held[0].permit().unwrap().to_string()[..8].to_owned();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let check = redis::Script::new(ratelimit_core::redis::script_source(policy.algorithm()));
+    let lease = 3_600_000_000u64;
+    let checked: redis::RedisResult<redis::Value> = check
+        .key(&key)
+        .arg(1)
+        .arg(3)
+        .arg(lease)
+        .arg(0)
+        .arg(&prefix)
+        .invoke_async(&mut connection)
+        .await;
+    assert!(checked.is_err(), "{checked:?}");
+    let (_, refund) = ratelimit_core::redis::cross_slot_sources_for_tests();
+    let refunded: redis::RedisResult<i64> = redis::Script::new(refund)
+        .key(&key)
+        .key(format!("{key}:applied"))
+        .arg(0)
+        .arg(format!("{:032x}", 1))
+        .arg("concurrency")
+        .arg(1)
+        .arg(&prefix)
+        .arg("")
+        .arg("")
+        .invoke_async(&mut connection)
+        .await;
+    assert!(refunded.is_err(), "{refunded:?}");
+    assert_eq!(server.cli(&["GET", &key]), state, "nothing changed");
+    assert_eq!(store.check(b"u", &policy, 0).await.unwrap().remaining(), 1);
+}
+
 /// Wait mode on Redis: a leaky bucket (one a second) with an hourly fixed
 /// window of 5, waiting at most 100 ms. The four refused requests give back
 /// what they took (an admin reward, one script each): the hourly window
