@@ -856,3 +856,148 @@ async fn a_renewal_on_a_redis_cluster_extends_the_permit_in_its_slot() {
         assert!(redis.check(user, &policy, 0).await.unwrap().remaining() == 1);
     }
 }
+
+/// The permit ids held in the semaphore at `key` (its entries: 32 hex
+/// digits each, after the tag and the base), in order; none when there is
+/// no semaphore.
+fn held_permits(server: &RedisServer, key: &str) -> Vec<String> {
+    let script = "local s = redis.call('GET', KEYS[1]) local out = {} \
+                  if s then for i = 9, #s, 46 do out[#out + 1] = string.sub(s, i, i + 31) end end \
+                  return out";
+    let reply = server.cli(&["EVAL", script, "1", key]);
+    reply
+        .lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// A store through `proxy` on one pooled connection, coalescing or not,
+/// connected, with `policy`'s script or function loaded: the next call of
+/// `user` is one command on that connection.
+async fn one_connection_through(
+    proxy: &FaultProxy,
+    coalescing: bool,
+    policy: &Policy,
+    user: &[u8],
+) -> RedisStore {
+    let max_batch = if coalescing {
+        ratelimit_core::redis::DEFAULT_MAX_BATCH
+    } else {
+        1
+    };
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(1)
+            .max_batch(max_batch)
+            .call_timeout(Duration::from_secs(5)),
+    )
+    .await;
+    store.check(user, policy, 0).await.unwrap();
+    store
+        .check_all(&[Check::new(user, policy, 0), Check::new(b"x", policy, 0)])
+        .await
+        .unwrap();
+    store
+}
+
+/// A check whose reply is lost with its connection after the script took
+/// the permit is sent again, with the same permit id: that resend finds its
+/// own permit and is allowed (not denied by it), and the caller holds the
+/// one permit taken, which its release frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_reply_was_lost_holds_its_one_permit_for_its_caller() {
+    let (server, proxy) = FaultProxy::with_new_server();
+    for coalescing in [true, false] {
+        let policy = semaphore(1);
+        let user: &[u8] = if coalescing { b"lost-c" } else { b"lost-1" };
+        let store = one_connection_through(&proxy, coalescing, &policy, user).await;
+        let key = store.state_key(user, &policy);
+        proxy.cut_replies(1);
+        let d = store.check(user, &policy, 1).await.unwrap();
+        assert_eq!(proxy.cuts_left(), 0, "the first reply was cut");
+        assert!(d.is_allowed(), "coalescing {coalescing}: {d:?}");
+        let permit = d.permit().expect("an allowed check holds its permit");
+        assert_eq!(held_permits(&server, &key), vec![permit.to_string()]);
+        store.release(user, &policy, permit).await.unwrap();
+        assert_eq!(held_permits(&server, &key), Vec::<String>::new());
+        assert!(admits(&store, user, &policy).await, "the semaphore is free");
+    }
+}
+
+/// The same for a request of several limits: the resend finds its own
+/// permit, but the other limit, which the first run consumed, now denies,
+/// so the request is denied, and the permit that its first run took is
+/// released: nobody holds it for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_resend_of_several_limits_releases_the_permit_its_first_run_took() {
+    let (server, proxy) = FaultProxy::with_new_server();
+    let once = fixed_window("once", 1, Duration::from_secs(3600));
+    for coalescing in [true, false] {
+        let policy = semaphore(1);
+        let user: &[u8] = if coalescing {
+            b"lost-all-c"
+        } else {
+            b"lost-all-1"
+        };
+        let store = one_connection_through(&proxy, coalescing, &policy, user).await;
+        let key = store.state_key(user, &policy);
+        proxy.cut_replies(1);
+        let checks = [Check::new(user, &policy, 1), Check::new(user, &once, 1)];
+        let decisions = store.check_all(&checks).await.unwrap();
+        assert_eq!(proxy.cuts_left(), 0, "the first reply was cut");
+        assert!(!decisions[1].is_allowed(), "{decisions:?}");
+        assert!(
+            decisions.iter().all(|d| d.permit().is_none()),
+            "{decisions:?}"
+        );
+        // Released on the runtime, within moments; the lease is an hour.
+        assert_eq!(
+            permits_left(&server, &key, Duration::from_secs(3)).await,
+            "0"
+        );
+        assert_eq!(store.check(user, &policy, 0).await.unwrap().remaining(), 1);
+    }
+}
+
+/// A release and a renewal whose replies are lost are sent again: each
+/// changes nothing more than once, and touches no other permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_and_renewals_sent_twice_change_nothing_more() {
+    let (server, proxy) = FaultProxy::with_new_server();
+    let policy = semaphore(2);
+    let user: &[u8] = b"twice";
+    let store = one_connection_through(&proxy, false, &policy, user).await;
+    let key = store.state_key(user, &policy);
+    let mine = store
+        .check(user, &policy, 1)
+        .await
+        .unwrap()
+        .permit()
+        .unwrap();
+    let other = store
+        .check(user, &policy, 1)
+        .await
+        .unwrap()
+        .permit()
+        .unwrap();
+    proxy.cut_replies(1);
+    assert!(store.renew(user, &policy, mine).await.unwrap());
+    assert_eq!(proxy.cuts_left(), 0, "the renewal's reply was cut");
+    let mut held = held_permits(&server, &key);
+    held.sort();
+    let mut both = vec![mine.to_string(), other.to_string()];
+    both.sort();
+    assert_eq!(held, both, "one entry each");
+    proxy.cut_replies(1);
+    store.release(user, &policy, mine).await.unwrap();
+    assert_eq!(proxy.cuts_left(), 0, "the release's reply was cut");
+    assert_eq!(held_permits(&server, &key), vec![other.to_string()]);
+    store.release(user, &policy, mine).await.unwrap();
+    assert!(
+        !store.renew(user, &policy, mine).await.unwrap(),
+        "gone for good"
+    );
+    assert_eq!(held_permits(&server, &key), vec![other.to_string()]);
+    assert_eq!(store.check(user, &policy, 0).await.unwrap().remaining(), 1);
+}

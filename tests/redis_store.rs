@@ -975,6 +975,158 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     assert!(ttl > 0, "{key} has no TTL after the refund ({ttl})");
 }
 
+/// A cross-slot refund (`refund.lua`, one per slot) sent again after its
+/// reply was lost changes nothing, even when another request consumed in
+/// between: the fixed window's compare-and-set would find the state the
+/// refunded request left (its count again) and give the other request's
+/// unit away, and the sliding log would take it from the entry both share.
+/// On one node, through the scripts themselves, on one fixed microsecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_refund_sent_again_gives_back_once() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(NOW_MICROS);
+    let store = build(
+        RedisStore::builder(server.url())
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let hour = Duration::from_secs(3600);
+    let window = named("aba-window", Policy::fixed_window(2, hour));
+    let log = named("aba-log", Policy::sliding_window_log(2, hour));
+    let keys = [store.state_key(b"u", &window), store.state_key(b"u", &log)];
+    let (multi, refund) = ratelimit_core::redis::cross_slot_sources_for_tests();
+    let (multi, refund) = (redis::Script::new(multi), redis::Script::new(refund));
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let no_permit = format!("{:032x}", 0);
+    let hour_micros = hour.as_micros().to_string();
+    // One request of both limits, cost 1 each: its states after and before.
+    let mut consume = async || -> Vec<(String, String)> {
+        let mut call = multi.prepare_invoke();
+        call.key(&keys[0]).key(&keys[1]).arg(NOW_MICROS);
+        for algorithm in ["fixed-window", "sliding-log"] {
+            call.arg(algorithm)
+                .arg(1)
+                .arg(2)
+                .arg(&hour_micros)
+                .arg(&no_permit);
+        }
+        let reply: Vec<Vec<redis::Value>> = call.invoke_async(&mut connection).await.unwrap();
+        reply
+            .iter()
+            .map(|entry| {
+                let text = |v: &redis::Value| redis::from_redis_value_ref::<String>(v).unwrap();
+                assert_eq!(redis::from_redis_value_ref::<i64>(&entry[0]).unwrap(), 1);
+                (text(&entry[6]), text(&entry[7]))
+            })
+            .collect()
+    };
+    let _first = consume().await;
+    let refunded = consume().await;
+    let id = format!("{:032x}", 0x5eed_u128);
+    let mut refund_call = refund.prepare_invoke();
+    refund_call
+        .key(&keys[0])
+        .key(&keys[1])
+        .key(format!("{}:applied", keys[0]))
+        .arg(NOW_MICROS)
+        .arg(&id);
+    for ((after, before), algorithm) in refunded.iter().zip(["fixed-window", "sliding-log"]) {
+        refund_call
+            .arg(algorithm)
+            .arg(1)
+            .arg(&no_permit)
+            .arg(after)
+            .arg(before);
+    }
+    let mut control = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = refund_call.invoke_async(&mut control).await.unwrap();
+    for policy in [&window, &log] {
+        let left = store.check(b"u", policy, 0).await.unwrap();
+        assert_eq!(left.remaining(), 1, "refunded once: {left:?}");
+    }
+    // Another request takes the unit given back, leaving the very states
+    // the refunded one left; then the refund comes again.
+    let again = consume().await;
+    assert_eq!(again[0], refunded[0], "the same fixed-window state");
+    let _: i64 = refund_call.invoke_async(&mut control).await.unwrap();
+    for policy in [&window, &log] {
+        let left = store.check(b"u", policy, 0).await.unwrap();
+        assert_eq!(
+            left.remaining(),
+            0,
+            "{}: the resend gave back another's unit: {left:?}",
+            policy.name()
+        );
+    }
+    let applied = format!("{}:applied", keys[0]);
+    let ttl: i64 = server.cli(&["PTTL", &applied]).parse().unwrap();
+    assert!(ttl > 0, "{applied}: PTTL {ttl}");
+}
+
+/// A permit id of the wrong length, sent to the scripts themselves, is an
+/// error and changes nothing: a shorter id would match every permit it
+/// begins, so a check would pass as one of theirs, and a release (here in a
+/// cross-slot refund) would free them all.
+#[tokio::test]
+async fn a_permit_id_of_the_wrong_length_matches_no_permit() {
+    let server = RedisServer::start();
+    let store = redis_store(server.url()).await;
+    let policy = named(
+        "short-ids",
+        Policy::concurrency(3, Duration::from_secs(3600)),
+    );
+    let held = [
+        store.check(b"u", &policy, 1).await.unwrap(),
+        store.check(b"u", &policy, 1).await.unwrap(),
+    ];
+    assert!(held.iter().all(Decision::is_allowed), "{held:?}");
+    let key = store.state_key(b"u", &policy);
+    let state = server.cli(&["GET", &key]);
+    let prefix = held[0].permit().unwrap().to_string()[..8].to_owned();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let check = redis::Script::new(ratelimit_core::redis::script_source(policy.algorithm()));
+    let lease = 3_600_000_000u64;
+    let checked: redis::RedisResult<redis::Value> = check
+        .key(&key)
+        .arg(1)
+        .arg(3)
+        .arg(lease)
+        .arg(0)
+        .arg(&prefix)
+        .invoke_async(&mut connection)
+        .await;
+    assert!(checked.is_err(), "{checked:?}");
+    let (_, refund) = ratelimit_core::redis::cross_slot_sources_for_tests();
+    let refunded: redis::RedisResult<i64> = redis::Script::new(refund)
+        .key(&key)
+        .key(format!("{key}:applied"))
+        .arg(0)
+        .arg(format!("{:032x}", 1))
+        .arg("concurrency")
+        .arg(1)
+        .arg(&prefix)
+        .arg("")
+        .arg("")
+        .invoke_async(&mut connection)
+        .await;
+    assert!(refunded.is_err(), "{refunded:?}");
+    assert_eq!(server.cli(&["GET", &key]), state, "nothing changed");
+    assert_eq!(store.check(b"u", &policy, 0).await.unwrap().remaining(), 1);
+}
+
 /// Wait mode on Redis: a leaky bucket (one a second) with an hourly fixed
 /// window of 5, waiting at most 100 ms. The four refused requests give back
 /// what they took (an admin reward, one script each): the hourly window
@@ -1020,6 +1172,45 @@ async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
     );
     let smooth_left = store.peek(global.as_bytes(), &smooth).await.unwrap();
     assert_eq!(smooth_left.remaining(), 4, "{smooth_left:?}");
+}
+
+/// A refund whose reply is lost with its connection (the script ran) is
+/// sent again by the store, with the id it carries: Redis remembers the
+/// id, so the resend gives nothing more back. Three of four units taken,
+/// one refunded: two remain under every algorithm that refunds (a refund
+/// applied twice would leave three, and the sliding log would give away a
+/// later request's unit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_sent_again_after_its_reply_was_lost_gives_back_once() {
+    let (_server, proxy) = ratelimit_tests::fault_proxy::FaultProxy::with_new_server();
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(1)
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let refundable = long_policies(4)
+        .into_iter()
+        .filter(|p| p.algorithm().supports_adjustments());
+    for policy in refundable {
+        let what = policy.algorithm().kind();
+        let mut taken = Vec::new();
+        for _ in 0..3 {
+            let d = store.check(b"refunded", &policy, 1).await.unwrap();
+            assert!(d.is_allowed(), "{what}: {d:?}");
+            taken.push(d);
+        }
+        // Loads the refund's script, so the refund below is one command.
+        store.reward(b"other", &policy, 1).await.unwrap();
+        proxy.cut_replies(1);
+        store
+            .refund(b"refunded", &policy, 1, &taken[0])
+            .await
+            .unwrap();
+        assert_eq!(proxy.cuts_left(), 0, "{what}: the refund's reply was cut");
+        let left = store.peek(b"refunded", &policy).await.unwrap();
+        assert_eq!(left.remaining(), 2, "{what}: {left:?}");
+    }
 }
 
 /// A host name that never resolves is a configuration mistake, reported by

@@ -373,3 +373,54 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
     }
     assert_eq!(server.cli(&["ZRANGE", &key, "0", "-1"]), permit);
 }
+
+/// A log in the previous layout whose every entry has left the window, and
+/// which has no TTL (as a version without one left it): the first decision
+/// that meets it, even one that writes nothing of its own (a peek, a
+/// request that another limit denies), leaves no key without a TTL, and
+/// nothing of the old log counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_log_without_a_ttl_leaves_no_key_without_one() {
+    let Twins {
+        server,
+        clock,
+        redis,
+        ..
+    } = &Twins::start().await;
+    let window = 60_000_000u64;
+    let policy = named(
+        "old-no-ttl",
+        Policy::sliding_window_log(10, Duration::from_micros(window)),
+    );
+    let denier = named("denier", Policy::fixed_window(1, Duration::from_secs(60)));
+    let start = NOW_MICROS;
+    let timeline = [(start, 2u64), (start + 1_000, 3)];
+    let keys: [&[u8]; 2] = [b"peeked", b"denied"];
+    for key in keys {
+        let state_key = redis.state_key(key, &policy);
+        write_sorted_set(server, &state_key, &old_members(&timeline, true));
+        server.cli(&["PERSIST", &state_key]);
+        assert_eq!(server.cli(&["PTTL", &state_key]), "-1");
+    }
+    clock.set(start + 2 * window);
+    assert!(redis.check(b"d", &denier, 1).await.unwrap().is_allowed());
+    let peek = redis.check(b"peeked", &policy, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 10, "{peek:?}");
+    let checks = [
+        Check::new(b"denied", &policy, 1),
+        Check::new(b"d", &denier, 1),
+    ];
+    let denied = redis.check_all(&checks).await.unwrap();
+    assert!(!denied[1].is_allowed(), "{denied:?}");
+    assert_eq!(denied[0].remaining(), 10, "{denied:?}");
+    for key in keys {
+        let state_key = redis.state_key(key, &policy);
+        let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
+        // -2: no key at all; -1: a key without a TTL.
+        assert!(ttl == -2 || ttl > 0, "{state_key}: PTTL {ttl}");
+        let d = redis.check(key, &policy, 10).await.unwrap();
+        assert!(d.is_allowed(), "nothing of the old log counts: {d:?}");
+        let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
+        assert!(ttl > 0, "{state_key}: PTTL {ttl} after an admission");
+    }
+}

@@ -17,7 +17,10 @@
 //! - [`Mode::Drop`] closes every connection, existing ones included, and
 //!   closes new ones as soon as they are accepted (a server that is gone but
 //!   whose port still answers);
-//! - [`Mode::Forward`] forwards again.
+//! - [`Mode::Forward`] forwards again;
+//! - [`cut_replies`](FaultProxy::cut_replies) swallows the next replies and
+//!   closes their connections: the server ran the command, the client never
+//!   hears of it (a reply lost with its connection).
 //!
 //! It runs on a thread of its own (its own tokio runtime), so it keeps
 //! working while a test blocks, and it is stopped, every connection closed,
@@ -80,6 +83,7 @@ pub struct FaultProxy {
     upstream: SocketAddr,
     settings: watch::Sender<Settings>,
     accepted: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -128,8 +132,10 @@ impl FaultProxy {
             latency: Duration::ZERO,
         });
         let accepted = Arc::new(AtomicU64::new(0));
+        let cuts = Arc::new(AtomicU64::new(0));
         let (shutdown, shutdown_rx) = oneshot::channel();
         let counter = Arc::clone(&accepted);
+        let cutting = Arc::clone(&cuts);
         let thread = std::thread::Builder::new()
             .name(format!("fault-proxy-{}", addr.port()))
             .spawn(move || {
@@ -143,6 +149,7 @@ impl FaultProxy {
                     upstream,
                     settings_rx,
                     counter,
+                    cutting,
                     shutdown_rx,
                 ));
                 // Every connection task is dropped here, closing its sockets.
@@ -154,6 +161,7 @@ impl FaultProxy {
             upstream,
             settings,
             accepted,
+            cuts,
             shutdown: Some(shutdown),
             thread: Some(thread),
         }
@@ -197,6 +205,18 @@ impl FaultProxy {
         self.settings.borrow().latency
     }
 
+    /// Swallows the next `n` chunks the upstream sends (in forward mode),
+    /// each closing its connection at once: the server ran what the client
+    /// sent, and the client sees its connection drop before the reply.
+    pub fn cut_replies(&self, n: u64) {
+        self.cuts.store(n, Ordering::SeqCst);
+    }
+
+    /// How many replies [`cut_replies`](FaultProxy::cut_replies) has yet to cut.
+    pub fn cuts_left(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
     /// How many connections the proxy has accepted so far (including those
     /// it closed at once).
     pub fn accepted(&self) -> u64 {
@@ -220,6 +240,7 @@ async fn accept_loop(
     upstream: SocketAddr,
     settings: watch::Receiver<Settings>,
     accepted: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
     mut shutdown: oneshot::Receiver<()>,
 ) {
     let listener = TcpListener::from_std(listener).expect("FaultProxy: a tokio listener");
@@ -246,19 +267,22 @@ async fn accept_loop(
             continue;
         };
         let settings = settings.clone();
+        let cuts = Arc::clone(&cuts);
         tokio::spawn(async move {
-            connection(client, upstream, settings).await;
+            connection(client, upstream, settings, cuts).await;
             drop(slot);
         });
     }
 }
 
 /// Proxies one connection until either side closes it, the mode becomes
-/// [`Mode::Drop`], or it lost bytes to a stall and the stall ended.
+/// [`Mode::Drop`], it lost bytes to a stall and the stall ended, or a reply
+/// of it was cut.
 async fn connection(
     client: TcpStream,
     upstream: SocketAddr,
     mut settings: watch::Receiver<Settings>,
+    cuts: Arc<AtomicU64>,
 ) {
     let server =
         match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(upstream)).await {
@@ -284,6 +308,7 @@ async fn connection(
         queue,
         settings.clone(),
         Arc::clone(&poisoned),
+        cuts,
     ));
     tasks.spawn(deliver(
         queued,
@@ -325,15 +350,25 @@ async fn requests(
     }
 }
 
-/// Upstream to the delay queue, each chunk stamped with when it may go out.
+/// Upstream to the delay queue, each chunk stamped with when it may go out;
+/// a chunk to cut ends the connection instead.
 async fn replies(
     mut from: OwnedReadHalf,
     queue: mpsc::Sender<(Instant, Vec<u8>)>,
     settings: watch::Receiver<Settings>,
     poisoned: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
 ) {
     let mut buffer = vec![0_u8; 16 * 1024];
     while let Some((n, latency)) = next_chunk(&mut from, &mut buffer, &settings, &poisoned).await {
+        if cuts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+        {
+            return;
+        }
         let due = Instant::now() + latency;
         if queue.send((due, buffer[..n].to_vec())).await.is_err() {
             return;

@@ -1,6 +1,7 @@
 //! [`CircuitBreaker`]: stop calling a failing store for a while.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -71,13 +72,6 @@ impl Default for CircuitBreaker {
     fn default() -> Self {
         CircuitBreaker::new(DEFAULT_FAILURE_THRESHOLD, DEFAULT_COOL_DOWN)
     }
-}
-
-/// Where one call should go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    Primary { probe: bool },
-    Elsewhere,
 }
 
 impl CircuitBreaker {
@@ -152,30 +146,40 @@ impl CircuitBreaker {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    pub(crate) fn route(&self) -> Route {
-        match self.state.load(Ordering::Acquire) {
-            CLOSED => Route::Primary { probe: false },
+    /// Where one call goes: to the store, as the returned [`Call`] (a probe
+    /// when the breaker is half-open), or elsewhere (`None`). The call is
+    /// taken here, not when its future first runs: a future dropped before
+    /// its first poll (the losing branch of a `select!`) drops its `Call`,
+    /// which gives a probe back.
+    pub(crate) fn route(self: &Arc<Self>) -> Option<Call> {
+        let probe = match self.state.load(Ordering::Acquire) {
+            CLOSED => false,
             OPEN => {
                 let opened = self.opened_at_micros.load(Ordering::Acquire);
                 let cool = u64::try_from(self.cool_down.as_micros()).unwrap_or(u64::MAX);
-                if self.now_micros().saturating_sub(opened) >= cool
-                    && self
+                if self.now_micros().saturating_sub(opened) < cool
+                    || self
                         .probing
                         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
+                        .is_err()
                 {
-                    self.state.store(HALF_OPEN, Ordering::Release);
-                    self.transition(OPEN, HALF_OPEN);
-                    Route::Primary { probe: true }
-                } else {
-                    Route::Elsewhere
+                    return None;
                 }
+                self.state.store(HALF_OPEN, Ordering::Release);
+                self.transition(OPEN, HALF_OPEN);
+                true
             }
-            _ => Route::Elsewhere,
-        }
+            _ => return None,
+        };
+        Some(Call {
+            breaker: Arc::clone(self),
+            probe,
+            started: Instant::now(),
+            done: false,
+        })
     }
 
-    pub(crate) fn succeeded(&self, probe: bool) {
+    fn succeeded(&self, probe: bool) {
         self.failures.store(0, Ordering::Release);
         if probe {
             let from = self.state.swap(CLOSED, Ordering::AcqRel);
@@ -207,7 +211,7 @@ impl CircuitBreaker {
     /// A call whose caller went away before the store answered: not counted.
     /// An abandoned probe leaves the breaker open with its cool-down over, so
     /// the next call probes.
-    pub(crate) fn abandoned(&self, probe: bool) {
+    fn abandoned(&self, probe: bool) {
         if probe
             && self
                 .state
@@ -268,36 +272,48 @@ fn state_name(state: u8) -> &'static str {
     }
 }
 
-/// Tells the breaker about a call dropped before its outcome was known (its
-/// caller went away). After the breaker's `slow_call`, that is a failure (the
-/// store was too slow for its caller); sooner, it says nothing about the
-/// store and counts as neither a success nor a failure, and a dropped probe
-/// hands the probe to the next call, so the breaker never waits for a probe
-/// that is gone.
-pub(crate) struct ProbeGuard<'a> {
-    breaker: &'a CircuitBreaker,
+/// One call routed to the store, from the moment [`CircuitBreaker::route`]
+/// sent it there; it tells the breaker how the call went
+/// ([`succeeded`](Call::succeeded), [`failed`](Call::failed)).
+///
+/// Dropped without an outcome (its caller went away, perhaps before the
+/// call's future was ever polled): after the breaker's `slow_call` that is
+/// a failure (the store was too slow for its caller); sooner, it says
+/// nothing about the store and counts as neither a success nor a failure,
+/// and a dropped probe hands the probe to the next call, so the breaker
+/// never waits for a probe that is gone. Dropping needs no runtime and no
+/// poll.
+pub(crate) struct Call {
+    breaker: Arc<CircuitBreaker>,
     probe: bool,
     started: Instant,
     done: bool,
 }
 
-impl<'a> ProbeGuard<'a> {
-    pub(crate) fn new(breaker: &'a CircuitBreaker, probe: bool) -> Self {
-        ProbeGuard {
-            breaker,
-            probe,
-            started: Instant::now(),
-            done: false,
-        }
+impl Call {
+    /// The store answered (an error that is no outage is an answer).
+    pub(crate) fn succeeded(mut self) {
+        self.done = true;
+        self.breaker.succeeded(self.probe);
     }
 
-    /// The call ended with an outcome, which the caller reports.
-    pub(crate) fn finish(mut self) {
+    /// The store was unreachable.
+    pub(crate) fn failed(mut self) {
         self.done = true;
+        self.breaker.failed(self.probe);
     }
 }
 
-impl Drop for ProbeGuard<'_> {
+impl fmt::Debug for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("breaker", &self.breaker.name)
+            .field("probe", &self.probe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Call {
     fn drop(&mut self) {
         if self.done {
             return;
@@ -314,32 +330,41 @@ impl Drop for ProbeGuard<'_> {
 mod tests {
     use super::*;
 
+    /// Whether `call` goes to the store as a probe (`Some(true)`), as a
+    /// plain call (`Some(false)`), or elsewhere (`None`).
+    fn probing(call: Option<&Call>) -> Option<bool> {
+        call.map(|c| c.probe)
+    }
+
     #[test]
     fn opens_after_threshold_probes_after_cool_down_and_closes() {
-        let b = CircuitBreaker::new(3, Duration::from_millis(30));
-        assert_eq!(b.route(), Route::Primary { probe: false });
+        let b = Arc::new(CircuitBreaker::new(3, Duration::from_millis(30)));
+        let call = b.route();
+        assert_eq!(probing(call.as_ref()), Some(false));
         b.failed(false);
         b.failed(false);
         assert_eq!(b.state(), BreakerState::Closed);
-        b.succeeded(false); // a success resets the count
+        call.expect("a call").succeeded(); // a success resets the count
         b.failed(false);
         b.failed(false);
         assert_eq!(b.state(), BreakerState::Closed);
         b.failed(false);
         assert_eq!(b.state(), BreakerState::Open);
         assert_eq!(b.trips(), 1);
-        assert_eq!(b.route(), Route::Elsewhere);
+        assert_eq!(probing(b.route().as_ref()), None);
         std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(b.route(), Route::Primary { probe: true });
+        let probe = b.route();
+        assert_eq!(probing(probe.as_ref()), Some(true));
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        assert_eq!(b.route(), Route::Elsewhere, "one probe at a time");
-        b.failed(true);
+        assert_eq!(probing(b.route().as_ref()), None, "one probe at a time");
+        probe.expect("a probe").failed();
         assert_eq!(b.state(), BreakerState::Open);
         std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(b.route(), Route::Primary { probe: true });
-        b.succeeded(true);
+        let probe = b.route();
+        assert_eq!(probing(probe.as_ref()), Some(true));
+        probe.expect("a probe").succeeded();
         assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(b.route(), Route::Primary { probe: false });
+        assert_eq!(probing(b.route().as_ref()), Some(false));
     }
 
     #[test]
@@ -349,29 +374,34 @@ mod tests {
         b.failed(false);
         b.opened_at_micros.store(0, Ordering::Release);
         // The cool-down is over only because `opened_at` was moved back.
-        let b = {
+        let b = Arc::new({
             let origin = Instant::now() - Duration::from_secs(7200);
             CircuitBreaker { origin, ..b }
-        };
-        assert_eq!(b.route(), Route::Primary { probe: true });
-        drop(ProbeGuard::new(&b, true));
+        });
+        let probe = b.route();
+        assert_eq!(probing(probe.as_ref()), Some(true));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        drop(probe);
         assert_eq!(b.state(), BreakerState::Open);
         assert_eq!(b.trips(), 1, "an abandoned probe is not a new trip");
         assert_eq!(
-            b.route(),
-            Route::Primary { probe: true },
+            probing(b.route().as_ref()),
+            Some(true),
             "the next call probes at once, without another cool-down"
         );
     }
 
     #[test]
     fn calls_dropped_early_never_open_the_breaker() {
-        // Issue 12, item 6: three cancellations opened the breaker.
-        let b = CircuitBreaker::new(3, Duration::from_secs(60))
-            .with_slow_call(Duration::from_secs(3600));
+        // Cancellations say nothing about the store.
+        let b = Arc::new(
+            CircuitBreaker::new(3, Duration::from_secs(60))
+                .with_slow_call(Duration::from_secs(3600)),
+        );
         for _ in 0..10 {
-            assert_eq!(b.route(), Route::Primary { probe: false });
-            drop(ProbeGuard::new(&b, false));
+            let call = b.route();
+            assert_eq!(probing(call.as_ref()), Some(false));
+            drop(call);
         }
         assert_eq!(b.state(), BreakerState::Closed);
         assert_eq!(b.trips(), 0);
@@ -379,10 +409,13 @@ mod tests {
 
     #[test]
     fn calls_dropped_after_the_slow_call_time_are_failures() {
-        let b = CircuitBreaker::new(3, Duration::from_secs(60)).with_slow_call(Duration::ZERO);
+        let b = Arc::new(
+            CircuitBreaker::new(3, Duration::from_secs(60)).with_slow_call(Duration::ZERO),
+        );
         for _ in 0..3 {
-            assert_eq!(b.route(), Route::Primary { probe: false });
-            drop(ProbeGuard::new(&b, false));
+            let call = b.route();
+            assert_eq!(probing(call.as_ref()), Some(false));
+            drop(call);
         }
         assert_eq!(b.state(), BreakerState::Open);
     }

@@ -250,13 +250,19 @@ impl PermitIds {
     /// or `PermitId(0)` (none) for every other algorithm.
     pub(crate) fn next_for(&self, policy: &crate::Policy) -> PermitId {
         if matches!(policy.algorithm(), crate::Algorithm::Concurrency(_)) {
-            let n = self
-                .counter
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            PermitId((u128::from(self.prefix) << 64) | u128::from(n))
+            self.fresh()
         } else {
             PermitId(0)
         }
+    }
+
+    /// A fresh id, never 0: a permit's, or an operation's that must count
+    /// once however often it is sent (a refund, whose resends carry it).
+    pub(crate) fn fresh(&self) -> PermitId {
+        let n = self
+            .counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        PermitId((u128::from(self.prefix) << 64) | u128::from(n))
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
-use crate::breaker::{CircuitBreaker, ProbeGuard, Route};
+use crate::breaker::{Call, CircuitBreaker};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
@@ -255,30 +255,22 @@ impl<P: Store, F: Store> FallbackStore<P, F> {
     }
 }
 
-/// Awaits the primary's answer when the breaker routed the call there, and
-/// tells the breaker how it went. `None` means: let the fallback decide (the
-/// breaker is open, or the primary is unavailable).
-async fn ask_primary<T, Fut>(
-    breaker: &CircuitBreaker,
-    route: Route,
-    call: Option<Fut>,
-) -> Option<Result<T, StoreError>>
+/// Awaits the primary's answer when the breaker routed the call there
+/// (`call`, taken when the store's call was made), and tells the breaker
+/// how it went. `None` means: let the fallback decide (the breaker is open,
+/// or the primary is unavailable).
+async fn ask_primary<T, Fut>(route: Option<(Call, Fut)>) -> Option<Result<T, StoreError>>
 where
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let (Route::Primary { probe }, Some(call)) = (route, call) else {
-        return None;
-    };
-    let guard = ProbeGuard::new(breaker, probe);
-    let result = call.await;
-    guard.finish();
-    match result {
+    let (call, primary) = route?;
+    match primary.await {
         Err(e) if e.is_outage() => {
-            breaker.failed(probe);
+            call.failed();
             None
         }
         other => {
-            breaker.succeeded(probe);
+            call.succeeded();
             Some(other)
         }
     }
@@ -392,13 +384,13 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
         }
         let inner = Arc::clone(&self.inner);
         let (key, policy) = (key.to_vec(), policy.clone());
-        let route = inner.breaker.route();
-        let primary = match route {
-            Route::Primary { .. } => Some(inner.primary.check(&key, &policy, cost)),
-            Route::Elsewhere => None,
-        };
+        // Routed now: a future dropped before its first poll gives a probe back.
+        let route = inner
+            .breaker
+            .route()
+            .map(|call| (call, inner.primary.check(&key, &policy, cost)));
         Box::pin(async move {
-            if let Some(answer) = ask_primary(&inner.breaker, route, primary).await {
+            if let Some(answer) = ask_primary(route).await {
                 return answer;
             }
             inner.fallback_check(key, policy, cost).await
@@ -416,13 +408,12 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
             .iter()
             .map(|c| (c.key.to_vec(), c.policy.clone(), c.cost))
             .collect();
-        let route = inner.breaker.route();
-        let primary = match route {
-            Route::Primary { .. } => Some(inner.primary.check_all(checks)),
-            Route::Elsewhere => None,
-        };
+        let route = inner
+            .breaker
+            .route()
+            .map(|call| (call, inner.primary.check_all(checks)));
         Box::pin(async move {
-            if let Some(answer) = ask_primary(&inner.breaker, route, primary).await {
+            if let Some(answer) = ask_primary(route).await {
                 return answer;
             }
             inner.fallback_check_all(owned).await
@@ -569,6 +560,37 @@ mod tests {
         assert_eq!(local.check_now(b"k", &policy, 0).unwrap().remaining(), 9);
         let d = store.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed(), "{d:?}");
+    }
+
+    /// A call that took the probe and was dropped before its first poll (the
+    /// losing branch of a `select!`) gives the probe back: the next call
+    /// probes the primary, and the breaker closes.
+    #[tokio::test]
+    async fn a_probe_dropped_unpolled_hands_the_probe_on() {
+        let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        for all in [false, true] {
+            let breaker = Arc::new(
+                CircuitBreaker::new(1, Duration::ZERO).with_slow_call(Duration::from_secs(3600)),
+            );
+            let store =
+                FallbackStore::new(MemoryStore::new(), MemoryStore::new(), 1, breaker.clone());
+            breaker.failed(false);
+            assert_eq!(breaker.state(), crate::BreakerState::Open);
+            // Taken when the call is made, and dropped unpolled.
+            if all {
+                let probe = store.check_all(&[Check::new(b"k", &policy, 1)]);
+                assert_eq!(breaker.state(), crate::BreakerState::HalfOpen);
+                drop(probe);
+            } else {
+                let probe = store.check(b"k", &policy, 1);
+                assert_eq!(breaker.state(), crate::BreakerState::HalfOpen);
+                drop(probe);
+            }
+            assert_eq!(breaker.state(), crate::BreakerState::Open, "all: {all}");
+            let d = store.check(b"k", &policy, 1).await.unwrap();
+            assert_eq!(d.source(), DecisionSource::Store, "all: {all}: {d:?}");
+            assert_eq!(breaker.state(), crate::BreakerState::Closed, "all: {all}");
+        }
     }
 
     /// A batch that needs more room for permits than the fallback has left

@@ -93,7 +93,10 @@ pub trait Store: Send + Sync + 'static {
     /// [released](Store::release): this is a no-op for concurrency policies.
     /// The refund is best effort: a refund after the consumption's window
     /// ended, or one that another request's consumption overtook, may give
-    /// back units of a later request, so a caller refunds at once.
+    /// back units of a later request, so a caller refunds at once. One call
+    /// gives back once, however often the store sends it (a store that sends
+    /// it again after its connection broke makes the resend change nothing);
+    /// two calls give back twice.
     ///
     /// The default gives nothing back and answers
     /// [`StoreError::Unsupported`]: the consumption stays, which errs

@@ -86,7 +86,9 @@ impl Concurrency {
 
     /// Tries to take a permit of `cost` units at `now` (µs), named `id`.
     ///
-    /// A cost of 0 peeks and takes no permit.
+    /// A cost of 0 peeks and takes no permit. A permit `id` still held is
+    /// this acquisition made again (a store sends a check again when its
+    /// reply was lost): allowed, holding `id`, and nothing more is taken.
     pub fn acquire(
         &self,
         state: &mut ConcurrencyState,
@@ -96,6 +98,14 @@ impl Concurrency {
     ) -> Decision {
         state.expire(now);
         let held = state.held();
+        if cost > 0 && state.leases.iter().any(|l| l.id == id) {
+            return Decision::allow(
+                self.max,
+                self.max.saturating_sub(held),
+                reset_after(state, now),
+            )
+            .with_permit(id);
+        }
         if held + cost <= self.max {
             if cost == 0 {
                 return Decision::allow(self.max, self.max - held, reset_after(state, now));
@@ -172,4 +182,31 @@ fn reset_after(state: &ConcurrencyState, now: u64) -> u64 {
         .map(|l| l.expires_at.saturating_sub(now))
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An acquisition made again under the id of a permit it holds (a check
+    /// sent again) is allowed and takes nothing more; a released permit's id
+    /// takes a new one.
+    #[test]
+    fn an_acquisition_made_again_takes_nothing_more() {
+        let limit = Concurrency::new(1, Duration::from_secs(60)).unwrap();
+        let mut state = ConcurrencyState::default();
+        let id = PermitId(7);
+        let first = limit.acquire(&mut state, 1_000, 1, id);
+        assert_eq!(first.permit(), Some(id));
+        let again = limit.acquire(&mut state, 2_000, 1, id);
+        assert!(again.is_allowed(), "{again:?}");
+        assert_eq!((again.permit(), again.remaining()), (Some(id), 0));
+        assert_eq!(state.leases.len(), 1);
+        let other = limit.acquire(&mut state, 2_000, 1, PermitId(8));
+        assert!(!other.is_allowed(), "{other:?}");
+        assert!(limit.release(&mut state, 3_000, id));
+        assert!(state.leases.is_empty());
+        let peek = limit.acquire(&mut state, 3_000, 0, id);
+        assert_eq!((peek.permit(), peek.remaining()), (None, 1));
+    }
 }

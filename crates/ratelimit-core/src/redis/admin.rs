@@ -10,6 +10,17 @@ use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
 use crate::{Decision, PermitId, Policy, StoreError};
 
+/// The key beside `state_key`, in its slot, that remembers the operations
+/// applied to it which must count once (`applied_ids` in prelude.lua): the
+/// state key's name (which ends with its hash tag) and `:applied`, so never
+/// another state key.
+pub(super) fn applied_key(state_key: &str) -> String {
+    let mut key = String::with_capacity(state_key.len() + 8);
+    key.push_str(state_key);
+    key.push_str(":applied");
+    key
+}
+
 impl RedisStore {
     async fn adjust(
         self,
@@ -23,6 +34,8 @@ impl RedisStore {
         // counter's two windows of up to twice the limit each), so a larger
         // amount changes nothing, and this keeps the script's doubles exact.
         let amount = amount.min(4 * policy.limit());
+        // One id for every resend of this call: applied once (admin.lua).
+        let id = self.inner.permit_ids.fresh().to_string();
         let args = [
             Arg::Int(self.fixed_now()),
             Arg::Str(adjustment.name()),
@@ -30,11 +43,14 @@ impl RedisStore {
             Arg::Int(amount),
             Arg::Int(p1),
             Arg::Int(p2),
+            Arg::Str(&id),
         ];
+        let applied = applied_key(&state_key);
+        let keys = [state_key, applied];
         let reply = self
-            .on_state_key(self.inner.scripts.admin(), &state_key, &args)
+            .on_keys(self.inner.scripts.admin(), &keys, &args)
             .await
-            .map_err(|e| policy_conflict(e, [(&state_key, &policy)]))?;
+            .map_err(|e| policy_conflict(e, [(&keys[0], &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
     }
 
@@ -58,28 +74,25 @@ impl RedisStore {
             Arg::Int(p2),
             Arg::Int(longest),
         ];
-        self.on_state_key(self.inner.scripts.block(), &state_key, &args)
-            .await
-            .map(|_| ())
+        self.on_keys(
+            self.inner.scripts.block(),
+            std::slice::from_ref(&state_key),
+            &args,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Runs an admin script (`admin.lua`, `block.lua`: its handle and
-    /// source) on one state key.
-    async fn on_state_key(
+    /// source) on a state key (and the keys beside it in its slot).
+    async fn on_keys(
         &self,
         (script, source): (&redis::Script, &'static str),
-        state_key: &String,
+        keys: &[String],
         args: &[Arg<'_>],
     ) -> Result<redis::Value, StoreError> {
         self.inner
-            .eval(
-                script,
-                source,
-                std::slice::from_ref(state_key),
-                args,
-                Via::Pool,
-                self.inner.deadline(),
-            )
+            .eval(script, source, keys, args, Via::Pool, self.inner.deadline())
             .await
     }
 

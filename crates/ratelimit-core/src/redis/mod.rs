@@ -80,8 +80,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 ///
 /// A concurrency permit that a check took in Redis but could not hand to its
 /// caller (the reply timed out, the connection dropped, the caller dropped
-/// the call in flight) is released in the background on the current tokio
-/// runtime, rather than held for its whole lease.
+/// the call in flight, or the check was denied after all when sent again) is
+/// released in the background on the current tokio runtime, rather than
+/// held for its whole lease. A check sent again after its reply was lost
+/// finds the permit its first run took and is allowed, holding that one
+/// permit.
 ///
 /// ```no_run
 /// use ratelimit_core::redis::RedisStore;
@@ -277,6 +280,17 @@ pub fn function_library() -> &'static str {
 /// (`FCALL <name> 1 <state key> <args...>`).
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
+}
+
+/// **For tests only.** The sources of the scripts by which a Redis Cluster
+/// store decides several limits of one slot (`multi.lua`) and refunds them
+/// when a later slot denies (`refund.lua`), so a test can send a refund
+/// again as a resend would. Behind the feature `test-support`.
+#[cfg(feature = "test-support")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
+    let scripts = Scripts::new();
+    (scripts.multi().1, scripts.refund().1)
 }
 
 impl Inner {
@@ -597,9 +611,14 @@ impl RedisStore {
         committed: &[Committed],
     ) {
         let (script, source) = self.inner.scripts.refund();
+        // One id for the refund, in every slot and every resend: applied once.
+        let id = self.inner.permit_ids.fresh().to_string();
         for (indexes, states) in committed {
-            let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
-            let mut args = vec![Arg::Int(self.fixed_now())];
+            let mut group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
+            if let Some(first) = group_keys.first() {
+                group_keys.push(admin::applied_key(first));
+            }
+            let mut args = vec![Arg::Int(self.fixed_now()), Arg::Str(&id)];
             for (&i, (after, before)) in indexes.iter().zip(states) {
                 let (policy, cost, permit) = &requests[i];
                 args.push(Arg::Str(policy.algorithm().kind()));
@@ -667,10 +686,8 @@ impl RedisStore {
             })
             .await;
             drop(alone);
-            if result.is_ok()
-                && let Some(u) = unclaimed.as_mut()
-            {
-                u.claim();
+            if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                u.hand_over(decisions);
             }
             return result;
         }
@@ -697,10 +714,8 @@ impl RedisStore {
                 "the call was cancelled with its runtime".into(),
             )),
             Ok(Ok((result, mut unclaimed))) => {
-                if result.is_ok()
-                    && let Some(u) = unclaimed.as_mut()
-                {
-                    u.claim();
+                if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                    u.hand_over(decisions);
                 }
                 result
             }
@@ -818,8 +833,8 @@ impl Store for RedisStore {
             let result = store
                 .check_one(key, policy, cost, permit, Via::Record(unclaimed.sent_on()))
                 .await;
-            if result.is_ok() {
-                unclaimed.claim();
+            if let Ok(decision) = &result {
+                unclaimed.hand_over(std::slice::from_ref(decision));
             }
             result
         })
@@ -883,8 +898,8 @@ impl Store for RedisStore {
             {
                 return Box::pin(async move {
                     let result = store.check_across_slots(keys, requests).await;
-                    if result.is_ok() {
-                        unclaimed.as_mut().map(Unclaimed::claim);
+                    if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                        u.hand_over(decisions);
                     }
                     result
                 });
@@ -904,8 +919,8 @@ impl Store for RedisStore {
                 .as_ref()
                 .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
             let result = store.check_many(keys, requests, via).await;
-            if result.is_ok() {
-                unclaimed.as_mut().map(Unclaimed::claim);
+            if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+                u.hand_over(decisions);
             }
             result
         })
@@ -921,7 +936,10 @@ impl Store for RedisStore {
 
     /// An admin [`reward`](crate::AdminStore::reward) of `cost`, but the
     /// oldest units of a sliding log first: one script (nothing for a
-    /// concurrency policy, whose permits are released).
+    /// concurrency policy, whose permits are released). The call carries an
+    /// id that Redis remembers beside the state (`<state key>:applied`, as
+    /// long as the state lives), so the store's resend after a broken
+    /// connection gives nothing more back; so do penalties and rewards.
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> crate::RefundFuture {
         if cost == 0 || matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(std::future::ready(Ok(())));

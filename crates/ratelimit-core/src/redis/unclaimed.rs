@@ -6,8 +6,9 @@
 //! went away). Its permit would then stay held for its whole lease. So every
 //! check that generates permits holds an [`Unclaimed`] guard until its
 //! decision reaches the caller; a guard dropped before that releases the
-//! permits in a task spawned on the current tokio runtime. Releasing an id
-//! that was never taken is harmless (`release.lua` finds nothing).
+//! permits in a task spawned on the current tokio runtime, and so does a
+//! guard whose decision was a denial (see [`Unclaimed::hand_over`]). Releasing
+//! an id that was never taken is harmless (`release.lua` finds nothing).
 //!
 //! The release must not run before the check it undoes, or it would find
 //! nothing and the permit would be taken after it. Redis runs the commands
@@ -31,7 +32,7 @@ use redis::RedisError;
 
 use super::connections::Link;
 use super::{RedisStore, breaks_connection};
-use crate::{PermitId, Policy, StoreError};
+use crate::{Decision, PermitId, Policy, StoreError};
 
 /// The most releases of unclaimed permits under way at once, per store.
 pub(super) const MAX_PENDING_RELEASES: usize = 1024;
@@ -102,9 +103,22 @@ impl Unclaimed {
         &self.sent_on
     }
 
-    /// The caller has the decision: its permits are its own to release.
+    /// Nothing to release: the caller has the permits, or the check was
+    /// never sent.
     pub(super) fn claim(&mut self) {
         self.claimed = true;
+    }
+
+    /// The caller has the `decisions`: when all allow, the permits are its
+    /// own to release. A denial hands over none, yet a permit may be held:
+    /// the check's first run took it and its reply was lost, and the run
+    /// sent again was denied (another limit of the request denies now, or
+    /// an admin block). Those ids are released when the guard drops
+    /// (harmlessly, when nothing holds them).
+    pub(super) fn hand_over(&mut self, decisions: &[Decision]) {
+        if crate::store::all_allowed(decisions) {
+            self.claim();
+        }
     }
 }
 

@@ -3,11 +3,13 @@
 -- algorithm in Rust (crates/ratelimit-core/src/algorithm/); these reproduce
 -- them on the stored states.
 --
--- KEYS[1]: the state key (an admin block is in it, see the prelude). ARGV:
--- fixed time (0 =
--- server TIME), 'penalize', 'reward' or 'refund', algorithm, amount (at most four times
--- the limit: no state holds more, and the arithmetic stays exact), two policy
--- parameters.
+-- KEYS[1]: the state key (an admin block is in it, see the prelude);
+-- KEYS[2]: the ids of the operations applied to it (see applied_ids in the
+-- prelude). ARGV: fixed time (0 = server TIME), 'penalize', 'reward' or
+-- 'refund', algorithm, amount (at most four times the limit: no state holds
+-- more, and the arithmetic stays exact), two policy parameters, the
+-- operation's id (32 hex digits, the same when the store sends it again:
+-- an operation applied already changes nothing).
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay}, what a
 -- peek (cost 0) reports afterwards, block included.
 --
@@ -153,7 +155,11 @@ local adjust = ADJUST[algorithm]
 if not adjust then
   return redis.error_reply('ERR ' .. operation .. ' does not apply to ' .. algorithm)
 end
-adjust(KEYS[1], now, operation == 'penalize', amount, p1, p2)
+local ids, applied = applied_ids(KEYS[2], ARGV[7])
+local lived = redis.call('PTTL', KEYS[1])
+if not applied then
+  adjust(KEYS[1], now, operation == 'penalize', amount, p1, p2)
+end
 local ok, limit, remaining, reset, retry, delay = ALGORITHMS[algorithm](KEYS[1], now, 0, p1, p2, '')
 -- The exact TTL now, or no state when it is back to fresh; a block keeps
 -- the key at least until it ends.
@@ -165,5 +171,8 @@ elseif reset > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl_ms(reset))
 else
   redis.call('DEL', KEYS[1])
+end
+if not applied then
+  remember_applied(KEYS[2], ids, ARGV[7], math.max(lived, redis.call('PTTL', KEYS[1])))
 end
 return {ok, limit, remaining, reset, retry, delay}

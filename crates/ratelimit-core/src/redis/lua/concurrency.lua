@@ -215,8 +215,15 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   if latest then
     reset = positive(latest - now)
   end
-  if first > 1 and (cost == 0 or held + cost > max) then
+  -- The permit already held: this is its check sent again (its reply was
+  -- lost with its connection), allowed as it was, taking nothing more (a
+  -- denial by its own permit would leave the permit to no one).
+  local again = cost > 0 and permit and #permit == SEM_ID and first <= n and sem_find(raw, first, permit)
+  if first > 1 and (cost == 0 or again or held + cost > max) then
     sem_drop(key, raw, first, n, base, now)
+  end
+  if again then
+    return 1, max, positive(max - held), reset, 0, 0
   end
   if held + cost > max then
     -- The soonest leases free enough, found as the first entry whose
@@ -254,6 +261,10 @@ end
 -- family's state holds none: MemoryStore ignores it too); when the id holds
 -- none, the expired entries are dropped on the way.
 local function sem_entries(key, now, id)
+  -- A shorter id would match every permit it begins.
+  if type(id) ~= 'string' or #id ~= SEM_ID then
+    error({err = 'ERR a concurrency permit id is ' .. SEM_ID .. ' hex digits'})
+  end
   local raw = redis.pcall('GET', key)
   BLOCK_END = 0
   if type(raw) == 'table' and wrong_type(raw) then

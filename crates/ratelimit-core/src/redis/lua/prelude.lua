@@ -163,3 +163,51 @@ local function ints(raw)
   end
   return out
 end
+
+-- Operations that must count once however often they are sent (refunds,
+-- rewards, penalties): the store sends a command again when its connection
+-- broke before the reply came, and the first one may have run. Each
+-- carries an id, 32 hex digits, the same in every resend. The ids applied
+-- are remembered in a key beside the state (`applied`: the state key's name
+-- and ':applied', in its slot), a string of the newest 128 ids, which lives
+-- as long as the states the operation touched: a resend finds its id and
+-- changes nothing. (GET, SET and PTTL: the commands every state uses.)
+
+-- The ids remembered at `applied`, and whether `id` is one of them; an id
+-- that is not 32 hex digits is an error.
+local function applied_ids(applied, id)
+  if type(id) ~= 'string' or #id ~= 32 or string.find(id, '%X') then
+    error({err = 'ERR an operation id is 32 hex digits'})
+  end
+  local ids = redis.call('GET', applied) or ''
+  local from = 1
+  while true do
+    local at = string.find(ids, id, from, true)
+    if not at then
+      return ids, false
+    end
+    -- A match at an id's start only.
+    if at % 32 == 1 then
+      return ids, true
+    end
+    from = at + 1
+  end
+end
+
+-- Remembers `id` after `ids` (as applied_ids read them) at `applied`, the
+-- newest 128 kept, for `lives` ms (the longest PTTL of the states the
+-- operation touched, before or after it), never less than they were kept
+-- already; nothing when no state lives (nothing to give twice).
+local function remember_applied(applied, ids, id, lives)
+  local kept = redis.call('PTTL', applied)
+  if kept > lives then
+    lives = kept
+  end
+  if lives <= 0 then
+    return
+  end
+  if #ids >= 128 * 32 then
+    ids = string.sub(ids, #ids - 127 * 32 + 1)
+  end
+  redis.call('SET', applied, ids .. id, 'PX', fmt(lives))
+end

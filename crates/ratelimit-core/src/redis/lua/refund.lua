@@ -2,10 +2,12 @@
 -- whose keys live in different slots (one script per slot, in slot order; when
 -- a later slot denies, the earlier ones are refunded).
 --
--- KEYS[i]: the state key of check i. ARGV[1]: fixed time (0 = server TIME);
--- then four values per check: algorithm, cost, permit id, and the state the
--- consuming script left ("after"), followed by the state it found ("before")
--- as ARGV[...] pairs, see below.
+-- KEYS[i]: the state key of check i, then, last, the ids of the operations
+-- applied to the first (see applied_ids in the prelude). ARGV[1]: fixed
+-- time (0 = server TIME); ARGV[2]: the refund's id (32 hex digits, the same
+-- when the store sends it again: a refund applied already changes nothing);
+-- then five values per check: algorithm, cost, permit id, the state the
+-- consuming script left ("after") and the state it found ("before").
 --
 -- A refund never gives back more than was taken:
 --   * a string state (fixed window, sliding counter, token bucket, GCRA,
@@ -33,11 +35,20 @@ local function restore_string(key, after, before)
 end
 
 local now = server_now()
-for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 5
+local n = #KEYS - 1
+local applied = KEYS[n + 1]
+local ids, done = applied_ids(applied, ARGV[2])
+if done then
+  return n
+end
+-- The longest any state lived, before or after: as long as the id is kept.
+local lived = -2
+for i = 1, n do
+  local a = 3 + (i - 1) * 5
   local algorithm, cost, permit = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
   local after, before = ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[i]
+  lived = math.max(lived, redis.call('PTTL', key))
   if algorithm == 'concurrency' then
     sem_release(key, now, permit)
   elseif algorithm == 'sliding-log' and after ~= '' then
@@ -46,5 +57,7 @@ for i = 1, #KEYS do
   elseif algorithm ~= 'sliding-log' then
     restore_string(key, after, before)
   end
+  lived = math.max(lived, redis.call('PTTL', key))
 end
-return #KEYS
+remember_applied(applied, ids, ARGV[2], lived)
+return n

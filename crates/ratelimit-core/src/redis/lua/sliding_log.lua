@@ -72,9 +72,10 @@ end
 -- A log in the previous layout (a sorted set, one member "<t>:<cost>" or
 -- "<t>:<cost>:<before>" per entry, scored t), as this layout: rewritten as a
 -- string with the entries still in the window and their TTL, so an upgrade
--- neither drops what was admitted nor refuses the key. Returns the new
--- state. Any other type of key, a semaphore's permits included, is a
--- conflict.
+-- neither drops what was admitted nor refuses the key; deleted when none
+-- is (a set kept without a TTL would keep none). Returns the new state, nil
+-- when there is none. Any other type of key, a semaphore's permits
+-- included, is a conflict.
 local function log_convert(key, now, window)
   local members = redis.pcall('ZRANGE', key, 0, -1)
   if not of_family(members, 'log') then
@@ -89,13 +90,13 @@ local function log_convert(key, now, window)
       parts[#parts + 1] = struct.pack(LOG_FORMAT, newest, through)
     end
   end
-  local raw = LOG_TAG .. table.concat(parts)
-  if newest then
-    redis.call('SET', key, raw, 'PX', ttl_ms(newest + window - now))
-  else
-    -- Nothing left: an empty log, which a longer window never reads again.
-    redis.call('SET', key, raw, 'KEEPTTL')
+  if not newest then
+    -- Nothing left, which a longer window never reads again.
+    redis.call('DEL', key)
+    return nil
   end
+  local raw = LOG_TAG .. table.concat(parts)
+  redis.call('SET', key, raw, 'PX', ttl_ms(newest + window - now))
   return raw
 end
 
