@@ -316,6 +316,15 @@ async fn exercise_node(
     }
     .await;
     report.push(("block".to_owned(), result));
+    // A penalty, which remembers its id beside the state for as long as the
+    // state lives (so a resend changes nothing).
+    let key = format!("{round}-penalized");
+    let result = async {
+        let d = store.penalize(key.as_bytes(), &gcra, 1).await?;
+        expect("a penalized key", &d, true, 1)
+    }
+    .await;
+    report.push(("penalize".to_owned(), result));
     report
 }
 
@@ -415,7 +424,7 @@ fn witness(command: &str) -> &'static str {
         "zrange" => "check an old semaphore",
         // A release of the last permit held deletes the key.
         "del" => "release",
-        "pttl" => "block",
+        "pttl" => "penalize",
         "ping" => "ping",
         other => panic!("no witness for {other}"),
     }
