@@ -417,3 +417,42 @@ fn a_client_forwarded_with_an_open_quote_cannot_swallow_its_proxys_element() {
         assert_eq!(key.as_bytes(), b"203.0.113.9", "{value:?}");
     }
 }
+
+/// A refund gives a key back what a request took: a denial the cache
+/// remembered from before it no longer holds in the store, so the cache
+/// must not answer it either (it denies only what the store would).
+#[tokio::test]
+async fn a_refund_ends_a_cached_denial_the_store_no_longer_makes() {
+    use ratelimit_core::{DeniedCache, Policy, Rate, Store};
+    use std::time::Duration;
+    let minute = Duration::from_secs(60);
+    let policies = [
+        Policy::fixed_window(10, minute),
+        Policy::sliding_window_log(10, minute),
+        Policy::sliding_window_counter(10, minute),
+        Policy::token_bucket(10, Rate::per_hour(10)),
+        Policy::gcra(10, Rate::per_hour(10)),
+    ];
+    for policy in policies {
+        let policy = policy.expect("a valid policy");
+        let store = DeniedCache::new(MemoryStore::new());
+        let taken = store.check(b"client", &policy, 10).await.expect("decided");
+        assert!(taken.is_allowed(), "{policy:?}");
+        let denied = store.check(b"client", &policy, 1).await.expect("decided");
+        assert!(!denied.is_allowed(), "{policy:?}");
+        store
+            .refund(b"client", &policy, 10, &taken)
+            .await
+            .expect("refunded");
+        let inner = store.get_ref().check(b"client", &policy, 0).await;
+        assert!(
+            inner.expect("decided").remaining() >= 1,
+            "{policy:?}: the store has room again"
+        );
+        let after = store.check(b"client", &policy, 1).await.expect("decided");
+        assert!(
+            after.is_allowed(),
+            "{policy:?}: the cache still denies what the store allows: {after:?}"
+        );
+    }
+}

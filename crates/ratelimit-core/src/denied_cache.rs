@@ -48,10 +48,11 @@ const SHARDS: usize = 16;
 /// When the inner store is an [`AdminStore`], so is the cache: every
 /// operation is forwarded, and a [`reset`](AdminStore::reset),
 /// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
-/// can end a denial early, also drops the cached denials of that key under
-/// the policy's name, whatever their numbers (once the store has answered,
-/// whatever it answered); denials of requests sent before
-/// then are not cached afterwards, so a reply in flight cannot bring it back.
+/// can end a denial early (as can a [`refund`](Store::refund)), also drops
+/// the cached denials of that key under the policy's name, whatever their
+/// numbers (once the store has answered, whatever it answered); denials of
+/// requests sent before then are not cached afterwards, so a reply in
+/// flight cannot bring it back.
 /// Penalties and blocks only ever lengthen denials and leave the cache as it
 /// is. This holds for one cache: other instances' caches keep their denials
 /// of the key until they expire.
@@ -275,8 +276,10 @@ impl<S: Store> Store for DeniedCache<S> {
         self.inner.store.release(key, policy, permit)
     }
 
-    /// Refunds in the inner store (a denial the cache holds stays until it
-    /// expires, which errs towards denying).
+    /// Refunds in the inner store, then drops the cached denials of the key
+    /// under the policy's name, as a [`reward`](AdminStore::reward) does:
+    /// the units given back may end a denial before its retry time, and
+    /// the cache denies only what the store would.
     fn refund(
         &self,
         key: &[u8],
@@ -284,7 +287,8 @@ impl<S: Store> Store for DeniedCache<S> {
         cost: u64,
         decision: &Decision,
     ) -> crate::RefundFuture {
-        self.inner.store.refund(key, policy, cost, decision)
+        let call = self.inner.store.refund(key, policy, cost, decision);
+        forgetting(&self.inner, key, policy, call)
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
