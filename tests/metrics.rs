@@ -360,6 +360,22 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
     assert_no_key_in_labels(&recorded);
 }
 
+#[test]
+fn a_policy_that_allowed_while_another_denied_counts_not_consumed() {
+    let (statuses, recorded) = capture(false, || async {
+        let mut service = RateLimitLayer::new(frozen_memory(), policy("wide", 10), by_client)
+            .and(ratelimit_tower::Rule::new(policy("narrow", 2), by_client))
+            .layer(ok_service());
+        send_n(&mut service, 5).await
+    });
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    // `allowed` counts what passed: the wide policy consumed nothing for the
+    // three requests the narrow one refused.
+    recorded.assert_outcomes(DECISIONS, "wide", "allowed=2 not_consumed=3");
+    recorded.assert_outcomes(DECISIONS, "narrow", "allowed=2 denied=3");
+    assert_no_key_in_labels(&recorded);
+}
+
 /// Two requests without a key or a peer address.
 async fn send_two<S, B>(service: S) -> Vec<u16>
 where

@@ -91,7 +91,7 @@ where
     };
     let (policy, key, _) = limit.into_parts();
     if !decision.is_allowed() {
-        metrics::record_decision(&policy, key.as_bytes(), &decision, near_limit);
+        metrics::record_decision(&policy, key.as_bytes(), &decision, false, near_limit);
         let decisions = Decisions::one(PolicyDecision::new(policy, decision));
         return Ok(Outcome::Rejected(Rejection::Limited(decisions)));
     }
@@ -99,7 +99,7 @@ where
     if let Some(permit) = decision.permit() {
         permits.hold(store, &key, &policy, permit);
     }
-    metrics::record_decision(&policy, key.as_bytes(), &decision, near_limit);
+    metrics::record_decision(&policy, key.as_bytes(), &decision, true, near_limit);
     Ok(Outcome::Allowed(
         Decisions::one(PolicyDecision::new(policy, decision)),
         permits,
@@ -189,15 +189,16 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 );
             }
         };
+        let allowed = decisions.iter().all(Decision::is_allowed);
         for (limit, decision) in enforced.iter().zip(&decisions) {
             metrics::record_decision(
                 limit.policy(),
                 limit.key().as_bytes(),
                 decision,
+                allowed,
                 settings.near_limit,
             );
         }
-        let allowed = decisions.iter().all(Decision::is_allowed);
         let mut permits = permits;
         // Only enforced policies make a request wait: a shadow leaky bucket's
         // slot or a shadow denial never delays it.
@@ -427,6 +428,7 @@ async fn decide_shadow<St: Store + Clone>(
                     limit.policy(),
                     limit.key().as_bytes(),
                     decision,
+                    allowed,
                     settings.near_limit,
                 );
                 if allowed && let Some(permit) = decision.permit() {

@@ -22,7 +22,8 @@
 //!
 //! | outcome | meaning |
 //! |---|---|
-//! | `allowed` | the store allowed it |
+//! | `allowed` | the store allowed it, and every other limit of the request too: it was counted |
+//! | `not_consumed` | the store would have allowed it, but another limit of the same request denied, and limits are all or nothing: nothing was counted against this policy |
 //! | `denied` | the store denied it (an enforced policy) |
 //! | `shadow_denied` | a [shadow](ratelimit_core::Policy::with_shadow) policy denied it; the request was not refused for it |
 //! | `error` | an outage: the store could not be reached or did not answer in time ([`StoreError::is_outage`](ratelimit_core::StoreError::is_outage)); the failure policy applied (for a shadow policy: nothing happened to the request) |
@@ -99,7 +100,7 @@ pub fn describe() {
     ::metrics::describe_counter!(
         DECISIONS,
         "Rate-limit decisions, one per policy per decision, by policy and outcome \
-         (allowed, denied, shadow_denied, error, fallback, cached_denied, \
+         (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
          missing_key_allowed, missing_key_rejected, no_peer_address)."
     );
     ::metrics::describe_counter!(
@@ -118,13 +119,16 @@ pub fn describe() {
     ratelimit_core::metrics::describe();
 }
 
-/// The `outcome` label of a decision.
-pub(crate) fn outcome(policy: &Policy, decision: &Decision) -> &'static str {
+/// The `outcome` label of a decision; `all_allowed`: whether every limit
+/// decided with it (all or nothing) allowed, so that it consumed.
+pub(crate) fn outcome(policy: &Policy, decision: &Decision, all_allowed: bool) -> &'static str {
     let source = decision.source();
     if source == DecisionSource::Fallback {
         "fallback"
-    } else if decision.is_allowed() {
+    } else if decision.is_allowed() && all_allowed {
         "allowed"
+    } else if decision.is_allowed() {
+        "not_consumed"
     } else if policy.is_shadow() {
         "shadow_denied"
     } else if source == DecisionSource::DeniedCache {
@@ -169,16 +173,29 @@ pub async fn recorded_check<St: Store>(
     let answer = store.check(key, policy, cost).await;
     timer.finish(answer.is_ok());
     match &answer {
-        Ok(decision) => record_decision(policy, key, decision, DEFAULT_NEAR_LIMIT),
+        Ok(decision) => record_decision(
+            policy,
+            key,
+            decision,
+            decision.is_allowed(),
+            DEFAULT_NEAR_LIMIT,
+        ),
         Err(StoreError::CostExceedsLimit { .. }) => {}
         Err(error) => record_error(policy, key, error),
     }
     answer
 }
 
-/// Records one decision: counters and a `debug` event.
-pub(crate) fn record_decision(policy: &Policy, key: &[u8], decision: &Decision, near_limit: f64) {
-    let outcome = outcome(policy, decision);
+/// Records one decision: counters and a `debug` event; `all_allowed`:
+/// whether every limit decided with it allowed (see [`outcome`]).
+pub(crate) fn record_decision(
+    policy: &Policy,
+    key: &[u8],
+    decision: &Decision,
+    all_allowed: bool,
+    near_limit: f64,
+) {
+    let outcome = outcome(policy, decision, all_allowed);
     tracing::debug!(
         policy = policy.name(),
         outcome,
@@ -190,7 +207,7 @@ pub(crate) fn record_decision(policy: &Policy, key: &[u8], decision: &Decision, 
     #[cfg(feature = "metrics")]
     {
         let name = policy.name().to_owned();
-        if decision.is_allowed() && is_near_limit(decision, near_limit) {
+        if outcome == "allowed" && is_near_limit(decision, near_limit) {
             ::metrics::counter!(NEAR_LIMIT, "policy" => name.clone()).increment(1);
         }
         ::metrics::counter!(DECISIONS, "policy" => name, "outcome" => outcome).increment(1);
@@ -307,15 +324,17 @@ mod tests {
         let shadow = policy.clone().with_shadow(true);
         let allowed = Decision::allow(10, 9, 1);
         let denied = Decision::deny(10, 0, 1, 1);
-        assert_eq!(outcome(&policy, &allowed), "allowed");
-        assert_eq!(outcome(&policy, &denied), "denied");
-        assert_eq!(outcome(&shadow, &denied), "shadow_denied");
-        assert_eq!(outcome(&shadow, &allowed), "allowed");
+        assert_eq!(outcome(&policy, &allowed, true), "allowed");
+        assert_eq!(outcome(&policy, &allowed, false), "not_consumed");
+        assert_eq!(outcome(&policy, &denied, false), "denied");
+        assert_eq!(outcome(&policy, &denied, true), "denied");
+        assert_eq!(outcome(&shadow, &denied, true), "shadow_denied");
+        assert_eq!(outcome(&shadow, &allowed, true), "allowed");
         let cached = denied.clone().with_source(DecisionSource::DeniedCache);
-        assert_eq!(outcome(&policy, &cached), "cached_denied");
-        assert_eq!(outcome(&shadow, &cached), "shadow_denied");
+        assert_eq!(outcome(&policy, &cached, true), "cached_denied");
+        assert_eq!(outcome(&shadow, &cached, true), "shadow_denied");
         let fallback = denied.with_source(DecisionSource::Fallback);
-        assert_eq!(outcome(&policy, &fallback), "fallback");
-        assert_eq!(outcome(&shadow, &fallback), "fallback");
+        assert_eq!(outcome(&policy, &fallback, true), "fallback");
+        assert_eq!(outcome(&shadow, &fallback, true), "fallback");
     }
 }
