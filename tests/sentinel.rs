@@ -1,0 +1,648 @@
+//! Redis Sentinel (a module of the `resilience` binary): stores built with
+//! `RedisStore::sentinel_builder` on a real master, its replica and three
+//! `redis-sentinel` processes ([`RedisSentinels`]), all on loopback.
+//!
+//! What `build()` checks, decisions on the master the sentinels name, and
+//! failovers: the master killed (`SIGKILL`) under load and under light
+//! traffic. The promotion is timed from the moment a sentinel names the
+//! promoted replica (`SENTINEL get-master-addr-by-name`): a client learns
+//! the master from the sentinels, and a replica that says it is a master
+//! (`ROLE`) before they name it may still be dropped by a failover that
+//! aborts. Both moments are printed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Policy, Store, StoreError};
+use ratelimit_tests::sentinels::MASTER_NAME;
+use ratelimit_tests::{RedisSentinels, RedisServer, named};
+
+use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed};
+
+/// The promoted replica must decide within this of the sentinels naming it.
+const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The longest the sentinels may take to fail over a dead master.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
+
+/// Starts the set on a blocking thread (it waits for the sentinels).
+async fn start_set(password: Option<&'static str>) -> RedisSentinels {
+    tokio::task::spawn_blocking(move || match password {
+        Some(password) => RedisSentinels::start_with_password(password),
+        None => RedisSentinels::start(),
+    })
+    .await
+    .expect("starting the sentinels")
+}
+
+/// Kills the set's first master (`SIGKILL`) on a blocking thread; returns
+/// the set and the moment it was dead.
+async fn kill_master(mut set: RedisSentinels) -> (RedisSentinels, Instant) {
+    tokio::task::spawn_blocking(move || {
+        set.master_mut().stop();
+        let dead = Instant::now();
+        (set, dead)
+    })
+    .await
+    .expect("killing the master")
+}
+
+async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
+    RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+        .call_timeout(CALL_TIMEOUT)
+        .build()
+        .await
+        .expect("a store behind the sentinels")
+}
+
+/// A fixed window far longer than any test (no window edge passes while one
+/// runs, but once in millions), whose state is `f<window's end> <count>`:
+/// the count is read back from a replica.
+fn counting_policy(name: &str, limit: u64) -> Policy {
+    named(
+        name,
+        Policy::fixed_window(limit, Duration::from_secs(30 * 24 * 3600)),
+    )
+}
+
+/// The count of a fixed window's state as `GET` shows it (0 for no key).
+fn window_count(state: &str) -> u64 {
+    let state = state.trim();
+    if state.is_empty() {
+        return 0;
+    }
+    state
+        .rsplit(' ')
+        .next()
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("not a fixed window's state: {state:?}"))
+}
+
+/// When the failover became visible.
+#[derive(Debug, Default)]
+struct Promotion {
+    /// The replica answered `ROLE` as a master.
+    role: OnceLock<Instant>,
+    /// A sentinel named the replica as the master.
+    named: OnceLock<Instant>,
+}
+
+/// Polls the replica's `ROLE` and every sentinel's
+/// `SENTINEL get-master-addr-by-name` every 10 ms until both show the
+/// replica as the master, or [`FAILOVER_LIMIT`] passes.
+fn watch_promotion(set: &RedisSentinels) -> Arc<Promotion> {
+    let promotion = Arc::new(Promotion::default());
+    let replica_port = set.replica().port();
+    let sentinel_ports: Vec<u16> = set.sentinels().iter().map(RedisServer::port).collect();
+    let watching = Arc::clone(&promotion);
+    tokio::spawn(async move {
+        let connect = |port: u16| async move {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+            tokio::time::timeout(
+                Duration::from_millis(500),
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            .ok()?
+            .ok()
+        };
+        let mut replica = None;
+        let mut sentinels: Vec<_> = sentinel_ports.iter().map(|_| None).collect();
+        let start = Instant::now();
+        while start.elapsed() < FAILOVER_LIMIT
+            && (watching.role.get().is_none() || watching.named.get().is_none())
+        {
+            if replica.is_none() {
+                replica = connect(replica_port).await;
+            }
+            if let Some(connection) = replica.as_mut() {
+                let role = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    redis::cmd("ROLE").query_async::<redis::Role>(connection),
+                )
+                .await;
+                match role {
+                    Ok(Ok(redis::Role::Primary { .. })) => {
+                        let _ = watching.role.set(Instant::now());
+                    }
+                    Ok(Ok(_)) => {}
+                    // A promoted replica closes its clients' connections.
+                    _ => replica = None,
+                }
+            }
+            for (port, slot) in sentinel_ports.iter().zip(sentinels.iter_mut()) {
+                if slot.is_none() {
+                    *slot = connect(*port).await;
+                }
+                let Some(connection) = slot.as_mut() else {
+                    continue;
+                };
+                let named = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg(MASTER_NAME)
+                        .query_async::<Option<(String, u16)>>(connection),
+                )
+                .await;
+                match named {
+                    Ok(Ok(Some((_, port)))) if port == replica_port => {
+                        let _ = watching.named.set(Instant::now());
+                    }
+                    Ok(Ok(_)) => {}
+                    _ => *slot = None,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    promotion
+}
+
+/// Waits (at most [`FAILOVER_LIMIT`]) until a sentinel names the replica.
+async fn until_named(promotion: &Promotion) -> Instant {
+    let start = Instant::now();
+    loop {
+        if let Some(named) = promotion.named.get() {
+            return *named;
+        }
+        assert!(
+            start.elapsed() < FAILOVER_LIMIT,
+            "no sentinel named the replica within {FAILOVER_LIMIT:?} of the master's death"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the replica has seen its master go (`master_link_status:down`),
+/// so it has applied everything the master sent, then reads the count at
+/// `key`, checking (`ROLE`) that the replica was not promoted yet: the count
+/// is what replication saved, before anyone wrote on the promoted replica.
+fn replicated_count(set: &RedisSentinels, key: &str) -> u64 {
+    let replica = set.replica();
+    let auth = set.auth_args();
+    let cli = |args: &[&str]| replica.cli(&[&auth[..], args].concat());
+    let start = Instant::now();
+    while !cli(&["INFO", "replication"])
+        .lines()
+        .any(|l| l.trim() == "master_link_status:down")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the replica did not see its master die"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let role = |when: &str| {
+        let role = cli(&["ROLE"]);
+        assert!(
+            role.starts_with("slave"),
+            "the replica was promoted {when} its count was read: {role}"
+        );
+    };
+    role("before");
+    let count = window_count(&cli(&["GET", key]));
+    role("as");
+    count
+}
+
+/// One call of a load.
+#[derive(Debug, Clone)]
+struct Call {
+    start: Instant,
+    end: Instant,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Admitted,
+    Denied,
+    /// An outage (the failure policy's case), with its message.
+    Outage(String),
+    /// Any other error: never expected here.
+    Error(String),
+}
+
+impl Outcome {
+    fn of(result: Result<ratelimit_core::Decision, StoreError>) -> Outcome {
+        match result {
+            Ok(d) if d.is_allowed() => Outcome::Admitted,
+            Ok(_) => Outcome::Denied,
+            Err(e) if e.is_outage() => Outcome::Outage(e.to_string()),
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    }
+
+    fn decided(&self) -> bool {
+        matches!(self, Outcome::Admitted | Outcome::Denied)
+    }
+}
+
+/// What `build()` checks: the sentinels answer and name a master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_asks_the_sentinels_for_the_master() {
+    let set = start_set(None).await;
+    bounded(async {
+        let store = sentinel_store(&set).await;
+        assert_eq!(
+            store.sentinel_master(),
+            Some(format!("127.0.0.1:{}", set.master().port()))
+        );
+        assert!(format!("{store:?}").contains("sentinel"), "{store:?}");
+
+        let unknown = RedisStore::sentinel_builder(set.addresses(), "no-such-master")
+            .build()
+            .await
+            .expect_err("a name no sentinel monitors");
+        assert!(
+            !unknown.is_outage() && unknown.to_string().contains("no-such-master"),
+            "{unknown}"
+        );
+
+        // The master's own address instead of a sentinel's.
+        let not_a_sentinel = RedisStore::sentinel_builder(
+            [format!("127.0.0.1:{}", set.master().port())],
+            MASTER_NAME,
+        )
+        .build()
+        .await
+        .expect_err("a Redis node is no sentinel");
+        assert!(
+            !not_a_sentinel.is_outage()
+                && not_a_sentinel.to_string().contains("no sentinel answers"),
+            "{not_a_sentinel}"
+        );
+
+        // Nothing listens there.
+        let closed = ratelimit_tests::free_port();
+        let nobody = RedisStore::sentinel_builder([format!("127.0.0.1:{closed}")], MASTER_NAME)
+            .build()
+            .await
+            .expect_err("no sentinel at all");
+        assert!(
+            nobody.to_string().contains("no sentinel answers"),
+            "{nobody}"
+        );
+
+        // One sentinel down of three: the others answer.
+        let mut addresses = set.addresses();
+        addresses.insert(0, format!("127.0.0.1:{closed}"));
+        let store = RedisStore::sentinel_builder(addresses, MASTER_NAME)
+            .build()
+            .await
+            .expect("two sentinels of three answer");
+        let policy = counting_policy("one-sentinel-down", 5);
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+        let empty = RedisStore::sentinel_builder(Vec::<String>::new(), MASTER_NAME)
+            .build()
+            .await
+            .expect_err("no sentinel given");
+        assert!(
+            empty.to_string().contains("at least one sentinel"),
+            "{empty}"
+        );
+        let typo = RedisStore::sentinel_builder(["http://127.0.0.1:1"], MASTER_NAME)
+            .build()
+            .await
+            .expect_err("not an address");
+        assert!(typo.to_string().contains("not an address"), "{typo}");
+
+        // The master's options are for a store behind sentinels only.
+        let misplaced = RedisStore::builder(set.master().url())
+            .master_db(1)
+            .build()
+            .await
+            .expect_err("master_db on a single node");
+        assert!(
+            misplaced.to_string().contains("sentinel_builder"),
+            "{misplaced}"
+        );
+    })
+    .await;
+}
+
+/// The master's credentials and database come from the builder; wrong or
+/// missing credentials fail `build()`, never a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_credentials_and_database_come_from_the_builder() {
+    const PASSWORD: &str = "sentinel-secret";
+    let set = start_set(Some(PASSWORD)).await;
+    bounded(async {
+        let store = RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+            .master_credentials("default", PASSWORD)
+            .master_db(3)
+            .call_timeout(CALL_TIMEOUT)
+            .build()
+            .await
+            .expect("the right password");
+        let policy = counting_policy("credentials", 5);
+        for _ in 0..2 {
+            assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        }
+        let key = store.state_key(b"k", &policy);
+        let auth = set.auth_args();
+        let in_db = |db: &str| {
+            let args = [&auth[..], &["-n", db, "GET", key.as_str()]].concat();
+            window_count(&set.master().cli(&args))
+        };
+        assert_eq!(
+            (in_db("3"), in_db("0")),
+            (2, 0),
+            "the state is in database 3"
+        );
+
+        for (what, builder) in [
+            (
+                "a wrong password",
+                RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+                    .master_credentials("default", "wrong"),
+            ),
+            (
+                "no credentials",
+                RedisStore::sentinel_builder(set.addresses(), MASTER_NAME),
+            ),
+        ] {
+            let refused = builder.build().await.expect_err(what);
+            assert!(
+                !refused.is_outage() && refused.to_string().contains("credentials"),
+                "{what}: {refused}"
+            );
+            assert!(!refused.to_string().contains("wrong"), "{what}: {refused}");
+        }
+    })
+    .await;
+}
+
+/// The master killed (`SIGKILL`) under load: calls fail as outages (never
+/// past the call timeout) until the sentinels name the promoted replica,
+/// then the store decides there within [`FOLLOW_DEADLINE`], from the state
+/// replication saved.
+///
+/// What a failover can lose: Redis replicates asynchronously, so the
+/// admissions the old master acknowledged but had not yet sent to the
+/// replica die with it. The test reads the count the replica holds once the
+/// master is dead (before its promotion) and checks that the promoted
+/// replica admits at most `limit - that count`: the admissions over the
+/// limit, across both masters, are at most those the replica never saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_store_follows_a_failover_under_load() {
+    const LIMIT: u64 = 400;
+    const TASKS: usize = 4;
+    const PACE: Duration = Duration::from_millis(10);
+    const BEFORE: Duration = Duration::from_millis(600);
+    /// How long the load runs on the promoted replica, at least.
+    const AFTER: Duration = Duration::from_secs(1);
+    let _turn = SERIAL.lock().await;
+    let set = start_set(None).await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("failover-load", LIMIT);
+    let key = store.state_key(b"k", &policy);
+    store.ping().await.expect("the master answers");
+
+    let (calls, t_kill, promotion, replicated) = bounded(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let denied = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let (store, policy) = (store.clone(), policy.clone());
+            let (done, denied) = (Arc::clone(&done), Arc::clone(&denied));
+            tasks.push(tokio::spawn(async move {
+                let mut calls = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    // The outer bound only catches a hang: every call is
+                    // checked against the call timeout below.
+                    let result =
+                        tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
+                            .await
+                            .unwrap_or(Err(StoreError::Backend("hung".into())));
+                    let outcome = Outcome::of(result);
+                    if outcome == Outcome::Denied {
+                        denied.store(true, Ordering::Relaxed);
+                    }
+                    calls.push(Call {
+                        start,
+                        end: Instant::now(),
+                        outcome,
+                    });
+                    tokio::time::sleep(PACE).await;
+                }
+                calls
+            }));
+        }
+        tokio::time::sleep(BEFORE).await;
+        let (set, t_kill) = kill_master(set).await;
+        let promotion = watch_promotion(&set);
+        let (set, replicated) = tokio::task::spawn_blocking({
+            let key = key.clone();
+            move || {
+                let count = replicated_count(&set, &key);
+                (set, count)
+            }
+        })
+        .await
+        .expect("reading the replica");
+        let named = until_named(&promotion).await;
+        // Load on the promoted replica for AFTER at least, and until it
+        // denies (the limit reached), within the test's bound.
+        while named.elapsed() < AFTER || !denied.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        done.store(true, Ordering::Relaxed);
+        let mut calls = Vec::new();
+        for task in tasks {
+            calls.extend(task.await.expect("a load task panicked"));
+        }
+        drop(set);
+        (calls, t_kill, promotion, replicated)
+    })
+    .await;
+
+    let named = *promotion.named.get().expect("named");
+    let role = promotion.role.get().copied().unwrap_or(named);
+    let since = |t: Instant| t.saturating_duration_since(t_kill);
+    let slowest = calls
+        .iter()
+        .map(|c| c.end - c.start)
+        .max()
+        .unwrap_or_default();
+    let errors: Vec<&Call> = calls
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Error(_)))
+        .collect();
+    let outages = calls
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Outage(_)))
+        .count();
+    // Nothing decides while no node is the master: a reply the old master
+    // sent before it died may still be read a moment later, and the
+    // promoted replica decides nothing before it is one.
+    let in_the_gap: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.outcome.decided() && c.end > t_kill + CALL_TIMEOUT && c.end < role)
+        .collect();
+    let old: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.end <= t_kill + CALL_TIMEOUT)
+        .collect();
+    let new: Vec<&Call> = calls.iter().filter(|c| c.end >= role).collect();
+    let admitted = |set: &[&Call]| {
+        set.iter()
+            .filter(|c| c.outcome == Outcome::Admitted)
+            .count() as u64
+    };
+    let (admitted_old, admitted_new) = (admitted(&old), admitted(&new));
+    let denied_new = new.iter().filter(|c| c.outcome == Outcome::Denied).count();
+    let first_new = new
+        .iter()
+        .filter(|c| c.outcome.decided())
+        .map(|c| c.end)
+        .min();
+    let lost = admitted_old.saturating_sub(replicated);
+    println!(
+        "[resilience] sentinel failover under load ({TASKS} tasks, limit {LIMIT}): {} calls, \
+         {outages} outages, slowest {}; old master admitted {admitted_old}, the replica held \
+         {replicated} (lost with the old master: {lost}); killed at 0, replica a master at {}, \
+         named by a sentinel at {}, first decision on it at {} ({} after it was named); \
+         promoted replica admitted {admitted_new} (≤ {LIMIT} - {replicated}) and denied {denied_new}",
+        calls.len(),
+        ms(slowest),
+        ms(since(role)),
+        ms(since(named)),
+        first_new.map_or_else(|| String::from("never"), |t| ms(since(t))),
+        first_new.map_or_else(
+            || String::from("-"),
+            |t| ms(t.saturating_duration_since(named))
+        ),
+    );
+    assert!(
+        errors.is_empty(),
+        "calls failed as mistakes, not outages: {errors:?}"
+    );
+    assert!(
+        slowest <= CALL_TIMEOUT + MARGIN,
+        "a call took {} (call timeout {})",
+        ms(slowest),
+        ms(CALL_TIMEOUT)
+    );
+    assert!(outages > 0, "the failover went unnoticed");
+    assert!(
+        in_the_gap.is_empty(),
+        "decided with no master: {in_the_gap:?}"
+    );
+    let first_new = first_new.expect("the store never decided on the promoted replica");
+    assert!(
+        first_new <= named + FOLLOW_DEADLINE,
+        "the first decision on the promoted replica came {} after a sentinel named it",
+        ms(first_new.saturating_duration_since(named))
+    );
+    assert!(admitted_old > 0, "nothing admitted before the kill");
+    assert!(
+        admitted_new <= LIMIT - replicated.min(LIMIT),
+        "the promoted replica admitted {admitted_new} over the {replicated} it held of {LIMIT}"
+    );
+    assert!(
+        admitted_old + admitted_new <= LIMIT + lost,
+        "admitted {} in all, over the limit {LIMIT} plus the {lost} replication lost",
+        admitted_old + admitted_new
+    );
+    assert!(
+        denied_new > 0,
+        "the load never reached the limit on the promoted replica"
+    );
+}
+
+/// Light traffic, one call every 1.5 s: the first call after the sentinels
+/// name the promoted replica decides there (no call after it fails first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
+    const EVERY: Duration = Duration::from_millis(1_500);
+    const CALLS: usize = 12;
+    let _turn = SERIAL.lock().await;
+    let set = start_set(None).await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("failover-light", 100);
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+    let (calls, t_kill, promotion, set) = bounded(async {
+        let (set, t_kill) = kill_master(set).await;
+        let promotion = watch_promotion(&set);
+        let mut calls = Vec::new();
+        for _ in 0..CALLS {
+            tokio::time::sleep(EVERY).await;
+            let start = Instant::now();
+            let (_, result) = timed(store.check(b"k", &policy, 1)).await;
+            let call = Call {
+                start,
+                end: Instant::now(),
+                outcome: Outcome::of(result),
+            };
+            let decided = call.outcome.decided();
+            calls.push(call);
+            if decided {
+                break;
+            }
+        }
+        (calls, t_kill, promotion, set)
+    })
+    .await;
+    let named = *promotion
+        .named
+        .get()
+        .expect("no sentinel named the promoted replica");
+    let since = |t: Instant| ms(t.saturating_duration_since(t_kill));
+    let timeline: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {:?} ({})",
+                since(c.start),
+                c.outcome,
+                ms(c.end - c.start)
+            )
+        })
+        .collect();
+    println!(
+        "[resilience] sentinel failover, a call every {}: killed at 0, replica a master at {}, \
+         named at {}; calls: {timeline:?}; now on {:?}",
+        ms(EVERY),
+        promotion
+            .role
+            .get()
+            .map_or_else(|| "-".into(), |t| since(*t)),
+        since(named),
+        store.sentinel_master(),
+    );
+    for call in &calls {
+        assert!(
+            call.end - call.start <= CALL_TIMEOUT + MARGIN,
+            "a call took {}",
+            ms(call.end - call.start)
+        );
+        assert!(
+            call.outcome.decided() || matches!(call.outcome, Outcome::Outage(_)),
+            "{call:?}"
+        );
+    }
+    let first_after = calls
+        .iter()
+        .find(|c| c.start >= named)
+        .expect("no call after the promotion");
+    assert!(
+        first_after.outcome.decided(),
+        "the first call after the sentinels named the replica failed: {first_after:?}"
+    );
+    assert!(
+        first_after.end <= named + FOLLOW_DEADLINE,
+        "decided {} after the promotion",
+        ms(first_after.end.saturating_duration_since(named))
+    );
+    assert_eq!(
+        store.sentinel_master(),
+        Some(format!("127.0.0.1:{}", set.replica().port()))
+    );
+}
