@@ -646,3 +646,163 @@ async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
         Some(format!("127.0.0.1:{}", set.replica().port()))
     );
 }
+
+/// A failover ordered with `SENTINEL FAILOVER` (maintenance) under load:
+/// the old master stays up, and the sentinels demote it only seconds after
+/// its replica's promotion. Whatever it admits after the promotion is lost
+/// (it then copies the promoted replica's data), so a store that kept
+/// deciding on it would admit those requests again. The store stops
+/// deciding as soon as a sentinel reports the failover, and decides on the
+/// promoted replica once one names it.
+///
+/// What the failover lost is what the load saw admitted less what the
+/// promoted replica holds at the end: nothing, when nothing is decided
+/// between the promotion and the sentinels naming the promoted replica
+/// (the old master's writes before it reached the replica long before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_failover_loses_no_admission() {
+    const LIMIT: u64 = 400;
+    const TASKS: usize = 4;
+    const PACE: Duration = Duration::from_millis(10);
+    const BEFORE: Duration = Duration::from_millis(600);
+    const AFTER: Duration = Duration::from_secs(1);
+    let _turn = SERIAL.lock().await;
+    let set = start_set(None).await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("failover-ordered", LIMIT);
+    let key = store.state_key(b"k", &policy);
+    store.ping().await.expect("the master answers");
+
+    let (calls, t_failover, promotion, set) = bounded(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let denied = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let (store, policy) = (store.clone(), policy.clone());
+            let (done, denied) = (Arc::clone(&done), Arc::clone(&denied));
+            tasks.push(tokio::spawn(async move {
+                let mut calls = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let result =
+                        tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
+                            .await
+                            .unwrap_or(Err(StoreError::Backend("hung".into())));
+                    let outcome = Outcome::of(result);
+                    if outcome == Outcome::Denied {
+                        denied.store(true, Ordering::Relaxed);
+                    }
+                    calls.push(Call {
+                        start,
+                        end: Instant::now(),
+                        outcome,
+                    });
+                    tokio::time::sleep(PACE).await;
+                }
+                calls
+            }));
+        }
+        tokio::time::sleep(BEFORE).await;
+        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+            let ordered = set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "SENTINEL FAILOVER");
+            (set, Instant::now())
+        })
+        .await
+        .expect("ordering the failover");
+        let promotion = watch_promotion(&set);
+        let named = until_named(&promotion).await;
+        while named.elapsed() < AFTER || !denied.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        done.store(true, Ordering::Relaxed);
+        let mut calls = Vec::new();
+        for task in tasks {
+            calls.extend(task.await.expect("a load task panicked"));
+        }
+        (calls, t_failover, promotion, set)
+    })
+    .await;
+
+    let held = {
+        let replica = set.replica();
+        window_count(&replica.cli(&["GET", key.as_str()]))
+    };
+    let old_master_role = set.master().cli(&["ROLE"]);
+    let named = *promotion.named.get().expect("named");
+    let role = promotion.role.get().copied().unwrap_or(named);
+    let since = |t: Instant| ms(t.saturating_duration_since(t_failover));
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    let lost = admitted.saturating_sub(held);
+    let slowest = calls
+        .iter()
+        .map(|c| c.end - c.start)
+        .max()
+        .unwrap_or_default();
+    let errors: Vec<&Call> = calls
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Error(_)))
+        .collect();
+    let outages = calls
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Outage(_)))
+        .count();
+    let first_after = calls
+        .iter()
+        .filter(|c| c.start >= named && c.outcome.decided())
+        .map(|c| c.end)
+        .min();
+    // Decided while the failover was under way: on the old master after
+    // its replica's promotion, or on the promoted replica before the
+    // sentinels named it.
+    let during: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
+        .collect();
+    println!(
+        "[resilience] ordered sentinel failover under load ({TASKS} tasks, limit {LIMIT}): {} \
+         calls, {outages} outages, slowest {}; failover ordered at 0, replica a master at {}, \
+         named at {}, first decision after it at {}; admitted {admitted}, the promoted replica \
+         holds {held} (lost: {lost}); the old master now: {}",
+        calls.len(),
+        ms(slowest),
+        since(role),
+        since(named),
+        first_after.map_or_else(|| String::from("never"), since),
+        old_master_role.lines().next().unwrap_or_default(),
+    );
+    assert!(
+        errors.is_empty(),
+        "calls failed as mistakes, not outages: {errors:?}"
+    );
+    assert!(
+        slowest <= CALL_TIMEOUT + MARGIN,
+        "a call took {}",
+        ms(slowest)
+    );
+    let first_after = first_after.expect("the store never decided on the promoted replica");
+    assert!(
+        first_after <= named + FOLLOW_DEADLINE,
+        "the first decision after the promotion came {} after a sentinel named the replica",
+        ms(first_after.saturating_duration_since(named))
+    );
+    assert!(during.is_empty(), "decided during the failover: {during:?}");
+    assert_eq!(
+        lost, 0,
+        "admissions lost with the old master (admitted {admitted}, the promoted replica holds \
+         {held})"
+    );
+    assert!(
+        held <= LIMIT,
+        "the promoted replica holds {held} of {LIMIT}"
+    );
+    assert_eq!(
+        store.sentinel_master(),
+        Some(format!("127.0.0.1:{}", set.replica().port())),
+        "the store decides on the promoted replica"
+    );
+    assert!(outages > 0, "the failover went unnoticed");
+}

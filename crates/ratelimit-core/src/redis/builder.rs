@@ -419,12 +419,14 @@ impl RedisStoreBuilder {
         #[cfg(not(feature = "tls"))]
         let root_cert = None;
         let client = settings.client(&self.master, &urls, root_cert)?;
+        let events = super::sentinel::Settings::sentinel_clients(&urls, root_cert)?;
         let master = Arc::new(super::sentinel::Master::new(
             client,
             settings.master_name,
             self.connect_timeout,
         ));
         let named = master.check().await?;
+        super::sentinel::watch(&master, events);
         if let Some(client) = &named {
             check_node(client, self.connect_timeout, self.allow_eviction).await?;
         }

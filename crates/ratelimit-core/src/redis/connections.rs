@@ -221,10 +221,11 @@ impl Connections {
         // Behind Sentinel, a master that may have changed is looked up
         // before any call uses a connection to it. Boxed: rare.
         #[cfg(feature = "sentinel")]
-        if let Some(master) = &self.opener.master
-            && master.is_suspect()
-        {
-            Box::pin(master.look_up()).await?;
+        if let Some(master) = &self.opener.master {
+            master.failover_under_way()?;
+            if master.is_suspect() {
+                Box::pin(master.look_up()).await?;
+            }
         }
         if let Some(shared) = self.current(slot) {
             return Ok(shared);
