@@ -806,3 +806,129 @@ async fn an_ordered_failover_loses_no_admission() {
     );
     assert!(outages > 0, "the failover went unnoticed");
 }
+
+/// The number of pub/sub clients of `sentinel` (the store subscribes to
+/// each sentinel's failover events).
+fn subscribers(sentinel: &RedisServer) -> usize {
+    sentinel
+        .cli(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// The sentinels all down while the master is fine: the store keeps
+/// deciding on the master it knows (it asks the sentinels only after an
+/// error). Once the store is dropped, its subscriptions to the sentinels'
+/// events end with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_needs_the_sentinels_only_to_find_the_master() {
+    let set = start_set(None).await;
+    let set = bounded(async move {
+        let store = sentinel_store(&set).await;
+        let policy = counting_policy("sentinels-down", 5);
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        // Every sentinel has the store's subscription (and one of its own
+        // to the master is not a client of the sentinel).
+        let start = Instant::now();
+        while set.sentinels().iter().any(|s| subscribers(s) == 0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the store did not subscribe to every sentinel"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let with_store: Vec<usize> = set.sentinels().iter().map(subscribers).collect();
+        drop(store);
+        let start = Instant::now();
+        loop {
+            let now: Vec<usize> = set.sentinels().iter().map(subscribers).collect();
+            if now.iter().zip(&with_store).all(|(n, w)| n < w) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the store's subscriptions outlived it: {with_store:?} then {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        let store = sentinel_store(&set).await;
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        let set = tokio::task::spawn_blocking(move || {
+            let mut set = set;
+            for i in 0..3 {
+                set.sentinel_mut(i).stop();
+            }
+            set
+        })
+        .await
+        .expect("stopping the sentinels");
+        for expected in [2, 1, 0] {
+            let d = store.check(b"k", &policy, 1).await.unwrap();
+            assert!(d.is_allowed(), "{d:?}");
+            assert_eq!(d.remaining(), expected);
+        }
+        assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        set
+    })
+    .await;
+    drop(set);
+}
+
+/// A master demoted by hand under the store (`REPLICAOF`, the sentinels not
+/// told): its writes fail with `READONLY`, the store asks the sentinels,
+/// who still name it but find it no master (`ROLE`): every call is an
+/// outage for the failure policy, never a decision on the demoted node,
+/// nor a mistake. Once it is a master again, the store decides on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_demoted_under_the_store_is_never_decided_on() {
+    let set = start_set(None).await;
+    bounded(async {
+        let store = sentinel_store(&set).await;
+        let policy = counting_policy("demoted", 100);
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        let replica_port = set.replica().port().to_string();
+        assert_eq!(set.replica().cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+        assert_eq!(
+            set.master().cli(&["REPLICAOF", "127.0.0.1", &replica_port]),
+            "OK"
+        );
+        for _ in 0..5 {
+            let (took, result) = timed(store.check(b"k", &policy, 1)).await;
+            let e = result.expect_err("decided on a demoted master");
+            assert!(e.is_outage(), "{e}");
+            assert!(took <= CALL_TIMEOUT + MARGIN, "{e} after {}", ms(took));
+        }
+        let key = store.state_key(b"k", &policy);
+        assert_eq!(
+            window_count(&set.replica().cli(&["GET", key.as_str()])),
+            1,
+            "one admission, before the demotion"
+        );
+        // Roles back as the sentinels know them.
+        assert_eq!(set.master().cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+        let master_port = set.master().port().to_string();
+        assert_eq!(
+            set.replica().cli(&["REPLICAOF", "127.0.0.1", &master_port]),
+            "OK"
+        );
+        let start = Instant::now();
+        loop {
+            match store.check(b"k", &policy, 1).await {
+                Ok(d) => {
+                    assert!(d.is_allowed(), "{d:?}");
+                    break;
+                }
+                Err(e) => assert!(e.is_outage(), "{e}"),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the store did not decide on the master again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    drop(set);
+}
