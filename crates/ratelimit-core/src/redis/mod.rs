@@ -1,4 +1,7 @@
-//! [`RedisStore`]: one limit shared by every instance of a service.
+//! [`RedisStore`]: one limit shared by every instance of a service, in one
+//! Redis node, the master Redis Sentinel names (feature `sentinel`, see
+//! `RedisStore::sentinel_builder`), or a Redis Cluster (feature
+//! `redis-cluster`).
 //!
 //! Every decision is one Lua call, run atomically by Redis: on Redis 7 and
 //! later a single check is an `FCALL` of the store's function library
@@ -79,8 +82,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time allowed for one decision, connection checkout included.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// A store in Redis (one node, or a Redis Cluster with the `redis-cluster`
-/// feature), shared by every instance that points at it.
+/// A store in Redis (one node, the master Redis Sentinel names with the
+/// `sentinel` feature, or a Redis Cluster with the `redis-cluster` feature),
+/// shared by every instance that points at it.
 ///
 /// A concurrency permit that a check took in Redis but could not hand to its
 /// caller (the reply timed out, the connection dropped, the caller dropped
