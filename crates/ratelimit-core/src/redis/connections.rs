@@ -243,14 +243,15 @@ impl Connections {
     /// The connection of `slot`, unless it leads to a master the sentinels
     /// no longer name (then it is dropped, and the next opening replaces it).
     fn fresh(&self, slot: &Slot) -> Option<Shared> {
-        let mut current = slot.current.lock();
         #[cfg(feature = "sentinel")]
-        if let Some(master) = &self.opener.master
-            && slot.epoch.load(Ordering::Acquire) != master.epoch()
-        {
-            *current = None;
+        if let Some(master) = &self.opener.master {
+            let mut current = slot.current.lock();
+            if slot.epoch.load(Ordering::Acquire) != master.epoch() {
+                *current = None;
+            }
+            return current.clone();
         }
-        current.clone()
+        slot.current.lock().clone()
     }
 
     /// Waits for the opening of `slot`'s connection, started now unless one
