@@ -932,3 +932,82 @@ async fn a_master_demoted_under_the_store_is_never_decided_on() {
     .await;
     drop(set);
 }
+
+/// The first sentinel of the list hangs (a proxy that accepts connections
+/// and forwards nothing). One redis-rs client of every sentinel asks them in
+/// the order given, and waits for one that hangs (its connection and
+/// response timeouts, 1.5 s) before it asks the next: longer than a lookup
+/// may take, so every lookup failed, and the store never decided again
+/// after the failover. The store asks every sentinel at once (a client
+/// each), so it builds, and decides on the promoted replica soon after the
+/// others name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
+    use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
+    const EVERY: Duration = Duration::from_millis(100);
+    let _turn = SERIAL.lock().await;
+    let set = start_set(None).await;
+    let hung = FaultProxy::start(set.sentinels()[0].addr());
+    hung.set_mode(Mode::Stall);
+    let mut addresses = vec![hung.addr().to_string()];
+    addresses.extend(set.addresses());
+    let (built_in, store) = timed(
+        RedisStore::sentinel_builder(addresses, MASTER_NAME)
+            .call_timeout(CALL_TIMEOUT)
+            .build(),
+    )
+    .await;
+    let store = store.expect("two sentinels answer, after the hung one");
+    let policy = counting_policy("hung-sentinel", 1_000);
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+    let (calls, t_kill, promotion, set) = bounded(async {
+        let (set, t_kill) = kill_master(set).await;
+        let promotion = watch_promotion(&set);
+        let mut calls = Vec::new();
+        let mut decided_after: Option<Instant> = None;
+        while decided_after.is_none_or(|t| t.elapsed() < Duration::from_millis(500)) {
+            tokio::time::sleep(EVERY).await;
+            let start = Instant::now();
+            let result = store.check(b"k", &policy, 1).await;
+            let call = Call {
+                start,
+                end: Instant::now(),
+                outcome: Outcome::of(result),
+            };
+            if call.outcome.decided() && decided_after.is_none() {
+                decided_after = Some(call.end);
+            }
+            calls.push(call);
+        }
+        (calls, t_kill, promotion, set)
+    })
+    .await;
+    let named = *promotion.named.get().expect("named");
+    let first = calls
+        .iter()
+        .find(|c| c.outcome.decided())
+        .expect("decided after the failover");
+    println!(
+        "[resilience] sentinel failover, the first sentinel hung: built in {}; killed at 0, \
+         named at {}, first decision at {} ({} after it was named), {} calls",
+        ms(built_in),
+        ms(named.saturating_duration_since(t_kill)),
+        ms(first.end.saturating_duration_since(t_kill)),
+        ms(first.end.saturating_duration_since(named)),
+        calls.len()
+    );
+    for call in &calls {
+        assert!(
+            call.outcome.decided() || matches!(call.outcome, Outcome::Outage(_)),
+            "{call:?}"
+        );
+        assert!(call.end - call.start <= CALL_TIMEOUT + MARGIN, "{call:?}");
+    }
+    assert!(
+        first.end <= named + FOLLOW_DEADLINE,
+        "decided {} after the promotion",
+        ms(first.end.saturating_duration_since(named))
+    );
+    drop(set);
+}

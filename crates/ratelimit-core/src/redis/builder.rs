@@ -418,10 +418,10 @@ impl RedisStoreBuilder {
         let root_cert = self.root_cert.as_deref();
         #[cfg(not(feature = "tls"))]
         let root_cert = None;
-        let client = settings.client(&self.master, &urls, root_cert)?;
+        let clients = settings.clients(&self.master, &urls, root_cert)?;
         let events = super::sentinel::Settings::sentinel_clients(&urls, root_cert)?;
         let master = Arc::new(super::sentinel::Master::new(
-            client,
+            clients,
             settings.master_name,
             self.connect_timeout,
         ));

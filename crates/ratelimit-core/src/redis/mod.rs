@@ -245,8 +245,9 @@ impl RedisStore {
     /// How the store follows a failover: after a connection error, a timeout
     /// or a write refused by a read-only replica (`READONLY`, a master
     /// demoted under the store), the next call asks the sentinels for the
-    /// master before it decides (redis-rs's `SentinelClient`, which checks
-    /// with `ROLE` that the node it names is a master), and every connection
+    /// master before it decides (every sentinel at once, each through
+    /// redis-rs's `SentinelClient`, which checks with `ROLE` that the node it
+    /// names is a master), and every connection
     /// to a master they no longer name is dropped unused. Until the
     /// sentinels name a master that answers, calls fail as an outage
     /// ([`StoreError::Unavailable`] or [`StoreError::Timeout`]) and the

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use parking_lot::Mutex;
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, ServerErrorKind};
@@ -22,9 +24,10 @@ use crate::redis::scripts::AclProbe;
 pub(in crate::redis) struct Master {
     /// The name the sentinels monitor it under.
     name: String,
-    /// redis-rs's client of the sentinels, which names the master after
-    /// checking with `ROLE` that it is one. One lookup at a time.
-    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// redis-rs's client of each sentinel, which names the master after
+    /// checking with `ROLE` that it is one. One lookup at a time asks them
+    /// all at once.
+    sentinels: Vec<tokio::sync::Mutex<SentinelClient>>,
     /// The longest a lookup may take.
     timeout: Duration,
     /// Which master: changes each time the sentinels name another node.
@@ -81,16 +84,17 @@ struct Underway {
 }
 
 impl Master {
-    /// A master named `name`, looked up through `sentinels` within `timeout`
-    /// each time (not yet: the first call, or [`check`](Self::check), asks).
+    /// A master named `name`, looked up through `sentinels` (a client of
+    /// each) within `timeout` each time (not yet: the first call, or
+    /// [`check`](Self::check), asks).
     pub(in crate::redis) fn new(
-        sentinels: SentinelClient,
+        sentinels: Vec<SentinelClient>,
         name: String,
         timeout: Duration,
     ) -> Self {
         Master {
             name,
-            sentinels: tokio::sync::Mutex::new(sentinels),
+            sentinels: sentinels.into_iter().map(tokio::sync::Mutex::new).collect(),
             timeout,
             epoch: AtomicU64::new(0),
             suspicions: AtomicU64::new(1),
@@ -205,38 +209,115 @@ impl Master {
             })
     }
 
-    /// Notes `client` as the master: a new epoch when it is another node;
-    /// an error when it is the node the sentinels just failed over from.
-    fn name_master(&self, client: redis::Client) -> Result<(), RedisError> {
+    /// Notes `client` as the master: a new epoch when it is another node.
+    fn name_master(&self, client: redis::Client) {
         let addr = client.get_connection_info().addr().clone();
         let mut state = self.state.lock();
-        if let Some(((host, port), until)) = &state.demoted {
-            let stale = match &addr {
-                ConnectionAddr::Tcp(h, p)
-                | ConnectionAddr::TcpTls {
-                    host: h, port: p, ..
-                } => h == host && p == port,
-                _ => false,
-            };
-            if Instant::now() >= *until {
-                state.demoted = None;
-            } else if stale {
-                return Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::NotConnected,
-                    format!(
-                        "a sentinel still names {host}:{port}, the master of {:?} before its \
-                         failover",
-                        self.name
-                    ),
-                )));
-            }
-        }
         let moved = state.named.as_ref().is_none_or(|(_, known)| *known != addr);
         if moved {
             self.epoch.fetch_add(1, Ordering::AcqRel);
         }
         state.named = Some((client, addr));
-        Ok(())
+    }
+
+    /// `client`, unless it leads to the node the sentinels just failed over
+    /// from (a sentinel that has not heard of the failover yet).
+    fn not_demoted(&self, client: redis::Client) -> Result<redis::Client, RedisError> {
+        let mut state = self.state.lock();
+        let Some(((host, port), until)) = &state.demoted else {
+            return Ok(client);
+        };
+        if Instant::now() >= *until {
+            state.demoted = None;
+            return Ok(client);
+        }
+        let stale = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(h, p)
+            | ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } => h == host && p == port,
+            _ => false,
+        };
+        if stale {
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                format!(
+                    "a sentinel still names {host}:{port}, the master of {:?} before its \
+                     failover",
+                    self.name
+                ),
+            )));
+        }
+        Ok(client)
+    }
+
+    /// Asks every sentinel at once (each through redis-rs's
+    /// `SentinelClient`: `SENTINEL MASTERS`, then `ROLE` on the master it
+    /// names): the first master that answers as one and is not the node just
+    /// failed over from. A sentinel that hangs delays no lookup. When none
+    /// names one, the most telling error: refused credentials first, then
+    /// one met on a master a sentinel named, then any.
+    async fn ask(&self) -> Result<redis::Client, RedisError> {
+        let mut asking: FuturesUnordered<_> = self
+            .sentinels
+            .iter()
+            .map(|sentinel| async move { sentinel.lock().await.async_get_client().await })
+            .collect();
+        let mut errors = Vec::new();
+        while let Some(answer) = asking.next().await {
+            match answer.and_then(|client| self.not_demoted(client)) {
+                Ok(client) => return Ok(client),
+                Err(e) => errors.push(e),
+            }
+        }
+        let rank = |e: &RedisError| {
+            if refused_credentials(e) {
+                0
+            } else if e.kind() != ErrorKind::MasterNameNotFoundBySentinel {
+                1
+            } else {
+                2
+            }
+        };
+        Err(errors
+            .into_iter()
+            .min_by_key(rank)
+            .unwrap_or_else(|| no_master(&self.name)))
+    }
+
+    /// Whether a sentinel that answers monitors the master's name, asked of
+    /// every sentinel at once: `Ok(true)` as soon as one names its address,
+    /// `Ok(false)` when those that answer all know no such name, the most
+    /// telling error when none answers.
+    async fn knows_the_name(&self) -> Result<bool, RedisError> {
+        let mut asking: FuturesUnordered<_> = self
+            .sentinels
+            .iter()
+            .map(|sentinel| async move {
+                let sentinel = sentinel.lock().await.async_get_sentinel_client().await?;
+                let mut connection = sentinel.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.name)
+                    .query_async::<Option<(String, u16)>>(&mut connection)
+                    .await
+            })
+            .collect();
+        let (mut unknown, mut errors) = (false, Vec::new());
+        while let Some(answer) = asking.next().await {
+            match answer {
+                Ok(Some(_)) => return Ok(true),
+                Ok(None) => unknown = true,
+                Err(e) => errors.push(e),
+            }
+        }
+        if unknown {
+            return Ok(false);
+        }
+        errors
+            .into_iter()
+            .min_by_key(|e| u8::from(!refused_credentials(e)))
+            .map_or(Ok(false), Err)
     }
 
     /// What `build()` checks: that the sentinels answer and name a master.
@@ -246,14 +327,12 @@ impl Master {
     /// an error when no sentinel answers, none monitors the name, or the
     /// sentinels or the master refuse the credentials.
     pub(in crate::redis) async fn check(&self) -> Result<Option<redis::Client>, StoreError> {
-        let mut sentinels = self.sentinels.lock().await;
         self.lookups.fetch_add(1, Ordering::Relaxed);
         let suspicions = self.suspicions.load(Ordering::Acquire);
-        let found = tokio::time::timeout(self.timeout, sentinels.async_get_client()).await;
+        let found = tokio::time::timeout(self.timeout, self.ask()).await;
         let error = match found {
             Ok(Ok(client)) => {
-                self.name_master(client.clone())
-                    .map_err(crate::redis::backend_error)?;
+                self.name_master(client.clone());
                 self.answered.fetch_max(suspicions, Ordering::AcqRel);
                 return Ok(Some(client));
             }
@@ -266,19 +345,10 @@ impl Master {
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {:?}", self.timeout),
         };
-        // Why no master: ask one sentinel whether it knows the name.
-        let known = async {
-            let sentinel = sentinels.async_get_sentinel_client().await?;
-            let mut connection = sentinel.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(&self.name)
-                .query_async::<Option<(String, u16)>>(&mut connection)
-                .await
-        };
-        match tokio::time::timeout(self.timeout, known).await {
-            Ok(Ok(Some(_))) => Ok(None),
-            Ok(Ok(None)) => Err(config_error(format!(
+        // Why no master: whether the sentinels know the name.
+        match tokio::time::timeout(self.timeout, self.knows_the_name()).await {
+            Ok(Ok(true)) => Ok(None),
+            Ok(Ok(false)) => Err(config_error(format!(
                 "no sentinel monitors a master named {:?} (check the name given to \
                  sentinel_builder against `sentinel monitor <name>`)",
                 self.name
@@ -419,12 +489,12 @@ impl Lookup {
         let master = &self.master;
         // What becomes suspect from now on calls for the next lookup.
         let suspicions = master.suspicions.load(Ordering::Acquire);
-        let found = tokio::time::timeout(master.timeout, async {
-            master.sentinels.lock().await.async_get_client().await
-        })
-        .await;
+        let found = tokio::time::timeout(master.timeout, master.ask()).await;
         let result = match found {
-            Ok(Ok(client)) => master.name_master(client),
+            Ok(Ok(client)) => {
+                master.name_master(client);
+                Ok(())
+            }
             Ok(Err(e)) if refused_credentials(&e) => Err(e),
             Ok(Err(e)) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,

@@ -11,9 +11,11 @@
 //! (`READONLY`: a master demoted under the store), a connection that could
 //! not be opened. The next call then asks the sentinels first (one lookup
 //! at a time, shared by the calls that wait for it, run in a task of its
-//! own so that it completes for the calls that follow one that timed out).
-//! While no sentinel names a master that answers as one, calls fail as an
-//! outage and the failure policy decides.
+//! own so that it completes for the calls that follow one that timed out;
+//! a lookup asks every sentinel at once). While no sentinel names a master
+//! that answers as one, calls fail as an outage and the failure policy
+//! decides. The sentinels' failover events (`events`) make the master
+//! suspect too, and stop every decision while a failover is under way.
 
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, IntoConnectionInfo};
@@ -89,15 +91,19 @@ impl Settings {
             .collect()
     }
 
-    /// A `SentinelClient` for the master named `master_name`, logging in to
-    /// the sentinels as their URLs say and to the master as the `master_*`
-    /// options say; over TLS, trusting `root_cert` (PEM) when given.
-    pub(super) fn client(
+    /// A `SentinelClient` of each sentinel at `urls` (as [`urls`](Self::urls)
+    /// gave them) for the master named `master_name`, logging in to the
+    /// sentinels as their URLs say and to the master as the `master_*`
+    /// options say; over TLS, trusting `root_cert` (PEM) when given. One
+    /// client per sentinel: the store asks them all at once (see
+    /// [`Master`]), where one client of them all asks them in turn, and
+    /// waits for a sentinel that hangs before it asks the next.
+    pub(super) fn clients(
         &self,
         master: &MasterOptions,
         urls: &[String],
         #[cfg_attr(not(feature = "tls"), allow(unused_variables))] root_cert: Option<&[u8]>,
-    ) -> Result<SentinelClient, StoreError> {
+    ) -> Result<Vec<SentinelClient>, StoreError> {
         let mut addresses = Vec::with_capacity(urls.len());
         let mut login: Option<(Option<String>, Option<String>)> = None;
         for url in urls {
@@ -129,64 +135,70 @@ impl Settings {
             }
             addresses.push(info.addr().clone());
         }
-        let mut builder = SentinelClientBuilder::new(
-            addresses.iter().cloned(),
-            &self.master_name,
-            SentinelServerType::Master,
-        )
-        .map_err(super::backend_error)?;
-        if let Some((username, password)) = login {
-            if let Some(username) = username {
-                builder = builder.set_client_to_sentinel_username(username);
-            }
-            if let Some(password) = password {
-                builder = builder.set_client_to_sentinel_password(password);
-            }
-        }
-        if let Some((username, password)) = &master.credentials {
-            builder = builder
-                .set_client_to_redis_username(username)
-                .set_client_to_redis_password(password);
-        }
-        if master.db != 0 {
-            builder = builder.set_client_to_redis_db(master.db);
-        }
+        let tls_sentinels = addresses
+            .iter()
+            .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
+            .count();
         #[cfg(feature = "tls")]
-        {
-            if master.tls {
-                builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
-                if let Some(pem) = root_cert {
-                    builder = builder
-                        .set_client_to_redis_certificates(super::builder::trusting(pem.to_vec()));
-                }
-            }
-            let tls = addresses
-                .iter()
-                .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
-                .count();
-            if let Some(pem) = root_cert.filter(|_| tls > 0) {
-                if tls < addresses.len() {
-                    return Err(config_error(
-                        "some sentinels are rediss:// URLs and some are not: with \
-                         tls_root_cert, give every sentinel over TLS, or none"
-                            .into(),
-                    ));
-                }
-                builder = builder
-                    .set_client_to_sentinel_certificates(super::builder::trusting(pem.to_vec()));
-            }
+        if root_cert.is_some() && tls_sentinels > 0 && tls_sentinels < addresses.len() {
+            return Err(config_error(
+                "some sentinels are rediss:// URLs and some are not: with tls_root_cert, \
+                 give every sentinel over TLS, or none"
+                    .into(),
+            ));
         }
         #[cfg(not(feature = "tls"))]
-        if master.tls
-            || addresses
-                .iter()
-                .any(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
-        {
+        if master.tls || tls_sentinels > 0 {
             return Err(config_error(
                 "TLS to the sentinels or the master needs the `tls` feature".into(),
             ));
         }
-        builder.build().map_err(super::backend_error)
+        let login = login.unwrap_or_default();
+        addresses
+            .into_iter()
+            .map(|address| {
+                let tls = matches!(address, ConnectionAddr::TcpTls { .. });
+                let mut builder = SentinelClientBuilder::new(
+                    [address],
+                    &self.master_name,
+                    SentinelServerType::Master,
+                )
+                .map_err(super::backend_error)?;
+                if let Some(username) = &login.0 {
+                    builder = builder.set_client_to_sentinel_username(username);
+                }
+                if let Some(password) = &login.1 {
+                    builder = builder.set_client_to_sentinel_password(password);
+                }
+                if let Some((username, password)) = &master.credentials {
+                    builder = builder
+                        .set_client_to_redis_username(username)
+                        .set_client_to_redis_password(password);
+                }
+                if master.db != 0 {
+                    builder = builder.set_client_to_redis_db(master.db);
+                }
+                #[cfg(feature = "tls")]
+                {
+                    if master.tls {
+                        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+                        if let Some(pem) = root_cert {
+                            builder = builder.set_client_to_redis_certificates(
+                                super::builder::trusting(pem.to_vec()),
+                            );
+                        }
+                    }
+                    if let Some(pem) = root_cert.filter(|_| tls) {
+                        builder = builder.set_client_to_sentinel_certificates(
+                            super::builder::trusting(pem.to_vec()),
+                        );
+                    }
+                }
+                #[cfg(not(feature = "tls"))]
+                let _ = tls;
+                builder.build().map_err(super::backend_error)
+            })
+            .collect()
     }
 }
 
@@ -287,7 +299,7 @@ mod tests {
         };
         let master = MasterOptions::default();
         let urls = settings.urls(&master).unwrap();
-        let Err(e) = settings.client(&master, &urls, None) else {
+        let Err(e) = settings.clients(&master, &urls, None) else {
             panic!("two passwords accepted");
         };
         assert!(!e.to_string().contains("secret"), "{e}");
@@ -310,7 +322,7 @@ mod tests {
         assert!(message(settings(&["a:1"], "m"), &negative).contains("master_db"));
         let db = settings(&["redis://a:1/2"], "m");
         let urls = db.urls(&default).unwrap();
-        let Err(e) = db.client(&default, &urls, None) else {
+        let Err(e) = db.clients(&default, &urls, None) else {
             panic!("a sentinel URL with a database accepted");
         };
         assert!(e.to_string().contains("no database"), "{e}");
