@@ -1011,3 +1011,53 @@ async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
     );
     drop(set);
 }
+
+/// The least-privileged ACL user of SECURITY.md decides behind Sentinel:
+/// redis-rs checks the named master with `ROLE`, which that list lacks, and
+/// then with `INFO replication`, which it has. Without `+info` either, the
+/// master cannot be checked: `build()` refuses the user, naming what it
+/// needs (a mistake, never an outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_user_decides_behind_sentinel() {
+    const DOCUMENTED: &str = "on >limiter-secret ~ratelimit:* resetchannels -@all +fcall \
+         +function|load +evalsha +eval +time +get +set +pexpire +pttl +del +zrange +ping +info";
+    let set = start_set(None).await;
+    bounded(async {
+        let set_user = |rules: &[&str]| {
+            for node in [set.master(), set.replica()] {
+                node.cli(&["ACL", "DELUSER", "limiter"]);
+                let args = [&["ACL", "SETUSER", "limiter"][..], rules].concat();
+                assert_eq!(node.cli(&args), "OK");
+            }
+        };
+        let builder = || {
+            RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+                .master_credentials("limiter", "limiter-secret")
+                .call_timeout(CALL_TIMEOUT)
+        };
+        let documented: Vec<&str> = DOCUMENTED.split_whitespace().collect();
+        set_user(&documented);
+        let store = builder().build().await.expect("the documented user");
+        let policy = counting_policy("acl", 3);
+        for _ in 0..3 {
+            assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        }
+        assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+        let without_info: Vec<&str> = documented
+            .iter()
+            .copied()
+            .filter(|r| *r != "+info")
+            .collect();
+        set_user(&without_info);
+        let refused = builder()
+            .build()
+            .await
+            .expect_err("neither ROLE nor INFO allowed");
+        assert!(
+            !refused.is_outage() && refused.to_string().contains("+role or +info"),
+            "{refused}"
+        );
+    })
+    .await;
+}

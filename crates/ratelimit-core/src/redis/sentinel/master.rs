@@ -336,10 +336,22 @@ impl Master {
                 self.answered.fetch_max(suspicions, Ordering::AcqRel);
                 return Ok(Some(client));
             }
+            Ok(Err(e)) if e.code() == Some("NOPERM") => {
+                return Err(config_error(format!(
+                    "a Redis user lacks a permission ({e}): behind Sentinel, the master's \
+                     user (master_credentials()) needs +role or +info besides the store's \
+                     own commands (SECURITY.md)"
+                )));
+            }
             Ok(Err(e)) if refused_credentials(&e) => {
                 return Err(config_error(format!(
                     "Redis refused the credentials ({e}): a sentinel's come from its URL, \
                      the master's from master_credentials()"
+                )));
+            }
+            Ok(Err(e)) if is_mistake(&e) => {
+                return Err(config_error(format!(
+                    "the master the sentinels name cannot be used: {e}"
                 )));
             }
             Ok(Err(e)) => e.to_string(),
@@ -495,7 +507,7 @@ impl Lookup {
                 master.name_master(client);
                 Ok(())
             }
-            Ok(Err(e)) if refused_credentials(&e) => Err(e),
+            Ok(Err(e)) if refused_credentials(&e) || is_mistake(&e) => Err(e),
             Ok(Err(e)) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
                 format!(
@@ -538,6 +550,18 @@ impl Drop for Lookup {
         // Unfinished, it answered nothing: the next call asks again.
         self.end(&mut state);
     }
+}
+
+/// Whether a lookup's `e` is a mistake that no wait mends (a TLS
+/// certificate refused, say), not an outage: no master found, a sentinel
+/// or a master unreachable, or an address that is no sentinel (which the
+/// store reports as no sentinel answering) are not.
+fn is_mistake(e: &RedisError) -> bool {
+    !is_outage(e)
+        && !matches!(
+            e.kind(),
+            ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::InvalidClientConfig
+        )
 }
 
 /// Whether `e` says credentials were refused: a mistake, not an outage.
