@@ -1061,3 +1061,45 @@ async fn the_documented_acl_user_decides_behind_sentinel() {
     })
     .await;
 }
+
+/// A master and replica that speak TLS only, behind plain sentinels:
+/// `master_tls()` with the CA of `tls_root_cert` decides; with the system's
+/// roots, which do not know that CA, `build()` refuses the certificate as a
+/// mistake (never an outage a failure policy would let through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_master_behind_sentinel() {
+    let (set, certs) = tokio::task::spawn_blocking(|| {
+        let certs = ratelimit_tests::Certificates::make();
+        (RedisSentinels::start_tls(&certs), certs)
+    })
+    .await
+    .expect("starting the TLS set");
+    bounded(async {
+        let store = RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+            .master_tls()
+            .tls_root_cert(certs.ca_pem())
+            // A TLS handshake in a debug build may take longer than the
+            // fault tests' short call timeout.
+            .call_timeout(ratelimit_tests::CALL_TIMEOUT)
+            .build()
+            .await
+            .expect("the master over TLS");
+        let policy = counting_policy("tls", 2);
+        for _ in 0..2 {
+            assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+        }
+        assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+
+        let untrusted = RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+            .master_tls()
+            .build()
+            .await
+            .expect_err("a certificate the system's roots do not know");
+        assert!(
+            !untrusted.is_outage() && untrusted.to_string().contains("certificate"),
+            "{untrusted}"
+        );
+    })
+    .await;
+    drop(set);
+}

@@ -7,7 +7,7 @@
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use crate::RedisServer;
+use crate::{Certificates, RedisServer};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "ratelimit-master";
@@ -31,8 +31,8 @@ pub struct RedisSentinels {
     sentinels: Vec<RedisServer>,
     master: RedisServer,
     replica: RedisServer,
-    /// The nodes' `requirepass`, if any.
-    password: Option<String>,
+    /// `redis-cli` arguments to reach the nodes (a password, TLS).
+    cli_args: Vec<String>,
 }
 
 impl RedisSentinels {
@@ -48,7 +48,7 @@ impl RedisSentinels {
     /// scripts/test), or when the set is not ready within 20 s (the message
     /// holds every sentinel's log).
     pub fn start() -> RedisSentinels {
-        Self::start_with(None)
+        Self::start_with(&[], Vec::new(), "")
     }
 
     /// As [`start`](Self::start), the master and the replica asking for
@@ -59,23 +59,45 @@ impl RedisSentinels {
     ///
     /// As [`start`](Self::start).
     pub fn start_with_password(password: &str) -> RedisSentinels {
-        Self::start_with(Some(password))
+        let cli = ["--no-auth-warning", "-a", password]
+            .map(String::from)
+            .to_vec();
+        let extra = format!("sentinel auth-pass {MASTER_NAME} {password}\n");
+        Self::start_with(
+            &["--requirepass", password, "--masterauth", password],
+            cli,
+            &extra,
+        )
     }
 
-    fn start_with(password: Option<&str>) -> RedisSentinels {
-        let node_args: Vec<&str> = match password {
-            Some(password) => vec!["--requirepass", password, "--masterauth", password],
-            None => Vec::new(),
-        };
-        let mut set = Self::start_nodes(&node_args, password);
-        let extra = password.map_or_else(String::new, |password| {
-            format!("sentinel auth-pass {MASTER_NAME} {password}\n")
-        });
-        set.start_sentinels(&extra);
+    /// As [`start`](Self::start), the master and the replica speaking TLS
+    /// only, with the server certificate of `certs` (the replica replicating
+    /// over TLS); the sentinels reach them over TLS (`tls-replication yes`)
+    /// but take plain connections themselves.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(certs: &Certificates) -> RedisSentinels {
+        let mut node_args = certs.server_args();
+        node_args.extend(["--tls-replication", "yes"].map(String::from));
+        let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+        let extra = format!(
+            "tls-replication yes\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+            certs.path("server.crt"),
+            certs.path("server.key"),
+            certs.path("ca.crt"),
+        );
+        Self::start_with(&node_args, certs.cli_args(), &extra)
+    }
+
+    fn start_with(node_args: &[&str], cli_args: Vec<String>, extra: &str) -> RedisSentinels {
+        let mut set = Self::start_nodes(node_args, cli_args);
+        set.start_sentinels(extra);
         set
     }
 
-    fn start_nodes(node_args: &[&str], password: Option<&str>) -> RedisSentinels {
+    fn start_nodes(node_args: &[&str], cli_args: Vec<String>) -> RedisSentinels {
         // A diskless full sync without delay: the replica is in sync at once.
         let master_args = [&["--repl-diskless-sync-delay", "0"][..], node_args].concat();
         let master = RedisServer::start_with_args(&master_args);
@@ -86,7 +108,7 @@ impl RedisSentinels {
             sentinels: Vec::new(),
             master,
             replica,
-            password: password.map(str::to_owned),
+            cli_args,
         }
     }
 
@@ -122,13 +144,10 @@ impl RedisSentinels {
         self.wait_monitored(start);
     }
 
-    /// `redis-cli` arguments to log in to the nodes (none without a
-    /// password); put them before the command.
+    /// `redis-cli` arguments to reach the nodes (a password, TLS; none for
+    /// a plain set); put them before the command.
     pub fn auth_args(&self) -> Vec<&str> {
-        match &self.password {
-            Some(password) => vec!["--no-auth-warning", "-a", password],
-            None => Vec::new(),
-        }
+        self.cli_args.iter().map(String::as_str).collect()
     }
 
     /// Polls every sentinel until it knows one replica and two other
