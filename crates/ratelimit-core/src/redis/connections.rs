@@ -176,6 +176,7 @@ impl Connections {
         probe: AclProbe,
     ) -> Self {
         let mut connections = Self::new(client, connect_timeout, size, probe, Kind::Multiplexed);
+        // Always: the opener is not shared yet.
         if let Some(opener) = Arc::get_mut(&mut connections.opener) {
             opener.master = Some(master);
         }

@@ -434,10 +434,10 @@ impl Master {
 
     /// A new connection to the master (asking the sentinels first when the
     /// master is suspect or not known yet), probed, and the epoch of the
-    /// master it leads to. A connection that cannot be opened makes the
-    /// master suspect; the probe finding a read-only replica (the sentinels'
-    /// answer is already stale) is an outage, not the mistake it is on a
-    /// single node.
+    /// master it leads to (the opening makes the master suspect when it
+    /// fails). The probe finding a read-only replica (the sentinels' answer
+    /// is already stale) is an outage, not the mistake it is on a single
+    /// node.
     pub(in crate::redis) async fn open(
         self: &Arc<Self>,
         config: &AsyncConnectionConfig,
@@ -446,25 +446,23 @@ impl Master {
         if self.is_suspect() || self.state.lock().named.is_none() {
             self.look_up().await?;
         }
-        let epoch = self.epoch();
-        let client = self.state.lock().named.as_ref().map(|(c, _)| c.clone());
+        // Read together: a lookup notes its client and bumps the epoch
+        // under this lock.
+        let (client, epoch) = {
+            let state = self.state.lock();
+            let client = state.named.as_ref().map(|(client, _)| client.clone());
+            (client, self.epoch())
+        };
         let Some(client) = client else {
             return Err(no_master(&self.name));
         };
-        let opened = async {
-            let mut link = Link::Multiplexed(
-                client
-                    .get_multiplexed_async_connection_with_config(config)
-                    .await?,
-            );
-            probe.run(&mut link).await.map_err(replica_is_outage)?;
-            Ok(link)
-        }
-        .await;
-        if opened.as_ref().is_err_and(is_outage) {
-            self.suspect();
-        }
-        opened.map(|link| (link, epoch))
+        let mut link = Link::Multiplexed(
+            client
+                .get_multiplexed_async_connection_with_config(config)
+                .await?,
+        );
+        probe.run(&mut link).await.map_err(replica_is_outage)?;
+        Ok((link, epoch))
     }
 }
 
