@@ -8,7 +8,8 @@
 //! promoted replica (`SENTINEL get-master-addr-by-name`): a client learns
 //! the master from the sentinels, and a replica that says it is a master
 //! (`ROLE`) before they name it may still be dropped by a failover that
-//! aborts. Both moments are printed.
+//! aborts. Both moments are printed. Every test takes its turn with the
+//! other fault tests (they measure latencies).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -35,6 +36,18 @@ async fn start_set(password: Option<&'static str>) -> RedisSentinels {
     })
     .await
     .expect("starting the sentinels")
+}
+
+/// Starts a set whose sentinels can fail its master over (they know one
+/// another).
+async fn start_quorum() -> RedisSentinels {
+    let set = start_set(None).await;
+    tokio::task::spawn_blocking(move || {
+        set.wait_for_quorum();
+        set
+    })
+    .await
+    .expect("waiting for the sentinels")
 }
 
 /// Kills the set's first master (`SIGKILL`) on a blocking thread; returns
@@ -244,6 +257,7 @@ impl Outcome {
 /// What `build()` checks: the sentinels answer and name a master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_asks_the_sentinels_for_the_master() {
+    let _turn = SERIAL.lock().await;
     let set = start_set(None).await;
     bounded(async {
         let store = sentinel_store(&set).await;
@@ -329,6 +343,7 @@ async fn build_asks_the_sentinels_for_the_master() {
 /// missing credentials fail `build()`, never a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_masters_credentials_and_database_come_from_the_builder() {
+    let _turn = SERIAL.lock().await;
     const PASSWORD: &str = "sentinel-secret";
     let set = start_set(Some(PASSWORD)).await;
     bounded(async {
@@ -397,7 +412,7 @@ async fn the_store_follows_a_failover_under_load() {
     /// How long the load runs on the promoted replica, at least.
     const AFTER: Duration = Duration::from_secs(1);
     let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let set = start_quorum().await;
     let store = sentinel_store(&set).await;
     let policy = counting_policy("failover-load", LIMIT);
     let key = store.state_key(b"k", &policy);
@@ -563,7 +578,7 @@ async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
     const EVERY: Duration = Duration::from_millis(1_500);
     const CALLS: usize = 12;
     let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let set = start_quorum().await;
     let store = sentinel_store(&set).await;
     let policy = counting_policy("failover-light", 100);
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
@@ -667,7 +682,7 @@ async fn an_ordered_failover_loses_no_admission() {
     const BEFORE: Duration = Duration::from_millis(600);
     const AFTER: Duration = Duration::from_secs(1);
     let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let set = start_quorum().await;
     let store = sentinel_store(&set).await;
     let policy = counting_policy("failover-ordered", LIMIT);
     let key = store.state_key(b"k", &policy);
@@ -823,6 +838,7 @@ fn subscribers(sentinel: &RedisServer) -> usize {
 /// events end with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_needs_the_sentinels_only_to_find_the_master() {
+    let _turn = SERIAL.lock().await;
     let set = start_set(None).await;
     let set = bounded(async move {
         let store = sentinel_store(&set).await;
@@ -883,6 +899,7 @@ async fn the_store_needs_the_sentinels_only_to_find_the_master() {
 /// nor a mistake. Once it is a master again, the store decides on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_demoted_under_the_store_is_never_decided_on() {
+    let _turn = SERIAL.lock().await;
     let set = start_set(None).await;
     bounded(async {
         let store = sentinel_store(&set).await;
@@ -946,7 +963,7 @@ async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
     use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
     const EVERY: Duration = Duration::from_millis(100);
     let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let set = start_quorum().await;
     let hung = FaultProxy::start(set.sentinels()[0].addr());
     hung.set_mode(Mode::Stall);
     let mut addresses = vec![hung.addr().to_string()];
@@ -1019,6 +1036,7 @@ async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
 /// needs (a mistake, never an outage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_user_decides_behind_sentinel() {
+    let _turn = SERIAL.lock().await;
     const DOCUMENTED: &str = "on >limiter-secret ~ratelimit:* resetchannels -@all +fcall \
          +function|load +evalsha +eval +time +get +set +pexpire +pttl +del +zrange +ping +info";
     let set = start_set(None).await;
@@ -1068,6 +1086,7 @@ async fn the_documented_acl_user_decides_behind_sentinel() {
 /// mistake (never an outage a failure policy would let through).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_master_behind_sentinel() {
+    let _turn = SERIAL.lock().await;
     let (set, certs) = tokio::task::spawn_blocking(|| {
         let certs = ratelimit_tests::Certificates::make();
         (RedisSentinels::start_tls(&certs), certs)

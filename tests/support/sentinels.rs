@@ -39,8 +39,9 @@ impl RedisSentinels {
     /// Starts the master, the replica (`--replicaof`), and the three
     /// sentinels (`sentinel monitor` [`MASTER_NAME`] with a quorum of 2,
     /// [`DOWN_AFTER`], [`FAILOVER_TIMEOUT`]), and waits until the replica is
-    /// in sync and every sentinel knows the replica and the two other
-    /// sentinels, so that a failover can be agreed on.
+    /// in sync and every sentinel knows the replica. (The sentinels find one
+    /// another within seconds more: call
+    /// [`wait_for_quorum`](Self::wait_for_quorum) before a failover.)
     ///
     /// # Panics
     ///
@@ -141,7 +142,17 @@ impl RedisSentinels {
         self.sentinels = (0..3)
             .map(|_| RedisServer::start_sentinel(&config))
             .collect();
-        self.wait_monitored(start);
+        self.wait_for(start, false);
+    }
+
+    /// Waits until every sentinel knows the two others, so that a failover
+    /// can be agreed on (they tell one another every 2 s).
+    ///
+    /// # Panics
+    ///
+    /// When they do not within 20 s (the message holds every sentinel's log).
+    pub fn wait_for_quorum(&self) {
+        self.wait_for(Instant::now(), true);
     }
 
     /// `redis-cli` arguments to reach the nodes (a password, TLS; none for
@@ -150,15 +161,15 @@ impl RedisSentinels {
         self.cli_args.iter().map(String::as_str).collect()
     }
 
-    /// Polls every sentinel until it knows one replica and two other
-    /// sentinels.
-    fn wait_monitored(&self, start: Instant) {
+    /// Polls every sentinel until it knows one replica and, with `quorum`,
+    /// two other sentinels.
+    fn wait_for(&self, start: Instant, quorum: bool) {
         loop {
             let ready = self.sentinels.iter().all(|sentinel| {
                 let fields = sentinel_fields(sentinel, &["SENTINEL", "MASTER", MASTER_NAME]);
                 let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
                 field("num-slaves").is_some_and(|v| v == "1")
-                    && field("num-other-sentinels").is_some_and(|v| v == "2")
+                    && (!quorum || field("num-other-sentinels").is_some_and(|v| v == "2"))
             });
             if ready {
                 return;
