@@ -20,6 +20,10 @@
 //! - `--redis URL`: the Redis to share, `redis://[user:password@]host[:port][/db]`;
 //!   with `--cluster`, any nodes of a Redis Cluster (repeat the flag or give a
 //!   comma-separated list);
+//! - `--sentinel HOST:PORT` with `--master-name NAME`, in place of `--redis`:
+//!   the master that Redis Sentinel names `NAME`, through the sentinels at
+//!   `HOST:PORT` (repeat the flag or give a comma-separated list;
+//!   `RedisStore::sentinel_builder`, which follows a failover);
 //! - `--algorithm NAME`: one of `ratelimit_core::AlgorithmKind`'s names
 //!   (`gcra`, `token-bucket`, ...; `--help` lists them);
 //! - `--limit N`: the limit per window of each client (its API key, or its
@@ -191,11 +195,18 @@ struct Args {
     listen: SocketAddr,
     /// redis://[user:password@]host[:port][/db]; with --cluster, any nodes of
     /// a Redis Cluster (repeated or comma-separated).
-    #[arg(long, value_name = "URL", required = true, value_delimiter = ',', value_parser = redis_url)]
+    #[arg(long, value_name = "URL", required_unless_present = "sentinel", value_delimiter = ',', value_parser = redis_url)]
     redis: Vec<String>,
     /// The Redis URLs are nodes of a Redis Cluster.
     #[arg(long)]
     cluster: bool,
+    /// Redis Sentinel, in place of --redis: a sentinel's HOST:PORT
+    /// (repeated or comma-separated), which names the master --master-name.
+    #[arg(long, value_name = "HOST:PORT", value_delimiter = ',', conflicts_with_all = ["redis", "cluster"], requires = "master_name")]
+    sentinel: Vec<String>,
+    /// With --sentinel: the name the sentinels monitor the master under.
+    #[arg(long, value_name = "NAME", requires = "sentinel")]
+    master_name: Option<String>,
     #[command(flatten)]
     policy: PolicyArgs,
     /// The limit per window of each client IP, whatever its API keys [default: --limit].
@@ -307,6 +318,18 @@ fn policies(args: &Args) -> Result<Policies, String> {
 /// `--cluster`, and an admin API on another listener's address.
 fn check_addresses(args: &Args) -> Result<(), String> {
     args.regions.check(args.cluster)?;
+    // clap lets a `requires` go when the required flag conflicts with a
+    // flag given (--redis), so this one is checked here.
+    if args.master_name.is_some() && args.sentinel.is_empty() {
+        return Err(String::from(
+            "--master-name: give the sentinels that name the master with --sentinel HOST:PORT, in place of --redis",
+        ));
+    }
+    if args.regions.region.is_some() && !args.sentinel.is_empty() {
+        return Err(String::from(
+            "--region: each region's Redis is one node given with --redis, not --sentinel",
+        ));
+    }
     if args.regions.region.is_some() && (args.admin.is_some() || args.failure == Failure::Fallback)
     {
         return Err(String::from("--region: no --admin, nor --failure fallback"));
@@ -361,17 +384,34 @@ async fn serve(args: Args, policies: Policies, token: Option<AdminToken>) -> Res
         }
         None => None,
     };
-    let builder = if args.cluster {
-        RedisStore::cluster_builder(args.redis.iter().cloned())
-    } else {
-        RedisStore::builder(args.redis[0].clone())
+    let (builder, redis) = match &args.master_name {
+        Some(name) if !args.sentinel.is_empty() => (
+            RedisStore::sentinel_builder(args.sentinel.iter().cloned(), name.clone()),
+            format!(
+                "the master {name} of the sentinels at {}",
+                args.sentinel.join(",")
+            ),
+        ),
+        _ if args.cluster => (
+            RedisStore::cluster_builder(args.redis.iter().cloned()),
+            args.redis.join(","),
+        ),
+        _ => (
+            RedisStore::builder(args.redis.first().cloned().unwrap_or_default()),
+            args.redis.join(","),
+        ),
     };
-    let redis = args.redis.join(",");
     let store = builder
         .call_timeout(args.timeout)
         .build()
         .await
-        .map_err(|e| format!("--redis {redis}: {e}"))?;
+        .map_err(|e| {
+            if args.sentinel.is_empty() {
+                format!("--redis {redis}: {e}")
+            } else {
+                format!("--sentinel: {e}")
+            }
+        })?;
     // Connect now: a typo in the URL shows at once, not as failures later.
     if let Err(e) = store.ping().await {
         let then = match args.failure {
@@ -390,7 +430,11 @@ async fn serve(args: Args, policies: Policies, token: Option<AdminToken>) -> Res
     };
     let region = args
         .regions
-        .store(&args.redis[0], args.timeout, &policies.per_client)
+        .store(
+            args.redis.first().map_or("", String::as_str),
+            args.timeout,
+            &policies.per_client,
+        )
         .await?
         .map(|store| limited_routes(store, &policies, failure));
     // The admin API acts on the store the layer decides with, under the

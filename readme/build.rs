@@ -13,6 +13,7 @@ mod blocks;
 /// A block that names one of these needs the feature of this package.
 const NEEDS_FEATURE: &[(&str, &str)] = &[
     ("cluster_builder", "redis-cluster"),
+    ("sentinel_builder", "sentinel"),
     ("RedisStore", "redis"),
 ];
 

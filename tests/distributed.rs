@@ -1,5 +1,5 @@
 //! The `distributed` example as real processes: three instances share one
-//! Redis (or one Redis Cluster), and a burst of concurrent requests spread
+//! Redis (or one Redis Cluster, or the master Redis Sentinel names), and a burst of concurrent requests spread
 //! across them is admitted exactly up to the limit, for every algorithm.
 //!
 //! Every request also counts against its client IP: a client that sends a
@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::AlgorithmKind;
 use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
+use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{
-    Listening, RedisCluster, RedisServer, assert_refuses_flags, example_binary, flags, free_port,
-    spawn_listening,
+    Listening, RedisCluster, RedisSentinels, RedisServer, assert_refuses_flags, example_binary,
+    flags, free_port, spawn_listening,
 };
 use ratelimit_tower::HeaderKey;
 use tokio::sync::Barrier;
@@ -241,6 +242,32 @@ async fn three_instances_share_one_limit_on_a_redis_cluster() {
     assert_exactly(&answers, 20, "gcra on a Redis Cluster");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_share_one_limit_behind_redis_sentinel() {
+    let set = tokio::task::spawn_blocking(RedisSentinels::start)
+        .await
+        .expect("starting the sentinels");
+    let addresses = set.addresses();
+    let common = format!("--master-name {MASTER_NAME} --algorithm gcra --limit 20 --window 1d");
+    let common = flags(&common);
+    // The sentinels given as the flag repeated, as a comma-separated list,
+    // and one of them alone.
+    let repeated: Vec<&str> = addresses
+        .iter()
+        .flat_map(|a| ["--sentinel", a.as_str()])
+        .collect();
+    let listed = addresses.join(",");
+    let instances = vec![
+        spawn_instance(&[repeated.as_slice(), &common[..]].concat()),
+        spawn_instance(&[&["--sentinel", listed.as_str()][..], &common[..]].concat()),
+        spawn_instance(&[&["--sentinel", addresses[2].as_str()][..], &common[..]].concat()),
+    ];
+    let answers = burst(&instances, "/", "sentinel-key").await;
+    assert_exactly(&answers, 20, "gcra behind Redis Sentinel");
+    drop(instances);
+    drop(set);
+}
+
 /// Flags the example accepts (it then fails to reach Redis): each bad-flag
 /// case changes one of them or adds one.
 const GOOD_FLAGS: [&str; 10] = [
@@ -278,7 +305,39 @@ fn bad_flags_exit_2_naming_the_flag() {
 
     // clap's messages quote the flag with its value name ('--limit <N>'),
     // which the usage line it may add never does.
+    let mut sentinel_and_redis = with("--limit", "10");
+    sentinel_and_redis
+        .extend(["--sentinel", "127.0.0.1:1", "--master-name", "m"].map(String::from));
+    let mut sentinel_alone = without("--redis");
+    sentinel_alone.extend(["--sentinel".to_owned(), "127.0.0.1:1".to_owned()]);
+    let mut name_alone = with("--limit", "10");
+    name_alone.extend(["--master-name".to_owned(), "m".to_owned()]);
+    let mut sentinel_cluster = sentinel_alone.clone();
+    sentinel_cluster.extend(["--master-name", "m", "--cluster"].map(String::from));
+    let mut sentinel_region = sentinel_alone.clone();
+    sentinel_region.extend(
+        [
+            "--master-name",
+            "m",
+            "--region",
+            "eu",
+            "--peer",
+            "us=redis://127.0.0.1:2",
+        ]
+        .map(String::from),
+    );
     let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            sentinel_and_redis,
+            "'--redis <URL>' cannot be used with '--sentinel <HOST:PORT>'",
+        ),
+        (sentinel_alone, "not provided:\n  --master-name <NAME>"),
+        (name_alone, "--master-name: give the sentinels"),
+        (
+            sentinel_cluster,
+            "'--sentinel <HOST:PORT>' cannot be used with '--cluster'",
+        ),
+        (sentinel_region, "--region"),
         (with("--algorithm", "nope"), "'--algorithm <NAME>'"),
         (with("--limit", "0"), "'--limit <N>'"),
         (with("--limit", "many"), "'--limit <N>'"),

@@ -1,7 +1,8 @@
 //! Faults between the rate limiter and Redis, with real processes on
 //! loopback: Redis killed under load and restarted, a slow, stalled or
 //! connection-dropping network (a [`FaultProxy`]), a replica promoted to
-//! primary, and the `distributed` example falling back to memory.
+//! primary, a store behind Redis Sentinel following a failover (`sentinel`),
+//! and the `distributed` example falling back to memory.
 //!
 //! Every test prints the figures it saw (`--nocapture` shows them);
 //! RELIABILITY.md summarises one run. The tests take turns (a shared lock):
@@ -28,6 +29,8 @@ use ratelimit_tests::{Listening, RedisServer, build, named, spawn_listening};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
+
+mod sentinel;
 
 /// The Redis call timeout of the stores under test.
 const CALL_TIMEOUT: Duration = Duration::from_millis(100);

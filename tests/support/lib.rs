@@ -2,7 +2,8 @@
 //! child processes that are stopped on drop, the example binaries
 //! ([`examples`]), requests to them over loopback ([`loopback`]), in-process
 //! fixtures for the layer ([`fixtures`]), real Redis servers and clusters
-//! ([`redis_server`]) and stores on them ([`stores`]).
+//! ([`redis_server`]), a Redis Sentinel set-up ([`sentinels`]) and stores on
+//! them ([`stores`]).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command};
@@ -16,6 +17,7 @@ pub mod fixtures;
 pub mod loopback;
 pub mod metrics;
 pub mod redis_server;
+pub mod sentinels;
 pub mod stores;
 
 pub use examples::{
@@ -23,6 +25,7 @@ pub use examples::{
     spawn_example_lines, spawn_listening, spawn_listening_with_env, spawn_on_env_port,
 };
 pub use redis_server::{Certificates, RedisCluster, RedisServer};
+pub use sentinels::RedisSentinels;
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,
     permits_left, pooled, redis_store, redis_store_on_clock, write_sorted_set,

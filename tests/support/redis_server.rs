@@ -1,5 +1,6 @@
 //! Real Redis servers for tests, on loopback only: a single [`RedisServer`]
-//! and a three-master [`RedisCluster`].
+//! (or a `redis-sentinel`, see [`sentinels`](crate::sentinels)) and a
+//! three-master [`RedisCluster`].
 //!
 //! Every server runs `redis-server` from `PATH` on a free port of 127.0.0.1,
 //! without persistence, in a fresh temporary directory that also holds its
@@ -22,8 +23,14 @@ use tempfile::TempDir;
 /// The panic message when `redis-server` (or `redis-cli`) cannot be run.
 pub const MISSING_REDIS: &str = "redis-server not found on PATH: run scripts/test, which installs redis-server and redis-tools from Debian's packages";
 
+/// The panic message when `redis-sentinel` cannot be run.
+pub const MISSING_SENTINEL: &str = "redis-sentinel not found on PATH: run scripts/test, which installs redis-sentinel from Debian's packages";
+
 /// The `redis-server` executable looked up on `PATH`.
 pub const REDIS_SERVER: &str = "redis-server";
+
+/// The `redis-sentinel` executable looked up on `PATH`.
+pub const REDIS_SENTINEL: &str = "redis-sentinel";
 
 /// The `redis-cli` executable looked up on `PATH`.
 pub const REDIS_CLI: &str = "redis-cli";
@@ -75,6 +82,10 @@ pub struct RedisServer {
     port: u16,
     /// Data directory, holding `redis.log`; dropped after the process.
     dir: TempDir,
+    /// A sentinel's configuration, written to `sentinel.conf` in `dir` at
+    /// the first start (the sentinel rewrites it, and keeps it across a
+    /// restart); `None` for a plain server.
+    sentinel_config: Option<String>,
 }
 
 impl RedisServer {
@@ -120,9 +131,30 @@ impl RedisServer {
         Self::start_inner(program, args, false)
     }
 
+    /// Starts `redis-sentinel` on a free loopback port with `config` as its
+    /// configuration file (`sentinel monitor ...` lines), and waits until it
+    /// has read it (`Sentinel ID is ...` in its log) and answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-sentinel` is missing (the message names scripts/test,
+    /// which installs it), and as [`start`](Self::start).
+    pub fn start_sentinel(config: &str) -> RedisServer {
+        Self::start_with(REDIS_SENTINEL, &[], false, Some(config))
+    }
+
     /// Starts a server on a free port, retrying with other ports when the
     /// chosen one (or its cluster bus port) was taken meanwhile.
     fn start_inner(program: &str, args: &[&str], cluster_bus: bool) -> RedisServer {
+        Self::start_with(program, args, cluster_bus, None)
+    }
+
+    fn start_with(
+        program: &str,
+        args: &[&str],
+        cluster_bus: bool,
+        sentinel_config: Option<&str>,
+    ) -> RedisServer {
         let mut last_failure = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = if cluster_bus {
@@ -143,6 +175,7 @@ impl RedisServer {
                     .collect(),
                 port,
                 dir,
+                sentinel_config: sentinel_config.map(str::to_owned),
             };
             match server.spawn_and_wait() {
                 Ok(()) => return server,
@@ -276,6 +309,15 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("duplicating the handle of {}: {e}", log_path.display()));
         let port = self.port.to_string();
         let mut command = Command::new(&self.program);
+        if let Some(config) = &self.sentinel_config {
+            // A sentinel takes its configuration file first, and rewrites it.
+            let path = self.dir.path().join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, config)
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            }
+            command.arg(path);
+        }
         command
             .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
             .args(["--port", &port])
@@ -288,6 +330,9 @@ impl RedisServer {
             .stderr(log_err);
         self.child = Some(match command.spawn() {
             Ok(child) => child,
+            Err(e) if e.kind() == ErrorKind::NotFound && self.sentinel_config.is_some() => {
+                panic!("{MISSING_SENTINEL}")
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => panic!("{MISSING_REDIS}"),
             Err(e) => panic!("spawning {}: {e}", self.program),
         });
@@ -320,23 +365,26 @@ impl RedisServer {
                     Failure::AddrInUse(log)
                 } else {
                     Failure::Fatal(format!(
-                        "redis-server on port {} exited during startup ({status}); log:\n{log}",
-                        self.port
+                        "{} on port {} exited during startup ({status}); log:\n{log}",
+                        self.program, self.port
                     ))
                 });
             }
             // The log line comes from this process, whereas a PING could be
-            // answered by whatever else took the port meanwhile.
-            if self
-                .log_since(log_start)
-                .contains("Ready to accept connections")
-                && (tls_only || answers_ping(addr))
-            {
+            // answered by whatever else took the port meanwhile. A sentinel
+            // logs its id once it has read its configuration.
+            let ready_line = if self.sentinel_config.is_some() {
+                "Sentinel ID is"
+            } else {
+                "Ready to accept connections"
+            };
+            if self.log_since(log_start).contains(ready_line) && (tls_only || answers_ping(addr)) {
                 return Ok(());
             }
             if start.elapsed() > READY_TIMEOUT {
                 return Err(Failure::Fatal(format!(
-                    "redis-server on port {} did not answer PING within {READY_TIMEOUT:?}; log:\n{}",
+                    "{} on port {} did not answer PING within {READY_TIMEOUT:?}; log:\n{}",
+                    self.program,
                     self.port,
                     self.log_since(log_start)
                 )));

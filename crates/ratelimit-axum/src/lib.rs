@@ -20,6 +20,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `redis` | `RedisStore`: one limit shared by every instance |
+//! | `sentinel` | `RedisStore::sentinel_builder`, for a master behind Redis Sentinel |
 //! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
 //! | `tls` | `rediss://` URLs |
 //! | `bb8` | `RedisStore::bb8_builder`, on the application's own `bb8` pool |

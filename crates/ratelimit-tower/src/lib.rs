@@ -38,7 +38,7 @@
 //! ```toml
 //! [dependencies]
 //! ratelimit-tower = { version = "0.1", features = ["tonic"] }
-//! # Redis: features = ["tonic", "redis"] ("redis-cluster", "tls", "bb8" as well)
+//! # Redis: features = ["tonic", "redis"] ("sentinel", "redis-cluster", "tls", "bb8" as well)
 //! ```
 //!
 //! axum users depend on `ratelimit-axum` instead, which turns on this
@@ -200,8 +200,8 @@ mod service;
 pub use ratelimit_core;
 // What a layer needs besides this crate, so `ratelimit-tower` alone is a
 // complete dependency (for tonic, with the feature `tonic`).
-/// The Redis store (feature `redis`; `redis-cluster`, `tls` and `bb8` forward
-/// to `ratelimit-core`'s features of the same names).
+/// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
+/// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;

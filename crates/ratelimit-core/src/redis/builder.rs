@@ -1,5 +1,5 @@
-//! [`RedisStoreBuilder`]: URLs, TLS, cluster, pool, timeouts, prefix,
-//! coalescing; `build` connects, loads the scripts and probes the ACL.
+//! [`RedisStoreBuilder`]: URLs, TLS, cluster, Sentinel, pool, timeouts,
+//! prefix, coalescing; `build` connects, loads the scripts and probes the ACL.
 
 use super::*;
 
@@ -16,6 +16,10 @@ pub struct RedisStoreBuilder {
     pub(super) fixed_clock: Option<Arc<dyn Clock>>,
     pub(super) allow_unresolved_hosts: bool,
     pub(super) allow_eviction: bool,
+    #[cfg(feature = "sentinel")]
+    pub(super) sentinel: Option<super::sentinel::Settings>,
+    #[cfg(feature = "sentinel")]
+    pub(super) master: super::sentinel::MasterOptions,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
     #[cfg(feature = "bb8")]
@@ -24,8 +28,8 @@ pub struct RedisStoreBuilder {
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("nodes", &self.urls.len())
+        let mut f = f.debug_struct("RedisStoreBuilder");
+        f.field("nodes", &self.urls.len())
             .field("cluster", &self.cluster)
             .field("prefix", &self.prefix)
             .field("pool_size", &self.pool_size)
@@ -34,8 +38,14 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("max_batch", &self.max_batch)
             .field("allow_unresolved_hosts", &self.allow_unresolved_hosts)
             .field("allow_eviction", &self.allow_eviction)
-            .field("bb8_pool", &self.has_pool())
-            .finish_non_exhaustive()
+            .field("bb8_pool", &self.has_pool());
+        #[cfg(feature = "sentinel")]
+        f.field(
+            "sentinels",
+            &self.sentinel.as_ref().map_or(0, |s| s.sentinels.len()),
+        )
+        .field("master", &self.master);
+        f.finish_non_exhaustive()
     }
 }
 
@@ -161,6 +171,41 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Behind Redis Sentinel ([`RedisStore::sentinel_builder`]): log in to
+    /// the master, and to the replica that replaces it after a failover, as
+    /// `username` with `password`: an ACL user, or `default` with the
+    /// `requirepass` password. (The sentinels' own credentials go in their
+    /// URLs.) Without it, the store connects to the master without logging in.
+    #[cfg(feature = "sentinel")]
+    pub fn master_credentials(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.master.credentials = Some((username.into(), password.into()));
+        self
+    }
+
+    /// Behind Redis Sentinel ([`RedisStore::sentinel_builder`]): the
+    /// master's database (default 0; a negative number is refused by
+    /// [`build`](Self::build)).
+    #[cfg(feature = "sentinel")]
+    pub fn master_db(mut self, db: i64) -> Self {
+        self.master.db = db;
+        self
+    }
+
+    /// Behind Redis Sentinel ([`RedisStore::sentinel_builder`]): TLS to the
+    /// master and to the replica that replaces it, trusting
+    /// [`tls_root_cert`](Self::tls_root_cert) when given, else the system's
+    /// roots. The sentinels are reached over TLS when their addresses are
+    /// `rediss://` URLs.
+    #[cfg(all(feature = "sentinel", feature = "tls"))]
+    pub fn master_tls(mut self) -> Self {
+        self.master.tls = true;
+        self
+    }
+
     /// **For tests only.** Makes the scripts use `clock` instead of the Redis
     /// server's `TIME`, so a test can replay a timeline through both stores.
     /// Keys then get an hour of extra TTL, since the timeline does not run in
@@ -183,7 +228,10 @@ impl RedisStoreBuilder {
     /// when a single node that answers refuses the URL's credentials or may
     /// evict keys (unless [`allow_eviction`](Self::allow_eviction); one
     /// connection is tried, within the connect timeout; a node that does not
-    /// answer then is an outage, not a mistake).
+    /// answer then is an outage, not a mistake). Behind Redis Sentinel, fails
+    /// when no sentinel answers, none monitors the master's name, or the
+    /// sentinels or the master refuse the credentials (see
+    /// [`RedisStore::sentinel_builder`]).
     pub async fn build(mut self) -> Result<RedisStore, StoreError> {
         if !valid_prefix(&self.prefix) {
             return Err(StoreError::Backend(
@@ -197,7 +245,13 @@ impl RedisStoreBuilder {
         if !self.allow_unresolved_hosts {
             resolve_hosts(&self.urls, self.connect_timeout).await?;
         }
-        let backend = if let Some(pooled) = self.pooled()? {
+        #[cfg(feature = "sentinel")]
+        let followed = self.following().await?;
+        #[cfg(not(feature = "sentinel"))]
+        let followed: Option<Backend> = None;
+        let backend = if let Some(followed) = followed {
+            followed
+        } else if let Some(pooled) = self.pooled()? {
             pooled
         } else if self.cluster {
             #[cfg(feature = "redis-cluster")]
@@ -337,6 +391,60 @@ impl RedisStoreBuilder {
     #[allow(clippy::unnecessary_wraps)]
     fn pooled(&mut self) -> Result<Option<Backend>, StoreError> {
         Ok(None)
+    }
+
+    /// The backend behind Redis Sentinel, if `sentinel_builder` made this
+    /// builder: the sentinels are asked for the master now (see
+    /// [`Master::check`](super::sentinel::Master::check)).
+    #[cfg(feature = "sentinel")]
+    async fn following(&mut self) -> Result<Option<Backend>, StoreError> {
+        let Some(settings) = self.sentinel.take() else {
+            if self.master != super::sentinel::MasterOptions::default() {
+                return Err(StoreError::Backend(
+                    "master_credentials, master_db and master_tls are for a store built \
+                     with sentinel_builder; give a node's credentials and database in its URL"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let urls = settings.urls(&self.master)?;
+        if !self.allow_unresolved_hosts {
+            resolve_hosts(&urls, self.connect_timeout).await?;
+        }
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        #[cfg(feature = "tls")]
+        let root_cert = self.root_cert.as_deref();
+        #[cfg(not(feature = "tls"))]
+        let root_cert = None;
+        let clients = settings.clients(&self.master, &urls, root_cert)?;
+        let events = super::sentinel::Settings::sentinel_clients(&urls, root_cert)?;
+        let master = Arc::new(super::sentinel::Master::new(
+            clients,
+            settings.master_name,
+            self.connect_timeout,
+        ));
+        let named = master.check().await?;
+        super::sentinel::watch(&master, events);
+        if let Some(client) = &named {
+            check_node(client, self.connect_timeout, self.allow_eviction).await?;
+        }
+        // Each opening asks `master` for the master's client; this one (the
+        // master named now, or a sentinel's) is never used to open one.
+        let client = match named {
+            Some(client) => client,
+            None => redis::Client::open(urls[0].as_str()).map_err(backend_error)?,
+        };
+        Ok(Some(Backend::Node(Node::Own(Box::new(
+            Connections::following(
+                master,
+                client,
+                self.connect_timeout,
+                self.pool_size,
+                AclProbe::new(&self.prefix),
+            ),
+        )))))
     }
 }
 
@@ -479,7 +587,7 @@ const CLUSTER_RETRIES: u32 = 16;
 /// TLS settings that trust the CA certificate `root_cert` (PEM) instead of
 /// the system's roots, with no client certificate.
 #[cfg(feature = "tls")]
-fn trusting(root_cert: Vec<u8>) -> redis::TlsCertificates {
+pub(super) fn trusting(root_cert: Vec<u8>) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(root_cert),

@@ -6,6 +6,10 @@
 //! the connections in turn. A connection that fails with an I/O error is
 //! dropped and the next call on its slot opens a new one, so a restarted or
 //! failed-over Redis is used again without a health-check on every call.
+//!
+//! Behind Redis Sentinel (feature `sentinel`), the node is the master the
+//! sentinels name (see `sentinel`): each connection remembers the master's
+//! epoch it was opened in, and one of an older epoch is dropped unused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -92,6 +96,8 @@ pub(super) struct Connections {
 
 /// What opening a connection takes, shared with the tasks that open them.
 struct Opener {
+    /// The node's client (behind Sentinel unused: each lookup of the master
+    /// gives the master's).
     client: redis::Client,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
@@ -102,6 +108,9 @@ struct Opener {
     )]
     kind: Kind,
     ids: AtomicU64,
+    /// The master the sentinels name, when the node is theirs.
+    #[cfg(feature = "sentinel")]
+    master: Option<Arc<super::sentinel::Master>>,
 }
 
 #[derive(Default)]
@@ -110,6 +119,9 @@ struct Slot {
     /// The opening under way, if any: one per slot at a time, run by a task
     /// of its own, so that it completes whoever waits for it.
     opening: Mutex<Option<Underway>>,
+    /// The sentinels' master epoch `current` was opened in.
+    #[cfg(feature = "sentinel")]
+    epoch: AtomicU64,
 }
 
 /// An opening under way: its id, what it gives, and when its connect
@@ -145,9 +157,44 @@ impl Connections {
                 probe,
                 kind,
                 ids: AtomicU64::new(1),
+                #[cfg(feature = "sentinel")]
+                master: None,
             }),
             slots: (0..size).map(|_| Arc::default()).collect(),
             turn: AtomicUsize::new(0),
+        }
+    }
+
+    /// `size` multiplexed connections (at least 1) to the master the
+    /// sentinels name, as [`new`](Self::new) opens them.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn following(
+        master: Arc<super::sentinel::Master>,
+        client: redis::Client,
+        connect_timeout: Duration,
+        size: u32,
+        probe: AclProbe,
+    ) -> Self {
+        let mut connections = Self::new(client, connect_timeout, size, probe, Kind::Multiplexed);
+        // Always: the opener is not shared yet.
+        if let Some(opener) = Arc::get_mut(&mut connections.opener) {
+            opener.master = Some(master);
+        }
+        connections
+    }
+
+    /// The master the sentinels name, when the node is theirs.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn master(&self) -> Option<&Arc<super::sentinel::Master>> {
+        self.opener.master.as_ref()
+    }
+
+    /// Something failed that may mean the master changed: behind Sentinel,
+    /// the next call asks the sentinels first (elsewhere, nothing to do).
+    pub(super) fn suspect(&self) {
+        #[cfg(feature = "sentinel")]
+        if let Some(master) = &self.opener.master {
+            master.suspect();
         }
     }
 
@@ -172,6 +219,15 @@ impl Connections {
     /// goes on, so a later call finds the connection open instead of
     /// starting again, and timing out again, for ever.
     pub(super) async fn get(&self, slot: usize) -> Result<Shared, RedisError> {
+        // Behind Sentinel, a master that may have changed is looked up
+        // before any call uses a connection to it. Boxed: rare.
+        #[cfg(feature = "sentinel")]
+        if let Some(master) = &self.opener.master {
+            master.failover_under_way()?;
+            if master.is_suspect() {
+                Box::pin(master.look_up()).await?;
+            }
+        }
         if let Some(shared) = self.current(slot) {
             return Ok(shared);
         }
@@ -182,7 +238,21 @@ impl Connections {
 
     /// The connection of `slot`, if it has one open.
     pub(super) fn current(&self, slot: usize) -> Option<Shared> {
-        self.slots[slot].current.lock().clone()
+        self.fresh(&self.slots[slot])
+    }
+
+    /// The connection of `slot`, unless it leads to a master the sentinels
+    /// no longer name (then it is dropped, and the next opening replaces it).
+    fn fresh(&self, slot: &Slot) -> Option<Shared> {
+        #[cfg(feature = "sentinel")]
+        if let Some(master) = &self.opener.master {
+            let mut current = slot.current.lock();
+            if slot.epoch.load(Ordering::Acquire) != master.epoch() {
+                *current = None;
+            }
+            return current.clone();
+        }
+        slot.current.lock().clone()
     }
 
     /// Waits for the opening of `slot`'s connection, started now unless one
@@ -193,7 +263,7 @@ impl Connections {
         for _ in 0..2 {
             let (mut opened, start) = {
                 let mut opening = slot.opening.lock();
-                if let Some(shared) = slot.current.lock().clone() {
+                if let Some(shared) = self.fresh(slot) {
                     return Ok(shared);
                 }
                 let now = Instant::now();
@@ -244,6 +314,7 @@ impl Connections {
     /// Forgets the connection `id` of `slot` (it failed), unless it was
     /// already replaced. Calls still using it finish or fail on their own.
     pub(super) fn discard(&self, slot: usize, id: u64) {
+        self.suspect();
         let mut current = self.slots[slot].current.lock();
         if current.as_ref().is_some_and(|(current, _)| *current == id) {
             *current = None;
@@ -261,7 +332,7 @@ struct Opening {
 
 impl Opening {
     async fn run(self, opener: Arc<Opener>) {
-        let opened = tokio::time::timeout(opener.connect_timeout, opener.open())
+        let opened = tokio::time::timeout(opener.connect_timeout, opener.open_in_epoch())
             .await
             .unwrap_or_else(|_| {
                 Err(RedisError::from(std::io::Error::new(
@@ -270,11 +341,24 @@ impl Opening {
                      than the connect timeout",
                 )))
             })
-            .map(|connection| (self.id, connection));
-        let mut opening = self.slot.opening.lock();
-        if let Ok(shared) = &opened {
-            *self.slot.current.lock() = Some(shared.clone());
+            .map(|(connection, epoch)| ((self.id, connection), epoch));
+        #[cfg(feature = "sentinel")]
+        if opened.is_err() {
+            // Timed out or failed: the master may have changed.
+            if let Some(master) = &opener.master {
+                master.suspect();
+            }
         }
+        let mut opening = self.slot.opening.lock();
+        let opened = opened.map(|(shared, epoch)| {
+            let mut current = self.slot.current.lock();
+            #[cfg(feature = "sentinel")]
+            self.slot.epoch.store(epoch, Ordering::Release);
+            #[cfg(not(feature = "sentinel"))]
+            let _ = epoch;
+            *current = Some(shared.clone());
+            shared
+        });
         self.end(&mut opening);
         self.sender.send_replace(Some(opened));
         drop(opening);
@@ -298,6 +382,16 @@ impl Drop for Opening {
 }
 
 impl Opener {
+    /// A new connection, probed, and the sentinels' master epoch it was
+    /// opened in (0 on a node of its own).
+    async fn open_in_epoch(&self) -> Result<(Link, u64), RedisError> {
+        #[cfg(feature = "sentinel")]
+        if let Some(master) = &self.master {
+            return master.open(&self.config, &self.probe).await;
+        }
+        self.open().await.map(|connection| (connection, 0))
+    }
+
     /// A new connection, probed.
     async fn open(&self) -> Result<Link, RedisError> {
         #[cfg(feature = "redis-cluster")]
@@ -373,6 +467,26 @@ impl Node {
                     lease: Lease::Pool(pooled),
                 })
             }
+        }
+    }
+
+    /// The master the sentinels name, when the node is theirs.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn master(&self) -> Option<&Arc<super::sentinel::Master>> {
+        match self {
+            Node::Own(connections) => connections.master(),
+            #[cfg(feature = "bb8")]
+            Node::Pool(_) => None,
+        }
+    }
+
+    /// Something failed that may mean the master changed (a timeout): behind
+    /// Sentinel, the next call asks the sentinels first.
+    pub(super) fn suspect(&self) {
+        match self {
+            Node::Own(connections) => connections.suspect(),
+            #[cfg(feature = "bb8")]
+            Node::Pool(_) => {}
         }
     }
 

@@ -1,4 +1,7 @@
-//! [`RedisStore`]: one limit shared by every instance of a service.
+//! [`RedisStore`]: one limit shared by every instance of a service, in one
+//! Redis node, the master Redis Sentinel names (feature `sentinel`, see
+//! `RedisStore::sentinel_builder`), or a Redis Cluster (feature
+//! `redis-cluster`).
 //!
 //! Every decision is one Lua call, run atomically by Redis: on Redis 7 and
 //! later a single check is an `FCALL` of the store's function library
@@ -42,6 +45,8 @@ mod pool;
 mod prune;
 mod replies;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod unclaimed;
 #[cfg(feature = "redis-cluster")]
 mod wire;
@@ -62,6 +67,8 @@ use coalesce::{Coalescer, Decided, Item, LaneId};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Kind, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
+#[cfg(feature = "sentinel")]
+pub use sentinel::DEFAULT_SENTINEL_PORT;
 use smallvec::{SmallVec, smallvec};
 use unclaimed::{SentOn, Unclaimed, Via};
 
@@ -75,8 +82,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time allowed for one decision, connection checkout included.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// A store in Redis (one node, or a Redis Cluster with the `redis-cluster`
-/// feature), shared by every instance that points at it.
+/// A store in Redis (one node, the master Redis Sentinel names with the
+/// `sentinel` feature, or a Redis Cluster with the `redis-cluster` feature),
+/// shared by every instance that points at it.
 ///
 /// A concurrency permit that a check took in Redis but could not hand to its
 /// caller (the reply timed out, the connection dropped, the caller dropped
@@ -128,6 +136,8 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let backend = match &self.inner.backend {
             Backend::Node(node) => match node {
+                #[cfg(feature = "sentinel")]
+                Node::Own(connections) if connections.master().is_some() => "sentinel",
                 Node::Own(_) => "single node",
                 #[cfg(feature = "bb8")]
                 Node::Pool(_) => "single node, bb8 pool",
@@ -159,6 +169,10 @@ impl RedisStore {
             fixed_clock: None,
             allow_unresolved_hosts: false,
             allow_eviction: false,
+            #[cfg(feature = "sentinel")]
+            sentinel: None,
+            #[cfg(feature = "sentinel")]
+            master: sentinel::MasterOptions::default(),
             #[cfg(feature = "tls")]
             root_cert: None,
             #[cfg(feature = "bb8")]
@@ -217,6 +231,79 @@ impl RedisStore {
         builder.urls = urls.into_iter().map(Into::into).collect();
         builder.cluster = true;
         builder
+    }
+
+    /// Configures a store behind Redis Sentinel (feature `sentinel`): it
+    /// decides on the multiplexed connections of the master that the
+    /// sentinels at `sentinels` name under `master_name` (the name of
+    /// `sentinel monitor <name> ...`), and follows a failover.
+    ///
+    /// Each sentinel is `host:port`, `host` (port [`DEFAULT_SENTINEL_PORT`])
+    /// or a `redis://[user:password@]host[:port]` URL (`rediss://` for TLS,
+    /// feature `tls`); the user and password of a URL are the sentinels'
+    /// own, the same for every sentinel. The master's credentials, database
+    /// and TLS are the builder's [`master_credentials`](RedisStoreBuilder::master_credentials),
+    /// [`master_db`](RedisStoreBuilder::master_db) and `master_tls`.
+    ///
+    /// How the store follows a failover: after a connection error, a timeout
+    /// or a write refused by a read-only replica (`READONLY`, a master
+    /// demoted under the store), the next call asks the sentinels for the
+    /// master before it decides (every sentinel at once, each through
+    /// redis-rs's `SentinelClient`, which checks with `ROLE` that the node it
+    /// names is a master), and every connection
+    /// to a master they no longer name is dropped unused. Until the
+    /// sentinels name a master that answers, calls fail as an outage
+    /// ([`StoreError::Unavailable`] or [`StoreError::Timeout`]) and the
+    /// failure policy decides. Redis replicates asynchronously: what the old
+    /// master admitted but had not yet sent to the promoted replica is lost
+    /// with it, and may be admitted again (see `RELIABILITY.md`).
+    ///
+    /// [`build`](RedisStoreBuilder::build) asks the sentinels now: it fails
+    /// when none answers, when none monitors `master_name`, or when the
+    /// sentinels or the master refuse the credentials (a master they name
+    /// that is down still builds, as an outage).
+    ///
+    /// ```no_run
+    /// use ratelimit_core::redis::RedisStore;
+    /// use ratelimit_core::{Policy, Rate, Store};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"];
+    /// let store = RedisStore::sentinel_builder(sentinels, "mymaster")
+    ///     .master_credentials("ratelimiter", "secret")
+    ///     .build()
+    ///     .await?;
+    /// let policy = Policy::gcra(20, Rate::per_second(10))?.with_name("api")?;
+    /// let decision = store.check(b"tenant-42", &policy, 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_builder<I, S>(sentinels: I, master_name: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut builder = RedisStore::builder(String::new());
+        builder.urls = Vec::new();
+        builder.sentinel = Some(sentinel::Settings {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master_name: master_name.into(),
+        });
+        builder
+    }
+
+    /// Behind Redis Sentinel, the address (`host:port`) of the master the
+    /// store decides on now: the one the sentinels named when it last asked
+    /// them (`None` before they named one, and on other stores).
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_master(&self) -> Option<String> {
+        match &self.inner.backend {
+            Backend::Node(node) => node.master()?.address(),
+            #[cfg(feature = "redis-cluster")]
+            Backend::Cluster(_) => None,
+        }
     }
 
     /// The Redis key that holds the state of `key` under `policy`.
@@ -360,6 +447,7 @@ impl Inner {
         loop {
             attempt += 1;
             let Ok(checkout) = tokio::time::timeout_at(deadline, node.checkout()).await else {
+                node.suspect();
                 return Err(timeout);
             };
             let mut checkout = checkout?;
@@ -371,14 +459,19 @@ impl Inner {
                 tokio::time::timeout_at(deadline, cmd.query_async(&mut checkout.connection)).await
             else {
                 // A stalled connection is replaced; the command may have run,
-                // so it is never resent.
+                // so it is never resent. Behind Sentinel, any timeout has the
+                // next call ask the sentinels for the master first.
                 if self.stalled(sent, deadline) {
                     node.discard(checkout);
+                } else {
+                    node.suspect();
                 }
                 return Err(timeout);
             };
             if result.as_ref().is_err_and(breaks_connection) {
                 node.discard(checkout);
+            } else if result.as_ref().is_err_and(is_outage) {
+                node.suspect();
             }
             match result {
                 // A timed-out command may have run: never resend it.

@@ -1,0 +1,150 @@
+//! The sentinels' events: one task per sentinel, subscribed to what it
+//! publishes about failovers (`+try-failover`, `-failover-abort-*`,
+//! `+switch-master`), so that the store stops deciding on a master being
+//! failed over, and follows the new one, without waiting for an error.
+//!
+//! A failover ordered with `SENTINEL FAILOVER`, or one after a partition
+//! that the store's side of the network did not see, leaves the old master
+//! up: it takes writes, and answers `ROLE` as a master, until the sentinels
+//! demote it, seconds after its replica's promotion. What it admits
+//! meanwhile is lost when it copies the promoted replica's data, and would
+//! be admitted again. No call fails to tell the store; the events do.
+//!
+//! Each task connects again (after 100 ms, doubling up to 2 s) when its
+//! sentinel's connection ends, and reads the sentinel's view of the master
+//! (`SENTINEL MASTER`: a failover in progress, its `failover-timeout`) each
+//! time it subscribes, so an event missed while it was away is caught up
+//! on. The tasks end with the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::RedisError;
+
+use super::Master;
+
+/// The first wait before connecting to a sentinel again, doubled after each
+/// failure up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A sentinel's `failover-timeout` when it does not say (Redis's default).
+const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Starts watching the events of each of `sentinels` (in the order the
+/// store was given them) for `master`, on the current tokio runtime (none:
+/// nothing is watched, and the store follows failovers by its errors).
+pub(in crate::redis) fn watch(master: &Arc<Master>, sentinels: Vec<redis::Client>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut watchers = master.watchers.lock();
+    for (index, client) in sentinels.into_iter().enumerate() {
+        let task = runtime.spawn(watch_one(Arc::downgrade(master), index, client));
+        watchers.push(task.abort_handle());
+    }
+}
+
+/// Watches sentinel `index` (at `client`) for as long as `master` lives.
+async fn watch_one(master: Weak<Master>, index: usize, client: redis::Client) {
+    let mut wait = RETRY_MIN;
+    let mut first = true;
+    loop {
+        let Some((name, timeout)) = master.upgrade().map(|m| (m.name().to_owned(), m.timeout()))
+        else {
+            return;
+        };
+        if let Ok((pubsub, limit)) = subscribe(&master, index, &client, &name, timeout).await {
+            wait = RETRY_MIN;
+            if !first && let Some(master) = master.upgrade() {
+                // Away from this sentinel, the store may have missed a switch.
+                master.suspect();
+            }
+            first = false;
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let Some(master) = master.upgrade() else {
+                    return;
+                };
+                let payload: String = message.get_payload().unwrap_or_default();
+                on_event(&master, index, message.get_channel_name(), &payload, limit);
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RETRY_MAX);
+    }
+}
+
+/// Subscribes to sentinel `index`'s failover events, then reads its view of
+/// the master named `name` (so that nothing published between is missed):
+/// the subscription, and how long a failover it reports lasts at most.
+async fn subscribe(
+    master: &Weak<Master>,
+    index: usize,
+    client: &redis::Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<(redis::aio::PubSub, Duration), RedisError> {
+    let bounded = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub
+            .subscribe(&["+try-failover", "+switch-master"])
+            .await?;
+        pubsub.psubscribe("-failover-abort-*").await?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let view: HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(name)
+            .query_async(&mut connection)
+            .await?;
+        Ok::<_, RedisError>((pubsub, view))
+    };
+    let (pubsub, view) = tokio::time::timeout(timeout, bounded)
+        .await
+        .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+    let limit = failover_limit(&view);
+    let in_progress = view
+        .get("flags")
+        .is_some_and(|flags| flags.split(',').any(|f| f == "failover_in_progress"));
+    if let Some(master) = master.upgrade() {
+        master.failover_reported(index, in_progress, limit);
+    }
+    Ok((pubsub, limit))
+}
+
+/// How long a failover may stay under way before the store stops waiting
+/// for its end: twice the sentinel's `failover-timeout` (its promotion may
+/// take that long, and so may the replicas' reconfiguration after it).
+fn failover_limit(view: &HashMap<String, String>) -> Duration {
+    let timeout = view
+        .get("failover-timeout")
+        .and_then(|ms| ms.parse().ok())
+        .map_or(DEFAULT_FAILOVER_TIMEOUT, Duration::from_millis);
+    timeout.saturating_mul(2)
+}
+
+/// One event of sentinel `index`: `payload` names the master first
+/// (`master <name> <ip> <port>`), or for `+switch-master` is
+/// `<name> <old ip> <old port> <new ip> <new port>`.
+fn on_event(master: &Master, index: usize, channel: &str, payload: &str, limit: Duration) {
+    let fields: Vec<&str> = payload.split_whitespace().collect();
+    let ours = |fields: &[&str]| matches!(fields, ["master", name, ..] if *name == master.name());
+    match channel {
+        "+try-failover" if ours(&fields) => master.failover_reported(index, true, limit),
+        "+switch-master" => {
+            if let [name, old_host, old_port, _, _] = fields[..]
+                && name == master.name()
+                && let Ok(old_port) = old_port.parse()
+            {
+                master.switched((old_host.to_owned(), old_port));
+            }
+        }
+        channel if channel.starts_with("-failover-abort") && ours(&fields) => {
+            master.failover_reported(index, false, limit);
+            master.suspect();
+        }
+        _ => {}
+    }
+}
