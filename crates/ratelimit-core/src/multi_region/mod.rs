@@ -63,11 +63,11 @@ mod simulation;
 mod sync;
 
 pub use builder::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_SKEW, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
     MultiRegionStoreBuilder,
 };
 pub use counts::Component;
-pub use sync::{MAX_PENDING, PeerStatus};
+pub use sync::{PUSH_BATCH, PUSH_IN_FLIGHT, PeerStatus};
 
 /// The most regions one store knows (itself and its peers).
 pub const MAX_REGIONS: usize = 16;
@@ -112,13 +112,7 @@ impl fmt::Debug for MultiRegionStore {
 
 fn decide_script() -> &'static Script {
     static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        Script::new(concat!(
-            include_str!("../redis/lua/numbers.lua"),
-            "\n",
-            include_str!("lua/decide.lua")
-        ))
-    })
+    SCRIPT.get_or_init(|| sync::script(include_str!("lua/decide.lua")))
 }
 
 /// One check's part of the script's reply.
@@ -126,7 +120,6 @@ struct Seen {
     passes: bool,
     start: u64,
     global: Component,
-    own_after: u64,
 }
 
 impl MultiRegionStore {
@@ -145,9 +138,20 @@ impl MultiRegionStore {
         )
     }
 
-    /// What this instance knows of each peer, as of its last sync.
+    /// What this instance knows of each peer, as of its last status read
+    /// (every sync interval).
     pub fn peers(&self) -> Vec<PeerStatus> {
         self.inner.shared.status()
+    }
+
+    /// Per policy name, the units the other regions admitted that this
+    /// region had not heard of yet, as of the last status read: each peer's
+    /// recent rate under the policy times its observed lag, summed over
+    /// peers and keys. The over-admission of one key is at most its own
+    /// part of this; the `metrics` feature reports it as
+    /// `ratelimit_region_overshoot_estimate`.
+    pub fn overshoot_estimate(&self) -> std::collections::BTreeMap<String, f64> {
+        self.inner.shared.overshoot()
     }
 
     /// Pushes everything queued to every peer and reads their staleness now,
@@ -161,7 +165,7 @@ impl MultiRegionStore {
                 first.get_or_insert(e);
             }
         }
-        if let Err(e) = shared.refresh_staleness().await {
+        if let Err(e) = shared.refresh().await {
             first.get_or_insert(e);
         }
         first.map_or(Ok(()), Err)
@@ -169,15 +173,24 @@ impl MultiRegionStore {
 
     async fn decide(self, checks: Vec<(String, Policy, u64)>) -> Result<Vec<Decision>, StoreError> {
         let inner = &self.inner;
-        let stale: Vec<&str> = inner.shared.stale_peers().collect();
+        let shared = &inner.shared;
+        let timing = shared.timing;
         let mut invocation = decide_script().prepare_invoke();
+        for key in sync::outbox_keys(&inner.prefix) {
+            invocation.key(key);
+        }
+        for peer in &shared.peers {
+            invocation.key(sync::heard_key(&inner.prefix, &peer.name));
+        }
         invocation
             .arg(inner.fixed_clock.as_ref().map_or(0, |c| c.now()))
             .arg(&inner.region)
-            .arg(inner.shared.peers.len() + 1)
-            .arg(stale.len());
-        for name in &stale {
-            invocation.arg(*name);
+            .arg(shared.peers.len() + 1)
+            .arg(micros(timing.staleness))
+            .arg(micros(timing.max_skew))
+            .arg(shared.peers.len());
+        for peer in &shared.peers {
+            invocation.arg(&peer.name);
         }
         for (hash, policy, cost) in &checks {
             let kind = match policy.algorithm() {
@@ -203,7 +216,6 @@ impl MultiRegionStore {
         let all = seen.iter().all(|s| s.passes);
         let mut decisions = Vec::with_capacity(checks.len());
         for ((hash, policy, cost), seen) in checks.iter().zip(&seen) {
-            let window = policy.algorithm().window_micros();
             // When another check denied, one that would pass reports a peek.
             let asked = if all || !seen.passes { *cost } else { 0 };
             let decision = counts::decide(policy, seen.start, now, asked, seen.global)?;
@@ -212,15 +224,14 @@ impl MultiRegionStore {
                     format!("decide.lua and the algorithm disagree on {hash}").into(),
                 ));
             }
-            if all && *cost > 0 {
-                inner
-                    .shared
-                    .record(hash, seen.start, window, seen.own_after, now);
-            }
             decisions.push(decision);
         }
         Ok(decisions)
     }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn number(value: &Value) -> Option<u64> {
@@ -245,16 +256,15 @@ fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreEr
     let Some((&now, rest)) = numbers.split_first() else {
         return Err(bad());
     };
-    if rest.len() != checks * 5 {
+    if rest.len() != checks * 4 {
         return Err(bad());
     }
     let seen = rest
-        .chunks_exact(5)
+        .chunks_exact(4)
         .map(|c| Seen {
             passes: c[0] == 1,
             start: c[1],
             global: Component::new(c[2], c[3]),
-            own_after: c[4],
         })
         .collect();
     Ok((now, seen))

@@ -1,12 +1,29 @@
-//! The sync of one instance: its region's components pushed to every peer
-//! every `sync`, and its peers' staleness read from its own Redis.
+//! The sync of one instance: its region's outbox pushed to every peer every
+//! `sync`, and what its region's Redis holds of each peer read back for the
+//! status, logs and metrics.
 //!
-//! One task per peer pushes what this instance incremented since its last
-//! successful push to that peer (a failed push keeps its entries for the
-//! next), so a slow or partitioned peer never delays the others. One more
-//! task reads, every `sync`, when each peer last pushed into this region's
-//! Redis (`heard.lua`): a peer unheard for longer than `staleness` is stale,
-//! and decisions count it at its conservative share until it is heard again.
+//! Every admission writes its count to the region's outbox, in the same
+//! script (`decide.lua`), so the outbox holds everything the region
+//! admitted, whichever instance admitted it and whether or not its reply
+//! arrived. One task per peer runs a *round* every `sync`:
+//!
+//! 1. read the outbox after the peer's cursor (what was delivered to it),
+//!    1,024 entries per read, until a read reaches the end;
+//! 2. push them to the peer's Redis as they are read, [`PUSH_BATCH`]
+//!    entries per call and up to [`PUSH_IN_FLIGHT`] calls at once
+//!    (`merge.lua`), so a round takes about one round trip more than its
+//!    reads and merges, whatever the number of keys;
+//! 3. once every push landed, *mark* the peer's Redis (`mark.lua`) with a
+//!    ticket, a time of the peer's Redis taken before the last read: every
+//!    count admitted before it has landed. Then move the cursor.
+//!
+//! A peer is heard, and counted at what it sent, only while its freshest
+//! mark is within the staleness; a round that fails, or that cannot finish
+//! within the staleness (a backlog too long for the link), marks nothing,
+//! and the peer's decisions count this region at its conservative share.
+//! Every instance of a region pushes the region's whole outbox from one
+//! shared cursor, so an instance cut off from a peer costs nothing while
+//! another one reaches it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,77 +33,85 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::StoreError;
 use crate::clock::Clock;
 use crate::redis::backend_error;
 
-/// The most (key, window) entries one peer's queue holds while it cannot be
-/// reached; entries whose window ended leave first, and beyond this new
-/// ones are dropped (logged, and the peer counts this region as stale).
-pub const MAX_PENDING: usize = 100_000;
+/// The most entries one push to a peer carries.
+pub const PUSH_BATCH: usize = 256;
 
-/// The most hashes one push carries; a longer queue goes in several pushes.
-const PUSH_BATCH: usize = 256;
+/// The most pushes to one peer in flight at once, from one instance.
+pub const PUSH_IN_FLIGHT: usize = 8;
 
-/// `u64::MAX` in [`Peer::heard_age`]: never heard.
-const NEVER: u64 = u64::MAX;
+/// The most outbox entries one read returns.
+const READ_CHUNK: usize = 1024;
 
-/// What this instance last saw of its own component of one key in one
-/// window, to push.
+/// The most outbox entries one round reads; a longer backlog is delivered
+/// over several rounds, marked by the one that reaches its end.
+const ROUND_ENTRIES: usize = 65_536;
+
+/// A time of a peer's Redis, returned by one mark and carried by the next:
+/// its `TIME` and its clock (the same but in tests), in µs.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
-    window: u64,
-    value: u64,
-    /// When the window after the entry's ends: the entry no longer matters.
-    until: Instant,
+struct Ticket {
+    real: u64,
+    clock: u64,
 }
 
-/// One peer region: its connection, what to push to it, and whether it is stale.
+/// One peer region: its connection, and what this instance last saw of it.
 pub(super) struct Peer {
     pub(super) name: String,
     connection: ConnectionManager,
-    pending: Mutex<HashMap<(String, u64), Entry>>,
-    pub(super) stale: AtomicBool,
-    /// Microseconds since this region's Redis last heard from the peer.
-    heard_age: AtomicU64,
+    /// The clock of the peer's Redis in tests (its `TIME` otherwise).
+    clock: Option<Arc<dyn Clock>>,
+    ticket: Mutex<Option<Ticket>>,
     reachable: AtomicBool,
-    dropped: AtomicU64,
+    seen: Mutex<Seen>,
+}
+
+/// What the last status read found of one peer.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    /// Whether decisions count the peer conservatively.
+    conservative: bool,
+    /// How long before the read the freshest mark's ticket was taken.
+    lag: Option<Duration>,
+    skewed: bool,
+    /// Bounds of the peer's clock minus this region's, µs.
+    skew: Option<(i64, i64)>,
+    backlog: u64,
+    /// Units heard from the peer by policy, and when they were read.
+    arrived: HashMap<String, u64>,
+    read_at: Option<Instant>,
+    /// Units per second heard from the peer by policy, over the last read.
+    rates: HashMap<String, f64>,
 }
 
 impl Peer {
-    pub(super) fn new(name: String, connection: ConnectionManager) -> Self {
+    pub(super) fn new(
+        name: String,
+        connection: ConnectionManager,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Self {
         Peer {
             name,
             connection,
-            pending: Mutex::new(HashMap::new()),
-            // Never heard yet: stale until the first push arrives.
-            stale: AtomicBool::new(true),
-            heard_age: AtomicU64::new(NEVER),
+            clock,
+            ticket: Mutex::new(None),
             reachable: AtomicBool::new(true),
-            dropped: AtomicU64::new(0),
+            seen: Mutex::new(Seen {
+                // Never heard yet: conservative until the first mark lands.
+                conservative: true,
+                ..Seen::default()
+            }),
         }
     }
 
-    fn queue(&self, hash: &str, start: u64, entry: Entry) {
-        let mut pending = self.pending.lock();
-        if let Some(known) = pending.get_mut(&(hash.to_owned(), start)) {
-            known.value = known.value.max(entry.value);
-            return;
-        }
-        if pending.len() >= MAX_PENDING {
-            let now = Instant::now();
-            pending.retain(|_, e| e.until > now);
-            if pending.len() >= MAX_PENDING {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
-                    tracing::warn!(peer = %self.name, "multi-region: push queue full, dropping counts");
-                }
-                return;
-            }
-        }
-        pending.insert((hash.to_owned(), start), entry);
+    fn clock_arg(&self) -> u64 {
+        self.clock.as_ref().map_or(0, |c| c.now())
     }
 }
 
@@ -96,15 +121,58 @@ impl Peer {
 pub struct PeerStatus {
     /// The peer region's name.
     pub region: String,
-    /// Whether decisions count the peer at its conservative share.
+    /// Whether decisions count the peer at its conservative share: never
+    /// marked, marked longer than the staleness ago, or its clock off by
+    /// more than the skew allowed.
     pub stale: bool,
-    /// How long ago this region's Redis last heard from the peer, as of the
-    /// last staleness read; `None` when never.
+    /// The observed lag: how long before the last status read the peer's
+    /// freshest mark was taken (everything the peer admitted before then
+    /// had landed here); `None` when never.
     pub last_heard: Option<Duration>,
-    /// Entries waiting to be pushed to the peer.
-    pub pending: usize,
-    /// Whether the last push to the peer succeeded.
+    /// Whether the peer's clock is off by more than the skew allowed.
+    pub skewed: bool,
+    /// Bounds of the peer's clock minus this region's, in µs, from the
+    /// peer's last mark; `None` before the first.
+    pub skew: Option<(i64, i64)>,
+    /// Entries of this region's outbox not yet delivered to the peer.
+    pub backlog: u64,
+    /// Whether this instance's last round of pushes to the peer succeeded.
     pub reachable: bool,
+}
+
+/// The names of the keys of one region's outbox, in the order the scripts
+/// take them: by sequence, by end, values, meta.
+pub(super) fn outbox_keys(prefix: &str) -> [String; 4] {
+    ["seq", "end", "val", "meta"].map(|part| format!("{prefix}:mr:out:{part}"))
+}
+
+/// `<prefix>:mr:heard:<region>`: when a Redis last had everything `region` admitted.
+pub(super) fn heard_key(prefix: &str, region: &str) -> String {
+    format!("{prefix}:mr:heard:{region}")
+}
+
+/// `<prefix>:mr:rounds:<region>`: merges of `region`'s rounds that ran.
+pub(super) fn rounds_key(prefix: &str, region: &str) -> String {
+    format!("{prefix}:mr:rounds:{region}")
+}
+
+/// `<prefix>:mr:arrived:<region>`: units heard from `region`, by policy.
+pub(super) fn arrived_key(prefix: &str, region: &str) -> String {
+    format!("{prefix}:mr:arrived:{region}")
+}
+
+/// A script with the shared integer helpers ahead of it.
+pub(super) fn script(source: &str) -> Script {
+    Script::new(&format!("{}\n{source}", include_str!("lua/numbers.lua")))
+}
+
+/// The timing of the store and its sync.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    pub(super) sync: Duration,
+    pub(super) staleness: Duration,
+    pub(super) max_skew: Duration,
+    pub(super) push_timeout: Duration,
 }
 
 /// The state the store and its sync tasks share.
@@ -113,24 +181,117 @@ pub(super) struct Shared {
     prefix: String,
     local: ConnectionManager,
     pub(super) peers: Vec<Peer>,
-    sync: Duration,
-    staleness: Duration,
-    push_timeout: Duration,
+    pub(super) timing: Timing,
     fixed_clock: Option<Arc<dyn Clock>>,
-    merge: Script,
+    /// A random id of this instance, and its rounds so far: round ids.
+    instance: u64,
+    rounds: AtomicU64,
+    merge: Arc<Script>,
+    mark: Arc<Script>,
+    outbox: Script,
+    cursor: Script,
     heard: Script,
 }
 
+/// One read of the outbox.
+struct Read {
+    epoch: String,
+    last: u64,
+    done: bool,
+    clock: u64,
+    born: String,
+    entries: Vec<Entry>,
+}
+
+/// What a round's mark claims: every count admitted before `ticket` (a time
+/// of the peer's Redis) has landed there, read by a last read when this
+/// region's clock read `clock`, on top of what the cursor says was
+/// delivered into the generation `relied` (empty: nothing, the whole outbox
+/// was sent).
+struct Mark<'a> {
+    ticket: Ticket,
+    clock: u64,
+    relied: &'a str,
+}
+
+/// The answer to a mark.
+enum Marked {
+    /// Marked, in this generation of the peer's Redis.
+    Yes(String),
+    /// The peer's Redis no longer holds what the cursor says.
+    StartOver,
+    /// A merge of the round had not run (or no mark was sent).
+    Incomplete,
+}
+
+fn parse_mark(reply: &Value) -> Result<(Ticket, Marked), StoreError> {
+    let bad = || bad_reply("mark.lua", reply);
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let [real, clock, marked, born] = items.as_slice() else {
+        return Err(bad());
+    };
+    let ticket = Ticket {
+        real: number(real).ok_or_else(bad)?,
+        clock: number(clock).ok_or_else(bad)?,
+    };
+    let marked = match number(marked).ok_or_else(bad)? {
+        1 => Marked::Yes(text(born).ok_or_else(bad)?),
+        0 => Marked::StartOver,
+        _ => Marked::Incomplete,
+    };
+    Ok((ticket, marked))
+}
+
+/// One entry of the outbox: this region's count of a key in one window.
+struct Entry {
+    hash: String,
+    start: u64,
+    window: u64,
+    value: u64,
+}
+
+fn number(value: &Value) -> Option<u64> {
+    text(value)?.parse().ok()
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::Int(n) => Some(n.to_string()),
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn bad_reply(script: &str, reply: &Value) -> StoreError {
+    StoreError::Backend(format!("unexpected reply to {script}: {reply:?}").into())
+}
+
+/// `<start>:<window>:<hash>`.
+fn parse_member(member: &str, value: u64) -> Option<Entry> {
+    let (start, rest) = member.split_once(':')?;
+    let (window, hash) = rest.split_once(':')?;
+    Some(Entry {
+        hash: hash.to_owned(),
+        start: start.parse().ok()?,
+        window: window.parse().ok()?,
+        value,
+    })
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 impl Shared {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         region: String,
         prefix: String,
         local: ConnectionManager,
         peers: Vec<Peer>,
-        sync: Duration,
-        staleness: Duration,
-        push_timeout: Duration,
+        timing: Timing,
         fixed_clock: Option<Arc<dyn Clock>>,
     ) -> Self {
         Shared {
@@ -138,22 +299,26 @@ impl Shared {
             prefix,
             local,
             peers,
-            sync,
-            staleness,
-            push_timeout,
+            timing,
             fixed_clock,
-            merge: Script::new(concat!(
-                include_str!("../redis/lua/numbers.lua"),
-                "\n",
-                include_str!("lua/merge.lua")
-            )),
+            instance: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
+            rounds: AtomicU64::new(0),
+            merge: Arc::new(script(include_str!("lua/merge.lua"))),
+            mark: Arc::new(script(include_str!("lua/mark.lua"))),
+            outbox: script(include_str!("lua/outbox.lua")),
+            cursor: script(include_str!("lua/cursor.lua")),
             heard: Script::new(include_str!("lua/heard.lua")),
         }
     }
 
-    /// Starts one push task per peer and the staleness task, on the
-    /// current runtime. They hold the shared state, not the store: the
-    /// store aborts them when its last clone drops.
+    /// Starts one push task per peer and the status task, on the current
+    /// runtime. They hold the shared state, not the store: the store aborts
+    /// them when its last clone drops.
     pub(super) fn start(self: &Arc<Self>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::with_capacity(self.peers.len() + 1);
         for index in 0..self.peers.len() {
@@ -162,7 +327,7 @@ impl Shared {
             }));
         }
         tasks.push(self.every_sync(|shared| async move {
-            let _ = shared.refresh_staleness().await;
+            let _ = shared.refresh().await;
         }));
         tasks
     }
@@ -176,7 +341,7 @@ impl Shared {
     {
         let shared = Arc::clone(self);
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval(shared.sync);
+            let mut interval = tokio::time::interval(shared.timing.sync);
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
@@ -185,55 +350,50 @@ impl Shared {
         })
     }
 
-    /// Remembers this region's component `value` of `hash` in the window
-    /// starting at `start`, seen at `now` (µs), for every peer.
-    pub(super) fn record(&self, hash: &str, start: u64, window: u64, value: u64, now: u64) {
-        let left = (start + 2 * window).saturating_sub(now);
-        let entry = Entry {
-            window,
-            value,
-            until: Instant::now() + Duration::from_micros(left),
-        };
-        for peer in &self.peers {
-            peer.queue(hash, start, entry);
-        }
+    fn fixed_now(&self) -> u64 {
+        self.fixed_clock.as_ref().map_or(0, |c| c.now())
     }
 
-    /// The names of the peers that are stale now.
-    pub(super) fn stale_peers(&self) -> impl Iterator<Item = &str> {
-        self.peers
-            .iter()
-            .filter(|p| p.stale.load(Ordering::Relaxed))
-            .map(|p| p.name.as_str())
+    /// Per policy, the units the peers admitted that this region had not
+    /// heard of yet, as of the last status read: each peer's rate under the
+    /// policy (over the last sync interval) times its lag, capped at the
+    /// staleness (beyond it the peer is counted at its share instead).
+    pub(super) fn overshoot(&self) -> std::collections::BTreeMap<String, f64> {
+        let cap = self.timing.staleness.as_secs_f64();
+        let mut estimate = std::collections::BTreeMap::new();
+        for peer in &self.peers {
+            let seen = peer.seen.lock();
+            let lag = seen.lag.map_or(cap, |lag| lag.as_secs_f64().min(cap));
+            for (policy, rate) in &seen.rates {
+                *estimate.entry(policy.clone()).or_insert(0.0) += rate * lag;
+            }
+        }
+        estimate
     }
 
     pub(super) fn status(&self) -> Vec<PeerStatus> {
         self.peers
             .iter()
             .map(|p| {
-                let age = p.heard_age.load(Ordering::Relaxed);
+                let seen = p.seen.lock();
                 PeerStatus {
                     region: p.name.clone(),
-                    stale: p.stale.load(Ordering::Relaxed),
-                    last_heard: (age != NEVER).then(|| Duration::from_micros(age)),
-                    pending: p.pending.lock().len(),
+                    stale: seen.conservative,
+                    last_heard: seen.lag,
+                    skewed: seen.skewed,
+                    skew: seen.skew,
+                    backlog: seen.backlog,
                     reachable: p.reachable.load(Ordering::Relaxed),
                 }
             })
             .collect()
     }
 
-    /// Pushes what is queued for peer `index` (and a heartbeat, even when
-    /// nothing is). On failure the entries stay queued, merged with newer ones.
-    pub(super) async fn push(&self, index: usize) -> Result<(), StoreError> {
+    /// One round of pushes to peer `index` (see the module docs), with its
+    /// logs and metrics.
+    pub(super) async fn push(self: &Arc<Self>, index: usize) -> Result<(), StoreError> {
         let peer = &self.peers[index];
-        let now = Instant::now();
-        let taken: Vec<((String, u64), Entry)> = {
-            let mut pending = peer.pending.lock();
-            pending.retain(|_, e| e.until > now);
-            pending.drain().collect()
-        };
-        let result = self.push_entries(peer, &taken).await;
+        let result = self.round(index).await;
         let reachable = result.is_ok();
         if peer.reachable.swap(reachable, Ordering::Relaxed) != reachable {
             if reachable {
@@ -242,100 +402,372 @@ impl Shared {
                 tracing::warn!(region = %self.region, peer = %peer.name, error = %e, "multi-region: cannot push to peer");
             }
         }
-        if let Err(e) = result {
-            #[cfg(feature = "metrics")]
+        #[cfg(feature = "metrics")]
+        if !reachable {
             ::metrics::counter!(
                 crate::metrics::REGION_PUSH_FAILURES,
                 "region" => self.region.clone(),
                 "peer" => peer.name.clone()
             )
             .increment(1);
-            for ((hash, start), entry) in taken {
-                peer.queue(&hash, start, entry);
-            }
-            return Err(e);
         }
-        Ok(())
+        result
     }
 
-    async fn push_entries(
+    async fn round(self: &Arc<Self>, index: usize) -> Result<(), StoreError> {
+        let peer = &self.peers[index];
+        let held = *peer.ticket.lock();
+        let ticket = match held {
+            Some(ticket) => ticket,
+            None => self.ask_ticket(peer).await?,
+        };
+        // Everything after the cursor, read before anything is sent: the
+        // last read, after the ticket, is what the mark claims.
+        let mut entries = Vec::new();
+        let mut after = None;
+        let mut first: Option<(String, String)> = None;
+        let end = loop {
+            let read = self.read(peer, after).await?;
+            match &first {
+                Some((epoch, _)) if *epoch != read.epoch => {
+                    return Err(StoreError::Backend(
+                        "multi-region: the outbox started a new epoch during a round".into(),
+                    ));
+                }
+                Some(_) => {}
+                None => first = Some((read.epoch.clone(), read.born.clone())),
+            }
+            entries.extend(read.entries);
+            after = Some(read.last);
+            if read.done {
+                break Some((read.last, read.clock));
+            }
+            if entries.len() >= ROUND_ENTRIES {
+                break None;
+            }
+        };
+        let (epoch, relied) = first.unwrap_or_default();
+        let Some((last, clock)) = end else {
+            // A backlog longer than one round: delivered in part, marked
+            // nothing (the peer counts this region at its share once the
+            // staleness passes without a mark).
+            if let Some(last) = after {
+                self.send(peer, &epoch, &entries, None).await?;
+                self.move_cursor(peer, Some(last), &epoch, &relied).await?;
+            }
+            return Ok(());
+        };
+        let mark = Mark {
+            ticket,
+            clock,
+            relied: &relied,
+        };
+        match self.send(peer, &epoch, &entries, Some(mark)).await? {
+            Marked::Yes(born) => self.move_cursor(peer, Some(last), &epoch, &born).await,
+            // The peer's Redis no longer holds what the cursor says: the
+            // next round pushes the whole outbox.
+            Marked::StartOver => self.move_cursor(peer, None, &epoch, &relied).await,
+            Marked::Incomplete => Err(StoreError::Backend(
+                "multi-region: a merge of the round had not run when it was marked".into(),
+            )),
+        }
+    }
+
+    /// Sends `entries` to the peer, [`PUSH_BATCH`] per merge and up to
+    /// [`PUSH_IN_FLIGHT`] merges per pipeline, then `mark` at the end of the
+    /// last pipeline, behind every merge of the round. The pipelines but
+    /// the last go at once; the last (with the mark) once they answered, so
+    /// a round of up to `PUSH_BATCH x PUSH_IN_FLIGHT` entries takes one
+    /// round trip, and any round two.
+    async fn send(
         &self,
         peer: &Peer,
-        entries: &[((String, u64), Entry)],
-    ) -> Result<(), StoreError> {
-        let heard_key = heard_key(&self.prefix, &self.region);
-        // The heard key outlives staleness by far, and expires after a day
-        // of silence at most.
-        let heard_ttl = self
+        epoch: &str,
+        entries: &[Entry],
+        mark: Option<Mark<'_>>,
+    ) -> Result<Marked, StoreError> {
+        let round = self.next_round();
+        let batches: Vec<&[Entry]> = entries.chunks(PUSH_BATCH).collect();
+        let groups: Vec<&[&[Entry]]> = batches.chunks(PUSH_IN_FLIGHT).collect();
+        let (last_group, others): (&[&[Entry]], &[&[&[Entry]]]) = match groups.split_last() {
+            Some((last, others)) => (last, others),
+            None => (&[], &[]),
+        };
+        let mut in_flight = JoinSet::new();
+        for group in others {
+            let mut pipe = redis::pipe();
+            for batch in *group {
+                pipe.add_command(self.merge_command(peer, epoch, &round, batch));
+            }
+            in_flight.spawn(self.send_pipeline(peer, pipe));
+        }
+        while let Some(result) = in_flight.join_next().await {
+            result.map_err(|e| {
+                StoreError::Backend(format!("multi-region: a push task failed: {e}").into())
+            })??;
+        }
+        let mut pipe = redis::pipe();
+        for batch in last_group {
+            pipe.add_command(self.merge_command(peer, epoch, &round, batch));
+        }
+        let Some(mark) = mark else {
+            if !pipe.is_empty() {
+                self.send_pipeline(peer, pipe).await?;
+            }
+            return Ok(Marked::Incomplete);
+        };
+        pipe.add_command(self.mark_command(peer, Some(&mark), &round, batches.len()));
+        let replies = self.send_pipeline(peer, pipe).await?;
+        let reply = replies
+            .last()
+            .ok_or_else(|| StoreError::Backend("multi-region: no reply to the mark".into()))?;
+        let (next, marked) = parse_mark(reply)?;
+        *peer.ticket.lock() = Some(next);
+        Ok(marked)
+    }
+
+    /// Sends one pipeline to the peer (loading the scripts first if its
+    /// Redis lost them, then sending it once more: merges are idempotent,
+    /// and a mark whose round's merges did not all run marks nothing).
+    fn send_pipeline(
+        &self,
+        peer: &Peer,
+        pipe: redis::Pipeline,
+    ) -> impl Future<Output = Result<Vec<Value>, StoreError>> + Send + 'static {
+        let mut connection = peer.connection.clone();
+        let timeout = self.timing.push_timeout;
+        let (merge, mark) = (Arc::clone(&self.merge), Arc::clone(&self.mark));
+        async move {
+            let send = async {
+                match pipe.query_async::<Vec<Value>>(&mut connection).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        merge.prepare_invoke().load_async(&mut connection).await?;
+                        mark.prepare_invoke().load_async(&mut connection).await?;
+                        pipe.query_async::<Vec<Value>>(&mut connection).await
+                    }
+                    other => other,
+                }
+            };
+            tokio::time::timeout(timeout, send)
+                .await
+                .map_err(|_| StoreError::Timeout(timeout))?
+                .map_err(backend_error)
+        }
+    }
+
+    /// A fresh id for one round of this instance.
+    fn next_round(&self) -> String {
+        let n = self.rounds.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}-{n}", self.instance)
+    }
+
+    /// `EVALSHA merge.lua` of one batch.
+    fn merge_command(&self, peer: &Peer, epoch: &str, round: &str, batch: &[Entry]) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.merge.get_hash())
+            .arg(batch.len() + 2)
+            .arg(arrived_key(&self.prefix, &self.region))
+            .arg(rounds_key(&self.prefix, &self.region));
+        for entry in batch {
+            cmd.arg(&entry.hash);
+        }
+        cmd.arg(&self.region)
+            .arg(epoch)
+            .arg(peer.clock_arg())
+            .arg(micros(self.timing.max_skew))
+            .arg(&self.prefix)
+            .arg(round);
+        for entry in batch {
+            cmd.arg(entry.start).arg(entry.window).arg(entry.value);
+        }
+        cmd
+    }
+
+    /// `EVALSHA mark.lua`: a mark behind `merges` merges of `round`, or a
+    /// request for a ticket only.
+    fn mark_command(
+        &self,
+        peer: &Peer,
+        mark: Option<&Mark<'_>>,
+        round: &str,
+        merges: usize,
+    ) -> redis::Cmd {
+        // The heard hash outlives the staleness by far, and expires after
+        // a day of silence at most.
+        let ttl = self
+            .timing
             .staleness
             .saturating_mul(10)
-            .max(Duration::from_secs(60));
-        let heard_ttl = heard_ttl.min(Duration::from_secs(86_400)).as_millis();
-        let fixed_now = self.fixed_clock.as_ref().map_or(0, |c| c.now());
-        let mut batches = entries.chunks(PUSH_BATCH).peekable();
-        let empty: &[((String, u64), Entry)] = &[];
-        let mut first = true;
-        while let Some(batch) = batches.next().or(if first { Some(empty) } else { None }) {
-            first = false;
-            let mut invocation = self.merge.key(&heard_key);
-            invocation
-                .arg(&self.region)
-                .arg(u64::try_from(heard_ttl).unwrap_or(u64::MAX))
-                .arg(fixed_now);
-            for ((hash, start), entry) in batch {
-                invocation
-                    .key(hash)
-                    .arg(*start)
-                    .arg(entry.window)
-                    .arg(entry.value);
-            }
-            let mut connection = peer.connection.clone();
-            tokio::time::timeout(
-                self.push_timeout,
-                invocation.invoke_async::<Value>(&mut connection),
-            )
-            .await
-            .map_err(|_| StoreError::Timeout(self.push_timeout))?
-            .map_err(backend_error)?;
+            .clamp(Duration::from_secs(60), Duration::from_secs(86_400));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.mark.get_hash())
+            .arg(2)
+            .arg(heard_key(&self.prefix, &self.region))
+            .arg(rounds_key(&self.prefix, &self.region))
+            .arg(mark.map_or(0, |m| m.ticket.real))
+            .arg(mark.map_or(0, |m| m.ticket.clock))
+            .arg(mark.map_or(0, |m| m.clock))
+            .arg(peer.clock_arg())
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .arg(micros(self.timing.max_skew))
+            .arg(mark.map_or("", |m| m.relied))
+            .arg(round)
+            .arg(merges);
+        cmd
+    }
+
+    /// Reads the outbox after `after` (the peer's cursor when `None`).
+    async fn read(&self, peer: &Peer, after: Option<u64>) -> Result<Read, StoreError> {
+        let keys = outbox_keys(&self.prefix);
+        let mut invocation = self.outbox.prepare_invoke();
+        invocation
+            .key(&keys[0])
+            .key(&keys[2])
+            .key(&keys[3])
+            .arg(&peer.name)
+            .arg(after.map_or(-1, |a| i64::try_from(a).unwrap_or(i64::MAX)))
+            .arg(READ_CHUNK)
+            .arg(self.fixed_now())
+            .arg(micros(self.timing.max_skew));
+        let mut connection = self.local.clone();
+        let reply = tokio::time::timeout(
+            self.timing.push_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
+        .map_err(backend_error)?;
+        let bad = || bad_reply("outbox.lua", &reply);
+        let Value::Array(items) = &reply else {
+            return Err(bad());
+        };
+        if items.len() < 6 || items.len() % 2 != 0 {
+            return Err(bad());
         }
+        let entries = items[6..]
+            .chunks_exact(2)
+            .map(|pair| parse_member(&text(&pair[0])?, number(&pair[1])?))
+            .collect::<Option<Vec<Entry>>>()
+            .ok_or_else(bad)?;
+        Ok(Read {
+            epoch: text(&items[0]).ok_or_else(bad)?,
+            last: number(&items[2]).ok_or_else(bad)?,
+            done: number(&items[3]).ok_or_else(bad)? == 1,
+            clock: number(&items[4]).ok_or_else(bad)?,
+            born: text(&items[5]).ok_or_else(bad)?,
+            entries,
+        })
+    }
+
+    /// A ticket of the peer's Redis, nothing marked.
+    async fn ask_ticket(&self, peer: &Peer) -> Result<Ticket, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.mark_command(peer, None, "", 0));
+        let replies = self.send_pipeline(peer, pipe).await?;
+        let reply = replies
+            .first()
+            .ok_or_else(|| StoreError::Backend("multi-region: no reply to the mark".into()))?;
+        let (ticket, _) = parse_mark(reply)?;
+        *peer.ticket.lock() = Some(ticket);
+        Ok(ticket)
+    }
+
+    /// Moves the peer's cursor forward to `to`, or back to 0 when `None`.
+    async fn move_cursor(
+        &self,
+        peer: &Peer,
+        to: Option<u64>,
+        epoch: &str,
+        born: &str,
+    ) -> Result<(), StoreError> {
+        let keys = outbox_keys(&self.prefix);
+        let mut invocation = self.cursor.prepare_invoke();
+        invocation
+            .key(&keys[3])
+            .arg(&peer.name)
+            .arg(to.map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX)))
+            .arg(epoch)
+            .arg(born);
+        let mut connection = self.local.clone();
+        tokio::time::timeout(
+            self.timing.push_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
+        .map_err(backend_error)?;
         Ok(())
     }
 
-    /// Reads when each peer was last heard from, and marks stale the peers
-    /// unheard for longer than the staleness (logging and counting changes).
-    pub(super) async fn refresh_staleness(&self) -> Result<(), StoreError> {
+    /// Reads what this region's Redis holds of each peer (`heard.lua`):
+    /// updates the status, logs changes, and records the lag, skew and
+    /// overshoot estimate.
+    pub(super) async fn refresh(&self) -> Result<(), StoreError> {
+        let keys = outbox_keys(&self.prefix);
         let mut invocation = self.heard.prepare_invoke();
+        invocation.key(&keys[0]).key(&keys[3]);
         for peer in &self.peers {
             invocation.key(heard_key(&self.prefix, &peer.name));
         }
+        for peer in &self.peers {
+            invocation.key(arrived_key(&self.prefix, &peer.name));
+            invocation.arg(&peer.name);
+        }
         let mut connection = self.local.clone();
         let reply = tokio::time::timeout(
-            self.push_timeout,
-            invocation.invoke_async::<Vec<i64>>(&mut connection),
+            self.timing.push_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
         )
         .await
-        .map_err(|_| StoreError::Timeout(self.push_timeout))?
+        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
         .map_err(backend_error)?;
-        let Some((&now, heard)) = reply.split_first() else {
-            return Err(StoreError::Backend("empty reply to heard.lua".into()));
+        let bad = || bad_reply("heard.lua", &reply);
+        let Value::Array(items) = &reply else {
+            return Err(bad());
         };
-        let staleness = u64::try_from(self.staleness.as_micros()).unwrap_or(u64::MAX);
-        for (peer, &at) in self.peers.iter().zip(heard) {
-            let age = if at < 0 {
-                NEVER
-            } else {
-                u64::try_from(now.saturating_sub(at)).unwrap_or(0)
+        let Some((now, rest)) = items.split_first() else {
+            return Err(bad());
+        };
+        let now = number(now).ok_or_else(bad)?;
+        if rest.len() != self.peers.len() * 6 {
+            return Err(bad());
+        }
+        let read_at = Instant::now();
+        let staleness = micros(self.timing.staleness);
+        for (peer, fields) in self.peers.iter().zip(rest.chunks_exact(6)) {
+            let at = text(&fields[0]).and_then(|t| t.parse::<i64>().ok());
+            let lag = at
+                .and_then(|at| u64::try_from(at).ok())
+                .map(|at| Duration::from_micros(now.saturating_sub(at)));
+            let skewed = number(&fields[1]) == Some(1);
+            let skew = match (
+                text(&fields[2]).and_then(|t| t.parse::<i64>().ok()),
+                text(&fields[3]).and_then(|t| t.parse::<i64>().ok()),
+            ) {
+                (Some(lo), Some(hi)) => Some((lo, hi)),
+                _ => None,
             };
-            peer.heard_age.store(age, Ordering::Relaxed);
-            let stale = age > staleness;
-            if peer.stale.swap(stale, Ordering::Relaxed) != stale {
-                if stale {
-                    tracing::warn!(region = %self.region, peer = %peer.name, "multi-region: peer stale, counted at its conservative share");
+            let backlog = number(&fields[4]).unwrap_or(0);
+            let arrived: HashMap<String, u64> = match &fields[5] {
+                Value::Array(pairs) => pairs
+                    .chunks_exact(2)
+                    .filter_map(|pair| Some((text(&pair[0])?, number(&pair[1])?)))
+                    .collect(),
+                _ => HashMap::new(),
+            };
+            let conservative = lag.is_none_or(|lag| micros(lag) > staleness) || skewed;
+            let mut seen = peer.seen.lock();
+            if seen.conservative != conservative {
+                if conservative {
+                    tracing::warn!(region = %self.region, peer = %peer.name, lag = ?lag, skewed, "multi-region: peer counted at its conservative share");
                 } else {
-                    tracing::info!(region = %self.region, peer = %peer.name, "multi-region: peer heard again");
+                    tracing::info!(region = %self.region, peer = %peer.name, lag = ?lag, "multi-region: peer heard again");
                 }
                 #[cfg(feature = "metrics")]
-                if stale {
+                if conservative {
                     ::metrics::counter!(
                         crate::metrics::REGION_STALE_TRANSITIONS,
                         "region" => self.region.clone(),
@@ -344,26 +776,62 @@ impl Shared {
                     .increment(1);
                 }
             }
+            if skewed && !seen.skewed {
+                tracing::warn!(region = %self.region, peer = %peer.name, skew_micros = ?skew, max_skew = ?self.timing.max_skew, "multi-region: peer's clock is off by more than allowed");
+            }
+            let rates: HashMap<String, f64> = match seen.read_at {
+                Some(before) if read_at > before => {
+                    let seconds = (read_at - before).as_secs_f64();
+                    arrived
+                        .iter()
+                        .map(|(policy, &units)| {
+                            let was = seen.arrived.get(policy).copied().unwrap_or(0);
+                            // A counter that went back expired: count from 0.
+                            let new = if units >= was { units - was } else { units };
+                            (policy.clone(), new as f64 / seconds)
+                        })
+                        .collect()
+                }
+                _ => HashMap::new(),
+            };
             #[cfg(feature = "metrics")]
             {
-                let seconds = if age == NEVER {
-                    f64::INFINITY
-                } else {
-                    Duration::from_micros(age).as_secs_f64()
-                };
+                let lag_seconds = lag.map_or(f64::INFINITY, |lag| lag.as_secs_f64());
                 ::metrics::gauge!(
-                    crate::metrics::REGION_PEER_STALENESS,
+                    crate::metrics::REGION_PEER_LAG,
                     "region" => self.region.clone(),
                     "peer" => peer.name.clone()
                 )
-                .set(seconds);
+                .set(lag_seconds);
+                if let Some((lo, hi)) = skew {
+                    ::metrics::gauge!(
+                        crate::metrics::REGION_PEER_SKEW,
+                        "region" => self.region.clone(),
+                        "peer" => peer.name.clone()
+                    )
+                    .set((lo as f64 + hi as f64) / 2e6);
+                }
             }
+            *seen = Seen {
+                conservative,
+                lag,
+                skewed,
+                skew,
+                backlog,
+                arrived,
+                read_at: Some(read_at),
+                rates,
+            };
+        }
+        #[cfg(feature = "metrics")]
+        for (policy, units) in self.overshoot() {
+            ::metrics::gauge!(
+                crate::metrics::REGION_OVERSHOOT,
+                "region" => self.region.clone(),
+                "policy" => policy
+            )
+            .set(units);
         }
         Ok(())
     }
-}
-
-/// `<prefix>:mr:heard:<region>`: when a Redis last heard from `region`.
-pub(super) fn heard_key(prefix: &str, region: &str) -> String {
-    format!("{prefix}:mr:heard:{region}")
 }
