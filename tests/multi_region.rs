@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
@@ -872,11 +872,13 @@ async fn admitted_once_each(store: &MultiRegionStore, policy: &Policy, keys: &[S
     admitted
 }
 
-/// Many keys, 50 ms between regions: a peer counts as heard only once
-/// every count it admitted before has landed, so 3,000 clients that each
-/// spent their limit of 1 in `us` are all refused in `eu` as soon as `eu`
-/// has heard from `us` since. The time that took (the lag `D` with 3,000
-/// keys in one push) is printed for BENCHMARKS.md.
+/// Many keys, 50 ms between regions, two instances in `us`, one of them
+/// cut off from `eu` by a proxy: a peer counts as heard only once every
+/// count it admitted before has landed, whichever instance admitted it, so
+/// 3,000 clients that each spent their limit of 1 in `us` (half through
+/// the cut-off instance) are all refused in `eu` as soon as `eu` has heard
+/// from `us` since. The time that took (the lag `D` with 3,000 keys in one
+/// round) and the other instance's backlog are printed for BENCHMARKS.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     let sync = Duration::from_millis(20);
@@ -884,34 +886,46 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     for proxy in regions.proxies.iter().flatten().flatten() {
         proxy.set_latency(Duration::from_millis(50));
     }
+    let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
+    for proxy in proxies.iter().flatten() {
+        proxy.set_latency(Duration::from_millis(50));
+    }
+    if let Some(proxy) = &proxies[0] {
+        proxy.set_mode(Mode::Drop);
+    }
     regions.wait_fresh().await;
     let policy = fixed(1);
     let keys: Vec<String> = (0..3_000).map(|i| format!("client-{i}")).collect();
-    // Admitted faster than one push round trip: 500 clients per call.
+    // Admitted faster than one push round trip: 500 clients per call,
+    // every other call through the cut-off instance.
     let started = Instant::now();
-    for chunk in keys.chunks(500) {
+    for (i, chunk) in keys.chunks(500).enumerate() {
         let checks: Vec<Check<'_>> = chunk
             .iter()
             .map(|k| Check::new(k.as_bytes(), &policy, 1))
             .collect();
-        let decisions = regions.stores[1]
-            .check_all(&checks)
-            .await
-            .expect("decisions");
+        let store = if i % 2 == 0 { &regions.stores[1] } else { &cut };
+        let decisions = store.check_all(&checks).await.expect("decisions");
         assert!(ratelimit_core::all_allowed(&decisions));
     }
     let done = Instant::now();
     let lag = regions.wait_heard_since(0, 1, done).await;
     let unseen = with_budget_left(&regions.stores[0], &policy, &keys).await;
+    let status = regions.stores[0].peers();
     eprintln!(
-        "3,000 keys admitted in us in {:?}; eu heard all of them {lag:?} later (sync {sync:?}, 50 ms between regions)",
+        "3,000 keys admitted in us in {:?} (two instances, one cut off from eu); eu heard all of \
+         them {lag:?} later (sync {sync:?}, 50 ms between regions)",
         done - started
     );
     assert_eq!(
-        unseen,
-        0,
-        "eu still had budget for clients that us had admitted: {:?}",
-        regions.stores[0].peers()
+        unseen, 0,
+        "eu still had budget for clients that us had admitted: {status:?}"
+    );
+    assert!(status.iter().all(|p| !p.stale), "{status:?}");
+    let cut_status = cut.peers();
+    assert!(
+        cut_status.iter().any(|p| p.region == "eu" && !p.reachable),
+        "{cut_status:?}"
     );
 }
 
@@ -1160,5 +1174,133 @@ async fn a_decision_never_shortens_a_peers_ttl() {
     assert!(
         after + 1_000 >= before,
         "the TTL went from {before} to {after} ms"
+    );
+}
+
+/// The script reads a hash's fields as `counts::view` does: after traffic
+/// in two regions and reloads of two policies (other windows and limits
+/// under the same names), every decision of `eu` equals the one computed
+/// in Rust from the hash's fields read just before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_reads_fields_as_counts_view_does() {
+    use ratelimit_core::multi_region::counts::{self, Count};
+    use ratelimit_tests::observable;
+
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
+    regions.wait_fresh().await;
+    let ms = Duration::from_millis;
+    let fixed_variants = [
+        fixed_window("view-fw", 5, ms(1000)),
+        fixed_window("view-fw", 8, ms(2500)),
+        fixed_window("view-fw", 3, ms(400)),
+    ];
+    let sliding_variants = [
+        named("view-swc", Policy::sliding_window_counter(6, ms(1000))),
+        named("view-swc", Policy::sliding_window_counter(9, ms(3000))),
+        named("view-swc", Policy::sliding_window_counter(4, ms(700))),
+    ];
+    // Counts from us first, heard in eu.
+    for policy in [&fixed_variants[0], &sliding_variants[0]] {
+        for _ in 0..2 {
+            let _ = regions.stores[1]
+                .check(b"view", policy, 1)
+                .await
+                .expect("a decision");
+        }
+    }
+    let since = Instant::now();
+    regions.wait_heard_since(0, 1, since).await;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut compared = 0;
+    for _ in 0..150 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        regions.clock.advance(ms(20 + seed % 300));
+        let variants = if seed % 2 == 0 {
+            &fixed_variants
+        } else {
+            &sliding_variants
+        };
+        let policy = &variants[usize::try_from((seed >> 8) % 3).expect("an index")];
+        let cost = (seed >> 16) % 3;
+        let hash = regions.stores[0].state_key(b"view", policy);
+        let counts: Vec<Count> = regions
+            .fields(0, &hash)
+            .into_iter()
+            .filter_map(|(name, value)| {
+                let mut parts = name.split(':');
+                let region = parts.next()?;
+                let start = parts.next()?.parse().ok()?;
+                let window = parts.next()?.parse().ok()?;
+                (!region.contains('@')).then(|| Count::new(region, start, window, value))
+            })
+            .collect();
+        let now = regions.clock.now();
+        let window = policy.algorithm().window_micros();
+        let share = counts::conservative_share(policy.limit(), 3);
+        let (start, global) = counts::view("eu", &counts, window, now, &[], share);
+        let expected = counts::decide(policy, start, now, cost, global).expect("supported");
+        let ours = regions.stores[0]
+            .check(b"view", policy, cost)
+            .await
+            .expect("a decision");
+        assert_eq!(
+            observable(&ours),
+            observable(&expected),
+            "{policy:?} cost {cost} at {now}: {counts:?}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 150);
+}
+
+/// The operator sees `D` and its cost: the lag of each peer and the
+/// overshoot estimate per policy are recorded (no label carries a key), and
+/// a peer's clock offset is reported.
+#[test]
+fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
+    use ratelimit_core::metrics::{REGION_OVERSHOOT, REGION_PEER_LAG, REGION_PEER_SKEW};
+    use ratelimit_tests::metrics::capture;
+
+    let (estimate, recorded) = capture(false, || async {
+        let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+        for proxy in regions.proxies.iter().flatten().flatten() {
+            proxy.set_latency(Duration::from_millis(50));
+        }
+        regions.wait_fresh().await;
+        let policy = fixed(1_000_000);
+        // About 1,000 units a second in us, on 50 keys, for half a second.
+        let started = Instant::now();
+        let mut i = 0u64;
+        while started.elapsed() < Duration::from_millis(500) {
+            let key = format!("secret-tenant-{}", i % 50);
+            let _ = regions.stores[1]
+                .check(key.as_bytes(), &policy, 10)
+                .await
+                .expect("a decision");
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = regions.stores[0].sync_now().await;
+        regions.stores[0].overshoot_estimate()
+    });
+    let lag = recorded
+        .gauge(REGION_PEER_LAG, &[("region", "eu"), ("peer", "us")])
+        .expect("a lag gauge");
+    assert!(lag > 0.0 && lag < 2.0, "{lag}");
+    let overshoot = recorded
+        .gauge(REGION_OVERSHOOT, &[("region", "eu"), ("policy", "mr")])
+        .expect("an overshoot estimate");
+    assert!(overshoot > 0.0, "{overshoot}");
+    assert_eq!(estimate.get("mr").copied(), Some(overshoot));
+    let skew = recorded
+        .gauge(REGION_PEER_SKEW, &[("region", "eu"), ("peer", "us")])
+        .expect("a skew gauge");
+    assert!(skew.abs() < 1.0, "{skew}");
+    let labels = recorded.label_values();
+    assert!(
+        labels.iter().all(|l| !l.contains("secret-tenant")),
+        "{labels:?}"
     );
 }

@@ -46,6 +46,9 @@ pub const PUSH_BATCH: usize = 256;
 /// The most pushes to one peer in flight at once, from one instance.
 pub const PUSH_IN_FLIGHT: usize = 8;
 
+/// The time constant of the rates behind the overshoot estimate.
+const RATE_SMOOTHING: Duration = Duration::from_secs(1);
+
 /// The most outbox entries one read returns.
 const READ_CHUNK: usize = 1024;
 
@@ -782,15 +785,23 @@ impl Shared {
             let rates: HashMap<String, f64> = match seen.read_at {
                 Some(before) if read_at > before => {
                     let seconds = (read_at - before).as_secs_f64();
-                    arrived
+                    // Smoothed over about a second: a sync interval is too
+                    // short to tell a rate.
+                    let keep = (-seconds / RATE_SMOOTHING.as_secs_f64()).exp();
+                    let mut rates: HashMap<String, f64> = seen
+                        .rates
                         .iter()
-                        .map(|(policy, &units)| {
-                            let was = seen.arrived.get(policy).copied().unwrap_or(0);
-                            // A counter that went back expired: count from 0.
-                            let new = if units >= was { units - was } else { units };
-                            (policy.clone(), new as f64 / seconds)
-                        })
-                        .collect()
+                        .map(|(policy, rate)| (policy.clone(), rate * keep))
+                        .collect();
+                    for (policy, &units) in &arrived {
+                        let was = seen.arrived.get(policy).copied().unwrap_or(0);
+                        // A counter that went back expired: count from 0.
+                        let new = if units >= was { units - was } else { units };
+                        *rates.entry(policy.clone()).or_default() +=
+                            (1.0 - keep) * new as f64 / seconds;
+                    }
+                    rates.retain(|_, rate| *rate > 1e-9);
+                    rates
                 }
                 _ => HashMap::new(),
             };
