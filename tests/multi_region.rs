@@ -133,8 +133,8 @@ impl Regions {
 
     /// Waits (at most 10 s) until region `to` has heard from region `from`
     /// since `since`: everything `from` admitted before `since` has landed
-    /// in `to`'s Redis (or `to` counts `from` as stale). Returns how long
-    /// after `since` that was.
+    /// in `to`'s Redis, and `to` counts `from` at what it sent (not at its
+    /// share). Returns how long after `since` that was.
     async fn wait_heard_since(&self, to: usize, from: usize, since: Instant) -> Duration {
         loop {
             let elapsed = since.elapsed();
@@ -144,7 +144,7 @@ impl Regions {
                 .into_iter()
                 .find(|p| p.region == NAMES[from])
                 .expect("a peer");
-            if status.stale || status.last_heard.is_some_and(|age| age < elapsed) {
+            if !status.stale && status.last_heard.is_some_and(|age| age < elapsed) {
                 return since.elapsed();
             }
             assert!(
@@ -1302,5 +1302,125 @@ fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
     assert!(
         labels.iter().all(|l| !l.contains("secret-tenant")),
         "{labels:?}"
+    );
+}
+
+/// A backlog longer than one round (65,536 entries) is delivered over
+/// several rounds, and only the round that reaches its end marks `us`
+/// heard: 70,000 clients spent in `us` while it could not reach `eu` (from
+/// the start, so the first rounds deliver into an `eu` that never heard of
+/// `us`) are all refused in `eu` once it has heard from `us` since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let path = regions.proxies[1][0]
+        .as_ref()
+        .expect("a path from us to eu");
+    path.set_mode(Mode::Drop);
+    // us hears from its peers (the other way is open).
+    let start = Instant::now();
+    while !regions.stores[1].peers().iter().all(|p| !p.stale) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "us never heard its peers"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Each client spends its whole limit of 3: a peer counted at its share
+    // (1) would still leave budget.
+    let policy = fixed(3);
+    let keys: Vec<String> = (0..70_000).map(|i| format!("c{i}")).collect();
+    let started = Instant::now();
+    for chunk in keys.chunks(1_000) {
+        let checks: Vec<Check<'_>> = chunk
+            .iter()
+            .map(|k| Check::new(k.as_bytes(), &policy, 3))
+            .collect();
+        let decisions = regions.stores[1]
+            .check_all(&checks)
+            .await
+            .expect("decisions");
+        assert!(ratelimit_core::all_allowed(&decisions));
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "admitting took over a minute"
+        );
+    }
+    path.set_mode(Mode::Forward);
+    let done = Instant::now();
+    let lag = regions.wait_heard_since(0, 1, done).await;
+    let unseen = with_budget_left(&regions.stores[0], &policy, &keys).await;
+    eprintln!(
+        "70,000 keys admitted in us in {:?} while cut off from eu; eu heard all of them {lag:?} after the path healed",
+        done - started
+    );
+    assert_eq!(unseen, 0);
+}
+
+/// A peer whose Redis lost its data (restarted without persistence) gets
+/// the whole outbox again before it counts this region as heard: `eu`
+/// restarted refuses the clients `us` spent before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_lost_its_data_gets_everything_again() {
+    let mut regions = Regions::start(Duration::from_millis(20), Duration::from_millis(500)).await;
+    regions.wait_fresh().await;
+    let policy = fixed(3);
+    let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
+    let checks: Vec<Check<'_>> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), &policy, 3))
+        .collect();
+    let decisions = regions.stores[1]
+        .check_all(&checks)
+        .await
+        .expect("decisions");
+    assert!(ratelimit_core::all_allowed(&decisions));
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+    regions.servers[0].restart();
+    let restarted = Instant::now();
+    // Heard again since the restart: everything landed again.
+    loop {
+        let elapsed = restarted.elapsed();
+        let _ = regions.stores[0].sync_now().await;
+        let status = regions.stores[0].peers();
+        let us = status.iter().find(|p| p.region == "us").expect("a peer");
+        if !us.stale && us.last_heard.is_some_and(|age| age < elapsed) {
+            break;
+        }
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "never heard again: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+}
+
+/// A peer whose script cache was flushed gets the scripts again, and the
+/// counts with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    regions.wait_fresh().await;
+    let policy = fixed(1);
+    assert_eq!(regions.servers[0].cli(&["SCRIPT", "FLUSH"]), "OK");
+    let keys: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[1], &policy, &keys).await,
+        50
+    );
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
     );
 }

@@ -209,12 +209,15 @@ struct Read {
 /// What a round's mark claims: every count admitted before `ticket` (a time
 /// of the peer's Redis) has landed there, read by a last read when this
 /// region's clock read `clock`, on top of what the cursor says was
-/// delivered into the generation `relied` (empty: nothing, the whole outbox
-/// was sent).
+/// delivered into the generation `relied` (empty: nothing, the round
+/// started from the outbox's beginning).
 struct Mark<'a> {
     ticket: Ticket,
     clock: u64,
     relied: &'a str,
+    /// False when the round read only part of a longer backlog: it claims
+    /// no ticket, and only learns the generation its part landed in.
+    whole: bool,
 }
 
 /// The answer to a mark.
@@ -223,7 +226,7 @@ enum Marked {
     Yes(String),
     /// The peer's Redis no longer holds what the cursor says.
     StartOver,
-    /// A merge of the round had not run (or no mark was sent).
+    /// A merge of the round had not run.
     Incomplete,
 }
 
@@ -450,22 +453,21 @@ impl Shared {
             }
         };
         let (epoch, relied) = first.unwrap_or_default();
-        let Some((last, clock)) = end else {
-            // A backlog longer than one round: delivered in part, marked
-            // nothing (the peer counts this region at its share once the
-            // staleness passes without a mark).
-            if let Some(last) = after {
-                self.send(peer, &epoch, &entries, None).await?;
-                self.move_cursor(peer, Some(last), &epoch, &relied).await?;
-            }
-            return Ok(());
+        // A backlog longer than one round is delivered in part and claims
+        // nothing (the peer counts this region at its share once the
+        // staleness passes without a mark); the next round goes on from
+        // where this one stopped.
+        let (last, clock, whole) = match end {
+            Some((last, clock)) => (last, clock, true),
+            None => (after.unwrap_or(0), 0, false),
         };
         let mark = Mark {
             ticket,
             clock,
             relied: &relied,
+            whole,
         };
-        match self.send(peer, &epoch, &entries, Some(mark)).await? {
+        match self.send(peer, &epoch, &entries, mark).await? {
             Marked::Yes(born) => self.move_cursor(peer, Some(last), &epoch, &born).await,
             // The peer's Redis no longer holds what the cursor says: the
             // next round pushes the whole outbox.
@@ -487,7 +489,7 @@ impl Shared {
         peer: &Peer,
         epoch: &str,
         entries: &[Entry],
-        mark: Option<Mark<'_>>,
+        mark: Mark<'_>,
     ) -> Result<Marked, StoreError> {
         let round = self.next_round();
         let batches: Vec<&[Entry]> = entries.chunks(PUSH_BATCH).collect();
@@ -513,12 +515,6 @@ impl Shared {
         for batch in last_group {
             pipe.add_command(self.merge_command(peer, epoch, &round, batch));
         }
-        let Some(mark) = mark else {
-            if !pipe.is_empty() {
-                self.send_pipeline(peer, pipe).await?;
-            }
-            return Ok(Marked::Incomplete);
-        };
         pipe.add_command(self.mark_command(peer, Some(&mark), &round, batches.len()));
         let replies = self.send_pipeline(peer, pipe).await?;
         let reply = replies
@@ -618,7 +614,8 @@ impl Shared {
             .arg(micros(self.timing.max_skew))
             .arg(mark.map_or("", |m| m.relied))
             .arg(round)
-            .arg(merges);
+            .arg(merges)
+            .arg(u8::from(mark.is_some_and(|m| m.whole)));
         cmd
     }
 

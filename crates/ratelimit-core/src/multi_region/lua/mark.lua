@@ -24,6 +24,9 @@
 --          merge counts itself done in KEYS[2] (`<prefix>:mr:rounds:<from>`)
 --          as its last step, so a round marks only if all of them ran
 --          whole before the mark
+-- ARGV[10] 1 when the round read the outbox to its end (it claims the
+--          ticket); 0 when it read only part of a longer backlog: then it
+--          only learns the generation its part landed in, marking nothing
 --
 -- A round that relies on a generation claims what earlier rounds delivered
 -- into it: if this hash is missing or was born again since (this Redis lost
@@ -61,6 +64,11 @@ if relied ~= '' and born ~= relied then
 end
 if born == false then
   born = fmt(real_now)
+end
+if ARGV[10] ~= '1' then
+  redis.call('HSET', KEYS[1], 'born', born)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {fmt(real_now), fmt(now), 1, born}
 end
 local at = tonumber(heard[2] or '0') or 0
 if ticket > at then
