@@ -896,10 +896,10 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     regions.wait_fresh().await;
     let policy = fixed(1);
     let keys: Vec<String> = (0..3_000).map(|i| format!("client-{i}")).collect();
-    // Admitted faster than one push round trip: 500 clients per call,
-    // every other call through the cut-off instance.
+    // Admitted at once, half through each instance: one round carries
+    // them all.
     let started = Instant::now();
-    for (i, chunk) in keys.chunks(500).enumerate() {
+    for (i, chunk) in keys.chunks(1_500).enumerate() {
         let checks: Vec<Check<'_>> = chunk
             .iter()
             .map(|k| Check::new(k.as_bytes(), &policy, 1))
@@ -909,12 +909,29 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
         assert!(ratelimit_core::all_allowed(&decisions));
     }
     let done = Instant::now();
+    // When the last count admitted landed in eu, watched meanwhile with peeks.
+    let landed = {
+        let (eu, policy) = (regions.stores[0].clone(), policy.clone());
+        let last = keys[keys.len() - 1].clone();
+        tokio::spawn(async move {
+            loop {
+                let peek = eu.check(last.as_bytes(), &policy, 0).await.expect("a peek");
+                if peek.remaining() == 0 {
+                    return done.elapsed();
+                }
+                assert!(done.elapsed() < Duration::from_secs(10), "never landed");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
     let lag = regions.wait_heard_since(0, 1, done).await;
     let unseen = with_budget_left(&regions.stores[0], &policy, &keys).await;
     let status = regions.stores[0].peers();
+    let landed = landed.await.expect("the watch");
     eprintln!(
-        "3,000 keys admitted in us in {:?} (two instances, one cut off from eu); eu heard all of \
-         them {lag:?} later (sync {sync:?}, 50 ms between regions)",
+        "3,000 keys admitted in us in {:?} (two instances, one cut off from eu); the last one \
+         landed in eu {landed:?} later, and eu heard us since {lag:?} later (sync {sync:?}, \
+         50 ms between regions)",
         done - started
     );
     assert_eq!(

@@ -67,7 +67,7 @@ pub use builder::{
     MultiRegionStoreBuilder,
 };
 pub use counts::Component;
-pub use sync::{PUSH_BATCH, PUSH_IN_FLIGHT, PeerStatus};
+pub use sync::{PUSH_BATCH, PUSH_PIPELINE, PeerStatus};
 
 /// The most regions one store knows (itself and its peers).
 pub const MAX_REGIONS: usize = 16;

@@ -9,13 +9,15 @@
 //!
 //! 1. read the outbox after the peer's cursor (what was delivered to it),
 //!    1,024 entries per read, until a read reaches the end;
-//! 2. push them to the peer's Redis as they are read, [`PUSH_BATCH`]
-//!    entries per call and up to [`PUSH_IN_FLIGHT`] calls at once
-//!    (`merge.lua`), so a round takes about one round trip more than its
-//!    reads and merges, whatever the number of keys;
-//! 3. once every push landed, *mark* the peer's Redis (`mark.lua`) with a
+//! 2. push them to the peer's Redis, [`PUSH_BATCH`] entries per merge
+//!    (`merge.lua`), [`PUSH_PIPELINE`] merges per pipeline, every pipeline
+//!    at once and in order on one connection, so a round takes one round
+//!    trip, plus its reads and the merges' time in the peer's Redis,
+//!    whatever the number of keys;
+//! 3. behind the last merge, *mark* the peer's Redis (`mark.lua`) with a
 //!    ticket, a time of the peer's Redis taken before the last read: every
-//!    count admitted before it has landed. Then move the cursor.
+//!    count admitted before it has landed. The mark checks that every merge
+//!    of the round ran before it. Then move the cursor.
 //!
 //! A peer is heard, and counted at what it sent, only while its freshest
 //! mark is within the staleness; a round that fails, or that cannot finish
@@ -33,7 +35,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::StoreError;
@@ -43,8 +45,10 @@ use crate::redis::backend_error;
 /// The most entries one push to a peer carries.
 pub const PUSH_BATCH: usize = 256;
 
-/// The most pushes to one peer in flight at once, from one instance.
-pub const PUSH_IN_FLIGHT: usize = 8;
+/// The most merges one pipeline to a peer carries (the peer's Redis runs a
+/// pipeline's commands one after the other, serving others in between
+/// pipelines).
+pub const PUSH_PIPELINE: usize = 8;
 
 /// The time constant of the rates behind the overshoot estimate.
 const RATE_SMOOTHING: Duration = Duration::from_secs(1);
@@ -478,12 +482,12 @@ impl Shared {
         }
     }
 
-    /// Sends `entries` to the peer, [`PUSH_BATCH`] per merge and up to
-    /// [`PUSH_IN_FLIGHT`] merges per pipeline, then `mark` at the end of the
-    /// last pipeline, behind every merge of the round. The pipelines but
-    /// the last go at once; the last (with the mark) once they answered, so
-    /// a round of up to `PUSH_BATCH x PUSH_IN_FLIGHT` entries takes one
-    /// round trip, and any round two.
+    /// Sends `entries` to the peer, [`PUSH_BATCH`] per merge and
+    /// [`PUSH_PIPELINE`] merges per pipeline, then `mark` at the end of the
+    /// last pipeline. The pipelines go out at once, in order, on one
+    /// connection, so the peer's Redis runs every merge before the mark
+    /// (which checks it did) and a round takes one round trip whatever its
+    /// size, plus the time the peer's Redis takes to run it.
     async fn send(
         &self,
         peer: &Peer,
@@ -493,30 +497,30 @@ impl Shared {
     ) -> Result<Marked, StoreError> {
         let round = self.next_round();
         let batches: Vec<&[Entry]> = entries.chunks(PUSH_BATCH).collect();
-        let groups: Vec<&[&[Entry]]> = batches.chunks(PUSH_IN_FLIGHT).collect();
-        let (last_group, others): (&[&[Entry]], &[&[&[Entry]]]) = match groups.split_last() {
-            Some((last, others)) => (last, others),
-            None => (&[], &[]),
-        };
-        let mut in_flight = JoinSet::new();
-        for group in others {
-            let mut pipe = redis::pipe();
-            for batch in *group {
-                pipe.add_command(self.merge_command(peer, epoch, &round, batch));
-            }
-            in_flight.spawn(self.send_pipeline(peer, pipe));
+        let mut pipes: Vec<redis::Pipeline> = batches
+            .chunks(PUSH_PIPELINE)
+            .map(|group| {
+                let mut pipe = redis::pipe();
+                for batch in group {
+                    pipe.add_command(self.merge_command(peer, epoch, &round, batch));
+                }
+                pipe
+            })
+            .collect();
+        if pipes.is_empty() {
+            pipes.push(redis::pipe());
         }
-        while let Some(result) = in_flight.join_next().await {
-            result.map_err(|e| {
-                StoreError::Backend(format!("multi-region: a push task failed: {e}").into())
-            })??;
+        if let Some(last) = pipes.last_mut() {
+            last.add_command(self.mark_command(peer, Some(&mark), &round, batches.len()));
         }
-        let mut pipe = redis::pipe();
-        for batch in last_group {
-            pipe.add_command(self.merge_command(peer, epoch, &round, batch));
+        let sends = pipes
+            .into_iter()
+            .map(|pipe| Box::pin(self.send_pipeline(peer, pipe)) as Pending)
+            .collect();
+        let mut replies = Vec::new();
+        for reply in in_order(sends).await {
+            replies = reply?;
         }
-        pipe.add_command(self.mark_command(peer, Some(&mark), &round, batches.len()));
-        let replies = self.send_pipeline(peer, pipe).await?;
         let reply = replies
             .last()
             .ok_or_else(|| StoreError::Backend("multi-region: no reply to the mark".into()))?;
@@ -842,4 +846,33 @@ impl Shared {
         }
         Ok(())
     }
+}
+
+/// A pipeline on its way to a peer.
+type Pending = std::pin::Pin<Box<dyn Future<Output = Result<Vec<Value>, StoreError>> + Send>>;
+
+/// Drives `sends` together, each first polled in the order given, so their
+/// commands go out on the connection in that order; their outputs, in that
+/// order.
+async fn in_order(mut sends: Vec<Pending>) -> Vec<Result<Vec<Value>, StoreError>> {
+    let mut outputs: Vec<Option<Result<Vec<Value>, StoreError>>> =
+        sends.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (send, output) in sends.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match send.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
