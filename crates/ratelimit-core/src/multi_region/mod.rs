@@ -2,20 +2,37 @@
 //! Redis, without a cross-region round trip per request.
 //!
 //! Every decision is one Lua call in the region's own Redis, against the
-//! global count of a G-counter: this region's exact count plus every other
-//! region's last known count (see [`counts`]). Each instance pushes its
-//! region's counts to every peer's Redis every `sync` (default 100 ms),
-//! merged there by maximum, so replays, duplicates and reordering are
-//! harmless. A peer unheard for longer than `staleness` counts at its
-//! conservative share, `ceil(limit / regions)`, until it is heard again.
+//! global count: this region's exact count plus what each peer region's
+//! pushes added (see [`counts`]). The same call writes the admission to the
+//! region's *outbox* in Redis, and every `sync` (default 100 ms) each
+//! instance pushes the region's outbox to every peer's Redis in one round
+//! trip, whatever the number of keys. The receiver adds what it had not
+//! heard, in the window of its own clock in which it arrives, so replays,
+//! duplicates, reordering and a peer's clock never hide or erase a count. A
+//! round that delivered everything *marks* the peer heard; a peer whose
+//! freshest mark is older than `staleness`, or whose clock is off by more
+//! than `max_skew`, counts at its conservative share,
+//! `ceil(limit / regions)`, until it is heard again.
 //!
-//! **The bound.** Let `D` be one sync interval plus one replication lag (the
-//! time a push takes to land). In any window, the regions together admit at
-//! most `limit` plus what the other regions admitted during the `D` before
-//! the last admission: a region's view of a peer is never older than `D`,
-//! and every admission keeps `own + known <= limit`. Requests further apart
-//! than `D` therefore admit `limit` exactly. While a peer is unreachable
-//! but not yet stale, `D` stretches to the staleness.
+//! **The bound.** Let `D` be the lag: the time from an admission in one
+//! region until it has landed in a peer's Redis. A round starts every
+//! `sync` (or as soon as a longer one ended) and takes one round trip plus
+//! the time the peer's Redis runs its merges, so
+//! `D ≈ sync + round trip + n × t`, with `n` the keys admitted since the
+//! last round and `t` a few tens of µs; any instance of the region that
+//! reaches the peer delivers the whole region's counts. For every region
+//! and every window of its clock, up to its last admission in the window,
+//! the regions together admit at most `limit` plus what the other regions
+//! admitted during the `D` before that admission (every admission keeps
+//! `own + heard <= limit`, and everything admitted more than `D` ago has
+//! been heard). Requests further apart than `D` therefore admit `limit`
+//! exactly. Regions' clocks apart by up to `max_skew` start their windows
+//! that far apart, so in the windows of any one clock the bound holds away
+//! from the edges by that much. While a peer cannot be reached but is not
+//! yet stale, `D` stretches to the staleness; beyond it, the shares apply.
+//! The lag is reported per peer ([`PeerStatus::last_heard`], an upper bound
+//! of `D`), and the extra term per policy
+//! ([`MultiRegionStore::overshoot_estimate`]).
 //!
 //! Algorithms: fixed window and sliding window counter, whose state is a
 //! count per window; other policies are [`StoreError::Unsupported`].
