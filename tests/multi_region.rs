@@ -1234,7 +1234,7 @@ async fn the_script_reads_fields_as_counts_view_does() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         regions.clock.advance(ms(20 + seed % 300));
-        let variants = if seed % 2 == 0 {
+        let variants = if seed.is_multiple_of(2) {
             &fixed_variants
         } else {
             &sliding_variants
