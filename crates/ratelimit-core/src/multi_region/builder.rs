@@ -26,6 +26,9 @@ pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// nothing; beyond it a peer is counted at its conservative share.
 pub const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(1);
 
+/// The longest staleness or skew allowed: a day.
+const MAX_DURATION: Duration = Duration::from_secs(86_400);
+
 /// Configures a [`MultiRegionStore`].
 #[must_use]
 pub struct MultiRegionStoreBuilder {
@@ -101,7 +104,7 @@ impl MultiRegionStoreBuilder {
     /// How old a peer's freshest complete push may be before this region
     /// counts the peer at its conservative share (default
     /// [`DEFAULT_STALENESS`]); more than twice `sync`, since a push is marked
-    /// with a time taken before the round that carries it.
+    /// with a time taken before the round that carries it, and at most a day.
     pub fn staleness(mut self, staleness: Duration) -> Self {
         self.staleness = staleness;
         self
@@ -109,7 +112,7 @@ impl MultiRegionStoreBuilder {
 
     /// The largest difference between this region's clock (its Redis's
     /// `TIME`) and a peer's that changes nothing (default
-    /// [`DEFAULT_MAX_SKEW`]). Regions decide by their own clocks, so a skew
+    /// [`DEFAULT_MAX_SKEW`], at most a day). Regions decide by their own clocks, so a skew
     /// shifts where their windows start; beyond this, once a push shows it,
     /// the peer is counted at its conservative share, logged and reported.
     pub fn max_skew(mut self, max_skew: Duration) -> Self {
@@ -198,6 +201,14 @@ impl MultiRegionStoreBuilder {
                 .into(),
             ));
         }
+        // The scripts compute with these in µs, exactly below 2^53.
+        for (what, value) in [("staleness", self.staleness), ("max_skew", self.max_skew)] {
+            if value > MAX_DURATION {
+                return Err(StoreError::Backend(
+                    format!("{what} ({value:?}) must be at most {MAX_DURATION:?}").into(),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -274,4 +285,37 @@ fn valid_name(name: &str, max: usize) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(builder: MultiRegionStoreBuilder) -> String {
+        match builder.build().await {
+            Err(StoreError::Backend(e)) => e.to_string(),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_settings_are_refused_before_connecting() {
+        // Port 1: nothing listens, and nothing is tried.
+        let base = || {
+            MultiRegionStore::builder("eu", "redis://127.0.0.1:1").peer("us", "redis://127.0.0.1:1")
+        };
+        let e = refused(
+            base()
+                .sync(Duration::from_secs(1))
+                .staleness(Duration::from_secs(2)),
+        )
+        .await;
+        assert!(e.contains("more than twice"), "{e}");
+        let e = refused(base().max_skew(Duration::from_secs(86_401))).await;
+        assert!(e.contains("max_skew"), "{e}");
+        let e = refused(base().peer("eu", "redis://127.0.0.1:1")).await;
+        assert!(e.contains("named twice"), "{e}");
+        let e = refused(MultiRegionStore::builder("e:u", "redis://127.0.0.1:1")).await;
+        assert!(e.contains("region name"), "{e}");
+    }
 }
