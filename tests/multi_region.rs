@@ -1,7 +1,10 @@
 //! `MultiRegionStore` on three real `redis-server`s, one per region, on
 //! loopback: uneven traffic within the stated bound, spaced requests exact,
 //! partitions through the fault proxy (each side within its conservative
-//! share), healing (convergence, nothing lost), and TTLs on every key.
+//! share), healing (convergence, nothing lost), TTLs on every key; many
+//! keys, several instances per region (one cut off from a peer), a lost
+//! reply, clocks apart, reloads, peers that lost their data or scripts; the
+//! lag and overshoot metrics.
 
 use std::time::{Duration, Instant};
 
@@ -706,10 +709,11 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
     assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
 }
 
-/// Partitions are logged and counted: the staleness gauge per region and
-/// peer, the count of stale transitions, and failed pushes.
+/// Partitions are logged and counted: the lag gauge per region and peer
+/// (growing while a peer is cut off), the count of stale transitions, and
+/// failed rounds.
 #[test]
-fn staleness_is_a_gauge_and_transitions_are_counted() {
+fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
     use ratelimit_core::metrics::{
         REGION_PEER_LAG, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS,
     };
