@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::sync::{Peer, Shared, Timing};
+use super::peer::{Peer, Timing};
+use super::sync::Shared;
 use super::{Inner, MAX_REGIONS, MultiRegionStore};
 use crate::StoreError;
 use crate::clock::Clock;

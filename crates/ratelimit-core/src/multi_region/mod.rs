@@ -75,6 +75,8 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod builder;
 pub mod counts;
+mod peer;
+mod round;
 #[cfg(test)]
 mod simulation;
 mod sync;
@@ -84,7 +86,8 @@ pub use builder::{
     MultiRegionStoreBuilder,
 };
 pub use counts::Component;
-pub use sync::{PUSH_BATCH, PUSH_PIPELINE, PeerStatus};
+pub use round::{PUSH_BATCH, PUSH_PIPELINE};
+pub use sync::PeerStatus;
 
 /// The most regions one store knows (itself and its peers).
 pub const MAX_REGIONS: usize = 16;
@@ -129,7 +132,7 @@ impl fmt::Debug for MultiRegionStore {
 
 fn decide_script() -> &'static Script {
     static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| sync::script(include_str!("lua/decide.lua")))
+    SCRIPT.get_or_init(|| peer::script(include_str!("lua/decide.lua")))
 }
 
 /// One check's part of the script's reply.
@@ -193,18 +196,18 @@ impl MultiRegionStore {
         let shared = &inner.shared;
         let timing = shared.timing;
         let mut invocation = decide_script().prepare_invoke();
-        for key in sync::outbox_keys(&inner.prefix) {
+        for key in peer::outbox_keys(&inner.prefix) {
             invocation.key(key);
         }
         for peer in &shared.peers {
-            invocation.key(sync::heard_key(&inner.prefix, &peer.name));
+            invocation.key(peer::heard_key(&inner.prefix, &peer.name));
         }
         invocation
             .arg(inner.fixed_clock.as_ref().map_or(0, |c| c.now()))
             .arg(&inner.region)
             .arg(shared.peers.len() + 1)
-            .arg(micros(timing.staleness))
-            .arg(micros(timing.max_skew))
+            .arg(peer::micros(timing.staleness))
+            .arg(peer::micros(timing.max_skew))
             .arg(shared.peers.len());
         for peer in &shared.peers {
             invocation.arg(&peer.name);
@@ -247,19 +250,6 @@ impl MultiRegionStore {
     }
 }
 
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn number(value: &Value) -> Option<u64> {
-    match value {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
 fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreError> {
     let bad = || StoreError::Backend(format!("unexpected reply to decide.lua: {reply:?}").into());
     let Value::Array(items) = reply else {
@@ -267,7 +257,7 @@ fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreEr
     };
     let numbers: Vec<u64> = items
         .iter()
-        .map(number)
+        .map(peer::number)
         .collect::<Option<_>>()
         .ok_or_else(bad)?;
     let Some((&now, rest)) = numbers.split_first() else {
