@@ -7,7 +7,7 @@
 //! its sequence numbers and one cursor per peer, what was heard of each
 //! peer) and a clock off the reference by up to a skew. Each region runs
 //! several instances; every `sync` each instance runs a round to each peer
-//! as `sync.rs` does: a ticket of the peer's clock first if it has none,
+//! as `round.rs` does: a ticket of the peer's clock first if it has none,
 //! then one read of the outbox after the shared cursor, landing one lag
 //! later (merged by the receiver's clock, marked with the ticket), and the
 //! answer one lag after that (the next ticket, the cursor moved). A round
