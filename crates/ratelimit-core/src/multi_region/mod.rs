@@ -16,11 +16,12 @@
 //!
 //! **The bound.** Let `D` be the lag: the time from an admission in one
 //! region until it has landed in a peer's Redis. A round starts every
-//! `sync` (or as soon as a longer one ended) and takes one round trip plus
-//! the time the peer's Redis runs its merges, so
-//! `D ≈ sync + round trip + n × t`, with `n` the keys admitted since the
-//! last round and `t` a few tens of µs; any instance of the region that
-//! reaches the peer delivers the whole region's counts. For every region
+//! `sync` (or as soon as a longer one ended) and takes its reads, one round
+//! trip and the time the peer's Redis runs its merges (a few tens of µs per
+//! key admitted since the last round), so `D <= max(sync, round) + round`:
+//! with a `sync` longer than a round, about `sync`, half a round trip and
+//! the merges. Any instance of the region that reaches the peer delivers
+//! the whole region's counts. For every region
 //! and every window of its clock, up to its last admission in the window,
 //! the regions together admit at most `limit` plus what the other regions
 //! admitted during the `D` before that admission (every admission keeps

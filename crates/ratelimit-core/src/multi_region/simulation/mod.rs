@@ -55,12 +55,13 @@ fn requests(
 }
 
 /// The lag `D` of a model whose every region keeps an instance in touch
-/// with every peer: a round starts within `max(sync, 2 x lag)` of any
-/// admission (rounds of one instance do not overlap), and lands one lag
-/// later; one more `sync` when an instance needs a ticket first.
+/// with every peer: the next round reads within `sync + 2 x lag` of any
+/// admission (it starts at the first tick after the previous round's
+/// answer, a round trip after it started), and lands one lag later; at
+/// the start, one more `sync` while an instance asks its first ticket.
 fn lag_d(sync: u64, lags: &[u64]) -> u64 {
     let lag = lags.iter().max().copied().unwrap_or(0);
-    2 * sync.max(2 * lag) + lag
+    2 * sync + 3 * lag
 }
 
 proptest! {
