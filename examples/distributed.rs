@@ -56,9 +56,11 @@
 //!   `ratelimit_tower::metrics`) and, with `--failure fallback`, the breaker's
 //!   (`ratelimit_circuit_breaker_state{breaker="redis"}`);
 //! - `--region NAME`, `--peer NAME=URL` (once per other region), `--sync
-//!   DURATION` (default `100ms`): serve region `NAME`, deciding in its own
-//!   `--redis` against the counts of every region (`MultiRegionStore`, see
-//!   the README's multi-region demo); `fixed-window` or `sliding-window` only;
+//!   DURATION` (default `100ms`), `--staleness DURATION` (default `2s`),
+//!   `--max-skew DURATION` (default `1s`): serve region `NAME`, deciding in
+//!   its own `--redis` against the counts of every region
+//!   (`MultiRegionStore`, see the README's multi-region demo);
+//!   `fixed-window` or `sliding-window` only;
 //! - `--admin ADDR`: serve the admin API (below) on `ADDR`, its own listener
 //!   (never `--listen`'s address, nor `--metrics`');
 //! - `--admin-token TOKEN`, or the environment variable

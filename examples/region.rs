@@ -1,12 +1,14 @@
 //! The multi-region wiring of the `distributed` example: `--region NAME`,
-//! `--peer NAME=URL` (repeatable) and `--sync DURATION`, and the
-//! [`MultiRegionStore`] they build.
+//! `--peer NAME=URL` (repeatable), `--sync DURATION`, `--staleness DURATION`
+//! and `--max-skew DURATION`, and the [`MultiRegionStore`] they build.
 
 use std::time::Duration;
 
 use ratelimit_core::Policy;
 use ratelimit_core::multi_region::counts::supports;
-use ratelimit_core::multi_region::{DEFAULT_SYNC, MultiRegionStore};
+use ratelimit_core::multi_region::{
+    DEFAULT_MAX_SKEW, DEFAULT_STALENESS, DEFAULT_SYNC, MultiRegionStore,
+};
 
 /// The multi-region flags of one instance (`#[command(flatten)]` them).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -22,6 +24,14 @@ pub struct RegionFlags {
     /// How often counts go to the peers [default: 100ms].
     #[arg(long, value_name = "DURATION", value_parser = crate::nonzero_duration)]
     pub sync: Option<Duration>,
+    /// How old a peer's freshest complete push may be before it counts at
+    /// its conservative share; more than twice --sync [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::nonzero_duration)]
+    pub staleness: Option<Duration>,
+    /// The clock difference between regions that changes nothing; a peer
+    /// further off counts at its conservative share [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::nonzero_duration)]
+    pub max_skew: Option<Duration>,
 }
 
 /// Parses `NAME=URL` (the value of `--peer`).
@@ -40,13 +50,15 @@ pub fn parse_peer(text: &str) -> Result<(String, String), String> {
 }
 
 impl RegionFlags {
-    /// Refuses combinations that make no sense: peers or `--sync` without
-    /// `--region`, a region without peers, or a region on a Redis Cluster.
+    /// Refuses combinations that make no sense: peers, `--sync`,
+    /// `--staleness` or `--max-skew` without `--region`, a region without
+    /// peers, or a region on a Redis Cluster.
     pub fn check(&self, cluster: bool) -> Result<(), String> {
+        let tuned = self.sync.is_some() || self.staleness.is_some() || self.max_skew.is_some();
         match &self.region {
-            None if !self.peers.is_empty() || self.sync.is_some() => {
-                Err(String::from("--peer and --sync need --region"))
-            }
+            None if !self.peers.is_empty() || tuned => Err(String::from(
+                "--peer, --sync, --staleness and --max-skew need --region",
+            )),
             Some(_) if self.peers.is_empty() => {
                 Err(String::from("--region needs at least one --peer NAME=URL"))
             }
@@ -77,6 +89,8 @@ impl RegionFlags {
         }
         let mut builder = MultiRegionStore::builder(region.clone(), redis)
             .sync(self.sync.unwrap_or(DEFAULT_SYNC))
+            .staleness(self.staleness.unwrap_or(DEFAULT_STALENESS))
+            .max_skew(self.max_skew.unwrap_or(DEFAULT_MAX_SKEW))
             .call_timeout(timeout);
         for (name, url) in &self.peers {
             builder = builder.peer(name.clone(), url.clone());
@@ -125,5 +139,10 @@ mod tests {
             ..RegionFlags::default()
         };
         assert!(alone.check(false).is_err());
+        let tuned = RegionFlags {
+            staleness: Some(Duration::from_secs(5)),
+            ..RegionFlags::default()
+        };
+        assert!(tuned.check(false).is_err());
     }
 }

@@ -1,11 +1,14 @@
 //! `MultiRegionStore` on three real `redis-server`s, one per region, on
 //! loopback: uneven traffic within the stated bound, spaced requests exact,
 //! partitions through the fault proxy (each side within its conservative
-//! share), healing (convergence, nothing lost), and TTLs on every key.
+//! share), healing (convergence, nothing lost), TTLs on every key; many
+//! keys, several instances per region (one cut off from a peer), a lost
+//! reply, clocks apart, reloads, peers that lost their data or scripts; the
+//! lag and overshoot metrics.
 
 use std::time::{Duration, Instant};
 
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
@@ -23,11 +26,22 @@ struct Regions {
     /// (`None` on the diagonal).
     proxies: Vec<Vec<Option<FaultProxy>>>,
     stores: Vec<MultiRegionStore>,
+    /// Region 0's script clock; every region's unless started apart.
     clock: ManualClock,
+    /// Each region's script clock.
+    clocks: Vec<ManualClock>,
+    sync: Duration,
+    staleness: Duration,
 }
 
 impl Regions {
     async fn start(sync: Duration, staleness: Duration) -> Regions {
+        Self::start_apart(sync, staleness, [0; 3]).await
+    }
+
+    /// Three regions whose script clocks read `T0 + ahead[i]` µs (one
+    /// shared clock when they are all equal).
+    async fn start_apart(sync: Duration, staleness: Duration, ahead: [u64; 3]) -> Regions {
         let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
         let proxies: Vec<Vec<Option<FaultProxy>>> = (0..3)
             .map(|from| {
@@ -36,27 +50,113 @@ impl Regions {
                     .collect()
             })
             .collect();
-        let clock = ManualClock::new(T0);
-        let mut stores = Vec::new();
-        for (i, name) in NAMES.iter().enumerate() {
-            let mut builder = MultiRegionStore::builder(*name, servers[i].url())
-                .sync(sync)
-                .staleness(staleness)
-                .call_timeout(Duration::from_secs(2))
-                .push_timeout(Duration::from_millis(500))
-                .script_clock_for_tests(clock.clone());
-            for (j, peer) in NAMES.iter().enumerate() {
-                if let Some(proxy) = &proxies[i][j] {
-                    builder = builder.peer(*peer, proxy.redis_url());
+        let clock = ManualClock::new(T0 + ahead[0]);
+        let clocks: Vec<ManualClock> = ahead
+            .iter()
+            .map(|&a| {
+                if a == ahead[0] {
+                    clock.clone()
+                } else {
+                    ManualClock::new(T0 + a)
                 }
-            }
-            stores.push(builder.build().await.expect("a multi-region store"));
-        }
-        Regions {
+            })
+            .collect();
+        let mut regions = Regions {
             servers,
             proxies,
-            stores,
+            stores: Vec::new(),
             clock,
+            clocks,
+            sync,
+            staleness,
+        };
+        for i in 0..3 {
+            let urls: Vec<Option<String>> = regions.proxies[i]
+                .iter()
+                .map(|p| p.as_ref().map(FaultProxy::redis_url))
+                .collect();
+            let store = regions
+                .builder(i, regions.servers[i].url(), &urls)
+                .build()
+                .await
+                .expect("a multi-region store");
+            regions.stores.push(store);
+        }
+        regions
+    }
+
+    /// The builder of one instance of region `i`, deciding in `local` and
+    /// reaching each peer `j` at `peers[j]`.
+    fn builder(
+        &self,
+        i: usize,
+        local: String,
+        peers: &[Option<String>],
+    ) -> ratelimit_core::multi_region::MultiRegionStoreBuilder {
+        let mut builder = MultiRegionStore::builder(NAMES[i], local)
+            .sync(self.sync)
+            .staleness(self.staleness)
+            .call_timeout(Duration::from_secs(2))
+            .push_timeout(Duration::from_millis(500))
+            .script_clock_for_tests(self.clocks[i].clone());
+        for (j, peer) in NAMES.iter().enumerate() {
+            if let Some(url) = &peers[j] {
+                builder = builder
+                    .peer(*peer, url.clone())
+                    .peer_script_clock_for_tests(*peer, self.clocks[j].clone());
+            }
+        }
+        builder
+    }
+
+    /// Another instance of region `i`, with proxies of its own to each peer
+    /// (`None` on the diagonal), deciding in `local` (its region's Redis
+    /// when `None`).
+    async fn instance(
+        &self,
+        i: usize,
+        local: Option<String>,
+        call_timeout: Duration,
+    ) -> (MultiRegionStore, Vec<Option<FaultProxy>>) {
+        let proxies: Vec<Option<FaultProxy>> = (0..3)
+            .map(|j| (i != j).then(|| FaultProxy::start(self.servers[j].addr())))
+            .collect();
+        let urls: Vec<Option<String>> = proxies
+            .iter()
+            .map(|p| p.as_ref().map(FaultProxy::redis_url))
+            .collect();
+        let store = self
+            .builder(i, local.unwrap_or_else(|| self.servers[i].url()), &urls)
+            .call_timeout(call_timeout)
+            .build()
+            .await
+            .expect("a multi-region store");
+        (store, proxies)
+    }
+
+    /// Waits (at most 10 s) until region `to` has heard from region `from`
+    /// since `since`: everything `from` admitted before `since` has landed
+    /// in `to`'s Redis, and `to` counts `from` at what it sent (not at its
+    /// share). Returns how long after `since` that was.
+    async fn wait_heard_since(&self, to: usize, from: usize, since: Instant) -> Duration {
+        loop {
+            let elapsed = since.elapsed();
+            let _ = self.stores[to].sync_now().await;
+            let status = self.stores[to]
+                .peers()
+                .into_iter()
+                .find(|p| p.region == NAMES[from])
+                .expect("a peer");
+            if !status.stale && status.last_heard.is_some_and(|age| age < elapsed) {
+                return since.elapsed();
+            }
+            assert!(
+                elapsed < Duration::from_secs(10),
+                "{} never heard from {} since: {status:?}",
+                NAMES[to],
+                NAMES[from]
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -75,6 +175,29 @@ impl Regions {
                 start.elapsed() < Duration::from_secs(5),
                 "peers still stale: {:?}",
                 self.stores.iter().map(|s| s.peers()).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits (at most 5 s) until region `to` has found region `from`'s
+    /// clock too far off, and counts it at its share.
+    async fn wait_skewed(&self, to: usize, from: usize) {
+        let start = Instant::now();
+        loop {
+            let status = self.stores[to]
+                .peers()
+                .into_iter()
+                .find(|p| p.region == NAMES[from])
+                .expect("a peer");
+            if status.skewed && status.stale {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{} never found {}'s clock off: {status:?}",
+                NAMES[to],
+                NAMES[from]
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -353,44 +476,57 @@ async fn a_partition_keeps_each_side_within_its_share_and_heals() {
     regions.assert_every_key_has_a_ttl();
 }
 
-/// The merge is by maximum: a replayed, duplicated or late push (a smaller
-/// count arriving after a larger one) leaves the larger count, and the hash
-/// and the heard key both get a TTL.
+/// The merge counts what it had not heard: a replayed, duplicated or late
+/// push (a smaller count arriving after a larger one) adds nothing; what
+/// is new is added in the window of the receiving Redis's clock; the hash
+/// and the units by policy both get a TTL.
 #[test]
 fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
-    // As the store sends it: the shared integer helpers, then the merge.
+    // As the store sends it: the shared helpers, then the merge.
     let merge = concat!(
-        include_str!("../crates/ratelimit-core/src/redis/lua/numbers.lua"),
+        include_str!("../crates/ratelimit-core/src/multi_region/lua/numbers.lua"),
         "\n",
         include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua")
     );
     let window = 3_600_000_000u64;
     let start = T0 - T0 % window;
+    let hash = "ratelimit:mr:{k}:mr";
     let push = |value: u64| {
         server.cli(&[
             "EVAL",
             merge,
-            "2",
-            "ratelimit:mr:heard:us",
-            "ratelimit:mr:{k}:mr",
+            "3",
+            "ratelimit:mr:arrived:us",
+            "ratelimit:mr:rounds:us",
+            hash,
             "us",
-            "60000",
+            "1",
             &T0.to_string(),
+            "1000000",
+            "ratelimit",
+            "round-1",
             &start.to_string(),
             &window.to_string(),
             &value.to_string(),
         ])
     };
-    assert_eq!(push(5), "1");
+    assert_eq!(push(5), "5");
     assert_eq!(push(3), "0", "a late, smaller count changes nothing");
     assert_eq!(push(5), "0", "a duplicate changes nothing");
+    assert_eq!(push(7), "2");
+    let counted = format!("us:{start}:{window}");
+    assert_eq!(server.cli(&["HGET", hash, &counted]), "7");
     assert_eq!(
-        server.cli(&["HGET", "ratelimit:mr:{k}:mr", &format!("us:{start}")]),
-        "5"
+        server.cli(&["HGET", "ratelimit:mr:arrived:us", "mr"]),
+        "7",
+        "units by policy"
     );
-    assert_eq!(push(7), "1");
-    for key in ["ratelimit:mr:{k}:mr", "ratelimit:mr:heard:us"] {
+    assert_eq!(
+        server.cli(&["HGET", "ratelimit:mr:rounds:us", "round-1"]),
+        "4"
+    );
+    for key in [hash, "ratelimit:mr:arrived:us", "ratelimit:mr:rounds:us"] {
         let ttl: i64 = server.cli(&["PTTL", key]).parse().expect("a TTL");
         assert!(ttl > 0, "{key}: {ttl}");
     }
@@ -573,12 +709,13 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
     assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
 }
 
-/// Partitions are logged and counted: the staleness gauge per region and
-/// peer, the count of stale transitions, and failed pushes.
+/// Partitions are logged and counted: the lag gauge per region and peer
+/// (growing while a peer is cut off), the count of stale transitions, and
+/// failed rounds.
 #[test]
-fn staleness_is_a_gauge_and_transitions_are_counted() {
+fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
     use ratelimit_core::metrics::{
-        REGION_PEER_STALENESS, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS,
+        REGION_PEER_LAG, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS,
     };
     use ratelimit_tests::metrics::capture;
 
@@ -596,11 +733,11 @@ fn staleness_is_a_gauge_and_transitions_are_counted() {
     });
     let eu_us = [("region", "eu"), ("peer", "us")];
     let stale_for = recorded
-        .gauge(REGION_PEER_STALENESS, &eu_us)
+        .gauge(REGION_PEER_LAG, &eu_us)
         .expect("a staleness gauge");
     assert!(stale_for > 0.2, "{stale_for}");
     let fresh = recorded
-        .gauge(REGION_PEER_STALENESS, &[("region", "us"), ("peer", "ap")])
+        .gauge(REGION_PEER_LAG, &[("region", "us"), ("peer", "ap")])
         .expect("a staleness gauge");
     assert!(fresh < 0.2, "{fresh}");
     assert_eq!(recorded.counter(REGION_STALE_TRANSITIONS, &eu_us), 1);
@@ -722,4 +859,589 @@ async fn one_region_decides_as_the_single_region_algorithm() {
         }
     }
     assert_eq!(compared, 240);
+}
+
+/// How many of `keys` region `i` admits once each, at cost 1.
+async fn admitted_once_each(store: &MultiRegionStore, policy: &Policy, keys: &[String]) -> usize {
+    let mut admitted = 0;
+    for key in keys {
+        let decision = store
+            .check(key.as_bytes(), policy, 1)
+            .await
+            .expect("a decision");
+        if decision.is_allowed() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// Many keys, 50 ms between regions, two instances in `us`, one of them
+/// cut off from `eu` by a proxy: a peer counts as heard only once every
+/// count it admitted before has landed, whichever instance admitted it, so
+/// 3,000 clients that each spent their limit of 1 in `us` (half through
+/// the cut-off instance) are all refused in `eu` as soon as `eu` has heard
+/// from `us` since. The time that took (the lag `D` with 3,000 keys in one
+/// round) and the other instance's backlog are printed for BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_is_heard_only_once_all_its_counts_landed() {
+    let sync = Duration::from_millis(20);
+    let regions = Regions::start(sync, Duration::from_secs(2)).await;
+    for proxy in regions.proxies.iter().flatten().flatten() {
+        proxy.set_latency(Duration::from_millis(50));
+    }
+    let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
+    for proxy in proxies.iter().flatten() {
+        proxy.set_latency(Duration::from_millis(50));
+    }
+    if let Some(proxy) = &proxies[0] {
+        proxy.set_mode(Mode::Drop);
+    }
+    regions.wait_fresh().await;
+    let policy = fixed(1);
+    let keys: Vec<String> = (0..3_000).map(|i| format!("client-{i}")).collect();
+    // Admitted at once, half through each instance: one round carries
+    // them all.
+    let started = Instant::now();
+    for (i, chunk) in keys.chunks(1_500).enumerate() {
+        let checks: Vec<Check<'_>> = chunk
+            .iter()
+            .map(|k| Check::new(k.as_bytes(), &policy, 1))
+            .collect();
+        let store = if i % 2 == 0 { &regions.stores[1] } else { &cut };
+        let decisions = store.check_all(&checks).await.expect("decisions");
+        assert!(ratelimit_core::all_allowed(&decisions));
+    }
+    let done = Instant::now();
+    // When the last count admitted landed in eu, watched meanwhile with peeks.
+    let landed = {
+        let (eu, policy) = (regions.stores[0].clone(), policy.clone());
+        let last = keys[keys.len() - 1].clone();
+        tokio::spawn(async move {
+            loop {
+                let peek = eu.check(last.as_bytes(), &policy, 0).await.expect("a peek");
+                if peek.remaining() == 0 {
+                    return done.elapsed();
+                }
+                assert!(done.elapsed() < Duration::from_secs(10), "never landed");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let lag = regions.wait_heard_since(0, 1, done).await;
+    let unseen = with_budget_left(&regions.stores[0], &policy, &keys).await;
+    let status = regions.stores[0].peers();
+    let landed = landed.await.expect("the watch");
+    eprintln!(
+        "3,000 keys admitted in us in {:?} (two instances, one cut off from eu); the last one \
+         landed in eu {landed:?} later, and eu heard us since {lag:?} later (sync {sync:?}, \
+         50 ms between regions)",
+        done - started
+    );
+    assert_eq!(
+        unseen, 0,
+        "eu still had budget for clients that us had admitted: {status:?}"
+    );
+    assert!(status.iter().all(|p| !p.stale), "{status:?}");
+    let cut_status = cut.peers();
+    assert!(
+        cut_status.iter().any(|p| p.region == "eu" && !p.reachable),
+        "{cut_status:?}"
+    );
+}
+
+/// How many of `keys` still have budget in `store`, peeked at once (cost 0,
+/// 500 keys per call).
+async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[String]) -> usize {
+    let mut left = 0;
+    for chunk in keys.chunks(500) {
+        let checks: Vec<Check<'_>> = chunk
+            .iter()
+            .map(|k| Check::new(k.as_bytes(), policy, 0))
+            .collect();
+        let decisions = store.check_all(&checks).await.expect("decisions");
+        left += decisions.iter().filter(|d| d.remaining() > 0).count();
+    }
+    left
+}
+
+/// Two instances in `us`, one cut off from `eu`: what it admits reaches
+/// `eu` through its region (or `eu` counts `us` at its share), never
+/// neither: `eu` admits nothing more of a limit the cut-off instance spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(300)).await;
+    regions.wait_fresh().await;
+    let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
+    if let Some(proxy) = &proxies[0] {
+        proxy.set_mode(Mode::Drop);
+    }
+    let policy = fixed(5);
+    let keys: Vec<String> = (0..5).map(|_| String::from("cut")).collect();
+    assert_eq!(admitted_once_each(&cut, &policy, &keys).await, 5);
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    // Well past the staleness too: the answer does not change with time.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let admitted = admitted_once_each(&regions.stores[0], &policy, &keys).await;
+    assert_eq!(
+        admitted, 0,
+        "eu never learnt what the cut-off instance admitted"
+    );
+}
+
+/// A window changed under one policy name keeps what was counted, as the
+/// single-region stores do: 5 per hour spent, reloaded as 5 per 7 min,
+/// nothing more passes where `MemoryStore` on the same timeline admits
+/// nothing; and the other way, for both algorithms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_change_under_one_name_keeps_what_was_counted() {
+    use ratelimit_core::MemoryStore;
+    use ratelimit_tests::observable;
+
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
+    regions.wait_fresh().await;
+    let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
+    let hour = Duration::from_secs(3600);
+    let seven = Duration::from_secs(420);
+    let timelines = [
+        (
+            fixed_window("reload-fw", 5, hour),
+            fixed_window("reload-fw", 5, seven),
+        ),
+        (
+            named("reload-swc", Policy::sliding_window_counter(5, hour)),
+            named("reload-swc", Policy::sliding_window_counter(5, seven)),
+        ),
+        (
+            fixed_window("reload-up", 5, seven),
+            fixed_window("reload-up", 5, hour),
+        ),
+    ];
+    for (before, after) in &timelines {
+        let key = before.name().as_bytes();
+        for policy in [before, after] {
+            let mut admitted = 0;
+            for _ in 0..6 {
+                regions.clock.advance(Duration::from_millis(300));
+                let ours = regions.stores[0]
+                    .check(key, policy, 1)
+                    .await
+                    .expect("a decision");
+                let reference = memory.check(key, policy, 1).await.expect("a decision");
+                assert_eq!(observable(&ours), observable(&reference), "{policy:?}");
+                admitted += usize::from(ours.is_allowed());
+            }
+            let expected = if std::ptr::eq(policy, before) { 5 } else { 0 };
+            assert_eq!(admitted, expected, "{policy:?}");
+        }
+    }
+}
+
+/// A peer whose clock is two windows ahead pushes one count: this region's
+/// own count of its current window stays, and nothing more passes. The
+/// skew is found, and the peer counted at its share (2 of 5) meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_ahead_never_erases_this_regions_counts() {
+    let hour: u64 = 3_600_000_000;
+    let regions = Regions::start_apart(
+        Duration::from_millis(20),
+        Duration::from_secs(2),
+        [0, 2 * hour, 0],
+    )
+    .await;
+    regions.wait_skewed(0, 1).await;
+    let policy = fixed(5);
+    let keys: Vec<String> = (0..5).map(|_| String::from("ahead")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        3
+    );
+    assert_eq!(
+        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
+        1
+    );
+    let _ = regions.stores[1].sync_now().await;
+    let _ = regions.stores[0].sync_now().await;
+    let hash = regions.stores[0].state_key(b"ahead", &policy);
+    let own = format!("eu:{}:3600000000", T0 - T0 % hour);
+    assert!(
+        regions.fields(0, &hash).contains(&(own, 3)),
+        "eu's own count was erased by a peer ahead: {:?}",
+        regions.fields(0, &hash)
+    );
+    assert_eq!(
+        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+}
+
+/// The sliding window counter at a boundary: a peer a little ahead, already
+/// in the next window, pushes one count; this region's previous window
+/// (which still weighs) is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_past_a_boundary_keeps_the_previous_window() {
+    let hour: u64 = 3_600_000_000;
+    // eu at 30 min into the window before T0's; us already an hour ahead.
+    let regions = Regions::start_apart(
+        Duration::from_millis(20),
+        Duration::from_secs(2),
+        [0, hour + 6 * 60_000_000, 0],
+    )
+    .await;
+    regions.clock.set(T0 - hour / 2);
+    regions.wait_skewed(0, 1).await;
+    let policy = named(
+        "mr-swc",
+        Policy::sliding_window_counter(10, Duration::from_secs(3600)),
+    );
+    let keys: Vec<String> = (0..10).map(|_| String::from("boundary")).collect();
+    // us counted at its share (4 of 10): 6 pass.
+    assert_eq!(
+        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        6
+    );
+    // 6 min into eu's next window: the previous 6 weigh 5.4.
+    regions.clock.set(T0 + 6 * 60_000_000);
+    assert_eq!(
+        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
+        1
+    );
+    let _ = regions.stores[1].sync_now().await;
+    let _ = regions.stores[0].sync_now().await;
+    let hash = regions.stores[0].state_key(b"boundary", &policy);
+    let previous = format!("eu:{}:3600000000", T0 - T0 % hour - hour);
+    assert!(
+        regions.fields(0, &hash).contains(&(previous, 6)),
+        "eu's previous window was erased by a peer past the boundary: {:?}",
+        regions.fields(0, &hash)
+    );
+    assert_eq!(
+        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+}
+
+/// A decision whose reply was lost (the call timed out after the script
+/// ran) still reaches the peers: `eu` refuses the key once it has heard
+/// from `us` since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    regions.wait_fresh().await;
+    let slow = FaultProxy::start(regions.servers[1].addr());
+    let (lost, _proxies) = regions
+        .instance(1, Some(slow.redis_url()), Duration::from_millis(200))
+        .await;
+    let policy = fixed(1);
+    // Warm: the script loaded and the connection made.
+    let _ = lost.check(b"warm", &policy, 0).await.expect("a peek");
+    slow.set_latency(Duration::from_millis(600));
+    let error = lost
+        .check(b"lost", &policy, 1)
+        .await
+        .expect_err("a timeout");
+    assert!(error.is_outage(), "{error}");
+    slow.set_latency(Duration::ZERO);
+    // The script ran: us holds the count.
+    let peek = regions.stores[1]
+        .check(b"lost", &policy, 0)
+        .await
+        .expect("a peek");
+    assert_eq!(peek.remaining(), 0);
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    let decision = regions.stores[0]
+        .check(b"lost", &policy, 1)
+        .await
+        .expect("a decision");
+    assert!(
+        !decision.is_allowed(),
+        "eu never heard of the count whose reply was lost"
+    );
+}
+
+/// A decision never shortens the TTL a peer's count needs: after a merge of
+/// an hourly count, a decision under a shorter window of the same name
+/// leaves the hash's TTL at least as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_never_shortens_a_peers_ttl() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    regions.wait_fresh().await;
+    let hourly = fixed_window("mr-ttl", 5, Duration::from_secs(3600));
+    let short = fixed_window("mr-ttl", 5, Duration::from_secs(60));
+    assert!(
+        regions.stores[1]
+            .check(b"ttl", &hourly, 1)
+            .await
+            .expect("a decision")
+            .is_allowed()
+    );
+    let _ = regions.stores[1].sync_now().await;
+    let hash = regions.stores[0].state_key(b"ttl", &hourly);
+    let before: i64 = regions.servers[0]
+        .cli(&["PTTL", &hash])
+        .parse()
+        .expect("a TTL");
+    assert!(before > 3_600_000, "{before}");
+    let _ = regions.stores[0]
+        .check(b"ttl", &short, 1)
+        .await
+        .expect("a decision");
+    let after: i64 = regions.servers[0]
+        .cli(&["PTTL", &hash])
+        .parse()
+        .expect("a TTL");
+    assert!(
+        after + 1_000 >= before,
+        "the TTL went from {before} to {after} ms"
+    );
+}
+
+/// The script reads a hash's fields as `counts::view` does: after traffic
+/// in two regions and reloads of two policies (other windows and limits
+/// under the same names), every decision of `eu` equals the one computed
+/// in Rust from the hash's fields read just before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_reads_fields_as_counts_view_does() {
+    use ratelimit_core::multi_region::counts::{self, Count};
+    use ratelimit_tests::observable;
+
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
+    regions.wait_fresh().await;
+    let ms = Duration::from_millis;
+    let fixed_variants = [
+        fixed_window("view-fw", 5, ms(1000)),
+        fixed_window("view-fw", 8, ms(2500)),
+        fixed_window("view-fw", 3, ms(400)),
+    ];
+    let sliding_variants = [
+        named("view-swc", Policy::sliding_window_counter(6, ms(1000))),
+        named("view-swc", Policy::sliding_window_counter(9, ms(3000))),
+        named("view-swc", Policy::sliding_window_counter(4, ms(700))),
+    ];
+    // Counts from us first, heard in eu.
+    for policy in [&fixed_variants[0], &sliding_variants[0]] {
+        for _ in 0..2 {
+            let _ = regions.stores[1]
+                .check(b"view", policy, 1)
+                .await
+                .expect("a decision");
+        }
+    }
+    let since = Instant::now();
+    regions.wait_heard_since(0, 1, since).await;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut compared = 0;
+    for _ in 0..150 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        regions.clock.advance(ms(20 + seed % 300));
+        let variants = if seed.is_multiple_of(2) {
+            &fixed_variants
+        } else {
+            &sliding_variants
+        };
+        let policy = &variants[usize::try_from((seed >> 8) % 3).expect("an index")];
+        let cost = (seed >> 16) % 3;
+        let hash = regions.stores[0].state_key(b"view", policy);
+        let counts: Vec<Count> = regions
+            .fields(0, &hash)
+            .into_iter()
+            .filter_map(|(name, value)| {
+                let mut parts = name.split(':');
+                let region = parts.next()?;
+                let start = parts.next()?.parse().ok()?;
+                let window = parts.next()?.parse().ok()?;
+                (!region.contains('@')).then(|| Count::new(region, start, window, value))
+            })
+            .collect();
+        let now = regions.clock.now();
+        let window = policy.algorithm().window_micros();
+        let share = counts::conservative_share(policy.limit(), 3);
+        let (start, global) = counts::view("eu", &counts, window, now, &[], share);
+        let expected = counts::decide(policy, start, now, cost, global).expect("supported");
+        let ours = regions.stores[0]
+            .check(b"view", policy, cost)
+            .await
+            .expect("a decision");
+        assert_eq!(
+            observable(&ours),
+            observable(&expected),
+            "{policy:?} cost {cost} at {now}: {counts:?}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 150);
+}
+
+/// The operator sees `D` and its cost: the lag of each peer and the
+/// overshoot estimate per policy are recorded (no label carries a key), and
+/// a peer's clock offset is reported.
+#[test]
+fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
+    use ratelimit_core::metrics::{REGION_OVERSHOOT, REGION_PEER_LAG, REGION_PEER_SKEW};
+    use ratelimit_tests::metrics::capture;
+
+    let (estimate, recorded) = capture(false, || async {
+        let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+        for proxy in regions.proxies.iter().flatten().flatten() {
+            proxy.set_latency(Duration::from_millis(50));
+        }
+        regions.wait_fresh().await;
+        let policy = fixed(1_000_000);
+        // About 1,000 units a second in us, on 50 keys, for half a second.
+        let started = Instant::now();
+        let mut i = 0u64;
+        while started.elapsed() < Duration::from_millis(500) {
+            let key = format!("secret-tenant-{}", i % 50);
+            let _ = regions.stores[1]
+                .check(key.as_bytes(), &policy, 10)
+                .await
+                .expect("a decision");
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = regions.stores[0].sync_now().await;
+        regions.stores[0].overshoot_estimate()
+    });
+    let lag = recorded
+        .gauge(REGION_PEER_LAG, &[("region", "eu"), ("peer", "us")])
+        .expect("a lag gauge");
+    assert!(lag > 0.0 && lag < 2.0, "{lag}");
+    let overshoot = recorded
+        .gauge(REGION_OVERSHOOT, &[("region", "eu"), ("policy", "mr")])
+        .expect("an overshoot estimate");
+    assert!(overshoot > 0.0, "{overshoot}");
+    assert_eq!(estimate.get("mr").copied(), Some(overshoot));
+    let skew = recorded
+        .gauge(REGION_PEER_SKEW, &[("region", "eu"), ("peer", "us")])
+        .expect("a skew gauge");
+    assert!(skew.abs() < 1.0, "{skew}");
+    let labels = recorded.label_values();
+    assert!(
+        labels.iter().all(|l| !l.contains("secret-tenant")),
+        "{labels:?}"
+    );
+}
+
+/// A backlog longer than one round (65,536 entries) is delivered over
+/// several rounds, and only the round that reaches its end marks `us`
+/// heard: 70,000 clients spent in `us` while it could not reach `eu` (from
+/// the start, so the first rounds deliver into an `eu` that never heard of
+/// `us`) are all refused in `eu` once it has heard from `us` since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let path = regions.proxies[1][0]
+        .as_ref()
+        .expect("a path from us to eu");
+    path.set_mode(Mode::Drop);
+    // us hears from its peers (the other way is open).
+    let start = Instant::now();
+    while !regions.stores[1].peers().iter().all(|p| !p.stale) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "us never heard its peers"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Each client spends its whole limit of 3: a peer counted at its share
+    // (1) would still leave budget.
+    let policy = fixed(3);
+    let keys: Vec<String> = (0..70_000).map(|i| format!("c{i}")).collect();
+    let started = Instant::now();
+    for chunk in keys.chunks(1_000) {
+        let checks: Vec<Check<'_>> = chunk
+            .iter()
+            .map(|k| Check::new(k.as_bytes(), &policy, 3))
+            .collect();
+        let decisions = regions.stores[1]
+            .check_all(&checks)
+            .await
+            .expect("decisions");
+        assert!(ratelimit_core::all_allowed(&decisions));
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "admitting took over a minute"
+        );
+    }
+    path.set_mode(Mode::Forward);
+    let done = Instant::now();
+    let lag = regions.wait_heard_since(0, 1, done).await;
+    let unseen = with_budget_left(&regions.stores[0], &policy, &keys).await;
+    eprintln!(
+        "70,000 keys admitted in us in {:?} while cut off from eu; eu heard all of them {lag:?} after the path healed",
+        done - started
+    );
+    assert_eq!(unseen, 0);
+}
+
+/// A peer whose Redis lost its data (restarted without persistence) gets
+/// the whole outbox again before it counts this region as heard: `eu`
+/// restarted refuses the clients `us` spent before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_lost_its_data_gets_everything_again() {
+    let mut regions = Regions::start(Duration::from_millis(20), Duration::from_millis(500)).await;
+    regions.wait_fresh().await;
+    let policy = fixed(3);
+    let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
+    let checks: Vec<Check<'_>> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), &policy, 3))
+        .collect();
+    let decisions = regions.stores[1]
+        .check_all(&checks)
+        .await
+        .expect("decisions");
+    assert!(ratelimit_core::all_allowed(&decisions));
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+    regions.servers[0].restart();
+    let restarted = Instant::now();
+    // Heard again since the restart: everything landed again.
+    loop {
+        let elapsed = restarted.elapsed();
+        let _ = regions.stores[0].sync_now().await;
+        let status = regions.stores[0].peers();
+        let us = status.iter().find(|p| p.region == "us").expect("a peer");
+        if !us.stale && us.last_heard.is_some_and(|age| age < elapsed) {
+            break;
+        }
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "never heard again: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
+    );
+}
+
+/// A peer whose script cache was flushed gets the scripts again, and the
+/// counts with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
+    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    regions.wait_fresh().await;
+    let policy = fixed(1);
+    assert_eq!(regions.servers[0].cli(&["SCRIPT", "FLUSH"]), "OK");
+    let keys: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[1], &policy, &keys).await,
+        50
+    );
+    let done = Instant::now();
+    regions.wait_heard_since(0, 1, done).await;
+    assert_eq!(
+        with_budget_left(&regions.stores[0], &policy, &keys).await,
+        0
+    );
 }

@@ -5,8 +5,10 @@
 //! |---|---|---|---|
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open; set on every transition |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | transitions; `from` and `to` are `closed`, `half_open` or `open` |
-//! | `ratelimit_region_peer_staleness_seconds` | gauge | `region`, `peer` | seconds since `region`'s Redis last heard from `peer` (`+Inf` before the first time), set every sync interval |
-//! | `ratelimit_region_peer_stale_total` | counter | `region`, `peer` | times `peer` became stale for `region` (then counted at its conservative share) |
+//! | `ratelimit_region_peer_lag_seconds` | gauge | `region`, `peer` | the observed lag `D`: everything `peer` admitted more than this long ago has landed in `region`'s Redis (`+Inf` before the first time), set every sync interval |
+//! | `ratelimit_region_peer_clock_skew_seconds` | gauge | `region`, `peer` | `peer`'s clock minus `region`'s, estimated at `peer`'s last push |
+//! | `ratelimit_region_overshoot_estimate` | gauge | `region`, `policy` | units of `policy` the other regions admitted that `region` had not heard of yet: each peer's recent rate times its lag, summed over peers and keys (the bound's extra term) |
+//! | `ratelimit_region_peer_stale_total` | counter | `region`, `peer` | times `peer` became stale, or its clock too far off, for `region` (then counted at its conservative share) |
 //! | `ratelimit_region_push_failures_total` | counter | `region`, `peer` | pushes of `region`'s counts to `peer` that failed (retried at the next sync) |
 //!
 //! `breaker` is the breaker's name ([`CircuitBreaker::with_name`](crate::CircuitBreaker::with_name),
@@ -49,9 +51,18 @@ pub fn describe() {
         "Transitions of a rate-limit store's circuit breaker, by from and to state."
     );
     ::metrics::describe_gauge!(
-        REGION_PEER_STALENESS,
+        REGION_PEER_LAG,
         ::metrics::Unit::Seconds,
-        "Seconds since a region last heard from a peer region (multi-region store)."
+        "Age of a region's freshest complete view of a peer region: the lag D (multi-region store)."
+    );
+    ::metrics::describe_gauge!(
+        REGION_PEER_SKEW,
+        ::metrics::Unit::Seconds,
+        "A peer region's clock minus this region's, estimated at its last push (multi-region store)."
+    );
+    ::metrics::describe_gauge!(
+        REGION_OVERSHOOT,
+        "Units of a policy other regions admitted that this region had not heard of yet (multi-region store)."
     );
     ::metrics::describe_counter!(
         REGION_STALE_TRANSITIONS,
@@ -77,13 +88,24 @@ pub(crate) fn record_transition(name: &str, from: &'static str, to: &'static str
     .increment(1);
 }
 
-/// Gauge: seconds since this region's Redis last heard from a peer region
-/// (`+Inf` before the first time), labelled `region` and `peer`; set every
+/// Gauge: the observed lag `D` of a peer region, in seconds: everything it
+/// admitted more than this long ago has landed in this region's Redis
+/// (`+Inf` before the first time); labelled `region` and `peer`, set every
 /// sync interval by a [`MultiRegionStore`](crate::multi_region::MultiRegionStore).
-pub const REGION_PEER_STALENESS: &str = "ratelimit_region_peer_staleness_seconds";
+pub const REGION_PEER_LAG: &str = "ratelimit_region_peer_lag_seconds";
 
-/// Counter: times a peer region became stale (counted at its conservative
-/// share), labelled `region` and `peer`.
+/// Gauge: a peer region's clock minus this region's, in seconds, estimated
+/// at the peer's last push; labelled `region` and `peer`.
+pub const REGION_PEER_SKEW: &str = "ratelimit_region_peer_clock_skew_seconds";
+
+/// Gauge: units of a policy that the other regions admitted and this region
+/// had not heard of yet, estimated as each peer's recent rate under the
+/// policy times its lag, summed over peers and keys (the extra term of the
+/// bound); labelled `region` and `policy`, never a key.
+pub const REGION_OVERSHOOT: &str = "ratelimit_region_overshoot_estimate";
+
+/// Counter: times a peer region became stale, or its clock too far off
+/// (then counted at its conservative share), labelled `region` and `peer`.
 pub const REGION_STALE_TRANSITIONS: &str = "ratelimit_region_peer_stale_total";
 
 /// Counter: pushes to a peer region that failed, labelled `region` and `peer`.

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::sync::{Peer, Shared};
+use super::peer::{Peer, Timing};
+use super::sync::Shared;
 use super::{Inner, MAX_REGIONS, MultiRegionStore};
 use crate::StoreError;
 use crate::clock::Clock;
@@ -22,6 +23,12 @@ pub const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default time allowed for one push to a peer's Redis.
 pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default largest difference between two regions' clocks that changes
+/// nothing; beyond it a peer is counted at its conservative share.
+pub const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(1);
+
+/// The longest staleness or skew allowed: a day.
+const MAX_DURATION: Duration = Duration::from_secs(86_400);
 
 /// Configures a [`MultiRegionStore`].
 #[must_use]
@@ -34,7 +41,9 @@ pub struct MultiRegionStoreBuilder {
     staleness: Duration,
     call_timeout: Duration,
     push_timeout: Duration,
+    max_skew: Duration,
     fixed_clock: Option<Arc<dyn Clock>>,
+    peer_clocks: Vec<(String, Arc<dyn Clock>)>,
 }
 
 impl fmt::Debug for MultiRegionStoreBuilder {
@@ -47,6 +56,7 @@ impl fmt::Debug for MultiRegionStoreBuilder {
             .field("prefix", &self.prefix)
             .field("sync", &self.sync)
             .field("staleness", &self.staleness)
+            .field("max_skew", &self.max_skew)
             .finish_non_exhaustive()
     }
 }
@@ -64,7 +74,9 @@ impl MultiRegionStore {
             staleness: DEFAULT_STALENESS,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             push_timeout: DEFAULT_PUSH_TIMEOUT,
+            max_skew: DEFAULT_MAX_SKEW,
             fixed_clock: None,
+            peer_clocks: Vec::new(),
         }
     }
 }
@@ -90,10 +102,22 @@ impl MultiRegionStoreBuilder {
         self
     }
 
-    /// How long a peer may go unheard before this region counts it at its
-    /// conservative share (default [`DEFAULT_STALENESS`]); longer than `sync`.
+    /// How old a peer's freshest complete push may be before this region
+    /// counts the peer at its conservative share (default
+    /// [`DEFAULT_STALENESS`]); more than twice `sync`, since a push is marked
+    /// with a time taken before the round that carries it, and at most a day.
     pub fn staleness(mut self, staleness: Duration) -> Self {
         self.staleness = staleness;
+        self
+    }
+
+    /// The largest difference between this region's clock (its Redis's
+    /// `TIME`) and a peer's that changes nothing (default
+    /// [`DEFAULT_MAX_SKEW`], at most a day). Regions decide by their own clocks, so a skew
+    /// shifts where their windows start; beyond this, once a push shows it,
+    /// the peer is counted at its conservative share, logged and reported.
+    pub fn max_skew(mut self, max_skew: Duration) -> Self {
+        self.max_skew = max_skew;
         self
     }
 
@@ -111,13 +135,28 @@ impl MultiRegionStoreBuilder {
         self
     }
 
-    /// Tests only: windows follow `clock` instead of the Redis server's
-    /// `TIME` (staleness still follows the servers' real time). Behind the
-    /// feature `test-support`.
+    /// Tests only: this region's windows follow `clock` instead of its
+    /// Redis server's `TIME` (staleness still follows the servers' real
+    /// time); so do the peers', unless [`peer_script_clock_for_tests`](Self::peer_script_clock_for_tests)
+    /// says otherwise. Behind the feature `test-support`.
     #[cfg(feature = "test-support")]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Tests only: the windows of peer `name`'s Redis follow `clock` (as
+    /// that region's own store was told), so the counts pushed there are
+    /// placed by its clock. Behind the feature `test-support`.
+    #[cfg(feature = "test-support")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    pub fn peer_script_clock_for_tests(
+        mut self,
+        name: impl Into<String>,
+        clock: impl Clock,
+    ) -> Self {
+        self.peer_clocks.push((name.into(), Arc::new(clock)));
         self
     }
 
@@ -154,14 +193,22 @@ impl MultiRegionStoreBuilder {
                 .into(),
             ));
         }
-        if self.sync.is_zero() || self.staleness <= self.sync {
+        if self.sync.is_zero() || self.staleness <= self.sync.saturating_mul(2) {
             return Err(StoreError::Backend(
                 format!(
-                    "sync ({:?}) must be positive and shorter than staleness ({:?})",
+                    "sync ({:?}) must be positive and staleness ({:?}) more than twice as long",
                     self.sync, self.staleness
                 )
                 .into(),
             ));
+        }
+        // The scripts compute with these in µs, exactly below 2^53.
+        for (what, value) in [("staleness", self.staleness), ("max_skew", self.max_skew)] {
+            if value > MAX_DURATION {
+                return Err(StoreError::Backend(
+                    format!("{what} ({value:?}) must be at most {MAX_DURATION:?}").into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -196,16 +243,26 @@ impl MultiRegionStoreBuilder {
             let connection =
                 ConnectionManager::new_lazy_with_config(client, config(self.push_timeout))
                     .map_err(backend_error)?;
-            peers.push(Peer::new(name.clone(), connection));
+            let clock = self
+                .peer_clocks
+                .iter()
+                .find(|(peer, _)| peer == name)
+                .map(|(_, clock)| Arc::clone(clock))
+                .or_else(|| self.fixed_clock.clone());
+            peers.push(Peer::new(name.clone(), connection, clock));
         }
+        let timing = Timing {
+            sync: self.sync,
+            staleness: self.staleness,
+            max_skew: self.max_skew,
+            push_timeout: self.push_timeout,
+        };
         let shared = Arc::new(Shared::new(
             self.region.clone(),
             self.prefix.clone(),
             local.clone(),
             peers,
-            self.sync,
-            self.staleness,
-            self.push_timeout,
+            timing,
             self.fixed_clock.clone(),
         ));
         let tasks = shared.start();
@@ -229,4 +286,37 @@ fn valid_name(name: &str, max: usize) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(builder: MultiRegionStoreBuilder) -> String {
+        match builder.build().await {
+            Err(StoreError::Backend(e)) => e.to_string(),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_settings_are_refused_before_connecting() {
+        // Port 1: nothing listens, and nothing is tried.
+        let base = || {
+            MultiRegionStore::builder("eu", "redis://127.0.0.1:1").peer("us", "redis://127.0.0.1:1")
+        };
+        let e = refused(
+            base()
+                .sync(Duration::from_secs(1))
+                .staleness(Duration::from_secs(2)),
+        )
+        .await;
+        assert!(e.contains("more than twice"), "{e}");
+        let e = refused(base().max_skew(Duration::from_secs(86_401))).await;
+        assert!(e.contains("max_skew"), "{e}");
+        let e = refused(base().peer("eu", "redis://127.0.0.1:1")).await;
+        assert!(e.contains("named twice"), "{e}");
+        let e = refused(MultiRegionStore::builder("e:u", "redis://127.0.0.1:1")).await;
+        assert!(e.contains("region name"), "{e}");
+    }
 }

@@ -2,10 +2,11 @@
 //! components it sees: what the Lua script decides in Redis, and what the
 //! simulation in the tests replays on a manual clock.
 //!
-//! A region's view of one key in one window is the sum of every region's
-//! component: its own exact count, and each peer's last known count (merged
-//! by maximum, so it only grows). A peer that is stale (not heard from for
-//! longer than the staleness) counts as at least its conservative share,
+//! A region's view of one key is the sum of every region's [`Count`]s (see
+//! [`view`]): its own exact count, and what each peer's pushes added, in the
+//! window of this region's clock in which they arrived. A peer that is
+//! stale (no complete push marked within the staleness) or whose clock is
+//! too far off counts as at least its conservative share,
 //! `ceil(limit / regions)`, in the current window. The decision is then the
 //! one-region algorithm ([`FixedWindow`](crate::algorithm::FixedWindow) or
 //! [`SlidingWindowCounter`](crate::algorithm::SlidingWindowCounter)) on those
@@ -42,17 +43,112 @@ pub fn conservative_share(limit: u64, regions: u64) -> u64 {
     limit.div_ceil(regions.max(1))
 }
 
-/// The global counts a region decides against: `own` plus every peer's
-/// known component, a stale peer's current count raised to `share`.
-pub fn global(own: Component, peers: &[(Component, bool)], share: u64) -> Component {
-    peers.iter().fold(own, |sum, &(peer, stale)| Component {
-        previous: sum.previous.saturating_add(peer.previous),
-        current: sum.current.saturating_add(if stale {
-            peer.current.max(share)
+/// One region's count in one window, as a key's state hash holds it: the
+/// cost `region` admitted in (for this region) or that arrived from
+/// `region` in (for a peer) the window of `window` µs starting at `start`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Count {
+    /// The region the count is of.
+    pub region: String,
+    /// The start of its window (µs).
+    pub start: u64,
+    /// The length of its window (µs); another policy's after a reload.
+    pub window: u64,
+    /// The cost counted.
+    pub value: u64,
+}
+
+impl Count {
+    /// A count of `value` for `region` in the window `[start, start + window)`.
+    pub fn new(region: impl Into<String>, start: u64, window: u64, value: u64) -> Self {
+        Count {
+            region: region.into(),
+            start,
+            window,
+            value,
+        }
+    }
+
+    /// The start of the window of length `window` that holds this count's
+    /// last microsecond: where it counts under that window.
+    fn mapped(&self, window: u64) -> u64 {
+        let last = self.start.saturating_add(self.window.max(1) - 1);
+        last - last % window
+    }
+}
+
+/// The window start and global counts that region `own` decides against at
+/// `now` (µs), under a window of `window` µs, from a key's `counts` (what
+/// `decide.lua` computes in Redis):
+///
+/// - a count lasts until the window after its own ends, under any window
+///   length (as a single-region state lasts as long as the decision that
+///   wrote it said), and counts in the window of this length that holds
+///   its last microsecond (a count written under a longer window thus
+///   counts in full until that window would have ended);
+/// - counts mapped to the current window or later are the current count
+///   (the window start is the latest of them); counts mapped to the window
+///   before, or followed by a count of their own region and window length
+///   that is current, are the previous count;
+/// - a peer in `conservative` (stale, or its clock too far off) counts at
+///   least `share` in the current window.
+///
+/// Within one region and one window length this reads the fields as the
+/// single-region algorithms read their state; across a reload it counts at
+/// least what they do.
+pub fn view(
+    own: &str,
+    counts: &[Count],
+    window: u64,
+    now: u64,
+    conservative: &[&str],
+    share: u64,
+) -> (u64, Component) {
+    let window = window.max(1);
+    let aligned = now - now % window;
+    let live: Vec<&Count> = counts
+        .iter()
+        .filter(|c| c.start.saturating_add(c.window.saturating_mul(2)) > now)
+        .collect();
+    let mut start = aligned;
+    let mut current_of: Vec<(&str, u64)> = Vec::new();
+    let mut previous = 0u64;
+    for count in &live {
+        let mapped = count.mapped(window);
+        if mapped >= aligned {
+            match current_of.iter_mut().find(|(r, _)| *r == count.region) {
+                Some((_, sum)) => *sum = sum.saturating_add(count.value),
+                None => current_of.push((count.region.as_str(), count.value)),
+            }
+            start = start.max(mapped);
         } else {
-            peer.current
-        }),
-    })
+            let followed = live.iter().any(|next| {
+                next.region == count.region
+                    && next.window == count.window
+                    && next.start == count.start.saturating_add(count.window)
+                    && next.mapped(window) >= aligned
+            });
+            if mapped.saturating_add(window) == aligned || followed {
+                previous = previous.saturating_add(count.value);
+            }
+        }
+    }
+    let mut current = 0u64;
+    for (region, sum) in &current_of {
+        let sum = if *region != own && conservative.contains(region) {
+            (*sum).max(share)
+        } else {
+            *sum
+        };
+        current = current.saturating_add(sum);
+    }
+    for region in conservative {
+        if *region != own && !current_of.iter().any(|(r, _)| r == region) {
+            current = current.saturating_add(share);
+        }
+    }
+    (start, Component::new(previous, current))
 }
 
 /// Whether the multi-region store supports `policy`: the algorithms whose
@@ -116,11 +212,43 @@ mod tests {
 
     #[test]
     fn a_stale_peer_counts_at_least_its_share() {
-        let own = Component::new(0, 2);
-        let peers = [(Component::new(1, 1), true), (Component::new(0, 5), false)];
-        assert_eq!(global(own, &peers, 4), Component::new(1, 2 + 4 + 5));
-        let peers = [(Component::new(0, 7), true)];
-        assert_eq!(global(own, &peers, 4), Component::new(0, 9));
+        let w = 1_000_000;
+        let counts = [
+            Count::new("eu", w, w, 2),
+            Count::new("us", w, w, 1),
+            Count::new("us", 0, w, 1),
+            Count::new("ap", w, w, 5),
+        ];
+        let (start, global) = view("eu", &counts, w, w + 10, &["us"], 4);
+        assert_eq!((start, global), (w, Component::new(1, 2 + 4 + 5)));
+        let (_, global) = view("eu", &counts[..1], w, w + 10, &["us", "ap"], 4);
+        assert_eq!(global, Component::new(0, 2 + 4 + 4));
+    }
+
+    #[test]
+    fn counts_of_another_window_length_count_until_their_window_would_end() {
+        let hour = 3_600_000_000;
+        let seven = 420_000_000;
+        // 5 spent in the hour [0, 1 h), read under 7 min at 10 s: they
+        // count, in the 7-min window that holds the hour's end.
+        let counts = [Count::new("eu", 0, hour, 5)];
+        let (start, global) = view("eu", &counts, seven, 10_000_000, &[], 1);
+        assert_eq!(start, (hour - 1) / seven * seven);
+        assert_eq!(global, Component::new(0, 5));
+        // And nothing of it remains two hours on.
+        let (_, global) = view("eu", &counts, seven, 2 * hour, &[], 1);
+        assert_eq!(global, Component::default());
+        // The hour before weighs as the previous count while the hour is
+        // current (as a single-region state holds it), and counts in full
+        // in the 7-min window that holds its end.
+        let counts = [
+            Count::new("eu", 0, hour, 3),
+            Count::new("eu", hour, hour, 5),
+        ];
+        let (_, global) = view("eu", &counts, seven, hour + 600_000_000, &[], 1);
+        assert_eq!(global, Component::new(3, 5));
+        let (_, global) = view("eu", &counts, seven, hour + 10_000_000, &[], 1);
+        assert_eq!(global, Component::new(0, 8));
     }
 
     #[test]

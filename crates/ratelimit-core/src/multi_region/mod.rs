@@ -2,20 +2,38 @@
 //! Redis, without a cross-region round trip per request.
 //!
 //! Every decision is one Lua call in the region's own Redis, against the
-//! global count of a G-counter: this region's exact count plus every other
-//! region's last known count (see [`counts`]). Each instance pushes its
-//! region's counts to every peer's Redis every `sync` (default 100 ms),
-//! merged there by maximum, so replays, duplicates and reordering are
-//! harmless. A peer unheard for longer than `staleness` counts at its
-//! conservative share, `ceil(limit / regions)`, until it is heard again.
+//! global count: this region's exact count plus what each peer region's
+//! pushes added (see [`counts`]). The same call writes the admission to the
+//! region's *outbox* in Redis, and every `sync` (default 100 ms) each
+//! instance pushes the region's outbox to every peer's Redis in one round
+//! trip, whatever the number of keys. The receiver adds what it had not
+//! heard, in the window of its own clock in which it arrives, so replays,
+//! duplicates, reordering and a peer's clock never hide or erase a count. A
+//! round that delivered everything *marks* the peer heard; a peer whose
+//! freshest mark is older than `staleness`, or whose clock is off by more
+//! than `max_skew`, counts at its conservative share,
+//! `ceil(limit / regions)`, until it is heard again.
 //!
-//! **The bound.** Let `D` be one sync interval plus one replication lag (the
-//! time a push takes to land). In any window, the regions together admit at
-//! most `limit` plus what the other regions admitted during the `D` before
-//! the last admission: a region's view of a peer is never older than `D`,
-//! and every admission keeps `own + known <= limit`. Requests further apart
-//! than `D` therefore admit `limit` exactly. While a peer is unreachable
-//! but not yet stale, `D` stretches to the staleness.
+//! **The bound.** Let `D` be the lag: the time from an admission in one
+//! region until it has landed in a peer's Redis. A round starts every
+//! `sync` (or as soon as a longer one ended) and takes its reads, one round
+//! trip and the time the peer's Redis runs its merges (a few tens of µs per
+//! key admitted since the last round), so `D <= max(sync, round) + round`:
+//! with a `sync` longer than a round, about `sync`, half a round trip and
+//! the merges. Any instance of the region that reaches the peer delivers
+//! the whole region's counts. For every region
+//! and every window of its clock, up to its last admission in the window,
+//! the regions together admit at most `limit` plus what the other regions
+//! admitted during the `D` before that admission (every admission keeps
+//! `own + heard <= limit`, and everything admitted more than `D` ago has
+//! been heard). Requests further apart than `D` therefore admit `limit`
+//! exactly. Regions' clocks apart by up to `max_skew` start their windows
+//! that far apart, so in the windows of any one clock the bound holds away
+//! from the edges by that much. While a peer cannot be reached but is not
+//! yet stale, `D` stretches to the staleness; beyond it, the shares apply.
+//! The lag is reported per peer ([`PeerStatus::last_heard`], an upper bound
+//! of `D`), and the extra term per policy
+//! ([`MultiRegionStore::overshoot_estimate`]).
 //!
 //! Algorithms: fixed window and sliding window counter, whose state is a
 //! count per window; other policies are [`StoreError::Unsupported`].
@@ -58,16 +76,19 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod builder;
 pub mod counts;
+mod peer;
+mod round;
 #[cfg(test)]
 mod simulation;
 mod sync;
 
 pub use builder::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_SKEW, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
     MultiRegionStoreBuilder,
 };
 pub use counts::Component;
-pub use sync::{MAX_PENDING, PeerStatus};
+pub use round::{PUSH_BATCH, PUSH_PIPELINE};
+pub use sync::PeerStatus;
 
 /// The most regions one store knows (itself and its peers).
 pub const MAX_REGIONS: usize = 16;
@@ -112,13 +133,7 @@ impl fmt::Debug for MultiRegionStore {
 
 fn decide_script() -> &'static Script {
     static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        Script::new(concat!(
-            include_str!("../redis/lua/numbers.lua"),
-            "\n",
-            include_str!("lua/decide.lua")
-        ))
-    })
+    SCRIPT.get_or_init(|| peer::script(include_str!("lua/decide.lua")))
 }
 
 /// One check's part of the script's reply.
@@ -126,7 +141,6 @@ struct Seen {
     passes: bool,
     start: u64,
     global: Component,
-    own_after: u64,
 }
 
 impl MultiRegionStore {
@@ -145,9 +159,20 @@ impl MultiRegionStore {
         )
     }
 
-    /// What this instance knows of each peer, as of its last sync.
+    /// What this instance knows of each peer, as of its last status read
+    /// (every sync interval).
     pub fn peers(&self) -> Vec<PeerStatus> {
         self.inner.shared.status()
+    }
+
+    /// Per policy name, the units the other regions admitted that this
+    /// region had not heard of yet, as of the last status read: each peer's
+    /// recent rate under the policy times its observed lag, summed over
+    /// peers and keys. The over-admission of one key is at most its own
+    /// part of this; the `metrics` feature reports it as
+    /// `ratelimit_region_overshoot_estimate`.
+    pub fn overshoot_estimate(&self) -> std::collections::BTreeMap<String, f64> {
+        self.inner.shared.overshoot()
     }
 
     /// Pushes everything queued to every peer and reads their staleness now,
@@ -161,7 +186,7 @@ impl MultiRegionStore {
                 first.get_or_insert(e);
             }
         }
-        if let Err(e) = shared.refresh_staleness().await {
+        if let Err(e) = shared.refresh().await {
             first.get_or_insert(e);
         }
         first.map_or(Ok(()), Err)
@@ -169,15 +194,24 @@ impl MultiRegionStore {
 
     async fn decide(self, checks: Vec<(String, Policy, u64)>) -> Result<Vec<Decision>, StoreError> {
         let inner = &self.inner;
-        let stale: Vec<&str> = inner.shared.stale_peers().collect();
+        let shared = &inner.shared;
+        let timing = shared.timing;
         let mut invocation = decide_script().prepare_invoke();
+        for key in peer::outbox_keys(&inner.prefix) {
+            invocation.key(key);
+        }
+        for peer in &shared.peers {
+            invocation.key(peer::heard_key(&inner.prefix, &peer.name));
+        }
         invocation
             .arg(inner.fixed_clock.as_ref().map_or(0, |c| c.now()))
             .arg(&inner.region)
-            .arg(inner.shared.peers.len() + 1)
-            .arg(stale.len());
-        for name in &stale {
-            invocation.arg(*name);
+            .arg(shared.peers.len() + 1)
+            .arg(peer::micros(timing.staleness))
+            .arg(peer::micros(timing.max_skew))
+            .arg(shared.peers.len());
+        for peer in &shared.peers {
+            invocation.arg(&peer.name);
         }
         for (hash, policy, cost) in &checks {
             let kind = match policy.algorithm() {
@@ -203,7 +237,6 @@ impl MultiRegionStore {
         let all = seen.iter().all(|s| s.passes);
         let mut decisions = Vec::with_capacity(checks.len());
         for ((hash, policy, cost), seen) in checks.iter().zip(&seen) {
-            let window = policy.algorithm().window_micros();
             // When another check denied, one that would pass reports a peek.
             let asked = if all || !seen.passes { *cost } else { 0 };
             let decision = counts::decide(policy, seen.start, now, asked, seen.global)?;
@@ -212,23 +245,9 @@ impl MultiRegionStore {
                     format!("decide.lua and the algorithm disagree on {hash}").into(),
                 ));
             }
-            if all && *cost > 0 {
-                inner
-                    .shared
-                    .record(hash, seen.start, window, seen.own_after, now);
-            }
             decisions.push(decision);
         }
         Ok(decisions)
-    }
-}
-
-fn number(value: &Value) -> Option<u64> {
-    match value {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
     }
 }
 
@@ -239,22 +258,21 @@ fn parse_reply(reply: &Value, checks: usize) -> Result<(u64, Vec<Seen>), StoreEr
     };
     let numbers: Vec<u64> = items
         .iter()
-        .map(number)
+        .map(peer::number)
         .collect::<Option<_>>()
         .ok_or_else(bad)?;
     let Some((&now, rest)) = numbers.split_first() else {
         return Err(bad());
     };
-    if rest.len() != checks * 5 {
+    if rest.len() != checks * 4 {
         return Err(bad());
     }
     let seen = rest
-        .chunks_exact(5)
+        .chunks_exact(4)
         .map(|c| Seen {
             passes: c[0] == 1,
             start: c[1],
             global: Component::new(c[2], c[3]),
-            own_after: c[4],
         })
         .collect();
     Ok((now, seen))

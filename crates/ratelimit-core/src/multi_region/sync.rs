@@ -1,94 +1,32 @@
-//! The sync of one instance: its region's components pushed to every peer
-//! every `sync`, and its peers' staleness read from its own Redis.
+//! The sync of one instance: a task per peer running a round of pushes
+//! every `sync` (`round.rs`), and a task reading back what its region's
+//! Redis holds of each peer, for the status, logs and metrics.
 //!
-//! One task per peer pushes what this instance incremented since its last
-//! successful push to that peer (a failed push keeps its entries for the
-//! next), so a slow or partitioned peer never delays the others. One more
-//! task reads, every `sync`, when each peer last pushed into this region's
-//! Redis (`heard.lua`): a peer unheard for longer than `staleness` is stale,
-//! and decisions count it at its conservative share until it is heard again.
+//! A peer is heard, and counted at what it sent, only while its freshest
+//! mark is within the staleness; a round that fails, or that cannot finish
+//! within the staleness (a backlog too long for the link), marks nothing,
+//! and the peer's decisions count this region at its conservative share.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::peer::{
+    Peer, Seen, Timing, arrived_key, bad_reply, heard_key, micros, number, outbox_keys, text,
+};
+use super::round::Pusher;
 use crate::StoreError;
 use crate::clock::Clock;
 use crate::redis::backend_error;
 
-/// The most (key, window) entries one peer's queue holds while it cannot be
-/// reached; entries whose window ended leave first, and beyond this new
-/// ones are dropped (logged, and the peer counts this region as stale).
-pub const MAX_PENDING: usize = 100_000;
-
-/// The most hashes one push carries; a longer queue goes in several pushes.
-const PUSH_BATCH: usize = 256;
-
-/// `u64::MAX` in [`Peer::heard_age`]: never heard.
-const NEVER: u64 = u64::MAX;
-
-/// What this instance last saw of its own component of one key in one
-/// window, to push.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
-    window: u64,
-    value: u64,
-    /// When the window after the entry's ends: the entry no longer matters.
-    until: Instant,
-}
-
-/// One peer region: its connection, what to push to it, and whether it is stale.
-pub(super) struct Peer {
-    pub(super) name: String,
-    connection: ConnectionManager,
-    pending: Mutex<HashMap<(String, u64), Entry>>,
-    pub(super) stale: AtomicBool,
-    /// Microseconds since this region's Redis last heard from the peer.
-    heard_age: AtomicU64,
-    reachable: AtomicBool,
-    dropped: AtomicU64,
-}
-
-impl Peer {
-    pub(super) fn new(name: String, connection: ConnectionManager) -> Self {
-        Peer {
-            name,
-            connection,
-            pending: Mutex::new(HashMap::new()),
-            // Never heard yet: stale until the first push arrives.
-            stale: AtomicBool::new(true),
-            heard_age: AtomicU64::new(NEVER),
-            reachable: AtomicBool::new(true),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    fn queue(&self, hash: &str, start: u64, entry: Entry) {
-        let mut pending = self.pending.lock();
-        if let Some(known) = pending.get_mut(&(hash.to_owned(), start)) {
-            known.value = known.value.max(entry.value);
-            return;
-        }
-        if pending.len() >= MAX_PENDING {
-            let now = Instant::now();
-            pending.retain(|_, e| e.until > now);
-            if pending.len() >= MAX_PENDING {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
-                    tracing::warn!(peer = %self.name, "multi-region: push queue full, dropping counts");
-                }
-                return;
-            }
-        }
-        pending.insert((hash.to_owned(), start), entry);
-    }
-}
+/// The time constant of the rates behind the overshoot estimate.
+const RATE_SMOOTHING: Duration = Duration::from_secs(1);
 
 /// What a [`MultiRegionStore`](super::MultiRegionStore) reports of one peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,14 +34,22 @@ impl Peer {
 pub struct PeerStatus {
     /// The peer region's name.
     pub region: String,
-    /// Whether decisions count the peer at its conservative share.
+    /// Whether decisions count the peer at its conservative share: never
+    /// marked, marked longer than the staleness ago, or its clock off by
+    /// more than the skew allowed.
     pub stale: bool,
-    /// How long ago this region's Redis last heard from the peer, as of the
-    /// last staleness read; `None` when never.
+    /// The observed lag: how long before the last status read the peer's
+    /// freshest mark was taken (everything the peer admitted before then
+    /// had landed here); `None` when never.
     pub last_heard: Option<Duration>,
-    /// Entries waiting to be pushed to the peer.
-    pub pending: usize,
-    /// Whether the last push to the peer succeeded.
+    /// Whether the peer's clock is off by more than the skew allowed.
+    pub skewed: bool,
+    /// Bounds of the peer's clock minus this region's, in µs, from the
+    /// peer's last mark; `None` before the first.
+    pub skew: Option<(i64, i64)>,
+    /// Entries of this region's outbox not yet delivered to the peer.
+    pub backlog: u64,
+    /// Whether this instance's last round of pushes to the peer succeeded.
     pub reachable: bool,
 }
 
@@ -113,47 +59,40 @@ pub(super) struct Shared {
     prefix: String,
     local: ConnectionManager,
     pub(super) peers: Vec<Peer>,
-    sync: Duration,
-    staleness: Duration,
-    push_timeout: Duration,
-    fixed_clock: Option<Arc<dyn Clock>>,
-    merge: Script,
+    pub(super) timing: Timing,
+    pusher: Pusher,
     heard: Script,
 }
 
 impl Shared {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         region: String,
         prefix: String,
         local: ConnectionManager,
         peers: Vec<Peer>,
-        sync: Duration,
-        staleness: Duration,
-        push_timeout: Duration,
+        timing: Timing,
         fixed_clock: Option<Arc<dyn Clock>>,
     ) -> Self {
         Shared {
+            pusher: Pusher::new(
+                region.clone(),
+                prefix.clone(),
+                local.clone(),
+                timing,
+                fixed_clock,
+            ),
             region,
             prefix,
             local,
             peers,
-            sync,
-            staleness,
-            push_timeout,
-            fixed_clock,
-            merge: Script::new(concat!(
-                include_str!("../redis/lua/numbers.lua"),
-                "\n",
-                include_str!("lua/merge.lua")
-            )),
+            timing,
             heard: Script::new(include_str!("lua/heard.lua")),
         }
     }
 
-    /// Starts one push task per peer and the staleness task, on the
-    /// current runtime. They hold the shared state, not the store: the
-    /// store aborts them when its last clone drops.
+    /// Starts one push task per peer and the status task, on the current
+    /// runtime. They hold the shared state, not the store: the store aborts
+    /// them when its last clone drops.
     pub(super) fn start(self: &Arc<Self>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::with_capacity(self.peers.len() + 1);
         for index in 0..self.peers.len() {
@@ -162,7 +101,7 @@ impl Shared {
             }));
         }
         tasks.push(self.every_sync(|shared| async move {
-            let _ = shared.refresh_staleness().await;
+            let _ = shared.refresh().await;
         }));
         tasks
     }
@@ -176,7 +115,7 @@ impl Shared {
     {
         let shared = Arc::clone(self);
         tokio::spawn(async move {
-            let mut interval = tokio::time::interval(shared.sync);
+            let mut interval = tokio::time::interval(shared.timing.sync);
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
@@ -185,55 +124,45 @@ impl Shared {
         })
     }
 
-    /// Remembers this region's component `value` of `hash` in the window
-    /// starting at `start`, seen at `now` (µs), for every peer.
-    pub(super) fn record(&self, hash: &str, start: u64, window: u64, value: u64, now: u64) {
-        let left = (start + 2 * window).saturating_sub(now);
-        let entry = Entry {
-            window,
-            value,
-            until: Instant::now() + Duration::from_micros(left),
-        };
+    /// Per policy, the units the peers admitted that this region had not
+    /// heard of yet, as of the last status read: each peer's rate under the
+    /// policy (over the last sync interval) times its lag, capped at the
+    /// staleness (beyond it the peer is counted at its share instead).
+    pub(super) fn overshoot(&self) -> std::collections::BTreeMap<String, f64> {
+        let cap = self.timing.staleness.as_secs_f64();
+        let mut estimate = std::collections::BTreeMap::new();
         for peer in &self.peers {
-            peer.queue(hash, start, entry);
+            let seen = peer.seen.lock();
+            let lag = seen.lag.map_or(cap, |lag| lag.as_secs_f64().min(cap));
+            for (policy, rate) in &seen.rates {
+                *estimate.entry(policy.clone()).or_insert(0.0) += rate * lag;
+            }
         }
-    }
-
-    /// The names of the peers that are stale now.
-    pub(super) fn stale_peers(&self) -> impl Iterator<Item = &str> {
-        self.peers
-            .iter()
-            .filter(|p| p.stale.load(Ordering::Relaxed))
-            .map(|p| p.name.as_str())
+        estimate
     }
 
     pub(super) fn status(&self) -> Vec<PeerStatus> {
         self.peers
             .iter()
             .map(|p| {
-                let age = p.heard_age.load(Ordering::Relaxed);
+                let seen = p.seen.lock();
                 PeerStatus {
                     region: p.name.clone(),
-                    stale: p.stale.load(Ordering::Relaxed),
-                    last_heard: (age != NEVER).then(|| Duration::from_micros(age)),
-                    pending: p.pending.lock().len(),
+                    stale: seen.conservative,
+                    last_heard: seen.lag,
+                    skewed: seen.skewed,
+                    skew: seen.skew,
+                    backlog: seen.backlog,
                     reachable: p.reachable.load(Ordering::Relaxed),
                 }
             })
             .collect()
     }
 
-    /// Pushes what is queued for peer `index` (and a heartbeat, even when
-    /// nothing is). On failure the entries stay queued, merged with newer ones.
-    pub(super) async fn push(&self, index: usize) -> Result<(), StoreError> {
+    /// One round of pushes to peer `index`, with its logs and metrics.
+    pub(super) async fn push(self: &Arc<Self>, index: usize) -> Result<(), StoreError> {
         let peer = &self.peers[index];
-        let now = Instant::now();
-        let taken: Vec<((String, u64), Entry)> = {
-            let mut pending = peer.pending.lock();
-            pending.retain(|_, e| e.until > now);
-            pending.drain().collect()
-        };
-        let result = self.push_entries(peer, &taken).await;
+        let result = self.pusher.round(peer).await;
         let reachable = result.is_ok();
         if peer.reachable.swap(reachable, Ordering::Relaxed) != reachable {
             if reachable {
@@ -242,100 +171,84 @@ impl Shared {
                 tracing::warn!(region = %self.region, peer = %peer.name, error = %e, "multi-region: cannot push to peer");
             }
         }
-        if let Err(e) = result {
-            #[cfg(feature = "metrics")]
+        #[cfg(feature = "metrics")]
+        if !reachable {
             ::metrics::counter!(
                 crate::metrics::REGION_PUSH_FAILURES,
                 "region" => self.region.clone(),
                 "peer" => peer.name.clone()
             )
             .increment(1);
-            for ((hash, start), entry) in taken {
-                peer.queue(&hash, start, entry);
-            }
-            return Err(e);
         }
-        Ok(())
+        result
     }
 
-    async fn push_entries(
-        &self,
-        peer: &Peer,
-        entries: &[((String, u64), Entry)],
-    ) -> Result<(), StoreError> {
-        let heard_key = heard_key(&self.prefix, &self.region);
-        // The heard key outlives staleness by far, and expires after a day
-        // of silence at most.
-        let heard_ttl = self
-            .staleness
-            .saturating_mul(10)
-            .max(Duration::from_secs(60));
-        let heard_ttl = heard_ttl.min(Duration::from_secs(86_400)).as_millis();
-        let fixed_now = self.fixed_clock.as_ref().map_or(0, |c| c.now());
-        let mut batches = entries.chunks(PUSH_BATCH).peekable();
-        let empty: &[((String, u64), Entry)] = &[];
-        let mut first = true;
-        while let Some(batch) = batches.next().or(if first { Some(empty) } else { None }) {
-            first = false;
-            let mut invocation = self.merge.key(&heard_key);
-            invocation
-                .arg(&self.region)
-                .arg(u64::try_from(heard_ttl).unwrap_or(u64::MAX))
-                .arg(fixed_now);
-            for ((hash, start), entry) in batch {
-                invocation
-                    .key(hash)
-                    .arg(*start)
-                    .arg(entry.window)
-                    .arg(entry.value);
-            }
-            let mut connection = peer.connection.clone();
-            tokio::time::timeout(
-                self.push_timeout,
-                invocation.invoke_async::<Value>(&mut connection),
-            )
-            .await
-            .map_err(|_| StoreError::Timeout(self.push_timeout))?
-            .map_err(backend_error)?;
-        }
-        Ok(())
-    }
-
-    /// Reads when each peer was last heard from, and marks stale the peers
-    /// unheard for longer than the staleness (logging and counting changes).
-    pub(super) async fn refresh_staleness(&self) -> Result<(), StoreError> {
+    /// Reads what this region's Redis holds of each peer (`heard.lua`):
+    /// updates the status, logs changes, and records the lag, skew and
+    /// overshoot estimate.
+    pub(super) async fn refresh(&self) -> Result<(), StoreError> {
+        let keys = outbox_keys(&self.prefix);
         let mut invocation = self.heard.prepare_invoke();
+        invocation.key(&keys[0]).key(&keys[3]);
         for peer in &self.peers {
             invocation.key(heard_key(&self.prefix, &peer.name));
         }
+        for peer in &self.peers {
+            invocation.key(arrived_key(&self.prefix, &peer.name));
+            invocation.arg(&peer.name);
+        }
         let mut connection = self.local.clone();
         let reply = tokio::time::timeout(
-            self.push_timeout,
-            invocation.invoke_async::<Vec<i64>>(&mut connection),
+            self.timing.push_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
         )
         .await
-        .map_err(|_| StoreError::Timeout(self.push_timeout))?
+        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
         .map_err(backend_error)?;
-        let Some((&now, heard)) = reply.split_first() else {
-            return Err(StoreError::Backend("empty reply to heard.lua".into()));
+        let bad = || bad_reply("heard.lua", &reply);
+        let Value::Array(items) = &reply else {
+            return Err(bad());
         };
-        let staleness = u64::try_from(self.staleness.as_micros()).unwrap_or(u64::MAX);
-        for (peer, &at) in self.peers.iter().zip(heard) {
-            let age = if at < 0 {
-                NEVER
-            } else {
-                u64::try_from(now.saturating_sub(at)).unwrap_or(0)
+        let Some((now, rest)) = items.split_first() else {
+            return Err(bad());
+        };
+        let now = number(now).ok_or_else(bad)?;
+        if rest.len() != self.peers.len() * 6 {
+            return Err(bad());
+        }
+        let read_at = Instant::now();
+        let staleness = micros(self.timing.staleness);
+        for (peer, fields) in self.peers.iter().zip(rest.chunks_exact(6)) {
+            let at = text(&fields[0]).and_then(|t| t.parse::<i64>().ok());
+            let lag = at
+                .and_then(|at| u64::try_from(at).ok())
+                .map(|at| Duration::from_micros(now.saturating_sub(at)));
+            let skewed = number(&fields[1]) == Some(1);
+            let skew = match (
+                text(&fields[2]).and_then(|t| t.parse::<i64>().ok()),
+                text(&fields[3]).and_then(|t| t.parse::<i64>().ok()),
+            ) {
+                (Some(lo), Some(hi)) => Some((lo, hi)),
+                _ => None,
             };
-            peer.heard_age.store(age, Ordering::Relaxed);
-            let stale = age > staleness;
-            if peer.stale.swap(stale, Ordering::Relaxed) != stale {
-                if stale {
-                    tracing::warn!(region = %self.region, peer = %peer.name, "multi-region: peer stale, counted at its conservative share");
+            let backlog = number(&fields[4]).unwrap_or(0);
+            let arrived: HashMap<String, u64> = match &fields[5] {
+                Value::Array(pairs) => pairs
+                    .chunks_exact(2)
+                    .filter_map(|pair| Some((text(&pair[0])?, number(&pair[1])?)))
+                    .collect(),
+                _ => HashMap::new(),
+            };
+            let conservative = lag.is_none_or(|lag| micros(lag) > staleness) || skewed;
+            let mut seen = peer.seen.lock();
+            if seen.conservative != conservative {
+                if conservative {
+                    tracing::warn!(region = %self.region, peer = %peer.name, lag = ?lag, skewed, "multi-region: peer counted at its conservative share");
                 } else {
-                    tracing::info!(region = %self.region, peer = %peer.name, "multi-region: peer heard again");
+                    tracing::info!(region = %self.region, peer = %peer.name, lag = ?lag, "multi-region: peer heard again");
                 }
                 #[cfg(feature = "metrics")]
-                if stale {
+                if conservative {
                     ::metrics::counter!(
                         crate::metrics::REGION_STALE_TRANSITIONS,
                         "region" => self.region.clone(),
@@ -344,26 +257,70 @@ impl Shared {
                     .increment(1);
                 }
             }
+            if skewed && !seen.skewed {
+                tracing::warn!(region = %self.region, peer = %peer.name, skew_micros = ?skew, max_skew = ?self.timing.max_skew, "multi-region: peer's clock is off by more than allowed");
+            }
+            let rates: HashMap<String, f64> = match seen.read_at {
+                Some(before) if read_at > before => {
+                    let seconds = (read_at - before).as_secs_f64();
+                    // Smoothed over about a second: a sync interval is too
+                    // short to tell a rate.
+                    let keep = (-seconds / RATE_SMOOTHING.as_secs_f64()).exp();
+                    let mut rates: HashMap<String, f64> = seen
+                        .rates
+                        .iter()
+                        .map(|(policy, rate)| (policy.clone(), rate * keep))
+                        .collect();
+                    for (policy, &units) in &arrived {
+                        let was = seen.arrived.get(policy).copied().unwrap_or(0);
+                        // A counter that went back expired: count from 0.
+                        let new = if units >= was { units - was } else { units };
+                        *rates.entry(policy.clone()).or_default() +=
+                            (1.0 - keep) * new as f64 / seconds;
+                    }
+                    rates.retain(|_, rate| *rate > 1e-9);
+                    rates
+                }
+                _ => HashMap::new(),
+            };
             #[cfg(feature = "metrics")]
             {
-                let seconds = if age == NEVER {
-                    f64::INFINITY
-                } else {
-                    Duration::from_micros(age).as_secs_f64()
-                };
+                let lag_seconds = lag.map_or(f64::INFINITY, |lag| lag.as_secs_f64());
                 ::metrics::gauge!(
-                    crate::metrics::REGION_PEER_STALENESS,
+                    crate::metrics::REGION_PEER_LAG,
                     "region" => self.region.clone(),
                     "peer" => peer.name.clone()
                 )
-                .set(seconds);
+                .set(lag_seconds);
+                if let Some((lo, hi)) = skew {
+                    ::metrics::gauge!(
+                        crate::metrics::REGION_PEER_SKEW,
+                        "region" => self.region.clone(),
+                        "peer" => peer.name.clone()
+                    )
+                    .set((lo as f64 + hi as f64) / 2e6);
+                }
             }
+            *seen = Seen {
+                conservative,
+                lag,
+                skewed,
+                skew,
+                backlog,
+                arrived,
+                read_at: Some(read_at),
+                rates,
+            };
+        }
+        #[cfg(feature = "metrics")]
+        for (policy, units) in self.overshoot() {
+            ::metrics::gauge!(
+                crate::metrics::REGION_OVERSHOOT,
+                "region" => self.region.clone(),
+                "policy" => policy
+            )
+            .set(units);
         }
         Ok(())
     }
-}
-
-/// `<prefix>:mr:heard:<region>`: when a Redis last heard from `region`.
-pub(super) fn heard_key(prefix: &str, region: &str) -> String {
-    format!("{prefix}:mr:heard:{region}")
 }

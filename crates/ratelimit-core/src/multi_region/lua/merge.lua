@@ -1,59 +1,96 @@
--- Merges one region's components into a peer region's Redis, by maximum:
--- replays, duplicates and reordering leave the same state.
+-- Merges counts of a peer region into this region's Redis: called by the
+-- peer's sync tasks with the peer's own counts, one entry per key and
+-- window of the peer's clock, each the cumulative count of that window.
 --
--- KEYS[1]    `<prefix>:mr:heard:<from>`: when this Redis last heard from
---            the region (its own TIME in µs; the receiving region reads it
---            to tell a stale peer, see heard.lua)
--- KEYS[2..]  the hashes of the keys to merge (see decide.lua)
+-- KEYS[1]    `<prefix>:mr:arrived:<from>`: units heard from the peer, by
+--            policy (read for the overshoot estimate)
+-- KEYS[2]    `<prefix>:mr:rounds:<from>`: merges done, by round (mark.lua)
+-- KEYS[3..]  the state hashes of the keys to merge (see decide.lua)
 -- ARGV[1]    the sending region's name
--- ARGV[2]    the TTL of the heard key, in ms
--- ARGV[3]    the fixed time in µs (tests), or 0 for the server's TIME
--- then for each hash: window start, window (µs), the sender's count.
+-- ARGV[2]    the epoch of the sender's outbox
+-- ARGV[3]    the fixed time in µs of this Redis's clock (tests), or 0 for
+--            the server's TIME
+-- ARGV[4]    the largest clock skew allowed between regions (µs)
+-- ARGV[5]    the key prefix
+-- ARGV[6]    the id of the sender's round
+-- then for each hash: the window start (the sender's clock), the window
+-- (µs), the sender's cumulative count.
 --
--- A count for a window that ended more than one window ago no longer
--- matters and is not written. Each written hash keeps a TTL until the end
--- of the window after the count's (never shortened). Fields of windows
--- before the previous one are dropped. Returns the number of fields raised.
+-- Only this Redis's clock places counts: the part of a count not heard
+-- before (above the `seen` field of that sender, epoch and window, so
+-- replays, duplicates and reordering add nothing) is added to the sender's
+-- field of the window of this clock in which it arrives. A count arrives
+-- after it was admitted, so no count is ever placed before its time, and a
+-- peer's clock, ahead or behind, never erases or hides a count here. An
+-- entry whose window ended more than a window and the skew allowed ago (by
+-- this clock) no longer matters and is not written. Fields whose window is
+-- over by this clock are dropped; TTLs are only ever extended. Returns the
+-- units added.
 
--- idiv and fmt: redis/lua/numbers.lua, which comes first.
-
-local t = redis.call('TIME')
-local server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-redis.call('SET', KEYS[1], fmt(server_now), 'PX', ARGV[2])
+-- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
 
 local now = tonumber(ARGV[3])
 local fixed = now > 0
 if not fixed then
-  now = server_now
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local from = ARGV[1]
-local raised = 0
-for i = 2, #KEYS do
-  local at = 4 + (i - 2) * 3
+local from, epoch = ARGV[1], ARGV[2]
+local max_skew = tonumber(ARGV[4])
+local policy_at = #ARGV[5] + 2
+
+local function ttl_ms(until_us)
+  local ms = idiv(until_us - now + 999, 1000) + 1000
+  if fixed then
+    ms = ms + 3600000
+  end
+  return ms
+end
+
+local added = 0
+local by_policy = {}
+for i = 3, #KEYS do
+  local hash = KEYS[i]
+  local at = 7 + (i - 3) * 3
   local start, w, value = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local ends = start + 2 * w
-  if ends > now then
-    local field = from .. ':' .. fmt(start)
-    local known = tonumber(redis.call('HGET', KEYS[i], field) or '0') or 0
+  if start + 2 * w + max_skew > now then
+    local seen = from .. '@' .. epoch .. ':' .. fmt(start) .. ':' .. fmt(w)
+    local known = tonumber(redis.call('HGET', hash, seen) or '0') or 0
     if value > known then
-      redis.call('HSET', KEYS[i], field, fmt(value))
-      raised = raised + 1
-    end
-    local ttl = idiv(ends - now + 999, 1000) + 1000
-    if fixed then
-      ttl = ttl + 3600000
-    end
-    local left = redis.call('PTTL', KEYS[i])
-    if left < ttl then
-      redis.call('PEXPIRE', KEYS[i], fmt(ttl))
-    end
-    local fields = redis.call('HKEYS', KEYS[i])
-    for f = 1, #fields do
-      local s = tonumber(string.match(fields[f], ':(%d+)$') or '')
-      if s ~= nil and s < start - w then
-        redis.call('HDEL', KEYS[i], fields[f])
+      local here = idiv(now, w) * w
+      redis.call('HSET', hash, seen, fmt(value))
+      redis.call('HINCRBY', hash, from .. ':' .. fmt(here) .. ':' .. fmt(w), fmt(value - known))
+      added = added + value - known
+      local policy = string.match(string.sub(hash, policy_at), '^([^:]+):{')
+      if policy ~= nil then
+        by_policy[policy] = (by_policy[policy] or 0) + value - known
+      end
+      -- The seen field matters until the sender's window is over (bounded
+      -- by this clock, whatever the sender's says).
+      local keep = math.min(start + 2 * w + max_skew, now + 2 * w + max_skew)
+      extend_ttl(hash, ttl_ms(math.max(here + 2 * w, keep)))
+      local fields = redis.call('HKEYS', hash)
+      local expired = {}
+      for f = 1, #fields do
+        local kind, _, s, w0 = parse_field(fields[f], w)
+        if (kind == 'count' and s + 2 * w0 <= now)
+          or (kind == 'seen' and s + 2 * w0 + max_skew <= now) then
+          expired[#expired + 1] = fields[f]
+        end
+      end
+      if #expired > 0 then
+        redis.call('HDEL', hash, unpack(expired))
       end
     end
   end
 end
-return raised
+for policy, units in pairs(by_policy) do
+  redis.call('HINCRBY', KEYS[1], policy, fmt(units))
+end
+if added > 0 then
+  extend_ttl(KEYS[1], 86400000)
+end
+-- Last: this merge ran whole.
+redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
+redis.call('PEXPIRE', KEYS[2], 60000)
+return fmt(added)

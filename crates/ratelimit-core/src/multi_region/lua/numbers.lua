@@ -1,0 +1,52 @@
+-- Integer arithmetic the multi-region scripts share (prepended to each).
+-- Lua numbers are doubles, exact for integers below 2^53:
+--   * `a / b` can round up across an integer, so integer division goes
+--     through `idiv`, which corrects the quotient (floor, also below zero);
+--   * numbers passed to redis.call or returned are turned into strings with
+--     14 significant digits, so every one goes through `fmt` first.
+local function idiv(a, b)
+  local q = a / b
+  q = q - q % 1
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- A field of a state hash: `<region>:<start>:<window>`, a count admitted by
+-- (for this region) or heard from (for a peer) `region` in the window of
+-- length `window` that starts at `start`; or `<region>@<epoch>:<start>:<window>`,
+-- the cumulative count of a peer's own window as last heard (kind 'seen');
+-- or `<region>:<start>`, a count of a window of `default_window` (written
+-- before fields named their window). Returns kind, region, start, window,
+-- epoch; nil for anything else.
+local function parse_field(name, default_window)
+  local region, epoch, start, window = string.match(name, '^([%w._-]+)@(%d+):(%d+):(%d+)$')
+  if region then
+    return 'seen', region, tonumber(start), tonumber(window), epoch
+  end
+  region, start, window = string.match(name, '^([%w._-]+):(%d+):(%d+)$')
+  if region then
+    return 'count', region, tonumber(start), tonumber(window)
+  end
+  region, start = string.match(name, '^([%w._-]+):(%d+)$')
+  if region then
+    return 'count', region, tonumber(start), default_window
+  end
+  return nil
+end
+
+-- Extends the TTL of `key` (which exists) to at least `ms` milliseconds;
+-- never shortens it.
+local function extend_ttl(key, ms)
+  local left = redis.call('PTTL', key)
+  if left == -1 or (left >= 0 and left < ms) then
+    redis.call('PEXPIRE', key, fmt(ms))
+  end
+end

@@ -1,0 +1,68 @@
+-- Reads this region's outbox for one peer, in this region's Redis: the
+-- entries (key and window, and this region's count there) written or raised
+-- after a sequence number, oldest first, at most a given number.
+--
+-- KEYS[1..3]  the outbox: by sequence (ZSET), values (HASH), meta (HASH)
+-- ARGV[1]     the peer's name
+-- ARGV[2]     read after this sequence number; -1 for the peer's cursor
+--             (what was delivered to it, in the generation `born` of the
+--             peer's Redis; 0 when nothing was, or when the outbox started
+--             a new epoch since)
+-- ARGV[3]     the most entries to return
+-- ARGV[4]     the fixed time in µs (tests), or 0 for the server's TIME
+-- ARGV[5]     the largest clock skew allowed between regions (µs)
+--
+-- Returns the outbox's epoch, the sequence number read after, the last one
+-- read, 1 when this read reached the end (fewer entries than asked), this
+-- Redis's clock, the generation the cursor was delivered into (empty when
+-- read from 0), then pairs of member (`<start>:<window>:<hash>`) and count.
+-- Entries whose window no longer matters (decide.lua drops them in turn)
+-- are passed over. An entry raised while a round reads moves after the
+-- last one read, so a round that reads until the end delivers every entry
+-- as it stood at its last read.
+
+-- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
+
+local now = tonumber(ARGV[4])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local max_skew = tonumber(ARGV[5])
+local meta = redis.call('HMGET', KEYS[3], 'epoch', 'seq', 'cursor:' .. ARGV[1], 'born:' .. ARGV[1])
+local epoch = meta[1] or '0'
+local seq = tonumber(meta[2] or '0') or 0
+local after = tonumber(ARGV[2])
+local born = ''
+if after < 0 then
+  after = tonumber(meta[3] or '0') or 0
+  born = meta[4] or ''
+  if after > seq or born == '' then
+    after = 0
+    born = ''
+  end
+end
+local limit = tonumber(ARGV[3])
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(after), '+inf', 'WITHSCORES', 'LIMIT', 0, limit)
+local reply = {epoch, fmt(after), fmt(after), 0, fmt(now), born}
+local count = #rows / 2
+if count < limit then
+  reply[4] = 1
+end
+if count == 0 then
+  return reply
+end
+reply[3] = rows[#rows]
+local members = {}
+for r = 1, #rows, 2 do
+  members[#members + 1] = rows[r]
+end
+local values = redis.call('HMGET', KEYS[2], unpack(members))
+for m = 1, #members do
+  local start, w = string.match(members[m], '^(%d+):(%d+):')
+  if start ~= nil and tonumber(start) + 2 * tonumber(w) + max_skew > now and values[m] then
+    reply[#reply + 1] = members[m]
+    reply[#reply + 1] = values[m]
+  end
+end
+return reply
