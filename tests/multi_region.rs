@@ -1445,3 +1445,43 @@ async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
         0
     );
 }
+
+/// A peer whose clock is behind by more than `max_skew`, marked while its
+/// last ticket was a second old (so the bounds of its skew still overlap
+/// the allowed range): the counts it pushes, over by this region's clock,
+/// are not placed, but the peer is counted at its share until they would
+/// have expired, never as heard with nothing. `us` is 1.5 s behind `eu` and
+/// `ap`, the window 100 ms: `us` admits its 3 of 9 (it counts both others
+/// at their share), and `eu` then admits at most the other 6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_behind_never_hides_its_counts() {
+    let regions = Regions::start_apart(
+        Duration::from_secs(30),
+        Duration::from_secs(120),
+        [1_500_000, 0, 1_500_000],
+    )
+    .await;
+    for store in &regions.stores {
+        let _ = store.sync_now().await;
+    }
+    for store in &regions.stores {
+        let _ = store.sync_now().await;
+    }
+    // us's ticket of eu's clock is now a second old.
+    regions.clock.advance(Duration::from_secs(1));
+    regions.clocks[1].advance(Duration::from_secs(1));
+    let policy = fixed_window("mr-behind", 9, Duration::from_millis(100));
+    let keys: Vec<String> = (0..9).map(|_| String::from("behind")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[1], &policy, &keys).await,
+        3
+    );
+    regions.stores[1].sync_now().await.expect("pushed");
+    let _ = regions.stores[0].sync_now().await;
+    let admitted = admitted_once_each(&regions.stores[0], &policy, &keys).await;
+    assert!(
+        admitted <= 6,
+        "eu admitted {admitted} after us admitted 3 of 9 in the same window"
+    );
+    regions.assert_every_key_has_a_ttl();
+}

@@ -24,9 +24,11 @@
 -- A peer is counted conservatively (its current count raised to its share,
 -- ceil(limit / regions)) when this Redis has not heard from it, all its
 -- counts landed, within the staleness, or when its clock is known to be off
--- by more than the skew allowed. The fields are read as counts.rs `view`
--- reads them: under another window length (a reload), a field counts in the
--- window of this length that holds its last microsecond. When every check
+-- by more than the skew allowed, or while counts it pushed that were over
+-- by this clock (mark.lua's `late`) would still count. The fields are read
+-- as counts.rs `view` reads them: under another window length (a reload),
+-- a field counts in the window of this length that holds its last
+-- microsecond. When every check
 -- passes, each is consumed (own field incremented, the hash's TTL extended,
 -- the count written to the outbox); otherwise nothing is. The reply: the
 -- time, then for each check whether it passes, the window start and the
@@ -52,9 +54,10 @@ local outbox_seq, outbox_end, outbox_val, outbox_meta = KEYS[1], KEYS[2], KEYS[3
 local conservative = {}
 for i = 1, peer_count do
   local name = ARGV[6 + i]
-  local heard = redis.call('HMGET', KEYS[4 + i], 'at', 'skewed')
+  local heard = redis.call('HMGET', KEYS[4 + i], 'at', 'skewed', 'late')
   local at = tonumber(heard[1])
-  if at == nil or real_now - at > staleness or heard[2] == '1' then
+  local late = tonumber(heard[3] or '0') or 0
+  if at == nil or real_now - at > staleness or heard[2] == '1' or late > now then
     conservative[name] = true
   end
 end

@@ -9,7 +9,9 @@
 --          the generation of what landed here), `at` (the freshest ticket,
 --          TIME µs), the last clock sample (`lo` and `hi`, bounds of the
 --          sender's clock minus this one's, µs) and `skewed` (1 when the
---          bounds lie beyond the skew allowed)
+--          bounds lie beyond the skew allowed, or a merge found counts
+--          over by this clock that the sender still held), and `late`
+--          (until when, by this clock, such counts would have counted)
 -- ARGV[1]  the ticket: TIME µs of this Redis at an earlier call; 0 asks
 --          for a ticket only (nothing claimed, nothing written)
 -- ARGV[2]  the ticket: this Redis's clock then (the fixed time in tests)
@@ -52,12 +54,13 @@ local sender_clock = tonumber(ARGV[3])
 local max_skew = tonumber(ARGV[6])
 local relied = ARGV[7]
 local done = tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '0') or 0
-redis.call('HDEL', KEYS[2], ARGV[8])
+local late = tonumber(redis.call('HGET', KEYS[2], ARGV[8] .. ':late') or '0') or 0
+redis.call('HDEL', KEYS[2], ARGV[8], ARGV[8] .. ':late')
 if done ~= tonumber(ARGV[9]) then
   return {fmt(real_now), fmt(now), 2, ''}
 end
 
-local heard = redis.call('HMGET', KEYS[1], 'born', 'at')
+local heard = redis.call('HMGET', KEYS[1], 'born', 'at', 'late')
 local born = heard[1]
 if relied ~= '' and born ~= relied then
   return {fmt(real_now), fmt(now), 0, ''}
@@ -65,8 +68,18 @@ end
 if born == false then
   born = fmt(real_now)
 end
+-- A merge of the round found counts over by this clock that the sender
+-- still held: the sender counts at its share until they would have
+-- expired here (decide.lua), and shows as skewed until its next mark.
+local late_until = tonumber(heard[3] or '0') or 0
+if late > late_until then
+  late_until = late
+end
 if ARGV[10] ~= '1' then
-  redis.call('HSET', KEYS[1], 'born', born)
+  redis.call('HSET', KEYS[1], 'born', born, 'late', fmt(late_until))
+  if late > 0 then
+    redis.call('HSET', KEYS[1], 'skewed', 1)
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {fmt(real_now), fmt(now), 1, born}
 end
@@ -77,9 +90,9 @@ end
 -- The sender read its clock after the ticket and before this call.
 local lo, hi = sender_clock - now, sender_clock - ticket_clock
 local skewed = 0
-if lo > max_skew or hi < -max_skew then
+if lo > max_skew or hi < -max_skew or late > 0 then
   skewed = 1
 end
-redis.call('HSET', KEYS[1], 'born', born, 'at', fmt(at), 'lo', fmt(lo), 'hi', fmt(hi), 'skewed', skewed)
+redis.call('HSET', KEYS[1], 'born', born, 'at', fmt(at), 'lo', fmt(lo), 'hi', fmt(hi), 'skewed', skewed, 'late', fmt(late_until))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {fmt(real_now), fmt(now), 1, born}

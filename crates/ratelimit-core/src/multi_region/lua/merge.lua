@@ -23,7 +23,11 @@
 -- after it was admitted, so no count is ever placed before its time, and a
 -- peer's clock, ahead or behind, never erases or hides a count here. An
 -- entry whose window ended more than a window and the skew allowed ago (by
--- this clock) no longer matters and is not written. Fields whose window is
+-- this clock) is not written (its `seen` field would be gone, so a replay
+-- would count it again); since the sender still held it, its clock may be
+-- behind by more than allowed, so the round records (`<round>:late` in
+-- KEYS[2]) until when the count would have counted here, and its mark
+-- has the sender counted at its share until then. Fields whose window is
 -- over by this clock are dropped; TTLs are only ever extended. Returns the
 -- units added.
 
@@ -48,6 +52,7 @@ local function ttl_ms(until_us)
 end
 
 local added = 0
+local late = 0
 local by_policy = {}
 for i = 3, #KEYS do
   local hash = KEYS[i]
@@ -82,6 +87,18 @@ for i = 3, #KEYS do
         redis.call('HDEL', hash, unpack(expired))
       end
     end
+  else
+    local until_us = idiv(now, w) * w + 2 * w
+    if until_us > late then
+      late = until_us
+    end
+  end
+end
+if late > 0 then
+  local field = ARGV[6] .. ':late'
+  local was = tonumber(redis.call('HGET', KEYS[2], field) or '0') or 0
+  if late > was then
+    redis.call('HSET', KEYS[2], field, fmt(late))
   end
 end
 for policy, units in pairs(by_policy) do
