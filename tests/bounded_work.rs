@@ -1,4 +1,4 @@
-//! Bounded work per call (issue 12, item 2): a sliding log holds at most
+//! Bounded work per call: a sliding log holds at most
 //! `2 × LOG_SLOTS` entries whatever its limit, on both stores, which decide
 //! alike with large limits; and the longest single Redis call of every
 //! algorithm, in its costliest state, is measured and bounded.

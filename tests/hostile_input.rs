@@ -609,7 +609,7 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
         ),
         (
             // Each held permit is an entry a decision reads: a larger max
-            // would make a Redis call's work grow with it (issue 12).
+            // would make a Redis call's work grow with it.
             "concurrency MAX_CONCURRENCY + 1",
             Box::new(move || {
                 Policy::concurrency(

@@ -91,7 +91,7 @@ impl Pair {
     }
 }
 
-/// Issue 12, item 4: a concurrency max lowered under the same name. Redis
+/// A concurrency max lowered under the same name. Redis
 /// answered remaining -1 (a reply that did not decode, so the failure
 /// policy decided); memory computed `max - held` (a panic in debug).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,7 +119,7 @@ async fn a_lowered_concurrency_max_denies_with_nothing_remaining() {
     assert!(d.permit().is_some());
 }
 
-/// Issue 12, item 5: a sliding window counter's window changed from 60 s to
+/// A sliding window counter's window changed from 60 s to
 /// 45 s under one name, with the state "w<60 s> 8 2" (10 per window).
 /// Memory underflowed (`previous * (w - elapsed)`); Redis weighed the
 /// previous window negatively and admitted past the limit.

@@ -932,7 +932,7 @@ async fn rediss_urls_use_tls_with_a_private_ca() {
     assert!(plain.check(b"k", &policy, 1).await.is_err());
 }
 
-/// Issue 12, item 9: a cross-slot refund that gives back part of the only
+/// A cross-slot refund that gives back part of the only
 /// entry of a sliding log keeps the key's TTL (it used to remove the entry,
 /// which deleted the key, and recreate it without a TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The semaphore's state in Redis (issue 13): one string per key, the tag
+//! The semaphore's state in Redis: one string per key, the tag
 //! `c`, a base count, then one fixed-width entry per held permit (its id,
 //! its lease's expiry, the units held through it), in expiry order. On a
 //! real server, against `MemoryStore` on one manual clock: leases that

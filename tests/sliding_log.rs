@@ -1,4 +1,4 @@
-//! The sliding log's state in Redis (issue 13): one string per key, the tag
+//! The sliding log's state in Redis: one string per key, the tag
 //! `l` then fixed-width entries (a time and the units logged through it, 14
 //! bytes), the entries that left the window dropped on the next write. On a
 //! real server, against `MemoryStore` on one manual clock: entries that

@@ -433,7 +433,7 @@ impl Store for Silent {
     }
 }
 
-/// Issue 12, item 6: clients that go away (a disconnect, an HTTP/2 reset)
+/// Clients that go away (a disconnect, an HTTP/2 reset)
 /// drop their store calls; three of them used to open the breaker for
 /// everyone.
 #[tokio::test(start_paused = true)]
@@ -477,7 +477,7 @@ async fn calls_the_layer_times_out_open_the_breaker() {
     assert_eq!(breaker.state(), BreakerState::Open);
 }
 
-/// Issue 12, item 7: a concurrency permit granted to a handler is held by
+/// A concurrency permit granted to a handler is held by
 /// `Granted` and released when it is dropped (it used to be dropped at once,
 /// never released, and held until its lease expired).
 #[tokio::test]
@@ -498,7 +498,7 @@ async fn a_limiter_permit_is_held_by_granted_until_dropped() {
     assert!(again.is_ok(), "the permit was released with its Granted");
 }
 
-/// Issue 12, item 7: a `Limiter` that fails open still refuses a new key in
+/// A `Limiter` that fails open still refuses a new key in
 /// a full `MemoryStore` (it admitted it: a key-rotation flood got through).
 #[tokio::test]
 async fn a_fail_open_limiter_refuses_new_keys_in_a_full_store() {

@@ -88,7 +88,7 @@ pub fn assert_string_state(server: &RedisServer, key: &str, longest: u64, what: 
 }
 
 /// Writes a sorted set of `(score, member)` at `key`, with an hour's TTL: a
-/// state in the layout before issue 13 (a sliding log, a semaphore), as the
+/// state in the previous layout (a sliding log, a semaphore), as the
 /// previous version of the store left it.
 pub fn write_sorted_set(server: &RedisServer, key: &str, members: &[(String, String)]) {
     let mut args = vec!["ZADD", key];
