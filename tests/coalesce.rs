@@ -1112,3 +1112,61 @@ async fn callers_a_batch_answers_go_together_in_the_next() {
     lead.await.unwrap().unwrap();
     calls_since(&store, before, 3, 21);
 }
+
+/// Two runtimes share one store, and one of them shuts down while its calls
+/// are in flight (sent alone, in batches, queued behind them): whatever it
+/// dropped counts nothing in flight, and every call the other runtime makes
+/// afterwards is decided, none waiting for a batch that will never come.
+#[test]
+fn a_runtime_shut_down_mid_flight_leaves_the_others_calls_decided() {
+    let runtime = |threads: usize| {
+        if threads == 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(threads);
+            builder
+        }
+        .enable_all()
+        .build()
+        .expect("a runtime")
+    };
+    let serving = runtime(2);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let call_timeout = ms(500);
+    let store = serving.block_on(through(&proxy, call_timeout));
+    let policy = fixed_window("two-runtimes", 1_000_000, Duration::from_secs(3600));
+    // Every reply 30 ms late: the doomed runtime's calls are surely in
+    // flight, and its lane full, when it goes.
+    proxy.set_latency(ms(30));
+    let doomed = runtime(1);
+    doomed.block_on(async {
+        for task in 0..64 {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    let key = format!("doomed-{task}-{i}");
+                    let _ = store.check(key.as_bytes(), &policy, 1).await;
+                }
+            });
+        }
+        tokio::time::sleep(ms(100)).await;
+    });
+    drop(doomed);
+    proxy.set_latency(Duration::ZERO);
+    serving.block_on(async {
+        for round in 0..5 {
+            let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..64)
+                .map(|i| {
+                    let key = format!("after-{round}-{i}");
+                    Box::pin(store.check(key.as_bytes(), &policy, 1)) as Boxed<_>
+                })
+                .collect();
+            for (i, d) in join_in_order(calls).await.into_iter().enumerate() {
+                let d = d.unwrap_or_else(|e| panic!("round {round}, call {i}: {e}"));
+                assert!(d.is_allowed(), "round {round}, call {i}: {d:?}");
+            }
+        }
+    });
+}

@@ -206,6 +206,68 @@ impl Coalescer {
     }
 }
 
+/// The calls of one lane in a task of their own, counted in flight until
+/// the task ends, however it ends. Dropped before it finished (its runtime
+/// shut down, or it panicked), it counts itself out and puts the requests
+/// it had taken but not sent back at the front of the lane's queue, where
+/// the next request (or a waiting caller, see [`RedisStore::kick`]) starts
+/// a call for them. It never spawns from its drop: the runtime it would
+/// spawn on may be the one going away.
+pub(super) struct Driver {
+    store: RedisStore,
+    lane: LaneId,
+    /// Taken from the queue, not yet sent.
+    batch: Vec<Item>,
+    /// Ended normally, counted out already.
+    finished: bool,
+}
+
+impl Driver {
+    fn new(store: RedisStore, lane: LaneId, batch: Vec<Item>) -> Self {
+        Driver {
+            store,
+            lane,
+            batch,
+            finished: false,
+        }
+    }
+
+    /// Runs the driver in a task on the current runtime. Spawned with no
+    /// lock held: a runtime shutting down drops the task at once, and its
+    /// drop takes the lanes' lock.
+    fn start(self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let store = self.store.clone();
+                runtime.spawn(store.drive(self));
+            }
+            // Dropped: its requests wait for a caller with a runtime.
+            Err(_) => drop(self),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Some(coalescer) = self.store.inner.coalescer.as_ref() else {
+            return;
+        };
+        let mut lanes = coalescer.lanes.lock();
+        let state = lanes.entry(self.lane).or_default();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        for item in self.batch.drain(..).rev() {
+            state.queued = state.queued.saturating_add(item.weight);
+            state.queue.push_front(item);
+        }
+        if state.in_flight == 0 && state.queue.is_empty() {
+            lanes.remove(&self.lane);
+        }
+    }
+}
+
 /// A call its caller sends itself, the lane being idle: counted in flight
 /// until dropped (sent, or its caller gone); then whatever queued meanwhile
 /// goes in a task.
@@ -243,7 +305,7 @@ impl RedisStore {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return;
         };
-        let batch = {
+        let driver = {
             let mut lanes = coalescer.lanes.lock();
             let Some(state) = lanes.get_mut(&lane) else {
                 return;
@@ -256,36 +318,21 @@ impl RedisStore {
                 }
                 return;
             }
-            batch
+            // Still counted in flight: the driver's now.
+            Driver::new(self.clone(), lane, batch)
         };
-        match tokio::runtime::Handle::try_current() {
-            // Still counted in flight: the task's now.
-            Ok(runtime) => {
-                runtime.spawn(self.clone().drive(lane, batch));
-            }
-            Err(_) => {
-                let sent_on = SentOn::default();
-                for item in batch {
-                    let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
-                    answer(item, Err(error), &sent_on);
-                }
-                let mut lanes = coalescer.lanes.lock();
-                if let Some(state) = lanes.get_mut(&lane) {
-                    state.in_flight = state.in_flight.saturating_sub(1);
-                }
-            }
-        }
+        driver.start();
     }
 
     /// Queues `item` on `lane`, and starts a call for it (and whatever
     /// waits) if the lane's bound allows. Needs a tokio runtime.
     pub(super) fn submit(&self, coalescer: &Coalescer, lane: LaneId, item: Item) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
             let _ = item.reply.send((Err(error), item.unclaimed));
             return;
-        };
-        let batch = {
+        }
+        let driver = {
             let mut lanes = coalescer.lanes.lock();
             let state = lanes.entry(lane).or_default();
             state.queued = state.queued.saturating_add(item.weight);
@@ -298,34 +345,60 @@ impl RedisStore {
                 return;
             }
             state.in_flight += 1;
-            coalescer.take(state)
+            Driver::new(self.clone(), lane, coalescer.take(state))
         };
-        runtime.spawn(self.clone().drive(lane, batch));
+        driver.start();
     }
 
-    /// Sends `batch`, then whatever waits on `lane`, until nothing does.
-    async fn drive(self, lane: LaneId, mut batch: Vec<Item>) {
+    /// Starts a call for what waits on `lane` if nothing would send it: the
+    /// lane has room for a call and requests queued. A waiting caller that
+    /// has had no answer for a call timeout asks this, so that requests
+    /// queued behind a call that was lost (its task dropped with the runtime
+    /// that ran it) go out without waiting for another request to come.
+    pub(super) fn kick(&self, lane: LaneId) {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return;
+        };
+        let driver = {
+            let mut lanes = coalescer.lanes.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                return;
+            };
+            if state.in_flight >= coalescer.max_in_flight || state.queue.is_empty() {
+                return;
+            }
+            state.in_flight += 1;
+            Driver::new(self.clone(), lane, coalescer.take(state))
+        };
+        driver.start();
+    }
+
+    /// Sends the driver's batch, then whatever waits on its lane, until
+    /// nothing does.
+    async fn drive(self, mut driver: Driver) {
         loop {
+            let batch = std::mem::take(&mut driver.batch);
             if !batch.is_empty() {
                 let answered = batch.len();
-                self.send_batch(lane, batch).await;
+                self.send_batch(driver.lane, batch).await;
                 if answered > 1 {
-                    self.gather(lane).await;
+                    self.gather(driver.lane).await;
                 }
             }
             let Some(coalescer) = self.inner.coalescer.as_ref() else {
                 return;
             };
             let mut lanes = coalescer.lanes.lock();
-            let Some(state) = lanes.get_mut(&lane) else {
+            let Some(state) = lanes.get_mut(&driver.lane) else {
                 return;
             };
-            batch = coalescer.take(state);
-            if batch.is_empty() {
+            driver.batch = coalescer.take(state);
+            if driver.batch.is_empty() {
                 state.in_flight = state.in_flight.saturating_sub(1);
                 if state.in_flight == 0 && state.queue.is_empty() {
-                    lanes.remove(&lane);
+                    lanes.remove(&driver.lane);
                 }
+                driver.finished = true;
                 return;
             }
         }

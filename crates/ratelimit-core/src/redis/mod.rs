@@ -689,12 +689,24 @@ impl RedisStore {
         self.submit(coalescer, lane, item);
         // The call's own timeout starts when it is sent, after at most one
         // batch ahead of it; on a cluster whose slot map was stale it may be
-        // sent once more, on its own (`coalesce::Outcome::NotServed`).
-        let limit = self.inner.call_timeout.saturating_mul(3);
-        match tokio::time::timeout(limit, answer).await {
+        // sent once more, on its own (`coalesce::Outcome::NotServed`). Still
+        // waiting after a call timeout, the caller makes sure a call will
+        // take its request (see `kick`).
+        let mut answer = answer;
+        let call_timeout = self.inner.call_timeout;
+        let waited = match tokio::time::timeout(call_timeout, &mut answer).await {
+            Ok(answered) => Ok(answered),
+            Err(_) => {
+                self.kick(lane);
+                tokio::time::timeout(call_timeout.saturating_mul(2), answer).await
+            }
+        };
+        match waited {
             Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
-            Ok(Err(_)) => Err(StoreError::Backend(
-                "the call was cancelled with its runtime".into(),
+            // Its batch was dropped in flight, with the runtime that ran it:
+            // it may have run, as after a timeout.
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the call was dropped in flight with the runtime that ran it".into(),
             )),
             Ok(Ok((result, mut unclaimed))) => {
                 if result.is_ok()
