@@ -2,12 +2,11 @@
 //! Redis together, as one call of the batch function (`batch.lua`).
 //!
 //! Every decision belongs to a lane ([`LaneId`]): a single node has one
-//! lane. On a Redis Cluster a call declares keys of one hash slot only, so
-//! a lane is one master's slots where the store calls the library's
-//! functions (the master batch function reaches keys of the master's other
-//! slots: `library.lua`), and one slot where it runs scripts (Redis before
-//! 7, or a user who may not run functions). With random keys a master's
-//! lane gathers batches where a slot's almost never does (16,384 slots).
+//! lane; a Redis Cluster one per hash slot, since a call declares every key
+//! it touches and Redis refuses the keys of several slots in one call
+//! (`CROSSSLOT`), whatever flags the function carries. With random keys a
+//! slot's lane rarely gathers a batch (16,384 slots); a hot key's, or one
+//! user's limits under one hash tag, do.
 //! While the lane has fewer calls in flight than its bound
 //! ([`MAX_CALLS_IN_FLIGHT`], or the pool size if smaller) and nothing waits,
 //! a decision goes out at once, alone, sent by its caller as it would be
@@ -18,12 +17,18 @@
 //! wait than the calls in flight would take in one turn, one more call
 //! starts: no decision waits behind more than one batch.
 //!
-//! Batches run in tasks of their own, so a caller that goes away never
-//! strands the others (a caller sending alone that goes away hands what
-//! queued behind it to a task). A caller that goes away before its batch is
-//! sent is left out of it; after, its result is dropped, and a concurrency
-//! permit it received is released (its [`Unclaimed`] guard travels with its
-//! result).
+//! Batches run in tasks of their own ([`Driver`]), so a caller that goes
+//! away never strands the others (a caller sending alone that goes away
+//! hands what queued behind it to a task), and a task dropped with its
+//! runtime counts itself out of its lane. A caller that goes away before
+//! its batch is sent is left out of it; after, its result is dropped, and a
+//! concurrency permit it received is released (its [`Unclaimed`] guard
+//! travels with its result).
+//!
+//! On a cluster, a batch that Redis does not run where redis-rs sent it
+//! (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`: the slot moved, is moving,
+//! or has no master now) is never followed as a whole: each of its requests
+//! goes again on its own, through redis-rs's routing, to its slot's owner.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +39,7 @@ use smallvec::{SmallVec, smallvec};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, BATCH_RECORD, RedisStore, StateKeys, batch_record, decision_of, parameters};
+use super::{Arg, RedisStore, StateKeys, check_fields, decision_of, parameters};
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -85,12 +90,11 @@ pub(super) type Decided = SmallVec<[Decision; 1]>;
 /// Which requests may share a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum LaneId {
-    /// The requests of one hash slot (on a single node, every request: 0).
-    Slot(u16),
-    /// The requests of every slot of one cluster master (its place in the
-    /// store's slot map), in calls of the master batch function.
+    /// Every request of a single node.
+    Node,
+    /// The requests of one hash slot of a cluster.
     #[cfg(feature = "redis-cluster")]
-    Master(u16),
+    Slot(redis::cluster_routing::Slot),
 }
 
 #[derive(Default)]
@@ -380,7 +384,7 @@ impl RedisStore {
             let batch = std::mem::take(&mut driver.batch);
             if !batch.is_empty() {
                 let answered = batch.len();
-                self.send_batch(driver.lane, batch).await;
+                self.send_batch(batch).await;
                 if answered > 1 {
                     self.gather(driver.lane).await;
                 }
@@ -441,7 +445,7 @@ impl RedisStore {
 
     /// One call for every request of `batch`, and each its answer. A batch
     /// of one request is the call it would be without coalescing.
-    async fn send_batch(&self, lane: LaneId, mut batch: Vec<Item>) {
+    async fn send_batch(&self, mut batch: Vec<Item>) {
         if let Some(coalescer) = self.inner.coalescer.as_ref() {
             coalescer.calls.fetch_add(1, Ordering::Relaxed);
             coalescer
@@ -460,24 +464,10 @@ impl RedisStore {
         } else {
             Via::Pool
         };
-        let reply = match lane {
-            LaneId::Slot(_) => {
-                let args = batch_args(&batch, self.fixed_now());
-                // Every state key, written into the command.
-                let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
-                self.inner.decide_batch(&keys, &args, via).await
-            }
-            #[cfg(feature = "redis-cluster")]
-            LaneId::Master(_) => match self.master_batch(&batch, via).await {
-                Some(reply) => reply,
-                None => {
-                    // Functions cannot be used (found since the lane was
-                    // chosen): each request as it would go without a batch.
-                    self.send_again(batch);
-                    return;
-                }
-            },
-        };
+        let args = batch_args(&batch, self.fixed_now());
+        // Every state key, written into the command.
+        let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
+        let reply = self.inner.decide_batch(&keys, &args, via).await;
         self.deliver(batch, reply, &sent_on);
     }
 
@@ -502,32 +492,16 @@ impl RedisStore {
         answer(item, result, &sent_on);
     }
 
-    /// `batch` (of one cluster master's lane) in one call of the master
-    /// batch function: its first state key declared (it routes the call),
-    /// the others as arguments (see `library.lua`). `None` where functions
-    /// cannot be used.
-    #[cfg(feature = "redis-cluster")]
-    async fn master_batch(
-        &self,
-        batch: &[Item],
-        via: Via<'_>,
-    ) -> Option<Result<Value, StoreError>> {
-        let mut keys = batch.iter().flat_map(|item| item.keys.iter());
-        let first = keys.next()?;
-        let checks = batch_args(batch, self.fixed_now());
-        let mut args = Vec::with_capacity(1 + checks.len() + keys.clone().count());
-        args.push(Arg::Int(0));
-        args.extend(keys.map(|key| Arg::Str(key)));
-        args[0] = Arg::Int(args.len() as u64 - 1);
-        args.extend(checks);
-        self.inner.decide_master_batch(first, &args, via).await
-    }
-
-    /// Each request of `batch` its answer from the batch's `reply`; those
-    /// the node could not decide go again, each on its own.
+    /// Each request of `batch` its answer from the batch's `reply`; a batch
+    /// that a cluster redirected goes again, each request on its own.
     fn deliver(&self, batch: Vec<Item>, reply: Result<Value, StoreError>, sent_on: &SentOn) {
-        let results = match reply {
-            Ok(reply) => batch_results(&batch, &reply),
+        let reply = match reply {
+            Ok(reply) => reply,
+            #[cfg(feature = "redis-cluster")]
+            Err(error) if super::cluster::is_redirected(&error) => {
+                self.send_again(batch);
+                return;
+            }
             Err(error) => {
                 // A timeout or a dropped connection: an outage for each.
                 for item in batch {
@@ -536,17 +510,10 @@ impl RedisStore {
                 return;
             }
         };
-        match results {
+        match batch_results(&batch, &reply) {
             Ok(results) => {
-                let mut again = Vec::new();
                 for (item, result) in batch.into_iter().zip(results) {
-                    match result {
-                        Outcome::Done(result) => answer(item, result, sent_on),
-                        Outcome::NotServed => again.push(item),
-                    }
-                }
-                if !again.is_empty() {
-                    self.send_again(again);
+                    answer(item, result, sent_on);
                 }
             }
             Err(wrong) => {
@@ -563,7 +530,8 @@ impl RedisStore {
 
     /// Sends each of `items`, undecided, again on its own, in tasks (as
     /// many calls, which the lane does not wait for). Its call follows the
-    /// cluster's redirections where a batch's could not.
+    /// cluster's redirections where a batch's does not.
+    #[cfg(feature = "redis-cluster")]
     fn send_again(&self, items: Vec<Item>) {
         if let Some(coalescer) = self.inner.coalescer.as_ref() {
             coalescer
@@ -641,58 +609,44 @@ fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     args
 }
 
-/// What one request of a batch came to.
-#[derive(Debug)]
-enum Outcome {
-    /// Its decisions, or its error.
-    Done(Result<Decided, StoreError>),
-    /// Not decided: the node that ran the batch does not serve its slot
-    /// (now), or its cluster is down. Redis refused the request's first
-    /// read of a key, so nothing of it was written; it goes again on its own.
-    NotServed,
-}
-
-/// One outcome per request of a batch.
-type Answers = Vec<Outcome>;
-
-/// Each request's answer from the batch's reply (`batch.lua`): an array of
-/// one string of [`BATCH_RECORD`] bytes per check (`{allowed, remaining,
-/// reset, wait}`), or one record of a failed request in place of its
-/// checks, whose error message follows the string. What is wrong when it
-/// does not decode.
-fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
+/// Each request's decisions (or its error) from the batch's reply
+/// (`batch.lua`): one flat array, four integers per check (`{allowed,
+/// remaining, reset, wait}`), or one string in place of a failed request's
+/// checks, its error message. What is wrong when it does not decode.
+fn batch_results(
+    batch: &[Item],
+    reply: &Value,
+) -> Result<Vec<Result<Decided, StoreError>>, String> {
     let Value::Array(values) = reply else {
         return Err(format!("not an array: {reply:?}"));
     };
-    let Some(Value::BulkString(records)) = values.first() else {
-        return Err(format!("no string of records first: {:?}", values.first()));
-    };
-    let mut records = records.chunks(BATCH_RECORD);
-    let mut messages = values[1..].iter();
+    let mut values = values.as_slice();
     let mut results = Vec::with_capacity(batch.len());
     for (i, item) in batch.iter().enumerate() {
-        let short = || format!("no record for request {i} of {}", batch.len());
-        let first = batch_record(records.next().ok_or_else(short)?)?;
-        let Some(first) = first else {
-            let message = match messages.next() {
-                Some(Value::BulkString(message)) => message.as_slice(),
-                Some(Value::SimpleString(message)) => message.as_bytes(),
-                other => return Err(format!("request {i} failed, with {other:?} as its message")),
-            };
-            results.push(if not_served(message) {
-                Outcome::NotServed
-            } else {
-                Outcome::Done(Err(request_error(item, message)))
-            });
-            continue;
+        let message = match values.first() {
+            Some(Value::BulkString(message)) => Some(message.as_slice()),
+            Some(Value::SimpleString(message)) => Some(message.as_bytes()),
+            _ => None,
         };
-        let mut fields: SmallVec<[_; 1]> = smallvec![first];
-        for _ in 1..item.requests.len() {
-            match batch_record(records.next().ok_or_else(short)?)? {
-                Some(f) => fields.push(f),
-                None => return Err(format!("request {i} failed after its first check")),
-            }
+        if let Some(message) = message {
+            results.push(Err(request_error(item, message)));
+            values = &values[1..];
+            continue;
         }
+        let checks = item.requests.len();
+        let Some((fields, rest)) = values.split_at_checked(4 * checks) else {
+            return Err(format!(
+                "{} values left for request {i} of {}, which has {checks} checks",
+                values.len(),
+                batch.len()
+            ));
+        };
+        values = rest;
+        let fields = fields
+            .chunks_exact(4)
+            .map(check_fields)
+            .collect::<Result<SmallVec<[[u64; 4]; 1]>, String>>()
+            .map_err(|e| format!("request {i}: {e}"))?;
         // A request of several checks takes all or nothing: when one denies,
         // the others report a peek, which holds no permit.
         let all = fields.iter().all(|f| f[0] == 1);
@@ -711,28 +665,16 @@ fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
                 },
             )
             .collect();
-        results.push(Outcome::Done(Ok(decisions)));
+        results.push(Ok(decisions));
     }
-    let left = records.count();
-    if left > 0 || messages.len() > 0 {
+    if !values.is_empty() {
         return Err(format!(
-            "{left} records and {} messages more than {} requests take",
-            messages.len(),
+            "{} values more than {} requests take",
+            values.len(),
             batch.len()
         ));
     }
     Ok(results)
-}
-
-/// Whether a request's error is Redis refusing a script a key of a slot
-/// its node does not serve: the slot moved or is moving (the store's slot
-/// map is stale, or the batch was redirected by its first key), or the
-/// cluster is down. Redis checks this before running the command, so the
-/// request's first read failed and nothing of it was written.
-fn not_served(message: &[u8]) -> bool {
-    let message = String::from_utf8_lossy(message);
-    message.contains("Script attempted to access a non local key")
-        || message.contains("while the cluster is down")
 }
 
 /// The error of one request of a batch (`batch.lua` sends its message): a
@@ -793,7 +735,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::redis::replies::tests::record;
 
     fn item(checks: usize) -> Item {
         let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
@@ -806,54 +747,33 @@ mod tests {
         }
     }
 
-    fn reply(records: &[Vec<u8>], messages: &[&str]) -> Value {
-        let mut values = vec![Value::BulkString(records.concat())];
-        values.extend(
-            messages
-                .iter()
-                .map(|m| Value::BulkString(m.as_bytes().to_vec())),
-        );
-        Value::Array(values)
+    fn ints(values: &[i64]) -> Vec<Value> {
+        values.iter().map(|&n| Value::Int(n)).collect()
     }
 
-    fn decided(outcome: &Outcome) -> &Result<Decided, StoreError> {
-        match outcome {
-            Outcome::Done(result) => result,
-            Outcome::NotServed => panic!("not served"),
-        }
+    fn text(message: &str) -> Value {
+        Value::BulkString(message.as_bytes().to_vec())
     }
 
     #[test]
     fn a_batch_reply_reads_as_each_requests_answer() {
-        let batch = [item(1), item(2), item(1), item(1), item(1)];
-        let answers = batch_results(
-            &batch,
-            &reply(
-                &[
-                    record(1, 9.0, 1e6, 0.0),
-                    record(2, 0.0, 0.0, 0.0),
-                    record(0, 0.0, 1e6, 5e5),
-                    record(2, 0.0, 0.0, 0.0),
-                    record(2, 0.0, 0.0, 0.0),
-                ],
-                &[
-                    "ERR no",
-                    "ERR Script attempted to access a non local key in a cluster node script: x",
-                    "ERR Script attempted to execute a command while the cluster is down",
-                ],
-            ),
-        )
-        .unwrap();
-        let first = decided(&answers[0]).as_ref().unwrap();
+        let batch = [item(1), item(2), item(1), item(1)];
+        let mut values = ints(&[1, 9, 1_000_000, 0]);
+        values.push(text("ERR no"));
+        values.extend(ints(&[0, 0, 1_000_000, 500_000]));
+        values.push(text("RATELIMIT_CONFLICT k"));
+        let answers = batch_results(&batch, &Value::Array(values)).unwrap();
+        let first = answers[0].as_ref().unwrap();
         assert!(first[0].is_allowed() && first[0].remaining() == 9);
-        assert!(matches!(decided(&answers[1]), Err(StoreError::Backend(_))));
-        let third = decided(&answers[2]).as_ref().unwrap();
+        assert!(matches!(answers[1], Err(StoreError::Backend(_))));
+        let third = answers[2].as_ref().unwrap();
         assert!(!third[0].is_allowed());
         assert_eq!(third[0].retry_after(), Some(Duration::from_millis(500)));
-        // Redis refused a key of a slot its node does not serve: undecided,
-        // to be sent again, not an error of the request.
-        assert!(matches!(answers[3], Outcome::NotServed), "{:?}", answers[3]);
-        assert!(matches!(answers[4], Outcome::NotServed), "{:?}", answers[4]);
+        assert!(
+            matches!(&answers[3], Err(StoreError::PolicyConflict { .. })),
+            "{:?}",
+            answers[3]
+        );
     }
 
     /// A short, long or garbled reply is an error that says what is wrong,
@@ -861,39 +781,40 @@ mod tests {
     #[test]
     fn a_garbled_batch_reply_says_what_is_wrong() {
         let batch = [item(1), item(2)];
-        let ok = || record(1, 9.0, 1e6, 0.0);
+        let ok = [1, 9, 1_000_000, 0];
+        let reply = |values: Vec<Value>| Value::Array(values);
         for (reply, says) in [
             (Value::Int(1), "not an array"),
-            (Value::Array(Vec::new()), "no string of records"),
-            (Value::Array(vec![Value::Int(3)]), "no string of records"),
-            (reply(&[ok(), ok()], &[]), "no record for request 1 of 2"),
+            (reply(Vec::new()), "0 values left for request 0"),
+            (reply(ints(&[1, 9, 1])), "3 values left for request 0"),
             (
-                reply(&[ok(), ok(), ok(), ok()], &[]),
-                "1 records and 0 messages more",
+                reply(ints(&[ok, ok].concat())),
+                "4 values left for request 1 of 2, which has 2 checks",
             ),
             (
-                reply(&[ok(), ok(), ok()[..7].to_vec()], &[]),
-                "a record of 7 bytes",
+                reply(ints(&[ok, ok, ok, ok].concat())),
+                "4 values more than 2 requests take",
             ),
             (
-                reply(&[ok(), ok(), record(2, 0.0, 0.0, 0.0)], &["x"]),
-                "failed after its first",
+                reply(ints(&[ok, ok, [2, 0, 0, 0]].concat())),
+                "request 1: allowed is 2",
             ),
             (
-                reply(&[record(2, 0.0, 0.0, 0.0), ok(), ok()], &[]),
-                "request 0 failed, with None",
+                reply(ints(&[ok, ok, [1, -1, 0, 0]].concat())),
+                "request 1: int(-1) is not a count",
             ),
             (
-                reply(&[ok(), ok(), ok()], &["extra"]),
-                "0 records and 1 messages more",
+                reply(vec![
+                    Value::Nil,
+                    Value::Int(1),
+                    Value::Int(1),
+                    Value::Int(1),
+                ]),
+                "request 0: nil is not a count",
             ),
             (
-                reply(&[ok(), record(9, 0.0, 0.0, 0.0), ok()], &[]),
-                "allowed is 9",
-            ),
-            (
-                Value::Array(vec![Value::BulkString(b"\x01garbage".to_vec())]),
-                "a record of 8 bytes",
+                reply([ints(&ok), vec![text("ERR x")], vec![text("extra")]].concat()),
+                "1 values more than 2 requests take",
             ),
         ] {
             match batch_results(&batch, &reply) {
