@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::key::cluster_slot;
 use ratelimit_core::redis::{CoalescingStats, RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{

@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::AdminStore;
-use ratelimit_core::key::cluster_slot;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
+use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{Boxed, RedisCluster, admits, build, join_in_order};
 use ratelimit_tower::FailurePolicy;

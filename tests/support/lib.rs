@@ -22,7 +22,7 @@ pub use examples::{
     CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, flags, spawn_example,
     spawn_example_lines, spawn_listening, spawn_on_env_port,
 };
-pub use redis_server::{Certificates, RedisCluster, RedisServer};
+pub use redis_server::{Certificates, RedisCluster, RedisServer, cluster_slot};
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,
     permits_left, pooled, redis_store, redis_store_on_clock, write_sorted_set,

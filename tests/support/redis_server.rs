@@ -509,6 +509,21 @@ fn read_all(file: &mut File) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part between the first `{` and the next `}`, if not empty) or of the
+/// whole key, modulo 16384, as Redis (`CLUSTER KEYSLOT`) and redis-rs
+/// compute it.
+pub fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16_384
+}
+
 /// A real Redis Cluster of three masters on 127.0.0.1 (and, from
 /// [`start_with_replica`](RedisCluster::start_with_replica), a replica of the
 /// first), every node in its own temporary directory; all killed when
