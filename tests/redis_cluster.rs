@@ -86,6 +86,55 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
     assert_eq!(cluster.cli(target, &["EXISTS", &key]).trim(), "1");
 }
 
+/// A slot given to another master (`CLUSTER SETSLOT ... NODE`, no key in
+/// it yet) behind the cluster client's back: the first decision on it meets
+/// `MOVED` and is answered all the same, and the cluster client reads the
+/// slot map again on it, so the decisions that follow go straight to the
+/// new master: the old one answers `MOVED` once per connection of the store
+/// (the one that follows nothing, and the one that follows), not once per
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("moved-once", 100, HOUR);
+    let slot = cluster_slot(store.state_key(b"mover", &policy).as_bytes());
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    // Warm: both connections open, the functions loaded on every master.
+    assert!(admits(&store, b"warm", &policy).await);
+    store.ping().await.unwrap();
+    let target_id = cluster.cli(target, &["CLUSTER", "MYID"]);
+    for node in [source, target, 3 - source - target] {
+        let reply = cluster.cli(
+            node,
+            &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &target_id],
+        );
+        assert_eq!(reply, "OK", "SETSLOT on node {node}");
+    }
+    let moved = || {
+        let stats = cluster.cli(source, &["INFO", "errorstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let before = moved();
+    for i in 0..20 {
+        let d = store
+            .check(b"mover", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(d.remaining(), 99 - i, "call {i}: {d:?}");
+    }
+    let redirected = moved() - before;
+    assert!(
+        (1..=2).contains(&redirected),
+        "the old master answered MOVED {redirected} times to 20 calls"
+    );
+    assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 1);
+}
+
 /// A master that stops: a decision on its slots is an outage (its
 /// connection is refused) well before the call timeout, which the failure
 /// policy decides, not a call that hangs until it times out; the other
