@@ -286,8 +286,13 @@ impl RedisStoreBuilder {
 impl RedisStoreBuilder {
     /// A client of the cluster at the store's URLs that retries a command
     /// `retries` times (each `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`,
-    /// dropped connection or unreachable node counts one), each command
-    /// waiting at most the call timeout for its reply.
+    /// dropped connection or unreachable node counts one). Each command
+    /// sent to a node waits at most the call timeout for its reply (so do
+    /// redis-rs's own, such as `CLUSTER SLOTS` and the `PING` after a
+    /// connection opens: without it, one node that hangs held up every new
+    /// connection for good); the store times each call over all its
+    /// attempts itself (see `cluster`), so redis-rs keeps no second timer
+    /// per call.
     #[cfg(feature = "redis-cluster")]
     fn cluster_client(&self, retries: u32) -> Result<redis::cluster::ClusterClient, StoreError> {
         #[cfg(feature = "tls")]
@@ -296,6 +301,7 @@ impl RedisStoreBuilder {
         let builder = redis::cluster::ClusterClient::builder(self.urls.clone())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.call_timeout)
+            .overall_response_timeout(None)
             .retries(retries)
             .min_retry_wait(wait)
             .max_retry_wait(wait.saturating_add(1));
