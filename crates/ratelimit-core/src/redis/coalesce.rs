@@ -82,9 +82,8 @@ pub(super) struct Item {
 pub(super) type Answer = (Result<Decided, StoreError>, Option<Box<Unclaimed>>);
 
 /// A request's decisions, one per check: held inline for a request of one
-/// check (most), which then takes no allocation of its own. (The request's
-/// keys and checks likewise, in [`Item`]: three allocations fewer per
-/// decision in all, of eight, callgrind on `bench --cluster`.)
+/// check (most), which then takes no allocation of its own (the request's
+/// keys and checks likewise, in [`Item`]).
 pub(super) type Decided = SmallVec<[Decision; 1]>;
 
 /// Which requests may share a call.
@@ -112,9 +111,9 @@ struct Lane {
 /// `max_batch` simple decisions or one costly one.
 ///
 /// A concurrency check reads its string of every permit held, up to its
-/// `max` (about 650 Redis instructions per permit, against about 40,000 for
-/// a simple decision in a batch): one unit per permit is far more than it
-/// costs, and keeps a large semaphore alone in its call. A sliding-log
+/// `max` (each permit a small fraction of a simple decision's work): one
+/// unit per permit is far more than it costs, and keeps a large semaphore
+/// alone in its call. A sliding-log
 /// check reads and writes its whole log, one string of up to 2,048 entries
 /// of 14 bytes, and searches it in Lua: 8 units.
 pub(super) fn weight(policy: &Policy) -> usize {
@@ -560,9 +559,8 @@ impl RedisStore {
 /// request the index of its check's form, or `-m` and the indexes of its `m`
 /// checks' forms, each concurrency check followed by its permit id.
 ///
-/// Redis spends about 800 instructions per argument (callgrind, a batch of
-/// 16 GCRA checks): five per check made about a third of a batched
-/// decision's work; an index is one.
+/// Redis parses every argument: five per check made about a third of a
+/// batched decision's work; an index is one.
 fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
     // A batch holds a few distinct forms (one per policy and cost): a list

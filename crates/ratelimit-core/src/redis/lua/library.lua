@@ -31,16 +31,15 @@ end
 
 -- The library's `number` (see the prelude) remembers what tonumber answered:
 -- most calls then find their parameters, cost, TIME's seconds, window
--- starts and counts here instead of parsing them with strtod, which cost
--- Redis about 4,000 instructions per decision (callgrind).
+-- starts and counts here instead of parsing them with strtod, a large part
+-- of a decision's work.
 -- (tonumber inside a function: loading runs without the global library.)
 number = remembering(function(s)
   return tonumber(s)
 end)
 -- And `ttl_text` the text of a TTL in milliseconds (ttl_ms in the prelude):
--- string.format cost Redis about 1,300 instructions per decision in a
--- batch (callgrind, batches of 32 GCRA decisions on fresh keys: 42,140
--- against 40,850 instructions per decision).
+-- most TTLs repeat, and string.format was a measurable part of a batched
+-- decision (BENCHMARKS.md).
 ttl_text = remembering(fmt)
 
 local FUNCTIONS = {
