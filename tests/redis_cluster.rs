@@ -890,3 +890,52 @@ async fn a_failover_is_followed_at_one_call_every_1500_ms() {
 async fn a_failover_is_followed_at_one_call_every_20_ms() {
     a_failover_is_followed(Duration::from_millis(20)).await;
 }
+
+/// A cluster store built on a runtime that then shuts down, with the
+/// cluster client's own tasks on it: calls from another runtime find that
+/// client gone (an outage, which the failure policy decides), the store
+/// opens its connections again on their runtime, and they decide again
+/// within a second.
+#[test]
+fn a_cluster_store_outlives_the_runtime_that_built_it() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let cluster = RedisCluster::start();
+    let building = runtime();
+    let store = building.block_on(build(
+        RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)),
+    ));
+    let policy = fixed_window("outlived", 1_000, HOUR);
+    assert!(building.block_on(admits(&store, b"k", &policy)));
+    drop(building);
+    let serving = runtime();
+    serving.block_on(async {
+        let started = Instant::now();
+        let mut failed = 0;
+        loop {
+            match store.check(b"k", &policy, 1).await {
+                Ok(d) => {
+                    assert!(d.is_allowed(), "{d:?}");
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    failed += 1;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "no decision within 1 s ({failed} calls failed)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..10 {
+            assert!(admits(&store, b"k", &policy).await);
+        }
+    });
+}
