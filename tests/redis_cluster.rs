@@ -789,6 +789,86 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
     keys
 }
 
+/// One user's two limits (one hash tag, so one slot) while one of their two
+/// keys has moved to the importing master and the other has not: Redis
+/// serves the request nowhere (`TRYAGAIN`) until the slot has moved whole,
+/// and the requests made in between, in batches and alone, are decided
+/// then, all or nothing: the spent limit denies every one, and the other
+/// limit gives nothing away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothing() {
+    use ratelimit_core::Check;
+
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let spent = fixed_window("half-spent", 1, HOUR);
+    let spare = fixed_window("half-spare", 100, HOUR);
+    let checks = [
+        Check::new(b"user", &spent, 1),
+        Check::new(b"user", &spare, 1),
+    ];
+    let first = store.check_all(&checks).await.unwrap();
+    assert!(first.iter().all(|d| d.is_allowed()), "{first:?}");
+    let (spent_key, spare_key) = (
+        store.state_key(b"user", &spent),
+        store.state_key(b"user", &spare),
+    );
+    let slot = cluster_slot(spent_key.as_bytes());
+    assert_eq!(slot, cluster_slot(spare_key.as_bytes()));
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+        .collect();
+    let slot_arg = slot.to_string();
+    let setslot = |node: usize, state: &str, other: usize| {
+        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
+        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
+    };
+    setslot(target, "IMPORTING", source);
+    setslot(source, "MIGRATING", target);
+    let port = cluster.nodes()[target].port().to_string();
+    let migrate = |key: &str| {
+        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+        assert_eq!(reply, "OK", "MIGRATE {key}");
+    };
+    migrate(&spare_key);
+    // Six requests at once: two go alone, four in a batch, all meet
+    // `TRYAGAIN` while the spent limit's key is still on the source.
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let (store, spent, spare) = (store.clone(), spent.clone(), spare.clone());
+            tokio::spawn(async move {
+                let checks = [
+                    Check::new(b"user", &spent, 1),
+                    Check::new(b"user", &spare, 1),
+                ];
+                store.check_all(&checks).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    migrate(&spent_key);
+    for node in [target, source, 3 - target - source] {
+        setslot(node, "NODE", target);
+    }
+    for call in calls {
+        let decisions = call.await.unwrap().expect("decided once the slot moved");
+        assert!(!decisions[0].is_allowed(), "{decisions:?}");
+        assert_eq!(decisions[1].remaining(), 99, "{decisions:?}");
+    }
+    let peek = store.check(b"user", &spare, 0).await.unwrap();
+    assert_eq!(
+        peek.remaining(),
+        99,
+        "the spare limit gave something away: {peek:?}"
+    );
+    assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 2);
+    assert!(keys_of_slot_on(&cluster, source, slot).is_empty());
+}
+
 /// A user whose state under `policy` lives on node `master`.
 fn user_on(
     cluster: &RedisCluster,
