@@ -563,19 +563,23 @@ impl RedisStore {
         keys: Vec<String>,
         requests: Vec<(Policy, u64, PermitId)>,
     ) -> Result<Vec<Decision>, StoreError> {
-        // Grouped by slot, in the order the slots first appear.
-        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        // Grouped by slot, in slot order, so that two requests over the same
+        // slots take them in the same order (taken in opposite orders, each
+        // could consume in one slot, be denied by the other's consumption in
+        // the next, and both be refunded and denied where one would pass).
+        let mut groups: Vec<(u16, Slot, Vec<usize>)> = Vec::new();
         for (i, k) in keys.iter().enumerate() {
             let slot = Slot::for_key(k);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, indexes)) => indexes.push(i),
-                None => groups.push((slot, vec![i])),
+            match groups.iter_mut().find(|(_, s, _)| *s == slot) {
+                Some((_, _, indexes)) => indexes.push(i),
+                None => groups.push((slot_number(slot).unwrap_or(u16::MAX), slot, vec![i])),
             }
         }
+        groups.sort_by_key(|(number, _, _)| *number);
         let mut decisions: Vec<Option<Decision>> = vec![None; keys.len()];
         let mut committed: Vec<Committed> = Vec::new();
         let mut denied = false;
-        for (_, indexes) in &groups {
+        for (_, _, indexes) in &groups {
             let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
             let group_requests: Vec<_> = indexes.iter().map(|&i| requests[i].clone()).collect();
             let result = self
@@ -815,6 +819,18 @@ impl RedisStore {
     }
 }
 
+/// The number of redis-rs's `slot` (0 to 16,383), which redis-rs 1.8 shows
+/// only as `Slot(<number>)`; `None` if it ever shows it otherwise (then
+/// the slots keep the order the checks name them in).
+#[cfg(feature = "redis-cluster")]
+fn slot_number(slot: Slot) -> Option<u16> {
+    format!("{slot:?}")
+        .strip_prefix("Slot(")?
+        .strip_suffix(')')?
+        .parse()
+        .ok()
+}
+
 /// Whether a script call that a Redis Cluster redirects goes again through
 /// redis-rs's routing (a call of one request) or comes back to its caller (a
 /// batch, whose requests then go again each on its own). A single node
@@ -998,6 +1014,21 @@ impl Store for RedisStore {
             self.clone()
                 .renew_one(key, permit, concurrency.lease_micros()),
         )
+    }
+}
+
+#[cfg(all(test, feature = "redis-cluster"))]
+mod slots {
+    use super::*;
+
+    /// The slot numbers redis-rs gives are Redis's (`CLUSTER KEYSLOT`).
+    #[test]
+    fn a_slot_reads_as_its_number() {
+        assert_eq!(slot_number(Slot::for_key("123456789")), Some(12_739));
+        assert_eq!(slot_number(Slot::for_key("rl:a:{user}")), Some(5_474));
+        for n in [0, 1, 9_999, 16_383] {
+            assert_eq!(slot_number(Slot::new(n).unwrap()), Some(n));
+        }
     }
 }
 
