@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::key::cluster_slot;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     AdminStore, Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, Policy,
     Rate, Store, StoreError,
 };
+use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::{bounded_memory, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,

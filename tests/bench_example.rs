@@ -197,20 +197,18 @@ fn bench_prints_the_function_library_and_its_functions() {
     assert_eq!(function, format!("{name}_gcra"));
     let server = RedisServer::start();
     assert_eq!(server.cli(&["FUNCTION", "LOAD", &library]), name);
-    // burst 2, one unit per hour: two admissions, then a denial.
-    // One record (struct.pack '<Bddd'): allowed, then remaining, reset and
-    // wait as little-endian doubles; the server's time, no permit.
+    // burst 2, one unit per hour: two admissions, then a denial. The reply
+    // is four integers, as redis-cli shows them: allowed, then remaining,
+    // reset and wait in µs; the server's time, no permit.
     let call = || {
-        let out = server
-            .cli_output(&["FCALL", function, "1", "p:{k}", "1", "2", "3600000000"])
-            .stdout;
-        assert!(out.len() >= 25, "{out:?}");
-        let remaining = f64::from_le_bytes(out[1..9].try_into().unwrap());
-        (out[0], remaining)
+        let out = server.cli(&["FCALL", function, "1", "p:{k}", "1", "2", "3600000000"]);
+        let fields: Vec<u64> = out.lines().map(|l| l.trim().parse().unwrap()).collect();
+        assert_eq!(fields.len(), 4, "{out:?}");
+        (fields[0], fields[1])
     };
-    assert_eq!(call(), (1, 1.0));
-    assert_eq!(call(), (1, 0.0));
-    assert_eq!(call(), (0, 0.0));
+    assert_eq!(call(), (1, 1));
+    assert_eq!(call(), (1, 0));
+    assert_eq!(call(), (0, 0));
 }
 
 #[test]

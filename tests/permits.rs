@@ -443,7 +443,7 @@ fn user_in_slot(
     (0..10_000)
         .map(|i| format!("{prefix}-{i}"))
         .find(|u| {
-            pick(ratelimit_core::key::cluster_slot(
+            pick(ratelimit_tests::cluster_slot(
                 store.state_key(u.as_bytes(), policy).as_bytes(),
             ))
         })
@@ -496,9 +496,8 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     let policy = fixed_window("down", 1, hour);
     let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
-    let slot_of = |k: &str| {
-        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes())
-    };
+    let slot_of =
+        |k: &str| ratelimit_tests::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes());
     let late_node = cluster.master_of(slot_of(&late));
     assert_ne!(late_node, cluster.master_of(slot_of(&denier)));
     assert!(admits(&store, denier.as_bytes(), &policy).await);

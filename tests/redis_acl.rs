@@ -701,7 +701,7 @@ async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
     let hour = Duration::from_secs(3600);
     let shared = named(format!("{tag}-shared"), Policy::fixed_window(1, hour));
     let slot = |key: &str, policy: &Policy| {
-        ratelimit_core::key::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
+        ratelimit_tests::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
     };
     // The shared key in a high slot, so that per-user keys come before it.
     let shared_key = (0..10_000)

@@ -1,16 +1,17 @@
-//! A `RedisStore` on a Redis Cluster (its direct path to each master, and
-//! redis-rs's cluster client behind it): a slot that moves to another master
-//! while decisions run on it (`ASK`, `TRYAGAIN`, then `MOVED`), a master
-//! that stops, and connections that are killed.
+//! A `RedisStore` on a Redis Cluster, through redis-rs's cluster client: a
+//! slot that moves to another master while decisions run on it (`ASK`,
+//! `TRYAGAIN`, then `MOVED`), slots resharded under load, a master that
+//! stops, a master that hangs while its replica takes over, and connections
+//! that are killed.
 
 use std::time::{Duration, Instant};
 
 use ratelimit_core::AdminStore;
-use ratelimit_core::key::cluster_slot;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
+use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{RedisCluster, admits, build};
+use ratelimit_tests::{Boxed, RedisCluster, admits, build, join_in_order};
 use ratelimit_tower::FailurePolicy;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -85,6 +86,55 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
     assert_eq!(cluster.cli(target, &["EXISTS", &key]).trim(), "1");
 }
 
+/// A slot given to another master (`CLUSTER SETSLOT ... NODE`, no key in
+/// it yet) behind the cluster client's back: the first decision on it meets
+/// `MOVED` and is answered all the same, and the cluster client reads the
+/// slot map again on it, so the decisions that follow go straight to the
+/// new master: the old one answers `MOVED` once per connection of the store
+/// (the one that follows nothing, and the one that follows), not once per
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
+    let cluster = RedisCluster::start();
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let policy = fixed_window("moved-once", 100, HOUR);
+    let slot = cluster_slot(store.state_key(b"mover", &policy).as_bytes());
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    // Warm: both connections open, the functions loaded on every master.
+    assert!(admits(&store, b"warm", &policy).await);
+    store.ping().await.unwrap();
+    let target_id = cluster.cli(target, &["CLUSTER", "MYID"]);
+    for node in [source, target, 3 - source - target] {
+        let reply = cluster.cli(
+            node,
+            &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &target_id],
+        );
+        assert_eq!(reply, "OK", "SETSLOT on node {node}");
+    }
+    let moved = || {
+        let stats = cluster.cli(source, &["INFO", "errorstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let before = moved();
+    for i in 0..20 {
+        let d = store
+            .check(b"mover", &policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(d.remaining(), 99 - i, "call {i}: {d:?}");
+    }
+    let redirected = moved() - before;
+    assert!(
+        (1..=2).contains(&redirected),
+        "the old master answered MOVED {redirected} times to 20 calls"
+    );
+    assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 1);
+}
+
 /// A master that stops: a decision on its slots is an outage (its
 /// connection is refused) well before the call timeout, which the failure
 /// policy decides, not a call that hangs until it times out; the other
@@ -155,30 +205,19 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
     assert!(back, "the restarted master decides again within 5 s");
 }
 
-/// Decisions go straight to the master of their slot, on connections of the
-/// store's own (not through the cluster client's routing): with two direct
-/// connections per master (`pool_size(6)` over 3 masters), two keys of one
-/// master whose slots take different connections see their `FCALL`s arrive
-/// on two connections, where the cluster client keeps one to each node.
-/// When every connection is killed, the next decisions are still answered
-/// (the dead direct connections hand their calls to the cluster client,
-/// which reconnects) and the limit stays exact.
+/// When every connection of every node is killed, the next decisions are
+/// still answered (a call whose connection broke goes again through the
+/// cluster client, which reconnects) and the limit stays exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_go_straight_to_their_master_and_survive_killed_connections() {
+async fn decisions_survive_killed_connections_and_keep_the_limit_exact() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls()).pool_size(6)).await;
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
     let limit = 30;
-    let policy = fixed_window("direct", limit, HOUR);
-    let (master, other) = on_the_other_connection(&cluster, &store, &policy, b"hot");
+    let policy = fixed_window("killed", limit, HOUR);
     let mut admitted = 0;
     for _ in 0..10 {
         admitted += u64::from(admits(&store, b"hot", &policy).await);
-        assert!(admits(&store, other.as_bytes(), &policy).await);
     }
-    let clients = cluster.cli(master, &["CLIENT", "LIST"]);
-    let fcalls = clients.lines().filter(|l| l.contains("cmd=fcall")).count();
-    assert!(fcalls >= 2, "FCALL on {fcalls} connection(s):\n{clients}");
-
     for node in 0..3 {
         cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal"]);
     }
@@ -190,27 +229,6 @@ async fn decisions_go_straight_to_their_master_and_survive_killed_connections() 
         admitted += u64::from(decision.is_allowed());
     }
     assert_eq!(admitted, limit, "35 requests, the limit admitted exactly");
-}
-
-/// The master of `key`'s state under `policy`, and another key of that
-/// master whose slot takes its other direct connection (with two per
-/// master, a slot takes the connection of its parity).
-fn on_the_other_connection(
-    cluster: &RedisCluster,
-    store: &RedisStore,
-    policy: &ratelimit_core::Policy,
-    key: &[u8],
-) -> (usize, String) {
-    let slot = cluster_slot(store.state_key(key, policy).as_bytes());
-    let master = cluster.master_of(slot);
-    let other = (0..10_000)
-        .map(|n| format!("other-{n}"))
-        .find(|k| {
-            let s = cluster_slot(store.state_key(k.as_bytes(), policy).as_bytes());
-            s % 2 != slot % 2 && cluster.master_of(s) == master
-        })
-        .expect("a key of the same master on its other connection");
-    (master, other)
 }
 
 /// The `INFO stats` counter `field` of `node`.
@@ -295,16 +313,15 @@ async fn calls_started_together_go_to_their_master_in_one_write() {
 }
 
 /// A semaphore check whose caller goes away after it was queued, before it
-/// was written, holds no permit: the master's connection leaves out a call
-/// whose caller is gone, and the release queued after it, on the same
-/// connection (a slot keeps to one of its master's two), runs (a check
-/// written before its caller went away would run first, and be released).
-/// (On one thread, the release is queued before the check's write goes
-/// out.)
+/// was written, holds no permit: the cluster client leaves out a call whose
+/// caller is gone, and the release queued after it, on the same connection,
+/// runs (a check written before its caller went away would run first, and
+/// be released). (On one thread, the release is queued before the check's
+/// write goes out.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_check_dropped_before_its_write_is_released_after_it() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls()).pool_size(6)).await;
+    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
     let policy = ratelimit_tests::named(
         "sem",
         ratelimit_core::Policy::concurrency(5, Duration::from_secs(3600)),
@@ -352,9 +369,8 @@ async fn a_check_dropped_before_its_write_is_released_after_it() {
 }
 
 /// A store on a new cluster, served by a current-thread runtime (returned
-/// second), with one call (cost 1 on `k` of `policy`, 99 left) left queued
-/// on its master's outbox by another current-thread runtime (returned
-/// last): polled once there, so the flush it spawned there has not run.
+/// second), with one call (cost 1 on `k` of `policy`, 99 left) polled once
+/// by another current-thread runtime (returned last) and dropped there.
 fn a_call_left_on_another_runtime(
     name: &str,
     call_timeout: Duration,
@@ -390,16 +406,17 @@ fn a_call_left_on_another_runtime(
     (cluster, serving, store, policy, other)
 }
 
-/// The next call on `k` is answered at once, and the call left behind was
-/// never sent.
-fn the_next_call_is_answered_alone(
-    serving: &tokio::runtime::Runtime,
-    store: &RedisStore,
-    policy: &ratelimit_core::Policy,
-    call_timeout: Duration,
-) {
+/// A call polled once from a runtime that then shuts down, and dropped with
+/// it before it went out: it is never sent, and the next call, from the
+/// runtime that serves the store, is answered at once.
+#[test]
+fn a_call_dropped_with_its_runtime_before_it_went_out_is_never_sent() {
+    let call_timeout = Duration::from_secs(1);
+    let (_cluster, serving, store, policy, doomed) =
+        a_call_left_on_another_runtime("lost", call_timeout);
+    drop(doomed);
     let started = Instant::now();
-    let next = serving.block_on(store.check(b"k", policy, 1));
+    let next = serving.block_on(store.check(b"k", &policy, 1));
     let next = next.unwrap_or_else(|e| panic!("after {:?}: {e}", started.elapsed()));
     assert!(next.is_allowed());
     assert_eq!(next.remaining(), 98, "the lost call was sent: {next:?}");
@@ -408,37 +425,6 @@ fn the_next_call_is_answered_alone(
         "{:?}",
         started.elapsed()
     );
-}
-
-/// A call queued on a master's outbox from a runtime that then shuts down,
-/// before the flush it spawned there ran: the flush is dropped with that
-/// runtime, and it empties the queue as it goes. The next call, from the
-/// runtime that serves the store, is sent and answered, not left behind
-/// the lost one waiting for a flush that no one will start (every later
-/// call on that connection would time out, an outage, for good).
-#[test]
-fn a_flush_lost_with_its_runtime_leaves_its_outbox_working() {
-    let call_timeout = Duration::from_secs(1);
-    let (_cluster, serving, store, policy, doomed) =
-        a_call_left_on_another_runtime("lost", call_timeout);
-    drop(doomed);
-    the_next_call_is_answered_alone(&serving, &store, &policy, call_timeout);
-}
-
-/// A call queued from a current-thread runtime that is then kept but no
-/// longer driven: the flush it spawned there never runs. Calls behind it
-/// wait at most their call timeout; once the lost call's own deadline has
-/// passed, the next call starts a flush of its own and is answered, and the
-/// lost call is never sent.
-#[test]
-fn an_outbox_whose_flush_never_runs_recovers_within_a_call_timeout() {
-    let call_timeout = Duration::from_millis(300);
-    let (_cluster, serving, store, policy, idle) =
-        a_call_left_on_another_runtime("idle", call_timeout);
-    // `idle` is kept, and never driven again.
-    std::thread::sleep(call_timeout + Duration::from_millis(50));
-    the_next_call_is_answered_alone(&serving, &store, &policy, call_timeout);
-    drop(idle);
 }
 
 /// A single-node store given the URL of a cluster's node (`builder`, not
@@ -466,10 +452,7 @@ async fn a_single_node_store_on_a_cluster_node_is_refused_not_failed_open() {
 }
 
 /// A TLS cluster behind a private CA (`tls_root_cert`): every node speaks
-/// TLS only, clients and cluster bus alike. Decisions take the store's own
-/// connections to each master there too (redis-rs's multiplexed TLS
-/// connections, written through the store's outbox): `FCALL`s arrive on two
-/// connections of one master, where the cluster client keeps one. Under 64
+/// TLS only, clients and cluster bus alike. Under 64
 /// tasks, one hot key admits exactly its limit and keys over every master
 /// exactly theirs; checks of a concurrency limit (a lease of an hour) cut
 /// short by a timeout, some after they were sent, leave no permit held
@@ -483,21 +466,8 @@ async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
     let certs = Certificates::make();
     let cluster = RedisCluster::start_tls(&certs);
     assert!(cluster.urls()[0].starts_with("rediss://"));
-    let store = build(
-        RedisStore::cluster_builder(cluster.urls())
-            .tls_root_cert(certs.ca_pem())
-            .pool_size(6),
-    )
-    .await;
-
-    // The direct path: two keys of one master on its two connections.
-    let policy = fixed_window("tls-direct", 5, HOUR);
-    let (master, other) = on_the_other_connection(&cluster, &store, &policy, b"first");
-    assert!(admits(&store, b"first", &policy).await);
-    assert!(admits(&store, other.as_bytes(), &policy).await);
-    let clients = cluster.cli(master, &["CLIENT", "LIST"]);
-    let fcalls = clients.lines().filter(|l| l.contains("cmd=fcall")).count();
-    assert!(fcalls >= 2, "FCALL on {fcalls} connection(s):\n{clients}");
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).tls_root_cert(certs.ca_pem())).await;
 
     // One hot key and 120 keys over the three masters, 64 tasks at once.
     let hot = fixed_window("tls-hot", 100, HOUR);
@@ -616,4 +586,436 @@ async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
             .await
             .is_ok()
     );
+}
+
+/// `n` user keys whose state keys under `policy` hash to `slot`.
+fn keys_in_slot(
+    store: &RedisStore,
+    policy: &ratelimit_core::Policy,
+    slot: u16,
+    n: usize,
+) -> Vec<String> {
+    let keys: Vec<String> = (0..5_000_000)
+        .map(|i| format!("k{i}"))
+        .filter(|k| cluster_slot(store.state_key(k.as_bytes(), policy).as_bytes()) == slot)
+        .take(n)
+        .collect();
+    assert_eq!(keys.len(), n, "keys of slot {slot}");
+    keys
+}
+
+/// Two slots move from one master to another key by key (`CLUSTER SETSLOT
+/// ... IMPORTING` and `MIGRATING`, a `MIGRATE` of one key at a time, then
+/// `SETSLOT ... NODE` on every master) while 64 tasks check the keys of
+/// those slots as fast as they can, in batches: no key admits more than its
+/// limit (a request redirected in a batch is sent again alone, and a batch
+/// declares every key it touches, so Redis never serves a key of a
+/// half-moved slot as fresh on the node that lacks it), no `MIGRATE` finds
+/// a copy already on the target, and afterwards each key lives on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_load_admits_no_key_past_its_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let limit = 2;
+    let policy = fixed_window("resharded", limit, HOUR);
+    let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    let mut keys = keys_in_slot(&store, &policy, first, 8);
+    keys.extend(keys_in_slot(&store, &policy, second, 8));
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+        .collect();
+
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
+            let (admitted, errors, stop) = (admitted.clone(), errors.clone(), stop.clone());
+            tokio::spawn(async move {
+                for j in 0..5_000usize {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let k = (task * 7 + j) % keys.len();
+                    match store.check(keys[k].as_bytes(), &policy, 1).await {
+                        Ok(d) => {
+                            admitted[k].fetch_add(u64::from(d.is_allowed()), Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            assert!(e.is_outage(), "{e}");
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let port = cluster.nodes()[target].port().to_string();
+    for slot in [first, second] {
+        let slot_arg = slot.to_string();
+        let setslot = |node: usize, state: &str, other: usize| {
+            let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
+            assert_eq!(reply, "OK", "SETSLOT {slot} {state} on node {node}");
+        };
+        setslot(target, "IMPORTING", source);
+        setslot(source, "MIGRATING", target);
+        let in_slot: Vec<&String> = keys
+            .iter()
+            .filter(|k| cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes()) == slot)
+            .collect();
+        for key in in_slot {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let state = store.state_key(key.as_bytes(), &policy);
+            let migrated = cluster.cli(
+                source,
+                &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
+            );
+            assert!(
+                migrated == "OK" || migrated == "NOKEY",
+                "MIGRATE {state}: {migrated}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for node in [target, source, 3 - target - source] {
+            setslot(node, "NODE", target);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for (key, admitted) in keys.iter().zip(admitted.iter()) {
+        let admitted = admitted.load(Ordering::Relaxed);
+        assert!(
+            admitted <= limit,
+            "{key} admitted {admitted}, limit {limit}"
+        );
+        let state = store.state_key(key.as_bytes(), &policy);
+        let slot = cluster_slot(state.as_bytes());
+        let copies: Vec<usize> = (0..3)
+            .filter(|&node| keys_of_slot_on(&cluster, node, slot).contains(&state))
+            .collect();
+        assert_eq!(copies, [target], "{state} lives on");
+    }
+    assert_eq!(cluster.master_of(first), target);
+    assert_eq!(cluster.master_of(second), target);
+}
+
+/// A batch on a slot whose first key has moved to the importing master
+/// while another of its keys has not (`MIGRATE` of one key): Redis answers
+/// the batch `TRYAGAIN` or `ASK`, and each request goes again on its own to
+/// where its key lives. A key already spent is denied wherever it is, and
+/// the key still on the source is never written fresh on the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let policy = fixed_window("first-moved", 1, HOUR);
+    let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
+    let keys = keys_in_slot(&store, &policy, slot, 4);
+    for key in &keys {
+        assert!(admits(&store, key.as_bytes(), &policy).await, "{key}");
+    }
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+        .collect();
+    let slot_arg = slot.to_string();
+    let setslot = |node: usize, state: &str, other: usize| {
+        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
+        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
+    };
+    setslot(target, "IMPORTING", source);
+    setslot(source, "MIGRATING", target);
+    let port = cluster.nodes()[target].port().to_string();
+    let states: Vec<String> = keys
+        .iter()
+        .map(|k| store.state_key(k.as_bytes(), &policy))
+        .collect();
+    let migrate = |state: &str| {
+        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, state, "0", "5000"]);
+        assert_eq!(reply, "OK", "MIGRATE {state}");
+    };
+    migrate(&states[2]);
+    // The first two go alone and fill the slot's lane; the last two wait
+    // and go as one batch, the moved key first.
+    let calls: Vec<Boxed<Result<ratelimit_core::Decision, StoreError>>> = keys
+        .iter()
+        .map(|k| Box::pin(store.check(k.as_bytes(), &policy, 1)) as Boxed<_>)
+        .collect();
+    for (key, decision) in keys.iter().zip(join_in_order(calls).await) {
+        let decision = decision.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(!decision.is_allowed(), "{key}, already spent: {decision:?}");
+    }
+    // The target holds the moved key alone.
+    assert_eq!(keys_of_slot_on(&cluster, target, slot), [states[2].clone()]);
+    for state in [&states[0], &states[1], &states[3]] {
+        migrate(state);
+    }
+    for node in [target, source, 3 - target - source] {
+        setslot(node, "NODE", target);
+    }
+    for key in &keys {
+        assert!(!admits(&store, key.as_bytes(), &policy).await, "{key}");
+    }
+    assert!(keys_of_slot_on(&cluster, source, slot).is_empty());
+}
+
+/// The keys node `node` holds in `slot`, whoever owns it, sorted.
+fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String> {
+    let reply = cluster.cli(
+        node,
+        &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "1000"],
+    );
+    let mut keys: Vec<String> = reply.lines().map(str::to_owned).collect();
+    keys.sort();
+    keys
+}
+
+/// One user's two limits (one hash tag, so one slot) while one of their two
+/// keys has moved to the importing master and the other has not: Redis
+/// serves the request nowhere (`TRYAGAIN`) until the slot has moved whole,
+/// and the requests made in between, in batches and alone, are decided
+/// then, all or nothing: the spent limit denies every one, and the other
+/// limit gives nothing away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothing() {
+    use ratelimit_core::Check;
+
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let spent = fixed_window("half-spent", 1, HOUR);
+    let spare = fixed_window("half-spare", 100, HOUR);
+    let checks = [
+        Check::new(b"user", &spent, 1),
+        Check::new(b"user", &spare, 1),
+    ];
+    let first = store.check_all(&checks).await.unwrap();
+    assert!(first.iter().all(|d| d.is_allowed()), "{first:?}");
+    let (spent_key, spare_key) = (
+        store.state_key(b"user", &spent),
+        store.state_key(b"user", &spare),
+    );
+    let slot = cluster_slot(spent_key.as_bytes());
+    assert_eq!(slot, cluster_slot(spare_key.as_bytes()));
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+        .collect();
+    let slot_arg = slot.to_string();
+    let setslot = |node: usize, state: &str, other: usize| {
+        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
+        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
+    };
+    setslot(target, "IMPORTING", source);
+    setslot(source, "MIGRATING", target);
+    let port = cluster.nodes()[target].port().to_string();
+    let migrate = |key: &str| {
+        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+        assert_eq!(reply, "OK", "MIGRATE {key}");
+    };
+    migrate(&spare_key);
+    // Six requests at once: two go alone, four in a batch, all meet
+    // `TRYAGAIN` while the spent limit's key is still on the source.
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let (store, spent, spare) = (store.clone(), spent.clone(), spare.clone());
+            tokio::spawn(async move {
+                let checks = [
+                    Check::new(b"user", &spent, 1),
+                    Check::new(b"user", &spare, 1),
+                ];
+                store.check_all(&checks).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    migrate(&spent_key);
+    for node in [target, source, 3 - target - source] {
+        setslot(node, "NODE", target);
+    }
+    for call in calls {
+        let decisions = call.await.unwrap().expect("decided once the slot moved");
+        assert!(!decisions[0].is_allowed(), "{decisions:?}");
+        assert_eq!(decisions[1].remaining(), 99, "{decisions:?}");
+    }
+    let peek = store.check(b"user", &spare, 0).await.unwrap();
+    assert_eq!(
+        peek.remaining(),
+        99,
+        "the spare limit gave something away: {peek:?}"
+    );
+    assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 2);
+    assert!(keys_of_slot_on(&cluster, source, slot).is_empty());
+}
+
+/// A user whose state under `policy` lives on node `master`.
+fn user_on(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &ratelimit_core::Policy,
+    master: usize,
+) -> String {
+    (0..10_000)
+        .map(|i| format!("user-{i}"))
+        .find(|u| {
+            let key = store.state_key(u.as_bytes(), policy);
+            cluster.master_of(cluster_slot(key.as_bytes())) == master
+        })
+        .expect("a user of the master")
+}
+
+/// A master hangs (`SIGSTOP`: its connections stay open and answer
+/// nothing), and its replica takes over (`CLUSTER FAILOVER TAKEOVER`):
+/// with one call every `gap`, decisions on the hung master's slots resume
+/// within 2 s of the promotion, each call until then failing as an outage
+/// that the failure policy decides, and the other masters decide throughout.
+async fn a_failover_is_followed(gap: Duration) {
+    let cluster = RedisCluster::start_with_replica();
+    let call_timeout = Duration::from_millis(200);
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .call_timeout(call_timeout)
+            .connect_timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let policy = fixed_window("failover", 1_000_000, HOUR);
+    let hung = user_on(&cluster, &store, &policy, 0);
+    let healthy = user_on(&cluster, &store, &policy, 1);
+    assert!(admits(&store, hung.as_bytes(), &policy).await);
+    cluster.nodes()[0].freeze();
+    // Calls while the master hangs: outages, until the replica is promoted
+    // 700 ms after the master hung, between two calls at the slower rate
+    // (after the first of them timed out, so that a store that read the
+    // slot map again only then found nothing new).
+    let frozen = Instant::now();
+    let promote_at = frozen + Duration::from_millis(700);
+    let mut promoted: Option<Instant> = None;
+    let mut resumed = None;
+    let mut calls = 0;
+    while resumed.is_none() {
+        let next = Instant::now() + gap;
+        match store.check(hung.as_bytes(), &policy, 1).await {
+            Ok(d) if promoted.is_some() => {
+                assert!(d.is_allowed(), "{d:?}");
+                resumed = Some(Instant::now());
+            }
+            Ok(d) => panic!("a hung master decided: {d:?}"),
+            Err(e) => {
+                assert!(e.is_outage(), "call {calls}: {e}");
+                assert!(FailurePolicy::Open.allows(&e), "{e}");
+            }
+        }
+        calls += 1;
+        assert!(
+            promoted.is_none_or(|p| p.elapsed() < Duration::from_secs(5)),
+            "no decision within 5 s of the promotion ({calls} calls)"
+        );
+        if resumed.is_some() {
+            break;
+        }
+        assert!(admits(&store, healthy.as_bytes(), &policy).await);
+        if promoted.is_none() && next >= promote_at {
+            tokio::time::sleep_until(promote_at.into()).await;
+            let reply = cluster.cli(3, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+            assert_eq!(reply, "OK", "TAKEOVER");
+            while !cluster.cli(3, &["ROLE"]).starts_with("master") {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            promoted = Some(Instant::now());
+        }
+        tokio::time::sleep_until(next.into()).await;
+    }
+    let (promoted, resumed) = (promoted.unwrap(), resumed.unwrap());
+    let after = resumed.saturating_duration_since(promoted);
+    assert!(
+        after <= Duration::from_secs(2),
+        "decisions resumed {after:?} after the promotion ({calls} calls, one every {gap:?})"
+    );
+    for _ in 0..5 {
+        assert!(admits(&store, hung.as_bytes(), &policy).await);
+    }
+    cluster.nodes()[0].thaw();
+}
+
+/// [`a_failover_is_followed`] with one call every 1.5 s: each call after
+/// the master hung timed out, and no call comes to show the store the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_at_one_call_every_1500_ms() {
+    a_failover_is_followed(Duration::from_millis(1500)).await;
+}
+
+/// [`a_failover_is_followed`] with one call every 20 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_at_one_call_every_20_ms() {
+    a_failover_is_followed(Duration::from_millis(20)).await;
+}
+
+/// A cluster store built on a runtime that then shuts down, with the
+/// cluster client's own tasks on it: calls from another runtime find that
+/// client gone (an outage, which the failure policy decides), the store
+/// opens its connections again on their runtime, and they decide again
+/// within a second.
+#[test]
+fn a_cluster_store_outlives_the_runtime_that_built_it() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let cluster = RedisCluster::start();
+    let building = runtime();
+    let store = building.block_on(build(
+        RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)),
+    ));
+    let policy = fixed_window("outlived", 1_000, HOUR);
+    assert!(building.block_on(admits(&store, b"k", &policy)));
+    drop(building);
+    let serving = runtime();
+    serving.block_on(async {
+        let started = Instant::now();
+        let mut failed = 0;
+        loop {
+            match store.check(b"k", &policy, 1).await {
+                Ok(d) => {
+                    assert!(d.is_allowed(), "{d:?}");
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    failed += 1;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "no decision within 1 s ({failed} calls failed)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..10 {
+            assert!(admits(&store, b"k", &policy).await);
+        }
+    });
 }

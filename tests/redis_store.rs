@@ -190,9 +190,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     let bucket = named("shared", Policy::token_bucket(3, Rate::per_hour(1)));
     store.check(b"dave", &window, 1).await.unwrap();
     assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
-    let slot = |k: &str| {
-        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), &window).as_bytes())
-    };
+    let slot =
+        |k: &str| ratelimit_tests::cluster_slot(store.state_key(k.as_bytes(), &window).as_bytes());
     let earlier = (0..1000)
         .map(|i| format!("earlier-{i}"))
         .find(|k| slot(k) < slot("dave"))
@@ -440,7 +439,8 @@ async fn ttls_stay_exact_past_what_the_library_remembers() {
         let store = build(
             RedisStore::builder(server.url())
                 .prefix(prefix.clone())
-                .max_batch(max_batch),
+                .max_batch(max_batch)
+                .call_timeout(CALL_TIMEOUT),
         )
         .await;
         for round in 0..2 {
@@ -684,7 +684,7 @@ async fn keys_are_bounded_and_never_echo_secrets() {
 /// the earlier slot consumed is given back; nothing is ever over-admitted.
 async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
     let slot = |k: &str, p: &Policy| {
-        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
+        ratelimit_tests::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
     };
     for (round, algorithm) in long_policies(3).into_iter().enumerate() {
         let per_user = algorithm.with_name(format!("cross-user-{round}")).unwrap();
@@ -953,7 +953,7 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     );
     let shared = fixed_window("refund-shared", 1, Duration::from_secs(60));
     let slot = |k: &str, p: &Policy| {
-        ratelimit_core::key::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
+        ratelimit_tests::cluster_slot(store.state_key(k.as_bytes(), p).as_bytes())
     };
     let shared_slot = slot("everyone", &shared);
     let user = (0..1000)

@@ -184,6 +184,15 @@ fn cluster_starts_with_three_masters_and_redirects() {
         assert!(info.contains("cluster_slots_assigned:16384"), "{info}");
         assert!(info.contains("cluster_size:3"), "{info}");
     }
+    // The tests' slot of a key is the cluster's.
+    for key in ["123456789", "rl:a:{user}", "{}x", "a{}{b}", "{b}{c}", "k{"] {
+        let slot = cluster.cli(0, &["CLUSTER", "KEYSLOT", key]);
+        assert_eq!(
+            slot,
+            ratelimit_tests::cluster_slot(key.as_bytes()).to_string(),
+            "{key}"
+        );
+    }
     let nodes = cluster.cli(0, &["CLUSTER", "NODES"]);
     let masters = nodes
         .lines()

@@ -24,7 +24,7 @@ pub use examples::{
     CLAP_FOOTER, Listening, assert_refuses_flags, example_binary, flags, spawn_example,
     spawn_example_lines, spawn_listening, spawn_listening_with_env, spawn_on_env_port,
 };
-pub use redis_server::{Certificates, RedisCluster, RedisServer};
+pub use redis_server::{Certificates, RedisCluster, RedisServer, cluster_slot};
 pub use sentinels::RedisSentinels;
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,

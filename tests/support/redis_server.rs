@@ -251,6 +251,31 @@ impl RedisServer {
         cli_output(self.port, args)
     }
 
+    /// Suspends the process (`SIGSTOP`): it keeps its sockets open and
+    /// answers nothing, as a hung server does, until [`thaw`](Self::thaw).
+    ///
+    /// # Panics
+    ///
+    /// When the server is not running or `kill` fails.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a process [`freeze`](Self::freeze) suspended (`SIGCONT`).
+    ///
+    /// # Panics
+    ///
+    /// When the server is not running or `kill` fails.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("a running server").to_string();
+        let output = run_bounded(Command::new("kill").args([signal, &pid]), CLI_TIMEOUT);
+        assert!(output.status.success(), "kill {signal} {pid}: {output:?}");
+    }
+
     /// Kills the server (`SIGKILL`, no shutdown: whatever it held in memory
     /// is lost) and reaps it. Does nothing when already stopped.
     pub fn stop(&mut self) {
@@ -532,8 +557,25 @@ fn read_all(file: &mut File) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// A real Redis Cluster of three masters (no replicas) on 127.0.0.1, every
-/// node in its own temporary directory; all killed when dropped.
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part between the first `{` and the next `}`, if not empty) or of the
+/// whole key, modulo 16384, as Redis (`CLUSTER KEYSLOT`) and redis-rs
+/// compute it.
+pub fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16_384
+}
+
+/// A real Redis Cluster of three masters on 127.0.0.1 (and, from
+/// [`start_with_replica`](RedisCluster::start_with_replica), a replica of the
+/// first), every node in its own temporary directory; all killed when
+/// dropped.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -573,6 +615,50 @@ impl RedisCluster {
         Self::start_with(&args, certs.cli_args())
     }
 
+    /// As [`start`](Self::start), with a fourth node, `nodes()[3]`, that
+    /// replicates the first master (`nodes()[0]`) and is in sync with it,
+    /// for failovers (`CLUSTER FAILOVER TAKEOVER` on it promotes it at once).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start), and when the replica does not join and
+    /// sync within [`CLUSTER_READY_TIMEOUT`].
+    pub fn start_with_replica() -> RedisCluster {
+        let mut cluster = Self::start_with(&CLUSTER_ARGS, Vec::new());
+        let replica = RedisServer::start_inner(REDIS_SERVER, &CLUSTER_ARGS, true);
+        let master_port = cluster.nodes[0].port().to_string();
+        let master_id = cluster.cli(0, &["CLUSTER", "MYID"]);
+        cluster.nodes.push(replica);
+        let meet = cluster.cli(3, &["CLUSTER", "MEET", "127.0.0.1", &master_port]);
+        assert_eq!(meet, "OK", "CLUSTER MEET");
+        let start = Instant::now();
+        loop {
+            // The replica must know its master before it may follow it.
+            let reply = cluster.cli(3, &["CLUSTER", "REPLICATE", &master_id]);
+            if reply == "OK" {
+                break;
+            }
+            assert!(
+                start.elapsed() < CLUSTER_READY_TIMEOUT,
+                "CLUSTER REPLICATE: {reply}"
+            );
+            sleep(Duration::from_millis(50));
+        }
+        loop {
+            let replication = cluster.cli(3, &["INFO", "replication"]);
+            if replication.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                start.elapsed() < CLUSTER_READY_TIMEOUT,
+                "the replica did not sync:\n{replication}"
+            );
+            sleep(Duration::from_millis(50));
+        }
+        cluster.wait_ready();
+        cluster
+    }
+
     fn start_with(args: &[&str], cli_tls: Vec<String>) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_inner(REDIS_SERVER, args, true))
@@ -604,6 +690,7 @@ impl RedisCluster {
     fn wait_ready(&self) {
         let start = Instant::now();
         let expected_slots = format!("cluster_slots_assigned:{CLUSTER_SLOTS}");
+        let expected_nodes = format!("cluster_known_nodes:{}", self.nodes.len());
         loop {
             let infos: Vec<String> = (0..self.nodes.len())
                 .map(|i| self.cli(i, &["CLUSTER", "INFO"]))
@@ -612,7 +699,7 @@ impl RedisCluster {
                 let lines: Vec<&str> = info.lines().map(str::trim).collect();
                 lines.contains(&"cluster_state:ok")
                     && lines.contains(&expected_slots.as_str())
-                    && lines.contains(&"cluster_known_nodes:3")
+                    && lines.contains(&expected_nodes.as_str())
             });
             if ready {
                 return;
@@ -631,7 +718,8 @@ impl RedisCluster {
                     })
                     .collect();
                 panic!(
-                    "redis cluster not ready (cluster_state:ok, 16384 slots, 3 nodes) within {CLUSTER_READY_TIMEOUT:?}\n{}",
+                    "redis cluster not ready (cluster_state:ok, 16384 slots, {} nodes) within {CLUSTER_READY_TIMEOUT:?}\n{}",
+                    self.nodes.len(),
                     report.join("\n")
                 );
             }
@@ -653,17 +741,19 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The nodes, all masters.
+    /// The nodes: the three masters, then the replica of a cluster
+    /// [started with one](Self::start_with_replica).
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
 
-    /// The node `index` (0, 1 or 2), mutably, to stop or restart it; a
-    /// restarted node keeps its `nodes.conf` and rejoins the cluster.
+    /// The node `index` (see [`nodes`](Self::nodes)), mutably, to stop or
+    /// restart it; a restarted node keeps its `nodes.conf` and rejoins the
+    /// cluster.
     ///
     /// # Panics
     ///
-    /// When `index` is not below 3.
+    /// When there is no node `index`.
     pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
         &mut self.nodes[index]
     }

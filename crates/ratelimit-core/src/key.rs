@@ -273,85 +273,9 @@ pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
     out
 }
 
-/// The Redis Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash
-/// tag (the part between the first `{` and the next `}`, if not empty) or of
-/// the whole key, modulo 16384.
-///
-/// ```
-/// use ratelimit_core::key::cluster_slot;
-///
-/// assert_eq!(cluster_slot(b"123456789"), 0x31c3 % 16384);
-/// assert_eq!(cluster_slot(b"rl:a:{user}"), cluster_slot(b"rl:b:{user}"));
-/// ```
-pub fn cluster_slot(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key)) % 16384
-}
-
-/// CRC16 (XMODEM: polynomial 0x1021, no reflection, initial value 0), a
-/// byte at a time through a table: on a cluster every call computes a key's
-/// slot, and bit by bit cost 8 steps per byte.
-fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0, |crc, &byte| {
-        (crc << 8) ^ CRC16_TABLE[usize::from(crc.to_be_bytes()[0] ^ byte)]
-    })
-}
-
-/// The CRC16 of each byte value, shifted into the high byte.
-const CRC16_TABLE: [u16; 256] = {
-    let mut table = [0u16; 256];
-    let mut i = 0;
-    while i < 256 {
-        // `i < 256`: the high byte of a u16.
-        #[allow(clippy::cast_possible_truncation)]
-        let mut crc = (i as u16) << 8;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// CRC16-XMODEM bit by bit, as its definition reads.
-    fn crc16_bitwise(bytes: &[u8]) -> u16 {
-        let mut crc: u16 = 0;
-        for &byte in bytes {
-            crc ^= u16::from(byte) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn the_crc_table_computes_the_crc(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
-            proptest::prop_assert_eq!(crc16(&bytes), crc16_bitwise(&bytes));
-        }
-    }
 
     #[test]
     fn verbatim_and_hashed() {

@@ -94,8 +94,9 @@ impl RedisStoreBuilder {
     /// always takes at least one request.
     ///
     /// A request goes out at once while fewer than two calls are in flight
-    /// (one with a pool of one connection; on a cluster, per master, or per
-    /// hash slot where Redis Functions cannot be used); the
+    /// (one with a pool of one connection; on a cluster, per hash slot: a
+    /// call declares every key it touches, and Redis refuses a call whose
+    /// keys span slots); the
     /// requests that arrive while that many are in flight are gathered, and
     /// each call that returns sends
     /// up to `max_batch` units of them as one call of the batch function. No timer
@@ -163,8 +164,7 @@ impl RedisStoreBuilder {
 
     /// For `rediss://` URLs: trust the CA certificate `pem` (PEM bytes)
     /// instead of the system's roots, as for a private CA. On a cluster, for
-    /// every node: the cluster client's connections and the store's own
-    /// connection to each master.
+    /// every node.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
@@ -258,26 +258,17 @@ impl RedisStoreBuilder {
             {
                 #[cfg(feature = "tls")]
                 let _ = rustls::crypto::ring::default_provider().install_default();
-                let wait = cluster_retry_wait(self.call_timeout);
-                let builder = redis::cluster::ClusterClient::builder(self.urls.clone())
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(self.call_timeout)
-                    .retries(CLUSTER_RETRIES)
-                    .min_retry_wait(wait)
-                    .max_retry_wait(wait.saturating_add(1));
-                #[cfg(feature = "tls")]
-                let builder = match self.root_cert.clone() {
-                    Some(root_cert) => builder.certs(trusting(root_cert)),
-                    None => builder,
+                let clients = super::cluster::Clients {
+                    first: self.cluster_client(0)?,
+                    routed: self.cluster_client(CLUSTER_RETRIES)?,
                 };
-                let client = builder.build().map_err(backend_error)?;
-                let connection = tokio::time::timeout(
-                    self.connect_timeout.saturating_mul(3),
-                    client.get_async_connection(),
+                let cluster = super::cluster::Cluster::connect(
+                    clients,
+                    Duration::from_millis(cluster_retry_wait(self.call_timeout)),
+                    self.connect_timeout,
                 )
-                .await
-                .map_err(|_| StoreError::Timeout(self.connect_timeout))?
-                .map_err(backend_error)?;
+                .await?;
+                let connection = cluster.routed();
                 // The ACL probe, on the master of its key's slot (the
                 // cluster client reconnects on its own, unprobed).
                 let probe = AclProbe::new(&self.prefix);
@@ -298,21 +289,7 @@ impl RedisStoreBuilder {
                         return Err(eviction_error(&policy));
                     }
                 }
-                let url = self.urls.first().map_or("", String::as_str);
-                Backend::Cluster(Box::new(
-                    super::cluster::Cluster::new(
-                        connection,
-                        super::cluster::DirectSettings {
-                            url,
-                            connect_timeout: self.connect_timeout,
-                            prefix: &self.prefix,
-                            pool_size: self.pool_size,
-                            #[cfg(feature = "tls")]
-                            root_cert: self.root_cert.clone(),
-                        },
-                    )
-                    .await?,
-                ))
+                Backend::Cluster(Box::new(cluster))
             }
             #[cfg(not(feature = "redis-cluster"))]
             {
@@ -336,7 +313,6 @@ impl RedisStoreBuilder {
                 self.connect_timeout,
                 self.pool_size,
                 AclProbe::new(&self.prefix),
-                Kind::Multiplexed,
             ))))
         };
         let pool_size = match &backend {
@@ -362,6 +338,35 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
+    /// A client of the cluster at the store's URLs that retries a command
+    /// `retries` times (each `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`,
+    /// dropped connection or unreachable node counts one). Each command
+    /// sent to a node waits at most the call timeout for its reply (so do
+    /// redis-rs's own, such as `CLUSTER SLOTS` and the `PING` after a
+    /// connection opens: without it, one node that hangs held up every new
+    /// connection for good); the store times each call over all its
+    /// attempts itself (see `cluster`), so redis-rs keeps no second timer
+    /// per call.
+    #[cfg(feature = "redis-cluster")]
+    fn cluster_client(&self, retries: u32) -> Result<redis::cluster::ClusterClient, StoreError> {
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let wait = cluster_retry_wait(self.call_timeout);
+        let builder = redis::cluster::ClusterClient::builder(self.urls.clone())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.call_timeout)
+            .overall_response_timeout(None)
+            .retries(retries)
+            .min_retry_wait(wait)
+            .max_retry_wait(wait.saturating_add(1));
+        #[cfg(feature = "tls")]
+        let builder = match self.root_cert.clone() {
+            Some(root_cert) => builder.certs(trusting(root_cert)),
+            None => builder,
+        };
+        builder.build().map_err(backend_error)
+    }
+
     fn has_pool(&self) -> bool {
         #[cfg(feature = "bb8")]
         return self.pool.is_some();

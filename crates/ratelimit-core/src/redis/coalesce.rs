@@ -2,12 +2,11 @@
 //! Redis together, as one call of the batch function (`batch.lua`).
 //!
 //! Every decision belongs to a lane ([`LaneId`]): a single node has one
-//! lane. On a Redis Cluster a call declares keys of one hash slot only, so
-//! a lane is one master's slots where the store calls the library's
-//! functions (the master batch function reaches keys of the master's other
-//! slots: `library.lua`), and one slot where it runs scripts (Redis before
-//! 7, or a user who may not run functions). With random keys a master's
-//! lane gathers batches where a slot's almost never does (16,384 slots).
+//! lane; a Redis Cluster one per hash slot, since a call declares every key
+//! it touches and Redis refuses the keys of several slots in one call
+//! (`CROSSSLOT`), whatever flags the function carries. With random keys a
+//! slot's lane rarely gathers a batch (16,384 slots); a hot key's, or one
+//! user's limits under one hash tag, do.
 //! While the lane has fewer calls in flight than its bound
 //! ([`MAX_CALLS_IN_FLIGHT`], or the pool size if smaller) and nothing waits,
 //! a decision goes out at once, alone, sent by its caller as it would be
@@ -18,12 +17,18 @@
 //! wait than the calls in flight would take in one turn, one more call
 //! starts: no decision waits behind more than one batch.
 //!
-//! Batches run in tasks of their own, so a caller that goes away never
-//! strands the others (a caller sending alone that goes away hands what
-//! queued behind it to a task). A caller that goes away before its batch is
-//! sent is left out of it; after, its result is dropped, and a concurrency
-//! permit it received is released (its [`Unclaimed`] guard travels with its
-//! result).
+//! Batches run in tasks of their own ([`Driver`]), so a caller that goes
+//! away never strands the others (a caller sending alone that goes away
+//! hands what queued behind it to a task), and a task dropped with its
+//! runtime counts itself out of its lane. A caller that goes away before
+//! its batch is sent is left out of it; after, its result is dropped, and a
+//! concurrency permit it received is released (its [`Unclaimed`] guard
+//! travels with its result).
+//!
+//! On a cluster, a batch that Redis does not run where redis-rs sent it
+//! (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`: the slot moved, is moving,
+//! or has no master now) is never followed as a whole: each of its requests
+//! goes again on its own, through redis-rs's routing, to its slot's owner.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +39,7 @@ use smallvec::{SmallVec, smallvec};
 use tokio::sync::oneshot;
 
 use super::unclaimed::{SentOn, Unclaimed, Via};
-use super::{Arg, BATCH_RECORD, RedisStore, StateKeys, batch_record, decision_of, parameters};
+use super::{Arg, RedisStore, StateKeys, check_fields, decision_of, parameters};
 use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
@@ -77,20 +82,18 @@ pub(super) struct Item {
 pub(super) type Answer = (Result<Decided, StoreError>, Option<Box<Unclaimed>>);
 
 /// A request's decisions, one per check: held inline for a request of one
-/// check (most), which then takes no allocation of its own. (The request's
-/// keys and checks likewise, in [`Item`]: three allocations fewer per
-/// decision in all, of eight, callgrind on `bench --cluster`.)
+/// check (most), which then takes no allocation of its own (the request's
+/// keys and checks likewise, in [`Item`]).
 pub(super) type Decided = SmallVec<[Decision; 1]>;
 
 /// Which requests may share a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum LaneId {
-    /// The requests of one hash slot (on a single node, every request: 0).
-    Slot(u16),
-    /// The requests of every slot of one cluster master (its place in the
-    /// store's slot map), in calls of the master batch function.
+    /// Every request of a single node.
+    Node,
+    /// The requests of one hash slot of a cluster.
     #[cfg(feature = "redis-cluster")]
-    Master(u16),
+    Slot(redis::cluster_routing::Slot),
 }
 
 #[derive(Default)]
@@ -108,9 +111,9 @@ struct Lane {
 /// `max_batch` simple decisions or one costly one.
 ///
 /// A concurrency check reads its string of every permit held, up to its
-/// `max` (about 650 Redis instructions per permit, against about 40,000 for
-/// a simple decision in a batch): one unit per permit is far more than it
-/// costs, and keeps a large semaphore alone in its call. A sliding-log
+/// `max` (each permit a small fraction of a simple decision's work): one
+/// unit per permit is far more than it costs, and keeps a large semaphore
+/// alone in its call. A sliding-log
 /// check reads and writes its whole log, one string of up to 2,048 entries
 /// of 14 bytes, and searches it in Lua: 8 units.
 pub(super) fn weight(policy: &Policy) -> usize {
@@ -206,6 +209,68 @@ impl Coalescer {
     }
 }
 
+/// The calls of one lane in a task of their own, counted in flight until
+/// the task ends, however it ends. Dropped before it finished (its runtime
+/// shut down, or it panicked), it counts itself out and puts the requests
+/// it had taken but not sent back at the front of the lane's queue, where
+/// the next request (or a waiting caller, see [`RedisStore::kick`]) starts
+/// a call for them. It never spawns from its drop: the runtime it would
+/// spawn on may be the one going away.
+pub(super) struct Driver {
+    store: RedisStore,
+    lane: LaneId,
+    /// Taken from the queue, not yet sent.
+    batch: Vec<Item>,
+    /// Ended normally, counted out already.
+    finished: bool,
+}
+
+impl Driver {
+    fn new(store: RedisStore, lane: LaneId, batch: Vec<Item>) -> Self {
+        Driver {
+            store,
+            lane,
+            batch,
+            finished: false,
+        }
+    }
+
+    /// Runs the driver in a task on the current runtime. Spawned with no
+    /// lock held: a runtime shutting down drops the task at once, and its
+    /// drop takes the lanes' lock.
+    fn start(self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let store = self.store.clone();
+                runtime.spawn(store.drive(self));
+            }
+            // Dropped: its requests wait for a caller with a runtime.
+            Err(_) => drop(self),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Some(coalescer) = self.store.inner.coalescer.as_ref() else {
+            return;
+        };
+        let mut lanes = coalescer.lanes.lock();
+        let state = lanes.entry(self.lane).or_default();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        for item in self.batch.drain(..).rev() {
+            state.queued = state.queued.saturating_add(item.weight);
+            state.queue.push_front(item);
+        }
+        if state.in_flight == 0 && state.queue.is_empty() {
+            lanes.remove(&self.lane);
+        }
+    }
+}
+
 /// A call its caller sends itself, the lane being idle: counted in flight
 /// until dropped (sent, or its caller gone); then whatever queued meanwhile
 /// goes in a task.
@@ -243,7 +308,7 @@ impl RedisStore {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return;
         };
-        let batch = {
+        let driver = {
             let mut lanes = coalescer.lanes.lock();
             let Some(state) = lanes.get_mut(&lane) else {
                 return;
@@ -256,36 +321,21 @@ impl RedisStore {
                 }
                 return;
             }
-            batch
+            // Still counted in flight: the driver's now.
+            Driver::new(self.clone(), lane, batch)
         };
-        match tokio::runtime::Handle::try_current() {
-            // Still counted in flight: the task's now.
-            Ok(runtime) => {
-                runtime.spawn(self.clone().drive(lane, batch));
-            }
-            Err(_) => {
-                let sent_on = SentOn::default();
-                for item in batch {
-                    let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
-                    answer(item, Err(error), &sent_on);
-                }
-                let mut lanes = coalescer.lanes.lock();
-                if let Some(state) = lanes.get_mut(&lane) {
-                    state.in_flight = state.in_flight.saturating_sub(1);
-                }
-            }
-        }
+        driver.start();
     }
 
     /// Queues `item` on `lane`, and starts a call for it (and whatever
     /// waits) if the lane's bound allows. Needs a tokio runtime.
     pub(super) fn submit(&self, coalescer: &Coalescer, lane: LaneId, item: Item) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             let error = StoreError::Backend("RedisStore needs a tokio runtime".into());
             let _ = item.reply.send((Err(error), item.unclaimed));
             return;
-        };
-        let batch = {
+        }
+        let driver = {
             let mut lanes = coalescer.lanes.lock();
             let state = lanes.entry(lane).or_default();
             state.queued = state.queued.saturating_add(item.weight);
@@ -298,34 +348,60 @@ impl RedisStore {
                 return;
             }
             state.in_flight += 1;
-            coalescer.take(state)
+            Driver::new(self.clone(), lane, coalescer.take(state))
         };
-        runtime.spawn(self.clone().drive(lane, batch));
+        driver.start();
     }
 
-    /// Sends `batch`, then whatever waits on `lane`, until nothing does.
-    async fn drive(self, lane: LaneId, mut batch: Vec<Item>) {
+    /// Starts a call for what waits on `lane` if nothing would send it: the
+    /// lane has room for a call and requests queued. A waiting caller that
+    /// has had no answer for a call timeout asks this, so that requests
+    /// queued behind a call that was lost (its task dropped with the runtime
+    /// that ran it) go out without waiting for another request to come.
+    pub(super) fn kick(&self, lane: LaneId) {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return;
+        };
+        let driver = {
+            let mut lanes = coalescer.lanes.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                return;
+            };
+            if state.in_flight >= coalescer.max_in_flight || state.queue.is_empty() {
+                return;
+            }
+            state.in_flight += 1;
+            Driver::new(self.clone(), lane, coalescer.take(state))
+        };
+        driver.start();
+    }
+
+    /// Sends the driver's batch, then whatever waits on its lane, until
+    /// nothing does.
+    async fn drive(self, mut driver: Driver) {
         loop {
+            let batch = std::mem::take(&mut driver.batch);
             if !batch.is_empty() {
                 let answered = batch.len();
-                self.send_batch(lane, batch).await;
+                self.send_batch(batch).await;
                 if answered > 1 {
-                    self.gather(lane).await;
+                    self.gather(driver.lane).await;
                 }
             }
             let Some(coalescer) = self.inner.coalescer.as_ref() else {
                 return;
             };
             let mut lanes = coalescer.lanes.lock();
-            let Some(state) = lanes.get_mut(&lane) else {
+            let Some(state) = lanes.get_mut(&driver.lane) else {
                 return;
             };
-            batch = coalescer.take(state);
-            if batch.is_empty() {
+            driver.batch = coalescer.take(state);
+            if driver.batch.is_empty() {
                 state.in_flight = state.in_flight.saturating_sub(1);
                 if state.in_flight == 0 && state.queue.is_empty() {
-                    lanes.remove(&lane);
+                    lanes.remove(&driver.lane);
                 }
+                driver.finished = true;
                 return;
             }
         }
@@ -368,7 +444,7 @@ impl RedisStore {
 
     /// One call for every request of `batch`, and each its answer. A batch
     /// of one request is the call it would be without coalescing.
-    async fn send_batch(&self, lane: LaneId, mut batch: Vec<Item>) {
+    async fn send_batch(&self, mut batch: Vec<Item>) {
         if let Some(coalescer) = self.inner.coalescer.as_ref() {
             coalescer.calls.fetch_add(1, Ordering::Relaxed);
             coalescer
@@ -387,24 +463,10 @@ impl RedisStore {
         } else {
             Via::Pool
         };
-        let reply = match lane {
-            LaneId::Slot(_) => {
-                let args = batch_args(&batch, self.fixed_now());
-                // Every state key, written into the command.
-                let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
-                self.inner.decide_batch(&keys, &args, via).await
-            }
-            #[cfg(feature = "redis-cluster")]
-            LaneId::Master(_) => match self.master_batch(&batch, via).await {
-                Some(reply) => reply,
-                None => {
-                    // Functions cannot be used (found since the lane was
-                    // chosen): each request as it would go without a batch.
-                    self.send_again(batch);
-                    return;
-                }
-            },
-        };
+        let args = batch_args(&batch, self.fixed_now());
+        // Every state key, written into the command.
+        let keys = StateKeys(batch.iter().flat_map(|item| item.keys.iter()));
+        let reply = self.inner.decide_batch(&keys, &args, via).await;
         self.deliver(batch, reply, &sent_on);
     }
 
@@ -429,32 +491,16 @@ impl RedisStore {
         answer(item, result, &sent_on);
     }
 
-    /// `batch` (of one cluster master's lane) in one call of the master
-    /// batch function: its first state key declared (it routes the call),
-    /// the others as arguments (see `library.lua`). `None` where functions
-    /// cannot be used.
-    #[cfg(feature = "redis-cluster")]
-    async fn master_batch(
-        &self,
-        batch: &[Item],
-        via: Via<'_>,
-    ) -> Option<Result<Value, StoreError>> {
-        let mut keys = batch.iter().flat_map(|item| item.keys.iter());
-        let first = keys.next()?;
-        let checks = batch_args(batch, self.fixed_now());
-        let mut args = Vec::with_capacity(1 + checks.len() + keys.clone().count());
-        args.push(Arg::Int(0));
-        args.extend(keys.map(|key| Arg::Str(key)));
-        args[0] = Arg::Int(args.len() as u64 - 1);
-        args.extend(checks);
-        self.inner.decide_master_batch(first, &args, via).await
-    }
-
-    /// Each request of `batch` its answer from the batch's `reply`; those
-    /// the node could not decide go again, each on its own.
+    /// Each request of `batch` its answer from the batch's `reply`; a batch
+    /// that a cluster redirected goes again, each request on its own.
     fn deliver(&self, batch: Vec<Item>, reply: Result<Value, StoreError>, sent_on: &SentOn) {
-        let results = match reply {
-            Ok(reply) => batch_results(&batch, &reply),
+        let reply = match reply {
+            Ok(reply) => reply,
+            #[cfg(feature = "redis-cluster")]
+            Err(error) if super::cluster::is_redirected(&error) => {
+                self.send_again(batch);
+                return;
+            }
             Err(error) => {
                 // A timeout or a dropped connection: an outage for each.
                 for item in batch {
@@ -463,17 +509,10 @@ impl RedisStore {
                 return;
             }
         };
-        match results {
+        match batch_results(&batch, &reply) {
             Ok(results) => {
-                let mut again = Vec::new();
                 for (item, result) in batch.into_iter().zip(results) {
-                    match result {
-                        Outcome::Done(result) => answer(item, result, sent_on),
-                        Outcome::NotServed => again.push(item),
-                    }
-                }
-                if !again.is_empty() {
-                    self.send_again(again);
+                    answer(item, result, sent_on);
                 }
             }
             Err(wrong) => {
@@ -490,7 +529,8 @@ impl RedisStore {
 
     /// Sends each of `items`, undecided, again on its own, in tasks (as
     /// many calls, which the lane does not wait for). Its call follows the
-    /// cluster's redirections where a batch's could not.
+    /// cluster's redirections where a batch's does not.
+    #[cfg(feature = "redis-cluster")]
     fn send_again(&self, items: Vec<Item>) {
         if let Some(coalescer) = self.inner.coalescer.as_ref() {
             coalescer
@@ -519,9 +559,8 @@ impl RedisStore {
 /// request the index of its check's form, or `-m` and the indexes of its `m`
 /// checks' forms, each concurrency check followed by its permit id.
 ///
-/// Redis spends about 800 instructions per argument (callgrind, a batch of
-/// 16 GCRA checks): five per check made about a third of a batched
-/// decision's work; an index is one.
+/// Redis parses every argument: five per check made about a third of a
+/// batched decision's work; an index is one.
 fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
     // A batch holds a few distinct forms (one per policy and cost): a list
@@ -568,58 +607,44 @@ fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     args
 }
 
-/// What one request of a batch came to.
-#[derive(Debug)]
-enum Outcome {
-    /// Its decisions, or its error.
-    Done(Result<Decided, StoreError>),
-    /// Not decided: the node that ran the batch does not serve its slot
-    /// (now), or its cluster is down. Redis refused the request's first
-    /// read of a key, so nothing of it was written; it goes again on its own.
-    NotServed,
-}
-
-/// One outcome per request of a batch.
-type Answers = Vec<Outcome>;
-
-/// Each request's answer from the batch's reply (`batch.lua`): an array of
-/// one string of [`BATCH_RECORD`] bytes per check (`{allowed, remaining,
-/// reset, wait}`), or one record of a failed request in place of its
-/// checks, whose error message follows the string. What is wrong when it
-/// does not decode.
-fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
+/// Each request's decisions (or its error) from the batch's reply
+/// (`batch.lua`): one flat array, four integers per check (`{allowed,
+/// remaining, reset, wait}`), or one string in place of a failed request's
+/// checks, its error message. What is wrong when it does not decode.
+fn batch_results(
+    batch: &[Item],
+    reply: &Value,
+) -> Result<Vec<Result<Decided, StoreError>>, String> {
     let Value::Array(values) = reply else {
         return Err(format!("not an array: {reply:?}"));
     };
-    let Some(Value::BulkString(records)) = values.first() else {
-        return Err(format!("no string of records first: {:?}", values.first()));
-    };
-    let mut records = records.chunks(BATCH_RECORD);
-    let mut messages = values[1..].iter();
+    let mut values = values.as_slice();
     let mut results = Vec::with_capacity(batch.len());
     for (i, item) in batch.iter().enumerate() {
-        let short = || format!("no record for request {i} of {}", batch.len());
-        let first = batch_record(records.next().ok_or_else(short)?)?;
-        let Some(first) = first else {
-            let message = match messages.next() {
-                Some(Value::BulkString(message)) => message.as_slice(),
-                Some(Value::SimpleString(message)) => message.as_bytes(),
-                other => return Err(format!("request {i} failed, with {other:?} as its message")),
-            };
-            results.push(if not_served(message) {
-                Outcome::NotServed
-            } else {
-                Outcome::Done(Err(request_error(item, message)))
-            });
-            continue;
+        let message = match values.first() {
+            Some(Value::BulkString(message)) => Some(message.as_slice()),
+            Some(Value::SimpleString(message)) => Some(message.as_bytes()),
+            _ => None,
         };
-        let mut fields: SmallVec<[_; 1]> = smallvec![first];
-        for _ in 1..item.requests.len() {
-            match batch_record(records.next().ok_or_else(short)?)? {
-                Some(f) => fields.push(f),
-                None => return Err(format!("request {i} failed after its first check")),
-            }
+        if let Some(message) = message {
+            results.push(Err(request_error(item, message)));
+            values = &values[1..];
+            continue;
         }
+        let checks = item.requests.len();
+        let Some((fields, rest)) = values.split_at_checked(4 * checks) else {
+            return Err(format!(
+                "{} values left for request {i} of {}, which has {checks} checks",
+                values.len(),
+                batch.len()
+            ));
+        };
+        values = rest;
+        let fields = fields
+            .chunks_exact(4)
+            .map(check_fields)
+            .collect::<Result<SmallVec<[[u64; 4]; 1]>, String>>()
+            .map_err(|e| format!("request {i}: {e}"))?;
         // A request of several checks takes all or nothing: when one denies,
         // the others report a peek, which holds no permit.
         let all = fields.iter().all(|f| f[0] == 1);
@@ -638,28 +663,16 @@ fn batch_results(batch: &[Item], reply: &Value) -> Result<Answers, String> {
                 },
             )
             .collect();
-        results.push(Outcome::Done(Ok(decisions)));
+        results.push(Ok(decisions));
     }
-    let left = records.count();
-    if left > 0 || messages.len() > 0 {
+    if !values.is_empty() {
         return Err(format!(
-            "{left} records and {} messages more than {} requests take",
-            messages.len(),
+            "{} values more than {} requests take",
+            values.len(),
             batch.len()
         ));
     }
     Ok(results)
-}
-
-/// Whether a request's error is Redis refusing a script a key of a slot
-/// its node does not serve: the slot moved or is moving (the store's slot
-/// map is stale, or the batch was redirected by its first key), or the
-/// cluster is down. Redis checks this before running the command, so the
-/// request's first read failed and nothing of it was written.
-fn not_served(message: &[u8]) -> bool {
-    let message = String::from_utf8_lossy(message);
-    message.contains("Script attempted to access a non local key")
-        || message.contains("while the cluster is down")
 }
 
 /// The error of one request of a batch (`batch.lua` sends its message): a
@@ -720,7 +733,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::redis::replies::tests::record;
 
     fn item(checks: usize) -> Item {
         let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
@@ -733,54 +745,33 @@ mod tests {
         }
     }
 
-    fn reply(records: &[Vec<u8>], messages: &[&str]) -> Value {
-        let mut values = vec![Value::BulkString(records.concat())];
-        values.extend(
-            messages
-                .iter()
-                .map(|m| Value::BulkString(m.as_bytes().to_vec())),
-        );
-        Value::Array(values)
+    fn ints(values: &[i64]) -> Vec<Value> {
+        values.iter().map(|&n| Value::Int(n)).collect()
     }
 
-    fn decided(outcome: &Outcome) -> &Result<Decided, StoreError> {
-        match outcome {
-            Outcome::Done(result) => result,
-            Outcome::NotServed => panic!("not served"),
-        }
+    fn text(message: &str) -> Value {
+        Value::BulkString(message.as_bytes().to_vec())
     }
 
     #[test]
     fn a_batch_reply_reads_as_each_requests_answer() {
-        let batch = [item(1), item(2), item(1), item(1), item(1)];
-        let answers = batch_results(
-            &batch,
-            &reply(
-                &[
-                    record(1, 9.0, 1e6, 0.0),
-                    record(2, 0.0, 0.0, 0.0),
-                    record(0, 0.0, 1e6, 5e5),
-                    record(2, 0.0, 0.0, 0.0),
-                    record(2, 0.0, 0.0, 0.0),
-                ],
-                &[
-                    "ERR no",
-                    "ERR Script attempted to access a non local key in a cluster node script: x",
-                    "ERR Script attempted to execute a command while the cluster is down",
-                ],
-            ),
-        )
-        .unwrap();
-        let first = decided(&answers[0]).as_ref().unwrap();
+        let batch = [item(1), item(2), item(1), item(1)];
+        let mut values = ints(&[1, 9, 1_000_000, 0]);
+        values.push(text("ERR no"));
+        values.extend(ints(&[0, 0, 1_000_000, 500_000]));
+        values.push(text("RATELIMIT_CONFLICT k"));
+        let answers = batch_results(&batch, &Value::Array(values)).unwrap();
+        let first = answers[0].as_ref().unwrap();
         assert!(first[0].is_allowed() && first[0].remaining() == 9);
-        assert!(matches!(decided(&answers[1]), Err(StoreError::Backend(_))));
-        let third = decided(&answers[2]).as_ref().unwrap();
+        assert!(matches!(answers[1], Err(StoreError::Backend(_))));
+        let third = answers[2].as_ref().unwrap();
         assert!(!third[0].is_allowed());
         assert_eq!(third[0].retry_after(), Some(Duration::from_millis(500)));
-        // Redis refused a key of a slot its node does not serve: undecided,
-        // to be sent again, not an error of the request.
-        assert!(matches!(answers[3], Outcome::NotServed), "{:?}", answers[3]);
-        assert!(matches!(answers[4], Outcome::NotServed), "{:?}", answers[4]);
+        assert!(
+            matches!(&answers[3], Err(StoreError::PolicyConflict { .. })),
+            "{:?}",
+            answers[3]
+        );
     }
 
     /// A short, long or garbled reply is an error that says what is wrong,
@@ -788,39 +779,40 @@ mod tests {
     #[test]
     fn a_garbled_batch_reply_says_what_is_wrong() {
         let batch = [item(1), item(2)];
-        let ok = || record(1, 9.0, 1e6, 0.0);
+        let ok = [1, 9, 1_000_000, 0];
+        let reply = |values: Vec<Value>| Value::Array(values);
         for (reply, says) in [
             (Value::Int(1), "not an array"),
-            (Value::Array(Vec::new()), "no string of records"),
-            (Value::Array(vec![Value::Int(3)]), "no string of records"),
-            (reply(&[ok(), ok()], &[]), "no record for request 1 of 2"),
+            (reply(Vec::new()), "0 values left for request 0"),
+            (reply(ints(&[1, 9, 1])), "3 values left for request 0"),
             (
-                reply(&[ok(), ok(), ok(), ok()], &[]),
-                "1 records and 0 messages more",
+                reply(ints(&[ok, ok].concat())),
+                "4 values left for request 1 of 2, which has 2 checks",
             ),
             (
-                reply(&[ok(), ok(), ok()[..7].to_vec()], &[]),
-                "a record of 7 bytes",
+                reply(ints(&[ok, ok, ok, ok].concat())),
+                "4 values more than 2 requests take",
             ),
             (
-                reply(&[ok(), ok(), record(2, 0.0, 0.0, 0.0)], &["x"]),
-                "failed after its first",
+                reply(ints(&[ok, ok, [2, 0, 0, 0]].concat())),
+                "request 1: allowed is 2",
             ),
             (
-                reply(&[record(2, 0.0, 0.0, 0.0), ok(), ok()], &[]),
-                "request 0 failed, with None",
+                reply(ints(&[ok, ok, [1, -1, 0, 0]].concat())),
+                "request 1: int(-1) is not a count",
             ),
             (
-                reply(&[ok(), ok(), ok()], &["extra"]),
-                "0 records and 1 messages more",
+                reply(vec![
+                    Value::Nil,
+                    Value::Int(1),
+                    Value::Int(1),
+                    Value::Int(1),
+                ]),
+                "request 0: nil is not a count",
             ),
             (
-                reply(&[ok(), record(9, 0.0, 0.0, 0.0), ok()], &[]),
-                "allowed is 9",
-            ),
-            (
-                Value::Array(vec![Value::BulkString(b"\x01garbage".to_vec())]),
-                "a record of 8 bytes",
+                reply([ints(&ok), vec![text("ERR x")], vec![text("extra")]].concat()),
+                "1 values more than 2 requests take",
             ),
         ] {
             match batch_results(&batch, &reply) {

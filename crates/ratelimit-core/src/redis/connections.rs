@@ -22,19 +22,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::scripts::AclProbe;
-#[cfg(feature = "redis-cluster")]
-use super::wire::Wire;
 
 /// A connection and the id that tells it apart from its replacements.
 pub(super) type Shared = (u64, Link);
 
-/// A connection to a node: redis-rs's multiplexed connection, or (a cluster
-/// master's direct path, plain TCP) the store's own [`Wire`].
+/// A connection to a node: redis-rs's multiplexed connection.
 #[derive(Clone)]
 pub(super) enum Link {
     Multiplexed(MultiplexedConnection),
-    #[cfg(feature = "redis-cluster")]
-    Wire(Wire),
 }
 
 impl redis::aio::ConnectionLike for Link {
@@ -44,8 +39,6 @@ impl redis::aio::ConnectionLike for Link {
     ) -> redis::RedisFuture<'a, redis::Value> {
         match self {
             Link::Multiplexed(connection) => connection.req_packed_command(cmd),
-            #[cfg(feature = "redis-cluster")]
-            Link::Wire(wire) => wire.req_packed_command(cmd),
         }
     }
 
@@ -59,29 +52,14 @@ impl redis::aio::ConnectionLike for Link {
             Link::Multiplexed(connection) => {
                 connection.req_packed_commands(pipeline, offset, count)
             }
-            #[cfg(feature = "redis-cluster")]
-            Link::Wire(wire) => wire.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Link::Multiplexed(connection) => connection.get_db(),
-            #[cfg(feature = "redis-cluster")]
-            Link::Wire(wire) => wire.get_db(),
         }
     }
-}
-
-/// Which connections [`Connections`] opens.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    /// redis-rs's multiplexed connections.
-    Multiplexed,
-    /// The store's own [`Wire`]s where the address is plain TCP, else
-    /// multiplexed connections.
-    #[cfg(feature = "redis-cluster")]
-    Wire,
 }
 
 /// What an opening gives its waiters: nothing yet, then the connection or
@@ -102,11 +80,6 @@ struct Opener {
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     probe: AclProbe,
-    #[cfg_attr(
-        not(feature = "redis-cluster"),
-        expect(dead_code, reason = "only a cluster's direct path opens wires")
-    )]
-    kind: Kind,
     ids: AtomicU64,
     /// The master the sentinels name, when the node is theirs.
     #[cfg(feature = "sentinel")]
@@ -134,7 +107,7 @@ struct Underway {
 }
 
 impl Connections {
-    /// `size` connections (at least 1) of `kind`, each opened within
+    /// `size` connections (at least 1), each opened within
     /// `connect_timeout` (log-in and `probe` included) and checked by `probe`
     /// when it opens.
     pub(super) fn new(
@@ -142,7 +115,6 @@ impl Connections {
         connect_timeout: Duration,
         size: u32,
         probe: AclProbe,
-        kind: Kind,
     ) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
         let config = AsyncConnectionConfig::new()
@@ -155,7 +127,6 @@ impl Connections {
                 config,
                 connect_timeout,
                 probe,
-                kind,
                 ids: AtomicU64::new(1),
                 #[cfg(feature = "sentinel")]
                 master: None,
@@ -175,7 +146,7 @@ impl Connections {
         size: u32,
         probe: AclProbe,
     ) -> Self {
-        let mut connections = Self::new(client, connect_timeout, size, probe, Kind::Multiplexed);
+        let mut connections = Self::new(client, connect_timeout, size, probe);
         // Always: the opener is not shared yet.
         if let Some(opener) = Arc::get_mut(&mut connections.opener) {
             opener.master = Some(master);
@@ -394,15 +365,6 @@ impl Opener {
 
     /// A new connection, probed.
     async fn open(&self) -> Result<Link, RedisError> {
-        #[cfg(feature = "redis-cluster")]
-        if self.kind == Kind::Wire
-            && let info = self.client.get_connection_info()
-            && matches!(info.addr(), redis::ConnectionAddr::Tcp(..))
-        {
-            let mut connection = Link::Wire(Wire::open(info).await?);
-            self.probe.run(&mut connection).await?;
-            return Ok(connection);
-        }
         let mut connection = Link::Multiplexed(
             self.client
                 .get_multiplexed_async_connection_with_config(&self.config)

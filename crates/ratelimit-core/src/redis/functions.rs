@@ -17,7 +17,7 @@ use tokio::time::Instant as Deadline;
 
 use super::scripts::{CallKeys, Invocation, Library};
 use super::unclaimed::Via;
-use super::{Arg, Inner};
+use super::{Arg, Inner, Redirects};
 use crate::StoreError;
 use crate::policy::Algorithm;
 
@@ -40,14 +40,17 @@ impl Inner {
     ) -> Result<Value, StoreError> {
         let library = Library::get();
         let script = Some(self.scripts.single(algorithm));
+        let function = library.function(algorithm);
         scripted(
-            self.call(library.function(algorithm), script, keys, args, via)
+            self.call(function, script, keys, args, via, Redirects::Follow)
                 .await,
         )
     }
 
     /// Several requests in one call (`batch.lua`): `FCALL` of the library's
-    /// batch function, or its script where functions cannot be used.
+    /// batch function, or its script where functions cannot be used. On a
+    /// cluster, a batch that Redis redirects comes back as such (see
+    /// `cluster::Redirected`): it is never followed as a whole.
     pub(super) async fn decide_batch<K: CallKeys + ?Sized>(
         &self,
         keys: &K,
@@ -56,31 +59,11 @@ impl Inner {
     ) -> Result<Value, StoreError> {
         let library = Library::get();
         let script = Some(self.scripts.batch());
-        scripted(self.call(library.batch(), script, keys, args, via).await)
-    }
-
-    /// One call of the library's master batch function: the requests of
-    /// several slots of one cluster master (`library.lua`). `first` is the
-    /// call's one declared key (it routes the call), `args` the other keys'
-    /// number, the keys, then `batch.lua`'s arguments. `None` where functions
-    /// cannot be used: a script has no such form, and the requests then go
-    /// slot by slot.
-    #[cfg(feature = "redis-cluster")]
-    pub(super) async fn decide_master_batch(
-        &self,
-        first: &String,
-        args: &[Arg<'_>],
-        via: Via<'_>,
-    ) -> Option<Result<Value, StoreError>> {
-        let keys = std::slice::from_ref(first);
-        let function = Library::get().master_batch();
-        self.call(function, None, keys, args, via).await
-    }
-
-    /// Whether calls go by functions (not yet found impossible).
-    #[cfg(feature = "redis-cluster")]
-    pub(super) fn by_functions(&self) -> bool {
-        self.functions.0.load(Ordering::Relaxed) == TRY
+        let function = library.batch();
+        scripted(
+            self.call(function, script, keys, args, via, Redirects::Report)
+                .await,
+        )
     }
 
     /// `FCALL` of `function`, loading the library once when it is missing,
@@ -96,6 +79,7 @@ impl Inner {
         keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
+        redirects: Redirects,
     ) -> Option<Result<Value, StoreError>> {
         // One deadline over every attempt (a load included).
         let deadline = self.deadline();
@@ -106,7 +90,7 @@ impl Inner {
             // call's state, not two.
             let mut loaded = false;
             loop {
-                match self.run_until(&fcall, via, deadline).await {
+                match self.send(&fcall, via, redirects, deadline).await {
                     // Boxed, as the script path below: rare, and its state
                     // would make every call's future larger.
                     Err(e) if is_missing(&e) && !loaded => {
@@ -131,7 +115,8 @@ impl Inner {
             }
         }
         let (script, source) = script?;
-        Some(Box::pin(self.eval(script, source, keys, args, via, deadline)).await)
+        let eval = self.eval_with(script, source, keys, args, via, redirects, deadline);
+        Some(Box::pin(eval).await)
     }
 
     fn never_functions(&self) {

@@ -22,6 +22,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redis-cluster")]
+use redis::cluster_routing::Slot;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant as Deadline;
 
@@ -38,18 +40,13 @@ mod coalesce;
 mod connections;
 mod errors;
 mod functions;
-#[cfg(feature = "redis-cluster")]
-mod outbox;
 #[cfg(feature = "bb8")]
 mod pool;
-mod prune;
 mod replies;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod unclaimed;
-#[cfg(feature = "redis-cluster")]
-mod wire;
 
 /// The bb8 pool (feature `bb8`), of the version [`RedisStore::bb8_builder`] takes.
 #[cfg(feature = "bb8")]
@@ -65,7 +62,7 @@ use replies::*;
 
 use coalesce::{Coalescer, Decided, Item, LaneId};
 pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
-use connections::{Connections, Kind, Link, Node};
+use connections::{Connections, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
 #[cfg(feature = "sentinel")]
 pub use sentinel::DEFAULT_SENTINEL_PORT;
@@ -345,11 +342,10 @@ impl RedisStore {
 /// parameters (limit or burst, then window or interval in µs), then, only
 /// when needed, a fixed time in µs (absent or `0`: the server's `TIME`) and
 /// a permit id (concurrency only, which always sends both). The reply is
-/// one string of 25 bytes: `allowed` (one byte, 1 or 0), then `remaining`,
-/// `reset_after` and `wait` in µs (`wait`: the retry of a denial, the delay
-/// of an admission), each a little-endian double (Lua's `struct.pack
-/// '<Bddd'`). Use it to preload the scripts with
-/// `SCRIPT LOAD` or to measure Redis alone (see `BENCHMARKS.md`).
+/// four integers: `allowed` (1 or 0), `remaining`, `reset_after` and `wait`
+/// in µs (`wait`: the retry of a denial, the delay of an admission). Use it
+/// to preload the scripts with `SCRIPT LOAD` or to measure Redis alone (see
+/// `BENCHMARKS.md`).
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
 }
@@ -402,14 +398,28 @@ impl Inner {
     }
 
     /// Runs `cmd` before `deadline` (the end of the call timeout of the
-    /// call it is part of), on the connection `via` says (on a cluster, see
-    /// `cluster`).
+    /// call it is part of), on the connection `via` says; on a cluster,
+    /// following the redirections of a script call (see `cluster`).
     async fn run_until(
         &self,
         cmd: &dyn Command,
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
+        self.send(cmd, via, Redirects::Follow, deadline).await
+    }
+
+    /// [`run_until`](Self::run_until), a script call that a cluster
+    /// redirects going again or coming back as `redirects` says.
+    async fn send(
+        &self,
+        cmd: &dyn Command,
+        via: Via<'_>,
+        redirects: Redirects,
+        deadline: Deadline,
+    ) -> Result<Value, StoreError> {
+        #[cfg(not(feature = "redis-cluster"))]
+        let _ = redirects;
         match &self.backend {
             // One timer per call, here, rather than one around the call and
             // one more per command inside redis-rs.
@@ -424,8 +434,15 @@ impl Inner {
                     Via::On(connection) => self.run_on(connection, &cmd, deadline).await,
                 }
             }
+            // Redis keeps the order of one node's commands on the
+            // connection that carries them: a release goes after its check
+            // on `first` without being told (see `cluster`). Boxed: the
+            // cluster client's futures, inline, made every decision's future
+            // larger on a single node too.
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(cluster) => self.run_on_cluster(cluster, cmd, via, deadline).await,
+            Backend::Cluster(cluster) => {
+                Box::pin(self.run_on_cluster(cluster, cmd, redirects, deadline)).await
+            }
         }
     }
 
@@ -528,13 +545,30 @@ impl Inner {
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
+        self.eval_with(script, source, keys, args, via, Redirects::Follow, deadline)
+            .await
+    }
+
+    /// [`eval`](Self::eval), a call that a cluster redirects going again or
+    /// coming back as `redirects` says.
+    #[allow(clippy::too_many_arguments)]
+    async fn eval_with<K: CallKeys + ?Sized>(
+        &self,
+        script: &redis::Script,
+        source: &str,
+        keys: &K,
+        args: &[Arg<'_>],
+        via: Via<'_>,
+        redirects: Redirects,
+        deadline: Deadline,
+    ) -> Result<Value, StoreError> {
         let evalsha = Invocation::new("EVALSHA", script.get_hash(), keys, args);
-        match self.run_until(&evalsha, via, deadline).await {
+        match self.send(&evalsha, via, redirects, deadline).await {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
                 let eval = Invocation::new("EVAL", source, keys, args);
-                self.run_until(&eval, via, deadline).await
+                self.send(&eval, via, redirects, deadline).await
             }
             other => other,
         }
@@ -636,17 +670,23 @@ impl RedisStore {
         keys: Vec<String>,
         requests: Vec<(Policy, u64, PermitId)>,
     ) -> Result<Vec<Decision>, StoreError> {
-        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        // Grouped by slot, in slot order, so that two requests over the same
+        // slots take them in the same order (taken in opposite orders, each
+        // could consume in one slot, be denied by the other's consumption in
+        // the next, and both be refunded and denied where one would pass).
+        let mut groups: Vec<(u16, Slot, Vec<usize>)> = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            groups
-                .entry(key::cluster_slot(k.as_bytes()))
-                .or_default()
-                .push(i);
+            let slot = Slot::for_key(k);
+            match groups.iter_mut().find(|(_, s, _)| *s == slot) {
+                Some((_, _, indexes)) => indexes.push(i),
+                None => groups.push((slot_number(slot).unwrap_or(u16::MAX), slot, vec![i])),
+            }
         }
+        groups.sort_by_key(|(number, _, _)| *number);
         let mut decisions: Vec<Option<Decision>> = vec![None; keys.len()];
         let mut committed: Vec<Committed> = Vec::new();
         let mut denied = false;
-        for indexes in groups.values() {
+        for (_, _, indexes) in &groups {
             let group_keys: Vec<String> = indexes.iter().map(|&i| keys[i].clone()).collect();
             let group_requests: Vec<_> = indexes.iter().map(|&i| requests[i].clone()).collect();
             let result = self
@@ -747,14 +787,12 @@ impl RedisStore {
             return Err(StoreError::Backend("coalescing is off".into()));
         };
         let lane = match &self.inner.backend {
-            Backend::Node(_) => LaneId::Slot(0),
+            Backend::Node(_) => LaneId::Node,
+            // A call declares every key it touches, all of one slot: a lane
+            // per slot.
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(cluster) => {
-                let slot = keys.first().map_or(0, |k| key::cluster_slot(k.as_bytes()));
-                match cluster.master_of(slot) {
-                    Some(master) if self.inner.by_functions() => LaneId::Master(master),
-                    _ => LaneId::Slot(slot),
-                }
+            Backend::Cluster(_) => {
+                LaneId::Slot(Slot::for_key(keys.first().map_or("", String::as_str)))
             }
         };
         if let Some(alone) = self.go_alone(coalescer, lane) {
@@ -798,13 +836,24 @@ impl RedisStore {
         };
         self.submit(coalescer, lane, item);
         // The call's own timeout starts when it is sent, after at most one
-        // batch ahead of it; on a cluster whose slot map was stale it may be
-        // sent once more, on its own (`coalesce::Outcome::NotServed`).
-        let limit = self.inner.call_timeout.saturating_mul(3);
-        match tokio::time::timeout(limit, answer).await {
+        // batch ahead of it; on a cluster that redirected its batch it is
+        // sent once more, on its own. Still waiting after a call timeout, the
+        // caller makes sure a call will take its request (see `kick`).
+        let mut answer = answer;
+        let call_timeout = self.inner.call_timeout;
+        let waited = match tokio::time::timeout(call_timeout, &mut answer).await {
+            Ok(answered) => Ok(answered),
+            Err(_) => {
+                self.kick(lane);
+                tokio::time::timeout(call_timeout.saturating_mul(2), answer).await
+            }
+        };
+        match waited {
             Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
-            Ok(Err(_)) => Err(StoreError::Backend(
-                "the call was cancelled with its runtime".into(),
+            // Its batch was dropped in flight, with the runtime that ran it:
+            // it may have run, as after a timeout.
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the call was dropped in flight with the runtime that ran it".into(),
             )),
             Ok(Ok((result, mut unclaimed))) => {
                 if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
@@ -876,6 +925,28 @@ impl RedisStore {
             )),
         }
     }
+}
+
+/// The number of redis-rs's `slot` (0 to 16,383), which redis-rs 1.8 shows
+/// only as `Slot(<number>)`; `None` if it ever shows it otherwise (then
+/// the slots keep the order the checks name them in).
+#[cfg(feature = "redis-cluster")]
+fn slot_number(slot: Slot) -> Option<u16> {
+    format!("{slot:?}")
+        .strip_prefix("Slot(")?
+        .strip_suffix(')')?
+        .parse()
+        .ok()
+}
+
+/// Whether a script call that a Redis Cluster redirects goes again through
+/// redis-rs's routing (a call of one request) or comes back to its caller (a
+/// batch, whose requests then go again each on its own). A single node
+/// redirects nothing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Redirects {
+    Follow,
+    Report,
 }
 
 /// The state of a key after and before a write (for refunds).
@@ -985,7 +1056,7 @@ impl Store for RedisStore {
         let store = self.clone();
         #[cfg(feature = "redis-cluster")]
         if matches!(self.inner.backend, Backend::Cluster(_)) {
-            let slot = |k: &String| key::cluster_slot(k.as_bytes());
+            let slot = |k: &String| Slot::for_key(k);
             if let Some(first) = keys.first().map(slot)
                 && keys.iter().any(|k| slot(k) != first)
             {
@@ -1054,6 +1125,21 @@ impl Store for RedisStore {
             self.clone()
                 .renew_one(key, permit, concurrency.lease_micros()),
         )
+    }
+}
+
+#[cfg(all(test, feature = "redis-cluster"))]
+mod slots {
+    use super::*;
+
+    /// The slot numbers redis-rs gives are Redis's (`CLUSTER KEYSLOT`).
+    #[test]
+    fn a_slot_reads_as_its_number() {
+        assert_eq!(slot_number(Slot::for_key("123456789")), Some(12_739));
+        assert_eq!(slot_number(Slot::for_key("rl:a:{user}")), Some(5_474));
+        for n in [0, 1, 9_999, 16_383] {
+            assert_eq!(slot_number(Slot::new(n).unwrap()), Some(n));
+        }
     }
 }
 

@@ -4,10 +4,11 @@ use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
+#[cfg(feature = "redis-cluster")]
+use redis::cluster_routing::{Route, SlotAddr};
 use redis::{RedisError, Script};
 
 use super::errors::is_noscript;
-use super::prune::prune;
 use super::replies::Arg;
 
 use crate::policy::{Algorithm, AlgorithmKind};
@@ -95,7 +96,7 @@ const MULTI: &str = every_algorithm!("multi.lua");
 /// the library's batch function.
 const BATCH: &str = concat!(
     every_algorithm!("batch.lua"),
-    "\nreturn run_batch(KEYS, ARGV, 1)\n"
+    "\nreturn run_batch(KEYS, ARGV)\n"
 );
 
 const ADMIN: &str = every_algorithm!("admin.lua");
@@ -108,45 +109,7 @@ const RELEASE: &str = assemble!("members.lua", "concurrency.lua"; "release.lua")
 
 const RENEW: &str = assemble!("members.lua", "concurrency.lua"; "renew.lua");
 
-/// The source of every script, each pruned of the helpers it never calls
-/// ([`prune`]), built once per process.
-struct Sources {
-    single: [String; 7],
-    multi: String,
-    batch: String,
-    release: String,
-    renew: String,
-    admin: String,
-    block: String,
-    refund: String,
-}
-
-impl Sources {
-    fn get() -> &'static Sources {
-        static SOURCES: OnceLock<Sources> = OnceLock::new();
-        SOURCES.get_or_init(|| Sources {
-            single: [
-                FIXED_WINDOW,
-                SLIDING_LOG,
-                SLIDING_WINDOW,
-                TOKEN_BUCKET,
-                GCRA,
-                LEAKY_BUCKET,
-                CONCURRENCY,
-            ]
-            .map(prune),
-            multi: prune(MULTI),
-            batch: prune(BATCH),
-            release: prune(RELEASE),
-            renew: prune(RENEW),
-            admin: prune(ADMIN),
-            block: prune(BLOCK),
-            refund: prune(REFUND),
-        })
-    }
-}
-
-/// Every script with its SHA-1, computed once.
+/// Every script with its SHA-1, computed once per store.
 pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
     multi: (Script, &'static str),
@@ -159,22 +122,33 @@ pub(super) struct Scripts {
     refund: (Script, &'static str),
 }
 
+/// The source of each algorithm's single decision, in the order of
+/// [`AlgorithmKind::ALL`].
+const SINGLE: [&str; 7] = [
+    FIXED_WINDOW,
+    SLIDING_LOG,
+    SLIDING_WINDOW,
+    TOKEN_BUCKET,
+    GCRA,
+    LEAKY_BUCKET,
+    CONCURRENCY,
+];
+
 fn script(source: &'static str) -> (Script, &'static str) {
     (Script::new(source), source)
 }
 
 impl Scripts {
     pub(super) fn new() -> Self {
-        let sources = Sources::get();
         Scripts {
-            single: sources.single.each_ref().map(|source| script(source)),
-            multi: script(&sources.multi),
-            batch: script(&sources.batch),
-            release: script(&sources.release),
-            renew: script(&sources.renew),
-            admin: script(&sources.admin),
-            block: script(&sources.block),
-            refund: script(&sources.refund),
+            single: SINGLE.map(script),
+            multi: script(MULTI),
+            batch: script(BATCH),
+            release: script(RELEASE),
+            renew: script(RENEW),
+            admin: script(ADMIN),
+            block: script(BLOCK),
+            refund: script(REFUND),
         }
     }
 
@@ -184,7 +158,7 @@ impl Scripts {
     }
 
     pub(super) fn single_source(algorithm: &Algorithm) -> &'static str {
-        &Sources::get().single[single_index(algorithm)]
+        SINGLE[single_index(algorithm)]
     }
 
     pub(super) fn multi(&self) -> (&Script, &'static str) {
@@ -229,8 +203,6 @@ pub(super) struct Library {
     source: String,
     names: [String; 7],
     batch: String,
-    #[cfg(feature = "redis-cluster")]
-    master_batch: String,
 }
 
 impl Library {
@@ -247,8 +219,6 @@ impl Library {
                 ),
                 names: AlgorithmKind::ALL.map(|kind| format!("{prefix}{}", kind.name().replace('-', "_"))),
                 batch: format!("{prefix}batch"),
-                #[cfg(feature = "redis-cluster")]
-                master_batch: format!("{prefix}master_batch"),
             }
         })
     }
@@ -266,13 +236,6 @@ impl Library {
     /// The function that decides several requests in one call (`batch.lua`).
     pub(super) fn batch(&'static self) -> &'static str {
         &self.batch
-    }
-
-    /// The function that decides the requests of several slots of one
-    /// cluster master in one call (see `library.lua`).
-    #[cfg(feature = "redis-cluster")]
-    pub(super) fn master_batch(&'static self) -> &'static str {
-        &self.master_batch
     }
 }
 
@@ -297,14 +260,9 @@ pub(super) struct AclProbe {
 impl AclProbe {
     /// The probe for keys under `prefix`.
     pub(super) fn new(prefix: &str) -> Self {
-        Self::on_key(format!("{prefix}:acl-probe"))
-    }
-
-    /// The probe on `key` (on a cluster, one of the node's own slots).
-    pub(super) fn on_key(key: String) -> Self {
         AclProbe {
             script: Script::new(ACL_PROBE),
-            key,
+            key: format!("{prefix}:acl-probe"),
         }
     }
 
@@ -338,11 +296,10 @@ pub(super) trait CallKeys: Sync {
     fn size(&self) -> usize;
     /// Writes each key as an argument of `cmd`.
     fn write_to(&self, cmd: &mut redis::Cmd);
-    /// Writes each key as a bulk string of a packed command.
+    /// On a Redis Cluster, where the call goes: the master of its first
+    /// key's hash slot (every key of a call is in that slot).
     #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>);
-    /// The hash slot of the first key.
-    fn first_slot(&self) -> Option<u16>;
+    fn route(&self) -> Option<Route>;
 }
 
 impl CallKeys for [String] {
@@ -361,15 +318,8 @@ impl CallKeys for [String] {
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>) {
-        for key in self {
-            bulk(out, key.as_bytes());
-        }
-    }
-
-    fn first_slot(&self) -> Option<u16> {
-        self.first()
-            .map(|key| crate::key::cluster_slot(key.as_bytes()))
+    fn route(&self) -> Option<Route> {
+        <[String]>::first(self).map(|key| Route::with_key(key, SlotAddr::Master))
     }
 }
 
@@ -394,75 +344,36 @@ impl<'a, I: Iterator<Item = &'a String> + Clone + Sync> CallKeys for StateKeys<I
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>) {
-        for state in self.0.clone() {
-            bulk(out, state.as_bytes());
-        }
-    }
-
-    fn first_slot(&self) -> Option<u16> {
+    fn route(&self) -> Option<Route> {
         self.0
             .clone()
             .next()
-            .map(|key| crate::key::cluster_slot(key.as_bytes()))
+            .map(|key| Route::with_key(key, SlotAddr::Master))
     }
 }
 
-/// A command as the store's paths need it: as redis-rs's `Cmd` where
-/// redis-rs sends it, packed straight into the write buffer of a
-/// connection of the store's own (`wire`), and its hash slot, for the
-/// cluster's direct path.
+/// A command as the store sends it: redis-rs's `Cmd`, and, for a script
+/// call on keys, where it goes on a cluster.
 pub(super) trait Command: Sync {
     /// The command as redis-rs's `Cmd`.
     fn cmd(&self) -> Cow<'_, redis::Cmd>;
-    /// Appends the command to `out` as the protocol writes it.
+    /// A script call's (`FCALL`, `EVALSHA`, `EVAL`) route on a cluster: the
+    /// master of its keys' slot. `None` for any other command, which
+    /// redis-rs routes itself.
     #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>);
-    /// The hash slot of a script call's first key: `FCALL`, `FCALL_RO`,
-    /// `EVALSHA` or `EVAL` with at least one key (a call's keys share one
-    /// slot, or the node refuses it with `CROSSSLOT`, as it would through
-    /// the cluster client).
-    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
-    fn slot(&self) -> Option<u16>;
+    fn route(&self) -> Option<Route> {
+        None
+    }
 }
-
-/// The verbs of a script call, whose first key gives its slot.
-const SCRIPT_CALLS: [&str; 4] = ["FCALL", "FCALL_RO", "EVALSHA", "EVAL"];
 
 impl Command for redis::Cmd {
     fn cmd(&self) -> Cow<'_, redis::Cmd> {
         Cow::Borrowed(self)
     }
-
-    #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>) {
-        self.write_packed_command(out);
-    }
-
-    fn slot(&self) -> Option<u16> {
-        let mut args = self.args_iter().map(|arg| match arg {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            _ => None,
-        });
-        let verb = args.next()??;
-        if !SCRIPT_CALLS
-            .iter()
-            .any(|n| verb.eq_ignore_ascii_case(n.as_bytes()))
-        {
-            return None;
-        }
-        let _name = args.next()??;
-        let keys = std::str::from_utf8(args.next()??).ok()?;
-        if keys.parse::<u32>().ok()? == 0 {
-            return None;
-        }
-        Some(crate::key::cluster_slot(args.next()??))
-    }
 }
 
-/// `<verb> <name> <number of keys> <keys...> <args...>`, not written until a
-/// path needs it (see [`invocation`]): packed straight into a connection's
-/// buffer, or built as a `Cmd` for redis-rs.
+/// `<verb> <name> <number of keys> <keys...> <args...>`, built as a `Cmd`
+/// when it is sent (once, or once more when a cluster redirects it).
 pub(super) struct Invocation<'a, K: ?Sized> {
     verb: &'static str,
     name: &'a str,
@@ -487,114 +398,9 @@ impl<K: CallKeys + ?Sized> Command for Invocation<'_, K> {
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn pack(&self, out: &mut Vec<u8>) {
-        let keys = self.keys.count();
-        let size = self.args.iter().fold(
-            self.verb.len() + self.name.len() + self.keys.size() + 16 * (4 + keys),
-            |size, arg| {
-                size + 16
-                    + match arg {
-                        Arg::Int(_) => 20,
-                        Arg::Str(s) => s.len(),
-                        Arg::Owned(s) => s.len(),
-                    }
-            },
-        );
-        out.reserve(size);
-        header(out, b'*', 3 + keys + self.args.len());
-        bulk(out, self.verb.as_bytes());
-        bulk(out, self.name.as_bytes());
-        bulk_number(out, keys as u64);
-        self.keys.pack(out);
-        for arg in self.args {
-            match arg {
-                Arg::Int(n) => bulk_number(out, *n),
-                Arg::Str(s) => bulk(out, s.as_bytes()),
-                Arg::Owned(s) => bulk(out, s.as_bytes()),
-            }
-        }
+    fn route(&self) -> Option<Route> {
+        self.keys.route()
     }
-
-    fn slot(&self) -> Option<u16> {
-        if !SCRIPT_CALLS.contains(&self.verb) {
-            return None;
-        }
-        self.keys.first_slot()
-    }
-}
-
-#[cfg(feature = "redis-cluster")]
-/// Appends `<kind><n>\r\n`.
-#[inline]
-fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
-    // Below 100 (a command's argument counts, the lengths of most of its
-    // arguments), in one small copy; `n / 10` and `n % 10` fit a byte.
-    #[allow(clippy::cast_possible_truncation)]
-    if n < 10 {
-        out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
-    } else if n < 100 {
-        out.extend_from_slice(&[
-            kind,
-            b'0' + (n / 10) as u8,
-            b'0' + (n % 10) as u8,
-            b'\r',
-            b'\n',
-        ]);
-    } else {
-        let mut buffer = [0u8; 20];
-        out.push(kind);
-        out.extend_from_slice(decimal(&mut buffer, n as u64));
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-#[cfg(feature = "redis-cluster")]
-/// Appends `bytes` as a bulk string.
-#[inline]
-fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    header(out, b'$', bytes.len());
-    out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
-}
-
-#[cfg(feature = "redis-cluster")]
-/// Appends `n`, in decimal, as a bulk string (as redis-rs writes a number).
-#[inline]
-fn bulk_number(out: &mut Vec<u8>, n: u64) {
-    let mut buffer = [0u8; 20];
-    bulk(out, decimal(&mut buffer, n));
-}
-
-#[cfg(feature = "redis-cluster")]
-/// `n` in decimal, written at the end of `buffer`, two digits at a time.
-#[inline]
-fn decimal(buffer: &mut [u8; 20], mut n: u64) -> &[u8] {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let mut at = buffer.len();
-    while n >= 100 {
-        // Below 100.
-        #[allow(clippy::cast_possible_truncation)]
-        let pair = usize::from((n % 100) as u8) * 2;
-        n /= 100;
-        at -= 2;
-        buffer[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    // Below 100.
-    #[allow(clippy::cast_possible_truncation)]
-    let last = n as u8;
-    if last < 10 {
-        at -= 1;
-        buffer[at] = b'0' + last;
-    } else {
-        let pair = usize::from(last) * 2;
-        at -= 2;
-        buffer[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    &buffer[at..]
 }
 
 /// The command `<verb> <name> <number of keys> <keys...> <args...>`: `EVALSHA`
@@ -624,59 +430,4 @@ pub(super) fn invocation<K: CallKeys + ?Sized>(
         };
     }
     cmd
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A command packed straight into a buffer is the bytes redis-rs writes
-    /// for the same `Cmd`, and has the slot redis-rs's `Cmd` gives.
-    #[test]
-    fn an_invocation_packs_as_redis_rs_writes_it() {
-        let keys = [
-            "rl:api:{user-1}".to_owned(),
-            String::new(),
-            "é\r\n".to_owned(),
-        ];
-        let owned = u64::MAX.to_string();
-        let args = [
-            Arg::Int(0),
-            Arg::Int(9),
-            Arg::Int(10),
-            Arg::Int(99),
-            Arg::Int(100),
-            Arg::Int(1_234_567_890),
-            Arg::Int(u64::MAX),
-            Arg::Str(""),
-            Arg::Str("gcra"),
-            Arg::Owned(owned),
-        ];
-        for verb in ["FCALL", "EVALSHA", "EVAL", "GET"] {
-            for (keys, args) in [
-                (&keys[..], &args[..]),
-                (&keys[..1], &args[..3]),
-                (&keys[..0], &args[..0]),
-            ] {
-                let call = Invocation::new(verb, "ratelimit_gcra", keys, args);
-                let cmd = invocation(verb, "ratelimit_gcra", keys, args);
-                assert_eq!(call.cmd().get_packed_command(), cmd.get_packed_command());
-                #[cfg(feature = "redis-cluster")]
-                {
-                    let mut packed = b"before".to_vec();
-                    call.pack(&mut packed);
-                    assert_eq!(&packed[..6], b"before");
-                    assert_eq!(&packed[6..], &cmd.get_packed_command()[..]);
-                }
-                assert_eq!(call.slot(), Command::slot(&cmd), "{verb} {keys:?}");
-            }
-        }
-        #[cfg(feature = "redis-cluster")]
-        for n in (0..100_000).chain([u64::MAX, u64::MAX / 7, 10u64.pow(19), 10u64.pow(19) - 1]) {
-            let mut buffer = [0u8; 20];
-            assert_eq!(decimal(&mut buffer, n), n.to_string().as_bytes());
-        }
-        let call = Invocation::new("FCALL", "f", &keys[..1], &[]);
-        assert_eq!(call.slot(), Some(crate::key::cluster_slot(b"user-1")));
-    }
 }

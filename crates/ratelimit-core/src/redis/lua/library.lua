@@ -4,8 +4,8 @@
 -- decision. One function per algorithm, FUNCTION_PREFIX .. <algorithm> (with
 -- '_' for '-': function names are letters, digits and '_'), with
 -- the keys and arguments of single.lua, and FUNCTION_PREFIX .. 'batch', with
--- those of batch.lua (several requests in one call), and one more for a
--- cluster master's batch (below). The store prepends the library's name
+-- those of batch.lua (several requests in one call). Every key a function
+-- touches is one of its declared keys. The store prepends the library's name
 -- and FUNCTION_PREFIX, both made of the library's own SHA-1, so that stores of
 -- different versions sharing a Redis never replace each other's functions.
 -- (Loading runs in a narrow environment: no pairs, hence the list.)
@@ -31,16 +31,15 @@ end
 
 -- The library's `number` (see the prelude) remembers what tonumber answered:
 -- most calls then find their parameters, cost, TIME's seconds, window
--- starts and counts here instead of parsing them with strtod, which cost
--- Redis about 4,000 instructions per decision (callgrind).
+-- starts and counts here instead of parsing them with strtod, a large part
+-- of a decision's work.
 -- (tonumber inside a function: loading runs without the global library.)
 number = remembering(function(s)
   return tonumber(s)
 end)
 -- And `ttl_text` the text of a TTL in milliseconds (ttl_ms in the prelude):
--- string.format cost Redis about 1,300 instructions per decision in a
--- batch (callgrind, batches of 32 GCRA decisions on fresh keys: 42,140
--- against 40,850 instructions per decision).
+-- most TTLs repeat, and string.format was a measurable part of a batched
+-- decision (BENCHMARKS.md).
 ttl_text = remembering(fmt)
 
 local FUNCTIONS = {
@@ -55,25 +54,5 @@ for i = 1, #FUNCTIONS do
   end)
 end
 redis.register_function(FUNCTION_PREFIX .. 'batch', function(keys, args)
-  return run_batch(keys, args, 1)
+  return run_batch(keys, args)
 end)
--- A batch of one cluster master's requests, whose keys are in several of its
--- slots: FUNCTION_PREFIX .. 'master_batch'. A call declares keys of one slot
--- only (Redis refuses others: CROSSSLOT), so it declares the first state key,
--- which routes it, and passes the others as arguments: args[1] is their
--- number m, args[2 .. m + 1] the keys, then batch.lua's arguments. The flag
--- lets the function reach keys of the master's other slots. A key whose slot
--- the master does not serve (the client's slot map was stale) fails its
--- request, on its first read, before anything of it is written: the store
--- sends that request again on its own.
-redis.register_function{
-  function_name = FUNCTION_PREFIX .. 'master_batch',
-  callback = function(keys, args)
-    local m = number(args[1])
-    for i = 1, m do
-      keys[i + 1] = args[i + 1]
-    end
-    return run_batch(keys, args, m + 2)
-  end,
-  flags = {'allow-cross-slot-keys'},
-}

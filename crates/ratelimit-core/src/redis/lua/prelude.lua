@@ -1,7 +1,7 @@
 -- Shared helpers of the rate-limit scripts. A script holds the prelude and
 -- only the other helper files it uses (state.lua, members.lua, blocks.lua,
 -- tat.lua; see scripts.rs): every helper is a closure Redis creates again on
--- every call, so a script carries no helper it does not call.
+-- every call of a script.
 --
 -- Every time is an integer number of microseconds, below 2^53 (policy
 -- validation guarantees it for every value computed here), divided with
