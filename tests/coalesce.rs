@@ -339,6 +339,32 @@ async fn a_batch_that_times_out_is_an_outage_for_each_decision() {
     calls_since(&store, before, 2, 11);
 }
 
+/// Requests that queue behind a call to a Redis that hangs: each is an
+/// outage within its own call timeout, counted from when its caller asked,
+/// never the call ahead's timeout and then its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_behind_a_hung_call_ends_within_its_call_timeout() {
+    let call_timeout = ms(300);
+    let (_server, proxy, store) = one_connection(call_timeout).await;
+    proxy.set_latency(Duration::from_secs(10));
+    let (lead, calls) = behind_a_call(&store, &window(), 10, ms(50)).await;
+    let timed: Vec<Boxed<(Result<Decision, StoreError>, Duration)>> = calls
+        .into_iter()
+        .map(|call| {
+            let started = Instant::now();
+            Box::pin(async move { (call.await, started.elapsed()) }) as Boxed<_>
+        })
+        .collect();
+    for (d, took) in join_in_order(timed).await {
+        assert!(matches!(d, Err(StoreError::Timeout(_))), "{d:?}");
+        assert!(
+            took <= call_timeout + ms(100),
+            "an outage after {took:?}, call timeout {call_timeout:?}"
+        );
+    }
+    assert!(matches!(lead.await.unwrap(), Err(StoreError::Timeout(_))));
+}
+
 /// A batch whose connection drops (and every new one with it): each of its
 /// decisions is an outage, `Unavailable`, for its failure policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

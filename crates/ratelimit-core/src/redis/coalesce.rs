@@ -355,7 +355,8 @@ impl RedisStore {
 
     /// Starts a call for what waits on `lane` if nothing would send it: the
     /// lane has room for a call and requests queued. A waiting caller that
-    /// has had no answer for a call timeout asks this, so that requests
+    /// has had no answer for a call timeout asks this as it gives up, so
+    /// that requests
     /// queued behind a call that was lost (its task dropped with the runtime
     /// that ran it) go out without waiting for another request to come.
     pub(super) fn kick(&self, lane: LaneId) {

@@ -835,21 +835,20 @@ impl RedisStore {
             weight,
         };
         self.submit(coalescer, lane, item);
-        // The call's own timeout starts when it is sent, after at most one
-        // batch ahead of it; on a cluster that redirected its batch it is
-        // sent once more, on its own. Still waiting after a call timeout, the
-        // caller makes sure a call will take its request (see `kick`).
-        let mut answer = answer;
+        // The call timeout bounds the whole decision, its wait for a batch
+        // included, as it bounds a wait for a pooled connection: a request
+        // queued behind a call to a Redis that hangs is an outage when its
+        // own call timeout ends, not after the call ahead's and then its
+        // own (nor a third on a cluster that redirected its batch). Its
+        // caller gone, the request is left out of a batch not sent yet, and
+        // a permit it received is released. Before it goes, the caller
+        // makes sure a call will take what still waits (see `kick`).
         let call_timeout = self.inner.call_timeout;
-        let waited = match tokio::time::timeout(call_timeout, &mut answer).await {
-            Ok(answered) => Ok(answered),
+        match tokio::time::timeout(call_timeout, answer).await {
             Err(_) => {
                 self.kick(lane);
-                tokio::time::timeout(call_timeout.saturating_mul(2), answer).await
+                Err(StoreError::Timeout(call_timeout))
             }
-        };
-        match waited {
-            Err(_) => Err(StoreError::Timeout(self.inner.call_timeout)),
             // Its batch was dropped in flight, with the runtime that ran it:
             // it may have run, as after a timeout.
             Ok(Err(_)) => Err(StoreError::Unavailable(
