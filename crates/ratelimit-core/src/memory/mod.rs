@@ -99,8 +99,10 @@ struct Shared<C> {
     shards: Box<[Shard]>,
     shard_mask: u64,
     /// Keys held in every shard, plus room reserved by writers (see
-    /// [`ShardInner::counted`]); never above `max_keys`.
-    held: AtomicUsize,
+    /// [`ShardInner::counted`]); never above `max_keys`. On a line of its
+    /// own: writers of new keys write it, and every check reads the fields
+    /// around it.
+    held: CacheLine<AtomicUsize>,
     max_keys: usize,
     clock: C,
     hasher: foldhash::fast::RandomState,
@@ -165,7 +167,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                     .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
                     .collect(),
                 shard_mask: (shards - 1) as u64,
-                held: AtomicUsize::new(0),
+                held: CacheLine(AtomicUsize::new(0)),
                 max_keys: self.max_keys,
                 clock: self.clock,
                 hasher,
@@ -237,7 +239,7 @@ impl<C: Clock> MemoryStore<C> {
     fn write_shard(&self, index: usize) -> ShardGuard<'_> {
         ShardGuard {
             inner: self.shared.shards[index].0.write(),
-            held: &self.shared.held,
+            held: &self.shared.held.0,
         }
     }
 
@@ -273,7 +275,7 @@ impl<C: Clock> MemoryStore<C> {
             if let Some(inner) = shard.0.try_write() {
                 let mut guard = ShardGuard {
                     inner,
-                    held: &self.shared.held,
+                    held: &self.shared.held.0,
                 };
                 swept |= guard.sweep(now);
             }

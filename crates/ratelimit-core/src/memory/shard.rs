@@ -21,6 +21,11 @@ pub(super) struct Shard(pub(super) RwLock<ShardInner>);
 /// A shard's table.
 pub(super) type Table<T> = HashTable<T>;
 
+/// A value on a cache line of its own, so that writing it does not evict
+/// what other threads read next to it.
+#[repr(align(64))]
+pub(super) struct CacheLine<T>(pub(super) T);
+
 #[repr(C)]
 pub(super) struct ShardInner {
     /// The states of one word, GCRA's and the leaky bucket's (their TAT),

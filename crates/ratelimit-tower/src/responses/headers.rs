@@ -419,7 +419,10 @@ mod tests {
         let decisions = allowed(&[&policy]);
         let cache = PolicyFieldCache::default();
         let first = cache.field(&decisions).unwrap();
-        let (second, third) = (cache.field(&decisions).unwrap(), cache.field(&decisions).unwrap());
+        let (second, third) = (
+            cache.field(&decisions).unwrap(),
+            cache.field(&decisions).unwrap(),
+        );
         let (cached, _) = fields(&decisions, Some(&cache));
         assert_eq!(first, r#""copied";q=5;w=10"#);
         assert_eq!((&second, &third), (&first, &first));
