@@ -793,26 +793,30 @@ fn check_shared(
     let Algorithm::Gcra(gcra) = policy.algorithm() else {
         return None;
     };
-    let shard = lock.read();
-    if shard.blocks.until(hash, policy, key).is_some() {
-        return None;
-    }
-    let stored = shard.tat(hash, policy, key)?;
-    let mut tat = stored.load(Ordering::Acquire);
-    loop {
-        if cost == 0 && tat <= now {
+    // Only the TAT's transition is made under the lock; the decision, a
+    // pure function of the TAT it was made on, is written after the lock is
+    // released, so the lock's word is held as briefly as it can be.
+    let tat = {
+        let shard = lock.read();
+        if shard.blocks.until(hash, policy, key).is_some() {
             return None;
         }
-        let mut state = GcraState { tat };
-        let decision = gcra.decide(&mut state, now, cost);
-        if state.tat == tat {
-            return Some(decision);
+        let stored = shard.tat(hash, policy, key)?;
+        let mut tat = stored.load(Ordering::Acquire);
+        loop {
+            if cost == 0 && tat <= now {
+                return None;
+            }
+            let Some(next) = gcra.next_tat(tat, now, cost) else {
+                break tat;
+            };
+            match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break tat,
+                Err(current) => tat = current,
+            }
         }
-        match stored.compare_exchange_weak(tat, state.tat, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(decision),
-            Err(current) => tat = current,
-        }
-    }
+    };
+    Some(gcra.decide(&mut GcraState { tat }, now, cost))
 }
 
 /// Decides a request on a one-word state with `policy`: a policy conflict
