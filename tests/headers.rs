@@ -19,7 +19,10 @@
 //!   layer: the response carries both the limiter's and the layer's
 //!   policies, and a handler's own fields can neither loosen the layer's nor
 //!   make it send an invalid field;
-//! - the quickstart example's sixth response.
+//! - the quickstart example's sixth response;
+//! - in process, on four threads: the fields of a single-policy rule (whose
+//!   `RateLimit-Policy` the layer keeps and copies) and of a two-policy rule,
+//!   byte for byte what `RateLimitHeaders::apply` writes from nothing.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -1223,4 +1226,106 @@ async fn quickstart_sixth_response() {
         Some(format!(r#""per-ip";r=0;t={retry_after}"#).as_str())
     );
     sixth.assert_problem("quickstart, request 6", retry_after, &["per-ip"]);
+}
+
+/// The fields of every response from four threads on one layer, in
+/// process: a single-policy rule (whose `RateLimit-Policy` the layer keeps
+/// and copies into each response) and a two-policy rule (written for each
+/// response) send byte for byte the fields that [`RateLimitHeaders::apply`]
+/// writes from nothing, and each `r` from the limit down to 0 exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cached_fields_are_byte_for_byte_on_every_thread() {
+    use ratelimit_tests::fixtures::{
+        answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
+    };
+    use ratelimit_tower::{Decisions, PolicyDecision};
+    use tower::Layer;
+
+    const PER_THREAD: u64 = 50;
+    const THREADS: u64 = 4;
+    let limit = PER_THREAD * THREADS;
+    let window = Duration::from_secs(60);
+    let api = fixed_window("api", limit, window);
+    let global = fixed_window("global", limit * 2, window);
+    // A clock that stays at 0: every window ends in 60 s.
+    let store = frozen_memory();
+    let single = RateLimitLayer::new(store.clone(), api.clone(), by_client).layer(ok_service());
+    let pair = RateLimitLayer::new(store, global.clone(), GlobalKey::default())
+        .and(Rule::new(fixed_window("pair", limit, window), by_client))
+        .layer(ok_service());
+    // What `apply` writes for a decision with `remaining` left and a full
+    // window ahead, with no field cached anywhere.
+    let expected = |policies: &[&Policy], remaining: &[u64]| {
+        let decisions = Decisions::new(
+            policies
+                .iter()
+                .zip(remaining)
+                .map(|(&p, &r)| {
+                    let d = ratelimit_core::Decision::allow(p.limit(), r, 60_000_000);
+                    PolicyDecision::new(p.clone(), d)
+                })
+                .collect(),
+        );
+        let mut headers = http::HeaderMap::new();
+        RateLimitHeaders::ietf().apply(&decisions, &mut headers);
+        (
+            headers["ratelimit-policy"].clone(),
+            headers["ratelimit"].clone(),
+        )
+    };
+    let pair_policy = fixed_window("pair", limit, window);
+
+    let tasks = (0..THREADS).map(|_| {
+        let (single, pair) = (single.clone(), pair.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..PER_THREAD {
+                let one = answer(single.clone(), request_from("client")).await;
+                let two = answer(pair.clone(), request_from("client")).await;
+                seen.push((one, two));
+            }
+            seen
+        })
+    });
+    let mut remaining = Vec::new();
+    for task in tasks {
+        for (one, two) in task.await.expect("the task") {
+            assert_eq!(one.status, 200, "{one:?}");
+            assert_eq!(two.status, 200, "{two:?}");
+            let r = one.header("ratelimit");
+            let r = r
+                .strip_prefix(r#""api";r="#)
+                .and_then(|rest| rest.strip_suffix(";t=60"))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("RateLimit {r:?}"));
+            let (policy, state) = expected(&[&api], &[r]);
+            assert_eq!(
+                one.headers["ratelimit-policy"].as_bytes(),
+                policy.as_bytes()
+            );
+            assert_eq!(one.headers["ratelimit"].as_bytes(), state.as_bytes());
+            let members: Vec<u64> = two
+                .header("ratelimit")
+                .split(", ")
+                .map(|m| {
+                    m.split(['=', ';'])
+                        .nth(2)
+                        .and_then(|n| n.parse().ok())
+                        .expect("r")
+                })
+                .collect();
+            let (policy, state) = expected(&[&global, &pair_policy], &members);
+            assert_eq!(
+                two.headers["ratelimit-policy"].as_bytes(),
+                policy.as_bytes()
+            );
+            assert_eq!(two.headers["ratelimit"].as_bytes(), state.as_bytes());
+            remaining.push(r);
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..limit).collect::<Vec<_>>());
+    let denied = answer(single, request_from("client")).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("ratelimit-policy"), r#""api";q=200;w=60"#);
 }

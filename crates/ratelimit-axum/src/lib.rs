@@ -97,6 +97,7 @@
 //! }
 //! # let _ = handler;
 //! ```
+#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 

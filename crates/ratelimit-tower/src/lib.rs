@@ -176,6 +176,7 @@
 //! # let _ = layer;
 //! # Ok::<(), ratelimit_core::PolicyError>(())
 //! ```
+#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 

@@ -63,6 +63,16 @@ impl Gcra {
         self.decide(state, now, 0)
     }
 
+    /// The TAT after a request of `cost` at `now` on `tat`, when it is
+    /// admitted and consumes something (`cost > 0`); `None` when it leaves
+    /// the TAT as it is. The transition of [`decide`](Self::decide), without
+    /// the decision.
+    #[inline]
+    pub(crate) fn next_tat(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
+        let new_tat = tat.max(now) + cost * self.interval;
+        (cost > 0 && new_tat - now <= self.burst * self.interval).then_some(new_tat)
+    }
+
     /// Gives back `amount` units (the TAT moves earlier, never before `now`:
     /// at most a full burst). Returns what a peek then reports.
     pub fn reward(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
@@ -120,5 +130,34 @@ pub(crate) fn decide_tat(
         let remaining = limit_span.saturating_sub(reset) / interval;
         let retry = new_tat - now - limit_span;
         (Decision::deny(capacity, remaining, reset, retry), slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `next_tat` is the transition `decide` makes: the TAT it writes when
+    /// it writes one, `None` when it leaves the TAT as it is.
+    #[test]
+    fn next_tat_is_the_transition_of_decide() {
+        let gcra = Gcra::new(5, Rate::per_second(10)).expect("valid");
+        let interval = gcra.interval_micros();
+        let now = 1_000_000_000;
+        for tat in (0..12)
+            .map(|i| now - 2 * interval + i * interval / 2)
+            .chain([0, now])
+        {
+            for cost in 0..=6 {
+                let mut state = GcraState { tat };
+                gcra.decide(&mut state, now, cost);
+                let written = (state.tat != tat).then_some(state.tat);
+                assert_eq!(
+                    gcra.next_tat(tat, now, cost),
+                    written,
+                    "tat {tat}, cost {cost}"
+                );
+            }
+        }
     }
 }

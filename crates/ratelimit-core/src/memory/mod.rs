@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use parking_lot::RwLockWriteGuard;
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
 use crate::algorithm::gcra::GcraState;
@@ -20,14 +20,10 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod keys;
-mod lines;
-mod lock;
 mod shard;
 
 use blocks::*;
 use keys::*;
-use lines::*;
-use lock::*;
 use shard::*;
 
 /// The default bound on the number of keys a [`MemoryStore`] holds.
@@ -40,9 +36,9 @@ const DEFAULT_SHARDS: usize = 64;
 /// State is split into shards, each behind its own short-lived lock, so threads
 /// deciding for different keys rarely meet; one decision is one hash lookup and
 /// one state update under one shard lock. A GCRA check of a key that has its
-/// state already takes the lock's shared side without writing the lock at
-/// all while nothing writes that shard, so threads checking one hot key do
-/// not queue on it (one compare-and-swap on the key's state).
+/// state already takes the lock's shared side and updates the key's state
+/// with one compare-and-swap, so threads checking one hot key do not queue
+/// behind each other.
 ///
 /// # Bounded memory
 ///
@@ -101,12 +97,12 @@ impl<C> Clone for MemoryStore<C> {
 
 struct Shared<C> {
     shards: Box<[Shard]>,
-    /// The slots biased readers of the shards announce themselves in.
-    readers: Readers,
     shard_mask: u64,
     /// Keys held in every shard, plus room reserved by writers (see
-    /// [`ShardInner::counted`]); never above `max_keys`.
-    held: AtomicUsize,
+    /// [`ShardInner::counted`]); never above `max_keys`. On a line of its
+    /// own: writers of new keys write it, and every check reads the fields
+    /// around it.
+    held: CacheLine<AtomicUsize>,
     max_keys: usize,
     clock: C,
     hasher: foldhash::fast::RandomState,
@@ -168,11 +164,10 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..shards)
-                    .map(|_| Shard(ShardLock::new(ShardInner::new(hasher.clone()))))
+                    .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
                     .collect(),
-                readers: Readers::new(),
                 shard_mask: (shards - 1) as u64,
-                held: AtomicUsize::new(0),
+                held: CacheLine(AtomicUsize::new(0)),
                 max_keys: self.max_keys,
                 clock: self.clock,
                 hasher,
@@ -242,12 +237,9 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Shard `index`'s lock, exclusively.
     fn write_shard(&self, index: usize) -> ShardGuard<'_> {
-        let clock = &self.shared.clock;
         ShardGuard {
-            inner: self.shared.shards[index]
-                .0
-                .write(index, &self.shared.readers, || clock.now()),
-            held: &self.shared.held,
+            inner: self.shared.shards[index].0.write(),
+            held: &self.shared.held.0,
         }
     }
 
@@ -274,20 +266,16 @@ impl<C: Clock> MemoryStore<C> {
     #[cold]
     #[inline(never)]
     fn sweep_others(&self, now: u64) -> bool {
-        let clock = &self.shared.clock;
         let mut swept = false;
-        for (index, shard) in self.shared.shards.iter().enumerate() {
+        for shard in &*self.shared.shards {
             let due = shard.0.try_read().is_some_and(|s| now >= s.next_expiry);
             if !due {
                 continue;
             }
-            if let Some(inner) = shard
-                .0
-                .try_write(index, &self.shared.readers, || clock.now())
-            {
+            if let Some(inner) = shard.0.try_write() {
                 let mut guard = ShardGuard {
                     inner,
-                    held: &self.shared.held,
+                    held: &self.shared.held.0,
                 };
                 swept |= guard.sweep(now);
             }
@@ -319,8 +307,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let early = self.shared.clock.now();
-        let index = self.shard_index(hash);
-        let shard = (&self.shared.shards[index].0, index, &self.shared.readers);
+        let shard = &self.shared.shards[self.shard_index(hash)].0;
         if let Some(decision) = check_shared(shard, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
@@ -796,7 +783,7 @@ impl<C: Clock> MemoryStore<C> {
 /// it; and `reset` saturates at 0.
 #[inline]
 fn check_shared(
-    (lock, index, readers): (&ShardLock<ShardInner>, usize, &Readers),
+    lock: &RwLock<ShardInner>,
     hash: u64,
     policy: &Policy,
     key: &MemoryKey<'_>,
@@ -806,26 +793,30 @@ fn check_shared(
     let Algorithm::Gcra(gcra) = policy.algorithm() else {
         return None;
     };
-    let shard = lock.read_biased(index, readers, now);
-    if shard.blocks.until(hash, policy, key).is_some() {
-        return None;
-    }
-    let stored = shard.tat(hash, policy, key)?;
-    let mut tat = stored.load(Ordering::Acquire);
-    loop {
-        if cost == 0 && tat <= now {
+    // Only the TAT's transition is made under the lock; the decision, a
+    // pure function of the TAT it was made on, is written after the lock is
+    // released, so the lock's word is held as briefly as it can be.
+    let tat = {
+        let shard = lock.read();
+        if shard.blocks.until(hash, policy, key).is_some() {
             return None;
         }
-        let mut state = GcraState { tat };
-        let decision = gcra.decide(&mut state, now, cost);
-        if state.tat == tat {
-            return Some(decision);
+        let stored = shard.tat(hash, policy, key)?;
+        let mut tat = stored.load(Ordering::Acquire);
+        loop {
+            if cost == 0 && tat <= now {
+                return None;
+            }
+            let Some(next) = gcra.next_tat(tat, now, cost) else {
+                break tat;
+            };
+            match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break tat,
+                Err(current) => tat = current,
+            }
         }
-        match stored.compare_exchange_weak(tat, state.tat, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(decision),
-            Err(current) => tat = current,
-        }
-    }
+    };
+    Some(gcra.decide(&mut GcraState { tat }, now, cost))
 }
 
 /// Decides a request on a one-word state with `policy`: a policy conflict

@@ -4,23 +4,27 @@
 use super::keys::*;
 use super::*;
 
-// Each shard on its own cache lines, so neighbouring locks do not contend.
-// A read-write lock biased towards readers (`ShardLock`): checks of GCRA keys
-// that exist already decide on its shared side (see `check_shared`), which
-// while biased writes nothing on the shard's lines; every other path takes
-// it exclusively.
-//
-// The bias and the lock's word come first and `ShardInner` starts right
-// after them, so they and all a check of a short key reads before its entry
-// (the short table's header, whether there are blocks) share one cache
-// line: on many keys, where shards fall out of the first-level cache, a
-// check misses on one line of its shard, not on three (cachegrind, 100,000
-// keys).
+/// A shard: a `parking_lot` read-write lock around its tables. GCRA checks
+/// of keys that exist already decide on its shared side (see
+/// `check_shared`); every other path takes it exclusively.
+///
+/// Each shard starts a pair of cache lines of its own (the pair a
+/// prefetcher fetches), so a check never contends with a neighbouring
+/// shard's lock. The lock's word comes first and `ShardInner` right after
+/// it, so the word and all a check of a short key reads before its entry
+/// (the short table's header, whether there are blocks) share one cache
+/// line: on many keys, where shards fall out of the first-level cache, a
+/// check misses on one line of its shard, not on two.
 #[repr(align(128))]
-pub(super) struct Shard(pub(super) ShardLock<ShardInner>);
+pub(super) struct Shard(pub(super) RwLock<ShardInner>);
 
-/// A shard's table: in whole cache lines of its own ([`Lines`]).
-pub(super) type Table<T> = HashTable<T, Lines>;
+/// A shard's table.
+pub(super) type Table<T> = HashTable<T>;
+
+/// A value on a cache line of its own, so that writing it does not evict
+/// what other threads read next to it.
+#[repr(align(64))]
+pub(super) struct CacheLine<T>(pub(super) T);
 
 #[repr(C)]
 pub(super) struct ShardInner {
@@ -57,12 +61,12 @@ pub(super) struct ShardInner {
 impl ShardInner {
     pub(super) fn new(hasher: foldhash::fast::RandomState) -> Self {
         ShardInner {
-            short_words: Table::new_in(Lines),
+            short_words: Table::new(),
             blocks: Blocks::default(),
             latest: 0,
             next_expiry: u64::MAX,
-            words: Table::new_in(Lines),
-            table: Table::new_in(Lines),
+            words: Table::new(),
+            table: Table::new(),
             hasher,
             counted: 0,
         }
@@ -526,8 +530,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bias_and_the_lock_word_share_a_line_with_what_a_short_check_reads() {
-        let shard = Shard(ShardLock::new(ShardInner::new(Default::default())));
+    fn the_lock_word_shares_a_line_with_what_a_short_check_reads() {
+        let shard = Shard(RwLock::new(ShardInner::new(Default::default())));
         let start = std::ptr::from_ref(&shard) as usize;
         assert_eq!(start % 64, 0);
         let inner = shard.0.read();

@@ -13,7 +13,6 @@ use super::schema::{
 use super::{Config, ConfigError, ConfigErrorKind};
 use crate::keys::{CidrError, ClientIp, ForwardingHeader, HeaderKey, PeerIp, TrustedProxies};
 use crate::options::MissingKey;
-use crate::rules::Copies;
 
 /// The configuration `spec` describes, or the first field at fault.
 pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
@@ -272,7 +271,7 @@ fn build_rule(
         })
         .collect::<Result<Box<[KeySource]>, ConfigError>>()?;
     Ok(ConfiguredRule {
-        policy: Copies::new(policy),
+        policy,
         key,
         cost: spec.cost,
         routes,

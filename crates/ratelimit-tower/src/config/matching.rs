@@ -3,11 +3,11 @@
 use std::future::{Ready, ready};
 
 use http::{Method, Request};
+use ratelimit_core::Policy;
 
 use super::Config;
 use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
 use crate::options::MissingKey;
-use crate::rules::Copies;
 use crate::rules::rule::{Limits, RuleProvider};
 
 impl Config {
@@ -43,10 +43,10 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Ok(key) => limits.push(rule.policy.local().clone(), key, rule.cost),
+                Ok(key) => limits.push(rule.policy.clone(), key, rule.cost),
                 Err(cause) => {
                     let action = rule.missing_key.unwrap_or(cause.default_action());
-                    limits.extend(Limits::missed(rule.policy.policy(), cause, action));
+                    limits.extend(Limits::missed(&rule.policy, cause, action));
                     if limits.is_reject() {
                         return limits;
                     }
@@ -68,7 +68,7 @@ impl<B> RuleProvider<Request<B>> for Config {
 /// One rule, ready to apply.
 #[derive(Debug, Clone)]
 pub(super) struct ConfiguredRule {
-    pub(super) policy: Copies,
+    pub(super) policy: Policy,
     pub(super) key: Box<[KeySource]>,
     pub(super) cost: u64,
     pub(super) routes: Option<Box<[String]>>,

@@ -50,8 +50,7 @@
 //!   refusal) is left as it is: the layer allowed the request, so its own
 //!   wait is none and the response's is the larger.
 
-use std::collections::BTreeSet;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue};
@@ -211,10 +210,14 @@ fn policy_field(decisions: &Decisions) -> Option<HeaderValue> {
 
 /// The `RateLimit-Policy` field of the first request a layer answered with
 /// one policy. The field depends on the policy alone, so for every later
-/// response of that policy (a static rule's every response) it is a copy of
-/// one [interned](interned) value instead of a value written, checked and
-/// allocated again. Responses of other policies, or of several, are written
-/// as before.
+/// response of that policy (a static rule's every response) it is copied
+/// from the one written then instead of written again. Responses of other
+/// policies, or of several, are written as before.
+///
+/// Each response gets a value of its own, a copy of the cached bytes: a
+/// value shared between responses would have its reference count written by
+/// every response on every thread, and two cores writing one count take
+/// turns holding its cache line.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache(OnceLock<(Policy, HeaderValue)>);
 
@@ -228,41 +231,17 @@ impl PolicyFieldCache {
         // `Policy` equality compares the shared pointer first: one test when
         // it is the rule's own policy.
         match self.0.get() {
-            Some((policy, value)) if policy == only.policy() => Some(value.clone()),
+            Some((policy, value)) if policy == only.policy() => {
+                HeaderValue::from_bytes(value.as_bytes()).ok()
+            }
             Some(_) => policy_field(decisions),
             None => {
-                let value = interned(policy_field(decisions)?);
+                let value = policy_field(decisions)?;
                 let _ = self.0.set((only.policy().clone(), value.clone()));
                 Some(value)
             }
         }
     }
-}
-
-/// How many distinct fields [`interned`] keeps at most.
-const INTERNED_MAX: usize = 1024;
-
-/// `value` as a value whose bytes are static, kept once per distinct field
-/// for the life of the process, so that copying it costs no reference
-/// count. A shared value's count is written by every response on every
-/// thread, and two cores writing one count take turns holding its cache
-/// line: on a 2-core server that was a tenth of what the layer cost per
-/// request. Only a layer's first policy is interned (once per layer), so the
-/// table grows only with the distinct policies a process ever configures,
-/// and it stops at [`INTERNED_MAX`] (later fields stay shared).
-fn interned(value: HeaderValue) -> HeaderValue {
-    static FIELDS: Mutex<BTreeSet<&'static [u8]>> = Mutex::new(BTreeSet::new());
-    let mut fields = FIELDS.lock().unwrap_or_else(PoisonError::into_inner);
-    let bytes: &'static [u8] = match fields.get(value.as_bytes()) {
-        Some(bytes) => bytes,
-        None if fields.len() < INTERNED_MAX => {
-            let bytes = Box::leak(Box::<[u8]>::from(value.as_bytes()));
-            fields.insert(bytes);
-            bytes
-        }
-        None => return value,
-    };
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_static(bytes)).unwrap_or(value)
 }
 
 /// A structured-field list with one member per policy, `"<name>"` with the
@@ -429,17 +408,28 @@ mod tests {
         }
     }
 
-    /// An interned field keeps its bytes, and the same field interned twice
-    /// is one copy: copies of it share static bytes, not a count.
+    /// A cached field is a copy for each response, never the cached value
+    /// itself, so responses share no reference count.
     #[test]
-    fn interned_fields_are_kept_once() {
-        let field = HeaderValue::from_static("\"interned-test\";q=5;w=10");
-        let shared =
-            HeaderValue::from_maybe_shared(bytes::Bytes::from(field.as_bytes().to_vec())).unwrap();
-        let (a, b) = (interned(shared.clone()), interned(shared));
-        assert_eq!(a, field);
-        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
-        assert_ne!(a.as_bytes().as_ptr(), field.as_bytes().as_ptr());
+    fn cached_policy_field_is_copied_per_response() {
+        let policy = Policy::fixed_window(5, Duration::from_secs(10))
+            .unwrap()
+            .with_name("copied")
+            .unwrap();
+        let decisions = allowed(&[&policy]);
+        let cache = PolicyFieldCache::default();
+        let first = cache.field(&decisions).unwrap();
+        let (second, third) = (
+            cache.field(&decisions).unwrap(),
+            cache.field(&decisions).unwrap(),
+        );
+        let (cached, _) = fields(&decisions, Some(&cache));
+        assert_eq!(first, r#""copied";q=5;w=10"#);
+        assert_eq!((&second, &third), (&first, &first));
+        assert_eq!(cached, r#""copied";q=5;w=10"#);
+        let stored = cache.0.get().unwrap().1.as_bytes().as_ptr();
+        assert_ne!(second.as_bytes().as_ptr(), stored);
+        assert_ne!(third.as_bytes().as_ptr(), second.as_bytes().as_ptr());
     }
 
     /// A field's length is counted before it is written: every number's

@@ -1,10 +1,8 @@
 //! Rules: which limits a request is checked against ([`Rule`], [`And`],
 //! [`RuleProvider`], [`Limits`]) and what it costs ([`Cost`]).
 
-mod copies;
 pub(crate) mod cost;
 pub(crate) mod rule;
 
-pub(crate) use copies::Copies;
 pub use cost::Cost;
 pub use rule::{And, Limits, Rule, RuleProvider};

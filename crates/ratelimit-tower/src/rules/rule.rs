@@ -13,7 +13,6 @@ use ratelimit_core::Policy;
 
 use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
-use crate::rules::Copies;
 use crate::rules::cost::Cost;
 
 /// One limit to apply to one request: a policy, the key, and the cost.
@@ -267,7 +266,7 @@ where
 /// A static rule: `policy` for the key `key` extracts, at the cost `cost` gives.
 #[derive(Debug, Clone)]
 pub struct Rule<K, C = u64> {
-    policy: Copies,
+    policy: Policy,
     key: K,
     cost: C,
     missing_key: Option<MissingKey>,
@@ -277,7 +276,7 @@ impl<K> Rule<K> {
     /// Limits requests by `key` under `policy`, at cost 1.
     pub fn new(policy: Policy, key: K) -> Self {
         Rule {
-            policy: Copies::new(policy),
+            policy,
             key,
             cost: 1,
             missing_key: None,
@@ -326,7 +325,7 @@ impl<K, C> Rule<K, C> {
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        self.policy.policy()
+        &self.policy
     }
 
     pub(crate) fn limit_for<Req>(&self, req: &Req) -> Limits
@@ -335,9 +334,9 @@ impl<K, C> Rule<K, C> {
         C: Cost<Req>,
     {
         match self.key.try_extract(req) {
-            Ok(key) => Limits::one(self.policy.local().clone(), key, self.cost.cost(req)),
+            Ok(key) => Limits::one(self.policy.clone(), key, self.cost.cost(req)),
             Err(cause) => Limits::missed(
-                self.policy.policy(),
+                &self.policy,
                 cause,
                 self.missing_key.unwrap_or(cause.default_action()),
             ),
