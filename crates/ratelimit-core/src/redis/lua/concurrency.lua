@@ -59,7 +59,7 @@ local function sem_size(raw)
   return n
 end
 
--- A semaphore in the layout before issue 13 (a sorted set, one member
+-- A semaphore in the previous layout (a sorted set, one member
 -- "<permit id>:<units>" per permit, scored by when its lease expires), as
 -- this layout: rewritten as a string with the leases still running, their
 -- ids, expiries and units kept (a holder can still release its permit), and

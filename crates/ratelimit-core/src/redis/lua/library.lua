@@ -9,38 +9,12 @@
 -- and FUNCTION_PREFIX, both made of the library's own SHA-1, so that stores of
 -- different versions sharing a Redis never replace each other's functions.
 -- (Loading runs in a narrow environment: no pairs, hence the list.)
--- `make`, remembering what it answered for at most 256 arguments, then
--- starting again (an answer of nil is not remembered).
-local function remembering(make)
-  local known, held = {}, 0
-  return function(x)
-    local v = known[x]
-    if v == nil then
-      v = make(x)
-      if v == nil then
-        return nil
-      end
-      if held >= 256 then
-        known, held = {}, 0
-      end
-      known[x], held = v, held + 1
-    end
-    return v
-  end
-end
-
--- The library's `number` (see the prelude) remembers what tonumber answered:
--- most calls then find their parameters, cost, TIME's seconds, window
--- starts and counts here instead of parsing them with strtod, a large part
--- of a decision's work.
--- (tonumber inside a function: loading runs without the global library.)
-number = remembering(function(s)
+-- The library's `number` (see the prelude) is tonumber, called inside a
+-- function: loading runs without the global library. The library keeps no
+-- state between calls: every client of this Redis shares it.
+number = function(s)
   return tonumber(s)
-end)
--- And `ttl_text` the text of a TTL in milliseconds (ttl_ms in the prelude):
--- most TTLs repeat, and string.format was a measurable part of a batched
--- decision (BENCHMARKS.md).
-ttl_text = remembering(fmt)
+end
 
 local FUNCTIONS = {
   {'fixed_window', 'fixed-window'}, {'sliding_log', 'sliding-log'},

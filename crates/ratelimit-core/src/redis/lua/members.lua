@@ -1,4 +1,4 @@
--- Sorted-set states, the layout before issue 13 of the semaphore's permits
+-- Sorted-set states, the previous layout of the semaphore's permits
 -- (concurrency) and of sliding logs, which concurrency.lua and sliding_log.lua
 -- convert to their strings when they meet one (sem_convert, log_convert); and
 -- what both strings share: a read that converts, a binary search.

@@ -16,9 +16,8 @@
 -- "b<end>;<state>", `end` the time (µs) the block ends; while it is later
 -- than now every check of the key is denied and consumes nothing (see
 -- blocks.lua). A decision finds it in the read it makes anyway, so a key
--- that is not blocked costs nothing more (a block key of its own cost Redis
--- a read and a key per decision: about 2,800 instructions in a batch, 5,300
--- per FCALL, callgrind).
+-- that is not blocked costs nothing more (a block key of its own would cost
+-- Redis a read and a key per decision).
 
 -- A script that fails half-way keeps its earlier writes: the store checks
 -- once per connection, before any script runs, that the Redis user may run
@@ -62,9 +61,6 @@ end
 -- The TTL, in whole milliseconds rounded up, of state that matters for
 -- `reset` more microseconds. A replayed test timeline runs at its own pace,
 -- so its keys get an hour of slack instead of expiring in real time.
--- The text of a TTL goes through `ttl_text`: fmt in a script; the
--- Functions library (library.lua) remembers the texts it made, since most
--- TTLs repeat (a fresh state's is the same for every key of a policy).
 local ttl_text = fmt
 local function ttl_ms(reset)
   local ms = idiv(reset + 999, 1000)

@@ -88,9 +88,8 @@ end
 -- allowed (1 or 0), limit, remaining, reset, retry, delay, then, when it
 -- would write a string state, the write: its key, its tag (false when the
 -- value carries it), its value and its reset (write_state's arguments).
--- A table per decision cost Redis about 2,850 instructions of a batched
--- decision (callgrind, 32 GCRA decisions a call: 35,000 against 32,150), a
--- closure for the write about 4 % more. Where replies must wait (a request
+-- A table per decision, or a closure for the write, costs Redis measurably
+-- more per batched decision. Where replies must wait (a request
 -- of several checks, all or nothing: multi.lua, batch.lua), they are kept
 -- as tables, r[1..6] the reply and r[7..10] the write; commit applies the
 -- write and clears r[7..10] (Redis replies with an array up to its first
