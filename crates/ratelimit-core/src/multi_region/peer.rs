@@ -138,3 +138,17 @@ pub(super) fn bad_reply(script: &str, reply: &Value) -> StoreError {
 pub(super) fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
+
+/// Runs `invocation` on the region's own Redis (`local`) within `timeout`:
+/// the one way the sync tasks call their scripts there.
+pub(super) async fn invoke_local(
+    local: &ConnectionManager,
+    invocation: &redis::ScriptInvocation<'_>,
+    timeout: Duration,
+) -> Result<Value, StoreError> {
+    let mut connection = local.clone();
+    tokio::time::timeout(timeout, invocation.invoke_async::<Value>(&mut connection))
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
+        .map_err(crate::redis::backend_error)
+}

@@ -385,14 +385,8 @@ impl Pusher {
             .arg(READ_CHUNK)
             .arg(self.fixed_now())
             .arg(micros(self.timing.max_skew));
-        let mut connection = self.local.clone();
-        let reply = tokio::time::timeout(
-            self.timing.push_timeout,
-            invocation.invoke_async::<Value>(&mut connection),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
-        .map_err(backend_error)?;
+        let reply =
+            super::peer::invoke_local(&self.local, &invocation, self.timing.push_timeout).await?;
         let bad = || bad_reply("outbox.lua", &reply);
         let Value::Array(items) = &reply else {
             return Err(bad());
@@ -444,14 +438,7 @@ impl Pusher {
             .arg(to.map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX)))
             .arg(epoch)
             .arg(born);
-        let mut connection = self.local.clone();
-        tokio::time::timeout(
-            self.timing.push_timeout,
-            invocation.invoke_async::<Value>(&mut connection),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
-        .map_err(backend_error)?;
+        super::peer::invoke_local(&self.local, &invocation, self.timing.push_timeout).await?;
         Ok(())
     }
 }

@@ -23,7 +23,6 @@ use super::peer::{
 use super::round::Pusher;
 use crate::StoreError;
 use crate::clock::Clock;
-use crate::redis::backend_error;
 
 /// The time constant of the rates behind the overshoot estimate.
 const RATE_SMOOTHING: Duration = Duration::from_secs(1);
@@ -197,14 +196,8 @@ impl Shared {
             invocation.key(arrived_key(&self.prefix, &peer.name));
             invocation.arg(&peer.name);
         }
-        let mut connection = self.local.clone();
-        let reply = tokio::time::timeout(
-            self.timing.push_timeout,
-            invocation.invoke_async::<Value>(&mut connection),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(self.timing.push_timeout))?
-        .map_err(backend_error)?;
+        let reply =
+            super::peer::invoke_local(&self.local, &invocation, self.timing.push_timeout).await?;
         let bad = || bad_reply("heard.lua", &reply);
         let Value::Array(items) = &reply else {
             return Err(bad());
