@@ -485,7 +485,9 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
     // As the store sends it: the shared helpers, then the merge.
     let merge = concat!(
-        include_str!("../crates/ratelimit-core/src/multi_region/lua/numbers.lua"),
+        include_str!("../crates/ratelimit-core/src/redis/lua/numbers.lua"),
+        "\n",
+        include_str!("../crates/ratelimit-core/src/multi_region/lua/fields.lua"),
         "\n",
         include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua")
     );
