@@ -3,8 +3,9 @@
 //! a single Redis and a Redis Cluster replay one timeline on one manual
 //! clock and must agree decision for decision; a settlement sent twice is
 //! applied once; all or nothing across limits; every Redis key keeps a TTL;
-//! and many tasks reserving and settling shared keys at once admit nothing
-//! beyond the documented debt.
+//! many tasks reserving and settling shared keys at once admit nothing
+//! beyond the documented debt; and the store combinators settle where the
+//! reservation was decided.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +14,8 @@ use std::time::Duration;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    Check, Decision, MemoryStore, Policy, Rate, Settle, SettlementId, Store, StoreError,
+    Check, Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Rate, Settle, SettlementId,
+    Store, StoreError,
 };
 use ratelimit_tests::{
     Boxed, CALL_TIMEOUT, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot,
@@ -536,4 +538,85 @@ fn consumed(policy: &Policy, peek: &Decision) -> u64 {
     } else {
         policy.limit() + peek.retry_after_micros() / interval
     }
+}
+
+/// Through a `LeasedStore`: a reservation spent from a lease is settled in
+/// the store (where its batch was consumed), and the lease goes on; a
+/// settlement that leaves the key in debt drops the lease, so the debt
+/// takes effect on this instance at once.
+#[tokio::test]
+async fn through_a_leased_store_a_debt_takes_effect_at_once() {
+    let clock = ManualClock::new(NOW_MICROS);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .clock(clock.clone())
+        .build();
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(100, Duration::from_secs(3600)),
+    );
+    let used = || 100 - shared.peek_now(b"k", &policy).unwrap().remaining();
+    for _ in 0..2 {
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        (store.batches(), used()),
+        (1, 11),
+        "one cold request, a batch"
+    );
+    let reserved = store.check(b"k", &policy, 2).await.unwrap();
+    assert_eq!(store.leased_decisions(), 1, "spent from the lease");
+    let settles = [Settle::new(b"k", &policy, 2, 5, &reserved)];
+    store
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert_eq!(used(), 14, "the difference, in the store");
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(store.leased_decisions(), 2, "still leasing");
+
+    let reserved = store.check(b"k", &policy, 1).await.unwrap();
+    let settles = [Settle::new(b"k", &policy, 1, 500, &reserved)];
+    let settled = store
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert!(!settled[0].is_allowed());
+    for _ in 0..5 {
+        assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        store.leased_decisions(),
+        3,
+        "no unit spent from the lease after the debt"
+    );
+}
+
+/// Through a `DeniedCache`: a settlement below its reservation gives units
+/// back, so the cached denial of the key goes with it.
+#[tokio::test]
+async fn through_a_denied_cache_a_give_back_drops_the_cached_denial() {
+    let shared = MemoryStore::new();
+    let cache = DeniedCache::new(shared);
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(10, Duration::from_secs(3600)),
+    );
+    let reserved = cache.check(b"k", &policy, 10).await.unwrap();
+    assert!(reserved.is_allowed());
+    for _ in 0..2 {
+        assert!(!cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(cache.hits(), 1, "the denial is cached");
+    let settles = [Settle::new(b"k", &policy, 10, 4, &reserved)];
+    let settled = cache
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert_eq!(settled[0].remaining(), 6);
+    let after = cache.check(b"k", &policy, 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(cache.hits(), 1);
 }
