@@ -11,6 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::response::IntoResponse;
+use http::StatusCode;
+use ratelimit_axum::Limiter;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
@@ -619,4 +622,136 @@ async fn through_a_denied_cache_a_give_back_drops_the_cached_denial() {
     let after = cache.check(b"k", &policy, 1).await.unwrap();
     assert!(after.is_allowed(), "{after:?}");
     assert_eq!(cache.hits(), 1);
+}
+
+/// `Limiter::reserve` in a handler: refused like a check when the estimate
+/// does not fit; settled into debt, which the next reservation waits out;
+/// refunded; dropped at the estimate; a concurrency policy refused; and
+/// `peek`, which consumes nothing.
+#[tokio::test]
+async fn a_limiter_reserves_settles_and_refunds() {
+    let clock = ManualClock::new(NOW_MICROS);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = named(
+        "tokens",
+        Policy::token_bucket(1_000, Rate::per_minute(1_000)),
+    );
+    let limiter = Limiter::new(store.clone(), policy.clone());
+
+    let too_much = limiter.reserve(b"k", 1_001).await.unwrap_err();
+    assert_eq!(
+        too_much.into_response().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Dropped: the estimate stays, nothing else happens.
+    drop(limiter.reserve(b"k", 100).await.unwrap());
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 900);
+    assert_eq!(
+        limiter.peek(b"k").await.unwrap().remaining(),
+        900,
+        "a peek consumed"
+    );
+
+    // Refunded: the estimate comes back.
+    limiter
+        .reserve(b"k", 300)
+        .await
+        .unwrap()
+        .refund()
+        .await
+        .unwrap();
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 900);
+
+    // Settled below, then far above: the headers tell what is left.
+    let granted = limiter
+        .reserve(b"k", 300)
+        .await
+        .unwrap()
+        .settle(100)
+        .await
+        .unwrap();
+    let (parts, _) = (granted, ()).into_response().into_parts();
+    assert!(
+        parts.headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .contains("r=800"),
+        "{:?}",
+        parts.headers
+    );
+    let reservation = limiter.reserve(b"k", 1).await.unwrap();
+    let granted = reservation.settle(1_000).await.unwrap();
+    let settled = granted
+        .decisions()
+        .and_then(|d| d.tightest())
+        .unwrap()
+        .decision();
+    assert!(
+        !settled.is_allowed() && settled.remaining() == 0,
+        "{settled:?}"
+    );
+    // 200 tokens of debt at 60 ms each, then the token asked for.
+    let refused = limiter.reserve(b"k", 1).await.unwrap_err();
+    let response = refused.into_response();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "13");
+    clock.advance(Duration::from_millis(12_060));
+    assert!(limiter.reserve(b"k", 1).await.is_ok());
+
+    let permits = Limiter::new(
+        store,
+        named("slots", Policy::concurrency(4, Duration::from_secs(1))),
+    );
+    let refused = permits.reserve(b"k", 1).await.unwrap_err();
+    assert_eq!(
+        refused.into_response().status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(permits.peek(b"k").await.unwrap().remaining(), 4);
+}
+
+/// A settlement that timed out comes back with its reservation. Redis ran
+/// it once it woke up; sent again, it changes nothing more. `peek` works
+/// on Redis as on the memory store.
+#[tokio::test]
+async fn a_limiter_settles_again_after_a_timeout_and_counts_once() {
+    let server = RedisServer::start();
+    let store =
+        build(RedisStore::builder(server.url()).call_timeout(Duration::from_millis(300))).await;
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(1_000, Duration::from_secs(3600)),
+    );
+    let limiter = Limiter::new(store.clone(), policy.clone());
+    // The script in Redis's cache, so the call sent while it is frozen
+    // needs no second round trip to run.
+    let warm = limiter.reserve(b"warm", 1).await.unwrap();
+    warm.settle(2).await.unwrap();
+    let reservation = limiter.reserve(b"k", 10).await.unwrap();
+    server.freeze();
+    let failed = reservation.settle(110).await.unwrap_err();
+    server.thaw();
+    assert!(failed.error().is_outage(), "{:?}", failed.error());
+    let reservation = failed.into_reservation();
+    // The command sent before the freeze runs once the server wakes.
+    let applied = format!("{}:applied", store.state_key(b"k", &policy));
+    let id = reservation.id().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !server.cli(&["GET", &applied]).contains(&id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first settlement never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let settled = reservation.settle(110).await.unwrap();
+    let remaining = settled
+        .decisions()
+        .and_then(|d| d.tightest())
+        .unwrap()
+        .decision()
+        .remaining();
+    assert_eq!(remaining, 890);
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 890);
 }
