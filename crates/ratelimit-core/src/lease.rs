@@ -67,6 +67,10 @@ const SHARDS: usize = 16;
 /// through this instance also drops its lease of the key, so it takes effect
 /// here at once (a batch on its way at the time is not kept either).
 ///
+/// A settlement ([`Store::settle`]) goes to the inner store, where leased
+/// units were consumed when their batch was granted; one that leaves a key
+/// in debt also drops this instance's lease of it.
+///
 /// A block or penalty made elsewhere (straight on the inner store, or
 /// through another instance) reaches this instance when its lease of the
 /// key ends: **at most the units it had leased** (at most `batch`) pass
