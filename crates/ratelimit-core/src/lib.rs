@@ -9,6 +9,8 @@
 //!   microseconds, the reference every store reproduces;
 //! - [`Decision`]: allowed or not, limit, remaining, reset and retry times;
 //! - [`Store`]: where state lives; [`MemoryStore`] is the embedded default;
+//!   costs known only after the response are reserved, then settled
+//!   ([`Store::settle`]);
 //! - [`AdminStore`]: operator actions on one key (peek, reset, penalize,
 //!   reward, block, unblock), on both stores.
 //!
@@ -58,6 +60,7 @@ mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod settle;
 mod store;
 
 pub use admin::AdminStore;
@@ -74,6 +77,7 @@ pub use fallback::{FallbackStore, MAX_FALLBACK_PERMITS};
 pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, AlgorithmKind, Policy, State, UnknownAlgorithm};
+pub use settle::{Settle, SettleFuture, SettlementId};
 pub use store::{Check, RefundFuture, Store, all_allowed};
 
 /// The crate's README, whose examples compile as doctests.

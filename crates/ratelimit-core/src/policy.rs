@@ -271,6 +271,39 @@ impl Algorithm {
     pub fn supports_adjustments(&self) -> bool {
         !matches!(self, Algorithm::Concurrency(_))
     }
+
+    /// Settles a reservation that consumed `reserved` units to what the
+    /// request really cost, `actual` ([`Store::settle`](crate::Store::settle)),
+    /// and returns what a peek then reports. `None` when the state belongs to
+    /// another algorithm, or for concurrency, which has no settlement.
+    ///
+    /// - `actual > reserved`: the difference is consumed even past empty, as
+    ///   a [`penalize`](Self::penalize) of it: into a debt of at most one more
+    ///   full budget, which later requests wait out;
+    /// - `actual < reserved`: the difference is given back as a refund
+    ///   (a [`reward`](Self::reward), but the oldest units of a sliding log
+    ///   first), never beyond a full budget;
+    /// - `actual == reserved`: nothing changes (a peek).
+    ///
+    /// A difference above four times the limit changes no state more than
+    /// four times the limit does (none holds more), so it is capped there,
+    /// which keeps the Redis scripts' arithmetic exact.
+    pub fn settle(
+        &self,
+        state: &mut State,
+        now: u64,
+        reserved: u64,
+        actual: u64,
+    ) -> Option<Decision> {
+        let cap = self.limit().saturating_mul(4);
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Greater => self.penalize(state, now, (actual - reserved).min(cap)),
+            std::cmp::Ordering::Less => self.refund(state, now, (reserved - actual).min(cap)),
+            std::cmp::Ordering::Equal => {
+                with_transitions!(self, state, |a, s| a.decide(s, now, 0))
+            }
+        }
+    }
 }
 
 /// The state of one key under one algorithm.
@@ -491,6 +524,15 @@ impl Policy {
     /// The time over which the quota applies (see [`Algorithm::window_micros`]).
     pub fn window(&self) -> Duration {
         Duration::from_micros(self.inner.algorithm.window_micros())
+    }
+
+    /// Whether a reservation under this policy can be settled to its actual
+    /// cost ([`Store::settle`](crate::Store::settle)): every algorithm but
+    /// concurrency, whose units are permits held and released, not consumed.
+    /// A layer or configuration that settles costs after the response checks
+    /// this when it is built.
+    pub fn supports_settlement(&self) -> bool {
+        self.inner.algorithm.supports_adjustments()
     }
 
     /// The largest cost a single request can ever be admitted with.

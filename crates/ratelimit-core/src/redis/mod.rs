@@ -16,7 +16,8 @@
 //!
 //! The scripts live next to this file as `.lua` files: a shared prelude, one
 //! file per algorithm, and the entry points for one decision, several limits
-//! at once, and releasing a concurrency permit.
+//! at once, releasing a concurrency permit, and settling a request's
+//! reservations to their actual cost (`settle.lua`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use tokio::time::Instant as Deadline;
 
 use crate::clock::Clock;
 use crate::policy::{Algorithm, AlgorithmKind};
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
@@ -46,6 +48,7 @@ mod replies;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod settle;
 mod unclaimed;
 
 /// The bb8 pool (feature `bb8`), of the version [`RedisStore::bb8_builder`] takes.
@@ -1109,6 +1112,26 @@ impl Store for RedisStore {
         }
         let refund = self.adjust_boxed(key, policy, crate::admin::Adjustment::Refund, cost);
         Box::pin(async move { refund.await.map(drop) })
+    }
+
+    /// One script (`settle.lua`) for every limit, on server time like every
+    /// decision, all or nothing: every state is read before any is
+    /// written. The settlement's id is remembered beside each state it
+    /// changed (`<state key>:applied`, as long as the state lives, as
+    /// refunds' are), so a resend, the store's after a broken connection
+    /// or the caller's, changes nothing more. Every key written keeps a
+    /// TTL.
+    ///
+    /// On a Redis Cluster one script touches one hash slot: limits on one
+    /// user key (its hash tag) settle in one script, all or nothing; limits
+    /// in several slots settle slot by slot in slot order, as
+    /// [`check_all`](Store::check_all) decides them, each slot all or
+    /// nothing and whatever the others answered. A call that failed in one
+    /// slot returns that error and may have settled the others: send the
+    /// same settlement again (the same id) to settle what failed, which
+    /// changes nothing in the slots that had settled.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        self.settle_boxed(id, settles)
     }
 
     /// One script (`renew.lua`), on server time like every decision: the
