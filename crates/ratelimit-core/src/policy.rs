@@ -886,8 +886,7 @@ mod tests {
         let p = Policy::calendar(10, Period::Week.utc_offset(19_800)).expect("valid");
         assert_eq!(p.name(), "fixed-window-10-per-week-utc-east-330m");
         assert_eq!(p.window(), Duration::from_secs(7 * 86_400));
-        let Algorithm::FixedWindow(a) = p.divided_among(4).expect("valid").algorithm().clone()
-        else {
+        let Algorithm::FixedWindow(a) = *p.divided_among(4).expect("valid").algorithm() else {
             panic!("a fixed window");
         };
         assert_eq!(a.limit(), 2);

@@ -85,6 +85,7 @@ impl Period {
     }
 
     /// The period's number in the scripts' parameter (see [`Calendar::code`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     const fn number(self) -> u64 {
         match self {
             Period::Day => 1,
@@ -227,6 +228,7 @@ impl Calendar {
     /// [`MAX_HORIZON_MICROS`](super::MAX_HORIZON_MICROS)), the period's
     /// number (1 day, 2 week, 3 month, 4 year) times 10^6, plus 100,000 plus
     /// the offset in seconds. Exact in a Lua double.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn code(&self) -> u64 {
         let offset = u64::try_from(100_000 + i64::from(self.offset_seconds)).unwrap_or(0);
         CALENDAR_CODE_BASE + self.period.number() * 1_000_000 + offset
@@ -235,6 +237,7 @@ impl Calendar {
 
 /// Where the calendar codes of the scripts' fixed-window parameter begin
 /// (2^51; see `calendar.lua`).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const CALENDAR_CODE_BASE: u64 = 1 << 51;
 
 /// The days since 1970-01-01 of `year`-`month`-`day` (proleptic Gregorian).

@@ -83,6 +83,7 @@ impl FixedWindow {
 
     /// The second parameter of the Redis scripts: the window in µs, or the
     /// calendar's code (above every window length; see `calendar.lua`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn script_window(&self) -> u64 {
         self.calendar.map_or(self.window, |c| c.code())
     }
