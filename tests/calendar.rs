@@ -31,7 +31,7 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fixtures::{Rng, answer, by_client, ok_service, request_from};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_slot, observable, twin_stores,
+    CALL_TIMEOUT, Observed, RedisCluster, RedisServer, build, cluster_slot, observable, twin_stores,
 };
 use ratelimit_tower::RateLimitLayer;
 use ratelimit_tower::config::{Config, ConfigErrorKind};
@@ -157,8 +157,10 @@ async fn lua_and_rust_agree_on_the_window_of_every_time() {
 /// What one step expects of both stores.
 #[derive(Debug, Clone, Copy)]
 enum Expect {
-    Allowed { remaining: u64, reset: u64 },
-    Denied { retry: u64 },
+    /// Allowed, with this remaining and this reset (µs).
+    Allowed(u64, u64),
+    /// Denied, with this retry (µs).
+    Denied(u64),
 }
 use Expect::{Allowed, Denied};
 
@@ -179,164 +181,52 @@ fn timelines() -> Vec<Timeline> {
             key: "feb-28-to-mar-1-2023",
             policy: month.clone(),
             steps: vec![
-                (
-                    utc(2023, 1, 15),
-                    0,
-                    Allowed {
-                        remaining: 3,
-                        reset: 0,
-                    },
-                ),
-                (
-                    utc(2023, 2, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 28 * DAY,
-                    },
-                ),
-                (
-                    utc(2023, 2, 28) + 12 * HOUR,
-                    2,
-                    Allowed {
-                        remaining: 0,
-                        reset: 12 * HOUR,
-                    },
-                ),
-                (utc(2023, 3, 1) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2023, 3, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 31 * DAY,
-                    },
-                ),
+                (utc(2023, 1, 15), 0, Allowed(3, 0)),
+                (utc(2023, 2, 1), 1, Allowed(2, 28 * DAY)),
+                (utc(2023, 2, 28) + 12 * HOUR, 2, Allowed(0, 12 * HOUR)),
+                (utc(2023, 3, 1) - 1, 1, Denied(1)),
+                (utc(2023, 3, 1), 1, Allowed(2, 31 * DAY)),
             ],
         },
         Timeline {
             key: "jan-31-to-mar-1-2024",
             policy: month.clone(),
             steps: vec![
-                (
-                    utc(2024, 1, 31) + 12 * HOUR,
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: 12 * HOUR,
-                    },
-                ),
-                (utc(2024, 2, 1) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2024, 2, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 29 * DAY,
-                    },
-                ),
-                (
-                    utc(2024, 2, 28) + 12 * HOUR,
-                    2,
-                    Allowed {
-                        remaining: 0,
-                        reset: 36 * HOUR,
-                    },
-                ),
-                (utc(2024, 2, 29) + 12 * HOUR, 1, Denied { retry: 12 * HOUR }),
-                (
-                    utc(2024, 3, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 31 * DAY,
-                    },
-                ),
+                (utc(2024, 1, 31) + 12 * HOUR, 3, Allowed(0, 12 * HOUR)),
+                (utc(2024, 2, 1) - 1, 1, Denied(1)),
+                (utc(2024, 2, 1), 1, Allowed(2, 29 * DAY)),
+                (utc(2024, 2, 28) + 12 * HOUR, 2, Allowed(0, 36 * HOUR)),
+                (utc(2024, 2, 29) + 12 * HOUR, 1, Denied(12 * HOUR)),
+                (utc(2024, 3, 1), 1, Allowed(2, 31 * DAY)),
             ],
         },
         Timeline {
             key: "dec-31-to-jan-1-month",
             policy: month,
             steps: vec![
-                (
-                    utc(2024, 12, 31) + 12 * HOUR,
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: 12 * HOUR,
-                    },
-                ),
-                (utc(2025, 1, 1) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2025, 1, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 31 * DAY,
-                    },
-                ),
+                (utc(2024, 12, 31) + 12 * HOUR, 3, Allowed(0, 12 * HOUR)),
+                (utc(2025, 1, 1) - 1, 1, Denied(1)),
+                (utc(2025, 1, 1), 1, Allowed(2, 31 * DAY)),
             ],
         },
         Timeline {
             key: "leap-day",
             policy: calendar(3, Period::Day),
             steps: vec![
-                (
-                    utc(2024, 2, 28) + 23 * HOUR,
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: HOUR,
-                    },
-                ),
-                (
-                    utc(2024, 2, 29),
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: DAY,
-                    },
-                ),
-                (utc(2024, 3, 1) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2024, 3, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: DAY,
-                    },
-                ),
+                (utc(2024, 2, 28) + 23 * HOUR, 3, Allowed(0, HOUR)),
+                (utc(2024, 2, 29), 3, Allowed(0, DAY)),
+                (utc(2024, 3, 1) - 1, 1, Denied(1)),
+                (utc(2024, 3, 1), 1, Allowed(2, DAY)),
             ],
         },
         Timeline {
             key: "dec-31-to-jan-1-year",
             policy: calendar(3, Period::Year),
             steps: vec![
-                (
-                    utc(2024, 6, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 214 * DAY,
-                    },
-                ),
-                (
-                    utc(2024, 12, 31) + 12 * HOUR,
-                    2,
-                    Allowed {
-                        remaining: 0,
-                        reset: 12 * HOUR,
-                    },
-                ),
-                (utc(2025, 1, 1) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2025, 1, 1),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 365 * DAY,
-                    },
-                ),
+                (utc(2024, 6, 1), 1, Allowed(2, 214 * DAY)),
+                (utc(2024, 12, 31) + 12 * HOUR, 2, Allowed(0, 12 * HOUR)),
+                (utc(2025, 1, 1) - 1, 1, Denied(1)),
+                (utc(2025, 1, 1), 1, Allowed(2, 365 * DAY)),
             ],
         },
         // 2024-02-01 was a Thursday, 2024-02-05 a Monday.
@@ -344,23 +234,9 @@ fn timelines() -> Vec<Timeline> {
             key: "week-to-monday",
             policy: calendar(3, Period::Week),
             steps: vec![
-                (
-                    utc(2024, 2, 1),
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: 4 * DAY,
-                    },
-                ),
-                (utc(2024, 2, 5) - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2024, 2, 5),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 7 * DAY,
-                    },
-                ),
+                (utc(2024, 2, 1), 3, Allowed(0, 4 * DAY)),
+                (utc(2024, 2, 5) - 1, 1, Denied(1)),
+                (utc(2024, 2, 5), 1, Allowed(2, 7 * DAY)),
             ],
         },
         // The ISO week from Monday 2024-12-30 to Monday 2025-01-06: one
@@ -369,31 +245,10 @@ fn timelines() -> Vec<Timeline> {
             key: "week-across-new-year",
             policy: calendar(3, Period::Week),
             steps: vec![
-                (
-                    utc(2024, 12, 30),
-                    2,
-                    Allowed {
-                        remaining: 1,
-                        reset: 7 * DAY,
-                    },
-                ),
-                (
-                    utc(2025, 1, 1),
-                    1,
-                    Allowed {
-                        remaining: 0,
-                        reset: 5 * DAY,
-                    },
-                ),
-                (utc(2025, 1, 5) + 23 * HOUR, 1, Denied { retry: HOUR }),
-                (
-                    utc(2025, 1, 6),
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 7 * DAY,
-                    },
-                ),
+                (utc(2024, 12, 30), 2, Allowed(1, 7 * DAY)),
+                (utc(2025, 1, 1), 1, Allowed(0, 5 * DAY)),
+                (utc(2025, 1, 5) + 23 * HOUR, 1, Denied(HOUR)),
+                (utc(2025, 1, 6), 1, Allowed(2, 7 * DAY)),
             ],
         },
         // UTC+02:00: the day starts at 22:00 UTC the day before.
@@ -401,23 +256,9 @@ fn timelines() -> Vec<Timeline> {
             key: "day-at-utc-plus-2",
             policy: calendar(3, Period::Day.utc_offset(2 * 3_600)),
             steps: vec![
-                (
-                    utc(2024, 2, 29) + 21 * HOUR,
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: HOUR,
-                    },
-                ),
-                (utc(2024, 2, 29) + 22 * HOUR - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2024, 2, 29) + 22 * HOUR,
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: DAY,
-                    },
-                ),
+                (utc(2024, 2, 29) + 21 * HOUR, 3, Allowed(0, HOUR)),
+                (utc(2024, 2, 29) + 22 * HOUR - 1, 1, Denied(1)),
+                (utc(2024, 2, 29) + 22 * HOUR, 1, Allowed(2, DAY)),
             ],
         },
         // UTC-05:00: February 2024 runs from Feb 1 05:00 to Mar 1 05:00 UTC.
@@ -425,31 +266,10 @@ fn timelines() -> Vec<Timeline> {
             key: "month-at-utc-minus-5",
             policy: calendar(3, Period::Month.utc_offset(-5 * 3_600)),
             steps: vec![
-                (
-                    utc(2024, 2, 1) + 5 * HOUR,
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 29 * DAY,
-                    },
-                ),
-                (
-                    utc(2024, 3, 1) + 4 * HOUR,
-                    2,
-                    Allowed {
-                        remaining: 0,
-                        reset: HOUR,
-                    },
-                ),
-                (utc(2024, 3, 1) + 5 * HOUR - 1, 1, Denied { retry: 1 }),
-                (
-                    utc(2024, 3, 1) + 5 * HOUR,
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 31 * DAY,
-                    },
-                ),
+                (utc(2024, 2, 1) + 5 * HOUR, 1, Allowed(2, 29 * DAY)),
+                (utc(2024, 3, 1) + 4 * HOUR, 2, Allowed(0, HOUR)),
+                (utc(2024, 3, 1) + 5 * HOUR - 1, 1, Denied(1)),
+                (utc(2024, 3, 1) + 5 * HOUR, 1, Allowed(2, 31 * DAY)),
             ],
         },
         // UTC+14:00: 2025 begins on 2024-12-31 at 10:00 UTC.
@@ -457,22 +277,8 @@ fn timelines() -> Vec<Timeline> {
             key: "year-at-utc-plus-14",
             policy: calendar(3, Period::Year.utc_offset(14 * 3_600)),
             steps: vec![
-                (
-                    utc(2024, 12, 31) + 9 * HOUR,
-                    3,
-                    Allowed {
-                        remaining: 0,
-                        reset: HOUR,
-                    },
-                ),
-                (
-                    utc(2024, 12, 31) + 10 * HOUR,
-                    1,
-                    Allowed {
-                        remaining: 2,
-                        reset: 365 * DAY,
-                    },
-                ),
+                (utc(2024, 12, 31) + 9 * HOUR, 3, Allowed(0, HOUR)),
+                (utc(2024, 12, 31) + 10 * HOUR, 1, Allowed(2, 365 * DAY)),
             ],
         },
     ]
@@ -481,7 +287,7 @@ fn timelines() -> Vec<Timeline> {
 /// Checks `d` against `expect`.
 fn assert_expected(d: &Decision, expect: Expect, what: &str) {
     match expect {
-        Allowed { remaining, reset } => {
+        Allowed(remaining, reset) => {
             assert!(d.is_allowed(), "{what}: {d:?}");
             assert_eq!(
                 (d.remaining(), d.reset_after_micros()),
@@ -489,7 +295,7 @@ fn assert_expected(d: &Decision, expect: Expect, what: &str) {
                 "{what}"
             );
         }
-        Denied { retry } => {
+        Denied(retry) => {
             assert!(!d.is_allowed(), "{what}: {d:?}");
             assert_eq!(d.retry_after_micros(), retry, "{what}");
         }
@@ -596,34 +402,20 @@ async fn admin_operations_stay_in_the_calendar_period_on_both_stores() {
         redis.penalize(key, &monthly, 5).await.expect("redis"),
         "penalty",
     );
-    assert_expected(&d, Denied { retry: 12 * HOUR }, "penalty");
+    assert_expected(&d, Denied(12 * HOUR), "penalty");
     let d = same(
         memory.reward(key, &monthly, 3).await.expect("memory"),
         redis.reward(key, &monthly, 3).await.expect("redis"),
         "reward",
     );
-    assert_expected(
-        &d,
-        Allowed {
-            remaining: 1,
-            reset: 12 * HOUR,
-        },
-        "reward",
-    );
+    assert_expected(&d, Allowed(1, 12 * HOUR), "reward");
     clock.set(utc(2024, 2, 1));
     let d = same(
         memory.peek(key, &monthly).await.expect("memory"),
         redis.peek(key, &monthly).await.expect("redis"),
         "the next month",
     );
-    assert_expected(
-        &d,
-        Allowed {
-            remaining: 3,
-            reset: 0,
-        },
-        "the next month",
-    );
+    assert_expected(&d, Allowed(3, 0), "the next month");
     memory
         .block(key, &monthly, Duration::from_secs(3_600))
         .await
@@ -638,129 +430,67 @@ async fn admin_operations_stay_in_the_calendar_period_on_both_stores() {
         redis.check(key, &monthly, 1).await.expect("redis"),
         "blocked",
     );
-    assert_expected(&d, Denied { retry: HOUR / 2 }, "blocked");
+    assert_expected(&d, Denied(HOUR / 2), "blocked");
     clock.set(utc(2024, 2, 1) + HOUR);
     let d = same(
         memory.check(key, &monthly, 1).await.expect("memory"),
         redis.check(key, &monthly, 1).await.expect("redis"),
         "after the block",
     );
-    assert_expected(
-        &d,
-        Allowed {
-            remaining: 2,
-            reset: 29 * DAY - HOUR,
-        },
-        "after the block",
-    );
+    assert_expected(&d, Allowed(2, 29 * DAY - HOUR), "after the block");
 }
 
-/// A user under a daily calendar policy and a plain fixed window of one
-/// day, with the same limit, has two keys: spending one leaves the other
-/// whole, and several limits at once are all or nothing, on both stores.
-async fn calendar_and_plain_windows_keep_apart(builder: RedisStoreBuilder) {
-    let clock = ManualClock::new(utc(2024, 2, 29) + 12 * HOUR);
-    let (memory, redis) = twin_stores(builder, &clock).await;
+/// A user under a daily calendar policy (at UTC-01:00) and a plain fixed
+/// window of one day, with the same limit: spending one leaves the other
+/// whole, and both at once are all or nothing. Returns what `store` (on
+/// `clock`) answered, to compare the stores.
+async fn keep_apart<S: Store>(store: &S, clock: &ManualClock) -> Vec<Observed> {
     let daily = calendar(3, Period::Day.utc_offset(-3_600));
     let plain = Policy::fixed_window(3, Duration::from_secs(86_400)).expect("valid");
     let key = b"user-1";
-    assert_ne!(redis.state_key(key, &daily), redis.state_key(key, &plain));
-    for store in [&memory as &dyn Checks, &redis] {
-        let d = store.decide(key, &daily, 3).await;
-        assert_expected(
-            &d,
-            Allowed {
-                remaining: 0,
-                reset: 13 * HOUR,
-            },
-            "daily",
-        );
-        let both = store.decide_all(key, &[(&daily, 1), (&plain, 1)]).await;
-        assert!(!both[0].is_allowed() && both[1].is_allowed(), "{both:?}");
-        let d = store.decide(key, &plain, 3).await;
-        assert_expected(
-            &d,
-            Allowed {
-                remaining: 0,
-                reset: 12 * HOUR,
-            },
-            "plain",
-        );
-    }
+    let both = [Check::new(key, &daily, 1), Check::new(key, &plain, 1)];
+    let mut seen = Vec::new();
+    clock.set(utc(2024, 2, 29) + 12 * HOUR);
+    let d = store.check(key, &daily, 3).await.expect("a decision");
+    assert_expected(&d, Allowed(0, 13 * HOUR), "daily");
+    let all = store.check_all(&both).await.expect("decisions");
+    assert!(!all[0].is_allowed() && all[1].is_allowed(), "{all:?}");
+    seen.extend(all.iter().map(observable));
+    let d = store.check(key, &plain, 3).await.expect("a decision");
+    assert_expected(&d, Allowed(0, 12 * HOUR), "plain");
     // The plain window ends at midnight UTC, the calendar day an hour later.
     clock.set(utc(2024, 3, 1));
-    for store in [&memory as &dyn Checks, &redis] {
-        let both = store.decide_all(key, &[(&daily, 1), (&plain, 1)]).await;
-        assert!(!both[0].is_allowed(), "{both:?}");
-        assert_eq!(both[0].retry_after_micros(), HOUR);
-    }
+    let all = store.check_all(&both).await.expect("decisions");
+    assert_expected(&all[0], Denied(HOUR), "daily at midnight UTC");
+    seen.extend(all.iter().map(observable));
     clock.set(utc(2024, 3, 1) + HOUR);
-    let mut answers = Vec::new();
-    for store in [&memory as &dyn Checks, &redis] {
-        let both = store.decide_all(key, &[(&daily, 1), (&plain, 1)]).await;
-        assert_expected(
-            &both[0],
-            Allowed {
-                remaining: 2,
-                reset: DAY,
-            },
-            "daily",
-        );
-        assert_expected(
-            &both[1],
-            Allowed {
-                remaining: 2,
-                reset: 23 * HOUR,
-            },
-            "plain",
-        );
-        answers.push(both.iter().map(observable).collect::<Vec<_>>());
-    }
-    assert_eq!(answers[0], answers[1]);
+    let all = store.check_all(&both).await.expect("decisions");
+    assert_expected(&all[0], Allowed(2, DAY), "daily");
+    assert_expected(&all[1], Allowed(2, 23 * HOUR), "plain");
+    seen.extend(all.iter().map(observable));
+    seen
 }
 
-/// Checks through either store, for [`calendar_and_plain_windows_keep_apart`].
-trait Checks {
-    fn decide<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        cost: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + 'a>>;
-    fn decide_all<'a>(
-        &'a self,
-        key: &'a [u8],
-        limits: &'a [(&'a Policy, u64)],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Decision>> + 'a>>;
-}
-
-impl<S: Store> Checks for S {
-    fn decide<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        cost: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + 'a>> {
-        Box::pin(async move {
-            Store::check(self, key, policy, cost)
-                .await
-                .expect("a decision")
-        })
-    }
-
-    fn decide_all<'a>(
-        &'a self,
-        key: &'a [u8],
-        limits: &'a [(&'a Policy, u64)],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Decision>> + 'a>> {
-        Box::pin(async move {
-            let checks: Vec<Check<'_>> = limits
-                .iter()
-                .map(|&(p, cost)| Check::new(key, p, cost))
-                .collect();
-            Store::check_all(self, &checks).await.expect("decisions")
-        })
-    }
+/// [`keep_apart`] on both stores: the same answers, and two keys in Redis.
+async fn calendar_and_plain_windows_keep_apart(builder: RedisStoreBuilder) {
+    let (memory_clock, redis_clock) = (ManualClock::new(0), ManualClock::new(0));
+    let memory = MemoryStore::builder().clock(memory_clock.clone()).build();
+    let redis = build(
+        builder
+            .script_clock_for_tests(redis_clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let daily = calendar(3, Period::Day.utc_offset(-3_600));
+    let plain = Policy::fixed_window(3, Duration::from_secs(86_400)).expect("valid");
+    assert_ne!(
+        redis.state_key(b"user-1", &daily),
+        redis.state_key(b"user-1", &plain)
+    );
+    assert_eq!(
+        keep_apart(&memory, &memory_clock).await,
+        keep_apart(&redis, &redis_clock).await
+    );
 }
 
 #[tokio::test]

@@ -379,7 +379,8 @@ impl Policy {
     /// to the real end of the period in progress. The stores read their
     /// clock as Unix time: the Redis server's `TIME`, or in memory a
     /// [`MonotonicClock`](crate::clock::MonotonicClock), which starts at the
-    /// wall clock's time. The offset is fixed: no daylight saving time.
+    /// wall clock's time (a [`ManualClock`](crate::clock::ManualClock) reads
+    /// what it is set to). The offset is fixed: no daylight saving time.
     /// [`window`](Policy::window) is the longest period (31 days for a
     /// month); [`FixedWindow::bounds`] gives the period that holds a time.
     ///

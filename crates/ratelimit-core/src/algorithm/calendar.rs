@@ -13,7 +13,8 @@
 //! arithmetic only (days from a civil date and back, as in Howard Hinnant's
 //! `chrono`-compatible algorithms), and Unix time has no leap seconds, so a
 //! day is always 86,400 s. The Redis scripts compute the same edges in Lua
-//! (`calendar.lua`), exactly for every time below 2^53 µs (the year 2255).
+//! (`calendar.lua`), exactly for every time below 2^53 µs less a day (the
+//! year 2255).
 
 use std::fmt;
 

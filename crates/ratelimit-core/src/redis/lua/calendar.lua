@@ -6,9 +6,10 @@
 -- instead of a window length (at most 2^50 µs): CALENDAR + period * 10^6 +
 -- 100000 + offset, the period 1 (day), 2 (ISO week, from Monday), 3 (month)
 -- or 4 (year), the offset in seconds east of UTC (less than a day either
--- way). Every number here is an integer below 2^53 for times below 2^53 µs,
--- every division floored by idiv (numbers.lua), negative numerators
--- included, and `%` is Lua's floored modulo on small integers.
+-- way). Every number here is an exact integer for times below 2^53 µs less
+-- a day (the year 2255): every division is floored by idiv (numbers.lua),
+-- negative numerators included, `%` is Lua's floored modulo on small
+-- integers, and the edges are whole seconds, multiples of 2^6 µs.
 local CALENDAR = 2251799813685248 -- 2^51
 local DAY_MICROS = 86400000000
 
@@ -22,13 +23,13 @@ local function calendar_window(now, code)
   local period = idiv(code, 1000000)
   local offset = (code - period * 1000000 - 100000) * 1000000
   local day = idiv(now + offset, DAY_MICROS)
-  local first, next
+  local first, after
   if period == 1 then
-    first, next = day, day + 1
+    first, after = day, day + 1
   elseif period == 2 then
     -- 1970-01-01 was a Thursday: its Monday is 3 days before.
     first = day - (day + 3) % 7
-    next = first + 7
+    after = first + 7
   else
     -- The days since 1970-01-01 of year-month-1.
     local function first_of(year, month)
@@ -58,19 +59,19 @@ local function calendar_window(now, code)
     if period == 3 then
       first = first_of(year, month)
       if month == 12 then
-        next = first_of(year + 1, 1)
+        after = first_of(year + 1, 1)
       else
-        next = first_of(year, month + 1)
+        after = first_of(year, month + 1)
       end
     else
-      first, next = first_of(year, 1), first_of(year + 1, 1)
+      first, after = first_of(year, 1), first_of(year + 1, 1)
     end
   end
   local start = first * DAY_MICROS - offset
   if start < 0 then
     start = 0
   end
-  return start, next * DAY_MICROS - offset
+  return start, after * DAY_MICROS - offset
 end
 
 -- The fixed window that holds `t`: its first µs and the first µs after it,
