@@ -119,7 +119,9 @@ pub use ratelimit_tower;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
-pub use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
+pub use ratelimit_core::{
+    Decision, MemoryStore, Period, Policy, PolicyError, Rate, Store, StoreError,
+};
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 pub use ratelimit_tower::{
     ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader, GlobalKey,

@@ -64,7 +64,7 @@ mod settle;
 mod store;
 
 pub use admin::AdminStore;
-pub use algorithm::Rate;
+pub use algorithm::{Period, Rate};
 pub use breaker::{
     BreakerState, CircuitBreaker, DEFAULT_BREAKER_NAME, DEFAULT_COOL_DOWN,
     DEFAULT_FAILURE_THRESHOLD, DEFAULT_SLOW_CALL,

@@ -30,8 +30,8 @@
 //! # One dependency
 //!
 //! This crate re-exports what a layer needs from `ratelimit-core`
-//! ([`MemoryStore`], [`Policy`], [`Rate`], and `RedisStore` with the feature
-//! `redis`), and the crate itself as [`ratelimit_core`]. A tonic server
+//! ([`MemoryStore`], [`Policy`], [`Period`], [`Rate`], and `RedisStore` with
+//! the feature `redis`), and the crate itself as [`ratelimit_core`]. A tonic server
 //! needs only this crate, with the feature `tonic` (the peer address from
 //! tonic's `TcpConnectInfo`):
 //!
@@ -206,7 +206,7 @@ pub use ratelimit_core;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
-pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
+pub use ratelimit_core::{MemoryStore, Period, Policy, PolicyError, Rate, StoreError};
 
 pub use decisions::{Decisions, PolicyDecision};
 pub use keys::{

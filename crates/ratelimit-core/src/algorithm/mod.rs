@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::PolicyError;
 
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -30,6 +31,7 @@ pub mod token_bucket;
 #[cfg(test)]
 mod scenarios;
 
+pub use calendar::{Calendar, Period};
 pub use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;

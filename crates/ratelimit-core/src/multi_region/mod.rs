@@ -36,7 +36,8 @@
 //! ([`MultiRegionStore::overshoot_estimate`]).
 //!
 //! Algorithms: fixed window and sliding window counter, whose state is a
-//! count per window; other policies are [`StoreError::Unsupported`].
+//! count per window of a fixed length; other policies, calendar periods
+//! included, are [`StoreError::Unsupported`].
 //! Concurrency and the sliding window log need every unit, not a count, and
 //! a token bucket or GCRA would need their units consumed per period (see
 //! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).

@@ -379,6 +379,27 @@ pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     (scripts.multi().1, scripts.refund().1)
 }
 
+/// **For tests only.** A script that answers, for a fixed-window `policy`,
+/// the window that holds each time (µs) in `ARGV`, as the scripts compute
+/// it: a flat array of its first µs and the first µs after it per time.
+/// So a test can compare the Lua calendar arithmetic with
+/// [`FixedWindow::bounds`](crate::algorithm::FixedWindow::bounds) on many
+/// times in one `EVAL` (no keys). Behind the feature `test-support`.
+#[cfg(feature = "test-support")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+pub fn window_bounds_script_for_tests(policy: &Policy) -> String {
+    let (_, window) = parameters(policy.algorithm());
+    format!(
+        "{}\nlocal window = {window}\n{}",
+        scripts::CALENDAR,
+        r"local out = {}
+for i = 1, #ARGV do
+  out[2 * i - 1], out[2 * i] = fixed_window_bounds(tonumber(ARGV[i]), window)
+end
+return out"
+    )
+}
+
 impl Inner {
     /// Runs `cmd` within the call timeout, on any connection.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {

@@ -47,7 +47,7 @@ macro_rules! single {
     };
 }
 
-const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua");
+const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua", "calendar.lua");
 const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "state.lua", "members.lua");
 const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window"; "state.lua");
 const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket"; "state.lua");
@@ -74,6 +74,7 @@ macro_rules! every_algorithm {
             "members.lua",
             "blocks.lua",
             "tat.lua",
+            "calendar.lua",
             "fixed_window.lua",
             "sliding_log.lua",
             "sliding_window.lua",
@@ -105,6 +106,15 @@ const MULTI: &str = every_algorithm!("multi.lua");
 const BATCH: &str = concat!(
     every_algorithm!("batch.lua"),
     "\nreturn run_batch(KEYS, ARGV)\n"
+);
+
+/// The calendar arithmetic alone (`calendar.lua` after `numbers.lua`), for
+/// tests that compare it with Rust's.
+#[cfg(feature = "test-support")]
+pub(super) const CALENDAR: &str = concat!(
+    include_str!("lua/numbers.lua"),
+    "\n",
+    include_str!("lua/calendar.lua"),
 );
 
 const ADMIN: &str = every_algorithm!("adjust.lua" => "admin.lua");

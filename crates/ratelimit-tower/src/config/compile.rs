@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
 
+use super::values::{Parsed, UtcOffset};
+
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
 use super::schema::{
@@ -71,11 +73,23 @@ fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
             ),
         )
     };
+    let calendar = calendar_fields(&base, &spec)?;
     let limit = spec.limit;
     let built = match algorithm {
-        AlgorithmKind::FixedWindow => {
-            Policy::fixed_window(limit, spec.window.ok_or_else(missing)?.0)
-        }
+        AlgorithmKind::FixedWindow => match calendar {
+            Some((period, offset)) => Policy::calendar(limit, period.utc_offset(offset)),
+            None => {
+                let window = spec.window.ok_or_else(|| {
+                    ConfigError::new(
+                        ConfigErrorKind::Policy,
+                        format!("{base}.window"),
+                        "missing: fixed-window needs a window, such as window = \"1m\", \
+                         or a calendar period, such as period = \"month\"",
+                    )
+                })?;
+                Policy::fixed_window(limit, window.0)
+            }
+        },
         AlgorithmKind::SlidingLog => {
             Policy::sliding_window_log(limit, spec.window.ok_or_else(missing)?.0)
         }
@@ -92,6 +106,59 @@ fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
         .with_name(name)
         .map_err(|e| policy_error(&base, period, e))?;
     Ok(policy.with_shadow(spec.shadow))
+}
+
+/// `period` and `utc_offset`: a calendar period and its offset (seconds
+/// east) for a fixed window given no `window`; `None` without `period`. A
+/// `period` on another algorithm, beside a `window`, or a `utc_offset`
+/// without a `period` is refused: each would otherwise be ignored.
+fn calendar_fields(
+    base: &str,
+    spec: &PolicySpec,
+) -> Result<Option<(ratelimit_core::Period, i32)>, ConfigError> {
+    let refuse = |field: &str, message: String| {
+        Err(ConfigError::new(
+            ConfigErrorKind::Policy,
+            format!("{base}.{field}"),
+            message,
+        ))
+    };
+    let Some(Parsed(period)) = spec.period.as_ref() else {
+        if spec.utc_offset.is_some() {
+            return refuse(
+                "utc_offset",
+                String::from(
+                    "a UTC offset applies to calendar periods: write it with \
+                     period = \"day\", \"week\", \"month\" or \"year\"",
+                ),
+            );
+        }
+        return Ok(None);
+    };
+    if spec.algorithm != AlgorithmKind::FixedWindow {
+        return refuse(
+            "period",
+            format!(
+                "{} takes no period: calendar periods are fixed windows, \
+                 write algorithm = \"fixed-window\"",
+                spec.algorithm.name()
+            ),
+        );
+    }
+    if spec.window.is_some() {
+        return refuse(
+            "period",
+            String::from(
+                "a fixed window counts per window or per calendar period, not both: \
+                 remove window or period",
+            ),
+        );
+    }
+    let offset = spec
+        .utc_offset
+        .as_ref()
+        .map_or(0, |Parsed(UtcOffset(seconds))| *seconds);
+    Ok(Some((*period, offset)))
 }
 
 /// A [`PolicyError`] as an error on the field it is about.
@@ -117,6 +184,7 @@ fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
             ("limit", format!("is too large (at most {max})"))
         }
         PolicyError::Unrepresentable { what: "period", .. } => ("rate", error.to_string()),
+        PolicyError::UtcOffsetOutOfRange { .. } => ("utc_offset", error.to_string()),
         PolicyError::Unrepresentable { what, .. } if *what == period_field => {
             (period_field, error.to_string())
         }

@@ -82,6 +82,14 @@
 //! limit = 5
 //! window = "1m"        # fixed-window, sliding-log, sliding-window
 //!
+//! [policies.monthly]
+//! algorithm = "fixed-window"
+//! limit = 10000
+//! period = "month"     # fixed-window, instead of window: day | week | month |
+//!                      # year, with the calendar's edges (Policy::calendar)
+//! utc_offset = "+02:00"  # optional, with period: a fixed offset from UTC
+//!                      # (default: UTC; no daylight saving time)
+//!
 //! [policies.uploads]
 //! algorithm = "concurrency"
 //! limit = 2
@@ -116,6 +124,11 @@
 //!   with units `us`, `ms`, `s`, `m`, `h`, `d` (or their long names,
 //!   `minutes`), possibly combined (`1h30m`, `1h 30m`) or fractional
 //!   (`1.5s`). Rates are an amount per period: `10/s`, `100/m`, `5/10s`.
+//! - A calendar `period` counts per day (midnight to midnight), ISO week
+//!   (from Monday), month (from the 1st: 28 to 31 days) or year, at
+//!   `utc_offset` (`+HH:MM` or `-HH:MM`, sign required); see
+//!   [`Policy::calendar`]. A fixed window takes a `window` or a `period`,
+//!   never both, and no other algorithm takes either field.
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
 //!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. A
 //!   rule applies when its prefix matches any spelling of the path that a
@@ -189,6 +202,7 @@
 //! [`HeaderKey`]: crate::HeaderKey
 //! [`MissingKey`]: crate::MissingKey
 //! [`Policy`]: crate::Policy
+//! [`Policy::calendar`]: crate::Policy::calendar
 
 mod compile;
 mod error;

@@ -6,11 +6,11 @@ use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use ratelimit_core::{AlgorithmKind, Rate};
+use ratelimit_core::{AlgorithmKind, Period as CalendarPeriod, Rate};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::values::Parsed;
+use super::values::{Parsed, UtcOffset};
 use crate::keys::{Cidr, ForwardingHeader};
 use crate::options::MissingKey;
 
@@ -38,6 +38,10 @@ pub(super) struct PolicySpec {
     pub(super) rate: Option<Parsed<Rate>>,
     pub(super) window: Option<Parsed<Duration>>,
     pub(super) lease: Option<Parsed<Duration>>,
+    /// A fixed window of calendar periods, instead of `window`.
+    pub(super) period: Option<Parsed<CalendarPeriod>>,
+    /// With `period`: its offset from UTC.
+    pub(super) utc_offset: Option<Parsed<UtcOffset>>,
     #[serde(default)]
     pub(super) shadow: bool,
 }

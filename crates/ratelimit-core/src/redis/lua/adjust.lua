@@ -30,13 +30,13 @@ local function penalized(value, amount, cap)
 end
 
 ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
-  local start, count = fixed_window_current(key, now, window)
+  local start, stop, count = fixed_window_current(key, now, window)
   if penalty then
     count = penalized(count, amount, 2 * limit)
   else
     count = count - math.min(amount, count)
   end
-  rewrite(key, fixed_window_text(start + window - 1, count), 2 * window, now)
+  rewrite(key, fixed_window_text(stop - 1, count), 2 * (stop - start), now)
 end
 
 ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
