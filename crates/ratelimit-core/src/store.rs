@@ -159,7 +159,7 @@ impl<S: Store> Store for Arc<S> {
 }
 
 /// Whether every decision allows the request.
-pub fn all_allowed(decisions: &[Decision]) -> bool {
+pub(crate) fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
 

@@ -153,7 +153,7 @@ pub fn view(
 
 /// Whether the multi-region store supports `policy`: the algorithms whose
 /// state is a count per window (fixed window, sliding window counter).
-pub fn supports(policy: &Policy) -> bool {
+pub(crate) fn supports(policy: &Policy) -> bool {
     matches!(
         policy.algorithm(),
         Algorithm::FixedWindow(_) | Algorithm::SlidingWindowCounter(_)
