@@ -19,7 +19,7 @@ use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Stor
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
-use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
+use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{
     Composite, Decisions, FailurePolicy, HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer,
     RouteKey,
@@ -76,7 +76,7 @@ async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
 fn limit_of<B>(response: &Response<B>) -> u64 {
     response
         .headers()
-        .get(&X_RATELIMIT_LIMIT)
+        .get("x-ratelimit-limit")
         .expect("X-RateLimit-Limit")
         .to_str()
         .expect("ascii")
@@ -1681,7 +1681,7 @@ fn the_watcher_keeps_the_limits_when_a_writer_dies_halfway() {
         assert_eq!(rules.current().policy("api").map(Policy::limit), Some(30));
         watch.abort();
     });
-    let reloads = ratelimit_tower::metrics::CONFIG_RELOADS;
+    let reloads = ratelimit_tests::metrics::CONFIG_RELOADS;
     assert_eq!(recorded.counter(reloads, &[("outcome", "failed")]), 3);
     assert_eq!(recorded.counter(reloads, &[("outcome", "loaded")]), 1);
 }

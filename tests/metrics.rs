@@ -23,11 +23,12 @@ use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
 use ratelimit_tests::loopback::{client, get, statuses};
-use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
-use ratelimit_tower::metrics::{
-    CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
+use ratelimit_tests::metrics::{
+    CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, Recorded, Scrape,
+    capture,
 };
+use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
+use ratelimit_tower::metrics::STORE_CALL_DURATION;
 use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 

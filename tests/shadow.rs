@@ -16,10 +16,10 @@ use ratelimit_tests::fixtures::{
     Answer, answer, by_client, fixed_window, frozen_memory, request_from,
 };
 use ratelimit_tests::loopback::client;
+use ratelimit_tests::metrics::DECISIONS;
 use ratelimit_tests::metrics::{Scrape, capture};
 use ratelimit_tests::{RedisServer, flags, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
-use ratelimit_tower::metrics::DECISIONS;
 use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt, service_fn};
 

@@ -469,7 +469,8 @@ async fn calls_the_layer_times_out_open_the_breaker() {
     });
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Closed)
-        .timeout(ratelimit_core::DEFAULT_SLOW_CALL * 3)
+        // Three times the breaker's default slow-call time (20 ms).
+        .timeout(Duration::from_millis(60))
         .layer(inner);
     for _ in 0..3 {
         assert_eq!(status_of(&service).await, StatusCode::SERVICE_UNAVAILABLE);

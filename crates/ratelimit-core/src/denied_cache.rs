@@ -17,7 +17,7 @@ use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
-pub const DEFAULT_CACHE_ENTRIES: usize = 10_000;
+pub(crate) const DEFAULT_CACHE_ENTRIES: usize = 10_000;
 
 const SHARDS: usize = 16;
 
@@ -38,8 +38,8 @@ const SHARDS: usize = 16;
 /// those of a [`FallbackStore`](crate::FallbackStore)'s fallback
 /// ([`DecisionSource::Fallback`]): they are the local share of an outage,
 /// not what the primary denies once it answers again. Its memory is
-/// bounded: at most [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when
-/// full, a new denial takes the place of an expired one among the next few
+/// bounded: at most 10,000 denials ([`with_capacity`](Self::with_capacity)
+/// sets another bound); when full, a new denial takes the place of an expired one among the next few
 /// it looks at, or is not cached, so that making room costs a few steps
 /// whatever the cache's size.
 ///
@@ -103,7 +103,7 @@ impl<S> fmt::Debug for DeniedCache<S> {
 }
 
 impl<S: Store> DeniedCache<S> {
-    /// Caches the denials of `store`, at most [`DEFAULT_CACHE_ENTRIES`].
+    /// Caches the denials of `store`, at most 10,000.
     pub fn new(store: S) -> Self {
         DeniedCache::with_capacity(store, DEFAULT_CACHE_ENTRIES)
     }

@@ -42,8 +42,8 @@ pub enum PolicyError {
         max: u64,
     },
     /// A parameter is above what a store decides in bounded work per call
-    /// (a concurrency `max` above
-    /// [`MAX_CONCURRENCY`](crate::algorithm::concurrency::MAX_CONCURRENCY)).
+    /// (a concurrency `max` above 1,024, see
+    /// [`Concurrency::new`](crate::algorithm::Concurrency::new)).
     #[error("{what} is above {max}, the most a store decides in bounded work per call")]
     TooLarge {
         /// What is too large.

@@ -17,7 +17,7 @@ use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError}
 /// The most permits of the fallback whose lease is running that a
 /// [`FallbackStore`] keeps track of. Past it, the fallback denies further
 /// concurrency permits until leases end or permits are released.
-pub const MAX_FALLBACK_PERMITS: usize = 65_536;
+pub(crate) const MAX_FALLBACK_PERMITS: usize = 65_536;
 
 /// A primary store (Redis) behind a [`CircuitBreaker`], with a local fallback
 /// (a [`MemoryStore`]) enforcing a conservative share of each limit while the
@@ -50,7 +50,7 @@ pub const MAX_FALLBACK_PERMITS: usize = 65_536;
 ///   the fallback can answer the call.
 /// - Permits are released to the store that issued them: the fallback keeps
 ///   the ids of the permits it issued (until released or their lease ends,
-///   at most [`MAX_FALLBACK_PERMITS`]) and releases only those locally;
+///   at most 65,536) and releases only those locally;
 ///   every other id goes to the primary, whatever ids the primary chooses.
 ///   While the fallback holds that many permits, it denies new ones.
 /// - When the primary is an [`AdminStore`], so is this store: admin

@@ -19,9 +19,9 @@ use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
-pub const DEFAULT_LEASE_BATCH: u64 = 100;
+pub(crate) const DEFAULT_LEASE_BATCH: u64 = 100;
 /// The default bound on keys with a lease.
-pub const DEFAULT_LEASE_ENTRIES: usize = 10_000;
+pub(crate) const DEFAULT_LEASE_ENTRIES: usize = 10_000;
 
 const SHARDS: usize = 16;
 
@@ -202,9 +202,8 @@ impl<S, C> fmt::Debug for LeasedStoreBuilder<S, C> {
 }
 
 impl<S: Store> LeasedStore<S> {
-    /// Leases from `store` with the defaults: batches of
-    /// [`DEFAULT_LEASE_BATCH`], keys hot after as many requests in one lease
-    /// period, at most [`DEFAULT_LEASE_ENTRIES`] keys tracked.
+    /// Leases from `store` with the defaults: batches of 100, keys hot after
+    /// as many requests in one lease period, at most 10,000 keys tracked.
     pub fn new(store: S) -> Self {
         LeasedStore::builder(store).build()
     }
@@ -223,7 +222,7 @@ impl<S: Store> LeasedStore<S> {
 }
 
 impl<S, C> LeasedStoreBuilder<S, C> {
-    /// Units leased at once (at least 1, default [`DEFAULT_LEASE_BATCH`]);
+    /// Units leased at once (at least 1, default 100);
     /// capped by each policy's limit. Each instance may overshoot a window by
     /// up to this many.
     pub fn batch(mut self, batch: u64) -> Self {
@@ -247,7 +246,7 @@ impl<S, C> LeasedStoreBuilder<S, C> {
         self
     }
 
-    /// The most keys tracked at once (default [`DEFAULT_LEASE_ENTRIES`]).
+    /// The most keys tracked at once (default 10,000).
     /// When full, a new key takes the slot of a key that did not prove hot
     /// and was not asked for lately, among the next few looked at; when it
     /// finds none, it goes to the store unchanged. A key that leased in the

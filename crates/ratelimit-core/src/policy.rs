@@ -206,7 +206,7 @@ impl Algorithm {
     }
 
     /// A fresh state for this algorithm.
-    pub fn new_state(&self) -> State {
+    pub(crate) fn new_state(&self) -> State {
         match self {
             Algorithm::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
             Algorithm::SlidingWindowLog(_) => State::SlidingWindowLog(Box::default()),
@@ -224,7 +224,7 @@ impl Algorithm {
     ///
     /// The caller has checked `cost` against [`Policy::max_cost`].
     #[inline]
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         state: &mut State,
         now: u64,
@@ -245,14 +245,14 @@ impl Algorithm {
     /// algorithm's `penalize`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency, which
     /// has no penalty.
-    pub fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+    pub(crate) fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         with_transitions!(self, state, |a, s| a.penalize(s, now, amount))
     }
 
     /// Applies an admin reward of `amount` units to `state` (see each
     /// algorithm's `reward`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency.
-    pub fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+    pub(crate) fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         with_transitions!(self, state, |a, s| a.reward(s, now, amount))
     }
 
@@ -267,8 +267,9 @@ impl Algorithm {
         self.reward(state, now, amount)
     }
 
-    /// Whether [`penalize`](Self::penalize) and [`reward`](Self::reward)
-    /// apply (every algorithm but concurrency).
+    /// Whether [`AdminStore::penalize`](crate::AdminStore::penalize) and
+    /// [`AdminStore::reward`](crate::AdminStore::reward) apply (every
+    /// algorithm but concurrency).
     pub fn supports_adjustments(&self) -> bool {
         !matches!(self, Algorithm::Concurrency(_))
     }
@@ -279,17 +280,17 @@ impl Algorithm {
     /// another algorithm, or for concurrency, which has no settlement.
     ///
     /// - `actual > reserved`: the difference is consumed even past empty, as
-    ///   a [`penalize`](Self::penalize) of it: into a debt of at most one more
+    ///   a `penalize` of it: into a debt of at most one more
     ///   full budget, which later requests wait out;
     /// - `actual < reserved`: the difference is given back as a refund
-    ///   (a [`reward`](Self::reward), but the oldest units of a sliding log
+    ///   (a `reward`, but the oldest units of a sliding log
     ///   first), never beyond a full budget;
     /// - `actual == reserved`: nothing changes (a peek).
     ///
     /// A difference above four times the limit changes no state more than
     /// four times the limit does (none holds more), so it is capped there,
     /// which keeps the Redis scripts' arithmetic exact.
-    pub fn settle(
+    pub(crate) fn settle(
         &self,
         state: &mut State,
         now: u64,
@@ -310,7 +311,7 @@ impl Algorithm {
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum State {
+pub(crate) enum State {
     /// Fixed window state.
     FixedWindow(FixedWindowState),
     /// Sliding window log state (boxed: it grows with the limit, up to

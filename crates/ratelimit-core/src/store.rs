@@ -129,7 +129,7 @@ pub trait Store: Send + Sync + 'static {
     /// in the order of `settles`, what a peek of each limit reports
     /// afterwards (for the response's rate-limit headers).
     ///
-    /// Per limit (the transitions of [`Algorithm::settle`](crate::Algorithm::settle)):
+    /// Per limit (the same transitions on every store):
     ///
     /// - `actual > reserved` charges the difference even past the limit,
     ///   into a **debt** of at most one more full budget (as an admin
@@ -221,7 +221,7 @@ impl<S: Store> Store for Arc<S> {
 }
 
 /// Whether every decision allows the request.
-pub fn all_allowed(decisions: &[Decision]) -> bool {
+pub(crate) fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
 

@@ -197,9 +197,10 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
         }
     }
 
-    /// Refusals become errors (a [`Rejection`] in a [`BoxError`](crate::BoxError)),
-    /// for request types that are not HTTP. The inner service's error must
-    /// convert into `BoxError`; give it a concrete error type (with an inner
+    /// Refusals become errors (a [`Rejection`] in a `tower::BoxError`,
+    /// `Box<dyn Error + Send + Sync>`), for request types that are not HTTP
+    /// ([`ErrorRejections`]). The inner service's error must convert into
+    /// `BoxError`; give it a concrete error type (with an inner
     /// error that is already `BoxError`, the futures may not be `Send` across
     /// `tokio::spawn`, because of how the compiler checks that conversion for
     /// all lifetimes).

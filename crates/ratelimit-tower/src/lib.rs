@@ -216,7 +216,7 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use responses::{BoxError, HttpRejections, Rejection, headers};
+pub use responses::{ErrorRejections, HttpRejections, Reject, Rejection, headers};
 pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;
 

@@ -68,24 +68,26 @@ use std::sync::OnceLock;
 use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 
 /// Counter: decisions, labelled `policy` and `outcome`.
-pub const DECISIONS: &str = "ratelimit_decisions_total";
+#[cfg(feature = "metrics")]
+pub(crate) const DECISIONS: &str = "ratelimit_decisions_total";
 
 /// Counter: allowed decisions close to the limit, labelled `policy`.
-pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+#[cfg(feature = "metrics")]
+pub(crate) const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
 
 /// Histogram: the duration of each store call in seconds, labelled `outcome`
-/// (`ok` or `error`).
+/// (`ok` or `error`): the name to set its buckets by, such as
+/// `metrics-exporter-prometheus`'s `set_buckets_for_metric`.
 pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
 
 /// Counter: reloads of a `config::ReloadableRules` (feature `config`),
 /// labelled `outcome` (`loaded` or `failed`).
-pub const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
-
-pub use ratelimit_core::metrics::{CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS};
+#[cfg(feature = "metrics")]
+pub(crate) const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
 
 /// The default fraction of the limit under which an allowed decision counts
 /// as near the limit.
-pub const DEFAULT_NEAR_LIMIT: f64 = 0.1;
+pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 
 /// Describes every metric of the layer and of `ratelimit-core` (help text
 /// and unit) to the installed recorder. Call it once, after installing it.
@@ -141,7 +143,7 @@ pub(crate) fn outcome(policy: &Policy, decision: &Decision, all_allowed: bool) -
 /// Asks `store` to check `key` against `policy` at `cost`, as the layer asks
 /// for one limit, and records the answer as the layer records its own: the
 /// store call's duration, the decision counted by policy and outcome (and
-/// near the limit under the default fraction, [`DEFAULT_NEAR_LIMIT`]), a
+/// near the limit under the default fraction, 0.1), a
 /// `debug` event with the key's hash, never the key. A cost the policy can
 /// never admit ([`StoreError::CostExceedsLimit`]) is not counted, as on the
 /// layer.

@@ -24,7 +24,9 @@ type Release = Box<dyn FnOnce() + Send + Sync>;
 /// dies renews no more: its permits end with their leases. Outside a tokio
 /// runtime there is no renewal (nor asynchronous release): the permit ends
 /// with its lease, or with its release if the store releases at once.
+// Not API: `ratelimit-axum`'s `Limiter` holds a handler's permits in one.
 #[derive(Default)]
+#[doc(hidden)]
 pub struct PermitGuard {
     // Boxed, and absent while there is none: most requests hold no permit,
     // and the guard travels in every response future and body, where one

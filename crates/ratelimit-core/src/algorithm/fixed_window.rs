@@ -22,16 +22,16 @@ pub struct FixedWindow {
 
 /// State of a fixed window for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FixedWindowState {
+pub(crate) struct FixedWindowState {
     /// A time (µs) in the window the count belongs to: its last microsecond
     /// as the stores write it. Under the window length that wrote it, any
     /// time in the window reads alike (a state holding the window's first
     /// microsecond, as multi-region decisions pass it, too); under a shorter
     /// one, the count lasts until the window that holds this time ends, so
     /// never less than the window that wrote it.
-    pub window_last: u64,
+    pub(crate) window_last: u64,
     /// Cost admitted in that window.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 impl FixedWindow {
@@ -133,7 +133,7 @@ impl FixedWindow {
     /// Only an admitted request of a positive cost writes the state, as the
     /// Redis script does: a state written under other numbers stays as it
     /// was until then, so both stores read it alike after a later change.
-    pub fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
         let (_, end, count) = self.current(state, now);
         let until_end = end - now;
         if count + cost <= self.limit {
@@ -160,7 +160,7 @@ impl FixedWindow {
     ///
     /// The count is per window: the key is denied at most until the current
     /// window ends, and a penalty never carries over into the next window.
-    pub fn penalize(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn penalize(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
         let (_, end, count) = self.current(state, now);
         *state = FixedWindowState {
             window_last: end - 1,
@@ -171,7 +171,7 @@ impl FixedWindow {
 
     /// Gives back `amount` of the current window's count (never below zero,
     /// so never beyond a full budget); returns what a peek then reports.
-    pub fn reward(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(&self, state: &mut FixedWindowState, now: u64, amount: u64) -> Decision {
         let (_, end, count) = self.current(state, now);
         *state = FixedWindowState {
             window_last: end - 1,

@@ -30,7 +30,7 @@ use keys::*;
 use shard::*;
 
 /// The default bound on the number of keys a [`MemoryStore`] holds.
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 const DEFAULT_SHARDS: usize = 64;
 
@@ -46,7 +46,7 @@ const DEFAULT_SHARDS: usize = 64;
 /// # Bounded memory
 ///
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys
-/// (default [`DEFAULT_MAX_KEYS`]): the shards share one budget of `max_keys`,
+/// (default 1,000,000): the shards share one budget of `max_keys`,
 /// so any `max_keys` distinct keys are held whichever shards they fall in,
 /// and never one more. There is no background task:
 ///
@@ -63,8 +63,7 @@ const DEFAULT_SHARDS: usize = 64;
 /// - blocks ([`AdminStore::block`]) count as keys too, expire when they end,
 ///   and a block of a new key in a full store is [`StoreError::Full`];
 /// - the state inside a key is bounded too: a sliding log holds at most
-///   `2 × `[`LOG_SLOTS`](crate::algorithm::sliding_window_log::LOG_SLOTS)
-///   entries of 16 bytes (32 KiB) whatever its limit (see
+///   `2 × 1024` entries of 16 bytes (32 KiB) whatever its limit (see
 ///   [`sliding_window_log`](crate::algorithm::sliding_window_log)), and a
 ///   concurrency key one lease per held permit, at most `max`.
 ///
@@ -131,8 +130,8 @@ impl MemoryStoreBuilder<MonotonicClock> {
 }
 
 impl<C: Clock> MemoryStoreBuilder<C> {
-    /// The most keys the store holds (at least 1). See [`MemoryStore`] for
-    /// what happens at the bound.
+    /// The most keys the store holds (at least 1, default 1,000,000). See
+    /// [`MemoryStore`] for what happens at the bound.
     #[must_use]
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
@@ -181,7 +180,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
 }
 
 impl MemoryStore<MonotonicClock> {
-    /// A store with the defaults: [`DEFAULT_MAX_KEYS`] keys, the monotonic clock.
+    /// A store with the defaults: at most 1,000,000 keys, the monotonic clock.
     pub fn new() -> Self {
         MemoryStoreBuilder::new().build()
     }

@@ -154,7 +154,7 @@ pub fn view(
 /// Whether the multi-region store supports `policy`: the algorithms whose
 /// state is a count per window of a fixed length (fixed window, sliding
 /// window counter; not calendar periods).
-pub fn supports(policy: &Policy) -> bool {
+pub(crate) fn supports(policy: &Policy) -> bool {
     match policy.algorithm() {
         Algorithm::FixedWindow(a) => a.calendar_periods().is_none(),
         Algorithm::SlidingWindowCounter(_) => true,

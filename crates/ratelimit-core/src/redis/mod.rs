@@ -63,24 +63,23 @@ pub(crate) use errors::backend_error;
 use errors::*;
 use replies::*;
 
+pub use coalesce::CoalescingStats;
+use coalesce::DEFAULT_MAX_BATCH;
 use coalesce::{Coalescer, Decided, Item, LaneId};
-pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
-#[cfg(feature = "sentinel")]
-pub use sentinel::DEFAULT_SENTINEL_PORT;
 use smallvec::{SmallVec, smallvec};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
-pub const DEFAULT_PREFIX: &str = "ratelimit";
+pub(crate) const DEFAULT_PREFIX: &str = "ratelimit";
 /// The default number of multiplexed connections to one node, each shared by
 /// every concurrent call.
-pub const DEFAULT_POOL_SIZE: u32 = 4;
+pub(crate) const DEFAULT_POOL_SIZE: u32 = 4;
 /// The default time allowed to open a connection.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time allowed for one decision, connection checkout included.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A store in Redis (one node, the master Redis Sentinel names with the
 /// `sentinel` feature, or a Redis Cluster with the `redis-cluster` feature),
@@ -238,7 +237,7 @@ impl RedisStore {
     /// sentinels at `sentinels` name under `master_name` (the name of
     /// `sentinel monitor <name> ...`), and follows a failover.
     ///
-    /// Each sentinel is `host:port`, `host` (port [`DEFAULT_SENTINEL_PORT`])
+    /// Each sentinel is `host:port`, `host` (port 26379)
     /// or a `redis://[user:password@]host[:port]` URL (`rediss://` for TLS,
     /// feature `tls`); the user and password of a URL are the sentinels'
     /// own, the same for every sentinel. The master's credentials, database
@@ -349,6 +348,9 @@ impl RedisStore {
 /// in µs (`wait`: the retry of a denial, the delay of an admission). Use it
 /// to preload the scripts with `SCRIPT LOAD` or to measure Redis alone (see
 /// `BENCHMARKS.md`).
+// Not API: the `bench` example of `ratelimit-examples` prints it for the
+// scripts that measure Redis alone, and `ratelimit-tests` runs it by hand.
+#[doc(hidden)]
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
 }
@@ -364,6 +366,9 @@ pub fn function_library() -> &'static str {
 /// The function of [`function_library`] that decides one request under
 /// `algorithm`, with the keys and arguments of [`script_source`]'s script
 /// (`FCALL <name> 1 <state key> <args...>`).
+// Not API: the `bench` example of `ratelimit-examples` prints it for the
+// scripts that measure Redis alone.
+#[doc(hidden)]
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
@@ -372,8 +377,9 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
 /// store decides several limits of one slot (`multi.lua`) and refunds them
 /// when a later slot denies (`refund.lua`), so a test can send a refund
 /// again as a resend would. Behind the feature `test-support`.
+// Not API: `ratelimit-tests` resends a cluster refund with it.
 #[cfg(feature = "test-support")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+#[doc(hidden)]
 pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     let scripts = Scripts::new();
     (scripts.multi().1, scripts.refund().1)

@@ -63,10 +63,6 @@ use ratelimit_core::{Algorithm, Policy};
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::responses::fields::Fields;
 
-pub use super::fields::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-
 /// How `X-RateLimit-Reset` is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -145,7 +141,7 @@ impl RateLimitHeaders {
     /// [the module docs](self#a-response-that-already-carries-rate-limit-fields)).
     ///
     /// ```
-    /// use ratelimit_tower::headers::{RATELIMIT, RateLimitHeaders};
+    /// use ratelimit_tower::headers::RateLimitHeaders;
     /// use ratelimit_tower::{Decisions, PolicyDecision, Policy};
     /// use ratelimit_core::Decision;
     /// use std::time::Duration;
@@ -157,9 +153,9 @@ impl RateLimitHeaders {
     ///     Decision::allow(10, 9, 60_000_000),
     /// )]);
     /// let mut headers = http::HeaderMap::new();
-    /// headers.insert(&RATELIMIT, http::HeaderValue::from_static(r#""login";r=2;t=900"#));
+    /// headers.insert("ratelimit", http::HeaderValue::from_static(r#""login";r=2;t=900"#));
     /// RateLimitHeaders::ietf().apply(&decisions, &mut headers);
-    /// assert_eq!(headers[&RATELIMIT], r#""login";r=2;t=900, "exports";r=9;t=60"#);
+    /// assert_eq!(headers["ratelimit"], r#""login";r=2;t=900, "exports";r=9;t=60"#);
     /// # Ok(())
     /// # }
     /// ```
@@ -378,6 +374,7 @@ mod tests {
     use ratelimit_core::Decision;
 
     use super::*;
+    use crate::responses::fields::{RATELIMIT, RATELIMIT_POLICY};
 
     fn allowed(policies: &[&Policy]) -> Decisions {
         Decisions::new(
