@@ -77,13 +77,17 @@ impl<St> fmt::Debug for Limiter<St> {
 
 impl<St: Store + Clone> Limiter<St> {
     /// Checks keys against `policy` in `store`, sending the IETF headers,
-    /// refusing requests when the store is down ([`FailurePolicy::Closed`]).
+    /// granting checks while the store is down ([`FailurePolicy::Open`]), as
+    /// the layer does: an outage of the store is not an outage of the
+    /// service (see [`FailurePolicy`]). A limit that must hold through an
+    /// outage, such as login attempts, says
+    /// [`on_failure(FailurePolicy::Closed)`](Limiter::on_failure).
     pub fn new(store: St, policy: Policy) -> Self {
         Limiter {
             store,
             policy,
             headers: RateLimitHeaders::default(),
-            failure: FailurePolicy::Closed,
+            failure: FailurePolicy::default(),
         }
     }
 
@@ -95,9 +99,8 @@ impl<St: Store + Clone> Limiter<St> {
     }
 
     /// What to do when the store cannot decide because of an outage
-    /// (default [`FailurePolicy::Closed`], `503`: a limit checked by hand
-    /// usually guards something sensitive, such as logins). Errors that are
-    /// not outages are refused whatever this says.
+    /// (default [`FailurePolicy::Open`], as on the layer; `Closed` answers
+    /// `503`). Errors that are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;

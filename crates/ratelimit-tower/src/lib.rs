@@ -201,6 +201,14 @@ mod service;
 pub use ratelimit_core;
 // What a layer needs besides this crate, so `ratelimit-tower` alone is a
 // complete dependency (for tonic, with the feature `tonic`).
+/// The store that decides hot keys from leased batches (feature `lease`).
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use ratelimit_core::LeasedStore;
+/// The store of one limit across regions (feature `multi-region`).
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
 /// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]
