@@ -2,7 +2,8 @@
 //!
 //! The workspace's tests replay one timeline through `MemoryStore` and
 //! `RedisStore`, so they need the Redis scripts on a manual clock
-//! (`script_clock_for_tests`). That is no API: every Cargo feature is
+//! (`script_clock_for_tests`), and the cluster's refund script to send
+//! again (`cross_slot_sources_for_tests`). That is no API: every Cargo feature is
 //! published, so the hooks sit behind `cfg(ratelimit_test_hooks)` instead,
 //! which only this workspace turns on (`.cargo/config.toml` sets
 //! `RATELIMIT_TEST_HOOKS=1`). A build from crates.io never has them.

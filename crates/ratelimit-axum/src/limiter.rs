@@ -115,15 +115,22 @@ impl<St: Store + Clone> Limiter<St> {
     /// Checks `key` at `cost`, consuming it when allowed. A policy in shadow
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
+    ///
+    /// `key` is a value (a username, an email address) and is hashed as the
+    /// layer hashes every value ([`Key`]): a `Limiter` and a layer under one
+    /// policy and store share the budget of one value, and no store holds
+    /// the value itself.
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
+        let key = Key::from(key);
         // Through the layer's own recording, so a limit checked here shows
         // in the same metrics and events as the layer's.
-        match ratelimit_tower::metrics::recorded_check(&self.store, key, &self.policy, cost).await {
+        match ratelimit_tower::metrics::recorded_check(&self.store, &key, &self.policy, cost).await
+        {
             Ok(decision) => {
                 let allowed = decision.is_allowed() || self.policy.is_shadow();
                 let mut permit = PermitGuard::default();
                 if let Some(id) = decision.permit() {
-                    permit.hold(&self.store, &Key::from(key.to_vec()), &self.policy, id);
+                    permit.hold(&self.store, &key, &self.policy, id);
                 }
                 let decisions =
                     Decisions::new(vec![PolicyDecision::new(self.policy.clone(), decision)]);

@@ -365,6 +365,16 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
 
+/// The sources of the scripts by which a Redis Cluster store decides several
+/// limits of one slot (`multi.lua`) and refunds them when a later slot denies
+/// (`refund.lua`), so a test can send a refund again as a resend would. Only
+/// in this workspace's test builds (see `build.rs`), never published.
+#[cfg(ratelimit_test_hooks)]
+pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
+    let scripts = Scripts::new();
+    (scripts.multi().1, scripts.refund().1)
+}
+
 impl Inner {
     /// Runs `cmd` within the call timeout, on any connection.
     async fn run(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
