@@ -21,7 +21,7 @@ use crate::options::MissingKey;
 ///   [`Limits::one`](crate::Limits::one) key and a closure's, [`HeaderKey`]'s
 ///   values, and the keys of `ratelimit-axum`'s `Limiter::check`.
 /// - **An address, a route or a name set in code** is kept as text: `From`
-///   an [`IpAddr`] (its text, as [`PeerIp`] and [`ClientIp`](crate::ClientIp) key an
+///   an [`IpAddr`] (its text, as [`PeerIp`](struct@PeerIp) and [`ClientIp`](crate::ClientIp) key an
 ///   IPv4 client; an IPv6 client's network, `2001:db8::/64`, likewise),
 ///   [`RouteKey`]'s route, [`GlobalKey`]'s name, and [`Composite`]'s join of
 ///   two keys.
