@@ -32,7 +32,22 @@
 //! | `tonic` | tonic's `TcpConnectInfo` as a peer address, for gRPC served beside axum |
 //!
 //! Each feature turns on the feature of the same name in `ratelimit-tower`
-//! and `ratelimit-core`.
+//! and `ratelimit-core`, and the stores it adds are named from this crate:
+//!
+//! ```
+//! # #[cfg(feature = "lease")]
+//! # fn leased() -> Result<(), ratelimit_axum::PolicyError> {
+//! // features = ["lease"]
+//! use ratelimit_axum::{LeasedStore, MemoryStore, PeerIp, Policy, Rate, RateLimitLayer};
+//!
+//! let store = LeasedStore::new(MemoryStore::new());
+//! let layer = RateLimitLayer::new(store, Policy::gcra(1_000, Rate::per_second(1_000))?, PeerIp);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! # #[cfg(feature = "multi-region")]
+//! # fn regions() -> Option<ratelimit_axum::MultiRegionStore> { None }
+//! ```
 //!
 //! In a file that also uses tower's own `tower::limit::RateLimitLayer`, name
 //! this crate with a short alias rather than importing both layers:
