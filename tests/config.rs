@@ -1306,7 +1306,7 @@ async fn a_reload_that_drops_rules_is_refused() {
     let before = rules.current();
 
     let two_rules = format!(
-        "{}\n[[rules]]\npolicy = \"api\"\nkey = \"header:x-other\"\n",
+        "{}\n[[rules]]\npolicy = \"api\"\nkey = \"global\"\n",
         api_config(1)
     );
     rules

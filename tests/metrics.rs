@@ -710,7 +710,8 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
             for _ in 0..3 {
                 statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
             }
-            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2));
+            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2))
+                .on_failure(FailurePolicy::Closed);
             statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
             // One name, two algorithms in one store: not an outage.
             let store = frozen_memory();

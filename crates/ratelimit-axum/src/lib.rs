@@ -12,8 +12,9 @@
 //! service uses: the layer ([`RateLimitLayer`], [`Rule`], [`Limits`] for
 //! limits chosen per request, [`Rejection`] for custom refusals), the key
 //! extractors ([`PeerIp`](struct@crate::PeerIp), [`ClientIp`], [`HeaderKey`], ...), the policies
-//! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the
-//! feature `redis`) and the decision types: import from this crate only.
+//! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore`,
+//! `MultiRegionStore` and `LeasedStore` with their features) and the
+//! decision types: import from this crate only.
 //! The rest is in the re-exported crates [`ratelimit_core`] and
 //! [`ratelimit_tower`] (the `config` module, `for_errors` layers).
 //!
@@ -24,8 +25,29 @@
 //! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
 //! | `tls` | `rediss://` URLs |
 //! | `bb8` | `RedisStore::bb8_builder`, on the application's own `bb8` pool |
+//! | `multi-region` | `MultiRegionStore`: one limit across regions, each deciding in its own Redis |
+//! | `lease` | `LeasedStore`: hot keys decided locally from leased batches (approximate) |
 //! | `metrics` | decisions, the layer's and [`Limiter`]'s, counted through the `metrics` facade |
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
+//! | `tonic` | tonic's `TcpConnectInfo` as a peer address, for gRPC served beside axum |
+//!
+//! Each feature turns on the feature of the same name in `ratelimit-tower`
+//! and `ratelimit-core`, and the stores it adds are named from this crate:
+//!
+//! ```
+//! # #[cfg(feature = "lease")]
+//! # fn leased() -> Result<(), ratelimit_axum::PolicyError> {
+//! // features = ["lease"]
+//! use ratelimit_axum::{LeasedStore, MemoryStore, PeerIp, Policy, Rate, RateLimitLayer};
+//!
+//! let store = LeasedStore::new(MemoryStore::new());
+//! let layer = RateLimitLayer::new(store, Policy::gcra(1_000, Rate::per_second(1_000))?, PeerIp);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! # #[cfg(feature = "multi-region")]
+//! # fn regions() -> Option<ratelimit_axum::MultiRegionStore> { None }
+//! ```
 //!
 //! In a file that also uses tower's own `tower::limit::RateLimitLayer`, name
 //! this crate with a short alias rather than importing both layers:
@@ -115,6 +137,14 @@ pub use ratelimit_core;
 pub use ratelimit_tower;
 
 // What an axum service uses, so this crate alone is a complete dependency.
+/// The store that decides hot keys from leased batches (feature `lease`).
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use ratelimit_core::LeasedStore;
+/// The store of one limit across regions (feature `multi-region`).
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

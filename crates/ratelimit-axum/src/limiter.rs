@@ -124,10 +124,11 @@ impl<St: Store + Clone> Limiter<St> {
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
-        let decision = self.decide(key, cost).await?;
+        let key = Key::from(key);
+        let decision = self.decide(&key, cost).await?;
         let mut permit = PermitGuard::default();
         if let Some(id) = decision.as_ref().and_then(Decision::permit) {
-            permit.hold(&self.store, &Key::from(key.to_vec()), &self.policy, id);
+            permit.hold(&self.store, &key, &self.policy, id);
         }
         Ok(Granted {
             decisions: decision.map(|d| decisions_of(&self.policy, d)),
@@ -186,11 +187,12 @@ impl<St: Store + Clone> Limiter<St> {
             );
             return Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))));
         }
-        let decision = self.decide(key, estimate).await?;
+        let key = Key::from(key);
+        let decision = self.decide(&key, estimate).await?;
         Ok(Reservation::new(
             self.store.clone(),
             self.policy.clone(),
-            key.to_vec(),
+            key.as_bytes().to_vec(),
             estimate,
             decision,
             self.headers,
@@ -201,13 +203,15 @@ impl<St: Store + Clone> Limiter<St> {
     /// decision a request of cost 0 gets (denied only while the key is
     /// blocked or in debt), on every store.
     pub async fn peek(&self, key: &[u8]) -> Result<Decision, StoreError> {
-        self.store.check(key, &self.policy, 0).await
+        self.store
+            .check(Key::from(key).as_bytes(), &self.policy, 0)
+            .await
     }
 
     /// Decides `key` at `cost`: the decision when the request may go on
     /// (allowed, or denied under a shadow policy), `None` when the store
     /// failed and the failure policy lets it through, else the refusal.
-    async fn decide(&self, key: &[u8], cost: u64) -> Result<Option<Decision>, QuotaExceeded> {
+    async fn decide(&self, key: &Key, cost: u64) -> Result<Option<Decision>, QuotaExceeded> {
         // Through the layer's own recording, so a limit checked here shows
         // in the same metrics and events as the layer's.
         match ratelimit_tower::metrics::recorded_check(&self.store, key, &self.policy, cost).await {

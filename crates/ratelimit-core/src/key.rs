@@ -67,7 +67,7 @@ pub(crate) fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
 
 /// [`hashed`] of the parts written one after the other, without joining
 /// them first.
-// Not API: `ratelimit-tower`'s `HeaderKey` hashes a header's name and value with it.
+// Not API: `ratelimit-tower`'s `Key` hashes every value with it, without a heap allocation.
 #[doc(hidden)]
 pub fn hashed_parts(parts: &[&[u8]]) -> [u8; HASHED_KEY_LEN] {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -41,7 +41,11 @@ pub struct RateLimitLayer<St, P, J = HttpRejections> {
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
-    /// Limits requests by `key` under `policy`, in `store`, at cost 1.
+    /// Limits requests by `key` under `policy`, in `store`, at cost 1,
+    /// letting requests through while the store is down
+    /// ([`FailurePolicy::Open`], the default of every limiter in these
+    /// crates: see [`FailurePolicy`] for why, and
+    /// [`on_failure`](RateLimitLayer::on_failure) to choose otherwise).
     pub fn new(store: St, policy: Policy, key: K) -> Self {
         RateLimitLayer::with_rules(store, Rule::new(policy, key))
     }
@@ -50,7 +54,9 @@ impl<St, K> RateLimitLayer<St, Rule<K>> {
 impl<St, P> RateLimitLayer<St, P> {
     /// Limits requests with `rules`: a [`Rule`], rules joined with
     /// [`Rule::and`], or a closure returning the [`Limits`](crate::Limits)
-    /// for each request, possibly after an asynchronous lookup.
+    /// for each request, possibly after an asynchronous lookup. While the
+    /// store is down, requests go through ([`FailurePolicy::Open`], see
+    /// [`on_failure`](RateLimitLayer::on_failure)).
     ///
     /// ```
     /// use std::collections::HashMap;
@@ -231,7 +237,10 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
         self.mode(Mode::Wait { max_delay })
     }
 
-    /// What to do when the store cannot decide (default: [`FailurePolicy::Open`]).
+    /// What to do when the store cannot decide because of an outage
+    /// (default [`FailurePolicy::Open`], as for `ratelimit-axum`'s `Limiter`:
+    /// an outage of the store is not an outage of the service). Errors that
+    /// are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;

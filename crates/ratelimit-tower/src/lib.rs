@@ -15,7 +15,10 @@
 //!   kept ([`HttpRejections`], see [`RateLimitLayer::on_rejection`]); for
 //!   other request types they are errors
 //!   ([`RateLimitLayer::for_errors`]).
-//! - When the store fails, the [`FailurePolicy`] decides.
+//! - When the store fails, the [`FailurePolicy`] decides (open by default).
+//! - Keys are hashed alike whichever way they come ([`Key`]): a value (an
+//!   API key from a header, a tenant id from a rule provider) is one budget
+//!   and never reaches a store as it is; addresses stay readable.
 //! - Concurrency permits are held until the response body ends.
 //! - With the feature `config`, policies and rules come from a TOML or JSON
 //!   file and can be reloaded while serving (the `config` module).
@@ -30,15 +33,17 @@
 //! # One dependency
 //!
 //! This crate re-exports what a layer needs from `ratelimit-core`
-//! ([`MemoryStore`], [`Policy`], [`Period`], [`Rate`], and `RedisStore` with
-//! the feature `redis`), and the crate itself as [`ratelimit_core`]. A tonic server
-//! needs only this crate, with the feature `tonic` (the peer address from
-//! tonic's `TcpConnectInfo`):
+//! ([`MemoryStore`], [`Policy`], [`Period`], [`Rate`]; `RedisStore`, `MultiRegionStore`
+//! and `LeasedStore` with the features `redis`, `multi-region` and `lease`),
+//! and the crate itself as [`ratelimit_core`]. A tonic server needs only this
+//! crate, with the feature `tonic` (the peer address from tonic's
+//! `TcpConnectInfo`):
 //!
 //! ```toml
 //! [dependencies]
 //! ratelimit-tower = { version = "0.1", features = ["tonic"] }
-//! # Redis: features = ["tonic", "redis"] ("sentinel", "redis-cluster", "tls", "bb8" as well)
+//! # Redis: features = ["tonic", "redis"] ("sentinel", "redis-cluster", "tls",
+//! # "bb8", "multi-region" as well; "lease" for LeasedStore)
 //! ```
 //!
 //! axum users depend on `ratelimit-axum` instead, which turns on this
@@ -201,6 +206,14 @@ mod service;
 pub use ratelimit_core;
 // What a layer needs besides this crate, so `ratelimit-tower` alone is a
 // complete dependency (for tonic, with the feature `tonic`).
+/// The store that decides hot keys from leased batches (feature `lease`).
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use ratelimit_core::LeasedStore;
+/// The store of one limit across regions (feature `multi-region`).
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
 /// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]

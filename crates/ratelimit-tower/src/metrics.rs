@@ -67,6 +67,8 @@ use std::sync::OnceLock;
 
 use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 
+use crate::keys::Key;
+
 /// Counter: decisions, labelled `policy` and `outcome`.
 #[cfg(feature = "metrics")]
 pub(crate) const DECISIONS: &str = "ratelimit_decisions_total";
@@ -150,27 +152,30 @@ pub(crate) fn outcome(policy: &Policy, decision: &Decision, all_allowed: bool) -
 ///
 /// For limits checked outside a layer, so that they show where the layer's
 /// do: `ratelimit-axum`'s `Limiter` (a login guard in a handler) checks
-/// through it.
+/// through it. The key is a [`Key`], so a value is hashed here as the
+/// layer hashes it and both share its budget.
 ///
 /// ```
-/// use ratelimit_tower::{MemoryStore, Policy};
+/// use ratelimit_tower::{Key, MemoryStore, Policy};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = MemoryStore::new();
 /// let exports = Policy::fixed_window(10, Duration::from_secs(3600))?.with_name("exports")?;
-/// let decision = ratelimit_tower::metrics::recorded_check(&store, b"user-7", &exports, 1).await?;
+/// let user = Key::from("user-7");
+/// let decision = ratelimit_tower::metrics::recorded_check(&store, &user, &exports, 1).await?;
 /// assert!(decision.is_allowed());
 /// # Ok(())
 /// # }
 /// ```
 pub async fn recorded_check<St: Store>(
     store: &St,
-    key: &[u8],
+    key: &Key,
     policy: &Policy,
     cost: u64,
 ) -> Result<Decision, StoreError> {
+    let key = key.as_bytes();
     let timer = StoreCall::start();
     let answer = store.check(key, policy, cost).await;
     timer.finish(answer.is_ok());

@@ -19,10 +19,27 @@ use ratelimit_core::StoreError;
 /// bound exists to keep new keys out): the request is refused (`500`, or
 /// `503` for a full store), logged at `error` and counted (metrics outcome
 /// `invalid`, [`Stats::refused_on_error`]), whatever this says.
+///
+/// # The default: [`Open`](FailurePolicy::Open)
+///
+/// [`RateLimitLayer`](crate::RateLimitLayer) and `ratelimit-axum`'s `Limiter`
+/// both default to `Open`, for one reason: a rate limiter in front of a
+/// service protects it from its clients, and an outage of the limiter's
+/// store (Redis restarting, a network partition) should not become an outage
+/// of the service. A store that cannot answer says nothing about the client
+/// (an in-process limiter such as governor has no store to lose, and never
+/// refuses for one). Since only outages reach this policy, failing open
+/// never lifts a limit for a mistake or a hostile input, and every request it
+/// lets through is logged at `warn` and counted (the metrics outcome
+/// `error`; on the layer, [`Stats::failed_open`]). Where an outage must not lift the
+/// limit (logins, a paid downstream API), say so: [`Closed`](FailurePolicy::Closed),
+/// or keep deciding in memory while the store is down with
+/// `ratelimit_core::FallbackStore`.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Let the request through (the default): availability first.
+    /// Let the request through (the default): the service stays available
+    /// while its limiter's store is down.
     #[default]
     Open,
     /// Refuse the request: `503 Service Unavailable` (gRPC `UNAVAILABLE`).

@@ -136,22 +136,21 @@ impl MultiRegionStoreBuilder {
         self
     }
 
-    /// Tests only: this region's windows follow `clock` instead of its
-    /// Redis server's `TIME` (staleness still follows the servers' real
-    /// time); so do the peers', unless [`peer_script_clock_for_tests`](Self::peer_script_clock_for_tests)
-    /// says otherwise. Behind the feature `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// This region's windows follow `clock` instead of its Redis server's
+    /// `TIME` (staleness still follows the servers' real time); so do the
+    /// peers', unless [`peer_script_clock_for_tests`](Self::peer_script_clock_for_tests)
+    /// says otherwise. Only in this workspace's test builds (see
+    /// `build.rs`), never published.
+    #[cfg(ratelimit_test_hooks)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self
     }
 
-    /// Tests only: the windows of peer `name`'s Redis follow `clock` (as
-    /// that region's own store was told), so the counts pushed there are
-    /// placed by its clock. Behind the feature `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// The windows of peer `name`'s Redis follow `clock` (as that region's
+    /// own store was told), so the counts pushed there are placed by its
+    /// clock. Only in this workspace's test builds (see `build.rs`).
+    #[cfg(ratelimit_test_hooks)]
     pub fn peer_script_clock_for_tests(
         mut self,
         name: impl Into<String>,

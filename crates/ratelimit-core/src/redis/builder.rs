@@ -206,13 +206,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// **For tests only.** Makes the scripts use `clock` instead of the Redis
-    /// server's `TIME`, so a test can replay a timeline through both stores.
-    /// Keys then get an hour of extra TTL, since the timeline does not run in
-    /// real time. Production stores never set this: behind the feature
-    /// `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// Makes the scripts use `clock` instead of the Redis server's `TIME`,
+    /// so a test can replay a timeline through both stores. Keys then get an
+    /// hour of extra TTL, since the timeline does not run in real time. Only
+    /// in this workspace's test builds (see `build.rs`), never published.
+    #[cfg(ratelimit_test_hooks)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self

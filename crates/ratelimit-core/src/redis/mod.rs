@@ -373,12 +373,11 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
 
-/// **For tests only.** The sources of the scripts by which a Redis Cluster
-/// store decides several limits of one slot (`multi.lua`) and refunds them
-/// when a later slot denies (`refund.lua`), so a test can send a refund
-/// again as a resend would. Behind the feature `test-support`.
-// Not API: `ratelimit-tests` resends a cluster refund with it.
-#[cfg(feature = "test-support")]
+/// The sources of the scripts by which a Redis Cluster store decides several
+/// limits of one slot (`multi.lua`) and refunds them when a later slot denies
+/// (`refund.lua`), so a test can send a refund again as a resend would. Only
+/// in this workspace's test builds (see `build.rs`), never published.
+#[cfg(ratelimit_test_hooks)]
 #[doc(hidden)]
 pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     let scripts = Scripts::new();
@@ -390,9 +389,10 @@ pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
 /// it: a flat array of its first µs and the first µs after it per time.
 /// So a test can compare the Lua calendar arithmetic with
 /// [`FixedWindow::bounds`](crate::algorithm::FixedWindow::bounds) on many
-/// times in one `EVAL` (no keys). Behind the feature `test-support`.
-#[cfg(feature = "test-support")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+/// times in one `EVAL` (no keys). Only in this workspace's test builds (see
+/// `build.rs`), never published.
+#[cfg(ratelimit_test_hooks)]
+#[doc(hidden)]
 pub fn window_bounds_script_for_tests(policy: &Policy) -> String {
     let (_, window) = parameters(policy.algorithm());
     format!(

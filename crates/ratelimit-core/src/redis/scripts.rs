@@ -110,7 +110,7 @@ const BATCH: &str = concat!(
 
 /// The calendar arithmetic alone (`calendar.lua` after `numbers.lua`), for
 /// tests that compare it with Rust's.
-#[cfg(feature = "test-support")]
+#[cfg(ratelimit_test_hooks)]
 pub(super) const CALENDAR: &str = concat!(
     include_str!("lua/numbers.lua"),
     "\n",

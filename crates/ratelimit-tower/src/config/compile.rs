@@ -26,7 +26,28 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
     let peer_ip = spec.ip.map(build_peer_ip).transpose()?.flatten();
     let mut rules = Vec::with_capacity(spec.rules.len());
+    let mut keyed: Vec<(String, Vec<KeyPart>)> = Vec::with_capacity(spec.rules.len());
     for (index, rule) in spec.rules.into_iter().enumerate() {
+        if let Some((earlier, (_, parts))) =
+            keyed.iter().enumerate().find(|(_, (policy, parts))| {
+                *policy == rule.policy && headers_apart(parts, &rule.key.0)
+            })
+        {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Rule,
+                format!("rules[{index}].key"),
+                format!(
+                    "policy {:?} is keyed by {} in rules[{earlier}] and by {} here: a header's \
+                     value is one budget whichever header brings it, so a client could spend \
+                     another's budget by sending its value in the other header; give each \
+                     header its own policy",
+                    rule.policy,
+                    describe(parts),
+                    describe(&rule.key.0),
+                ),
+            ));
+        }
+        keyed.push((rule.policy.clone(), rule.key.0.clone()));
         let keys = Keys {
             client_ip: client_ip.as_ref(),
             peer_ip: peer_ip.as_ref(),
@@ -36,6 +57,37 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     Ok(Config {
         inner: Arc::new(Inner { policies, rules }),
     })
+}
+
+/// Whether two keys differ only in the headers they read: their values
+/// would then meet in one budget (a value is keyed alike from any header),
+/// while keys of other shapes never meet (an address is text, a value a
+/// hash, a join length-prefixed).
+fn headers_apart(a: &[KeyPart], b: &[KeyPart]) -> bool {
+    a.len() == b.len()
+        && a != b
+        && a.iter().zip(b).all(|pair| match pair {
+            (KeyPart::Header(_), KeyPart::Header(_)) => true,
+            (x, y) => x == y,
+        })
+}
+
+/// A key as the configuration writes it: `header:x-api-key`, `["route", "ip"]`.
+fn describe(parts: &[KeyPart]) -> String {
+    let part = |part: &KeyPart| match part {
+        KeyPart::Global => String::from("global"),
+        KeyPart::PeerIp => String::from("ip"),
+        KeyPart::ClientIp => String::from("client-ip"),
+        KeyPart::Route => String::from("route"),
+        KeyPart::Header(name) => format!("header:{name}"),
+    };
+    match parts {
+        [one] => part(one),
+        _ => format!(
+            "[{}]",
+            parts.iter().map(part).collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
@@ -346,4 +398,32 @@ fn build_rule(
         methods,
         missing_key: spec.missing_key.map(MissingKey::from),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&str]) -> Vec<KeyPart> {
+        parts.iter().map(|p| p.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn only_keys_that_differ_in_their_headers_alone_are_apart() {
+        let apart = |a: &[&str], b: &[&str]| headers_apart(&key(a), &key(b));
+        assert!(apart(&["header:x-tenant"], &["header:x-api-key"]));
+        assert!(apart(&["route", "header:a"], &["route", "header:b"]));
+        // The same key, or keys of other shapes, never meet in one budget
+        // by a value sent in another header.
+        assert!(!apart(&["header:x-api-key"], &["header:x-api-key"]));
+        assert!(!apart(&["header:x-api-key"], &["ip"]));
+        assert!(!apart(&["ip"], &["client-ip"]));
+        assert!(!apart(&["route", "header:a"], &["header:b"]));
+        assert!(!apart(&["ip", "header:a"], &["route", "header:b"]));
+        assert_eq!(
+            describe(&key(&["route", "header:x-a"])),
+            "[route, header:x-a]"
+        );
+        assert_eq!(describe(&key(&["ip"])), "ip");
+    }
 }

@@ -6,7 +6,9 @@ use http::{Method, Request};
 use ratelimit_core::Policy;
 
 use super::Config;
-use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
+use crate::keys::{
+    ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys,
+};
 use crate::options::MissingKey;
 use crate::rules::rule::{Limits, RuleProvider};
 
@@ -128,7 +130,7 @@ pub(super) enum KeySource {
 impl KeySource {
     fn extract<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         match self {
-            KeySource::Global => Ok(Key::from("global")),
+            KeySource::Global => GlobalKey::default().try_extract(req),
             KeySource::Peer => PeerIp.try_extract(req),
             KeySource::Client(client_ip) => client_ip.try_extract(req),
             KeySource::Header(header) => header.try_extract(req),

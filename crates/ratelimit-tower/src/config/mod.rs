@@ -152,6 +152,13 @@
 //!   ([`HeaderKey`]; a `-bin` header's value is base64-decoded first). A
 //!   list joins its parts as [`Composite`](crate::Composite) does, and has a
 //!   key only when every part does.
+//! - A header's value is keyed alike whichever header brings it (the same
+//!   value through a [`Limits`](crate::Limits) or a handler's `Limiter` too,
+//!   see [`Key`](crate::Key)), so one policy keyed by two headers (`x-tenant`
+//!   on one route, `x-api-key` on another) would let a client spend a
+//!   tenant's budget by sending its id as an API key: such a file is
+//!   refused (a [`ConfigErrorKind::Rule`] error). Give each header its own
+//!   policy.
 //! - A header's value is the client's to choose: a client sending a new
 //!   value with every request gets a new budget each time, and so does one
 //!   under a list holding a header (`["ip", "header:x-api-key"]`). Unless

@@ -104,7 +104,10 @@ impl Limits {
         Limits::default()
     }
 
-    /// One limit: `key` checked against `policy` at `cost`.
+    /// One limit: `key` checked against `policy` at `cost`. A value (bytes,
+    /// text, a number) is hashed as every value is ([`Key`]), so the budget
+    /// of `Limits::one(policy, api_key, 1)` is that of a [`HeaderKey`](crate::HeaderKey)
+    /// reading the same value under `policy`.
     pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
         Limits::none().with(policy, key, cost)
     }
