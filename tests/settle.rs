@@ -735,7 +735,11 @@ async fn a_limiter_settles_again_after_a_timeout_and_counts_once() {
     assert!(failed.error().is_outage(), "{:?}", failed.error());
     let reservation = failed.into_reservation();
     // The command sent before the freeze runs once the server wakes.
-    let applied = format!("{}:applied", store.state_key(b"k", &policy));
+    // The limiter keys its state by the value's hash, as every path does.
+    let applied = format!(
+        "{}:applied",
+        store.state_key(&ratelimit_core::key::hashed(b"k"), &policy)
+    );
     let id = reservation.id().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !server.cli(&["GET", &applied]).contains(&id) {

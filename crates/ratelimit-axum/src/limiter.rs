@@ -88,13 +88,17 @@ impl<St> fmt::Debug for Limiter<St> {
 
 impl<St: Store + Clone> Limiter<St> {
     /// Checks keys against `policy` in `store`, sending the IETF headers,
-    /// refusing requests when the store is down ([`FailurePolicy::Closed`]).
+    /// granting checks while the store is down ([`FailurePolicy::Open`]), as
+    /// the layer does: an outage of the store is not an outage of the
+    /// service (see [`FailurePolicy`]). A limit that must hold through an
+    /// outage, such as login attempts, says
+    /// [`on_failure(FailurePolicy::Closed)`](Limiter::on_failure).
     pub fn new(store: St, policy: Policy) -> Self {
         Limiter {
             store,
             policy,
             headers: RateLimitHeaders::default(),
-            failure: FailurePolicy::Closed,
+            failure: FailurePolicy::default(),
         }
     }
 
@@ -106,9 +110,8 @@ impl<St: Store + Clone> Limiter<St> {
     }
 
     /// What to do when the store cannot decide because of an outage
-    /// (default [`FailurePolicy::Closed`], `503`: a limit checked by hand
-    /// usually guards something sensitive, such as logins). Errors that are
-    /// not outages are refused whatever this says.
+    /// (default [`FailurePolicy::Open`], as on the layer; `Closed` answers
+    /// `503`). Errors that are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;
@@ -123,6 +126,11 @@ impl<St: Store + Clone> Limiter<St> {
     /// Checks `key` at `cost`, consuming it when allowed. A policy in shadow
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
+    ///
+    /// `key` is a value (a username, an email address) and is hashed as the
+    /// layer hashes every value ([`Key`]): a `Limiter` and a layer under one
+    /// policy and store share the budget of one value, and no store holds
+    /// the value itself.
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
         let key = Key::from(key);
         let decision = self.decide(&key, cost).await?;
