@@ -3,17 +3,22 @@
 //! a single Redis and a Redis Cluster replay one timeline on one manual
 //! clock and must agree decision for decision; a settlement sent twice is
 //! applied once; all or nothing across limits; every Redis key keeps a TTL;
-//! and many tasks reserving and settling shared keys at once admit nothing
-//! beyond the documented debt.
+//! many tasks reserving and settling shared keys at once admit nothing
+//! beyond the documented debt; and the store combinators settle where the
+//! reservation was decided.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::response::IntoResponse;
+use http::StatusCode;
+use ratelimit_axum::Limiter;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    Check, Decision, MemoryStore, Policy, Rate, Settle, SettlementId, Store, StoreError,
+    Check, Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Rate, Settle, SettlementId,
+    Store, StoreError,
 };
 use ratelimit_tests::{
     Boxed, CALL_TIMEOUT, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot,
@@ -536,4 +541,217 @@ fn consumed(policy: &Policy, peek: &Decision) -> u64 {
     } else {
         policy.limit() + peek.retry_after_micros() / interval
     }
+}
+
+/// Through a `LeasedStore`: a reservation spent from a lease is settled in
+/// the store (where its batch was consumed), and the lease goes on; a
+/// settlement that leaves the key in debt drops the lease, so the debt
+/// takes effect on this instance at once.
+#[tokio::test]
+async fn through_a_leased_store_a_debt_takes_effect_at_once() {
+    let clock = ManualClock::new(NOW_MICROS);
+    let shared = MemoryStore::builder().clock(clock.clone()).build();
+    let store = LeasedStore::builder(shared.clone())
+        .batch(10)
+        .hot_after(1)
+        .clock(clock.clone())
+        .build();
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(100, Duration::from_secs(3600)),
+    );
+    let used = || 100 - shared.peek_now(b"k", &policy).unwrap().remaining();
+    for _ in 0..2 {
+        assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        (store.batches(), used()),
+        (1, 11),
+        "one cold request, a batch"
+    );
+    let reserved = store.check(b"k", &policy, 2).await.unwrap();
+    assert_eq!(store.leased_decisions(), 1, "spent from the lease");
+    let settles = [Settle::new(b"k", &policy, 2, 5, &reserved)];
+    store
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert_eq!(used(), 14, "the difference, in the store");
+    assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    assert_eq!(store.leased_decisions(), 2, "still leasing");
+
+    let reserved = store.check(b"k", &policy, 1).await.unwrap();
+    let settles = [Settle::new(b"k", &policy, 1, 500, &reserved)];
+    let settled = store
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert!(!settled[0].is_allowed());
+    for _ in 0..5 {
+        assert!(!store.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        store.leased_decisions(),
+        3,
+        "no unit spent from the lease after the debt"
+    );
+}
+
+/// Through a `DeniedCache`: a settlement below its reservation gives units
+/// back, so the cached denial of the key goes with it.
+#[tokio::test]
+async fn through_a_denied_cache_a_give_back_drops_the_cached_denial() {
+    let shared = MemoryStore::new();
+    let cache = DeniedCache::new(shared);
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(10, Duration::from_secs(3600)),
+    );
+    let reserved = cache.check(b"k", &policy, 10).await.unwrap();
+    assert!(reserved.is_allowed());
+    for _ in 0..2 {
+        assert!(!cache.check(b"k", &policy, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(cache.hits(), 1, "the denial is cached");
+    let settles = [Settle::new(b"k", &policy, 10, 4, &reserved)];
+    let settled = cache
+        .settle(SettlementId::random(), &settles)
+        .await
+        .unwrap();
+    assert_eq!(settled[0].remaining(), 6);
+    let after = cache.check(b"k", &policy, 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(cache.hits(), 1);
+}
+
+/// `Limiter::reserve` in a handler: refused like a check when the estimate
+/// does not fit; settled into debt, which the next reservation waits out;
+/// refunded; dropped at the estimate; a concurrency policy refused; and
+/// `peek`, which consumes nothing.
+#[tokio::test]
+async fn a_limiter_reserves_settles_and_refunds() {
+    let clock = ManualClock::new(NOW_MICROS);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = named(
+        "tokens",
+        Policy::token_bucket(1_000, Rate::per_minute(1_000)),
+    );
+    let limiter = Limiter::new(store.clone(), policy.clone());
+
+    let too_much = limiter.reserve(b"k", 1_001).await.unwrap_err();
+    assert_eq!(
+        too_much.into_response().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Dropped: the estimate stays, nothing else happens.
+    drop(limiter.reserve(b"k", 100).await.unwrap());
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 900);
+    assert_eq!(
+        limiter.peek(b"k").await.unwrap().remaining(),
+        900,
+        "a peek consumed"
+    );
+
+    // Refunded: the estimate comes back.
+    limiter
+        .reserve(b"k", 300)
+        .await
+        .unwrap()
+        .refund()
+        .await
+        .unwrap();
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 900);
+
+    // Settled below, then far above: the headers tell what is left.
+    let granted = limiter
+        .reserve(b"k", 300)
+        .await
+        .unwrap()
+        .settle(100)
+        .await
+        .unwrap();
+    let (parts, _) = (granted, ()).into_response().into_parts();
+    assert!(
+        parts.headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .contains("r=800"),
+        "{:?}",
+        parts.headers
+    );
+    let reservation = limiter.reserve(b"k", 1).await.unwrap();
+    let granted = reservation.settle(1_000).await.unwrap();
+    let settled = granted
+        .decisions()
+        .and_then(|d| d.tightest())
+        .unwrap()
+        .decision();
+    assert!(
+        !settled.is_allowed() && settled.remaining() == 0,
+        "{settled:?}"
+    );
+    // 200 tokens of debt at 60 ms each, then the token asked for.
+    let refused = limiter.reserve(b"k", 1).await.unwrap_err();
+    let response = refused.into_response();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "13");
+    clock.advance(Duration::from_millis(12_060));
+    assert!(limiter.reserve(b"k", 1).await.is_ok());
+
+    let permits = Limiter::new(
+        store,
+        named("slots", Policy::concurrency(4, Duration::from_secs(1))),
+    );
+    let refused = permits.reserve(b"k", 1).await.unwrap_err();
+    assert_eq!(
+        refused.into_response().status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(permits.peek(b"k").await.unwrap().remaining(), 4);
+}
+
+/// A settlement that timed out comes back with its reservation. Redis ran
+/// it once it woke up; sent again, it changes nothing more. `peek` works
+/// on Redis as on the memory store.
+#[tokio::test]
+async fn a_limiter_settles_again_after_a_timeout_and_counts_once() {
+    let server = RedisServer::start();
+    let store =
+        build(RedisStore::builder(server.url()).call_timeout(Duration::from_millis(300))).await;
+    let policy = named(
+        "hourly",
+        Policy::fixed_window(1_000, Duration::from_secs(3600)),
+    );
+    let limiter = Limiter::new(store.clone(), policy.clone());
+    // The script in Redis's cache, so the call sent while it is frozen
+    // needs no second round trip to run.
+    let warm = limiter.reserve(b"warm", 1).await.unwrap();
+    warm.settle(2).await.unwrap();
+    let reservation = limiter.reserve(b"k", 10).await.unwrap();
+    server.freeze();
+    let failed = reservation.settle(110).await.unwrap_err();
+    server.thaw();
+    assert!(failed.error().is_outage(), "{:?}", failed.error());
+    let reservation = failed.into_reservation();
+    // The command sent before the freeze runs once the server wakes.
+    let applied = format!("{}:applied", store.state_key(b"k", &policy));
+    let id = reservation.id().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !server.cli(&["GET", &applied]).contains(&id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first settlement never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let settled = reservation.settle(110).await.unwrap();
+    let remaining = settled
+        .decisions()
+        .and_then(|d| d.tightest())
+        .unwrap()
+        .decision()
+        .remaining();
+    assert_eq!(remaining, 890);
+    assert_eq!(limiter.peek(b"k").await.unwrap().remaining(), 890);
 }

@@ -56,7 +56,9 @@
 //! - [`Limiter`]: a limit a handler checks itself once it knows the key (login
 //!   attempts per username from the body); [`QuotaExceeded`] is its `429`
 //!   rejection (problem+json, `Retry-After`, rate-limit headers) and
-//!   [`Granted`] adds the headers to an allowed response.
+//!   [`Granted`] adds the headers to an allowed response. For work whose
+//!   cost is known only once it is done, [`Limiter::reserve`] an estimate
+//!   and settle the [`Reservation`] to the actual cost.
 //! - [`RateLimitHeaders`]: which headers the layer and the limiter send (the
 //!   IETF `RateLimit-Policy`/`RateLimit` fields by default, the legacy
 //!   `X-RateLimit-*` fields on request).
@@ -103,8 +105,10 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod limiter;
+mod reservation;
 
 pub use limiter::{Granted, Limiter, QuotaExceeded};
+pub use reservation::{Reservation, SettleFailed};
 
 /// The store and policy crate, whole.
 pub use ratelimit_core;

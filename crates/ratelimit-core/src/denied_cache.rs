@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::policy::Algorithm;
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
@@ -48,7 +49,8 @@ const SHARDS: usize = 16;
 /// When the inner store is an [`AdminStore`], so is the cache: every
 /// operation is forwarded, and a [`reset`](AdminStore::reset),
 /// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
-/// can end a denial early (as can a [`refund`](Store::refund)), also drops
+/// can end a denial early (as can a [`refund`](Store::refund), or a
+/// [`settle`](Store::settle) below the reservation), also drops
 /// the cached denials of that key under the policy's name, whatever their
 /// numbers (once the store has answered, whatever it answered); denials of
 /// requests sent before then are not cached afterwards, so a reply in
@@ -289,6 +291,35 @@ impl<S: Store> Store for DeniedCache<S> {
     ) -> crate::RefundFuture {
         let call = self.inner.store.refund(key, policy, cost, decision);
         forgetting(&self.inner, key, policy, call)
+    }
+
+    /// Settles in the inner store, then, for each limit settled below its
+    /// reservation, drops the cached denials of the key under the policy's
+    /// name, as a refund does (the units given back may end a denial
+    /// early). A settlement above the reservation only lengthens denials.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let call = self.inner.store.settle(id, settles);
+        let given_back: Vec<(String, Vec<u8>)> = settles
+            .iter()
+            .filter(|s| s.actual < s.reserved)
+            .map(|s| {
+                (
+                    s.policy.name().to_owned(),
+                    key::normalize(s.key).into_owned(),
+                )
+            })
+            .collect();
+        if given_back.is_empty() {
+            return call;
+        }
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let result = call.await;
+            for (policy, key) in &given_back {
+                inner.forget(policy, key);
+            }
+            result
+        })
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

@@ -14,6 +14,7 @@ use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
@@ -65,6 +66,10 @@ const SHARDS: usize = 16;
 /// to the inner store, and a block, penalty, reset, reward or unblock made
 /// through this instance also drops its lease of the key, so it takes effect
 /// here at once (a batch on its way at the time is not kept either).
+///
+/// A settlement ([`Store::settle`]) goes to the inner store, where leased
+/// units were consumed when their batch was granted; one that leaves a key
+/// in debt also drops this instance's lease of it.
 ///
 /// A block or penalty made elsewhere (straight on the inner store, or
 /// through another instance) reaches this instance when its lease of the
@@ -573,6 +578,39 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
+    }
+
+    /// Settles in the inner store, where every leased unit was consumed
+    /// when its batch was granted: a reservation spent from a lease
+    /// consumed its units there already, so charging or giving back the
+    /// difference there counts exactly what the request cost, and the units
+    /// still on lease stay counted as consumed. A limit the settlement
+    /// leaves in debt (denied even to a peek) also drops this instance's
+    /// lease of the key once the store answered, so the debt takes effect
+    /// here at once, as a penalty through this instance does; other
+    /// instances spend at most their leased units before they see it (see
+    /// [`LeasedStore`]).
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let call = self.inner.store.settle(id, settles);
+        let keys: Vec<(String, Vec<u8>)> = settles
+            .iter()
+            .map(|s| {
+                (
+                    s.policy.name().to_owned(),
+                    key::normalize(s.key).into_owned(),
+                )
+            })
+            .collect();
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let decisions = call.await?;
+            for ((policy, key), decision) in keys.iter().zip(&decisions) {
+                if !decision.is_allowed() {
+                    inner.forget(policy, key);
+                }
+            }
+            Ok(decisions)
+        })
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

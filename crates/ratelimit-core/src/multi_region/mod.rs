@@ -40,6 +40,9 @@
 //! Concurrency and the sliding window log need every unit, not a count, and
 //! a token bucket or GCRA would need their units consumed per period (see
 //! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).
+//! Refunds and settlements ([`Store::settle`]) are
+//! [`StoreError::Unsupported`]: the counts only ever grow (a G-counter), so
+//! nothing can be given back.
 //!
 //! ```no_run
 //! use std::time::Duration;
