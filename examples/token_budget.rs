@@ -37,7 +37,7 @@
 //! more full budget), and the key's calls are refused with `429` and
 //! `Retry-After` until the refill has paid it. With the defaults, three calls
 //! of 400 tokens pass (the third leaves the key 200 tokens in debt) and the
-//! fourth is refused for about 13 seconds.
+//! fourth is refused for about 12 seconds.
 //!
 //! The API key is the client's to choose, and this example does not check
 //! it: a client sending a new key with every request would get a new budget
