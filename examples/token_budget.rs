@@ -111,8 +111,8 @@ async fn main() -> ExitCode {
 
 /// Serves the routes with the budgets in `store`, until the process ends.
 async fn run<St: Store + Clone>(args: &Args, store: St) -> Result<(), Box<dyn Error>> {
-    let per_key = Policy::token_bucket(args.limit, Rate::per_minute(args.limit))?
-        .with_name("tokens")?;
+    let per_key =
+        Policy::token_bucket(args.limit, Rate::per_minute(args.limit))?.with_name("tokens")?;
     let per_ip = Policy::token_bucket(args.ip_limit, Rate::per_minute(args.ip_limit))?
         .with_name("tokens-per-ip")?;
     // Both budgets reserve the estimate and settle from the same header,
@@ -197,7 +197,10 @@ async fn quota_left<St: Store + Clone>(
         .into_response(),
         Err(e) => {
             eprintln!("error: the budget could not be read: {e}");
-            refused(StatusCode::SERVICE_UNAVAILABLE, "the budget could not be read")
+            refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the budget could not be read",
+            )
         }
     }
 }

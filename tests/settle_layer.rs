@@ -53,7 +53,10 @@ fn everyone(_: &Request<String>) -> Option<Vec<u8>> {
 /// A token bucket of `capacity` tokens refilled at `capacity` per hour (one
 /// token every `3600 / capacity` seconds), named `name`.
 fn bucket(name: &str, capacity: u64) -> Policy {
-    named(name, Policy::token_bucket(capacity, Rate::per_hour(capacity)))
+    named(
+        name,
+        Policy::token_bucket(capacity, Rate::per_hour(capacity)),
+    )
 }
 
 /// The settlement from [`COST_HEADER`].
@@ -100,7 +103,11 @@ fn reply(req: &Request<String>) -> Response<String> {
         let cost = cost.to_str().expect("text").parse().expect("a number");
         response.extensions_mut().insert(ActualCost(cost));
     }
-    if let Some(first) = req.extensions().get::<Decisions>().and_then(|d| d.iter().next()) {
+    if let Some(first) = req
+        .extensions()
+        .get::<Decisions>()
+        .and_then(|d| d.iter().next())
+    {
         let headers = response.headers_mut();
         if let Some(estimate) = first.estimate() {
             headers.insert("x-seen-estimate", HeaderValue::from(estimate));
@@ -269,16 +276,15 @@ async fn settles_to_the_response_cost<St: Store + Clone>(store: &St) {
         completion: u64,
     }
     let usage = Settlement::from_extension_with(|u: &Usage| u.prompt + u.completion);
-    let with_usage = settling(store, &tokens, 10, usage).layer(service_fn(
-        |_req: Request<String>| {
+    let with_usage =
+        settling(store, &tokens, 10, usage).layer(service_fn(|_req: Request<String>| {
             let mut response = Response::new(String::new());
             response.extensions_mut().insert(Usage {
                 prompt: 20,
                 completion: 30,
             });
             ready(Ok::<_, Infallible>(response))
-        },
-    ));
+        }));
     let read = answer(with_usage, request_from("s-a")).await;
     assert_eq!(left(&read, "s-tokens"), 385);
 
@@ -293,10 +299,7 @@ async fn settles_to_the_response_cost<St: Store + Clone>(store: &St) {
         )
         .layer(model());
     let two = answer(both, costing("s-b", 300)).await;
-    assert_eq!(
-        (left(&two, "s-tokens"), left(&two, "s-all")),
-        (700, 4_700)
-    );
+    assert_eq!((left(&two, "s-tokens"), left(&two, "s-all")), (700, 4_700));
     assert_eq!(level(store, &all, "everyone").await, 4_700);
     assert_eq!(level(store, &tokens, "s-b").await, 700);
 }
@@ -323,14 +326,22 @@ async fn debt_is_refused_until_paid<St: Store + Clone>(store: &St, clock: &Manua
     let refused = answer(zero.clone(), costing("d-a", 1)).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(retry_after(&refused), 1_800, "the 500 owed");
-    assert_eq!(level(store, &tokens, "d-a").await, -500, "refusals take nothing");
+    assert_eq!(
+        level(store, &tokens, "d-a").await,
+        -500,
+        "refusals take nothing"
+    );
 
     clock.advance(Duration::from_secs(1_800));
     assert_eq!(level(store, &tokens, "d-a").await, 0);
     let refused = answer(ten.clone(), costing("d-a", 1)).await;
     assert_eq!(retry_after(&refused), 36);
     let admitted = answer(zero, costing("d-a", 0)).await;
-    assert_eq!(admitted.status, StatusCode::OK, "paid: a zero estimate passes");
+    assert_eq!(
+        admitted.status,
+        StatusCode::OK,
+        "paid: a zero estimate passes"
+    );
     clock.advance(Duration::from_secs(36));
     let admitted = answer(ten, costing("d-a", 10)).await;
     assert_eq!(admitted.status, StatusCode::OK);
@@ -345,29 +356,56 @@ async fn refunds_failures_and_cancellations<St: Store + Clone>(store: &St) {
     let tokens = bucket("r-tokens", 1_000);
     let service = settling(store, &tokens, 10, from_header()).layer(model());
 
-    let failed = call("r-5xx", &[("x-reply-status", b"500"), ("x-reply-cost", b"400")]);
+    let failed = call(
+        "r-5xx",
+        &[("x-reply-status", b"500"), ("x-reply-cost", b"400")],
+    );
     let failed = answer(service.clone(), failed).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(left(&failed, "r-tokens"), 1_000, "the headers say so too");
     assert!(failed.headers.get(COST_HEADER).is_none());
     assert_eq!(level(store, &tokens, "r-5xx").await, 1_000);
     for _ in 0..10 {
-        let unavailable = answer(service.clone(), call("r-5xx", &[("x-reply-status", b"503")]));
+        let unavailable = answer(
+            service.clone(),
+            call("r-5xx", &[("x-reply-status", b"503")]),
+        );
         assert_eq!(unavailable.await.status, StatusCode::SERVICE_UNAVAILABLE);
     }
-    assert_eq!(level(store, &tokens, "r-5xx").await, 1_000, "ten failures cost nothing");
+    assert_eq!(
+        level(store, &tokens, "r-5xx").await,
+        1_000,
+        "ten failures cost nothing"
+    );
 
-    let not_found = call("r-4xx", &[("x-reply-status", b"404"), ("x-reply-cost", b"50")]);
+    let not_found = call(
+        "r-4xx",
+        &[("x-reply-status", b"404"), ("x-reply-cost", b"50")],
+    );
     answer(service.clone(), not_found).await;
-    assert_eq!(level(store, &tokens, "r-4xx").await, 950, "a 4xx is charged");
+    assert_eq!(
+        level(store, &tokens, "r-4xx").await,
+        950,
+        "a 4xx is charged"
+    );
     let client_errors = from_header().refund_if(|head| head.status.is_client_error());
     let refunding = settling(store, &tokens, 10, client_errors).layer(model());
-    let not_found = call("r-4xx", &[("x-reply-status", b"404"), ("x-reply-cost", b"50")]);
+    let not_found = call(
+        "r-4xx",
+        &[("x-reply-status", b"404"), ("x-reply-cost", b"50")],
+    );
     answer(refunding.clone(), not_found).await;
     assert_eq!(level(store, &tokens, "r-4xx").await, 950, "refunded");
-    let server_error = call("r-4xx", &[("x-reply-status", b"500"), ("x-reply-cost", b"5")]);
+    let server_error = call(
+        "r-4xx",
+        &[("x-reply-status", b"500"), ("x-reply-cost", b"5")],
+    );
     answer(refunding, server_error).await;
-    assert_eq!(level(store, &tokens, "r-4xx").await, 945, "not a failure to it");
+    assert_eq!(
+        level(store, &tokens, "r-4xx").await,
+        945,
+        "not a failure to it"
+    );
 
     // The service fails: no response head.
     let broken = service_fn(|_req: Request<String>| {
@@ -377,7 +415,13 @@ async fn refunds_failures_and_cancellations<St: Store + Clone>(store: &St) {
     assert!(failing.oneshot(request_from("r-error")).await.is_err());
     level_becomes(store, &tokens, "r-error", 1_000).await;
     let keeping = settling(store, &tokens, 10, from_header().refund_on_cancel(false));
-    assert!(keeping.layer(broken).oneshot(request_from("r-error")).await.is_err());
+    assert!(
+        keeping
+            .layer(broken)
+            .oneshot(request_from("r-error"))
+            .await
+            .is_err()
+    );
     assert_eq!(level(store, &tokens, "r-error").await, 990, "kept");
 
     // Cancelled while the service works: the future is dropped.
@@ -442,7 +486,10 @@ async fn hostile_costs_never_lift_a_limit<St: Store + Clone>(store: &St) {
     // An extension can name anything a `u64` holds.
     let by_extension = settling(store, &tokens, 10, Settlement::from_extension()).layer(model());
     let huge = u64::MAX.to_string();
-    let answered = answer(by_extension, call("h-ext", &[("x-reply-extension", huge.as_bytes())]));
+    let answered = answer(
+        by_extension,
+        call("h-ext", &[("x-reply-extension", huge.as_bytes())]),
+    );
     assert_eq!(answered.await.status, StatusCode::OK);
     assert_eq!(level(store, &tokens, "h-ext").await, -1_000);
 }
@@ -537,13 +584,21 @@ async fn many_tasks_settle_two_limits_with_no_more_than_the_debt<St: Store + Clo
             .sum();
         let spent = i64::try_from(spent).expect("small");
         let small_level = level(store, &small, &key).await;
-        assert_eq!(small_level, 600 - spent, "{key}: {} admitted", admitted.len());
+        assert_eq!(
+            small_level,
+            600 - spent,
+            "{key}: {} admitted",
+            admitted.len()
+        );
         assert_eq!(level(store, &large, &key).await, 900 - spent, "{key}");
         assert!(
             small_level < i64::try_from(ESTIMATE).expect("small"),
             "{key}: the small budget ran out: {small_level}"
         );
-        assert!(small_level >= -bound, "{key}: debt {small_level} beyond {bound}");
+        assert!(
+            small_level >= -bound,
+            "{key}: debt {small_level} beyond {bound}"
+        );
     }
 }
 
@@ -612,7 +667,8 @@ async fn configured_settlements() {
     let refunded = answer(service.clone(), request(b"400", b"502")).await;
     assert_eq!(left(&refunded, "tokens"), 600);
 
-    let with = |settle: &str| CONFIG.replace(r#"{ header = "X-Tokens-Used", estimate = 5 }"#, settle);
+    let with =
+        |settle: &str| CONFIG.replace(r#"{ header = "X-Tokens-Used", estimate = 5 }"#, settle);
     let kept = Config::from_toml(&with(
         r#"{ header = "x-tokens-used", refund_on = "never", keep_header = true, refund_cancelled = false }"#,
     ))
@@ -696,7 +752,9 @@ impl Store for CannotSettle {
     }
 
     fn settle(&self, _id: SettlementId, _settles: &[Settle<'_>]) -> SettleFuture {
-        Box::pin(ready(Err(StoreError::Unavailable("connection refused".into()))))
+        Box::pin(ready(Err(StoreError::Unavailable(
+            "connection refused".into(),
+        ))))
     }
 
     fn renew(
@@ -748,7 +806,11 @@ fn metrics_and_a_store_that_cannot_settle() {
         let layer = settling(&failing, &tokens, 10, from_header());
         let answered = answer(layer.clone().layer(model()), costing("m-down", 400)).await;
         assert_eq!(answered.status, StatusCode::OK, "the request ran");
-        assert_eq!(left(&answered, "m-tokens"), 990, "what the reservation left");
+        assert_eq!(
+            left(&answered, "m-tokens"),
+            990,
+            "what the reservation left"
+        );
         assert!(answered.headers.get(COST_HEADER).is_none());
         assert_eq!(layer.stats().settle_failed(), 1);
         assert_eq!(level(&store, &tokens, "m-down").await, 990);
@@ -772,10 +834,10 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     let layer = RateLimitLayer::new(store.clone(), tokens.clone(), |n: &u64| {
         Some(n.to_be_bytes().to_vec())
     })
-        .cost(10)
-        .settle(from_header())
-        .expect("settles")
-        .for_errors();
+    .cost(10)
+    .settle(from_header())
+    .expect("settles")
+    .for_errors();
     let service = layer.clone().layer(service_fn(|n: u64| async move {
         if n == 0 {
             Err(std::io::Error::other("failed"))
@@ -787,11 +849,19 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     assert!(service.oneshot(0).await.is_err());
     let key = |n: u64| n.to_be_bytes();
     assert_eq!(
-        store.check(&key(7), &tokens, 0).await.expect("peek").remaining(),
+        store
+            .check(&key(7), &tokens, 0)
+            .await
+            .expect("peek")
+            .remaining(),
         990
     );
     assert_eq!(
-        store.check(&key(0), &tokens, 0).await.expect("peek").remaining(),
+        store
+            .check(&key(0), &tokens, 0)
+            .await
+            .expect("peek")
+            .remaining(),
         1_000
     );
     assert_eq!(layer.stats().costs_missing(), 1);
@@ -814,13 +884,12 @@ async fn handlers_see_the_estimate() {
     let store = MemoryStore::new();
     let tokens = bucket("a-tokens", 1_000);
     let per_ip = bucket("a-ip", 1_000);
-    let layer = RateLimitLayer::new(store, per_ip, ratelimit_tower::PeerIp)
-        .and(
-            Rule::new(tokens, ratelimit_tower::HeaderKey::from_static("x-client"))
-                .cost(7)
-                .settle(from_header())
-                .expect("settles"),
-        );
+    let layer = RateLimitLayer::new(store, per_ip, ratelimit_tower::PeerIp).and(
+        Rule::new(tokens, ratelimit_tower::HeaderKey::from_static("x-client"))
+            .cost(7)
+            .settle(from_header())
+            .expect("settles"),
+    );
     let app: axum::Router = axum::Router::new()
         .route(
             "/",
@@ -877,15 +946,17 @@ async fn drive_token_budget(args: &[&str]) {
     // 200 tokens owed and 1 to reserve, at 60 ms each (less what refilled
     // since): about 12 s.
     assert!((11..=13).contains(&wait), "Retry-After {wait}");
-    let owed: serde_json::Value =
-        serde_json::from_str(&quota("alice").await.body).expect("JSON");
+    let owed: serde_json::Value = serde_json::from_str(&quota("alice").await.body).expect("JSON");
     assert_eq!(owed["in_debt"], true, "{owed}");
     assert_eq!(owed["remaining"], 0, "{owed}");
 
     for _ in 0..10 {
-        let failed =
-            Reply::read(client.get(format!("{}/v1/fail", example.base)).header("x-api-key", "bob"))
-                .await;
+        let failed = Reply::read(
+            client
+                .get(format!("{}/v1/fail", example.base))
+                .header("x-api-key", "bob"),
+        )
+        .await;
         assert_eq!(failed.status, 500);
     }
     let full: serde_json::Value = serde_json::from_str(&quota("bob").await.body).expect("JSON");

@@ -98,7 +98,7 @@ where
     if limit.settlement().is_some() {
         // Settled after the response: the request holds a reservation,
         // which takes the layer's settings.
-        return Ok(allowed_or_refused(&settings(), &[limit], vec![decision]));
+        return Ok(allowed_or_refused(&settings(), &[limit], &[decision]));
     }
     let decided = Decisions::one(limit.decided(decision.clone()));
     let (policy, key, _) = limit.into_parts();
@@ -120,10 +120,10 @@ where
 fn allowed_or_refused<St: Store + Clone>(
     settings: &Settings<St>,
     limits: &[Limit],
-    decisions: Vec<Decision>,
+    decisions: &[Decision],
 ) -> Outcome {
     let allowed = decisions.iter().all(Decision::is_allowed);
-    for (limit, decision) in limits.iter().zip(&decisions) {
+    for (limit, decision) in limits.iter().zip(decisions) {
         metrics::record_decision(
             limit.policy(),
             limit.key().as_bytes(),
@@ -143,12 +143,12 @@ fn allowed_or_refused<St: Store + Clone>(
         return Outcome::Rejected(Rejection::Limited(merged));
     }
     let mut permits = PermitGuard::default();
-    for (limit, decision) in limits.iter().zip(&decisions) {
+    for (limit, decision) in limits.iter().zip(decisions) {
         if let Some(permit) = decision.permit() {
             permits.hold(&settings.store, limit.key(), limit.policy(), permit);
         }
     }
-    let reservation = reserve(settings, &[], limits, &decisions, &[], &[], &merged);
+    let reservation = reserve(settings, &[], limits, decisions, &[], &[], &merged);
     Outcome::Allowed(merged, permits, reservation)
 }
 
@@ -194,17 +194,21 @@ fn reserve<St: Store + Clone>(
     shadow_decisions: &[PolicyDecision],
     decisions: &Decisions,
 ) -> Option<Box<Reservation>> {
-    if limits.iter().chain(shadow).all(|l| l.settlement().is_none()) {
+    if limits
+        .iter()
+        .chain(shadow)
+        .all(|l| l.settlement().is_none())
+    {
         return None;
     }
-    let shadow_allowed = !shadow_decisions.is_empty()
-        && shadow_decisions.iter().all(|d| d.decision().is_allowed());
-    let shadow_present = if shadow_allowed { shadow_decisions.len() } else { 0 };
-    let (enforced_at, shadow_at) = positions(
-        order,
-        limit_decisions.len(),
-        shadow_decisions.len(),
-    );
+    let shadow_allowed =
+        !shadow_decisions.is_empty() && shadow_decisions.iter().all(|d| d.decision().is_allowed());
+    let shadow_present = if shadow_allowed {
+        shadow_decisions.len()
+    } else {
+        0
+    };
+    let (enforced_at, shadow_at) = positions(order, limit_decisions.len(), shadow_decisions.len());
     let enforced = limits
         .iter()
         .zip(limit_decisions)

@@ -175,6 +175,14 @@
 //! up together is their actual costs beyond their estimates, and at most one
 //! full budget.
 //!
+//! A shadow policy that settles is settled with the others when its group
+//! was allowed. On a Redis Cluster, limits whose keys lie in different hash
+//! slots are reserved and settled slot by slot, each slot all or nothing
+//! (the weaker guarantee `RedisStore` documents for several slots). A
+//! layer built [`for_errors`](RateLimitLayer::for_errors) sees no response
+//! head: it keeps the estimate of every response (counted as a missing
+//! cost) and gives back the reservation of a request whose service fails.
+//!
 //! Concurrency limits have no settlement: a rule that would settle one is
 //! refused when it is built ([`SettleError`]).
 //!

@@ -68,7 +68,8 @@ impl Parse for HeaderName {
     const EXPECTING: &'static str = "a header name such as \"x-tokens-used\"";
 
     fn parse(s: &str) -> Result<Self, String> {
-        HeaderName::from_bytes(s.trim().as_bytes()).map_err(|_| format!("invalid header name {s:?}"))
+        HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))
     }
 }
 

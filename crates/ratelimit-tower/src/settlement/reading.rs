@@ -74,7 +74,7 @@ pub(crate) fn most_charged(policy: &Policy) -> u64 {
 /// and tabs around it allowed). A number too large for a `u64` is
 /// `u64::MAX`: huge, not invalid.
 pub(crate) fn header_cost(values: GetAll<'_, HeaderValue>) -> Option<Result<u64, ()>> {
-    let mut values = values.iter();
+    let mut values = values.into_iter();
     let first = values.next()?;
     if values.next().is_some() {
         return Some(Err(()));

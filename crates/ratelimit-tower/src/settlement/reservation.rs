@@ -321,7 +321,11 @@ async fn finish(
         }
         Err(error) => {
             stats.record_settle_failed();
-            let outcome = if error.is_outage() { "error" } else { "invalid" };
+            let outcome = if error.is_outage() {
+                "error"
+            } else {
+                "invalid"
+            };
             for (policy, key, _) in &labels {
                 metrics::record_settlement(policy, key.as_bytes(), outcome);
             }

@@ -108,7 +108,10 @@ impl fmt::Debug for Settlement {
             Source::Extension(_) => s.field("extension", &".."),
         };
         s.field("keep_header", &self.inner.keep_header)
-            .field("refund_if", &self.inner.refund_if.as_ref().map_or("5xx", |_| ".."))
+            .field(
+                "refund_if",
+                &self.inner.refund_if.as_ref().map_or("5xx", |_| ".."),
+            )
             .field("refund_on_cancel", &self.inner.refund_on_cancel)
             .finish()
     }
