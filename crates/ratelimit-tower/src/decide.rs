@@ -100,18 +100,23 @@ where
         // which takes the layer's settings.
         return Ok(allowed_or_refused(&settings(), &[limit], &[decision]));
     }
-    let decided = Decisions::one(limit.decided(decision.clone()));
+    // No settlement: the limit's decision has no estimate.
     let (policy, key, _) = limit.into_parts();
     if !decision.is_allowed() {
         metrics::record_decision(&policy, key.as_bytes(), &decision, false, near_limit);
-        return Ok(Outcome::Rejected(Rejection::Limited(decided)));
+        let decisions = Decisions::one(PolicyDecision::new(policy, decision));
+        return Ok(Outcome::Rejected(Rejection::Limited(decisions)));
     }
     let mut permits = PermitGuard::default();
     if let Some(permit) = decision.permit() {
         permits.hold(store, &key, &policy, permit);
     }
     metrics::record_decision(&policy, key.as_bytes(), &decision, true, near_limit);
-    Ok(Outcome::Allowed(decided, permits, None))
+    Ok(Outcome::Allowed(
+        Decisions::one(PolicyDecision::new(policy, decision)),
+        permits,
+        None,
+    ))
 }
 
 /// The outcome of `decisions`, of the enforced `limits` of a request
