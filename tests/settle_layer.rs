@@ -724,9 +724,17 @@ async fn configured_settlements() {
 }
 
 /// A store whose settlements fail as an unreachable one's would; it decides
-/// in memory.
+/// in memory, unless `decides` is false: then its checks fail too.
 #[derive(Clone)]
-struct CannotSettle(MemoryStore<ManualClock>);
+struct CannotSettle {
+    memory: MemoryStore<ManualClock>,
+    decides: bool,
+}
+
+/// The error of a store that cannot be reached.
+fn unreachable() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
 
 impl Store for CannotSettle {
     type CheckFuture = <MemoryStore<ManualClock> as Store>::CheckFuture;
@@ -735,11 +743,17 @@ impl Store for CannotSettle {
     type RenewFuture = <MemoryStore<ManualClock> as Store>::RenewFuture;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        self.0.check(key, policy, cost)
+        if !self.decides {
+            return ready(Err(unreachable()));
+        }
+        self.memory.check(key, policy, cost)
     }
 
     fn check_all(&self, checks: &[ratelimit_core::Check<'_>]) -> Self::CheckAllFuture {
-        self.0.check_all(checks)
+        if !self.decides {
+            return ready(Err(unreachable()));
+        }
+        self.memory.check_all(checks)
     }
 
     fn release(
@@ -748,13 +762,11 @@ impl Store for CannotSettle {
         policy: &Policy,
         permit: ratelimit_core::PermitId,
     ) -> Self::ReleaseFuture {
-        self.0.release(key, policy, permit)
+        self.memory.release(key, policy, permit)
     }
 
     fn settle(&self, _id: SettlementId, _settles: &[Settle<'_>]) -> SettleFuture {
-        Box::pin(ready(Err(StoreError::Unavailable(
-            "connection refused".into(),
-        ))))
+        Box::pin(ready(Err(unreachable())))
     }
 
     fn renew(
@@ -763,7 +775,7 @@ impl Store for CannotSettle {
         policy: &Policy,
         permit: ratelimit_core::PermitId,
     ) -> Self::RenewFuture {
-        self.0.renew(key, policy, permit)
+        self.memory.renew(key, policy, permit)
     }
 }
 
@@ -802,7 +814,10 @@ fn metrics_and_a_store_that_cannot_settle() {
             () = called.notified() => {}
         }
 
-        let failing = CannotSettle(store.clone());
+        let failing = CannotSettle {
+            memory: store.clone(),
+            decides: true,
+        };
         let layer = settling(&failing, &tokens, 10, from_header());
         let answered = answer(layer.clone().layer(model()), costing("m-down", 400)).await;
         assert_eq!(answered.status, StatusCode::OK, "the request ran");
@@ -820,6 +835,27 @@ fn metrics_and_a_store_that_cannot_settle() {
         "m-tokens",
         "cancelled=1 clamped=1 error=1 invalid_cost=1 missing_cost=1 refunded=1 settled=2",
     );
+}
+
+/// A request let through because the store could not decide (failing
+/// open) reserved nothing and settles nothing, but its cost header still
+/// stays inside the service.
+#[tokio::test]
+async fn failing_open_keeps_the_cost_header_inside() {
+    let down = CannotSettle {
+        memory: MemoryStore::builder()
+            .clock(ManualClock::new(NOW_MICROS))
+            .build(),
+        decides: false,
+    };
+    let tokens = bucket("o-tokens", 1_000);
+    let layer = settling(&down, &tokens, 10, from_header());
+    let answered = answer(layer.clone().layer(model()), costing("o", 400)).await;
+    assert_eq!(answered.status, StatusCode::OK, "failed open");
+    assert!(answered.headers.get(COST_HEADER).is_none(), "{answered:?}");
+    assert!(answered.headers.get("ratelimit").is_none(), "no decision");
+    assert_eq!(layer.stats().failed_open(), 1);
+    assert_eq!(layer.stats().settle_failed(), 0, "nothing to settle");
 }
 
 /// A layer for requests that are not HTTP sees no response head: it keeps

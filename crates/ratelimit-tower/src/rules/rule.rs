@@ -250,12 +250,6 @@ impl Limits {
             .map(|l| (l.policy(), l.key(), l.cost()))
     }
 
-    /// The settlements of these limits, in order: `Some` for a limit
-    /// settled after the response.
-    pub fn settlements(&self) -> impl Iterator<Item = Option<&Settlement>> {
-        self.first.iter().chain(&self.more).map(Limit::settlement)
-    }
-
     /// Whether the request is refused outright (for a missing key, or a
     /// missing peer address).
     pub fn is_reject(&self) -> bool {

@@ -61,6 +61,10 @@ type IsFailure = dyn Fn(&Parts) -> bool + Send + Sync;
 ///   went away), or whose inner service answers with an error, unless
 ///   [`refund_on_cancel`](Settlement::refund_on_cancel) says `false`.
 ///
+/// For gRPC, whose failures are HTTP `200` with a `grpc-status` other than
+/// `0` (in the head of a trailers-only response), give a test that reads it:
+/// `.refund_if(|head| head.headers.get("grpc-status").is_some_and(|s| s != "0"))`.
+///
 /// The settlement happens when the response head arrives. What the body does
 /// afterwards does not change it: a body that fails midway keeps the cost
 /// its head named (a service that knows about the failure before it sends
