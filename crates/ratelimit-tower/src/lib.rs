@@ -176,7 +176,8 @@
 //! full budget.
 //!
 //! A shadow policy that settles is settled with the others when its group
-//! was allowed. On a Redis Cluster, limits whose keys lie in different hash
+//! was allowed (a request an enforced limit refuses has no response to
+//! settle from: its shadow estimate stays, as any shadow consumption does). On a Redis Cluster, limits whose keys lie in different hash
 //! slots are reserved and settled slot by slot, each slot all or nothing
 //! (the weaker guarantee `RedisStore` documents for several slots). A
 //! layer built [`for_errors`](RateLimitLayer::for_errors) sees no response
