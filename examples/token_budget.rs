@@ -14,7 +14,9 @@
 //!
 //! - `--listen ADDR` (default `127.0.0.1:3000`): where to serve;
 //! - `--redis URL`: keep the budgets in Redis, shared by every instance
-//!   (in memory without it);
+//!   (in memory without it); while Redis cannot decide, calls are refused
+//!   with `503` (`FailurePolicy::Closed`), and a settlement it cannot make
+//!   leaves the call's reservation as it was taken;
 //! - `--limit N` (default 1000): tokens per minute per API key;
 //! - `--ip-limit N` (default 10000): tokens per minute per client IP,
 //!   whatever API keys its requests carry.
@@ -59,8 +61,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Parser;
 use ratelimit_axum::{
-    HeaderKey, Limiter, MemoryStore, PeerIp, Policy, Rate, RateLimitInfo, RateLimitLayer, Rule,
-    Settlement, Store,
+    FailurePolicy, HeaderKey, Limiter, MemoryStore, PeerIp, Policy, Rate, RateLimitInfo,
+    RateLimitLayer, Rule, Settlement, Store,
 };
 use ratelimit_core::redis::RedisStore;
 use ratelimit_examples::{API_KEY_HEADER, bind_listener, problem, redis_url, serve};
@@ -124,7 +126,10 @@ async fn run<St: Store + Clone>(args: &Args, store: St) -> Result<(), Box<dyn Er
     let budgets = RateLimitLayer::new(store.clone(), per_ip, PeerIp)
         .cost(ESTIMATE)
         .settle(settlement)?
-        .and(key_rule);
+        .and(key_rule)
+        // Model calls are expensive: while Redis cannot decide, refuse them
+        // (503) rather than let them through unbudgeted.
+        .on_failure(FailurePolicy::Closed);
     let quota = Quota {
         limiter: Limiter::new(store, per_key),
         api_key: HeaderKey::from_static(API_KEY_HEADER),

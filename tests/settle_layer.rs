@@ -29,8 +29,8 @@ use ratelimit_core::{
 use ratelimit_tests::fixtures::{Answer, answer, by_client, request_from};
 use ratelimit_tests::loopback::{Reply, client};
 use ratelimit_tests::{
-    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, build, every_algorithm, named,
-    redis_store_on_clock, spawn_listening,
+    CALL_TIMEOUT, NOW_MICROS, RedisCluster, RedisServer, assert_refuses_flags, build,
+    every_algorithm, named, redis_store_on_clock, spawn_listening,
 };
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{
@@ -1007,6 +1007,8 @@ async fn drive_token_budget(args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_budget_example_in_memory() {
     drive_token_budget(&[]).await;
+    assert_refuses_flags("token_budget", &["--limit", "0"], "--limit");
+    assert_refuses_flags("token_budget", &["--redis", "127.0.0.1:6379"], "--redis");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
