@@ -193,7 +193,9 @@ impl Settlement {
 
     /// Whether the cost header reaches the client (default `false`: the
     /// layer removes it, so what a request cost stays inside the service).
-    /// No effect on a cost read from the extensions, which never leave.
+    /// A header that another settling limit of the same request reads and
+    /// does not keep is removed all the same. No effect on a cost read from
+    /// the extensions, which never leave.
     #[must_use]
     pub fn keep_header(mut self, keep: bool) -> Self {
         Arc::make_mut(&mut self.inner).keep_header = keep;
