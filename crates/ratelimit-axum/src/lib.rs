@@ -72,8 +72,9 @@
 //! What this crate adds to axum:
 //!
 //! - [`RateLimitInfo`]: an extractor that gives a handler the decisions the
-//!   rate-limit layer made for the request (policy, limit, remaining, reset),
-//!   so it can show a user how much quota is left.
+//!   rate-limit layer made for the request (policy, limit, remaining, reset,
+//!   and the estimate reserved by a rule that settles its cost after the
+//!   response, [`Settlement`]), so it can show a user how much quota is left.
 //! - [`Limiter`]: a limit a handler checks itself once it knows the key (login
 //!   attempts per username from the body); [`QuotaExceeded`] is its `429`
 //!   rejection (problem+json, `Retry-After`, rate-limit headers) and
@@ -154,9 +155,10 @@ pub use ratelimit_core::{
 };
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 pub use ratelimit_tower::{
-    ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader, GlobalKey,
-    HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
-    PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, Stats, TrustedProxies,
+    ActualCost, ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader,
+    GlobalKey, HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
+    PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, SettleError, Settlement, Stats,
+    TrustedProxies,
 };
 
 use std::convert::Infallible;
@@ -171,11 +173,39 @@ use http::request::Parts;
 /// The rate-limit decisions for this request, put there by
 /// `ratelimit_tower::RateLimitLayer`.
 ///
+/// For a limit whose cost is settled after the response ([`Settlement`]),
+/// the decision is the reservation's: it reports what is left once the
+/// estimate is taken, and [`estimate`](RateLimitInfo::estimate) (or
+/// [`PolicyDecision::estimate`] per limit) says what that estimate was. The
+/// response's own `RateLimit` fields report what is left after the
+/// settlement.
+///
 /// Extracting it from a request that did not pass through the layer is a
 /// [`MissingRateLimitLayer`] rejection (500), a configuration error. Use
 /// `Option<RateLimitInfo>` for routes where the layer is optional.
 #[derive(Debug, Clone)]
 pub struct RateLimitInfo(pub Decisions);
+
+impl RateLimitInfo {
+    /// The estimate this request reserved under the limits that settle its
+    /// cost after the response (the largest, when several do); `None` when
+    /// none does.
+    ///
+    /// ```
+    /// use ratelimit_axum::RateLimitInfo;
+    ///
+    /// async fn complete(info: RateLimitInfo) -> String {
+    ///     match info.estimate() {
+    ///         Some(estimate) => format!("{estimate} reserved; the response settles the rest"),
+    ///         None => String::from("charged up front"),
+    ///     }
+    /// }
+    /// # let _ = complete;
+    /// ```
+    pub fn estimate(&self) -> Option<u64> {
+        self.0.iter().filter_map(PolicyDecision::estimate).max()
+    }
+}
 
 impl Deref for RateLimitInfo {
     type Target = Decisions;

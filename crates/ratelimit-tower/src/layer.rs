@@ -10,6 +10,7 @@ use crate::responses::headers::RateLimitHeaders;
 use crate::responses::reject::{ErrorRejections, HttpRejections};
 use crate::responses::rejection::Rejection;
 use crate::rules::rule::{And, Rule};
+use crate::settlement::{SettleError, Settlement};
 
 /// Rate-limits requests with one or more rules, in a store.
 ///
@@ -172,6 +173,20 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
             timeout: self.timeout,
             near_limit: self.near_limit,
         }
+    }
+
+    /// Settles each request's cost after its response, as `settlement`
+    /// says: the [`cost`](RateLimitLayer::cost) is then an estimate,
+    /// reserved before the call (see [`Rule::settle`] and [Costs known after
+    /// the response](crate#costs-known-after-the-response)).
+    ///
+    /// # Errors
+    ///
+    /// [`SettleError::Unsupported`](crate::SettleError::Unsupported) for a
+    /// concurrency policy.
+    pub fn settle(mut self, settlement: Settlement) -> Result<Self, SettleError> {
+        self.rules = self.rules.settle(settlement)?;
+        Ok(self)
     }
 
     /// What to do with requests without a key (default: by extractor, see

@@ -96,9 +96,12 @@ impl fmt::Debug for FailurePolicy {
 }
 
 /// Counts of what a layer did outside a store decision: when its store could
-/// not decide, and when a rule found no key. Each store failure is also logged
-/// with `tracing`: an outage at `warn`, any other error at `error`; missing
-/// keys are logged as described on [`MissingKey`].
+/// not decide, when a rule found no key, and how settlements after the
+/// response went ([`Settlement`](crate::Settlement)). Each store failure is
+/// also logged with `tracing`: an outage at `warn`, any other error at
+/// `error`; missing keys are logged as described on [`MissingKey`], and
+/// costs missing, invalid or clamped as described on
+/// [`Settlement`](crate::Settlement).
 #[derive(Debug, Default)]
 pub struct Stats {
     failed_open: AtomicU64,
@@ -109,6 +112,13 @@ pub struct Stats {
     no_peer_address: AtomicU64,
     logged_no_peer: AtomicBool,
     logged_missing_allowed: AtomicBool,
+    settle_failed: AtomicU64,
+    costs_missing: AtomicU64,
+    costs_invalid: AtomicU64,
+    costs_clamped: AtomicU64,
+    logged_cost_missing: AtomicBool,
+    logged_cost_invalid: AtomicBool,
+    logged_cost_clamped: AtomicBool,
 }
 
 impl Stats {
@@ -145,6 +155,54 @@ impl Stats {
     /// whatever the failure policy.
     pub fn refused_on_error(&self) -> u64 {
         self.refused_on_error.load(Ordering::Relaxed)
+    }
+
+    /// Settlements the store could not make (an outage, or an error that is
+    /// not one): the request had run, and its reservations stayed as they
+    /// were taken.
+    pub fn settle_failed(&self) -> u64 {
+        self.settle_failed.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named no cost (no header, no extension): they
+    /// kept their estimate.
+    pub fn costs_missing(&self) -> u64 {
+        self.costs_missing.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named a cost that is not a whole number (or
+    /// sent its header twice): they kept their estimate.
+    pub fn costs_invalid(&self) -> u64 {
+        self.costs_invalid.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named more than twice the policy's limit: they
+    /// were charged twice the limit.
+    pub fn costs_clamped(&self) -> u64 {
+        self.costs_clamped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_settle_failed(&self) {
+        self.settle_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a response without a cost; `true` the first time, to log it
+    /// once per layer.
+    pub(crate) fn record_cost_missing(&self) -> bool {
+        self.costs_missing.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_missing.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a response with an invalid cost; `true` the first time.
+    pub(crate) fn record_cost_invalid(&self) -> bool {
+        self.costs_invalid.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_invalid.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a response with a cost clamped; `true` the first time.
+    pub(crate) fn record_cost_clamped(&self) -> bool {
+        self.costs_clamped.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_clamped.swap(true, Ordering::Relaxed)
     }
 
     pub(crate) fn record_refused_on_error(&self) {

@@ -158,7 +158,7 @@ fn renew_while_held<St: Store + Clone>(
 /// Runs a release: at once if it completes without waiting (the in-memory
 /// store), else on the current tokio runtime. Without a runtime the permit
 /// is reclaimed when its lease expires.
-fn drive<F>(future: F)
+pub(crate) fn drive<F>(future: F)
 where
     F: Future + Send + 'static,
 {

@@ -10,11 +10,13 @@ use super::values::{Parsed, UtcOffset};
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
 use super::schema::{
-    ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RuleSpec, period,
+    ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RefundOnSpec, RuleSpec,
+    SettleSpec, period,
 };
 use super::{Config, ConfigError, ConfigErrorKind};
 use crate::keys::{CidrError, ClientIp, ForwardingHeader, HeaderKey, PeerIp, TrustedProxies};
 use crate::options::MissingKey;
+use crate::settlement::{SettleError, Settlement};
 
 /// The configuration `spec` describes, or the first field at fault.
 pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
@@ -335,12 +337,35 @@ fn build_rule(
                 format!("unknown policy {:?} ({defined})", spec.policy),
             )
         })?;
-    if spec.cost > policy.max_cost() {
+    let (cost, settlement) = match spec.settle {
+        None => (spec.cost.unwrap_or(1), None),
+        Some(_) if spec.cost.is_some() => {
+            return Err(rule_error(
+                "cost",
+                String::from(
+                    "a rule that settles reserves settle.estimate before the call: \
+                     leave cost out",
+                ),
+            ));
+        }
+        Some(settle) => {
+            if let Err(error) = SettleError::check(&policy) {
+                return Err(rule_error("settle", error.to_string()).with_source(error));
+            }
+            (settle.estimate, Some(build_settlement(settle)))
+        }
+    };
+    let cost_field = if settlement.is_some() {
+        "settle.estimate"
+    } else {
+        "cost"
+    };
+    if cost > policy.max_cost() {
         return Err(rule_error(
-            "cost",
+            cost_field,
             format!(
                 "{} is more than policy {:?} can ever admit ({})",
-                spec.cost,
+                cost,
                 policy.name(),
                 policy.max_cost()
             ),
@@ -393,11 +418,25 @@ fn build_rule(
     Ok(ConfiguredRule {
         policy,
         key,
-        cost: spec.cost,
+        cost,
+        settlement,
         routes,
         methods,
         missing_key: spec.missing_key.map(MissingKey::from),
     })
+}
+
+/// `settle = { .. }`, as a [`Settlement`].
+fn build_settlement(spec: SettleSpec) -> Settlement {
+    let settlement = Settlement::from_header(spec.header.0)
+        .keep_header(spec.keep_header)
+        .refund_on_cancel(spec.refund_cancelled);
+    match spec.refund_on {
+        RefundOnSpec::ServerErrors => settlement,
+        RefundOnSpec::Errors => settlement
+            .refund_if(|head| head.status.is_client_error() || head.status.is_server_error()),
+        RefundOnSpec::Never => settlement.refund_if(|_| false),
+    }
 }
 
 #[cfg(test)]

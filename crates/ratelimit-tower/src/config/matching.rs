@@ -11,6 +11,7 @@ use crate::keys::{
 };
 use crate::options::MissingKey;
 use crate::rules::rule::{Limits, RuleProvider};
+use crate::settlement::Settlement;
 
 impl Config {
     /// The limits of every rule that matches `req`, to be checked together.
@@ -45,7 +46,15 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Ok(key) => limits.push(rule.policy.clone(), key, rule.cost),
+                Ok(key) => match &rule.settlement {
+                    None => limits.push(rule.policy.clone(), key, rule.cost),
+                    Some(settlement) => limits.push_settlement(
+                        rule.policy.clone(),
+                        key,
+                        rule.cost,
+                        settlement.clone(),
+                    ),
+                },
                 Err(cause) => {
                     let action = rule.missing_key.unwrap_or(cause.default_action());
                     limits.extend(Limits::missed(&rule.policy, cause, action));
@@ -72,7 +81,9 @@ impl<B> RuleProvider<Request<B>> for Config {
 pub(super) struct ConfiguredRule {
     pub(super) policy: Policy,
     pub(super) key: Box<[KeySource]>,
+    /// The cost, or the estimate of a rule that settles.
     pub(super) cost: u64,
+    pub(super) settlement: Option<Settlement>,
     pub(super) routes: Option<Box<[String]>>,
     pub(super) methods: Option<Box<[Method]>>,
     pub(super) missing_key: Option<MissingKey>,

@@ -106,6 +106,26 @@
 //! missing_key = "reject"  # or "allow": requests without the header
 //!                      # (default: reject for header keys; see below)
 //!
+//! # A cost known only after the response (tokens generated): the rule
+//! # reserves an estimate before the call and settles it to the response
+//! # header's value (any algorithm but concurrency).
+//! [policies.tokens]
+//! algorithm = "token-bucket"
+//! limit = 1000
+//! rate = "1000/m"
+//!
+//! [[rules]]
+//! policy = "tokens"
+//! key = "header:x-api-key"
+//! settle = { header = "x-tokens-used", estimate = 1, refund_on = "5xx" }
+//!                      # estimate: optional, default 1 (no `cost` beside
+//!                      # `settle`); 0 admits while the budget is not in debt.
+//!                      # The header is removed from the response unless
+//!                      # keep_header = true. refund_on: "5xx" (default),
+//!                      # "4xx-5xx" or "never": responses that give the
+//!                      # reservation back; so does a request cancelled
+//!                      # before its response, unless refund_cancelled = false
+//!
 //! # Optional, for the ip key: the network IPv6 peers are keyed by.
 //! [ip]
 //! ipv6_prefix = 64     # optional, default 64 (0 to 128); IPv4 peers are
@@ -172,10 +192,18 @@
 //!   answer `500` whatever `missing_key` says (the server is not wired to
 //!   give one). Each such request is counted and logged.
 //!
+//! - `settle` works as [`Settlement`](crate::Settlement) describes (see
+//!   [Costs known after the response](crate#costs-known-after-the-response)):
+//!   a missing or invalid header keeps the estimate, a value above twice the
+//!   policy's limit is charged as twice the limit, and a store that cannot
+//!   settle leaves the reservation as it was taken; all are logged and
+//!   counted.
+//!
 //! Every field is checked when the configuration is loaded; the error names
 //! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
 //! validates them, rules naming unknown policies or costs a policy can never
-//! admit, durations, rates, header names, CIDR blocks, methods and routes.
+//! admit, settlements of a concurrency policy or with a `cost` beside them,
+//! durations, rates, header names, CIDR blocks, methods and routes.
 //!
 //! # Reloading and stored state
 //!

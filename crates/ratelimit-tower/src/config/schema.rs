@@ -109,16 +109,54 @@ pub(super) fn period(kind: AlgorithmKind) -> Period {
 pub(super) struct RuleSpec {
     pub(super) policy: String,
     pub(super) key: KeySpec,
-    #[serde(default = "one")]
-    pub(super) cost: u64,
+    /// Default 1; with `settle`, the estimate is `settle.estimate` instead.
+    pub(super) cost: Option<u64>,
     pub(super) routes: Option<Vec<Parsed<Route>>>,
     pub(super) methods: Option<Vec<Parsed<Method>>>,
     #[serde(default)]
     pub(super) missing_key: Option<MissingKeySpec>,
+    #[serde(default)]
+    pub(super) settle: Option<SettleSpec>,
 }
 
 fn one() -> u64 {
     1
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `settle = { header = "x-tokens-used", estimate = 1, refund_on = "5xx" }`:
+/// the rule's cost is read from a response header, after a reservation of
+/// `estimate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SettleSpec {
+    pub(super) header: Parsed<HeaderName>,
+    #[serde(default = "one")]
+    pub(super) estimate: u64,
+    #[serde(default)]
+    pub(super) refund_on: RefundOnSpec,
+    #[serde(default = "yes")]
+    pub(super) refund_cancelled: bool,
+    #[serde(default)]
+    pub(super) keep_header: bool,
+}
+
+/// `refund_on`: which responses give their reservation back.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub(super) enum RefundOnSpec {
+    /// Server errors (the default).
+    #[default]
+    #[serde(rename = "5xx")]
+    ServerErrors,
+    /// Client and server errors.
+    #[serde(rename = "4xx-5xx")]
+    Errors,
+    /// None.
+    #[serde(rename = "never")]
+    Never,
 }
 
 /// `missing_key = "allow" | "reject"`.

@@ -5,7 +5,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use http::Method;
+use http::{HeaderName, Method};
+use ratelimit_core::Rate;
 use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use ratelimit_core::{Period, Rate};
 use serde::Deserialize;
@@ -83,6 +84,15 @@ impl Parse for Method {
             ));
         }
         Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid HTTP method {s:?}"))
+    }
+}
+
+impl Parse for HeaderName {
+    const EXPECTING: &'static str = "a header name such as \"x-tokens-used\"";
+
+    fn parse(s: &str) -> Result<Self, String> {
+        HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))
     }
 }
 

@@ -57,6 +57,11 @@ pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn allowed(allowing: Self::Allowed, response: Res, permit: PermitGuard) -> Self::Response;
 
+    /// Gives `f` the head of the inner service's response (HTTP: its
+    /// status, headers and extensions; `None` for a response that is not
+    /// HTTP), to settle costs from and remove cost headers from.
+    fn inspect(response: Res, f: impl FnOnce(Option<&mut http::response::Parts>)) -> Res;
+
     /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
     /// it is refused).
     #[doc(hidden)]
@@ -241,6 +246,15 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         response
     }
 
+    fn inspect(
+        response: Response<ResB>,
+        f: impl FnOnce(Option<&mut http::response::Parts>),
+    ) -> Response<ResB> {
+        let (mut parts, body) = response.into_parts();
+        f(Some(&mut parts));
+        Response::from_parts(parts, body)
+    }
+
     fn rejected(&self, req: &Request<B>, rejection: Rejection) -> Result<Self::Response, E> {
         let grpc = is_grpc(req.headers());
         Ok(self.respond(grpc, &rejection).map(ResponseBody::full))
@@ -275,6 +289,12 @@ where
 
     fn allowed((): (), response: Res, _permit: PermitGuard) -> Res {
         // Without a body to outlive the response, the permits end with it.
+        response
+    }
+
+    fn inspect(response: Res, f: impl FnOnce(Option<&mut http::response::Parts>)) -> Res {
+        // Not necessarily HTTP: no head to read costs from.
+        f(None);
         response
     }
 
