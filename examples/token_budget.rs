@@ -132,7 +132,6 @@ async fn run<St: Store + Clone>(args: &Args, store: St) -> Result<(), Box<dyn Er
         .on_failure(FailurePolicy::Closed);
     let quota = Quota {
         limiter: Limiter::new(store, per_key),
-        api_key: HeaderKey::from_static(API_KEY_HEADER),
     };
 
     let app = Router::new()
@@ -178,7 +177,6 @@ async fn fail() -> (StatusCode, &'static str) {
 #[derive(Clone)]
 struct Quota<St> {
     limiter: Limiter<St>,
-    api_key: HeaderKey,
 }
 
 /// `GET /v1/quota`: the caller's token budget, consuming nothing.
@@ -189,9 +187,9 @@ async fn quota_left<St: Store + Clone>(
     let Some(api_key) = headers.get(API_KEY_HEADER) else {
         return refused(StatusCode::BAD_REQUEST, "send your x-api-key");
     };
-    // The key the layer's rule uses for this header's value.
-    let key = quota.api_key.key_for(api_key.as_bytes());
-    match quota.limiter.peek(key.as_bytes()).await {
+    // The limiter hashes the value as the layer's HeaderKey does: this is
+    // the budget the rule charges.
+    match quota.limiter.peek(api_key.as_bytes()).await {
         Ok(decision) => axum::Json(serde_json::json!({
             "limit": decision.limit(),
             "remaining": decision.remaining(),

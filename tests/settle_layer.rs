@@ -34,7 +34,7 @@ use ratelimit_tests::{
 };
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{
-    ActualCost, Decisions, Limits, PeerAddr, RateLimitLayer, Rule, SettleError, Settlement,
+    ActualCost, Decisions, Key, Limits, PeerAddr, RateLimitLayer, Rule, SettleError, Settlement,
 };
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -163,7 +163,8 @@ fn retry_after(answer: &Answer) -> u64 {
 /// still: the tokens left, or minus the tokens owed.
 async fn level<St: Store>(store: &St, policy: &Policy, key: &str) -> i64 {
     let decision = store
-        .check(key.as_bytes(), policy, 0)
+        // The state of the value's hash, as the layer keys it.
+        .check(Key::from(key).as_bytes(), policy, 0)
         .await
         .expect("a peek");
     let Algorithm::TokenBucket(bucket) = policy.algorithm() else {
@@ -630,7 +631,10 @@ async fn concurrency_limits_cannot_settle() {
     let answered = answer(layer.clone().layer(model()), request_from("k")).await;
     assert_eq!(answered.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(layer.stats().refused_on_error(), 1);
-    let peek = store.check(b"k", &in_flight, 0).await.expect("a peek");
+    let peek = store
+        .check(Key::from("k").as_bytes(), &in_flight, 0)
+        .await
+        .expect("a peek");
     assert_eq!(peek.remaining(), 2, "no permit taken");
 }
 
@@ -883,10 +887,11 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     }));
     assert_eq!(service.clone().oneshot(7).await.expect("allowed"), 7);
     assert!(service.oneshot(0).await.is_err());
-    let key = |n: u64| n.to_be_bytes();
+    // A closure's value is hashed as every value is.
+    let key = |n: u64| Key::from(n.to_be_bytes().to_vec());
     assert_eq!(
         store
-            .check(&key(7), &tokens, 0)
+            .check(key(7).as_bytes(), &tokens, 0)
             .await
             .expect("peek")
             .remaining(),
@@ -894,7 +899,7 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     );
     assert_eq!(
         store
-            .check(&key(0), &tokens, 0)
+            .check(key(0).as_bytes(), &tokens, 0)
             .await
             .expect("peek")
             .remaining(),

@@ -6,7 +6,6 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use ratelimit_core::Rate;
 use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use ratelimit_core::{Period, Rate};
 use serde::Deserialize;
