@@ -91,8 +91,9 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
 /// `MOVED` and is answered all the same, and the cluster client reads the
 /// slot map again on it, so the decisions that follow go straight to the
 /// new master: the old one answers `MOVED` once per connection of the store
-/// (the one that follows nothing, and the one that follows), not once per
-/// call.
+/// (its own connection to the master, which carries the coalescer's
+/// pipelines once open, and the cluster client's two: the one that follows
+/// nothing, and the one that follows), not once per call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let cluster = RedisCluster::start();
@@ -129,7 +130,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     }
     let redirected = moved() - before;
     assert!(
-        (1..=2).contains(&redirected),
+        (1..=3).contains(&redirected),
         "the old master answered MOVED {redirected} times to 20 calls"
     );
     assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 1);
