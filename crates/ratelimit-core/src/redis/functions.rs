@@ -123,7 +123,11 @@ impl Inner {
 
     /// `FUNCTION LOAD` of the library (every master of a cluster) before
     /// `deadline`. A library loaded meanwhile by another store is loaded.
-    async fn load(&self, library: &'static Library, deadline: Deadline) -> Result<(), StoreError> {
+    pub(super) async fn load(
+        &self,
+        library: &'static Library,
+        deadline: Deadline,
+    ) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("FUNCTION");
         cmd.arg("LOAD").arg(library.source());
         match self.run_until(&cmd, Via::Pool, deadline).await {
@@ -156,7 +160,12 @@ fn text(e: &RedisError) -> String {
 
 /// `Function not found`: the library is not loaded on that node.
 fn is_missing(e: &StoreError) -> bool {
-    redis_error(e).is_some_and(|e| text(e).contains("Function not found"))
+    redis_error(e).is_some_and(names_no_function)
+}
+
+/// Whether `e` is Redis's `Function not found`.
+pub(super) fn names_no_function(e: &RedisError) -> bool {
+    text(e).contains("Function not found")
 }
 
 /// Functions cannot be used: a Redis without them (`unknown command`), or a

@@ -61,6 +61,7 @@ use tokio::time::Instant as Deadline;
 use super::cluster::Cluster;
 use super::coalesce::{Item, answer, batch_args, batch_results, share};
 use super::connections::Connections;
+use super::functions::names_no_function;
 use super::scripts::{Library, StateKeys, invocation};
 use super::unclaimed::SentOn;
 use super::{Arg, RedisStore, breaks_connection, single_args};
@@ -343,9 +344,11 @@ impl RedisStore {
             return;
         }
         let sent_on = SentOn::default();
+        let (mut again, mut missing) = (Vec::new(), false);
         for ((_, items), value) in slots.into_iter().zip(values) {
-            if matches!(value, Value::ServerError(_)) {
-                self.send_again(items);
+            if let Value::ServerError(error) = value {
+                missing |= names_no_function(&redis::RedisError::from(error));
+                again.extend(items);
                 continue;
             }
             match batch_results(&items, &value) {
@@ -364,6 +367,14 @@ impl RedisStore {
                     }
                 }
             }
+        }
+        if missing {
+            // The library, loaded once for the pipeline before its requests
+            // go again: each of them would load it.
+            let _ = Box::pin(self.inner.load(Library::get(), self.inner.deadline())).await;
+        }
+        if !again.is_empty() {
+            self.send_again(again);
         }
     }
 
