@@ -16,8 +16,9 @@
 //!   the slot is served elsewhere or not at all now; or `Function not
 //!   found`, `NOSCRIPT` and the like) sends each of the call's requests
 //!   again on its own, through the cluster client, where it meets the path
-//!   of a call of its own: redirections followed, the library loaded, errors
-//!   reported. Redis checks the slot's ownership and every declared key
+//!   of a call of its own: redirections followed, scripts reloaded, errors
+//!   reported (a missing function library is loaded once for the pipeline
+//!   first, not once per request). Redis checks the slot's ownership and every declared key
 //!   before it runs a script, so a redirected call ran nowhere, and sending
 //!   it again counts it once. (A script that failed halfway would count
 //!   twice at worst, which errs towards denying.) No call is ever followed
