@@ -545,11 +545,12 @@ async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
 }
 
 /// Requests on many keys, in many slots, from 64 tasks at once: each key
-/// admits exactly its limit. A batch is one slot's (a call declares every
-/// key it touches, and Redis refuses keys of several slots in one call), so
-/// each key's requests gather behind the calls in flight on its slot.
+/// admits exactly its limit. A call declares every key it touches, and
+/// Redis refuses keys of several slots in one call, so a batch is a
+/// pipeline to one master, a call per slot: batches form however few
+/// requests each slot has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_requests_of_many_slots_batch_by_slot_and_stay_exact() {
+async fn on_a_cluster_requests_of_many_slots_go_in_pipelines_and_stay_exact() {
     let cluster = RedisCluster::start();
     let store = build(RedisStore::cluster_builder(cluster.urls())).await;
     let policy = fixed_window("spread", 5, Duration::from_secs(3600));
@@ -560,12 +561,13 @@ async fn on_a_cluster_requests_of_many_slots_batch_by_slot_and_stay_exact() {
     assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
     let stats = store.coalescing();
     assert_eq!(stats.requests, 1600, "{stats:?}");
+    assert!(stats.mean_batch() > 1.5, "{stats:?}");
 }
 
 /// The same on a cluster whose user may not run `FCALL`: every call by
 /// script; each key admits exactly its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
+async fn on_a_cluster_without_functions_pipelines_go_by_script_and_stay_exact() {
     let cluster = RedisCluster::start();
     for node in 0..3 {
         let reply = cluster.cli(node, &["ACL", "SETUSER", "default", "-fcall"]);
@@ -590,12 +592,13 @@ async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
     assert!(evalsha >= 1000, "{evalsha} calls by script");
 }
 
-/// A batch on a master that no longer serves its slot (the slot was given
-/// to another master after the cluster client read the slot map): Redis
-/// answers `MOVED` before running anything, and the store sends each of its
-/// requests again on its own, through the cluster client, which follows the
-/// redirection; every request is answered, and each key, wherever it lives,
-/// admits exactly its limit.
+/// A pipeline's call on a master that no longer serves its slot (the slot
+/// was given to another master after the cluster client read the slot
+/// map): Redis answers that call `MOVED` before running anything, and runs
+/// the pipeline's other calls; the store sends each request of the
+/// redirected call again on its own, through the cluster client, which
+/// follows the redirection. Every request is answered, and each key,
+/// wherever it lives, admits exactly its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
     let cluster = RedisCluster::start();
@@ -624,8 +627,9 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
     }
     assert_eq!(cluster.master_of(moved), target);
 
-    // 64 tasks at once, every other request on the moved key: its slot's
-    // batches meet `MOVED`, the others' do not.
+    // 64 tasks at once, every other request on the moved key: its calls in
+    // the source's pipelines meet `MOVED` (until the cluster client has read
+    // the slot map again), the others' do not.
     let admitted = admitted_per_key(&store, &policy, &of_source, 6, |task, j| {
         if (task + j) % 2 == 0 {
             0

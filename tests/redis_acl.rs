@@ -67,8 +67,11 @@ const FALLBACK: &[&str] = &["fcall", "function|load"];
 /// denied try, in `ACL LOG`): nothing else changes.
 const UNCHECKED: &[&str] = &["info"];
 
-/// What a Redis Cluster client needs besides [`COMMANDS`]: the topology.
-const CLUSTER_COMMANDS: &[&str] = &["cluster|slots"];
+/// What a Redis Cluster client needs besides [`COMMANDS`]: the topology,
+/// and `READONLY`, which redis-rs sends on each node connection of the
+/// client whose slot map the store follows (a no-op on a master; without
+/// it, one `ACL LOG` entry per connection).
+const CLUSTER_COMMANDS: &[&str] = &["cluster|slots", "readonly"];
 
 /// `ACL SETUSER <name> ...` rules: the password, the key pattern, and
 /// nothing but `commands`.
@@ -643,9 +646,9 @@ async fn through_the_layer_a_missing_permission_is_refused_whatever_the_failure_
     }
 }
 
-/// On a Redis Cluster: the documented ACL plus `cluster|slots` runs every
-/// operation, and limits spanning slots are refunded when a later slot
-/// denies (`refund.lua`: GET, SET, DEL, ZREM). Without DEL the refunds of
+/// On a Redis Cluster: the documented ACL plus `cluster|slots` and
+/// `readonly` runs every operation, and limits spanning slots are refunded
+/// when a later slot denies (`refund.lua`: GET, SET, DEL, ZREM). Without DEL the refunds of
 /// keys that were fresh are lost, which only ever denies more;
 /// without `cluster|slots` the store cannot be built.
 #[tokio::test]

@@ -62,7 +62,9 @@ impl RedisStoreBuilder {
     /// call, which pipelines its commands; calls take them in turn. On a bb8
     /// pool ([`RedisStore::bb8_builder`]) the pool's `max_size` counts instead.
     /// On a Redis Cluster, the masters share them: each master gets
-    /// `size / masters`, rounded down, and at least 1.
+    /// `size / masters`, rounded down, and at least 1, for the pipelines of
+    /// coalescing (see [`max_batch`](Self::max_batch)); redis-rs's cluster
+    /// client keeps its own.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
@@ -94,9 +96,7 @@ impl RedisStoreBuilder {
     /// always takes at least one request.
     ///
     /// A request goes out at once while fewer than two calls are in flight
-    /// (one with a pool of one connection; on a cluster, per hash slot: a
-    /// call declares every key it touches, and Redis refuses a call whose
-    /// keys span slots); the
+    /// (one with a pool of one connection); the
     /// requests that arrive while that many are in flight are gathered, and
     /// each call that returns sends
     /// up to `max_batch` units of them as one call of the batch function. No timer
@@ -104,6 +104,12 @@ impl RedisStoreBuilder {
     /// of one [`check_all`](Store::check_all) stay all or nothing. Redis runs
     /// a batch as one script: the bound also bounds how long one call holds
     /// Redis (the bound times a simple decision, or one costly request).
+    ///
+    /// On a cluster a call declares every key it touches, and Redis refuses
+    /// a call whose keys span slots: a batch is one pipeline to a master,
+    /// one call per slot, at most `max_batch` units in all, and each master
+    /// has one in flight before requests wait. Checks that take concurrency
+    /// permits are never batched there.
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
         self
@@ -256,12 +262,25 @@ impl RedisStoreBuilder {
             {
                 #[cfg(feature = "tls")]
                 let _ = rustls::crypto::ring::default_provider().install_default();
+                let watchers = Arc::new(super::masters::Watchers::default());
                 let clients = super::cluster::Clients {
-                    first: self.cluster_client(0)?,
-                    routed: self.cluster_client(CLUSTER_RETRIES)?,
+                    first: self.cluster_client(0, Some(&watchers))?,
+                    routed: self.cluster_client(CLUSTER_RETRIES, None)?,
+                    watchers,
                 };
+                let seed = self.urls.first().map(String::as_str).unwrap_or_default();
+                let seed =
+                    redis::IntoConnectionInfo::into_connection_info(seed).map_err(backend_error)?;
+                let masters = super::masters::Masters::new(
+                    seed,
+                    #[cfg(feature = "tls")]
+                    self.root_cert.clone(),
+                    self.connect_timeout,
+                    self.pool_size,
+                );
                 let cluster = super::cluster::Cluster::connect(
                     clients,
+                    masters,
                     Duration::from_millis(cluster_retry_wait(self.call_timeout)),
                     self.connect_timeout,
                 )
@@ -344,9 +363,14 @@ impl RedisStoreBuilder {
     /// connection opens: without it, one node that hangs held up every new
     /// connection for good); the store times each call over all its
     /// attempts itself (see `cluster`), so redis-rs keeps no second timer
-    /// per call.
+    /// per call. `watchers`, when given, hear each connection's slot map
+    /// (see `masters`).
     #[cfg(feature = "redis-cluster")]
-    fn cluster_client(&self, retries: u32) -> Result<redis::cluster::ClusterClient, StoreError> {
+    fn cluster_client(
+        &self,
+        retries: u32,
+        watchers: Option<&Arc<super::masters::Watchers>>,
+    ) -> Result<redis::cluster::ClusterClient, StoreError> {
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
         let wait = cluster_retry_wait(self.call_timeout);
@@ -357,6 +381,12 @@ impl RedisStoreBuilder {
             .retries(retries)
             .min_retry_wait(wait)
             .max_retry_wait(wait.saturating_add(1));
+        let builder = match watchers {
+            Some(watchers) => {
+                builder.read_routing_strategy(super::masters::WatcherFactory(watchers.clone()))
+            }
+            None => builder,
+        };
         #[cfg(feature = "tls")]
         let builder = match self.root_cert.clone() {
             Some(root_cert) => builder.certs(trusting(root_cert)),

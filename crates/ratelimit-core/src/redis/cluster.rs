@@ -1,30 +1,34 @@
-//! A Redis Cluster, through redis-rs's cluster client alone.
+//! A Redis Cluster, through redis-rs's cluster client, and the masters'
+//! own connections for pipelines.
 //!
 //! redis-rs's cluster client reads the topology, routes each command to the
 //! master of its slot, follows `MOVED` and `ASK`, waits out `TRYAGAIN` and
 //! `CLUSTERDOWN`, reconnects, and reads the slot map again when a node
 //! answers `MOVED`. The store keeps two of its connections:
 //!
-//! - `first`, whose client retries nothing: every script call (a decision, a
-//!   batch, a release, a refund) goes out on it once, routed by redis-rs to
-//!   the master of its keys' slot. A reply of `MOVED`, `ASK`, `TRYAGAIN`,
-//!   `CLUSTERDOWN`, `CROSSSLOT` or `READONLY` means the node did not run the
-//!   call (Redis checks every declared key before it runs a script, and a
-//!   script touches no key it did not declare), and comes back to the store
-//!   instead of being followed;
-//! - `routed`, with redis-rs's retries: a call of one request that came back
-//!   redirected, or whose connection broke (it may have run: sent again, it
-//!   counts twice at worst, which errs towards denying, as on a single
-//!   node), goes again through it, and redis-rs follows the redirection
-//!   as it always does (a call on keys of one slot, all declared, is served
-//!   by a node only when it holds all of them or none: Redis answers
-//!   `TRYAGAIN` in between). A batch that came back redirected is never
-//!   followed as a whole: `coalesce` sends each of its requests again on its
-//!   own. Every other command (`PING`, `FUNCTION LOAD`, `DEL`) goes through
-//!   `routed` too.
+//! - `first`, whose client retries nothing: every script call of its own (a
+//!   decision, a release, a refund) goes out on it once, routed by redis-rs
+//!   to the master of its keys' slot. A reply of `MOVED`, `ASK`,
+//!   `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT` or `READONLY` means the node did
+//!   not run the call (Redis checks every declared key before it runs a
+//!   script, and a script touches no key it did not declare), and comes
+//!   back to the store instead of being followed. Its slot map is also the
+//!   one by which the coalescer sends each master its pipelines (see
+//!   `masters`);
+//! - `routed`, with redis-rs's retries: a call that came back redirected,
+//!   or whose connection broke (it may have run: sent again, it counts
+//!   twice at worst, which errs towards denying, as on a single node), goes
+//!   again through it, and redis-rs follows the redirection as it always
+//!   does (a call on keys of one slot, all declared, is served by a node
+//!   only when it holds all of them or none: Redis answers `TRYAGAIN` in
+//!   between). Every other command (`PING`, `FUNCTION LOAD`, `DEL`) goes
+//!   through `routed` too.
 //!
 //! Both see `MOVED` and read the slot map again. A release follows its check
-//! on `first`, so on the same connection to the same node, after it.
+//! on `first`, so on the same connection to the same node, after it. The
+//! coalescer's pipelines go on connections of the store's own to each
+//! master (see `masters`); a call of a pipeline that Redis redirects goes
+//! again as a call of its own, here.
 //!
 //! A master that hangs answers nothing, not even `MOVED`, and redis-rs keeps
 //! sending its slots' calls there after its replica has been promoted. So a
@@ -32,11 +36,12 @@
 //! (redis-rs reads the slot map as it opens them), at once and then every
 //! [`REFRESH_EVERY`] for [`FAILOVER_WATCH`] after the last such call
 //! ([`Cluster::watch`]): the calls that follow a promotion go to the new
-//! master whatever the rate of traffic. The connections are swapped whole;
-//! calls in flight finish on the old ones. The same happens when the
-//! cluster client's own task is gone with the runtime that ran it. (A
-//! master that refuses connections needs none of this: redis-rs sends its
-//! slots' calls to a node of its shard, which serves them once promoted.)
+//! master whatever the rate of traffic. The connections are swapped whole
+//! (the slot map the pipelines follow with them); calls in flight finish
+//! on the old ones. The same happens when the cluster client's own task is
+//! gone with the runtime that ran it. (A master that refuses connections
+//! needs none of this: redis-rs sends its slots' calls to a node of its
+//! shard, which serves them once promoted.)
 
 use std::future::Future;
 use std::pin::pin;
@@ -52,8 +57,9 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant as Deadline;
 
+use super::masters::{Masters, SlotMap, Watchers};
 use super::scripts::Command;
-use super::{Inner, Redirects, backend_error, breaks_connection, cluster_error};
+use super::{Inner, backend_error, breaks_connection, cluster_error, slot_number};
 use crate::StoreError;
 
 /// A store's way to a Redis Cluster: its two connections, and how to open
@@ -66,6 +72,8 @@ pub(super) struct Cluster {
 struct Shared {
     clients: Clients,
     connections: RwLock<Arc<Connections>>,
+    /// Each master's own connections, for pipelines (see `masters`).
+    masters: Masters,
     /// The wait between two of redis-rs's retries, and between two calls
     /// through `routed` when its retries ran out on a slot still moving.
     retry_wait: Duration,
@@ -85,6 +93,8 @@ pub(super) struct Clients {
     pub(super) first: ClusterClient,
     /// Built with redis-rs's retries, `retry_wait` apart.
     pub(super) routed: ClusterClient,
+    /// The slot maps of `first`'s connections.
+    pub(super) watchers: Arc<Watchers>,
 }
 
 struct Connections {
@@ -92,6 +102,8 @@ struct Connections {
     first: ClusterConnection,
     /// redis-rs's routing and retries.
     routed: ClusterConnection,
+    /// `first`'s slot map, as redis-rs last read it.
+    slot_map: Arc<SlotMap>,
 }
 
 /// How often the topology is read again while a failover may be under way.
@@ -101,36 +113,25 @@ pub(super) const REFRESH_EVERY: Duration = Duration::from_millis(250);
 /// [`REFRESH_EVERY`].
 pub(super) const FAILOVER_WATCH: Duration = Duration::from_secs(5);
 
-/// A script call that Redis did not run where redis-rs sent it (see the
-/// module's list): a batch's requests each go again on their own.
-#[derive(Debug)]
-pub(super) struct Redirected(pub(super) redis::RedisError);
-
-impl std::fmt::Display for Redirected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Redis redirected a batch: {}", self.0)
-    }
-}
-
-impl std::error::Error for Redirected {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
-
 impl Cluster {
     /// Opens the connections of `clients` (`routed` waiting `retry_wait`
-    /// between its retries), each node within `connect_timeout`.
+    /// between its retries), each node within `connect_timeout`, then
+    /// `masters`' own connections to each master the slot map names.
     pub(super) async fn connect(
         clients: Clients,
+        masters: Masters,
         retry_wait: Duration,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
         let connections = open(&clients, connect_timeout).await?;
+        masters
+            .open_all(&connections.slot_map, connect_timeout)
+            .await;
         Ok(Cluster {
             shared: Arc::new(Shared {
                 clients,
                 connections: RwLock::new(Arc::new(connections)),
+                masters,
                 retry_wait,
                 connect_timeout,
                 refreshing: AtomicBool::new(false),
@@ -146,6 +147,20 @@ impl Cluster {
         self.shared.connections.read().routed.clone()
     }
 
+    /// The masters' own connections.
+    pub(super) fn masters(&self) -> &Masters {
+        &self.shared.masters
+    }
+
+    /// The coalescing lane of `key`: the master that serves its slot in
+    /// the slot map of the current `first` connection (`None` before that
+    /// connection read one, or while no master serves the slot).
+    pub(super) fn lane_of(&self, key: &str) -> Option<u16> {
+        let slot = slot_number(redis::cluster_routing::Slot::for_key(key))?;
+        let slot_map = self.shared.connections.read().slot_map.clone();
+        self.shared.masters.lane_of(&slot_map, slot)
+    }
+
     /// A call timed out (or found the cluster client's task gone): the node
     /// may hang, and its replica be promoted. redis-rs reads the slot map again
     /// only when a node answers `MOVED`, which a hung master never does, so
@@ -154,7 +169,7 @@ impl Cluster {
     /// [`FAILOVER_WATCH`] has passed without another such call: the calls
     /// that follow a promotion find its master at any rate of traffic, one
     /// call every few seconds as well as thousands.
-    fn watch(&self) {
+    pub(super) fn watch(&self) {
         let shared = &self.shared;
         let until = shared
             .millis()
@@ -219,6 +234,8 @@ async fn open(clients: &Clients, connect_timeout: Duration) -> Result<Connection
     Ok(Connections {
         first: first.map_err(backend_error)?,
         routed: routed.map_err(backend_error)?,
+        // One opening at a time: the map given last is `first`'s.
+        slot_map: clients.watchers.take_last(),
     })
 }
 
@@ -253,13 +270,12 @@ async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
 impl Inner {
     /// Runs `cmd` on the cluster before `deadline`: a script call goes out
     /// on `first`, to the master of its first key's slot, and, when Redis
-    /// redirects it, again through `routed` or back to the caller as
-    /// `redirects` says; any other command through `routed`.
+    /// redirects it, again through `routed`; any other command through
+    /// `routed`.
     pub(super) async fn run_on_cluster(
         &self,
         cluster: &Cluster,
         cmd: &dyn Command,
-        redirects: Redirects,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
         let timeout = || {
@@ -293,15 +309,10 @@ impl Inner {
         let sent = first.route_command(cmd.cmd().into_owned(), routing.clone());
         let sent = async { sent.await.and_then(Value::extract_error) };
         match tokio::time::timeout_at(deadline, sent).await {
-            Ok(Err(e)) if not_run(&e) && redirects == Redirects::Report => {
-                return Err(StoreError::Backend(Box::new(Redirected(e))));
-            }
             // A connection that broke after the write may have run the call:
             // sent again, it counts twice at worst, which errs towards
             // denying, as on a single node's connections.
-            Ok(Err(e))
-                if redirects == Redirects::Follow
-                    && (not_run(&e) || (breaks_connection(&e) && !e.is_timeout())) => {}
+            Ok(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => {}
             other => return outcome(other.ok()),
         }
         let mut routed = connections.routed.clone();
@@ -353,10 +364,4 @@ fn not_run(e: &redis::RedisError) -> bool {
 /// slots' calls to its replica, without the store.
 fn lost(e: &redis::RedisError) -> bool {
     e.kind() == ErrorKind::Io && e.to_string().contains("redis_cluster: Unable to")
-}
-
-/// Whether `error` is a batch's call that Redis redirected
-/// ([`Redirected`]).
-pub(super) fn is_redirected(error: &StoreError) -> bool {
-    matches!(error, StoreError::Backend(source) if source.is::<Redirected>())
 }

@@ -79,7 +79,8 @@ struct Opener {
     client: redis::Client,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
-    probe: AclProbe,
+    /// `None` for a cluster master's connections (see `masters`).
+    probe: Option<AclProbe>,
     ids: AtomicU64,
     /// The master the sentinels name, when the node is theirs.
     #[cfg(feature = "sentinel")]
@@ -116,6 +117,15 @@ impl Connections {
         size: u32,
         probe: AclProbe,
     ) -> Self {
+        Self::probed_by(client, connect_timeout, size, Some(probe))
+    }
+
+    fn probed_by(
+        client: redis::Client,
+        connect_timeout: Duration,
+        size: u32,
+        probe: Option<AclProbe>,
+    ) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
@@ -134,6 +144,15 @@ impl Connections {
             slots: (0..size).map(|_| Arc::default()).collect(),
             turn: AtomicUsize::new(0),
         }
+    }
+
+    /// `size` connections (at least 1) to a master of a Redis Cluster,
+    /// opened as [`new`](Self::new) opens them but not probed: the probe's
+    /// key lives on one master, which the others redirect (the store probes
+    /// the cluster once, as it builds).
+    #[cfg(feature = "redis-cluster")]
+    pub(super) fn unprobed(client: redis::Client, connect_timeout: Duration, size: u32) -> Self {
+        Self::probed_by(client, connect_timeout, size, None)
     }
 
     /// `size` multiplexed connections (at least 1) to the master the
@@ -237,25 +256,7 @@ impl Connections {
                 if let Some(shared) = self.fresh(slot) {
                     return Ok(shared);
                 }
-                let now = Instant::now();
-                match &*opening {
-                    Some(underway) if now <= underway.ends => (underway.opened.clone(), None),
-                    _ => {
-                        let id = self.opener.ids.fetch_add(1, Ordering::Relaxed);
-                        let (sender, opened) = watch::channel(None);
-                        *opening = Some(Underway {
-                            id,
-                            opened: opened.clone(),
-                            ends: now + self.opener.connect_timeout,
-                        });
-                        let task = Opening {
-                            slot: Arc::clone(slot),
-                            id,
-                            sender,
-                        };
-                        (opened, Some(task))
-                    }
-                }
+                self.underway(slot, &mut opening)
             };
             // Spawned with the slot's lock released: a task that cannot run
             // is dropped at once, and its drop takes the lock.
@@ -280,6 +281,53 @@ impl Connections {
             std::io::ErrorKind::ConnectionAborted,
             "the connection's opening stopped with the runtime that ran it",
         )))
+    }
+
+    /// The opening of `slot` under way (`opening`, its lock held), and the
+    /// task to spawn when none was, now recorded there.
+    fn underway(
+        &self,
+        slot: &Arc<Slot>,
+        opening: &mut Option<Underway>,
+    ) -> (watch::Receiver<Opened>, Option<Opening>) {
+        let now = Instant::now();
+        match &*opening {
+            Some(underway) if now <= underway.ends => (underway.opened.clone(), None),
+            _ => {
+                let id = self.opener.ids.fetch_add(1, Ordering::Relaxed);
+                let (sender, opened) = watch::channel(None);
+                *opening = Some(Underway {
+                    id,
+                    opened: opened.clone(),
+                    ends: now + self.opener.connect_timeout,
+                });
+                let task = Opening {
+                    slot: Arc::clone(slot),
+                    id,
+                    sender,
+                };
+                (opened, Some(task))
+            }
+        }
+    }
+
+    /// Starts opening the connection of `slot`, unless it is open or being
+    /// opened, and waits for nothing (a cluster's master connections: the
+    /// cluster client serves their requests meanwhile).
+    #[cfg(feature = "redis-cluster")]
+    pub(super) fn open_soon(&self, slot: usize) {
+        let slot = &self.slots[slot];
+        let start = {
+            let mut opening = slot.opening.lock();
+            if self.fresh(slot).is_some() {
+                return;
+            }
+            self.underway(slot, &mut opening).1
+        };
+        // Spawned with the slot's lock released, as in `open`.
+        if let (Some(task), Ok(runtime)) = (start, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(task.run(Arc::clone(&self.opener)));
+        }
     }
 
     /// Forgets the connection `id` of `slot` (it failed), unless it was
@@ -357,8 +405,8 @@ impl Opener {
     /// opened in (0 on a node of its own).
     async fn open_in_epoch(&self) -> Result<(Link, u64), RedisError> {
         #[cfg(feature = "sentinel")]
-        if let Some(master) = &self.master {
-            return master.open(&self.config, &self.probe).await;
+        if let (Some(master), Some(probe)) = (&self.master, &self.probe) {
+            return master.open(&self.config, probe).await;
         }
         self.open().await.map(|connection| (connection, 0))
     }
@@ -370,7 +418,9 @@ impl Opener {
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?,
         );
-        self.probe.run(&mut connection).await?;
+        if let Some(probe) = &self.probe {
+            probe.run(&mut connection).await?;
+        }
         Ok(connection)
     }
 }

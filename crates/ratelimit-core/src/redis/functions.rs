@@ -17,7 +17,7 @@ use tokio::time::Instant as Deadline;
 
 use super::scripts::{CallKeys, Invocation, Library};
 use super::unclaimed::Via;
-use super::{Arg, Inner, Redirects};
+use super::{Arg, Inner};
 use crate::StoreError;
 use crate::policy::Algorithm;
 
@@ -41,16 +41,12 @@ impl Inner {
         let library = Library::get();
         let script = Some(self.scripts.single(algorithm));
         let function = library.function(algorithm);
-        scripted(
-            self.call(function, script, keys, args, via, Redirects::Follow)
-                .await,
-        )
+        scripted(self.call(function, script, keys, args, via).await)
     }
 
     /// Several requests in one call (`batch.lua`): `FCALL` of the library's
-    /// batch function, or its script where functions cannot be used. On a
-    /// cluster, a batch that Redis redirects comes back as such (see
-    /// `cluster::Redirected`): it is never followed as a whole.
+    /// batch function, or its script where functions cannot be used. (A
+    /// cluster's batches go in pipelines: see `masters`.)
     pub(super) async fn decide_batch<K: CallKeys + ?Sized>(
         &self,
         keys: &K,
@@ -60,10 +56,7 @@ impl Inner {
         let library = Library::get();
         let script = Some(self.scripts.batch());
         let function = library.batch();
-        scripted(
-            self.call(function, script, keys, args, via, Redirects::Report)
-                .await,
-        )
+        scripted(self.call(function, script, keys, args, via).await)
     }
 
     /// `FCALL` of `function`, loading the library once when it is missing,
@@ -79,7 +72,6 @@ impl Inner {
         keys: &K,
         args: &[Arg<'_>],
         via: Via<'_>,
-        redirects: Redirects,
     ) -> Option<Result<Value, StoreError>> {
         // One deadline over every attempt (a load included).
         let deadline = self.deadline();
@@ -90,7 +82,7 @@ impl Inner {
             // call's state, not two.
             let mut loaded = false;
             loop {
-                match self.send(&fcall, via, redirects, deadline).await {
+                match self.run_until(&fcall, via, deadline).await {
                     // Boxed, as the script path below: rare, and its state
                     // would make every call's future larger.
                     Err(e) if is_missing(&e) && !loaded => {
@@ -115,8 +107,14 @@ impl Inner {
             }
         }
         let (script, source) = script?;
-        let eval = self.eval_with(script, source, keys, args, via, redirects, deadline);
+        let eval = self.eval(script, source, keys, args, via, deadline);
         Some(Box::pin(eval).await)
+    }
+
+    /// Whether calls go by functions (`FCALL`) rather than scripts.
+    #[cfg(feature = "redis-cluster")]
+    pub(super) fn uses_functions(&self) -> bool {
+        self.functions.0.load(Ordering::Relaxed) == TRY
     }
 
     fn never_functions(&self) {
@@ -125,7 +123,11 @@ impl Inner {
 
     /// `FUNCTION LOAD` of the library (every master of a cluster) before
     /// `deadline`. A library loaded meanwhile by another store is loaded.
-    async fn load(&self, library: &'static Library, deadline: Deadline) -> Result<(), StoreError> {
+    pub(super) async fn load(
+        &self,
+        library: &'static Library,
+        deadline: Deadline,
+    ) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("FUNCTION");
         cmd.arg("LOAD").arg(library.source());
         match self.run_until(&cmd, Via::Pool, deadline).await {
@@ -158,7 +160,12 @@ fn text(e: &RedisError) -> String {
 
 /// `Function not found`: the library is not loaded on that node.
 fn is_missing(e: &StoreError) -> bool {
-    redis_error(e).is_some_and(|e| text(e).contains("Function not found"))
+    redis_error(e).is_some_and(names_no_function)
+}
+
+/// Whether `e` is Redis's `Function not found`.
+pub(super) fn names_no_function(e: &RedisError) -> bool {
+    text(e).contains("Function not found")
 }
 
 /// Functions cannot be used: a Redis without them (`unknown command`), or a

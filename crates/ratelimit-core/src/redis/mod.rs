@@ -42,6 +42,8 @@ mod coalesce;
 mod connections;
 mod errors;
 mod functions;
+#[cfg(feature = "redis-cluster")]
+mod masters;
 #[cfg(feature = "bb8")]
 mod pool;
 mod replies;
@@ -436,20 +438,6 @@ impl Inner {
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
-        self.send(cmd, via, Redirects::Follow, deadline).await
-    }
-
-    /// [`run_until`](Self::run_until), a script call that a cluster
-    /// redirects going again or coming back as `redirects` says.
-    async fn send(
-        &self,
-        cmd: &dyn Command,
-        via: Via<'_>,
-        redirects: Redirects,
-        deadline: Deadline,
-    ) -> Result<Value, StoreError> {
-        #[cfg(not(feature = "redis-cluster"))]
-        let _ = redirects;
         match &self.backend {
             // One timer per call, here, rather than one around the call and
             // one more per command inside redis-rs.
@@ -471,7 +459,7 @@ impl Inner {
             // larger on a single node too.
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(cluster) => {
-                Box::pin(self.run_on_cluster(cluster, cmd, redirects, deadline)).await
+                Box::pin(self.run_on_cluster(cluster, cmd, deadline)).await
             }
         }
     }
@@ -575,30 +563,13 @@ impl Inner {
         via: Via<'_>,
         deadline: Deadline,
     ) -> Result<Value, StoreError> {
-        self.eval_with(script, source, keys, args, via, Redirects::Follow, deadline)
-            .await
-    }
-
-    /// [`eval`](Self::eval), a call that a cluster redirects going again or
-    /// coming back as `redirects` says.
-    #[allow(clippy::too_many_arguments)]
-    async fn eval_with<K: CallKeys + ?Sized>(
-        &self,
-        script: &redis::Script,
-        source: &str,
-        keys: &K,
-        args: &[Arg<'_>],
-        via: Via<'_>,
-        redirects: Redirects,
-        deadline: Deadline,
-    ) -> Result<Value, StoreError> {
         let evalsha = Invocation::new("EVALSHA", script.get_hash(), keys, args);
-        match self.send(&evalsha, via, redirects, deadline).await {
+        match self.run_until(&evalsha, via, deadline).await {
             Err(StoreError::Backend(e))
                 if e.downcast_ref::<RedisError>().is_some_and(is_noscript) =>
             {
                 let eval = Invocation::new("EVAL", source, keys, args);
-                self.send(&eval, via, redirects, deadline).await
+                self.run_until(&eval, via, deadline).await
             }
             other => other,
         }
@@ -614,30 +585,8 @@ impl RedisStore {
         permit: PermitId,
         via: Via<'_>,
     ) -> Result<Decision, StoreError> {
-        let (p1, p2) = parameters(policy.algorithm());
-        // The fixed time and the permit only when they say something
-        // (single.lua): every argument costs Redis work on every call.
-        let fixed_now = self.fixed_now();
-        let concurrency = policy.algorithm().algorithm_kind() == AlgorithmKind::Concurrency;
-        let permit_arg = if permit.0 == 0 {
-            Arg::Int(0)
-        } else {
-            Arg::Owned(permit.to_string())
-        };
-        let all = [
-            Arg::Int(cost),
-            Arg::Int(p1),
-            Arg::Int(p2),
-            Arg::Int(fixed_now),
-            permit_arg,
-        ];
-        let sent = if concurrency {
-            5
-        } else if fixed_now != 0 {
-            4
-        } else {
-            3
-        };
+        let p1 = parameters(policy.algorithm()).0;
+        let (all, sent) = single_args(policy.algorithm(), cost, permit, self.fixed_now());
         let args = &all[..sent];
         let reply = self
             .inner
@@ -817,15 +766,27 @@ impl RedisStore {
             return Err(StoreError::Backend("coalescing is off".into()));
         };
         let lane = match &self.inner.backend {
-            Backend::Node(_) => LaneId::Node,
-            // A call declares every key it touches, all of one slot: a lane
-            // per slot.
+            Backend::Node(_) => Some(LaneId::Node),
+            // A lane per master, whose requests go as one pipeline (see
+            // `masters`), but for those that hold permits: their releases
+            // follow them on the cluster client's connection. A request of
+            // a slot no master is known for goes as a call of its own.
             #[cfg(feature = "redis-cluster")]
-            Backend::Cluster(_) => {
-                LaneId::Slot(Slot::for_key(keys.first().map_or("", String::as_str)))
-            }
+            Backend::Cluster(cluster) => match unclaimed {
+                Some(_) => None,
+                None => cluster
+                    .lane_of(keys.first().map_or("", String::as_str))
+                    .map(LaneId::Master),
+            },
         };
-        if let Some(alone) = self.go_alone(coalescer, lane) {
+        // On a cluster a request never goes alone through the cluster
+        // client: a pipeline of one on the master's own connection costs
+        // less, the client and Redis alike.
+        let alone = match lane {
+            Some(LaneId::Node) => self.go_alone(coalescer, LaneId::Node),
+            _ => None,
+        };
+        let Some(lane) = lane.filter(|_| alone.is_none()) else {
             // Boxed: a call's state is large (about 1.7 KB), and a request that
             // waits for a batch never needs it; unboxed, every request's future
             // was that large, allocated and copied.
@@ -851,7 +812,7 @@ impl RedisStore {
                 u.hand_over(decisions);
             }
             return result;
-        }
+        };
         let (reply, answer) = tokio::sync::oneshot::channel();
         let weight = requests
             .iter()
@@ -956,26 +917,57 @@ impl RedisStore {
     }
 }
 
+/// The arguments of one decision (`single.lua`), and how many of them are
+/// sent: the cost and the algorithm's two parameters, then the fixed time
+/// and the permit only when they say something (every argument costs Redis
+/// work on every call).
+fn single_args(
+    algorithm: &Algorithm,
+    cost: u64,
+    permit: PermitId,
+    fixed_now: u64,
+) -> ([Arg<'static>; 5], usize) {
+    let (p1, p2) = parameters(algorithm);
+    let permit_arg = if permit.0 == 0 {
+        Arg::Int(0)
+    } else {
+        Arg::Owned(permit.to_string())
+    };
+    let sent = if algorithm.algorithm_kind() == AlgorithmKind::Concurrency {
+        5
+    } else if fixed_now != 0 {
+        4
+    } else {
+        3
+    };
+    let all = [
+        Arg::Int(cost),
+        Arg::Int(p1),
+        Arg::Int(p2),
+        Arg::Int(fixed_now),
+        permit_arg,
+    ];
+    (all, sent)
+}
+
 /// The number of redis-rs's `slot` (0 to 16,383), which redis-rs 1.8 shows
 /// only as `Slot(<number>)`; `None` if it ever shows it otherwise (then
-/// the slots keep the order the checks name them in).
+/// the slots keep the order the checks name them in, and a cluster's
+/// requests go without coalescing). Written on the stack: every request of
+/// a cluster asks it.
 #[cfg(feature = "redis-cluster")]
 fn slot_number(slot: Slot) -> Option<u16> {
-    format!("{slot:?}")
+    use std::io::Write;
+    let mut text = [0u8; 16];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    write!(cursor, "{slot:?}").ok()?;
+    let written = usize::try_from(cursor.position()).ok()?;
+    std::str::from_utf8(&text[..written])
+        .ok()?
         .strip_prefix("Slot(")?
         .strip_suffix(')')?
         .parse()
         .ok()
-}
-
-/// Whether a script call that a Redis Cluster redirects goes again through
-/// redis-rs's routing (a call of one request) or comes back to its caller (a
-/// batch, whose requests then go again each on its own). A single node
-/// redirects nothing.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Redirects {
-    Follow,
-    Report,
 }
 
 /// The state of a key after and before a write (for refunds).
