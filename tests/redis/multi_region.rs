@@ -485,9 +485,9 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
     // As the store sends it: the shared helpers, then the merge.
     let merge = concat!(
-        include_str!("../crates/ratelimit-core/src/multi_region/lua/numbers.lua"),
+        include_str!("../../crates/ratelimit-core/src/multi_region/lua/numbers.lua"),
         "\n",
-        include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua")
+        include_str!("../../crates/ratelimit-core/src/multi_region/lua/merge.lua")
     );
     let window = 3_600_000_000u64;
     let start = T0 - T0 % window;

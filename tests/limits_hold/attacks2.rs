@@ -630,7 +630,7 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
                 let now = ratelimit_core::clock::Clock::now(&clock);
                 // Redis TTLs run on the server's clock: the key is dropped
                 // when the last write's lifetime ends on this timeline (as
-                // tests/parameter_changes.rs does).
+                // tests/redis/parameter_changes.rs does).
                 if expires.is_some_and(|e| now >= e) {
                     server.cli(&[
                         "DEL",
