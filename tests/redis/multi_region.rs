@@ -706,7 +706,12 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
          global Redis 50 ms away p50 {global_p50:?} p99 {global_p99:?}"
     );
     assert!(global_p50 >= Duration::from_millis(50));
-    assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
+    // Measured side by side, so a loaded machine slows both: the local
+    // decision crosses no 50 ms link.
+    assert!(
+        local_p50 * 5 < global_p50,
+        "local {local_p50:?}, global {global_p50:?}"
+    );
 }
 
 /// Partitions are logged and counted: the lag gauge per region and peer

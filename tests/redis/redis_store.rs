@@ -14,9 +14,9 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit,
-    admits, build, cluster_store, decide_through_a_restart, long_policies, named, observable,
-    pooled, redis_store, small_policies, twin_stores, twins_at,
+    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, SLACK,
+    admit_exactly_the_limit, admits, build, cluster_store, decide_through_a_restart, long_policies,
+    named, observable, pooled, redis_store, small_policies, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -417,7 +417,12 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
     let started = std::time::Instant::now();
     let err = store.check(b"k", &policy, 1).await.unwrap_err();
     assert!(err.is_outage(), "{err}");
-    assert!(started.elapsed() < ms(600), "took {:?}", started.elapsed());
+    // A real socket: the 300 ms call timeout plus a loaded machine's slack.
+    assert!(
+        started.elapsed() < ms(300) + SLACK,
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 /// After a mixed workload with the server's clock, every key has a TTL, and

@@ -173,6 +173,13 @@ pub fn observable(d: &Decision) -> Observed {
     )
 }
 
+/// What a loaded test machine may add to a time bound that a real server or
+/// process makes unavoidable (a timeout firing on a real socket): scheduling
+/// on two busy cores, never a timeout's worth of waiting. Bounds that use
+/// it stay well below what they guard against (a second timeout, a pool's
+/// 30 s wait, a call that hangs).
+pub const SLACK: Duration = Duration::from_secs(1);
+
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
