@@ -461,7 +461,7 @@ fn racing_threads_over_expiring_keys_hold_exactly_max_keys() {
 /// `rsync --inplace -t`, `touch -r`; or two same-size writes within the
 /// filesystem's timestamp granularity) is never seen: a tightened limit
 /// (5 to 1) is never put in force, although the file says 1.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_sees_a_change_that_keeps_size_and_modification_time() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("limits.toml");
@@ -794,7 +794,7 @@ fn denied_floods_do_not_move_the_next_admission() {
 /// The watcher keeps the limits in force when its file is deleted, replaced
 /// by a directory, by an empty file, by a symlink to nowhere, then follows a
 /// valid file again (watcher alive, nothing lifted).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("limits.toml");
@@ -1425,7 +1425,7 @@ async fn the_ip_key_in_a_list_keys_ipv6_by_network_and_mapped_as_ipv4() {
 /// A Kubernetes-style config map: the watched path is a symlink through
 /// `..data`, which is swapped atomically to a new directory. The watcher
 /// follows it, and a swap to a truncated file is refused.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_follows_a_config_map_symlink_swap() {
     use std::os::unix::fs::symlink;
     let dir = tempfile::tempdir().expect("dir");
