@@ -3,15 +3,15 @@
 //! site whether anyone listens, so a test that counts events must own the
 //! process's subscriber (with other tests on other threads it saw none).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use ratelimit_axum::{MemoryStore, PeerIp, Policy, RateLimitLayer};
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::named;
-use tower::{Layer, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt};
 
 /// Counts `tracing` events at `error` level.
 struct ErrorEvents(Arc<AtomicUsize>);
@@ -48,9 +48,7 @@ fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
         Policy::fixed_window(100, Duration::from_secs(60)),
     );
     let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp);
-    let ok = service_fn(|_req: Request<String>| async {
-        Ok::<_, Infallible>(Response::new(String::from("ok")))
-    });
+    let ok = ok_service();
     runtime.block_on(async {
         for _ in 0..5 {
             let response = layer

@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::named;
 use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
     RateLimitLayer,
@@ -416,6 +417,8 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F
 // ---- Several limits, rule providers, modes, gRPC and non-HTTP requests ----
 
 use ratelimit_core::Rate;
+use ratelimit_tests::fixtures::ok_service;
+use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tower::{Limits, Mode, Rejection, Rule};
 
 #[tokio::test]
@@ -640,9 +643,7 @@ async fn wait_mode_sleeps_until_allowed_or_refuses_past_max_delay() {
     let clock = ratelimit_core::clock::TokioClock::new();
     let store = MemoryStore::builder().clock(clock).build();
     let policy = Policy::gcra(1, Rate::per_second(1)).unwrap();
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
         .wait(Duration::from_secs(5))
         .layer(inner);
@@ -691,14 +692,10 @@ async fn composite_and_route_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
+    let store = tokio_memory();
     // Three units in the bucket, one per second: the third slot is 2 s away.
     let policy = Policy::leaky_bucket(3, Rate::per_second(1)).unwrap();
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, policy, GlobalKey::default())
         .wait(Duration::from_millis(1_500))
         .layer(inner);
@@ -722,17 +719,10 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
 /// a second away and are refused, and give back the hourly unit they took.
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refusals_give_back_every_limit_they_took() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let store = tokio_memory();
+    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(Duration::from_millis(100))
@@ -764,17 +754,10 @@ async fn wait_mode_refusals_give_back_every_limit_they_took() {
 /// what it took, as a refused one does.
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let store = tokio_memory();
+    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(Duration::from_secs(5))
@@ -805,19 +788,12 @@ async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
     use ratelimit_core::{CircuitBreaker, FallbackStore};
-    let local = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
+    let local = tokio_memory();
     let breaker = Arc::new(CircuitBreaker::new(1, Duration::from_secs(60)));
     let store = FallbackStore::new(DownStore, local.clone(), 1, breaker);
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, smooth, GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(Duration::from_millis(100))

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use ratelimit_core::{MemoryStore, Policy};
+use ratelimit_tests::fixtures::tokio_memory;
+use ratelimit_tests::named;
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
 use ratelimit_tower::{FailurePolicy, PeerAddr, PermitGuard, RateLimitLayer};
@@ -207,14 +209,8 @@ fn timeline(
     let mut rng = Lcg(seed);
     let clock = ManualClock::new(1_000_000_000 + rng.below(10_000_000));
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let p_old = make(old.0, Duration::from_micros(old.1))
-        .unwrap()
-        .with_name("p")
-        .unwrap();
-    let p_new = make(new.0, Duration::from_micros(new.1))
-        .unwrap()
-        .with_name("p")
-        .unwrap();
+    let p_old = named("p", make(old.0, Duration::from_micros(old.1)));
+    let p_new = named("p", make(new.0, Duration::from_micros(new.1)));
     let mut admitted = Vec::new();
     let mut change_at = 0;
     for i in 0..steps {
@@ -716,14 +712,8 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
 #[test]
 fn max_keys_counts_one_state_per_policy_and_key() {
     let store = MemoryStore::builder().max_keys(8).build();
-    let a = Policy::fixed_window(10, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("a")
-        .unwrap();
-    let b = Policy::fixed_window(10, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("b")
-        .unwrap();
+    let a = named("a", Policy::fixed_window(10, Duration::from_secs(3600)));
+    let b = named("b", Policy::fixed_window(10, Duration::from_secs(3600)));
     for i in 0..4 {
         let key = format!("client{i}");
         assert!(store.check_now(key.as_bytes(), &a, 1).is_ok());
@@ -862,14 +852,8 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     use ratelimit_core::Store;
     let server = ratelimit_tests::RedisServer::start();
     let store = ratelimit_tests::stores::redis_store(server.url()).await;
-    let a = Policy::concurrency(6, Duration::from_millis(300))
-        .unwrap()
-        .with_name("ca")
-        .unwrap();
-    let b = Policy::concurrency(4, Duration::from_millis(240))
-        .unwrap()
-        .with_name("cb")
-        .unwrap();
+    let a = named("ca", Policy::concurrency(6, Duration::from_millis(300)));
+    let b = named("cb", Policy::concurrency(4, Duration::from_millis(240)));
     let key = Key::from(b"k".to_vec());
     let mut guards = Vec::new();
     for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
@@ -1007,10 +991,10 @@ fn the_key_budget_never_leaks_under_random_operations() {
     assert!(store.len() <= MAX, "len() {} passed max_keys", store.len());
     // Everything expires (blocks at most 3 s, windows and leases 2 s).
     clock.advance(Duration::from_secs(3_600));
-    let long = Policy::fixed_window(10, Duration::from_secs(86_400))
-        .unwrap()
-        .with_name("long")
-        .unwrap();
+    let long = named(
+        "long",
+        Policy::fixed_window(10, Duration::from_secs(86_400)),
+    );
     let admitted = (0..(2 * MAX))
         .filter(|i| {
             store
@@ -1110,14 +1094,8 @@ async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
     let server = ratelimit_tests::RedisServer::start();
     let redis = ratelimit_tests::stores::redis_store(server.url()).await;
     let memory = MemoryStore::new();
-    let long = Policy::concurrency(2, Duration::from_secs(60))
-        .unwrap()
-        .with_name("c")
-        .unwrap();
-    let short = Policy::concurrency(2, Duration::from_millis(100))
-        .unwrap()
-        .with_name("c")
-        .unwrap();
+    let long = named("c", Policy::concurrency(2, Duration::from_secs(60)));
+    let short = named("c", Policy::concurrency(2, Duration::from_millis(100)));
     let mut failures = Vec::new();
     for (name, i) in [("memory", 0), ("redis", 1)] {
         let check = |policy: &Policy| {
@@ -1152,14 +1130,8 @@ async fn permit_ids_of_another_key_or_policy_touch_nothing() {
     let server = ratelimit_tests::RedisServer::start();
     let redis = ratelimit_tests::stores::redis_store(server.url()).await;
     let memory = MemoryStore::new();
-    let p = Policy::concurrency(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("cp")
-        .unwrap();
-    let q = Policy::concurrency(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("cq")
-        .unwrap();
+    let p = named("cp", Policy::concurrency(1, Duration::from_secs(60)));
+    let q = named("cq", Policy::concurrency(1, Duration::from_secs(60)));
     async fn run<S: Store>(store: &S, p: &Policy, q: &Policy) -> Vec<String> {
         let mut bad = Vec::new();
         let a = store.check(b"a", p, 1).await.unwrap().permit().unwrap();
@@ -1207,9 +1179,8 @@ async fn permit_ids_of_another_key_or_policy_touch_nothing() {
 /// 100 ms before its wait ends, although a slot is free for the last 100 ms.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
-    use ratelimit_core::clock::TokioClock;
     use ratelimit_tower::GlobalKey;
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
     let global = ratelimit_tower::KeyExtractor::<Request<String>>::extract(
         &GlobalKey::default(),

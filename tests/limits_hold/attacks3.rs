@@ -209,6 +209,7 @@ mod cancelled_with_a_shadow_policy {
     use ratelimit_core::{
         Check, Decision, MemoryStore, PermitId, Policy, RefundFuture, Store, StoreError,
     };
+    use ratelimit_tests::named;
     use ratelimit_tower::{GlobalKey, RateLimitLayer, Rule};
     use tower::{ServiceBuilder, ServiceExt};
 
@@ -281,15 +282,9 @@ mod cancelled_with_a_shadow_policy {
             inner: MemoryStore::new(),
             slow: slow.clone(),
         };
-        let global = Policy::concurrency(1, Duration::from_secs(60))
-            .unwrap()
-            .with_name("in-flight")
-            .unwrap();
-        let trial = Policy::fixed_window(100, Duration::from_secs(60))
-            .unwrap()
-            .with_name("trial")
-            .unwrap()
-            .with_shadow(true);
+        let global = named("in-flight", Policy::concurrency(1, Duration::from_secs(60)));
+        let trial =
+            named("trial", Policy::fixed_window(100, Duration::from_secs(60))).with_shadow(true);
         let rules =
             Rule::new(global, GlobalKey::default()).and(Rule::new(trial, GlobalKey::default()));
         let service = ServiceBuilder::new()

@@ -14,7 +14,7 @@ use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisServer, SLACK, admit_exactly_the_limit, decide_through_a_restart,
+    CALL_TIMEOUT, RedisServer, SLACK, admit_exactly_the_limit, decide_through_a_restart, named,
     permits_left,
 };
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
@@ -73,9 +73,7 @@ async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
 async fn several_limits_through_the_pool_are_all_or_nothing() {
     let (_server, store) = on_a_fresh_server().await;
     let per_key = fixed_window("per-key", 3, Duration::from_secs(3600));
-    let global = Policy::gcra(2, Rate::per_hour(1))
-        .and_then(|p| p.with_name("global"))
-        .unwrap();
+    let global = named("global", Policy::gcra(2, Rate::per_hour(1)));
     let checks = [Check::new(b"a", &per_key, 1), Check::new(b"g", &global, 1)];
     for (round, allowed, per_key_left) in [(0, true, 2), (1, true, 1), (2, false, 1)] {
         let decisions = store.check_all(&checks).await.unwrap();

@@ -928,10 +928,7 @@ async fn a_blocked_key_in_a_batch_is_denied_beside_free_ones() {
     use ratelimit_core::AdminStore;
     let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
     let policy = window();
-    let other = Policy::token_bucket(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("other")
-        .unwrap();
+    let other = named("other", Policy::token_bucket(10, Rate::per_second(1)));
     store
         .block(b"blocked", &policy, Duration::from_secs(3600))
         .await

@@ -13,6 +13,7 @@ use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{RedisServer, build, named};
 
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
@@ -537,16 +538,14 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
 /// failure policy when the region's own Redis is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_works_unchanged_on_top() {
-    use http::{Request, Response, StatusCode};
+    use http::{Request, StatusCode};
     use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
     use tower::{Layer, ServiceExt};
 
     let mut regions = Regions::start(Duration::from_millis(10), Duration::from_secs(2)).await;
     regions.wait_fresh().await;
     let policy = fixed(4);
-    let inner = tower::service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let layers: Vec<_> = regions
         .stores
         .iter()

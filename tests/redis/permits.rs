@@ -517,7 +517,7 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
 
 // ---- A permit lasts as long as its holder: renewed leases ----
 
-use ratelimit_core::clock::TokioClock;
+use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::{GlobalKey, Mode, RateLimitLayer};
 use tower::{Layer as _, ServiceExt as _};
@@ -605,7 +605,7 @@ fn semaphore_leased(max: u64, lease: Duration) -> Policy {
 #[tokio::test(start_paused = true)]
 async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
     let t0 = tokio::time::Instant::now();
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(30));
     let (service, _senders) = streaming(store, policy, Mode::Reject);
     let first = request(&service).await;
@@ -627,7 +627,7 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
 /// it).
 #[tokio::test(start_paused = true)]
 async fn a_dropped_body_frees_its_permit_and_stops_renewing_it() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(30));
     let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
     let first = request(&service).await;
@@ -726,7 +726,7 @@ fn a_holder_that_dies_loses_its_permit_when_its_lease_ends() {
 /// past the lease; dropping it frees the slot.
 #[tokio::test(start_paused = true)]
 async fn a_limiter_grant_held_past_its_lease_still_holds_its_permit() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let limiter = ratelimit_axum::Limiter::new(store, semaphore_leased(1, Duration::from_secs(30)));
     let granted = limiter.check(b"job", 1).await.unwrap();
     tokio::time::sleep(Duration::from_secs(100)).await;
@@ -741,7 +741,7 @@ async fn a_limiter_grant_held_past_its_lease_still_holds_its_permit() {
 /// the lease ends after its longest wait).
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_passes_soon_after_a_release() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(60));
     let mode = Mode::Wait {
         max_delay: Duration::from_secs(5),

@@ -11,7 +11,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{Boxed, RedisCluster, admits, build, join_in_order};
+use ratelimit_tests::{Boxed, RedisCluster, admits, build, join_in_order, named};
 use ratelimit_tower::FailurePolicy;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -517,10 +517,7 @@ async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
     assert_eq!(masters.len(), 3, "the keys span every master");
 
     // Checks cut short leave no permit behind.
-    let one = Policy::concurrency(1, HOUR)
-        .unwrap()
-        .with_name("tls-permit")
-        .unwrap();
+    let one = named("tls-permit", Policy::concurrency(1, HOUR));
     for i in 0..40u64 {
         let cut = Duration::from_micros(50 * (i % 8));
         // A check cut short releases what it may have taken in the

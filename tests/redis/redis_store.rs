@@ -12,6 +12,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
 };
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, SLACK,
@@ -1138,20 +1139,15 @@ async fn a_permit_id_of_the_wrong_length_matches_no_permit() {
 /// still has 4 of 5, and the leaky bucket only the admitted request's slot.
 #[tokio::test]
 async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
-    use http::{Request, Response, StatusCode};
+    use http::{Request, StatusCode};
     use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
     use tower::{Layer, ServiceExt};
 
     let server = RedisServer::start();
     let store = redis_store(server.url()).await;
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(ms(100))

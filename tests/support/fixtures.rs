@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{ManualClock, TokioClock};
 use ratelimit_core::{MemoryStore, Policy};
 use tower::{Service, ServiceExt, service_fn};
 
@@ -37,6 +37,12 @@ pub fn frozen_memory() -> MemoryStore<ManualClock> {
     MemoryStore::builder().clock(ManualClock::new(0)).build()
 }
 
+/// A `MemoryStore` on tokio's clock: under a paused clock (`start_paused`),
+/// time passes only as the test sleeps or advances it.
+pub fn tokio_memory() -> MemoryStore<TokioClock> {
+    MemoryStore::builder().clock(TokioClock::new()).build()
+}
+
 /// A `MemoryStore` on `clock` that holds at most `max_keys` keys over
 /// `shards` shards.
 pub fn bounded_memory(
@@ -58,14 +64,12 @@ pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
         .expect("a valid policy")
 }
 
-/// The inner service that answers `200 ok` to everything.
-pub fn ok_service()
--> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<String>| {
-        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
-    })
+/// The inner service that answers `200 ok` to every request, whatever its
+/// body.
+pub fn ok_service<B>()
+-> impl Service<Request<B>, Response = Response<String>, Error = Infallible, Future: Send> + Copy + Send
+{
+    service_fn(|_req: Request<B>| ready(Ok::<_, Infallible>(Response::new(String::from("ok")))))
 }
 
 /// A whole response: status, headers and the body as text.
