@@ -9,7 +9,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
-use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
 use ratelimit_tests::named;
 use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
@@ -333,23 +333,6 @@ async fn poll_ready_is_the_inner_service() {
         fut
     );
     assert_eq!(body_text(response.unwrap()).await, "ok");
-}
-
-/// A body fed through a channel: it ends when the sender is dropped.
-struct ChannelBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
-    }
 }
 
 #[tokio::test]

@@ -5,17 +5,15 @@
 //! waits, permits of other keys, extreme parameters, IPv6 rotation, spoofed
 //! forwarding headers).
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Request;
 use ratelimit_core::{MemoryStore, Policy};
-use ratelimit_tests::fixtures::tokio_memory;
+use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
 use ratelimit_tests::named;
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
-use ratelimit_tower::{FailurePolicy, PeerAddr, PermitGuard, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, PermitGuard, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// A windowed policy's constructor (`Policy::fixed_window` and the like).
@@ -27,21 +25,9 @@ type Metered = fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::P
 /// A bucket's capacity, amount and period in µs.
 type Bucket = (u64, u64, u64);
 
-async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
-    Ok(Response::new(String::from("ok")))
-}
-
+/// A request to `/api/items` from the peer `ip` with `headers`.
 fn req_from(ip: &str, headers: &[(&str, &str)]) -> Request<String> {
-    let mut builder = Request::get("/api/items");
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    let mut req = builder.body(String::new()).expect("request");
-    req.extensions_mut().insert(PeerAddr(SocketAddr::new(
-        ip.parse().expect("an address"),
-        40_000,
-    )));
-    req
+    request_at("/api/items", ip, headers)
 }
 
 async fn statuses<R>(
@@ -52,13 +38,11 @@ where
     R: ratelimit_tower::RuleProvider<Request<String>> + Clone + Send + Sync + 'static,
     R::Future: Send,
 {
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
-    let mut out = Vec::new();
-    for req in reqs {
-        let response = service.clone().oneshot(req).await.expect("infallible");
-        out.push(response.status().as_u16());
-    }
-    out
+    fixtures::statuses(
+        ServiceBuilder::new().layer(layer).service(ok_service()),
+        reqs,
+    )
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -556,7 +540,7 @@ async fn extreme_configuration_values_never_panic() {
                     loaded += 1;
                     let layer = RateLimitLayer::with_rules(MemoryStore::new(), config)
                         .on_failure(FailurePolicy::Closed);
-                    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+                    let service = ServiceBuilder::new().layer(layer).service(ok_service());
                     for _ in 0..3 {
                         let req = req_from("192.0.2.1", &[("x-client", "a")]);
                         let fut = service.clone().oneshot(req);
@@ -796,7 +780,7 @@ async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
             RateLimitLayer::with_rules(MemoryStore::new(), rules.clone())
                 .on_failure(FailurePolicy::Closed),
         )
-        .service_fn(ok);
+        .service(ok_service());
     let send = |client: &'static str| {
         let service = service.clone();
         async move {
@@ -1200,7 +1184,7 @@ async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
         tokio::time::sleep(Duration::from_millis(900)).await;
         holder_store.release_now(global.as_bytes(), &holder_policy, permit);
     });
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let service = ServiceBuilder::new().layer(layer).service(ok_service());
     let status = service
         .oneshot(Request::new(String::new()))
         .await

@@ -517,34 +517,16 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
 
 // ---- A permit lasts as long as its holder: renewed leases ----
 
-use ratelimit_tests::fixtures::tokio_memory;
+use ratelimit_tests::fixtures::{ChannelBody, tokio_memory};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::{GlobalKey, Mode, RateLimitLayer};
 use tower::{Layer as _, ServiceExt as _};
-
-/// A response body fed through a channel: it streams until the sender is
-/// dropped.
-struct StreamingBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
-
-impl http_body::Body for StreamingBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
-    }
-}
 
 /// The senders of the bodies still streaming.
 type Senders = Arc<Mutex<Vec<tokio::sync::mpsc::Sender<bytes::Bytes>>>>;
 
 /// A response of [`streaming`]: its body streams while it lives.
-type Streaming = http::Response<ResponseBody<StreamingBody>>;
+type Streaming = http::Response<ResponseBody<ChannelBody>>;
 
 /// A service whose every response streams a body until its sender (kept in
 /// the returned list) is dropped, behind a layer of `policy` (one global
@@ -570,7 +552,7 @@ fn streaming<St: Store + Clone>(
         tower::service_fn(move |_req: http::Request<&'static str>| {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             senders.lock().unwrap().push(tx);
-            async move { Ok(http::Response::new(StreamingBody(rx))) }
+            async move { Ok(http::Response::new(ChannelBody(rx))) }
         })
     };
     let layer = RateLimitLayer::new(store, policy, GlobalKey::default()).mode(mode);

@@ -572,21 +572,10 @@ async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
             "OK"
         );
     }
-    let refused = RedisStore::cluster_builder(cluster.urls()).build().await;
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("volatile-lru") && !e.is_outage()),
-        "{:?}",
-        refused.err()
-    );
-    assert!(
+    ratelimit_tests::stores::assert_refused_while_evicting(|| {
         RedisStore::cluster_builder(cluster.urls())
-            .allow_eviction()
-            .build()
-            .await
-            .is_ok()
-    );
+    })
+    .await;
 }
 
 /// `n` user keys whose state keys under `policy` hash to `slot`.

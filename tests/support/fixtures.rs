@@ -5,12 +5,14 @@
 
 use std::convert::Infallible;
 use std::future::ready;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::{ManualClock, TokioClock};
 use ratelimit_core::{MemoryStore, Policy};
+use ratelimit_tower::PeerAddr;
 use tower::{Service, ServiceExt, service_fn};
 
 /// The header [`request_from`] names the client in, and [`by_client`] reads.
@@ -22,6 +24,43 @@ pub fn request_from(client: &str) -> Request<String> {
         .header(CLIENT_HEADER, client)
         .body(String::new())
         .expect("a valid request")
+}
+
+/// A `GET path` with an empty body from the peer address `ip` (port 40000,
+/// as the layer's `PeerAddr`) with `headers`.
+pub fn request_at(path: &str, ip: &str, headers: &[(&str, &str)]) -> Request<String> {
+    let mut builder = Request::get(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let mut request = builder.body(String::new()).expect("a valid request");
+    let ip = ip.parse().expect("an IP address");
+    request
+        .extensions_mut()
+        .insert(PeerAddr(SocketAddr::new(ip, 40_000)));
+    request
+}
+
+/// The status of each of `requests`, sent in order through clones of
+/// `service`.
+pub async fn statuses<S, B, R>(
+    service: S,
+    requests: impl IntoIterator<Item = Request<B>>,
+) -> Vec<u16>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::new();
+    for request in requests {
+        let response = service
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the service answers");
+        statuses.push(response.status().as_u16());
+    }
+    statuses
 }
 
 /// The key extractor of [`request_from`]'s requests: the client's name.
@@ -111,6 +150,25 @@ where
         status: parts.status,
         headers: parts.headers,
         body: String::from_utf8(bytes.to_vec()).expect("a UTF-8 body"),
+    }
+}
+
+/// A body fed through a channel: it streams what is sent and ends when the
+/// sender is dropped.
+#[derive(Debug)]
+pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
     }
 }
 

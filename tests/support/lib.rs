@@ -1,6 +1,6 @@
 //! Test support for the workspace's integration tests: free loopback ports,
-//! child processes that are stopped on drop, the example binaries
-//! ([`examples`]), requests to them over loopback ([`loopback`]), in-process
+//! child processes that are stopped on drop, the `tracing` events a test
+//! logged ([`events`]), the example binaries ([`examples`]), requests to them over loopback ([`loopback`]), in-process
 //! fixtures for the layer ([`fixtures`]), real Redis servers and clusters
 //! ([`redis_server`]), a Redis Sentinel set-up ([`sentinels`]) and stores on
 //! them ([`stores`]).
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod events;
 pub mod examples;
 pub mod fault_proxy;
 pub mod fixtures;

@@ -49,6 +49,21 @@ pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await
 }
 
+/// Asserts that `builder()` is refused on a Redis that may evict keys (a
+/// mistake that names the policy, never an outage), and builds once it
+/// allows eviction.
+pub async fn assert_refused_while_evicting(builder: impl Fn() -> RedisStoreBuilder) {
+    let refused = builder().build().await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("volatile-lru") && !e.is_outage()),
+        "{:?}",
+        refused.err()
+    );
+    assert!(builder().allow_eviction().build().await.is_ok());
+}
+
 /// Polls the number of permits held in the semaphore at `key` (a string:
 /// a tag and a 7-byte base, then 46 bytes per permit) until it is 0, for at
 /// most `limit`; returns the last count, or what Redis answered when the key
