@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{ManualClock, TokioClock};
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
 use ratelimit_tests::named;
@@ -401,7 +401,7 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F
 
 use ratelimit_core::Rate;
 use ratelimit_tests::fixtures::ok_service;
-use ratelimit_tests::fixtures::tokio_memory;
+use ratelimit_tests::fixtures::{smooth_and_hourly, tokio_memory};
 use ratelimit_tower::{Limits, Mode, Rejection, Rule};
 
 #[tokio::test]
@@ -697,32 +697,30 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
     );
 }
 
+/// What the global key has left under `policy` in `store`.
+fn global_remaining(store: &MemoryStore<TokioClock>, policy: &Policy) -> u64 {
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    store
+        .peek_now(global.as_bytes(), policy)
+        .unwrap()
+        .remaining()
+}
+
 /// A leaky bucket (one a second) with an hourly fixed window of 5, waiting
 /// at most 100 ms: the first request passes, the next four find their slot
 /// a second away and are refused, and give back the hourly unit they took.
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refusals_give_back_every_limit_they_took() {
     let store = tokio_memory();
-    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = ok_service();
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(Duration::from_millis(100))
-        .layer(inner);
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), Duration::from_millis(100));
+    let service = layer.layer(ok_service());
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let r = service.clone().oneshot(Request::new("")).await.unwrap();
         statuses.push(r.status().as_u16());
     }
     assert_eq!(statuses, [200, 429, 429, 429, 429]);
-    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
-    let remaining = |policy: &Policy| {
-        store
-            .peek_now(global.as_bytes(), policy)
-            .unwrap()
-            .remaining()
-    };
+    let remaining = |policy: &Policy| global_remaining(&store, policy);
     assert_eq!(remaining(&hourly), 4, "only the admitted request counts");
     // The leaky bucket holds only the admitted request's slot: one more
     // waits the second it takes to drain, no longer.
@@ -738,20 +736,9 @@ async fn wait_mode_refusals_give_back_every_limit_they_took() {
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
     let store = tokio_memory();
-    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = ok_service();
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(Duration::from_secs(5))
-        .layer(inner);
-    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
-    let remaining = |policy: &Policy| {
-        store
-            .peek_now(global.as_bytes(), policy)
-            .unwrap()
-            .remaining()
-    };
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), Duration::from_secs(5));
+    let service = layer.layer(ok_service());
+    let remaining = |policy: &Policy| global_remaining(&store, policy);
     let r = service.clone().oneshot(Request::new("")).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     // The second request's slot is a second away: it waits, and its caller

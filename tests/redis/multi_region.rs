@@ -1061,21 +1061,33 @@ async fn a_peer_ahead_never_erases_this_regions_counts() {
         admitted_once_each(&regions.stores[0], &policy, &keys).await,
         3
     );
+    let own = format!("eu:{}:3600000000", T0 - T0 % hour);
+    a_pushed_count_keeps(&regions, &policy, &keys, (own, 3), "own count").await;
+}
+
+/// `us` admits one of `keys` (all one key) and both regions sync: `eu`
+/// still holds `kept` (a field and its count) and admits none of `keys`.
+async fn a_pushed_count_keeps(
+    regions: &Regions,
+    policy: &Policy,
+    keys: &[String],
+    kept: (String, u64),
+    what: &str,
+) {
     assert_eq!(
-        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
+        admitted_once_each(&regions.stores[1], policy, &keys[..1]).await,
         1
     );
     let _ = regions.stores[1].sync_now().await;
     let _ = regions.stores[0].sync_now().await;
-    let hash = regions.stores[0].state_key(b"ahead", &policy);
-    let own = format!("eu:{}:3600000000", T0 - T0 % hour);
+    let hash = regions.stores[0].state_key(keys[0].as_bytes(), policy);
     assert!(
-        regions.fields(0, &hash).contains(&(own, 3)),
-        "eu's own count was erased by a peer ahead: {:?}",
+        regions.fields(0, &hash).contains(&kept),
+        "eu's {what} was erased by the peer: {:?}",
         regions.fields(0, &hash)
     );
     assert_eq!(
-        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        admitted_once_each(&regions.stores[0], policy, keys).await,
         0
     );
 }
@@ -1107,23 +1119,8 @@ async fn a_peer_past_a_boundary_keeps_the_previous_window() {
     );
     // 6 min into eu's next window: the previous 6 weigh 5.4.
     regions.clock.set(T0 + 6 * 60_000_000);
-    assert_eq!(
-        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
-        1
-    );
-    let _ = regions.stores[1].sync_now().await;
-    let _ = regions.stores[0].sync_now().await;
-    let hash = regions.stores[0].state_key(b"boundary", &policy);
     let previous = format!("eu:{}:3600000000", T0 - T0 % hour - hour);
-    assert!(
-        regions.fields(0, &hash).contains(&(previous, 6)),
-        "eu's previous window was erased by a peer past the boundary: {:?}",
-        regions.fields(0, &hash)
-    );
-    assert_eq!(
-        admitted_once_each(&regions.stores[0], &policy, &keys).await,
-        0
-    );
+    a_pushed_count_keeps(&regions, &policy, &keys, (previous, 6), "previous window").await;
 }
 
 /// A decision whose reply was lost (the call timed out after the script

@@ -1140,18 +1140,14 @@ async fn a_permit_id_of_the_wrong_length_matches_no_permit() {
 #[tokio::test]
 async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
     use http::{Request, StatusCode};
-    use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
+    use ratelimit_tests::fixtures::smooth_and_hourly;
+    use ratelimit_tower::{GlobalKey, KeyExtractor};
     use tower::{Layer, ServiceExt};
 
     let server = RedisServer::start();
     let store = redis_store(server.url()).await;
-    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = ok_service();
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(ms(100))
-        .layer(inner);
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), ms(100));
+    let service = layer.layer(ok_service());
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let r = service.clone().oneshot(Request::new("")).await.unwrap();

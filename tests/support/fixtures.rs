@@ -11,8 +11,8 @@ use std::time::Duration;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::{ManualClock, TokioClock};
-use ratelimit_core::{MemoryStore, Policy};
-use ratelimit_tower::PeerAddr;
+use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_tower::{And, GlobalKey, PeerAddr, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt, service_fn};
 
 /// The header [`request_from`] names the client in, and [`by_client`] reads.
@@ -101,6 +101,28 @@ pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
     Policy::fixed_window(limit, window)
         .and_then(|p| p.with_name(name))
         .expect("a valid policy")
+}
+
+/// The layer of the wait-mode tests, over `store`, waiting at most `wait`:
+/// a leaky bucket of one a second with 5 slots (`smooth`, returned second)
+/// and a fixed window of 5 an hour (`hourly`, returned last), both on the
+/// global key.
+pub fn smooth_and_hourly<St>(
+    store: St,
+    wait: Duration,
+) -> (
+    RateLimitLayer<St, And<Rule<GlobalKey>, Rule<GlobalKey>>>,
+    Policy,
+    Policy,
+) {
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .and_then(|p| p.with_name("smooth"))
+        .expect("a valid policy");
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let layer = RateLimitLayer::new(store, smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(wait);
+    (layer, smooth, hourly)
 }
 
 /// The inner service that answers `200 ok` to every request, whatever its
