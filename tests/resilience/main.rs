@@ -35,8 +35,11 @@ mod sentinel;
 /// The Redis call timeout of the stores under test.
 const CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// What a call may take beyond [`CALL_TIMEOUT`] (scheduling, the fallback).
-const MARGIN: Duration = Duration::from_millis(150);
+/// What a call may take beyond [`CALL_TIMEOUT`]: the fallback, and
+/// scheduling on a loaded machine (a real server and 20 clients on two
+/// cores: a slowest call of 260 ms was seen). Still well below a call that
+/// waited for a connection timeout (1 s by default) or never timed out.
+const MARGIN: Duration = Duration::from_millis(400);
 
 /// The shared limit in these tests, and how many instances share it.
 const LIMIT: u64 = 30;
