@@ -79,7 +79,7 @@ async fn check_both(
 /// every fifth step its state and TTL are checked whole.
 fn audit(server: &RedisServer, key: &str, step: u64, what: &str) {
     assert!(entries(server, key) <= 8, "{what}");
-    if step % 5 == 0 {
+    if step.is_multiple_of(5) {
         assert_string_state(server, key, 2_500, what);
     }
 }

@@ -103,18 +103,14 @@ pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
         .expect("a valid policy")
 }
 
+/// A layer of two limits on the global key.
+pub type TwoGlobalLimits<St> = RateLimitLayer<St, And<Rule<GlobalKey>, Rule<GlobalKey>>>;
+
 /// The layer of the wait-mode tests, over `store`, waiting at most `wait`:
 /// a leaky bucket of one a second with 5 slots (`smooth`, returned second)
 /// and a fixed window of 5 an hour (`hourly`, returned last), both on the
 /// global key.
-pub fn smooth_and_hourly<St>(
-    store: St,
-    wait: Duration,
-) -> (
-    RateLimitLayer<St, And<Rule<GlobalKey>, Rule<GlobalKey>>>,
-    Policy,
-    Policy,
-) {
+pub fn smooth_and_hourly<St>(store: St, wait: Duration) -> (TwoGlobalLimits<St>, Policy, Policy) {
     let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
         .and_then(|p| p.with_name("smooth"))
         .expect("a valid policy");
