@@ -12,8 +12,8 @@ use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    Boxed, NOW_MICROS, RedisCluster, RedisServer, SLACK, build, join_in_order, named, observable,
-    permits_left, pooled, twin_stores, twins_at,
+    Boxed, NOW_MICROS, RedisCluster, RedisServer, SLACK, build, cluster_store, join_in_order,
+    named, observable, permits_left, pooled, twin_stores, twins_at, warm_up,
 };
 
 fn ms(n: u64) -> Duration {
@@ -273,12 +273,18 @@ async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usi
     .await;
     let warm = fixed_window("warm", 1000, Duration::from_secs(3600));
     // One call alone, then a batch: both functions are loaded.
-    let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
-        .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
-        .collect();
-    for d in join_in_order(calls).await {
-        d.unwrap();
-    }
+    warm_up("warming up", || {
+        let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
+            .map(|_| Box::pin(store.check(b"warm", &warm, 1)) as Boxed<_>)
+            .collect();
+        async {
+            join_in_order(calls)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        }
+    })
+    .await;
     store
 }
 
@@ -558,7 +564,7 @@ async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_requests_of_many_slots_batch_by_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let policy = fixed_window("spread", 5, Duration::from_secs(3600));
     let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
     let admitted =
@@ -578,7 +584,7 @@ async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
         let reply = cluster.cli(node, &["ACL", "SETUSER", "default", "-fcall"]);
         assert_eq!(reply.trim(), "OK");
     }
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let policy = fixed_window("scripted", 5, Duration::from_secs(3600));
     let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
     let admitted =
@@ -606,7 +612,7 @@ async fn on_a_cluster_without_functions_batches_go_by_slot_and_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let policy = fixed_window("moved", 10, Duration::from_secs(3600));
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
     // Twelve keys of one master; the first one's slot moves.

@@ -403,12 +403,14 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
     let busy_user =
         semaphore_on_one_connection(server.url(), Duration::from_millis(50), b"busy").await;
     let (store, policy, _) = &busy_user;
-    // 600 ms of a script that holds the server (below the 5 s busy limit).
+    // 2 s of a script that holds the server (below the 5 s busy limit):
+    // long enough that the check below, sent once `redis-cli` has had half
+    // a second to start on a loaded machine, meets it running.
     let script = "local t = redis.call('TIME') \
         local start = t[1] * 1000000 + t[2] \
         while true do \
           local n = redis.call('TIME') \
-          if n[1] * 1000000 + n[2] - start > 600000 then return 1 end \
+          if n[1] * 1000000 + n[2] - start > 2000000 then return 1 end \
         end";
     let port = server.port();
     let busy = std::thread::spawn(move || {
@@ -426,7 +428,7 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
             .unwrap();
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let result = store.check(b"busy", policy, 1).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(busy.join().unwrap(), "1");

@@ -11,7 +11,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{Boxed, RedisCluster, admits, build, join_in_order, named};
+use ratelimit_tests::{Boxed, RedisCluster, admits, build, cluster_store, join_in_order, named};
 use ratelimit_tower::FailurePolicy;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -96,7 +96,7 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let policy = fixed_window("moved-once", 100, HOUR);
     let slot = cluster_slot(store.state_key(b"mover", &policy).as_bytes());
     let source = cluster.master_of(slot);
@@ -211,7 +211,7 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_survive_killed_connections_and_keep_the_limit_exact() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let limit = 30;
     let policy = fixed_window("killed", limit, HOUR);
     let mut admitted = 0;
@@ -321,7 +321,7 @@ async fn calls_started_together_go_to_their_master_in_one_write() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_check_dropped_before_its_write_is_released_after_it() {
     let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls())).await;
+    let store = cluster_store(&cluster).await;
     let policy = ratelimit_tests::named(
         "sem",
         ratelimit_core::Policy::concurrency(5, Duration::from_secs(3600)),

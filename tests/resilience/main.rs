@@ -25,7 +25,7 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
-use ratelimit_tests::{Listening, RedisServer, build, named, spawn_listening};
+use ratelimit_tests::{Listening, RedisServer, build, named, spawn_listening, warm_up};
 use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -90,30 +90,6 @@ async fn bounded<T>(future: impl Future<Output = T>) -> T {
     tokio::time::timeout(TEST_LIMIT, future)
         .await
         .unwrap_or_else(|_| panic!("the test did not finish within {TEST_LIMIT:?}"))
-}
-
-/// How long a warm-up call may keep failing: the first call connects and
-/// loads the scripts, which on a loaded machine can take longer than the
-/// short [`CALL_TIMEOUT`] under test.
-const WARM_UP_LIMIT: Duration = Duration::from_secs(10);
-
-/// Runs `call` until it answers (a connection open, the scripts loaded),
-/// outside what a test measures: an outage is retried for at most
-/// [`WARM_UP_LIMIT`], any other error fails the test at once.
-async fn warm_up<T, F>(what: &str, mut call: impl FnMut() -> F) -> T
-where
-    F: Future<Output = Result<T, StoreError>>,
-{
-    let deadline = Instant::now() + WARM_UP_LIMIT;
-    loop {
-        match call().await {
-            Ok(value) => return value,
-            Err(e) if e.is_outage() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
 }
 
 /// Runs `future` and times it.

@@ -20,7 +20,9 @@ use ratelimit_core::{Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed, warm_up};
+use ratelimit_tests::warm_up;
+
+use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);

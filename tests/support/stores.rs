@@ -8,13 +8,37 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Policy, Store};
+use ratelimit_core::{Policy, Store, StoreError};
 
 use crate::{RedisCluster, RedisServer};
 
 /// The call timeout of the stores built here: long enough that a loaded
 /// test machine never times a call out, short enough that a hung test ends.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a warm-up call may keep failing: the first call connects and
+/// loads the scripts, which on a loaded machine can take longer than a
+/// short call timeout under test.
+pub const WARM_UP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs `call` until it answers (a connection open, the scripts loaded),
+/// outside what a test measures: an outage is tried again for at most
+/// [`WARM_UP_LIMIT`], any other error fails the test at once.
+pub async fn warm_up<T, F>(what: &str, mut call: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let deadline = Instant::now() + WARM_UP_LIMIT;
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(e) if e.is_outage() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
 
 /// Builds `builder`'s store (no connection is made yet).
 pub async fn build(builder: RedisStoreBuilder) -> RedisStore {
