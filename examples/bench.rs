@@ -111,8 +111,9 @@ struct Args {
     /// (one node).
     #[arg(long, value_enum, default_value = "own", conflicts_with = "cluster")]
     pool: PoolKind,
-    /// The most requests coalesced into one Redis call (1: none).
-    #[arg(long, value_name = "N", default_value_t = ratelimit_core::redis::DEFAULT_MAX_BATCH,
+    /// The most requests coalesced into one Redis call (1: none; 64 is the
+    /// store's default).
+    #[arg(long, value_name = "N", default_value_t = 64,
           value_parser = positive_usize)]
     max_batch: usize,
     /// Answer known denials locally (`DeniedCache`).

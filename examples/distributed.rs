@@ -118,8 +118,8 @@
 //! address as Rust prints it, `127.0.0.1`, `203.0.113.7` (an IPv4-mapped
 //! IPv6 peer, `::ffff:203.0.113.7`, as `203.0.113.7`), or an IPv6 client's
 //! /64, `2001:db8::/64` (written `2001:db8::%2F64` in a URL). An API key is
-//! `#` followed by the first 32 hex digits of the SHA-256 of `x-api-key:`
-//! and the header's value (`HeaderKey::key_for`), written `%23` in a URL.
+//! `#` followed by the first 32 hex digits of the SHA-256 of the header's
+//! value (`HeaderKey::key_for`, `Key::from`), written `%23` in a URL.
 //! Errors are `{"error":"..."}`: `400` for a bad amount, duration or query,
 //! `401` without the token, `409` for penalties and rewards of
 //! `concurrency` (whose units are permits), `503` when Redis cannot answer
@@ -134,7 +134,7 @@
 //! auth="Authorization: Bearer $RATELIMIT_ADMIN_TOKEN"
 //! curl -s -H "$auth" http://127.0.0.1:9091/admin/keys/127.0.0.1
 //! curl -s -H "$auth" -X POST 'http://127.0.0.1:9091/admin/keys/127.0.0.1/block?for=30s'
-//! key=$(printf 'x-api-key:%s' alice | sha256sum | cut -c1-32)   # x-api-key: alice
+//! key=$(printf '%s' alice | sha256sum | cut -c1-32)   # x-api-key: alice
 //! curl -s -H "$auth" -X POST "http://127.0.0.1:9091/admin/keys/%23$key/reset"
 //! ```
 //!
@@ -178,8 +178,8 @@ It needs one unless ADDR is a loopback address; without one, any local process c
     POST /admin/keys/KEY/block?for=DURATION   refuse every request of KEY until then
     POST /admin/keys/KEY/unblock              end a block
 KEY is the limiter's key: the client IP (127.0.0.1) or IPv6 /64 (2001:db8::%2F64) or, for
-requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of x-api-key:
-and the header's value (printf 'x-api-key:%s' \"$API_KEY\" | sha256sum | cut -c1-32).";
+requests with x-api-key, %23 and the first 32 hex digits of the SHA-256 of the
+header's value (printf '%s' \"$API_KEY\" | sha256sum | cut -c1-32).";
 
 /// The command line (`clap` refuses a flag that takes one value given twice).
 #[derive(Debug, Parser)]

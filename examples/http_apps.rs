@@ -11,10 +11,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use clap::ValueEnum;
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Rate};
-use ratelimit_tower::headers::{RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders};
+use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{PeerIp, RateLimitLayer};
 use tower_governor::governor::GovernorConfigBuilder;
 
@@ -53,11 +53,11 @@ pub async fn app(variant: Variant, redis: &str) -> Result<Router, Box<dyn std::e
     let app = Router::new().route("/", get(|| async { "Hello, World!" }));
     let fields = [
         (
-            RATELIMIT_POLICY.clone(),
+            HeaderName::from_static("ratelimit-policy"),
             HeaderValue::from_static(r#""bench";q=1000000;w=1"#),
         ),
         (
-            RATELIMIT.clone(),
+            HeaderName::from_static("ratelimit"),
             HeaderValue::from_static(r#""bench";r=999999;t=1"#),
         ),
     ];

@@ -4,11 +4,8 @@
 
 use std::time::Duration;
 
-use ratelimit_core::Policy;
-use ratelimit_core::multi_region::counts::supports;
-use ratelimit_core::multi_region::{
-    DEFAULT_MAX_SKEW, DEFAULT_STALENESS, DEFAULT_SYNC, MultiRegionStore,
-};
+use ratelimit_core::multi_region::MultiRegionStore;
+use ratelimit_core::{AlgorithmKind, Policy};
 
 /// The multi-region flags of one instance (`#[command(flatten)]` them).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -81,17 +78,26 @@ impl RegionFlags {
         let Some(region) = &self.region else {
             return Ok(None);
         };
-        if !supports(policy) {
+        // The algorithms whose state is a count per window.
+        if !matches!(
+            policy.algorithm().algorithm_kind(),
+            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
+        ) {
             return Err(format!(
                 "--region: --algorithm {} is not supported across regions (use fixed-window or sliding-window)",
                 policy.algorithm().kind()
             ));
         }
-        let mut builder = MultiRegionStore::builder(region.clone(), redis)
-            .sync(self.sync.unwrap_or(DEFAULT_SYNC))
-            .staleness(self.staleness.unwrap_or(DEFAULT_STALENESS))
-            .max_skew(self.max_skew.unwrap_or(DEFAULT_MAX_SKEW))
-            .call_timeout(timeout);
+        let mut builder = MultiRegionStore::builder(region.clone(), redis).call_timeout(timeout);
+        if let Some(sync) = self.sync {
+            builder = builder.sync(sync);
+        }
+        if let Some(staleness) = self.staleness {
+            builder = builder.staleness(staleness);
+        }
+        if let Some(max_skew) = self.max_skew {
+            builder = builder.max_skew(max_skew);
+        }
         for (name, url) in &self.peers {
             builder = builder.peer(name.clone(), url.clone());
         }
@@ -100,13 +106,16 @@ impl RegionFlags {
             .await
             .map_err(|e| format!("--region {region} --redis {redis}: {e}"))?;
         eprintln!(
-            "region {region}: deciding in {redis}, syncing with {} every {:?}",
+            "region {region}: deciding in {redis}, syncing with {} every {}",
             self.peers
                 .iter()
                 .map(|(name, _)| name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
-            self.sync.unwrap_or(DEFAULT_SYNC)
+            self.sync.map_or_else(
+                || String::from("100ms (the default)"),
+                |sync| format!("{sync:?}")
+            )
         );
         Ok(Some(store))
     }

@@ -106,8 +106,8 @@ pub async fn spawn_serve(addr: SocketAddr, app: Router, what: &str) -> io::Resul
 pub const API_KEY_HEADER: &str = "x-api-key";
 
 /// The key of a client: its `x-api-key` header
-/// ([`HeaderKey`], hashed with the header's name, so keys never reach the
-/// store, metrics or logs as sent), else its IP as
+/// ([`HeaderKey`], hashed, so keys never reach the store, metrics or logs
+/// as sent), else its IP as
 /// [`PeerIp`](struct@ratelimit_tower::PeerIp) keys it (an IPv6 client by its
 /// /64).
 ///

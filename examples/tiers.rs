@@ -75,13 +75,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tier = std::str::from_utf8(&api_key)
                 .ok()
                 .and_then(|key| accounts.get(key).copied());
-            // Hashed, so the store never holds the raw secret.
-            let key = ratelimit_axum::ratelimit_core::key::hashed(&api_key);
+            // A value as a key is hashed (as a `HeaderKey` hashes it): the
+            // store never holds the raw secret.
             match tier {
                 None => Limits::reject(),
                 Some(Tier::Internal) => Limits::none(),
-                Some(Tier::Free) => Limits::one(free, key, 1),
-                Some(Tier::Pro) => Limits::one(pro, key, 1),
+                Some(Tier::Free) => Limits::one(free, api_key, 1),
+                Some(Tier::Pro) => Limits::one(pro, api_key, 1),
             }
         }
     };

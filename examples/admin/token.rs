@@ -8,7 +8,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use ratelimit_core::key::{HASHED_KEY_LEN, hashed_array};
+use ratelimit_core::key::hashed;
 use subtle::ConstantTimeEq;
 
 use super::error::AdminError;
@@ -30,7 +30,7 @@ use super::error::AdminError;
 /// ```
 #[derive(Clone)]
 pub struct AdminToken {
-    digest: [u8; HASHED_KEY_LEN],
+    digest: Vec<u8>,
 }
 
 impl AdminToken {
@@ -58,7 +58,7 @@ impl AdminToken {
             ));
         }
         Ok(AdminToken {
-            digest: hashed_array(text.as_bytes()),
+            digest: hashed(text.as_bytes()),
         })
     }
 
@@ -67,7 +67,7 @@ impl AdminToken {
     /// nor an early mismatch tells a guesser how much of a guess was right,
     /// nor how long the token is.
     fn accepts(&self, presented: &[u8]) -> bool {
-        hashed_array(presented)[..].ct_eq(&self.digest[..]).into()
+        hashed(presented).ct_eq(&self.digest).into()
     }
 }
 

@@ -693,8 +693,7 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
 }
 
 /// A client with an `x-api-key` is keyed by `#` and 32 hex digits of the
-/// SHA-256 of `x-api-key:` and its key (`%23...` in the URL), separately from
-/// its IP.
+/// SHA-256 of its key (`%23...` in the URL), separately from its IP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_key_client_is_reset_by_the_hash_of_its_key() {
     let redis = RedisServer::start();

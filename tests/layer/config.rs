@@ -20,7 +20,7 @@ use ratelimit_tests::fixtures::{self, ok_service, request_at};
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
-use ratelimit_tower::headers::{RateLimitHeaders, X_RATELIMIT_LIMIT};
+use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{
     Composite, Decisions, FailurePolicy, HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer,
     RouteKey,
@@ -73,7 +73,7 @@ fn layer(
 fn limit_of<B>(response: &Response<B>) -> u64 {
     response
         .headers()
-        .get(&X_RATELIMIT_LIMIT)
+        .get("x-ratelimit-limit")
         .expect("X-RateLimit-Limit")
         .to_str()
         .expect("ascii")
@@ -1294,7 +1294,7 @@ async fn a_reload_that_drops_rules_is_refused() {
     let before = rules.current();
 
     let two_rules = format!(
-        "{}\n[[rules]]\npolicy = \"api\"\nkey = \"header:x-other\"\n",
+        "{}\n[[rules]]\npolicy = \"api\"\nkey = \"global\"\n",
         api_config(1)
     );
     rules
@@ -1669,7 +1669,7 @@ fn the_watcher_keeps_the_limits_when_a_writer_dies_halfway() {
         assert_eq!(rules.current().policy("api").map(Policy::limit), Some(30));
         watch.abort();
     });
-    let reloads = ratelimit_tower::metrics::CONFIG_RELOADS;
+    let reloads = ratelimit_tests::metrics::CONFIG_RELOADS;
     assert_eq!(recorded.counter(reloads, &[("outcome", "failed")]), 3);
     assert_eq!(recorded.counter(reloads, &[("outcome", "loaded")]), 1);
 }

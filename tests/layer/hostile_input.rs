@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 use http::header::RETRY_AFTER;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use proptest::prelude::*;
-use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::key::{self, HASHED_KEY_MARKER, MAX_VERBATIM_KEY_LEN};
+use ratelimit_core::key;
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
 use ratelimit_tests::{every_algorithm, named};
 use ratelimit_tower::{
@@ -34,6 +33,13 @@ const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 const FORWARDED: HeaderName = http::header::FORWARDED;
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// The first byte of a hashed key, which no verbatim key starts with.
+const HASHED_KEY_MARKER: u8 = b'#';
+
+/// The longest span a policy covers, in µs (2^50, about 35 years), as its
+/// constructors document it.
+const MAX_HORIZON_MICROS: u64 = 1 << 50;
 
 fn store() -> MemoryStore<ManualClock> {
     MemoryStore::builder().clock(ManualClock::new(0)).build()
@@ -610,13 +616,8 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
         (
             // Each held permit is an entry a decision reads: a larger max
             // would make a Redis call's work grow with it.
-            "concurrency MAX_CONCURRENCY + 1",
-            Box::new(move || {
-                Policy::concurrency(
-                    ratelimit_core::algorithm::concurrency::MAX_CONCURRENCY + 1,
-                    s,
-                )
-            }),
+            "concurrency 1,025 (one above the documented maximum)",
+            Box::new(move || Policy::concurrency(1025, s)),
             is_too_large,
         ),
     ];
@@ -684,9 +685,15 @@ fn assert_stored_form(input: &[u8], stored: &[u8]) {
             .all(|b| (0x21..=0x7e).contains(b) && *b != b'{' && *b != b'}'),
         "{stored:?}"
     );
-    if key::is_verbatim(input) {
+    // The documented rule: 1 to 64 bytes of printable ASCII without braces,
+    // not starting with the marker, are kept as they are.
+    let verbatim = (1..=64).contains(&input.len())
+        && input[0] != HASHED_KEY_MARKER
+        && input
+            .iter()
+            .all(|b| (0x21..=0x7e).contains(b) && *b != b'{' && *b != b'}');
+    if verbatim {
         assert_eq!(stored, input);
-        assert!(stored.len() <= MAX_VERBATIM_KEY_LEN);
         assert_ne!(stored[0], HASHED_KEY_MARKER);
     } else {
         assert_eq!(stored.len(), 33);
@@ -715,15 +722,14 @@ proptest! {
         if a != b {
             prop_assert_ne!(&*na, &*nb);
         }
-        let stored = key::storage_key(&prefix, &policy, &a);
-        prop_assert_eq!(stored.len(), prefix.len() + policy.len() + 4 + na.len());
-        prop_assert!(stored.len() <= 64 + 64 + 4 + MAX_VERBATIM_KEY_LEN);
-        let expected = format!("{prefix}:{policy}:{{{}}}", String::from_utf8_lossy(&na));
-        prop_assert_eq!(&stored, &expected);
+        // The store's key `<prefix>:<policy>:{<normalized>}` (its layout is
+        // checked against the store's own in `redis_store`).
+        let stored = format!("{prefix}:{policy}:{{{}}}", String::from_utf8_lossy(&na));
+        prop_assert!(stored.len() <= 64 + 64 + 4 + 64);
         // The hash tag is the whole normalized key: every policy of one user
         // key lands in one cluster slot, and a key cannot pick another's slot
         // by smuggling braces.
-        let again = key::storage_key(&prefix, &other_policy, &a);
+        let again = format!("{prefix}:{other_policy}:{{{}}}", String::from_utf8_lossy(&na));
         prop_assert_eq!(
             ratelimit_tests::cluster_slot(stored.as_bytes()),
             ratelimit_tests::cluster_slot(again.as_bytes())

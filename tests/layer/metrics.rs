@@ -24,11 +24,12 @@ use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
 use ratelimit_tests::loopback::{client, get, statuses};
-use ratelimit_tests::metrics::{Recorded, Scrape, capture};
-use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
-use ratelimit_tower::metrics::{
-    CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, STORE_CALL_DURATION,
+use ratelimit_tests::metrics::{
+    CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, Recorded, Scrape,
+    capture,
 };
+use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
+use ratelimit_tower::metrics::STORE_CALL_DURATION;
 use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -667,7 +668,8 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
             for _ in 0..3 {
                 statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
             }
-            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2));
+            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2))
+                .on_failure(FailurePolicy::Closed);
             statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
             // One name, two algorithms in one store: not an outage.
             let store = frozen_memory();

@@ -17,9 +17,9 @@ use std::time::Duration;
 use ratelimit_core::{Policy, Rate};
 use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::{RedisServer, example_binary, flags};
-use ratelimit_tower::{BoxError, GlobalKey, RateLimitLayer, Rejection};
+use ratelimit_tower::{GlobalKey, RateLimitLayer, Rejection};
 use tokio::time::Instant;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 /// How long one run of the example may take.
 const RUN_LIMIT: Duration = Duration::from_secs(60);

@@ -17,11 +17,11 @@ use ratelimit_tests::fixtures::{
     Answer, answer, by_client, fixed_window, frozen_memory, request_from,
 };
 use ratelimit_tests::loopback::client;
+use ratelimit_tests::metrics::DECISIONS;
 use ratelimit_tests::metrics::{Scrape, capture};
 use ratelimit_tests::{RedisServer, flags, free_port, named, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
-use ratelimit_tower::metrics::DECISIONS;
-use ratelimit_tower::{Decisions, FailurePolicy, RateLimitLayer, Rule};
+use ratelimit_tower::{Decisions, FailurePolicy, Key, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 const KEY: &str = "client-1";
@@ -127,10 +127,11 @@ impl Trial {
     }
 }
 
-/// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0).
+/// What remains of `policy` for [`KEY`] in `store` (a peek: cost 0), under
+/// the key the layer and the `Limiter` give it.
 async fn remaining<St: Store>(store: &St, policy: &Policy) -> u64 {
     store
-        .check(KEY.as_bytes(), policy, 0)
+        .check(Key::from(KEY).as_bytes(), policy, 0)
         .await
         .unwrap()
         .remaining()

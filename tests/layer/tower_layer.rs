@@ -937,3 +937,108 @@ async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
     assert_eq!(call_ready(&mut later).await, StatusCode::OK);
     assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
+
+/// One value (an API key) is one budget whichever path brings it to the
+/// store: a `HeaderKey`, `Limits::one` in a rule provider, a closure, a
+/// handler's `Limiter`. Each path spends one of four, then each is refused;
+/// the store holds the value's hash (`Key::from`), never the value.
+mod one_value_is_one_budget_through_every_path {
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use ratelimit_axum::Limiter;
+    use ratelimit_core::redis::RedisStore;
+    use ratelimit_core::{MemoryStore, Policy, Store};
+    use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
+    use ratelimit_tests::{RedisServer, redis_store};
+    use ratelimit_tower::{HeaderKey, Key, Limits, RateLimitLayer};
+    use tower::{Layer, Service};
+
+    const SECRET: &str = "acme-secret-7";
+
+    fn policy() -> Policy {
+        fixed_window("per-client", 4, Duration::from_secs(3600))
+    }
+
+    fn api_key(req: &Request<String>) -> Option<Vec<u8>> {
+        req.headers()
+            .get("x-api-key")
+            .map(|v| v.as_bytes().to_vec())
+    }
+
+    /// The status of one request with `x-api-key: SECRET` through `service`.
+    async fn status<S, B>(service: S) -> u16
+    where
+        S: Service<Request<String>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let req = Request::get("/")
+            .header("x-api-key", SECRET)
+            .body(String::new())
+            .unwrap();
+        answer(service, req).await.status.as_u16()
+    }
+
+    /// Spends the budget of `SECRET` through every path, one unit each, and
+    /// checks that every path then finds it spent.
+    async fn spend_through_every_path<St>(store: St)
+    where
+        St: Store + Clone + Send + Sync + 'static,
+    {
+        let by_header =
+            RateLimitLayer::new(store.clone(), policy(), HeaderKey::from_static("x-api-key"))
+                .layer(ok_service());
+        let by_rules = RateLimitLayer::with_rules(store.clone(), |req: &Request<String>| {
+            let key = api_key(req);
+            async move {
+                match key {
+                    Some(key) => Limits::one(policy(), key, 1),
+                    None => Limits::reject(),
+                }
+            }
+        })
+        .layer(ok_service());
+        let by_closure = RateLimitLayer::new(store.clone(), policy(), api_key).layer(ok_service());
+        let limiter = Limiter::new(store.clone(), policy());
+
+        assert_eq!(status(by_header.clone()).await, 200);
+        assert_eq!(status(by_rules.clone()).await, 200);
+        assert_eq!(status(by_closure.clone()).await, 200);
+        assert!(limiter.check(SECRET.as_bytes(), 1).await.is_ok());
+
+        assert_eq!(status(by_header).await, 429, "the header path");
+        assert_eq!(status(by_rules).await, 429, "Limits::one");
+        assert_eq!(status(by_closure).await, 429, "a closure");
+        assert!(
+            limiter.check(SECRET.as_bytes(), 1).await.is_err(),
+            "Limiter"
+        );
+
+        let remaining = |key: Vec<u8>| {
+            let store = store.clone();
+            async move { store.check(&key, &policy(), 0).await.unwrap().remaining() }
+        };
+        assert_eq!(remaining(Key::from(SECRET).as_bytes().to_vec()).await, 0);
+        // The value itself never reached the store.
+        assert_eq!(remaining(SECRET.as_bytes().to_vec()).await, 4);
+    }
+
+    #[tokio::test]
+    async fn in_memory() {
+        spend_through_every_path(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn in_redis() {
+        let server = RedisServer::start();
+        let store: RedisStore = redis_store(server.url()).await;
+        spend_through_every_path(store.clone()).await;
+        let hashed = store.state_key(Key::from(SECRET).as_bytes(), &policy());
+        let keys = server.cli(&["--scan", "--pattern", "ratelimit:per-client:*"]);
+        // One state, under the hash (the peek of the raw value wrote none).
+        assert_eq!(keys.lines().collect::<Vec<_>>(), [hashed.as_str()]);
+        assert!(!keys.contains(SECRET), "{keys}");
+    }
+}

@@ -13,7 +13,7 @@ use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
 use ratelimit_tests::named;
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
-use ratelimit_tower::{FailurePolicy, PermitGuard, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// A windowed policy's constructor (`Policy::fixed_window` and the like).
@@ -612,14 +612,7 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
                 // when the last write's lifetime ends on this timeline (as
                 // tests/redis/parameter_changes.rs does).
                 if expires.is_some_and(|e| now >= e) {
-                    server.cli(&[
-                        "DEL",
-                        &ratelimit_core::key::storage_key(
-                            ratelimit_core::redis::DEFAULT_PREFIX,
-                            &format!("p-{name}"),
-                            key.as_bytes(),
-                        ),
-                    ]);
+                    server.cli(&["DEL", &redis.state_key(key.as_bytes(), &policy)]);
                     expires = None;
                 }
                 let m = memory.check_now(key.as_bytes(), &policy, cost).unwrap();
@@ -829,8 +822,9 @@ async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
 }
 
 /// On Redis: many permits of cost > 1 under two concurrency policies on one
-/// key, held by guards well past their lease (renewed), a second request
-/// refused meanwhile; released at once when the guards drop.
+/// key, held by the grants of `ratelimit-axum`'s `Limiter` well past their
+/// lease (renewed), a second request refused meanwhile; released at once
+/// when the grants drop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     use ratelimit_core::Store;
@@ -841,12 +835,10 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     let key = Key::from(b"k".to_vec());
     let mut guards = Vec::new();
     for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
+        let limiter = ratelimit_axum::Limiter::new(store.clone(), policy.clone());
         for _ in 0..n {
-            let d = store.check(key.as_bytes(), policy, cost).await.unwrap();
-            assert!(d.is_allowed());
-            let mut g = PermitGuard::default();
-            g.hold(&store, &key, policy, d.permit().unwrap());
-            guards.push(g);
+            let granted = limiter.check(key.as_bytes(), cost).await;
+            guards.push(granted.expect("a slot is free"));
         }
     }
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -1299,14 +1291,7 @@ async fn extreme_numbers_decide_alike_on_both_stores() {
             };
             let now = clock.now();
             if expires.is_some_and(|e| now >= e) {
-                server.cli(&[
-                    "DEL",
-                    &ratelimit_core::key::storage_key(
-                        ratelimit_core::redis::DEFAULT_PREFIX,
-                        policy.name(),
-                        key.as_bytes(),
-                    ),
-                ]);
+                server.cli(&["DEL", &redis.state_key(key.as_bytes(), policy)]);
                 expires = None;
             }
             let cost = match rng.below(4) {

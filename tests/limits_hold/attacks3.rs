@@ -24,19 +24,31 @@ async fn statuses(config: Config, reqs: Vec<Request<String>>) -> Vec<u16> {
 /// budget" through the headers it sends. One policy (one quota per client)
 /// used by two rules that key clients by two headers, `x-tenant` on the
 /// tenant API and `x-api-key` on the public API, an ordinary way to say "10
-/// requests an hour per client" once. The two header keys are hashed the same
-/// way under one policy name, so the store key of `x-api-key: acme` is the
-/// store key of `x-tenant: acme`: a client that knows another's tenant id
-/// (not a secret) sends it as its API key on the public API and drains that
-/// tenant's budget.
+/// requests an hour per client" once. A value is one key whichever header
+/// brings it, so the store key of `x-api-key: acme` is the store key of
+/// `x-tenant: acme`: a client that knows another's tenant id (not a secret)
+/// could send it as its API key on the public API and drain that tenant's
+/// budget. Such a configuration is refused, naming both rules; with a policy
+/// per header, the budgets are apart.
 #[tokio::test]
-async fn two_header_keys_under_one_policy_do_not_share_budgets() {
-    let config = Config::from_toml(
-        "[policies.per-client]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\n\n\
-         [[rules]]\npolicy = \"per-client\"\nkey = \"header:x-tenant\"\nroutes = [\"/tenant\"]\n\n\
-         [[rules]]\npolicy = \"per-client\"\nkey = \"header:x-api-key\"\nroutes = [\"/public\"]\n",
-    )
-    .expect("valid");
+async fn two_header_keys_under_one_policy_are_refused() {
+    let rules = |second_policy: &str| {
+        format!(
+            "[policies.per-client]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\n\n\
+             [policies.per-api-key]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\n\n\
+             [[rules]]\npolicy = \"per-client\"\nkey = \"header:x-tenant\"\nroutes = [\"/tenant\"]\n\n\
+             [[rules]]\npolicy = \"{second_policy}\"\nkey = \"header:x-api-key\"\nroutes = [\"/public\"]\n"
+        )
+    };
+    let refused = Config::from_toml(&rules("per-client")).expect_err("one policy, two headers");
+    assert_eq!(refused.path(), "rules[1].key", "{refused}");
+    let message = refused.to_string();
+    assert!(
+        message.contains("header:x-tenant") && message.contains("header:x-api-key"),
+        "{message}"
+    );
+
+    let config = Config::from_toml(&rules("per-api-key")).expect("a policy per header");
     let attacker = |_| request_at("/public/items", "198.51.100.9", &[("x-api-key", "acme")]);
     let mut reqs: Vec<_> = (0..2).map(attacker).collect();
     // The tenant `acme`, from its own address, on its own API.

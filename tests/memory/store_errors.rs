@@ -401,6 +401,30 @@ async fn the_limiter_fails_open_on_outages_only() {
     }
 }
 
+/// The layer and the `Limiter` share one default failure policy, open:
+/// built without `on_failure`, both let an outage through and refuse every
+/// other error, alike.
+#[tokio::test]
+async fn the_layer_and_the_limiter_both_fail_open_by_default() {
+    let inner = tower::service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+    });
+    for error in every_error() {
+        let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default());
+        let through_layer = status_of(&layer.clone().layer(inner)).await;
+        let limiter = Limiter::new(Failing::new(&error), policy());
+        let through_limiter = match limiter.check(b"k", 1).await {
+            Ok(_) => StatusCode::OK,
+            Err(refused) => refused.into_response().status(),
+        };
+        assert_eq!(through_layer, expected(&error, true), "layer, {error:?}");
+        assert_eq!(through_limiter, through_layer, "limiter, {error:?}");
+        if error.is_outage() {
+            assert_eq!(layer.stats().failed_open(), 1, "{error:?}");
+        }
+    }
+}
+
 /// A store that never answers.
 #[derive(Clone)]
 struct Silent;
@@ -460,7 +484,8 @@ async fn calls_the_layer_times_out_open_the_breaker() {
     let inner = ok_service();
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Closed)
-        .timeout(ratelimit_core::DEFAULT_SLOW_CALL * 3)
+        // Three times the breaker's default slow-call time (20 ms).
+        .timeout(Duration::from_millis(60))
         .layer(inner);
     for _ in 0..3 {
         assert_eq!(status_of(&service).await, StatusCode::SERVICE_UNAVAILABLE);

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
-use ratelimit_core::redis::{DEFAULT_MAX_BATCH, RedisStore, bb8};
+use ratelimit_core::redis::{RedisStore, bb8};
 use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisServer, SLACK, admit_exactly_the_limit, decide_through_a_restart, named,
-    permits_left,
+    CALL_TIMEOUT, DEFAULT_MAX_BATCH, RedisServer, SLACK, admit_exactly_the_limit,
+    decide_through_a_restart, named, permits_left,
 };
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::Layer;

@@ -8,13 +8,11 @@
 
 use std::time::Duration;
 
-use ratelimit_core::algorithm::MAX_LIMIT;
-use ratelimit_core::algorithm::sliding_window_log::LOG_SLOTS;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, MemoryStore, Policy, Rate, Store};
 use ratelimit_tests::fixtures::Rng;
-use ratelimit_tests::{RedisServer, admits, build, named, observable};
+use ratelimit_tests::{LOG_SLOTS, MAX_LIMIT, RedisServer, admits, build, named, observable};
 
 /// A loose bound on one script's time in Redis (the old sliding log took
 /// about 47 ms with 20,000 entries; every call now takes well under 1 ms on

@@ -254,12 +254,7 @@ async fn max_batch_one_turns_coalescing_off() {
 
 /// A store on one connection through `proxy`, its library loaded.
 async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
-    through_with(
-        proxy,
-        call_timeout,
-        ratelimit_core::redis::DEFAULT_MAX_BATCH,
-    )
-    .await
+    through_with(proxy, call_timeout, ratelimit_tests::DEFAULT_MAX_BATCH).await
 }
 
 /// [`through`] with batches of up to `max_batch` units.

@@ -4,7 +4,8 @@
 //! `parameter_changes`, `bounded_work`), clusters (`redis_cluster`),
 //! coalescing (`coalesce`), bb8 pools (`bb8_pool`), ACLs (`redis_acl`),
 //! permits (`permits`), the admin API (`admin`), several regions
-//! (`multi_region`) and the test kit itself (`testkit`).
+//! (`multi_region`), settlements (`settle`), calendar periods (`calendar`)
+//! and the test kit itself (`testkit`).
 //!
 //! Every test starts servers of its own on free ports, so the tests of these
 //! modules run side by side in one binary, which the suite links once.
@@ -12,6 +13,7 @@
 mod admin;
 mod bb8_pool;
 mod bounded_work;
+mod calendar;
 mod coalesce;
 mod multi_region;
 mod parameter_changes;
@@ -20,5 +22,6 @@ mod redis_acl;
 mod redis_cluster;
 mod redis_store;
 mod semaphore;
+mod settle;
 mod sliding_log;
 mod testkit;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::multi_region::MultiRegionStore;
-use ratelimit_core::{Check, Policy, Store, StoreError};
+use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
@@ -376,9 +376,8 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
     let store = &regions.stores[0];
     let both = [Check::new(b"k", &small, 1), Check::new(b"k", &large, 1)];
     for _ in 0..2 {
-        assert!(ratelimit_core::all_allowed(
-            &store.check_all(&both).await.expect("decisions")
-        ));
+        let decisions = store.check_all(&both).await.expect("decisions");
+        assert!(decisions.iter().all(Decision::is_allowed));
     }
     let denied = store.check_all(&both).await.expect("decisions");
     assert!(!denied[0].is_allowed());
@@ -486,7 +485,9 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
     // As the store sends it: the shared helpers, then the merge.
     let merge = concat!(
-        include_str!("../../crates/ratelimit-core/src/multi_region/lua/numbers.lua"),
+        include_str!("../../crates/ratelimit-core/src/redis/lua/numbers.lua"),
+        "\n",
+        include_str!("../../crates/ratelimit-core/src/multi_region/lua/fields.lua"),
         "\n",
         include_str!("../../crates/ratelimit-core/src/multi_region/lua/merge.lua")
     );
@@ -718,10 +719,9 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
 /// failed rounds.
 #[test]
 fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
-    use ratelimit_core::metrics::{
-        REGION_PEER_LAG, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS,
+    use ratelimit_tests::metrics::{
+        REGION_PEER_LAG, REGION_PUSH_FAILURES, REGION_STALE_TRANSITIONS, capture,
     };
-    use ratelimit_tests::metrics::capture;
 
     let ((), recorded) = capture(false, || async {
         let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(200)).await;
@@ -914,7 +914,7 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
             .collect();
         let store = if i % 2 == 0 { &regions.stores[1] } else { &cut };
         let decisions = store.check_all(&checks).await.expect("decisions");
-        assert!(ratelimit_core::all_allowed(&decisions));
+        assert!(decisions.iter().all(Decision::is_allowed));
     }
     let done = Instant::now();
     // When the last count admitted landed in eu, watched meanwhile with peeks.
@@ -1282,8 +1282,7 @@ async fn the_script_reads_fields_as_counts_view_does() {
 /// a peer's clock offset is reported.
 #[test]
 fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
-    use ratelimit_core::metrics::{REGION_OVERSHOOT, REGION_PEER_LAG, REGION_PEER_SKEW};
-    use ratelimit_tests::metrics::capture;
+    use ratelimit_tests::metrics::{REGION_OVERSHOOT, REGION_PEER_LAG, REGION_PEER_SKEW, capture};
 
     let (estimate, recorded) = capture(false, || async {
         let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
@@ -1362,7 +1361,7 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
             .check_all(&checks)
             .await
             .expect("decisions");
-        assert!(ratelimit_core::all_allowed(&decisions));
+        assert!(decisions.iter().all(Decision::is_allowed));
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "admitting took over a minute"
@@ -1396,7 +1395,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
         .check_all(&checks)
         .await
         .expect("decisions");
-    assert!(ratelimit_core::all_allowed(&decisions));
+    assert!(decisions.iter().all(Decision::is_allowed));
     let done = Instant::now();
     regions.wait_heard_since(0, 1, done).await;
     assert_eq!(

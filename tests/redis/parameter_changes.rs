@@ -14,8 +14,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use ratelimit_core::clock::{Clock, ManualClock};
-use ratelimit_core::key::storage_key;
-use ratelimit_core::redis::{DEFAULT_PREFIX, RedisStore};
+use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Decision, MemoryStore, Policy, Rate, Store};
 use ratelimit_tests::{RedisServer, observable, twins_at};
 
@@ -175,7 +174,7 @@ async fn a_fixed_window_count_of_another_length_counts_until_its_window_would_ha
     stores.at(B + 120 * SECOND);
     stores
         .server
-        .cli(&["DEL", &storage_key(DEFAULT_PREFIX, "changing", b"k")]);
+        .cli(&["DEL", &stores.redis.state_key(b"k", &shorter)]);
     assert!(stores.check("k", &shorter, 10).await.is_allowed());
 }
 
@@ -385,7 +384,6 @@ async fn run_case(
     // slack on a replayed timeline; the key is dropped here at the time its
     // TTL would end on this timeline (the lifetime its last write gave it,
     // MemoryStore's too).
-    let redis_key = storage_key(DEFAULT_PREFIX, "changing", key.as_bytes());
     let mut expires: Option<u64> = None;
     let mut admitted: Vec<Admission> = Vec::new();
     let mut bound = 0;
@@ -407,7 +405,7 @@ async fn run_case(
             let now = stores.clock.now();
             seq += 1;
             if expires.is_some_and(|e| now >= e) {
-                server.cli(&["DEL", &redis_key]);
+                server.cli(&["DEL", &stores.redis.state_key(key.as_bytes(), &policy)]);
                 expires = None;
             }
             if n == 0 && previous != Some(*index) {

@@ -867,7 +867,7 @@ async fn one_connection_through(
     user: &[u8],
 ) -> RedisStore {
     let max_batch = if coalescing {
-        ratelimit_core::redis::DEFAULT_MAX_BATCH
+        ratelimit_tests::DEFAULT_MAX_BATCH
     } else {
         1
     };

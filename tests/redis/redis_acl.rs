@@ -2,7 +2,7 @@
 //! `SECURITY.md`, found and checked against real servers:
 //!
 //! - a user with exactly that ACL runs every algorithm's check, `check_all`,
-//!   `release`, `renew`, `ping` and the `NOSCRIPT` reload (after `SCRIPT FLUSH` by an
+//!   `release`, `renew`, `settle`, `ping` and the `NOSCRIPT` reload (after `SCRIPT FLUSH` by an
 //!   admin user), on one node and on a Redis Cluster (with its refunds), and
 //!   Redis logs no denied command for it;
 //! - a user lacking any one of those commands gets an error from the store
@@ -18,7 +18,9 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
 use ratelimit_core::redis::{RedisStore, bb8};
-use ratelimit_core::{AdminStore, Check, Decision, Policy, Rate, Store, StoreError};
+use ratelimit_core::{
+    AdminStore, Check, Decision, Policy, Rate, Settle, SettlementId, Store, StoreError,
+};
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{
     Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
@@ -326,6 +328,28 @@ async fn exercise_node(
     }
     .await;
     report.push(("penalize".to_owned(), result));
+    // A settlement of two limits, which remembers its id beside each state.
+    let window = policies()
+        .into_iter()
+        .find(|p| p.algorithm().kind() == "fixed-window")
+        .unwrap();
+    let key = format!("{round}-settled");
+    let result = async {
+        let checks = [
+            Check::new(key.as_bytes(), &gcra, 1),
+            Check::new(key.as_bytes(), &window, 1),
+        ];
+        let reserved = store.check_all(&checks).await?;
+        let settles = [
+            Settle::new(key.as_bytes(), &gcra, 1, 2, &reserved[0]),
+            Settle::new(key.as_bytes(), &window, 1, 0, &reserved[1]),
+        ];
+        let settled = store.settle(SettlementId::random(), &settles).await?;
+        expect("a settled key", &settled[0], true, 0)?;
+        expect("a settled key", &settled[1], true, 2)
+    }
+    .await;
+    report.push(("settle".to_owned(), result));
     report
 }
 

@@ -462,8 +462,9 @@ async fn ttls_stay_exact_past_what_the_library_remembers() {
             }
             while let Some(result) = checks.join_next().await {
                 let (key, cost) = result.unwrap();
-                let redis_key =
-                    ratelimit_core::key::storage_key(&prefix, policy.name(), key.as_bytes());
+                let redis_key = store.state_key(key.as_bytes(), &policy);
+                // The layout every store shares: `<prefix>:<policy>:{<key>}`.
+                assert_eq!(redis_key, format!("{prefix}:{}:{{{key}}}", policy.name()));
                 let ttl: i64 = redis::cmd("PTTL")
                     .arg(&redis_key)
                     .query_async(&mut audit)

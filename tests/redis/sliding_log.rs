@@ -8,14 +8,13 @@
 
 use std::time::Duration;
 
-use ratelimit_core::algorithm::MAX_LIMIT;
-use ratelimit_core::algorithm::sliding_window_log::LOG_SLOTS;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, Check, Decision, MemoryStore, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{
-    NOW_MICROS, RedisServer, assert_string_state, named, observable, twins_at, write_sorted_set,
+    LOG_SLOTS, MAX_LIMIT, NOW_MICROS, RedisServer, assert_string_state, named, observable,
+    twins_at, write_sorted_set,
 };
 
 /// The bytes of one entry of a log's string.

@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    BreakerState, CircuitBreaker, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD, Decision,
-    FallbackStore, MemoryStore, Policy, Rate, Store, StoreError,
+    BreakerState, CircuitBreaker, Decision, FallbackStore, MemoryStore, Policy, Rate, Store,
+    StoreError,
 };
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::loopback::{Answer, client, get, get_by_ip};
 use ratelimit_tests::{Listening, RedisServer, build, named, spawn_listening, warm_up};
-use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat, X_RATELIMIT_LIMIT};
+use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -34,6 +34,12 @@ mod sentinel;
 
 /// The Redis call timeout of the stores under test.
 const CALL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The consecutive failures that open a default `CircuitBreaker`, as its
+/// docs give them.
+const FAILURE_THRESHOLD: usize = 3;
+/// A default `CircuitBreaker`'s cool-down before a probe.
+const COOL_DOWN: Duration = Duration::from_millis(500);
 
 /// What a call may take beyond [`CALL_TIMEOUT`]: the fallback, and
 /// scheduling on a loaded machine (a real server and 20 clients on two
@@ -218,7 +224,7 @@ where
                 let response = response.expect("the service is infallible");
                 let limit = response
                     .headers()
-                    .get(&X_RATELIMIT_LIMIT)
+                    .get("x-ratelimit-limit")
                     .and_then(|v| v.to_str().ok()?.parse().ok());
                 samples.push(Sample {
                     start,
@@ -614,7 +620,7 @@ async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers(
     let store = with_fallback(redis.clone());
     let breaker = Arc::clone(store.breaker());
     let policy = policy("proxied");
-    let recovery_bound = DEFAULT_COOL_DOWN + CALL_TIMEOUT + MARGIN;
+    let recovery_bound = COOL_DOWN + CALL_TIMEOUT + MARGIN;
 
     bounded(async {
         let (t, decision) = timed(store.check(b"proxied", &policy, 1)).await;
@@ -670,7 +676,7 @@ async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers(
             let (tripping, open) = trip(&store, &policy, fault).await;
             assert_eq!(
                 tripping.len(),
-                DEFAULT_FAILURE_THRESHOLD as usize,
+                FAILURE_THRESHOLD,
                 "{fault}: the breaker opens after its threshold of consecutive failures"
             );
             assert_eq!(breaker.trips(), trips + 1, "{fault}");
@@ -692,7 +698,7 @@ async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers(
                 recovery <= recovery_bound,
                 "{fault}: the breaker closed {} after the fault ended (cool-down {} + a probe)",
                 ms(recovery),
-                ms(DEFAULT_COOL_DOWN)
+                ms(COOL_DOWN)
             );
         }
 

@@ -53,6 +53,19 @@ pub async fn twin_stores(
 /// the scripts see realistic magnitudes.
 pub const NOW_MICROS: u64 = 1_763_000_000_000_001;
 
+/// The largest limit, capacity or maximum a policy takes, as its
+/// constructors document it (2^40).
+pub const MAX_LIMIT: u64 = 1 << 40;
+
+/// The slots a sliding log's window is cut into above a limit of as many:
+/// a key's log never holds more than twice as many entries (the bound
+/// `ratelimit_core::algorithm::sliding_window_log` documents).
+pub const LOG_SLOTS: u64 = 1024;
+
+/// The work a `RedisStore` sends as one call unless told otherwise, as
+/// `RedisStoreBuilder::max_batch` documents it.
+pub const DEFAULT_MAX_BATCH: usize = 64;
+
 /// A new Redis server, a clock at `t0` µs and [`twin_stores`] on both.
 pub async fn twins_at(
     t0: u64,

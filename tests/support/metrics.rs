@@ -8,6 +8,31 @@ use std::future::Future;
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
+// The names the crates document as a contract (the tables of
+// `ratelimit_tower::metrics` and `ratelimit_core::metrics`), written out
+// here so a renamed metric fails the tests.
+
+/// Counter of the layer's decisions, by `policy` and `outcome`.
+pub const DECISIONS: &str = "ratelimit_decisions_total";
+/// Counter of allowed decisions near the limit, by `policy`.
+pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+/// Counter of configuration reloads, by `outcome`.
+pub const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
+/// Gauge of a circuit breaker's state, by `breaker`.
+pub const CIRCUIT_BREAKER_STATE: &str = "ratelimit_circuit_breaker_state";
+/// Counter of a circuit breaker's transitions, by `breaker`, `from`, `to`.
+pub const CIRCUIT_BREAKER_TRANSITIONS: &str = "ratelimit_circuit_breaker_transitions_total";
+/// Gauge of a peer region's lag, by `region` and `peer`.
+pub const REGION_PEER_LAG: &str = "ratelimit_region_peer_lag_seconds";
+/// Gauge of a peer region's clock skew, by `region` and `peer`.
+pub const REGION_PEER_SKEW: &str = "ratelimit_region_peer_clock_skew_seconds";
+/// Gauge of the over-admission estimate, by `region` and `policy`.
+pub const REGION_OVERSHOOT: &str = "ratelimit_region_overshoot_estimate";
+/// Counter of a peer region becoming stale, by `region` and `peer`.
+pub const REGION_STALE_TRANSITIONS: &str = "ratelimit_region_peer_stale_total";
+/// Counter of failed pushes to a peer region, by `region` and `peer`.
+pub const REGION_PUSH_FAILURES: &str = "ratelimit_region_push_failures_total";
+
 /// One metric series: its name and labels.
 pub type Series = (String, BTreeMap<String, String>);
 

@@ -12,8 +12,9 @@
 //! service uses: the layer ([`RateLimitLayer`], [`Rule`], [`Limits`] for
 //! limits chosen per request, [`Rejection`] for custom refusals), the key
 //! extractors ([`PeerIp`](struct@crate::PeerIp), [`ClientIp`], [`HeaderKey`], ...), the policies
-//! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore` with the
-//! feature `redis`) and the decision types: import from this crate only.
+//! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore`,
+//! `MultiRegionStore` and `LeasedStore` with their features) and the
+//! decision types: import from this crate only.
 //! The rest is in the re-exported crates [`ratelimit_core`] and
 //! [`ratelimit_tower`] (the `config` module, `for_errors` layers).
 //!
@@ -24,8 +25,29 @@
 //! | `redis-cluster` | `RedisStore::cluster_builder`, for a Redis Cluster |
 //! | `tls` | `rediss://` URLs |
 //! | `bb8` | `RedisStore::bb8_builder`, on the application's own `bb8` pool |
+//! | `multi-region` | `MultiRegionStore`: one limit across regions, each deciding in its own Redis |
+//! | `lease` | `LeasedStore`: hot keys decided locally from leased batches (approximate) |
 //! | `metrics` | decisions, the layer's and [`Limiter`]'s, counted through the `metrics` facade |
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
+//! | `tonic` | tonic's `TcpConnectInfo` as a peer address, for gRPC served beside axum |
+//!
+//! Each feature turns on the feature of the same name in `ratelimit-tower`
+//! and `ratelimit-core`, and the stores it adds are named from this crate:
+//!
+//! ```
+//! # #[cfg(feature = "lease")]
+//! # fn leased() -> Result<(), ratelimit_axum::PolicyError> {
+//! // features = ["lease"]
+//! use ratelimit_axum::{LeasedStore, MemoryStore, PeerIp, Policy, Rate, RateLimitLayer};
+//!
+//! let store = LeasedStore::new(MemoryStore::new());
+//! let layer = RateLimitLayer::new(store, Policy::gcra(1_000, Rate::per_second(1_000))?, PeerIp);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! # #[cfg(feature = "multi-region")]
+//! # fn regions() -> Option<ratelimit_axum::MultiRegionStore> { None }
+//! ```
 //!
 //! In a file that also uses tower's own `tower::limit::RateLimitLayer`, name
 //! this crate with a short alias rather than importing both layers:
@@ -50,12 +72,15 @@
 //! What this crate adds to axum:
 //!
 //! - [`RateLimitInfo`]: an extractor that gives a handler the decisions the
-//!   rate-limit layer made for the request (policy, limit, remaining, reset),
-//!   so it can show a user how much quota is left.
+//!   rate-limit layer made for the request (policy, limit, remaining, reset,
+//!   and the estimate reserved by a rule that settles its cost after the
+//!   response, [`Settlement`]), so it can show a user how much quota is left.
 //! - [`Limiter`]: a limit a handler checks itself once it knows the key (login
 //!   attempts per username from the body); [`QuotaExceeded`] is its `429`
 //!   rejection (problem+json, `Retry-After`, rate-limit headers) and
-//!   [`Granted`] adds the headers to an allowed response.
+//!   [`Granted`] adds the headers to an allowed response. For work whose
+//!   cost is known only once it is done, [`Limiter::reserve`] an estimate
+//!   and settle the [`Reservation`] to the actual cost.
 //! - [`RateLimitHeaders`]: which headers the layer and the limiter send (the
 //!   IETF `RateLimit-Policy`/`RateLimit` fields by default, the legacy
 //!   `X-RateLimit-*` fields on request).
@@ -102,8 +127,10 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod limiter;
+mod reservation;
 
 pub use limiter::{Granted, Limiter, QuotaExceeded};
+pub use reservation::{Reservation, SettleFailed};
 
 /// The store and policy crate, whole.
 pub use ratelimit_core;
@@ -111,16 +138,27 @@ pub use ratelimit_core;
 pub use ratelimit_tower;
 
 // What an axum service uses, so this crate alone is a complete dependency.
+/// The store that decides hot keys from leased batches (feature `lease`).
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use ratelimit_core::LeasedStore;
+/// The store of one limit across regions (feature `multi-region`).
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
-pub use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
+pub use ratelimit_core::{
+    Decision, MemoryStore, Period, Policy, PolicyError, Rate, Store, StoreError,
+};
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 pub use ratelimit_tower::{
-    ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader, GlobalKey,
-    HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
-    PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, Stats, TrustedProxies,
+    ActualCost, ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader,
+    GlobalKey, HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
+    PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, SettleError, Settlement, Stats,
+    TrustedProxies,
 };
 
 use std::convert::Infallible;
@@ -135,11 +173,39 @@ use http::request::Parts;
 /// The rate-limit decisions for this request, put there by
 /// `ratelimit_tower::RateLimitLayer`.
 ///
+/// For a limit whose cost is settled after the response ([`Settlement`]),
+/// the decision is the reservation's: it reports what is left once the
+/// estimate is taken, and [`estimate`](RateLimitInfo::estimate) (or
+/// [`PolicyDecision::estimate`] per limit) says what that estimate was. The
+/// response's own `RateLimit` fields report what is left after the
+/// settlement.
+///
 /// Extracting it from a request that did not pass through the layer is a
 /// [`MissingRateLimitLayer`] rejection (500), a configuration error. Use
 /// `Option<RateLimitInfo>` for routes where the layer is optional.
 #[derive(Debug, Clone)]
 pub struct RateLimitInfo(pub Decisions);
+
+impl RateLimitInfo {
+    /// The estimate this request reserved under the limits that settle its
+    /// cost after the response (the largest, when several do); `None` when
+    /// none does.
+    ///
+    /// ```
+    /// use ratelimit_axum::RateLimitInfo;
+    ///
+    /// async fn complete(info: RateLimitInfo) -> String {
+    ///     match info.estimate() {
+    ///         Some(estimate) => format!("{estimate} reserved; the response settles the rest"),
+    ///         None => String::from("charged up front"),
+    ///     }
+    /// }
+    /// # let _ = complete;
+    /// ```
+    pub fn estimate(&self) -> Option<u64> {
+        self.0.iter().filter_map(PolicyDecision::estimate).max()
+    }
+}
 
 impl Deref for RateLimitInfo {
     type Target = Decisions;

@@ -3,11 +3,13 @@
 use std::fmt;
 
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use ratelimit_core::{Policy, Store, StoreError};
+use ratelimit_core::{Decision, Policy, Store, StoreError};
 use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{
     Decisions, FailurePolicy, HttpRejections, Key, PermitGuard, PolicyDecision, Rejection,
 };
+
+use crate::reservation::Reservation;
 
 /// A named limit a handler checks itself, after it has parsed what the key
 /// depends on: login attempts per username from the body, emails per
@@ -28,6 +30,15 @@ use ratelimit_tower::{
 /// outcome, `ratelimit_near_limit_total` and the store call durations (with
 /// the feature `metrics`), and a `debug` event per decision (see
 /// [`ratelimit_tower::metrics`]; keys never appear, only the policy's name).
+///
+/// Work whose cost is known only once it is done (tokens generated, bytes
+/// sent) goes in two phases: [`reserve`](Limiter::reserve) an estimate
+/// (refused like a check when it does not fit), do the work, then
+/// [`settle`](crate::Reservation::settle) the [`Reservation`] to the actual
+/// cost. A cost above the estimate is charged even past the limit, a debt
+/// the key's next requests wait out; one below is given back. A reservation
+/// dropped unsettled costs its estimate. [`peek`](Limiter::peek) reads what
+/// a key has left without consuming anything.
 ///
 /// Behind a [`RateLimitLayer`](crate::RateLimitLayer), a response keeps this
 /// limiter's rate-limit fields and the layer adds its own, as it does to
@@ -77,13 +88,17 @@ impl<St> fmt::Debug for Limiter<St> {
 
 impl<St: Store + Clone> Limiter<St> {
     /// Checks keys against `policy` in `store`, sending the IETF headers,
-    /// refusing requests when the store is down ([`FailurePolicy::Closed`]).
+    /// granting checks while the store is down ([`FailurePolicy::Open`]), as
+    /// the layer does: an outage of the store is not an outage of the
+    /// service (see [`FailurePolicy`]). A limit that must hold through an
+    /// outage, such as login attempts, says
+    /// [`on_failure(FailurePolicy::Closed)`](Limiter::on_failure).
     pub fn new(store: St, policy: Policy) -> Self {
         Limiter {
             store,
             policy,
             headers: RateLimitHeaders::default(),
-            failure: FailurePolicy::Closed,
+            failure: FailurePolicy::default(),
         }
     }
 
@@ -95,9 +110,8 @@ impl<St: Store + Clone> Limiter<St> {
     }
 
     /// What to do when the store cannot decide because of an outage
-    /// (default [`FailurePolicy::Closed`], `503`: a limit checked by hand
-    /// usually guards something sensitive, such as logins). Errors that are
-    /// not outages are refused whatever this says.
+    /// (default [`FailurePolicy::Open`], as on the layer; `Closed` answers
+    /// `503`). Errors that are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;
@@ -112,27 +126,106 @@ impl<St: Store + Clone> Limiter<St> {
     /// Checks `key` at `cost`, consuming it when allowed. A policy in shadow
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
+    ///
+    /// `key` is a value (a username, an email address) and is hashed as the
+    /// layer hashes every value ([`Key`]): a `Limiter` and a layer under one
+    /// policy and store share the budget of one value, and no store holds
+    /// the value itself.
     pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
+        let key = Key::from(key);
+        let decision = self.decide(&key, cost).await?;
+        let mut permit = PermitGuard::default();
+        if let Some(id) = decision.as_ref().and_then(Decision::permit) {
+            permit.hold(&self.store, &key, &self.policy, id);
+        }
+        Ok(Granted {
+            decisions: decision.map(|d| decisions_of(&self.policy, d)),
+            headers: self.headers,
+            _permit: permit,
+        })
+    }
+
+    /// Reserves `estimate` of `key` for work whose cost is known only once
+    /// it is done (tokens generated, bytes sent): consumed now, and refused
+    /// as [`check`](Self::check) refuses when the estimate does not fit. Then
+    /// [`settle`](Reservation::settle) it to the actual cost, which charges
+    /// a cost above the estimate even past the limit (a debt, which the
+    /// key's next requests wait out) and gives back one below it;
+    /// [`refund`](Reservation::refund) it if the work did not happen; or
+    /// drop it when it cost the estimate, which needs nothing more.
+    ///
+    /// A concurrency policy holds permits, which are not consumed and
+    /// cannot be settled: its reservations are refused (`500`, logged), as
+    /// any other configuration mistake. Check
+    /// [`Policy::supports_settlement`] when the limiter is built.
+    ///
+    /// ```
+    /// use ratelimit_axum::{Limiter, MemoryStore, Policy, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 10,000 tokens an hour per tenant, in bursts of up to 10,000.
+    /// let tokens = Limiter::new(
+    ///     MemoryStore::new(),
+    ///     Policy::token_bucket(10_000, Rate::per_hour(10_000))?.with_name("tokens")?,
+    /// );
+    /// let reservation = tokens.reserve(b"tenant-7", 500).await?;
+    /// // ... the work, which turns out to cost 1,200 tokens ...
+    /// let granted = reservation.settle(1_200).await?;
+    /// let left = granted.decisions().and_then(|d| d.tightest()).map(|d| d.decision().remaining());
+    /// assert_eq!(left, Some(8_800));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reserve(
+        &self,
+        key: &[u8],
+        estimate: u64,
+    ) -> Result<Reservation<St>, QuotaExceeded> {
+        if !self.policy.supports_settlement() {
+            let error = StoreError::Unsupported {
+                policy: self.policy.name().to_owned(),
+                algorithm: self.policy.algorithm().kind(),
+                operation: "settle",
+            };
+            tracing::error!(
+                policy = self.policy.name(),
+                error = %error,
+                "a reservation under a policy that cannot be settled; the request is refused"
+            );
+            return Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))));
+        }
+        let key = Key::from(key);
+        let decision = self.decide(&key, estimate).await?;
+        Ok(Reservation::new(
+            self.store.clone(),
+            self.policy.clone(),
+            key.as_bytes().to_vec(),
+            estimate,
+            decision,
+            self.headers,
+        ))
+    }
+
+    /// What `key` has left under the policy, consuming nothing: the
+    /// decision a request of cost 0 gets (denied only while the key is
+    /// blocked or in debt), on every store.
+    pub async fn peek(&self, key: &[u8]) -> Result<Decision, StoreError> {
+        self.store
+            .check(Key::from(key).as_bytes(), &self.policy, 0)
+            .await
+    }
+
+    /// Decides `key` at `cost`: the decision when the request may go on
+    /// (allowed, or denied under a shadow policy), `None` when the store
+    /// failed and the failure policy lets it through, else the refusal.
+    async fn decide(&self, key: &Key, cost: u64) -> Result<Option<Decision>, QuotaExceeded> {
         // Through the layer's own recording, so a limit checked here shows
         // in the same metrics and events as the layer's.
         match ratelimit_tower::metrics::recorded_check(&self.store, key, &self.policy, cost).await {
+            Ok(decision) if decision.is_allowed() || self.policy.is_shadow() => Ok(Some(decision)),
             Ok(decision) => {
-                let allowed = decision.is_allowed() || self.policy.is_shadow();
-                let mut permit = PermitGuard::default();
-                if let Some(id) = decision.permit() {
-                    permit.hold(&self.store, &Key::from(key.to_vec()), &self.policy, id);
-                }
-                let decisions =
-                    Decisions::new(vec![PolicyDecision::new(self.policy.clone(), decision)]);
-                if allowed {
-                    Ok(Granted {
-                        decisions: Some(decisions),
-                        headers: self.headers,
-                        _permit: permit,
-                    })
-                } else {
-                    Err(self.refuse(Rejection::Limited(decisions)))
-                }
+                Err(self.refuse(Rejection::Limited(decisions_of(&self.policy, decision))))
             }
             Err(StoreError::CostExceedsLimit { policy, cost, max }) => {
                 Err(self.refuse(Rejection::CostTooHigh { policy, cost, max }))
@@ -143,11 +236,7 @@ impl<St: Store + Clone> Limiter<St> {
                     error = %error,
                     "rate-limit store could not decide; the failure policy lets the request through"
                 );
-                Ok(Granted {
-                    decisions: None,
-                    headers: self.headers,
-                    _permit: PermitGuard::default(),
-                })
+                Ok(None)
             }
             Err(error) if error.is_outage() || matches!(error, StoreError::Full { .. }) => {
                 tracing::warn!(
@@ -179,6 +268,11 @@ impl<St: Store + Clone> Limiter<St> {
     }
 }
 
+/// One decision under `policy`, as the headers and rejections take it.
+pub(crate) fn decisions_of(policy: &Policy, decision: Decision) -> Decisions {
+    Decisions::new(vec![PolicyDecision::new(policy.clone(), decision)])
+}
+
 /// An allowed check: add it to your response to send the rate-limit headers
 /// (merged with those the response already carries, another `Granted`'s).
 ///
@@ -190,9 +284,9 @@ impl<St: Store + Clone> Limiter<St> {
 /// lease.
 #[derive(Debug)]
 pub struct Granted {
-    decisions: Option<Decisions>,
-    headers: RateLimitHeaders,
-    _permit: PermitGuard,
+    pub(crate) decisions: Option<Decisions>,
+    pub(crate) headers: RateLimitHeaders,
+    pub(crate) _permit: PermitGuard,
 }
 
 impl Granted {

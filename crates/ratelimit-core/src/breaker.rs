@@ -23,25 +23,26 @@ const OPEN: u8 = 1;
 const HALF_OPEN: u8 = 2;
 
 /// The default number of consecutive failures that opens the breaker.
-pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+pub(crate) const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 /// The default cool-down before a probe.
-pub const DEFAULT_COOL_DOWN: Duration = Duration::from_millis(500);
+pub(crate) const DEFAULT_COOL_DOWN: Duration = Duration::from_millis(500);
 /// The default time after which a call its caller gave up on counts as a
 /// failure (see [`CircuitBreaker::with_slow_call`]).
-pub const DEFAULT_SLOW_CALL: Duration = Duration::from_millis(20);
+pub(crate) const DEFAULT_SLOW_CALL: Duration = Duration::from_millis(20);
 /// The name of a breaker that was not given one.
-pub const DEFAULT_BREAKER_NAME: &str = "default";
+pub(crate) const DEFAULT_BREAKER_NAME: &str = "default";
 
 /// A circuit breaker: after `threshold` consecutive failures (errors or
 /// timeouts) it opens and stops sending calls to the store for a cool-down;
 /// then it lets one probe through, and closes again when the probe succeeds
 /// (or opens for another cool-down when it fails). Lock-free; share it with
-/// an `Arc`.
+/// an `Arc`. The [default](Default) opens after 3 consecutive failures and
+/// probes after a cool-down of 500 ms.
 ///
 /// Every transition is logged with `tracing` (opening at `warn`, probing and
 /// closing at `info`) and, with the `metrics` feature, recorded in the gauge
-/// [`CIRCUIT_BREAKER_STATE`](crate::metrics::CIRCUIT_BREAKER_STATE) and the
-/// counter [`CIRCUIT_BREAKER_TRANSITIONS`](crate::metrics::CIRCUIT_BREAKER_TRANSITIONS),
+/// `ratelimit_circuit_breaker_state` and the counter
+/// `ratelimit_circuit_breaker_transitions_total` (see [`metrics`](crate::metrics)),
 /// labelled with the breaker's [name](CircuitBreaker::with_name).
 pub struct CircuitBreaker {
     name: Box<str>,
@@ -91,7 +92,7 @@ impl CircuitBreaker {
         }
     }
 
-    /// The same breaker named `name` (default [`DEFAULT_BREAKER_NAME`]): the
+    /// The same breaker named `name` (default `default`): the
     /// `breaker` label of its metrics and a field of its log events, to tell
     /// several breakers in one process apart.
     ///
@@ -109,7 +110,7 @@ impl CircuitBreaker {
     }
 
     /// The same breaker, counting a call whose caller went away as a failure
-    /// only once it has waited `slow_call` (default [`DEFAULT_SLOW_CALL`]).
+    /// only once it has waited `slow_call` (default 20 ms).
     ///
     /// A caller that drops a call it has waited on for that long (a layer
     /// timeout shorter than the store's own) says the store is too slow, and

@@ -2,8 +2,7 @@
 //!
 //! Every algorithm works in integer microseconds. A store takes its time from
 //! exactly one clock: [`MonotonicClock`] by default, [`ManualClock`] in tests,
-//! and (with the `tokio` feature) [`TokioClock`], which follows
-//! `tokio::time::pause`/`advance`.
+//! and [`TokioClock`], which follows `tokio::time::pause`/`advance`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,13 +130,11 @@ impl Clock for ManualClock {
 
 /// A clock that follows `tokio::time`, including `tokio::time::pause()` and
 /// `advance()` in tests.
-#[cfg(feature = "tokio")]
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
 }
 
-#[cfg(feature = "tokio")]
 impl TokioClock {
     /// A clock that starts at zero now.
     pub fn new() -> Self {
@@ -147,14 +144,12 @@ impl TokioClock {
     }
 }
 
-#[cfg(feature = "tokio")]
 impl Default for TokioClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
-#[cfg(feature = "tokio")]
 impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {

@@ -12,11 +12,12 @@ use parking_lot::Mutex;
 use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::policy::Algorithm;
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
-pub const DEFAULT_CACHE_ENTRIES: usize = 10_000;
+pub(crate) const DEFAULT_CACHE_ENTRIES: usize = 10_000;
 
 const SHARDS: usize = 16;
 
@@ -37,8 +38,8 @@ const SHARDS: usize = 16;
 /// those of a [`FallbackStore`](crate::FallbackStore)'s fallback
 /// ([`DecisionSource::Fallback`]): they are the local share of an outage,
 /// not what the primary denies once it answers again. Its memory is
-/// bounded: at most [`DEFAULT_CACHE_ENTRIES`] (configurable) denials; when
-/// full, a new denial takes the place of an expired one among the next few
+/// bounded: at most 10,000 denials ([`with_capacity`](Self::with_capacity)
+/// sets another bound); when full, a new denial takes the place of an expired one among the next few
 /// it looks at, or is not cached, so that making room costs a few steps
 /// whatever the cache's size.
 ///
@@ -48,7 +49,8 @@ const SHARDS: usize = 16;
 /// When the inner store is an [`AdminStore`], so is the cache: every
 /// operation is forwarded, and a [`reset`](AdminStore::reset),
 /// [`reward`](AdminStore::reward) or [`unblock`](AdminStore::unblock), which
-/// can end a denial early (as can a [`refund`](Store::refund)), also drops
+/// can end a denial early (as can a [`refund`](Store::refund), or a
+/// [`settle`](Store::settle) below the reservation), also drops
 /// the cached denials of that key under the policy's name, whatever their
 /// numbers (once the store has answered, whatever it answered); denials of
 /// requests sent before then are not cached afterwards, so a reply in
@@ -101,7 +103,7 @@ impl<S> fmt::Debug for DeniedCache<S> {
 }
 
 impl<S: Store> DeniedCache<S> {
-    /// Caches the denials of `store`, at most [`DEFAULT_CACHE_ENTRIES`].
+    /// Caches the denials of `store`, at most 10,000.
     pub fn new(store: S) -> Self {
         DeniedCache::with_capacity(store, DEFAULT_CACHE_ENTRIES)
     }
@@ -289,6 +291,35 @@ impl<S: Store> Store for DeniedCache<S> {
     ) -> crate::RefundFuture {
         let call = self.inner.store.refund(key, policy, cost, decision);
         forgetting(&self.inner, key, policy, call)
+    }
+
+    /// Settles in the inner store, then, for each limit settled below its
+    /// reservation, drops the cached denials of the key under the policy's
+    /// name, as a refund does (the units given back may end a denial
+    /// early). A settlement above the reservation only lengthens denials.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let call = self.inner.store.settle(id, settles);
+        let given_back: Vec<(String, Vec<u8>)> = settles
+            .iter()
+            .filter(|s| s.actual < s.reserved)
+            .map(|s| {
+                (
+                    s.policy.name().to_owned(),
+                    key::normalize(s.key).into_owned(),
+                )
+            })
+            .collect();
+        if given_back.is_empty() {
+            return call;
+        }
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let result = call.await;
+            for (policy, key) in &given_back {
+                inner.forget(policy, key);
+            }
+            result
+        })
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

@@ -42,14 +42,22 @@ pub enum PolicyError {
         max: u64,
     },
     /// A parameter is above what a store decides in bounded work per call
-    /// (a concurrency `max` above
-    /// [`MAX_CONCURRENCY`](crate::algorithm::concurrency::MAX_CONCURRENCY)).
+    /// (a concurrency `max` above 1,024, see
+    /// [`Concurrency::new`](crate::algorithm::Concurrency::new)).
     #[error("{what} is above {max}, the most a store decides in bounded work per call")]
     TooLarge {
         /// What is too large.
         what: &'static str,
         /// The largest value allowed.
         max: u64,
+    },
+    /// The offset from UTC of a calendar period is 24 hours or more either way.
+    #[error(
+        "a UTC offset of {seconds} s is out of range: it must be less than 24 hours (86400 s) either way"
+    )]
+    UtcOffsetOutOfRange {
+        /// The offset given, in seconds east of UTC.
+        seconds: i32,
     },
     /// The policy name is empty, too long, or has characters outside `[A-Za-z0-9._-]`.
     #[error("invalid policy name {name:?}: use 1 to 64 characters from [A-Za-z0-9._-]")]

@@ -10,13 +10,14 @@ use parking_lot::Mutex;
 
 use crate::admin::AdminStore;
 use crate::breaker::{Call, CircuitBreaker};
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
 /// The most permits of the fallback whose lease is running that a
 /// [`FallbackStore`] keeps track of. Past it, the fallback denies further
 /// concurrency permits until leases end or permits are released.
-pub const MAX_FALLBACK_PERMITS: usize = 65_536;
+pub(crate) const MAX_FALLBACK_PERMITS: usize = 65_536;
 
 /// A primary store (Redis) behind a [`CircuitBreaker`], with a local fallback
 /// (a [`MemoryStore`]) enforcing a conservative share of each limit while the
@@ -49,7 +50,7 @@ pub const MAX_FALLBACK_PERMITS: usize = 65_536;
 ///   the fallback can answer the call.
 /// - Permits are released to the store that issued them: the fallback keeps
 ///   the ids of the permits it issued (until released or their lease ends,
-///   at most [`MAX_FALLBACK_PERMITS`]) and releases only those locally;
+///   at most 65,536) and releases only those locally;
 ///   every other id goes to the primary, whatever ids the primary chooses.
 ///   While the fallback holds that many permits, it denies new ones.
 /// - When the primary is an [`AdminStore`], so is this store: admin
@@ -452,6 +453,64 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
         }
     }
 
+    /// Settles each limit in the store that decided its reservation
+    /// ([`Decision::source`]), as [`refund`](Store::refund) does: the local
+    /// store, under the local share of the policy, for a reservation made
+    /// while the primary was unreachable; else the primary, whatever the
+    /// breaker says (a settlement corrects what was consumed there; when
+    /// the primary is down it fails with its error, and the local shares
+    /// are not charged in its place). The fallback's decisions say so.
+    ///
+    /// One reservation's limits are decided by one store (a `check_all` goes
+    /// to the primary or to the fallback as a whole), so a settlement is
+    /// all or nothing in that store. A call that mixes reservations of both
+    /// settles each store's part, all or nothing there, whatever the other
+    /// answered, and fails with the error of either (the primary's first);
+    /// sent again under its id, it changes nothing where it was settled.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let (local, shared): (Vec<usize>, Vec<usize>) = (0..settles.len())
+            .partition(|&i| settles[i].decision.source() == DecisionSource::Fallback);
+        if local.is_empty() {
+            return self.inner.primary.settle(id, settles);
+        }
+        let mut locals = Vec::with_capacity(local.len());
+        for &i in &local {
+            match self.inner.local(settles[i].policy) {
+                Ok(policy) => locals.push(policy),
+                Err(e) => return Box::pin(std::future::ready(Err(e))),
+            }
+        }
+        let local_settles: Vec<Settle<'_>> = local
+            .iter()
+            .zip(&locals)
+            .map(|(&i, policy)| Settle {
+                policy,
+                ..settles[i]
+            })
+            .collect();
+        let fallback = self.inner.fallback.settle(id, &local_settles);
+        let primary = (!shared.is_empty()).then(|| {
+            let shared_settles: Vec<Settle<'_>> = shared.iter().map(|&i| settles[i]).collect();
+            self.inner.primary.settle(id, &shared_settles)
+        });
+        let n = settles.len();
+        Box::pin(async move {
+            let mut decisions: Vec<Option<Decision>> = vec![None; n];
+            if let Some(primary) = primary {
+                for (&i, d) in shared.iter().zip(primary.await?) {
+                    decisions[i] = Some(d);
+                }
+            }
+            for (&i, d) in local.iter().zip(fallback.await?) {
+                decisions[i] = Some(mark(d));
+            }
+            decisions
+                .into_iter()
+                .map(|d| d.ok_or_else(|| StoreError::Backend("fewer settlements answered".into())))
+                .collect()
+        })
+    }
+
     /// Renews a permit in the store that issued it, as
     /// [`release`](Store::release) releases it there.
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
@@ -560,6 +619,53 @@ mod tests {
         assert_eq!(local.check_now(b"k", &policy, 0).unwrap().remaining(), 9);
         let d = store.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed(), "{d:?}");
+    }
+
+    /// A settlement goes to the store that decided its reservation: the
+    /// fallback, under its local share, for its own decisions (and says
+    /// so); the primary for the others (this one has no settlements: the
+    /// error is its own). A call that mixes both settles the fallback's
+    /// part whatever the primary answered, once however often it is sent.
+    #[tokio::test]
+    async fn settlements_go_to_the_store_that_decided() {
+        let breaker = Arc::new(CircuitBreaker::default());
+        let local = MemoryStore::new();
+        let store = FallbackStore::new(Down, local.clone(), 2, breaker);
+        let policy = Policy::fixed_window(20, Duration::from_secs(60))
+            .unwrap()
+            .with_name("per-minute")
+            .unwrap();
+        let share = policy.divided_among(2).unwrap();
+        let reserved = store
+            .check_all(&[Check::new(b"k", &policy, 2)])
+            .await
+            .unwrap();
+        assert_eq!(reserved[0].source(), DecisionSource::Fallback);
+        assert_eq!(reserved[0].remaining(), 8);
+        let settles = [Settle::new(b"k", &policy, 2, 5, &reserved[0])];
+        let settled = store
+            .settle(SettlementId::random(), &settles)
+            .await
+            .unwrap();
+        assert_eq!(settled[0].remaining(), 5);
+        assert_eq!(settled[0].source(), DecisionSource::Fallback);
+        assert_eq!(local.check_now(b"k", &share, 0).unwrap().remaining(), 5);
+
+        let primary = Decision::allow(20, 18, 1);
+        let settles = [
+            Settle::new(b"k", &policy, 2, 0, &reserved[0]),
+            Settle::new(b"j", &policy, 2, 0, &primary),
+        ];
+        let id = SettlementId::random();
+        for _ in 0..2 {
+            let refused = store.settle(id, &settles).await;
+            assert!(
+                matches!(refused, Err(StoreError::Unsupported { .. })),
+                "{refused:?}"
+            );
+            // The fallback's part, once.
+            assert_eq!(local.check_now(b"k", &share, 0).unwrap().remaining(), 7);
+        }
     }
 
     /// A call that took the probe and was dropped before its first poll (the

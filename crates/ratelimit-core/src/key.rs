@@ -14,15 +14,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use sha2::{Digest, Sha256};
 
 /// The longest user key kept verbatim, in bytes.
-pub const MAX_VERBATIM_KEY_LEN: usize = 64;
+pub(crate) const MAX_VERBATIM_KEY_LEN: usize = 64;
 
 /// The prefix of a hashed key. Verbatim keys never start with it, so a client
 /// cannot forge a key that collides with the hashed form of another.
-pub const HASHED_KEY_MARKER: u8 = b'#';
+pub(crate) const HASHED_KEY_MARKER: u8 = b'#';
 
 /// Returns the form of `key` that stores use: `key` itself when it is 1 to
-/// [`MAX_VERBATIM_KEY_LEN`] bytes of printable ASCII without `{`, `}` and does
-/// not start with `#`; otherwise `#` followed by 32 hex digits of its SHA-256.
+/// 64 bytes of printable ASCII without `{`, `}` and does not start with `#`;
+/// otherwise `#` followed by 32 hex digits of its SHA-256 ([`hashed`]). A
+/// verbatim key never starts with `#`, so a client cannot forge a key that
+/// collides with the hashed form of another.
 ///
 /// ```
 /// use ratelimit_core::key::normalize;
@@ -41,7 +43,7 @@ pub fn normalize(key: &[u8]) -> Cow<'_, [u8]> {
 }
 
 /// Whether [`normalize`] keeps `key` as it is.
-pub fn is_verbatim(key: &[u8]) -> bool {
+pub(crate) fn is_verbatim(key: &[u8]) -> bool {
     !key.is_empty()
         && key.len() <= MAX_VERBATIM_KEY_LEN
         && key[0] != HASHED_KEY_MARKER
@@ -51,7 +53,7 @@ pub fn is_verbatim(key: &[u8]) -> bool {
 }
 
 /// The length of a hashed key ([`hashed`]): `#` and 32 hex digits.
-pub const HASHED_KEY_LEN: usize = 33;
+pub(crate) const HASHED_KEY_LEN: usize = 33;
 
 /// `#` and 32 lowercase hex digits: the first 128 bits of the SHA-256 of `key`.
 pub fn hashed(key: &[u8]) -> Vec<u8> {
@@ -59,24 +61,14 @@ pub fn hashed(key: &[u8]) -> Vec<u8> {
 }
 
 /// [`hashed`] without a heap allocation.
-///
-/// ```
-/// use ratelimit_core::key::{hashed, hashed_array};
-///
-/// assert_eq!(hashed_array(b"secret").as_slice(), hashed(b"secret").as_slice());
-/// ```
-pub fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
+pub(crate) fn hashed_array(key: &[u8]) -> [u8; HASHED_KEY_LEN] {
     hashed_parts(&[key])
 }
 
-/// [`hashed_array`] of the parts written one after the other, without
-/// joining them first.
-///
-/// ```
-/// use ratelimit_core::key::{hashed_array, hashed_parts};
-///
-/// assert_eq!(hashed_parts(&[b"x-api-key", b":", b"k1"]), hashed_array(b"x-api-key:k1"));
-/// ```
+/// [`hashed`] of the parts written one after the other, without joining
+/// them first.
+// Not API: `ratelimit-tower`'s `Key` hashes every value with it, without a heap allocation.
+#[doc(hidden)]
 pub fn hashed_parts(parts: &[&[u8]]) -> [u8; HASHED_KEY_LEN] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
@@ -124,6 +116,8 @@ const OCTET_TEXT: [u64; 256] = {
 
 /// The longest text of an IP address (`INET6_ADDRSTRLEN` without its NUL):
 /// `ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`.
+// Not API: `ratelimit-tower`'s `Key` sizes its inline buffer by it.
+#[doc(hidden)]
 pub const MAX_IP_TEXT_LEN: usize = 45;
 
 /// An IP address written as text, exactly as its `Display` (`to_string`)
@@ -145,8 +139,11 @@ pub const MAX_IP_TEXT_LEN: usize = 45;
 // The bytes first and 8-aligned: IPv4 text is written by two aligned 8-byte
 // stores that the memory store's packing of a short key reads straight back
 // with loads inside each half (see `memory::keys::pack_short`).
+//
+// Not API: `ratelimit-tower`'s IP keys write the address with it.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
+#[doc(hidden)]
 pub struct IpText {
     bytes: [u8; MAX_IP_TEXT_LEN],
     len: u8,
@@ -251,13 +248,8 @@ impl From<IpAddr> for IpText {
 
 /// The full storage key `<prefix>:<policy>:{<normalized key>}` as used by the
 /// Redis store.
-///
-/// ```
-/// use ratelimit_core::key::storage_key;
-///
-/// assert_eq!(storage_key("rl", "api", b"alice"), "rl:api:{alice}");
-/// ```
-pub fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
+#[cfg(feature = "redis")]
+pub(crate) fn storage_key(prefix: &str, policy: &str, key: &[u8]) -> String {
     let key = normalize(key);
     let mut out = String::with_capacity(prefix.len() + policy.len() + key.len() + 4);
     out.push_str(prefix);
@@ -290,6 +282,14 @@ mod tests {
         assert_ne!(hashed(b"a"), hashed(b"b"));
         assert_eq!(hashed(b"a"), hashed(b"a"));
         assert!(hashed(&[0u8; 3]).iter().all(|b| b.is_ascii_graphic()));
+        assert_eq!(
+            hashed_array(b"secret").as_slice(),
+            hashed(b"secret").as_slice()
+        );
+        assert_eq!(
+            hashed_parts(&[b"x-api-key", b":", b"k1"]),
+            hashed_array(b"x-api-key:k1")
+        );
     }
 
     #[test]
@@ -331,8 +331,31 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "redis")]
+    proptest::proptest! {
+        /// The store's key is `<prefix>:<policy>:{<normalized key>}`, and the
+        /// hash tag Redis Cluster reads (from the first `{` to the next `}`)
+        /// is the whole normalized key, whatever the key holds.
+        #[test]
+        fn storage_keys_are_tagged_by_the_whole_normalized_key(
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100),
+            prefix in "[A-Za-z0-9._-]{1,64}",
+            policy in "[A-Za-z0-9._-]{1,64}",
+        ) {
+            let normalized = normalize(&key);
+            let stored = storage_key(&prefix, &policy, &key);
+            let text = std::str::from_utf8(&normalized).expect("printable");
+            proptest::prop_assert_eq!(&stored, &format!("{prefix}:{policy}:{{{text}}}"));
+            let open = stored.find('{').expect("a tag") + 1;
+            let close = open + stored[open..].find('}').expect("a tag's end");
+            proptest::prop_assert_eq!(&stored[open..close], text);
+        }
+    }
+
+    #[cfg(feature = "redis")]
     #[test]
     fn storage_key_bounded() {
+        assert_eq!(storage_key("rl", "api", b"alice"), "rl:api:{alice}");
         let huge = vec![0xffu8; 1 << 20];
         let k = storage_key("rl", "p", &huge);
         assert_eq!(k.len(), "rl:p:{}".len() + 33);

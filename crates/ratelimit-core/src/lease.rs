@@ -14,13 +14,14 @@ use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
-pub const DEFAULT_LEASE_BATCH: u64 = 100;
+pub(crate) const DEFAULT_LEASE_BATCH: u64 = 100;
 /// The default bound on keys with a lease.
-pub const DEFAULT_LEASE_ENTRIES: usize = 10_000;
+pub(crate) const DEFAULT_LEASE_ENTRIES: usize = 10_000;
 
 const SHARDS: usize = 16;
 
@@ -65,6 +66,10 @@ const SHARDS: usize = 16;
 /// to the inner store, and a block, penalty, reset, reward or unblock made
 /// through this instance also drops its lease of the key, so it takes effect
 /// here at once (a batch on its way at the time is not kept either).
+///
+/// A settlement ([`Store::settle`]) goes to the inner store, where leased
+/// units were consumed when their batch was granted; one that leaves a key
+/// in debt also drops this instance's lease of it.
 ///
 /// A block or penalty made elsewhere (straight on the inner store, or
 /// through another instance) reaches this instance when its lease of the
@@ -197,9 +202,8 @@ impl<S, C> fmt::Debug for LeasedStoreBuilder<S, C> {
 }
 
 impl<S: Store> LeasedStore<S> {
-    /// Leases from `store` with the defaults: batches of
-    /// [`DEFAULT_LEASE_BATCH`], keys hot after as many requests in one lease
-    /// period, at most [`DEFAULT_LEASE_ENTRIES`] keys tracked.
+    /// Leases from `store` with the defaults: batches of 100, keys hot after
+    /// as many requests in one lease period, at most 10,000 keys tracked.
     pub fn new(store: S) -> Self {
         LeasedStore::builder(store).build()
     }
@@ -218,7 +222,7 @@ impl<S: Store> LeasedStore<S> {
 }
 
 impl<S, C> LeasedStoreBuilder<S, C> {
-    /// Units leased at once (at least 1, default [`DEFAULT_LEASE_BATCH`]);
+    /// Units leased at once (at least 1, default 100);
     /// capped by each policy's limit. Each instance may overshoot a window by
     /// up to this many.
     pub fn batch(mut self, batch: u64) -> Self {
@@ -242,7 +246,7 @@ impl<S, C> LeasedStoreBuilder<S, C> {
         self
     }
 
-    /// The most keys tracked at once (default [`DEFAULT_LEASE_ENTRIES`]).
+    /// The most keys tracked at once (default 10,000).
     /// When full, a new key takes the slot of a key that did not prove hot
     /// and was not asked for lately, among the next few looked at; when it
     /// finds none, it goes to the store unchanged. A key that leased in the
@@ -573,6 +577,39 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.inner.store.release(key, policy, permit)
+    }
+
+    /// Settles in the inner store, where every leased unit was consumed
+    /// when its batch was granted: a reservation spent from a lease
+    /// consumed its units there already, so charging or giving back the
+    /// difference there counts exactly what the request cost, and the units
+    /// still on lease stay counted as consumed. A limit the settlement
+    /// leaves in debt (denied even to a peek) also drops this instance's
+    /// lease of the key once the store answered, so the debt takes effect
+    /// here at once, as a penalty through this instance does; other
+    /// instances spend at most their leased units before they see it (see
+    /// [`LeasedStore`]).
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let call = self.inner.store.settle(id, settles);
+        let keys: Vec<(String, Vec<u8>)> = settles
+            .iter()
+            .map(|s| {
+                (
+                    s.policy.name().to_owned(),
+                    key::normalize(s.key).into_owned(),
+                )
+            })
+            .collect();
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let decisions = call.await?;
+            for ((policy, key), decision) in keys.iter().zip(&decisions) {
+                if !decision.is_allowed() {
+                    inner.forget(policy, key);
+                }
+            }
+            Ok(decisions)
+        })
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

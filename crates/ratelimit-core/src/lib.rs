@@ -5,10 +5,13 @@
 //! - [`Policy`]: one of seven algorithms (fixed window, sliding window log,
 //!   sliding window counter, token bucket, GCRA, leaky bucket, concurrency) with
 //!   validated parameters and a name;
-//! - [`algorithm`]: each algorithm as a pure state transition in integer
-//!   microseconds, the reference every store reproduces;
+//! - [`algorithm`]: what each algorithm guarantees, and its parameters (each
+//!   one a pure state transition in integer microseconds inside, the
+//!   reference every store reproduces);
 //! - [`Decision`]: allowed or not, limit, remaining, reset and retry times;
 //! - [`Store`]: where state lives; [`MemoryStore`] is the embedded default;
+//!   costs known only after the response are reserved, then settled
+//!   ([`Store::settle`]);
 //! - [`AdminStore`]: operator actions on one key (peek, reset, penalize,
 //!   reward, block, unblock), on both stores.
 //!
@@ -58,23 +61,22 @@ mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod settle;
 mod store;
 
 pub use admin::AdminStore;
-pub use algorithm::Rate;
-pub use breaker::{
-    BreakerState, CircuitBreaker, DEFAULT_BREAKER_NAME, DEFAULT_COOL_DOWN,
-    DEFAULT_FAILURE_THRESHOLD, DEFAULT_SLOW_CALL,
-};
+pub use algorithm::{Period, Rate};
+pub use breaker::{BreakerState, CircuitBreaker};
 pub use decision::{Decision, DecisionSource, PermitId};
-pub use denied_cache::{DEFAULT_CACHE_ENTRIES, DeniedCache};
+pub use denied_cache::DeniedCache;
 pub use error::{PolicyError, StoreError};
-pub use fallback::{FallbackStore, MAX_FALLBACK_PERMITS};
+pub use fallback::FallbackStore;
 #[cfg(feature = "lease")]
-pub use lease::{DEFAULT_LEASE_BATCH, DEFAULT_LEASE_ENTRIES, LeasedStore, LeasedStoreBuilder};
+pub use lease::{LeasedStore, LeasedStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use policy::{Algorithm, AlgorithmKind, Policy, State, UnknownAlgorithm};
-pub use store::{Check, RefundFuture, Store, all_allowed};
+pub use policy::{Algorithm, AlgorithmKind, Policy, UnknownAlgorithm};
+pub use settle::{Settle, SettleFuture, SettlementId};
+pub use store::{Check, RefundFuture, Store};
 
 /// The crate's README, whose examples compile as doctests.
 #[cfg(doctest)]

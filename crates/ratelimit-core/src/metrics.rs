@@ -17,16 +17,18 @@
 //!
 //! Without a recorder installed (`metrics::set_global_recorder`, or an
 //! exporter such as `metrics-exporter-prometheus`), recording costs next to
-//! nothing. The names are constants here so dashboards and tests can share
-//! them; `ratelimit-tower`'s `metrics` module lists the layer's metrics.
+//! nothing. The names and labels are a contract; `ratelimit-tower`'s
+//! `metrics` module lists the layer's metrics.
 
 /// Gauge: the state of a circuit breaker, 0 closed, 1 half-open, 2 open.
-pub const CIRCUIT_BREAKER_STATE: &str = "ratelimit_circuit_breaker_state";
+#[cfg(feature = "metrics")]
+pub(crate) const CIRCUIT_BREAKER_STATE: &str = "ratelimit_circuit_breaker_state";
 
 /// Counter: transitions of a circuit breaker, labelled `from` and `to`.
-pub const CIRCUIT_BREAKER_TRANSITIONS: &str = "ratelimit_circuit_breaker_transitions_total";
+#[cfg(feature = "metrics")]
+pub(crate) const CIRCUIT_BREAKER_TRANSITIONS: &str = "ratelimit_circuit_breaker_transitions_total";
 
-/// The value of [`CIRCUIT_BREAKER_STATE`] for a state name.
+/// The value of the gauge `ratelimit_circuit_breaker_state` for a state name.
 #[cfg(feature = "metrics")]
 fn gauge_value(state: &str) -> f64 {
     match state {
@@ -92,21 +94,26 @@ pub(crate) fn record_transition(name: &str, from: &'static str, to: &'static str
 /// admitted more than this long ago has landed in this region's Redis
 /// (`+Inf` before the first time); labelled `region` and `peer`, set every
 /// sync interval by a [`MultiRegionStore`](crate::multi_region::MultiRegionStore).
-pub const REGION_PEER_LAG: &str = "ratelimit_region_peer_lag_seconds";
+#[cfg(feature = "metrics")]
+pub(crate) const REGION_PEER_LAG: &str = "ratelimit_region_peer_lag_seconds";
 
 /// Gauge: a peer region's clock minus this region's, in seconds, estimated
 /// at the peer's last push; labelled `region` and `peer`.
-pub const REGION_PEER_SKEW: &str = "ratelimit_region_peer_clock_skew_seconds";
+#[cfg(feature = "metrics")]
+pub(crate) const REGION_PEER_SKEW: &str = "ratelimit_region_peer_clock_skew_seconds";
 
 /// Gauge: units of a policy that the other regions admitted and this region
 /// had not heard of yet, estimated as each peer's recent rate under the
 /// policy times its lag, summed over peers and keys (the extra term of the
 /// bound); labelled `region` and `policy`, never a key.
-pub const REGION_OVERSHOOT: &str = "ratelimit_region_overshoot_estimate";
+#[cfg(feature = "metrics")]
+pub(crate) const REGION_OVERSHOOT: &str = "ratelimit_region_overshoot_estimate";
 
 /// Counter: times a peer region became stale, or its clock too far off
 /// (then counted at its conservative share), labelled `region` and `peer`.
-pub const REGION_STALE_TRANSITIONS: &str = "ratelimit_region_peer_stale_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REGION_STALE_TRANSITIONS: &str = "ratelimit_region_peer_stale_total";
 
 /// Counter: pushes to a peer region that failed, labelled `region` and `peer`.
-pub const REGION_PUSH_FAILURES: &str = "ratelimit_region_push_failures_total";
+#[cfg(feature = "metrics")]
+pub(crate) const REGION_PUSH_FAILURES: &str = "ratelimit_region_push_failures_total";

@@ -11,8 +11,8 @@ use crate::algorithm::sliding_window_counter::SlidingWindowCounterState;
 use crate::algorithm::sliding_window_log::SlidingWindowLogState;
 use crate::algorithm::token_bucket::TokenBucketState;
 use crate::algorithm::{
-    Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter, SlidingWindowLog,
-    TokenBucket,
+    Calendar, Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
 };
 use crate::{Decision, PermitId, PolicyError, StoreError};
 
@@ -190,8 +190,9 @@ impl Algorithm {
         }
     }
 
-    /// The time over which the quota applies, in microseconds: the window, the
-    /// time to refill an empty bucket, or the lease of a permit.
+    /// The time over which the quota applies, in microseconds: the window
+    /// (of calendar periods, the longest: 31 days for months), the time to
+    /// refill an empty bucket, or the lease of a permit.
     pub fn window_micros(&self) -> u64 {
         match self {
             Algorithm::FixedWindow(a) => a.window_micros(),
@@ -205,7 +206,7 @@ impl Algorithm {
     }
 
     /// A fresh state for this algorithm.
-    pub fn new_state(&self) -> State {
+    pub(crate) fn new_state(&self) -> State {
         match self {
             Algorithm::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
             Algorithm::SlidingWindowLog(_) => State::SlidingWindowLog(Box::default()),
@@ -223,7 +224,7 @@ impl Algorithm {
     ///
     /// The caller has checked `cost` against [`Policy::max_cost`].
     #[inline]
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         state: &mut State,
         now: u64,
@@ -244,14 +245,14 @@ impl Algorithm {
     /// algorithm's `penalize`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency, which
     /// has no penalty.
-    pub fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+    pub(crate) fn penalize(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         with_transitions!(self, state, |a, s| a.penalize(s, now, amount))
     }
 
     /// Applies an admin reward of `amount` units to `state` (see each
     /// algorithm's `reward`) and returns what a peek then reports. `None`
     /// when the state belongs to another algorithm, or for concurrency.
-    pub fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
+    pub(crate) fn reward(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         with_transitions!(self, state, |a, s| a.reward(s, now, amount))
     }
 
@@ -266,17 +267,51 @@ impl Algorithm {
         self.reward(state, now, amount)
     }
 
-    /// Whether [`penalize`](Self::penalize) and [`reward`](Self::reward)
-    /// apply (every algorithm but concurrency).
+    /// Whether [`AdminStore::penalize`](crate::AdminStore::penalize) and
+    /// [`AdminStore::reward`](crate::AdminStore::reward) apply (every
+    /// algorithm but concurrency).
     pub fn supports_adjustments(&self) -> bool {
         !matches!(self, Algorithm::Concurrency(_))
+    }
+
+    /// Settles a reservation that consumed `reserved` units to what the
+    /// request really cost, `actual` ([`Store::settle`](crate::Store::settle)),
+    /// and returns what a peek then reports. `None` when the state belongs to
+    /// another algorithm, or for concurrency, which has no settlement.
+    ///
+    /// - `actual > reserved`: the difference is consumed even past empty, as
+    ///   a `penalize` of it: into a debt of at most one more
+    ///   full budget, which later requests wait out;
+    /// - `actual < reserved`: the difference is given back as a refund
+    ///   (a `reward`, but the oldest units of a sliding log
+    ///   first), never beyond a full budget;
+    /// - `actual == reserved`: nothing changes (a peek).
+    ///
+    /// A difference above four times the limit changes no state more than
+    /// four times the limit does (none holds more), so it is capped there,
+    /// which keeps the Redis scripts' arithmetic exact.
+    pub(crate) fn settle(
+        &self,
+        state: &mut State,
+        now: u64,
+        reserved: u64,
+        actual: u64,
+    ) -> Option<Decision> {
+        let cap = self.limit().saturating_mul(4);
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Greater => self.penalize(state, now, (actual - reserved).min(cap)),
+            std::cmp::Ordering::Less => self.refund(state, now, (reserved - actual).min(cap)),
+            std::cmp::Ordering::Equal => {
+                with_transitions!(self, state, |a, s| a.decide(s, now, 0))
+            }
+        }
     }
 }
 
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum State {
+pub(crate) enum State {
     /// Fixed window state.
     FixedWindow(FixedWindowState),
     /// Sliding window log state (boxed: it grows with the limit, up to
@@ -364,6 +399,45 @@ impl Policy {
     pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         Ok(Policy::new(Algorithm::FixedWindow(FixedWindow::new(
             limit, window,
+        )?)))
+    }
+
+    /// At most `limit` per period of the calendar: per day, ISO week
+    /// (from Monday), month or year, in UTC or at a fixed offset from it
+    /// ([`Period::utc_offset`](crate::Period::utc_offset), less than 24 hours
+    /// either way, checked here).
+    ///
+    /// A fixed window whose edges are the calendar's: a month is 28 to 31
+    /// days, from the 1st at 00:00 to the next 1st, a year 365 or 366. The
+    /// count starts again at each edge, and [`Decision::reset_after`] counts
+    /// to the real end of the period in progress. The stores read their
+    /// clock as Unix time: the Redis server's `TIME`, or in memory a
+    /// [`MonotonicClock`](crate::clock::MonotonicClock), which starts at the
+    /// wall clock's time (a [`ManualClock`](crate::clock::ManualClock) reads
+    /// what it is set to). The offset is fixed: no daylight saving time.
+    /// [`window`](Policy::window) is the longest period (31 days for a
+    /// month); [`FixedWindow::bounds`] gives the period that holds a time.
+    ///
+    /// The default name spells the period, such as `fixed-window-1000-per-month`
+    /// (never the name of a plain fixed window, whose durations have a number:
+    /// `fixed-window-1000-per-30d`), and the offset, such as
+    /// `fixed-window-1000-per-day-utc-east-2h`.
+    ///
+    /// ```
+    /// use ratelimit_core::{Period, Policy};
+    ///
+    /// let monthly = Policy::calendar(10_000, Period::Month)?;
+    /// assert_eq!(monthly.name(), "fixed-window-10000-per-month");
+    /// let daily_in_new_york = Policy::calendar(500, Period::Day.utc_offset(-5 * 3600))?;
+    /// assert_eq!(daily_in_new_york.name(), "fixed-window-500-per-day-utc-west-5h");
+    ///
+    /// assert!(Policy::calendar(1, Period::Day.utc_offset(24 * 3600)).is_err());
+    /// # Ok::<(), ratelimit_core::PolicyError>(())
+    /// ```
+    pub fn calendar(limit: u64, calendar: impl Into<Calendar>) -> Result<Self, PolicyError> {
+        Ok(Policy::new(Algorithm::FixedWindow(FixedWindow::calendar(
+            limit,
+            calendar.into(),
         )?)))
     }
 
@@ -493,6 +567,15 @@ impl Policy {
         Duration::from_micros(self.inner.algorithm.window_micros())
     }
 
+    /// Whether a reservation under this policy can be settled to its actual
+    /// cost ([`Store::settle`](crate::Store::settle)): every algorithm but
+    /// concurrency, whose units are permits held and released, not consumed.
+    /// A layer or configuration that settles costs after the response checks
+    /// this when it is built.
+    pub fn supports_settlement(&self) -> bool {
+        self.inner.algorithm.supports_adjustments()
+    }
+
     /// The largest cost a single request can ever be admitted with.
     #[inline]
     pub fn max_cost(&self) -> u64 {
@@ -537,10 +620,7 @@ impl Policy {
             )
         };
         let algorithm = match self.algorithm() {
-            Algorithm::FixedWindow(a) => Algorithm::FixedWindow(FixedWindow::new(
-                share(a.limit()),
-                Duration::from_micros(a.window_micros()),
-            )?),
+            Algorithm::FixedWindow(a) => Algorithm::FixedWindow(a.with_limit(share(a.limit()))?),
             Algorithm::SlidingWindowLog(a) => Algorithm::SlidingWindowLog(SlidingWindowLog::new(
                 share(a.limit()),
                 Duration::from_micros(a.window_micros()),
@@ -620,6 +700,23 @@ fn rate_name(rate: Rate) -> String {
     format!("{}-per-{}", rate.amount(), short_duration(micros))
 }
 
+/// `fixed-window-<limit>-per-<period>`, then `-utc-east-<offset>` or
+/// `-utc-west-<offset>` unless the offset is 0.
+fn calendar_name(kind: &str, limit: u64, calendar: Calendar) -> String {
+    let offset = calendar.utc_offset_seconds();
+    let side = match offset {
+        0 => return format!("{kind}-{limit}-per-{}", calendar.period()),
+        1.. => "east",
+        _ => "west",
+    };
+    let micros = u64::from(offset.unsigned_abs()) * 1_000_000;
+    format!(
+        "{kind}-{limit}-per-{}-utc-{side}-{}",
+        calendar.period(),
+        short_duration(micros)
+    )
+}
+
 /// The default name of a policy: its kind and parameters (such as
 /// `fixed-window-5-per-10s`), held to the same rules as
 /// [`with_name`](Policy::with_name). A rendering longer than 64 characters
@@ -640,13 +737,14 @@ fn default_name(algorithm: &Algorithm) -> String {
 fn full_default_name(algorithm: &Algorithm) -> String {
     let kind = algorithm.kind();
     match algorithm {
-        Algorithm::FixedWindow(a) => {
-            format!(
+        Algorithm::FixedWindow(a) => match a.calendar_periods() {
+            Some(calendar) => calendar_name(kind, a.limit(), calendar),
+            None => format!(
                 "{kind}-{}-per-{}",
                 a.limit(),
                 short_duration(a.window_micros())
-            )
-        }
+            ),
+        },
         Algorithm::SlidingWindowLog(a) => {
             format!(
                 "{kind}-{}-per-{}",
@@ -732,6 +830,14 @@ mod tests {
                 }
             }
         }
+        // Calendar periods: each a name of its own, never a plain window's.
+        for limit in limits {
+            for period in crate::Period::ALL {
+                for offset in [-86_399, -19_800, -1, 0, 1, 3_600, 86_399, 86_400] {
+                    policies.extend(Policy::calendar(limit, period.utc_offset(offset)));
+                }
+            }
+        }
         let mut kinds = std::collections::BTreeSet::new();
         let mut long = 0;
         let mut names = std::collections::HashMap::new();
@@ -807,6 +913,39 @@ mod tests {
             Policy::concurrency(1, Duration::ZERO),
             Err(PolicyError::ZeroWindow { .. })
         ));
+    }
+
+    #[test]
+    fn calendar_policies_validate_their_offset_and_keep_their_periods() {
+        use crate::Period;
+        use crate::algorithm::Calendar;
+        assert_eq!(
+            Policy::calendar(5, Period::Month.utc_offset(-86_400)).unwrap_err(),
+            PolicyError::UtcOffsetOutOfRange { seconds: -86_400 }
+        );
+        assert_eq!(
+            Policy::calendar(0, Period::Month).unwrap_err(),
+            PolicyError::ZeroLimit { what: "limit" }
+        );
+        let p = Policy::calendar(10, Period::Week.utc_offset(19_800)).expect("valid");
+        assert_eq!(p.name(), "fixed-window-10-per-week-utc-east-330m");
+        assert_eq!(p.window(), Duration::from_secs(7 * 86_400));
+        let Algorithm::FixedWindow(a) = *p.divided_among(4).expect("valid").algorithm() else {
+            panic!("a fixed window");
+        };
+        assert_eq!(a.limit(), 2);
+        assert_eq!(
+            a.calendar_periods(),
+            Some(Calendar::from(Period::Week).utc_offset(19_800))
+        );
+        // Not the plain fixed window of a day, under its name or its numbers.
+        let daily = Policy::calendar(10, Period::Day).expect("valid");
+        let day = Policy::fixed_window(10, Duration::from_secs(86_400)).expect("valid");
+        assert_eq!(
+            (daily.name(), day.name()),
+            ("fixed-window-10-per-day", "fixed-window-10-per-1d")
+        );
+        assert_ne!(daily.algorithm(), day.algorithm());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::{Decision, PermitId, Policy, StoreError};
 
 /// The boxed future of the stores whose calls are `async` blocks.
@@ -41,6 +42,17 @@ impl<'a> Check<'a> {
 /// consume nothing, cost 0 peeks, a cost above [`Policy::max_cost`] is
 /// [`StoreError::CostExceedsLimit`]. Stores with an admin API
 /// ([`AdminStore`](crate::AdminStore)) also deny every check of a blocked key.
+///
+/// # Costs known after the response
+///
+/// A request whose cost is known only once it ran (tokens generated, bytes
+/// sent) is decided in two phases: it **reserves** an estimate with
+/// [`check`](Store::check) or [`check_all`](Store::check_all) (denied, and
+/// nothing consumed, when the estimate does not fit), runs, then
+/// [**settles**](Store::settle) every limit to its actual cost at once. A
+/// cost above the estimate is charged even past the limit (a debt that
+/// later requests wait out); one below gives the difference back. A
+/// request that ends up costing its estimate needs no settlement at all.
 pub trait Store: Send + Sync + 'static {
     /// The future returned by [`check`](Store::check).
     type CheckFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
@@ -110,6 +122,52 @@ pub trait Store: Send + Sync + 'static {
         })))
     }
 
+    /// Settles reservations to what their request really cost: for each
+    /// limit, a reservation that consumed [`reserved`](Settle::reserved)
+    /// units (with [`check`](Store::check) or [`check_all`](Store::check_all))
+    /// is brought to [`actual`](Settle::actual), all limits at once. Answers,
+    /// in the order of `settles`, what a peek of each limit reports
+    /// afterwards (for the response's rate-limit headers).
+    ///
+    /// Per limit (the same transitions on every store):
+    ///
+    /// - `actual > reserved` charges the difference even past the limit,
+    ///   into a **debt** of at most one more full budget (as an admin
+    ///   [`penalize`](crate::AdminStore::penalize) does): a token bucket goes
+    ///   below empty and a GCRA or leaky bucket's next free slot moves
+    ///   later, so later requests wait until the refill has paid it; a fixed
+    ///   window, a sliding window counter and a sliding log count over the
+    ///   limit (up to twice it), so the key is denied until those units
+    ///   leave the window. A key in debt is denied even to a peek.
+    /// - `actual < reserved` gives the difference back as
+    ///   [`refund`](Store::refund) does, never beyond a full budget.
+    /// - `actual == reserved` changes nothing.
+    ///
+    /// **All or nothing**: every limit is settled, or none is (a policy
+    /// conflict on one key fails the whole call before anything changes).
+    /// Concurrency policies have no settlement: a call that names one is
+    /// [`StoreError::Unsupported`] and settles nothing (check
+    /// [`Policy::supports_settlement`] when a layer is built). Two
+    /// settlements of one key under one policy are one of their summed
+    /// reservations and costs.
+    ///
+    /// **Counted once**: a store remembers `id` beside each state it
+    /// settled, for as long as that state lives, so the same settlement sent
+    /// again (by the store after a broken connection, or by a caller
+    /// retrying a call that failed) changes nothing more. Draw one id per
+    /// reservation ([`SettlementId::random`]).
+    ///
+    /// The default settles nothing and answers [`StoreError::Unsupported`]:
+    /// the reservations stay as they were consumed.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        let _ = id;
+        let error = match settles.first() {
+            Some(first) => crate::settle::unsupported(first.policy),
+            None => return Box::pin(std::future::ready(Ok(Vec::new()))),
+        };
+        Box::pin(std::future::ready(Err(error)))
+    }
+
     /// Renews the lease of a concurrency permit taken by an earlier decision
     /// and still held: the permit `permit`, and only it, then expires a whole
     /// lease of `policy` from now (never sooner than it would have).
@@ -153,13 +211,17 @@ impl<S: Store> Store for Arc<S> {
         (**self).refund(key, policy, cost, decision)
     }
 
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        (**self).settle(id, settles)
+    }
+
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
         (**self).renew(key, policy, permit)
     }
 }
 
 /// Whether every decision allows the request.
-pub fn all_allowed(decisions: &[Decision]) -> bool {
+pub(crate) fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
 

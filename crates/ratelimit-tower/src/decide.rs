@@ -17,18 +17,21 @@ use crate::options::{FailurePolicy, Mode, Stats};
 use crate::permit::PermitGuard;
 use crate::responses::rejection::Rejection;
 use crate::rules::rule::{Limit, Limits};
+use crate::settlement::SettleError;
+use crate::settlement::reservation::{Reservation, Reserved};
 
 /// What the layer does with a request.
 pub(crate) enum Outcome {
     /// No limit applies.
     Unlimited,
     /// Every enforced limit allowed; the permits are held (shadow policies'
-    /// too).
-    Allowed(Decisions, PermitGuard),
+    /// too), and what limits that settle after the response reserved.
+    Allowed(Decisions, PermitGuard, Option<Box<Reservation>>),
     /// The store failed for the enforced limits and the failure policy lets
-    /// the request through; the decisions and permits of the shadow policies,
-    /// if the store could decide those.
-    FailedOpen(Decisions, PermitGuard),
+    /// the request through; the decisions, permits and reservations of the
+    /// shadow policies, if the store could decide those (and the cost
+    /// headers of the enforced ones, to remove).
+    FailedOpen(Decisions, PermitGuard, Option<Box<Reservation>>),
     /// Refused.
     Rejected(Rejection),
 }
@@ -67,6 +70,9 @@ where
         Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
         None => return Err(decide(settings(), ready(limits))),
     };
+    if let Some(error) = unsettleable(std::slice::from_ref(&limit)) {
+        return Ok(refuse_unsettleable(&settings().stats, error));
+    }
     let timer = metrics::StoreCall::start();
     let Some(answer) = store.check_at_once(Check::new(
         limit.key().as_bytes(),
@@ -84,11 +90,17 @@ where
                 &settings,
                 &[limit],
                 error,
-                Vec::new(),
+                (&[], Vec::new()),
                 PermitGuard::default(),
             ));
         }
     };
+    if limit.settlement().is_some() {
+        // Settled after the response: the request holds a reservation,
+        // which takes the layer's settings.
+        return Ok(allowed_or_refused(&settings(), &[limit], &[decision]));
+    }
+    // No settlement: the limit's decision has no estimate.
     let (policy, key, _) = limit.into_parts();
     if !decision.is_allowed() {
         metrics::record_decision(&policy, key.as_bytes(), &decision, false, near_limit);
@@ -103,7 +115,163 @@ where
     Ok(Outcome::Allowed(
         Decisions::one(PolicyDecision::new(policy, decision)),
         permits,
+        None,
     ))
+}
+
+/// The outcome of `decisions`, of the enforced `limits` of a request
+/// without shadow policies, decided in reject mode: allowed, with its
+/// permits and its reservation, or refused; the decisions recorded.
+fn allowed_or_refused<St: Store + Clone>(
+    settings: &Settings<St>,
+    limits: &[Limit],
+    decisions: &[Decision],
+) -> Outcome {
+    let allowed = decisions.iter().all(Decision::is_allowed);
+    for (limit, decision) in limits.iter().zip(decisions) {
+        metrics::record_decision(
+            limit.policy(),
+            limit.key().as_bytes(),
+            decision,
+            allowed,
+            settings.near_limit,
+        );
+    }
+    let merged = Decisions::new(
+        limits
+            .iter()
+            .zip(decisions.iter().cloned())
+            .map(|(limit, decision)| limit.decided(decision))
+            .collect(),
+    );
+    if !allowed {
+        return Outcome::Rejected(Rejection::Limited(merged));
+    }
+    let mut permits = PermitGuard::default();
+    for (limit, decision) in limits.iter().zip(decisions) {
+        if let Some(permit) = decision.permit() {
+            permits.hold(&settings.store, limit.key(), limit.policy(), permit);
+        }
+    }
+    let reservation = reserve(settings, &[], limits, decisions, &[], &[], &merged);
+    Outcome::Allowed(merged, permits, reservation)
+}
+
+/// The error of a limit among `limits` that settles after the response
+/// under a policy that cannot (a concurrency limit from a rule provider:
+/// static rules refuse it when built).
+fn unsettleable(limits: &[Limit]) -> Option<SettleError> {
+    limits
+        .iter()
+        .filter(|l| l.settlement().is_some())
+        .find_map(|l| SettleError::check(l.policy()).err())
+}
+
+/// The refusal of a request with a limit that cannot settle: a
+/// configuration mistake, refused whatever the failure policy (`500`),
+/// logged and counted.
+fn refuse_unsettleable(stats: &Stats, error: SettleError) -> Outcome {
+    stats.record_refused_on_error();
+    tracing::error!(
+        error = %error,
+        "a rule provider gave a limit that settles after the response under a policy \
+         that cannot; the request is refused"
+    );
+    let SettleError::Unsupported { policy, algorithm } = error;
+    Outcome::Rejected(Rejection::Internal(Arc::new(StoreError::Unsupported {
+        policy,
+        algorithm,
+        operation: "settle",
+    })))
+}
+
+/// The reservation of a request allowed with `decisions` (the merged ones,
+/// see [`merge`]): the enforced `limits` that settle, as `limit_decisions`
+/// decided them, and the shadow ones when `shadow_decisions` allowed them
+/// all (a group denied as a whole consumed nothing). `None` when no limit
+/// settles, the common case.
+fn reserve<St: Store + Clone>(
+    settings: &Settings<St>,
+    order: &[bool],
+    limits: &[Limit],
+    limit_decisions: &[Decision],
+    shadow: &[Limit],
+    shadow_decisions: &[PolicyDecision],
+    decisions: &Decisions,
+) -> Option<Box<Reservation>> {
+    if limits
+        .iter()
+        .chain(shadow)
+        .all(|l| l.settlement().is_none())
+    {
+        return None;
+    }
+    let shadow_allowed =
+        !shadow_decisions.is_empty() && shadow_decisions.iter().all(|d| d.decision().is_allowed());
+    let shadow_present = if shadow_allowed {
+        shadow_decisions.len()
+    } else {
+        0
+    };
+    let (enforced_at, shadow_at) = positions(order, limit_decisions.len(), shadow_decisions.len());
+    let enforced = limits
+        .iter()
+        .zip(limit_decisions)
+        .zip(enforced_at)
+        .map(|((limit, decision), at)| (limit, decision.clone(), at));
+    let shadows = shadow
+        .iter()
+        .zip(shadow_decisions.iter().take(shadow_present))
+        .zip(shadow_at)
+        .map(|((limit, entry), at)| (limit, entry.decision().clone(), at));
+    let reserved = enforced
+        .chain(shadows)
+        .filter_map(|(limit, decision, position)| {
+            let settlement = limit.settlement()?.clone();
+            Some(Reserved {
+                position,
+                policy: limit.policy().clone(),
+                key: limit.key().clone(),
+                estimate: limit.cost(),
+                decision,
+                settlement,
+            })
+        })
+        .collect();
+    let settlements: Vec<_> = limits
+        .iter()
+        .chain(shadow)
+        .filter_map(Limit::settlement)
+        .collect();
+    Reservation::new(
+        &settings.store,
+        &settings.stats,
+        settings.timeout,
+        decisions.clone(),
+        reserved,
+        &settlements,
+    )
+}
+
+/// Where the decisions of the enforced and of the shadow limits are among
+/// the merged ones (see [`merge`]), for `enforced` and `shadow` decisions
+/// (0 for a group the store could not decide).
+fn positions(order: &[bool], enforced: usize, shadow: usize) -> (Vec<usize>, Vec<usize>) {
+    if shadow == 0 {
+        return ((0..enforced).collect(), Vec::new());
+    }
+    if enforced == 0 {
+        return (Vec::new(), (0..shadow).collect());
+    }
+    let mut at = (Vec::new(), Vec::new());
+    for (i, &is_shadow) in order.iter().enumerate() {
+        if is_shadow {
+            at.1.push(i);
+        } else {
+            at.0.push(i);
+        }
+    }
+    at
 }
 
 pub(crate) fn decide<St, F>(settings: Settings<St>, limits: F) -> OutcomeFuture
@@ -144,7 +312,11 @@ where
         if limits.is_empty() {
             return Outcome::Unlimited;
         }
-        decide_limits(settings, limits.into_vec()).await
+        let limits = limits.into_vec();
+        if let Some(error) = unsettleable(&limits) {
+            return refuse_unsettleable(&settings.stats, error);
+        }
+        decide_limits(settings, limits).await
     })
 }
 
@@ -184,7 +356,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                     &settings,
                     &enforced,
                     error,
-                    shadow_decisions,
+                    (&shadow, shadow_decisions),
                     shadow_permits,
                 );
             }
@@ -213,14 +385,24 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             let enforced = enforced
                 .iter()
                 .zip(decisions.iter().cloned())
-                .map(|(limit, decision)| PolicyDecision::new(limit.policy().clone(), decision))
+                .map(|(limit, decision)| limit.decided(decision))
                 .collect();
             merge(&order, enforced, shadow_decisions.clone())
         };
         match settings.mode {
             Mode::Reject if allowed => {
                 permits.absorb(shadow_permits);
-                return Outcome::Allowed(merged(), permits);
+                let merged = merged();
+                let reservation = reserve(
+                    &settings,
+                    &order,
+                    &enforced,
+                    &decisions,
+                    &shadow,
+                    &shadow_decisions,
+                    &merged,
+                );
+                return Outcome::Allowed(merged, permits, reservation);
             }
             Mode::Reject => return Outcome::Rejected(Rejection::Limited(merged())),
             Mode::Wait { max_delay } if allowed => {
@@ -242,7 +424,16 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                     tokio::time::sleep(delay).await;
                     taken.keep();
                 }
-                return Outcome::Allowed(decisions_merged, permits);
+                let reservation = reserve(
+                    &settings,
+                    &order,
+                    &enforced,
+                    &decisions,
+                    &shadow,
+                    &shadow_decisions,
+                    &decisions_merged,
+                );
+                return Outcome::Allowed(decisions_merged, permits, reservation);
             }
             Mode::Wait { max_delay } => {
                 let (retry, firm) = retry;
@@ -363,12 +554,13 @@ fn log_refund(policy: &Policy, result: Result<(), StoreError>) {
 /// The outcome of a store error for the enforced limits: a cost that can
 /// never pass, an error that is not an outage (refused whatever the failure
 /// policy), or an outage (the failure policy decides; failing open, the
-/// shadow policies' decisions and permits go with the request).
-fn failed<St>(
+/// shadow policies' decisions, permits and reservations go with the
+/// request).
+fn failed<St: Store + Clone>(
     settings: &Settings<St>,
     enforced: &[Limit],
     error: StoreError,
-    shadow_decisions: Vec<PolicyDecision>,
+    (shadow, shadow_decisions): (&[Limit], Vec<PolicyDecision>),
     shadow_permits: PermitGuard,
 ) -> Outcome {
     if let StoreError::CostExceedsLimit { policy, cost, max } = error {
@@ -403,7 +595,17 @@ fn failed<St>(
         if allowed { "lets the request through" } else { "refuses it" }
     );
     if allowed {
-        Outcome::FailedOpen(Decisions::new(shadow_decisions), shadow_permits)
+        let decisions = Decisions::new(shadow_decisions);
+        let reservation = reserve(
+            settings,
+            &[],
+            enforced,
+            &[],
+            shadow,
+            decisions.as_slice(),
+            &decisions,
+        );
+        Outcome::FailedOpen(decisions, shadow_permits, reservation)
     } else {
         Outcome::Rejected(Rejection::Unavailable(Arc::new(error)))
     }
@@ -438,7 +640,7 @@ async fn decide_shadow<St: Store + Clone>(
             let decisions = limits
                 .iter()
                 .zip(decisions)
-                .map(|(limit, decision)| PolicyDecision::new(limit.policy().clone(), decision))
+                .map(|(limit, decision)| limit.decided(decision))
                 .collect();
             (decisions, permits)
         }

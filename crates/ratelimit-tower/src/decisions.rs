@@ -9,12 +9,40 @@ use ratelimit_core::{Decision, Policy};
 pub struct PolicyDecision {
     policy: Policy,
     decision: Decision,
+    estimate: Option<u64>,
 }
 
 impl PolicyDecision {
     /// Pairs a policy with its decision.
     pub fn new(policy: Policy, decision: Decision) -> Self {
-        PolicyDecision { policy, decision }
+        PolicyDecision {
+            policy,
+            decision,
+            estimate: None,
+        }
+    }
+
+    /// The same, for a limit that reserved `estimate` and settles after the
+    /// response ([`Settlement`](crate::Settlement)).
+    pub(crate) fn with_estimate(mut self, estimate: Option<u64>) -> Self {
+        self.estimate = estimate;
+        self
+    }
+
+    /// The same policy (and estimate) with `decision`: what the limit
+    /// reports once settled.
+    pub(crate) fn with_decision(mut self, decision: Decision) -> Self {
+        self.decision = decision;
+        self
+    }
+
+    /// For a limit whose cost is settled after the response
+    /// ([`Settlement`](crate::Settlement)), the estimate it reserved before
+    /// the call (its rule's cost): what the decision has taken so far. The
+    /// response then settles it to the actual cost. `None` for a limit
+    /// charged its cost once and for all.
+    pub fn estimate(&self) -> Option<u64> {
+        self.estimate
     }
 
     /// The policy.

@@ -12,25 +12,47 @@ use crate::decide::{Outcome, OutcomeFuture};
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::responses::reject::Reject;
+use crate::settlement::reservation::Reservation;
 
 pub use crate::rules::rule::AndFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the
-    /// decision, then calls the inner service or answers with a refusal.
+    /// decision, then calls the inner service or answers with a refusal;
+    /// for limits that settle after the response, settles them once the
+    /// response head arrives.
     pub struct ResponseFuture<S, Req, J>
     where
         S: Service<Req>,
         J: Reject<Req, S::Response, S::Error>,
     {
         #[pin]
-        state: State<S, Req, S::Future, Result<J::Response, J::Error>, J, J::Allowed>,
+        state: State<
+            S,
+            Req,
+            S::Future,
+            S::Response,
+            Result<J::Response, J::Error>,
+            J,
+            J::Allowed,
+        >,
     }
+}
+
+/// What an allowed request's response takes once it arrives.
+enum After<W, J> {
+    /// Its rate-limit fields, written when it was decided.
+    Fields(W),
+    /// A reservation to settle first; the fields are written from what the
+    /// settlement reports, with these settings.
+    Settle(Box<Reservation>, J),
+    /// Taken by the response.
+    Taken,
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req, F, A, J, W> {
+    enum State<S, Req, F, R, A, J, W> {
         // The settings are held only while the decision is to come: a
         // request decided in `call` borrows them.
         Deciding {
@@ -41,9 +63,17 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            // Dropped, and released, if the request is cancelled.
+            // Dropped, and released, if the request is cancelled; so is the
+            // reservation, given back.
             permit: PermitGuard,
-            allowing: Option<W>,
+            after: After<W, J>,
+        },
+        // The response head arrived; the store settles what it cost.
+        Settling {
+            reservation: Box<Reservation>,
+            reject: J,
+            response: Option<R>,
+            permit: PermitGuard,
         },
         // Refused when the request was decided in `call`.
         Answered {
@@ -84,6 +114,7 @@ type StateOf<S, Req, J> = State<
     S,
     Req,
     <S as Service<Req>>::Future,
+    <S as Service<Req>>::Response,
     Result<
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Response,
         <J as Reject<Req, <S as Service<Req>>::Response, <S as Service<Req>>::Error>>::Error,
@@ -105,33 +136,32 @@ where
     S: Service<Req>,
     J: Reject<Req, S::Response, S::Error>,
 {
-    let (allowing, permit) = match outcome {
+    let (after, permit) = match outcome {
         Outcome::Rejected(rejection) => {
             return State::Answered {
                 answer: Some(reject.rejected(&req, rejection)),
             };
         }
-        Outcome::Allowed(decisions, permit) => {
-            let allowing = reject.allowing(Some(&decisions));
+        // The store failed open: handlers find the shadow policies'
+        // decisions, if any, else none.
+        Outcome::Allowed(decisions, permit, reservation)
+        | Outcome::FailedOpen(decisions, permit, reservation) => {
+            let after = match reservation {
+                Some(reservation) => After::Settle(reservation, reject.clone()),
+                None => After::Fields(reject.allowing(Some(&decisions))),
+            };
             reject.annotate(&mut req, decisions);
-            (allowing, permit)
+            (after, permit)
         }
         Outcome::Unlimited => {
             // No limit applied (allowlisted): handlers still find an empty
             // set of decisions.
             reject.annotate(&mut req, Decisions::default());
-            (reject.allowing(None), PermitGuard::default())
-        }
-        Outcome::FailedOpen(decisions, permit) => {
-            // The store failed open: handlers find the shadow policies'
-            // decisions, if any, else none.
-            let allowing = reject.allowing(Some(&decisions));
-            reject.annotate(&mut req, decisions);
-            (allowing, permit)
+            (After::Fields(reject.allowing(None)), PermitGuard::default())
         }
     };
     State::Calling {
-        allowing: Some(allowing),
+        after,
         future: service.call(req),
         permit,
     }
@@ -163,19 +193,49 @@ where
                 StateProj::Calling {
                     future,
                     permit,
-                    allowing,
+                    after,
                 } => {
                     let result = ready!(future.poll(cx));
                     let permit = std::mem::take(permit);
-                    let Some(allowing) = allowing.take() else {
+                    let after = std::mem::replace(after, After::Taken);
+                    // An error drops the permits here, and gives the
+                    // reservation back as its rules say; a response carries
+                    // the permits.
+                    match (result, after) {
+                        (_, After::Taken) => panic!("ResponseFuture polled after completion"),
+                        (Err(error), _) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(J::error(error)));
+                        }
+                        (Ok(response), After::Fields(allowing)) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(J::allowed(allowing, response, permit)));
+                        }
+                        (Ok(response), After::Settle(mut reservation, reject)) => {
+                            let response = J::inspect(response, |head| reservation.inspect(head));
+                            this.state.set(State::Settling {
+                                reservation,
+                                reject,
+                                response: Some(response),
+                                permit,
+                            });
+                        }
+                    }
+                }
+                StateProj::Settling {
+                    reservation,
+                    reject,
+                    response,
+                    permit,
+                } => {
+                    let decisions = ready!(reservation.poll_settled(cx));
+                    let Some(response) = response.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
+                    let allowing = reject.allowing(Some(&decisions));
+                    let permit = std::mem::take(permit);
                     this.state.set(State::Done);
-                    // An error drops the permits here; a response carries them.
-                    return Poll::Ready(match result {
-                        Ok(response) => Ok(J::allowed(allowing, response, permit)),
-                        Err(error) => Err(J::error(error)),
-                    });
+                    return Poll::Ready(Ok(J::allowed(allowing, response, permit)));
                 }
                 StateProj::Answered { answer } => {
                     let Some(answer) = answer.take() else {

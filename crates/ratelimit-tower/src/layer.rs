@@ -10,6 +10,7 @@ use crate::responses::headers::RateLimitHeaders;
 use crate::responses::reject::{ErrorRejections, HttpRejections};
 use crate::responses::rejection::Rejection;
 use crate::rules::rule::{And, Rule};
+use crate::settlement::{SettleError, Settlement};
 
 /// Rate-limits requests with one or more rules, in a store.
 ///
@@ -41,7 +42,11 @@ pub struct RateLimitLayer<St, P, J = HttpRejections> {
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
-    /// Limits requests by `key` under `policy`, in `store`, at cost 1.
+    /// Limits requests by `key` under `policy`, in `store`, at cost 1,
+    /// letting requests through while the store is down
+    /// ([`FailurePolicy::Open`], the default of every limiter in these
+    /// crates: see [`FailurePolicy`] for why, and
+    /// [`on_failure`](RateLimitLayer::on_failure) to choose otherwise).
     pub fn new(store: St, policy: Policy, key: K) -> Self {
         RateLimitLayer::with_rules(store, Rule::new(policy, key))
     }
@@ -50,7 +55,9 @@ impl<St, K> RateLimitLayer<St, Rule<K>> {
 impl<St, P> RateLimitLayer<St, P> {
     /// Limits requests with `rules`: a [`Rule`], rules joined with
     /// [`Rule::and`], or a closure returning the [`Limits`](crate::Limits)
-    /// for each request, possibly after an asynchronous lookup.
+    /// for each request, possibly after an asynchronous lookup. While the
+    /// store is down, requests go through ([`FailurePolicy::Open`], see
+    /// [`on_failure`](RateLimitLayer::on_failure)).
     ///
     /// ```
     /// use std::collections::HashMap;
@@ -168,6 +175,20 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
         }
     }
 
+    /// Settles each request's cost after its response, as `settlement`
+    /// says: the [`cost`](RateLimitLayer::cost) is then an estimate,
+    /// reserved before the call (see [`Rule::settle`] and [Costs known after
+    /// the response](crate#costs-known-after-the-response)).
+    ///
+    /// # Errors
+    ///
+    /// [`SettleError::Unsupported`](crate::SettleError::Unsupported) for a
+    /// concurrency policy.
+    pub fn settle(mut self, settlement: Settlement) -> Result<Self, SettleError> {
+        self.rules = self.rules.settle(settlement)?;
+        Ok(self)
+    }
+
     /// What to do with requests without a key (default: by extractor, see
     /// [`MissingKey`]).
     #[must_use]
@@ -197,9 +218,10 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
         }
     }
 
-    /// Refusals become errors (a [`Rejection`] in a [`BoxError`](crate::BoxError)),
-    /// for request types that are not HTTP. The inner service's error must
-    /// convert into `BoxError`; give it a concrete error type (with an inner
+    /// Refusals become errors (a [`Rejection`] in a `tower::BoxError`,
+    /// `Box<dyn Error + Send + Sync>`), for request types that are not HTTP
+    /// ([`ErrorRejections`]). The inner service's error must convert into
+    /// `BoxError`; give it a concrete error type (with an inner
     /// error that is already `BoxError`, the futures may not be `Send` across
     /// `tokio::spawn`, because of how the compiler checks that conversion for
     /// all lifetimes).
@@ -230,7 +252,10 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
         self.mode(Mode::Wait { max_delay })
     }
 
-    /// What to do when the store cannot decide (default: [`FailurePolicy::Open`]).
+    /// What to do when the store cannot decide because of an outage
+    /// (default [`FailurePolicy::Open`], as for `ratelimit-axum`'s `Limiter`:
+    /// an outage of the store is not an outage of the service). Errors that
+    /// are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
         self.failure = failure;

@@ -15,8 +15,14 @@
 //!   kept ([`HttpRejections`], see [`RateLimitLayer::on_rejection`]); for
 //!   other request types they are errors
 //!   ([`RateLimitLayer::for_errors`]).
-//! - When the store fails, the [`FailurePolicy`] decides.
+//! - When the store fails, the [`FailurePolicy`] decides (open by default).
+//! - Keys are hashed alike whichever way they come ([`Key`]): a value (an
+//!   API key from a header, a tenant id from a rule provider) is one budget
+//!   and never reaches a store as it is; addresses stay readable.
 //! - Concurrency permits are held until the response body ends.
+//! - A cost known only after the response (tokens generated, rows scanned)
+//!   is reserved as an estimate and settled when the response head arrives
+//!   ([`Settlement`], see [below](#costs-known-after-the-response)).
 //! - With the feature `config`, policies and rules come from a TOML or JSON
 //!   file and can be reloaded while serving (the `config` module).
 //! - A policy in [shadow mode](ratelimit_core::Policy::with_shadow) is
@@ -30,15 +36,17 @@
 //! # One dependency
 //!
 //! This crate re-exports what a layer needs from `ratelimit-core`
-//! ([`MemoryStore`], [`Policy`], [`Rate`], and `RedisStore` with the feature
-//! `redis`), and the crate itself as [`ratelimit_core`]. A tonic server
-//! needs only this crate, with the feature `tonic` (the peer address from
-//! tonic's `TcpConnectInfo`):
+//! ([`MemoryStore`], [`Policy`], [`Period`], [`Rate`]; `RedisStore`, `MultiRegionStore`
+//! and `LeasedStore` with the features `redis`, `multi-region` and `lease`),
+//! and the crate itself as [`ratelimit_core`]. A tonic server needs only this
+//! crate, with the feature `tonic` (the peer address from tonic's
+//! `TcpConnectInfo`):
 //!
 //! ```toml
 //! [dependencies]
 //! ratelimit-tower = { version = "0.1", features = ["tonic"] }
-//! # Redis: features = ["tonic", "redis"] ("sentinel", "redis-cluster", "tls", "bb8" as well)
+//! # Redis: features = ["tonic", "redis"] ("sentinel", "redis-cluster", "tls",
+//! # "bb8", "multi-region" as well; "lease" for LeasedStore)
 //! ```
 //!
 //! axum users depend on `ratelimit-axum` instead, which turns on this
@@ -127,6 +135,87 @@
 //! # }
 //! ```
 //!
+//! # Costs known after the response
+//!
+//! A rule with a [`Settlement`] ([`Rule::settle`], [`RateLimitLayer::settle`],
+//! `settle` in a configuration file) decides in two phases:
+//!
+//! 1. **Reserve** before the call: the rule's cost is an estimate, checked
+//!    and consumed with the request's other limits, all or nothing, as any
+//!    cost is. A request whose estimate does not fit is refused, and
+//!    consumes nothing.
+//! 2. **Settle** when the response head arrives: the layer reads the actual
+//!    cost (a response header, which it then removes, or an [`ActualCost`]
+//!    in the response's extensions) and brings every settling limit of the
+//!    request from its estimate to that cost in one
+//!    [`Store::settle`](ratelimit_core::Store::settle) call (all or nothing;
+//!    one [`SettlementId`](ratelimit_core::SettlementId) per request, so a
+//!    resend counts once). More than the estimate is charged even past the
+//!    limit, into a debt of at most one full budget that later requests
+//!    wait out; less gives the difference back. The response's
+//!    `RateLimit` fields report what is left after the settlement.
+//!
+//! A response classified as a failure (`5xx` by default) gives the whole
+//! reservation back; so does a request dropped before its response head, or
+//! whose service fails, unless the rule says otherwise. A missing or
+//! invalid cost keeps the estimate, and a cost above twice the limit is
+//! charged as twice the limit; both are logged and counted, and neither ever
+//! lifts a limit. When the store cannot settle (an outage), the request has
+//! already run: the reservation stays as it was taken, and the failure is
+//! logged and counted ([`Stats::settle_failed`]); the failure policy does
+//! not apply.
+//!
+//! The estimate is the rule's cost: a number, a function of the request
+//! ([`Cost`]), or **0**. An estimate of 0 reserves nothing: it is a peek,
+//! which admits the request unless the key is in debt (or blocked), so
+//! clients are admitted while their budget is not below zero and refused,
+//! with `Retry-After` until the debt is paid, once a settlement took it
+//! there. Per algorithm, a zero estimate admits while: a token bucket holds
+//! zero tokens or more; a GCRA's or leaky bucket's theoretical arrival time
+//! lies at most one full burst ahead (nothing owed beyond the burst); a
+//! fixed window, sliding window counter or sliding log counts at most its
+//! limit in its window. A larger estimate keeps more
+//! requests from running at once on one budget: each in flight holds its
+//! estimate until it settles, so the debt that requests in flight can run
+//! up together is their actual costs beyond their estimates, and at most one
+//! full budget.
+//!
+//! A shadow policy that settles is settled with the others when its group
+//! was allowed (a request an enforced limit refuses has no response to
+//! settle from: its shadow estimate stays, as any shadow consumption does). On a Redis Cluster, limits whose keys lie in different hash
+//! slots are reserved and settled slot by slot, each slot all or nothing
+//! (the weaker guarantee `RedisStore` documents for several slots). A
+//! layer built [`for_errors`](RateLimitLayer::for_errors) sees no response
+//! head: it keeps the estimate of every response (counted as a missing
+//! cost) and gives back the reservation of a request whose service fails.
+//!
+//! Concurrency limits have no settlement: a rule that would settle one is
+//! refused when it is built ([`SettleError`]).
+//!
+//! ```
+//! use ratelimit_tower::{HeaderKey, MemoryStore, Policy, Rate, RateLimitLayer, Settlement};
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tokens = Policy::token_bucket(1_000, Rate::per_minute(1_000))?.with_name("tokens")?;
+//! let layer = RateLimitLayer::new(MemoryStore::new(), tokens, HeaderKey::from_static("x-api-key"))
+//!     .cost(1)
+//!     .settle(Settlement::from_static_header("x-tokens-used"))?;
+//! let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<String>| async {
+//!     let mut response = http::Response::new(String::from("generated"));
+//!     response.headers_mut().insert("x-tokens-used", http::HeaderValue::from(400_u64));
+//!     Ok::<_, std::convert::Infallible>(response)
+//! });
+//! let request = || http::Request::post("/v1/complete").header("x-api-key", "k1").body(String::new());
+//! let response = service.clone().oneshot(request()?).await?;
+//! // 400 taken (1 reserved, 399 settled), and the header stays inside.
+//! assert_eq!(response.headers()["ratelimit"], r#""tokens";r=600;t=24"#);
+//! assert!(response.headers().get("x-tokens-used").is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Shadow policies
 //!
 //! A policy built with [`Policy::with_shadow(true)`](ratelimit_core::Policy::with_shadow)
@@ -196,17 +285,26 @@ mod permit;
 mod responses;
 mod rules;
 mod service;
+mod settlement;
 
 /// The store and policy crate, whole, for what this crate does not re-export.
 pub use ratelimit_core;
 // What a layer needs besides this crate, so `ratelimit-tower` alone is a
 // complete dependency (for tonic, with the feature `tonic`).
+/// The store that decides hot keys from leased batches (feature `lease`).
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use ratelimit_core::LeasedStore;
+/// The store of one limit across regions (feature `multi-region`).
+#[cfg(feature = "multi-region")]
+#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
+pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
 /// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
-pub use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
+pub use ratelimit_core::{MemoryStore, Period, Policy, PolicyError, Rate, StoreError};
 
 pub use decisions::{Decisions, PolicyDecision};
 pub use keys::{
@@ -216,9 +314,10 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use responses::{BoxError, HttpRejections, Rejection, headers};
+pub use responses::{ErrorRejections, HttpRejections, Reject, Rejection, headers};
 pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;
+pub use settlement::{ActualCost, SettleError, Settlement};
 
 /// The crate's README, whose examples compile as doctests.
 #[cfg(doctest)]

@@ -16,6 +16,7 @@
 //! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer (or [`recorded_check`]) makes to its store, timeout included |
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open (recorded by `ratelimit-core`'s `CircuitBreaker`) |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | breaker transitions (`closed`, `half_open`, `open`) |
+//! | `ratelimit_settlements_total` | counter | `policy`, `outcome` | one per limit of each request reserved under a rule that settles after the response ([`Settlement`](crate::Settlement)), once settled (below) |
 //! | `ratelimit_config_reloads_total` | counter | `outcome` (`loaded`, `failed`) | each reload of a `config::ReloadableRules` (feature `config`), the file watcher's included; `failed` counts every refused one: unreadable, invalid, changing while read, an algorithm changed under one name, rules dropped |
 //!
 //! The `outcome` of a decision is one of:
@@ -33,6 +34,20 @@
 //! | `missing_key_allowed` | the rule found no key and let the request pass it ([`MissingKey::Allow`](crate::MissingKey::Allow)) |
 //! | `missing_key_rejected` | the rule found no key and refused the request ([`MissingKey::Reject`](crate::MissingKey::Reject)) |
 //! | `no_peer_address` | the rule needs the peer address and the server gives none: `500` ([`NoKey::NoPeerAddress`](crate::NoKey::NoPeerAddress)) |
+//!
+//! The `outcome` of a settlement is one of:
+//!
+//! | outcome | meaning |
+//! |---|---|
+//! | `settled` | charged the cost the response named |
+//! | `clamped` | the response named more than twice the policy's limit: charged twice the limit |
+//! | `refunded` | the response was a failure (`5xx` by default): the reservation was given back |
+//! | `cancelled` | the request ended without a response head (dropped, or its service failed): the reservation was given back |
+//! | `cancelled_kept` | the same, under a rule that keeps the estimate then |
+//! | `missing_cost` | the response named no cost: the estimate stays |
+//! | `invalid_cost` | the response named a cost that is not a whole number: the estimate stays |
+//! | `error` | an outage: the store could not settle; the reservation stays as it was taken |
+//! | `invalid` | the store answered the settlement with an error that is not an outage; the reservation stays |
 //!
 //! `policy` is the policy's name ([`Policy::with_name`](ratelimit_core::Policy::with_name)).
 //! Keys never appear in labels: a label per client would grow without bound
@@ -67,25 +82,33 @@ use std::sync::OnceLock;
 
 use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 
+use crate::keys::Key;
+
 /// Counter: decisions, labelled `policy` and `outcome`.
-pub const DECISIONS: &str = "ratelimit_decisions_total";
+#[cfg(feature = "metrics")]
+pub(crate) const DECISIONS: &str = "ratelimit_decisions_total";
 
 /// Counter: allowed decisions close to the limit, labelled `policy`.
-pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+#[cfg(feature = "metrics")]
+pub(crate) const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
 
 /// Histogram: the duration of each store call in seconds, labelled `outcome`
-/// (`ok` or `error`).
+/// (`ok` or `error`): the name to set its buckets by, such as
+/// `metrics-exporter-prometheus`'s `set_buckets_for_metric`.
 pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
+
+/// Counter: settlements after the response, one per limit, labelled
+/// `policy` and `outcome`.
+pub const SETTLEMENTS: &str = "ratelimit_settlements_total";
 
 /// Counter: reloads of a `config::ReloadableRules` (feature `config`),
 /// labelled `outcome` (`loaded` or `failed`).
-pub const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
-
-pub use ratelimit_core::metrics::{CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS};
+#[cfg(feature = "metrics")]
+pub(crate) const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
 
 /// The default fraction of the limit under which an allowed decision counts
 /// as near the limit.
-pub const DEFAULT_NEAR_LIMIT: f64 = 0.1;
+pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 
 /// Describes every metric of the layer and of `ratelimit-core` (help text
 /// and unit) to the installed recorder. Call it once, after installing it.
@@ -111,6 +134,12 @@ pub fn describe() {
         STORE_CALL_DURATION,
         ::metrics::Unit::Seconds,
         "Duration of each call from a rate limiter to its store, by outcome (ok, error)."
+    );
+    ::metrics::describe_counter!(
+        SETTLEMENTS,
+        "Settlements of costs known after the response, one per limit, by policy and outcome \
+         (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
+         error, invalid)."
     );
     ::metrics::describe_counter!(
         CONFIG_RELOADS,
@@ -141,34 +170,37 @@ pub(crate) fn outcome(policy: &Policy, decision: &Decision, all_allowed: bool) -
 /// Asks `store` to check `key` against `policy` at `cost`, as the layer asks
 /// for one limit, and records the answer as the layer records its own: the
 /// store call's duration, the decision counted by policy and outcome (and
-/// near the limit under the default fraction, [`DEFAULT_NEAR_LIMIT`]), a
+/// near the limit under the default fraction, 0.1), a
 /// `debug` event with the key's hash, never the key. A cost the policy can
 /// never admit ([`StoreError::CostExceedsLimit`]) is not counted, as on the
 /// layer.
 ///
 /// For limits checked outside a layer, so that they show where the layer's
 /// do: `ratelimit-axum`'s `Limiter` (a login guard in a handler) checks
-/// through it.
+/// through it. The key is a [`Key`], so a value is hashed here as the
+/// layer hashes it and both share its budget.
 ///
 /// ```
-/// use ratelimit_tower::{MemoryStore, Policy};
+/// use ratelimit_tower::{Key, MemoryStore, Policy};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = MemoryStore::new();
 /// let exports = Policy::fixed_window(10, Duration::from_secs(3600))?.with_name("exports")?;
-/// let decision = ratelimit_tower::metrics::recorded_check(&store, b"user-7", &exports, 1).await?;
+/// let user = Key::from("user-7");
+/// let decision = ratelimit_tower::metrics::recorded_check(&store, &user, &exports, 1).await?;
 /// assert!(decision.is_allowed());
 /// # Ok(())
 /// # }
 /// ```
 pub async fn recorded_check<St: Store>(
     store: &St,
-    key: &[u8],
+    key: &Key,
     policy: &Policy,
     cost: u64,
 ) -> Result<Decision, StoreError> {
+    let key = key.as_bytes();
     let timer = StoreCall::start();
     let answer = store.check(key, policy, cost).await;
     timer.finish(answer.is_ok());
@@ -232,6 +264,20 @@ pub(crate) fn record_error(policy: &Policy, key: &[u8], error: &StoreError) {
     );
     #[cfg(feature = "metrics")]
     ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Records the settlement of one limit: a `debug` event and a counter
+/// labelled with its `outcome` (see the module docs).
+pub(crate) fn record_settlement(policy: &Policy, key: &[u8], outcome: &'static str) {
+    tracing::debug!(
+        policy = policy.name(),
+        outcome,
+        key_hash = %KeyHash(key),
+        "rate-limit settlement"
+    );
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(SETTLEMENTS, "policy" => policy.name().to_owned(), "outcome" => outcome)
         .increment(1);
 }
 

@@ -19,10 +19,27 @@ use ratelimit_core::StoreError;
 /// bound exists to keep new keys out): the request is refused (`500`, or
 /// `503` for a full store), logged at `error` and counted (metrics outcome
 /// `invalid`, [`Stats::refused_on_error`]), whatever this says.
+///
+/// # The default: [`Open`](FailurePolicy::Open)
+///
+/// [`RateLimitLayer`](crate::RateLimitLayer) and `ratelimit-axum`'s `Limiter`
+/// both default to `Open`, for one reason: a rate limiter in front of a
+/// service protects it from its clients, and an outage of the limiter's
+/// store (Redis restarting, a network partition) should not become an outage
+/// of the service. A store that cannot answer says nothing about the client
+/// (an in-process limiter such as governor has no store to lose, and never
+/// refuses for one). Since only outages reach this policy, failing open
+/// never lifts a limit for a mistake or a hostile input, and every request it
+/// lets through is logged at `warn` and counted (the metrics outcome
+/// `error`; on the layer, [`Stats::failed_open`]). Where an outage must not lift the
+/// limit (logins, a paid downstream API), say so: [`Closed`](FailurePolicy::Closed),
+/// or keep deciding in memory while the store is down with
+/// `ratelimit_core::FallbackStore`.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Let the request through (the default): availability first.
+    /// Let the request through (the default): the service stays available
+    /// while its limiter's store is down.
     #[default]
     Open,
     /// Refuse the request: `503 Service Unavailable` (gRPC `UNAVAILABLE`).
@@ -79,9 +96,12 @@ impl fmt::Debug for FailurePolicy {
 }
 
 /// Counts of what a layer did outside a store decision: when its store could
-/// not decide, and when a rule found no key. Each store failure is also logged
-/// with `tracing`: an outage at `warn`, any other error at `error`; missing
-/// keys are logged as described on [`MissingKey`].
+/// not decide, when a rule found no key, and how settlements after the
+/// response went ([`Settlement`](crate::Settlement)). Each store failure is
+/// also logged with `tracing`: an outage at `warn`, any other error at
+/// `error`; missing keys are logged as described on [`MissingKey`], and
+/// costs missing, invalid or clamped as described on
+/// [`Settlement`](crate::Settlement).
 #[derive(Debug, Default)]
 pub struct Stats {
     failed_open: AtomicU64,
@@ -92,6 +112,13 @@ pub struct Stats {
     no_peer_address: AtomicU64,
     logged_no_peer: AtomicBool,
     logged_missing_allowed: AtomicBool,
+    settle_failed: AtomicU64,
+    costs_missing: AtomicU64,
+    costs_invalid: AtomicU64,
+    costs_clamped: AtomicU64,
+    logged_cost_missing: AtomicBool,
+    logged_cost_invalid: AtomicBool,
+    logged_cost_clamped: AtomicBool,
 }
 
 impl Stats {
@@ -128,6 +155,54 @@ impl Stats {
     /// whatever the failure policy.
     pub fn refused_on_error(&self) -> u64 {
         self.refused_on_error.load(Ordering::Relaxed)
+    }
+
+    /// Settlements the store could not make (an outage, or an error that is
+    /// not one): the request had run, and its reservations stayed as they
+    /// were taken.
+    pub fn settle_failed(&self) -> u64 {
+        self.settle_failed.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named no cost (no header, no extension): they
+    /// kept their estimate.
+    pub fn costs_missing(&self) -> u64 {
+        self.costs_missing.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named a cost that is not a whole number (or
+    /// sent its header twice): they kept their estimate.
+    pub fn costs_invalid(&self) -> u64 {
+        self.costs_invalid.load(Ordering::Relaxed)
+    }
+
+    /// Limits whose response named more than twice the policy's limit: they
+    /// were charged twice the limit.
+    pub fn costs_clamped(&self) -> u64 {
+        self.costs_clamped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_settle_failed(&self) {
+        self.settle_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a response without a cost; `true` the first time, to log it
+    /// once per layer.
+    pub(crate) fn record_cost_missing(&self) -> bool {
+        self.costs_missing.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_missing.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a response with an invalid cost; `true` the first time.
+    pub(crate) fn record_cost_invalid(&self) -> bool {
+        self.costs_invalid.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_invalid.swap(true, Ordering::Relaxed)
+    }
+
+    /// Counts a response with a cost clamped; `true` the first time.
+    pub(crate) fn record_cost_clamped(&self) -> bool {
+        self.costs_clamped.fetch_add(1, Ordering::Relaxed);
+        !self.logged_cost_clamped.swap(true, Ordering::Relaxed)
     }
 
     pub(crate) fn record_refused_on_error(&self) {

@@ -24,7 +24,9 @@ type Release = Box<dyn FnOnce() + Send + Sync>;
 /// dies renews no more: its permits end with their leases. Outside a tokio
 /// runtime there is no renewal (nor asynchronous release): the permit ends
 /// with its lease, or with its release if the store releases at once.
+// Not API: `ratelimit-axum`'s `Limiter` holds a handler's permits in one.
 #[derive(Default)]
+#[doc(hidden)]
 pub struct PermitGuard {
     // Boxed, and absent while there is none: most requests hold no permit,
     // and the guard travels in every response future and body, where one
@@ -156,7 +158,7 @@ fn renew_while_held<St: Store + Clone>(
 /// Runs a release: at once if it completes without waiting (the in-memory
 /// store), else on the current tokio runtime. Without a runtime the permit
 /// is reclaimed when its lease expires.
-fn drive<F>(future: F)
+pub(crate) fn drive<F>(future: F)
 where
     F: Future + Send + 'static,
 {

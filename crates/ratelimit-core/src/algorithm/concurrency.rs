@@ -20,7 +20,7 @@ use crate::{Decision, PermitId, PolicyError};
 /// stays short and never stalls the other decisions. For more in flight,
 /// split the key (for example by a hash of the request into several keys,
 /// each with its share).
-pub const MAX_CONCURRENCY: u64 = 1024;
+pub(crate) const MAX_CONCURRENCY: u64 = 1024;
 
 /// Parameters of a concurrency limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,20 +31,20 @@ pub struct Concurrency {
 
 /// One held permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// The permit's identity.
-    pub id: PermitId,
+    pub(crate) id: PermitId,
     /// When the lease expires, in µs.
-    pub expires_at: u64,
+    pub(crate) expires_at: u64,
     /// How many units the permit holds.
-    pub units: u64,
+    pub(crate) units: u64,
 }
 
 /// State of a concurrency limit for one key: the permits held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConcurrencyState {
+pub(crate) struct ConcurrencyState {
     /// The permits currently held, in the order they were taken.
-    pub leases: Vec<Lease>,
+    pub(crate) leases: Vec<Lease>,
 }
 
 impl ConcurrencyState {
@@ -60,7 +60,11 @@ impl ConcurrencyState {
 impl Concurrency {
     /// At most `max` units in flight, each permit leased for `lease`.
     ///
-    /// `max` is at most [`MAX_CONCURRENCY`] ([`PolicyError::TooLarge`]).
+    /// `max` is at most 1,024 ([`PolicyError::TooLarge`]): every held permit
+    /// is one entry in the key's state, which every decision reads, so the
+    /// bound keeps every call on a semaphore short. For more in flight,
+    /// split the key (by a hash of the request into several keys, each with
+    /// its share).
     pub fn new(max: u64, lease: Duration) -> Result<Self, PolicyError> {
         if max > MAX_CONCURRENCY {
             return Err(PolicyError::TooLarge {
@@ -89,7 +93,7 @@ impl Concurrency {
     /// A cost of 0 peeks and takes no permit. A permit `id` still held is
     /// this acquisition made again (a store sends a check again when its
     /// reply was lost): allowed, holding `id`, and nothing more is taken.
-    pub fn acquire(
+    pub(crate) fn acquire(
         &self,
         state: &mut ConcurrencyState,
         now: u64,
@@ -147,7 +151,7 @@ impl Concurrency {
 
     /// Releases the permit `id`. Returns whether it was still held (it may
     /// have expired).
-    pub fn release(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
+    pub(crate) fn release(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
         state.expire(now);
         let before = state.leases.len();
         state.leases.retain(|l| l.id != id);
@@ -158,7 +162,7 @@ impl Concurrency {
     /// lease after `now` (never sooner than it did). Returns whether it was
     /// still held. A permit released or expired stays gone: a renewal never
     /// takes back a unit another request may hold by now.
-    pub fn renew(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
+    pub(crate) fn renew(&self, state: &mut ConcurrencyState, now: u64, id: PermitId) -> bool {
         state.expire(now);
         let expires_at = now + self.lease;
         let mut held = false;
@@ -170,7 +174,7 @@ impl Concurrency {
     }
 
     /// The time until the state is empty, in µs.
-    pub fn reset_after(&self, state: &ConcurrencyState, now: u64) -> u64 {
+    pub(crate) fn reset_after(&self, state: &ConcurrencyState, now: u64) -> u64 {
         reset_after(state, now)
     }
 }

@@ -15,9 +15,9 @@ pub struct Gcra {
 /// State of a GCRA limiter for one key: the theoretical arrival time in µs
 /// (0 for a fresh key).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GcraState {
+pub(crate) struct GcraState {
     /// The theoretical arrival time, in µs.
-    pub tat: u64,
+    pub(crate) tat: u64,
 }
 
 impl Gcra {
@@ -50,7 +50,7 @@ impl Gcra {
 
     /// Decides one request of `cost` at `now` (µs).
     #[inline]
-    pub fn decide(&self, state: &mut GcraState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, state: &mut GcraState, now: u64, cost: u64) -> Decision {
         decide_tat(self.burst, self.interval, state, now, cost).0
     }
 
@@ -58,7 +58,7 @@ impl Gcra {
     /// moves `amount` intervals later, to at most two full bursts ahead of
     /// `now`, so a request of cost 1 waits at most one burst's refill time
     /// plus one interval. Returns what a peek then reports.
-    pub fn penalize(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn penalize(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
         penalize_tat(self.burst, self.interval, state, now, amount);
         self.decide(state, now, 0)
     }
@@ -75,7 +75,7 @@ impl Gcra {
 
     /// Gives back `amount` units (the TAT moves earlier, never before `now`:
     /// at most a full burst). Returns what a peek then reports.
-    pub fn reward(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(&self, state: &mut GcraState, now: u64, amount: u64) -> Decision {
         reward_tat(self.interval, state, now, amount);
         self.decide(state, now, 0)
     }

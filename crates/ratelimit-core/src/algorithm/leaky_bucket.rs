@@ -21,7 +21,7 @@ pub struct LeakyBucket {
 }
 
 /// State of a leaky bucket for one key: when the next free slot starts (µs).
-pub type LeakyBucketState = GcraState;
+pub(crate) type LeakyBucketState = GcraState;
 
 impl LeakyBucket {
     /// A bucket holding up to `capacity` units, draining at `rate`.
@@ -52,7 +52,7 @@ impl LeakyBucket {
     }
 
     /// Decides one request of `cost` at `now` (µs).
-    pub fn decide(&self, state: &mut LeakyBucketState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, state: &mut LeakyBucketState, now: u64, cost: u64) -> Decision {
         let (decision, slot) = decide_tat(self.capacity, self.interval, state, now, cost);
         if decision.is_allowed() {
             decision.with_delay_us(slot - now)
@@ -64,7 +64,7 @@ impl LeakyBucket {
     /// Consumes `amount` units even past empty (an admin penalty): the next
     /// free slot moves `amount` intervals later, to at most two full buckets
     /// ahead of `now`. As for GCRA. Returns what a peek then reports.
-    pub fn penalize(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn penalize(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
         penalize_tat(self.capacity, self.interval, state, now, amount);
         self.decide(state, now, 0)
     }
@@ -73,7 +73,7 @@ impl LeakyBucket {
     /// before `now`). Requests already admitted keep their slots, so the next
     /// ones may start closer to them than the rate. Returns what a peek then
     /// reports.
-    pub fn reward(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(&self, state: &mut LeakyBucketState, now: u64, amount: u64) -> Decision {
         reward_tat(self.interval, state, now, amount);
         self.decide(state, now, 0)
     }

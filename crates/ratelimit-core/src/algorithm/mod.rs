@@ -1,24 +1,21 @@
-//! The algorithms as pure state transitions.
+//! The seven algorithms: each one's parameters, as a [`Policy`](crate::Policy)
+//! holds them ([`Algorithm`](crate::Algorithm)), and what it guarantees.
 //!
-//! Each algorithm is a small parameter struct with a `decide` method that takes
-//! its state, the current time in microseconds and a cost, updates the state in
-//! place and returns a [`Decision`](crate::Decision). There is no I/O and no
-//! floating point here: these functions are the reference that every store
-//! (in memory, and the Redis Lua scripts) reproduces exactly.
+//! Inside the crate each algorithm is a pure state transition in integer
+//! microseconds, without I/O or floating point: the reference that every
+//! store (in memory, and the Redis Lua scripts) reproduces exactly.
 //!
-//! Callers check the cost first ([`Policy::max_cost`](crate::Policy::max_cost));
-//! `decide` may assume `cost <= max_cost`.
-//!
-//! Every algorithm but concurrency also has `penalize` and `reward`, the
-//! transitions behind [`AdminStore`](crate::AdminStore): a penalty consumes
-//! even past empty, into a debt of at most one more full budget (so a key is
-//! denied at most about one window longer), and a reward gives back, never
-//! beyond a full budget. Both return what a peek reports afterwards.
+//! Every algorithm but concurrency can be adjusted through
+//! [`AdminStore`](crate::AdminStore): a penalty consumes even past empty,
+//! into a debt of at most one more full budget (so a key is denied at most
+//! about one window longer), and a reward gives back, never beyond a full
+//! budget.
 
 use std::time::Duration;
 
 use crate::PolicyError;
 
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -28,8 +25,11 @@ pub mod sliding_window_log;
 pub mod token_bucket;
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod scenarios;
 
+pub use calendar::{Calendar, Period};
 pub use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
@@ -40,15 +40,17 @@ pub use token_bucket::TokenBucket;
 
 /// The largest integer every store computes exactly (Redis Lua numbers are
 /// doubles, exact up to 2^53).
-pub const MAX_EXACT: u64 = (1 << 53) - 1;
+pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// The longest time span a policy may cover, in microseconds (2^50 µs, about
 /// 35 years). Together with a clock reading below 2^52 (the Unix epoch in
 /// microseconds until the year 2112), every sum stays below [`MAX_EXACT`].
+// Not API: `ratelimit-tower`'s configuration bounds the durations it parses with it.
+#[doc(hidden)]
 pub const MAX_HORIZON_MICROS: u64 = 1 << 50;
 
 /// The largest limit, capacity or concurrency maximum a policy may have (2^40).
-pub const MAX_LIMIT: u64 = 1 << 40;
+pub(crate) const MAX_LIMIT: u64 = 1 << 40;
 
 /// Converts a duration to whole microseconds, rejecting zero and anything
 /// beyond [`MAX_HORIZON_MICROS`].

@@ -19,7 +19,8 @@ use super::{
     Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter, SlidingWindowLog,
     TokenBucket,
 };
-use crate::{Algorithm, Decision, PermitId, State};
+use crate::policy::State;
+use crate::{Algorithm, Decision, PermitId};
 
 const S: u64 = 1_000_000;
 

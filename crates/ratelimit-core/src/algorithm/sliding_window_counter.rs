@@ -19,15 +19,15 @@ pub struct SlidingWindowCounter {
 
 /// State of a sliding window counter for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SlidingWindowCounterState {
+pub(crate) struct SlidingWindowCounterState {
     /// A time (µs) in the current window: its last microsecond as the
     /// stores write it (see
     /// [`FixedWindowState::window_last`](super::fixed_window::FixedWindowState::window_last)).
-    pub window_last: u64,
+    pub(crate) window_last: u64,
     /// Cost admitted in the window before it.
-    pub previous: u64,
+    pub(crate) previous: u64,
     /// Cost admitted in the current window.
-    pub current: u64,
+    pub(crate) current: u64,
 }
 
 impl SlidingWindowCounter {
@@ -92,7 +92,12 @@ impl SlidingWindowCounter {
     ///
     /// Only an admitted request of a positive cost writes the state, as the
     /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
-    pub fn decide(&self, state: &mut SlidingWindowCounterState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(
+        &self,
+        state: &mut SlidingWindowCounterState,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
         let w = self.window;
         let (start, previous, current) = self.current(state, now);
         let elapsed = now.saturating_sub(start);
@@ -146,7 +151,7 @@ impl SlidingWindowCounter {
     /// in the next window as the previous one, so a full penalty keeps a key
     /// denied for about half of the next window too, and never longer.
     /// Returns what a peek then reports.
-    pub fn penalize(
+    pub(crate) fn penalize(
         &self,
         state: &mut SlidingWindowCounterState,
         now: u64,
@@ -165,7 +170,12 @@ impl SlidingWindowCounter {
     /// the previous window's (whose units only weigh in part, so giving them
     /// back frees less than one unit each). Never below zero, so never beyond
     /// a full budget. Returns what a peek then reports.
-    pub fn reward(&self, state: &mut SlidingWindowCounterState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(
+        &self,
+        state: &mut SlidingWindowCounterState,
+        now: u64,
+        amount: u64,
+    ) -> Decision {
         let (start, previous, current) = self.current(state, now);
         let from_current = amount.min(current);
         let from_previous = (amount - from_current).min(previous);

@@ -5,12 +5,12 @@
 //!
 //! # Bounded state
 //!
-//! A limit up to [`LOG_SLOTS`] is exact: the log holds at most one entry per
-//! unit, so at most `2 × limit` entries (a penalty may log up to twice the
-//! limit). Above [`LOG_SLOTS`], the window is cut into slots of
-//! `ceil(window / LOG_SLOTS)` µs aligned on the clock's origin, and the
-//! requests admitted within one slot share one entry, stamped with the latest
-//! admission: at most `LOG_SLOTS + 1` entries count at any time. The
+//! A limit up to 1,024 (the number of slots, `LOG_SLOTS`) is exact: the log
+//! holds at most one entry per unit, so at most `2 × limit` entries (a
+//! penalty may log up to twice the limit). Above it, the window is cut into
+//! slots of `ceil(window / LOG_SLOTS)` µs aligned on the clock's origin, and
+//! the requests admitted within one slot share one entry, stamped with the
+//! latest admission: at most `LOG_SLOTS + 1` entries count at any time. The
 //! approximation only ever errs towards denying: a unit counts at most one
 //! slot (`window / LOG_SLOTS`, rounded up) longer than it was admitted, so
 //! there are never more than `limit` units in any interval of length
@@ -26,7 +26,7 @@ use crate::{Decision, PolicyError};
 
 /// The number of slots a window is cut into when the limit exceeds it (see
 /// the module's docs): the bound on the entries of one sliding log.
-pub const LOG_SLOTS: u64 = 1024;
+pub(crate) const LOG_SLOTS: u64 = 1024;
 
 /// Parameters of a sliding window log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,11 +37,11 @@ pub struct SlidingWindowLog {
 
 /// State of a sliding window log for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlidingWindowLogState {
+pub(crate) struct SlidingWindowLogState {
     /// Admission times (µs) and the cost admitted then, oldest first.
-    pub entries: VecDeque<(u64, u64)>,
+    pub(crate) entries: VecDeque<(u64, u64)>,
     /// The sum of the costs in `entries`.
-    pub total: u64,
+    pub(crate) total: u64,
 }
 
 impl SlidingWindowLog {
@@ -64,8 +64,8 @@ impl SlidingWindowLog {
     }
 
     /// The width in µs of the slots whose admissions share one entry: 1 (one
-    /// entry per microsecond, exact) up to a limit of [`LOG_SLOTS`],
-    /// `ceil(window / LOG_SLOTS)` above.
+    /// entry per microsecond, exact) up to a limit of 1,024,
+    /// `ceil(window / 1024)` above (see the [module docs](self)).
     pub fn slot_micros(&self) -> u64 {
         if self.limit > LOG_SLOTS {
             self.window.div_ceil(LOG_SLOTS)
@@ -75,7 +75,12 @@ impl SlidingWindowLog {
     }
 
     /// Decides one request of `cost` at `now` (µs).
-    pub fn decide(&self, state: &mut SlidingWindowLogState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(
+        &self,
+        state: &mut SlidingWindowLogState,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
         self.expire(state, now);
         if state.total + cost <= self.limit {
             add(state, now, cost, self.slot_micros());
@@ -109,7 +114,12 @@ impl SlidingWindowLog {
     /// are logged at `now` like admitted units and leave the window with
     /// them, so the key is denied at most one window longer. The log holds at
     /// most `2 × limit` units. Returns what a peek then reports.
-    pub fn penalize(&self, state: &mut SlidingWindowLogState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn penalize(
+        &self,
+        state: &mut SlidingWindowLogState,
+        now: u64,
+        amount: u64,
+    ) -> Decision {
         self.expire(state, now);
         let room = (2 * self.limit).saturating_sub(state.total);
         add(state, now, amount.min(room), self.slot_micros());
@@ -119,7 +129,12 @@ impl SlidingWindowLog {
     /// Gives back `amount` units, the most recent first (as if they had never
     /// been admitted); never more than the log holds, so never beyond a full
     /// budget. Returns what a peek then reports.
-    pub fn reward(&self, state: &mut SlidingWindowLogState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(
+        &self,
+        state: &mut SlidingWindowLogState,
+        now: u64,
+        amount: u64,
+    ) -> Decision {
         self.expire(state, now);
         remove(state, amount, End::Newest);
         self.decide(state, now, 0)

@@ -17,13 +17,13 @@ pub struct TokenBucket {
 
 /// State of a token bucket for one key. `None` in the store means a full bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenBucketState {
+pub(crate) struct TokenBucketState {
     /// Whether the bucket has been used; a fresh bucket is full.
-    pub started: bool,
+    pub(crate) started: bool,
     /// Whole tokens in the bucket at `last`.
-    pub tokens: u64,
+    pub(crate) tokens: u64,
     /// When the bucket was last refilled, in µs.
-    pub last: u64,
+    pub(crate) last: u64,
 }
 
 impl TokenBucket {
@@ -56,7 +56,7 @@ impl TokenBucket {
     ///
     /// Only an admitted request of a positive cost writes the state, as the
     /// Redis script does (see [`FixedWindow::decide`](super::FixedWindow::decide)).
-    pub fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let (c, t) = (self.capacity, self.interval);
         let (mut tokens, mut last) = if state.started {
             // Tokens above the capacity (a bucket that was larger under the
@@ -106,7 +106,7 @@ impl TokenBucket {
     /// at the usual rate before earning tokens again, so a request of cost 1
     /// waits at most one full refill plus one interval. Returns what a peek
     /// then reports.
-    pub fn penalize(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn penalize(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
         let level = self.level(state, now);
         let span = i128::from(self.capacity * self.interval);
         let lowered = level - i128::from(amount.min(2 * self.capacity) * self.interval);
@@ -116,7 +116,7 @@ impl TokenBucket {
 
     /// Gives back `amount` tokens (paying back a debt first), never beyond a
     /// full bucket. Returns what a peek then reports.
-    pub fn reward(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
+    pub(crate) fn reward(&self, state: &mut TokenBucketState, now: u64, amount: u64) -> Decision {
         let level = self.level(state, now);
         let span = i128::from(self.capacity * self.interval);
         let raised = level + i128::from(amount.min(2 * self.capacity) * self.interval);

@@ -15,11 +15,14 @@ use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decisi
 use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
+use crate::settle::{MergedSettles, Part, Settle, SettleFuture, SettlementId};
 use crate::store::{Check, RefundFuture, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod keys;
+#[cfg(test)]
+mod settle_tests;
 mod shard;
 
 use blocks::*;
@@ -27,7 +30,7 @@ use keys::*;
 use shard::*;
 
 /// The default bound on the number of keys a [`MemoryStore`] holds.
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 const DEFAULT_SHARDS: usize = 64;
 
@@ -43,7 +46,7 @@ const DEFAULT_SHARDS: usize = 64;
 /// # Bounded memory
 ///
 /// The store holds at most [`max_keys`](MemoryStoreBuilder::max_keys) keys
-/// (default [`DEFAULT_MAX_KEYS`]): the shards share one budget of `max_keys`,
+/// (default 1,000,000): the shards share one budget of `max_keys`,
 /// so any `max_keys` distinct keys are held whichever shards they fall in,
 /// and never one more. There is no background task:
 ///
@@ -60,8 +63,7 @@ const DEFAULT_SHARDS: usize = 64;
 /// - blocks ([`AdminStore::block`]) count as keys too, expire when they end,
 ///   and a block of a new key in a full store is [`StoreError::Full`];
 /// - the state inside a key is bounded too: a sliding log holds at most
-///   `2 × `[`LOG_SLOTS`](crate::algorithm::sliding_window_log::LOG_SLOTS)
-///   entries of 16 bytes (32 KiB) whatever its limit (see
+///   `2 × 1024` entries of 16 bytes (32 KiB) whatever its limit (see
 ///   [`sliding_window_log`](crate::algorithm::sliding_window_log)), and a
 ///   concurrency key one lease per held permit, at most `max`.
 ///
@@ -128,8 +130,8 @@ impl MemoryStoreBuilder<MonotonicClock> {
 }
 
 impl<C: Clock> MemoryStoreBuilder<C> {
-    /// The most keys the store holds (at least 1). See [`MemoryStore`] for
-    /// what happens at the bound.
+    /// The most keys the store holds (at least 1, default 1,000,000). See
+    /// [`MemoryStore`] for what happens at the bound.
     #[must_use]
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
@@ -178,7 +180,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
 }
 
 impl MemoryStore<MonotonicClock> {
-    /// A store with the defaults: [`DEFAULT_MAX_KEYS`] keys, the monotonic clock.
+    /// A store with the defaults: at most 1,000,000 keys, the monotonic clock.
     pub fn new() -> Self {
         MemoryStoreBuilder::new().build()
     }
@@ -533,6 +535,123 @@ impl<C: Clock> MemoryStore<C> {
             );
         }
         Ok(decisions)
+    }
+
+    /// [`Store::settle`], synchronously: every limit is settled under the
+    /// locks of all their shards at once (taken in shard order, as
+    /// [`check_all_now`](Self::check_all_now) takes them), or none is.
+    ///
+    /// Each shard remembers the newest 256 settlements applied to its keys
+    /// (by key and id), so the same settlement sent again changes nothing
+    /// while it is remembered. (This store never sends anything twice
+    /// itself; a caller may.)
+    pub fn settle_now(
+        &self,
+        id: SettlementId,
+        settles: &[Settle<'_>],
+    ) -> Result<Vec<Decision>, StoreError> {
+        struct Item<'a> {
+            hash: u64,
+            shard: usize,
+            key: MemoryKey<'a>,
+            part: Part<'a>,
+        }
+        struct Outcome {
+            state: State,
+            existed: bool,
+            peek: Decision,
+            /// Whether the settlement changes the state (not a replay, and
+            /// the cost differs from the reservation).
+            changes: bool,
+        }
+
+        let merged = MergedSettles::new(settles, |s| (s.policy.name(), key::normalize(s.key)))?;
+        let items: Vec<Item<'_>> = merged
+            .parts
+            .iter()
+            .map(|part| {
+                let key = MemoryKey::new(part.key);
+                let hash = self.hash(part.policy, &key);
+                Item {
+                    hash,
+                    shard: self.shard_index(hash),
+                    key,
+                    part: *part,
+                }
+            })
+            .collect();
+        let mut order: Vec<usize> = items.iter().map(|i| i.shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<ShardGuard<'_>> = order.iter().map(|&i| self.write_shard(i)).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+        let now = self.shared.clock.now();
+        for guard in &mut guards {
+            guard.latest = guard.latest.max(now);
+        }
+
+        // Every transition first, on copies of the states: a conflict fails
+        // the call before anything is written.
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in &items {
+            let guard = &guards[guard_of(item.shard)];
+            let policy = item.part.policy;
+            let (mut state, existed) = guard.state_of(item.hash, policy, &item.key, now);
+            let (reserved, actual) = if guard.was_settled(item.hash, id.0) {
+                (0, 0)
+            } else {
+                (item.part.reserved, item.part.actual)
+            };
+            let peek = policy
+                .algorithm()
+                .settle(&mut state, now, reserved, actual)
+                .ok_or_else(|| conflict(policy))?;
+            outcomes.push(Outcome {
+                state,
+                existed,
+                peek,
+                changes: reserved != actual,
+            });
+        }
+
+        // Room next, so that a full store fails the whole call before any write.
+        let mut inserts = vec![0usize; order.len()];
+        for (item, outcome) in items.iter().zip(&outcomes) {
+            if outcome.changes && !outcome.existed && outcome.peek.reset_after_micros() > 0 {
+                inserts[guard_of(item.shard)] += 1;
+            }
+        }
+        for (guard, &extra) in guards.iter_mut().zip(&inserts) {
+            if extra > 0 && !self.make_room(guard, now, extra) {
+                return Err(self.full());
+            }
+        }
+
+        let mut decisions = Vec::with_capacity(items.len());
+        for (item, outcome) in items.iter().zip(outcomes) {
+            let guard = &mut guards[guard_of(item.shard)];
+            let policy = item.part.policy;
+            if outcome.changes {
+                let reset = outcome.peek.reset_after_micros();
+                guard.put_state(
+                    item.hash,
+                    policy,
+                    &item.key,
+                    outcome.state,
+                    true,
+                    now,
+                    reset,
+                );
+                guard.remember_settled(item.hash, id.0);
+            }
+            let left = guard.block_left(item.hash, policy, &item.key, now);
+            decisions.push(if left > 0 {
+                blocked(&outcome.peek, &outcome.peek, left)
+            } else {
+                outcome.peek
+            });
+        }
+        crate::store::spread(&merged.of, &decisions)
     }
 
     /// [`Store::release`], synchronously.
@@ -901,6 +1020,12 @@ impl<C: Clock> Store for MemoryStore<C> {
         Box::pin(ready(
             self.adjust(key, policy, Adjustment::Refund, cost).map(drop),
         ))
+    }
+
+    /// [`settle_now`](MemoryStore::settle_now): every limit under the
+    /// locks of its shards, all or nothing.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        Box::pin(ready(self.settle_now(id, settles)))
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

@@ -56,7 +56,14 @@ pub(super) struct ShardInner {
     /// What the store's key budget counts for this shard: its length when
     /// its last writer let go, plus the room its writer reserved since.
     pub(super) counted: usize,
+    /// The settlements applied here lately, by key hash and settlement id,
+    /// oldest first: at most [`SETTLED_IDS`] (see [`MemoryStore::settle_now`]).
+    pub(super) settled: std::collections::VecDeque<(u64, u128)>,
 }
+
+/// The most settlements a shard remembers, so that a settlement sent again
+/// changes nothing (a few kilobytes per shard that settles at all).
+pub(super) const SETTLED_IDS: usize = 256;
 
 impl ShardInner {
     pub(super) fn new(hasher: foldhash::fast::RandomState) -> Self {
@@ -69,7 +76,22 @@ impl ShardInner {
             table: Table::new(),
             hasher,
             counted: 0,
+            settled: std::collections::VecDeque::new(),
         }
+    }
+
+    /// Whether the settlement `id` was applied to the key of `hash` here.
+    pub(super) fn was_settled(&self, hash: u64, id: u128) -> bool {
+        self.settled.contains(&(hash, id))
+    }
+
+    /// Remembers that the settlement `id` was applied to the key of
+    /// `hash`, forgetting the oldest beyond [`SETTLED_IDS`].
+    pub(super) fn remember_settled(&mut self, hash: u64, id: u128) {
+        if self.settled.len() >= SETTLED_IDS {
+            self.settled.pop_front();
+        }
+        self.settled.push_back((hash, id));
     }
 }
 

@@ -16,16 +16,16 @@ use crate::redis::backend_error;
 
 /// The default interval at which an instance pushes its region's counts to
 /// every peer.
-pub const DEFAULT_SYNC: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_SYNC: Duration = Duration::from_millis(100);
 /// The default time after which a peer not heard from is stale.
-pub const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
 /// The default time allowed for one decision in the region's own Redis.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default time allowed for one push to a peer's Redis.
-pub const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_PUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default largest difference between two regions' clocks that changes
 /// nothing; beyond it a peer is counted at its conservative share.
-pub const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(1);
 
 /// The longest staleness or skew allowed: a day.
 const MAX_DURATION: Duration = Duration::from_secs(86_400);
@@ -83,7 +83,8 @@ impl MultiRegionStore {
 
 impl MultiRegionStoreBuilder {
     /// Adds the peer region `name`, whose Redis is at `url`. Every region
-    /// lists every other one, each under the name it gives itself.
+    /// lists every other one, each under the name it gives itself; at most
+    /// 16 regions in all.
     pub fn peer(mut self, name: impl Into<String>, url: impl Into<String>) -> Self {
         self.peers.push((name.into(), url.into()));
         self
@@ -96,7 +97,7 @@ impl MultiRegionStoreBuilder {
     }
 
     /// How often this instance pushes its region's counts to every peer
-    /// (default [`DEFAULT_SYNC`]). The over-admission bound grows with it.
+    /// (default 100 ms). The over-admission bound grows with it.
     pub fn sync(mut self, interval: Duration) -> Self {
         self.sync = interval;
         self
@@ -104,7 +105,7 @@ impl MultiRegionStoreBuilder {
 
     /// How old a peer's freshest complete push may be before this region
     /// counts the peer at its conservative share (default
-    /// [`DEFAULT_STALENESS`]); more than twice `sync`, since a push is marked
+    /// 2 s); more than twice `sync`, since a push is marked
     /// with a time taken before the round that carries it, and at most a day.
     pub fn staleness(mut self, staleness: Duration) -> Self {
         self.staleness = staleness;
@@ -113,7 +114,7 @@ impl MultiRegionStoreBuilder {
 
     /// The largest difference between this region's clock (its Redis's
     /// `TIME`) and a peer's that changes nothing (default
-    /// [`DEFAULT_MAX_SKEW`], at most a day). Regions decide by their own clocks, so a skew
+    /// 1 s, at most a day). Regions decide by their own clocks, so a skew
     /// shifts where their windows start; beyond this, once a push shows it,
     /// the peer is counted at its conservative share, logged and reported.
     pub fn max_skew(mut self, max_skew: Duration) -> Self {
@@ -122,35 +123,34 @@ impl MultiRegionStoreBuilder {
     }
 
     /// The time allowed for one decision in the region's Redis (default
-    /// [`DEFAULT_CALL_TIMEOUT`]); beyond it the check fails with
+    /// 100 ms); beyond it the check fails with
     /// [`StoreError::Timeout`], an outage for the failure policy.
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self
     }
 
-    /// The time allowed for one push to a peer (default [`DEFAULT_PUSH_TIMEOUT`]).
+    /// The time allowed for one push to a peer (default 1 s).
     pub fn push_timeout(mut self, timeout: Duration) -> Self {
         self.push_timeout = timeout;
         self
     }
 
-    /// Tests only: this region's windows follow `clock` instead of its
-    /// Redis server's `TIME` (staleness still follows the servers' real
-    /// time); so do the peers', unless [`peer_script_clock_for_tests`](Self::peer_script_clock_for_tests)
-    /// says otherwise. Behind the feature `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// This region's windows follow `clock` instead of its Redis server's
+    /// `TIME` (staleness still follows the servers' real time); so do the
+    /// peers', unless [`peer_script_clock_for_tests`](Self::peer_script_clock_for_tests)
+    /// says otherwise. Only in this workspace's test builds (see
+    /// `build.rs`), never published.
+    #[cfg(ratelimit_test_hooks)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self
     }
 
-    /// Tests only: the windows of peer `name`'s Redis follow `clock` (as
-    /// that region's own store was told), so the counts pushed there are
-    /// placed by its clock. Behind the feature `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// The windows of peer `name`'s Redis follow `clock` (as that region's
+    /// own store was told), so the counts pushed there are placed by its
+    /// clock. Only in this workspace's test builds (see `build.rs`).
+    #[cfg(ratelimit_test_hooks)]
     pub fn peer_script_clock_for_tests(
         mut self,
         name: impl Into<String>,

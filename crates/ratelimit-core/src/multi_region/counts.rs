@@ -152,12 +152,14 @@ pub fn view(
 }
 
 /// Whether the multi-region store supports `policy`: the algorithms whose
-/// state is a count per window (fixed window, sliding window counter).
-pub fn supports(policy: &Policy) -> bool {
-    matches!(
-        policy.algorithm(),
-        Algorithm::FixedWindow(_) | Algorithm::SlidingWindowCounter(_)
-    )
+/// state is a count per window of a fixed length (fixed window, sliding
+/// window counter; not calendar periods).
+pub(crate) fn supports(policy: &Policy) -> bool {
+    match policy.algorithm() {
+        Algorithm::FixedWindow(a) => a.calendar_periods().is_none(),
+        Algorithm::SlidingWindowCounter(_) => true,
+        _ => false,
+    }
 }
 
 /// Decides a request of `cost` at `now` (µs) against the `global` counts of
@@ -165,7 +167,7 @@ pub fn supports(policy: &Policy) -> bool {
 /// the sums. Cost 0 peeks.
 ///
 /// [`StoreError::Unsupported`] for an algorithm whose state is not a count
-/// per window.
+/// per window of a fixed length.
 pub fn decide(
     policy: &Policy,
     window_start: u64,
@@ -174,7 +176,7 @@ pub fn decide(
     global: Component,
 ) -> Result<Decision, StoreError> {
     match policy.algorithm() {
-        Algorithm::FixedWindow(a) => {
+        Algorithm::FixedWindow(a) if a.calendar_periods().is_none() => {
             let mut state = FixedWindowState {
                 window_last: window_start,
                 count: global.current,
@@ -263,6 +265,12 @@ mod tests {
         let gcra = Policy::gcra(10, crate::Rate::per_second(1)).expect("valid");
         assert!(matches!(
             decide(&gcra, 0, 0, 1, Component::default()),
+            Err(StoreError::Unsupported { .. })
+        ));
+        let monthly = Policy::calendar(10, crate::Period::Month).expect("valid");
+        assert!(!supports(&monthly));
+        assert!(matches!(
+            decide(&monthly, 0, 0, 1, Component::default()),
             Err(StoreError::Unsupported { .. })
         ));
     }

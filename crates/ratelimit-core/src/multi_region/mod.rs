@@ -3,7 +3,7 @@
 //!
 //! Every decision is one Lua call in the region's own Redis, against the
 //! global count: this region's exact count plus what each peer region's
-//! pushes added (see [`counts`]). The same call writes the admission to the
+//! pushes added. The same call writes the admission to the
 //! region's *outbox* in Redis, and every `sync` (default 100 ms) each
 //! instance pushes the region's outbox to every peer's Redis in one round
 //! trip, whatever the number of keys. The receiver adds what it had not
@@ -36,10 +36,14 @@
 //! ([`MultiRegionStore::overshoot_estimate`]).
 //!
 //! Algorithms: fixed window and sliding window counter, whose state is a
-//! count per window; other policies are [`StoreError::Unsupported`].
+//! count per window of a fixed length; other policies, calendar periods
+//! included, are [`StoreError::Unsupported`].
 //! Concurrency and the sliding window log need every unit, not a count, and
 //! a token bucket or GCRA would need their units consumed per period (see
 //! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).
+//! Refunds and settlements ([`Store::settle`]) are
+//! [`StoreError::Unsupported`]: the counts only ever grow (a G-counter), so
+//! nothing can be given back.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -75,6 +79,9 @@ use crate::store::{BoxFuture, Check, Merged, Store, spread};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod builder;
+// Not API: `ratelimit-tests` replays the Lua script's reads of a live Redis
+// against this model (a unit test has no Redis to run the script on).
+#[doc(hidden)]
 pub mod counts;
 mod peer;
 mod round;
@@ -82,16 +89,12 @@ mod round;
 mod simulation;
 mod sync;
 
-pub use builder::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_SKEW, DEFAULT_PUSH_TIMEOUT, DEFAULT_STALENESS, DEFAULT_SYNC,
-    MultiRegionStoreBuilder,
-};
-pub use counts::Component;
-pub use round::{PUSH_BATCH, PUSH_PIPELINE};
+pub use builder::MultiRegionStoreBuilder;
+use counts::Component;
 pub use sync::PeerStatus;
 
 /// The most regions one store knows (itself and its peers).
-pub const MAX_REGIONS: usize = 16;
+pub(crate) const MAX_REGIONS: usize = 16;
 
 /// A store whose decisions are made in the region's own Redis against a
 /// G-counter shared with peer regions (see the [module docs](self)).

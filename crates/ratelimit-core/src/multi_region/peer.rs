@@ -100,9 +100,14 @@ pub(super) fn arrived_key(prefix: &str, region: &str) -> String {
     format!("{prefix}:mr:arrived:{region}")
 }
 
-/// A script with the shared integer helpers ahead of it.
+/// A script with the shared integer helpers (the same the rate-limit scripts
+/// use) and the state-hash helpers ahead of it.
 pub(super) fn script(source: &str) -> Script {
-    Script::new(&format!("{}\n{source}", include_str!("lua/numbers.lua")))
+    Script::new(&format!(
+        "{}\n{}\n{source}",
+        include_str!("../redis/lua/numbers.lua"),
+        include_str!("lua/fields.lua")
+    ))
 }
 
 /// The timing of the store and its sync.

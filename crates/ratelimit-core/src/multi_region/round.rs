@@ -37,12 +37,12 @@ use crate::clock::Clock;
 use crate::redis::backend_error;
 
 /// The most entries one push to a peer carries.
-pub const PUSH_BATCH: usize = 256;
+pub(crate) const PUSH_BATCH: usize = 256;
 
 /// The most merges one pipeline to a peer carries (the peer's Redis runs a
 /// pipeline's commands one after the other, serving others in between
 /// pipelines).
-pub const PUSH_PIPELINE: usize = 8;
+pub(crate) const PUSH_PIPELINE: usize = 8;
 
 /// The most outbox entries one read returns.
 const READ_CHUNK: usize = 1024;

@@ -50,7 +50,7 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The prefix of every key (default [`DEFAULT_PREFIX`]). Use one prefix per
+    /// The prefix of every key (default `ratelimit`). Use one prefix per
     /// application sharing a Redis.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -58,7 +58,7 @@ impl RedisStoreBuilder {
     }
 
     /// How many multiplexed connections to keep to a single node (default
-    /// [`DEFAULT_POOL_SIZE`], at least 1). Each is shared by every concurrent
+    /// 4, at least 1). Each is shared by every concurrent
     /// call, which pipelines its commands; calls take them in turn. On a bb8
     /// pool ([`RedisStore::bb8_builder`]) the pool's `max_size` counts instead.
     /// On a Redis Cluster, the masters share them: each master gets
@@ -69,7 +69,7 @@ impl RedisStoreBuilder {
     }
 
     /// The time allowed to open a connection, TLS, log-in and the store's
-    /// ACL check included (default [`DEFAULT_CONNECT_TIMEOUT`]). A connection
+    /// ACL check included (default 1 s). A connection
     /// is opened in the background: calls wait for it within their own
     /// [`call_timeout`](Self::call_timeout), and one that takes longer to
     /// open than a call may take is still opened for the calls that follow.
@@ -80,7 +80,7 @@ impl RedisStoreBuilder {
     }
 
     /// The time allowed for one decision, waiting for a pooled connection
-    /// included (default [`DEFAULT_CALL_TIMEOUT`]). Past it, the call fails with
+    /// included (default 100 ms). Past it, the call fails with
     /// [`StoreError::Timeout`] and the caller's failure policy applies.
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
@@ -88,7 +88,7 @@ impl RedisStoreBuilder {
     }
 
     /// The most work sent to Redis as one call, in units of one simple
-    /// decision (default [`DEFAULT_MAX_BATCH`]; 1 turns coalescing off, and 0
+    /// decision (default 64; 1 turns coalescing off, and 0
     /// counts as 1). A concurrency check weighs its `max` + 1 units (it reads
     /// every permit held), a sliding-log check 8, any other check 1; a batch
     /// always takes at least one request.
@@ -206,13 +206,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// **For tests only.** Makes the scripts use `clock` instead of the Redis
-    /// server's `TIME`, so a test can replay a timeline through both stores.
-    /// Keys then get an hour of extra TTL, since the timeline does not run in
-    /// real time. Production stores never set this: behind the feature
-    /// `test-support`.
-    #[cfg(feature = "test-support")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+    /// Makes the scripts use `clock` instead of the Redis server's `TIME`,
+    /// so a test can replay a timeline through both stores. Keys then get an
+    /// hour of extra TTL, since the timeline does not run in real time. Only
+    /// in this workspace's test builds (see `build.rs`), never published.
+    #[cfg(ratelimit_test_hooks)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self

@@ -44,7 +44,7 @@ use crate::policy::Algorithm;
 use crate::{Decision, PermitId, Policy, StoreError};
 
 /// The default bound on the decisions of one batch.
-pub const DEFAULT_MAX_BATCH: usize = 64;
+pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
 
 /// The calls a lane keeps in flight before the requests that arrive wait
 /// for a batch: two, so that Redis runs one batch while the client answers

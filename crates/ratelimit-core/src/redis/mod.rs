@@ -16,7 +16,8 @@
 //!
 //! The scripts live next to this file as `.lua` files: a shared prelude, one
 //! file per algorithm, and the entry points for one decision, several limits
-//! at once, and releasing a concurrency permit.
+//! at once, releasing a concurrency permit, and settling a request's
+//! reservations to their actual cost (`settle.lua`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use tokio::time::Instant as Deadline;
 
 use crate::clock::Clock;
 use crate::policy::{Algorithm, AlgorithmKind};
+use crate::settle::{Settle, SettleFuture, SettlementId};
 use crate::store::{BoxFuture, Check, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
@@ -46,6 +48,7 @@ mod replies;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod settle;
 mod unclaimed;
 
 /// The bb8 pool (feature `bb8`), of the version [`RedisStore::bb8_builder`] takes.
@@ -60,24 +63,23 @@ pub(crate) use errors::backend_error;
 use errors::*;
 use replies::*;
 
+pub use coalesce::CoalescingStats;
+use coalesce::DEFAULT_MAX_BATCH;
 use coalesce::{Coalescer, Decided, Item, LaneId};
-pub use coalesce::{CoalescingStats, DEFAULT_MAX_BATCH};
 use connections::{Connections, Link, Node};
 use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
-#[cfg(feature = "sentinel")]
-pub use sentinel::DEFAULT_SENTINEL_PORT;
 use smallvec::{SmallVec, smallvec};
 use unclaimed::{SentOn, Unclaimed, Via};
 
 /// The default prefix of every key the store writes.
-pub const DEFAULT_PREFIX: &str = "ratelimit";
+pub(crate) const DEFAULT_PREFIX: &str = "ratelimit";
 /// The default number of multiplexed connections to one node, each shared by
 /// every concurrent call.
-pub const DEFAULT_POOL_SIZE: u32 = 4;
+pub(crate) const DEFAULT_POOL_SIZE: u32 = 4;
 /// The default time allowed to open a connection.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time allowed for one decision, connection checkout included.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A store in Redis (one node, the master Redis Sentinel names with the
 /// `sentinel` feature, or a Redis Cluster with the `redis-cluster` feature),
@@ -235,7 +237,7 @@ impl RedisStore {
     /// sentinels at `sentinels` name under `master_name` (the name of
     /// `sentinel monitor <name> ...`), and follows a failover.
     ///
-    /// Each sentinel is `host:port`, `host` (port [`DEFAULT_SENTINEL_PORT`])
+    /// Each sentinel is `host:port`, `host` (port 26379)
     /// or a `redis://[user:password@]host[:port]` URL (`rediss://` for TLS,
     /// feature `tls`); the user and password of a URL are the sentinels'
     /// own, the same for every sentinel. The master's credentials, database
@@ -346,6 +348,9 @@ impl RedisStore {
 /// in µs (`wait`: the retry of a denial, the delay of an admission). Use it
 /// to preload the scripts with `SCRIPT LOAD` or to measure Redis alone (see
 /// `BENCHMARKS.md`).
+// Not API: the `bench` example of `ratelimit-examples` prints it for the
+// scripts that measure Redis alone, and `ratelimit-tests` runs it by hand.
+#[doc(hidden)]
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
 }
@@ -361,19 +366,44 @@ pub fn function_library() -> &'static str {
 /// The function of [`function_library`] that decides one request under
 /// `algorithm`, with the keys and arguments of [`script_source`]'s script
 /// (`FCALL <name> 1 <state key> <args...>`).
+// Not API: the `bench` example of `ratelimit-examples` prints it for the
+// scripts that measure Redis alone.
+#[doc(hidden)]
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
 
-/// **For tests only.** The sources of the scripts by which a Redis Cluster
-/// store decides several limits of one slot (`multi.lua`) and refunds them
-/// when a later slot denies (`refund.lua`), so a test can send a refund
-/// again as a resend would. Behind the feature `test-support`.
-#[cfg(feature = "test-support")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
+/// The sources of the scripts by which a Redis Cluster store decides several
+/// limits of one slot (`multi.lua`) and refunds them when a later slot denies
+/// (`refund.lua`), so a test can send a refund again as a resend would. Only
+/// in this workspace's test builds (see `build.rs`), never published.
+#[cfg(ratelimit_test_hooks)]
+#[doc(hidden)]
 pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     let scripts = Scripts::new();
     (scripts.multi().1, scripts.refund().1)
+}
+
+/// **For tests only.** A script that answers, for a fixed-window `policy`,
+/// the window that holds each time (µs) in `ARGV`, as the scripts compute
+/// it: a flat array of its first µs and the first µs after it per time.
+/// So a test can compare the Lua calendar arithmetic with
+/// [`FixedWindow::bounds`](crate::algorithm::FixedWindow::bounds) on many
+/// times in one `EVAL` (no keys). Only in this workspace's test builds (see
+/// `build.rs`), never published.
+#[cfg(ratelimit_test_hooks)]
+#[doc(hidden)]
+pub fn window_bounds_script_for_tests(policy: &Policy) -> String {
+    let (_, window) = parameters(policy.algorithm());
+    format!(
+        "{}\nlocal window = {window}\n{}",
+        scripts::CALENDAR,
+        r"local out = {}
+for i = 1, #ARGV do
+  out[2 * i - 1], out[2 * i] = fixed_window_bounds(tonumber(ARGV[i]), window)
+end
+return out"
+    )
 }
 
 impl Inner {
@@ -1109,6 +1139,26 @@ impl Store for RedisStore {
         }
         let refund = self.adjust_boxed(key, policy, crate::admin::Adjustment::Refund, cost);
         Box::pin(async move { refund.await.map(drop) })
+    }
+
+    /// One script (`settle.lua`) for every limit, on server time like every
+    /// decision, all or nothing: every state is read before any is
+    /// written. The settlement's id is remembered beside each state it
+    /// changed (`<state key>:applied`, as long as the state lives, as
+    /// refunds' are), so a resend, the store's after a broken connection
+    /// or the caller's, changes nothing more. Every key written keeps a
+    /// TTL.
+    ///
+    /// On a Redis Cluster one script touches one hash slot: limits on one
+    /// user key (its hash tag) settle in one script, all or nothing; limits
+    /// in several slots settle slot by slot in slot order, as
+    /// [`check_all`](Store::check_all) decides them, each slot all or
+    /// nothing and whatever the others answered. A call that failed in one
+    /// slot returns that error and may have settled the others: send the
+    /// same settlement again (the same id) to settle what failed, which
+    /// changes nothing in the slots that had settled.
+    fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
+        self.settle_boxed(id, settles)
     }
 
     /// One script (`renew.lua`), on server time like every decision: the

@@ -12,7 +12,7 @@ pub(super) enum Arg<'a> {
 /// The two numeric parameters each algorithm's script takes.
 pub(super) fn parameters(algorithm: &Algorithm) -> (u64, u64) {
     match algorithm {
-        Algorithm::FixedWindow(a) => (a.limit(), a.window_micros()),
+        Algorithm::FixedWindow(a) => (a.limit(), a.script_window()),
         Algorithm::SlidingWindowLog(a) => (a.limit(), a.window_micros()),
         Algorithm::SlidingWindowCounter(a) => (a.limit(), a.window_micros()),
         Algorithm::TokenBucket(a) => (a.capacity(), a.interval_micros()),

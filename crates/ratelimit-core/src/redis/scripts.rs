@@ -47,7 +47,7 @@ macro_rules! single {
     };
 }
 
-const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua");
+const FIXED_WINDOW: &str = single!("fixed_window.lua", "fixed-window"; "state.lua", "calendar.lua");
 const SLIDING_LOG: &str = single!("sliding_log.lua", "sliding-log"; "state.lua", "members.lua");
 const SLIDING_WINDOW: &str = single!("sliding_window.lua", "sliding-window"; "state.lua");
 const TOKEN_BUCKET: &str = single!("token_bucket.lua", "token-bucket"; "state.lua");
@@ -55,25 +55,34 @@ const GCRA: &str = single!("gcra.lua", "gcra"; "state.lua", "tat.lua");
 const LEAKY_BUCKET: &str = single!("leaky_bucket.lua", "leaky-bucket"; "state.lua", "tat.lua");
 const CONCURRENCY: &str = single!("concurrency.lua", "concurrency"; "state.lua", "members.lua");
 
-/// Every helper and every algorithm, followed by the entry point `$entry`
-/// (a script, or `library.lua` with `$how` = `library`).
+/// Every helper and every algorithm, then the helpers `$extra` (before
+/// `=>`), followed by the entry point `$entry` (a script, or `library.lua`
+/// with `$how` = `library`).
 macro_rules! every_algorithm {
     ($entry:literal) => {
-        every_algorithm!(assemble; $entry)
+        every_algorithm!(assemble; => $entry)
+    };
+    ($($extra:literal),+ => $entry:literal) => {
+        every_algorithm!(assemble; $($extra),+ => $entry)
     };
     ($how:ident; $entry:literal) => {
+        every_algorithm!($how; => $entry)
+    };
+    ($how:ident; $($extra:literal),* => $entry:literal) => {
         $how!(
             "state.lua",
             "members.lua",
             "blocks.lua",
             "tat.lua",
+            "calendar.lua",
             "fixed_window.lua",
             "sliding_log.lua",
             "sliding_window.lua",
             "token_bucket.lua",
             "gcra.lua",
             "leaky_bucket.lua",
-            "concurrency.lua";
+            "concurrency.lua"
+            $(, $extra)*;
             $entry
         )
     };
@@ -99,7 +108,18 @@ const BATCH: &str = concat!(
     "\nreturn run_batch(KEYS, ARGV)\n"
 );
 
-const ADMIN: &str = every_algorithm!("admin.lua");
+/// The calendar arithmetic alone (`calendar.lua` after `numbers.lua`), for
+/// tests that compare it with Rust's.
+#[cfg(ratelimit_test_hooks)]
+pub(super) const CALENDAR: &str = concat!(
+    include_str!("lua/numbers.lua"),
+    "\n",
+    include_str!("lua/calendar.lua"),
+);
+
+const ADMIN: &str = every_algorithm!("adjust.lua" => "admin.lua");
+
+const SETTLE: &str = every_algorithm!("adjust.lua" => "settle.lua");
 
 const BLOCK: &str = every_algorithm!("block.lua");
 
@@ -117,6 +137,7 @@ pub(super) struct Scripts {
     release: (Script, &'static str),
     renew: (Script, &'static str),
     admin: (Script, &'static str),
+    settle: (Script, &'static str),
     block: (Script, &'static str),
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     refund: (Script, &'static str),
@@ -147,6 +168,7 @@ impl Scripts {
             release: script(RELEASE),
             renew: script(RENEW),
             admin: script(ADMIN),
+            settle: script(SETTLE),
             block: script(BLOCK),
             refund: script(REFUND),
         }
@@ -187,6 +209,11 @@ impl Scripts {
     /// Penalties and rewards (`admin.lua`).
     pub(super) fn admin(&self) -> (&Script, &'static str) {
         (&self.admin.0, self.admin.1)
+    }
+
+    /// Settlements of every limit of a request (`settle.lua`).
+    pub(super) fn settle(&self) -> (&Script, &'static str) {
+        (&self.settle.0, self.settle.1)
     }
 
     /// Blocks (`block.lua`).

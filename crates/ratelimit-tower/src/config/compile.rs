@@ -5,14 +5,18 @@ use std::sync::Arc;
 
 use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
 
+use super::values::{Parsed, UtcOffset};
+
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
 use super::schema::{
-    ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RuleSpec, period,
+    ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RefundOnSpec, RuleSpec,
+    SettleSpec, period,
 };
 use super::{Config, ConfigError, ConfigErrorKind};
 use crate::keys::{CidrError, ClientIp, ForwardingHeader, HeaderKey, PeerIp, TrustedProxies};
 use crate::options::MissingKey;
+use crate::settlement::{SettleError, Settlement};
 
 /// The configuration `spec` describes, or the first field at fault.
 pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
@@ -24,7 +28,28 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
     let peer_ip = spec.ip.map(build_peer_ip).transpose()?.flatten();
     let mut rules = Vec::with_capacity(spec.rules.len());
+    let mut keyed: Vec<(String, Vec<KeyPart>)> = Vec::with_capacity(spec.rules.len());
     for (index, rule) in spec.rules.into_iter().enumerate() {
+        if let Some((earlier, (_, parts))) =
+            keyed.iter().enumerate().find(|(_, (policy, parts))| {
+                *policy == rule.policy && headers_apart(parts, &rule.key.0)
+            })
+        {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Rule,
+                format!("rules[{index}].key"),
+                format!(
+                    "policy {:?} is keyed by {} in rules[{earlier}] and by {} here: a header's \
+                     value is one budget whichever header brings it, so a client could spend \
+                     another's budget by sending its value in the other header; give each \
+                     header its own policy",
+                    rule.policy,
+                    describe(parts),
+                    describe(&rule.key.0),
+                ),
+            ));
+        }
+        keyed.push((rule.policy.clone(), rule.key.0.clone()));
         let keys = Keys {
             client_ip: client_ip.as_ref(),
             peer_ip: peer_ip.as_ref(),
@@ -34,6 +59,37 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     Ok(Config {
         inner: Arc::new(Inner { policies, rules }),
     })
+}
+
+/// Whether two keys differ only in the headers they read: their values
+/// would then meet in one budget (a value is keyed alike from any header),
+/// while keys of other shapes never meet (an address is text, a value a
+/// hash, a join length-prefixed).
+fn headers_apart(a: &[KeyPart], b: &[KeyPart]) -> bool {
+    a.len() == b.len()
+        && a != b
+        && a.iter().zip(b).all(|pair| match pair {
+            (KeyPart::Header(_), KeyPart::Header(_)) => true,
+            (x, y) => x == y,
+        })
+}
+
+/// A key as the configuration writes it: `header:x-api-key`, `["route", "ip"]`.
+fn describe(parts: &[KeyPart]) -> String {
+    let part = |part: &KeyPart| match part {
+        KeyPart::Global => String::from("global"),
+        KeyPart::PeerIp => String::from("ip"),
+        KeyPart::ClientIp => String::from("client-ip"),
+        KeyPart::Route => String::from("route"),
+        KeyPart::Header(name) => format!("header:{name}"),
+    };
+    match parts {
+        [one] => part(one),
+        _ => format!(
+            "[{}]",
+            parts.iter().map(part).collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
@@ -71,11 +127,23 @@ fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
             ),
         )
     };
+    let calendar = calendar_fields(&base, &spec)?;
     let limit = spec.limit;
     let built = match algorithm {
-        AlgorithmKind::FixedWindow => {
-            Policy::fixed_window(limit, spec.window.ok_or_else(missing)?.0)
-        }
+        AlgorithmKind::FixedWindow => match calendar {
+            Some((period, offset)) => Policy::calendar(limit, period.utc_offset(offset)),
+            None => {
+                let window = spec.window.ok_or_else(|| {
+                    ConfigError::new(
+                        ConfigErrorKind::Policy,
+                        format!("{base}.window"),
+                        "missing: fixed-window needs a window, such as window = \"1m\", \
+                         or a calendar period, such as period = \"month\"",
+                    )
+                })?;
+                Policy::fixed_window(limit, window.0)
+            }
+        },
         AlgorithmKind::SlidingLog => {
             Policy::sliding_window_log(limit, spec.window.ok_or_else(missing)?.0)
         }
@@ -92,6 +160,59 @@ fn build_policy(name: &str, spec: PolicySpec) -> Result<Policy, ConfigError> {
         .with_name(name)
         .map_err(|e| policy_error(&base, period, e))?;
     Ok(policy.with_shadow(spec.shadow))
+}
+
+/// `period` and `utc_offset`: a calendar period and its offset (seconds
+/// east) for a fixed window given no `window`; `None` without `period`. A
+/// `period` on another algorithm, beside a `window`, or a `utc_offset`
+/// without a `period` is refused: each would otherwise be ignored.
+fn calendar_fields(
+    base: &str,
+    spec: &PolicySpec,
+) -> Result<Option<(ratelimit_core::Period, i32)>, ConfigError> {
+    let refuse = |field: &str, message: String| {
+        Err(ConfigError::new(
+            ConfigErrorKind::Policy,
+            format!("{base}.{field}"),
+            message,
+        ))
+    };
+    let Some(Parsed(period)) = spec.period.as_ref() else {
+        if spec.utc_offset.is_some() {
+            return refuse(
+                "utc_offset",
+                String::from(
+                    "a UTC offset applies to calendar periods: write it with \
+                     period = \"day\", \"week\", \"month\" or \"year\"",
+                ),
+            );
+        }
+        return Ok(None);
+    };
+    if spec.algorithm != AlgorithmKind::FixedWindow {
+        return refuse(
+            "period",
+            format!(
+                "{} takes no period: calendar periods are fixed windows, \
+                 write algorithm = \"fixed-window\"",
+                spec.algorithm.name()
+            ),
+        );
+    }
+    if spec.window.is_some() {
+        return refuse(
+            "period",
+            String::from(
+                "a fixed window counts per window or per calendar period, not both: \
+                 remove window or period",
+            ),
+        );
+    }
+    let offset = spec
+        .utc_offset
+        .as_ref()
+        .map_or(0, |Parsed(UtcOffset(seconds))| *seconds);
+    Ok(Some((*period, offset)))
 }
 
 /// A [`PolicyError`] as an error on the field it is about.
@@ -117,6 +238,7 @@ fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
             ("limit", format!("is too large (at most {max})"))
         }
         PolicyError::Unrepresentable { what: "period", .. } => ("rate", error.to_string()),
+        PolicyError::UtcOffsetOutOfRange { .. } => ("utc_offset", error.to_string()),
         PolicyError::Unrepresentable { what, .. } if *what == period_field => {
             (period_field, error.to_string())
         }
@@ -215,12 +337,35 @@ fn build_rule(
                 format!("unknown policy {:?} ({defined})", spec.policy),
             )
         })?;
-    if spec.cost > policy.max_cost() {
+    let (cost, settlement) = match spec.settle {
+        None => (spec.cost.unwrap_or(1), None),
+        Some(_) if spec.cost.is_some() => {
+            return Err(rule_error(
+                "cost",
+                String::from(
+                    "a rule that settles reserves settle.estimate before the call: \
+                     leave cost out",
+                ),
+            ));
+        }
+        Some(settle) => {
+            if let Err(error) = SettleError::check(&policy) {
+                return Err(rule_error("settle", error.to_string()).with_source(error));
+            }
+            (settle.estimate, Some(build_settlement(settle)))
+        }
+    };
+    let cost_field = if settlement.is_some() {
+        "settle.estimate"
+    } else {
+        "cost"
+    };
+    if cost > policy.max_cost() {
         return Err(rule_error(
-            "cost",
+            cost_field,
             format!(
                 "{} is more than policy {:?} can ever admit ({})",
-                spec.cost,
+                cost,
                 policy.name(),
                 policy.max_cost()
             ),
@@ -273,9 +418,51 @@ fn build_rule(
     Ok(ConfiguredRule {
         policy,
         key,
-        cost: spec.cost,
+        cost,
+        settlement,
         routes,
         methods,
         missing_key: spec.missing_key.map(MissingKey::from),
     })
+}
+
+/// `settle = { .. }`, as a [`Settlement`].
+fn build_settlement(spec: SettleSpec) -> Settlement {
+    let settlement = Settlement::from_header(spec.header.0)
+        .keep_header(spec.keep_header)
+        .refund_on_cancel(spec.refund_cancelled);
+    match spec.refund_on {
+        RefundOnSpec::ServerErrors => settlement,
+        RefundOnSpec::Errors => settlement
+            .refund_if(|head| head.status.is_client_error() || head.status.is_server_error()),
+        RefundOnSpec::Never => settlement.refund_if(|_| false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&str]) -> Vec<KeyPart> {
+        parts.iter().map(|p| p.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn only_keys_that_differ_in_their_headers_alone_are_apart() {
+        let apart = |a: &[&str], b: &[&str]| headers_apart(&key(a), &key(b));
+        assert!(apart(&["header:x-tenant"], &["header:x-api-key"]));
+        assert!(apart(&["route", "header:a"], &["route", "header:b"]));
+        // The same key, or keys of other shapes, never meet in one budget
+        // by a value sent in another header.
+        assert!(!apart(&["header:x-api-key"], &["header:x-api-key"]));
+        assert!(!apart(&["header:x-api-key"], &["ip"]));
+        assert!(!apart(&["ip"], &["client-ip"]));
+        assert!(!apart(&["route", "header:a"], &["header:b"]));
+        assert!(!apart(&["ip", "header:a"], &["route", "header:b"]));
+        assert_eq!(
+            describe(&key(&["route", "header:x-a"])),
+            "[route, header:x-a]"
+        );
+        assert_eq!(describe(&key(&["ip"])), "ip");
+    }
 }

@@ -21,8 +21,9 @@ pub enum ConfigErrorKind {
     /// algorithm lacks the parameter it needs.
     Policy,
     /// A rule does not fit the policies: it names a policy that does not
-    /// exist, asks a cost the policy can never admit, or needs settings that
-    /// are missing.
+    /// exist, asks a cost the policy can never admit, settles the cost of a
+    /// concurrency policy (or gives a `cost` beside its `settle`), or needs
+    /// settings that are missing.
     Rule,
     /// A reload would give an existing policy name another algorithm; state is
     /// stored per policy name, so the new algorithm needs a new name.

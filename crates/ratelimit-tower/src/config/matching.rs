@@ -6,9 +6,12 @@ use http::{Method, Request};
 use ratelimit_core::Policy;
 
 use super::Config;
-use crate::keys::{ClientIp, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys};
+use crate::keys::{
+    ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys,
+};
 use crate::options::MissingKey;
 use crate::rules::rule::{Limits, RuleProvider};
+use crate::settlement::Settlement;
 
 impl Config {
     /// The limits of every rule that matches `req`, to be checked together.
@@ -43,7 +46,15 @@ impl Config {
                 continue;
             }
             match rule.key(req) {
-                Ok(key) => limits.push(rule.policy.clone(), key, rule.cost),
+                Ok(key) => match &rule.settlement {
+                    None => limits.push(rule.policy.clone(), key, rule.cost),
+                    Some(settlement) => limits.push_settlement(
+                        rule.policy.clone(),
+                        key,
+                        rule.cost,
+                        settlement.clone(),
+                    ),
+                },
                 Err(cause) => {
                     let action = rule.missing_key.unwrap_or(cause.default_action());
                     limits.extend(Limits::missed(&rule.policy, cause, action));
@@ -70,7 +81,9 @@ impl<B> RuleProvider<Request<B>> for Config {
 pub(super) struct ConfiguredRule {
     pub(super) policy: Policy,
     pub(super) key: Box<[KeySource]>,
+    /// The cost, or the estimate of a rule that settles.
     pub(super) cost: u64,
+    pub(super) settlement: Option<Settlement>,
     pub(super) routes: Option<Box<[String]>>,
     pub(super) methods: Option<Box<[Method]>>,
     pub(super) missing_key: Option<MissingKey>,
@@ -128,7 +141,7 @@ pub(super) enum KeySource {
 impl KeySource {
     fn extract<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
         match self {
-            KeySource::Global => Ok(Key::from("global")),
+            KeySource::Global => GlobalKey::default().try_extract(req),
             KeySource::Peer => PeerIp.try_extract(req),
             KeySource::Client(client_ip) => client_ip.try_extract(req),
             KeySource::Header(header) => header.try_extract(req),

@@ -82,6 +82,14 @@
 //! limit = 5
 //! window = "1m"        # fixed-window, sliding-log, sliding-window
 //!
+//! [policies.monthly]
+//! algorithm = "fixed-window"
+//! limit = 10000
+//! period = "month"     # fixed-window, instead of window: day | week | month |
+//!                      # year, with the calendar's edges (Policy::calendar)
+//! utc_offset = "+02:00"  # optional, with period: a fixed offset from UTC
+//!                      # (default: UTC; no daylight saving time)
+//!
 //! [policies.uploads]
 //! algorithm = "concurrency"
 //! limit = 2
@@ -97,6 +105,26 @@
 //! methods = ["POST"]   # optional; absent: every method
 //! missing_key = "reject"  # or "allow": requests without the header
 //!                      # (default: reject for header keys; see below)
+//!
+//! # A cost known only after the response (tokens generated): the rule
+//! # reserves an estimate before the call and settles it to the response
+//! # header's value (any algorithm but concurrency).
+//! [policies.tokens]
+//! algorithm = "token-bucket"
+//! limit = 1000
+//! rate = "1000/m"
+//!
+//! [[rules]]
+//! policy = "tokens"
+//! key = "header:x-api-key"
+//! settle = { header = "x-tokens-used", estimate = 1, refund_on = "5xx" }
+//!                      # estimate: optional, default 1 (no `cost` beside
+//!                      # `settle`); 0 admits while the budget is not in debt.
+//!                      # The header is removed from the response unless
+//!                      # keep_header = true. refund_on: "5xx" (default),
+//!                      # "4xx-5xx" or "never": responses that give the
+//!                      # reservation back; so does a request cancelled
+//!                      # before its response, unless refund_cancelled = false
 //!
 //! # Optional, for the ip key: the network IPv6 peers are keyed by.
 //! [ip]
@@ -116,6 +144,11 @@
 //!   with units `us`, `ms`, `s`, `m`, `h`, `d` (or their long names,
 //!   `minutes`), possibly combined (`1h30m`, `1h 30m`) or fractional
 //!   (`1.5s`). Rates are an amount per period: `10/s`, `100/m`, `5/10s`.
+//! - A calendar `period` counts per day (midnight to midnight), ISO week
+//!   (from Monday), month (from the 1st: 28 to 31 days) or year, at
+//!   `utc_offset` (`+HH:MM` or `-HH:MM`, sign required); see
+//!   [`Policy::calendar`]. A fixed window takes a `window` or a `period`,
+//!   never both, and no other algorithm takes either field.
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
 //!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. A
 //!   rule applies when its prefix matches any spelling of the path that a
@@ -139,6 +172,13 @@
 //!   ([`HeaderKey`]; a `-bin` header's value is base64-decoded first). A
 //!   list joins its parts as [`Composite`](crate::Composite) does, and has a
 //!   key only when every part does.
+//! - A header's value is keyed alike whichever header brings it (the same
+//!   value through a [`Limits`](crate::Limits) or a handler's `Limiter` too,
+//!   see [`Key`](crate::Key)), so one policy keyed by two headers (`x-tenant`
+//!   on one route, `x-api-key` on another) would let a client spend a
+//!   tenant's budget by sending its id as an API key: such a file is
+//!   refused (a [`ConfigErrorKind::Rule`] error). Give each header its own
+//!   policy.
 //! - A header's value is the client's to choose: a client sending a new
 //!   value with every request gets a new budget each time, and so does one
 //!   under a list holding a header (`["ip", "header:x-api-key"]`). Unless
@@ -152,10 +192,18 @@
 //!   answer `500` whatever `missing_key` says (the server is not wired to
 //!   give one). Each such request is counted and logged.
 //!
+//! - `settle` works as [`Settlement`](crate::Settlement) describes (see
+//!   [Costs known after the response](crate#costs-known-after-the-response)):
+//!   a missing or invalid header keeps the estimate, a value above twice the
+//!   policy's limit is charged as twice the limit, and a store that cannot
+//!   settle leaves the reservation as it was taken; all are logged and
+//!   counted.
+//!
 //! Every field is checked when the configuration is loaded; the error names
 //! the field ([`ConfigError::path`]): policies' numbers as [`Policy`]
 //! validates them, rules naming unknown policies or costs a policy can never
-//! admit, durations, rates, header names, CIDR blocks, methods and routes.
+//! admit, settlements of a concurrency policy or with a `cost` beside them,
+//! durations, rates, header names, CIDR blocks, methods and routes.
 //!
 //! # Reloading and stored state
 //!
@@ -189,6 +237,7 @@
 //! [`HeaderKey`]: crate::HeaderKey
 //! [`MissingKey`]: crate::MissingKey
 //! [`Policy`]: crate::Policy
+//! [`Policy::calendar`]: crate::Policy::calendar
 
 mod compile;
 mod error;

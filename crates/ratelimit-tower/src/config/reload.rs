@@ -269,8 +269,8 @@ impl ReloadableRules {
     /// A reload that fails is logged with `tracing` at `warn` level, once per
     /// version of the file, and the configuration in force stays; a
     /// successful one is logged at `info`. Both are counted in
-    /// [`CONFIG_RELOADS`](crate::metrics::CONFIG_RELOADS) (feature
-    /// `metrics`). If the rules were not loaded from `path`, the first
+    /// `ratelimit_config_reloads_total` (feature `metrics`, see
+    /// [`metrics`](crate::metrics)). If the rules were not loaded from `path`, the first
     /// stable version is loaded.
     ///
     /// The task runs until it is aborted through the returned handle (dropping
@@ -418,7 +418,7 @@ fn refuse_dropped(current: &Config, config: &Config) -> Result<(), ConfigError> 
     Ok(())
 }
 
-/// Counts a reload's outcome in [`CONFIG_RELOADS`](crate::metrics::CONFIG_RELOADS).
+/// Counts a reload's outcome in `ratelimit_config_reloads_total`.
 fn counted(result: Result<(), ConfigError>) -> Result<(), ConfigError> {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(

@@ -6,11 +6,11 @@ use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use ratelimit_core::{AlgorithmKind, Rate};
+use ratelimit_core::{AlgorithmKind, Period as CalendarPeriod, Rate};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::values::Parsed;
+use super::values::{Parsed, UtcOffset};
 use crate::keys::{Cidr, ForwardingHeader};
 use crate::options::MissingKey;
 
@@ -38,6 +38,10 @@ pub(super) struct PolicySpec {
     pub(super) rate: Option<Parsed<Rate>>,
     pub(super) window: Option<Parsed<Duration>>,
     pub(super) lease: Option<Parsed<Duration>>,
+    /// A fixed window of calendar periods, instead of `window`.
+    pub(super) period: Option<Parsed<CalendarPeriod>>,
+    /// With `period`: its offset from UTC.
+    pub(super) utc_offset: Option<Parsed<UtcOffset>>,
     #[serde(default)]
     pub(super) shadow: bool,
 }
@@ -105,16 +109,54 @@ pub(super) fn period(kind: AlgorithmKind) -> Period {
 pub(super) struct RuleSpec {
     pub(super) policy: String,
     pub(super) key: KeySpec,
-    #[serde(default = "one")]
-    pub(super) cost: u64,
+    /// Default 1; with `settle`, the estimate is `settle.estimate` instead.
+    pub(super) cost: Option<u64>,
     pub(super) routes: Option<Vec<Parsed<Route>>>,
     pub(super) methods: Option<Vec<Parsed<Method>>>,
     #[serde(default)]
     pub(super) missing_key: Option<MissingKeySpec>,
+    #[serde(default)]
+    pub(super) settle: Option<SettleSpec>,
 }
 
 fn one() -> u64 {
     1
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `settle = { header = "x-tokens-used", estimate = 1, refund_on = "5xx" }`:
+/// the rule's cost is read from a response header, after a reservation of
+/// `estimate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SettleSpec {
+    pub(super) header: Parsed<HeaderName>,
+    #[serde(default = "one")]
+    pub(super) estimate: u64,
+    #[serde(default)]
+    pub(super) refund_on: RefundOnSpec,
+    #[serde(default = "yes")]
+    pub(super) refund_cancelled: bool,
+    #[serde(default)]
+    pub(super) keep_header: bool,
+}
+
+/// `refund_on`: which responses give their reservation back.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub(super) enum RefundOnSpec {
+    /// Server errors (the default).
+    #[default]
+    #[serde(rename = "5xx")]
+    ServerErrors,
+    /// Client and server errors.
+    #[serde(rename = "4xx-5xx")]
+    Errors,
+    /// None.
+    #[serde(rename = "never")]
+    Never,
 }
 
 /// `missing_key = "allow" | "reject"`.

@@ -5,9 +5,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use http::Method;
-use ratelimit_core::Rate;
+use http::{HeaderName, Method};
 use ratelimit_core::algorithm::MAX_HORIZON_MICROS;
+use ratelimit_core::{Period, Rate};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -42,6 +42,28 @@ impl Parse for Rate {
     }
 }
 
+impl Parse for Period {
+    const EXPECTING: &'static str = "a calendar period: \"day\", \"week\", \"month\" or \"year\"";
+
+    fn parse(s: &str) -> Result<Self, String> {
+        s.parse()
+            .map_err(|e: ratelimit_core::algorithm::calendar::UnknownPeriod| e.to_string())
+    }
+}
+
+/// A fixed offset from UTC, in seconds east: `+02:00`, `-05:30`,
+/// `+05:45:30`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UtcOffset(pub(super) i32);
+
+impl Parse for UtcOffset {
+    const EXPECTING: &'static str = "an offset from UTC such as \"+02:00\" or \"-05:30\"";
+
+    fn parse(s: &str) -> Result<Self, String> {
+        parse_utc_offset(s).map(UtcOffset)
+    }
+}
+
 impl Parse for Cidr {
     const EXPECTING: &'static str = "a network such as \"10.0.0.0/8\" or an address";
 
@@ -61,6 +83,15 @@ impl Parse for Method {
             ));
         }
         Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid HTTP method {s:?}"))
+    }
+}
+
+impl Parse for HeaderName {
+    const EXPECTING: &'static str = "a header name such as \"x-tokens-used\"";
+
+    fn parse(s: &str) -> Result<Self, String> {
+        HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))
     }
 }
 
@@ -123,6 +154,45 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `+02:00`, `-05:30`, `+05:45:30`: a sign, two digits of hours (below 24),
+/// two of minutes and optionally two of seconds (below 60), in seconds east
+/// of UTC. The sign is required, so that a bare `02:00` is not read as
+/// either side.
+pub(super) fn parse_utc_offset(text: &str) -> Result<i32, String> {
+    let invalid = |why: &str| {
+        format!(
+            "invalid UTC offset {text:?}: {why}; write a sign, hours and minutes, \
+             such as \"+02:00\" or \"-05:30\""
+        )
+    };
+    let (sign, rest) = match text.as_bytes().first() {
+        Some(b'+') => (1, &text[1..]),
+        Some(b'-') => (-1, &text[1..]),
+        _ => return Err(invalid("it starts with '+' or '-'")),
+    };
+    let mut parts = [0i32; 3];
+    let mut count = 0;
+    for (i, part) in rest.split(':').enumerate() {
+        if i >= 3 || part.len() != 2 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid("expected HH:MM or HH:MM:SS"));
+        }
+        parts[i] = part
+            .parse()
+            .map_err(|_| invalid("expected HH:MM or HH:MM:SS"))?;
+        count = i + 1;
+    }
+    if count < 2 {
+        return Err(invalid("expected HH:MM or HH:MM:SS"));
+    }
+    let [hours, minutes, seconds] = parts;
+    if hours > 23 || minutes > 59 || seconds > 59 {
+        return Err(invalid(
+            "an offset is less than 24 hours, minutes and seconds below 60",
+        ));
+    }
+    Ok(sign * (hours * 3600 + minutes * 60 + seconds))
+}
+
 /// `10/s`, `100/m`, `5/10s`, `1/500ms`: an amount per period.
 pub(super) fn parse_rate(text: &str) -> Result<Rate, String> {
     let Some((amount, period)) = text.split_once('/') else {
@@ -160,6 +230,34 @@ mod tests {
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
         for bad in ["", "10", "s", "1x", "-1s", "one minute", "99999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn utc_offsets() {
+        assert_eq!(parse_utc_offset("+02:00"), Ok(7_200));
+        assert_eq!(parse_utc_offset("-05:30"), Ok(-19_800));
+        assert_eq!(parse_utc_offset("+00:00"), Ok(0));
+        assert_eq!(parse_utc_offset("-00:00:01"), Ok(-1));
+        assert_eq!(parse_utc_offset("+23:59:59"), Ok(86_399));
+        for bad in [
+            "",
+            "02:00",
+            "+2:00",
+            "+02",
+            "+0200",
+            "+24:00",
+            "-25:00",
+            "+02:60",
+            "+02:00:60",
+            "+02:00:00:00",
+            "+ 2:00",
+            "+02:0a",
+            "UTC",
+            "+٠٢:00",
+        ] {
+            let error = parse_utc_offset(bad).unwrap_err();
+            assert!(error.contains("\"+02:00\""), "{bad:?}: {error}");
         }
     }
 

@@ -11,10 +11,43 @@ use crate::options::MissingKey;
 
 /// The key a request is limited under: an IP address, an API key, a tenant id.
 ///
-/// Keys are bytes; stores keep short printable keys as they are and hash the
-/// rest (see `ratelimit_core::key`). Keys of up to [`Key::INLINE_LEN`] bytes
-/// (any IP address's text, a hashed header value) are held inline, so making
-/// one allocates nothing.
+/// A key holds what the store is given, in one of two forms, decided by how
+/// it is made:
+///
+/// - **A value** (bytes, text or a number: an API key, a token, a tenant or
+///   user id) is hashed: `#` and 32 hex digits of its SHA-256
+///   ([`ratelimit_core::key::hashed`]). Every key made from one is: `From`
+///   a `Vec<u8>`, `&[u8]`, `String`, `&str`, [`Bytes`] or `u64`, so a
+///   [`Limits::one`](crate::Limits::one) key and a closure's, [`HeaderKey`]'s
+///   values, and the keys of `ratelimit-axum`'s `Limiter::check`.
+/// - **An address, a route or a name set in code** is kept as text: `From`
+///   an [`IpAddr`] (its text, as [`PeerIp`](struct@PeerIp) and [`ClientIp`](crate::ClientIp) key an
+///   IPv4 client; an IPv6 client's network, `2001:db8::/64`, likewise),
+///   [`RouteKey`]'s route, [`GlobalKey`]'s name, and [`Composite`]'s join of
+///   two keys.
+///
+/// So one value is one budget whichever way it reaches a store (a header, a
+/// rule provider, a handler's `Limiter`), no store ever holds a raw secret,
+/// and a value never lands on an address's budget: a client sending
+/// `x-api-key: 192.0.2.1` spends a budget of its own, not that address's.
+/// Stores then bound every key as they bound any (see `ratelimit_core::key`).
+/// Keys of up to [`Key::INLINE_LEN`] bytes (any IP address's text, every
+/// hashed value) are held inline, so making one allocates nothing.
+///
+/// ```
+/// use ratelimit_tower::{HeaderKey, Key};
+/// use std::net::IpAddr;
+///
+/// // One value, one key, however it is given.
+/// assert_eq!(Key::from("acme"), Key::from(b"acme".to_vec()));
+/// assert_eq!(Key::from("acme"), HeaderKey::from_static("x-api-key").key_for(b"acme"));
+/// assert_eq!(Key::from("acme").as_bytes(), ratelimit_core::key::hashed(b"acme"));
+/// // An address is its text, and no value's key.
+/// let ip: IpAddr = "192.0.2.1".parse()?;
+/// assert_eq!(Key::from(ip).as_bytes(), b"192.0.2.1");
+/// assert_ne!(Key::from(ip), Key::from("192.0.2.1"));
+/// # Ok::<(), std::net::AddrParseError>(())
+/// ```
 #[derive(Clone)]
 pub struct Key(Repr);
 
@@ -32,19 +65,25 @@ impl Key {
     /// any IP address with a prefix length (`/128`).
     pub const INLINE_LEN: usize = ratelimit_core::key::MAX_IP_TEXT_LEN + 4;
 
-    /// A key with a copy of `bytes`: inline when short, else on the heap.
-    pub fn copy_from_slice(bytes: &[u8]) -> Self {
-        match u8::try_from(bytes.len()) {
-            Ok(len) if bytes.len() <= Key::INLINE_LEN => {
+    /// The key of a value: its hash, whatever its length.
+    fn value(bytes: &[u8]) -> Self {
+        Key::text(&ratelimit_core::key::hashed_parts(&[bytes]))
+    }
+
+    /// A key of `text` as it is: an address, a route, a name set in code, a
+    /// join of keys. Inline when short, else on the heap.
+    pub(crate) fn text(text: &[u8]) -> Self {
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= Key::INLINE_LEN => {
                 let mut inline = [0; Key::INLINE_LEN];
-                inline[..bytes.len()].copy_from_slice(bytes);
+                inline[..text.len()].copy_from_slice(text);
                 Key(Repr::Inline { len, bytes: inline })
             }
-            _ => Key(Repr::Shared(Bytes::copy_from_slice(bytes))),
+            _ => Key(Repr::Shared(Bytes::copy_from_slice(text))),
         }
     }
 
-    /// The key's bytes.
+    /// The key's bytes: what the store is given.
     pub fn as_bytes(&self) -> &[u8] {
         match &self.0 {
             Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -69,37 +108,44 @@ impl std::hash::Hash for Key {
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Keys can be secrets (API keys): show their stored form only.
+        // As a store would write it: bounded, whatever the key.
         let shown = ratelimit_core::key::normalize(self.as_bytes());
         write!(f, "Key({})", String::from_utf8_lossy(&shown))
     }
 }
 
+impl From<&[u8]> for Key {
+    /// The key of a value: hashed.
+    fn from(value: &[u8]) -> Self {
+        Key::value(value)
+    }
+}
+
 impl From<Bytes> for Key {
-    fn from(b: Bytes) -> Self {
-        Key(Repr::Shared(b))
+    /// The key of a value: hashed.
+    fn from(value: Bytes) -> Self {
+        Key::value(&value)
     }
 }
 
 impl From<Vec<u8>> for Key {
-    fn from(v: Vec<u8>) -> Self {
-        if v.len() <= Key::INLINE_LEN {
-            Key::copy_from_slice(&v)
-        } else {
-            Key(Repr::Shared(Bytes::from(v)))
-        }
+    /// The key of a value: hashed.
+    fn from(value: Vec<u8>) -> Self {
+        Key::value(&value)
     }
 }
 
 impl From<String> for Key {
-    fn from(s: String) -> Self {
-        Key::from(s.into_bytes())
+    /// The key of a value: hashed.
+    fn from(value: String) -> Self {
+        Key::value(value.as_bytes())
     }
 }
 
-impl From<&'static str> for Key {
-    fn from(s: &'static str) -> Self {
-        Key(Repr::Shared(Bytes::from_static(s.as_bytes())))
+impl From<&str> for Key {
+    /// The key of a value: hashed.
+    fn from(value: &str) -> Self {
+        Key::value(value.as_bytes())
     }
 }
 
@@ -107,13 +153,14 @@ impl From<IpAddr> for Key {
     /// The address's text, as `ip.to_string()` writes it, without a heap
     /// allocation.
     fn from(ip: IpAddr) -> Self {
-        Key::copy_from_slice(ratelimit_core::key::IpText::new(ip).as_bytes())
+        Key::text(ratelimit_core::key::IpText::new(ip).as_bytes())
     }
 }
 
 impl From<u64> for Key {
+    /// The key of a value (a user id, say): its decimal digits, hashed.
     fn from(n: u64) -> Self {
-        Key(Repr::Shared(Bytes::from(n.to_string())))
+        Key::value(itoa::Buffer::new().format(n).as_bytes())
     }
 }
 
@@ -207,9 +254,9 @@ where
 pub struct GlobalKey(Key);
 
 impl GlobalKey {
-    /// A global key named `name`.
+    /// A global key named `name`, kept as text (a name set in code).
     pub fn new(name: &'static str) -> Self {
-        GlobalKey(Key::from(name))
+        GlobalKey(Key(Repr::Shared(Bytes::from_static(name.as_bytes()))))
     }
 }
 
@@ -225,13 +272,20 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
     }
 }
 
-/// The value of a request header, such as `x-api-key`, hashed (SHA-256) before
-/// it reaches a store, so stores, logs and metrics never see the raw secret.
-/// The header's name is hashed with it: two rules keyed by two headers under
-/// one policy keep apart budgets, so a client cannot send another client's
-/// (not secret) tenant id as its API key and spend that tenant's budget.
+/// The value of a request header, such as `x-api-key`, as a key: hashed
+/// (SHA-256) like every value (see [`Key`]) before it reaches a store, so
+/// stores, logs and metrics never see the raw secret. The key is the value's
+/// alone, so one value is one budget however it reaches the layer: through
+/// this extractor, a [`Limits::one`](crate::Limits::one) of the same value,
+/// a closure, or a handler's `Limiter` (`ratelimit-axum`).
 /// [`key_for`](HeaderKey::key_for) gives the key of a value, for an
 /// operator's tools.
+///
+/// Hence two headers under one policy share budgets by value: keyed by
+/// `x-tenant` on one route and `x-api-key` on another, a client could send a
+/// tenant's (not secret) id as its API key and spend that tenant's budget.
+/// Give each header its own policy (the `config` module refuses a file that
+/// does not).
 ///
 /// # A key the client chooses
 ///
@@ -316,22 +370,20 @@ impl HeaderKey {
         HeaderKey::new(HeaderName::from_static(name))
     }
 
-    /// The key of requests whose header holds `value`: the hash of the
-    /// header's name, `:` and the value (a name holds no `:`, so no two
-    /// pairs give one text). For a `-bin` header, `value` is the decoded
-    /// bytes, not their base64.
+    /// The key of requests whose header holds `value`: the key of the
+    /// value, `Key::from(value)` (hashed, see [`Key`]). For a `-bin` header,
+    /// `value` is the decoded bytes, not their base64.
     ///
     /// ```
-    /// use ratelimit_tower::{HeaderKey, KeyExtractor};
+    /// use ratelimit_tower::{HeaderKey, Key, KeyExtractor};
     ///
     /// let api_key = HeaderKey::from_static("x-api-key");
     /// let req = http::Request::get("/").header("x-api-key", "acme").body(()).unwrap();
     /// assert_eq!(api_key.extract(&req), Some(api_key.key_for(b"acme")));
-    /// assert_ne!(api_key.key_for(b"acme"), HeaderKey::from_static("x-tenant").key_for(b"acme"));
+    /// assert_eq!(api_key.key_for(b"acme"), Key::from("acme"));
     /// ```
     pub fn key_for(&self, value: &[u8]) -> Key {
-        let name = self.name.as_str().as_bytes();
-        Key::copy_from_slice(&ratelimit_core::key::hashed_parts(&[name, b":", value]))
+        Key::from(value)
     }
 }
 
@@ -521,7 +573,7 @@ pub(super) fn ip_key(ip: IpAddr, ipv6_prefix: Option<u8>) -> Key {
         }
         at = end;
     }
-    Key::copy_from_slice(buf.get(..at).unwrap_or_default())
+    Key::text(buf.get(..at).unwrap_or_default())
 }
 
 impl<B> KeyExtractor<Request<B>> for PeerIp {
@@ -547,7 +599,9 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
 /// let user = |req: &Request<()>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
 /// let key = Composite::new(tenant, user);
 /// let req = Request::builder().header("x-tenant", "acme").header("x-user", "bob").body(()).unwrap();
-/// assert_eq!(key.extract(&req).unwrap().as_bytes(), b"4:acmebob");
+/// // Each part as a key (the values hashed), joined.
+/// let parts = [ratelimit_core::key::hashed(b"acme"), ratelimit_core::key::hashed(b"bob")];
+/// assert_eq!(key.extract(&req).unwrap().as_bytes(), [&b"33:"[..], &parts[0], &parts[1]].concat());
 /// ```
 #[derive(Debug, Clone)]
 pub struct Composite<A, B> {
@@ -587,7 +641,7 @@ pub(crate) fn join(first: &Key, second: &Key) -> Key {
     joined.push(b':');
     joined.extend_from_slice(a);
     joined.extend_from_slice(b);
-    Key::from(joined)
+    Key::text(&joined)
 }
 
 /// A key, or another when the first finds none: built by [`Fallback::new`]
@@ -622,13 +676,13 @@ impl<A, B> Fallback<A, B> {
     /// `first`'s key, or `then`'s when `first` finds none.
     ///
     /// ```
-    /// use ratelimit_tower::{Fallback, KeyExtractor, PeerIp};
+    /// use ratelimit_tower::{Fallback, Key, KeyExtractor, PeerIp};
     /// use http::Request;
     ///
     /// let tenant = |req: &Request<()>| req.headers().get("x-tenant").map(|v| v.as_bytes().to_vec());
     /// let key = Fallback::new(tenant, PeerIp);
     /// let req = Request::builder().header("x-tenant", "acme").body(()).unwrap();
-    /// assert_eq!(key.extract(&req).unwrap().as_bytes(), b"acme");
+    /// assert_eq!(key.extract(&req), Some(Key::from("acme")));
     /// ```
     pub fn new(first: A, then: B) -> Self {
         Fallback { first, then }
@@ -686,10 +740,10 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         #[cfg(feature = "axum")]
         if let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() {
-            return Some(Key::copy_from_slice(matched.as_str().as_bytes()));
+            return Some(Key::text(matched.as_str().as_bytes()));
         }
         let path = crate::path::key_path(req.uri().path());
-        Some(Key::copy_from_slice(path.as_bytes()))
+        Some(Key::text(path.as_bytes()))
     }
 }
 

@@ -12,15 +12,16 @@ use http::header::GetAll;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `RateLimit-Policy`.
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
-pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `X-RateLimit-Limit`.
-pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
-pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) static X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
-pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// The rate-limit fields of one response, written when its request is
 /// decided (the decisions then go to the request's extensions, not along

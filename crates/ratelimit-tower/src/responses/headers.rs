@@ -13,7 +13,10 @@
 //! the time until its quota is fully restored (rounded up; 0 when it is full).
 //! `w` is the policy's window: the window of the window algorithms, the time to
 //! refill an empty bucket, the lease of a concurrency permit (rounded up to a
-//! whole second).
+//! whole second). For calendar periods
+//! ([`Policy::calendar`](ratelimit_core::Policy::calendar)) it is the real
+//! length of the period in progress by this machine's clock (a month: 28 to
+//! 31 days), and `t` counts to that period's real end.
 //!
 //! The legacy fields describe the most restrictive policy:
 //! `X-RateLimit-Limit`, `X-RateLimit-Remaining`, and `X-RateLimit-Reset` in
@@ -54,14 +57,11 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue};
-use ratelimit_core::Policy;
+use ratelimit_core::algorithm::FixedWindow;
+use ratelimit_core::{Algorithm, Policy};
 
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::responses::fields::Fields;
-
-pub use super::fields::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
 
 /// How `X-RateLimit-Reset` is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,7 +141,7 @@ impl RateLimitHeaders {
     /// [the module docs](self#a-response-that-already-carries-rate-limit-fields)).
     ///
     /// ```
-    /// use ratelimit_tower::headers::{RATELIMIT, RateLimitHeaders};
+    /// use ratelimit_tower::headers::RateLimitHeaders;
     /// use ratelimit_tower::{Decisions, PolicyDecision, Policy};
     /// use ratelimit_core::Decision;
     /// use std::time::Duration;
@@ -153,9 +153,9 @@ impl RateLimitHeaders {
     ///     Decision::allow(10, 9, 60_000_000),
     /// )]);
     /// let mut headers = http::HeaderMap::new();
-    /// headers.insert(&RATELIMIT, http::HeaderValue::from_static(r#""login";r=2;t=900"#));
+    /// headers.insert("ratelimit", http::HeaderValue::from_static(r#""login";r=2;t=900"#));
     /// RateLimitHeaders::ietf().apply(&decisions, &mut headers);
-    /// assert_eq!(headers[&RATELIMIT], r#""login";r=2;t=900, "exports";r=9;t=60"#);
+    /// assert_eq!(headers["ratelimit"], r#""login";r=2;t=900, "exports";r=9;t=60"#);
     /// # Ok(())
     /// # }
     /// ```
@@ -228,6 +228,10 @@ impl PolicyFieldCache {
         let [only] = decisions.as_slice() else {
             return policy_field(decisions);
         };
+        // A calendar period's `w` changes with the period.
+        if calendar_window(only.policy()).is_some() {
+            return policy_field(decisions);
+        }
         // `Policy` equality compares the shared pointer first: one test when
         // it is the rule's own policy.
         match self.0.get() {
@@ -316,17 +320,41 @@ fn seconds(micros: u64) -> u64 {
 
 /// A policy's window (see [`Policy::window`]) in whole seconds, rounded up:
 /// the `w` of `RateLimit-Policy` and the window a problem+json detail names.
+/// For calendar periods, the length of the period in progress now.
 pub(crate) fn window_seconds(policy: &Policy) -> u64 {
-    seconds(u64::try_from(policy.window().as_micros()).unwrap_or(u64::MAX))
+    window_seconds_at(policy, unix_micros())
+}
+
+/// [`window_seconds`] at `now` (µs of Unix time).
+fn window_seconds_at(policy: &Policy, now: u64) -> u64 {
+    match calendar_window(policy) {
+        Some(window) => {
+            let (start, end) = window.bounds(now);
+            seconds(end - start)
+        }
+        None => seconds(u64::try_from(policy.window().as_micros()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// The fixed window of `policy` when it counts in calendar periods.
+fn calendar_window(policy: &Policy) -> Option<&FixedWindow> {
+    match policy.algorithm() {
+        Algorithm::FixedWindow(window) if window.calendar_periods().is_some() => Some(window),
+        _ => None,
+    }
+}
+
+/// This machine's Unix time in µs.
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// The Unix time, in seconds rounded up, `micros` from now.
 fn epoch_seconds_after(micros: u64) -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
-    now.saturating_add(micros).div_ceil(1_000_000)
+    unix_micros().saturating_add(micros).div_ceil(1_000_000)
 }
 
 /// The `t` of one policy in microseconds (see [`t_seconds`]).
@@ -346,6 +374,7 @@ mod tests {
     use ratelimit_core::Decision;
 
     use super::*;
+    use crate::responses::fields::{RATELIMIT, RATELIMIT_POLICY};
 
     fn allowed(policies: &[&Policy]) -> Decisions {
         Decisions::new(
@@ -430,6 +459,40 @@ mod tests {
         let stored = cache.0.get().unwrap().1.as_bytes().as_ptr();
         assert_ne!(second.as_bytes().as_ptr(), stored);
         assert_ne!(third.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+    }
+
+    /// A calendar period's `w` is the real length of the period in
+    /// progress, and its field is written afresh for every response.
+    #[test]
+    fn a_calendar_period_has_the_window_of_the_period_in_progress() {
+        use ratelimit_core::Period;
+        const DAY: u64 = 86_400;
+        const MICROS: u64 = 1_000_000;
+        let monthly = Policy::calendar(5, Period::Month)
+            .unwrap()
+            .with_name("m")
+            .unwrap();
+        // 2024-02-10 and 2024-03-10 (a leap year), 2023-02-10, 2024-12-31.
+        let cases = [(19_763, 29), (19_792, 31), (19_398, 28), (20_088, 31)];
+        for (day, length) in cases {
+            assert_eq!(
+                window_seconds_at(&monthly, day * DAY * MICROS),
+                length * DAY
+            );
+        }
+        let yearly = Policy::calendar(5, Period::Year).unwrap();
+        assert_eq!(window_seconds_at(&yearly, 19_763 * DAY * MICROS), 366 * DAY);
+        // The cache never holds it: its field follows the clock.
+        let cache = PolicyFieldCache::default();
+        let decisions = allowed(&[&monthly]);
+        let (field, _) = fields(&decisions, Some(&cache));
+        assert_eq!(field, format!("\"m\";q=5;w={}", window_seconds(&monthly)));
+        assert!(cache.0.get().is_none());
+        assert!(
+            [28, 29, 30, 31]
+                .map(|d| d * DAY)
+                .contains(&window_seconds(&monthly))
+        );
     }
 
     /// A field's length is counted before it is written: every number's

@@ -16,20 +16,22 @@ use crate::responses::headers::{PolicyFieldCache, RateLimitHeaders};
 use crate::responses::problem::{PROBLEM_JSON, problem_json};
 use crate::responses::rejection::{Rejection, retry_after_seconds};
 
-/// A boxed error, as tower uses for middleware errors.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// A boxed error, as tower uses for middleware errors (`tower::BoxError`).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Turns the layer's outcomes into the service's responses and errors.
+/// How refusals reach the client: the third type parameter of
+/// [`RateLimitLayer`](crate::RateLimitLayer) and [`RateLimit`](crate::RateLimit),
+/// which gives the service its response and error types.
 ///
 /// [`HttpRejections`] (the default) answers refusals with HTTP responses
-/// (`429`, `503`, or a gRPC trailers-only response); [`ErrorRejections`]
-/// makes them errors, for request types that are not HTTP.
+/// (`429`, `503`, or a gRPC trailers-only response), and keeps the inner
+/// service's error; [`ErrorRejections`] makes them errors, for request
+/// types that are not HTTP.
 ///
-/// Not part of the API: `pub` only because it bounds the public
-/// `Service` impl of [`RateLimit`](crate::RateLimit), and left unexported, so
-/// no user can name or implement it (answers are customised with
-/// [`HttpRejections::on_rejection`]).
-pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
+/// Sealed: these two are the only implementations, and only the associated
+/// types [`Response`](Reject::Response) and [`Error`](Reject::Error) are
+/// API. Answers are customised with [`HttpRejections::on_rejection`].
+pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The service's response.
     type Response;
     /// The service's error.
@@ -39,24 +41,43 @@ pub trait Reject<Req, Res, E>: Clone + Send + Sync + 'static {
     /// decided: the response future holds it instead of the decisions and a
     /// clone of the settings, whose reference count every request on every
     /// thread would write.
+    #[doc(hidden)]
     type Allowed: Send + 'static;
 
     /// What the response to a request allowed with `decisions` will take.
+    #[doc(hidden)]
     fn allowing(&self, decisions: Option<&Decisions>) -> Self::Allowed;
 
     /// Records the decisions on an allowed request (HTTP: its extensions).
+    #[doc(hidden)]
     fn annotate(&self, req: &mut Req, decisions: Decisions);
 
     /// Wraps the inner service's response. `permit` holds the request's
     /// concurrency permits; dropping it releases them.
+    #[doc(hidden)]
     fn allowed(allowing: Self::Allowed, response: Res, permit: PermitGuard) -> Self::Response;
+
+    /// Gives `f` the head of the inner service's response (HTTP: its
+    /// status, headers and extensions; `None` for a response that is not
+    /// HTTP), to settle costs from and remove cost headers from.
+    fn inspect(response: Res, f: impl FnOnce(Option<&mut http::response::Parts>)) -> Res;
 
     /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
     /// it is refused).
+    #[doc(hidden)]
     fn rejected(&self, req: &Req, rejection: Rejection) -> Result<Self::Response, Self::Error>;
 
     /// Converts the inner service's error.
+    #[doc(hidden)]
     fn error(error: E) -> Self::Error;
+}
+
+/// Keeps [`Reject`] to the implementations of this crate.
+mod sealed {
+    pub trait Sealed {}
+
+    impl Sealed for super::HttpRejections {}
+    impl Sealed for super::ErrorRejections {}
 }
 
 type CustomHttp = Box<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
@@ -225,6 +246,15 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         response
     }
 
+    fn inspect(
+        response: Response<ResB>,
+        f: impl FnOnce(Option<&mut http::response::Parts>),
+    ) -> Response<ResB> {
+        let (mut parts, body) = response.into_parts();
+        f(Some(&mut parts));
+        Response::from_parts(parts, body)
+    }
+
     fn rejected(&self, req: &Request<B>, rejection: Rejection) -> Result<Self::Response, E> {
         let grpc = is_grpc(req.headers());
         Ok(self.respond(grpc, &rejection).map(ResponseBody::full))
@@ -237,12 +267,11 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
 
 /// Refusals as errors, for request types that are not HTTP (a client-side
 /// stack calling a downstream API, a queue consumer): the service's error
-/// becomes [`BoxError`], and a refusal is a [`Rejection`] inside it
-/// (downcast to read the decisions). Chosen by
-/// [`RateLimitLayer::for_errors`](crate::RateLimitLayer::for_errors).
-///
-/// Not exported: `pub` only because it is a type parameter of the layer it
-/// builds (as [`Reject`] is a bound); nothing about it is configurable.
+/// becomes a boxed error (`Box<dyn Error + Send + Sync>`, `tower::BoxError`),
+/// and a refusal is a [`Rejection`] inside it (downcast to read the
+/// decisions). Chosen by
+/// [`RateLimitLayer::for_errors`](crate::RateLimitLayer::for_errors); nothing
+/// about it is configurable.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorRejections;
 
@@ -260,6 +289,12 @@ where
 
     fn allowed((): (), response: Res, _permit: PermitGuard) -> Res {
         // Without a body to outlive the response, the permits end with it.
+        response
+    }
+
+    fn inspect(response: Res, f: impl FnOnce(Option<&mut http::response::Parts>)) -> Res {
+        // Not necessarily HTTP: no head to read costs from.
+        f(None);
         response
     }
 

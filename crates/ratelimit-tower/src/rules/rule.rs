@@ -11,22 +11,42 @@ use std::future::{Future, Ready, ready};
 
 use ratelimit_core::Policy;
 
+use crate::decisions::PolicyDecision;
 use crate::keys::{Key, KeyExtractor, NoKey};
 use crate::options::MissingKey;
 use crate::rules::cost::Cost;
+use crate::settlement::{SettleError, Settlement};
 
-/// One limit to apply to one request: a policy, the key, and the cost.
+/// One limit to apply to one request: a policy, the key, and the cost (an
+/// estimate, when the limit settles after the response).
 #[derive(Debug, Clone)]
 pub(crate) struct Limit {
     policy: Policy,
     key: Key,
     cost: u64,
+    settlement: Option<Settlement>,
 }
 
 impl Limit {
     /// Checks `key` against `policy` at `cost`.
     pub(crate) fn new(policy: Policy, key: Key, cost: u64) -> Self {
-        Limit { policy, key, cost }
+        Limit {
+            policy,
+            key,
+            cost,
+            settlement: None,
+        }
+    }
+
+    /// How the limit settles after the response, if it does.
+    pub(crate) fn settlement(&self) -> Option<&Settlement> {
+        self.settlement.as_ref()
+    }
+
+    /// The limit's decision, with its estimate when it settles.
+    pub(crate) fn decided(&self, decision: ratelimit_core::Decision) -> PolicyDecision {
+        PolicyDecision::new(self.policy.clone(), decision)
+            .with_estimate(self.settlement.as_ref().map(|_| self.cost))
     }
 
     /// The policy.
@@ -104,7 +124,10 @@ impl Limits {
         Limits::default()
     }
 
-    /// One limit: `key` checked against `policy` at `cost`.
+    /// One limit: `key` checked against `policy` at `cost`. A value (bytes,
+    /// text, a number) is hashed as every value is ([`Key`]), so the budget
+    /// of `Limits::one(policy, api_key, 1)` is that of a [`HeaderKey`](crate::HeaderKey)
+    /// reading the same value under `policy`.
     pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
         Limits::none().with(policy, key, cost)
     }
@@ -151,9 +174,56 @@ impl Limits {
         self
     }
 
+    /// These limits and `key` checked against `policy`, reserving
+    /// `estimate` before the call and settled after the response as
+    /// `settlement` says.
+    ///
+    /// A concurrency policy cannot settle ([`Policy::supports_settlement`]):
+    /// a request given one is refused with `500` (a configuration mistake,
+    /// logged and counted as [`Stats::refused_on_error`](crate::Stats::refused_on_error)).
+    /// Static rules refuse it when they are built ([`Rule::settle`]).
+    ///
+    /// ```
+    /// use ratelimit_tower::{Limits, Policy, Rate, Settlement};
+    ///
+    /// let tokens = Policy::token_bucket(1_000, Rate::per_minute(1_000))?.with_name("tokens")?;
+    /// let limits = Limits::none()
+    ///     .with_settlement(tokens, "alice", 1, Settlement::from_static_header("x-tokens-used"));
+    /// assert_eq!(limits.len(), 1);
+    /// # Ok::<(), ratelimit_tower::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_settlement(
+        mut self,
+        policy: Policy,
+        key: impl Into<Key>,
+        estimate: u64,
+        settlement: Settlement,
+    ) -> Self {
+        self.push_settlement(policy, key, estimate, settlement);
+        self
+    }
+
+    /// Adds `key` checked against `policy`, reserving `estimate` and settled
+    /// as `settlement` says (see [`with_settlement`](Limits::with_settlement)).
+    pub fn push_settlement(
+        &mut self,
+        policy: Policy,
+        key: impl Into<Key>,
+        estimate: u64,
+        settlement: Settlement,
+    ) {
+        let mut limit = Limit::new(policy, key.into(), estimate);
+        limit.settlement = Some(settlement);
+        self.push_limit(limit);
+    }
+
     /// Adds `key` checked against `policy` at `cost`.
     pub fn push(&mut self, policy: Policy, key: impl Into<Key>, cost: u64) {
-        let limit = Limit::new(policy, key.into(), cost);
+        self.push_limit(Limit::new(policy, key.into(), cost));
+    }
+
+    fn push_limit(&mut self, limit: Limit) {
         if self.first.is_none() {
             self.first = Some(limit);
         } else {
@@ -270,6 +340,7 @@ pub struct Rule<K, C = u64> {
     key: K,
     cost: C,
     missing_key: Option<MissingKey>,
+    settlement: Option<Settlement>,
 }
 
 impl<K> Rule<K> {
@@ -280,6 +351,7 @@ impl<K> Rule<K> {
             key,
             cost: 1,
             missing_key: None,
+            settlement: None,
         }
     }
 }
@@ -305,7 +377,40 @@ impl<K, C> Rule<K, C> {
             key: self.key,
             cost,
             missing_key: self.missing_key,
+            settlement: self.settlement,
         }
+    }
+
+    /// Settles each request's cost after its response, as `settlement`
+    /// says: the rule's [`cost`](Rule::cost) is then the estimate reserved
+    /// before the call (a number, a function of the request, or 0: see
+    /// [Costs known after the response](crate#costs-known-after-the-response)).
+    ///
+    /// # Errors
+    ///
+    /// [`SettleError::Unsupported`] for a concurrency policy, whose units
+    /// are permits, not consumed.
+    ///
+    /// ```
+    /// use ratelimit_tower::{HeaderKey, Policy, Rate, Rule, Settlement};
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::token_bucket(1_000, Rate::per_minute(1_000))?.with_name("tokens")?;
+    /// let rule = Rule::new(tokens, HeaderKey::from_static("x-api-key"))
+    ///     .cost(1)
+    ///     .settle(Settlement::from_static_header("x-tokens-used"))?;
+    /// # let _ = rule;
+    ///
+    /// let in_flight = Policy::concurrency(4, Duration::from_secs(30))?;
+    /// let refused = Rule::new(in_flight, HeaderKey::from_static("x-api-key"))
+    ///     .settle(Settlement::from_static_header("x-tokens-used"));
+    /// assert!(refused.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle(mut self, settlement: Settlement) -> Result<Self, SettleError> {
+        SettleError::check(&self.policy)?;
+        self.settlement = Some(settlement);
+        Ok(self)
     }
 
     /// What to do with requests for which `key` finds no key. The default
@@ -334,7 +439,15 @@ impl<K, C> Rule<K, C> {
         C: Cost<Req>,
     {
         match self.key.try_extract(req) {
-            Ok(key) => Limits::one(self.policy.clone(), key, self.cost.cost(req)),
+            Ok(key) => match &self.settlement {
+                None => Limits::one(self.policy.clone(), key, self.cost.cost(req)),
+                Some(settlement) => Limits::none().with_settlement(
+                    self.policy.clone(),
+                    key,
+                    self.cost.cost(req),
+                    settlement.clone(),
+                ),
+            },
             Err(cause) => Limits::missed(
                 &self.policy,
                 cause,

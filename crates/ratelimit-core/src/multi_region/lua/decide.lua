@@ -1,7 +1,7 @@
 -- One decision of a multi-region store, in its own region's Redis.
 --
 -- A key's state is one hash, `<prefix>:<policy>:{<key>}:mr` (see
--- numbers.lua for its fields): this region's own counts, incremented here,
+-- fields.lua for its fields): this region's own counts, incremented here,
 -- and the counts heard from each peer, by the window of this Redis's clock
 -- in which they arrived (merge.lua). Every admission is also written to the
 -- outbox, which the sync tasks of every instance of this region push to
@@ -34,7 +34,8 @@
 -- time, then for each check whether it passes, the window start and the
 -- global previous and current counts (before this call).
 
--- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- both come first.
 
 local t = redis.call('TIME')
 local real_now = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -38,7 +38,8 @@
 -- start over, 2 when a merge of the round had not run, and the generation
 -- marked.
 
--- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- both come first.
 
 local t = redis.call('TIME')
 local real_now = tonumber(t[1]) * 1000000 + tonumber(t[2])

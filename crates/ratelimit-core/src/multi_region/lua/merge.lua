@@ -31,7 +31,8 @@
 -- over by this clock are dropped; TTLs are only ever extended. Returns the
 -- units added.
 
--- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- both come first.
 
 local now = tonumber(ARGV[3])
 local fixed = now > 0

@@ -21,7 +21,8 @@
 -- last one read, so a round that reads until the end delivers every entry
 -- as it stood at its last read.
 
--- idiv, fmt, parse_field, extend_ttl: numbers.lua, which comes first.
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- both come first.
 
 local now = tonumber(ARGV[4])
 if now == 0 then

@@ -1,4 +1,5 @@
--- Fixed window: at most `limit` per window aligned on the clock.
+-- Fixed window: at most `limit` per window aligned on the clock, or per
+-- calendar period (fixed_window_bounds: calendar.lua, which comes first).
 -- State (string, tag TAG.fixed_window): "<window's last µs> <count>" (any
 -- time in the window reads alike under its own length; see
 -- FixedWindow::current in Rust).
@@ -30,33 +31,36 @@ local function fixed_window_text(start, count)
   return FW_PREFIX .. text
 end
 
--- The window start and count that apply at `now`. A count written under
--- another window length counts in the window of this length that holds the
--- last µs of the window that wrote it (FixedWindow::current in Rust).
+-- The window start, end and count that apply at `now`. A count written
+-- under another window length counts in the window of this length that
+-- holds the last µs of the window that wrote it (FixedWindow::current in
+-- Rust).
 local function fixed_window_current(key, now, window)
-  local aligned = idiv(now, window) * window
+  local aligned, stop = fixed_window_bounds(now, window)
   local raw = tagged_state(key, FIXED_WINDOW_BYTE)
   if raw then
-    local start, count
+    local last, count
     if string.find(raw, FW_PREFIX, 1, true) == 1 then
-      start, count = FW_START, number(string.sub(raw, #FW_PREFIX + 1))
+      last, count = FW_START, number(string.sub(raw, #FW_PREFIX + 1))
     else
-      start, count = state_numbers2(raw, number, number)
+      last, count = state_numbers2(raw, number, number)
     end
-    if start ~= aligned then
-      start = idiv(start, window) * window
+    -- The common case: the state's window is the current one.
+    if last == stop - 1 then
+      return aligned, stop, count
     end
+    local start, state_stop = fixed_window_bounds(last, window)
     -- A count from a later window (the server clock stepped back) is kept.
     if count > 0 and start >= aligned then
-      return start, count
+      return start, state_stop, count
     end
   end
-  return aligned, 0
+  return aligned, stop, 0
 end
 
 ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
-  local start, count = fixed_window_current(key, now, window)
-  local until_end = start + window - now
+  local _, stop, count = fixed_window_current(key, now, window)
+  local until_end = stop - now
   if count + cost > limit then
     -- A penalty (admin.lua) may have pushed the count past the limit.
     return 0, limit, positive(limit - count), until_end, until_end, 0
@@ -67,7 +71,7 @@ ALGORITHMS['fixed-window'] = function(key, now, cost, limit, window)
     reset = until_end
   end
   if cost > 0 then
-    local text = fixed_window_text(start + window - 1, count)
+    local text = fixed_window_text(stop - 1, count)
     return 1, limit, limit - count, reset, 0, 0, key, false, text, reset
   end
   return 1, limit, limit - count, reset, 0, 0

@@ -29,7 +29,7 @@ pub(super) use events::watch;
 pub(super) use master::Master;
 
 /// The port of a sentinel whose address gives none.
-pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+pub(crate) const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// What [`RedisStore::sentinel_builder`](super::RedisStore::sentinel_builder)
 /// was given.
@@ -64,7 +64,7 @@ impl std::fmt::Debug for MasterOptions {
 
 impl Settings {
     /// The sentinels' addresses as `redis://` or `rediss://` URLs, each with
-    /// a port ([`DEFAULT_SENTINEL_PORT`] where it gave none), or an error
+    /// a port (26379 where it gave none), or an error
     /// naming the first that is not an address.
     pub(super) fn urls(&self, master: &MasterOptions) -> Result<Vec<String>, StoreError> {
         if self.sentinels.is_empty() {

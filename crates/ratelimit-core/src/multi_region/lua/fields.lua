@@ -1,23 +1,5 @@
--- Integer arithmetic the multi-region scripts share (prepended to each).
--- Lua numbers are doubles, exact for integers below 2^53:
---   * `a / b` can round up across an integer, so integer division goes
---     through `idiv`, which corrects the quotient (floor, also below zero);
---   * numbers passed to redis.call or returned are turned into strings with
---     14 significant digits, so every one goes through `fmt` first.
-local function idiv(a, b)
-  local q = a / b
-  q = q - q % 1
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function fmt(n)
-  return string.format('%d', n)
-end
+-- The state-hash helpers the multi-region scripts share (prepended to each,
+-- after the integer helpers of redis/lua/numbers.lua).
 
 -- A field of a state hash: `<region>:<start>:<window>`, a count admitted by
 -- (for this region) or heard from (for a peer) `region` in the window of

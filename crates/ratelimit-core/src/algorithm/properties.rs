@@ -1,7 +1,7 @@
 //! Property tests: every algorithm against a naive reference model.
 //!
 //! For random sequences of (time step, cost) a [`MemoryStore`] on a manual
-//! clock, the pure transition in `ratelimit_core::algorithm` and a reference
+//! clock, the pure transition in [`algorithm`](super) and a reference
 //! model written here must give the same decision, field by field. The models
 //! are deliberately simple and independent of the implementation: they keep
 //! the admitted history (or one textbook quantity) and answer one question,
@@ -23,12 +23,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::clock::ManualClock;
+use crate::policy::State;
+use crate::{Algorithm, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use ratelimit_core::clock::ManualClock;
-use ratelimit_core::{
-    Algorithm, Decision, MemoryStore, PermitId, Policy, Rate, State, Store, StoreError,
-};
 
 const KEY: &[u8] = b"prop-key";
 

@@ -1,0 +1,235 @@
+//! Costs known only once the work is done: a [`Reservation`] of an
+//! estimate, settled to the actual cost.
+
+use std::fmt;
+
+use axum_core::response::{IntoResponseParts, ResponseParts};
+use ratelimit_core::{Decision, Policy, Settle, SettlementId, Store, StoreError};
+use ratelimit_tower::PermitGuard;
+use ratelimit_tower::headers::RateLimitHeaders;
+
+use crate::limiter::{Granted, decisions_of};
+
+/// An estimate reserved by [`Limiter::reserve`](crate::Limiter::reserve),
+/// consumed already, to be settled once the work's actual cost is known.
+///
+/// - [`settle`](Self::settle) brings the key to the actual cost: one above
+///   the estimate is charged even past the limit (a debt, which the key's
+///   next requests wait out), one below gives the difference back, never
+///   beyond a full budget.
+/// - [`refund`](Self::refund) gives the whole estimate back (the work did
+///   not happen).
+/// - Dropping it keeps the estimate as the cost: nothing more to do, no
+///   call to the store.
+///
+/// Each reservation carries its own [`SettlementId`]: the store applies its
+/// settlement once however often it is sent, so a settlement that failed
+/// (see [`SettleFailed`]) can be sent again.
+///
+/// Added to a response, it sends the reservation's rate-limit headers (a
+/// settled one's are in the [`Granted`] that [`settle`](Self::settle)
+/// returns).
+pub struct Reservation<St> {
+    store: St,
+    policy: Policy,
+    key: Vec<u8>,
+    estimate: u64,
+    /// The reservation's decision; `None` when the store failed and the
+    /// limiter's failure policy let the request through (nothing consumed).
+    decision: Option<Decision>,
+    headers: RateLimitHeaders,
+    id: SettlementId,
+}
+
+impl<St> fmt::Debug for Reservation<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key is left out: it may be a secret (an API key).
+        f.debug_struct("Reservation")
+            .field("policy", &self.policy.name())
+            .field("estimate", &self.estimate)
+            .field("decision", &self.decision)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> Reservation<St> {
+    pub(crate) fn new(
+        store: St,
+        policy: Policy,
+        key: Vec<u8>,
+        estimate: u64,
+        decision: Option<Decision>,
+        headers: RateLimitHeaders,
+    ) -> Self {
+        Reservation {
+            store,
+            policy,
+            key,
+            estimate,
+            decision,
+            headers,
+            id: SettlementId::random(),
+        }
+    }
+
+    /// The estimate reserved.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+
+    /// The reservation's decision, unless the store failed and the
+    /// limiter failed open.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
+    /// The id its settlement carries.
+    pub fn id(&self) -> SettlementId {
+        self.id
+    }
+
+    /// Settles the reservation to `actual`, the work's actual cost, and
+    /// answers the key's state afterwards as a [`Granted`], whose headers
+    /// a response sends (a key left in debt reports nothing remaining).
+    ///
+    /// Nothing is asked of the store when there is nothing to settle: a
+    /// cost equal to the estimate, a reservation the limiter let through
+    /// while the store was down (nothing was consumed), or a shadow
+    /// policy's denial (nothing was consumed either). Those answer the
+    /// reservation's own headers.
+    ///
+    /// When the store fails, the reservation stays consumed at the
+    /// estimate and comes back in the error, to be settled again (with the
+    /// same `actual`: whatever part of it the store had made is not made
+    /// twice) or sent as it stands. A failure that is not an outage is a
+    /// mistake to fix, and is logged.
+    pub async fn settle(self, actual: u64) -> Result<Granted, SettleFailed<St>> {
+        let Some(decision) = self.decision.as_ref() else {
+            return Ok(self.into_granted());
+        };
+        if actual == self.estimate || !decision.is_allowed() {
+            return Ok(self.into_granted());
+        }
+        let settles = [Settle::new(
+            &self.key,
+            &self.policy,
+            self.estimate,
+            actual,
+            decision,
+        )];
+        match self.store.settle(self.id, &settles).await {
+            Ok(mut decisions) => {
+                let settled = decisions
+                    .pop()
+                    .ok_or_else(|| StoreError::Backend("a settlement answered no decision".into()));
+                match settled {
+                    Ok(settled) => {
+                        tracing::debug!(
+                            policy = self.policy.name(),
+                            reserved = self.estimate,
+                            actual,
+                            remaining = settled.remaining(),
+                            allowed = settled.is_allowed(),
+                            "rate-limit settlement"
+                        );
+                        Ok(Granted {
+                            decisions: Some(decisions_of(&self.policy, settled)),
+                            headers: self.headers,
+                            _permit: PermitGuard::default(),
+                        })
+                    }
+                    Err(error) => Err(self.failed(error)),
+                }
+            }
+            Err(error) => Err(self.failed(error)),
+        }
+    }
+
+    /// Gives the whole estimate back: the work did not happen. A
+    /// settlement to 0, with what [`settle`](Self::settle) says of
+    /// failures.
+    pub async fn refund(self) -> Result<(), SettleFailed<St>> {
+        self.settle(0).await.map(drop)
+    }
+
+    /// The headers of the reservation as it was decided.
+    fn into_granted(self) -> Granted {
+        Granted {
+            decisions: self.decision.map(|d| decisions_of(&self.policy, d)),
+            headers: self.headers,
+            _permit: PermitGuard::default(),
+        }
+    }
+
+    fn failed(self, error: StoreError) -> SettleFailed<St> {
+        if error.is_outage() {
+            tracing::warn!(
+                policy = self.policy.name(),
+                error = %error,
+                "rate-limit store could not settle; the reservation stays at its estimate"
+            );
+        } else {
+            tracing::error!(
+                policy = self.policy.name(),
+                error = %error,
+                kind = error.kind(),
+                "rate-limit store refused a settlement; the reservation stays at its estimate"
+            );
+        }
+        SettleFailed {
+            error,
+            reservation: self,
+        }
+    }
+}
+
+impl<St: Store> IntoResponseParts for Reservation<St> {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        self.into_granted().into_response_parts(res)
+    }
+}
+
+/// A settlement the store did not make ([`Reservation::settle`]): why, and
+/// the reservation, still consumed at its estimate, to settle again or to
+/// send as it stands.
+pub struct SettleFailed<St> {
+    error: StoreError,
+    reservation: Reservation<St>,
+}
+
+impl<St> SettleFailed<St> {
+    /// Why the store did not settle.
+    pub fn error(&self) -> &StoreError {
+        &self.error
+    }
+
+    /// The reservation, to [`settle`](Reservation::settle) again or to add
+    /// to the response as it stands.
+    pub fn into_reservation(self) -> Reservation<St> {
+        self.reservation
+    }
+}
+
+impl<St> fmt::Debug for SettleFailed<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SettleFailed")
+            .field("error", &self.error)
+            .field("reservation", &self.reservation)
+            .finish()
+    }
+}
+
+impl<St> fmt::Display for SettleFailed<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the reservation could not be settled: {}", self.error)
+    }
+}
+
+impl<St> std::error::Error for SettleFailed<St> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
