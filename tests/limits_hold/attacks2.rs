@@ -830,18 +830,24 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     use ratelimit_core::Store;
     let server = ratelimit_tests::RedisServer::start();
     let store = ratelimit_tests::stores::redis_store(server.url()).await;
-    let a = named("ca", Policy::concurrency(6, Duration::from_millis(300)));
-    let b = named("cb", Policy::concurrency(4, Duration::from_millis(240)));
+    // Leases of a second and more, renewed every third of them: a renewal
+    // late by hundreds of milliseconds on a loaded machine still lands in
+    // time, and each lease outlasts the half second the release may take
+    // after the drop below by at least 300 ms.
+    let a = named("ca", Policy::concurrency(6, Duration::from_millis(1_500)));
+    let b = named("cb", Policy::concurrency(4, Duration::from_millis(1_200)));
+    // The Limiter hashes the value it is given; `key` is that hash, the key
+    // its permits are held under.
     let key = Key::from(b"k".to_vec());
     let mut guards = Vec::new();
     for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
         let limiter = ratelimit_axum::Limiter::new(store.clone(), policy.clone());
         for _ in 0..n {
-            let granted = limiter.check(key.as_bytes(), cost).await;
+            let granted = limiter.check(b"k", cost).await;
             guards.push(granted.expect("a slot is free"));
         }
     }
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert!(
         !store
             .check(key.as_bytes(), &a, 1)
@@ -859,8 +865,16 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
         "b: a slot lapsed while held"
     );
     drop(guards);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let d = store.check(key.as_bytes(), &a, 6).await.unwrap();
+    // The releases are sent on the runtime: look for half a second, less
+    // than any lease has left (a lapse is not a release).
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    let d = loop {
+        let d = store.check(key.as_bytes(), &a, 6).await.unwrap();
+        if d.is_allowed() || tokio::time::Instant::now() >= deadline {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(d.is_allowed(), "a: not freed on drop");
     store
         .release(key.as_bytes(), &a, d.permit().unwrap())
