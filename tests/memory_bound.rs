@@ -27,6 +27,7 @@ use http::{Request, Response, StatusCode};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{MemoryStore, Policy, Rate, StoreError};
 use ratelimit_tests::fixtures::bounded_memory;
+use ratelimit_tests::named;
 use ratelimit_tower::{HeaderKey, KeyExtractor, PeerAddr, PeerIp, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -372,9 +373,10 @@ where
 #[test]
 fn an_allowed_request_through_the_memory_layer_allocates_no_future_and_two_exact_header_values() {
     let _serial = serial();
-    let policy = Policy::gcra(1_000_000, Rate::per_second(1_000_000))
-        .and_then(|p| p.with_name("bench"))
-        .expect("valid policy");
+    let policy = named(
+        "bench",
+        Policy::gcra(1_000_000, Rate::per_second(1_000_000)),
+    );
     let mut req = Request::new(());
     req.extensions_mut()
         .insert(PeerAddr(SocketAddr::from(([203, 0, 113, 7], 443))));

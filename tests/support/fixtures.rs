@@ -5,12 +5,14 @@
 
 use std::convert::Infallible;
 use std::future::ready;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratelimit_core::clock::ManualClock;
-use ratelimit_core::{MemoryStore, Policy};
+use ratelimit_core::clock::{ManualClock, TokioClock};
+use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_tower::{And, GlobalKey, PeerAddr, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt, service_fn};
 
 /// The header [`request_from`] names the client in, and [`by_client`] reads.
@@ -24,6 +26,43 @@ pub fn request_from(client: &str) -> Request<String> {
         .expect("a valid request")
 }
 
+/// A `GET path` with an empty body from the peer address `ip` (port 40000,
+/// as the layer's `PeerAddr`) with `headers`.
+pub fn request_at(path: &str, ip: &str, headers: &[(&str, &str)]) -> Request<String> {
+    let mut builder = Request::get(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let mut request = builder.body(String::new()).expect("a valid request");
+    let ip = ip.parse().expect("an IP address");
+    request
+        .extensions_mut()
+        .insert(PeerAddr(SocketAddr::new(ip, 40_000)));
+    request
+}
+
+/// The status of each of `requests`, sent in order through clones of
+/// `service`.
+pub async fn statuses<S, B, R>(
+    service: S,
+    requests: impl IntoIterator<Item = Request<B>>,
+) -> Vec<u16>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut statuses = Vec::new();
+    for request in requests {
+        let response = service
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the service answers");
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
 /// The key extractor of [`request_from`]'s requests: the client's name.
 pub fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
     req.headers()
@@ -35,6 +74,12 @@ pub fn by_client(req: &Request<String>) -> Option<Vec<u8>> {
 /// refills while a test runs.
 pub fn frozen_memory() -> MemoryStore<ManualClock> {
     MemoryStore::builder().clock(ManualClock::new(0)).build()
+}
+
+/// A `MemoryStore` on tokio's clock: under a paused clock (`start_paused`),
+/// time passes only as the test sleeps or advances it.
+pub fn tokio_memory() -> MemoryStore<TokioClock> {
+    MemoryStore::builder().clock(TokioClock::new()).build()
 }
 
 /// A `MemoryStore` on `clock` that holds at most `max_keys` keys over
@@ -58,14 +103,30 @@ pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Policy {
         .expect("a valid policy")
 }
 
-/// The inner service that answers `200 ok` to everything.
-pub fn ok_service()
--> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<String>| {
-        ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
-    })
+/// A layer of two limits on the global key.
+pub type TwoGlobalLimits<St> = RateLimitLayer<St, And<Rule<GlobalKey>, Rule<GlobalKey>>>;
+
+/// The layer of the wait-mode tests, over `store`, waiting at most `wait`:
+/// a leaky bucket of one a second with 5 slots (`smooth`, returned second)
+/// and a fixed window of 5 an hour (`hourly`, returned last), both on the
+/// global key.
+pub fn smooth_and_hourly<St>(store: St, wait: Duration) -> (TwoGlobalLimits<St>, Policy, Policy) {
+    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
+        .and_then(|p| p.with_name("smooth"))
+        .expect("a valid policy");
+    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let layer = RateLimitLayer::new(store, smooth.clone(), GlobalKey::default())
+        .and(Rule::new(hourly.clone(), GlobalKey::default()))
+        .wait(wait);
+    (layer, smooth, hourly)
+}
+
+/// The inner service that answers `200 ok` to every request, whatever its
+/// body.
+pub fn ok_service<B>()
+-> impl Service<Request<B>, Response = Response<String>, Error = Infallible, Future: Send> + Copy + Send
+{
+    service_fn(|_req: Request<B>| ready(Ok::<_, Infallible>(Response::new(String::from("ok")))))
 }
 
 /// A whole response: status, headers and the body as text.
@@ -107,6 +168,25 @@ where
         status: parts.status,
         headers: parts.headers,
         body: String::from_utf8(bytes.to_vec()).expect("a UTF-8 body"),
+    }
+}
+
+/// A body fed through a channel: it streams what is sent and ends when the
+/// sender is dropped.
+#[derive(Debug)]
+pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Test support for the workspace's integration tests: free loopback ports,
-//! child processes that are stopped on drop, the example binaries
-//! ([`examples`]), requests to them over loopback ([`loopback`]), in-process
+//! child processes that are stopped on drop, the `tracing` events a test
+//! logged ([`events`]), the example binaries ([`examples`]), requests to them over loopback ([`loopback`]), in-process
 //! fixtures for the layer ([`fixtures`]), real Redis servers and clusters
 //! ([`redis_server`]), a Redis Sentinel set-up ([`sentinels`]) and stores on
 //! them ([`stores`]).
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod events;
 pub mod examples;
 pub mod fault_proxy;
 pub mod fixtures;
@@ -28,7 +29,7 @@ pub use redis_server::{Certificates, RedisCluster, RedisServer, cluster_slot};
 pub use sentinels::RedisSentinels;
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,
-    permits_left, pooled, redis_store, redis_store_on_clock, write_sorted_set,
+    permits_left, pooled, redis_store, redis_store_on_clock, warm_up, write_sorted_set,
 };
 
 use ratelimit_core::clock::ManualClock;
@@ -185,6 +186,13 @@ pub fn observable(d: &Decision) -> Observed {
         d.permit().is_some(),
     )
 }
+
+/// What a loaded test machine may add to a time bound that a real server or
+/// process makes unavoidable (a timeout firing on a real socket): scheduling
+/// on two busy cores, never a timeout's worth of waiting. Bounds that use
+/// it stay well below what they guard against (a second timeout, a pool's
+/// 30 s wait, a call that hangs).
+pub const SLACK: Duration = Duration::from_secs(1);
 
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {

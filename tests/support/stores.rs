@@ -8,13 +8,37 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Policy, Store};
+use ratelimit_core::{Policy, Store, StoreError};
 
 use crate::{RedisCluster, RedisServer};
 
 /// The call timeout of the stores built here: long enough that a loaded
 /// test machine never times a call out, short enough that a hung test ends.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a warm-up call may keep failing: the first call connects and
+/// loads the scripts, which on a loaded machine can take longer than a
+/// short call timeout under test.
+pub const WARM_UP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs `call` until it answers (a connection open, the scripts loaded),
+/// outside what a test measures: an outage is tried again for at most
+/// [`WARM_UP_LIMIT`], any other error fails the test at once.
+pub async fn warm_up<T, F>(what: &str, mut call: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let deadline = Instant::now() + WARM_UP_LIMIT;
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(e) if e.is_outage() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
 
 /// Builds `builder`'s store (no connection is made yet).
 pub async fn build(builder: RedisStoreBuilder) -> RedisStore {
@@ -47,6 +71,21 @@ pub async fn pooled(builder: RedisStoreBuilder, connections: u32) -> RedisStore 
 /// A store on `cluster`, calls timing out after [`CALL_TIMEOUT`].
 pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await
+}
+
+/// Asserts that `builder()` is refused on a Redis that may evict keys (a
+/// mistake that names the policy, never an outage), and builds once it
+/// allows eviction.
+pub async fn assert_refused_while_evicting(builder: impl Fn() -> RedisStoreBuilder) {
+    let refused = builder().build().await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("volatile-lru") && !e.is_outage()),
+        "{:?}",
+        refused.err()
+    );
+    assert!(builder().allow_eviction().build().await.is_ok());
 }
 
 /// Polls the number of permits held in the semaphore at `key` (a string:

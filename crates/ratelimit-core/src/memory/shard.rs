@@ -191,7 +191,7 @@ fn same_stored_key(
 }
 
 /// Whether a state kept under `stored` is the state of `policy`: the same
-/// name (parameters may differ: see `tests/parameter_changes.rs`).
+/// name (parameters may differ: see `tests/redis/parameter_changes.rs`).
 #[inline]
 pub(super) fn same_policy(stored: &Policy, policy: &Policy) -> bool {
     stored.ptr_eq(policy) || stored.name() == policy.name()

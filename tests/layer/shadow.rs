@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::fixtures::{
     Answer, answer, by_client, fixed_window, frozen_memory, request_from,
 };
@@ -322,9 +323,7 @@ fn concurrency_permits_of_shadow_and_enforced_policies_are_released() {
 #[test]
 fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
     let ((), recorded) = capture(true, || async {
-        let store = MemoryStore::builder()
-            .clock(ratelimit_core::clock::TokioClock::new())
-            .build();
+        let store = tokio_memory();
         // A shadow denial and a shadow leaky-bucket slot: neither may delay.
         let trial = per_ten_seconds("trial", 1).with_shadow(true);
         let spaced =

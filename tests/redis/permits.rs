@@ -403,12 +403,14 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
     let busy_user =
         semaphore_on_one_connection(server.url(), Duration::from_millis(50), b"busy").await;
     let (store, policy, _) = &busy_user;
-    // 600 ms of a script that holds the server (below the 5 s busy limit).
+    // 2 s of a script that holds the server (below the 5 s busy limit):
+    // long enough that the check below, sent once `redis-cli` has had half
+    // a second to start on a loaded machine, meets it running.
     let script = "local t = redis.call('TIME') \
         local start = t[1] * 1000000 + t[2] \
         while true do \
           local n = redis.call('TIME') \
-          if n[1] * 1000000 + n[2] - start > 600000 then return 1 end \
+          if n[1] * 1000000 + n[2] - start > 2000000 then return 1 end \
         end";
     let port = server.port();
     let busy = std::thread::spawn(move || {
@@ -426,7 +428,7 @@ async fn a_permit_taken_after_its_timeout_behind_a_busy_script_is_released() {
             .unwrap();
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let result = store.check(b"busy", policy, 1).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(busy.join().unwrap(), "1");
@@ -517,34 +519,16 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
 
 // ---- A permit lasts as long as its holder: renewed leases ----
 
-use ratelimit_core::clock::TokioClock;
+use ratelimit_tests::fixtures::{ChannelBody, tokio_memory};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::{GlobalKey, Mode, RateLimitLayer};
 use tower::{Layer as _, ServiceExt as _};
-
-/// A response body fed through a channel: it streams until the sender is
-/// dropped.
-struct StreamingBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
-
-impl http_body::Body for StreamingBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
-    }
-}
 
 /// The senders of the bodies still streaming.
 type Senders = Arc<Mutex<Vec<tokio::sync::mpsc::Sender<bytes::Bytes>>>>;
 
 /// A response of [`streaming`]: its body streams while it lives.
-type Streaming = http::Response<ResponseBody<StreamingBody>>;
+type Streaming = http::Response<ResponseBody<ChannelBody>>;
 
 /// A service whose every response streams a body until its sender (kept in
 /// the returned list) is dropped, behind a layer of `policy` (one global
@@ -570,7 +554,7 @@ fn streaming<St: Store + Clone>(
         tower::service_fn(move |_req: http::Request<&'static str>| {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             senders.lock().unwrap().push(tx);
-            async move { Ok(http::Response::new(StreamingBody(rx))) }
+            async move { Ok(http::Response::new(ChannelBody(rx))) }
         })
     };
     let layer = RateLimitLayer::new(store, policy, GlobalKey::default()).mode(mode);
@@ -605,7 +589,7 @@ fn semaphore_leased(max: u64, lease: Duration) -> Policy {
 #[tokio::test(start_paused = true)]
 async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
     let t0 = tokio::time::Instant::now();
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(30));
     let (service, _senders) = streaming(store, policy, Mode::Reject);
     let first = request(&service).await;
@@ -627,7 +611,7 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
 /// it).
 #[tokio::test(start_paused = true)]
 async fn a_dropped_body_frees_its_permit_and_stops_renewing_it() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(30));
     let (service, _senders) = streaming(store.clone(), policy.clone(), Mode::Reject);
     let first = request(&service).await;
@@ -726,7 +710,7 @@ fn a_holder_that_dies_loses_its_permit_when_its_lease_ends() {
 /// past the lease; dropping it frees the slot.
 #[tokio::test(start_paused = true)]
 async fn a_limiter_grant_held_past_its_lease_still_holds_its_permit() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let limiter = ratelimit_axum::Limiter::new(store, semaphore_leased(1, Duration::from_secs(30)));
     let granted = limiter.check(b"job", 1).await.unwrap();
     tokio::time::sleep(Duration::from_secs(100)).await;
@@ -741,7 +725,7 @@ async fn a_limiter_grant_held_past_its_lease_still_holds_its_permit() {
 /// the lease ends after its longest wait).
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_passes_soon_after_a_release() {
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = semaphore_leased(1, Duration::from_secs(60));
     let mode = Mode::Wait {
         max_delay: Duration::from_secs(5),
@@ -788,8 +772,10 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
         );
     }
     drop(first);
-    // The release is sent on the runtime: look until it has landed.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    // The release is sent on the runtime: look until it has landed, for a
+    // second (a real server on a loaded machine), well before the lease,
+    // renewed until the drop, could end (1.3 s at the soonest).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
     loop {
         let peek = store.check(b"global", &policy, 0).await.unwrap();
         if peek.remaining() == 1 {

@@ -3,7 +3,7 @@
 //! alike with large limits; and the longest single Redis call of every
 //! algorithm, in its costliest state, is measured and bounded.
 //!
-//! `cargo test -p ratelimit-tests --test bounded_work -- --nocapture` prints
+//! `cargo test -p ratelimit-tests --test redis bounded_work -- --nocapture` prints
 //! the figures BENCHMARKS.md reports.
 
 use std::time::Duration;

@@ -520,29 +520,38 @@ fn guarantee(
     Ok(())
 }
 
+/// The runtime the property tests drive both stores on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A runner of `cases` cases: modest by default (the suite's time budget);
+/// `PROPTEST_CASES` searches longer.
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(cases),
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
 /// For every algorithm, random timelines with random changes of numbers
 /// under one name, on both stores: no panic, no error, the same decisions,
 /// values in range, and the final numbers' guarantee after the last change.
 #[test]
 fn random_parameter_changes_on_both_stores() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let stores = runtime.block_on(Pair::start(B + 123_457));
     let cases = std::cell::Cell::new(0u64);
     for family in FAMILIES {
-        let mut runner = TestRunner::new(Config {
-            // Modest by default (the suite's time budget); PROPTEST_CASES
-            // searches longer.
-            cases: std::env::var("PROPTEST_CASES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(32),
-            failure_persistence: None,
-            ..Config::default()
-        });
+        let mut runner = runner(32);
         runner
             .run(&case(), |case| {
                 cases.set(cases.get() + 1);
@@ -732,23 +741,12 @@ fn tightened_guarantee(
 /// ([`tightened_guarantee`] states the bound for each algorithm).
 #[test]
 fn tightened_parameters_never_over_admit_on_both_stores() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let stores = runtime.block_on(Pair::start(B + 654_321));
     let cases = std::cell::Cell::new(0u64);
     let changes = std::cell::Cell::new(0u64);
     for family in FAMILIES {
-        let mut runner = TestRunner::new(Config {
-            cases: std::env::var("PROPTEST_CASES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(48),
-            failure_persistence: None,
-            ..Config::default()
-        });
+        let mut runner = runner(48);
         runner
             .run(&tightened_case(family), |case| {
                 cases.set(cases.get() + 1);

@@ -15,12 +15,13 @@
 
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use ratelimit_core::redis::bb8_redis::RedisConnectionManager;
 use ratelimit_core::redis::{RedisStore, bb8};
 use ratelimit_core::{
     AdminStore, Check, Decision, Policy, Rate, Settle, SettlementId, Store, StoreError,
 };
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{
     Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
     named,
@@ -621,9 +622,7 @@ async fn through_the_layer_a_missing_permission_is_refused_whatever_the_failure_
     set_user(&server, "lacks-get", &commands);
     let store = store(url(&server, "lacks-get", 0)).await;
     let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
-    let inner = tower::service_fn(|_req: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     for failure in [FailurePolicy::Closed, FailurePolicy::Open] {
         let layer = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
             .on_failure(failure.clone());

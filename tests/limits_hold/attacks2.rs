@@ -5,15 +5,15 @@
 //! waits, permits of other keys, extreme parameters, IPv6 rotation, spoofed
 //! forwarding headers).
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Request;
 use ratelimit_core::{MemoryStore, Policy};
+use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
+use ratelimit_tests::named;
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
-use ratelimit_tower::{FailurePolicy, PeerAddr, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// A windowed policy's constructor (`Policy::fixed_window` and the like).
@@ -25,21 +25,9 @@ type Metered = fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::P
 /// A bucket's capacity, amount and period in µs.
 type Bucket = (u64, u64, u64);
 
-async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
-    Ok(Response::new(String::from("ok")))
-}
-
+/// A request to `/api/items` from the peer `ip` with `headers`.
 fn req_from(ip: &str, headers: &[(&str, &str)]) -> Request<String> {
-    let mut builder = Request::get("/api/items");
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    let mut req = builder.body(String::new()).expect("request");
-    req.extensions_mut().insert(PeerAddr(SocketAddr::new(
-        ip.parse().expect("an address"),
-        40_000,
-    )));
-    req
+    request_at("/api/items", ip, headers)
 }
 
 async fn statuses<R>(
@@ -50,13 +38,11 @@ where
     R: ratelimit_tower::RuleProvider<Request<String>> + Clone + Send + Sync + 'static,
     R::Future: Send,
 {
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
-    let mut out = Vec::new();
-    for req in reqs {
-        let response = service.clone().oneshot(req).await.expect("infallible");
-        out.push(response.status().as_u16());
-    }
-    out
+    fixtures::statuses(
+        ServiceBuilder::new().layer(layer).service(ok_service()),
+        reqs,
+    )
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -207,14 +193,8 @@ fn timeline(
     let mut rng = Lcg(seed);
     let clock = ManualClock::new(1_000_000_000 + rng.below(10_000_000));
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let p_old = make(old.0, Duration::from_micros(old.1))
-        .unwrap()
-        .with_name("p")
-        .unwrap();
-    let p_new = make(new.0, Duration::from_micros(new.1))
-        .unwrap()
-        .with_name("p")
-        .unwrap();
+    let p_old = named("p", make(old.0, Duration::from_micros(old.1)));
+    let p_new = named("p", make(new.0, Duration::from_micros(new.1)));
     let mut admitted = Vec::new();
     let mut change_at = 0;
     for i in 0..steps {
@@ -461,7 +441,7 @@ fn racing_threads_over_expiring_keys_hold_exactly_max_keys() {
 /// `rsync --inplace -t`, `touch -r`; or two same-size writes within the
 /// filesystem's timestamp granularity) is never seen: a tightened limit
 /// (5 to 1) is never put in force, although the file says 1.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_sees_a_change_that_keeps_size_and_modification_time() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("limits.toml");
@@ -560,7 +540,7 @@ async fn extreme_configuration_values_never_panic() {
                     loaded += 1;
                     let layer = RateLimitLayer::with_rules(MemoryStore::new(), config)
                         .on_failure(FailurePolicy::Closed);
-                    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+                    let service = ServiceBuilder::new().layer(layer).service(ok_service());
                     for _ in 0..3 {
                         let req = req_from("192.0.2.1", &[("x-client", "a")]);
                         let fut = service.clone().oneshot(req);
@@ -630,7 +610,7 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
                 let now = ratelimit_core::clock::Clock::now(&clock);
                 // Redis TTLs run on the server's clock: the key is dropped
                 // when the last write's lifetime ends on this timeline (as
-                // tests/parameter_changes.rs does).
+                // tests/redis/parameter_changes.rs does).
                 if expires.is_some_and(|e| now >= e) {
                     server.cli(&["DEL", &redis.state_key(key.as_bytes(), &policy)]);
                     expires = None;
@@ -709,14 +689,8 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
 #[test]
 fn max_keys_counts_one_state_per_policy_and_key() {
     let store = MemoryStore::builder().max_keys(8).build();
-    let a = Policy::fixed_window(10, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("a")
-        .unwrap();
-    let b = Policy::fixed_window(10, Duration::from_secs(3600))
-        .unwrap()
-        .with_name("b")
-        .unwrap();
+    let a = named("a", Policy::fixed_window(10, Duration::from_secs(3600)));
+    let b = named("b", Policy::fixed_window(10, Duration::from_secs(3600)));
     for i in 0..4 {
         let key = format!("client{i}");
         assert!(store.check_now(key.as_bytes(), &a, 1).is_ok());
@@ -787,7 +761,7 @@ fn denied_floods_do_not_move_the_next_admission() {
 /// The watcher keeps the limits in force when its file is deleted, replaced
 /// by a directory, by an empty file, by a symlink to nowhere, then follows a
 /// valid file again (watcher alive, nothing lifted).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("limits.toml");
@@ -799,7 +773,7 @@ async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
             RateLimitLayer::with_rules(MemoryStore::new(), rules.clone())
                 .on_failure(FailurePolicy::Closed),
         )
-        .service_fn(ok);
+        .service(ok_service());
     let send = |client: &'static str| {
         let service = service.clone();
         async move {
@@ -856,24 +830,24 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     use ratelimit_core::Store;
     let server = ratelimit_tests::RedisServer::start();
     let store = ratelimit_tests::stores::redis_store(server.url()).await;
-    let a = Policy::concurrency(6, Duration::from_millis(300))
-        .unwrap()
-        .with_name("ca")
-        .unwrap();
-    let b = Policy::concurrency(4, Duration::from_millis(240))
-        .unwrap()
-        .with_name("cb")
-        .unwrap();
+    // Leases of a second and more, renewed every third of them: a renewal
+    // late by hundreds of milliseconds on a loaded machine still lands in
+    // time, and each lease outlasts the half second the release may take
+    // after the drop below by at least 300 ms.
+    let a = named("ca", Policy::concurrency(6, Duration::from_millis(1_500)));
+    let b = named("cb", Policy::concurrency(4, Duration::from_millis(1_200)));
+    // The Limiter hashes the value it is given; `key` is that hash, the key
+    // its permits are held under.
     let key = Key::from(b"k".to_vec());
     let mut guards = Vec::new();
     for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
         let limiter = ratelimit_axum::Limiter::new(store.clone(), policy.clone());
         for _ in 0..n {
-            let granted = limiter.check(key.as_bytes(), cost).await;
+            let granted = limiter.check(b"k", cost).await;
             guards.push(granted.expect("a slot is free"));
         }
     }
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert!(
         !store
             .check(key.as_bytes(), &a, 1)
@@ -891,8 +865,16 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
         "b: a slot lapsed while held"
     );
     drop(guards);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let d = store.check(key.as_bytes(), &a, 6).await.unwrap();
+    // The releases are sent on the runtime: look for half a second, less
+    // than any lease has left (a lapse is not a release).
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    let d = loop {
+        let d = store.check(key.as_bytes(), &a, 6).await.unwrap();
+        if d.is_allowed() || tokio::time::Instant::now() >= deadline {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(d.is_allowed(), "a: not freed on drop");
     store
         .release(key.as_bytes(), &a, d.permit().unwrap())
@@ -999,10 +981,10 @@ fn the_key_budget_never_leaks_under_random_operations() {
     assert!(store.len() <= MAX, "len() {} passed max_keys", store.len());
     // Everything expires (blocks at most 3 s, windows and leases 2 s).
     clock.advance(Duration::from_secs(3_600));
-    let long = Policy::fixed_window(10, Duration::from_secs(86_400))
-        .unwrap()
-        .with_name("long")
-        .unwrap();
+    let long = named(
+        "long",
+        Policy::fixed_window(10, Duration::from_secs(86_400)),
+    );
     let admitted = (0..(2 * MAX))
         .filter(|i| {
             store
@@ -1102,14 +1084,8 @@ async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
     let server = ratelimit_tests::RedisServer::start();
     let redis = ratelimit_tests::stores::redis_store(server.url()).await;
     let memory = MemoryStore::new();
-    let long = Policy::concurrency(2, Duration::from_secs(60))
-        .unwrap()
-        .with_name("c")
-        .unwrap();
-    let short = Policy::concurrency(2, Duration::from_millis(100))
-        .unwrap()
-        .with_name("c")
-        .unwrap();
+    let long = named("c", Policy::concurrency(2, Duration::from_secs(60)));
+    let short = named("c", Policy::concurrency(2, Duration::from_millis(100)));
     let mut failures = Vec::new();
     for (name, i) in [("memory", 0), ("redis", 1)] {
         let check = |policy: &Policy| {
@@ -1144,14 +1120,8 @@ async fn permit_ids_of_another_key_or_policy_touch_nothing() {
     let server = ratelimit_tests::RedisServer::start();
     let redis = ratelimit_tests::stores::redis_store(server.url()).await;
     let memory = MemoryStore::new();
-    let p = Policy::concurrency(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("cp")
-        .unwrap();
-    let q = Policy::concurrency(1, Duration::from_secs(60))
-        .unwrap()
-        .with_name("cq")
-        .unwrap();
+    let p = named("cp", Policy::concurrency(1, Duration::from_secs(60)));
+    let q = named("cq", Policy::concurrency(1, Duration::from_secs(60)));
     async fn run<S: Store>(store: &S, p: &Policy, q: &Policy) -> Vec<String> {
         let mut bad = Vec::new();
         let a = store.check(b"a", p, 1).await.unwrap().permit().unwrap();
@@ -1199,9 +1169,8 @@ async fn permit_ids_of_another_key_or_policy_touch_nothing() {
 /// 100 ms before its wait ends, although a slot is free for the last 100 ms.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
-    use ratelimit_core::clock::TokioClock;
     use ratelimit_tower::GlobalKey;
-    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let store = tokio_memory();
     let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
     let global = ratelimit_tower::KeyExtractor::<Request<String>>::extract(
         &GlobalKey::default(),
@@ -1221,7 +1190,7 @@ async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
         tokio::time::sleep(Duration::from_millis(900)).await;
         holder_store.release_now(global.as_bytes(), &holder_policy, permit);
     });
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let service = ServiceBuilder::new().layer(layer).service(ok_service());
     let status = service
         .oneshot(Request::new(String::new()))
         .await
@@ -1410,7 +1379,7 @@ async fn the_ip_key_in_a_list_keys_ipv6_by_network_and_mapped_as_ipv4() {
 /// A Kubernetes-style config map: the watched path is a symlink through
 /// `..data`, which is swapped atomically to a new directory. The watcher
 /// follows it, and a swap to a truncated file is refused.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_watcher_follows_a_config_map_symlink_swap() {
     use std::os::unix::fs::symlink;
     let dir = tempfile::tempdir().expect("dir");

@@ -19,6 +19,7 @@ use ratelimit_core::{
     MemoryStore, PermitId, Policy, Store, StoreError,
 };
 use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::named;
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
@@ -125,9 +126,7 @@ fn expected(error: &StoreError, open: bool) -> StatusCode {
 
 #[tokio::test]
 async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
-    let inner = tower::service_fn(|_req: Request<String>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     for error in every_error() {
         for (failure, open) in [
             (FailurePolicy::Open, true),
@@ -167,9 +166,7 @@ async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
 
 #[tokio::test]
 async fn a_grpc_request_gets_internal_for_a_store_bug_and_no_detail_of_it() {
-    let inner = tower::service_fn(|_req: Request<String>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let secret = StoreError::Backend("RATELIMIT_CONFLICT ratelimit:p:{secret-key}".into());
     let service = RateLimitLayer::new(Failing::new(&secret), policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Open)
@@ -199,9 +196,7 @@ async fn a_grpc_request_gets_internal_for_a_store_bug_and_no_detail_of_it() {
 /// error). The same for the axum `Limiter`, and for a full store.
 #[tokio::test]
 async fn an_unavailable_store_answers_in_general_terms_and_names_no_host() {
-    let inner = tower::service_fn(|_req: Request<String>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let secrets = [
         StoreError::Unavailable(
             "failed to connect to redis-primary.secret-zone.internal:6379: Connection refused"
@@ -464,9 +459,7 @@ impl Store for Silent {
 async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
     let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
     let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
-    let inner = tower::service_fn(|_req: Request<String>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default()).layer(inner);
     for _ in 0..10 {
         let call = service.clone().oneshot(Request::new(String::new()));
@@ -488,9 +481,7 @@ async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
 async fn calls_the_layer_times_out_open_the_breaker() {
     let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
     let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
-    let inner = tower::service_fn(|_req: Request<String>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Closed)
         // Three times the breaker's default slow-call time (20 ms).

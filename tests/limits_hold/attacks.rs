@@ -16,6 +16,9 @@ use axum::http::{Method, Request, StatusCode};
 use axum::routing::any;
 use ratelimit_core::{MemoryStore, Policy, Rate};
 use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::ok_service;
+use ratelimit_tests::fixtures::tokio_memory;
+use ratelimit_tests::named;
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
@@ -185,16 +188,9 @@ async fn wait_mode_refusals_give_back_every_algorithm() {
         let run = |requests: usize| {
             let other = other.clone();
             async move {
-                let store = MemoryStore::builder()
-                    .clock(ratelimit_core::clock::TokioClock::new())
-                    .build();
-                let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-                    .unwrap()
-                    .with_name("smooth")
-                    .unwrap();
-                let inner = tower::service_fn(|_: Request<&'static str>| async {
-                    Ok::<_, Infallible>(http::Response::new(String::from("ok")))
-                });
+                let store = tokio_memory();
+                let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
+                let inner = ok_service();
                 let service =
                     RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
                         .and(Rule::new(other.clone(), GlobalKey::default()))
@@ -234,20 +230,12 @@ async fn wait_mode_refusals_give_back_every_algorithm() {
 #[tokio::test(start_paused = true)]
 async fn wait_mode_drops_never_let_a_sliding_log_admit_more_than_its_limit() {
     use ratelimit_tower::HeaderKey;
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
+    let store = tokio_memory();
     // Per client: one request a second, queued (wait mode).
-    let smooth = Policy::leaky_bucket(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let smooth = named("smooth", Policy::leaky_bucket(10, Rate::per_second(1)));
     // For everyone: 3 per 10 s.
     let window = Duration::from_secs(10);
-    let log = Policy::sliding_window_log(3, window)
-        .unwrap()
-        .with_name("log")
-        .unwrap();
+    let log = named("log", Policy::sliding_window_log(3, window));
     let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = admitted.clone();
     let start = tokio::time::Instant::now();
@@ -338,17 +326,10 @@ async fn a_dropped_waiting_request_leaves_every_algorithm_as_if_it_never_came() 
         let run = |drop_one: bool| {
             let shared = shared.clone();
             async move {
-                let store = MemoryStore::builder()
-                    .clock(ratelimit_core::clock::TokioClock::new())
-                    .build();
-                let smooth = Policy::leaky_bucket(10, Rate::per_second(1))
-                    .unwrap()
-                    .with_name("smooth")
-                    .unwrap();
+                let store = tokio_memory();
+                let smooth = named("smooth", Policy::leaky_bucket(10, Rate::per_second(1)));
                 let start = tokio::time::Instant::now();
-                let inner = tower::service_fn(|_: Request<&'static str>| async {
-                    Ok::<_, Infallible>(http::Response::new(String::from("ok")))
-                });
+                let inner = ok_service();
                 let service = RateLimitLayer::new(
                     store.clone(),
                     smooth,
@@ -417,14 +398,11 @@ async fn on_redis_wait_mode_drops_never_let_a_sliding_log_admit_more_than_its_li
         .build()
         .await
         .unwrap();
-    let smooth = Policy::leaky_bucket(10, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
-    let log = Policy::sliding_window_log(3, Duration::from_secs(10))
-        .unwrap()
-        .with_name("log")
-        .unwrap();
+    let smooth = named("smooth", Policy::leaky_bucket(10, Rate::per_second(1)));
+    let log = named(
+        "log",
+        Policy::sliding_window_log(3, Duration::from_secs(10)),
+    );
     let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = admitted.clone();
     let script_clock = clock.clone();
@@ -715,23 +693,15 @@ fn hostile_forwarding_headers_never_panic() {
 async fn a_dropped_waiting_request_leaves_a_sliding_counter_as_if_it_never_came() {
     use ratelimit_tower::HeaderKey;
     let window = Duration::from_secs(10);
-    let shared = Policy::sliding_window_counter(3, window)
-        .unwrap()
-        .with_name("shared")
-        .unwrap();
+    let shared = named("shared", Policy::sliding_window_counter(3, window));
     let run = |drop_one: bool| {
         let shared = shared.clone();
         async move {
             let clock = ratelimit_core::clock::TokioClock::new();
             let store = MemoryStore::builder().clock(clock).build();
             let start = tokio::time::Instant::now();
-            let smooth = Policy::leaky_bucket(10, Rate::per_second(1))
-                .unwrap()
-                .with_name("smooth")
-                .unwrap();
-            let inner = tower::service_fn(|_: Request<&'static str>| async {
-                Ok::<_, Infallible>(http::Response::new(String::from("ok")))
-            });
+            let smooth = named("smooth", Policy::leaky_bucket(10, Rate::per_second(1)));
+            let inner = ok_service();
             let service = RateLimitLayer::new(
                 store.clone(),
                 smooth,
@@ -791,9 +761,7 @@ async fn store_errors_never_reach_the_client() {
         .build()
         .await
         .unwrap();
-    let inner = tower::service_fn(|_: Request<String>| async {
-        Ok::<_, Infallible>(http::Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(
         store,
         fixed_window("one", 1, Duration::from_secs(60)),

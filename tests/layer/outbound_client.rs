@@ -14,8 +14,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ratelimit_core::clock::TokioClock;
-use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_core::{Policy, Rate};
+use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::{RedisServer, example_binary, flags};
 use ratelimit_tower::{GlobalKey, RateLimitLayer, Rejection};
 use tokio::time::Instant;
@@ -167,10 +167,6 @@ fn max_in_any_window(times: &[Instant], window: Duration) -> usize {
 }
 
 /// A store that follows paused tokio time.
-fn paused_store() -> MemoryStore<TokioClock> {
-    MemoryStore::builder().clock(TokioClock::new()).build()
-}
-
 /// Runs `workers` × `requests` calls through `policy` in wait mode over a
 /// recorder; returns the sorted call times. Every call must succeed, within
 /// a (virtual) minute.
@@ -178,7 +174,7 @@ async fn spaced_calls(policy: Policy, workers: usize, requests: usize) -> Vec<In
     let recorder = Recorder::default();
     let service = ServiceBuilder::new()
         .layer(
-            RateLimitLayer::new(paused_store(), policy, GlobalKey::default())
+            RateLimitLayer::new(tokio_memory(), policy, GlobalKey::default())
                 .wait(Duration::from_secs(30))
                 .for_errors(),
         )
@@ -276,7 +272,7 @@ async fn a_sliding_log_bursts_but_never_exceeds_its_window() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_longer_than_max_delay_is_refused_as_limited() {
     // One call per 10 s: after the first, the next would wait 10 s.
-    let store = paused_store();
+    let store = tokio_memory();
     let policy = Policy::leaky_bucket(1, Rate::new(1, Duration::from_secs(10))).unwrap();
     let recorder = Recorder::default();
     let impatient = ServiceBuilder::new()

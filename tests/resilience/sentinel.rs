@@ -20,6 +20,8 @@ use ratelimit_core::{Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
+use ratelimit_tests::warm_up;
+
 use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed};
 
 /// The promoted replica must decide within this of the sentinels naming it.
@@ -416,7 +418,7 @@ async fn the_store_follows_a_failover_under_load() {
     let store = sentinel_store(&set).await;
     let policy = counting_policy("failover-load", LIMIT);
     let key = store.state_key(b"k", &policy);
-    store.ping().await.expect("the master answers");
+    warm_up("the master answers", || store.ping()).await;
 
     let (calls, t_kill, promotion, replicated) = bounded(async {
         let done = Arc::new(AtomicBool::new(false));
@@ -686,7 +688,7 @@ async fn an_ordered_failover_loses_no_admission() {
     let store = sentinel_store(&set).await;
     let policy = counting_policy("failover-ordered", LIMIT);
     let key = store.state_key(b"k", &policy);
-    store.ping().await.expect("the master answers");
+    warm_up("the master answers", || store.ping()).await;
 
     let (calls, t_failover, promotion, set) = bounded(async {
         let done = Arc::new(AtomicBool::new(false));

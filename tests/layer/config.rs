@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
+use ratelimit_tests::fixtures::{self, ok_service, request_at};
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
@@ -66,10 +67,6 @@ fn layer(
     RateLimitLayer::with_rules(MemoryStore::new(), rules)
         .on_failure(FailurePolicy::Closed)
         .headers(RateLimitHeaders::legacy())
-}
-
-async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
-    Ok(Response::new(String::from("ok")))
 }
 
 /// The limit the response's decision was made under (`X-RateLimit-Limit`).
@@ -899,20 +896,9 @@ fn rules_match_by_route_method_and_key() {
 async fn statuses_from(config: Config, peers: &[&str]) -> Vec<u16> {
     let service = ServiceBuilder::new()
         .layer(RateLimitLayer::with_rules(MemoryStore::new(), config))
-        .service_fn(ok);
-    let mut statuses = Vec::new();
-    for ip in peers {
-        let mut req = Request::get("/api/items")
-            .body(String::new())
-            .expect("request");
-        req.extensions_mut().insert(PeerAddr(SocketAddr::new(
-            ip.parse().expect("an address"),
-            40_000,
-        )));
-        let response = service.clone().oneshot(req).await.expect("infallible");
-        statuses.push(response.status().as_u16());
-    }
-    statuses
+        .service(ok_service());
+    let requests = peers.iter().map(|ip| request_at("/api/items", ip, &[]));
+    fixtures::statuses(service, requests).await
 }
 
 /// The `ip` key keys a directly connected IPv6 client by its /64 (or the
@@ -975,7 +961,7 @@ async fn a_config_limits_requests_through_the_layer() {
             RateLimitLayer::with_rules(MemoryStore::new(), config)
                 .on_failure(FailurePolicy::Closed),
         )
-        .service_fn(ok);
+        .service(ok_service());
     let login = async |ip: [u8; 4]| {
         let mut req = Request::post("/login")
             .body(String::new())
@@ -1015,7 +1001,9 @@ async fn reloading_under_load_fails_no_request_and_enforces_the_new_limit() {
 
     let rules = ReloadableRules::from_str(&api_config(N), Format::Toml).expect("valid");
     let layer = layer(rules.clone());
-    let service = ServiceBuilder::new().layer(layer.clone()).service_fn(ok);
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(ok_service());
     let reloaded = Arc::new(AtomicBool::new(false));
     let progress: Arc<Vec<AtomicU64>> = Arc::new((0..WORKERS).map(|_| AtomicU64::new(0)).collect());
 
@@ -1188,7 +1176,7 @@ async fn a_bad_reload_keeps_the_old_limit() {
     let rules = ReloadableRules::from_str(&api_config(3), Format::Toml).expect("valid");
     let service = ServiceBuilder::new()
         .layer(layer(rules.clone()))
-        .service_fn(ok);
+        .service(ok_service());
     let before = rules.current();
     let dir = tempfile::tempdir().expect("temp dir");
     let yaml = dir.path().join("limits.yaml");
@@ -1301,7 +1289,7 @@ async fn a_reload_that_drops_rules_is_refused() {
     let rules = ReloadableRules::from_str(&api_config(1), Format::Toml).expect("valid");
     let service = ServiceBuilder::new()
         .layer(layer(rules.clone()))
-        .service_fn(ok);
+        .service(ok_service());
     assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
     let before = rules.current();
 
@@ -1395,7 +1383,7 @@ async fn dropping_rules_on_purpose_is_allowed_when_the_reloader_says_so() {
         .allow_dropping_rules(true);
     let service = ServiceBuilder::new()
         .layer(layer(rules.clone()))
-        .service_fn(ok);
+        .service(ok_service());
     assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
     rules
         .reload_from_str("", Format::Toml)
@@ -1557,7 +1545,7 @@ async fn the_watcher_follows_a_changed_file() {
     let rules = ReloadableRules::from_file(&path).expect("valid");
     let service = ServiceBuilder::new()
         .layer(layer(rules.clone()))
-        .service_fn(ok);
+        .service(ok_service());
     let watch = rules.watch_file(&path, Duration::from_millis(100));
 
     // Unchanged: nothing is reloaded.

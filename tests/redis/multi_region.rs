@@ -13,6 +13,7 @@ use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{RedisServer, build, named};
 
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
@@ -484,11 +485,11 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
     let server = RedisServer::start();
     // As the store sends it: the shared helpers, then the merge.
     let merge = concat!(
-        include_str!("../crates/ratelimit-core/src/redis/lua/numbers.lua"),
+        include_str!("../../crates/ratelimit-core/src/redis/lua/numbers.lua"),
         "\n",
-        include_str!("../crates/ratelimit-core/src/multi_region/lua/fields.lua"),
+        include_str!("../../crates/ratelimit-core/src/multi_region/lua/fields.lua"),
         "\n",
-        include_str!("../crates/ratelimit-core/src/multi_region/lua/merge.lua")
+        include_str!("../../crates/ratelimit-core/src/multi_region/lua/merge.lua")
     );
     let window = 3_600_000_000u64;
     let start = T0 - T0 % window;
@@ -538,16 +539,14 @@ fn merges_are_idempotent_and_ignore_late_smaller_counts() {
 /// failure policy when the region's own Redis is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_works_unchanged_on_top() {
-    use http::{Request, Response, StatusCode};
+    use http::{Request, StatusCode};
     use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
     use tower::{Layer, ServiceExt};
 
     let mut regions = Regions::start(Duration::from_millis(10), Duration::from_secs(2)).await;
     regions.wait_fresh().await;
     let policy = fixed(4);
-    let inner = tower::service_fn(|_: Request<()>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let layers: Vec<_> = regions
         .stores
         .iter()
@@ -707,7 +706,12 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
          global Redis 50 ms away p50 {global_p50:?} p99 {global_p99:?}"
     );
     assert!(global_p50 >= Duration::from_millis(50));
-    assert!(local_p50 < Duration::from_millis(10), "{local_p50:?}");
+    // Measured side by side, so a loaded machine slows both: the local
+    // decision crosses no 50 ms link.
+    assert!(
+        local_p50 * 5 < global_p50,
+        "local {local_p50:?}, global {global_p50:?}"
+    );
 }
 
 /// Partitions are logged and counted: the lag gauge per region and peer
@@ -1057,21 +1061,33 @@ async fn a_peer_ahead_never_erases_this_regions_counts() {
         admitted_once_each(&regions.stores[0], &policy, &keys).await,
         3
     );
+    let own = format!("eu:{}:3600000000", T0 - T0 % hour);
+    a_pushed_count_keeps(&regions, &policy, &keys, (own, 3), "own count").await;
+}
+
+/// `us` admits one of `keys` (all one key) and both regions sync: `eu`
+/// still holds `kept` (a field and its count) and admits none of `keys`.
+async fn a_pushed_count_keeps(
+    regions: &Regions,
+    policy: &Policy,
+    keys: &[String],
+    kept: (String, u64),
+    what: &str,
+) {
     assert_eq!(
-        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
+        admitted_once_each(&regions.stores[1], policy, &keys[..1]).await,
         1
     );
     let _ = regions.stores[1].sync_now().await;
     let _ = regions.stores[0].sync_now().await;
-    let hash = regions.stores[0].state_key(b"ahead", &policy);
-    let own = format!("eu:{}:3600000000", T0 - T0 % hour);
+    let hash = regions.stores[0].state_key(keys[0].as_bytes(), policy);
     assert!(
-        regions.fields(0, &hash).contains(&(own, 3)),
-        "eu's own count was erased by a peer ahead: {:?}",
+        regions.fields(0, &hash).contains(&kept),
+        "eu's {what} was erased by the peer: {:?}",
         regions.fields(0, &hash)
     );
     assert_eq!(
-        admitted_once_each(&regions.stores[0], &policy, &keys).await,
+        admitted_once_each(&regions.stores[0], policy, keys).await,
         0
     );
 }
@@ -1103,23 +1119,8 @@ async fn a_peer_past_a_boundary_keeps_the_previous_window() {
     );
     // 6 min into eu's next window: the previous 6 weigh 5.4.
     regions.clock.set(T0 + 6 * 60_000_000);
-    assert_eq!(
-        admitted_once_each(&regions.stores[1], &policy, &keys[..1]).await,
-        1
-    );
-    let _ = regions.stores[1].sync_now().await;
-    let _ = regions.stores[0].sync_now().await;
-    let hash = regions.stores[0].state_key(b"boundary", &policy);
     let previous = format!("eu:{}:3600000000", T0 - T0 % hour - hour);
-    assert!(
-        regions.fields(0, &hash).contains(&(previous, 6)),
-        "eu's previous window was erased by a peer past the boundary: {:?}",
-        regions.fields(0, &hash)
-    );
-    assert_eq!(
-        admitted_once_each(&regions.stores[0], &policy, &keys).await,
-        0
-    );
+    a_pushed_count_keeps(&regions, &policy, &keys, (previous, 6), "previous window").await;
 }
 
 /// A decision whose reply was lost (the call timed out after the script

@@ -75,6 +75,15 @@ async fn check_both(
     (m, permits)
 }
 
+/// After each random step: the key never holds more than 8 entries, and
+/// every fifth step its state and TTL are checked whole.
+fn audit(server: &RedisServer, key: &str, step: u64, what: &str) {
+    assert!(entries(server, key) <= 8, "{what}");
+    if step.is_multiple_of(5) {
+        assert_string_state(server, key, 2_500, what);
+    }
+}
+
 /// Releases on both stores, then a peek on both, which must answer alike.
 async fn release_both(
     memory: &MemoryStore<ManualClock>,
@@ -122,15 +131,10 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
             }
             _ => {
                 let cost = rng.below(policy.limit() + 1);
-                if let (_, Some(permits)) = check_both(&memory, &redis, policy, cost, &what).await {
-                    held.push(permits);
-                }
+                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
             }
         }
-        assert!(entries(&server, &key) <= 8, "{what}");
-        if step % 5 == 0 {
-            assert_string_state(&server, &key, 2_500, &what);
-        }
+        audit(&server, &key, step, &what);
     }
 }
 
@@ -435,15 +439,10 @@ async fn renewals_among_random_checks_and_releases_decide_as_memory() {
             }
             _ => {
                 let cost = rng.below(policy.limit() + 1);
-                if let (_, Some(permits)) = check_both(&memory, &redis, policy, cost, &what).await {
-                    held.push(permits);
-                }
+                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
             }
         }
-        assert!(entries(&server, &key) <= 8, "{what}");
-        if step % 5 == 0 {
-            assert_string_state(&server, &key, 2_500, &what);
-        }
+        audit(&server, &key, step, &what);
     }
     assert!(renewed > 50, "only {renewed} renewals found their permit");
 }

@@ -3,42 +3,21 @@
 //! holds") the way an attacker or an operator's ordinary configuration would
 //! try to break it.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-
-use http::{Request, Response};
+use http::Request;
 use ratelimit_core::MemoryStore;
+use ratelimit_tests::fixtures::{self, ok_service, request_at};
 use ratelimit_tower::config::Config;
-use ratelimit_tower::{FailurePolicy, PeerAddr, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
-
-async fn ok(_req: Request<String>) -> Result<Response<String>, Infallible> {
-    Ok(Response::new(String::from("ok")))
-}
-
-fn req(path: &str, ip: &str, headers: &[(&str, &str)]) -> Request<String> {
-    let mut builder = Request::get(path);
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    let mut req = builder.body(String::new()).expect("request");
-    req.extensions_mut().insert(PeerAddr(SocketAddr::new(
-        ip.parse().expect("an address"),
-        40_000,
-    )));
-    req
-}
 
 async fn statuses(config: Config, reqs: Vec<Request<String>>) -> Vec<u16> {
     let layer =
         RateLimitLayer::with_rules(MemoryStore::new(), config).on_failure(FailurePolicy::Closed);
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
-    let mut out = Vec::new();
-    for req in reqs {
-        let response = service.clone().oneshot(req).await.expect("infallible");
-        out.push(response.status().as_u16());
-    }
-    out
+    fixtures::statuses(
+        ServiceBuilder::new().layer(layer).service(ok_service()),
+        reqs,
+    )
+    .await
 }
 
 /// SECURITY.md, "Every limit holds": a client cannot "drain another client's
@@ -70,10 +49,14 @@ async fn two_header_keys_under_one_policy_are_refused() {
     );
 
     let config = Config::from_toml(&rules("per-api-key")).expect("a policy per header");
-    let attacker = |_| req("/public/items", "198.51.100.9", &[("x-api-key", "acme")]);
+    let attacker = |_| request_at("/public/items", "198.51.100.9", &[("x-api-key", "acme")]);
     let mut reqs: Vec<_> = (0..2).map(attacker).collect();
     // The tenant `acme`, from its own address, on its own API.
-    reqs.push(req("/tenant/items", "192.0.2.1", &[("x-tenant", "acme")]));
+    reqs.push(request_at(
+        "/tenant/items",
+        "192.0.2.1",
+        &[("x-tenant", "acme")],
+    ));
     assert_eq!(
         statuses(config, reqs).await,
         [200, 200, 200],
@@ -167,21 +150,8 @@ async fn a_redis_that_evicts_keys_never_hands_a_limited_key_a_fresh_budget() {
         "--maxmemory-policy",
         "volatile-lru",
     ]);
-    let refused = RedisStore::builder(evicting.url()).build().await;
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("volatile-lru") && !e.is_outage()),
-        "{:?}",
-        refused.err()
-    );
-    assert!(
-        RedisStore::builder(evicting.url())
-            .allow_eviction()
-            .build()
-            .await
-            .is_ok()
-    );
+    ratelimit_tests::stores::assert_refused_while_evicting(|| RedisStore::builder(evicting.url()))
+        .await;
 
     let server = ratelimit_tests::RedisServer::start_with_args(&[
         "--maxmemory",
@@ -221,6 +191,7 @@ mod cancelled_with_a_shadow_policy {
     use ratelimit_core::{
         Check, Decision, MemoryStore, PermitId, Policy, RefundFuture, Store, StoreError,
     };
+    use ratelimit_tests::named;
     use ratelimit_tower::{GlobalKey, RateLimitLayer, Rule};
     use tower::{ServiceBuilder, ServiceExt};
 
@@ -293,20 +264,14 @@ mod cancelled_with_a_shadow_policy {
             inner: MemoryStore::new(),
             slow: slow.clone(),
         };
-        let global = Policy::concurrency(1, Duration::from_secs(60))
-            .unwrap()
-            .with_name("in-flight")
-            .unwrap();
-        let trial = Policy::fixed_window(100, Duration::from_secs(60))
-            .unwrap()
-            .with_name("trial")
-            .unwrap()
-            .with_shadow(true);
+        let global = named("in-flight", Policy::concurrency(1, Duration::from_secs(60)));
+        let trial =
+            named("trial", Policy::fixed_window(100, Duration::from_secs(60))).with_shadow(true);
         let rules =
             Rule::new(global, GlobalKey::default()).and(Rule::new(trial, GlobalKey::default()));
         let service = ServiceBuilder::new()
             .layer(RateLimitLayer::with_rules(store, rules))
-            .service_fn(super::ok);
+            .service(ratelimit_tests::fixtures::ok_service());
         let get = || Request::get("/").body(String::new()).unwrap();
         // The attacker's request, cancelled while the shadow call is in flight.
         let cancelled =
@@ -351,7 +316,7 @@ async fn revoked_credentials_never_fail_open() {
     let policy = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
     let layer =
         RateLimitLayer::new(store, policy, GlobalKey::default()).on_failure(FailurePolicy::Open);
-    let service = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let service = ServiceBuilder::new().layer(layer).service(ok_service());
     let get = || Request::get("/").body(String::new()).unwrap();
     let first = service
         .clone()
@@ -424,7 +389,7 @@ fn a_client_forwarded_with_an_open_quote_cannot_swallow_its_proxys_element() {
         "\"",
     ] {
         let value = format!("{written}, for=203.0.113.9");
-        let req = req("/", "10.0.0.5", &[("forwarded", &value)]);
+        let req = request_at("/", "10.0.0.5", &[("forwarded", &value)]);
         let key = client_ip.extract(&req).expect("a key");
         assert_eq!(key.as_bytes(), b"203.0.113.9", "{value:?}");
     }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{ManualClock, TokioClock};
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
-use ratelimit_tests::fixtures::fixed_window;
+use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
+use ratelimit_tests::named;
 use ratelimit_tower::{
     Decisions, FailurePolicy, GlobalKey, HeaderKey, KeyExtractor, MissingKey, PeerAddr, PeerIp,
     RateLimitLayer,
@@ -334,23 +335,6 @@ async fn poll_ready_is_the_inner_service() {
     assert_eq!(body_text(response.unwrap()).await, "ok");
 }
 
-/// A body fed through a channel: it ends when the sender is dropped.
-struct ChannelBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
-    }
-}
-
 #[tokio::test]
 async fn a_streaming_response_holds_its_concurrency_permit_until_the_body_ends() {
     use tower::ServiceExt as _;
@@ -416,6 +400,8 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F
 // ---- Several limits, rule providers, modes, gRPC and non-HTTP requests ----
 
 use ratelimit_core::Rate;
+use ratelimit_tests::fixtures::ok_service;
+use ratelimit_tests::fixtures::{smooth_and_hourly, tokio_memory};
 use ratelimit_tower::{Limits, Mode, Rejection, Rule};
 
 #[tokio::test]
@@ -640,9 +626,7 @@ async fn wait_mode_sleeps_until_allowed_or_refuses_past_max_delay() {
     let clock = ratelimit_core::clock::TokioClock::new();
     let store = MemoryStore::builder().clock(clock).build();
     let policy = Policy::gcra(1, Rate::per_second(1)).unwrap();
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store.clone(), policy.clone(), GlobalKey::default())
         .wait(Duration::from_secs(5))
         .layer(inner);
@@ -691,14 +675,10 @@ async fn composite_and_route_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
+    let store = tokio_memory();
     // Three units in the bucket, one per second: the third slot is 2 s away.
     let policy = Policy::leaky_bucket(3, Rate::per_second(1)).unwrap();
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, policy, GlobalKey::default())
         .wait(Duration::from_millis(1_500))
         .layer(inner);
@@ -717,39 +697,30 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
     );
 }
 
+/// What the global key has left under `policy` in `store`.
+fn global_remaining(store: &MemoryStore<TokioClock>, policy: &Policy) -> u64 {
+    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
+    store
+        .peek_now(global.as_bytes(), policy)
+        .unwrap()
+        .remaining()
+}
+
 /// A leaky bucket (one a second) with an hourly fixed window of 5, waiting
 /// at most 100 ms: the first request passes, the next four find their slot
 /// a second away and are refused, and give back the hourly unit they took.
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refusals_give_back_every_limit_they_took() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(Duration::from_millis(100))
-        .layer(inner);
+    let store = tokio_memory();
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), Duration::from_millis(100));
+    let service = layer.layer(ok_service());
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let r = service.clone().oneshot(Request::new("")).await.unwrap();
         statuses.push(r.status().as_u16());
     }
     assert_eq!(statuses, [200, 429, 429, 429, 429]);
-    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
-    let remaining = |policy: &Policy| {
-        store
-            .peek_now(global.as_bytes(), policy)
-            .unwrap()
-            .remaining()
-    };
+    let remaining = |policy: &Policy| global_remaining(&store, policy);
     assert_eq!(remaining(&hourly), 4, "only the admitted request counts");
     // The leaky bucket holds only the admitted request's slot: one more
     // waits the second it takes to drain, no longer.
@@ -764,28 +735,10 @@ async fn wait_mode_refusals_give_back_every_limit_they_took() {
 /// what it took, as a refused one does.
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
-    let store = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(Duration::from_secs(5))
-        .layer(inner);
-    let global = GlobalKey::default().extract(&Request::new("")).unwrap();
-    let remaining = |policy: &Policy| {
-        store
-            .peek_now(global.as_bytes(), policy)
-            .unwrap()
-            .remaining()
-    };
+    let store = tokio_memory();
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), Duration::from_secs(5));
+    let service = layer.layer(ok_service());
+    let remaining = |policy: &Policy| global_remaining(&store, policy);
     let r = service.clone().oneshot(Request::new("")).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     // The second request's slot is a second away: it waits, and its caller
@@ -805,19 +758,12 @@ async fn a_request_dropped_mid_wait_gives_back_what_it_took() {
 #[tokio::test(start_paused = true)]
 async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
     use ratelimit_core::{CircuitBreaker, FallbackStore};
-    let local = MemoryStore::builder()
-        .clock(ratelimit_core::clock::TokioClock::new())
-        .build();
+    let local = tokio_memory();
     let breaker = Arc::new(CircuitBreaker::new(1, Duration::from_secs(60)));
     let store = FallbackStore::new(DownStore, local.clone(), 1, breaker);
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
+    let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
+    let inner = ok_service();
     let service = RateLimitLayer::new(store, smooth, GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(Duration::from_millis(100))

@@ -12,11 +12,12 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
     AdminStore, Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError,
 };
+use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit,
-    admits, build, cluster_store, decide_through_a_restart, long_policies, named, observable,
-    pooled, redis_store, small_policies, twin_stores, twins_at,
+    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, SLACK,
+    admit_exactly_the_limit, admits, build, cluster_store, decide_through_a_restart, long_policies,
+    named, observable, pooled, redis_store, small_policies, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -417,7 +418,12 @@ async fn a_dead_redis_is_an_error_within_the_timeout() {
     let started = std::time::Instant::now();
     let err = store.check(b"k", &policy, 1).await.unwrap_err();
     assert!(err.is_outage(), "{err}");
-    assert!(started.elapsed() < ms(600), "took {:?}", started.elapsed());
+    // A real socket: the 300 ms call timeout plus a loaded machine's slack.
+    assert!(
+        started.elapsed() < ms(300) + SLACK,
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 /// After a mixed workload with the server's clock, every key has a TTL, and
@@ -1134,24 +1140,15 @@ async fn a_permit_id_of_the_wrong_length_matches_no_permit() {
 /// still has 4 of 5, and the leaky bucket only the admitted request's slot.
 #[tokio::test]
 async fn wait_mode_refusals_give_back_every_limit_they_took_on_redis() {
-    use http::{Request, Response, StatusCode};
-    use ratelimit_tower::{GlobalKey, KeyExtractor, RateLimitLayer, Rule};
+    use http::{Request, StatusCode};
+    use ratelimit_tests::fixtures::smooth_and_hourly;
+    use ratelimit_tower::{GlobalKey, KeyExtractor};
     use tower::{Layer, ServiceExt};
 
     let server = RedisServer::start();
     let store = redis_store(server.url()).await;
-    let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
-        .unwrap()
-        .with_name("smooth")
-        .unwrap();
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
-    let inner = tower::service_fn(|_: Request<&'static str>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
-    });
-    let service = RateLimitLayer::new(store.clone(), smooth.clone(), GlobalKey::default())
-        .and(Rule::new(hourly.clone(), GlobalKey::default()))
-        .wait(ms(100))
-        .layer(inner);
+    let (layer, smooth, hourly) = smooth_and_hourly(store.clone(), ms(100));
+    let service = layer.layer(ok_service());
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let r = service.clone().oneshot(Request::new("")).await.unwrap();

@@ -19,6 +19,7 @@ use ratelimit_core::{
     Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, PermitId, Policy,
     Store, StoreError,
 };
+use ratelimit_tests::events::Events;
 use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
@@ -631,59 +632,16 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
     assert!(!text.contains(SECRET_KEY));
 }
 
-/// The `tracing` events of one thread: each event's fields, by name, as
-/// text.
-#[derive(Clone, Default)]
-struct Events(Arc<std::sync::Mutex<Vec<std::collections::BTreeMap<String, String>>>>);
-
-impl Events {
-    /// The `(policy, outcome)` of every "rate-limit decision" event, in order.
-    fn decisions(&self) -> Vec<(String, String)> {
-        let events = self.0.lock().expect("events");
-        events
-            .iter()
-            .filter(|fields| {
-                fields.get("message").map(String::as_str) == Some("rate-limit decision")
-            })
-            .map(|fields| (fields["policy"].clone(), fields["outcome"].clone()))
-            .collect()
-    }
-
-    /// Every value of every field of every event.
-    fn values(&self) -> Vec<String> {
-        let events = self.0.lock().expect("events");
-        events.iter().flat_map(|f| f.values().cloned()).collect()
-    }
-}
-
-struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = std::collections::BTreeMap::new();
-        event.record(&mut Fields(&mut fields));
-        self.0.lock().expect("events").push(fields);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+/// The `(policy, outcome)` of every "rate-limit decision" event, in order.
+fn decisions(events: &Events) -> Vec<(String, String)> {
+    events
+        .all()
+        .into_iter()
+        .filter(|(_, fields)| {
+            fields.get("message").map(String::as_str) == Some("rate-limit decision")
+        })
+        .map(|(_, fields)| (fields["policy"].clone(), fields["outcome"].clone()))
+        .collect()
 }
 
 /// A limit checked in a handler (`ratelimit_axum::Limiter`, the login
@@ -747,7 +705,7 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
         2
     );
     assert_no_key_in_labels(&recorded);
-    let decisions = events.decisions();
+    let decisions = decisions(&events);
     let expected = [
         ("login", "allowed"),
         ("login", "allowed"),
@@ -758,7 +716,11 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     ]
     .map(|(p, o)| (p.to_owned(), o.to_owned()));
     assert_eq!(decisions, expected);
-    for value in events.values() {
+    for value in events
+        .all()
+        .into_iter()
+        .flat_map(|(_, fields)| fields.into_values())
+    {
         assert!(
             !value.contains(SECRET_KEY),
             "an event holds the key: {value:?}"
