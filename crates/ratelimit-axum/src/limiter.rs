@@ -196,13 +196,14 @@ impl<St: Store + Clone> Limiter<St> {
             return Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))));
         }
         let key = Key::from(key);
+        let asked = tokio::time::Instant::now();
         let decision = self.decide(&key, estimate).await?;
         Ok(Reservation::new(
             self.store.clone(),
             self.policy.clone(),
             key.as_bytes().to_vec(),
             estimate,
-            decision,
+            (decision, asked),
             self.headers,
         ))
     }

@@ -140,7 +140,14 @@ pub trait Store: Send + Sync + 'static {
     ///   limit (up to twice it), so the key is denied until those units
     ///   leave the window. A key in debt is denied even to a peek.
     /// - `actual < reserved` gives the difference back as
-    ///   [`refund`](Store::refund) does, never beyond a full budget.
+    ///   [`refund`](Store::refund) does, never beyond a full budget. A
+    ///   settlement that says how long its reservation was held
+    ///   ([`Settle::held_for`], as the Tower layer's and `Limiter::reserve`'s
+    ///   do) gives back only the units the reservation still holds: none
+    ///   once the window it was counted in ended, fewer once the refill
+    ///   could have paid them back (see [`Settle`]). Without it the whole
+    ///   difference comes back, which may be units of later requests once
+    ///   the reservation's window ended.
     /// - `actual == reserved` changes nothing.
     ///
     /// **All or nothing**: every limit is settled, or none is (a policy

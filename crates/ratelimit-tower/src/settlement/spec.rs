@@ -60,6 +60,10 @@ type IsFailure = dyn Fn(&Parts) -> bool + Send + Sync;
 ///   request whose future is dropped before its response head (the client
 ///   went away), or whose inner service answers with an error, unless
 ///   [`refund_on_cancel`](Settlement::refund_on_cancel) says `false`.
+///   Whatever the reason, a settlement gives back only what the
+///   reservation still holds after the time it was held: nothing once its
+///   window ended, or once the refill paid its units back (see
+///   [`Settle`](ratelimit_core::Settle)).
 ///
 /// For gRPC, whose failures are HTTP `200` with a `grpc-status` other than
 /// `0` (in the head of a trailers-only response), give a test that reads it:
