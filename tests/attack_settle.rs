@@ -20,13 +20,14 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use ratelimit_axum::Limiter;
 use ratelimit_core::clock::{Clock, ManualClock};
+use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, MemoryStore, Period, Policy, Rate, Settle, SettlementId, Store};
 use ratelimit_tests::fixtures::{answer, by_client, request_from};
 use ratelimit_tests::{
     CALL_TIMEOUT, Observed, RedisCluster, RedisServer, build, every_algorithm, named, observable,
 };
-use ratelimit_tower::{Key, RateLimitLayer, Rule, Settlement};
+use ratelimit_tower::{Key, RateLimitLayer, Rule, SettleError, Settlement};
 use tokio::sync::Notify;
 use tower::{Layer, Service, service_fn};
 
@@ -416,4 +417,56 @@ impl<S: Store> Stores for S {
             settled.pop().expect("one decision")
         })
     }
+}
+
+/// A store without settlements (`MultiRegionStore`, whose counts only
+/// grow) under a rule that settles: a request that costs more than its
+/// estimate could never be charged, so the layer would admit every request
+/// at its estimate while each runs a whole budget. Such a layer is refused
+/// when built; a settling rule that reaches it anyway (added with `and`)
+/// has its requests refused, never run; so are `Limiter::reserve`'s.
+#[tokio::test]
+async fn a_store_that_cannot_settle_runs_no_cost_it_cannot_charge() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(29_383_333 * 60 * SECOND);
+    let store = MultiRegionStore::builder("eu", server.url())
+        .call_timeout(CALL_TIMEOUT)
+        .script_clock_for_tests(clock)
+        .build()
+        .await
+        .expect("a multi-region store");
+    let policy = named("mr", Policy::fixed_window(100, Duration::from_secs(60)));
+    let refused = RateLimitLayer::new(store.clone(), policy.clone(), by_client as ByClient)
+        .cost(1)
+        .settle(Settlement::from_static_header(COST_HEADER));
+    assert!(
+        matches!(refused, Err(SettleError::StoreUnsupported { .. })),
+        "{refused:?}"
+    );
+
+    let per_client = named(
+        "mr-plain",
+        Policy::fixed_window(1_000, Duration::from_secs(60)),
+    );
+    let settling_rule = Rule::new(policy.clone(), by_client as ByClient)
+        .cost(1)
+        .settle(Settlement::from_static_header(COST_HEADER))
+        .expect("a policy that settles");
+    let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let service = RateLimitLayer::new(store.clone(), per_client, by_client as ByClient)
+        .and(settling_rule)
+        .layer(model(gate, called));
+    let mut ran = 0;
+    for _ in 0..5 {
+        let answered = answer(service.clone(), costing("c", 100)).await;
+        if answered.status == StatusCode::OK {
+            ran += 100;
+        } else {
+            assert_eq!(answered.status, StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    }
+    assert!(ran <= 200, "{ran} units run on a budget of 100");
+
+    let limiter = Limiter::new(store, policy);
+    assert!(limiter.reserve(b"c", 1).await.is_err());
 }

@@ -175,6 +175,17 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(error)))
     }
 
+    /// Whether [`settle`](Store::settle) settles reservations under
+    /// `policy`. The default, with the default `settle`, is `false`; a
+    /// store that settles says so (both stores and the combinators over
+    /// them do, for every policy but concurrency). A reservation a store
+    /// could never settle would run whatever it really costs at its
+    /// estimate, so the Tower layer and `Limiter::reserve` refuse it.
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        let _ = policy;
+        false
+    }
+
     /// Renews the lease of a concurrency permit taken by an earlier decision
     /// and still held: the permit `permit`, and only it, then expires a whole
     /// lease of `policy` from now (never sooner than it would have).
@@ -220,6 +231,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
         (**self).settle(id, settles)
+    }
+
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        (**self).supports_settlement(policy)
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

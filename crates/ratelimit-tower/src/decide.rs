@@ -70,7 +70,7 @@ where
         Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
         None => return Err(decide(settings(), ready(limits))),
     };
-    if let Some(error) = unsettleable(std::slice::from_ref(&limit)) {
+    if let Some(error) = unsettleable(store, std::slice::from_ref(&limit)) {
         return Ok(refuse_unsettleable(&settings().stats, error));
     }
     let timer = metrics::StoreCall::start();
@@ -162,12 +162,12 @@ fn allowed_or_refused<St: Store + Clone>(
 
 /// The error of a limit among `limits` that settles after the response
 /// under a policy that cannot (a concurrency limit from a rule provider:
-/// static rules refuse it when built).
-fn unsettleable(limits: &[Limit]) -> Option<SettleError> {
+/// static rules refuse it when built), or that `store` cannot settle.
+fn unsettleable<St: Store>(store: &St, limits: &[Limit]) -> Option<SettleError> {
     limits
         .iter()
         .filter(|l| l.settlement().is_some())
-        .find_map(|l| SettleError::check(l.policy()).err())
+        .find_map(|l| SettleError::check_in(store, l.policy()).err())
 }
 
 /// The refusal of a request with a limit that cannot settle: a
@@ -177,10 +177,11 @@ fn refuse_unsettleable(stats: &Stats, error: SettleError) -> Outcome {
     stats.record_refused_on_error();
     tracing::error!(
         error = %error,
-        "a rule provider gave a limit that settles after the response under a policy \
-         that cannot; the request is refused"
+        "a limit settles after the response where it cannot be settled; the request \
+         is refused"
     );
-    let SettleError::Unsupported { policy, algorithm } = error;
+    let (SettleError::Unsupported { policy, algorithm }
+    | SettleError::StoreUnsupported { policy, algorithm }) = error;
     Outcome::Rejected(Rejection::Internal(Arc::new(StoreError::Unsupported {
         policy,
         algorithm,
@@ -317,7 +318,7 @@ where
             return Outcome::Unlimited;
         }
         let limits = limits.into_vec();
-        if let Some(error) = unsettleable(&limits) {
+        if let Some(error) = unsettleable(&settings.store, &limits) {
             return refuse_unsettleable(&settings.stats, error);
         }
         decide_limits(settings, limits).await

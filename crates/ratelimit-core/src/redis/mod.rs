@@ -1161,6 +1161,10 @@ impl Store for RedisStore {
         self.settle_boxed(id, settles)
     }
 
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        policy.supports_settlement()
+    }
+
     /// One script (`renew.lua`), on server time like every decision: the
     /// entry of `permit` moves to its new expiry, its units kept, and the
     /// key keeps the TTL of its longest lease. On a cluster it goes to the
