@@ -26,8 +26,10 @@ use crate::limiter::{Granted, decisions_of};
 ///   call to the store.
 ///
 /// Each reservation carries its own [`SettlementId`]: the store applies its
-/// settlement once however often it is sent, so a settlement that failed
-/// (see [`SettleFailed`]) can be sent again.
+/// settlement once however often it is sent while it remembers the id (the
+/// newest settlements of a key, see
+/// [`Store::settle`](ratelimit_core::Store::settle)), so a settlement that
+/// failed (see [`SettleFailed`]) can be sent again, soon.
 ///
 /// Added to a response, it sends the reservation's rate-limit headers (a
 /// settled one's are in the [`Granted`] that [`settle`](Self::settle)
@@ -107,9 +109,9 @@ impl<St: Store> Reservation<St> {
     /// reservation's own headers.
     ///
     /// When the store fails, the reservation stays consumed at the
-    /// estimate and comes back in the error, to be settled again (with the
-    /// same `actual`: whatever part of it the store had made is not made
-    /// twice) or sent as it stands. A failure that is not an outage is a
+    /// estimate and comes back in the error, to be settled again at once
+    /// (with the same `actual`: whatever part of it the store had made is
+    /// not made twice, while the store remembers it) or sent as it stands. A failure that is not an outage is a
     /// mistake to fix, and is logged.
     pub async fn settle(self, actual: u64) -> Result<Granted, SettleFailed<St>> {
         let Some(decision) = self.decision.as_ref() else {

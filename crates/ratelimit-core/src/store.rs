@@ -159,10 +159,15 @@ pub trait Store: Send + Sync + 'static {
     /// reservations and costs.
     ///
     /// **Counted once**: a store remembers `id` beside each state it
-    /// settled, for as long as that state lives, so the same settlement sent
-    /// again (by the store after a broken connection, or by a caller
-    /// retrying a call that failed) changes nothing more. Draw one id per
-    /// reservation ([`SettlementId::random`]).
+    /// settled, so the same settlement sent again (by the store after a
+    /// broken connection, or by a caller retrying a call that failed)
+    /// changes nothing more. The memory is bounded: `RedisStore` keeps the
+    /// newest 128 ids of each key (settlements, refunds and admin
+    /// adjustments) for as long as its state lives, `MemoryStore` the newest
+    /// 256 settlements of each shard. A settlement sent again after as many
+    /// others reached its key (or shard) is applied again, so send it again
+    /// at once or not at all. Draw one id per reservation
+    /// ([`SettlementId::random`]).
     ///
     /// The default settles nothing and answers [`StoreError::Unsupported`]:
     /// the reservations stay as they were consumed.

@@ -1144,10 +1144,10 @@ impl Store for RedisStore {
     /// One script (`settle.lua`) for every limit, on server time like every
     /// decision, all or nothing: every state is read before any is
     /// written. The settlement's id is remembered beside each state it
-    /// changed (`<state key>:applied`, as long as the state lives, as
-    /// refunds' are), so a resend, the store's after a broken connection
-    /// or the caller's, changes nothing more. Every key written keeps a
-    /// TTL.
+    /// changed (`<state key>:applied`, the newest 128 of the key, as long
+    /// as the state lives, as refunds' are), so a resend, the store's after
+    /// a broken connection or the caller's, changes nothing more while the
+    /// id is among them. Every key written keeps a TTL.
     ///
     /// On a Redis Cluster one script touches one hash slot: limits on one
     /// user key (its hash tag) settle in one script, all or nothing; limits
