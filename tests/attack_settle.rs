@@ -470,3 +470,67 @@ async fn a_store_that_cannot_settle_runs_no_cost_it_cannot_charge() {
     let limiter = Limiter::new(store, policy);
     assert!(limiter.reserve(b"c", 1).await.is_err());
 }
+
+/// Extreme settlements at the largest limits (reservations and costs up to
+/// `u64::MAX`, twice in one call, held for nothing, a second or
+/// `Duration::MAX`): memory and Redis answer alike, and nothing panics or
+/// errs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_settlements_at_the_largest_limits_agree_on_every_store() {
+    const MAX_LIMIT: u64 = 1 << 40;
+    let server = RedisServer::start();
+    let clock = ManualClock::new(29_383_333 * 60 * SECOND + 30 * SECOND);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let single = build(
+        RedisStore::builder(server.url())
+            .script_clock_for_tests(clock.clone())
+            .call_timeout(CALL_TIMEOUT),
+    )
+    .await;
+    let policies = [
+        Policy::fixed_window(MAX_LIMIT, Duration::from_secs(60)),
+        Policy::sliding_window_log(MAX_LIMIT, Duration::from_secs(60)),
+        Policy::sliding_window_counter(MAX_LIMIT, Duration::from_micros(4_000)),
+        Policy::token_bucket(MAX_LIMIT, Rate::per_second(1_000_000)),
+        Policy::gcra(MAX_LIMIT, Rate::per_second(1_000_000)),
+        Policy::leaky_bucket(MAX_LIMIT, Rate::per_second(1_000_000)),
+        Policy::calendar(MAX_LIMIT, Period::Year.utc_offset(-86_399)),
+    ];
+    let cases = [
+        (MAX_LIMIT, 0),
+        (1, u64::MAX),
+        (u64::MAX, 0),
+        (u64::MAX, u64::MAX - 1),
+        (0, u64::MAX),
+    ];
+    let mut seen: Vec<Vec<Observed>> = Vec::new();
+    for (name, store) in [("memory", &memory as &dyn Stores), ("redis", &single)] {
+        let mut observed = Vec::new();
+        for (p, policy) in policies.iter().enumerate() {
+            let policy = policy.clone().expect("a valid policy");
+            for (c, &(reserved, actual)) in cases.iter().enumerate() {
+                for held in [None, Some(Duration::from_secs(1)), Some(Duration::MAX)] {
+                    let key = format!("x-{p}-{c}-{held:?}");
+                    let decision = store.decide(key.as_bytes(), &policy, 1).await;
+                    let mut settle =
+                        Settle::new(key.as_bytes(), &policy, reserved, actual, &decision);
+                    if let Some(held) = held {
+                        settle = settle.held_for(held);
+                    }
+                    let settles = [settle, settle];
+                    let id = SettlementId::random();
+                    let settled = match name {
+                        "memory" => memory.settle(id, &settles).await,
+                        _ => single.settle(id, &settles).await,
+                    };
+                    let settled = settled.unwrap_or_else(|e| panic!("{key}: {e}"));
+                    assert_eq!(settled.len(), 2);
+                    observed.extend(settled.iter().map(observable));
+                    observed.push(observable(&store.decide(key.as_bytes(), &policy, 0).await));
+                }
+            }
+        }
+        seen.push(observed);
+    }
+    assert_eq!(seen[1], seen[0], "a Redis agrees with memory");
+}
