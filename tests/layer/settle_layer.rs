@@ -773,6 +773,10 @@ impl Store for CannotSettle {
         Box::pin(ready(Err(unreachable())))
     }
 
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        self.memory.supports_settlement(policy)
+    }
+
     fn renew(
         &self,
         key: &[u8],

@@ -3,9 +3,12 @@
 //! had not seen the code, on the HTTP face (`attacks`) and on reloads,
 //! permits, parameter changes, the key bound and client keys (`attacks2`),
 //! and of the third review (`attacks3`: shared policies, escape spellings,
-//! Redis eviction, upgrades, cancellation beside shadow policies).
+//! Redis eviction, upgrades, cancellation beside shadow policies), on
+//! settlements after the response (`attack_settle`) and on how keys reach
+//! the stores (`attack_keys`).
 //! One binary, so the suite links it once.
 
+mod attack_settle;
 mod attacks;
 mod attacks2;
 mod attacks3;

@@ -155,9 +155,12 @@ impl<St: Store + Clone> Limiter<St> {
     /// drop it when it cost the estimate, which needs nothing more.
     ///
     /// A concurrency policy holds permits, which are not consumed and
-    /// cannot be settled: its reservations are refused (`500`, logged), as
-    /// any other configuration mistake. Check
-    /// [`Policy::supports_settlement`] when the limiter is built.
+    /// cannot be settled, and a store without settlements
+    /// ([`Store::supports_settlement`]: a `MultiRegionStore`) could never
+    /// charge a cost above the estimate: their reservations are refused
+    /// (`500`, logged), as any other configuration mistake. Check
+    /// [`Policy::supports_settlement`] and [`Store::supports_settlement`]
+    /// when the limiter is built.
     ///
     /// ```
     /// use ratelimit_axum::{Limiter, MemoryStore, Policy, Rate};
@@ -182,7 +185,7 @@ impl<St: Store + Clone> Limiter<St> {
         key: &[u8],
         estimate: u64,
     ) -> Result<Reservation<St>, QuotaExceeded> {
-        if !self.policy.supports_settlement() {
+        if !self.store.supports_settlement(&self.policy) {
             let error = StoreError::Unsupported {
                 policy: self.policy.name().to_owned(),
                 algorithm: self.policy.algorithm().kind(),
@@ -191,18 +194,19 @@ impl<St: Store + Clone> Limiter<St> {
             tracing::error!(
                 policy = self.policy.name(),
                 error = %error,
-                "a reservation under a policy that cannot be settled; the request is refused"
+                "a reservation the store cannot settle under this policy; the request is refused"
             );
             return Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))));
         }
         let key = Key::from(key);
+        let asked = tokio::time::Instant::now();
         let decision = self.decide(&key, estimate).await?;
         Ok(Reservation::new(
             self.store.clone(),
             self.policy.clone(),
             key.as_bytes().to_vec(),
             estimate,
-            decision,
+            (decision, asked),
             self.headers,
         ))
     }

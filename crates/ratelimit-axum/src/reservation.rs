@@ -7,6 +7,7 @@ use axum_core::response::{IntoResponseParts, ResponseParts};
 use ratelimit_core::{Decision, Policy, Settle, SettlementId, Store, StoreError};
 use ratelimit_tower::PermitGuard;
 use ratelimit_tower::headers::RateLimitHeaders;
+use tokio::time::Instant;
 
 use crate::limiter::{Granted, decisions_of};
 
@@ -16,15 +17,19 @@ use crate::limiter::{Granted, decisions_of};
 /// - [`settle`](Self::settle) brings the key to the actual cost: one above
 ///   the estimate is charged even past the limit (a debt, which the key's
 ///   next requests wait out), one below gives the difference back, never
-///   beyond a full budget.
+///   beyond a full budget nor beyond what the reservation still holds
+///   (nothing once the window it was counted in ended; see
+///   [`Settle`](ratelimit_core::Settle)).
 /// - [`refund`](Self::refund) gives the whole estimate back (the work did
 ///   not happen).
 /// - Dropping it keeps the estimate as the cost: nothing more to do, no
 ///   call to the store.
 ///
 /// Each reservation carries its own [`SettlementId`]: the store applies its
-/// settlement once however often it is sent, so a settlement that failed
-/// (see [`SettleFailed`]) can be sent again.
+/// settlement once however often it is sent while it remembers the id (the
+/// newest settlements of a key, see
+/// [`Store::settle`](ratelimit_core::Store::settle)), so a settlement that
+/// failed (see [`SettleFailed`]) can be sent again, soon.
 ///
 /// Added to a response, it sends the reservation's rate-limit headers (a
 /// settled one's are in the [`Granted`] that [`settle`](Self::settle)
@@ -37,6 +42,9 @@ pub struct Reservation<St> {
     /// The reservation's decision; `None` when the store failed and the
     /// limiter's failure policy let the request through (nothing consumed).
     decision: Option<Decision>,
+    /// When the reservation was asked of the store (no later): what a
+    /// settlement below it gives back depends on how long it was held.
+    asked: Instant,
     headers: RateLimitHeaders,
     id: SettlementId,
 }
@@ -59,7 +67,7 @@ impl<St: Store> Reservation<St> {
         policy: Policy,
         key: Vec<u8>,
         estimate: u64,
-        decision: Option<Decision>,
+        (decision, asked): (Option<Decision>, Instant),
         headers: RateLimitHeaders,
     ) -> Self {
         Reservation {
@@ -68,6 +76,7 @@ impl<St: Store> Reservation<St> {
             key,
             estimate,
             decision,
+            asked,
             headers,
             id: SettlementId::random(),
         }
@@ -100,9 +109,9 @@ impl<St: Store> Reservation<St> {
     /// reservation's own headers.
     ///
     /// When the store fails, the reservation stays consumed at the
-    /// estimate and comes back in the error, to be settled again (with the
-    /// same `actual`: whatever part of it the store had made is not made
-    /// twice) or sent as it stands. A failure that is not an outage is a
+    /// estimate and comes back in the error, to be settled again at once
+    /// (with the same `actual`: whatever part of it the store had made is
+    /// not made twice, while the store remembers it) or sent as it stands. A failure that is not an outage is a
     /// mistake to fix, and is logged.
     pub async fn settle(self, actual: u64) -> Result<Granted, SettleFailed<St>> {
         let Some(decision) = self.decision.as_ref() else {
@@ -111,13 +120,10 @@ impl<St: Store> Reservation<St> {
         if actual == self.estimate || !decision.is_allowed() {
             return Ok(self.into_granted());
         }
-        let settles = [Settle::new(
-            &self.key,
-            &self.policy,
-            self.estimate,
-            actual,
-            decision,
-        )];
+        let settles = [
+            Settle::new(&self.key, &self.policy, self.estimate, actual, decision)
+                .held_for(self.asked.elapsed()),
+        ];
         match self.store.settle(self.id, &settles).await {
             Ok(mut decisions) => {
                 let settled = decisions

@@ -293,6 +293,10 @@ impl<S: Store> Store for DeniedCache<S> {
         forgetting(&self.inner, key, policy, call)
     }
 
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        self.inner.store.supports_settlement(policy)
+    }
+
     /// Settles in the inner store, then, for each limit settled below its
     /// reservation, drops the cached denials of the key under the policy's
     /// name, as a refund does (the units given back may end a denial

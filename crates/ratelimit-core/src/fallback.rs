@@ -453,6 +453,13 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
         }
     }
 
+    /// Whether both stores settle `policy`: a reservation is settled in
+    /// whichever decided it.
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        self.inner.primary.supports_settlement(policy)
+            && self.inner.fallback.supports_settlement(policy)
+    }
+
     /// Settles each limit in the store that decided its reservation
     /// ([`Decision::source`]), as [`refund`](Store::refund) does: the local
     /// store, under the local share of the policy, for a reservation made

@@ -589,6 +589,10 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
     /// here at once, as a penalty through this instance does; other
     /// instances spend at most their leased units before they see it (see
     /// [`LeasedStore`]).
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        self.inner.store.supports_settlement(policy)
+    }
+
     fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
         let call = self.inner.store.settle(id, settles);
         let keys: Vec<(String, Vec<u8>)> = settles

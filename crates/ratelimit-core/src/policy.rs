@@ -306,6 +306,50 @@ impl Algorithm {
             }
         }
     }
+
+    /// The most a settlement gives back of the `consumed` units of a
+    /// reservation asked of the store `held` µs ago, whose decision said
+    /// the budget would be whole again after `reset` µs: the units it still
+    /// holds. A refund of more would give back units of later requests.
+    ///
+    /// - A fixed window (or calendar period) counts them until the window
+    ///   ends, `reset` after the reservation; a sliding log until they
+    ///   leave it, one window later. A sliding window counter counts them
+    ///   whole until their window ends, one window before `reset`, then in
+    ///   the next window less and less: what it gives back then (from the
+    ///   current window's count first, which may hold later requests')
+    ///   shrinks with it, and nothing once that window ended too.
+    /// - A bucket (token bucket, GCRA, leaky bucket) pays a reservation back
+    ///   by its refill once, without the reservation, it would have been
+    ///   full: not before `reset` less the reservation's own refill time.
+    ///   From then on, one unit less per emission interval.
+    pub(crate) fn refundable(&self, consumed: u64, reset: u64, held: u64) -> u64 {
+        let whole_until = |end: u64| if held < end { consumed } else { 0 };
+        let refilled = |interval: u64| {
+            let full_after = reset.saturating_sub(consumed.saturating_mul(interval));
+            consumed.saturating_sub(held.saturating_sub(full_after) / interval.max(1))
+        };
+        match self {
+            Algorithm::FixedWindow(_) => whole_until(reset),
+            Algorithm::SlidingWindowCounter(a) => {
+                let window = a.window_micros().max(1);
+                let end = reset.saturating_sub(window);
+                match held.checked_sub(end) {
+                    None => consumed,
+                    Some(over) if over < window => {
+                        let left = u128::from(consumed) * u128::from(window - over);
+                        u64::try_from(left / u128::from(window)).unwrap_or(consumed)
+                    }
+                    Some(_) => 0,
+                }
+            }
+            Algorithm::SlidingWindowLog(a) => whole_until(a.window_micros()),
+            Algorithm::TokenBucket(a) => refilled(a.interval_micros()),
+            Algorithm::Gcra(a) => refilled(a.interval_micros()),
+            Algorithm::LeakyBucket(a) => refilled(a.interval_micros()),
+            Algorithm::Concurrency(_) => 0,
+        }
+    }
 }
 
 /// The state of one key under one algorithm.

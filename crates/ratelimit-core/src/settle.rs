@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::{Decision, Policy, StoreError};
 
@@ -21,6 +22,20 @@ pub type SettleFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreE
 /// decision consumed nothing, so its `reserved` counts as 0. (A reservation
 /// of several limits that was denied as a whole consumed nothing under any of
 /// them, even those whose decision allowed: do not settle it.)
+///
+/// `held`, when known ([`held_for`](Settle::held_for)), is how long ago
+/// the reservation was asked of the store. A reservation's units stop
+/// counting against the budget once its window ends or the refill has paid
+/// them back; given back after that, they would be units a later request
+/// consumed. So a settlement below the reservation gives back only what the
+/// reservation can still hold after `held`: nothing once the window it was
+/// counted in ended (a fixed window or calendar period, the window of a
+/// sliding log; for a sliding window counter, a share that shrinks through
+/// the next window), and for a token bucket, GCRA or leaky bucket one unit
+/// less per emission interval in which, without the reservation, the bucket
+/// could have been full. Settlements of one key and policy in one call are
+/// bounded as one reservation (the longest held, the soonest whole again).
+/// A settlement without `held` gives the whole difference back.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Settle<'a> {
@@ -34,6 +49,10 @@ pub struct Settle<'a> {
     pub actual: u64,
     /// The reservation's decision.
     pub decision: &'a Decision,
+    /// How long ago the reservation was asked of the store, if known: it
+    /// bounds what a settlement below the reservation gives back (see
+    /// [`Settle`]).
+    pub held: Option<Duration>,
 }
 
 impl<'a> Settle<'a> {
@@ -52,7 +71,18 @@ impl<'a> Settle<'a> {
             reserved,
             actual,
             decision,
+            held: None,
         }
+    }
+
+    /// The same settlement of a reservation asked of the store `held` ago
+    /// (measured from before the request to the store, so never less than
+    /// the store saw): a settlement below the reservation then gives back
+    /// only the units the reservation still holds (see [`Settle`]).
+    #[must_use]
+    pub fn held_for(mut self, held: Duration) -> Self {
+        self.held = Some(held);
+        self
     }
 
     /// What the reservation consumed: `reserved`, or 0 when its decision
@@ -127,14 +157,14 @@ impl<'a> MergedSettles<'a> {
         settles: &[Settle<'a>],
         identity: impl Fn(&Settle<'a>) -> K,
     ) -> Result<Self, StoreError> {
-        let mut merged: Vec<(K, Part<'a>)> = Vec::with_capacity(settles.len());
+        let mut merged: Vec<(K, Part<'a>, Held)> = Vec::with_capacity(settles.len());
         let mut of = Vec::with_capacity(settles.len());
         for settle in settles {
             refuse_unsupported(settle.policy)?;
             let id = identity(settle);
-            match merged.iter().position(|(other, _)| *other == id) {
+            match merged.iter().position(|(other, ..)| *other == id) {
                 Some(i) => {
-                    let first = &mut merged[i].1;
+                    let (_, first, held) = &mut merged[i];
                     if first.policy != settle.policy {
                         return Err(StoreError::PolicyConflict {
                             policy: settle.policy.name().to_owned(),
@@ -142,6 +172,7 @@ impl<'a> MergedSettles<'a> {
                     }
                     first.reserved = first.reserved.saturating_add(settle.consumed());
                     first.actual = first.actual.saturating_add(settle.actual);
+                    held.add(settle);
                     of.push(i);
                 }
                 None => {
@@ -152,14 +183,65 @@ impl<'a> MergedSettles<'a> {
                         reserved: settle.consumed(),
                         actual: settle.actual,
                     };
-                    merged.push((id, part));
+                    let mut held = Held::default();
+                    held.add(settle);
+                    merged.push((id, part, held));
                 }
             }
         }
         Ok(MergedSettles {
-            parts: merged.into_iter().map(|(_, p)| p).collect(),
+            parts: merged
+                .into_iter()
+                .map(|(_, part, held)| held.bound(part))
+                .collect(),
             of,
         })
+    }
+}
+
+/// How long the reservations merged into one part were held, taken as
+/// conservatively as their settlements allow.
+#[derive(Default)]
+struct Held {
+    /// The longest `held`, and the soonest a reservation's decision said
+    /// its budget would be whole again, of those that said how long they
+    /// were held.
+    known: Option<(Duration, u64)>,
+    /// Whether a reservation did not say.
+    unknown: bool,
+}
+
+impl Held {
+    fn add(&mut self, settle: &Settle<'_>) {
+        if settle.consumed() == 0 {
+            return;
+        }
+        let Some(held) = settle.held else {
+            self.unknown = true;
+            return;
+        };
+        let reset = settle.decision.reset_after_micros();
+        self.known = Some(match self.known {
+            Some((longest, soonest)) => (longest.max(held), soonest.min(reset)),
+            None => (held, reset),
+        });
+    }
+
+    /// `part`, giving back no more than its reservations still hold
+    /// ([`Algorithm::refundable`](crate::Algorithm::refundable)); the whole
+    /// difference when one of them did not say how long it was held.
+    fn bound(self, mut part: Part<'_>) -> Part<'_> {
+        if let (Some((held, reset)), false) = (self.known, self.unknown)
+            && part.actual < part.reserved
+        {
+            let held = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+            let most = part
+                .policy
+                .algorithm()
+                .refundable(part.reserved, reset, held);
+            part.actual = part.actual.max(part.reserved - most);
+        }
+        part
     }
 }
 
@@ -185,7 +267,7 @@ pub(crate) fn unsupported(policy: &Policy) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use crate::{Period, Rate};
 
     #[test]
     fn ids_are_fresh_and_print_as_32_hex_digits() {
@@ -194,6 +276,95 @@ mod tests {
         assert_eq!(ids.len(), 1_000);
         assert_eq!(SettlementId(0xab).to_string(), format!("{:0>32}", "ab"));
         assert_eq!(SettlementId(u128::MAX).to_string().len(), 32);
+    }
+
+    /// What a settlement to 0 of a reservation of 10 held for `held` ms,
+    /// whose decision reported `reset` ms, is brought to under `policy`:
+    /// the units it keeps.
+    fn kept(policy: &Policy, reset: u64, held: u64) -> u64 {
+        let decision = Decision::allow(10, 0, reset * 1_000);
+        let settles =
+            [Settle::new(b"k", policy, 10, 0, &decision).held_for(Duration::from_millis(held))];
+        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
+        merged.parts[0].actual
+    }
+
+    #[test]
+    fn a_held_reservation_gives_back_only_what_it_still_holds() {
+        let minute = Duration::from_secs(60);
+        let fixed = Policy::fixed_window(10, minute).unwrap();
+        // Reserved a second before its window ended.
+        assert_eq!(kept(&fixed, 1_000, 999), 0);
+        assert_eq!(kept(&fixed, 1_000, 1_000), 10);
+        let log = Policy::sliding_window_log(10, minute).unwrap();
+        assert_eq!(kept(&log, 60_000, 59_999), 0);
+        assert_eq!(kept(&log, 60_000, 60_000), 10);
+        // The counter's reservation counts whole for a second, then less
+        // and less through the next window.
+        let counter = Policy::sliding_window_counter(10, minute).unwrap();
+        assert_eq!(kept(&counter, 61_000, 999), 0);
+        assert_eq!(kept(&counter, 61_000, 31_000), 5);
+        assert_eq!(kept(&counter, 61_000, 61_000), 10);
+        // Ten tokens a minute: one every 6 s. Into a full bucket, the
+        // reservation is paid back by the refill from the start; into one
+        // already 10 tokens down, only after 60 s.
+        for bucket in [
+            Policy::token_bucket(10, Rate::per_minute(10)).unwrap(),
+            Policy::gcra(20, Rate::per_minute(10)).unwrap(),
+            Policy::leaky_bucket(20, Rate::per_minute(10)).unwrap(),
+        ] {
+            assert_eq!(kept(&bucket, 60_000, 5_999), 0, "{}", bucket.name());
+            assert_eq!(kept(&bucket, 60_000, 6_000), 1, "{}", bucket.name());
+            assert_eq!(kept(&bucket, 60_000, 60_000), 10, "{}", bucket.name());
+            assert_eq!(kept(&bucket, 120_000, 60_000), 0, "{}", bucket.name());
+            assert_eq!(kept(&bucket, 120_000, 66_000), 1, "{}", bucket.name());
+        }
+        // Without `held`, the whole difference, as ever.
+        let decision = Decision::allow(10, 0, 1);
+        let unknown = [Settle::new(b"k", &fixed, 10, 0, &decision)];
+        let merged = MergedSettles::new(&unknown, |s| s.key).expect("merged");
+        assert_eq!(merged.parts[0].actual, 0);
+    }
+
+    #[test]
+    fn merged_held_reservations_count_as_one_and_extremes_never_overflow() {
+        let bucket = Policy::token_bucket(10, Rate::per_minute(10)).unwrap();
+        // Two rules of one request on one key: one reservation of 10 into a
+        // full bucket, held 6 s: one token was paid back by the refill.
+        let decision = Decision::allow(10, 0, 60_000_000);
+        let six = Duration::from_secs(6);
+        let settles = [
+            Settle::new(b"k", &bucket, 5, 0, &decision).held_for(six),
+            Settle::new(b"k", &bucket, 5, 0, &decision).held_for(six),
+        ];
+        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
+        assert_eq!((merged.parts[0].reserved, merged.parts[0].actual), (10, 1));
+        // One of unknown age: the whole difference.
+        let settles = [settles[0], Settle::new(b"k", &bucket, 5, 0, &decision)];
+        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
+        assert_eq!(merged.parts[0].actual, 0);
+
+        let extreme = Decision::allow(u64::MAX, 0, u64::MAX);
+        for policy in [
+            Policy::fixed_window(1 << 40, Duration::from_secs(1 << 20)).unwrap(),
+            Policy::sliding_window_log(1 << 40, Duration::from_secs(1 << 20)).unwrap(),
+            Policy::sliding_window_counter(1 << 20, Duration::from_secs(3_600)).unwrap(),
+            Policy::token_bucket(1 << 20, Rate::new(1, Duration::from_secs(1 << 10))).unwrap(),
+            Policy::gcra(1 << 40, Rate::per_second(1_000_000)).unwrap(),
+            Policy::calendar(1 << 40, Period::Year.utc_offset(-86_399)).unwrap(),
+        ] {
+            for held in [Duration::ZERO, Duration::from_secs(1), Duration::MAX] {
+                for (reserved, actual) in [(u64::MAX, 0), (u64::MAX, u64::MAX - 1), (1, 0)] {
+                    let settles = [
+                        Settle::new(b"k", &policy, reserved, actual, &extreme).held_for(held),
+                        Settle::new(b"k", &policy, reserved, actual, &extreme).held_for(held),
+                    ];
+                    let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
+                    let part = &merged.parts[0];
+                    assert!(part.actual <= part.reserved, "{}", policy.name());
+                }
+            }
+        }
     }
 
     #[test]

@@ -140,7 +140,14 @@ pub trait Store: Send + Sync + 'static {
     ///   limit (up to twice it), so the key is denied until those units
     ///   leave the window. A key in debt is denied even to a peek.
     /// - `actual < reserved` gives the difference back as
-    ///   [`refund`](Store::refund) does, never beyond a full budget.
+    ///   [`refund`](Store::refund) does, never beyond a full budget. A
+    ///   settlement that says how long its reservation was held
+    ///   ([`Settle::held_for`], as the Tower layer's and `Limiter::reserve`'s
+    ///   do) gives back only the units the reservation still holds: none
+    ///   once the window it was counted in ended, fewer once the refill
+    ///   could have paid them back (see [`Settle`]). Without it the whole
+    ///   difference comes back, which may be units of later requests once
+    ///   the reservation's window ended.
     /// - `actual == reserved` changes nothing.
     ///
     /// **All or nothing**: every limit is settled, or none is (a policy
@@ -152,10 +159,15 @@ pub trait Store: Send + Sync + 'static {
     /// reservations and costs.
     ///
     /// **Counted once**: a store remembers `id` beside each state it
-    /// settled, for as long as that state lives, so the same settlement sent
-    /// again (by the store after a broken connection, or by a caller
-    /// retrying a call that failed) changes nothing more. Draw one id per
-    /// reservation ([`SettlementId::random`]).
+    /// settled, so the same settlement sent again (by the store after a
+    /// broken connection, or by a caller retrying a call that failed)
+    /// changes nothing more. The memory is bounded: `RedisStore` keeps the
+    /// newest 128 ids of each key (settlements, refunds and admin
+    /// adjustments) for as long as its state lives, `MemoryStore` the newest
+    /// 256 settlements of each shard. A settlement sent again after as many
+    /// others reached its key (or shard) is applied again, so send it again
+    /// at once or not at all. Draw one id per reservation
+    /// ([`SettlementId::random`]).
     ///
     /// The default settles nothing and answers [`StoreError::Unsupported`]:
     /// the reservations stay as they were consumed.
@@ -166,6 +178,17 @@ pub trait Store: Send + Sync + 'static {
             None => return Box::pin(std::future::ready(Ok(Vec::new()))),
         };
         Box::pin(std::future::ready(Err(error)))
+    }
+
+    /// Whether [`settle`](Store::settle) settles reservations under
+    /// `policy`. The default, with the default `settle`, is `false`; a
+    /// store that settles says so (both stores and the combinators over
+    /// them do, for every policy but concurrency). A reservation a store
+    /// could never settle would run whatever it really costs at its
+    /// estimate, so the Tower layer and `Limiter::reserve` refuse it.
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        let _ = policy;
+        false
     }
 
     /// Renews the lease of a concurrency permit taken by an earlier decision
@@ -213,6 +236,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
         (**self).settle(id, settles)
+    }
+
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        (**self).supports_settlement(policy)
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {

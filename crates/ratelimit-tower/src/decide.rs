@@ -70,7 +70,7 @@ where
         Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
         None => return Err(decide(settings(), ready(limits))),
     };
-    if let Some(error) = unsettleable(std::slice::from_ref(&limit)) {
+    if let Some(error) = unsettleable(store, std::slice::from_ref(&limit)) {
         return Ok(refuse_unsettleable(&settings().stats, error));
     }
     let timer = metrics::StoreCall::start();
@@ -88,6 +88,7 @@ where
             let settings = settings();
             return Ok(failed(
                 &settings,
+                Instant::now(),
                 &[limit],
                 error,
                 (&[], Vec::new()),
@@ -153,18 +154,20 @@ fn allowed_or_refused<St: Store + Clone>(
             permits.hold(&settings.store, limit.key(), limit.policy(), permit);
         }
     }
-    let reservation = reserve(settings, &[], limits, decisions, &[], &[], &merged);
+    // Decided at once, without waiting: asked just now.
+    let asked = Instant::now();
+    let reservation = reserve(settings, asked, &[], limits, decisions, (&[], &[]), &merged);
     Outcome::Allowed(merged, permits, reservation)
 }
 
 /// The error of a limit among `limits` that settles after the response
 /// under a policy that cannot (a concurrency limit from a rule provider:
-/// static rules refuse it when built).
-fn unsettleable(limits: &[Limit]) -> Option<SettleError> {
+/// static rules refuse it when built), or that `store` cannot settle.
+fn unsettleable<St: Store>(store: &St, limits: &[Limit]) -> Option<SettleError> {
     limits
         .iter()
         .filter(|l| l.settlement().is_some())
-        .find_map(|l| SettleError::check(l.policy()).err())
+        .find_map(|l| SettleError::check_in(store, l.policy()).err())
 }
 
 /// The refusal of a request with a limit that cannot settle: a
@@ -174,10 +177,11 @@ fn refuse_unsettleable(stats: &Stats, error: SettleError) -> Outcome {
     stats.record_refused_on_error();
     tracing::error!(
         error = %error,
-        "a rule provider gave a limit that settles after the response under a policy \
-         that cannot; the request is refused"
+        "a limit settles after the response where it cannot be settled; the request \
+         is refused"
     );
-    let SettleError::Unsupported { policy, algorithm } = error;
+    let (SettleError::Unsupported { policy, algorithm }
+    | SettleError::StoreUnsupported { policy, algorithm }) = error;
     Outcome::Rejected(Rejection::Internal(Arc::new(StoreError::Unsupported {
         policy,
         algorithm,
@@ -188,15 +192,15 @@ fn refuse_unsettleable(stats: &Stats, error: SettleError) -> Outcome {
 /// The reservation of a request allowed with `decisions` (the merged ones,
 /// see [`merge`]): the enforced `limits` that settle, as `limit_decisions`
 /// decided them, and the shadow ones when `shadow_decisions` allowed them
-/// all (a group denied as a whole consumed nothing). `None` when no limit
-/// settles, the common case.
+/// all (a group denied as a whole consumed nothing), all asked of the store
+/// no later than `asked`. `None` when no limit settles, the common case.
 fn reserve<St: Store + Clone>(
     settings: &Settings<St>,
+    asked: Instant,
     order: &[bool],
     limits: &[Limit],
     limit_decisions: &[Decision],
-    shadow: &[Limit],
-    shadow_decisions: &[PolicyDecision],
+    (shadow, shadow_decisions): (&[Limit], &[PolicyDecision]),
     decisions: &Decisions,
 ) -> Option<Box<Reservation>> {
     if limits
@@ -247,6 +251,7 @@ fn reserve<St: Store + Clone>(
         &settings.store,
         &settings.stats,
         settings.timeout,
+        asked,
         decisions.clone(),
         reserved,
         &settlements,
@@ -313,7 +318,7 @@ where
             return Outcome::Unlimited;
         }
         let limits = limits.into_vec();
-        if let Some(error) = unsettleable(&limits) {
+        if let Some(error) = unsettleable(&settings.store, &limits) {
             return refuse_unsettleable(&settings.stats, error);
         }
         decide_limits(settings, limits).await
@@ -354,6 +359,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             Err(error) => {
                 return failed(
                     &settings,
+                    started,
                     &enforced,
                     error,
                     (&shadow, shadow_decisions),
@@ -395,11 +401,11 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 let merged = merged();
                 let reservation = reserve(
                     &settings,
+                    started,
                     &order,
                     &enforced,
                     &decisions,
-                    &shadow,
-                    &shadow_decisions,
+                    (&shadow, &shadow_decisions),
                     &merged,
                 );
                 return Outcome::Allowed(merged, permits, reservation);
@@ -426,11 +432,11 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 }
                 let reservation = reserve(
                     &settings,
+                    started,
                     &order,
                     &enforced,
                     &decisions,
-                    &shadow,
-                    &shadow_decisions,
+                    (&shadow, &shadow_decisions),
                     &decisions_merged,
                 );
                 return Outcome::Allowed(decisions_merged, permits, reservation);
@@ -554,10 +560,11 @@ fn log_refund(policy: &Policy, result: Result<(), StoreError>) {
 /// The outcome of a store error for the enforced limits: a cost that can
 /// never pass, an error that is not an outage (refused whatever the failure
 /// policy), or an outage (the failure policy decides; failing open, the
-/// shadow policies' decisions, permits and reservations go with the
-/// request).
+/// shadow policies' decisions, permits and reservations, asked no later
+/// than `started`, go with the request).
 fn failed<St: Store + Clone>(
     settings: &Settings<St>,
+    started: Instant,
     enforced: &[Limit],
     error: StoreError,
     (shadow, shadow_decisions): (&[Limit], Vec<PolicyDecision>),
@@ -598,11 +605,11 @@ fn failed<St: Store + Clone>(
         let decisions = Decisions::new(shadow_decisions);
         let reservation = reserve(
             settings,
+            started,
             &[],
             enforced,
             &[],
-            shadow,
-            decisions.as_slice(),
+            (shadow, decisions.as_slice()),
             &decisions,
         );
         Outcome::FailedOpen(decisions, shadow_permits, reservation)

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelimit_core::Policy;
+use ratelimit_core::{Policy, Store};
 
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::responses::headers::RateLimitHeaders;
@@ -183,8 +183,14 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
     /// # Errors
     ///
     /// [`SettleError::Unsupported`](crate::SettleError::Unsupported) for a
-    /// concurrency policy.
-    pub fn settle(mut self, settlement: Settlement) -> Result<Self, SettleError> {
+    /// concurrency policy;
+    /// [`SettleError::StoreUnsupported`](crate::SettleError::StoreUnsupported)
+    /// when the layer's store cannot settle the policy.
+    pub fn settle(mut self, settlement: Settlement) -> Result<Self, SettleError>
+    where
+        St: Store,
+    {
+        SettleError::check_in(&self.store, self.rules.policy())?;
         self.rules = self.rules.settle(settlement)?;
         Ok(self)
     }

@@ -152,12 +152,22 @@
 //!    one [`SettlementId`](ratelimit_core::SettlementId) per request, so a
 //!    resend counts once). More than the estimate is charged even past the
 //!    limit, into a debt of at most one full budget that later requests
-//!    wait out; less gives the difference back. The response's
+//!    wait out; less gives the difference back, as long as the
+//!    reservation still holds it (see below). The response's
 //!    `RateLimit` fields report what is left after the settlement.
 //!
 //! A response classified as a failure (`5xx` by default) gives the whole
 //! reservation back; so does a request dropped before its response head, or
-//! whose service fails, unless the rule says otherwise. A missing or
+//! whose service fails, unless the rule says otherwise. What is given back
+//! is what the reservation still holds when it settles: nothing once the
+//! window it was counted in ended (a fixed window or calendar period, a
+//! sliding log's window; a sliding window counter's less and less through
+//! the next window), and for a bucket one unit less per emission interval in
+//! which the bucket, without the reservation, could have been full. Units
+//! that already left the budget are not given back again, so a client that
+//! keeps requests in flight across a window's edge and cancels them (or
+//! makes them fail) after spending the next window gets no more than that
+//! window. A missing or
 //! invalid cost keeps the estimate, and a cost above twice the limit is
 //! charged as twice the limit; both are logged and counted, and neither ever
 //! lifts a limit. When the store cannot settle (an outage), the request has

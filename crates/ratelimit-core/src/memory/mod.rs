@@ -1028,6 +1028,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         Box::pin(ready(self.settle_now(id, settles)))
     }
 
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        policy.supports_settlement()
+    }
+
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
         ready(Ok(self.renew_now(key, policy, permit)))
     }

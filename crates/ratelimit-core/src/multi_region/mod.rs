@@ -43,7 +43,8 @@
 //! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).
 //! Refunds and settlements ([`Store::settle`]) are
 //! [`StoreError::Unsupported`]: the counts only ever grow (a G-counter), so
-//! nothing can be given back.
+//! nothing can be given back ([`Store::supports_settlement`] is `false`, so
+//! the Tower layer refuses rules that would settle here).
 //!
 //! ```no_run
 //! use std::time::Duration;

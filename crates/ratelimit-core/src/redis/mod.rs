@@ -1136,10 +1136,10 @@ impl Store for RedisStore {
     /// One script (`settle.lua`) for every limit, on server time like every
     /// decision, all or nothing: every state is read before any is
     /// written. The settlement's id is remembered beside each state it
-    /// changed (`<state key>:applied`, as long as the state lives, as
-    /// refunds' are), so a resend, the store's after a broken connection
-    /// or the caller's, changes nothing more. Every key written keeps a
-    /// TTL.
+    /// changed (`<state key>:applied`, the newest 128 of the key, as long
+    /// as the state lives, as refunds' are), so a resend, the store's after
+    /// a broken connection or the caller's, changes nothing more while the
+    /// id is among them. Every key written keeps a TTL.
     ///
     /// On a Redis Cluster one script touches one hash slot: limits on one
     /// user key (its hash tag) settle in one script, all or nothing; limits
@@ -1151,6 +1151,10 @@ impl Store for RedisStore {
     /// changes nothing in the slots that had settled.
     fn settle(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
         self.settle_boxed(id, settles)
+    }
+
+    fn supports_settlement(&self, policy: &Policy) -> bool {
+        policy.supports_settlement()
     }
 
     /// One script (`renew.lua`), on server time like every decision: the

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::HeaderName;
 use http::response::Parts;
 use ratelimit_core::{Decision, Policy, Settle, SettleFuture, SettlementId, Store, StoreError};
+use tokio::time::Instant;
 
 use super::reading::Reading;
 use super::spec::Settlement;
@@ -68,6 +69,9 @@ pub(crate) struct Reservation {
     store: Box<dyn Settler>,
     stats: Arc<Stats>,
     timeout: Option<Duration>,
+    /// When the reservation was asked of the store (no later): what a
+    /// settlement below it gives back depends on how long it was held.
+    asked: Instant,
     decisions: Decisions,
     reserved: Vec<Reserved>,
     /// The cost headers to remove from the response.
@@ -88,7 +92,7 @@ impl std::fmt::Debug for Reservation {
 
 impl Reservation {
     /// The reservation of `reserved` (limits among `decisions`, the
-    /// request's), in `store`; `settlements`: every settlement of the
+    /// request's), asked of `store` at `asked`; `settlements`: every settlement of the
     /// request's limits, reserved or not (a limit the store could not
     /// decide), whose cost headers leave with no response. `None` when there
     /// is nothing to do.
@@ -96,6 +100,7 @@ impl Reservation {
         store: &St,
         stats: &Arc<Stats>,
         timeout: Option<Duration>,
+        asked: Instant,
         decisions: Decisions,
         reserved: Vec<Reserved>,
         settlements: &[&Settlement],
@@ -113,6 +118,7 @@ impl Reservation {
             store: Box::new(store.clone()),
             stats: stats.clone(),
             timeout,
+            asked,
             decisions,
             reserved,
             strip,
@@ -185,6 +191,7 @@ impl Reservation {
     fn start(&mut self, readings: &[Reading]) {
         let mut settles = Vec::new();
         let mut labels = Vec::new();
+        let held = self.asked.elapsed();
         self.sent.clear();
         for (i, (reserved, reading)) in self.reserved.iter().zip(readings).enumerate() {
             let actual = reading.actual(reserved.estimate);
@@ -197,13 +204,16 @@ impl Reservation {
                 continue;
             }
             self.sent.push(i);
-            settles.push(Settle::new(
-                reserved.key.as_bytes(),
-                &reserved.policy,
-                reserved.estimate,
-                actual,
-                &reserved.decision,
-            ));
+            settles.push(
+                Settle::new(
+                    reserved.key.as_bytes(),
+                    &reserved.policy,
+                    reserved.estimate,
+                    actual,
+                    &reserved.decision,
+                )
+                .held_for(held),
+            );
             labels.push((
                 reserved.policy.clone(),
                 reserved.key.clone(),

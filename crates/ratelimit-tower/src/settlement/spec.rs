@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use http::response::Parts;
 use http::{Extensions, HeaderName};
-use ratelimit_core::Policy;
+use ratelimit_core::{Policy, Store};
 
 /// What a request really cost, inserted by its handler into the response's
 /// extensions, for a rule that settles [from the extension](Settlement::from_extension):
@@ -60,6 +60,10 @@ type IsFailure = dyn Fn(&Parts) -> bool + Send + Sync;
 ///   request whose future is dropped before its response head (the client
 ///   went away), or whose inner service answers with an error, unless
 ///   [`refund_on_cancel`](Settlement::refund_on_cancel) says `false`.
+///   Whatever the reason, a settlement gives back only what the
+///   reservation still holds after the time it was held: nothing once its
+///   window ended, or once the refill paid its units back (see
+///   [`Settle`](ratelimit_core::Settle)).
 ///
 /// For gRPC, whose failures are HTTP `200` with a `grpc-status` other than
 /// `0` (in the head of a trailers-only response), give a test that reads it:
@@ -273,7 +277,8 @@ impl Settlement {
 
 /// A rule or a layer that cannot settle costs after the response: refused
 /// when it is built ([`Rule::settle`](crate::Rule::settle),
-/// [`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).
+/// [`RateLimitLayer::settle`](crate::RateLimitLayer::settle)), and each of
+/// its requests refused (`500`) should it reach a layer anyway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SettleError {
@@ -281,6 +286,16 @@ pub enum SettleError {
     /// units are permits held and released, not consumed
     /// ([`Policy::supports_settlement`]).
     Unsupported {
+        /// The policy's name.
+        policy: String,
+        /// The algorithm's kind.
+        algorithm: &'static str,
+    },
+    /// The layer's store has no settlement for the policy
+    /// ([`Store::supports_settlement`]: a `MultiRegionStore`, whose counts
+    /// only grow, or a store that keeps the default): a cost above the
+    /// estimate could never be charged.
+    StoreUnsupported {
         /// The policy's name.
         policy: String,
         /// The algorithm's kind.
@@ -300,6 +315,20 @@ impl SettleError {
             })
         }
     }
+
+    /// `Ok` when `store` can settle `policy`, else the error that says why
+    /// not.
+    pub(crate) fn check_in<St: Store>(store: &St, policy: &Policy) -> Result<(), SettleError> {
+        SettleError::check(policy)?;
+        if store.supports_settlement(policy) {
+            Ok(())
+        } else {
+            Err(SettleError::StoreUnsupported {
+                policy: policy.name().to_owned(),
+                algorithm: policy.algorithm().kind(),
+            })
+        }
+    }
 }
 
 impl fmt::Display for SettleError {
@@ -309,6 +338,11 @@ impl fmt::Display for SettleError {
                 f,
                 "policy `{policy}` ({algorithm}) cannot settle costs after the response: \
                  its units are permits held and released, not consumed"
+            ),
+            SettleError::StoreUnsupported { policy, algorithm } => write!(
+                f,
+                "the store cannot settle costs of policy `{policy}` ({algorithm}) after the \
+                 response: a cost above the estimate could never be charged"
             ),
         }
     }
