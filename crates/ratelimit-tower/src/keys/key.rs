@@ -151,9 +151,13 @@ impl From<&str> for Key {
 
 impl From<IpAddr> for Key {
     /// The address's text, as `ip.to_string()` writes it, without a heap
-    /// allocation.
+    /// allocation. An IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, an IPv4
+    /// client on a dual-stack socket) is the IPv4 address's text, as
+    /// [`PeerIp`](struct@PeerIp) keys it, so both spellings share a budget.
+    /// An IPv6 address is keyed alone: `PeerIp.extract(req)` or
+    /// [`ClientIp`](crate::ClientIp) key its network (`/64`).
     fn from(ip: IpAddr) -> Self {
-        Key::text(ratelimit_core::key::IpText::new(ip).as_bytes())
+        Key::text(ratelimit_core::key::IpText::new(ip.to_canonical()).as_bytes())
     }
 }
 
