@@ -725,7 +725,9 @@ where
 /// the `Router` (`Router::layer` or `route_layer`), where `MatchedPath` is
 /// known. Elsewhere (around the router, under `nest_service`, in a
 /// fallback) the key is the path, so every path is a key of its own
-/// (`/users/1` and `/users/2`).
+/// (`/users/1` and `/users/2`), kept as text like every route: a path that
+/// carries a secret (a capability URL, such as a webhook's `/hooks/<secret>`)
+/// reaches the store as it is there.
 ///
 /// ```
 /// use ratelimit_tower::{KeyExtractor, RouteKey};
