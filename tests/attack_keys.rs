@@ -314,12 +314,17 @@ mod addresses {
 
     /// A rule provider keying by the raw peer address (an IPv4 client on a
     /// dual-stack socket shows as `::ffff:a.b.c.d`) and a layer keying by
-    /// `PeerIp` share one budget per client under one policy.
+    /// `PeerIp` share one budget per client under one policy; an address
+    /// as a key is an IPv6 client's /64, as `PeerIp` keys it.
     #[tokio::test]
     async fn a_mapped_address_given_as_a_key_is_the_ipv4_clients_budget() {
         assert_eq!(
             Key::from(ip("::ffff:192.0.2.1")),
             Key::from(ip("192.0.2.1"))
+        );
+        assert_eq!(
+            Key::from(ip("2001:db8:1:2::9")),
+            Key::from(ip("2001:db8:1:2:ffff::1"))
         );
 
         let store = MemoryStore::new();
@@ -344,6 +349,78 @@ mod addresses {
         assert_eq!(statuses(&by_peer_ip, 1, plain).await, [200]);
         assert_eq!(statuses(&by_raw_peer, 1, mapped).await, [429]);
         assert_eq!(statuses(&by_peer_ip, 1, mapped).await, [429]);
+    }
+
+    /// A handler's `Limiter` checking a client's address (login attempts per
+    /// client, from `ConnectInfo`) keys it as the layer's `PeerIp` does: an
+    /// IPv6 client taking another address of its /64 for each attempt stays
+    /// on one budget, shared with the layer's, and so does an IPv4 client
+    /// however its address is written. Checked by the address's text (the
+    /// only key a `Limiter` took), every address was a fresh budget: 20 of
+    /// 20 attempts from one /64 passed a limit of 3.
+    async fn limiter_keys_addresses_as_the_layer<St>(store: St)
+    where
+        St: Store + Clone + Send + Sync + 'static,
+    {
+        let policy = fixed_window("logins-per-client", 3, HOUR);
+        let layer = RateLimitLayer::new(store.clone(), policy.clone(), PeerIp).layer(ok_service());
+        let logins = Limiter::new(store, policy);
+
+        assert_eq!(
+            status(&layer, request("[2001:db8:1:2::1]:1", &[])).await,
+            200
+        );
+        let mut passed = 0;
+        for n in 2..=20u16 {
+            let attempt = ip(&format!("2001:db8:1:2::{n:x}"));
+            if logins.check(attempt, 1).await.is_ok() {
+                passed += 1;
+            }
+        }
+        assert_eq!(passed, 2, "one /64, one budget of 3");
+        assert_eq!(
+            status(&layer, request("[2001:db8:1:2::99]:1", &[])).await,
+            429
+        );
+        assert!(
+            logins.check(ip("2001:db8:1:3::1"), 1).await.is_ok(),
+            "another /64"
+        );
+        assert_eq!(
+            logins
+                .peek(ip("2001:db8:1:2:ffff::1"))
+                .await
+                .expect("peeked")
+                .remaining(),
+            0
+        );
+
+        assert!(logins.check(ip("::ffff:192.0.2.1"), 1).await.is_ok());
+        assert!(logins.reserve(ip("192.0.2.1"), 1).await.is_ok());
+        assert_eq!(status(&layer, request("192.0.2.1:1", &[])).await, 200);
+        assert_eq!(
+            status(&layer, request("[::ffff:192.0.2.1]:1", &[])).await,
+            429
+        );
+    }
+
+    #[tokio::test]
+    async fn a_limiter_keys_an_address_as_the_layer_does_in_memory() {
+        limiter_keys_addresses_as_the_layer(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn a_limiter_keys_an_address_as_the_layer_does_in_redis() {
+        let server = RedisServer::start();
+        limiter_keys_addresses_as_the_layer(redis_store(server.url()).await).await;
+        assert_eq!(
+            redis_keys(&server, "*"),
+            [
+                "ratelimit:logins-per-client:{192.0.2.1}",
+                "ratelimit:logins-per-client:{2001:db8:1:2::/64}",
+                "ratelimit:logins-per-client:{2001:db8:1:3::/64}",
+            ]
+        );
     }
 
     /// Through `PeerIp` and a trusted proxy's `X-Forwarded-For`, the mapped
