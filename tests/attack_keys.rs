@@ -597,3 +597,61 @@ mod errors_a_client_can_provoke {
         assert!(limiter.check(b"k1", 1).await.is_err());
     }
 }
+
+/// A policy keyed by one header cannot be keyed by another through a
+/// reload either: while the instances sharing a store reload one after the
+/// other (or a rolling deploy runs), both headers would key one policy, so
+/// a client could send a tenant's id (no secret) as its API key to spend
+/// that tenant's budget on the instances not yet reloaded.
+mod reloads {
+    use ratelimit_tower::config::{ConfigErrorKind, Format, ReloadableRules};
+
+    use super::*;
+
+    fn keyed_by(policy: &str, header: &str) -> String {
+        format!(
+            r#"
+            [policies.{policy}]
+            algorithm = "fixed-window"
+            limit = 2
+            window = "1h"
+
+            [[rules]]
+            policy = "{policy}"
+            key = "header:{header}"
+            "#
+        )
+    }
+
+    #[tokio::test]
+    async fn a_reload_cannot_key_a_policy_in_force_by_another_header() {
+        let store = MemoryStore::new();
+        let in_force = || Config::from_toml(&keyed_by("per-client", "x-tenant")).expect("valid");
+        let (first, second) = (
+            ReloadableRules::new(in_force()),
+            ReloadableRules::new(in_force()),
+        );
+        let reloaded = RateLimitLayer::with_rules(store.clone(), first.clone()).layer(ok_service());
+        let not_yet = RateLimitLayer::with_rules(store, second).layer(ok_service());
+
+        // The first instance reloads; the second has not yet.
+        let reload = first.reload_from_str(&keyed_by("per-client", "x-api-key"), Format::Toml);
+        let as_api_key = || request("198.51.100.66:4000", &[("x-api-key", b"acme")]);
+        let as_tenant = || request("192.0.2.7:4000", &[("x-tenant", b"acme")]);
+        statuses(&reloaded, 2, as_api_key).await;
+        assert_eq!(
+            statuses(&not_yet, 2, as_tenant).await,
+            [200, 200],
+            "the tenant keeps its budget"
+        );
+        let error = reload.expect_err("refused");
+        assert_eq!(error.kind(), ConfigErrorKind::Rule, "{error}");
+        assert!(error.to_string().contains("rules[0].key"), "{error}");
+        assert!(first.current().policy("per-client").is_some());
+
+        // A new header under a new name is a new limit: accepted.
+        first
+            .reload_from_str(&keyed_by("per-api-key", "x-api-key"), Format::Toml)
+            .expect("a renamed policy");
+    }
+}
