@@ -843,7 +843,7 @@ async fn redis_permits_are_held_past_their_lease_and_freed_on_drop() {
     for (policy, cost, n) in [(&a, 2u64, 3), (&b, 1, 4)] {
         let limiter = ratelimit_axum::Limiter::new(store.clone(), policy.clone());
         for _ in 0..n {
-            let granted = limiter.check(b"k", cost).await;
+            let granted = limiter.check(key.clone(), cost).await;
             guards.push(granted.expect("a slot is free"));
         }
     }

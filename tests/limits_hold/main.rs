@@ -8,6 +8,7 @@
 //! the stores (`attack_keys`).
 //! One binary, so the suite links it once.
 
+mod attack_keys;
 mod attack_settle;
 mod attacks;
 mod attacks2;

@@ -127,12 +127,35 @@ impl<St: Store + Clone> Limiter<St> {
     /// mode ([`Policy::with_shadow`]) is checked and consumes, but is always
     /// granted (its decision, denied or not, is in the headers).
     ///
-    /// `key` is a value (a username, an email address) and is hashed as the
-    /// layer hashes every value ([`Key`]): a `Limiter` and a layer under one
-    /// policy and store share the budget of one value, and no store holds
-    /// the value itself.
-    pub async fn check(&self, key: &[u8], cost: u64) -> Result<Granted, QuotaExceeded> {
-        let key = Key::from(key);
+    /// `key` is made into a [`Key`] as the layer makes its keys: a value (a
+    /// username, an email address, as bytes or text) is hashed, so a
+    /// `Limiter` and a layer under one policy and store share the budget of
+    /// one value and no store holds the value itself; a client's address
+    /// (an [`IpAddr`](std::net::IpAddr), such as `ConnectInfo`'s) is keyed
+    /// as [`PeerIp`](struct@ratelimit_tower::PeerIp) keys it, an IPv6 client
+    /// by its /64, so it cannot take a fresh budget with each address of it.
+    ///
+    /// ```
+    /// use ratelimit_axum::{Limiter, MemoryStore, Policy};
+    /// use std::net::IpAddr;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_client = Limiter::new(
+    ///     MemoryStore::new(),
+    ///     Policy::fixed_window(1, Duration::from_secs(60))?.with_name("logins-per-client")?,
+    /// );
+    /// let first: IpAddr = "2001:db8:1:2::1".parse()?;
+    /// let second: IpAddr = "2001:db8:1:2::2".parse()?;
+    /// assert!(per_client.check(first, 1).await.is_ok());
+    /// // Another address of the same /64: the same client.
+    /// assert!(per_client.check(second, 1).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check(&self, key: impl Into<Key>, cost: u64) -> Result<Granted, QuotaExceeded> {
+        let key = key.into();
         let decision = self.decide(&key, cost).await?;
         let mut permit = PermitGuard::default();
         if let Some(id) = decision.as_ref().and_then(Decision::permit) {
@@ -145,8 +168,9 @@ impl<St: Store + Clone> Limiter<St> {
         })
     }
 
-    /// Reserves `estimate` of `key` for work whose cost is known only once
-    /// it is done (tokens generated, bytes sent): consumed now, and refused
+    /// Reserves `estimate` of `key` (made into a [`Key`] as [`check`](Self::check)
+    /// makes it) for work whose cost is known only once it is done (tokens
+    /// generated, bytes sent): consumed now, and refused
     /// as [`check`](Self::check) refuses when the estimate does not fit. Then
     /// [`settle`](Reservation::settle) it to the actual cost, which charges
     /// a cost above the estimate even past the limit (a debt, which the
@@ -182,7 +206,7 @@ impl<St: Store + Clone> Limiter<St> {
     /// ```
     pub async fn reserve(
         &self,
-        key: &[u8],
+        key: impl Into<Key>,
         estimate: u64,
     ) -> Result<Reservation<St>, QuotaExceeded> {
         if !self.store.supports_settlement(&self.policy) {
@@ -198,7 +222,7 @@ impl<St: Store + Clone> Limiter<St> {
             );
             return Err(self.refuse(Rejection::Internal(std::sync::Arc::new(error))));
         }
-        let key = Key::from(key);
+        let key = key.into();
         let asked = tokio::time::Instant::now();
         let decision = self.decide(&key, estimate).await?;
         Ok(Reservation::new(
@@ -211,12 +235,13 @@ impl<St: Store + Clone> Limiter<St> {
         ))
     }
 
-    /// What `key` has left under the policy, consuming nothing: the
-    /// decision a request of cost 0 gets (denied only while the key is
-    /// blocked or in debt), on every store.
-    pub async fn peek(&self, key: &[u8]) -> Result<Decision, StoreError> {
+    /// What `key` (made into a [`Key`] as [`check`](Self::check) makes it)
+    /// has left under the policy, consuming nothing: the decision a request
+    /// of cost 0 gets (denied only while the key is blocked or in debt), on
+    /// every store.
+    pub async fn peek(&self, key: impl Into<Key>) -> Result<Decision, StoreError> {
         self.store
-            .check(Key::from(key).as_bytes(), &self.policy, 0)
+            .check(key.into().as_bytes(), &self.policy, 0)
             .await
     }
 

@@ -2,8 +2,8 @@
 //! components it sees: what the Lua script decides in Redis, and what the
 //! simulation in the tests replays on a manual clock.
 //!
-//! A region's view of one key is the sum of every region's [`Count`]s (see
-//! [`view`]): its own exact count, and what each peer's pushes added, in the
+//! A region's view of one key is the sum of every region's `Count`s (see
+//! `view`): its own exact count, and what each peer's pushes added, in the
 //! window of this region's clock in which they arrived. A peer that is
 //! stale (no complete push marked within the staleness) or whose clock is
 //! too far off counts as at least its conservative share,
@@ -39,6 +39,7 @@ impl Component {
 /// Rounding up keeps the shares of all regions at least `limit`, so two
 /// sides of a partition that each reserve the other's share never admit
 /// more than `limit` together.
+#[cfg(any(test, ratelimit_test_hooks))]
 pub fn conservative_share(limit: u64, regions: u64) -> u64 {
     limit.div_ceil(regions.max(1))
 }
@@ -46,6 +47,7 @@ pub fn conservative_share(limit: u64, regions: u64) -> u64 {
 /// One region's count in one window, as a key's state hash holds it: the
 /// cost `region` admitted in (for this region) or that arrived from
 /// `region` in (for a peer) the window of `window` µs starting at `start`.
+#[cfg(any(test, ratelimit_test_hooks))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Count {
@@ -59,6 +61,7 @@ pub struct Count {
     pub value: u64,
 }
 
+#[cfg(any(test, ratelimit_test_hooks))]
 impl Count {
     /// A count of `value` for `region` in the window `[start, start + window)`.
     pub fn new(region: impl Into<String>, start: u64, window: u64, value: u64) -> Self {
@@ -97,6 +100,7 @@ impl Count {
 /// Within one region and one window length this reads the fields as the
 /// single-region algorithms read their state; across a reload it counts at
 /// least what they do.
+#[cfg(any(test, ratelimit_test_hooks))]
 pub fn view(
     own: &str,
     counts: &[Count],

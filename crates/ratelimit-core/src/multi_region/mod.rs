@@ -81,9 +81,15 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod builder;
 // Not API: `ratelimit-tests` replays the Lua script's reads of a live Redis
-// against this model (a unit test has no Redis to run the script on).
+// against this model (a unit test has no Redis to run the script on), so
+// this workspace's test builds export it (see `build.rs`); a published
+// build keeps it inside, with only what the store decides by.
+#[cfg(ratelimit_test_hooks)]
 #[doc(hidden)]
 pub mod counts;
+#[cfg(not(ratelimit_test_hooks))]
+#[allow(unreachable_pub)]
+mod counts;
 mod peer;
 mod round;
 #[cfg(test)]

@@ -65,7 +65,7 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
 /// would then meet in one budget (a value is keyed alike from any header),
 /// while keys of other shapes never meet (an address is text, a value a
 /// hash, a join length-prefixed).
-fn headers_apart(a: &[KeyPart], b: &[KeyPart]) -> bool {
+pub(super) fn headers_apart(a: &[KeyPart], b: &[KeyPart]) -> bool {
     a.len() == b.len()
         && a != b
         && a.iter().zip(b).all(|pair| match pair {
@@ -75,7 +75,7 @@ fn headers_apart(a: &[KeyPart], b: &[KeyPart]) -> bool {
 }
 
 /// A key as the configuration writes it: `header:x-api-key`, `["route", "ip"]`.
-fn describe(parts: &[KeyPart]) -> String {
+pub(super) fn describe(parts: &[KeyPart]) -> String {
     let part = |part: &KeyPart| match part {
         KeyPart::Global => String::from("global"),
         KeyPart::PeerIp => String::from("ip"),
@@ -387,6 +387,7 @@ fn build_rule(
     let methods = spec
         .methods
         .map(|methods| methods.into_iter().map(|m| m.0).collect());
+    let written_key = spec.key.0.clone().into_boxed_slice();
     let key = spec
         .key
         .0
@@ -418,6 +419,7 @@ fn build_rule(
     Ok(ConfiguredRule {
         policy,
         key,
+        written_key,
         cost,
         settlement,
         routes,

@@ -22,8 +22,9 @@ pub enum ConfigErrorKind {
     Policy,
     /// A rule does not fit the policies: it names a policy that does not
     /// exist, asks a cost the policy can never admit, settles the cost of a
-    /// concurrency policy (or gives a `cost` beside its `settle`), or needs
-    /// settings that are missing.
+    /// concurrency policy (or gives a `cost` beside its `settle`), needs
+    /// settings that are missing, or keys one policy by two headers (within
+    /// the configuration, or, on a reload, against the one in force).
     Rule,
     /// A reload would give an existing policy name another algorithm; state is
     /// stored per policy name, so the new algorithm needs a new name.

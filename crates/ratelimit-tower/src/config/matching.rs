@@ -6,6 +6,7 @@ use http::{Method, Request};
 use ratelimit_core::Policy;
 
 use super::Config;
+use super::schema::KeyPart;
 use crate::keys::{
     ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys,
 };
@@ -81,6 +82,9 @@ impl<B> RuleProvider<Request<B>> for Config {
 pub(super) struct ConfiguredRule {
     pub(super) policy: Policy,
     pub(super) key: Box<[KeySource]>,
+    /// The key as the configuration writes it, to compare with the rules of
+    /// another configuration (a reload's).
+    pub(super) written_key: Box<[KeyPart]>,
     /// The cost, or the estimate of a rule that settles.
     pub(super) cost: u64,
     pub(super) settlement: Option<Settlement>,

@@ -177,8 +177,10 @@
 //!   see [`Key`](crate::Key)), so one policy keyed by two headers (`x-tenant`
 //!   on one route, `x-api-key` on another) would let a client spend a
 //!   tenant's budget by sending its id as an API key: such a file is
-//!   refused (a [`ConfigErrorKind::Rule`] error). Give each header its own
-//!   policy.
+//!   refused (a [`ConfigErrorKind::Rule`] error), and so is a reload that
+//!   keys a policy in force by another header (instances sharing a store
+//!   reload one after the other, so both headers would key it meanwhile).
+//!   Give each header its own policy.
 //! - A header's value is the client's to choose: a client sending a new
 //!   value with every request gets a new budget each time, and so does one
 //!   under a list holding a header (`["ip", "header:x-api-key"]`). Unless

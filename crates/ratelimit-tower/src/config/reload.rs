@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use http::Request;
 
+use super::compile::{describe, headers_apart};
 use super::{Config, ConfigError, ConfigErrorKind, Format};
 use crate::rules::rule::{Limits, RuleProvider};
 
@@ -197,7 +198,9 @@ impl ReloadableRules {
     /// # Errors
     ///
     /// [`ConfigErrorKind::AlgorithmChanged`] when `config` gives a policy
-    /// name in force another algorithm, and
+    /// name in force another algorithm, [`ConfigErrorKind::Rule`] when it
+    /// keys a policy in force by another header (a new header needs a new
+    /// policy name), and
     /// [`ConfigErrorKind::RulesDropped`] when it would drop rules or
     /// policies in force (see
     /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits));
@@ -349,6 +352,7 @@ impl ReloadableRules {
         if !self.shared.allow_dropping.load(Ordering::Relaxed) {
             refuse_dropped(&current, &config)?;
         }
+        refuse_rekeyed(&current, &config)?;
         for policy in config.policies() {
             if let Some(old) = current.policy(policy.name()) {
                 let (was, now) = (old.algorithm().kind(), policy.algorithm().kind());
@@ -370,6 +374,39 @@ impl ReloadableRules {
         self.shared.current.store(Arc::new(config));
         Ok(())
     }
+}
+
+/// Refuses `config` when it keys a policy in force by another header than
+/// `current` does. A value is one budget whichever header brings it, so
+/// while the instances sharing a store reload one after the other (or a
+/// rolling deploy runs), both headers would key the policy: a client could
+/// send another's value (a tenant's id, no secret) in the new header and
+/// spend that budget where the old one is still read, as
+/// [`Config::from_toml`] refuses within one configuration.
+fn refuse_rekeyed(current: &Config, config: &Config) -> Result<(), ConfigError> {
+    for (index, rule) in config.inner.rules.iter().enumerate() {
+        let in_force = current.inner.rules.iter().find(|old| {
+            old.policy.name() == rule.policy.name()
+                && headers_apart(&old.written_key, &rule.written_key)
+        });
+        if let Some(old) = in_force {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Rule,
+                format!("rules[{index}].key"),
+                format!(
+                    "policy {:?} is keyed by {} in the configuration in force and by {} here: \
+                     while the instances that share its store reload one after the other, a \
+                     value sent in either header would be one budget, so a client could spend \
+                     another's budget by sending its value in the new header; give the new key \
+                     a new policy name",
+                    rule.policy.name(),
+                    describe(&old.written_key),
+                    describe(&rule.written_key),
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The allowing hint that ends every [`ConfigErrorKind::RulesDropped`] message.

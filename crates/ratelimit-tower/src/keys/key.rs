@@ -17,17 +17,19 @@ use crate::options::MissingKey;
 /// - **A value** (bytes, text or a number: an API key, a token, a tenant or
 ///   user id) is hashed: `#` and 32 hex digits of its SHA-256
 ///   ([`ratelimit_core::key::hashed`]). Every key made from one is: `From`
-///   a `Vec<u8>`, `&[u8]`, `String`, `&str`, [`Bytes`] or `u64`, so a
-///   [`Limits::one`](crate::Limits::one) key and a closure's, [`HeaderKey`]'s
-///   values, and the keys of `ratelimit-axum`'s `Limiter::check`.
+///   a `Vec<u8>`, `&[u8]`, `&[u8; N]`, `String`, `&str`, [`Bytes`] or `u64`,
+///   so a [`Limits::one`](crate::Limits::one) key and a closure's,
+///   [`HeaderKey`]'s values, and the values `ratelimit-axum`'s `Limiter`
+///   checks.
 /// - **An address, a route or a name set in code** is kept as text: `From`
-///   an [`IpAddr`] (its text, as [`PeerIp`](struct@PeerIp) and [`ClientIp`](crate::ClientIp) key an
-///   IPv4 client; an IPv6 client's network, `2001:db8::/64`, likewise),
-///   [`RouteKey`]'s route, [`GlobalKey`]'s name, and [`Composite`]'s join of
-///   two keys.
+///   an [`IpAddr`] (as [`PeerIp`](struct@PeerIp) and [`ClientIp`](crate::ClientIp)
+///   key a client by default: an IPv4 address's text, an IPv6 address's
+///   network, `2001:db8::/64`), [`RouteKey`]'s route, [`GlobalKey`]'s name,
+///   and [`Composite`]'s join of two keys.
 ///
 /// So one value is one budget whichever way it reaches a store (a header, a
-/// rule provider, a handler's `Limiter`), no store ever holds a raw secret,
+/// rule provider, a handler's `Limiter`), and so is one client's address,
+/// no store ever holds a raw secret,
 /// and a value never lands on an address's budget: a client sending
 /// `x-api-key: 192.0.2.1` spends a budget of its own, not that address's.
 /// Stores then bound every key as they bound any (see `ratelimit_core::key`).
@@ -149,11 +151,33 @@ impl From<&str> for Key {
     }
 }
 
+impl<const N: usize> From<&[u8; N]> for Key {
+    /// The key of a value: hashed.
+    fn from(value: &[u8; N]) -> Self {
+        Key::value(value)
+    }
+}
+
 impl From<IpAddr> for Key {
-    /// The address's text, as `ip.to_string()` writes it, without a heap
-    /// allocation.
+    /// The key of a client at `ip`, as [`PeerIp`](struct@PeerIp) keys it by
+    /// default, without a heap allocation: an IPv4 address is its text
+    /// (`192.0.2.1`), also when written IPv4-mapped (`::ffff:192.0.2.1`, an
+    /// IPv4 client on a dual-stack socket); an IPv6 address is its /64
+    /// (`2001:db8:1:2::/64`), since one host or subscriber holds a whole /64
+    /// and would otherwise take a fresh budget with each of its addresses.
+    /// So a rule provider's `Limits::one(policy, ip, 1)` and a handler's
+    /// `Limiter` checking `ip` spend the budget `PeerIp` keys.
+    ///
+    /// ```
+    /// use ratelimit_tower::Key;
+    /// use std::net::IpAddr;
+    ///
+    /// let key = |ip: &str| Key::from(ip.parse::<IpAddr>().unwrap());
+    /// assert_eq!(key("::ffff:192.0.2.1").as_bytes(), b"192.0.2.1");
+    /// assert_eq!(key("2001:db8:1:2::9").as_bytes(), b"2001:db8:1:2::/64");
+    /// ```
     fn from(ip: IpAddr) -> Self {
-        Key::text(ratelimit_core::key::IpText::new(ip).as_bytes())
+        ip_key(ip.to_canonical(), Some(PeerIp::DEFAULT_IPV6_PREFIX))
     }
 }
 
@@ -555,7 +579,7 @@ pub(super) fn checked_ipv6_prefix(len: u8) -> Result<u8, CidrError> {
 /// (`2001:db8:1:2::/64`), otherwise as its text.
 pub(super) fn ip_key(ip: IpAddr, ipv6_prefix: Option<u8>) -> Key {
     let (IpAddr::V6(v6), Some(len)) = (ip, ipv6_prefix) else {
-        return Key::from(ip);
+        return Key::text(ratelimit_core::key::IpText::new(ip).as_bytes());
     };
     let len = len.min(128);
     let mask = u128::MAX.checked_shl(u32::from(128 - len)).unwrap_or(0);
@@ -721,7 +745,9 @@ where
 /// the `Router` (`Router::layer` or `route_layer`), where `MatchedPath` is
 /// known. Elsewhere (around the router, under `nest_service`, in a
 /// fallback) the key is the path, so every path is a key of its own
-/// (`/users/1` and `/users/2`).
+/// (`/users/1` and `/users/2`), kept as text like every route: a path that
+/// carries a secret (a capability URL, such as a webhook's `/hooks/<secret>`)
+/// reaches the store as it is there.
 ///
 /// ```
 /// use ratelimit_tower::{KeyExtractor, RouteKey};
