@@ -13,7 +13,7 @@
 //! admission beyond the documented debt. Then what is refused when built
 //! (concurrency policies, bad configurations), what a store failure does,
 //! the metrics, and the `token_budget` example as a real process, on memory
-//! and on a Redis the test starts.
+//! and on a Redis the test starts, and as two processes sharing that Redis.
 
 use std::convert::Infallible;
 use std::future::{pending, ready};
@@ -1056,11 +1056,11 @@ fn field(quota: &serde_json::Value, name: &str) -> u64 {
 /// out cost beyond their estimates: at most 16 × (150 − 1). The store caps
 /// the debt at one full budget, so the bucket never owes more than a minute
 /// of refill: no `Retry-After` and no quota says longer than 60 s (plus the
-/// token a call reserves). And the budget did run out: the calls admitted
-/// cost at least the 1,000 tokens the bucket held, as both processes'
-/// settlements land in the one bucket (a process settling in a budget of
-/// its own would admit about twice that; one losing its settlements, every
-/// call).
+/// token a call reserves). And the budget did run out: a call is refused
+/// only once the bucket holds less than its token, so the calls admitted
+/// cost at least the 1,000 tokens it held (settlements lost would admit
+/// nearly every call, far beyond the bound; settlements charged twice,
+/// less than the budget).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_budget_holds_across_two_processes() {
     const TASKS: u64 = 16;
@@ -1136,7 +1136,7 @@ async fn token_budget_holds_across_two_processes() {
     );
     assert!(
         spent >= TOKENS_PER_MINUTE,
-        "{spent} tokens admitted, yet calls were refused: a settlement counted twice"
+        "{spent} tokens admitted, yet calls were refused: settlements charged more than the calls cost"
     );
     assert!(
         !refusals.is_empty(),
