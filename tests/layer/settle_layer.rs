@@ -13,7 +13,7 @@
 //! admission beyond the documented debt. Then what is refused when built
 //! (concurrency policies, bad configurations), what a store failure does,
 //! the metrics, and the `token_budget` example as a real process, on memory
-//! and on a Redis the test starts.
+//! and on a Redis the test starts, and as two processes sharing that Redis.
 
 use std::convert::Infallible;
 use std::future::{pending, ready};
@@ -1024,4 +1024,169 @@ async fn token_budget_example_in_memory() {
 async fn token_budget_example_on_redis() {
     let server = RedisServer::start();
     drive_token_budget(&["--redis", &server.url()]).await;
+}
+
+/// The `token_budget` example's budget per API key: tokens a minute, and
+/// the capacity of its bucket.
+const TOKENS_PER_MINUTE: u64 = 1_000;
+
+/// `GET /v1/quota` of `key` at `base`, read as JSON.
+async fn quota_of(client: &reqwest::Client, base: &str, key: &str) -> serde_json::Value {
+    let reply = Reply::read(
+        client
+            .get(format!("{base}/v1/quota"))
+            .header("x-api-key", key),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{base}: {reply:?}");
+    serde_json::from_str(&reply.body).expect("JSON")
+}
+
+/// A number of a `GET /v1/quota` answer.
+fn field(quota: &serde_json::Value, name: &str) -> u64 {
+    quota[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} in {quota}"))
+}
+
+/// Two `token_budget` processes on one Redis share one budget per API key:
+/// 16 tasks call them in turn with one key, each call reserving 1 token and
+/// settling to 50..=150, and what the two admit together stays within what
+/// `Store::settle` promises.
+///
+/// Each call is admitted only while the bucket holds the token it reserves,
+/// so the calls admitted, counted at their settled costs, spend at most the
+/// budget, what refilled meanwhile, and what the calls in flight when it ran
+/// out cost beyond their estimates: at most 16 × (150 − 1). The store caps
+/// the debt at one full budget, so the bucket never owes more than a minute
+/// of refill: no `Retry-After` and no quota says longer than 60 s (plus the
+/// token a call reserves). And the budget did run out: a call is refused
+/// only once the bucket holds less than its token, so the calls admitted
+/// cost at least the 1,000 tokens it held (settlements lost would admit
+/// nearly every call, far beyond the bound; settlements charged twice,
+/// less than the budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_budget_holds_across_two_processes() {
+    const TASKS: u64 = 16;
+    const PER_TASK: u64 = 12;
+    const ESTIMATE: u64 = 1;
+    const MOST: u64 = 150;
+    const KEY: &str = "shared";
+    let server = RedisServer::start();
+    let url = server.url();
+    let processes = [
+        spawn_listening("token_budget", &["--redis", &url], START_TIMEOUT),
+        spawn_listening("token_budget", &["--redis", &url], START_TIMEOUT),
+    ];
+    let bases: Vec<String> = processes.iter().map(|p| p.base.clone()).collect();
+    let client = client();
+
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..TASKS {
+        let (client, bases) = (client.clone(), bases.clone());
+        tasks.spawn(async move {
+            // (tokens admitted, Retry-After of each refusal)
+            let mut admitted = Vec::new();
+            let mut refusals = Vec::new();
+            for n in 0..PER_TASK {
+                let base = &bases[usize::try_from((task + n) % 2).expect("small")];
+                let tokens = 50 + (task * 37 + n * 53) % (MOST - 50 + 1);
+                let reply = Reply::read(
+                    client
+                        .post(format!("{base}/v1/complete?tokens={tokens}"))
+                        .header("x-api-key", KEY),
+                )
+                .await;
+                match reply.status {
+                    200 => {
+                        assert!(reply.header(COST_HEADER).is_none(), "{reply:?}");
+                        admitted.push(tokens);
+                    }
+                    429 => refusals.push(reply.header("retry-after").map(|v| {
+                        v.parse::<u64>()
+                            .unwrap_or_else(|_| panic!("Retry-After {v:?}"))
+                    })),
+                    other => panic!("{base}: {other}: {reply:?}"),
+                }
+            }
+            (admitted, refusals)
+        });
+    }
+    let answers = tokio::time::timeout(Duration::from_secs(15), tasks.join_all())
+        .await
+        .expect("every task done within 15 s");
+    let elapsed = started.elapsed();
+    let (admitted, refusals): (Vec<u64>, Vec<Option<u64>>) = answers.into_iter().fold(
+        (Vec::new(), Vec::new()),
+        |(mut admitted, mut refusals), (a, r)| {
+            admitted.extend(a);
+            refusals.extend(r);
+            (admitted, refusals)
+        },
+    );
+    let spent: u64 = admitted.iter().sum();
+
+    // A minute's refill over the time the calls took, and a second more.
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).expect("short");
+    let refilled = (elapsed_ms + 1_000) * TOKENS_PER_MINUTE / 60_000 + 1;
+    let in_flight = TASKS * (MOST - ESTIMATE);
+    let bound = TOKENS_PER_MINUTE + refilled + in_flight;
+    assert!(
+        spent <= bound,
+        "{spent} tokens in {} calls admitted over {elapsed:?}: beyond {TOKENS_PER_MINUTE} + \
+         {refilled} refilled + {in_flight} in flight",
+        admitted.len()
+    );
+    assert!(
+        spent >= TOKENS_PER_MINUTE,
+        "{spent} tokens admitted, yet calls were refused: settlements charged more than the calls cost"
+    );
+    assert!(
+        !refusals.is_empty(),
+        "no call refused; {spent} tokens admitted"
+    );
+    for wait in &refusals {
+        let wait = wait.expect("every refusal of a key in debt has Retry-After");
+        assert!(
+            (1..=61).contains(&wait),
+            "Retry-After {wait}: the debt is at most one budget"
+        );
+    }
+
+    // Nothing calls now, so the bucket only refills: what the second
+    // process reports lies between two reports of the first.
+    let before = quota_of(&client, &bases[0], KEY).await;
+    let other = quota_of(&client, &bases[1], KEY).await;
+    let after = quota_of(&client, &bases[0], KEY).await;
+    for quota in [&before, &other, &after] {
+        assert_eq!(field(quota, "limit"), TOKENS_PER_MINUTE, "{quota}");
+        assert!(field(quota, "retry_after_ms") <= 60_060, "{quota}");
+    }
+    for (name, rising) in [
+        ("remaining", true),
+        ("retry_after_ms", false),
+        ("reset_after_ms", false),
+    ] {
+        let (first, middle, last) = (
+            field(&before, name),
+            field(&other, name),
+            field(&after, name),
+        );
+        let in_order = if rising {
+            first <= middle && middle <= last
+        } else {
+            first >= middle && middle >= last
+        };
+        assert!(in_order, "{name}: {before} then {other} then {after}");
+    }
+    if before["in_debt"] == after["in_debt"] {
+        assert_eq!(other["in_debt"], before["in_debt"], "{before} {other}");
+    }
+    eprintln!(
+        "{spent} tokens in {} calls admitted, {} refused, over {elapsed:?}; \
+         bound {bound}; quota {other}",
+        admitted.len(),
+        refusals.len()
+    );
 }
