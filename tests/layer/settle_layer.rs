@@ -839,7 +839,7 @@ fn metrics_and_a_store_that_cannot_settle() {
         assert_eq!(level(&store, &tokens, "m-down").await, 990);
     });
     recorded.assert_outcomes(
-        ratelimit_tower::metrics::SETTLEMENTS,
+        ratelimit_tests::metrics::SETTLEMENTS,
         "m-tokens",
         "cancelled=1 clamped=1 error=1 invalid_cost=1 missing_cost=1 refunded=1 settled=2",
     );

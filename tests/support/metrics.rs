@@ -16,6 +16,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 pub const DECISIONS: &str = "ratelimit_decisions_total";
 /// Counter of allowed decisions near the limit, by `policy`.
 pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+/// Counter of settlements after the response, by `policy` and `outcome`.
+pub const SETTLEMENTS: &str = "ratelimit_settlements_total";
 /// Counter of configuration reloads, by `outcome`.
 pub const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
 /// Gauge of a circuit breaker's state, by `breaker`.
