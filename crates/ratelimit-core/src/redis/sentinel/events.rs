@@ -132,7 +132,16 @@ fn on_event(master: &Master, index: usize, channel: &str, payload: &str, limit: 
     let fields: Vec<&str> = payload.split_whitespace().collect();
     let ours = |fields: &[&str]| matches!(fields, ["master", name, ..] if *name == master.name());
     match channel {
-        "+try-failover" if ours(&fields) => master.failover_reported(index, true, limit),
+        "+try-failover" if ours(&fields) => {
+            // `master <name> <ip> <port>`: a try on the master the sentinels
+            // already replaced is moot, and waiting for its abort would stop
+            // decisions on the new master for seconds.
+            let moot = matches!(fields[..], [_, _, host, port, ..]
+                if port.parse().is_ok_and(|port| master.was_demoted(host, port)));
+            if !moot {
+                master.failover_reported(index, true, limit);
+            }
+        }
         "+switch-master" => {
             if let [name, old_host, old_port, _, _] = fields[..]
                 && name == master.name()

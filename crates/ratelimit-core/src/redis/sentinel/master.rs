@@ -71,6 +71,10 @@ struct State {
 /// 2 s, and demote an old master that is still up within about 10 s.
 const DEMOTED_FOR: Duration = Duration::from_secs(15);
 
+/// How often a lookup asks the sentinels again while they settle after a
+/// failover.
+const SETTLING_RETRY: Duration = Duration::from_millis(50);
+
 /// What a lookup gives its waiters: nothing yet, then whether it found a
 /// master.
 type Looked = Option<Result<(), RedisError>>;
@@ -166,6 +170,19 @@ impl Master {
         }
         state.failovers[index] = in_progress.then(|| Instant::now() + limit);
         self.note_failovers(&state);
+    }
+
+    /// Whether `host`:`port` is the master the sentinels just failed over
+    /// from: a failover of it that a sentinel tries later (one that lost the
+    /// election, until it gives up) cannot change the master any more.
+    pub(in crate::redis) fn was_demoted(&self, host: &str, port: u16) -> bool {
+        let state = self.state.lock();
+        state
+            .demoted
+            .as_ref()
+            .is_some_and(|((old_host, old_port), until)| {
+                old_host == host && *old_port == port && Instant::now() < *until
+            })
     }
 
     /// The sentinels failed the master over from `old` (`host`, `port`):
@@ -283,6 +300,35 @@ impl Master {
             .into_iter()
             .min_by_key(rank)
             .unwrap_or_else(|| no_master(&self.name)))
+    }
+
+    /// [`ask`](Self::ask), again every [`SETTLING_RETRY`] while the
+    /// sentinels name no usable master just after a failover (for a moment
+    /// after `+switch-master` they list the new master as not yet connected,
+    /// or still name the old one): a call then decides as soon as they
+    /// settle, within the lookup's timeout, instead of failing and leaving
+    /// light traffic undecided until its next call.
+    async fn ask_while_settling(&self) -> Result<redis::Client, RedisError> {
+        loop {
+            match self.ask().await {
+                Err(e)
+                    if !refused_credentials(&e) && !is_mistake(&e) && self.recently_switched() =>
+                {
+                    tokio::time::sleep(SETTLING_RETRY).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// Whether the sentinels failed the master over a moment ago (within
+    /// [`DEMOTED_FOR`]).
+    fn recently_switched(&self) -> bool {
+        self.state
+            .lock()
+            .demoted
+            .as_ref()
+            .is_some_and(|(_, until)| Instant::now() < *until)
     }
 
     /// Whether a sentinel that answers monitors the master's name, asked of
@@ -499,7 +545,7 @@ impl Lookup {
         let master = &self.master;
         // What becomes suspect from now on calls for the next lookup.
         let suspicions = master.suspicions.load(Ordering::Acquire);
-        let found = tokio::time::timeout(master.timeout, master.ask()).await;
+        let found = tokio::time::timeout(master.timeout, master.ask_while_settling()).await;
         let result = match found {
             Ok(Ok(client)) => {
                 master.name_master(client);
