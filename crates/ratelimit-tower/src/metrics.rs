@@ -99,6 +99,7 @@ pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
 
 /// Counter: settlements after the response, one per limit, labelled
 /// `policy` and `outcome`.
+#[cfg(feature = "metrics")]
 pub(crate) const SETTLEMENTS: &str = "ratelimit_settlements_total";
 
 /// Counter: reloads of a `config::ReloadableRules` (feature `config`),
