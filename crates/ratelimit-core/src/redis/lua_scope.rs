@@ -25,8 +25,8 @@ struct Token<'a> {
 }
 
 const KEYWORDS: [&str; 21] = [
-    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
-    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in", "local",
+    "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
 ];
 
 /// The level of the long bracket `[=*[` at `at`, if one starts there.
@@ -55,7 +55,8 @@ fn tokens(source: &str) -> Vec<Token<'_>> {
     let bytes = source.as_bytes();
     let mut out = Vec::new();
     let (mut i, mut line) = (0, 1);
-    let count_lines = |from: usize, to: usize| bytes[from..to].iter().filter(|&&b| b == b'\n').count();
+    let count_lines =
+        |from: usize, to: usize| bytes[from..to].iter().filter(|&&b| b == b'\n').count();
     while i < bytes.len() {
         let c = bytes[i];
         let start = i;
@@ -73,7 +74,11 @@ fn tokens(source: &str) -> Vec<Token<'_>> {
         } else if let Some(level) = long_bracket(bytes, i) {
             i = long_end(source, i + 2 + level, level);
             line += count_lines(start, i);
-            out.push(Token { text: "\"", name: false, line });
+            out.push(Token {
+                text: "\"",
+                name: false,
+                line,
+            });
         } else if c == b'\'' || c == b'"' {
             i += 1;
             while i < bytes.len() && bytes[i] != c {
@@ -81,14 +86,24 @@ fn tokens(source: &str) -> Vec<Token<'_>> {
             }
             i = (i + 1).min(bytes.len());
             line += count_lines(start, i);
-            out.push(Token { text: "\"", name: false, line });
+            out.push(Token {
+                text: "\"",
+                name: false,
+                line,
+            });
         } else if c.is_ascii_alphabetic() || c == b'_' {
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                 i += 1;
             }
             let text = &source[start..i];
-            out.push(Token { text, name: !KEYWORDS.contains(&text), line });
-        } else if c.is_ascii_digit() || (c == b'.' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit)) {
+            out.push(Token {
+                text,
+                name: !KEYWORDS.contains(&text),
+                line,
+            });
+        } else if c.is_ascii_digit()
+            || (c == b'.' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
+        {
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
                 let exponent = matches!(bytes[i], b'e' | b'E');
                 i += 1;
@@ -96,14 +111,22 @@ fn tokens(source: &str) -> Vec<Token<'_>> {
                     i += 1;
                 }
             }
-            out.push(Token { text: "0", name: false, line });
+            out.push(Token {
+                text: "0",
+                name: false,
+                line,
+            });
         } else {
             let len = ["...", "..", "==", "~=", "<=", ">="]
                 .iter()
                 .find(|s| bytes[i..].starts_with(s.as_bytes()))
                 .map_or(1, |s| s.len());
             i += len;
-            out.push(Token { text: &source[start..i], name: false, line });
+            out.push(Token {
+                text: &source[start..i],
+                name: false,
+                line,
+            });
         }
     }
     out
@@ -147,7 +170,10 @@ impl<'a> Scanner<'a> {
         let chunk = self.functions == 0;
         match self.scopes.last_mut() {
             Some(scope) => scope.names.push(name),
-            None => self.scopes.push(Scope { names: vec![name], chunk }),
+            None => self.scopes.push(Scope {
+                names: vec![name],
+                chunk,
+            }),
         }
     }
 
@@ -157,7 +183,10 @@ impl<'a> Scanner<'a> {
         }
         let chunk = self.functions == 0;
         self.frames.push(frame);
-        self.scopes.push(Scope { names: Vec::new(), chunk });
+        self.scopes.push(Scope {
+            names: Vec::new(),
+            chunk,
+        });
     }
 
     /// Closes the innermost block (`end`, `until`), and any bracket left
@@ -202,7 +231,8 @@ impl<'a> Scanner<'a> {
             None => "global",
         };
         let line = self.tokens[at].line;
-        self.found.push(format!("line {line}: a function {what} {whose} `{name}`"));
+        self.found
+            .push(format!("line {line}: a function {what} {whose} `{name}`"));
     }
 
     /// The assignment targets that end just before `=` at `eq`: the token
@@ -213,7 +243,9 @@ impl<'a> Scanner<'a> {
         'targets: loop {
             let mut field = false;
             loop {
-                let Some(k) = j.checked_sub(1) else { break 'targets };
+                let Some(k) = j.checked_sub(1) else {
+                    break 'targets;
+                };
                 match self.text(k) {
                     "]" => {
                         // Back to the matching `[`.
@@ -285,10 +317,16 @@ impl<'a> Scanner<'a> {
                     if self.is_name(k) && !declared {
                         // `function name()` assigns `name` (or a field of it).
                         let field = matches!(self.text(k + 1), "." | ":");
-                        let what = if field { "writes a field of" } else { "assigns" };
+                        let what = if field {
+                            "writes a field of"
+                        } else {
+                            "assigns"
+                        };
                         self.write(k, what);
                     }
-                    let method = (k..).take_while(|&m| self.is_name(m) || matches!(self.text(m), "." | ":")).any(|m| self.text(m) == ":");
+                    let method = (k..)
+                        .take_while(|&m| self.is_name(m) || matches!(self.text(m), "." | ":"))
+                        .any(|m| self.text(m) == ":");
                     while self.is_name(k) || matches!(self.text(k), "." | ":") {
                         k += 1;
                     }
@@ -341,11 +379,18 @@ impl<'a> Scanner<'a> {
                 }
                 "=" if self.frames.last() != Some(&Frame::Bracket(b'{')) => {
                     for (at, field) in self.targets(i) {
-                        let what = if field { "writes a field of" } else { "assigns" };
+                        let what = if field {
+                            "writes a field of"
+                        } else {
+                            "assigns"
+                        };
                         self.write(at, what);
                     }
                 }
-                "insert" | "remove" | "sort" if self.text(i.wrapping_sub(1)) == "." && self.text(i.wrapping_sub(2)) == "table" => {
+                "insert" | "remove" | "sort"
+                    if self.text(i.wrapping_sub(1)) == "."
+                        && self.text(i.wrapping_sub(2)) == "table" =>
+                {
                     self.table_argument(i + 1);
                 }
                 "rawset" => self.table_argument(i + 1),
@@ -358,7 +403,10 @@ impl<'a> Scanner<'a> {
 
     /// Reports the table passed first to the call whose `(` is at `paren`.
     fn table_argument(&mut self, paren: usize) {
-        if self.text(paren) == "(" && self.is_name(paren + 1) && matches!(self.text(paren + 2), "," | ")") {
+        if self.text(paren) == "("
+            && self.is_name(paren + 1)
+            && matches!(self.text(paren + 2), "," | ")")
+        {
             self.write(paren + 1, "writes into");
         }
     }
@@ -370,7 +418,10 @@ pub(super) fn call_time_writes(source: &str) -> Vec<String> {
     let scanner = Scanner {
         tokens: tokens(source),
         frames: Vec::new(),
-        scopes: vec![Scope { names: Vec::new(), chunk: true }],
+        scopes: vec![Scope {
+            names: Vec::new(),
+            chunk: true,
+        }],
         functions: 0,
         looping: Vec::new(),
         found: Vec::new(),
@@ -416,7 +467,10 @@ end
     #[test]
     fn finds_the_call_time_writes_of_chunk_level_state() {
         let found = call_time_writes(FIXED_NOW);
-        assert_eq!(found, ["line 8: a function assigns chunk-level `FIXED_NOW`"]);
+        assert_eq!(
+            found,
+            ["line 8: a function assigns chunk-level `FIXED_NOW`"]
+        );
         let found = call_time_writes(MEMO);
         assert_eq!(
             found,
