@@ -191,7 +191,16 @@ impl<'a> Scanner<'a> {
 
     /// Closes the innermost block (`end`, `until`), and any bracket left
     /// open inside it.
-    fn close(&mut self) {
+    fn close(&mut self, line: usize) {
+        if !self
+            .frames
+            .iter()
+            .any(|frame| !matches!(frame, Frame::Bracket(_)))
+        {
+            self.found
+                .push(format!("line {line}: an `end` or `until` closes nothing"));
+            return;
+        }
         while let Some(frame) = self.frames.pop() {
             match frame {
                 Frame::Bracket(_) => {}
@@ -370,7 +379,7 @@ impl<'a> Scanner<'a> {
                         scope.names.clear();
                     }
                 }
-                "end" | "until" => self.close(),
+                "end" | "until" => self.close(self.tokens[i].line),
                 "(" | "[" | "{" => self.frames.push(Frame::Bracket(text.as_bytes()[0])),
                 ")" | "]" | "}" => {
                     if matches!(self.frames.last(), Some(Frame::Bracket(_))) {
@@ -397,6 +406,13 @@ impl<'a> Scanner<'a> {
                 _ => {}
             }
             i += 1;
+        }
+        // A scan that lost its way (a block it misread) could miss a write.
+        if !self.frames.is_empty() {
+            let open = self.frames.len();
+            self.found.push(format!(
+                "the end of the source leaves {open} blocks or brackets open"
+            ));
         }
         self.found
     }
@@ -498,6 +514,18 @@ end
                 "line 2: a function assigns chunk-level `N`",
                 "line 5: a function assigns chunk-level `N`",
             ]
+        );
+    }
+
+    #[test]
+    fn a_source_it_cannot_follow_fails() {
+        assert_eq!(
+            call_time_writes("local function f()\nend\nend\n"),
+            ["line 3: an `end` or `until` closes nothing"]
+        );
+        assert_eq!(
+            call_time_writes("local function f()\n  if x then\nend\n"),
+            ["the end of the source leaves 1 blocks or brackets open"]
         );
     }
 
