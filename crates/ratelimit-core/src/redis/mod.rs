@@ -42,6 +42,8 @@ mod coalesce;
 mod connections;
 mod errors;
 mod functions;
+#[cfg(test)]
+mod lua_scope;
 #[cfg(feature = "redis-cluster")]
 mod masters;
 #[cfg(feature = "bb8")]

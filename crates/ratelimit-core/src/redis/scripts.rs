@@ -129,6 +129,33 @@ const RELEASE: &str = assemble!("members.lua", "concurrency.lua"; "release.lua")
 
 const RENEW: &str = assemble!("members.lua", "concurrency.lua"; "renew.lua");
 
+/// Every source the store sends, by name: the Functions library as it is
+/// loaded, each script, and the ACL probe.
+#[cfg(test)]
+pub(super) fn every_source() -> Vec<(&'static str, String)> {
+    let names = AlgorithmKind::ALL.map(AlgorithmKind::name);
+    let mut sources: Vec<(&'static str, String)> = names
+        .into_iter()
+        .zip(SINGLE)
+        .map(|(name, source)| (name, source.to_owned()))
+        .collect();
+    sources.push(("library.lua", Library::get().source().to_owned()));
+    for (name, source) in [
+        ("multi.lua", MULTI),
+        ("batch.lua", BATCH),
+        ("admin.lua", ADMIN),
+        ("settle.lua", SETTLE),
+        ("block.lua", BLOCK),
+        ("refund.lua", REFUND),
+        ("release.lua", RELEASE),
+        ("renew.lua", RENEW),
+        ("acl_probe.lua", ACL_PROBE),
+    ] {
+        sources.push((name, source.to_owned()));
+    }
+    sources
+}
+
 /// Every script with its SHA-1, computed once per store.
 pub(super) struct Scripts {
     single: [(Script, &'static str); 7],

@@ -16,8 +16,8 @@ end
 local ADJUST = {}
 
 -- The state of `key` without its tag (see tagged_state), nil when none.
-local function read_state(key, tag)
-  local raw = tagged_state(key, string.byte(tag))
+local function read_state(call, key, tag)
+  local raw = tagged_state(call, key, string.byte(tag))
   if raw and string.sub(raw, 1, 1) == tag then
     return string.sub(raw, 2)
   end
@@ -29,18 +29,18 @@ local function penalized(value, amount, cap)
   return math.max(value, math.min(value + amount, cap))
 end
 
-ADJUST['fixed-window'] = function(key, now, penalty, amount, limit, window)
-  local start, stop, count = fixed_window_current(key, now, window)
+ADJUST['fixed-window'] = function(call, key, now, penalty, amount, limit, window)
+  local start, stop, count = fixed_window_current(call, key, now, window)
   if penalty then
     count = penalized(count, amount, 2 * limit)
   else
     count = count - math.min(amount, count)
   end
-  rewrite(key, fixed_window_text(stop - 1, count), 2 * (stop - start), now)
+  rewrite(call, key, fixed_window_text(call, stop - 1, count), 2 * (stop - start), now)
 end
 
-ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
-  local start, previous, current = sliding_window_current(key, now, w, limit)
+ADJUST['sliding-window'] = function(call, key, now, penalty, amount, limit, w)
+  local start, previous, current = sliding_window_current(call, key, now, w, limit)
   if penalty then
     current = penalized(current, amount, 2 * limit)
   else
@@ -50,11 +50,11 @@ ADJUST['sliding-window'] = function(key, now, penalty, amount, limit, w)
     previous = previous - math.min(amount - from_current, previous)
   end
   local value = fmt(start + w - 1) .. ' ' .. fmt(previous) .. ' ' .. fmt(current)
-  rewrite(key, TAG.sliding_window .. value, 2 * w, now)
+  rewrite(call, key, TAG.sliding_window .. value, 2 * w, now)
 end
 
-ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window, oldest_first)
-  local raw, n = log_read(key, now, window)
+ADJUST['sliding-log'] = function(call, key, now, penalty, amount, limit, window, oldest_first)
+  local raw, n = log_read(call, key, now, window)
   local first, base, total, newest = log_window(raw, n, now, window)
   local value
   if penalty then
@@ -71,7 +71,7 @@ ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window, oldes
     -- go, which leave the window first anyway, so the log counts at least
     -- what it would have without the refunded request, never less.
     if amount >= total then
-      rewrite(key, nil, 0, now)
+      rewrite(call, key, nil, 0, now)
       return
     end
     local gone = base + amount
@@ -82,22 +82,22 @@ ADJUST['sliding-log'] = function(key, now, penalty, amount, limit, window, oldes
     -- entry where they end, found as a denial's is.
     local keep = total - amount
     if keep <= 0 then
-      rewrite(key, nil, 0, now)
+      rewrite(call, key, nil, 0, now)
       return
     end
     local j = log_reach(raw, first, n, base + keep)
     value = log_value(raw, first, j - 1, base, log_at(raw, j), base + keep)
   end
-  rewrite(key, LOG_TAG .. value, window, now)
+  rewrite(call, key, LOG_TAG .. value, window, now)
 end
 
 -- The bucket's content in token-µs: whole tokens and the progress toward the
 -- next one, at most a full bucket, negative in debt (a refill time ahead of
 -- now).
-ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
+ADJUST['token-bucket'] = function(call, key, now, penalty, amount, capacity, interval)
   local span = capacity * interval
   local level = span
-  local raw = read_state(key, TAG.token_bucket)
+  local raw = read_state(call, key, TAG.token_bucket)
   if raw then
     local s = ints(raw)
     level = math.min(s[1] * interval + now - s[2], span)
@@ -109,7 +109,7 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     level = math.min(level + amount * interval, span)
   end
   if level >= span then
-    rewrite(key, nil, 0, now)
+    rewrite(call, key, nil, 0, now)
     return
   end
   local tokens, last = 0, now - level
@@ -117,12 +117,12 @@ ADJUST['token-bucket'] = function(key, now, penalty, amount, capacity, interval)
     tokens = idiv(level, interval)
     last = now - (level - tokens * interval)
   end
-  rewrite(key, TAG.token_bucket .. fmt(tokens) .. ' ' .. fmt(last), 2 * span, now)
+  rewrite(call, key, TAG.token_bucket .. fmt(tokens) .. ' ' .. fmt(last), 2 * span, now)
 end
 
 -- GCRA and the leaky bucket: the TAT moves, to at most two full bursts ahead.
-local function adjust_tat(key, now, penalty, amount, capacity, interval)
-  local tat = tonumber(read_state(key, TAG.tat) or '0')
+local function adjust_tat(call, key, now, penalty, amount, capacity, interval)
+  local tat = tonumber(read_state(call, key, TAG.tat) or '0')
   local span = capacity * interval
   if penalty then
     local moved = math.max(tat, now) + amount * interval
@@ -130,11 +130,11 @@ local function adjust_tat(key, now, penalty, amount, capacity, interval)
   else
     tat = tat - amount * interval
     if tat <= now then
-      rewrite(key, nil, 0, now)
+      rewrite(call, key, nil, 0, now)
       return
     end
   end
-  rewrite(key, TAG.tat .. fmt(tat), 2 * span, now)
+  rewrite(call, key, TAG.tat .. fmt(tat), 2 * span, now)
 end
 ADJUST['gcra'] = adjust_tat
 ADJUST['leaky-bucket'] = adjust_tat
@@ -144,31 +144,31 @@ ADJUST['leaky-bucket'] = adjust_tat
 -- and its parameters `p1`, `p2`, once per `id` (remembered at `applied`,
 -- see applied_ids), and answers what a peek then reports, block included:
 -- allowed, limit, remaining, reset_after, retry_after, delay.
-local function adjust_once(key, applied, id, operation, algorithm, amount, p1, p2, now)
+local function adjust_once(call, key, applied, id, operation, algorithm, amount, p1, p2, now)
   local ids, done, lived = '', true, 0
   if operation ~= 'peek' then
     ids, done = applied_ids(applied, id)
     lived = redis.call('PTTL', key)
   end
   if not done then
-    ADJUST[algorithm](key, now, operation == 'penalize', amount, p1, p2, operation == 'refund')
+    ADJUST[algorithm](call, key, now, operation == 'penalize', amount, p1, p2, operation == 'refund')
   end
-  local ok, limit, remaining, reset, retry, delay = ALGORITHMS[algorithm](key, now, 0, p1, p2, '')
+  local ok, limit, remaining, reset, retry, delay = ALGORITHMS[algorithm](call, key, now, 0, p1, p2, '')
   if operation == 'peek' then
     -- Nothing written: the key keeps the TTL its last write gave it.
-    if BLOCK_END > now then
-      return blocked_reply(BLOCK_END - now, ok, limit, retry, reset)
+    if call.block_end > now then
+      return blocked_reply(call.block_end - now, ok, limit, retry, reset)
     end
     return ok, limit, remaining, reset, retry, delay
   end
   -- The exact TTL now, or no state when it is back to fresh; a block keeps
   -- the key at least until it ends.
-  if BLOCK_END > now then
-    local left = BLOCK_END - now
-    redis.call('PEXPIRE', key, ttl_ms(math.max(reset, left)))
+  if call.block_end > now then
+    local left = call.block_end - now
+    redis.call('PEXPIRE', key, ttl_ms(call, math.max(reset, left)))
     ok, limit, remaining, reset, retry, delay = blocked_reply(left, ok, limit, retry, reset)
   elseif reset > 0 then
-    redis.call('PEXPIRE', key, ttl_ms(reset))
+    redis.call('PEXPIRE', key, ttl_ms(call, reset))
   else
     redis.call('DEL', key)
   end

@@ -10,9 +10,10 @@
 -- an operation applied already changes nothing).
 -- Reply: {allowed, limit, remaining, reset_after, retry_after, delay}, what a
 -- peek (cost 0) reports afterwards, block included.
-local now = server_now()
+local call = new_call(tonumber(ARGV[1]) or 0, false)
+local now = server_now(call)
 local operation, algorithm = ARGV[2], ARGV[3]
 if not ADJUST[algorithm] then
   return redis.error_reply('ERR ' .. operation .. ' does not apply to ' .. algorithm)
 end
-return {adjust_once(KEYS[1], KEYS[2], ARGV[7], operation, algorithm, tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), now)}
+return {adjust_once(call, KEYS[1], KEYS[2], ARGV[7], operation, algorithm, tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), now)}

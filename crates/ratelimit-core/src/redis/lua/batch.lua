@@ -43,7 +43,7 @@ end
 -- cursor.next_arg and cursor.next_key where the next one starts, and after
 -- it, in cursor.arg, cursor.key and cursor.filled, how far the batch got:
 -- run_batch goes on from there after a request that fails.
-local function decide_requests(keys, args, forms, now, out, cursor)
+local function decide_requests(call, keys, args, forms, now, out, cursor)
   local a, k, n = cursor.arg, cursor.key, cursor.filled
   local last = #args
   while a <= last do
@@ -60,17 +60,17 @@ local function decide_requests(keys, args, forms, now, out, cursor)
         a = a + 1
       end
       cursor.next_arg, cursor.next_key = a, k + 1
-      ONE_STATE_KEY = true
+      call.one_key = true
       local decide = f[1]
-      local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(keys[k], now, f[2], f[3], f[4], permit)
-      if BLOCK_END > now then
-        ok, limit, remaining, reset, retry = blocked(decide, keys[k], now, f[2], f[3], f[4], permit, ok, limit, reset, retry)
+      local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(call, keys[k], now, f[2], f[3], f[4], permit)
+      if call.block_end > now then
+        ok, limit, remaining, reset, retry = blocked(call, decide, keys[k], now, f[2], f[3], f[4], permit, ok, limit, reset, retry)
       end
       -- put(out, n, r), inline and without a table: the common case, once
       -- per decision.
       if ok == 1 then
         if wkey then
-          write_state(wkey, wtag, wvalue, wreset)
+          write_state(call, wkey, wtag, wvalue, wreset)
         end
         out[n + 4] = delay
       else
@@ -96,7 +96,7 @@ local function decide_requests(keys, args, forms, now, out, cursor)
       end
       cursor.next_arg, cursor.next_key = e, k + m
       -- Several state keys: errors name theirs (see tagged_state).
-      ONE_STATE_KEY = false
+      call.one_key = false
       local results, all, checks = {}, true, {}
       e = a + 1
       for i = 1, m do
@@ -106,7 +106,7 @@ local function decide_requests(keys, args, forms, now, out, cursor)
           e = e + 1
         end
         checks[i] = f
-        local r = {decide_unless_blocked(f[1], keys[k + i - 1], now, f[2], f[3], f[4], permits[i])}
+        local r = {decide_unless_blocked(call, f[1], keys[k + i - 1], now, f[2], f[3], f[4], permits[i])}
         results[i] = r
         if r[1] ~= 1 then
           all = false
@@ -115,10 +115,10 @@ local function decide_requests(keys, args, forms, now, out, cursor)
       for i = 1, m do
         local r = results[i]
         if all then
-          commit(r)
+          commit(call, r)
         elseif r[1] == 1 then
           local f = checks[i]
-          r = {f[1](keys[k + i - 1], now, 0, f[3], f[4], permits[i])}
+          r = {f[1](call, keys[k + i - 1], now, 0, f[3], f[4], permits[i])}
         end
         n = put(out, n, r)
       end
@@ -129,8 +129,8 @@ local function decide_requests(keys, args, forms, now, out, cursor)
 end
 
 local function run_batch(keys, args)
-  FIXED_NOW = number(args[1]) or 0
-  local now = server_now()
+  local call = new_call(number(args[1]) or 0, true)
+  local now = server_now(call)
   local forms, a = {}, 3
   for f = 1, number(args[2]) do
     local name = args[a]
@@ -143,7 +143,7 @@ local function run_batch(keys, args)
   -- request that fails does before writing anything, and the batch goes on
   -- after it.
   while cursor.arg <= #args do
-    local ok, r = pcall(decide_requests, keys, args, forms, now, out, cursor)
+    local ok, r = pcall(decide_requests, call, keys, args, forms, now, out, cursor)
     if ok then
       break
     end

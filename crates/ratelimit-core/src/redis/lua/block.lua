@@ -15,7 +15,8 @@
 -- A key that holds no string (a sorted set of an earlier layout) is
 -- replaced by the block alone.
 -- Reply: 1.
-local now = server_now()
+local call = new_call(tonumber(ARGV[1]) or 0, false)
+local now = server_now(call)
 local key, duration = KEYS[1], tonumber(ARGV[2])
 local algorithm, p1, p2 = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local longest = tonumber(ARGV[6])
@@ -30,13 +31,13 @@ local lifetime
 if raw then
   -- The peek writes nothing but the drop of expired entries (rewrite keeps
   -- the block in front): the state is read again after it.
-  local read, _, _, _, reset = pcall(ALGORITHMS[algorithm], key, now, 0, p1, p2, '')
+  local read, _, _, _, reset = pcall(ALGORITHMS[algorithm], call, key, now, 0, p1, p2, '')
   if read then
     lifetime = reset
   end
   raw = redis.call('GET', key)
 end
-local state = raw and unblocked(raw)
+local state = raw and unblocked(call, raw)
 if state and not lifetime then
   local ttl = redis.call('PTTL', key)
   lifetime = longest
@@ -50,7 +51,7 @@ if not state or lifetime <= 0 then
 end
 if duration == 0 then
   if state then
-    redis.call('SET', key, state, 'PX', ttl_ms(lifetime))
+    redis.call('SET', key, state, 'PX', ttl_ms(call, lifetime))
   else
     redis.call('DEL', key)
   end
@@ -59,5 +60,5 @@ end
 if lifetime < duration then
   lifetime = duration
 end
-redis.call('SET', key, 'b' .. fmt(now + duration) .. ';' .. (state or ''), 'PX', ttl_ms(lifetime))
+redis.call('SET', key, 'b' .. fmt(now + duration) .. ';' .. (state or ''), 'PX', ttl_ms(call, lifetime))
 return 1

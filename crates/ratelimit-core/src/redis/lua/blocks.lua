@@ -17,15 +17,15 @@ local function blocked_reply(left, ok, limit, retry, peek_reset)
 end
 
 -- The reply to one check of `key` by `decide` when the read it made found a
--- block still running at `now` (BLOCK_END, see the prelude), from the
+-- block still running at `now` (call.block_end, see the prelude), from the
 -- algorithm's own reply (`ok`, `limit`, `reset`, `retry`): a denial that
--- writes nothing. The caller checks BLOCK_END > now first, so a key without
--- a block costs no further call.
-local function blocked(decide, key, now, cost, p1, p2, permit, ok, limit, reset, retry)
-  local left = BLOCK_END - now
+-- writes nothing. The caller checks call.block_end > now first, so a key
+-- without a block costs no further call.
+local function blocked(call, decide, key, now, cost, p1, p2, permit, ok, limit, reset, retry)
+  local left = call.block_end - now
   if ok == 1 and cost > 0 then
     local _
-    _, _, _, reset = decide(key, now, 0, p1, p2, permit)
+    _, _, _, reset = decide(call, key, now, 0, p1, p2, permit)
   end
   return blocked_reply(left, ok, limit, retry, reset)
 end
@@ -33,10 +33,10 @@ end
 -- One check of `key` by `decide`: the algorithm's reply (its write to
 -- commit when it allows, see state.lua), or, while the key is blocked, a
 -- denial that writes nothing.
-local function decide_unless_blocked(decide, key, now, cost, p1, p2, permit)
-  local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(key, now, cost, p1, p2, permit)
-  if BLOCK_END > now then
-    return blocked(decide, key, now, cost, p1, p2, permit, ok, limit, reset, retry)
+local function decide_unless_blocked(call, decide, key, now, cost, p1, p2, permit)
+  local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(call, key, now, cost, p1, p2, permit)
+  if call.block_end > now then
+    return blocked(call, decide, key, now, cost, p1, p2, permit, ok, limit, reset, retry)
   end
   return ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset
 end

@@ -65,7 +65,7 @@ end
 -- ids, expiries and units kept (a holder can still release its permit), and
 -- the TTL of the longest; deleted when none runs. Returns the new state.
 -- Any other sorted set (an old sliding log) is a conflict.
-local function sem_convert(key, now)
+local function sem_convert(call, key, now)
   local leases = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
   if not of_family(leases, 'permits') then
     conflict(key)
@@ -86,7 +86,7 @@ local function sem_convert(key, now)
   end
   local raw = table.concat(parts)
   if latest then
-    redis.call('SET', key, raw, 'PX', ttl_ms(latest - now))
+    redis.call('SET', key, raw, 'PX', ttl_ms(call, latest - now))
   else
     redis.call('DEL', key)
   end
@@ -192,16 +192,16 @@ end
 -- entries, as the reference drops them on every call, so that a later call
 -- at an earlier time (a clock that stepped back) never counts them again.
 -- A block read with the state stays in front (rewrite, in the prelude).
-local function sem_drop(key, raw, first, n, base, now)
+local function sem_drop(call, key, raw, first, n, base, now)
   if first > n then
-    rewrite(key, nil, nil, now)
+    rewrite(call, key, nil, nil, now)
   else
-    rewrite(key, sem_value(raw, first, n, base, SEM_NONE), nil, now)
+    rewrite(call, key, sem_value(raw, first, n, base, SEM_NONE), nil, now)
   end
 end
 
-ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
-  local raw, n = read_entries(key, sem_convert, sem_size, now)
+ALGORITHMS['concurrency'] = function(call, key, now, cost, max, lease, permit)
+  local raw, n = read_entries(call, key, sem_convert, sem_size, now)
   local first, base, held, latest = 1, 0, 0, nil
   if n > 0 then
     first = sem_running(raw, n, now)
@@ -220,7 +220,7 @@ ALGORITHMS['concurrency'] = function(key, now, cost, max, lease, permit)
   -- denial by its own permit would leave the permit to no one).
   local again = cost > 0 and permit and #permit == SEM_ID and first <= n and sem_find(raw, first, permit)
   if first > 1 and (cost == 0 or again or held + cost > max) then
-    sem_drop(key, raw, first, n, base, now)
+    sem_drop(call, key, raw, first, n, base, now)
   end
   if again then
     return 1, max, positive(max - held), reset, 0, 0
@@ -260,20 +260,20 @@ end
 -- id's entries. Nil when the key holds no running permit of ours (another
 -- family's state holds none: MemoryStore ignores it too); when the id holds
 -- none, the expired entries are dropped on the way.
-local function sem_entries(key, now, id)
+local function sem_entries(call, key, now, id)
   -- A shorter id would match every permit it begins.
   if type(id) ~= 'string' or #id ~= SEM_ID then
     error({err = 'ERR a concurrency permit id is ' .. SEM_ID .. ' hex digits'})
   end
   local raw = redis.pcall('GET', key)
-  BLOCK_END = 0
+  call.block_end = 0
   if type(raw) == 'table' and wrong_type(raw) then
     if not holds_members(key, 'permits') then
       return nil
     end
-    raw = sem_convert(key, now)
+    raw = sem_convert(call, key, now)
   else
-    raw = unblocked(raw)
+    raw = unblocked(call, raw)
   end
   local n = raw and sem_size(raw)
   if not n or n == 0 then
@@ -292,7 +292,7 @@ local function sem_entries(key, now, id)
   end
   if #gone == 0 then
     if first > 1 then
-      sem_drop(key, raw, first, n, base, now)
+      sem_drop(call, key, raw, first, n, base, now)
     end
     return nil
   end
@@ -301,25 +301,25 @@ end
 
 -- Writes the semaphore `value` at `key`, with the TTL of its longest lease
 -- (its last entry).
-local function sem_write(key, value, now)
+local function sem_write(call, key, value, now)
   local newest = struct.unpack('>I7', value, #value - 2 * 7 + 1)
-  rewrite(key, value, positive(newest - now), now)
+  rewrite(call, key, value, positive(newest - now), now)
 end
 
 -- Releases the permit `id` of `key` at `now` (release.lua; refund.lua gives
 -- back a permit this way): every entry of that id leaves, and the state
 -- keeps the TTL of its longest lease still running. Returns 1 if the permit
 -- was still held, else 0.
-local function sem_release(key, now, id)
-  local raw, n, first, base, gone = sem_entries(key, now, id)
+local function sem_release(call, key, now, id)
+  local raw, n, first, base, gone = sem_entries(call, key, now, id)
   if not raw then
     return 0
   end
   if #gone == n - first + 1 then
-    rewrite(key, nil, 0, now)
+    rewrite(call, key, nil, 0, now)
     return 1
   end
-  sem_write(key, sem_value(raw, first, n, base, gone), now)
+  sem_write(call, key, sem_value(raw, first, n, base, gone), now)
   return 1
 end
 
@@ -330,11 +330,11 @@ end
 -- of its longest lease. Returns 1 if the permit was still held, else 0: a
 -- permit released or expired is never written back, as its units may be
 -- another's by now.
-local function sem_renew(key, now, id, lease)
+local function sem_renew(call, key, now, id, lease)
   if not lease or lease <= 0 or #id ~= SEM_ID then
     error({err = 'ERR a renewal takes a permit id of ' .. SEM_ID .. ' hex digits and a lease'})
   end
-  local raw, n, first, base, gone = sem_entries(key, now, id)
+  local raw, n, first, base, gone = sem_entries(call, key, now, id)
   if not raw then
     return 0
   end
@@ -343,6 +343,6 @@ local function sem_renew(key, now, id, lease)
     units = units + sem_through(raw, j) - sem_through(raw, j - 1)
     expires = math.max(expires, sem_at(raw, j))
   end
-  sem_write(key, sem_value(raw, first, n, base, gone, id, expires, units), now)
+  sem_write(call, key, sem_value(raw, first, n, base, gone, id, expires, units), now)
   return 1
 end

@@ -27,25 +27,25 @@ local function holds_members(key, family)
 end
 
 -- The string state of `key` and its number of entries by size(raw) (nil, 0
--- when there is none), a block in front of it noted in BLOCK_END and cut
--- off; when the key holds a sorted set, what convert(key, now, p) makes of
--- it (a string state, written; a sorted set holds no block). A conflict
+-- when there is none), a block in front of it noted in call.block_end and
+-- cut off; when the key holds a sorted set, what convert(call, key, now, p)
+-- makes of it (a string state, written; a sorted set holds no block). A conflict
 -- when size finds another family's state; any other error is raised. (One
 -- Lua call on the common path: the read is not a helper of its own.)
-local function read_entries(key, convert, size, now, p)
+local function read_entries(call, key, convert, size, now, p)
   local raw = redis.pcall('GET', key)
-  BLOCK_END = 0
+  call.block_end = 0
   if not raw then
     return nil, 0
   end
   if type(raw) == 'table' and wrong_type(raw) then
-    raw = convert(key, now, p)
+    raw = convert(call, key, now, p)
     if not raw then
       return nil, 0
     end
   elseif string.byte(raw) == BLOCK_BYTE then
     -- A block in front (see the prelude): noted, and cut off.
-    raw = unblocked(raw)
+    raw = unblocked(call, raw)
     if not raw then
       return nil, 0
     end

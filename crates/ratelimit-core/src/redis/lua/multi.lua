@@ -11,13 +11,14 @@
 -- before}: for a write, the state key's value after and before it (strings
 -- for string states, the entry time for a sliding log), so that a refund
 -- (Redis Cluster, limits in several slots) can undo exactly this write.
-local now = server_now()
+local call = new_call(tonumber(ARGV[1]) or 0, false)
+local now = server_now(call)
 local n = #KEYS
 local results, all = {}, true
 for i = 1, n do
   local a = 1 + (i - 1) * 5
   local decide = ALGORITHMS[ARGV[a + 1]]
-  local r = {decide_unless_blocked(decide, KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
+  local r = {decide_unless_blocked(call, decide, KEYS[i], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
   results[i] = r
   if r[1] ~= 1 then
     all = false
@@ -37,14 +38,14 @@ for i = 1, n do
       elseif algorithm ~= 'concurrency' then
         before = redis.call('GET', KEYS[i]) or ''
       end
-      commit(r)
+      commit(call, r)
       if algorithm ~= 'sliding-log' and algorithm ~= 'concurrency' then
         after = redis.call('GET', KEYS[i]) or ''
       end
     end
   elseif r[1] == 1 then
     local a = 1 + (i - 1) * 5
-    r = {ALGORITHMS[ARGV[a + 1]](KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
+    r = {ALGORITHMS[ARGV[a + 1]](call, KEYS[i], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5])}
   end
   out[i] = {r[1], r[2], r[3], r[4], r[5], r[6], after, before}
 end

@@ -7,9 +7,10 @@
 -- validation guarantees it for every value computed here), divided with
 -- `idiv` and sent to Redis through `fmt` (numbers.lua, before the prelude).
 --
--- The fixed time (ARGV[1]; for one decision, single.lua, its args[4]) is 0
--- or absent in production: the time is the Redis server's TIME, never the
--- client's clock. Tests may pass a fixed time there to replay a timeline.
+-- The fixed time (ARGV[1]; for one decision, single.lua, its args[4]; kept
+-- in the call's context, see new_call) is 0 or absent in production: the
+-- time is the Redis server's TIME, never the client's clock. Tests may pass
+-- a fixed time there to replay a timeline.
 --
 -- An admin block (AdminStore::block, block.lua) lives in the state key
 -- `<prefix>:<policy>:{<key>}` itself, in front of the state:
@@ -35,23 +36,34 @@ local function positive(n)
   return 0
 end
 
--- The fixed time of the current call, set by eval.lua, run_single or
--- run_batch before anything reads it.
-local FIXED_NOW = 0
--- Whether the call decides over one state key only (single.lua): its
--- errors then name no key (see tagged_state, state.lua).
-local ONE_STATE_KEY = false
+-- The context of one call (a script's run, a function's call): what its
+-- helpers share while it runs, passed to each as `call`. The library is
+-- loaded once and shared by every client of its Redis, so nothing about a
+-- call may live at chunk level, where it would outlast the call. Fields:
+--   fixed: the fixed time (0: server TIME);
+--   one_key: whether the call decides over one state key only (single.lua):
+--     its errors then name no key (see tagged_state, state.lua);
+--   block_end, block_text: the block found in front of the state the last
+--     read returned (state.lua: tagged_state, members.lua: read_entries, or
+--     unblocked below): when it ends (µs; 0 when there was none) and its
+--     text "b<end>;", which a state written back while the block runs keeps
+--     in front (rewrite); block_text is set only with a block_end above 0;
+--   fw_last, fw_prefix: the fixed window's text of a window end (see
+--     fixed_window_prefix), kept while the call runs.
+local function new_call(fixed, one_key)
+  return {fixed = fixed, one_key = one_key, block_end = 0}
+end
 
 -- tonumber of a numeric string that calls repeat (a policy's parameters, a
--- cost, TIME's seconds, a window's start, a count), set before any call
--- reads it: a script, whose every helper is created again on every call,
--- uses tonumber itself (eval.lua); the Functions library, which lives as
--- long as it is loaded, one that remembers (library.lua).
+-- cost, TIME's seconds, a window's start, a count), set once when the chunk
+-- runs: tonumber itself in a script (eval.lua), tonumber called inside a
+-- function in the library, whose loading runs without the global library
+-- (library.lua).
 local number
 
-local function server_now()
-  if FIXED_NOW > 0 then
-    return FIXED_NOW
+local function server_now(call)
+  if call.fixed > 0 then
+    return call.fixed
   end
   local t = redis.call('TIME')
   -- The microseconds change on every call: not worth remembering.
@@ -62,27 +74,22 @@ end
 -- `reset` more microseconds. A replayed test timeline runs at its own pace,
 -- so its keys get an hour of slack instead of expiring in real time.
 local ttl_text = fmt
-local function ttl_ms(reset)
+local function ttl_ms(call, reset)
   local ms = idiv(reset + 999, 1000)
-  if FIXED_NOW > 0 then
+  if call.fixed > 0 then
     ms = ms + 3600000
   end
   return ttl_text(ms)
 end
 
--- The block found in front of the state the last read returned (state.lua:
--- tagged_state, members.lua: read_entries, or unblocked below): when it
--- ends (µs; 0 when there was none) and its text "b<end>;", which a state
--- written back while the block runs keeps in front (rewrite).
-local BLOCK_END, BLOCK_TEXT = 0, ''
 local BLOCK_BYTE = 98 -- string.byte('b'): loading has no string library
 
 -- `raw` (a GET reply: a string or false) without the block in front of it,
--- nil when nothing follows the block; notes the block in BLOCK_END and
--- BLOCK_TEXT (no block: BLOCK_END 0). The common case, a state without a
--- block, costs one byte's comparison.
-local function unblocked(raw)
-  BLOCK_END = 0
+-- nil when nothing follows the block; notes the block in call.block_end and
+-- call.block_text (no block: block_end 0). The common case, a state without
+-- a block, costs one byte's comparison.
+local function unblocked(call, raw)
+  call.block_end = 0
   if not raw or string.byte(raw) ~= BLOCK_BYTE then
     return raw or nil
   end
@@ -90,7 +97,7 @@ local function unblocked(raw)
   if not stop then
     return nil
   end
-  BLOCK_END, BLOCK_TEXT = tonumber(string.sub(raw, 2, stop - 1)) or 0, string.sub(raw, 1, stop)
+  call.block_end, call.block_text = tonumber(string.sub(raw, 2, stop - 1)) or 0, string.sub(raw, 1, stop)
   if stop == #raw then
     return nil
   end
@@ -104,21 +111,22 @@ end
 -- writes that may happen while a key is blocked (penalties, releases, the
 -- drop of expired entries); a decision writes only when not blocked
 -- (write_state, state.lua), and a block that has ended goes with the write.
-local function rewrite(key, value, reset, now)
-  if BLOCK_END > now then
-    value = BLOCK_TEXT .. (value or '')
+local function rewrite(call, key, value, reset, now)
+  local block_end = call.block_end
+  if block_end > now then
+    value = call.block_text .. (value or '')
     if reset then
-      if BLOCK_END - now > reset then
-        reset = BLOCK_END - now
+      if block_end - now > reset then
+        reset = block_end - now
       end
-      redis.call('SET', key, value, 'PX', ttl_ms(reset))
+      redis.call('SET', key, value, 'PX', ttl_ms(call, reset))
     else
       redis.call('SET', key, value, 'KEEPTTL')
     end
   elseif not value or reset == 0 then
     redis.call('DEL', key)
   elseif reset then
-    redis.call('SET', key, value, 'PX', ttl_ms(reset))
+    redis.call('SET', key, value, 'PX', ttl_ms(call, reset))
   else
     redis.call('SET', key, value, 'KEEPTTL')
   end

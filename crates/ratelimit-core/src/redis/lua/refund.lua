@@ -34,7 +34,8 @@ local function restore_string(key, after, before)
   end
 end
 
-local now = server_now()
+local call = new_call(tonumber(ARGV[1]) or 0, false)
+local now = server_now(call)
 local n = #KEYS - 1
 local applied = KEYS[n + 1]
 local ids, done = applied_ids(applied, ARGV[2])
@@ -50,10 +51,10 @@ for i = 1, n do
   local key = KEYS[i]
   lived = math.max(lived, redis.call('PTTL', key))
   if algorithm == 'concurrency' then
-    sem_release(key, now, permit)
+    sem_release(call, key, now, permit)
   elseif algorithm == 'sliding-log' and after ~= '' then
     -- `after` holds the time of the entry this request added to.
-    log_refund(key, tonumber(after), cost, now)
+    log_refund(call, key, tonumber(after), cost, now)
   elseif algorithm ~= 'sliding-log' then
     restore_string(key, after, before)
   end

@@ -16,7 +16,8 @@
 --
 -- All or nothing: every state is read, its family checked, before anything
 -- is written, so a conflict fails the call with nothing settled.
-local now = server_now()
+local call = new_call(tonumber(ARGV[1]) or 0, false)
+local now = server_now(call)
 local n = #KEYS / 2
 for i = 1, n do
   local a = 3 + (i - 1) * 5
@@ -24,11 +25,11 @@ for i = 1, n do
   if not ADJUST[algorithm] then
     return redis.error_reply('ERR settle does not apply to ' .. algorithm)
   end
-  ALGORITHMS[algorithm](KEYS[2 * i - 1], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), '')
+  ALGORITHMS[algorithm](call, KEYS[2 * i - 1], now, 0, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), '')
 end
 local out = {}
 for i = 1, n do
   local a = 3 + (i - 1) * 5
-  out[i] = {adjust_once(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2], ARGV[a + 1], ARGV[a], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), now)}
+  out[i] = {adjust_once(call, KEYS[2 * i - 1], KEYS[2 * i], ARGV[2], ARGV[a + 1], ARGV[a], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), now)}
 end
 return out

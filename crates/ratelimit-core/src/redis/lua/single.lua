@@ -10,23 +10,18 @@
 -- knows).
 local function run_single(decide, keys, args)
   local fixed = args[4]
-  if fixed then
-    FIXED_NOW = tonumber(fixed) or 0
-  else
-    FIXED_NOW = 0
-  end
-  ONE_STATE_KEY = true
-  local now = server_now()
+  local call = new_call(fixed and tonumber(fixed) or 0, true)
+  local now = server_now(call)
   local key, cost, p1, p2 = keys[1], number(args[1]), number(args[2]), number(args[3])
-  local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(key, now, cost, p1, p2, args[5])
+  local ok, limit, remaining, reset, retry, delay, wkey, wtag, wvalue, wreset = decide(call, key, now, cost, p1, p2, args[5])
   -- A block in the state key (decide_unless_blocked, inline: a key without
   -- one, the common case, costs no further Lua call).
-  if BLOCK_END > now then
-    ok, limit, remaining, reset, retry = blocked(decide, key, now, cost, p1, p2, args[5], ok, limit, reset, retry)
+  if call.block_end > now then
+    ok, limit, remaining, reset, retry = blocked(call, decide, key, now, cost, p1, p2, args[5], ok, limit, reset, retry)
   end
   if ok == 1 then
     if wkey then
-      write_state(wkey, wtag, wvalue, wreset)
+      write_state(call, wkey, wtag, wvalue, wreset)
     end
     return {1, remaining, reset, delay}
   end

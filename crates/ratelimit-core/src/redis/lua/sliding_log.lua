@@ -76,7 +76,7 @@ end
 -- is (a set kept without a TTL would keep none). Returns the new state, nil
 -- when there is none. Any other type of key, a semaphore's permits
 -- included, is a conflict.
-local function log_convert(key, now, window)
+local function log_convert(call, key, now, window)
   local members = redis.pcall('ZRANGE', key, 0, -1)
   if not of_family(members, 'log') then
     conflict(key)
@@ -96,14 +96,14 @@ local function log_convert(key, now, window)
     return nil
   end
   local raw = LOG_TAG .. table.concat(parts)
-  redis.call('SET', key, raw, 'PX', ttl_ms(newest + window - now))
+  redis.call('SET', key, raw, 'PX', ttl_ms(call, newest + window - now))
   return raw
 end
 
 -- The log of `key` and its number of entries (nil, 0 when there is none); a
 -- conflict when the key holds another family's state.
-local function log_read(key, now, window)
-  return read_entries(key, log_convert, log_size, now, window)
+local function log_read(call, key, now, window)
+  return read_entries(call, key, log_convert, log_size, now, window)
 end
 
 -- What the log `raw` of n entries holds at `now`: its first entry in the
@@ -174,15 +174,15 @@ local function log_newest(value)
   return (struct.unpack(LOG_FORMAT, value, #value - LOG_WIDTH + 1))
 end
 
-ALGORITHMS['sliding-log'] = function(key, now, cost, limit, window)
-  local raw, n = log_read(key, now, window)
+ALGORITHMS['sliding-log'] = function(call, key, now, cost, limit, window)
+  local raw, n = log_read(call, key, now, window)
   local first, base, total, newest = log_window(raw, n, now, window)
   if first > 1 and (cost == 0 or total + cost > limit) then
     -- Entries left the window and this call writes no log: they are dropped
     -- now, as the reference drops them on every call, so that a later call
     -- under a longer window (the same name with other numbers) or at an
     -- earlier time (a clock that stepped back) never counts them again.
-    rewrite(key, LOG_TAG .. log_value(raw, first, n, base), nil, now)
+    rewrite(call, key, LOG_TAG .. log_value(raw, first, n, base), nil, now)
   end
   local reset = 0
   if newest then
@@ -213,13 +213,13 @@ end
 -- has that time any more (it left the window, or moved to a later time with
 -- later admissions of its slot: the units then stay, which only denies
 -- more), or when the key holds no log.
-local function log_refund(key, t, units, now)
+local function log_refund(call, key, t, units, now)
   local raw = redis.pcall('GET', key)
   if not raw or wrong_type(raw) then
     return
   end
   -- A block in front stays (rewrite).
-  raw = unblocked(raw)
+  raw = unblocked(call, raw)
   if not raw then
     return
   end
@@ -242,5 +242,5 @@ local function log_refund(key, t, units, now)
     local et, eth = log_at(raw, i)
     parts[#parts + 1] = struct.pack(LOG_FORMAT, et, eth - taken)
   end
-  rewrite(key, table.concat(parts), nil, now)
+  rewrite(call, key, table.concat(parts), nil, now)
 end

@@ -22,9 +22,9 @@ end
 -- Rust): its counts belong to the window of this length that holds the last
 -- µs of the window that wrote them, and counts above twice the limit count
 -- as twice the limit.
-local function sliding_window_current(key, now, w, limit)
+local function sliding_window_current(call, key, now, w, limit)
   local aligned = idiv(now, w) * w
-  local raw = tagged_state(key, SLIDING_WINDOW_BYTE)
+  local raw = tagged_state(call, key, SLIDING_WINDOW_BYTE)
   if raw then
     -- Window starts and counts repeat across keys.
     local start, previous, current = state_numbers3(raw, number)
@@ -56,8 +56,8 @@ local function sliding_window_reset(start, w, now, p, c)
   return 0
 end
 
-ALGORITHMS['sliding-window'] = function(key, now, cost, limit, w)
-  local start, previous, current = sliding_window_current(key, now, w, limit)
+ALGORITHMS['sliding-window'] = function(call, key, now, cost, limit, w)
+  local start, previous, current = sliding_window_current(call, key, now, w, limit)
   local elapsed = positive(now - start)
   -- The counts' window may start after `now` (written in a longer window).
   local ahead = positive(start - now)

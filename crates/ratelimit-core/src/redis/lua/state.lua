@@ -26,10 +26,11 @@ local TAG = {
 -- tagged_state answers the state as stored, its tag (`tag_byte`, the tag's
 -- string.byte) included when it has one: the decisions read its numbers
 -- with one string.match, without cutting the tag off first. A block in
--- front of the state (see the prelude) is noted in BLOCK_END and cut off.
-local function tagged_state(key, tag_byte)
+-- front of the state (see the prelude) is noted in call.block_end and cut
+-- off.
+local function tagged_state(call, key, tag_byte)
   local raw
-  if ONE_STATE_KEY then
+  if call.one_key then
     raw = redis.call('GET', key)
   else
     raw = redis.pcall('GET', key)
@@ -37,13 +38,13 @@ local function tagged_state(key, tag_byte)
       conflict(key)
     end
   end
-  BLOCK_END = 0
+  call.block_end = 0
   if not raw then
     return nil
   end
   local found = string.byte(raw)
   if found == BLOCK_BYTE then
-    raw = unblocked(raw)
+    raw = unblocked(call, raw)
     if not raw then
       return nil
     end
@@ -73,18 +74,19 @@ end
 -- Saves a string state with its tag for `reset` more µs, or deletes it when it
 -- is back to fresh (reset 0). A `tag` of false: `value` carries its tag
 -- already (one string.format made both, see TAG).
-local function write_state(key, tag, value, reset)
+local function write_state(call, key, tag, value, reset)
   if reset > 0 then
     if tag then
       value = tag .. value
     end
-    redis.call('SET', key, value, 'PX', ttl_ms(reset))
+    redis.call('SET', key, value, 'PX', ttl_ms(call, reset))
   else
     redis.call('DEL', key)
   end
 end
 
--- A decision (ALGORITHMS[...]) returns its reply as values, not a table:
+-- A decision (ALGORITHMS[...]), called as decide(call, key, now, cost, p1,
+-- p2, permit), returns its reply as values, not a table:
 -- allowed (1 or 0), limit, remaining, reset, retry, delay, then, when it
 -- would write a string state, the write: its key, its tag (false when the
 -- value carries it), its value and its reset (write_state's arguments).
@@ -94,9 +96,9 @@ end
 -- as tables, r[1..6] the reply and r[7..10] the write; commit applies the
 -- write and clears r[7..10] (Redis replies with an array up to its first
 -- nil, so a committed reply is the six fields again).
-local function commit(r)
+local function commit(call, r)
   if r[7] then
-    write_state(r[7], r[8], r[9], r[10])
+    write_state(call, r[7], r[8], r[9], r[10])
     r[7], r[8], r[9], r[10] = nil, nil, nil, nil
   end
 end

@@ -6,9 +6,9 @@ local TAT_STATE = 'g%d'
 -- The decision of GCRA (with_delay false) or of the leaky bucket (true):
 -- one closure each, so that a decision is one Lua call and not two.
 local function tat_decision(with_delay)
-  return function(key, now, cost, capacity, interval)
+  return function(call, key, now, cost, capacity, interval)
     local tat = 0
-    local raw = tagged_state(key, TAT_BYTE)
+    local raw = tagged_state(call, key, TAT_BYTE)
     if raw then
       if string.byte(raw) == TAT_BYTE then
         raw = string.sub(raw, 2)

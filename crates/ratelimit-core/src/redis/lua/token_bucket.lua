@@ -5,9 +5,9 @@
 local TOKEN_BUCKET_BYTE = 116 -- string.byte(TAG.token_bucket)
 local TOKEN_BUCKET_STATE = 't%d %d'
 
-ALGORITHMS['token-bucket'] = function(key, now, cost, capacity, interval)
+ALGORITHMS['token-bucket'] = function(call, key, now, cost, capacity, interval)
   local tokens, last = capacity, now
-  local raw = tagged_state(key, TOKEN_BUCKET_BYTE)
+  local raw = tagged_state(call, key, TOKEN_BUCKET_BYTE)
   if raw then
     -- Token counts repeat across keys, refill times seldom.
     tokens, last = state_numbers2(raw, number, tonumber)
