@@ -817,6 +817,34 @@ async fn the_distributed_example_serves_three_regions() {
     assert!(passed[0] > 4, "{passed:?}");
 }
 
+/// The next step of a fixed pseudo-random timeline (xorshift), which
+/// `seed` keeps.
+fn next_seed(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// `store` decides `cost` on `key` as `expected` (as far as a caller
+/// sees); returns its decision.
+async fn assert_decides_as(
+    store: &MultiRegionStore,
+    key: &[u8],
+    policy: &Policy,
+    cost: u64,
+    expected: &Decision,
+    what: &str,
+) -> Decision {
+    let ours = store.check(key, policy, cost).await.expect("a decision");
+    assert_eq!(
+        ratelimit_tests::observable(&ours),
+        ratelimit_tests::observable(expected),
+        "{what}"
+    );
+    ours
+}
+
 /// Within one region (its peers idle), the store decides exactly as the
 /// single-region algorithm: a timeline of costs across window boundaries
 /// replayed on a `MemoryStore` and on one region gives the same decisions,
@@ -824,7 +852,6 @@ async fn the_distributed_example_serves_three_regions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_region_decides_as_the_single_region_algorithm() {
     use ratelimit_core::MemoryStore;
-    use ratelimit_tests::observable;
 
     let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
     regions.wait_fresh().await;
@@ -835,30 +862,21 @@ async fn one_region_decides_as_the_single_region_algorithm() {
         named("one-swc", Policy::sliding_window_counter(5, window)),
     ];
     // Steps of 37 to 411 ms, costs 0 to 3: a fixed pseudo-random timeline.
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut timeline: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut compared = 0;
     for _ in 0..120 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let seed = next_seed(&mut timeline);
         regions
             .clock
             .advance(Duration::from_millis(37 + seed % 375));
         let cost = (seed >> 20) % 4;
         for policy in &policies {
-            let ours = regions.stores[0]
-                .check(b"same", policy, cost)
-                .await
-                .expect("a decision");
             let reference = memory
                 .check(b"same", policy, cost)
                 .await
                 .expect("a decision");
-            assert_eq!(
-                observable(&ours),
-                observable(&reference),
-                "{policy:?} cost {cost}"
-            );
+            let what = format!("{policy:?} cost {cost}");
+            assert_decides_as(&regions.stores[0], b"same", policy, cost, &reference, &what).await;
             compared += 1;
         }
     }
@@ -908,13 +926,8 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     // them all.
     let started = Instant::now();
     for (i, chunk) in keys.chunks(1_500).enumerate() {
-        let checks: Vec<Check<'_>> = chunk
-            .iter()
-            .map(|k| Check::new(k.as_bytes(), &policy, 1))
-            .collect();
         let store = if i % 2 == 0 { &regions.stores[1] } else { &cut };
-        let decisions = store.check_all(&checks).await.expect("decisions");
-        assert!(decisions.iter().all(Decision::is_allowed));
+        admit_all(store, &policy, chunk, 1).await;
     }
     let done = Instant::now();
     // When the last count admitted landed in eu, watched meanwhile with peeks.
@@ -951,6 +964,21 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     assert!(
         cut_status.iter().any(|p| p.region == "eu" && !p.reachable),
         "{cut_status:?}"
+    );
+}
+
+/// One `check_all` of every key of `keys` at `cost`, which admits them all.
+async fn admit_all(store: &MultiRegionStore, policy: &Policy, keys: &[String], cost: u64) {
+    let checks: Vec<Check<'_>> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), policy, cost))
+        .collect();
+    let decisions = store.check_all(&checks).await.expect("decisions");
+    assert!(
+        decisions.iter().all(Decision::is_allowed),
+        "{cost} on each of {} keys from {:?}: {decisions:?}",
+        keys.len(),
+        keys.first()
     );
 }
 
@@ -1001,7 +1029,6 @@ async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_change_under_one_name_keeps_what_was_counted() {
     use ratelimit_core::MemoryStore;
-    use ratelimit_tests::observable;
 
     let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
     regions.wait_fresh().await;
@@ -1028,12 +1055,10 @@ async fn a_window_change_under_one_name_keeps_what_was_counted() {
             let mut admitted = 0;
             for _ in 0..6 {
                 regions.clock.advance(Duration::from_millis(300));
-                let ours = regions.stores[0]
-                    .check(key, policy, 1)
-                    .await
-                    .expect("a decision");
                 let reference = memory.check(key, policy, 1).await.expect("a decision");
-                assert_eq!(observable(&ours), observable(&reference), "{policy:?}");
+                let what = format!("{policy:?}");
+                let ours =
+                    assert_decides_as(&regions.stores[0], key, policy, 1, &reference, &what).await;
                 admitted += usize::from(ours.is_allowed());
             }
             let expected = if std::ptr::eq(policy, before) { 5 } else { 0 };
@@ -1206,7 +1231,6 @@ async fn a_decision_never_shortens_a_peers_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_reads_fields_as_counts_view_does() {
     use ratelimit_core::multi_region::counts::{self, Count};
-    use ratelimit_tests::observable;
 
     let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
     regions.wait_fresh().await;
@@ -1232,12 +1256,10 @@ async fn the_script_reads_fields_as_counts_view_does() {
     }
     let since = Instant::now();
     regions.wait_heard_since(0, 1, since).await;
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut timeline: u64 = 0x2545_f491_4f6c_dd1d;
     let mut compared = 0;
     for _ in 0..150 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let seed = next_seed(&mut timeline);
         regions.clock.advance(ms(20 + seed % 300));
         let variants = if seed.is_multiple_of(2) {
             &fixed_variants
@@ -1263,15 +1285,8 @@ async fn the_script_reads_fields_as_counts_view_does() {
         let share = counts::conservative_share(policy.limit(), 3);
         let (start, global) = counts::view("eu", &counts, window, now, &[], share);
         let expected = counts::decide(policy, start, now, cost, global).expect("supported");
-        let ours = regions.stores[0]
-            .check(b"view", policy, cost)
-            .await
-            .expect("a decision");
-        assert_eq!(
-            observable(&ours),
-            observable(&expected),
-            "{policy:?} cost {cost} at {now}: {counts:?}"
-        );
+        let what = format!("{policy:?} cost {cost} at {now}: {counts:?}");
+        assert_decides_as(&regions.stores[0], b"view", policy, cost, &expected, &what).await;
         compared += 1;
     }
     assert_eq!(compared, 150);
@@ -1353,15 +1368,7 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
     let keys: Vec<String> = (0..70_000).map(|i| format!("c{i}")).collect();
     let started = Instant::now();
     for chunk in keys.chunks(1_000) {
-        let checks: Vec<Check<'_>> = chunk
-            .iter()
-            .map(|k| Check::new(k.as_bytes(), &policy, 3))
-            .collect();
-        let decisions = regions.stores[1]
-            .check_all(&checks)
-            .await
-            .expect("decisions");
-        assert!(decisions.iter().all(Decision::is_allowed));
+        admit_all(&regions.stores[1], &policy, chunk, 3).await;
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "admitting took over a minute"
@@ -1387,15 +1394,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
     regions.wait_fresh().await;
     let policy = fixed(3);
     let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
-    let checks: Vec<Check<'_>> = keys
-        .iter()
-        .map(|k| Check::new(k.as_bytes(), &policy, 3))
-        .collect();
-    let decisions = regions.stores[1]
-        .check_all(&checks)
-        .await
-        .expect("decisions");
-    assert!(decisions.iter().all(Decision::is_allowed));
+    admit_all(&regions.stores[1], &policy, &keys, 3).await;
     let done = Instant::now();
     regions.wait_heard_since(0, 1, done).await;
     assert_eq!(

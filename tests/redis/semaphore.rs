@@ -97,6 +97,27 @@ async fn release_both(
     check_both(memory, redis, policy, 0, &format!("{what}, released")).await;
 }
 
+/// One name under four maxes and leases, switched between calls by the
+/// random tests.
+fn changing_policies() -> [Policy; 4] {
+    [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)].map(|(max, lease)| {
+        named(
+            "sem",
+            Policy::concurrency(max, Duration::from_micros(lease)),
+        )
+    })
+}
+
+/// Moves `clock` on by a random step: past every lease one time in 20, not
+/// at all one time in 20, else by less than 300 µs.
+fn random_step(clock: &ManualClock, rng: &mut Rng) {
+    clock.advance(Duration::from_micros(match rng.below(20) {
+        0 => 2_500 + rng.below(3_000),
+        1 => 0,
+        _ => rng.below(300),
+    }));
+}
+
 /// Leases that expire none, some or all at a time, releases of held,
 /// expired, released and unknown ids, under a max and a lease that change
 /// between calls (one name): both stores decide alike, every call drops the
@@ -105,18 +126,12 @@ async fn release_both(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let us = Duration::from_micros;
-    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
-        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let policies = changing_policies();
     let key = redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(1313);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     for step in 0..1_000 {
-        clock.advance(us(match rng.below(20) {
-            0 => 2_500 + rng.below(3_000),
-            1 => 0,
-            _ => rng.below(300),
-        }));
+        random_step(&clock, &mut rng);
         let policy = &policies[rng.index(policies.len())];
         let what = format!("step {step}, max {}", policy.limit());
         match rng.below(20) {
@@ -405,19 +420,13 @@ async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_among_random_checks_and_releases_decide_as_memory() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let us = Duration::from_micros;
-    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
-        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let policies = changing_policies();
     let key = redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(2626);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     let mut renewed = 0;
     for step in 0..1_000 {
-        clock.advance(us(match rng.below(20) {
-            0 => 2_500 + rng.below(3_000),
-            1 => 0,
-            _ => rng.below(300),
-        }));
+        random_step(&clock, &mut rng);
         let policy = &policies[rng.index(policies.len())];
         let what = format!("step {step}, max {}", policy.limit());
         match rng.below(20) {
