@@ -563,6 +563,26 @@ fn streaming<St: Store + Clone>(
 
 /// One request through `service`: its response, whose body holds the
 /// request's permit while it lives.
+/// Under a max of 1, with the first request's body still streaming: a
+/// second request is refused at each of `at` after `start`.
+async fn assert_a_second_is_refused_at<S>(service: &S, start: tokio::time::Instant, at: &[Duration])
+where
+    S: tower::Service<
+            http::Request<&'static str>,
+            Response = Streaming,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
+    for at in at {
+        tokio::time::sleep_until(start + *at).await;
+        assert_eq!(
+            request(service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at {at:?}: two in flight under a max of 1"
+        );
+    }
+}
+
 async fn request<S>(service: &S) -> Streaming
 where
     S: tower::Service<
@@ -594,14 +614,8 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
     let (service, _senders) = streaming(store, policy, Mode::Reject);
     let first = request(&service).await;
     assert_eq!(first.status(), http::StatusCode::OK);
-    for at in [31, 300] {
-        tokio::time::sleep_until(t0 + Duration::from_secs(at)).await;
-        assert_eq!(
-            request(&service).await.status(),
-            http::StatusCode::TOO_MANY_REQUESTS,
-            "at {at} s: two in flight under a max of 1"
-        );
-    }
+    let at = [31, 300].map(Duration::from_secs);
+    assert_a_second_is_refused_at(&service, t0, &at).await;
     drop(first);
     assert_eq!(request(&service).await.status(), http::StatusCode::OK);
 }
@@ -763,14 +777,8 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
     let first = request(&service).await;
     assert_eq!(first.status(), http::StatusCode::OK);
     let started = tokio::time::Instant::now();
-    for at in [2_400, 4_500] {
-        tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-        assert_eq!(
-            request(&service).await.status(),
-            http::StatusCode::TOO_MANY_REQUESTS,
-            "at {at} ms: two in flight under a max of 1"
-        );
-    }
+    let at = [2_400, 4_500].map(Duration::from_millis);
+    assert_a_second_is_refused_at(&service, started, &at).await;
     drop(first);
     // The release is sent on the runtime: look until it has landed, for a
     // second (a real server on a loaded machine), well before the lease,

@@ -161,6 +161,14 @@ fn policies() -> Vec<Policy> {
     long_policies(2)
 }
 
+/// The policy of [`policies`] whose algorithm is `kind`.
+fn policy_of(kind: &str) -> Policy {
+    policies()
+        .into_iter()
+        .find(|p| p.algorithm().kind() == kind)
+        .unwrap_or_else(|| panic!("no {kind} policy"))
+}
+
 /// Why an operation failed.
 #[derive(Debug)]
 enum Failure {
@@ -287,10 +295,7 @@ async fn exercise_node(
     round: &str,
 ) -> Vec<(String, Result<(), Failure>)> {
     let mut report = exercise(store, round).await;
-    let policy = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "concurrency")
-        .unwrap();
+    let policy = policy_of("concurrency");
     let key = format!("{round}-old");
     let state_key = store.state_key(key.as_bytes(), &policy);
     let now = std::time::SystemTime::now()
@@ -307,10 +312,7 @@ async fn exercise_node(
     .await;
     report.push(("check an old semaphore".to_owned(), result));
     // A block of a key that holds a state, whose TTL it keeps.
-    let gcra = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "gcra")
-        .unwrap();
+    let gcra = policy_of("gcra");
     let key = format!("{round}-blocked");
     let result = async {
         store.check(key.as_bytes(), &gcra, 1).await?;
@@ -332,10 +334,7 @@ async fn exercise_node(
     .await;
     report.push(("penalize".to_owned(), result));
     // A settlement of two limits, which remembers its id beside each state.
-    let window = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "fixed-window")
-        .unwrap();
+    let window = policy_of("fixed-window");
     let key = format!("{round}-settled");
     let result = async {
         let checks = [
