@@ -108,6 +108,12 @@ fn changing_policies() -> [Policy; 4] {
     })
 }
 
+/// A random id no store issued, as both stores' permit.
+fn unknown(rng: &mut Rng) -> (PermitId, PermitId) {
+    let id = PermitId(u128::from(rng.next_u64()) << 64 | 1);
+    (id, id)
+}
+
 /// Moves `clock` on by a random step: past every lease one time in 20, not
 /// at all one time in 20, else by less than 300 µs.
 fn random_step(clock: &ManualClock, rng: &mut Rng) {
@@ -141,8 +147,7 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
                 release_both(&memory, &redis, policy, permits, &what).await;
             }
             5 => {
-                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
-                release_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+                release_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
             _ => {
                 let cost = rng.below(policy.limit() + 1);
@@ -443,8 +448,7 @@ async fn renewals_among_random_checks_and_releases_decide_as_memory() {
                 }
             }
             10 => {
-                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
-                renew_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+                renew_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
             _ => {
                 let cost = rng.below(policy.limit() + 1);
