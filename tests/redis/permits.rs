@@ -141,11 +141,23 @@ fn semaphore(max: u64) -> Policy {
     named("sem", Policy::concurrency(max, Duration::from_secs(3600)))
 }
 
-#[tokio::test]
-async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
+/// A primary of high-bit permits, a `FallbackStore` over it, and a
+/// semaphore of `max`.
+fn fallback_over_high_bits(
+    max: u64,
+) -> (
+    HighBitPermits,
+    FallbackStore<HighBitPermits, MemoryStore>,
+    Policy,
+) {
     let primary = HighBitPermits::new();
     let store = primary.behind_fallback();
-    let policy = semaphore(1);
+    (primary, store, semaphore(max))
+}
+
+#[tokio::test]
+async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
+    let (primary, store, policy) = fallback_over_high_bits(1);
     for round in 0..3 {
         let d = store.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed(), "round {round}: the permit leaked: {d:?}");
@@ -172,9 +184,7 @@ async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
 
 #[tokio::test]
 async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
-    let primary = HighBitPermits::new();
-    let store = primary.behind_fallback();
-    let policy = semaphore(1);
+    let (primary, store, policy) = fallback_over_high_bits(1);
     // A permit of the primary, held across the outage.
     let held = store.check(b"k", &policy, 1).await.unwrap();
     primary.down.store(true, Ordering::SeqCst);
@@ -561,18 +571,42 @@ fn streaming<St: Store + Clone>(
     (layer.layer(inner), senders)
 }
 
-/// One request through `service`: its response, whose body holds the
-/// request's permit while it lives.
-/// Under a max of 1, with the first request's body still streaming: a
-/// second request is refused at each of `at` after `start`.
-async fn assert_a_second_is_refused_at<S>(service: &S, start: tokio::time::Instant, at: &[Duration])
-where
+/// A service as [`streaming`] builds it.
+trait StreamingService:
+    tower::Service<
+        http::Request<&'static str>,
+        Response = Streaming,
+        Error = std::convert::Infallible,
+    > + Clone
+{
+}
+
+impl<S> StreamingService for S where
     S: tower::Service<
             http::Request<&'static str>,
             Response = Streaming,
             Error = std::convert::Infallible,
-        > + Clone,
+        > + Clone
 {
+}
+
+/// One request through `service`: its response, whose body holds the
+/// request's permit while it lives.
+async fn request(service: &impl StreamingService) -> Streaming {
+    service
+        .clone()
+        .oneshot(http::Request::new(""))
+        .await
+        .unwrap()
+}
+
+/// Under a max of 1, with the first request's body still streaming: a
+/// second request is refused at each of `at` after `start`.
+async fn assert_a_second_is_refused_at(
+    service: &impl StreamingService,
+    start: tokio::time::Instant,
+    at: &[Duration],
+) {
     for at in at {
         tokio::time::sleep_until(start + *at).await;
         assert_eq!(
@@ -581,21 +615,6 @@ where
             "at {at:?}: two in flight under a max of 1"
         );
     }
-}
-
-async fn request<S>(service: &S) -> Streaming
-where
-    S: tower::Service<
-            http::Request<&'static str>,
-            Response = Streaming,
-            Error = std::convert::Infallible,
-        > + Clone,
-{
-    service
-        .clone()
-        .oneshot(http::Request::new(""))
-        .await
-        .unwrap()
 }
 
 /// A concurrency policy of `max` leased for `lease`.
@@ -804,9 +823,7 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
 /// would fail).
 #[tokio::test]
 async fn fallback_renews_each_permit_in_the_store_that_issued_it() {
-    let primary = HighBitPermits::new();
-    let store = primary.behind_fallback();
-    let policy = semaphore(2);
+    let (primary, store, policy) = fallback_over_high_bits(2);
     let held = store.check(b"k", &policy, 1).await.unwrap();
     let held = held.permit().unwrap();
     assert!(store.renew(b"k", &policy, held).await.unwrap());
