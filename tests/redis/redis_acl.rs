@@ -208,13 +208,20 @@ async fn check_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(),
     Ok(())
 }
 
-/// A permit taken, released, and taken again.
-async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+/// One unit of a semaphore of 2 taken: its permit.
+async fn acquire(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+) -> Result<ratelimit_core::PermitId, Failure> {
     let d = store.check(key, policy, 1).await?;
     expect("acquire", &d, true, 1)?;
-    let permit = d
-        .permit()
-        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    d.permit().ok_or_else(|| Failure::Wrong("no permit".into()))
+}
+
+/// A permit taken, released, and taken again.
+async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let permit = acquire(store, key, policy).await?;
     store.release(key, policy, permit).await?;
     let again = store.check(key, policy, 2).await?;
     expect("after release", &again, true, 0)?;
@@ -223,11 +230,7 @@ async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(
 
 /// A permit taken and renewed; once released, its renewal finds nothing.
 async fn renew_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
-    let d = store.check(key, policy, 1).await?;
-    expect("acquire", &d, true, 1)?;
-    let permit = d
-        .permit()
-        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    let permit = acquire(store, key, policy).await?;
     if !store.renew(key, policy, permit).await? {
         return Err(Failure::Wrong("a held permit was not renewed".into()));
     }
