@@ -40,6 +40,14 @@ impl Regions {
         Self::start_apart(sync, staleness, [0; 3]).await
     }
 
+    /// [`start`](Self::start), then waits until every region has heard
+    /// from every peer.
+    async fn start_fresh(sync: Duration, staleness: Duration) -> Regions {
+        let regions = Self::start(sync, staleness).await;
+        regions.wait_fresh().await;
+        regions
+    }
+
     /// Three regions whose script clocks read `T0 + ahead[i]` µs (one
     /// shared clock when they are all equal).
     async fn start_apart(sync: Duration, staleness: Duration, ahead: [u64; 3]) -> Regions {
@@ -324,8 +332,7 @@ async fn within_the_bound(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
     let sync = Duration::from_millis(20);
-    let regions = Regions::start(sync, Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, Duration::from_secs(2)).await;
     let limit = SHARED_LIMIT;
     let pick = |i: usize| match i % 10 {
         8 => 1,
@@ -345,8 +352,7 @@ async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spaced_requests_admit_the_limit_exactly() {
     let sync = Duration::from_millis(10);
-    let regions = Regions::start(sync, Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, Duration::from_secs(2)).await;
     let limit = 12;
     let policy = fixed(limit);
     let admitted = traffic(
@@ -366,8 +372,7 @@ async fn spaced_requests_admit_the_limit_exactly() {
 /// algorithms whose state is not a count per window are refused clearly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let small = fixed(2);
     let large = named(
         "mr-large",
@@ -398,8 +403,7 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
 async fn a_partition_keeps_each_side_within_its_share_and_heals() {
     let sync = Duration::from_millis(20);
     let staleness = Duration::from_millis(200);
-    let regions = Regions::start(sync, staleness).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, staleness).await;
     let limit = 99;
     let share = 33;
     let policy = fixed(limit);
@@ -543,8 +547,7 @@ async fn the_layer_works_unchanged_on_top() {
     use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
     use tower::{Layer, ServiceExt};
 
-    let mut regions = Regions::start(Duration::from_millis(10), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let mut regions = Regions::start_fresh(Duration::from_millis(10), Duration::from_secs(2)).await;
     let policy = fixed(4);
     let inner = ok_service();
     let layers: Vec<_> = regions
@@ -724,8 +727,8 @@ fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
     };
 
     let ((), recorded) = capture(false, || async {
-        let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(200)).await;
-        regions.wait_fresh().await;
+        let regions =
+            Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(200)).await;
         regions.isolate(0, Mode::Drop);
         let cut = Instant::now();
         while !regions.stores[0].peers().iter().all(|p| p.stale) {
@@ -853,8 +856,7 @@ async fn assert_decides_as(
 async fn one_region_decides_as_the_single_region_algorithm() {
     use ratelimit_core::MemoryStore;
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let window = Duration::from_millis(1000);
     let policies = [
@@ -1002,8 +1004,7 @@ async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[Str
 /// neither: `eu` admits nothing more of a limit the cut-off instance spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(300)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(300)).await;
     let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
     if let Some(proxy) = &proxies[0] {
         proxy.set_mode(Mode::Drop);
@@ -1030,8 +1031,7 @@ async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
 async fn a_window_change_under_one_name_keeps_what_was_counted() {
     use ratelimit_core::MemoryStore;
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let hour = Duration::from_secs(3600);
     let seven = Duration::from_secs(420);
@@ -1153,8 +1153,7 @@ async fn a_peer_past_a_boundary_keeps_the_previous_window() {
 /// from `us` since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let slow = FaultProxy::start(regions.servers[1].addr());
     let (lost, _proxies) = regions
         .instance(1, Some(slow.redis_url()), Duration::from_millis(200))
@@ -1192,8 +1191,7 @@ async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
 /// leaves the hash's TTL at least as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_never_shortens_a_peers_ttl() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let hourly = fixed_window("mr-ttl", 5, Duration::from_secs(3600));
     let short = fixed_window("mr-ttl", 5, Duration::from_secs(60));
     assert!(
@@ -1232,8 +1230,7 @@ async fn a_decision_never_shortens_a_peers_ttl() {
 async fn the_script_reads_fields_as_counts_view_does() {
     use ratelimit_core::multi_region::counts::{self, Count};
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let ms = Duration::from_millis;
     let fixed_variants = [
         fixed_window("view-fw", 5, ms(1000)),
@@ -1390,8 +1387,8 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
 /// restarted refuses the clients `us` spent before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_lost_its_data_gets_everything_again() {
-    let mut regions = Regions::start(Duration::from_millis(20), Duration::from_millis(500)).await;
-    regions.wait_fresh().await;
+    let mut regions =
+        Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(500)).await;
     let policy = fixed(3);
     let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
     admit_all(&regions.stores[1], &policy, &keys, 3).await;
@@ -1428,8 +1425,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
 /// counts with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let policy = fixed(1);
     assert_eq!(regions.servers[0].cli(&["SCRIPT", "FLUSH"]), "OK");
     let keys: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();

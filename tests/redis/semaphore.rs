@@ -75,6 +75,19 @@ async fn check_both(
     (m, permits)
 }
 
+/// A check of a random cost (0 to the max) on both stores, which must
+/// answer alike; the permits taken, if any.
+async fn check_random(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    policy: &Policy,
+    rng: &mut Rng,
+    what: &str,
+) -> Option<(PermitId, PermitId)> {
+    let cost = rng.below(policy.limit() + 1);
+    check_both(memory, redis, policy, cost, what).await.1
+}
+
 /// After each random step: the key never holds more than 8 entries, and
 /// every fifth step its state and TTL are checked whole.
 fn audit(server: &RedisServer, key: &str, step: u64, what: &str) {
@@ -114,14 +127,22 @@ fn unknown(rng: &mut Rng) -> (PermitId, PermitId) {
     (id, id)
 }
 
-/// Moves `clock` on by a random step: past every lease one time in 20, not
-/// at all one time in 20, else by less than 300 µs.
-fn random_step(clock: &ManualClock, rng: &mut Rng) {
+/// Step `step` of a random test: moves `clock` on by a random amount (past
+/// every lease one time in 20, not at all one time in 20, else by less than
+/// 300 µs), then picks one of `policies`; returns it and the step's name.
+fn random_step<'a>(
+    clock: &ManualClock,
+    rng: &mut Rng,
+    policies: &'a [Policy],
+    step: u64,
+) -> (&'a Policy, String) {
     clock.advance(Duration::from_micros(match rng.below(20) {
         0 => 2_500 + rng.below(3_000),
         1 => 0,
         _ => rng.below(300),
     }));
+    let policy = &policies[rng.index(policies.len())];
+    (policy, format!("step {step}, max {}", policy.limit()))
 }
 
 /// Leases that expire none, some or all at a time, releases of held,
@@ -137,9 +158,7 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
     let mut rng = Rng(1313);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     for step in 0..1_000 {
-        random_step(&clock, &mut rng);
-        let policy = &policies[rng.index(policies.len())];
-        let what = format!("step {step}, max {}", policy.limit());
+        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
         match rng.below(20) {
             0..=4 if !held.is_empty() => {
                 // Held, expired, or released already.
@@ -149,10 +168,7 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
             5 => {
                 release_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
-            _ => {
-                let cost = rng.below(policy.limit() + 1);
-                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
-            }
+            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
         }
         audit(&server, &key, step, &what);
     }
@@ -431,9 +447,7 @@ async fn renewals_among_random_checks_and_releases_decide_as_memory() {
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     let mut renewed = 0;
     for step in 0..1_000 {
-        random_step(&clock, &mut rng);
-        let policy = &policies[rng.index(policies.len())];
-        let what = format!("step {step}, max {}", policy.limit());
+        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
         match rng.below(20) {
             0..=2 if !held.is_empty() => {
                 let permits = held[rng.index(held.len())];
@@ -450,10 +464,7 @@ async fn renewals_among_random_checks_and_releases_decide_as_memory() {
             10 => {
                 renew_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
-            _ => {
-                let cost = rng.below(policy.limit() + 1);
-                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
-            }
+            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
         }
         audit(&server, &key, step, &what);
     }
