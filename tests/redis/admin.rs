@@ -116,15 +116,26 @@ impl<S: AdminStore> Timeline<S> {
 /// Every scenario, for every policy, on one store. Each scenario asserts
 /// what it is about; the decisions are logged for the comparison of stores.
 async fn every_scenario<S: AdminStore>(t: &mut Timeline<S>) {
+    // Each scenario starts at the next whole second, and the clock moves
+    // 10 s on after it.
+    macro_rules! in_turn {
+        ($policy:expr => $($scenario:ident),+ $(,)?) => {$(
+            next_second(t);
+            $scenario(t, $policy).await;
+            t.advance(10 * SECOND);
+        )+};
+    }
     for policy in policies() {
-        peek_consumes_nothing(t, &policy).await;
-        reset_restores_the_budget(t, &policy).await;
-        penalize_denies_for_the_documented_time(t, &policy).await;
-        reward_gives_back_up_to_a_full_budget(t, &policy).await;
-        block_denies_until_it_ends(t, &policy).await;
-        unblock_ends_a_block_and_nothing_was_consumed(t, &policy).await;
-        a_block_shorter_than_a_debt_waits_for_the_debt(t, &policy).await;
-        a_blocked_key_denies_a_whole_check_all(t, &policy).await;
+        in_turn!(&policy =>
+            peek_consumes_nothing,
+            reset_restores_the_budget,
+            penalize_denies_for_the_documented_time,
+            reward_gives_back_up_to_a_full_budget,
+            block_denies_until_it_ends,
+            unblock_ends_a_block_and_nothing_was_consumed,
+            a_block_shorter_than_a_debt_waits_for_the_debt,
+            a_blocked_key_denies_a_whole_check_all,
+        );
     }
     concurrency_has_blocks_but_no_penalties(t).await;
 }
@@ -136,7 +147,6 @@ fn next_second<S>(t: &Timeline<S>) {
 }
 
 async fn peek_consumes_nothing<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
     let first = t.check("first", "peeked", policy, 1).await;
     assert_eq!((first.is_allowed(), first.remaining()), (true, 3), "{name}");
@@ -147,11 +157,9 @@ async fn peek_consumes_nothing<S: AdminStore>(t: &mut Timeline<S>, policy: &Poli
     }
     let second = t.check("second", "peeked", policy, 1).await;
     assert_eq!(second.remaining(), 2, "{name}: the peeks consumed");
-    t.advance(10 * SECOND);
 }
 
 async fn reset_restores_the_budget<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
     assert!(t.admits("all", "reset", policy, 4).await, "{name}");
     assert!(!t.admits("over", "reset", policy, 1).await, "{name}");
@@ -167,14 +175,12 @@ async fn reset_restores_the_budget<S: AdminStore>(t: &mut Timeline<S>, policy: &
         "{name}"
     );
     assert!(t.admits("all again", "reset", policy, 4).await, "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn penalize_denies_for_the_documented_time<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     let small = t.penalize("small", "penalized", policy, 1).await;
     assert_eq!((small.is_allowed(), small.remaining()), (true, 3), "{name}");
@@ -195,14 +201,12 @@ async fn penalize_denies_for_the_documented_time<S: AdminStore>(
     assert_eq!(almost.retry_after_micros(), 1, "{name}: {almost:?}");
     t.advance(1);
     assert!(t.admits("paid", "penalized", policy, 1).await, "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn reward_gives_back_up_to_a_full_budget<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     assert!(t.admits("all", "rewarded", policy, 4).await, "{name}");
     assert!(!t.admits("over", "rewarded", policy, 1).await, "{name}");
@@ -229,11 +233,9 @@ async fn reward_gives_back_up_to_a_full_budget<S: AdminStore>(
     t.penalize("three", "undone", policy, 3).await;
     let undone = t.reward("three", "undone", policy, 3).await;
     assert_eq!(observable(&undone), observable(&before), "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn block_denies_until_it_ends<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
     assert!(t.admits("before", "blocked", policy, 1).await, "{name}");
     t.block("blocked", policy, Duration::from_secs(10)).await;
@@ -258,14 +260,12 @@ async fn block_denies_until_it_ends<S: AdminStore>(t: &mut Timeline<S>, policy: 
     t.advance(1);
     let after = t.check("after", "blocked", policy, 1).await;
     assert_eq!((after.is_allowed(), after.remaining()), (true, 3), "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn unblock_ends_a_block_and_nothing_was_consumed<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     t.check("before", "unblocked", policy, 1).await;
     t.block("unblocked", policy, Duration::from_secs(3600))
@@ -286,14 +286,12 @@ async fn unblock_ends_a_block_and_nothing_was_consumed<S: AdminStore>(
         .await;
     t.block("unblocked-2", policy, Duration::ZERO).await;
     assert!(t.admits("zero", "unblocked-2", policy, 1).await, "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn a_block_shorter_than_a_debt_waits_for_the_debt<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     t.penalize("debt", "both", policy, 100).await;
     t.block("both", policy, Duration::from_millis(100)).await;
@@ -303,14 +301,12 @@ async fn a_block_shorter_than_a_debt_waits_for_the_debt<S: AdminStore>(
         retry_after_full_penalty(policy),
         "{name}: the longer of the block and the debt"
     );
-    t.advance(10 * SECOND);
 }
 
 async fn a_blocked_key_denies_a_whole_check_all<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     // Same user key (one cluster slot): another policy under another name.
     let other = policy
@@ -340,7 +336,6 @@ async fn a_blocked_key_denies_a_whole_check_all<S: AdminStore>(
         decisions.iter().all(Decision::is_allowed),
         "{name}: reset unblocks"
     );
-    t.advance(10 * SECOND);
 }
 
 async fn concurrency_has_blocks_but_no_penalties<S: AdminStore>(t: &mut Timeline<S>) {
