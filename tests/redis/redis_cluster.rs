@@ -732,11 +732,11 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
             "{key} admitted {admitted}, limit {limit}"
         );
         let state = store.state_key(key.as_bytes(), &policy);
-        let slot = cluster_slot(state.as_bytes());
-        let copies: Vec<usize> = (0..3)
-            .filter(|&node| keys_of_slot_on(&cluster, node, slot).contains(&state))
-            .collect();
-        assert_eq!(copies, [target], "{state} lives on");
+        assert_eq!(
+            nodes_holding(&cluster, &state),
+            [target],
+            "{state} lives on"
+        );
     }
     assert_eq!(cluster.master_of(first), target);
     assert_eq!(cluster.master_of(second), target);
@@ -860,10 +860,11 @@ async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
         let peek = store.check(key.as_bytes(), &policy, 0).await.unwrap();
         assert_eq!(peek.remaining(), limit - spent, "{key}: {peek:?}");
         let home = if i < 2 { target } else { source };
-        let copies: Vec<usize> = (0..3)
-            .filter(|&node| keys_of_slot_on(&cluster, node, slot_of(key)).contains(&states[i]))
-            .collect();
-        assert_eq!(copies, [home], "{key} lives on");
+        assert_eq!(
+            nodes_holding(&cluster, &states[i]),
+            [home],
+            "{key} lives on"
+        );
     }
 }
 
@@ -876,6 +877,18 @@ fn errors(cluster: &RedisCluster, node: usize, code: &str) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// The nodes that hold the key `state` (in its slot, whoever owns it).
+fn nodes_holding(cluster: &RedisCluster, state: &str) -> Vec<usize> {
+    let slot = cluster_slot(state.as_bytes());
+    (0..3)
+        .filter(|&node| {
+            keys_of_slot_on(cluster, node, slot)
+                .iter()
+                .any(|k| k == state)
+        })
+        .collect()
 }
 
 /// The keys node `node` holds in `slot`, whoever owns it, sorted.
