@@ -65,33 +65,40 @@ struct Timeline<S> {
 
 impl<S: AdminStore> Timeline<S> {
     async fn check(&mut self, what: &str, key: &str, policy: &Policy, cost: u64) -> Decision {
-        let d = self
-            .store
-            .check(key.as_bytes(), policy, cost)
-            .await
-            .unwrap();
-        self.note(what, policy, &d);
-        d
+        let d = self.store.check(key.as_bytes(), policy, cost).await;
+        self.noted(what, policy, d)
+    }
+
+    /// Whether a check (logged) is allowed.
+    async fn admits(&mut self, what: &str, key: &str, policy: &Policy, cost: u64) -> bool {
+        self.check(what, key, policy, cost).await.is_allowed()
     }
 
     async fn peek(&mut self, what: &str, key: &str, policy: &Policy) -> Decision {
-        let d = self.store.peek(key.as_bytes(), policy).await.unwrap();
-        self.note(what, policy, &d);
-        d
+        let d = self.store.peek(key.as_bytes(), policy).await;
+        self.noted(what, policy, d)
     }
 
     async fn penalize(&mut self, what: &str, key: &str, policy: &Policy, n: u64) -> Decision {
-        let d = self
-            .store
-            .penalize(key.as_bytes(), policy, n)
-            .await
-            .unwrap();
-        self.note(what, policy, &d);
-        d
+        let d = self.store.penalize(key.as_bytes(), policy, n).await;
+        self.noted(what, policy, d)
     }
 
     async fn reward(&mut self, what: &str, key: &str, policy: &Policy, n: u64) -> Decision {
-        let d = self.store.reward(key.as_bytes(), policy, n).await.unwrap();
+        let d = self.store.reward(key.as_bytes(), policy, n).await;
+        self.noted(what, policy, d)
+    }
+
+    async fn block(&self, key: &str, policy: &Policy, duration: Duration) {
+        self.store
+            .block(key.as_bytes(), policy, duration)
+            .await
+            .unwrap();
+    }
+
+    /// The decision of an operation that must succeed, logged.
+    fn noted(&mut self, what: &str, policy: &Policy, d: Result<Decision, StoreError>) -> Decision {
+        let d = d.unwrap();
         self.note(what, policy, &d);
         d
     }
@@ -109,15 +116,26 @@ impl<S: AdminStore> Timeline<S> {
 /// Every scenario, for every policy, on one store. Each scenario asserts
 /// what it is about; the decisions are logged for the comparison of stores.
 async fn every_scenario<S: AdminStore>(t: &mut Timeline<S>) {
+    // Each scenario starts at the next whole second, and the clock moves
+    // 10 s on after it.
+    macro_rules! in_turn {
+        ($policy:expr => $($scenario:ident),+ $(,)?) => {$(
+            next_second(t);
+            $scenario(t, $policy).await;
+            t.advance(10 * SECOND);
+        )+};
+    }
     for policy in policies() {
-        peek_consumes_nothing(t, &policy).await;
-        reset_restores_the_budget(t, &policy).await;
-        penalize_denies_for_the_documented_time(t, &policy).await;
-        reward_gives_back_up_to_a_full_budget(t, &policy).await;
-        block_denies_until_it_ends(t, &policy).await;
-        unblock_ends_a_block_and_nothing_was_consumed(t, &policy).await;
-        a_block_shorter_than_a_debt_waits_for_the_debt(t, &policy).await;
-        a_blocked_key_denies_a_whole_check_all(t, &policy).await;
+        in_turn!(&policy =>
+            peek_consumes_nothing,
+            reset_restores_the_budget,
+            penalize_denies_for_the_documented_time,
+            reward_gives_back_up_to_a_full_budget,
+            block_denies_until_it_ends,
+            unblock_ends_a_block_and_nothing_was_consumed,
+            a_block_shorter_than_a_debt_waits_for_the_debt,
+            a_blocked_key_denies_a_whole_check_all,
+        );
     }
     concurrency_has_blocks_but_no_penalties(t).await;
 }
@@ -129,7 +147,6 @@ fn next_second<S>(t: &Timeline<S>) {
 }
 
 async fn peek_consumes_nothing<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
     let first = t.check("first", "peeked", policy, 1).await;
     assert_eq!((first.is_allowed(), first.remaining()), (true, 3), "{name}");
@@ -140,20 +157,12 @@ async fn peek_consumes_nothing<S: AdminStore>(t: &mut Timeline<S>, policy: &Poli
     }
     let second = t.check("second", "peeked", policy, 1).await;
     assert_eq!(second.remaining(), 2, "{name}: the peeks consumed");
-    t.advance(10 * SECOND);
 }
 
 async fn reset_restores_the_budget<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
-    assert!(
-        t.check("all", "reset", policy, 4).await.is_allowed(),
-        "{name}"
-    );
-    assert!(
-        !t.check("over", "reset", policy, 1).await.is_allowed(),
-        "{name}"
-    );
+    assert!(t.admits("all", "reset", policy, 4).await, "{name}");
+    assert!(!t.admits("over", "reset", policy, 1).await, "{name}");
     t.store.reset(b"reset", policy).await.unwrap();
     let peek = t.peek("after reset", "reset", policy).await;
     assert_eq!(
@@ -165,18 +174,13 @@ async fn reset_restores_the_budget<S: AdminStore>(t: &mut Timeline<S>, policy: &
         (true, 4, 0),
         "{name}"
     );
-    assert!(
-        t.check("all again", "reset", policy, 4).await.is_allowed(),
-        "{name}"
-    );
-    t.advance(10 * SECOND);
+    assert!(t.admits("all again", "reset", policy, 4).await, "{name}");
 }
 
 async fn penalize_denies_for_the_documented_time<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     let small = t.penalize("small", "penalized", policy, 1).await;
     assert_eq!((small.is_allowed(), small.remaining()), (true, 3), "{name}");
@@ -196,27 +200,16 @@ async fn penalize_denies_for_the_documented_time<S: AdminStore>(
     let almost = t.check("almost", "penalized", policy, 1).await;
     assert_eq!(almost.retry_after_micros(), 1, "{name}: {almost:?}");
     t.advance(1);
-    assert!(
-        t.check("paid", "penalized", policy, 1).await.is_allowed(),
-        "{name}"
-    );
-    t.advance(10 * SECOND);
+    assert!(t.admits("paid", "penalized", policy, 1).await, "{name}");
 }
 
 async fn reward_gives_back_up_to_a_full_budget<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
-    assert!(
-        t.check("all", "rewarded", policy, 4).await.is_allowed(),
-        "{name}"
-    );
-    assert!(
-        !t.check("over", "rewarded", policy, 1).await.is_allowed(),
-        "{name}"
-    );
+    assert!(t.admits("all", "rewarded", policy, 4).await, "{name}");
+    assert!(!t.admits("over", "rewarded", policy, 1).await, "{name}");
     let reward = t.reward("one", "rewarded", policy, 1).await;
     assert_eq!(
         (reward.is_allowed(), reward.remaining()),
@@ -231,10 +224,7 @@ async fn reward_gives_back_up_to_a_full_budget<S: AdminStore>(
         (4, 0),
         "{name}: never beyond a full budget"
     );
-    assert!(
-        t.check("all 4", "rewarded", policy, 4).await.is_allowed(),
-        "{name}"
-    );
+    assert!(t.admits("all 4", "rewarded", policy, 4).await, "{name}");
     // Undoing a penalty with a reward of the same amount.
     t.advance(10 * SECOND);
     next_second(t);
@@ -243,20 +233,12 @@ async fn reward_gives_back_up_to_a_full_budget<S: AdminStore>(
     t.penalize("three", "undone", policy, 3).await;
     let undone = t.reward("three", "undone", policy, 3).await;
     assert_eq!(observable(&undone), observable(&before), "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn block_denies_until_it_ends<S: AdminStore>(t: &mut Timeline<S>, policy: &Policy) {
-    next_second(t);
     let name = policy.name();
-    assert!(
-        t.check("before", "blocked", policy, 1).await.is_allowed(),
-        "{name}"
-    );
-    t.store
-        .block(b"blocked", policy, Duration::from_secs(10))
-        .await
-        .unwrap();
+    assert!(t.admits("before", "blocked", policy, 1).await, "{name}");
+    t.block("blocked", policy, Duration::from_secs(10)).await;
     let denied = t.check("blocked", "blocked", policy, 1).await;
     assert_eq!(
         (denied.is_allowed(), denied.remaining()),
@@ -271,36 +253,25 @@ async fn block_denies_until_it_ends<S: AdminStore>(t: &mut Timeline<S>, policy: 
     let peek = t.peek("peek", "blocked", policy).await;
     assert_eq!(peek.retry_after(), Some(Duration::from_secs(10)), "{name}");
     // Other keys under the policy, and the key under other policies, are free.
-    assert!(
-        t.check("other key", "free", policy, 1).await.is_allowed(),
-        "{name}"
-    );
+    assert!(t.admits("other key", "free", policy, 1).await, "{name}");
     t.advance(10 * SECOND - 1);
     let last = t.check("last µs", "blocked", policy, 1).await;
     assert_eq!(last.retry_after_micros(), 1, "{name}");
     t.advance(1);
     let after = t.check("after", "blocked", policy, 1).await;
     assert_eq!((after.is_allowed(), after.remaining()), (true, 3), "{name}");
-    t.advance(10 * SECOND);
 }
 
 async fn unblock_ends_a_block_and_nothing_was_consumed<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     t.check("before", "unblocked", policy, 1).await;
-    t.store
-        .block(b"unblocked", policy, Duration::from_secs(3600))
-        .await
-        .unwrap();
+    t.block("unblocked", policy, Duration::from_secs(3600))
+        .await;
     for _ in 0..5 {
-        assert!(
-            !t.check("blocked", "unblocked", policy, 1)
-                .await
-                .is_allowed()
-        );
+        assert!(!t.admits("blocked", "unblocked", policy, 1).await);
     }
     t.store.unblock(b"unblocked", policy).await.unwrap();
     let peek = t.peek("unblocked", "unblocked", policy).await;
@@ -309,61 +280,40 @@ async fn unblock_ends_a_block_and_nothing_was_consumed<S: AdminStore>(
         (true, 3),
         "{name}: blocked checks consumed"
     );
-    assert!(
-        t.check("after", "unblocked", policy, 3).await.is_allowed(),
-        "{name}"
-    );
+    assert!(t.admits("after", "unblocked", policy, 3).await, "{name}");
     // A zero duration unblocks too.
-    t.store
-        .block(b"unblocked-2", policy, Duration::from_secs(60))
-        .await
-        .unwrap();
-    t.store
-        .block(b"unblocked-2", policy, Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(
-        t.check("zero", "unblocked-2", policy, 1).await.is_allowed(),
-        "{name}"
-    );
-    t.advance(10 * SECOND);
+    t.block("unblocked-2", policy, Duration::from_secs(60))
+        .await;
+    t.block("unblocked-2", policy, Duration::ZERO).await;
+    assert!(t.admits("zero", "unblocked-2", policy, 1).await, "{name}");
 }
 
 async fn a_block_shorter_than_a_debt_waits_for_the_debt<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     t.penalize("debt", "both", policy, 100).await;
-    t.store
-        .block(b"both", policy, Duration::from_millis(100))
-        .await
-        .unwrap();
+    t.block("both", policy, Duration::from_millis(100)).await;
     let denied = t.check("blocked in debt", "both", policy, 1).await;
     assert_eq!(
         denied.retry_after_micros(),
         retry_after_full_penalty(policy),
         "{name}: the longer of the block and the debt"
     );
-    t.advance(10 * SECOND);
 }
 
 async fn a_blocked_key_denies_a_whole_check_all<S: AdminStore>(
     t: &mut Timeline<S>,
     policy: &Policy,
 ) {
-    next_second(t);
     let name = policy.name();
     // Same user key (one cluster slot): another policy under another name.
     let other = policy
         .clone()
         .with_name(format!("other-{}", policy.algorithm().kind()))
         .unwrap();
-    t.store
-        .block(b"group", policy, Duration::from_secs(5))
-        .await
-        .unwrap();
+    t.block("group", policy, Duration::from_secs(5)).await;
     let checks = [
         Check::new(b"group", &other, 2),
         Check::new(b"group", policy, 1),
@@ -386,7 +336,6 @@ async fn a_blocked_key_denies_a_whole_check_all<S: AdminStore>(
         decisions.iter().all(Decision::is_allowed),
         "{name}: reset unblocks"
     );
-    t.advance(10 * SECOND);
 }
 
 async fn concurrency_has_blocks_but_no_penalties<S: AdminStore>(t: &mut Timeline<S>) {
@@ -407,11 +356,8 @@ async fn concurrency_has_blocks_but_no_penalties<S: AdminStore>(t: &mut Timeline
     let held = t.check("acquire", "c", &policy, 2).await;
     assert!(held.is_allowed());
     t.store.reset(b"c", &policy).await.unwrap();
-    assert!(t.check("after reset", "c", &policy, 2).await.is_allowed());
-    t.store
-        .block(b"c2", &policy, Duration::from_secs(1))
-        .await
-        .unwrap();
+    assert!(t.admits("after reset", "c", &policy, 2).await);
+    t.block("c2", &policy, Duration::from_secs(1)).await;
     let denied = t.check("blocked", "c2", &policy, 1).await;
     assert_eq!(denied.retry_after_micros(), SECOND);
     assert!(denied.permit().is_none());

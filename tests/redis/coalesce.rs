@@ -561,12 +561,8 @@ async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
 async fn on_a_cluster_requests_of_many_slots_go_in_pipelines_and_stay_exact() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
-    let policy = fixed_window("spread", 5, Duration::from_secs(3600));
-    let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
-    let admitted =
-        admitted_per_key(&store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
     // 1,600 requests, 8 per key.
-    assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
+    each_of_200_keys_admits_5(&store, "spread").await;
     let stats = store.coalescing();
     assert_eq!(stats.requests, 1600, "{stats:?}");
     assert!(stats.mean_batch() > 1.5, "{stats:?}");
@@ -582,11 +578,7 @@ async fn on_a_cluster_without_functions_pipelines_go_by_script_and_stay_exact() 
         assert_eq!(reply.trim(), "OK");
     }
     let store = cluster_store(&cluster).await;
-    let policy = fixed_window("scripted", 5, Duration::from_secs(3600));
-    let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
-    let admitted =
-        admitted_per_key(&store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
-    assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
+    each_of_200_keys_admits_5(&store, "scripted").await;
     let evalsha: u64 = (0..3)
         .map(|node| {
             let stats = cluster.cli(node, &["INFO", "commandstats"]);
@@ -660,6 +652,16 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
 /// 64 tasks at once, each making `per_task` checks of cost 1, its `j`th on
 /// `keys[pick(task, j)]`, each expecting a decision: how many each key
 /// admitted.
+/// 200 keys under a fixed window of 5 an hour (named `name`), each checked
+/// 8 times from 64 tasks at once: each admits exactly 5.
+async fn each_of_200_keys_admits_5(store: &RedisStore, name: &str) {
+    let policy = fixed_window(name, 5, Duration::from_secs(3600));
+    let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
+    let admitted =
+        admitted_per_key(store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
+    assert!(admitted.iter().all(|&n| n == 5), "{name}: {admitted:?}");
+}
+
 async fn admitted_per_key(
     store: &RedisStore,
     policy: &Policy,

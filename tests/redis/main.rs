@@ -23,5 +23,6 @@ mod redis_cluster;
 mod redis_store;
 mod semaphore;
 mod settle;
+mod shared;
 mod sliding_log;
 mod testkit;

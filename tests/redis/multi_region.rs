@@ -40,6 +40,14 @@ impl Regions {
         Self::start_apart(sync, staleness, [0; 3]).await
     }
 
+    /// [`start`](Self::start), then waits until every region has heard
+    /// from every peer.
+    async fn start_fresh(sync: Duration, staleness: Duration) -> Regions {
+        let regions = Self::start(sync, staleness).await;
+        regions.wait_fresh().await;
+        regions
+    }
+
     /// Three regions whose script clocks read `T0 + ahead[i]` µs (one
     /// shared clock when they are all equal).
     async fn start_apart(sync: Duration, staleness: Duration, ahead: [u64; 3]) -> Regions {
@@ -324,8 +332,7 @@ async fn within_the_bound(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
     let sync = Duration::from_millis(20);
-    let regions = Regions::start(sync, Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, Duration::from_secs(2)).await;
     let limit = SHARED_LIMIT;
     let pick = |i: usize| match i % 10 {
         8 => 1,
@@ -345,8 +352,7 @@ async fn uneven_traffic_uses_the_shared_budget_within_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spaced_requests_admit_the_limit_exactly() {
     let sync = Duration::from_millis(10);
-    let regions = Regions::start(sync, Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, Duration::from_secs(2)).await;
     let limit = 12;
     let policy = fixed(limit);
     let admitted = traffic(
@@ -366,8 +372,7 @@ async fn spaced_requests_admit_the_limit_exactly() {
 /// algorithms whose state is not a count per window are refused clearly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let small = fixed(2);
     let large = named(
         "mr-large",
@@ -398,8 +403,7 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
 async fn a_partition_keeps_each_side_within_its_share_and_heals() {
     let sync = Duration::from_millis(20);
     let staleness = Duration::from_millis(200);
-    let regions = Regions::start(sync, staleness).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(sync, staleness).await;
     let limit = 99;
     let share = 33;
     let policy = fixed(limit);
@@ -543,8 +547,7 @@ async fn the_layer_works_unchanged_on_top() {
     use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
     use tower::{Layer, ServiceExt};
 
-    let mut regions = Regions::start(Duration::from_millis(10), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let mut regions = Regions::start_fresh(Duration::from_millis(10), Duration::from_secs(2)).await;
     let policy = fixed(4);
     let inner = ok_service();
     let layers: Vec<_> = regions
@@ -724,8 +727,8 @@ fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
     };
 
     let ((), recorded) = capture(false, || async {
-        let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(200)).await;
-        regions.wait_fresh().await;
+        let regions =
+            Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(200)).await;
         regions.isolate(0, Mode::Drop);
         let cut = Instant::now();
         while !regions.stores[0].peers().iter().all(|p| p.stale) {
@@ -817,6 +820,34 @@ async fn the_distributed_example_serves_three_regions() {
     assert!(passed[0] > 4, "{passed:?}");
 }
 
+/// The next step of a fixed pseudo-random timeline (xorshift), which
+/// `seed` keeps.
+fn next_seed(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// `store` decides `cost` on `key` as `expected` (as far as a caller
+/// sees); returns its decision.
+async fn assert_decides_as(
+    store: &MultiRegionStore,
+    key: &[u8],
+    policy: &Policy,
+    cost: u64,
+    expected: &Decision,
+    what: &str,
+) -> Decision {
+    let ours = store.check(key, policy, cost).await.expect("a decision");
+    assert_eq!(
+        ratelimit_tests::observable(&ours),
+        ratelimit_tests::observable(expected),
+        "{what}"
+    );
+    ours
+}
+
 /// Within one region (its peers idle), the store decides exactly as the
 /// single-region algorithm: a timeline of costs across window boundaries
 /// replayed on a `MemoryStore` and on one region gives the same decisions,
@@ -824,10 +855,8 @@ async fn the_distributed_example_serves_three_regions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_region_decides_as_the_single_region_algorithm() {
     use ratelimit_core::MemoryStore;
-    use ratelimit_tests::observable;
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let window = Duration::from_millis(1000);
     let policies = [
@@ -835,30 +864,21 @@ async fn one_region_decides_as_the_single_region_algorithm() {
         named("one-swc", Policy::sliding_window_counter(5, window)),
     ];
     // Steps of 37 to 411 ms, costs 0 to 3: a fixed pseudo-random timeline.
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut timeline: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut compared = 0;
     for _ in 0..120 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let seed = next_seed(&mut timeline);
         regions
             .clock
             .advance(Duration::from_millis(37 + seed % 375));
         let cost = (seed >> 20) % 4;
         for policy in &policies {
-            let ours = regions.stores[0]
-                .check(b"same", policy, cost)
-                .await
-                .expect("a decision");
             let reference = memory
                 .check(b"same", policy, cost)
                 .await
                 .expect("a decision");
-            assert_eq!(
-                observable(&ours),
-                observable(&reference),
-                "{policy:?} cost {cost}"
-            );
+            let what = format!("{policy:?} cost {cost}");
+            assert_decides_as(&regions.stores[0], b"same", policy, cost, &reference, &what).await;
             compared += 1;
         }
     }
@@ -908,13 +928,8 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     // them all.
     let started = Instant::now();
     for (i, chunk) in keys.chunks(1_500).enumerate() {
-        let checks: Vec<Check<'_>> = chunk
-            .iter()
-            .map(|k| Check::new(k.as_bytes(), &policy, 1))
-            .collect();
         let store = if i % 2 == 0 { &regions.stores[1] } else { &cut };
-        let decisions = store.check_all(&checks).await.expect("decisions");
-        assert!(decisions.iter().all(Decision::is_allowed));
+        admit_all(store, &policy, chunk, 1).await;
     }
     let done = Instant::now();
     // When the last count admitted landed in eu, watched meanwhile with peeks.
@@ -954,6 +969,21 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
     );
 }
 
+/// One `check_all` of every key of `keys` at `cost`, which admits them all.
+async fn admit_all(store: &MultiRegionStore, policy: &Policy, keys: &[String], cost: u64) {
+    let checks: Vec<Check<'_>> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), policy, cost))
+        .collect();
+    let decisions = store.check_all(&checks).await.expect("decisions");
+    assert!(
+        decisions.iter().all(Decision::is_allowed),
+        "{cost} on each of {} keys from {:?}: {decisions:?}",
+        keys.len(),
+        keys.first()
+    );
+}
+
 /// How many of `keys` still have budget in `store`, peeked at once (cost 0,
 /// 500 keys per call).
 async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[String]) -> usize {
@@ -974,8 +1004,7 @@ async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[Str
 /// neither: `eu` admits nothing more of a limit the cut-off instance spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_millis(300)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(300)).await;
     let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
     if let Some(proxy) = &proxies[0] {
         proxy.set_mode(Mode::Drop);
@@ -1001,10 +1030,8 @@ async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_change_under_one_name_keeps_what_was_counted() {
     use ratelimit_core::MemoryStore;
-    use ratelimit_tests::observable;
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let hour = Duration::from_secs(3600);
     let seven = Duration::from_secs(420);
@@ -1028,12 +1055,10 @@ async fn a_window_change_under_one_name_keeps_what_was_counted() {
             let mut admitted = 0;
             for _ in 0..6 {
                 regions.clock.advance(Duration::from_millis(300));
-                let ours = regions.stores[0]
-                    .check(key, policy, 1)
-                    .await
-                    .expect("a decision");
                 let reference = memory.check(key, policy, 1).await.expect("a decision");
-                assert_eq!(observable(&ours), observable(&reference), "{policy:?}");
+                let what = format!("{policy:?}");
+                let ours =
+                    assert_decides_as(&regions.stores[0], key, policy, 1, &reference, &what).await;
                 admitted += usize::from(ours.is_allowed());
             }
             let expected = if std::ptr::eq(policy, before) { 5 } else { 0 };
@@ -1128,8 +1153,7 @@ async fn a_peer_past_a_boundary_keeps_the_previous_window() {
 /// from `us` since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let slow = FaultProxy::start(regions.servers[1].addr());
     let (lost, _proxies) = regions
         .instance(1, Some(slow.redis_url()), Duration::from_millis(200))
@@ -1167,8 +1191,7 @@ async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
 /// leaves the hash's TTL at least as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_never_shortens_a_peers_ttl() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let hourly = fixed_window("mr-ttl", 5, Duration::from_secs(3600));
     let short = fixed_window("mr-ttl", 5, Duration::from_secs(60));
     assert!(
@@ -1206,10 +1229,8 @@ async fn a_decision_never_shortens_a_peers_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_reads_fields_as_counts_view_does() {
     use ratelimit_core::multi_region::counts::{self, Count};
-    use ratelimit_tests::observable;
 
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(60)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
     let ms = Duration::from_millis;
     let fixed_variants = [
         fixed_window("view-fw", 5, ms(1000)),
@@ -1232,12 +1253,10 @@ async fn the_script_reads_fields_as_counts_view_does() {
     }
     let since = Instant::now();
     regions.wait_heard_since(0, 1, since).await;
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut timeline: u64 = 0x2545_f491_4f6c_dd1d;
     let mut compared = 0;
     for _ in 0..150 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let seed = next_seed(&mut timeline);
         regions.clock.advance(ms(20 + seed % 300));
         let variants = if seed.is_multiple_of(2) {
             &fixed_variants
@@ -1263,15 +1282,8 @@ async fn the_script_reads_fields_as_counts_view_does() {
         let share = counts::conservative_share(policy.limit(), 3);
         let (start, global) = counts::view("eu", &counts, window, now, &[], share);
         let expected = counts::decide(policy, start, now, cost, global).expect("supported");
-        let ours = regions.stores[0]
-            .check(b"view", policy, cost)
-            .await
-            .expect("a decision");
-        assert_eq!(
-            observable(&ours),
-            observable(&expected),
-            "{policy:?} cost {cost} at {now}: {counts:?}"
-        );
+        let what = format!("{policy:?} cost {cost} at {now}: {counts:?}");
+        assert_decides_as(&regions.stores[0], b"view", policy, cost, &expected, &what).await;
         compared += 1;
     }
     assert_eq!(compared, 150);
@@ -1353,15 +1365,7 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
     let keys: Vec<String> = (0..70_000).map(|i| format!("c{i}")).collect();
     let started = Instant::now();
     for chunk in keys.chunks(1_000) {
-        let checks: Vec<Check<'_>> = chunk
-            .iter()
-            .map(|k| Check::new(k.as_bytes(), &policy, 3))
-            .collect();
-        let decisions = regions.stores[1]
-            .check_all(&checks)
-            .await
-            .expect("decisions");
-        assert!(decisions.iter().all(Decision::is_allowed));
+        admit_all(&regions.stores[1], &policy, chunk, 3).await;
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "admitting took over a minute"
@@ -1383,19 +1387,11 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
 /// restarted refuses the clients `us` spent before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_lost_its_data_gets_everything_again() {
-    let mut regions = Regions::start(Duration::from_millis(20), Duration::from_millis(500)).await;
-    regions.wait_fresh().await;
+    let mut regions =
+        Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(500)).await;
     let policy = fixed(3);
     let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
-    let checks: Vec<Check<'_>> = keys
-        .iter()
-        .map(|k| Check::new(k.as_bytes(), &policy, 3))
-        .collect();
-    let decisions = regions.stores[1]
-        .check_all(&checks)
-        .await
-        .expect("decisions");
-    assert!(decisions.iter().all(Decision::is_allowed));
+    admit_all(&regions.stores[1], &policy, &keys, 3).await;
     let done = Instant::now();
     regions.wait_heard_since(0, 1, done).await;
     assert_eq!(
@@ -1429,8 +1425,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
 /// counts with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
-    regions.wait_fresh().await;
+    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let policy = fixed(1);
     assert_eq!(regions.servers[0].cli(&["SCRIPT", "FLUSH"]), "OK");
     let keys: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();

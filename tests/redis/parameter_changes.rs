@@ -508,16 +508,22 @@ fn guarantee(
             // In flight when it was admitted, permits from before the
             // change included.
             Family::Concurrency => {
-                let held: u64 = admitted
-                    .iter()
-                    .filter(|p| p.at <= a.at && a.at < p.until)
-                    .map(|p| p.cost)
-                    .sum();
+                let held = held_at(admitted, a.at);
                 prop_assert!(held <= limit, "{} held at {}", held, a.at);
             }
         }
     }
     Ok(())
+}
+
+/// The units of `admitted` in flight at `at` (admitted by then, their
+/// lease not yet over).
+fn held_at(admitted: &[Admission], at: u64) -> u64 {
+    admitted
+        .iter()
+        .filter(|p| p.at <= at && at < p.until)
+        .map(|p| p.cost)
+        .sum()
 }
 
 /// The runtime the property tests drive both stores on.
@@ -722,11 +728,7 @@ fn tightened_guarantee(
         }
         Family::Concurrency => {
             for a in admitted.iter().filter(|a| is_after(a)) {
-                let held: u64 = admitted
-                    .iter()
-                    .filter(|p| p.at <= a.at && a.at < p.until)
-                    .map(|p| p.cost)
-                    .sum();
+                let held = held_at(admitted, a.at);
                 prop_assert!(held <= limit, "{} held at {}", held, a.at);
             }
         }

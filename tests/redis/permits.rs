@@ -141,11 +141,23 @@ fn semaphore(max: u64) -> Policy {
     named("sem", Policy::concurrency(max, Duration::from_secs(3600)))
 }
 
-#[tokio::test]
-async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
+/// A primary of high-bit permits, a `FallbackStore` over it, and a
+/// semaphore of `max`.
+fn fallback_over_high_bits(
+    max: u64,
+) -> (
+    HighBitPermits,
+    FallbackStore<HighBitPermits, MemoryStore>,
+    Policy,
+) {
     let primary = HighBitPermits::new();
     let store = primary.behind_fallback();
-    let policy = semaphore(1);
+    (primary, store, semaphore(max))
+}
+
+#[tokio::test]
+async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
+    let (primary, store, policy) = fallback_over_high_bits(1);
     for round in 0..3 {
         let d = store.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed(), "round {round}: the permit leaked: {d:?}");
@@ -172,9 +184,7 @@ async fn fallback_releases_a_primary_permit_to_the_primary_whatever_its_id() {
 
 #[tokio::test]
 async fn fallback_releases_its_own_permits_locally_and_never_to_the_primary() {
-    let primary = HighBitPermits::new();
-    let store = primary.behind_fallback();
-    let policy = semaphore(1);
+    let (primary, store, policy) = fallback_over_high_bits(1);
     // A permit of the primary, held across the outage.
     let held = store.check(b"k", &policy, 1).await.unwrap();
     primary.down.store(true, Ordering::SeqCst);
@@ -561,21 +571,50 @@ fn streaming<St: Store + Clone>(
     (layer.layer(inner), senders)
 }
 
-/// One request through `service`: its response, whose body holds the
-/// request's permit while it lives.
-async fn request<S>(service: &S) -> Streaming
-where
+/// A service as [`streaming`] builds it.
+trait StreamingService:
+    tower::Service<
+        http::Request<&'static str>,
+        Response = Streaming,
+        Error = std::convert::Infallible,
+    > + Clone
+{
+}
+
+impl<S> StreamingService for S where
     S: tower::Service<
             http::Request<&'static str>,
             Response = Streaming,
             Error = std::convert::Infallible,
-        > + Clone,
+        > + Clone
 {
+}
+
+/// One request through `service`: its response, whose body holds the
+/// request's permit while it lives.
+async fn request(service: &impl StreamingService) -> Streaming {
     service
         .clone()
         .oneshot(http::Request::new(""))
         .await
         .unwrap()
+}
+
+/// Under a max of 1, with the first request's body still streaming: a
+/// second request is refused at each of `at` after `start`.
+async fn assert_a_second_is_refused_at(
+    service: &impl StreamingService,
+    start: tokio::time::Instant,
+    at: &[Duration],
+) {
+    for at in at {
+        tokio::time::sleep_until(start + *at).await;
+        assert_eq!(
+            request(service).await.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "at {at:?}: two in flight under a max of 1"
+        );
+    }
 }
 
 /// A concurrency policy of `max` leased for `lease`.
@@ -594,14 +633,8 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_memory() {
     let (service, _senders) = streaming(store, policy, Mode::Reject);
     let first = request(&service).await;
     assert_eq!(first.status(), http::StatusCode::OK);
-    for at in [31, 300] {
-        tokio::time::sleep_until(t0 + Duration::from_secs(at)).await;
-        assert_eq!(
-            request(&service).await.status(),
-            http::StatusCode::TOO_MANY_REQUESTS,
-            "at {at} s: two in flight under a max of 1"
-        );
-    }
+    let at = [31, 300].map(Duration::from_secs);
+    assert_a_second_is_refused_at(&service, t0, &at).await;
     drop(first);
     assert_eq!(request(&service).await.status(), http::StatusCode::OK);
 }
@@ -763,14 +796,8 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
     let first = request(&service).await;
     assert_eq!(first.status(), http::StatusCode::OK);
     let started = tokio::time::Instant::now();
-    for at in [2_400, 4_500] {
-        tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-        assert_eq!(
-            request(&service).await.status(),
-            http::StatusCode::TOO_MANY_REQUESTS,
-            "at {at} ms: two in flight under a max of 1"
-        );
-    }
+    let at = [2_400, 4_500].map(Duration::from_millis);
+    assert_a_second_is_refused_at(&service, started, &at).await;
     drop(first);
     // The release is sent on the runtime: look until it has landed, for a
     // second (a real server on a loaded machine), well before the lease,
@@ -796,9 +823,7 @@ async fn a_body_streaming_past_its_lease_still_holds_its_permit_in_redis() {
 /// would fail).
 #[tokio::test]
 async fn fallback_renews_each_permit_in_the_store_that_issued_it() {
-    let primary = HighBitPermits::new();
-    let store = primary.behind_fallback();
-    let policy = semaphore(2);
+    let (primary, store, policy) = fallback_over_high_bits(2);
     let held = store.check(b"k", &policy, 1).await.unwrap();
     let held = held.permit().unwrap();
     assert!(store.renew(b"k", &policy, held).await.unwrap());

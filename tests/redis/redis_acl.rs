@@ -161,6 +161,14 @@ fn policies() -> Vec<Policy> {
     long_policies(2)
 }
 
+/// The policy of [`policies`] whose algorithm is `kind`.
+fn policy_of(kind: &str) -> Policy {
+    policies()
+        .into_iter()
+        .find(|p| p.algorithm().kind() == kind)
+        .unwrap_or_else(|| panic!("no {kind} policy"))
+}
+
 /// Why an operation failed.
 #[derive(Debug)]
 enum Failure {
@@ -200,13 +208,20 @@ async fn check_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(),
     Ok(())
 }
 
-/// A permit taken, released, and taken again.
-async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+/// One unit of a semaphore of 2 taken: its permit.
+async fn acquire(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+) -> Result<ratelimit_core::PermitId, Failure> {
     let d = store.check(key, policy, 1).await?;
     expect("acquire", &d, true, 1)?;
-    let permit = d
-        .permit()
-        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    d.permit().ok_or_else(|| Failure::Wrong("no permit".into()))
+}
+
+/// A permit taken, released, and taken again.
+async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let permit = acquire(store, key, policy).await?;
     store.release(key, policy, permit).await?;
     let again = store.check(key, policy, 2).await?;
     expect("after release", &again, true, 0)?;
@@ -215,11 +230,7 @@ async fn release_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(
 
 /// A permit taken and renewed; once released, its renewal finds nothing.
 async fn renew_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
-    let d = store.check(key, policy, 1).await?;
-    expect("acquire", &d, true, 1)?;
-    let permit = d
-        .permit()
-        .ok_or_else(|| Failure::Wrong("no permit".into()))?;
+    let permit = acquire(store, key, policy).await?;
     if !store.renew(key, policy, permit).await? {
         return Err(Failure::Wrong("a held permit was not renewed".into()));
     }
@@ -287,10 +298,7 @@ async fn exercise_node(
     round: &str,
 ) -> Vec<(String, Result<(), Failure>)> {
     let mut report = exercise(store, round).await;
-    let policy = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "concurrency")
-        .unwrap();
+    let policy = policy_of("concurrency");
     let key = format!("{round}-old");
     let state_key = store.state_key(key.as_bytes(), &policy);
     let now = std::time::SystemTime::now()
@@ -307,10 +315,7 @@ async fn exercise_node(
     .await;
     report.push(("check an old semaphore".to_owned(), result));
     // A block of a key that holds a state, whose TTL it keeps.
-    let gcra = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "gcra")
-        .unwrap();
+    let gcra = policy_of("gcra");
     let key = format!("{round}-blocked");
     let result = async {
         store.check(key.as_bytes(), &gcra, 1).await?;
@@ -332,10 +337,7 @@ async fn exercise_node(
     .await;
     report.push(("penalize".to_owned(), result));
     // A settlement of two limits, which remembers its id beside each state.
-    let window = policies()
-        .into_iter()
-        .find(|p| p.algorithm().kind() == "fixed-window")
-        .unwrap();
+    let window = policy_of("fixed-window");
     let key = format!("{round}-settled");
     let result = async {
         let checks = [

@@ -28,38 +28,29 @@ const HOUR: Duration = Duration::from_secs(3600);
 async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact() {
     let cluster = RedisCluster::start();
     let call_timeout = Duration::from_secs(1);
-    let store = build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await;
+    let store = store_timing_out_after(&cluster, call_timeout).await;
     let limit = 40;
     let policy = fixed_window("moving", limit, HOUR);
     let key = store.state_key(b"hot", &policy);
     let slot = cluster_slot(key.as_bytes());
-    let source = cluster.master_of(slot);
-    let target = (source + 1) % 3;
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]).trim().to_owned())
-        .collect();
-    let slot_arg = slot.to_string();
+    let slot_move = SlotMove::of(&cluster, slot);
+    let target = slot_move.target;
     let mut admitted = 0;
     for _ in 0..10 {
         admitted += u64::from(admits(&store, b"hot", &policy).await);
     }
     assert_eq!(admitted, 10);
 
-    let setslot = |node: usize, state: &str, other: usize| {
-        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-        assert_eq!(reply.trim(), "OK", "SETSLOT {state} on node {node}");
-    };
-    setslot(target, "IMPORTING", source);
-    setslot(source, "MIGRATING", target);
+    slot_move.begin();
     // A command on one key the source lacks (the unblock's DEL of the block
     // key) is asked of the target, which serves it.
     store.unblock(b"hot", &policy).await.unwrap();
     let port = cluster.nodes()[target].port().to_string();
     let migrated = cluster.cli(
-        source,
+        slot_move.source,
         &["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &key],
     );
-    assert_eq!(migrated.trim(), "OK");
+    assert_eq!(migrated, "OK");
 
     // Decisions while the slot is half moved: they wait out `TRYAGAIN`
     // until the slot has its new owner, then follow `MOVED`.
@@ -71,9 +62,7 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(30)).await;
-    for node in [target, source, 3 - target - source] {
-        setslot(node, "NODE", target);
-    }
+    slot_move.finish();
     for call in during {
         let decision = call.await.unwrap().expect("a decision during the move");
         admitted += u64::from(decision.is_allowed());
@@ -100,26 +89,13 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let store = cluster_store(&cluster).await;
     let policy = fixed_window("moved-once", 100, HOUR);
     let slot = cluster_slot(store.state_key(b"mover", &policy).as_bytes());
-    let source = cluster.master_of(slot);
-    let target = (source + 1) % 3;
+    let slot_move = SlotMove::of(&cluster, slot);
+    let (source, target) = (slot_move.source, slot_move.target);
     // Warm: both connections open, the functions loaded on every master.
     assert!(admits(&store, b"warm", &policy).await);
     store.ping().await.unwrap();
-    let target_id = cluster.cli(target, &["CLUSTER", "MYID"]);
-    for node in [source, target, 3 - source - target] {
-        let reply = cluster.cli(
-            node,
-            &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &target_id],
-        );
-        assert_eq!(reply, "OK", "SETSLOT on node {node}");
-    }
-    let moved = || {
-        let stats = cluster.cli(source, &["INFO", "errorstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
-            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
-    };
+    slot_move.finish();
+    let moved = || errors(&cluster, source, "MOVED");
     let before = moved();
     for i in 0..20 {
         let d = store
@@ -147,7 +123,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
 async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_keep_deciding() {
     let mut cluster = RedisCluster::start();
     let call_timeout = Duration::from_secs(1);
-    let store = build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await;
+    let store = store_timing_out_after(&cluster, call_timeout).await;
     let policy = fixed_window("stopped", 5, HOUR);
     let users: Vec<String> = (0..3)
         .map(|node| {
@@ -577,6 +553,79 @@ async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
     .await;
 }
 
+/// A store on `cluster` whose calls time out after `call_timeout`.
+async fn store_timing_out_after(cluster: &RedisCluster, call_timeout: Duration) -> RedisStore {
+    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await
+}
+
+/// A slot moved by hand from its master (`source`) to the next one
+/// (`target`): `CLUSTER SETSLOT ... IMPORTING` and `MIGRATING`, a `MIGRATE`
+/// of one key at a time, then `SETSLOT ... NODE` on every master.
+struct SlotMove<'a> {
+    cluster: &'a RedisCluster,
+    slot: u16,
+    source: usize,
+    target: usize,
+    /// Every node's id (`CLUSTER MYID`).
+    ids: Vec<String>,
+}
+
+impl<'a> SlotMove<'a> {
+    /// The move of `slot` to the master after its own; nothing sent yet.
+    fn of(cluster: &'a RedisCluster, slot: u16) -> SlotMove<'a> {
+        let source = cluster.master_of(slot);
+        let ids = (0..3)
+            .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+            .collect();
+        SlotMove {
+            cluster,
+            slot,
+            source,
+            target: (source + 1) % 3,
+            ids,
+        }
+    }
+
+    fn setslot(&self, node: usize, state: &str, other: usize) {
+        let slot = self.slot.to_string();
+        let reply = self.cluster.cli(
+            node,
+            &["CLUSTER", "SETSLOT", &slot, state, &self.ids[other]],
+        );
+        assert_eq!(reply, "OK", "SETSLOT {} {state} on node {node}", self.slot);
+    }
+
+    /// The slot half moved: importing on the target, migrating on the
+    /// source.
+    fn begin(&self) {
+        self.setslot(self.target, "IMPORTING", self.source);
+        self.setslot(self.source, "MIGRATING", self.target);
+    }
+
+    /// `MIGRATE`s the key `state` to the target; returns the reply.
+    fn migrate_reply(&self, state: &str) -> String {
+        let port = self.cluster.nodes()[self.target].port().to_string();
+        self.cluster.cli(
+            self.source,
+            &["MIGRATE", "127.0.0.1", &port, state, "0", "5000"],
+        )
+    }
+
+    /// `MIGRATE`s the key `state` to the target, which must take it.
+    fn migrate(&self, state: &str) {
+        let reply = self.migrate_reply(state);
+        assert_eq!(reply, "OK", "MIGRATE {state}");
+    }
+
+    /// The slot given to the target on every master.
+    fn finish(&self) {
+        let (source, target) = (self.source, self.target);
+        for node in [target, source, 3 - target - source] {
+            self.setslot(node, "NODE", target);
+        }
+    }
+}
+
 /// `n` user keys whose state keys under `policy` hash to `slot`.
 fn keys_in_slot(
     store: &RedisStore,
@@ -607,23 +656,22 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     let cluster = RedisCluster::start();
-    let store =
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
-            .await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let limit = 2;
     let policy = fixed_window("resharded", limit, HOUR);
     let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let source = cluster.master_of(first);
-    let target = (source + 1) % 3;
     let second = (0..16_384u16)
         .map(|s| (first + 1 + s) % 16_384)
         .find(|&s| cluster.master_of(s) == source)
         .expect("another slot of the source");
     let mut keys = keys_in_slot(&store, &policy, first, 8);
     keys.extend(keys_in_slot(&store, &policy, second, 8));
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
-        .collect();
+    let moves = [
+        SlotMove::of(&cluster, first),
+        SlotMove::of(&cluster, second),
+    ];
+    let target = moves[0].target;
 
     let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
     let errors = Arc::new(AtomicU64::new(0));
@@ -652,35 +700,25 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let port = cluster.nodes()[target].port().to_string();
-    for slot in [first, second] {
-        let slot_arg = slot.to_string();
-        let setslot = |node: usize, state: &str, other: usize| {
-            let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-            assert_eq!(reply, "OK", "SETSLOT {slot} {state} on node {node}");
-        };
-        setslot(target, "IMPORTING", source);
-        setslot(source, "MIGRATING", target);
+    for slot_move in &moves {
+        slot_move.begin();
         let in_slot: Vec<&String> = keys
             .iter()
-            .filter(|k| cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes()) == slot)
+            .filter(|k| {
+                cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes()) == slot_move.slot
+            })
             .collect();
         for key in in_slot {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let state = store.state_key(key.as_bytes(), &policy);
-            let migrated = cluster.cli(
-                source,
-                &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
-            );
+            let migrated = slot_move.migrate_reply(&state);
             assert!(
                 migrated == "OK" || migrated == "NOKEY",
                 "MIGRATE {state}: {migrated}"
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-        for node in [target, source, 3 - target - source] {
-            setslot(node, "NODE", target);
-        }
+        slot_move.finish();
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.store(true, Ordering::Relaxed);
@@ -694,11 +732,11 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
             "{key} admitted {admitted}, limit {limit}"
         );
         let state = store.state_key(key.as_bytes(), &policy);
-        let slot = cluster_slot(state.as_bytes());
-        let copies: Vec<usize> = (0..3)
-            .filter(|&node| keys_of_slot_on(&cluster, node, slot).contains(&state))
-            .collect();
-        assert_eq!(copies, [target], "{state} lives on");
+        assert_eq!(
+            nodes_holding(&cluster, &state),
+            [target],
+            "{state} lives on"
+        );
     }
     assert_eq!(cluster.master_of(first), target);
     assert_eq!(cluster.master_of(second), target);
@@ -712,37 +750,21 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
     let cluster = RedisCluster::start();
-    let store =
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
-            .await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let policy = fixed_window("first-moved", 1, HOUR);
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 4);
     for key in &keys {
         assert!(admits(&store, key.as_bytes(), &policy).await, "{key}");
     }
-    let source = cluster.master_of(slot);
-    let target = (source + 1) % 3;
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
-        .collect();
-    let slot_arg = slot.to_string();
-    let setslot = |node: usize, state: &str, other: usize| {
-        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
-    };
-    setslot(target, "IMPORTING", source);
-    setslot(source, "MIGRATING", target);
-    let port = cluster.nodes()[target].port().to_string();
+    let slot_move = SlotMove::of(&cluster, slot);
+    let (source, target) = (slot_move.source, slot_move.target);
+    slot_move.begin();
     let states: Vec<String> = keys
         .iter()
         .map(|k| store.state_key(k.as_bytes(), &policy))
         .collect();
-    let migrate = |state: &str| {
-        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, state, "0", "5000"]);
-        assert_eq!(reply, "OK", "MIGRATE {state}");
-    };
-    migrate(&states[2]);
+    slot_move.migrate(&states[2]);
     // The first two go alone and fill the slot's lane; the last two wait
     // and go as one batch, the moved key first.
     let calls: Vec<Boxed<Result<ratelimit_core::Decision, StoreError>>> = keys
@@ -756,11 +778,9 @@ async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
     // The target holds the moved key alone.
     assert_eq!(keys_of_slot_on(&cluster, target, slot), [states[2].clone()]);
     for state in [&states[0], &states[1], &states[3]] {
-        migrate(state);
+        slot_move.migrate(state);
     }
-    for node in [target, source, 3 - target - source] {
-        setslot(node, "NODE", target);
-    }
+    slot_move.finish();
     for key in &keys {
         assert!(!admits(&store, key.as_bytes(), &policy).await, "{key}");
     }
@@ -778,15 +798,13 @@ async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
     let cluster = RedisCluster::start();
-    let store =
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
-            .await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let limit = 10;
     let policy = fixed_window("piped", limit, HOUR);
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
     let moving = slot_of("k0");
-    let source = cluster.master_of(moving);
-    let target = (source + 1) % 3;
+    let slot_move = SlotMove::of(&cluster, moving);
+    let (source, target) = (slot_move.source, slot_move.target);
     // The moving slot's two keys, then six keys of other slots of the source.
     let mut keys = keys_in_slot(&store, &policy, moving, 2);
     keys.extend(
@@ -804,22 +822,8 @@ async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
         .iter()
         .map(|k| store.state_key(k.as_bytes(), &policy))
         .collect();
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
-        .collect();
-    let slot_arg = moving.to_string();
-    let setslot = |node: usize, state: &str, other: usize| {
-        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
-    };
-    let port = cluster.nodes()[target].port().to_string();
-    let migrate = |state: &str| {
-        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, state, "0", "5000"]);
-        assert_eq!(reply, "OK", "MIGRATE {state}");
-    };
-    setslot(target, "IMPORTING", source);
-    setslot(source, "MIGRATING", target);
-    migrate(&states[0]);
+    slot_move.begin();
+    slot_move.migrate(&states[0]);
     let tryagain = || errors(&cluster, source, "TRYAGAIN");
     let (before, tryagain_before) = (store.coalescing(), tryagain());
 
@@ -848,20 +852,19 @@ async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
     );
     assert!(tryagain() > tryagain_before, "no call met TRYAGAIN");
 
-    migrate(&states[1]);
-    for node in [target, source, 3 - target - source] {
-        setslot(node, "NODE", target);
-    }
+    slot_move.migrate(&states[1]);
+    slot_move.finish();
     // The key checked twice in the round counts 3; every other, 2.
     for (i, key) in keys.iter().enumerate() {
         let spent = if i == 7 { 3 } else { 2 };
         let peek = store.check(key.as_bytes(), &policy, 0).await.unwrap();
         assert_eq!(peek.remaining(), limit - spent, "{key}: {peek:?}");
         let home = if i < 2 { target } else { source };
-        let copies: Vec<usize> = (0..3)
-            .filter(|&node| keys_of_slot_on(&cluster, node, slot_of(key)).contains(&states[i]))
-            .collect();
-        assert_eq!(copies, [home], "{key} lives on");
+        assert_eq!(
+            nodes_holding(&cluster, &states[i]),
+            [home],
+            "{key} lives on"
+        );
     }
 }
 
@@ -874,6 +877,18 @@ fn errors(cluster: &RedisCluster, node: usize, code: &str) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// The nodes that hold the key `state` (in its slot, whoever owns it).
+fn nodes_holding(cluster: &RedisCluster, state: &str) -> Vec<usize> {
+    let slot = cluster_slot(state.as_bytes());
+    (0..3)
+        .filter(|&node| {
+            keys_of_slot_on(cluster, node, slot)
+                .iter()
+                .any(|k| k == state)
+        })
+        .collect()
 }
 
 /// The keys node `node` holds in `slot`, whoever owns it, sorted.
@@ -898,9 +913,7 @@ async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothi
     use ratelimit_core::Check;
 
     let cluster = RedisCluster::start();
-    let store =
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
-            .await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let spent = fixed_window("half-spent", 1, HOUR);
     let spare = fixed_window("half-spare", 100, HOUR);
     let checks = [
@@ -915,24 +928,10 @@ async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothi
     );
     let slot = cluster_slot(spent_key.as_bytes());
     assert_eq!(slot, cluster_slot(spare_key.as_bytes()));
-    let source = cluster.master_of(slot);
-    let target = (source + 1) % 3;
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
-        .collect();
-    let slot_arg = slot.to_string();
-    let setslot = |node: usize, state: &str, other: usize| {
-        let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-        assert_eq!(reply, "OK", "SETSLOT {state} on node {node}");
-    };
-    setslot(target, "IMPORTING", source);
-    setslot(source, "MIGRATING", target);
-    let port = cluster.nodes()[target].port().to_string();
-    let migrate = |key: &str| {
-        let reply = cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
-        assert_eq!(reply, "OK", "MIGRATE {key}");
-    };
-    migrate(&spare_key);
+    let slot_move = SlotMove::of(&cluster, slot);
+    let (source, target) = (slot_move.source, slot_move.target);
+    slot_move.begin();
+    slot_move.migrate(&spare_key);
     // Six requests at once: two go alone, four in a batch, all meet
     // `TRYAGAIN` while the spent limit's key is still on the source.
     let calls: Vec<_> = (0..6)
@@ -948,10 +947,8 @@ async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothi
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    migrate(&spent_key);
-    for node in [target, source, 3 - target - source] {
-        setslot(node, "NODE", target);
-    }
+    slot_move.migrate(&spent_key);
+    slot_move.finish();
     for call in calls {
         let decisions = call.await.unwrap().expect("decided once the slot moved");
         assert!(!decisions[0].is_allowed(), "{decisions:?}");

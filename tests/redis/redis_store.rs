@@ -17,7 +17,8 @@ use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, SLACK,
     admit_exactly_the_limit, admits, build, cluster_store, decide_through_a_restart, long_policies,
-    named, observable, pooled, redis_store, small_policies, twin_stores, twins_at,
+    named, observable, pooled, redis_store, redis_store_on_clock, small_policies, twin_stores,
+    twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -885,12 +886,7 @@ async fn untagged_states_from_before_tags_count_on() {
     const HOUR: u64 = 3_600_000_000;
     let server = RedisServer::start();
     let now = 1_763_000_000_000_001;
-    let redis = build(
-        RedisStore::builder(server.url())
-            .script_clock_for_tests(ManualClock::new(now))
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let redis = redis_store_on_clock(server.url(), &ManualClock::new(now)).await;
     let window = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
     let gcra = Policy::gcra(5, Rate::per_hour(1)).unwrap();
     let untagged = [
@@ -948,12 +944,7 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
     // A fixed clock: both requests land in the same microsecond, so the
     // refunded request shares the log's only entry.
     let clock = ManualClock::new(1_763_000_000_000_001);
-    let store = build(
-        RedisStore::cluster_builder(cluster.urls())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = crate::shared::cluster_store_on_clock(&cluster, &clock).await;
     let per_user = named(
         "refund-log",
         Policy::sliding_window_log(5, Duration::from_secs(60)),
@@ -992,12 +983,7 @@ async fn a_cross_slot_refund_keeps_the_sliding_log_ttl() {
 async fn a_cross_slot_refund_sent_again_gives_back_once() {
     let server = RedisServer::start();
     let clock = ManualClock::new(NOW_MICROS);
-    let store = build(
-        RedisStore::builder(server.url())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let store = redis_store_on_clock(server.url(), &clock).await;
     let hour = Duration::from_secs(3600);
     let window = named("aba-window", Policy::fixed_window(2, hour));
     let log = named("aba-log", Policy::sliding_window_log(2, hour));

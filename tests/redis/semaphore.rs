@@ -75,6 +75,19 @@ async fn check_both(
     (m, permits)
 }
 
+/// A check of a random cost (0 to the max) on both stores, which must
+/// answer alike; the permits taken, if any.
+async fn check_random(
+    memory: &MemoryStore<ManualClock>,
+    redis: &RedisStore,
+    policy: &Policy,
+    rng: &mut Rng,
+    what: &str,
+) -> Option<(PermitId, PermitId)> {
+    let cost = rng.below(policy.limit() + 1);
+    check_both(memory, redis, policy, cost, what).await.1
+}
+
 /// After each random step: the key never holds more than 8 entries, and
 /// every fifth step its state and TTL are checked whole.
 fn audit(server: &RedisServer, key: &str, step: u64, what: &str) {
@@ -97,6 +110,41 @@ async fn release_both(
     check_both(memory, redis, policy, 0, &format!("{what}, released")).await;
 }
 
+/// One name under four maxes and leases, switched between calls by the
+/// random tests.
+fn changing_policies() -> [Policy; 4] {
+    [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)].map(|(max, lease)| {
+        named(
+            "sem",
+            Policy::concurrency(max, Duration::from_micros(lease)),
+        )
+    })
+}
+
+/// A random id no store issued, as both stores' permit.
+fn unknown(rng: &mut Rng) -> (PermitId, PermitId) {
+    let id = PermitId(u128::from(rng.next_u64()) << 64 | 1);
+    (id, id)
+}
+
+/// Step `step` of a random test: moves `clock` on by a random amount (past
+/// every lease one time in 20, not at all one time in 20, else by less than
+/// 300 µs), then picks one of `policies`; returns it and the step's name.
+fn random_step<'a>(
+    clock: &ManualClock,
+    rng: &mut Rng,
+    policies: &'a [Policy],
+    step: u64,
+) -> (&'a Policy, String) {
+    clock.advance(Duration::from_micros(match rng.below(20) {
+        0 => 2_500 + rng.below(3_000),
+        1 => 0,
+        _ => rng.below(300),
+    }));
+    let policy = &policies[rng.index(policies.len())];
+    (policy, format!("step {step}, max {}", policy.limit()))
+}
+
 /// Leases that expire none, some or all at a time, releases of held,
 /// expired, released and unknown ids, under a max and a lease that change
 /// between calls (one name): both stores decide alike, every call drops the
@@ -105,20 +153,12 @@ async fn release_both(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let us = Duration::from_micros;
-    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
-        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let policies = changing_policies();
     let key = redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(1313);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     for step in 0..1_000 {
-        clock.advance(us(match rng.below(20) {
-            0 => 2_500 + rng.below(3_000),
-            1 => 0,
-            _ => rng.below(300),
-        }));
-        let policy = &policies[rng.index(policies.len())];
-        let what = format!("step {step}, max {}", policy.limit());
+        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
         match rng.below(20) {
             0..=4 if !held.is_empty() => {
                 // Held, expired, or released already.
@@ -126,13 +166,9 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
                 release_both(&memory, &redis, policy, permits, &what).await;
             }
             5 => {
-                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
-                release_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+                release_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
-            _ => {
-                let cost = rng.below(policy.limit() + 1);
-                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
-            }
+            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
         }
         audit(&server, &key, step, &what);
     }
@@ -405,21 +441,13 @@ async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_among_random_checks_and_releases_decide_as_memory() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let us = Duration::from_micros;
-    let policies = [(3, 1_000), (5, 400), (2, 2_500), (8, 1_000)]
-        .map(|(max, lease)| named("sem", Policy::concurrency(max, us(lease))));
+    let policies = changing_policies();
     let key = redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(2626);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     let mut renewed = 0;
     for step in 0..1_000 {
-        clock.advance(us(match rng.below(20) {
-            0 => 2_500 + rng.below(3_000),
-            1 => 0,
-            _ => rng.below(300),
-        }));
-        let policy = &policies[rng.index(policies.len())];
-        let what = format!("step {step}, max {}", policy.limit());
+        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
         match rng.below(20) {
             0..=2 if !held.is_empty() => {
                 let permits = held[rng.index(held.len())];
@@ -434,13 +462,9 @@ async fn renewals_among_random_checks_and_releases_decide_as_memory() {
                 }
             }
             10 => {
-                let unknown = PermitId(u128::from(rng.next_u64()) << 64 | 1);
-                renew_both(&memory, &redis, policy, (unknown, unknown), &what).await;
+                renew_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
             }
-            _ => {
-                let cost = rng.below(policy.limit() + 1);
-                held.extend(check_both(&memory, &redis, policy, cost, &what).await.1);
-            }
+            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
         }
         audit(&server, &key, step, &what);
     }

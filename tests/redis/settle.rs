@@ -21,9 +21,11 @@ use ratelimit_core::{
     Store, StoreError,
 };
 use ratelimit_tests::{
-    Boxed, CALL_TIMEOUT, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot,
-    named, observable, small_policies,
+    Boxed, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot, named, observable,
+    redis_store_on_clock, small_policies,
 };
+
+use crate::shared::cluster_store_on_clock;
 
 /// Whatever a store answered, as the stores are compared.
 type Answer = Result<Vec<Observed>, String>;
@@ -46,18 +48,8 @@ impl Stores {
     async fn new(server: &RedisServer, cluster: &RedisCluster) -> Stores {
         let clock = ManualClock::new(NOW_MICROS);
         let memory = MemoryStore::builder().clock(clock.clone()).build();
-        let single = build(
-            RedisStore::builder(server.url())
-                .script_clock_for_tests(clock.clone())
-                .call_timeout(CALL_TIMEOUT),
-        )
-        .await;
-        let cluster = build(
-            RedisStore::cluster_builder(cluster.urls())
-                .script_clock_for_tests(clock.clone())
-                .call_timeout(CALL_TIMEOUT),
-        )
-        .await;
+        let single = redis_store_on_clock(server.url(), &clock).await;
+        let cluster = cluster_store_on_clock(cluster, &clock).await;
         Stores {
             clock,
             memory,
@@ -247,12 +239,7 @@ async fn a_debt_is_waited_out_on_both_stores() {
     let server = RedisServer::start();
     let clock = ManualClock::new(NOW_MICROS);
     let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = build(
-        RedisStore::builder(server.url())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let redis = redis_store_on_clock(server.url(), &clock).await;
     let policy = named(
         "tokens",
         Policy::token_bucket(1_000, Rate::per_minute(1_000)),
@@ -415,13 +402,8 @@ async fn concurrent_reservations_admit_nothing_beyond_the_documented_debt() {
     let cluster = RedisCluster::start();
     let clock = ManualClock::new(NOW_MICROS);
     let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let on_clock = |builder: ratelimit_core::redis::RedisStoreBuilder| {
-        builder
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT)
-    };
-    let single = build(on_clock(RedisStore::builder(server.url()))).await;
-    let on_cluster = build(on_clock(RedisStore::cluster_builder(cluster.urls()))).await;
+    let single = redis_store_on_clock(server.url(), &clock).await;
+    let on_cluster = cluster_store_on_clock(&cluster, &clock).await;
     contend(Arc::new(memory), true).await;
     contend(Arc::new(single), true).await;
     contend(Arc::new(on_cluster), false).await;

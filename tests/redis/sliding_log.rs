@@ -272,6 +272,17 @@ fn old_members(entries: &[(u64, u64)], with_sums: bool) -> Vec<(String, String)>
         .collect()
 }
 
+/// The sliding log of 10 a minute, named `name`, that the tests of the
+/// previous layout write, and its window in µs.
+fn old_layout_log(name: &str) -> (Policy, u64) {
+    let window = 60_000_000u64;
+    let policy = named(
+        name,
+        Policy::sliding_window_log(10, Duration::from_micros(window)),
+    );
+    (policy, window)
+}
+
 /// A key holding a log in the previous layout, written by the previous
 /// version of the store, is never a silent lift: every entry of it still in
 /// the window counts, by checks, peeks, `check_all` and rewards alike, and
@@ -286,11 +297,7 @@ async fn a_log_in_the_previous_layout_is_converted_never_lifted() {
         memory,
         redis,
     } = &twins;
-    let window = 60_000_000u64;
-    let policy = named(
-        "old",
-        Policy::sliding_window_log(10, Duration::from_micros(window)),
-    );
+    let (policy, window) = old_layout_log("old");
     let other = named("other", Policy::fixed_window(5, Duration::from_secs(60)));
     let start = NOW_MICROS;
     // The first entry leaves the window before the checks below.
@@ -386,11 +393,7 @@ async fn an_old_log_without_a_ttl_leaves_no_key_without_one() {
         redis,
         ..
     } = &Twins::start().await;
-    let window = 60_000_000u64;
-    let policy = named(
-        "old-no-ttl",
-        Policy::sliding_window_log(10, Duration::from_micros(window)),
-    );
+    let (policy, window) = old_layout_log("old-no-ttl");
     let denier = named("denier", Policy::fixed_window(1, Duration::from_secs(60)));
     let start = NOW_MICROS;
     let timeline = [(start, 2u64), (start + 1_000, 3)];
