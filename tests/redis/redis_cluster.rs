@@ -159,14 +159,17 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
         );
         assert!(FailurePolicy::Open.allows(&error), "{error}");
         assert!(!FailurePolicy::Closed.allows(&error), "{error}");
+        // A refusal spreads its retries over about half the call timeout;
+        // the whole timeout is the bound that tells it from a hang.
         assert!(
-            took < call_timeout * 3 / 4,
+            took < call_timeout,
             "attempt {attempt}: a refused master failed after {took:?}"
         );
         for user in &users[1..] {
             let started = Instant::now();
             assert!(admits(&store, user.as_bytes(), &policy).await);
-            assert!(started.elapsed() < call_timeout / 4, "{user}");
+            // Waiting on the stopped master would take the call timeout.
+            assert!(started.elapsed() < call_timeout / 2, "{user}");
         }
     }
     // Back (same address, data lost): its slots decide again on new connections.
