@@ -359,6 +359,18 @@ async fn remaining_after_a_drop(
     seen
 }
 
+/// [`remaining_after_a_drop`] with the drop, and as if the request had never
+/// come.
+async fn with_and_without_a_drop(
+    shared: &Policy,
+    times_ms: [u64; 3],
+    peek_ms: &[u64],
+) -> (Vec<u64>, Vec<u64>) {
+    let want = remaining_after_a_drop(shared, false, times_ms, peek_ms).await;
+    let got = remaining_after_a_drop(shared, true, times_ms, peek_ms).await;
+    (got, want)
+}
+
 /// Claim (RELIABILITY.md): a request dropped while it waits gives back what
 /// it took: afterwards each limit is as if the request had never come. Per
 /// algorithm of the shared limit: client x is admitted and its second
@@ -377,16 +389,8 @@ async fn a_dropped_waiting_request_leaves_every_algorithm_as_if_it_never_came() 
         Policy::gcra(3, Rate::per_hour(3)).unwrap(),
     ] {
         let shared = shared.with_name("shared").unwrap();
-        let run = |drop_one| {
-            remaining_after_a_drop(
-                &shared,
-                drop_one,
-                [0, 200, 400],
-                &[400, 5_000, 10_100, 10_300],
-            )
-        };
-        let want = run(false).await;
-        let got = run(true).await;
+        let (got, want) =
+            with_and_without_a_drop(&shared, [0, 200, 400], &[400, 5_000, 10_100, 10_300]).await;
         if got != want {
             wrong.push(format!(
                 "{:?}: remaining {got:?}, want {want:?}",
@@ -677,16 +681,12 @@ fn hostile_forwarding_headers_never_panic() {
 async fn a_dropped_waiting_request_leaves_a_sliding_counter_as_if_it_never_came() {
     let window = Duration::from_secs(10);
     let shared = named("shared", Policy::sliding_window_counter(3, window));
-    let run = |drop_one| {
-        remaining_after_a_drop(
-            &shared,
-            drop_one,
-            [9_700, 10_100, 10_200],
-            &[10_200, 15_000, 19_000, 19_900],
-        )
-    };
-    let want = run(false).await;
-    let got = run(true).await;
+    let (got, want) = with_and_without_a_drop(
+        &shared,
+        [9_700, 10_100, 10_200],
+        &[10_200, 15_000, 19_000, 19_900],
+    )
+    .await;
     assert_eq!(got, want, "remaining after the drop vs as if it never came");
 }
 
