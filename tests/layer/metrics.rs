@@ -8,18 +8,14 @@
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
 //! parallel never see each other's metrics.
 
-use std::future::{Future, ready};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
-use ratelimit_core::{
-    Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, PermitId, Policy,
-    Store, StoreError,
-};
+use ratelimit_core::{CircuitBreaker, DeniedCache, FallbackStore, MemoryStore, Policy};
 use ratelimit_tests::events::Events;
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
@@ -124,66 +120,18 @@ fn the_near_limit_fraction_is_configurable() {
     assert_no_key_in_labels(&recorded);
 }
 
-/// A store that fails while `down` is set, and is a `MemoryStore` otherwise.
-#[derive(Clone)]
-struct Flaky {
-    down: Arc<AtomicBool>,
-    memory: MemoryStore,
-}
-
-impl Flaky {
-    fn new(down: bool) -> Self {
-        Flaky {
-            down: Arc::new(AtomicBool::new(down)),
-            memory: MemoryStore::new(),
-        }
-    }
-
-    fn failure(&self) -> Option<StoreError> {
-        self.down
-            .load(Ordering::Relaxed)
-            .then(|| StoreError::Unavailable("connection refused".into()))
-    }
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
-impl Store for Flaky {
-    type CheckFuture = BoxFuture<Decision>;
-    type CheckAllFuture = BoxFuture<Vec<Decision>>;
-    type ReleaseFuture = BoxFuture<()>;
-    type RenewFuture = BoxFuture<bool>;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        match self.failure() {
-            Some(e) => Box::pin(ready(Err(e))),
-            None => Box::pin(self.memory.check(key, policy, cost)),
-        }
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        match self.failure() {
-            Some(e) => Box::pin(ready(Err(e))),
-            None => Box::pin(self.memory.check_all(checks)),
-        }
-    }
-
-    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        Box::pin(self.memory.release(key, policy, permit))
-    }
-
-    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        Box::pin(self.memory.renew(key, policy, permit))
-    }
+/// A `MemoryStore` whose decisions fail: the store is down.
+fn flaky_down() -> Faulty<MemoryStore> {
+    Faulty::deciding_while_up(Arc::new(AtomicBool::new(true)))
 }
 
 #[test]
 fn store_failures_count_as_errors_whatever_the_failure_policy() {
     let (statuses, recorded) = capture(false, || async {
-        let mut open = RateLimitLayer::new(Flaky::new(true), policy("open", 5), by_client)
+        let mut open = RateLimitLayer::new(flaky_down(), policy("open", 5), by_client)
             .on_failure(FailurePolicy::Open)
             .layer(ok_service());
-        let mut closed = RateLimitLayer::new(Flaky::new(true), policy("closed", 5), by_client)
+        let mut closed = RateLimitLayer::new(flaky_down(), policy("closed", 5), by_client)
             .on_failure(FailurePolicy::Closed)
             .layer(ok_service());
         (send_n(&mut open, 3).await, send_n(&mut closed, 2).await)
@@ -248,7 +196,8 @@ fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
 fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     let cool_down = Duration::from_millis(50);
     let (statuses, recorded) = capture(false, || async move {
-        let primary = Flaky::new(true);
+        let down = Arc::new(AtomicBool::new(true));
+        let primary = Faulty::deciding_while_up(down.clone());
         let breaker = Arc::new(CircuitBreaker::new(2, cool_down).with_name("test-primary"));
         let store = FallbackStore::new(primary.clone(), MemoryStore::new(), 2, breaker.clone());
         // 6 per hour shared by 2 instances: 3 each while the primary is down.
@@ -261,7 +210,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
             "open after 2 failures"
         );
         // The primary is back: after the cool-down, a probe closes the breaker.
-        primary.down.store(false, Ordering::Relaxed);
+        down.store(false, Ordering::Relaxed);
         tokio::time::sleep(cool_down * 2).await;
         statuses.extend(send_n(&mut service, 1).await);
         assert_eq!(breaker.state(), ratelimit_core::BreakerState::Closed);
@@ -306,7 +255,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
 fn the_breaker_gauge_reads_open_while_the_primary_is_down() {
     let ((), recorded) = capture(false, || async {
         let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
-        let store = FallbackStore::new(Flaky::new(true), MemoryStore::new(), 1, breaker);
+        let store = FallbackStore::new(flaky_down(), MemoryStore::new(), 1, breaker);
         let mut service =
             RateLimitLayer::new(store, policy("down", 100), by_client).layer(ok_service());
         assert_eq!(send_n(&mut service, 10).await, vec![200; 10]);
@@ -668,7 +617,7 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
             for _ in 0..3 {
                 statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
             }
-            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2))
+            let down = ratelimit_axum::Limiter::new(flaky_down(), policy("login-down", 2))
                 .on_failure(FailurePolicy::Closed);
             statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
             // One name, two algorithms in one store: not an outage.
