@@ -61,6 +61,15 @@ where
     app.clone().oneshot(req).await.unwrap().status()
 }
 
+/// [`assert_ran_once`] with a `GET` of each of `paths`.
+async fn assert_gets_ran_once<S, B>(app: &S, runs: &AtomicUsize, paths: &[&str], what: &str)
+where
+    S: tower::Service<Request<Body>, Response = http::Response<B>, Error = Infallible> + Clone,
+{
+    let requests: Vec<_> = paths.iter().map(|path| ("GET", *path)).collect();
+    assert_ran_once(app, runs, &requests, what).await;
+}
+
 /// Sends each `(method, path)` once through `app` and asserts that the
 /// limited handler, counted by `runs`, ran once in all (`what` says why
 /// once is right).
@@ -114,14 +123,18 @@ async fn route_key_on_the_router_covers_nest_service_spellings() {
     let app = Router::new()
         .nest_service("/files", files)
         .layer(route_layer());
-    let requests = [
-        "/files/report",
-        "/files/%72eport",
-        "/files/%72%65port",
-        "/files/r%65port",
-    ]
-    .map(|path| ("GET", path));
-    assert_ran_once(&app, &runs, &requests, "one route (and one path), limit 1").await;
+    assert_gets_ran_once(
+        &app,
+        &runs,
+        &[
+            "/files/report",
+            "/files/%72eport",
+            "/files/%72%65port",
+            "/files/r%65port",
+        ],
+        "one route (and one path), limit 1",
+    )
+    .await;
 }
 
 /// Claim (hostile_input, SECURITY.md): spellings of one path share one
@@ -134,9 +147,8 @@ async fn route_key_around_the_router_shares_one_budget_across_spellings() {
     let runs = Arc::new(AtomicUsize::new(0));
     let router: Router = Router::new().route("/api/export/{name}", any(counting(&runs)));
     let svc = route_layer().layer(router);
-    let requests =
-        ["/api/export/a", "/api/export/%61", "/api/%65xport/a"].map(|path| ("GET", path));
-    assert_ran_once(&svc, &runs, &requests, "one path spelt three ways, limit 1").await;
+    let paths = ["/api/export/a", "/api/export/%61", "/api/%65xport/a"];
+    assert_gets_ran_once(&svc, &runs, &paths, "one path spelt three ways, limit 1").await;
 }
 
 /// Claim: a route prefix that can never match is refused when the
@@ -743,12 +755,16 @@ async fn route_key_on_the_router_covers_a_nested_fallback() {
     let app = Router::new()
         .nest("/files", Router::new().fallback(counting(&runs)))
         .layer(route_layer());
-    let requests = [
-        "/files/report",
-        "/files/%72eport",
-        "/files/r%65port",
-        "/files/re%70ort",
-    ]
-    .map(|path| ("GET", path));
-    assert_ran_once(&app, &runs, &requests, "limit 1 per route").await;
+    assert_gets_ran_once(
+        &app,
+        &runs,
+        &[
+            "/files/report",
+            "/files/%72eport",
+            "/files/r%65port",
+            "/files/re%70ort",
+        ],
+        "limit 1 per route",
+    )
+    .await;
 }
