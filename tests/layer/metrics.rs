@@ -122,7 +122,7 @@ fn the_near_limit_fraction_is_configurable() {
 
 /// A `MemoryStore` whose decisions fail: the store is down.
 fn flaky_down() -> Faulty<MemoryStore> {
-    Faulty::deciding_while_up(Arc::new(AtomicBool::new(true)))
+    Faulty::decisions_refused_while(Arc::new(AtomicBool::new(true)))
 }
 
 #[test]
@@ -197,7 +197,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     let cool_down = Duration::from_millis(50);
     let (statuses, recorded) = capture(false, || async move {
         let down = Arc::new(AtomicBool::new(true));
-        let primary = Faulty::deciding_while_up(down.clone());
+        let primary = Faulty::decisions_refused_while(down.clone());
         let breaker = Arc::new(CircuitBreaker::new(2, cool_down).with_name("test-primary"));
         let store = FallbackStore::new(primary.clone(), MemoryStore::new(), 2, breaker.clone());
         // 6 per hour shared by 2 instances: 3 each while the primary is down.

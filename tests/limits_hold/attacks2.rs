@@ -22,6 +22,9 @@ type Windowed = fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>
 /// A metered policy's constructor (`Policy::token_bucket`, `Policy::gcra`).
 type Metered = fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::PolicyError>;
 
+/// A windowed policy's change: its (limit, window µs) before and after.
+type Change = ((u64, u64), (u64, u64));
+
 /// A bucket's capacity, amount and period in µs.
 type Bucket = (u64, u64, u64);
 
@@ -237,7 +240,7 @@ fn timeline(
 /// and `new`): the first over-admission it names in each timeline.
 fn over_admissions(
     make: Windowed,
-    cases: &[((u64, u64), (u64, u64))],
+    cases: &[Change],
     steps: usize,
     over: impl Fn(&[(u64, u64, bool)], u64, (u64, u64)) -> Option<String>,
 ) -> Vec<String> {
@@ -1018,10 +1021,8 @@ fn threads() -> u64 {
 /// `CostExceedsLimit`), one single request more passes. On both stores, every algorithm.
 #[tokio::test]
 async fn a_batch_naming_one_state_twice_never_over_admits() {
-    use ratelimit_core::{Check, Rate, Store};
-    let server = ratelimit_tests::RedisServer::start();
-    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
-    let memory = MemoryStore::new();
+    use ratelimit_core::{Check, Rate};
+    let (_server, stores) = Both::start().await;
     let policies = [
         Policy::fixed_window(5, Duration::from_secs(3600)).unwrap(),
         Policy::sliding_window_counter(5, Duration::from_secs(3600)).unwrap(),
@@ -1033,17 +1034,13 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
     ];
     let mut failures = Vec::new();
     for policy in &policies {
-        for (store_name, i) in [("memory", 0), ("redis", 1)] {
+        for (store_name, store) in &stores {
             let key = format!("dup-{}-{store_name}", policy.name());
             let batch = [
                 Check::new(key.as_bytes(), policy, 2),
                 Check::new(key.as_bytes(), policy, 2),
             ];
-            let decisions = if i == 0 {
-                memory.check_all(&batch).await
-            } else {
-                redis.check_all(&batch).await
-            };
+            let decisions = store.check_all(&batch).await;
             let Ok(decisions) = decisions else {
                 failures.push(format!("{store_name} {}: {decisions:?}", policy.name()));
                 continue;
@@ -1051,14 +1048,7 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
             let batch_allowed = decisions.iter().all(|d| d.is_allowed());
             let mut single = Vec::new();
             for _ in 0..3 {
-                single.push(
-                    if i == 0 {
-                        memory.check(key.as_bytes(), policy, 1).await
-                    } else {
-                        redis.check(key.as_bytes(), policy, 1).await
-                    }
-                    .unwrap(),
-                );
+                single.push(store.check(key.as_bytes(), policy, 1).await.unwrap());
             }
             // Limit 5: the batch's 4 and the singles' admissions.
             let total = if batch_allowed { 4 } else { 0 }
@@ -1074,6 +1064,51 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A `MemoryStore` and a store on a fresh Redis server, to run one scenario
+/// on both.
+#[derive(Clone)]
+enum Both {
+    Memory(MemoryStore),
+    Redis(ratelimit_core::redis::RedisStore),
+}
+
+impl Both {
+    /// A fresh Redis server and each store, named.
+    async fn start() -> (ratelimit_tests::RedisServer, [(&'static str, Both); 2]) {
+        let server = ratelimit_tests::RedisServer::start();
+        let redis = ratelimit_tests::stores::redis_store(server.url()).await;
+        let stores = [
+            ("memory", Both::Memory(MemoryStore::new())),
+            ("redis", Both::Redis(redis)),
+        ];
+        (server, stores)
+    }
+
+    async fn check(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<ratelimit_core::Decision, ratelimit_core::StoreError> {
+        use ratelimit_core::Store;
+        match self {
+            Both::Memory(store) => store.check(key, policy, cost).await,
+            Both::Redis(store) => store.check(key, policy, cost).await,
+        }
+    }
+
+    async fn check_all(
+        &self,
+        checks: &[ratelimit_core::Check<'_>],
+    ) -> Result<Vec<ratelimit_core::Decision>, ratelimit_core::StoreError> {
+        use ratelimit_core::Store;
+        match self {
+            Both::Memory(store) => store.check_all(checks).await,
+            Both::Redis(store) => store.check_all(checks).await,
+        }
+    }
+}
+
 /// A reload shortens a concurrency policy's lease (60 s to 100 ms) while a
 /// permit taken under the long lease is held (no guard here: within its
 /// lease it needs none). A permit taken under the short lease must not cut
@@ -1082,27 +1117,13 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
 /// key keeps the TTL of its longest lease").
 #[tokio::test]
 async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
-    use ratelimit_core::Store;
-    let server = ratelimit_tests::RedisServer::start();
-    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
-    let memory = MemoryStore::new();
+    let (_server, stores) = Both::start().await;
     let long = named("c", Policy::concurrency(2, Duration::from_secs(60)));
     let short = named("c", Policy::concurrency(2, Duration::from_millis(100)));
     let mut failures = Vec::new();
-    for (name, i) in [("memory", 0), ("redis", 1)] {
-        let check = |policy: &Policy| {
-            let policy = policy.clone();
-            let (memory, redis) = (memory.clone(), redis.clone());
-            async move {
-                if i == 0 {
-                    memory.check(b"k", &policy, 1).await
-                } else {
-                    redis.check(b"k", &policy, 1).await
-                }
-                .unwrap()
-                .is_allowed()
-            }
-        };
+    for (name, store) in &stores {
+        let check =
+            async |policy: &Policy| store.check(b"k", policy, 1).await.unwrap().is_allowed();
         assert!(check(&long).await);
         assert!(check(&short).await);
         tokio::time::sleep(Duration::from_millis(1_200)).await;

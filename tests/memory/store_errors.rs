@@ -6,7 +6,7 @@
 //! Redis gives are classified in `redis_store.rs`, `redis_acl.rs` and
 //! `resilience.rs`.
 
-use std::future::{Pending, Ready, pending, ready};
+use std::future::{Pending, pending};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -232,59 +232,14 @@ async fn a_fallback_store_falls_back_on_outages_only() {
     }
 }
 
-/// A store that is down (every call `Unavailable`) while its switch is on,
-/// a `MemoryStore` otherwise.
-#[derive(Clone, Default)]
-struct Switchable {
-    store: MemoryStore,
-    down: Arc<AtomicBool>,
-}
-
-impl Switchable {
-    fn outage<T>(
-        &self,
-        up: impl FnOnce() -> Result<T, StoreError>,
-    ) -> Ready<Result<T, StoreError>> {
-        if self.down.load(Ordering::Relaxed) {
-            ready(Err(StoreError::Unavailable("connection refused".into())))
-        } else {
-            ready(up())
-        }
-    }
-}
-
-impl Store for Switchable {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
-    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = Ready<Result<(), StoreError>>;
-    type RenewFuture = Ready<Result<bool, StoreError>>;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        self.outage(|| self.store.check_now(key, policy, cost))
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        self.outage(|| self.store.check_all_now(checks))
-    }
-
-    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        self.outage(|| {
-            self.store.release_now(key, policy, permit);
-            Ok(())
-        })
-    }
-
-    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        self.outage(|| Ok(self.store.renew_now(key, policy, permit)))
-    }
-}
-
 /// A `DeniedCache` in front of a `FallbackStore` keeps no denial of the
 /// fallback's: once the primary answers again, it decides, whatever the
 /// fallback's local share denied during the outage.
 #[tokio::test]
 async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
-    let primary = Switchable::default();
+    // Every call refused while `down` is set.
+    let down = Arc::new(AtomicBool::new(false));
+    let primary = Faulty::refused_while(down.clone());
     // A threshold never reached: every call asks the primary first.
     let breaker = Arc::new(CircuitBreaker::new(1_000, Duration::from_secs(3600)));
     let cache = DeniedCache::new(FallbackStore::new(
@@ -294,7 +249,7 @@ async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
         breaker,
     ));
     let policy = fixed_window("p", 8, Duration::from_secs(3600));
-    primary.down.store(true, Ordering::Relaxed);
+    down.store(true, Ordering::Relaxed);
     // The fallback's share is 8 / 4 = 2 an hour.
     for _ in 0..2 {
         let d = cache.check(b"k", &policy, 1).await.unwrap();
@@ -302,7 +257,7 @@ async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
     }
     let denied = cache.check(b"k", &policy, 1).await.unwrap();
     assert!(!denied.is_allowed() && denied.source() == DecisionSource::Fallback);
-    primary.down.store(false, Ordering::Relaxed);
+    down.store(false, Ordering::Relaxed);
     let d = cache.check(b"k", &policy, 1).await.unwrap();
     assert!(
         d.is_allowed() && d.source() == DecisionSource::Store,

@@ -126,9 +126,16 @@ impl Faulty<MemoryStore> {
         Faulty::new(MemoryStore::new(), |_| Some(refused()))
     }
 
+    /// A `MemoryStore` whose every call is [`refused`] while `down` is set.
+    pub fn refused_while(down: Arc<AtomicBool>) -> Self {
+        Faulty::new(MemoryStore::new(), move |_| {
+            down.load(Ordering::Relaxed).then(refused)
+        })
+    }
+
     /// A `MemoryStore` whose decisions are [`refused`] while `down` is set;
     /// releases and renewals always reach it.
-    pub fn deciding_while_up(down: Arc<AtomicBool>) -> Self {
+    pub fn decisions_refused_while(down: Arc<AtomicBool>) -> Self {
         Faulty::new(MemoryStore::new(), move |call| {
             (call.decides() && down.load(Ordering::Relaxed)).then(refused)
         })
