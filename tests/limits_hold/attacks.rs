@@ -20,23 +20,13 @@ use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::named;
 use ratelimit_tower::config::Config;
+
+use crate::rules::{layer_of, one_an_hour, per_route};
 use ratelimit_tower::{GlobalKey, HeaderKey, KeyExtractor, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
 
-const ROUTE_KEYED: &str = r#"
-    [policies.p]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
-    [[rules]]
-    policy = "p"
-    key = "route"
-    routes = ["/api/export", "/files"]
-"#;
-
 fn route_layer() -> RateLimitLayer<MemoryStore, Config, ratelimit_tower::HttpRejections> {
-    RateLimitLayer::with_rules(MemoryStore::new(), Config::from_toml(ROUTE_KEYED).unwrap())
+    layer_of(&per_route(r#"["/api/export", "/files"]"#))
 }
 
 fn counting(
@@ -176,7 +166,8 @@ fn route_prefixes_no_request_can_hold_are_refused() {
             continue;
         }
         let text = format!(
-            "[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n\n[[rules]]\npolicy = \"p\"\nkey = \"global\"\nroutes = [{prefix:?}]\n"
+            "{}\n[[rules]]\npolicy = \"p\"\nkey = \"global\"\nroutes = [{prefix:?}]\n",
+            one_an_hour("p")
         );
         if Config::from_toml(&text).is_ok() {
             accepted.push(prefix);
@@ -493,21 +484,18 @@ async fn nested_placements_never_run_the_export_handler_twice_for_one_key() {
     use axum::routing::get;
     use std::collections::HashMap;
     use std::sync::Mutex;
-    const RULE: &str = r#"
-        [policies.export]
-        algorithm = "fixed-window"
-        limit = 1
-        window = "1h"
-
-        [[rules]]
-        policy = "export"
-        key = "header:x-id"
-        routes = ["/api/export"]
-        methods = ["GET"]
-    "#;
     type Runs = Arc<Mutex<HashMap<String, usize>>>;
     type Shape = Box<dyn Fn(Runs) -> Router>;
-    let rl = || RateLimitLayer::with_rules(MemoryStore::new(), Config::from_toml(RULE).unwrap());
+    fn rl() -> RateLimitLayer<MemoryStore, Config, ratelimit_tower::HttpRejections> {
+        let rule = r#"
+            [[rules]]
+            policy = "export"
+            key = "header:x-id"
+            routes = ["/api/export"]
+            methods = ["GET"]
+        "#;
+        layer_of(&format!("{}{rule}", one_an_hour("export")))
+    }
     fn export(runs: Runs) -> impl Fn(Request<Body>) -> std::future::Ready<&'static str> + Clone {
         move |req: Request<Body>| {
             let id = req.headers()["x-id"].to_str().unwrap().to_owned();

@@ -29,23 +29,11 @@ use axum::response::{IntoResponse, Response};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
-/// Three limited areas, each one per hour per `x-id`; the rest unlimited.
+use crate::rules::{layer_of, one_an_hour};
+
+/// Three limited areas, each one per hour per `x-id` (the policies
+/// [`one_an_hour`] of their names); the rest unlimited.
 const RULES: &str = r#"
-    [policies.export]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
-    [policies.items]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
-    [policies.admin]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
     [[rules]]
     policy = "export"
     key = "header:x-id"
@@ -114,7 +102,8 @@ fn router(runs: Runs) -> Router {
 }
 
 fn layer() -> RateLimitLayer<MemoryStore, Config, ratelimit_tower::HttpRejections> {
-    RateLimitLayer::with_rules(MemoryStore::new(), Config::from_toml(RULES).unwrap())
+    let policies = ["export", "items", "admin"].map(one_an_hour).concat();
+    layer_of(&format!("{policies}{RULES}"))
 }
 
 /// The router with the layer on it, or around it.
