@@ -66,6 +66,13 @@ fn assert_no_key_in_labels(recorded: &Recorded) {
     }
 }
 
+/// How many store calls `recorded` timed with the outcome `outcome`.
+fn store_calls(recorded: &Recorded, outcome: &str) -> usize {
+    recorded
+        .histogram(STORE_CALL_DURATION, &[("outcome", outcome)])
+        .len()
+}
+
 fn counts(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
     let mut counts = std::collections::BTreeMap::new();
     for &s in statuses {
@@ -140,17 +147,8 @@ fn store_failures_count_as_errors_whatever_the_failure_policy() {
     assert_eq!(recorded.outcome(DECISIONS, "open", "error"), 3);
     assert_eq!(recorded.outcome(DECISIONS, "closed", "error"), 2);
     assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
-            .len(),
-        5
-    );
-    assert!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .is_empty()
-    );
+    assert_eq!(store_calls(&recorded, "error"), 5);
+    assert_eq!(store_calls(&recorded, "ok"), 0);
     assert_no_key_in_labels(&recorded);
 }
 
@@ -226,12 +224,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     assert_eq!(outcome("allowed"), 1, "the primary decided the probe");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
     // From the layer's side every call succeeded: the fallback answered.
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
-        6
-    );
+    assert_eq!(store_calls(&recorded, "ok"), 6);
 
     let breaker = [("breaker", "test-primary")];
     assert_eq!(recorded.gauge(CIRCUIT_BREAKER_STATE, &breaker), Some(0.0));
@@ -302,9 +295,7 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
     recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=4");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 4);
     assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
+        store_calls(&recorded, "ok"),
         10,
         "two store calls per request: the enforced and the shadow group"
     );
@@ -641,18 +632,8 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     recorded.assert_outcomes(DECISIONS, "login-conflict", "allowed=1 invalid=1");
     // Under a tenth of 2 left: the decision leaving 0.
     assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "login")]), 1);
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
-        4
-    );
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
-            .len(),
-        2
-    );
+    assert_eq!(store_calls(&recorded, "ok"), 4);
+    assert_eq!(store_calls(&recorded, "error"), 2);
     assert_no_key_in_labels(&recorded);
     let decisions = decisions(&events);
     let expected = [
