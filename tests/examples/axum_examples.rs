@@ -39,6 +39,30 @@ impl Example {
         }
         Reply::read(request).await
     }
+
+    /// Sends `n` requests to `path`, the `i`th with the header `name` set to
+    /// `<prefix>-<i>` (a new value each time); returns how many passed. Each
+    /// refusal (`<what> <i>`) is the address's quota, `per-ip`.
+    async fn passed_rotating(
+        &self,
+        path: &str,
+        (name, prefix): (&str, &str),
+        n: usize,
+        what: &str,
+    ) -> usize {
+        let mut passed = 0;
+        for i in 0..n {
+            let value = format!("{prefix}-{i}");
+            let reply = self.get(path, &[(name, &value)]).await;
+            match reply.status {
+                200 => passed += 1,
+                _ => {
+                    reply.assert_quota_exceeded(&format!("{what} {i}"), "per-ip");
+                }
+            }
+        }
+        passed
+    }
 }
 
 /// The members of a reply's `RateLimit`: each policy's name, `r` and `t`.
@@ -246,17 +270,9 @@ async fn per_route_cost_drains_one_budget_across_routes() {
 #[tokio::test]
 async fn per_route_cost_limits_a_new_key_per_request_by_its_address() {
     let example = Example::start("per_route_cost");
-    let mut passed = 0;
-    for i in 0..110 {
-        let key = format!("rotating-{i}");
-        let reply = example.get("/export", &[("x-api-key", &key)]).await;
-        match reply.status {
-            200 => passed += 1,
-            _ => {
-                reply.assert_quota_exceeded(&format!("export {i}"), "per-ip");
-            }
-        }
-    }
+    let passed = example
+        .passed_rotating("/export", ("x-api-key", "rotating"), 110, "export")
+        .await;
     assert_eq!(passed, 100, "1,000 units at 10 each");
     // The address's budget is spent for every key, new or not.
     let search = example
@@ -322,17 +338,9 @@ async fn custom_key_limits_tenants_independently() {
 #[tokio::test]
 async fn custom_key_limits_a_new_tenant_per_request_by_its_address() {
     let example = Example::start("custom_key");
-    let mut passed = 0;
-    for i in 0..30 {
-        let tenant = format!("tenant-{i}");
-        let reply = example.get("/", &[("x-tenant", &tenant)]).await;
-        match reply.status {
-            200 => passed += 1,
-            _ => {
-                reply.assert_quota_exceeded(&format!("request {i}"), "per-ip");
-            }
-        }
-    }
+    let passed = example
+        .passed_rotating("/", ("x-tenant", "tenant"), 30, "request")
+        .await;
     assert_eq!(passed, 20, "30 requests, each naming a new tenant");
     let acme = example.get("/", &[("x-tenant", "acme")]).await;
     acme.assert_quota_exceeded("a tenant not seen before", "per-ip");

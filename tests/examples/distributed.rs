@@ -88,6 +88,19 @@ fn per_day<T>(redis: &RedisServer, limit: &str, spawn: fn(&[&str]) -> T) -> T {
 }
 
 /// Spawns [`INSTANCES`] instances with the same `args`.
+/// Three instances with `common` after the `nodes` named each its own way:
+/// `flag` repeated before each node, `flag` once before a comma-separated
+/// list, and `flag` before the node `one` alone.
+fn spawn_three_ways(flag: &str, nodes: &[String], one: usize, common: &[&str]) -> Vec<Instance> {
+    let repeated: Vec<&str> = nodes.iter().flat_map(|n| [flag, n.as_str()]).collect();
+    let listed = nodes.join(",");
+    vec![
+        spawn_instance(&[repeated.as_slice(), common].concat()),
+        spawn_instance(&[&[flag, listed.as_str()][..], common].concat()),
+        spawn_instance(&[&[flag, nodes[one].as_str()][..], common].concat()),
+    ]
+}
+
 fn spawn_instances(args: &[&str]) -> Vec<Instance> {
     (0..INSTANCES).map(|_| spawn_instance(args)).collect()
 }
@@ -229,15 +242,8 @@ async fn three_instances_share_one_limit_on_a_redis_cluster() {
     let urls = cluster.urls();
     // A per-IP budget far from the key's: what is left is the key's alone.
     let common = flags("--cluster --algorithm gcra --limit 20 --window 1d --ip-limit 1000");
-    // The three ways to name the nodes: the flag repeated, a comma-separated
-    // list, and one node (the others are discovered).
-    let repeated: Vec<&str> = urls.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
-    let listed = urls.join(",");
-    let instances = vec![
-        spawn_instance(&[repeated.as_slice(), &common[..]].concat()),
-        spawn_instance(&[&["--redis", listed.as_str()][..], &common[..]].concat()),
-        spawn_instance(&[&["--redis", urls[1].as_str()][..], &common[..]].concat()),
-    ];
+    // One node alone: the others are discovered.
+    let instances = spawn_three_ways("--redis", &urls, 1, &common);
     let answers = burst(&instances, "/", "cluster-key").await;
     assert_exactly(&answers, 20, "gcra on a Redis Cluster");
 }
@@ -250,18 +256,7 @@ async fn three_instances_share_one_limit_behind_redis_sentinel() {
     let addresses = set.addresses();
     let common = format!("--master-name {MASTER_NAME} --algorithm gcra --limit 20 --window 1d");
     let common = flags(&common);
-    // The sentinels given as the flag repeated, as a comma-separated list,
-    // and one of them alone.
-    let repeated: Vec<&str> = addresses
-        .iter()
-        .flat_map(|a| ["--sentinel", a.as_str()])
-        .collect();
-    let listed = addresses.join(",");
-    let instances = vec![
-        spawn_instance(&[repeated.as_slice(), &common[..]].concat()),
-        spawn_instance(&[&["--sentinel", listed.as_str()][..], &common[..]].concat()),
-        spawn_instance(&[&["--sentinel", addresses[2].as_str()][..], &common[..]].concat()),
-    ];
+    let instances = spawn_three_ways("--sentinel", &addresses, 2, &common);
     let answers = burst(&instances, "/", "sentinel-key").await;
     assert_exactly(&answers, 20, "gcra behind Redis Sentinel");
     drop(instances);

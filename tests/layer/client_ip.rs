@@ -49,7 +49,7 @@ fn written_by_proxies(headers: &[(&str, &[u8])]) -> ForwardingHeader {
     }
 }
 
-fn key_text(extractor: &ClientIp, req: &Request<()>) -> String {
+fn key_text(extractor: &impl KeyExtractor<Request<()>>, req: &Request<()>) -> String {
     let key = extractor.extract(req).unwrap();
     String::from_utf8(key.as_bytes().to_vec()).unwrap()
 }
@@ -244,37 +244,17 @@ fn a_spoofed_forwarded_header_behind_an_x_forwarded_for_proxy_does_not_change_th
         assert_eq!(key_text(&extractor, &r), honest_key, "{spoofed:?}");
     }
     // Through the layer: one budget, however many Forwarded values it sends.
-    let limited = ratelimit_tower::RateLimitLayer::new(
-        ratelimit_core::MemoryStore::new(),
-        ratelimit_core::Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
-        extractor,
-    );
-    let service =
-        tower::ServiceBuilder::new()
-            .layer(limited)
-            .service_fn(|_req: Request<()>| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(()))
-            });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let statuses: Vec<u16> = runtime.block_on(async {
-        let mut statuses = Vec::new();
-        for i in 0..6u8 {
-            let forwarded = format!("for=198.51.100.{i}");
-            let r = req(
-                "10.0.0.1",
-                &[(FWD, forwarded.as_bytes()), (XFF, b"203.0.113.9")],
-            );
-            let response = tower::ServiceExt::oneshot(service.clone(), r)
-                .await
-                .unwrap();
-            statuses.push(response.status().as_u16());
-        }
-        statuses
+    let requests = (0..6u8).map(|i| {
+        let forwarded = format!("for=198.51.100.{i}");
+        req(
+            "10.0.0.1",
+            &[(FWD, forwarded.as_bytes()), (XFF, b"203.0.113.9")],
+        )
     });
-    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+    assert_eq!(
+        statuses_limited_to(3, extractor, requests),
+        [200, 200, 200, 429, 429, 429]
+    );
 }
 
 #[test]
@@ -646,15 +626,19 @@ fn ipv6_clients_are_keyed_by_prefix() {
     );
 }
 
-/// Sends one request from each peer through a layer keyed by `extractor`
-/// with a limit of 2, and returns the statuses.
-fn statuses_through<K>(extractor: K, peers: &[&str]) -> Vec<u16>
+/// Sends `requests` in order through a layer keyed by `extractor` with a
+/// fixed window of `limit` an hour, and returns the statuses.
+fn statuses_limited_to<K>(
+    limit: u64,
+    extractor: K,
+    requests: impl IntoIterator<Item = Request<()>>,
+) -> Vec<u16>
 where
     K: KeyExtractor<Request<()>> + Clone + Send + Sync + 'static,
 {
     let limited = ratelimit_tower::RateLimitLayer::new(
         ratelimit_core::MemoryStore::new(),
-        ratelimit_core::Policy::fixed_window(2, Duration::from_secs(3600)).unwrap(),
+        ratelimit_core::Policy::fixed_window(limit, Duration::from_secs(3600)).unwrap(),
         extractor,
     );
     let service =
@@ -669,8 +653,8 @@ where
         .unwrap();
     runtime.block_on(async {
         let mut statuses = Vec::new();
-        for peer in peers {
-            let response = tower::ServiceExt::oneshot(service.clone(), req(peer, &[]))
+        for request in requests {
+            let response = tower::ServiceExt::oneshot(service.clone(), request)
                 .await
                 .unwrap();
             statuses.push(response.status().as_u16());
@@ -679,20 +663,20 @@ where
     })
 }
 
+/// Sends one request from each peer through a layer keyed by `extractor`
+/// with a limit of 2, and returns the statuses.
+fn statuses_through<K>(extractor: K, peers: &[&str]) -> Vec<u16>
+where
+    K: KeyExtractor<Request<()>> + Clone + Send + Sync + 'static,
+{
+    statuses_limited_to(2, extractor, peers.iter().map(|peer| req(peer, &[])))
+}
+
 /// A directly connected IPv6 client that rotates addresses within its /64
 /// spends one budget under `PeerIp`; another /64 has its own.
 #[test]
 fn peer_ip_keys_ipv6_peers_by_their_64_by_default() {
-    let key = |extractor: &PeerIp, peer: &str| {
-        String::from_utf8(
-            extractor
-                .extract(&req(peer, &[]))
-                .unwrap()
-                .as_bytes()
-                .to_vec(),
-        )
-        .unwrap()
-    };
+    let key = |extractor: &PeerIp, peer: &str| key_text(extractor, &req(peer, &[]));
     assert_eq!(PeerIp, PeerIp::new());
     assert_eq!(PeerIp, PeerIp::default());
     assert_eq!(PeerIp.ipv6_prefix_len(), 64);

@@ -156,6 +156,15 @@ trait Checks {
     /// An allowed response with exactly these `RateLimit-Policy` and
     /// `RateLimit` values.
     fn assert_allowed(&self, what: &str, policy: &str, ratelimit: &str);
+    /// An allowed response with exactly these `RateLimit-Policy` and
+    /// `RateLimit` values, and the legacy limit, remaining and reset.
+    fn assert_allowed_with_legacy(
+        &self,
+        what: &str,
+        policy: &str,
+        ratelimit: &str,
+        legacy: [u64; 3],
+    );
     /// A denial with exactly these fields, `Retry-After` and violated policies.
     fn assert_denied(
         &self,
@@ -169,6 +178,8 @@ trait Checks {
     fn assert_problem(&self, what: &str, retry_after: u64, violated: &[&str]);
     /// No `X-RateLimit-*` field.
     fn assert_no_legacy(&self, what: &str);
+    /// Neither `RateLimit-Policy` nor `RateLimit`.
+    fn assert_no_ietf(&self);
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delay-seconds).
     fn assert_legacy(&self, what: &str, limit: u64, remaining: u64, reset: u64);
 }
@@ -299,6 +310,15 @@ impl Checks for Reply {
         self.assert_no_legacy(what);
     }
 
+    /// A `200` with exactly these IETF fields and these legacy ones.
+    fn assert_allowed_with_legacy(&self, what: &str, policy: &str, state: &str, legacy: [u64; 3]) {
+        assert_eq!(self.status, 200, "{what}");
+        assert_eq!(self.header("ratelimit-policy"), Some(policy), "{what}");
+        assert_eq!(self.header("ratelimit"), Some(state), "{what}");
+        let [limit, remaining, reset] = legacy;
+        self.assert_legacy(what, limit, remaining, reset);
+    }
+
     /// A `429` with exactly these IETF fields, `Retry-After: retry_after` and a
     /// problem+json body naming `violated`.
     fn assert_denied(
@@ -343,6 +363,11 @@ impl Checks for Reply {
             "{what}: {body}"
         );
         assert_eq!(body["retry-after"], retry_after, "{what}: {body}");
+    }
+
+    /// Neither `RateLimit-Policy` nor `RateLimit`.
+    fn assert_no_ietf(&self) {
+        assert!(self.header("ratelimit").is_none() && self.header("ratelimit-policy").is_none());
     }
 
     /// No `X-RateLimit-*` field.
@@ -410,24 +435,24 @@ where
 
 /// What one request should get.
 #[derive(Debug, Clone, Copy)]
-enum Expect {
+enum Expect<'a> {
     /// `200`.
     Allowed,
     /// `429` with this `Retry-After`, denied by these policies.
-    Denied(u64, &'static [&'static str]),
+    Denied(u64, &'a [&'a str]),
 }
 
 /// One request of a script: after moving the clock `advance_ms` forward,
 /// `GET /` answers `expect` with exactly this `RateLimit`.
 #[derive(Debug, Clone, Copy)]
-struct Step {
+struct Step<'a> {
     advance_ms: u64,
-    ratelimit: &'static str,
-    expect: Expect,
+    ratelimit: &'a str,
+    expect: Expect<'a>,
 }
 
 /// An allowed step.
-const fn ok(advance_ms: u64, ratelimit: &'static str) -> Step {
+const fn ok(advance_ms: u64, ratelimit: &str) -> Step<'_> {
     Step {
         advance_ms,
         ratelimit,
@@ -436,12 +461,12 @@ const fn ok(advance_ms: u64, ratelimit: &'static str) -> Step {
 }
 
 /// A denied step.
-const fn no(
+const fn no<'a>(
     advance_ms: u64,
-    ratelimit: &'static str,
+    ratelimit: &'a str,
     retry_after: u64,
-    violated: &'static [&'static str],
-) -> Step {
+    violated: &'a [&'a str],
+) -> Step<'a> {
     Step {
         advance_ms,
         ratelimit,
@@ -450,7 +475,7 @@ const fn no(
 }
 
 /// Runs `steps` against `harness`, whose `RateLimit-Policy` is always `policy`.
-async fn run(harness: &Harness, what: &str, policy: &str, steps: &[Step]) {
+async fn run(harness: &Harness, what: &str, policy: &str, steps: &[Step<'_>]) {
     for (i, step) in steps.iter().enumerate() {
         let reply = harness.get_after(step.advance_ms).await;
         let what = format!("{what}, request {}", i + 1);
@@ -465,7 +490,7 @@ async fn run(harness: &Harness, what: &str, policy: &str, steps: &[Step]) {
 }
 
 /// One policy, keyed by peer IP, on `GET /`, from a clock at `start`.
-async fn run_one(policy: Policy, start: u64, expected_policy: &str, steps: &[Step]) {
+async fn run_one(policy: Policy, start: u64, expected_policy: &str, steps: &[Step<'_>]) {
     let name = policy.name().to_owned();
     let harness = Harness::new(start, |store| {
         limited(RateLimitLayer::new(store, policy, PeerIp))
@@ -578,34 +603,29 @@ async fn token_bucket() {
     .await;
 }
 
-/// The script of GCRA and the leaky bucket with a capacity of 3 and one
-/// request every 10 s: the same numbers as the token bucket.
-fn tat_script(name: &str) -> Vec<(u64, String, Option<u64>)> {
-    vec![
-        (0, format!(r#""{name}";r=2;t=10"#), None),
-        (1_500, format!(r#""{name}";r=1;t=19"#), None),
-        (1_500, format!(r#""{name}";r=0;t=27"#), None),
-        (1_500, format!(r#""{name}";r=0;t=6"#), Some(6)),
-        (5_500, format!(r#""{name}";r=0;t=30"#), None),
-    ]
-}
-
-/// Runs [`tat_script`] for `policy`.
+/// Runs the script of GCRA and the leaky bucket with a capacity of 3 and
+/// one request every 10 s for `policy`: the same numbers as the token
+/// bucket.
 async fn run_tat(policy: Policy) {
     let name = policy.name().to_owned();
-    let harness = Harness::new(BASE, |store| {
-        limited(RateLimitLayer::new(store, policy, PeerIp))
-    })
-    .await;
+    let state = |r: u64, t: u64| format!(r#""{name}";r={r};t={t}"#);
+    let states = [
+        state(2, 10),
+        state(1, 19),
+        state(0, 27),
+        state(0, 6),
+        state(0, 30),
+    ];
+    let violated = [name.as_str()];
+    let steps = [
+        ok(0, &states[0]),
+        ok(1_500, &states[1]),
+        ok(1_500, &states[2]),
+        no(1_500, &states[3], 6, &violated),
+        ok(5_500, &states[4]),
+    ];
     let expected_policy = format!(r#""{name}";q=3;w=30"#);
-    for (i, (advance_ms, state, retry)) in tat_script(&name).into_iter().enumerate() {
-        let reply = harness.get_after(advance_ms).await;
-        let what = format!("{name}, request {}", i + 1);
-        match retry {
-            None => reply.assert_allowed(&what, &expected_policy, &state),
-            Some(retry) => reply.assert_denied(&what, &expected_policy, &state, retry, &[&name]),
-        }
-    }
+    run_one(policy, BASE, &expected_policy, &steps).await;
 }
 
 #[tokio::test]
@@ -707,6 +727,15 @@ async fn two_policies(per_ip: Policy, global: Policy) -> Harness {
     .await
 }
 
+/// `policy`, keyed by peer IP, on `GET /`, sending the fields `headers`
+/// names, from a clock at `BASE`.
+async fn with_headers(policy: Policy, headers: RateLimitHeaders) -> Harness {
+    Harness::new(BASE, |store| {
+        limited(RateLimitLayer::new(store, policy, PeerIp).headers(headers))
+    })
+    .await
+}
+
 /// A sliding log of `limit` per `window_s` seconds named `name`.
 fn log(name: &str, limit: u64, window_s: u64) -> Policy {
     named(
@@ -784,12 +813,10 @@ async fn two_policies_both_deny() {
 
 #[tokio::test]
 async fn legacy_delay_seconds() {
-    let harness = Harness::new(BASE, |store| {
-        limited(
-            RateLimitLayer::new(store, log("legacy", 3, 10), PeerIp)
-                .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds)),
-        )
-    })
+    let harness = with_headers(
+        log("legacy", 3, 10),
+        RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds),
+    )
     .await;
     let policy = r#""legacy";q=3;w=10"#;
     let steps = [
@@ -800,10 +827,7 @@ async fn legacy_delay_seconds() {
     for (i, (advance_ms, state, remaining, reset)) in steps.into_iter().enumerate() {
         let reply = harness.get_after(advance_ms).await;
         let what = format!("legacy, request {}", i + 1);
-        assert_eq!(reply.status, 200, "{what}");
-        assert_eq!(reply.header("ratelimit-policy"), Some(policy), "{what}");
-        assert_eq!(reply.header("ratelimit"), Some(state), "{what}");
-        reply.assert_legacy(&what, 3, remaining, reset);
+        reply.assert_allowed_with_legacy(&what, policy, state, [3, remaining, reset]);
     }
     let denied = harness.get_after(1_500).await;
     denied.assert_denied(
@@ -840,12 +864,10 @@ async fn legacy_fields_describe_the_tightest_policy() {
 
 #[tokio::test]
 async fn legacy_epoch_seconds() {
-    let harness = Harness::new(BASE, |store| {
-        limited(
-            RateLimitLayer::new(store, log("epoch", 3, 10), PeerIp)
-                .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::EpochSeconds)),
-        )
-    })
+    let harness = with_headers(
+        log("epoch", 3, 10),
+        RateLimitHeaders::ietf().with_legacy(ResetFormat::EpochSeconds),
+    )
     .await;
     // (advance, remaining, delay until reset, denied)
     let steps = [
@@ -881,39 +903,27 @@ async fn legacy_epoch_seconds() {
 
 #[tokio::test]
 async fn legacy_only_and_none() {
-    let legacy = Harness::new(BASE, |store| {
-        limited(
-            RateLimitLayer::new(store, log("old", 1, 10), PeerIp)
-                .headers(RateLimitHeaders::legacy()),
-        )
-    })
-    .await;
+    let legacy = with_headers(log("old", 1, 10), RateLimitHeaders::legacy()).await;
     let allowed = legacy.get_after(0).await;
     assert_eq!(allowed.status, 200);
-    assert!(allowed.header("ratelimit").is_none() && allowed.header("ratelimit-policy").is_none());
+    allowed.assert_no_ietf();
     allowed.assert_legacy("legacy only", 1, 0, 10);
     let denied = legacy.get_after(2_000).await;
     assert_eq!(denied.status, 429);
-    assert!(denied.header("ratelimit").is_none() && denied.header("ratelimit-policy").is_none());
+    denied.assert_no_ietf();
     denied.assert_legacy("legacy only, denied", 1, 0, 8);
     denied.assert_problem("legacy only, denied", 8, &["old"]);
     assert_eq!(denied.number("retry-after"), 8);
 
-    let none = Harness::new(BASE, |store| {
-        limited(
-            RateLimitLayer::new(store, log("quiet", 1, 10), PeerIp)
-                .headers(RateLimitHeaders::none()),
-        )
-    })
-    .await;
+    let none = with_headers(log("quiet", 1, 10), RateLimitHeaders::none()).await;
     let allowed = none.get_after(0).await;
     assert_eq!(allowed.status, 200);
-    assert!(allowed.header("ratelimit").is_none() && allowed.header("ratelimit-policy").is_none());
+    allowed.assert_no_ietf();
     allowed.assert_no_legacy("none");
     // Retry-After is sent on a denial whatever the header settings.
     let denied = none.get_after(2_000).await;
     assert_eq!(denied.status, 429);
-    assert!(denied.header("ratelimit").is_none() && denied.header("ratelimit-policy").is_none());
+    denied.assert_no_ietf();
     denied.assert_no_legacy("none, denied");
     assert_eq!(denied.number("retry-after"), 8);
     denied.assert_problem("none, denied", 8, &["quiet"]);
@@ -935,6 +945,11 @@ async fn login(logins: Limiter<Store>, body: Value) -> Result<impl IntoResponse,
     Ok((granted, format!("checked {username}\n")))
 }
 
+/// `POST` answered by [`login`] with `logins`.
+fn login_route(logins: Limiter<Store>) -> axum::routing::MethodRouter {
+    post(move |Json(body): Json<Value>| login(logins.clone(), body))
+}
+
 #[tokio::test]
 async fn limiter_in_a_handler() {
     // 3 attempts per username in any 15 minutes.
@@ -943,14 +958,8 @@ async fn limiter_in_a_handler() {
     let legacy = Limiter::new(store, log("login-legacy", 3, 900))
         .headers(RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds));
     let app = Router::new()
-        .route(
-            "/login",
-            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
-        )
-        .route(
-            "/login-legacy",
-            post(move |Json(body): Json<Value>| login(legacy.clone(), body)),
-        );
+        .route("/login", login_route(logins))
+        .route("/login-legacy", login_route(legacy));
     let base = serve(app).await;
     let (url, legacy_url) = (format!("{base}/login"), format!("{base}/login-legacy"));
     let client = client();
@@ -992,14 +1001,8 @@ async fn limiter_in_a_handler() {
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
         let reply = fetch(login_request(&client, &legacy_url, "carol")).await;
         let what = format!("carol, attempt {}", i + 1);
-        assert_eq!(reply.status, 200, "{what}");
-        assert_eq!(reply.header("ratelimit-policy"), Some(policy), "{what}");
-        assert_eq!(
-            reply.header("ratelimit"),
-            Some(format!(r#""login-legacy";r={remaining};t=900"#).as_str()),
-            "{what}"
-        );
-        reply.assert_legacy(&what, 3, remaining, 900);
+        let state = format!(r#""login-legacy";r={remaining};t=900"#);
+        reply.assert_allowed_with_legacy(&what, policy, &state, [3, remaining, 900]);
     }
     clock.advance(Duration::from_millis(500));
     let denied = fetch(login_request(&client, &legacy_url, "carol")).await;
@@ -1024,10 +1027,7 @@ async fn limiter_behind_the_layer_keeps_both_policies() {
     let (store, clock) = store_at(BASE);
     let logins = Limiter::new(store.clone(), log("login", 3, 900));
     let app = Router::new()
-        .route(
-            "/login",
-            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
-        )
+        .route("/login", login_route(logins))
         .layer(RateLimitLayer::new(
             store,
             log("per-client", 100, 60),
@@ -1100,10 +1100,7 @@ async fn legacy_fields_behind_the_layer_describe_the_tighter_limit() {
     let both = RateLimitHeaders::ietf().with_legacy(ResetFormat::DelaySeconds);
     let logins = Limiter::new(store.clone(), log("login", 3, 900)).headers(both);
     let app = Router::new()
-        .route(
-            "/login",
-            post(move |Json(body): Json<Value>| login(logins.clone(), body)),
-        )
+        .route("/login", login_route(logins))
         .layer(RateLimitLayer::new(store, log("per-client", 5, 60), PeerIp).headers(both));
     let url = format!("{}/login", serve(app).await);
     let client = client();

@@ -466,158 +466,149 @@ fn a_cost_of_u64_max_is_refused_without_retry_after_on_every_algorithm() {
 
 #[test]
 fn zero_and_overflowing_configurations_are_typed_errors() {
-    let s = Duration::from_secs(1);
-    let max = Duration::MAX;
-    let zero = Duration::ZERO;
-    let sub_micro = Duration::from_nanos(999);
-    type Build = Box<dyn Fn() -> Result<Policy, PolicyError>>;
-    type Case = (&'static str, Build, fn(&PolicyError) -> bool);
-    let cases: Vec<Case> = vec![
-        (
-            "fixed 0",
-            Box::new(move || Policy::fixed_window(0, s)),
-            is_zero_limit,
-        ),
+    const S: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::MAX;
+    const ZERO: Duration = Duration::ZERO;
+    const SUB_MICRO: Duration = Duration::from_nanos(999);
+    type Case = (
+        &'static str,
+        fn() -> Result<Policy, PolicyError>,
+        fn(&PolicyError) -> bool,
+    );
+    let cases: [Case; 29] = [
+        ("fixed 0", || Policy::fixed_window(0, S), is_zero_limit),
         (
             "fixed zero window",
-            Box::new(move || Policy::fixed_window(1, zero)),
+            || Policy::fixed_window(1, ZERO),
             is_zero_window,
         ),
         (
             "fixed 999ns",
-            Box::new(move || Policy::fixed_window(1, sub_micro)),
+            || Policy::fixed_window(1, SUB_MICRO),
             is_zero_window,
         ),
         (
             "fixed MAX window",
-            Box::new(move || Policy::fixed_window(1, max)),
+            || Policy::fixed_window(1, MAX),
             is_unrepresentable,
         ),
         (
             "fixed u64::MAX",
-            Box::new(move || Policy::fixed_window(u64::MAX, s)),
+            || Policy::fixed_window(u64::MAX, S),
             is_unrepresentable,
         ),
-        (
-            "log 0",
-            Box::new(move || Policy::sliding_window_log(0, s)),
-            is_zero_limit,
-        ),
+        ("log 0", || Policy::sliding_window_log(0, S), is_zero_limit),
         (
             "log MAX",
-            Box::new(move || Policy::sliding_window_log(u64::MAX, max)),
+            || Policy::sliding_window_log(u64::MAX, MAX),
             is_unrepresentable,
         ),
         (
             "counter 0",
-            Box::new(move || Policy::sliding_window_counter(0, s)),
+            || Policy::sliding_window_counter(0, S),
             is_zero_limit,
         ),
         (
             "counter MAX window",
-            Box::new(move || Policy::sliding_window_counter(1, max)),
+            || Policy::sliding_window_counter(1, MAX),
             is_unrepresentable,
         ),
         (
             "counter product",
-            Box::new(move || Policy::sliding_window_counter(1 << 40, HOUR)),
+            || Policy::sliding_window_counter(1 << 40, HOUR),
             is_unrepresentable,
         ),
         (
             "bucket 0",
-            Box::new(move || Policy::token_bucket(0, Rate::per_second(1))),
+            || Policy::token_bucket(0, Rate::per_second(1)),
             is_zero_limit,
         ),
         (
             "bucket rate 0",
-            Box::new(move || Policy::token_bucket(1, Rate::new(0, s))),
+            || Policy::token_bucket(1, Rate::new(0, S)),
             is_zero_limit,
         ),
         (
             "bucket period 0",
-            Box::new(move || Policy::token_bucket(1, Rate::new(1, zero))),
+            || Policy::token_bucket(1, Rate::new(1, ZERO)),
             is_zero_window,
         ),
         (
             "bucket > 1/us",
-            Box::new(move || Policy::token_bucket(1, Rate::new(1_000_001, s))),
+            || Policy::token_bucket(1, Rate::new(1_000_001, S)),
             is_rate_too_high,
         ),
         (
             "bucket u64::MAX/us",
-            Box::new(move || Policy::token_bucket(1, Rate::new(u64::MAX, s))),
+            || Policy::token_bucket(1, Rate::new(u64::MAX, S)),
             is_rate_too_high,
         ),
         (
             "bucket MAX period",
-            Box::new(move || Policy::token_bucket(1, Rate::new(1, max))),
+            || Policy::token_bucket(1, Rate::new(1, MAX)),
             is_unrepresentable,
         ),
         (
             "bucket u64::MAX",
-            Box::new(move || Policy::token_bucket(u64::MAX, Rate::per_second(1))),
+            || Policy::token_bucket(u64::MAX, Rate::per_second(1)),
             is_unrepresentable,
         ),
         (
             "bucket horizon",
-            Box::new(move || Policy::token_bucket(1 << 40, Rate::per_hour(1))),
+            || Policy::token_bucket(1 << 40, Rate::per_hour(1)),
             is_unrepresentable,
         ),
         (
             "gcra 0",
-            Box::new(move || Policy::gcra(0, Rate::per_second(1))),
+            || Policy::gcra(0, Rate::per_second(1)),
             is_zero_limit,
         ),
         (
             "gcra > 1/us",
-            Box::new(move || Policy::gcra(1, Rate::new(2, Duration::from_micros(1)))),
+            || Policy::gcra(1, Rate::new(2, Duration::from_micros(1))),
             is_rate_too_high,
         ),
         (
             "gcra u64::MAX",
-            Box::new(move || Policy::gcra(u64::MAX, Rate::new(u64::MAX, max))),
+            || Policy::gcra(u64::MAX, Rate::new(u64::MAX, MAX)),
             is_unrepresentable,
         ),
         (
             "leaky 0",
-            Box::new(move || Policy::leaky_bucket(0, Rate::per_second(1))),
+            || Policy::leaky_bucket(0, Rate::per_second(1)),
             is_zero_limit,
         ),
         (
             "leaky > 1/us",
-            Box::new(move || Policy::leaky_bucket(1, Rate::new(u64::MAX, sub_micro))),
+            || Policy::leaky_bucket(1, Rate::new(u64::MAX, SUB_MICRO)),
             is_zero_window,
         ),
         (
             "leaky horizon",
-            Box::new(move || Policy::leaky_bucket(1 << 39, Rate::per_hour(1))),
+            || Policy::leaky_bucket(1 << 39, Rate::per_hour(1)),
             is_unrepresentable,
         ),
-        (
-            "concurrency 0",
-            Box::new(move || Policy::concurrency(0, s)),
-            is_zero_limit,
-        ),
+        ("concurrency 0", || Policy::concurrency(0, S), is_zero_limit),
         (
             "concurrency zero lease",
-            Box::new(move || Policy::concurrency(1, zero)),
+            || Policy::concurrency(1, ZERO),
             is_zero_window,
         ),
         (
             "concurrency MAX lease",
-            Box::new(move || Policy::concurrency(1, max)),
+            || Policy::concurrency(1, MAX),
             is_unrepresentable,
         ),
         (
             "concurrency u64::MAX",
-            Box::new(move || Policy::concurrency(u64::MAX, s)),
+            || Policy::concurrency(u64::MAX, S),
             is_too_large,
         ),
         (
             // Each held permit is an entry a decision reads: a larger max
             // would make a Redis call's work grow with it.
             "concurrency 1,025 (one above the documented maximum)",
-            Box::new(move || Policy::concurrency(1025, s)),
+            || Policy::concurrency(1025, S),
             is_too_large,
         ),
     ];

@@ -8,18 +8,14 @@
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
 //! parallel never see each other's metrics.
 
-use std::future::{Future, ready};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
-use ratelimit_core::{
-    Check, CircuitBreaker, Decision, DeniedCache, FallbackStore, MemoryStore, PermitId, Policy,
-    Store, StoreError,
-};
+use ratelimit_core::{CircuitBreaker, DeniedCache, FallbackStore, MemoryStore, Policy};
 use ratelimit_tests::events::Events;
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
 };
@@ -68,6 +64,13 @@ fn assert_no_key_in_labels(recorded: &Recorded) {
             "a label holds the key: {value:?}"
         );
     }
+}
+
+/// How many store calls `recorded` timed with the outcome `outcome`.
+fn store_calls(recorded: &Recorded, outcome: &str) -> usize {
+    recorded
+        .histogram(STORE_CALL_DURATION, &[("outcome", outcome)])
+        .len()
 }
 
 fn counts(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
@@ -124,66 +127,18 @@ fn the_near_limit_fraction_is_configurable() {
     assert_no_key_in_labels(&recorded);
 }
 
-/// A store that fails while `down` is set, and is a `MemoryStore` otherwise.
-#[derive(Clone)]
-struct Flaky {
-    down: Arc<AtomicBool>,
-    memory: MemoryStore,
-}
-
-impl Flaky {
-    fn new(down: bool) -> Self {
-        Flaky {
-            down: Arc::new(AtomicBool::new(down)),
-            memory: MemoryStore::new(),
-        }
-    }
-
-    fn failure(&self) -> Option<StoreError> {
-        self.down
-            .load(Ordering::Relaxed)
-            .then(|| StoreError::Unavailable("connection refused".into()))
-    }
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
-impl Store for Flaky {
-    type CheckFuture = BoxFuture<Decision>;
-    type CheckAllFuture = BoxFuture<Vec<Decision>>;
-    type ReleaseFuture = BoxFuture<()>;
-    type RenewFuture = BoxFuture<bool>;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        match self.failure() {
-            Some(e) => Box::pin(ready(Err(e))),
-            None => Box::pin(self.memory.check(key, policy, cost)),
-        }
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        match self.failure() {
-            Some(e) => Box::pin(ready(Err(e))),
-            None => Box::pin(self.memory.check_all(checks)),
-        }
-    }
-
-    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        Box::pin(self.memory.release(key, policy, permit))
-    }
-
-    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        Box::pin(self.memory.renew(key, policy, permit))
-    }
+/// A `MemoryStore` whose decisions fail: the store is down.
+fn flaky_down() -> Faulty<MemoryStore> {
+    Faulty::decisions_refused_while(Arc::new(AtomicBool::new(true)))
 }
 
 #[test]
 fn store_failures_count_as_errors_whatever_the_failure_policy() {
     let (statuses, recorded) = capture(false, || async {
-        let mut open = RateLimitLayer::new(Flaky::new(true), policy("open", 5), by_client)
+        let mut open = RateLimitLayer::new(flaky_down(), policy("open", 5), by_client)
             .on_failure(FailurePolicy::Open)
             .layer(ok_service());
-        let mut closed = RateLimitLayer::new(Flaky::new(true), policy("closed", 5), by_client)
+        let mut closed = RateLimitLayer::new(flaky_down(), policy("closed", 5), by_client)
             .on_failure(FailurePolicy::Closed)
             .layer(ok_service());
         (send_n(&mut open, 3).await, send_n(&mut closed, 2).await)
@@ -192,17 +147,8 @@ fn store_failures_count_as_errors_whatever_the_failure_policy() {
     assert_eq!(recorded.outcome(DECISIONS, "open", "error"), 3);
     assert_eq!(recorded.outcome(DECISIONS, "closed", "error"), 2);
     assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
-            .len(),
-        5
-    );
-    assert!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .is_empty()
-    );
+    assert_eq!(store_calls(&recorded, "error"), 5);
+    assert_eq!(store_calls(&recorded, "ok"), 0);
     assert_no_key_in_labels(&recorded);
 }
 
@@ -248,7 +194,8 @@ fn errors_that_are_not_outages_count_as_invalid_and_are_refused() {
 fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     let cool_down = Duration::from_millis(50);
     let (statuses, recorded) = capture(false, || async move {
-        let primary = Flaky::new(true);
+        let down = Arc::new(AtomicBool::new(true));
+        let primary = Faulty::decisions_refused_while(down.clone());
         let breaker = Arc::new(CircuitBreaker::new(2, cool_down).with_name("test-primary"));
         let store = FallbackStore::new(primary.clone(), MemoryStore::new(), 2, breaker.clone());
         // 6 per hour shared by 2 instances: 3 each while the primary is down.
@@ -261,7 +208,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
             "open after 2 failures"
         );
         // The primary is back: after the cool-down, a probe closes the breaker.
-        primary.down.store(false, Ordering::Relaxed);
+        down.store(false, Ordering::Relaxed);
         tokio::time::sleep(cool_down * 2).await;
         statuses.extend(send_n(&mut service, 1).await);
         assert_eq!(breaker.state(), ratelimit_core::BreakerState::Closed);
@@ -277,12 +224,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
     assert_eq!(outcome("allowed"), 1, "the primary decided the probe");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 2);
     // From the layer's side every call succeeded: the fallback answered.
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
-        6
-    );
+    assert_eq!(store_calls(&recorded, "ok"), 6);
 
     let breaker = [("breaker", "test-primary")];
     assert_eq!(recorded.gauge(CIRCUIT_BREAKER_STATE, &breaker), Some(0.0));
@@ -306,7 +248,7 @@ fn fallback_decisions_are_counted_and_the_breaker_reports_every_transition() {
 fn the_breaker_gauge_reads_open_while_the_primary_is_down() {
     let ((), recorded) = capture(false, || async {
         let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
-        let store = FallbackStore::new(Flaky::new(true), MemoryStore::new(), 1, breaker);
+        let store = FallbackStore::new(flaky_down(), MemoryStore::new(), 1, breaker);
         let mut service =
             RateLimitLayer::new(store, policy("down", 100), by_client).layer(ok_service());
         assert_eq!(send_n(&mut service, 10).await, vec![200; 10]);
@@ -353,9 +295,7 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
     recorded.assert_outcomes(DECISIONS, "trial", "allowed=1 shadow_denied=4");
     assert_eq!(recorded.counters_named(DECISIONS).len(), 4);
     assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
+        store_calls(&recorded, "ok"),
         10,
         "two store calls per request: the enforced and the shadow group"
     );
@@ -668,7 +608,7 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
             for _ in 0..3 {
                 statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
             }
-            let down = ratelimit_axum::Limiter::new(Flaky::new(true), policy("login-down", 2))
+            let down = ratelimit_axum::Limiter::new(flaky_down(), policy("login-down", 2))
                 .on_failure(FailurePolicy::Closed);
             statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
             // One name, two algorithms in one store: not an outage.
@@ -692,18 +632,8 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     recorded.assert_outcomes(DECISIONS, "login-conflict", "allowed=1 invalid=1");
     // Under a tenth of 2 left: the decision leaving 0.
     assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "login")]), 1);
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "ok")])
-            .len(),
-        4
-    );
-    assert_eq!(
-        recorded
-            .histogram(STORE_CALL_DURATION, &[("outcome", "error")])
-            .len(),
-        2
-    );
+    assert_eq!(store_calls(&recorded, "ok"), 4);
+    assert_eq!(store_calls(&recorded, "error"), 2);
     assert_no_key_in_labels(&recorded);
     let decisions = decisions(&events);
     let expected = [

@@ -892,23 +892,13 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     assert_eq!(service.clone().oneshot(7).await.expect("allowed"), 7);
     assert!(service.oneshot(0).await.is_err());
     // A closure's value is hashed as every value is.
-    let key = |n: u64| Key::from(n.to_be_bytes().to_vec());
-    assert_eq!(
-        store
-            .check(key(7).as_bytes(), &tokens, 0)
-            .await
-            .expect("peek")
-            .remaining(),
-        990
-    );
-    assert_eq!(
-        store
-            .check(key(0).as_bytes(), &tokens, 0)
-            .await
-            .expect("peek")
-            .remaining(),
-        1_000
-    );
+    let left = async |n: u64| {
+        let key = Key::from(n.to_be_bytes().to_vec());
+        let peek = store.check(key.as_bytes(), &tokens, 0).await;
+        peek.expect("peek").remaining()
+    };
+    assert_eq!(left(7).await, 990);
+    assert_eq!(left(0).await, 1_000);
     assert_eq!(layer.stats().costs_missing(), 1);
 }
 

@@ -4,14 +4,14 @@
 //! `distributed` example's `--shadow` seen through its `/metrics`.
 
 use std::convert::Infallible;
-use std::future::{Future, ready};
-use std::pin::Pin;
+use std::future::ready;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::ManualClock;
-use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Rate, Store, StoreError};
+use ratelimit_core::{MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::fixtures::{
     Answer, answer, by_client, fixed_window, frozen_memory, request_from,
@@ -364,50 +364,19 @@ fn wait_mode_never_waits_for_a_shadow_policy_and_decides_it_once_per_request() {
     assert!(count("denied") >= 2, "waited attempts count");
 }
 
-/// A `MemoryStore` that fails every call involving the policy named `trial`.
-#[derive(Clone)]
-struct FailsForTrial(MemoryStore<ManualClock>);
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
-fn trial_down() -> StoreError {
-    StoreError::Unavailable("the shard of trial is down".into())
-}
-
-impl Store for FailsForTrial {
-    type CheckFuture = BoxFuture<Decision>;
-    type CheckAllFuture = BoxFuture<Vec<Decision>>;
-    type ReleaseFuture = BoxFuture<()>;
-    type RenewFuture = BoxFuture<bool>;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        if policy.name() == "trial" {
-            return Box::pin(ready(Err(trial_down())));
-        }
-        Box::pin(self.0.check(key, policy, cost))
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        if checks.iter().any(|c| c.policy.name() == "trial") {
-            return Box::pin(ready(Err(trial_down())));
-        }
-        Box::pin(self.0.check_all(checks))
-    }
-
-    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        Box::pin(self.0.release(key, policy, permit))
-    }
-
-    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        Box::pin(self.0.renew(key, policy, permit))
-    }
+/// A `MemoryStore` whose decisions involving the policy named `trial` fail.
+fn fails_for_trial() -> Faulty<MemoryStore<ManualClock>> {
+    Faulty::new(frozen_memory(), |call| {
+        (call.decides() && call.names("trial"))
+            .then(|| StoreError::Unavailable("the shard of trial is down".into()))
+    })
 }
 
 #[test]
 fn a_store_failure_on_shadow_policies_changes_nothing_for_the_request() {
     let (stats, recorded) = capture(false, || async {
         let layer = RateLimitLayer::new(
-            FailsForTrial(frozen_memory()),
+            fails_for_trial(),
             per_ten_seconds("per-client", 2),
             by_client,
         )

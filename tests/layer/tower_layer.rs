@@ -9,6 +9,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::{ManualClock, TokioClock};
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
 use ratelimit_tests::named;
 use ratelimit_tower::{
@@ -237,41 +238,10 @@ async fn header_keys_are_hashed_and_missing_keys_follow_the_setting() {
     }
 }
 
-/// A store that is always down.
-#[derive(Clone)]
-struct DownStore;
-
-fn down() -> StoreError {
-    StoreError::Unavailable("connection refused".into())
-}
-
-impl Store for DownStore {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
-    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = Ready<Result<(), StoreError>>;
-    type RenewFuture = Ready<Result<bool, StoreError>>;
-
-    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
-        ready(Err(down()))
-    }
-
-    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
-        ready(Err(down()))
-    }
-
-    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
-        ready(Err(down()))
-    }
-
-    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
-        ready(Err(down()))
-    }
-}
-
 #[tokio::test]
 async fn store_failures_follow_the_failure_policy() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let open_layer = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+    let open_layer = RateLimitLayer::new(Faulty::down(), per_ten_seconds(1), GlobalKey::default())
         .on_failure(FailurePolicy::Open);
     let mut open = open_layer.layer(mock);
     for _ in 0..3 {
@@ -284,8 +254,9 @@ async fn store_failures_follow_the_failure_policy() {
     assert_eq!(open_layer.stats().failed_closed(), 0);
 
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let closed_layer = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
-        .on_failure(FailurePolicy::Closed);
+    let closed_layer =
+        RateLimitLayer::new(Faulty::down(), per_ten_seconds(1), GlobalKey::default())
+            .on_failure(FailurePolicy::Closed);
     let mut closed = closed_layer.layer(mock);
     let (r, reached) = send(&mut closed, &mut handle, Request::new("")).await;
     assert!(!reached);
@@ -520,7 +491,7 @@ async fn grpc_requests_get_trailers_only_resource_exhausted_never_429() {
 
     // The store down and the failure policy closed: UNAVAILABLE.
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let mut service = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+    let mut service = RateLimitLayer::new(Faulty::down(), per_ten_seconds(1), GlobalKey::default())
         .on_failure(FailurePolicy::Closed)
         .layer(mock);
     let (r, _) = send(&mut service, &mut handle, grpc_request()).await;
@@ -760,7 +731,7 @@ async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
     use ratelimit_core::{CircuitBreaker, FallbackStore};
     let local = tokio_memory();
     let breaker = Arc::new(CircuitBreaker::new(1, Duration::from_secs(60)));
-    let store = FallbackStore::new(DownStore, local.clone(), 1, breaker);
+    let store = FallbackStore::new(Faulty::down(), local.clone(), 1, breaker);
     let smooth = named("smooth", Policy::leaky_bucket(5, Rate::per_second(1)));
     let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
     let inner = ok_service();
@@ -793,7 +764,7 @@ async fn unlimited_and_failed_open_requests_still_carry_decisions() {
     let body = body_text(allowlisted.oneshot(Request::new("")).await.unwrap()).await;
     assert_eq!(body, "Some(0)", "an empty set, not a missing one");
 
-    let failed_open = RateLimitLayer::new(DownStore, per_ten_seconds(1), GlobalKey::default())
+    let failed_open = RateLimitLayer::new(Faulty::down(), per_ten_seconds(1), GlobalKey::default())
         .on_failure(FailurePolicy::Open)
         .layer(inner);
     let body = body_text(failed_open.oneshot(Request::new("")).await.unwrap()).await;

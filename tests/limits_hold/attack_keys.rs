@@ -12,13 +12,13 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use ratelimit_axum::Limiter;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{MemoryStore, Store};
+use ratelimit_core::{MemoryStore, Policy, Store};
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
 use ratelimit_tests::{RedisServer, redis_store};
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{
     ClientIp, Composite, ForwardingHeader, HeaderKey, Key, Limits, PeerAddr, PeerIp,
-    RateLimitLayer, TrustedProxies,
+    RateLimitLayer, Rule, TrustedProxies,
 };
 use tower::{Layer, Service};
 
@@ -63,6 +63,11 @@ where
     out
 }
 
+/// A layer keying `policy` by the `x-api-key` header, on `store`.
+fn by_api_key<St>(store: St, policy: Policy) -> RateLimitLayer<St, Rule<HeaderKey>> {
+    RateLimitLayer::new(store, policy, HeaderKey::from_static("x-api-key"))
+}
+
 /// Every key Redis holds under `pattern`.
 fn redis_keys(server: &RedisServer, pattern: &str) -> Vec<String> {
     let mut keys: Vec<String> = server
@@ -72,6 +77,17 @@ fn redis_keys(server: &RedisServer, pattern: &str) -> Vec<String> {
         .collect();
     keys.sort();
     keys
+}
+
+/// Runs `scenario` on a store on a fresh Redis server, then reads back the
+/// keys it left under `pattern`; returns what `scenario` returned and them.
+async fn on_redis<T, F>(pattern: &str, scenario: impl FnOnce(RedisStore) -> F) -> (T, Vec<String>)
+where
+    F: Future<Output = T>,
+{
+    let server = RedisServer::start();
+    let out = scenario(redis_store(server.url()).await).await;
+    (out, redis_keys(&server, pattern))
 }
 
 /// Whether `key` is `<prefix>:<policy>:{#<32 hex digits>}`: a hash, nothing
@@ -141,8 +157,7 @@ mod chosen_key_text {
         St: Store + Clone + Send + Sync + 'static,
     {
         let policy = fixed_window("per-key", 1, HOUR);
-        let service = RateLimitLayer::new(store, policy, HeaderKey::from_static("x-api-key"))
-            .layer(ok_service());
+        let service = by_api_key(store, policy).layer(ok_service());
         let victim = b"victim-key".as_slice();
         let from = |value: &[u8]| request("198.51.100.66:4000", &[("x-api-key", value)]);
         assert_eq!(statuses(&service, 2, || from(victim)).await, [200, 429]);
@@ -185,9 +200,7 @@ mod chosen_key_text {
 
     #[tokio::test]
     async fn an_address_sent_as_an_api_key_is_not_the_address_in_redis() {
-        let server = RedisServer::start();
-        addresses_as_api_keys(redis_store(server.url()).await).await;
-        let keys = redis_keys(&server, "ratelimit:shared:*");
+        let ((), keys) = on_redis("ratelimit:shared:*", addresses_as_api_keys).await;
         // The two addresses' keys are their texts; the four values are hashes.
         assert!(
             keys.contains(&"ratelimit:shared:{192.0.2.1}".to_owned()),
@@ -211,11 +224,9 @@ mod chosen_key_text {
 
     #[tokio::test]
     async fn values_shaped_like_keys_are_budgets_of_their_own_in_redis() {
-        let server = RedisServer::start();
-        let hostile = values_shaped_like_keys(redis_store(server.url()).await).await;
+        let (hostile, keys) = on_redis("*", values_shaped_like_keys).await;
         // One hashed key per value, the victim's included, and no value (nor
         // any part of the victim's) in Redis.
-        let keys = redis_keys(&server, "*");
         assert_eq!(keys.len(), hostile.len() + 1, "{keys:?}");
         for key in &keys {
             assert!(is_hashed_state_key(key, "ratelimit:per-key"), "{key}");
@@ -278,9 +289,8 @@ mod joined_keys {
 
     #[tokio::test]
     async fn composite_parts_never_shift_in_redis() {
-        let server = RedisServer::start();
-        composite(redis_store(server.url()).await).await;
-        assert_eq!(redis_keys(&server, "ratelimit:pair:*").len(), SPLITS.len());
+        let ((), keys) = on_redis("ratelimit:pair:*", composite).await;
+        assert_eq!(keys.len(), SPLITS.len());
     }
 
     #[tokio::test]
@@ -411,10 +421,9 @@ mod addresses {
 
     #[tokio::test]
     async fn a_limiter_keys_an_address_as_the_layer_does_in_redis() {
-        let server = RedisServer::start();
-        limiter_keys_addresses_as_the_layer(redis_store(server.url()).await).await;
+        let ((), keys) = on_redis("*", limiter_keys_addresses_as_the_layer).await;
         assert_eq!(
-            redis_keys(&server, "*"),
+            keys,
             [
                 "ratelimit:logins-per-client:{192.0.2.1}",
                 "ratelimit:logins-per-client:{2001:db8:1:2::/64}",
@@ -466,10 +475,9 @@ mod addresses {
 
     #[tokio::test]
     async fn one_client_one_budget_however_its_address_is_written_in_redis() {
-        let server = RedisServer::start();
-        one_client_one_budget(redis_store(server.url()).await).await;
+        let ((), keys) = on_redis("ratelimit:per-client:*", one_client_one_budget).await;
         assert_eq!(
-            redis_keys(&server, "ratelimit:per-client:*"),
+            keys,
             [
                 "ratelimit:per-client:{192.0.2.1}",
                 "ratelimit:per-client:{2001:db8:1:2::/64}",
@@ -524,17 +532,15 @@ mod one_value {
 
     #[tokio::test]
     async fn in_redis() {
-        let server = RedisServer::start();
-        let store: RedisStore = redis_store(server.url()).await;
-        every_other_path(store.clone()).await;
-        let keys = redis_keys(&server, "*");
-        assert_eq!(
-            keys,
-            [store.state_key(
+        let (state_key, keys) = on_redis("*", |store: RedisStore| async move {
+            every_other_path(store.clone()).await;
+            store.state_key(
                 Key::from("7").as_bytes(),
-                &fixed_window("per-tenant", 5, HOUR)
-            )]
-        );
+                &fixed_window("per-tenant", 5, HOUR),
+            )
+        })
+        .await;
+        assert_eq!(keys, [state_key]);
     }
 }
 
@@ -545,18 +551,20 @@ mod one_value {
 mod errors_a_client_can_provoke {
     use super::*;
 
+    /// A Redis server, a store on it and the policy "per-key" (100 an hour)
+    /// that a `Limiter` there and the layer [`by_api_key`] enforce.
+    async fn per_key_on_redis() -> (RedisServer, RedisStore, Policy, Limiter<RedisStore>) {
+        let server = RedisServer::start();
+        let store: RedisStore = redis_store(server.url()).await;
+        let policy = fixed_window("per-key", 100, HOUR);
+        let limiter = Limiter::new(store.clone(), policy.clone());
+        (server, store, policy, limiter)
+    }
+
     #[tokio::test]
     async fn a_full_redis_is_refused_by_the_layer_and_the_limiter_failing_open() {
-        let server = RedisServer::start();
-        let store = redis_store(server.url()).await;
-        let policy = fixed_window("per-key", 100, HOUR);
-        let layer = RateLimitLayer::new(
-            store.clone(),
-            policy.clone(),
-            HeaderKey::from_static("x-api-key"),
-        )
-        .layer(ok_service());
-        let limiter = Limiter::new(store.clone(), policy);
+        let (server, store, policy, limiter) = per_key_on_redis().await;
+        let layer = by_api_key(store, policy).layer(ok_service());
         let fresh = |n: u32| {
             request(
                 "198.51.100.66:4000",
@@ -580,16 +588,8 @@ mod errors_a_client_can_provoke {
 
     #[tokio::test]
     async fn foreign_data_at_a_state_key_is_refused() {
-        let server = RedisServer::start();
-        let store: RedisStore = redis_store(server.url()).await;
-        let policy = fixed_window("per-key", 100, HOUR);
-        let layer = RateLimitLayer::new(
-            store.clone(),
-            policy.clone(),
-            HeaderKey::from_static("x-api-key"),
-        )
-        .layer(ok_service());
-        let limiter = Limiter::new(store.clone(), policy.clone());
+        let (server, store, policy, limiter) = per_key_on_redis().await;
+        let layer = by_api_key(store.clone(), policy.clone()).layer(ok_service());
         let state = store.state_key(Key::from("k1").as_bytes(), &policy);
         server.cli(&["RPUSH", &state, "not a limiter's state"]);
         let req = request("198.51.100.66:4000", &[("x-api-key", b"k1")]);

@@ -23,12 +23,14 @@ use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::multi_region::MultiRegionStore;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Decision, MemoryStore, Period, Policy, Rate, Settle, SettlementId, Store};
-use ratelimit_tests::fixtures::{answer, by_client, request_from};
+use ratelimit_tests::fixtures::{Answer, answer, by_client, request_from};
 use ratelimit_tests::{
     CALL_TIMEOUT, Observed, RedisCluster, RedisServer, build, every_algorithm, named, observable,
+    twin_stores,
 };
 use ratelimit_tower::{Key, RateLimitLayer, Rule, SettleError, Settlement};
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tower::{Layer, Service, service_fn};
 
 /// The header the inner service names a request's cost in.
@@ -77,17 +79,63 @@ fn settling<St: Store + Clone>(
         .expect("a policy that settles")
 }
 
+/// A `MemoryStore` on a [`PausedUnix`] clock from `at`.
+fn paused_store(at: u64) -> MemoryStore<PausedUnix> {
+    MemoryStore::builder().clock(PausedUnix::at(at)).build()
+}
+
+/// What [`model`]'s hanging requests wait on (`open`) and tell of their
+/// call by (`called`).
+#[derive(Clone, Default)]
+struct Gate {
+    open: Arc<Notify>,
+    called: Arc<Notify>,
+}
+
+impl Gate {
+    /// Sends a [`hanging`] request from `client` through `service` on a task
+    /// of its own, returned once the request reached [`model`].
+    async fn hang<S, B>(&self, service: &S, client: &str) -> JoinHandle<Answer>
+    where
+        S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: std::fmt::Debug + Send,
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: std::fmt::Debug,
+    {
+        let slow = tokio::spawn(answer(service.clone(), hanging(client)));
+        self.called.notified().await;
+        slow
+    }
+
+    /// Opens the gate for `slow`, the one request hanging, and checks that
+    /// it failed.
+    async fn fail(&self, slow: JoinHandle<Answer>) {
+        self.open.notify_one();
+        let failed = slow.await.expect("answered");
+        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
+
+/// Cancels `slow`, a hanging request: its client went away.
+async fn cancel(slow: JoinHandle<Answer>) {
+    slow.abort();
+    assert!(slow.await.is_err(), "cancelled");
+}
+
 /// The inner service: a request with `x-hang` waits on `gate` (after
-/// notifying `called`) and then fails with `500`; any other request
+/// notifying it was called) and then fails with `500`; any other request
 /// answers at once, naming `x-reply-cost` as its cost.
 fn model(
-    gate: Arc<Notify>,
-    called: Arc<Notify>,
+    gate: &Gate,
 ) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
 + Clone
-+ Send {
++ Send
++ use<> {
+    let gate = gate.clone();
     service_fn(move |req: Request<String>| {
-        let (gate, called) = (gate.clone(), called.clone());
+        let (gate, called) = (gate.open.clone(), gate.called.clone());
         async move {
             let mut response = Response::new(String::from("done"));
             if req.headers().contains_key("x-hang") {
@@ -144,21 +192,18 @@ where
 #[tokio::test(start_paused = true)]
 async fn a_request_cancelled_after_its_window_ended_gives_back_nothing_of_the_next() {
     // 59 s into a minute.
-    let clock = PausedUnix::at(1_000 * 60 * SECOND + 59 * SECOND);
-    let store = MemoryStore::builder().clock(clock).build();
+    let store = paused_store(1_000 * 60 * SECOND + 59 * SECOND);
     let policy = named("w", Policy::fixed_window(10, Duration::from_secs(60)));
-    let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let service = settling(&store, &policy, 10).layer(model(gate, called.clone()));
+    let gate = Gate::default();
+    let service = settling(&store, &policy, 10).layer(model(&gate));
 
     // Reserves the whole window, then hangs.
-    let slow = tokio::spawn(answer(service.clone(), hanging("c")));
-    called.notified().await;
+    let slow = gate.hang(&service, "c").await;
     tokio::time::advance(Duration::from_secs(2)).await;
     // The next window: the client spends it whole.
     assert_eq!(admitted(&service, "c", 10, 1).await, 1);
     // Then goes away from the slow request.
-    slow.abort();
-    assert!(slow.await.is_err(), "cancelled");
+    cancel(slow).await;
     assert_eq!(
         admitted(&service, "c", 10, 3).await,
         0,
@@ -174,20 +219,16 @@ async fn a_failure_refunded_after_the_month_ended_does_not_pay_the_next_month_tw
     const WEST: i32 = -86_399;
     // 2024-02-01 00:00 at UTC-23:59:59 is 2024-02-01 23:59:59 UTC.
     let february = 19_754 * DAY + 86_399 * SECOND;
-    let clock = PausedUnix::at(february - SECOND);
-    let store = MemoryStore::builder().clock(clock).build();
+    let store = paused_store(february - SECOND);
     let policy = Policy::calendar(100, Period::Month.utc_offset(WEST)).expect("a calendar");
-    let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let service = settling(&store, &policy, 100).layer(model(gate.clone(), called.clone()));
+    let gate = Gate::default();
+    let service = settling(&store, &policy, 100).layer(model(&gate));
 
-    let slow = tokio::spawn(answer(service.clone(), hanging("m")));
-    called.notified().await;
+    let slow = gate.hang(&service, "m").await;
     assert_eq!(admitted(&service, "m", 1, 1).await, 0, "January is spent");
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(admitted(&service, "m", 100, 1).await, 1, "February");
-    gate.notify_one();
-    let failed = slow.await.expect("answered");
-    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    gate.fail(slow).await;
     assert_eq!(
         admitted(&service, "m", 100, 2).await,
         0,
@@ -201,23 +242,20 @@ async fn a_failure_refunded_after_the_month_ended_does_not_pay_the_next_month_tw
 /// back with the refill: the cancellation gives back nothing more.
 #[tokio::test(start_paused = true)]
 async fn reservations_cancelled_after_the_bucket_refilled_them_give_back_nothing() {
-    let clock = PausedUnix::at(1_700_000_000 * SECOND);
-    let store = MemoryStore::builder().clock(clock).build();
+    let store = paused_store(1_700_000_000 * SECOND);
     let policy = named("t", Policy::token_bucket(10, Rate::per_minute(10)));
-    let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let service = settling(&store, &policy, 1).layer(model(gate, called.clone()));
+    let gate = Gate::default();
+    let service = settling(&store, &policy, 1).layer(model(&gate));
 
     let mut slow = Vec::new();
     for _ in 0..10 {
-        slow.push(tokio::spawn(answer(service.clone(), hanging("t"))));
-        called.notified().await;
+        slow.push(gate.hang(&service, "t").await);
     }
     assert_eq!(admitted(&service, "t", 1, 1).await, 0, "all reserved");
     tokio::time::advance(Duration::from_secs(60)).await;
     assert_eq!(admitted(&service, "t", 1, 10).await, 10, "refilled");
     for task in slow {
-        task.abort();
-        assert!(task.await.is_err(), "cancelled");
+        cancel(task).await;
     }
     assert_eq!(
         admitted(&service, "t", 1, 10).await,
@@ -230,8 +268,7 @@ async fn reservations_cancelled_after_the_bucket_refilled_them_give_back_nothing
 /// window ended gives back nothing of the window the client spent since.
 #[tokio::test(start_paused = true)]
 async fn a_limiter_refund_after_the_window_ended_gives_back_nothing() {
-    let clock = PausedUnix::at(1_000 * 60 * SECOND + 59 * SECOND);
-    let store = MemoryStore::builder().clock(clock).build();
+    let store = paused_store(1_000 * 60 * SECOND + 59 * SECOND);
     let policy = named("l", Policy::fixed_window(10, Duration::from_secs(60)));
     let limiter = Limiter::new(store.clone(), policy.clone());
 
@@ -263,15 +300,12 @@ async fn a_failure_refunded_in_time_gives_the_whole_estimate_back() {
         let into = clock.now() % (60 * SECOND);
         let wait = (58 * SECOND + 60 * SECOND - into) % (60 * SECOND);
         tokio::time::advance(Duration::from_micros(wait)).await;
-        let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let service = settling(&store, &policy, 10).layer(model(gate.clone(), called.clone()));
+        let gate = Gate::default();
+        let service = settling(&store, &policy, 10).layer(model(&gate));
         let client = policy.name().to_owned();
-        let slow = tokio::spawn(answer(service.clone(), hanging(&client)));
-        called.notified().await;
+        let slow = gate.hang(&service, &client).await;
         tokio::time::advance(Duration::from_millis(900)).await;
-        gate.notify_one();
-        let failed = slow.await.expect("answered");
-        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+        gate.fail(slow).await;
         assert_eq!(
             admitted(&service, &client, 10, 1).await,
             1,
@@ -291,13 +325,7 @@ async fn every_store_gives_back_only_what_a_held_reservation_still_holds() {
     let cluster = RedisCluster::start();
     // The last second of a minute.
     let clock = ManualClock::new(29_383_333 * 60 * SECOND + 59 * SECOND);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let single = build(
-        RedisStore::builder(server.url())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let (memory, single) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let clustered = build(
         RedisStore::cluster_builder(cluster.urls())
             .script_clock_for_tests(clock.clone())
@@ -369,14 +397,12 @@ async fn every_store_gives_back_only_what_a_held_reservation_still_holds() {
     assert_eq!(seen[2], seen[0], "a Redis Cluster agrees with memory");
 }
 
+/// A decision on its way from a store.
+type Deciding<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
+
 /// The two calls the store-level scenario makes, on any store.
 trait Stores: Sync {
-    fn decide<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        cost: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
+    fn decide<'a>(&'a self, key: &'a [u8], policy: &'a Policy, cost: u64) -> Deciding<'a>;
 
     /// Settles a reservation of 10 that `decision` allowed, held for
     /// `held`, to 0.
@@ -386,16 +412,11 @@ trait Stores: Sync {
         policy: &'a Policy,
         decision: &'a Decision,
         held: Duration,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
+    ) -> Deciding<'a>;
 }
 
 impl<S: Store> Stores for S {
-    fn decide<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        cost: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>> {
+    fn decide<'a>(&'a self, key: &'a [u8], policy: &'a Policy, cost: u64) -> Deciding<'a> {
         Box::pin(async move {
             Store::check(self, key, policy, cost)
                 .await
@@ -409,7 +430,7 @@ impl<S: Store> Stores for S {
         policy: &'a Policy,
         decision: &'a Decision,
         held: Duration,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>> {
+    ) -> Deciding<'a> {
         let settles = [Settle::new(key, policy, 10, 0, decision).held_for(held)];
         let call = self.settle(SettlementId::random(), &settles);
         Box::pin(async move {
@@ -452,10 +473,9 @@ async fn a_store_that_cannot_settle_runs_no_cost_it_cannot_charge() {
         .cost(1)
         .settle(Settlement::from_static_header(COST_HEADER))
         .expect("a policy that settles");
-    let (gate, called) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let service = RateLimitLayer::new(store.clone(), per_client, by_client as ByClient)
         .and(settling_rule)
-        .layer(model(gate, called));
+        .layer(model(&Gate::default()));
     let mut ran = 0;
     for _ in 0..5 {
         let answered = answer(service.clone(), costing("c", 100)).await;
@@ -480,13 +500,7 @@ async fn extreme_settlements_at_the_largest_limits_agree_on_every_store() {
     const MAX_LIMIT: u64 = 1 << 40;
     let server = RedisServer::start();
     let clock = ManualClock::new(29_383_333 * 60 * SECOND + 30 * SECOND);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let single = build(
-        RedisStore::builder(server.url())
-            .script_clock_for_tests(clock.clone())
-            .call_timeout(CALL_TIMEOUT),
-    )
-    .await;
+    let (memory, single) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let policies = [
         Policy::fixed_window(MAX_LIMIT, Duration::from_secs(60)),
         Policy::sliding_window_log(MAX_LIMIT, Duration::from_secs(60)),

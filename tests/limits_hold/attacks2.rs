@@ -22,6 +22,9 @@ type Windowed = fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>
 /// A metered policy's constructor (`Policy::token_bucket`, `Policy::gcra`).
 type Metered = fn(u64, ratelimit_core::Rate) -> Result<Policy, ratelimit_core::PolicyError>;
 
+/// A windowed policy's change: its (limit, window µs) before and after.
+type Change = ((u64, u64), (u64, u64));
+
 /// A bucket's capacity, amount and period in µs.
 type Bucket = (u64, u64, u64);
 
@@ -45,6 +48,46 @@ where
     .await
 }
 
+/// A layer of `rules` on a fresh `MemoryStore`, refusing while it fails.
+fn closed<R>(rules: R) -> RateLimitLayer<MemoryStore, R> {
+    RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed)
+}
+
+/// A request to `/api/items` from each peer of `ips`.
+fn from_each(ips: &[&str]) -> Vec<Request<String>> {
+    ips.iter().map(|ip| req_from(ip, &[])).collect()
+}
+
+/// A request to `/api/items` for each client of `ips`, through the trusted
+/// proxy 10.0.0.5, which wrote the client into `X-Forwarded-For`.
+fn forwarded_for_each(ips: &[&str]) -> Vec<Request<String>> {
+    ips.iter()
+        .map(|ip| req_from("10.0.0.5", &[("x-forwarded-for", ip)]))
+        .collect()
+}
+
+/// GCRA, one an hour, keyed by the client IP that the proxies of 10.0.0.0/8
+/// write in the forwarding header `header`.
+fn client_ip_config(header: &str) -> Config {
+    Config::from_toml(&format!(
+        "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"{header}\"\n\n\
+         [policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
+         [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
+    ))
+    .expect("valid")
+}
+
+/// Fails with the first `shown` of `failures`, if there are any, counted as
+/// `what`.
+fn assert_none(failures: &[String], what: &str, shown: usize) {
+    assert!(
+        failures.is_empty(),
+        "{} {what}, first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(shown)]
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Claim 2: a permit is held as long as its holder, "whatever lease was chosen".
 // ---------------------------------------------------------------------------
@@ -62,18 +105,8 @@ where
 /// budget per request. (The same holds for `ClientIp::peer()`.)
 #[tokio::test]
 async fn the_client_ip_key_keys_a_direct_ipv6_peer_by_network() {
-    let config = Config::from_toml(
-        "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"x-forwarded-for\"\n\n\
-         [policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
-         [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
-    )
-    .expect("valid");
-    let layer =
-        RateLimitLayer::with_rules(MemoryStore::new(), config).on_failure(FailurePolicy::Closed);
-    let reqs = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]
-        .iter()
-        .map(|ip| req_from(ip, &[]))
-        .collect();
+    let layer = closed(client_ip_config("x-forwarded-for"));
+    let reqs = from_each(&["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]);
     assert_eq!(
         statuses(layer, reqs).await,
         [200, 429, 429],
@@ -85,18 +118,8 @@ async fn the_client_ip_key_keys_a_direct_ipv6_peer_by_network() {
 /// to X-Forwarded-For; the client rotates through its /64.
 #[tokio::test]
 async fn the_client_ip_key_keys_a_forwarded_ipv6_client_by_network() {
-    let config = Config::from_toml(
-        "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"x-forwarded-for\"\n\n\
-         [policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
-         [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
-    )
-    .expect("valid");
-    let layer =
-        RateLimitLayer::with_rules(MemoryStore::new(), config).on_failure(FailurePolicy::Closed);
-    let reqs = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]
-        .iter()
-        .map(|ip| req_from("10.0.0.5", &[("x-forwarded-for", ip)]))
-        .collect();
+    let layer = closed(client_ip_config("x-forwarded-for"));
+    let reqs = forwarded_for_each(&["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]);
     assert_eq!(
         statuses(layer, reqs).await,
         [200, 429, 429],
@@ -171,17 +194,9 @@ impl Lcg {
     }
 }
 
-/// A timeline of (time µs, units) admissions of `old` then `new` on one
-/// MemoryStore key; returns the admissions and the change's time.
-fn sliding_log_timeline(
-    seed: u64,
-    old: (u64, u64),
-    new: (u64, u64),
-    steps: usize,
-) -> (Vec<(u64, u64, bool)>, u64) {
-    timeline(seed, Policy::sliding_window_log, old, new, steps)
-}
-
+/// A timeline of (time µs, units, after the change) admissions of `make`'s
+/// `old` then `new` (limit, window µs) on one MemoryStore key; returns the
+/// admissions and the change's time.
 fn timeline(
     seed: u64,
     make: fn(u64, Duration) -> Result<Policy, ratelimit_core::PolicyError>,
@@ -220,6 +235,27 @@ fn timeline(
     (admitted, change_at)
 }
 
+/// For each `(old, new)` of `cases` and seeds 0 to 11, the [`timeline`] of
+/// `steps` steps, checked by `over` (given the admissions, the change's time
+/// and `new`): the first over-admission it names in each timeline.
+fn over_admissions(
+    make: Windowed,
+    cases: &[Change],
+    steps: usize,
+    over: impl Fn(&[(u64, u64, bool)], u64, (u64, u64)) -> Option<String>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for &(old, new) in cases {
+        for seed in 0..12u64 {
+            let (admitted, change_at) = timeline(seed, make, old, new, steps);
+            if let Some(failure) = over(&admitted, change_at, new) {
+                failures.push(format!("old {old:?} new {new:?} seed {seed}: {failure}"));
+            }
+        }
+    }
+    failures
+}
+
 /// RELIABILITY.md, "Parameter changes under one name", sliding log: "in every
 /// interval of the new window's length, everything admitted is at most the
 /// new limit, or the earlier admissions alone" -- checked here for limits
@@ -235,35 +271,27 @@ fn a_tightened_large_sliding_log_never_over_admits() {
         ((1_500, 10_000_000), (1_100, 9_999_999)),
         ((2_048, 1_024_000), (1_025, 1_000_001)),
     ];
-    let mut failures = Vec::new();
-    for (old, new) in cases {
-        for seed in 0..12u64 {
-            let (admitted, change_at) = sliding_log_timeline(seed, old, new, 4_000);
-            for &(t, _, after) in &admitted {
-                if !after {
-                    continue;
-                }
+    let failures = over_admissions(
+        Policy::sliding_window_log,
+        &cases,
+        4_000,
+        |admitted, change_at, new| {
+            admitted.iter().filter(|a| a.2).find_map(|&(t, _, _)| {
                 let total: u64 = admitted
                     .iter()
                     .filter(|&&(u, _, _)| u + new.1 > t && u <= t)
                     .map(|&(_, c, _)| c)
                     .sum();
-                if total > new.0 {
-                    failures.push(format!(
-                        "old {old:?} new {new:?} seed {seed}: {total} units in the window ending {} µs after the change",
+                (total > new.0).then(|| {
+                    format!(
+                        "{total} units in the window ending {} µs after the change",
                         t - change_at
-                    ));
-                    break;
-                }
-            }
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} over-admissions, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
+                    )
+                })
+            })
+        },
     );
+    assert_none(&failures, "over-admissions", 5);
 }
 
 /// RELIABILITY.md, fixed window and sliding window counter: "when the new
@@ -286,37 +314,29 @@ fn tightened_large_windows_never_over_admit_in_an_aligned_new_window() {
     ];
     let mut failures = Vec::new();
     for (name, make) in makes {
-        for (old, new) in cases {
-            for seed in 0..12u64 {
-                let (admitted, change_at) = timeline(seed, make, old, new, 3_000);
-                let w = new.1;
-                let mut windows: Vec<u64> = admitted
-                    .iter()
-                    .filter(|a| a.2)
-                    .map(|a| a.0 - a.0 % w)
-                    .collect();
-                windows.dedup();
-                for start in windows {
-                    let inside = admitted.iter().filter(|a| a.0 >= start && a.0 < start + w);
-                    let (total, before): (u64, u64) =
-                        inside.fold((0, 0), |(t, b), a| (t + a.1, b + if a.2 { 0 } else { a.1 }));
-                    if total > new.0 && total != before {
-                        failures.push(format!(
-                            "{name} old {old:?} new {new:?} seed {seed}: {total} units ({before} before the change) in the aligned window starting {} µs after the change",
-                            start as i64 - change_at as i64
-                        ));
-                        break;
-                    }
-                }
-            }
-        }
+        let found = over_admissions(make, &cases, 3_000, |admitted, change_at, new| {
+            let w = new.1;
+            let mut windows: Vec<u64> = admitted
+                .iter()
+                .filter(|a| a.2)
+                .map(|a| a.0 - a.0 % w)
+                .collect();
+            windows.dedup();
+            windows.into_iter().find_map(|start| {
+                let inside = admitted.iter().filter(|a| a.0 >= start && a.0 < start + w);
+                let (total, before): (u64, u64) =
+                    inside.fold((0, 0), |(t, b), a| (t + a.1, b + if a.2 { 0 } else { a.1 }));
+                (total > new.0 && total != before).then(|| {
+                    format!(
+                        "{total} units ({before} before the change) in the aligned window starting {} µs after the change",
+                        start as i64 - change_at as i64
+                    )
+                })
+            })
+        });
+        failures.extend(found.into_iter().map(|f| format!("{name} {f}")));
     }
-    assert!(
-        failures.is_empty(),
-        "{} over-admissions, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(6)]
-    );
+    assert_none(&failures, "over-admissions", 6);
 }
 
 /// RELIABILITY.md, token bucket and GCRA: "From any admission after the
@@ -383,12 +403,7 @@ fn tightened_large_buckets_never_over_admit() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} over-admissions, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(6)]
-    );
+    assert_none(&failures, "over-admissions", 6);
 }
 
 /// `MemoryStore::builder().max_keys(n)`: "any `max_keys` distinct keys are
@@ -466,8 +481,7 @@ async fn the_watcher_sees_a_change_that_keeps_size_and_modification_time() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     watcher.abort();
-    let layer =
-        RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed);
+    let layer = closed(rules);
     let reqs = (0..3)
         .map(|_| req_from("192.0.2.1", &[("x-client", "a")]))
         .collect();
@@ -538,8 +552,7 @@ async fn extreme_configuration_values_never_panic() {
                         continue;
                     };
                     loaded += 1;
-                    let layer = RateLimitLayer::with_rules(MemoryStore::new(), config)
-                        .on_failure(FailurePolicy::Closed);
+                    let layer = closed(config);
                     let service = ServiceBuilder::new().layer(layer).service(ok_service());
                     for _ in 0..3 {
                         let req = req_from("192.0.2.1", &[("x-client", "a")]);
@@ -665,13 +678,8 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
         if rules.reload_from_str(&full[..cut], Format::Toml).is_err() {
             continue;
         }
-        let layer =
-            RateLimitLayer::with_rules(MemoryStore::new(), rules).on_failure(FailurePolicy::Closed);
-        let reqs = ["2001:db8:1:2::1", "2001:db8:1:2::2"]
-            .iter()
-            .map(|ip| req_from("10.0.0.5", &[("x-forwarded-for", ip)]))
-            .collect();
-        if statuses(layer, reqs).await != [200, 429] {
+        let reqs = forwarded_for_each(&["2001:db8:1:2::1", "2001:db8:1:2::2"]);
+        if statuses(closed(rules), reqs).await != [200, 429] {
             lifted.push(format!("{:?}", &full[cut.saturating_sub(30)..cut]));
         }
     }
@@ -769,10 +777,7 @@ async fn the_watcher_keeps_limits_through_deleted_dir_and_dangling_files() {
     let rules = ReloadableRules::from_file(&path).expect("valid");
     let watcher = rules.watch_file(&path, Duration::from_millis(5));
     let service = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::with_rules(MemoryStore::new(), rules.clone())
-                .on_failure(FailurePolicy::Closed),
-        )
+        .layer(closed(rules.clone()))
         .service(ok_service());
     let send = |client: &'static str| {
         let service = service.clone();
@@ -1016,10 +1021,8 @@ fn threads() -> u64 {
 /// `CostExceedsLimit`), one single request more passes. On both stores, every algorithm.
 #[tokio::test]
 async fn a_batch_naming_one_state_twice_never_over_admits() {
-    use ratelimit_core::{Check, Rate, Store};
-    let server = ratelimit_tests::RedisServer::start();
-    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
-    let memory = MemoryStore::new();
+    use ratelimit_core::{Check, Rate};
+    let (_server, stores) = Both::start().await;
     let policies = [
         Policy::fixed_window(5, Duration::from_secs(3600)).unwrap(),
         Policy::sliding_window_counter(5, Duration::from_secs(3600)).unwrap(),
@@ -1031,17 +1034,13 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
     ];
     let mut failures = Vec::new();
     for policy in &policies {
-        for (store_name, i) in [("memory", 0), ("redis", 1)] {
+        for (store_name, store) in &stores {
             let key = format!("dup-{}-{store_name}", policy.name());
             let batch = [
                 Check::new(key.as_bytes(), policy, 2),
                 Check::new(key.as_bytes(), policy, 2),
             ];
-            let decisions = if i == 0 {
-                memory.check_all(&batch).await
-            } else {
-                redis.check_all(&batch).await
-            };
+            let decisions = store.check_all(&batch).await;
             let Ok(decisions) = decisions else {
                 failures.push(format!("{store_name} {}: {decisions:?}", policy.name()));
                 continue;
@@ -1049,14 +1048,7 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
             let batch_allowed = decisions.iter().all(|d| d.is_allowed());
             let mut single = Vec::new();
             for _ in 0..3 {
-                single.push(
-                    if i == 0 {
-                        memory.check(key.as_bytes(), policy, 1).await
-                    } else {
-                        redis.check(key.as_bytes(), policy, 1).await
-                    }
-                    .unwrap(),
-                );
+                single.push(store.check(key.as_bytes(), policy, 1).await.unwrap());
             }
             // Limit 5: the batch's 4 and the singles' admissions.
             let total = if batch_allowed { 4 } else { 0 }
@@ -1072,6 +1064,51 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A `MemoryStore` and a store on a fresh Redis server, to run one scenario
+/// on both.
+#[derive(Clone)]
+enum Both {
+    Memory(MemoryStore),
+    Redis(ratelimit_core::redis::RedisStore),
+}
+
+impl Both {
+    /// A fresh Redis server and each store, named.
+    async fn start() -> (ratelimit_tests::RedisServer, [(&'static str, Both); 2]) {
+        let server = ratelimit_tests::RedisServer::start();
+        let redis = ratelimit_tests::stores::redis_store(server.url()).await;
+        let stores = [
+            ("memory", Both::Memory(MemoryStore::new())),
+            ("redis", Both::Redis(redis)),
+        ];
+        (server, stores)
+    }
+
+    async fn check(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<ratelimit_core::Decision, ratelimit_core::StoreError> {
+        use ratelimit_core::Store;
+        match self {
+            Both::Memory(store) => store.check(key, policy, cost).await,
+            Both::Redis(store) => store.check(key, policy, cost).await,
+        }
+    }
+
+    async fn check_all(
+        &self,
+        checks: &[ratelimit_core::Check<'_>],
+    ) -> Result<Vec<ratelimit_core::Decision>, ratelimit_core::StoreError> {
+        use ratelimit_core::Store;
+        match self {
+            Both::Memory(store) => store.check_all(checks).await,
+            Both::Redis(store) => store.check_all(checks).await,
+        }
+    }
+}
+
 /// A reload shortens a concurrency policy's lease (60 s to 100 ms) while a
 /// permit taken under the long lease is held (no guard here: within its
 /// lease it needs none). A permit taken under the short lease must not cut
@@ -1080,27 +1117,13 @@ async fn a_batch_naming_one_state_twice_never_over_admits() {
 /// key keeps the TTL of its longest lease").
 #[tokio::test]
 async fn a_shorter_lease_after_a_change_never_drops_a_longer_permit() {
-    use ratelimit_core::Store;
-    let server = ratelimit_tests::RedisServer::start();
-    let redis = ratelimit_tests::stores::redis_store(server.url()).await;
-    let memory = MemoryStore::new();
+    let (_server, stores) = Both::start().await;
     let long = named("c", Policy::concurrency(2, Duration::from_secs(60)));
     let short = named("c", Policy::concurrency(2, Duration::from_millis(100)));
     let mut failures = Vec::new();
-    for (name, i) in [("memory", 0), ("redis", 1)] {
-        let check = |policy: &Policy| {
-            let policy = policy.clone();
-            let (memory, redis) = (memory.clone(), redis.clone());
-            async move {
-                if i == 0 {
-                    memory.check(b"k", &policy, 1).await
-                } else {
-                    redis.check(b"k", &policy, 1).await
-                }
-                .unwrap()
-                .is_allowed()
-            }
-        };
+    for (name, store) in &stores {
+        let check =
+            async |policy: &Policy| store.check(b"k", policy, 1).await.unwrap().is_allowed();
         assert!(check(&long).await);
         assert!(check(&short).await);
         tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -1217,12 +1240,7 @@ async fn a_waiting_request_takes_a_slot_freed_before_its_wait_ends() {
 /// by the address its proxy wrote.
 #[tokio::test]
 async fn a_client_written_forwarded_prefix_never_picks_or_merges_the_key() {
-    let config = Config::from_toml(
-        "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"forwarded\"\n\n\
-         [policies.api]\nalgorithm = \"gcra\"\nlimit = 1\nrate = \"1/h\"\n\n\
-         [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
-    )
-    .expect("valid");
+    let config = client_ip_config("forwarded");
     let prefixes = [
         "for=\"198.51.100.1",
         "for=\"198.51.100.2\\",
@@ -1234,8 +1252,7 @@ async fn a_client_written_forwarded_prefix_never_picks_or_merges_the_key() {
     ];
     let mut failures = Vec::new();
     for (n, prefix) in prefixes.iter().enumerate() {
-        let layer = RateLimitLayer::with_rules(MemoryStore::new(), config.clone())
-            .on_failure(FailurePolicy::Closed);
+        let layer = closed(config.clone());
         let attacker = format!("203.0.113.{}", 10 + n);
         let spoofed = format!("{prefix}, for={attacker}");
         let reqs = vec![
@@ -1360,20 +1377,10 @@ async fn the_ip_key_in_a_list_keys_ipv6_by_network_and_mapped_as_ipv4() {
          [[rules]]\npolicy = \"api\"\nkey = [\"route\", \"ip\"]\n",
     )
     .expect("valid");
-    let layer = RateLimitLayer::with_rules(MemoryStore::new(), config.clone())
-        .on_failure(FailurePolicy::Closed);
-    let reqs = ["2001:db8:1:2::1", "2001:db8:1:2:ffff::2"]
-        .iter()
-        .map(|ip| req_from(ip, &[]))
-        .collect();
-    assert_eq!(statuses(layer, reqs).await, [200, 429]);
-    let layer =
-        RateLimitLayer::with_rules(MemoryStore::new(), config).on_failure(FailurePolicy::Closed);
-    let reqs = ["192.0.2.7", "::ffff:192.0.2.7", "::ffff:c000:207"]
-        .iter()
-        .map(|ip| req_from(ip, &[]))
-        .collect();
-    assert_eq!(statuses(layer, reqs).await, [200, 429, 429]);
+    let reqs = from_each(&["2001:db8:1:2::1", "2001:db8:1:2:ffff::2"]);
+    assert_eq!(statuses(closed(config.clone()), reqs).await, [200, 429]);
+    let reqs = from_each(&["192.0.2.7", "::ffff:192.0.2.7", "::ffff:c000:207"]);
+    assert_eq!(statuses(closed(config), reqs).await, [200, 429, 429]);
 }
 
 /// A Kubernetes-style config map: the watched path is a symlink through

@@ -73,22 +73,9 @@ mod around_the_router {
     use axum::extract::Path;
     use axum::http::Request;
     use axum::routing::any;
-    use ratelimit_core::MemoryStore;
-    use ratelimit_tower::RateLimitLayer;
-    use ratelimit_tower::config::Config;
     use tower::{Layer, ServiceExt};
 
-    const ROUTE_KEYED: &str = r#"
-        [policies.p]
-        algorithm = "fixed-window"
-        limit = 1
-        window = "1h"
-
-        [[rules]]
-        policy = "p"
-        key = "route"
-        routes = ["/api/export"]
-    "#;
+    use crate::rules::{layer_of, per_route};
 
     /// SECURITY.md, "Route rules": where axum's `MatchedPath` is not known
     /// (the layer around the router) `RouteKey` "keys by the path with
@@ -113,10 +100,7 @@ mod around_the_router {
                 std::future::ready("ran")
             }),
         );
-        let layer = RateLimitLayer::with_rules(
-            MemoryStore::new(),
-            Config::from_toml(ROUTE_KEYED).expect("valid"),
-        );
+        let layer = layer_of(&per_route(r#"["/api/export"]"#));
         let svc = layer.layer(router);
         let mut statuses = Vec::new();
         for path in ["/api/export/a:b", "/api/export/a%3Ab", "/api/export/a%3ab"] {

@@ -14,3 +14,4 @@ mod attacks;
 mod attacks2;
 mod attacks3;
 mod routing;
+mod rules;

@@ -29,23 +29,11 @@ use axum::response::{IntoResponse, Response};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
-/// Three limited areas, each one per hour per `x-id`; the rest unlimited.
+use crate::rules::{layer_of, one_an_hour};
+
+/// Three limited areas, each one per hour per `x-id` (the policies
+/// [`one_an_hour`] of their names); the rest unlimited.
 const RULES: &str = r#"
-    [policies.export]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
-    [policies.items]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
-    [policies.admin]
-    algorithm = "fixed-window"
-    limit = 1
-    window = "1h"
-
     [[rules]]
     policy = "export"
     key = "header:x-id"
@@ -114,7 +102,8 @@ fn router(runs: Runs) -> Router {
 }
 
 fn layer() -> RateLimitLayer<MemoryStore, Config, ratelimit_tower::HttpRejections> {
-    RateLimitLayer::with_rules(MemoryStore::new(), Config::from_toml(RULES).unwrap())
+    let policies = ["export", "items", "admin"].map(one_an_hour).concat();
+    layer_of(&format!("{policies}{RULES}"))
 }
 
 /// The router with the layer on it, or around it.
@@ -277,9 +266,11 @@ fn a_limited_handler_never_runs_outside_its_rule(placement: Placement, cases: u3
     reached.get()
 }
 
-#[test]
-fn a_limited_handler_never_runs_outside_its_rule_with_the_layer_on_the_router() {
-    let reached = a_limited_handler_never_runs_outside_its_rule(Placement::OnTheRouter, 2_500);
+/// Runs [`a_limited_handler_never_runs_outside_its_rule`] with 2,500 cases
+/// and checks that enough of them reached a limited handler to mean
+/// something.
+fn limited_handlers_run_only_within_their_rules(placement: Placement) {
+    let reached = a_limited_handler_never_runs_outside_its_rule(placement, 2_500);
     assert!(
         reached >= 100,
         "only {reached} requests reached a limited handler"
@@ -287,12 +278,13 @@ fn a_limited_handler_never_runs_outside_its_rule_with_the_layer_on_the_router() 
 }
 
 #[test]
+fn a_limited_handler_never_runs_outside_its_rule_with_the_layer_on_the_router() {
+    limited_handlers_run_only_within_their_rules(Placement::OnTheRouter);
+}
+
+#[test]
 fn a_limited_handler_never_runs_outside_its_rule_with_the_layer_around_the_router() {
-    let reached = a_limited_handler_never_runs_outside_its_rule(Placement::AroundTheRouter, 2_500);
-    assert!(
-        reached >= 100,
-        "only {reached} requests reached a limited handler"
-    );
+    limited_handlers_run_only_within_their_rules(Placement::AroundTheRouter);
 }
 
 /// The spellings found by review, each sent to the router twice: the second

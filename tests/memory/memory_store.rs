@@ -419,60 +419,22 @@ fn huge_keys_are_bounded() {
 
 use ratelimit_core::{AdminStore, DeniedCache};
 use ratelimit_tests::admits;
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::named;
 
-/// A store that counts the checks that reach it.
-#[derive(Clone)]
-struct Counting {
-    store: MemoryStore,
-    calls: Arc<AtomicU64>,
-}
-
-impl Store for Counting {
-    type CheckFuture = <MemoryStore as Store>::CheckFuture;
-    type CheckAllFuture = <MemoryStore as Store>::CheckAllFuture;
-    type ReleaseFuture = <MemoryStore as Store>::ReleaseFuture;
-    type RenewFuture = <MemoryStore as Store>::RenewFuture;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.store.check(key, policy, cost)
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.store.check_all(checks)
-    }
-
-    fn release(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        permit: ratelimit_core::PermitId,
-    ) -> Self::ReleaseFuture {
-        self.store.release(key, policy, permit)
-    }
-
-    fn renew(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        permit: ratelimit_core::PermitId,
-    ) -> Self::RenewFuture {
-        self.store.renew(key, policy, permit)
-    }
-}
-
-fn counting() -> (Counting, Arc<AtomicU64>) {
+/// A `MemoryStore` that counts the checks (`check`, `check_all`) that
+/// reach it.
+fn counting() -> (Faulty<MemoryStore>, Arc<AtomicU64>) {
     let calls = Arc::new(AtomicU64::new(0));
-    (
-        Counting {
-            store: MemoryStore::new(),
-            calls: calls.clone(),
-        },
-        calls,
-    )
+    let counted = calls.clone();
+    let store = Faulty::new(MemoryStore::new(), move |call| {
+        if call.decides() {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    });
+    (store, calls)
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //! Redis gives are classified in `redis_store.rs`, `redis_acl.rs` and
 //! `resilience.rs`.
 
-use std::future::{Pending, Ready, pending, ready};
+use std::future::{Pending, pending};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,6 +18,7 @@ use ratelimit_core::{
     BreakerState, Check, CircuitBreaker, Decision, DecisionSource, DeniedCache, FallbackStore,
     MemoryStore, PermitId, Policy, Store, StoreError,
 };
+use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::named;
@@ -43,69 +44,6 @@ fn every_error() -> Vec<StoreError> {
         StoreError::Unavailable("connection refused".into()),
         StoreError::Backend("unexpected reply to a decision: Int(-1)".into()),
     ]
-}
-
-/// A copy of `e` (same variant and text).
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::CostExceedsLimit { policy, cost, max } => StoreError::CostExceedsLimit {
-            policy: policy.clone(),
-            cost: *cost,
-            max: *max,
-        },
-        StoreError::Full { max_keys } => StoreError::Full {
-            max_keys: *max_keys,
-        },
-        StoreError::PolicyConflict { policy } => StoreError::PolicyConflict {
-            policy: policy.clone(),
-        },
-        StoreError::Unsupported {
-            policy,
-            algorithm,
-            operation,
-        } => StoreError::Unsupported {
-            policy: policy.clone(),
-            algorithm,
-            operation,
-        },
-        StoreError::Timeout(t) => StoreError::Timeout(*t),
-        StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
-        StoreError::Backend(e) => StoreError::Backend(e.to_string().into()),
-        other => panic!("a variant this test does not know: {other:?}"),
-    }
-}
-
-/// A store whose every call fails with one error.
-#[derive(Clone)]
-struct Failing(Arc<StoreError>);
-
-impl Failing {
-    fn new(error: &StoreError) -> Self {
-        Failing(Arc::new(copy(error)))
-    }
-}
-
-impl Store for Failing {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
-    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = Ready<Result<(), StoreError>>;
-    type RenewFuture = Ready<Result<bool, StoreError>>;
-
-    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
-        ready(Err(copy(&self.0)))
-    }
-
-    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
-        ready(Err(copy(&self.0)))
-    }
-
-    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
-        ready(Err(copy(&self.0)))
-    }
-
-    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
-        ready(Err(copy(&self.0)))
-    }
 }
 
 fn policy() -> Policy {
@@ -134,7 +72,7 @@ async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
             // A custom policy that would admit anything it is asked about.
             (FailurePolicy::custom(|_| true), true),
         ] {
-            let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default())
+            let layer = RateLimitLayer::new(Faulty::always(&error), policy(), GlobalKey::default())
                 .on_failure(failure.clone());
             let service = layer.clone().layer(inner);
             for _ in 0..3 {
@@ -168,7 +106,7 @@ async fn through_the_layer_only_an_outage_reaches_the_failure_policy() {
 async fn a_grpc_request_gets_internal_for_a_store_bug_and_no_detail_of_it() {
     let inner = ok_service();
     let secret = StoreError::Backend("RATELIMIT_CONFLICT ratelimit:p:{secret-key}".into());
-    let service = RateLimitLayer::new(Failing::new(&secret), policy(), GlobalKey::default())
+    let service = RateLimitLayer::new(Faulty::always(&secret), policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Open)
         .layer(inner);
     let grpc = Request::builder()
@@ -216,7 +154,7 @@ async fn an_unavailable_store_answers_in_general_terms_and_names_no_host() {
         } else {
             "rate limit store unavailable"
         };
-        let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default())
+        let layer = RateLimitLayer::new(Faulty::always(&error), policy(), GlobalKey::default())
             .on_failure(FailurePolicy::Closed);
         let service = layer.clone().layer(inner);
 
@@ -246,7 +184,7 @@ async fn an_unavailable_store_answers_in_general_terms_and_names_no_host() {
         assert_eq!(stats.failed_closed() + stats.refused_on_error(), 2);
 
         let limiter =
-            Limiter::new(Failing::new(&error), policy()).on_failure(FailurePolicy::Closed);
+            Limiter::new(Faulty::always(&error), policy()).on_failure(FailurePolicy::Closed);
         let Err(refused) = limiter.check(b"k", 1).await else {
             panic!("{error:?} was granted");
         };
@@ -262,7 +200,7 @@ async fn a_fallback_store_falls_back_on_outages_only() {
     for error in every_error() {
         let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
         let store = FallbackStore::new(
-            Failing::new(&error),
+            Faulty::always(&error),
             MemoryStore::new(),
             2,
             Arc::clone(&breaker),
@@ -294,59 +232,14 @@ async fn a_fallback_store_falls_back_on_outages_only() {
     }
 }
 
-/// A store that is down (every call `Unavailable`) while its switch is on,
-/// a `MemoryStore` otherwise.
-#[derive(Clone, Default)]
-struct Switchable {
-    store: MemoryStore,
-    down: Arc<AtomicBool>,
-}
-
-impl Switchable {
-    fn outage<T>(
-        &self,
-        up: impl FnOnce() -> Result<T, StoreError>,
-    ) -> Ready<Result<T, StoreError>> {
-        if self.down.load(Ordering::Relaxed) {
-            ready(Err(StoreError::Unavailable("connection refused".into())))
-        } else {
-            ready(up())
-        }
-    }
-}
-
-impl Store for Switchable {
-    type CheckFuture = Ready<Result<Decision, StoreError>>;
-    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = Ready<Result<(), StoreError>>;
-    type RenewFuture = Ready<Result<bool, StoreError>>;
-
-    fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        self.outage(|| self.store.check_now(key, policy, cost))
-    }
-
-    fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        self.outage(|| self.store.check_all_now(checks))
-    }
-
-    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        self.outage(|| {
-            self.store.release_now(key, policy, permit);
-            Ok(())
-        })
-    }
-
-    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        self.outage(|| Ok(self.store.renew_now(key, policy, permit)))
-    }
-}
-
 /// A `DeniedCache` in front of a `FallbackStore` keeps no denial of the
 /// fallback's: once the primary answers again, it decides, whatever the
 /// fallback's local share denied during the outage.
 #[tokio::test]
 async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
-    let primary = Switchable::default();
+    // Every call refused while `down` is set.
+    let down = Arc::new(AtomicBool::new(false));
+    let primary = Faulty::refused_while(down.clone());
     // A threshold never reached: every call asks the primary first.
     let breaker = Arc::new(CircuitBreaker::new(1_000, Duration::from_secs(3600)));
     let cache = DeniedCache::new(FallbackStore::new(
@@ -356,7 +249,7 @@ async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
         breaker,
     ));
     let policy = fixed_window("p", 8, Duration::from_secs(3600));
-    primary.down.store(true, Ordering::Relaxed);
+    down.store(true, Ordering::Relaxed);
     // The fallback's share is 8 / 4 = 2 an hour.
     for _ in 0..2 {
         let d = cache.check(b"k", &policy, 1).await.unwrap();
@@ -364,7 +257,7 @@ async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
     }
     let denied = cache.check(b"k", &policy, 1).await.unwrap();
     assert!(!denied.is_allowed() && denied.source() == DecisionSource::Fallback);
-    primary.down.store(false, Ordering::Relaxed);
+    down.store(false, Ordering::Relaxed);
     let d = cache.check(b"k", &policy, 1).await.unwrap();
     assert!(
         d.is_allowed() && d.source() == DecisionSource::Store,
@@ -388,7 +281,8 @@ async fn the_limiter_fails_open_on_outages_only() {
             (FailurePolicy::Closed, false),
             (FailurePolicy::custom(|_| true), true),
         ] {
-            let limiter = Limiter::new(Failing::new(&error), policy()).on_failure(failure.clone());
+            let limiter =
+                Limiter::new(Faulty::always(&error), policy()).on_failure(failure.clone());
             let status = match limiter.check(b"k", 1).await {
                 Ok(granted) => {
                     assert!(granted.decisions().is_none());
@@ -410,9 +304,9 @@ async fn the_layer_and_the_limiter_both_fail_open_by_default() {
         Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
     });
     for error in every_error() {
-        let layer = RateLimitLayer::new(Failing::new(&error), policy(), GlobalKey::default());
+        let layer = RateLimitLayer::new(Faulty::always(&error), policy(), GlobalKey::default());
         let through_layer = status_of(&layer.clone().layer(inner)).await;
-        let limiter = Limiter::new(Failing::new(&error), policy());
+        let limiter = Limiter::new(Faulty::always(&error), policy());
         let through_limiter = match limiter.check(b"k", 1).await {
             Ok(_) => StatusCode::OK,
             Err(refused) => refused.into_response().status(),

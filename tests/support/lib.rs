@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub mod events;
 pub mod examples;
 pub mod fault_proxy;
+pub mod faulty;
 pub mod fixtures;
 pub mod loopback;
 pub mod metrics;
