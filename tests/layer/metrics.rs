@@ -593,6 +593,11 @@ fn decisions(events: &Events) -> Vec<(String, String)> {
 fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     let events = Events::default();
     let (statuses, recorded) = tracing::subscriber::with_default(events.clone(), || {
+        // A callsite first hit by a test on another thread while this
+        // subscriber was being registered can cache "no one listens";
+        // asking every callsite again, with this subscriber in place,
+        // makes them report here.
+        tracing::callsite::rebuild_interest_cache();
         capture(false, || async {
             let status =
                 |answer: Result<ratelimit_axum::Granted, ratelimit_axum::QuotaExceeded>| {
