@@ -53,12 +53,12 @@ impl Fields {
 /// Inserts the layer's `RateLimit-Policy` and `RateLimit` where `headers`
 /// has neither, else merges them with those it has ([`merge_ietf`]).
 ///
-/// Each field is looked up once, through its entry: on a response, hashing
-/// and probing a field's name is most of what writing it costs. The policy
-/// field goes into its vacant entry before the other field is looked at; if
-/// `headers` turns out to carry a `RateLimit` field, it is taken out again
-/// (the last entry, so the others keep their order) and the two are merged
-/// as if it had never been written.
+/// Each field is looked up once, through its entry, rather than tested and
+/// then inserted (two hashes of its name): this runs on every allowed
+/// response. The policy field goes into its vacant entry before the other
+/// field is looked at; if `headers` turns out to carry a `RateLimit` field,
+/// it is taken out again (the last entry, so the others keep their order)
+/// and the two are merged as if it had never been written.
 fn insert_ietf(headers: &mut HeaderMap, policy: Option<HeaderValue>, state: Option<HeaderValue>) {
     let wrote_policy = match policy {
         Some(value) => match headers.entry(&RATELIMIT_POLICY) {
