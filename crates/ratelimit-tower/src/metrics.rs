@@ -228,10 +228,11 @@ pub(crate) fn record_decision(
     all_allowed: bool,
     near_limit: f64,
 ) {
-    let outcome = outcome(policy, decision, all_allowed);
+    // Worked out inside the event, which evaluates its fields only when it
+    // is enabled: without metrics, most decisions need no outcome at all.
     tracing::debug!(
         policy = policy.name(),
-        outcome,
+        outcome = outcome(policy, decision, all_allowed),
         remaining = decision.remaining(),
         limit = decision.limit(),
         key_hash = %KeyHash(key),
@@ -239,6 +240,7 @@ pub(crate) fn record_decision(
     );
     #[cfg(feature = "metrics")]
     {
+        let outcome = outcome(policy, decision, all_allowed);
         let name = policy.name().to_owned();
         if outcome == "allowed" && is_near_limit(decision, near_limit) {
             ::metrics::counter!(NEAR_LIMIT, "policy" => name.clone()).increment(1);

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use http::header::GetAll;
+use http::header::{Entry, GetAll};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `RateLimit-Policy`.
@@ -42,21 +42,54 @@ impl Fields {
     /// has otherwise.
     pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
         if self.policy.is_some() || self.state.is_some() {
-            if headers.contains_key(&RATELIMIT_POLICY) || headers.contains_key(&RATELIMIT) {
-                merge_ietf(headers, self.policy, self.state);
-            } else {
-                if let Some(v) = self.policy {
-                    headers.insert(RATELIMIT_POLICY.clone(), v);
-                }
-                if let Some(v) = self.state {
-                    headers.insert(RATELIMIT.clone(), v);
-                }
-            }
+            insert_ietf(headers, self.policy, self.state);
         }
         if let Some(legacy) = self.legacy {
             merge_legacy(headers, *legacy);
         }
     }
+}
+
+/// Inserts the layer's `RateLimit-Policy` and `RateLimit` where `headers`
+/// has neither, else merges them with those it has ([`merge_ietf`]).
+///
+/// Each field is looked up once, through its entry, rather than tested and
+/// then inserted (two hashes of its name): this runs on every allowed
+/// response. The policy field goes into its vacant entry before the other
+/// field is looked at; if `headers` turns out to carry a `RateLimit` field,
+/// it is taken out again (the last entry, so the others keep their order)
+/// and the two are merged as if it had never been written.
+fn insert_ietf(headers: &mut HeaderMap, policy: Option<HeaderValue>, state: Option<HeaderValue>) {
+    let wrote_policy = match policy {
+        Some(value) => match headers.entry(&RATELIMIT_POLICY) {
+            Entry::Vacant(entry) => {
+                entry.insert(value);
+                true
+            }
+            Entry::Occupied(_) => return merge_ietf(headers, Some(value), state),
+        },
+        None if headers.contains_key(&RATELIMIT_POLICY) => {
+            return merge_ietf(headers, None, state);
+        }
+        None => false,
+    };
+    let state = match state {
+        Some(value) => match headers.entry(&RATELIMIT) {
+            Entry::Vacant(entry) => {
+                entry.insert(value);
+                return;
+            }
+            Entry::Occupied(_) => Some(value),
+        },
+        None if headers.contains_key(&RATELIMIT) => None,
+        None => return,
+    };
+    let policy = if wrote_policy {
+        headers.remove(&RATELIMIT_POLICY)
+    } else {
+        None
+    };
+    merge_ietf(headers, policy, state);
 }
 
 /// A structured-field list, parsed.
@@ -341,6 +374,55 @@ mod tests {
                 r#""login";r=0;t=870, "per-client";r=98;t=60"#
             )
         );
+    }
+
+    /// A response carrying only one of the two fields is merged as one
+    /// carrying both (the other empty), and its other fields keep their
+    /// order.
+    #[test]
+    fn a_response_with_one_of_the_fields_is_merged() {
+        let content_type = HeaderName::from_static("content-type");
+        let only = |name: &HeaderName, value: &[u8]| {
+            response(&[
+                (&content_type, b"text/plain"),
+                (name, value),
+                (&X_RATELIMIT_LIMIT, b"7"),
+            ])
+        };
+        let order = |headers: &HeaderMap| {
+            headers
+                .keys()
+                .filter(|name| **name != RATELIMIT_POLICY && **name != RATELIMIT)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let cases: [(&HeaderName, &[u8], (&str, &str)); 2] = [
+            (
+                &RATELIMIT,
+                br#""login";r=0;t=870"#,
+                (LAYER_POLICY, r#""login";r=0;t=870, "per-client";r=98;t=60"#),
+            ),
+            (
+                &RATELIMIT_POLICY,
+                br#""login";q=3;w=900"#,
+                (
+                    r#""login";q=3;w=900, "per-client";q=100;w=60"#,
+                    r#""per-client";r=98;t=60"#,
+                ),
+            ),
+        ];
+        for (name, value, want) in cases {
+            let mut headers = only(name, value);
+            let before = order(&headers);
+            Fields {
+                legacy: None,
+                ..ours(98, 60)
+            }
+            .insert_into(&mut headers);
+            assert_eq!(order(&headers), before, "{name}");
+            let out = merged(headers, Fields::default());
+            assert_eq!(ietf(&out), want, "{name}");
+        }
     }
 
     /// A member under the layer's policy name that claims more quota than
