@@ -87,7 +87,7 @@ pub(super) struct Item {
     pub(super) slot: u16,
     pub(super) requests: SmallVec<[(Policy, u64, PermitId); 1]>,
     /// Boxed: present for semaphore checks only, and the item moves several
-    /// times on its way (an item of 192 bytes unboxed, 72 boxed).
+    /// times on its way (unboxed, every item would be nearly twice as large).
     pub(super) unclaimed: Option<Box<Unclaimed>>,
     pub(super) reply: oneshot::Sender<Answer>,
     /// The summed [`weight`] of its checks.
