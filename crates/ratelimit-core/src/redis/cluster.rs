@@ -152,13 +152,17 @@ impl Cluster {
         &self.shared.masters
     }
 
-    /// The coalescing lane of `key`: the master that serves its slot in
-    /// the slot map of the current `first` connection (`None` before that
-    /// connection read one, or while no master serves the slot).
-    pub(super) fn lane_of(&self, key: &str) -> Option<u16> {
+    /// The coalescing lane of `key`, and its slot: the lane is the master
+    /// that serves the slot in the slot map of the current `first`
+    /// connection (`None` before that connection read one, or while no
+    /// master serves the slot).
+    pub(super) fn lane_of(&self, key: &str) -> Option<(u16, u16)> {
         let slot = slot_number(redis::cluster_routing::Slot::for_key(key))?;
-        let slot_map = self.shared.connections.read().slot_map.clone();
-        self.shared.masters.lane_of(&slot_map, slot)
+        // Read in place: a clone of the map's `Arc` per request is two
+        // writes to a count every thread shares.
+        let connections = self.shared.connections.read();
+        let lane = self.shared.masters.lane_of(&connections.slot_map, slot)?;
+        Some((lane, slot))
     }
 
     /// A call timed out (or found the cluster client's task gone): the node

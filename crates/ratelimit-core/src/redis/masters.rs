@@ -55,12 +55,11 @@ use redis::cluster::NodeAddress;
 use redis::cluster_read_routing::{
     ClusterTopology, ReadCandidates, ReadRoutingStrategy, ReadRoutingStrategyFactory,
 };
-use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::time::Instant as Deadline;
 
 use super::cluster::Cluster;
-use super::coalesce::{Item, answer, batch_args, batch_results, share};
+use super::coalesce::{Decided, Item, answer, batch_args, batch_results, share};
 use super::connections::Connections;
 use super::functions::names_no_function;
 use super::scripts::{Library, StateKeys, invocation};
@@ -273,23 +272,20 @@ impl RedisStore {
     /// Sends `batch`, requests of the master of `lane`, as one pipeline on
     /// that master's own connection, a call per slot, and gives each request
     /// its answer (see the module's docs).
-    pub(super) async fn send_to_master(&self, cluster: &Cluster, lane: u16, batch: Vec<Item>) {
+    pub(super) async fn send_to_master(&self, cluster: &Cluster, lane: u16, mut batch: Vec<Item>) {
         let Some(connections) = cluster.masters().connections(lane) else {
             self.send_again(batch);
             return;
         };
-        // The requests of each slot, in their order of arrival.
-        let mut slots: SmallVec<[(Slot, Vec<Item>); 8]> = SmallVec::new();
-        for item in batch {
-            let slot = Slot::for_key(item.keys.first().map_or("", String::as_str));
-            match slots.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, items)) => items.push(item),
-                None => slots.push((slot, vec![item])),
-            }
-        }
+        // Each slot's requests side by side, in their order of arrival (the
+        // sort is stable), so that each call is a run of the batch: no list
+        // of its own per slot.
+        batch.sort_by_key(|item| item.slot);
         let now = self.fixed_now();
-        let mut pipeline = redis::Pipeline::with_capacity(slots.len());
-        for (_, items) in &slots {
+        let mut calls: SmallVec<[usize; 32]> = SmallVec::new();
+        let mut pipeline = redis::Pipeline::with_capacity(batch.len());
+        for items in batch.chunk_by(|a, b| a.slot == b.slot) {
+            calls.push(items.len());
             pipeline.add_command(self.slot_call(items, now));
         }
         let slot = connections.next_slot();
@@ -297,14 +293,14 @@ impl RedisStore {
             // Not open (yet, or again after it failed): it opens in the
             // background, and the cluster client serves these meanwhile.
             connections.open_soon(slot);
-            self.send_again(slots.into_iter().flat_map(|(_, items)| items).collect());
+            self.send_again(batch);
             return;
         };
         let deadline = self.inner.deadline();
         let sent = Deadline::now();
         let replies = tokio::time::timeout_at(
             deadline,
-            link.req_packed_commands(&pipeline, 0, slots.len()),
+            link.req_packed_commands(&pipeline, 0, calls.len()),
         )
         .await;
         let values = match replies {
@@ -314,7 +310,7 @@ impl RedisStore {
                 }
                 cluster.watch();
                 let error = StoreError::Timeout(self.inner.call_timeout);
-                answer_all(slots, &error);
+                answer_all(batch, &error);
                 return;
             }
             Ok(Err(e)) => {
@@ -323,50 +319,58 @@ impl RedisStore {
                 }
                 if e.is_timeout() {
                     cluster.watch();
-                    answer_all(slots, &StoreError::Timeout(self.inner.call_timeout));
+                    answer_all(batch, &StoreError::Timeout(self.inner.call_timeout));
                 } else {
                     // It may have run: sent again, it counts twice at worst.
-                    self.send_again(slots.into_iter().flat_map(|(_, items)| items).collect());
+                    self.send_again(batch);
                 }
                 return;
             }
             Ok(Ok(values)) => values,
         };
-        if values.len() != slots.len() {
+        if values.len() != calls.len() {
             let error = StoreError::Backend(
                 format!(
                     "a pipeline of {} calls answered {} replies",
-                    slots.len(),
+                    calls.len(),
                     values.len()
                 )
                 .into(),
             );
-            answer_all(slots, &error);
+            answer_all(batch, &error);
             return;
         }
-        let sent_on = SentOn::default();
-        let (mut again, mut missing) = (Vec::new(), false);
-        for ((_, items), value) in slots.into_iter().zip(values) {
+        // Each request's answer, `None` for one whose call Redis did not
+        // run (it goes again on its own), read before any is delivered.
+        let mut outcomes: Vec<Option<Result<Decided, StoreError>>> =
+            Vec::with_capacity(batch.len());
+        let (mut start, mut missing) = (0, false);
+        for (&count, value) in calls.iter().zip(values) {
+            let items = &batch[start..start + count];
+            start += count;
             if let Value::ServerError(error) = value {
                 missing |= names_no_function(&redis::RedisError::from(error));
-                again.extend(items);
+                outcomes.extend(std::iter::repeat_with(|| None).take(count));
                 continue;
             }
-            match batch_results(&items, &value) {
-                Ok(results) => {
-                    for (item, result) in items.into_iter().zip(results) {
-                        answer(item, result, &sent_on);
-                    }
-                }
+            match batch_results(items, &value) {
+                Ok(results) => outcomes.extend(results.into_iter().map(Some)),
                 Err(wrong) => {
                     // A reply that does not decode is a bug, never an outage.
                     let error = StoreError::Backend(
                         format!("undecodable reply to a call of a pipeline: {wrong}").into(),
                     );
-                    for item in items {
-                        answer(item, Err(share(&error)), &sent_on);
-                    }
+                    outcomes
+                        .extend(std::iter::repeat_with(|| Some(Err(share(&error)))).take(count));
                 }
+            }
+        }
+        let sent_on = SentOn::default();
+        let mut again = Vec::new();
+        for (item, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                Some(result) => answer(item, result, &sent_on),
+                None => again.push(item),
             }
         }
         if missing {
@@ -410,10 +414,10 @@ impl RedisStore {
     }
 }
 
-/// Answers every request of `slots` with `error`.
-fn answer_all(slots: SmallVec<[(Slot, Vec<Item>); 8]>, error: &StoreError) {
+/// Answers every request of `batch` with `error`.
+fn answer_all(batch: Vec<Item>, error: &StoreError) {
     let sent_on = SentOn::default();
-    for item in slots.into_iter().flat_map(|(_, items)| items) {
+    for item in batch {
         answer(item, Err(share(error)), &sent_on);
     }
 }

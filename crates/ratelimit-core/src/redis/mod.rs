@@ -767,18 +767,19 @@ impl RedisStore {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
             return Err(StoreError::Backend("coalescing is off".into()));
         };
-        let lane = match &self.inner.backend {
-            Backend::Node(_) => Some(LaneId::Node),
+        let (lane, slot) = match &self.inner.backend {
+            Backend::Node(_) => (Some(LaneId::Node), 0),
             // A lane per master, whose requests go as one pipeline (see
             // `masters`), but for those that hold permits: their releases
             // follow them on the cluster client's connection. A request of
             // a slot no master is known for goes as a call of its own.
             #[cfg(feature = "redis-cluster")]
             Backend::Cluster(cluster) => match unclaimed {
-                Some(_) => None,
-                None => cluster
-                    .lane_of(keys.first().map_or("", String::as_str))
-                    .map(LaneId::Master),
+                Some(_) => (None, 0),
+                None => match cluster.lane_of(keys.first().map_or("", String::as_str)) {
+                    Some((master, slot)) => (Some(LaneId::Master(master)), slot),
+                    None => (None, 0),
+                },
             },
         };
         // On a cluster a request never goes alone through the cluster
@@ -822,6 +823,7 @@ impl RedisStore {
             .fold(0, usize::saturating_add);
         let item = Item {
             keys,
+            slot,
             requests,
             unclaimed,
             reply,
