@@ -405,8 +405,8 @@ pub struct Policy {
 }
 
 // Aligned to a cache line, so the reference counts in front of it (and a
-// policy's fields) share no line with another allocation: a layer keeps a
-// copy of a rule's policy per thread, whose counts each thread writes.
+// policy's fields) share no line with another allocation: every request
+// clones its rule's policy, so every core writes those counts.
 #[derive(PartialEq, Eq, Hash)]
 #[repr(align(64))]
 struct Inner {
