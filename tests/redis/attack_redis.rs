@@ -1,8 +1,11 @@
 //! Attacks on `RedisStore`'s claims, each against real servers: a store
 //! shared by several tokio runtimes, one of which shuts down while it runs
-//! another runtime's calls, and the like. Over-admission is measured by
-//! counting admissions per key against a limit whose window cannot roll over
-//! during the test (a fixed window of an hour).
+//! another runtime's calls (a single node and a cluster), and a cluster
+//! resharded under mixed, partly cancelled load. Over-admission is measured
+//! by counting admissions per key against a limit whose window cannot roll
+//! over during the test (a fixed window of an hour); a call that fails
+//! while every server is up is a failure too, as a failure policy would
+//! answer it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -320,4 +323,63 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     }
     assert_eq!(cluster.master_of(first), target);
     assert_eq!(cluster.master_of(second), target);
+}
+
+/// A cluster store shared by two runtimes, both deciding on keys of every
+/// master, one of which shuts down mid-flight: its tasks carried the other
+/// runtime's requests too (a master's lane runs its pipelines in a task of
+/// the runtime that started it). Every node is up: every call of the
+/// runtime that lives on is decided, none fails.
+#[test]
+fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
+    let cluster = RedisCluster::start();
+    let serving = runtime(1);
+    let store = serving.block_on(async {
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await
+    });
+    let policy = fixed_window("two-runtimes", 1_000_000, HOUR);
+    serving.block_on(async {
+        assert!(store.check(b"warm", &policy, 1).await.unwrap().is_allowed());
+    });
+    let doomed = runtime(1);
+    for task in 0..32 {
+        let (store, policy) = (store.clone(), policy.clone());
+        doomed.spawn(async move {
+            for i in 0..10_000 {
+                let key = format!("doomed-{task}-{}", i % 64);
+                let _ = store.check(key.as_bytes(), &policy, 1).await;
+            }
+        });
+    }
+    let callers: Vec<_> = (0..32)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            serving.spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..300 {
+                    let key = format!("serving-{task}-{}", i % 64);
+                    if let Err(e) = store.check(key.as_bytes(), &policy, 1).await {
+                        failed.push(e.to_string());
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    std::thread::sleep(ms(100));
+    drop(doomed);
+    let failed: Vec<String> = serving.block_on(async {
+        let mut failed = Vec::new();
+        for caller in callers {
+            failed.extend(caller.await.expect("a caller"));
+        }
+        failed
+    });
+    assert!(
+        failed.is_empty(),
+        "{} calls failed while every node was up, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
 }
