@@ -383,3 +383,107 @@ fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
         failed.first()
     );
 }
+
+/// A semaphore of 3, 24 tasks each taking a permit, holding it for a moment
+/// and releasing it, a third of their checks dropped after a random 0 to
+/// 3 ms (before they went out, while queued, or in flight). At no moment
+/// do callers hold more than 3 permits, and once every task is done every
+/// permit is free again (those of dropped checks released, none left to
+/// its lease of an hour).
+async fn cancelled_semaphore_checks(store: &RedisStore) {
+    let max = 3;
+    let policy = Policy::concurrency(max, HOUR)
+        .and_then(|p| p.with_name("attack-sem"))
+        .unwrap();
+    assert!(store.check(b"sem", &policy, 0).await.unwrap().is_allowed());
+    let holding = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let (admitted, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let tasks: Vec<_> = (0..24u64)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let (holding, most) = (holding.clone(), most.clone());
+            let (admitted, dropped) = (admitted.clone(), dropped.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 7);
+                for _ in 0..60 {
+                    let call = store.check(b"sem", &policy, 1);
+                    let decision = if rng.below(3) == 0 {
+                        let after = Duration::from_micros(rng.below(3_000));
+                        match tokio::time::timeout(after, call).await {
+                            Ok(result) => result,
+                            Err(_) => {
+                                dropped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
+                    } else {
+                        call.await
+                    };
+                    let decision = decision.expect("Redis is up");
+                    let Some(permit) = decision.permit().filter(|_| decision.is_allowed()) else {
+                        continue;
+                    };
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_micros(rng.below(2_000))).await;
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    store
+                        .release(b"sem", &policy, permit)
+                        .await
+                        .expect("a release");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    println!(
+        "[attack] admitted {}, dropped {}, most held {most}",
+        admitted.load(Ordering::Relaxed),
+        dropped.load(Ordering::Relaxed)
+    );
+    assert!(
+        most <= max,
+        "{most} callers held permits at once, max {max}"
+    );
+    assert!(admitted.load(Ordering::Relaxed) > 0, "nothing was admitted");
+    // The releases of dropped checks run in tasks: moments, not a lease.
+    let mut free = 0;
+    for _ in 0..100 {
+        free = store.check(b"sem", &policy, 0).await.unwrap().remaining();
+        if free == max {
+            break;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(free, max, "permits left held");
+}
+
+/// [`cancelled_semaphore_checks`] on one connection through a proxy
+/// (replies 1 ms late, so that calls are dropped in flight), coalescing on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_node() {
+    let (_server, proxy) = FaultProxy::with_new_server();
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(2)
+            .call_timeout(Duration::from_secs(3)),
+    )
+    .await;
+    proxy.set_latency(ms(1));
+    cancelled_semaphore_checks(&store).await;
+}
+
+/// [`cancelled_semaphore_checks`] on a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await;
+    cancelled_semaphore_checks(&store).await;
+}
