@@ -399,7 +399,9 @@ impl Inner {
 
         let (address, _) = ask.redirect_node()?;
         let connections = cluster.masters().connections_at(address)?;
-        let slot = connections.next_slot();
+        // Always the first: a permit's release, asked too, then runs after
+        // its check (Redis runs one connection's commands in order).
+        let slot = 0;
         let Some((id, mut link)) = connections.current(slot) else {
             connections.open_soon(slot);
             return None;
