@@ -409,7 +409,7 @@ impl Inner {
         let mut pipeline = redis::Pipeline::with_capacity(2);
         pipeline.add_command(redis::cmd("ASKING"));
         pipeline.add_command(cmd.cmd().into_owned());
-        let sent = link.req_packed_commands(&pipeline, 1, 1);
+        let sent = link.req_packed_commands(&pipeline, 0, 2);
         let result = match tokio::time::timeout_at(deadline, sent).await {
             Ok(result) => result,
             Err(_) => {
@@ -423,14 +423,19 @@ impl Inner {
         if result.as_ref().is_err_and(breaks_connection) {
             connections.discard(slot, id);
         }
-        Some(result.and_then(|mut values| {
-            values
-                .pop()
-                .ok_or_else(|| {
-                    redis::RedisError::from((ErrorKind::Parse, "a pipeline answered nothing"))
-                })
-                .and_then(Value::extract_error)
-        }))
+        // `ASKING` refused (`NOPERM`: the user lacks it) is the call's
+        // error, a mistake to fix: without the flag the call meets `MOVED`,
+        // and would go on asking until it timed out.
+        Some(
+            result.and_then(|values| match <[Value; 2]>::try_from(values) {
+                Ok([asking, value]) => asking.extract_error().and_then(|_| value.extract_error()),
+                Err(values) => Err(redis::RedisError::from((
+                    ErrorKind::Parse,
+                    "a pipeline of two commands answered",
+                    format!("{} replies", values.len()),
+                ))),
+            }),
+        )
     }
 }
 
