@@ -69,10 +69,11 @@ const FALLBACK: &[&str] = &["fcall", "function|load"];
 const UNCHECKED: &[&str] = &["info"];
 
 /// What a Redis Cluster client needs besides [`COMMANDS`]: the topology,
-/// and `READONLY`, which redis-rs sends on each node connection of the
+/// `READONLY`, which redis-rs sends on each node connection of the
 /// client whose slot map the store follows (a no-op on a master; without
-/// it, one `ACL LOG` entry per connection).
-const CLUSTER_COMMANDS: &[&str] = &["cluster|slots", "readonly"];
+/// it, one `ACL LOG` entry per connection), and `ASKING`, with which a call
+/// redirected by `ASK` goes to the importing master while a slot moves.
+const CLUSTER_COMMANDS: &[&str] = &["cluster|slots", "readonly", "asking"];
 
 /// `ACL SETUSER <name> ...` rules: the password, the key pattern, and
 /// nothing but `commands`.
@@ -801,4 +802,82 @@ async fn the_acl_probe_refuses_a_tight_user_on_a_bb8_pool() {
     assert_ne!(admin(&server, &["CLIENT", "KILL", "USER", "limiter"]), "0");
     let peek = store.check(b"k", &policy, 0).await.unwrap_err();
     assert!(peek.to_string().contains("needs pexpire"), "{peek}");
+}
+
+/// On a Redis Cluster whose slot is moving (`SETSLOT ... IMPORTING` and
+/// `MIGRATING`), the documented cluster ACL decides a key the source no
+/// longer has: the source answers `ASK`, and the store sends `ASKING` and
+/// the call to the importing master, which the user may run. A user
+/// without `asking` is refused (`NOPERM`), never answered as an outage
+/// that a failure policy would admit.
+#[tokio::test]
+async fn the_documented_acl_on_a_cluster_follows_an_ask_while_a_slot_moves() {
+    let cluster = RedisCluster::start();
+    let with_cluster: Vec<&str> = COMMANDS.iter().chain(CLUSTER_COMMANDS).copied().collect();
+    let without_asking: Vec<&str> = with_cluster
+        .iter()
+        .filter(|c| **c != "asking")
+        .copied()
+        .collect();
+    for (user, commands) in [("limiter", &with_cluster), ("no-asking", &without_asking)] {
+        for i in 0..cluster.nodes().len() {
+            let rules = rules(commands);
+            let mut args = vec!["ACL", "SETUSER", user];
+            args.extend(rules.iter().map(String::as_str));
+            assert_eq!(cluster.cli(i, &args), "OK");
+        }
+    }
+    let store_of = |user: &str| {
+        let urls: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}", n.port()))
+            .collect();
+        build(RedisStore::cluster_builder(urls).call_timeout(Duration::from_secs(2)))
+    };
+    let store = store_of("limiter").await;
+    let lacking = store_of("no-asking").await;
+    let policy = named("asked", Policy::fixed_window(1, Duration::from_secs(3600)));
+    assert!(admits(&store, b"warm", &policy).await);
+    assert!(admits(&lacking, b"warm-too", &policy).await);
+    let slot = ratelimit_tests::cluster_slot(store.state_key(b"moving", &policy).as_bytes());
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    let id = |i: usize| cluster.cli(i, &["CLUSTER", "MYID"]);
+    let slot_arg = slot.to_string();
+    let (source_id, target_id) = (id(source), id(target));
+    let importing = ["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id];
+    assert_eq!(cluster.cli(target, &importing), "OK");
+    let migrating = ["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id];
+    assert_eq!(cluster.cli(source, &migrating), "OK");
+    for i in 0..cluster.nodes().len() {
+        assert_eq!(cluster.cli(i, &["ACL", "LOG", "RESET"]), "OK");
+    }
+    // A fresh key: the source lacks it, and asks the target.
+    let d = store
+        .check(b"moving", &policy, 1)
+        .await
+        .expect("decided on the importing master");
+    assert!(d.is_allowed(), "{d:?}");
+    assert!(!admits(&store, b"moving", &policy).await, "counted there");
+    let state = store.state_key(b"moving", &policy);
+    let on_target = cluster.cli(target, &["CLUSTER", "GETKEYSINSLOT", &slot_arg, "10"]);
+    assert_eq!(on_target, state, "the key lives on the target");
+    let denials: Vec<String> = (0..cluster.nodes().len())
+        .flat_map(|i| denied(&cluster.cli(i, &["ACL", "LOG"])))
+        .collect();
+    assert_eq!(denials, Vec::<String>::new());
+    // Another fresh key of the slot, by the user without `asking`.
+    let other = (0..100_000)
+        .map(|i| format!("moving-{i}"))
+        .find(|k| {
+            ratelimit_tests::cluster_slot(store.state_key(k.as_bytes(), &policy).as_bytes()) == slot
+        })
+        .expect("another key of the slot");
+    let error = lacking
+        .check(other.as_bytes(), &policy, 1)
+        .await
+        .expect_err("ASKING is denied");
+    assert!(!error.is_outage(), "{error}");
+    assert!(error.to_string().contains("asking"), "{error}");
 }

@@ -24,6 +24,14 @@
 //!   between). Every other command (`PING`, `FUNCTION LOAD`, `DEL`) goes
 //!   through `routed` too.
 //!
+//! While a slot moves, the store waits out `TRYAGAIN` itself, and follows
+//! an `ASK` itself: `ASKING` and the call in one pipeline on its own
+//! connection to the importing master. redis-rs sends `ASKING`, awaits its
+//! reply, then sends the call, and another call on that connection may
+//! come between them and take the flag: under load the importing master
+//! answered `MOVED` back to the source, which asked again, until redis-rs's
+//! retries ran out or the call timed out, outages while every node was up.
+//!
 //! Both see `MOVED` and read the slot map again. A release follows its check
 //! on `first`, so on the same connection to the same node, after it. The
 //! coalescer's pipelines go on connections of the store's own to each
@@ -309,18 +317,47 @@ impl Inner {
             return outcome(tokio::time::timeout_at(deadline, sent).await.ok());
         };
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-        let mut first = connections.first.clone();
-        let sent = first.route_command(cmd.cmd().into_owned(), routing.clone());
-        let sent = async { sent.await.and_then(Value::extract_error) };
-        match tokio::time::timeout_at(deadline, sent).await {
-            // A connection that broke after the write may have run the call:
-            // sent again, it counts twice at worst, which errs towards
-            // denying, as on a single node's connections.
-            Ok(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => {}
-            other => return outcome(other.ok()),
+        let retry_wait = cluster.shared.retry_wait;
+        loop {
+            let mut first = connections.first.clone();
+            let sent = first.route_command(cmd.cmd().into_owned(), routing.clone());
+            let sent = async { sent.await.and_then(Value::extract_error) };
+            let e = match tokio::time::timeout_at(deadline, sent).await {
+                // A connection that broke after the write may have run the
+                // call: sent again, it counts twice at worst, which errs
+                // towards denying, as on a single node's connections.
+                Ok(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => e,
+                other => return outcome(other.ok()),
+            };
+            // The slot is moving and the call's keys are split between its
+            // two nodes: nothing ran; again while the call has time.
+            if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
+                && Deadline::now() + retry_wait < deadline
+            {
+                tokio::time::sleep(retry_wait).await;
+                continue;
+            }
+            // The slot is moving and the call's keys are not on its owner:
+            // asked of the importing master here (see `asked`), not through
+            // `routed`, whose `ASKING` another call may take.
+            if e.kind() == ErrorKind::Server(ServerErrorKind::Ask)
+                && let Some(asked) = self.asked(cluster, &e, cmd, deadline).await
+            {
+                match asked {
+                    // Nothing ran (the keys are split between the nodes, or
+                    // the move ended): again from the start, while the call
+                    // has time.
+                    Err(e) if not_run(&e) && Deadline::now() + retry_wait < deadline => {
+                        tokio::time::sleep(retry_wait).await;
+                        continue;
+                    }
+                    Err(e) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => {}
+                    other => return outcome(Some(other)),
+                }
+            }
+            break;
         }
         let mut routed = connections.routed.clone();
-        let retry_wait = cluster.shared.retry_wait;
         loop {
             let sent = routed.route_command(cmd.cmd().into_owned(), routing.clone());
             let sent = async { sent.await.and_then(Value::extract_error) };
@@ -341,6 +378,68 @@ impl Inner {
                 other => return outcome(other.ok()),
             }
         }
+    }
+}
+
+impl Inner {
+    /// Sends `cmd`, which met `ask` (an `ASK`), to the importing master it
+    /// names as `ASKING` and the call in one pipeline on the store's own
+    /// connection to that master: one write, so no other command on the
+    /// connection comes between them and takes the flag (redis-rs's cluster
+    /// client sends `ASKING` and awaits it before it sends the call, and a
+    /// call that took another's flag is served by the importing master as if
+    /// redirected, a call whose flag was taken meets `MOVED` back to the
+    /// source; under load the two nodes answered the same call in turn
+    /// until redis-rs's retries ran out). `None` when that connection is
+    /// not open (the caller goes through `routed`).
+    async fn asked(
+        &self,
+        cluster: &Cluster,
+        ask: &redis::RedisError,
+        cmd: &dyn Command,
+        deadline: Deadline,
+    ) -> Option<Result<Value, redis::RedisError>> {
+        use redis::aio::ConnectionLike;
+
+        let (address, _) = ask.redirect_node()?;
+        let connections = cluster.masters().connections_at(address)?;
+        // Always the first: a permit's release, asked too, then runs after
+        // its check (Redis runs one connection's commands in order).
+        let slot = 0;
+        let Some((id, mut link)) = connections.current(slot) else {
+            connections.open_soon(slot);
+            return None;
+        };
+        let mut pipeline = redis::Pipeline::with_capacity(2);
+        pipeline.add_command(redis::cmd("ASKING"));
+        pipeline.add_command(cmd.cmd().into_owned());
+        let sent = link.req_packed_commands(&pipeline, 0, 2);
+        let result = match tokio::time::timeout_at(deadline, sent).await {
+            Ok(result) => result,
+            Err(_) => {
+                cluster.watch();
+                return Some(Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the importing master did not answer in time",
+                ))));
+            }
+        };
+        if result.as_ref().is_err_and(breaks_connection) {
+            connections.discard(slot, id);
+        }
+        // `ASKING` refused (`NOPERM`: the user lacks it) is the call's
+        // error, a mistake to fix: without the flag the call meets `MOVED`,
+        // and would go on asking until it timed out.
+        Some(
+            result.and_then(|values| match <[Value; 2]>::try_from(values) {
+                Ok([asking, value]) => asking.extract_error().and_then(|_| value.extract_error()),
+                Err(values) => Err(redis::RedisError::from((
+                    ErrorKind::Parse,
+                    "a pipeline of two commands answered",
+                    format!("{} replies", values.len()),
+                ))),
+            }),
+        )
     }
 }
 

@@ -206,6 +206,16 @@ impl Masters {
         }
     }
 
+    /// The connections of the known master at `address` (`host:port`).
+    pub(super) fn connections_at(&self, address: &str) -> Option<Arc<Connections>> {
+        let address = NodeAddress::try_from(address).ok()?;
+        let known = self.known.read();
+        known
+            .iter()
+            .find(|master| master.address == address)
+            .map(|master| master.connections.clone())
+    }
+
     /// The connections of the master of `lane`.
     pub(super) fn connections(&self, lane: u16) -> Option<Arc<Connections>> {
         let known = self.known.read();

@@ -817,6 +817,9 @@ impl RedisStore {
             return result;
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
+        // Kept to send the request again should its batch be dropped in
+        // flight with the runtime that ran it (see below).
+        let again = (keys.clone(), requests.clone());
         let weight = requests
             .iter()
             .map(|(policy, _, _)| coalesce::weight(policy))
@@ -839,16 +842,25 @@ impl RedisStore {
         // a permit it received is released. Before it goes, the caller
         // makes sure a call will take what still waits (see `kick`).
         let call_timeout = self.inner.call_timeout;
-        match tokio::time::timeout(call_timeout, answer).await {
+        let deadline = Deadline::now() + call_timeout;
+        match tokio::time::timeout_at(deadline, answer).await {
             Err(_) => {
                 self.kick(lane);
                 Err(StoreError::Timeout(call_timeout))
             }
-            // Its batch was dropped in flight, with the runtime that ran it:
-            // it may have run, as after a timeout.
-            Ok(Err(_)) => Err(StoreError::Unavailable(
-                "the call was dropped in flight with the runtime that ran it".into(),
-            )),
+            // Its batch was dropped in flight with the runtime that ran its
+            // task, another runtime than this caller's, which still runs:
+            // Redis may well be up, and no failure policy may answer for it.
+            // Sent again on its own from here, within the same timeout: if
+            // the batch ran, it counts twice, which errs towards denying.
+            Ok(Err(_)) => {
+                let (keys, requests) = again;
+                let decided = self.decide_again(keys, requests);
+                match tokio::time::timeout_at(deadline, decided).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::Timeout(call_timeout)),
+                }
+            }
             Ok(Ok((result, mut unclaimed))) => {
                 if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
                     u.hand_over(decisions);
@@ -856,6 +868,49 @@ impl RedisStore {
                 result
             }
         }
+    }
+
+    /// A request whose batch was dropped in flight, sent again on its own.
+    /// Its permits get fresh ids, guarded anew: the guard dropped with the
+    /// batch may still release the old ones, and must not release these.
+    async fn decide_again(
+        self,
+        keys: SmallVec<[String; 1]>,
+        mut requests: SmallVec<[(Policy, u64, PermitId); 1]>,
+    ) -> Result<Decided, StoreError> {
+        let mut permits = Vec::new();
+        let mut longest: Option<&Policy> = None;
+        for (key, (policy, cost, permit)) in keys.iter().zip(requests.iter_mut()) {
+            if permit.0 == 0 {
+                continue;
+            }
+            *permit = self.permit_for(policy);
+            if *cost > 0 {
+                permits.push((key.clone(), *permit));
+            }
+            if longest.is_none_or(|l| l.window() < policy.window()) {
+                longest = Some(policy);
+            }
+        }
+        let mut unclaimed = longest.map(|policy| Unclaimed::new(self.clone(), permits, policy));
+        let via = unclaimed
+            .as_ref()
+            .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
+        let result = if let [(policy, cost, permit)] = requests.as_slice() {
+            let key = keys.into_iter().next().unwrap_or_default();
+            self.clone()
+                .check_one(key, policy.clone(), *cost, *permit, via)
+                .await
+                .map(|d| smallvec![d])
+        } else {
+            self.check_group(&keys, &requests, via)
+                .await
+                .map(|(decisions, _)| SmallVec::from_vec(decisions))
+        };
+        if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
+            u.hand_over(decisions);
+        }
+        result
     }
 
     async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {

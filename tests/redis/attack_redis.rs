@@ -1,0 +1,489 @@
+//! Attacks on `RedisStore`'s claims, each against real servers: a store
+//! shared by several tokio runtimes, one of which shuts down while it runs
+//! another runtime's calls (a single node and a cluster), and a cluster
+//! resharded under mixed, partly cancelled load. Over-admission is measured
+//! by counting admissions per key against a limit whose window cannot roll
+//! over during the test (a fixed window of an hour); a call that fails
+//! while every server is up is a failure too, as a failure policy would
+//! answer it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
+use ratelimit_tests::fault_proxy::FaultProxy;
+use ratelimit_tests::fixtures::{Rng, fixed_window};
+use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Two runtimes share a store on one connection, every reply 200 ms late.
+/// A call of the doomed runtime goes out alone and fills the lane; a call
+/// of the serving runtime queues behind it, and the doomed runtime's
+/// caller, answered, starts the batch that carries it, in a task on the
+/// doomed runtime. That runtime shuts down while the batch is in flight.
+/// Redis is up all along: the serving runtime's call is decided (sent
+/// again if need be: counted twice at worst), never an outage that a
+/// failure policy would answer.
+#[test]
+fn a_call_carried_by_a_runtime_that_shuts_down_is_decided_not_failed() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let serving = runtime(1);
+    let store = serving.block_on(async {
+        build(
+            RedisStore::builder(proxy.redis_url())
+                .pool_size(1)
+                .call_timeout(Duration::from_secs(3)),
+        )
+        .await
+    });
+    let limit = 10;
+    let policy = fixed_window("carried", limit, HOUR);
+    // Loads the functions, so the calls below are one round trip each.
+    serving.block_on(async {
+        let d = store.check(b"warm", &policy, 1).await.expect("warm-up");
+        assert!(d.is_allowed());
+    });
+    proxy.set_latency(ms(200));
+    let doomed = runtime(1);
+    let lead = {
+        let (store, policy) = (store.clone(), policy.clone());
+        doomed.spawn(async move { store.check(b"lead", &policy, 1).await })
+    };
+    std::thread::sleep(ms(50));
+    let carried = {
+        let (store, policy) = (store.clone(), policy.clone());
+        serving.spawn(async move { store.check(b"carried", &policy, 1).await })
+    };
+    // The lead is answered at about 200 ms, and the batch carrying the
+    // serving runtime's call goes out then, on the doomed runtime, to be
+    // answered at about 400 ms.
+    std::thread::sleep(ms(300));
+    assert!(lead.is_finished(), "the lead call is still in flight");
+    drop(doomed);
+    let decided: Result<Decision, StoreError> = serving
+        .block_on(carried)
+        .expect("the serving runtime's task");
+    let decided = decided.unwrap_or_else(|e| {
+        panic!("Redis is up, yet the call failed (a failure policy would answer it): {e}")
+    });
+    assert!(decided.is_allowed(), "{decided:?}");
+    proxy.set_latency(Duration::ZERO);
+    serving.block_on(async {
+        let peek = store.check(b"carried", &policy, 0).await.unwrap();
+        // Counted once, or twice when it ran before its task went away.
+        assert!(
+            (limit - 2..=limit - 1).contains(&peek.remaining()),
+            "{peek:?}"
+        );
+    });
+}
+
+/// `n` user keys whose state keys under `policy` hash to `slot`.
+fn users_in_slot(store: &RedisStore, policy: &Policy, slot: u16, n: usize) -> Vec<String> {
+    let users: Vec<String> = (0..5_000_000)
+        .map(|i| format!("u{i}"))
+        .filter(|u| cluster_slot(store.state_key(u.as_bytes(), policy).as_bytes()) == slot)
+        .take(n)
+        .collect();
+    assert_eq!(users.len(), n, "users of slot {slot}");
+    users
+}
+
+/// The keys node `node` holds in `slot`, whoever owns it.
+fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String> {
+    let reply = cluster.cli(
+        node,
+        &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "1000"],
+    );
+    reply.lines().map(str::to_owned).collect()
+}
+
+/// Two slots of one master move to another key by key (`SETSLOT ...
+/// IMPORTING` / `MIGRATING`, one `MIGRATE` per state key, so one user's
+/// two limits are split between the nodes for a while, then `SETSLOT ...
+/// NODE`) while 48 tasks decide, in batches: single checks, one user's two
+/// limits at once, two users' limits in different slots (decided slot by
+/// slot and refunded on a denial), some of each dropped after a random
+/// 0 to 2 ms (cancelled at whatever await they reached). No limit of any
+/// user admits more than its limit, and no call fails: every node is up,
+/// the split windows are far shorter than the call timeout, and an error
+/// would be answered by a failure policy. Every key ends on one node.
+/// (Through redis-rs's retries, calls redirected by `ASK` met `MOVED` back
+/// from the importing master, their `ASKING` taken by another call, until
+/// the retries ran out: outages, or calls hung for the whole call timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
+ {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let policies = [
+        fixed_window("mix-a", 3, HOUR),
+        fixed_window("mix-b", 2, HOUR),
+    ];
+    let slot_of =
+        |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
+    let first = slot_of("u0");
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let other = 3 - source - target;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    // The masters own ranges of slots: a few samples find the third's.
+    let third = (0..16u16)
+        .map(|i| i * 1_024)
+        .find(|&s| cluster.master_of(s) == other)
+        .expect("a slot of the third master");
+    let mut users = users_in_slot(&store, &policies[0], first, 6);
+    users.extend(users_in_slot(&store, &policies[0], second, 6));
+    users.extend(users_in_slot(&store, &policies[0], third, 6));
+    for user in &users {
+        // One hash tag: a user's limits share a slot.
+        let b = cluster_slot(store.state_key(user.as_bytes(), &policies[1]).as_bytes());
+        assert_eq!(slot_of(user), b, "{user}");
+    }
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
+        .collect();
+
+    // admitted[user * 2 + policy]
+    let admitted: Arc<Vec<AtomicU64>> =
+        Arc::new((0..users.len() * 2).map(|_| AtomicU64::new(0)).collect());
+    let (errors, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..48u64)
+        .map(|task| {
+            let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
+            let (admitted, errors, dropped, stop) = (
+                admitted.clone(),
+                errors.clone(),
+                dropped.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 1);
+                for _ in 0..3_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let u = rng.index(users.len());
+                    let v = (u + 1 + rng.index(users.len() - 1)) % users.len();
+                    let (checked, call): (Vec<usize>, Boxed<Result<Vec<Decision>, StoreError>>) =
+                        match rng.below(3) {
+                            0 => {
+                                let p = rng.index(2);
+                                let call = store.check(users[u].as_bytes(), &policies[p], 1);
+                                (
+                                    vec![u * 2 + p],
+                                    Box::pin(async move { call.await.map(|d| vec![d]) }),
+                                )
+                            }
+                            1 => {
+                                let checks = [
+                                    Check::new(users[u].as_bytes(), &policies[0], 1),
+                                    Check::new(users[u].as_bytes(), &policies[1], 1),
+                                ];
+                                (vec![u * 2, u * 2 + 1], Box::pin(store.check_all(&checks)))
+                            }
+                            _ => {
+                                let checks = [
+                                    Check::new(users[u].as_bytes(), &policies[0], 1),
+                                    Check::new(users[v].as_bytes(), &policies[1], 1),
+                                ];
+                                (vec![u * 2, v * 2 + 1], Box::pin(store.check_all(&checks)))
+                            }
+                        };
+                    let what = format!("{checked:?} at {:?}", started.elapsed());
+                    let result = if rng.below(4) == 0 {
+                        let after = Duration::from_micros(rng.below(2_000));
+                        match tokio::time::timeout(after, call).await {
+                            Ok(result) => result,
+                            Err(_) => {
+                                dropped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
+                    } else {
+                        call.await
+                    };
+                    match result {
+                        Ok(decisions) => {
+                            if decisions.iter().all(Decision::is_allowed) {
+                                for &i in &checked {
+                                    admitted[i].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            assert!(e.is_outage(), "{e}");
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                println!("[attack] {:?}: {e:?}, {what}", started.elapsed());
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(ms(30)).await;
+    let port = cluster.nodes()[target].port().to_string();
+    for slot in [first, second] {
+        let slot_arg = slot.to_string();
+        let setslot = |node: usize, state: &str, other: usize| {
+            let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
+            assert_eq!(reply, "OK", "SETSLOT {slot} {state} on node {node}");
+        };
+        setslot(target, "IMPORTING", source);
+        setslot(source, "MIGRATING", target);
+        for user in users.iter().filter(|u| slot_of(u) == slot) {
+            for policy in &policies {
+                tokio::time::sleep(ms(10)).await;
+                let state = store.state_key(user.as_bytes(), policy);
+                let migrated = cluster.cli(
+                    source,
+                    &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
+                );
+                assert!(
+                    migrated == "OK" || migrated == "NOKEY",
+                    "MIGRATE {state}: {migrated}"
+                );
+            }
+        }
+        // Keys the tasks created on the source meanwhile (none should be
+        // left: a missing key is served by the target while importing).
+        for state in keys_of_slot_on(&cluster, source, slot) {
+            let migrated = cluster.cli(
+                source,
+                &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
+            );
+            assert!(
+                migrated == "OK" || migrated == "NOKEY",
+                "MIGRATE {state}: {migrated}"
+            );
+        }
+        for node in [target, source, other] {
+            setslot(node, "NODE", target);
+        }
+    }
+    println!("[attack] resharded after {:?}", started.elapsed());
+    tokio::time::sleep(ms(100)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    println!(
+        "[attack] joined after {:?}: errors {}, dropped {}",
+        started.elapsed(),
+        errors.load(Ordering::Relaxed),
+        dropped.load(Ordering::Relaxed)
+    );
+    // Every node was up: an error would have been answered by a failure
+    // policy, admitting under fail open.
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "outages while every node was up"
+    );
+    for (u, user) in users.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
+            let admitted = admitted[u * 2 + p].load(Ordering::Relaxed);
+            let limit = if p == 0 { 3 } else { 2 };
+            assert!(
+                admitted <= limit,
+                "{user} under {} admitted {admitted}, limit {limit}",
+                policy.name()
+            );
+            let state = store.state_key(user.as_bytes(), policy);
+            let slot = cluster_slot(state.as_bytes());
+            let copies: Vec<usize> = (0..3)
+                .filter(|&node| keys_of_slot_on(&cluster, node, slot).contains(&state))
+                .collect();
+            assert!(copies.len() <= 1, "{state} lives on {copies:?}");
+        }
+    }
+    assert_eq!(cluster.master_of(first), target);
+    assert_eq!(cluster.master_of(second), target);
+}
+
+/// A cluster store shared by two runtimes, both deciding on keys of every
+/// master, one of which shuts down mid-flight: its tasks carried the other
+/// runtime's requests too (a master's lane runs its pipelines in a task of
+/// the runtime that started it). Every node is up: every call of the
+/// runtime that lives on is decided, none fails.
+#[test]
+fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
+    let cluster = RedisCluster::start();
+    let serving = runtime(1);
+    let store = serving.block_on(async {
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await
+    });
+    let policy = fixed_window("two-runtimes", 1_000_000, HOUR);
+    serving.block_on(async {
+        assert!(store.check(b"warm", &policy, 1).await.unwrap().is_allowed());
+    });
+    let doomed = runtime(1);
+    for task in 0..32 {
+        let (store, policy) = (store.clone(), policy.clone());
+        doomed.spawn(async move {
+            for i in 0..10_000 {
+                let key = format!("doomed-{task}-{}", i % 64);
+                let _ = store.check(key.as_bytes(), &policy, 1).await;
+            }
+        });
+    }
+    let callers: Vec<_> = (0..32)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            serving.spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..300 {
+                    let key = format!("serving-{task}-{}", i % 64);
+                    if let Err(e) = store.check(key.as_bytes(), &policy, 1).await {
+                        failed.push(e.to_string());
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    std::thread::sleep(ms(100));
+    drop(doomed);
+    let failed: Vec<String> = serving.block_on(async {
+        let mut failed = Vec::new();
+        for caller in callers {
+            failed.extend(caller.await.expect("a caller"));
+        }
+        failed
+    });
+    assert!(
+        failed.is_empty(),
+        "{} calls failed while every node was up, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+}
+
+/// A semaphore of 3, 24 tasks each taking a permit, holding it for a moment
+/// and releasing it, a third of their checks dropped after a random 0 to
+/// 3 ms (before they went out, while queued, or in flight). At no moment
+/// do callers hold more than 3 permits, and once every task is done every
+/// permit is free again (those of dropped checks released, none left to
+/// its lease of an hour).
+async fn cancelled_semaphore_checks(store: &RedisStore) {
+    let max = 3;
+    let policy = Policy::concurrency(max, HOUR)
+        .and_then(|p| p.with_name("attack-sem"))
+        .unwrap();
+    assert!(store.check(b"sem", &policy, 0).await.unwrap().is_allowed());
+    let holding = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let (admitted, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let tasks: Vec<_> = (0..24u64)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let (holding, most) = (holding.clone(), most.clone());
+            let (admitted, dropped) = (admitted.clone(), dropped.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 7);
+                for _ in 0..60 {
+                    let call = store.check(b"sem", &policy, 1);
+                    let decision = if rng.below(3) == 0 {
+                        let after = Duration::from_micros(rng.below(3_000));
+                        match tokio::time::timeout(after, call).await {
+                            Ok(result) => result,
+                            Err(_) => {
+                                dropped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
+                    } else {
+                        call.await
+                    };
+                    let decision = decision.expect("Redis is up");
+                    let Some(permit) = decision.permit().filter(|_| decision.is_allowed()) else {
+                        continue;
+                    };
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_micros(rng.below(2_000))).await;
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    store
+                        .release(b"sem", &policy, permit)
+                        .await
+                        .expect("a release");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    println!(
+        "[attack] admitted {}, dropped {}, most held {most}",
+        admitted.load(Ordering::Relaxed),
+        dropped.load(Ordering::Relaxed)
+    );
+    assert!(
+        most <= max,
+        "{most} callers held permits at once, max {max}"
+    );
+    assert!(admitted.load(Ordering::Relaxed) > 0, "nothing was admitted");
+    // The releases of dropped checks run in tasks: moments, not a lease.
+    let mut free = 0;
+    for _ in 0..100 {
+        free = store.check(b"sem", &policy, 0).await.unwrap().remaining();
+        if free == max {
+            break;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(free, max, "permits left held");
+}
+
+/// [`cancelled_semaphore_checks`] on one connection through a proxy
+/// (replies 1 ms late, so that calls are dropped in flight), coalescing on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_node() {
+    let (_server, proxy) = FaultProxy::with_new_server();
+    let store = build(
+        RedisStore::builder(proxy.redis_url())
+            .pool_size(2)
+            .call_timeout(Duration::from_secs(3)),
+    )
+    .await;
+    proxy.set_latency(ms(1));
+    cancelled_semaphore_checks(&store).await;
+}
+
+/// [`cancelled_semaphore_checks`] on a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await;
+    cancelled_semaphore_checks(&store).await;
+}
