@@ -128,31 +128,62 @@ fn failover_limit(view: &HashMap<String, String>) -> Duration {
 /// One event of sentinel `index`: `payload` names the master first
 /// (`master <name> <ip> <port>`), or for `+switch-master` is
 /// `<name> <old ip> <old port> <new ip> <new port>`.
-fn on_event(master: &Master, index: usize, channel: &str, payload: &str, limit: Duration) {
+fn on_event(master: &Arc<Master>, index: usize, channel: &str, payload: &str, limit: Duration) {
     let fields: Vec<&str> = payload.split_whitespace().collect();
     let ours = |fields: &[&str]| matches!(fields, ["master", name, ..] if *name == master.name());
     match channel {
         "+try-failover" if ours(&fields) => {
             // `master <name> <ip> <port>`: a try on the master the sentinels
             // already replaced is moot, and waiting for its abort would stop
-            // decisions on the new master for seconds.
+            // decisions on the new master for seconds. So is one this
+            // sentinel aborted within its failover timeout: a sentinel
+            // starts no failover of a master within twice that timeout of
+            // the last start, and a failover ends within it, so the try is
+            // the aborted one, handed over after its abort (redis-rs may
+            // deliver a pattern's message before a channel's sent first).
             let moot = matches!(fields[..], [_, _, host, port, ..]
-                if port.parse().is_ok_and(|port| master.was_demoted(host, port)));
+            if port.parse().is_ok_and(|port| {
+                master.was_demoted(host, port) || master.was_aborted(index, host, port)
+            }));
             if !moot {
                 master.failover_reported(index, true, limit);
             }
         }
         "+switch-master" => {
-            if let [name, old_host, old_port, _, _] = fields[..]
+            if let [name, old_host, old_port, new_host, new_port] = fields[..]
                 && name == master.name()
                 && let Ok(old_port) = old_port.parse()
+                && let Ok(new_port) = new_port.parse()
+                && master.switched(
+                    (old_host.to_owned(), old_port),
+                    (new_host.to_owned(), new_port),
+                )
             {
-                master.switched((old_host.to_owned(), old_port));
+                // Looked up now, not by the next call: light traffic's next
+                // call then finds the new master named, and only connects.
+                let master = Arc::clone(master);
+                tokio::spawn(async move {
+                    // A lookup that fails leaves the master suspect: the next
+                    // call asks again, and reports the error.
+                    let _ = master.look_up().await;
+                });
             }
         }
         channel if channel.starts_with("-failover-abort") && ours(&fields) => {
             master.failover_reported(index, false, limit);
-            master.suspect();
+            if let [_, _, host, port, ..] = fields[..]
+                && let Ok(port) = port.parse()
+            {
+                master.aborted(index, (host.to_owned(), port), limit / 2);
+            }
+            // Only a failover aborted after a replica was told to become
+            // master may have changed the master; one not elected, or with
+            // no replica to promote, left it as it was. (Asking then would
+            // find no master for a moment: the sentinels that tried still
+            // flag it down.)
+            if channel == "-failover-abort-slave-timeout" {
+                master.suspect();
+            }
         }
         _ => {}
     }

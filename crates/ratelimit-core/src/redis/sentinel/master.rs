@@ -64,6 +64,11 @@ struct State {
     /// heard of the failover yet (the old master, still up, answers `ROLE`
     /// as a master until the sentinels demote it, seconds later).
     demoted: Option<((String, u16), Instant)>,
+    /// The node that failover promoted, as `(host, port)`.
+    promoted: Option<(String, u16)>,
+    /// Per sentinel, the master whose failover it last aborted, as
+    /// `(host, port)`, and until when a try of it reported is that one.
+    aborts: Vec<Option<((String, u16), Instant)>>,
 }
 
 /// How long after a failover a lookup naming the old master is taken for a
@@ -185,16 +190,59 @@ impl Master {
             })
     }
 
-    /// The sentinels failed the master over from `old` (`host`, `port`):
-    /// every failover ends, and the next call asks for the new master.
-    pub(in crate::redis) fn switched(&self, old: (String, u16)) {
+    /// Sentinel `index` aborted a failover of `master` (`host`, `port`):
+    /// for `window` (its failover timeout) it starts no other on it.
+    pub(in crate::redis) fn aborted(&self, index: usize, master: (String, u16), window: Duration) {
+        let mut state = self.state.lock();
+        if state.aborts.len() <= index {
+            state.aborts.resize(index + 1, None);
+        }
+        state.aborts[index] = Some((master, Instant::now() + window));
+    }
+
+    /// Whether sentinel `index` aborted a failover of `host`:`port` so
+    /// lately that a try of it reported now is that aborted one.
+    pub(in crate::redis) fn was_aborted(&self, index: usize, host: &str, port: u16) -> bool {
+        let state = self.state.lock();
+        state.aborts.get(index).is_some_and(|abort| {
+            abort
+                .as_ref()
+                .is_some_and(|((h, p), until)| h == host && *p == port && Instant::now() < *until)
+        })
+    }
+
+    /// The sentinels failed the master over from `old` to `new` (`host`,
+    /// `port`): every failover ends, and the master is to be looked up
+    /// again (returns whether it is), unless this switch was heard already
+    /// or the store follows `new`: each sentinel reports the same switch
+    /// when it hears of it, and a later report would otherwise call for a
+    /// lookup while the sentinels may still flag the new master down.
+    pub(in crate::redis) fn switched(&self, old: (String, u16), new: (String, u16)) -> bool {
+        let now = Instant::now();
+        let heard = {
+            let state = self.state.lock();
+            let follows_new = state.named.as_ref().is_some_and(|(_, addr)| {
+                matches!(addr, ConnectionAddr::Tcp(host, port)
+                    | ConnectionAddr::TcpTls { host, port, .. } if *host == new.0 && *port == new.1)
+            });
+            let reported = state.promoted.as_ref() == Some(&new)
+                && state
+                    .demoted
+                    .as_ref()
+                    .is_some_and(|(from, until)| *from == old && now < *until);
+            follows_new || reported
+        };
         // Suspect first: a call that sees the failover over must also see
         // that the master is to be looked up.
-        self.suspect();
+        if !heard {
+            self.suspect();
+        }
         let mut state = self.state.lock();
         state.failovers.iter_mut().for_each(|f| *f = None);
-        state.demoted = Some((old, Instant::now() + DEMOTED_FOR));
+        state.demoted = Some((old, now + DEMOTED_FOR));
+        state.promoted = Some(new);
         self.note_failovers(&state);
+        !heard
     }
 
     /// The epoch of the master last named (0 before any).
