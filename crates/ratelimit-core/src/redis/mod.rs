@@ -793,22 +793,10 @@ impl RedisStore {
             // Boxed: a call's state is large (about 1.7 KB), and a request that
             // waits for a batch never needs it; unboxed, every request's future
             // was that large, allocated and copied.
-            let result = Box::pin(async {
-                let via = unclaimed
-                    .as_ref()
-                    .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
-                if let [(policy, cost, permit)] = requests.as_slice() {
-                    let key = keys.into_iter().next().unwrap_or_default();
-                    self.clone()
-                        .check_one(key, policy.clone(), *cost, *permit, via)
-                        .await
-                        .map(|d| smallvec![d])
-                } else {
-                    self.check_group(&keys, &requests, via)
-                        .await
-                        .map(|(decisions, _)| SmallVec::from_vec(decisions))
-                }
-            })
+            let result = Box::pin(
+                self.clone()
+                    .decide_alone(keys, &requests, unclaimed.as_deref()),
+            )
             .await;
             drop(alone);
             if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
@@ -870,6 +858,27 @@ impl RedisStore {
         }
     }
 
+    /// A request decided by a call of its own (not in a batch), its permits
+    /// sent on the connection `unclaimed` records.
+    async fn decide_alone(
+        self,
+        keys: SmallVec<[String; 1]>,
+        requests: &[(Policy, u64, PermitId)],
+        unclaimed: Option<&Unclaimed>,
+    ) -> Result<Decided, StoreError> {
+        let via = unclaimed.map_or(Via::Pool, |u| Via::Record(u.sent_on()));
+        if let [(policy, cost, permit)] = requests {
+            let key = keys.into_iter().next().unwrap_or_default();
+            self.check_one(key, policy.clone(), *cost, *permit, via)
+                .await
+                .map(|d| smallvec![d])
+        } else {
+            self.check_group(&keys, requests, via)
+                .await
+                .map(|(decisions, _)| SmallVec::from_vec(decisions))
+        }
+    }
+
     /// A request whose batch was dropped in flight, sent again on its own.
     /// Its permits get fresh ids, guarded anew: the guard dropped with the
     /// batch may still release the old ones, and must not release these.
@@ -893,20 +902,10 @@ impl RedisStore {
             }
         }
         let mut unclaimed = longest.map(|policy| Unclaimed::new(self.clone(), permits, policy));
-        let via = unclaimed
-            .as_ref()
-            .map_or(Via::Pool, |u| Via::Record(u.sent_on()));
-        let result = if let [(policy, cost, permit)] = requests.as_slice() {
-            let key = keys.into_iter().next().unwrap_or_default();
-            self.clone()
-                .check_one(key, policy.clone(), *cost, *permit, via)
-                .await
-                .map(|d| smallvec![d])
-        } else {
-            self.check_group(&keys, &requests, via)
-                .await
-                .map(|(decisions, _)| SmallVec::from_vec(decisions))
-        };
+        let result = self
+            .clone()
+            .decide_alone(keys, &requests, unclaimed.as_ref())
+            .await;
         if let (Ok(decisions), Some(u)) = (&result, unclaimed.as_mut()) {
             u.hand_over(decisions);
         }
