@@ -1105,3 +1105,91 @@ async fn a_tls_master_behind_sentinel() {
     .await;
     drop(set);
 }
+
+/// A failover ordered (`SENTINEL FAILOVER`) of the same sentinel just after
+/// it aborted one (`-failover-abort-slave-timeout`: the replica refused
+/// `REPLICAOF NO ONE`) is a real one: a sentinel ordered to fail over
+/// starts at once, whatever its last start. The store stops deciding on the
+/// old master while it is under way, and loses no admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
+    let _turn = SERIAL.lock().await;
+    let (set, store, policy, key) = start_loaded("failover-after-abort").await;
+
+    let (calls, t_failover, promotion, set) = bounded(async {
+        let load = Load::start(&store, &policy).await;
+        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+            let replica = set.replica();
+            let refuse = replica.cli(&["ACL", "SETUSER", "default", "-replicaof", "-slaveof"]);
+            assert_eq!(refuse, "OK", "ACL SETUSER");
+            let sentinel = &set.sentinels()[0];
+            let in_progress = || {
+                sentinel
+                    .cli(&["SENTINEL", "MASTER", MASTER_NAME])
+                    .contains("failover_in_progress")
+            };
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "the first SENTINEL FAILOVER");
+            let start = Instant::now();
+            while in_progress() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the first failover did not abort"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(
+                sentinel.log().contains("-failover-abort-slave-timeout"),
+                "the first failover ended otherwise:\n{}",
+                sentinel.log()
+            );
+            let allow = replica.cli(&["ACL", "SETUSER", "default", "+replicaof", "+slaveof"]);
+            assert_eq!(allow, "OK", "ACL SETUSER");
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "the second SENTINEL FAILOVER");
+            (set, Instant::now())
+        })
+        .await
+        .expect("ordering the failovers");
+        let promotion = watch_promotion(&set);
+        let named = until_named(&promotion).await;
+        let calls = load.stop(named, AFTER).await;
+        (calls, t_failover, promotion, set)
+    })
+    .await;
+
+    let held = window_count(&set.replica().cli(&["GET", key.as_str()]));
+    let named = *promotion.named.get().expect("named");
+    let role = promotion.role.get().copied().unwrap_or(named);
+    let since = |t: Instant| ms(t.saturating_duration_since(t_failover));
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    let during: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
+        .collect();
+    println!(
+        "[resilience] failover ordered after an abort: {} calls, {} outages; second failover \
+         ordered at 0, replica a master at {}, named at {}; admitted {admitted}, the promoted \
+         replica holds {held}; {} decided during the failover",
+        calls.len(),
+        outages(&calls),
+        since(role),
+        since(named),
+        during.len(),
+    );
+    assert_outages_only_and_bounded(&calls);
+    assert!(
+        during.is_empty(),
+        "decided during the failover: {:?}",
+        &during[..during.len().min(3)]
+    );
+    assert_eq!(
+        admitted.saturating_sub(held),
+        0,
+        "admissions lost with the old master (admitted {admitted}, the promoted replica holds \
+         {held})"
+    );
+}
