@@ -1193,3 +1193,86 @@ async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
          {held})"
     );
 }
+
+/// Two failovers in a row, ordered (`SENTINEL FAILOVER`) of two sentinels:
+/// from the first master to its replica, then back once the first master
+/// replicates the promoted one. The second switch names the node the first
+/// failed over from: the store decides on it again within
+/// [`FOLLOW_DEADLINE`] of a sentinel naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_failover_back() {
+    let _turn = SERIAL.lock().await;
+    let set = start_quorum().await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("failover-back", 1_000_000);
+    warm_up("the master answers", || store.ping()).await;
+    let (first, second) = (set.master().port(), set.replica().port());
+
+    bounded(async {
+        let order = |set: RedisSentinels, sentinel: usize, from: u16, to: u16| {
+            tokio::task::spawn_blocking(move || {
+                // The node failed over to replicates the one failed over
+                // from, and a sentinel knows it (a good replica).
+                let start = Instant::now();
+                loop {
+                    let node = [set.master(), set.replica()]
+                        .into_iter()
+                        .find(|n| n.port() == to)
+                        .expect("a node of the set");
+                    let info = node.cli(&["INFO", "replication"]);
+                    let synced = info.lines().any(|l| l.trim() == "master_link_status:up")
+                        && info
+                            .lines()
+                            .any(|l| l.trim() == format!("master_port:{from}"));
+                    if synced {
+                        let ordered =
+                            set.sentinels()[sentinel].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+                        if ordered == "OK" {
+                            break;
+                        }
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(30),
+                        "{to} never became a replica of {from} that a sentinel fails over to"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                set
+            })
+        };
+        let named_port = |set: RedisSentinels, port: u16| {
+            tokio::task::spawn_blocking(move || {
+                let start = Instant::now();
+                while set.named_master_port() != Some(port) {
+                    assert!(start.elapsed() < FAILOVER_LIMIT, "{port} never named");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (set, Instant::now())
+            })
+        };
+        let set = order(set, 0, first, second).await.expect("first failover");
+        let (set, _) = named_port(set, second).await.expect("named");
+        let set = order(set, 1, second, first).await.expect("second failover");
+        let (set, named) = named_port(set, first).await.expect("named back");
+        loop {
+            let decided = store.check(b"k", &policy, 1).await;
+            let master = store.sentinel_master();
+            if decided.is_ok() && master == Some(format!("127.0.0.1:{first}")) {
+                break;
+            }
+            assert!(
+                named.elapsed() <= FOLLOW_DEADLINE,
+                "not following the first master back {} after it was named: {decided:?} on \
+                 {master:?}",
+                ms(named.elapsed())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "[resilience] failed over back: decided on the first master {} after it was named",
+            ms(named.elapsed())
+        );
+        drop(set);
+    })
+    .await;
+}
