@@ -1276,3 +1276,74 @@ async fn the_store_follows_a_failover_back() {
     })
     .await;
 }
+
+/// A failover that aborts (`-failover-abort-slave-timeout`) although its
+/// replica does become a master after it: the replica, paused
+/// (`CLIENT PAUSE`), runs the sentinel's `REPLICAOF NO ONE` only after the
+/// failover timeout. The sentinels still name the first master (and turn
+/// the replica back): the store keeps deciding on it, and every admission
+/// is counted there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_promoted_after_its_failover_aborted_is_not_decided_on() {
+    let _turn = SERIAL.lock().await;
+    let (set, store, policy, key) = start_loaded("failover-late-promotion").await;
+
+    let (calls, set) = bounded(async {
+        let load = Load::start(&store, &policy).await;
+        let set = tokio::task::spawn_blocking(move || {
+            let sentinel = &set.sentinels()[0];
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "SENTINEL FAILOVER");
+            let paused = set.replica().cli(&["CLIENT", "PAUSE", "3500", "ALL"]);
+            assert_eq!(paused, "OK", "CLIENT PAUSE");
+            let start = Instant::now();
+            while !sentinel.log().contains("-failover-abort-slave-timeout") {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the failover did not abort:\n{}",
+                    sentinel.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The paused replica runs REPLICAOF NO ONE (and closes its
+            // clients' connections).
+            let start = Instant::now();
+            while !String::from_utf8_lossy(&set.replica().cli_output(&["ROLE"]).stdout)
+                .starts_with("master")
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the replica was never promoted"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            set
+        })
+        .await
+        .expect("ordering the failover");
+        let promoted = Instant::now();
+        let calls = load.stop(promoted, Duration::from_secs(2)).await;
+        (calls, set)
+    })
+    .await;
+
+    let held = window_count(&set.master().cli(&["GET", key.as_str()]));
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    println!(
+        "[resilience] failover aborted, replica promoted after it: {} calls, {} outages; \
+         admitted {admitted}, the first master holds {held}; the store on {:?}",
+        calls.len(),
+        outages(&calls),
+        store.sentinel_master(),
+    );
+    assert_outages_only_and_bounded(&calls);
+    assert_eq!(
+        store.sentinel_master(),
+        Some(format!("127.0.0.1:{}", set.master().port())),
+        "the store follows the master the sentinels name"
+    );
+    assert_eq!(admitted, held, "admissions not counted on the master");
+}
