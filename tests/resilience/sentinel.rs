@@ -1105,3 +1105,245 @@ async fn a_tls_master_behind_sentinel() {
     .await;
     drop(set);
 }
+
+/// A failover ordered (`SENTINEL FAILOVER`) of the same sentinel just after
+/// it aborted one (`-failover-abort-slave-timeout`: the replica refused
+/// `REPLICAOF NO ONE`) is a real one: a sentinel ordered to fail over
+/// starts at once, whatever its last start. The store stops deciding on the
+/// old master while it is under way, and loses no admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
+    let _turn = SERIAL.lock().await;
+    let (set, store, policy, key) = start_loaded("failover-after-abort").await;
+
+    let (calls, t_failover, promotion, set) = bounded(async {
+        let load = Load::start(&store, &policy).await;
+        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+            let replica = set.replica();
+            let refuse = replica.cli(&["ACL", "SETUSER", "default", "-replicaof", "-slaveof"]);
+            assert_eq!(refuse, "OK", "ACL SETUSER");
+            let sentinel = &set.sentinels()[0];
+            let in_progress = || {
+                sentinel
+                    .cli(&["SENTINEL", "MASTER", MASTER_NAME])
+                    .contains("failover_in_progress")
+            };
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "the first SENTINEL FAILOVER");
+            let start = Instant::now();
+            while in_progress() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the first failover did not abort"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(
+                sentinel.log().contains("-failover-abort-slave-timeout"),
+                "the first failover ended otherwise:\n{}",
+                sentinel.log()
+            );
+            let allow = replica.cli(&["ACL", "SETUSER", "default", "+replicaof", "+slaveof"]);
+            assert_eq!(allow, "OK", "ACL SETUSER");
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "the second SENTINEL FAILOVER");
+            (set, Instant::now())
+        })
+        .await
+        .expect("ordering the failovers");
+        let promotion = watch_promotion(&set);
+        let named = until_named(&promotion).await;
+        let calls = load.stop(named, AFTER).await;
+        (calls, t_failover, promotion, set)
+    })
+    .await;
+
+    let held = window_count(&set.replica().cli(&["GET", key.as_str()]));
+    let named = *promotion.named.get().expect("named");
+    let role = promotion.role.get().copied().unwrap_or(named);
+    let since = |t: Instant| ms(t.saturating_duration_since(t_failover));
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    let during: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
+        .collect();
+    println!(
+        "[resilience] failover ordered after an abort: {} calls, {} outages; second failover \
+         ordered at 0, replica a master at {}, named at {}; admitted {admitted}, the promoted \
+         replica holds {held}; {} decided during the failover",
+        calls.len(),
+        outages(&calls),
+        since(role),
+        since(named),
+        during.len(),
+    );
+    assert_outages_only_and_bounded(&calls);
+    assert!(
+        during.is_empty(),
+        "decided during the failover: {:?}",
+        &during[..during.len().min(3)]
+    );
+    assert_eq!(
+        admitted.saturating_sub(held),
+        0,
+        "admissions lost with the old master (admitted {admitted}, the promoted replica holds \
+         {held})"
+    );
+}
+
+/// Two failovers in a row, ordered (`SENTINEL FAILOVER`) of two sentinels:
+/// from the first master to its replica, then back once the first master
+/// replicates the promoted one. The second switch names the node the first
+/// failed over from: the store decides on it again within
+/// [`FOLLOW_DEADLINE`] of a sentinel naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_failover_back() {
+    let _turn = SERIAL.lock().await;
+    let set = start_quorum().await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("failover-back", 1_000_000);
+    warm_up("the master answers", || store.ping()).await;
+    let (first, second) = (set.master().port(), set.replica().port());
+
+    bounded(async {
+        let order = |set: RedisSentinels, sentinel: usize, from: u16, to: u16| {
+            tokio::task::spawn_blocking(move || {
+                // The node failed over to replicates the one failed over
+                // from, and a sentinel knows it (a good replica).
+                let start = Instant::now();
+                loop {
+                    let node = [set.master(), set.replica()]
+                        .into_iter()
+                        .find(|n| n.port() == to)
+                        .expect("a node of the set");
+                    let info = node.cli(&["INFO", "replication"]);
+                    let synced = info.lines().any(|l| l.trim() == "master_link_status:up")
+                        && info
+                            .lines()
+                            .any(|l| l.trim() == format!("master_port:{from}"));
+                    if synced {
+                        let ordered =
+                            set.sentinels()[sentinel].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+                        if ordered == "OK" {
+                            break;
+                        }
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(30),
+                        "{to} never became a replica of {from} that a sentinel fails over to"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                set
+            })
+        };
+        let named_port = |set: RedisSentinels, port: u16| {
+            tokio::task::spawn_blocking(move || {
+                let start = Instant::now();
+                while set.named_master_port() != Some(port) {
+                    assert!(start.elapsed() < FAILOVER_LIMIT, "{port} never named");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (set, Instant::now())
+            })
+        };
+        let set = order(set, 0, first, second).await.expect("first failover");
+        let (set, _) = named_port(set, second).await.expect("named");
+        let set = order(set, 1, second, first).await.expect("second failover");
+        let (set, named) = named_port(set, first).await.expect("named back");
+        loop {
+            let decided = store.check(b"k", &policy, 1).await;
+            let master = store.sentinel_master();
+            if decided.is_ok() && master == Some(format!("127.0.0.1:{first}")) {
+                break;
+            }
+            assert!(
+                named.elapsed() <= FOLLOW_DEADLINE,
+                "not following the first master back {} after it was named: {decided:?} on \
+                 {master:?}",
+                ms(named.elapsed())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "[resilience] failed over back: decided on the first master {} after it was named",
+            ms(named.elapsed())
+        );
+        drop(set);
+    })
+    .await;
+}
+
+/// A failover that aborts (`-failover-abort-slave-timeout`) although its
+/// replica does become a master after it: the replica, paused
+/// (`CLIENT PAUSE`), runs the sentinel's `REPLICAOF NO ONE` only after the
+/// failover timeout. The sentinels still name the first master (and turn
+/// the replica back): the store keeps deciding on it, and every admission
+/// is counted there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_promoted_after_its_failover_aborted_is_not_decided_on() {
+    let _turn = SERIAL.lock().await;
+    let (set, store, policy, key) = start_loaded("failover-late-promotion").await;
+
+    let (calls, set) = bounded(async {
+        let load = Load::start(&store, &policy).await;
+        let set = tokio::task::spawn_blocking(move || {
+            let sentinel = &set.sentinels()[0];
+            let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "SENTINEL FAILOVER");
+            let paused = set.replica().cli(&["CLIENT", "PAUSE", "3500", "ALL"]);
+            assert_eq!(paused, "OK", "CLIENT PAUSE");
+            let start = Instant::now();
+            while !sentinel.log().contains("-failover-abort-slave-timeout") {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the failover did not abort:\n{}",
+                    sentinel.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The paused replica runs REPLICAOF NO ONE (and closes its
+            // clients' connections).
+            let start = Instant::now();
+            while !String::from_utf8_lossy(&set.replica().cli_output(&["ROLE"]).stdout)
+                .starts_with("master")
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the replica was never promoted"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            set
+        })
+        .await
+        .expect("ordering the failover");
+        let promoted = Instant::now();
+        let calls = load.stop(promoted, Duration::from_secs(2)).await;
+        (calls, set)
+    })
+    .await;
+
+    let held = window_count(&set.master().cli(&["GET", key.as_str()]));
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    println!(
+        "[resilience] failover aborted, replica promoted after it: {} calls, {} outages; \
+         admitted {admitted}, the first master holds {held}; the store on {:?}",
+        calls.len(),
+        outages(&calls),
+        store.sentinel_master(),
+    );
+    assert_outages_only_and_bounded(&calls);
+    assert_eq!(
+        store.sentinel_master(),
+        Some(format!("127.0.0.1:{}", set.master().port())),
+        "the store follows the master the sentinels name"
+    );
+    assert_eq!(admitted, held, "admissions not counted on the master");
+}

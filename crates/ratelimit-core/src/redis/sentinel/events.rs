@@ -56,7 +56,9 @@ async fn watch_one(master: Weak<Master>, index: usize, client: redis::Client) {
         else {
             return;
         };
-        if let Ok((pubsub, limit)) = subscribe(&master, index, &client, &name, timeout).await {
+        if let Ok((pubsub, mut connection, limit)) =
+            subscribe(&master, index, &client, &name, timeout).await
+        {
             wait = RETRY_MIN;
             if !first && let Some(master) = master.upgrade() {
                 // Away from this sentinel, the store may have missed a switch.
@@ -69,7 +71,16 @@ async fn watch_one(master: Weak<Master>, index: usize, client: redis::Client) {
                     return;
                 };
                 let payload: String = message.get_payload().unwrap_or_default();
-                on_event(&master, index, message.get_channel_name(), &payload, limit);
+                if on_event(&master, index, message.get_channel_name(), &payload, limit) {
+                    // Asked before the next event is handled: an end of
+                    // this failover published meanwhile still ends it.
+                    let in_progress = failover_in_progress(&mut connection, &name, timeout)
+                        .await
+                        .unwrap_or(true);
+                    if in_progress {
+                        master.failover_reported(index, true, limit);
+                    }
+                }
             }
         }
         tokio::time::sleep(wait).await;
@@ -79,14 +90,22 @@ async fn watch_one(master: Weak<Master>, index: usize, client: redis::Client) {
 
 /// Subscribes to sentinel `index`'s failover events, then reads its view of
 /// the master named `name` (so that nothing published between is missed):
-/// the subscription, and how long a failover it reports lasts at most.
+/// the subscription, a connection to the sentinel, and how long a failover
+/// it reports lasts at most.
 async fn subscribe(
     master: &Weak<Master>,
     index: usize,
     client: &redis::Client,
     name: &str,
     timeout: Duration,
-) -> Result<(redis::aio::PubSub, Duration), RedisError> {
+) -> Result<
+    (
+        redis::aio::PubSub,
+        redis::aio::MultiplexedConnection,
+        Duration,
+    ),
+    RedisError,
+> {
     let bounded = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub
@@ -99,9 +118,9 @@ async fn subscribe(
             .arg(name)
             .query_async(&mut connection)
             .await?;
-        Ok::<_, RedisError>((pubsub, view))
+        Ok::<_, RedisError>((pubsub, connection, view))
     };
-    let (pubsub, view) = tokio::time::timeout(timeout, bounded)
+    let (pubsub, connection, view) = tokio::time::timeout(timeout, bounded)
         .await
         .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
     let limit = failover_limit(&view);
@@ -111,7 +130,25 @@ async fn subscribe(
     if let Some(master) = master.upgrade() {
         master.failover_reported(index, in_progress, limit);
     }
-    Ok((pubsub, limit))
+    Ok((pubsub, connection, limit))
+}
+
+/// Whether the sentinel at `connection` has a failover of the master named
+/// `name` under way now (`SENTINEL MASTER`'s flags), asked within `timeout`.
+async fn failover_in_progress(
+    connection: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    timeout: Duration,
+) -> Result<bool, RedisError> {
+    let mut command = redis::cmd("SENTINEL");
+    command.arg("MASTER").arg(name);
+    let asked = command.query_async::<HashMap<String, String>>(connection);
+    let view = tokio::time::timeout(timeout, asked)
+        .await
+        .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+    Ok(view
+        .get("flags")
+        .is_some_and(|flags| flags.split(',').any(|f| f == "failover_in_progress")))
 }
 
 /// How long a failover may stay under way before the store stops waiting
@@ -127,27 +164,42 @@ fn failover_limit(view: &HashMap<String, String>) -> Duration {
 
 /// One event of sentinel `index`: `payload` names the master first
 /// (`master <name> <ip> <port>`), or for `+switch-master` is
-/// `<name> <old ip> <old port> <new ip> <new port>`.
-fn on_event(master: &Arc<Master>, index: usize, channel: &str, payload: &str, limit: Duration) {
+/// `<name> <old ip> <old port> <new ip> <new port>`. Returns whether the
+/// event is a try that only the sentinel can tell from the one it just
+/// aborted (whether it has a failover under way now).
+fn on_event(
+    master: &Arc<Master>,
+    index: usize,
+    channel: &str,
+    payload: &str,
+    limit: Duration,
+) -> bool {
     let fields: Vec<&str> = payload.split_whitespace().collect();
     let ours = |fields: &[&str]| matches!(fields, ["master", name, ..] if *name == master.name());
     match channel {
         "+try-failover" if ours(&fields) => {
             // `master <name> <ip> <port>`: a try on the master the sentinels
             // already replaced is moot, and waiting for its abort would stop
-            // decisions on the new master for seconds. So is one this
-            // sentinel aborted within its failover timeout: a sentinel
-            // starts no failover of a master within twice that timeout of
-            // the last start, and a failover ends within it, so the try is
-            // the aborted one, handed over after its abort (redis-rs may
-            // deliver a pattern's message before a channel's sent first).
-            let moot = matches!(fields[..], [_, _, host, port, ..]
-            if port.parse().is_ok_and(|port| {
-                master.was_demoted(host, port) || master.was_aborted(index, host, port)
-            }));
-            if !moot {
+            // decisions on the new master for seconds. One that comes
+            // within its failover timeout of this sentinel's abort of the
+            // same master may be that aborted try, handed over after its
+            // abort (redis-rs may deliver a pattern's message before a
+            // channel's sent first), or a new one (`SENTINEL FAILOVER`
+            // starts at once): the sentinel tells which.
+            let Some((host, port)) = (match fields[..] {
+                [_, _, host, port, ..] => port.parse().ok().map(|port| (host, port)),
+                _ => None,
+            }) else {
                 master.failover_reported(index, true, limit);
+                return false;
+            };
+            if master.was_demoted(host, port) {
+                return false;
             }
+            if master.was_aborted(index, host, port) {
+                return true;
+            }
+            master.failover_reported(index, true, limit);
         }
         "+switch-master" => {
             if let [name, old_host, old_port, new_host, new_port] = fields[..]
@@ -187,4 +239,5 @@ fn on_event(master: &Arc<Master>, index: usize, channel: &str, payload: &str, li
         }
         _ => {}
     }
+    false
 }

@@ -191,7 +191,9 @@ impl Master {
     }
 
     /// Sentinel `index` aborted a failover of `master` (`host`, `port`):
-    /// for `window` (its failover timeout) it starts no other on it.
+    /// for `window` (its failover timeout) a try of it reported may be the
+    /// aborted one, delivered late (or one ordered with `SENTINEL
+    /// FAILOVER`, which starts at once: the sentinel tells which).
     pub(in crate::redis) fn aborted(&self, index: usize, master: (String, u16), window: Duration) {
         let mut state = self.state.lock();
         if state.aborts.len() <= index {
@@ -201,7 +203,7 @@ impl Master {
     }
 
     /// Whether sentinel `index` aborted a failover of `host`:`port` so
-    /// lately that a try of it reported now is that aborted one.
+    /// lately that a try of it reported now may be that aborted one.
     pub(in crate::redis) fn was_aborted(&self, index: usize, host: &str, port: u16) -> bool {
         let state = self.state.lock();
         state.aborts.get(index).is_some_and(|abort| {
