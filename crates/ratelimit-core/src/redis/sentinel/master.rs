@@ -215,13 +215,14 @@ impl Master {
 
     /// The sentinels failed the master over from `old` to `new` (`host`,
     /// `port`): every failover ends, and the master is to be looked up
-    /// again (returns whether it is), unless this switch was heard already
-    /// or the store follows `new`: each sentinel reports the same switch
-    /// when it hears of it, and a later report would otherwise call for a
-    /// lookup while the sentinels may still flag the new master down.
+    /// again (returns whether it is) unless the store follows `new` already.
+    /// Each sentinel reports the same switch when it hears of it: a repeat
+    /// changes nothing (a lookup then could meet sentinels that still flag
+    /// the new master down, and ending failovers would end one started
+    /// since).
     pub(in crate::redis) fn switched(&self, old: (String, u16), new: (String, u16)) -> bool {
         let now = Instant::now();
-        let heard = {
+        let (follows_new, reported) = {
             let state = self.state.lock();
             let follows_new = state.named.as_ref().is_some_and(|(_, addr)| {
                 matches!(addr, ConnectionAddr::Tcp(host, port)
@@ -232,10 +233,16 @@ impl Master {
                     .demoted
                     .as_ref()
                     .is_some_and(|(from, until)| *from == old && now < *until);
-            follows_new || reported
+            (follows_new, reported)
         };
+        // A repeat ends nothing: a failover another sentinel started since
+        // the switch was first heard is still under way.
+        if reported {
+            return false;
+        }
         // Suspect first: a call that sees the failover over must also see
         // that the master is to be looked up.
+        let heard = follows_new;
         if !heard {
             self.suspect();
         }
