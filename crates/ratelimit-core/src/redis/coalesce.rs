@@ -53,8 +53,9 @@ pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
 /// the other and gathers the next. More calls make smaller batches, and
 /// Redis and the client then spend more per decision, since each call costs
 /// system calls and wake-ups whatever it carries; one call alone leaves
-/// Redis idle while the client works. One more call still starts when more waits than
-/// those in flight take on their next turn (see [`RedisStore::submit`]).
+/// Redis idle while the client works. One more call still starts when more
+/// waits than those in flight take on their next turn (see
+/// [`RedisStore::submit`]).
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 2;
 
 /// The same bound for a lane of a cluster's master: one pipeline. Each
