@@ -262,10 +262,9 @@ async fn main() {
                 0x9e37_79b9_7f4a_7c15_u64 ^ (task + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
             let mut latencies = Vec::new();
             // Each key is written into this buffer when drawn, as a server
-            // reads it from its request. A table of 100,000 keys made once
+            // reads it from its request. A table of keys made once would
             // cost two cache misses per decision (its entry, then the key's
-            // bytes), 10 % of the bench's samples at 64 in flight (`perf`),
-            // which a server does not pay.
+            // bytes), which a server does not pay.
             let mut key = Vec::with_capacity(24);
             while next.fetch_add(1, Ordering::Relaxed) < requests {
                 rng ^= rng << 13;

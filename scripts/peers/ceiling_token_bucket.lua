@@ -1,6 +1,5 @@
--- The plain one-key token bucket the Redis targets are measured against (a copy
--- of the lead's reference, shared/bench/ceiling_token_bucket.lua): TIME, HMGET,
--- HSET, PEXPIRE. KEYS[1]: the key; ARGV: capacity, tokens per second, cost.
+-- The plain one-key token bucket the Redis targets are measured against (the
+-- simplest script that limits correctly): TIME, HMGET, HSET, PEXPIRE. KEYS[1]: the key; ARGV: capacity, tokens per second, cost.
 local key = KEYS[1]
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])

@@ -651,6 +651,25 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     ]
     .map(|(p, o)| (p.to_owned(), o.to_owned()));
     assert_eq!(decisions, expected);
+    // One limiter shows one key as one `key_hash`, drawn from its own seed;
+    // another limiter's seed shows it as another.
+    let hashes = |policy: &str| -> Vec<String> {
+        events
+            .all()
+            .into_iter()
+            .filter(|(_, fields)| fields.get("policy").map(String::as_str) == Some(policy))
+            .filter_map(|(_, fields)| fields.get("key_hash").cloned())
+            .collect()
+    };
+    let login = hashes("login");
+    assert_eq!(login.len(), 3, "{login:?}");
+    assert!(
+        login.iter().all(|h| h == &login[0] && h.len() == 16),
+        "{login:?}"
+    );
+    let down = hashes("login-down");
+    assert_eq!(down.len(), 1, "{down:?}");
+    assert_ne!(down[0], login[0]);
     for value in events
         .all()
         .into_iter()

@@ -489,7 +489,7 @@ mod addresses {
 
 /// One value is one budget through the paths the existing tests do not
 /// take: a gRPC `-bin` header (base64, padded or not), a `Limiter`'s
-/// reservation and peek, a number, and `recorded_check`.
+/// reservation and peek, a number, and a `metrics::Recorder`.
 mod one_value {
     use super::*;
 
@@ -515,10 +515,10 @@ mod one_value {
         }
         let reservation = limiter.reserve(b"7", 1).await.expect("reserved");
         drop(reservation);
-        let decision =
-            ratelimit_tower::metrics::recorded_check(&store, &Key::from(7u64), &policy, 1)
-                .await
-                .expect("decided");
+        let decision = ratelimit_tower::metrics::Recorder::default()
+            .check(&store, &Key::from(7u64), &policy, 1)
+            .await
+            .expect("decided");
         assert_eq!(decision.remaining(), 1);
         assert_eq!(limiter.peek(b"7").await.expect("peeked").remaining(), 1);
         assert!(limiter.check(b"7", 1).await.is_ok());

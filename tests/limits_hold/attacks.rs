@@ -1,5 +1,5 @@
-//! Attacks on the HTTP face, by a reviewer who had not seen the code: each
-//! test asserts a promise of SECURITY.md or RELIABILITY.md the way an
+//! Attacks on the HTTP face, written from the documents alone: each test
+//! asserts a promise of SECURITY.md or RELIABILITY.md the way an
 //! attacker would try to break it (extension methods on `any` routes,
 //! `nest_service` and fallbacks, percent-encoded spellings, never-matching
 //! prefixes, requests dropped while they wait, hostile forwarding headers,

@@ -1,5 +1,5 @@
 //! Attacks on reloads, permits, parameter changes, the key bound and client
-//! keys, by a reviewer who had not seen the code: each test asserts a promise
+//! keys, written from the documents alone: each test asserts a promise
 //! of RELIABILITY.md or SECURITY.md the way an operator's accident or an
 //! attacker would try to break it (cut, swapped and same-size files, short
 //! waits, permits of other keys, extreme parameters, IPv6 rotation, spoofed

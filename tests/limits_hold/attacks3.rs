@@ -1,5 +1,6 @@
-//! Attacks of a third reviewer who had not seen the code: each
-//! test asserts a promise of SECURITY.md or RELIABILITY.md ("Every limit
+//! Attacks on shared policies, escape spellings, Redis eviction, upgrades
+//! and cancellation beside shadow policies, written from the documents
+//! alone: each test asserts a promise of SECURITY.md or RELIABILITY.md ("Every limit
 //! holds") the way an attacker or an operator's ordinary configuration would
 //! try to break it.
 

@@ -1,9 +1,9 @@
 //! Every limit holds on the paths users and attackers take: route rules
-//! against a real axum router (`routing`), and the attacks of reviewers who
-//! had not seen the code, on the HTTP face (`attacks`) and on reloads,
-//! permits, parameter changes, the key bound and client keys (`attacks2`),
-//! and of the third review (`attacks3`: shared policies, escape spellings,
-//! Redis eviction, upgrades, cancellation beside shadow policies), on
+//! against a real axum router (`routing`), and attacks written from the
+//! documents alone, on the HTTP face (`attacks`), on reloads, permits,
+//! parameter changes, the key bound and client keys (`attacks2`), on shared
+//! policies, escape spellings, Redis eviction, upgrades and cancellation
+//! beside shadow policies (`attacks3`), on
 //! settlements after the response (`attack_settle`) and on how keys reach
 //! the stores (`attack_keys`).
 //! One binary, so the suite links it once.

@@ -287,7 +287,7 @@ fn a_limited_handler_never_runs_outside_its_rule_with_the_layer_around_the_route
     limited_handlers_run_only_within_their_rules(Placement::AroundTheRouter);
 }
 
-/// The spellings found by review, each sent to the router twice: the second
+/// The known escaping spellings, each sent to the router twice: the second
 /// is refused, and the handler ran once.
 #[tokio::test]
 async fn dot_segments_and_head_do_not_escape_a_rule() {

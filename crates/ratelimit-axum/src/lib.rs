@@ -13,10 +13,12 @@
 //! limits chosen per request, [`Rejection`] for custom refusals), the key
 //! extractors ([`PeerIp`](struct@crate::PeerIp), [`ClientIp`], [`HeaderKey`], ...), the policies
 //! ([`Policy`], [`Rate`]), the stores ([`MemoryStore`]; `RedisStore`,
-//! `MultiRegionStore` and `LeasedStore` with their features) and the
-//! decision types: import from this crate only.
+//! `MultiRegionStore` and `LeasedStore` with their features), the decision
+//! types, and the types these return or take ([`And`], [`HttpRejections`],
+//! [`RuleProvider`], [`Cidr`], [`CidrError`]): import from this crate only.
 //! The rest is in the re-exported crates [`ratelimit_core`] and
-//! [`ratelimit_tower`] (the `config` module, `for_errors` layers).
+//! [`ratelimit_tower`] (the `config` module, `for_errors` layers, the
+//! service type `RateLimit`).
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -31,8 +33,10 @@
 //! | `config` | policies and rules from TOML or JSON, reloadable (`ratelimit_tower::config`) |
 //! | `tonic` | tonic's `TcpConnectInfo` as a peer address, for gRPC served beside axum |
 //!
-//! Each feature turns on the feature of the same name in `ratelimit-tower`
-//! and `ratelimit-core`, and the stores it adds are named from this crate:
+//! Each feature turns on the feature of the same name in `ratelimit-tower`,
+//! which turns on `ratelimit-core`'s where that crate has one (the store
+//! features and `metrics`; `config` and `tonic` are `ratelimit-tower`'s
+//! alone), and the stores it adds are named from this crate:
 //!
 //! ```
 //! # #[cfg(feature = "lease")]
@@ -160,6 +164,10 @@ pub use ratelimit_tower::{
     PolicyDecision, RateLimitLayer, Rejection, RouteKey, Rule, SettleError, Settlement, Stats,
     TrustedProxies,
 };
+// Named by what the items above return or take: `RateLimitLayer::and`,
+// the layer's default refusals, `RateLimitLayer::with_rules`, and
+// `TrustedProxies`' networks and their parse error.
+pub use ratelimit_tower::{And, Cidr, CidrError, HttpRejections, RuleProvider};
 
 use std::convert::Infallible;
 use std::fmt;

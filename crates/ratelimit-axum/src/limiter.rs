@@ -5,6 +5,7 @@ use std::fmt;
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use ratelimit_core::{Decision, Policy, Store, StoreError};
 use ratelimit_tower::headers::RateLimitHeaders;
+use ratelimit_tower::metrics::Recorder;
 use ratelimit_tower::{
     Decisions, FailurePolicy, HttpRejections, Key, PermitGuard, PolicyDecision, Rejection,
 };
@@ -74,6 +75,9 @@ pub struct Limiter<St> {
     policy: Policy,
     headers: RateLimitHeaders,
     failure: FailurePolicy,
+    /// Records each check as a layer does, hashing keys in logs with a seed
+    /// drawn when the limiter is made.
+    recorder: Recorder,
 }
 
 impl<St> fmt::Debug for Limiter<St> {
@@ -99,6 +103,7 @@ impl<St: Store + Clone> Limiter<St> {
             policy,
             headers: RateLimitHeaders::default(),
             failure: FailurePolicy::default(),
+            recorder: Recorder::default(),
         }
     }
 
@@ -251,7 +256,11 @@ impl<St: Store + Clone> Limiter<St> {
     async fn decide(&self, key: &Key, cost: u64) -> Result<Option<Decision>, QuotaExceeded> {
         // Through the layer's own recording, so a limit checked here shows
         // in the same metrics and events as the layer's.
-        match ratelimit_tower::metrics::recorded_check(&self.store, key, &self.policy, cost).await {
+        match self
+            .recorder
+            .check(&self.store, key, &self.policy, cost)
+            .await
+        {
             Ok(decision) if decision.is_allowed() || self.policy.is_shadow() => Ok(Some(decision)),
             Ok(decision) => {
                 Err(self.refuse(Rejection::Limited(decisions_of(&self.policy, decision))))

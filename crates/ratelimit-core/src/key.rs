@@ -164,7 +164,7 @@ impl IpText {
         // The text is built in two registers and stored once, straight into
         // the value returned: byte-wise stores, or a copy of the value, read
         // back by the wider loads of the key's packing and compare stall
-        // store forwarding (perf: most of this function's time). Each octet
+        // store forwarding, which would cost more than the rest. Each octet
         // is its digits and a dot from the table; two octets make at most 8
         // bytes, so the halves are put together with 64-bit shifts only.
         fn text(entry: u64) -> u64 {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::keys::Key;
-use crate::metrics;
+use crate::metrics::{self, Recorder};
 use crate::options::{FailurePolicy, Mode, Stats};
 use crate::permit::PermitGuard;
 use crate::responses::rejection::Rejection;
@@ -45,6 +45,7 @@ pub(crate) struct Settings<St> {
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
     pub(crate) near_limit: f64,
+    pub(crate) recorder: Recorder,
 }
 
 /// Decides `limits`, known at once, in place when they are one enforced
@@ -56,6 +57,7 @@ pub(crate) fn decide_at_once<St>(
     store: &St,
     mode: Mode,
     near_limit: f64,
+    recorder: &Recorder,
     settings: impl FnOnce() -> Settings<St>,
     mut limits: Limits,
 ) -> Result<Outcome, OutcomeFuture>
@@ -104,7 +106,14 @@ where
     // No settlement: the limit's decision has no estimate.
     let (policy, key, _) = limit.into_parts();
     if !decision.is_allowed() {
-        metrics::record_decision(&policy, key.as_bytes(), &decision, false, near_limit);
+        metrics::record_decision(
+            recorder,
+            &policy,
+            key.as_bytes(),
+            &decision,
+            false,
+            near_limit,
+        );
         let decisions = Decisions::one(PolicyDecision::new(policy, decision));
         return Ok(Outcome::Rejected(Rejection::Limited(decisions)));
     }
@@ -112,7 +121,14 @@ where
     if let Some(permit) = decision.permit() {
         permits.hold(store, &key, &policy, permit);
     }
-    metrics::record_decision(&policy, key.as_bytes(), &decision, true, near_limit);
+    metrics::record_decision(
+        recorder,
+        &policy,
+        key.as_bytes(),
+        &decision,
+        true,
+        near_limit,
+    );
     Ok(Outcome::Allowed(
         Decisions::one(PolicyDecision::new(policy, decision)),
         permits,
@@ -131,6 +147,7 @@ fn allowed_or_refused<St: Store + Clone>(
     let allowed = decisions.iter().all(Decision::is_allowed);
     for (limit, decision) in limits.iter().zip(decisions) {
         metrics::record_decision(
+            &settings.recorder,
             limit.policy(),
             limit.key().as_bytes(),
             decision,
@@ -247,15 +264,7 @@ fn reserve<St: Store + Clone>(
         .chain(shadow)
         .filter_map(Limit::settlement)
         .collect();
-    Reservation::new(
-        &settings.store,
-        &settings.stats,
-        settings.timeout,
-        asked,
-        decisions.clone(),
-        reserved,
-        &settlements,
-    )
+    Reservation::new(settings, asked, decisions.clone(), reserved, &settlements)
 }
 
 /// Where the decisions of the enforced and of the shadow limits are among
@@ -370,6 +379,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
         let allowed = decisions.iter().all(Decision::is_allowed);
         for (limit, decision) in enforced.iter().zip(&decisions) {
             metrics::record_decision(
+                &settings.recorder,
                 limit.policy(),
                 limit.key().as_bytes(),
                 decision,
@@ -574,7 +584,12 @@ fn failed<St: Store + Clone>(
         return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
     }
     for limit in enforced {
-        metrics::record_error(limit.policy(), limit.key().as_bytes(), &error);
+        metrics::record_error(
+            &settings.recorder,
+            limit.policy(),
+            limit.key().as_bytes(),
+            &error,
+        );
     }
     if !error.is_outage() {
         // Not an outage: a configuration mistake, a bug, or a store that
@@ -634,6 +649,7 @@ async fn decide_shadow<St: Store + Clone>(
             let allowed = decisions.iter().all(Decision::is_allowed);
             for (limit, decision) in limits.iter().zip(&decisions) {
                 metrics::record_decision(
+                    &settings.recorder,
                     limit.policy(),
                     limit.key().as_bytes(),
                     decision,
@@ -653,7 +669,12 @@ async fn decide_shadow<St: Store + Clone>(
         }
         Err(error) => {
             for limit in limits {
-                metrics::record_error(limit.policy(), limit.key().as_bytes(), &error);
+                metrics::record_error(
+                    &settings.recorder,
+                    limit.policy(),
+                    limit.key().as_bytes(),
+                    &error,
+                );
             }
             if error.is_outage() {
                 tracing::warn!(

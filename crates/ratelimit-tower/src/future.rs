@@ -12,6 +12,7 @@ use crate::decide::{Outcome, OutcomeFuture};
 use crate::decisions::Decisions;
 use crate::permit::PermitGuard;
 use crate::responses::reject::Reject;
+use crate::responses::reject::sealed::Token;
 use crate::settlement::reservation::Reservation;
 
 pub use crate::rules::rule::AndFuture;
@@ -148,7 +149,7 @@ where
         | Outcome::FailedOpen(decisions, permit, reservation) => {
             let after = match reservation {
                 Some(reservation) => After::Settle(reservation, reject.clone()),
-                None => After::Fields(reject.allowing(Some(&decisions))),
+                None => After::Fields(reject.allowing(Some(&decisions), Token)),
             };
             reject.annotate(&mut req, decisions);
             (after, permit)
@@ -157,7 +158,10 @@ where
             // No limit applied (allowlisted): handlers still find an empty
             // set of decisions.
             reject.annotate(&mut req, Decisions::default());
-            (After::Fields(reject.allowing(None)), PermitGuard::default())
+            (
+                After::Fields(reject.allowing(None, Token)),
+                PermitGuard::default(),
+            )
         }
     };
     State::Calling {
@@ -232,7 +236,7 @@ where
                     let Some(response) = response.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let allowing = reject.allowing(Some(&decisions));
+                    let allowing = reject.allowing(Some(&decisions), Token);
                     let permit = std::mem::take(permit);
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(J::allowed(allowing, response, permit)));

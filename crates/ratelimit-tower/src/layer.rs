@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ratelimit_core::{Policy, Store};
 
+use crate::metrics::Recorder;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::responses::headers::RateLimitHeaders;
 use crate::responses::reject::{ErrorRejections, HttpRejections};
@@ -39,6 +40,9 @@ pub struct RateLimitLayer<St, P, J = HttpRejections> {
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
     pub(crate) near_limit: f64,
+    /// The seed of the key hashes in this layer's logs, drawn when the
+    /// layer is made.
+    pub(crate) recorder: Recorder,
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
@@ -94,6 +98,7 @@ impl<St, P> RateLimitLayer<St, P> {
             failure: FailurePolicy::default(),
             timeout: None,
             near_limit: crate::metrics::DEFAULT_NEAR_LIMIT,
+            recorder: Recorder::default(),
         }
     }
 }
@@ -172,6 +177,7 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
             failure: self.failure,
             timeout: self.timeout,
             near_limit: self.near_limit,
+            recorder: self.recorder,
         }
     }
 
@@ -221,6 +227,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
             failure: self.failure,
             timeout: self.timeout,
             near_limit: self.near_limit,
+            recorder: self.recorder,
         }
     }
 
@@ -241,6 +248,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
             failure: self.failure,
             timeout: self.timeout,
             near_limit: self.near_limit,
+            recorder: self.recorder,
         }
     }
 

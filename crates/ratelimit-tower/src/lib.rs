@@ -52,6 +52,18 @@
 //! axum users depend on `ratelimit-axum` instead, which turns on this
 //! crate's feature `axum` and re-exports what a service uses.
 //!
+//! One feature per integration:
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `axum` | the integration with axum: the peer address from `ConnectInfo`, routes from `MatchedPath` |
+//! | `tonic` | the peer address from tonic's `TcpConnectInfo` |
+//! | `config` | policies and rules from TOML or JSON, reloadable (the `config` module) |
+//! | `metrics` | decisions counted through the `metrics` facade |
+//! | `redis`, `redis-cluster`, `sentinel`, `tls`, `bb8` | `RedisStore` and its deployments (`ratelimit-core`'s features of the same names) |
+//! | `multi-region` | `MultiRegionStore` |
+//! | `lease` | `LeasedStore` |
+//!
 //! In a file that also uses tower's own `tower::limit::RateLimitLayer` (a
 //! fixed rate for the whole service, no keys), name this crate with an alias
 //! rather than importing both layers:

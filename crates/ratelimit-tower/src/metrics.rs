@@ -1,6 +1,6 @@
 //! What the layer records: metrics through the [`metrics`](https://docs.rs/metrics)
 //! facade (feature `metrics`), and `tracing` events. A limit checked outside
-//! a layer through [`recorded_check`] (`ratelimit-axum`'s `Limiter`, such as
+//! a layer through a [`Recorder`] (`ratelimit-axum`'s `Limiter`, such as
 //! a login guard in a handler) is recorded the same way, under the same names.
 //!
 //! # Metrics
@@ -13,7 +13,7 @@
 //! |---|---|---|---|
 //! | `ratelimit_decisions_total` | counter | `policy`, `outcome` | one per policy per decision (below) |
 //! | `ratelimit_near_limit_total` | counter | `policy` | allowed decisions leaving less than a fraction of the limit ([`RateLimitLayer::near_limit`](crate::RateLimitLayer::near_limit), default 0.1) |
-//! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer (or [`recorded_check`]) makes to its store, timeout included |
+//! | `ratelimit_store_call_duration_seconds` | histogram | `outcome` (`ok`, `error`) | each call the layer (or a [`Recorder`]) makes to its store, timeout included |
 //! | `ratelimit_circuit_breaker_state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open (recorded by `ratelimit-core`'s `CircuitBreaker`) |
 //! | `ratelimit_circuit_breaker_transitions_total` | counter | `breaker`, `from`, `to` | breaker transitions (`closed`, `half_open`, `open`) |
 //! | `ratelimit_settlements_total` | counter | `policy`, `outcome` | one per limit of each request reserved under a rule that settles after the response ([`Settlement`](crate::Settlement)), once settled (below) |
@@ -67,8 +67,9 @@
 //!
 //! - Every decision is a `debug` event with the `policy`, the `outcome`,
 //!   `remaining` and `limit`, and `key_hash`: the first 16 hex digits of a
-//!   keyed hash of the key (the hash key is random per process, so the same
-//!   client has the same `key_hash` throughout one process's logs, and the
+//!   keyed hash of the key (the hash key is random, drawn once per layer or
+//!   [`Recorder`] when it is built and shared by its clones, so the same
+//!   client has the same `key_hash` throughout one layer's logs, and the
 //!   raw key cannot be recovered from them, not even by trying every IP
 //!   address).
 //! - An outage is a `warn` event with the error and what the failure policy
@@ -78,7 +79,6 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::OnceLock;
 
 use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 
@@ -168,60 +168,78 @@ pub(crate) fn outcome(policy: &Policy, decision: &Decision, all_allowed: bool) -
     }
 }
 
-/// Asks `store` to check `key` against `policy` at `cost`, as the layer asks
-/// for one limit, and records the answer as the layer records its own: the
-/// store call's duration, the decision counted by policy and outcome (and
-/// near the limit under the default fraction, 0.1), a
-/// `debug` event with the key's hash, never the key. A cost the policy can
-/// never admit ([`StoreError::CostExceedsLimit`]) is not counted, as on the
-/// layer.
-///
-/// For limits checked outside a layer, so that they show where the layer's
-/// do: `ratelimit-axum`'s `Limiter` (a login guard in a handler) checks
-/// through it. The key is a [`Key`], so a value is hashed here as the
-/// layer hashes it and both share its budget.
-///
-/// ```
-/// use ratelimit_tower::{Key, MemoryStore, Policy};
-/// use std::time::Duration;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let store = MemoryStore::new();
-/// let exports = Policy::fixed_window(10, Duration::from_secs(3600))?.with_name("exports")?;
-/// let user = Key::from("user-7");
-/// let decision = ratelimit_tower::metrics::recorded_check(&store, &user, &exports, 1).await?;
-/// assert!(decision.is_allowed());
-/// # Ok(())
-/// # }
-/// ```
-pub async fn recorded_check<St: Store>(
-    store: &St,
-    key: &Key,
-    policy: &Policy,
-    cost: u64,
-) -> Result<Decision, StoreError> {
-    let key = key.as_bytes();
-    let timer = StoreCall::start();
-    let answer = store.check(key, policy, cost).await;
-    timer.finish(answer.is_ok());
-    match &answer {
-        Ok(decision) => record_decision(
-            policy,
-            key,
-            decision,
-            decision.is_allowed(),
-            DEFAULT_NEAR_LIMIT,
-        ),
-        Err(StoreError::CostExceedsLimit { .. }) => {}
-        Err(error) => record_error(policy, key, error),
+/// Records limits checked outside a layer as a layer records its own, with
+/// a key hash seed of its own, drawn when it is made and shared by its
+/// clones (see [`check`](Recorder::check)).
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    /// The seed of the `key_hash` in events: random, so a logged hash cannot
+    /// be turned back into its key, and one per recorder rather than per
+    /// process, so no state is shared between layers.
+    keys: RandomState,
+}
+
+impl Recorder {
+    /// Asks `store` to check `key` against `policy` at `cost`, as the layer
+    /// asks for one limit, and records the answer as the layer records its
+    /// own: the store call's duration, the decision counted by policy and
+    /// outcome (and near the limit under the default fraction, 0.1), a
+    /// `debug` event with the key's hash, never the key. A cost the policy
+    /// can never admit ([`StoreError::CostExceedsLimit`]) is not counted, as
+    /// on the layer.
+    ///
+    /// For limits checked outside a layer, so that they show where the
+    /// layer's do: `ratelimit-axum`'s `Limiter` (a login guard in a handler)
+    /// checks through one. The key is a [`Key`], so a value is hashed here
+    /// as the layer hashes it and both share its budget.
+    ///
+    /// ```
+    /// use ratelimit_tower::metrics::Recorder;
+    /// use ratelimit_tower::{Key, MemoryStore, Policy};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let exports = Policy::fixed_window(10, Duration::from_secs(3600))?.with_name("exports")?;
+    /// let recorder = Recorder::default();
+    /// let user = Key::from("user-7");
+    /// let decision = recorder.check(&store, &user, &exports, 1).await?;
+    /// assert!(decision.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check<St: Store>(
+        &self,
+        store: &St,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let key = key.as_bytes();
+        let timer = StoreCall::start();
+        let answer = store.check(key, policy, cost).await;
+        timer.finish(answer.is_ok());
+        match &answer {
+            Ok(decision) => record_decision(
+                self,
+                policy,
+                key,
+                decision,
+                decision.is_allowed(),
+                DEFAULT_NEAR_LIMIT,
+            ),
+            Err(StoreError::CostExceedsLimit { .. }) => {}
+            Err(error) => record_error(self, policy, key, error),
+        }
+        answer
     }
-    answer
 }
 
 /// Records one decision: counters and a `debug` event; `all_allowed`:
 /// whether every limit decided with it allowed (see [`outcome`]).
 pub(crate) fn record_decision(
+    recorder: &Recorder,
     policy: &Policy,
     key: &[u8],
     decision: &Decision,
@@ -235,7 +253,7 @@ pub(crate) fn record_decision(
         outcome = outcome(policy, decision, all_allowed),
         remaining = decision.remaining(),
         limit = decision.limit(),
-        key_hash = %KeyHash(key),
+        key_hash = %KeyHash(&recorder.keys, key),
         "rate-limit decision"
     );
     #[cfg(feature = "metrics")]
@@ -253,7 +271,7 @@ pub(crate) fn record_decision(
 
 /// Records a policy the store could not decide: outcome `error` for an
 /// outage, `invalid` for any other error.
-pub(crate) fn record_error(policy: &Policy, key: &[u8], error: &StoreError) {
+pub(crate) fn record_error(recorder: &Recorder, policy: &Policy, key: &[u8], error: &StoreError) {
     let outcome = if error.is_outage() {
         "error"
     } else {
@@ -262,7 +280,7 @@ pub(crate) fn record_error(policy: &Policy, key: &[u8], error: &StoreError) {
     tracing::debug!(
         policy = policy.name(),
         outcome,
-        key_hash = %KeyHash(key),
+        key_hash = %KeyHash(&recorder.keys, key),
         "rate-limit decision"
     );
     #[cfg(feature = "metrics")]
@@ -272,11 +290,16 @@ pub(crate) fn record_error(policy: &Policy, key: &[u8], error: &StoreError) {
 
 /// Records the settlement of one limit: a `debug` event and a counter
 /// labelled with its `outcome` (see the module docs).
-pub(crate) fn record_settlement(policy: &Policy, key: &[u8], outcome: &'static str) {
+pub(crate) fn record_settlement(
+    recorder: &Recorder,
+    policy: &Policy,
+    key: &[u8],
+    outcome: &'static str,
+) {
     tracing::debug!(
         policy = policy.name(),
         outcome,
-        key_hash = %KeyHash(key),
+        key_hash = %KeyHash(&recorder.keys, key),
         "rate-limit settlement"
     );
     #[cfg(feature = "metrics")]
@@ -342,12 +365,11 @@ impl StoreCall {
 }
 
 /// A key as it appears in logs: 16 hex digits of a keyed hash, never the key.
-struct KeyHash<'a>(&'a [u8]);
+struct KeyHash<'a>(&'a RandomState, &'a [u8]);
 
 impl fmt::Display for KeyHash<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        static HASHER: OnceLock<RandomState> = OnceLock::new();
-        let hash = HASHER.get_or_init(RandomState::new).hash_one(self.0);
+        let hash = self.0.hash_one(self.1);
         write!(f, "{hash:016x}")
     }
 }
@@ -357,13 +379,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_hashes_are_stable_in_a_process_and_hide_the_key() {
+    fn key_hashes_are_stable_for_a_recorder_and_its_clones_and_hide_the_key() {
+        let recorder = Recorder::default();
+        let clone = recorder.clone();
+        let other = Recorder::default();
         let key = b"203.0.113.7";
-        let shown = KeyHash(key).to_string();
+        let shown = KeyHash(&recorder.keys, key).to_string();
         assert_eq!(shown.len(), 16);
         assert!(shown.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(shown, KeyHash(b"203.0.113.7").to_string());
-        assert_ne!(shown, KeyHash(b"203.0.113.8").to_string());
+        assert_eq!(shown, KeyHash(&recorder.keys, b"203.0.113.7").to_string());
+        assert_eq!(shown, KeyHash(&clone.keys, b"203.0.113.7").to_string());
+        assert_ne!(shown, KeyHash(&recorder.keys, b"203.0.113.8").to_string());
+        // Another recorder draws another seed (equal by chance 1 in 2^64).
+        assert_ne!(shown, KeyHash(&other.keys, key).to_string());
         assert!(!shown.contains("203"));
     }
 

@@ -85,12 +85,14 @@ where
             failure: config.failure.clone(),
             timeout: config.timeout,
             near_limit: config.near_limit,
+            recorder: config.recorder.clone(),
         };
         let outcome = match config.rules.limits_at_once(&req) {
             Some(limits) => decide_at_once(
                 &config.store,
                 config.mode,
                 config.near_limit,
+                &config.recorder,
                 settings,
                 limits,
             ),

@@ -51,7 +51,7 @@ impl<'a> MemoryKey<'a> {
 /// `key` packed as [`MemoryKey::short`] says, when it is short enough.
 ///
 /// Built in registers: a copy into a buffer read back as one `u128` stalls
-/// store forwarding (perf: a sixth of a hot check), and so does a load
+/// store forwarding, on every check of a short key, and so does a load
 /// across the two 8-byte halves an [`IpText`](crate::key::IpText) is
 /// written with, so no load here crosses byte 8.
 #[inline]

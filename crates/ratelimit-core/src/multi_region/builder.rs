@@ -142,6 +142,8 @@ impl MultiRegionStoreBuilder {
     /// says otherwise. Only in this workspace's test builds (see
     /// `build.rs`), never published.
     #[cfg(ratelimit_test_hooks)]
+    // Hidden: `ratelimit-tests` replays timelines with it; test builds only.
+    #[doc(hidden)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self
@@ -151,6 +153,8 @@ impl MultiRegionStoreBuilder {
     /// own store was told), so the counts pushed there are placed by its
     /// clock. Only in this workspace's test builds (see `build.rs`).
     #[cfg(ratelimit_test_hooks)]
+    // Hidden: `ratelimit-tests` replays timelines with it; test builds only.
+    #[doc(hidden)]
     pub fn peer_script_clock_for_tests(
         mut self,
         name: impl Into<String>,

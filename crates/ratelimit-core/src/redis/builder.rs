@@ -217,6 +217,8 @@ impl RedisStoreBuilder {
     /// hour of extra TTL, since the timeline does not run in real time. Only
     /// in this workspace's test builds (see `build.rs`), never published.
     #[cfg(ratelimit_test_hooks)]
+    // Hidden: `ratelimit-tests` replays timelines with it; test builds only.
+    #[doc(hidden)]
     pub fn script_clock_for_tests(mut self, clock: impl Clock) -> Self {
         self.fixed_clock = Some(Arc::new(clock));
         self

@@ -51,31 +51,25 @@ pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
 /// The calls a lane keeps in flight before the requests that arrive wait
 /// for a batch: two, so that Redis runs one batch while the client answers
 /// the other and gathers the next. More calls make smaller batches, and
-/// Redis and the client then spend more per decision (measured with
-/// `bench` at 64 and 256 in flight, 100,000 keys, on a shared machine: 4
-/// calls in flight made batches of 10 and 42 requests, 2 made batches of 20
-/// and 59, about 15 % less client CPU per decision and, at 256 in flight,
-/// 17–23 % more decisions per second; one call alone leaves Redis idle while
-/// the client works). One more call still starts when more waits than
-/// those in flight take on their next turn (see [`RedisStore::submit`]).
+/// Redis and the client then spend more per decision, since each call costs
+/// system calls and wake-ups whatever it carries; one call alone leaves
+/// Redis idle while the client works. One more call still starts when more
+/// waits than those in flight take on their next turn (see
+/// [`RedisStore::submit`]).
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 2;
 
 /// The same bound for a lane of a cluster's master: one pipeline. Each
-/// master of a cluster gets a third of the requests in flight (three
-/// masters), and a second pipeline halved each one: measured with `bench`
-/// at 64 in flight, 100,000 keys, a 3-master cluster on a loaded 2-core
-/// machine, one pipeline per master carried 11 to 13 requests where two
-/// carried 6 to 7, and the nodes and the client together spent about an
-/// eighth less CPU per decision (16.6 µs against 19.0, means of 4 runs):
-/// most of a round trip's cost is its system calls and wake-ups, on both
-/// sides, whatever it carries.
+/// master of a cluster gets only its share of the requests in flight, and a
+/// second pipeline would halve what each one carries, while most of a round
+/// trip's cost is its system calls and wake-ups, on both sides, whatever it
+/// carries: one pipeline per master costs the nodes and the client less CPU
+/// per decision (BENCHMARKS.md).
 #[cfg(feature = "redis-cluster")]
 const MAX_PIPELINES_PER_MASTER: usize = 1;
 
 /// The most times a lane yields, after a batch, for the callers it answered
-/// to queue their next requests ([`RedisStore::gather`]): two were enough
-/// at 64 in flight (batches of 32 of a possible 32); more stop early anyway,
-/// once the queue stops growing.
+/// to queue their next requests ([`RedisStore::gather`]): a few are enough
+/// for full batches; more stop early anyway, once the queue stops growing.
 const GATHER_YIELDS: usize = 4;
 
 /// One request: its checks (one, or the limits of a multi-limit check, all in
@@ -439,10 +433,9 @@ impl RedisStore {
     /// before the lane takes its next batch: yields to the runtime while
     /// the lane's queue grows and holds less than a batch, at most
     /// [`GATHER_YIELDS`] times. Without it
-    /// the lane took what had queued before those callers ran, and they
-    /// went out later in a small batch of their own (at 64 in flight,
-    /// batches of 21 instead of 32, and about 15 % fewer decisions per
-    /// second: BENCHMARKS.md). No timer: a yield lets ready tasks run, and
+    /// the lane would take what had queued before those callers ran, and
+    /// they would go out later in a small batch of their own, so fewer
+    /// decisions per second (BENCHMARKS.md). No timer: a yield lets ready tasks run, and
     /// a request that finds its lane idle still goes out at once, alone.
     async fn gather(&self, lane: LaneId) {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
@@ -593,8 +586,8 @@ impl RedisStore {
 /// request the index of its check's form, or `-m` and the indexes of its `m`
 /// checks' forms, each concurrency check followed by its permit id.
 ///
-/// Redis parses every argument: five per check made about a third of a
-/// batched decision's work; an index is one.
+/// Redis parses every argument, a large part of a batched decision's work:
+/// a form's index is one argument per check where the form is five.
 pub(super) fn batch_args(batch: &[Item], fixed_now: u64) -> Vec<Arg<'static>> {
     let checks: usize = batch.iter().map(|item| item.keys.len()).sum();
     // A batch holds a few distinct forms (one per policy and cost): a list

@@ -63,8 +63,8 @@ impl Inner {
     /// or `script` where functions cannot be used: `None` then when there is
     /// no `script` (see [`scripted`] for calls that have one). One async fn
     /// for both: with the `FCALL` part in an async fn of its own, awaited
-    /// here, every decision's future held the call's keys and arguments
-    /// twice (112 bytes more, `future_size` in mod.rs).
+    /// here, every decision's future would hold the call's keys and
+    /// arguments twice (`future_size` in mod.rs bounds its size).
     async fn call<K: CallKeys + ?Sized>(
         &self,
         function: &str,

@@ -352,9 +352,6 @@ impl RedisStore {
 /// in µs (`wait`: the retry of a denial, the delay of an admission). Use it
 /// to preload the scripts with `SCRIPT LOAD` or to measure Redis alone (see
 /// `BENCHMARKS.md`).
-// Not API: the `bench` example of `ratelimit-examples` prints it for the
-// scripts that measure Redis alone, and `ratelimit-tests` runs it by hand.
-#[doc(hidden)]
 pub fn script_source(algorithm: &Algorithm) -> &'static str {
     Scripts::single_source(algorithm)
 }
@@ -369,10 +366,8 @@ pub fn function_library() -> &'static str {
 
 /// The function of [`function_library`] that decides one request under
 /// `algorithm`, with the keys and arguments of [`script_source`]'s script
-/// (`FCALL <name> 1 <state key> <args...>`).
-// Not API: the `bench` example of `ratelimit-examples` prints it for the
-// scripts that measure Redis alone.
-#[doc(hidden)]
+/// (`FCALL <name> 1 <state key> <args...>`): to call it by hand, after
+/// loading the library, or to measure Redis alone.
 pub fn function_name(algorithm: &Algorithm) -> &'static str {
     scripts::Library::get().function(algorithm)
 }
@@ -382,6 +377,7 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
 /// (`refund.lua`), so a test can send a refund again as a resend would. Only
 /// in this workspace's test builds (see `build.rs`), never published.
 #[cfg(ratelimit_test_hooks)]
+// Hidden: `ratelimit-tests` sends refunds with it; test builds only.
 #[doc(hidden)]
 pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     let scripts = Scripts::new();
@@ -396,6 +392,7 @@ pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
 /// times in one `EVAL` (no keys). Only in this workspace's test builds (see
 /// `build.rs`), never published.
 #[cfg(ratelimit_test_hooks)]
+// Hidden: `ratelimit-tests` checks the Lua windows with it; test builds only.
 #[doc(hidden)]
 pub fn window_bounds_script_for_tests(policy: &Policy) -> String {
     let (_, window) = parameters(policy.algorithm());
@@ -790,9 +787,9 @@ impl RedisStore {
             _ => None,
         };
         let Some(lane) = lane.filter(|_| alone.is_none()) else {
-            // Boxed: a call's state is large (about 1.7 KB), and a request that
-            // waits for a batch never needs it; unboxed, every request's future
-            // was that large, allocated and copied.
+            // Boxed: a call's state is large, and a request that waits for a
+            // batch never needs it; unboxed, every request's future would be
+            // that large, allocated and copied.
             let result = Box::pin(
                 self.clone()
                     .decide_alone(keys, &requests, unclaimed.as_deref()),
@@ -1255,11 +1252,10 @@ mod future_size {
         std::mem::size_of::<Fut>()
     }
 
-    /// Opening a connection (connect, handshake, ACL probe: about 2 KB of
-    /// state) is boxed apart; inline, it made every decision's future 3,552
-    /// bytes instead of 1,600. So are loading the function library and the
-    /// script path (`EVALSHA`, then `EVAL`): inline, they made it 2,448 bytes
-    /// instead of 1,936 with every feature.
+    /// Opening a connection (connect, handshake, ACL probe: a large state)
+    /// is boxed apart, and so are loading the function library and the
+    /// script path (`EVALSHA`, then `EVAL`): inline, each would make every
+    /// decision's future that much larger, though few decisions run them.
     #[test]
     fn a_decision_future_leaves_opening_a_connection_out() {
         let size = future_size(RedisStore::check_one);

@@ -730,11 +730,13 @@ where
 }
 
 /// The route of a request: axum's matched route pattern (`/users/{id}`,
-/// feature `axum`), else the path, with repeated slashes merged, dot
-/// segments resolved and encoded letters, digits and `-._~` decoded
-/// (`/api//x`, `/api/./x` and `/%61pi/x` are `/api/x`; case and `%2F` are
-/// kept). Combine it with a user key in a [`Composite`] for per-route,
-/// per-user limits.
+/// feature `axum`), else the path, with every percent-encoded byte decoded
+/// but `/` and `%` (whose escapes are kept, in capitals), then repeated
+/// slashes merged and dot segments resolved (`/api//x`, `/api/./x` and
+/// `/%61pi/x` are `/api/x`; `/a:b`, `/a%3Ab` and `/a%3ab` are one key; case
+/// and `%2F` are kept). Bytes that do not decode to UTF-8 are replaced, so
+/// two such paths may share a budget, which only ever limits more. Combine
+/// it with a user key in a [`Composite`] for per-route, per-user limits.
 ///
 /// The method is not part of the key: an `any` route runs one handler for
 /// every method, and a client can invent methods without end (`PURGE`,

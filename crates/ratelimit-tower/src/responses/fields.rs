@@ -25,8 +25,10 @@ pub(crate) static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-rat
 
 /// The rate-limit fields of one response, written when its request is
 /// decided (the decisions then go to the request's extensions, not along
-/// with the response future). `pub` only as the layer's unexported
-/// `Reject` names it; not reachable outside the crate.
+/// with the response future). `pub` only because `HttpRejections`'s hidden
+/// `Reject::Allowed` names it (`Reject` is exported, sealed); it cannot be
+/// named outside the crate, and `Reject::allowing`, which makes it, cannot
+/// be called there.
 #[derive(Debug, Default)]
 pub struct Fields {
     pub(crate) policy: Option<HeaderValue>,

@@ -30,7 +30,8 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Sealed: these two are the only implementations, and only the associated
 /// types [`Response`](Reject::Response) and [`Error`](Reject::Error) are
-/// API. Answers are customised with [`HttpRejections::on_rejection`].
+/// API; the hidden items are how this crate's service uses the two, called
+/// nowhere else. Answers are customised with [`HttpRejections::on_rejection`].
 pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The service's response.
     type Response;
@@ -41,12 +42,16 @@ pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// decided: the response future holds it instead of the decisions and a
     /// clone of the settings, whose reference count every request on every
     /// thread would write.
+    // Hidden, as every item below: this crate's service uses it, and the
+    // trait is sealed.
     #[doc(hidden)]
     type Allowed: Send + 'static;
 
     /// What the response to a request allowed with `decisions` will take.
+    /// Only this crate can call it (`token`), so its HTTP answer, a type
+    /// private to the crate, never reaches a caller outside.
     #[doc(hidden)]
-    fn allowing(&self, decisions: Option<&Decisions>) -> Self::Allowed;
+    fn allowing(&self, decisions: Option<&Decisions>, token: sealed::Token) -> Self::Allowed;
 
     /// Records the decisions on an allowed request (HTTP: its extensions).
     #[doc(hidden)]
@@ -60,6 +65,7 @@ pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Gives `f` the head of the inner service's response (HTTP: its
     /// status, headers and extensions; `None` for a response that is not
     /// HTTP), to settle costs from and remove cost headers from.
+    #[doc(hidden)]
     fn inspect(response: Res, f: impl FnOnce(Option<&mut http::response::Parts>)) -> Res;
 
     /// Answers a refusal of `req` (read, such as "is it gRPC?", only when
@@ -72,9 +78,15 @@ pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     fn error(error: E) -> Self::Error;
 }
 
-/// Keeps [`Reject`] to the implementations of this crate.
-mod sealed {
+/// Keeps [`Reject`] to the implementations of this crate, and
+/// `Reject::allowing` to its callers.
+pub(crate) mod sealed {
     pub trait Sealed {}
+
+    /// Taken by `Reject::allowing`: only this crate can name it, so only
+    /// this crate can call that method.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Token;
 
     impl Sealed for super::HttpRejections {}
     impl Sealed for super::ErrorRejections {}
@@ -229,7 +241,7 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
     type Error = E;
     type Allowed = Fields;
 
-    fn allowing(&self, decisions: Option<&Decisions>) -> Fields {
+    fn allowing(&self, decisions: Option<&Decisions>, _: sealed::Token) -> Fields {
         decisions.map_or_else(Fields::default, |decisions| {
             self.headers
                 .fields(decisions, Some(&self.shared.policy_field))
@@ -283,7 +295,7 @@ where
     type Error = BoxError;
     type Allowed = ();
 
-    fn allowing(&self, _: Option<&Decisions>) {}
+    fn allowing(&self, _: Option<&Decisions>, _: sealed::Token) {}
 
     fn annotate(&self, _: &mut Req, _: Decisions) {}
 

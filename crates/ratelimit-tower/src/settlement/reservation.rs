@@ -16,9 +16,10 @@ use tokio::time::Instant;
 
 use super::reading::Reading;
 use super::spec::Settlement;
+use crate::decide::Settings;
 use crate::decisions::{Decisions, PolicyDecision};
 use crate::keys::Key;
-use crate::metrics;
+use crate::metrics::{self, Recorder};
 use crate::options::Stats;
 use crate::permit::drive;
 
@@ -68,6 +69,7 @@ enum Phase {
 pub(crate) struct Reservation {
     store: Box<dyn Settler>,
     stats: Arc<Stats>,
+    recorder: Recorder,
     timeout: Option<Duration>,
     /// When the reservation was asked of the store (no later): what a
     /// settlement below it gives back depends on how long it was held.
@@ -92,14 +94,12 @@ impl std::fmt::Debug for Reservation {
 
 impl Reservation {
     /// The reservation of `reserved` (limits among `decisions`, the
-    /// request's), asked of `store` at `asked`; `settlements`: every settlement of the
+    /// request's), asked of the layer's store at `asked`; `settlements`: every settlement of the
     /// request's limits, reserved or not (a limit the store could not
     /// decide), whose cost headers leave with no response. `None` when there
     /// is nothing to do.
     pub(crate) fn new<St: Store + Clone>(
-        store: &St,
-        stats: &Arc<Stats>,
-        timeout: Option<Duration>,
+        settings: &Settings<St>,
         asked: Instant,
         decisions: Decisions,
         reserved: Vec<Reserved>,
@@ -115,9 +115,10 @@ impl Reservation {
             return None;
         }
         Some(Box::new(Reservation {
-            store: Box::new(store.clone()),
-            stats: stats.clone(),
-            timeout,
+            store: Box::new(settings.store.clone()),
+            stats: settings.stats.clone(),
+            recorder: settings.recorder.clone(),
+            timeout: settings.timeout,
             asked,
             decisions,
             reserved,
@@ -197,6 +198,7 @@ impl Reservation {
             let actual = reading.actual(reserved.estimate);
             if actual == reserved.estimate {
                 metrics::record_settlement(
+                    &self.recorder,
                     &reserved.policy,
                     reserved.key.as_bytes(),
                     reading.outcome(),
@@ -229,6 +231,7 @@ impl Reservation {
             future,
             self.timeout,
             self.stats.clone(),
+            self.recorder.clone(),
             labels,
         )));
     }
@@ -299,6 +302,7 @@ async fn finish(
     future: SettleFuture,
     timeout: Option<Duration>,
     stats: Arc<Stats>,
+    recorder: Recorder,
     labels: Vec<(Policy, Key, &'static str)>,
 ) -> Option<Vec<Decision>> {
     let timer = metrics::StoreCall::start();
@@ -325,7 +329,7 @@ async fn finish(
     match answer {
         Ok(decisions) => {
             for (policy, key, outcome) in &labels {
-                metrics::record_settlement(policy, key.as_bytes(), outcome);
+                metrics::record_settlement(&recorder, policy, key.as_bytes(), outcome);
             }
             Some(decisions)
         }
@@ -337,7 +341,7 @@ async fn finish(
                 "invalid"
             };
             for (policy, key, _) in &labels {
-                metrics::record_settlement(policy, key.as_bytes(), outcome);
+                metrics::record_settlement(&recorder, policy, key.as_bytes(), outcome);
             }
             if error.is_outage() {
                 tracing::warn!(
