@@ -435,7 +435,7 @@ impl RedisStore {
     /// [`GATHER_YIELDS`] times. Without it
     /// the lane would take what had queued before those callers ran, and
     /// they would go out later in a small batch of their own, so fewer
-    /// decisions per second (BENCHMARKS.md). No timer: a yield lets ready tasks run, and
+    /// decisions per second. No timer: a yield lets ready tasks run, and
     /// a request that finds its lane idle still goes out at once, alone.
     async fn gather(&self, lane: LaneId) {
         let Some(coalescer) = self.inner.coalescer.as_ref() else {
