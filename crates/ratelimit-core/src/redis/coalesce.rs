@@ -78,6 +78,8 @@ pub(super) struct Item {
     pub(super) keys: SmallVec<[String; 1]>,
     /// Its keys' hash slot on a cluster (0 on a single node): found once,
     /// for its master's lane, then its call in that master's pipeline.
+    /// Read only by a cluster's pipelines.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(super) slot: u16,
     pub(super) requests: SmallVec<[(Policy, u64, PermitId); 1]>,
     /// Boxed: present for semaphore checks only, and the item moves several
