@@ -214,17 +214,9 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
                             }
                         };
                     let what = format!("{checked:?} at {:?}", started.elapsed());
-                    let result = if rng.below(4) == 0 {
-                        let after = Duration::from_micros(rng.below(2_000));
-                        match tokio::time::timeout(after, call).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                dropped.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        }
-                    } else {
-                        call.await
+                    let Some(result) = maybe_dropped(call, &mut rng, 4, 2_000, &dropped).await
+                    else {
+                        continue;
                     };
                     match result {
                         Ok(decisions) => {
@@ -408,17 +400,9 @@ async fn cancelled_semaphore_checks(store: &RedisStore) {
                 let mut rng = Rng(task + 7);
                 for _ in 0..60 {
                     let call = store.check(b"sem", &policy, 1);
-                    let decision = if rng.below(3) == 0 {
-                        let after = Duration::from_micros(rng.below(3_000));
-                        match tokio::time::timeout(after, call).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                dropped.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        }
-                    } else {
-                        call.await
+                    let Some(decision) = maybe_dropped(call, &mut rng, 3, 3_000, &dropped).await
+                    else {
+                        continue;
                     };
                     let decision = decision.expect("Redis is up");
                     let Some(permit) = decision.permit().filter(|_| decision.is_allowed()) else {
@@ -486,4 +470,25 @@ async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_cluster() 
         build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
             .await;
     cancelled_semaphore_checks(&store).await;
+}
+
+/// `call`, or, one time in `one_in` (by `rng`), dropped if it has not
+/// finished within a random time under `max_micros` µs (then `None`, and
+/// `dropped` counts it).
+async fn maybe_dropped<T>(
+    call: impl std::future::Future<Output = T>,
+    rng: &mut Rng,
+    one_in: u64,
+    max_micros: u64,
+    dropped: &AtomicU64,
+) -> Option<T> {
+    if rng.below(one_in) != 0 {
+        return Some(call.await);
+    }
+    let after = Duration::from_micros(rng.below(max_micros));
+    let result = tokio::time::timeout(after, call).await.ok();
+    if result.is_none() {
+        dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    result
 }
