@@ -8,7 +8,7 @@ use crate::algorithm::concurrency::ConcurrencyState;
 use crate::algorithm::fixed_window::FixedWindowState;
 use crate::algorithm::gcra::GcraState;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounterState;
-use crate::algorithm::sliding_window_log::SlidingWindowLogState;
+use crate::algorithm::sliding_window_log::{End, SlidingWindowLogState};
 use crate::algorithm::token_bucket::TokenBucketState;
 use crate::algorithm::{
     Calendar, Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter,
@@ -262,7 +262,7 @@ impl Algorithm {
     pub(crate) fn refund(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         if let (Algorithm::SlidingWindowLog(log), State::SlidingWindowLog(s)) = (self, &mut *state)
         {
-            return Some(log.refund(s, now, amount));
+            return Some(log.give_back(s, now, amount, End::Oldest));
         }
         self.reward(state, now, amount)
     }
