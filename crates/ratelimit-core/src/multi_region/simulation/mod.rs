@@ -25,7 +25,7 @@ use proptest::prelude::*;
 
 use super::counts;
 use crate::Policy;
-use bound::{check_bound, check_each_region, check_reload};
+use bound::{check_bound, check_each_region, check_reload, total_and_lagging};
 use model::{Admitted, BASE, Cut, Simulation, WINDOW};
 
 fn policy(sliding: bool, limit: u64, window: u64) -> Policy {
@@ -168,13 +168,7 @@ proptest! {
                 per_window.entry((a.key, a.at - a.at % WINDOW)).or_default().push(*a);
             }
             for ((key, start), list) in per_window {
-                let total: u64 = list.iter().map(|a| a.cost).sum();
-                let last = list[list.len() - 1];
-                let lagging: u64 = list
-                    .iter()
-                    .filter(|a| a.region != last.region && a.at + d >= last.at)
-                    .map(|a| a.cost)
-                    .sum();
+                let (total, lagging) = total_and_lagging(&list, d);
                 prop_assert!(
                     total <= limit.saturating_sub(others * share) + lagging,
                     "side {side}, key {key}, window {start}: {total} > {limit} - {others} x {share} + {lagging}"
