@@ -245,33 +245,26 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
             let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
             assert_eq!(reply, "OK", "SETSLOT {slot} {state} on node {node}");
         };
+        let migrate = |state: &str| {
+            let migrated =
+                cluster.cli(source, &["MIGRATE", "127.0.0.1", &port, state, "0", "5000"]);
+            assert!(
+                migrated == "OK" || migrated == "NOKEY",
+                "MIGRATE {state}: {migrated}"
+            );
+        };
         setslot(target, "IMPORTING", source);
         setslot(source, "MIGRATING", target);
         for user in users.iter().filter(|u| slot_of(u) == slot) {
             for policy in &policies {
                 tokio::time::sleep(ms(10)).await;
-                let state = store.state_key(user.as_bytes(), policy);
-                let migrated = cluster.cli(
-                    source,
-                    &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
-                );
-                assert!(
-                    migrated == "OK" || migrated == "NOKEY",
-                    "MIGRATE {state}: {migrated}"
-                );
+                migrate(&store.state_key(user.as_bytes(), policy));
             }
         }
         // Keys the tasks created on the source meanwhile (none should be
         // left: a missing key is served by the target while importing).
         for state in keys_of_slot_on(&cluster, source, slot) {
-            let migrated = cluster.cli(
-                source,
-                &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
-            );
-            assert!(
-                migrated == "OK" || migrated == "NOKEY",
-                "MIGRATE {state}: {migrated}"
-            );
+            migrate(&state);
         }
         for node in [target, source, other] {
             setslot(node, "NODE", target);
