@@ -100,41 +100,11 @@ impl AlgorithmKind {
     }
 }
 
-impl fmt::Display for AlgorithmKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for AlgorithmKind {
-    type Err = UnknownAlgorithm;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AlgorithmKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
-    }
-}
-
 /// A name that is not one of [`AlgorithmKind`]'s; its message lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownAlgorithm(String);
 
-impl fmt::Display for UnknownAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown algorithm {:?} (one of: ", self.0)?;
-        for (i, kind) in AlgorithmKind::ALL.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(kind.name())?;
-        }
-        f.write_str(")")
-    }
-}
-
-impl std::error::Error for UnknownAlgorithm {}
+crate::algorithm::named_kinds!(AlgorithmKind, UnknownAlgorithm, "algorithm");
 
 /// `Some($body)` with `$a` bound to the parameters of `$algorithm` and `$s`
 /// to its state in `$state`, for the six algorithms whose transitions have
