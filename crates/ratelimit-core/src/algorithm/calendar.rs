@@ -281,20 +281,8 @@ mod tests {
             // The next day of the previous date.
             let (py, pm, pd) = previous;
             let leap = (py % 4 == 0 && py % 100 != 0) || py % 400 == 0;
-            let month_days = [
-                31,
-                if leap { 29 } else { 28 },
-                31,
-                30,
-                31,
-                30,
-                31,
-                31,
-                30,
-                31,
-                30,
-                31,
-            ];
+            let february = if leap { 29 } else { 28 };
+            let month_days = [31, february, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
             let expected = if pd < month_days[pm as usize - 1] {
                 (py, pm, pd + 1)
             } else if pm < 12 {
