@@ -107,14 +107,15 @@ fn assert_none(failures: &[String], what: &str, shown: usize) {
 #[tokio::test]
 async fn the_client_ip_key_keys_a_direct_or_forwarded_ipv6_client_by_network() {
     let rotating = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"];
-    let ways: [(fn(&[&str]) -> Vec<Request<String>>, &str); 2] = [
-        (from_each, "connecting directly"),
-        (forwarded_for_each, "behind the proxy"),
-    ];
-    for (requests, how) in ways {
+    for (forwarded, how) in [(false, "connecting directly"), (true, "behind the proxy")] {
+        let requests = if forwarded {
+            forwarded_for_each(&rotating)
+        } else {
+            from_each(&rotating)
+        };
         let layer = closed(client_ip_config("x-forwarded-for"));
         assert_eq!(
-            statuses(layer, requests(&rotating)).await,
+            statuses(layer, requests).await,
             [200, 429, 429],
             "one IPv6 /64, {how}, got a fresh budget per address"
         );
