@@ -950,6 +950,29 @@ fn login_route(logins: Limiter<Store>) -> axum::routing::MethodRouter {
     post(move |Json(body): Json<Value>| login(logins.clone(), body))
 }
 
+/// Three login attempts for alice 10 s apart at `url`, each allowed with
+/// `policy` and its state in `states`, then a fourth 10 s later: the three
+/// allowed replies and the fourth.
+async fn alice_attempts(
+    client: &reqwest::Client,
+    clock: &ManualClock,
+    url: &str,
+    policy: &str,
+    states: [&str; 3],
+) -> (Vec<Reply>, Reply) {
+    let mut allowed = Vec::new();
+    for (i, state) in states.into_iter().enumerate() {
+        if i > 0 {
+            clock.advance(Duration::from_secs(10));
+        }
+        let reply = fetch(login_request(client, url, "alice")).await;
+        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
+        allowed.push(reply);
+    }
+    clock.advance(Duration::from_secs(10));
+    (allowed, fetch(login_request(client, url, "alice")).await)
+}
+
 #[tokio::test]
 async fn limiter_in_a_handler() {
     // 3 attempts per username in any 15 minutes.
@@ -965,24 +988,16 @@ async fn limiter_in_a_handler() {
     let client = client();
     let policy = r#""login";q=3;w=900"#;
 
-    for (i, state) in [
+    let states = [
         r#""login";r=2;t=900"#,
         r#""login";r=1;t=900"#,
         r#""login";r=0;t=900"#,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if i > 0 {
-            clock.advance(Duration::from_secs(10));
-        }
-        let reply = fetch(login_request(&client, &url, "alice")).await;
-        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
+    ];
+    let (allowed, denied) = alice_attempts(&client, &clock, &url, policy, states).await;
+    for reply in allowed {
         assert_eq!(reply.body, "checked alice\n");
     }
     // 30 s after the first attempt, which leaves the window 870 s later.
-    clock.advance(Duration::from_secs(10));
-    let denied = fetch(login_request(&client, &url, "alice")).await;
     denied.assert_denied(
         "alice, attempt 4",
         policy,
@@ -1036,22 +1051,12 @@ async fn limiter_behind_the_layer_keeps_both_policies() {
     let url = format!("{}/login", serve(app).await);
     let client = client();
     let policy = r#""login";q=3;w=900, "per-client";q=100;w=60"#;
-    for (i, state) in [
+    let states = [
         r#""login";r=2;t=900, "per-client";r=99;t=60"#,
         r#""login";r=1;t=900, "per-client";r=98;t=60"#,
         r#""login";r=0;t=900, "per-client";r=97;t=60"#,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if i > 0 {
-            clock.advance(Duration::from_secs(10));
-        }
-        let reply = fetch(login_request(&client, &url, "alice")).await;
-        reply.assert_allowed(&format!("alice, attempt {}", i + 1), policy, state);
-    }
-    clock.advance(Duration::from_secs(10));
-    let denied = fetch(login_request(&client, &url, "alice")).await;
+    ];
+    let (_, denied) = alice_attempts(&client, &clock, &url, policy, states).await;
     denied.assert_denied(
         "alice, attempt 4",
         policy,

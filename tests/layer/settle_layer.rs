@@ -24,7 +24,8 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    Algorithm, MemoryStore, Policy, Rate, Settle, SettleFuture, SettlementId, Store, StoreError,
+    Algorithm, MemoryStore, PermitId, Policy, Rate, Settle, SettleFuture, SettlementId, Store,
+    StoreError,
 };
 use ratelimit_tests::fixtures::{Answer, answer, by_client, request_from};
 use ratelimit_tests::loopback::{Reply, client};
@@ -760,12 +761,7 @@ impl Store for CannotSettle {
         self.memory.check_all(checks)
     }
 
-    fn release(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        permit: ratelimit_core::PermitId,
-    ) -> Self::ReleaseFuture {
+    fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         self.memory.release(key, policy, permit)
     }
 
@@ -777,12 +773,7 @@ impl Store for CannotSettle {
         self.memory.supports_settlement(policy)
     }
 
-    fn renew(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        permit: ratelimit_core::PermitId,
-    ) -> Self::RenewFuture {
+    fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
         self.memory.renew(key, policy, permit)
     }
 }

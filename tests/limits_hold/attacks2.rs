@@ -100,31 +100,26 @@ fn assert_none(failures: &[String], what: &str, shown: usize) {
 /// reads headers. Use it when clients connect directly", and "A client cannot
 /// earn a second budget by ... writing its address another way"; "IPv6
 /// clients are keyed by network". A configuration with `[client_ip]` (the
-/// documented setup behind proxies) keys a directly connected (untrusted)
-/// IPv6 peer by its whole address: it rotates through its /64 for a fresh
-/// budget per request. (The same holds for `ClientIp::peer()`.)
+/// documented setup behind proxies) keys an IPv6 client that rotates through
+/// its /64 by network, whether it connects directly (an untrusted peer; the
+/// same holds for `ClientIp::peer()`) or through a trusted proxy that
+/// appends its address to X-Forwarded-For.
 #[tokio::test]
-async fn the_client_ip_key_keys_a_direct_ipv6_peer_by_network() {
-    let layer = closed(client_ip_config("x-forwarded-for"));
-    let reqs = from_each(&["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]);
-    assert_eq!(
-        statuses(layer, reqs).await,
-        [200, 429, 429],
-        "one IPv6 /64, connecting directly, got a fresh budget per address"
-    );
-}
-
-/// The same through a trusted proxy: the client's proxy appends its address
-/// to X-Forwarded-For; the client rotates through its /64.
-#[tokio::test]
-async fn the_client_ip_key_keys_a_forwarded_ipv6_client_by_network() {
-    let layer = closed(client_ip_config("x-forwarded-for"));
-    let reqs = forwarded_for_each(&["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"]);
-    assert_eq!(
-        statuses(layer, reqs).await,
-        [200, 429, 429],
-        "one IPv6 /64 behind the proxy got a fresh budget per address"
-    );
+async fn the_client_ip_key_keys_a_direct_or_forwarded_ipv6_client_by_network() {
+    let rotating = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"];
+    for (forwarded, how) in [(false, "connecting directly"), (true, "behind the proxy")] {
+        let requests = if forwarded {
+            forwarded_for_each(&rotating)
+        } else {
+            from_each(&rotating)
+        };
+        let layer = closed(client_ip_config("x-forwarded-for"));
+        assert_eq!(
+            statuses(layer, requests).await,
+            [200, 429, 429],
+            "one IPv6 /64, {how}, got a fresh budget per address"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -17,6 +17,8 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
 
+use crate::shared::{SlotMove, keys_in_slot};
+
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn ms(n: u64) -> Duration {
@@ -94,17 +96,6 @@ fn a_call_carried_by_a_runtime_that_shuts_down_is_decided_not_failed() {
     });
 }
 
-/// `n` user keys whose state keys under `policy` hash to `slot`.
-fn users_in_slot(store: &RedisStore, policy: &Policy, slot: u16, n: usize) -> Vec<String> {
-    let users: Vec<String> = (0..5_000_000)
-        .map(|i| format!("u{i}"))
-        .filter(|u| cluster_slot(store.state_key(u.as_bytes(), policy).as_bytes()) == slot)
-        .take(n)
-        .collect();
-    assert_eq!(users.len(), n, "users of slot {slot}");
-    users
-}
-
 /// The keys node `node` holds in `slot`, whoever owns it.
 fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String> {
     let reply = cluster.cli(
@@ -153,17 +144,18 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
         .map(|i| i * 1_024)
         .find(|&s| cluster.master_of(s) == other)
         .expect("a slot of the third master");
-    let mut users = users_in_slot(&store, &policies[0], first, 6);
-    users.extend(users_in_slot(&store, &policies[0], second, 6));
-    users.extend(users_in_slot(&store, &policies[0], third, 6));
+    let mut users = keys_in_slot(&store, &policies[0], first, 6);
+    users.extend(keys_in_slot(&store, &policies[0], second, 6));
+    users.extend(keys_in_slot(&store, &policies[0], third, 6));
     for user in &users {
         // One hash tag: a user's limits share a slot.
         let b = cluster_slot(store.state_key(user.as_bytes(), &policies[1]).as_bytes());
         assert_eq!(slot_of(user), b, "{user}");
     }
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.cli(i, &["CLUSTER", "MYID"]))
-        .collect();
+    let moves = [
+        SlotMove::of(&cluster, first),
+        SlotMove::of(&cluster, second),
+    ];
 
     // admitted[user * 2 + policy]
     let admitted: Arc<Vec<AtomicU64>> =
@@ -238,44 +230,20 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
         })
         .collect();
     tokio::time::sleep(ms(30)).await;
-    let port = cluster.nodes()[target].port().to_string();
-    for slot in [first, second] {
-        let slot_arg = slot.to_string();
-        let setslot = |node: usize, state: &str, other: usize| {
-            let reply = cluster.cli(node, &["CLUSTER", "SETSLOT", &slot_arg, state, &ids[other]]);
-            assert_eq!(reply, "OK", "SETSLOT {slot} {state} on node {node}");
-        };
-        setslot(target, "IMPORTING", source);
-        setslot(source, "MIGRATING", target);
-        for user in users.iter().filter(|u| slot_of(u) == slot) {
+    for slot_move in &moves {
+        slot_move.begin();
+        for user in users.iter().filter(|u| slot_of(u) == slot_move.slot) {
             for policy in &policies {
                 tokio::time::sleep(ms(10)).await;
-                let state = store.state_key(user.as_bytes(), policy);
-                let migrated = cluster.cli(
-                    source,
-                    &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
-                );
-                assert!(
-                    migrated == "OK" || migrated == "NOKEY",
-                    "MIGRATE {state}: {migrated}"
-                );
+                slot_move.migrate_if_any(&store.state_key(user.as_bytes(), policy));
             }
         }
         // Keys the tasks created on the source meanwhile (none should be
         // left: a missing key is served by the target while importing).
-        for state in keys_of_slot_on(&cluster, source, slot) {
-            let migrated = cluster.cli(
-                source,
-                &["MIGRATE", "127.0.0.1", &port, &state, "0", "5000"],
-            );
-            assert!(
-                migrated == "OK" || migrated == "NOKEY",
-                "MIGRATE {state}: {migrated}"
-            );
+        for state in keys_of_slot_on(&cluster, source, slot_move.slot) {
+            slot_move.migrate_if_any(&state);
         }
-        for node in [target, source, other] {
-            setslot(node, "NODE", target);
-        }
+        slot_move.finish();
     }
     println!("[attack] resharded after {:?}", started.elapsed());
     tokio::time::sleep(ms(100)).await;

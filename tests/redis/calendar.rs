@@ -49,20 +49,8 @@ fn leap(year: u64) -> bool {
 /// days of every year and month since 1970.
 fn utc(year: u64, month: u64, day: u64) -> u64 {
     let years: u64 = (1970..year).map(|y| if leap(y) { 366 } else { 365 }).sum();
-    let lengths = [
-        31,
-        if leap(year) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
+    let february = if leap(year) { 29 } else { 28 };
+    let lengths = [31, february, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
     let months: u64 = lengths[..usize::try_from(month - 1).unwrap()].iter().sum();
     (years + months + day - 1) * DAY
 }

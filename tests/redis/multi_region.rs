@@ -14,7 +14,7 @@ use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
-use ratelimit_tests::{RedisServer, build, named};
+use ratelimit_tests::{RedisServer, admits, build, named};
 
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
 /// A fixed time (µs) a second into a window of an hour: the script clock,
@@ -682,22 +682,10 @@ async fn a_local_decision_avoids_the_round_trip_to_a_global_redis() {
     let mut global_times = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = Instant::now();
-        assert!(
-            regions.stores[0]
-                .check(b"lat", &policy, 1)
-                .await
-                .expect("a decision")
-                .is_allowed()
-        );
+        assert!(admits(&regions.stores[0], b"lat", &policy).await);
         local_times.push(start.elapsed());
         let start = Instant::now();
-        assert!(
-            global
-                .check(b"lat", &policy, 1)
-                .await
-                .expect("a decision")
-                .is_allowed()
-        );
+        assert!(admits(&global, b"lat", &policy).await);
         global_times.push(start.elapsed());
     }
     local_times.sort();
@@ -1194,13 +1182,7 @@ async fn a_decision_never_shortens_a_peers_ttl() {
     let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
     let hourly = fixed_window("mr-ttl", 5, Duration::from_secs(3600));
     let short = fixed_window("mr-ttl", 5, Duration::from_secs(60));
-    assert!(
-        regions.stores[1]
-            .check(b"ttl", &hourly, 1)
-            .await
-            .expect("a decision")
-            .is_allowed()
-    );
+    assert!(admits(&regions.stores[1], b"ttl", &hourly).await);
     let _ = regions.stores[1].sync_now().await;
     let hash = regions.stores[0].state_key(b"ttl", &hourly);
     let before: i64 = regions.servers[0]

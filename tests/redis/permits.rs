@@ -26,7 +26,7 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
     NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies, named,
-    observable, permits_left, twin_stores, twins_at,
+    observable, permits_left, take_permit, twin_stores, twins_at,
 };
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -850,12 +850,7 @@ async fn a_renewal_on_a_redis_cluster_extends_the_permit_in_its_slot() {
     let policy = semaphore_leased(1, Duration::from_secs(1));
     for user in ["alice", "bob", "carol", "dave"] {
         let user = user.as_bytes();
-        let permit = redis
-            .check(user, &policy, 1)
-            .await
-            .unwrap()
-            .permit()
-            .unwrap();
+        let permit = take_permit(&redis, user, &policy).await;
         clock.advance(Duration::from_millis(700));
         assert!(redis.renew(user, &policy, permit).await.unwrap());
         clock.advance(Duration::from_millis(700));
@@ -979,18 +974,8 @@ async fn releases_and_renewals_sent_twice_change_nothing_more() {
     let user: &[u8] = b"twice";
     let store = one_connection_through(&proxy, false, &policy, user).await;
     let key = store.state_key(user, &policy);
-    let mine = store
-        .check(user, &policy, 1)
-        .await
-        .unwrap()
-        .permit()
-        .unwrap();
-    let other = store
-        .check(user, &policy, 1)
-        .await
-        .unwrap()
-        .permit()
-        .unwrap();
+    let mine = take_permit(&store, user, &policy).await;
+    let other = take_permit(&store, user, &policy).await;
     proxy.cut_replies(1);
     assert!(store.renew(user, &policy, mine).await.unwrap());
     assert_eq!(proxy.cuts_left(), 0, "the renewal's reply was cut");

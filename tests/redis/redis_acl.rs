@@ -29,6 +29,8 @@ use ratelimit_tests::{
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
+use crate::shared::SlotMove;
+
 const ADMIN_PASSWORD: &str = "admin-pw";
 const LIMITER_PASSWORD: &str = "limiter-pw";
 
@@ -91,6 +93,26 @@ fn rules(commands: &[&str]) -> Vec<String> {
     .collect();
     rules.extend(commands.iter().map(|c| format!("+{c}")));
     rules
+}
+
+/// Sets the ACL user `name`, allowed [`rules`] of `commands`, on every node
+/// of `cluster`.
+fn set_user_on_every_node(cluster: &RedisCluster, name: &str, commands: &[&str]) {
+    let rules = rules(commands);
+    let mut args = vec!["ACL", "SETUSER", name];
+    args.extend(rules.iter().map(String::as_str));
+    for i in 0..cluster.nodes().len() {
+        assert_eq!(cluster.cli(i, &args), "OK");
+    }
+}
+
+/// The URLs of `cluster`'s nodes, logged in as `user`.
+fn urls_as(cluster: &RedisCluster, user: &str) -> Vec<String> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}", n.port()))
+        .collect()
 }
 
 /// A server whose default user is off, with an `admin` user for `SCRIPT
@@ -657,21 +679,10 @@ async fn through_the_layer_a_missing_permission_is_refused_whatever_the_failure_
 async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
     let cluster = RedisCluster::start();
     let with_cluster: Vec<&str> = COMMANDS.iter().chain(CLUSTER_COMMANDS).copied().collect();
-    let set_user_everywhere = |name: &str, commands: &[&str]| {
-        for i in 0..cluster.nodes().len() {
-            let rules = rules(commands);
-            let mut args = vec!["ACL", "SETUSER", name];
-            args.extend(rules.iter().map(String::as_str));
-            assert_eq!(cluster.cli(i, &args), "OK");
-        }
-    };
+    let set_user_everywhere =
+        |name: &str, commands: &[&str]| set_user_on_every_node(&cluster, name, commands);
     let cluster_store = |user: &str| {
-        let urls: Vec<String> = cluster
-            .nodes()
-            .iter()
-            .map(|n| format!("redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}", n.port()))
-            .collect();
-        RedisStore::cluster_builder(urls)
+        RedisStore::cluster_builder(urls_as(&cluster, user))
             .call_timeout(Duration::from_secs(5))
             .connect_timeout(Duration::from_secs(5))
             .build()
@@ -820,20 +831,13 @@ async fn the_documented_acl_on_a_cluster_follows_an_ask_while_a_slot_moves() {
         .copied()
         .collect();
     for (user, commands) in [("limiter", &with_cluster), ("no-asking", &without_asking)] {
-        for i in 0..cluster.nodes().len() {
-            let rules = rules(commands);
-            let mut args = vec!["ACL", "SETUSER", user];
-            args.extend(rules.iter().map(String::as_str));
-            assert_eq!(cluster.cli(i, &args), "OK");
-        }
+        set_user_on_every_node(&cluster, user, commands);
     }
     let store_of = |user: &str| {
-        let urls: Vec<String> = cluster
-            .nodes()
-            .iter()
-            .map(|n| format!("redis://{user}:{LIMITER_PASSWORD}@127.0.0.1:{}", n.port()))
-            .collect();
-        build(RedisStore::cluster_builder(urls).call_timeout(Duration::from_secs(2)))
+        build(
+            RedisStore::cluster_builder(urls_as(&cluster, user))
+                .call_timeout(Duration::from_secs(2)),
+        )
     };
     let store = store_of("limiter").await;
     let lacking = store_of("no-asking").await;
@@ -841,15 +845,10 @@ async fn the_documented_acl_on_a_cluster_follows_an_ask_while_a_slot_moves() {
     assert!(admits(&store, b"warm", &policy).await);
     assert!(admits(&lacking, b"warm-too", &policy).await);
     let slot = ratelimit_tests::cluster_slot(store.state_key(b"moving", &policy).as_bytes());
-    let source = cluster.master_of(slot);
-    let target = (source + 1) % 3;
-    let id = |i: usize| cluster.cli(i, &["CLUSTER", "MYID"]);
+    let slot_move = SlotMove::of(&cluster, slot);
+    let target = slot_move.target;
     let slot_arg = slot.to_string();
-    let (source_id, target_id) = (id(source), id(target));
-    let importing = ["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id];
-    assert_eq!(cluster.cli(target, &importing), "OK");
-    let migrating = ["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id];
-    assert_eq!(cluster.cli(source, &migrating), "OK");
+    slot_move.begin();
     for i in 0..cluster.nodes().len() {
         assert_eq!(cluster.cli(i, &["ACL", "LOG", "RESET"]), "OK");
     }

@@ -14,7 +14,8 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::fixtures::Rng;
 use ratelimit_tests::{
-    NOW_MICROS, RedisServer, assert_string_state, named, observable, twins_at, write_sorted_set,
+    NOW_MICROS, RedisServer, assert_string_state, named, observable, take_permit, twins_at,
+    write_sorted_set,
 };
 
 /// The tag and the base of a semaphore's string.
@@ -480,12 +481,7 @@ async fn a_renewal_keeps_the_key_alive_as_long_as_its_lease() {
     let redis = ratelimit_tests::redis_store(server.url()).await;
     let policy = named("ttl", Policy::concurrency(1, Duration::from_secs(2)));
     let key = redis.state_key(b"k", &policy);
-    let permit = redis
-        .check(b"k", &policy, 1)
-        .await
-        .unwrap()
-        .permit()
-        .unwrap();
+    let permit = take_permit(&redis, b"k", &policy).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let before: u64 = server.cli(&["PTTL", &key]).parse().unwrap();
     assert!(before <= 800, "PTTL {before} before the renewal");

@@ -105,6 +105,15 @@ struct Promotion {
     named: OnceLock<Instant>,
 }
 
+impl Promotion {
+    /// When the replica became a master (when it was named, if its `ROLE`
+    /// was never seen to change) and when a sentinel named it.
+    fn times(&self) -> (Instant, Instant) {
+        let named = *self.named.get().expect("named");
+        (self.role.get().copied().unwrap_or(named), named)
+    }
+}
+
 /// Polls the replica's `ROLE` and every sentinel's
 /// `SENTINEL get-master-addr-by-name` every 10 ms until both show the
 /// replica as the master, or [`FAILOVER_LIMIT`] passes.
@@ -304,6 +313,24 @@ fn outages(calls: &[Call]) -> usize {
         .count()
 }
 
+/// How many of `calls` were admitted.
+fn admitted<'a>(calls: impl IntoIterator<Item = &'a Call>) -> u64 {
+    calls
+        .into_iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64
+}
+
+/// The calls decided while a failover was under way: on the old master
+/// after its replica became a master at `role`, or on the promoted replica
+/// before a sentinel named it at `named`.
+fn decided_during(calls: &[Call], role: Instant, named: Instant) -> Vec<&Call> {
+    calls
+        .iter()
+        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
+        .collect()
+}
+
 /// The end of the first decision among the calls started at `named` or
 /// later.
 fn first_decision_after(calls: &[Call], named: Instant) -> Option<Instant> {
@@ -399,6 +426,32 @@ impl Load {
         }
         calls
     }
+}
+
+/// Runs a [`Load`] while `order` (on a blocking thread) orders a failover
+/// of `set`, until a sentinel names the promoted replica and the load has
+/// run [`AFTER`] on it: the calls, when `order` returned, the promotion
+/// and the set.
+async fn load_over_ordered_failover(
+    set: RedisSentinels,
+    store: &RedisStore,
+    policy: &Policy,
+    order: impl FnOnce(&RedisSentinels) + Send + 'static,
+) -> (Vec<Call>, Instant, Arc<Promotion>, RedisSentinels) {
+    bounded(async {
+        let load = Load::start(store, policy).await;
+        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+            order(&set);
+            (set, Instant::now())
+        })
+        .await
+        .expect("ordering the failover");
+        let promotion = watch_promotion(&set);
+        let named = until_named(&promotion).await;
+        let calls = load.stop(named, AFTER).await;
+        (calls, t_failover, promotion, set)
+    })
+    .await
 }
 
 /// `build()` fails as a mistake (never an outage a failure policy would
@@ -592,8 +645,7 @@ async fn the_store_follows_a_failover_under_load() {
     })
     .await;
 
-    let named = *promotion.named.get().expect("named");
-    let role = promotion.role.get().copied().unwrap_or(named);
+    let (role, named) = promotion.times();
     let since = |t: Instant| t.saturating_duration_since(t_kill);
     let (slowest, outages) = (slowest(&calls), outages(&calls));
     // Nothing decides while no node is the master: a reply the old master
@@ -608,12 +660,8 @@ async fn the_store_follows_a_failover_under_load() {
         .filter(|c| c.end <= t_kill + CALL_TIMEOUT)
         .collect();
     let new: Vec<&Call> = calls.iter().filter(|c| c.end >= role).collect();
-    let admitted = |set: &[&Call]| {
-        set.iter()
-            .filter(|c| c.outcome == Outcome::Admitted)
-            .count() as u64
-    };
-    let (admitted_old, admitted_new) = (admitted(&old), admitted(&new));
+    let (admitted_old, admitted_new) =
+        (admitted(old.iter().copied()), admitted(new.iter().copied()));
     let denied_new = new.iter().filter(|c| c.outcome == Outcome::Denied).count();
     let first_new = new
         .iter()
@@ -748,44 +796,25 @@ async fn an_ordered_failover_loses_no_admission() {
     let _turn = SERIAL.lock().await;
     let (set, store, policy, key) = start_loaded("failover-ordered").await;
 
-    let (calls, t_failover, promotion, set) = bounded(async {
-        let load = Load::start(&store, &policy).await;
-        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+    let (calls, t_failover, promotion, set) =
+        load_over_ordered_failover(set, &store, &policy, |set| {
             let ordered = set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
             assert_eq!(ordered, "OK", "SENTINEL FAILOVER");
-            (set, Instant::now())
         })
-        .await
-        .expect("ordering the failover");
-        let promotion = watch_promotion(&set);
-        let named = until_named(&promotion).await;
-        let calls = load.stop(named, AFTER).await;
-        (calls, t_failover, promotion, set)
-    })
-    .await;
+        .await;
 
     let held = {
         let replica = set.replica();
         window_count(&replica.cli(&["GET", key.as_str()]))
     };
     let old_master_role = set.master().cli(&["ROLE"]);
-    let named = *promotion.named.get().expect("named");
-    let role = promotion.role.get().copied().unwrap_or(named);
+    let (role, named) = promotion.times();
     let since = |t: Instant| ms(t.saturating_duration_since(t_failover));
-    let admitted = calls
-        .iter()
-        .filter(|c| c.outcome == Outcome::Admitted)
-        .count() as u64;
+    let admitted = admitted(&calls);
     let lost = admitted.saturating_sub(held);
     let (slowest, outages) = (slowest(&calls), outages(&calls));
     let first_after = first_decision_after(&calls, named);
-    // Decided while the failover was under way: on the old master after
-    // its replica's promotion, or on the promoted replica before the
-    // sentinels named it.
-    let during: Vec<&Call> = calls
-        .iter()
-        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
-        .collect();
+    let during = decided_during(&calls, role, named);
     println!(
         "[resilience] ordered sentinel failover under load ({TASKS} tasks, limit {LIMIT}): {} \
          calls, {outages} outages, slowest {}; failover ordered at 0, replica a master at {}, \
@@ -1116,9 +1145,8 @@ async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
     let _turn = SERIAL.lock().await;
     let (set, store, policy, key) = start_loaded("failover-after-abort").await;
 
-    let (calls, t_failover, promotion, set) = bounded(async {
-        let load = Load::start(&store, &policy).await;
-        let (set, t_failover) = tokio::task::spawn_blocking(move || {
+    let (calls, t_failover, promotion, set) =
+        load_over_ordered_failover(set, &store, &policy, |set| {
             let replica = set.replica();
             let refuse = replica.cli(&["ACL", "SETUSER", "default", "-replicaof", "-slaveof"]);
             assert_eq!(refuse, "OK", "ACL SETUSER");
@@ -1147,29 +1175,14 @@ async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
             assert_eq!(allow, "OK", "ACL SETUSER");
             let ordered = sentinel.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
             assert_eq!(ordered, "OK", "the second SENTINEL FAILOVER");
-            (set, Instant::now())
         })
-        .await
-        .expect("ordering the failovers");
-        let promotion = watch_promotion(&set);
-        let named = until_named(&promotion).await;
-        let calls = load.stop(named, AFTER).await;
-        (calls, t_failover, promotion, set)
-    })
-    .await;
+        .await;
 
     let held = window_count(&set.replica().cli(&["GET", key.as_str()]));
-    let named = *promotion.named.get().expect("named");
-    let role = promotion.role.get().copied().unwrap_or(named);
+    let (role, named) = promotion.times();
     let since = |t: Instant| ms(t.saturating_duration_since(t_failover));
-    let admitted = calls
-        .iter()
-        .filter(|c| c.outcome == Outcome::Admitted)
-        .count() as u64;
-    let during: Vec<&Call> = calls
-        .iter()
-        .filter(|c| c.outcome.decided() && c.end > role && c.start < named)
-        .collect();
+    let admitted = admitted(&calls);
+    let during = decided_during(&calls, role, named);
     println!(
         "[resilience] failover ordered after an abort: {} calls, {} outages; second failover \
          ordered at 0, replica a master at {}, named at {}; admitted {admitted}, the promoted \
@@ -1328,10 +1341,7 @@ async fn a_replica_promoted_after_its_failover_aborted_is_not_decided_on() {
     .await;
 
     let held = window_count(&set.master().cli(&["GET", key.as_str()]));
-    let admitted = calls
-        .iter()
-        .filter(|c| c.outcome == Outcome::Admitted)
-        .count() as u64;
+    let admitted = admitted(&calls);
     println!(
         "[resilience] failover aborted, replica promoted after it: {} calls, {} outages; \
          admitted {admitted}, the first master holds {held}; the store on {:?}",

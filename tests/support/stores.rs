@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Policy, Store, StoreError};
+use ratelimit_core::{PermitId, Policy, Store, StoreError};
 
 use crate::{RedisCluster, RedisServer};
 
@@ -144,6 +144,14 @@ pub fn write_sorted_set(server: &RedisServer, key: &str, members: &[(String, Str
 pub async fn admits<S: Store>(store: &S, key: &[u8], policy: &Policy) -> bool {
     let decision = store.check(key, policy, 1).await;
     decision.expect("the store decides").is_allowed()
+}
+
+/// The permit that `store` takes for a request of cost 1 from `key` under
+/// the concurrency `policy`, which must admit it.
+pub async fn take_permit<S: Store>(store: &S, key: &[u8], policy: &Policy) -> PermitId {
+    let decision = store.check(key, policy, 1).await;
+    let permit = decision.expect("the store decides").permit();
+    permit.expect("an admitted request holds a permit")
 }
 
 /// A boxed future, to hold several of different kinds in one vector.

@@ -200,11 +200,7 @@ impl Adjustment {
         if policy.algorithm().supports_adjustments() {
             Ok(())
         } else {
-            Err(StoreError::Unsupported {
-                policy: policy.name().to_owned(),
-                algorithm: policy.algorithm().kind(),
-                operation: self.name(),
-            })
+            Err(StoreError::unsupported(policy, self.name()))
         }
     }
 }

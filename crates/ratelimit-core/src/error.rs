@@ -3,6 +3,8 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
+use crate::Policy;
+
 /// A policy that cannot be built.
 ///
 /// Every policy is validated when it is constructed, so a bad configuration
@@ -160,6 +162,16 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Backend(_) => "backend",
+        }
+    }
+
+    /// [`Unsupported`](StoreError::Unsupported): `operation` does not apply
+    /// to `policy`'s algorithm.
+    pub(crate) fn unsupported(policy: &Policy, operation: &'static str) -> StoreError {
+        StoreError::Unsupported {
+            policy: policy.name().to_owned(),
+            algorithm: policy.algorithm().kind(),
+            operation,
         }
     }
 }

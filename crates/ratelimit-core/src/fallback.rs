@@ -289,6 +289,22 @@ impl<P: Store, F: Store> Inner<P, F> {
             .map_err(|e| StoreError::Backend(Box::new(e)))
     }
 
+    /// `call` on the fallback store under the local share of `policy` (see
+    /// [`local`](Self::local)), boxed.
+    fn on_fallback<T: Send + 'static, Fut>(
+        &self,
+        policy: &Policy,
+        call: impl FnOnce(&F, &Policy) -> Fut,
+    ) -> BoxFuture<T>
+    where
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        match self.local(policy) {
+            Ok(local) => Box::pin(call(&self.fallback, &local)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
     async fn fallback_check(
         &self,
         key: Vec<u8>,
@@ -423,11 +439,8 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         if self.inner.permits.remove(permit) {
-            let local = match self.inner.local(policy) {
-                Ok(local) => local,
-                Err(e) => return Box::pin(std::future::ready(Err(e))),
-            };
-            Box::pin(self.inner.fallback.release(key, &local, permit))
+            self.inner
+                .on_fallback(policy, |store, local| store.release(key, local, permit))
         } else {
             Box::pin(self.inner.primary.release(key, policy, permit))
         }
@@ -444,10 +457,9 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
         decision: &Decision,
     ) -> crate::RefundFuture {
         if decision.source() == DecisionSource::Fallback {
-            match self.inner.local(policy) {
-                Ok(local) => self.inner.fallback.refund(key, &local, cost, decision),
-                Err(e) => Box::pin(std::future::ready(Err(e))),
-            }
+            self.inner.on_fallback(policy, |store, local| {
+                store.refund(key, local, cost, decision)
+            })
         } else {
             self.inner.primary.refund(key, policy, cost, decision)
         }
@@ -523,11 +535,8 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
         // A local policy keeps the lease of the shared one.
         if self.inner.permits.renew(permit, policy.window()) {
-            let local = match self.inner.local(policy) {
-                Ok(local) => local,
-                Err(e) => return Box::pin(std::future::ready(Err(e))),
-            };
-            Box::pin(self.inner.fallback.renew(key, &local, permit))
+            self.inner
+                .on_fallback(policy, |store, local| store.renew(key, local, permit))
         } else {
             Box::pin(self.inner.primary.renew(key, policy, permit))
         }

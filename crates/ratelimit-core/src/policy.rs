@@ -8,7 +8,7 @@ use crate::algorithm::concurrency::ConcurrencyState;
 use crate::algorithm::fixed_window::FixedWindowState;
 use crate::algorithm::gcra::GcraState;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounterState;
-use crate::algorithm::sliding_window_log::SlidingWindowLogState;
+use crate::algorithm::sliding_window_log::{End, SlidingWindowLogState};
 use crate::algorithm::token_bucket::TokenBucketState;
 use crate::algorithm::{
     Calendar, Concurrency, FixedWindow, Gcra, LeakyBucket, Rate, SlidingWindowCounter,
@@ -100,41 +100,11 @@ impl AlgorithmKind {
     }
 }
 
-impl fmt::Display for AlgorithmKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for AlgorithmKind {
-    type Err = UnknownAlgorithm;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AlgorithmKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
-    }
-}
-
 /// A name that is not one of [`AlgorithmKind`]'s; its message lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownAlgorithm(String);
 
-impl fmt::Display for UnknownAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown algorithm {:?} (one of: ", self.0)?;
-        for (i, kind) in AlgorithmKind::ALL.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(kind.name())?;
-        }
-        f.write_str(")")
-    }
-}
-
-impl std::error::Error for UnknownAlgorithm {}
+crate::algorithm::named_kinds!(AlgorithmKind, UnknownAlgorithm, "algorithm");
 
 /// `Some($body)` with `$a` bound to the parameters of `$algorithm` and `$s`
 /// to its state in `$state`, for the six algorithms whose transitions have
@@ -262,7 +232,7 @@ impl Algorithm {
     pub(crate) fn refund(&self, state: &mut State, now: u64, amount: u64) -> Option<Decision> {
         if let (Algorithm::SlidingWindowLog(log), State::SlidingWindowLog(s)) = (self, &mut *state)
         {
-            return Some(log.refund(s, now, amount));
+            return Some(log.give_back(s, now, amount, End::Oldest));
         }
         self.reward(state, now, amount)
     }

@@ -257,11 +257,7 @@ pub(crate) fn refuse_unsupported(policy: &Policy) -> Result<(), StoreError> {
 
 /// The error of a store or a policy without settlements.
 pub(crate) fn unsupported(policy: &Policy) -> StoreError {
-    StoreError::Unsupported {
-        policy: policy.name().to_owned(),
-        algorithm: policy.algorithm().kind(),
-        operation: "settle",
-    }
+    StoreError::unsupported(policy, "settle")
 }
 
 #[cfg(test)]

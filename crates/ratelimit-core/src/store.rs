@@ -115,11 +115,9 @@ pub trait Store: Send + Sync + 'static {
     /// towards denying.
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
         let _ = (key, cost, decision);
-        Box::pin(std::future::ready(Err(StoreError::Unsupported {
-            policy: policy.name().to_owned(),
-            algorithm: policy.algorithm().kind(),
-            operation: "refund",
-        })))
+        Box::pin(std::future::ready(Err(StoreError::unsupported(
+            policy, "refund",
+        ))))
     }
 
     /// Settles reservations to what their request really cost: for each

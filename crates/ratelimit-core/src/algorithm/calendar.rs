@@ -16,8 +16,6 @@
 //! (`calendar.lua`), exactly for every time below 2^53 µs less a day (the
 //! year 2255).
 
-use std::fmt;
-
 use crate::PolicyError;
 
 const DAY_MICROS: i128 = 86_400_000_000;
@@ -97,38 +95,11 @@ impl Period {
     }
 }
 
-impl fmt::Display for Period {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Period {
-    type Err = UnknownPeriod;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Period::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| UnknownPeriod(s.to_owned()))
-    }
-}
-
 /// A name that is not one of [`Period`]'s; its message lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownPeriod(String);
 
-impl fmt::Display for UnknownPeriod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown calendar period {:?} (one of: day, week, month, year)",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for UnknownPeriod {}
+super::named_kinds!(Period, UnknownPeriod, "calendar period");
 
 /// Calendar periods at a fixed offset from UTC: what
 /// [`Policy::calendar`](crate::Policy::calendar) counts in.
@@ -281,6 +252,18 @@ mod tests {
     const DAY: u64 = 86_400_000_000;
     const HOUR: u64 = 3_600_000_000;
 
+    #[test]
+    fn periods_parse_back_and_an_unknown_name_lists_them() {
+        for period in Period::ALL {
+            assert_eq!(period.name().parse::<Period>(), Ok(period));
+            assert_eq!(period.to_string(), period.name());
+        }
+        assert_eq!(
+            "fortnight".parse::<Period>().unwrap_err().to_string(),
+            "unknown calendar period \"fortnight\" (one of: day, week, month, year)"
+        );
+    }
+
     /// The Unix time (µs) of `year`-`month`-`day` at 00:00 UTC.
     fn date(year: i128, month: u32, day: u32) -> u64 {
         u64::try_from(days_from_civil(year, month, day)).expect("after 1970") * DAY
@@ -298,20 +281,8 @@ mod tests {
             // The next day of the previous date.
             let (py, pm, pd) = previous;
             let leap = (py % 4 == 0 && py % 100 != 0) || py % 400 == 0;
-            let month_days = [
-                31,
-                if leap { 29 } else { 28 },
-                31,
-                30,
-                31,
-                30,
-                31,
-                31,
-                30,
-                31,
-                30,
-                31,
-            ];
+            let february = if leap { 29 } else { 28 };
+            let month_days = [31, february, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
             let expected = if pd < month_days[pm as usize - 1] {
                 (py, pm, pd + 1)
             } else if pm < 12 {

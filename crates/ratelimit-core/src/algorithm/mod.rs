@@ -15,6 +15,47 @@ use std::time::Duration;
 
 use crate::PolicyError;
 
+/// `Display` (its name) and `FromStr` for a kind whose `ALL` lists every
+/// value and whose `name` gives each one's; a name not among them fails
+/// with `$unknown` (a tuple struct of the name given), whose message lists
+/// the names: `unknown $what "x" (one of: a, b)`.
+macro_rules! named_kinds {
+    ($kind:ident, $unknown:ident, $what:literal) => {
+        impl ::std::fmt::Display for $kind {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl ::std::str::FromStr for $kind {
+            type Err = $unknown;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $kind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == s)
+                    .ok_or_else(|| $unknown(s.to_owned()))
+            }
+        }
+
+        impl ::std::fmt::Display for $unknown {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                write!(f, concat!("unknown ", $what, " {:?} (one of: "), self.0)?;
+                for (i, kind) in $kind::ALL.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    f.write_str(kind.name())?;
+                }
+                f.write_str(")")
+            }
+        }
+
+        impl ::std::error::Error for $unknown {}
+    };
+}
+pub(crate) use named_kinds;
+
 pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;

@@ -135,26 +135,25 @@ impl SlidingWindowLog {
         now: u64,
         amount: u64,
     ) -> Decision {
-        self.expire(state, now);
-        remove(state, amount, End::Newest);
-        self.decide(state, now, 0)
+        self.give_back(state, now, amount, End::Newest)
     }
 
-    /// Gives back `amount` units for a request refused after it was
-    /// admitted, the oldest first: a refund cannot tell its own units from a
-    /// later request's, and the oldest leave the window first anyway, so the
-    /// log then counts at least what it would have without the refunded
-    /// request, never less (giving back the newest could free a later
-    /// request's units early and admit past the limit). Returns what a peek
-    /// then reports.
-    pub(crate) fn refund(
+    /// Gives back up to `amount` units from the `end` of the log. A request
+    /// refused after it was admitted is refunded from the oldest end: a
+    /// refund cannot tell its own units from a later request's, and the
+    /// oldest leave the window first anyway, so the log then counts at least
+    /// what it would have without the refunded request, never less (giving
+    /// back the newest could free a later request's units early and admit
+    /// past the limit). Returns what a peek then reports.
+    pub(crate) fn give_back(
         &self,
         state: &mut SlidingWindowLogState,
         now: u64,
         amount: u64,
+        end: End,
     ) -> Decision {
         self.expire(state, now);
-        remove(state, amount, End::Oldest);
+        remove(state, amount, end);
         self.decide(state, now, 0)
     }
 
@@ -180,7 +179,7 @@ impl SlidingWindowLog {
 
 /// Which end of a log units are removed from.
 #[derive(Clone, Copy)]
-enum End {
+pub(crate) enum End {
     Oldest,
     Newest,
 }

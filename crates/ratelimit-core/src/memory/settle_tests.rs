@@ -48,6 +48,31 @@ fn reserve_and_settle(
     decisions.pop().expect("one decision")
 }
 
+/// The error that settling `settles` under a fresh id ends in.
+fn refused(store: &MemoryStore<ManualClock>, settles: &[Settle<'_>]) -> StoreError {
+    store
+        .settle_now(SettlementId::random(), settles)
+        .expect_err("refused")
+}
+
+/// Asserts that a request of 1 on `key` under `policy` is denied until
+/// `wait` has passed (1 µs before it) and allowed once it has; returns the
+/// decision that allowed it.
+fn denied_for(
+    store: &MemoryStore<ManualClock>,
+    clock: &ManualClock,
+    policy: &Policy,
+    wait: Duration,
+) -> Decision {
+    clock.advance(wait - us(1));
+    let early = store.check_now(b"k", policy, 1).expect("decided");
+    assert!(!early.is_allowed(), "{}: {early:?}", policy.name());
+    clock.advance(us(1));
+    let paid = store.check_now(b"k", policy, 1).expect("decided");
+    assert!(paid.is_allowed(), "{}: {paid:?}", policy.name());
+    paid
+}
+
 /// Token bucket of 1,000 per minute (one token every 60 ms): a request that
 /// reserved 1 and cost 1,200 leaves the bucket 200 tokens in debt; the next
 /// request waits until the refill paid the debt and earned its token.
@@ -63,16 +88,7 @@ fn a_token_bucket_in_debt_denies_until_the_refill_pays_it() {
     assert_eq!(settled.reset_after(), Duration::from_secs(72));
     let next = store.check_now(b"k", &policy, 1).expect("decided");
     assert_eq!(next.retry_after(), Some(Duration::from_millis(12_060)));
-    clock.advance(Duration::from_millis(12_060) - us(1));
-    assert!(
-        !store
-            .check_now(b"k", &policy, 1)
-            .expect("decided")
-            .is_allowed()
-    );
-    clock.advance(us(1));
-    let paid = store.check_now(b"k", &policy, 1).expect("decided");
-    assert!(paid.is_allowed(), "{paid:?}");
+    let paid = denied_for(&store, &clock, &policy, Duration::from_millis(12_060));
     assert_eq!(paid.remaining(), 0);
 }
 
@@ -97,22 +113,7 @@ fn a_gcra_or_leaky_bucket_in_debt_waits_for_its_next_free_slot() {
             "{}",
             policy.name()
         );
-        clock.advance(Duration::from_millis(12_060) - us(1));
-        assert!(
-            !store
-                .check_now(b"k", &policy, 1)
-                .expect("decided")
-                .is_allowed()
-        );
-        clock.advance(us(1));
-        assert!(
-            store
-                .check_now(b"k", &policy, 1)
-                .expect("decided")
-                .is_allowed(),
-            "{}",
-            policy.name()
-        );
+        denied_for(&store, &clock, &policy, Duration::from_millis(12_060));
     }
 }
 
@@ -138,16 +139,7 @@ fn windows_count_over_the_limit_until_the_window_ends() {
             _ => SECOND,
         };
         assert_eq!(next.retry_after_micros(), until, "{}", policy.name());
-        clock.advance(us(until - 1));
-        assert!(
-            !store
-                .check_now(b"k", &policy, 1)
-                .expect("decided")
-                .is_allowed()
-        );
-        clock.advance(us(1));
-        let after = store.check_now(b"k", &policy, 1).expect("decided");
-        assert!(after.is_allowed(), "{}", policy.name());
+        let after = denied_for(&store, &clock, &policy, us(until));
         assert_eq!(after.remaining(), 9, "{}", policy.name());
     }
 
@@ -250,8 +242,8 @@ fn several_limits_settle_all_or_nothing() {
         Settle::new(b"all", &renamed, 0, 50, &allowed),
     ];
     assert!(matches!(
-        store.settle_now(SettlementId::random(), &conflicting),
-        Err(StoreError::PolicyConflict { .. })
+        refused(&store, &conflicting),
+        StoreError::PolicyConflict { .. }
     ));
     let semaphore = named(Policy::concurrency(5, Duration::from_secs(1)), "sem");
     let with_semaphore = [
@@ -259,11 +251,11 @@ fn several_limits_settle_all_or_nothing() {
         Settle::new(b"alice", &semaphore, 0, 50, &allowed),
     ];
     assert!(matches!(
-        store.settle_now(SettlementId::random(), &with_semaphore),
-        Err(StoreError::Unsupported {
+        refused(&store, &with_semaphore),
+        StoreError::Unsupported {
             operation: "settle",
             ..
-        })
+        }
     ));
     assert_eq!(
         store
@@ -329,10 +321,7 @@ fn blocks_and_a_full_store() {
         Settle::new(b"held", &policy, 1, 3, &held),
         Settle::new(b"new", &policy, 0, 3, &allowed),
     ];
-    assert!(matches!(
-        full.settle_now(SettlementId::random(), &settles),
-        Err(StoreError::Full { .. })
-    ));
+    assert!(matches!(refused(&full, &settles), StoreError::Full { .. }));
     assert_eq!(
         full.peek_now(b"held", &policy).expect("peek").remaining(),
         9

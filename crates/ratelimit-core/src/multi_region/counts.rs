@@ -195,11 +195,7 @@ pub fn decide(
             };
             Ok(a.decide(&mut state, now, cost))
         }
-        other => Err(StoreError::Unsupported {
-            policy: policy.name().to_owned(),
-            algorithm: other.kind(),
-            operation: "multi-region",
-        }),
+        _ => Err(StoreError::unsupported(policy, "multi-region")),
     }
 }
 

@@ -318,20 +318,12 @@ impl Store for MultiRegionStore {
     }
 
     fn release(&self, _key: &[u8], policy: &Policy, _permit: PermitId) -> Self::ReleaseFuture {
-        let error = StoreError::Unsupported {
-            policy: policy.name().to_owned(),
-            algorithm: policy.algorithm().kind(),
-            operation: "release",
-        };
+        let error = StoreError::unsupported(policy, "release");
         Box::pin(async move { Err(error) })
     }
 
     fn renew(&self, _key: &[u8], policy: &Policy, _permit: PermitId) -> Self::RenewFuture {
-        let error = StoreError::Unsupported {
-            policy: policy.name().to_owned(),
-            algorithm: policy.algorithm().kind(),
-            operation: "renew",
-        };
+        let error = StoreError::unsupported(policy, "renew");
         Box::pin(async move { Err(error) })
     }
 }
@@ -344,11 +336,7 @@ fn prepare(
 ) -> Result<(Vec<(String, Policy, u64)>, Vec<usize>), StoreError> {
     for check in checks {
         if !counts::supports(check.policy) {
-            return Err(StoreError::Unsupported {
-                policy: check.policy.name().to_owned(),
-                algorithm: check.policy.algorithm().kind(),
-                operation: "multi-region",
-            });
+            return Err(StoreError::unsupported(check.policy, "multi-region"));
         }
     }
     let merged = Merged::new(checks, |c| store.state_key(c.key, c.policy))?;

@@ -30,13 +30,7 @@ pub(super) fn check_bound(
     }
     for ((key, w, start), list) in windows {
         let limit = sim.policy_at(list[0].at).limit();
-        let total: u64 = list.iter().map(|a| a.cost).sum();
-        let last = list[list.len() - 1];
-        let lagging: u64 = list
-            .iter()
-            .filter(|a| a.region != last.region && a.at + d >= last.at)
-            .map(|a| a.cost)
-            .sum();
+        let (total, lagging) = total_and_lagging(&list, d);
         if total > limit + lagging {
             return Err(format!(
                 "key {key}, window {start}+{w}: {total} > {limit} + {lagging}"
@@ -44,6 +38,20 @@ pub(super) fn check_bound(
         }
     }
     Ok(())
+}
+
+/// What the admissions of one window (in order) total, and what the
+/// regions other than the last to admit admitted during the `d` before its
+/// last admission: the slack that lag allows over the limit.
+pub(super) fn total_and_lagging(list: &[Admitted], d: u64) -> (u64, u64) {
+    let total = list.iter().map(|a| a.cost).sum();
+    let last = list[list.len() - 1];
+    let lagging = list
+        .iter()
+        .filter(|a| a.region != last.region && a.at + d >= last.at)
+        .map(|a| a.cost)
+        .sum();
+    (total, lagging)
 }
 
 /// Checks, for every key, every region `r` and every window of `r`'s own

@@ -25,7 +25,7 @@ use proptest::prelude::*;
 
 use super::counts;
 use crate::Policy;
-use bound::{check_bound, check_each_region, check_reload};
+use bound::{check_bound, check_each_region, check_reload, total_and_lagging};
 use model::{Admitted, BASE, Cut, Simulation, WINDOW};
 
 fn policy(sliding: bool, limit: u64, window: u64) -> Policy {
@@ -95,14 +95,8 @@ proptest! {
         // From a quarter of `D` (peers often stale) to three times it.
         let staleness = staleness * d / 4;
         let sim = Simulation {
-            policy: policy(sliding, limit, WINDOW),
             reload: reload.map(|(at, l, w)| (at, policy(sliding, l, w))),
-            regions,
-            instances,
-            sync,
-            lags,
             staleness,
-            max_skew: 50_000,
             offsets: offsets[..regions].to_vec(),
             // Instance 0 of a region is never cut: one always reaches a peer.
             cuts: cuts
@@ -115,6 +109,7 @@ proptest! {
                     until: from + long,
                 })
                 .collect(),
+            ..Simulation::new(policy(sliding, limit, WINDOW), regions, instances, sync, lags)
         };
         let reqs: Vec<_> = reqs.into_iter().map(|(at, r, k, c)| (at, r % regions, k, c)).collect();
         let (admitted, _) = sim.run(&reqs);
@@ -147,16 +142,9 @@ proptest! {
             .flat_map(|(r, p)| (0..2).map(move |i| Cut { region: r, instance: i, peer: p, from: 0, until: u64::MAX }))
             .collect();
         let sim = Simulation {
-            policy: policy(sliding, limit, WINDOW),
-            reload: None,
-            regions: 3,
-            instances: 2,
-            sync,
-            lags,
             staleness,
-            max_skew: 50_000,
-            offsets: vec![0; 3],
             cuts,
+            ..Simulation::new(policy(sliding, limit, WINDOW), 3, 2, sync, lags)
         };
         let share = counts::conservative_share(limit, 3);
         let (admitted, _) = sim.run(&reqs);
@@ -168,13 +156,7 @@ proptest! {
                 per_window.entry((a.key, a.at - a.at % WINDOW)).or_default().push(*a);
             }
             for ((key, start), list) in per_window {
-                let total: u64 = list.iter().map(|a| a.cost).sum();
-                let last = list[list.len() - 1];
-                let lagging: u64 = list
-                    .iter()
-                    .filter(|a| a.region != last.region && a.at + d >= last.at)
-                    .map(|a| a.cost)
-                    .sum();
+                let (total, lagging) = total_and_lagging(&list, d);
                 prop_assert!(
                     total <= limit.saturating_sub(others * share) + lagging,
                     "side {side}, key {key}, window {start}: {total} > {limit} - {others} x {share} + {lagging}"
@@ -191,16 +173,8 @@ proptest! {
 fn the_worst_case_reaches_the_bound() {
     let limit = 10;
     let sim = Simulation {
-        policy: policy(false, limit, WINDOW),
-        reload: None,
-        regions: 3,
-        instances: 1,
-        sync: 100_000,
-        lags: vec![50_000],
         staleness: 10 * WINDOW,
-        max_skew: 50_000,
-        offsets: vec![0; 3],
-        cuts: Vec::new(),
+        ..Simulation::new(policy(false, limit, WINDOW), 3, 1, 100_000, vec![50_000])
     };
     // Fresh first: one window of quiet, then the burst.
     let at = BASE + WINDOW + 1_000;
@@ -225,14 +199,6 @@ fn spaced_requests_admit_the_limit_exactly() {
     for sliding in [false, true] {
         let limit = 20;
         let sim = Simulation {
-            policy: policy(sliding, limit, WINDOW),
-            reload: None,
-            regions: 3,
-            instances: 2,
-            sync: 5_000,
-            lags: vec![1_000, 3_000],
-            staleness: WINDOW,
-            max_skew: 50_000,
             offsets: vec![0, 20_000, -20_000],
             cuts: (0..3)
                 .flat_map(|r| (0..3).map(move |p| (r, p)))
@@ -244,6 +210,13 @@ fn spaced_requests_admit_the_limit_exactly() {
                     until: u64::MAX,
                 })
                 .collect(),
+            ..Simulation::new(
+                policy(sliding, limit, WINDOW),
+                3,
+                2,
+                5_000,
+                vec![1_000, 3_000],
+            )
         };
         // 60 requests 14 ms apart, in the middle of one window of every clock.
         let reqs: Vec<(u64, usize, u16, u64)> = (0..60u64)
@@ -267,15 +240,6 @@ fn spaced_requests_admit_the_limit_exactly() {
 #[test]
 fn many_keys_reach_every_peer_within_d() {
     let sim = Simulation {
-        policy: policy(false, 1, WINDOW),
-        reload: None,
-        regions: 3,
-        instances: 2,
-        sync: 20_000,
-        lags: vec![5_000, 15_000],
-        staleness: WINDOW,
-        max_skew: 50_000,
-        offsets: vec![0; 3],
         cuts: vec![Cut {
             region: 0,
             instance: 0,
@@ -283,6 +247,7 @@ fn many_keys_reach_every_peer_within_d() {
             from: 0,
             until: u64::MAX,
         }],
+        ..Simulation::new(policy(false, 1, WINDOW), 3, 2, 20_000, vec![5_000, 15_000])
     };
     let at = BASE + WINDOW / 10;
     let d = lag_d(20_000, &[5_000, 15_000]);
@@ -299,16 +264,8 @@ fn many_keys_reach_every_peer_within_d() {
 #[test]
 fn a_skew_beyond_the_allowed_is_found_and_counted_at_the_share() {
     let sim = Simulation {
-        policy: policy(false, 9, WINDOW),
-        reload: None,
-        regions: 3,
-        instances: 1,
-        sync: 10_000,
-        lags: vec![2_000],
-        staleness: WINDOW,
-        max_skew: 50_000,
         offsets: vec![0, 200_000, 0],
-        cuts: Vec::new(),
+        ..Simulation::new(policy(false, 9, WINDOW), 3, 1, 10_000, vec![2_000])
     };
     let at = BASE + WINDOW + WINDOW / 2;
     let reqs: Vec<(u64, usize, u16, u64)> = (0..12).map(|i| (at + i, 0, 0, 1)).collect();

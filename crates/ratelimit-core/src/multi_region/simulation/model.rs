@@ -122,6 +122,31 @@ pub(super) struct Round {
 }
 
 impl Simulation {
+    /// `regions` regions of `instances` instances each under `policy`, a
+    /// round to each peer every `sync` µs taking `lags` in turn: no reload,
+    /// clocks that agree, no cut, peers stale after a [`WINDOW`], a skew of
+    /// 50 ms allowed.
+    pub(super) fn new(
+        policy: Policy,
+        regions: usize,
+        instances: usize,
+        sync: u64,
+        lags: Vec<u64>,
+    ) -> Simulation {
+        Simulation {
+            policy,
+            reload: None,
+            regions,
+            instances,
+            sync,
+            lags,
+            staleness: WINDOW,
+            max_skew: 50_000,
+            offsets: vec![0; regions],
+            cuts: Vec::new(),
+        }
+    }
+
     pub(super) fn clock(&self, region: usize, at: u64) -> u64 {
         u64::try_from(i64::try_from(at).unwrap_or(i64::MAX) + self.offsets[region]).unwrap_or(0)
     }
