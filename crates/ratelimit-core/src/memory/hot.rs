@@ -10,8 +10,9 @@
 //! Invariants (`Shard` keeps them):
 //!
 //! - the hot key still has its entry in `short_words` (the key budget, the
-//!   sweep and every other path see it as before), but while it is hot the
-//!   TAT in [`Hot::tat`] is its state and the entry's is stale;
+//!   sweep and every other path see it as before), but while it is hot its
+//!   state is [`Hot::tat`] and the entry's TAT is [`HOT`], which sends the
+//!   shared lock's path there at no cost to other keys;
 //! - the hot key is set and cleared only under the shard's exclusive lock,
 //!   and every exclusive holder clears it first (`ShardGuard::new` via
 //!   [`Shard::flush_hot`]), writing its TAT back to the entry, so no path
@@ -25,6 +26,10 @@
 use std::sync::atomic::fence;
 
 use super::*;
+
+/// The TAT an entry holds while its key is hot: its state is then
+/// [`Hot::tat`]. Never a real TAT (times are microseconds from about now).
+pub(super) const HOT: u64 = u64::MAX;
 
 /// The hot key's identity and state (see the module's documentation).
 /// Every field is an atomic, so readers need no lock and no `unsafe`.
@@ -67,15 +72,6 @@ impl Hot {
         (unchanged && same).then_some(tat)
     }
 
-    /// Whether the hot key is `short` under the policy at `policy`; only
-    /// under the shard's lock, where the identity does not change.
-    #[inline]
-    fn holds(&self, short: u128, policy: usize) -> bool {
-        self.key[0].load(Ordering::Relaxed) == short as u64
-            && self.key[1].load(Ordering::Relaxed) == (short >> 64) as u64
-            && self.policy.load(Ordering::Relaxed) == policy
-    }
-
     /// Makes `short` under the policy at `policy` the hot key, with `tat`
     /// (`policy` 0: no hot key). Only under the shard's exclusive lock.
     fn set(&self, hash: u64, short: u128, policy: usize, tat: u64) {
@@ -113,19 +109,6 @@ impl Shard {
         self.hot.read(short, policy.addr())
     }
 
-    /// Where the state of `entry` (of `hash`) is: the hot key's TAT when
-    /// `entry` is the hot key, else its own. Under the shard's lock.
-    #[inline]
-    pub(super) fn tat_of<'a>(&'a self, hash: u64, entry: &'a ShortWordEntry) -> &'a AtomicU64 {
-        if self.hot_hash.load(Ordering::Relaxed) == hash | 1
-            && self.hot.holds(entry.key, entry.policy.addr())
-        {
-            &self.hot.tat
-        } else {
-            &entry.tat
-        }
-    }
-
     /// Whether a key denied at `now` may become the hot key: there is none,
     /// or the one there is back to fresh (no longer hot). A hint, read
     /// without the lock; [`promote`](Self::promote) decides under it.
@@ -160,10 +143,13 @@ impl Shard {
         if inner.blocks.until(hash, policy, key).is_some() {
             return;
         }
-        let Some(entry) = inner.short_words.find(hash, |e| e.matches(policy, short)) else {
+        let Some(entry) = inner
+            .short_words
+            .find_mut(hash, |e| e.matches(policy, short))
+        else {
             return;
         };
-        let tat = entry.tat.load(Ordering::Relaxed);
+        let tat = std::mem::replace(entry.tat.get_mut(), HOT);
         self.hot.set(hash, short, entry.policy.addr(), tat);
         self.hot_hash.store(hash | 1, Ordering::Relaxed);
     }

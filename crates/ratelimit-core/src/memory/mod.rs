@@ -913,56 +913,77 @@ fn check_shared(
     };
     // The hot key: a check that writes nothing is decided from one reading
     // of its TAT, without the lock (see the `hot` module). The same reading
-    // under the lock would decide the same.
-    if let Some(short) = key.short
-        && let Some(tat) = shard.hot_tat(hash, policy, short)
-        && !(cost == 0 && tat <= now)
-        && gcra.next_tat(tat, now, cost).is_none()
-    {
-        return Some(gcra.decide(&mut GcraState { tat }, now, cost));
+    // under the lock would decide the same. One decision below for both, so
+    // it is written once, where the caller keeps it.
+    let hot = match key.short {
+        Some(short) => shard.hot_tat(hash, policy, short),
+        None => None,
+    };
+    let tat = match hot {
+        Some(tat) if !(cost == 0 && tat <= now) && gcra.next_tat(tat, now, cost).is_none() => tat,
+        _ => transition_shared(shard, gcra, hash, policy, key, now, cost)?,
+    };
+    Some(gcra.decide(&mut GcraState { tat }, now, cost))
+}
+
+/// The transition of [`check_shared`] under the shard's shared lock: the
+/// TAT the decision is made on. Only the TAT's transition is made under the
+/// lock; the decision, a pure function of the TAT it was made on, is
+/// written after the lock is released, so the lock's word is held as
+/// briefly as it can be. A denied key is hot: it becomes the shard's hot
+/// key, unless another is.
+#[inline]
+fn transition_shared(
+    shard: &Shard,
+    gcra: &crate::algorithm::gcra::Gcra,
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+    now: u64,
+    cost: u64,
+) -> Option<u64> {
+    let inner = shard.lock.read();
+    if inner.blocks.until(hash, policy, key).is_some() {
+        return None;
     }
-    // Only the TAT's transition is made under the lock; the decision, a
-    // pure function of the TAT it was made on, is written after the lock is
-    // released, so the lock's word is held as briefly as it can be.
-    let (tat, denied) = {
-        let inner = shard.lock.read();
-        if inner.blocks.until(hash, policy, key).is_some() {
-            return None;
+    let mut stored = match key.short {
+        Some(short) => {
+            &inner
+                .short_words
+                .find(hash, |e| e.matches(policy, short))?
+                .tat
         }
-        let stored = match key.short {
-            Some(short) => shard.tat_of(
-                hash,
-                inner.short_words.find(hash, |e| e.matches(policy, short))?,
-            ),
-            None => {
-                &inner
-                    .words
-                    .find(hash, |e| e.matches(hash, policy, key))?
-                    .tat
-            }
-        };
-        let mut tat = stored.load(Ordering::Acquire);
-        loop {
-            if cost == 0 && tat <= now {
-                return None;
-            }
-            let Some(next) = gcra.next_tat(tat, now, cost) else {
-                break (tat, cost > 0);
-            };
-            match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break (tat, false),
-                Err(current) => tat = current,
-            }
+        None => {
+            &inner
+                .words
+                .find(hash, |e| e.matches(hash, policy, key))?
+                .tat
         }
     };
-    // A denied key is hot: make it the shard's hot key, unless another is.
-    if denied
-        && let Some(short) = key.short
-        && shard.hot_is_free(now)
-    {
-        shard.promote(hash, policy, key, short, now);
+    let mut tat = stored.load(Ordering::Acquire);
+    if tat == HOT {
+        stored = &shard.hot.tat;
+        tat = stored.load(Ordering::Acquire);
     }
-    Some(gcra.decide(&mut GcraState { tat }, now, cost))
+    loop {
+        if cost == 0 && tat <= now {
+            return None;
+        }
+        let Some(next) = gcra.next_tat(tat, now, cost) else {
+            drop(inner);
+            if cost > 0
+                && let Some(short) = key.short
+                && shard.hot_is_free(now)
+            {
+                shard.promote(hash, policy, key, short, now);
+            }
+            return Some(tat);
+        };
+        match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(tat),
+            Err(current) => tat = current,
+        }
+    }
 }
 
 /// Decides a request on a one-word state with `policy`: a policy conflict
