@@ -915,13 +915,20 @@ fn check_shared(
     // of its TAT, without the lock (see the `hot` module). The same reading
     // under the lock would decide the same. One decision below for both, so
     // it is written once, where the caller keeps it.
-    let hot = match key.short {
-        Some(short) => shard.hot_tat(hash, policy, short),
-        None => None,
-    };
-    let tat = match hot {
-        Some(tat) if !(cost == 0 && tat <= now) && gcra.next_tat(tat, now, cost).is_none() => tat,
-        _ => transition_shared(shard, gcra, hash, policy, key, now, cost)?,
+    let tat = match key.short {
+        Some(short) => match shard.hot_tat(hash, policy, short) {
+            Some(tat) if !(cost == 0 && tat <= now) && gcra.next_tat(tat, now, cost).is_none() => {
+                tat
+            }
+            _ => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
+                let entry = inner.short_words.find(hash, |e| e.matches(policy, short))?;
+                Some(&entry.tat)
+            })?,
+        },
+        None => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
+            let entry = inner.words.find(hash, |e| e.matches(hash, policy, key))?;
+            Some(&entry.tat)
+        })?,
     };
     Some(gcra.decide(&mut GcraState { tat }, now, cost))
 }
@@ -931,8 +938,10 @@ fn check_shared(
 /// lock; the decision, a pure function of the TAT it was made on, is
 /// written after the lock is released, so the lock's word is held as
 /// briefly as it can be. A denied key is hot: it becomes the shard's hot
-/// key, unless another is.
+/// key, unless another is. `find` is where the key's TAT is kept, one
+/// closure per table, so each caller's code knows its key's kind.
 #[inline]
+#[allow(clippy::too_many_arguments)] // one check's inputs and where its state is
 fn transition_shared(
     shard: &Shard,
     gcra: &crate::algorithm::gcra::Gcra,
@@ -941,27 +950,15 @@ fn transition_shared(
     key: &MemoryKey<'_>,
     now: u64,
     cost: u64,
+    find: impl for<'a> FnOnce(&'a ShardInner) -> Option<&'a AtomicU64>,
 ) -> Option<u64> {
     let inner = shard.lock.read();
     if inner.blocks.until(hash, policy, key).is_some() {
         return None;
     }
-    let mut stored = match key.short {
-        Some(short) => {
-            &inner
-                .short_words
-                .find(hash, |e| e.matches(policy, short))?
-                .tat
-        }
-        None => {
-            &inner
-                .words
-                .find(hash, |e| e.matches(hash, policy, key))?
-                .tat
-        }
-    };
+    let mut stored = find(&inner)?;
     let mut tat = stored.load(Ordering::Acquire);
-    if tat == HOT {
+    if key.short.is_some() && tat == HOT {
         stored = &shard.hot.tat;
         tat = stored.load(Ordering::Acquire);
     }
