@@ -68,7 +68,7 @@ impl Hot {
         // reading sees that odd value or a later one.
         fence(Ordering::Acquire);
         let unchanged = seq & 1 == 0 && self.seq.load(Ordering::Relaxed) == seq;
-        let same = low == short as u64 && high == (short >> 64) as u64 && stored_policy == policy;
+        let same = [low, high] == halves(short) && stored_policy == policy;
         (unchanged && same).then_some(tat)
     }
 
@@ -80,12 +80,20 @@ impl Hot {
         // A reader that sees any write below sees the odd `seq` after it.
         fence(Ordering::Release);
         self.hash.store(hash, Ordering::Relaxed);
-        self.key[0].store(short as u64, Ordering::Relaxed);
-        self.key[1].store((short >> 64) as u64, Ordering::Relaxed);
+        let [low, high] = halves(short);
+        self.key[0].store(low, Ordering::Relaxed);
+        self.key[1].store(high, Ordering::Relaxed);
         self.policy.store(policy, Ordering::Relaxed);
         self.tat.store(tat, Ordering::Relaxed);
         self.seq.store(seq + 2, Ordering::Release);
     }
+}
+
+/// The low and high halves of a packed key.
+#[inline]
+#[allow(clippy::cast_possible_truncation)] // each half on purpose
+fn halves(short: u128) -> [u64; 2] {
+    [short as u64, (short >> 64) as u64]
 }
 
 impl Shard {
@@ -181,8 +189,8 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rate;
     use crate::clock::ManualClock;
-    use crate::{AdminStore, Rate};
 
     fn is_hot(store: &MemoryStore<ManualClock>) -> bool {
         store.shared.shards[0].hot_hash.load(Ordering::Relaxed) != 0

@@ -577,7 +577,7 @@ mod tests {
         assert_eq!(start % 64, 0);
         assert_eq!(std::ptr::from_ref(&shard.hot_hash) as usize, start);
         let hot = std::ptr::from_ref(&shard.hot) as usize;
-        assert!(hot % 64 == 0 && hot - start >= 64);
+        assert!(hot.is_multiple_of(64) && hot - start >= 64);
         let inner = shard.lock.read();
         let end = std::ptr::from_ref(&inner.blocks) as usize + std::mem::size_of::<Blocks>();
         assert!(std::ptr::from_ref(&inner.short_words) as usize >= start);
