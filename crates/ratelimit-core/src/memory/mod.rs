@@ -43,9 +43,9 @@ const DEFAULT_SHARDS: usize = 64;
 /// one state update under one shard lock. A GCRA check of a key that has its
 /// state already takes the lock's shared side and updates the key's state
 /// with one compare-and-swap, so threads checking one hot key do not queue
-/// behind each other; a denied key becomes its shard's hot key, whose
-/// denials are decided with no lock at all, so they write nothing that
-/// other cores read.
+/// behind each other; a denied GCRA key of up to 15 bytes becomes its
+/// shard's hot key (one per shard), whose denials are decided with no lock
+/// at all, so they write nothing that other cores read.
 ///
 /// # Bounded memory
 ///
