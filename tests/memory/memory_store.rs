@@ -56,13 +56,13 @@ fn eight_threads_on_one_key_admit_exactly_the_limit() {
     }
 }
 
-/// GCRA checks of a key that exists decide on the shard's lock without
-/// writing it while nothing writes the shard (its bias; see `MemoryStore`).
-/// Here every check of the hot key shares one shard with a thread that adds
-/// a key every 2 ms of the clock: each such write turns the bias off and
-/// waits for the hot key's readers, and the next read past the millisecond
-/// the bias stays off turns it on again. Exactly `limit` pass all the same
-/// (the rate, one an hour, adds none in the seconds the clock moves).
+/// A denied GCRA key becomes its shard's hot key, whose denials are decided
+/// without the shard's lock (see `MemoryStore`). Here every check of the hot
+/// key shares one shard with a thread that adds a key every 2 ms of the
+/// clock: each such write takes the lock exclusively, which hands the hot
+/// key's state back to its entry, and the next denial makes it hot again.
+/// Exactly `limit` pass all the same (the rate, one an hour, adds none in
+/// the seconds the clock moves).
 #[test]
 fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_written() {
     const LIMIT: u64 = 1_000;
@@ -109,6 +109,63 @@ fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_w
     assert_eq!(admitted.load(Ordering::Relaxed), LIMIT);
     assert_eq!(store.check_now(b"hot", &policy, 0).unwrap().remaining(), 0);
     assert_eq!(store.len(), 1 + WRITES);
+}
+
+/// Threads on one GCRA key, the clock frozen within a round and moved by a
+/// few intervals between rounds: its denials are decided without the lock
+/// (the key is hot after its first denial), its admissions under it, half
+/// the threads with another handle of the same policy (not the hot key's
+/// own, so they always take the lock), while a thread adds keys to the same
+/// shard (each hands the hot key's state back to its entry). Exactly the
+/// burst passes in the first round, then exactly what each step refilled.
+#[test]
+fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
+    const BURST: u64 = 100;
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 300;
+    const ROUNDS: u64 = 40;
+    const STEP: u64 = 7; // units refilled between rounds
+    let clock = ManualClock::new(1_000_000_007);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
+    let same_name = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
+    assert!(!policy.ptr_eq(&same_name));
+    assert_eq!(policy.name(), same_name.name());
+    for round in 0..ROUNDS {
+        let admitted = AtomicU64::new(0);
+        thread::scope(|s| {
+            for t in 0..THREADS {
+                let (store, admitted) = (&store, &admitted);
+                let policy = if t % 2 == 0 { &policy } else { &same_name };
+                s.spawn(move || {
+                    for _ in 0..PER_THREAD {
+                        if store.check_now(b"hot", policy, 1).unwrap().is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            s.spawn(|| {
+                for i in 0..20 {
+                    let key = format!("round-{round}-key-{i}");
+                    assert!(
+                        store
+                            .check_now(key.as_bytes(), &policy, 1)
+                            .unwrap()
+                            .is_allowed()
+                    );
+                    thread::yield_now();
+                }
+            });
+        });
+        let expected = if round == 0 { BURST } else { STEP };
+        assert_eq!(admitted.load(Ordering::Relaxed), expected, "round {round}");
+        assert_eq!(store.check_now(b"hot", &policy, 0).unwrap().remaining(), 0);
+        clock.advance(Duration::from_micros(STEP * 1_000));
+    }
 }
 
 /// The same through the async `Store` trait from tokio tasks on several workers,

@@ -672,6 +672,13 @@ impl Policy {
     pub fn ptr_eq(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
+
+    /// The address of the policy object: two live handles have the same
+    /// address exactly when [`ptr_eq`](Self::ptr_eq).
+    #[inline]
+    pub(crate) fn addr(&self) -> usize {
+        Arc::as_ptr(&self.inner).addr()
+    }
 }
 
 impl fmt::Debug for Policy {

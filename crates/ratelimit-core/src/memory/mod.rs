@@ -20,12 +20,14 @@ use crate::store::{Check, RefundFuture, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
+mod hot;
 mod keys;
 #[cfg(test)]
 mod settle_tests;
 mod shard;
 
 use blocks::*;
+use hot::*;
 use keys::*;
 use shard::*;
 
@@ -41,7 +43,9 @@ const DEFAULT_SHARDS: usize = 64;
 /// one state update under one shard lock. A GCRA check of a key that has its
 /// state already takes the lock's shared side and updates the key's state
 /// with one compare-and-swap, so threads checking one hot key do not queue
-/// behind each other.
+/// behind each other; a denied GCRA key of up to 15 bytes becomes its
+/// shard's hot key (one per shard), whose denials are decided with no lock
+/// at all, so they write nothing that other cores read.
 ///
 /// # Bounded memory
 ///
@@ -165,9 +169,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
             shared: Arc::new(Shared {
-                shards: (0..shards)
-                    .map(|_| Shard(RwLock::new(ShardInner::new(hasher.clone()))))
-                    .collect(),
+                shards: (0..shards).map(|_| Shard::new(hasher.clone())).collect(),
                 shard_mask: (shards - 1) as u64,
                 held: CacheLine(AtomicUsize::new(0)),
                 max_keys: self.max_keys,
@@ -210,7 +212,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The number of keys held now (live or not yet reclaimed), each state
     /// and each block ([`AdminStore::block`]) counting as one.
     pub fn len(&self) -> usize {
-        self.shared.shards.iter().map(|s| s.0.read().len()).sum()
+        self.shared.shards.iter().map(|s| s.lock.read().len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -239,10 +241,8 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Shard `index`'s lock, exclusively.
     fn write_shard(&self, index: usize) -> ShardGuard<'_> {
-        ShardGuard {
-            inner: self.shared.shards[index].0.write(),
-            held: &self.shared.held.0,
-        }
+        let shard = &self.shared.shards[index];
+        ShardGuard::new(shard, shard.lock.write(), &self.shared.held.0)
     }
 
     /// Reserves room for `extra` new keys in `shard` (held exclusively):
@@ -270,15 +270,12 @@ impl<C: Clock> MemoryStore<C> {
     fn sweep_others(&self, now: u64) -> bool {
         let mut swept = false;
         for shard in &*self.shared.shards {
-            let due = shard.0.try_read().is_some_and(|s| now >= s.next_expiry);
+            let due = shard.lock.try_read().is_some_and(|s| now >= s.next_expiry);
             if !due {
                 continue;
             }
-            if let Some(inner) = shard.0.try_write() {
-                let mut guard = ShardGuard {
-                    inner,
-                    held: &self.shared.held.0,
-                };
+            if let Some(inner) = shard.lock.try_write() {
+                let mut guard = ShardGuard::new(shard, inner, &self.shared.held.0);
                 swept |= guard.sweep(now);
             }
         }
@@ -309,7 +306,7 @@ impl<C: Clock> MemoryStore<C> {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let early = self.shared.clock.now();
-        let shard = &self.shared.shards[self.shard_index(hash)].0;
+        let shard = &self.shared.shards[self.shard_index(hash)];
         if let Some(decision) = check_shared(shard, hash, policy, &key, early, cost) {
             return Ok(decision);
         }
@@ -875,7 +872,9 @@ impl<C: Clock> MemoryStore<C> {
 
 /// A GCRA check of a key that already has its state, under the shard's
 /// shared lock: one load when denied, one compare-and-swap when allowed, so
-/// checks of one key on several threads do not queue. `None` sends the
+/// checks of one key on several threads do not queue; of the shard's hot
+/// key, a check that writes nothing takes no lock at all, and a denied key
+/// becomes the hot key when the shard has none. `None` sends the
 /// check to the exclusive path: another algorithm, no entry yet (an insert),
 /// a block on the shard's key, or a peek at an expired state (the exclusive
 /// path drops the entry).
@@ -902,7 +901,7 @@ impl<C: Clock> MemoryStore<C> {
 /// it; and `reset` saturates at 0.
 #[inline]
 fn check_shared(
-    lock: &RwLock<ShardInner>,
+    shard: &Shard,
     hash: u64,
     policy: &Policy,
     key: &MemoryKey<'_>,
@@ -912,30 +911,76 @@ fn check_shared(
     let Algorithm::Gcra(gcra) = policy.algorithm() else {
         return None;
     };
-    // Only the TAT's transition is made under the lock; the decision, a
-    // pure function of the TAT it was made on, is written after the lock is
-    // released, so the lock's word is held as briefly as it can be.
-    let tat = {
-        let shard = lock.read();
-        if shard.blocks.until(hash, policy, key).is_some() {
-            return None;
-        }
-        let stored = shard.tat(hash, policy, key)?;
-        let mut tat = stored.load(Ordering::Acquire);
-        loop {
-            if cost == 0 && tat <= now {
-                return None;
+    // The hot key: a check that writes nothing is decided from one reading
+    // of its TAT, without the lock (see the `hot` module). The same reading
+    // under the lock would decide the same. One decision below for both, so
+    // it is written once, where the caller keeps it.
+    let tat = match key.short {
+        Some(short) => match shard.hot_tat(hash, policy, short) {
+            Some(tat) if !(cost == 0 && tat <= now) && gcra.next_tat(tat, now, cost).is_none() => {
+                tat
             }
-            let Some(next) = gcra.next_tat(tat, now, cost) else {
-                break tat;
-            };
-            match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break tat,
-                Err(current) => tat = current,
-            }
-        }
+            _ => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
+                let entry = inner.short_words.find(hash, |e| e.matches(policy, short))?;
+                Some(&entry.tat)
+            })?,
+        },
+        None => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
+            let entry = inner.words.find(hash, |e| e.matches(hash, policy, key))?;
+            Some(&entry.tat)
+        })?,
     };
     Some(gcra.decide(&mut GcraState { tat }, now, cost))
+}
+
+/// The transition of [`check_shared`] under the shard's shared lock: the
+/// TAT the decision is made on. Only the TAT's transition is made under the
+/// lock; the decision, a pure function of the TAT it was made on, is
+/// written after the lock is released, so the lock's word is held as
+/// briefly as it can be. A denied key is hot: it becomes the shard's hot
+/// key, unless another is. `find` is where the key's TAT is kept, one
+/// closure per table, so each caller's code knows its key's kind.
+#[inline]
+#[allow(clippy::too_many_arguments)] // one check's inputs and where its state is
+fn transition_shared(
+    shard: &Shard,
+    gcra: &crate::algorithm::gcra::Gcra,
+    hash: u64,
+    policy: &Policy,
+    key: &MemoryKey<'_>,
+    now: u64,
+    cost: u64,
+    find: impl for<'a> FnOnce(&'a ShardInner) -> Option<&'a AtomicU64>,
+) -> Option<u64> {
+    let inner = shard.lock.read();
+    if inner.blocks.until(hash, policy, key).is_some() {
+        return None;
+    }
+    let mut stored = find(&inner)?;
+    let mut tat = stored.load(Ordering::Acquire);
+    if key.short.is_some() && tat == HOT {
+        stored = &shard.hot.tat;
+        tat = stored.load(Ordering::Acquire);
+    }
+    loop {
+        if cost == 0 && tat <= now {
+            return None;
+        }
+        let Some(next) = gcra.next_tat(tat, now, cost) else {
+            drop(inner);
+            if cost > 0
+                && let Some(short) = key.short
+                && shard.hot_is_free(now)
+            {
+                shard.promote(hash, policy, key, short, now);
+            }
+            return Some(tat);
+        };
+        match stored.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(tat),
+            Err(current) => tat = current,
+        }
+    }
 }
 
 /// Decides a request on a one-word state with `policy`: a policy conflict

@@ -4,19 +4,27 @@
 use super::keys::*;
 use super::*;
 
-/// A shard: a `parking_lot` read-write lock around its tables. GCRA checks
-/// of keys that exist already decide on its shared side (see
-/// `check_shared`); every other path takes it exclusively.
+/// A shard: a `parking_lot` read-write lock around its tables, and its hot
+/// key beside the lock (see the `hot` module). GCRA checks of keys that
+/// exist already decide on the lock's shared side (see `check_shared`), or
+/// without the lock when they are of the hot key and write nothing; every
+/// other path takes it exclusively.
 ///
 /// Each shard starts a pair of cache lines of its own (the pair a
 /// prefetcher fetches), so a check never contends with a neighbouring
-/// shard's lock. The lock's word comes first and `ShardInner` right after
-/// it, so the word and all a check of a short key reads before its entry
-/// (the short table's header, whether there are blocks) share one cache
-/// line: on many keys, where shards fall out of the first-level cache, a
-/// check misses on one line of its shard, not on two.
-#[repr(align(128))]
-pub(super) struct Shard(pub(super) RwLock<ShardInner>);
+/// shard's lock. Whether there is a hot key comes first, then the lock's
+/// word and `ShardInner` right after it, so these and all a check of a short
+/// key reads before its entry (the short table's header, whether there are
+/// blocks) share one cache line: on many keys, where shards fall out of the
+/// first-level cache, a check misses on one line of its shard, not on two.
+#[repr(C, align(128))]
+pub(super) struct Shard {
+    /// `hash | 1` of the hot key, 0 when there is none.
+    pub(super) hot_hash: AtomicU64,
+    pub(super) lock: RwLock<ShardInner>,
+    /// The hot key, on lines of its own.
+    pub(super) hot: Hot,
+}
 
 /// A shard's table.
 pub(super) type Table<T> = HashTable<T>;
@@ -496,7 +504,18 @@ pub(super) struct ShardGuard<'a> {
     pub(super) held: &'a AtomicUsize,
 }
 
-impl ShardGuard<'_> {
+impl<'a> ShardGuard<'a> {
+    /// `shard` held exclusively (`inner`), its hot key cleared first, so
+    /// that every state is in the shard's tables while it is held.
+    pub(super) fn new(
+        shard: &Shard,
+        mut inner: RwLockWriteGuard<'a, ShardInner>,
+        held: &'a AtomicUsize,
+    ) -> Self {
+        shard.flush_hot(&mut inner);
+        ShardGuard { inner, held }
+    }
+
     /// Brings the store's count up to the shard's length now: keys added or
     /// removed since, and room reserved and not used, are settled.
     pub(super) fn settle(&mut self) {
@@ -553,10 +572,13 @@ mod tests {
 
     #[test]
     fn the_lock_word_shares_a_line_with_what_a_short_check_reads() {
-        let shard = Shard(RwLock::new(ShardInner::new(Default::default())));
+        let shard = Shard::new(Default::default());
         let start = std::ptr::from_ref(&shard) as usize;
         assert_eq!(start % 64, 0);
-        let inner = shard.0.read();
+        assert_eq!(std::ptr::from_ref(&shard.hot_hash) as usize, start);
+        let hot = std::ptr::from_ref(&shard.hot) as usize;
+        assert!(hot.is_multiple_of(64) && hot - start >= 64);
+        let inner = shard.lock.read();
         let end = std::ptr::from_ref(&inner.blocks) as usize + std::mem::size_of::<Blocks>();
         assert!(std::ptr::from_ref(&inner.short_words) as usize >= start);
         assert!(end - start <= 64, "{} bytes", end - start);
