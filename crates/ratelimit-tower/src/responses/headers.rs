@@ -209,15 +209,14 @@ fn policy_field(decisions: &Decisions) -> Option<HeaderValue> {
 }
 
 /// The `RateLimit-Policy` field of the first request a layer answered with
-/// one policy. The field depends on the policy alone, so for every later
-/// response of that policy (a static rule's every response) it is copied
-/// from the one written then instead of written again. Responses of other
-/// policies, or of several, are written as before.
+/// one policy. The field depends on the policy alone, so every later
+/// response of that policy (a static rule's every response) shares the one
+/// written then instead of writing, checking and allocating it again.
+/// Responses of other policies, or of several, are written as before.
 ///
-/// Each response gets a value of its own, a copy of the cached bytes: a
-/// value shared between responses would have its reference count written by
-/// every response on every thread, and two cores writing one count take
-/// turns holding its cache line.
+/// Sharing it writes its reference count from every core, as every request
+/// already writes its rule's policy's; a copy per response would cost an
+/// allocation and a byte-by-byte check of the value, on every response.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache(OnceLock<(Policy, HeaderValue)>);
 
@@ -235,9 +234,7 @@ impl PolicyFieldCache {
         // `Policy` equality compares the shared pointer first: one test when
         // it is the rule's own policy.
         match self.0.get() {
-            Some((policy, value)) if policy == only.policy() => {
-                HeaderValue::from_bytes(value.as_bytes()).ok()
-            }
+            Some((policy, value)) if policy == only.policy() => Some(value.clone()),
             Some(_) => policy_field(decisions),
             None => {
                 let value = policy_field(decisions)?;
@@ -437,13 +434,13 @@ mod tests {
         }
     }
 
-    /// A cached field is a copy for each response, never the cached value
-    /// itself, so responses share no reference count.
+    /// A cached field is shared by the responses of its policy: the bytes
+    /// written for the first one, not written again.
     #[test]
-    fn cached_policy_field_is_copied_per_response() {
+    fn cached_policy_field_is_shared_by_the_responses() {
         let policy = Policy::fixed_window(5, Duration::from_secs(10))
             .unwrap()
-            .with_name("copied")
+            .with_name("shared")
             .unwrap();
         let decisions = allowed(&[&policy]);
         let cache = PolicyFieldCache::default();
@@ -453,12 +450,20 @@ mod tests {
             cache.field(&decisions).unwrap(),
         );
         let (cached, _) = fields(&decisions, Some(&cache));
-        assert_eq!(first, r#""copied";q=5;w=10"#);
+        assert_eq!(first, r#""shared";q=5;w=10"#);
         assert_eq!((&second, &third), (&first, &first));
-        assert_eq!(cached, r#""copied";q=5;w=10"#);
+        assert_eq!(cached, r#""shared";q=5;w=10"#);
         let stored = cache.0.get().unwrap().1.as_bytes().as_ptr();
-        assert_ne!(second.as_bytes().as_ptr(), stored);
-        assert_ne!(third.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+        assert_eq!(second.as_bytes().as_ptr(), stored);
+        assert_eq!(third.as_bytes().as_ptr(), stored);
+        // Another policy's field is its own.
+        let other = Policy::fixed_window(5, Duration::from_secs(10))
+            .unwrap()
+            .with_name("other")
+            .unwrap();
+        let elsewhere = cache.field(&allowed(&[&other])).unwrap();
+        assert_eq!(elsewhere, r#""other";q=5;w=10"#);
+        assert_ne!(elsewhere.as_bytes().as_ptr(), stored);
     }
 
     /// A calendar period's `w` is the real length of the period in
