@@ -175,10 +175,13 @@ impl RateLimitHeaders {
                 Some(cache) => cache.field(decisions),
                 None => policy_field(decisions),
             };
-            fields.state = sf_list(decisions.iter(), |_, entry| {
-                [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
-            })
-            .ok();
+            fields.state = match decisions.as_slice() {
+                [only] => state_member(only),
+                _ => sf_list(decisions.iter(), |_, entry| {
+                    [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
+                })
+                .ok(),
+            };
         }
         // The tightest decision is looked for only when the legacy fields
         // are sent.
@@ -269,6 +272,42 @@ fn sf_list<'a>(
     write_members(&mut out, entries, &params);
     debug_assert_eq!(out.len(), len);
     HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
+}
+
+/// The longest `RateLimit` member [`state_member`] writes: the quotes and
+/// a name of 64 characters, `;r=`, `;t=` and two numbers of 20 digits.
+const MEMBER_LEN: usize = 2 + 64 + 2 * (3 + 20);
+
+/// The `RateLimit` field of one policy's decision (the common case: one
+/// rule), written on the stack and copied into the value's one allocation:
+/// no count of its length first, as [`sf_list`] makes for any number of
+/// members. A name too long for the buffer (none that a policy accepts) is
+/// written by [`sf_list`].
+fn state_member(entry: &PolicyDecision) -> Option<HeaderValue> {
+    let name = entry.policy().name().as_bytes();
+    if name.len() > 64 {
+        return sf_list(std::iter::once(entry), |_, entry| {
+            [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
+        })
+        .ok();
+    }
+    let mut out = [0u8; MEMBER_LEN];
+    let mut len = 0;
+    let mut digits = itoa::Buffer::new();
+    for part in [
+        &b"\""[..],
+        name,
+        b"\";r=",
+        digits.format(entry.decision().remaining()).as_bytes(),
+    ] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    for part in [&b";t="[..], digits.format(t_seconds(entry)).as_bytes()] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    HeaderValue::from_bytes(&out[..len]).ok()
 }
 
 /// How many decimal digits `n` is written with.
@@ -541,5 +580,14 @@ mod tests {
             state,
             format!("\"{}\";r=1;t=3, \"{}\";r=1;t=3", x.name(), y.name())
         );
+        // One member, as long as it gets: written on the stack.
+        let one = Decisions::new(vec![PolicyDecision::new(
+            x.clone(),
+            Decision::allow(u64::MAX, u64::MAX, u64::MAX),
+        )]);
+        let (_, state) = fields(&one, None);
+        let t = u64::MAX.div_ceil(1_000_000);
+        assert_eq!(state, format!("\"{}\";r={};t={t}", x.name(), u64::MAX));
+        assert_eq!(state.len(), MEMBER_LEN - 6);
     }
 }
