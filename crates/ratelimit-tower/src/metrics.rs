@@ -238,6 +238,7 @@ impl Recorder {
 
 /// Records one decision: counters and a `debug` event; `all_allowed`:
 /// whether every limit decided with it allowed (see [`outcome`]).
+#[inline]
 pub(crate) fn record_decision(
     recorder: &Recorder,
     policy: &Policy,

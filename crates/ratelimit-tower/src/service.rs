@@ -88,13 +88,14 @@ where
             recorder: config.recorder.clone(),
         };
         let outcome = match config.rules.limits_at_once(&req) {
-            Some(limits) => decide_at_once(
+            // Lent, not moved: the limits stay where they were made.
+            Some(mut limits) => decide_at_once(
                 &config.store,
                 config.mode,
                 config.near_limit,
                 &config.recorder,
                 settings,
-                limits,
+                &mut limits,
             ),
             None => Err(decide(settings(), config.rules.limits(&req))),
         };
