@@ -103,9 +103,25 @@ where
     /// The request, decided as `outcome` already: `service` (made ready) is
     /// called now if it is allowed.
     #[inline(always)]
-    pub(crate) fn decided(outcome: Outcome, service: &mut S, req: Req, reject: &J) -> Self {
-        ResponseFuture {
-            state: proceed(outcome, service, req, reject),
+    pub(crate) fn decided(outcome: Outcome, service: &mut S, mut req: Req, reject: &J) -> Self {
+        match outcome {
+            // The common case, built in place: the inner service's future
+            // is large (it holds the request until it is polled), and each
+            // move of it is a copy.
+            Outcome::Allowed(decisions, permit, None) => {
+                let after = After::Fields(reject.allowing(Some(&decisions), Token));
+                reject.annotate(&mut req, decisions);
+                ResponseFuture {
+                    state: State::Calling {
+                        after,
+                        future: service.call(req),
+                        permit,
+                    },
+                }
+            }
+            outcome => ResponseFuture {
+                state: proceed(outcome, service, req, reject),
+            },
         }
     }
 }
