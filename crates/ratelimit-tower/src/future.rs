@@ -220,26 +220,34 @@ where
                     let after = std::mem::replace(after, After::Taken);
                     // An error drops the permits here, and gives the
                     // reservation back as its rules say; a response carries
-                    // the permits.
-                    match (result, after) {
-                        (_, After::Taken) => panic!("ResponseFuture polled after completion"),
-                        (Err(error), _) => {
+                    // the permits. Matched on what follows first, without
+                    // pairing it with the result: a pair would be one more
+                    // copy of both.
+                    match after {
+                        After::Taken => panic!("ResponseFuture polled after completion"),
+                        After::Fields(allowing) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(J::error(error)));
-                        }
-                        (Ok(response), After::Fields(allowing)) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(J::allowed(allowing, response, permit)));
-                        }
-                        (Ok(response), After::Settle(mut reservation, reject)) => {
-                            let response = J::inspect(response, |head| reservation.inspect(head));
-                            this.state.set(State::Settling {
-                                reservation,
-                                reject,
-                                response: Some(response),
-                                permit,
+                            return Poll::Ready(match result {
+                                Ok(response) => Ok(J::allowed(allowing, response, permit)),
+                                Err(error) => Err(J::error(error)),
                             });
                         }
+                        After::Settle(mut reservation, reject) => match result {
+                            Err(error) => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Err(J::error(error)));
+                            }
+                            Ok(response) => {
+                                let response =
+                                    J::inspect(response, |head| reservation.inspect(head));
+                                this.state.set(State::Settling {
+                                    reservation,
+                                    reject,
+                                    response: Some(response),
+                                    permit,
+                                });
+                            }
+                        },
                     }
                 }
                 StateProj::Settling {
