@@ -103,24 +103,23 @@ where
     /// The request, decided as `outcome` already: `service` (made ready) is
     /// called now if it is allowed.
     #[inline(always)]
-    pub(crate) fn decided(outcome: Outcome, service: &mut S, mut req: Req, reject: &J) -> Self {
-        match outcome {
-            // The common case, built in place: the inner service's future
-            // is large (it holds the request until it is polled), and each
-            // move of it is a copy.
-            Outcome::Allowed(decisions, permit, None) => {
-                let after = After::Fields(reject.allowing(Some(&decisions), Token));
-                reject.annotate(&mut req, decisions);
-                ResponseFuture {
-                    state: State::Calling {
-                        after,
-                        future: service.call(req),
-                        permit,
-                    },
-                }
-            }
-            outcome => ResponseFuture {
-                state: proceed(outcome, service, req, reject),
+    pub(crate) fn decided(outcome: Outcome, service: &mut S, req: Req, reject: &J) -> Self {
+        ResponseFuture {
+            state: proceed(outcome, service, req, reject),
+        }
+    }
+
+    /// The inner service's `future` for a request allowed at once, without
+    /// a reservation, holding `permit`; its response takes `fields`. Built
+    /// in place: the inner future is large (it holds the request until it
+    /// is polled), and each move of it is a copy.
+    #[inline(always)]
+    pub(crate) fn calling(future: S::Future, permit: PermitGuard, fields: J::Allowed) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                permit,
+                after: After::Fields(fields),
             },
         }
     }
