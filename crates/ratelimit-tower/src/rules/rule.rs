@@ -65,6 +65,7 @@ impl Limit {
     }
 
     /// The policy, the key and the cost, taken apart.
+    #[inline]
     pub(crate) fn into_parts(self) -> (Policy, Key, u64) {
         (self.policy, self.key, self.cost)
     }
@@ -138,7 +139,10 @@ impl Limits {
     /// of `Limits::one(policy, api_key, 1)` is that of a [`HeaderKey`](crate::HeaderKey)
     /// reading the same value under `policy`.
     pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
-        Limits::none().with(policy, key, cost)
+        Limits {
+            first: Some(Limit::new(policy, key.into(), cost)),
+            ..Limits::default()
+        }
     }
 
     /// Refuses the request without asking the store
