@@ -59,18 +59,18 @@ pub(crate) fn decide_at_once<St>(
     near_limit: f64,
     recorder: &Recorder,
     settings: impl FnOnce() -> Settings<St>,
-    mut limits: Limits,
+    limits: &mut Limits,
 ) -> Result<Outcome, OutcomeFuture>
 where
     St: Store + Clone,
 {
     if !matches!(mode, Mode::Reject) {
-        return Err(decide(settings(), ready(limits)));
+        return Err(decide(settings(), ready(std::mem::take(limits))));
     }
     let limit = match limits.take_single() {
         Some(limit) if !limit.policy().is_shadow() => limit,
         Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
-        None => return Err(decide(settings(), ready(limits))),
+        None => return Err(decide(settings(), ready(std::mem::take(limits)))),
     };
     if let Some(error) = unsettleable(store, std::slice::from_ref(&limit)) {
         return Ok(refuse_unsettleable(&settings().stats, error));

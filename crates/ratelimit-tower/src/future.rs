@@ -108,6 +108,21 @@ where
             state: proceed(outcome, service, req, reject),
         }
     }
+
+    /// The inner service's `future` for a request allowed at once, without
+    /// a reservation, holding `permit`; its response takes `fields`. Built
+    /// in place: the inner future is large (it holds the request until it
+    /// is polled), and each move of it is a copy.
+    #[inline(always)]
+    pub(crate) fn calling(future: S::Future, permit: PermitGuard, fields: J::Allowed) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                permit,
+                after: After::Fields(fields),
+            },
+        }
+    }
 }
 
 /// The state of the response future of `S` and `J`.
@@ -204,26 +219,34 @@ where
                     let after = std::mem::replace(after, After::Taken);
                     // An error drops the permits here, and gives the
                     // reservation back as its rules say; a response carries
-                    // the permits.
-                    match (result, after) {
-                        (_, After::Taken) => panic!("ResponseFuture polled after completion"),
-                        (Err(error), _) => {
+                    // the permits. Matched on what follows first, without
+                    // pairing it with the result: a pair would be one more
+                    // copy of both.
+                    match after {
+                        After::Taken => panic!("ResponseFuture polled after completion"),
+                        After::Fields(allowing) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(J::error(error)));
-                        }
-                        (Ok(response), After::Fields(allowing)) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(J::allowed(allowing, response, permit)));
-                        }
-                        (Ok(response), After::Settle(mut reservation, reject)) => {
-                            let response = J::inspect(response, |head| reservation.inspect(head));
-                            this.state.set(State::Settling {
-                                reservation,
-                                reject,
-                                response: Some(response),
-                                permit,
+                            return Poll::Ready(match result {
+                                Ok(response) => Ok(J::allowed(allowing, response, permit)),
+                                Err(error) => Err(J::error(error)),
                             });
                         }
+                        After::Settle(mut reservation, reject) => match result {
+                            Err(error) => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Err(J::error(error)));
+                            }
+                            Ok(response) => {
+                                let response =
+                                    J::inspect(response, |head| reservation.inspect(head));
+                                this.state.set(State::Settling {
+                                    reservation,
+                                    reject,
+                                    response: Some(response),
+                                    permit,
+                                });
+                            }
+                        },
                     }
                 }
                 StateProj::Settling {

@@ -7,10 +7,11 @@ use ratelimit_core::Store;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::decide::{Settings, decide, decide_at_once};
+use crate::decide::{Outcome, Settings, decide, decide_at_once};
 use crate::future::ResponseFuture;
 use crate::layer::RateLimitLayer;
 use crate::responses::reject::Reject;
+use crate::responses::reject::sealed::Token;
 use crate::rules::rule::RuleProvider;
 
 /// Rate-limits requests before they reach the inner service. Built by
@@ -76,7 +77,7 @@ where
         self.inner.poll_ready(cx).map_err(J::error)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         let config = &*self.config;
         let settings = || Settings {
             stats: config.stats.clone(),
@@ -88,18 +89,26 @@ where
             recorder: config.recorder.clone(),
         };
         let outcome = match config.rules.limits_at_once(&req) {
-            Some(limits) => decide_at_once(
+            // Lent, not moved: the limits stay where they were made.
+            Some(mut limits) => decide_at_once(
                 &config.store,
                 config.mode,
                 config.near_limit,
                 &config.recorder,
                 settings,
-                limits,
+                &mut limits,
             ),
             None => Err(decide(settings(), config.rules.limits(&req))),
         };
         match outcome {
-            // Decided now: the inner service, made ready, is called now.
+            // Allowed now, the common case: the request, annotated here, goes
+            // to the inner service (made ready) without being moved first.
+            Ok(Outcome::Allowed(decisions, permit, None)) => {
+                let fields = config.reject.allowing(Some(&decisions), Token);
+                config.reject.annotate(&mut req, decisions);
+                ResponseFuture::calling(self.inner.call(req), permit, fields)
+            }
+            // Decided now otherwise: the inner service is called now if allowed.
             Ok(outcome) => ResponseFuture::decided(outcome, &mut self.inner, req, &config.reject),
             Err(outcome) => {
                 let clone = self.inner.clone();

@@ -86,6 +86,7 @@ impl Key {
     }
 
     /// The key's bytes: what the store is given.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         match &self.0 {
             Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],

@@ -60,10 +60,12 @@ impl Fields {
 /// response. The policy field goes into its vacant entry before the other
 /// field is looked at; if `headers` turns out to carry a `RateLimit` field,
 /// it is taken out again (the last entry, so the others keep their order)
-/// and the two are merged as if it had never been written.
+/// and the two are merged as if it had never been written. The names the
+/// entries take are made in place from constants: a clone of the statics
+/// would call `Bytes`' clone function for each.
 fn insert_ietf(headers: &mut HeaderMap, policy: Option<HeaderValue>, state: Option<HeaderValue>) {
     let wrote_policy = match policy {
-        Some(value) => match headers.entry(&RATELIMIT_POLICY) {
+        Some(value) => match headers.entry(const { HeaderName::from_static("ratelimit-policy") }) {
             Entry::Vacant(entry) => {
                 entry.insert(value);
                 true
@@ -76,7 +78,7 @@ fn insert_ietf(headers: &mut HeaderMap, policy: Option<HeaderValue>, state: Opti
         None => false,
     };
     let state = match state {
-        Some(value) => match headers.entry(&RATELIMIT) {
+        Some(value) => match headers.entry(const { HeaderName::from_static("ratelimit") }) {
             Entry::Vacant(entry) => {
                 entry.insert(value);
                 return;

@@ -175,10 +175,13 @@ impl RateLimitHeaders {
                 Some(cache) => cache.field(decisions),
                 None => policy_field(decisions),
             };
-            fields.state = sf_list(decisions.iter(), |_, entry| {
-                [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
-            })
-            .ok();
+            fields.state = match decisions.as_slice() {
+                [only] => state_member(only),
+                _ => sf_list(decisions.iter(), |_, entry| {
+                    [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
+                })
+                .ok(),
+            };
         }
         // The tightest decision is looked for only when the legacy fields
         // are sent.
@@ -209,15 +212,14 @@ fn policy_field(decisions: &Decisions) -> Option<HeaderValue> {
 }
 
 /// The `RateLimit-Policy` field of the first request a layer answered with
-/// one policy. The field depends on the policy alone, so for every later
-/// response of that policy (a static rule's every response) it is copied
-/// from the one written then instead of written again. Responses of other
-/// policies, or of several, are written as before.
+/// one policy. The field depends on the policy alone, so every later
+/// response of that policy (a static rule's every response) shares the one
+/// written then instead of writing, checking and allocating it again.
+/// Responses of other policies, or of several, are written as before.
 ///
-/// Each response gets a value of its own, a copy of the cached bytes: a
-/// value shared between responses would have its reference count written by
-/// every response on every thread, and two cores writing one count take
-/// turns holding its cache line.
+/// Sharing it writes its reference count from every core, as every request
+/// already writes its rule's policy's; a copy per response would cost an
+/// allocation and a byte-by-byte check of the value, on every response.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache(OnceLock<(Policy, HeaderValue)>);
 
@@ -235,9 +237,7 @@ impl PolicyFieldCache {
         // `Policy` equality compares the shared pointer first: one test when
         // it is the rule's own policy.
         match self.0.get() {
-            Some((policy, value)) if policy == only.policy() => {
-                HeaderValue::from_bytes(value.as_bytes()).ok()
-            }
+            Some((policy, value)) if policy == only.policy() => Some(value.clone()),
             Some(_) => policy_field(decisions),
             None => {
                 let value = policy_field(decisions)?;
@@ -272,6 +272,42 @@ fn sf_list<'a>(
     write_members(&mut out, entries, &params);
     debug_assert_eq!(out.len(), len);
     HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
+}
+
+/// The longest `RateLimit` member [`state_member`] writes: the quotes and
+/// a name of 64 characters, `;r=`, `;t=` and two numbers of 20 digits.
+const MEMBER_LEN: usize = 2 + 64 + 2 * (3 + 20);
+
+/// The `RateLimit` field of one policy's decision (the common case: one
+/// rule), written on the stack and copied into the value's one allocation:
+/// no count of its length first, as [`sf_list`] makes for any number of
+/// members. A name too long for the buffer (none that a policy accepts) is
+/// written by [`sf_list`].
+fn state_member(entry: &PolicyDecision) -> Option<HeaderValue> {
+    let name = entry.policy().name().as_bytes();
+    if name.len() > 64 {
+        return sf_list(std::iter::once(entry), |_, entry| {
+            [("r", entry.decision().remaining()), ("t", t_seconds(entry))]
+        })
+        .ok();
+    }
+    let mut out = [0u8; MEMBER_LEN];
+    let mut len = 0;
+    let mut digits = itoa::Buffer::new();
+    for part in [
+        &b"\""[..],
+        name,
+        b"\";r=",
+        digits.format(entry.decision().remaining()).as_bytes(),
+    ] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    for part in [&b";t="[..], digits.format(t_seconds(entry)).as_bytes()] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    HeaderValue::from_bytes(&out[..len]).ok()
 }
 
 /// How many decimal digits `n` is written with.
@@ -437,13 +473,13 @@ mod tests {
         }
     }
 
-    /// A cached field is a copy for each response, never the cached value
-    /// itself, so responses share no reference count.
+    /// A cached field is shared by the responses of its policy: the bytes
+    /// written for the first one, not written again.
     #[test]
-    fn cached_policy_field_is_copied_per_response() {
+    fn cached_policy_field_is_shared_by_the_responses() {
         let policy = Policy::fixed_window(5, Duration::from_secs(10))
             .unwrap()
-            .with_name("copied")
+            .with_name("shared")
             .unwrap();
         let decisions = allowed(&[&policy]);
         let cache = PolicyFieldCache::default();
@@ -453,12 +489,20 @@ mod tests {
             cache.field(&decisions).unwrap(),
         );
         let (cached, _) = fields(&decisions, Some(&cache));
-        assert_eq!(first, r#""copied";q=5;w=10"#);
+        assert_eq!(first, r#""shared";q=5;w=10"#);
         assert_eq!((&second, &third), (&first, &first));
-        assert_eq!(cached, r#""copied";q=5;w=10"#);
+        assert_eq!(cached, r#""shared";q=5;w=10"#);
         let stored = cache.0.get().unwrap().1.as_bytes().as_ptr();
-        assert_ne!(second.as_bytes().as_ptr(), stored);
-        assert_ne!(third.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+        assert_eq!(second.as_bytes().as_ptr(), stored);
+        assert_eq!(third.as_bytes().as_ptr(), stored);
+        // Another policy's field is its own.
+        let other = Policy::fixed_window(5, Duration::from_secs(10))
+            .unwrap()
+            .with_name("other")
+            .unwrap();
+        let elsewhere = cache.field(&allowed(&[&other])).unwrap();
+        assert_eq!(elsewhere, r#""other";q=5;w=10"#);
+        assert_ne!(elsewhere.as_bytes().as_ptr(), stored);
     }
 
     /// A calendar period's `w` is the real length of the period in
@@ -536,5 +580,14 @@ mod tests {
             state,
             format!("\"{}\";r=1;t=3, \"{}\";r=1;t=3", x.name(), y.name())
         );
+        // One member, as long as it gets: written on the stack.
+        let one = Decisions::new(vec![PolicyDecision::new(
+            x.clone(),
+            Decision::allow(u64::MAX, u64::MAX, u64::MAX),
+        )]);
+        let (_, state) = fields(&one, None);
+        let t = u64::MAX.div_ceil(1_000_000);
+        assert_eq!(state, format!("\"{}\";r={};t={t}", x.name(), u64::MAX));
+        assert_eq!(state.len(), MEMBER_LEN - 6);
     }
 }

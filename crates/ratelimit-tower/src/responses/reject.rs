@@ -252,10 +252,15 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
         req.extensions_mut().insert(decisions);
     }
 
-    fn allowed(fields: Fields, response: Response<ResB>, permit: PermitGuard) -> Self::Response {
-        let mut response = response.map(|body| ResponseBody::with_permit(body, permit));
+    fn allowed(
+        fields: Fields,
+        mut response: Response<ResB>,
+        permit: PermitGuard,
+    ) -> Self::Response {
+        // The fields go into the inner service's response before it is
+        // rebuilt around the wrapped body, the larger value to move.
         fields.insert_into(response.headers_mut());
-        response
+        response.map(|body| ResponseBody::with_permit(body, permit))
     }
 
     fn inspect(

@@ -65,6 +65,7 @@ impl Limit {
     }
 
     /// The policy, the key and the cost, taken apart.
+    #[inline]
     pub(crate) fn into_parts(self) -> (Policy, Key, u64) {
         (self.policy, self.key, self.cost)
     }
@@ -110,11 +111,20 @@ pub(crate) struct Missed {
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     // The first limit apart, so the common case (one limit) allocates
-    // nothing; `more` holds the others, and is empty while `first` is `None`.
+    // nothing; `rest` holds the others and the rules without a key, boxed
+    // and absent while there are none, so the limits of a request (made,
+    // moved and dropped on every request) are small enough to move without
+    // a call to `memcpy`. No other limit while `first` is `None`.
     first: Option<Limit>,
-    more: Vec<Limit>,
+    rest: Option<Box<Rest>>,
     reject: bool,
     no_peer: bool,
+}
+
+/// The limits after the first, and the rules that found no key.
+#[derive(Debug, Clone, Default)]
+struct Rest {
+    more: Vec<Limit>,
     missed: Vec<Missed>,
 }
 
@@ -129,7 +139,10 @@ impl Limits {
     /// of `Limits::one(policy, api_key, 1)` is that of a [`HeaderKey`](crate::HeaderKey)
     /// reading the same value under `policy`.
     pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
-        Limits::none().with(policy, key, cost)
+        Limits {
+            first: Some(Limit::new(policy, key.into(), cost)),
+            ..Limits::default()
+        }
     }
 
     /// Refuses the request without asking the store
@@ -156,14 +169,16 @@ impl Limits {
     pub(crate) fn missed(policy: &Policy, cause: NoKey, action: MissingKey) -> Self {
         Limits {
             first: None,
-            more: Vec::new(),
+            rest: Some(Box::new(Rest {
+                more: Vec::new(),
+                missed: vec![Missed {
+                    policy: policy.clone(),
+                    cause,
+                    action,
+                }],
+            })),
             reject: cause != NoKey::NoPeerAddress && action == MissingKey::Reject,
             no_peer: cause == NoKey::NoPeerAddress,
-            missed: vec![Missed {
-                policy: policy.clone(),
-                cause,
-                action,
-            }],
         }
     }
 
@@ -227,29 +242,44 @@ impl Limits {
         if self.first.is_none() {
             self.first = Some(limit);
         } else {
-            self.more.push(limit);
+            self.rest.get_or_insert_default().more.push(limit);
         }
     }
 
     /// Adds every limit of `other` (and its refusal, if any).
     pub fn extend(&mut self, other: Limits) {
+        let (more, missed) = other
+            .rest
+            .map_or_else(Default::default, |rest| (rest.more, rest.missed));
         if self.first.is_none() {
+            // No limit here: `other`'s, in order, with the rules without a
+            // key of both.
             self.first = other.first;
-            self.more = other.more;
-        } else {
-            self.more.extend(other.first);
-            self.more.extend(other.more);
+            if !more.is_empty() || !missed.is_empty() {
+                let rest = self.rest.get_or_insert_default();
+                rest.more = more;
+                rest.missed.extend(missed);
+            }
+        } else if other.first.is_some() || !more.is_empty() || !missed.is_empty() {
+            let rest = self.rest.get_or_insert_default();
+            rest.more.extend(other.first);
+            rest.more.extend(more);
+            rest.missed.extend(missed);
         }
         self.reject |= other.reject;
         self.no_peer |= other.no_peer;
-        self.missed.extend(other.missed);
+    }
+
+    /// The limits after the first.
+    fn more(&self) -> &[Limit] {
+        self.rest.as_ref().map_or(&[], |rest| &rest.more)
     }
 
     /// The limits, as (policy, key, cost), in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = (&Policy, &Key, u64)> {
         self.first
             .iter()
-            .chain(&self.more)
+            .chain(self.more())
             .map(|l| (l.policy(), l.key(), l.cost()))
     }
 
@@ -265,12 +295,12 @@ impl Limits {
     }
 
     pub(crate) fn missed_rules(&self) -> &[Missed] {
-        &self.missed
+        self.rest.as_ref().map_or(&[], |rest| &rest.missed)
     }
 
     /// The number of limits to check.
     pub fn len(&self) -> usize {
-        usize::from(self.first.is_some()) + self.more.len()
+        usize::from(self.first.is_some()) + self.more().len()
     }
 
     /// Whether there is no limit to check.
@@ -281,7 +311,7 @@ impl Limits {
     pub(crate) fn into_vec(self) -> Vec<Limit> {
         let mut limits = Vec::with_capacity(self.len());
         limits.extend(self.first);
-        limits.extend(self.more);
+        limits.extend(self.rest.map(|rest| rest.more).unwrap_or_default());
         limits
     }
 
@@ -289,7 +319,11 @@ impl Limits {
     /// else to do (no refusal, no rule without a key); else leaves these
     /// limits as they are.
     pub(crate) fn take_single(&mut self) -> Option<Limit> {
-        if self.more.is_empty() && self.missed.is_empty() && !self.reject && !self.no_peer {
+        let alone = self
+            .rest
+            .as_ref()
+            .is_none_or(|rest| rest.more.is_empty() && rest.missed.is_empty());
+        if alone && !self.reject && !self.no_peer {
             self.first.take()
         } else {
             None
