@@ -46,6 +46,7 @@
 //! `unclaimed`), which the cluster client's `first` connection keeps.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -68,9 +69,27 @@ use super::{Arg, RedisStore, breaks_connection, single_args};
 use crate::StoreError;
 
 /// The slot map of one connection of the cluster client, as redis-rs last
-/// read it (`None` before it first did).
+/// read it, with each slot's lane found from it.
 #[derive(Default)]
-pub(super) struct SlotMap(RwLock<Option<ClusterTopology>>);
+pub(super) struct SlotMap(RwLock<Mapped>);
+
+#[derive(Default)]
+struct Mapped {
+    /// `None` before redis-rs first read the map.
+    topology: Option<ClusterTopology>,
+    /// Each slot's lane ([`UNSERVED`] where none is known), found once per
+    /// topology and list of masters instead of once per request: empty
+    /// until the first request after the topology changed.
+    lanes: Vec<u16>,
+    /// [`Masters::changes`] when `lanes` were found.
+    changes: u64,
+}
+
+/// A slot no master serves (or none the store could add) in a [`Mapped`]'s lanes.
+const UNSERVED: u16 = u16::MAX;
+
+/// The number of hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
 
 /// Gives each connection the `first` cluster client opens a [`SlotMap`] of
 /// its own, and keeps the one given last until the store takes it with
@@ -105,7 +124,9 @@ struct Watcher(Arc<SlotMap>);
 
 impl ReadRoutingStrategy for Watcher {
     fn on_topology_changed(&self, topology: ClusterTopology) {
-        *self.0.0.write() = Some(topology);
+        let mut mapped = self.0.0.write();
+        mapped.topology = Some(topology);
+        mapped.lanes = Vec::new();
     }
 
     fn route_read<'a>(&self, candidates: &ReadCandidates<'a>) -> &'a NodeAddress {
@@ -129,6 +150,9 @@ pub(super) struct Masters {
     /// An entry whose address no longer leads a shard is given to the next
     /// new master, so the list stays as long as the cluster is wide.
     known: RwLock<Vec<Master>>,
+    /// How many times `known` changed: a slot map's lanes found before the
+    /// last change are found again.
+    changes: AtomicU64,
 }
 
 struct Master {
@@ -152,16 +176,54 @@ impl Masters {
             connect_timeout,
             pool_size,
             known: RwLock::new(Vec::new()),
+            changes: AtomicU64::new(0),
         }
     }
 
     /// The lane of the master that serves `slot` in `map`, if it names one
     /// (a new master is added).
     pub(super) fn lane_of(&self, map: &SlotMap, slot: u16) -> Option<u16> {
-        let map = map.0.read();
-        let topology = map.as_ref()?;
-        let primary = topology.shard_for_slot(slot)?.primary();
-        self.lane_of_primary(topology, primary)
+        let changes = self.changes.load(Ordering::Acquire);
+        {
+            let mapped = map.0.read();
+            mapped.topology.as_ref()?;
+            if mapped.changes == changes
+                && let Some(&lane) = mapped.lanes.get(usize::from(slot))
+            {
+                return (lane != UNSERVED).then_some(lane);
+            }
+        }
+        let mut mapped = map.0.write();
+        // Found meanwhile by another request.
+        let changes = self.changes.load(Ordering::Acquire);
+        if mapped.changes == changes
+            && let Some(&lane) = mapped.lanes.get(usize::from(slot))
+        {
+            return (lane != UNSERVED).then_some(lane);
+        }
+        let Mapped {
+            topology, lanes, ..
+        } = &mut *mapped;
+        let topology = topology.as_ref()?;
+        let mut found = vec![UNSERVED; SLOTS];
+        for shard in topology.shards() {
+            let lane = self.lane_of_primary(topology, shard.primary());
+            for &(start, end) in shard.slot_ranges() {
+                let range = usize::from(start)..=usize::from(end).min(SLOTS - 1);
+                if let Some(slots) = found.get_mut(range) {
+                    slots.fill(lane.unwrap_or(UNSERVED));
+                }
+            }
+        }
+        *lanes = found;
+        // As read before finding them: a change made meanwhile (a master
+        // added here, or by another slot map) finds them again.
+        mapped.changes = changes;
+        mapped
+            .lanes
+            .get(usize::from(slot))
+            .copied()
+            .filter(|&lane| lane != UNSERVED)
     }
 
     /// The lane of `primary`, a master of `topology` (added if new).
@@ -184,7 +246,7 @@ impl Masters {
     pub(super) async fn open_all(&self, map: &SlotMap, timeout: Duration) {
         let masters: Vec<Arc<Connections>> = {
             let map = map.0.read();
-            let Some(topology) = map.as_ref() else {
+            let Some(topology) = map.topology.as_ref() else {
                 return;
             };
             topology
@@ -241,7 +303,7 @@ impl Masters {
         let gone = known
             .iter()
             .position(|m| topology.shards().all(|shard| *shard.primary() != m.address));
-        Some(match gone {
+        let index = match gone {
             Some(index) => {
                 known[index] = master;
                 index
@@ -250,7 +312,9 @@ impl Masters {
                 known.push(master);
                 known.len() - 1
             }
-        })
+        };
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        Some(index)
     }
 
     /// A client of the node at `address`, with the seed's settings.
