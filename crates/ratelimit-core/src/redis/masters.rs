@@ -65,7 +65,9 @@ use super::connections::Connections;
 use super::functions::names_no_function;
 use super::scripts::{Library, StateKeys, invocation};
 use super::unclaimed::SentOn;
-use super::{Arg, RedisStore, breaks_connection, single_args};
+use super::{
+    Arg, RedisStore, breaks_connection, decision_of, packed_fields, parameters, single_args,
+};
 use crate::StoreError;
 
 /// The slot map of one connection of the cluster client, as redis-rs last
@@ -356,11 +358,13 @@ impl RedisStore {
         // of its own per slot.
         batch.sort_by_key(|item| item.slot);
         let now = self.fixed_now();
-        let mut calls: SmallVec<[usize; 32]> = SmallVec::new();
+        // Each call's requests, and whether its reply comes packed.
+        let mut calls: SmallVec<[(usize, bool); 32]> = SmallVec::new();
         let mut pipeline = redis::Pipeline::with_capacity(batch.len());
         for items in batch.chunk_by(|a, b| a.slot == b.slot) {
-            calls.push(items.len());
-            pipeline.add_command(self.slot_call(items, now));
+            let (call, packed) = self.slot_call(items, now);
+            calls.push((items.len(), packed));
+            pipeline.add_command(call);
         }
         let slot = connections.next_slot();
         let Some((id, mut link)) = connections.current(slot) else {
@@ -419,7 +423,7 @@ impl RedisStore {
         let mut outcomes: Vec<Option<Result<Decided, StoreError>>> =
             Vec::with_capacity(batch.len());
         let (mut start, mut missing) = (0, false);
-        for (&count, value) in calls.iter().zip(values) {
+        for (&(count, packed), value) in calls.iter().zip(values) {
             let items = &batch[start..start + count];
             start += count;
             if let Value::ServerError(error) = value {
@@ -427,7 +431,11 @@ impl RedisStore {
                 outcomes.extend(std::iter::repeat_with(|| None).take(count));
                 continue;
             }
-            match batch_results(items, &value) {
+            let results = match (&value, items) {
+                (Value::BulkString(bytes), [item]) if packed => packed_result(item, bytes),
+                _ => batch_results(items, &value),
+            };
+            match results {
                 Ok(results) => outcomes.extend(results.into_iter().map(Some)),
                 Err(wrong) => {
                     // A reply that does not decode is a bug, never an outage.
@@ -457,11 +465,12 @@ impl RedisStore {
         }
     }
 
-    /// The call of one slot's `items`: a request of one check as it would go
-    /// alone (its algorithm's function, or script), any other as a batch.
-    /// Either reply reads as a batch's (`batch.lua`): four integers per
+    /// The call of one slot's `items`, and whether its reply comes packed: a
+    /// request of one check as it would go alone (its algorithm's function,
+    /// its reply packed, or script), any other as a batch. Every reply but
+    /// a packed one reads as a batch's (`batch.lua`): four integers per
     /// check.
-    fn slot_call(&self, items: &[Item], now: u64) -> redis::Cmd {
+    fn slot_call(&self, items: &[Item], now: u64) -> (redis::Cmd, bool) {
         let functions = self.inner.uses_functions();
         let library = Library::get();
         if let [item] = items
@@ -471,21 +480,42 @@ impl RedisStore {
             let (args, sent) = single_args(algorithm, *cost, *permit, now);
             let args: &[Arg<'_>] = &args[..sent];
             return if functions {
-                invocation("FCALL", library.function(algorithm), &item.keys[..], args)
+                let name = library.packed(algorithm);
+                (invocation("FCALL", name, &item.keys[..], args), true)
             } else {
                 let (script, _) = self.inner.scripts.single(algorithm);
-                invocation("EVALSHA", script.get_hash(), &item.keys[..], args)
+                let call = invocation("EVALSHA", script.get_hash(), &item.keys[..], args);
+                (call, false)
             };
         }
         let args = batch_args(items, now);
         let keys = StateKeys(items.iter().flat_map(|item| item.keys.iter()));
-        if functions {
+        let call = if functions {
             invocation("FCALL", library.batch(), &keys, &args)
         } else {
             let (script, _) = self.inner.scripts.batch();
             invocation("EVALSHA", script.get_hash(), &keys, &args)
-        }
+        };
+        (call, false)
     }
+}
+
+/// The decision of `item`, a request of one check, from its call's packed
+/// reply (see `single.lua`), as [`batch_results`] gives it.
+fn packed_result(
+    item: &Item,
+    bytes: &[u8],
+) -> Result<SmallVec<[Result<Decided, StoreError>; 1]>, String> {
+    let [(policy, cost, permit)] = item.requests.as_slice() else {
+        return Err(format!(
+            "a packed reply for a request of {} checks",
+            item.requests.len()
+        ));
+    };
+    let [allowed, remaining, reset, wait] = packed_fields(bytes)?;
+    let limit = parameters(policy.algorithm()).0;
+    let decision = decision_of(allowed == 1, limit, remaining, reset, wait, *permit, *cost);
+    Ok(smallvec::smallvec![Ok(smallvec::smallvec![decision])])
 }
 
 /// Answers every request of `batch` with `error`.
