@@ -840,7 +840,9 @@ impl RedisStore {
             // the batch ran, it counts twice, which errs towards denying.
             Ok(Err(_)) => {
                 let (keys, requests) = again;
-                let decided = self.decide_again(keys, requests);
+                // Boxed: rare, and large; inline, every request's future
+                // would be that large, allocated and copied.
+                let decided = Box::pin(self.decide_again(keys, requests));
                 match tokio::time::timeout_at(deadline, decided).await {
                     Ok(result) => result,
                     Err(_) => Err(StoreError::Timeout(call_timeout)),
