@@ -46,6 +46,7 @@
 //! `unclaimed`), which the cluster client's `first` connection keeps.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -64,13 +65,33 @@ use super::connections::Connections;
 use super::functions::names_no_function;
 use super::scripts::{Library, StateKeys, invocation};
 use super::unclaimed::SentOn;
-use super::{Arg, RedisStore, breaks_connection, single_args};
+use super::{
+    Arg, RedisStore, breaks_connection, decision_of, packed_fields, parameters, single_args,
+};
 use crate::StoreError;
 
 /// The slot map of one connection of the cluster client, as redis-rs last
-/// read it (`None` before it first did).
+/// read it, with each slot's lane found from it.
 #[derive(Default)]
-pub(super) struct SlotMap(RwLock<Option<ClusterTopology>>);
+pub(super) struct SlotMap(RwLock<Mapped>);
+
+#[derive(Default)]
+struct Mapped {
+    /// `None` before redis-rs first read the map.
+    topology: Option<ClusterTopology>,
+    /// Each slot's lane ([`UNSERVED`] where none is known), found once per
+    /// topology and list of masters instead of once per request: empty
+    /// until the first request after the topology changed.
+    lanes: Vec<u16>,
+    /// [`Masters::changes`] when `lanes` were found.
+    changes: u64,
+}
+
+/// A slot no master serves (or none the store could add) in a [`Mapped`]'s lanes.
+const UNSERVED: u16 = u16::MAX;
+
+/// The number of hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
 
 /// Gives each connection the `first` cluster client opens a [`SlotMap`] of
 /// its own, and keeps the one given last until the store takes it with
@@ -105,7 +126,9 @@ struct Watcher(Arc<SlotMap>);
 
 impl ReadRoutingStrategy for Watcher {
     fn on_topology_changed(&self, topology: ClusterTopology) {
-        *self.0.0.write() = Some(topology);
+        let mut mapped = self.0.0.write();
+        mapped.topology = Some(topology);
+        mapped.lanes = Vec::new();
     }
 
     fn route_read<'a>(&self, candidates: &ReadCandidates<'a>) -> &'a NodeAddress {
@@ -129,6 +152,9 @@ pub(super) struct Masters {
     /// An entry whose address no longer leads a shard is given to the next
     /// new master, so the list stays as long as the cluster is wide.
     known: RwLock<Vec<Master>>,
+    /// How many times `known` changed: a slot map's lanes found before the
+    /// last change are found again.
+    changes: AtomicU64,
 }
 
 struct Master {
@@ -152,16 +178,54 @@ impl Masters {
             connect_timeout,
             pool_size,
             known: RwLock::new(Vec::new()),
+            changes: AtomicU64::new(0),
         }
     }
 
     /// The lane of the master that serves `slot` in `map`, if it names one
     /// (a new master is added).
     pub(super) fn lane_of(&self, map: &SlotMap, slot: u16) -> Option<u16> {
-        let map = map.0.read();
-        let topology = map.as_ref()?;
-        let primary = topology.shard_for_slot(slot)?.primary();
-        self.lane_of_primary(topology, primary)
+        let changes = self.changes.load(Ordering::Acquire);
+        {
+            let mapped = map.0.read();
+            mapped.topology.as_ref()?;
+            if mapped.changes == changes
+                && let Some(&lane) = mapped.lanes.get(usize::from(slot))
+            {
+                return (lane != UNSERVED).then_some(lane);
+            }
+        }
+        let mut mapped = map.0.write();
+        // Found meanwhile by another request.
+        let changes = self.changes.load(Ordering::Acquire);
+        if mapped.changes == changes
+            && let Some(&lane) = mapped.lanes.get(usize::from(slot))
+        {
+            return (lane != UNSERVED).then_some(lane);
+        }
+        let Mapped {
+            topology, lanes, ..
+        } = &mut *mapped;
+        let topology = topology.as_ref()?;
+        let mut found = vec![UNSERVED; SLOTS];
+        for shard in topology.shards() {
+            let lane = self.lane_of_primary(topology, shard.primary());
+            for &(start, end) in shard.slot_ranges() {
+                let range = usize::from(start)..=usize::from(end).min(SLOTS - 1);
+                if let Some(slots) = found.get_mut(range) {
+                    slots.fill(lane.unwrap_or(UNSERVED));
+                }
+            }
+        }
+        *lanes = found;
+        // As read before finding them: a change made meanwhile (a master
+        // added here, or by another slot map) finds them again.
+        mapped.changes = changes;
+        mapped
+            .lanes
+            .get(usize::from(slot))
+            .copied()
+            .filter(|&lane| lane != UNSERVED)
     }
 
     /// The lane of `primary`, a master of `topology` (added if new).
@@ -184,7 +248,7 @@ impl Masters {
     pub(super) async fn open_all(&self, map: &SlotMap, timeout: Duration) {
         let masters: Vec<Arc<Connections>> = {
             let map = map.0.read();
-            let Some(topology) = map.as_ref() else {
+            let Some(topology) = map.topology.as_ref() else {
                 return;
             };
             topology
@@ -241,7 +305,7 @@ impl Masters {
         let gone = known
             .iter()
             .position(|m| topology.shards().all(|shard| *shard.primary() != m.address));
-        Some(match gone {
+        let index = match gone {
             Some(index) => {
                 known[index] = master;
                 index
@@ -250,7 +314,9 @@ impl Masters {
                 known.push(master);
                 known.len() - 1
             }
-        })
+        };
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        Some(index)
     }
 
     /// A client of the node at `address`, with the seed's settings.
@@ -292,11 +358,13 @@ impl RedisStore {
         // of its own per slot.
         batch.sort_by_key(|item| item.slot);
         let now = self.fixed_now();
-        let mut calls: SmallVec<[usize; 32]> = SmallVec::new();
+        // Each call's requests, and whether its reply comes packed.
+        let mut calls: SmallVec<[(usize, bool); 32]> = SmallVec::new();
         let mut pipeline = redis::Pipeline::with_capacity(batch.len());
         for items in batch.chunk_by(|a, b| a.slot == b.slot) {
-            calls.push(items.len());
-            pipeline.add_command(self.slot_call(items, now));
+            let (call, packed) = self.slot_call(items, now);
+            calls.push((items.len(), packed));
+            pipeline.add_command(call);
         }
         let slot = connections.next_slot();
         let Some((id, mut link)) = connections.current(slot) else {
@@ -355,7 +423,7 @@ impl RedisStore {
         let mut outcomes: Vec<Option<Result<Decided, StoreError>>> =
             Vec::with_capacity(batch.len());
         let (mut start, mut missing) = (0, false);
-        for (&count, value) in calls.iter().zip(values) {
+        for (&(count, packed), value) in calls.iter().zip(values) {
             let items = &batch[start..start + count];
             start += count;
             if let Value::ServerError(error) = value {
@@ -363,7 +431,11 @@ impl RedisStore {
                 outcomes.extend(std::iter::repeat_with(|| None).take(count));
                 continue;
             }
-            match batch_results(items, &value) {
+            let results = match (&value, items) {
+                (Value::BulkString(bytes), [item]) if packed => packed_result(item, bytes),
+                _ => batch_results(items, &value),
+            };
+            match results {
                 Ok(results) => outcomes.extend(results.into_iter().map(Some)),
                 Err(wrong) => {
                     // A reply that does not decode is a bug, never an outage.
@@ -393,11 +465,12 @@ impl RedisStore {
         }
     }
 
-    /// The call of one slot's `items`: a request of one check as it would go
-    /// alone (its algorithm's function, or script), any other as a batch.
-    /// Either reply reads as a batch's (`batch.lua`): four integers per
+    /// The call of one slot's `items`, and whether its reply comes packed: a
+    /// request of one check as it would go alone (its algorithm's function,
+    /// its reply packed, or script), any other as a batch. Every reply but
+    /// a packed one reads as a batch's (`batch.lua`): four integers per
     /// check.
-    fn slot_call(&self, items: &[Item], now: u64) -> redis::Cmd {
+    fn slot_call(&self, items: &[Item], now: u64) -> (redis::Cmd, bool) {
         let functions = self.inner.uses_functions();
         let library = Library::get();
         if let [item] = items
@@ -407,21 +480,42 @@ impl RedisStore {
             let (args, sent) = single_args(algorithm, *cost, *permit, now);
             let args: &[Arg<'_>] = &args[..sent];
             return if functions {
-                invocation("FCALL", library.function(algorithm), &item.keys[..], args)
+                let name = library.packed(algorithm);
+                (invocation("FCALL", name, &item.keys[..], args), true)
             } else {
                 let (script, _) = self.inner.scripts.single(algorithm);
-                invocation("EVALSHA", script.get_hash(), &item.keys[..], args)
+                let call = invocation("EVALSHA", script.get_hash(), &item.keys[..], args);
+                (call, false)
             };
         }
         let args = batch_args(items, now);
         let keys = StateKeys(items.iter().flat_map(|item| item.keys.iter()));
-        if functions {
+        let call = if functions {
             invocation("FCALL", library.batch(), &keys, &args)
         } else {
             let (script, _) = self.inner.scripts.batch();
             invocation("EVALSHA", script.get_hash(), &keys, &args)
-        }
+        };
+        (call, false)
     }
+}
+
+/// The decision of `item`, a request of one check, from its call's packed
+/// reply (see `single.lua`), as [`batch_results`] gives it.
+fn packed_result(
+    item: &Item,
+    bytes: &[u8],
+) -> Result<SmallVec<[Result<Decided, StoreError>; 1]>, String> {
+    let [(policy, cost, permit)] = item.requests.as_slice() else {
+        return Err(format!(
+            "a packed reply for a request of {} checks",
+            item.requests.len()
+        ));
+    };
+    let [allowed, remaining, reset, wait] = packed_fields(bytes)?;
+    let limit = parameters(policy.algorithm()).0;
+    let decision = decision_of(allowed == 1, limit, remaining, reset, wait, *permit, *cost);
+    Ok(smallvec::smallvec![Ok(smallvec::smallvec![decision])])
 }
 
 /// Answers every request of `batch` with `error`.

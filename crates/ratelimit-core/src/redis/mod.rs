@@ -840,7 +840,9 @@ impl RedisStore {
             // the batch ran, it counts twice, which errs towards denying.
             Ok(Err(_)) => {
                 let (keys, requests) = again;
-                let decided = self.decide_again(keys, requests);
+                // Boxed: rare, and large; inline, every request's future
+                // would be that large, allocated and copied.
+                let decided = Box::pin(self.decide_again(keys, requests));
                 match tokio::time::timeout_at(deadline, decided).await {
                     Ok(result) => result,
                     Err(_) => Err(StoreError::Timeout(call_timeout)),
@@ -1005,24 +1007,39 @@ fn single_args(
     (all, sent)
 }
 
-/// The number of redis-rs's `slot` (0 to 16,383), which redis-rs 1.8 shows
-/// only as `Slot(<number>)`; `None` if it ever shows it otherwise (then
-/// the slots keep the order the checks name them in, and a cluster's
-/// requests go without coalescing). Written on the stack: every request of
-/// a cluster asks it.
+/// The number of redis-rs's `slot` (0 to 16,383), which redis-rs 1.8 does
+/// not give but feeds to a hasher, as its one `u16`; checked against
+/// `Slot::new`, and `None` if redis-rs ever hashes it otherwise (then the
+/// slots keep the order the checks name them in, and a cluster's requests
+/// go without coalescing). Read so, not from its `Debug` text: every
+/// request of a cluster asks it.
 #[cfg(feature = "redis-cluster")]
 fn slot_number(slot: Slot) -> Option<u16> {
-    use std::io::Write;
-    let mut text = [0u8; 16];
-    let mut cursor = std::io::Cursor::new(&mut text[..]);
-    write!(cursor, "{slot:?}").ok()?;
-    let written = usize::try_from(cursor.position()).ok()?;
-    std::str::from_utf8(&text[..written])
-        .ok()?
-        .strip_prefix("Slot(")?
-        .strip_suffix(')')?
-        .parse()
-        .ok()
+    use std::hash::{Hash, Hasher};
+
+    /// Keeps the one `u16` it is given; anything else spoils it.
+    struct Number(Option<u16>, bool);
+
+    impl Hasher for Number {
+        fn write(&mut self, _: &[u8]) {
+            self.1 = true;
+        }
+
+        fn write_u16(&mut self, n: u16) {
+            self.1 |= self.0.replace(n).is_some();
+        }
+
+        fn finish(&self) -> u64 {
+            0
+        }
+    }
+
+    let mut number = Number(None, false);
+    slot.hash(&mut number);
+    match number {
+        Number(Some(n), false) if Slot::new(n) == Some(slot) => Some(n),
+        _ => None,
+    }
 }
 
 /// The state of a key after and before a write (for refunds).

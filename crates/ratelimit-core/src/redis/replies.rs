@@ -103,6 +103,27 @@ pub(super) fn check_fields(values: &[Value]) -> Result<[u64; 4], String> {
     Ok(fields)
 }
 
+/// One check's `{allowed, remaining, reset, wait}` from the packed reply
+/// of `single.lua` (four signed 64-bit little-endian integers), held to
+/// the rules of [`check_fields`]. What is wrong when it is not one.
+#[cfg(feature = "redis-cluster")]
+pub(super) fn packed_fields(bytes: &[u8]) -> Result<[u64; 4], String> {
+    let Ok(packed) = <&[u8; 32]>::try_from(bytes) else {
+        return Err(format!("{} bytes for a packed check, not 32", bytes.len()));
+    };
+    let mut fields = [0; 4];
+    for (field, chunk) in fields.iter_mut().zip(packed.chunks_exact(8)) {
+        let mut eight = [0; 8];
+        eight.copy_from_slice(chunk);
+        let n = i64::from_le_bytes(eight);
+        *field = u64::try_from(n).map_err(|_| format!("{n} is not a count or a duration"))?;
+    }
+    if fields[0] > 1 {
+        return Err(format!("allowed is {}, not 1 or 0", fields[0]));
+    }
+    Ok(fields)
+}
+
 /// A decision from `{allowed, remaining, reset, wait}` and the limit.
 fn decision_of_four(fields: [u64; 4], limit: u64, permit: PermitId, cost: u64) -> Decision {
     let [allowed, remaining, reset, wait] = fields;
@@ -228,6 +249,37 @@ mod tests {
                 ),
                 "{wrong:?}"
             );
+        }
+    }
+
+    fn packed(values: [i64; 4]) -> Vec<u8> {
+        values.iter().flat_map(|n| n.to_le_bytes()).collect()
+    }
+
+    /// A packed reply (struct.pack '<i8i8i8i8') reads as its four fields;
+    /// one of another length, a negative field or an `allowed` that is not
+    /// 1 or 0 is an error that says so, never a decision.
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn a_packed_reply_reads_as_its_four_fields() {
+        assert_eq!(
+            packed_fields(&packed([1, 999, 1_000_000, 0])),
+            Ok([1, 999, 1_000_000, 0])
+        );
+        assert_eq!(
+            packed_fields(&packed([0, 0, 1 << 40, i64::MAX])),
+            Ok([0, 0, 1 << 40, i64::MAX as u64])
+        );
+        for (bytes, says) in [
+            (packed([1, 9, 1, 0])[..31].to_vec(), "31 bytes"),
+            ([packed([1, 9, 1, 0]), vec![0]].concat(), "33 bytes"),
+            (packed([1, -1, 1, 0]), "-1 is not a count"),
+            (packed([2, 9, 1, 0]), "allowed is 2"),
+        ] {
+            match packed_fields(&bytes) {
+                Err(e) => assert!(e.contains(says), "{e:?} should say {says:?}"),
+                Ok(fields) => panic!("{bytes:?} read as {fields:?}"),
+            }
         }
     }
 }
