@@ -66,7 +66,7 @@ use super::functions::names_no_function;
 use super::scripts::{Library, StateKeys, invocation};
 use super::unclaimed::SentOn;
 use super::{
-    Arg, RedisStore, breaks_connection, decision_of, packed_fields, parameters, single_args,
+    Arg, RedisStore, breaks_connection, decision_of, parameters, single_args, text_fields,
 };
 use crate::StoreError;
 
@@ -358,12 +358,12 @@ impl RedisStore {
         // of its own per slot.
         batch.sort_by_key(|item| item.slot);
         let now = self.fixed_now();
-        // Each call's requests, and whether its reply comes packed.
+        // Each call's requests, and whether its reply comes as text.
         let mut calls: SmallVec<[(usize, bool); 32]> = SmallVec::new();
         let mut pipeline = redis::Pipeline::with_capacity(batch.len());
         for items in batch.chunk_by(|a, b| a.slot == b.slot) {
-            let (call, packed) = self.slot_call(items, now);
-            calls.push((items.len(), packed));
+            let (call, text) = self.slot_call(items, now);
+            calls.push((items.len(), text));
             pipeline.add_command(call);
         }
         let slot = connections.next_slot();
@@ -423,7 +423,7 @@ impl RedisStore {
         let mut outcomes: Vec<Option<Result<Decided, StoreError>>> =
             Vec::with_capacity(batch.len());
         let (mut start, mut missing) = (0, false);
-        for (&(count, packed), value) in calls.iter().zip(values) {
+        for (&(count, text), value) in calls.iter().zip(values) {
             let items = &batch[start..start + count];
             start += count;
             if let Value::ServerError(error) = value {
@@ -432,7 +432,7 @@ impl RedisStore {
                 continue;
             }
             let results = match (&value, items) {
-                (Value::BulkString(bytes), [item]) if packed => packed_result(item, bytes),
+                (Value::BulkString(bytes), [item]) if text => text_result(item, bytes),
                 _ => batch_results(items, &value),
             };
             match results {
@@ -465,11 +465,11 @@ impl RedisStore {
         }
     }
 
-    /// The call of one slot's `items`, and whether its reply comes packed: a
-    /// request of one check as it would go alone (its algorithm's function,
-    /// its reply packed, or script), any other as a batch. Every reply but
-    /// a packed one reads as a batch's (`batch.lua`): four integers per
-    /// check.
+    /// The call of one slot's `items`, and whether its reply comes as text:
+    /// a request of one check as it would go alone (its algorithm's
+    /// function, its reply one line of text, or script), any other as a
+    /// batch. Every other reply reads as a batch's (`batch.lua`): four
+    /// integers per check.
     fn slot_call(&self, items: &[Item], now: u64) -> (redis::Cmd, bool) {
         let functions = self.inner.uses_functions();
         let library = Library::get();
@@ -480,7 +480,7 @@ impl RedisStore {
             let (args, sent) = single_args(algorithm, *cost, *permit, now);
             let args: &[Arg<'_>] = &args[..sent];
             return if functions {
-                let name = library.packed(algorithm);
+                let name = library.text(algorithm);
                 (invocation("FCALL", name, &item.keys[..], args), true)
             } else {
                 let (script, _) = self.inner.scripts.single(algorithm);
@@ -500,19 +500,19 @@ impl RedisStore {
     }
 }
 
-/// The decision of `item`, a request of one check, from its call's packed
+/// The decision of `item`, a request of one check, from its call's text
 /// reply (see `single.lua`), as [`batch_results`] gives it.
-fn packed_result(
+fn text_result(
     item: &Item,
     bytes: &[u8],
 ) -> Result<SmallVec<[Result<Decided, StoreError>; 1]>, String> {
     let [(policy, cost, permit)] = item.requests.as_slice() else {
         return Err(format!(
-            "a packed reply for a request of {} checks",
+            "a text reply for a request of {} checks",
             item.requests.len()
         ));
     };
-    let [allowed, remaining, reset, wait] = packed_fields(bytes)?;
+    let [allowed, remaining, reset, wait] = text_fields(bytes)?;
     let limit = parameters(policy.algorithm()).0;
     let decision = decision_of(allowed == 1, limit, remaining, reset, wait, *permit, *cost);
     Ok(smallvec::smallvec![Ok(smallvec::smallvec![decision])])

@@ -103,20 +103,24 @@ pub(super) fn check_fields(values: &[Value]) -> Result<[u64; 4], String> {
     Ok(fields)
 }
 
-/// One check's `{allowed, remaining, reset, wait}` from the packed reply
-/// of `single.lua` (four signed 64-bit little-endian integers), held to
+/// One check's `{allowed, remaining, reset, wait}` from the text reply of
+/// `single.lua` (four decimal integers separated by single spaces), held to
 /// the rules of [`check_fields`]. What is wrong when it is not one.
 #[cfg(feature = "redis-cluster")]
-pub(super) fn packed_fields(bytes: &[u8]) -> Result<[u64; 4], String> {
-    let Ok(packed) = <&[u8; 32]>::try_from(bytes) else {
-        return Err(format!("{} bytes for a packed check, not 32", bytes.len()));
-    };
+pub(super) fn text_fields(bytes: &[u8]) -> Result<[u64; 4], String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| format!("{bytes:?} is not text"))?;
+    let mut parts = text.split(' ');
     let mut fields = [0; 4];
-    for (field, chunk) in fields.iter_mut().zip(packed.chunks_exact(8)) {
-        let mut eight = [0; 8];
-        eight.copy_from_slice(chunk);
-        let n = i64::from_le_bytes(eight);
-        *field = u64::try_from(n).map_err(|_| format!("{n} is not a count or a duration"))?;
+    for field in &mut fields {
+        let part = parts
+            .next()
+            .ok_or_else(|| format!("{text:?} has fewer than four fields"))?;
+        *field = part
+            .parse()
+            .map_err(|_| format!("{part:?} is not a count or a duration"))?;
+    }
+    if parts.next().is_some() {
+        return Err(format!("{text:?} has more than four fields"));
     }
     if fields[0] > 1 {
         return Err(format!("allowed is {}, not 1 or 0", fields[0]));
@@ -252,31 +256,27 @@ mod tests {
         }
     }
 
-    fn packed(values: [i64; 4]) -> Vec<u8> {
-        values.iter().flat_map(|n| n.to_le_bytes()).collect()
-    }
-
-    /// A packed reply (struct.pack '<i8i8i8i8') reads as its four fields;
-    /// one of another length, a negative field or an `allowed` that is not
+    /// A text reply reads as its four fields; one with fewer or more
+    /// fields, a negative or non-decimal field, or an `allowed` that is not
     /// 1 or 0 is an error that says so, never a decision.
     #[cfg(feature = "redis-cluster")]
     #[test]
-    fn a_packed_reply_reads_as_its_four_fields() {
+    fn a_text_reply_reads_as_its_four_fields() {
+        assert_eq!(text_fields(b"1 999 1000000 0"), Ok([1, 999, 1_000_000, 0]));
         assert_eq!(
-            packed_fields(&packed([1, 999, 1_000_000, 0])),
-            Ok([1, 999, 1_000_000, 0])
-        );
-        assert_eq!(
-            packed_fields(&packed([0, 0, 1 << 40, i64::MAX])),
+            text_fields(format!("0 0 {} {}", 1u64 << 40, i64::MAX).as_bytes()),
             Ok([0, 0, 1 << 40, i64::MAX as u64])
         );
         for (bytes, says) in [
-            (packed([1, 9, 1, 0])[..31].to_vec(), "31 bytes"),
-            ([packed([1, 9, 1, 0]), vec![0]].concat(), "33 bytes"),
-            (packed([1, -1, 1, 0]), "-1 is not a count"),
-            (packed([2, 9, 1, 0]), "allowed is 2"),
+            (&b"1 9 1"[..], "fewer than four"),
+            (b"1 9 1 0 0", "more than four"),
+            (b"1 -1 1 0", "\"-1\" is not a count"),
+            (b"1 9 1e+15 0", "\"1e+15\" is not a count"),
+            (b"1 9  0", "\"\" is not a count"),
+            (b"2 9 1 0", "allowed is 2"),
+            (b"1 9 \xff 0", "is not text"),
         ] {
-            match packed_fields(&bytes) {
+            match text_fields(bytes) {
                 Err(e) => assert!(e.contains(says), "{e:?} should say {says:?}"),
                 Ok(fields) => panic!("{bytes:?} read as {fields:?}"),
             }

@@ -256,7 +256,7 @@ impl Scripts {
 pub(super) struct Library {
     source: String,
     names: [String; 7],
-    packed: [String; 7],
+    text: [String; 7],
     batch: String,
 }
 
@@ -273,8 +273,8 @@ impl Library {
                     "#!lua name=ratelimit_{version}\nlocal FUNCTION_PREFIX = '{prefix}'\n{LIBRARY_BODY}"
                 ),
                 names: AlgorithmKind::ALL.map(|kind| format!("{prefix}{}", kind.name().replace('-', "_"))),
-                packed: AlgorithmKind::ALL
-                    .map(|kind| format!("{prefix}packed_{}", kind.name().replace('-', "_"))),
+                text: AlgorithmKind::ALL
+                    .map(|kind| format!("{prefix}text_{}", kind.name().replace('-', "_"))),
                 batch: format!("{prefix}batch"),
             }
         })
@@ -291,11 +291,11 @@ impl Library {
     }
 
     /// The function that decides one request under `algorithm` as
-    /// [`function`](Self::function) does, its reply packed in one string
-    /// (see `single.lua`, and [`packed_fields`](super::replies::packed_fields)).
+    /// [`function`](Self::function) does, its reply one line of text (see
+    /// `single.lua`, and [`text_fields`](super::replies::text_fields)).
     #[cfg(feature = "redis-cluster")]
-    pub(super) fn packed(&'static self, algorithm: &Algorithm) -> &'static str {
-        &self.packed[single_index(algorithm)]
+    pub(super) fn text(&'static self, algorithm: &Algorithm) -> &'static str {
+        &self.text[single_index(algorithm)]
     }
 
     /// The function that decides several requests in one call (`batch.lua`).

@@ -3,8 +3,8 @@
 -- LOAD), instead of on every call as in a script; FCALL then runs only the
 -- decision. One function per algorithm, FUNCTION_PREFIX .. <algorithm> (with
 -- '_' for '-': function names are letters, digits and '_'), with
--- the keys and arguments of single.lua (and FUNCTION_PREFIX .. 'packed_' ..
--- <algorithm>, the same with its reply packed in a string, see single.lua),
+-- the keys and arguments of single.lua (and FUNCTION_PREFIX .. 'text_' ..
+-- <algorithm>, the same with its reply as one line of text, see single.lua),
 -- and FUNCTION_PREFIX .. 'batch', with
 -- those of batch.lua (several requests in one call). Every key a function
 -- touches is one of its declared keys. The store prepends the library's name
@@ -28,7 +28,7 @@ for i = 1, #FUNCTIONS do
   redis.register_function(FUNCTION_PREFIX .. FUNCTIONS[i][1], function(keys, args)
     return run_single(decide, keys, args)
   end)
-  redis.register_function(FUNCTION_PREFIX .. 'packed_' .. FUNCTIONS[i][1], function(keys, args)
+  redis.register_function(FUNCTION_PREFIX .. 'text_' .. FUNCTIONS[i][1], function(keys, args)
     return run_single(decide, keys, args, true)
   end)
 end

@@ -7,11 +7,11 @@
 -- Reply: four integers, {allowed (1 or 0), remaining, reset_after, wait},
 -- times in µs, `wait` being the retry of a denial or the delay of an
 -- admission (the limit is the first policy parameter, which the caller
--- knows); or, when `packed`, the same four as one string of four signed
--- 64-bit little-endian integers (struct.pack '<i8i8i8i8'): one value for
--- the client to read where an array is five, and less work for Redis than
--- the array's table.
-local function run_single(decide, keys, args, packed)
+-- knows); or, when `as_text`, the same four as one line of text, in
+-- decimal, separated by single spaces ("1 9 1000000 0"): one value for the
+-- client to read where an array is five, still readable in redis-cli and
+-- MONITOR.
+local function run_single(decide, keys, args, as_text)
   local fixed = args[4]
   local call = new_call(fixed and tonumber(fixed) or 0, true)
   local now = server_now(call)
@@ -26,13 +26,13 @@ local function run_single(decide, keys, args, packed)
     if wkey then
       write_state(call, wkey, wtag, wvalue, wreset)
     end
-    if packed then
-      return struct.pack('<i8i8i8i8', 1, remaining, reset, delay)
+    if as_text then
+      return string.format('1 %d %d %d', remaining, reset, delay)
     end
     return {1, remaining, reset, delay}
   end
-  if packed then
-    return struct.pack('<i8i8i8i8', 0, remaining, reset, retry)
+  if as_text then
+    return string.format('0 %d %d %d', remaining, reset, retry)
   end
   return {0, remaining, reset, retry}
 end
