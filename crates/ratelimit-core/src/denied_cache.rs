@@ -13,7 +13,7 @@ use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store};
+use crate::store::{BoxFuture, Check, Store, answered_then};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
@@ -232,11 +232,7 @@ where
 {
     let inner = Arc::clone(inner);
     let (policy, key) = (policy.name().to_owned(), key::normalize(key).into_owned());
-    Box::pin(async move {
-        let result = call.await;
-        inner.forget(&policy, &key);
-        result
-    })
+    answered_then(call, move || inner.forget(&policy, &key))
 }
 
 impl<S: Store> Store for DeniedCache<S> {
@@ -317,12 +313,10 @@ impl<S: Store> Store for DeniedCache<S> {
             return call;
         }
         let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let result = call.await;
+        answered_then(call, move || {
             for (policy, key) in &given_back {
                 inner.forget(policy, key);
             }
-            result
         })
     }
 

@@ -15,7 +15,7 @@ use crate::bounded::BoundedMap;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store};
+use crate::store::{BoxFuture, Check, Store, answered_then};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
@@ -640,11 +640,7 @@ where
     let policy = policy.name().to_owned();
     inner.forget(&policy, &key);
     let inner = Arc::clone(inner);
-    Box::pin(async move {
-        let result = call.await;
-        inner.forget(&policy, &key);
-        result
-    })
+    answered_then(call, move || inner.forget(&policy, &key))
 }
 
 /// Every operation goes to the inner store. All but [`peek`](AdminStore::peek)

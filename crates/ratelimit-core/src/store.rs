@@ -10,6 +10,20 @@ use crate::{Decision, PermitId, Policy, StoreError};
 pub(crate) type BoxFuture<T> =
     std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
+/// `call`, then `then` once it answered, whatever it answered: what a
+/// wrapping store does after the inner store's call (drop what it cached of
+/// the key).
+pub(crate) fn answered_then<T: Send + 'static>(
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    then: impl FnOnce() + Send + 'static,
+) -> BoxFuture<T> {
+    Box::pin(async move {
+        let result = call.await;
+        then();
+        result
+    })
+}
+
 /// The future returned by [`Store::refund`].
 pub type RefundFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 

@@ -145,6 +145,26 @@ fn allowed_or_refused<St: Store + Clone>(
     decisions: &[Decision],
 ) -> Outcome {
     let allowed = decisions.iter().all(Decision::is_allowed);
+    record_decisions(settings, limits, decisions, allowed);
+    let merged = Decisions::new(decided(limits, decisions.iter().cloned()));
+    if !allowed {
+        return Outcome::Rejected(Rejection::Limited(merged));
+    }
+    let permits = hold_permits(&settings.store, limits, decisions);
+    // Decided at once, without waiting: asked just now.
+    let asked = Instant::now();
+    let reservation = reserve(settings, asked, &[], limits, decisions, (&[], &[]), &merged);
+    Outcome::Allowed(merged, permits, reservation)
+}
+
+/// Records the decisions of `limits`, of a request `allowed` or not.
+#[inline]
+fn record_decisions<St>(
+    settings: &Settings<St>,
+    limits: &[Limit],
+    decisions: &[Decision],
+    allowed: bool,
+) {
     for (limit, decision) in limits.iter().zip(decisions) {
         metrics::record_decision(
             &settings.recorder,
@@ -155,26 +175,46 @@ fn allowed_or_refused<St: Store + Clone>(
             settings.near_limit,
         );
     }
-    let merged = Decisions::new(
-        limits
-            .iter()
-            .zip(decisions.iter().cloned())
-            .map(|(limit, decision)| limit.decided(decision))
-            .collect(),
-    );
-    if !allowed {
-        return Outcome::Rejected(Rejection::Limited(merged));
+}
+
+/// Records `error`, the store's answer for `limits`.
+#[inline]
+fn record_errors<St>(settings: &Settings<St>, limits: &[Limit], error: &StoreError) {
+    for limit in limits {
+        metrics::record_error(
+            &settings.recorder,
+            limit.policy(),
+            limit.key().as_bytes(),
+            error,
+        );
     }
+}
+
+/// The decisions of `limits`, each with its policy (and its estimate when
+/// it settles after the response).
+#[inline]
+fn decided(limits: &[Limit], decisions: impl IntoIterator<Item = Decision>) -> Vec<PolicyDecision> {
+    limits
+        .iter()
+        .zip(decisions)
+        .map(|(limit, decision)| limit.decided(decision))
+        .collect()
+}
+
+/// The permits of `decisions`, which allowed `limits`, held.
+#[inline]
+fn hold_permits<St: Store + Clone>(
+    store: &St,
+    limits: &[Limit],
+    decisions: &[Decision],
+) -> PermitGuard {
     let mut permits = PermitGuard::default();
     for (limit, decision) in limits.iter().zip(decisions) {
         if let Some(permit) = decision.permit() {
-            permits.hold(&settings.store, limit.key(), limit.policy(), permit);
+            permits.hold(store, limit.key(), limit.policy(), permit);
         }
     }
-    // Decided at once, without waiting: asked just now.
-    let asked = Instant::now();
-    let reservation = reserve(settings, asked, &[], limits, decisions, (&[], &[]), &merged);
-    Outcome::Allowed(merged, permits, reservation)
+    permits
 }
 
 /// The error of a limit among `limits` that settles after the response
@@ -377,16 +417,7 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
             }
         };
         let allowed = decisions.iter().all(Decision::is_allowed);
-        for (limit, decision) in enforced.iter().zip(&decisions) {
-            metrics::record_decision(
-                &settings.recorder,
-                limit.policy(),
-                limit.key().as_bytes(),
-                decision,
-                allowed,
-                settings.near_limit,
-            );
-        }
+        record_decisions(&settings, &enforced, &decisions, allowed);
         let mut permits = permits;
         // Only enforced policies make a request wait: a shadow leaky bucket's
         // slot or a shadow denial never delays it.
@@ -398,27 +429,28 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
         let retry = retry_wait(&enforced, &decisions, attempts);
         attempts = attempts.saturating_add(1);
         let merged = || {
-            let enforced = enforced
-                .iter()
-                .zip(decisions.iter().cloned())
-                .map(|(limit, decision)| limit.decided(decision))
-                .collect();
+            let enforced = decided(&enforced, decisions.iter().cloned());
             merge(&order, enforced, shadow_decisions.clone())
+        };
+        // Allowed: the request holds `permits` and what settles after the
+        // response reserved.
+        let allow = |permits| {
+            let merged = merged();
+            let reservation = reserve(
+                &settings,
+                started,
+                &order,
+                &enforced,
+                &decisions,
+                (&shadow, &shadow_decisions),
+                &merged,
+            );
+            Outcome::Allowed(merged, permits, reservation)
         };
         match settings.mode {
             Mode::Reject if allowed => {
                 permits.absorb(shadow_permits);
-                let merged = merged();
-                let reservation = reserve(
-                    &settings,
-                    started,
-                    &order,
-                    &enforced,
-                    &decisions,
-                    (&shadow, &shadow_decisions),
-                    &merged,
-                );
-                return Outcome::Allowed(merged, permits, reservation);
+                return allow(permits);
             }
             Mode::Reject => return Outcome::Rejected(Rejection::Limited(merged())),
             Mode::Wait { max_delay } if allowed => {
@@ -433,23 +465,13 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                         .await;
                     return Outcome::Rejected(Rejection::Limited(merged()));
                 }
-                let decisions_merged = merged();
                 permits.absorb(shadow_permits);
                 if !delay.is_zero() {
                     let taken = Taken::new(&settings.store, &enforced, &decisions);
                     tokio::time::sleep(delay).await;
                     taken.keep();
                 }
-                let reservation = reserve(
-                    &settings,
-                    started,
-                    &order,
-                    &enforced,
-                    &decisions,
-                    (&shadow, &shadow_decisions),
-                    &decisions_merged,
-                );
-                return Outcome::Allowed(decisions_merged, permits, reservation);
+                return allow(permits);
             }
             Mode::Wait { max_delay } => {
                 let (retry, firm) = retry;
@@ -583,14 +605,7 @@ fn failed<St: Store + Clone>(
     if let StoreError::CostExceedsLimit { policy, cost, max } = error {
         return Outcome::Rejected(Rejection::CostTooHigh { policy, cost, max });
     }
-    for limit in enforced {
-        metrics::record_error(
-            &settings.recorder,
-            limit.policy(),
-            limit.key().as_bytes(),
-            &error,
-        );
-    }
+    record_errors(settings, enforced, &error);
     if !error.is_outage() {
         // Not an outage: a configuration mistake, a bug, or a store that
         // refuses (full). No failure policy lifts the limit.
@@ -640,42 +655,22 @@ async fn decide_shadow<St: Store + Clone>(
     settings: &Settings<St>,
     limits: &[Limit],
 ) -> (Vec<PolicyDecision>, PermitGuard) {
-    let mut permits = PermitGuard::default();
     if limits.is_empty() {
-        return (Vec::new(), permits);
+        return (Vec::new(), PermitGuard::default());
     }
     match ask(settings, limits).await {
         Ok(decisions) => {
             let allowed = decisions.iter().all(Decision::is_allowed);
-            for (limit, decision) in limits.iter().zip(&decisions) {
-                metrics::record_decision(
-                    &settings.recorder,
-                    limit.policy(),
-                    limit.key().as_bytes(),
-                    decision,
-                    allowed,
-                    settings.near_limit,
-                );
-                if allowed && let Some(permit) = decision.permit() {
-                    permits.hold(&settings.store, limit.key(), limit.policy(), permit);
-                }
-            }
-            let decisions = limits
-                .iter()
-                .zip(decisions)
-                .map(|(limit, decision)| limit.decided(decision))
-                .collect();
-            (decisions, permits)
+            record_decisions(settings, limits, &decisions, allowed);
+            let permits = if allowed {
+                hold_permits(&settings.store, limits, &decisions)
+            } else {
+                PermitGuard::default()
+            };
+            (decided(limits, decisions), permits)
         }
         Err(error) => {
-            for limit in limits {
-                metrics::record_error(
-                    &settings.recorder,
-                    limit.policy(),
-                    limit.key().as_bytes(),
-                    &error,
-                );
-            }
+            record_errors(settings, limits, &error);
             if error.is_outage() {
                 tracing::warn!(
                     error = %error,
@@ -689,7 +684,7 @@ async fn decide_shadow<St: Store + Clone>(
                      outage; the request is not affected"
                 );
             }
-            (Vec::new(), permits)
+            (Vec::new(), PermitGuard::default())
         }
     }
 }
@@ -728,16 +723,12 @@ async fn ask_holding<St: Store + Clone>(
     limits: &[Limit],
 ) -> (Result<Vec<Decision>, StoreError>, PermitGuard) {
     let answer = ask(settings, limits).await;
-    let mut permits = PermitGuard::default();
-    if let Ok(decisions) = &answer
-        && decisions.iter().all(Decision::is_allowed)
-    {
-        for (limit, decision) in limits.iter().zip(decisions) {
-            if let Some(permit) = decision.permit() {
-                permits.hold(&settings.store, limit.key(), limit.policy(), permit);
-            }
+    let permits = match &answer {
+        Ok(decisions) if decisions.iter().all(Decision::is_allowed) => {
+            hold_permits(&settings.store, limits, decisions)
         }
-    }
+        _ => PermitGuard::default(),
+    };
     (answer, permits)
 }
 

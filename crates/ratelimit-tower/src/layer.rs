@@ -168,17 +168,7 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
     /// # Ok::<(), ratelimit_tower::PolicyError>(())
     /// ```
     pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<St, Rule<K, C2>, J> {
-        RateLimitLayer {
-            stats: self.stats,
-            store: self.store,
-            rules: self.rules.cost(cost),
-            reject: self.reject,
-            mode: self.mode,
-            failure: self.failure,
-            timeout: self.timeout,
-            near_limit: self.near_limit,
-            recorder: self.recorder,
-        }
+        self.map(|rules| rules.cost(cost), |reject| reject)
     }
 
     /// Settles each request's cost after its response, as `settlement`
@@ -218,11 +208,21 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
 impl<St, P, J> RateLimitLayer<St, P, J> {
     /// Checks `rule` too, all or nothing with the rules already there.
     pub fn and<R>(self, rule: R) -> RateLimitLayer<St, And<P, R>, J> {
+        self.map(|rules| And(rules, rule), |reject| reject)
+    }
+
+    /// The layer with its rules and its rejections made anew from these,
+    /// everything else kept.
+    fn map<P2, J2>(
+        self,
+        rules: impl FnOnce(P) -> P2,
+        reject: impl FnOnce(J) -> J2,
+    ) -> RateLimitLayer<St, P2, J2> {
         RateLimitLayer {
             stats: self.stats,
             store: self.store,
-            rules: And(self.rules, rule),
-            reject: self.reject,
+            rules: rules(self.rules),
+            reject: reject(self.reject),
             mode: self.mode,
             failure: self.failure,
             timeout: self.timeout,
@@ -239,17 +239,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// `tokio::spawn`, because of how the compiler checks that conversion for
     /// all lifetimes).
     pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
-        RateLimitLayer {
-            stats: self.stats,
-            store: self.store,
-            rules: self.rules,
-            reject: ErrorRejections,
-            mode: self.mode,
-            failure: self.failure,
-            timeout: self.timeout,
-            near_limit: self.near_limit,
-            recorder: self.recorder,
-        }
+        self.map(|rules| rules, |_| ErrorRejections)
     }
 
     /// Reject or wait (default: [`Mode::Reject`]).
