@@ -21,6 +21,8 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod hot;
+#[cfg(test)]
+mod hot_tests;
 mod keys;
 #[cfg(test)]
 mod settle_tests;
