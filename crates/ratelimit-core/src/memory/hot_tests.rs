@@ -376,3 +376,28 @@ fn hammered_hot_keys_account_for_every_unit() {
     }
     assert!(seen_hot.load(Ordering::Relaxed) > 0);
 }
+
+/// A real TAT of `u64::MAX` (a clock 2 s before its end, a full burst
+/// taken) is the key's own state, not the hot key's: its peek reads its own
+/// TAT while another key of its shard is hot. (Its next check of a positive
+/// cost would overflow, as it did before there were hot keys.)
+#[test]
+fn a_tat_of_u64_max_is_not_the_hot_key() {
+    let clock = ManualClock::new(u64::MAX - 2_000_000);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::gcra(2, Rate::per_second(1)).expect("valid");
+    let full = store.check_now(b"max", &policy, 2).unwrap();
+    assert_eq!(full, Decision::allow(2, 0, 2_000_000));
+    // Another key, under a burst of 1 (its denial stays within `u64`).
+    let small = Policy::gcra(1, Rate::per_second(1)).expect("valid");
+    assert!(store.check_now(b"other", &small, 1).unwrap().is_allowed());
+    assert!(!store.check_now(b"other", &small, 1).unwrap().is_allowed());
+    assert_eq!(hot_keys(&store), 1);
+    let peek = store.peek_now(b"max", &policy).unwrap();
+    assert_eq!(peek, Decision::allow(2, 0, 2_000_000));
+    let other = store.peek_now(b"other", &small).unwrap();
+    assert_eq!(other, Decision::allow(1, 0, 1_000_000));
+}
