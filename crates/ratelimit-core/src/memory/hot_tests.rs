@@ -401,3 +401,109 @@ fn a_tat_of_u64_max_is_not_the_hot_key() {
     let other = store.peek_now(b"other", &small).unwrap();
     assert_eq!(other, Decision::allow(1, 0, 1_000_000));
 }
+
+/// Two keys of one shard take turns at being its hot key: in each of many
+/// rounds the clock stands still while threads check both keys until both
+/// deny (then check on, every check denied), another penalizes one of them
+/// and another adds and resets keys of the shard; between rounds the clock
+/// moves by whole intervals, often past both keys' TATs. Each round ends
+/// with each key full, at the TAT the units it admitted and was penalized
+/// make, from where it started.
+#[test]
+fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
+    const BURST: u64 = 5;
+    const INTERVAL: u64 = 1_000;
+    const WORKERS: usize = 3;
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_keys(6)
+        .clock(clock.clone())
+        .build();
+    let policy = Policy::gcra(BURST, Rate::per_second(1_000)).expect("valid");
+    let keys: [&[u8]; 2] = [b"fifteen-bytes-a", b"fifteen-bytes-b"];
+    let admitted = [AtomicU64::new(0), AtomicU64::new(0)];
+    let penalized = AtomicU64::new(0);
+    let start = std::sync::Barrier::new(WORKERS + 2);
+    let end = std::sync::Barrier::new(WORKERS + 2);
+    let done = AtomicBool::new(false);
+    let mut tats = [0u64; 2];
+    let (mut switches, mut last_hot) = (0, 0);
+    thread::scope(|s| {
+        for worker in 0..WORKERS {
+            let (store, policy, admitted) = (&store, &policy, &admitted);
+            let (start, end, done) = (&start, &end, &done);
+            s.spawn(move || {
+                loop {
+                    start.wait();
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let mut denied = [0u32; 2];
+                    let mut n = worker;
+                    while denied.iter().any(|&d| d < 20) {
+                        n += 1;
+                        let k = n % 2;
+                        let cost = if denied[k] > 0 {
+                            1
+                        } else {
+                            1 + (n / 2 % 2) as u64
+                        };
+                        let decision = store.check_now(keys[k], policy, cost).unwrap();
+                        if decision.is_allowed() {
+                            assert_eq!(denied[k], 0, "admitted after a denial");
+                            admitted[k].fetch_add(cost, Ordering::Relaxed);
+                        } else if cost == 1 || denied[k] > 0 {
+                            denied[k] += 1;
+                        }
+                    }
+                    end.wait();
+                }
+            });
+        }
+        {
+            let (store, policy, penalized) = (&store, &policy, &penalized);
+            let (start, end, done) = (&start, &end, &done);
+            s.spawn(move || {
+                loop {
+                    start.wait();
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    store.penalize_now(keys[0], policy, 1).unwrap();
+                    penalized.fetch_add(1, Ordering::Relaxed);
+                    let key = format!("new-{}", penalized.load(Ordering::Relaxed) % 9);
+                    let _ = store.check_now(key.as_bytes(), policy, 1);
+                    store.reset_now(key.as_bytes(), policy);
+                    end.wait();
+                }
+            });
+        }
+        for round in 0..2_000u64 {
+            let t = clock.now();
+            let before = [0, 1].map(|k| admitted[k].load(Ordering::Relaxed));
+            let penalties = penalized.load(Ordering::Relaxed);
+            start.wait();
+            end.wait();
+            let hot = store.shared.shards[0].hot_hash.load(Ordering::Relaxed);
+            for k in 0..2 {
+                let mut units = admitted[k].load(Ordering::Relaxed) - before[k];
+                if k == 0 {
+                    units += penalized.load(Ordering::Relaxed) - penalties;
+                }
+                let tat = tats[k].max(t) + units * INTERVAL;
+                let peek = store.peek_now(keys[k], &policy).unwrap();
+                assert_eq!(peek.reset_after_micros(), tat - t, "round {round}, key {k}");
+                assert!(tat - t >= BURST * INTERVAL, "round {round}, key {k}");
+                tats[k] = tat;
+            }
+            switches += usize::from(hot != 0 && hot != last_hot);
+            last_hot = hot;
+            // Past both TATs, or into them by some intervals.
+            clock.advance(Duration::from_micros(INTERVAL * (round * 7 % 13)));
+        }
+        done.store(true, Ordering::SeqCst);
+        start.wait();
+    });
+    assert!(switches > 0);
+}
