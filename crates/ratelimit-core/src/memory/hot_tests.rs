@@ -15,8 +15,8 @@ use crate::clock::ManualClock;
 use crate::{Rate, Settle, SettlementId};
 
 /// The policies the operations pick from: two GCRA policies under one name
-/// with different numbers, a leaky bucket under that name too, and a GCRA
-/// policy of its own name.
+/// with different numbers, a leaky bucket and a fixed window under that
+/// name too, and a GCRA policy of its own name.
 fn policies() -> Vec<Policy> {
     let named = |p: Result<Policy, crate::PolicyError>, name: &str| {
         p.expect("valid").with_name(name).expect("valid name")
@@ -26,6 +26,7 @@ fn policies() -> Vec<Policy> {
         named(Policy::gcra(5, Rate::per_second(4)), "x"),
         named(Policy::gcra(2, Rate::per_hour(1)), "y"),
         named(Policy::leaky_bucket(3, Rate::per_second(10)), "x"),
+        named(Policy::fixed_window(3, Duration::from_secs(1)), "x"),
     ]
 }
 
@@ -56,7 +57,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS.len();
-    let policy = 0..4usize;
+    let policy = 0..5usize;
     prop_oneof![
         8 => (key.clone(), policy.clone(), 0..4u64).prop_map(|(k, p, c)| Op::Check(k, p, c)),
         2 => (key.clone(), policy.clone()).prop_map(|(k, p)| Op::Peek(k, p)),
@@ -71,7 +72,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(k, p, c, k2, p2, c2)| Op::CheckAll(k, p, c, k2, p2, c2)),
         3 => (0..600_000u64).prop_map(Op::Advance),
         1 => (0..400_000u64).prop_map(Op::Back),
-        1 => (0..4usize).prop_map(Op::Recreate),
+        1 => (0..5usize).prop_map(Op::Recreate),
     ]
 }
 
