@@ -174,7 +174,7 @@ proptest! {
                 Op::Back(d) => clock.set(clock.now().saturating_sub(d)),
                 Op::Recreate(p) => {
                     let old = &policies[p];
-                    let new = Policy::new(old.algorithm().clone())
+                    let new = Policy::new(*old.algorithm())
                         .with_name(old.name())
                         .expect("valid name");
                     policies[p] = new;
@@ -287,10 +287,10 @@ fn hammered_hot_keys_account_for_every_unit() {
                     let key = format!("c{}", n % 40);
                     // A full store refuses new keys: that is the sweep's cue.
                     let _ = store.check_now(key.as_bytes(), hot_policy, 1 + n % 5);
-                    if n % 3 == 0 {
+                    if n.is_multiple_of(3) {
                         store.reset_now(key.as_bytes(), hot_policy);
                     }
-                    if n % 7 == 0 {
+                    if n.is_multiple_of(7) {
                         let _ =
                             store.block_now(key.as_bytes(), hot_policy, Duration::from_millis(5));
                     }
