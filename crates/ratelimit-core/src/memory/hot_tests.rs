@@ -212,7 +212,7 @@ struct Units {
 
 /// Two hot keys of 15 bytes, one per shard, are hammered by two threads
 /// each (checks of cost 1 to 3, some through a new policy object of the
-/// same name), while another thread penalizes, rewards, refunds, settles,
+/// same name, some through one of the same name and half the burst), while another thread penalizes, rewards, refunds, settles,
 /// blocks, unblocks and checks them through `check_all`, and moves the
 /// clock; another adds, resets and sweeps keys in both shards (the store
 /// holds 8) and one peeks. Every unit is accounted for: each key ends at
@@ -236,6 +236,12 @@ fn hammered_hot_keys_account_for_every_unit() {
             .expect("valid name")
     };
     let hot_policy = policy();
+    // The same name and rate, half the burst: it reads and moves the same
+    // state.
+    let half = Policy::gcra(BURST / 2, Rate::per_second(1_000))
+        .expect("valid")
+        .with_name("hot")
+        .expect("valid name");
     let shard_of = |key: &[u8]| store.shard_index(store.hash(&hot_policy, &MemoryKey::new(key)));
     let first = b"hot-key-0000000".to_vec();
     let second = (1..)
@@ -253,7 +259,7 @@ fn hammered_hot_keys_account_for_every_unit() {
     thread::scope(|s| {
         for (key, units) in keys.iter().zip(&units) {
             for worker in 0..2u64 {
-                let (store, done, hot_policy) = (&store, &done, &hot_policy);
+                let (store, done, hot_policy, half) = (&store, &done, &hot_policy, &half);
                 s.spawn(move || {
                     let mut denied_after_done = false;
                     let mut n = worker;
@@ -265,6 +271,8 @@ fn hammered_hot_keys_account_for_every_unit() {
                         let policy = if n % 16 == 0 {
                             fresh = policy();
                             &fresh
+                        } else if n % 5 == 0 && !stop {
+                            half
                         } else {
                             hot_policy
                         };
@@ -507,4 +515,43 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
         start.wait();
     });
     assert!(switches > 0);
+}
+
+/// Policies made and dropped in turn under two names, so that a new one
+/// may take the address of the last (the hot key is known by its policy's
+/// address): each makes the key hot under its name, which leaves the key
+/// fresh under the other name, and its state goes with its reset.
+#[test]
+fn a_policy_at_a_dropped_policys_address_is_not_the_hot_key() {
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(ManualClock::new(1_700_000_000_000_000))
+        .build();
+    let fresh = Decision::allow(1, 1, 0);
+    let mut addresses = std::collections::HashSet::new();
+    let mut reused = 0;
+    for i in 0..400 {
+        let [name, other] = if i % 2 == 0 { ["p", "q"] } else { ["q", "p"] };
+        let policy = Policy::gcra(1, Rate::per_hour(1))
+            .expect("valid")
+            .with_name(name)
+            .expect("valid name");
+        reused += usize::from(!addresses.insert(policy.addr()));
+        assert!(store.check_now(b"k", &policy, 1).unwrap().is_allowed());
+        assert!(!store.check_now(b"k", &policy, 1).unwrap().is_allowed());
+        assert_eq!(hot_keys(&store), 1, "round {i}");
+        let peek = store.peek_now(b"k", &policy).unwrap();
+        assert_eq!(peek, Decision::allow(1, 0, 3_600_000_000));
+        let other = Policy::gcra(1, Rate::per_hour(1))
+            .expect("valid")
+            .with_name(other)
+            .expect("valid name");
+        assert_eq!(store.peek_now(b"k", &other).unwrap(), fresh, "round {i}");
+        assert!(store.check_now(b"k", &other, 1).unwrap().is_allowed());
+        store.reset_now(b"k", &other);
+        store.reset_now(b"k", &policy);
+        assert_eq!(store.len(), 0);
+    }
+    // The allocator did hand a dropped policy's address to a new one.
+    assert!(reused > 0, "no address reused");
 }
