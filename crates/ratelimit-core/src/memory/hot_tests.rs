@@ -330,6 +330,8 @@ fn hammered_hot_keys_account_for_every_unit() {
                 }
             });
         }
+        // Stops the other threads however this one ends, a failure too.
+        let _stop = Stop(&done);
         for i in 0..1_200u64 {
             let key = &keys[usize::try_from(i % 2).expect("small")];
             let units = &units[usize::try_from(i % 2).expect("small")];
@@ -378,7 +380,6 @@ fn hammered_hot_keys_account_for_every_unit() {
                 _ => thread::yield_now(),
             }
         }
-        done.store(true, Ordering::SeqCst);
     });
     let now = clock.now();
     for (key, units) in keys.iter().zip(&units) {
@@ -419,6 +420,15 @@ fn a_tat_of_u64_max_is_not_the_hot_key() {
     assert_eq!(peek, Decision::allow(2, 0, 2_000_000));
     let other = store.peek_now(b"other", &small).unwrap();
     assert_eq!(other, Decision::allow(1, 0, 1_000_000));
+}
+
+/// Sets its flag when dropped.
+struct Stop<'a>(&'a AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Two keys of one shard take turns at being its hot key: in each of many
