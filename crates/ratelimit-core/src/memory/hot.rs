@@ -28,7 +28,8 @@ use std::sync::atomic::fence;
 use super::*;
 
 /// The TAT an entry holds while its key is hot: its state is then
-/// [`Hot::tat`]. Never a real TAT (times are microseconds from about now).
+/// [`Hot::tat`]. A real TAT only reaches it on a clock at the end of `u64`,
+/// so an entry holding it is the hot key's only when [`Hot::is`] says so.
 pub(super) const HOT: u64 = u64::MAX;
 
 /// The hot key's identity and state (see the module's documentation).
@@ -70,6 +71,17 @@ impl Hot {
         let unchanged = seq & 1 == 0 && self.seq.load(Ordering::Relaxed) == seq;
         let same = [low, high] == halves(short) && stored_policy == policy;
         (unchanged && same).then_some(tat)
+    }
+
+    /// Whether the hot key is `short` under the policy at `policy`. Under
+    /// the shard's lock, where the hot key does not change.
+    #[inline]
+    pub(super) fn is(&self, short: u128, policy: usize) -> bool {
+        self.policy.load(Ordering::Relaxed) == policy
+            && [
+                self.key[0].load(Ordering::Relaxed),
+                self.key[1].load(Ordering::Relaxed),
+            ] == halves(short)
     }
 
     /// Makes `short` under the policy at `policy` the hot key, with `tat`

@@ -21,6 +21,8 @@ use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
 mod hot;
+#[cfg(test)]
+mod hot_tests;
 mod keys;
 #[cfg(test)]
 mod settle_tests;
@@ -922,12 +924,12 @@ fn check_shared(
             }
             _ => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
                 let entry = inner.short_words.find(hash, |e| e.matches(policy, short))?;
-                Some(&entry.tat)
+                Some((&entry.tat, entry.policy.addr()))
             })?,
         },
         None => transition_shared(shard, gcra, hash, policy, key, now, cost, |inner| {
             let entry = inner.words.find(hash, |e| e.matches(hash, policy, key))?;
-            Some(&entry.tat)
+            Some((&entry.tat, 0))
         })?,
     };
     Some(gcra.decide(&mut GcraState { tat }, now, cost))
@@ -938,7 +940,8 @@ fn check_shared(
 /// lock; the decision, a pure function of the TAT it was made on, is
 /// written after the lock is released, so the lock's word is held as
 /// briefly as it can be. A denied key is hot: it becomes the shard's hot
-/// key, unless another is. `find` is where the key's TAT is kept, one
+/// key, unless another is. `find` is where the key's TAT is kept, and the
+/// address of its entry's policy (0 for a key that is not short), one
 /// closure per table, so each caller's code knows its key's kind.
 #[inline]
 #[allow(clippy::too_many_arguments)] // one check's inputs and where its state is
@@ -950,15 +953,20 @@ fn transition_shared(
     key: &MemoryKey<'_>,
     now: u64,
     cost: u64,
-    find: impl for<'a> FnOnce(&'a ShardInner) -> Option<&'a AtomicU64>,
+    find: impl for<'a> FnOnce(&'a ShardInner) -> Option<(&'a AtomicU64, usize)>,
 ) -> Option<u64> {
     let inner = shard.lock.read();
     if inner.blocks.until(hash, policy, key).is_some() {
         return None;
     }
-    let mut stored = find(&inner)?;
+    let (mut stored, owner) = find(&inner)?;
     let mut tat = stored.load(Ordering::Acquire);
-    if key.short.is_some() && tat == HOT {
+    // A real TAT can be `HOT` too (a clock at the end of `u64`): the entry
+    // is the hot key's only if the hot key is this entry.
+    if tat == HOT
+        && let Some(short) = key.short
+        && shard.hot.is(short, owner)
+    {
         stored = &shard.hot.tat;
         tat = stored.load(Ordering::Acquire);
     }
