@@ -69,7 +69,8 @@ impl Gcra {
     /// the decision.
     #[inline]
     pub(crate) fn next_tat(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
-        let new_tat = tat.max(now) + cost * self.interval;
+        // A TAT past the clock's last reading is never admitted (see `decide_tat`).
+        let new_tat = tat.max(now).checked_add(cost * self.interval)?;
         (cost > 0 && new_tat - now <= self.burst * self.interval).then_some(new_tat)
     }
 
@@ -91,10 +92,10 @@ pub(crate) fn penalize_tat(
     now: u64,
     amount: u64,
 ) {
-    let cap = now + 2 * capacity * interval;
+    let cap = now.saturating_add(2 * capacity * interval);
     // `amount` above twice the capacity reaches the cap anyway.
     let amount = amount.min(2 * capacity);
-    let moved = state.tat.max(now) + amount * interval;
+    let moved = state.tat.max(now).saturating_add(amount * interval);
     state.tat = state.tat.max(moved.min(cap));
 }
 
@@ -117,8 +118,11 @@ pub(crate) fn decide_tat(
 ) -> (Decision, u64) {
     let limit_span = capacity * interval;
     let slot = state.tat.max(now);
-    let new_tat = slot + cost * interval;
-    if new_tat - now <= limit_span {
+    // A request whose TAT would pass the last reading a `u64` clock can
+    // give (a manual clock set near it) is denied, never wrapped around.
+    let (new_tat, past_the_end) = slot.overflowing_add(cost * interval);
+    let new_tat = if past_the_end { u64::MAX } else { new_tat };
+    if !past_the_end && new_tat - now <= limit_span {
         if cost > 0 {
             state.tat = new_tat;
         }
@@ -128,7 +132,7 @@ pub(crate) fn decide_tat(
     } else {
         let reset = state.tat.saturating_sub(now);
         let remaining = limit_span.saturating_sub(reset) / interval;
-        let retry = new_tat - now - limit_span;
+        let retry = (new_tat - now).saturating_sub(limit_span);
         (Decision::deny(capacity, remaining, reset, retry), slot)
     }
 }

@@ -152,7 +152,9 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
-    /// The clock decisions are made with (default: [`MonotonicClock`]).
+    /// The clock decisions are made with (default: [`MonotonicClock`]). A
+    /// reading past `u64::MAX / 4` µs counts as that one: time stops there,
+    /// and no state's time overflows.
     pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
         MemoryStoreBuilder {
             max_keys: self.max_keys,
@@ -307,7 +309,7 @@ impl<C: Clock> MemoryStore<C> {
         policy.check_cost(cost)?;
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
-        let early = self.shared.clock.now();
+        let early = read_clock(&self.shared.clock);
         let shard = &self.shared.shards[self.shard_index(hash)];
         if let Some(decision) = check_shared(shard, hash, policy, &key, early, cost) {
             return Ok(decision);
@@ -424,7 +426,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut guards: Vec<(usize, ShardGuard<'_>)> =
             order.iter().map(|&i| (i, self.write_shard(i))).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
-        let now = self.shared.clock.now();
+        let now = read_clock(&self.shared.clock);
         for (_, guard) in &mut guards {
             guard.latest = guard.latest.max(now);
         }
@@ -584,7 +586,7 @@ impl<C: Clock> MemoryStore<C> {
         order.dedup();
         let mut guards: Vec<ShardGuard<'_>> = order.iter().map(|&i| self.write_shard(i)).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
-        let now = self.shared.clock.now();
+        let now = read_clock(&self.shared.clock);
         for guard in &mut guards {
             guard.latest = guard.latest.max(now);
         }
@@ -1121,9 +1123,61 @@ impl<C: Clock> AdminStore for MemoryStore<C> {
     }
 }
 
+/// The last clock reading the store decides at: a later one (a manual
+/// clock set near the end of `u64`) counts as this one, so that a state's
+/// times (a reading plus at most a policy's span or a block's length)
+/// never overflow. About 146,000 years of microseconds.
+const LAST_READING: u64 = u64::MAX / 4;
+
+/// The clock's reading, at most [`LAST_READING`].
+#[inline]
+fn read_clock<C: Clock>(clock: &C) -> u64 {
+    clock.now().min(LAST_READING)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clock read near the end of `u64` (a manual clock set there) never
+    /// makes a decision panic or wrap around: what would take a state past
+    /// the end is denied, and nothing is admitted past the limit.
+    #[test]
+    fn a_clock_near_its_end_never_panics_nor_wraps() {
+        use crate::Rate;
+        use crate::clock::ManualClock;
+
+        let second = Duration::from_secs(1);
+        let policies = [
+            Policy::gcra(2, Rate::per_second(1)),
+            Policy::leaky_bucket(2, Rate::per_second(1)),
+            Policy::token_bucket(2, Rate::per_second(1)),
+            Policy::fixed_window(2, second),
+            Policy::sliding_window_log(2, second),
+            Policy::sliding_window_counter(2, second),
+            Policy::concurrency(2, second),
+        ]
+        .map(|p| p.expect("valid"));
+        for back in [0, 1, 1_000_000, 2_000_000, 3_000_000] {
+            for policy in &policies {
+                let clock = ManualClock::new(u64::MAX - back);
+                let store = MemoryStore::builder().shards(1).clock(clock).build();
+                let admitted = (0..4)
+                    .filter(|_| {
+                        store
+                            .check_now(b"k", policy, 1)
+                            .is_ok_and(|d| d.is_allowed())
+                    })
+                    .count();
+                assert!(admitted <= 2, "{policy:?} {back}: admitted {admitted}");
+                let _ = store.check_now(b"k", policy, 2);
+                // Refused for the algorithms without adjustments, never a panic.
+                let _ = store.penalize_now(b"k", policy, 5);
+                let _ = store.reward_now(b"k", policy, 1);
+                let _ = store.check_now(b"k", policy, 1);
+            }
+        }
+    }
 
     #[test]
     fn a_short_key_packs_its_length_then_its_bytes() {

@@ -482,7 +482,7 @@ impl ShardInner {
     pub(super) fn now<C: Clock>(&mut self, clock: &C, early: Option<u64>) -> u64 {
         let now = match early {
             Some(early) if early >= self.latest => early,
-            _ => clock.now(),
+            _ => read_clock(clock),
         };
         self.latest = self.latest.max(now);
         now
