@@ -460,3 +460,85 @@ async fn maybe_dropped<T>(
     }
     result
 }
+
+/// Every algorithm decides the same sequence of checks alike on a cluster,
+/// where each check goes alone in its master's pipeline and is answered as
+/// one line of text, and on one node, where it is answered as integers:
+/// at the largest limit and the longest window (the numbers the text
+/// carries near their largest), at small ones, with costs from 1 to the
+/// limit, the clock moving by nothing, a microsecond, half a window and
+/// more, on keys with hash tags, empty tags and none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
+    use ratelimit_core::Rate;
+    use ratelimit_core::clock::ManualClock;
+    use ratelimit_tests::{MAX_LIMIT, NOW_MICROS, named, observable, redis_store_on_clock};
+
+    use crate::shared::cluster_store_on_clock;
+
+    let cluster = RedisCluster::start();
+    let server = RedisServer::start();
+    let clock = ManualClock::new(NOW_MICROS);
+    let on_cluster = cluster_store_on_clock(&cluster, &clock).await;
+    let on_node = redis_store_on_clock(server.url(), &clock).await;
+    let longest = Duration::from_micros(1 << 50);
+    let mut policies = Vec::new();
+    for (limit, window) in [
+        (MAX_LIMIT, longest),
+        (MAX_LIMIT, HOUR),
+        (5, HOUR),
+        (1, longest),
+    ] {
+        let rate = Rate::new(limit, window);
+        let candidates = [
+            Policy::fixed_window(limit, window),
+            Policy::sliding_window_log(limit, window),
+            Policy::sliding_window_counter(limit, window),
+            Policy::token_bucket(limit, rate),
+            Policy::gcra(limit, rate),
+            Policy::leaky_bucket(limit, rate),
+        ];
+        for (i, policy) in candidates.into_iter().enumerate() {
+            // Some algorithms refuse the largest numbers together.
+            if policy.is_ok() {
+                policies.push(named(format!("p{}-{limit}-{i}", policies.len()), policy));
+            }
+        }
+    }
+    let keys = [
+        "plain", "{}empty", "{tag}a", "{tag}b", "x{}{y}", "{y}", "{", "}{",
+    ];
+    let mut rng = Rng(7);
+    for (p, policy) in policies.iter().enumerate() {
+        let limit = policy.limit();
+        let window = policy.algorithm().window_micros();
+        for step in 0..40 {
+            let key = keys[rng.index(keys.len())];
+            let cost = match rng.below(6) {
+                0 => 1,
+                1 => limit,
+                2 => limit.saturating_sub(1).max(1),
+                3 => (limit / 2).max(1),
+                4 => 1 + rng.below(limit),
+                _ => 0,
+            };
+            let by = match rng.below(5) {
+                0 | 1 => 0,
+                2 => 1,
+                3 => window / 2,
+                _ => window + 1,
+            };
+            clock.advance(Duration::from_micros(by));
+            let want = on_node.check(key.as_bytes(), policy, cost).await;
+            let got = on_cluster.check(key.as_bytes(), policy, cost).await;
+            let want = want.as_ref().map(observable).map_err(|e| e.to_string());
+            let got = got.as_ref().map(observable).map_err(|e| e.to_string());
+            assert_eq!(
+                want,
+                got,
+                "policy {p} ({}), step {step}, key {key}, cost {cost}",
+                policy.name()
+            );
+        }
+    }
+}
