@@ -542,3 +542,155 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
         }
     }
 }
+
+/// Two slots of one master move to another key by key while 32 tasks
+/// decide, under every algorithm but the semaphore, with limits of 1 to 5
+/// that nothing refills during the test: single checks and one user's two
+/// limits together (one slot: one script, all or nothing; limits of
+/// several slots are refunded on a denial, which a request between may
+/// keep from giving back, so they are left out). No call fails (every node
+/// is up) and each user admits exactly its limit under each policy: never
+/// more, and, as nothing was lost and sent again, never fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
+    use ratelimit_core::Rate;
+    use ratelimit_tests::named;
+
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let slow = Rate::per_hour(1);
+    let policies = [
+        named("ra-fw", Policy::fixed_window(1, HOUR)),
+        named("ra-log", Policy::sliding_window_log(2, HOUR)),
+        named("ra-swc", Policy::sliding_window_counter(3, HOUR)),
+        named("ra-tb", Policy::token_bucket(4, slow)),
+        named("ra-gcra", Policy::gcra(5, slow)),
+        named("ra-lb", Policy::leaky_bucket(3, slow)),
+    ];
+    let slot_of =
+        |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
+    let first = slot_of("u0");
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let other = 3 - source - target;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    let third = (0..16u16)
+        .map(|i| i * 1_024)
+        .find(|&s| cluster.master_of(s) == other)
+        .expect("a slot of the third master");
+    let mut users = keys_in_slot(&store, &policies[0], first, 16);
+    users.extend(keys_in_slot(&store, &policies[0], second, 8));
+    users.extend(keys_in_slot(&store, &policies[0], third, 4));
+    let n = policies.len();
+    let admitted: Arc<Vec<AtomicU64>> =
+        Arc::new((0..users.len() * n).map(|_| AtomicU64::new(0)).collect());
+    let (errors, stopped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..32u64)
+        .map(|task| {
+            let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
+            let (admitted, errors, stop) = (admitted.clone(), errors.clone(), stop.clone());
+            let stopped = stopped.clone();
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 11);
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        stopped.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let u = rng.index(users.len());
+                    let p = rng.index(n);
+                    let q = (p + 1 + rng.index(n - 1)) % n;
+                    let (checked, result) = match rng.below(2) {
+                        0 => (
+                            vec![u * n + p],
+                            store
+                                .check(users[u].as_bytes(), &policies[p], 1)
+                                .await
+                                .map(|d| vec![d]),
+                        ),
+                        _ => {
+                            let checks = [
+                                Check::new(users[u].as_bytes(), &policies[p], 1),
+                                Check::new(users[u].as_bytes(), &policies[q], 1),
+                            ];
+                            (vec![u * n + p, u * n + q], store.check_all(&checks).await)
+                        }
+                    };
+                    match result {
+                        Ok(decisions) if decisions.iter().all(Decision::is_allowed) => {
+                            for &i in &checked {
+                                admitted[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                println!("[reshard] {checked:?}: {e:?}");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(ms(20)).await;
+    for slot_move in [
+        SlotMove::of(&cluster, first),
+        SlotMove::of(&cluster, second),
+    ] {
+        slot_move.begin();
+        for user in users.iter().filter(|u| slot_of(u) == slot_move.slot) {
+            for policy in &policies {
+                slot_move.migrate_if_any(&store.state_key(user.as_bytes(), policy));
+            }
+        }
+        for state in keys_of_slot_on(&cluster, source, slot_move.slot) {
+            slot_move.migrate_if_any(&state);
+        }
+        slot_move.finish();
+    }
+    tokio::time::sleep(ms(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Every user is then checked to the end, once the slots have moved:
+    // what the load left is taken now, and nothing more.
+    for (u, user) in users.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
+            for _ in 0..6 {
+                if store
+                    .check(user.as_bytes(), policy, 1)
+                    .await
+                    .unwrap()
+                    .is_allowed()
+                {
+                    admitted[u * n + p].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "outages while every node was up"
+    );
+    for (u, user) in users.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
+            assert_eq!(
+                admitted[u * n + p].load(Ordering::Relaxed),
+                policy.limit(),
+                "{user} under {}",
+                policy.name()
+            );
+        }
+    }
+    assert_eq!(cluster.master_of(first), target);
+    assert_eq!(cluster.master_of(second), target);
+}
