@@ -694,3 +694,116 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     assert_eq!(cluster.master_of(first), target);
     assert_eq!(cluster.master_of(second), target);
 }
+
+/// Users of a master and of another one, limits of 3, decided by 16 tasks
+/// in three rounds: before the master hangs (`SIGSTOP`, after `WAIT` has
+/// seen its writes on its replica), while it hangs and its replica is
+/// promoted (`CLUSTER FAILOVER TAKEOVER`), and after. The other master's
+/// users never fail; the hung master's fail only as outages; and each user
+/// admits exactly its limit in all: the promoted replica held every count,
+/// and nothing the hung master was sent counts as admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_admits_each_limit_exactly() {
+    let cluster = RedisCluster::start_with_replica();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .call_timeout(ms(200))
+            .connect_timeout(ms(300)),
+    )
+    .await;
+    let limit = 3;
+    let policy = fixed_window("fo-load", limit, HOUR);
+    let of_master = |master: usize, n: usize| -> Vec<String> {
+        (0..100_000)
+            .map(|i| format!("fo-{i}"))
+            .filter(|u| {
+                let key = store.state_key(u.as_bytes(), &policy);
+                cluster.master_of(cluster_slot(key.as_bytes())) == master
+            })
+            .take(n)
+            .collect()
+    };
+    let hung = of_master(0, 24);
+    let healthy = of_master(1, 12);
+    let users: Vec<(String, bool)> = hung
+        .iter()
+        .map(|u| (u.clone(), true))
+        .chain(healthy.iter().map(|u| (u.clone(), false)))
+        .collect();
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
+    let round = |seed: u64, calls: usize| {
+        let tasks: Vec<_> = (0..16u64)
+            .map(|task| {
+                let (store, policy, users, admitted) = (
+                    store.clone(),
+                    policy.clone(),
+                    users.clone(),
+                    admitted.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut rng = Rng(seed * 100 + task + 1);
+                    let mut outages = 0;
+                    for _ in 0..calls {
+                        let u = rng.index(users.len());
+                        match store.check(users[u].0.as_bytes(), &policy, 1).await {
+                            Ok(d) if d.is_allowed() => {
+                                admitted[u].fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                assert!(users[u].1, "{} failed: {e}", users[u].0);
+                                assert!(e.is_outage(), "{e}");
+                                outages += 1;
+                            }
+                        }
+                    }
+                    outages
+                })
+            })
+            .collect::<Vec<_>>();
+        async move {
+            let mut outages = 0;
+            for task in tasks {
+                outages += task.await.unwrap();
+            }
+            outages
+        }
+    };
+    assert_eq!(round(1, 3).await, 0, "outages before the failover");
+    let synced = cluster.cli(0, &["WAIT", "1", "1000"]);
+    assert_eq!(synced, "1", "the replica has every write");
+    cluster.nodes()[0].freeze();
+    let during = round(2, 12);
+    tokio::time::sleep(ms(300)).await;
+    let reply = cluster.cli(3, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert_eq!(reply, "OK", "TAKEOVER");
+    while !cluster.cli(3, &["ROLE"]).starts_with("master") {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let outages = during.await;
+    println!("[failover] outages while the master hung: {outages}");
+    // The store follows the promotion within a few seconds: then every user
+    // is checked to the end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for (u, (user, _)) in users.iter().enumerate() {
+        let mut checked = 0;
+        while checked < limit + 2 {
+            match store.check(user.as_bytes(), &policy, 1).await {
+                Ok(d) => {
+                    checked += 1;
+                    if d.is_allowed() {
+                        admitted[u].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    assert!(std::time::Instant::now() < deadline, "{user}: {e}");
+                }
+            }
+        }
+    }
+    cluster.nodes()[0].thaw();
+    for (u, (user, _)) in users.iter().enumerate() {
+        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+    }
+}
