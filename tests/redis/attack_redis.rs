@@ -807,3 +807,100 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
         assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
     }
 }
+
+/// Every master's functions flushed (`FUNCTION FLUSH`), twice, while 16
+/// tasks decide on users of every master in pipelines: each call that met
+/// `Function not found` is sent again once the library is loaded again, no
+/// call fails, and each user admits exactly its limit of 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let limit = 5;
+    let policy = fixed_window("flushed", limit, HOUR);
+    let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();
+    let masters: std::collections::HashSet<usize> = users
+        .iter()
+        .map(|u| {
+            cluster.master_of(cluster_slot(
+                store.state_key(u.as_bytes(), &policy).as_bytes(),
+            ))
+        })
+        .collect();
+    assert_eq!(masters.len(), 3, "users of every master");
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
+    let (errors, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let stopped = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16u64)
+        .map(|task| {
+            let (store, policy, users, admitted) = (
+                store.clone(),
+                policy.clone(),
+                users.clone(),
+                admitted.clone(),
+            );
+            let (errors, stop, stopped) = (errors.clone(), stop.clone(), stopped.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 3);
+                for _ in 0..3_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        stopped.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let u = rng.index(users.len());
+                    match store.check(users[u].as_bytes(), &policy, 1).await {
+                        Ok(d) if d.is_allowed() => {
+                            admitted[u].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                println!("[flush] {}: {e:?}", users[u]);
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        tokio::time::sleep(ms(20)).await;
+        for node in 0..3 {
+            assert_eq!(cluster.cli(node, &["FUNCTION", "FLUSH"]), "OK");
+        }
+    }
+    tokio::time::sleep(ms(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for (u, user) in users.iter().enumerate() {
+        for _ in 0..limit + 1 {
+            if store
+                .check(user.as_bytes(), &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                admitted[u].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "calls failed while every node was up"
+    );
+    assert!(
+        stopped.load(Ordering::Relaxed) > 0,
+        "the load ended before the flushes"
+    );
+    for (u, user) in users.iter().enumerate() {
+        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+    }
+}
