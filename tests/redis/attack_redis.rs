@@ -467,11 +467,12 @@ async fn maybe_dropped<T>(
 /// at the largest limit and the longest window (the numbers the text
 /// carries near their largest), at small ones, with costs from 1 to the
 /// limit, the clock moving by nothing, a microsecond, half a window and
-/// more, on keys with hash tags, empty tags and none.
+/// more, on keys with hash tags, empty tags and none, some blocked,
+/// penalized (up to `u64::MAX`) or rewarded before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
-    use ratelimit_core::Rate;
     use ratelimit_core::clock::ManualClock;
+    use ratelimit_core::{AdminStore, Rate};
     use ratelimit_tests::{MAX_LIMIT, NOW_MICROS, named, observable, redis_store_on_clock};
 
     use crate::shared::cluster_store_on_clock;
@@ -509,6 +510,7 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
         "plain", "{}empty", "{tag}a", "{tag}b", "x{}{y}", "{y}", "{", "}{",
     ];
     let mut rng = Rng(7);
+    let mut blocks = 0;
     for (p, policy) in policies.iter().enumerate() {
         let limit = policy.limit();
         let window = policy.algorithm().window_micros();
@@ -529,6 +531,41 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
                 _ => window + 1,
             };
             clock.advance(Duration::from_micros(by));
+            // Now and then an administrator's block, penalty or reward
+            // first: the checks then meet blocks and debts, large ones too.
+            let admin = rng.below(8);
+            let amount = match rng.below(3) {
+                0 => 1,
+                1 => limit,
+                _ => u64::MAX,
+            };
+            let block = Duration::from_micros(match rng.below(3) {
+                0 => 1,
+                1 => window,
+                _ => u64::MAX,
+            });
+            let mut done = Vec::new();
+            for store in [&on_node, &on_cluster] {
+                let result = match admin {
+                    0 => store
+                        .block(key.as_bytes(), policy, block)
+                        .await
+                        .map(|()| None),
+                    1 => store
+                        .penalize(key.as_bytes(), policy, amount)
+                        .await
+                        .map(Some),
+                    2 => store.reward(key.as_bytes(), policy, amount).await.map(Some),
+                    _ => Ok(None),
+                };
+                done.push(
+                    result
+                        .map(|d| d.as_ref().map(observable))
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            assert_eq!(done[0], done[1], "policy {p}, step {step}, admin {admin}");
+            blocks += u64::from(admin == 0 && done[0].is_ok());
             let want = on_node.check(key.as_bytes(), policy, cost).await;
             let got = on_cluster.check(key.as_bytes(), policy, cost).await;
             let want = want.as_ref().map(observable).map_err(|e| e.to_string());
@@ -541,6 +578,7 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
             );
         }
     }
+    assert!(blocks > 20, "{blocks} blocks");
 }
 
 /// Two slots of one master move to another key by key while 32 tasks
