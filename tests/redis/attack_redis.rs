@@ -487,6 +487,8 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
     for (limit, window) in [
         (MAX_LIMIT, longest),
         (MAX_LIMIT, HOUR),
+        (MAX_LIMIT, Duration::from_micros(1 << 12)),
+        (MAX_LIMIT, Duration::from_micros(1)),
         (5, HOUR),
         (1, longest),
     ] {
