@@ -585,10 +585,11 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
 
 /// Two slots of one master move to another key by key while 32 tasks
 /// decide, under every algorithm but the semaphore, with limits of 1 to 5
-/// that nothing refills during the test: single checks and one user's two
-/// limits together (one slot: one script, all or nothing; limits of
-/// several slots are refunded on a denial, which a request between may
-/// keep from giving back, so they are left out). No call fails (every node
+/// that nothing refills during the test: single checks, one user's two
+/// limits together, and two users' limits whose hash tags differ but hash
+/// to one slot (one slot: one script, all or nothing; limits of several
+/// slots are refunded on a denial, which a request between may keep from
+/// giving back, so they are left out). No call fails (every node
 /// is up) and each user admits exactly its limit under each policy: never
 /// more, and, as nothing was lost and sent again, never fewer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -646,7 +647,16 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
                     let u = rng.index(users.len());
                     let p = rng.index(n);
                     let q = (p + 1 + rng.index(n - 1)) % n;
-                    let (checked, result) = match rng.below(2) {
+                    // Another user of the same slot (the users are
+                    // listed slot by slot: 16, 8, then 4): other hash tags,
+                    // one script.
+                    let (start, len) = match u {
+                        0..16 => (0, 16),
+                        16..24 => (16, 8),
+                        _ => (24, 4),
+                    };
+                    let w = start + (u - start + 1 + rng.index(len - 1)) % len;
+                    let (checked, result) = match rng.below(3) {
                         0 => (
                             vec![u * n + p],
                             store
@@ -654,12 +664,19 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
                                 .await
                                 .map(|d| vec![d]),
                         ),
-                        _ => {
+                        1 => {
                             let checks = [
                                 Check::new(users[u].as_bytes(), &policies[p], 1),
                                 Check::new(users[u].as_bytes(), &policies[q], 1),
                             ];
                             (vec![u * n + p, u * n + q], store.check_all(&checks).await)
+                        }
+                        _ => {
+                            let checks = [
+                                Check::new(users[u].as_bytes(), &policies[p], 1),
+                                Check::new(users[w].as_bytes(), &policies[q], 1),
+                            ];
+                            (vec![u * n + p, w * n + q], store.check_all(&checks).await)
                         }
                     };
                     match result {
