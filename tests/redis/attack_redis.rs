@@ -961,3 +961,89 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
         assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
     }
 }
+
+/// Two runtimes share a cluster store and 48 keys of every master with a
+/// limit of 3, and one runtime shuts down while its tasks carry pipelines
+/// of the other's requests: those are sent again on their own, which may
+/// count a request twice, never admit one past a limit. No call of the
+/// runtime that lives on fails, and no key admits more than 3 in all,
+/// counting the admissions either runtime's callers were told of.
+#[test]
+fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
+    let cluster = RedisCluster::start();
+    let serving = runtime(1);
+    let store = serving.block_on(async {
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await
+    });
+    let limit = 3;
+    let policy = fixed_window("shared-runtimes", limit, HOUR);
+    let keys: Vec<String> = (0..48).map(|i| format!("shared-{i}")).collect();
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let doomed = runtime(1);
+    for task in 0..24u64 {
+        let (store, policy, keys, admitted) = (
+            store.clone(),
+            policy.clone(),
+            keys.clone(),
+            admitted.clone(),
+        );
+        doomed.spawn(async move {
+            let mut rng = Rng(task + 101);
+            for _ in 0..10_000 {
+                let k = rng.index(keys.len());
+                if let Ok(d) = store.check(keys[k].as_bytes(), &policy, 1).await
+                    && d.is_allowed()
+                {
+                    admitted[k].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    let callers: Vec<_> = (0..24u64)
+        .map(|task| {
+            let (store, policy, keys, admitted) = (
+                store.clone(),
+                policy.clone(),
+                keys.clone(),
+                admitted.clone(),
+            );
+            serving.spawn(async move {
+                let mut rng = Rng(task + 1);
+                let mut failed = Vec::new();
+                for _ in 0..300 {
+                    let k = rng.index(keys.len());
+                    match store.check(keys[k].as_bytes(), &policy, 1).await {
+                        Ok(d) if d.is_allowed() => {
+                            admitted[k].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    // Early, while the keys still admit: the pipelines lost with the
+    // runtime then carry admissions.
+    std::thread::sleep(ms(20));
+    drop(doomed);
+    let failed: Vec<String> = serving.block_on(async {
+        let mut failed = Vec::new();
+        for caller in callers {
+            failed.extend(caller.await.expect("a caller"));
+        }
+        failed
+    });
+    assert!(
+        failed.is_empty(),
+        "{} calls failed while every node was up, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    for (k, key) in keys.iter().enumerate() {
+        let admitted = admitted[k].load(Ordering::Relaxed);
+        assert!(admitted <= limit, "{key} admitted {admitted}");
+    }
+}
