@@ -1,7 +1,10 @@
 //! Attacks on `RedisStore`'s claims, each against real servers: a store
 //! shared by several tokio runtimes, one of which shuts down while it runs
-//! another runtime's calls (a single node and a cluster), and a cluster
-//! resharded under mixed, partly cancelled load. Over-admission is measured
+//! another runtime's calls (a single node and a cluster), a cluster
+//! resharded under mixed, partly cancelled load and under every algorithm,
+//! a master failed over under load, every master's functions flushed, and
+//! a cluster's pipelines (single checks answered as text) decided against
+//! one node's, at the largest numbers. Over-admission is measured
 //! by counting admissions per key against a limit whose window cannot roll
 //! over during the test (a fixed window of an hour); a call that fails
 //! while every server is up is a failure too, as a failure policy would
