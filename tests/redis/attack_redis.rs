@@ -1,7 +1,10 @@
 //! Attacks on `RedisStore`'s claims, each against real servers: a store
 //! shared by several tokio runtimes, one of which shuts down while it runs
-//! another runtime's calls (a single node and a cluster), and a cluster
-//! resharded under mixed, partly cancelled load. Over-admission is measured
+//! another runtime's calls (a single node and a cluster), a cluster
+//! resharded under mixed, partly cancelled load and under every algorithm,
+//! a master failed over under load, every master's functions flushed, and
+//! a cluster's pipelines (single checks answered as text) decided against
+//! one node's, at the largest numbers. Over-admission is measured
 //! by counting admissions per key against a limit whose window cannot roll
 //! over during the test (a fixed window of an hour); a call that fails
 //! while every server is up is a failure too, as a failure policy would
@@ -459,4 +462,591 @@ async fn maybe_dropped<T>(
         dropped.fetch_add(1, Ordering::Relaxed);
     }
     result
+}
+
+/// Every algorithm decides the same sequence of checks alike on a cluster,
+/// where each check goes alone in its master's pipeline and is answered as
+/// one line of text, and on one node, where it is answered as integers:
+/// at the largest limit and the longest window (the numbers the text
+/// carries near their largest), at small ones, with costs from 1 to the
+/// limit, the clock moving by nothing, a microsecond, half a window and
+/// more, on keys with hash tags, empty tags and none, some blocked,
+/// penalized (up to `u64::MAX`) or rewarded before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
+    use ratelimit_core::clock::ManualClock;
+    use ratelimit_core::{AdminStore, Rate};
+    use ratelimit_tests::{MAX_LIMIT, NOW_MICROS, named, observable, redis_store_on_clock};
+
+    use crate::shared::cluster_store_on_clock;
+
+    let cluster = RedisCluster::start();
+    let server = RedisServer::start();
+    let clock = ManualClock::new(NOW_MICROS);
+    let on_cluster = cluster_store_on_clock(&cluster, &clock).await;
+    let on_node = redis_store_on_clock(server.url(), &clock).await;
+    let longest = Duration::from_micros(1 << 50);
+    let mut policies = Vec::new();
+    for (limit, window) in [
+        (MAX_LIMIT, longest),
+        (MAX_LIMIT, HOUR),
+        (MAX_LIMIT, Duration::from_micros(1 << 12)),
+        (MAX_LIMIT, Duration::from_micros(1)),
+        (5, HOUR),
+        (1, longest),
+    ] {
+        let rate = Rate::new(limit, window);
+        let candidates = [
+            Policy::fixed_window(limit, window),
+            Policy::sliding_window_log(limit, window),
+            Policy::sliding_window_counter(limit, window),
+            Policy::token_bucket(limit, rate),
+            Policy::gcra(limit, rate),
+            Policy::leaky_bucket(limit, rate),
+        ];
+        for (i, policy) in candidates.into_iter().enumerate() {
+            // Some algorithms refuse the largest numbers together.
+            if policy.is_ok() {
+                policies.push(named(format!("p{}-{limit}-{i}", policies.len()), policy));
+            }
+        }
+    }
+    let keys = [
+        "plain", "{}empty", "{tag}a", "{tag}b", "x{}{y}", "{y}", "{", "}{",
+    ];
+    let mut rng = Rng(7);
+    let mut blocks = 0;
+    for (p, policy) in policies.iter().enumerate() {
+        let limit = policy.limit();
+        let window = policy.algorithm().window_micros();
+        for step in 0..40 {
+            let key = keys[rng.index(keys.len())];
+            let cost = match rng.below(6) {
+                0 => 1,
+                1 => limit,
+                2 => limit.saturating_sub(1).max(1),
+                3 => (limit / 2).max(1),
+                4 => 1 + rng.below(limit),
+                _ => 0,
+            };
+            let by = match rng.below(5) {
+                0 | 1 => 0,
+                2 => 1,
+                3 => window / 2,
+                _ => window + 1,
+            };
+            clock.advance(Duration::from_micros(by));
+            // Now and then an administrator's block, penalty or reward
+            // first: the checks then meet blocks and debts, large ones too.
+            let admin = rng.below(8);
+            let amount = match rng.below(3) {
+                0 => 1,
+                1 => limit,
+                _ => u64::MAX,
+            };
+            let block = Duration::from_micros(match rng.below(3) {
+                0 => 1,
+                1 => window,
+                _ => u64::MAX,
+            });
+            let mut done = Vec::new();
+            for store in [&on_node, &on_cluster] {
+                let result = match admin {
+                    0 => store
+                        .block(key.as_bytes(), policy, block)
+                        .await
+                        .map(|()| None),
+                    1 => store
+                        .penalize(key.as_bytes(), policy, amount)
+                        .await
+                        .map(Some),
+                    2 => store.reward(key.as_bytes(), policy, amount).await.map(Some),
+                    _ => Ok(None),
+                };
+                done.push(
+                    result
+                        .map(|d| d.as_ref().map(observable))
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            assert_eq!(done[0], done[1], "policy {p}, step {step}, admin {admin}");
+            blocks += u64::from(admin == 0 && done[0].is_ok());
+            let want = on_node.check(key.as_bytes(), policy, cost).await;
+            let got = on_cluster.check(key.as_bytes(), policy, cost).await;
+            let want = want.as_ref().map(observable).map_err(|e| e.to_string());
+            let got = got.as_ref().map(observable).map_err(|e| e.to_string());
+            assert_eq!(
+                want,
+                got,
+                "policy {p} ({}), step {step}, key {key}, cost {cost}",
+                policy.name()
+            );
+        }
+    }
+    assert!(blocks > 20, "{blocks} blocks");
+}
+
+/// Two slots of one master move to another key by key while 32 tasks
+/// decide, under every algorithm but the semaphore, with limits of 1 to 5
+/// that nothing refills during the test: single checks, one user's two
+/// limits together, and two users' limits whose hash tags differ but hash
+/// to one slot (one slot: one script, all or nothing; limits of several
+/// slots are refunded on a denial, which a request between may keep from
+/// giving back, so they are left out). No call fails (every node
+/// is up) and each user admits exactly its limit under each policy: never
+/// more, and, as nothing was lost and sent again, never fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
+    use ratelimit_core::Rate;
+    use ratelimit_tests::named;
+
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let slow = Rate::per_hour(1);
+    let policies = [
+        named("ra-fw", Policy::fixed_window(1, HOUR)),
+        named("ra-log", Policy::sliding_window_log(2, HOUR)),
+        named("ra-swc", Policy::sliding_window_counter(3, HOUR)),
+        named("ra-tb", Policy::token_bucket(4, slow)),
+        named("ra-gcra", Policy::gcra(5, slow)),
+        named("ra-lb", Policy::leaky_bucket(3, slow)),
+    ];
+    let slot_of =
+        |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
+    let first = slot_of("u0");
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let other = 3 - source - target;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    let third = (0..16u16)
+        .map(|i| i * 1_024)
+        .find(|&s| cluster.master_of(s) == other)
+        .expect("a slot of the third master");
+    let mut users = keys_in_slot(&store, &policies[0], first, 16);
+    users.extend(keys_in_slot(&store, &policies[0], second, 8));
+    users.extend(keys_in_slot(&store, &policies[0], third, 4));
+    let n = policies.len();
+    let admitted: Arc<Vec<AtomicU64>> =
+        Arc::new((0..users.len() * n).map(|_| AtomicU64::new(0)).collect());
+    let (errors, stopped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..32u64)
+        .map(|task| {
+            let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
+            let (admitted, errors, stop) = (admitted.clone(), errors.clone(), stop.clone());
+            let stopped = stopped.clone();
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 11);
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        stopped.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let u = rng.index(users.len());
+                    let p = rng.index(n);
+                    let q = (p + 1 + rng.index(n - 1)) % n;
+                    // Another user of the same slot (the users are
+                    // listed slot by slot: 16, 8, then 4): other hash tags,
+                    // one script.
+                    let (start, len) = match u {
+                        0..16 => (0, 16),
+                        16..24 => (16, 8),
+                        _ => (24, 4),
+                    };
+                    let w = start + (u - start + 1 + rng.index(len - 1)) % len;
+                    let (checked, result) = match rng.below(3) {
+                        0 => (
+                            vec![u * n + p],
+                            store
+                                .check(users[u].as_bytes(), &policies[p], 1)
+                                .await
+                                .map(|d| vec![d]),
+                        ),
+                        1 => {
+                            let checks = [
+                                Check::new(users[u].as_bytes(), &policies[p], 1),
+                                Check::new(users[u].as_bytes(), &policies[q], 1),
+                            ];
+                            (vec![u * n + p, u * n + q], store.check_all(&checks).await)
+                        }
+                        _ => {
+                            let checks = [
+                                Check::new(users[u].as_bytes(), &policies[p], 1),
+                                Check::new(users[w].as_bytes(), &policies[q], 1),
+                            ];
+                            (vec![u * n + p, w * n + q], store.check_all(&checks).await)
+                        }
+                    };
+                    match result {
+                        Ok(decisions) if decisions.iter().all(Decision::is_allowed) => {
+                            for &i in &checked {
+                                admitted[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                println!("[reshard] {checked:?}: {e:?}");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(ms(20)).await;
+    for slot_move in [
+        SlotMove::of(&cluster, first),
+        SlotMove::of(&cluster, second),
+    ] {
+        slot_move.begin();
+        for user in users.iter().filter(|u| slot_of(u) == slot_move.slot) {
+            for policy in &policies {
+                slot_move.migrate_if_any(&store.state_key(user.as_bytes(), policy));
+            }
+        }
+        for state in keys_of_slot_on(&cluster, source, slot_move.slot) {
+            slot_move.migrate_if_any(&state);
+        }
+        slot_move.finish();
+    }
+    tokio::time::sleep(ms(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Every user is then checked to the end, once the slots have moved:
+    // what the load left is taken now, and nothing more.
+    for (u, user) in users.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
+            for _ in 0..6 {
+                if store
+                    .check(user.as_bytes(), policy, 1)
+                    .await
+                    .unwrap()
+                    .is_allowed()
+                {
+                    admitted[u * n + p].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "outages while every node was up"
+    );
+    for (u, user) in users.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
+            assert_eq!(
+                admitted[u * n + p].load(Ordering::Relaxed),
+                policy.limit(),
+                "{user} under {}",
+                policy.name()
+            );
+        }
+    }
+    assert_eq!(cluster.master_of(first), target);
+    assert_eq!(cluster.master_of(second), target);
+}
+
+/// Users of a master and of another one, limits of 3, decided by 16 tasks
+/// in three rounds: before the master hangs (`SIGSTOP`, after `WAIT` has
+/// seen its writes on its replica), while it hangs and its replica is
+/// promoted (`CLUSTER FAILOVER TAKEOVER`), and after. The other master's
+/// users never fail; the hung master's fail only as outages; and each user
+/// admits exactly its limit in all: the promoted replica held every count,
+/// and nothing the hung master was sent counts as admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_admits_each_limit_exactly() {
+    let cluster = RedisCluster::start_with_replica();
+    let store = build(
+        RedisStore::cluster_builder(cluster.urls())
+            .call_timeout(ms(200))
+            .connect_timeout(ms(300)),
+    )
+    .await;
+    let limit = 3;
+    let policy = fixed_window("fo-load", limit, HOUR);
+    let of_master = |master: usize, n: usize| -> Vec<String> {
+        (0..100_000)
+            .map(|i| format!("fo-{i}"))
+            .filter(|u| {
+                let key = store.state_key(u.as_bytes(), &policy);
+                cluster.master_of(cluster_slot(key.as_bytes())) == master
+            })
+            .take(n)
+            .collect()
+    };
+    let hung = of_master(0, 24);
+    let healthy = of_master(1, 12);
+    let users: Vec<(String, bool)> = hung
+        .iter()
+        .map(|u| (u.clone(), true))
+        .chain(healthy.iter().map(|u| (u.clone(), false)))
+        .collect();
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
+    let round = |seed: u64, calls: usize| {
+        let tasks: Vec<_> = (0..16u64)
+            .map(|task| {
+                let (store, policy, users, admitted) = (
+                    store.clone(),
+                    policy.clone(),
+                    users.clone(),
+                    admitted.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut rng = Rng(seed * 100 + task + 1);
+                    let mut outages = 0;
+                    for _ in 0..calls {
+                        let u = rng.index(users.len());
+                        match store.check(users[u].0.as_bytes(), &policy, 1).await {
+                            Ok(d) if d.is_allowed() => {
+                                admitted[u].fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                assert!(users[u].1, "{} failed: {e}", users[u].0);
+                                assert!(e.is_outage(), "{e}");
+                                outages += 1;
+                            }
+                        }
+                    }
+                    outages
+                })
+            })
+            .collect::<Vec<_>>();
+        async move {
+            let mut outages = 0;
+            for task in tasks {
+                outages += task.await.unwrap();
+            }
+            outages
+        }
+    };
+    assert_eq!(round(1, 3).await, 0, "outages before the failover");
+    let synced = cluster.cli(0, &["WAIT", "1", "1000"]);
+    assert_eq!(synced, "1", "the replica has every write");
+    cluster.nodes()[0].freeze();
+    let during = round(2, 12);
+    tokio::time::sleep(ms(300)).await;
+    let reply = cluster.cli(3, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert_eq!(reply, "OK", "TAKEOVER");
+    while !cluster.cli(3, &["ROLE"]).starts_with("master") {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let outages = during.await;
+    println!("[failover] outages while the master hung: {outages}");
+    // The store follows the promotion within a few seconds: then every user
+    // is checked to the end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for (u, (user, _)) in users.iter().enumerate() {
+        let mut checked = 0;
+        while checked < limit + 2 {
+            match store.check(user.as_bytes(), &policy, 1).await {
+                Ok(d) => {
+                    checked += 1;
+                    if d.is_allowed() {
+                        admitted[u].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    assert!(std::time::Instant::now() < deadline, "{user}: {e}");
+                }
+            }
+        }
+    }
+    cluster.nodes()[0].thaw();
+    for (u, (user, _)) in users.iter().enumerate() {
+        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+    }
+}
+
+/// Every master's functions flushed (`FUNCTION FLUSH`), twice, while 16
+/// tasks decide on users of every master in pipelines: each call that met
+/// `Function not found` is sent again once the library is loaded again, no
+/// call fails, and each user admits exactly its limit of 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
+    let cluster = RedisCluster::start();
+    let store =
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(2)))
+            .await;
+    let limit = 5;
+    let policy = fixed_window("flushed", limit, HOUR);
+    let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();
+    let masters: std::collections::HashSet<usize> = users
+        .iter()
+        .map(|u| {
+            cluster.master_of(cluster_slot(
+                store.state_key(u.as_bytes(), &policy).as_bytes(),
+            ))
+        })
+        .collect();
+    assert_eq!(masters.len(), 3, "users of every master");
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
+    let (errors, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let stopped = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16u64)
+        .map(|task| {
+            let (store, policy, users, admitted) = (
+                store.clone(),
+                policy.clone(),
+                users.clone(),
+                admitted.clone(),
+            );
+            let (errors, stop, stopped) = (errors.clone(), stop.clone(), stopped.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng(task + 3);
+                for _ in 0..3_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        stopped.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let u = rng.index(users.len());
+                    match store.check(users[u].as_bytes(), &policy, 1).await {
+                        Ok(d) if d.is_allowed() => {
+                            admitted[u].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                println!("[flush] {}: {e:?}", users[u]);
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        tokio::time::sleep(ms(20)).await;
+        for node in 0..3 {
+            assert_eq!(cluster.cli(node, &["FUNCTION", "FLUSH"]), "OK");
+        }
+    }
+    tokio::time::sleep(ms(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for (u, user) in users.iter().enumerate() {
+        for _ in 0..limit + 1 {
+            if store
+                .check(user.as_bytes(), &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                admitted[u].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "calls failed while every node was up"
+    );
+    assert!(
+        stopped.load(Ordering::Relaxed) > 0,
+        "the load ended before the flushes"
+    );
+    for (u, user) in users.iter().enumerate() {
+        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+    }
+}
+
+/// Two runtimes share a cluster store and 48 keys of every master with a
+/// limit of 3, and one runtime shuts down while its tasks carry pipelines
+/// of the other's requests: those are sent again on their own, which may
+/// count a request twice, never admit one past a limit. No call of the
+/// runtime that lives on fails, and no key admits more than 3 in all,
+/// counting the admissions either runtime's callers were told of.
+#[test]
+fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
+    let cluster = RedisCluster::start();
+    let serving = runtime(1);
+    let store = serving.block_on(async {
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await
+    });
+    let limit = 3;
+    let policy = fixed_window("shared-runtimes", limit, HOUR);
+    let keys: Vec<String> = (0..48).map(|i| format!("shared-{i}")).collect();
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let doomed = runtime(1);
+    for task in 0..24u64 {
+        let (store, policy, keys, admitted) = (
+            store.clone(),
+            policy.clone(),
+            keys.clone(),
+            admitted.clone(),
+        );
+        doomed.spawn(async move {
+            let mut rng = Rng(task + 101);
+            for _ in 0..10_000 {
+                let k = rng.index(keys.len());
+                if let Ok(d) = store.check(keys[k].as_bytes(), &policy, 1).await
+                    && d.is_allowed()
+                {
+                    admitted[k].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    let callers: Vec<_> = (0..24u64)
+        .map(|task| {
+            let (store, policy, keys, admitted) = (
+                store.clone(),
+                policy.clone(),
+                keys.clone(),
+                admitted.clone(),
+            );
+            serving.spawn(async move {
+                let mut rng = Rng(task + 1);
+                let mut failed = Vec::new();
+                for _ in 0..300 {
+                    let k = rng.index(keys.len());
+                    match store.check(keys[k].as_bytes(), &policy, 1).await {
+                        Ok(d) if d.is_allowed() => {
+                            admitted[k].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    // Early, while the keys still admit: the pipelines lost with the
+    // runtime then carry admissions.
+    std::thread::sleep(ms(20));
+    drop(doomed);
+    let failed: Vec<String> = serving.block_on(async {
+        let mut failed = Vec::new();
+        for caller in callers {
+            failed.extend(caller.await.expect("a caller"));
+        }
+        failed
+    });
+    assert!(
+        failed.is_empty(),
+        "{} calls failed while every node was up, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    for (k, key) in keys.iter().enumerate() {
+        let admitted = admitted[k].load(Ordering::Relaxed);
+        assert!(admitted <= limit, "{key} admitted {admitted}");
+    }
 }
