@@ -256,6 +256,8 @@ impl Scripts {
 pub(super) struct Library {
     source: String,
     names: [String; 7],
+    /// Read by a cluster's pipelines only.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     text: [String; 7],
     batch: String,
 }
