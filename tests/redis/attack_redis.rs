@@ -121,6 +121,25 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
 /// (Through redis-rs's retries, calls redirected by `ASK` met `MOVED` back
 /// from the importing master, their `ASKING` taken by another call, until
 /// the retries ran out: outages, or calls hung for the whole call timeout.)
+/// Around `first`, a slot to move: its master (the source), the master the
+/// moves go to (the target), another slot of the source, and a slot of the
+/// third master, which no move touches.
+fn reshard_around(cluster: &RedisCluster, first: u16) -> (usize, usize, u16, u16) {
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let other = 3 - source - target;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    // The masters own ranges of slots: a few samples find the third's.
+    let third = (0..16u16)
+        .map(|i| i * 1_024)
+        .find(|&s| cluster.master_of(s) == other)
+        .expect("a slot of the third master");
+    (source, target, second, third)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
  {
@@ -135,18 +154,7 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     let slot_of =
         |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
     let first = slot_of("u0");
-    let source = cluster.master_of(first);
-    let target = (source + 1) % 3;
-    let other = 3 - source - target;
-    let second = (0..16_384u16)
-        .map(|s| (first + 1 + s) % 16_384)
-        .find(|&s| cluster.master_of(s) == source)
-        .expect("another slot of the source");
-    // The masters own ranges of slots: a few samples find the third's.
-    let third = (0..16u16)
-        .map(|i| i * 1_024)
-        .find(|&s| cluster.master_of(s) == other)
-        .expect("a slot of the third master");
+    let (source, target, second, third) = reshard_around(&cluster, first);
     let mut users = keys_in_slot(&store, &policies[0], first, 6);
     users.extend(keys_in_slot(&store, &policies[0], second, 6));
     users.extend(keys_in_slot(&store, &policies[0], third, 6));
@@ -288,6 +296,41 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     assert_eq!(cluster.master_of(second), target);
 }
 
+/// A store on `cluster`, built on `serving` (the runtime that lives on),
+/// whose calls time out after 3 s.
+fn cluster_store_on(serving: &tokio::runtime::Runtime, cluster: &RedisCluster) -> RedisStore {
+    serving.block_on(async {
+        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
+            .await
+    })
+}
+
+/// Shuts `doomed` down `after` its tasks started, while `callers` (tasks
+/// of `serving`, each answering the errors it met) go on, and asserts that
+/// every call of theirs was decided: every node is up.
+fn shut_down_midway(
+    serving: &tokio::runtime::Runtime,
+    doomed: tokio::runtime::Runtime,
+    callers: Vec<tokio::task::JoinHandle<Vec<String>>>,
+    after: Duration,
+) {
+    std::thread::sleep(after);
+    drop(doomed);
+    let failed: Vec<String> = serving.block_on(async {
+        let mut failed = Vec::new();
+        for caller in callers {
+            failed.extend(caller.await.expect("a caller"));
+        }
+        failed
+    });
+    assert!(
+        failed.is_empty(),
+        "{} calls failed while every node was up, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+}
+
 /// A cluster store shared by two runtimes, both deciding on keys of every
 /// master, one of which shuts down mid-flight: its tasks carried the other
 /// runtime's requests too (a master's lane runs its pipelines in a task of
@@ -297,10 +340,7 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
 fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
     let cluster = RedisCluster::start();
     let serving = runtime(1);
-    let store = serving.block_on(async {
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
-            .await
-    });
+    let store = cluster_store_on(&serving, &cluster);
     let policy = fixed_window("two-runtimes", 1_000_000, HOUR);
     serving.block_on(async {
         assert!(store.check(b"warm", &policy, 1).await.unwrap().is_allowed());
@@ -330,21 +370,7 @@ fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
             })
         })
         .collect();
-    std::thread::sleep(ms(100));
-    drop(doomed);
-    let failed: Vec<String> = serving.block_on(async {
-        let mut failed = Vec::new();
-        for caller in callers {
-            failed.extend(caller.await.expect("a caller"));
-        }
-        failed
-    });
-    assert!(
-        failed.is_empty(),
-        "{} calls failed while every node was up, first: {:?}",
-        failed.len(),
-        failed.first()
-    );
+    shut_down_midway(&serving, doomed, callers, ms(100));
 }
 
 /// A semaphore of 3, 24 tasks each taking a permit, holding it for a moment
@@ -616,17 +642,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     let slot_of =
         |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
     let first = slot_of("u0");
-    let source = cluster.master_of(first);
-    let target = (source + 1) % 3;
-    let other = 3 - source - target;
-    let second = (0..16_384u16)
-        .map(|s| (first + 1 + s) % 16_384)
-        .find(|&s| cluster.master_of(s) == source)
-        .expect("another slot of the source");
-    let third = (0..16u16)
-        .map(|i| i * 1_024)
-        .find(|&s| cluster.master_of(s) == other)
-        .expect("a slot of the third master");
+    let (source, target, second, third) = reshard_around(&cluster, first);
     let mut users = keys_in_slot(&store, &policies[0], first, 16);
     users.extend(keys_in_slot(&store, &policies[0], second, 8));
     users.extend(keys_in_slot(&store, &policies[0], third, 4));
@@ -975,10 +991,7 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
 fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
     let cluster = RedisCluster::start();
     let serving = runtime(1);
-    let store = serving.block_on(async {
-        build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_secs(3)))
-            .await
-    });
+    let store = cluster_store_on(&serving, &cluster);
     let limit = 3;
     let policy = fixed_window("shared-runtimes", limit, HOUR);
     let keys: Vec<String> = (0..48).map(|i| format!("shared-{i}")).collect();
@@ -1030,21 +1043,7 @@ fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
         .collect();
     // Early, while the keys still admit: the pipelines lost with the
     // runtime then carry admissions.
-    std::thread::sleep(ms(20));
-    drop(doomed);
-    let failed: Vec<String> = serving.block_on(async {
-        let mut failed = Vec::new();
-        for caller in callers {
-            failed.extend(caller.await.expect("a caller"));
-        }
-        failed
-    });
-    assert!(
-        failed.is_empty(),
-        "{} calls failed while every node was up, first: {:?}",
-        failed.len(),
-        failed.first()
-    );
+    shut_down_midway(&serving, doomed, callers, ms(20));
     for (k, key) in keys.iter().enumerate() {
         let admitted = admitted[k].load(Ordering::Relaxed);
         assert!(admitted <= limit, "{key} admitted {admitted}");
