@@ -153,6 +153,10 @@ struct Args {
     /// The window (or the refill period, or the lease).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nonzero_duration)]
     window: Duration,
+    /// The runtime's worker threads (default: one per core). One thread
+    /// compares with a one-threaded client such as `redis-benchmark`.
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    threads: Option<usize>,
 }
 
 /// Appends `n` in decimal: the key drawn for each request, written as
@@ -180,9 +184,23 @@ fn positive_usize(text: &str) -> Result<usize, String> {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        runtime.worker_threads(threads);
+    }
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(e) => {
+            eprintln!("bench: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Runs what the flags ask for.
+async fn run(args: Args) {
     if args.print_library {
         print!("{}", ratelimit_core::redis::function_library());
         return;
