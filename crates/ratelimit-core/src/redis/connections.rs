@@ -38,10 +38,10 @@ pub(super) fn spawn_here(
     Ok(())
 }
 
-/// What the task that holds `answer`'s sender sends; none when the task
+/// What the task that holds `receiver`'s sender sends; none when the task
 /// was dropped unfinished (its runtime shut down).
-pub(super) async fn answer<T: Clone>(answer: &mut watch::Receiver<Option<T>>) -> Option<T> {
-    let sent = answer.wait_for(Option::is_some).await.ok()?;
+pub(super) async fn answer<T: Clone>(receiver: &mut watch::Receiver<Option<T>>) -> Option<T> {
+    let sent = receiver.wait_for(Option::is_some).await.ok()?;
     Option::clone(&sent)
 }
 
