@@ -158,12 +158,8 @@ impl SlidingWindowCounter {
         amount: u64,
     ) -> Decision {
         let (start, previous, current) = self.current(state, now);
-        *state = SlidingWindowCounterState {
-            window_last: start + (self.window - 1),
-            previous,
-            current: penalized(current, amount, 2 * self.limit),
-        };
-        self.decide(state, now, 0)
+        let current = penalized(current, amount, 2 * self.limit);
+        self.set_counts(state, now, start, previous, current)
     }
 
     /// Gives back `amount`: from the current window's count first, then from
@@ -179,10 +175,29 @@ impl SlidingWindowCounter {
         let (start, previous, current) = self.current(state, now);
         let from_current = amount.min(current);
         let from_previous = (amount - from_current).min(previous);
+        self.set_counts(
+            state,
+            now,
+            start,
+            previous - from_previous,
+            current - from_current,
+        )
+    }
+
+    /// Sets the counts of the window that starts at `start` and of the one
+    /// before it, and returns what a peek then reports.
+    fn set_counts(
+        &self,
+        state: &mut SlidingWindowCounterState,
+        now: u64,
+        start: u64,
+        previous: u64,
+        current: u64,
+    ) -> Decision {
         *state = SlidingWindowCounterState {
             window_last: start + (self.window - 1),
-            previous: previous - from_previous,
-            current: current - from_current,
+            previous,
+            current,
         };
         self.decide(state, now, 0)
     }

@@ -149,6 +149,18 @@ fn same_hasher(store: &MemoryStore<ManualClock>) -> MemoryStore<ManualClock> {
     }
 }
 
+/// A store of `shards` shards that holds at most `max_keys` keys, on a
+/// manual clock at a recent time, and its clock.
+fn clocked_store(shards: usize, max_keys: usize) -> (ManualClock, MemoryStore<ManualClock>) {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder()
+        .shards(shards)
+        .max_keys(max_keys)
+        .clock(clock.clone())
+        .build();
+    (clock, store)
+}
+
 fn hot_keys(store: &MemoryStore<ManualClock>) -> usize {
     store
         .shared
@@ -170,12 +182,7 @@ proptest! {
         shards in prop_oneof![Just(1usize), Just(2)],
         max_keys in 3..12usize,
     ) {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let hot = MemoryStore::builder()
-            .shards(shards)
-            .max_keys(max_keys)
-            .clock(clock.clone())
-            .build();
+        let (clock, hot) = clocked_store(shards, max_keys);
         let cold = same_hasher(&hot);
         let mut policies = policies();
         for (i, op) in ops.iter().enumerate() {
@@ -233,12 +240,7 @@ struct Units {
 fn hammered_hot_keys_account_for_every_unit() {
     const BURST: u64 = 1_000;
     const INTERVAL: u64 = 1_000;
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    let store = MemoryStore::builder()
-        .shards(2)
-        .max_keys(8)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = clocked_store(2, 8);
     let policy = || {
         Policy::gcra(BURST, Rate::per_second(1_000))
             .expect("valid")
@@ -444,12 +446,7 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
     const BURST: u64 = 5;
     const INTERVAL: u64 = 1_000;
     const WORKERS: usize = 3;
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_keys(6)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = clocked_store(1, 6);
     let policy = Policy::gcra(BURST, Rate::per_second(1_000)).expect("valid");
     let keys: [&[u8]; 2] = [b"fifteen-bytes-a", b"fifteen-bytes-b"];
     let admitted = [AtomicU64::new(0), AtomicU64::new(0)];

@@ -328,26 +328,28 @@ impl RedisStore {
 
     /// The end of a call sent alone: what queued behind it goes now.
     fn finish_alone(&self, lane: LaneId) {
-        let Some(coalescer) = self.inner.coalescer.as_ref() else {
-            return;
-        };
-        let driver = {
-            let mut lanes = coalescer.lanes.lock();
-            let Some(state) = lanes.get_mut(&lane) else {
-                return;
-            };
-            let batch = coalescer.take(state);
-            if batch.is_empty() {
-                state.in_flight = state.in_flight.saturating_sub(1);
-                if state.in_flight == 0 && state.queue.is_empty() {
-                    lanes.remove(&lane);
-                }
-                return;
-            }
+        if let Some(batch) = self.next_batch(lane) {
             // Still counted in flight: the driver's now.
-            Driver::new(self.clone(), lane, batch)
-        };
-        driver.start();
+            Driver::new(self.clone(), lane, batch).start();
+        }
+    }
+
+    /// What a call on `lane` that has ended sends next, keeping its place
+    /// in flight; none when nothing waits, and then its place is given up
+    /// (and the lane dropped once idle).
+    fn next_batch(&self, lane: LaneId) -> Option<Vec<Item>> {
+        let coalescer = self.inner.coalescer.as_ref()?;
+        let mut lanes = coalescer.lanes.lock();
+        let state = lanes.get_mut(&lane)?;
+        let batch = coalescer.take(state);
+        if batch.is_empty() {
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if state.in_flight == 0 && state.queue.is_empty() {
+                lanes.remove(&lane);
+            }
+            return None;
+        }
+        Some(batch)
     }
 
     /// Queues `item` on `lane`, and starts a call for it (and whatever
@@ -412,22 +414,11 @@ impl RedisStore {
                     self.gather(driver.lane).await;
                 }
             }
-            let Some(coalescer) = self.inner.coalescer.as_ref() else {
-                return;
-            };
-            let mut lanes = coalescer.lanes.lock();
-            let Some(state) = lanes.get_mut(&driver.lane) else {
-                return;
-            };
-            driver.batch = coalescer.take(state);
-            if driver.batch.is_empty() {
-                state.in_flight = state.in_flight.saturating_sub(1);
-                if state.in_flight == 0 && state.queue.is_empty() {
-                    lanes.remove(&driver.lane);
-                }
+            let Some(batch) = self.next_batch(driver.lane) else {
                 driver.finished = true;
                 return;
-            }
+            };
+            driver.batch = batch;
         }
     }
 

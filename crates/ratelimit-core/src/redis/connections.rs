@@ -23,6 +23,28 @@ use tokio::time::Instant;
 
 use super::scripts::AclProbe;
 
+/// Runs `task` on the current tokio runtime, or fails as a store used
+/// outside one.
+pub(super) fn spawn_here(
+    task: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RedisError> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Err(RedisError::from((
+            redis::ErrorKind::Client,
+            "RedisStore needs a tokio runtime",
+        )));
+    };
+    runtime.spawn(task);
+    Ok(())
+}
+
+/// What the task that holds `receiver`'s sender sends; none when the task
+/// was dropped unfinished (its runtime shut down).
+pub(super) async fn answer<T: Clone>(receiver: &mut watch::Receiver<Option<T>>) -> Option<T> {
+    let sent = receiver.wait_for(Option::is_some).await.ok()?;
+    Option::clone(&sent)
+}
+
 /// A connection and the id that tells it apart from its replacements.
 pub(super) type Shared = (u64, Link);
 
@@ -261,20 +283,12 @@ impl Connections {
             // Spawned with the slot's lock released: a task that cannot run
             // is dropped at once, and its drop takes the lock.
             if let Some(task) = start {
-                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                    return Err(RedisError::from((
-                        redis::ErrorKind::Client,
-                        "RedisStore needs a tokio runtime",
-                    )));
-                };
-                runtime.spawn(task.run(Arc::clone(&self.opener)));
+                spawn_here(task.run(Arc::clone(&self.opener)))?;
             }
-            // `Err`: the opening was dropped unfinished (its runtime shut
+            // None: the opening was dropped unfinished (its runtime shut
             // down), its slot freed.
-            if let Ok(result) = opened.wait_for(Option::is_some).await
-                && let Some(result) = &*result
-            {
-                return result.clone();
+            if let Some(result) = answer(&mut opened).await {
+                return result;
             }
         }
         Err(RedisError::from(std::io::Error::new(

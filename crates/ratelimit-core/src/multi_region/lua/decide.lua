@@ -34,7 +34,7 @@
 -- time, then for each check whether it passes, the window start and the
 -- global previous and current counts (before this call).
 
--- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl, ttl_ms: fields.lua;
 -- both come first.
 
 local t = redis.call('TIME')
@@ -145,16 +145,6 @@ for i = first_hash, #KEYS do
   checks[#checks + 1] = {pass, start, previous, current, cost, w, expired, KEYS[i]}
 end
 
--- Kept a little beyond the last instant they matter, and an hour more on a
--- fixed test clock (which real time does not move).
-local function ttl_ms(until_us)
-  local ms = idiv(until_us - now + 999, 1000) + 1000
-  if fixed then
-    ms = ms + 3600000
-  end
-  return ms
-end
-
 local reply = {fmt(now)}
 local outbox_until = 0
 local written = false
@@ -180,7 +170,7 @@ for _, c in ipairs(checks) do
     if #c[7] > 0 then
       redis.call('HDEL', hash, unpack(c[7]))
     end
-    extend_ttl(hash, ttl_ms(start + 2 * w))
+    extend_ttl(hash, ttl_ms(start + 2 * w, now, fixed))
     local member = fmt(start) .. ':' .. fmt(w) .. ':' .. hash
     local ends = start + 2 * w + max_skew
     redis.call('ZADD', outbox_seq, fmt(seq), member)
@@ -210,7 +200,7 @@ if written then
     redis.call('HDEL', outbox_val, unpack(gone))
   end
   for k = 1, 4 do
-    extend_ttl(KEYS[k], ttl_ms(outbox_until))
+    extend_ttl(KEYS[k], ttl_ms(outbox_until, now, fixed))
   end
 end
 return reply

@@ -32,3 +32,14 @@ local function extend_ttl(key, ms)
     redis.call('PEXPIRE', key, fmt(ms))
   end
 end
+
+-- The TTL in milliseconds that keeps a key a little beyond `until_us`, and
+-- an hour more on a fixed test clock (`fixed`), which real time does not
+-- move.
+local function ttl_ms(until_us, now, fixed)
+  local ms = idiv(until_us - now + 999, 1000) + 1000
+  if fixed then
+    ms = ms + 3600000
+  end
+  return ms
+end

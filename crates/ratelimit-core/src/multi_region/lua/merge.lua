@@ -31,7 +31,7 @@
 -- over by this clock are dropped; TTLs are only ever extended. Returns the
 -- units added.
 
--- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl: fields.lua;
+-- idiv, fmt: redis/lua/numbers.lua; parse_field, extend_ttl, ttl_ms: fields.lua;
 -- both come first.
 
 local now = tonumber(ARGV[3])
@@ -43,14 +43,6 @@ end
 local from, epoch = ARGV[1], ARGV[2]
 local max_skew = tonumber(ARGV[4])
 local policy_at = #ARGV[5] + 2
-
-local function ttl_ms(until_us)
-  local ms = idiv(until_us - now + 999, 1000) + 1000
-  if fixed then
-    ms = ms + 3600000
-  end
-  return ms
-end
 
 local added = 0
 local late = 0
@@ -74,7 +66,7 @@ for i = 3, #KEYS do
       -- The seen field matters until the sender's window is over (bounded
       -- by this clock, whatever the sender's says).
       local keep = math.min(start + 2 * w + max_skew, now + 2 * w + max_skew)
-      extend_ttl(hash, ttl_ms(math.max(here + 2 * w, keep)))
+      extend_ttl(hash, ttl_ms(math.max(here + 2 * w, keep), now, fixed))
       local fields = redis.call('HKEYS', hash)
       local expired = {}
       for f = 1, #fields do

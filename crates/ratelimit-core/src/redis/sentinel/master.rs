@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{DEFAULT_SENTINEL_PORT, config_error};
 use crate::StoreError;
-use crate::redis::connections::Link;
+use crate::redis::connections::{Link, answer, spawn_here};
 use crate::redis::errors::is_outage;
 use crate::redis::scripts::AclProbe;
 
@@ -515,18 +515,10 @@ impl Master {
             // Spawned with the state's lock released: a task that cannot run
             // is dropped at once, and its drop takes the lock.
             if let Some(task) = start {
-                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                    return Err(RedisError::from((
-                        ErrorKind::Client,
-                        "RedisStore needs a tokio runtime",
-                    )));
-                };
-                runtime.spawn(task.run());
+                spawn_here(task.run())?;
             }
-            if let Ok(result) = looked.wait_for(Option::is_some).await
-                && let Some(result) = &*result
-            {
-                return result.clone();
+            if let Some(result) = answer(&mut looked).await {
+                return result;
             }
         }
         Err(RedisError::from(std::io::Error::new(
