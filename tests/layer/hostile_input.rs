@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::key;
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
-use ratelimit_tests::{every_algorithm, named};
+use ratelimit_tests::{every_algorithm, named, try_every_algorithm};
 use ratelimit_tower::{
     ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
     RateLimitLayer, RouteKey, Rule, TrustedProxies,
@@ -750,16 +750,7 @@ proptest! {
     ) {
         let window = Duration::new(secs, nanos);
         let rate = Rate::new(amount, window);
-        let built = [
-            Policy::fixed_window(limit, window),
-            Policy::sliding_window_log(limit, window),
-            Policy::sliding_window_counter(limit, window),
-            Policy::token_bucket(limit, rate),
-            Policy::gcra(limit, rate),
-            Policy::leaky_bucket(limit, rate),
-            Policy::concurrency(limit, window),
-        ];
-        for policy in built.into_iter().flatten() {
+        for policy in try_every_algorithm(limit, window, rate).into_iter().flatten() {
             prop_assert!(policy.limit() >= 1);
             prop_assert!(u64::try_from(policy.window().as_micros()).unwrap() <= MAX_HORIZON_MICROS);
             // A built policy decides at any time and any cost without panicking.

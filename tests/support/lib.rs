@@ -36,7 +36,7 @@ pub use stores::{
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Decision, MemoryStore, Policy, Rate, Store};
+use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store};
 
 /// A `MemoryStore` and the `RedisStore` `redis` builds, both on `clock` (the
 /// scripts take their time from it), to replay one timeline through both.
@@ -114,14 +114,27 @@ pub fn long_policies(limit: u64) -> Vec<Policy> {
 /// One policy of every algorithm, in the order of [`small_policies`]: the
 /// windows and the concurrency lease `window`, the buckets refilling at `rate`.
 pub fn every_algorithm(limit: u64, window: Duration, rate: Rate) -> Vec<Policy> {
-    vec![
-        Policy::fixed_window(limit, window).expect("valid"),
-        Policy::sliding_window_log(limit, window).expect("valid"),
-        Policy::sliding_window_counter(limit, window).expect("valid"),
-        Policy::token_bucket(limit, rate).expect("valid"),
-        Policy::gcra(limit, rate).expect("valid"),
-        Policy::leaky_bucket(limit, rate).expect("valid"),
-        Policy::concurrency(limit, window).expect("valid"),
+    try_every_algorithm(limit, window, rate)
+        .into_iter()
+        .map(|policy| policy.expect("valid"))
+        .collect()
+}
+
+/// What building each policy of [`every_algorithm`] answers, for numbers
+/// that some algorithms may refuse; concurrency last.
+pub fn try_every_algorithm(
+    limit: u64,
+    window: Duration,
+    rate: Rate,
+) -> [Result<Policy, PolicyError>; 7] {
+    [
+        Policy::fixed_window(limit, window),
+        Policy::sliding_window_log(limit, window),
+        Policy::sliding_window_counter(limit, window),
+        Policy::token_bucket(limit, rate),
+        Policy::gcra(limit, rate),
+        Policy::leaky_bucket(limit, rate),
+        Policy::concurrency(limit, window),
     ]
 }
 
