@@ -470,154 +470,101 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
     const MAX: Duration = Duration::MAX;
     const ZERO: Duration = Duration::ZERO;
     const SUB_MICRO: Duration = Duration::from_nanos(999);
-    type Case = (
-        &'static str,
-        fn() -> Result<Policy, PolicyError>,
-        fn(&PolicyError) -> bool,
-    );
-    let cases: [Case; 29] = [
-        ("fixed 0", || Policy::fixed_window(0, S), is_zero_limit),
+    type Build = fn() -> Result<Policy, PolicyError>;
+    // Each error kind with the configurations that must meet it.
+    let cases: [(fn(&PolicyError) -> bool, &[(&str, Build)]); 5] = [
         (
-            "fixed zero window",
-            || Policy::fixed_window(1, ZERO),
-            is_zero_window,
-        ),
-        (
-            "fixed 999ns",
-            || Policy::fixed_window(1, SUB_MICRO),
-            is_zero_window,
-        ),
-        (
-            "fixed MAX window",
-            || Policy::fixed_window(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "fixed u64::MAX",
-            || Policy::fixed_window(u64::MAX, S),
-            is_unrepresentable,
-        ),
-        ("log 0", || Policy::sliding_window_log(0, S), is_zero_limit),
-        (
-            "log MAX",
-            || Policy::sliding_window_log(u64::MAX, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "counter 0",
-            || Policy::sliding_window_counter(0, S),
             is_zero_limit,
+            &[
+                ("fixed 0", || Policy::fixed_window(0, S)),
+                ("log 0", || Policy::sliding_window_log(0, S)),
+                ("counter 0", || Policy::sliding_window_counter(0, S)),
+                ("bucket 0", || Policy::token_bucket(0, Rate::per_second(1))),
+                ("bucket rate 0", || Policy::token_bucket(1, Rate::new(0, S))),
+                ("gcra 0", || Policy::gcra(0, Rate::per_second(1))),
+                ("leaky 0", || Policy::leaky_bucket(0, Rate::per_second(1))),
+                ("concurrency 0", || Policy::concurrency(0, S)),
+            ],
         ),
         (
-            "counter MAX window",
-            || Policy::sliding_window_counter(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "counter product",
-            || Policy::sliding_window_counter(1 << 40, HOUR),
-            is_unrepresentable,
-        ),
-        (
-            "bucket 0",
-            || Policy::token_bucket(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "bucket rate 0",
-            || Policy::token_bucket(1, Rate::new(0, S)),
-            is_zero_limit,
-        ),
-        (
-            "bucket period 0",
-            || Policy::token_bucket(1, Rate::new(1, ZERO)),
             is_zero_window,
+            &[
+                ("fixed zero window", || Policy::fixed_window(1, ZERO)),
+                ("fixed 999ns", || Policy::fixed_window(1, SUB_MICRO)),
+                ("bucket period 0", || {
+                    Policy::token_bucket(1, Rate::new(1, ZERO))
+                }),
+                ("leaky > 1/us", || {
+                    Policy::leaky_bucket(1, Rate::new(u64::MAX, SUB_MICRO))
+                }),
+                ("concurrency zero lease", || Policy::concurrency(1, ZERO)),
+            ],
         ),
         (
-            "bucket > 1/us",
-            || Policy::token_bucket(1, Rate::new(1_000_001, S)),
+            is_unrepresentable,
+            &[
+                ("fixed MAX window", || Policy::fixed_window(1, MAX)),
+                ("fixed u64::MAX", || Policy::fixed_window(u64::MAX, S)),
+                ("log MAX", || Policy::sliding_window_log(u64::MAX, MAX)),
+                ("counter MAX window", || {
+                    Policy::sliding_window_counter(1, MAX)
+                }),
+                ("counter product", || {
+                    Policy::sliding_window_counter(1 << 40, HOUR)
+                }),
+                ("bucket MAX period", || {
+                    Policy::token_bucket(1, Rate::new(1, MAX))
+                }),
+                ("bucket u64::MAX", || {
+                    Policy::token_bucket(u64::MAX, Rate::per_second(1))
+                }),
+                ("bucket horizon", || {
+                    Policy::token_bucket(1 << 40, Rate::per_hour(1))
+                }),
+                ("gcra u64::MAX", || {
+                    Policy::gcra(u64::MAX, Rate::new(u64::MAX, MAX))
+                }),
+                ("leaky horizon", || {
+                    Policy::leaky_bucket(1 << 39, Rate::per_hour(1))
+                }),
+                ("concurrency MAX lease", || Policy::concurrency(1, MAX)),
+            ],
+        ),
+        (
             is_rate_too_high,
+            &[
+                ("bucket > 1/us", || {
+                    Policy::token_bucket(1, Rate::new(1_000_001, S))
+                }),
+                ("bucket u64::MAX/us", || {
+                    Policy::token_bucket(1, Rate::new(u64::MAX, S))
+                }),
+                ("gcra > 1/us", || {
+                    Policy::gcra(1, Rate::new(2, Duration::from_micros(1)))
+                }),
+            ],
         ),
         (
-            "bucket u64::MAX/us",
-            || Policy::token_bucket(1, Rate::new(u64::MAX, S)),
-            is_rate_too_high,
-        ),
-        (
-            "bucket MAX period",
-            || Policy::token_bucket(1, Rate::new(1, MAX)),
-            is_unrepresentable,
-        ),
-        (
-            "bucket u64::MAX",
-            || Policy::token_bucket(u64::MAX, Rate::per_second(1)),
-            is_unrepresentable,
-        ),
-        (
-            "bucket horizon",
-            || Policy::token_bucket(1 << 40, Rate::per_hour(1)),
-            is_unrepresentable,
-        ),
-        (
-            "gcra 0",
-            || Policy::gcra(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "gcra > 1/us",
-            || Policy::gcra(1, Rate::new(2, Duration::from_micros(1))),
-            is_rate_too_high,
-        ),
-        (
-            "gcra u64::MAX",
-            || Policy::gcra(u64::MAX, Rate::new(u64::MAX, MAX)),
-            is_unrepresentable,
-        ),
-        (
-            "leaky 0",
-            || Policy::leaky_bucket(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "leaky > 1/us",
-            || Policy::leaky_bucket(1, Rate::new(u64::MAX, SUB_MICRO)),
-            is_zero_window,
-        ),
-        (
-            "leaky horizon",
-            || Policy::leaky_bucket(1 << 39, Rate::per_hour(1)),
-            is_unrepresentable,
-        ),
-        ("concurrency 0", || Policy::concurrency(0, S), is_zero_limit),
-        (
-            "concurrency zero lease",
-            || Policy::concurrency(1, ZERO),
-            is_zero_window,
-        ),
-        (
-            "concurrency MAX lease",
-            || Policy::concurrency(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "concurrency u64::MAX",
-            || Policy::concurrency(u64::MAX, S),
             is_too_large,
-        ),
-        (
-            // Each held permit is an entry a decision reads: a larger max
-            // would make a Redis call's work grow with it.
-            "concurrency 1,025 (one above the documented maximum)",
-            || Policy::concurrency(1025, S),
-            is_too_large,
+            &[
+                ("concurrency u64::MAX", || Policy::concurrency(u64::MAX, S)),
+                // Each held permit is an entry a decision reads: a larger max
+                // would make a Redis call's work grow with it.
+                (
+                    "concurrency 1,025 (one above the documented maximum)",
+                    || Policy::concurrency(1025, S),
+                ),
+            ],
         ),
     ];
-    for (what, build, expected) in cases {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
-            .unwrap_or_else(|_| panic!("{what}: panicked"));
-        let error = result.expect_err(what);
-        assert!(expected(&error), "{what}: {error:?}");
-        assert!(!error.to_string().is_empty());
+    for (expected, builds) in cases {
+        for &(what, build) in builds {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
+                .unwrap_or_else(|_| panic!("{what}: panicked"));
+            let error = result.expect_err(what);
+            assert!(expected(&error), "{what}: {error:?}");
+            assert!(!error.to_string().is_empty());
+        }
     }
     // Names are checked too.
     let p = fixed(1);
