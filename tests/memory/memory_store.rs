@@ -56,6 +56,17 @@ fn eight_threads_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// A store of one shard, so that every key shares its lock, on a manual
+/// clock.
+fn one_shard() -> (ManualClock, MemoryStore<ManualClock>) {
+    let clock = ManualClock::new(1_000_000_007);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    (clock, store)
+}
+
 /// A denied GCRA key becomes its shard's hot key, whose denials are decided
 /// without the shard's lock (see `MemoryStore`). Here every check of the hot
 /// key shares one shard with a thread that adds a key every 2 ms of the
@@ -69,11 +80,7 @@ fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_w
     const READERS: u64 = 4;
     const PER_READER: u64 = 2_000;
     const WRITES: usize = 2_000;
-    let clock = ManualClock::new(1_000_000_007);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = one_shard();
     let policy = Policy::gcra(LIMIT, Rate::per_hour(1)).unwrap();
     let admitted = AtomicU64::new(0);
     let count = |allowed: bool| {
@@ -125,11 +132,7 @@ fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
     const PER_THREAD: usize = 300;
     const ROUNDS: u64 = 40;
     const STEP: u64 = 7; // units refilled between rounds
-    let clock = ManualClock::new(1_000_000_007);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = one_shard();
     let policy = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
     let same_name = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
     assert!(!policy.ptr_eq(&same_name));
