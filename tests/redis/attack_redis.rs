@@ -20,7 +20,7 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
 
-use crate::shared::{SlotMove, keys_in_slot};
+use crate::shared::{SlotMove, keys_in_slot, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -144,7 +144,7 @@ fn reshard_around(cluster: &RedisCluster, first: u16) -> (usize, usize, u16, u16
 async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
  {
     let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let policies = [
         fixed_window("mix-a", 3, HOUR),
         fixed_window("mix-b", 2, HOUR),
@@ -367,12 +367,7 @@ impl Tally {
 /// A store on `cluster`, built on `serving` (the runtime that lives on),
 /// whose calls time out after 3 s.
 fn cluster_store_on(serving: &tokio::runtime::Runtime, cluster: &RedisCluster) -> RedisStore {
-    serving.block_on(cluster_store(cluster, Duration::from_secs(3)))
-}
-
-/// A store on `cluster` whose calls time out after `timeout`.
-async fn cluster_store(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
-    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(timeout)).await
+    serving.block_on(store_timing_out_after(cluster, Duration::from_secs(3)))
 }
 
 /// Shuts `doomed` down `after` its tasks started, while `callers` (tasks
@@ -533,7 +528,7 @@ async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(3)).await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(3)).await;
     cancelled_semaphore_checks(&store).await;
 }
 
@@ -690,7 +685,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     use ratelimit_tests::named;
 
     let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let slow = Rate::per_hour(1);
     let policies = [
         named("ra-fw", Policy::fixed_window(1, HOUR)),
@@ -921,7 +916,7 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
     let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
     let limit = 5;
     let policy = fixed_window("flushed", limit, HOUR);
     let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();

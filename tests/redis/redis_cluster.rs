@@ -11,10 +11,12 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{Boxed, RedisCluster, admits, build, cluster_store, join_in_order, named};
+use ratelimit_tests::{
+    Boxed, RedisCluster, admits, assert_counts_down, build, cluster_store, join_in_order, named,
+};
 use ratelimit_tower::FailurePolicy;
 
-use crate::shared::{SlotMove, keys_in_slot};
+use crate::shared::{SlotMove, keys_in_slot, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -99,13 +101,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     slot_move.finish();
     let moved = || errors(&cluster, source, "MOVED");
     let before = moved();
-    for i in 0..20 {
-        let d = store
-            .check(b"mover", &policy, 1)
-            .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        assert_eq!(d.remaining(), 99 - i, "call {i}: {d:?}");
-    }
+    assert_counts_down(&store, b"mover", &policy, 20, 99, "after the move").await;
     let redirected = moved() - before;
     assert!(
         (1..=3).contains(&redirected),
@@ -556,11 +552,6 @@ async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
         RedisStore::cluster_builder(cluster.urls())
     })
     .await;
-}
-
-/// A store on `cluster` whose calls time out after `call_timeout`.
-async fn store_timing_out_after(cluster: &RedisCluster, call_timeout: Duration) -> RedisStore {
-    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await
 }
 
 /// Two slots move from one master to another key by key (`CLUSTER SETSLOT

@@ -20,6 +20,14 @@ pub(crate) async fn cluster_store_on_clock(
     .await
 }
 
+/// A store on `cluster` whose calls time out after `call_timeout`.
+pub(crate) async fn store_timing_out_after(
+    cluster: &RedisCluster,
+    call_timeout: std::time::Duration,
+) -> RedisStore {
+    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await
+}
+
 /// A slot moved by hand from its master (`source`) to the next one
 /// (`target`): `CLUSTER SETSLOT ... IMPORTING` and `MIGRATING`, a `MIGRATE`
 /// of one key at a time, then `SETSLOT ... NODE` on every master.

@@ -175,12 +175,27 @@ pub async fn decide_through_a_restart(store: &RedisStore, server: &mut RedisServ
         store.check(b"k", &policy, 1).await.unwrap();
     }
     server.restart();
-    for i in 0..4 {
+    assert_counts_down(store, b"k", &policy, 4, 9, "state kept through the restart").await;
+}
+
+/// Checks `key` under `policy` `calls` times on `store`: each call is
+/// decided and admitted, the first leaving `first` units, each next one
+/// fewer.
+pub async fn assert_counts_down(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+    calls: u64,
+    first: u64,
+    what: &str,
+) {
+    for i in 0..calls {
         let d = store
-            .check(b"k", &policy, 1)
+            .check(key, policy, 1)
             .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        assert_eq!(d.remaining(), 9 - i, "state was lost with the restart");
+            .unwrap_or_else(|e| panic!("{what}, call {i}: {e}"));
+        assert!(d.is_allowed(), "{what}, call {i}: {d:?}");
+        assert_eq!(d.remaining(), first - i, "{what}, call {i}: {d:?}");
     }
 }
 
