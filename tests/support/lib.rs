@@ -224,6 +224,16 @@ pub fn observable(d: &Decision) -> Observed {
 /// 30 s wait, a call that hangs).
 pub const SLACK: Duration = Duration::from_secs(1);
 
+/// Asserts that less than `bound` plus [`SLACK`] has passed since `started`.
+#[track_caller]
+pub fn assert_within_slack(started: Instant, bound: Duration) {
+    let took = started.elapsed();
+    assert!(
+        took < bound + SLACK,
+        "took {took:?}, bound {bound:?} + {SLACK:?}"
+    );
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
