@@ -427,8 +427,9 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
     const ZERO: Duration = Duration::ZERO;
     const SUB_MICRO: Duration = Duration::from_nanos(999);
     type Build = fn() -> Result<Policy, PolicyError>;
+    type Kind = fn(&PolicyError) -> bool;
     // Each error kind with the configurations that must meet it.
-    let cases: [(fn(&PolicyError) -> bool, &[(&str, Build)]); 5] = [
+    let cases: [(Kind, &[(&str, Build)]); 5] = [
         (
             is_zero_limit,
             &[
