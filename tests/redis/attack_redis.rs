@@ -239,7 +239,7 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     }
     println!("[attack] resharded after {:?}", started.elapsed());
     tokio::time::sleep(ms(100)).await;
-    tally.stop(tasks).await;
+    tally.stop_and_join(tasks).await;
     println!(
         "[attack] joined after {:?}: errors {}, dropped {}",
         started.elapsed(),
@@ -270,8 +270,9 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     assert_eq!(cluster.master_of(second), target);
 }
 
-/// What a load of tasks was admitted, by the index each call counts under,
-/// and how it ended: calls that failed, tasks that saw the order to stop.
+/// The admissions a load of tasks was told of, per index (a user, or a user
+/// under a policy), and how the load went: the calls that failed, the
+/// tasks that saw the order to stop.
 struct Tally {
     admitted: Vec<AtomicU64>,
     errors: AtomicU64,
@@ -324,7 +325,7 @@ impl Tally {
     }
 
     /// Tells the tasks to stop and waits for them.
-    async fn stop(&self, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    async fn stop_and_join(&self, tasks: Vec<tokio::task::JoinHandle<()>>) {
         self.stop.store(true, Ordering::Relaxed);
         for task in tasks {
             task.await.unwrap();
@@ -771,7 +772,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
         slot_move.finish();
     }
     tokio::time::sleep(ms(50)).await;
-    tally.stop(tasks).await;
+    tally.stop_and_join(tasks).await;
     // Every user is then checked to the end, once the slots have moved:
     // what the load left is taken now, and nothing more.
     for (u, user) in users.iter().enumerate() {
@@ -956,7 +957,7 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
         }
     }
     tokio::time::sleep(ms(50)).await;
-    tally.stop(tasks).await;
+    tally.stop_and_join(tasks).await;
     for (u, user) in users.iter().enumerate() {
         tally
             .check_to_the_end(&store, u, user, &policy, limit + 1)
