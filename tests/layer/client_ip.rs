@@ -178,13 +178,19 @@ fn forwarded_with_quoted_ipv6_and_ports() {
             (&[(FWD, b"for=192.0.2.60:8080")], "192.0.2.60"),
             (&[(FWD, b"For=\"[2001:db8::1]:4711\"")], "2001:db8::1"),
             // Other parameters, in any order; case-insensitive names.
-            (&[(
+            (
+                &[(
                     FWD,
                     b"for=6.6.6.6, proto=https;FOR=\"192.0.2.60:1\";by=\"[2001:db8::1]\";host=\"a;b\", for=\"[2001:db8:ffff::2]:80\";proto=http",
-                )], "192.0.2.60"),
+                )],
+                "192.0.2.60",
+            ),
             // RFC 7239 examples.
             (&[(FWD, b"for=192.0.2.43, for=198.51.100.17")], "198.51.100.17"),
-            (&[(FWD, b"for=192.0.2.43, for=\"[2001:db8:cafe::17]\", for=10.0.0.5")], "2001:db8:cafe::17"),
+            (
+                &[(FWD, b"for=192.0.2.43, for=\"[2001:db8:cafe::17]\", for=10.0.0.5")],
+                "2001:db8:cafe::17",
+            ),
         ]),
     );
 }
