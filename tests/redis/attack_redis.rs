@@ -20,7 +20,7 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
 
-use crate::shared::{SlotMove, keys_in_slot, store_timing_out_after};
+use crate::shared::{SlotMove, keys_in_slot, started_cluster, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -143,8 +143,7 @@ fn reshard_around(cluster: &RedisCluster, first: u16) -> (usize, usize, u16, u16
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
  {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let policies = [
         fixed_window("mix-a", 3, HOUR),
         fixed_window("mix-b", 2, HOUR),
@@ -685,8 +684,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     use ratelimit_core::Rate;
     use ratelimit_tests::named;
 
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let slow = Rate::per_hour(1);
     let policies = [
         named("ra-fw", Policy::fixed_window(1, HOUR)),
@@ -916,8 +914,7 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
 /// call fails, and each user admits exactly its limit of 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 5;
     let policy = fixed_window("flushed", limit, HOUR);
     let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();

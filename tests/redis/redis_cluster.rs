@@ -16,7 +16,7 @@ use ratelimit_tests::{
 };
 use ratelimit_tower::FailurePolicy;
 
-use crate::shared::{SlotMove, keys_in_slot, store_timing_out_after};
+use crate::shared::{SlotMove, keys_in_slot, started_cluster, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -367,9 +367,7 @@ fn a_call_left_on_another_runtime(
     };
     let cluster = RedisCluster::start();
     let serving = runtime();
-    let store = serving.block_on(build(
-        RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout),
-    ));
+    let store = serving.block_on(store_timing_out_after(&cluster, call_timeout));
     let policy = fixed_window(name, 100, HOUR);
     // Warm: the master's connection open, the functions loaded.
     let warm = serving.block_on(store.check(b"k", &policy, 1)).unwrap();
@@ -567,8 +565,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 2;
     let policy = fixed_window("resharded", limit, HOUR);
     let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
@@ -656,8 +653,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
 /// the key still on the source is never written fresh on the target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let policy = fixed_window("first-moved", 1, HOUR);
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 4);
@@ -704,8 +700,7 @@ async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
 /// on the target once the move ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 10;
     let policy = fixed_window("piped", limit, HOUR);
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
@@ -819,8 +814,7 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
 async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothing() {
     use ratelimit_core::Check;
 
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let spent = fixed_window("half-spent", 1, HOUR);
     let spare = fixed_window("half-spare", 100, HOUR);
     let checks = [
@@ -989,9 +983,7 @@ fn a_cluster_store_outlives_the_runtime_that_built_it() {
     };
     let cluster = RedisCluster::start();
     let building = runtime();
-    let store = building.block_on(build(
-        RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)),
-    ));
+    let store = building.block_on(store_timing_out_after(&cluster, Duration::from_millis(500)));
     let policy = fixed_window("outlived", 1_000, HOUR);
     assert!(building.block_on(admits(&store, b"k", &policy)));
     drop(building);
