@@ -61,6 +61,17 @@ type Case = (
     &'static str,
 );
 
+/// `(header lines, expected client)` of a request from the proxy `10.0.0.1`.
+type ProxyCase = (&'static [(&'static str, &'static [u8])], &'static str);
+
+/// `cases` as [`Case`]s, each from the proxy `10.0.0.1`.
+fn from_proxy(cases: &[ProxyCase]) -> Vec<Case> {
+    cases
+        .iter()
+        .map(|&(headers, want)| ("10.0.0.1", headers, want))
+        .collect()
+}
+
 /// Checks each case with `extractor` reading the header the case's proxies
 /// write ([`written_by_proxies`]).
 fn check_cases(extractor: &ClientIp, cases: &[Case]) {
@@ -144,25 +155,13 @@ fn chains_through_trusted_proxies_resolve_to_the_client() {
 fn the_leftmost_entry_never_counts_as_a_proxy() {
     check_cases(
         &behind_proxies(),
-        &[
+        &from_proxy(&[
             // Every entry is trusted: the client is the leftmost one.
-            (
-                "10.0.0.1",
-                &[(XFF, b"10.0.0.9, 10.0.0.3, 10.0.0.2")],
-                "10.0.0.9",
-            ),
-            ("10.0.0.1", &[(XFF, b"10.0.0.9")], "10.0.0.9"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"10.0.0.9"), (XFF, b"10.0.0.2")],
-                "10.0.0.9",
-            ),
-            (
-                "10.0.0.1",
-                &[(FWD, b"for=10.0.0.9, for=10.0.0.2")],
-                "10.0.0.9",
-            ),
-        ],
+            (&[(XFF, b"10.0.0.9, 10.0.0.3, 10.0.0.2")], "10.0.0.9"),
+            (&[(XFF, b"10.0.0.9")], "10.0.0.9"),
+            (&[(XFF, b"10.0.0.9"), (XFF, b"10.0.0.2")], "10.0.0.9"),
+            (&[(FWD, b"for=10.0.0.9, for=10.0.0.2")], "10.0.0.9"),
+        ]),
     );
 }
 
@@ -170,17 +169,16 @@ fn the_leftmost_entry_never_counts_as_a_proxy() {
 fn forwarded_with_quoted_ipv6_and_ports() {
     check_cases(
         &behind_proxies(),
-        &[
-            ("10.0.0.1", &[(FWD, b"for=\"[2001:db8:cafe::17]:4711\"")], "2001:db8:cafe::17"),
-            ("10.0.0.1", &[(FWD, b"for=\"[2001:db8:cafe::17]\"")], "2001:db8:cafe::17"),
-            ("10.0.0.1", &[(FWD, b"for=\"192.0.2.60:8080\"")], "192.0.2.60"),
-            ("10.0.0.1", &[(FWD, b"for=192.0.2.60")], "192.0.2.60"),
+        &from_proxy(&[
+            (&[(FWD, b"for=\"[2001:db8:cafe::17]:4711\"")], "2001:db8:cafe::17"),
+            (&[(FWD, b"for=\"[2001:db8:cafe::17]\"")], "2001:db8:cafe::17"),
+            (&[(FWD, b"for=\"192.0.2.60:8080\"")], "192.0.2.60"),
+            (&[(FWD, b"for=192.0.2.60")], "192.0.2.60"),
             // Unquoted values with ':' are invalid RFC 7239 but accepted.
-            ("10.0.0.1", &[(FWD, b"for=192.0.2.60:8080")], "192.0.2.60"),
-            ("10.0.0.1", &[(FWD, b"For=\"[2001:db8::1]:4711\"")], "2001:db8::1"),
+            (&[(FWD, b"for=192.0.2.60:8080")], "192.0.2.60"),
+            (&[(FWD, b"For=\"[2001:db8::1]:4711\"")], "2001:db8::1"),
             // Other parameters, in any order; case-insensitive names.
             (
-                "10.0.0.1",
                 &[(
                     FWD,
                     b"for=6.6.6.6, proto=https;FOR=\"192.0.2.60:1\";by=\"[2001:db8::1]\";host=\"a;b\", for=\"[2001:db8:ffff::2]:80\";proto=http",
@@ -188,13 +186,12 @@ fn forwarded_with_quoted_ipv6_and_ports() {
                 "192.0.2.60",
             ),
             // RFC 7239 examples.
-            ("10.0.0.1", &[(FWD, b"for=192.0.2.43, for=198.51.100.17")], "198.51.100.17"),
+            (&[(FWD, b"for=192.0.2.43, for=198.51.100.17")], "198.51.100.17"),
             (
-                "10.0.0.1",
                 &[(FWD, b"for=192.0.2.43, for=\"[2001:db8:cafe::17]\", for=10.0.0.5")],
                 "2001:db8:cafe::17",
             ),
-        ],
+        ]),
     );
 }
 
@@ -261,9 +258,8 @@ fn a_spoofed_forwarded_header_behind_an_x_forwarded_for_proxy_does_not_change_th
 fn several_header_lines_form_one_list() {
     check_cases(
         &behind_proxies(),
-        &[
+        &from_proxy(&[
             (
-                "10.0.0.1",
                 &[
                     (XFF, b"6.6.6.6, 203.0.113.9"),
                     (XFF, b"10.0.0.3"),
@@ -272,23 +268,17 @@ fn several_header_lines_form_one_list() {
                 "203.0.113.9",
             ),
             (
-                "10.0.0.1",
                 &[(XFF, b"203.0.113.9"), (XFF, b"10.0.0.3, 10.0.0.2")],
                 "203.0.113.9",
             ),
             (
-                "10.0.0.1",
                 &[(FWD, b"for=192.0.2.1"), (FWD, b"for=10.0.0.3;proto=https")],
                 "192.0.2.1",
             ),
             // A quote left open by the client does not swallow later lines.
-            (
-                "10.0.0.1",
-                &[(FWD, b"for=\"6.6"), (FWD, b"for=192.0.2.1")],
-                "192.0.2.1",
-            ),
-            ("10.0.0.1", &[(FWD, b"by=\"x, for=192.0.2.1")], "192.0.2.1"),
-        ],
+            (&[(FWD, b"for=\"6.6"), (FWD, b"for=192.0.2.1")], "192.0.2.1"),
+            (&[(FWD, b"by=\"x, for=192.0.2.1")], "192.0.2.1"),
+        ]),
     );
 }
 
@@ -296,71 +286,40 @@ fn several_header_lines_form_one_list() {
 fn malformed_entries_stop_the_walk_at_the_last_trusted_address() {
     check_cases(
         &behind_proxies(),
-        &[
+        &from_proxy(&[
             // Rightmost entry malformed: the peer.
-            ("10.0.0.1", &[(XFF, b"203.0.113.9, garbage")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9, unknown")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9, 1.2.3.4.5")], "10.0.0.1"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"203.0.113.9, 1.2.3.4:99999")],
-                "10.0.0.1",
-            ),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9, [1.2.3.4]")], "10.0.0.1"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"203.0.113.9, fe80::1%eth0")],
-                "10.0.0.1",
-            ),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9, 10.0.0.0/8")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, garbage")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, unknown")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, 1.2.3.4.5")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, 1.2.3.4:99999")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, [1.2.3.4]")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, fe80::1%eth0")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, 10.0.0.0/8")], "10.0.0.1"),
             // Further left: the trusted hop that handed us the bad entry.
+            (&[(XFF, b"203.0.113.9, garbage, 10.0.0.2")], "10.0.0.2"),
             (
-                "10.0.0.1",
-                &[(XFF, b"203.0.113.9, garbage, 10.0.0.2")],
-                "10.0.0.2",
-            ),
-            (
-                "10.0.0.1",
                 &[(XFF, b"203.0.113.9, _hidden, 10.0.0.3, 10.0.0.2")],
                 "10.0.0.3",
             ),
             // An untrusted entry right of the garbage is the client anyway.
-            (
-                "10.0.0.1",
-                &[(XFF, b"garbage, 203.0.113.9, 10.0.0.2")],
-                "203.0.113.9",
-            ),
+            (&[(XFF, b"garbage, 203.0.113.9, 10.0.0.2")], "203.0.113.9"),
             // Obfuscated and unknown Forwarded nodes, missing or repeated for=.
+            (&[(FWD, b"for=192.0.2.1, for=_hidden")], "10.0.0.1"),
             (
-                "10.0.0.1",
-                &[(FWD, b"for=192.0.2.1, for=_hidden")],
-                "10.0.0.1",
-            ),
-            (
-                "10.0.0.1",
                 &[(FWD, b"for=192.0.2.1, for=unknown, for=10.0.0.2")],
                 "10.0.0.2",
             ),
+            (&[(FWD, b"for=192.0.2.1, for=\"_gazonk:80\"")], "10.0.0.1"),
+            (&[(FWD, b"for=192.0.2.1, proto=https")], "10.0.0.1"),
             (
-                "10.0.0.1",
-                &[(FWD, b"for=192.0.2.1, for=\"_gazonk:80\"")],
-                "10.0.0.1",
-            ),
-            (
-                "10.0.0.1",
-                &[(FWD, b"for=192.0.2.1, proto=https")],
-                "10.0.0.1",
-            ),
-            (
-                "10.0.0.1",
                 &[(FWD, b"for=192.0.2.1, for=10.0.0.2;for=10.0.0.3")],
                 "10.0.0.1",
             ),
-            ("10.0.0.1", &[(FWD, b"for=\"192.0.2.1")], "10.0.0.1"),
-            ("10.0.0.1", &[(FWD, b"192.0.2.1")], "10.0.0.1"),
-            ("10.0.0.1", &[(FWD, b"for=192.0.2.1 junk")], "10.0.0.1"),
-            ("10.0.0.1", &[(FWD, b"for=\"192.0.2\\.1\"")], "10.0.0.1"),
-        ],
+            (&[(FWD, b"for=\"192.0.2.1")], "10.0.0.1"),
+            (&[(FWD, b"192.0.2.1")], "10.0.0.1"),
+            (&[(FWD, b"for=192.0.2.1 junk")], "10.0.0.1"),
+            (&[(FWD, b"for=\"192.0.2\\.1\"")], "10.0.0.1"),
+        ]),
     );
 }
 
@@ -368,17 +327,17 @@ fn malformed_entries_stop_the_walk_at_the_last_trusted_address() {
 fn empty_headers_and_entries_are_malformed() {
     check_cases(
         &behind_proxies(),
-        &[
-            ("10.0.0.1", &[(XFF, b"")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"   ")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b",")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9,")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9,,10.0.0.2")], "10.0.0.2"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9"), (XFF, b"")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b""), (XFF, b"10.0.0.2")], "10.0.0.2"),
-            ("10.0.0.1", &[(FWD, b"")], "10.0.0.1"),
-            ("10.0.0.1", &[(FWD, b";")], "10.0.0.1"),
-        ],
+        &from_proxy(&[
+            (&[(XFF, b"")], "10.0.0.1"),
+            (&[(XFF, b"   ")], "10.0.0.1"),
+            (&[(XFF, b",")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9,")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9,,10.0.0.2")], "10.0.0.2"),
+            (&[(XFF, b"203.0.113.9"), (XFF, b"")], "10.0.0.1"),
+            (&[(XFF, b""), (XFF, b"10.0.0.2")], "10.0.0.2"),
+            (&[(FWD, b"")], "10.0.0.1"),
+            (&[(FWD, b";")], "10.0.0.1"),
+        ]),
     );
 }
 
@@ -386,29 +345,17 @@ fn empty_headers_and_entries_are_malformed() {
 fn non_utf8_header_bytes_are_malformed() {
     check_cases(
         &behind_proxies(),
-        &[
-            ("10.0.0.1", &[(XFF, b"\xff\xfe")], "10.0.0.1"),
-            ("10.0.0.1", &[(XFF, b"203.0.113.9\xc3")], "10.0.0.1"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"203.0.113.9, \xff, 10.0.0.2")],
-                "10.0.0.2",
-            ),
+        &from_proxy(&[
+            (&[(XFF, b"\xff\xfe")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9\xc3")], "10.0.0.1"),
+            (&[(XFF, b"203.0.113.9, \xff, 10.0.0.2")], "10.0.0.2"),
             // Valid UTF-8 but not ASCII.
-            (
-                "10.0.0.1",
-                &[(XFF, b"203.0.113.9, \xe2\x91\xa0.2.3.4")],
-                "10.0.0.1",
-            ),
+            (&[(XFF, b"203.0.113.9, \xe2\x91\xa0.2.3.4")], "10.0.0.1"),
             // Only the entries met matter: this one is right of the bad bytes.
-            ("10.0.0.1", &[(XFF, b"\xff, 203.0.113.9")], "203.0.113.9"),
-            ("10.0.0.1", &[(FWD, b"for=\"\xff\"")], "10.0.0.1"),
-            (
-                "10.0.0.1",
-                &[(FWD, b"for=192.0.2.1;host=\"\xff\"")],
-                "192.0.2.1",
-            ),
-        ],
+            (&[(XFF, b"\xff, 203.0.113.9")], "203.0.113.9"),
+            (&[(FWD, b"for=\"\xff\"")], "10.0.0.1"),
+            (&[(FWD, b"for=192.0.2.1;host=\"\xff\"")], "192.0.2.1"),
+        ]),
     );
 }
 
@@ -520,20 +467,12 @@ fn a_one_mebibyte_header_is_cheap() {
     let exact = behind_proxies().max_header_bytes(19);
     check_cases(
         &exact,
-        &[
-            ("10.0.0.1", &[(XFF, b"192.0.2.1,10.0.0.22")], "192.0.2.1"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"192.0.2.1"), (XFF, b"10.0.0.22")],
-                "192.0.2.1",
-            ),
-            ("10.0.0.1", &[(XFF, b"192.0.2.1, 10.0.0.22")], "10.0.0.22"),
-            (
-                "10.0.0.1",
-                &[(XFF, b"192.0.2.1"), (XFF, b"10.0.0.222")],
-                "10.0.0.222",
-            ),
-        ],
+        &from_proxy(&[
+            (&[(XFF, b"192.0.2.1,10.0.0.22")], "192.0.2.1"),
+            (&[(XFF, b"192.0.2.1"), (XFF, b"10.0.0.22")], "192.0.2.1"),
+            (&[(XFF, b"192.0.2.1, 10.0.0.22")], "10.0.0.22"),
+            (&[(XFF, b"192.0.2.1"), (XFF, b"10.0.0.222")], "10.0.0.222"),
+        ]),
     );
 }
 

@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::key;
 use ratelimit_core::{MemoryStore, Policy, PolicyError, Rate, StoreError};
-use ratelimit_tests::{every_algorithm, named};
+use ratelimit_tests::{every_algorithm, named, try_every_algorithm};
 use ratelimit_tower::{
     ClientIp, ForwardingHeader, HeaderKey, KeyExtractor, MissingKey, NoKey, PeerAddr, PeerIp,
     RateLimitLayer, RouteKey, Rule, TrustedProxies,
@@ -264,76 +264,32 @@ fn oversized_forwarding_headers_from_a_trusted_proxy_are_walked_from_the_right()
     let forwarded = header_value(forwarded.trim_end_matches([',', ' ']).as_bytes());
     let unterminated = header_value(format!("for=\"{}", "9".repeat(mib)).as_bytes());
 
-    let cases: Vec<(&str, ClientIp, (HeaderName, HeaderValue), &str)> = vec![
-        // Over max_header_bytes (8 KiB): still walked from the right. A
-        // malformed entry (over 1 KiB) stops the walk at the last trusted hop
-        // (here the peer); the first untrusted address is the client.
-        (
-            "1 MiB entry",
-            behind(),
-            (XFF, one_entry.clone()),
-            "10.0.0.1",
-        ),
-        (
-            "1 MiB of entries",
-            behind(),
-            (XFF, many.clone()),
-            "198.51.100.1",
-        ),
-        (
-            "10,000 entries",
-            behind(),
-            (XFF, ten_thousand.clone()),
-            "10.0.38.208",
-        ),
-        (
-            "1 MiB Forwarded",
-            behind_forwarded(),
-            (FORWARDED, forwarded.clone()),
-            "198.51.100.1",
-        ),
-        (
-            "unterminated quote",
-            behind_forwarded(),
-            (FORWARDED, unterminated.clone()),
-            "10.0.0.1",
-        ),
-        // Without the size cap the walk is still bounded: an entry over 1 KiB
-        // is malformed, and at most 64 entries are read.
-        (
-            "1 MiB entry, uncapped",
-            uncapped(),
-            (XFF, one_entry),
-            "10.0.0.1",
-        ),
-        (
-            "1 MiB of entries, uncapped",
-            uncapped(),
-            (XFF, many),
-            "198.51.100.1",
-        ),
-        // 64 trusted hops read from the right (entries 9999 down to 9936): the
-        // 64th, the last trusted one read, is the result.
-        (
-            "10,000 trusted entries, uncapped",
-            uncapped(),
-            (XFF, ten_thousand),
-            "10.0.38.208",
-        ),
-        (
-            "1 MiB Forwarded, uncapped",
-            behind_forwarded().max_header_bytes(usize::MAX),
-            (FORWARDED, forwarded),
-            "198.51.100.1",
-        ),
-        (
-            "unterminated quote, uncapped",
-            behind_forwarded().max_header_bytes(usize::MAX),
-            (FORWARDED, unterminated),
-            "10.0.0.1",
-        ),
+    // Over max_header_bytes (8 KiB): still walked from the right. A
+    // malformed entry (over 1 KiB) stops the walk at the last trusted hop
+    // (here the peer); the first untrusted address is the client. Without
+    // the size cap the walk is still bounded: an entry over 1 KiB is
+    // malformed, and at most 64 entries are read: of 10,000 trusted ones,
+    // 9999 down to 9936, the 64th, the last trusted one read, is the result.
+    let cases = [
+        ("1 MiB entry", (XFF, one_entry), "10.0.0.1"),
+        ("1 MiB of entries", (XFF, many), "198.51.100.1"),
+        ("10,000 entries", (XFF, ten_thousand), "10.0.38.208"),
+        ("1 MiB Forwarded", (FORWARDED, forwarded), "198.51.100.1"),
+        ("unterminated quote", (FORWARDED, unterminated), "10.0.0.1"),
     ];
-    for (what, client_ip, header, want) in cases {
+    let runs = cases.into_iter().flat_map(|(what, header, want)| {
+        let capped = if header.0 == FORWARDED {
+            behind_forwarded()
+        } else {
+            behind()
+        };
+        let uncapped = capped.clone().max_header_bytes(usize::MAX);
+        [
+            (what.to_owned(), capped, header.clone(), want),
+            (format!("{what}, uncapped"), uncapped, header, want),
+        ]
+    });
+    for (what, client_ip, header, want) in runs {
         let make = || request(peer("10.0.0.1"), std::slice::from_ref(&header));
         let started = Instant::now();
         for _ in 0..100 {
@@ -470,154 +426,102 @@ fn zero_and_overflowing_configurations_are_typed_errors() {
     const MAX: Duration = Duration::MAX;
     const ZERO: Duration = Duration::ZERO;
     const SUB_MICRO: Duration = Duration::from_nanos(999);
-    type Case = (
-        &'static str,
-        fn() -> Result<Policy, PolicyError>,
-        fn(&PolicyError) -> bool,
-    );
-    let cases: [Case; 29] = [
-        ("fixed 0", || Policy::fixed_window(0, S), is_zero_limit),
+    type Build = fn() -> Result<Policy, PolicyError>;
+    type Kind = fn(&PolicyError) -> bool;
+    // Each error kind with the configurations that must meet it.
+    let cases: [(Kind, &[(&str, Build)]); 5] = [
         (
-            "fixed zero window",
-            || Policy::fixed_window(1, ZERO),
-            is_zero_window,
-        ),
-        (
-            "fixed 999ns",
-            || Policy::fixed_window(1, SUB_MICRO),
-            is_zero_window,
-        ),
-        (
-            "fixed MAX window",
-            || Policy::fixed_window(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "fixed u64::MAX",
-            || Policy::fixed_window(u64::MAX, S),
-            is_unrepresentable,
-        ),
-        ("log 0", || Policy::sliding_window_log(0, S), is_zero_limit),
-        (
-            "log MAX",
-            || Policy::sliding_window_log(u64::MAX, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "counter 0",
-            || Policy::sliding_window_counter(0, S),
             is_zero_limit,
+            &[
+                ("fixed 0", || Policy::fixed_window(0, S)),
+                ("log 0", || Policy::sliding_window_log(0, S)),
+                ("counter 0", || Policy::sliding_window_counter(0, S)),
+                ("bucket 0", || Policy::token_bucket(0, Rate::per_second(1))),
+                ("bucket rate 0", || Policy::token_bucket(1, Rate::new(0, S))),
+                ("gcra 0", || Policy::gcra(0, Rate::per_second(1))),
+                ("leaky 0", || Policy::leaky_bucket(0, Rate::per_second(1))),
+                ("concurrency 0", || Policy::concurrency(0, S)),
+            ],
         ),
         (
-            "counter MAX window",
-            || Policy::sliding_window_counter(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "counter product",
-            || Policy::sliding_window_counter(1 << 40, HOUR),
-            is_unrepresentable,
-        ),
-        (
-            "bucket 0",
-            || Policy::token_bucket(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "bucket rate 0",
-            || Policy::token_bucket(1, Rate::new(0, S)),
-            is_zero_limit,
-        ),
-        (
-            "bucket period 0",
-            || Policy::token_bucket(1, Rate::new(1, ZERO)),
             is_zero_window,
+            &[
+                ("fixed zero window", || Policy::fixed_window(1, ZERO)),
+                ("fixed 999ns", || Policy::fixed_window(1, SUB_MICRO)),
+                ("bucket period 0", || {
+                    Policy::token_bucket(1, Rate::new(1, ZERO))
+                }),
+                ("leaky > 1/us", || {
+                    Policy::leaky_bucket(1, Rate::new(u64::MAX, SUB_MICRO))
+                }),
+                ("concurrency zero lease", || Policy::concurrency(1, ZERO)),
+            ],
         ),
         (
-            "bucket > 1/us",
-            || Policy::token_bucket(1, Rate::new(1_000_001, S)),
+            is_unrepresentable,
+            &[
+                ("fixed MAX window", || Policy::fixed_window(1, MAX)),
+                ("fixed u64::MAX", || Policy::fixed_window(u64::MAX, S)),
+                ("log MAX", || Policy::sliding_window_log(u64::MAX, MAX)),
+                ("counter MAX window", || {
+                    Policy::sliding_window_counter(1, MAX)
+                }),
+                ("counter product", || {
+                    Policy::sliding_window_counter(1 << 40, HOUR)
+                }),
+                ("bucket MAX period", || {
+                    Policy::token_bucket(1, Rate::new(1, MAX))
+                }),
+                ("bucket u64::MAX", || {
+                    Policy::token_bucket(u64::MAX, Rate::per_second(1))
+                }),
+                ("bucket horizon", || {
+                    Policy::token_bucket(1 << 40, Rate::per_hour(1))
+                }),
+                ("gcra u64::MAX", || {
+                    Policy::gcra(u64::MAX, Rate::new(u64::MAX, MAX))
+                }),
+                ("leaky horizon", || {
+                    Policy::leaky_bucket(1 << 39, Rate::per_hour(1))
+                }),
+                ("concurrency MAX lease", || Policy::concurrency(1, MAX)),
+            ],
+        ),
+        (
             is_rate_too_high,
+            &[
+                ("bucket > 1/us", || {
+                    Policy::token_bucket(1, Rate::new(1_000_001, S))
+                }),
+                ("bucket u64::MAX/us", || {
+                    Policy::token_bucket(1, Rate::new(u64::MAX, S))
+                }),
+                ("gcra > 1/us", || {
+                    Policy::gcra(1, Rate::new(2, Duration::from_micros(1)))
+                }),
+            ],
         ),
         (
-            "bucket u64::MAX/us",
-            || Policy::token_bucket(1, Rate::new(u64::MAX, S)),
-            is_rate_too_high,
-        ),
-        (
-            "bucket MAX period",
-            || Policy::token_bucket(1, Rate::new(1, MAX)),
-            is_unrepresentable,
-        ),
-        (
-            "bucket u64::MAX",
-            || Policy::token_bucket(u64::MAX, Rate::per_second(1)),
-            is_unrepresentable,
-        ),
-        (
-            "bucket horizon",
-            || Policy::token_bucket(1 << 40, Rate::per_hour(1)),
-            is_unrepresentable,
-        ),
-        (
-            "gcra 0",
-            || Policy::gcra(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "gcra > 1/us",
-            || Policy::gcra(1, Rate::new(2, Duration::from_micros(1))),
-            is_rate_too_high,
-        ),
-        (
-            "gcra u64::MAX",
-            || Policy::gcra(u64::MAX, Rate::new(u64::MAX, MAX)),
-            is_unrepresentable,
-        ),
-        (
-            "leaky 0",
-            || Policy::leaky_bucket(0, Rate::per_second(1)),
-            is_zero_limit,
-        ),
-        (
-            "leaky > 1/us",
-            || Policy::leaky_bucket(1, Rate::new(u64::MAX, SUB_MICRO)),
-            is_zero_window,
-        ),
-        (
-            "leaky horizon",
-            || Policy::leaky_bucket(1 << 39, Rate::per_hour(1)),
-            is_unrepresentable,
-        ),
-        ("concurrency 0", || Policy::concurrency(0, S), is_zero_limit),
-        (
-            "concurrency zero lease",
-            || Policy::concurrency(1, ZERO),
-            is_zero_window,
-        ),
-        (
-            "concurrency MAX lease",
-            || Policy::concurrency(1, MAX),
-            is_unrepresentable,
-        ),
-        (
-            "concurrency u64::MAX",
-            || Policy::concurrency(u64::MAX, S),
             is_too_large,
-        ),
-        (
-            // Each held permit is an entry a decision reads: a larger max
-            // would make a Redis call's work grow with it.
-            "concurrency 1,025 (one above the documented maximum)",
-            || Policy::concurrency(1025, S),
-            is_too_large,
+            &[
+                ("concurrency u64::MAX", || Policy::concurrency(u64::MAX, S)),
+                // Each held permit is an entry a decision reads: a larger max
+                // would make a Redis call's work grow with it.
+                (
+                    "concurrency 1,025 (one above the documented maximum)",
+                    || Policy::concurrency(1025, S),
+                ),
+            ],
         ),
     ];
-    for (what, build, expected) in cases {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
-            .unwrap_or_else(|_| panic!("{what}: panicked"));
-        let error = result.expect_err(what);
-        assert!(expected(&error), "{what}: {error:?}");
-        assert!(!error.to_string().is_empty());
+    for (expected, builds) in cases {
+        for &(what, build) in builds {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
+                .unwrap_or_else(|_| panic!("{what}: panicked"));
+            let error = result.expect_err(what);
+            assert!(expected(&error), "{what}: {error:?}");
+            assert!(!error.to_string().is_empty());
+        }
     }
     // Names are checked too.
     let p = fixed(1);
@@ -750,16 +654,7 @@ proptest! {
     ) {
         let window = Duration::new(secs, nanos);
         let rate = Rate::new(amount, window);
-        let built = [
-            Policy::fixed_window(limit, window),
-            Policy::sliding_window_log(limit, window),
-            Policy::sliding_window_counter(limit, window),
-            Policy::token_bucket(limit, rate),
-            Policy::gcra(limit, rate),
-            Policy::leaky_bucket(limit, rate),
-            Policy::concurrency(limit, window),
-        ];
-        for policy in built.into_iter().flatten() {
+        for policy in try_every_algorithm(limit, window, rate).into_iter().flatten() {
             prop_assert!(policy.limit() >= 1);
             prop_assert!(u64::try_from(policy.window().as_micros()).unwrap() <= MAX_HORIZON_MICROS);
             // A built policy decides at any time and any cost without panicking.

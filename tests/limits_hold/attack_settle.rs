@@ -350,12 +350,12 @@ async fn every_store_gives_back_only_what_a_held_reservation_still_holds() {
             let key = format!("late-{i}");
             let reserved = store.decide(key.as_bytes(), policy, 10).await;
             assert!(reserved.is_allowed(), "{}", policy.name());
-            clock.advance(Duration::from_secs(61));
+            let held = Duration::from_secs(61);
+            clock.advance(held);
             let spent = store.decide(key.as_bytes(), policy, 10).await;
             assert!(spent.is_allowed(), "{}: the next budget", policy.name());
-            let settled = store
-                .settle_held(key.as_bytes(), policy, &reserved, Duration::from_secs(61))
-                .await;
+            let settle = Settle::new(key.as_bytes(), policy, 10, 0, &reserved).held_for(held);
+            let settled = store.settle_one(settle).await;
             observed.push(observable(&settled));
             let after = store.decide(key.as_bytes(), policy, 1).await;
             assert!(
@@ -368,15 +368,10 @@ async fn every_store_gives_back_only_what_a_held_reservation_still_holds() {
             // In time: held under a second, nothing else consumed.
             let key = format!("early-{i}");
             let reserved = store.decide(key.as_bytes(), policy, 10).await;
-            clock.advance(Duration::from_millis(500));
-            let settled = store
-                .settle_held(
-                    key.as_bytes(),
-                    policy,
-                    &reserved,
-                    Duration::from_millis(500),
-                )
-                .await;
+            let held = Duration::from_millis(500);
+            clock.advance(held);
+            let settle = Settle::new(key.as_bytes(), policy, 10, 0, &reserved).held_for(held);
+            let settled = store.settle_one(settle).await;
             observed.push(observable(&settled));
             let after = store.decide(key.as_bytes(), policy, 10).await;
             assert!(
@@ -404,15 +399,8 @@ type Deciding<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Decision>
 trait Stores: Sync {
     fn decide<'a>(&'a self, key: &'a [u8], policy: &'a Policy, cost: u64) -> Deciding<'a>;
 
-    /// Settles a reservation of 10 that `decision` allowed, held for
-    /// `held`, to 0.
-    fn settle_held<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        decision: &'a Decision,
-        held: Duration,
-    ) -> Deciding<'a>;
+    /// Settles one reservation.
+    fn settle_one<'a>(&'a self, settle: Settle<'a>) -> Deciding<'a>;
 }
 
 impl<S: Store> Stores for S {
@@ -424,17 +412,13 @@ impl<S: Store> Stores for S {
         })
     }
 
-    fn settle_held<'a>(
-        &'a self,
-        key: &'a [u8],
-        policy: &'a Policy,
-        decision: &'a Decision,
-        held: Duration,
-    ) -> Deciding<'a> {
-        let settles = [Settle::new(key, policy, 10, 0, decision).held_for(held)];
-        let call = self.settle(SettlementId::random(), &settles);
+    fn settle_one<'a>(&'a self, settle: Settle<'a>) -> Deciding<'a> {
         Box::pin(async move {
-            let mut settled = call.await.expect("settled");
+            let settles = [settle];
+            let mut settled = self
+                .settle(SettlementId::random(), &settles)
+                .await
+                .expect("settled");
             settled.pop().expect("one decision")
         })
     }

@@ -60,6 +60,14 @@ where
     assert_ran_once(app, runs, &requests, what).await;
 }
 
+/// `app` under [`route_layer`], sent `GET /files/{spelling}` for each of
+/// `spellings`: the limited handler, counted by `runs`, ran once in all.
+async fn assert_files_ran_once(app: Router, runs: &AtomicUsize, spellings: &[&str], what: &str) {
+    let paths: Vec<String> = spellings.iter().map(|s| format!("/files/{s}")).collect();
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    assert_gets_ran_once(&app.layer(route_layer()), runs, &paths, what).await;
+}
+
 /// Sends each `(method, path)` once through `app` and asserts that the
 /// limited handler, counted by `runs`, ran once in all (`what` says why
 /// once is right).
@@ -110,21 +118,9 @@ async fn route_key_on_the_router_covers_nest_service_spellings() {
             Body::from("file"),
         )))
     });
-    let app = Router::new()
-        .nest_service("/files", files)
-        .layer(route_layer());
-    assert_gets_ran_once(
-        &app,
-        &runs,
-        &[
-            "/files/report",
-            "/files/%72eport",
-            "/files/%72%65port",
-            "/files/r%65port",
-        ],
-        "one route (and one path), limit 1",
-    )
-    .await;
+    let spellings = ["report", "%72eport", "%72%65port", "r%65port"];
+    let app = Router::new().nest_service("/files", files);
+    assert_files_ran_once(app, &runs, &spellings, "one route (and one path), limit 1").await;
 }
 
 /// Claim (hostile_input, SECURITY.md): spellings of one path share one
@@ -736,19 +732,7 @@ async fn store_errors_never_reach_the_client() {
 #[tokio::test]
 async fn route_key_on_the_router_covers_a_nested_fallback() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .nest("/files", Router::new().fallback(counting(&runs)))
-        .layer(route_layer());
-    assert_gets_ran_once(
-        &app,
-        &runs,
-        &[
-            "/files/report",
-            "/files/%72eport",
-            "/files/r%65port",
-            "/files/re%70ort",
-        ],
-        "limit 1 per route",
-    )
-    .await;
+    let spellings = ["report", "%72eport", "r%65port", "re%70ort"];
+    let app = Router::new().nest("/files", Router::new().fallback(counting(&runs)));
+    assert_files_ran_once(app, &runs, &spellings, "limit 1 per route").await;
 }

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use http::Request;
+use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy};
 use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
-use ratelimit_tests::named;
+use ratelimit_tests::{admits_now, every_algorithm, long_policies, named, twin_stores};
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
 use ratelimit_tower::{FailurePolicy, RateLimitLayer};
@@ -415,12 +416,7 @@ fn racing_threads_over_expiring_keys_hold_exactly_max_keys() {
     let short = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
     // 50 keys that expire in 1 s.
     for i in 0..50 {
-        assert!(
-            store
-                .check_now(format!("old{i}").as_bytes(), &short, 1)
-                .unwrap()
-                .is_allowed()
-        );
+        assert!(admits_now(&store, format!("old{i}").as_bytes(), &short, 1));
     }
     clock.advance(Duration::from_secs(2));
     let long = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
@@ -574,8 +570,7 @@ async fn large_parameter_changes_decide_alike_on_both_stores() {
     use ratelimit_core::clock::ManualClock;
     let server = ratelimit_tests::RedisServer::start();
     let clock = ManualClock::new(1_700_000_000_000_000);
-    let redis = ratelimit_tests::stores::redis_store_on_clock(server.url(), &clock).await;
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     type Make = fn(u64, u64) -> Policy;
     let makes: [(&str, Make); 6] = [
         ("fixed", |l, w| {
@@ -710,15 +705,11 @@ fn max_keys_counts_one_state_per_policy_and_key() {
 fn denied_floods_do_not_move_the_next_admission() {
     use ratelimit_core::Rate;
     use ratelimit_core::clock::ManualClock;
-    let policies = [
-        Policy::fixed_window(10, Duration::from_secs(60)).unwrap(),
-        Policy::sliding_window_counter(10, Duration::from_secs(60)).unwrap(),
-        Policy::sliding_window_log(10, Duration::from_secs(60)).unwrap(),
-        Policy::sliding_window_log(3_000, Duration::from_secs(60)).unwrap(),
-        Policy::token_bucket(10, Rate::per_minute(10)).unwrap(),
-        Policy::gcra(10, Rate::per_minute(10)).unwrap(),
-        Policy::leaky_bucket(10, Rate::per_minute(10)).unwrap(),
-    ];
+    let minute = Duration::from_secs(60);
+    let mut policies = every_algorithm(10, minute, Rate::per_minute(10));
+    // Concurrency, the last, has no time to move; a long log, many entries.
+    policies.pop();
+    policies.push(Policy::sliding_window_log(3_000, minute).unwrap());
     let mut failures = Vec::new();
     for policy in policies {
         let clock = ManualClock::new(5_000_000_000);
@@ -1016,17 +1007,9 @@ fn threads() -> u64 {
 /// `CostExceedsLimit`), one single request more passes. On both stores, every algorithm.
 #[tokio::test]
 async fn a_batch_naming_one_state_twice_never_over_admits() {
-    use ratelimit_core::{Check, Rate};
+    use ratelimit_core::Check;
     let (_server, stores) = Both::start().await;
-    let policies = [
-        Policy::fixed_window(5, Duration::from_secs(3600)).unwrap(),
-        Policy::sliding_window_counter(5, Duration::from_secs(3600)).unwrap(),
-        Policy::sliding_window_log(5, Duration::from_secs(3600)).unwrap(),
-        Policy::token_bucket(5, Rate::per_hour(1)).unwrap(),
-        Policy::gcra(5, Rate::per_hour(1)).unwrap(),
-        Policy::leaky_bucket(5, Rate::per_hour(1)).unwrap(),
-        Policy::concurrency(5, Duration::from_secs(3600)).unwrap(),
-    ];
+    let policies = long_policies(5);
     let mut failures = Vec::new();
     for policy in &policies {
         for (store_name, store) in &stores {
@@ -1274,8 +1257,7 @@ async fn extreme_numbers_decide_alike_on_both_stores() {
     use ratelimit_core::{Rate, Store};
     let server = ratelimit_tests::RedisServer::start();
     let clock = ManualClock::new(1_700_000_000_000_000);
-    let redis = ratelimit_tests::stores::redis_store_on_clock(server.url(), &clock).await;
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let (memory, redis) = twin_stores(RedisStore::builder(server.url()), &clock).await;
     let limits = [1u64, 2, 1 << 20, (1 << 40) - 1, 1 << 40];
     let spans = [1u64, 999, 1_000_000, 86_400_000_000, 1 << 45];
     type Make = fn(u64, u64) -> Result<Policy, ratelimit_core::PolicyError>;

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::{Algorithm, Decision, MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_tests::every_algorithm;
 
 const KEY: &[u8] = b"client-1";
 
@@ -554,18 +555,7 @@ fn concurrency_lease_expiry_recovers_leaked_permits() {
 
 #[test]
 fn every_policy_rejects_a_cost_above_its_limit() {
-    let second = Duration::from_secs(1);
-    let policies = [
-        Policy::fixed_window(5, second),
-        Policy::sliding_window_log(5, second),
-        Policy::sliding_window_counter(5, second),
-        Policy::token_bucket(5, Rate::per_second(1)),
-        Policy::gcra(5, Rate::per_second(1)),
-        Policy::leaky_bucket(5, Rate::per_second(1)),
-        Policy::concurrency(5, second),
-    ];
-    for policy in policies {
-        let policy = policy.expect("valid policy");
+    for policy in every_algorithm(5, Duration::from_secs(1), Rate::per_second(1)) {
         assert_eq!(policy.max_cost(), 5);
         let steps = [
             check(0, 6, too_costly()),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::{Check, MemoryStore, Policy, Rate, Store, StoreError};
+use ratelimit_tests::admits_now;
 use ratelimit_tests::fixtures::bounded_memory;
 
 fn every_algorithm(limit: u64) -> Vec<Policy> {
@@ -56,6 +57,17 @@ fn eight_threads_on_one_key_admit_exactly_the_limit() {
     }
 }
 
+/// A store of one shard, so that every key shares its lock, on a manual
+/// clock.
+fn one_shard() -> (ManualClock, MemoryStore<ManualClock>) {
+    let clock = ManualClock::new(1_000_000_007);
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    (clock, store)
+}
+
 /// A denied GCRA key becomes its shard's hot key, whose denials are decided
 /// without the shard's lock (see `MemoryStore`). Here every check of the hot
 /// key shares one shard with a thread that adds a key every 2 ms of the
@@ -69,11 +81,7 @@ fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_w
     const READERS: u64 = 4;
     const PER_READER: u64 = 2_000;
     const WRITES: usize = 2_000;
-    let clock = ManualClock::new(1_000_000_007);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = one_shard();
     let policy = Policy::gcra(LIMIT, Rate::per_hour(1)).unwrap();
     let admitted = AtomicU64::new(0);
     let count = |allowed: bool| {
@@ -97,12 +105,7 @@ fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_w
             for i in 0..WRITES {
                 clock.advance(Duration::from_millis(2));
                 let key = format!("new-{i}");
-                assert!(
-                    store
-                        .check_now(key.as_bytes(), &policy, 1)
-                        .unwrap()
-                        .is_allowed()
-                );
+                assert!(admits_now(&store, key.as_bytes(), &policy, 1));
             }
         });
     });
@@ -125,11 +128,7 @@ fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
     const PER_THREAD: usize = 300;
     const ROUNDS: u64 = 40;
     const STEP: u64 = 7; // units refilled between rounds
-    let clock = ManualClock::new(1_000_000_007);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let (clock, store) = one_shard();
     let policy = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
     let same_name = Policy::gcra(BURST, Rate::per_second(1_000)).unwrap();
     assert!(!policy.ptr_eq(&same_name));
@@ -151,12 +150,7 @@ fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
             s.spawn(|| {
                 for i in 0..20 {
                     let key = format!("round-{round}-key-{i}");
-                    assert!(
-                        store
-                            .check_now(key.as_bytes(), &policy, 1)
-                            .unwrap()
-                            .is_allowed()
-                    );
+                    assert!(admits_now(&store, key.as_bytes(), &policy, 1));
                     thread::yield_now();
                 }
             });
@@ -287,7 +281,7 @@ fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
     let store = bounded_memory(256, 16, &clock);
     let policy = Policy::fixed_window(3, Duration::from_secs(10)).unwrap();
     // A legitimate user arrives first.
-    assert!(store.check_now(b"alice", &policy, 1).unwrap().is_allowed());
+    assert!(admits_now(&store, b"alice", &policy, 1));
 
     let mut full = 0;
     for i in 0..100_000u32 {
@@ -311,23 +305,13 @@ fn bounded_keys_refuse_new_keys_and_reclaim_expired() {
         store.check_now(b"alice", &policy, 1).unwrap().remaining(),
         0
     );
-    assert!(!store.check_now(b"alice", &policy, 1).unwrap().is_allowed());
+    assert!(!admits_now(&store, b"alice", &policy, 1));
     // Peeks at new keys need no room.
-    assert!(
-        store
-            .check_now(b"newcomer", &policy, 0)
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits_now(&store, b"newcomer", &policy, 0));
 
     // Once the window has passed, the attackers' state is worth nothing and is swept.
     clock.advance(Duration::from_secs(10));
-    assert!(
-        store
-            .check_now(b"newcomer", &policy, 1)
-            .unwrap()
-            .is_allowed()
-    );
+    assert!(admits_now(&store, b"newcomer", &policy, 1));
     assert!(store.len() <= 256);
 }
 
@@ -419,7 +403,7 @@ fn fresh_state_is_not_kept() {
     let clock = ManualClock::new(0);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     for policy in every_algorithm(5) {
-        assert!(store.check_now(b"k", &policy, 0).unwrap().is_allowed());
+        assert!(admits_now(&store, b"k", &policy, 0));
     }
     assert_eq!(store.len(), 0, "peeks leave no state");
     let policy = Policy::gcra(5, Rate::per_second(5)).unwrap();
@@ -454,7 +438,7 @@ fn concurrency_permits_release_and_expire() {
     let denied = store.check_now(b"k", &policy, 1).unwrap();
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(30)));
     store.release_now(b"k", &policy, a.permit().unwrap());
-    assert!(store.check_now(b"k", &policy, 1).unwrap().is_allowed());
+    assert!(admits_now(&store, b"k", &policy, 1));
     // A holder that never releases loses its permit when the lease expires.
     clock.advance(Duration::from_secs(30));
     assert_eq!(store.check_now(b"k", &policy, 0).unwrap().remaining(), 2);
@@ -465,11 +449,11 @@ fn huge_keys_are_bounded() {
     let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
     let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
     let huge = vec![b'x'; 1 << 20];
-    assert!(store.check_now(&huge, &policy, 1).unwrap().is_allowed());
-    assert!(!store.check_now(&huge, &policy, 1).unwrap().is_allowed());
+    assert!(admits_now(&store, &huge, &policy, 1));
+    assert!(!admits_now(&store, &huge, &policy, 1));
     let mut other = huge.clone();
     other[12345] = b'y';
-    assert!(store.check_now(&other, &policy, 1).unwrap().is_allowed());
+    assert!(admits_now(&store, &other, &policy, 1));
 }
 
 // ---- DeniedCache: known denials answered locally ----
@@ -746,12 +730,7 @@ fn a_time_read_before_the_lock_never_goes_back_past_a_decision() {
     ));
     let store = MemoryStore::builder().clock(clock).build();
     let policy = Policy::fixed_window(1, Duration::from_secs(1)).expect("valid policy");
-    assert!(
-        store
-            .check_now(b"k", &policy, 1)
-            .expect("decided")
-            .is_allowed()
-    );
+    assert!(admits_now(&store, b"k", &policy, 1));
     let second = store.check_now(b"k", &policy, 1).expect("decided");
     assert!(!second.is_allowed(), "{second:?}");
     assert_eq!(
@@ -785,7 +764,7 @@ fn one_word_states_admit_at_most_the_rate_under_threads_and_a_moving_clock() {
         let store = MemoryStore::builder().clock(clock.clone()).build();
         // The key exists before the race, so every check below can take
         // the shared path.
-        assert!(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
+        assert!(admits_now(&store, b"hot", &policy, 1));
         let admitted = AtomicU64::new(1);
         let done = std::sync::atomic::AtomicBool::new(false);
         thread::scope(|s| {

@@ -20,7 +20,7 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
 
-use crate::shared::{SlotMove, keys_in_slot};
+use crate::shared::{SlotMove, keys_in_slot, started_cluster, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -143,8 +143,7 @@ fn reshard_around(cluster: &RedisCluster, first: u16) -> (usize, usize, u16, u16
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
  {
-    let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let policies = [
         fixed_window("mix-a", 3, HOUR),
         fixed_window("mix-b", 2, HOUR),
@@ -167,24 +166,16 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     ];
 
     // admitted[user * 2 + policy]
-    let admitted: Arc<Vec<AtomicU64>> =
-        Arc::new((0..users.len() * 2).map(|_| AtomicU64::new(0)).collect());
-    let (errors, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let stop = Arc::new(AtomicBool::new(false));
+    let (tally, dropped) = (Tally::new(users.len() * 2), Arc::new(AtomicU64::new(0)));
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..48u64)
         .map(|task| {
             let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
-            let (admitted, errors, dropped, stop) = (
-                admitted.clone(),
-                errors.clone(),
-                dropped.clone(),
-                stop.clone(),
-            );
+            let (tally, dropped) = (tally.clone(), dropped.clone());
             tokio::spawn(async move {
                 let mut rng = Rng(task + 1);
                 for _ in 0..3_000 {
-                    if stop.load(Ordering::Relaxed) {
+                    if tally.stopping() {
                         break;
                     }
                     let u = rng.index(users.len());
@@ -219,21 +210,12 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
                     else {
                         continue;
                     };
-                    match result {
-                        Ok(decisions) => {
-                            if decisions.iter().all(Decision::is_allowed) {
-                                for &i in &checked {
-                                    admitted[i].fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            assert!(e.is_outage(), "{e}");
-                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                                println!("[attack] {:?}: {e:?}, {what}", started.elapsed());
-                            }
-                        }
+                    if let Err(e) = &result {
+                        assert!(e.is_outage(), "{e}");
                     }
+                    tally.record(&checked, result, || {
+                        format!("[attack] {:?}, {what}", started.elapsed())
+                    });
                 }
             })
         })
@@ -256,26 +238,19 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     }
     println!("[attack] resharded after {:?}", started.elapsed());
     tokio::time::sleep(ms(100)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
+    tally.stop_and_join(tasks).await;
     println!(
         "[attack] joined after {:?}: errors {}, dropped {}",
         started.elapsed(),
-        errors.load(Ordering::Relaxed),
+        tally.errors(),
         dropped.load(Ordering::Relaxed)
     );
     // Every node was up: an error would have been answered by a failure
     // policy, admitting under fail open.
-    assert_eq!(
-        errors.load(Ordering::Relaxed),
-        0,
-        "outages while every node was up"
-    );
+    assert_eq!(tally.errors(), 0, "outages while every node was up");
     for (u, user) in users.iter().enumerate() {
         for (p, policy) in policies.iter().enumerate() {
-            let admitted = admitted[u * 2 + p].load(Ordering::Relaxed);
+            let admitted = tally.admitted(u * 2 + p);
             let limit = if p == 0 { 3 } else { 2 };
             assert!(
                 admitted <= limit,
@@ -294,15 +269,105 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     assert_eq!(cluster.master_of(second), target);
 }
 
+/// The admissions a load of tasks was told of, per index (a user, or a user
+/// under a policy), and how the load went: the calls that failed, the
+/// tasks that saw the order to stop.
+struct Tally {
+    admitted: Vec<AtomicU64>,
+    errors: AtomicU64,
+    stopped: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Tally {
+    /// A tally of `len` indexes, all at 0.
+    fn new(len: usize) -> Arc<Self> {
+        Arc::new(Tally {
+            admitted: (0..len).map(|_| AtomicU64::new(0)).collect(),
+            errors: AtomicU64::new(0),
+            stopped: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the tasks were told to stop (counting the task that asks).
+    fn stopping(&self) -> bool {
+        let stop = self.stop.load(Ordering::Relaxed);
+        if stop {
+            self.stopped.fetch_add(1, Ordering::Relaxed);
+        }
+        stop
+    }
+
+    /// Counts one call of the indexes `checked`: each admitted once when
+    /// every decision allowed; an error counted, the first five printed
+    /// after `what`.
+    fn record(
+        &self,
+        checked: &[usize],
+        result: Result<Vec<Decision>, StoreError>,
+        what: impl FnOnce() -> String,
+    ) {
+        match result {
+            Ok(decisions) if decisions.iter().all(Decision::is_allowed) => {
+                for &i in checked {
+                    self.admitted[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if self.errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                    println!("{}: {e:?}", what());
+                }
+            }
+        }
+    }
+
+    /// Tells the tasks to stop and waits for them.
+    async fn stop_and_join(&self, tasks: Vec<tokio::task::JoinHandle<()>>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+
+    /// Checks `key` under `policy` `times` times more (every call must
+    /// succeed), counting the admissions under `i`.
+    async fn check_to_the_end(
+        &self,
+        store: &RedisStore,
+        i: usize,
+        key: &str,
+        policy: &Policy,
+        times: u64,
+    ) {
+        for _ in 0..times {
+            if store
+                .check(key.as_bytes(), policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                self.admitted[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// What was admitted under `i`.
+    fn admitted(&self, i: usize) -> u64 {
+        self.admitted[i].load(Ordering::Relaxed)
+    }
+
+    /// Calls that failed.
+    fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+}
+
 /// A store on `cluster`, built on `serving` (the runtime that lives on),
 /// whose calls time out after 3 s.
 fn cluster_store_on(serving: &tokio::runtime::Runtime, cluster: &RedisCluster) -> RedisStore {
-    serving.block_on(cluster_store(cluster, Duration::from_secs(3)))
-}
-
-/// A store on `cluster` whose calls time out after `timeout`.
-async fn cluster_store(cluster: &RedisCluster, timeout: Duration) -> RedisStore {
-    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(timeout)).await
+    serving.block_on(store_timing_out_after(cluster, Duration::from_secs(3)))
 }
 
 /// Shuts `doomed` down `after` its tasks started, while `callers` (tasks
@@ -463,7 +528,7 @@ async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_semaphore_checks_never_let_more_than_max_hold_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(3)).await;
+    let store = store_timing_out_after(&cluster, Duration::from_secs(3)).await;
     cancelled_semaphore_checks(&store).await;
 }
 
@@ -500,7 +565,9 @@ async fn maybe_dropped<T>(
 async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
     use ratelimit_core::clock::ManualClock;
     use ratelimit_core::{AdminStore, Rate};
-    use ratelimit_tests::{MAX_LIMIT, NOW_MICROS, named, observable, redis_store_on_clock};
+    use ratelimit_tests::{
+        MAX_LIMIT, NOW_MICROS, named, observable, redis_store_on_clock, try_every_algorithm,
+    };
 
     use crate::shared::cluster_store_on_clock;
 
@@ -519,16 +586,9 @@ async fn a_cluster_pipeline_decides_every_algorithm_as_one_node_does() {
         (5, HOUR),
         (1, longest),
     ] {
-        let rate = Rate::new(limit, window);
-        let candidates = [
-            Policy::fixed_window(limit, window),
-            Policy::sliding_window_log(limit, window),
-            Policy::sliding_window_counter(limit, window),
-            Policy::token_bucket(limit, rate),
-            Policy::gcra(limit, rate),
-            Policy::leaky_bucket(limit, rate),
-        ];
-        for (i, policy) in candidates.into_iter().enumerate() {
+        let candidates = try_every_algorithm(limit, window, Rate::new(limit, window));
+        // Every algorithm but concurrency, the last.
+        for (i, policy) in candidates.into_iter().take(6).enumerate() {
             // Some algorithms refuse the largest numbers together.
             if policy.is_ok() {
                 policies.push(named(format!("p{}-{limit}-{i}", policies.len()), policy));
@@ -624,8 +684,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     use ratelimit_core::Rate;
     use ratelimit_tests::named;
 
-    let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let slow = Rate::per_hour(1);
     let policies = [
         named("ra-fw", Policy::fixed_window(1, HOUR)),
@@ -643,20 +702,15 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     users.extend(keys_in_slot(&store, &policies[0], second, 8));
     users.extend(keys_in_slot(&store, &policies[0], third, 4));
     let n = policies.len();
-    let admitted: Arc<Vec<AtomicU64>> =
-        Arc::new((0..users.len() * n).map(|_| AtomicU64::new(0)).collect());
-    let (errors, stopped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Tally::new(users.len() * n);
     let tasks: Vec<_> = (0..32u64)
         .map(|task| {
             let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
-            let (admitted, errors, stop) = (admitted.clone(), errors.clone(), stop.clone());
-            let stopped = stopped.clone();
+            let tally = tally.clone();
             tokio::spawn(async move {
                 let mut rng = Rng(task + 11);
                 for _ in 0..2_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        stopped.fetch_add(1, Ordering::Relaxed);
+                    if tally.stopping() {
                         break;
                     }
                     let u = rng.index(users.len());
@@ -694,19 +748,7 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
                             (vec![u * n + p, w * n + q], store.check_all(&checks).await)
                         }
                     };
-                    match result {
-                        Ok(decisions) if decisions.iter().all(Decision::is_allowed) => {
-                            for &i in &checked {
-                                admitted[i].fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                                println!("[reshard] {checked:?}: {e:?}");
-                            }
-                        }
-                    }
+                    tally.record(&checked, result, || format!("[reshard] {checked:?}"));
                 }
             })
         })
@@ -728,35 +770,21 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
         slot_move.finish();
     }
     tokio::time::sleep(ms(50)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
+    tally.stop_and_join(tasks).await;
     // Every user is then checked to the end, once the slots have moved:
     // what the load left is taken now, and nothing more.
     for (u, user) in users.iter().enumerate() {
         for (p, policy) in policies.iter().enumerate() {
-            for _ in 0..6 {
-                if store
-                    .check(user.as_bytes(), policy, 1)
-                    .await
-                    .unwrap()
-                    .is_allowed()
-                {
-                    admitted[u * n + p].fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            tally
+                .check_to_the_end(&store, u * n + p, user, policy, 6)
+                .await;
         }
     }
-    assert_eq!(
-        errors.load(Ordering::Relaxed),
-        0,
-        "outages while every node was up"
-    );
+    assert_eq!(tally.errors(), 0, "outages while every node was up");
     for (u, user) in users.iter().enumerate() {
         for (p, policy) in policies.iter().enumerate() {
             assert_eq!(
-                admitted[u * n + p].load(Ordering::Relaxed),
+                tally.admitted(u * n + p),
                 policy.limit(),
                 "{user} under {}",
                 policy.name()
@@ -886,8 +914,7 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
 /// call fails, and each user admits exactly its limit of 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
-    let cluster = RedisCluster::start();
-    let store = cluster_store(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 5;
     let policy = fixed_window("flushed", limit, HOUR);
     let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();
@@ -900,40 +927,22 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
         })
         .collect();
     assert_eq!(masters.len(), 3, "users of every master");
-    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
-    let (errors, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let stopped = Arc::new(AtomicU64::new(0));
+    let tally = Tally::new(users.len());
     let tasks: Vec<_> = (0..16u64)
         .map(|task| {
-            let (store, policy, users, admitted) = (
-                store.clone(),
-                policy.clone(),
-                users.clone(),
-                admitted.clone(),
-            );
-            let (errors, stop, stopped) = (errors.clone(), stop.clone(), stopped.clone());
+            let (store, policy, users) = (store.clone(), policy.clone(), users.clone());
+            let tally = tally.clone();
             tokio::spawn(async move {
                 let mut rng = Rng(task + 3);
                 for _ in 0..3_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        stopped.fetch_add(1, Ordering::Relaxed);
+                    if tally.stopping() {
                         break;
                     }
                     let u = rng.index(users.len());
-                    match store.check(users[u].as_bytes(), &policy, 1).await {
-                        Ok(d) if d.is_allowed() => {
-                            admitted[u].fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                                println!("[flush] {}: {e:?}", users[u]);
-                            }
-                        }
-                    }
+                    let result = store.check(users[u].as_bytes(), &policy, 1).await;
+                    tally.record(&[u], result.map(|d| vec![d]), || {
+                        format!("[flush] {}", users[u])
+                    });
                 }
             })
         })
@@ -945,33 +954,19 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
         }
     }
     tokio::time::sleep(ms(50)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
+    tally.stop_and_join(tasks).await;
     for (u, user) in users.iter().enumerate() {
-        for _ in 0..limit + 1 {
-            if store
-                .check(user.as_bytes(), &policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-            {
-                admitted[u].fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        tally
+            .check_to_the_end(&store, u, user, &policy, limit + 1)
+            .await;
     }
-    assert_eq!(
-        errors.load(Ordering::Relaxed),
-        0,
-        "calls failed while every node was up"
-    );
+    assert_eq!(tally.errors(), 0, "calls failed while every node was up");
     assert!(
-        stopped.load(Ordering::Relaxed) > 0,
+        tally.stopped.load(Ordering::Relaxed) > 0,
         "the load ended before the flushes"
     );
     for (u, user) in users.iter().enumerate() {
-        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+        assert_eq!(tally.admitted(u), limit, "{user}");
     }
 }
 

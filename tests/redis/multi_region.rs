@@ -20,6 +20,9 @@ const NAMES: [&str; 3] = ["eu", "us", "ap"];
 /// A fixed time (µs) a second into a window of an hour: the script clock,
 /// so no test crosses a window boundary.
 const T0: u64 = 1_800_000_000_000_000 + 1_000_000;
+/// How often the regions of most tests sync: quick, so that each hears
+/// from its peers within moments.
+const SYNC: Duration = Duration::from_millis(20);
 
 struct Regions {
     servers: Vec<RedisServer>,
@@ -372,7 +375,7 @@ async fn spaced_requests_admit_the_limit_exactly() {
 /// algorithms whose state is not a count per window are refused clearly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
     let small = fixed(2);
     let large = named(
         "mr-large",
@@ -715,8 +718,7 @@ fn the_lag_is_a_gauge_and_stale_transitions_are_counted() {
     };
 
     let ((), recorded) = capture(false, || async {
-        let regions =
-            Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(200)).await;
+        let regions = Regions::start_fresh(SYNC, Duration::from_millis(200)).await;
         regions.isolate(0, Mode::Drop);
         let cut = Instant::now();
         while !regions.stores[0].peers().iter().all(|p| p.stale) {
@@ -844,7 +846,7 @@ async fn assert_decides_as(
 async fn one_region_decides_as_the_single_region_algorithm() {
     use ratelimit_core::MemoryStore;
 
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let window = Duration::from_millis(1000);
     let policies = [
@@ -992,7 +994,7 @@ async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[Str
 /// neither: `eu` admits nothing more of a limit the cut-off instance spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(300)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_millis(300)).await;
     let (cut, proxies) = regions.instance(1, None, Duration::from_secs(2)).await;
     if let Some(proxy) = &proxies[0] {
         proxy.set_mode(Mode::Drop);
@@ -1019,7 +1021,7 @@ async fn an_instance_cut_off_from_a_peer_is_heard_through_its_region() {
 async fn a_window_change_under_one_name_keeps_what_was_counted() {
     use ratelimit_core::MemoryStore;
 
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(60)).await;
     let memory = MemoryStore::builder().clock(regions.clock.clone()).build();
     let hour = Duration::from_secs(3600);
     let seven = Duration::from_secs(420);
@@ -1061,12 +1063,7 @@ async fn a_window_change_under_one_name_keeps_what_was_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_ahead_never_erases_this_regions_counts() {
     let hour: u64 = 3_600_000_000;
-    let regions = Regions::start_apart(
-        Duration::from_millis(20),
-        Duration::from_secs(2),
-        [0, 2 * hour, 0],
-    )
-    .await;
+    let regions = Regions::start_apart(SYNC, Duration::from_secs(2), [0, 2 * hour, 0]).await;
     regions.wait_skewed(0, 1).await;
     let policy = fixed(5);
     let keys: Vec<String> = (0..5).map(|_| String::from("ahead")).collect();
@@ -1112,12 +1109,8 @@ async fn a_pushed_count_keeps(
 async fn a_peer_past_a_boundary_keeps_the_previous_window() {
     let hour: u64 = 3_600_000_000;
     // eu at 30 min into the window before T0's; us already an hour ahead.
-    let regions = Regions::start_apart(
-        Duration::from_millis(20),
-        Duration::from_secs(2),
-        [0, hour + 6 * 60_000_000, 0],
-    )
-    .await;
+    let regions =
+        Regions::start_apart(SYNC, Duration::from_secs(2), [0, hour + 6 * 60_000_000, 0]).await;
     regions.clock.set(T0 - hour / 2);
     regions.wait_skewed(0, 1).await;
     let policy = named(
@@ -1141,7 +1134,7 @@ async fn a_peer_past_a_boundary_keeps_the_previous_window() {
 /// from `us` since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
     let slow = FaultProxy::start(regions.servers[1].addr());
     let (lost, _proxies) = regions
         .instance(1, Some(slow.redis_url()), Duration::from_millis(200))
@@ -1179,7 +1172,7 @@ async fn a_count_whose_reply_was_lost_still_reaches_the_peers() {
 /// leaves the hash's TTL at least as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_never_shortens_a_peers_ttl() {
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
     let hourly = fixed_window("mr-ttl", 5, Duration::from_secs(3600));
     let short = fixed_window("mr-ttl", 5, Duration::from_secs(60));
     assert!(admits(&regions.stores[1], b"ttl", &hourly).await);
@@ -1212,7 +1205,7 @@ async fn a_decision_never_shortens_a_peers_ttl() {
 async fn the_script_reads_fields_as_counts_view_does() {
     use ratelimit_core::multi_region::counts::{self, Count};
 
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(60)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(60)).await;
     let ms = Duration::from_millis;
     let fixed_variants = [
         fixed_window("view-fw", 5, ms(1000)),
@@ -1279,7 +1272,7 @@ fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
     use ratelimit_tests::metrics::{REGION_OVERSHOOT, REGION_PEER_LAG, REGION_PEER_SKEW, capture};
 
     let (estimate, recorded) = capture(false, || async {
-        let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+        let regions = Regions::start(SYNC, Duration::from_secs(2)).await;
         for proxy in regions.proxies.iter().flatten().flatten() {
             proxy.set_latency(Duration::from_millis(50));
         }
@@ -1327,7 +1320,7 @@ fn the_lag_and_the_overshoot_estimate_are_recorded_per_peer_and_policy() {
 /// `us`) are all refused in `eu` once it has heard from `us` since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
-    let regions = Regions::start(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let regions = Regions::start(SYNC, Duration::from_secs(2)).await;
     let path = regions.proxies[1][0]
         .as_ref()
         .expect("a path from us to eu");
@@ -1369,8 +1362,7 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
 /// restarted refuses the clients `us` spent before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_lost_its_data_gets_everything_again() {
-    let mut regions =
-        Regions::start_fresh(Duration::from_millis(20), Duration::from_millis(500)).await;
+    let mut regions = Regions::start_fresh(SYNC, Duration::from_millis(500)).await;
     let policy = fixed(3);
     let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
     admit_all(&regions.stores[1], &policy, &keys, 3).await;
@@ -1407,7 +1399,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
 /// counts with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
-    let regions = Regions::start_fresh(Duration::from_millis(20), Duration::from_secs(2)).await;
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
     let policy = fixed(1);
     assert_eq!(regions.servers[0].cli(&["SCRIPT", "FLUSH"]), "OK");
     let keys: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();

@@ -11,10 +11,12 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Store, StoreError};
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{Boxed, RedisCluster, admits, build, cluster_store, join_in_order, named};
+use ratelimit_tests::{
+    Boxed, RedisCluster, admits, assert_counts_down, build, cluster_store, join_in_order, named,
+};
 use ratelimit_tower::FailurePolicy;
 
-use crate::shared::{SlotMove, keys_in_slot};
+use crate::shared::{SlotMove, keys_in_slot, started_cluster, store_timing_out_after};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -99,13 +101,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     slot_move.finish();
     let moved = || errors(&cluster, source, "MOVED");
     let before = moved();
-    for i in 0..20 {
-        let d = store
-            .check(b"mover", &policy, 1)
-            .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        assert_eq!(d.remaining(), 99 - i, "call {i}: {d:?}");
-    }
+    assert_counts_down(&store, b"mover", &policy, 20, 99, "after the move").await;
     let redirected = moved() - before;
     assert!(
         (1..=3).contains(&redirected),
@@ -371,9 +367,7 @@ fn a_call_left_on_another_runtime(
     };
     let cluster = RedisCluster::start();
     let serving = runtime();
-    let store = serving.block_on(build(
-        RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout),
-    ));
+    let store = serving.block_on(store_timing_out_after(&cluster, call_timeout));
     let policy = fixed_window(name, 100, HOUR);
     // Warm: the master's connection open, the functions loaded.
     let warm = serving.block_on(store.check(b"k", &policy, 1)).unwrap();
@@ -558,11 +552,6 @@ async fn a_cluster_that_may_evict_keys_is_refused_at_build() {
     .await;
 }
 
-/// A store on `cluster` whose calls time out after `call_timeout`.
-async fn store_timing_out_after(cluster: &RedisCluster, call_timeout: Duration) -> RedisStore {
-    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await
-}
-
 /// Two slots move from one master to another key by key (`CLUSTER SETSLOT
 /// ... IMPORTING` and `MIGRATING`, a `MIGRATE` of one key at a time, then
 /// `SETSLOT ... NODE` on every master) while 64 tasks check the keys of
@@ -576,8 +565,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 2;
     let policy = fixed_window("resharded", limit, HOUR);
     let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
@@ -665,8 +653,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
 /// the key still on the source is never written fresh on the target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let policy = fixed_window("first-moved", 1, HOUR);
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 4);
@@ -713,8 +700,7 @@ async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
 /// on the target once the move ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let limit = 10;
     let policy = fixed_window("piped", limit, HOUR);
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
@@ -828,8 +814,7 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
 async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothing() {
     use ratelimit_core::Check;
 
-    let cluster = RedisCluster::start();
-    let store = store_timing_out_after(&cluster, Duration::from_secs(2)).await;
+    let (cluster, store) = started_cluster().await;
     let spent = fixed_window("half-spent", 1, HOUR);
     let spare = fixed_window("half-spare", 100, HOUR);
     let checks = [
@@ -998,9 +983,7 @@ fn a_cluster_store_outlives_the_runtime_that_built_it() {
     };
     let cluster = RedisCluster::start();
     let building = runtime();
-    let store = building.block_on(build(
-        RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)),
-    ));
+    let store = building.block_on(store_timing_out_after(&cluster, Duration::from_millis(500)));
     let policy = fixed_window("outlived", 1_000, HOUR);
     assert!(building.block_on(admits(&store, b"k", &policy)));
     drop(building);

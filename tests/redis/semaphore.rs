@@ -146,6 +146,24 @@ fn random_step<'a>(
     (policy, format!("step {step}, max {}", policy.limit()))
 }
 
+/// Runs 1,000 steps of a random test from `seed` on twin stores: each is
+/// [`random_step`], then `step` on the policy it picked, then an [`audit`]
+/// of the string.
+async fn random_steps(
+    seed: u64,
+    mut step: impl AsyncFnMut(&MemoryStore<ManualClock>, &RedisStore, &Policy, &mut Rng, &str),
+) {
+    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let policies = changing_policies();
+    let key = redis.state_key(b"k", &policies[0]);
+    let mut rng = Rng(seed);
+    for n in 0..1_000 {
+        let (policy, what) = random_step(&clock, &mut rng, &policies, n);
+        step(&memory, &redis, policy, &mut rng, &what).await;
+        audit(&server, &key, n, &what);
+    }
+}
+
 /// Leases that expire none, some or all at a time, releases of held,
 /// expired, released and unknown ids, under a max and a lease that change
 /// between calls (one name): both stores decide alike, every call drops the
@@ -153,26 +171,19 @@ fn random_step<'a>(
 /// max, and it keeps the TTL of its longest lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let policies = changing_policies();
-    let key = redis.state_key(b"k", &policies[0]);
-    let mut rng = Rng(1313);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
-    for step in 0..1_000 {
-        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
+    random_steps(1313, async |memory, redis, policy, rng, what| {
         match rng.below(20) {
             0..=4 if !held.is_empty() => {
                 // Held, expired, or released already.
                 let permits = held[rng.index(held.len())];
-                release_both(&memory, &redis, policy, permits, &what).await;
+                release_both(memory, redis, policy, permits, what).await;
             }
-            5 => {
-                release_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
-            }
-            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
+            5 => release_both(memory, redis, policy, unknown(rng), what).await,
+            _ => held.extend(check_random(memory, redis, policy, rng, what).await),
         }
-        audit(&server, &key, step, &what);
-    }
+    })
+    .await;
 }
 
 /// A semaphore that never empties counts on past 2^48 units: the next call
@@ -441,34 +452,29 @@ async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
 /// holds more entries than the largest max.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_among_random_checks_and_releases_decide_as_memory() {
-    let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
-    let policies = changing_policies();
-    let key = redis.state_key(b"k", &policies[0]);
-    let mut rng = Rng(2626);
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     let mut renewed = 0;
-    for step in 0..1_000 {
-        let (policy, what) = random_step(&clock, &mut rng, &policies, step);
+    random_steps(2626, async |memory, redis, policy, rng, what| {
         match rng.below(20) {
             0..=2 if !held.is_empty() => {
                 let permits = held[rng.index(held.len())];
-                release_both(&memory, &redis, policy, permits, &what).await;
+                release_both(memory, redis, policy, permits, what).await;
             }
             3..=9 if !held.is_empty() => {
                 // The newest permits most often: those still held.
                 let newest = held.len().saturating_sub(4);
                 let permits = held[newest + rng.index(held.len() - newest)];
-                if renew_both(&memory, &redis, policy, permits, &what).await {
+                if renew_both(memory, redis, policy, permits, what).await {
                     renewed += 1;
                 }
             }
             10 => {
-                renew_both(&memory, &redis, policy, unknown(&mut rng), &what).await;
+                renew_both(memory, redis, policy, unknown(rng), what).await;
             }
-            _ => held.extend(check_random(&memory, &redis, policy, &mut rng, &what).await),
+            _ => held.extend(check_random(memory, redis, policy, rng, what).await),
         }
-        audit(&server, &key, step, &what);
-    }
+    })
+    .await;
     assert!(renewed > 50, "only {renewed} renewals found their permit");
 }
 

@@ -20,6 +20,22 @@ pub(crate) async fn cluster_store_on_clock(
     .await
 }
 
+/// A store on `cluster` whose calls time out after `call_timeout`.
+pub(crate) async fn store_timing_out_after(
+    cluster: &RedisCluster,
+    call_timeout: std::time::Duration,
+) -> RedisStore {
+    build(RedisStore::cluster_builder(cluster.urls()).call_timeout(call_timeout)).await
+}
+
+/// A cluster, and a store on it whose calls time out after 2 s: time for
+/// the redirections of slots on the move.
+pub(crate) async fn started_cluster() -> (RedisCluster, RedisStore) {
+    let cluster = RedisCluster::start();
+    let store = store_timing_out_after(&cluster, std::time::Duration::from_secs(2)).await;
+    (cluster, store)
+}
+
 /// A slot moved by hand from its master (`source`) to the next one
 /// (`target`): `CLUSTER SETSLOT ... IMPORTING` and `MIGRATING`, a `MIGRATE`
 /// of one key at a time, then `SETSLOT ... NODE` on every master.

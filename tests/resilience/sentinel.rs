@@ -114,6 +114,30 @@ impl Promotion {
     }
 }
 
+/// What light traffic sees of a failover: the master of `set` killed, then
+/// one check of `policy` every `every` until `enough` of the calls are made.
+/// The calls, when the master died, the promotion the sentinels report, and
+/// the set.
+async fn calls_across_a_failover(
+    set: RedisSentinels,
+    store: &RedisStore,
+    policy: &Policy,
+    every: Duration,
+    enough: impl Fn(&[Call]) -> bool,
+) -> (Vec<Call>, Instant, Arc<Promotion>, RedisSentinels) {
+    bounded(async {
+        let (set, t_kill) = kill_master(set).await;
+        let promotion = watch_promotion(&set);
+        let mut calls = Vec::new();
+        while !enough(&calls) {
+            tokio::time::sleep(every).await;
+            calls.push(Call::check(store, policy).await);
+        }
+        (calls, t_kill, promotion, set)
+    })
+    .await
+}
+
 /// Polls the replica's `ROLE` and every sentinel's
 /// `SENTINEL get-master-addr-by-name` every 10 ms until both show the
 /// replica as the master, or [`FAILOVER_LIMIT`] passes.
@@ -725,22 +749,11 @@ async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
     let policy = counting_policy("failover-light", 100);
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
-    let (calls, t_kill, promotion, set) = bounded(async {
-        let (set, t_kill) = kill_master(set).await;
-        let promotion = watch_promotion(&set);
-        let mut calls = Vec::new();
-        for _ in 0..CALLS {
-            tokio::time::sleep(EVERY).await;
-            let call = Call::check(&store, &policy).await;
-            let decided = call.outcome.decided();
-            calls.push(call);
-            if decided {
-                break;
-            }
-        }
-        (calls, t_kill, promotion, set)
-    })
-    .await;
+    // Until a call decides, or CALLS have not.
+    let enough =
+        |calls: &[Call]| calls.len() == CALLS || calls.last().is_some_and(|c| c.outcome.decided());
+    let (calls, t_kill, promotion, set) =
+        calls_across_a_failover(set, &store, &policy, EVERY, enough).await;
     let named = *promotion
         .named
         .get()
@@ -1013,22 +1026,15 @@ async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
     let policy = counting_policy("hung-sentinel", 1_000);
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
-    let (calls, t_kill, promotion, set) = bounded(async {
-        let (set, t_kill) = kill_master(set).await;
-        let promotion = watch_promotion(&set);
-        let mut calls = Vec::new();
-        let mut decided_after: Option<Instant> = None;
-        while decided_after.is_none_or(|t| t.elapsed() < Duration::from_millis(500)) {
-            tokio::time::sleep(EVERY).await;
-            let call = Call::check(&store, &policy).await;
-            if call.outcome.decided() && decided_after.is_none() {
-                decided_after = Some(call.end);
-            }
-            calls.push(call);
-        }
-        (calls, t_kill, promotion, set)
-    })
-    .await;
+    // Until half a second after the first call that decided.
+    let enough = |calls: &[Call]| {
+        calls
+            .iter()
+            .find(|c| c.outcome.decided())
+            .is_some_and(|c| c.end.elapsed() >= Duration::from_millis(500))
+    };
+    let (calls, t_kill, promotion, set) =
+        calls_across_a_failover(set, &store, &policy, EVERY, enough).await;
     let named = *promotion.named.get().expect("named");
     let first = calls
         .iter()

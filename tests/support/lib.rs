@@ -29,14 +29,14 @@ pub use examples::{
 pub use redis_server::{Certificates, RedisCluster, RedisServer, cluster_slot};
 pub use sentinels::RedisSentinels;
 pub use stores::{
-    Boxed, CALL_TIMEOUT, admits, assert_string_state, build, cluster_store, join_in_order,
-    permits_left, pooled, redis_store, redis_store_on_clock, take_permit, warm_up,
+    Boxed, CALL_TIMEOUT, admits, admits_now, assert_string_state, build, cluster_store,
+    join_in_order, permits_left, pooled, redis_store, redis_store_on_clock, take_permit, warm_up,
     write_sorted_set,
 };
 
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{Decision, MemoryStore, Policy, Rate, Store};
+use ratelimit_core::{Decision, MemoryStore, Policy, PolicyError, Rate, Store};
 
 /// A `MemoryStore` and the `RedisStore` `redis` builds, both on `clock` (the
 /// scripts take their time from it), to replay one timeline through both.
@@ -114,14 +114,27 @@ pub fn long_policies(limit: u64) -> Vec<Policy> {
 /// One policy of every algorithm, in the order of [`small_policies`]: the
 /// windows and the concurrency lease `window`, the buckets refilling at `rate`.
 pub fn every_algorithm(limit: u64, window: Duration, rate: Rate) -> Vec<Policy> {
-    vec![
-        Policy::fixed_window(limit, window).expect("valid"),
-        Policy::sliding_window_log(limit, window).expect("valid"),
-        Policy::sliding_window_counter(limit, window).expect("valid"),
-        Policy::token_bucket(limit, rate).expect("valid"),
-        Policy::gcra(limit, rate).expect("valid"),
-        Policy::leaky_bucket(limit, rate).expect("valid"),
-        Policy::concurrency(limit, window).expect("valid"),
+    try_every_algorithm(limit, window, rate)
+        .into_iter()
+        .map(|policy| policy.expect("valid"))
+        .collect()
+}
+
+/// What building each policy of [`every_algorithm`] answers, for numbers
+/// that some algorithms may refuse; concurrency last.
+pub fn try_every_algorithm(
+    limit: u64,
+    window: Duration,
+    rate: Rate,
+) -> [Result<Policy, PolicyError>; 7] {
+    [
+        Policy::fixed_window(limit, window),
+        Policy::sliding_window_log(limit, window),
+        Policy::sliding_window_counter(limit, window),
+        Policy::token_bucket(limit, rate),
+        Policy::gcra(limit, rate),
+        Policy::leaky_bucket(limit, rate),
+        Policy::concurrency(limit, window),
     ]
 }
 
@@ -162,12 +175,27 @@ pub async fn decide_through_a_restart(store: &RedisStore, server: &mut RedisServ
         store.check(b"k", &policy, 1).await.unwrap();
     }
     server.restart();
-    for i in 0..4 {
+    assert_counts_down(store, b"k", &policy, 4, 9, "state kept through the restart").await;
+}
+
+/// Checks `key` under `policy` `calls` times on `store`: each call is
+/// decided and admitted, the first leaving `first` units, each next one
+/// fewer.
+pub async fn assert_counts_down(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+    calls: u64,
+    first: u64,
+    what: &str,
+) {
+    for i in 0..calls {
         let d = store
-            .check(b"k", &policy, 1)
+            .check(key, policy, 1)
             .await
-            .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        assert_eq!(d.remaining(), 9 - i, "state was lost with the restart");
+            .unwrap_or_else(|e| panic!("{what}, call {i}: {e}"));
+        assert!(d.is_allowed(), "{what}, call {i}: {d:?}");
+        assert_eq!(d.remaining(), first - i, "{what}, call {i}: {d:?}");
     }
 }
 
@@ -195,6 +223,16 @@ pub fn observable(d: &Decision) -> Observed {
 /// it stay well below what they guard against (a second timeout, a pool's
 /// 30 s wait, a call that hangs).
 pub const SLACK: Duration = Duration::from_secs(1);
+
+/// Asserts that less than `bound` plus [`SLACK`] has passed since `started`.
+#[track_caller]
+pub fn assert_within_slack(started: Instant, bound: Duration) {
+    let took = started.elapsed();
+    assert!(
+        took < bound + SLACK,
+        "took {took:?}, bound {bound:?} + {SLACK:?}"
+    );
+}
 
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
 pub fn free_port() -> u16 {

@@ -6,9 +6,9 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ratelimit_core::clock::ManualClock;
+use ratelimit_core::clock::{Clock, ManualClock};
 use ratelimit_core::redis::{RedisStore, RedisStoreBuilder};
-use ratelimit_core::{PermitId, Policy, Store, StoreError};
+use ratelimit_core::{MemoryStore, PermitId, Policy, Store, StoreError};
 
 use crate::{RedisCluster, RedisServer};
 
@@ -143,6 +143,18 @@ pub fn write_sorted_set(server: &RedisServer, key: &str, members: &[(String, Str
 /// Whether `store` admits a request of cost 1 from `key` under `policy`.
 pub async fn admits<S: Store>(store: &S, key: &[u8], policy: &Policy) -> bool {
     let decision = store.check(key, policy, 1).await;
+    decision.expect("the store decides").is_allowed()
+}
+
+/// Whether `store` admits a request of `cost` from `key` under `policy`
+/// now; the store must decide.
+pub fn admits_now<C: Clock>(
+    store: &MemoryStore<C>,
+    key: &[u8],
+    policy: &Policy,
+    cost: u64,
+) -> bool {
+    let decision = store.check_now(key, policy, cost);
     decision.expect("the store decides").is_allowed()
 }
 
