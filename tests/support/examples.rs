@@ -13,10 +13,26 @@ use crate::{ChildGuard, free_port};
 /// naming the flag, and sometimes the usage line); they exit with status 2.
 pub const CLAP_FOOTER: &str = "For more information, try '--help'.";
 
-/// Builds the example `name` of the `ratelimit-examples` package and returns
-/// the path of its executable; once per test binary and example (cargo is
-/// asked again only for an example not built yet).
+/// Where `scripts/test` says the examples are, built by the same `cargo
+/// test --workspace` run as the tests: a second build of them here (for the
+/// host target, in a directory of its own) would build every dependency
+/// again.
+const EXAMPLES_DIR: &str = "RATELIMIT_EXAMPLES_DIR";
+
+/// The executable of the example `name` of the `ratelimit-examples`
+/// package: in [`EXAMPLES_DIR`] when that is set, else built here, once per
+/// test binary and example (cargo is asked again only for an example not
+/// built yet), so that a test run on its own runs the example as it is now.
 pub fn example_binary(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(EXAMPLES_DIR) {
+        let path = PathBuf::from(dir).join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+        assert!(
+            path.is_file(),
+            "{EXAMPLES_DIR} is set but has no example {name}: {}",
+            path.display()
+        );
+        return path;
+    }
     static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
     let mut built = BUILT
         .get_or_init(Mutex::default)
