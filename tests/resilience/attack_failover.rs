@@ -487,3 +487,128 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
     })
     .await;
 }
+
+/// Breaks every connection of the store's to `node` (those of clients
+/// that are neither a sentinel, a replica, nor this `redis-cli`): the
+/// store's next call asks the sentinels for the master. The sentinels'
+/// links stay up, so that they see no outage.
+fn break_connections(node: &RedisServer) {
+    let clients = node.cli(&["CLIENT", "LIST"]);
+    for client in clients.lines() {
+        let field = |name: &str| {
+            client
+                .split(' ')
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or("")
+        };
+        let ours = !field("name").starts_with("sentinel-")
+            && !field("flags").contains(['S', 'M'])
+            && field("cmd") != "client|list";
+        if ours {
+            node.cli(&["CLIENT", "KILL", "ID", field("id")]);
+        }
+    }
+}
+
+/// A sentinel that missed a failover is the only one the store reaches.
+/// The old master and one sentinel are cut off (the master frozen, the
+/// sentinel stopped); the other two sentinels fail over to the replica,
+/// and the store decides there until the limit is reached. Past what the
+/// store remembers of the node failed over from (15 s), the old master
+/// comes back, still a master with the admissions it had before the
+/// failover, and so does the sentinel, which names it (under the old
+/// configuration epoch) until it hears of the failover from the others,
+/// now out of the store's reach (stopped). Every lookup of the store
+/// meanwhile (its connections broken to make it ask) must refuse that
+/// answer: deciding on the old master would admit again what the promoted
+/// replica already denies. The calls are outages: the failure policy
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
+    const LIMIT: u64 = 10;
+    const BEFORE: u64 = 4;
+    let _turn = SERIAL.lock().await;
+    let mut set = start_quorum().await;
+    let store = sentinel_store(&set).await;
+    let policy = counting_policy("stale-sentinel", LIMIT);
+    let key = store.state_key(b"k", &policy);
+    let (old_port, replica_port) = (set.master().port(), set.replica().port());
+
+    tokio::time::timeout(Duration::from_secs(50), async {
+        warm_up("the master answers", || store.ping()).await;
+        for _ in 0..BEFORE {
+            let d = store.check(b"k", &policy, 1).await.expect("a decision");
+            assert!(d.is_allowed());
+        }
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            while count_on(set.replica(), &key) != BEFORE {
+                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            set.sentinel_mut(2).stop();
+            set.master().freeze();
+        });
+        let named = until_named(&set, replica_port);
+        let mut admitted = 0;
+        loop {
+            let d = decided_after(named, || store.check(b"k", &policy, 1))
+                .await
+                .expect("a decision on the promoted replica");
+            if !d.is_allowed() {
+                break;
+            }
+            admitted += 1;
+            assert!(admitted <= LIMIT, "admitted past the limit");
+        }
+        assert_eq!(admitted, LIMIT - BEFORE, "on the promoted replica");
+        // Past what the store remembers of the failover (15 s).
+        tokio::time::sleep_until((named + Duration::from_secs(16)).into()).await;
+        tokio::task::block_in_place(|| {
+            set.sentinel_mut(0).stop();
+            set.sentinel_mut(1).stop();
+            set.master().thaw();
+            set.sentinel_mut(2).restart();
+        });
+        let back = Instant::now();
+        let mut masters = Vec::new();
+        let (mut over, mut calls, mut stale) = (0, 0, 0);
+        while back.elapsed() < Duration::from_secs(1) {
+            let names = tokio::task::block_in_place(|| {
+                break_connections(set.replica());
+                set.named_master_port()
+            });
+            if names == Some(old_port) {
+                stale += 1;
+            }
+            let result = store.check(b"k", &policy, 1).await;
+            calls += 1;
+            assert!(
+                result.as_ref().is_ok() || result.as_ref().is_err_and(StoreError::is_outage),
+                "a mistake: {result:?}"
+            );
+            if result.as_ref().is_ok_and(Decision::is_allowed) {
+                over += 1;
+            }
+            if let Some(master) = store.sentinel_master()
+                && !masters.contains(&master)
+            {
+                masters.push(master);
+            }
+        }
+        println!(
+            "[attack] stale sentinel: {calls} calls, each after a lookup ({stale} while the \
+             sentinel named the old master), {over} admitted past the limit; masters followed: \
+             {masters:?} (old master 127.0.0.1:{old_port})"
+        );
+        assert!(stale > 0, "the sentinel never named the old master");
+        assert_eq!(
+            masters,
+            vec![format!("127.0.0.1:{replica_port}")],
+            "the store followed a sentinel that missed the failover"
+        );
+        assert_eq!(over, 0, "admitted past the limit on the old master");
+    })
+    .await
+    .expect("the test did not finish within 50 s");
+}
