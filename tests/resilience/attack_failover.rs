@@ -44,6 +44,17 @@ async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
         .expect("a store behind the sentinels")
 }
 
+/// A store behind the sentinels with `pool_size` connections (also the
+/// coalescer's calls in flight at most).
+async fn sentinel_store_of(set: &RedisSentinels, pool_size: u32) -> RedisStore {
+    RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
+        .call_timeout(CALL_TIMEOUT)
+        .pool_size(pool_size)
+        .build()
+        .await
+        .expect("a store behind the sentinels")
+}
+
 /// A fixed window far longer than any test, whose state (`f<end> <count>`)
 /// shows on any node how many it admitted.
 fn counting_policy(name: &str, limit: u64) -> Policy {
@@ -137,8 +148,10 @@ fn assert_outages_only_and_bounded(calls: &[Call]) {
 }
 
 /// The master frozen (`SIGSTOP`: its sockets stay open, it answers
-/// nothing) under a load of three clients each calling every 20 ms, each
-/// call a check of two limits at once. Once a sentinel names the promoted
+/// nothing) under a load of six clients each calling every 20 ms, each
+/// call a check of two limits at once, through a store of one connection
+/// (so the coalescer gathers them, one call in flight at a time: a count
+/// left behind by a call lost to the freeze would wedge it). Once a sentinel names the promoted
 /// replica the load moves to a fresh key, and the old master is thawed: it
 /// comes back answering `ROLE` as a master, with stale data, and runs the
 /// calls that timed out on it, until the sentinels demote it. Every
@@ -150,7 +163,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     const LIMIT: u64 = 40;
     let _turn = SERIAL.lock().await;
     let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
+    let store = sentinel_store_of(&set, 1).await;
     let tight = counting_policy("frozen-tight", LIMIT);
     let loose = counting_policy("frozen-loose", 1_000_000);
     warm_up("the master answers", || store.ping()).await;
@@ -159,7 +172,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     let calls = bounded(async {
         let after = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
-        let tasks: Vec<_> = (0..3)
+        let tasks: Vec<_> = (0..6)
             .map(|_| {
                 let (store, tight, loose) = (store.clone(), tight.clone(), loose.clone());
                 let (after, done) = (Arc::clone(&after), Arc::clone(&done));
@@ -207,6 +220,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     .await;
     let (calls, named) = calls;
     assert_outages_only_and_bounded(&calls);
+    let coalesced = store.coalescing();
 
     let after: Vec<&Call> = calls.iter().filter(|c| c.after).collect();
     let admitted = after
@@ -224,9 +238,16 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     let loose_count = count_on(promoted, &store.state_key(b"after", &loose));
     println!(
         "[attack] after the promotion: {} calls, {admitted} admitted, first decision {} after \
-         the promotion; counted on the promoted replica: {tight_count} and {loose_count}",
+         the promotion; counted on the promoted replica: {tight_count} and {loose_count}; \
+         {} requests in {} calls",
         after.len(),
-        ms(first - named)
+        ms(first - named),
+        coalesced.requests,
+        coalesced.calls
+    );
+    assert!(
+        coalesced.requests > coalesced.calls,
+        "the coalescer gathered nothing: {coalesced:?}"
     );
     assert!(
         first - named <= FOLLOW_DEADLINE,
