@@ -633,3 +633,68 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
     .await
     .expect("the test did not finish within 50 s");
 }
+
+/// A concurrency permit released while the master is down, before its
+/// replica is promoted: the release fails as an outage, and the permit,
+/// replicated, would hold its slot on the promoted replica for its whole
+/// lease (ten minutes here), the limit denying long after the outage.
+/// The store keeps releasing it while unreachable: the slot is free again
+/// soon after the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permit_released_during_the_failover_is_free_after_it() {
+    let _turn = SERIAL.lock().await;
+    let mut set = start_quorum().await;
+    let store = sentinel_store(&set).await;
+    let policy = named(
+        "permit-gap",
+        Policy::concurrency(1, Duration::from_secs(600)),
+    );
+    let key = store.state_key(b"p", &policy);
+    let replica_port = set.replica().port();
+
+    bounded(async {
+        let first = warm_up("the master answers", || store.check(b"p", &policy, 1)).await;
+        let permit = first
+            .permit()
+            .expect("an admitted check carries its permit");
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            while set.replica().cli(&["EXISTS", &key]) != "1" {
+                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            set.master_mut().stop();
+        });
+        let released = store.release(b"p", &policy, permit).await;
+        assert!(
+            released.as_ref().is_err_and(StoreError::is_outage),
+            "the release while the master is down: {released:?}"
+        );
+        let named = until_named(&set, replica_port);
+        // Denied while the permit holds (a denial takes nothing), at most
+        // until 3 s after the promotion.
+        let mut denied = 0;
+        let freed = loop {
+            match store.check(b"p", &policy, 1).await {
+                Ok(d) if d.is_allowed() => break Some(named.elapsed()),
+                Ok(_) => denied += 1,
+                Err(e) => assert!(e.is_outage(), "a mistake: {e}"),
+            }
+            if named.elapsed() > Duration::from_secs(3) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        println!(
+            "[attack] permit released during the failover: free {:?} after the promotion \
+             ({denied} denials before)",
+            freed.map(ms)
+        );
+        assert!(
+            freed.is_some(),
+            "the permit released during the failover still held its slot 3 s after the \
+             promotion ({denied} denials)"
+        );
+    })
+    .await;
+}
