@@ -78,6 +78,22 @@ fn count_on(node: &RedisServer, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("not a fixed window's state: {state:?}"))
 }
 
+/// Every key on `node` (but `except`) has a TTL: replicated, or written
+/// there after its promotion.
+fn assert_every_key_has_a_ttl(node: &RedisServer, except: &[&str]) {
+    let keys = node.cli(&["--scan"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !except.contains(k)).collect();
+    assert!(!keys.is_empty(), "no key on {}", node.port());
+    for key in keys {
+        let ttl = node.cli(&["PTTL", key]);
+        assert!(
+            ttl.parse::<i64>().is_ok_and(|ttl| ttl > 0),
+            "{key} on {} has no TTL: {ttl}",
+            node.port()
+        );
+    }
+}
+
 /// Blocks (on a runtime worker given up for it) until a sentinel names the
 /// node on `port` as the master; returns that moment.
 fn until_named(set: &RedisSentinels, port: u16) -> Instant {
@@ -263,6 +279,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
         (admitted, admitted),
         "every admission after the promotion is counted on the promoted replica, by both limits"
     );
+    assert_every_key_has_a_ttl(promoted, &[]);
 }
 
 /// The master frozen under light traffic (one call every 1.5 s): the first
@@ -413,6 +430,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
         println!(
             "[attack] permit: held across the failover, released once on the promoted replica"
         );
+        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &[]));
     })
     .await;
 }
@@ -505,6 +523,7 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             LIMIT,
             "the promoted replica counts every admission made on it"
         );
+        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &["lag-ballast"]));
     })
     .await;
 }
