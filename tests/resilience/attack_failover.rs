@@ -717,3 +717,145 @@ async fn a_permit_released_during_the_failover_is_free_after_it() {
     })
     .await;
 }
+
+/// A `FallbackStore` (three instances, the default breaker) over the store
+/// behind the sentinels, under a load of three clients each calling every
+/// 20 ms; the master killed once the replica holds all it admitted. In the
+/// gap the failure policy alone decides (the fallback, within its share);
+/// the promoted replica decides again within the deadline (the breaker's
+/// cool-down included), and admits what its count leaves, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
+    use ratelimit_core::{BreakerState, DecisionSource};
+
+    const LIMIT: u64 = 60;
+    let _turn = SERIAL.lock().await;
+    let mut set = start_quorum().await;
+    let redis = sentinel_store(&set).await;
+    let store = super::with_fallback(redis.clone());
+    let policy = counting_policy("fallback-gap", LIMIT);
+    let key = redis.state_key(b"k", &policy);
+    warm_up("the master answers", || redis.ping()).await;
+    let replica_port = set.replica().port();
+
+    #[derive(Debug)]
+    struct Sourced {
+        start: Instant,
+        end: Instant,
+        result: Result<(bool, DecisionSource), String>,
+    }
+
+    let (calls, killed, named) = bounded(async {
+        let paused = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, policy) = (store.clone(), policy.clone());
+                let (paused, done) = (Arc::clone(&paused), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let mut calls = Vec::new();
+                    while !done.load(Ordering::Acquire) {
+                        if paused.load(Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            continue;
+                        }
+                        let start = Instant::now();
+                        let result = store.check(b"k", &policy, 1).await;
+                        calls.push(Sourced {
+                            start,
+                            end: Instant::now(),
+                            result: result
+                                .map(|d| (d.is_allowed(), d.source()))
+                                .map_err(|e| e.to_string()),
+                        });
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    calls
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        paused.store(true, Ordering::Release);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The replica holds every admission: the kill loses none.
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            while count_on(set.replica(), &key) != count_on(set.master(), &key) {
+                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            set.master_mut().stop();
+        });
+        let killed = Instant::now();
+        paused.store(false, Ordering::Release);
+        let named = until_named(&set, replica_port);
+        tokio::time::sleep(FOLLOW_DEADLINE + Duration::from_millis(500)).await;
+        done.store(true, Ordering::Release);
+        let mut calls = Vec::new();
+        for task in tasks {
+            calls.extend(task.await.expect("a load task panicked"));
+        }
+        (calls, killed, named)
+    })
+    .await;
+
+    let errors: Vec<&Sourced> = calls.iter().filter(|c| c.result.is_err()).collect();
+    assert!(
+        errors.is_empty(),
+        "the fallback answers every call: {errors:?}"
+    );
+    let from =
+        |source: DecisionSource| move |c: &&Sourced| matches!(c.result, Ok((_, s)) if s == source);
+    let in_gap = |c: &&Sourced| c.start > killed && c.end < named;
+    let redis_in_gap = calls
+        .iter()
+        .filter(in_gap)
+        .filter(from(DecisionSource::Store))
+        .count();
+    let fallback: Vec<&Sourced> = calls
+        .iter()
+        .filter(from(DecisionSource::Fallback))
+        .collect();
+    let admitted = |calls: &mut dyn Iterator<Item = &Sourced>| {
+        calls.filter(|c| matches!(c.result, Ok((true, _)))).count() as u64
+    };
+    let fallback_admitted = admitted(&mut fallback.iter().copied());
+    let redis_admitted = admitted(&mut calls.iter().filter(from(DecisionSource::Store)));
+    let first_redis_after = calls
+        .iter()
+        .filter(|c| c.start >= named)
+        .filter(from(DecisionSource::Store))
+        .map(|c| c.end)
+        .min()
+        .expect("Redis decides again after the promotion");
+    let counted = tokio::task::block_in_place(|| count_on(set.replica(), &key));
+    println!(
+        "[attack] fallback over a failover: {} calls; in the gap {} by the fallback, {redis_in_gap} \
+         by Redis; fallback admitted {fallback_admitted}; Redis admitted {redis_admitted} \
+         (counted {counted}); Redis decided again {} after the promotion; breaker {:?}",
+        calls.len(),
+        calls.iter().filter(in_gap).count(),
+        ms(first_redis_after - named),
+        store.breaker().state()
+    );
+    assert_eq!(
+        redis_in_gap, 0,
+        "Redis decided between the kill and the promotion"
+    );
+    assert!(
+        fallback_admitted <= LIMIT / 3,
+        "the fallback admitted {fallback_admitted}, over its share of {}",
+        LIMIT / 3
+    );
+    assert!(
+        first_redis_after - named <= FOLLOW_DEADLINE,
+        "Redis decided again {} after the promotion",
+        ms(first_redis_after - named)
+    );
+    assert_eq!(
+        (redis_admitted, counted),
+        (LIMIT, LIMIT),
+        "Redis admits its limit, all counted on the promoted replica"
+    );
+    assert_eq!(store.breaker().state(), BreakerState::Closed);
+}
