@@ -364,9 +364,10 @@ where
 
 /// A concurrency permit (max 1) taken on the old master and replicated,
 /// the master killed and its replica promoted: the permit still holds on
-/// the promoted replica (the store is no more permissive there), its
-/// release sent to the new master frees it, and the same release sent
-/// again frees nothing more (not the permit taken since).
+/// the promoted replica (the store is no more permissive there) and is
+/// renewed there, its release sent to the new master frees it (a renewal
+/// then brings nothing back), and the same release sent again frees
+/// nothing more (not the permit taken since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
     let _turn = SERIAL.lock().await;
@@ -407,10 +408,20 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
             Some(format!("127.0.0.1:{replica_port}"))
         );
 
+        let renewed = store.renew(b"p", &policy, old).await;
+        assert!(
+            matches!(renewed, Ok(true)),
+            "the permit taken on the old master renewed on the new one: {renewed:?}"
+        );
         store
             .release(b"p", &policy, old)
             .await
             .expect("the release of the old master's permit");
+        let renewed = store.renew(b"p", &policy, old).await;
+        assert!(
+            matches!(renewed, Ok(false)),
+            "a renewal brought a released permit back: {renewed:?}"
+        );
         let second = store.check(b"p", &policy, 1).await.expect("a decision");
         assert!(
             second.is_allowed() && second.permit().is_some(),
