@@ -334,14 +334,14 @@ impl Master {
     /// names, then `SENTINEL MASTER` for the configuration epoch of its
     /// answer): the first master that answers as one, is not the node just
     /// failed over from, and comes with a configuration epoch no older than
-    /// the newest the store has seen. A sentinel that missed a failover
-    /// (cut off, or down, while it happened) names the old master under an
-    /// older epoch until it hears of it, and the old master, up again,
-    /// answers `ROLE` as a master until the sentinels demote it: what it
-    /// admits is lost, so such an answer is never taken. A sentinel that
-    /// hangs delays no lookup. When none names one, the most telling error:
-    /// refused credentials first, then one met on a master a sentinel named,
-    /// then any.
+    /// the newest the store has seen (or is the master it follows). A
+    /// sentinel that missed a failover (cut off, or down, while it happened)
+    /// names the old master under an older epoch until it hears of it, and
+    /// the old master, up again, answers `ROLE` as a master until the
+    /// sentinels demote it: what it admits is lost, so such an answer is
+    /// never taken. A sentinel that hangs delays no lookup. When none names
+    /// one, the most telling error: refused credentials first, then one met
+    /// on a master a sentinel named, then any.
     async fn ask(&self) -> Result<redis::Client, RedisError> {
         let mut asking: FuturesUnordered<_> = self
             .sentinels
@@ -356,7 +356,11 @@ impl Master {
         let (mut errors, mut stale) = (Vec::new(), Vec::new());
         while let Some(answer) = asking.next().await {
             match answer.and_then(|(client, epoch)| Ok((self.not_demoted(client)?, epoch))) {
-                Ok((client, epoch)) if self.take_epoch(epoch, false) => return Ok(client),
+                // An older epoch naming the master followed already
+                // changes nothing: its sentinels were set up anew.
+                Ok((client, epoch)) if self.take_epoch(epoch, false) || self.follows(&client) => {
+                    return Ok(client);
+                }
                 Ok(older) => stale.push(older),
                 Err(e) => errors.push(e),
             }
@@ -437,6 +441,15 @@ impl Master {
                     "a sentinel's SENTINEL MASTER gave no config-epoch",
                 ))
             })
+    }
+
+    /// Whether `client` leads to the master the store follows now.
+    fn follows(&self, client: &redis::Client) -> bool {
+        let state = self.state.lock();
+        state
+            .named
+            .as_ref()
+            .is_some_and(|(_, addr)| addr == client.get_connection_info().addr())
     }
 
     /// Whether a master named under configuration `epoch` may be taken: no
