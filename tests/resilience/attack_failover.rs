@@ -870,3 +870,99 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
     );
     assert_eq!(store.breaker().state(), BreakerState::Closed);
 }
+
+/// A store built on a runtime that is then shut down (built at start-up on
+/// a runtime of its own, say), and used on another: its watch of the
+/// sentinels' failover events must not end with that runtime. An ordered
+/// failover (`SENTINEL FAILOVER`: the old master stays up, and takes writes
+/// until the sentinels demote it, seconds after the promotion) under a load
+/// of three clients each calling every 20 ms: every admission must be held
+/// by the promoted replica; one decided on the old master after the
+/// promotion is lost, and admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
+    let _turn = SERIAL.lock().await;
+    let set = start_quorum().await;
+    let addresses = set.addresses();
+    let store = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            RedisStore::sentinel_builder(addresses, MASTER_NAME)
+                .call_timeout(CALL_TIMEOUT)
+                .build()
+                .await
+                .expect("a store behind the sentinels")
+        })
+        // The runtime ends here, and every task it ran with it.
+    })
+    .await
+    .expect("building on a runtime of its own");
+    let policy = counting_policy("runtime-gone", 1_000_000);
+    let key = store.state_key(b"k", &policy);
+    warm_up("the master answers", || store.check(b"k", &policy, 1)).await;
+    let replica_port = set.replica().port();
+
+    let (calls, named) = bounded(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, policy, done) = (store.clone(), policy.clone(), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let mut calls = Vec::new();
+                    while !done.load(Ordering::Acquire) {
+                        let start = Instant::now();
+                        let result = store.check(b"k", &policy, 1).await.map(|d| vec![d]);
+                        calls.push(Call {
+                            after: false,
+                            start,
+                            end: Instant::now(),
+                            outcome: Outcome::of(&result),
+                        });
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    calls
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::block_in_place(|| {
+            let ordered = set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+            assert_eq!(ordered, "OK", "SENTINEL FAILOVER");
+        });
+        let named = until_named(&set, replica_port);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        done.store(true, Ordering::Release);
+        let mut calls = Vec::new();
+        for task in tasks {
+            calls.extend(task.await.expect("a load task panicked"));
+        }
+        (calls, named)
+    })
+    .await;
+    assert_outages_only_and_bounded(&calls);
+    // The warm-up's admission, then the load's.
+    let admitted = 1 + calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count() as u64;
+    let held = tokio::task::block_in_place(|| count_on(set.replica(), &key));
+    let after = calls
+        .iter()
+        .filter(|c| c.start >= named && c.outcome.decided())
+        .count();
+    println!(
+        "[attack] store built on a runtime since shut down, ordered failover: admitted \
+         {admitted}, the promoted replica holds {held} (lost {}); {after} decisions after the \
+         promotion, the store on {:?}",
+        admitted.saturating_sub(held),
+        store.sentinel_master()
+    );
+    assert!(after > 0, "nothing decided after the promotion");
+    assert_eq!(
+        admitted, held,
+        "admissions decided on the old master after the promotion are lost"
+    );
+}

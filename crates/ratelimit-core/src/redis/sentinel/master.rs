@@ -47,8 +47,22 @@ pub(in crate::redis) struct Master {
     failing_over: AtomicBool,
     state: Mutex<State>,
     /// The tasks that watch the sentinels' events (see `events`), ended
-    /// with the master.
-    pub(in crate::redis) watchers: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// with the master, and a client of each sentinel to start them again.
+    pub(in crate::redis) watchers: Mutex<Watchers>,
+    /// Whether the watch ended with the runtime that ran it (or never
+    /// started, built without one): the next call starts it again on its
+    /// own runtime.
+    pub(in crate::redis) unwatched: AtomicBool,
+    /// Which start of the watch runs now: a task of an earlier one, ending,
+    /// marks nothing.
+    pub(in crate::redis) watch_generation: AtomicU64,
+}
+
+/// The tasks that watch the sentinels' events, and their clients.
+#[derive(Default)]
+pub(in crate::redis) struct Watchers {
+    pub(in crate::redis) tasks: Vec<tokio::task::AbortHandle>,
+    pub(in crate::redis) sentinels: Vec<redis::Client>,
 }
 
 #[derive(Default)]
@@ -116,6 +130,8 @@ impl Master {
             failing_over: AtomicBool::new(false),
             state: Mutex::default(),
             watchers: Mutex::default(),
+            unwatched: AtomicBool::new(false),
+            watch_generation: AtomicU64::new(0),
         }
     }
 
@@ -675,7 +691,7 @@ impl Master {
 
 impl Drop for Master {
     fn drop(&mut self) {
-        for watcher in self.watchers.get_mut().drain(..) {
+        for watcher in self.watchers.get_mut().tasks.drain(..) {
             watcher.abort();
         }
     }
