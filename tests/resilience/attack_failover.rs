@@ -447,7 +447,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
 }
 
 /// A replica promoted with a lagging copy. The replica is frozen while the
-/// master takes a 32 MB write (more than the sockets between them hold)
+/// master takes a 48 MB write (more than the sockets between them hold)
 /// and then five admissions, whose replication waits behind it; the master
 /// is killed, the replica thawed and promoted. Redis replicates without
 /// waiting (the store sends no `WAIT`), so those five admissions die with
@@ -474,18 +474,20 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             assert!(d.is_allowed());
         }
         let start = Instant::now();
+        let mut frozen = start;
         tokio::task::block_in_place(|| {
             while count_on(set.replica(), &key) != BEFORE {
                 assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
                 std::thread::sleep(Duration::from_millis(10));
             }
             set.replica().freeze();
+            frozen = Instant::now();
             let big = set.master().cli(&[
                 "EVAL",
                 "redis.call('SET', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1",
                 "1",
                 "lag-ballast",
-                "33554432",
+                "50331648",
             ]);
             assert_eq!(big, "1", "the ballast write");
         });
@@ -493,9 +495,10 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             let d = store.check(b"k", &policy, 1).await.expect("a decision");
             assert!(d.is_allowed());
         }
-        tokio::task::block_in_place(|| {
+        let thawed = tokio::task::block_in_place(|| {
             set.master_mut().stop();
             set.replica().thaw();
+            frozen.elapsed()
         });
         let named = until_named(&set, replica_port);
         // Read before the store writes there: nothing calls it meanwhile.
@@ -516,8 +519,9 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             admitted += 1;
         }
         println!(
-            "[attack] lagging replica: old master admitted {}, the promoted replica kept {kept} \
-             ({lost} lost), then admitted {admitted} of {LIMIT}",
+            "[attack] lagging replica (frozen {}): old master admitted {}, the promoted \
+             replica kept {kept} ({lost} lost), then admitted {admitted} of {LIMIT}",
+            ms(thawed),
             BEFORE + UNREPLICATED
         );
         assert_eq!(
