@@ -30,6 +30,7 @@ use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 use ratelimit_tower::{FailurePolicy, Key, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
+mod attack_failover;
 mod sentinel;
 
 /// The Redis call timeout of the stores under test.

@@ -235,6 +235,7 @@ impl Connections {
         // before any call uses a connection to it. Boxed: rare.
         #[cfg(feature = "sentinel")]
         if let Some(master) = &self.opener.master {
+            super::sentinel::keep_watching(master);
             master.failover_under_way()?;
             if master.is_suspect() {
                 Box::pin(master.look_up()).await?;

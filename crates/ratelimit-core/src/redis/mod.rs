@@ -1183,12 +1183,30 @@ impl Store for RedisStore {
         })
     }
 
+    /// Releases `permit` (`release.lua`, by its id: sent twice, it frees
+    /// nothing more). One that fails as an outage returns the error, and is
+    /// sent again in the background while the store is unreachable and the
+    /// lease lasts (backing off up to a second), so that a permit released
+    /// during a failover or a restart does not hold its slot for its whole
+    /// lease once Redis is back.
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
         if !matches!(policy.algorithm(), Algorithm::Concurrency(_)) {
             return Box::pin(std::future::ready(Ok(())));
         }
         let key = self.state_key(key, policy);
-        Box::pin(self.clone().release_one(key, permit))
+        let (store, policy) = (self.clone(), policy.clone());
+        Box::pin(async move {
+            let released = store.clone().release_one(key.clone(), permit).await;
+            if released.as_ref().is_err_and(StoreError::is_outage) {
+                // Left to its lease, the permit would hold its slot long
+                // after the store is back (a failover, a restart): released
+                // again in the background while the store is unreachable and
+                // the lease lasts, as a permit no caller claimed. A release
+                // that ran after all is found again harmlessly.
+                drop(Unclaimed::new(store, vec![(key, permit)], &policy));
+            }
+            released
+        })
     }
 
     /// An admin [`reward`](crate::AdminStore::reward) of `cost`, but the

@@ -14,9 +14,12 @@
 //! sentinel's connection ends, and reads the sentinel's view of the master
 //! (`SENTINEL MASTER`: a failover in progress, its `failover-timeout`) each
 //! time it subscribes, so an event missed while it was away is caught up
-//! on. The tasks end with the store.
+//! on. The tasks end with the store; ended with the runtime that ran them
+//! (a store built on a runtime since shut down), they start again on the
+//! runtime of the next call.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -35,15 +38,73 @@ const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Starts watching the events of each of `sentinels` (in the order the
 /// store was given them) for `master`, on the current tokio runtime (none:
-/// nothing is watched, and the store follows failovers by its errors).
+/// the first call on one starts it, see [`keep_watching`]).
 pub(in crate::redis) fn watch(master: &Arc<Master>, sentinels: Vec<redis::Client>) {
+    master.watchers.lock().sentinels = sentinels;
+    master.unwatched.store(true, Ordering::Release);
+    start(master, false);
+}
+
+/// Starts the watch again on the current runtime when it ended with the
+/// runtime that ran it (a store built on a runtime since shut down): else
+/// nothing would tell the store of a failover that leaves the old master up
+/// (see the module's documentation). The failovers it missed meanwhile are
+/// caught up on as it subscribes, and the master is asked for again.
+pub(in crate::redis) fn keep_watching(master: &Arc<Master>) {
+    if master.unwatched.load(Ordering::Acquire) {
+        start(master, true);
+    }
+}
+
+/// Starts the watch on the current runtime, unless it runs already;
+/// `again`: it ran before, and may have missed a switch.
+fn start(master: &Arc<Master>, again: bool) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let mut watchers = master.watchers.lock();
-    for (index, client) in sentinels.into_iter().enumerate() {
-        let task = runtime.spawn(watch_one(Arc::downgrade(master), index, client));
-        watchers.push(task.abort_handle());
+    // One caller starts it; the others find it started.
+    if !master.unwatched.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let generation = master.watch_generation.fetch_add(1, Ordering::AcqRel) + 1;
+    let clients = watchers.sentinels.clone();
+    for task in watchers.tasks.drain(..) {
+        task.abort();
+    }
+    for (index, client) in clients.into_iter().enumerate() {
+        let watching = Watching {
+            master: Arc::downgrade(master),
+            generation,
+        };
+        let task = runtime.spawn(async move {
+            let watching = watching;
+            watch_one(watching.master.clone(), index, client).await;
+        });
+        watchers.tasks.push(task.abort_handle());
+    }
+    drop(watchers);
+    if again {
+        master.suspect();
+    }
+}
+
+/// Held by a watching task: dropped with its runtime while the master
+/// lives, it marks the watch ended, for the next call to start again,
+/// unless a later start replaced it (an earlier task, aborted, ending then
+/// must not have the next call abort the tasks that run now).
+struct Watching {
+    master: Weak<Master>,
+    generation: u64,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if let Some(master) = self.master.upgrade()
+            && master.watch_generation.load(Ordering::Acquire) == self.generation
+        {
+            master.unwatched.store(true, Ordering::Release);
+        }
     }
 }
 

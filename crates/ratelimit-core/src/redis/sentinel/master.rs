@@ -2,6 +2,7 @@
 //! failovers the sentinels report (see `events`), and the connections opened
 //! to the master.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -46,8 +47,22 @@ pub(in crate::redis) struct Master {
     failing_over: AtomicBool,
     state: Mutex<State>,
     /// The tasks that watch the sentinels' events (see `events`), ended
-    /// with the master.
-    pub(in crate::redis) watchers: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// with the master, and a client of each sentinel to start them again.
+    pub(in crate::redis) watchers: Mutex<Watchers>,
+    /// Whether the watch ended with the runtime that ran it (or never
+    /// started, built without one): the next call starts it again on its
+    /// own runtime.
+    pub(in crate::redis) unwatched: AtomicBool,
+    /// Which start of the watch runs now: a task of an earlier one, ending,
+    /// marks nothing.
+    pub(in crate::redis) watch_generation: AtomicU64,
+}
+
+/// The tasks that watch the sentinels' events, and their clients.
+#[derive(Default)]
+pub(in crate::redis) struct Watchers {
+    pub(in crate::redis) tasks: Vec<tokio::task::AbortHandle>,
+    pub(in crate::redis) sentinels: Vec<redis::Client>,
 }
 
 #[derive(Default)]
@@ -69,6 +84,9 @@ struct State {
     /// Per sentinel, the master whose failover it last aborted, as
     /// `(host, port)`, and until when a try of it reported is that one.
     aborts: Vec<Option<((String, u16), Instant)>>,
+    /// The newest configuration epoch of the master's name that a sentinel
+    /// gave with a master the store took (see [`Master::ask`]).
+    config_epoch: Option<u64>,
 }
 
 /// How long after a failover a lookup naming the old master is taken for a
@@ -112,6 +130,8 @@ impl Master {
             failing_over: AtomicBool::new(false),
             state: Mutex::default(),
             watchers: Mutex::default(),
+            unwatched: AtomicBool::new(false),
+            watch_generation: AtomicU64::new(0),
         }
     }
 
@@ -327,22 +347,58 @@ impl Master {
 
     /// Asks every sentinel at once (each through redis-rs's
     /// `SentinelClient`: `SENTINEL MASTERS`, then `ROLE` on the master it
-    /// names): the first master that answers as one and is not the node just
-    /// failed over from. A sentinel that hangs delays no lookup. When none
-    /// names one, the most telling error: refused credentials first, then
-    /// one met on a master a sentinel named, then any.
+    /// names, then `SENTINEL MASTER` for the configuration epoch of its
+    /// answer): the first master that answers as one, is not the node just
+    /// failed over from, and comes with a configuration epoch no older than
+    /// the newest the store has seen (or is the master it follows). A
+    /// sentinel that missed a failover (cut off, or down, while it happened)
+    /// names the old master under an older epoch until it hears of it, and
+    /// the old master, up again, answers `ROLE` as a master until the
+    /// sentinels demote it: what it admits is lost, so such an answer is
+    /// never taken. A sentinel that hangs delays no lookup. When none names
+    /// one, the most telling error: refused credentials first, then one met
+    /// on a master a sentinel named, then any.
     async fn ask(&self) -> Result<redis::Client, RedisError> {
         let mut asking: FuturesUnordered<_> = self
             .sentinels
             .iter()
-            .map(|sentinel| async move { sentinel.lock().await.async_get_client().await })
+            .map(|sentinel| async move {
+                let mut sentinel = sentinel.lock().await;
+                let client = sentinel.async_get_client().await?;
+                let epoch = self.config_epoch(&mut sentinel, &client).await?;
+                Ok::<_, RedisError>((client, epoch))
+            })
             .collect();
-        let mut errors = Vec::new();
+        let (mut errors, mut stale) = (Vec::new(), Vec::new());
         while let Some(answer) = asking.next().await {
-            match answer.and_then(|client| self.not_demoted(client)) {
-                Ok(client) => return Ok(client),
+            match answer.and_then(|(client, epoch)| Ok((self.not_demoted(client)?, epoch))) {
+                // An older epoch naming the master followed already
+                // changes nothing: its sentinels were set up anew.
+                Ok((client, epoch)) if self.take_epoch(epoch, false) || self.follows(&client) => {
+                    return Ok(client);
+                }
+                Ok(older) => stale.push(older),
                 Err(e) => errors.push(e),
             }
+        }
+        // Every sentinel answered, all under an older epoch: a set of
+        // sentinels set up anew (their epochs start again), not one that
+        // missed a failover; their newest answer.
+        if errors.is_empty() && stale.len() == self.sentinels.len() {
+            let newest = stale.into_iter().max_by_key(|(_, epoch)| *epoch);
+            if let Some((client, epoch)) = newest {
+                self.take_epoch(epoch, true);
+                return Ok(client);
+            }
+        } else if !stale.is_empty() {
+            errors.push(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                format!(
+                    "a sentinel names a master of {:?} under an older configuration than \
+                     another named (it missed a failover)",
+                    self.name
+                ),
+            )));
         }
         let rank = |e: &RedisError| {
             if refused_credentials(e) {
@@ -357,6 +413,70 @@ impl Master {
             .into_iter()
             .min_by_key(rank)
             .unwrap_or_else(|| no_master(&self.name)))
+    }
+
+    /// The configuration epoch of the master's name on `sentinel`
+    /// (`SENTINEL MASTER`), which must still name `client`'s node (else it
+    /// changed its answer meanwhile: an outage, asked again).
+    async fn config_epoch(
+        &self,
+        sentinel: &mut SentinelClient,
+        client: &redis::Client,
+    ) -> Result<u64, RedisError> {
+        let mut connection = sentinel
+            .async_get_sentinel_client()
+            .await?
+            .get_multiplexed_async_connection()
+            .await?;
+        let view: HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(&self.name)
+            .query_async(&mut connection)
+            .await?;
+        let named = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                view.get("ip") == Some(host)
+                    && view.get("port").and_then(|p| p.parse::<u16>().ok()) == Some(*port)
+            }
+            _ => false,
+        };
+        if !named {
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                format!(
+                    "a sentinel changed the master of {:?} while asked",
+                    self.name
+                ),
+            )));
+        }
+        view.get("config-epoch")
+            .and_then(|epoch| epoch.parse().ok())
+            .ok_or_else(|| {
+                RedisError::from((
+                    ErrorKind::Parse,
+                    "a sentinel's SENTINEL MASTER gave no config-epoch",
+                ))
+            })
+    }
+
+    /// Whether `client` leads to the master the store follows now.
+    fn follows(&self, client: &redis::Client) -> bool {
+        let state = self.state.lock();
+        state
+            .named
+            .as_ref()
+            .is_some_and(|(_, addr)| addr == client.get_connection_info().addr())
+    }
+
+    /// Whether a master named under configuration `epoch` may be taken: no
+    /// older than the newest seen (then noted), or any with `anew`.
+    fn take_epoch(&self, epoch: u64, anew: bool) -> bool {
+        let mut state = self.state.lock();
+        if anew || state.config_epoch.is_none_or(|newest| epoch >= newest) {
+            state.config_epoch = Some(epoch);
+            return true;
+        }
+        false
     }
 
     /// [`ask`](Self::ask), again every [`SETTLING_RETRY`] while the
@@ -563,7 +683,7 @@ impl Master {
 
 impl Drop for Master {
     fn drop(&mut self) {
-        for watcher in self.watchers.get_mut().drain(..) {
+        for watcher in self.watchers.get_mut().tasks.drain(..) {
             watcher.abort();
         }
     }

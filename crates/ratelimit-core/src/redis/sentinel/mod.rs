@@ -25,7 +25,7 @@ use crate::StoreError;
 mod events;
 mod master;
 
-pub(super) use events::watch;
+pub(super) use events::{keep_watching, watch};
 pub(super) use master::Master;
 
 /// The port of a sentinel whose address gives none.
