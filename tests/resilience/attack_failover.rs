@@ -17,6 +17,7 @@ use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
+use super::sentinel::{counting_policy, sentinel_store, start_quorum, window_count};
 use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms};
 
 /// The promoted replica must decide within this of the sentinels naming it.
@@ -24,25 +25,6 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The longest the sentinels may take to fail a master over.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
-
-/// Starts a set whose sentinels can fail its master over.
-async fn start_quorum() -> RedisSentinels {
-    tokio::task::spawn_blocking(|| {
-        let set = RedisSentinels::start();
-        set.wait_for_quorum();
-        set
-    })
-    .await
-    .expect("starting the sentinels")
-}
-
-async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
-    RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
-        .call_timeout(CALL_TIMEOUT)
-        .build()
-        .await
-        .expect("a store behind the sentinels")
-}
 
 /// A store behind the sentinels with `pool_size` connections (also the
 /// coalescer's calls in flight at most).
@@ -55,27 +37,9 @@ async fn sentinel_store_of(set: &RedisSentinels, pool_size: u32) -> RedisStore {
         .expect("a store behind the sentinels")
 }
 
-/// A fixed window far longer than any test, whose state (`f<end> <count>`)
-/// shows on any node how many it admitted.
-fn counting_policy(name: &str, limit: u64) -> Policy {
-    named(
-        name,
-        Policy::fixed_window(limit, Duration::from_secs(30 * 24 * 3600)),
-    )
-}
-
 /// The count of a fixed window's state at `key` on `node` (0 for no key).
 fn count_on(node: &RedisServer, key: &str) -> u64 {
-    let state = node.cli(&["GET", key]);
-    let state = state.trim();
-    if state.is_empty() {
-        return 0;
-    }
-    state
-        .rsplit(' ')
-        .next()
-        .and_then(|count| count.parse().ok())
-        .unwrap_or_else(|| panic!("not a fixed window's state: {state:?}"))
+    window_count(&node.cli(&["GET", key]))
 }
 
 /// Every key on `node` (but `except`) has a TTL: replicated, or written

@@ -43,7 +43,7 @@ async fn start_set(password: Option<&'static str>) -> RedisSentinels {
 
 /// Starts a set whose sentinels can fail its master over (they know one
 /// another).
-async fn start_quorum() -> RedisSentinels {
+pub(crate) async fn start_quorum() -> RedisSentinels {
     let set = start_set(None).await;
     tokio::task::spawn_blocking(move || {
         set.wait_for_quorum();
@@ -65,7 +65,7 @@ async fn kill_master(mut set: RedisSentinels) -> (RedisSentinels, Instant) {
     .expect("killing the master")
 }
 
-async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
+pub(crate) async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
     RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
         .call_timeout(CALL_TIMEOUT)
         .build()
@@ -76,7 +76,7 @@ async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
 /// A fixed window far longer than any test (no window edge passes while one
 /// runs, but once in millions), whose state is `f<window's end> <count>`:
 /// the count is read back from a replica.
-fn counting_policy(name: &str, limit: u64) -> Policy {
+pub(crate) fn counting_policy(name: &str, limit: u64) -> Policy {
     named(
         name,
         Policy::fixed_window(limit, Duration::from_secs(30 * 24 * 3600)),
@@ -84,7 +84,7 @@ fn counting_policy(name: &str, limit: u64) -> Policy {
 }
 
 /// The count of a fixed window's state as `GET` shows it (0 for no key).
-fn window_count(state: &str) -> u64 {
+pub(crate) fn window_count(state: &str) -> u64 {
     let state = state.trim();
     if state.is_empty() {
         return 0;
