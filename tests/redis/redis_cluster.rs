@@ -83,10 +83,12 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
 /// it yet) behind the cluster client's back: the first decision on it meets
 /// `MOVED` and is answered all the same, and the cluster client reads the
 /// slot map again on it, so the decisions that follow go straight to the
-/// new master: the old one answers `MOVED` once per connection of the store
-/// (its own connection to the master, which carries the coalescer's
+/// new master: the old one answers `MOVED` about once per connection of the
+/// store (its own connection to the master, which carries the coalescer's
 /// pipelines once open, and the cluster client's two: the one that follows
-/// nothing, and the one that follows), not once per call.
+/// nothing, and the one that follows), not once per call. redis-rs reads
+/// the map again in the background, so on a busy machine a call or two more
+/// may meet `MOVED` before it has: far fewer than the calls all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let cluster = RedisCluster::start();
@@ -104,7 +106,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     assert_counts_down(&store, b"mover", &policy, 20, 99, "after the move").await;
     let redirected = moved() - before;
     assert!(
-        (1..=3).contains(&redirected),
+        (1..=6).contains(&redirected),
         "the old master answered MOVED {redirected} times to 20 calls"
     );
     assert_eq!(keys_of_slot_on(&cluster, target, slot).len(), 1);
