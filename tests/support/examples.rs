@@ -20,9 +20,10 @@ pub const CLAP_FOOTER: &str = "For more information, try '--help'.";
 const EXAMPLES_DIR: &str = "RATELIMIT_EXAMPLES_DIR";
 
 /// The executable of the example `name` of the `ratelimit-examples`
-/// package: in [`EXAMPLES_DIR`] when that is set, else built here, once per
-/// test binary and example (cargo is asked again only for an example not
-/// built yet), so that a test run on its own runs the example as it is now.
+/// package: in `RATELIMIT_EXAMPLES_DIR` when that is set, else built here,
+/// once per test binary and example (cargo is asked again only for an
+/// example not built yet), so that a test run on its own runs the example
+/// as it is now.
 pub fn example_binary(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os(EXAMPLES_DIR) {
         let path = PathBuf::from(dir).join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
