@@ -17,7 +17,7 @@ use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
-use super::sentinel::{counting_policy, sentinel_store, start_quorum, window_count};
+use super::sentinel::{Outcome, counting_policy, sentinel_store, start_quorum, window_count};
 use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms};
 
 /// The promoted replica must decide within this of the sentinels naming it.
@@ -40,6 +40,19 @@ async fn sentinel_store_of(set: &RedisSentinels, pool_size: u32) -> RedisStore {
 /// The count of a fixed window's state at `key` on `node` (0 for no key).
 fn count_on(node: &RedisServer, key: &str) -> u64 {
     window_count(&node.cli(&["GET", key]))
+}
+
+/// Stops the set's master once `key` has reached its replica (on a runtime
+/// worker given up for the wait).
+fn stop_master_once_replicated(set: &mut RedisSentinels, key: &str) {
+    let start = Instant::now();
+    tokio::task::block_in_place(|| {
+        while set.replica().cli(&["EXISTS", key]) != "1" {
+            assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        set.master_mut().stop();
+    });
 }
 
 /// Every key on `node` (but `except`) has a TTL: replicated, or written
@@ -72,31 +85,6 @@ fn until_named(set: &RedisSentinels, port: u16) -> Instant {
         }
     });
     Instant::now()
-}
-
-/// What one call gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
-    Admitted,
-    Denied,
-    Outage(String),
-    /// Any other error: never expected here.
-    Error(String),
-}
-
-impl Outcome {
-    fn of(result: &Result<Vec<Decision>, StoreError>) -> Outcome {
-        match result {
-            Ok(d) if d.iter().all(Decision::is_allowed) => Outcome::Admitted,
-            Ok(_) => Outcome::Denied,
-            Err(e) if e.is_outage() => Outcome::Outage(e.to_string()),
-            Err(e) => Outcome::Error(e.to_string()),
-        }
-    }
-
-    fn decided(&self) -> bool {
-        matches!(self, Outcome::Admitted | Outcome::Denied)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -171,7 +159,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
                             after: phase,
                             start,
                             end: Instant::now(),
-                            outcome: Outcome::of(&result),
+                            outcome: Outcome::of_all(&result),
                         });
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
@@ -274,7 +262,7 @@ async fn light_traffic_follows_a_frozen_master_at_the_first_call_after_the_promo
                 after: named,
                 start,
                 end: Instant::now(),
-                outcome: Outcome::of(&result),
+                outcome: Outcome::of_all(&result),
             };
             println!(
                 "[attack] {} after the freeze (replica named: {named}): {:?}",
@@ -351,14 +339,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
             .permit()
             .expect("an admitted check carries its permit");
         // The replica holds the permit before the master dies.
-        let start = Instant::now();
-        tokio::task::block_in_place(|| {
-            while set.replica().cli(&["EXISTS", &key]) != "1" {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.master_mut().stop();
-        });
+        stop_master_once_replicated(&mut set, &key);
         let named = until_named(&set, replica_port);
 
         let held = decided_after(named, || store.check(b"p", &policy, 1)).await;
@@ -655,14 +636,7 @@ async fn a_permit_released_during_the_failover_is_free_after_it() {
         let permit = first
             .permit()
             .expect("an admitted check carries its permit");
-        let start = Instant::now();
-        tokio::task::block_in_place(|| {
-            while set.replica().cli(&["EXISTS", &key]) != "1" {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.master_mut().stop();
-        });
+        stop_master_once_replicated(&mut set, &key);
         let released = store.release(b"p", &policy, permit).await;
         assert!(
             released.as_ref().is_err_and(StoreError::is_outage),
@@ -887,7 +861,7 @@ async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
                             after: false,
                             start,
                             end: Instant::now(),
-                            outcome: Outcome::of(&result),
+                            outcome: Outcome::of_all(&result),
                         });
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }

@@ -265,8 +265,9 @@ struct Call {
     outcome: Outcome,
 }
 
+/// What one call gave (also to `attack_failover`'s calls).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     Admitted,
     Denied,
     /// An outage (the failure policy's case), with its message.
@@ -277,15 +278,20 @@ enum Outcome {
 
 impl Outcome {
     fn of(result: Result<ratelimit_core::Decision, StoreError>) -> Outcome {
+        Outcome::of_all(&result.map(|d| vec![d]))
+    }
+
+    /// A check of several limits: admitted when every one admits it.
+    pub(crate) fn of_all(result: &Result<Vec<ratelimit_core::Decision>, StoreError>) -> Outcome {
         match result {
-            Ok(d) if d.is_allowed() => Outcome::Admitted,
+            Ok(d) if d.iter().all(ratelimit_core::Decision::is_allowed) => Outcome::Admitted,
             Ok(_) => Outcome::Denied,
             Err(e) if e.is_outage() => Outcome::Outage(e.to_string()),
             Err(e) => Outcome::Error(e.to_string()),
         }
     }
 
-    fn decided(&self) -> bool {
+    pub(crate) fn decided(&self) -> bool {
         matches!(self, Outcome::Admitted | Outcome::Denied)
     }
 }
