@@ -911,10 +911,6 @@ impl RedisStore {
         result
     }
 
-    async fn release_one(self, key: String, permit: PermitId) -> Result<(), StoreError> {
-        self.release_via(&key, permit, Via::Pool).await
-    }
-
     async fn release_via(
         &self,
         key: &str,
@@ -1196,7 +1192,7 @@ impl Store for RedisStore {
         let key = self.state_key(key, policy);
         let (store, policy) = (self.clone(), policy.clone());
         Box::pin(async move {
-            let released = store.clone().release_one(key.clone(), permit).await;
+            let released = store.release_via(&key, permit, Via::Pool).await;
             if released.as_ref().is_err_and(StoreError::is_outage) {
                 // Left to its lease, the permit would hold its slot long
                 // after the store is back (a failover, a restart): released
