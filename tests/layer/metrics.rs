@@ -1,8 +1,8 @@
 //! Metrics: every outcome of `ratelimit_decisions_total`, near-limit counts,
 //! store call durations and the circuit breaker's gauge, read back through a
-//! local `DebuggingRecorder`, for the layer and for a handler's `Limiter`
-//! (with its `tracing` events); and the examples' `/metrics` endpoints
-//! scraped over loopback in the Prometheus text format.
+//! local `DebuggingRecorder`, for the layer (a handler's `Limiter` is in
+//! `tracing_events.rs`, with its `tracing` events); and the examples'
+//! `/metrics` endpoints scraped over loopback in the Prometheus text format.
 //!
 //! Each in-process test runs on a current-thread runtime inside its own
 //! local recorder (`ratelimit_tests::metrics::capture`), so tests running in
@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use ratelimit_core::{CircuitBreaker, DeniedCache, FallbackStore, MemoryStore, Policy};
-use ratelimit_tests::events::Events;
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{
     answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
@@ -570,114 +569,4 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
         "{text}"
     );
     assert!(!text.contains(SECRET_KEY));
-}
-
-/// The `(policy, outcome)` of every "rate-limit decision" event, in order.
-fn decisions(events: &Events) -> Vec<(String, String)> {
-    events
-        .all()
-        .into_iter()
-        .filter(|(_, fields)| {
-            fields.get("message").map(String::as_str) == Some("rate-limit decision")
-        })
-        .map(|(_, fields)| (fields["policy"].clone(), fields["outcome"].clone()))
-        .collect()
-}
-
-/// A limit checked in a handler (`ratelimit_axum::Limiter`, the login
-/// guard) is counted and traced as the layer's are: decisions by policy and
-/// outcome (near-limit ones too), store call durations, outages as `error`
-/// and other store errors as `invalid`, a `debug` event per decision, and
-/// never the key.
-#[test]
-fn limiter_decisions_are_counted_and_traced_like_the_layers() {
-    let events = Events::default();
-    let (statuses, recorded) = tracing::subscriber::with_default(events.clone(), || {
-        // A callsite first hit by a test on another thread while this
-        // subscriber was being registered can cache "no one listens";
-        // asking every callsite again, with this subscriber in place,
-        // makes them report here.
-        tracing::callsite::rebuild_interest_cache();
-        capture(false, || async {
-            let status =
-                |answer: Result<ratelimit_axum::Granted, ratelimit_axum::QuotaExceeded>| {
-                    match answer {
-                        Ok(_) => 200,
-                        Err(refused) => axum::response::IntoResponse::into_response(refused)
-                            .status()
-                            .as_u16(),
-                    }
-                };
-            let mut statuses = Vec::new();
-            let logins = ratelimit_axum::Limiter::new(frozen_memory(), policy("login", 2));
-            for _ in 0..3 {
-                statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
-            }
-            let down = ratelimit_axum::Limiter::new(flaky_down(), policy("login-down", 2))
-                .on_failure(FailurePolicy::Closed);
-            statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
-            // One name, two algorithms in one store: not an outage.
-            let store = frozen_memory();
-            let window = ratelimit_axum::Limiter::new(store.clone(), policy("login-conflict", 2));
-            let bucket = ratelimit_axum::Limiter::new(
-                store,
-                named(
-                    "login-conflict",
-                    Policy::gcra(2, ratelimit_core::Rate::per_second(1)),
-                ),
-            );
-            statuses.push(status(window.check(SECRET_KEY.as_bytes(), 1).await));
-            statuses.push(status(bucket.check(SECRET_KEY.as_bytes(), 1).await));
-            statuses
-        })
-    });
-    assert_eq!(statuses, [200, 200, 429, 503, 200, 500]);
-    recorded.assert_outcomes(DECISIONS, "login", "allowed=2 denied=1");
-    recorded.assert_outcomes(DECISIONS, "login-down", "error=1");
-    recorded.assert_outcomes(DECISIONS, "login-conflict", "allowed=1 invalid=1");
-    // Under a tenth of 2 left: the decision leaving 0.
-    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "login")]), 1);
-    assert_eq!(store_calls(&recorded, "ok"), 4);
-    assert_eq!(store_calls(&recorded, "error"), 2);
-    assert_no_key_in_labels(&recorded);
-    let decisions = decisions(&events);
-    let expected = [
-        ("login", "allowed"),
-        ("login", "allowed"),
-        ("login", "denied"),
-        ("login-down", "error"),
-        ("login-conflict", "allowed"),
-        ("login-conflict", "invalid"),
-    ]
-    .map(|(p, o)| (p.to_owned(), o.to_owned()));
-    assert_eq!(decisions, expected);
-    // One limiter shows one key as one `key_hash`, drawn from its own seed;
-    // another limiter's seed shows it as another.
-    let hashes = |policy: &str| -> Vec<String> {
-        events
-            .all()
-            .into_iter()
-            .filter(|(_, fields)| fields.get("policy").map(String::as_str) == Some(policy))
-            .filter_map(|(_, fields)| fields.get("key_hash").cloned())
-            .collect()
-    };
-    let login = hashes("login");
-    assert_eq!(login.len(), 3, "{login:?}");
-    assert!(
-        login.iter().all(|h| h == &login[0] && h.len() == 16),
-        "{login:?}"
-    );
-    let down = hashes("login-down");
-    assert_eq!(down.len(), 1, "{down:?}");
-    assert_ne!(down[0], login[0]);
-    for value in events
-        .all()
-        .into_iter()
-        .flat_map(|(_, fields)| fields.into_values())
-    {
-        assert!(
-            !value.contains(SECRET_KEY),
-            "an event holds the key: {value:?}"
-        );
-    }
 }

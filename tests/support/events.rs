@@ -1,8 +1,15 @@
 //! `tracing` in tests: a subscriber that keeps every event it is given, its
 //! level and its fields as text, to assert what was logged.
+//!
+//! `tracing` caches per call site whether anyone listens, and a call site
+//! first hit on another thread while a scoped subscriber is being installed
+//! can keep "no one" for good: a test that asserts events owns the process's
+//! subscriber ([`Events::of_this_process`]) in a binary of its own, and reads
+//! the events its own thread emitted.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -11,22 +18,38 @@ use tracing::{Event, Level, Metadata, Subscriber};
 /// One event: its level, and each of its fields by name, as text.
 pub type Logged = (Level, BTreeMap<String, String>);
 
-/// A subscriber that keeps every event (clones share what they keep).
-/// Install it for one thread with `tracing::subscriber::with_default`, or
-/// for the process with `set_global_default`.
+/// A subscriber that keeps every event with the thread that emitted it
+/// (clones share what they keep).
 #[derive(Debug, Clone, Default)]
-pub struct Events(Arc<Mutex<Vec<Logged>>>);
+pub struct Events(Arc<Mutex<Vec<(ThreadId, Logged)>>>);
 
 impl Events {
-    /// Every event kept so far, in order.
+    /// The process's global subscriber, installed on first use; each test
+    /// reads what its own thread emitted, so tests of one binary run side
+    /// by side (on current-thread runtimes).
+    pub fn of_this_process() -> &'static Events {
+        static EVENTS: OnceLock<Events> = OnceLock::new();
+        EVENTS.get_or_init(|| {
+            let events = Events::default();
+            tracing::subscriber::set_global_default(events.clone())
+                .expect("the only subscriber of this test binary");
+            events
+        })
+    }
+
+    /// Every event emitted on the calling thread so far, in order.
     pub fn all(&self) -> Vec<Logged> {
+        let me = std::thread::current().id();
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .iter()
+            .filter(|(thread, _)| *thread == me)
+            .map(|(_, logged)| logged.clone())
+            .collect()
     }
 
-    /// How many events at `level` were kept.
+    /// How many events at `level` the calling thread emitted.
     pub fn at(&self, level: Level) -> usize {
         self.all().iter().filter(|(l, _)| *l == level).count()
     }
@@ -61,10 +84,10 @@ impl Subscriber for Events {
     fn event(&self, event: &Event<'_>) {
         let mut fields = BTreeMap::new();
         event.record(&mut Fields(&mut fields));
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((*event.metadata().level(), fields));
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push((
+            std::thread::current().id(),
+            (*event.metadata().level(), fields),
+        ));
     }
 
     fn enter(&self, _: &Id) {}

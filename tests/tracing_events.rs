@@ -1,0 +1,175 @@
+//! What the libraries log: a missing peer address once per layer at
+//! `error`, and a handler's `Limiter` a `debug` event per decision, as the
+//! layer does. A binary of its own: `tracing` caches per call site whether
+//! anyone listens, so a test that asserts events must own the process's
+//! subscriber ([`Events::of_this_process`]).
+
+use std::time::Duration;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use http::{Request, StatusCode};
+use ratelimit_axum::{FailurePolicy, MemoryStore, PeerIp, Policy, RateLimitLayer};
+use ratelimit_tests::events::Events;
+use ratelimit_tests::faulty::Faulty;
+use ratelimit_tests::fixtures::{fixed_window, frozen_memory, ok_service};
+use ratelimit_tests::metrics::{DECISIONS, NEAR_LIMIT, capture};
+use ratelimit_tests::named;
+use ratelimit_tower::metrics::STORE_CALL_DURATION;
+use tower::{Layer, ServiceExt};
+
+/// The key of the limiter's requests: it must never show in a label or an
+/// event.
+const SECRET_KEY: &str = "alice-secret-key-4242";
+
+/// A fixed window of `limit` an hour named `name`.
+fn policy(name: &str, limit: u64) -> Policy {
+    fixed_window(name, limit, Duration::from_secs(3600))
+}
+
+#[test]
+fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
+    let events = Events::of_this_process();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let policy = named(
+        "per-client",
+        Policy::fixed_window(100, Duration::from_secs(60)),
+    );
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp);
+    let ok = ok_service();
+    runtime.block_on(async {
+        for _ in 0..5 {
+            let response = layer
+                .clone()
+                .layer(ok)
+                .oneshot(Request::new(String::new()))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    });
+    assert_eq!(layer.stats().no_peer_address(), 5);
+    assert_eq!(
+        events.at(tracing::Level::ERROR),
+        1,
+        "one error event per layer"
+    );
+}
+
+/// The `(policy, outcome)` of every "rate-limit decision" event, in order.
+fn decisions(events: &Events) -> Vec<(String, String)> {
+    events
+        .all()
+        .into_iter()
+        .filter(|(_, fields)| {
+            fields.get("message").map(String::as_str) == Some("rate-limit decision")
+        })
+        .map(|(_, fields)| (fields["policy"].clone(), fields["outcome"].clone()))
+        .collect()
+}
+
+/// A limit checked in a handler (`ratelimit_axum::Limiter`, the login
+/// guard) is counted and traced as the layer's are: decisions by policy and
+/// outcome (near-limit ones too), store call durations, outages as `error`
+/// and other store errors as `invalid`, a `debug` event per decision, and
+/// never the key.
+#[test]
+fn limiter_decisions_are_counted_and_traced_like_the_layers() {
+    let events = Events::of_this_process();
+    let (statuses, recorded) = capture(false, || async {
+        let status =
+            |answer: Result<ratelimit_axum::Granted, ratelimit_axum::QuotaExceeded>| match answer {
+                Ok(_) => 200,
+                Err(refused) => axum::response::IntoResponse::into_response(refused)
+                    .status()
+                    .as_u16(),
+            };
+        let mut statuses = Vec::new();
+        let logins = ratelimit_axum::Limiter::new(frozen_memory(), policy("login", 2));
+        for _ in 0..3 {
+            statuses.push(status(logins.check(SECRET_KEY.as_bytes(), 1).await));
+        }
+        let down = ratelimit_axum::Limiter::new(
+            Faulty::decisions_refused_while(Arc::new(AtomicBool::new(true))),
+            policy("login-down", 2),
+        )
+        .on_failure(FailurePolicy::Closed);
+        statuses.push(status(down.check(SECRET_KEY.as_bytes(), 1).await));
+        // One name, two algorithms in one store: not an outage.
+        let store = frozen_memory();
+        let window = ratelimit_axum::Limiter::new(store.clone(), policy("login-conflict", 2));
+        let bucket = ratelimit_axum::Limiter::new(
+            store,
+            named(
+                "login-conflict",
+                Policy::gcra(2, ratelimit_core::Rate::per_second(1)),
+            ),
+        );
+        statuses.push(status(window.check(SECRET_KEY.as_bytes(), 1).await));
+        statuses.push(status(bucket.check(SECRET_KEY.as_bytes(), 1).await));
+        statuses
+    });
+    assert_eq!(statuses, [200, 200, 429, 503, 200, 500]);
+    recorded.assert_outcomes(DECISIONS, "login", "allowed=2 denied=1");
+    recorded.assert_outcomes(DECISIONS, "login-down", "error=1");
+    recorded.assert_outcomes(DECISIONS, "login-conflict", "allowed=1 invalid=1");
+    // Under a tenth of 2 left: the decision leaving 0.
+    assert_eq!(recorded.counter(NEAR_LIMIT, &[("policy", "login")]), 1);
+    let store_calls = |outcome| {
+        recorded
+            .histogram(STORE_CALL_DURATION, &[("outcome", outcome)])
+            .len()
+    };
+    assert_eq!(store_calls("ok"), 4);
+    assert_eq!(store_calls("error"), 2);
+    for value in recorded.label_values() {
+        assert!(
+            !value.contains(SECRET_KEY),
+            "a label holds the key: {value:?}"
+        );
+    }
+    let decisions = decisions(events);
+    let expected = [
+        ("login", "allowed"),
+        ("login", "allowed"),
+        ("login", "denied"),
+        ("login-down", "error"),
+        ("login-conflict", "allowed"),
+        ("login-conflict", "invalid"),
+    ]
+    .map(|(p, o)| (p.to_owned(), o.to_owned()));
+    assert_eq!(decisions, expected);
+    // One limiter shows one key as one `key_hash`, drawn from its own seed;
+    // another limiter's seed shows it as another.
+    let hashes = |policy: &str| -> Vec<String> {
+        events
+            .all()
+            .into_iter()
+            .filter(|(_, fields)| fields.get("policy").map(String::as_str) == Some(policy))
+            .filter_map(|(_, fields)| fields.get("key_hash").cloned())
+            .collect()
+    };
+    let login = hashes("login");
+    assert_eq!(login.len(), 3, "{login:?}");
+    assert!(
+        login.iter().all(|h| h == &login[0] && h.len() == 16),
+        "{login:?}"
+    );
+    let down = hashes("login-down");
+    assert_eq!(down.len(), 1, "{down:?}");
+    assert_ne!(down[0], login[0]);
+    for value in events
+        .all()
+        .into_iter()
+        .flat_map(|(_, fields)| fields.into_values())
+    {
+        assert!(
+            !value.contains(SECRET_KEY),
+            "an event holds the key: {value:?}"
+        );
+    }
+}
