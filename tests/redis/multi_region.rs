@@ -24,6 +24,12 @@ const T0: u64 = 1_800_000_000_000_000 + 1_000_000;
 /// from its peers within moments.
 const SYNC: Duration = Duration::from_millis(20);
 
+/// The staleness of tests that count the one skewed peer at its share and
+/// every other peer as heard: long enough that a loaded machine never lets
+/// the third region go stale between two syncs, which would count it at its
+/// share too.
+const STALENESS_LOADED: Duration = Duration::from_secs(30);
+
 struct Regions {
     servers: Vec<RedisServer>,
     /// `proxies[from][to]`: the path from region `from` to `to`'s Redis
@@ -1063,8 +1069,9 @@ async fn a_window_change_under_one_name_keeps_what_was_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_ahead_never_erases_this_regions_counts() {
     let hour: u64 = 3_600_000_000;
-    let regions = Regions::start_apart(SYNC, Duration::from_secs(2), [0, 2 * hour, 0]).await;
+    let regions = Regions::start_apart(SYNC, STALENESS_LOADED, [0, 2 * hour, 0]).await;
     regions.wait_skewed(0, 1).await;
+    regions.wait_heard_since(0, 2, Instant::now()).await;
     let policy = fixed(5);
     let keys: Vec<String> = (0..5).map(|_| String::from("ahead")).collect();
     assert_eq!(
@@ -1109,10 +1116,10 @@ async fn a_pushed_count_keeps(
 async fn a_peer_past_a_boundary_keeps_the_previous_window() {
     let hour: u64 = 3_600_000_000;
     // eu at 30 min into the window before T0's; us already an hour ahead.
-    let regions =
-        Regions::start_apart(SYNC, Duration::from_secs(2), [0, hour + 6 * 60_000_000, 0]).await;
+    let regions = Regions::start_apart(SYNC, STALENESS_LOADED, [0, hour + 6 * 60_000_000, 0]).await;
     regions.clock.set(T0 - hour / 2);
     regions.wait_skewed(0, 1).await;
+    regions.wait_heard_since(0, 2, Instant::now()).await;
     let policy = named(
         "mr-swc",
         Policy::sliding_window_counter(10, Duration::from_secs(3600)),
