@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::store::{Merged, same_policy};
 use crate::{Decision, Policy, StoreError};
 
 /// The future returned by [`Store::settle`](crate::Store::settle): what each
@@ -136,65 +137,43 @@ pub(crate) struct Part<'a> {
     pub(crate) actual: u64,
 }
 
-/// The settlements of one call with each key and policy once: two of one
-/// key under one policy are one settlement of their summed reservations and
-/// costs, and both get its decision (as [`Merged`](crate::store::Merged)
-/// does for checks). Every store settles this way.
-pub(crate) struct MergedSettles<'a> {
-    /// One part per key and policy, in the order of their first appearance.
-    pub(crate) parts: Vec<Part<'a>>,
-    /// For each settlement asked for, the index of its part.
-    pub(crate) of: Vec<usize>,
-}
-
-impl<'a> MergedSettles<'a> {
+impl<'a> Merged<Part<'a>> {
     /// Merges the settlements whose `identity` (the state they share) is
-    /// equal. A policy without settlements (concurrency) is
-    /// [`StoreError::Unsupported`], and two policies under one name with
-    /// other parameters are [`StoreError::PolicyConflict`], before anything
-    /// is settled.
-    pub(crate) fn new<K: PartialEq>(
+    /// equal into one part of their summed reservations and costs. A policy
+    /// without settlements (concurrency) is [`StoreError::Unsupported`], and
+    /// two policies under one name with other parameters are
+    /// [`StoreError::PolicyConflict`], before anything is settled.
+    pub(crate) fn settles<K: PartialEq>(
         settles: &[Settle<'a>],
         identity: impl Fn(&Settle<'a>) -> K,
     ) -> Result<Self, StoreError> {
-        let mut merged: Vec<(K, Part<'a>, Held)> = Vec::with_capacity(settles.len());
-        let mut of = Vec::with_capacity(settles.len());
-        for settle in settles {
-            refuse_unsupported(settle.policy)?;
-            let id = identity(settle);
-            match merged.iter().position(|(other, ..)| *other == id) {
-                Some(i) => {
-                    let (_, first, held) = &mut merged[i];
-                    if first.policy != settle.policy {
-                        return Err(StoreError::PolicyConflict {
-                            policy: settle.policy.name().to_owned(),
-                        });
-                    }
-                    first.reserved = first.reserved.saturating_add(settle.consumed());
-                    first.actual = first.actual.saturating_add(settle.actual);
-                    held.add(settle);
-                    of.push(i);
-                }
-                None => {
-                    of.push(merged.len());
-                    let part = Part {
-                        key: settle.key,
-                        policy: settle.policy,
-                        reserved: settle.consumed(),
-                        actual: settle.actual,
-                    };
-                    let mut held = Held::default();
-                    held.add(settle);
-                    merged.push((id, part, held));
-                }
-            }
-        }
-        Ok(MergedSettles {
-            parts: merged
+        let supported = |settle: &Settle<'a>| refuse_unsupported(settle.policy);
+        let open = |settle: &Settle<'a>| {
+            let part = Part {
+                key: settle.key,
+                policy: settle.policy,
+                reserved: settle.consumed(),
+                actual: settle.actual,
+            };
+            let mut held = Held::default();
+            held.add(settle);
+            (part, held)
+        };
+        let join = |(first, held): &mut (Part<'a>, Held), settle: &Settle<'a>| {
+            same_policy(first.policy, settle.policy)?;
+            first.reserved = first.reserved.saturating_add(settle.consumed());
+            first.actual = first.actual.saturating_add(settle.actual);
+            held.add(settle);
+            Ok(())
+        };
+        let merged = Merged::by(settles, supported, identity, open, join)?;
+        Ok(Merged {
+            items: merged
+                .items
                 .into_iter()
-                .map(|(_, part, held)| held.bound(part))
+                .map(|(part, held)| held.bound(part))
                 .collect(),
-            of,
+            of: merged.of,
         })
     }
 }
@@ -281,8 +260,8 @@ mod tests {
         let decision = Decision::allow(10, 0, reset * 1_000);
         let settles =
             [Settle::new(b"k", policy, 10, 0, &decision).held_for(Duration::from_millis(held))];
-        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
-        merged.parts[0].actual
+        let merged = Merged::settles(&settles, |s| s.key).expect("merged");
+        merged.items[0].actual
     }
 
     #[test]
@@ -318,8 +297,8 @@ mod tests {
         // Without `held`, the whole difference, as ever.
         let decision = Decision::allow(10, 0, 1);
         let unknown = [Settle::new(b"k", &fixed, 10, 0, &decision)];
-        let merged = MergedSettles::new(&unknown, |s| s.key).expect("merged");
-        assert_eq!(merged.parts[0].actual, 0);
+        let merged = Merged::settles(&unknown, |s| s.key).expect("merged");
+        assert_eq!(merged.items[0].actual, 0);
     }
 
     #[test]
@@ -333,12 +312,12 @@ mod tests {
             Settle::new(b"k", &bucket, 5, 0, &decision).held_for(six),
             Settle::new(b"k", &bucket, 5, 0, &decision).held_for(six),
         ];
-        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
-        assert_eq!((merged.parts[0].reserved, merged.parts[0].actual), (10, 1));
+        let merged = Merged::settles(&settles, |s| s.key).expect("merged");
+        assert_eq!((merged.items[0].reserved, merged.items[0].actual), (10, 1));
         // One of unknown age: the whole difference.
         let settles = [settles[0], Settle::new(b"k", &bucket, 5, 0, &decision)];
-        let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
-        assert_eq!(merged.parts[0].actual, 0);
+        let merged = Merged::settles(&settles, |s| s.key).expect("merged");
+        assert_eq!(merged.items[0].actual, 0);
 
         let extreme = Decision::allow(u64::MAX, 0, u64::MAX);
         for policy in [
@@ -355,8 +334,8 @@ mod tests {
                         Settle::new(b"k", &policy, reserved, actual, &extreme).held_for(held),
                         Settle::new(b"k", &policy, reserved, actual, &extreme).held_for(held),
                     ];
-                    let merged = MergedSettles::new(&settles, |s| s.key).expect("merged");
-                    let part = &merged.parts[0];
+                    let merged = Merged::settles(&settles, |s| s.key).expect("merged");
+                    let part = &merged.items[0];
                     assert!(part.actual <= part.reserved, "{}", policy.name());
                 }
             }
@@ -381,22 +360,22 @@ mod tests {
             Settle::new(b"k", &a, 2, 1, &allowed),
             Settle::new(b"k", &a, 4, 4, &denied),
         ];
-        let merged = MergedSettles::new(&settles, |s| (s.key, s.policy.name())).expect("merged");
+        let merged = Merged::settles(&settles, |s| (s.key, s.policy.name())).expect("merged");
         assert_eq!(merged.of, [0, 1, 0, 0]);
         // A denied reservation consumed nothing.
-        assert_eq!((merged.parts[0].reserved, merged.parts[0].actual), (5, 10));
+        assert_eq!((merged.items[0].reserved, merged.items[0].actual), (5, 10));
         let conflict = [
             Settle::new(b"k", &a, 1, 1, &allowed),
             Settle::new(b"k", &other_a, 1, 1, &allowed),
         ];
         assert!(matches!(
-            MergedSettles::new(&conflict, |s| (s.key, s.policy.name())),
+            Merged::settles(&conflict, |s| (s.key, s.policy.name())),
             Err(StoreError::PolicyConflict { .. })
         ));
         let semaphore = Policy::concurrency(2, Duration::from_secs(1)).unwrap();
         let refused = [Settle::new(b"k", &semaphore, 1, 2, &allowed)];
         assert!(matches!(
-            MergedSettles::new(&refused, |s| (s.key, s.policy.name())),
+            Merged::settles(&refused, |s| (s.key, s.policy.name())),
             Err(StoreError::Unsupported {
                 operation: "settle",
                 ..

@@ -264,59 +264,91 @@ pub(crate) fn all_allowed(decisions: &[Decision]) -> bool {
     decisions.iter().all(Decision::is_allowed)
 }
 
-/// The checks of one request with each key and policy once. Two checks of
-/// the same key under the same policy (two rules of overlapping routes) are
-/// one check of their summed cost, and both get its decision (and its
-/// permit: one permit for the sum, which each may release, harmlessly
-/// twice). Both stores decide duplicates this way.
-pub(crate) struct Merged<'a> {
-    /// One check per key and policy, in the order of their first appearance.
-    pub(crate) checks: Vec<Check<'a>>,
-    /// For each check asked for, the index of its merged check.
+/// The checks, or the settlements, of one request with each key and policy
+/// once: two of the same key under the same policy are merged into one,
+/// and both get its decision. Every store decides and settles duplicates
+/// this way (see [`checks`](Merged::checks) and [`settles`](Merged::settles)).
+pub(crate) struct Merged<T> {
+    /// One merged item per key and policy, in the order of their first
+    /// appearance.
+    pub(crate) items: Vec<T>,
+    /// For each item asked for, the index of its merged item.
     pub(crate) of: Vec<usize>,
 }
 
-impl<'a> Merged<'a> {
-    /// Merges the checks whose `identity` (the state they share) is equal.
-    /// Two policies under one name with other parameters in one request are
-    /// [`StoreError::PolicyConflict`]; a sum above what the policy admits is
-    /// [`StoreError::CostExceedsLimit`].
-    pub(crate) fn new<K: PartialEq>(
-        checks: &[Check<'a>],
-        identity: impl Fn(&Check<'a>) -> K,
+impl<T> Merged<T> {
+    /// Merges the `items` whose `identity` (the state they share) is equal,
+    /// each first passed by `admit`: `open` makes the merged item of an
+    /// identity first seen, and `join` adds an item to the merged one of its
+    /// identity. The first error, in the order of the items, refuses them
+    /// all.
+    pub(crate) fn by<I, K: PartialEq>(
+        items: &[I],
+        admit: impl Fn(&I) -> Result<(), StoreError>,
+        identity: impl Fn(&I) -> K,
+        mut open: impl FnMut(&I) -> T,
+        mut join: impl FnMut(&mut T, &I) -> Result<(), StoreError>,
     ) -> Result<Self, StoreError> {
-        let mut merged: Vec<(K, Check<'a>)> = Vec::with_capacity(checks.len());
-        let mut of = Vec::with_capacity(checks.len());
-        for check in checks {
-            check.policy.check_cost(check.cost)?;
-            let id = identity(check);
+        let mut merged: Vec<(K, T)> = Vec::with_capacity(items.len());
+        let mut of = Vec::with_capacity(items.len());
+        for item in items {
+            admit(item)?;
+            let id = identity(item);
             match merged.iter().position(|(other, _)| *other == id) {
                 Some(i) => {
-                    let first = &mut merged[i].1;
-                    if first.policy != check.policy {
-                        return Err(StoreError::PolicyConflict {
-                            policy: check.policy.name().to_owned(),
-                        });
-                    }
-                    first.cost = first.cost.saturating_add(check.cost);
+                    join(&mut merged[i].1, item)?;
                     of.push(i);
                 }
                 None => {
                     of.push(merged.len());
-                    merged.push((id, *check));
+                    merged.push((id, open(item)));
                 }
             }
         }
-        let checks: Vec<Check<'a>> = merged.into_iter().map(|(_, c)| c).collect();
-        for check in &checks {
-            check.policy.check_cost(check.cost)?;
-        }
-        Ok(Merged { checks, of })
+        let items = merged.into_iter().map(|(_, item)| item).collect();
+        Ok(Merged { items, of })
     }
 
-    /// Whether every check was distinct.
+    /// Whether every item was distinct.
     pub(crate) fn is_distinct(&self) -> bool {
-        self.checks.len() == self.of.len()
+        self.items.len() == self.of.len()
+    }
+}
+
+impl<'a> Merged<Check<'a>> {
+    /// Merges the checks whose `identity` (the state they share) is equal
+    /// into one check of their summed cost (and one permit for the sum,
+    /// which each may release, harmlessly twice): two rules of overlapping
+    /// routes. Two policies under one name with other parameters in one
+    /// request are [`StoreError::PolicyConflict`]; a sum above what the
+    /// policy admits is [`StoreError::CostExceedsLimit`].
+    pub(crate) fn checks<K: PartialEq>(
+        checks: &[Check<'a>],
+        identity: impl Fn(&Check<'a>) -> K,
+    ) -> Result<Self, StoreError> {
+        let cost = |check: &Check<'a>| check.policy.check_cost(check.cost);
+        let join = |first: &mut Check<'a>, check: &Check<'a>| {
+            same_policy(first.policy, check.policy)?;
+            first.cost = first.cost.saturating_add(check.cost);
+            Ok(())
+        };
+        let merged = Merged::by(checks, cost, identity, |check| *check, join)?;
+        for check in &merged.items {
+            check.policy.check_cost(check.cost)?;
+        }
+        Ok(merged)
+    }
+}
+
+/// Refuses two policies under one name with other parameters in one
+/// request: [`StoreError::PolicyConflict`].
+pub(crate) fn same_policy(first: &Policy, other: &Policy) -> Result<(), StoreError> {
+    if first == other {
+        Ok(())
+    } else {
+        Err(StoreError::PolicyConflict {
+            policy: other.name().to_owned(),
+        })
     }
 }
 

@@ -85,7 +85,6 @@ use ratelimit_core::{Decision, DecisionSource, Policy, Store, StoreError};
 use crate::keys::Key;
 
 /// Counter: decisions, labelled `policy` and `outcome`.
-#[cfg(feature = "metrics")]
 pub(crate) const DECISIONS: &str = "ratelimit_decisions_total";
 
 /// Counter: allowed decisions close to the limit, labelled `policy`.
@@ -99,7 +98,6 @@ pub const STORE_CALL_DURATION: &str = "ratelimit_store_call_duration_seconds";
 
 /// Counter: settlements after the response, one per limit, labelled
 /// `policy` and `outcome`.
-#[cfg(feature = "metrics")]
 pub(crate) const SETTLEMENTS: &str = "ratelimit_settlements_total";
 
 /// Counter: reloads of a `config::ReloadableRules` (feature `config`),
@@ -280,15 +278,8 @@ pub(crate) fn record_error(recorder: &Recorder, policy: &Policy, key: &[u8], err
     } else {
         "invalid"
     };
-    tracing::debug!(
-        policy = policy.name(),
-        outcome,
-        key_hash = %KeyHash(&recorder.keys, key),
-        "rate-limit decision"
-    );
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(DECISIONS, "policy" => policy.name().to_owned(), "outcome" => outcome)
-        .increment(1);
+    let (message, counter) = ("rate-limit decision", DECISIONS);
+    record_outcome(recorder, policy, key, outcome, message, counter);
 }
 
 /// Records the settlement of one limit: a `debug` event and a counter
@@ -299,15 +290,31 @@ pub(crate) fn record_settlement(
     key: &[u8],
     outcome: &'static str,
 ) {
+    let (message, counter) = ("rate-limit settlement", SETTLEMENTS);
+    record_outcome(recorder, policy, key, outcome, message, counter);
+}
+
+/// Records an `outcome` of `policy` for `key` that carries no decision: the
+/// `debug` event `message` and a count under `counter`.
+fn record_outcome(
+    recorder: &Recorder,
+    policy: &Policy,
+    key: &[u8],
+    outcome: &'static str,
+    message: &'static str,
+    counter: &'static str,
+) {
     tracing::debug!(
         policy = policy.name(),
         outcome,
         key_hash = %KeyHash(&recorder.keys, key),
-        "rate-limit settlement"
+        "{message}"
     );
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(SETTLEMENTS, "policy" => policy.name().to_owned(), "outcome" => outcome)
+    ::metrics::counter!(counter, "policy" => policy.name().to_owned(), "outcome" => outcome)
         .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = counter;
 }
 
 /// Records the rules that found no key for a request: a `debug` event and a

@@ -15,8 +15,8 @@ use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decisi
 use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
-use crate::settle::{MergedSettles, Part, Settle, SettleFuture, SettlementId};
-use crate::store::{Check, RefundFuture, Store};
+use crate::settle::{Part, Settle, SettleFuture, SettlementId};
+use crate::store::{Check, Merged, RefundFuture, Store};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 mod blocks;
@@ -383,10 +383,9 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Store::check_all`], synchronously.
     pub fn check_all_now(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         // Duplicates are one check of their summed cost, as on every store.
-        let merged =
-            crate::store::Merged::new(checks, |c| (c.policy.name(), key::normalize(c.key)))?;
+        let merged = Merged::checks(checks, |c| (c.policy.name(), key::normalize(c.key)))?;
         if !merged.is_distinct() {
-            let decisions = self.check_all_now(&merged.checks)?;
+            let decisions = self.check_all_now(&merged.items)?;
             return crate::store::spread(&merged.of, &decisions);
         }
         struct Item<'a> {
@@ -566,9 +565,9 @@ impl<C: Clock> MemoryStore<C> {
             changes: bool,
         }
 
-        let merged = MergedSettles::new(settles, |s| (s.policy.name(), key::normalize(s.key)))?;
+        let merged = Merged::settles(settles, |s| (s.policy.name(), key::normalize(s.key)))?;
         let items: Vec<Item<'_>> = merged
-            .parts
+            .items
             .iter()
             .map(|part| {
                 let key = MemoryKey::new(part.key);

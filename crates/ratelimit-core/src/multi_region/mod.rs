@@ -339,9 +339,9 @@ fn prepare(
             return Err(StoreError::unsupported(check.policy, "multi-region"));
         }
     }
-    let merged = Merged::new(checks, |c| store.state_key(c.key, c.policy))?;
+    let merged = Merged::checks(checks, |c| store.state_key(c.key, c.policy))?;
     let owned = merged
-        .checks
+        .items
         .iter()
         .map(|c| (store.state_key(c.key, c.policy), c.policy.clone(), c.cost))
         .collect();

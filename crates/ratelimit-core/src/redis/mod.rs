@@ -1107,12 +1107,13 @@ impl Store for RedisStore {
     /// routes) are one check of their summed cost, and each gets its
     /// decision, as on [`MemoryStore`](crate::MemoryStore).
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        let merged = match crate::store::Merged::new(checks, |c| self.state_key(c.key, c.policy)) {
+        let merged = match crate::store::Merged::checks(checks, |c| self.state_key(c.key, c.policy))
+        {
             Ok(merged) => merged,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         if !merged.is_distinct() {
-            let call = self.check_all(&merged.checks);
+            let call = self.check_all(&merged.items);
             let of = merged.of;
             return Box::pin(async move { crate::store::spread(&of, &call.await?) });
         }

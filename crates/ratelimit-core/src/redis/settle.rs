@@ -13,7 +13,8 @@ use super::{
 };
 #[cfg(feature = "redis-cluster")]
 use super::{Backend, slot_number};
-use crate::settle::{MergedSettles, Settle, SettleFuture, SettlementId};
+use crate::settle::{Settle, SettleFuture, SettlementId};
+use crate::store::Merged;
 use crate::{Decision, PermitId, Policy, StoreError};
 
 /// One limit to settle: its state key, its policy, what it consumed and
@@ -24,12 +25,12 @@ impl RedisStore {
     /// [`Store::settle`](crate::Store::settle): duplicates merged, then
     /// [`settle_parts`](Self::settle_parts).
     pub(super) fn settle_boxed(&self, id: SettlementId, settles: &[Settle<'_>]) -> SettleFuture {
-        let merged = match MergedSettles::new(settles, |s| self.state_key(s.key, s.policy)) {
+        let merged = match Merged::settles(settles, |s| self.state_key(s.key, s.policy)) {
             Ok(merged) => merged,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         let parts: Vec<Part> = merged
-            .parts
+            .items
             .iter()
             .map(|p| {
                 let key = self.state_key(p.key, p.policy);
