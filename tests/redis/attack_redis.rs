@@ -323,6 +323,42 @@ impl Tally {
         }
     }
 
+    /// Spawns `tasks` tasks, each making up to `calls` calls until told to
+    /// stop: `call` picks each from the task's random numbers (seeded with
+    /// `seed` plus the task's index) and names the indexes it checks; every
+    /// result is recorded, an error printed after `label`.
+    fn spawn_load<F>(
+        self: &Arc<Self>,
+        tasks: u64,
+        seed: u64,
+        calls: usize,
+        label: &'static str,
+        call: F,
+    ) -> Vec<tokio::task::JoinHandle<()>>
+    where
+        F: Fn(&mut Rng) -> (Vec<usize>, Boxed<Result<Vec<Decision>, StoreError>>)
+            + Clone
+            + Send
+            + 'static,
+    {
+        (0..tasks)
+            .map(|task| {
+                let (tally, call) = (Arc::clone(self), call.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng(task + seed);
+                    for _ in 0..calls {
+                        if tally.stopping() {
+                            break;
+                        }
+                        let (checked, result) = call(&mut rng);
+                        let result = result.await;
+                        tally.record(&checked, result, || format!("[{label}] {checked:?}"));
+                    }
+                })
+            })
+            .collect()
+    }
+
     /// Tells the tasks to stop and waits for them.
     async fn stop_and_join(&self, tasks: Vec<tokio::task::JoinHandle<()>>) {
         self.stop.store(true, Ordering::Relaxed);
@@ -703,56 +739,51 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     users.extend(keys_in_slot(&store, &policies[0], third, 4));
     let n = policies.len();
     let tally = Tally::new(users.len() * n);
-    let tasks: Vec<_> = (0..32u64)
-        .map(|task| {
-            let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
-            let tally = tally.clone();
-            tokio::spawn(async move {
-                let mut rng = Rng(task + 11);
-                for _ in 0..2_000 {
-                    if tally.stopping() {
-                        break;
-                    }
-                    let u = rng.index(users.len());
-                    let p = rng.index(n);
-                    let q = (p + 1 + rng.index(n - 1)) % n;
-                    // Another user of the same slot (the users are
-                    // listed slot by slot: 16, 8, then 4): other hash tags,
-                    // one script.
-                    let (start, len) = match u {
-                        0..16 => (0, 16),
-                        16..24 => (16, 8),
-                        _ => (24, 4),
-                    };
-                    let w = start + (u - start + 1 + rng.index(len - 1)) % len;
-                    let (checked, result) = match rng.below(3) {
-                        0 => (
-                            vec![u * n + p],
-                            store
-                                .check(users[u].as_bytes(), &policies[p], 1)
-                                .await
-                                .map(|d| vec![d]),
-                        ),
-                        1 => {
-                            let checks = [
-                                Check::new(users[u].as_bytes(), &policies[p], 1),
-                                Check::new(users[u].as_bytes(), &policies[q], 1),
-                            ];
-                            (vec![u * n + p, u * n + q], store.check_all(&checks).await)
-                        }
-                        _ => {
-                            let checks = [
-                                Check::new(users[u].as_bytes(), &policies[p], 1),
-                                Check::new(users[w].as_bytes(), &policies[q], 1),
-                            ];
-                            (vec![u * n + p, w * n + q], store.check_all(&checks).await)
-                        }
-                    };
-                    tally.record(&checked, result, || format!("[reshard] {checked:?}"));
+    let tasks = tally.spawn_load(32, 11, 2_000, "reshard", {
+        let (store, policies, users) = (store.clone(), policies.clone(), users.clone());
+        move |rng| {
+            let u = rng.index(users.len());
+            let p = rng.index(n);
+            let q = (p + 1 + rng.index(n - 1)) % n;
+            // Another user of the same slot (the users are listed slot by
+            // slot: 16, 8, then 4): other hash tags, one script.
+            let (start, len) = match u {
+                0..16 => (0, 16),
+                16..24 => (16, 8),
+                _ => (24, 4),
+            };
+            let w = start + (u - start + 1 + rng.index(len - 1)) % len;
+            match rng.below(3) {
+                0 => {
+                    let call = store.check(users[u].as_bytes(), &policies[p], 1);
+                    (
+                        vec![u * n + p],
+                        Box::pin(async move { call.await.map(|d| vec![d]) }),
+                    )
                 }
-            })
-        })
-        .collect();
+                1 => {
+                    let checks = [
+                        Check::new(users[u].as_bytes(), &policies[p], 1),
+                        Check::new(users[u].as_bytes(), &policies[q], 1),
+                    ];
+                    (
+                        vec![u * n + p, u * n + q],
+                        Box::pin(store.check_all(&checks)),
+                    )
+                }
+                _ => {
+                    let checks = [
+                        Check::new(users[u].as_bytes(), &policies[p], 1),
+                        Check::new(users[w].as_bytes(), &policies[q], 1),
+                    ];
+                    (
+                        vec![u * n + p, w * n + q],
+                        Box::pin(store.check_all(&checks)),
+                    )
+                }
+            }
+        }
+    });
     tokio::time::sleep(ms(20)).await;
     for slot_move in [
         SlotMove::of(&cluster, first),
@@ -928,25 +959,17 @@ async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_onc
         .collect();
     assert_eq!(masters.len(), 3, "users of every master");
     let tally = Tally::new(users.len());
-    let tasks: Vec<_> = (0..16u64)
-        .map(|task| {
-            let (store, policy, users) = (store.clone(), policy.clone(), users.clone());
-            let tally = tally.clone();
-            tokio::spawn(async move {
-                let mut rng = Rng(task + 3);
-                for _ in 0..3_000 {
-                    if tally.stopping() {
-                        break;
-                    }
-                    let u = rng.index(users.len());
-                    let result = store.check(users[u].as_bytes(), &policy, 1).await;
-                    tally.record(&[u], result.map(|d| vec![d]), || {
-                        format!("[flush] {}", users[u])
-                    });
-                }
-            })
-        })
-        .collect();
+    let tasks = tally.spawn_load(16, 3, 3_000, "flush", {
+        let (store, policy, users) = (store.clone(), policy.clone(), users.clone());
+        move |rng| {
+            let u = rng.index(users.len());
+            let call = store.check(users[u].as_bytes(), &policy, 1);
+            (
+                vec![u],
+                Box::pin(async move { call.await.map(|d| vec![d]) }),
+            )
+        }
+    });
     for _ in 0..2 {
         tokio::time::sleep(ms(20)).await;
         for node in 0..3 {
