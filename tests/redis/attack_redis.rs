@@ -108,6 +108,38 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
     reply.lines().map(str::to_owned).collect()
 }
 
+/// A reshard around the slot of user `u0` under `policy`: the master of
+/// that slot (the source), the master the moves go to (the target), the
+/// two slots of the source to move (`u0`'s and another), and users of each
+/// of them and of a slot of the third master, which no move touches,
+/// listed slot by slot, as many as `counts` says.
+fn reshard_around(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &Policy,
+    counts: [usize; 3],
+) -> (usize, usize, [u16; 2], Vec<String>) {
+    let first = cluster_slot(store.state_key(b"u0", policy).as_bytes());
+    let source = cluster.master_of(first);
+    let target = (source + 1) % 3;
+    let other = 3 - source - target;
+    let second = (0..16_384u16)
+        .map(|s| (first + 1 + s) % 16_384)
+        .find(|&s| cluster.master_of(s) == source)
+        .expect("another slot of the source");
+    // The masters own ranges of slots: a few samples find the third's.
+    let third = (0..16u16)
+        .map(|i| i * 1_024)
+        .find(|&s| cluster.master_of(s) == other)
+        .expect("a slot of the third master");
+    let users = [first, second, third]
+        .into_iter()
+        .zip(counts)
+        .flat_map(|(slot, n)| keys_in_slot(store, policy, slot, n))
+        .collect();
+    (source, target, [first, second], users)
+}
+
 /// Two slots of one master move to another key by key (`SETSLOT ...
 /// IMPORTING` / `MIGRATING`, one `MIGRATE` per state key, so one user's
 /// two limits are split between the nodes for a while, then `SETSLOT ...
@@ -121,25 +153,6 @@ fn keys_of_slot_on(cluster: &RedisCluster, node: usize, slot: u16) -> Vec<String
 /// (Through redis-rs's retries, calls redirected by `ASK` met `MOVED` back
 /// from the importing master, their `ASKING` taken by another call, until
 /// the retries ran out: outages, or calls hung for the whole call timeout.)
-/// Around `first`, a slot to move: its master (the source), the master the
-/// moves go to (the target), another slot of the source, and a slot of the
-/// third master, which no move touches.
-fn reshard_around(cluster: &RedisCluster, first: u16) -> (usize, usize, u16, u16) {
-    let source = cluster.master_of(first);
-    let target = (source + 1) % 3;
-    let other = 3 - source - target;
-    let second = (0..16_384u16)
-        .map(|s| (first + 1 + s) % 16_384)
-        .find(|&s| cluster.master_of(s) == source)
-        .expect("another slot of the source");
-    // The masters own ranges of slots: a few samples find the third's.
-    let third = (0..16u16)
-        .map(|i| i * 1_024)
-        .find(|&s| cluster.master_of(s) == other)
-        .expect("a slot of the third master");
-    (source, target, second, third)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits_nothing_past_a_limit()
  {
@@ -150,11 +163,8 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
     ];
     let slot_of =
         |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
-    let first = slot_of("u0");
-    let (source, target, second, third) = reshard_around(&cluster, first);
-    let mut users = keys_in_slot(&store, &policies[0], first, 6);
-    users.extend(keys_in_slot(&store, &policies[0], second, 6));
-    users.extend(keys_in_slot(&store, &policies[0], third, 6));
+    let (source, target, [first, second], users) =
+        reshard_around(&cluster, &store, &policies[0], [6, 6, 6]);
     for user in &users {
         // One hash tag: a user's limits share a slot.
         let b = cluster_slot(store.state_key(user.as_bytes(), &policies[1]).as_bytes());
@@ -732,11 +742,8 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     ];
     let slot_of =
         |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
-    let first = slot_of("u0");
-    let (source, target, second, third) = reshard_around(&cluster, first);
-    let mut users = keys_in_slot(&store, &policies[0], first, 16);
-    users.extend(keys_in_slot(&store, &policies[0], second, 8));
-    users.extend(keys_in_slot(&store, &policies[0], third, 4));
+    let (source, target, [first, second], users) =
+        reshard_around(&cluster, &store, &policies[0], [16, 8, 4]);
     let n = policies.len();
     let tally = Tally::new(users.len() * n);
     let tasks = tally.spawn_load(32, 11, 2_000, "reshard", {
