@@ -60,33 +60,63 @@ fn lift_counts(server: &RedisServer, key: &str, lift: u64) {
     assert_eq!(reply, "OK");
 }
 
-/// A check of `cost` on both stores, which must answer alike; the permits
-/// taken, if any (memory's, then Redis's).
-async fn check_both(
-    memory: &MemoryStore<ManualClock>,
-    redis: &RedisStore,
-    policy: &Policy,
-    cost: u64,
-    what: &str,
-) -> (Decision, Option<(PermitId, PermitId)>) {
-    let m = memory.check(b"k", policy, cost).await.unwrap();
-    let r = redis.check(b"k", policy, cost).await.unwrap();
-    assert_eq!(observable(&m), observable(&r), "{what}: cost {cost}");
-    let permits = m.permit().zip(r.permit());
-    (m, permits)
+/// A `MemoryStore` and a `RedisStore` on one manual clock, which must
+/// decide alike on `k`.
+#[derive(Clone, Copy)]
+struct Twins<'a> {
+    memory: &'a MemoryStore<ManualClock>,
+    redis: &'a RedisStore,
 }
 
-/// A check of a random cost (0 to the max) on both stores, which must
-/// answer alike; the permits taken, if any.
-async fn check_random(
-    memory: &MemoryStore<ManualClock>,
-    redis: &RedisStore,
-    policy: &Policy,
-    rng: &mut Rng,
-    what: &str,
-) -> Option<(PermitId, PermitId)> {
-    let cost = rng.below(policy.limit() + 1);
-    check_both(memory, redis, policy, cost, what).await.1
+impl<'a> Twins<'a> {
+    fn new(memory: &'a MemoryStore<ManualClock>, redis: &'a RedisStore) -> Self {
+        Twins { memory, redis }
+    }
+
+    /// A check of `cost` on both stores, which must answer alike; the
+    /// permits taken, if any (memory's, then Redis's).
+    async fn check(
+        self,
+        policy: &Policy,
+        cost: u64,
+        what: &str,
+    ) -> (Decision, Option<(PermitId, PermitId)>) {
+        let m = self.memory.check(b"k", policy, cost).await.unwrap();
+        let r = self.redis.check(b"k", policy, cost).await.unwrap();
+        assert_eq!(observable(&m), observable(&r), "{what}: cost {cost}");
+        let permits = m.permit().zip(r.permit());
+        (m, permits)
+    }
+
+    /// A check of a random cost (0 to the max) on both stores, which must
+    /// answer alike; the permits taken, if any.
+    async fn check_random(
+        self,
+        policy: &Policy,
+        rng: &mut Rng,
+        what: &str,
+    ) -> Option<(PermitId, PermitId)> {
+        let cost = rng.below(policy.limit() + 1);
+        self.check(policy, cost, what).await.1
+    }
+
+    /// Releases on both stores, then a peek on both, which must answer
+    /// alike.
+    async fn release(self, policy: &Policy, (m, r): (PermitId, PermitId), what: &str) {
+        self.memory.release(b"k", policy, m).await.unwrap();
+        self.redis.release(b"k", policy, r).await.unwrap();
+        self.check(policy, 0, &format!("{what}, released")).await;
+    }
+
+    /// Renews on both stores, which must answer alike, then a peek on both,
+    /// which must answer alike; whether the permit was still held.
+    async fn renew(self, policy: &Policy, (m, r): (PermitId, PermitId), what: &str) -> bool {
+        let held = self.memory.renew(b"k", policy, m).await.unwrap();
+        let renewed = self.redis.renew(b"k", policy, r).await.unwrap();
+        assert_eq!(renewed, held, "{what}");
+        self.check(policy, 0, &format!("{what}, renewed")).await;
+        held
+    }
 }
 
 /// After each random step: the key never holds more than 8 entries, and
@@ -96,19 +126,6 @@ fn audit(server: &RedisServer, key: &str, step: u64, what: &str) {
     if step.is_multiple_of(5) {
         assert_string_state(server, key, 2_500, what);
     }
-}
-
-/// Releases on both stores, then a peek on both, which must answer alike.
-async fn release_both(
-    memory: &MemoryStore<ManualClock>,
-    redis: &RedisStore,
-    policy: &Policy,
-    (m, r): (PermitId, PermitId),
-    what: &str,
-) {
-    memory.release(b"k", policy, m).await.unwrap();
-    redis.release(b"k", policy, r).await.unwrap();
-    check_both(memory, redis, policy, 0, &format!("{what}, released")).await;
 }
 
 /// One name under four maxes and leases, switched between calls by the
@@ -149,17 +166,15 @@ fn random_step<'a>(
 /// Runs 1,000 steps of a random test from `seed` on twin stores: each is
 /// [`random_step`], then `step` on the policy it picked, then an [`audit`]
 /// of the string.
-async fn random_steps(
-    seed: u64,
-    mut step: impl AsyncFnMut(&MemoryStore<ManualClock>, &RedisStore, &Policy, &mut Rng, &str),
-) {
+async fn random_steps(seed: u64, mut step: impl AsyncFnMut(Twins<'_>, &Policy, &mut Rng, &str)) {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::new(&memory, &redis);
     let policies = changing_policies();
     let key = redis.state_key(b"k", &policies[0]);
     let mut rng = Rng(seed);
     for n in 0..1_000 {
         let (policy, what) = random_step(&clock, &mut rng, &policies, n);
-        step(&memory, &redis, policy, &mut rng, &what).await;
+        step(twins, policy, &mut rng, &what).await;
         audit(&server, &key, n, &what);
     }
 }
@@ -172,15 +187,15 @@ async fn random_steps(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
-    random_steps(1313, async |memory, redis, policy, rng, what| {
+    random_steps(1313, async |twins, policy, rng, what| {
         match rng.below(20) {
             0..=4 if !held.is_empty() => {
                 // Held, expired, or released already.
                 let permits = held[rng.index(held.len())];
-                release_both(memory, redis, policy, permits, what).await;
+                twins.release(policy, permits, what).await;
             }
-            5 => release_both(memory, redis, policy, unknown(rng), what).await,
-            _ => held.extend(check_random(memory, redis, policy, rng, what).await),
+            5 => twins.release(policy, unknown(rng), what).await,
+            _ => held.extend(twins.check_random(policy, rng, what).await),
         }
     })
     .await;
@@ -192,6 +207,7 @@ async fn leases_expire_some_at_a_time_under_a_changing_max_and_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_past_2_48_are_renumbered_on_the_next_write() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::new(&memory, &redis);
     let lease = 1_000_000u64;
     let policy = Policy::concurrency(6, Duration::from_micros(lease)).unwrap();
     let key = redis.state_key(b"k", &policy);
@@ -199,22 +215,22 @@ async fn counts_past_2_48_are_renumbered_on_the_next_write() {
     for step in 0..4 {
         clock.advance(Duration::from_micros(100_000));
         let what = format!("before, {step}");
-        let (_, permits) = check_both(&memory, &redis, &policy, 1, &what).await;
+        let (_, permits) = twins.check(&policy, 1, &what).await;
         held.extend(permits);
     }
     lift_counts(&server, &key, (1 << 48) + 7);
     assert_eq!(base(&server, &key), (1 << 48) + 7);
-    check_both(&memory, &redis, &policy, 0, "lifted, a peek").await;
-    check_both(&memory, &redis, &policy, 3, "lifted, denied").await;
+    twins.check(&policy, 0, "lifted, a peek").await;
+    twins.check(&policy, 3, "lifted, denied").await;
     // Nothing expired, nothing admitted: not written.
     assert_eq!(base(&server, &key), (1 << 48) + 7);
     // The first lease ends: the next admission renumbers.
     clock.advance(Duration::from_micros(750_000));
-    let (d, _) = check_both(&memory, &redis, &policy, 3, "after the first lease").await;
+    let (d, _) = twins.check(&policy, 3, "after the first lease").await;
     assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
     assert!(base(&server, &key) < 1 << 48);
-    release_both(&memory, &redis, &policy, held[2], "a held permit").await;
-    let (d, _) = check_both(&memory, &redis, &policy, 1, "its unit again").await;
+    twins.release(&policy, held[2], "a held permit").await;
+    let (d, _) = twins.check(&policy, 1, "its unit again").await;
     assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
     assert_eq!(entries(&server, &key), 4);
     assert_string_state(&server, &key, lease, "renumbered");
@@ -227,29 +243,30 @@ async fn counts_past_2_48_are_renumbered_on_the_next_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_an_unknown_or_expired_id_takes_nothing_else() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::new(&memory, &redis);
     let policy = named("sem", Policy::concurrency(4, Duration::from_secs(1)));
     let key = redis.state_key(b"k", &policy);
-    let (_, first) = check_both(&memory, &redis, &policy, 1, "first").await;
+    let (_, first) = twins.check(&policy, 1, "first").await;
     clock.advance(Duration::from_millis(300));
-    let (_, second) = check_both(&memory, &redis, &policy, 2, "second").await;
+    let (_, second) = twins.check(&policy, 2, "second").await;
     let (first, second) = (first.unwrap(), second.unwrap());
     assert_eq!(server.cli(&["TYPE", &key]), "string");
     assert_eq!(entries(&server, &key), 2);
 
     let before = digest(&server, &key);
     let unknown = PermitId(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
-    release_both(&memory, &redis, &policy, (unknown, unknown), "unknown").await;
+    twins.release(&policy, (unknown, unknown), "unknown").await;
     assert_eq!(digest(&server, &key), before, "an unknown id");
 
     // The first lease has ended: its release finds nothing, and drops it.
     clock.advance(Duration::from_millis(800));
-    release_both(&memory, &redis, &policy, first, "expired").await;
+    twins.release(&policy, first, "expired").await;
     assert_eq!(entries(&server, &key), 1);
     assert_string_state(&server, &key, 1_000_000, "expired");
 
-    release_both(&memory, &redis, &policy, second, "held").await;
+    twins.release(&policy, second, "held").await;
     assert_eq!(server.cli(&["TYPE", &key]), "none");
-    release_both(&memory, &redis, &policy, second, "again").await;
+    twins.release(&policy, second, "again").await;
     assert_eq!(server.cli(&["TYPE", &key]), "none");
 
     // Another algorithm's state under the name: untouched.
@@ -365,21 +382,6 @@ async fn a_semaphore_in_the_previous_layout_is_converted_never_lifted() {
     assert_eq!(server.cli(&["ZRANGE", &key, "0", "-1"]), log);
 }
 
-/// Renews on both stores, which must answer alike, then a peek on both,
-/// which must answer alike; whether the permit was still held.
-async fn renew_both(
-    memory: &MemoryStore<ManualClock>,
-    redis: &RedisStore,
-    policy: &Policy,
-    (m, r): (PermitId, PermitId),
-    what: &str,
-) -> bool {
-    let held = memory.renew(b"k", policy, m).await.unwrap();
-    assert_eq!(redis.renew(b"k", policy, r).await.unwrap(), held, "{what}");
-    check_both(memory, redis, policy, 0, &format!("{what}, renewed")).await;
-    held
-}
-
 /// A renewal extends the lease of a held permit, and of it alone: it
 /// outlives the lease it was taken with, moves behind a later lease in
 /// expiry order (which then ends first), and keeps its units. A permit
@@ -390,48 +392,49 @@ async fn renew_both(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
     let (server, clock, memory, redis) = twins_at(NOW_MICROS).await;
+    let twins = Twins::new(&memory, &redis);
     let ms = Duration::from_millis;
     let policy = named("sem", Policy::concurrency(3, Duration::from_secs(1)));
     let key = redis.state_key(b"k", &policy);
-    let (_, a) = check_both(&memory, &redis, &policy, 1, "a").await;
+    let (_, a) = twins.check(&policy, 1, "a").await;
     clock.advance(ms(300));
-    let (_, b) = check_both(&memory, &redis, &policy, 2, "b").await;
+    let (_, b) = twins.check(&policy, 2, "b").await;
     let (a, b) = (a.unwrap(), b.unwrap());
 
     // At 900 ms, a's lease runs to 1,900 ms, after b's (1,300 ms).
     clock.advance(ms(600));
-    assert!(renew_both(&memory, &redis, &policy, a, "a, held").await);
+    assert!(twins.renew(&policy, a, "a, held").await);
     assert_string_state(&server, &key, 1_000_000, "a renewed");
     clock.advance(ms(300));
-    let (d, _) = check_both(&memory, &redis, &policy, 1, "past a's first lease").await;
+    let (d, _) = twins.check(&policy, 1, "past a's first lease").await;
     assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
     // b's lease ends first: its 2 units free, a's unit still held.
     clock.advance(ms(200));
-    let (d, _) = check_both(&memory, &redis, &policy, 0, "b ended").await;
+    let (d, _) = twins.check(&policy, 0, "b ended").await;
     assert_eq!(d.remaining(), 2, "{d:?}");
-    assert!(!renew_both(&memory, &redis, &policy, b, "b, expired").await);
-    let (_, c) = check_both(&memory, &redis, &policy, 2, "c takes b's units").await;
+    assert!(!twins.renew(&policy, b, "b, expired").await);
+    let (_, c) = twins.check(&policy, 2, "c takes b's units").await;
     assert!(c.is_some());
-    assert!(!renew_both(&memory, &redis, &policy, b, "b, its units taken").await);
-    let (d, _) = check_both(&memory, &redis, &policy, 1, "full").await;
+    assert!(!twins.renew(&policy, b, "b, its units taken").await);
+    let (d, _) = twins.check(&policy, 1, "full").await;
     assert!(!d.is_allowed() && d.remaining() == 0, "{d:?}");
 
     // a released: its renewal takes nothing back.
-    release_both(&memory, &redis, &policy, a, "a").await;
-    assert!(!renew_both(&memory, &redis, &policy, a, "a, released").await);
-    let (d, _) = check_both(&memory, &redis, &policy, 0, "a stays released").await;
+    twins.release(&policy, a, "a").await;
+    assert!(!twins.renew(&policy, a, "a, released").await);
+    let (d, _) = twins.check(&policy, 0, "a stays released").await;
     assert_eq!(d.remaining(), 1, "{d:?}");
     assert_eq!(entries(&server, &key), 1);
 
     let before = digest(&server, &key);
     let unknown = PermitId(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
-    assert!(!renew_both(&memory, &redis, &policy, (unknown, unknown), "unknown").await);
+    assert!(!twins.renew(&policy, (unknown, unknown), "unknown").await);
     assert_eq!(digest(&server, &key), before, "an unknown id");
 
     // Every lease ended: nothing to renew, and the key is gone.
     clock.advance(ms(1_500));
     let c = c.unwrap();
-    assert!(!renew_both(&memory, &redis, &policy, c, "c, expired").await);
+    assert!(!twins.renew(&policy, c, "c, expired").await);
     assert_eq!(server.cli(&["TYPE", &key]), "none");
 
     // Another algorithm's state under the name: untouched.
@@ -454,24 +457,24 @@ async fn a_renewal_extends_a_held_permit_and_never_brings_one_back() {
 async fn renewals_among_random_checks_and_releases_decide_as_memory() {
     let mut held: Vec<(PermitId, PermitId)> = Vec::new();
     let mut renewed = 0;
-    random_steps(2626, async |memory, redis, policy, rng, what| {
+    random_steps(2626, async |twins, policy, rng, what| {
         match rng.below(20) {
             0..=2 if !held.is_empty() => {
                 let permits = held[rng.index(held.len())];
-                release_both(memory, redis, policy, permits, what).await;
+                twins.release(policy, permits, what).await;
             }
             3..=9 if !held.is_empty() => {
                 // The newest permits most often: those still held.
                 let newest = held.len().saturating_sub(4);
                 let permits = held[newest + rng.index(held.len() - newest)];
-                if renew_both(memory, redis, policy, permits, what).await {
+                if twins.renew(policy, permits, what).await {
                     renewed += 1;
                 }
             }
             10 => {
-                renew_both(memory, redis, policy, unknown(rng), what).await;
+                twins.renew(policy, unknown(rng), what).await;
             }
-            _ => held.extend(check_random(memory, redis, policy, rng, what).await),
+            _ => held.extend(twins.check_random(policy, rng, what).await),
         }
     })
     .await;
