@@ -427,14 +427,19 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             }
             set.replica().freeze();
             frozen = Instant::now();
-            let big = set.master().cli(&[
-                "EVAL",
-                "redis.call('SET', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1",
-                "1",
-                "lag-ballast",
-                "50331648",
-            ]);
-            assert_eq!(big, "1", "the ballast write");
+            // In pieces of 4 MB: one write of 48 MB would hold the master
+            // longer than the sentinels' down-after, and they might start a
+            // failover of their own before the test's.
+            for _ in 0..12 {
+                let piece = set.master().cli(&[
+                    "EVAL",
+                    "redis.call('APPEND', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1",
+                    "1",
+                    "lag-ballast",
+                    "4194304",
+                ]);
+                assert_eq!(piece, "1", "the ballast write");
+            }
         });
         for _ in 0..UNREPLICATED {
             let d = store.check(b"k", &policy, 1).await.expect("a decision");
