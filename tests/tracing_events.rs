@@ -6,18 +6,23 @@
 
 use std::time::Duration;
 
+use std::convert::Infallible;
+use std::future::ready;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use http::{Request, StatusCode};
+use http::{Request, Response, StatusCode};
 use ratelimit_axum::{FailurePolicy, MemoryStore, PeerIp, Policy, RateLimitLayer};
 use ratelimit_tests::events::Events;
 use ratelimit_tests::faulty::Faulty;
-use ratelimit_tests::fixtures::{fixed_window, frozen_memory, ok_service};
-use ratelimit_tests::metrics::{DECISIONS, NEAR_LIMIT, capture};
+use ratelimit_tests::fixtures::{
+    answer, by_client, fixed_window, frozen_memory, ok_service, request_from,
+};
+use ratelimit_tests::metrics::{DECISIONS, NEAR_LIMIT, SETTLEMENTS, capture};
 use ratelimit_tests::named;
+use ratelimit_tower::Settlement;
 use ratelimit_tower::metrics::STORE_CALL_DURATION;
-use tower::{Layer, ServiceExt};
+use tower::{Layer, ServiceExt, service_fn};
 
 /// The key of the limiter's requests: it must never show in a label or an
 /// event.
@@ -162,6 +167,89 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     let down = hashes("login-down");
     assert_eq!(down.len(), 1, "{down:?}");
     assert_ne!(down[0], login[0]);
+    for value in events
+        .all()
+        .into_iter()
+        .flat_map(|(_, fields)| fields.into_values())
+    {
+        assert!(
+            !value.contains(SECRET_KEY),
+            "an event holds the key: {value:?}"
+        );
+    }
+}
+
+/// The `(policy, outcome, key_hash)` of every event with `message`, in order.
+fn outcomes(events: &Events, message: &str) -> Vec<(String, String, String)> {
+    events
+        .all()
+        .into_iter()
+        .filter(|(_, fields)| fields.get("message").map(String::as_str) == Some(message))
+        .map(|(_, f)| {
+            (
+                f["policy"].clone(),
+                f["outcome"].clone(),
+                f["key_hash"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Each limit a settling rule reserved gets a `debug` event when it is
+/// settled, whether the store was called or not, as each decision does:
+/// its policy, its outcome and the key's hash (the decision's), never the
+/// key; and the count under the same outcome.
+#[test]
+fn settlements_are_traced_and_counted_by_outcome() {
+    let events = Events::of_this_process();
+    let ((), recorded) = capture(false, || async {
+        let tokens = named(
+            "s-tokens",
+            Policy::token_bucket(1_000, ratelimit_core::Rate::per_hour(1_000)),
+        );
+        let layer = RateLimitLayer::new(frozen_memory(), tokens, by_client)
+            .cost(10)
+            .settle(Settlement::from_static_header("x-tokens-used"))
+            .expect("a policy that settles");
+        // Names the cost `x-reply-cost` asks for; fails on `x-reply-fail`.
+        let service = layer.layer(service_fn(|req: Request<String>| {
+            let mut response = Response::new(String::new());
+            if req.headers().contains_key("x-reply-fail") {
+                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            }
+            if let Some(cost) = req.headers().get("x-reply-cost") {
+                response.headers_mut().insert("x-tokens-used", cost.clone());
+            }
+            ready(Ok::<_, Infallible>(response))
+        }));
+        for reply in [
+            Some(("x-reply-cost", "3")),
+            Some(("x-reply-cost", "10")),
+            Some(("x-reply-fail", "1")),
+            None,
+        ] {
+            let mut req = request_from(SECRET_KEY);
+            if let Some((name, value)) = reply {
+                req.headers_mut()
+                    .insert(name, value.parse().expect("a value"));
+            }
+            answer(service.clone(), req).await;
+        }
+    });
+    recorded.assert_outcomes(
+        SETTLEMENTS,
+        "s-tokens",
+        "missing_cost=1 refunded=1 settled=2",
+    );
+    recorded.assert_outcomes(DECISIONS, "s-tokens", "allowed=4");
+    let decided = outcomes(events, "rate-limit decision");
+    let settled = outcomes(events, "rate-limit settlement");
+    let hash = &decided.first().expect("decisions").2;
+    assert_eq!(hash.len(), 16, "{hash}");
+    let expected = ["settled", "settled", "refunded", "missing_cost"]
+        .map(|o| ("s-tokens".to_owned(), o.to_owned(), hash.clone()));
+    assert_eq!(settled, expected);
+    assert_eq!(decided.len(), 4, "{decided:?}");
     for value in events
         .all()
         .into_iter()

@@ -403,6 +403,76 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
     assert!(!error.is_outage());
 }
 
+/// Two checks of one key under one policy in a request (overlapping
+/// rules) are one check of their summed cost, and both get its decision;
+/// the same name with other numbers twice, or a sum above the limit, is
+/// refused before anything is counted, the other limits of the request
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_checks_are_one_check_of_their_summed_cost() {
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let store = &regions.stores[0];
+    let five = fixed(5);
+    let other = named(
+        "mr-other",
+        Policy::fixed_window(10, Duration::from_secs(3600)),
+    );
+    let checks = [
+        Check::new(b"k", &five, 1),
+        Check::new(b"j", &other, 1),
+        Check::new(b"k", &five, 2),
+    ];
+    let remaining = |decisions: &[Decision]| -> Vec<(bool, u64)> {
+        decisions
+            .iter()
+            .map(|d| (d.is_allowed(), d.remaining()))
+            .collect()
+    };
+    let first = store.check_all(&checks).await.expect("decisions");
+    assert_eq!(remaining(&first), [(true, 2), (true, 9), (true, 2)]);
+    // 3 more of the 2 left: denied together, and `other` only peeked.
+    let second = store.check_all(&checks).await.expect("decisions");
+    assert_eq!(remaining(&second), [(false, 2), (true, 9), (false, 2)]);
+
+    let seven = fixed(7);
+    let conflict = [
+        Check::new(b"j", &other, 1),
+        Check::new(b"c", &five, 1),
+        Check::new(b"c", &seven, 1),
+    ];
+    let error = store.check_all(&conflict).await.expect_err("a conflict");
+    assert!(
+        matches!(&error, StoreError::PolicyConflict { policy } if policy == "mr"),
+        "{error:?}"
+    );
+    let summed = [
+        Check::new(b"j", &other, 1),
+        Check::new(b"s", &five, 3),
+        Check::new(b"s", &five, 3),
+    ];
+    let error = store.check_all(&summed).await.expect_err("too large");
+    assert!(
+        matches!(
+            error,
+            StoreError::CostExceedsLimit {
+                cost: 6,
+                max: 5,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    for (key, policy, left) in [
+        (&b"j"[..], &other, 9),
+        (b"k", &five, 2),
+        (b"c", &five, 5),
+        (b"s", &five, 5),
+    ] {
+        let peek = store.check(key, policy, 0).await.expect("a peek");
+        assert_eq!(peek.remaining(), left, "{}", String::from_utf8_lossy(key));
+    }
+}
+
 /// A region cut off from the two others: once each side counts the other
 /// side's regions as stale, the isolated region admits at most `limit`
 /// less two shares, the other side at most `limit` less one; healed, the

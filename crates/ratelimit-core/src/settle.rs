@@ -382,4 +382,42 @@ mod tests {
             })
         ));
     }
+
+    /// Settlements with several mistakes are refused for the first one met
+    /// in their order: a concurrency policy or a conflict, whichever comes
+    /// first.
+    #[test]
+    fn the_first_mistake_in_the_order_of_the_settlements_refuses_them() {
+        let named = |limit, name| {
+            Policy::fixed_window(limit, Duration::from_secs(1))
+                .and_then(|p| p.with_name(name))
+                .expect("valid")
+        };
+        let (a, other_a) = (named(10, "a"), named(20, "a"));
+        let semaphore = Policy::concurrency(2, Duration::from_secs(1))
+            .and_then(|p| p.with_name("sem"))
+            .expect("valid");
+        let allowed = Decision::allow(10, 5, 1);
+        let [c0, c1] = [
+            Settle::new(b"k", &a, 1, 1, &allowed),
+            Settle::new(b"k", &other_a, 1, 1, &allowed),
+        ];
+        let sem = Settle::new(b"k", &semaphore, 1, 1, &allowed);
+        let refused = |settles: &[Settle<'_>]| {
+            Merged::settles(settles, |s| (s.key, s.policy.name()))
+                .err()
+                .expect("refused")
+        };
+        assert!(matches!(
+            refused(&[c0, c1, sem]),
+            StoreError::PolicyConflict { policy } if policy == "a"
+        ));
+        assert!(matches!(
+            refused(&[c0, sem, c1]),
+            StoreError::Unsupported {
+                operation: "settle",
+                ..
+            }
+        ));
+    }
 }

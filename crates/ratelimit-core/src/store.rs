@@ -363,3 +363,129 @@ pub(crate) fn spread(of: &[usize], decisions: &[Decision]) -> Result<Vec<Decisio
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    fn fixed(name: &str, limit: u64) -> Policy {
+        Policy::fixed_window(limit, Duration::from_secs(60))
+            .and_then(|p| p.with_name(name))
+            .expect("valid")
+    }
+
+    /// The checks of a request merged by key and policy name.
+    fn merged<'a>(checks: &[Check<'a>]) -> Result<Merged<Check<'a>>, StoreError> {
+        Merged::checks(checks, |c| (c.key, c.policy.name()))
+    }
+
+    #[test]
+    fn duplicates_merge_into_their_first_appearance() {
+        let (p, q) = (fixed("p", 10), fixed("q", 10));
+        let checks = [
+            Check::new(b"a", &p, 1),
+            Check::new(b"b", &p, 2),
+            Check::new(b"a", &q, 0),
+            Check::new(b"a", &p, 3),
+            Check::new(b"a", &q, 4),
+            Check::new(b"b", &p, 0),
+        ];
+        let merged = merged(&checks).expect("merged");
+        assert_eq!(merged.of, [0, 1, 2, 0, 2, 1]);
+        let items: Vec<_> = merged
+            .items
+            .iter()
+            .map(|c| (c.key, c.policy.name(), c.cost))
+            .collect();
+        assert_eq!(
+            items,
+            [
+                (&b"a"[..], "p", 4),
+                (&b"b"[..], "p", 2),
+                (&b"a"[..], "q", 4)
+            ]
+        );
+        assert!(!merged.is_distinct());
+        let distinct = [Check::new(b"a", &p, 1), Check::new(b"b", &p, 1)];
+        assert!(self::merged(&distinct).expect("merged").is_distinct());
+    }
+
+    /// A request with several mistakes is refused for the first one met in
+    /// the order of its checks; a sum too large is met only once every
+    /// check passed on its own, and then in the order the keys first came.
+    #[test]
+    fn the_first_mistake_in_the_order_of_the_checks_refuses_the_request() {
+        let (small, other) = (fixed("small", 2), fixed("other", 3));
+        let (a, b) = (fixed("shared", 5), fixed("shared", 7));
+        let over = Check::new(b"x", &small, 3);
+        let [c0, c1] = [Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)];
+        let [s0, s1] = [Check::new(b"x", &small, 2), Check::new(b"x", &small, 1)];
+        let cost = |e: &StoreError| match e {
+            StoreError::CostExceedsLimit { policy, cost, max } => {
+                Some((policy.clone(), *cost, *max))
+            }
+            _ => None,
+        };
+        let conflict = |e: &StoreError| matches!(e, StoreError::PolicyConflict { policy } if policy == "shared");
+        let refused = |checks: &[Check<'_>]| merged(checks).err().expect("refused");
+
+        assert_eq!(
+            cost(&refused(&[over, c0, c1])),
+            Some(("small".into(), 3, 2))
+        );
+        assert!(conflict(&refused(&[c0, c1, over])));
+        assert!(conflict(&refused(&[s0, s1, c0, c1])));
+        let alone = Check::new(b"y", &other, 4);
+        assert_eq!(
+            cost(&refused(&[s0, s1, alone])),
+            Some(("other".into(), 4, 3))
+        );
+        let [o0, o1] = [Check::new(b"y", &other, 2), Check::new(b"y", &other, 2)];
+        assert_eq!(
+            cost(&refused(&[o0, s0, s1, o1])),
+            Some(("other".into(), 4, 3))
+        );
+        assert_eq!(
+            cost(&refused(&[s0, o0, o1, s1])),
+            Some(("small".into(), 3, 2))
+        );
+    }
+
+    /// Each of those requests, refused by a memory store, leaves every
+    /// limit it named as it was, with another limit that would admit.
+    #[test]
+    fn a_request_refused_for_its_duplicates_consumes_nothing() {
+        let store = MemoryStore::new();
+        let (small, bystander) = (fixed("small", 2), fixed("bystander", 5));
+        let (a, b) = (fixed("shared", 5), fixed("shared", 7));
+        let by = Check::new(b"y", &bystander, 1);
+        let requests = [
+            vec![by, Check::new(b"x", &small, 2), Check::new(b"x", &small, 1)],
+            vec![by, Check::new(b"k", &a, 1), Check::new(b"k", &b, 1)],
+            vec![
+                by,
+                Check::new(b"x", &small, 1),
+                Check::new(b"k", &a, 1),
+                Check::new(b"x", &small, 1),
+                Check::new(b"k", &b, 1),
+            ],
+        ];
+        for checks in &requests {
+            let error = store.check_all_now(checks).expect_err("refused");
+            assert!(
+                matches!(
+                    error,
+                    StoreError::CostExceedsLimit { .. } | StoreError::PolicyConflict { .. }
+                ),
+                "{error:?}"
+            );
+        }
+        for (key, policy) in [(&b"y"[..], &bystander), (b"x", &small), (b"k", &a)] {
+            let left = store.peek_now(key, policy).expect("peek").remaining();
+            assert_eq!(left, policy.limit(), "{}", policy.name());
+        }
+    }
+}
