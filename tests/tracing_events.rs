@@ -65,16 +65,35 @@ fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
     );
 }
 
-/// The `(policy, outcome)` of every "rate-limit decision" event, in order.
-fn decisions(events: &Events) -> Vec<(String, String)> {
+/// The `(policy, outcome, key_hash)` of every event with `message`, in
+/// order (an empty hash where an event has none).
+fn outcomes(events: &Events, message: &str) -> Vec<(String, String, String)> {
     events
         .all()
         .into_iter()
-        .filter(|(_, fields)| {
-            fields.get("message").map(String::as_str) == Some("rate-limit decision")
+        .filter(|(_, fields)| fields.get("message").map(String::as_str) == Some(message))
+        .map(|(_, f)| {
+            (
+                f["policy"].clone(),
+                f["outcome"].clone(),
+                f.get("key_hash").cloned().unwrap_or_default(),
+            )
         })
-        .map(|(_, fields)| (fields["policy"].clone(), fields["outcome"].clone()))
         .collect()
+}
+
+/// No field of any event this thread emitted holds [`SECRET_KEY`].
+fn assert_no_event_holds_the_key(events: &Events) {
+    for value in events
+        .all()
+        .into_iter()
+        .flat_map(|(_, fields)| fields.into_values())
+    {
+        assert!(
+            !value.contains(SECRET_KEY),
+            "an event holds the key: {value:?}"
+        );
+    }
 }
 
 /// A limit checked in a handler (`ratelimit_axum::Limiter`, the login
@@ -137,7 +156,10 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
             "a label holds the key: {value:?}"
         );
     }
-    let decisions = decisions(events);
+    let decisions: Vec<(String, String)> = outcomes(events, "rate-limit decision")
+        .into_iter()
+        .map(|(policy, outcome, _)| (policy, outcome))
+        .collect();
     let expected = [
         ("login", "allowed"),
         ("login", "allowed"),
@@ -167,32 +189,7 @@ fn limiter_decisions_are_counted_and_traced_like_the_layers() {
     let down = hashes("login-down");
     assert_eq!(down.len(), 1, "{down:?}");
     assert_ne!(down[0], login[0]);
-    for value in events
-        .all()
-        .into_iter()
-        .flat_map(|(_, fields)| fields.into_values())
-    {
-        assert!(
-            !value.contains(SECRET_KEY),
-            "an event holds the key: {value:?}"
-        );
-    }
-}
-
-/// The `(policy, outcome, key_hash)` of every event with `message`, in order.
-fn outcomes(events: &Events, message: &str) -> Vec<(String, String, String)> {
-    events
-        .all()
-        .into_iter()
-        .filter(|(_, fields)| fields.get("message").map(String::as_str) == Some(message))
-        .map(|(_, f)| {
-            (
-                f["policy"].clone(),
-                f["outcome"].clone(),
-                f["key_hash"].clone(),
-            )
-        })
-        .collect()
+    assert_no_event_holds_the_key(events);
 }
 
 /// Each limit a settling rule reserved gets a `debug` event when it is
@@ -250,14 +247,5 @@ fn settlements_are_traced_and_counted_by_outcome() {
         .map(|o| ("s-tokens".to_owned(), o.to_owned(), hash.clone()));
     assert_eq!(settled, expected);
     assert_eq!(decided.len(), 4, "{decided:?}");
-    for value in events
-        .all()
-        .into_iter()
-        .flat_map(|(_, fields)| fields.into_values())
-    {
-        assert!(
-            !value.contains(SECRET_KEY),
-            "an event holds the key: {value:?}"
-        );
-    }
+    assert_no_event_holds_the_key(events);
 }
