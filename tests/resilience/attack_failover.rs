@@ -97,6 +97,18 @@ struct Call {
     outcome: Outcome,
 }
 
+impl Call {
+    /// A call made at `start` that has just returned `result`.
+    fn ended(after: bool, start: Instant, result: &Result<Vec<Decision>, StoreError>) -> Call {
+        Call {
+            after,
+            start,
+            end: Instant::now(),
+            outcome: Outcome::of_all(result),
+        }
+    }
+}
+
 /// Every call an outage or a decision, none past the call timeout (and
 /// [`MARGIN`]).
 fn assert_outages_only_and_bounded(calls: &[Call]) {
@@ -155,12 +167,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
                             tokio::time::timeout(CALL_TIMEOUT * 10, store.check_all(&checks))
                                 .await
                                 .unwrap_or(Err(StoreError::Backend("hung".into())));
-                        calls.push(Call {
-                            after: phase,
-                            start,
-                            end: Instant::now(),
-                            outcome: Outcome::of_all(&result),
-                        });
+                        calls.push(Call::ended(phase, start, &result));
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     calls
@@ -258,12 +265,7 @@ async fn light_traffic_follows_a_frozen_master_at_the_first_call_after_the_promo
                 tokio::task::block_in_place(|| set.named_master_port()) == Some(replica_port);
             let start = Instant::now();
             let result = store.check(b"k", &policy, 1).await.map(|d| vec![d]);
-            let call = Call {
-                after: named,
-                start,
-                end: Instant::now(),
-                outcome: Outcome::of_all(&result),
-            };
+            let call = Call::ended(named, start, &result);
             println!(
                 "[attack] {} after the freeze (replica named: {named}): {:?}",
                 ms(start - frozen),
@@ -862,12 +864,7 @@ async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
                     while !done.load(Ordering::Acquire) {
                         let start = Instant::now();
                         let result = store.check(b"k", &policy, 1).await.map(|d| vec![d]);
-                        calls.push(Call {
-                            after: false,
-                            start,
-                            end: Instant::now(),
-                            outcome: Outcome::of_all(&result),
-                        });
+                        calls.push(Call::ended(false, start, &result));
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     calls
