@@ -13,7 +13,7 @@ use crate::admin::AdminStore;
 use crate::bounded::BoundedMap;
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store, answered_then};
+use crate::store::{BoxFuture, Check, RefundFuture, Store, answered_then};
 use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
 
 /// The default bound on cached denials.
@@ -278,13 +278,7 @@ impl<S: Store> Store for DeniedCache<S> {
     /// under the policy's name, as a [`reward`](AdminStore::reward) does:
     /// the units given back may end a denial before its retry time, and
     /// the cache denies only what the store would.
-    fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u64,
-        decision: &Decision,
-    ) -> crate::RefundFuture {
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
         let call = self.inner.store.refund(key, policy, cost, decision);
         forgetting(&self.inner, key, policy, call)
     }

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use crate::admin::AdminStore;
 use crate::breaker::{Call, CircuitBreaker};
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store};
+use crate::store::{BoxFuture, Check, RefundFuture, Store};
 use crate::{Decision, DecisionSource, MemoryStore, PermitId, Policy, StoreError};
 
 /// The most permits of the fallback whose lease is running that a
@@ -449,13 +449,7 @@ impl<P: Store, F: Store> Store for FallbackStore<P, F> {
     /// Refunds the store that decided ([`Decision::source`]): the local
     /// store, under the local share of the policy, for a decision made
     /// while the primary was unreachable; else the primary.
-    fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u64,
-        decision: &Decision,
-    ) -> crate::RefundFuture {
+    fn refund(&self, key: &[u8], policy: &Policy, cost: u64, decision: &Decision) -> RefundFuture {
         if decision.source() == DecisionSource::Fallback {
             self.inner.on_fallback(policy, |store, local| {
                 store.refund(key, local, cost, decision)

@@ -50,16 +50,13 @@ mod error;
 mod fallback;
 pub mod key;
 #[cfg(feature = "lease")]
-#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 mod lease;
 pub mod memory;
 pub mod metrics;
 #[cfg(feature = "multi-region")]
-#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
 pub mod multi_region;
 mod policy;
 #[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod settle;
 mod store;

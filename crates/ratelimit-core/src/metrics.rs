@@ -42,7 +42,6 @@ fn gauge_value(state: &str) -> f64 {
 /// installed recorder. Call it once, after installing the recorder;
 /// `ratelimit_tower::metrics::describe` calls it too.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
     ::metrics::describe_gauge!(
         CIRCUIT_BREAKER_STATE,

@@ -6,7 +6,7 @@
 //! to twice the limit can pass across a boundary.
 
 use super::calendar::Calendar;
-use super::{check_limit, penalized, window_micros};
+use super::{check_limit, limit_per_window, penalized};
 use crate::{Decision, PolicyError};
 use std::time::Duration;
 
@@ -37,9 +37,10 @@ pub(crate) struct FixedWindowState {
 impl FixedWindow {
     /// At most `limit` per `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        let (limit, window) = limit_per_window(limit, window)?;
         Ok(FixedWindow {
-            limit: check_limit(limit, "limit")?,
-            window: window_micros(window, "window")?,
+            limit,
+            window,
             calendar: None,
         })
     }

@@ -125,6 +125,16 @@ pub(crate) fn check_limit(limit: u64, what: &'static str) -> Result<u64, PolicyE
     Ok(limit)
 }
 
+/// The parameters of the algorithms that count within a window (the fixed
+/// window, the sliding window log and counter), validated alike: `limit`,
+/// then `window` in microseconds.
+pub(crate) fn limit_per_window(limit: u64, window: Duration) -> Result<(u64, u64), PolicyError> {
+    Ok((
+        check_limit(limit, "limit")?,
+        window_micros(window, "window")?,
+    ))
+}
+
 /// `value` raised by `amount`, but not beyond `cap` (and never lowered, should
 /// `value` already exceed `cap`): how a penalty adds to a counter.
 pub(crate) fn penalized(value: u64, amount: u64, cap: u64) -> u64 {

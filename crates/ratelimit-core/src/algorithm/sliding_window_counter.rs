@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{MAX_EXACT, check_limit, penalized, window_micros};
+use super::{MAX_EXACT, limit_per_window, penalized};
 use crate::{Decision, PolicyError};
 
 /// Parameters of a sliding window counter.
@@ -37,8 +37,7 @@ impl SlidingWindowCounter {
     /// stay below 2^52: for example up to 1,000 per 52 days, or 1,000,000 per
     /// 75 minutes.
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        let limit = check_limit(limit, "limit")?;
-        let window = window_micros(window, "window")?;
+        let (limit, window) = limit_per_window(limit, window)?;
         if limit.checked_mul(window).is_none_or(|p| p > MAX_EXACT / 2) {
             return Err(PolicyError::Unrepresentable {
                 what: "limit times window in microseconds",

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{check_limit, window_micros};
+use super::limit_per_window;
 use crate::{Decision, PolicyError};
 
 /// The number of slots a window is cut into when the limit exceeds it (see
@@ -47,10 +47,8 @@ pub(crate) struct SlidingWindowLogState {
 impl SlidingWindowLog {
     /// At most `limit` in any `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Ok(SlidingWindowLog {
-            limit: check_limit(limit, "limit")?,
-            window: window_micros(window, "window")?,
-        })
+        let (limit, window) = limit_per_window(limit, window)?;
+        Ok(SlidingWindowLog { limit, window })
     }
 
     /// The limit per window.

@@ -203,6 +203,7 @@ mod tests {
     use super::*;
     use crate::Rate;
     use crate::clock::ManualClock;
+    use crate::memory::hot_tests::one_shard;
 
     fn is_hot(store: &MemoryStore<ManualClock>) -> bool {
         store.shared.shards[0].hot_hash.load(Ordering::Relaxed) != 0
@@ -215,10 +216,7 @@ mod tests {
     #[test]
     fn a_hot_key_decides_as_the_algorithm_through_promotions_and_flushes() {
         let clock = ManualClock::new(1_000_000_007);
-        let store = MemoryStore::builder()
-            .shards(1)
-            .clock(clock.clone())
-            .build();
+        let store = one_shard(clock.clone());
         let policy = Policy::gcra(3, Rate::per_second(1_000)).unwrap();
         let Algorithm::Gcra(gcra) = policy.algorithm() else {
             unreachable!("a GCRA policy")
@@ -263,10 +261,7 @@ mod tests {
     /// as blocked and not from the hot key's TAT.
     #[test]
     fn a_block_on_the_hot_key_denies_its_next_check() {
-        let store = MemoryStore::builder()
-            .shards(1)
-            .clock(ManualClock::new(1_000_000_007))
-            .build();
+        let store = one_shard(ManualClock::new(1_000_000_007));
         let policy = Policy::gcra(1, Rate::per_hour(1)).unwrap();
         assert!(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
         assert!(!store.check_now(b"hot", &policy, 1).unwrap().is_allowed());

@@ -14,6 +14,11 @@ use crate::admin::Adjustment;
 use crate::clock::ManualClock;
 use crate::{Rate, Settle, SettlementId};
 
+/// A store of one shard: every key competes for that shard's hot key.
+pub(super) fn one_shard(clock: ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::builder().shards(1).clock(clock).build()
+}
+
 /// The policies the operations pick from: two GCRA policies under one name
 /// with different numbers, a leaky bucket and a fixed window under that
 /// name too, and two GCRA policies of their own names (one with the
@@ -413,10 +418,7 @@ fn hammered_hot_keys_account_for_every_unit() {
 #[test]
 fn a_tat_of_u64_max_is_not_the_hot_key() {
     let clock = ManualClock::new(u64::MAX - 2_000_000);
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .build();
+    let store = one_shard(clock.clone());
     let policy = Policy::gcra(2, Rate::per_second(1)).expect("valid");
     let full = store.check_now(b"max", &policy, 2).unwrap();
     assert_eq!(full, Decision::allow(2, 0, 2_000_000));
@@ -574,10 +576,7 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
 /// fresh under the other name, and its state goes with its reset.
 #[test]
 fn a_policy_at_a_dropped_policys_address_is_not_the_hot_key() {
-    let store = MemoryStore::builder()
-        .shards(1)
-        .clock(ManualClock::new(1_700_000_000_000_000))
-        .build();
+    let store = one_shard(ManualClock::new(1_700_000_000_000_000));
     let fresh = Decision::allow(1, 1, 0);
     let mut addresses = std::collections::HashSet::new();
     let mut reused = 0;

@@ -37,11 +37,8 @@ pub struct MultiRegionStoreBuilder {
     url: String,
     peers: Vec<(String, String)>,
     prefix: String,
-    sync: Duration,
-    staleness: Duration,
+    timing: Timing,
     call_timeout: Duration,
-    push_timeout: Duration,
-    max_skew: Duration,
     fixed_clock: Option<Arc<dyn Clock>>,
     peer_clocks: Vec<(String, Arc<dyn Clock>)>,
 }
@@ -54,9 +51,9 @@ impl fmt::Debug for MultiRegionStoreBuilder {
             .field("region", &self.region)
             .field("peers", &peers)
             .field("prefix", &self.prefix)
-            .field("sync", &self.sync)
-            .field("staleness", &self.staleness)
-            .field("max_skew", &self.max_skew)
+            .field("sync", &self.timing.sync)
+            .field("staleness", &self.timing.staleness)
+            .field("max_skew", &self.timing.max_skew)
             .finish_non_exhaustive()
     }
 }
@@ -70,11 +67,13 @@ impl MultiRegionStore {
             url: url.into(),
             peers: Vec::new(),
             prefix: crate::redis::DEFAULT_PREFIX.to_owned(),
-            sync: DEFAULT_SYNC,
-            staleness: DEFAULT_STALENESS,
+            timing: Timing {
+                sync: DEFAULT_SYNC,
+                staleness: DEFAULT_STALENESS,
+                max_skew: DEFAULT_MAX_SKEW,
+                push_timeout: DEFAULT_PUSH_TIMEOUT,
+            },
             call_timeout: DEFAULT_CALL_TIMEOUT,
-            push_timeout: DEFAULT_PUSH_TIMEOUT,
-            max_skew: DEFAULT_MAX_SKEW,
             fixed_clock: None,
             peer_clocks: Vec::new(),
         }
@@ -99,7 +98,7 @@ impl MultiRegionStoreBuilder {
     /// How often this instance pushes its region's counts to every peer
     /// (default 100 ms). The over-admission bound grows with it.
     pub fn sync(mut self, interval: Duration) -> Self {
-        self.sync = interval;
+        self.timing.sync = interval;
         self
     }
 
@@ -108,7 +107,7 @@ impl MultiRegionStoreBuilder {
     /// 2 s); more than twice `sync`, since a push is marked
     /// with a time taken before the round that carries it, and at most a day.
     pub fn staleness(mut self, staleness: Duration) -> Self {
-        self.staleness = staleness;
+        self.timing.staleness = staleness;
         self
     }
 
@@ -118,7 +117,7 @@ impl MultiRegionStoreBuilder {
     /// shifts where their windows start; beyond this, once a push shows it,
     /// the peer is counted at its conservative share, logged and reported.
     pub fn max_skew(mut self, max_skew: Duration) -> Self {
-        self.max_skew = max_skew;
+        self.timing.max_skew = max_skew;
         self
     }
 
@@ -132,7 +131,7 @@ impl MultiRegionStoreBuilder {
 
     /// The time allowed for one push to a peer (default 1 s).
     pub fn push_timeout(mut self, timeout: Duration) -> Self {
-        self.push_timeout = timeout;
+        self.timing.push_timeout = timeout;
         self
     }
 
@@ -197,17 +196,21 @@ impl MultiRegionStoreBuilder {
                 .into(),
             ));
         }
-        if self.sync.is_zero() || self.staleness <= self.sync.saturating_mul(2) {
+        let timing = self.timing;
+        if timing.sync.is_zero() || timing.staleness <= timing.sync.saturating_mul(2) {
             return Err(StoreError::Backend(
                 format!(
                     "sync ({:?}) must be positive and staleness ({:?}) more than twice as long",
-                    self.sync, self.staleness
+                    timing.sync, timing.staleness
                 )
                 .into(),
             ));
         }
         // The scripts compute with these in µs, exactly below 2^53.
-        for (what, value) in [("staleness", self.staleness), ("max_skew", self.max_skew)] {
+        for (what, value) in [
+            ("staleness", timing.staleness),
+            ("max_skew", timing.max_skew),
+        ] {
             if value > MAX_DURATION {
                 return Err(StoreError::Backend(
                     format!("{what} ({value:?}) must be at most {MAX_DURATION:?}").into(),
@@ -245,7 +248,7 @@ impl MultiRegionStoreBuilder {
         for (name, url) in &self.peers {
             let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
             let connection =
-                ConnectionManager::new_lazy_with_config(client, config(self.push_timeout))
+                ConnectionManager::new_lazy_with_config(client, config(self.timing.push_timeout))
                     .map_err(backend_error)?;
             let clock = self
                 .peer_clocks
@@ -255,18 +258,12 @@ impl MultiRegionStoreBuilder {
                 .or_else(|| self.fixed_clock.clone());
             peers.push(Peer::new(name.clone(), connection, clock));
         }
-        let timing = Timing {
-            sync: self.sync,
-            staleness: self.staleness,
-            max_skew: self.max_skew,
-            push_timeout: self.push_timeout,
-        };
         let shared = Arc::new(Shared::new(
             self.region.clone(),
             self.prefix.clone(),
             local.clone(),
             peers,
-            timing,
+            self.timing,
             self.fixed_clock.clone(),
         ));
         let tasks = shared.start();

@@ -105,8 +105,7 @@ proptest! {
                     region: r % regions,
                     instance: 1 + (r + p) % (instances - 1),
                     peer: p % regions,
-                    from,
-                    until: from + long,
+                    during: from..from + long,
                 })
                 .collect(),
             ..Simulation::new(policy(sliding, limit, WINDOW), regions, instances, sync, lags)
@@ -139,7 +138,7 @@ proptest! {
         let cuts = (0..3usize)
             .flat_map(|r| (0..3usize).map(move |p| (r, p)))
             .filter(|&(r, p)| r != p && (r == isolated || p == isolated))
-            .flat_map(|(r, p)| (0..2).map(move |i| Cut { region: r, instance: i, peer: p, from: 0, until: u64::MAX }))
+            .flat_map(|(r, p)| (0..2).map(move |i| Cut { region: r, instance: i, peer: p, during: 0..u64::MAX }))
             .collect();
         let sim = Simulation {
             staleness,
@@ -206,8 +205,7 @@ fn spaced_requests_admit_the_limit_exactly() {
                     region,
                     instance: 1,
                     peer,
-                    from: 0,
-                    until: u64::MAX,
+                    during: 0..u64::MAX,
                 })
                 .collect(),
             ..Simulation::new(
@@ -244,8 +242,7 @@ fn many_keys_reach_every_peer_within_d() {
             region: 0,
             instance: 0,
             peer: 1,
-            from: 0,
-            until: u64::MAX,
+            during: 0..u64::MAX,
         }],
         ..Simulation::new(policy(false, 1, WINDOW), 3, 2, 20_000, vec![5_000, 15_000])
     };

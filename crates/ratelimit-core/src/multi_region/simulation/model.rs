@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::Range;
 
 use crate::Policy;
 use crate::multi_region::counts::{self, Count};
@@ -54,14 +55,14 @@ pub(super) struct Redis {
     pub(super) heard: Vec<Option<Heard>>,
 }
 
-/// An instance of `region` cut off from `peer`'s Redis during `[from, until)`.
-#[derive(Debug, Clone, Copy)]
+/// An instance of `region` cut off from `peer`'s Redis `during` those
+/// reference times.
+#[derive(Debug, Clone)]
 pub(super) struct Cut {
     pub(super) region: usize,
     pub(super) instance: usize,
     pub(super) peer: usize,
-    pub(super) from: u64,
-    pub(super) until: u64,
+    pub(super) during: Range<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -160,10 +161,7 @@ impl Simulation {
 
     fn cut(&self, region: usize, instance: usize, peer: usize, at: u64) -> bool {
         self.cuts.iter().any(|c| {
-            c.region == region
-                && c.instance == instance
-                && c.peer == peer
-                && (c.from..c.until).contains(&at)
+            c.region == region && c.instance == instance && c.peer == peer && c.during.contains(&at)
         })
     }
 
