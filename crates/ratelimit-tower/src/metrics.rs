@@ -117,7 +117,6 @@ pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 /// ratelimit_tower::metrics::describe();
 /// ```
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
     ::metrics::describe_counter!(
         DECISIONS,
