@@ -144,15 +144,12 @@ pub use ratelimit_tower;
 // What an axum service uses, so this crate alone is a complete dependency.
 /// The store that decides hot keys from leased batches (feature `lease`).
 #[cfg(feature = "lease")]
-#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub use ratelimit_core::LeasedStore;
 /// The store of one limit across regions (feature `multi-region`).
 #[cfg(feature = "multi-region")]
-#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
 pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{
     Decision, MemoryStore, Period, Policy, PolicyError, Rate, Store, StoreError,

@@ -38,6 +38,9 @@ pub(crate) enum Outcome {
 
 pub(crate) type OutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
+/// A layer's settings but its rules and refusals: what every decision of
+/// the layer is made with.
+#[derive(Debug, Clone)]
 pub(crate) struct Settings<St> {
     pub(crate) stats: Arc<Stats>,
     pub(crate) store: St,
@@ -45,35 +48,40 @@ pub(crate) struct Settings<St> {
     pub(crate) failure: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
     pub(crate) near_limit: f64,
+    /// The seed of the key hashes in the layer's logs, drawn when the
+    /// layer is made.
     pub(crate) recorder: Recorder,
 }
 
 /// Decides `limits`, known at once, in place when they are one enforced
-/// limit, `mode` refuses without waiting, and `store` decides without
-/// waiting (the common case: no future, no heap allocation but the
-/// decisions'); else gives the future [`decide`] makes. `settings` are the
-/// layer's, built only when needed.
+/// limit, the layer's mode refuses without waiting, and its store decides
+/// without waiting (the common case: no future, no heap allocation but the
+/// decisions'); else gives the future [`decide`] makes, with a clone of
+/// `settings`, made only then.
 pub(crate) fn decide_at_once<St>(
-    store: &St,
-    mode: Mode,
-    near_limit: f64,
-    recorder: &Recorder,
-    settings: impl FnOnce() -> Settings<St>,
+    settings: &Settings<St>,
     limits: &mut Limits,
 ) -> Result<Outcome, OutcomeFuture>
 where
     St: Store + Clone,
 {
+    let Settings {
+        ref store,
+        mode,
+        near_limit,
+        ref recorder,
+        ..
+    } = *settings;
     if !matches!(mode, Mode::Reject) {
-        return Err(decide(settings(), ready(std::mem::take(limits))));
+        return Err(decide(settings.clone(), ready(std::mem::take(limits))));
     }
     let limit = match limits.take_single() {
         Some(limit) if !limit.policy().is_shadow() => limit,
-        Some(limit) => return Err(decide(settings(), ready(Limits::from(limit)))),
-        None => return Err(decide(settings(), ready(std::mem::take(limits)))),
+        Some(limit) => return Err(decide(settings.clone(), ready(Limits::from(limit)))),
+        None => return Err(decide(settings.clone(), ready(std::mem::take(limits)))),
     };
     if let Some(error) = unsettleable(store, std::slice::from_ref(&limit)) {
-        return Ok(refuse_unsettleable(&settings().stats, error));
+        return Ok(refuse_unsettleable(&settings.stats, error));
     }
     let timer = metrics::StoreCall::start();
     let Some(answer) = store.check_at_once(Check::new(
@@ -81,15 +89,14 @@ where
         limit.policy(),
         limit.cost(),
     )) else {
-        return Err(decide(settings(), ready(Limits::from(limit))));
+        return Err(decide(settings.clone(), ready(Limits::from(limit))));
     };
     timer.finish(answer.is_ok());
     let decision = match answer {
         Ok(decision) => decision,
         Err(error) => {
-            let settings = settings();
             return Ok(failed(
-                &settings,
+                settings,
                 Instant::now(),
                 &[limit],
                 error,
@@ -101,7 +108,7 @@ where
     if limit.settlement().is_some() {
         // Settled after the response: the request holds a reservation,
         // which takes the layer's settings.
-        return Ok(allowed_or_refused(&settings(), &[limit], &[decision]));
+        return Ok(allowed_or_refused(settings, &[limit], &[decision]));
     }
     // No settlement: the limit's decision has no estimate.
     let (policy, key, _) = limit.into_parts();

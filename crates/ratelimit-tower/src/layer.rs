@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ratelimit_core::{Policy, Store};
 
+use crate::decide::Settings;
 use crate::metrics::Recorder;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::responses::headers::RateLimitHeaders;
@@ -32,17 +33,9 @@ use crate::settlement::{SettleError, Settlement};
 /// ```
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer<St, P, J = HttpRejections> {
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) store: St,
+    pub(crate) settings: Settings<St>,
     pub(crate) rules: P,
     pub(crate) reject: J,
-    pub(crate) mode: Mode,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) near_limit: f64,
-    /// The seed of the key hashes in this layer's logs, drawn when the
-    /// layer is made.
-    pub(crate) recorder: Recorder,
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
@@ -90,15 +83,17 @@ impl<St, P> RateLimitLayer<St, P> {
     /// ```
     pub fn with_rules(store: St, rules: P) -> Self {
         RateLimitLayer {
-            stats: Arc::default(),
-            store,
+            settings: Settings {
+                stats: Arc::default(),
+                store,
+                mode: Mode::default(),
+                failure: FailurePolicy::default(),
+                timeout: None,
+                near_limit: crate::metrics::DEFAULT_NEAR_LIMIT,
+                recorder: Recorder::default(),
+            },
             rules,
             reject: HttpRejections::default(),
-            mode: Mode::default(),
-            failure: FailurePolicy::default(),
-            timeout: None,
-            near_limit: crate::metrics::DEFAULT_NEAR_LIMIT,
-            recorder: Recorder::default(),
         }
     }
 }
@@ -186,7 +181,7 @@ impl<St, K, C, J> RateLimitLayer<St, Rule<K, C>, J> {
     where
         St: Store,
     {
-        SettleError::check_in(&self.store, self.rules.policy())?;
+        SettleError::check_in(&self.settings.store, self.rules.policy())?;
         self.rules = self.rules.settle(settlement)?;
         Ok(self)
     }
@@ -219,15 +214,9 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
         reject: impl FnOnce(J) -> J2,
     ) -> RateLimitLayer<St, P2, J2> {
         RateLimitLayer {
-            stats: self.stats,
-            store: self.store,
+            settings: self.settings,
             rules: rules(self.rules),
             reject: reject(self.reject),
-            mode: self.mode,
-            failure: self.failure,
-            timeout: self.timeout,
-            near_limit: self.near_limit,
-            recorder: self.recorder,
         }
     }
 
@@ -245,7 +234,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// Reject or wait (default: [`Mode::Reject`]).
     #[must_use]
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.settings.mode = mode;
         self
     }
 
@@ -262,14 +251,14 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// are not outages are refused whatever this says.
     #[must_use]
     pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
-        self.failure = failure;
+        self.settings.failure = failure;
         self
     }
 
     /// What the layer has done when the store could not decide, shared by
     /// every service this layer built.
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.settings.stats
     }
 
     /// Allowed decisions that leave less than `fraction` of their policy's
@@ -278,7 +267,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// recorded with the `metrics` feature (see [`metrics`](crate::metrics)).
     #[must_use]
     pub fn near_limit(mut self, fraction: f64) -> Self {
-        self.near_limit = if fraction.is_nan() {
+        self.settings.near_limit = if fraction.is_nan() {
             0.0
         } else {
             fraction.clamp(0.0, 1.0)
@@ -290,7 +279,7 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// (default: none here; stores such as `RedisStore` have their own).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.settings.timeout = Some(timeout);
         self
     }
 }

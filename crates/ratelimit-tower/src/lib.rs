@@ -293,7 +293,6 @@
 
 pub mod body;
 #[cfg(feature = "config")]
-#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config;
 mod decide;
 mod decisions;
@@ -315,16 +314,13 @@ pub use ratelimit_core;
 // complete dependency (for tonic, with the feature `tonic`).
 /// The store that decides hot keys from leased batches (feature `lease`).
 #[cfg(feature = "lease")]
-#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub use ratelimit_core::LeasedStore;
 /// The store of one limit across regions (feature `multi-region`).
 #[cfg(feature = "multi-region")]
-#[cfg_attr(docsrs, doc(cfg(feature = "multi-region")))]
 pub use ratelimit_core::multi_region::MultiRegionStore;
 /// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
 /// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ratelimit_core::redis::RedisStore;
 pub use ratelimit_core::{MemoryStore, Period, Policy, PolicyError, Rate, StoreError};
 

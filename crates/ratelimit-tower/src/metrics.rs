@@ -117,32 +117,36 @@ pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 /// ratelimit_tower::metrics::describe();
 /// ```
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
-    ::metrics::describe_counter!(
-        DECISIONS,
-        "Rate-limit decisions, one per policy per decision, by policy and outcome \
-         (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
-         missing_key_allowed, missing_key_rejected, no_peer_address)."
-    );
-    ::metrics::describe_counter!(
-        NEAR_LIMIT,
-        "Allowed rate-limit decisions that left less than the near-limit fraction of the limit."
-    );
+    let counters = [
+        (
+            DECISIONS,
+            "Rate-limit decisions, one per policy per decision, by policy and outcome \
+             (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
+             missing_key_allowed, missing_key_rejected, no_peer_address).",
+        ),
+        (
+            NEAR_LIMIT,
+            "Allowed rate-limit decisions that left less than the near-limit fraction of the limit.",
+        ),
+        (
+            SETTLEMENTS,
+            "Settlements of costs known after the response, one per limit, by policy and outcome \
+             (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
+             error, invalid).",
+        ),
+        (
+            CONFIG_RELOADS,
+            "Reloads of the rate-limit configuration, by outcome (loaded, failed).",
+        ),
+    ];
+    for (name, help) in counters {
+        ::metrics::describe_counter!(name, help);
+    }
     ::metrics::describe_histogram!(
         STORE_CALL_DURATION,
         ::metrics::Unit::Seconds,
         "Duration of each call from a rate limiter to its store, by outcome (ok, error)."
-    );
-    ::metrics::describe_counter!(
-        SETTLEMENTS,
-        "Settlements of costs known after the response, one per limit, by policy and outcome \
-         (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
-         error, invalid)."
-    );
-    ::metrics::describe_counter!(
-        CONFIG_RELOADS,
-        "Reloads of the rate-limit configuration, by outcome (loaded, failed)."
     );
     ratelimit_core::metrics::describe();
 }

@@ -107,18 +107,13 @@ pub struct Stats {
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
     refused_on_error: AtomicU64,
-    missing_key_allowed: AtomicU64,
+    missing_key_allowed: LoggedOnce,
     missing_key_rejected: AtomicU64,
-    no_peer_address: AtomicU64,
-    logged_no_peer: AtomicBool,
-    logged_missing_allowed: AtomicBool,
+    no_peer_address: LoggedOnce,
     settle_failed: AtomicU64,
-    costs_missing: AtomicU64,
-    costs_invalid: AtomicU64,
-    costs_clamped: AtomicU64,
-    logged_cost_missing: AtomicBool,
-    logged_cost_invalid: AtomicBool,
-    logged_cost_clamped: AtomicBool,
+    costs_missing: LoggedOnce,
+    costs_invalid: LoggedOnce,
+    costs_clamped: LoggedOnce,
 }
 
 impl Stats {
@@ -132,10 +127,17 @@ impl Stats {
         self.failed_closed.load(Ordering::Relaxed)
     }
 
+    /// Requests refused because the store answered with an error that is not
+    /// an outage (a configuration mistake, a bug, a full in-memory store),
+    /// whatever the failure policy.
+    pub fn refused_on_error(&self) -> u64 {
+        self.refused_on_error.load(Ordering::Relaxed)
+    }
+
     /// Requests that passed a rule without a key ([`MissingKey::Allow`]):
     /// that rule did not limit them.
     pub fn missing_key_allowed(&self) -> u64 {
-        self.missing_key_allowed.load(Ordering::Relaxed)
+        self.missing_key_allowed.count()
     }
 
     /// Requests refused because a rule found no key ([`MissingKey::Reject`],
@@ -147,14 +149,7 @@ impl Stats {
     /// Requests answered `500` because the server gave no peer address
     /// (see [`NoKey::NoPeerAddress`](crate::NoKey::NoPeerAddress)).
     pub fn no_peer_address(&self) -> u64 {
-        self.no_peer_address.load(Ordering::Relaxed)
-    }
-
-    /// Requests refused because the store answered with an error that is not
-    /// an outage (a configuration mistake, a bug, a full in-memory store),
-    /// whatever the failure policy.
-    pub fn refused_on_error(&self) -> u64 {
-        self.refused_on_error.load(Ordering::Relaxed)
+        self.no_peer_address.count()
     }
 
     /// Settlements the store could not make (an outage, or an error that is
@@ -167,19 +162,19 @@ impl Stats {
     /// Limits whose response named no cost (no header, no extension): they
     /// kept their estimate.
     pub fn costs_missing(&self) -> u64 {
-        self.costs_missing.load(Ordering::Relaxed)
+        self.costs_missing.count()
     }
 
     /// Limits whose response named a cost that is not a whole number (or
     /// sent its header twice): they kept their estimate.
     pub fn costs_invalid(&self) -> u64 {
-        self.costs_invalid.load(Ordering::Relaxed)
+        self.costs_invalid.count()
     }
 
     /// Limits whose response named more than twice the policy's limit: they
     /// were charged twice the limit.
     pub fn costs_clamped(&self) -> u64 {
-        self.costs_clamped.load(Ordering::Relaxed)
+        self.costs_clamped.count()
     }
 
     pub(crate) fn record_settle_failed(&self) {
@@ -189,20 +184,17 @@ impl Stats {
     /// Counts a response without a cost; `true` the first time, to log it
     /// once per layer.
     pub(crate) fn record_cost_missing(&self) -> bool {
-        self.costs_missing.fetch_add(1, Ordering::Relaxed);
-        !self.logged_cost_missing.swap(true, Ordering::Relaxed)
+        self.costs_missing.record()
     }
 
     /// Counts a response with an invalid cost; `true` the first time.
     pub(crate) fn record_cost_invalid(&self) -> bool {
-        self.costs_invalid.fetch_add(1, Ordering::Relaxed);
-        !self.logged_cost_invalid.swap(true, Ordering::Relaxed)
+        self.costs_invalid.record()
     }
 
     /// Counts a response with a cost clamped; `true` the first time.
     pub(crate) fn record_cost_clamped(&self) -> bool {
-        self.costs_clamped.fetch_add(1, Ordering::Relaxed);
-        !self.logged_cost_clamped.swap(true, Ordering::Relaxed)
+        self.costs_clamped.record()
     }
 
     pub(crate) fn record_refused_on_error(&self) {
@@ -221,8 +213,7 @@ impl Stats {
     /// Counts a request without a peer address; `true` the first time, to
     /// log it once per layer.
     pub(crate) fn record_no_peer(&self) -> bool {
-        self.no_peer_address.fetch_add(1, Ordering::Relaxed);
-        !self.logged_no_peer.swap(true, Ordering::Relaxed)
+        self.no_peer_address.record()
     }
 
     /// Counts a request refused for a missing key.
@@ -233,8 +224,27 @@ impl Stats {
     /// Counts a request that passed a rule without a key; `true` the first
     /// time, to log it once per layer.
     pub(crate) fn record_missing_allowed(&self) -> bool {
-        self.missing_key_allowed.fetch_add(1, Ordering::Relaxed);
-        !self.logged_missing_allowed.swap(true, Ordering::Relaxed)
+        self.missing_key_allowed.record()
+    }
+}
+
+/// A count of what a layer logs only the first time it happens: the count,
+/// and whether that first time was logged.
+#[derive(Debug, Default)]
+struct LoggedOnce {
+    count: AtomicU64,
+    logged: AtomicBool,
+}
+
+impl LoggedOnce {
+    /// Counts one; `true` the first time, to log it.
+    fn record(&self) -> bool {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        !self.logged.swap(true, Ordering::Relaxed)
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
     }
 }
 

@@ -7,7 +7,7 @@ use ratelimit_core::Store;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::decide::{Outcome, Settings, decide, decide_at_once};
+use crate::decide::{Outcome, decide, decide_at_once};
 use crate::future::ResponseFuture;
 use crate::layer::RateLimitLayer;
 use crate::responses::reject::Reject;
@@ -79,26 +79,10 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         let config = &*self.config;
-        let settings = || Settings {
-            stats: config.stats.clone(),
-            store: config.store.clone(),
-            mode: config.mode,
-            failure: config.failure.clone(),
-            timeout: config.timeout,
-            near_limit: config.near_limit,
-            recorder: config.recorder.clone(),
-        };
         let outcome = match config.rules.limits_at_once(&req) {
             // Lent, not moved: the limits stay where they were made.
-            Some(mut limits) => decide_at_once(
-                &config.store,
-                config.mode,
-                config.near_limit,
-                &config.recorder,
-                settings,
-                &mut limits,
-            ),
-            None => Err(decide(settings(), config.rules.limits(&req))),
+            Some(mut limits) => decide_at_once(&config.settings, &mut limits),
+            None => Err(decide(config.settings.clone(), config.rules.limits(&req))),
         };
         match outcome {
             // Allowed now, the common case: the request, annotated here, goes
