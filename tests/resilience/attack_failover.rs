@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
+use ratelimit_core::{Check, Decision, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
@@ -109,6 +109,16 @@ impl Call {
     }
 }
 
+/// Tells a load's tasks to stop (`done`) and gathers their calls.
+async fn stop_load<T>(done: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<Vec<T>>>) -> Vec<T> {
+    done.store(true, Ordering::Release);
+    let mut calls = Vec::new();
+    for task in tasks {
+        calls.extend(task.await.expect("a load task panicked"));
+    }
+    calls
+}
+
 /// Every call an outage or a decision, none past the call timeout (and
 /// [`MARGIN`]).
 fn assert_outages_only_and_bounded(calls: &[Call]) {
@@ -185,11 +195,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
             ms(named - frozen)
         );
         tokio::time::sleep(FOLLOW_DEADLINE + Duration::from_millis(500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, named)
     })
     .await;
@@ -316,6 +322,54 @@ where
     }
 }
 
+/// A permit test: its turn, the quorum, the store behind it, and a
+/// semaphore of one whose lease (ten minutes) outlives the test, on `p`.
+struct PermitFailover {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    set: RedisSentinels,
+    store: RedisStore,
+    policy: Policy,
+    /// The state key of `p`.
+    key: String,
+    replica_port: u16,
+}
+
+impl PermitFailover {
+    /// Waits for its turn, then starts the quorum and the store; the
+    /// semaphore is named `name`.
+    async fn start(name: &str) -> Self {
+        let turn = SERIAL.lock().await;
+        let set = start_quorum().await;
+        let store = sentinel_store(&set).await;
+        let policy = named(name, Policy::concurrency(1, Duration::from_secs(600)));
+        let key = store.state_key(b"p", &policy);
+        let replica_port = set.replica().port();
+        PermitFailover {
+            _turn: turn,
+            set,
+            store,
+            policy,
+            key,
+            replica_port,
+        }
+    }
+
+    /// Takes the permit on the master, then stops the master once the
+    /// replica holds the permit; the permit.
+    async fn permit_then_master_stopped(&mut self) -> PermitId {
+        let first = warm_up("the master answers", || {
+            self.store.check(b"p", &self.policy, 1)
+        })
+        .await;
+        assert!(first.is_allowed(), "the first permit: {first:?}");
+        let permit = first
+            .permit()
+            .expect("an admitted check carries its permit");
+        stop_master_once_replicated(&mut self.set, &self.key);
+        permit
+    }
+}
+
 /// A concurrency permit (max 1) taken on the old master and replicated,
 /// the master killed and its replica promoted: the permit still holds on
 /// the promoted replica (the store is no more permissive there) and is
@@ -324,63 +378,56 @@ where
 /// nothing more (not the permit taken since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = named(
-        "permit-failover",
-        Policy::concurrency(1, Duration::from_secs(600)),
-    );
-    let key = store.state_key(b"p", &policy);
-    let replica_port = set.replica().port();
-
+    let mut test = PermitFailover::start("permit-failover").await;
     bounded(async {
-        let first = warm_up("the master answers", || store.check(b"p", &policy, 1)).await;
-        assert!(first.is_allowed(), "the first permit: {first:?}");
-        let old = first
-            .permit()
-            .expect("an admitted check carries its permit");
-        // The replica holds the permit before the master dies.
-        stop_master_once_replicated(&mut set, &key);
-        let named = until_named(&set, replica_port);
+        let old = test.permit_then_master_stopped().await;
+        let named = until_named(&test.set, test.replica_port);
 
-        let held = decided_after(named, || store.check(b"p", &policy, 1)).await;
+        let held = decided_after(named, || test.store.check(b"p", &test.policy, 1)).await;
         let held = held.expect("a decision on the promoted replica");
         assert!(
             !held.is_allowed() && held.permit().is_none(),
             "the permit taken on the old master no longer held: {held:?}"
         );
         assert_eq!(
-            store.sentinel_master(),
-            Some(format!("127.0.0.1:{replica_port}"))
+            test.store.sentinel_master(),
+            Some(format!("127.0.0.1:{}", test.replica_port))
         );
 
-        let renewed = store.renew(b"p", &policy, old).await;
+        let renewed = test.store.renew(b"p", &test.policy, old).await;
         assert!(
             matches!(renewed, Ok(true)),
             "the permit taken on the old master renewed on the new one: {renewed:?}"
         );
-        store
-            .release(b"p", &policy, old)
+        test.store
+            .release(b"p", &test.policy, old)
             .await
             .expect("the release of the old master's permit");
-        let renewed = store.renew(b"p", &policy, old).await;
+        let renewed = test.store.renew(b"p", &test.policy, old).await;
         assert!(
             matches!(renewed, Ok(false)),
             "a renewal brought a released permit back: {renewed:?}"
         );
-        let second = store.check(b"p", &policy, 1).await.expect("a decision");
+        let second = test
+            .store
+            .check(b"p", &test.policy, 1)
+            .await
+            .expect("a decision");
         assert!(
             second.is_allowed() && second.permit().is_some(),
             "the release on the new master freed nothing: {second:?}"
         );
 
         // The release again, as after a lost reply: nothing more is freed.
-        store
-            .release(b"p", &policy, old)
+        test.store
+            .release(b"p", &test.policy, old)
             .await
             .expect("the release sent again");
-        let third = store.check(b"p", &policy, 1).await.expect("a decision");
+        let third = test
+            .store
+            .check(b"p", &test.policy, 1)
+            .await
+            .expect("a decision");
         assert!(
             !third.is_allowed() && third.permit().is_none(),
             "a release sent again freed the permit taken since: {third:?}"
@@ -388,7 +435,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
         println!(
             "[attack] permit: held across the failover, released once on the promoted replica"
         );
-        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &[]));
+        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(test.set.replica(), &[]));
     })
     .await;
 }
@@ -628,33 +675,20 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
 /// soon after the promotion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_released_during_the_failover_is_free_after_it() {
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = named(
-        "permit-gap",
-        Policy::concurrency(1, Duration::from_secs(600)),
-    );
-    let key = store.state_key(b"p", &policy);
-    let replica_port = set.replica().port();
-
+    let mut test = PermitFailover::start("permit-gap").await;
     bounded(async {
-        let first = warm_up("the master answers", || store.check(b"p", &policy, 1)).await;
-        let permit = first
-            .permit()
-            .expect("an admitted check carries its permit");
-        stop_master_once_replicated(&mut set, &key);
-        let released = store.release(b"p", &policy, permit).await;
+        let permit = test.permit_then_master_stopped().await;
+        let released = test.store.release(b"p", &test.policy, permit).await;
         assert!(
             released.as_ref().is_err_and(StoreError::is_outage),
             "the release while the master is down: {released:?}"
         );
-        let named = until_named(&set, replica_port);
+        let named = until_named(&test.set, test.replica_port);
         // Denied while the permit holds (a denial takes nothing), at most
         // until 3 s after the promotion.
         let mut denied = 0;
         let freed = loop {
-            match store.check(b"p", &policy, 1).await {
+            match test.store.check(b"p", &test.policy, 1).await {
                 Ok(d) if d.is_allowed() => break Some(named.elapsed()),
                 Ok(_) => denied += 1,
                 Err(e) => assert!(e.is_outage(), "a mistake: {e}"),
@@ -750,11 +784,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
         paused.store(false, Ordering::Release);
         let named = until_named(&set, replica_port);
         tokio::time::sleep(FOLLOW_DEADLINE + Duration::from_millis(500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, killed, named)
     })
     .await;
@@ -878,11 +908,7 @@ async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
         });
         let named = until_named(&set, replica_port);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, named)
     })
     .await;
