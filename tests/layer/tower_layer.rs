@@ -550,8 +550,7 @@ async fn a_custom_rejection_replaces_the_default() {
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_times_out_into_the_failure_policy() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    // A store that never answers: every call in flight for ever.
-    let hanging = Faulty::slow(MemoryStore::new(), |_| Some(Duration::MAX));
+    let hanging = Faulty::hanging();
     let mut service = RateLimitLayer::new(hanging, per_ten_seconds(1), GlobalKey::default())
         // Shorter than the 50 ms the test's mock waits for a request.
         .timeout(Duration::from_millis(20))

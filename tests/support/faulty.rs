@@ -148,6 +148,12 @@ impl Faulty<MemoryStore> {
         Faulty::new(MemoryStore::new(), |_| Some(refused()))
     }
 
+    /// A store that never answers: every call stays in flight (its answer
+    /// waits longer than any test).
+    pub fn hanging() -> Self {
+        Faulty::slow(MemoryStore::new(), |_| Some(Duration::MAX))
+    }
+
     /// A `MemoryStore` whose every call is [`refused`] while `down` is set.
     pub fn refused_while(down: Arc<AtomicBool>) -> Self {
         Faulty::new(MemoryStore::new(), move |_| {
