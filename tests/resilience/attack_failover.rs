@@ -322,29 +322,28 @@ where
     }
 }
 
-/// A permit test: its turn, the quorum, the store behind it, and a
-/// semaphore of one whose lease (ten minutes) outlives the test, on `p`.
-struct PermitFailover {
+/// A failover test's start: its turn (held for the whole test), the
+/// quorum, the store behind it, the policy under test and the state key of
+/// the one key its requests check.
+struct Failover {
     _turn: tokio::sync::MutexGuard<'static, ()>,
     set: RedisSentinels,
     store: RedisStore,
     policy: Policy,
-    /// The state key of `p`.
     key: String,
     replica_port: u16,
 }
 
-impl PermitFailover {
-    /// Waits for its turn, then starts the quorum and the store; the
-    /// semaphore is named `name`.
-    async fn start(name: &str) -> Self {
+impl Failover {
+    /// Waits for its turn, then starts the quorum and the store; requests
+    /// check `key` under `policy`.
+    async fn start(policy: Policy, key: &[u8]) -> Self {
         let turn = SERIAL.lock().await;
         let set = start_quorum().await;
         let store = sentinel_store(&set).await;
-        let policy = named(name, Policy::concurrency(1, Duration::from_secs(600)));
-        let key = store.state_key(b"p", &policy);
+        let key = store.state_key(key, &policy);
         let replica_port = set.replica().port();
-        PermitFailover {
+        Failover {
             _turn: turn,
             set,
             store,
@@ -354,13 +353,61 @@ impl PermitFailover {
         }
     }
 
+    /// Checks `key` under the policy, at a cost of 1.
+    fn check(&self, key: &[u8]) -> <RedisStore as Store>::CheckFuture {
+        self.store.check(key, &self.policy, 1)
+    }
+
+    /// Releases `permit` of `key` under the policy.
+    fn release(&self, key: &[u8], permit: PermitId) -> <RedisStore as Store>::ReleaseFuture {
+        self.store.release(key, &self.policy, permit)
+    }
+
+    /// A permit test: `p` under a semaphore of one named `name`, whose
+    /// lease (ten minutes) outlives the test.
+    async fn of_permits(name: &str) -> Self {
+        let policy = named(name, Policy::concurrency(1, Duration::from_secs(600)));
+        Failover::start(policy, b"p").await
+    }
+
+    /// Admits `n` checks of `k` once the master answers (each must be
+    /// allowed), and waits (on a runtime worker given up for it) until the
+    /// replica counts them.
+    async fn admit_replicated(&self, n: u64) {
+        warm_up("the master answers", || self.store.ping()).await;
+        for _ in 0..n {
+            let d = self.check(b"k").await;
+            assert!(d.expect("a decision").is_allowed());
+        }
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            while count_on(self.set.replica(), &self.key) != n {
+                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+    }
+
+    /// Checks `k` on the promoted replica, which a sentinel named at
+    /// `named`, until a check is denied: the admissions, at most `limit`.
+    async fn admitted_after(&self, named: Instant, limit: u64) -> u64 {
+        let mut admitted = 0;
+        loop {
+            let d = decided_after(named, || self.check(b"k"))
+                .await
+                .expect("a decision on the promoted replica");
+            if !d.is_allowed() {
+                return admitted;
+            }
+            admitted += 1;
+            assert!(admitted <= limit, "admitted past the limit of {limit}");
+        }
+    }
+
     /// Takes the permit on the master, then stops the master once the
     /// replica holds the permit; the permit.
     async fn permit_then_master_stopped(&mut self) -> PermitId {
-        let first = warm_up("the master answers", || {
-            self.store.check(b"p", &self.policy, 1)
-        })
-        .await;
+        let first = warm_up("the master answers", || self.check(b"p")).await;
         assert!(first.is_allowed(), "the first permit: {first:?}");
         let permit = first
             .permit()
@@ -378,12 +425,12 @@ impl PermitFailover {
 /// nothing more (not the permit taken since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
-    let mut test = PermitFailover::start("permit-failover").await;
+    let mut test = Failover::of_permits("permit-failover").await;
     bounded(async {
         let old = test.permit_then_master_stopped().await;
         let named = until_named(&test.set, test.replica_port);
 
-        let held = decided_after(named, || test.store.check(b"p", &test.policy, 1)).await;
+        let held = decided_after(named, || test.check(b"p")).await;
         let held = held.expect("a decision on the promoted replica");
         assert!(
             !held.is_allowed() && held.permit().is_none(),
@@ -399,8 +446,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
             matches!(renewed, Ok(true)),
             "the permit taken on the old master renewed on the new one: {renewed:?}"
         );
-        test.store
-            .release(b"p", &test.policy, old)
+        test.release(b"p", old)
             .await
             .expect("the release of the old master's permit");
         let renewed = test.store.renew(b"p", &test.policy, old).await;
@@ -408,26 +454,17 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
             matches!(renewed, Ok(false)),
             "a renewal brought a released permit back: {renewed:?}"
         );
-        let second = test
-            .store
-            .check(b"p", &test.policy, 1)
-            .await
-            .expect("a decision");
+        let second = test.check(b"p").await.expect("a decision");
         assert!(
             second.is_allowed() && second.permit().is_some(),
             "the release on the new master freed nothing: {second:?}"
         );
 
         // The release again, as after a lost reply: nothing more is freed.
-        test.store
-            .release(b"p", &test.policy, old)
+        test.release(b"p", old)
             .await
             .expect("the release sent again");
-        let third = test
-            .store
-            .check(b"p", &test.policy, 1)
-            .await
-            .expect("a decision");
+        let third = test.check(b"p").await.expect("a decision");
         assert!(
             !third.is_allowed() && third.permit().is_none(),
             "a release sent again freed the permit taken since: {third:?}"
@@ -454,33 +491,19 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
     const LIMIT: u64 = 20;
     const BEFORE: u64 = 5;
     const UNREPLICATED: u64 = 5;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("lagging", LIMIT);
-    let key = store.state_key(b"k", &policy);
-    let replica_port = set.replica().port();
+    let mut test = Failover::start(counting_policy("lagging", LIMIT), b"k").await;
 
     bounded(async {
-        warm_up("the master answers", || store.ping()).await;
-        for _ in 0..BEFORE {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
-            assert!(d.is_allowed());
-        }
-        let start = Instant::now();
-        let mut frozen = start;
+        test.admit_replicated(BEFORE).await;
+        let mut frozen = Instant::now();
         tokio::task::block_in_place(|| {
-            while count_on(set.replica(), &key) != BEFORE {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.replica().freeze();
+            test.set.replica().freeze();
             frozen = Instant::now();
             // In pieces of 4 MB: one write of 48 MB would hold the master
             // longer than the sentinels' down-after, and they might start a
             // failover of their own before the test's.
             for _ in 0..12 {
-                let piece = set.master().cli(&[
+                let piece = test.set.master().cli(&[
                     "EVAL",
                     "redis.call('APPEND', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1",
                     "1",
@@ -491,32 +514,20 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             }
         });
         for _ in 0..UNREPLICATED {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
+            let d = test.check(b"k").await.expect("a decision");
             assert!(d.is_allowed());
         }
         let thawed = tokio::task::block_in_place(|| {
-            set.master_mut().stop();
-            set.replica().thaw();
+            test.set.master_mut().stop();
+            test.set.replica().thaw();
             frozen.elapsed()
         });
-        let named = until_named(&set, replica_port);
+        let named = until_named(&test.set, test.replica_port);
         // Read before the store writes there: nothing calls it meanwhile.
-        let kept = tokio::task::block_in_place(|| count_on(set.replica(), &key));
+        let kept = tokio::task::block_in_place(|| count_on(test.set.replica(), &test.key));
         let lost = BEFORE + UNREPLICATED - kept;
 
-        let mut admitted = 0;
-        let mut calls = 0;
-        loop {
-            calls += 1;
-            assert!(calls <= 200, "never denied");
-            let d = decided_after(named, || store.check(b"k", &policy, 1))
-                .await
-                .expect("a decision on the promoted replica");
-            if !d.is_allowed() {
-                break;
-            }
-            admitted += 1;
-        }
+        let admitted = test.admitted_after(named, LIMIT).await;
         println!(
             "[attack] lagging replica (frozen {}): old master admitted {}, the promoted \
              replica kept {kept} ({lost} lost), then admitted {admitted} of {LIMIT}",
@@ -533,11 +544,13 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             "the admissions whose replication waited behind the ballast"
         );
         assert_eq!(
-            count_on(set.replica(), &key),
+            count_on(test.set.replica(), &test.key),
             LIMIT,
             "the promoted replica counts every admission made on it"
         );
-        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &["lag-ballast"]));
+        tokio::task::block_in_place(|| {
+            assert_every_key_has_a_ttl(test.set.replica(), &["lag-ballast"])
+        });
     })
     .await;
 }
@@ -581,61 +594,38 @@ fn break_connections(node: &RedisServer) {
 async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
     const LIMIT: u64 = 10;
     const BEFORE: u64 = 4;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("stale-sentinel", LIMIT);
-    let key = store.state_key(b"k", &policy);
-    let (old_port, replica_port) = (set.master().port(), set.replica().port());
+    let mut test = Failover::start(counting_policy("stale-sentinel", LIMIT), b"k").await;
+    let old_port = test.set.master().port();
 
     tokio::time::timeout(Duration::from_secs(50), async {
-        warm_up("the master answers", || store.ping()).await;
-        for _ in 0..BEFORE {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
-            assert!(d.is_allowed());
-        }
-        let start = Instant::now();
+        test.admit_replicated(BEFORE).await;
         tokio::task::block_in_place(|| {
-            while count_on(set.replica(), &key) != BEFORE {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.sentinel_mut(2).stop();
-            set.master().freeze();
+            test.set.sentinel_mut(2).stop();
+            test.set.master().freeze();
         });
-        let named = until_named(&set, replica_port);
-        let mut admitted = 0;
-        loop {
-            let d = decided_after(named, || store.check(b"k", &policy, 1))
-                .await
-                .expect("a decision on the promoted replica");
-            if !d.is_allowed() {
-                break;
-            }
-            admitted += 1;
-            assert!(admitted <= LIMIT, "admitted past the limit");
-        }
+        let named = until_named(&test.set, test.replica_port);
+        let admitted = test.admitted_after(named, LIMIT).await;
         assert_eq!(admitted, LIMIT - BEFORE, "on the promoted replica");
         // Past what the store remembers of the failover (15 s).
         tokio::time::sleep_until((named + Duration::from_secs(16)).into()).await;
         tokio::task::block_in_place(|| {
-            set.sentinel_mut(0).stop();
-            set.sentinel_mut(1).stop();
-            set.master().thaw();
-            set.sentinel_mut(2).restart();
+            test.set.sentinel_mut(0).stop();
+            test.set.sentinel_mut(1).stop();
+            test.set.master().thaw();
+            test.set.sentinel_mut(2).restart();
         });
         let back = Instant::now();
         let mut masters = Vec::new();
         let (mut over, mut calls, mut stale) = (0, 0, 0);
         while back.elapsed() < Duration::from_secs(1) {
             let names = tokio::task::block_in_place(|| {
-                break_connections(set.replica());
-                set.named_master_port()
+                break_connections(test.set.replica());
+                test.set.named_master_port()
             });
             if names == Some(old_port) {
                 stale += 1;
             }
-            let result = store.check(b"k", &policy, 1).await;
+            let result = test.check(b"k").await;
             calls += 1;
             assert!(
                 result.as_ref().is_ok() || result.as_ref().is_err_and(StoreError::is_outage),
@@ -644,7 +634,7 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
             if result.as_ref().is_ok_and(Decision::is_allowed) {
                 over += 1;
             }
-            if let Some(master) = store.sentinel_master()
+            if let Some(master) = test.store.sentinel_master()
                 && !masters.contains(&master)
             {
                 masters.push(master);
@@ -658,7 +648,7 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
         assert!(stale > 0, "the sentinel never named the old master");
         assert_eq!(
             masters,
-            vec![format!("127.0.0.1:{replica_port}")],
+            vec![format!("127.0.0.1:{}", test.replica_port)],
             "the store followed a sentinel that missed the failover"
         );
         assert_eq!(over, 0, "admitted past the limit on the old master");
@@ -675,10 +665,10 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
 /// soon after the promotion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_released_during_the_failover_is_free_after_it() {
-    let mut test = PermitFailover::start("permit-gap").await;
+    let mut test = Failover::of_permits("permit-gap").await;
     bounded(async {
         let permit = test.permit_then_master_stopped().await;
-        let released = test.store.release(b"p", &test.policy, permit).await;
+        let released = test.release(b"p", permit).await;
         assert!(
             released.as_ref().is_err_and(StoreError::is_outage),
             "the release while the master is down: {released:?}"
@@ -688,7 +678,7 @@ async fn a_permit_released_during_the_failover_is_free_after_it() {
         // until 3 s after the promotion.
         let mut denied = 0;
         let freed = loop {
-            match test.store.check(b"p", &test.policy, 1).await {
+            match test.check(b"p").await {
                 Ok(d) if d.is_allowed() => break Some(named.elapsed()),
                 Ok(_) => denied += 1,
                 Err(e) => assert!(e.is_outage(), "a mistake: {e}"),
