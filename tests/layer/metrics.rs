@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
+use ratelimit_core::clock::ManualClock;
 use ratelimit_core::{CircuitBreaker, DeniedCache, FallbackStore, MemoryStore, Policy};
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{
@@ -25,7 +26,7 @@ use ratelimit_tests::metrics::{
 };
 use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::STORE_CALL_DURATION;
-use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer};
+use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt};
 
 /// The key of every request in these tests: it must never show in a label.
@@ -34,9 +35,18 @@ const SECRET_KEY: &str = "alice-secret-key-4242";
 /// How long an example may take to print its first lines.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// [`by_client`] as a key extractor.
+type ClientKey = fn(&Request<String>) -> Option<Vec<u8>>;
+
 /// A fixed window of `limit` an hour named `name`.
 fn policy(name: &str, limit: u64) -> Policy {
     fixed_window(name, limit, Duration::from_secs(3600))
+}
+
+/// A layer keyed by client (`by_client`) on a frozen `MemoryStore`, with
+/// the policy `name` of `limit` an hour.
+fn per_client(name: &str, limit: u64) -> RateLimitLayer<MemoryStore<ManualClock>, Rule<ClientKey>> {
+    RateLimitLayer::new(frozen_memory(), policy(name, limit), by_client)
 }
 
 /// Sends `n` requests from [`SECRET_KEY`] through `service`, one after the
@@ -83,8 +93,7 @@ fn counts(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
 #[test]
 fn allowed_and_denied_decisions_are_counted_by_policy_with_store_call_durations() {
     let (statuses, recorded) = capture(false, || async {
-        let mut service = RateLimitLayer::new(frozen_memory(), policy("per-client", 10), by_client)
-            .layer(ok_service());
+        let mut service = per_client("per-client", 10).layer(ok_service());
         send_n(&mut service, 13).await
     });
     assert_eq!(counts(&statuses), [(200, 10), (429, 3)].into());
@@ -111,13 +120,9 @@ fn allowed_and_denied_decisions_are_counted_by_policy_with_store_call_durations(
 #[test]
 fn the_near_limit_fraction_is_configurable() {
     let (_, recorded) = capture(false, || async {
-        let mut half = RateLimitLayer::new(frozen_memory(), policy("half", 10), by_client)
-            .near_limit(0.5)
-            .layer(ok_service());
+        let mut half = per_client("half", 10).near_limit(0.5).layer(ok_service());
         send_n(&mut half, 12).await;
-        let mut never = RateLimitLayer::new(frozen_memory(), policy("never", 10), by_client)
-            .near_limit(0.0)
-            .layer(ok_service());
+        let mut never = per_client("never", 10).near_limit(0.0).layer(ok_service());
         send_n(&mut never, 12).await;
     });
     // Remaining 4, 3, 2, 1 and 0 are under half of 10; denials never count.
@@ -281,11 +286,8 @@ fn denials_answered_by_the_denied_cache_are_counted_as_cached_denied() {
 #[test]
 fn shadow_denials_are_counted_apart_from_enforced_ones() {
     let (statuses, recorded) = capture(false, || async {
-        let mut service = RateLimitLayer::new(frozen_memory(), policy("enforced", 3), by_client)
-            .and(ratelimit_tower::Rule::new(
-                policy("trial", 1).with_shadow(true),
-                by_client,
-            ))
+        let mut service = per_client("enforced", 3)
+            .and(Rule::new(policy("trial", 1).with_shadow(true), by_client))
             .layer(ok_service());
         send_n(&mut service, 5).await
     });
@@ -304,8 +306,8 @@ fn shadow_denials_are_counted_apart_from_enforced_ones() {
 #[test]
 fn a_policy_that_allowed_while_another_denied_counts_not_consumed() {
     let (statuses, recorded) = capture(false, || async {
-        let mut service = RateLimitLayer::new(frozen_memory(), policy("wide", 10), by_client)
-            .and(ratelimit_tower::Rule::new(policy("narrow", 2), by_client))
+        let mut service = per_client("wide", 10)
+            .and(Rule::new(policy("narrow", 2), by_client))
             .layer(ok_service());
         send_n(&mut service, 5).await
     });
@@ -370,8 +372,7 @@ fn missing_keys_and_missing_peers_are_counted_under_their_policy() {
 fn describe_gives_help_and_units() {
     let ((), recorded) = capture(false, || async {
         ratelimit_tower::metrics::describe();
-        let mut service = RateLimitLayer::new(frozen_memory(), policy("described", 1), by_client)
-            .layer(ok_service());
+        let mut service = per_client("described", 1).layer(ok_service());
         send_n(&mut service, 2).await;
     });
     assert_eq!(recorded.described.get(DECISIONS), Some(&None));

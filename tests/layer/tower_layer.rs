@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::{ManualClock, TokioClock};
-use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
+use ratelimit_core::{MemoryStore, Policy, StoreError};
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
 use ratelimit_tests::named;
@@ -547,37 +547,11 @@ async fn a_custom_rejection_replaces_the_default() {
     assert!(r.body().starts_with("slow down: rate limit exceeded"));
 }
 
-/// A store that never answers.
-#[derive(Clone)]
-struct HangingStore;
-
-impl Store for HangingStore {
-    type CheckFuture = std::future::Pending<Result<Decision, StoreError>>;
-    type CheckAllFuture = std::future::Pending<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = std::future::Pending<Result<(), StoreError>>;
-    type RenewFuture = std::future::Pending<Result<bool, StoreError>>;
-
-    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
-        std::future::pending()
-    }
-
-    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
-        std::future::pending()
-    }
-
-    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
-        std::future::pending()
-    }
-
-    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
-        std::future::pending()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_times_out_into_the_failure_policy() {
     let (mock, mut handle): (Mock, Handle) = mock::pair();
-    let mut service = RateLimitLayer::new(HangingStore, per_ten_seconds(1), GlobalKey::default())
+    let hanging = Faulty::hanging();
+    let mut service = RateLimitLayer::new(hanging, per_ten_seconds(1), GlobalKey::default())
         // Shorter than the 50 ms the test's mock waits for a request.
         .timeout(Duration::from_millis(20))
         .on_failure(FailurePolicy::custom(|e: &StoreError| {

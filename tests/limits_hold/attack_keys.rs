@@ -79,6 +79,14 @@ fn redis_keys(server: &RedisServer, pattern: &str) -> Vec<String> {
     keys
 }
 
+/// The state keys under `policy` of the clients the address tests send:
+/// 192.0.2.1, and two IPv6 /64 networks.
+fn client_keys(policy: &str) -> Vec<String> {
+    ["192.0.2.1", "2001:db8:1:2::/64", "2001:db8:1:3::/64"]
+        .map(|client| format!("ratelimit:{policy}:{{{client}}}"))
+        .to_vec()
+}
+
 /// Runs `scenario` on a store on a fresh Redis server, then reads back the
 /// keys it left under `pattern`; returns what `scenario` returned and them.
 async fn on_redis<T, F>(pattern: &str, scenario: impl FnOnce(RedisStore) -> F) -> (T, Vec<String>)
@@ -194,12 +202,8 @@ mod chosen_key_text {
     }
 
     #[tokio::test]
-    async fn an_address_sent_as_an_api_key_is_not_the_address_in_memory() {
+    async fn an_address_sent_as_an_api_key_is_not_the_address_in_memory_and_redis() {
         addresses_as_api_keys(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn an_address_sent_as_an_api_key_is_not_the_address_in_redis() {
         let ((), keys) = on_redis("ratelimit:shared:*", addresses_as_api_keys).await;
         // The two addresses' keys are their texts; the four values are hashes.
         assert!(
@@ -218,12 +222,8 @@ mod chosen_key_text {
     }
 
     #[tokio::test]
-    async fn values_shaped_like_keys_are_budgets_of_their_own_in_memory() {
+    async fn values_shaped_like_keys_are_budgets_of_their_own_in_memory_and_redis() {
         values_shaped_like_keys(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn values_shaped_like_keys_are_budgets_of_their_own_in_redis() {
         let (hostile, keys) = on_redis("*", values_shaped_like_keys).await;
         // One hashed key per value, the victim's included, and no value (nor
         // any part of the victim's) in Redis.
@@ -283,12 +283,8 @@ mod joined_keys {
     }
 
     #[tokio::test]
-    async fn composite_parts_never_shift_in_memory() {
+    async fn composite_parts_never_shift_in_memory_and_redis() {
         composite(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn composite_parts_never_shift_in_redis() {
         let ((), keys) = on_redis("ratelimit:pair:*", composite).await;
         assert_eq!(keys.len(), SPLITS.len());
     }
@@ -415,21 +411,10 @@ mod addresses {
     }
 
     #[tokio::test]
-    async fn a_limiter_keys_an_address_as_the_layer_does_in_memory() {
+    async fn a_limiter_keys_an_address_as_the_layer_does_in_memory_and_redis() {
         limiter_keys_addresses_as_the_layer(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn a_limiter_keys_an_address_as_the_layer_does_in_redis() {
         let ((), keys) = on_redis("*", limiter_keys_addresses_as_the_layer).await;
-        assert_eq!(
-            keys,
-            [
-                "ratelimit:logins-per-client:{192.0.2.1}",
-                "ratelimit:logins-per-client:{2001:db8:1:2::/64}",
-                "ratelimit:logins-per-client:{2001:db8:1:3::/64}",
-            ]
-        );
+        assert_eq!(keys, client_keys("logins-per-client"));
     }
 
     /// Through `PeerIp` and a trusted proxy's `X-Forwarded-For`, the mapped
@@ -469,21 +454,10 @@ mod addresses {
     }
 
     #[tokio::test]
-    async fn one_client_one_budget_however_its_address_is_written_in_memory() {
+    async fn one_client_one_budget_however_its_address_is_written_in_memory_and_redis() {
         one_client_one_budget(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn one_client_one_budget_however_its_address_is_written_in_redis() {
         let ((), keys) = on_redis("ratelimit:per-client:*", one_client_one_budget).await;
-        assert_eq!(
-            keys,
-            [
-                "ratelimit:per-client:{192.0.2.1}",
-                "ratelimit:per-client:{2001:db8:1:2::/64}",
-                "ratelimit:per-client:{2001:db8:1:3::/64}",
-            ]
-        );
+        assert_eq!(keys, client_keys("per-client"));
     }
 }
 
@@ -526,12 +500,8 @@ mod one_value {
     }
 
     #[tokio::test]
-    async fn in_memory() {
+    async fn in_memory_and_redis() {
         every_other_path(MemoryStore::new()).await;
-    }
-
-    #[tokio::test]
-    async fn in_redis() {
         let (state_key, keys) = on_redis("*", |store: RedisStore| async move {
             every_other_path(store.clone()).await;
             store.state_key(

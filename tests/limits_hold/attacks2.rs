@@ -409,10 +409,8 @@ fn tightened_large_buckets_never_over_admit() {
 fn racing_threads_over_expiring_keys_hold_exactly_max_keys() {
     use ratelimit_core::clock::ManualClock;
     let clock = ManualClock::new(1_000_000);
-    let store = MemoryStore::builder()
-        .max_keys(50)
-        .clock(clock.clone())
-        .build();
+    // 64 shards, as the builder has by default.
+    let store = ratelimit_tests::fixtures::bounded_memory(50, 64, &clock);
     let short = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
     // 50 keys that expire in 1 s.
     for i in 0..50 {

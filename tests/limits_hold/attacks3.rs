@@ -166,68 +166,24 @@ async fn a_redis_that_evicts_keys_never_hands_a_limited_key_a_fresh_budget() {
 }
 
 mod cancelled_with_a_shadow_policy {
-    use std::future::Future;
-    use std::pin::Pin;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     use http::Request;
-    use ratelimit_core::{
-        Check, Decision, MemoryStore, PermitId, Policy, RefundFuture, Store, StoreError,
-    };
+    use ratelimit_core::{MemoryStore, Policy};
+    use ratelimit_tests::faulty::{Call, Faulty};
     use ratelimit_tests::named;
     use ratelimit_tower::{GlobalKey, RateLimitLayer, Rule};
     use tower::{ServiceBuilder, ServiceExt};
 
-    type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
     /// A `MemoryStore` whose shadow checks take as long as a slow store's
     /// (a Redis call still in flight) while `slow` is set.
-    #[derive(Clone)]
-    struct SlowShadow {
-        inner: MemoryStore,
-        slow: Arc<AtomicBool>,
-    }
-
-    impl Store for SlowShadow {
-        type CheckFuture = Boxed<Decision>;
-        type CheckAllFuture = Boxed<Vec<Decision>>;
-        type ReleaseFuture = Boxed<()>;
-        type RenewFuture = Boxed<bool>;
-
-        fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-            let answer = self.inner.check(key, policy, cost);
-            if policy.is_shadow() && self.slow.load(Ordering::SeqCst) {
-                return Box::pin(async move {
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    answer.await
-                });
-            }
-            Box::pin(answer)
-        }
-
-        fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-            Box::pin(self.inner.check_all(checks))
-        }
-
-        fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-            Box::pin(self.inner.release(key, policy, permit))
-        }
-
-        fn refund(
-            &self,
-            key: &[u8],
-            policy: &Policy,
-            cost: u64,
-            decision: &Decision,
-        ) -> RefundFuture {
-            self.inner.refund(key, policy, cost, decision)
-        }
-
-        fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-            Box::pin(self.inner.renew(key, policy, permit))
-        }
+    fn slow_shadow(slow: Arc<AtomicBool>) -> Faulty<MemoryStore> {
+        Faulty::slow(MemoryStore::new(), move |call| {
+            let shadow = matches!(call, Call::Check(policy) if policy.is_shadow());
+            (shadow && slow.load(Ordering::SeqCst)).then_some(Duration::from_secs(3600))
+        })
     }
 
     /// RELIABILITY.md, "Concurrency permits": "Dropping the guard (... the
@@ -245,10 +201,7 @@ mod cancelled_with_a_shadow_policy {
     #[tokio::test]
     async fn a_request_cancelled_while_its_shadow_policy_is_asked_releases_its_permit() {
         let slow = Arc::new(AtomicBool::new(true));
-        let store = SlowShadow {
-            inner: MemoryStore::new(),
-            slow: slow.clone(),
-        };
+        let store = slow_shadow(slow.clone());
         let global = named("in-flight", Policy::concurrency(1, Duration::from_secs(60)));
         let trial =
             named("trial", Policy::fixed_window(100, Duration::from_secs(60))).with_shadow(true);

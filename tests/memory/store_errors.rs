@@ -6,7 +6,6 @@
 //! Redis gives are classified in `redis_store.rs`, `redis_acl.rs` and
 //! `resilience.rs`.
 
-use std::future::{Pending, pending};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,8 +14,8 @@ use axum::response::IntoResponse;
 use http::{Request, Response, StatusCode};
 use ratelimit_axum::Limiter;
 use ratelimit_core::{
-    BreakerState, Check, CircuitBreaker, Decision, DecisionSource, DeniedCache, FallbackStore,
-    MemoryStore, PermitId, Policy, Store, StoreError,
+    BreakerState, Check, CircuitBreaker, DecisionSource, DeniedCache, FallbackStore, MemoryStore,
+    Policy, Store, StoreError,
 };
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::fixed_window;
@@ -319,31 +318,20 @@ async fn the_layer_and_the_limiter_both_fail_open_by_default() {
     }
 }
 
-/// A store that never answers.
-#[derive(Clone)]
-struct Silent;
-
-impl Store for Silent {
-    type CheckFuture = Pending<Result<Decision, StoreError>>;
-    type CheckAllFuture = Pending<Result<Vec<Decision>, StoreError>>;
-    type ReleaseFuture = Pending<Result<(), StoreError>>;
-    type RenewFuture = Pending<Result<bool, StoreError>>;
-
-    fn check(&self, _: &[u8], _: &Policy, _: u64) -> Self::CheckFuture {
-        pending()
-    }
-
-    fn check_all(&self, _: &[Check<'_>]) -> Self::CheckAllFuture {
-        pending()
-    }
-
-    fn release(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::ReleaseFuture {
-        pending()
-    }
-
-    fn renew(&self, _: &[u8], _: &Policy, _: PermitId) -> Self::RenewFuture {
-        pending()
-    }
+/// A `FallbackStore` (two instances) over a primary that never answers,
+/// and its breaker: three failures open it for an hour.
+fn hanging_behind_fallback() -> (
+    FallbackStore<Faulty<MemoryStore>, MemoryStore>,
+    Arc<CircuitBreaker>,
+) {
+    let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
+    let store = FallbackStore::new(
+        Faulty::hanging(),
+        MemoryStore::new(),
+        2,
+        Arc::clone(&breaker),
+    );
+    (store, breaker)
 }
 
 /// Clients that go away (a disconnect, an HTTP/2 reset)
@@ -351,8 +339,7 @@ impl Store for Silent {
 /// everyone.
 #[tokio::test(start_paused = true)]
 async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
-    let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
-    let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
+    let (store, breaker) = hanging_behind_fallback();
     let inner = ok_service();
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default()).layer(inner);
     for _ in 0..10 {
@@ -373,8 +360,7 @@ async fn requests_dropped_by_their_clients_do_not_open_the_breaker() {
 /// slow-call time is a failure.
 #[tokio::test]
 async fn calls_the_layer_times_out_open_the_breaker() {
-    let breaker = Arc::new(CircuitBreaker::new(3, Duration::from_secs(3600)));
-    let store = FallbackStore::new(Silent, MemoryStore::new(), 2, Arc::clone(&breaker));
+    let (store, breaker) = hanging_behind_fallback();
     let inner = ok_service();
     let service = RateLimitLayer::new(store, policy(), GlobalKey::default())
         .on_failure(FailurePolicy::Closed)

@@ -463,12 +463,8 @@ async fn denied_cache_forgets<S: AdminStore>(store: S) {
 }
 
 #[tokio::test]
-async fn denied_cache_on_memory_forgets_on_reset_reward_and_unblock() {
+async fn denied_cache_on_memory_and_redis_forgets_on_reset_reward_and_unblock() {
     denied_cache_forgets(MemoryStore::new()).await;
-}
-
-#[tokio::test]
-async fn denied_cache_on_redis_forgets_on_reset_reward_and_unblock() {
     let server = RedisServer::start();
     denied_cache_forgets(redis_store(server.url()).await).await;
 }

@@ -410,6 +410,45 @@ impl Tally {
     }
 }
 
+/// A store, a policy and the keys a load's tasks check under it, with what
+/// each key admitted: each task holds a clone.
+#[derive(Clone)]
+struct CountedKeys {
+    store: RedisStore,
+    policy: Policy,
+    keys: Arc<[String]>,
+    admitted: Arc<[AtomicU64]>,
+}
+
+impl CountedKeys {
+    /// `keys` under `policy` on `store`, none admitted yet.
+    fn new(store: &RedisStore, policy: &Policy, keys: Vec<String>) -> Self {
+        CountedKeys {
+            store: store.clone(),
+            policy: policy.clone(),
+            admitted: keys.iter().map(|_| AtomicU64::new(0)).collect(),
+            keys: keys.into(),
+        }
+    }
+
+    /// Checks the key at `k` once, counting it admitted when allowed.
+    async fn check(&self, k: usize) -> Result<Decision, StoreError> {
+        let decision = self
+            .store
+            .check(self.keys[k].as_bytes(), &self.policy, 1)
+            .await?;
+        if decision.is_allowed() {
+            self.admitted[k].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+
+    /// What the key at `k` admitted.
+    fn admitted(&self, k: usize) -> u64 {
+        self.admitted[k].load(Ordering::Relaxed)
+    }
+}
+
 /// A store on `cluster`, built on `serving` (the runtime that lives on),
 /// whose calls time out after 3 s.
 fn cluster_store_on(serving: &tokio::runtime::Runtime, cluster: &RedisCluster) -> RedisStore {
@@ -863,36 +902,22 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
     };
     let hung = of_master(0, 24);
     let healthy = of_master(1, 12);
-    let users: Vec<(String, bool)> = hung
-        .iter()
-        .map(|u| (u.clone(), true))
-        .chain(healthy.iter().map(|u| (u.clone(), false)))
-        .collect();
-    let admitted: Arc<Vec<AtomicU64>> = Arc::new(users.iter().map(|_| AtomicU64::new(0)).collect());
+    // The users before `on_hung` are on the master that hangs.
+    let on_hung = hung.len();
+    let load = CountedKeys::new(&store, &policy, [hung, healthy].concat());
     let round = |seed: u64, calls: usize| {
         let tasks: Vec<_> = (0..16u64)
             .map(|task| {
-                let (store, policy, users, admitted) = (
-                    store.clone(),
-                    policy.clone(),
-                    users.clone(),
-                    admitted.clone(),
-                );
+                let load = load.clone();
                 tokio::spawn(async move {
                     let mut rng = Rng(seed * 100 + task + 1);
                     let mut outages = 0;
                     for _ in 0..calls {
-                        let u = rng.index(users.len());
-                        match store.check(users[u].0.as_bytes(), &policy, 1).await {
-                            Ok(d) if d.is_allowed() => {
-                                admitted[u].fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                assert!(users[u].1, "{} failed: {e}", users[u].0);
-                                assert!(e.is_outage(), "{e}");
-                                outages += 1;
-                            }
+                        let u = rng.index(load.keys.len());
+                        if let Err(e) = load.check(u).await {
+                            assert!(u < on_hung, "{} failed: {e}", load.keys[u]);
+                            assert!(e.is_outage(), "{e}");
+                            outages += 1;
                         }
                     }
                     outages
@@ -923,16 +948,11 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
     // The store follows the promotion within a few seconds: then every user
     // is checked to the end.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    for (u, (user, _)) in users.iter().enumerate() {
+    for (u, user) in load.keys.iter().enumerate() {
         let mut checked = 0;
         while checked < limit + 2 {
-            match store.check(user.as_bytes(), &policy, 1).await {
-                Ok(d) => {
-                    checked += 1;
-                    if d.is_allowed() {
-                        admitted[u].fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+            match load.check(u).await {
+                Ok(_) => checked += 1,
                 Err(e) => {
                     assert!(e.is_outage(), "{e}");
                     assert!(std::time::Instant::now() < deadline, "{user}: {e}");
@@ -941,8 +961,8 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
         }
     }
     cluster.nodes()[0].thaw();
-    for (u, (user, _)) in users.iter().enumerate() {
-        assert_eq!(admitted[u].load(Ordering::Relaxed), limit, "{user}");
+    for (u, user) in load.keys.iter().enumerate() {
+        assert_eq!(load.admitted(u), limit, "{user}");
     }
 }
 
@@ -1013,47 +1033,28 @@ fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
     let store = cluster_store_on(&serving, &cluster);
     let limit = 3;
     let policy = fixed_window("shared-runtimes", limit, HOUR);
-    let keys: Vec<String> = (0..48).map(|i| format!("shared-{i}")).collect();
-    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let keys = (0..48).map(|i| format!("shared-{i}")).collect();
+    let load = CountedKeys::new(&store, &policy, keys);
     let doomed = runtime(1);
     for task in 0..24u64 {
-        let (store, policy, keys, admitted) = (
-            store.clone(),
-            policy.clone(),
-            keys.clone(),
-            admitted.clone(),
-        );
+        let load = load.clone();
         doomed.spawn(async move {
             let mut rng = Rng(task + 101);
             for _ in 0..10_000 {
-                let k = rng.index(keys.len());
-                if let Ok(d) = store.check(keys[k].as_bytes(), &policy, 1).await
-                    && d.is_allowed()
-                {
-                    admitted[k].fetch_add(1, Ordering::Relaxed);
-                }
+                // An error here is the runtime going down under the call.
+                let _ = load.check(rng.index(load.keys.len())).await;
             }
         });
     }
     let callers: Vec<_> = (0..24u64)
         .map(|task| {
-            let (store, policy, keys, admitted) = (
-                store.clone(),
-                policy.clone(),
-                keys.clone(),
-                admitted.clone(),
-            );
+            let load = load.clone();
             serving.spawn(async move {
                 let mut rng = Rng(task + 1);
                 let mut failed = Vec::new();
                 for _ in 0..300 {
-                    let k = rng.index(keys.len());
-                    match store.check(keys[k].as_bytes(), &policy, 1).await {
-                        Ok(d) if d.is_allowed() => {
-                            admitted[k].fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(_) => {}
-                        Err(e) => failed.push(e.to_string()),
+                    if let Err(e) = load.check(rng.index(load.keys.len())).await {
+                        failed.push(e.to_string());
                     }
                 }
                 failed
@@ -1063,8 +1064,8 @@ fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
     // Early, while the keys still admit: the pipelines lost with the
     // runtime then carry admissions.
     shut_down_midway(&serving, doomed, callers, ms(20));
-    for (k, key) in keys.iter().enumerate() {
-        let admitted = admitted[k].load(Ordering::Relaxed);
+    for (k, key) in load.keys.iter().enumerate() {
+        let admitted = load.admitted(k);
         assert!(admitted <= limit, "{key} admitted {admitted}");
     }
 }

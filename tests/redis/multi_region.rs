@@ -403,6 +403,23 @@ async fn check_all_is_all_or_nothing_and_other_algorithms_are_refused() {
     assert!(!error.is_outage());
 }
 
+/// The error `store` answers a request of `j` under `other` and of `key`
+/// twice, under the policies and costs of `twice`.
+async fn refused(
+    store: &MultiRegionStore,
+    other: &Policy,
+    key: &[u8],
+    twice: [(&Policy, u64); 2],
+) -> StoreError {
+    let [(a, a_cost), (b, b_cost)] = twice;
+    let checks = [
+        Check::new(b"j", other, 1),
+        Check::new(key, a, a_cost),
+        Check::new(key, b, b_cost),
+    ];
+    store.check_all(&checks).await.expect_err("refused")
+}
+
 /// Two checks of one key under one policy in a request (overlapping
 /// rules) are one check of their summed cost, and both get its decision;
 /// the same name with other numbers twice, or a sum above the limit, is
@@ -435,22 +452,12 @@ async fn duplicate_checks_are_one_check_of_their_summed_cost() {
     assert_eq!(remaining(&second), [(false, 2), (true, 9), (false, 2)]);
 
     let seven = fixed(7);
-    let conflict = [
-        Check::new(b"j", &other, 1),
-        Check::new(b"c", &five, 1),
-        Check::new(b"c", &seven, 1),
-    ];
-    let error = store.check_all(&conflict).await.expect_err("a conflict");
+    let error = refused(store, &other, b"c", [(&five, 1), (&seven, 1)]).await;
     assert!(
         matches!(&error, StoreError::PolicyConflict { policy } if policy == "mr"),
         "{error:?}"
     );
-    let summed = [
-        Check::new(b"j", &other, 1),
-        Check::new(b"s", &five, 3),
-        Check::new(b"s", &five, 3),
-    ];
-    let error = store.check_all(&summed).await.expect_err("too large");
+    let error = refused(store, &other, b"s", [(&five, 3), (&five, 3)]).await;
     assert!(
         matches!(
             error,

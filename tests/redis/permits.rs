@@ -12,6 +12,7 @@
 //!   other limits fail.
 
 use std::collections::HashMap;
+use std::future::{Ready, ready};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,8 +29,6 @@ use ratelimit_tests::{
     NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies, named,
     observable, permits_left, take_permit, twin_stores, twins_at,
 };
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 const HIGH_BIT: u128 = 1 << 127;
 
@@ -66,12 +65,17 @@ impl HighBitPermits {
         peek.expect("the primary decides").remaining()
     }
 
-    fn outage<T: Send + 'static>(&self) -> Option<BoxFuture<T>> {
-        self.down.load(Ordering::SeqCst).then(|| {
-            Box::pin(std::future::ready(Err(StoreError::Unavailable(
+    /// What `answer` returns, or an outage while switched off.
+    fn answer<T>(
+        &self,
+        answer: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Ready<Result<T, StoreError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return ready(Err(StoreError::Unavailable(
                 "switched off by the test".into(),
-            )))) as BoxFuture<T>
-        })
+            )));
+        }
+        ready(answer())
     }
 
     /// The decision with its permit renamed to an id with bit 127 set.
@@ -89,51 +93,40 @@ impl HighBitPermits {
 }
 
 impl Store for HighBitPermits {
-    type CheckFuture = BoxFuture<Decision>;
-    type CheckAllFuture = BoxFuture<Vec<Decision>>;
-    type ReleaseFuture = BoxFuture<()>;
-    type RenewFuture = BoxFuture<bool>;
+    type CheckFuture = Ready<Result<Decision, StoreError>>;
+    type CheckAllFuture = Ready<Result<Vec<Decision>, StoreError>>;
+    type ReleaseFuture = Ready<Result<(), StoreError>>;
+    type RenewFuture = Ready<Result<bool, StoreError>>;
 
     fn check(&self, key: &[u8], policy: &Policy, cost: u64) -> Self::CheckFuture {
-        if let Some(outage) = self.outage() {
-            return outage;
-        }
-        Box::pin(std::future::ready(
-            self.store
-                .check_now(key, policy, cost)
-                .map(|d| self.high(d)),
-        ))
+        self.answer(|| {
+            let decision = self.store.check_now(key, policy, cost)?;
+            Ok(self.high(decision))
+        })
     }
 
     fn check_all(&self, checks: &[Check<'_>]) -> Self::CheckAllFuture {
-        if let Some(outage) = self.outage() {
-            return outage;
-        }
-        let decisions = self
-            .store
-            .check_all_now(checks)
-            .map(|ds| ds.into_iter().map(|d| self.high(d)).collect());
-        Box::pin(std::future::ready(decisions))
+        self.answer(|| {
+            let decisions = self.store.check_all_now(checks)?;
+            Ok(decisions.into_iter().map(|d| self.high(d)).collect())
+        })
     }
 
     fn release(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::ReleaseFuture {
-        if let Some(outage) = self.outage() {
-            return outage;
-        }
-        let inner = self.ids.lock().unwrap().remove(&permit.0);
-        let inner =
-            inner.unwrap_or_else(|| panic!("{permit:?} is not one of this store's permits"));
-        self.store.release_now(key, policy, inner);
-        Box::pin(std::future::ready(Ok(())))
+        self.answer(|| {
+            let inner = self.ids.lock().unwrap().remove(&permit.0);
+            let inner =
+                inner.unwrap_or_else(|| panic!("{permit:?} is not one of this store's permits"));
+            self.store.release_now(key, policy, inner);
+            Ok(())
+        })
     }
 
     fn renew(&self, key: &[u8], policy: &Policy, permit: PermitId) -> Self::RenewFuture {
-        if let Some(outage) = self.outage() {
-            return outage;
-        }
-        let inner = self.ids.lock().unwrap().get(&permit.0).copied();
-        let held = inner.is_some_and(|inner| self.store.renew_now(key, policy, inner));
-        Box::pin(std::future::ready(Ok(held)))
+        self.answer(|| {
+            let inner = self.ids.lock().unwrap().get(&permit.0).copied();
+            Ok(inner.is_some_and(|inner| self.store.renew_now(key, policy, inner)))
+        })
     }
 }
 

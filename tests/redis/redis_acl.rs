@@ -312,18 +312,15 @@ async fn exercise(store: &RedisStore, round: &str) -> Vec<(String, Result<(), Fa
     report
 }
 
-/// [`exercise`] on a single node, and a check of a semaphore the admin wrote
-/// in the previous layout (a sorted set holding one permit), which the
-/// store converts.
-async fn exercise_node(
+/// A check of a semaphore the admin wrote in the previous layout (a
+/// sorted set holding one permit), which the store converts.
+async fn old_semaphore_op(
     server: &RedisServer,
     store: &RedisStore,
-    round: &str,
-) -> Vec<(String, Result<(), Failure>)> {
-    let mut report = exercise(store, round).await;
+    key: &[u8],
+) -> Result<(), Failure> {
     let policy = policy_of("concurrency");
-    let key = format!("{round}-old");
-    let state_key = store.state_key(key.as_bytes(), &policy);
+    let state_key = store.state_key(key, &policy);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
@@ -331,53 +328,64 @@ async fn exercise_node(
     let member = format!("{:032x}:1", 7);
     admin(server, &["ZADD", &state_key, &expires, &member]);
     admin(server, &["PEXPIRE", &state_key, "3600000"]);
-    let result = async {
-        let d = store.check(key.as_bytes(), &policy, 1).await?;
-        expect("an old semaphore", &d, true, 0)
-    }
-    .await;
-    report.push(("check an old semaphore".to_owned(), result));
-    // A block of a key that holds a state, whose TTL it keeps.
-    let gcra = policy_of("gcra");
-    let key = format!("{round}-blocked");
-    let result = async {
-        store.check(key.as_bytes(), &gcra, 1).await?;
-        store
-            .block(key.as_bytes(), &gcra, Duration::from_secs(60))
-            .await?;
-        let d = store.check(key.as_bytes(), &gcra, 1).await?;
-        expect("a blocked key", &d, false, 0)
-    }
-    .await;
-    report.push(("block".to_owned(), result));
-    // A penalty, which remembers its id beside the state for as long as the
-    // state lives (so a resend changes nothing).
-    let key = format!("{round}-penalized");
-    let result = async {
-        let d = store.penalize(key.as_bytes(), &gcra, 1).await?;
-        expect("a penalized key", &d, true, 1)
-    }
-    .await;
-    report.push(("penalize".to_owned(), result));
-    // A settlement of two limits, which remembers its id beside each state.
+    let d = store.check(key, &policy, 1).await?;
+    expect("an old semaphore", &d, true, 0)
+}
+
+/// A block of a key that holds a state, whose TTL it keeps.
+async fn block_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    store.check(key, policy, 1).await?;
+    store.block(key, policy, Duration::from_secs(60)).await?;
+    let d = store.check(key, policy, 1).await?;
+    expect("a blocked key", &d, false, 0)
+}
+
+/// A penalty, which remembers its id beside the state for as long as the
+/// state lives (so a resend changes nothing).
+async fn penalize_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
+    let d = store.penalize(key, policy, 1).await?;
+    expect("a penalized key", &d, true, 1)
+}
+
+/// A settlement of two limits, `policy` and a fixed window, which
+/// remembers its id beside each state.
+async fn settle_op(store: &RedisStore, key: &[u8], policy: &Policy) -> Result<(), Failure> {
     let window = policy_of("fixed-window");
-    let key = format!("{round}-settled");
-    let result = async {
-        let checks = [
-            Check::new(key.as_bytes(), &gcra, 1),
-            Check::new(key.as_bytes(), &window, 1),
-        ];
-        let reserved = store.check_all(&checks).await?;
-        let settles = [
-            Settle::new(key.as_bytes(), &gcra, 1, 2, &reserved[0]),
-            Settle::new(key.as_bytes(), &window, 1, 0, &reserved[1]),
-        ];
-        let settled = store.settle(SettlementId::random(), &settles).await?;
-        expect("a settled key", &settled[0], true, 0)?;
-        expect("a settled key", &settled[1], true, 2)
-    }
-    .await;
-    report.push(("settle".to_owned(), result));
+    let checks = [Check::new(key, policy, 1), Check::new(key, &window, 1)];
+    let reserved = store.check_all(&checks).await?;
+    let settles = [
+        Settle::new(key, policy, 1, 2, &reserved[0]),
+        Settle::new(key, &window, 1, 0, &reserved[1]),
+    ];
+    let settled = store.settle(SettlementId::random(), &settles).await?;
+    expect("a settled key", &settled[0], true, 0)?;
+    expect("a settled key", &settled[1], true, 2)
+}
+
+/// [`exercise`] on a single node, and what only a single node is asked
+/// here: a semaphore in the previous layout, a block, a penalty, a
+/// settlement.
+async fn exercise_node(
+    server: &RedisServer,
+    store: &RedisStore,
+    round: &str,
+) -> Vec<(String, Result<(), Failure>)> {
+    let mut report = exercise(store, round).await;
+    let gcra = policy_of("gcra");
+    let key = |name: &str| format!("{round}-{name}").into_bytes();
+    let results = [
+        (
+            "check an old semaphore",
+            old_semaphore_op(server, store, &key("old")).await,
+        ),
+        ("block", block_op(store, &key("blocked"), &gcra).await),
+        (
+            "penalize",
+            penalize_op(store, &key("penalized"), &gcra).await,
+        ),
+        ("settle", settle_op(store, &key("settled"), &gcra).await),
+    ];
+    report.extend(results.map(|(name, result)| (name.to_owned(), result)));
     report
 }
 

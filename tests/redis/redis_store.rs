@@ -25,6 +25,13 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A Redis of its own and a store on it, built with the builder's defaults.
+async fn started() -> (RedisServer, RedisStore) {
+    let server = RedisServer::start();
+    let store = build(RedisStore::builder(server.url())).await;
+    (server, store)
+}
+
 fn same_outcome(
     what: &str,
     memory: &Result<Decision, StoreError>,
@@ -246,8 +253,7 @@ async fn flush_between_checks(
 
 #[tokio::test]
 async fn a_flushed_script_cache_is_reloaded_transparently() {
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let (server, store) = started().await;
     flush_between_checks(&server, &store, b"k", &["SCRIPT", "FLUSH"], "").await;
     let a = Policy::sliding_window_log(3, Duration::from_secs(60)).unwrap();
     server.cli(&["SCRIPT", "FLUSH"]);
@@ -263,8 +269,7 @@ async fn a_flushed_script_cache_is_reloaded_transparently() {
 /// without a failed request; every algorithm decides as it did by script.
 #[tokio::test]
 async fn single_decisions_run_as_functions_reloaded_after_a_flush() {
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let (server, store) = started().await;
     let calls = |command: &str| -> u64 {
         let stats = server.cli(&["INFO", "commandstats"]);
         let prefix = format!("cmdstat_{command}:calls=");
@@ -548,8 +553,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_state() {
 
 #[tokio::test]
 async fn semaphore_reclaims_dead_holders_and_releases() {
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let (_server, store) = started().await;
     let policy = Policy::concurrency(2, ms(300)).unwrap();
     let a = store.check(b"job", &policy, 1).await.unwrap();
     let b = store.check(b"job", &policy, 1).await.unwrap();
@@ -654,8 +658,7 @@ async fn acl_users_and_database_numbers_come_from_the_url() {
 
 #[tokio::test]
 async fn keys_are_bounded_and_never_echo_secrets() {
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let (server, store) = started().await;
     let policy = Policy::sliding_window_log(1, Duration::from_secs(60)).unwrap();
     let secret = format!("sk_live_{}", "x".repeat(1 << 20));
     assert!(admits(&store, secret.as_bytes(), &policy).await);

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
+use ratelimit_core::{Check, Decision, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
@@ -109,6 +109,16 @@ impl Call {
     }
 }
 
+/// Tells a load's tasks to stop (`done`) and gathers their calls.
+async fn stop_load<T>(done: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<Vec<T>>>) -> Vec<T> {
+    done.store(true, Ordering::Release);
+    let mut calls = Vec::new();
+    for task in tasks {
+        calls.extend(task.await.expect("a load task panicked"));
+    }
+    calls
+}
+
 /// Every call an outage or a decision, none past the call timeout (and
 /// [`MARGIN`]).
 fn assert_outages_only_and_bounded(calls: &[Call]) {
@@ -185,11 +195,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
             ms(named - frozen)
         );
         tokio::time::sleep(FOLLOW_DEADLINE + Duration::from_millis(500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, named)
     })
     .await;
@@ -316,6 +322,101 @@ where
     }
 }
 
+/// A failover test's start: its turn (held for the whole test), the
+/// quorum, the store behind it, the policy under test and the state key of
+/// the one key its requests check.
+struct Failover {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    set: RedisSentinels,
+    store: RedisStore,
+    policy: Policy,
+    key: String,
+    replica_port: u16,
+}
+
+impl Failover {
+    /// Waits for its turn, then starts the quorum and the store; requests
+    /// check `key` under `policy`.
+    async fn start(policy: Policy, key: &[u8]) -> Self {
+        let turn = SERIAL.lock().await;
+        let set = start_quorum().await;
+        let store = sentinel_store(&set).await;
+        let key = store.state_key(key, &policy);
+        let replica_port = set.replica().port();
+        Failover {
+            _turn: turn,
+            set,
+            store,
+            policy,
+            key,
+            replica_port,
+        }
+    }
+
+    /// Checks `key` under the policy, at a cost of 1.
+    fn check(&self, key: &[u8]) -> <RedisStore as Store>::CheckFuture {
+        self.store.check(key, &self.policy, 1)
+    }
+
+    /// Releases `permit` of `key` under the policy.
+    fn release(&self, key: &[u8], permit: PermitId) -> <RedisStore as Store>::ReleaseFuture {
+        self.store.release(key, &self.policy, permit)
+    }
+
+    /// A permit test: `p` under a semaphore of one named `name`, whose
+    /// lease (ten minutes) outlives the test.
+    async fn of_permits(name: &str) -> Self {
+        let policy = named(name, Policy::concurrency(1, Duration::from_secs(600)));
+        Failover::start(policy, b"p").await
+    }
+
+    /// Admits `n` checks of `k` once the master answers (each must be
+    /// allowed), and waits (on a runtime worker given up for it) until the
+    /// replica counts them.
+    async fn admit_replicated(&self, n: u64) {
+        warm_up("the master answers", || self.store.ping()).await;
+        for _ in 0..n {
+            let d = self.check(b"k").await;
+            assert!(d.expect("a decision").is_allowed());
+        }
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            while count_on(self.set.replica(), &self.key) != n {
+                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+    }
+
+    /// Checks `k` on the promoted replica, which a sentinel named at
+    /// `named`, until a check is denied: the admissions, at most `limit`.
+    async fn admitted_after(&self, named: Instant, limit: u64) -> u64 {
+        let mut admitted = 0;
+        loop {
+            let d = decided_after(named, || self.check(b"k"))
+                .await
+                .expect("a decision on the promoted replica");
+            if !d.is_allowed() {
+                return admitted;
+            }
+            admitted += 1;
+            assert!(admitted <= limit, "admitted past the limit of {limit}");
+        }
+    }
+
+    /// Takes the permit on the master, then stops the master once the
+    /// replica holds the permit; the permit.
+    async fn permit_then_master_stopped(&mut self) -> PermitId {
+        let first = warm_up("the master answers", || self.check(b"p")).await;
+        assert!(first.is_allowed(), "the first permit: {first:?}");
+        let permit = first
+            .permit()
+            .expect("an admitted check carries its permit");
+        stop_master_once_replicated(&mut self.set, &self.key);
+        permit
+    }
+}
+
 /// A concurrency permit (max 1) taken on the old master and replicated,
 /// the master killed and its replica promoted: the permit still holds on
 /// the promoted replica (the store is no more permissive there) and is
@@ -324,63 +425,46 @@ where
 /// nothing more (not the permit taken since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = named(
-        "permit-failover",
-        Policy::concurrency(1, Duration::from_secs(600)),
-    );
-    let key = store.state_key(b"p", &policy);
-    let replica_port = set.replica().port();
-
+    let mut test = Failover::of_permits("permit-failover").await;
     bounded(async {
-        let first = warm_up("the master answers", || store.check(b"p", &policy, 1)).await;
-        assert!(first.is_allowed(), "the first permit: {first:?}");
-        let old = first
-            .permit()
-            .expect("an admitted check carries its permit");
-        // The replica holds the permit before the master dies.
-        stop_master_once_replicated(&mut set, &key);
-        let named = until_named(&set, replica_port);
+        let old = test.permit_then_master_stopped().await;
+        let named = until_named(&test.set, test.replica_port);
 
-        let held = decided_after(named, || store.check(b"p", &policy, 1)).await;
+        let held = decided_after(named, || test.check(b"p")).await;
         let held = held.expect("a decision on the promoted replica");
         assert!(
             !held.is_allowed() && held.permit().is_none(),
             "the permit taken on the old master no longer held: {held:?}"
         );
         assert_eq!(
-            store.sentinel_master(),
-            Some(format!("127.0.0.1:{replica_port}"))
+            test.store.sentinel_master(),
+            Some(format!("127.0.0.1:{}", test.replica_port))
         );
 
-        let renewed = store.renew(b"p", &policy, old).await;
+        let renewed = test.store.renew(b"p", &test.policy, old).await;
         assert!(
             matches!(renewed, Ok(true)),
             "the permit taken on the old master renewed on the new one: {renewed:?}"
         );
-        store
-            .release(b"p", &policy, old)
+        test.release(b"p", old)
             .await
             .expect("the release of the old master's permit");
-        let renewed = store.renew(b"p", &policy, old).await;
+        let renewed = test.store.renew(b"p", &test.policy, old).await;
         assert!(
             matches!(renewed, Ok(false)),
             "a renewal brought a released permit back: {renewed:?}"
         );
-        let second = store.check(b"p", &policy, 1).await.expect("a decision");
+        let second = test.check(b"p").await.expect("a decision");
         assert!(
             second.is_allowed() && second.permit().is_some(),
             "the release on the new master freed nothing: {second:?}"
         );
 
         // The release again, as after a lost reply: nothing more is freed.
-        store
-            .release(b"p", &policy, old)
+        test.release(b"p", old)
             .await
             .expect("the release sent again");
-        let third = store.check(b"p", &policy, 1).await.expect("a decision");
+        let third = test.check(b"p").await.expect("a decision");
         assert!(
             !third.is_allowed() && third.permit().is_none(),
             "a release sent again freed the permit taken since: {third:?}"
@@ -388,7 +472,7 @@ async fn a_permit_taken_on_the_old_master_is_released_once_on_the_new_one() {
         println!(
             "[attack] permit: held across the failover, released once on the promoted replica"
         );
-        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &[]));
+        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(test.set.replica(), &[]));
     })
     .await;
 }
@@ -407,33 +491,19 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
     const LIMIT: u64 = 20;
     const BEFORE: u64 = 5;
     const UNREPLICATED: u64 = 5;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("lagging", LIMIT);
-    let key = store.state_key(b"k", &policy);
-    let replica_port = set.replica().port();
+    let mut test = Failover::start(counting_policy("lagging", LIMIT), b"k").await;
 
     bounded(async {
-        warm_up("the master answers", || store.ping()).await;
-        for _ in 0..BEFORE {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
-            assert!(d.is_allowed());
-        }
-        let start = Instant::now();
-        let mut frozen = start;
+        test.admit_replicated(BEFORE).await;
+        let mut frozen = Instant::now();
         tokio::task::block_in_place(|| {
-            while count_on(set.replica(), &key) != BEFORE {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.replica().freeze();
+            test.set.replica().freeze();
             frozen = Instant::now();
             // In pieces of 4 MB: one write of 48 MB would hold the master
             // longer than the sentinels' down-after, and they might start a
             // failover of their own before the test's.
             for _ in 0..12 {
-                let piece = set.master().cli(&[
+                let piece = test.set.master().cli(&[
                     "EVAL",
                     "redis.call('APPEND', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1",
                     "1",
@@ -444,32 +514,20 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             }
         });
         for _ in 0..UNREPLICATED {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
+            let d = test.check(b"k").await.expect("a decision");
             assert!(d.is_allowed());
         }
         let thawed = tokio::task::block_in_place(|| {
-            set.master_mut().stop();
-            set.replica().thaw();
+            test.set.master_mut().stop();
+            test.set.replica().thaw();
             frozen.elapsed()
         });
-        let named = until_named(&set, replica_port);
+        let named = until_named(&test.set, test.replica_port);
         // Read before the store writes there: nothing calls it meanwhile.
-        let kept = tokio::task::block_in_place(|| count_on(set.replica(), &key));
+        let kept = tokio::task::block_in_place(|| count_on(test.set.replica(), &test.key));
         let lost = BEFORE + UNREPLICATED - kept;
 
-        let mut admitted = 0;
-        let mut calls = 0;
-        loop {
-            calls += 1;
-            assert!(calls <= 200, "never denied");
-            let d = decided_after(named, || store.check(b"k", &policy, 1))
-                .await
-                .expect("a decision on the promoted replica");
-            if !d.is_allowed() {
-                break;
-            }
-            admitted += 1;
-        }
+        let admitted = test.admitted_after(named, LIMIT).await;
         println!(
             "[attack] lagging replica (frozen {}): old master admitted {}, the promoted \
              replica kept {kept} ({lost} lost), then admitted {admitted} of {LIMIT}",
@@ -486,11 +544,13 @@ async fn a_lagging_replica_promoted_loses_only_the_unreplicated_admissions() {
             "the admissions whose replication waited behind the ballast"
         );
         assert_eq!(
-            count_on(set.replica(), &key),
+            count_on(test.set.replica(), &test.key),
             LIMIT,
             "the promoted replica counts every admission made on it"
         );
-        tokio::task::block_in_place(|| assert_every_key_has_a_ttl(set.replica(), &["lag-ballast"]));
+        tokio::task::block_in_place(|| {
+            assert_every_key_has_a_ttl(test.set.replica(), &["lag-ballast"])
+        });
     })
     .await;
 }
@@ -534,61 +594,38 @@ fn break_connections(node: &RedisServer) {
 async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
     const LIMIT: u64 = 10;
     const BEFORE: u64 = 4;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("stale-sentinel", LIMIT);
-    let key = store.state_key(b"k", &policy);
-    let (old_port, replica_port) = (set.master().port(), set.replica().port());
+    let mut test = Failover::start(counting_policy("stale-sentinel", LIMIT), b"k").await;
+    let old_port = test.set.master().port();
 
     tokio::time::timeout(Duration::from_secs(50), async {
-        warm_up("the master answers", || store.ping()).await;
-        for _ in 0..BEFORE {
-            let d = store.check(b"k", &policy, 1).await.expect("a decision");
-            assert!(d.is_allowed());
-        }
-        let start = Instant::now();
+        test.admit_replicated(BEFORE).await;
         tokio::task::block_in_place(|| {
-            while count_on(set.replica(), &key) != BEFORE {
-                assert!(start.elapsed() < Duration::from_secs(5), "never replicated");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            set.sentinel_mut(2).stop();
-            set.master().freeze();
+            test.set.sentinel_mut(2).stop();
+            test.set.master().freeze();
         });
-        let named = until_named(&set, replica_port);
-        let mut admitted = 0;
-        loop {
-            let d = decided_after(named, || store.check(b"k", &policy, 1))
-                .await
-                .expect("a decision on the promoted replica");
-            if !d.is_allowed() {
-                break;
-            }
-            admitted += 1;
-            assert!(admitted <= LIMIT, "admitted past the limit");
-        }
+        let named = until_named(&test.set, test.replica_port);
+        let admitted = test.admitted_after(named, LIMIT).await;
         assert_eq!(admitted, LIMIT - BEFORE, "on the promoted replica");
         // Past what the store remembers of the failover (15 s).
         tokio::time::sleep_until((named + Duration::from_secs(16)).into()).await;
         tokio::task::block_in_place(|| {
-            set.sentinel_mut(0).stop();
-            set.sentinel_mut(1).stop();
-            set.master().thaw();
-            set.sentinel_mut(2).restart();
+            test.set.sentinel_mut(0).stop();
+            test.set.sentinel_mut(1).stop();
+            test.set.master().thaw();
+            test.set.sentinel_mut(2).restart();
         });
         let back = Instant::now();
         let mut masters = Vec::new();
         let (mut over, mut calls, mut stale) = (0, 0, 0);
         while back.elapsed() < Duration::from_secs(1) {
             let names = tokio::task::block_in_place(|| {
-                break_connections(set.replica());
-                set.named_master_port()
+                break_connections(test.set.replica());
+                test.set.named_master_port()
             });
             if names == Some(old_port) {
                 stale += 1;
             }
-            let result = store.check(b"k", &policy, 1).await;
+            let result = test.check(b"k").await;
             calls += 1;
             assert!(
                 result.as_ref().is_ok() || result.as_ref().is_err_and(StoreError::is_outage),
@@ -597,7 +634,7 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
             if result.as_ref().is_ok_and(Decision::is_allowed) {
                 over += 1;
             }
-            if let Some(master) = store.sentinel_master()
+            if let Some(master) = test.store.sentinel_master()
                 && !masters.contains(&master)
             {
                 masters.push(master);
@@ -611,7 +648,7 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
         assert!(stale > 0, "the sentinel never named the old master");
         assert_eq!(
             masters,
-            vec![format!("127.0.0.1:{replica_port}")],
+            vec![format!("127.0.0.1:{}", test.replica_port)],
             "the store followed a sentinel that missed the failover"
         );
         assert_eq!(over, 0, "admitted past the limit on the old master");
@@ -628,33 +665,20 @@ async fn a_sentinel_that_missed_the_failover_never_leads_to_the_old_master() {
 /// soon after the promotion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_released_during_the_failover_is_free_after_it() {
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = named(
-        "permit-gap",
-        Policy::concurrency(1, Duration::from_secs(600)),
-    );
-    let key = store.state_key(b"p", &policy);
-    let replica_port = set.replica().port();
-
+    let mut test = Failover::of_permits("permit-gap").await;
     bounded(async {
-        let first = warm_up("the master answers", || store.check(b"p", &policy, 1)).await;
-        let permit = first
-            .permit()
-            .expect("an admitted check carries its permit");
-        stop_master_once_replicated(&mut set, &key);
-        let released = store.release(b"p", &policy, permit).await;
+        let permit = test.permit_then_master_stopped().await;
+        let released = test.release(b"p", permit).await;
         assert!(
             released.as_ref().is_err_and(StoreError::is_outage),
             "the release while the master is down: {released:?}"
         );
-        let named = until_named(&set, replica_port);
+        let named = until_named(&test.set, test.replica_port);
         // Denied while the permit holds (a denial takes nothing), at most
         // until 3 s after the promotion.
         let mut denied = 0;
         let freed = loop {
-            match store.check(b"p", &policy, 1).await {
+            match test.check(b"p").await {
                 Ok(d) if d.is_allowed() => break Some(named.elapsed()),
                 Ok(_) => denied += 1,
                 Err(e) => assert!(e.is_outage(), "a mistake: {e}"),
@@ -750,11 +774,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
         paused.store(false, Ordering::Release);
         let named = until_named(&set, replica_port);
         tokio::time::sleep(FOLLOW_DEADLINE + Duration::from_millis(500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, killed, named)
     })
     .await;
@@ -878,11 +898,7 @@ async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
         });
         let named = until_named(&set, replica_port);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        done.store(true, Ordering::Release);
-        let mut calls = Vec::new();
-        for task in tasks {
-            calls.extend(task.await.expect("a load task panicked"));
-        }
+        let calls = stop_load(&done, tasks).await;
         (calls, named)
     })
     .await;

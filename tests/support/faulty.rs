@@ -1,11 +1,13 @@
 //! A store that fails on purpose: a `MemoryStore` (or any store) whose
-//! calls fail with the error a test chooses, to test what the layer, the
-//! wrappers and the `Limiter` do with store errors.
+//! calls fail with the error a test chooses, or answer only after the time
+//! it chooses, to test what the layer, the wrappers and the `Limiter` do
+//! with store errors and slow stores.
 
 use std::future::{Future, ready};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use ratelimit_core::{Check, Decision, MemoryStore, PermitId, Policy, Store, StoreError};
 
@@ -43,6 +45,9 @@ impl Call<'_> {
 /// What a [`Faulty`] store answers a call with instead of its inner
 /// store's answer, if anything.
 type Fault = dyn Fn(&Call<'_>) -> Option<StoreError> + Send + Sync;
+
+/// How long a [`Faulty`] store holds a call before it answers, if at all.
+type Delay = dyn Fn(&Call<'_>) -> Option<Duration> + Send + Sync;
 
 /// A future of a [`Faulty`] store.
 type Answer<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -86,11 +91,13 @@ pub fn copy_error(e: &StoreError) -> StoreError {
     }
 }
 
-/// `inner`, except that the calls its fault names fail with that error.
+/// `inner`, except that the calls its fault names fail with that error,
+/// and those its delay names answer only after that time.
 #[derive(Clone)]
 pub struct Faulty<St> {
     inner: St,
     fault: Arc<Fault>,
+    delay: Arc<Delay>,
 }
 
 impl<St: std::fmt::Debug> std::fmt::Debug for Faulty<St> {
@@ -110,6 +117,21 @@ impl<St> Faulty<St> {
         Faulty {
             inner,
             fault: Arc::new(fault),
+            delay: Arc::new(|_| None),
+        }
+    }
+
+    /// `inner`, answering each call for which `delay` returns a time only
+    /// once that time has passed (a slow store: a call still in flight).
+    /// The call is made at once; its answer waits.
+    pub fn slow(
+        inner: St,
+        delay: impl Fn(&Call<'_>) -> Option<Duration> + Send + Sync + 'static,
+    ) -> Self {
+        Faulty {
+            inner,
+            fault: Arc::new(|_| None),
+            delay: Arc::new(delay),
         }
     }
 }
@@ -124,6 +146,12 @@ impl Faulty<MemoryStore> {
     /// A store that is always down: every call is [`refused`].
     pub fn down() -> Self {
         Faulty::new(MemoryStore::new(), |_| Some(refused()))
+    }
+
+    /// A store that never answers: every call stays in flight (its answer
+    /// waits longer than any test).
+    pub fn hanging() -> Self {
+        Faulty::slow(MemoryStore::new(), |_| Some(Duration::MAX))
     }
 
     /// A `MemoryStore` whose every call is [`refused`] while `down` is set.
@@ -143,15 +171,23 @@ impl Faulty<MemoryStore> {
 }
 
 impl<St: Store + Clone> Faulty<St> {
-    /// The fault's answer to `call`, or `inner`'s (from `answer`).
+    /// The fault's answer to `call`, or `inner`'s (from `answer`), after
+    /// the delay's time if it names one.
     fn answer<T, F>(&self, call: Call<'_>, answer: impl FnOnce(&St) -> F) -> Answer<T>
     where
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        match (self.fault)(&call) {
-            Some(error) => Box::pin(ready(Err(error))),
-            None => Box::pin(answer(&self.inner)),
+        if let Some(error) = (self.fault)(&call) {
+            return Box::pin(ready(Err(error)));
+        }
+        let answer = answer(&self.inner);
+        match (self.delay)(&call) {
+            Some(delay) => Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                answer.await
+            }),
+            None => Box::pin(answer),
         }
     }
 }

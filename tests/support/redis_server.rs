@@ -557,6 +557,24 @@ fn read_all(file: &mut File) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Calls `ready` every 50 ms until it answers `Ok`; once `limit` has
+/// passed since `start`, panics with what `failure` makes of its last
+/// answer.
+pub(crate) fn poll_until<T>(
+    start: Instant,
+    limit: Duration,
+    mut ready: impl FnMut() -> Result<(), T>,
+    failure: impl FnOnce(T) -> String,
+) {
+    loop {
+        match ready() {
+            Ok(()) => return,
+            Err(last) if start.elapsed() > limit => panic!("{}", failure(last)),
+            Err(_) => sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the
 /// part between the first `{` and the next `}`, if not empty) or of the
 /// whole key, modulo 16384, as Redis (`CLUSTER KEYSLOT`) and redis-rs
@@ -688,10 +706,9 @@ impl RedisCluster {
     }
 
     fn wait_ready(&self) {
-        let start = Instant::now();
         let expected_slots = format!("cluster_slots_assigned:{CLUSTER_SLOTS}");
         let expected_nodes = format!("cluster_known_nodes:{}", self.nodes.len());
-        loop {
+        let infos = || -> Result<(), Vec<String>> {
             let infos: Vec<String> = (0..self.nodes.len())
                 .map(|i| self.cli(i, &["CLUSTER", "INFO"]))
                 .collect();
@@ -701,30 +718,27 @@ impl RedisCluster {
                     && lines.contains(&expected_slots.as_str())
                     && lines.contains(&expected_nodes.as_str())
             });
-            if ready {
-                return;
-            }
-            if start.elapsed() > CLUSTER_READY_TIMEOUT {
-                let report: Vec<String> = self
-                    .nodes
-                    .iter()
-                    .zip(&infos)
-                    .map(|(node, info)| {
-                        format!(
-                            "--- node 127.0.0.1:{}\nCLUSTER INFO:\n{info}\nlog:\n{}",
-                            node.port(),
-                            node.log()
-                        )
-                    })
-                    .collect();
-                panic!(
-                    "redis cluster not ready (cluster_state:ok, 16384 slots, {} nodes) within {CLUSTER_READY_TIMEOUT:?}\n{}",
-                    self.nodes.len(),
-                    report.join("\n")
-                );
-            }
-            sleep(Duration::from_millis(50));
-        }
+            if ready { Ok(()) } else { Err(infos) }
+        };
+        poll_until(Instant::now(), CLUSTER_READY_TIMEOUT, infos, |infos| {
+            let report: Vec<String> = self
+                .nodes
+                .iter()
+                .zip(&infos)
+                .map(|(node, info)| {
+                    format!(
+                        "--- node 127.0.0.1:{}\nCLUSTER INFO:\n{info}\nlog:\n{}",
+                        node.port(),
+                        node.log()
+                    )
+                })
+                .collect();
+            format!(
+                "redis cluster not ready (cluster_state:ok, 16384 slots, {} nodes) within {CLUSTER_READY_TIMEOUT:?}\n{}",
+                self.nodes.len(),
+                report.join("\n")
+            )
+        });
     }
 
     /// The nodes' URLs, `redis://127.0.0.1:port` each (`rediss://` on a
@@ -737,7 +751,7 @@ impl RedisCluster {
         };
         self.nodes
             .iter()
-            .map(|node| format!("{scheme}://127.0.0.1:{}", node.port()))
+            .map(|node| format!("{scheme}://{}", node.addr()))
             .collect()
     }
 

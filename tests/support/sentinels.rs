@@ -7,6 +7,7 @@
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use crate::redis_server::poll_until;
 use crate::{Certificates, RedisServer};
 
 /// The name the sentinels monitor the master under.
@@ -164,36 +165,33 @@ impl RedisSentinels {
     /// Polls every sentinel until it knows one replica and, with `quorum`,
     /// two other sentinels.
     fn wait_for(&self, start: Instant, quorum: bool) {
-        loop {
+        let monitored = || {
             let ready = self.sentinels.iter().all(|sentinel| {
                 let fields = sentinel_fields(sentinel, &["SENTINEL", "MASTER", MASTER_NAME]);
                 let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
                 field("num-slaves").is_some_and(|v| v == "1")
                     && (!quorum || field("num-other-sentinels").is_some_and(|v| v == "2"))
             });
-            if ready {
-                return;
-            }
-            if start.elapsed() > MONITORED_TIMEOUT {
-                let logs: Vec<String> = self
-                    .sentinels
-                    .iter()
-                    .map(|s| format!("--- sentinel {}\n{}", s.port(), s.log()))
-                    .collect();
-                panic!(
-                    "the sentinels did not find the replica and one another within {MONITORED_TIMEOUT:?}\n{}",
-                    logs.join("\n")
-                );
-            }
-            sleep(Duration::from_millis(50));
-        }
+            if ready { Ok(()) } else { Err(()) }
+        };
+        poll_until(start, MONITORED_TIMEOUT, monitored, |()| {
+            let logs: Vec<String> = self
+                .sentinels
+                .iter()
+                .map(|s| format!("--- sentinel {}\n{}", s.port(), s.log()))
+                .collect();
+            format!(
+                "the sentinels did not find the replica and one another within {MONITORED_TIMEOUT:?}\n{}",
+                logs.join("\n")
+            )
+        });
     }
 
     /// The sentinels' addresses, `127.0.0.1:port` each.
     pub fn addresses(&self) -> Vec<String> {
         self.sentinels
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .map(|s| s.addr().to_string())
             .collect()
     }
 
