@@ -131,30 +131,53 @@ impl RedisServer {
         Self::start_inner(program, args, false)
     }
 
-    /// Starts `redis-sentinel` on a free loopback port with `config` as its
-    /// configuration file (`sentinel monitor ...` lines), and waits until it
-    /// has read it (`Sentinel ID is ...` in its log) and answers `PING`.
+    /// Starts `count` sentinels on free loopback ports, sentinel `i` with
+    /// `config(ports, i)` as its configuration file (`sentinel monitor ...`
+    /// lines), and waits until each has read it (`Sentinel ID is ...` in its
+    /// log) and answers `PING`. The ports are chosen before any starts, so
+    /// that each configuration can name the others (`known-sentinel`); all
+    /// are chosen again when one was taken meanwhile.
     ///
     /// # Panics
     ///
     /// When `redis-sentinel` is missing (the message names scripts/test,
     /// which installs it), and as [`start`](Self::start).
-    pub fn start_sentinel(config: &str) -> RedisServer {
-        Self::start_with(REDIS_SENTINEL, &[], false, Some(config))
+    pub fn start_sentinels(
+        count: usize,
+        config: impl Fn(&[u16], usize) -> String,
+    ) -> Vec<RedisServer> {
+        let mut last_failure = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let mut ports: Vec<u16> = Vec::with_capacity(count);
+            while ports.len() < count {
+                let port = crate::free_port();
+                if !ports.contains(&port) {
+                    ports.push(port);
+                }
+            }
+            let mut started = Vec::with_capacity(count);
+            for (i, &port) in ports.iter().enumerate() {
+                match Self::try_start(REDIS_SENTINEL, &[], port, Some(&config(&ports, i))) {
+                    Ok(server) => started.push(server),
+                    Err(Failure::AddrInUse(log)) => {
+                        last_failure = log;
+                        break;
+                    }
+                    Err(Failure::Fatal(message)) => panic!("{message}"),
+                }
+            }
+            if started.len() == count {
+                return started;
+            }
+        }
+        panic!(
+            "redis-sentinel could not bind free ports in {PORT_ATTEMPTS} attempts; last log:\n{last_failure}"
+        );
     }
 
     /// Starts a server on a free port, retrying with other ports when the
     /// chosen one (or its cluster bus port) was taken meanwhile.
     fn start_inner(program: &str, args: &[&str], cluster_bus: bool) -> RedisServer {
-        Self::start_with(program, args, cluster_bus, None)
-    }
-
-    fn start_with(
-        program: &str,
-        args: &[&str],
-        cluster_bus: bool,
-        sentinel_config: Option<&str>,
-    ) -> RedisServer {
         let mut last_failure = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = if cluster_bus {
@@ -162,23 +185,8 @@ impl RedisServer {
             } else {
                 crate::free_port()
             };
-            let dir = tempfile::Builder::new()
-                .prefix("redis-test-")
-                .tempdir()
-                .unwrap_or_else(|e| panic!("creating a temporary directory for redis: {e}"));
-            let mut server = RedisServer {
-                child: None,
-                program: program.to_owned(),
-                extra_args: args
-                    .iter()
-                    .map(|a| a.replace("{port}", &port.to_string()))
-                    .collect(),
-                port,
-                dir,
-                sentinel_config: sentinel_config.map(str::to_owned),
-            };
-            match server.spawn_and_wait() {
-                Ok(()) => return server,
+            match Self::try_start(program, args, port, None) {
+                Ok(server) => return server,
                 Err(Failure::AddrInUse(log)) => last_failure = log,
                 Err(Failure::Fatal(message)) => panic!("{message}"),
             }
@@ -186,6 +194,31 @@ impl RedisServer {
         panic!(
             "redis-server could not bind a free port in {PORT_ATTEMPTS} attempts; last log:\n{last_failure}"
         );
+    }
+
+    /// Starts `program` on `port` once, and waits until it answers.
+    fn try_start(
+        program: &str,
+        args: &[&str],
+        port: u16,
+        sentinel_config: Option<&str>,
+    ) -> Result<RedisServer, Failure> {
+        let dir = tempfile::Builder::new()
+            .prefix("redis-test-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("creating a temporary directory for redis: {e}"));
+        let mut server = RedisServer {
+            child: None,
+            program: program.to_owned(),
+            extra_args: args
+                .iter()
+                .map(|a| a.replace("{port}", &port.to_string()))
+                .collect(),
+            port,
+            dir,
+            sentinel_config: sentinel_config.map(str::to_owned),
+        };
+        server.spawn_and_wait().map(|()| server)
     }
 
     /// The server's port on 127.0.0.1.

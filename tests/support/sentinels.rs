@@ -4,7 +4,6 @@
 //! (its configuration file there). Every process is killed when the set is
 //! dropped, the sentinels first, so none fails over while the nodes stop.
 
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::redis_server::poll_until;
@@ -40,9 +39,10 @@ impl RedisSentinels {
     /// Starts the master, the replica (`--replicaof`), and the three
     /// sentinels (`sentinel monitor` [`MASTER_NAME`] with a quorum of 2,
     /// [`DOWN_AFTER`], [`FAILOVER_TIMEOUT`]), and waits until the replica is
-    /// in sync and every sentinel knows the replica. (The sentinels find one
-    /// another within seconds more: call
-    /// [`wait_for_quorum`](Self::wait_for_quorum) before a failover.)
+    /// in sync and every sentinel knows the replica. (Each sentinel knows the
+    /// others from its configuration; call
+    /// [`wait_for_quorum`](Self::wait_for_quorum) before a failover all the
+    /// same.)
     ///
     /// # Panics
     ///
@@ -117,37 +117,71 @@ impl RedisSentinels {
     fn start_sentinels(&mut self, extra: &str) {
         let start = Instant::now();
         let auth: Vec<&str> = self.auth_args();
-        loop {
-            let info = self
-                .replica
-                .cli(&[&auth[..], &["INFO", "replication"]].concat());
-            if info.lines().any(|l| l.trim() == "master_link_status:up") {
-                break;
-            }
-            assert!(
-                start.elapsed() < MONITORED_TIMEOUT,
-                "the replica did not sync within {MONITORED_TIMEOUT:?}:\n{info}\n{}",
+        // In sync is not yet streaming: after a full sync the master sends
+        // writes only once the replica has acknowledged it (within a second),
+        // and a failover before then would lose the writes in between. So a
+        // write that touches no key (`PUBLISH` is replicated) must be
+        // acknowledged by the replica.
+        let info = |node: &RedisServer| node.cli(&[&auth[..], &["INFO", "replication"]].concat());
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.split([',', '\n', '\r'])
+                .find_map(|part| part.trim().strip_prefix(name)?.parse().ok())
+        };
+        let in_sync = || {
+            let replica = info(&self.replica);
+            let up = replica.lines().any(|l| l.trim() == "master_link_status:up");
+            if up { Ok(()) } else { Err(replica) }
+        };
+        poll_until(start, MONITORED_TIMEOUT, in_sync, |replica| {
+            format!(
+                "the replica did not sync within {MONITORED_TIMEOUT:?}:\n{replica}\n{}",
                 self.replica.log()
+            )
+        });
+        self.master
+            .cli(&[&auth[..], &["PUBLISH", "ratelimit-test-sync", "1"]].concat());
+        let written =
+            field(&info(&self.master), "master_repl_offset:").expect("master_repl_offset");
+        let acknowledged = || {
+            let master = info(&self.master);
+            let acked = field(&master, "offset=").is_some_and(|acked| acked >= written);
+            if acked { Ok(()) } else { Err(master) }
+        };
+        poll_until(start, MONITORED_TIMEOUT, acknowledged, |master| {
+            format!(
+                "the replica did not acknowledge a write within {MONITORED_TIMEOUT:?}:\n{master}\n{}",
+                self.replica.log()
+            )
+        });
+        // Each sentinel knows the others from its configuration (they would
+        // otherwise hear of one another only every 2 s), so a test waits for
+        // the quorum only as long as the sentinels take to start.
+        let id = |port: u16| format!("{port:040x}");
+        self.sentinels = RedisServer::start_sentinels(3, |ports, i| {
+            let mut config = format!(
+                "sentinel myid {id}\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
+                 sentinel failover-timeout {MASTER_NAME} {failover}\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n{extra}",
+                id = id(ports[i]),
+                port = self.master.port(),
+                down = DOWN_AFTER.as_millis(),
+                failover = FAILOVER_TIMEOUT.as_millis(),
             );
-            sleep(Duration::from_millis(20));
-        }
-        let config = format!(
-            "sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 2\n\
-             sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
-             sentinel failover-timeout {MASTER_NAME} {failover}\n\
-             sentinel parallel-syncs {MASTER_NAME} 1\n{extra}",
-            port = self.master.port(),
-            down = DOWN_AFTER.as_millis(),
-            failover = FAILOVER_TIMEOUT.as_millis(),
-        );
-        self.sentinels = (0..3)
-            .map(|_| RedisServer::start_sentinel(&config))
-            .collect();
+            for &other in ports.iter().filter(|&&p| p != ports[i]) {
+                config.push_str(&format!(
+                    "sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {other} {}\n",
+                    id(other)
+                ));
+            }
+            config
+        });
         self.wait_for(start, false);
     }
 
     /// Waits until every sentinel knows the two others, so that a failover
-    /// can be agreed on (they tell one another every 2 s).
+    /// can be agreed on.
     ///
     /// # Panics
     ///
