@@ -39,8 +39,8 @@ pub struct RateLimitLayer<St, P, J = HttpRejections> {
     pub(crate) reject: J,
 }
 
-// Written out: the settings show as fields of the layer, in the order they
-// always had, not nested in a `Settings`.
+// Written out so that the settings are the layer's own fields, around its
+// rules and refusals: `Settings` is internal.
 impl<St: fmt::Debug, P: fmt::Debug, J: fmt::Debug> fmt::Debug for RateLimitLayer<St, P, J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Settings {

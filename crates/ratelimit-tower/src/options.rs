@@ -228,8 +228,8 @@ impl Stats {
     }
 }
 
-// Written out: each count and each first-time flag shows as a field of its
-// own, as it always has, not nested in a `LoggedOnce`.
+// Written out so that each count, and whether its first time was logged,
+// is a field of its own, named as its getter: `LoggedOnce` is internal.
 impl fmt::Debug for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stats")
