@@ -955,7 +955,8 @@ mod tests {
             what: "window",
             max: MAX_HORIZON_MICROS,
         };
-        let windowed: [fn(u64, Duration) -> Result<Policy, PolicyError>; 3] = [
+        type Build = fn(u64, Duration) -> Result<Policy, PolicyError>;
+        let windowed: [Build; 3] = [
             Policy::fixed_window,
             Policy::sliding_window_log,
             Policy::sliding_window_counter,

@@ -437,26 +437,20 @@ mod tests {
         #[derive(Default)]
         struct Descriptions(Mutex<Vec<Described>>);
         impl Descriptions {
-            fn push(
-                &self,
-                kind: &'static str,
-                name: KeyName,
-                unit: Option<Unit>,
-                help: SharedString,
-            ) {
-                let entry = (kind, name.as_str().to_owned(), unit, help.to_string());
+            fn push(&self, kind: &'static str, name: &KeyName, unit: Option<Unit>, help: &str) {
+                let entry = (kind, name.as_str().to_owned(), unit, help.to_owned());
                 self.0.lock().unwrap().push(entry);
             }
         }
         impl ::metrics::Recorder for Descriptions {
             fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
-                self.push("counter", name, unit, help);
+                self.push("counter", &name, unit, &help);
             }
             fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
-                self.push("gauge", name, unit, help);
+                self.push("gauge", &name, unit, &help);
             }
             fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
-                self.push("histogram", name, unit, help);
+                self.push("histogram", &name, unit, &help);
             }
             fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
                 Counter::noop()
