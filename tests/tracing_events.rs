@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use http::{Request, Response, StatusCode};
-use ratelimit_axum::{FailurePolicy, MemoryStore, PeerIp, Policy, RateLimitLayer};
+use ratelimit_axum::{FailurePolicy, MemoryStore, Mode, PeerIp, Policy, RateLimitLayer};
 use ratelimit_tests::events::Events;
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{
@@ -63,6 +63,77 @@ fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
         1,
         "one error event per layer"
     );
+}
+
+/// A layer's clones share its settings: the services they build, deciding
+/// at once (`Mode::Reject` on memory) or in a future (`Mode::Wait`), show
+/// one key as one `key_hash` and count into one `Stats`. Another layer
+/// draws a seed and keeps counts of its own.
+#[test]
+fn a_layers_clones_share_its_key_seed_and_stats_and_another_layer_does_not() {
+    let events = Events::of_this_process();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wait = Mode::Wait {
+        max_delay: Duration::ZERO,
+    };
+    let store = frozen_memory();
+    let layer = RateLimitLayer::new(store.clone(), policy("seeded", 1), by_client);
+    let other = RateLimitLayer::new(store, policy("seeded", 1), by_client);
+    let down = Faulty::down();
+    let open = RateLimitLayer::new(down.clone(), policy("seeded-down", 1), by_client)
+        .on_failure(FailurePolicy::Open);
+    let open_other = RateLimitLayer::new(down, policy("seeded-down", 1), by_client)
+        .on_failure(FailurePolicy::Open);
+    let statuses = runtime.block_on(async {
+        let mut statuses = Vec::new();
+        let memory = [
+            layer.clone(),
+            layer.clone(),
+            layer.clone().mode(wait),
+            other.clone(),
+        ];
+        for each in memory {
+            let answered = answer(each.layer(ok_service()), request_from(SECRET_KEY)).await;
+            statuses.push(answered.status.as_u16());
+        }
+        for each in [open.clone(), open.clone().mode(wait), open_other.clone()] {
+            let answered = answer(each.layer(ok_service()), request_from(SECRET_KEY)).await;
+            statuses.push(answered.status.as_u16());
+        }
+        statuses
+    });
+    assert_eq!(statuses, [200, 429, 429, 429, 200, 200, 200]);
+    let decided = outcomes(events, "rate-limit decision");
+    let outcomes: Vec<(&str, &str)> = decided
+        .iter()
+        .map(|(policy, outcome, _)| (policy.as_str(), outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("seeded", "allowed"),
+            ("seeded", "denied"),
+            ("seeded", "denied"),
+            ("seeded", "denied"),
+            ("seeded-down", "error"),
+            ("seeded-down", "error"),
+            ("seeded-down", "error"),
+        ]
+    );
+    let hashes: Vec<&str> = decided.iter().map(|(_, _, hash)| hash.as_str()).collect();
+    assert!(hashes.iter().all(|h| h.len() == 16), "{hashes:?}");
+    assert!(hashes[..3].iter().all(|h| *h == hashes[0]), "{hashes:?}");
+    assert_eq!(hashes[4], hashes[5], "{hashes:?}");
+    for (clone, other) in [(0, 3), (4, 6), (0, 4)] {
+        assert_ne!(hashes[clone], hashes[other], "{hashes:?}");
+    }
+    assert_eq!(open.stats().failed_open(), 2);
+    assert_eq!(open_other.stats().failed_open(), 1);
+    assert_eq!(layer.stats().failed_open(), 0);
+    assert_no_event_holds_the_key(events);
 }
 
 /// The `(policy, outcome, key_hash)` of every event with `message`, in

@@ -936,6 +936,67 @@ mod tests {
         ));
     }
 
+    /// The three algorithms that count within a window check their
+    /// parameters alike and in one order: the limit (zero, then too large),
+    /// then the window (zero, then too long); the sliding window counter
+    /// then their product.
+    #[test]
+    fn windowed_policies_report_the_limit_then_the_window() {
+        use crate::algorithm::{MAX_HORIZON_MICROS, MAX_LIMIT};
+        let s = Duration::from_secs(1);
+        let too_long = Duration::from_micros(MAX_HORIZON_MICROS + 1);
+        let zero_limit = PolicyError::ZeroLimit { what: "limit" };
+        let big_limit = PolicyError::Unrepresentable {
+            what: "limit",
+            max: MAX_LIMIT,
+        };
+        let zero_window = PolicyError::ZeroWindow { what: "window" };
+        let long_window = PolicyError::Unrepresentable {
+            what: "window",
+            max: MAX_HORIZON_MICROS,
+        };
+        type Build = fn(u64, Duration) -> Result<Policy, PolicyError>;
+        let windowed: [Build; 3] = [
+            Policy::fixed_window,
+            Policy::sliding_window_log,
+            Policy::sliding_window_counter,
+        ];
+        for (i, build) in windowed.into_iter().enumerate() {
+            for (limit, window, error) in [
+                (0, s, &zero_limit),
+                (0, Duration::ZERO, &zero_limit),
+                (0, Duration::MAX, &zero_limit),
+                (MAX_LIMIT + 1, s, &big_limit),
+                (u64::MAX, Duration::ZERO, &big_limit),
+                (u64::MAX, too_long, &big_limit),
+                (1, Duration::ZERO, &zero_window),
+                (1, Duration::from_nanos(999), &zero_window),
+                (MAX_LIMIT, Duration::from_nanos(999), &zero_window),
+                (1, too_long, &long_window),
+                (MAX_LIMIT, Duration::MAX, &long_window),
+            ] {
+                assert_eq!(
+                    build(limit, window).as_ref().unwrap_err(),
+                    error,
+                    "algorithm {i}: {limit} per {window:?}"
+                );
+            }
+            let longest = build(1, Duration::from_micros(MAX_HORIZON_MICROS)).expect("valid");
+            assert_eq!(longest.window(), Duration::from_micros(MAX_HORIZON_MICROS));
+            let largest = build(MAX_LIMIT, Duration::from_micros(1)).expect("valid");
+            assert_eq!(largest.limit(), MAX_LIMIT);
+        }
+        // Both valid alone, but not their product in the counter's floats.
+        assert_eq!(
+            Policy::sliding_window_counter(MAX_LIMIT, Duration::from_micros(MAX_HORIZON_MICROS))
+                .unwrap_err(),
+            PolicyError::Unrepresentable {
+                what: "limit times window in microseconds",
+                max: crate::algorithm::MAX_EXACT / 2,
+            }
+        );
+    }
+
     #[test]
     fn calendar_policies_validate_their_offset_and_keep_their_periods() {
         use crate::Period;

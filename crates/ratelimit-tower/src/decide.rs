@@ -40,7 +40,7 @@ pub(crate) type OutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 /// A layer's settings but its rules and refusals: what every decision of
 /// the layer is made with.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Settings<St> {
     pub(crate) stats: Arc<Stats>,
     pub(crate) store: St,

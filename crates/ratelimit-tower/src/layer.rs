@@ -1,5 +1,6 @@
 //! [`RateLimitLayer`]: the configuration.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,11 +32,38 @@ use crate::settlement::{SettleError, Settlement};
 /// .and(Rule::new(Policy::gcra(1_000, Rate::per_second(1_000))?, GlobalKey::default()));
 /// # Ok::<(), ratelimit_core::PolicyError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RateLimitLayer<St, P, J = HttpRejections> {
     pub(crate) settings: Settings<St>,
     pub(crate) rules: P,
     pub(crate) reject: J,
+}
+
+// Written out so that the settings are the layer's own fields, around its
+// rules and refusals: `Settings` is internal.
+impl<St: fmt::Debug, P: fmt::Debug, J: fmt::Debug> fmt::Debug for RateLimitLayer<St, P, J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Settings {
+            stats,
+            store,
+            mode,
+            failure,
+            timeout,
+            near_limit,
+            recorder,
+        } = &self.settings;
+        f.debug_struct("RateLimitLayer")
+            .field("stats", stats)
+            .field("store", store)
+            .field("rules", &self.rules)
+            .field("reject", &self.reject)
+            .field("mode", mode)
+            .field("failure", failure)
+            .field("timeout", timeout)
+            .field("near_limit", near_limit)
+            .field("recorder", recorder)
+            .finish()
+    }
 }
 
 impl<St, K> RateLimitLayer<St, Rule<K>> {
@@ -281,5 +309,62 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = Some(timeout);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layer's `Debug` lists its settings as fields of its own, in the
+    /// order they are set: nothing nests them.
+    #[test]
+    fn debug_shows_every_setting_as_a_field_of_the_layer() {
+        let layer = RateLimitLayer::with_rules("store", "rules")
+            .mode(Mode::Wait {
+                max_delay: Duration::from_millis(5),
+            })
+            .on_failure(FailurePolicy::Closed)
+            .near_limit(0.25)
+            .timeout(Duration::from_millis(7));
+        let shown = format!("{layer:#?}");
+        assert!(shown.starts_with("RateLimitLayer {\n"), "{shown}");
+        let fields: Vec<&str> = shown
+            .lines()
+            .filter_map(|line| line.strip_prefix("    "))
+            .filter(|line| line.starts_with(|c: char| c.is_ascii_lowercase()))
+            .collect();
+        let names: Vec<&str> = fields
+            .iter()
+            .map(|field| field.split(':').next().unwrap_or(field))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "stats",
+                "store",
+                "rules",
+                "reject",
+                "mode",
+                "failure",
+                "timeout",
+                "near_limit",
+                "recorder"
+            ],
+            "{shown}"
+        );
+        for (field, value) in [
+            ("store", "\"store\","),
+            ("rules", "\"rules\","),
+            ("mode", "Wait {"),
+            ("failure", "Closed,"),
+            ("timeout", "Some("),
+            ("near_limit", "0.25,"),
+        ] {
+            assert!(
+                fields.contains(&format!("{field}: {value}").as_str()),
+                "{field} in {shown}"
+            );
+        }
     }
 }

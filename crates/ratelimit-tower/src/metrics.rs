@@ -118,36 +118,50 @@ pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 /// ```
 #[cfg(feature = "metrics")]
 pub fn describe() {
-    let counters = [
+    /// What a metric is, for its description.
+    enum Kind {
+        Counter,
+        Histogram(::metrics::Unit),
+    }
+    // The order a recorder hears of them in: the store calls' durations
+    // between the counts of decisions and those of settlements.
+    let described = [
         (
             DECISIONS,
+            Kind::Counter,
             "Rate-limit decisions, one per policy per decision, by policy and outcome \
              (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
              missing_key_allowed, missing_key_rejected, no_peer_address).",
         ),
         (
             NEAR_LIMIT,
+            Kind::Counter,
             "Allowed rate-limit decisions that left less than the near-limit fraction of the limit.",
         ),
         (
+            STORE_CALL_DURATION,
+            Kind::Histogram(::metrics::Unit::Seconds),
+            "Duration of each call from a rate limiter to its store, by outcome (ok, error).",
+        ),
+        (
             SETTLEMENTS,
+            Kind::Counter,
             "Settlements of costs known after the response, one per limit, by policy and outcome \
              (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
              error, invalid).",
         ),
         (
             CONFIG_RELOADS,
+            Kind::Counter,
             "Reloads of the rate-limit configuration, by outcome (loaded, failed).",
         ),
     ];
-    for (name, help) in counters {
-        ::metrics::describe_counter!(name, help);
+    for (name, kind, help) in described {
+        match kind {
+            Kind::Counter => ::metrics::describe_counter!(name, help),
+            Kind::Histogram(unit) => ::metrics::describe_histogram!(name, unit, help),
+        }
     }
-    ::metrics::describe_histogram!(
-        STORE_CALL_DURATION,
-        ::metrics::Unit::Seconds,
-        "Duration of each call from a rate limiter to its store, by outcome (ok, error)."
-    );
     ratelimit_core::metrics::describe();
 }
 
@@ -407,6 +421,80 @@ mod tests {
         // Another recorder draws another seed (equal by chance 1 in 2^64).
         assert_ne!(shown, KeyHash(&other.keys, key).to_string());
         assert!(!shown.contains("203"));
+    }
+
+    /// `describe` describes each metric once, with its kind, unit and help
+    /// text, in a fixed order: the layer's (the store call histogram
+    /// between the counts of decisions and those of settlements), then
+    /// `ratelimit-core`'s.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn describe_describes_every_metric_once_in_order() {
+        use ::metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+        use std::sync::Mutex;
+
+        type Described = (&'static str, String, Option<Unit>, String);
+        #[derive(Default)]
+        struct Descriptions(Mutex<Vec<Described>>);
+        impl Descriptions {
+            fn push(&self, kind: &'static str, name: &KeyName, unit: Option<Unit>, help: &str) {
+                let entry = (kind, name.as_str().to_owned(), unit, help.to_owned());
+                self.0.lock().unwrap().push(entry);
+            }
+        }
+        impl ::metrics::Recorder for Descriptions {
+            fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.push("counter", &name, unit, &help);
+            }
+            fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.push("gauge", &name, unit, &help);
+            }
+            fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+                self.push("histogram", &name, unit, &help);
+            }
+            fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+                Counter::noop()
+            }
+            fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+                Gauge::noop()
+            }
+            fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+                Histogram::noop()
+            }
+        }
+
+        let recorder = Descriptions::default();
+        ::metrics::with_local_recorder(&recorder, describe);
+        let described = recorder.0.into_inner().unwrap();
+        for (_, name, _, help) in &described {
+            assert!(help.ends_with('.'), "{name}: {help:?}");
+        }
+        let order: Vec<_> = described
+            .iter()
+            .map(|(kind, name, unit, _)| (*kind, name.as_str(), *unit))
+            .collect();
+        let seconds = Some(Unit::Seconds);
+        assert_eq!(
+            order,
+            [
+                ("counter", DECISIONS, None),
+                ("counter", NEAR_LIMIT, None),
+                ("histogram", STORE_CALL_DURATION, seconds),
+                ("counter", SETTLEMENTS, None),
+                ("counter", CONFIG_RELOADS, None),
+                ("gauge", "ratelimit_circuit_breaker_state", None),
+                (
+                    "counter",
+                    "ratelimit_circuit_breaker_transitions_total",
+                    None
+                ),
+                ("gauge", "ratelimit_region_peer_lag_seconds", seconds),
+                ("gauge", "ratelimit_region_peer_clock_skew_seconds", seconds),
+                ("gauge", "ratelimit_region_overshoot_estimate", None),
+                ("counter", "ratelimit_region_peer_stale_total", None),
+                ("counter", "ratelimit_region_push_failures_total", None),
+            ]
+        );
     }
 
     #[test]

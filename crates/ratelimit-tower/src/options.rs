@@ -102,7 +102,7 @@ impl fmt::Debug for FailurePolicy {
 /// `error`; missing keys are logged as described on [`MissingKey`], and
 /// costs missing, invalid or clamped as described on
 /// [`Settlement`](crate::Settlement).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Stats {
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
@@ -228,9 +228,33 @@ impl Stats {
     }
 }
 
+// Written out so that each count, and whether its first time was logged,
+// is a field of its own, named as its getter: `LoggedOnce` is internal.
+impl fmt::Debug for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stats")
+            .field("failed_open", &self.failed_open)
+            .field("failed_closed", &self.failed_closed)
+            .field("refused_on_error", &self.refused_on_error)
+            .field("missing_key_allowed", &self.missing_key_allowed.count)
+            .field("missing_key_rejected", &self.missing_key_rejected)
+            .field("no_peer_address", &self.no_peer_address.count)
+            .field("logged_no_peer", &self.no_peer_address.logged)
+            .field("logged_missing_allowed", &self.missing_key_allowed.logged)
+            .field("settle_failed", &self.settle_failed)
+            .field("costs_missing", &self.costs_missing.count)
+            .field("costs_invalid", &self.costs_invalid.count)
+            .field("costs_clamped", &self.costs_clamped.count)
+            .field("logged_cost_missing", &self.costs_missing.logged)
+            .field("logged_cost_invalid", &self.costs_invalid.logged)
+            .field("logged_cost_clamped", &self.costs_clamped.logged)
+            .finish()
+    }
+}
+
 /// A count of what a layer logs only the first time it happens: the count,
 /// and whether that first time was logged.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct LoggedOnce {
     count: AtomicU64,
     logged: AtomicBool,
@@ -312,4 +336,38 @@ pub enum Mode {
         /// The longest a request may wait in total.
         max_delay: Duration,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every count and every first-time flag shows in `Stats`' `Debug`, one
+    /// field each, in the order of the counts the getters give.
+    #[test]
+    fn stats_debug_shows_each_count_and_whether_it_was_logged() {
+        let stats = Stats::default();
+        stats.record(true);
+        stats.record(false);
+        stats.record(false);
+        stats.record_refused_on_error();
+        assert!(stats.record_missing_allowed());
+        assert!(!stats.record_missing_allowed());
+        stats.record_missing_rejected();
+        assert!(stats.record_no_peer());
+        stats.record_settle_failed();
+        assert!(stats.record_cost_missing());
+        assert!(!stats.record_cost_missing());
+        assert!(!stats.record_cost_missing());
+        assert!(stats.record_cost_clamped());
+        assert_eq!(
+            format!("{stats:?}"),
+            "Stats { failed_open: 1, failed_closed: 2, refused_on_error: 1, \
+             missing_key_allowed: 2, missing_key_rejected: 1, no_peer_address: 1, \
+             logged_no_peer: true, logged_missing_allowed: true, settle_failed: 1, \
+             costs_missing: 3, costs_invalid: 0, costs_clamped: 1, \
+             logged_cost_missing: true, logged_cost_invalid: false, \
+             logged_cost_clamped: true }"
+        );
+    }
 }

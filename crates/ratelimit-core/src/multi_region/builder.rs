@@ -320,4 +320,74 @@ mod tests {
         let e = refused(MultiRegionStore::builder("e:u", "redis://127.0.0.1:1")).await;
         assert!(e.contains("region name"), "{e}");
     }
+
+    /// The timing's checks, in order: `sync` and `staleness` together, then
+    /// `staleness` and `max_skew` against a day; each message names the
+    /// values it refused.
+    #[tokio::test]
+    async fn timing_is_checked_sync_first_then_staleness_then_skew() {
+        let base = || MultiRegionStore::builder("eu", "redis://127.0.0.1:1");
+        let day = Duration::from_secs(86_400);
+        let past_day = day + Duration::from_nanos(1);
+        let twice = "must be positive and staleness";
+        for (builder, expected) in [
+            (
+                base().sync(Duration::ZERO),
+                format!("sync (0ns) {twice} (2s) more than twice as long"),
+            ),
+            (
+                base()
+                    .sync(Duration::ZERO)
+                    .staleness(past_day)
+                    .max_skew(past_day),
+                format!("sync (0ns) {twice} ({past_day:?}) more than twice as long"),
+            ),
+            (
+                base().staleness(Duration::from_millis(200)),
+                format!("sync (100ms) {twice} (200ms) more than twice as long"),
+            ),
+            (
+                base().sync(day).staleness(Duration::MAX),
+                format!("staleness ({:?}) must be at most {day:?}", Duration::MAX),
+            ),
+            (
+                base().staleness(past_day).max_skew(past_day),
+                format!("staleness ({past_day:?}) must be at most {day:?}"),
+            ),
+            (
+                base().max_skew(past_day),
+                format!("max_skew ({past_day:?}) must be at most {day:?}"),
+            ),
+        ] {
+            assert_eq!(refused(builder).await, expected);
+        }
+    }
+
+    /// The builder's `Debug` shows the region, the peers' names (never
+    /// their URLs, which may carry passwords), the prefix and the timing:
+    /// the defaults, then what the setters set.
+    #[test]
+    fn debug_shows_the_defaults_and_the_settings_but_no_url() {
+        let builder = MultiRegionStore::builder("eu", "redis://:secret@127.0.0.1:1")
+            .peer("us", "redis://:hidden@127.0.0.1:2");
+        assert_eq!(
+            format!("{builder:?}"),
+            "MultiRegionStoreBuilder { region: \"eu\", peers: [\"us\"], prefix: \"ratelimit\", \
+             sync: 100ms, staleness: 2s, max_skew: 1s, .. }"
+        );
+        let builder = builder
+            .prefix("rl")
+            .sync(Duration::from_millis(250))
+            .staleness(Duration::from_secs(3))
+            .max_skew(Duration::from_millis(40))
+            .push_timeout(Duration::from_millis(70))
+            .call_timeout(Duration::from_millis(80));
+        assert_eq!(
+            format!("{builder:?}"),
+            "MultiRegionStoreBuilder { region: \"eu\", peers: [\"us\"], prefix: \"rl\", \
+             sync: 250ms, staleness: 3s, max_skew: 40ms, .. }"
+        );
+        assert_eq!(builder.timing.push_timeout, Duration::from_millis(70));
+        assert_eq!(builder.call_timeout, Duration::from_millis(80));
+    }
 }
