@@ -33,20 +33,26 @@ fn policy(name: &str, limit: u64) -> Policy {
     fixed_window(name, limit, Duration::from_secs(3600))
 }
 
+/// Runs `future` to its end on a runtime of this thread, whose events
+/// this thread's recorder sees.
+fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(future)
+}
+
 #[test]
 fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
     let events = Events::of_this_process();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let policy = named(
         "per-client",
         Policy::fixed_window(100, Duration::from_secs(60)),
     );
     let layer = RateLimitLayer::new(MemoryStore::new(), policy, PeerIp);
     let ok = ok_service();
-    runtime.block_on(async {
+    block_on(async {
         for _ in 0..5 {
             let response = layer
                 .clone()
@@ -72,10 +78,6 @@ fn no_peer_address_is_logged_once_per_layer_and_counted_each_time() {
 #[test]
 fn a_layers_clones_share_its_key_seed_and_stats_and_another_layer_does_not() {
     let events = Events::of_this_process();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let wait = Mode::Wait {
         max_delay: Duration::ZERO,
     };
@@ -87,7 +89,7 @@ fn a_layers_clones_share_its_key_seed_and_stats_and_another_layer_does_not() {
         .on_failure(FailurePolicy::Open);
     let open_other = RateLimitLayer::new(down, policy("seeded-down", 1), by_client)
         .on_failure(FailurePolicy::Open);
-    let statuses = runtime.block_on(async {
+    let statuses = block_on(async {
         let mut statuses = Vec::new();
         let memory = [
             layer.clone(),
