@@ -17,8 +17,10 @@ use ratelimit_core::{Check, Decision, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
-use super::sentinel::{Outcome, counting_policy, sentinel_store, start_quorum, window_count};
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms};
+use super::sentinel::{
+    Outcome, counting_policy, sentinel_store, start_counting, start_quorum, window_count,
+};
+use super::{CALL_TIMEOUT, MARGIN, bounded, ms};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -151,8 +153,7 @@ fn assert_outages_only_and_bounded(calls: &[Call]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     const LIMIT: u64 = 40;
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
+    let (_turn, set) = start_quorum().await;
     let store = sentinel_store_of(&set, 1).await;
     let tight = counting_policy("frozen-tight", LIMIT);
     let loose = counting_policy("frozen-loose", 1_000_000);
@@ -252,10 +253,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
 /// late the last one that timed out on the frozen master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn light_traffic_follows_a_frozen_master_at_the_first_call_after_the_promotion() {
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("frozen-light", 1_000_000);
+    let (_turn, set, store, policy) = start_counting("frozen-light", 1_000_000).await;
     warm_up("the master answers", || store.check(b"k", &policy, 1)).await;
     let replica_port = set.replica().port();
 
@@ -338,8 +336,7 @@ impl Failover {
     /// Waits for its turn, then starts the quorum and the store; requests
     /// check `key` under `policy`.
     async fn start(policy: Policy, key: &[u8]) -> Self {
-        let turn = SERIAL.lock().await;
-        let set = start_quorum().await;
+        let (turn, set) = start_quorum().await;
         let store = sentinel_store(&set).await;
         let key = store.state_key(key, &policy);
         let replica_port = set.replica().port();
@@ -713,8 +710,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
     use ratelimit_core::{BreakerState, DecisionSource};
 
     const LIMIT: u64 = 60;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
+    let (_turn, mut set) = start_quorum().await;
     let redis = sentinel_store(&set).await;
     let store = super::with_fallback(redis.clone());
     let policy = counting_policy("fallback-gap", LIMIT);
@@ -850,8 +846,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
 /// promotion is lost, and admitted again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
+    let (_turn, set) = start_quorum().await;
     let addresses = set.addresses();
     let store = tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
