@@ -23,7 +23,7 @@ use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
 use ratelimit_tests::warm_up;
 
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed};
+use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, start_clients, timed};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -422,35 +422,26 @@ impl Load {
     async fn start(store: &RedisStore, policy: &Policy) -> Load {
         let done = Arc::new(AtomicBool::new(false));
         let denied = Arc::new(AtomicBool::new(false));
-        let tasks = (0..TASKS)
-            .map(|_| {
-                let (store, policy) = (store.clone(), policy.clone());
-                let (done, denied) = (Arc::clone(&done), Arc::clone(&denied));
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    while !done.load(Ordering::Relaxed) {
-                        let start = Instant::now();
-                        // The outer bound only catches a hang: every call
-                        // is checked against the call timeout.
-                        let result =
-                            tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
-                                .await
-                                .unwrap_or(Err(StoreError::Backend("hung".into())));
-                        let outcome = Outcome::of(result);
-                        if outcome == Outcome::Denied {
-                            denied.store(true, Ordering::Relaxed);
-                        }
-                        calls.push(Call {
-                            start,
-                            end: Instant::now(),
-                            outcome,
-                        });
-                        tokio::time::sleep(PACE).await;
-                    }
-                    calls
-                })
-            })
-            .collect();
+        let with = (store.clone(), policy.clone(), Arc::clone(&denied));
+        let tasks = start_clients(TASKS, &done, &with, |(store, policy, denied)| async move {
+            let start = Instant::now();
+            // The outer bound only catches a hang: every call is checked
+            // against the call timeout.
+            let result = tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
+                .await
+                .unwrap_or(Err(StoreError::Backend("hung".into())));
+            let outcome = Outcome::of(result);
+            if outcome == Outcome::Denied {
+                denied.store(true, Ordering::Relaxed);
+            }
+            let call = Call {
+                start,
+                end: Instant::now(),
+                outcome,
+            };
+            tokio::time::sleep(PACE).await;
+            Some(call)
+        });
         tokio::time::sleep(BEFORE).await;
         Load {
             done,
@@ -466,7 +457,7 @@ impl Load {
         while named.elapsed() < after || !self.denied.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.done.store(true, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
         let mut calls = Vec::new();
         for task in self.tasks {
             calls.extend(task.await.expect("a load task panicked"));
