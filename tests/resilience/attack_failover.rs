@@ -17,8 +17,10 @@ use ratelimit_core::{Check, Decision, PermitId, Policy, Store, StoreError};
 use ratelimit_tests::sentinels::MASTER_NAME;
 use ratelimit_tests::{RedisSentinels, RedisServer, named, warm_up};
 
-use super::sentinel::{Outcome, counting_policy, sentinel_store, start_quorum, window_count};
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms};
+use super::sentinel::{
+    Outcome, counting_policy, sentinel_store, start_counting, start_quorum, window_count,
+};
+use super::{CALL_TIMEOUT, MARGIN, bounded, ms, start_clients};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -151,8 +153,7 @@ fn assert_outages_only_and_bounded(calls: &[Call]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     const LIMIT: u64 = 40;
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
+    let (_turn, set) = start_quorum().await;
     let store = sentinel_store_of(&set, 1).await;
     let tight = counting_policy("frozen-tight", LIMIT);
     let loose = counting_policy("frozen-loose", 1_000_000);
@@ -162,28 +163,24 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
     let calls = bounded(async {
         let after = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
-        let tasks: Vec<_> = (0..6)
-            .map(|_| {
-                let (store, tight, loose) = (store.clone(), tight.clone(), loose.clone());
-                let (after, done) = (Arc::clone(&after), Arc::clone(&done));
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    while !done.load(Ordering::Acquire) {
-                        let phase = after.load(Ordering::Acquire);
-                        let key: &[u8] = if phase { b"after" } else { b"before" };
-                        let checks = [Check::new(key, &tight, 1), Check::new(key, &loose, 1)];
-                        let start = Instant::now();
-                        let result =
-                            tokio::time::timeout(CALL_TIMEOUT * 10, store.check_all(&checks))
-                                .await
-                                .unwrap_or(Err(StoreError::Backend("hung".into())));
-                        calls.push(Call::ended(phase, start, &result));
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    calls
-                })
-            })
-            .collect();
+        let with = (
+            store.clone(),
+            tight.clone(),
+            loose.clone(),
+            Arc::clone(&after),
+        );
+        let tasks = start_clients(6, &done, &with, |(store, tight, loose, after)| async move {
+            let phase = after.load(Ordering::Acquire);
+            let key: &[u8] = if phase { b"after" } else { b"before" };
+            let checks = [Check::new(key, &tight, 1), Check::new(key, &loose, 1)];
+            let start = Instant::now();
+            let result = tokio::time::timeout(CALL_TIMEOUT * 10, store.check_all(&checks))
+                .await
+                .unwrap_or(Err(StoreError::Backend("hung".into())));
+            let call = Call::ended(phase, start, &result);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some(call)
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
         set.master().freeze();
         let frozen = Instant::now();
@@ -252,10 +249,7 @@ async fn a_frozen_master_thawed_after_the_promotion_is_never_decided_on() {
 /// late the last one that timed out on the frozen master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn light_traffic_follows_a_frozen_master_at_the_first_call_after_the_promotion() {
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("frozen-light", 1_000_000);
+    let (_turn, set, store, policy) = start_counting("frozen-light", 1_000_000).await;
     warm_up("the master answers", || store.check(b"k", &policy, 1)).await;
     let replica_port = set.replica().port();
 
@@ -338,8 +332,7 @@ impl Failover {
     /// Waits for its turn, then starts the quorum and the store; requests
     /// check `key` under `policy`.
     async fn start(policy: Policy, key: &[u8]) -> Self {
-        let turn = SERIAL.lock().await;
-        let set = start_quorum().await;
+        let (turn, set) = start_quorum().await;
         let store = sentinel_store(&set).await;
         let key = store.state_key(key, &policy);
         let replica_port = set.replica().port();
@@ -713,8 +706,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
     use ratelimit_core::{BreakerState, DecisionSource};
 
     const LIMIT: u64 = 60;
-    let _turn = SERIAL.lock().await;
-    let mut set = start_quorum().await;
+    let (_turn, mut set) = start_quorum().await;
     let redis = sentinel_store(&set).await;
     let store = super::with_fallback(redis.clone());
     let policy = counting_policy("fallback-gap", LIMIT);
@@ -732,32 +724,24 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
     let (calls, killed, named) = bounded(async {
         let paused = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
-        let tasks: Vec<_> = (0..3)
-            .map(|_| {
-                let (store, policy) = (store.clone(), policy.clone());
-                let (paused, done) = (Arc::clone(&paused), Arc::clone(&done));
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    while !done.load(Ordering::Acquire) {
-                        if paused.load(Ordering::Acquire) {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            continue;
-                        }
-                        let start = Instant::now();
-                        let result = store.check(b"k", &policy, 1).await;
-                        calls.push(Sourced {
-                            start,
-                            end: Instant::now(),
-                            result: result
-                                .map(|d| (d.is_allowed(), d.source()))
-                                .map_err(|e| e.to_string()),
-                        });
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    calls
-                })
-            })
-            .collect();
+        let with = (store.clone(), policy.clone(), Arc::clone(&paused));
+        let tasks = start_clients(3, &done, &with, |(store, policy, paused)| async move {
+            if paused.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                return None;
+            }
+            let start = Instant::now();
+            let result = store.check(b"k", &policy, 1).await;
+            let call = Sourced {
+                start,
+                end: Instant::now(),
+                result: result
+                    .map(|d| (d.is_allowed(), d.source()))
+                    .map_err(|e| e.to_string()),
+            };
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some(call)
+        });
         tokio::time::sleep(Duration::from_millis(200)).await;
         paused.store(true, Ordering::Release);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -850,8 +834,7 @@ async fn the_fallback_alone_decides_in_the_gap_and_redis_after_it() {
 /// promotion is lost, and admitted again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
+    let (_turn, set) = start_quorum().await;
     let addresses = set.addresses();
     let store = tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -876,21 +859,14 @@ async fn a_store_built_on_a_runtime_since_shut_down_still_follows_the_events() {
 
     let (calls, named) = bounded(async {
         let done = Arc::new(AtomicBool::new(false));
-        let tasks: Vec<_> = (0..3)
-            .map(|_| {
-                let (store, policy, done) = (store.clone(), policy.clone(), Arc::clone(&done));
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    while !done.load(Ordering::Acquire) {
-                        let start = Instant::now();
-                        let result = store.check(b"k", &policy, 1).await.map(|d| vec![d]);
-                        calls.push(Call::ended(false, start, &result));
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    calls
-                })
-            })
-            .collect();
+        let with = (store.clone(), policy.clone());
+        let tasks = start_clients(3, &done, &with, |(store, policy)| async move {
+            let start = Instant::now();
+            let result = store.check(b"k", &policy, 1).await.map(|d| vec![d]);
+            let call = Call::ended(false, start, &result);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some(call)
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
         tokio::task::block_in_place(|| {
             let ordered = set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);

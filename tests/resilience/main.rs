@@ -99,6 +99,35 @@ async fn bounded<T>(future: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("the test did not finish within {TEST_LIMIT:?}"))
 }
 
+/// Starts `clients` tasks, each running `call` on its own clone of `with`
+/// until `done` and gathering what the calls return (`None`: nothing to
+/// keep).
+fn start_clients<W, T, F, Fut>(
+    clients: usize,
+    done: &Arc<AtomicBool>,
+    with: &W,
+    call: F,
+) -> Vec<tokio::task::JoinHandle<Vec<T>>>
+where
+    W: Clone + Send + 'static,
+    T: Send + 'static,
+    F: Fn(W) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Option<T>> + Send,
+{
+    (0..clients)
+        .map(|_| {
+            let (with, call, done) = (with.clone(), call.clone(), Arc::clone(done));
+            tokio::spawn(async move {
+                let mut calls = Vec::new();
+                while !done.load(Ordering::Acquire) {
+                    calls.extend(call(with.clone()).await);
+                }
+                calls
+            })
+        })
+        .collect()
+}
+
 /// Runs `future` and times it.
 async fn timed<T>(future: impl Future<Output = T>) -> (Duration, T) {
     let start = Instant::now();
@@ -213,31 +242,23 @@ where
 {
     let t0 = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::with_capacity(TASKS);
-    for _ in 0..TASKS {
-        let service = service.clone();
-        let done = Arc::clone(&done);
-        clients.push(tokio::spawn(async move {
-            let mut samples = Vec::new();
-            while !done.load(Ordering::Relaxed) {
-                let start = t0.elapsed();
-                let (took, response) = timed(service.clone().oneshot(Request::new(()))).await;
-                let response = response.expect("the service is infallible");
-                let limit = response
-                    .headers()
-                    .get("x-ratelimit-limit")
-                    .and_then(|v| v.to_str().ok()?.parse().ok());
-                samples.push(Sample {
-                    start,
-                    took,
-                    status: response.status().as_u16(),
-                    limit,
-                });
-                tokio::time::sleep(PACE).await;
-            }
-            samples
-        }));
-    }
+    let clients = start_clients(TASKS, &done, &service, move |service: S| async move {
+        let start = t0.elapsed();
+        let (took, response) = timed(service.oneshot(Request::new(()))).await;
+        let response = response.expect("the service is infallible");
+        let limit = response
+            .headers()
+            .get("x-ratelimit-limit")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let sample = Sample {
+            start,
+            took,
+            status: response.status().as_u16(),
+            limit,
+        };
+        tokio::time::sleep(PACE).await;
+        Some(sample)
+    });
 
     tokio::time::sleep(BEFORE).await;
     let server = stop(server).await;
@@ -247,7 +268,7 @@ where
     let server = restart(server).await;
     let up = t0.elapsed();
     tokio::time::sleep(AFTER).await;
-    done.store(true, Ordering::Relaxed);
+    done.store(true, Ordering::Release);
 
     let mut samples = Vec::new();
     for client in clients {

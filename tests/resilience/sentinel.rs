@@ -23,7 +23,7 @@ use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
 use ratelimit_tests::warm_up;
 
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, timed};
+use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, start_clients, timed};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -31,26 +31,33 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
 /// The longest the sentinels may take to fail over a dead master.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 
-/// Starts the set on a blocking thread (it waits for the sentinels).
-async fn start_set(password: Option<&'static str>) -> RedisSentinels {
-    tokio::task::spawn_blocking(move || match password {
+/// The turn [`SERIAL`] gives a fault test.
+pub(crate) type Turn = tokio::sync::MutexGuard<'static, ()>;
+
+/// Takes the test's turn, then starts the set on a blocking thread (it
+/// waits for the sentinels).
+async fn start_set(password: Option<&'static str>) -> (Turn, RedisSentinels) {
+    let turn = SERIAL.lock().await;
+    let set = tokio::task::spawn_blocking(move || match password {
         Some(password) => RedisSentinels::start_with_password(password),
         None => RedisSentinels::start(),
     })
     .await
-    .expect("starting the sentinels")
+    .expect("starting the sentinels");
+    (turn, set)
 }
 
-/// Starts a set whose sentinels can fail its master over (they know one
-/// another).
-pub(crate) async fn start_quorum() -> RedisSentinels {
-    let set = start_set(None).await;
-    tokio::task::spawn_blocking(move || {
+/// Takes the test's turn, then starts a set whose sentinels can fail its
+/// master over (they know one another).
+pub(crate) async fn start_quorum() -> (Turn, RedisSentinels) {
+    let (turn, set) = start_set(None).await;
+    let set = tokio::task::spawn_blocking(move || {
         set.wait_for_quorum();
         set
     })
     .await
-    .expect("waiting for the sentinels")
+    .expect("waiting for the sentinels");
+    (turn, set)
 }
 
 /// Kills the set's first master (`SIGKILL`) on a blocking thread; returns
@@ -71,6 +78,18 @@ pub(crate) async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
         .build()
         .await
         .expect("a store behind the sentinels")
+}
+
+/// Takes the test's turn, then starts a set whose sentinels can fail its
+/// master over, a store behind it and the counting policy `name` at
+/// `limit`.
+pub(crate) async fn start_counting(
+    name: &str,
+    limit: u64,
+) -> (Turn, RedisSentinels, RedisStore, Policy) {
+    let (turn, set) = start_quorum().await;
+    let store = sentinel_store(&set).await;
+    (turn, set, store, counting_policy(name, limit))
 }
 
 /// A fixed window far longer than any test (no window edge passes while one
@@ -383,13 +402,11 @@ const AFTER: Duration = Duration::from_secs(1);
 /// A set whose sentinels can fail its master over, a store behind it, the
 /// counting policy `name` at [`LIMIT`] and its state key, the master
 /// answering: what a load over a failover starts from.
-async fn start_loaded(name: &str) -> (RedisSentinels, RedisStore, Policy, String) {
-    let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy(name, LIMIT);
+async fn start_loaded(name: &str) -> (Turn, RedisSentinels, RedisStore, Policy, String) {
+    let (turn, set, store, policy) = start_counting(name, LIMIT).await;
     let key = store.state_key(b"k", &policy);
     warm_up("the master answers", || store.ping()).await;
-    (set, store, policy, key)
+    (turn, set, store, policy, key)
 }
 
 /// A load of [`TASKS`] clients each checking `k` every [`PACE`], until
@@ -405,35 +422,26 @@ impl Load {
     async fn start(store: &RedisStore, policy: &Policy) -> Load {
         let done = Arc::new(AtomicBool::new(false));
         let denied = Arc::new(AtomicBool::new(false));
-        let tasks = (0..TASKS)
-            .map(|_| {
-                let (store, policy) = (store.clone(), policy.clone());
-                let (done, denied) = (Arc::clone(&done), Arc::clone(&denied));
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    while !done.load(Ordering::Relaxed) {
-                        let start = Instant::now();
-                        // The outer bound only catches a hang: every call
-                        // is checked against the call timeout.
-                        let result =
-                            tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
-                                .await
-                                .unwrap_or(Err(StoreError::Backend("hung".into())));
-                        let outcome = Outcome::of(result);
-                        if outcome == Outcome::Denied {
-                            denied.store(true, Ordering::Relaxed);
-                        }
-                        calls.push(Call {
-                            start,
-                            end: Instant::now(),
-                            outcome,
-                        });
-                        tokio::time::sleep(PACE).await;
-                    }
-                    calls
-                })
-            })
-            .collect();
+        let with = (store.clone(), policy.clone(), Arc::clone(&denied));
+        let tasks = start_clients(TASKS, &done, &with, |(store, policy, denied)| async move {
+            let start = Instant::now();
+            // The outer bound only catches a hang: every call is checked
+            // against the call timeout.
+            let result = tokio::time::timeout(CALL_TIMEOUT * 10, store.check(b"k", &policy, 1))
+                .await
+                .unwrap_or(Err(StoreError::Backend("hung".into())));
+            let outcome = Outcome::of(result);
+            if outcome == Outcome::Denied {
+                denied.store(true, Ordering::Relaxed);
+            }
+            let call = Call {
+                start,
+                end: Instant::now(),
+                outcome,
+            };
+            tokio::time::sleep(PACE).await;
+            Some(call)
+        });
         tokio::time::sleep(BEFORE).await;
         Load {
             done,
@@ -449,7 +457,7 @@ impl Load {
         while named.elapsed() < after || !self.denied.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.done.store(true, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
         let mut calls = Vec::new();
         for task in self.tasks {
             calls.extend(task.await.expect("a load task panicked"));
@@ -512,8 +520,7 @@ async fn assert_admits_then_denies(store: &RedisStore, policy: &Policy, limit: u
 /// What `build()` checks: the sentinels answer and name a master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_asks_the_sentinels_for_the_master() {
-    let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let (_turn, set) = start_set(None).await;
     bounded(async {
         let store = sentinel_store(&set).await;
         assert_eq!(
@@ -585,9 +592,8 @@ async fn build_asks_the_sentinels_for_the_master() {
 /// missing credentials fail `build()`, never a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_masters_credentials_and_database_come_from_the_builder() {
-    let _turn = SERIAL.lock().await;
     const PASSWORD: &str = "sentinel-secret";
-    let set = start_set(Some(PASSWORD)).await;
+    let (_turn, set) = start_set(Some(PASSWORD)).await;
     bounded(async {
         let store = RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
             .master_credentials("default", PASSWORD)
@@ -643,8 +649,7 @@ async fn the_masters_credentials_and_database_come_from_the_builder() {
 /// limit, across both masters, are at most those the replica never saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_store_follows_a_failover_under_load() {
-    let _turn = SERIAL.lock().await;
-    let (set, store, policy, key) = start_loaded("failover-load").await;
+    let (_turn, set, store, policy, key) = start_loaded("failover-load").await;
 
     let (calls, t_kill, promotion, replicated) = bounded(async {
         let load = Load::start(&store, &policy).await;
@@ -740,10 +745,7 @@ async fn the_store_follows_a_failover_under_load() {
 async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
     const EVERY: Duration = Duration::from_millis(1_500);
     const CALLS: usize = 12;
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("failover-light", 100);
+    let (_turn, set, store, policy) = start_counting("failover-light", 100).await;
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
 
     // Until a call decides, or CALLS have not.
@@ -803,8 +805,7 @@ async fn light_traffic_resumes_within_two_seconds_of_the_promotion() {
 /// (the old master's writes before it reached the replica long before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ordered_failover_loses_no_admission() {
-    let _turn = SERIAL.lock().await;
-    let (set, store, policy, key) = start_loaded("failover-ordered").await;
+    let (_turn, set, store, policy, key) = start_loaded("failover-ordered").await;
 
     let (calls, t_failover, promotion, set) =
         load_over_ordered_failover(set, &store, &policy, |set| {
@@ -878,8 +879,7 @@ fn subscribers(sentinel: &RedisServer) -> usize {
 /// events end with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_needs_the_sentinels_only_to_find_the_master() {
-    let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let (_turn, set) = start_set(None).await;
     let set = bounded(async move {
         let store = sentinel_store(&set).await;
         let policy = counting_policy("sentinels-down", 5);
@@ -939,8 +939,7 @@ async fn the_store_needs_the_sentinels_only_to_find_the_master() {
 /// nor a mistake. Once it is a master again, the store decides on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_demoted_under_the_store_is_never_decided_on() {
-    let _turn = SERIAL.lock().await;
-    let set = start_set(None).await;
+    let (_turn, set) = start_set(None).await;
     bounded(async {
         let store = sentinel_store(&set).await;
         let policy = counting_policy("demoted", 100);
@@ -1007,8 +1006,7 @@ async fn a_master_demoted_under_the_store_is_never_decided_on() {
 async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
     use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
     const EVERY: Duration = Duration::from_millis(100);
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
+    let (_turn, set) = start_quorum().await;
     let hung = FaultProxy::start(set.sentinels()[0].addr());
     hung.set_mode(Mode::Stall);
     let mut addresses = vec![hung.addr().to_string()];
@@ -1062,10 +1060,9 @@ async fn a_hung_sentinel_slows_each_lookup_but_the_store_follows() {
 /// needs (a mistake, never an outage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_user_decides_behind_sentinel() {
-    let _turn = SERIAL.lock().await;
     const DOCUMENTED: &str = "on >limiter-secret ~ratelimit:* resetchannels -@all +fcall \
          +function|load +evalsha +eval +time +get +set +pexpire +pttl +del +zrange +ping +info";
-    let set = start_set(None).await;
+    let (_turn, set) = start_set(None).await;
     bounded(async {
         let set_user = |rules: &[&str]| {
             for node in [set.master(), set.replica()] {
@@ -1145,8 +1142,7 @@ async fn a_tls_master_behind_sentinel() {
 /// old master while it is under way, and loses no admission.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
-    let _turn = SERIAL.lock().await;
-    let (set, store, policy, key) = start_loaded("failover-after-abort").await;
+    let (_turn, set, store, policy, key) = start_loaded("failover-after-abort").await;
 
     let (calls, t_failover, promotion, set) =
         load_over_ordered_failover(set, &store, &policy, |set| {
@@ -1217,10 +1213,7 @@ async fn a_failover_ordered_just_after_an_abort_loses_no_admission() {
 /// [`FOLLOW_DEADLINE`] of a sentinel naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_follows_a_failover_back() {
-    let _turn = SERIAL.lock().await;
-    let set = start_quorum().await;
-    let store = sentinel_store(&set).await;
-    let policy = counting_policy("failover-back", 1_000_000);
+    let (_turn, set, store, policy) = start_counting("failover-back", 1_000_000).await;
     warm_up("the master answers", || store.ping()).await;
     let (first, second) = (set.master().port(), set.replica().port());
 
@@ -1301,8 +1294,7 @@ async fn the_store_follows_a_failover_back() {
 /// is counted there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_promoted_after_its_failover_aborted_is_not_decided_on() {
-    let _turn = SERIAL.lock().await;
-    let (set, store, policy, key) = start_loaded("failover-late-promotion").await;
+    let (_turn, set, store, policy, key) = start_loaded("failover-late-promotion").await;
 
     let (calls, set) = bounded(async {
         let load = Load::start(&store, &policy).await;
