@@ -118,50 +118,31 @@ pub(crate) const DEFAULT_NEAR_LIMIT: f64 = 0.1;
 /// ```
 #[cfg(feature = "metrics")]
 pub fn describe() {
-    /// What a metric is, for its description.
-    enum Kind {
-        Counter,
-        Histogram(::metrics::Unit),
-    }
-    // The order a recorder hears of them in: the store calls' durations
-    // between the counts of decisions and those of settlements.
-    let described = [
-        (
-            DECISIONS,
-            Kind::Counter,
-            "Rate-limit decisions, one per policy per decision, by policy and outcome \
-             (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
-             missing_key_allowed, missing_key_rejected, no_peer_address).",
-        ),
-        (
-            NEAR_LIMIT,
-            Kind::Counter,
-            "Allowed rate-limit decisions that left less than the near-limit fraction of the limit.",
-        ),
-        (
-            STORE_CALL_DURATION,
-            Kind::Histogram(::metrics::Unit::Seconds),
-            "Duration of each call from a rate limiter to its store, by outcome (ok, error).",
-        ),
-        (
-            SETTLEMENTS,
-            Kind::Counter,
-            "Settlements of costs known after the response, one per limit, by policy and outcome \
-             (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
-             error, invalid).",
-        ),
-        (
-            CONFIG_RELOADS,
-            Kind::Counter,
-            "Reloads of the rate-limit configuration, by outcome (loaded, failed).",
-        ),
-    ];
-    for (name, kind, help) in described {
-        match kind {
-            Kind::Counter => ::metrics::describe_counter!(name, help),
-            Kind::Histogram(unit) => ::metrics::describe_histogram!(name, unit, help),
-        }
-    }
+    ::metrics::describe_counter!(
+        DECISIONS,
+        "Rate-limit decisions, one per policy per decision, by policy and outcome \
+         (allowed, not_consumed, denied, shadow_denied, error, fallback, cached_denied, \
+         missing_key_allowed, missing_key_rejected, no_peer_address)."
+    );
+    ::metrics::describe_counter!(
+        NEAR_LIMIT,
+        "Allowed rate-limit decisions that left less than the near-limit fraction of the limit."
+    );
+    ::metrics::describe_histogram!(
+        STORE_CALL_DURATION,
+        ::metrics::Unit::Seconds,
+        "Duration of each call from a rate limiter to its store, by outcome (ok, error)."
+    );
+    ::metrics::describe_counter!(
+        SETTLEMENTS,
+        "Settlements of costs known after the response, one per limit, by policy and outcome \
+         (settled, clamped, refunded, cancelled, cancelled_kept, missing_cost, invalid_cost, \
+         error, invalid)."
+    );
+    ::metrics::describe_counter!(
+        CONFIG_RELOADS,
+        "Reloads of the rate-limit configuration, by outcome (loaded, failed)."
+    );
     ratelimit_core::metrics::describe();
 }
 
