@@ -1,7 +1,6 @@
 //! [`DeniedCache`]: answer known denials locally, without a round trip.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,8 +9,10 @@ use crate::admin::AdminStore;
 use crate::bounded::KeyShards;
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, RefundFuture, Store, answered_then};
-use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
+use crate::store::{
+    BoxFuture, Check, LocalState, RefundFuture, Store, answered_then, forgetting, name_and_key,
+};
+use crate::{Decision, DecisionSource, PermitId, Policy, key};
 
 /// The default bound on cached denials.
 pub(crate) const DEFAULT_CACHE_ENTRIES: usize = 10_000;
@@ -182,7 +183,7 @@ impl<S> Inner<S> {
     }
 }
 
-impl<S> Inner<S> {
+impl<S> LocalState for Inner<S> {
     /// Drops the cached denials of `key` (normalized) under the policy named
     /// `policy`, whatever its parameters (they share the key's state), after
     /// an admin operation that may have ended them. A check sent before now
@@ -194,22 +195,6 @@ impl<S> Inner<S> {
             .fetch_max(self.now().saturating_add(1), Ordering::Relaxed);
         shard.remove_all(hash, |(p, k)| p.name() == policy && **k == *key);
     }
-}
-
-/// Forwards `call`, then forgets the cached denial of `key` under `policy`.
-fn forgetting<S, T>(
-    inner: &Arc<Inner<S>>,
-    key: &[u8],
-    policy: &Policy,
-    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> BoxFuture<T>
-where
-    S: Send + Sync + 'static,
-    T: Send + 'static,
-{
-    let inner = Arc::clone(inner);
-    let (policy, key) = (policy.name().to_owned(), key::normalize(key).into_owned());
-    answered_then(call, move || inner.forget(&policy, &key))
 }
 
 impl<S: Store> Store for DeniedCache<S> {
@@ -273,12 +258,7 @@ impl<S: Store> Store for DeniedCache<S> {
         let given_back: Vec<(String, Vec<u8>)> = settles
             .iter()
             .filter(|s| s.actual < s.reserved)
-            .map(|s| {
-                (
-                    s.policy.name().to_owned(),
-                    key::normalize(s.key).into_owned(),
-                )
-            })
+            .map(|s| name_and_key(s.policy, s.key))
             .collect();
         if given_back.is_empty() {
             return call;

@@ -13,7 +13,7 @@ use crate::bounded::KeyShards;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store, answered_then};
+use crate::store::{BoxFuture, Check, LocalState, Store, forgetting, name_and_key};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
@@ -334,7 +334,7 @@ fn leasable(policy: &Policy, cost: u64, batch: u64) -> bool {
         )
 }
 
-impl<S, C> Inner<S, C> {
+impl<S, C> LocalState for Inner<S, C> {
     /// Drops this instance's leases of `key` (normalized) under the policy
     /// named `policy`, whatever its parameters (they share the key's state):
     /// nothing more is spent from them, a refused batch no longer holds back
@@ -576,12 +576,7 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
         let call = self.inner.store.settle(id, settles);
         let keys: Vec<(String, Vec<u8>)> = settles
             .iter()
-            .map(|s| {
-                (
-                    s.policy.name().to_owned(),
-                    key::normalize(s.key).into_owned(),
-                )
-            })
+            .map(|s| name_and_key(s.policy, s.key))
             .collect();
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
@@ -615,11 +610,8 @@ where
     C: Send + Sync + 'static,
     T: Send + 'static,
 {
-    let key = key::normalize(key).into_owned();
-    let policy = policy.name().to_owned();
-    inner.forget(&policy, &key);
-    let inner = Arc::clone(inner);
-    answered_then(call, move || inner.forget(&policy, &key))
+    inner.forget(policy.name(), &key::normalize(key));
+    forgetting(inner, key, policy, call)
 }
 
 /// Every operation goes to the inner store. All but [`peek`](AdminStore::peek)
