@@ -1,8 +1,13 @@
 //! [`BoundedMap`]: at most a fixed number of entries, room for a new one
-//! found in bounded work. The shards of [`DeniedCache`](crate::DeniedCache)
-//! and of `LeasedStore` are built on it.
+//! found in bounded work; [`KeyShards`], the sharded maps of
+//! [`DeniedCache`](crate::DeniedCache) and of `LeasedStore` built on it.
+
+use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::Policy;
 
 /// How many entries a new entry may look at for room before it gives up:
 /// the work of an insertion into a full map is bounded by this, not by the
@@ -142,6 +147,50 @@ impl<K, V> BoundedMap<K, V> {
         if let Ok(entry) = self.index.find_entry(self.slots[i].hash, |&j| j == i) {
             entry.remove();
         }
+    }
+}
+
+/// How many shards a [`KeyShards`] has, each behind its own lock.
+const SHARDS: usize = 16;
+
+/// One shard of a [`KeyShards`]: entries by policy (its name and
+/// parameters) and normalized key.
+pub(crate) type KeyShard<V> = BoundedMap<(Policy, Box<[u8]>), V>;
+
+/// What a store wrapper keeps locally per policy and normalized key, in
+/// shards behind their own locks. Entries are hashed by the policy's name
+/// and the key alone, so that an admin operation on a key finds the entries
+/// of every policy under the name.
+pub(crate) struct KeyShards<V> {
+    shards: [Mutex<KeyShard<V>>; SHARDS],
+    hasher: RandomState,
+}
+
+impl<V> KeyShards<V> {
+    /// Empty shards for `entries` entries in all: each holds at most its
+    /// share, rounded up.
+    pub(crate) fn new(entries: usize) -> Self {
+        KeyShards {
+            shards: std::array::from_fn(|_| Mutex::new(BoundedMap::new(entries.div_ceil(SHARDS)))),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// The hash of `key` under the policy named `policy`.
+    pub(crate) fn hash(&self, policy: &str, key: &[u8]) -> u64 {
+        self.hasher.hash_one((policy, key))
+    }
+
+    /// The shard of the entries under `hash`.
+    pub(crate) fn shard(&self, hash: u64) -> &Mutex<KeyShard<V>> {
+        // Bits the shard's own table does not use to place its entries.
+        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
+        &self.shards[index]
+    }
+
+    /// Entries held in all shards.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 }
 

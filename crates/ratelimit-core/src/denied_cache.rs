@@ -1,25 +1,21 @@
 //! [`DeniedCache`]: answer known denials locally, without a round trip.
 
 use std::fmt;
-use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
 use crate::admin::AdminStore;
-use crate::bounded::BoundedMap;
+use crate::bounded::KeyShards;
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, RefundFuture, Store, answered_then};
-use crate::{Decision, DecisionSource, PermitId, Policy, StoreError, key};
+use crate::store::{
+    BoxFuture, Check, LocalState, RefundFuture, Store, answered_then, forgetting, name_and_key,
+};
+use crate::{Decision, DecisionSource, PermitId, Policy, key};
 
 /// The default bound on cached denials.
 pub(crate) const DEFAULT_CACHE_ENTRIES: usize = 10_000;
-
-const SHARDS: usize = 16;
 
 /// A store wrapper that remembers denials: once the inner store denies key K
 /// under policy P for a request of cost c, with `retry_after` R, requests for
@@ -64,19 +60,15 @@ pub struct DeniedCache<S> {
 
 struct Inner<S> {
     store: S,
-    shards: [Mutex<Shard>; SHARDS],
+    /// Cached denials, found by the policy's name and the key
+    /// ([`Inner::forget`] drops those of every policy under the name).
+    denials: KeyShards<Entry>,
     origin: Instant,
-    hasher: RandomState,
     hits: AtomicU64,
     /// Denials of requests sent before this time (µs) are not cached: an
     /// admin operation may have ended them (see [`Inner::forget`]).
     forgotten_at: AtomicU64,
 }
-
-/// Cached denials by policy (its name and parameters) and stored key,
-/// hashed by the name and key alone, so that an admin operation finds the
-/// denials of every policy under the name ([`Inner::forget`]).
-type Shard = BoundedMap<(Policy, Box<[u8]>), Entry>;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -113,11 +105,8 @@ impl<S: Store> DeniedCache<S> {
         DeniedCache {
             inner: Arc::new(Inner {
                 store,
-                shards: std::array::from_fn(|_| {
-                    Mutex::new(BoundedMap::new(entries.div_ceil(SHARDS)))
-                }),
+                denials: KeyShards::new(entries),
                 origin: Instant::now(),
-                hasher: RandomState::new(),
                 hits: AtomicU64::new(0),
                 forgotten_at: AtomicU64::new(0),
             }),
@@ -131,7 +120,7 @@ impl<S: Store> DeniedCache<S> {
 
     /// How many denials are cached now (live or not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+        self.inner.denials.len()
     }
 
     /// Whether no denial is cached.
@@ -150,22 +139,11 @@ impl<S> Inner<S> {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The hash of `key` under the policy named `policy`.
-    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
-        self.hasher.hash_one((policy, key))
-    }
-
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // Bits the shard's own table does not use to place its entries.
-        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
-        &self.shards[index]
-    }
-
     /// A cached denial for this request, if one still holds.
     fn lookup(&self, policy: &Policy, key: &[u8], cost: u64) -> Option<Decision> {
         let now = self.now();
-        let hash = self.hash(policy.name(), key);
-        let shard = self.shard(hash).lock();
+        let hash = self.denials.hash(policy.name(), key);
+        let shard = self.denials.shard(hash).lock();
         let entry = shard.get(hash, |(p, k)| p == policy && **k == *key)?;
         (cost >= entry.cost && now < entry.until_micros).then(|| {
             let retry = entry.until_micros - now;
@@ -181,8 +159,8 @@ impl<S> Inner<S> {
         {
             return;
         }
-        let hash = self.hash(policy.name(), key);
-        let mut shard = self.shard(hash).lock();
+        let hash = self.denials.hash(policy.name(), key);
+        let mut shard = self.denials.shard(hash).lock();
         // Read under the shard lock that `forget` takes for this key, so a
         // denial is either dropped by it or not cached at all.
         if sent_at < self.forgotten_at.load(Ordering::Relaxed) {
@@ -205,34 +183,18 @@ impl<S> Inner<S> {
     }
 }
 
-impl<S> Inner<S> {
+impl<S> LocalState for Inner<S> {
     /// Drops the cached denials of `key` (normalized) under the policy named
     /// `policy`, whatever its parameters (they share the key's state), after
     /// an admin operation that may have ended them. A check sent before now
     /// may still bring back an old denial: those are not cached any more.
     fn forget(&self, policy: &str, key: &[u8]) {
-        let hash = self.hash(policy, key);
-        let mut shard = self.shard(hash).lock();
+        let hash = self.denials.hash(policy, key);
+        let mut shard = self.denials.shard(hash).lock();
         self.forgotten_at
             .fetch_max(self.now().saturating_add(1), Ordering::Relaxed);
         shard.remove_all(hash, |(p, k)| p.name() == policy && **k == *key);
     }
-}
-
-/// Forwards `call`, then forgets the cached denial of `key` under `policy`.
-fn forgetting<S, T>(
-    inner: &Arc<Inner<S>>,
-    key: &[u8],
-    policy: &Policy,
-    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> BoxFuture<T>
-where
-    S: Send + Sync + 'static,
-    T: Send + 'static,
-{
-    let inner = Arc::clone(inner);
-    let (policy, key) = (policy.name().to_owned(), key::normalize(key).into_owned());
-    answered_then(call, move || inner.forget(&policy, &key))
 }
 
 impl<S: Store> Store for DeniedCache<S> {
@@ -296,12 +258,7 @@ impl<S: Store> Store for DeniedCache<S> {
         let given_back: Vec<(String, Vec<u8>)> = settles
             .iter()
             .filter(|s| s.actual < s.reserved)
-            .map(|s| {
-                (
-                    s.policy.name().to_owned(),
-                    key::normalize(s.key).into_owned(),
-                )
-            })
+            .map(|s| name_and_key(s.policy, s.key))
             .collect();
         if given_back.is_empty() {
             return call;

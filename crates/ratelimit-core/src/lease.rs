@@ -2,28 +2,24 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::admin::AdminStore;
-use crate::bounded::BoundedMap;
+use crate::bounded::KeyShards;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Algorithm;
 use crate::settle::{Settle, SettleFuture, SettlementId};
-use crate::store::{BoxFuture, Check, Store, answered_then};
+use crate::store::{BoxFuture, Check, LocalState, Store, forgetting, name_and_key};
 use crate::{Decision, PermitId, Policy, StoreError, key};
 
 /// The default number of units an instance leases at once.
 pub(crate) const DEFAULT_LEASE_BATCH: u64 = 100;
 /// The default bound on keys with a lease.
 pub(crate) const DEFAULT_LEASE_ENTRIES: usize = 10_000;
-
-const SHARDS: usize = 16;
 
 /// A store wrapper that leases a hot key's budget in batches and spends it
 /// locally: past one round trip per request. **Approximate and opt-in.**
@@ -107,16 +103,12 @@ struct Inner<S, C> {
     batch: u64,
     hot_after: u64,
     lease_for: Option<u64>,
-    shards: [Mutex<Shard>; SHARDS],
-    hasher: RandomState,
+    /// Leases, found by the policy's name and the key ([`Inner::forget`]
+    /// drops those of every policy under the name).
+    leases: KeyShards<Lease>,
     leased: AtomicU64,
     batches: AtomicU64,
 }
-
-/// Leases by policy (its name and parameters) and normalized key, hashed by
-/// the name and key alone, so that an admin operation finds the leases of
-/// every policy under the name ([`Inner::forget`]).
-type Shard = BoundedMap<(Policy, Box<[u8]>), Lease>;
 
 #[derive(Default)]
 struct Lease {
@@ -141,7 +133,7 @@ struct Lease {
     /// last lease period): keys that did not prove hot never take its slot.
     hot_until: u64,
     /// Whether the key was asked for since the clock hand last passed it
-    /// (see [`BoundedMap`]).
+    /// (see [`BoundedMap`](crate::bounded::BoundedMap)).
     referenced: bool,
 }
 
@@ -279,10 +271,7 @@ impl<S, C> LeasedStoreBuilder<S, C> {
                 lease_for: self
                     .lease_for
                     .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)),
-                shards: std::array::from_fn(|_| {
-                    Mutex::new(BoundedMap::new(self.entries.div_ceil(SHARDS)))
-                }),
-                hasher: RandomState::new(),
+                leases: KeyShards::new(self.entries),
                 leased: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
             }),
@@ -345,25 +334,14 @@ fn leasable(policy: &Policy, cost: u64, batch: u64) -> bool {
         )
 }
 
-impl<S, C> Inner<S, C> {
-    /// The hash of `key` under the policy named `policy`.
-    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
-        self.hasher.hash_one((policy, key))
-    }
-
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // Bits the shard's own table does not use to place its entries.
-        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
-        &self.shards[index]
-    }
-
+impl<S, C> LocalState for Inner<S, C> {
     /// Drops this instance's leases of `key` (normalized) under the policy
     /// named `policy`, whatever its parameters (they share the key's state):
     /// nothing more is spent from them, a refused batch no longer holds back
     /// the next one, and a batch on its way is not kept when it lands.
     fn forget(&self, policy: &str, key: &[u8]) {
-        let hash = self.hash(policy, key);
-        self.shard(hash).lock().for_each_mut(
+        let hash = self.leases.hash(policy, key);
+        self.leases.shard(hash).lock().for_each_mut(
             hash,
             |(p, k)| p.name() == policy && **k == *key,
             |lease| {
@@ -392,8 +370,9 @@ impl<S: Store, C: Clock> Inner<S, C> {
     /// landed, and another task asked for the next batch) wakes other
     /// waiters, not those of `notify`, which would wait forever.
     fn fetching(&self, policy: &Policy, key: &[u8], notify: &Arc<Notify>) -> bool {
-        let hash = self.hash(policy.name(), key);
-        self.shard(hash)
+        let hash = self.leases.hash(policy.name(), key);
+        self.leases
+            .shard(hash)
             .lock()
             .get(hash, |e| same(e, policy, key))
             .and_then(|l| l.fetching.as_ref())
@@ -403,8 +382,8 @@ impl<S: Store, C: Clock> Inner<S, C> {
     fn step(self: &Arc<Self>, policy: &Policy, key: &[u8], cost: u64) -> Step {
         let now = self.clock.now();
         let lease_micros = self.lease_micros(policy);
-        let hash = self.hash(policy.name(), key);
-        let mut shard = self.shard(hash).lock();
+        let hash = self.leases.hash(policy.name(), key);
+        let mut shard = self.leases.shard(hash).lock();
         match shard.get_mut(hash, |e| same(e, policy, key)) {
             Some(lease) => lease.referenced = true,
             None => {
@@ -448,7 +427,7 @@ impl<S: Store, C: Clock> Inner<S, C> {
         let inner = Arc::clone(self);
         let (policy, key, mine) = (policy.clone(), Box::<[u8]>::from(key), Arc::clone(&notify));
         let done = move || {
-            let mut shard = inner.shard(hash).lock();
+            let mut shard = inner.leases.shard(hash).lock();
             if let Some(lease) = shard.get_mut(hash, |e| same(e, &policy, &key))
                 && lease
                     .fetching
@@ -480,8 +459,8 @@ impl<S: Store, C: Clock> Inner<S, C> {
         cost: u64,
         batch: &Decision,
     ) -> Option<Decision> {
-        let hash = self.hash(policy.name(), key);
-        let mut shard = self.shard(hash).lock();
+        let hash = self.leases.hash(policy.name(), key);
+        let mut shard = self.leases.shard(hash).lock();
         // An admin operation dropped the lease since the batch was asked
         // for: the store may have granted it before the operation, so its
         // units are not kept. The store consumed them, so the request that
@@ -597,12 +576,7 @@ impl<S: Store, C: Clock> Store for LeasedStore<S, C> {
         let call = self.inner.store.settle(id, settles);
         let keys: Vec<(String, Vec<u8>)> = settles
             .iter()
-            .map(|s| {
-                (
-                    s.policy.name().to_owned(),
-                    key::normalize(s.key).into_owned(),
-                )
-            })
+            .map(|s| name_and_key(s.policy, s.key))
             .collect();
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
@@ -636,11 +610,8 @@ where
     C: Send + Sync + 'static,
     T: Send + 'static,
 {
-    let key = key::normalize(key).into_owned();
-    let policy = policy.name().to_owned();
-    inner.forget(&policy, &key);
-    let inner = Arc::clone(inner);
-    answered_then(call, move || inner.forget(&policy, &key))
+    inner.forget(policy.name(), &key::normalize(key));
+    forgetting(inner, key, policy, call)
 }
 
 /// Every operation goes to the inner store. All but [`peek`](AdminStore::peek)

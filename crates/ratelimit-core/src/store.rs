@@ -24,6 +24,43 @@ pub(crate) fn answered_then<T: Send + 'static>(
     })
 }
 
+/// What a wrapping store keeps locally of keys (denials it cached, budget
+/// it leased), which an operation on a key through the wrapper can make
+/// stale.
+pub(crate) trait LocalState {
+    /// Drops the local state of `key` (normalized) under the policy named
+    /// `policy`, whatever the policy's parameters (they share the key's
+    /// state).
+    fn forget(&self, policy: &str, key: &[u8]);
+}
+
+/// `call`, an operation on `key` under `policy`, then `state`'s
+/// [`forget`](LocalState::forget) of the key once it answered, whatever it
+/// answered.
+pub(crate) fn forgetting<L, T>(
+    state: &Arc<L>,
+    key: &[u8],
+    policy: &Policy,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> BoxFuture<T>
+where
+    L: LocalState + Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let state = Arc::clone(state);
+    let (policy, key) = name_and_key(policy, key);
+    answered_then(call, move || state.forget(&policy, &key))
+}
+
+/// The policy's name and the normalized key, owned: what a wrapper
+/// forgets once a call has answered.
+pub(crate) fn name_and_key(policy: &Policy, key: &[u8]) -> (String, Vec<u8>) {
+    (
+        policy.name().to_owned(),
+        crate::key::normalize(key).into_owned(),
+    )
+}
+
 /// The future returned by [`Store::refund`].
 pub type RefundFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
