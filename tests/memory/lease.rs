@@ -276,6 +276,61 @@ async fn a_block_or_penalty_through_the_leased_store_takes_effect_at_once() {
     assert_eq!(rewarded.remaining(), 1_000 - used + 5);
 }
 
+/// An admin call through the leased store drops the local lease of the key
+/// as soon as it is made, before it answers, for a key the store keeps
+/// hashed too: a store that applied the block at once is not undercut by
+/// the units on lease while the answer is on its way.
+#[tokio::test]
+async fn an_admin_call_drops_the_lease_before_it_answers() {
+    let (_clock, _shared, store) = leasing(1);
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    for key in [&b"k"[..], b"user 7", &[b'x'; 1_000][..]] {
+        assert_eq!(admitted(&store, key, &policy, 3).await, 3);
+        let batches = store.batches();
+        assert!(batches >= 1, "leasing");
+        // The memory store blocks when asked; its answer is not awaited.
+        let pending = store.block(key, &policy, Duration::from_secs(60));
+        let leased = store.leased_decisions();
+        assert_eq!(admitted(&store, key, &policy, 20).await, 0);
+        assert_eq!(store.leased_decisions(), leased, "nothing spent on lease");
+        pending.await.unwrap();
+        assert_eq!(admitted(&store, key, &policy, 20).await, 0);
+        store.unblock(key, &policy).await.unwrap();
+        assert_eq!(admitted(&store, key, &policy, 5).await, 5);
+        assert!(store.batches() > batches, "leasing again");
+    }
+}
+
+/// What `LeasedStore` and its builder show of themselves, and that the
+/// store can be shared between tasks and threads as the layers do.
+#[tokio::test]
+async fn leased_store_debug_shows_its_settings_and_counts_and_it_is_send_and_sync() {
+    fn shared<T: Clone + Send + Sync + 'static>(_: &T) {}
+    let builder = LeasedStore::builder(MemoryStore::new())
+        .batch(10)
+        .hot_after(1)
+        .lease_for(Duration::from_secs(2))
+        .max_keys(64);
+    assert_eq!(
+        format!("{builder:?}"),
+        "LeasedStoreBuilder { batch: 10, hot_after: 1, lease_for: Some(2s), entries: 64, .. }"
+    );
+    let store = builder.build();
+    shared(&store);
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
+    assert_eq!(
+        format!("{store:?}"),
+        format!(
+            "LeasedStore {{ batch: 10, hot_after: 1, leased_decisions: {}, batches: {}, .. }}",
+            store.leased_decisions(),
+            store.batches()
+        )
+    );
+    // 1 cold request, 1 that asked for the batch, 3 spent from it.
+    assert_eq!((store.leased_decisions(), store.batches()), (3, 1));
+}
+
 type Answer<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// A `MemoryStore` that decides at once, and answers a batch (a cost above

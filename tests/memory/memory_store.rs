@@ -627,6 +627,91 @@ async fn denied_cache_forgets_a_reset_key_under_every_policy_of_its_name() {
     assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
 }
 
+/// A key the stores keep hashed (not printable, or too long) is forgotten
+/// under the same normalized form it was cached under: a reset, a reward,
+/// an unblock or a refund through the cache ends its cached denial.
+#[tokio::test]
+async fn denied_cache_forgets_a_hashed_key_on_every_call_that_can_end_its_denial() {
+    let cache = DeniedCache::new(MemoryStore::new());
+    let policy = Policy::gcra(2, Rate::per_hour(2)).unwrap();
+    let long = vec![b'x'; 4_096];
+    for (round, operation) in ["reset", "reward", "unblock", "refund"]
+        .into_iter()
+        .enumerate()
+    {
+        let spaced = format!("user {round}");
+        let key = if round % 2 == 0 {
+            spaced.as_bytes()
+        } else {
+            &long[round..]
+        };
+        let granted = if operation == "unblock" {
+            cache
+                .block(key, &policy, Duration::from_secs(60))
+                .await
+                .unwrap();
+            None
+        } else {
+            let d = cache.check(key, &policy, 2).await.unwrap();
+            assert!(d.is_allowed(), "{operation}: {d:?}");
+            Some(d)
+        };
+        assert!(!cache.check(key, &policy, 1).await.unwrap().is_allowed());
+        let hits = cache.hits();
+        assert!(!cache.check(key, &policy, 1).await.unwrap().is_allowed());
+        assert_eq!(cache.hits(), hits + 1, "{operation}: the denial is cached");
+        match operation {
+            "reset" => cache.reset(key, &policy).await.unwrap(),
+            "reward" => {
+                cache.reward(key, &policy, 10).await.unwrap();
+            }
+            "unblock" => cache.unblock(key, &policy).await.unwrap(),
+            _ => cache
+                .refund(key, &policy, 2, &granted.unwrap())
+                .await
+                .unwrap(),
+        }
+        let hits = cache.hits();
+        let after = cache.check(key, &policy, 1).await.unwrap();
+        assert!(after.is_allowed(), "{operation}: still denied {after:?}");
+        assert_eq!(cache.hits(), hits, "{operation}: asked the store");
+    }
+}
+
+/// The bound is split over the cache's 16 shards, each holding its share
+/// rounded up: however many keys are denied, a cache of one entry holds at
+/// most 16 denials (one a shard), and one of 32 at most 32.
+#[tokio::test]
+async fn denied_cache_holds_at_most_its_shards_shares_of_the_bound() {
+    let policy = Policy::fixed_window(1, Duration::from_secs(3_600)).unwrap();
+    for (entries, most) in [(1, 16), (32, 32)] {
+        let cache = DeniedCache::with_capacity(MemoryStore::new(), entries);
+        for i in 0..500 {
+            let key = format!("k-{i}");
+            assert!(admits(&cache, key.as_bytes(), &policy).await);
+            assert!(!admits(&cache, key.as_bytes(), &policy).await);
+            assert!(cache.len() <= most, "{entries}: holds {}", cache.len());
+        }
+        assert!(!cache.is_empty());
+    }
+}
+
+/// What `DeniedCache` shows of itself, and that it can be shared between
+/// tasks and threads as the layers do.
+#[tokio::test]
+async fn denied_cache_debug_shows_its_hits_and_it_is_send_and_sync() {
+    fn shared<T: Clone + Send + Sync + 'static>(_: &T) {}
+    let cache = DeniedCache::new(MemoryStore::new());
+    shared(&cache);
+    let policy = Policy::fixed_window(1, Duration::from_secs(3_600)).unwrap();
+    assert_eq!(format!("{cache:?}"), "DeniedCache { hits: 0, .. }");
+    assert!(admits(&cache, b"k", &policy).await);
+    for _ in 0..3 {
+        assert!(!admits(&cache, b"k", &policy).await);
+    }
+    assert_eq!(format!("{cache:?}"), "DeniedCache { hits: 2, .. }");
+}
+
 #[test]
 fn denied_cache_is_exact_under_threads() {
     let cache = DeniedCache::new(MemoryStore::new());
