@@ -69,6 +69,70 @@ async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
     assert!(pool.state().connections <= 8);
 }
 
+/// More calls than the pool has connections, one call per decision: the
+/// store's calls take turns in a fair queue of its own, so none waits
+/// inside bb8 (whose `get` hands a returned connection to whichever caller
+/// polls first, which left a few calls waiting past the call timeout while
+/// the rest went through), and every one is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
+    const TASKS: u64 = 64;
+    const PER_TASK: u64 = 40;
+    let server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
+    // Both connections open before the first call, so a call that finds
+    // none idle is one that queued inside bb8.
+    let pool = bb8::Pool::builder()
+        .max_size(2)
+        .min_idle(Some(2))
+        .connection_timeout(CALL_TIMEOUT)
+        .build(manager)
+        .await
+        .expect("a pool of two connections");
+    let store = store_on(&pool, CALL_TIMEOUT, 1).await;
+    let policy = fixed_window("turns", 1_000_000, Duration::from_secs(3600));
+    let before = pool.state().statistics;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..PER_TASK {
+                    let key = format!("{task}-{i}");
+                    match store.check(key.as_bytes(), &policy, 1).await {
+                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
+                        Err(error) => failed.push(error),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let after = pool.state().statistics;
+    assert!(
+        after.get_started - before.get_started >= TASKS * PER_TASK,
+        "{} checkouts",
+        after.get_started - before.get_started
+    );
+    assert_eq!(
+        after.get_waited - before.get_waited,
+        0,
+        "calls queued inside bb8 ({} of {})",
+        after.get_waited - before.get_waited,
+        after.get_started - before.get_started
+    );
+}
+
 #[tokio::test]
 async fn several_limits_through_the_pool_are_all_or_nothing() {
     let (_server, store) = on_a_fresh_server().await;

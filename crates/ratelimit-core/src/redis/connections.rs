@@ -490,7 +490,7 @@ impl Node {
             Node::Pool(pool) => {
                 let pooled = pool.checkout().await?;
                 Ok(Checkout {
-                    connection: Link::Multiplexed((*pooled).clone()),
+                    connection: Link::Multiplexed(pooled.connection().clone()),
                     lease: Lease::Pool(pooled),
                 })
             }

@@ -8,6 +8,14 @@
 //! it), and records it for the release of an unclaimed permit (see
 //! `unclaimed`), which then goes on that connection outside the pool.
 //!
+//! The store's calls take turns at the pool, first come first served: at
+//! most `max_size` of them hold or wait for one of its connections at once,
+//! the others wait in a fair queue of the store's own. bb8 gives a returned
+//! connection to whichever `get` polls first, not to the one that waited
+//! longest, so with more calls than connections (coalescing off, many
+//! requests in flight) a few calls could wait past the call timeout while
+//! the rest went through, and fail as outages.
+//!
 //! A connection that stalled or broke is replaced in the pool, as the store
 //! replaces its own: bb8 has no way to drop one connection, so the store
 //! keeps it checked out while it opens a fresh one by the pool's manager
@@ -43,14 +51,28 @@ use std::time::{Duration, Instant};
 use bb8_redis::RedisConnectionManager;
 use parking_lot::Mutex;
 use redis::RedisError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::backend_error;
 use super::errors::is_outage;
 use super::scripts::AclProbe;
 use crate::StoreError;
 
-/// A connection taken from the pool, back in it when dropped.
-pub(super) type Pooled = bb8::PooledConnection<'static, RedisConnectionManager>;
+/// A connection taken from the pool, back in it when dropped, with the
+/// call's turn at the pool.
+pub(super) struct Pooled {
+    connection: bb8::PooledConnection<'static, RedisConnectionManager>,
+    /// Given to the next call in the queue. After `connection`: fields drop
+    /// in order, so the connection is idle in the pool before that call asks.
+    _turn: OwnedSemaphorePermit,
+}
+
+impl Pooled {
+    /// The connection, to send a command on.
+    pub(super) fn connection(&self) -> &redis::aio::MultiplexedConnection {
+        &self.connection
+    }
+}
 
 /// The pool, and how far the ACL probe has followed its new connections.
 pub(super) struct Bb8 {
@@ -61,6 +83,9 @@ pub(super) struct Bb8 {
     probed: Arc<AtomicU64>,
     /// The pool's `max_size`.
     size: usize,
+    /// The calls' turns at the pool, `size` of them, handed out in the
+    /// order asked (see the module's documentation).
+    turns: Arc<Semaphore>,
     /// The pool's `connection_timeout`.
     connect_timeout: Duration,
     /// What opening a connection by the pool's manager last said.
@@ -150,6 +175,7 @@ impl Bb8 {
             probe,
             probed: Arc::default(),
             size,
+            turns: Arc::new(Semaphore::new(size)),
             connect_timeout: config.connection_timeout,
             diagnosis: Arc::default(),
         }
@@ -165,6 +191,10 @@ impl Bb8 {
     /// (bb8's own `connection_timeout`, or the store's call timeout around
     /// this call, whichever ends first).
     pub(super) async fn checkout(&self) -> Result<Pooled, StoreError> {
+        // Never closed, so never an error.
+        let turn = Arc::clone(&self.turns).acquire_owned().await.map_err(|_| {
+            StoreError::Unavailable("the store's queue for the bb8 pool closed".into())
+        })?;
         let mut get = std::pin::pin!(self.pool.get_owned());
         let got = match std::future::poll_fn(|cx| Poll::Ready(get.as_mut().poll(cx))).await {
             Poll::Ready(got) => got,
@@ -172,7 +202,7 @@ impl Bb8 {
             // comes) is rare, and inline it made every call's future larger.
             Poll::Pending => Box::pin(self.wait(get)).await.map_err(backend_error)?,
         };
-        let mut pooled = got.map_err(|e| match e {
+        let mut connection = got.map_err(|e| match e {
             bb8::RunError::User(e) => backend_error(e),
             bb8::RunError::TimedOut => StoreError::Unavailable(
                 "the bb8 pool gave no Redis connection within its connection_timeout".into(),
@@ -181,12 +211,15 @@ impl Bb8 {
         let created = self.pool.state().statistics.connections_created;
         if created > self.probed.load(Ordering::Acquire) {
             // Boxed, as the wait above: a probe runs once per new connection.
-            Box::pin(self.probe.run(&mut *pooled))
+            Box::pin(self.probe.run(&mut *connection))
                 .await
                 .map_err(backend_error)?;
             self.probed.fetch_max(created, Ordering::AcqRel);
         }
-        Ok(pooled)
+        Ok(Pooled {
+            connection,
+            _turn: turn,
+        })
     }
 
     /// Waits for `get`, which found no idle connection. When the pool is
@@ -248,7 +281,7 @@ impl Bb8 {
             let connect = pool.dedicated_connection();
             let limit = pool.config().connection_timeout;
             if let Ok(Ok(fresh)) = tokio::time::timeout(limit, connect).await {
-                *pooled = fresh;
+                *pooled.connection = fresh;
                 probed.store(0, Ordering::Release);
             }
             drop(pooled);
