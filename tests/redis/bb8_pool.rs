@@ -133,6 +133,77 @@ async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
     );
 }
 
+/// A pool of one connection: callers dropped while they wait for their
+/// turn, and the one dropped while its command is in flight, give their
+/// turns back. The calls after are all decided (a turn lost would leave
+/// none, and every call would time out), and none waits inside bb8 (a turn
+/// given back twice would let two calls at the one connection at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_dropped_at_a_pool_of_one_give_their_turns_back() {
+    const TASKS: u64 = 16;
+    const PER_TASK: u64 = 10;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let pool = pool(&proxy.redis_url(), 1);
+    let store = store_on(&pool, CALL_TIMEOUT, 1).await;
+    let policy = fixed_window("dropped", 1_000_000, Duration::from_secs(3600));
+    // Connects and probes, so the calls below only take turns.
+    store.check(b"warm", &policy, 1).await.unwrap();
+
+    proxy.set_latency(Duration::from_millis(400));
+    let call = |key: String| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check(key.as_bytes(), &policy, 1).await })
+    };
+    let holder = call("holder".into());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiters: Vec<_> = (0..8).map(|i| call(format!("waiter-{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    holder.abort();
+    for task in waiters.into_iter().chain([holder]) {
+        let ended = task.await;
+        assert!(ended.as_ref().is_err_and(|e| e.is_cancelled()), "{ended:?}");
+    }
+    proxy.set_latency(Duration::ZERO);
+
+    let before = pool.state().statistics;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..PER_TASK {
+                    let key = format!("after-{task}-{i}");
+                    if let Err(error) = store.check(key.as_bytes(), &policy, 1).await {
+                        failed.push(error);
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let after = pool.state().statistics;
+    assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
+    assert_eq!(
+        after.get_waited - before.get_waited,
+        0,
+        "calls queued inside bb8"
+    );
+}
+
 #[tokio::test]
 async fn several_limits_through_the_pool_are_all_or_nothing() {
     let (_server, store) = on_a_fresh_server().await;
