@@ -389,3 +389,52 @@ async fn a_pool_that_cannot_log_in_is_refused_never_failed_open() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Calls that come at once to a pool whose manager cannot log in, one
+/// call per decision and coalesced: every one is refused with the mistake,
+/// none waits for the connection that never comes and fails as an outage
+/// (which a fail-open layer would let through), also those that came while
+/// the store was still learning why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_at_once_to_a_pool_that_cannot_log_in_are_all_refused() {
+    const CALLS: usize = 8;
+    for max_batch in [1, DEFAULT_MAX_BATCH] {
+        // A fresh server and pool each: the store keeps the mistake it
+        // learned for a few seconds, and would not learn it again.
+        let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
+        let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+        let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+        let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+        let store = store_on(&pool, Duration::from_secs(5), max_batch).await;
+        let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+        let calls: Vec<_> = (0..CALLS)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(
+                    async move { store.check(format!("k{i}").as_bytes(), &policy, 1).await },
+                )
+            })
+            .collect();
+        let mut outages = Vec::new();
+        for call in calls {
+            let error = call
+                .await
+                .expect("a call that did not panic")
+                .expect_err("no connection can log in");
+            if error.is_outage() {
+                outages.push(error);
+            } else {
+                assert!(
+                    error.to_string().contains("authentication failed"),
+                    "{error}"
+                );
+            }
+        }
+        assert!(
+            outages.is_empty(),
+            "max_batch {max_batch}: {} of {CALLS} calls failed as outages: {:?}",
+            outages.len(),
+            outages.first()
+        );
+    }
+}

@@ -38,9 +38,11 @@
 //! `max_size` (it is trying to open one), the store opens one itself by the
 //! pool's manager, as bb8 would, while it waits (at most one at a time, and
 //! at most once a second): a mistake that opening gives (see
-//! `errors::is_outage`) fails that call, and every call that would wait
-//! for a connection in the next few seconds, with that error; the next
-//! attempt that opens a connection, or meets an outage, forgets it.
+//! `errors::is_outage`) fails that call, the calls that came while it
+//! opened (they wait for what it finds, not only for a connection), and
+//! every call that would wait for a connection in the next few seconds,
+//! with that error; the next attempt that opens a connection, or meets an
+//! outage, forgets it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,7 +53,7 @@ use std::time::{Duration, Instant};
 use bb8_redis::RedisConnectionManager;
 use parking_lot::Mutex;
 use redis::RedisError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::backend_error;
 use super::errors::is_outage;
@@ -90,6 +92,9 @@ pub(super) struct Bb8 {
     connect_timeout: Duration,
     /// What opening a connection by the pool's manager last said.
     diagnosis: Arc<Mutex<Diagnosis>>,
+    /// Woken when a connection opened to learn it ends, for the calls that
+    /// wait for what it says.
+    learned: Arc<Notify>,
 }
 
 /// How long a mistake found opening a connection is believed without
@@ -134,8 +139,9 @@ impl Diagnosis {
     }
 }
 
-/// Ends a turn at opening a connection, finished or dropped.
-struct Turn(Arc<Mutex<Diagnosis>>);
+/// Ends a turn at opening a connection, finished or dropped, and wakes
+/// the calls waiting for what it says.
+struct Turn(Arc<Mutex<Diagnosis>>, Arc<Notify>);
 
 impl Turn {
     /// Records what opening said: `Some` mistake, or `None` (it opened, or
@@ -148,6 +154,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.0.lock().underway = false;
+        self.1.notify_waiters();
     }
 }
 
@@ -178,6 +185,7 @@ impl Bb8 {
             turns: Arc::new(Semaphore::new(size)),
             connect_timeout: config.connection_timeout,
             diagnosis: Arc::default(),
+            learned: Arc::default(),
         }
     }
 
@@ -230,13 +238,18 @@ impl Bb8 {
         if !opening {
             return Ok(get.await);
         }
+        // Listening before looking, so the end of a connection opened
+        // meanwhile is not missed.
+        let mut learned = std::pin::pin!(self.learned.notified());
+        learned.as_mut().enable();
         let now = Instant::now();
-        let (mistake, turn) = {
+        let (mistake, turn, underway) = {
             let mut diagnosis = self.diagnosis.lock();
+            let underway = diagnosis.underway;
             let turn = diagnosis
                 .begin(now)
-                .then(|| Turn(Arc::clone(&self.diagnosis)));
-            (diagnosis.mistake(now), turn)
+                .then(|| Turn(Arc::clone(&self.diagnosis), Arc::clone(&self.learned)));
+            (diagnosis.mistake(now), turn, underway)
         };
         match (mistake, turn) {
             (Some(mistake), turn) => {
@@ -262,6 +275,27 @@ impl Bb8 {
                     Err(Some(mistake)) => Err(mistake),
                     Err(None) => Ok(get.await),
                 }
+            }
+            // Another call is learning why: wait for what it finds, as that
+            // call does, rather than for a connection that may never come
+            // (and an outage a fail-open policy would let through).
+            (None, None) if underway => {
+                let mut get = get;
+                let first = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                        return Poll::Ready(Some(got));
+                    }
+                    learned.as_mut().poll(cx).map(|()| None)
+                })
+                .await;
+                let Some(got) = first else {
+                    let mistake = self.diagnosis.lock().mistake(Instant::now());
+                    return match mistake {
+                        Some(mistake) => Err(mistake),
+                        None => Ok(get.await),
+                    };
+                };
+                Ok(got)
             }
             (None, None) => Ok(get.await),
         }
