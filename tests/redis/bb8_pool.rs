@@ -330,6 +330,79 @@ async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
     }
 }
 
+/// Redis freezes (it keeps its sockets, answers nothing) under more calls
+/// than the pool has connections: every call fails as an outage within
+/// the call timeout, also those that waited for a turn behind calls whose
+/// stalled connections are being replaced. Thawed, calls are decided
+/// again, and every turn came back: calls at once all succeed, none waits
+/// inside bb8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_an_outage_and_every_turn_comes_back_after() {
+    const CALLS: usize = 8;
+    let server = RedisServer::start();
+    let call_timeout = Duration::from_millis(300);
+    let pool = pool(&server.url(), 2);
+    let store = store_on(&pool, call_timeout, 1).await;
+    let policy = fixed_window("frozen", 1_000_000, Duration::from_secs(3600));
+    let at_once = |round: &'static str| {
+        (0..CALLS)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(async move {
+                    let key = format!("{round}-{i}");
+                    store.check(key.as_bytes(), &policy, 1).await
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Both connections open and probed.
+    for call in at_once("warm") {
+        assert!(call.await.unwrap().unwrap().is_allowed());
+    }
+
+    server.freeze();
+    let started = Instant::now();
+    for call in at_once("frozen") {
+        let error = call
+            .await
+            .expect("a call that did not panic")
+            .expect_err("Redis answers nothing");
+        assert!(error.is_outage(), "{error:?}");
+    }
+    assert_within_slack(started, call_timeout);
+    server.thaw();
+
+    let started = Instant::now();
+    while let Err(e) = store.check(b"thawed", &policy, 1).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still failing 10 s after the thaw: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The connections being replaced come back within bb8's
+    // connection_timeout at most.
+    let started = Instant::now();
+    while pool.state().idle_connections < 2 {
+        assert!(
+            started.elapsed() < CALL_TIMEOUT + Duration::from_secs(5),
+            "{:?}",
+            pool.state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = pool.state().statistics;
+    for call in at_once("after") {
+        assert!(call.await.unwrap().unwrap().is_allowed());
+    }
+    let after = pool.state().statistics;
+    assert_eq!(
+        after.get_waited - before.get_waited,
+        0,
+        "calls queued inside bb8"
+    );
+}
+
 /// A pool whose manager logs in with a wrong password gives no error, only
 /// no connection, until bb8's `connection_timeout` (30 s by default): the
 /// store learns why by opening one itself, and refuses every call with
