@@ -511,3 +511,49 @@ async fn calls_at_once_to_a_pool_that_cannot_log_in_are_all_refused() {
         );
     }
 }
+
+/// The call that opens a connection to learn why the pool opens none is
+/// dropped before it learns (its client went away): a call that was
+/// waiting for what it would find learns it itself, and is refused with
+/// the mistake, not left waiting for a connection that never comes until
+/// its call timeout (an outage a fail-open layer would let through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
+    let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
+    // Slow replies, so the first call is still learning when it is dropped.
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set_latency(Duration::from_millis(300));
+    let url = format!("redis://:wrong@{}", proxy.addr());
+    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+    let call_timeout = Duration::from_secs(5);
+    let store = store_on(&pool, call_timeout, 1).await;
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+    let call = |key: &'static str| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check(key.as_bytes(), &policy, 1).await })
+    };
+    let learner = call("learner");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiter = call("waiter");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    learner.abort();
+    let started = Instant::now();
+    let error = waiter
+        .await
+        .expect("a call that did not panic")
+        .expect_err("no connection can log in");
+    assert!(
+        matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("authentication failed"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < call_timeout,
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -39,7 +39,8 @@
 //! pool's manager, as bb8 would, while it waits (at most one at a time, and
 //! at most once a second): a mistake that opening gives (see
 //! `errors::is_outage`) fails that call, the calls that came while it
-//! opened (they wait for what it finds, not only for a connection), and
+//! opened (they wait for what it finds, not only for a connection, and
+//! open one themselves if that call is dropped before it finds out), and
 //! every call that would wait for a connection in the next few seconds,
 //! with that error; the next attempt that opens a connection, or meets an
 //! outage, forgets it.
@@ -141,20 +142,32 @@ impl Diagnosis {
 
 /// Ends a turn at opening a connection, finished or dropped, and wakes
 /// the calls waiting for what it says.
-struct Turn(Arc<Mutex<Diagnosis>>, Arc<Notify>);
+struct Turn {
+    diagnosis: Arc<Mutex<Diagnosis>>,
+    learned: Arc<Notify>,
+    finished: bool,
+}
 
 impl Turn {
     /// Records what opening said: `Some` mistake, or `None` (it opened, or
     /// met an outage).
-    fn finish(self, mistake: Option<RedisError>) {
-        self.0.lock().mistake = mistake.map(|e| (Instant::now(), e));
+    fn finish(mut self, mistake: Option<RedisError>) {
+        self.diagnosis.lock().mistake = mistake.map(|e| (Instant::now(), e));
+        self.finished = true;
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.0.lock().underway = false;
-        self.1.notify_waiters();
+        let mut diagnosis = self.diagnosis.lock();
+        diagnosis.underway = false;
+        if !self.finished {
+            // Dropped before it learned anything (its call's future was
+            // dropped): the next call may open one at once.
+            diagnosis.started = None;
+        }
+        drop(diagnosis);
+        self.learned.notify_waiters();
     }
 }
 
@@ -238,66 +251,68 @@ impl Bb8 {
         if !opening {
             return Ok(get.await);
         }
-        // Listening before looking, so the end of a connection opened
-        // meanwhile is not missed.
-        let mut learned = std::pin::pin!(self.learned.notified());
-        learned.as_mut().enable();
-        let now = Instant::now();
-        let (mistake, turn, underway) = {
-            let mut diagnosis = self.diagnosis.lock();
-            let underway = diagnosis.underway;
-            let turn = diagnosis
-                .begin(now)
-                .then(|| Turn(Arc::clone(&self.diagnosis), Arc::clone(&self.learned)));
-            (diagnosis.mistake(now), turn, underway)
-        };
-        match (mistake, turn) {
-            (Some(mistake), turn) => {
-                // Known: fail now, and look again in the background.
-                if let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current()) {
-                    runtime.spawn(diagnose(self.pool.clone(), self.connect_timeout, turn));
-                }
-                Err(mistake)
-            }
-            (None, Some(turn)) => {
-                let mut get = get;
-                let mut learning =
-                    std::pin::pin!(diagnose(self.pool.clone(), self.connect_timeout, turn));
-                let first = std::future::poll_fn(|cx| {
-                    if let Poll::Ready(got) = get.as_mut().poll(cx) {
-                        return Poll::Ready(Ok(got));
+        let mut get = get;
+        loop {
+            // Listening before looking, so the end of a connection opened
+            // meanwhile is not missed.
+            let mut learned = std::pin::pin!(self.learned.notified());
+            learned.as_mut().enable();
+            let now = Instant::now();
+            let (mistake, turn, underway) = {
+                let mut diagnosis = self.diagnosis.lock();
+                let underway = diagnosis.underway;
+                let turn = diagnosis.begin(now).then(|| Turn {
+                    diagnosis: Arc::clone(&self.diagnosis),
+                    learned: Arc::clone(&self.learned),
+                    finished: false,
+                });
+                (diagnosis.mistake(now), turn, underway)
+            };
+            return match (mistake, turn) {
+                (Some(mistake), turn) => {
+                    // Known: fail now, and look again in the background.
+                    if let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current())
+                    {
+                        runtime.spawn(diagnose(self.pool.clone(), self.connect_timeout, turn));
                     }
-                    learning.as_mut().poll(cx).map(Err)
-                })
-                .await;
-                match first {
-                    Ok(got) => Ok(got),
-                    Err(Some(mistake)) => Err(mistake),
-                    Err(None) => Ok(get.await),
+                    Err(mistake)
                 }
-            }
-            // Another call is learning why: wait for what it finds, as that
-            // call does, rather than for a connection that may never come
-            // (and an outage a fail-open policy would let through).
-            (None, None) if underway => {
-                let mut get = get;
-                let first = std::future::poll_fn(|cx| {
-                    if let Poll::Ready(got) = get.as_mut().poll(cx) {
-                        return Poll::Ready(Some(got));
+                (None, Some(turn)) => {
+                    let mut learning =
+                        std::pin::pin!(diagnose(self.pool.clone(), self.connect_timeout, turn));
+                    let first = std::future::poll_fn(|cx| {
+                        if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                            return Poll::Ready(Ok(got));
+                        }
+                        learning.as_mut().poll(cx).map(Err)
+                    })
+                    .await;
+                    match first {
+                        Ok(got) => Ok(got),
+                        Err(Some(mistake)) => Err(mistake),
+                        Err(None) => Ok(get.await),
                     }
-                    learned.as_mut().poll(cx).map(|()| None)
-                })
-                .await;
-                let Some(got) = first else {
-                    let mistake = self.diagnosis.lock().mistake(Instant::now());
-                    return match mistake {
-                        Some(mistake) => Err(mistake),
-                        None => Ok(get.await),
-                    };
-                };
-                Ok(got)
-            }
-            (None, None) => Ok(get.await),
+                }
+                // Another call is learning why: wait for what it finds, as
+                // that call does, rather than for a connection that may
+                // never come (and an outage a fail-open policy would let
+                // through); then look again (it may have been dropped
+                // before it learned anything).
+                (None, None) if underway => {
+                    let got = std::future::poll_fn(|cx| {
+                        if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                            return Poll::Ready(Some(got));
+                        }
+                        learned.as_mut().poll(cx).map(|()| None)
+                    })
+                    .await;
+                    match got {
+                        Some(got) => Ok(got),
+                        None => continue,
+                    }
+                }
+                (None, None) => Ok(get.await),
+            };
         }
     }
 
