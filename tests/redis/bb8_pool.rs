@@ -557,3 +557,63 @@ async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
         started.elapsed()
     );
 }
+
+/// The application holds one of the pool's two connections the whole
+/// time (its turns count on the pool's `max_size`, so the store's calls
+/// may wait inside bb8 for the other): every call of the store is still
+/// decided, and the application's connection stays its own and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_holding_a_pooled_connection_leaves_every_call_decided() {
+    const TASKS: u64 = 16;
+    const PER_TASK: u64 = 100;
+    let server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder()
+        .max_size(2)
+        .min_idle(Some(2))
+        .connection_timeout(CALL_TIMEOUT)
+        .build(manager)
+        .await
+        .expect("a pool of two connections");
+    let mut held = pool
+        .get_owned()
+        .await
+        .expect("the application's connection");
+    let store = store_on(&pool, CALL_TIMEOUT, 1).await;
+    let policy = fixed_window("shared", 1_000_000, Duration::from_secs(3600));
+    let before = pool.state().statistics;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..PER_TASK {
+                    let key = format!("{task}-{i}");
+                    match store.check(key.as_bytes(), &policy, 1).await {
+                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
+                        Err(error) => failed.push(error),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let after = pool.state().statistics;
+    assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut *held)
+        .await
+        .expect("the application's connection works");
+    assert_eq!(pong, "PONG");
+    assert_eq!(pool.state().connections, 2);
+}
