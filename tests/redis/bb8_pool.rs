@@ -133,6 +133,77 @@ async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
     );
 }
 
+/// A pool of one connection: callers dropped while they wait for their
+/// turn, and the one dropped while its command is in flight, give their
+/// turns back. The calls after are all decided (a turn lost would leave
+/// none, and every call would time out), and none waits inside bb8 (a turn
+/// given back twice would let two calls at the one connection at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_dropped_at_a_pool_of_one_give_their_turns_back() {
+    const TASKS: u64 = 16;
+    const PER_TASK: u64 = 10;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let pool = pool(&proxy.redis_url(), 1);
+    let store = store_on(&pool, CALL_TIMEOUT, 1).await;
+    let policy = fixed_window("dropped", 1_000_000, Duration::from_secs(3600));
+    // Connects and probes, so the calls below only take turns.
+    store.check(b"warm", &policy, 1).await.unwrap();
+
+    proxy.set_latency(Duration::from_millis(400));
+    let call = |key: String| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check(key.as_bytes(), &policy, 1).await })
+    };
+    let holder = call("holder".into());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiters: Vec<_> = (0..8).map(|i| call(format!("waiter-{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    holder.abort();
+    for task in waiters.into_iter().chain([holder]) {
+        let ended = task.await;
+        assert!(ended.as_ref().is_err_and(|e| e.is_cancelled()), "{ended:?}");
+    }
+    proxy.set_latency(Duration::ZERO);
+
+    let before = pool.state().statistics;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..PER_TASK {
+                    let key = format!("after-{task}-{i}");
+                    if let Err(error) = store.check(key.as_bytes(), &policy, 1).await {
+                        failed.push(error);
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let after = pool.state().statistics;
+    assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
+    assert_eq!(
+        after.get_waited - before.get_waited,
+        0,
+        "calls queued inside bb8"
+    );
+}
+
 #[tokio::test]
 async fn several_limits_through_the_pool_are_all_or_nothing() {
     let (_server, store) = on_a_fresh_server().await;
@@ -259,6 +330,79 @@ async fn a_stopped_redis_is_an_outage_that_the_failure_policy_answers() {
     }
 }
 
+/// Redis freezes (it keeps its sockets, answers nothing) under more calls
+/// than the pool has connections: every call fails as an outage within
+/// the call timeout, also those that waited for a turn behind calls whose
+/// stalled connections are being replaced. Thawed, calls are decided
+/// again, and every turn came back: calls at once all succeed, none waits
+/// inside bb8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_an_outage_and_every_turn_comes_back_after() {
+    const CALLS: usize = 8;
+    let server = RedisServer::start();
+    let call_timeout = Duration::from_millis(300);
+    let pool = pool(&server.url(), 2);
+    let store = store_on(&pool, call_timeout, 1).await;
+    let policy = fixed_window("frozen", 1_000_000, Duration::from_secs(3600));
+    let at_once = |round: &'static str| {
+        (0..CALLS)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(async move {
+                    let key = format!("{round}-{i}");
+                    store.check(key.as_bytes(), &policy, 1).await
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Both connections open and probed.
+    for call in at_once("warm") {
+        assert!(call.await.unwrap().unwrap().is_allowed());
+    }
+
+    server.freeze();
+    let started = Instant::now();
+    for call in at_once("frozen") {
+        let error = call
+            .await
+            .expect("a call that did not panic")
+            .expect_err("Redis answers nothing");
+        assert!(error.is_outage(), "{error:?}");
+    }
+    assert_within_slack(started, call_timeout);
+    server.thaw();
+
+    let started = Instant::now();
+    while let Err(e) = store.check(b"thawed", &policy, 1).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still failing 10 s after the thaw: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The connections being replaced come back within bb8's
+    // connection_timeout at most.
+    let started = Instant::now();
+    while pool.state().idle_connections < 2 {
+        assert!(
+            started.elapsed() < CALL_TIMEOUT + Duration::from_secs(5),
+            "{:?}",
+            pool.state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = pool.state().statistics;
+    for call in at_once("after") {
+        assert!(call.await.unwrap().unwrap().is_allowed());
+    }
+    let after = pool.state().statistics;
+    assert_eq!(
+        after.get_waited - before.get_waited,
+        0,
+        "calls queued inside bb8"
+    );
+}
+
 /// A pool whose manager logs in with a wrong password gives no error, only
 /// no connection, until bb8's `connection_timeout` (30 s by default): the
 /// store learns why by opening one itself, and refuses every call with
@@ -317,4 +461,159 @@ async fn a_pool_that_cannot_log_in_is_refused_never_failed_open() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Calls that come at once to a pool whose manager cannot log in, one
+/// call per decision and coalesced: every one is refused with the mistake,
+/// none waits for the connection that never comes and fails as an outage
+/// (which a fail-open layer would let through), also those that came while
+/// the store was still learning why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_at_once_to_a_pool_that_cannot_log_in_are_all_refused() {
+    const CALLS: usize = 8;
+    for max_batch in [1, DEFAULT_MAX_BATCH] {
+        // A fresh server and pool each: the store keeps the mistake it
+        // learned for a few seconds, and would not learn it again.
+        let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
+        let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+        let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+        let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+        let store = store_on(&pool, Duration::from_secs(5), max_batch).await;
+        let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+        let calls: Vec<_> = (0..CALLS)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(
+                    async move { store.check(format!("k{i}").as_bytes(), &policy, 1).await },
+                )
+            })
+            .collect();
+        let mut outages = Vec::new();
+        for call in calls {
+            let error = call
+                .await
+                .expect("a call that did not panic")
+                .expect_err("no connection can log in");
+            if error.is_outage() {
+                outages.push(error);
+            } else {
+                assert!(
+                    error.to_string().contains("authentication failed"),
+                    "{error}"
+                );
+            }
+        }
+        assert!(
+            outages.is_empty(),
+            "max_batch {max_batch}: {} of {CALLS} calls failed as outages: {:?}",
+            outages.len(),
+            outages.first()
+        );
+    }
+}
+
+/// The call that opens a connection to learn why the pool opens none is
+/// dropped before it learns (its client went away): a call that was
+/// waiting for what it would find learns it itself, and is refused with
+/// the mistake, not left waiting for a connection that never comes until
+/// its call timeout (an outage a fail-open layer would let through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
+    let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
+    // Slow replies, so the first call is still learning when it is dropped.
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set_latency(Duration::from_millis(300));
+    let url = format!("redis://:wrong@{}", proxy.addr());
+    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+    let call_timeout = Duration::from_secs(5);
+    let store = store_on(&pool, call_timeout, 1).await;
+    let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
+    let call = |key: &'static str| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check(key.as_bytes(), &policy, 1).await })
+    };
+    let learner = call("learner");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiter = call("waiter");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    learner.abort();
+    let started = Instant::now();
+    let error = waiter
+        .await
+        .expect("a call that did not panic")
+        .expect_err("no connection can log in");
+    assert!(
+        matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("authentication failed"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < call_timeout,
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// The application holds one of the pool's two connections the whole
+/// time (its turns count on the pool's `max_size`, so the store's calls
+/// may wait inside bb8 for the other): every call of the store is still
+/// decided, and the application's connection stays its own and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_holding_a_pooled_connection_leaves_every_call_decided() {
+    const TASKS: u64 = 16;
+    const PER_TASK: u64 = 100;
+    let server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder()
+        .max_size(2)
+        .min_idle(Some(2))
+        .connection_timeout(CALL_TIMEOUT)
+        .build(manager)
+        .await
+        .expect("a pool of two connections");
+    let mut held = pool
+        .get_owned()
+        .await
+        .expect("the application's connection");
+    let store = store_on(&pool, CALL_TIMEOUT, 1).await;
+    let policy = fixed_window("shared", 1_000_000, Duration::from_secs(3600));
+    let before = pool.state().statistics;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..PER_TASK {
+                    let key = format!("{task}-{i}");
+                    match store.check(key.as_bytes(), &policy, 1).await {
+                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
+                        Err(error) => failed.push(error),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let after = pool.state().statistics;
+    assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut *held)
+        .await
+        .expect("the application's connection works");
+    assert_eq!(pong, "PONG");
+    assert_eq!(pool.state().connections, 2);
 }

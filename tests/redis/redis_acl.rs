@@ -823,6 +823,60 @@ async fn the_acl_probe_refuses_a_tight_user_on_a_bb8_pool() {
     assert!(peek.to_string().contains("needs pexpire"), "{peek}");
 }
 
+/// A pool of one connection, and calls at once whose probe fails: each is
+/// refused with the mistake and gives its turn at the pool back (none is
+/// left waiting for a turn past the call timeout, which would be an
+/// outage); fixed, calls at once are all decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_at_once_whose_probe_fails_on_a_pool_of_one_are_all_refused() {
+    const CALLS: usize = 8;
+    let server = server();
+    let lacking: Vec<&str> = COMMANDS.iter().copied().filter(|c| *c != "set").collect();
+    set_user(&server, "limiter", &lacking);
+    let manager = RedisConnectionManager::new(url(&server, "limiter", 0)).expect("a valid URL");
+    let pool = bb8::Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(5))
+        .build_unchecked(manager);
+    let store = RedisStore::bb8_builder(pool)
+        .call_timeout(Duration::from_secs(5))
+        .max_batch(1)
+        .build()
+        .await
+        .expect("a store on a bb8 pool");
+    let policy = Policy::gcra(100, Rate::per_hour(1)).unwrap();
+    let at_once = || {
+        (0..CALLS)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(
+                    async move { store.check(format!("k{i}").as_bytes(), &policy, 1).await },
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for call in at_once() {
+        let error = call
+            .await
+            .expect("a call that did not panic")
+            .expect_err("the probe fails");
+        assert!(
+            matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("needs set"), "{error}");
+    }
+
+    set_user(&server, "limiter", COMMANDS);
+    for call in at_once() {
+        let decision = call
+            .await
+            .expect("a call that did not panic")
+            .expect("decided once the user may write");
+        assert!(decision.is_allowed(), "{decision:?}");
+    }
+}
+
 /// On a Redis Cluster whose slot is moving (`SETSLOT ... IMPORTING` and
 /// `MIGRATING`), the documented cluster ACL decides a key the source no
 /// longer has: the source answers `ASK`, and the store sends `ASKING` and

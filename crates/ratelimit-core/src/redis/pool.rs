@@ -38,9 +38,12 @@
 //! `max_size` (it is trying to open one), the store opens one itself by the
 //! pool's manager, as bb8 would, while it waits (at most one at a time, and
 //! at most once a second): a mistake that opening gives (see
-//! `errors::is_outage`) fails that call, and every call that would wait
-//! for a connection in the next few seconds, with that error; the next
-//! attempt that opens a connection, or meets an outage, forgets it.
+//! `errors::is_outage`) fails that call, the calls that came while it
+//! opened (they wait for what it finds, not only for a connection, and
+//! open one themselves if that call is dropped before it finds out), and
+//! every call that would wait for a connection in the next few seconds,
+//! with that error; the next attempt that opens a connection, or meets an
+//! outage, forgets it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,7 +54,7 @@ use std::time::{Duration, Instant};
 use bb8_redis::RedisConnectionManager;
 use parking_lot::Mutex;
 use redis::RedisError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::backend_error;
 use super::errors::is_outage;
@@ -90,6 +93,9 @@ pub(super) struct Bb8 {
     connect_timeout: Duration,
     /// What opening a connection by the pool's manager last said.
     diagnosis: Arc<Mutex<Diagnosis>>,
+    /// Woken when a connection opened to learn it ends, for the calls that
+    /// wait for what it says.
+    learned: Arc<Notify>,
 }
 
 /// How long a mistake found opening a connection is believed without
@@ -134,20 +140,34 @@ impl Diagnosis {
     }
 }
 
-/// Ends a turn at opening a connection, finished or dropped.
-struct Turn(Arc<Mutex<Diagnosis>>);
+/// Ends a turn at opening a connection, finished or dropped, and wakes
+/// the calls waiting for what it says.
+struct Turn {
+    diagnosis: Arc<Mutex<Diagnosis>>,
+    learned: Arc<Notify>,
+    finished: bool,
+}
 
 impl Turn {
     /// Records what opening said: `Some` mistake, or `None` (it opened, or
     /// met an outage).
-    fn finish(self, mistake: Option<RedisError>) {
-        self.0.lock().mistake = mistake.map(|e| (Instant::now(), e));
+    fn finish(mut self, mistake: Option<RedisError>) {
+        self.diagnosis.lock().mistake = mistake.map(|e| (Instant::now(), e));
+        self.finished = true;
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.0.lock().underway = false;
+        let mut diagnosis = self.diagnosis.lock();
+        diagnosis.underway = false;
+        if !self.finished {
+            // Dropped before it learned anything (its call's future was
+            // dropped): the next call may open one at once.
+            diagnosis.started = None;
+        }
+        drop(diagnosis);
+        self.learned.notify_waiters();
     }
 }
 
@@ -178,6 +198,7 @@ impl Bb8 {
             turns: Arc::new(Semaphore::new(size)),
             connect_timeout: config.connection_timeout,
             diagnosis: Arc::default(),
+            learned: Arc::default(),
         }
     }
 
@@ -230,40 +251,68 @@ impl Bb8 {
         if !opening {
             return Ok(get.await);
         }
-        let now = Instant::now();
-        let (mistake, turn) = {
-            let mut diagnosis = self.diagnosis.lock();
-            let turn = diagnosis
-                .begin(now)
-                .then(|| Turn(Arc::clone(&self.diagnosis)));
-            (diagnosis.mistake(now), turn)
-        };
-        match (mistake, turn) {
-            (Some(mistake), turn) => {
-                // Known: fail now, and look again in the background.
-                if let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current()) {
-                    runtime.spawn(diagnose(self.pool.clone(), self.connect_timeout, turn));
-                }
-                Err(mistake)
-            }
-            (None, Some(turn)) => {
-                let mut get = get;
-                let mut learning =
-                    std::pin::pin!(diagnose(self.pool.clone(), self.connect_timeout, turn));
-                let first = std::future::poll_fn(|cx| {
-                    if let Poll::Ready(got) = get.as_mut().poll(cx) {
-                        return Poll::Ready(Ok(got));
+        let mut get = get;
+        loop {
+            // Listening before looking, so the end of a connection opened
+            // meanwhile is not missed.
+            let mut learned = std::pin::pin!(self.learned.notified());
+            learned.as_mut().enable();
+            let now = Instant::now();
+            let (mistake, turn, underway) = {
+                let mut diagnosis = self.diagnosis.lock();
+                let underway = diagnosis.underway;
+                let turn = diagnosis.begin(now).then(|| Turn {
+                    diagnosis: Arc::clone(&self.diagnosis),
+                    learned: Arc::clone(&self.learned),
+                    finished: false,
+                });
+                (diagnosis.mistake(now), turn, underway)
+            };
+            return match (mistake, turn) {
+                (Some(mistake), turn) => {
+                    // Known: fail now, and look again in the background.
+                    if let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current())
+                    {
+                        runtime.spawn(diagnose(self.pool.clone(), self.connect_timeout, turn));
                     }
-                    learning.as_mut().poll(cx).map(Err)
-                })
-                .await;
-                match first {
-                    Ok(got) => Ok(got),
-                    Err(Some(mistake)) => Err(mistake),
-                    Err(None) => Ok(get.await),
+                    Err(mistake)
                 }
-            }
-            (None, None) => Ok(get.await),
+                (None, Some(turn)) => {
+                    let mut learning =
+                        std::pin::pin!(diagnose(self.pool.clone(), self.connect_timeout, turn));
+                    let first = std::future::poll_fn(|cx| {
+                        if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                            return Poll::Ready(Ok(got));
+                        }
+                        learning.as_mut().poll(cx).map(Err)
+                    })
+                    .await;
+                    match first {
+                        Ok(got) => Ok(got),
+                        Err(Some(mistake)) => Err(mistake),
+                        Err(None) => Ok(get.await),
+                    }
+                }
+                // Another call is learning why: wait for what it finds, as
+                // that call does, rather than for a connection that may
+                // never come (and an outage a fail-open policy would let
+                // through); then look again (it may have been dropped
+                // before it learned anything).
+                (None, None) if underway => {
+                    let got = std::future::poll_fn(|cx| {
+                        if let Poll::Ready(got) = get.as_mut().poll(cx) {
+                            return Poll::Ready(Some(got));
+                        }
+                        learned.as_mut().poll(cx).map(|()| None)
+                    })
+                    .await;
+                    match got {
+                        Some(got) => Ok(got),
+                        None => continue,
+                    }
+                }
+                (None, None) => Ok(get.await),
+            };
         }
     }
 
