@@ -40,6 +40,78 @@ async fn store_on(pool: &Pool, call_timeout: Duration, max_batch: usize) -> Redi
         .expect("a store on a bb8 pool")
 }
 
+/// A pool of two connections to `url`, both open when it returns: a call
+/// that then finds none idle is one that queued inside bb8.
+async fn two_open_connections(url: &str) -> Pool {
+    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
+    bb8::Pool::builder()
+        .max_size(2)
+        .min_idle(Some(2))
+        .connection_timeout(CALL_TIMEOUT)
+        .build(manager)
+        .await
+        .expect("a pool of two connections")
+}
+
+/// `tasks` tasks at once each decide `per_task` keys of their own
+/// (`{prefix}-{task}-{i}`) under `policy`, a limit none of them reaches:
+/// every call is decided, none fails.
+async fn every_call_decided(
+    store: &RedisStore,
+    policy: &Policy,
+    prefix: &'static str,
+    tasks: u64,
+    per_task: u64,
+) {
+    let tasks: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..per_task {
+                    let key = format!("{prefix}-{task}-{i}");
+                    match store.check(key.as_bytes(), &policy, 1).await {
+                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
+                        Err(error) => failed.push(error),
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("a task that did not panic"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}
+
+/// A pool of at most two connections that log in to `addr` with a wrong
+/// password, opened lazily.
+fn pool_with_a_wrong_password(addr: impl std::fmt::Display) -> Pool {
+    let manager =
+        RedisConnectionManager::new(format!("redis://:wrong@{addr}")).expect("a valid Redis URL");
+    bb8::Pool::builder().max_size(2).build_unchecked(manager)
+}
+
+/// `error` refuses a call because the pool cannot log in: the mistake
+/// itself, never an outage that a fail-open layer would let through.
+fn assert_refused_for_the_password(error: &StoreError) {
+    assert!(
+        matches!(error, StoreError::Backend(_)) && !error.is_outage(),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("authentication failed"),
+        "{error}"
+    );
+}
+
 /// A fresh server, and a store on a pool of 2 of its connections.
 async fn on_a_fresh_server() -> (RedisServer, RedisStore) {
     let server = RedisServer::start();
@@ -79,45 +151,11 @@ async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
     const TASKS: u64 = 64;
     const PER_TASK: u64 = 40;
     let server = RedisServer::start();
-    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
-    // Both connections open before the first call, so a call that finds
-    // none idle is one that queued inside bb8.
-    let pool = bb8::Pool::builder()
-        .max_size(2)
-        .min_idle(Some(2))
-        .connection_timeout(CALL_TIMEOUT)
-        .build(manager)
-        .await
-        .expect("a pool of two connections");
+    let pool = two_open_connections(&server.url()).await;
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
     let policy = fixed_window("turns", 1_000_000, Duration::from_secs(3600));
     let before = pool.state().statistics;
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|task| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move {
-                let mut failed = Vec::new();
-                for i in 0..PER_TASK {
-                    let key = format!("{task}-{i}");
-                    match store.check(key.as_bytes(), &policy, 1).await {
-                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
-                        Err(error) => failed.push(error),
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for task in tasks {
-        failed.extend(task.await.expect("a task that did not panic"));
-    }
-    assert!(
-        failed.is_empty(),
-        "{} calls failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(3)]
-    );
+    every_call_decided(&store, &policy, "turns", TASKS, PER_TASK).await;
     let after = pool.state().statistics;
     assert!(
         after.get_started - before.get_started >= TASKS * PER_TASK,
@@ -170,31 +208,7 @@ async fn callers_dropped_at_a_pool_of_one_give_their_turns_back() {
     proxy.set_latency(Duration::ZERO);
 
     let before = pool.state().statistics;
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|task| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move {
-                let mut failed = Vec::new();
-                for i in 0..PER_TASK {
-                    let key = format!("after-{task}-{i}");
-                    if let Err(error) = store.check(key.as_bytes(), &policy, 1).await {
-                        failed.push(error);
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for task in tasks {
-        failed.extend(task.await.expect("a task that did not panic"));
-    }
-    assert!(
-        failed.is_empty(),
-        "{} calls failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(3)]
-    );
+    every_call_decided(&store, &policy, "after", TASKS, PER_TASK).await;
     let after = pool.state().statistics;
     assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
     assert_eq!(
@@ -411,9 +425,7 @@ async fn a_frozen_redis_is_an_outage_and_every_turn_comes_back_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_log_in_is_refused_never_failed_open() {
     let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
-    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
-    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
-    let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+    let pool = pool_with_a_wrong_password(server.addr());
     // Refused well before it: a refusal is not a wait for the timeout, on
     // however loaded a machine.
     let call_timeout = Duration::from_secs(5);
@@ -423,14 +435,7 @@ async fn a_pool_that_cannot_log_in_is_refused_never_failed_open() {
     for _ in 0..5 {
         let started = Instant::now();
         let error = store.check(b"k", &policy, 1).await.unwrap_err();
-        assert!(
-            matches!(error, StoreError::Backend(_)) && !error.is_outage(),
-            "{error:?}"
-        );
-        assert!(
-            error.to_string().contains("authentication failed"),
-            "{error}"
-        );
+        assert_refused_for_the_password(&error);
         assert!(
             started.elapsed() < call_timeout,
             "took {:?}",
@@ -475,9 +480,7 @@ async fn calls_at_once_to_a_pool_that_cannot_log_in_are_all_refused() {
         // A fresh server and pool each: the store keeps the mistake it
         // learned for a few seconds, and would not learn it again.
         let server = RedisServer::start_with_args(&["--requirepass", "secret"]);
-        let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
-        let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
-        let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+        let pool = pool_with_a_wrong_password(server.addr());
         let store = store_on(&pool, Duration::from_secs(5), max_batch).await;
         let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
         let calls: Vec<_> = (0..CALLS)
@@ -497,10 +500,7 @@ async fn calls_at_once_to_a_pool_that_cannot_log_in_are_all_refused() {
             if error.is_outage() {
                 outages.push(error);
             } else {
-                assert!(
-                    error.to_string().contains("authentication failed"),
-                    "{error}"
-                );
+                assert_refused_for_the_password(&error);
             }
         }
         assert!(
@@ -523,9 +523,7 @@ async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
     // Slow replies, so the first call is still learning when it is dropped.
     let proxy = FaultProxy::start(server.addr());
     proxy.set_latency(Duration::from_millis(300));
-    let url = format!("redis://:wrong@{}", proxy.addr());
-    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
-    let pool = bb8::Pool::builder().max_size(2).build_unchecked(manager);
+    let pool = pool_with_a_wrong_password(proxy.addr());
     let call_timeout = Duration::from_secs(5);
     let store = store_on(&pool, call_timeout, 1).await;
     let policy = Policy::gcra(10, Rate::per_second(1)).unwrap();
@@ -543,14 +541,7 @@ async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
         .await
         .expect("a call that did not panic")
         .expect_err("no connection can log in");
-    assert!(
-        matches!(error, StoreError::Backend(_)) && !error.is_outage(),
-        "{error:?}"
-    );
-    assert!(
-        error.to_string().contains("authentication failed"),
-        "{error}"
-    );
+    assert_refused_for_the_password(&error);
     assert!(
         started.elapsed() < call_timeout,
         "took {:?}",
@@ -567,14 +558,7 @@ async fn the_application_holding_a_pooled_connection_leaves_every_call_decided()
     const TASKS: u64 = 16;
     const PER_TASK: u64 = 100;
     let server = RedisServer::start();
-    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
-    let pool = bb8::Pool::builder()
-        .max_size(2)
-        .min_idle(Some(2))
-        .connection_timeout(CALL_TIMEOUT)
-        .build(manager)
-        .await
-        .expect("a pool of two connections");
+    let pool = two_open_connections(&server.url()).await;
     let mut held = pool
         .get_owned()
         .await
@@ -582,32 +566,7 @@ async fn the_application_holding_a_pooled_connection_leaves_every_call_decided()
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
     let policy = fixed_window("shared", 1_000_000, Duration::from_secs(3600));
     let before = pool.state().statistics;
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|task| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move {
-                let mut failed = Vec::new();
-                for i in 0..PER_TASK {
-                    let key = format!("{task}-{i}");
-                    match store.check(key.as_bytes(), &policy, 1).await {
-                        Ok(decision) => assert!(decision.is_allowed(), "{decision:?}"),
-                        Err(error) => failed.push(error),
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for task in tasks {
-        failed.extend(task.await.expect("a task that did not panic"));
-    }
-    assert!(
-        failed.is_empty(),
-        "{} calls failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(3)]
-    );
+    every_call_decided(&store, &policy, "shared", TASKS, PER_TASK).await;
     let after = pool.state().statistics;
     assert!(after.get_started - before.get_started >= TASKS * PER_TASK);
     let pong: String = redis::cmd("PING")
