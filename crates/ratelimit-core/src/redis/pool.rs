@@ -62,12 +62,12 @@ use super::scripts::AclProbe;
 use crate::StoreError;
 
 /// A connection taken from the pool, back in it when dropped, with the
-/// call's turn at the pool.
+/// call's place in the store's queue for the pool.
 pub(super) struct Pooled {
     connection: bb8::PooledConnection<'static, RedisConnectionManager>,
     /// Given to the next call in the queue. After `connection`: fields drop
     /// in order, so the connection is idle in the pool before that call asks.
-    _turn: OwnedSemaphorePermit,
+    _place: OwnedSemaphorePermit,
 }
 
 impl Pooled {
@@ -86,9 +86,9 @@ pub(super) struct Bb8 {
     probed: Arc<AtomicU64>,
     /// The pool's `max_size`.
     size: usize,
-    /// The calls' turns at the pool, `size` of them, handed out in the
+    /// The store's queue for the pool: `size` places, handed out in the
     /// order asked (see the module's documentation).
-    turns: Arc<Semaphore>,
+    queue: Arc<Semaphore>,
     /// The pool's `connection_timeout`.
     connect_timeout: Duration,
     /// What opening a connection by the pool's manager last said.
@@ -195,7 +195,7 @@ impl Bb8 {
             probe,
             probed: Arc::default(),
             size,
-            turns: Arc::new(Semaphore::new(size)),
+            queue: Arc::new(Semaphore::new(size)),
             connect_timeout: config.connection_timeout,
             diagnosis: Arc::default(),
             learned: Arc::default(),
@@ -213,7 +213,7 @@ impl Bb8 {
     /// this call, whichever ends first).
     pub(super) async fn checkout(&self) -> Result<Pooled, StoreError> {
         // Never closed, so never an error.
-        let turn = Arc::clone(&self.turns).acquire_owned().await.map_err(|_| {
+        let place = Arc::clone(&self.queue).acquire_owned().await.map_err(|_| {
             StoreError::Unavailable("the store's queue for the bb8 pool closed".into())
         })?;
         let mut get = std::pin::pin!(self.pool.get_owned());
@@ -239,7 +239,7 @@ impl Bb8 {
         }
         Ok(Pooled {
             connection,
-            _turn: turn,
+            _place: place,
         })
     }
 
