@@ -191,10 +191,13 @@ impl RedisStore {
     /// [`connect_timeout`](RedisStoreBuilder::connect_timeout); the call
     /// timeout still bounds every call, the wait for a pooled connection
     /// included, so a pool that gives none in time is an outage (the failure
-    /// policy applies).
+    /// policy applies). At most `max_size` of the store's calls ask the pool
+    /// at once; the others queue in the store, first come first served
+    /// (bb8's own queue is not fair), so connections the application holds
+    /// for long shorten that queue for everyone.
     ///
     /// The store's own multiplexed connections are the default, and faster
-    /// (see `BENCHMARKS.md`). Keep bb8's `test_on_check_out` on (its
+    /// (see `BENCHMARKS.md`); keep coalescing on with a pool. Keep bb8's `test_on_check_out` on (its
     /// default): `RedisConnectionManager` never reports a broken connection
     /// otherwise, and a pool keeps handing out a connection that died with a
     /// Redis restart.
