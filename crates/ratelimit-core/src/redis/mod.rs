@@ -193,8 +193,9 @@ impl RedisStore {
     /// included, so a pool that gives none in time is an outage (the failure
     /// policy applies). At most `max_size` of the store's calls ask the pool
     /// at once; the others queue in the store, first come first served
-    /// (bb8's own queue is not fair), so connections the application holds
-    /// for long shorten that queue for everyone.
+    /// (bb8's own queue is not fair). Connections the application itself
+    /// holds are outside that queue: the store's calls then wait inside bb8
+    /// for the rest.
     ///
     /// The store's own multiplexed connections are the default, and faster
     /// (see `BENCHMARKS.md`); keep coalescing on with a pool. Keep bb8's `test_on_check_out` on (its
