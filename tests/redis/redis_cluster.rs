@@ -1122,7 +1122,11 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
     for _ in 0..100 {
         assert!(admits(&store, user.as_bytes(), &policy).await);
     }
-    assert_eq!(decisions_run(&cluster, 0), settled, "calls sent to the old master");
+    assert_eq!(
+        decisions_run(&cluster, 0),
+        settled,
+        "calls sent to the old master"
+    );
     assert!(
         cluster.cli(0, &["ROLE"]).starts_with("slave"),
         "the old master follows the new one"
