@@ -1016,16 +1016,22 @@ fn a_cluster_store_outlives_the_runtime_that_built_it() {
     });
 }
 
-/// The `FCALL` and `EVALSHA` commands node `index` has run since it
-/// started (`calls`), and those it answered with a redirection instead
-/// (`rejected_calls`: `MOVED` once it serves the slot no more). A replica
-/// applies its master's effects, not these commands, so it runs none.
+/// The decisions node `index` has run since it started (`calls` of
+/// `FCALL`, `EVALSHA` and `EVAL`, which the store sends after `NOSCRIPT`),
+/// and the calls it answered with a redirection instead (`rejected_calls`:
+/// `MOVED` once it serves the slot no more). A replica applies its
+/// master's effects (`MULTI`, the script's writes, `EXEC`), not these
+/// commands, so it runs none.
 fn decisions_run(cluster: &RedisCluster, index: usize) -> (u64, u64) {
     let stats = cluster.cli(index, &["INFO", "commandstats"]);
     let count = |field: &str| -> u64 {
         stats
             .lines()
-            .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+            .filter(|l| {
+                ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                    .iter()
+                    .any(|command| l.starts_with(command))
+            })
             .filter_map(|l| {
                 l.split([':', ','])
                     .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))
