@@ -1073,11 +1073,24 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
     )
     .await;
     let limit = 1_000_000;
-    let policy = fixed_window("thawed", limit, HOUR);
+    // Windows are aligned on the clock, and the count starts again at an
+    // edge: an hour's edge may fall within the test (then about a quarter
+    // of the admissions were counted in the window before it). A thousand
+    // days' edge is years away, checked below.
+    let policy = fixed_window("thawed", limit, Duration::from_secs(1_000 * 24 * 3_600));
     let user = user_on(&cluster, &store, &policy, 0);
     for _ in 0..5 {
         assert!(admits(&store, user.as_bytes(), &policy).await);
     }
+    let window_left = store
+        .check(user.as_bytes(), &policy, 0)
+        .await
+        .unwrap()
+        .reset_after();
+    assert!(
+        window_left > Duration::from_secs(600),
+        "the window ends within the test: {window_left:?}"
+    );
     let synced = cluster.cli(0, &["WAIT", "1", "1000"]);
     assert_eq!(synced, "1", "WAIT");
     let (before_freeze, _) = decisions_run(&cluster, 0);
