@@ -206,7 +206,11 @@ async fn many_tasks_on_a_few_keys_never_pass_the_limit_and_replay_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_fails_its_own_request_only() {
     let (_server, proxy, store) = one_connection(Duration::from_secs(5)).await;
-    let window = fixed_window("shared", 10, Duration::from_secs(60));
+    // A window's state lasts until its edge, and windows are aligned on the
+    // clock: a minute's edge may fall between the first check and the
+    // batch, which then meets no state to conflict with. A thousand days'
+    // edge is years away.
+    let window = fixed_window("shared", 10, Duration::from_secs(1_000 * 24 * 3_600));
     let bucket = named("shared", Policy::token_bucket(10, Rate::per_second(1)));
     store.check(b"k", &window, 1).await.unwrap();
     let before = store.coalescing();

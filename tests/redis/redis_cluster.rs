@@ -1016,17 +1016,30 @@ fn a_cluster_store_outlives_the_runtime_that_built_it() {
     });
 }
 
-/// The decisions node `index` has run as a master since it started: its
-/// `FCALL` and `EVALSHA` calls (a replica applies its master's effects,
-/// not these).
-fn decisions_run(cluster: &RedisCluster, index: usize) -> u64 {
-    cluster
-        .cli(index, &["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
-        .map(|n| n.trim().parse::<u64>().expect("a count of calls"))
-        .sum()
+/// The decisions node `index` has run since it started (`calls` of
+/// `FCALL`, `EVALSHA` and `EVAL`, which the store sends after `NOSCRIPT`),
+/// and the calls it answered with a redirection instead (`rejected_calls`:
+/// `MOVED` once it serves the slot no more). A replica applies its
+/// master's effects (`MULTI`, the script's writes, `EXEC`), not these
+/// commands, so it runs none.
+fn decisions_run(cluster: &RedisCluster, index: usize) -> (u64, u64) {
+    let stats = cluster.cli(index, &["INFO", "commandstats"]);
+    let count = |field: &str| -> u64 {
+        stats
+            .lines()
+            .filter(|l| {
+                ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                    .iter()
+                    .any(|command| l.starts_with(command))
+            })
+            .filter_map(|l| {
+                l.split([':', ','])
+                    .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))
+            })
+            .map(|n| n.trim().parse::<u64>().expect("a count of calls"))
+            .sum()
+    };
+    (count("calls"), count("rejected_calls"))
 }
 
 /// A master hangs, its replica takes over, and the old master comes back
@@ -1039,36 +1052,57 @@ fn decisions_run(cluster: &RedisCluster, index: usize) -> u64 {
 /// master does not count is one of those, which the old master's own
 /// command counts show; and once the store has read the new slot map it
 /// sends the old master nothing (RELIABILITY.md, "Redis Cluster").
+///
+/// No call may time out on the frozen master: one that did would still
+/// run there when it wakes, unseen by the store, and each such decision
+/// would let one admission the store made up pass as the old master's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_demotion() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     let cluster = RedisCluster::start_with_replica();
+    // Longer than the freeze: half a second, and the promotion, bounded
+    // at 5 s below.
+    let call_timeout = Duration::from_secs(10);
     let store = build(
         RedisStore::cluster_builder(cluster.urls())
-            .call_timeout(Duration::from_millis(200))
+            .call_timeout(call_timeout)
             .connect_timeout(Duration::from_millis(300))
             .max_batch(1),
     )
     .await;
     let limit = 1_000_000;
-    let policy = fixed_window("thawed", limit, HOUR);
+    // Windows are aligned on the clock, and the count starts again at an
+    // edge: an hour's edge may fall within the test (then about a quarter
+    // of the admissions were counted in the window before it). A thousand
+    // days' edge is years away, checked below.
+    let policy = fixed_window("thawed", limit, Duration::from_secs(1_000 * 24 * 3_600));
     let user = user_on(&cluster, &store, &policy, 0);
     for _ in 0..5 {
         assert!(admits(&store, user.as_bytes(), &policy).await);
     }
+    let window_left = store
+        .check(user.as_bytes(), &policy, 0)
+        .await
+        .unwrap()
+        .reset_after();
+    assert!(
+        window_left > Duration::from_secs(600),
+        "the window ends within the test: {window_left:?}"
+    );
     let synced = cluster.cli(0, &["WAIT", "1", "1000"]);
     assert_eq!(synced, "1", "WAIT");
-    let before_freeze = decisions_run(&cluster, 0);
+    let (before_freeze, _) = decisions_run(&cluster, 0);
     cluster.nodes()[0].freeze();
     let admitted = Arc::new(AtomicU64::new(5));
+    let failed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let in_flight = 8;
     let tasks: Vec<_> = (0..in_flight)
         .map(|_| {
             let (store, policy, user) = (store.clone(), policy.clone(), user.clone());
-            let (admitted, stop) = (admitted.clone(), stop.clone());
+            let (admitted, failed, stop) = (admitted.clone(), failed.clone(), stop.clone());
             tokio::spawn(async move {
                 for _ in 0..100_000 {
                     if stop.load(Ordering::Relaxed) {
@@ -1081,6 +1115,7 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
                         }
                         Err(e) => {
                             assert!(e.is_outage(), "{e}");
+                            failed.fetch_add(1, Ordering::Relaxed);
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                     }
@@ -1102,6 +1137,8 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
     for task in tasks {
         task.await.unwrap();
     }
+    let failed = failed.load(Ordering::Relaxed);
+    assert_eq!(failed, 0, "calls failed, within {call_timeout:?}");
     let peek = store.check(user.as_bytes(), &policy, 0).await.unwrap();
     let counted = limit - peek.remaining();
     let admitted = admitted.load(Ordering::Relaxed);
@@ -1109,15 +1146,18 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
         admitted > 1_000,
         "decisions did not resume after the failover: {admitted} admitted"
     );
-    // Calls that timed out while it was frozen ran too when it woke: the
-    // old master may have decided more than went uncounted, never fewer.
-    let on_the_old_master = decisions_run(&cluster, 0) - before_freeze;
+    // Every decision the old master ran after its freeze was answered to
+    // the store (none failed): an admission neither master counts is
+    // over this bound.
+    let (on_the_old_master, _) = decisions_run(&cluster, 0);
+    let on_the_old_master = on_the_old_master - before_freeze;
     assert!(
         counted + on_the_old_master >= admitted,
         "{admitted} admitted, {counted} counted on the new master, \
          {on_the_old_master} decided on the old one"
     );
-    // The store has read the new slot map: nothing more for the old master.
+    // The store has read the new slot map: nothing more for the old
+    // master, not even a call it would answer with `MOVED`.
     let settled = decisions_run(&cluster, 0);
     for _ in 0..100 {
         assert!(admits(&store, user.as_bytes(), &policy).await);
@@ -1125,7 +1165,7 @@ async fn a_thawed_old_master_decides_only_the_calls_that_reached_it_before_its_d
     assert_eq!(
         decisions_run(&cluster, 0),
         settled,
-        "calls sent to the old master"
+        "calls sent to the old master (run, redirected)"
     );
     assert!(
         cluster.cli(0, &["ROLE"]).starts_with("slave"),
