@@ -753,38 +753,6 @@ fn wait_for_link(replica: &RedisServer) -> Duration {
     }
 }
 
-/// The value of `field` in `INFO replication` of `server`.
-fn replication_offset(server: &RedisServer, field: &str) -> u64 {
-    let info = server.cli(&["INFO", "replication"]);
-    info.lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix(field)?
-                .strip_prefix(':')?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no {field} in INFO replication:\n{info}"))
-}
-
-/// Polls `replica` until it has applied the replication stream up to
-/// `offset`; returns how long that took. (A replica fed by a diskless full
-/// sync is only sent the stream once it first acknowledges, up to a second
-/// after the sync.)
-fn wait_for_offset(replica: &RedisServer, offset: u64) -> Duration {
-    let start = Instant::now();
-    loop {
-        if replication_offset(replica, "slave_repl_offset") >= offset {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the replica did not reach offset {offset} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The status a request gets from `service`.
 async fn status_of<S, B>(service: &S) -> http::StatusCode
 where
@@ -863,10 +831,7 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
             assert!(d.is_allowed());
             assert_eq!(d.remaining(), expected);
         }
-        // Wait until the replica applied every write. (`WAIT` from
-        // redis-cli would not do: it waits for that connection's writes.)
-        let written = replication_offset(&primary, "master_repl_offset");
-        let caught_up = wait_for_offset(&replica, written);
+        let caught_up = primary.wait_replicated(&replica);
 
         // A replica refuses writes until it is promoted: the store refuses
         // it as a mistake, never an outage a failure policy would let by.

@@ -946,7 +946,7 @@ async fn a_master_demoted_under_the_store_is_never_decided_on() {
         assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
         // Replication is asynchronous: the admission reaches the replica
         // before the roles swap, or the count read from it below races.
-        assert_eq!(set.master().cli(&["WAIT", "1", "5000"]).trim(), "1");
+        set.master().wait_replicated(set.replica());
         let replica_port = set.replica().port().to_string();
         assert_eq!(set.replica().cli(&["REPLICAOF", "NO", "ONE"]), "OK");
         assert_eq!(

@@ -284,6 +284,48 @@ impl RedisServer {
         cli_output(self.port, args)
     }
 
+    /// The replication offset `field` of `INFO replication`
+    /// (`master_repl_offset`, or `slave_repl_offset` on a replica).
+    ///
+    /// # Panics
+    ///
+    /// When the field is missing.
+    pub fn replication_offset(&self, field: &str) -> u64 {
+        let info = self.cli(&["INFO", "replication"]);
+        info.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(field)?
+                    .strip_prefix(':')?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {field} in INFO replication:\n{info}"))
+    }
+
+    /// Waits until `replica` has applied everything written on this master
+    /// so far; returns how long that took. (`WAIT` from `redis-cli` would
+    /// not do: it waits for its own connection's writes, and answers at once
+    /// on one that wrote nothing.)
+    ///
+    /// # Panics
+    ///
+    /// When the replica has not caught up within 10 s.
+    pub fn wait_replicated(&self, replica: &RedisServer) -> Duration {
+        let written = self.replication_offset("master_repl_offset");
+        let start = Instant::now();
+        loop {
+            if replica.replication_offset("slave_repl_offset") >= written {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the replica did not reach offset {written} within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Suspends the process (`SIGSTOP`): it keeps its sockets open and
     /// answers nothing, as a hung server does, until [`thaw`](Self::thaw).
     ///
