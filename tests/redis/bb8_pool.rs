@@ -40,17 +40,19 @@ async fn store_on(pool: &Pool, call_timeout: Duration, max_batch: usize) -> Redi
         .expect("a store on a bb8 pool")
 }
 
-/// A pool of two connections to `url`, both open when it returns: a call
-/// that then finds none idle is one that queued inside bb8.
-async fn two_open_connections(url: &str) -> Pool {
-    let manager = RedisConnectionManager::new(url).expect("a valid Redis URL");
-    bb8::Pool::builder()
+/// A Redis server and a pool of two connections to it, both open when it
+/// returns: a call that then finds none idle is one that queued inside bb8.
+async fn a_server_and_two_open_connections() -> (RedisServer, Pool) {
+    let server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).expect("a valid Redis URL");
+    let pool = bb8::Pool::builder()
         .max_size(2)
         .min_idle(Some(2))
         .connection_timeout(CALL_TIMEOUT)
         .build(manager)
         .await
-        .expect("a pool of two connections")
+        .expect("a pool of two connections");
+    (server, pool)
 }
 
 /// `tasks` tasks at once each decide `per_task` keys of their own
@@ -150,8 +152,7 @@ async fn sixty_four_tasks_admit_exactly_the_limit_through_the_pool() {
 async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
     const TASKS: u64 = 64;
     const PER_TASK: u64 = 40;
-    let server = RedisServer::start();
-    let pool = two_open_connections(&server.url()).await;
+    let (_server, pool) = a_server_and_two_open_connections().await;
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
     let policy = fixed_window("turns", 1_000_000, Duration::from_secs(3600));
     let before = pool.state().statistics;
@@ -557,8 +558,7 @@ async fn a_call_waiting_on_a_learner_that_is_dropped_learns_itself() {
 async fn the_application_holding_a_pooled_connection_leaves_every_call_decided() {
     const TASKS: u64 = 16;
     const PER_TASK: u64 = 100;
-    let server = RedisServer::start();
-    let pool = two_open_connections(&server.url()).await;
+    let (_server, pool) = a_server_and_two_open_connections().await;
     let mut held = pool
         .get_owned()
         .await
