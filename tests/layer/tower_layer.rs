@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratelimit_core::clock::{ManualClock, TokioClock};
-use ratelimit_core::{MemoryStore, Policy, StoreError};
+use ratelimit_core::{AdminStore, MemoryStore, Policy, StoreError};
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::{ChannelBody, fixed_window};
 use ratelimit_tests::named;
@@ -646,7 +646,8 @@ async fn wait_mode_refuses_a_leaky_bucket_slot_beyond_max_delay() {
 fn global_remaining(store: &MemoryStore<TokioClock>, policy: &Policy) -> u64 {
     let global = GlobalKey::default().extract(&Request::new("")).unwrap();
     store
-        .peek_now(global.as_bytes(), policy)
+        .peek(global.as_bytes(), policy)
+        .into_inner()
         .unwrap()
         .remaining()
 }
@@ -721,7 +722,10 @@ async fn wait_mode_refusals_give_back_to_the_fallback_that_decided() {
     assert_eq!(statuses, [200, 429, 429, 429, 429]);
     let global = GlobalKey::default().extract(&Request::new("")).unwrap();
     let hourly_here = hourly.divided_among(1).unwrap();
-    let left = local.peek_now(global.as_bytes(), &hourly_here).unwrap();
+    let left = local
+        .peek(global.as_bytes(), &hourly_here)
+        .into_inner()
+        .unwrap();
     assert_eq!(left.remaining(), 4, "only the admitted request counts");
 }
 

@@ -14,7 +14,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::routing::any;
-use ratelimit_core::{MemoryStore, Policy, Rate};
+use ratelimit_core::{AdminStore, MemoryStore, Policy, Rate};
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::fixtures::tokio_memory;
@@ -204,8 +204,8 @@ async fn wait_mode_refusals_give_back_every_algorithm() {
                     statuses.push(r.status().as_u16());
                 }
                 let global = GlobalKey::default().extract(&Request::new("")).unwrap();
-                let d = store.peek_now(global.as_bytes(), &other).unwrap();
-                let s = store.peek_now(global.as_bytes(), &smooth).unwrap();
+                let d = store.peek(global.as_bytes(), &other).into_inner().unwrap();
+                let s = store.peek(global.as_bytes(), &smooth).into_inner().unwrap();
                 (statuses, d.remaining(), s.remaining())
             }
         };
@@ -342,7 +342,8 @@ async fn remaining_after_a_drop(
     let global = GlobalKey::default().extract(&Request::new("")).unwrap();
     let peek = || {
         store
-            .peek_now(global.as_bytes(), shared)
+            .peek(global.as_bytes(), shared)
+            .into_inner()
             .unwrap()
             .remaining()
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::Request;
 use ratelimit_core::redis::RedisStore;
-use ratelimit_core::{MemoryStore, Policy};
+use ratelimit_core::{AdminStore, MemoryStore, Policy};
 use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
 use ratelimit_tests::{admits_now, every_algorithm, long_policies, named, twin_stores};
 use ratelimit_tower::Key;
@@ -911,20 +911,30 @@ fn the_key_budget_never_leaks_under_random_operations() {
                         let cost = rng.below(4);
                         match rng.below(10) {
                             0 => {
-                                let _ = store.reward_now(key.as_bytes(), policy, 1 + cost);
+                                let _ = store.reward(key.as_bytes(), policy, 1 + cost).into_inner();
                             }
                             1 => {
-                                let _ = store.penalize_now(key.as_bytes(), policy, 1 + cost);
+                                let _ = store
+                                    .penalize(key.as_bytes(), policy, 1 + cost)
+                                    .into_inner();
                             }
-                            2 => store.reset_now(key.as_bytes(), policy),
+                            2 => store
+                                .reset(key.as_bytes(), policy)
+                                .into_inner()
+                                .expect("reset"),
                             3 => {
-                                let _ = store.block_now(
-                                    key.as_bytes(),
-                                    policy,
-                                    Duration::from_millis(1 + rng.below(3_000)),
-                                );
+                                let _ = store
+                                    .block(
+                                        key.as_bytes(),
+                                        policy,
+                                        Duration::from_millis(1 + rng.below(3_000)),
+                                    )
+                                    .into_inner();
                             }
-                            4 => store.unblock_now(key.as_bytes(), policy),
+                            4 => store
+                                .unblock(key.as_bytes(), policy)
+                                .into_inner()
+                                .expect("unblock"),
                             5 => {
                                 let other = format!("k{}", rng.below(90));
                                 let p2 = &policies[rng.index(policies.len())];

@@ -347,7 +347,9 @@ fn max_keys_admits_exactly_that_many_distinct_keys() {
                         "{name}, max_keys {n}, {shards} shards"
                     );
                     assert!(matches!(
-                        store.block_now(extra.as_bytes(), &policy, Duration::from_secs(1)),
+                        store
+                            .block(extra.as_bytes(), &policy, Duration::from_secs(1))
+                            .into_inner(),
                         Err(StoreError::Full { .. })
                     ));
                     let checks = [Check::new(extra.as_bytes(), &policy, 1)];
@@ -951,27 +953,34 @@ fn shared_path_races_with_blocks_penalties_and_resets() {
             match round % 5 {
                 0 => {
                     store
-                        .block_now(b"hot", &policy, Duration::from_secs(60))
+                        .block(b"hot", &policy, Duration::from_secs(60))
+                        .into_inner()
                         .unwrap();
                     generation.fetch_add(1, Ordering::SeqCst);
                     // Budget back while blocked: only the block denies now.
-                    store.reward_now(b"hot", &policy, BURST / 2).unwrap();
+                    store
+                        .reward(b"hot", &policy, BURST / 2)
+                        .into_inner()
+                        .unwrap();
                     rewarded += BURST / 2;
                     for _ in 0..20 {
                         thread::yield_now();
                     }
                     generation.fetch_add(1, Ordering::SeqCst);
-                    store.unblock_now(b"hot", &policy);
+                    store
+                        .unblock(b"hot", &policy)
+                        .into_inner()
+                        .expect("unblock");
                 }
                 1 => {
-                    store.penalize_now(b"hot", &policy, 7).unwrap();
+                    store.penalize(b"hot", &policy, 7).into_inner().unwrap();
                 }
                 2 => {
-                    store.reward_now(b"hot", &policy, 3).unwrap();
+                    store.reward(b"hot", &policy, 3).into_inner().unwrap();
                     rewarded += 3;
                 }
                 3 => {
-                    store.reset_now(b"hot", &policy);
+                    store.reset(b"hot", &policy).into_inner().expect("reset");
                     resets += 1;
                 }
                 _ => thread::yield_now(),

@@ -17,8 +17,8 @@ use ratelimit_axum::Limiter;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{
-    Check, Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Rate, Settle, SettlementId,
-    Store, StoreError,
+    AdminStore, Check, Decision, DeniedCache, LeasedStore, MemoryStore, Policy, Rate, Settle,
+    SettlementId, Store, StoreError,
 };
 use ratelimit_tests::{
     Boxed, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot, named, observable,
@@ -542,7 +542,7 @@ async fn through_a_leased_store_a_debt_takes_effect_at_once() {
         "hourly",
         Policy::fixed_window(100, Duration::from_secs(3600)),
     );
-    let used = || 100 - shared.peek_now(b"k", &policy).unwrap().remaining();
+    let used = || 100 - shared.peek(b"k", &policy).into_inner().unwrap().remaining();
     for _ in 0..2 {
         assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     }

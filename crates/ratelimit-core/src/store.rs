@@ -406,7 +406,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::MemoryStore;
+    use crate::{AdminStore, MemoryStore};
 
     fn fixed(name: &str, limit: u64) -> Policy {
         Policy::fixed_window(limit, Duration::from_secs(60))
@@ -521,7 +521,11 @@ mod tests {
             );
         }
         for (key, policy) in [(&b"y"[..], &bystander), (b"x", &small), (b"k", &a)] {
-            let left = store.peek_now(key, policy).expect("peek").remaining();
+            let left = store
+                .peek(key, policy)
+                .into_inner()
+                .expect("peek")
+                .remaining();
             assert_eq!(left, policy.limit(), "{}", policy.name());
         }
     }

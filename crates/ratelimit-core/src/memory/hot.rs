@@ -240,7 +240,7 @@ mod tests {
                     flushes += u64::from(was_hot);
                 }
                 7 => {
-                    let store_peek = store.penalize_now(b"hot", &policy, 2).unwrap();
+                    let store_peek = store.penalize(b"hot", &policy, 2).into_inner().unwrap();
                     let peek = gcra.penalize(&mut state, now, 2);
                     assert_eq!(store_peek, peek, "penalty at step {i}");
                     assert!(!is_hot(&store));
@@ -268,7 +268,8 @@ mod tests {
         assert!(is_hot(&store));
         let before = store.check_now(b"hot", &policy, 1).unwrap();
         store
-            .block_now(b"hot", &policy, Duration::from_secs(7_200))
+            .block(b"hot", &policy, Duration::from_secs(7_200))
+            .into_inner()
             .unwrap();
         let blocked = store.check_now(b"hot", &policy, 1).unwrap();
         assert!(!blocked.is_allowed());

@@ -95,24 +95,21 @@ fn op() -> impl Strategy<Value = Op> {
 fn apply(store: &MemoryStore<ManualClock>, policies: &[Policy], op: &Op) -> String {
     match *op {
         Op::Check(k, p, c) => format!("{:?}", store.check_now(KEYS[k], &policies[p], c)),
-        Op::Peek(k, p) => format!("{:?}", store.peek_now(KEYS[k], &policies[p])),
+        Op::Peek(k, p) => format!("{:?}", store.peek(KEYS[k], &policies[p]).into_inner()),
         Op::Adjust(k, p, a, n) => {
             let adjustment =
                 [Adjustment::Penalize, Adjustment::Reward, Adjustment::Refund][usize::from(a)];
             format!("{:?}", store.adjust(KEYS[k], &policies[p], adjustment, n))
         }
-        Op::Block(k, p, d) => format!(
-            "{:?}",
-            store.block_now(KEYS[k], &policies[p], Duration::from_micros(d))
-        ),
-        Op::Unblock(k, p) => {
-            store.unblock_now(KEYS[k], &policies[p]);
-            String::new()
+        Op::Block(k, p, d) => {
+            let duration = Duration::from_micros(d);
+            format!(
+                "{:?}",
+                store.block(KEYS[k], &policies[p], duration).into_inner()
+            )
         }
-        Op::Reset(k, p) => {
-            store.reset_now(KEYS[k], &policies[p]);
-            String::new()
-        }
+        Op::Unblock(k, p) => format!("{:?}", store.unblock(KEYS[k], &policies[p]).into_inner()),
+        Op::Reset(k, p) => format!("{:?}", store.reset(KEYS[k], &policies[p]).into_inner()),
         Op::Settle(k, p, reserved, actual) => {
             let decision = Decision::allow(3, 0, 1_000_000);
             let settles = [Settle::new(
@@ -213,8 +210,8 @@ proptest! {
         }
         for key in KEYS {
             for policy in &policies {
-                let from_hot = format!("{:?}", hot.peek_now(key, policy));
-                let from_cold = format!("{:?}", cold.peek_now(key, policy));
+                let from_hot = format!("{:?}", hot.peek(key, policy).into_inner());
+                let from_cold = format!("{:?}", cold.peek(key, policy).into_inner());
                 prop_assert_eq!(from_hot, from_cold);
             }
         }
@@ -313,11 +310,15 @@ fn hammered_hot_keys_account_for_every_unit() {
                     // A full store refuses new keys: that is the sweep's cue.
                     let _ = store.check_now(key.as_bytes(), hot_policy, 1 + n % 5);
                     if n.is_multiple_of(3) {
-                        store.reset_now(key.as_bytes(), hot_policy);
+                        store
+                            .reset(key.as_bytes(), hot_policy)
+                            .into_inner()
+                            .expect("reset");
                     }
                     if n.is_multiple_of(7) {
-                        let _ =
-                            store.block_now(key.as_bytes(), hot_policy, Duration::from_millis(5));
+                        let _ = store
+                            .block(key.as_bytes(), hot_policy, Duration::from_millis(5))
+                            .into_inner();
                     }
                 }
             });
@@ -328,7 +329,7 @@ fn hammered_hot_keys_account_for_every_unit() {
                 while !done.load(Ordering::SeqCst) {
                     seen_hot.fetch_add(hot_keys(store), Ordering::Relaxed);
                     for key in keys {
-                        let peek = store.peek_now(key, &policy()).unwrap();
+                        let peek = store.peek(key, &policy()).into_inner().unwrap();
                         assert!(peek.remaining() <= BURST);
                         // Every TAT and every time is a whole number of
                         // intervals from `t0`.
@@ -352,11 +353,14 @@ fn hammered_hot_keys_account_for_every_unit() {
             let amount = 1 + i / 2 % 2;
             match i / 2 % 8 {
                 0 => {
-                    store.penalize_now(key, &hot_policy, amount).unwrap();
+                    store
+                        .penalize(key, &hot_policy, amount)
+                        .into_inner()
+                        .unwrap();
                     units.added.fetch_add(amount, Ordering::Relaxed);
                 }
                 1 => {
-                    store.reward_now(key, &hot_policy, amount).unwrap();
+                    store.reward(key, &hot_policy, amount).into_inner().unwrap();
                     units.given_back.fetch_add(amount, Ordering::Relaxed);
                 }
                 2 => {
@@ -374,14 +378,18 @@ fn hammered_hot_keys_account_for_every_unit() {
                 4 => {
                     // A full store may refuse the block; either way it ends here.
                     let blocked = store
-                        .block_now(key, &hot_policy, Duration::from_secs(3_600))
+                        .block(key, &hot_policy, Duration::from_secs(3_600))
+                        .into_inner()
                         .is_ok();
                     let decision = store.check_now(key, &hot_policy, 1).unwrap();
                     assert!(!(blocked && decision.is_allowed()), "{decision:?}");
                     if decision.is_allowed() {
                         units.admitted.fetch_add(1, Ordering::Relaxed);
                     }
-                    store.unblock_now(key, &hot_policy);
+                    store
+                        .unblock(key, &hot_policy)
+                        .into_inner()
+                        .expect("unblock");
                 }
                 5 => {
                     let checks = [Check::new(key, &hot_policy, amount)];
@@ -400,7 +408,7 @@ fn hammered_hot_keys_account_for_every_unit() {
         let units_in =
             500 + units.admitted.load(Ordering::Relaxed) + units.added.load(Ordering::Relaxed)
                 - units.given_back.load(Ordering::Relaxed);
-        let peek = store.peek_now(key, &hot_policy).unwrap();
+        let peek = store.peek(key, &hot_policy).into_inner().unwrap();
         assert_eq!(
             peek.reset_after_micros(),
             t0 + units_in * INTERVAL - now,
@@ -427,9 +435,9 @@ fn a_tat_of_u64_max_is_not_the_hot_key() {
     assert!(store.check_now(b"other", &small, 1).unwrap().is_allowed());
     assert!(!store.check_now(b"other", &small, 1).unwrap().is_allowed());
     assert_eq!(hot_keys(&store), 1);
-    let peek = store.peek_now(b"max", &policy).unwrap();
+    let peek = store.peek(b"max", &policy).into_inner().unwrap();
     assert_eq!(peek, Decision::allow(2, 0, 2_000_000));
-    let other = store.peek_now(b"other", &small).unwrap();
+    let other = store.peek(b"other", &small).into_inner().unwrap();
     assert_eq!(other, Decision::allow(1, 0, 1_000_000));
 }
 
@@ -515,12 +523,15 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
                         return;
                     }
                     if penalize.load(Ordering::SeqCst) {
-                        store.penalize_now(keys[0], policy, 1).unwrap();
+                        store.penalize(keys[0], policy, 1).into_inner().unwrap();
                         penalized.fetch_add(1, Ordering::Relaxed);
                     }
                     let key = format!("new-{}", penalized.load(Ordering::Relaxed) % 9);
                     let _ = store.check_now(key.as_bytes(), policy, 1);
-                    store.reset_now(key.as_bytes(), policy);
+                    store
+                        .reset(key.as_bytes(), policy)
+                        .into_inner()
+                        .expect("reset");
                     end.wait();
                 }
             });
@@ -542,7 +553,7 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
                     units += penalized.load(Ordering::Relaxed) - penalties;
                 }
                 let tat = tats[k].max(t) + units * INTERVAL;
-                let peek = store.peek_now(keys[k], &policy).unwrap();
+                let peek = store.peek(keys[k], &policy).into_inner().unwrap();
                 if peek.reset_after_micros() != tat - t || tat - t < BURST * INTERVAL {
                     failure = Some(format!(
                         "round {round}, key {k}: {peek:?}, TAT {tat}, now {t}"
@@ -590,16 +601,20 @@ fn a_policy_at_a_dropped_policys_address_is_not_the_hot_key() {
         assert!(store.check_now(b"k", &policy, 1).unwrap().is_allowed());
         assert!(!store.check_now(b"k", &policy, 1).unwrap().is_allowed());
         assert_eq!(hot_keys(&store), 1, "round {i}");
-        let peek = store.peek_now(b"k", &policy).unwrap();
+        let peek = store.peek(b"k", &policy).into_inner().unwrap();
         assert_eq!(peek, Decision::allow(1, 0, 3_600_000_000));
         let other = Policy::gcra(1, Rate::per_hour(1))
             .expect("valid")
             .with_name(other)
             .expect("valid name");
-        assert_eq!(store.peek_now(b"k", &other).unwrap(), fresh, "round {i}");
+        assert_eq!(
+            store.peek(b"k", &other).into_inner().unwrap(),
+            fresh,
+            "round {i}"
+        );
         assert!(store.check_now(b"k", &other, 1).unwrap().is_allowed());
-        store.reset_now(b"k", &other);
-        store.reset_now(b"k", &policy);
+        store.reset(b"k", &other).into_inner().expect("reset");
+        store.reset(b"k", &policy).into_inner().expect("reset");
         assert_eq!(store.len(), 0);
     }
     // The allocator did hand a dropped policy's address to a new one.

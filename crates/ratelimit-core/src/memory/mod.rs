@@ -12,6 +12,7 @@ use hashbrown::HashTable;
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::admin::{Adjustment, AdminStore, block_micros, blocked, blocked_decision};
+use crate::algorithm::concurrency::{Concurrency, ConcurrencyState};
 use crate::algorithm::gcra::GcraState;
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::{Algorithm, State};
@@ -656,36 +657,31 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`Store::release`], synchronously.
     pub fn release_now(&self, key: &[u8], policy: &Policy, permit: PermitId) {
-        let Algorithm::Concurrency(algorithm) = policy.algorithm() else {
-            return;
-        };
-        let key = MemoryKey::new(key);
-        let hash = self.hash(policy, &key);
-        let mut shard = self.write_shard(self.shard_index(hash));
-        let now = shard.now(&self.shared.clock, None);
-        if let Ok(mut occupied) = shard
-            .table
-            .find_entry(hash, |e| e.matches(hash, policy, &key))
-            && let State::Concurrency(state) = &mut occupied.get_mut().state
-        {
+        self.change_leases(key, policy, |algorithm, state, now| {
             algorithm.release(state, now, permit);
-            let reset = algorithm.reset_after(state, now);
-            if reset == 0 {
-                occupied.remove();
-            } else {
-                occupied.get_mut().expires_at = now + reset;
-                // The entry may now expire sooner than the shard thought.
-                shard.next_expiry = shard.next_expiry.min(now + reset);
-            }
-        }
+        });
     }
-}
 
-impl<C: Clock> MemoryStore<C> {
     /// [`Store::renew`], synchronously: whether the permit was still held.
     pub fn renew_now(&self, key: &[u8], policy: &Policy, permit: PermitId) -> bool {
+        self.change_leases(key, policy, |algorithm, state, now| {
+            algorithm.renew(state, now, permit)
+        })
+        .unwrap_or(false)
+    }
+
+    /// Applies `change` to the leases of a concurrency key, then drops the
+    /// key when none is left, or makes it expire with its last lease (later
+    /// after a renewal; sooner after a release, or when expired leases left
+    /// with the change). `None` when the key holds no leases.
+    fn change_leases<T>(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        change: impl FnOnce(&Concurrency, &mut ConcurrencyState, u64) -> T,
+    ) -> Option<T> {
         let Algorithm::Concurrency(algorithm) = policy.algorithm() else {
-            return false;
+            return None;
         };
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
@@ -695,33 +691,26 @@ impl<C: Clock> MemoryStore<C> {
             .table
             .find_entry(hash, |e| e.matches(hash, policy, &key))
         else {
-            return false;
+            return None;
         };
         let State::Concurrency(state) = &mut occupied.get_mut().state else {
-            return false;
+            return None;
         };
-        let held = algorithm.renew(state, now, permit);
+        let changed = change(algorithm, state, now);
         let reset = algorithm.reset_after(state, now);
         if reset == 0 {
             occupied.remove();
         } else {
-            // Later, or sooner when expired leases left with the renewal.
             occupied.get_mut().expires_at = now + reset;
             shard.next_expiry = shard.next_expiry.min(now + reset);
         }
-        held
+        Some(changed)
     }
 }
 
-/// The admin operations ([`AdminStore`]), synchronously.
+/// The admin operations' work; [`AdminStore`] answers with it at once.
 impl<C: Clock> MemoryStore<C> {
-    /// [`AdminStore::peek`], synchronously.
-    pub fn peek_now(&self, key: &[u8], policy: &Policy) -> Result<Decision, StoreError> {
-        self.check_now(key, policy, 0)
-    }
-
-    /// [`AdminStore::reset`], synchronously.
-    pub fn reset_now(&self, key: &[u8], policy: &Policy) {
+    fn reset_key(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.write_shard(self.shard_index(hash));
@@ -735,36 +724,10 @@ impl<C: Clock> MemoryStore<C> {
         shard.blocks.remove(hash, policy, &key);
     }
 
-    /// [`AdminStore::penalize`], synchronously.
-    pub fn penalize_now(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        amount: u64,
-    ) -> Result<Decision, StoreError> {
-        self.adjust(key, policy, Adjustment::Penalize, amount)
-    }
-
-    /// [`AdminStore::reward`], synchronously.
-    pub fn reward_now(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        amount: u64,
-    ) -> Result<Decision, StoreError> {
-        self.adjust(key, policy, Adjustment::Reward, amount)
-    }
-
-    /// [`AdminStore::block`], synchronously.
-    pub fn block_now(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
+    fn block_key(&self, key: &[u8], policy: &Policy, duration: Duration) -> Result<(), StoreError> {
         let micros = block_micros(duration);
         if micros == 0 {
-            self.unblock_now(key, policy);
+            self.unblock_key(key, policy);
             return Ok(());
         }
         let key = MemoryKey::new(key);
@@ -788,8 +751,7 @@ impl<C: Clock> MemoryStore<C> {
         Ok(())
     }
 
-    /// [`AdminStore::unblock`], synchronously.
-    pub fn unblock_now(&self, key: &[u8], policy: &Policy) {
+    fn unblock_key(&self, key: &[u8], policy: &Policy) {
         let key = MemoryKey::new(key);
         let hash = self.hash(policy, &key);
         let mut shard = self.write_shard(self.shard_index(hash));
@@ -1064,7 +1026,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(()))
     }
 
-    /// A [`reward_now`](MemoryStore::reward_now) of `cost`, but the oldest
+    /// A [`reward`](AdminStore::reward) of `cost`, but the oldest
     /// units of a sliding log first (nothing for a concurrency policy, whose
     /// permits are released).
     fn refund(&self, key: &[u8], policy: &Policy, cost: u64, _: &Decision) -> RefundFuture {
@@ -1091,33 +1053,36 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 }
 
+/// Every operation is done when called: its future is
+/// [`std::future::Ready`], whose `into_inner` gives the answer without a
+/// runtime (`store.penalize(key, &policy, 5).into_inner()`).
 impl<C: Clock> AdminStore for MemoryStore<C> {
     type DecisionFuture = Ready<Result<Decision, StoreError>>;
     type UpdateFuture = Ready<Result<(), StoreError>>;
 
     fn peek(&self, key: &[u8], policy: &Policy) -> Self::DecisionFuture {
-        ready(self.peek_now(key, policy))
+        ready(self.check_now(key, policy, 0))
     }
 
     fn reset(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
-        self.reset_now(key, policy);
+        self.reset_key(key, policy);
         ready(Ok(()))
     }
 
     fn penalize(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
-        ready(self.penalize_now(key, policy, amount))
+        ready(self.adjust(key, policy, Adjustment::Penalize, amount))
     }
 
     fn reward(&self, key: &[u8], policy: &Policy, amount: u64) -> Self::DecisionFuture {
-        ready(self.reward_now(key, policy, amount))
+        ready(self.adjust(key, policy, Adjustment::Reward, amount))
     }
 
     fn block(&self, key: &[u8], policy: &Policy, duration: Duration) -> Self::UpdateFuture {
-        ready(self.block_now(key, policy, duration))
+        ready(self.block_key(key, policy, duration))
     }
 
     fn unblock(&self, key: &[u8], policy: &Policy) -> Self::UpdateFuture {
-        self.unblock_now(key, policy);
+        self.unblock_key(key, policy);
         ready(Ok(()))
     }
 }
@@ -1171,8 +1136,8 @@ mod tests {
                 assert!(admitted <= 2, "{policy:?} {back}: admitted {admitted}");
                 let _ = store.check_now(b"k", policy, 2);
                 // Refused for the algorithms without adjustments, never a panic.
-                let _ = store.penalize_now(b"k", policy, 5);
-                let _ = store.reward_now(b"k", policy, 1);
+                let _ = store.penalize(b"k", policy, 5).into_inner();
+                let _ = store.reward(b"k", policy, 1).into_inner();
                 let _ = store.check_now(b"k", policy, 1);
             }
         }

@@ -192,7 +192,14 @@ fn a_lower_cost_gives_back_never_beyond_a_full_budget() {
         assert_eq!(lower.remaining(), 7, "{name}");
         let same = reserve_and_settle(&store, b"b", &policy, 4, 4);
         assert_eq!(same.remaining(), 6, "{name}");
-        assert_eq!(store.peek_now(b"b", &policy).expect("peek").remaining(), 6);
+        assert_eq!(
+            store
+                .peek(b"b", &policy)
+                .into_inner()
+                .expect("peek")
+                .remaining(),
+            6
+        );
         // A reservation that claims more than the key ever consumed gives
         // back at most what it holds: a full budget, no more.
         let reservation = store.check_now(b"c", &policy, 2).expect("decided");
@@ -259,13 +266,18 @@ fn several_limits_settle_all_or_nothing() {
     ));
     assert_eq!(
         store
-            .peek_now(b"alice", &per_user)
+            .peek(b"alice", &per_user)
+            .into_inner()
             .expect("peek")
             .remaining(),
         70
     );
     assert_eq!(
-        store.peek_now(b"all", &global).expect("peek").remaining(),
+        store
+            .peek(b"all", &global)
+            .into_inner()
+            .expect("peek")
+            .remaining(),
         970
     );
 }
@@ -298,7 +310,8 @@ fn blocks_and_a_full_store() {
     let policy = named(Policy::gcra(10, Rate::per_hour(10)), "gcra");
     let reservation = store.check_now(b"k", &policy, 1).expect("decided");
     store
-        .block_now(b"k", &policy, Duration::from_secs(1))
+        .block(b"k", &policy, Duration::from_secs(1))
+        .into_inner()
         .expect("blocked");
     let settles = [Settle::new(b"k", &policy, 1, 4, &reservation)];
     let settled = store
@@ -306,8 +319,15 @@ fn blocks_and_a_full_store() {
         .expect("settled");
     assert!(!settled[0].is_allowed());
     assert_eq!(settled[0].retry_after_micros(), SECOND);
-    store.unblock_now(b"k", &policy);
-    assert_eq!(store.peek_now(b"k", &policy).expect("peek").remaining(), 6);
+    store.unblock(b"k", &policy).into_inner().expect("unblock");
+    assert_eq!(
+        store
+            .peek(b"k", &policy)
+            .into_inner()
+            .expect("peek")
+            .remaining(),
+        6
+    );
 
     let clock = ManualClock::new(T0);
     let full = MemoryStore::builder()
@@ -323,7 +343,10 @@ fn blocks_and_a_full_store() {
     ];
     assert!(matches!(refused(&full, &settles), StoreError::Full { .. }));
     assert_eq!(
-        full.peek_now(b"held", &policy).expect("peek").remaining(),
+        full.peek(b"held", &policy)
+            .into_inner()
+            .expect("peek")
+            .remaining(),
         9
     );
 }
