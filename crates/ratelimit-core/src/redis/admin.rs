@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Arg, BoxFuture, RedisStore, Via, decision_from, parameters, policy_conflict};
+use super::{Arg, BoxFuture, Named, RedisStore, Via, decision_from, parameters, policy_conflict};
 use crate::admin::{Adjustment, AdminStore, block_micros};
 use crate::store::Store;
 use crate::{Decision, PermitId, Policy, StoreError};
@@ -48,7 +48,7 @@ impl RedisStore {
         let applied = applied_key(&state_key);
         let keys = [state_key, applied];
         let reply = self
-            .on_keys(self.inner.scripts.admin(), &keys, &args)
+            .on_keys(self.inner.scripts.get(Named::Admin), &keys, &args)
             .await
             .map_err(|e| policy_conflict(e, [(&keys[0], &policy)]))?;
         decision_from(&reply, PermitId(0), 0)
@@ -75,7 +75,7 @@ impl RedisStore {
             Arg::Int(longest),
         ];
         self.on_keys(
-            self.inner.scripts.block(),
+            self.inner.scripts.get(Named::Block),
             std::slice::from_ref(&state_key),
             &args,
         )

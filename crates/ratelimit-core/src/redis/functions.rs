@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use redis::{RedisError, Script, Value};
 use tokio::time::Instant as Deadline;
 
-use super::scripts::{CallKeys, Invocation, Library};
+use super::scripts::{CallKeys, Invocation, Library, Named};
 use super::unclaimed::Via;
 use super::{Arg, Inner};
 use crate::StoreError;
@@ -54,7 +54,7 @@ impl Inner {
         via: Via<'_>,
     ) -> Result<Value, StoreError> {
         let library = Library::get();
-        let script = Some(self.scripts.batch());
+        let script = Some(self.scripts.get(Named::Batch));
         let function = library.batch();
         scripted(self.call(function, script, keys, args, via).await)
     }

@@ -63,7 +63,7 @@ use super::cluster::Cluster;
 use super::coalesce::{Decided, Item, answer, batch_args, batch_results, share};
 use super::connections::Connections;
 use super::functions::names_no_function;
-use super::scripts::{Library, StateKeys, invocation};
+use super::scripts::{Library, Named, StateKeys, invocation};
 use super::unclaimed::SentOn;
 use super::{
     Arg, RedisStore, breaks_connection, decision_of, parameters, single_args, text_fields,
@@ -493,7 +493,7 @@ impl RedisStore {
         let call = if functions {
             invocation("FCALL", library.batch(), &keys, &args)
         } else {
-            let (script, _) = self.inner.scripts.batch();
+            let (script, _) = self.inner.scripts.get(Named::Batch);
             invocation("EVALSHA", script.get_hash(), &keys, &args)
         };
         (call, false)

@@ -71,7 +71,7 @@ pub use coalesce::CoalescingStats;
 use coalesce::DEFAULT_MAX_BATCH;
 use coalesce::{Coalescer, Decided, Item, LaneId};
 use connections::{Connections, Link, Node};
-use scripts::{AclProbe, CallKeys, Command, Invocation, Scripts, StateKeys};
+use scripts::{AclProbe, CallKeys, Command, Invocation, Named, Scripts, StateKeys};
 use smallvec::{SmallVec, smallvec};
 use unclaimed::{SentOn, Unclaimed, Via};
 
@@ -385,7 +385,7 @@ pub fn function_name(algorithm: &Algorithm) -> &'static str {
 #[doc(hidden)]
 pub fn cross_slot_sources_for_tests() -> (&'static str, &'static str) {
     let scripts = Scripts::new();
-    (scripts.multi().1, scripts.refund().1)
+    (scripts.get(Named::Multi).1, scripts.get(Named::Refund).1)
 }
 
 /// **For tests only.** A script that answers, for a fixed-window `policy`,
@@ -628,7 +628,7 @@ impl RedisStore {
             args.push(Arg::Int(p2));
             args.push(Arg::Owned(permit.to_string()));
         }
-        let (script, source) = self.inner.scripts.multi();
+        let (script, source) = self.inner.scripts.get(Named::Multi);
         let reply = self
             .inner
             .eval(script, source, keys, &args, via, self.inner.deadline())
@@ -725,7 +725,7 @@ impl RedisStore {
         requests: &[(Policy, u64, PermitId)],
         committed: &[Committed],
     ) {
-        let (script, source) = self.inner.scripts.refund();
+        let (script, source) = self.inner.scripts.get(Named::Refund);
         // One id for the refund, in every slot and every resend: applied once.
         let id = self.inner.permit_ids.fresh().to_string();
         for (indexes, states) in committed {
@@ -921,7 +921,7 @@ impl RedisStore {
         permit: PermitId,
         via: Via<'_>,
     ) -> Result<(), StoreError> {
-        let (script, source) = self.inner.scripts.release();
+        let (script, source) = self.inner.scripts.get(Named::Release);
         let permit_text = permit.to_string();
         let args = [Arg::Int(self.fixed_now()), Arg::Str(&permit_text)];
         self.inner
@@ -947,7 +947,7 @@ impl RedisStore {
         permit: PermitId,
         lease: u64,
     ) -> Result<bool, StoreError> {
-        let (script, source) = self.inner.scripts.renew();
+        let (script, source) = self.inner.scripts.get(Named::Renew);
         let permit_text = permit.to_string();
         let args = [
             Arg::Int(self.fixed_now()),

@@ -159,16 +159,33 @@ pub(super) fn every_source() -> Vec<(&'static str, String)> {
 /// Every script with its SHA-1, computed once per store.
 pub(super) struct Scripts {
     single: [(Script, &'static str); 7],
-    multi: (Script, &'static str),
-    batch: (Script, &'static str),
-    release: (Script, &'static str),
-    renew: (Script, &'static str),
-    admin: (Script, &'static str),
-    settle: (Script, &'static str),
-    block: (Script, &'static str),
-    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
-    refund: (Script, &'static str),
+    other: [(Script, &'static str); 8],
 }
+
+/// A script besides the single decisions, by what it does.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Named {
+    /// Every limit of a request in one call (`multi.lua`).
+    Multi,
+    /// Several requests in one call (`batch.lua`).
+    Batch,
+    /// The return of a concurrency permit (`release.lua`).
+    Release,
+    /// The renewal of a concurrency permit's lease (`renew.lua`).
+    Renew,
+    /// Penalties and rewards (`admin.lua`).
+    Admin,
+    /// Settlements of every limit of a request (`settle.lua`).
+    Settle,
+    /// Blocks (`block.lua`).
+    Block,
+    /// A refund of what a decision consumed (`refund.lua`).
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    Refund,
+}
+
+/// The source of each [`Named`] script, in the order of its variants.
+const OTHER: [&str; 8] = [MULTI, BATCH, RELEASE, RENEW, ADMIN, SETTLE, BLOCK, REFUND];
 
 /// The source of each algorithm's single decision, in the order of
 /// [`AlgorithmKind::ALL`].
@@ -190,14 +207,7 @@ impl Scripts {
     pub(super) fn new() -> Self {
         Scripts {
             single: SINGLE.map(script),
-            multi: script(MULTI),
-            batch: script(BATCH),
-            release: script(RELEASE),
-            renew: script(RENEW),
-            admin: script(ADMIN),
-            settle: script(SETTLE),
-            block: script(BLOCK),
-            refund: script(REFUND),
+            other: OTHER.map(script),
         }
     }
 
@@ -210,42 +220,10 @@ impl Scripts {
         SINGLE[single_index(algorithm)]
     }
 
-    pub(super) fn multi(&self) -> (&Script, &'static str) {
-        (&self.multi.0, self.multi.1)
-    }
-
-    /// Several requests in one call (`batch.lua`).
-    pub(super) fn batch(&self) -> (&Script, &'static str) {
-        (&self.batch.0, self.batch.1)
-    }
-
-    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
-    pub(super) fn refund(&self) -> (&Script, &'static str) {
-        (&self.refund.0, self.refund.1)
-    }
-
-    pub(super) fn release(&self) -> (&Script, &'static str) {
-        (&self.release.0, self.release.1)
-    }
-
-    /// The renewal of a concurrency permit's lease (`renew.lua`).
-    pub(super) fn renew(&self) -> (&Script, &'static str) {
-        (&self.renew.0, self.renew.1)
-    }
-
-    /// Penalties and rewards (`admin.lua`).
-    pub(super) fn admin(&self) -> (&Script, &'static str) {
-        (&self.admin.0, self.admin.1)
-    }
-
-    /// Settlements of every limit of a request (`settle.lua`).
-    pub(super) fn settle(&self) -> (&Script, &'static str) {
-        (&self.settle.0, self.settle.1)
-    }
-
-    /// Blocks (`block.lua`).
-    pub(super) fn block(&self) -> (&Script, &'static str) {
-        (&self.block.0, self.block.1)
+    /// The script that does `what`, with its source.
+    pub(super) fn get(&self, what: Named) -> (&Script, &'static str) {
+        let (script, source) = &self.other[what as usize];
+        (script, source)
     }
 }
 

@@ -9,7 +9,7 @@ use redis::Value;
 use redis::cluster_routing::Slot;
 
 use super::{
-    Arg, RedisStore, Via, admin, decision_from, parameters, policy_conflict, protocol_error,
+    Arg, Named, RedisStore, Via, admin, decision_from, parameters, policy_conflict, protocol_error,
 };
 #[cfg(feature = "redis-cluster")]
 use super::{Backend, slot_number};
@@ -116,7 +116,7 @@ impl RedisStore {
             args.push(Arg::Int(p1));
             args.push(Arg::Int(p2));
         }
-        let (script, source) = self.inner.scripts.settle();
+        let (script, source) = self.inner.scripts.get(Named::Settle);
         let reply = self
             .inner
             .eval(
