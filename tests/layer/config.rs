@@ -19,6 +19,7 @@ use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Stor
 use ratelimit_tests::fixtures::{self, ok_service, request_at};
 use ratelimit_tests::loopback::client;
 use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
+use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::RateLimitHeaders;
 use ratelimit_tower::{
@@ -67,6 +68,17 @@ fn layer(
     RateLimitLayer::with_rules(MemoryStore::new(), rules)
         .on_failure(FailurePolicy::Closed)
         .headers(RateLimitHeaders::legacy())
+}
+
+/// An always-`200` service behind [`layer`] of `rules`.
+fn limited(
+    rules: &ReloadableRules,
+) -> impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Infallible>
++ Clone
++ use<> {
+    ServiceBuilder::new()
+        .layer(layer(rules.clone()))
+        .service(ok_service())
 }
 
 /// The limit the response's decision was made under (`X-RateLimit-Limit`).
@@ -623,55 +635,11 @@ fn errors_give_the_position_and_the_file() {
 // ---------------------------------------------------------------------------
 // Every algorithm
 
-const ALL_TOML: &str = r#"
-[policies.fixed]
-algorithm = "fixed-window"
-limit = 10
-window = "1m"
+/// One policy of each algorithm, no rules.
+const ALL_TOML: &str = include_str!("configs/every_algorithm.toml");
 
-[policies.log]
-algorithm = "sliding-log"
-limit = 11
-window = "30s"
-
-[policies.counter]
-algorithm = "sliding-window"
-limit = 12
-window = "1h30m"
-
-[policies.bucket]
-algorithm = "token-bucket"
-limit = 13
-rate = "5/s"
-
-[policies.gcra]
-algorithm = "gcra"
-limit = 14
-rate = "100/m"
-shadow = true
-
-[policies.leaky]
-algorithm = "leaky-bucket"
-limit = 15
-rate = "1/500ms"
-
-[policies.slots]
-algorithm = "concurrency"
-limit = 16
-lease = "30s"
-"#;
-
-const ALL_JSON: &str = r#"{
-  "policies": {
-    "fixed":   {"algorithm": "fixed-window", "limit": 10, "window": "1m"},
-    "log":     {"algorithm": "sliding-log", "limit": 11, "window": "30s"},
-    "counter": {"algorithm": "sliding-window", "limit": 12, "window": "90m"},
-    "bucket":  {"algorithm": "token-bucket", "limit": 13, "rate": "5/1s"},
-    "gcra":    {"algorithm": "gcra", "limit": 14, "rate": "100/60s", "shadow": true},
-    "leaky":   {"algorithm": "leaky-bucket", "limit": 15, "rate": "2/s"},
-    "slots":   {"algorithm": "concurrency", "limit": 16, "lease": "30000ms"}
-  }
-}"#;
+/// The policies of `ALL_TOML`, written in JSON.
+const ALL_JSON: &str = include_str!("configs/every_algorithm.json");
 
 #[test]
 fn every_algorithm_parses_in_toml_and_json() {
@@ -729,63 +697,9 @@ fn every_algorithm_parses_in_toml_and_json() {
 // ---------------------------------------------------------------------------
 // Rule matching
 
-const RULES: &str = r#"
-[client_ip]
-trusted_proxies = ["10.0.0.0/8"]
-header = "x-forwarded-for"
-
-[policies.everyone]
-algorithm = "fixed-window"
-limit = 1000
-window = "1s"
-
-[policies.api]
-algorithm = "gcra"
-limit = 20
-rate = "10/s"
-
-[policies.keyed]
-algorithm = "token-bucket"
-limit = 100
-rate = "10/s"
-
-[policies.login]
-algorithm = "fixed-window"
-limit = 5
-window = "1m"
-
-[policies.per-route]
-algorithm = "sliding-window"
-limit = 50
-window = "1m"
-
-[[rules]]
-policy = "everyone"
-key = "global"
-
-[[rules]]
-policy = "api"
-key = "ip"
-routes = ["/api"]
-
-[[rules]]
-policy = "keyed"
-key = "header:x-api-key"
-routes = ["/api/"]
-cost = 3
-missing_key = "reject"
-
-[[rules]]
-policy = "login"
-key = "client-ip"
-routes = ["/login"]
-methods = ["POST"]
-
-[[rules]]
-policy = "per-route"
-key = ["route", "ip"]
-routes = ["/static", "/docs/"]
-"#;
+/// Five policies, each with its rule: global, by IP, by header, by client
+/// IP behind a trusted proxy, by route and IP.
+const RULES: &str = include_str!("configs/rules.toml");
 
 /// (policy, key bytes, cost) of each limit, in rule order.
 fn limits_of(config: &Config, req: &Request<String>) -> Vec<(String, Vec<u8>, u64)> {
@@ -1174,9 +1088,7 @@ async fn requests_in_flight_keep_the_rules_they_started_with() {
 #[tokio::test]
 async fn a_bad_reload_keeps_the_old_limit() {
     let rules = ReloadableRules::from_str(&api_config(3), Format::Toml).expect("valid");
-    let service = ServiceBuilder::new()
-        .layer(layer(rules.clone()))
-        .service(ok_service());
+    let service = limited(&rules);
     let before = rules.current();
     let dir = tempfile::tempdir().expect("temp dir");
     let yaml = dir.path().join("limits.yaml");
@@ -1244,38 +1156,7 @@ async fn a_bad_reload_keeps_the_old_limit() {
 
 /// Three policies and three rules, as an operator writes them: every prefix
 /// of it is what a watcher may read mid-write, or a dead writer leaves.
-const FULL_CONFIG: &str = r#"# Limits for the public API.
-[policies.api]
-algorithm = "gcra"
-limit = 20
-rate = "10/s"
-
-[policies.login]
-algorithm = "sliding-log"
-limit = 5
-window = "1m"
-
-[policies.uploads]
-algorithm = "concurrency"
-limit = 2
-lease = "30s"
-
-[[rules]]
-policy = "api"
-key = "ip"
-routes = ["/api/"]
-
-[[rules]]
-policy = "login"
-key = ["route", "ip"]
-routes = ["/login"]
-methods = ["POST"]
-
-[[rules]]
-policy = "uploads"
-key = "header:x-api-key"
-routes = ["/upload"]
-"#;
+const FULL_CONFIG: &str = include_str!("configs/full.toml");
 
 /// The policy names of `config`, sorted.
 fn policy_names(config: &Config) -> Vec<String> {
@@ -1287,9 +1168,7 @@ fn policy_names(config: &Config) -> Vec<String> {
 #[tokio::test]
 async fn a_reload_that_drops_rules_is_refused() {
     let rules = ReloadableRules::from_str(&api_config(1), Format::Toml).expect("valid");
-    let service = ServiceBuilder::new()
-        .layer(layer(rules.clone()))
-        .service(ok_service());
+    let service = limited(&rules);
     assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
     let before = rules.current();
 
@@ -1381,9 +1260,7 @@ async fn dropping_rules_on_purpose_is_allowed_when_the_reloader_says_so() {
     let rules = ReloadableRules::from_str(&api_config(1), Format::Toml)
         .expect("valid")
         .allow_dropping_rules(true);
-    let service = ServiceBuilder::new()
-        .layer(layer(rules.clone()))
-        .service(ok_service());
+    let service = limited(&rules);
     assert_eq!(allowed_until_refused(&service, "a", 10).await, 1);
     rules
         .reload_from_str("", Format::Toml)
@@ -1543,9 +1420,7 @@ async fn the_watcher_follows_a_changed_file() {
     let path = dir.path().join("ratelimit.toml");
     write(&path, &api_config(3));
     let rules = ReloadableRules::from_file(&path).expect("valid");
-    let service = ServiceBuilder::new()
-        .layer(layer(rules.clone()))
-        .service(ok_service());
+    let service = limited(&rules);
     let watch = rules.watch_file(&path, Duration::from_millis(100));
 
     // Unchanged: nothing is reloaded.
