@@ -47,10 +47,6 @@ pub(crate) const PUSH_PIPELINE: usize = 8;
 /// The most outbox entries one read returns.
 const READ_CHUNK: usize = 1024;
 
-/// The most outbox entries one round reads; a longer backlog is delivered
-/// over several rounds, marked by the one that reaches its end.
-const ROUND_ENTRIES: usize = 65_536;
-
 /// What a round needs of its region: its Redis, names, timing and scripts.
 pub(super) struct Pusher {
     region: String,
@@ -201,7 +197,7 @@ impl Pusher {
             if read.done {
                 break Some((read.last, read.clock));
             }
-            if entries.len() >= ROUND_ENTRIES {
+            if entries.len() >= self.timing.round {
                 break None;
             }
         };
