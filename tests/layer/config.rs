@@ -883,8 +883,9 @@ async fn a_config_limits_requests_through_the_layer() {
         peer(&mut req, ip);
         service.clone().oneshot(req).await.expect("ok").status()
     };
-    // 5 logins a minute per client, each client on its own: the sixth from
-    // one client is refused, the first from another is not.
+    // 5 logins per client (in a window far longer than the test), each
+    // client on its own: the sixth from one client is refused, the first
+    // from another is not.
     let first = [192, 0, 2, 1];
     let logins = [first, first, first, first, first, first, [192, 0, 2, 2]];
     let mut statuses = Vec::new();

@@ -446,7 +446,16 @@ async fn the_prometheus_example_serves_every_metric_on_its_listener() {
     let listen = format!("127.0.0.1:{}", free_port());
     let (_example, lines) = spawn_example_lines(
         "prometheus",
-        &["--listen", &listen, "--limit", "3", "--shadow-limit", "1"],
+        &[
+            "--listen",
+            &listen,
+            "--limit",
+            "3",
+            "--shadow-limit",
+            "1",
+            "--window",
+            "1000d",
+        ],
         2,
         START_TIMEOUT,
     );
@@ -503,7 +512,11 @@ async fn the_prometheus_example_serves_every_metric_on_its_listener() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_denials() {
-    let example = spawn_with_metrics("prometheus", &["--limit", "2", "--denied-cache"], 2);
+    let example = spawn_with_metrics(
+        "prometheus",
+        &["--limit", "2", "--window", "1000d", "--denied-cache"],
+        2,
+    );
     let (base, metrics) = (&example.base, &example.metrics);
     assert_eq!(
         example.lines[1],

@@ -420,7 +420,7 @@ fn fresh_state_is_not_kept() {
 #[test]
 fn one_name_two_algorithms_is_an_error() {
     let store = MemoryStore::new();
-    let a = fixed_window("same", 5, Duration::from_secs(1));
+    let a = fixed_window("same", 5, NO_EDGE);
     let b = named("same", Policy::gcra(5, Rate::per_second(1)));
     store.check_now(b"k", &a, 1).unwrap();
     assert!(matches!(
@@ -464,7 +464,7 @@ use ratelimit_core::{AdminStore, DeniedCache};
 use ratelimit_tests::admits;
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::named;
+use ratelimit_tests::{NO_EDGE, named};
 
 /// A `MemoryStore` that counts the checks (`check`, `check_all`) that
 /// reach it.

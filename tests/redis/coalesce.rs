@@ -12,8 +12,9 @@ use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    Boxed, NOW_MICROS, RedisCluster, RedisServer, SLACK, assert_within_slack, build, cluster_store,
-    join_in_order, named, observable, permits_left, pooled, twin_stores, twins_at, warm_up,
+    Boxed, NO_EDGE, NOW_MICROS, RedisCluster, RedisServer, SLACK, assert_within_slack, build,
+    cluster_store, join_in_order, named, observable, permits_left, pooled, twin_stores, twins_at,
+    warm_up,
 };
 
 fn ms(n: u64) -> Duration {
@@ -245,7 +246,7 @@ async fn a_conflict_fails_its_own_request_only() {
 async fn max_batch_one_turns_coalescing_off() {
     let server = RedisServer::start();
     let store = pooled(RedisStore::builder(server.url()).max_batch(1), 1).await;
-    let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let policy = Policy::fixed_window(100, NO_EDGE).unwrap();
     let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..20)
         .map(|_| Box::pin(store.check(b"k", &policy, 1)) as Boxed<_>)
         .collect();
@@ -526,8 +527,8 @@ async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
 
     // Per minute and per hour of one user: one slot, all or nothing, in
     // batches with other users' requests.
-    let minute = fixed_window("per-minute", 3, Duration::from_secs(60));
-    let hour = fixed_window("per-hour", 5, Duration::from_secs(3600));
+    let minute = fixed_window("per-minute", 3, NO_EDGE);
+    let hour = fixed_window("per-hour", 5, NO_EDGE);
     let calls: Vec<Boxed<Result<Vec<Decision>, StoreError>>> = (0..8)
         .map(|i| {
             let user = if i % 2 == 0 { "alice" } else { "bob" };

@@ -15,10 +15,10 @@ use ratelimit_core::{
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, Certificates, NOW_MICROS, RedisCluster, RedisServer, admit_exactly_the_limit,
-    admits, assert_within_slack, build, cluster_store, decide_through_a_restart, long_policies,
-    named, observable, pooled, redis_store, redis_store_on_clock, small_policies, twin_stores,
-    twins_at,
+    CALL_TIMEOUT, Certificates, NO_EDGE, NOW_MICROS, RedisCluster, RedisServer,
+    admit_exactly_the_limit, admits, assert_within_slack, build, cluster_store,
+    decide_through_a_restart, long_policies, named, observable, pooled, redis_store,
+    redis_store_on_clock, small_policies, twin_stores, twins_at,
 };
 
 fn ms(n: u64) -> Duration {
@@ -315,7 +315,7 @@ async fn a_single_decision_sends_three_arguments_but_for_concurrency() {
     ]);
     let store = build(RedisStore::builder(server.url()).max_batch(1)).await;
     let gcra = Policy::gcra(2, Rate::per_second(1)).unwrap();
-    let window = fixed_window("w", 1, Duration::from_secs(60));
+    let window = fixed_window("w", 1, NO_EDGE);
     let permits = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
     server.cli(&["SLOWLOG", "RESET"]);
     assert!(store.check(b"g", &gcra, 1).await.unwrap().is_allowed());
@@ -372,7 +372,7 @@ async fn more_distinct_numbers_than_the_library_remembers_decide_exactly() {
         )
         .await;
         let policies: Vec<Policy> = (1..=300)
-            .map(|limit| fixed_window(&format!("w{limit}"), 1000 + limit, Duration::from_secs(600)))
+            .map(|limit| fixed_window(&format!("w{limit}"), 1000 + limit, NO_EDGE))
             .collect();
         for round in 0..2u64 {
             let mut checks = tokio::task::JoinSet::new();

@@ -106,6 +106,11 @@ pub fn named<E: std::fmt::Debug>(name: impl Into<String>, policy: Result<Policy,
         .expect("a valid policy name")
 }
 
+/// A window of 1,000 days: no window edge of the real clock falls between
+/// the checks of a test (windows are aligned on the clock, so a short one
+/// may end between two checks and restart its count).
+pub const NO_EDGE: Duration = Duration::from_secs(86_400_000);
+
 /// Every algorithm with long windows: nothing refills while a test runs.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
     every_algorithm(limit, Duration::from_secs(3600), Rate::per_hour(1))

@@ -641,7 +641,8 @@ mod tests {
         let breaker = Arc::new(CircuitBreaker::default());
         let local = MemoryStore::new();
         let store = FallbackStore::new(Down, local.clone(), 2, breaker);
-        let policy = Policy::fixed_window(20, Duration::from_secs(60))
+        // 1,000 days: no window edge of the real clock between the checks.
+        let policy = Policy::fixed_window(20, Duration::from_secs(86_400_000))
             .unwrap()
             .with_name("per-minute")
             .unwrap();
@@ -716,7 +717,8 @@ mod tests {
     async fn a_batch_past_the_permit_capacity_consumes_nothing() {
         let (store, local) = falling_back_with_room_for_two();
         let slots = Policy::concurrency(10, Duration::from_secs(60)).unwrap();
-        let per_minute = Policy::fixed_window(10, Duration::from_secs(60))
+        // 1,000 days: no window edge of the real clock between the checks.
+        let per_minute = Policy::fixed_window(10, Duration::from_secs(86_400_000))
             .unwrap()
             .with_name("per-minute")
             .unwrap();
