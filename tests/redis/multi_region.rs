@@ -181,6 +181,13 @@ impl Regions {
             .await
     }
 
+    /// Waits until `eu` has heard from `us` since `since`, then asserts
+    /// that none of `keys` has budget left in `eu` under `policy`.
+    async fn assert_eu_heard_all(&self, policy: &Policy, keys: &[String], since: Instant) {
+        self.wait_heard_since(0, 1, since).await;
+        assert_eq!(with_budget_left(&self.stores[0], policy, keys).await, 0);
+    }
+
     /// [`Regions::wait_heard_since`], waiting at most `limit`.
     async fn wait_heard_within(
         &self,
@@ -1462,11 +1469,7 @@ async fn a_backlog_longer_than_a_round_is_delivered_over_rounds() {
     }
     path.set_mode(Mode::Forward);
     let done = Instant::now();
-    regions.wait_heard_since(0, 1, done).await;
-    assert_eq!(
-        with_budget_left(&regions.stores[0], &policy, &keys).await,
-        0
-    );
+    regions.assert_eu_heard_all(&policy, &keys, done).await;
 }
 
 /// A peer whose Redis lost its data (restarted without persistence) gets
@@ -1479,11 +1482,7 @@ async fn a_peer_that_lost_its_data_gets_everything_again() {
     let keys: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
     admit_all(&regions.stores[1], &policy, &keys, 3).await;
     let done = Instant::now();
-    regions.wait_heard_since(0, 1, done).await;
-    assert_eq!(
-        with_budget_left(&regions.stores[0], &policy, &keys).await,
-        0
-    );
+    regions.assert_eu_heard_all(&policy, &keys, done).await;
     regions.servers[0].restart();
     let restarted = Instant::now();
     // Heard again since the restart: everything landed again.
@@ -1520,11 +1519,7 @@ async fn a_peer_whose_scripts_were_flushed_still_hears_everything() {
         50
     );
     let done = Instant::now();
-    regions.wait_heard_since(0, 1, done).await;
-    assert_eq!(
-        with_budget_left(&regions.stores[0], &policy, &keys).await,
-        0
-    );
+    regions.assert_eu_heard_all(&policy, &keys, done).await;
 }
 
 /// A peer whose clock is behind by more than `max_skew`, marked while its

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::peer::{Peer, ROUND_ENTRIES, Timing};
+use super::peer::{Peer, Timing};
+use super::round::ROUND_ENTRIES;
 use super::sync::Shared;
 use super::{Inner, MAX_REGIONS, MultiRegionStore};
 use crate::StoreError;
@@ -41,6 +42,7 @@ pub struct MultiRegionStoreBuilder {
     call_timeout: Duration,
     fixed_clock: Option<Arc<dyn Clock>>,
     peer_clocks: Vec<(String, Arc<dyn Clock>)>,
+    round: usize,
 }
 
 impl fmt::Debug for MultiRegionStoreBuilder {
@@ -72,8 +74,8 @@ impl MultiRegionStore {
                 staleness: DEFAULT_STALENESS,
                 max_skew: DEFAULT_MAX_SKEW,
                 push_timeout: DEFAULT_PUSH_TIMEOUT,
-                round: ROUND_ENTRIES,
             },
+            round: ROUND_ENTRIES,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             fixed_clock: None,
             peer_clocks: Vec::new(),
@@ -172,7 +174,7 @@ impl MultiRegionStoreBuilder {
     // Hidden: `ratelimit-tests` tests a backlog over several rounds with it.
     #[doc(hidden)]
     pub fn round_entries_for_tests(mut self, entries: usize) -> Self {
-        self.timing.round = entries;
+        self.round = entries;
         self
     }
 
@@ -278,6 +280,7 @@ impl MultiRegionStoreBuilder {
             peers,
             self.timing,
             self.fixed_clock.clone(),
+            self.round,
         ));
         let tasks = shared.start();
         Ok(MultiRegionStore {

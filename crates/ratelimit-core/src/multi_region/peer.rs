@@ -110,21 +110,14 @@ pub(super) fn script(source: &str) -> Script {
     ))
 }
 
-/// The timing of the store and its sync, and the size of a round.
+/// The timing of the store and its sync.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Timing {
     pub(super) sync: Duration,
     pub(super) staleness: Duration,
     pub(super) max_skew: Duration,
     pub(super) push_timeout: Duration,
-    /// The most outbox entries one round reads ([`ROUND_ENTRIES`]; smaller
-    /// in tests of a backlog longer than a round).
-    pub(super) round: usize,
 }
-
-/// The most outbox entries one round reads; a longer backlog is delivered
-/// over several rounds, marked by the one that reaches its end.
-pub(super) const ROUND_ENTRIES: usize = 65_536;
 
 /// A number in a reply.
 pub(super) fn number(value: &Value) -> Option<u64> {

@@ -47,6 +47,10 @@ pub(crate) const PUSH_PIPELINE: usize = 8;
 /// The most outbox entries one read returns.
 const READ_CHUNK: usize = 1024;
 
+/// The most outbox entries one round reads; a longer backlog is delivered
+/// over several rounds, marked by the one that reaches its end.
+pub(super) const ROUND_ENTRIES: usize = 65_536;
+
 /// What a round needs of its region: its Redis, names, timing and scripts.
 pub(super) struct Pusher {
     region: String,
@@ -57,6 +61,9 @@ pub(super) struct Pusher {
     /// A random id of this instance, and its rounds so far: round ids.
     instance: u64,
     rounds: AtomicU64,
+    /// The most outbox entries one round reads ([`ROUND_ENTRIES`] but in
+    /// tests of a backlog longer than a round).
+    round: usize,
     merge: Arc<Script>,
     mark: Arc<Script>,
     outbox: Script,
@@ -144,6 +151,7 @@ impl Pusher {
         local: ConnectionManager,
         timing: Timing,
         fixed_clock: Option<Arc<dyn Clock>>,
+        round: usize,
     ) -> Self {
         Pusher {
             region,
@@ -158,6 +166,7 @@ impl Pusher {
                     .finish()
             },
             rounds: AtomicU64::new(0),
+            round,
             merge: Arc::new(script(include_str!("lua/merge.lua"))),
             mark: Arc::new(script(include_str!("lua/mark.lua"))),
             outbox: script(include_str!("lua/outbox.lua")),
@@ -197,7 +206,7 @@ impl Pusher {
             if read.done {
                 break Some((read.last, read.clock));
             }
-            if entries.len() >= self.timing.round {
+            if entries.len() >= self.round {
                 break None;
             }
         };

@@ -71,6 +71,7 @@ impl Shared {
         peers: Vec<Peer>,
         timing: Timing,
         fixed_clock: Option<Arc<dyn Clock>>,
+        round: usize,
     ) -> Self {
         Shared {
             pusher: Pusher::new(
@@ -79,6 +80,7 @@ impl Shared {
                 local.clone(),
                 timing,
                 fixed_clock,
+                round,
             ),
             region,
             prefix,
