@@ -113,7 +113,7 @@ pub const NO_EDGE: Duration = Duration::from_secs(86_400_000);
 
 /// Every algorithm with long windows: nothing refills while a test runs.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
-    every_algorithm(limit, Duration::from_secs(3600), Rate::per_hour(1))
+    every_algorithm(limit, NO_EDGE, Rate::per_hour(1))
 }
 
 /// One policy of every algorithm, in the order of [`small_policies`]: the
