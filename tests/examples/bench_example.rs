@@ -6,11 +6,11 @@ use std::process::Command;
 use ratelimit_tests::{RedisServer, assert_refuses_flags, example_binary};
 
 /// 3,000 requests from `concurrency` tasks on one key of the Redis at `url`,
-/// under a fixed window of 50 an hour, with the flags `extra`.
+/// under a fixed window of 50 per 1,000 days, with the flags `extra`.
 fn on_a_hot_redis_key(url: &str, concurrency: &str, extra: &[&str]) -> serde_json::Value {
     run_bench(&format!(
         "--store redis --redis {url} --algorithm fixed-window --keys 1 \
-         --concurrency {concurrency} --requests 3000 --limit 50 --window 1h {}",
+         --concurrency {concurrency} --requests 3000 --limit 50 --window 1000d {}",
         extra.join(" ")
     ))
 }

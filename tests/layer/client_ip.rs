@@ -577,7 +577,7 @@ where
 {
     let limited = ratelimit_tower::RateLimitLayer::new(
         ratelimit_core::MemoryStore::new(),
-        ratelimit_core::Policy::fixed_window(limit, Duration::from_secs(3600)).unwrap(),
+        ratelimit_core::Policy::fixed_window(limit, ratelimit_tests::NO_EDGE).unwrap(),
         extractor,
     );
     let service =

@@ -18,7 +18,7 @@ use http::{Request, Response, StatusCode};
 use ratelimit_core::{AlgorithmKind, MemoryStore, Policy, PolicyError, Rate, Store, StoreError};
 use ratelimit_tests::fixtures::{self, ok_service, request_at};
 use ratelimit_tests::loopback::client;
-use ratelimit_tests::{RedisServer, assert_refuses_flags, redis_store, spawn_listening};
+use ratelimit_tests::{NO_EDGE, RedisServer, assert_refuses_flags, redis_store, spawn_listening};
 use ratelimit_tower::body::ResponseBody;
 use ratelimit_tower::config::{Config, ConfigError, ConfigErrorKind, Format, ReloadableRules};
 use ratelimit_tower::headers::RateLimitHeaders;
@@ -1148,7 +1148,7 @@ async fn a_bad_reload_keeps_the_old_limit() {
         .replace("[policies.api]", "[policies.api-v2]")
         .replace("policy = \"api\"", "policy = \"api-v2\"")
         .replace("\"gcra\"", "\"fixed-window\"")
-        .replace("rate = \"1/h\"", "window = \"1h\"");
+        .replace("rate = \"1/h\"", "window = \"1000d\"");
     rules
         .reload_from_str(&renamed, Format::Toml)
         .expect("a new name");
@@ -1341,9 +1341,9 @@ async fn a_store_refuses_another_algorithm_under_one_name() {
     let hour = Duration::from_secs(3600);
     let api = |p: Result<Policy, PolicyError>| p.and_then(|p| p.with_name("api")).expect("valid");
     let policies = [
-        api(Policy::fixed_window(5, hour)),
+        api(Policy::fixed_window(5, NO_EDGE)),
         api(Policy::sliding_window_log(5, hour)),
-        api(Policy::sliding_window_counter(5, hour)),
+        api(Policy::sliding_window_counter(5, NO_EDGE)),
         api(Policy::token_bucket(5, Rate::per_hour(5))),
         api(Policy::gcra(5, Rate::per_hour(5))),
         api(Policy::leaky_bucket(5, Rate::per_hour(5))),

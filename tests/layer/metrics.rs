@@ -24,7 +24,7 @@ use ratelimit_tests::metrics::{
     CIRCUIT_BREAKER_STATE, CIRCUIT_BREAKER_TRANSITIONS, DECISIONS, NEAR_LIMIT, Recorded, Scrape,
     capture,
 };
-use ratelimit_tests::{ChildGuard, flags, free_port, named, spawn_example_lines};
+use ratelimit_tests::{ChildGuard, NO_EDGE, flags, free_port, named, spawn_example_lines};
 use ratelimit_tower::metrics::STORE_CALL_DURATION;
 use ratelimit_tower::{FailurePolicy, HeaderKey, MissingKey, PeerIp, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt};
@@ -38,9 +38,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// [`by_client`] as a key extractor.
 type ClientKey = fn(&Request<String>) -> Option<Vec<u8>>;
 
-/// A fixed window of `limit` an hour named `name`.
+/// A fixed window of `limit` named `name`, with no edge in a test.
 fn policy(name: &str, limit: u64) -> Policy {
-    fixed_window(name, limit, Duration::from_secs(3600))
+    fixed_window(name, limit, NO_EDGE)
 }
 
 /// A layer keyed by client (`by_client`) on a frozen `MemoryStore`, with
@@ -543,7 +543,7 @@ async fn the_prometheus_example_serves_metrics_on_their_own_address_with_cached_
 async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_breaker() {
     // Nothing listens there: every Redis call is refused at once.
     let dead_redis = format!("redis://127.0.0.1:{}", free_port());
-    let mut args = flags("--algorithm fixed-window --limit 4 --window 1h --failure fallback");
+    let mut args = flags("--algorithm fixed-window --limit 4 --window 1000d --failure fallback");
     args.extend(flags("--instances 2 --timeout 200ms --redis"));
     args.push(&dead_redis);
     let example = spawn_with_metrics("distributed", &args, 1);
@@ -561,7 +561,10 @@ async fn distributed_with_redis_down_counts_fallback_decisions_and_the_open_brea
         assert_eq!(labels["outcome"], "fallback", "{text}");
         assert_eq!(count, 5.0, "{text}");
     }
-    for policy in ["fixed-window-4-per-1h", "per-ip-fixed-window-4-per-1h"] {
+    for policy in [
+        "fixed-window-4-per-1000d",
+        "per-ip-fixed-window-4-per-1000d",
+    ] {
         assert_eq!(
             page.value(DECISIONS, &[("policy", policy), ("outcome", "fallback")]),
             Some(5.0),

@@ -408,7 +408,7 @@ async fn distributed_shadow_admits_everything_and_its_metrics_count_what_it_woul
     let redis = RedisServer::start();
     let url = redis.url();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let mut args = flags("--algorithm fixed-window --limit 3 --window 1d --shadow");
+    let mut args = flags("--algorithm fixed-window --limit 3 --window 1000d --shadow");
     args.extend(["--redis", &url, "--metrics", &metrics]);
     let example = spawn_listening("distributed", &args, Duration::from_secs(60));
     let client = client();

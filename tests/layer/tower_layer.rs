@@ -892,21 +892,19 @@ async fn decided_in_call_the_ready_inner_service_is_called_without_a_clone() {
 /// handler's `Limiter`. Each path spends one of four, then each is refused;
 /// the store holds the value's hash (`Key::from`), never the value.
 mod one_value_is_one_budget_through_every_path {
-    use std::time::Duration;
-
     use http::{Request, Response};
     use ratelimit_axum::Limiter;
     use ratelimit_core::redis::RedisStore;
     use ratelimit_core::{MemoryStore, Policy, Store};
     use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
-    use ratelimit_tests::{RedisServer, redis_store};
+    use ratelimit_tests::{NO_EDGE, RedisServer, redis_store};
     use ratelimit_tower::{HeaderKey, Key, Limits, RateLimitLayer};
     use tower::{Layer, Service};
 
     const SECRET: &str = "acme-secret-7";
 
     fn policy() -> Policy {
-        fixed_window("per-client", 4, Duration::from_secs(3600))
+        fixed_window("per-client", 4, NO_EDGE)
     }
 
     fn api_key(req: &Request<String>) -> Option<Vec<u8>> {

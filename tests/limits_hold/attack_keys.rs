@@ -7,23 +7,19 @@
 //! on a real Redis, whose keys are then read back.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
 use http::{Request, StatusCode};
 use ratelimit_axum::Limiter;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{MemoryStore, Policy, Store};
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
-use ratelimit_tests::{RedisServer, redis_store};
+use ratelimit_tests::{NO_EDGE, RedisServer, redis_store};
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{
     ClientIp, Composite, ForwardingHeader, HeaderKey, Key, Limits, PeerAddr, PeerIp,
     RateLimitLayer, Rule, TrustedProxies,
 };
 use tower::{Layer, Service};
-
-/// A window that does not end while a test runs.
-const HOUR: Duration = Duration::from_secs(3600);
 
 /// A request from `peer` with `headers`.
 fn request(peer: &str, headers: &[(&str, &[u8])]) -> Request<String> {
@@ -128,7 +124,7 @@ mod chosen_key_text {
     where
         St: Store + Clone + Send + Sync + 'static,
     {
-        let policy = fixed_window("shared", 2, HOUR);
+        let policy = fixed_window("shared", 2, NO_EDGE);
         let by_ip = RateLimitLayer::new(store.clone(), policy.clone(), PeerIp).layer(ok_service());
         let by_key = RateLimitLayer::new(
             store.clone(),
@@ -164,7 +160,7 @@ mod chosen_key_text {
     where
         St: Store + Clone + Send + Sync + 'static,
     {
-        let policy = fixed_window("per-key", 1, HOUR);
+        let policy = fixed_window("per-key", 1, NO_EDGE);
         let service = by_api_key(store, policy).layer(ok_service());
         let victim = b"victim-key".as_slice();
         let from = |value: &[u8]| request("198.51.100.66:4000", &[("x-api-key", value)]);
@@ -278,7 +274,7 @@ mod joined_keys {
     {
         let key = Composite::new(HeaderKey::from_static("x-a"), HeaderKey::from_static("x-b"));
         let service =
-            RateLimitLayer::new(store, fixed_window("pair", 1, HOUR), key).layer(ok_service());
+            RateLimitLayer::new(store, fixed_window("pair", 1, NO_EDGE), key).layer(ok_service());
         every_split_is_its_own_budget(&service).await;
     }
 
@@ -296,7 +292,7 @@ mod joined_keys {
             [policies.pair]
             algorithm = "fixed-window"
             limit = 1
-            window = "1h"
+            window = "1000d"
 
             [[rules]]
             policy = "pair"
@@ -334,7 +330,7 @@ mod addresses {
         );
 
         let store = MemoryStore::new();
-        let policy = fixed_window("per-ip", 2, HOUR);
+        let policy = fixed_window("per-ip", 2, NO_EDGE);
         let by_peer_ip =
             RateLimitLayer::new(store.clone(), policy.clone(), PeerIp).layer(ok_service());
         let raw_peer = move |req: &Request<String>| {
@@ -368,7 +364,7 @@ mod addresses {
     where
         St: Store + Clone + Send + Sync + 'static,
     {
-        let policy = fixed_window("logins-per-client", 3, HOUR);
+        let policy = fixed_window("logins-per-client", 3, NO_EDGE);
         let layer = RateLimitLayer::new(store.clone(), policy.clone(), PeerIp).layer(ok_service());
         let logins = Limiter::new(store, policy);
 
@@ -426,7 +422,7 @@ mod addresses {
     {
         let proxies = TrustedProxies::parse(["10.0.0.0/8"]).expect("valid networks");
         let client_ip = ClientIp::trusting(proxies, ForwardingHeader::XForwardedFor);
-        let policy = fixed_window("per-client", 3, HOUR);
+        let policy = fixed_window("per-client", 3, NO_EDGE);
         let by_peer =
             RateLimitLayer::new(store.clone(), policy.clone(), PeerIp).layer(ok_service());
         let by_client = RateLimitLayer::new(store, policy, client_ip).layer(ok_service());
@@ -471,7 +467,7 @@ mod one_value {
     where
         St: Store + Clone + Send + Sync + 'static,
     {
-        let policy = fixed_window("per-tenant", 5, HOUR);
+        let policy = fixed_window("per-tenant", 5, NO_EDGE);
         let binary = RateLimitLayer::new(
             store.clone(),
             policy.clone(),
@@ -506,7 +502,7 @@ mod one_value {
             every_other_path(store.clone()).await;
             store.state_key(
                 Key::from("7").as_bytes(),
-                &fixed_window("per-tenant", 5, HOUR),
+                &fixed_window("per-tenant", 5, NO_EDGE),
             )
         })
         .await;
@@ -526,7 +522,7 @@ mod errors_a_client_can_provoke {
     async fn per_key_on_redis() -> (RedisServer, RedisStore, Policy, Limiter<RedisStore>) {
         let server = RedisServer::start();
         let store: RedisStore = redis_store(server.url()).await;
-        let policy = fixed_window("per-key", 100, HOUR);
+        let policy = fixed_window("per-key", 100, NO_EDGE);
         let limiter = Limiter::new(store.clone(), policy.clone());
         (server, store, policy, limiter)
     }
@@ -584,7 +580,7 @@ mod reloads {
             [policies.{policy}]
             algorithm = "fixed-window"
             limit = 2
-            window = "1h"
+            window = "1000d"
 
             [[rules]]
             policy = "{policy}"

@@ -21,7 +21,7 @@ use ratelimit_tests::fixtures::tokio_memory;
 use ratelimit_tests::named;
 use ratelimit_tower::config::Config;
 
-use crate::rules::{layer_of, one_an_hour, per_route};
+use crate::rules::{layer_of, one_a_window, per_route};
 use ratelimit_tower::{GlobalKey, HeaderKey, KeyExtractor, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
 
@@ -163,7 +163,7 @@ fn route_prefixes_no_request_can_hold_are_refused() {
         }
         let text = format!(
             "{}\n[[rules]]\npolicy = \"p\"\nkey = \"global\"\nroutes = [{prefix:?}]\n",
-            one_an_hour("p")
+            one_a_window("p")
         );
         if Config::from_toml(&text).is_ok() {
             accepted.push(prefix);
@@ -487,7 +487,7 @@ async fn nested_placements_never_run_the_export_handler_twice_for_one_key() {
             routes = ["/api/export"]
             methods = ["GET"]
         "#;
-        layer_of(&format!("{}{rule}", one_an_hour("export")))
+        layer_of(&format!("{}{rule}", one_a_window("export")))
     }
     fn export(runs: Runs) -> impl Fn(Request<Body>) -> std::future::Ready<&'static str> + Clone {
         move |req: Request<Body>| {

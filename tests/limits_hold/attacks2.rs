@@ -11,7 +11,7 @@ use http::Request;
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{AdminStore, MemoryStore, Policy};
 use ratelimit_tests::fixtures::{self, ok_service, request_at, tokio_memory};
-use ratelimit_tests::{admits_now, every_algorithm, long_policies, named, twin_stores};
+use ratelimit_tests::{NO_EDGE, admits_now, every_algorithm, long_policies, named, twin_stores};
 use ratelimit_tower::Key;
 use ratelimit_tower::config::{Config, Format, ReloadableRules};
 use ratelimit_tower::{FailurePolicy, RateLimitLayer};
@@ -146,8 +146,8 @@ fn api(policy: &str, limit: u64) -> String {
 #[tokio::test]
 async fn requests_refused_by_a_full_store_spend_nothing_of_the_limits_in_force() {
     let config = Config::from_toml(
-        "[policies.global]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n\n\
-         [policies.client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\n\
+        "[policies.global]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1000d\"\n\n\
+         [policies.client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1000d\"\n\n\
          [[rules]]\npolicy = \"global\"\nkey = \"global\"\n\n\
          [[rules]]\npolicy = \"client\"\nkey = \"header:x-client\"\n",
     )
@@ -685,8 +685,8 @@ async fn every_prefix_of_a_client_ip_config_keeps_ipv6_clients_keyed_by_network(
 #[test]
 fn max_keys_counts_one_state_per_policy_and_key() {
     let store = MemoryStore::builder().max_keys(8).build();
-    let a = named("a", Policy::fixed_window(10, Duration::from_secs(3600)));
-    let b = named("b", Policy::fixed_window(10, Duration::from_secs(3600)));
+    let a = named("a", Policy::fixed_window(10, NO_EDGE));
+    let b = named("b", Policy::fixed_window(10, NO_EDGE));
     for i in 0..4 {
         let key = format!("client{i}");
         assert!(store.check_now(key.as_bytes(), &a, 1).is_ok());

@@ -29,10 +29,10 @@ use axum::response::{IntoResponse, Response};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
-use crate::rules::{layer_of, one_an_hour};
+use crate::rules::{layer_of, one_a_window};
 
-/// Three limited areas, each one per hour per `x-id` (the policies
-/// [`one_an_hour`] of their names); the rest unlimited.
+/// Three limited areas, each one a window per `x-id` (the policies
+/// [`one_a_window`] of their names); the rest unlimited.
 const RULES: &str = r#"
     [[rules]]
     policy = "export"
@@ -102,7 +102,7 @@ fn router(runs: Runs) -> Router {
 }
 
 fn layer() -> RateLimitLayer<MemoryStore, Config, ratelimit_tower::HttpRejections> {
-    let policies = ["export", "items", "admin"].map(one_an_hour).concat();
+    let policies = ["export", "items", "admin"].map(one_a_window).concat();
     layer_of(&format!("{policies}{RULES}"))
 }
 

@@ -14,8 +14,8 @@ use ratelimit_core::{
     AdminStore, Check, Decision, LeasedStore, MemoryStore, PermitId, Policy, Rate, Store,
     StoreError,
 };
-use ratelimit_tests::named;
 use ratelimit_tests::redis_server::RedisServer;
+use ratelimit_tests::{NO_EDGE, named};
 use tokio::sync::{Notify, Semaphore};
 
 const INSTANCES: u64 = 4;
@@ -317,7 +317,7 @@ async fn leased_store_debug_shows_its_settings_and_counts_and_it_is_send_and_syn
     );
     let store = builder.build();
     shared(&store);
-    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let policy = Policy::fixed_window(1_000, NO_EDGE).unwrap();
     assert_eq!(admitted(&store, b"k", &policy, 5).await, 5);
     assert_eq!(
         format!("{store:?}"),
@@ -423,7 +423,7 @@ async fn a_batch_landing_after_a_block_leaves_nothing_to_spend() {
         .batch(10)
         .hot_after(1)
         .build();
-    let policy = Policy::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let policy = Policy::fixed_window(1_000, NO_EDGE).unwrap();
     assert!(store.check(b"k", &policy, 1).await.unwrap().is_allowed());
     let asking = tokio::spawn({
         let (store, policy) = (store.clone(), policy.clone());
@@ -572,9 +572,9 @@ async fn many_tasks_on_one_hot_redis_key_share_batches_and_never_exceed_what_red
         .build();
     // A limit that is not reached within the test: every request passes,
     // and Redis sees one batch per 50 decisions at most, plus the cold one.
-    // A day's window: Redis's count below is of the current window, and a
-    // minute's window was crossed by a slow run about one time in ten.
-    let policy = Policy::fixed_window(1_000_000, Duration::from_secs(86_400)).unwrap();
+    // A window of 1,000 days: Redis's count below is of the current window,
+    // and a minute's window was crossed by a slow run about one time in ten.
+    let policy = Policy::fixed_window(1_000_000, NO_EDGE).unwrap();
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let (store, policy) = (store.clone(), policy.clone());

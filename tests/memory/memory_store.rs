@@ -578,12 +578,7 @@ async fn denied_cache_skips_concurrency_and_stays_bounded() {
 async fn denied_cache_follows_a_limit_changed_under_the_same_name() {
     let (store, calls) = counting();
     let cache = DeniedCache::new(store);
-    let hourly = |limit| {
-        named(
-            "api",
-            Policy::fixed_window(limit, Duration::from_secs(3600)),
-        )
-    };
+    let hourly = |limit| named("api", Policy::fixed_window(limit, NO_EDGE));
     let one = hourly(1);
     assert!(cache.check(b"k", &one, 1).await.unwrap().is_allowed());
     for _ in 0..2 {
@@ -615,12 +610,7 @@ async fn denied_cache_follows_a_limit_changed_under_the_same_name() {
 #[tokio::test]
 async fn denied_cache_forgets_a_reset_key_under_every_policy_of_its_name() {
     let cache = DeniedCache::new(MemoryStore::new());
-    let hourly = |limit| {
-        named(
-            "api",
-            Policy::fixed_window(limit, Duration::from_secs(3600)),
-        )
-    };
+    let hourly = |limit| named("api", Policy::fixed_window(limit, NO_EDGE));
     assert!(cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
     assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
     assert!(!cache.check(b"k", &hourly(1), 1).await.unwrap().is_allowed());
@@ -685,7 +675,7 @@ async fn denied_cache_forgets_a_hashed_key_on_every_call_that_can_end_its_denial
 /// most 16 denials (one a shard), and one of 32 at most 32.
 #[tokio::test]
 async fn denied_cache_holds_at_most_its_shards_shares_of_the_bound() {
-    let policy = Policy::fixed_window(1, Duration::from_secs(3_600)).unwrap();
+    let policy = Policy::fixed_window(1, NO_EDGE).unwrap();
     for (entries, most) in [(1, 16), (32, 32)] {
         let cache = DeniedCache::with_capacity(MemoryStore::new(), entries);
         for i in 0..500 {
@@ -705,7 +695,7 @@ async fn denied_cache_debug_shows_its_hits_and_it_is_send_and_sync() {
     fn shared<T: Clone + Send + Sync + 'static>(_: &T) {}
     let cache = DeniedCache::new(MemoryStore::new());
     shared(&cache);
-    let policy = Policy::fixed_window(1, Duration::from_secs(3_600)).unwrap();
+    let policy = Policy::fixed_window(1, NO_EDGE).unwrap();
     assert_eq!(format!("{cache:?}"), "DeniedCache { hits: 0, .. }");
     assert!(admits(&cache, b"k", &policy).await);
     for _ in 0..3 {

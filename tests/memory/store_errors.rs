@@ -20,7 +20,7 @@ use ratelimit_core::{
 use ratelimit_tests::faulty::Faulty;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
-use ratelimit_tests::named;
+use ratelimit_tests::{NO_EDGE, named};
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -247,9 +247,9 @@ async fn a_denied_cache_keeps_no_denial_of_the_fallback_past_the_outage() {
         4,
         breaker,
     ));
-    let policy = fixed_window("p", 8, Duration::from_secs(3600));
+    let policy = fixed_window("p", 8, NO_EDGE);
     down.store(true, Ordering::Relaxed);
-    // The fallback's share is 8 / 4 = 2 an hour.
+    // The fallback's share is 8 / 4 = 2 a window.
     for _ in 0..2 {
         let d = cache.check(b"k", &policy, 1).await.unwrap();
         assert!(d.is_allowed() && d.source() == DecisionSource::Fallback);

@@ -17,7 +17,7 @@ use ratelimit_core::{
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::{bounded_memory, fixed_window};
 use ratelimit_tests::{
-    CALL_TIMEOUT, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
+    CALL_TIMEOUT, NO_EDGE, RedisCluster, RedisServer, build, cluster_store, every_algorithm, named,
     observable, redis_store, redis_store_on_clock,
 };
 
@@ -800,7 +800,7 @@ async fn redis_an_unblock_gives_the_state_back_its_own_ttl() {
 async fn cluster_blocks_keys_in_their_own_slot() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
-    let hourly = fixed_window("hourly", 3, Duration::from_secs(3600));
+    let hourly = fixed_window("hourly", 3, NO_EDGE);
     let per_day = named("per-day", Policy::gcra(5, Rate::per_hour(1)));
     let users: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
     let mut slots = std::collections::HashSet::new();

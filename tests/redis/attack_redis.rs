@@ -18,7 +18,7 @@ use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Check, Decision, Policy, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{Rng, fixed_window};
-use ratelimit_tests::{Boxed, RedisCluster, RedisServer, build, cluster_slot};
+use ratelimit_tests::{Boxed, NO_EDGE, RedisCluster, RedisServer, build, cluster_slot};
 
 use crate::shared::{SlotMove, keys_in_slot, started_cluster, store_timing_out_after};
 
@@ -58,7 +58,7 @@ fn a_call_carried_by_a_runtime_that_shuts_down_is_decided_not_failed() {
         .await
     });
     let limit = 10;
-    let policy = fixed_window("carried", limit, HOUR);
+    let policy = fixed_window("carried", limit, NO_EDGE);
     // Loads the functions, so the calls below are one round trip each.
     serving.block_on(async {
         let d = store.check(b"warm", &policy, 1).await.expect("warm-up");
@@ -158,8 +158,8 @@ async fn resharding_under_mixed_load_with_cancellations_fails_nothing_and_admits
  {
     let (cluster, store) = started_cluster().await;
     let policies = [
-        fixed_window("mix-a", 3, HOUR),
-        fixed_window("mix-b", 2, HOUR),
+        fixed_window("mix-a", 3, NO_EDGE),
+        fixed_window("mix-b", 2, NO_EDGE),
     ];
     let slot_of =
         |user: &str| cluster_slot(store.state_key(user.as_bytes(), &policies[0]).as_bytes());
@@ -491,7 +491,7 @@ fn a_cluster_store_decides_every_call_of_a_runtime_that_outlives_another() {
     let cluster = RedisCluster::start();
     let serving = runtime(1);
     let store = cluster_store_on(&serving, &cluster);
-    let policy = fixed_window("two-runtimes", 1_000_000, HOUR);
+    let policy = fixed_window("two-runtimes", 1_000_000, NO_EDGE);
     serving.block_on(async {
         assert!(store.check(b"warm", &policy, 1).await.unwrap().is_allowed());
     });
@@ -772,9 +772,9 @@ async fn resharding_under_every_algorithm_admits_each_limit_exactly() {
     let (cluster, store) = started_cluster().await;
     let slow = Rate::per_hour(1);
     let policies = [
-        named("ra-fw", Policy::fixed_window(1, HOUR)),
+        named("ra-fw", Policy::fixed_window(1, NO_EDGE)),
         named("ra-log", Policy::sliding_window_log(2, HOUR)),
-        named("ra-swc", Policy::sliding_window_counter(3, HOUR)),
+        named("ra-swc", Policy::sliding_window_counter(3, NO_EDGE)),
         named("ra-tb", Policy::token_bucket(4, slow)),
         named("ra-gcra", Policy::gcra(5, slow)),
         named("ra-lb", Policy::leaky_bucket(3, slow)),
@@ -889,7 +889,7 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
     )
     .await;
     let limit = 3;
-    let policy = fixed_window("fo-load", limit, HOUR);
+    let policy = fixed_window("fo-load", limit, NO_EDGE);
     let of_master = |master: usize, n: usize| -> Vec<String> {
         (0..100_000)
             .map(|i| format!("fo-{i}"))
@@ -973,7 +973,7 @@ async fn a_failover_under_load_admits_each_limit_exactly() {
 async fn functions_flushed_on_every_master_under_load_fail_nothing_and_count_once() {
     let (cluster, store) = started_cluster().await;
     let limit = 5;
-    let policy = fixed_window("flushed", limit, HOUR);
+    let policy = fixed_window("flushed", limit, NO_EDGE);
     let users: Vec<String> = (0..30).map(|i| format!("fl-{i}")).collect();
     let masters: std::collections::HashSet<usize> = users
         .iter()
@@ -1031,7 +1031,7 @@ fn a_runtime_shut_down_under_shared_keys_admits_no_key_past_its_limit() {
     let serving = runtime(1);
     let store = cluster_store_on(&serving, &cluster);
     let limit = 3;
-    let policy = fixed_window("shared-runtimes", limit, HOUR);
+    let policy = fixed_window("shared-runtimes", limit, NO_EDGE);
     let keys = (0..48).map(|i| format!("shared-{i}")).collect();
     let load = CountedKeys::new(&store, &policy, keys);
     let doomed = runtime(1);

@@ -14,8 +14,8 @@ use ratelimit_core::{Check, Policy, Rate, Store, StoreError};
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::{answer, fixed_window, ok_service};
 use ratelimit_tests::{
-    CALL_TIMEOUT, DEFAULT_MAX_BATCH, RedisServer, admit_exactly_the_limit, assert_within_slack,
-    decide_through_a_restart, named, permits_left,
+    CALL_TIMEOUT, DEFAULT_MAX_BATCH, NO_EDGE, RedisServer, admit_exactly_the_limit,
+    assert_within_slack, decide_through_a_restart, named, permits_left,
 };
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::Layer;
@@ -154,7 +154,7 @@ async fn calls_beyond_the_pools_size_take_turns_and_none_waits_inside_bb8() {
     const PER_TASK: u64 = 40;
     let (_server, pool) = a_server_and_two_open_connections().await;
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
-    let policy = fixed_window("turns", 1_000_000, Duration::from_secs(3600));
+    let policy = fixed_window("turns", 1_000_000, NO_EDGE);
     let before = pool.state().statistics;
     every_call_decided(&store, &policy, "turns", TASKS, PER_TASK).await;
     let after = pool.state().statistics;
@@ -185,7 +185,7 @@ async fn callers_dropped_at_a_pool_of_one_give_their_turns_back() {
     let proxy = FaultProxy::start(server.addr());
     let pool = pool(&proxy.redis_url(), 1);
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
-    let policy = fixed_window("dropped", 1_000_000, Duration::from_secs(3600));
+    let policy = fixed_window("dropped", 1_000_000, NO_EDGE);
     // Connects and probes, so the calls below only take turns.
     store.check(b"warm", &policy, 1).await.unwrap();
 
@@ -222,7 +222,7 @@ async fn callers_dropped_at_a_pool_of_one_give_their_turns_back() {
 #[tokio::test]
 async fn several_limits_through_the_pool_are_all_or_nothing() {
     let (_server, store) = on_a_fresh_server().await;
-    let per_key = fixed_window("per-key", 3, Duration::from_secs(3600));
+    let per_key = fixed_window("per-key", 3, NO_EDGE);
     let global = named("global", Policy::gcra(2, Rate::per_hour(1)));
     let checks = [Check::new(b"a", &per_key, 1), Check::new(b"g", &global, 1)];
     for (round, allowed, per_key_left) in [(0, true, 2), (1, true, 1), (2, false, 1)] {
@@ -358,7 +358,7 @@ async fn a_frozen_redis_is_an_outage_and_every_turn_comes_back_after() {
     let call_timeout = Duration::from_millis(300);
     let pool = pool(&server.url(), 2);
     let store = store_on(&pool, call_timeout, 1).await;
-    let policy = fixed_window("frozen", 1_000_000, Duration::from_secs(3600));
+    let policy = fixed_window("frozen", 1_000_000, NO_EDGE);
     let at_once = |round: &'static str| {
         (0..CALLS)
             .map(|i| {
@@ -564,7 +564,7 @@ async fn the_application_holding_a_pooled_connection_leaves_every_call_decided()
         .await
         .expect("the application's connection");
     let store = store_on(&pool, CALL_TIMEOUT, 1).await;
-    let policy = fixed_window("shared", 1_000_000, Duration::from_secs(3600));
+    let policy = fixed_window("shared", 1_000_000, NO_EDGE);
     let before = pool.state().statistics;
     every_call_decided(&store, &policy, "shared", TASKS, PER_TASK).await;
     let after = pool.state().statistics;

@@ -271,7 +271,7 @@ async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usi
             .call_timeout(call_timeout),
     )
     .await;
-    let warm = fixed_window("warm", 1000, Duration::from_secs(3600));
+    let warm = fixed_window("warm", 1000, NO_EDGE);
     // One call alone, then a batch: both functions are loaded.
     warm_up("warming up", || {
         let calls: Vec<Boxed<Result<Decision, StoreError>>> = (0..4)
@@ -326,7 +326,7 @@ fn calls_since(
 }
 
 fn window() -> Policy {
-    fixed_window("fw", 100, Duration::from_secs(3600))
+    fixed_window("fw", 100, NO_EDGE)
 }
 
 /// A batch whose reply comes after the call timeout: a timeout, an outage,
@@ -502,7 +502,7 @@ async fn callers_gone_leave_their_batch_or_release_its_permits() {
 async fn on_a_cluster_batches_form_on_one_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
     let store = pooled(RedisStore::cluster_builder(cluster.urls()), 1).await;
-    let policy = fixed_window("hot", 100, Duration::from_secs(3600));
+    let policy = fixed_window("hot", 100, NO_EDGE);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let (store, policy) = (store.clone(), policy.clone());
@@ -608,7 +608,7 @@ async fn on_a_cluster_without_functions_pipelines_go_by_script_and_stay_exact() 
 async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
-    let policy = fixed_window("moved", 10, Duration::from_secs(3600));
+    let policy = fixed_window("moved", 10, NO_EDGE);
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
     // Twelve keys of one master; the first one's slot moves.
     let source = cluster.master_of(slot_of("user-0"));
@@ -660,7 +660,7 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
 /// 200 keys under a fixed window of 5 an hour (named `name`), each checked
 /// 8 times from 64 tasks at once: each admits exactly 5.
 async fn each_of_200_keys_admits_5(store: &RedisStore, name: &str) {
-    let policy = fixed_window(name, 5, Duration::from_secs(3600));
+    let policy = fixed_window(name, 5, NO_EDGE);
     let keys: Vec<String> = (0..200).map(|k| format!("user-{k}")).collect();
     let admitted =
         admitted_per_key(store, &policy, &keys, 25, |task, j| (task * 25 + j) % 200).await;
@@ -790,7 +790,7 @@ async fn a_batch_of_more_than_a_thousand_checks_reads_in_order() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr());
     let store = through_with(&proxy, Duration::from_secs(10), 5000).await;
-    let policy = fixed_window("big", 150, Duration::from_secs(3600));
+    let policy = fixed_window("big", 150, NO_EDGE);
     proxy.set_latency(ms(200));
     let before = store.coalescing();
     let lead = {
@@ -1057,13 +1057,15 @@ async fn a_block_keeps_its_state_and_what_writes_under_it_keeps_the_block() {
     let d = store.check(b"kept", &policy, 1).await.unwrap();
     assert_eq!(d.remaining(), 99, "{d:?}");
     let hour = Duration::from_secs(3600);
-    store.block(b"kept", &policy, hour).await.unwrap();
+    // Longer than the window, so the TTL below is the block's.
+    store.block(b"kept", &policy, 2 * NO_EDGE).await.unwrap();
     let state_key = store.state_key(b"kept", &policy);
     let blocked = |what: &str| {
         let value = server.cli(&["GET", &state_key]);
         assert!(value.starts_with('b'), "{what}: {value:?}");
         let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
-        assert!(ttl > 3_500_000, "{what}: the key outlives its block: {ttl}");
+        let window = NO_EDGE.as_millis() as i64;
+        assert!(ttl > window, "{what}: the key outlives its block: {ttl}");
     };
     blocked("blocked");
     let d = store.penalize(b"kept", &policy, 2).await.unwrap();
@@ -1172,7 +1174,7 @@ fn a_runtime_shut_down_mid_flight_leaves_the_others_calls_decided() {
     let proxy = FaultProxy::start(server.addr());
     let call_timeout = ms(500);
     let store = serving.block_on(through(&proxy, call_timeout));
-    let policy = fixed_window("two-runtimes", 1_000_000, Duration::from_secs(3600));
+    let policy = fixed_window("two-runtimes", 1_000_000, NO_EDGE);
     // Every reply 30 ms late: the doomed runtime's calls are surely in
     // flight, and its lane full, when it goes.
     proxy.set_latency(ms(30));

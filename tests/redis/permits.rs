@@ -26,8 +26,8 @@ use ratelimit_core::{
 use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
-    NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies, named,
-    observable, permits_left, take_permit, twin_stores, twins_at,
+    NO_EDGE, NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies,
+    named, observable, permits_left, take_permit, twin_stores, twins_at,
 };
 
 const HIGH_BIT: u128 = 1 << 127;
@@ -463,8 +463,8 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_peek_fails() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
     let hour = Duration::from_secs(3600);
-    let policy = fixed_window("peek", 1, hour);
-    let other = fixed_window("peek-other", 10, hour);
+    let policy = fixed_window("peek", 1, NO_EDGE);
+    let other = fixed_window("peek-other", 10, NO_EDGE);
     // Slot order: `early` (consumes, refunded), `denier`, `late` (never checked).
     let denier = user_in_slot(&store, &policy, "denier", |s| (6000..7000).contains(&s));
     let early = user_in_slot(&store, &other, "early", |s| s < 5000);
@@ -497,8 +497,7 @@ async fn a_cross_slot_denial_stays_a_denial_when_a_node_is_down_for_the_peek() {
     let store =
         build(RedisStore::cluster_builder(cluster.urls()).call_timeout(Duration::from_millis(500)))
             .await;
-    let hour = Duration::from_secs(3600);
-    let policy = fixed_window("down", 1, hour);
+    let policy = fixed_window("down", 1, NO_EDGE);
     let denier = user_in_slot(&store, &policy, "denier", |s| s < 5000);
     let late = user_in_slot(&store, &policy, "late", |s| s > 11_000);
     let slot_of =
@@ -930,7 +929,7 @@ async fn a_check_whose_reply_was_lost_holds_its_one_permit_for_its_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_resend_of_several_limits_releases_the_permit_its_first_run_took() {
     let (server, proxy) = FaultProxy::with_new_server();
-    let once = fixed_window("once", 1, Duration::from_secs(3600));
+    let once = fixed_window("once", 1, NO_EDGE);
     for coalescing in [true, false] {
         let policy = semaphore(1);
         let user: &[u8] = if coalescing {

@@ -23,8 +23,8 @@ use ratelimit_core::{
 };
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{
-    Boxed, CALL_TIMEOUT, RedisCluster, RedisServer, admits, build, join_in_order, long_policies,
-    named,
+    Boxed, CALL_TIMEOUT, NO_EDGE, RedisCluster, RedisServer, admits, build, join_in_order,
+    long_policies, named,
 };
 use ratelimit_tower::{FailurePolicy, GlobalKey, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -746,8 +746,7 @@ async fn the_documented_acl_on_a_cluster_with_cross_slot_refunds() {
 /// consumption is refunded. Returns what each per-user limit has left (2 when
 /// refunded, 1 when the refund was lost).
 async fn refunds(store: &RedisStore, tag: &str) -> Vec<u64> {
-    let hour = Duration::from_secs(3600);
-    let shared = named(format!("{tag}-shared"), Policy::fixed_window(1, hour));
+    let shared = named(format!("{tag}-shared"), Policy::fixed_window(1, NO_EDGE));
     let slot = |key: &str, policy: &Policy| {
         ratelimit_tests::cluster_slot(store.state_key(key.as_bytes(), policy).as_bytes())
     };
@@ -903,7 +902,7 @@ async fn the_documented_acl_on_a_cluster_follows_an_ask_while_a_slot_moves() {
     };
     let store = store_of("limiter").await;
     let lacking = store_of("no-asking").await;
-    let policy = named("asked", Policy::fixed_window(1, Duration::from_secs(3600)));
+    let policy = named("asked", Policy::fixed_window(1, NO_EDGE));
     assert!(admits(&store, b"warm", &policy).await);
     assert!(admits(&lacking, b"warm-too", &policy).await);
     let slot = ratelimit_tests::cluster_slot(store.state_key(b"moving", &policy).as_bytes());

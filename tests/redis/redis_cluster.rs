@@ -12,7 +12,8 @@ use ratelimit_core::{Store, StoreError};
 use ratelimit_tests::cluster_slot;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
-    Boxed, RedisCluster, admits, assert_counts_down, build, cluster_store, join_in_order, named,
+    Boxed, NO_EDGE, RedisCluster, admits, assert_counts_down, build, cluster_store, join_in_order,
+    named,
 };
 use ratelimit_tower::FailurePolicy;
 
@@ -34,7 +35,7 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
     let call_timeout = Duration::from_secs(1);
     let store = store_timing_out_after(&cluster, call_timeout).await;
     let limit = 40;
-    let policy = fixed_window("moving", limit, HOUR);
+    let policy = fixed_window("moving", limit, NO_EDGE);
     let key = store.state_key(b"hot", &policy);
     let slot = cluster_slot(key.as_bytes());
     let slot_move = SlotMove::of(&cluster, slot);
@@ -93,7 +94,7 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
 async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
-    let policy = fixed_window("moved-once", 100, HOUR);
+    let policy = fixed_window("moved-once", 100, NO_EDGE);
     let slot = cluster_slot(store.state_key(b"mover", &policy).as_bytes());
     let slot_move = SlotMove::of(&cluster, slot);
     let (source, target) = (slot_move.source, slot_move.target);
@@ -124,7 +125,7 @@ async fn a_stopped_master_is_an_outage_before_the_call_timeout_and_the_others_ke
     let mut cluster = RedisCluster::start();
     let call_timeout = Duration::from_secs(1);
     let store = store_timing_out_after(&cluster, call_timeout).await;
-    let policy = fixed_window("stopped", 5, HOUR);
+    let policy = fixed_window("stopped", 5, NO_EDGE);
     let users: Vec<String> = (0..3)
         .map(|node| {
             (0..10_000)
@@ -193,7 +194,7 @@ async fn decisions_survive_killed_connections_and_keep_the_limit_exact() {
     let cluster = RedisCluster::start();
     let store = cluster_store(&cluster).await;
     let limit = 30;
-    let policy = fixed_window("killed", limit, HOUR);
+    let policy = fixed_window("killed", limit, NO_EDGE);
     let mut admitted = 0;
     for _ in 0..10 {
         admitted += u64::from(admits(&store, b"hot", &policy).await);
@@ -252,7 +253,7 @@ fn keys_of_master(
 async fn calls_started_together_go_to_their_master_in_one_write() {
     let cluster = RedisCluster::start();
     let store = build(RedisStore::cluster_builder(cluster.urls()).max_batch(1)).await;
-    let policy = fixed_window("together", 100, HOUR);
+    let policy = fixed_window("together", 100, NO_EDGE);
     let keys = keys_of_master(&cluster, &store, &policy, 0, 40);
     // Warm: every connection open, the functions loaded.
     for key in &keys {
@@ -370,7 +371,7 @@ fn a_call_left_on_another_runtime(
     let cluster = RedisCluster::start();
     let serving = runtime();
     let store = serving.block_on(store_timing_out_after(&cluster, call_timeout));
-    let policy = fixed_window(name, 100, HOUR);
+    let policy = fixed_window(name, 100, NO_EDGE);
     // Warm: the master's connection open, the functions loaded.
     let warm = serving.block_on(store.check(b"k", &policy, 1)).unwrap();
     assert_eq!(warm.remaining(), 99);
@@ -414,7 +415,7 @@ fn a_call_dropped_with_its_runtime_before_it_went_out_is_never_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_store_on_a_cluster_node_is_refused_not_failed_open() {
     let cluster = RedisCluster::start();
-    let policy = fixed_window("wrong-builder", 10, HOUR);
+    let policy = fixed_window("wrong-builder", 10, NO_EDGE);
     let mut refused = 0;
     for url in cluster.urls() {
         let store = build(RedisStore::builder(url)).await;
@@ -450,8 +451,8 @@ async fn a_tls_cluster_with_a_private_ca_keeps_every_limit_exact() {
         build(RedisStore::cluster_builder(cluster.urls()).tls_root_cert(certs.ca_pem())).await;
 
     // One hot key and 120 keys over the three masters, 64 tasks at once.
-    let hot = fixed_window("tls-hot", 100, HOUR);
-    let spread = fixed_window("tls-spread", 3, HOUR);
+    let hot = fixed_window("tls-hot", 100, NO_EDGE);
+    let spread = fixed_window("tls-spread", 3, NO_EDGE);
     let tasks: Vec<_> = (0..64)
         .map(|task| {
             let (store, hot, spread) = (store.clone(), hot.clone(), spread.clone());
@@ -569,7 +570,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
 
     let (cluster, store) = started_cluster().await;
     let limit = 2;
-    let policy = fixed_window("resharded", limit, HOUR);
+    let policy = fixed_window("resharded", limit, NO_EDGE);
     let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let source = cluster.master_of(first);
     let second = (0..16_384u16)
@@ -656,7 +657,7 @@ async fn resharding_under_load_admits_no_key_past_its_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
     let (cluster, store) = started_cluster().await;
-    let policy = fixed_window("first-moved", 1, HOUR);
+    let policy = fixed_window("first-moved", 1, NO_EDGE);
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 4);
     for key in &keys {
@@ -704,7 +705,7 @@ async fn a_batch_whose_first_key_moved_admits_no_key_afresh() {
 async fn a_pipeline_with_a_call_on_a_moving_slot_counts_every_request_once() {
     let (cluster, store) = started_cluster().await;
     let limit = 10;
-    let policy = fixed_window("piped", limit, HOUR);
+    let policy = fixed_window("piped", limit, NO_EDGE);
     let slot_of = |key: &str| cluster_slot(store.state_key(key.as_bytes(), &policy).as_bytes());
     let moving = slot_of("k0");
     let slot_move = SlotMove::of(&cluster, moving);
@@ -817,8 +818,8 @@ async fn a_multi_limit_request_on_a_half_moved_slot_waits_and_stays_all_or_nothi
     use ratelimit_core::Check;
 
     let (cluster, store) = started_cluster().await;
-    let spent = fixed_window("half-spent", 1, HOUR);
-    let spare = fixed_window("half-spare", 100, HOUR);
+    let spent = fixed_window("half-spent", 1, NO_EDGE);
+    let spare = fixed_window("half-spare", 100, NO_EDGE);
     let checks = [
         Check::new(b"user", &spent, 1),
         Check::new(b"user", &spare, 1),
@@ -897,7 +898,7 @@ async fn a_failover_is_followed(gap: Duration) {
             .connect_timeout(Duration::from_millis(300)),
     )
     .await;
-    let policy = fixed_window("failover", 1_000_000, HOUR);
+    let policy = fixed_window("failover", 1_000_000, NO_EDGE);
     let hung = user_on(&cluster, &store, &policy, 0);
     let healthy = user_on(&cluster, &store, &policy, 1);
     assert!(admits(&store, hung.as_bytes(), &policy).await);
@@ -986,7 +987,7 @@ fn a_cluster_store_outlives_the_runtime_that_built_it() {
     let cluster = RedisCluster::start();
     let building = runtime();
     let store = building.block_on(store_timing_out_after(&cluster, Duration::from_millis(500)));
-    let policy = fixed_window("outlived", 1_000, HOUR);
+    let policy = fixed_window("outlived", 1_000, NO_EDGE);
     assert!(building.block_on(admits(&store, b"k", &policy)));
     drop(building);
     let serving = runtime();

@@ -175,8 +175,8 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
     admit_exactly_the_limit(&store, "hot-on-cluster").await;
 
     // Per second and per day of one user share the user's hash tag: all or nothing.
-    let per_second = fixed_window("per-second", 3, Duration::from_secs(3600));
-    let per_day = fixed_window("per-day", 4, Duration::from_secs(86_400));
+    let per_second = fixed_window("per-second", 3, NO_EDGE);
+    let per_day = fixed_window("per-day", 4, NO_EDGE);
     let both = [
         Check::new(b"carol", &per_second, 1),
         Check::new(b"carol", &per_day, 1),
@@ -194,8 +194,7 @@ async fn cluster_admits_exactly_the_limit_and_keeps_multi_limits_in_one_slot() {
 
     // A name that changed algorithm is a conflict on a cluster too; across
     // slots, what the earlier slot consumed is refunded.
-    let hour = Duration::from_secs(3600);
-    let window = fixed_window("shared", 3, hour);
+    let window = fixed_window("shared", 3, NO_EDGE);
     let bucket = named("shared", Policy::token_bucket(3, Rate::per_hour(1)));
     store.check(b"dave", &window, 1).await.unwrap();
     assert_conflict("cluster", store.check(b"dave", &bucket, 1).await);
@@ -697,7 +696,7 @@ async fn cross_slot_limits_refund_on_denial(store: &RedisStore) {
         let per_user = algorithm.with_name(format!("cross-user-{round}")).unwrap();
         let shared = named(
             format!("cross-shared-{round}"),
-            Policy::fixed_window(1, Duration::from_secs(3600)),
+            Policy::fixed_window(1, NO_EDGE),
         );
         // Both orders: the per-user key in the earlier slot, then in the later one.
         for earlier_first in [true, false] {

@@ -21,8 +21,8 @@ use ratelimit_core::{
     SettlementId, Store, StoreError,
 };
 use ratelimit_tests::{
-    Boxed, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot, named, observable,
-    redis_store_on_clock, small_policies,
+    Boxed, NO_EDGE, NOW_MICROS, Observed, RedisCluster, RedisServer, build, cluster_slot, named,
+    observable, redis_store_on_clock, small_policies,
 };
 
 use crate::shared::cluster_store_on_clock;
@@ -284,10 +284,7 @@ impl<S: Store> SettleStore for S {
 async fn redis_settles_once_all_or_nothing() {
     let server = RedisServer::start();
     let store = ratelimit_tests::redis_store(server.url()).await;
-    let hourly = named(
-        "hourly",
-        Policy::fixed_window(100, Duration::from_secs(3600)),
-    );
+    let hourly = named("hourly", Policy::fixed_window(100, NO_EDGE));
     let bucket = named("bucket", Policy::gcra(100, Rate::per_hour(100)));
     let checks = [
         Check::new(b"user", &hourly, 10),
@@ -305,14 +302,19 @@ async fn redis_settles_once_all_or_nothing() {
     let again = store.settle(id, &settles).await.unwrap();
     assert_eq!(again[0].remaining(), 60, "applied twice");
     assert_eq!(again[1].remaining(), 98, "applied twice");
-    for policy in [&hourly, &bucket] {
+    // The id lives as long as the state: the window, or the bucket's hour.
+    let hour = Duration::from_secs(3600);
+    for (policy, longest) in [(&hourly, NO_EDGE), (&bucket, hour)] {
         let applied = format!("{}:applied", store.state_key(b"user", policy));
         assert!(
             server.cli(&["GET", &applied]).contains(&id.to_string()),
             "{applied}"
         );
         let ttl: i64 = server.cli(&["PTTL", &applied]).parse().unwrap();
-        assert!(ttl > 0 && ttl <= 3_600_000, "{applied}: PTTL {ttl}");
+        assert!(
+            ttl > 0 && ttl as u128 <= longest.as_millis(),
+            "{applied}: PTTL {ttl}"
+        );
     }
 
     // Another algorithm's state under `bucket`'s name: nothing settles.
@@ -356,10 +358,7 @@ async fn cluster_a_settlement_sent_again_completes_the_slots_it_missed() {
     let cluster = RedisCluster::start();
     let store = ratelimit_tests::cluster_store(&cluster).await;
     let per_user = named("per-user", Policy::token_bucket(50, Rate::per_hour(50)));
-    let global = named(
-        "global",
-        Policy::fixed_window(500, Duration::from_secs(3600)),
-    );
+    let global = named("global", Policy::fixed_window(500, NO_EDGE));
     let slot = |key: &[u8], policy: &Policy| cluster_slot(store.state_key(key, policy).as_bytes());
     assert_ne!(slot(b"alice", &per_user), slot(b"all", &global));
     let reserved = store
@@ -585,10 +584,7 @@ async fn through_a_leased_store_a_debt_takes_effect_at_once() {
 async fn through_a_denied_cache_a_give_back_drops_the_cached_denial() {
     let shared = MemoryStore::new();
     let cache = DeniedCache::new(shared);
-    let policy = named(
-        "hourly",
-        Policy::fixed_window(10, Duration::from_secs(3600)),
-    );
+    let policy = named("hourly", Policy::fixed_window(10, NO_EDGE));
     let reserved = cache.check(b"k", &policy, 10).await.unwrap();
     assert!(reserved.is_allowed());
     for _ in 0..2 {
@@ -701,10 +697,7 @@ async fn a_limiter_settles_again_after_a_timeout_and_counts_once() {
     let server = RedisServer::start();
     let store =
         build(RedisStore::builder(server.url()).call_timeout(Duration::from_millis(300))).await;
-    let policy = named(
-        "hourly",
-        Policy::fixed_window(1_000, Duration::from_secs(3600)),
-    );
+    let policy = named("hourly", Policy::fixed_window(1_000, NO_EDGE));
     let limiter = Limiter::new(store.clone(), policy.clone());
     // The script in Redis's cache, so the call sent while it is frozen
     // needs no second round trip to run.

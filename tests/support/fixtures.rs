@@ -108,13 +108,13 @@ pub type TwoGlobalLimits<St> = RateLimitLayer<St, And<Rule<GlobalKey>, Rule<Glob
 
 /// The layer of the wait-mode tests, over `store`, waiting at most `wait`:
 /// a leaky bucket of one a second with 5 slots (`smooth`, returned second)
-/// and a fixed window of 5 an hour (`hourly`, returned last), both on the
-/// global key.
+/// and a fixed window of 5 (`hourly`, returned last; its window is
+/// [`crate::NO_EDGE`], so no edge restarts its count), both on the global key.
 pub fn smooth_and_hourly<St>(store: St, wait: Duration) -> (TwoGlobalLimits<St>, Policy, Policy) {
     let smooth = Policy::leaky_bucket(5, Rate::per_second(1))
         .and_then(|p| p.with_name("smooth"))
         .expect("a valid policy");
-    let hourly = fixed_window("hourly", 5, Duration::from_secs(3600));
+    let hourly = fixed_window("hourly", 5, crate::NO_EDGE);
     let layer = RateLimitLayer::new(store, smooth.clone(), GlobalKey::default())
         .and(Rule::new(hourly.clone(), GlobalKey::default()))
         .wait(wait);

@@ -111,9 +111,12 @@ pub fn named<E: std::fmt::Debug>(name: impl Into<String>, policy: Result<Policy,
 /// may end between two checks and restart its count).
 pub const NO_EDGE: Duration = Duration::from_secs(86_400_000);
 
-/// Every algorithm with long windows: nothing refills while a test runs.
+/// Every algorithm with long windows: nothing refills while a test runs,
+/// and no window edge falls in it. Half of [`NO_EDGE`], 500 days: a sliding
+/// window counter takes at most 2^52 µs of limit times window, so limits up
+/// to 104 fit.
 pub fn long_policies(limit: u64) -> Vec<Policy> {
-    every_algorithm(limit, Duration::from_secs(3600), Rate::per_hour(1))
+    every_algorithm(limit, NO_EDGE / 2, Rate::per_hour(1))
 }
 
 /// One policy of every algorithm, in the order of [`small_policies`]: the
