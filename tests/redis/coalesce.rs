@@ -1064,7 +1064,7 @@ async fn a_block_keeps_its_state_and_what_writes_under_it_keeps_the_block() {
         let value = server.cli(&["GET", &state_key]);
         assert!(value.starts_with('b'), "{what}: {value:?}");
         let ttl: i64 = server.cli(&["PTTL", &state_key]).parse().unwrap();
-        let window = NO_EDGE.as_millis() as i64;
+        let window = i64::try_from(NO_EDGE.as_millis()).expect("a window in ms");
         assert!(ttl > window, "{what}: the key outlives its block: {ttl}");
     };
     blocked("blocked");
