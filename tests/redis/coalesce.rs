@@ -1151,6 +1151,57 @@ async fn callers_a_batch_answers_go_together_in_the_next() {
     calls_since(&store, before, 3, 21);
 }
 
+/// One runtime's call holds a lane's one place (a pool of one) while
+/// another runtime's calls queue behind it; then the first runtime shuts
+/// down. No call is left on the lane to send what waits there, and no new
+/// request comes: the queued calls' callers send them again on their own,
+/// at once. With a call timeout longer than the test, a call left waiting
+/// for a batch that never comes would fail it, not slow it.
+#[test]
+fn calls_queued_behind_a_runtime_that_shuts_down_are_decided() {
+    let serving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = serving.block_on(through(&proxy, Duration::from_secs(60)));
+    let policy = fixed_window("queued-behind", 1_000_000, NO_EDGE);
+    proxy.set_latency(ms(300));
+    let doomed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    doomed.spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        async move {
+            let _ = store.check(b"doomed", &policy, 1).await;
+        }
+    });
+    // Its call goes out alone, and holds the lane for 300 ms.
+    doomed.block_on(async { tokio::time::sleep(ms(50)).await });
+    let queued: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            serving.spawn(async move {
+                let key = format!("queued-{i}");
+                store.check(key.as_bytes(), &policy, 1).await
+            })
+        })
+        .collect();
+    std::thread::sleep(ms(50));
+    drop(doomed);
+    proxy.set_latency(Duration::ZERO);
+    serving.block_on(async {
+        for (i, call) in queued.into_iter().enumerate() {
+            let d = call.await.expect("a caller");
+            let d = d.unwrap_or_else(|e| panic!("queued call {i}: {e}"));
+            assert!(d.is_allowed(), "queued call {i}: {d:?}");
+        }
+    });
+}
+
 /// Two runtimes share one store, and one of them shuts down while its calls
 /// are in flight (sent alone, in batches, queued behind them): whatever it
 /// dropped counts nothing in flight, and every call the other runtime makes

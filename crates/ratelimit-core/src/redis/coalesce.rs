@@ -236,9 +236,12 @@ impl Coalescer {
 /// the task ends, however it ends. Dropped before it finished (its runtime
 /// shut down, or it panicked), it counts itself out and puts the requests
 /// it had taken but not sent back at the front of the lane's queue, where
-/// the next request (or a waiting caller, see [`RedisStore::kick`]) starts
-/// a call for them. It never spawns from its drop: the runtime it would
-/// spawn on may be the one going away.
+/// the lane's next call takes them. When no call is left in flight on the
+/// lane, nothing would send what waits there until a new request came (its
+/// callers would time out, though Redis is up): those requests are dropped
+/// instead, and each caller, seeing its answer's channel closed, sends its
+/// request again on its own. It never spawns from its drop: the runtime it
+/// would spawn on may be the one going away.
 pub(super) struct Driver {
     store: RedisStore,
     lane: LaneId,
@@ -281,15 +284,28 @@ impl Drop for Driver {
         let Some(coalescer) = self.store.inner.coalescer.as_ref() else {
             return;
         };
-        let mut lanes = coalescer.lanes.lock();
-        let state = lanes.entry(self.lane).or_default();
-        state.in_flight = state.in_flight.saturating_sub(1);
-        for item in self.batch.drain(..).rev() {
-            state.queued = state.queued.saturating_add(item.weight);
-            state.queue.push_front(item);
-        }
-        if state.in_flight == 0 && state.queue.is_empty() {
-            lanes.remove(&self.lane);
+        let orphans: Vec<Item> = {
+            let mut lanes = coalescer.lanes.lock();
+            let state = lanes.entry(self.lane).or_default();
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if state.in_flight > 0 {
+                for item in self.batch.drain(..).rev() {
+                    state.queued = state.queued.saturating_add(item.weight);
+                    state.queue.push_front(item);
+                }
+                return;
+            }
+            let waiting = lanes.remove(&self.lane).map(|lane| lane.queue);
+            self.batch
+                .drain(..)
+                .chain(waiting.into_iter().flatten())
+                .collect()
+        };
+        // Dropped after the lock: never sent, so they hold no permit.
+        for mut item in orphans {
+            if let Some(unclaimed) = item.unclaimed.as_mut() {
+                unclaimed.never_sent();
+            }
         }
     }
 }

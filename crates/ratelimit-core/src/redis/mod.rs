@@ -838,10 +838,12 @@ impl RedisStore {
                 Err(StoreError::Timeout(call_timeout))
             }
             // Its batch was dropped in flight with the runtime that ran its
-            // task, another runtime than this caller's, which still runs:
-            // Redis may well be up, and no failure policy may answer for it.
-            // Sent again on its own from here, within the same timeout: if
-            // the batch ran, it counts twice, which errs towards denying.
+            // task, another runtime than this caller's, which still runs
+            // (or before it was sent, with no call left on its lane to send
+            // it, see `Driver`): Redis may well be up, and no failure policy
+            // may answer for it. Sent again on its own from here, within the
+            // same timeout: if the batch ran, it counts twice, which errs
+            // towards denying.
             Ok(Err(_)) => {
                 let (keys, requests) = again;
                 // Boxed: rare, and large; inline, every request's future
