@@ -270,7 +270,8 @@ impl Driver {
                 let store = self.store.clone();
                 runtime.spawn(store.drive(self));
             }
-            // Dropped: its requests wait for a caller with a runtime.
+            // Dropped: its requests go back to the lane, or to their callers (see
+            // its `Drop`).
             Err(_) => drop(self),
         }
     }
