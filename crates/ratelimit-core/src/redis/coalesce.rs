@@ -305,7 +305,7 @@ impl Drop for Driver {
         // Dropped after the lock: never sent, so they hold no permit.
         for mut item in orphans {
             if let Some(unclaimed) = item.unclaimed.as_mut() {
-                unclaimed.never_sent();
+                unclaimed.claim();
             }
         }
     }

@@ -109,11 +109,6 @@ impl Unclaimed {
         self.claimed = true;
     }
 
-    /// The check was never sent: it holds nothing, so nothing is released.
-    pub(super) fn never_sent(&mut self) {
-        self.permits.clear();
-    }
-
     /// The caller has the `decisions`: when all allow, the permits are its
     /// own to release. A denial hands over none, yet a permit may be held:
     /// the check's first run took it and its reply was lost, and the run
