@@ -25,7 +25,7 @@ const ENTRY_BYTES: u64 = 46;
 
 /// The entries of the semaphore at `key` (0 when there is none).
 fn entries(server: &RedisServer, key: &str) -> u64 {
-    let len: u64 = server.cli(&["STRLEN", key]).parse().unwrap();
+    let len: u64 = server.query(&["STRLEN", key]);
     if len == 0 {
         return 0;
     }
@@ -38,13 +38,13 @@ fn entries(server: &RedisServer, key: &str) -> u64 {
 fn base(server: &RedisServer, key: &str) -> u64 {
     let script =
         "return string.format('%d', (struct.unpack('>I7', redis.call('GET', KEYS[1]), 2)))";
-    server.cli(&["EVAL", script, "1", key]).parse().unwrap()
+    server.query(&["EVAL", script, "1", key])
 }
 
 /// A digest of the value at `key`, to tell whether it changed.
 fn digest(server: &RedisServer, key: &str) -> String {
     let script = "return redis.sha1hex(redis.call('GET', KEYS[1]))";
-    server.cli(&["EVAL", script, "1", key])
+    server.query(&["EVAL", script, "1", key])
 }
 
 /// Adds `lift` to the base and to every entry's count of the semaphore at

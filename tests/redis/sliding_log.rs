@@ -22,7 +22,7 @@ const ENTRY_BYTES: u64 = 14;
 
 /// The entries of the log at `key`, its base aside (0 when there is none).
 fn entries(server: &RedisServer, key: &str) -> u64 {
-    let len: u64 = server.cli(&["STRLEN", key]).parse().unwrap();
+    let len: u64 = server.query(&["STRLEN", key]);
     if len == 0 {
         return 0;
     }
@@ -34,7 +34,7 @@ fn entries(server: &RedisServer, key: &str) -> u64 {
 fn base(server: &RedisServer, key: &str) -> u64 {
     let script = "local _, b = struct.unpack('>I7I7', redis.call('GET', KEYS[1]), 2) \
                   return string.format('%d', b)";
-    server.cli(&["EVAL", script, "1", key]).parse().unwrap()
+    server.query(&["EVAL", script, "1", key])
 }
 
 /// Adds `lift` to every count of the log at `key` (its base and every

@@ -320,7 +320,7 @@ where
 /// quorum, the store behind it, the policy under test and the state key of
 /// the one key its requests check.
 struct Failover {
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    _turn: super::Turn,
     set: RedisSentinels,
     store: RedisStore,
     policy: Policy,

@@ -69,8 +69,34 @@ const AFTER: Duration = Duration::from_millis(1_500);
 /// Longest a whole test may run before it fails.
 const TEST_LIMIT: Duration = Duration::from_secs(40);
 
-/// The tests take turns: they measure latencies.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The fault tests take turns, two at a time: they measure latencies, and
+/// two of them leave the cores mostly idle (they wait on servers, sentinels
+/// and timers), so each keeps its margins while the binary takes half the
+/// time. A test that brings a load of its own runs alone.
+static SERIAL: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(TOGETHER as usize);
+
+/// How many fault tests run at once.
+const TOGETHER: u32 = 2;
+
+/// A fault test's turn (see [`SERIAL`]), held until it is dropped.
+type Turn = tokio::sync::SemaphorePermit<'static>;
+
+/// Waits for a fault test's turn.
+async fn turn() -> Turn {
+    SERIAL
+        .acquire()
+        .await
+        .expect("the semaphore is never closed")
+}
+
+/// Waits until no other fault test runs, for one that measures latencies
+/// under a load of its own.
+async fn turn_alone() -> Turn {
+    SERIAL
+        .acquire_many(TOGETHER)
+        .await
+        .expect("the semaphore is never closed")
+}
 
 /// 30 per 10 s, a window longer than any test, as a sliding log: exact, so
 /// "at most N in any window" is "at most N during the test".
@@ -297,7 +323,7 @@ fn statuses(samples: &[&Sample]) -> BTreeMap<u16, usize> {
 }
 
 async fn redis_killed_under_load(setup: Setup) {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn_alone().await;
     let server = RedisServer::start();
     let redis = redis_store(server.url()).await;
     let policy = policy("outage");
@@ -496,7 +522,7 @@ async fn redis_killed_under_load_fallback_holds_the_local_share_and_recovers() {
 /// timeout, as an error the failure policies apply to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_fails_within_the_call_timeout() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let server = RedisServer::start();
     let redis = redis_store(server.url()).await;
     let policy = policy("dead");
@@ -636,7 +662,7 @@ async fn until_closed(store: &FallbackStore<RedisStore>, policy: &Policy, what: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_stalled_or_dropping_network_fails_fast_and_the_breaker_recovers() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let store = with_fallback(redis.clone());
@@ -774,7 +800,7 @@ where
 /// node is a master again, the store decides on it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_master_is_refused_never_failed_open_then_used_again() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let other = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
     let node = RedisServer::start();
     let policy = named("demoted", Policy::gcra(10, Rate::per_hour(10)));
@@ -817,7 +843,7 @@ async fn a_demoted_master_is_refused_never_failed_open_then_used_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let mut primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
     let primary_port = primary.port().to_string();
     let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &primary_port]);
@@ -904,7 +930,7 @@ async fn a_promoted_replica_keeps_the_replicated_state_and_decides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let server = RedisServer::start();
     let url = server.url();
     let instances: Vec<Listening> = (0..INSTANCES)
@@ -1055,7 +1081,7 @@ async fn the_distributed_example_falls_back_to_its_share_and_recovers() {
 /// traffic in between, the first calls fail (`broken pipe`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restart_fails_no_call_whatever_the_pool_held() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let server = RedisServer::start();
     let redis =
         build(RedisStore::builder(server.url()).call_timeout(Duration::from_millis(500))).await;
@@ -1083,7 +1109,7 @@ async fn a_restart_fails_no_call_whatever_the_pool_held() {
 /// sink and waits for its connection timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_fails_at_once() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let mut server = RedisServer::start();
     let url = server.url();
     server.stop();
@@ -1104,7 +1130,7 @@ async fn a_refused_connection_fails_at_once() {
 /// the next: every call timed out (so failed open), for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_slower_to_open_than_a_call_opens_in_the_background() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     proxy.set_latency(Duration::from_millis(100));
     let redis = build(
@@ -1143,7 +1169,10 @@ async fn a_connection_slower_to_open_than_a_call_opens_in_the_background() {
 /// its runtime is shut down), instead of keeping them waiting for good.
 #[test]
 fn an_opening_left_on_an_idle_or_shut_down_runtime_is_replaced() {
-    let _turn = SERIAL.blocking_lock();
+    let _turn = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(turn());
     let connect_timeout = Duration::from_secs(2);
     for shut_down in [false, true] {
         let (_server, proxy) = FaultProxy::with_new_server();
@@ -1198,7 +1227,7 @@ fn an_opening_left_on_an_idle_or_shut_down_runtime_is_replaced() {
 /// `RedisStoreBuilder::call_timeout` documents, not `Backend(timed out)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_fails_with_store_error_timeout() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let policy = policy("slow");
@@ -1219,7 +1248,7 @@ async fn a_slow_redis_fails_with_store_error_timeout() {
 /// gets the layer's failure policy (here 503) instead of the local share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layer_timeout_below_the_store_timeout_still_falls_back() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let (_server, proxy) = FaultProxy::with_new_server();
     let redis = redis_store(proxy.redis_url()).await;
     let store = with_fallback(redis);

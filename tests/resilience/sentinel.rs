@@ -23,7 +23,7 @@ use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
 use ratelimit_tests::warm_up;
 
-use super::{CALL_TIMEOUT, MARGIN, SERIAL, bounded, ms, start_clients, timed};
+use super::{CALL_TIMEOUT, MARGIN, Turn, bounded, ms, start_clients, timed, turn};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -31,13 +31,10 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
 /// The longest the sentinels may take to fail over a dead master.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 
-/// The turn [`SERIAL`] gives a fault test.
-pub(crate) type Turn = tokio::sync::MutexGuard<'static, ()>;
-
 /// Takes the test's turn, then starts the set on a blocking thread (it
 /// waits for the sentinels).
 async fn start_set(password: Option<&'static str>) -> (Turn, RedisSentinels) {
-    let turn = SERIAL.lock().await;
+    let turn = turn().await;
     let set = tokio::task::spawn_blocking(move || match password {
         Some(password) => RedisSentinels::start_with_password(password),
         None => RedisSentinels::start(),
@@ -1103,7 +1100,7 @@ async fn the_documented_acl_user_decides_behind_sentinel() {
 /// mistake (never an outage a failure policy would let through).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_master_behind_sentinel() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let (set, certs) = tokio::task::spawn_blocking(|| {
         let certs = ratelimit_tests::Certificates::make();
         (RedisSentinels::start_tls(&certs), certs)

@@ -112,10 +112,10 @@ pub async fn permits_left(server: &RedisServer, key: &str, limit: Duration) -> S
 /// longer than `longest` µs (plus the hour of slack the scripts add on a
 /// test clock, see prelude.lua), or is gone.
 pub fn assert_string_state(server: &RedisServer, key: &str, longest: u64, what: &str) {
-    match server.cli(&["TYPE", key]).as_str() {
+    match server.query::<String>(&["TYPE", key]).as_str() {
         "none" => {}
         "string" => {
-            let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap_or(-3);
+            let ttl: i64 = server.query(&["PTTL", key]);
             assert!(ttl > 0, "{what}: {key} has no TTL ({ttl})");
             assert!(
                 ttl.unsigned_abs() <= longest.div_ceil(1000) + 3_600_000,
