@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::shared::SlotMove;
 use ratelimit_core::clock::ManualClock;
 use ratelimit_core::redis::{CoalescingStats, RedisStore, function_library};
 use ratelimit_core::{Check, Decision, Policy, Rate, Store, StoreError};
@@ -619,17 +620,11 @@ async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {
         .collect();
     assert_eq!(of_source.len(), 12);
     let moved = slot_of(&of_source[0]);
-    let target = (source + 1) % 3;
-    // The slot holds no key yet: it moves with SETSLOT alone, unknown to
-    // the store, whose slot map still places it on the source.
-    let target_id = cluster.cli(target, &["CLUSTER", "MYID"]).trim().to_owned();
-    for node in [source, target, 3 - source - target] {
-        let reply = cluster.cli(
-            node,
-            &["CLUSTER", "SETSLOT", &moved.to_string(), "NODE", &target_id],
-        );
-        assert_eq!(reply.trim(), "OK", "SETSLOT on node {node}");
-    }
+    // The slot holds no key yet: it moves at once, unknown to the store,
+    // whose slot map still places it on the source.
+    let slot_move = SlotMove::of(&cluster, moved);
+    let target = slot_move.target;
+    slot_move.give_empty();
     assert_eq!(cluster.master_of(moved), target);
 
     // 64 tasks at once, every other request on the moved key: its calls in

@@ -80,8 +80,8 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
     assert_eq!(cluster.cli(target, &["EXISTS", &key]).trim(), "1");
 }
 
-/// A slot given to another master (`CLUSTER SETSLOT ... NODE`, no key in
-/// it yet) behind the cluster client's back: the first decision on it meets
+/// A slot given to another master (no key in it yet) behind the cluster
+/// client's back: the first decision on it meets
 /// `MOVED` and is answered all the same, and the cluster client reads the
 /// slot map again on it, so the decisions that follow go straight to the
 /// new master: the old one answers `MOVED` about once per connection of the
@@ -101,7 +101,7 @@ async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     // Warm: both connections open, the functions loaded on every master.
     assert!(admits(&store, b"warm", &policy).await);
     store.ping().await.unwrap();
-    slot_move.finish();
+    slot_move.give_empty();
     let moved = || errors(&cluster, source, "MOVED");
     let before = moved();
     assert_counts_down(&store, b"mover", &policy, 20, 99, "after the move").await;

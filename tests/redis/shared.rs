@@ -104,6 +104,19 @@ impl<'a> SlotMove<'a> {
         );
     }
 
+    /// An empty slot given to the target at once: [`begin`](Self::begin),
+    /// then [`finish`](Self::finish). `SETSLOT ... NODE` alone is not a
+    /// move Redis keeps: the target claims the slot under its own config
+    /// epoch, which may be below the source's, and a claim the source
+    /// gossiped before it gave the slot away then hands the slot back to the
+    /// source on the target. Source and target redirect to each other for
+    /// good, every node up and the slot served by none. A target that was
+    /// importing the slot raises its epoch above every other as it takes it.
+    pub(crate) fn give_empty(&self) {
+        self.begin();
+        self.finish();
+    }
+
     /// The slot given to the target on every master.
     pub(crate) fn finish(&self) {
         let (source, target) = (self.source, self.target);
