@@ -602,8 +602,8 @@ async fn on_a_cluster_without_functions_pipelines_go_by_script_and_stay_exact() 
 /// was given to another master after the cluster client read the slot
 /// map): Redis answers that call `MOVED` before running anything, and runs
 /// the pipeline's other calls; the store sends each request of the
-/// redirected call again on its own, through the cluster client, which
-/// follows the redirection. Every request is answered, and each key,
+/// redirected call again on its own, to the master Redis names. Every
+/// request is answered, and each key,
 /// wherever it lives, admits exactly its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_meets_a_moved_slot_sends_its_requests_again() {

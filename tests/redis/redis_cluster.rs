@@ -80,16 +80,13 @@ async fn a_slot_moving_under_live_decisions_keeps_deciding_and_the_limit_exact()
     assert_eq!(cluster.cli(target, &["EXISTS", &key]).trim(), "1");
 }
 
-/// A slot given to another master (no key in it yet) behind the cluster
-/// client's back: the first decision on it meets
-/// `MOVED` and is answered all the same, and the cluster client reads the
-/// slot map again on it, so the decisions that follow go straight to the
-/// new master: the old one answers `MOVED` about once per connection of the
-/// store (its own connection to the master, which carries the coalescer's
-/// pipelines once open, and the cluster client's two: the one that follows
-/// nothing, and the one that follows), not once per call. redis-rs reads
-/// the map again in the background, so on a busy machine a call or two more
-/// may meet `MOVED` before it has: far fewer than the calls all the same.
+/// A slot given to another master (no key in it yet) behind the store's
+/// back: the first decision on it meets `MOVED` and is answered all the
+/// same, on the master named; the store sends that slot's calls to that
+/// master from then on and reads the slot map again, so the old master
+/// answers `MOVED` about once per connection that was under way to it
+/// (the store's own connections carry the coalescer's pipelines and the
+/// calls of their own), not once per call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_is_read_once_and_the_next_calls_go_to_its_new_master() {
     let cluster = RedisCluster::start();

@@ -1,45 +1,57 @@
 //! A Redis Cluster, through redis-rs's cluster client, and the masters'
-//! own connections for pipelines.
+//! own connections.
 //!
 //! redis-rs's cluster client reads the topology, routes each command to the
 //! master of its slot, follows `MOVED` and `ASK`, waits out `TRYAGAIN` and
 //! `CLUSTERDOWN`, reconnects, and reads the slot map again when a node
 //! answers `MOVED`. The store keeps two of its connections:
 //!
-//! - `first`, whose client retries nothing: every script call of its own (a
-//!   decision, a release, a refund) goes out on it once, routed by redis-rs
-//!   to the master of its keys' slot. A reply of `MOVED`, `ASK`,
+//! - `first`, whose client retries nothing: its slot map is the store's
+//!   (see `masters`). Every script call of the store's (a decision, a
+//!   release, a refund) goes out once to the master of its keys' slot in
+//!   that map, on the store's own first connection to that master, or on
+//!   `first` while that connection is not open. A reply of `MOVED`, `ASK`,
 //!   `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT` or `READONLY` means the node did
 //!   not run the call (Redis checks every declared key before it runs a
 //!   script, and a script touches no key it did not declare), and comes
-//!   back to the store instead of being followed. Its slot map is also the
-//!   one by which the coalescer sends each master its pipelines (see
-//!   `masters`);
-//! - `routed`, with redis-rs's retries: a call that came back redirected,
-//!   or whose connection broke (it may have run: sent again, it counts
-//!   twice at worst, which errs towards denying, as on a single node), goes
-//!   again through it, and redis-rs follows the redirection as it always
-//!   does (a call on keys of one slot, all declared, is served by a node
-//!   only when it holds all of them or none: Redis answers `TRYAGAIN` in
-//!   between). Every other command (`PING`, `FUNCTION LOAD`, `DEL`) goes
-//!   through `routed` too.
+//!   back to the store instead of being followed;
+//! - `routed`, with redis-rs's retries: a call whose connection broke (it
+//!   may have run: sent again, it counts twice at worst, which errs towards
+//!   denying, as on a single node), or that came back redirected to a
+//!   master the store has no connection to yet, goes again through it, and
+//!   redis-rs follows the redirection as it always does (a call on keys of
+//!   one slot, all declared, is served by a node only when it holds all of
+//!   them or none: Redis answers `TRYAGAIN` in between). Every other
+//!   command (`PING`, `FUNCTION LOAD`, `DEL`) goes through `routed` too.
 //!
-//! While a slot moves, the store waits out `TRYAGAIN` itself, and follows
-//! an `ASK` itself: `ASKING` and the call in one pipeline on its own
-//! connection to the importing master. redis-rs sends `ASKING`, awaits its
-//! reply, then sends the call, and another call on that connection may
-//! come between them and take the flag: under load the importing master
-//! answered `MOVED` back to the source, which asked again, until redis-rs's
-//! retries ran out or the call timed out, outages while every node was up.
+//! A call that comes back redirected goes again, by the store itself, to
+//! the master Redis names, on the store's own first connection to it: after
+//! `MOVED`, as it is; after `ASK`, as `ASKING` and the call in one
+//! pipeline. And on `MOVED` the store opens both connections again
+//! ([`Cluster::refresh`]; redis-rs reads the slot map as it opens them), so
+//! the calls that follow go to the new master. Why not redis-rs's
+//! following:
 //!
-//! Both see `MOVED` and read the slot map again. A release follows its check
-//! on `first`, so on the same connection to the same node, after it. The
-//! coalescer's pipelines go on connections of the store's own to each
-//! master (see `masters`); a call of a pipeline that Redis redirects goes
-//! again as a call of its own, here.
+//! - it sends `ASKING`, awaits its reply, then sends the call, and another
+//!   call on that connection may come between them and take the flag: under
+//!   load the importing master answered `MOVED` back to the source, which
+//!   asked again, until redis-rs's retries ran out or the call timed out,
+//!   outages while every node was up;
+//! - on `MOVED`, redis-rs 1.8 reads the slot map again under a lock that
+//!   its own requests, waiting and not polled meanwhile, can hold: in about
+//!   one slot move of a hundred under load, that client served nothing
+//!   until each of its calls timed out.
 //!
-//! A master that hangs answers nothing, not even `MOVED`, and redis-rs keeps
-//! sending its slots' calls there after its replica has been promoted. So a
+//! While a slot moves, the store also waits out `TRYAGAIN` itself. A
+//! release follows its check on the same first connection to the same
+//! master, so it runs after it. (A check redirected and then dropped by its
+//! caller in flight may have its release run first, on another connection:
+//! the permit is then held until its lease ends.) The coalescer's pipelines
+//! go on the masters' connections too (see `masters`); a call of a pipeline
+//! that Redis redirects goes again as a call of its own, here.
+//!
+//! A master that hangs answers nothing, not even `MOVED`, and the slot map
+//! keeps sending its slots' calls there after its replica has been promoted. So a
 //! call that times out makes the store open both connections again
 //! (redis-rs reads the slot map as it opens them), at once and then every
 //! [`REFRESH_EVERY`] for [`FAILOVER_WATCH`] after the last such call
@@ -48,8 +60,9 @@
 //! (the slot map the pipelines follow with them); calls in flight finish
 //! on the old ones. The same happens when the cluster client's own task is
 //! gone with the runtime that ran it. (A master that refuses connections
-//! needs none of this: redis-rs sends its slots' calls to a node of its
-//! shard, which serves them once promoted.)
+//! needs none of this: its calls go through `routed` and `first`, and
+//! redis-rs sends them to a node of its shard, which serves them once
+//! promoted.)
 
 use std::future::Future;
 use std::pin::pin;
@@ -61,10 +74,11 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant as Deadline;
 
+use super::connections::Connections as MasterConnections;
 use super::masters::{Masters, SlotMap, Watchers};
 use super::scripts::Command;
 use super::{Inner, backend_error, breaks_connection, cluster_error, slot_number};
@@ -174,9 +188,9 @@ impl Cluster {
     }
 
     /// A call timed out (or found the cluster client's task gone): the node
-    /// may hang, and its replica be promoted. redis-rs reads the slot map again
-    /// only when a node answers `MOVED`, which a hung master never does, so
-    /// the store opens both connections again now (redis-rs reads the slot
+    /// may hang, and its replica be promoted. The store reads the slot map
+    /// again when a node answers `MOVED`, which a hung master never does, so
+    /// it opens both connections again now (redis-rs reads the slot
     /// map as it opens them), then every [`REFRESH_EVERY`] until
     /// [`FAILOVER_WATCH`] has passed without another such call: the calls
     /// that follow a promotion find its master at any rate of traffic, one
@@ -187,15 +201,36 @@ impl Cluster {
             .millis()
             .saturating_add(u64::try_from(FAILOVER_WATCH.as_millis()).unwrap_or(u64::MAX));
         shared.watch_until.fetch_max(until, Ordering::Relaxed);
+        self.refresh();
+    }
+
+    /// If `e` is a `MOVED` of `slot`: the store's slot map is out of date.
+    /// The slot goes to the master named until the map is read again, and
+    /// both connections open again once (redis-rs reads the slot map as it
+    /// opens them), unless that is under way.
+    fn moved(&self, slot: Slot, e: &redis::RedisError) {
+        if e.kind() != ErrorKind::Server(ServerErrorKind::Moved) {
+            return;
+        }
+        if let (Some(slot), Some((address, _))) = (slot_number(slot), e.redirect_node()) {
+            let connections = self.shared.connections.read();
+            self.shared
+                .masters
+                .moved(&connections.slot_map, slot, address);
+        }
+        self.refresh();
+    }
+
+    /// Opens both connections again once (redis-rs reads the slot map as it
+    /// opens them), unless that is under way.
+    fn refresh(&self) {
+        let shared = &self.shared;
         if shared.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let refreshing = Refreshing(shared.clone());
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(refreshing.run());
-            }
-            Err(_) => drop(refreshing),
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(refreshing.run());
         }
     }
 }
@@ -207,7 +242,8 @@ impl Shared {
 }
 
 /// The task that opens the connections again; when it ends, or is dropped
-/// with its runtime, the next call that times out starts another.
+/// with its runtime, the next call that times out or meets `MOVED` starts
+/// another.
 struct Refreshing(Arc<Shared>);
 
 impl Refreshing {
@@ -281,9 +317,10 @@ async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
 
 impl Inner {
     /// Runs `cmd` on the cluster before `deadline`: a script call goes out
-    /// on `first`, to the master of its first key's slot, and, when Redis
-    /// redirects it, again through `routed`; any other command through
-    /// `routed`.
+    /// to the master of its slot on the store's own first connection to it
+    /// (through `first` while that connection is not open), follows a
+    /// redirection the same way, and goes again through `routed` after a
+    /// broken connection; any other command through `routed`.
     pub(super) async fn run_on_cluster(
         &self,
         cluster: &Cluster,
@@ -310,24 +347,32 @@ impl Inner {
             Some(Ok(value)) => Ok(value),
         };
         let connections = cluster.shared.connections.read().clone();
-        let Some(route) = cmd.route() else {
+        let Some(slot) = cmd.slot() else {
             let mut routed = connections.routed.clone();
             let cmd = cmd.cmd();
             let sent = cmd.query_async::<Value>(&mut routed);
             return outcome(tokio::time::timeout_at(deadline, sent).await.ok());
         };
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+            Route::with_slot(slot, SlotAddr::Master),
+        ));
         let retry_wait = cluster.shared.retry_wait;
         loop {
-            let mut first = connections.first.clone();
-            let sent = first.route_command(cmd.cmd().into_owned(), routing.clone());
-            let sent = async { sent.await.and_then(Value::extract_error) };
-            let e = match tokio::time::timeout_at(deadline, sent).await {
+            let sent = match self.on_master_of(cluster, &connections, slot, cmd, deadline) {
+                Some(sent) => Some(sent.await),
+                None => {
+                    let mut first = connections.first.clone();
+                    let sent = first.route_command(cmd.cmd().into_owned(), routing.clone());
+                    let sent = async { sent.await.and_then(Value::extract_error) };
+                    tokio::time::timeout_at(deadline, sent).await.ok()
+                }
+            };
+            let e = match sent {
                 // A connection that broke after the write may have run the
                 // call: sent again, it counts twice at worst, which errs
                 // towards denying, as on a single node's connections.
-                Ok(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => e,
-                other => return outcome(other.ok()),
+                Some(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => e,
+                other => return outcome(other),
             };
             // The slot is moving and the call's keys are split between its
             // two nodes: nothing ran; again while the call has time.
@@ -337,17 +382,22 @@ impl Inner {
                 tokio::time::sleep(retry_wait).await;
                 continue;
             }
-            // The slot is moving and the call's keys are not on its owner:
-            // asked of the importing master here (see `asked`), not through
-            // `routed`, whose `ASKING` another call may take.
-            if e.kind() == ErrorKind::Server(ServerErrorKind::Ask)
-                && let Some(asked) = self.asked(cluster, &e, cmd, deadline).await
+            // The slot moved (the store's slot map is out of date: read it
+            // again), or is moving and the call's keys are not on its
+            // owner: sent to the master Redis names, on the store's own
+            // connection to it.
+            cluster.moved(slot, &e);
+            if matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            ) && let Some(redirected) = self.redirected(cluster, &e, cmd, deadline)
             {
-                match asked {
+                match redirected.await {
                     // Nothing ran (the keys are split between the nodes, or
-                    // the move ended): again from the start, while the call
-                    // has time.
+                    // the slot moved on): again from the start, while the
+                    // call has time.
                     Err(e) if not_run(&e) && Deadline::now() + retry_wait < deadline => {
+                        cluster.moved(slot, &e);
                         tokio::time::sleep(retry_wait).await;
                         continue;
                     }
@@ -379,68 +429,110 @@ impl Inner {
             }
         }
     }
-}
 
-impl Inner {
-    /// Sends `cmd`, which met `ask` (an `ASK`), to the importing master it
-    /// names as `ASKING` and the call in one pipeline on the store's own
-    /// connection to that master: one write, so no other command on the
-    /// connection comes between them and takes the flag (redis-rs's cluster
-    /// client sends `ASKING` and awaits it before it sends the call, and a
-    /// call that took another's flag is served by the importing master as if
-    /// redirected, a call whose flag was taken meets `MOVED` back to the
-    /// source; under load the two nodes answered the same call in turn
-    /// until redis-rs's retries ran out). `None` when that connection is
-    /// not open (the caller goes through `routed`).
-    async fn asked(
+    /// Sends `cmd` to the master of `slot` in the slot map of
+    /// `connections`, on the store's own first connection to it; `None`
+    /// when the map names no master or that connection is not open (it
+    /// opens meanwhile).
+    fn on_master_of<'a>(
         &self,
         cluster: &Cluster,
-        ask: &redis::RedisError,
-        cmd: &dyn Command,
+        connections: &Connections,
+        slot: Slot,
+        cmd: &'a dyn Command,
         deadline: Deadline,
-    ) -> Option<Result<Value, redis::RedisError>> {
-        use redis::aio::ConnectionLike;
+    ) -> Option<impl Future<Output = Result<Value, redis::RedisError>> + 'a> {
+        let masters = cluster.masters();
+        let lane = masters.lane_of(&connections.slot_map, slot_number(slot)?)?;
+        on_first_connection(masters.connections(lane)?, None, cmd, deadline)
+    }
 
-        let (address, _) = ask.redirect_node()?;
+    /// Sends `cmd`, which met `redirect` (a `MOVED` or an `ASK`), to the
+    /// master it names, on the store's own first connection to that master;
+    /// after an `ASK`, as `ASKING` and the call in one pipeline. `None` when
+    /// that connection is not open (the caller goes through `routed`).
+    ///
+    /// One write, so no other command on the connection comes between
+    /// `ASKING` and the call and takes the flag: redis-rs's cluster client
+    /// sends `ASKING` and awaits it before it sends the call, a call that
+    /// took another's flag is served by the importing master as if
+    /// redirected, and one whose flag was taken meets `MOVED` back to the
+    /// source; under load the two nodes answered the same call in turn until
+    /// redis-rs's retries ran out.
+    fn redirected<'a>(
+        &self,
+        cluster: &Cluster,
+        redirect: &redis::RedisError,
+        cmd: &'a dyn Command,
+        deadline: Deadline,
+    ) -> Option<impl Future<Output = Result<Value, redis::RedisError>> + 'a> {
+        let asking = redirect.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+        let (address, _) = redirect.redirect_node()?;
         let connections = cluster.masters().connections_at(address)?;
-        // Always the first: a permit's release, asked too, then runs after
-        // its check (Redis runs one connection's commands in order).
-        let slot = 0;
-        let Some((id, mut link)) = connections.current(slot) else {
-            connections.open_soon(slot);
-            return None;
-        };
+        on_first_connection(
+            connections,
+            asking.then(|| redis::cmd("ASKING")),
+            cmd,
+            deadline,
+        )
+    }
+}
+
+/// Sends `cmd`, after `before` if given, in one pipeline on the first
+/// connection of `connections` (a master's), before `deadline`; `None` when
+/// that connection is not open (it opens meanwhile).
+///
+/// Always the first: a permit's release then goes on the connection its
+/// check went on, and runs after it (Redis runs one connection's commands
+/// in order).
+fn on_first_connection<'a>(
+    connections: Arc<MasterConnections>,
+    before: Option<redis::Cmd>,
+    cmd: &'a dyn Command,
+    deadline: Deadline,
+) -> Option<impl Future<Output = Result<Value, redis::RedisError>> + 'a> {
+    use redis::aio::ConnectionLike;
+
+    let slot = 0;
+    let Some((id, mut link)) = connections.current(slot) else {
+        connections.open_soon(slot);
+        return None;
+    };
+    Some(async move {
         let mut pipeline = redis::Pipeline::with_capacity(2);
-        pipeline.add_command(redis::cmd("ASKING"));
+        if let Some(before) = before {
+            pipeline.add_command(before);
+        }
         pipeline.add_command(cmd.cmd().into_owned());
-        let sent = link.req_packed_commands(&pipeline, 0, 2);
-        let result = match tokio::time::timeout_at(deadline, sent).await {
-            Ok(result) => result,
-            Err(_) => {
-                cluster.watch();
-                return Some(Err(redis::RedisError::from(std::io::Error::new(
+        let sent = link.req_packed_commands(&pipeline, 0, pipeline.len());
+        let result = tokio::time::timeout_at(deadline, sent)
+            .await
+            .unwrap_or_else(|_| {
+                Err(redis::RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    "the importing master did not answer in time",
-                ))));
-            }
-        };
+                    "the master did not answer in time",
+                )))
+            });
         if result.as_ref().is_err_and(breaks_connection) {
             connections.discard(slot, id);
         }
         // `ASKING` refused (`NOPERM`: the user lacks it) is the call's
         // error, a mistake to fix: without the flag the call meets `MOVED`,
         // and would go on asking until it timed out.
-        Some(
-            result.and_then(|values| match <[Value; 2]>::try_from(values) {
-                Ok([asking, value]) => asking.extract_error().and_then(|_| value.extract_error()),
-                Err(values) => Err(redis::RedisError::from((
+        result.and_then(|values| {
+            if values.len() != pipeline.len() {
+                return Err(redis::RedisError::from((
                     ErrorKind::Parse,
-                    "a pipeline of two commands answered",
-                    format!("{} replies", values.len()),
-                ))),
-            }),
-        )
-    }
+                    "a pipeline answered another number of replies than it sent",
+                    format!("{} replies to {}", values.len(), pipeline.len()),
+                )));
+            }
+            // The call's reply, or the first error (`before`'s, then the call's).
+            values
+                .into_iter()
+                .try_fold(Value::Nil, |_, value| value.extract_error())
+        })
+    })
 }
 
 /// Whether `e` says the node did not run the call, its slot being served

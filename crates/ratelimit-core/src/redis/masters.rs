@@ -15,8 +15,8 @@
 //! - an error reply (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`:
 //!   the slot is served elsewhere or not at all now; or `Function not
 //!   found`, `NOSCRIPT` and the like) sends each of the call's requests
-//!   again on its own, through the cluster client, where it meets the path
-//!   of a call of its own: redirections followed, scripts reloaded, errors
+//!   again on its own, where it meets the path of a call of its own (see
+//!   `cluster`): redirections followed, scripts reloaded, errors
 //!   reported (a missing function library is loaded once for the pipeline
 //!   first, not once per request). Redis checks the slot's ownership and every declared key
 //!   before it runs a script, so a redirected call ran nowhere, and sending
@@ -37,13 +37,14 @@
 //! client's `first` connection last read it: the store hears it through
 //! [`ReadRoutingStrategy::on_topology_changed`] (the strategy routes no
 //! read elsewhere: every script call goes to a master). A map out of date
-//! sends a call to a master that answers `MOVED`; its requests go again
-//! through that same `first` connection, which meets the same `MOVED`, reads
-//! the slot map again, and so brings the store's up to date.
+//! sends a call to a master that answers `MOVED`; its requests go again on
+//! their own, follow the redirection, and have the store open the cluster
+//! client's connections again, which reads the slot map again.
 //!
 //! Requests that hold concurrency permits never go in a pipeline: their
 //! release must follow them on the connection they went on (see
-//! `unclaimed`), which the cluster client's `first` connection keeps.
+//! `unclaimed`): a call of its own goes on its master's first connection,
+//! and so does the release.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,6 +229,20 @@ impl Masters {
             .filter(|&lane| lane != UNSERVED)
     }
 
+    /// A node answered `MOVED` for `slot`, naming the known master at
+    /// `address`: the slot's lane in `map` is that master's until the map
+    /// is read again (the calls in between go straight there).
+    pub(super) fn moved(&self, map: &SlotMap, slot: u16, address: &str) {
+        let Some(lane) = self.index_of(address).and_then(|i| u16::try_from(i).ok()) else {
+            return;
+        };
+        // The lanes found first, from the map as it is.
+        self.lane_of(map, slot);
+        if let Some(found) = map.0.write().lanes.get_mut(usize::from(slot)) {
+            *found = lane;
+        }
+    }
+
     /// The lane of `primary`, a master of `topology` (added if new).
     fn lane_of_primary(&self, topology: &ClusterTopology, primary: &NodeAddress) -> Option<u16> {
         let found = self
@@ -272,12 +287,20 @@ impl Masters {
 
     /// The connections of the known master at `address` (`host:port`).
     pub(super) fn connections_at(&self, address: &str) -> Option<Arc<Connections>> {
-        let address = NodeAddress::try_from(address).ok()?;
-        let known = self.known.read();
-        known
-            .iter()
-            .find(|master| master.address == address)
+        let index = self.index_of(address)?;
+        self.known
+            .read()
+            .get(index)
             .map(|master| master.connections.clone())
+    }
+
+    /// The index of the known master at `address` (`host:port`).
+    fn index_of(&self, address: &str) -> Option<usize> {
+        let address = NodeAddress::try_from(address).ok()?;
+        self.known
+            .read()
+            .iter()
+            .position(|master| master.address == address)
     }
 
     /// The connections of the master of `lane`.

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use redis::aio::ConnectionLike;
 #[cfg(feature = "redis-cluster")]
-use redis::cluster_routing::{Route, SlotAddr};
+use redis::cluster_routing::Slot;
 use redis::{RedisError, Script};
 
 use super::errors::is_noscript;
@@ -344,7 +344,7 @@ pub(super) trait CallKeys: Sync {
     /// On a Redis Cluster, where the call goes: the master of its first
     /// key's hash slot (every key of a call is in that slot).
     #[cfg(feature = "redis-cluster")]
-    fn route(&self) -> Option<Route>;
+    fn slot(&self) -> Option<Slot>;
 }
 
 impl CallKeys for [String] {
@@ -363,8 +363,8 @@ impl CallKeys for [String] {
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn route(&self) -> Option<Route> {
-        <[String]>::first(self).map(|key| Route::with_key(key, SlotAddr::Master))
+    fn slot(&self) -> Option<Slot> {
+        <[String]>::first(self).map(Slot::for_key)
     }
 }
 
@@ -389,11 +389,8 @@ impl<'a, I: Iterator<Item = &'a String> + Clone + Sync> CallKeys for StateKeys<I
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn route(&self) -> Option<Route> {
-        self.0
-            .clone()
-            .next()
-            .map(|key| Route::with_key(key, SlotAddr::Master))
+    fn slot(&self) -> Option<Slot> {
+        self.0.clone().next().map(Slot::for_key)
     }
 }
 
@@ -402,11 +399,11 @@ impl<'a, I: Iterator<Item = &'a String> + Clone + Sync> CallKeys for StateKeys<I
 pub(super) trait Command: Sync {
     /// The command as redis-rs's `Cmd`.
     fn cmd(&self) -> Cow<'_, redis::Cmd>;
-    /// A script call's (`FCALL`, `EVALSHA`, `EVAL`) route on a cluster: the
-    /// master of its keys' slot. `None` for any other command, which
-    /// redis-rs routes itself.
+    /// A script call's (`FCALL`, `EVALSHA`, `EVAL`) hash slot on a cluster,
+    /// whose master runs it. `None` for any other command, which redis-rs
+    /// routes itself.
     #[cfg(feature = "redis-cluster")]
-    fn route(&self) -> Option<Route> {
+    fn slot(&self) -> Option<Slot> {
         None
     }
 }
@@ -443,8 +440,8 @@ impl<K: CallKeys + ?Sized> Command for Invocation<'_, K> {
     }
 
     #[cfg(feature = "redis-cluster")]
-    fn route(&self) -> Option<Route> {
-        self.keys.route()
+    fn slot(&self) -> Option<Slot> {
+        self.keys.slot()
     }
 }
 
