@@ -209,15 +209,6 @@ async fn decisions_survive_killed_connections_and_keep_the_limit_exact() {
     assert_eq!(admitted, limit, "35 requests, the limit admitted exactly");
 }
 
-/// The `INFO stats` counter `field` of `node`.
-fn stat(cluster: &RedisCluster, node: usize, field: &str) -> u64 {
-    let info = cluster.cli(node, &["INFO", "stats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in INFO stats:\n{info}"))
-}
-
 /// `n` keys whose state keys under `policy` live on `master`.
 fn keys_of_master(
     cluster: &RedisCluster,
@@ -238,56 +229,6 @@ fn keys_of_master(
         })
         .take(n)
         .collect()
-}
-
-/// Decisions that tasks start in one turn of the runtime, on keys of one
-/// master (coalescing off, so each its own call), reach that
-/// master in one write: its reads carry many commands each, where a write
-/// per call gave it about one. One worker thread, as the runtime's wake
-/// order (the connection's task runs right after each caller) is the same
-/// on every worker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn calls_started_together_go_to_their_master_in_one_write() {
-    let cluster = RedisCluster::start();
-    let store = build(RedisStore::cluster_builder(cluster.urls()).max_batch(1)).await;
-    let policy = fixed_window("together", 100, NO_EDGE);
-    let keys = keys_of_master(&cluster, &store, &policy, 0, 40);
-    // Warm: every connection open, the functions loaded.
-    for key in &keys {
-        assert!(admits(&store, key.as_bytes(), &policy).await);
-    }
-    let (reads, commands) = (
-        stat(&cluster, 0, "total_reads_processed"),
-        stat(&cluster, 0, "total_commands_processed"),
-    );
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(keys.len()));
-    let tasks: Vec<_> = keys
-        .iter()
-        .map(|key| {
-            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
-            let barrier = barrier.clone();
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.check(key.as_bytes(), &policy, 1).await
-            })
-        })
-        .collect();
-    for task in tasks {
-        let decision = task.await.unwrap().expect("a decision");
-        assert!(
-            decision.is_allowed() && decision.remaining() == 98,
-            "{decision:?}"
-        );
-    }
-    // Less the `INFO` that read the counters: one read, one command. (A
-    // script's own commands count too: 4 per decision.)
-    let reads = stat(&cluster, 0, "total_reads_processed") - reads - 1;
-    let commands = stat(&cluster, 0, "total_commands_processed") - commands - 1;
-    assert!(commands >= 40, "{commands} commands");
-    assert!(
-        reads <= 8,
-        "40 calls started together took {reads} reads ({commands} commands)"
-    );
 }
 
 /// A semaphore check whose caller goes away after it was queued, before it
