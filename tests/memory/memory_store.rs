@@ -23,31 +23,45 @@ fn every_algorithm(limit: u64) -> Vec<Policy> {
     ]
 }
 
+/// How many of `threads` × `per_thread` checks of the key `hot` at cost 1
+/// pass, thread `t` checking under `policies[t % policies.len()]`, while
+/// `beside` runs on a thread of its own.
+fn hot_key_admissions(
+    store: &MemoryStore<ManualClock>,
+    policies: &[&Policy],
+    threads: usize,
+    per_thread: usize,
+    beside: impl FnOnce() + Send,
+) -> u64 {
+    let admitted = AtomicU64::new(0);
+    thread::scope(|s| {
+        for t in 0..threads {
+            let (policy, admitted) = (policies[t % policies.len()], &admitted);
+            s.spawn(move || {
+                for _ in 0..per_thread {
+                    if store.check_now(b"hot", policy, 1).unwrap().is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        s.spawn(beside);
+    });
+    admitted.into_inner()
+}
+
 /// 8 threads hammer one key; with the clock frozen, exactly `limit` pass.
 #[test]
 fn eight_threads_on_one_key_admit_exactly_the_limit() {
     const LIMIT: u64 = 1_000;
-    const THREADS: u64 = 8;
-    const PER_THREAD: u64 = 400; // 3,200 attempts for 1,000 slots
+    const THREADS: usize = 8;
+    const PER_THREAD: usize = 400; // 3,200 attempts for 1,000 slots
     for policy in every_algorithm(LIMIT) {
         let store = MemoryStore::builder()
             .clock(ManualClock::new(1_000_000_007))
             .build();
-        let admitted = AtomicU64::new(0);
-        thread::scope(|s| {
-            for _ in 0..THREADS {
-                s.spawn(|| {
-                    for _ in 0..PER_THREAD {
-                        let d = store.check_now(b"hot", &policy, 1).unwrap();
-                        if d.is_allowed() {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
         assert_eq!(
-            admitted.load(Ordering::Relaxed),
+            hot_key_admissions(&store, &[&policy], THREADS, PER_THREAD, || {}),
             LIMIT,
             "{}: admitted count",
             policy.name()
@@ -78,38 +92,22 @@ fn one_shard() -> (ManualClock, MemoryStore<ManualClock>) {
 #[test]
 fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_written() {
     const LIMIT: u64 = 1_000;
-    const READERS: u64 = 4;
-    const PER_READER: u64 = 2_000;
     const WRITES: usize = 2_000;
     let (clock, store) = one_shard();
     let policy = Policy::gcra(LIMIT, Rate::per_hour(1)).unwrap();
-    let admitted = AtomicU64::new(0);
-    let count = |allowed: bool| {
-        if allowed {
-            admitted.fetch_add(1, Ordering::Relaxed);
-        }
-    };
     // The key exists, and the clock is past the span a write leaves the
     // lock unbiased: the first read turns the bias on.
-    count(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
+    let first = u64::from(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
     clock.advance(Duration::from_secs(1));
-    thread::scope(|s| {
-        for _ in 0..READERS {
-            s.spawn(|| {
-                for _ in 0..PER_READER {
-                    count(store.check_now(b"hot", &policy, 1).unwrap().is_allowed());
-                }
-            });
+    // 4 readers of 2,000 checks each.
+    let read = hot_key_admissions(&store, &[&policy], 4, 2_000, || {
+        for i in 0..WRITES {
+            clock.advance(Duration::from_millis(2));
+            let key = format!("new-{i}");
+            assert!(admits_now(&store, key.as_bytes(), &policy, 1));
         }
-        s.spawn(|| {
-            for i in 0..WRITES {
-                clock.advance(Duration::from_millis(2));
-                let key = format!("new-{i}");
-                assert!(admits_now(&store, key.as_bytes(), &policy, 1));
-            }
-        });
     });
-    assert_eq!(admitted.load(Ordering::Relaxed), LIMIT);
+    assert_eq!(first + read, LIMIT);
     assert_eq!(store.check_now(b"hot", &policy, 0).unwrap().remaining(), 0);
     assert_eq!(store.len(), 1 + WRITES);
 }
@@ -124,8 +122,6 @@ fn a_hot_key_read_without_the_lock_admits_exactly_the_limit_while_its_shard_is_w
 #[test]
 fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
     const BURST: u64 = 100;
-    const THREADS: usize = 4;
-    const PER_THREAD: usize = 300;
     const ROUNDS: u64 = 40;
     const STEP: u64 = 7; // units refilled between rounds
     let (clock, store) = one_shard();
@@ -134,29 +130,16 @@ fn threads_on_a_hot_key_admit_exactly_what_each_step_refills() {
     assert!(!policy.ptr_eq(&same_name));
     assert_eq!(policy.name(), same_name.name());
     for round in 0..ROUNDS {
-        let admitted = AtomicU64::new(0);
-        thread::scope(|s| {
-            for t in 0..THREADS {
-                let (store, admitted) = (&store, &admitted);
-                let policy = if t % 2 == 0 { &policy } else { &same_name };
-                s.spawn(move || {
-                    for _ in 0..PER_THREAD {
-                        if store.check_now(b"hot", policy, 1).unwrap().is_allowed() {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
+        // 4 threads of 300 checks each, every other one under `same_name`.
+        let admitted = hot_key_admissions(&store, &[&policy, &same_name], 4, 300, || {
+            for i in 0..20 {
+                let key = format!("round-{round}-key-{i}");
+                assert!(admits_now(&store, key.as_bytes(), &policy, 1));
+                thread::yield_now();
             }
-            s.spawn(|| {
-                for i in 0..20 {
-                    let key = format!("round-{round}-key-{i}");
-                    assert!(admits_now(&store, key.as_bytes(), &policy, 1));
-                    thread::yield_now();
-                }
-            });
         });
         let expected = if round == 0 { BURST } else { STEP };
-        assert_eq!(admitted.load(Ordering::Relaxed), expected, "round {round}");
+        assert_eq!(admitted, expected, "round {round}");
         assert_eq!(store.check_now(b"hot", &policy, 0).unwrap().remaining(), 0);
         clock.advance(Duration::from_micros(STEP * 1_000));
     }

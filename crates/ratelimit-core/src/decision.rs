@@ -266,17 +266,27 @@ impl PermitIds {
     }
 }
 
-impl fmt::Debug for PermitId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PermitId({:032x})", self.0)
-    }
-}
+/// `Debug` and `Display` of a 128-bit id type (a tuple struct of a `u128`):
+/// 32 hex digits, and in `Debug` the type's name around them. A macro, since
+/// a function cannot implement traits; the ids print alike wherever logged.
+macro_rules! hex_id_fmt {
+    ($id:ident) => {
+        impl ::std::fmt::Debug for $id {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                write!(f, concat!(stringify!($id), "({:032x})"), self.0)
+            }
+        }
 
-impl fmt::Display for PermitId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
+        impl ::std::fmt::Display for $id {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                write!(f, "{:032x}", self.0)
+            }
+        }
+    };
 }
+pub(crate) use hex_id_fmt;
+
+hex_id_fmt!(PermitId);
 
 #[cfg(test)]
 mod tests {
@@ -289,6 +299,11 @@ mod tests {
         let permit = PermitId((0x0123_4567_89ab_cdef << 64) | 0xfedc_ba98_7654_3210);
         let decision = Decision::allow(10, 9, 100).with_permit(permit);
         assert_eq!(decision.permit(), Some(permit));
+        assert_eq!(permit.to_string(), "0123456789abcdeffedcba9876543210");
+        assert_eq!(
+            format!("{permit:?}"),
+            "PermitId(0123456789abcdeffedcba9876543210)"
+        );
         assert_eq!(Decision::allow(10, 9, 100).permit(), None);
         assert_ne!(decision, Decision::allow(10, 9, 100));
         assert_eq!(

@@ -1,7 +1,6 @@
 //! Settlements ([`Store::settle`](crate::Store::settle)): a request that
 //! reserved an estimate before it ran pays what it really cost once it knows.
 
-use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
@@ -116,17 +115,7 @@ impl SettlementId {
     }
 }
 
-impl fmt::Debug for SettlementId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SettlementId({:032x})", self.0)
-    }
-}
-
-impl fmt::Display for SettlementId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
+crate::decision::hex_id_fmt!(SettlementId);
 
 /// One limit to settle, merged: what it consumed, what it cost.
 #[derive(Debug, Clone, Copy)]
@@ -251,6 +240,10 @@ mod tests {
         assert_eq!(ids.len(), 1_000);
         assert_eq!(SettlementId(0xab).to_string(), format!("{:0>32}", "ab"));
         assert_eq!(SettlementId(u128::MAX).to_string().len(), 32);
+        assert_eq!(
+            format!("{:?}", SettlementId(0xab)),
+            format!("SettlementId({:0>32})", "ab")
+        );
     }
 
     /// What a settlement to 0 of a reservation of 10 held for `held` ms,

@@ -26,6 +26,19 @@ fn named(policy: Result<Policy, crate::PolicyError>, name: &str) -> Policy {
     policy.expect("valid").with_name(name).expect("valid name")
 }
 
+/// A policy of each algorithm that settles, named after it: `limit` per
+/// `window` for the windows, `limit` refilled at `rate` for the buckets.
+fn every_settling(limit: u64, window: Duration, rate: Rate) -> [Policy; 6] {
+    [
+        named(Policy::fixed_window(limit, window), "fixed"),
+        named(Policy::sliding_window_log(limit, window), "log"),
+        named(Policy::sliding_window_counter(limit, window), "counter"),
+        named(Policy::token_bucket(limit, rate), "tb"),
+        named(Policy::gcra(limit, rate), "gcra"),
+        named(Policy::leaky_bucket(limit, rate), "leaky"),
+    ]
+}
+
 /// Reserves `estimate` of `key` under `policy` (allowed), then settles it
 /// to `actual` under a fresh id; returns the settlement's decision.
 fn reserve_and_settle(
@@ -96,13 +109,8 @@ fn a_token_bucket_in_debt_denies_until_the_refill_pays_it() {
 /// difference, so the next request waits exactly as long as the bucket's.
 #[test]
 fn a_gcra_or_leaky_bucket_in_debt_waits_for_its_next_free_slot() {
-    for policy in [
-        named(Policy::gcra(1_000, Rate::per_minute(1_000)), "gcra"),
-        named(
-            Policy::leaky_bucket(1_000, Rate::per_minute(1_000)),
-            "leaky",
-        ),
-    ] {
+    let [.., gcra, leaky] = every_settling(1_000, Duration::from_secs(60), Rate::per_minute(1_000));
+    for policy in [gcra, leaky] {
         let (store, clock) = store();
         let settled = reserve_and_settle(&store, b"k", &policy, 1, 1_200);
         assert!(!settled.is_allowed(), "{}", policy.name());
@@ -123,11 +131,7 @@ fn a_gcra_or_leaky_bucket_in_debt_waits_for_its_next_free_slot() {
 /// window as its previous count.
 #[test]
 fn windows_count_over_the_limit_until_the_window_ends() {
-    let fixed = named(Policy::fixed_window(10, Duration::from_secs(1)), "fixed");
-    let log = named(
-        Policy::sliding_window_log(10, Duration::from_secs(1)),
-        "log",
-    );
+    let [fixed, log, counter, ..] = every_settling(10, Duration::from_secs(1), Rate::per_hour(10));
     for policy in [fixed, log] {
         let (store, clock) = store();
         clock.advance(us(SECOND / 4));
@@ -144,10 +148,6 @@ fn windows_count_over_the_limit_until_the_window_ends() {
     }
 
     let (store, clock) = store();
-    let counter = named(
-        Policy::sliding_window_counter(10, Duration::from_secs(1)),
-        "counter",
-    );
     let settled = reserve_and_settle(&store, b"k", &counter, 1, 15);
     assert!(!settled.is_allowed());
     // Next window: 15 weighted by what is left of the previous one; 10 fit
@@ -172,20 +172,7 @@ fn windows_count_over_the_limit_until_the_window_ends() {
 /// changes nothing, and nothing is ever given back beyond a full budget.
 #[test]
 fn a_lower_cost_gives_back_never_beyond_a_full_budget() {
-    for policy in [
-        named(Policy::fixed_window(10, Duration::from_secs(60)), "fixed"),
-        named(
-            Policy::sliding_window_log(10, Duration::from_secs(60)),
-            "log",
-        ),
-        named(
-            Policy::sliding_window_counter(10, Duration::from_secs(60)),
-            "counter",
-        ),
-        named(Policy::token_bucket(10, Rate::per_hour(10)), "tb"),
-        named(Policy::gcra(10, Rate::per_hour(10)), "gcra"),
-        named(Policy::leaky_bucket(10, Rate::per_hour(10)), "leaky"),
-    ] {
+    for policy in every_settling(10, Duration::from_secs(60), Rate::per_hour(10)) {
         let name = policy.name().to_owned();
         let (store, _clock) = store();
         let lower = reserve_and_settle(&store, b"a", &policy, 8, 3);
