@@ -11,6 +11,7 @@
 //! modules run side by side in one binary, which the suite links once.
 
 mod admin;
+mod attack_moves;
 mod attack_redis;
 mod bb8_pool;
 mod bounded_work;
