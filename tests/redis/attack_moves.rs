@@ -228,13 +228,17 @@ fn load(
 }
 
 /// After the load: each key admitted at most `limit`, and exactly the rest
-/// of it is left (a check of the rest is allowed, one more denied).
+/// of it is left (a check of the rest is allowed, one more denied), unless
+/// `resent`: connections were killed, and a call whose connection broke
+/// may have run and is sent again, counted twice at worst (towards
+/// denying), never admitted twice.
 async fn assert_exact(
     store: &RedisStore,
     policy: &Policy,
     keys: &[String],
     limit: u64,
     tally: &Tally,
+    resent: bool,
 ) {
     let mut over = Vec::new();
     let mut short = Vec::new();
@@ -270,7 +274,7 @@ async fn assert_exact(
     );
     // A check that failed may have run: counted, never admitted.
     assert!(
-        short.is_empty() || tally.errors.load(Ordering::Relaxed) > 0,
+        short.is_empty() || resent || tally.errors.load(Ordering::Relaxed) > 0,
         "keys counted more than admitted (double counts), (key, admitted, remaining): {short:?}"
     );
 }
@@ -361,7 +365,7 @@ async fn ping_pong_killing(max_batch: Option<usize>, moves: usize, pause: Durati
         &tally,
         started,
     );
-    assert_exact(&store, &policy, &keys, limit, &tally).await;
+    assert_exact(&store, &policy, &keys, limit, &tally, kill).await;
     assert_no_errors(&tally);
 }
 
@@ -371,7 +375,6 @@ async fn attack_moves_ping_pong_coalesced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: killed connections under load fail calls (timeouts, ClusterConnectionNotFound, MOVED) while every node is up; run with --ignored"]
 async fn attack_moves_ping_pong_killing_connections() {
     ping_pong_killing(None, 6, Duration::from_millis(2), true).await;
 }
@@ -384,7 +387,6 @@ async fn attack_moves_ping_pong_max_batch_1() {
 /// The control of [`attack_moves_ping_pong_killing_connections`]: the
 /// same kills under the same load, and no slot moving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: killed connections under load fail calls while every node is up, no slot moving; run with --ignored"]
 async fn attack_moves_killing_connections_without_moves_control() {
     let cluster = RedisCluster::start();
     let store = store_on(&cluster, None).await;
@@ -411,7 +413,7 @@ async fn attack_moves_killing_connections_without_moves_control() {
         task.await.unwrap();
     }
     report("killing, no moves", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally).await;
+    assert_exact(&store, &policy, &keys, limit, &tally, true).await;
     assert_no_errors(&tally);
 }
 
@@ -444,7 +446,7 @@ async fn attack_moves_chained_without_pause() {
         task.await.unwrap();
     }
     report("chained", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally).await;
+    assert_exact(&store, &policy, &keys, limit, &tally, false).await;
     assert_no_errors(&tally);
 }
 
@@ -511,7 +513,7 @@ async fn attack_moves_many_slots_at_once() {
         task.await.unwrap();
     }
     report("many slots", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally).await;
+    assert_exact(&store, &policy, &keys, limit, &tally, false).await;
     assert_no_errors(&tally);
 }
 
@@ -519,32 +521,13 @@ async fn attack_moves_many_slots_at_once() {
 /// own (`CLUSTER RESET SOFT`, `MEET`), which the store has never met as a
 /// master; then a live slot moves to it under load, and back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: every call in flight (32+ tasks) times out while every node is up; run with --ignored"]
 async fn attack_moves_to_a_master_the_store_never_met() {
-    to_a_fourth_master(false, 64).await;
+    to_a_fourth_master(64).await;
 }
 
-/// [`attack_moves_to_a_master_the_store_never_met`] with one task: calls
-/// one at a time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_moves_to_a_master_the_store_never_met_one_task() {
-    to_a_fourth_master(false, 1).await;
-}
-
-/// The control of [`attack_moves_to_a_master_the_store_never_met`]: the
-/// fourth master is first given another, empty slot, and the store sent
-/// calls there until it knows that master and has a connection open to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_moves_to_a_fourth_master_met_before() {
-    to_a_fourth_master(true, 64).await;
-}
-
-async fn to_a_fourth_master(introduce: bool, n_tasks: usize) {
-    // `ATTACK_TASKS` overrides the number of tasks, to find how few wedge.
-    let n_tasks = std::env::var("ATTACK_TASKS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(n_tasks);
+/// A live slot moved to a master just added to the cluster, under
+/// `n_tasks` tasks, and back.
+async fn to_a_fourth_master(n_tasks: usize) {
     let cluster = RedisCluster::start_with_replica();
     let store = store_on(&cluster, None).await;
     let limit = 400;
@@ -584,22 +567,6 @@ async fn to_a_fourth_master(introduce: bool, n_tasks: usize) {
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 8);
     let ids = ids(&cluster);
-    if introduce {
-        let other = cluster_slot(store.state_key(b"intro", &policy).as_bytes());
-        assert_ne!(other, slot);
-        let from = cluster.master_of(other);
-        tokio::task::block_in_place(|| {
-            move_slots(&cluster, &ids, &[other], from, 3, Duration::ZERO);
-            wait_owner(&cluster, other, 3);
-        });
-        let mut failed = 0;
-        for _ in 0..20 {
-            let result = store.check(b"intro", &policy, 1).await;
-            failed += u32::from(result.is_err());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        eprintln!("introduced node 3: {failed} of 20 calls on its slot failed");
-    }
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Tally::new(keys.len());
     let started = Instant::now();
@@ -687,7 +654,7 @@ async fn to_a_fourth_master(introduce: bool, n_tasks: usize) {
         task.await.unwrap();
     }
     report("new master", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally).await;
+    assert_exact(&store, &policy, &keys, limit, &tally, false).await;
     assert_no_errors(&tally);
 }
 

@@ -9,23 +9,25 @@
 //! - `first`, whose client retries nothing: its slot map is the store's
 //!   (see `masters`). Every script call of the store's (a decision, a
 //!   release, a refund) goes out once to the master of its keys' slot in
-//!   that map, on the store's own first connection to that master, or on
-//!   `first` while that connection is not open. A reply of `MOVED`, `ASK`,
-//!   `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT` or `READONLY` means the node did
-//!   not run the call (Redis checks every declared key before it runs a
-//!   script, and a script touches no key it did not declare), and comes
-//!   back to the store instead of being followed;
-//! - `routed`, with redis-rs's retries: a call whose connection broke (it
-//!   may have run: sent again, it counts twice at worst, which errs towards
-//!   denying, as on a single node), or that came back redirected to a
-//!   master the store has no connection to yet, goes again through it, and
-//!   redis-rs follows the redirection as it always does (a call on keys of
-//!   one slot, all declared, is served by a node only when it holds all of
-//!   them or none: Redis answers `TRYAGAIN` in between). Every other
-//!   command (`PING`, `FUNCTION LOAD`, `DEL`) goes through `routed` too.
+//!   that map, on the store's own first connection to that master (opened
+//!   first if it is not open), or on `first` before the map names one. A
+//!   reply of `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT` or
+//!   `READONLY` means the node did not run the call (Redis checks every
+//!   declared key before it runs a script, and a script touches no key it
+//!   did not declare), and comes back to the store instead of being
+//!   followed;
+//! - `routed`, with redis-rs's retries: a call whose connection broke three
+//!   times (it may have run each time: sent again, on new connections of
+//!   the store's own and then here, it counts more than once at worst,
+//!   which errs towards denying) goes again through it, and redis-rs
+//!   follows the redirection as it always does (a call on keys of one slot, all declared, is served
+//!   by a node only when it holds all of them or none: Redis answers
+//!   `TRYAGAIN` in between). Every other command (`PING`, `FUNCTION LOAD`,
+//!   `DEL`) goes through `routed` too.
 //!
 //! A call that comes back redirected goes again, by the store itself, to
-//! the master Redis names, on the store's own first connection to it: after
+//! the master Redis names (one the slot map does not name yet, just added
+//! to the cluster, included), on the store's own first connection to it: after
 //! `MOVED`, as it is; after `ASK`, as `ASKING` and the call in one
 //! pipeline. And on `MOVED` the store opens both connections again
 //! ([`Cluster::refresh`]; redis-rs reads the slot map as it opens them), so
@@ -127,6 +129,13 @@ struct Connections {
     /// `first`'s slot map, as redis-rs last read it.
     slot_map: Arc<SlotMap>,
 }
+
+/// How many times a script call goes out on the store's own connections
+/// when they break under it (killed, or their master restarted), before it
+/// goes through `routed`: connections killed twice during one slot move
+/// sent calls there, where redis-rs, meeting the move on connections of its
+/// own just broken, answered some only when they timed out.
+const OWN_ATTEMPTS: u32 = 3;
 
 /// How often the topology is read again while a failover may be under way.
 pub(super) const REFRESH_EVERY: Duration = Duration::from_millis(250);
@@ -357,6 +366,8 @@ impl Inner {
             Route::with_slot(slot, SlotAddr::Master),
         ));
         let retry_wait = cluster.shared.retry_wait;
+        // How many connections broke under the call so far.
+        let mut broken = 0;
         loop {
             let sent = match self.on_master_of(cluster, &connections, slot, cmd, deadline) {
                 Some(sent) => Some(sent.await),
@@ -368,12 +379,21 @@ impl Inner {
                 }
             };
             let e = match sent {
-                // A connection that broke after the write may have run the
-                // call: sent again, it counts twice at worst, which errs
-                // towards denying, as on a single node's connections.
-                Some(Err(e)) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => e,
+                Some(Err(e)) if not_run(&e) || broke(&e) => e,
                 other => return outcome(other),
             };
+            // A connection that broke after the write may have run the
+            // call: sent again, it counts twice at worst, which errs
+            // towards denying, as on a single node's connections. Again on
+            // a new connection of the store's own (the broken one is
+            // dropped), up to [`OWN_ATTEMPTS`] in all, then through `routed`.
+            if broke(&e) {
+                broken += 1;
+                if broken >= OWN_ATTEMPTS {
+                    break;
+                }
+                continue;
+            }
             // The slot is moving and the call's keys are split between its
             // two nodes: nothing ran; again while the call has time.
             if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
@@ -401,7 +421,11 @@ impl Inner {
                         tokio::time::sleep(retry_wait).await;
                         continue;
                     }
-                    Err(e) if not_run(&e) || (breaks_connection(&e) && !e.is_timeout()) => {}
+                    Err(e) if broke(&e) && broken + 1 < OWN_ATTEMPTS => {
+                        broken += 1;
+                        continue;
+                    }
+                    Err(e) if not_run(&e) || broke(&e) => {}
                     other => return outcome(Some(other)),
                 }
             }
@@ -432,8 +456,7 @@ impl Inner {
 
     /// Sends `cmd` to the master of `slot` in the slot map of
     /// `connections`, on the store's own first connection to it; `None`
-    /// when the map names no master or that connection is not open (it
-    /// opens meanwhile).
+    /// when the map names no master (not read yet, or the slot unserved).
     fn on_master_of<'a>(
         &self,
         cluster: &Cluster,
@@ -444,13 +467,20 @@ impl Inner {
     ) -> Option<impl Future<Output = Result<Value, redis::RedisError>> + 'a> {
         let masters = cluster.masters();
         let lane = masters.lane_of(&connections.slot_map, slot_number(slot)?)?;
-        on_first_connection(masters.connections(lane)?, None, cmd, deadline)
+        Some(on_first_connection(
+            masters.connections(lane)?,
+            None,
+            cmd,
+            deadline,
+        ))
     }
 
     /// Sends `cmd`, which met `redirect` (a `MOVED` or an `ASK`), to the
     /// master it names, on the store's own first connection to that master;
-    /// after an `ASK`, as `ASKING` and the call in one pipeline. `None` when
-    /// that connection is not open (the caller goes through `routed`).
+    /// after an `ASK`, as `ASKING` and the call in one pipeline. A master the
+    /// slot map does not name yet (just added to the cluster) is added.
+    /// `None` when the address does not parse or too many masters are known
+    /// (the caller goes through `routed`).
     ///
     /// One write, so no other command on the connection comes between
     /// `ASKING` and the call and takes the flag: redis-rs's cluster client
@@ -469,18 +499,18 @@ impl Inner {
         let asking = redirect.kind() == ErrorKind::Server(ServerErrorKind::Ask);
         let (address, _) = redirect.redirect_node()?;
         let connections = cluster.masters().connections_at(address)?;
-        on_first_connection(
+        Some(on_first_connection(
             connections,
             asking.then(|| redis::cmd("ASKING")),
             cmd,
             deadline,
-        )
+        ))
     }
 }
 
 /// Sends `cmd`, after `before` if given, in one pipeline on the first
-/// connection of `connections` (a master's), before `deadline`; `None` when
-/// that connection is not open (it opens meanwhile).
+/// connection of `connections` (a master's), opened first if it is not
+/// open, before `deadline`.
 ///
 /// Always the first: a permit's release then goes on the connection its
 /// check went on, and runs after it (Redis runs one connection's commands
@@ -490,15 +520,23 @@ fn on_first_connection<'a>(
     before: Option<redis::Cmd>,
     cmd: &'a dyn Command,
     deadline: Deadline,
-) -> Option<impl Future<Output = Result<Value, redis::RedisError>> + 'a> {
+) -> impl Future<Output = Result<Value, redis::RedisError>> + 'a {
     use redis::aio::ConnectionLike;
 
     let slot = 0;
-    let Some((id, mut link)) = connections.current(slot) else {
-        connections.open_soon(slot);
-        return None;
+    let timed_out = || {
+        redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the master did not answer in time",
+        ))
     };
-    Some(async move {
+    async move {
+        let (id, mut link) = match connections.current(slot) {
+            Some(open) => open,
+            None => tokio::time::timeout_at(deadline, connections.get(slot))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))?,
+        };
         let mut pipeline = redis::Pipeline::with_capacity(2);
         if let Some(before) = before {
             pipeline.add_command(before);
@@ -507,12 +545,7 @@ fn on_first_connection<'a>(
         let sent = link.req_packed_commands(&pipeline, 0, pipeline.len());
         let result = tokio::time::timeout_at(deadline, sent)
             .await
-            .unwrap_or_else(|_| {
-                Err(redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the master did not answer in time",
-                )))
-            });
+            .unwrap_or_else(|_| Err(timed_out()));
         if result.as_ref().is_err_and(breaks_connection) {
             connections.discard(slot, id);
         }
@@ -532,7 +565,13 @@ fn on_first_connection<'a>(
                 .into_iter()
                 .try_fold(Value::Nil, |_, value| value.extract_error())
         })
-    })
+    }
+}
+
+/// Whether `e` says the call's connection broke (the call may have run),
+/// other than by a timeout.
+fn broke(e: &redis::RedisError) -> bool {
+    breaks_connection(e) && !e.is_timeout()
 }
 
 /// Whether `e` says the node did not run the call, its slot being served

@@ -91,6 +91,10 @@ struct Mapped {
 /// A slot no master serves (or none the store could add) in a [`Mapped`]'s lanes.
 const UNSERVED: u16 = u16::MAX;
 
+/// The most masters the store keeps connections to: Redis Cluster's own
+/// advice is at most 1,000 nodes.
+const MAX_MASTERS: usize = 1_024;
+
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -285,13 +289,39 @@ impl Masters {
         }
     }
 
-    /// The connections of the known master at `address` (`host:port`).
+    /// The connections of the master at `address` (`host:port`), which a
+    /// redirection named: one the slot map does not name yet (a master just
+    /// added to the cluster) is added, its connections opened when first used.
     pub(super) fn connections_at(&self, address: &str) -> Option<Arc<Connections>> {
-        let index = self.index_of(address)?;
+        let index = match self.index_of(address) {
+            Some(index) => index,
+            None => self.add_named(&NodeAddress::try_from(address).ok()?)?,
+        };
         self.known
             .read()
             .get(index)
             .map(|master| master.connections.clone())
+    }
+
+    /// Adds `primary`, named by a redirection before the slot map named it,
+    /// unless [`MAX_MASTERS`] are known (the map's next reading replaces
+    /// masters that are gone).
+    fn add_named(&self, primary: &NodeAddress) -> Option<usize> {
+        let client = self.client(primary)?;
+        let mut known = self.known.write();
+        if let Some(index) = known.iter().position(|m| m.address == *primary) {
+            return Some(index);
+        }
+        if known.len() >= MAX_MASTERS {
+            return None;
+        }
+        let size = self.pool_size / u32::try_from(known.len() + 1).unwrap_or(u32::MAX);
+        known.push(Master {
+            address: primary.clone(),
+            connections: Arc::new(Connections::unprobed(client, self.connect_timeout, size)),
+        });
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        Some(known.len() - 1)
     }
 
     /// The index of the known master at `address` (`host:port`).
