@@ -187,44 +187,67 @@ impl Tally {
     }
 }
 
-/// `tasks` tasks checking `keys` (cost 1) until `stop` or `limit` elapsed.
-fn load(
-    store: &RedisStore,
-    policy: &Policy,
-    keys: &[String],
-    tasks: usize,
-    stop: &Arc<AtomicBool>,
-    tally: &Arc<Tally>,
+/// Tasks checking keys (cost 1) until stopped, or for 90 s at most.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
     started: Instant,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..tasks)
-        .map(|task| {
-            let (store, policy, keys) = (store.clone(), policy.clone(), keys.to_vec());
-            let (stop, tally) = (stop.clone(), tally.clone());
-            tokio::spawn(async move {
-                for j in 0..200_000usize {
-                    if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(90) {
-                        break;
-                    }
-                    let k = (task * 7 + j) % keys.len();
-                    let at = Instant::now();
-                    let result = store.check(keys[k].as_bytes(), &policy, 1).await;
-                    let ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    tally.slowest_ms.fetch_max(ms, Ordering::Relaxed);
-                    tally.checks.fetch_add(1, Ordering::Relaxed);
-                    match result {
-                        Ok(d) => {
-                            tally.admitted[k]
-                                .fetch_add(u64::from(d.is_allowed()), Ordering::Relaxed);
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `tasks` tasks checking `keys` in turn under `policy`.
+    fn start(store: &RedisStore, policy: &Policy, keys: &[String], tasks: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Tally::new(keys.len());
+        let started = Instant::now();
+        let tasks = (0..tasks)
+            .map(|task| {
+                let (store, policy, keys) = (store.clone(), policy.clone(), keys.to_vec());
+                let (stop, tally) = (stop.clone(), tally.clone());
+                tokio::spawn(async move {
+                    for j in 0..200_000usize {
+                        if stop.load(Ordering::Relaxed)
+                            || started.elapsed() > Duration::from_secs(90)
+                        {
+                            break;
                         }
-                        Err(e) => {
-                            tally.error(format!("{:?} after {ms} ms: {e}", started.elapsed()))
+                        let k = (task * 7 + j) % keys.len();
+                        let at = Instant::now();
+                        let result = store.check(keys[k].as_bytes(), &policy, 1).await;
+                        let ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        tally.slowest_ms.fetch_max(ms, Ordering::Relaxed);
+                        tally.checks.fetch_add(1, Ordering::Relaxed);
+                        match result {
+                            Ok(d) => {
+                                tally.admitted[k]
+                                    .fetch_add(u64::from(d.is_allowed()), Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                tally.error(format!("{:?} after {ms} ms: {e}", started.elapsed()))
+                            }
                         }
                     }
-                }
+                })
             })
-        })
-        .collect()
+            .collect();
+        Load {
+            stop,
+            tally,
+            started,
+            tasks,
+        }
+    }
+
+    /// Stops the tasks, waits for them, and reports what they counted as `what`.
+    async fn stop(self, what: &str) -> Arc<Tally> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        report(what, &self.tally, self.started);
+        self.tally
+    }
 }
 
 /// After the load: each key admitted at most `limit`, and exactly the rest
@@ -308,6 +331,79 @@ async fn store_on(cluster: &RedisCluster, max_batch: Option<usize>) -> RedisStor
     build(builder).await
 }
 
+/// A 3-master cluster, a store on it, and `keys` of one slot under a fixed
+/// window of `limit`.
+struct Scene {
+    cluster: RedisCluster,
+    store: RedisStore,
+    limit: u64,
+    policy: Policy,
+    slot: u16,
+    keys: Vec<String>,
+    ids: Vec<String>,
+}
+
+impl Scene {
+    /// `keys` keys of the slot of `k0` under the window `name`.
+    async fn start(name: &str, limit: u64, keys: usize, max_batch: Option<usize>) -> Scene {
+        let cluster = RedisCluster::start();
+        let store = store_on(&cluster, max_batch).await;
+        let policy = fixed_window(name, limit, NO_EDGE);
+        let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
+        let keys = keys_in_slot(&store, &policy, slot, keys);
+        let ids = ids(&cluster);
+        Scene {
+            cluster,
+            store,
+            limit,
+            policy,
+            slot,
+            keys,
+            ids,
+        }
+    }
+
+    /// 64 tasks checking the keys.
+    fn load(&self) -> Load {
+        Load::start(&self.store, &self.policy, &self.keys, 64)
+    }
+
+    /// No error, and each key admitted exactly its limit (see [`assert_exact`]).
+    async fn assert_held(&self, tally: &Tally, resent: bool) {
+        assert_exact(
+            &self.store,
+            &self.policy,
+            &self.keys,
+            self.limit,
+            tally,
+            resent,
+        )
+        .await;
+        assert_no_errors(tally);
+    }
+}
+
+/// Moves `slot` to the next master, its keys `pause` apart; when `kill`,
+/// every client connection of every master is killed (`CLIENT KILL TYPE
+/// normal`) as the move begins and again once its keys have migrated.
+fn move_to_next(cluster: &RedisCluster, ids: &[String], slot: u16, pause: Duration, kill: bool) {
+    let source = cluster.master_of(slot);
+    let target = (source + 1) % 3;
+    let kill_all = || {
+        if kill {
+            for node in 0..3 {
+                cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+            }
+        }
+    };
+    kill_all();
+    begin(cluster, ids, &[slot], source, target);
+    migrate_all(cluster, &[slot], source, target, pause);
+    kill_all();
+    finish(cluster, ids, &[slot], source, target);
+    wait_owner(cluster, slot, target);
+}
+
 /// One slot with 16 live keys moved round the three masters `moves` times
 /// under 64 tasks.
 async fn ping_pong(max_batch: Option<usize>, moves: usize, pause: Duration) {
@@ -319,54 +415,23 @@ async fn ping_pong(max_batch: Option<usize>, moves: usize, pause: Duration) {
 /// its keys have migrated: calls then go through the cluster client while
 /// the store's own connections open again, in the middle of the move.
 async fn ping_pong_killing(max_batch: Option<usize>, moves: usize, pause: Duration, kill: bool) {
-    let cluster = RedisCluster::start();
-    let store = store_on(&cluster, max_batch).await;
-    let limit = 400;
-    let policy = fixed_window("pingpong", limit, NO_EDGE);
-    let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
-    let keys = keys_in_slot(&store, &policy, slot, 16);
-    let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 64, &stop, &tally, started);
+    let scene = Scene::start("pingpong", 400, 16, max_batch).await;
+    let (cluster, ids, slot) = (&scene.cluster, &scene.ids, scene.slot);
+    let load = scene.load();
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..moves {
-        let source = cluster.master_of(slot);
-        let target = (source + 1) % 3;
-        let kill_all = || {
-            if kill {
-                for node in 0..3 {
-                    cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
-                }
-            }
-        };
-        tokio::task::block_in_place(|| {
-            kill_all();
-            begin(&cluster, &ids, &[slot], source, target);
-            migrate_all(&cluster, &[slot], source, target, pause);
-            kill_all();
-            finish(&cluster, &ids, &[slot], source, target);
-            wait_owner(&cluster, slot, target);
-        });
+        tokio::task::block_in_place(|| move_to_next(cluster, ids, slot, pause, kill));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report(
-        if kill {
+    let tally = load
+        .stop(if kill {
             "ping_pong killing"
         } else {
             "ping_pong"
-        },
-        &tally,
-        started,
-    );
-    assert_exact(&store, &policy, &keys, limit, &tally, kill).await;
-    assert_no_errors(&tally);
+        })
+        .await;
+    scene.assert_held(&tally, kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,66 +453,42 @@ async fn attack_moves_ping_pong_max_batch_1() {
 /// same kills under the same load, and no slot moving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_moves_killing_connections_without_moves_control() {
-    let cluster = RedisCluster::start();
-    let store = store_on(&cluster, None).await;
-    let limit = 400;
-    let policy = fixed_window("killonly", limit, NO_EDGE);
-    let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
-    let keys = keys_in_slot(&store, &policy, slot, 16);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 64, &stop, &tally, started);
+    let scene = Scene::start("killonly", 400, 16, None).await;
+    let load = scene.load();
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..12 {
         tokio::task::block_in_place(|| {
             for node in 0..3 {
-                cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+                scene
+                    .cluster
+                    .cli(node, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
             }
         });
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report("killing, no moves", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally, true).await;
-    assert_no_errors(&tally);
+    let tally = load.stop("killing, no moves").await;
+    scene.assert_held(&tally, true).await;
 }
 
 /// Empty-ish slot moved A -> B -> C -> A with no pause between the moves
 /// (only the keys the load wrote meanwhile migrate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_moves_chained_without_pause() {
-    let cluster = RedisCluster::start();
-    let store = store_on(&cluster, None).await;
-    let limit = 400;
-    let policy = fixed_window("chained", limit, NO_EDGE);
-    let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
-    let keys = keys_in_slot(&store, &policy, slot, 8);
-    let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 64, &stop, &tally, started);
+    let scene = Scene::start("chained", 400, 8, None).await;
+    let (cluster, slot) = (&scene.cluster, scene.slot);
+    let load = scene.load();
     tokio::time::sleep(Duration::from_millis(30)).await;
     tokio::task::block_in_place(|| {
         for _ in 0..6 {
             let source = cluster.master_of(slot);
             let target = (source + 1) % 3;
-            move_slots(&cluster, &ids, &[slot], source, target, Duration::ZERO);
+            move_slots(cluster, &scene.ids, &[slot], source, target, Duration::ZERO);
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report("chained", &tally, started);
-    assert_exact(&store, &policy, &keys, limit, &tally, false).await;
-    assert_no_errors(&tally);
+    let tally = load.stop("chained").await;
+    scene.assert_held(&tally, false).await;
 }
 
 /// Twelve slots of one master, each with live keys, moved to the next
@@ -475,44 +516,19 @@ async fn attack_moves_many_slots_at_once() {
     }
     let ids = ids(&cluster);
     let target = (source + 1) % 3;
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 64, &stop, &tally, started);
+    let load = Load::start(&store, &policy, &keys, 64);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    tokio::task::block_in_place(|| {
-        move_slots(
-            &cluster,
-            &ids,
-            &slots,
-            source,
-            target,
-            Duration::from_millis(1),
-        );
-        for &slot in &slots {
-            wait_owner(&cluster, slot, target);
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    tokio::task::block_in_place(|| {
-        move_slots(
-            &cluster,
-            &ids,
-            &slots,
-            target,
-            source,
-            Duration::from_millis(1),
-        );
-        for &slot in &slots {
-            wait_owner(&cluster, slot, source);
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
+    for (from, to) in [(source, target), (target, source)] {
+        tokio::task::block_in_place(|| {
+            move_slots(&cluster, &ids, &slots, from, to, Duration::from_millis(1));
+            for &slot in &slots {
+                wait_owner(&cluster, slot, to);
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    report("many slots", &tally, started);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tally = load.stop("many slots").await;
     assert_exact(&store, &policy, &keys, limit, &tally, false).await;
     assert_no_errors(&tally);
 }
@@ -567,93 +583,28 @@ async fn to_a_fourth_master(n_tasks: usize) {
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 8);
     let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, n_tasks, &stop, &tally, started);
-    let sampler = {
-        let (stop, tally) = (stop.clone(), tally.clone());
-        tokio::spawn(async move {
-            let mut line = String::new();
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                line += &format!(
-                    " {}/{}",
-                    tally.checks.load(Ordering::Relaxed),
-                    tally.errors.load(Ordering::Relaxed)
-                );
-            }
-            eprintln!("checks/errors every 100 ms:{line}");
-        })
-    };
+    let load = Load::start(&store, &policy, &keys, n_tasks);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let source = cluster.master_of(slot);
-    eprintln!(
-        "{:?} moving slot {slot} from {source} to 3",
-        started.elapsed()
-    );
-    tokio::task::block_in_place(|| {
-        begin(&cluster, &ids, &[slot], source, 3);
-        eprintln!(
-            "{:?} importing on 3, migrating on {source}",
-            started.elapsed()
-        );
-    });
+    tokio::task::block_in_place(|| begin(&cluster, &ids, &[slot], source, 3));
     // The slot half moved (only `ASK`, no `MOVED`) for a while.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    eprintln!(
-        "{:?} after 700 ms of ASK only ({} checks, {} errors)",
-        started.elapsed(),
-        tally.checks.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
-    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| {
         migrate_all(&cluster, &[slot], source, 3, Duration::from_millis(2));
     });
     // Every key on the target, the slot not yet given: `ASK` for each.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    eprintln!(
-        "{:?} after 700 ms with the keys migrated, before MOVED ({} checks, {} errors)",
-        started.elapsed(),
-        tally.checks.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
-    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| {
         finish(&cluster, &ids, &[slot], source, 3);
-        eprintln!("{:?} given to 3", started.elapsed());
         wait_owner(&cluster, slot, 3);
     });
-    eprintln!(
-        "{:?} settled on 3 ({} checks, {} errors)",
-        started.elapsed(),
-        tally.checks.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
-    );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    eprintln!(
-        "{:?} moving back ({} checks, {} errors)",
-        started.elapsed(),
-        tally.checks.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
-    );
     tokio::task::block_in_place(|| {
         move_slots(&cluster, &ids, &[slot], 3, source, Duration::from_millis(2));
         wait_owner(&cluster, slot, source);
     });
-    eprintln!(
-        "{:?} back ({} checks, {} errors)",
-        started.elapsed(),
-        tally.checks.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
-    );
-    // Long enough to see whether it recovers after the call timeout.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::Relaxed);
-    sampler.await.unwrap();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report("new master", &tally, started);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tally = load.stop("new master").await;
     assert_exact(&store, &policy, &keys, limit, &tally, false).await;
     assert_no_errors(&tally);
 }
@@ -747,22 +698,8 @@ async fn concurrency_cancelled_killing(max_batch: Option<usize>, kill: bool) {
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..6 {
-        let source = cluster.master_of(slot);
-        let target = (source + 1) % 3;
-        let kill_all = || {
-            if kill {
-                for node in 0..3 {
-                    cluster.cli(node, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
-                }
-            }
-        };
         tokio::task::block_in_place(|| {
-            kill_all();
-            begin(&cluster, &ids, &[slot], source, target);
-            migrate_all(&cluster, &[slot], source, target, Duration::from_millis(2));
-            kill_all();
-            finish(&cluster, &ids, &[slot], source, target);
-            wait_owner(&cluster, slot, target);
+            move_to_next(&cluster, &ids, slot, Duration::from_millis(2), kill);
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -832,10 +769,7 @@ async fn attack_moves_leave_no_connections_behind() {
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 8);
     let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 32, &stop, &tally, started);
+    let load = Load::start(&store, &policy, &keys, 32);
     let clients = || -> Vec<u64> {
         (0..3)
             .map(|i| {
@@ -862,11 +796,7 @@ async fn attack_moves_leave_no_connections_behind() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after_all = tokio::task::block_in_place(clients);
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report("connections", &tally, started);
+    let tally = load.stop("connections").await;
     eprintln!("clients per node after 2 moves {after_two:?}, after 14 {after_all:?}");
     for (two, all) in after_two.iter().zip(&after_all) {
         assert!(
@@ -914,22 +844,19 @@ async fn attack_moves_then_failover_of_the_target() {
         .unwrap();
     let keys = keys_in_slot(&store, &policy, slot, 4);
     let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Tally::new(keys.len());
-    let started = Instant::now();
-    let tasks = load(&store, &policy, &keys, 16, &stop, &tally, started);
+    let load = Load::start(&store, &policy, &keys, 16);
     tokio::time::sleep(Duration::from_millis(50)).await;
     tokio::task::block_in_place(|| {
         move_slots(&cluster, &ids, &[slot], 1, 0, Duration::from_millis(1));
         wait_owner(&cluster, slot, 0);
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = tally.errors.load(Ordering::Relaxed);
+    let before = load.tally.errors.load(Ordering::Relaxed);
     assert_eq!(
         before,
         0,
         "errors before the failover: {:?}",
-        tally.first_errors.lock().unwrap()
+        load.tally.first_errors.lock().unwrap()
     );
     cluster.nodes()[0].freeze();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -947,17 +874,13 @@ async fn attack_moves_then_failover_of_the_target() {
     let promoted = Instant::now();
     // Give the store 3 s to find the new master, then no more errors.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let at_3s = tally.errors.load(Ordering::Relaxed);
-    let checks_at_3s = tally.checks.load(Ordering::Relaxed);
+    let at_3s = load.tally.errors.load(Ordering::Relaxed);
+    let checks_at_3s = load.tally.checks.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = tally.errors.load(Ordering::Relaxed) - at_3s;
-    let checks_after = tally.checks.load(Ordering::Relaxed) - checks_at_3s;
-    stop.store(true, Ordering::Relaxed);
+    let after = load.tally.errors.load(Ordering::Relaxed) - at_3s;
+    let checks_after = load.tally.checks.load(Ordering::Relaxed) - checks_at_3s;
     cluster.nodes()[0].thaw();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    report("failover after move", &tally, started);
+    let tally = load.stop("failover after move").await;
     assert!(
         checks_after > 50,
         "only {checks_after} checks in the 2 s after {:?}",
@@ -970,12 +893,7 @@ async fn attack_moves_then_failover_of_the_target() {
         tally.first_errors.lock().unwrap()
     );
     for key in &keys {
-        assert!(
-            store
-                .check(key.as_bytes(), &policy, 1)
-                .await
-                .unwrap()
-                .is_allowed()
-        );
+        let decision = store.check(key.as_bytes(), &policy, 1).await;
+        assert!(decision.unwrap().is_allowed(), "{key} after the failover");
     }
 }
