@@ -156,9 +156,9 @@ impl SlidingWindowCounter {
         now: u64,
         amount: u64,
     ) -> Decision {
-        let (start, previous, current) = self.current(state, now);
-        let current = penalized(current, amount, 2 * self.limit);
-        self.set_counts(state, now, start, previous, current)
+        self.adjust(state, now, |previous, current| {
+            (previous, penalized(current, amount, 2 * self.limit))
+        })
     }
 
     /// Gives back `amount`: from the current window's count first, then from
@@ -171,28 +171,23 @@ impl SlidingWindowCounter {
         now: u64,
         amount: u64,
     ) -> Decision {
-        let (start, previous, current) = self.current(state, now);
-        let from_current = amount.min(current);
-        let from_previous = (amount - from_current).min(previous);
-        self.set_counts(
-            state,
-            now,
-            start,
-            previous - from_previous,
-            current - from_current,
-        )
+        self.adjust(state, now, |previous, current| {
+            let from_current = amount.min(current);
+            let from_previous = (amount - from_current).min(previous);
+            (previous - from_previous, current - from_current)
+        })
     }
 
-    /// Sets the counts of the window that starts at `start` and of the one
-    /// before it, and returns what a peek then reports.
-    fn set_counts(
+    /// Replaces the counts of the current window and of the one before it
+    /// by what `change` makes of them, and returns what a peek then reports.
+    fn adjust(
         &self,
         state: &mut SlidingWindowCounterState,
         now: u64,
-        start: u64,
-        previous: u64,
-        current: u64,
+        change: impl FnOnce(u64, u64) -> (u64, u64),
     ) -> Decision {
+        let (start, previous, current) = self.current(state, now);
+        let (previous, current) = change(previous, current);
         *state = SlidingWindowCounterState {
             window_last: start + (self.window - 1),
             previous,
