@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Policy, Store};
 use ratelimit_tests::fixtures::fixed_window;
-use ratelimit_tests::{NO_EDGE, RedisCluster, build, cluster_slot};
+use ratelimit_tests::{NO_EDGE, RedisCluster, RedisServer, build, cluster_slot};
 use std::sync::Mutex;
 
 use crate::shared::keys_in_slot;
@@ -896,4 +896,51 @@ async fn attack_moves_then_failover_of_the_target() {
         let decision = store.check(key.as_bytes(), &policy, 1).await;
         assert!(decision.unwrap().is_allowed(), "{key} after the failover");
     }
+}
+
+/// 64 tasks check `keys` (each peeked once first) while `kill` closes every
+/// client connection of the nodes, 120 times about 5 ms apart: no call fails while every node is
+/// up (a call whose connection broke goes again on a new one, even when
+/// redis-rs leaves it with neither a reply nor an error), and every key
+/// holds its limit.
+async fn storm(store: &RedisStore, policy: &Policy, keys: &[String], kill: impl Fn()) {
+    // The library loaded first: its load goes through redis-rs's cluster
+    // client, which the storm is not about.
+    for key in keys {
+        store.check(key.as_bytes(), policy, 0).await.expect("peek");
+    }
+    let load = Load::start(store, policy, keys, 64);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..120 {
+        tokio::task::block_in_place(&kill);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let tally = load.stop("connection storm").await;
+    assert_exact(store, policy, keys, 100_000, &tally, true).await;
+    assert_no_errors(&tally);
+}
+
+const KILL: [&str; 6] = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_storm_on_a_cluster_fails_no_call() {
+    let scene = Scene::start("storm", 100_000, 16, Some(1)).await;
+    storm(&scene.store, &scene.policy, &scene.keys, || {
+        for node in 0..3 {
+            scene.cluster.cli(node, &KILL);
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_storm_on_one_node_fails_no_call() {
+    let server = RedisServer::start();
+    let store = build(RedisStore::builder(server.url()).call_timeout(Duration::from_secs(2))).await;
+    let policy = fixed_window("storm", 100_000, NO_EDGE);
+    let keys: Vec<String> = (0..16).map(|k| format!("k{k}")).collect();
+    storm(&store, &policy, &keys, || {
+        server.cli(&KILL);
+    })
+    .await;
 }

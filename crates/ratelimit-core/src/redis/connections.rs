@@ -4,7 +4,8 @@
 //! one socket: 64 decisions in flight are 64 commands written back to back,
 //! not 64 round trips waiting for a free connection. Calls are spread over
 //! the connections in turn. A connection that fails with an I/O error is
-//! dropped and the next call on its slot opens a new one, so a restarted or
+//! dropped, the calls still waiting on it are told (and sent again), and
+//! the next call on its slot opens a new one, so a restarted or
 //! failed-over Redis is used again without a health-check on every call.
 //!
 //! Behind Redis Sentinel (feature `sentinel`), the node is the master the
@@ -13,6 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -48,10 +50,64 @@ pub(super) async fn answer<T: Clone>(receiver: &mut watch::Receiver<Option<T>>) 
 /// A connection and the id that tells it apart from its replacements.
 pub(super) type Shared = (u64, Link);
 
-/// A connection to a node: redis-rs's multiplexed connection.
+/// A connection to a node: redis-rs's multiplexed connection, and whether
+/// the store saw it break. Clones share both.
 #[derive(Clone)]
-pub(super) enum Link {
-    Multiplexed(MultiplexedConnection),
+pub(super) struct Link {
+    connection: MultiplexedConnection,
+    broken: Arc<watch::Sender<bool>>,
+}
+
+impl Link {
+    pub(super) fn new(connection: MultiplexedConnection) -> Self {
+        Link {
+            connection,
+            broken: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Tells every call still waiting on this connection that it broke.
+    fn break_off(&self) {
+        self.broken.send_replace(true);
+    }
+}
+
+/// `sent`, or a broken connection's error as soon as `broken` says so,
+/// whichever comes first (a reply that came wins).
+///
+/// When a node closes a connection under many calls, redis-rs 1.8 now and
+/// then leaves a few of them with neither a reply nor an error, and they
+/// would wait out their whole call timeout (under the default failure
+/// policy, requests pass unlimited meanwhile). The first call that meets
+/// the break tells the others (see [`Connections::discard`]), and each is
+/// sent again on a new connection as any call whose connection broke: it
+/// may have run, so it counts twice at worst, towards denying.
+fn until_broken<'a, T: Send + 'a>(
+    broken: &watch::Sender<bool>,
+    mut sent: redis::RedisFuture<'a, T>,
+) -> redis::RedisFuture<'a, T> {
+    let mut broken = broken.subscribe();
+    Box::pin(async move {
+        let mut told = std::pin::pin!(broken.wait_for(|broken| *broken));
+        // Off once the signal ended without a break (its sender gone).
+        let mut listening = true;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(result) = sent.as_mut().poll(cx) {
+                return Poll::Ready(result);
+            }
+            if listening && let Poll::Ready(told) = told.as_mut().poll(cx) {
+                listening = false;
+                if told.is_ok() {
+                    return Poll::Ready(Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the connection broke under the call",
+                    ))));
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    })
 }
 
 impl redis::aio::ConnectionLike for Link {
@@ -59,9 +115,7 @@ impl redis::aio::ConnectionLike for Link {
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Link::Multiplexed(connection) => connection.req_packed_command(cmd),
-        }
+        until_broken(&self.broken, self.connection.req_packed_command(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -70,17 +124,12 @@ impl redis::aio::ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Link::Multiplexed(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
-            }
-        }
+        let sent = self.connection.req_packed_commands(pipeline, offset, count);
+        until_broken(&self.broken, sent)
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Link::Multiplexed(connection) => connection.get_db(),
-        }
+        self.connection.get_db()
     }
 }
 
@@ -271,8 +320,11 @@ impl Connections {
     /// Waits for the opening of `slot`'s connection, started now unless one
     /// is under way (or the connection was opened meanwhile).
     async fn open(&self, slot: &Arc<Slot>) -> Result<Shared, RedisError> {
-        // A second round only when the first opening was lost with its
-        // runtime (a store shared by runtimes, one of them shut down).
+        // Another round when the opening was lost with its runtime (a store
+        // shared by runtimes, one of them shut down), or when the node
+        // closed the new connection (one that closes every connection
+        // again and again): once more, not for ever.
+        let mut lost = None;
         for _ in 0..2 {
             let (mut opened, start) = {
                 let mut opening = slot.opening.lock();
@@ -288,14 +340,18 @@ impl Connections {
             }
             // None: the opening was dropped unfinished (its runtime shut
             // down), its slot freed.
-            if let Some(result) = answer(&mut opened).await {
-                return result;
+            match answer(&mut opened).await {
+                Some(Err(e)) if closed_by_node(&e) => lost = Some(e),
+                Some(result) => return result,
+                None => {}
             }
         }
-        Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::ConnectionAborted,
-            "the connection's opening stopped with the runtime that ran it",
-        )))
+        Err(lost.unwrap_or_else(|| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the connection's opening stopped with the runtime that ran it",
+            ))
+        }))
     }
 
     /// The opening of `slot` under way (`opening`, its lock held), and the
@@ -346,14 +402,23 @@ impl Connections {
     }
 
     /// Forgets the connection `id` of `slot` (it failed), unless it was
-    /// already replaced. Calls still using it finish or fail on their own.
+    /// already replaced, and tells the calls still waiting on it that it
+    /// broke (see [`until_broken`]).
     pub(super) fn discard(&self, slot: usize, id: u64) {
         self.suspect();
         let mut current = self.slots[slot].current.lock();
-        if current.as_ref().is_some_and(|(current, _)| *current == id) {
-            *current = None;
+        if current.as_ref().is_some_and(|(current, _)| *current == id)
+            && let Some((_, link)) = current.take()
+        {
+            link.break_off();
         }
     }
+}
+
+/// Whether an opening failed because the node closed the new connection
+/// (not refused, not timed out).
+fn closed_by_node(e: &RedisError) -> bool {
+    e.is_io_error() && !e.is_connection_refusal() && !e.is_timeout()
 }
 
 /// One slot's opening, run as a task; dropped unfinished (its runtime shut
@@ -428,7 +493,7 @@ impl Opener {
 
     /// A new connection, probed.
     async fn open(&self) -> Result<Link, RedisError> {
-        let mut connection = Link::Multiplexed(
+        let mut connection = Link::new(
             self.client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?,
@@ -456,6 +521,17 @@ pub(super) struct Checkout {
     lease: Lease,
 }
 
+impl Checkout {
+    /// The slot of the store's own connection (none for a pool's).
+    pub(super) fn slot(&self) -> Option<usize> {
+        match self.lease {
+            Lease::Own { slot, .. } => Some(slot),
+            #[cfg(feature = "bb8")]
+            Lease::Pool(_) => None,
+        }
+    }
+}
+
 enum Lease {
     /// The connection of `slot`, whose id is `id`.
     Own { slot: usize, id: u64 },
@@ -475,11 +551,15 @@ impl Node {
         }
     }
 
-    /// A connection for one command, probed if it is new (see [`AclProbe`]).
-    pub(super) async fn checkout(&self) -> Result<Checkout, crate::StoreError> {
+    /// A connection for one command, probed if it is new (see [`AclProbe`]):
+    /// the one of slot `again` when given, else the next in turn.
+    pub(super) async fn checkout(
+        &self,
+        again: Option<usize>,
+    ) -> Result<Checkout, crate::StoreError> {
         match self {
             Node::Own(connections) => {
-                let slot = connections.next_slot();
+                let slot = again.unwrap_or_else(|| connections.next_slot());
                 let (id, connection) = connections.get(slot).await.map_err(super::backend_error)?;
                 Ok(Checkout {
                     connection,
@@ -490,7 +570,7 @@ impl Node {
             Node::Pool(pool) => {
                 let pooled = pool.checkout().await?;
                 Ok(Checkout {
-                    connection: Link::Multiplexed(pooled.connection().clone()),
+                    connection: Link::new(pooled.connection().clone()),
                     lease: Lease::Pool(pooled),
                 })
             }

@@ -482,9 +482,13 @@ impl Inner {
         // to once per connection plus a fresh one, within the same timeout.
         let attempts = node.size() + 1;
         let mut attempt = 0;
+        // After a break, the connection that broke, opened again: when a
+        // node closes every connection at once, the next ones in turn are
+        // likely broken too, and would take up the call's attempts.
+        let mut again = None;
         loop {
             attempt += 1;
-            let Ok(checkout) = tokio::time::timeout_at(deadline, node.checkout()).await else {
+            let Ok(checkout) = tokio::time::timeout_at(deadline, node.checkout(again)).await else {
                 node.suspect();
                 return Err(timeout);
             };
@@ -507,6 +511,7 @@ impl Inner {
                 return Err(timeout);
             };
             if result.as_ref().is_err_and(breaks_connection) {
+                again = checkout.slot();
                 node.discard(checkout);
             } else if result.as_ref().is_err_and(is_outage) {
                 node.suspect();

@@ -671,7 +671,7 @@ impl Master {
         let Some(client) = client else {
             return Err(no_master(&self.name));
         };
-        let mut link = Link::Multiplexed(
+        let mut link = Link::new(
             client
                 .get_multiplexed_async_connection_with_config(config)
                 .await?,
