@@ -406,12 +406,18 @@ impl Inner {
             // again), or is moving and the call's keys are not on its
             // owner: sent to the master Redis names, on the store's own
             // connection to it.
-            cluster.moved(slot, &e);
-            if matches!(
+            // The master named first, so that one just added to the
+            // cluster is known when the slot's lane is patched.
+            let redirected = if matches!(
                 e.kind(),
                 ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
-            ) && let Some(redirected) = self.redirected(cluster, &e, cmd, deadline)
-            {
+            ) {
+                self.redirected(cluster, &e, cmd, deadline)
+            } else {
+                None
+            };
+            cluster.moved(slot, &e);
+            if let Some(redirected) = redirected {
                 match redirected.await {
                     // Nothing ran (the keys are split between the nodes, or
                     // the slot moved on): again from the start, while the
