@@ -323,9 +323,13 @@ impl Connections {
         // Another round when the opening was lost with its runtime (a store
         // shared by runtimes, one of them shut down), or when the node
         // closed the new connection (one that closes every connection
-        // again and again): once more, not for ever.
+        // again and again: after a pause that doubles). A few, not for
+        // ever; the caller's deadline bounds them too.
         let mut lost = None;
-        for _ in 0..2 {
+        for round in 0..OPENING_ROUNDS {
+            if lost.is_some() {
+                tokio::time::sleep(super::pause_before(round)).await;
+            }
             let (mut opened, start) = {
                 let mut opening = slot.opening.lock();
                 if let Some(shared) = self.fresh(slot) {
@@ -414,6 +418,9 @@ impl Connections {
         }
     }
 }
+
+/// How many openings a call waits for at most.
+const OPENING_ROUNDS: usize = 6;
 
 /// Whether an opening failed because the node closed the new connection
 /// (not refused, not timed out).

@@ -478,8 +478,10 @@ impl Inner {
     ) -> Result<Value, StoreError> {
         let timeout = StoreError::Timeout(self.call_timeout);
         // A connection may have died with a Redis restart or failover: each
-        // one that fails is dropped and the call is retried on the next, up
-        // to once per connection plus a fresh one, within the same timeout.
+        // one that fails is dropped and the call is retried, at once up to
+        // once per connection plus a fresh one, then (a node that closes
+        // connections again and again) after a pause that doubles, within
+        // the same timeout.
         let attempts = node.size() + 1;
         let mut attempt = 0;
         // After a break, the connection that broke, opened again: when a
@@ -521,10 +523,15 @@ impl Inner {
                 Err(e) if e.is_timeout() => return Err(timeout),
                 // A dead connection at worst ran the command once more, which
                 // errs towards denying, never towards admitting.
-                Err(e)
-                    if breaks_connection(&e)
-                        && !e.is_connection_refusal()
-                        && attempt < attempts => {}
+                Err(e) if breaks_connection(&e) && !e.is_connection_refusal() => {
+                    if attempt >= attempts {
+                        let pause = pause_before(attempt - attempts);
+                        if Deadline::now() + pause >= deadline {
+                            return Err(backend_error(e));
+                        }
+                        tokio::time::sleep(pause).await;
+                    }
+                }
                 other => return other.map_err(backend_error),
             }
         }
@@ -1047,6 +1054,12 @@ fn slot_number(slot: Slot) -> Option<u16> {
         Number(Some(n), false) if Slot::new(n) == Some(slot) => Some(n),
         _ => None,
     }
+}
+
+/// The pause before the `n`th attempt past the ones made at once: 1 ms,
+/// doubling up to 32 ms.
+pub(super) fn pause_before(n: usize) -> Duration {
+    Duration::from_millis(1 << n.min(5))
 }
 
 /// The state of a key after and before a write (for refunds).
