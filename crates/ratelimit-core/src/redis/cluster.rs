@@ -16,10 +16,13 @@
 //!   declared key before it runs a script, and a script touches no key it
 //!   did not declare), and comes back to the store instead of being
 //!   followed;
-//! - `routed`, with redis-rs's retries: a call whose connection broke three
-//!   times (it may have run each time: sent again, on new connections of
-//!   the store's own and then here, it counts more than once at worst,
-//!   which errs towards denying) goes again through it, and redis-rs
+//! - `routed`, with redis-rs's retries: a call whose master refuses
+//!   connections after its connection broke three times (it may have run
+//!   each time: sent again, on new connections of the store's own and then
+//!   here, it counts more than once at worst, which errs towards denying;
+//!   a master that closes connections without refusing them is tried again
+//!   on the store's own, after a pause that doubles, while the call has
+//!   time) goes again through it, and redis-rs
 //!   follows the redirection as it always does (a call on keys of one slot, all declared, is served
 //!   by a node only when it holds all of them or none: Redis answers
 //!   `TRYAGAIN` in between). Every other command (`PING`, `FUNCTION LOAD`,
@@ -130,11 +133,12 @@ struct Connections {
     slot_map: Arc<SlotMap>,
 }
 
-/// How many times a script call goes out on the store's own connections
-/// when they break under it (killed, or their master restarted), before it
-/// goes through `routed`: connections killed twice during one slot move
-/// sent calls there, where redis-rs, meeting the move on connections of its
-/// own just broken, answered some only when they timed out.
+/// How many times a script call goes out at once on the store's own
+/// connections when they break under it (killed, or their master
+/// restarted), before it pauses between attempts, or goes through `routed`
+/// when its master refuses connections. Calls sent to `routed` as soon as a
+/// connection broke met redis-rs's own connections just broken as well, and
+/// redis-rs answered some only when they timed out.
 const OWN_ATTEMPTS: u32 = 3;
 
 /// How often the topology is read again while a failover may be under way.
@@ -386,11 +390,23 @@ impl Inner {
             // call: sent again, it counts twice at worst, which errs
             // towards denying, as on a single node's connections. Again on
             // a new connection of the store's own (the broken one is
-            // dropped), up to [`OWN_ATTEMPTS`] in all, then through `routed`.
+            // dropped): [`OWN_ATTEMPTS`] at once, then, while the master
+            // keeps closing connections, after a pause that doubles, while
+            // the call has time. A master that refuses connections (gone,
+            // or failing over) leaves the call to `routed`, which reads the
+            // slot map again.
             if broke(&e) {
                 broken += 1;
                 if broken >= OWN_ATTEMPTS {
-                    break;
+                    if e.is_connection_refusal() {
+                        break;
+                    }
+                    let past = usize::try_from(broken - OWN_ATTEMPTS).unwrap_or(usize::MAX);
+                    let pause = super::pause_before(past);
+                    if Deadline::now() + pause >= deadline {
+                        return outcome(Some(Err(e)));
+                    }
+                    tokio::time::sleep(pause).await;
                 }
                 continue;
             }
