@@ -402,15 +402,45 @@ impl Connections {
     }
 
     /// Forgets the connection `id` of `slot` (it failed), unless it was
-    /// already replaced, and tells the calls still waiting on it that it
-    /// broke (see [`until_broken`]).
-    pub(super) fn discard(&self, slot: usize, id: u64) {
+    /// already replaced; when it [`Broke`](Gone::Broke), tells the calls
+    /// still waiting on it (see [`until_broken`]).
+    pub(super) fn discard(&self, slot: usize, id: u64, gone: Gone) {
         self.suspect();
         let mut current = self.slots[slot].current.lock();
         if current.as_ref().is_some_and(|(current, _)| *current == id)
             && let Some((_, link)) = current.take()
+            && gone == Gone::Broke
         {
             link.break_off();
+        }
+    }
+}
+
+/// Why a connection is given up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Gone {
+    /// It broke (closed, reset, failed): what was sent on it and not
+    /// answered either ran already or never will, so the calls still
+    /// waiting on it are told, and sent again.
+    Broke,
+    /// It stalled (no reply by a call's deadline), or it leads to a node
+    /// that is no longer a master: it is still open, and what was sent on
+    /// it may still run. The calls waiting on it are not told (sent again,
+    /// a call would run twice, and a concurrency permit taken by a run
+    /// that comes late would be left held), and wait for their own reply
+    /// or deadline; a release of an unclaimed permit sent on it then runs
+    /// after the check it undoes, as `unclaimed` requires.
+    Stalled,
+}
+
+impl Gone {
+    /// Why a connection whose call failed with `e`, which
+    /// [`breaks_connection`](super::breaks_connection), is given up.
+    pub(super) fn of(e: &RedisError) -> Gone {
+        if (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout() {
+            Gone::Broke
+        } else {
+            Gone::Stalled
         }
     }
 }
@@ -600,9 +630,11 @@ impl Node {
     /// Gives up `checkout`, whose connection failed or stalled: the store's
     /// own connection is dropped, and replaced by the next call on its slot;
     /// a pooled one is replaced in the pool (see `pool`).
-    pub(super) fn discard(&self, checkout: Checkout) {
+    pub(super) fn discard(&self, checkout: Checkout, gone: Gone) {
         match (self, checkout.lease) {
-            (Node::Own(connections), Lease::Own { slot, id }) => connections.discard(slot, id),
+            (Node::Own(connections), Lease::Own { slot, id }) => {
+                connections.discard(slot, id, gone)
+            }
             #[cfg(feature = "bb8")]
             (Node::Pool(pool), Lease::Pool(pooled)) => pool.replace(pooled),
             #[cfg(feature = "bb8")]

@@ -504,15 +504,17 @@ impl Inner {
                 // so it is never resent. Behind Sentinel, any timeout has the
                 // next call ask the sentinels for the master first.
                 if self.stalled(sent, deadline) {
-                    node.discard(checkout);
+                    node.discard(checkout, connections::Gone::Stalled);
                 } else {
                     node.suspect();
                 }
                 return Err(timeout);
             };
-            if result.as_ref().is_err_and(breaks_connection) {
+            if let Err(e) = &result
+                && breaks_connection(e)
+            {
                 again = checkout.slot();
-                node.discard(checkout);
+                node.discard(checkout, connections::Gone::of(e));
             } else if result.as_ref().is_err_and(is_outage) {
                 node.suspect();
             }

@@ -1,0 +1,227 @@
+//! Adversarial tests of the store's own connections when they stall: a
+//! connection whose requests are held on the way (a network that delays
+//! one connection's bytes, then delivers them, as TCP retransmissions do),
+//! with concurrency permits.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ratelimit_core::redis::RedisStore;
+use ratelimit_core::{Policy, Store};
+use ratelimit_tests::{RedisServer, build};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A loopback proxy that can hold the requests of the connections open so
+/// far (what their clients send is kept, in order, not lost) while new
+/// connections flow, then deliver them: one connection's bytes delayed on
+/// the network (retransmissions) and delivered late, as TCP does.
+struct HoldingProxy {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    /// Connections numbered below this have their requests held.
+    hold_below: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl HoldingProxy {
+    async fn start(upstream: SocketAddr) -> HoldingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicU64::new(0));
+        let hold_below = Arc::new(AtomicU64::new(0));
+        let (count, hold) = (accepted.clone(), hold_below.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                let Ok(Ok(server)) =
+                    tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(upstream))
+                        .await
+                else {
+                    continue;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let hold = hold.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(read) = from_client.read(&mut buf).await {
+                        if read == 0 {
+                            break;
+                        }
+                        // Held, not dropped: delivered in order once let go
+                        // (for 30 s at most).
+                        let held = Instant::now();
+                        while n < hold.load(Ordering::SeqCst)
+                            && held.elapsed() < Duration::from_secs(30)
+                        {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        if to_server.write_all(&buf[..read]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown().await;
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    let _ = to_client.shutdown().await;
+                });
+            }
+        });
+        HoldingProxy {
+            addr,
+            accepted,
+            hold_below,
+            accept,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Holds the requests of every connection accepted so far.
+    fn hold_existing(&self) {
+        let accepted = self.accepted.load(Ordering::SeqCst);
+        self.hold_below.store(accepted, Ordering::SeqCst);
+    }
+
+    /// Delivers what was held, and holds nothing more.
+    fn let_go(&self) {
+        self.hold_below.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// A concurrency check whose connection stalls (its request held on the
+/// way) times out; the store drops the stalled connection, and its
+/// unclaimed permit is released in the background. The release must run
+/// after the check (the check may still run: a stalled connection is not
+/// a broken one), so it must go on the connection the check went on
+/// (`unclaimed.rs`). When the store also *tells* the calls on a stalled
+/// connection that it broke (the `watch` signal of `Connections::discard`),
+/// the release, sent on that connection, fails at once as "connection
+/// broke", goes through the pool on a new connection, and runs before the
+/// check: when the held request is delivered, the check takes the permit,
+/// and nothing ever releases it. The key then has no permit to give for
+/// the whole lease (an hour here), though nothing holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_leaves_no_permit_held() {
+    for max_batch in [1, 16] {
+        let server = RedisServer::start();
+        let proxy = HoldingProxy::start(server.addr()).await;
+        let store = build(
+            RedisStore::builder(proxy.url())
+                .pool_size(1)
+                .max_batch(max_batch)
+                .call_timeout(Duration::from_millis(200)),
+        )
+        .await;
+        let policy = Policy::concurrency(1, Duration::from_secs(3600))
+            .unwrap()
+            .with_name("held")
+            .unwrap();
+        // The connection open and the scripts loaded: a permit taken and given back.
+        let d = store.check(b"k", &policy, 1).await.expect("warm-up");
+        assert!(d.is_allowed(), "warm-up");
+        store
+            .release(b"k", &policy, d.permit().expect("a permit"))
+            .await
+            .expect("warm-up release");
+
+        proxy.hold_existing();
+        let stalled = store.check(b"k", &policy, 1).await;
+        assert!(
+            stalled.is_err(),
+            "a check on a stalled connection: {stalled:?}"
+        );
+        // Time for the unclaimed permit's release (retried a call timeout
+        // apart while the store is unreachable).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The held check reaches Redis now, and so does whatever the store
+        // queued behind it on that connection.
+        proxy.let_go();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let mut allowed = false;
+        for _ in 0..3 {
+            if let Ok(d) = store.check(b"k", &policy, 1).await {
+                allowed = d.is_allowed();
+                break;
+            }
+        }
+        assert!(
+            allowed,
+            "max_batch {max_batch}: the permit of the check that timed out is left held \
+             (its release ran before it, on another connection)"
+        );
+    }
+}
+
+/// Two concurrency checks on one connection that stalls: the first times
+/// out, and the store drops the connection. The second, still waiting on
+/// it, must not be sent again on a new connection (it is still on its way,
+/// and may run later), or its copy is allowed, the caller uses and releases
+/// the permit, and then the late original takes it again, for the whole
+/// lease: with a limit of 2, both permits were left held, and the key
+/// refused every request though nothing held a permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_on_a_stalled_connection_is_not_sent_again() {
+    let server = RedisServer::start();
+    let proxy = HoldingProxy::start(server.addr()).await;
+    let store = build(
+        RedisStore::builder(proxy.url())
+            .pool_size(1)
+            .max_batch(1)
+            .call_timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let max = 2;
+    let policy = Policy::concurrency(max, Duration::from_secs(3600))
+        .unwrap()
+        .with_name("held")
+        .unwrap();
+    let d = store.check(b"k", &policy, 1).await.expect("warm-up");
+    store
+        .release(b"k", &policy, d.permit().expect("a permit"))
+        .await
+        .expect("warm-up release");
+
+    proxy.hold_existing();
+    let first = tokio::spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        async move { store.check(b"k", &policy, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = store.check(b"k", &policy, 1).await;
+    let first = first.await.unwrap();
+    assert!(first.is_err(), "the first check stalled: {first:?}");
+    if let Ok(d) = &second
+        && let Some(permit) = d.permit()
+    {
+        // Sent again and allowed: the caller is done with it at once.
+        store.release(b"k", &policy, permit).await.expect("release");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.let_go();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut got = 0;
+    for _ in 0..max {
+        let d = store.check(b"k", &policy, 1).await.expect("after");
+        got += u64::from(d.is_allowed());
+    }
+    assert_eq!(
+        got, max,
+        "permits left held after every check ended and every permit was released \
+         (the second check: {second:?})"
+    );
+}
