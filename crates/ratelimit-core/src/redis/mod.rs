@@ -492,7 +492,15 @@ impl Inner {
                 node.suspect();
                 return Err(timeout);
             };
-            let mut checkout = checkout?;
+            let mut checkout = match checkout {
+                Ok(checkout) => checkout,
+                // The node closed the new connection (twice: see
+                // `Connections::open`), as one that closes every connection
+                // again and again does: nothing was sent, and the call goes
+                // on with the attempts it has left, on the same slot.
+                Err(e) if opening_closed(&e) && attempt < attempts => continue,
+                Err(e) => return Err(e),
+            };
             if let Some(sent_on) = sent_on {
                 sent_on.record(&checkout.connection);
             }
