@@ -162,23 +162,23 @@ fn serves(cluster: &RedisCluster, node: usize, slot: u16) -> bool {
 
 /// Counts of a load: per key admissions, errors (with the first few).
 #[derive(Default)]
-struct Tally {
-    admitted: Vec<AtomicU64>,
-    checks: AtomicU64,
-    errors: AtomicU64,
-    first_errors: Mutex<Vec<String>>,
+pub(crate) struct Tally {
+    pub(crate) admitted: Vec<AtomicU64>,
+    pub(crate) checks: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) first_errors: Mutex<Vec<String>>,
     slowest_ms: AtomicU64,
 }
 
 impl Tally {
-    fn new(n: usize) -> Arc<Tally> {
+    pub(crate) fn new(n: usize) -> Arc<Tally> {
         Arc::new(Tally {
             admitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
             ..Tally::default()
         })
     }
 
-    fn error(&self, what: String) {
+    pub(crate) fn error(&self, what: String) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         let mut first = self.first_errors.lock().unwrap();
         if first.len() < 8 {
@@ -188,7 +188,7 @@ impl Tally {
 }
 
 /// Tasks checking keys (cost 1) until stopped, or for 90 s at most.
-struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     tally: Arc<Tally>,
     started: Instant,
@@ -197,7 +197,12 @@ struct Load {
 
 impl Load {
     /// `tasks` tasks checking `keys` in turn under `policy`.
-    fn start(store: &RedisStore, policy: &Policy, keys: &[String], tasks: usize) -> Load {
+    pub(crate) fn start(
+        store: &RedisStore,
+        policy: &Policy,
+        keys: &[String],
+        tasks: usize,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Tally::new(keys.len());
         let started = Instant::now();
@@ -240,7 +245,7 @@ impl Load {
     }
 
     /// Stops the tasks, waits for them, and reports what they counted as `what`.
-    async fn stop(self, what: &str) -> Arc<Tally> {
+    pub(crate) async fn stop(self, what: &str) -> Arc<Tally> {
         self.stop.store(true, Ordering::Relaxed);
         for task in self.tasks {
             task.await.unwrap();
@@ -255,7 +260,7 @@ impl Load {
 /// `resent`: connections were killed, and a call whose connection broke
 /// may have run and is sent again, counted twice at worst (towards
 /// denying), never admitted twice.
-async fn assert_exact(
+pub(crate) async fn assert_exact(
     store: &RedisStore,
     policy: &Policy,
     keys: &[String],
@@ -312,7 +317,7 @@ fn report(what: &str, tally: &Tally, started: Instant) {
     );
 }
 
-fn assert_no_errors(tally: &Tally) {
+pub(crate) fn assert_no_errors(tally: &Tally) {
     let errors = tally.errors.load(Ordering::Relaxed);
     assert_eq!(
         errors,
@@ -920,11 +925,22 @@ async fn storm(store: &RedisStore, policy: &Policy, keys: &[String], kill: impl 
     assert_no_errors(&tally);
 }
 
-const KILL: [&str; 6] = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"];
+pub(crate) const KILL: [&str; 6] = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_storm_on_a_cluster_fails_no_call() {
     let scene = Scene::start("storm", 100_000, 16, Some(1)).await;
+    storm(&scene.store, &scene.policy, &scene.keys, || {
+        for node in 0..3 {
+            scene.cluster.cli(node, &KILL);
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_storm_on_a_coalescing_cluster_fails_no_call() {
+    let scene = Scene::start("storm", 100_000, 16, None).await;
     storm(&scene.store, &scene.policy, &scene.keys, || {
         for node in 0..3 {
             scene.cluster.cli(node, &KILL);

@@ -13,6 +13,7 @@
 mod admin;
 mod attack_moves;
 mod attack_redis;
+mod attack_storm;
 mod bb8_pool;
 mod bounded_work;
 mod calendar;

@@ -83,7 +83,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, Sl
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant as Deadline;
 
-use super::connections::Connections as MasterConnections;
+use super::connections::{Connections as MasterConnections, Gone};
 use super::masters::{Masters, SlotMap, Watchers};
 use super::scripts::Command;
 use super::{Inner, backend_error, breaks_connection, cluster_error, slot_number};
@@ -568,8 +568,10 @@ fn on_first_connection<'a>(
         let result = tokio::time::timeout_at(deadline, sent)
             .await
             .unwrap_or_else(|_| Err(timed_out()));
-        if result.as_ref().is_err_and(breaks_connection) {
-            connections.discard(slot, id);
+        if let Err(e) = &result
+            && breaks_connection(e)
+        {
+            connections.discard(slot, id, Gone::of(e));
         }
         // `ASKING` refused (`NOPERM`: the user lacks it) is the call's
         // error, a mistake to fix: without the flag the call meets `MOVED`,

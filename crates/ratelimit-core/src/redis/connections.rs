@@ -13,7 +13,7 @@
 //! epoch it was opened in, and one of an older epoch is dropped unused.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -55,24 +55,70 @@ pub(super) type Shared = (u64, Link);
 #[derive(Clone)]
 pub(super) struct Link {
     connection: MultiplexedConnection,
-    broken: Arc<watch::Sender<bool>>,
+    state: Arc<LinkState>,
 }
+
+/// What the clones of a [`Link`] share.
+struct LinkState {
+    broken: watch::Sender<bool>,
+    /// Whether a probe of the connection is under way (one at a time).
+    probing: AtomicBool,
+    /// The connection, for probes.
+    connection: MultiplexedConnection,
+}
+
+/// How long a call waits for its reply before its connection is probed.
+const PROBE_AFTER: Duration = Duration::from_millis(20);
+
+/// How long a probe waits for its `PING`.
+const PROBE_FOR: Duration = Duration::from_secs(1);
 
 impl Link {
     pub(super) fn new(connection: MultiplexedConnection) -> Self {
         Link {
+            state: Arc::new(LinkState {
+                broken: watch::Sender::new(false),
+                probing: AtomicBool::new(false),
+                connection: connection.clone(),
+            }),
             connection,
-            broken: Arc::new(watch::Sender::new(false)),
         }
     }
 
     /// Tells every call still waiting on this connection that it broke.
     fn break_off(&self) {
-        self.broken.send_replace(true);
+        self.state.broken.send_replace(true);
     }
 }
 
-/// `sent`, or a broken connection's error as soon as `broken` says so,
+impl LinkState {
+    /// Sends a `PING` on the connection, unless one is on its way, and
+    /// tells the calls waiting on it that it broke if the `PING` fails so.
+    fn probe(self: &Arc<Self>) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let state = Arc::clone(self);
+        let probe = async move {
+            let mut connection = state.connection.clone();
+            let ping = redis::cmd("PING");
+            let ping = ping.query_async::<redis::Value>(&mut connection);
+            if let Ok(Err(e)) = tokio::time::timeout(PROBE_FOR, ping).await
+                && (e.is_io_error() || e.is_connection_dropped())
+                && !e.is_timeout()
+            {
+                state.broken.send_replace(true);
+            }
+            state.probing.store(false, Ordering::Release);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(probe)),
+            Err(_) => self.probing.store(false, Ordering::Release),
+        }
+    }
+}
+
+/// `sent`, or a broken connection's error as soon as `state` says so,
 /// whichever comes first (a reply that came wins).
 ///
 /// When a node closes a connection under many calls, redis-rs 1.8 now and
@@ -81,16 +127,22 @@ impl Link {
 /// policy, requests pass unlimited meanwhile). The first call that meets
 /// the break tells the others (see [`Connections::discard`]), and each is
 /// sent again on a new connection as any call whose connection broke: it
-/// may have run, so it counts twice at worst, towards denying.
+/// may have run, so it counts twice at worst, towards denying. When no
+/// call meets it (every call on the connection lost so), a call that waited
+/// [`PROBE_AFTER`] sends a `PING` on the connection: on a connection
+/// redis-rs has closed, it fails at once, and the calls are told.
 fn until_broken<'a, T: Send + 'a>(
-    broken: &watch::Sender<bool>,
+    state: &Arc<LinkState>,
     mut sent: redis::RedisFuture<'a, T>,
 ) -> redis::RedisFuture<'a, T> {
-    let mut broken = broken.subscribe();
+    let mut broken = state.broken.subscribe();
+    let state = Arc::clone(state);
     Box::pin(async move {
         let mut told = std::pin::pin!(broken.wait_for(|broken| *broken));
+        let mut probe_at = std::pin::pin!(tokio::time::sleep(PROBE_AFTER));
         // Off once the signal ended without a break (its sender gone).
         let mut listening = true;
+        let mut probed = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(result) = sent.as_mut().poll(cx) {
                 return Poll::Ready(result);
@@ -104,6 +156,10 @@ fn until_broken<'a, T: Send + 'a>(
                     ))));
                 }
             }
+            if !probed && probe_at.as_mut().poll(cx).is_ready() {
+                probed = true;
+                state.probe();
+            }
             Poll::Pending
         })
         .await
@@ -115,7 +171,7 @@ impl redis::aio::ConnectionLike for Link {
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> redis::RedisFuture<'a, redis::Value> {
-        until_broken(&self.broken, self.connection.req_packed_command(cmd))
+        until_broken(&self.state, self.connection.req_packed_command(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -125,7 +181,7 @@ impl redis::aio::ConnectionLike for Link {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         let sent = self.connection.req_packed_commands(pipeline, offset, count);
-        until_broken(&self.broken, sent)
+        until_broken(&self.state, sent)
     }
 
     fn get_db(&self) -> i64 {
@@ -323,13 +379,9 @@ impl Connections {
         // Another round when the opening was lost with its runtime (a store
         // shared by runtimes, one of them shut down), or when the node
         // closed the new connection (one that closes every connection
-        // again and again: after a pause that doubles). A few, not for
-        // ever; the caller's deadline bounds them too.
+        // again and again): once more, not for ever.
         let mut lost = None;
-        for round in 0..OPENING_ROUNDS {
-            if lost.is_some() {
-                tokio::time::sleep(super::pause_before(round)).await;
-            }
+        for _ in 0..2 {
             let (mut opened, start) = {
                 let mut opening = slot.opening.lock();
                 if let Some(shared) = self.fresh(slot) {
@@ -406,21 +458,48 @@ impl Connections {
     }
 
     /// Forgets the connection `id` of `slot` (it failed), unless it was
-    /// already replaced, and tells the calls still waiting on it that it
-    /// broke (see [`until_broken`]).
-    pub(super) fn discard(&self, slot: usize, id: u64) {
+    /// already replaced; when it [`Broke`](Gone::Broke), tells the calls
+    /// still waiting on it (see [`until_broken`]).
+    pub(super) fn discard(&self, slot: usize, id: u64, gone: Gone) {
         self.suspect();
         let mut current = self.slots[slot].current.lock();
         if current.as_ref().is_some_and(|(current, _)| *current == id)
             && let Some((_, link)) = current.take()
+            && gone == Gone::Broke
         {
             link.break_off();
         }
     }
 }
 
-/// How many openings a call waits for at most.
-const OPENING_ROUNDS: usize = 6;
+/// Why a connection is given up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Gone {
+    /// It broke (closed, reset, failed): what was sent on it and not
+    /// answered either ran already or never will, so the calls still
+    /// waiting on it are told, and sent again.
+    Broke,
+    /// It stalled (no reply by a call's deadline), or it leads to a node
+    /// that is no longer a master: it is still open, and what was sent on
+    /// it may still run. The calls waiting on it are not told (sent again,
+    /// a call would run twice, and a concurrency permit taken by a run
+    /// that comes late would be left held), and wait for their own reply
+    /// or deadline; a release of an unclaimed permit sent on it then runs
+    /// after the check it undoes, as `unclaimed` requires.
+    Stalled,
+}
+
+impl Gone {
+    /// Why a connection whose call failed with `e`, which
+    /// [`breaks_connection`](super::breaks_connection), is given up.
+    pub(super) fn of(e: &RedisError) -> Gone {
+        if (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout() {
+            Gone::Broke
+        } else {
+            Gone::Stalled
+        }
+    }
+}
 
 /// Whether an opening failed because the node closed the new connection
 /// (not refused, not timed out).
@@ -607,9 +686,11 @@ impl Node {
     /// Gives up `checkout`, whose connection failed or stalled: the store's
     /// own connection is dropped, and replaced by the next call on its slot;
     /// a pooled one is replaced in the pool (see `pool`).
-    pub(super) fn discard(&self, checkout: Checkout) {
+    pub(super) fn discard(&self, checkout: Checkout, gone: Gone) {
         match (self, checkout.lease) {
-            (Node::Own(connections), Lease::Own { slot, id }) => connections.discard(slot, id),
+            (Node::Own(connections), Lease::Own { slot, id }) => {
+                connections.discard(slot, id, gone)
+            }
             #[cfg(feature = "bb8")]
             (Node::Pool(pool), Lease::Pool(pooled)) => pool.replace(pooled),
             #[cfg(feature = "bb8")]

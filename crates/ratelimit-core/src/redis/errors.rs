@@ -121,6 +121,17 @@ pub(super) fn breaks_connection(e: &RedisError) -> bool {
         || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
+/// Whether a checkout failed because the node closed the connection it
+/// opened (an I/O error, neither refused nor timed out).
+pub(super) fn opening_closed(e: &StoreError) -> bool {
+    let StoreError::Unavailable(source) = e else {
+        return false;
+    };
+    source
+        .downcast_ref::<RedisError>()
+        .is_some_and(|e| e.is_io_error() && !e.is_connection_refusal() && !e.is_timeout())
+}
+
 pub(super) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }

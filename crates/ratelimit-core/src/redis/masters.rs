@@ -62,7 +62,7 @@ use tokio::time::Instant as Deadline;
 
 use super::cluster::Cluster;
 use super::coalesce::{Decided, Item, answer, batch_args, batch_results, share};
-use super::connections::Connections;
+use super::connections::{Connections, Gone};
 use super::functions::names_no_function;
 use super::scripts::{Library, Named, StateKeys, invocation};
 use super::unclaimed::SentOn;
@@ -437,7 +437,7 @@ impl RedisStore {
         let values = match replies {
             Err(_) => {
                 if self.inner.stalled(sent, deadline) {
-                    connections.discard(slot, id);
+                    connections.discard(slot, id, Gone::Stalled);
                 }
                 cluster.watch();
                 let error = StoreError::Timeout(self.inner.call_timeout);
@@ -446,7 +446,7 @@ impl RedisStore {
             }
             Ok(Err(e)) => {
                 if breaks_connection(&e) {
-                    connections.discard(slot, id);
+                    connections.discard(slot, id, Gone::of(&e));
                 }
                 if e.is_timeout() {
                     cluster.watch();

@@ -494,7 +494,17 @@ impl Inner {
                 node.suspect();
                 return Err(timeout);
             };
-            let mut checkout = checkout?;
+            let mut checkout = match checkout {
+                Ok(checkout) => checkout,
+                // The node closed the new connection (twice: see
+                // `Connections::open`), as one that closes every connection
+                // again and again does: nothing was sent, and the call goes
+                // on with the attempts it has left, on the same slot. Not
+                // past them: a proxy whose Redis is gone closes every
+                // connection it accepts, an outage to answer at once.
+                Err(e) if opening_closed(&e) && attempt < attempts => continue,
+                Err(e) => return Err(e),
+            };
             if let Some(sent_on) = sent_on {
                 sent_on.record(&checkout.connection);
             }
@@ -506,15 +516,17 @@ impl Inner {
                 // so it is never resent. Behind Sentinel, any timeout has the
                 // next call ask the sentinels for the master first.
                 if self.stalled(sent, deadline) {
-                    node.discard(checkout);
+                    node.discard(checkout, connections::Gone::Stalled);
                 } else {
                     node.suspect();
                 }
                 return Err(timeout);
             };
-            if result.as_ref().is_err_and(breaks_connection) {
+            if let Err(e) = &result
+                && breaks_connection(e)
+            {
                 again = checkout.slot();
-                node.discard(checkout);
+                node.discard(checkout, connections::Gone::of(e));
             } else if result.as_ref().is_err_and(is_outage) {
                 node.suspect();
             }
@@ -524,12 +536,8 @@ impl Inner {
                 // A dead connection at worst ran the command once more, which
                 // errs towards denying, never towards admitting.
                 Err(e) if breaks_connection(&e) && !e.is_connection_refusal() => {
-                    if attempt >= attempts {
-                        let pause = pause_before(attempt - attempts);
-                        if Deadline::now() + pause >= deadline {
-                            return Err(backend_error(e));
-                        }
-                        tokio::time::sleep(pause).await;
+                    if !again_before(attempt, attempts, deadline).await {
+                        return Err(backend_error(e));
                     }
                 }
                 other => return other.map_err(backend_error),
@@ -1060,6 +1068,21 @@ fn slot_number(slot: Slot) -> Option<u16> {
 /// doubling up to 32 ms.
 pub(super) fn pause_before(n: usize) -> Duration {
     Duration::from_millis(1 << n.min(5))
+}
+
+/// Whether a call whose `attempt`th attempt met a broken connection goes
+/// again before `deadline`: at once for its first `attempts`, then after
+/// [`pause_before`] (waited here).
+async fn again_before(attempt: usize, attempts: usize, deadline: Deadline) -> bool {
+    if attempt < attempts {
+        return true;
+    }
+    let pause = pause_before(attempt - attempts);
+    if Deadline::now() + pause >= deadline {
+        return false;
+    }
+    tokio::time::sleep(pause).await;
+    true
 }
 
 /// The state of a key after and before a write (for refunds).

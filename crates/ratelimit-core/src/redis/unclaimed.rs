@@ -172,10 +172,21 @@ async fn release(
         let mut failed = Vec::new();
         for (key, permit) in permits {
             let via = connection.as_ref().map_or(Via::Pool, Via::On);
-            match store.release_via(&key, permit, via).await {
+            let mut result = store.release_via(&key, permit, via).await;
+            if connection.is_some() && result.as_ref().is_err_and(broken) {
+                // The check ran before the connection broke, or never will:
+                // through the pool from now on, and at once (a connection
+                // that broke says nothing of the store; in a storm of
+                // closed connections, releases that waited out a pause
+                // each filled the store's quota of releases under way,
+                // and the permits of checks cancelled meanwhile were left
+                // to their lease).
+                connection = None;
+                result = store.release_via(&key, permit, Via::Pool).await;
+            }
+            match result {
                 Err(e) if e.is_outage() => {
                     if broken(&e) {
-                        // The check ran before the connection broke, or never will.
                         connection = None;
                     }
                     failed.push((key, permit));
