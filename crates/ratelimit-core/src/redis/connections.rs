@@ -638,11 +638,17 @@ impl Node {
     }
 
     /// A connection for one command, probed if it is new (see [`AclProbe`]):
-    /// the one of slot `again` when given, else the next in turn.
+    /// the one of slot `again` when given, else the next in turn, after
+    /// `pause` (boxed: rare, and its timer, inline, made every decision's
+    /// future larger).
     pub(super) async fn checkout(
         &self,
         again: Option<usize>,
+        pause: Duration,
     ) -> Result<Checkout, crate::StoreError> {
+        if !pause.is_zero() {
+            Box::pin(tokio::time::sleep(pause)).await;
+        }
         match self {
             Node::Own(connections) => {
                 let slot = again.unwrap_or_else(|| connections.next_slot());
