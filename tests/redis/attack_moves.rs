@@ -255,6 +255,154 @@ impl Load {
     }
 }
 
+/// 48 tasks taking and releasing concurrency permits of `keys`, a third of
+/// the checks cancelled after up to 3 ms, until stopped or `bound` passed:
+/// how many each key held at once, by this load's count.
+pub(crate) struct PermitLoad {
+    stop: Arc<AtomicBool>,
+    pub(crate) tally: Arc<Tally>,
+    /// The most permits held at once on any key.
+    pub(crate) most: Arc<AtomicU64>,
+    cancelled: Arc<AtomicU64>,
+    /// Per key, the explicit releases that failed (each may hold its
+    /// permit for the lease: not the store's leak).
+    pub(crate) release_failed: Arc<Vec<AtomicU64>>,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl PermitLoad {
+    pub(crate) fn start(
+        store: &RedisStore,
+        policy: &Policy,
+        keys: &[String],
+        bound: Duration,
+    ) -> PermitLoad {
+        let counts = || -> Arc<Vec<AtomicU64>> {
+            Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect())
+        };
+        let (held, release_failed) = (counts(), counts());
+        let load = PermitLoad {
+            stop: Arc::new(AtomicBool::new(false)),
+            tally: Tally::new(keys.len()),
+            most: Arc::new(AtomicU64::new(0)),
+            cancelled: Arc::new(AtomicU64::new(0)),
+            release_failed,
+            started: Instant::now(),
+            tasks: Vec::new(),
+        };
+        let tasks = (0..48usize)
+            .map(|task| {
+                let (store, policy, keys) = (store.clone(), policy.clone(), keys.to_vec());
+                let (stop, tally, most) =
+                    (load.stop.clone(), load.tally.clone(), load.most.clone());
+                let (held, cancelled) = (held.clone(), load.cancelled.clone());
+                let release_failed = load.release_failed.clone();
+                let started = load.started;
+                tokio::spawn(async move {
+                    for j in 0..100_000usize {
+                        if stop.load(Ordering::Relaxed) || started.elapsed() > bound {
+                            break;
+                        }
+                        let k = (task * 5 + j) % keys.len();
+                        let check = store.check(keys[k].as_bytes(), &policy, 1);
+                        let result = if (task + j) % 3 == 0 {
+                            let wait = Duration::from_micros(((task * 131 + j * 17) % 3000) as u64);
+                            match tokio::time::timeout(wait, check).await {
+                                Ok(result) => result,
+                                Err(_) => {
+                                    cancelled.fetch_add(1, Ordering::Relaxed);
+                                    continue;
+                                }
+                            }
+                        } else {
+                            check.await
+                        };
+                        tally.checks.fetch_add(1, Ordering::Relaxed);
+                        match result {
+                            Ok(d) if d.is_allowed() => {
+                                let now = held[k].fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                                tally.admitted[k].fetch_add(1, Ordering::Relaxed);
+                                tokio::task::yield_now().await;
+                                held[k].fetch_sub(1, Ordering::SeqCst);
+                                let permit = d.permit().expect("a permit");
+                                let released =
+                                    store.release(keys[k].as_bytes(), &policy, permit).await;
+                                if let Err(e) = released {
+                                    tally.error(format!("release: {e}"));
+                                    release_failed[k].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => tally.error(format!("{:?}: {e}", started.elapsed())),
+                        }
+                    }
+                })
+            })
+            .collect();
+        PermitLoad { tasks, ..load }
+    }
+
+    /// Never more than `max` held at once, and once all is released, each
+    /// key gives its `max` permits again (less the explicit releases that
+    /// failed, which may hold theirs for the lease).
+    pub(crate) async fn assert_none_held(
+        &self,
+        store: &RedisStore,
+        policy: &Policy,
+        keys: &[String],
+        max: u64,
+    ) {
+        assert!(
+            self.most.load(Ordering::SeqCst) <= max,
+            "more than {max} held at once"
+        );
+        let mut leaked = Vec::new();
+        for (key, failed) in keys.iter().zip(self.release_failed.iter()) {
+            let failed = failed.load(Ordering::Relaxed);
+            let mut got = 0;
+            for _ in 0..max {
+                let d = store.check(key.as_bytes(), policy, 1).await.expect("after");
+                got += u64::from(d.is_allowed());
+            }
+            if got + failed < max {
+                leaked.push((key.clone(), max - got, failed));
+            }
+        }
+        assert!(
+            leaked.is_empty(),
+            "permits left held after every release (key, held, explicit releases that failed): \
+             {leaked:?}; errors: {:?}",
+            self.tally.first_errors.lock().unwrap()
+        );
+    }
+
+    /// Stops the tasks, waits for them and then `settle` (the releases of
+    /// unclaimed permits run in tasks of their own), and reports as `what`.
+    pub(crate) async fn stop(mut self, what: &str, settle: Duration) -> PermitLoad {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in std::mem::take(&mut self.tasks) {
+            task.await.unwrap();
+        }
+        tokio::time::sleep(settle).await;
+        let tally = &self.tally;
+        eprintln!(
+            "{what}: {} checks, {} cancelled, {} admitted, {} errors, {:?}",
+            tally.checks.load(Ordering::Relaxed),
+            self.cancelled.load(Ordering::Relaxed),
+            tally
+                .admitted
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            tally.errors.load(Ordering::Relaxed),
+            self.started.elapsed()
+        );
+        self
+    }
+}
+
 /// After the load: each key admitted at most `limit`, and exactly the rest
 /// of it is left (a check of the rest is allowed, one more denied), unless
 /// `resent`: connections were killed, and a call whose connection broke
@@ -639,68 +787,7 @@ async fn concurrency_cancelled_killing(max_batch: Option<usize>, kill: bool) {
     let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
     let keys = keys_in_slot(&store, &policy, slot, 8);
     let ids = ids(&cluster);
-    let stop = Arc::new(AtomicBool::new(false));
-    let held: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
-    let most = Arc::new(AtomicU64::new(0));
-    let tally = Tally::new(keys.len());
-    let cancelled = Arc::new(AtomicU64::new(0));
-    let release_failed: Arc<Vec<AtomicU64>> =
-        Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..48usize)
-        .map(|task| {
-            let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
-            let (stop, tally, held, most, cancelled) = (
-                stop.clone(),
-                tally.clone(),
-                held.clone(),
-                most.clone(),
-                cancelled.clone(),
-            );
-            let release_failed = release_failed.clone();
-            tokio::spawn(async move {
-                for j in 0..100_000usize {
-                    if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(90) {
-                        break;
-                    }
-                    let k = (task * 5 + j) % keys.len();
-                    let check = store.check(keys[k].as_bytes(), &policy, 1);
-                    let result = if (task + j) % 3 == 0 {
-                        let wait = Duration::from_micros(((task * 131 + j * 17) % 3000) as u64);
-                        match tokio::time::timeout(wait, check).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                cancelled.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        }
-                    } else {
-                        check.await
-                    };
-                    tally.checks.fetch_add(1, Ordering::Relaxed);
-                    match result {
-                        Ok(d) if d.is_allowed() => {
-                            let now = held[k].fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            tally.admitted[k].fetch_add(1, Ordering::Relaxed);
-                            tokio::task::yield_now().await;
-                            held[k].fetch_sub(1, Ordering::SeqCst);
-                            let permit = d.permit().expect("a permit");
-                            if let Err(e) = store.release(keys[k].as_bytes(), &policy, permit).await
-                            {
-                                tally.error(format!("release: {e}"));
-                                // A release that failed may hold its permit
-                                // for the lease: not the store's leak.
-                                release_failed[k].fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => tally.error(format!("{:?}: {e}", started.elapsed())),
-                    }
-                }
-            })
-        })
-        .collect();
+    let load = PermitLoad::start(&store, &policy, &keys, Duration::from_secs(90));
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..6 {
         tokio::task::block_in_place(|| {
@@ -709,51 +796,17 @@ async fn concurrency_cancelled_killing(max_batch: Option<usize>, kill: bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
     // Unclaimed permits' releases run in tasks of their own (retried a
     // second, then two, apart while the store is unreachable).
-    tokio::time::sleep(Duration::from_millis(if kill { 6000 } else { 1500 })).await;
-    eprintln!(
-        "concurrency: {} checks, {} cancelled, {} admitted, {} errors, {:?}",
-        tally.checks.load(Ordering::Relaxed),
-        cancelled.load(Ordering::Relaxed),
-        tally
-            .admitted
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .sum::<u64>(),
-        tally.errors.load(Ordering::Relaxed),
-        started.elapsed()
-    );
-    assert!(
-        most.load(Ordering::SeqCst) <= max,
-        "more than {max} held at once"
-    );
-    let mut leaked = Vec::new();
-    for (key, failed) in keys.iter().zip(release_failed.iter()) {
-        let failed = failed.load(Ordering::Relaxed);
-        let mut got = 0;
-        for _ in 0..max {
-            let d = store
-                .check(key.as_bytes(), &policy, 1)
-                .await
-                .expect("after");
-            got += u64::from(d.is_allowed());
-        }
-        if got + failed < max {
-            leaked.push((key.clone(), max - got, failed));
-        }
-    }
-    assert!(
-        leaked.is_empty(),
-        "permits left held after every release (key, held, explicit releases that failed): {leaked:?}; errors: {:?}",
-        tally.first_errors.lock().unwrap()
-    );
+    let load = load
+        .stop(
+            "concurrency",
+            Duration::from_millis(if kill { 6000 } else { 1500 }),
+        )
+        .await;
+    load.assert_none_held(&store, &policy, &keys, max).await;
     if !kill {
-        assert_no_errors(&tally);
+        assert_no_errors(&load.tally);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::RedisStore;
@@ -15,7 +15,7 @@ use ratelimit_tests::{RedisServer, build};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::attack_moves::{KILL, Tally, assert_no_errors};
+use crate::attack_moves::{KILL, PermitLoad, assert_no_errors};
 
 /// A loopback proxy that can hold the requests of the connections open so
 /// far (what their clients send is kept, in order, not lost) while new
@@ -314,99 +314,14 @@ async fn permits_storm(store: &RedisStore, kill: &(dyn Fn() + Sync)) {
     for key in &keys {
         store.check(key.as_bytes(), &policy, 0).await.expect("peek");
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let held: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
-    let most = Arc::new(AtomicU64::new(0));
-    let tally = Tally::new(keys.len());
-    let release_failed = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..48usize)
-        .map(|task| {
-            let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
-            let (stop, tally, held, most) =
-                (stop.clone(), tally.clone(), held.clone(), most.clone());
-            let release_failed = release_failed.clone();
-            tokio::spawn(async move {
-                for j in 0..100_000usize {
-                    if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(20) {
-                        break;
-                    }
-                    let k = (task * 5 + j) % keys.len();
-                    let check = store.check(keys[k].as_bytes(), &policy, 1);
-                    let result = if (task + j) % 3 == 0 {
-                        let wait = Duration::from_micros(((task * 131 + j * 17) % 3000) as u64);
-                        match tokio::time::timeout(wait, check).await {
-                            Ok(result) => result,
-                            Err(_) => continue,
-                        }
-                    } else {
-                        check.await
-                    };
-                    tally.checks.fetch_add(1, Ordering::Relaxed);
-                    match result {
-                        Ok(d) if d.is_allowed() => {
-                            let now = held[k].fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            tally.admitted[k].fetch_add(1, Ordering::Relaxed);
-                            tokio::task::yield_now().await;
-                            held[k].fetch_sub(1, Ordering::SeqCst);
-                            let permit = d.permit().expect("a permit");
-                            if let Err(e) = store.release(keys[k].as_bytes(), &policy, permit).await
-                            {
-                                tally.error(format!("release: {e}"));
-                                release_failed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => tally.error(format!("{:?}: {e}", started.elapsed())),
-                    }
-                }
-            })
-        })
-        .collect();
+    let load = PermitLoad::start(store, &policy, &keys, Duration::from_secs(20));
     kill_again_and_again(kill).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
     // Unclaimed permits' releases run in tasks of their own.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    eprintln!(
-        "permits storm: {} checks, {} admitted, {} errors, {:?}",
-        tally.checks.load(Ordering::Relaxed),
-        tally
-            .admitted
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .sum::<u64>(),
-        tally.errors.load(Ordering::Relaxed),
-        started.elapsed()
-    );
-    assert!(
-        most.load(Ordering::SeqCst) <= max,
-        "more than {max} held at once"
-    );
-    let mut leaked = Vec::new();
-    for key in &keys {
-        let mut got = 0;
-        for _ in 0..max {
-            let d = store
-                .check(key.as_bytes(), &policy, 1)
-                .await
-                .expect("after");
-            got += u64::from(d.is_allowed());
-        }
-        if got < max {
-            leaked.push((key.clone(), max - got));
-        }
-    }
-    assert!(
-        leaked.is_empty(),
-        "permits left held after every release (key, held): {leaked:?}; \
-         errors: {:?}",
-        tally.first_errors.lock().unwrap()
-    );
-    assert_no_errors(&tally);
+    let load = load
+        .stop("permits storm", Duration::from_millis(1500))
+        .await;
+    load.assert_none_held(store, &policy, &keys, max).await;
+    assert_no_errors(&load.tally);
 }
 
 async fn one_node_permits(max_batch: Option<usize>) {
