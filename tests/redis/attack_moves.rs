@@ -980,9 +980,9 @@ async fn storm(store: &RedisStore, policy: &Policy, keys: &[String], kill: impl 
 
 pub(crate) const KILL: [&str; 6] = ["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_storm_on_a_cluster_fails_no_call() {
-    let scene = Scene::start("storm", 100_000, 16, Some(1)).await;
+/// [`storm`] on every master of a 3-master cluster.
+async fn cluster_storm(max_batch: Option<usize>) {
+    let scene = Scene::start("storm", 100_000, 16, max_batch).await;
     storm(&scene.store, &scene.policy, &scene.keys, || {
         for node in 0..3 {
             scene.cluster.cli(node, &KILL);
@@ -992,14 +992,13 @@ async fn a_connection_storm_on_a_cluster_fails_no_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_storm_on_a_cluster_fails_no_call() {
+    cluster_storm(Some(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_storm_on_a_coalescing_cluster_fails_no_call() {
-    let scene = Scene::start("storm", 100_000, 16, None).await;
-    storm(&scene.store, &scene.policy, &scene.keys, || {
-        for node in 0..3 {
-            scene.cluster.cli(node, &KILL);
-        }
-    })
-    .await;
+    cluster_storm(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
