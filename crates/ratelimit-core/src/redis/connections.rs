@@ -397,7 +397,7 @@ impl Connections {
             // None: the opening was dropped unfinished (its runtime shut
             // down), its slot freed.
             match answer(&mut opened).await {
-                Some(Err(e)) if closed_by_node(&e) => lost = Some(e),
+                Some(Err(e)) if super::errors::closed_by_node(&e) => lost = Some(e),
                 Some(result) => return result,
                 None => {}
             }
@@ -499,12 +499,6 @@ impl Gone {
             Gone::Stalled
         }
     }
-}
-
-/// Whether an opening failed because the node closed the new connection
-/// (not refused, not timed out).
-fn closed_by_node(e: &RedisError) -> bool {
-    e.is_io_error() && !e.is_connection_refusal() && !e.is_timeout()
 }
 
 /// One slot's opening, run as a task; dropped unfinished (its runtime shut

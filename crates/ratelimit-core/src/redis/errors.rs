@@ -129,7 +129,13 @@ pub(super) fn opening_closed(e: &StoreError) -> bool {
     };
     source
         .downcast_ref::<RedisError>()
-        .is_some_and(|e| e.is_io_error() && !e.is_connection_refusal() && !e.is_timeout())
+        .is_some_and(closed_by_node)
+}
+
+/// Whether an opening failed because the node closed the new connection
+/// (not refused, not timed out).
+pub(super) fn closed_by_node(e: &RedisError) -> bool {
+    e.is_io_error() && !e.is_connection_refusal() && !e.is_timeout()
 }
 
 pub(super) fn is_noscript(e: &RedisError) -> bool {
