@@ -649,11 +649,15 @@ async fn attack_moves_chained_without_pause() {
 /// pipelines carry calls of every slot; then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_moves_many_slots_at_once() {
-    let cluster = RedisCluster::start();
-    let store = store_on(&cluster, None).await;
-    let limit = 300;
-    let policy = fixed_window("many", limit, NO_EDGE);
-    let first = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
+    let Scene {
+        cluster,
+        store,
+        limit,
+        policy,
+        slot: first,
+        mut keys,
+        ids,
+    } = Scene::start("many", 300, 3, None).await;
     let source = cluster.master_of(first);
     let mut slots = vec![first];
     let mut s = first;
@@ -661,13 +665,9 @@ async fn attack_moves_many_slots_at_once() {
         s = (s + 37) % 16_384;
         if cluster.master_of(s) == source && !slots.contains(&s) {
             slots.push(s);
+            keys.extend(keys_in_slot(&store, &policy, s, 3));
         }
     }
-    let mut keys = Vec::new();
-    for &slot in &slots {
-        keys.extend(keys_in_slot(&store, &policy, slot, 3));
-    }
-    let ids = ids(&cluster);
     let target = (source + 1) % 3;
     let load = Load::start(&store, &policy, &keys, 64);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -820,13 +820,15 @@ async fn attack_moves_concurrency_cancelled_killing_connections() {
 /// connections again) leave as many clients on each node as 2 did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_moves_leave_no_connections_behind() {
-    let cluster = RedisCluster::start();
-    let store = store_on(&cluster, None).await;
-    let limit = 1_000_000;
-    let policy = fixed_window("conns", limit, NO_EDGE);
-    let slot = cluster_slot(store.state_key(b"k0", &policy).as_bytes());
-    let keys = keys_in_slot(&store, &policy, slot, 8);
-    let ids = ids(&cluster);
+    let Scene {
+        cluster,
+        store,
+        policy,
+        slot,
+        keys,
+        ids,
+        ..
+    } = Scene::start("conns", 1_000_000, 8, None).await;
     let load = Load::start(&store, &policy, &keys, 32);
     let clients = || -> Vec<u64> {
         (0..3)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::redis::RedisStore;
 use ratelimit_core::{Policy, Store};
-use ratelimit_tests::{RedisServer, build};
+use ratelimit_tests::{RedisServer, build, small_store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,6 +29,19 @@ struct HoldingProxy {
     /// How many of the next connections to close as soon as accepted.
     close_next: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
+}
+
+/// A Redis server, a [`HoldingProxy`] in front of it, and a store of
+/// `connections` connections on the proxy (see `small_store`).
+async fn behind_a_proxy(
+    connections: u32,
+    max_batch: usize,
+    call_timeout: Duration,
+) -> (RedisServer, HoldingProxy, RedisStore) {
+    let server = RedisServer::start();
+    let proxy = HoldingProxy::start(server.addr()).await;
+    let store = small_store(proxy.url(), connections, max_batch, call_timeout).await;
+    (server, proxy, store)
 }
 
 impl HoldingProxy {
@@ -135,15 +148,8 @@ impl Drop for HoldingProxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_connection_leaves_no_permit_held() {
     for max_batch in [1, 16] {
-        let server = RedisServer::start();
-        let proxy = HoldingProxy::start(server.addr()).await;
-        let store = build(
-            RedisStore::builder(proxy.url())
-                .pool_size(1)
-                .max_batch(max_batch)
-                .call_timeout(Duration::from_millis(200)),
-        )
-        .await;
+        let (_server, proxy, store) =
+            behind_a_proxy(1, max_batch, Duration::from_millis(200)).await;
         let policy = Policy::concurrency(1, Duration::from_secs(3600))
             .unwrap()
             .with_name("held")
@@ -194,15 +200,7 @@ async fn a_stalled_connection_leaves_no_permit_held() {
 /// refused every request though nothing held a permit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_stalled_connection_is_not_sent_again() {
-    let server = RedisServer::start();
-    let proxy = HoldingProxy::start(server.addr()).await;
-    let store = build(
-        RedisStore::builder(proxy.url())
-            .pool_size(1)
-            .max_batch(1)
-            .call_timeout(Duration::from_millis(300)),
-    )
-    .await;
+    let (_server, proxy, store) = behind_a_proxy(1, 1, Duration::from_millis(300)).await;
     let max = 2;
     let policy = Policy::concurrency(max, Duration::from_secs(3600))
         .unwrap()
@@ -255,15 +253,7 @@ async fn a_call_on_a_stalled_connection_is_not_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openings_closed_twice_in_a_row_fail_no_call_with_attempts_left() {
     for max_batch in [1, 16] {
-        let server = RedisServer::start();
-        let proxy = HoldingProxy::start(server.addr()).await;
-        let store = build(
-            RedisStore::builder(proxy.url())
-                .pool_size(2)
-                .max_batch(max_batch)
-                .call_timeout(Duration::from_secs(2)),
-        )
-        .await;
+        let (server, proxy, store) = behind_a_proxy(2, max_batch, Duration::from_secs(2)).await;
         let policy =
             ratelimit_tests::fixtures::fixed_window("closed", 10, ratelimit_tests::NO_EDGE);
         store.check(b"k", &policy, 1).await.expect("warm-up");

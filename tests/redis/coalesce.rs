@@ -14,8 +14,8 @@ use ratelimit_tests::fault_proxy::{FaultProxy, Mode};
 use ratelimit_tests::fixtures::{Rng, fixed_window};
 use ratelimit_tests::{
     Boxed, NO_EDGE, NOW_MICROS, RedisCluster, RedisServer, SLACK, assert_within_slack, build,
-    cluster_store, join_in_order, named, observable, permits_left, pooled, twin_stores, twins_at,
-    warm_up,
+    cluster_store, join_in_order, named, observable, permits_left, pooled, small_store,
+    twin_stores, twins_at, warm_up,
 };
 
 fn ms(n: u64) -> Duration {
@@ -265,13 +265,7 @@ async fn through(proxy: &FaultProxy, call_timeout: Duration) -> RedisStore {
 
 /// [`through`] with batches of up to `max_batch` units.
 async fn through_with(proxy: &FaultProxy, call_timeout: Duration, max_batch: usize) -> RedisStore {
-    let store = build(
-        RedisStore::builder(proxy.redis_url())
-            .pool_size(1)
-            .max_batch(max_batch)
-            .call_timeout(call_timeout),
-    )
-    .await;
+    let store = small_store(proxy.redis_url(), 1, max_batch, call_timeout).await;
     let warm = fixed_window("warm", 1000, NO_EDGE);
     // One call alone, then a batch: both functions are loaded.
     warm_up("warming up", || {

@@ -27,7 +27,7 @@ use ratelimit_tests::fault_proxy::FaultProxy;
 use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::{
     NO_EDGE, NOW_MICROS, RedisCluster, RedisServer, admits, build, cluster_store, long_policies,
-    named, observable, permits_left, take_permit, twin_stores, twins_at,
+    named, observable, permits_left, small_store, take_permit, twin_stores, twins_at,
 };
 
 const HIGH_BIT: u128 = 1 << 127;
@@ -883,13 +883,7 @@ async fn one_connection_through(
     } else {
         1
     };
-    let store = build(
-        RedisStore::builder(proxy.redis_url())
-            .pool_size(1)
-            .max_batch(max_batch)
-            .call_timeout(Duration::from_secs(5)),
-    )
-    .await;
+    let store = small_store(proxy.redis_url(), 1, max_batch, Duration::from_secs(5)).await;
     store.check(user, policy, 0).await.unwrap();
     store
         .check_all(&[Check::new(user, policy, 0), Check::new(b"x", policy, 0)])

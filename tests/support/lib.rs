@@ -30,8 +30,8 @@ pub use redis_server::{Certificates, RedisCluster, RedisServer, cluster_slot};
 pub use sentinels::RedisSentinels;
 pub use stores::{
     Boxed, CALL_TIMEOUT, admits, admits_now, assert_string_state, build, cluster_store,
-    join_in_order, permits_left, pooled, redis_store, redis_store_on_clock, take_permit, warm_up,
-    write_sorted_set,
+    join_in_order, permits_left, pooled, redis_store, redis_store_on_clock, small_store,
+    take_permit, warm_up, write_sorted_set,
 };
 
 use ratelimit_core::clock::ManualClock;

@@ -68,6 +68,25 @@ pub async fn pooled(builder: RedisStoreBuilder, connections: u32) -> RedisStore 
     build(builder.pool_size(connections).call_timeout(CALL_TIMEOUT)).await
 }
 
+/// A store on the single Redis at `url` (often a proxy's) with
+/// `connections` connections, batches of at most `max_batch` decisions (1:
+/// no coalescing) and calls timing out after `call_timeout`: the set-up of
+/// the tests that break, stall or kill its connections.
+pub async fn small_store(
+    url: impl Into<String>,
+    connections: u32,
+    max_batch: usize,
+    call_timeout: Duration,
+) -> RedisStore {
+    build(
+        RedisStore::builder(url)
+            .pool_size(connections)
+            .max_batch(max_batch)
+            .call_timeout(call_timeout),
+    )
+    .await
+}
+
 /// A store on `cluster`, calls timing out after [`CALL_TIMEOUT`].
 pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     build(RedisStore::cluster_builder(cluster.urls()).call_timeout(CALL_TIMEOUT)).await
