@@ -86,13 +86,5 @@ fn missing_tenant() -> http::Response<Bytes> {
 /// `GET /`: the quota left under the tighter limit (the tenant's, unless its
 /// address has used more of its own).
 async fn hello(info: RateLimitInfo) -> String {
-    match info.tightest() {
-        Some(entry) => format!(
-            "Hello! {} of {} requests left ({}).\n",
-            entry.decision().remaining(),
-            entry.decision().limit(),
-            entry.policy().name(),
-        ),
-        None => String::from("Hello!\n"),
-    }
+    ratelimit_examples::answer("Hello", &info)
 }

@@ -560,29 +560,16 @@ async fn health(breaker: Option<Arc<CircuitBreaker>>) -> &'static str {
 
 /// `GET /`: cost 1.
 async fn root(info: RateLimitInfo) -> String {
-    answer("ok", &info)
+    ratelimit_examples::answer("ok", &info)
 }
 
 /// `GET /expensive`: cost 10.
 async fn expensive(info: RateLimitInfo) -> String {
-    answer("expensive ok", &info)
+    ratelimit_examples::answer("expensive ok", &info)
 }
 
 /// `GET /slow`: cost 1, answers after a second.
 async fn slow(info: RateLimitInfo) -> String {
     tokio::time::sleep(SLOW_DELAY).await;
-    answer("slow ok", &info)
-}
-
-/// A short answer with the quota left.
-fn answer(what: &str, info: &RateLimitInfo) -> String {
-    match info.tightest() {
-        Some(entry) => format!(
-            "{what}: {} of {} left ({})\n",
-            entry.decision().remaining(),
-            entry.decision().limit(),
-            entry.policy().name(),
-        ),
-        None => format!("{what}\n"),
-    }
+    ratelimit_examples::answer("slow ok", &info)
 }

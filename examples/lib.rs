@@ -18,6 +18,20 @@ mod admin;
 mod flags;
 mod serve;
 
+/// A short answer with the quota left under the tightest limit:
+/// `"{what}: 4 of 5 left (per-ip)"`, or `what` alone when no limit decided.
+pub fn answer(what: &str, info: &ratelimit_axum::RateLimitInfo) -> String {
+    match info.tightest() {
+        Some(entry) => format!(
+            "{what}: {} of {} left ({})\n",
+            entry.decision().remaining(),
+            entry.decision().limit(),
+            entry.policy().name(),
+        ),
+        None => format!("{what}\n"),
+    }
+}
+
 /// A Prometheus recorder for the examples' metrics: installs it as the
 /// global `metrics` recorder, describes the rate limiter's metrics, renders
 /// `ratelimit_store_call_duration_seconds` as a histogram with buckets from

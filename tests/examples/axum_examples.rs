@@ -284,7 +284,7 @@ async fn custom_key_limits_tenants_independently() {
         assert!(
             reply
                 .body
-                .contains(&format!("{remaining} of 5 requests left")),
+                .contains(&format!("{remaining} of 5 left (per-tenant)")),
             "{:?}",
             reply.body
         );
