@@ -3,7 +3,6 @@
 mod error;
 mod token;
 
-use std::fmt;
 use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -117,20 +116,11 @@ pub use token::AdminToken;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AdminApi<S> {
     store: S,
     policies: Vec<Policy>,
     token: Option<AdminToken>,
-}
-
-impl<S> fmt::Debug for AdminApi<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminApi")
-            .field("policies", &self.policies)
-            .field("token", &self.token)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<S: AdminStore + Clone> AdminApi<S> {
