@@ -142,19 +142,25 @@ pub use ratelimit_core;
 pub use ratelimit_tower;
 
 // What an axum service uses, so this crate alone is a complete dependency.
-/// The store that decides hot keys from leased batches (feature `lease`).
+// The store that decides hot keys from leased batches (feature `lease`).
 #[cfg(feature = "lease")]
+#[doc(no_inline)]
 pub use ratelimit_core::LeasedStore;
-/// The store of one limit across regions (feature `multi-region`).
+// The store of one limit across regions (feature `multi-region`).
 #[cfg(feature = "multi-region")]
+#[doc(no_inline)]
 pub use ratelimit_core::multi_region::MultiRegionStore;
-/// The Redis store (feature `redis`).
+// The Redis store (feature `redis`).
 #[cfg(feature = "redis")]
+#[doc(no_inline)]
 pub use ratelimit_core::redis::RedisStore;
+#[doc(no_inline)]
 pub use ratelimit_core::{
     Decision, MemoryStore, Period, Policy, PolicyError, Rate, Store, StoreError,
 };
+#[doc(no_inline)]
 pub use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
+#[doc(no_inline)]
 pub use ratelimit_tower::{
     ActualCost, ClientIp, Composite, Cost, Decisions, FailurePolicy, Fallback, ForwardingHeader,
     GlobalKey, HeaderKey, Key, KeyExtractor, Limits, MissingKey, Mode, NoKey, PeerAddr, PeerIp,
@@ -164,6 +170,7 @@ pub use ratelimit_tower::{
 // Named by what the items above return or take: `RateLimitLayer::and`,
 // the layer's default refusals, `RateLimitLayer::with_rules`, and
 // `TrustedProxies`' networks and their parse error.
+#[doc(no_inline)]
 pub use ratelimit_tower::{And, Cidr, CidrError, HttpRejections, RuleProvider};
 
 use std::convert::Infallible;

@@ -312,16 +312,20 @@ mod settlement;
 pub use ratelimit_core;
 // What a layer needs besides this crate, so `ratelimit-tower` alone is a
 // complete dependency (for tonic, with the feature `tonic`).
-/// The store that decides hot keys from leased batches (feature `lease`).
+// The store that decides hot keys from leased batches (feature `lease`).
 #[cfg(feature = "lease")]
+#[doc(no_inline)]
 pub use ratelimit_core::LeasedStore;
-/// The store of one limit across regions (feature `multi-region`).
+// The store of one limit across regions (feature `multi-region`).
 #[cfg(feature = "multi-region")]
+#[doc(no_inline)]
 pub use ratelimit_core::multi_region::MultiRegionStore;
-/// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
-/// `bb8` forward to `ratelimit-core`'s features of the same names).
+// The Redis store (feature `redis`; `sentinel`, `redis-cluster`, `tls` and
+// `bb8` forward to `ratelimit-core`'s features of the same names).
 #[cfg(feature = "redis")]
+#[doc(no_inline)]
 pub use ratelimit_core::redis::RedisStore;
+#[doc(no_inline)]
 pub use ratelimit_core::{MemoryStore, Period, Policy, PolicyError, Rate, StoreError};
 
 pub use decisions::{Decisions, PolicyDecision};
