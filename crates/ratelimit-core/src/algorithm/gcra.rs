@@ -54,6 +54,22 @@ impl Gcra {
         decide_tat(self.burst, self.interval, state, now, cost).0
     }
 
+    /// The decision [`decide`](Self::decide) makes on `tat` at `now` when
+    /// the request of `cost` is admitted and moves the TAT to `next` (what
+    /// [`next_tat`](Self::next_tat) returned): the same decision, computed
+    /// from the transition already made. A fresh key (`tat` not after
+    /// `now`) is left `burst - cost` units, with no division.
+    #[inline]
+    pub(crate) fn admitted(&self, tat: u64, next: u64, now: u64, cost: u64) -> Decision {
+        let reset = next - now;
+        let remaining = if tat <= now {
+            self.burst - cost
+        } else {
+            (self.burst * self.interval - reset) / self.interval
+        };
+        Decision::allow(self.burst, remaining, reset)
+    }
+
     /// Consumes `amount` units even past empty (an admin penalty): the TAT
     /// moves `amount` intervals later, to at most two full bursts ahead of
     /// `now`, so a request of cost 1 waits at most one burst's refill time
@@ -161,6 +177,39 @@ mod tests {
                     written,
                     "tat {tat}, cost {cost}"
                 );
+            }
+        }
+    }
+
+    /// `admitted` is the decision `decide` makes whenever the request is
+    /// admitted and consumes something, fresh key or not, for bursts and
+    /// rates whose interval does and does not divide a second evenly.
+    #[test]
+    fn admitted_is_the_decision_of_decide() {
+        for (burst, rate) in [
+            (5, Rate::per_second(10)),
+            (1, Rate::per_second(3)),
+            (7, Rate::per_minute(13)),
+            (1_000, Rate::per_second(1_000_000)),
+        ] {
+            let gcra = Gcra::new(burst, rate).expect("valid");
+            let interval = gcra.interval_micros();
+            let now = 1_000_000_000;
+            for tat in (0..4 * burst)
+                .map(|i| now - 2 * interval + i * interval / 3)
+                .chain([0, now, now - 1, now + 1])
+            {
+                for cost in 1..=burst + 1 {
+                    let Some(next) = gcra.next_tat(tat, now, cost) else {
+                        continue;
+                    };
+                    let mut state = GcraState { tat };
+                    assert_eq!(
+                        gcra.admitted(tat, next, now, cost),
+                        gcra.decide(&mut state, now, cost),
+                        "burst {burst}, tat {tat}, cost {cost}"
+                    );
+                }
             }
         }
     }
