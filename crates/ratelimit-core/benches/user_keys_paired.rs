@@ -3,13 +3,14 @@
 //! against governor keyed by `IpAddr`, on the same workloads, quota and key
 //! picker.
 //!
-//! Why pairs: on a shared host one limiter's own timings drift by up to
-//! 1.5x within seconds, so rows timed one after the other (as criterion
-//! times them) compare moments as much as limiters. Here both limiters are
-//! filled once, then alternate in short batches, the order swapped every
-//! round, and each round's ratio compares two batches timed back to back.
-//! A process's memory layout is one draw too, which is why
-//! `scripts/bench-memory` runs this in several processes.
+//! Why pairs: on a shared host one limiter's own timings drift within
+//! seconds, so rows timed one after the other (as criterion times them)
+//! compare moments as much as limiters. Here both limiters are filled once,
+//! then strictly alternate in short batches (ours, governor, ours, ...), so
+//! every batch follows the other limiter's and finds its own state as cold;
+//! each round's ratio compares two batches timed back to back. A process's
+//! memory layout is one draw too, which is why `scripts/bench-memory` runs
+//! this in several processes.
 //!
 //! ```sh
 //! cargo bench -p ratelimit-core --bench user_keys_paired -- [ROUNDS] [DECISIONS_PER_BATCH]
@@ -17,7 +18,8 @@
 //!
 //! Prints, per workload and thread count, the median ns per decision of
 //! each and the median of the rounds' ratios (governor's ns ÷ ours: above 1
-//! means ours is faster).
+//! means ours is faster); a median of an even count is the mean of the
+//! middle two.
 
 use std::process::ExitCode;
 
@@ -26,20 +28,24 @@ mod common;
 use common::*;
 
 fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; only numbers are ours.
-    let numbers: Vec<u64> = std::env::args()
+    const USAGE: &str = "usage: user_keys_paired [ROUNDS > 0] [DECISIONS_PER_BATCH > 0]";
+    // `cargo bench` passes `--bench`; the rest are ours.
+    let numbers: Result<Vec<u64>, _> = std::env::args()
         .skip(1)
-        .filter(|a| !a.starts_with("--"))
+        .filter(|a| a != "--bench")
         .map(|a| a.parse())
-        .collect::<Result<_, _>>()
-        .unwrap_or_default();
-    let (rounds, batch) = match numbers.as_slice() {
-        [] => (30, 200_000),
-        [rounds] => (*rounds, 200_000),
-        [rounds, batch, ..] => (*rounds, *batch),
+        .collect();
+    let (rounds, batch) = match numbers.as_deref() {
+        Ok([]) => (30, 200_000),
+        Ok(&[rounds]) => (rounds, 200_000),
+        Ok(&[rounds, batch]) => (rounds, batch),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::FAILURE;
+        }
     };
     if rounds == 0 || batch == 0 {
-        eprintln!("usage: user_keys_paired [ROUNDS > 0] [DECISIONS_PER_BATCH > 0]");
+        eprintln!("{USAGE}");
         return ExitCode::FAILURE;
     }
     println!("workload threads ours_ns governor_ns ratio");
@@ -54,14 +60,9 @@ fn main() -> ExitCode {
                 elapsed.as_secs_f64() * 1e9 / batch as f64
             };
             let (mut ours_ns, mut governor_ns, mut ratios) = (vec![], vec![], vec![]);
-            for round in 0..rounds {
-                let (o, g) = if round % 2 == 0 {
-                    let o = time(&ours);
-                    (o, time(&governor))
-                } else {
-                    let g = time(&governor);
-                    (time(&ours), g)
-                };
+            for _ in 0..rounds {
+                let o = time(&ours);
+                let g = time(&governor);
                 ours_ns.push(o);
                 governor_ns.push(g);
                 ratios.push(g / o);
@@ -80,5 +81,10 @@ fn main() -> ExitCode {
 
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    let middle = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
 }

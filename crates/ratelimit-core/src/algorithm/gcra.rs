@@ -183,7 +183,8 @@ mod tests {
 
     /// `admitted` is the decision `decide` makes whenever the request is
     /// admitted and consumes something, fresh key or not, for bursts and
-    /// rates whose interval does and does not divide a second evenly.
+    /// rates whose interval does and does not divide a second evenly, and
+    /// on clocks at both ends of `u64`.
     #[test]
     fn admitted_is_the_decision_of_decide() {
         for (burst, rate) in [
@@ -194,23 +195,69 @@ mod tests {
         ] {
             let gcra = Gcra::new(burst, rate).expect("valid");
             let interval = gcra.interval_micros();
-            let now = 1_000_000_000;
-            for tat in (0..4 * burst)
-                .map(|i| now - 2 * interval + i * interval / 3)
-                .chain([0, now, now - 1, now + 1])
-            {
-                for cost in 1..=burst + 1 {
-                    let Some(next) = gcra.next_tat(tat, now, cost) else {
-                        continue;
-                    };
-                    let mut state = GcraState { tat };
-                    assert_eq!(
-                        gcra.admitted(tat, next, now, cost),
-                        gcra.decide(&mut state, now, cost),
-                        "burst {burst}, tat {tat}, cost {cost}"
-                    );
+            let span = burst * interval;
+            for now in [1_000_000_000, 0, 1, u64::MAX - span, u64::MAX - 1, u64::MAX] {
+                for tat in (0..4 * burst)
+                    .map(|i| {
+                        now.saturating_sub(2 * interval)
+                            .saturating_add(i * interval / 3)
+                    })
+                    .chain([
+                        0,
+                        now,
+                        now.saturating_sub(1),
+                        now.saturating_add(1),
+                        u64::MAX,
+                    ])
+                {
+                    for cost in [0, 1, 2, burst - 1, burst, burst + 1] {
+                        assert_admitted_is_decided(&gcra, tat, now, cost);
+                    }
                 }
             }
+        }
+    }
+
+    /// When `next_tat` admits `(tat, now, cost)`, `decide` moves the TAT
+    /// there and returns what `admitted` returns.
+    fn assert_admitted_is_decided(gcra: &Gcra, tat: u64, now: u64, cost: u64) {
+        let Some(next) = gcra.next_tat(tat, now, cost) else {
+            return;
+        };
+        let mut state = GcraState { tat };
+        let decided = gcra.decide(&mut state, now, cost);
+        assert_eq!(state.tat, next, "tat {tat}, now {now}, cost {cost}");
+        assert_eq!(
+            gcra.admitted(tat, next, now, cost),
+            decided,
+            "{gcra:?}, tat {tat}, now {now}, cost {cost}"
+        );
+    }
+
+    proptest::proptest! {
+        /// The same on random policies, clocks anywhere in `u64` and TATs
+        /// up to three bursts either side of the clock.
+        #[test]
+        fn admitted_is_decided_anywhere(
+            burst in 1u64..=2_000,
+            amount in 1u64..=1_000_000,
+            period_ms in 1u64..=3_600_000,
+            now in proptest::prop_oneof![
+                proptest::prelude::any::<u64>(),
+                (u64::MAX - (1 << 52))..=u64::MAX,
+                0u64..(1 << 52),
+            ],
+            offset in proptest::prelude::any::<i64>(),
+            cost in 0u64..=2_001,
+        ) {
+            let rate = Rate::new(amount, std::time::Duration::from_millis(period_ms));
+            let Ok(gcra) = Gcra::new(burst, rate) else {
+                return Ok(());
+            };
+            let span = burst * gcra.interval_micros();
+            let shift = offset.unsigned_abs() % (3 * span + 3);
+            let tat = if offset < 0 { now.saturating_sub(shift) } else { now.saturating_add(shift) };
+            assert_admitted_is_decided(&gcra, tat, now, cost.min(burst + 1));
         }
     }
 }
