@@ -20,6 +20,10 @@
 //! each and the median of the rounds' ratios (governor's ns ÷ ours: above 1
 //! means ours is faster); a median of an even count is the mean of the
 //! middle two.
+//!
+//! `PAIR=ours` or `PAIR=governor` checks the method itself: two instances
+//! of that one limiter take the two places, so the ratios show what the
+//! pairing alone gives (about 1 when it favours neither place).
 
 use std::process::ExitCode;
 
@@ -48,10 +52,19 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::FAILURE;
     }
+    let pair = match std::env::var("PAIR").as_deref() {
+        Err(std::env::VarError::NotPresent) => Pair::OursAndGovernor,
+        Ok("ours") => Pair::Twice(0),
+        Ok("governor") => Pair::Twice(1),
+        _ => {
+            eprintln!("{USAGE}\nPAIR, when set, is `ours` or `governor`");
+            return ExitCode::FAILURE;
+        }
+    };
     println!("workload threads ours_ns governor_ns ratio");
     for workload in &IpWorkload::all() {
         for threads in [1, 2] {
-            let [ours, governor, _] = IpLimiter::all();
+            let (ours, governor) = pair.limiters();
             ours.fill(workload);
             governor.fill(workload);
             let time = |limiter: &IpLimiter| {
@@ -77,6 +90,34 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The two limiters a run compares.
+#[derive(Clone, Copy)]
+enum Pair {
+    /// Ours in the first place, governor in the second.
+    OursAndGovernor,
+    /// Two instances of the limiter at this index of [`IpLimiter::all`].
+    Twice(usize),
+}
+
+impl Pair {
+    fn limiters(self) -> (IpLimiter, IpLimiter) {
+        match self {
+            Pair::OursAndGovernor => {
+                let [ours, governor, _] = IpLimiter::all();
+                (ours, governor)
+            }
+            Pair::Twice(index) => {
+                let first = IpLimiter::all().into_iter().nth(index);
+                let second = IpLimiter::all().into_iter().nth(index);
+                (
+                    first.expect("an index of all()"),
+                    second.expect("an index of all()"),
+                )
+            }
+        }
+    }
 }
 
 fn median(values: &mut [f64]) -> f64 {
