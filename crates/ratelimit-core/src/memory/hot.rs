@@ -33,7 +33,7 @@ use super::*;
 pub(super) const HOT: u64 = u64::MAX;
 
 /// The hot key's identity and state (see the module's documentation).
-/// Every field is an atomic, so readers need no lock and no `unsafe`.
+/// Every field is an atomic, so readers need no lock.
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(super) struct Hot {
