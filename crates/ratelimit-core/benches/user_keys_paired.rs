@@ -61,7 +61,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("workload threads ours_ns governor_ns ratio");
+    let (first, second) = match pair {
+        Pair::OursAndGovernor => ("ours_ns", "governor_ns"),
+        Pair::Twice(_) => ("first_ns", "second_ns"),
+    };
+    println!("workload threads {first} {second} ratio");
     for workload in &IpWorkload::all() {
         for threads in [1, 2] {
             let (ours, governor) = pair.limiters();
