@@ -54,22 +54,6 @@ impl Gcra {
         decide_tat(self.burst, self.interval, state, now, cost).0
     }
 
-    /// The decision [`decide`](Self::decide) makes on `tat` at `now` when
-    /// the request of `cost` is admitted and moves the TAT to `next` (what
-    /// [`next_tat`](Self::next_tat) returned): the same decision, computed
-    /// from the transition already made. A fresh key (`tat` not after
-    /// `now`) is left `burst - cost` units, with no division.
-    #[inline]
-    pub(crate) fn admitted(&self, tat: u64, next: u64, now: u64, cost: u64) -> Decision {
-        let reset = next - now;
-        let remaining = if tat <= now {
-            self.burst - cost
-        } else {
-            (self.burst * self.interval - reset) / self.interval
-        };
-        Decision::allow(self.burst, remaining, reset)
-    }
-
     /// Consumes `amount` units even past empty (an admin penalty): the TAT
     /// moves `amount` intervals later, to at most two full bursts ahead of
     /// `now`, so a request of cost 1 waits at most one burst's refill time
@@ -178,86 +162,6 @@ mod tests {
                     "tat {tat}, cost {cost}"
                 );
             }
-        }
-    }
-
-    /// `admitted` is the decision `decide` makes whenever the request is
-    /// admitted and consumes something, fresh key or not, for bursts and
-    /// rates whose interval does and does not divide a second evenly, and
-    /// on clocks at both ends of `u64`.
-    #[test]
-    fn admitted_is_the_decision_of_decide() {
-        for (burst, rate) in [
-            (5, Rate::per_second(10)),
-            (1, Rate::per_second(3)),
-            (7, Rate::per_minute(13)),
-            (1_000, Rate::per_second(1_000_000)),
-        ] {
-            let gcra = Gcra::new(burst, rate).expect("valid");
-            let interval = gcra.interval_micros();
-            let span = burst * interval;
-            for now in [1_000_000_000, 0, 1, u64::MAX - span, u64::MAX - 1, u64::MAX] {
-                for tat in (0..4 * burst)
-                    .map(|i| {
-                        now.saturating_sub(2 * interval)
-                            .saturating_add(i * interval / 3)
-                    })
-                    .chain([
-                        0,
-                        now,
-                        now.saturating_sub(1),
-                        now.saturating_add(1),
-                        u64::MAX,
-                    ])
-                {
-                    for cost in [0, 1, 2, burst - 1, burst, burst + 1] {
-                        assert_admitted_is_decided(&gcra, tat, now, cost);
-                    }
-                }
-            }
-        }
-    }
-
-    /// When `next_tat` admits `(tat, now, cost)`, `decide` moves the TAT
-    /// there and returns what `admitted` returns.
-    fn assert_admitted_is_decided(gcra: &Gcra, tat: u64, now: u64, cost: u64) {
-        let Some(next) = gcra.next_tat(tat, now, cost) else {
-            return;
-        };
-        let mut state = GcraState { tat };
-        let decided = gcra.decide(&mut state, now, cost);
-        assert_eq!(state.tat, next, "tat {tat}, now {now}, cost {cost}");
-        assert_eq!(
-            gcra.admitted(tat, next, now, cost),
-            decided,
-            "{gcra:?}, tat {tat}, now {now}, cost {cost}"
-        );
-    }
-
-    proptest::proptest! {
-        /// The same on random policies, clocks anywhere in `u64` and TATs
-        /// up to three bursts either side of the clock.
-        #[test]
-        fn admitted_is_decided_anywhere(
-            burst in 1u64..=2_000,
-            amount in 1u64..=1_000_000,
-            period_ms in 1u64..=3_600_000,
-            now in proptest::prop_oneof![
-                proptest::prelude::any::<u64>(),
-                (u64::MAX - (1 << 52))..=u64::MAX,
-                0u64..(1 << 52),
-            ],
-            offset in proptest::prelude::any::<i64>(),
-            cost in 0u64..=2_001,
-        ) {
-            let rate = Rate::new(amount, std::time::Duration::from_millis(period_ms));
-            let Ok(gcra) = Gcra::new(burst, rate) else {
-                return Ok(());
-            };
-            let span = burst * gcra.interval_micros();
-            let shift = offset.unsigned_abs() % (3 * span + 3);
-            let tat = if offset < 0 { now.saturating_sub(shift) } else { now.saturating_add(shift) };
-            assert_admitted_is_decided(&gcra, tat, now, cost.min(burst + 1));
         }
     }
 }

@@ -895,10 +895,7 @@ fn check_shared(
             Some((&entry.tat, 0))
         })?,
     };
-    Some(match gcra.next_tat(tat, now, cost) {
-        Some(next) => gcra.admitted(tat, next, now, cost),
-        None => gcra.decide(&mut GcraState { tat }, now, cost),
-    })
+    Some(gcra.decide(&mut GcraState { tat }, now, cost))
 }
 
 /// The transition of [`check_shared`] under the shard's shared lock: the
