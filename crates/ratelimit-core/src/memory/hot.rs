@@ -112,7 +112,7 @@ impl Shard {
     /// A shard with no hot key.
     pub(super) fn new(hasher: foldhash::fast::RandomState) -> Self {
         Shard {
-            hot_hash: CacheLine(AtomicU64::new(0)),
+            hot_hash: AtomicU64::new(0),
             lock: RwLock::new(ShardInner::new(hasher)),
             hot: Hot::default(),
         }
@@ -120,10 +120,10 @@ impl Shard {
 
     /// The TAT of the short key `short` under `policy` if it is the hot key,
     /// read without the lock. Any other key learns it is not from
-    /// [`hot_hash`](Shard::hot_hash), a line no check writes.
+    /// [`hot_hash`](Shard::hot_hash), on the line its check reads anyway.
     #[inline]
     pub(super) fn hot_tat(&self, hash: u64, policy: &Policy, short: u128) -> Option<u64> {
-        if self.hot_hash.0.load(Ordering::Relaxed) != hash | 1 {
+        if self.hot_hash.load(Ordering::Relaxed) != hash | 1 {
             return None;
         }
         self.hot.read(short, policy.addr())
@@ -134,7 +134,7 @@ impl Shard {
     /// without the lock; [`promote`](Self::promote) decides under it.
     #[inline]
     pub(super) fn hot_is_free(&self, now: u64) -> bool {
-        self.hot_hash.0.load(Ordering::Relaxed) == 0 || self.hot.tat.load(Ordering::Relaxed) <= now
+        self.hot_hash.load(Ordering::Relaxed) == 0 || self.hot.tat.load(Ordering::Relaxed) <= now
     }
 
     /// Makes `key` (short, `short` packed) under `policy` the hot key, if
@@ -154,7 +154,7 @@ impl Shard {
         let Some(mut inner) = self.lock.try_write() else {
             return;
         };
-        if self.hot_hash.0.load(Ordering::Relaxed) != 0 {
+        if self.hot_hash.load(Ordering::Relaxed) != 0 {
             if self.hot.tat.load(Ordering::Relaxed) > now {
                 return;
             }
@@ -171,14 +171,14 @@ impl Shard {
         };
         let tat = std::mem::replace(entry.tat.get_mut(), HOT);
         self.hot.set(hash, short, entry.policy.addr(), tat);
-        self.hot_hash.0.store(hash | 1, Ordering::Relaxed);
+        self.hot_hash.store(hash | 1, Ordering::Relaxed);
     }
 
     /// Clears the hot key, writing its TAT back to its entry. Under the
     /// shard's exclusive lock (`inner` is its value), before anything else
     /// reads or writes the shard's states.
     pub(super) fn flush_hot(&self, inner: &mut ShardInner) {
-        if self.hot_hash.0.load(Ordering::Relaxed) == 0 {
+        if self.hot_hash.load(Ordering::Relaxed) == 0 {
             return;
         }
         let hash = self.hot.hash.load(Ordering::Relaxed);
@@ -186,7 +186,7 @@ impl Shard {
             | u128::from(self.hot.key[1].load(Ordering::Relaxed)) << 64;
         let policy = self.hot.policy.load(Ordering::Relaxed);
         let tat = self.hot.tat.load(Ordering::Relaxed);
-        self.hot_hash.0.store(0, Ordering::Relaxed);
+        self.hot_hash.store(0, Ordering::Relaxed);
         self.hot.set(0, 0, 0, 0);
         let entry = inner
             .short_words
@@ -206,7 +206,7 @@ mod tests {
     use crate::memory::hot_tests::one_shard;
 
     fn is_hot(store: &MemoryStore<ManualClock>) -> bool {
-        store.shared.shards[0].hot_hash.0.load(Ordering::Relaxed) != 0
+        store.shared.shards[0].hot_hash.load(Ordering::Relaxed) != 0
     }
 
     /// A denied key becomes its shard's hot key; its checks then decide

@@ -168,7 +168,7 @@ fn hot_keys(store: &MemoryStore<ManualClock>) -> usize {
         .shared
         .shards
         .iter()
-        .filter(|s| s.hot_hash.0.load(Ordering::Relaxed) != 0)
+        .filter(|s| s.hot_hash.load(Ordering::Relaxed) != 0)
         .count()
 }
 
@@ -546,7 +546,7 @@ fn keys_of_one_shard_take_turns_at_being_hot_and_lose_no_unit() {
             let penalties = penalized.load(Ordering::Relaxed);
             start.wait();
             end.wait();
-            let hot = store.shared.shards[0].hot_hash.0.load(Ordering::Relaxed);
+            let hot = store.shared.shards[0].hot_hash.load(Ordering::Relaxed);
             for k in 0..2 {
                 let mut units = admitted[k].load(Ordering::Relaxed) - before[k];
                 if k == 0 {
