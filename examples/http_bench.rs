@@ -48,6 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen,
         redis,
     } = Args::parse();
+    // A store's errors and outages are logged (a load test that meets
+    // them shows why); nothing is logged per request otherwise.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .init();
     ratelimit_examples::serve_on(listen, app(variant, &redis).await?).await?;
     Ok(())
 }
