@@ -77,6 +77,11 @@ pub enum ResetFormat {
 /// Which rate-limit headers to send, on allowed and denied responses alike.
 /// `Retry-After` is always sent on a denial, whatever this says.
 ///
+/// The default, the IETF fields, writes two fields into every allowed
+/// response: on a server whose responses are tiny, a cost of the same order
+/// as the limiter's own (BENCHMARKS.md in the repository). A service whose
+/// clients never read them can send none ([`RateLimitHeaders::none`]).
+///
 /// ```
 /// use ratelimit_tower::headers::{RateLimitHeaders, ResetFormat};
 ///
