@@ -329,7 +329,7 @@ struct Failover {
 }
 
 impl Failover {
-    /// Waits for its turn, then starts the quorum and the store; requests
+    /// Starts the quorum while it waits for its turn, then the store; requests
     /// check `key` under `policy`.
     async fn start(policy: Policy, key: &[u8]) -> Self {
         let (turn, set) = start_quorum().await;

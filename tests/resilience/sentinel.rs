@@ -31,30 +31,39 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
 /// The longest the sentinels may take to fail over a dead master.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 
-/// Takes the test's turn, then starts the set on a blocking thread (it
-/// waits for the sentinels).
-async fn start_set(password: Option<&'static str>) -> (Turn, RedisSentinels) {
+/// Runs `start` on a blocking thread while the test waits for its turn,
+/// so that a test parked on the turn sets up meanwhile; returns both. What
+/// `start` returns is dropped with the task if the test ends first, so a
+/// set started early is killed all the same.
+async fn started_in_turn<T: Send + 'static>(
+    what: &str,
+    start: impl FnOnce() -> T + Send + 'static,
+) -> (Turn, T) {
+    let started = tokio::task::spawn_blocking(start);
     let turn = turn().await;
-    let set = tokio::task::spawn_blocking(move || match password {
+    let value = started.await.unwrap_or_else(|e| panic!("{what}: {e}"));
+    (turn, value)
+}
+
+/// Starts the set on a blocking thread (it waits for the sentinels) while
+/// the test waits for its turn.
+async fn start_set(password: Option<&'static str>) -> (Turn, RedisSentinels) {
+    started_in_turn("starting the sentinels", move || match password {
         Some(password) => RedisSentinels::start_with_password(password),
         None => RedisSentinels::start(),
     })
     .await
-    .expect("starting the sentinels");
-    (turn, set)
 }
 
-/// Takes the test's turn, then starts a set whose sentinels can fail its
-/// master over (they know one another).
+/// As [`start_set`], a set whose sentinels can fail its master over (they
+/// know one another).
 pub(crate) async fn start_quorum() -> (Turn, RedisSentinels) {
-    let (turn, set) = start_set(None).await;
-    let set = tokio::task::spawn_blocking(move || {
+    started_in_turn("starting the sentinels", || {
+        let set = RedisSentinels::start();
         set.wait_for_quorum();
         set
     })
     .await
-    .expect("waiting for the sentinels");
-    (turn, set)
 }
 
 /// Kills the set's first master (`SIGKILL`) on a blocking thread; returns
@@ -77,8 +86,8 @@ pub(crate) async fn sentinel_store(set: &RedisSentinels) -> RedisStore {
         .expect("a store behind the sentinels")
 }
 
-/// Takes the test's turn, then starts a set whose sentinels can fail its
-/// master over, a store behind it and the counting policy `name` at
+/// A set whose sentinels can fail its master over (see [`start_quorum`]),
+/// the test's turn, a store behind the set and the counting policy `name` at
 /// `limit`.
 pub(crate) async fn start_counting(
     name: &str,
@@ -1100,13 +1109,11 @@ async fn the_documented_acl_user_decides_behind_sentinel() {
 /// mistake (never an outage a failure policy would let through).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_master_behind_sentinel() {
-    let _turn = turn().await;
-    let (set, certs) = tokio::task::spawn_blocking(|| {
+    let (_turn, (set, certs)) = started_in_turn("starting the TLS set", || {
         let certs = ratelimit_tests::Certificates::make();
         (RedisSentinels::start_tls(&certs), certs)
     })
-    .await
-    .expect("starting the TLS set");
+    .await;
     bounded(async {
         let store = RedisStore::sentinel_builder(set.addresses(), MASTER_NAME)
             .master_tls()
