@@ -1220,6 +1220,15 @@ async fn the_store_follows_a_failover_back() {
     let (_turn, set, store, policy) = start_counting("failover-back", 1_000_000).await;
     warm_up("the master answers", || store.ping()).await;
     let (first, second) = (set.master().port(), set.replica().port());
+    // A sentinel turns the first master, still up after the first switch,
+    // into a replica of the promoted one only once that node has reported
+    // the master role for four publish periods, seen at its next INFO: 8 s,
+    // and INFO every 10 s, by default. Shorter periods make it seconds.
+    for sentinel in set.sentinels() {
+        let periods = ["info-period", "1000", "publish-period", "500"];
+        let set_periods = sentinel.cli(&[&["SENTINEL", "DEBUG"][..], &periods].concat());
+        assert_eq!(set_periods, "OK", "SENTINEL DEBUG {periods:?}");
+    }
 
     bounded(async {
         let order = |set: RedisSentinels, sentinel: usize, from: u16, to: u16| {
