@@ -298,6 +298,36 @@ impl RedisServer {
         reply.unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
 
+    /// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` with `commands`, one a
+    /// line, on its standard input, and returns its stdout, trimmed: one
+    /// reply a line. The commands share one connection, as `WAIT` needs
+    /// (it waits for its own connection's writes only).
+    ///
+    /// # Panics
+    ///
+    /// As [`cli`](Self::cli).
+    pub fn cli_commands(&self, args: &[&str], commands: &str) -> String {
+        let mut input = tempfile::tempfile().expect("creating a temporary file");
+        input
+            .write_all(commands.as_bytes())
+            .and_then(|()| input.seek(SeekFrom::Start(0)).map(drop))
+            .expect("writing redis-cli's input");
+        let mut command = Command::new(REDIS_CLI);
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args);
+        let output = run_bounded_with_input(&mut command, CLI_TIMEOUT, Stdio::from(input));
+        assert!(
+            output.status.success(),
+            "redis-cli -p {} {args:?} with {commands:?} failed ({}):\nstdout: {}\nstderr: {}",
+            self.port,
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
     /// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` (killed after 10 s) and
     /// returns its full output, whatever its exit status.
     ///
@@ -607,10 +637,15 @@ fn cli_output(port: u16, args: &[&str]) -> Output {
 /// and stderr go to anonymous temporary files, so it can never block on a
 /// full pipe.
 fn run_bounded(command: &mut Command, limit: Duration) -> Output {
+    run_bounded_with_input(command, limit, Stdio::null())
+}
+
+/// As [`run_bounded`], `stdin` as the command's standard input.
+fn run_bounded_with_input(command: &mut Command, limit: Duration, stdin: Stdio) -> Output {
     let mut stdout = tempfile::tempfile().expect("creating a temporary file");
     let mut stderr = tempfile::tempfile().expect("creating a temporary file");
     command
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(stdout.try_clone().expect("duplicating a file handle"))
         .stderr(stderr.try_clone().expect("duplicating a file handle"));
     let mut child = match command.spawn() {

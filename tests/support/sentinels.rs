@@ -121,12 +121,10 @@ impl RedisSentinels {
         // writes only once the replica has acknowledged it (within a second),
         // and a failover before then would lose the writes in between. So a
         // write that touches no key (`PUBLISH` is replicated) must be
-        // acknowledged by the replica.
+        // acknowledged by the replica. `WAIT` asks the replica for its
+        // offset at once rather than at its next once-a-second report, and
+        // counts its own connection's writes only: hence one connection.
         let info = |node: &RedisServer| node.cli(&[&auth[..], &["INFO", "replication"]].concat());
-        let field = |info: &str, name: &str| -> Option<u64> {
-            info.split([',', '\n', '\r'])
-                .find_map(|part| part.trim().strip_prefix(name)?.parse().ok())
-        };
         let in_sync = || {
             let replica = info(&self.replica);
             let up = replica.lines().any(|l| l.trim() == "master_link_status:up");
@@ -138,18 +136,18 @@ impl RedisSentinels {
                 self.replica.log()
             )
         });
-        self.master
-            .cli(&[&auth[..], &["PUBLISH", "ratelimit-test-sync", "1"]].concat());
-        let written =
-            field(&info(&self.master), "master_repl_offset:").expect("master_repl_offset");
         let acknowledged = || {
-            let master = info(&self.master);
-            let acked = field(&master, "offset=").is_some_and(|acked| acked >= written);
-            if acked { Ok(()) } else { Err(master) }
+            let replies = self
+                .master
+                .cli_commands(&auth, "PUBLISH ratelimit-test-sync 1\nWAIT 1 1000\n");
+            let acked = replies.lines().last().map(str::trim) == Some("1");
+            if acked { Ok(()) } else { Err(replies) }
         };
-        poll_until(start, MONITORED_TIMEOUT, acknowledged, |master| {
+        poll_until(start, MONITORED_TIMEOUT, acknowledged, |replies| {
             format!(
-                "the replica did not acknowledge a write within {MONITORED_TIMEOUT:?}:\n{master}\n{}",
+                "the replica did not acknowledge a write within {MONITORED_TIMEOUT:?} \
+                 (PUBLISH, WAIT: {replies:?}):\n{}\n{}",
+                info(&self.master),
                 self.replica.log()
             )
         });
