@@ -90,10 +90,27 @@ async fn turn() -> Turn {
 }
 
 /// Waits until no other fault test runs, for one that measures latencies
-/// under a load of its own.
-async fn turn_alone() -> Turn {
-    SERIAL
+/// under a load of its own, and holds off any set started ahead of its turn
+/// meanwhile (see [`ahead_of_turn`]). That permit is taken first, so a test
+/// already setting up ahead gets its turn before this one.
+async fn turn_alone() -> (Turn, tokio::sync::SemaphorePermit<'static>) {
+    let no_early_start = ahead_of_turn().await;
+    let turn = SERIAL
         .acquire_many(TOGETHER)
+        .await
+        .expect("the semaphore is never closed");
+    (turn, no_early_start)
+}
+
+/// Servers started ahead of a test's turn (see `sentinel::started_in_turn`)
+/// load the machine beside the tests that hold turns: one test at a time may
+/// set up ahead, and none while a test runs alone.
+static EARLY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Waits until this test may set up ahead of its turn (see [`EARLY`]).
+async fn ahead_of_turn() -> tokio::sync::SemaphorePermit<'static> {
+    EARLY
+        .acquire()
         .await
         .expect("the semaphore is never closed")
 }

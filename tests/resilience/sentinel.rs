@@ -23,7 +23,7 @@ use ratelimit_tests::{RedisSentinels, RedisServer, named};
 
 use ratelimit_tests::warm_up;
 
-use super::{CALL_TIMEOUT, MARGIN, Turn, bounded, ms, start_clients, timed, turn};
+use super::{CALL_TIMEOUT, MARGIN, Turn, ahead_of_turn, bounded, ms, start_clients, timed, turn};
 
 /// The promoted replica must decide within this of the sentinels naming it.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
@@ -32,15 +32,18 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(2);
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 
 /// Runs `start` on a blocking thread while the test waits for its turn,
-/// so that a test parked on the turn sets up meanwhile; returns both. What
-/// `start` returns is dropped with the task if the test ends first, so a
-/// set started early is killed all the same.
+/// so that a test parked on the turn sets up meanwhile; returns both. One
+/// test at a time sets up ahead ([`ahead_of_turn`]), so at most one set
+/// exists outside the turns. What `start` returns is dropped with the task
+/// if the test ends first, so a set started early is killed all the same.
 async fn started_in_turn<T: Send + 'static>(
     what: &str,
     start: impl FnOnce() -> T + Send + 'static,
 ) -> (Turn, T) {
+    let ahead = ahead_of_turn().await;
     let started = tokio::task::spawn_blocking(start);
     let turn = turn().await;
+    drop(ahead);
     let value = started.await.unwrap_or_else(|e| panic!("{what}: {e}"));
     (turn, value)
 }

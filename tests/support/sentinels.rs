@@ -136,17 +136,21 @@ impl RedisSentinels {
                 self.replica.log()
             )
         });
+        // `CLIENT ID` before and after: the same id shows that the write and
+        // the `WAIT` went on one connection (redis-cli reconnects silently).
         let acknowledged = || {
-            let replies = self
-                .master
-                .cli_commands(&auth, "PUBLISH ratelimit-test-sync 1\nWAIT 1 1000\n");
-            let acked = replies.lines().last().map(str::trim) == Some("1");
+            let replies = self.master.cli_commands(
+                &auth,
+                "CLIENT ID\nPUBLISH ratelimit-test-sync 1\nWAIT 1 1000\nCLIENT ID\n",
+            );
+            let lines: Vec<&str> = replies.lines().map(str::trim).collect();
+            let acked = matches!(lines.as_slice(), [before, _, "1", after] if before == after);
             if acked { Ok(()) } else { Err(replies) }
         };
         poll_until(start, MONITORED_TIMEOUT, acknowledged, |replies| {
             format!(
                 "the replica did not acknowledge a write within {MONITORED_TIMEOUT:?} \
-                 (PUBLISH, WAIT: {replies:?}):\n{}\n{}",
+                 (CLIENT ID, PUBLISH, WAIT, CLIENT ID: {replies:?}):\n{}\n{}",
                 info(&self.master),
                 self.replica.log()
             )
