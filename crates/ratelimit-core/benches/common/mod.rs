@@ -127,10 +127,8 @@ where
 
 /// Client IPs, as a layer keyed by peer IP sees them: in hand, as a server
 /// has its peer's address. A picked address is computed from its index, so
-/// a decision's only memory traffic is the limiter's own. (Read from a
-/// 1.7 MB array, each pick was a cache miss of the harness's own, and
-/// sampling put most of the difference between the limiters on that load:
-/// see BENCHMARKS.md.)
+/// a decision's only memory traffic is the limiter's own (an array of them
+/// would add a cache miss of the harness's own to every decision).
 pub(crate) struct IpWorkload {
     pub(crate) name: &'static str,
     count: u32,
