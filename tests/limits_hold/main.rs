@@ -4,12 +4,14 @@
 //! parameter changes, the key bound and client keys (`attacks2`), on shared
 //! policies, escape spellings, Redis eviction, upgrades and cancellation
 //! beside shadow policies (`attacks3`), on
-//! settlements after the response (`attack_settle`) and on how keys reach
-//! the stores (`attack_keys`).
+//! settlements after the response (`attack_settle`), on how keys reach
+//! the stores (`attack_keys`) and on other spellings of one value or path
+//! that the service behind the layer reads alike (`attack_spellings`).
 //! One binary, so the suite links it once.
 
 mod attack_keys;
 mod attack_settle;
+mod attack_spellings;
 mod attacks;
 mod attacks2;
 mod attacks3;
