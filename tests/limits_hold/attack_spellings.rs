@@ -2,16 +2,24 @@
 //! service behind the layer reads as the same: each test fails while a
 //! client gets a second budget (or escapes a rule) that way.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use ratelimit_core::MemoryStore;
 use ratelimit_tests::fixtures;
 use ratelimit_tower::{HeaderKey, RateLimitLayer};
-use tower::ServiceExt;
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
+
+use crate::rules::{layer_of, one_a_window};
+
+type App = BoxCloneService<Request<Body>, Response, std::convert::Infallible>;
 
 /// A budget per bearer token, keyed by `Authorization` (a header the
 /// service checks, which HeaderKey's docs give as the case where a key the
@@ -58,4 +66,49 @@ async fn one_bearer_token_under_another_case_of_its_scheme_is_one_budget() {
         [200, 429, 429, 429],
         "one valid token passed once per spelling of its scheme under a limit of 1"
     );
+}
+
+/// A rule on `/files/private` in front of axum's `/files/{*path}`, whose
+/// `Path` extractor percent-decodes the tail: `/files/private%2Freport.pdf`
+/// runs the handler for `private/report.pdf`, the file the rule limits, but
+/// no spelling the layer tries (raw, normalised, unreserved bytes decoded,
+/// `MatchedPath` = `/files/{*path}`) is under `/files/private`. With the
+/// layer on the router and around it, the limited file is served twice
+/// under a limit of one.
+#[tokio::test]
+async fn an_encoded_slash_in_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let rules = format!(
+        "{}\n[[rules]]\npolicy = \"private\"\nkey = \"header:x-id\"\nroutes = [\"/files/private\"]\n",
+        one_a_window("private")
+    );
+    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
+        runs.lock().unwrap().push(path);
+        "file"
+    };
+    let router = Router::new()
+        .route("/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let on: App = App::new(router.clone().layer(layer_of(&rules)));
+    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
+        layer_of(&rules).layer(router),
+        IntoResponse::into_response,
+    ));
+    for (placement, app) in [("on the router", on), ("around the router", around)] {
+        runs.lock().unwrap().clear();
+        let mut statuses = Vec::new();
+        for path in ["/files/private/report.pdf", "/files/private%2Freport.pdf"] {
+            let req = Request::get(path)
+                .header("x-id", "one")
+                .body(Body::empty())
+                .unwrap();
+            statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+        }
+        let served = runs.lock().unwrap().clone();
+        assert_eq!(
+            statuses,
+            [200, 429],
+            "{placement}: the handler served {served:?} under a limit of one"
+        );
+    }
 }
