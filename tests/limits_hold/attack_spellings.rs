@@ -112,3 +112,40 @@ async fn an_encoded_slash_in_a_wildcard_tail_does_not_escape_a_rule_under_it() {
         );
     }
 }
+
+/// An operator writes a rule's route as axum writes the route,
+/// `routes = ["/users/{id}"]`. The file loads, and with the layer on the
+/// router it applies (`MatchedPath` is `/users/{id}`); with the same file
+/// on a layer around the router (a plain Tower layer, where only the path
+/// is known) no request path is under `/users/{id}`, so the rule limits
+/// nothing, silently. The configuration refuses prefixes that can never
+/// match (`//`, `.`, `%2e`); a pattern should be refused too, or match as
+/// the route it names. Either outcome passes this test.
+#[tokio::test]
+async fn a_route_written_as_an_axum_pattern_is_refused_or_limits_around_the_router() {
+    let rules = format!(
+        "{}\n[[rules]]\npolicy = \"users\"\nkey = \"header:x-id\"\nroutes = [\"/users/{{id}}\"]\n",
+        one_a_window("users")
+    );
+    if ratelimit_tower::config::Config::from_toml(&rules).is_err() {
+        return;
+    }
+    let router = Router::new().route("/users/{id}", get(|| async { "user" }));
+    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
+        layer_of(&rules).layer(router),
+        IntoResponse::into_response,
+    ));
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let req = Request::get("/users/7")
+            .header("x-id", "one")
+            .body(Body::empty())
+            .unwrap();
+        statuses.push(around.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 429],
+        "routes = [\"/users/{{id}}\"] loaded and limited nothing around the router"
+    );
+}
