@@ -302,7 +302,9 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// stores, logs and metrics never see the raw secret. The key is the value's
 /// alone, so one value is one budget however it reaches the layer: through
 /// this extractor, a [`Limits::one`](crate::Limits::one) of the same value,
-/// a closure, or a handler's `Limiter` (`ratelimit-axum`).
+/// a closure, or a handler's `Limiter` (`ratelimit-axum`); credentials are
+/// first written one way ([Credentials](#credentials)), and
+/// [`key_for`](HeaderKey::key_for) gives their key.
 /// [`key_for`](HeaderKey::key_for) gives the key of a value, for an
 /// operator's tools.
 ///
@@ -352,6 +354,27 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// [`PeerIp`](struct@crate::PeerIp), with [`Rule::and`](crate::Rule::and)); either way each one is
 /// counted ([`Stats`](crate::Stats), metrics) and logged.
 ///
+/// # Credentials
+///
+/// In `Authorization` and `Proxy-Authorization` the scheme is
+/// case-insensitive and may be followed by several spaces (RFC 9110): a
+/// service takes `Bearer tok`, `bearer tok` and `BEARER  tok` for one
+/// token. They are one key, that of the value with its scheme in lowercase
+/// and one space before the credentials, which are kept as they are.
+///
+/// ```
+/// use ratelimit_tower::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::from_static("authorization");
+/// let with = |value: &str| {
+///     let req = http::Request::get("/").header("authorization", value).body(()).unwrap();
+///     key.extract(&req)
+/// };
+/// assert_eq!(with("Bearer tok"), with("bEARER   tok"));
+/// assert_eq!(with("Bearer tok"), Some(key.key_for(b"bearer tok")));
+/// assert_ne!(with("Bearer tok"), with("Bearer TOK"));
+/// ```
+///
 /// # gRPC binary metadata
 ///
 /// A header whose name ends in `-bin` is gRPC binary metadata: its value is
@@ -397,7 +420,9 @@ impl HeaderKey {
 
     /// The key of requests whose header holds `value`: the key of the
     /// value, `Key::from(value)` (hashed, see [`Key`]). For a `-bin` header,
-    /// `value` is the decoded bytes, not their base64.
+    /// `value` is the decoded bytes, not their base64; for `Authorization`
+    /// and `Proxy-Authorization`, the key of the value with its scheme in
+    /// lowercase and one space after it (see [Credentials](#credentials)).
     ///
     /// ```
     /// use ratelimit_tower::{HeaderKey, Key, KeyExtractor};
@@ -408,6 +433,9 @@ impl HeaderKey {
     /// assert_eq!(api_key.key_for(b"acme"), Key::from("acme"));
     /// ```
     pub fn key_for(&self, value: &[u8]) -> Key {
+        if self.is_credentials() {
+            return Key::from(credentials(value).as_slice());
+        }
         Key::from(value)
     }
 }
@@ -417,6 +445,35 @@ impl HeaderKey {
     fn is_binary(&self) -> bool {
         self.name.as_str().ends_with("-bin")
     }
+
+    /// Whether the header carries credentials (`<scheme> <credentials>`).
+    fn is_credentials(&self) -> bool {
+        self.name == http::header::AUTHORIZATION || self.name == http::header::PROXY_AUTHORIZATION
+    }
+}
+
+/// A credentials value with its scheme, which RFC 9110 makes
+/// case-insensitive, in lowercase, and one space between it and the
+/// credentials (the grammar allows several); spaces and tabs around the
+/// value dropped. The credentials are kept as they are: a token's case
+/// matters.
+fn credentials(value: &[u8]) -> Vec<u8> {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = value.iter().position(|b| !blank(b)).unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !blank(b))
+        .map_or(start, |i| i + 1);
+    let value = &value[start..end];
+    let scheme_end = value.iter().position(blank).unwrap_or(value.len());
+    let (scheme, rest) = value.split_at(scheme_end);
+    let rest = &rest[rest.iter().position(|b| !blank(b)).unwrap_or(rest.len())..];
+    let mut out = scheme.to_ascii_lowercase();
+    if !rest.is_empty() {
+        out.push(b' ');
+        out.extend_from_slice(rest);
+    }
+    out
 }
 
 /// The bytes of a gRPC binary metadata value: standard base64, padded or
@@ -442,6 +499,11 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
         if self.is_binary() {
             let bytes = decode_binary(value.as_bytes())?;
             return Some(self.key_for(&bytes));
+        }
+        if self.is_credentials() {
+            let value = credentials(value.as_bytes());
+            // Blanks alone: no credentials, as an empty header.
+            return (!value.is_empty()).then(|| Key::from(value.as_slice()));
         }
         Some(self.key_for(value.as_bytes()))
     }
