@@ -340,6 +340,24 @@ fn bad_toml_configurations_name_the_field() {
             Parse,
         ),
         (
+            rule("routes = [\"/users/{id}x\"]"),
+            "rules[0].routes[0]",
+            "a parameter as a whole segment",
+            Parse,
+        ),
+        (
+            rule("routes = [\"/files/{*path}/x\"]"),
+            "rules[0].routes[0]",
+            "a last `{*name}`",
+            Parse,
+        ),
+        (
+            rule("routes = [\"/users/{}\"]"),
+            "rules[0].routes[0]",
+            "a parameter as a whole segment",
+            Parse,
+        ),
+        (
             rule("methods = []"),
             "rules[0].methods",
             "must not be empty",

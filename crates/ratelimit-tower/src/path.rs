@@ -7,11 +7,13 @@
 //! on, and applies when one matches ([`any_spelling`]): the raw path; the
 //! path with repeated slashes merged and dot segments (also spelled `%2e`)
 //! resolved; the same after decoding percent-encoded unreserved bytes
-//! (`%61` is `a`); and, with axum, the route the router chose
-//! (`MatchedPath`) and the path before any nesting (`OriginalUri`). Each
-//! spelling only adds matches, never removes one. Case and encoded bytes
-//! outside the unreserved set (`%2F`) are kept: axum routes on them as they
-//! are (see SECURITY.md).
+//! (`%61` is `a`); the same after decoding every percent-encoded byte
+//! (`%2F` is `/`), as axum's `Path` hands a wildcard's tail to its handler
+//! (`/files/{*path}` serves `private/a` for `/files/private%2Fa`); and,
+//! with axum, the route the router chose (`MatchedPath`) and the path
+//! before any nesting (`OriginalUri`). Each spelling only adds matches,
+//! never removes one. Case is kept: axum routes on it as it is (see
+//! SECURITY.md).
 
 use std::borrow::Cow;
 
@@ -49,10 +51,47 @@ fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
     {
         return true;
     }
-    if let Cow::Owned(decoded) = decode_unreserved(path) {
+    if let Cow::Owned(decoded) = decode_unreserved(path)
+        && (matches(&decoded) || matches(&normalize(&decoded)))
+    {
+        return true;
+    }
+    if let Cow::Owned(decoded) = decode_all(path) {
         return matches(&decoded) || matches(&normalize(&decoded));
     }
     false
+}
+
+/// `path` with every percent-encoded byte decoded, `/` and `%` included, as
+/// axum's `Path` decodes a wildcard's tail; bytes that are not UTF-8
+/// replaced (which only joins spellings). Borrowed when it has no escape
+/// other than those [`decode_unreserved`] decodes.
+#[cfg(feature = "config")]
+fn decode_all(path: &str) -> Cow<'_, str> {
+    let bytes = path.as_bytes();
+    let reserved = |i: usize| {
+        escaped(bytes, i).is_some_and(|byte| {
+            !(byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~'))
+        })
+    };
+    if !(0..bytes.len()).any(|i| bytes[i] == b'%' && reserved(i)) {
+        return Cow::Borrowed(path);
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], escaped(bytes, i)) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// The path a route key uses where the router's route is not known: every
@@ -272,6 +311,31 @@ mod tests {
             spellings("/%61pi/x/%2e%2e/y"),
             ["/%61pi/x/%2e%2e/y", "/%61pi/y", "/api/x/../y", "/api/y"]
         );
+        // A wildcard's tail as axum's `Path` decodes it, resolved or not.
+        assert_eq!(
+            spellings("/files/a%2F..%2Fb"),
+            ["/files/a%2F..%2Fb", "/files/a/../b", "/files/b"]
+        );
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn every_escape_is_decoded_in_the_last_spelling() {
+        use super::decode_all;
+        for (path, want) in [
+            ("/files/private%2Freport", "/files/private/report"),
+            ("/a%2fb%25%41", "/a/b%A"),
+            ("/%ff", "/\u{fffd}"),
+            ("/a%2", "/a%2"),
+        ] {
+            assert_eq!(decode_all(path), want, "{path}");
+        }
+        // Nothing but unreserved escapes: that spelling is tried already.
+        assert!(matches!(
+            decode_all("/%61pi"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert!(matches!(decode_all("/api"), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

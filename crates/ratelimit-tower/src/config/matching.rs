@@ -124,12 +124,51 @@ impl ConfiguredRule {
     }
 }
 
-/// Whether the route prefix `prefix` covers `path`, by whole segments.
+/// Whether the route prefix `prefix` covers `path`, by whole segments. A
+/// parameter segment of the prefix, written as axum writes routes, matches
+/// any segment (`{id}`: one that is not empty; `{*rest}`: whatever
+/// follows), so a prefix copied from the router's route applies to the
+/// paths that route runs, not only where axum's `MatchedPath` is known.
 fn route_matches(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
-        None => false,
+    if !prefix.contains('{') {
+        return match path.strip_prefix(prefix) {
+            Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+            None => false,
+        };
     }
+    let (Some(prefix), Some(mut rest)) = (prefix.strip_prefix('/'), path.strip_prefix('/')) else {
+        return false;
+    };
+    let mut segments = prefix.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        if segment.starts_with("{*") {
+            return true;
+        }
+        // A prefix ending with `/` covers what follows that slash.
+        if segment.is_empty() && segments.peek().is_none() {
+            return true;
+        }
+        let (head, tail) = match rest.split_once('/') {
+            Some((head, tail)) => (head, Some(tail)),
+            None => (rest, None),
+        };
+        let matched = if segment.starts_with('{') {
+            !head.is_empty()
+        } else {
+            head == segment
+        };
+        if !matched {
+            return false;
+        }
+        if segments.peek().is_none() {
+            return true;
+        }
+        match tail {
+            Some(tail) => rest = tail,
+            None => return false,
+        }
+    }
+    true
 }
 
 /// One part of a rule's key.
@@ -169,5 +208,31 @@ mod tests {
         assert!(route_matches("/", "/anything"));
         assert!(route_matches("/", "/"));
         assert!(route_matches("/api/export", "/api/export/{*rest}"));
+    }
+
+    #[test]
+    fn a_parameter_matches_any_segment() {
+        for (prefix, path, want) in [
+            ("/users/{id}", "/users/7", true),
+            ("/users/{id}", "/users/7/posts", true),
+            ("/users/{id}", "/users/{id}", true),
+            ("/users/{id}", "/users/{user_id}/posts", true),
+            ("/users/{id}", "/users", false),
+            ("/users/{id}", "/users/", false),
+            ("/users/{id}", "/usersx/7", false),
+            ("/users/{id}/posts", "/users/7/posts/1", true),
+            ("/users/{id}/posts", "/users/7/postsx", false),
+            ("/users/{id}/posts", "/users/7", false),
+            ("/users/{id}/", "/users/7/", true),
+            ("/users/{id}/", "/users/7", false),
+            ("/files/{*path}", "/files/a/b", true),
+            ("/files/{*path}", "/files", false),
+            ("/files/{*path}", "/other/a", false),
+            ("/{tenant}/admin", "/acme/admin/x", true),
+            ("/{tenant}/admin", "/acme/public", false),
+            ("/users/{id}", "*", false),
+        ] {
+            assert_eq!(route_matches(prefix, path), want, "{prefix} on {path}");
+        }
     }
 }

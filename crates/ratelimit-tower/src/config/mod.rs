@@ -154,11 +154,15 @@
 //!   rule applies when its prefix matches any spelling of the path that a
 //!   router or a proxy may route on: the path as the client wrote it, the
 //!   same with repeated slashes merged and dot segments resolved (`/api//x`,
-//!   `/api/./x` and `/api/y/../x` are all `/api/x`) and with encoded letters,
-//!   digits and `-._~` decoded; with axum, also the route the router chose
-//!   (`MatchedPath`) and the path before nesting (`OriginalUri`). Case and
-//!   other percent-encoded bytes are kept (SECURITY.md). A prefix with `//`,
-//!   a `.` or `..` segment or an encoded unreserved byte (`%2e`) could never
+//!   `/api/./x` and `/api/y/../x` are all `/api/x`), with encoded letters,
+//!   digits and `-._~` decoded, and with every encoded byte decoded (`%2F`
+//!   is `/`, as axum's `Path` hands a wildcard's tail to its handler); with
+//!   axum, also the route the router chose (`MatchedPath`) and the path
+//!   before nesting (`OriginalUri`). Case is kept (SECURITY.md). A segment
+//!   may be a parameter as axum writes routes: `/users/{id}` covers
+//!   `/users/7` and below, `/files/{*path}` everything below `/files/`. A
+//!   prefix with `//`, a `.` or `..` segment, an encoded unreserved byte
+//!   (`%2e`) or a brace outside a whole parameter segment could never
 //!   match: it is refused.
 //! - `methods = ["GET"]` covers `HEAD` too: routers answer `HEAD` with the
 //!   `GET` handler.

@@ -298,7 +298,8 @@ impl<'de> Deserialize<'de> for KeySpec {
     }
 }
 
-/// A route prefix: starts with `/`.
+/// A route prefix: starts with `/`; a segment may be a parameter as axum
+/// writes it (`{id}`, or a last `{*rest}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Route(pub(super) String);
 
@@ -335,6 +336,27 @@ impl std::str::FromStr for Route {
             return Err(format!(
                 "a route prefix writes {escape:?} as the character it encodes: {s:?}"
             ));
+        }
+        // A parameter, as axum writes routes, matches any segment (see
+        // `matching::route_matches`); a brace anywhere else would match no
+        // request's path.
+        let segments: Vec<&str> = s.split('/').collect();
+        for (i, segment) in segments.iter().enumerate() {
+            if !segment.contains(['{', '}']) {
+                continue;
+            }
+            let name = segment
+                .strip_prefix('{')
+                .and_then(|rest| rest.strip_suffix('}'))
+                .map(|name| name.strip_prefix('*').unwrap_or(name));
+            let whole = name.is_some_and(|name| !name.is_empty() && !name.contains(['{', '}']));
+            let wildcard_not_last = segment.starts_with("{*") && i + 1 != segments.len();
+            if !whole || wildcard_not_last {
+                return Err(format!(
+                    "a route prefix writes a parameter as a whole segment, `{{name}}`, or \
+                     a last `{{*name}}`, as axum does: {s:?}"
+                ));
+            }
         }
         Ok(Route(s.to_owned()))
     }
