@@ -149,3 +149,47 @@ async fn a_route_written_as_an_axum_pattern_is_refused_or_limits_around_the_rout
         "routes = [\"/users/{{id}}\"] loaded and limited nothing around the router"
     );
 }
+
+/// A service that takes its API key bare in `Authorization`
+/// (`Authorization: <key>`, no scheme), as many do, with case-sensitive
+/// keys. HeaderKey now reads the first word of the value as a scheme and
+/// lowercases it; a bare key is all first word, so `Key-AbC` and `Key-aBc`,
+/// two clients' distinct keys, are one budget: one client spends the
+/// other's (and one that knows a key up to case can drain it with refused
+/// requests). HeaderKey's docs say "the credentials are kept as they are:
+/// a token's case matters".
+#[tokio::test]
+async fn two_bare_keys_in_authorization_differing_in_case_are_two_budgets() {
+    let policy = fixtures::fixed_window("per-key", 1, Duration::from_secs(3600));
+    let checked = |req: Request<Body>| async move {
+        let value = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if matches!(value, Some("Key-AbC" | "Key-aBc")) {
+            StatusCode::OK
+        } else {
+            StatusCode::UNAUTHORIZED
+        }
+    };
+    let app = Router::new()
+        .route("/", get(checked))
+        .route_layer(RateLimitLayer::new(
+            MemoryStore::new(),
+            policy,
+            HeaderKey::from_static("authorization"),
+        ));
+    let mut statuses = Vec::new();
+    for value in ["Key-AbC", "Key-aBc"] {
+        let req = Request::get("/")
+            .header("authorization", value)
+            .body(Body::empty())
+            .unwrap();
+        statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200],
+        "the second client's first request was refused: its key shares the first client's budget"
+    );
+}
