@@ -193,3 +193,57 @@ async fn two_bare_keys_in_authorization_differing_in_case_are_two_budgets() {
         "the second client's first request was refused: its key shares the first client's budget"
     );
 }
+
+/// `Limits::one`'s docs: "the budget of `Limits::one(policy, api_key, 1)`
+/// is that of a HeaderKey reading the same value under `policy`" (and
+/// HeaderKey's: one value is one budget through the extractor, a
+/// `Limits::one` of the same value, a closure or a `Limiter`). A service
+/// keys `Authorization` with HeaderKey on one route and with a closure
+/// giving `Limits::one` of the header's value on another, under one policy
+/// and store: HeaderKey now keys `Bearer tok` as `bearer tok`, the closure
+/// as `Bearer tok`, so one token gets a budget on each: 2 requests pass
+/// under a limit of 1.
+#[tokio::test]
+async fn one_bearer_token_through_header_key_and_limits_one_is_one_budget() {
+    let store = MemoryStore::new();
+    let policy = fixtures::fixed_window("per-token", 1, Duration::from_secs(3600));
+    let raw = {
+        let policy = policy.clone();
+        move |req: &Request<Body>| {
+            let value = req.headers().get("authorization").cloned();
+            let policy = policy.clone();
+            async move {
+                match value {
+                    Some(value) => ratelimit_tower::Limits::one(policy, value.as_bytes(), 1),
+                    None => ratelimit_tower::Limits::reject(),
+                }
+            }
+        }
+    };
+    let app = Router::new()
+        .route(
+            "/a",
+            get(|| async { "a" }).route_layer(RateLimitLayer::new(
+                store.clone(),
+                policy,
+                HeaderKey::from_static("authorization"),
+            )),
+        )
+        .route(
+            "/b",
+            get(|| async { "b" }).route_layer(RateLimitLayer::with_rules(store, raw)),
+        );
+    let mut statuses = Vec::new();
+    for path in ["/a", "/b"] {
+        let req = Request::get(path)
+            .header("authorization", "Bearer tok")
+            .body(Body::empty())
+            .unwrap();
+        statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 429],
+        "one token passed once through HeaderKey and once through Limits::one of its value"
+    );
+}
