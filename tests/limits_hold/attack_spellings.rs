@@ -247,3 +247,65 @@ async fn one_bearer_token_through_header_key_and_limits_one_is_one_budget() {
         "one token passed once through HeaderKey and once through Limits::one of its value"
     );
 }
+
+/// A rule whose prefix holds a percent-escape of a reserved or non-ASCII
+/// byte (a file name with `é`, `:` or a `/` in it) loads, and is matched
+/// against the path's spellings, every escape decoded among them, but the
+/// prefix itself is compared as written. axum routes the other spellings of
+/// that name (escapes in lowercase hex, the character unescaped, as `:` may
+/// be in a path) to the same `/files/{*path}`, whose `Path` hands the
+/// handler the same name: the limited file is served twice under a limit
+/// of one. Refusing such a prefix at load (as `%2e` is) or decoding it
+/// both pass this test.
+#[tokio::test]
+async fn a_prefix_with_a_reserved_escape_is_refused_or_covers_every_spelling_of_it() {
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
+        runs.lock().unwrap().push(path);
+        "file"
+    };
+    let router = Router::new()
+        .route("/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let mut escaped = Vec::new();
+    for (prefix, spellings) in [
+        ("/files/caf%C3%A9", ["/files/caf%C3%A9", "/files/caf%c3%a9"]),
+        ("/files/a%3Ab", ["/files/a%3Ab", "/files/a:b"]),
+        ("/files/a%2Fb", ["/files/a%2Fb", "/files/a/b"]),
+    ] {
+        let rules = format!(
+            "{}\n[[rules]]\npolicy = \"file\"\nkey = \"header:x-id\"\nroutes = [\"{prefix}\"]\n",
+            one_a_window("file")
+        );
+        if ratelimit_tower::config::Config::from_toml(&rules).is_err() {
+            continue;
+        }
+        let on: App = App::new(router.clone().layer(layer_of(&rules)));
+        let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
+            layer_of(&rules).layer(router.clone()),
+            IntoResponse::into_response,
+        ));
+        for (placement, app) in [("on the router", on), ("around the router", around)] {
+            runs.lock().unwrap().clear();
+            let mut statuses = Vec::new();
+            for path in spellings {
+                let req = Request::get(path)
+                    .header("x-id", "one")
+                    .body(Body::empty())
+                    .unwrap();
+                statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            if statuses != [200, 429] {
+                let served = runs.lock().unwrap().clone();
+                escaped.push(format!(
+                    "{prefix} {placement}: {spellings:?} -> {statuses:?}, served {served:?}"
+                ));
+            }
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a rule loaded and a limited file was served twice under a limit of one:\n{}",
+        escaped.join("\n")
+    );
+}
