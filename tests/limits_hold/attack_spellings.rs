@@ -309,3 +309,56 @@ async fn a_prefix_with_a_reserved_escape_is_refused_or_covers_every_spelling_of_
         escaped.join("\n")
     );
 }
+
+/// axum (matchit 0.8) runs `/users/{id}/posts` for `/users//posts`, with
+/// `id` empty (a parameter followed by more of the route may be empty), and
+/// `/{tenant}/admin` for `//admin`. A rule copied from those routes matches
+/// a parameter segment only when it is not empty, and the merged spelling
+/// (`/users/posts`, `/admin`) has one segment fewer: around the router
+/// (where `MatchedPath` is not known) the handler runs twice under a limit
+/// of one.
+#[tokio::test]
+async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_route() {
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let posts = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(id): Path<String>| async move {
+        runs.lock().unwrap().push(format!("posts of {id:?}"));
+        "posts"
+    };
+    let admin = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(tenant): Path<String>| async move {
+        runs.lock().unwrap().push(format!("admin of {tenant:?}"));
+        "admin"
+    };
+    let router = Router::new()
+        .route("/users/{id}/posts", get(posts))
+        .route("/{tenant}/admin", get(admin))
+        .with_state(runs.clone());
+    let mut escaped = Vec::new();
+    for (route, path) in [("/users/{id}/posts", "/users//posts"), ("/{tenant}/admin", "//admin")] {
+        let rules = format!(
+            "{}\n[[rules]]\npolicy = \"r\"\nkey = \"header:x-id\"\nroutes = [\"{route}\"]\n",
+            one_a_window("r")
+        );
+        let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
+            layer_of(&rules).layer(router.clone()),
+            IntoResponse::into_response,
+        ));
+        runs.lock().unwrap().clear();
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let req = Request::get(path)
+                .header("x-id", "one")
+                .body(Body::empty())
+                .unwrap();
+            statuses.push(around.clone().oneshot(req).await.unwrap().status().as_u16());
+        }
+        if statuses != [200, 429] {
+            let served = runs.lock().unwrap().clone();
+            escaped.push(format!("{route} on {path}: {statuses:?}, ran {served:?}"));
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "around the router, a handler ran twice under a limit of one:\n{}",
+        escaped.join("\n")
+    );
+}
