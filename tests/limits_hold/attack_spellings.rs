@@ -362,3 +362,65 @@ async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_r
         escaped.join("\n")
     );
 }
+
+/// A file handler under `/files/{*path}` that cleans its tail as a rooted
+/// path (as Go's `http.Dir` does with `path.Clean("/" + name)`: `..`
+/// stops at the handler's root) serves `private/report.pdf` for
+/// `/files/../private/report.pdf` and for
+/// `/files/x/..%2F..%2Fprivate/report.pdf` (axum routes both raw paths to
+/// `/files/{*path}`). The layer resolves dot segments from `/`, not from
+/// the wildcard's root, so those spellings are `/private/report.pdf`, and
+/// the raw and decoded ones are not under `/files/private` either: the
+/// limited file is served three times under a limit of one. (tower-http's
+/// `ServeDir` refuses a `..` and is not affected.)
+#[tokio::test]
+async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
+        let mut parts: Vec<&str> = Vec::new();
+        for part in path.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => {
+                    parts.pop();
+                }
+                part => parts.push(part),
+            }
+        }
+        runs.lock().unwrap().push(parts.join("/"));
+        "file"
+    };
+    let rules = format!(
+        "{}\n[[rules]]\npolicy = \"private\"\nkey = \"header:x-id\"\nroutes = [\"/files/private\"]\n",
+        one_a_window("private")
+    );
+    let router = Router::new()
+        .route("/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let on: App = App::new(router.clone().layer(layer_of(&rules)));
+    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
+        layer_of(&rules).layer(router),
+        IntoResponse::into_response,
+    ));
+    for (placement, app) in [("on the router", on), ("around the router", around)] {
+        runs.lock().unwrap().clear();
+        let mut statuses = Vec::new();
+        for path in [
+            "/files/private/report.pdf",
+            "/files/../private/report.pdf",
+            "/files/x/..%2F..%2Fprivate/report.pdf",
+        ] {
+            let req = Request::get(path)
+                .header("x-id", "one")
+                .body(Body::empty())
+                .unwrap();
+            statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+        }
+        let served = runs.lock().unwrap().clone();
+        assert_eq!(
+            statuses,
+            [200, 429, 429],
+            "{placement}: the handler served {served:?} under a limit of one"
+        );
+    }
+}
