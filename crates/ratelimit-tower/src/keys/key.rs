@@ -360,7 +360,8 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// case-insensitive and may be followed by several spaces (RFC 9110): a
 /// service takes `Bearer tok`, `bearer tok` and `BEARER  tok` for one
 /// token. They are one key, that of the value with its scheme in lowercase
-/// and one space before the credentials, which are kept as they are.
+/// and one space before the credentials, which are kept as they are. A
+/// value of one word (a bare key, no scheme) is kept whole as it is.
 ///
 /// ```
 /// use ratelimit_tower::{HeaderKey, KeyExtractor};
@@ -373,6 +374,7 @@ impl<Req> KeyExtractor<Req> for GlobalKey {
 /// assert_eq!(with("Bearer tok"), with("bEARER   tok"));
 /// assert_eq!(with("Bearer tok"), Some(key.key_for(b"bearer tok")));
 /// assert_ne!(with("Bearer tok"), with("Bearer TOK"));
+/// assert_ne!(with("Key-AbC"), with("Key-aBc"));
 /// ```
 ///
 /// # gRPC binary metadata
@@ -455,8 +457,8 @@ impl HeaderKey {
 /// A credentials value with its scheme, which RFC 9110 makes
 /// case-insensitive, in lowercase, and one space between it and the
 /// credentials (the grammar allows several); spaces and tabs around the
-/// value dropped. The credentials are kept as they are: a token's case
-/// matters.
+/// value dropped. The credentials are kept as they are, and so is a value
+/// of one word: a token's case matters.
 fn credentials(value: &[u8]) -> Vec<u8> {
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     let start = value.iter().position(|b| !blank(b)).unwrap_or(value.len());
@@ -468,11 +470,13 @@ fn credentials(value: &[u8]) -> Vec<u8> {
     let scheme_end = value.iter().position(blank).unwrap_or(value.len());
     let (scheme, rest) = value.split_at(scheme_end);
     let rest = &rest[rest.iter().position(|b| !blank(b)).unwrap_or(rest.len())..];
-    let mut out = scheme.to_ascii_lowercase();
-    if !rest.is_empty() {
-        out.push(b' ');
-        out.extend_from_slice(rest);
+    // One word is a bare key, not a scheme: its case matters.
+    if rest.is_empty() {
+        return value.to_vec();
     }
+    let mut out = scheme.to_ascii_lowercase();
+    out.push(b' ');
+    out.extend_from_slice(rest);
     out
 }
 

@@ -137,7 +137,11 @@ impl Limits {
     /// One limit: `key` checked against `policy` at `cost`. A value (bytes,
     /// text, a number) is hashed as every value is ([`Key`]), so the budget
     /// of `Limits::one(policy, api_key, 1)` is that of a [`HeaderKey`](crate::HeaderKey)
-    /// reading the same value under `policy`.
+    /// reading the same value under `policy`. A `HeaderKey` writes some
+    /// values one way first (a `-bin` header's base64 decoded, the scheme
+    /// of `Authorization` in lowercase): for a header's raw value,
+    /// [`HeaderKey::key_for`](crate::HeaderKey::key_for) gives the key it
+    /// reads.
     pub fn one(policy: Policy, key: impl Into<Key>, cost: u64) -> Self {
         Limits {
             first: Some(Limit::new(policy, key.into(), cost)),
