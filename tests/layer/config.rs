@@ -358,6 +358,14 @@ fn bad_toml_configurations_name_the_field() {
             Parse,
         ),
         (
+            rule(
+                "routes = [\"/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a\"]",
+            ),
+            "rules[0].routes[0]",
+            "at most 32 segments",
+            Parse,
+        ),
+        (
             rule("methods = []"),
             "rules[0].methods",
             "must not be empty",

@@ -9,11 +9,13 @@
 //! resolved; the same after decoding percent-encoded unreserved bytes
 //! (`%61` is `a`); the same after decoding every percent-encoded byte
 //! (`%2F` is `/`), as axum's `Path` hands a wildcard's tail to its handler
-//! (`/files/{*path}` serves `private/a` for `/files/private%2Fa`); and,
-//! with axum, the route the router chose (`MatchedPath`) and the path
-//! before any nesting (`OriginalUri`). Each spelling only adds matches,
-//! never removes one. Case is kept: axum routes on it as it is (see
-//! SECURITY.md).
+//! (`/files/{*path}` serves `private/a` for `/files/private%2Fa`); each
+//! of those with `..` resolved below a root a wildcard may have
+//! (`/files/../private` is `private` to a handler of `/files/{*path}` that
+//! cleans its tail from its own root); and, with axum, the route the
+//! router chose (`MatchedPath`) and the path before any nesting
+//! (`OriginalUri`). Each spelling only adds matches, never removes one.
+//! Case is kept: axum routes on it as it is (see SECURITY.md).
 
 use std::borrow::Cow;
 
@@ -21,9 +23,14 @@ use std::borrow::Cow;
 use http::{Method, Request};
 
 /// Whether `matches` holds for any spelling of `req`'s path a router or a
-/// proxy in front of it may route on (see the module docs).
+/// proxy in front of it may route on (see the module docs); `depth` is the
+/// most segments a prefix that `matches` looks for has.
 #[cfg(feature = "config")]
-pub(crate) fn any_spelling<B>(req: &Request<B>, mut matches: impl FnMut(&str) -> bool) -> bool {
+pub(crate) fn any_spelling<B>(
+    req: &Request<B>,
+    depth: usize,
+    mut matches: impl FnMut(&str) -> bool,
+) -> bool {
     #[cfg(feature = "axum")]
     {
         let extensions = req.extensions();
@@ -33,16 +40,16 @@ pub(crate) fn any_spelling<B>(req: &Request<B>, mut matches: impl FnMut(&str) ->
             return true;
         }
         if let Some(original) = extensions.get::<axum::extract::OriginalUri>()
-            && spellings_match(original.path(), &mut matches)
+            && spellings_match(original.path(), depth, &mut matches)
         {
             return true;
         }
     }
-    spellings_match(req.uri().path(), &mut matches)
+    spellings_match(req.uri().path(), depth, &mut matches)
 }
 
 #[cfg(feature = "config")]
-fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
+fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> bool) -> bool {
     if matches(path) {
         return true;
     }
@@ -56,10 +63,77 @@ fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
     {
         return true;
     }
-    if let Cow::Owned(decoded) = decode_all(path) {
-        return matches(&decoded) || matches(&normalize(&decoded));
+    let decoded = decode_all(path);
+    if let Cow::Owned(decoded) = &decoded
+        && (matches(decoded) || matches(&normalize(decoded)))
+    {
+        return true;
+    }
+    // A handler may resolve `..` in a wildcard's tail from the wildcard's
+    // root, not from `/` (Go's `http.Dir` does): `/files/../private` is
+    // then `private` under `/files/`. The root is unknown, so each is tried:
+    // the first `root` segments kept, `..` climbing no higher after them.
+    // Only roots above the first `..` can differ from the spellings above,
+    // and only those shallower than a prefix can change whether it matches
+    // (deeper, the path keeps the prefix's segments as written): at most
+    // `depth - 1`, each a pass over the path.
+    let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
+    if roots == 0 {
+        return false;
+    }
+    for form in [Cow::Borrowed(path), decode_unreserved(path), decoded] {
+        let Some(first) = form.split('/').skip(1).position(|s| dots(s) == Some(2)) else {
+            continue;
+        };
+        for root in 1..first.min(roots) + 1 {
+            if matches(&resolve_below(&form, root)) {
+                return true;
+            }
+        }
     }
     false
+}
+
+/// The most segments a route prefix may have (the configuration refuses
+/// more): how deep [`spellings_match`] looks for a wildcard's root.
+#[cfg(feature = "config")]
+pub(crate) const MAX_ROUTE_DEPTH: usize = 32;
+
+/// `path` with its first `root` segments kept as they are and the rest
+/// normalised as [`normalize`] does, `..` climbing no higher than them.
+#[cfg(feature = "config")]
+fn resolve_below(path: &str, root: usize) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    let mut trailing = false;
+    for (i, segment) in path.split('/').skip(1).enumerate() {
+        if i < root {
+            segments.push(segment);
+            continue;
+        }
+        trailing = true;
+        match dots(segment) {
+            _ if segment.is_empty() => {}
+            Some(1) => {}
+            Some(2) => {
+                if segments.len() > root {
+                    segments.pop();
+                }
+            }
+            _ => {
+                segments.push(segment);
+                trailing = false;
+            }
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if trailing || out.is_empty() {
+        out.push('/');
+    }
+    out
 }
 
 /// `path` with every percent-encoded byte decoded, `/` and `%` included, as
@@ -67,7 +141,7 @@ fn spellings_match(path: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
 /// replaced (which only joins spellings). Borrowed when it has no escape
 /// other than those [`decode_unreserved`] decodes.
 #[cfg(feature = "config")]
-fn decode_all(path: &str) -> Cow<'_, str> {
+pub(crate) fn decode_all(path: &str) -> Cow<'_, str> {
     let bytes = path.as_bytes();
     let reserved = |i: usize| {
         escaped(bytes, i).is_some_and(|byte| {
@@ -254,7 +328,7 @@ mod tests {
     fn spellings(path: &str) -> Vec<String> {
         let req = http::Request::get(path).body(()).unwrap();
         let mut seen = Vec::new();
-        super::any_spelling(&req, |p| {
+        super::any_spelling(&req, 1, |p| {
             seen.push(p.to_owned());
             false
         });
@@ -316,6 +390,33 @@ mod tests {
             spellings("/files/a%2F..%2Fb"),
             ["/files/a%2F..%2Fb", "/files/a/../b", "/files/b"]
         );
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn dot_dot_is_also_resolved_below_each_root_a_prefix_may_have() {
+        use super::resolve_below;
+        assert_eq!(resolve_below("/files/../private/r", 1), "/files/private/r");
+        assert_eq!(resolve_below("/files/x/../../private", 1), "/files/private");
+        assert_eq!(
+            resolve_below("/files/x/../../private", 2),
+            "/files/x/private"
+        );
+        assert_eq!(resolve_below("/a/b/..", 1), "/a/");
+        let seen = |path: &str, depth: usize| {
+            let req = http::Request::get(path).body(()).unwrap();
+            let mut seen = Vec::new();
+            super::any_spelling(&req, depth, |p| {
+                seen.push(p.to_owned());
+                false
+            });
+            seen
+        };
+        // A prefix of two segments: the one root above them is tried.
+        assert!(seen("/files/../private/r", 2).contains(&"/files/private/r".to_owned()));
+        assert!(seen("/files/x/..%2F..%2Fprivate", 2).contains(&"/files/private".to_owned()));
+        // A prefix of one segment: no root can change whether it matches.
+        assert!(!seen("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
     }
 
     #[cfg(feature = "config")]

@@ -89,6 +89,8 @@ pub(super) struct ConfiguredRule {
     pub(super) cost: u64,
     pub(super) settlement: Option<Settlement>,
     pub(super) routes: Option<Box<[String]>>,
+    /// The most segments one of `routes` has.
+    pub(super) route_depth: usize,
     pub(super) methods: Option<Box<[Method]>>,
     pub(super) missing_key: Option<MissingKey>,
 }
@@ -103,7 +105,7 @@ impl ConfiguredRule {
             return false;
         }
         match &self.routes {
-            Some(routes) => crate::path::any_spelling(req, |path| {
+            Some(routes) => crate::path::any_spelling(req, self.route_depth, |path| {
                 routes.iter().any(|prefix| route_matches(prefix, path))
             }),
             None => true,
@@ -126,9 +128,10 @@ impl ConfiguredRule {
 
 /// Whether the route prefix `prefix` covers `path`, by whole segments. A
 /// parameter segment of the prefix, written as axum writes routes, matches
-/// any segment (`{id}`: one that is not empty; `{*rest}`: whatever
-/// follows), so a prefix copied from the router's route applies to the
-/// paths that route runs, not only where axum's `MatchedPath` is known.
+/// any segment (`{id}`: one, even empty, as axum runs `/users/{id}/posts`
+/// for `/users//posts`; `{*rest}`: whatever follows), so a prefix copied
+/// from the router's route applies to the paths that route runs, not only
+/// where axum's `MatchedPath` is known.
 fn route_matches(prefix: &str, path: &str) -> bool {
     if !prefix.contains('{') {
         return match path.strip_prefix(prefix) {
@@ -152,11 +155,7 @@ fn route_matches(prefix: &str, path: &str) -> bool {
             Some((head, tail)) => (head, Some(tail)),
             None => (rest, None),
         };
-        let matched = if segment.starts_with('{') {
-            !head.is_empty()
-        } else {
-            head == segment
-        };
+        let matched = segment.starts_with('{') || head == segment;
         if !matched {
             return false;
         }
@@ -218,7 +217,9 @@ mod tests {
             ("/users/{id}", "/users/{id}", true),
             ("/users/{id}", "/users/{user_id}/posts", true),
             ("/users/{id}", "/users", false),
-            ("/users/{id}", "/users/", false),
+            ("/users/{id}", "/users/", true),
+            ("/users/{id}/posts", "/users//posts", true),
+            ("/{tenant}/admin", "//admin", true),
             ("/users/{id}", "/usersx/7", false),
             ("/users/{id}/posts", "/users/7/posts/1", true),
             ("/users/{id}/posts", "/users/7/postsx", false),

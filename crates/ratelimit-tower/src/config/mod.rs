@@ -156,14 +156,18 @@
 //!   same with repeated slashes merged and dot segments resolved (`/api//x`,
 //!   `/api/./x` and `/api/y/../x` are all `/api/x`), with encoded letters,
 //!   digits and `-._~` decoded, and with every encoded byte decoded (`%2F`
-//!   is `/`, as axum's `Path` hands a wildcard's tail to its handler); with
-//!   axum, also the route the router chose (`MatchedPath`) and the path
-//!   before nesting (`OriginalUri`). Case is kept (SECURITY.md). A segment
-//!   may be a parameter as axum writes routes: `/users/{id}` covers
-//!   `/users/7` and below, `/files/{*path}` everything below `/files/`. A
-//!   prefix with `//`, a `.` or `..` segment, an encoded unreserved byte
-//!   (`%2e`) or a brace outside a whole parameter segment could never
-//!   match: it is refused.
+//!   is `/`, as axum's `Path` hands a wildcard's tail to its handler), each
+//!   with `..` also resolved below every root above the prefix's depth (a
+//!   handler that cleans a wildcard's tail from its own root); with axum,
+//!   also the route the router chose (`MatchedPath`) and the path before
+//!   nesting (`OriginalUri`). Case is kept (SECURITY.md). A prefix with
+//!   escapes is also matched with them decoded. A segment may be a
+//!   parameter as axum writes routes: `/users/{id}` covers `/users/7`,
+//!   `/users//posts` and below, `/files/{*path}` everything below
+//!   `/files/`. A prefix with `//`, a `.` or `..` segment, an encoded
+//!   unreserved byte (`%2e`), a brace outside a whole parameter segment or
+//!   more than 32 segments could never match, or match too slowly: it is
+//!   refused.
 //! - `methods = ["GET"]` covers `HEAD` too: routers answer `HEAD` with the
 //!   `GET` handler.
 //! - Keys: `global` is one key for every request; `ip` the TCP peer

@@ -337,6 +337,13 @@ impl std::str::FromStr for Route {
                 "a route prefix writes {escape:?} as the character it encodes: {s:?}"
             ));
         }
+        if s.split('/').filter(|segment| !segment.is_empty()).count() > crate::path::MAX_ROUTE_DEPTH
+        {
+            return Err(format!(
+                "a route prefix has at most {} segments: {s:?}",
+                crate::path::MAX_ROUTE_DEPTH
+            ));
+        }
         // A parameter, as axum writes routes, matches any segment (see
         // `matching::route_matches`); a brace anywhere else would match no
         // request's path.
