@@ -101,9 +101,10 @@ pub(crate) const MAX_ROUTE_DEPTH: usize = 32;
 
 /// `path` with its first `root` segments kept as they are and the rest
 /// normalised as [`normalize`] does, `..` climbing no higher than them.
-#[cfg(feature = "config")]
 fn resolve_below(path: &str, root: usize) -> String {
     let mut segments: Vec<&str> = Vec::new();
+    // Whether the result ends with a slash: the path does, or its last
+    // segment is a dot segment (`/a/b/..` is `/a/`).
     let mut trailing = false;
     for (i, segment) in path.split('/').skip(1).enumerate() {
         if i < root {
@@ -265,33 +266,7 @@ pub(crate) fn normalize(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || !needs_normalizing(path) {
         return Cow::Borrowed(path);
     }
-    let mut segments: Vec<&str> = Vec::new();
-    // Whether the result ends with a slash: the path does, or its last
-    // segment is a dot segment (`/a/b/..` is `/a/`).
-    let mut trailing = false;
-    for segment in path.split('/').skip(1) {
-        trailing = true;
-        match dots(segment) {
-            _ if segment.is_empty() => {}
-            Some(1) => {}
-            Some(2) => {
-                segments.pop();
-            }
-            _ => {
-                segments.push(segment);
-                trailing = false;
-            }
-        }
-    }
-    let mut out = String::with_capacity(path.len());
-    for segment in &segments {
-        out.push('/');
-        out.push_str(segment);
-    }
-    if trailing || out.is_empty() {
-        out.push('/');
-    }
-    Cow::Owned(out)
+    Cow::Owned(resolve_below(path, 0))
 }
 
 fn needs_normalizing(path: &str) -> bool {
