@@ -1,7 +1,8 @@
 //! Attacks by spelling one value, or one path, another way that the
-//! service behind the layer reads as the same: each test fails while a
-//! client gets a second budget (or escapes a rule) that way.
+//! service behind the layer reads as the same: a client gets no second
+//! budget, and escapes no rule, that way.
 
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,95 +16,145 @@ use ratelimit_core::MemoryStore;
 use ratelimit_tests::fixtures;
 use ratelimit_tower::{HeaderKey, RateLimitLayer};
 use tower::util::BoxCloneService;
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 use crate::rules::{layer_of, one_a_window};
 
-type App = BoxCloneService<Request<Body>, Response, std::convert::Infallible>;
+type App = BoxCloneService<Request<Body>, Response, Infallible>;
 
-/// A budget per bearer token, keyed by `Authorization` (a header the
-/// service checks, which HeaderKey's docs give as the case where a key the
-/// client chooses limits it). The auth scheme is case-insensitive
-/// (RFC 7235 section 2.1; `headers::Authorization<Bearer>` and every
-/// common parser accept `bearer`, `BEARER`...), so the service accepts one
-/// token under 2^6 spellings of `Bearer`, and HeaderKey, which hashes the
-/// raw value, gives each spelling a budget of its own: 64 times the limit
-/// for one token.
-#[tokio::test]
-async fn one_bearer_token_under_another_case_of_its_scheme_is_one_budget() {
-    let policy = fixtures::fixed_window("per-token", 1, Duration::from_secs(3600));
-    let checked = |req: Request<Body>| async move {
-        let value = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let valid = value
-            .and_then(|v| v.split_once(' '))
-            .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && token == "tok");
-        if valid {
-            StatusCode::OK
-        } else {
-            StatusCode::UNAUTHORIZED
-        }
-    };
-    let app = Router::new()
-        .route("/", get(checked))
-        .route_layer(RateLimitLayer::new(
-            MemoryStore::new(),
-            policy,
-            HeaderKey::from_static("authorization"),
-        ));
+/// The status `app` answers each `GET` of `requests`, `(path, header)`, in
+/// turn.
+async fn answers<'a, S>(
+    app: &S,
+    requests: impl IntoIterator<Item = (&'a str, (&'a str, &'a str))>,
+) -> Vec<u16>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone,
+{
     let mut statuses = Vec::new();
-    for value in ["Bearer tok", "bearer tok", "BEARER tok", "BeArEr tok"] {
-        let req = Request::get("/")
-            .header("authorization", value)
+    for (path, (name, value)) in requests {
+        let req = Request::get(path)
+            .header(name, value)
             .body(Body::empty())
             .unwrap();
         statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
     }
-    assert_eq!(
-        statuses,
-        [200, 429, 429, 429],
-        "one valid token passed once per spelling of its scheme under a limit of 1"
-    );
+    statuses
 }
 
-/// A rule on `/files/private` in front of axum's `/files/{*path}`, whose
-/// `Path` extractor percent-decodes the tail: `/files/private%2Freport.pdf`
-/// runs the handler for `private/report.pdf`, the file the rule limits, but
-/// no spelling the layer tries (raw, normalised, unreserved bytes decoded,
-/// `MatchedPath` = `/files/{*path}`) is under `/files/private`. With the
-/// layer on the router and around it, the limited file is served twice
-/// under a limit of one.
-#[tokio::test]
-async fn an_encoded_slash_in_a_wildcard_tail_does_not_escape_a_rule_under_it() {
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let rules = format!(
-        "{}\n[[rules]]\npolicy = \"private\"\nkey = \"header:x-id\"\nroutes = [\"/files/private\"]\n",
-        one_a_window("private")
-    );
-    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
+/// [`answers`] to `paths`, each sent by the client `x-id: one`.
+async fn as_one<'a, S>(app: &S, paths: impl IntoIterator<Item = &'a str>) -> Vec<u16>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone,
+{
+    answers(app, paths.into_iter().map(|path| (path, ("x-id", "one")))).await
+}
+
+/// What each handler was given, in order.
+type Runs = Arc<Mutex<Vec<String>>>;
+
+/// A rule of `policy` (one request a window, keyed by `x-id`) on `route`.
+fn rule_on(policy: &str, route: &str) -> String {
+    format!(
+        "{}\n[[rules]]\npolicy = \"{policy}\"\nkey = \"header:x-id\"\nroutes = [{route:?}]\n",
+        one_a_window(policy)
+    )
+}
+
+/// axum's `/files/{*path}`, whose handler records the tail `Path` gives it.
+fn files() -> (Runs, Router) {
+    let runs = Runs::default();
+    let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
         runs.lock().unwrap().push(path);
         "file"
     };
     let router = Router::new()
         .route("/files/{*path}", get(serve))
         .with_state(runs.clone());
-    let on: App = App::new(router.clone().layer(layer_of(&rules)));
-    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
-        layer_of(&rules).layer(router),
-        IntoResponse::into_response,
-    ));
-    for (placement, app) in [("on the router", on), ("around the router", around)] {
-        runs.lock().unwrap().clear();
-        let mut statuses = Vec::new();
-        for path in ["/files/private/report.pdf", "/files/private%2Freport.pdf"] {
-            let req = Request::get(path)
-                .header("x-id", "one")
-                .body(Body::empty())
-                .unwrap();
-            statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+    (runs, router)
+}
+
+/// `router` with the layer of `rules` on it, and around it.
+fn placements(rules: &str, router: &Router) -> [(&'static str, App); 2] {
+    [
+        (
+            "on the router",
+            App::new(router.clone().layer(layer_of(rules))),
+        ),
+        ("around the router", around(rules, router.clone())),
+    ]
+}
+
+/// A service that answers `GET /` when `accepts` the `Authorization` value
+/// (else `401`), one request an hour per value as `HeaderKey` keys it.
+fn authorized(accepts: fn(&str) -> bool) -> Router {
+    let policy = fixtures::fixed_window("per-token", 1, Duration::from_secs(3600));
+    let checked = move |req: Request<Body>| async move {
+        let value = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if value.is_some_and(accepts) {
+            StatusCode::OK
+        } else {
+            StatusCode::UNAUTHORIZED
         }
+    };
+    Router::new()
+        .route("/", get(checked))
+        .route_layer(RateLimitLayer::new(
+            MemoryStore::new(),
+            policy,
+            HeaderKey::from_static("authorization"),
+        ))
+}
+
+/// `what` with the statuses it got and what the handlers ran, unless the
+/// statuses are one pass and one refusal.
+fn escape(what: String, statuses: Vec<u16>, runs: &Runs) -> Option<String> {
+    (statuses != [200, 429])
+        .then(|| format!("{what}: {statuses:?}, ran {:?}", runs.lock().unwrap()))
+}
+
+/// `router` behind the layer of `rules`, a plain Tower layer around it.
+fn around(rules: &str, router: Router) -> App {
+    App::new(ServiceExt::<Request<Body>>::map_response(
+        layer_of(rules).layer(router),
+        IntoResponse::into_response,
+    ))
+}
+
+/// One bearer token, keyed by `Authorization`, is one budget whatever the
+/// case of its scheme, which RFC 9110 makes case-insensitive and services
+/// accept alike (`Bearer`, `bearer`, `BEARER`...): otherwise 64 spellings
+/// of `Bearer` would be 64 budgets for one token.
+#[tokio::test]
+async fn one_bearer_token_under_another_case_of_its_scheme_is_one_budget() {
+    let app = authorized(|value| {
+        value
+            .split_once(' ')
+            .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && token == "tok")
+    });
+    let spellings = ["Bearer tok", "bearer tok", "BEARER tok", "BeArEr tok"];
+    let statuses = answers(&app, spellings.map(|value| ("/", ("authorization", value)))).await;
+    // One pass under a limit of 1, whichever spelling comes first.
+    assert_eq!(statuses, [200, 429, 429, 429], "{spellings:?}");
+}
+
+/// axum's `Path` decodes a wildcard's tail, so `/files/private%2Freport.pdf`
+/// serves `private/report.pdf` from `/files/{*path}`: a rule on
+/// `/files/private` covers it, with the layer on the router and around it.
+#[tokio::test]
+async fn an_encoded_slash_in_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+    let (runs, router) = files();
+    let rules = rule_on("private", "/files/private");
+    for (placement, app) in placements(&rules, &router) {
+        runs.lock().unwrap().clear();
+        let statuses = as_one(
+            &app,
+            ["/files/private/report.pdf", "/files/private%2Freport.pdf"],
+        )
+        .await;
         let served = runs.lock().unwrap().clone();
         assert_eq!(
             statuses,
@@ -113,36 +164,19 @@ async fn an_encoded_slash_in_a_wildcard_tail_does_not_escape_a_rule_under_it() {
     }
 }
 
-/// An operator writes a rule's route as axum writes the route,
-/// `routes = ["/users/{id}"]`. The file loads, and with the layer on the
-/// router it applies (`MatchedPath` is `/users/{id}`); with the same file
-/// on a layer around the router (a plain Tower layer, where only the path
-/// is known) no request path is under `/users/{id}`, so the rule limits
-/// nothing, silently. The configuration refuses prefixes that can never
-/// match (`//`, `.`, `%2e`); a pattern should be refused too, or match as
-/// the route it names. Either outcome passes this test.
+/// A rule's route written as axum writes it, `/users/{id}`, applies around
+/// the router too, where only the path is known (on the router,
+/// `MatchedPath` is the pattern itself); a configuration that refused it
+/// would pass too, never one that loads and limits nothing.
 #[tokio::test]
 async fn a_route_written_as_an_axum_pattern_is_refused_or_limits_around_the_router() {
-    let rules = format!(
-        "{}\n[[rules]]\npolicy = \"users\"\nkey = \"header:x-id\"\nroutes = [\"/users/{{id}}\"]\n",
-        one_a_window("users")
-    );
+    let rules = rule_on("users", "/users/{id}");
     if ratelimit_tower::config::Config::from_toml(&rules).is_err() {
         return;
     }
     let router = Router::new().route("/users/{id}", get(|| async { "user" }));
-    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
-        layer_of(&rules).layer(router),
-        IntoResponse::into_response,
-    ));
-    let mut statuses = Vec::new();
-    for _ in 0..2 {
-        let req = Request::get("/users/7")
-            .header("x-id", "one")
-            .body(Body::empty())
-            .unwrap();
-        statuses.push(around.clone().oneshot(req).await.unwrap().status().as_u16());
-    }
+    let around: App = around(&rules, router);
+    let statuses = as_one(&around, ["/users/7"; 2]).await;
     assert_eq!(
         statuses,
         [200, 429],
@@ -150,43 +184,17 @@ async fn a_route_written_as_an_axum_pattern_is_refused_or_limits_around_the_rout
     );
 }
 
-/// A service that takes its API key bare in `Authorization`
-/// (`Authorization: <key>`, no scheme), as many do, with case-sensitive
-/// keys. HeaderKey now reads the first word of the value as a scheme and
-/// lowercases it; a bare key is all first word, so `Key-AbC` and `Key-aBc`,
-/// two clients' distinct keys, are one budget: one client spends the
-/// other's (and one that knows a key up to case can drain it with refused
-/// requests). HeaderKey's docs say "the credentials are kept as they are:
-/// a token's case matters".
+/// A bare key in `Authorization` (no scheme) keeps its case: `Key-AbC` and
+/// `Key-aBc`, two clients' keys, are two budgets, and neither spends the
+/// other's.
 #[tokio::test]
 async fn two_bare_keys_in_authorization_differing_in_case_are_two_budgets() {
-    let policy = fixtures::fixed_window("per-key", 1, Duration::from_secs(3600));
-    let checked = |req: Request<Body>| async move {
-        let value = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        if matches!(value, Some("Key-AbC" | "Key-aBc")) {
-            StatusCode::OK
-        } else {
-            StatusCode::UNAUTHORIZED
-        }
-    };
-    let app = Router::new()
-        .route("/", get(checked))
-        .route_layer(RateLimitLayer::new(
-            MemoryStore::new(),
-            policy,
-            HeaderKey::from_static("authorization"),
-        ));
-    let mut statuses = Vec::new();
-    for value in ["Key-AbC", "Key-aBc"] {
-        let req = Request::get("/")
-            .header("authorization", value)
-            .body(Body::empty())
-            .unwrap();
-        statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
-    }
+    let app = authorized(|value| matches!(value, "Key-AbC" | "Key-aBc"));
+    let statuses = answers(
+        &app,
+        ["Key-AbC", "Key-aBc"].map(|value| ("/", ("authorization", value))),
+    )
+    .await;
     assert_eq!(
         statuses,
         [200, 200],
@@ -194,13 +202,10 @@ async fn two_bare_keys_in_authorization_differing_in_case_are_two_budgets() {
     );
 }
 
-/// A service keys `Authorization` with HeaderKey on one route and with a
-/// closure giving `Limits::one` of the header's value on another, under one
-/// policy and store. HeaderKey writes the scheme in lowercase before keying,
-/// so the closure keys the raw value as the docs of `Limits::one` say, by
-/// `HeaderKey::key_for`: one token is one budget on both routes, whatever
-/// the spelling of its scheme on either (each spelling sent to each route
-/// once, under a limit of 1: one pass).
+/// One token through `HeaderKey` on one route and through `Limits::one` of
+/// `HeaderKey::key_for` of the header's value on another, under one policy
+/// and store, is one budget whatever the spelling of its scheme on either
+/// (the key `Limits::one`'s docs give for a header's raw value).
 #[tokio::test]
 async fn one_bearer_token_through_header_key_and_limits_one_is_one_budget() {
     let store = MemoryStore::new();
@@ -235,19 +240,17 @@ async fn one_bearer_token_through_header_key_and_limits_one_is_one_budget() {
             "/b",
             get(|| async { "b" }).route_layer(RateLimitLayer::with_rules(store, raw)),
         );
-    let mut statuses = Vec::new();
-    for (path, value) in [
-        ("/a", "Bearer tok"),
-        ("/b", "Bearer tok"),
-        ("/b", "bearer  tok"),
-        ("/a", "BEARER tok"),
-    ] {
-        let req = Request::get(path)
-            .header("authorization", value)
-            .body(Body::empty())
-            .unwrap();
-        statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
-    }
+    let statuses = answers(
+        &app,
+        [
+            ("/a", "Bearer tok"),
+            ("/b", "Bearer tok"),
+            ("/b", "bearer  tok"),
+            ("/a", "BEARER tok"),
+        ]
+        .map(|(path, value)| (path, ("authorization", value))),
+    )
+    .await;
     assert_eq!(
         statuses,
         [200, 429, 429, 429],
@@ -255,59 +258,29 @@ async fn one_bearer_token_through_header_key_and_limits_one_is_one_budget() {
     );
 }
 
-/// A rule whose prefix holds a percent-escape of a reserved or non-ASCII
-/// byte (a file name with `é`, `:` or a `/` in it) loads, and is matched
-/// against the path's spellings, every escape decoded among them, but the
-/// prefix itself is compared as written. axum routes the other spellings of
-/// that name (escapes in lowercase hex, the character unescaped, as `:` may
-/// be in a path) to the same `/files/{*path}`, whose `Path` hands the
-/// handler the same name: the limited file is served twice under a limit
-/// of one. Refusing such a prefix at load (as `%2e` is) or decoding it
-/// both pass this test.
+/// A prefix holding an escape of a reserved or non-ASCII byte (a file name
+/// with `é`, `:` or `/`) covers every spelling axum's `/files/{*path}`
+/// hands its handler as that name (the escape in lowercase hex, the
+/// character itself), on the router and around it; refusing such a prefix
+/// at load would pass too.
 #[tokio::test]
 async fn a_prefix_with_a_reserved_escape_is_refused_or_covers_every_spelling_of_it() {
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
-        runs.lock().unwrap().push(path);
-        "file"
-    };
-    let router = Router::new()
-        .route("/files/{*path}", get(serve))
-        .with_state(runs.clone());
+    let (runs, router) = files();
     let mut escaped = Vec::new();
     for (prefix, spellings) in [
         ("/files/caf%C3%A9", ["/files/caf%C3%A9", "/files/caf%c3%a9"]),
         ("/files/a%3Ab", ["/files/a%3Ab", "/files/a:b"]),
         ("/files/a%2Fb", ["/files/a%2Fb", "/files/a/b"]),
     ] {
-        let rules = format!(
-            "{}\n[[rules]]\npolicy = \"file\"\nkey = \"header:x-id\"\nroutes = [\"{prefix}\"]\n",
-            one_a_window("file")
-        );
+        let rules = rule_on("file", prefix);
         if ratelimit_tower::config::Config::from_toml(&rules).is_err() {
             continue;
         }
-        let on: App = App::new(router.clone().layer(layer_of(&rules)));
-        let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
-            layer_of(&rules).layer(router.clone()),
-            IntoResponse::into_response,
-        ));
-        for (placement, app) in [("on the router", on), ("around the router", around)] {
+        for (placement, app) in placements(&rules, &router) {
             runs.lock().unwrap().clear();
-            let mut statuses = Vec::new();
-            for path in spellings {
-                let req = Request::get(path)
-                    .header("x-id", "one")
-                    .body(Body::empty())
-                    .unwrap();
-                statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
-            }
-            if statuses != [200, 429] {
-                let served = runs.lock().unwrap().clone();
-                escaped.push(format!(
-                    "{prefix} {placement}: {spellings:?} -> {statuses:?}, served {served:?}"
-                ));
-            }
+            let statuses = as_one(&app, spellings).await;
+            let what = format!("{prefix} {placement}: {spellings:?}");
+            escaped.extend(escape(what, statuses, &runs));
         }
     }
     assert!(
@@ -317,21 +290,18 @@ async fn a_prefix_with_a_reserved_escape_is_refused_or_covers_every_spelling_of_
     );
 }
 
-/// axum (matchit 0.8) runs `/users/{id}/posts` for `/users//posts`, with
-/// `id` empty (a parameter followed by more of the route may be empty), and
-/// `/{tenant}/admin` for `//admin`. A rule copied from those routes matches
-/// a parameter segment only when it is not empty, and the merged spelling
-/// (`/users/posts`, `/admin`) has one segment fewer: around the router
-/// (where `MatchedPath` is not known) the handler runs twice under a limit
-/// of one.
+/// axum (matchit 0.8) runs `/users/{id}/posts` for `/users//posts` and
+/// `/{tenant}/admin` for `//admin`, the parameter empty: a rule copied from
+/// those routes covers them around the router, where `MatchedPath` is not
+/// known.
 #[tokio::test]
 async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_route() {
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let posts = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(id): Path<String>| async move {
+    let runs: Runs = Arc::default();
+    let posts = |State(runs): State<Runs>, Path(id): Path<String>| async move {
         runs.lock().unwrap().push(format!("posts of {id:?}"));
         "posts"
     };
-    let admin = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(tenant): Path<String>| async move {
+    let admin = |State(runs): State<Runs>, Path(tenant): Path<String>| async move {
         runs.lock().unwrap().push(format!("admin of {tenant:?}"));
         "admin"
     };
@@ -344,49 +314,27 @@ async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_r
         ("/users/{id}/posts", "/users//posts"),
         ("/{tenant}/admin", "//admin"),
     ] {
-        let rules = format!(
-            "{}\n[[rules]]\npolicy = \"r\"\nkey = \"header:x-id\"\nroutes = [\"{route}\"]\n",
-            one_a_window("r")
-        );
-        let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
-            layer_of(&rules).layer(router.clone()),
-            IntoResponse::into_response,
-        ));
+        let rules = rule_on("r", route);
+        let around: App = around(&rules, router.clone());
         runs.lock().unwrap().clear();
-        let mut statuses = Vec::new();
-        for _ in 0..2 {
-            let req = Request::get(path)
-                .header("x-id", "one")
-                .body(Body::empty())
-                .unwrap();
-            statuses.push(around.clone().oneshot(req).await.unwrap().status().as_u16());
-        }
-        if statuses != [200, 429] {
-            let served = runs.lock().unwrap().clone();
-            escaped.push(format!("{route} on {path}: {statuses:?}, ran {served:?}"));
-        }
+        let statuses = as_one(&around, [path; 2]).await;
+        escaped.extend(escape(format!("{route} on {path}"), statuses, &runs));
     }
     assert!(
         escaped.is_empty(),
-        "around the router, a handler ran twice under a limit of one:\n{}",
-        escaped.join("\n")
+        "around the router, a handler ran twice under a limit of one: {escaped:#?}"
     );
 }
 
-/// A file handler under `/files/{*path}` that cleans its tail as a rooted
-/// path (as Go's `http.Dir` does with `path.Clean("/" + name)`: `..`
-/// stops at the handler's root) serves `private/report.pdf` for
-/// `/files/../private/report.pdf` and for
-/// `/files/x/..%2F..%2Fprivate/report.pdf` (axum routes both raw paths to
-/// `/files/{*path}`). The layer resolves dot segments from `/`, not from
-/// the wildcard's root, so those spellings are `/private/report.pdf`, and
-/// the raw and decoded ones are not under `/files/private` either: the
-/// limited file is served three times under a limit of one. (tower-http's
-/// `ServeDir` refuses a `..` and is not affected.)
+/// A handler of `/files/{*path}` that cleans its tail from its own root (as
+/// Go's `http.Dir` does: `..` stops there) serves `private/report.pdf` for
+/// `/files/../private/report.pdf` and `/files/x/..%2F..%2Fprivate/report.pdf`,
+/// which axum routes to it: a rule on `/files/private` covers both.
+/// (tower-http's `ServeDir` refuses any `..`.)
 #[tokio::test]
 async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let serve = |State(runs): State<Arc<Mutex<Vec<String>>>>, Path(path): Path<String>| async move {
+    let runs: Runs = Arc::default();
+    let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
         let mut parts: Vec<&str> = Vec::new();
         for part in path.split('/') {
             match part {
@@ -400,32 +348,21 @@ async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
         runs.lock().unwrap().push(parts.join("/"));
         "file"
     };
-    let rules = format!(
-        "{}\n[[rules]]\npolicy = \"private\"\nkey = \"header:x-id\"\nroutes = [\"/files/private\"]\n",
-        one_a_window("private")
-    );
+    let rules = rule_on("private", "/files/private");
     let router = Router::new()
         .route("/files/{*path}", get(serve))
         .with_state(runs.clone());
-    let on: App = App::new(router.clone().layer(layer_of(&rules)));
-    let around: App = App::new(ServiceExt::<Request<Body>>::map_response(
-        layer_of(&rules).layer(router),
-        IntoResponse::into_response,
-    ));
-    for (placement, app) in [("on the router", on), ("around the router", around)] {
+    for (placement, app) in placements(&rules, &router) {
         runs.lock().unwrap().clear();
-        let mut statuses = Vec::new();
-        for path in [
-            "/files/private/report.pdf",
-            "/files/../private/report.pdf",
-            "/files/x/..%2F..%2Fprivate/report.pdf",
-        ] {
-            let req = Request::get(path)
-                .header("x-id", "one")
-                .body(Body::empty())
-                .unwrap();
-            statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
-        }
+        let statuses = as_one(
+            &app,
+            [
+                "/files/private/report.pdf",
+                "/files/../private/report.pdf",
+                "/files/x/..%2F..%2Fprivate/report.pdf",
+            ],
+        )
+        .await;
         let served = runs.lock().unwrap().clone();
         assert_eq!(
             statuses,

@@ -144,29 +144,11 @@ fn resolve_below(path: &str, root: usize) -> String {
 #[cfg(feature = "config")]
 pub(crate) fn decode_all(path: &str) -> Cow<'_, str> {
     let bytes = path.as_bytes();
-    let reserved = |i: usize| {
-        escaped(bytes, i).is_some_and(|byte| {
-            !(byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~'))
-        })
-    };
+    let reserved = |i: usize| escaped(bytes, i).is_some_and(|byte| !unreserved(byte));
     if !(0..bytes.len()).any(|i| bytes[i] == b'%' && reserved(i)) {
         return Cow::Borrowed(path);
     }
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], escaped(bytes, i)) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+    Cow::Owned(decode_escapes(path, |_| false))
 }
 
 /// The path a route key uses where the router's route is not known: every
@@ -180,18 +162,30 @@ pub(crate) fn key_path(path: &str) -> Cow<'_, str> {
     if !path.contains('%') {
         return normalize(path);
     }
+    let decoded = decode_escapes(path, |byte| byte == b'/' || byte == b'%');
+    Cow::Owned(normalize(&decoded).into_owned())
+}
+
+/// `path` with its percent-encoded bytes decoded but those `kept` holds
+/// for, whose escapes are written in capitals; bytes that are not UTF-8
+/// replaced.
+fn decode_escapes(path: &str, kept: impl Fn(u8) -> bool) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let bytes = path.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match (bytes[i], escaped(bytes, i)) {
-            (b'%', Some(byte @ (b'/' | b'%'))) => {
-                out.push(b'%');
-                out.extend_from_slice(if byte == b'/' { b"2F" } else { b"25" });
-                i += 3;
-            }
             (b'%', Some(byte)) => {
-                out.push(byte);
+                if kept(byte) {
+                    out.extend_from_slice(&[
+                        b'%',
+                        HEX[usize::from(byte >> 4)],
+                        HEX[usize::from(byte & 15)],
+                    ]);
+                } else {
+                    out.push(byte);
+                }
                 i += 3;
             }
             (byte, _) => {
@@ -200,8 +194,14 @@ pub(crate) fn key_path(path: &str) -> Cow<'_, str> {
             }
         }
     }
-    let decoded = String::from_utf8_lossy(&out);
-    Cow::Owned(normalize(&decoded).into_owned())
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether RFC 3986 calls `byte` unreserved (letters, digits, `-._~`):
+/// the same written as itself or escaped.
+#[cfg(feature = "config")]
+pub(crate) fn unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
 }
 
 /// The byte the escape `%XX` at `at` in `bytes` encodes, if it is one.
@@ -232,7 +232,7 @@ fn decode_unreserved(path: &str) -> Cow<'_, str> {
     let bytes = path.as_bytes();
     let decoded_at = |i: usize| -> Option<u8> {
         let byte = escaped(bytes, i)?;
-        (byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')).then_some(byte)
+        unreserved(byte).then_some(byte)
     };
     let Some(first) = (0..bytes.len()).find(|&i| bytes[i] == b'%' && decoded_at(i).is_some())
     else {
@@ -299,15 +299,21 @@ fn dots(segment: &str) -> Option<usize> {
 mod tests {
     use super::normalize;
 
+    /// Every spelling tried for `path`, for prefixes of `depth` segments.
     #[cfg(feature = "config")]
-    fn spellings(path: &str) -> Vec<String> {
+    fn spellings_at(path: &str, depth: usize) -> Vec<String> {
         let req = http::Request::get(path).body(()).unwrap();
         let mut seen = Vec::new();
-        super::any_spelling(&req, 1, |p| {
+        super::any_spelling(&req, depth, |p| {
             seen.push(p.to_owned());
             false
         });
         seen
+    }
+
+    #[cfg(feature = "config")]
+    fn spellings(path: &str) -> Vec<String> {
+        spellings_at(path, 1)
     }
 
     #[cfg(feature = "config")]
@@ -341,20 +347,6 @@ mod tests {
 
     #[cfg(feature = "config")]
     #[test]
-    fn unreserved_bytes_are_decoded_and_others_kept() {
-        use super::decode_unreserved;
-        for (path, want) in [
-            ("/%61pi/%7E%2D%5f", "/api/~-_"),
-            ("/api%2Fx%20%", "/api%2Fx%20%"),
-            ("/%6", "/%6"),
-            ("/é%61", "/éa"),
-        ] {
-            assert_eq!(decode_unreserved(path), want, "{path}");
-        }
-    }
-
-    #[cfg(feature = "config")]
-    #[test]
     fn every_spelling_is_tried() {
         assert_eq!(
             spellings("/%61pi/x/%2e%2e/y"),
@@ -378,33 +370,37 @@ mod tests {
             "/files/x/private"
         );
         assert_eq!(resolve_below("/a/b/..", 1), "/a/");
-        let seen = |path: &str, depth: usize| {
-            let req = http::Request::get(path).body(()).unwrap();
-            let mut seen = Vec::new();
-            super::any_spelling(&req, depth, |p| {
-                seen.push(p.to_owned());
-                false
-            });
-            seen
-        };
         // A prefix of two segments: the one root above them is tried.
-        assert!(seen("/files/../private/r", 2).contains(&"/files/private/r".to_owned()));
-        assert!(seen("/files/x/..%2F..%2Fprivate", 2).contains(&"/files/private".to_owned()));
+        assert!(spellings_at("/files/../private/r", 2).contains(&"/files/private/r".to_owned()));
+        assert!(
+            spellings_at("/files/x/..%2F..%2Fprivate", 2).contains(&"/files/private".to_owned())
+        );
         // A prefix of one segment: no root can change whether it matches.
-        assert!(!seen("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
+        assert!(!spellings_at("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
     }
 
     #[cfg(feature = "config")]
     #[test]
-    fn every_escape_is_decoded_in_the_last_spelling() {
-        use super::decode_all;
-        for (path, want) in [
-            ("/files/private%2Freport", "/files/private/report"),
-            ("/a%2fb%25%41", "/a/b%A"),
-            ("/%ff", "/\u{fffd}"),
-            ("/a%2", "/a%2"),
+    fn escapes_are_decoded_as_each_spelling_reads_them() {
+        use super::{decode_all, decode_unreserved};
+        // The path, with unreserved bytes decoded, with every byte decoded
+        // (the path itself when it has only unreserved escapes: that
+        // spelling is tried already).
+        for (path, unreserved, all) in [
+            ("/%61pi/%7E%2D%5f", "/api/~-_", "/%61pi/%7E%2D%5f"),
+            ("/api%2Fx%20%", "/api%2Fx%20%", "/api/x %"),
+            ("/%6", "/%6", "/%6"),
+            ("/é%61", "/éa", "/é%61"),
+            (
+                "/files/private%2Freport",
+                "/files/private%2Freport",
+                "/files/private/report",
+            ),
+            ("/a%2fb%25%41", "/a%2fb%25A", "/a/b%A"),
+            ("/%ff", "/%ff", "/\u{fffd}"),
         ] {
-            assert_eq!(decode_all(path), want, "{path}");
+            assert_eq!(decode_unreserved(path), unreserved, "{path}");
+            assert_eq!(decode_all(path), all, "{path}");
         }
         // Nothing but unreserved escapes: that spelling is tried already.
         assert!(matches!(

@@ -375,8 +375,7 @@ fn unreserved_escape(s: &str) -> Option<&str> {
     s.match_indices('%').find_map(|(at, _)| {
         let escape = s.get(at..at + 3)?;
         let byte = u8::from_str_radix(&escape[1..], 16).ok()?;
-        (byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~'))
-            .then_some(escape)
+        crate::path::unreserved(byte).then_some(escape)
     })
 }
 
