@@ -111,7 +111,7 @@ fn authorized(accepts: fn(&str) -> bool) -> Router {
 
 /// `what` with the statuses it got and what the handlers ran, unless the
 /// statuses are one pass and one refusal.
-fn escape(what: String, statuses: Vec<u16>, runs: &Runs) -> Option<String> {
+fn escape(what: &str, statuses: &[u16], runs: &Runs) -> Option<String> {
     (statuses != [200, 429])
         .then(|| format!("{what}: {statuses:?}, ran {:?}", runs.lock().unwrap()))
 }
@@ -280,7 +280,7 @@ async fn a_prefix_with_a_reserved_escape_is_refused_or_covers_every_spelling_of_
             runs.lock().unwrap().clear();
             let statuses = as_one(&app, spellings).await;
             let what = format!("{prefix} {placement}: {spellings:?}");
-            escaped.extend(escape(what, statuses, &runs));
+            escaped.extend(escape(&what, &statuses, &runs));
         }
     }
     assert!(
@@ -318,7 +318,7 @@ async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_r
         let around: App = around(&rules, router.clone());
         runs.lock().unwrap().clear();
         let statuses = as_one(&around, [path; 2]).await;
-        escaped.extend(escape(format!("{route} on {path}"), statuses, &runs));
+        escaped.extend(escape(&format!("{route} on {path}"), &statuses, &runs));
     }
     assert!(
         escaped.is_empty(),
