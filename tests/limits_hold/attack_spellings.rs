@@ -371,3 +371,56 @@ async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
         );
     }
 }
+
+/// A `..` that a parameter holds before the wildcard (`/{tenant}/files/{*path}`
+/// runs `/../files/../private/r` with `tenant` `..` and the tail
+/// `../private/r`, which a handler cleaning from its own root serves as
+/// `private/r`): `..` is resolved only below roots above the first `..` of
+/// the path, here the parameter's, so no root is tried and the rule copied
+/// from the route, `/{tenant}/files/private`, does not apply. So too for a
+/// parameter holding an encoded `/../` (`a%2F..%2Fb`) before a tail whose
+/// `..` are encoded: only the decoded spelling has them, and its first
+/// `..` is the parameter's.
+#[tokio::test]
+async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+    let runs: Runs = Arc::default();
+    let serve = |State(runs): State<Runs>, Path((tenant, path)): Path<(String, String)>| async move {
+        let mut parts: Vec<&str> = Vec::new();
+        for part in path.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => {
+                    parts.pop();
+                }
+                part => parts.push(part),
+            }
+        }
+        runs.lock()
+            .unwrap()
+            .push(format!("{tenant:?}: {}", parts.join("/")));
+        "file"
+    };
+    let rules = rule_on("private", "/{tenant}/files/private");
+    let router = Router::new()
+        .route("/{tenant}/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let mut escaped = Vec::new();
+    for path in [
+        // The rule holds for a tenant's name: the tail's `..` is resolved
+        // below the wildcard's root.
+        "/acme/files/../private/r",
+        "/../files/../private/r",
+        "/%2e%2e/files/../private/r",
+        "/a%2F..%2Fb/files/x%2F..%2F..%2Fprivate/r",
+    ] {
+        for (placement, app) in placements(&rules, &router) {
+            runs.lock().unwrap().clear();
+            let statuses = as_one(&app, [path; 2]).await;
+            escaped.extend(escape(&format!("{placement}: {path}"), &statuses, &runs));
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served private/r twice under a limit of one: {escaped:#?}"
+    );
+}
