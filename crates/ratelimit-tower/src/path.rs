@@ -312,6 +312,9 @@ mod tests {
     }
 
     #[cfg(feature = "config")]
+    use super::MAX_ROUTE_DEPTH;
+
+    #[cfg(feature = "config")]
     fn spellings(path: &str) -> Vec<String> {
         spellings_at(path, 1)
     }
@@ -377,6 +380,30 @@ mod tests {
         );
         // A prefix of one segment: no root can change whether it matches.
         assert!(!spellings_at("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
+    }
+
+    /// The work a hostile path forces per rule: a path with a `..` deep
+    /// down is resolved below each root, one pass over the whole path each;
+    /// the forms tried (raw, unreserved decoded, all decoded) are one string
+    /// when the path has no escape, so each of those passes is made three
+    /// times over (93 passes instead of 31 for a prefix of 32 segments).
+    #[cfg(feature = "config")]
+    #[test]
+    fn a_path_without_escapes_is_resolved_below_each_root_once() {
+        // Every root keeps a different part: 31 distinct resolutions.
+        let names: String = (0..40).map(|i| format!("/s{i}")).collect();
+        let deep = format!("{names}{}/x", "/..".repeat(40));
+        let seen = spellings_at(&deep, MAX_ROUTE_DEPTH);
+        let mut unique = seen.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            seen.len(),
+            unique.len(),
+            "{} spellings tried for {} distinct ones, each a pass over the path",
+            seen.len(),
+            unique.len()
+        );
     }
 
     #[cfg(feature = "config")]
