@@ -116,6 +116,33 @@ fn escape(what: &str, statuses: &[u16], runs: &Runs) -> Option<String> {
         .then(|| format!("{what}: {statuses:?}, ran {:?}", runs.lock().unwrap()))
 }
 
+/// [`escape`] of `path` sent twice by one client to `app`, the handlers'
+/// runs cleared first.
+async fn twice<S>(app: &S, path: &str, runs: &Runs, what: &str) -> Option<String>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone,
+{
+    runs.lock().unwrap().clear();
+    let statuses = as_one(app, [path; 2]).await;
+    escape(what, &statuses, runs)
+}
+
+/// A wildcard's tail cleaned from the handler's own root, as Go's
+/// `http.Dir` cleans it: `..` never climbs above it.
+fn cleaned(tail: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in tail.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    parts.join("/")
+}
+
 /// `router` behind the layer of `rules`, a plain Tower layer around it.
 fn around(rules: &str, router: Router) -> App {
     App::new(ServiceExt::<Request<Body>>::map_response(
@@ -316,9 +343,7 @@ async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_r
     ] {
         let rules = rule_on("r", route);
         let around: App = around(&rules, router.clone());
-        runs.lock().unwrap().clear();
-        let statuses = as_one(&around, [path; 2]).await;
-        escaped.extend(escape(&format!("{route} on {path}"), &statuses, &runs));
+        escaped.extend(twice(&around, path, &runs, &format!("{route} on {path}")).await);
     }
     assert!(
         escaped.is_empty(),
@@ -335,17 +360,7 @@ async fn an_empty_parameter_axum_routes_does_not_escape_a_rule_copied_from_the_r
 async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
     let runs: Runs = Arc::default();
     let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
-        let mut parts: Vec<&str> = Vec::new();
-        for part in path.split('/') {
-            match part {
-                "" | "." => {}
-                ".." => {
-                    parts.pop();
-                }
-                part => parts.push(part),
-            }
-        }
-        runs.lock().unwrap().push(parts.join("/"));
+        runs.lock().unwrap().push(cleaned(&path));
         "file"
     };
     let rules = rule_on("private", "/files/private");
@@ -372,32 +387,19 @@ async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
     }
 }
 
-/// A `..` that a parameter holds before the wildcard (`/{tenant}/files/{*path}`
-/// runs `/../files/../private/r` with `tenant` `..` and the tail
-/// `../private/r`, which a handler cleaning from its own root serves as
-/// `private/r`): `..` is resolved only below roots above the first `..` of
-/// the path, here the parameter's, so no root is tried and the rule copied
-/// from the route, `/{tenant}/files/private`, does not apply. So too for a
-/// parameter holding an encoded `/../` (`a%2F..%2Fb`) before a tail whose
-/// `..` are encoded: only the decoded spelling has them, and its first
-/// `..` is the parameter's.
+/// A `..` that a parameter holds before the wildcard: `/{tenant}/files/{*path}`
+/// runs `/../files/../private/r` with `tenant` `..` and a tail a handler
+/// cleaning from its own root serves as `private/r`; so too a parameter
+/// holding an encoded `/../` (`a%2F..%2Fb`) before a tail whose `..` are
+/// encoded. The rule copied from the route, `/{tenant}/files/private`,
+/// covers them all, on the router and around it.
 #[tokio::test]
 async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under_it() {
     let runs: Runs = Arc::default();
     let serve = |State(runs): State<Runs>, Path((tenant, path)): Path<(String, String)>| async move {
-        let mut parts: Vec<&str> = Vec::new();
-        for part in path.split('/') {
-            match part {
-                "" | "." => {}
-                ".." => {
-                    parts.pop();
-                }
-                part => parts.push(part),
-            }
-        }
         runs.lock()
             .unwrap()
-            .push(format!("{tenant:?}: {}", parts.join("/")));
+            .push(format!("{tenant:?}: {}", cleaned(&path)));
         "file"
     };
     let rules = rule_on("private", "/{tenant}/files/private");
@@ -414,9 +416,7 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
         "/a%2F..%2Fb/files/x%2F..%2F..%2Fprivate/r",
     ] {
         for (placement, app) in placements(&rules, &router) {
-            runs.lock().unwrap().clear();
-            let statuses = as_one(&app, [path; 2]).await;
-            escaped.extend(escape(&format!("{placement}: {path}"), &statuses, &runs));
+            escaped.extend(twice(&app, path, &runs, &format!("{placement}: {path}")).await);
         }
     }
     assert!(

@@ -39,7 +39,9 @@ pub(crate) fn any_spelling<B>(
         {
             return true;
         }
+        // The original path, where nesting has changed it.
         if let Some(original) = extensions.get::<axum::extract::OriginalUri>()
+            && original.path() != req.uri().path()
             && spellings_match(original.path(), depth, &mut matches)
         {
             return true;
@@ -72,23 +74,26 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     // A handler may resolve `..` in a wildcard's tail from the wildcard's
     // root, not from `/` (Go's `http.Dir` does): `/files/../private` is
     // then `private` under `/files/`. The root is unknown, so each is tried:
-    // the first `root` segments kept, `..` climbing no higher after them.
-    // Only roots above the first `..` can differ from the spellings above,
-    // and only those shallower than a prefix can change whether it matches
-    // (deeper, the path keeps the prefix's segments as written): at most
-    // `depth - 1`, each a pass over the path.
+    // the first `root` segments as the router splits them (a parameter
+    // there may hold `..` or an encoded `/`), then the tail as `Path` hands
+    // it over, every escape decoded, with `..` climbing no higher. Only
+    // roots shallower than a prefix can change whether it matches (deeper,
+    // the path keeps the prefix's segments as written): at most
+    // `depth - 1`, each a pass over the path, and none without a `..`.
     let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
-    if roots == 0 {
+    let base = decode_unreserved(path);
+    if roots == 0 || !(base.contains("..") || decoded.contains("..")) {
         return false;
     }
-    for form in [Cow::Borrowed(path), decode_unreserved(path), decoded] {
-        let Some(first) = form.split('/').skip(1).position(|s| dots(s) == Some(2)) else {
-            continue;
+    let mut cuts = base.match_indices('/').map(|(at, _)| at).skip(1);
+    for root in 1..=roots {
+        let Some(cut) = cuts.next() else {
+            break;
         };
-        for root in 1..first.min(roots) + 1 {
-            if matches(&resolve_below(&form, root)) {
-                return true;
-            }
+        let (head, tail) = base.split_at(cut);
+        let spelling = format!("{head}{}", decode_all(tail));
+        if matches(&resolve_below(&spelling, root)) {
+            return true;
         }
     }
     false
@@ -380,6 +385,10 @@ mod tests {
         );
         // A prefix of one segment: no root can change whether it matches.
         assert!(!spellings_at("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
+        // `..` spelled `%2e%2e` only.
+        assert!(
+            spellings_at("/files/%2e%2e/private/r", 2).contains(&"/files/private/r".to_owned())
+        );
     }
 
     /// The work a hostile path forces per rule: a path with a `..` deep
