@@ -424,3 +424,44 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
         "a handler served private/r twice under a limit of one: {escaped:#?}"
     );
 }
+
+/// A tenant named with a reserved or non-ASCII byte (`café`, `a:b`) before
+/// a wildcard whose tail holds a `..`: `/{tenant}/files/{*path}` runs
+/// `/caf%c3%a9/files/../private/r` (the escape in lowercase hex) and
+/// `/a%3Ab/files/../private/r`, `Path` hands the handler the tenant decoded
+/// (`café`, `a:b`), and a handler cleaning its tail from its own root serves
+/// that tenant's `private/r`. The rules on `/caf%C3%A9/files/private` and
+/// `/a:b/files/private` cover them: the root is kept as the router splits it,
+/// but a prefix is compared with it only as written or fully decoded, never
+/// with the root decoded.
+#[tokio::test]
+async fn an_escaped_tenant_before_a_dot_dot_tail_does_not_escape_a_rule_naming_it() {
+    let runs: Runs = Arc::default();
+    let serve = |State(runs): State<Runs>, Path((tenant, path)): Path<(String, String)>| async move {
+        runs.lock()
+            .unwrap()
+            .push(format!("{tenant:?}: {}", cleaned(&path)));
+        "file"
+    };
+    let router = Router::new()
+        .route("/{tenant}/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let mut escaped = Vec::new();
+    for (prefix, path) in [
+        ("/caf%C3%A9/files/private", "/caf%c3%a9/files/../private/r"),
+        ("/a:b/files/private", "/a%3Ab/files/../private/r"),
+    ] {
+        let rules = rule_on("private", prefix);
+        if ratelimit_tower::config::Config::from_toml(&rules).is_err() {
+            continue;
+        }
+        for (placement, app) in placements(&rules, &router) {
+            let what = format!("{prefix} {placement}: {path}");
+            escaped.extend(twice(&app, path, &runs, &what).await);
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served a tenant's private/r twice under a limit of one: {escaped:#?}"
+    );
+}
