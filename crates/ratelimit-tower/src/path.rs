@@ -85,19 +85,38 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     if roots == 0 || !(base.contains("..") || decoded.contains("..")) {
         return false;
     }
+    // Each root is a pass over the path: past this length, such a path
+    // (no client sends one) is taken to be under every prefix.
+    if path.len() > MAX_RESOLVED_PATH {
+        return true;
+    }
     let mut cuts = base.match_indices('/').map(|(at, _)| at).skip(1);
     for root in 1..=roots {
         let Some(cut) = cuts.next() else {
             break;
         };
         let (head, tail) = base.split_at(cut);
-        let spelling = format!("{head}{}", decode_all(tail));
-        if matches(&resolve_below(&spelling, root)) {
+        let tail = decode_all(tail);
+        if matches(&resolve_below(&format!("{head}{tail}"), root)) {
+            return true;
+        }
+        // The root's parameters as `Path` decodes them, as a prefix may
+        // name them (`/caf%C3%A9/...` is also `/café/...`).
+        if let Cow::Owned(head) = decode_all(head)
+            && matches(&resolve_below(
+                &format!("{head}{tail}"),
+                head.matches('/').count(),
+            ))
+        {
             return true;
         }
     }
     false
 }
+
+/// The longest path [`spellings_match`] resolves below each root.
+#[cfg(feature = "config")]
+const MAX_RESOLVED_PATH: usize = 8 * 1024;
 
 /// The most segments a route prefix may have (the configuration refuses
 /// more): how deep [`spellings_match`] looks for a wildcard's root.
@@ -385,6 +404,13 @@ mod tests {
         );
         // A prefix of one segment: no root can change whether it matches.
         assert!(!spellings_at("/files/../private/r", 1).contains(&"/files/private/r".to_owned()));
+        // A path too long to resolve below each root is under every prefix.
+        let long = format!("/a/..{}", "/b".repeat(5000));
+        assert!(super::any_spelling(
+            &http::Request::get(long.as_str()).body(()).unwrap(),
+            2,
+            |_| false
+        ));
         // `..` spelled `%2e%2e` only.
         assert!(
             spellings_at("/files/%2e%2e/private/r", 2).contains(&"/files/private/r".to_owned())
