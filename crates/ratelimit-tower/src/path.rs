@@ -85,8 +85,8 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     if roots == 0 || !(base.contains("..") || decoded.contains("..")) {
         return false;
     }
-    // Each root is a pass over the path: past this length, such a path
-    // (no client sends one) is taken to be under every prefix.
+    // Each root is one or two passes over the path: past this length, such
+    // a path (no client sends one) is taken to be under every prefix.
     if path.len() > MAX_RESOLVED_PATH {
         return true;
     }
@@ -116,7 +116,7 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
 
 /// The longest path [`spellings_match`] resolves below each root.
 #[cfg(feature = "config")]
-const MAX_RESOLVED_PATH: usize = 8 * 1024;
+const MAX_RESOLVED_PATH: usize = 2 * 1024;
 
 /// The most segments a route prefix may have (the configuration refuses
 /// more): how deep [`spellings_match`] looks for a wildcard's root.
