@@ -60,8 +60,9 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     {
         return true;
     }
-    if let Cow::Owned(decoded) = decode_unreserved(path)
-        && (matches(&decoded) || matches(&normalize(&decoded)))
+    let base = decode_unreserved(path);
+    if let Cow::Owned(decoded) = &base
+        && (matches(decoded) || matches(&normalize(decoded)))
     {
         return true;
     }
@@ -81,7 +82,6 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     // the path keeps the prefix's segments as written): at most
     // `depth - 1`, each a pass over the path, and none without a `..`.
     let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
-    let base = decode_unreserved(path);
     if roots == 0 || !(base.contains("..") || decoded.contains("..")) {
         return false;
     }
