@@ -242,10 +242,25 @@ pub fn assert_within_slack(started: Instant, bound: Duration) {
     );
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released, so a child can take it).
+/// A free TCP port on 127.0.0.1 (bound, then released, so a child can take
+/// it). Taken below Linux's ephemeral ports (32768 on), which the tests'
+/// own client connections take: a port the system handed out could be a
+/// client's source port by the time the child binds it. Each call of a
+/// process tries the next port, from a start of its own, so two calls
+/// never hand out the same one.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
+    const FIRST: u16 = 10_000;
+    const SPAN: u16 = 20_000;
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let start = u16::try_from(std::process::id() % u32::from(SPAN)).unwrap_or(0);
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = FIRST + start.wrapping_add(n) % SPAN;
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port from {FIRST} to {}", FIRST + SPAN - 1);
 }
 
 /// A child process killed (and reaped) when dropped.
