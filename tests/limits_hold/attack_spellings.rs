@@ -403,38 +403,82 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
     );
 }
 
-/// A handler of `/files/{*path}` that cleans its tail from its own root (as
-/// Go's `http.Dir` does: `..` stops there) serves `private/report.pdf` for
-/// `/files/../private/report.pdf` and `/files/x/..%2F..%2Fprivate/report.pdf`,
-/// which axum routes to it: a rule on `/files/private` covers both.
-/// (tower-http's `ServeDir` refuses any `..`.)
-#[tokio::test]
-async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+/// What a handler of `route` (a wildcard's) that cleans its tail from its
+/// own root (as Go's `http.Dir` does: `..` stops there) serves for each of
+/// `paths`, one client's, in turn, behind a rule of one request a window on
+/// `prefix`, the layer on the router and around it: asserts the statuses
+/// are `want`, and returns what the handler served, per placement.
+async fn served_from_root(
+    route: &str,
+    prefix: &str,
+    paths: &[&str],
+    want: &[u16],
+) -> Vec<Vec<String>> {
     let runs: Runs = Arc::default();
     let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
         runs.lock().unwrap().push(cleaned(&path));
         "file"
     };
-    let rules = rule_on("private", "/files/private");
+    let rules = rule_on("private", prefix);
     let router = Router::new()
-        .route("/files/{*path}", get(serve))
+        .route(route, get(serve))
         .with_state(runs.clone());
+    let mut served_by_placement = Vec::new();
     for (placement, app) in placements(&rules, &router) {
         runs.lock().unwrap().clear();
-        let statuses = as_one(
-            &app,
-            [
-                "/files/private/report.pdf",
-                "/files/../private/report.pdf",
-                "/files/x/..%2F..%2Fprivate/report.pdf",
-            ],
-        )
-        .await;
+        let statuses = as_one(&app, paths.iter().copied()).await;
         let served = runs.lock().unwrap().clone();
         assert_eq!(
-            statuses,
-            [200, 429, 429],
+            statuses, want,
             "{placement}: the handler served {served:?} under a limit of one"
         );
+        served_by_placement.push(served);
     }
+    served_by_placement
+}
+
+/// A wildcard may start inside a segment (`/download-{*path}`): its handler,
+/// cleaning its tail from its own root, serves `private/report.pdf` for
+/// `/download-../private/report.pdf`, `/download-x/../../private/report.pdf`
+/// and `/download-..%2Fprivate%2Freport.pdf`, as for
+/// `/download-private/report.pdf`: a rule on `/download-private` covers them.
+#[tokio::test]
+async fn a_dot_dot_after_a_wildcard_rooted_inside_a_segment_does_not_escape_a_rule_under_it() {
+    let served = served_from_root(
+        "/download-{*path}",
+        "/download-private",
+        &[
+            "/download-private/report.pdf",
+            "/download-../private/report.pdf",
+            "/download-x/../../private/report.pdf",
+            "/download-..%2Fprivate%2Freport.pdf",
+            "/download-%2e%2e/private/report.pdf",
+            "/download-public/report.pdf",
+        ],
+        &[200, 429, 429, 429, 429, 200],
+    )
+    .await;
+    for served in served {
+        assert_eq!(served, ["private/report.pdf", "public/report.pdf"]);
+    }
+}
+
+/// A handler of `/files/{*path}` that cleans its tail from its own root
+/// serves `private/report.pdf` for `/files/../private/report.pdf` and
+/// `/files/x/..%2F..%2Fprivate/report.pdf`, which axum routes to it: a rule
+/// on `/files/private` covers both. (tower-http's `ServeDir` refuses any
+/// `..`.)
+#[tokio::test]
+async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
+    served_from_root(
+        "/files/{*path}",
+        "/files/private",
+        &[
+            "/files/private/report.pdf",
+            "/files/../private/report.pdf",
+            "/files/x/..%2F..%2Fprivate/report.pdf",
+        ],
+        &[200, 429, 429],
+    )
+    .await;
 }

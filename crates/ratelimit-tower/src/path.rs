@@ -12,7 +12,8 @@
 //! (`/files/{*path}` serves `private/a` for `/files/private%2Fa`); each
 //! of those with `..` resolved below a root a wildcard may have
 //! (`/files/../private` is `private` to a handler of `/files/{*path}` that
-//! cleans its tail from its own root); and, with axum, the route the
+//! cleans its tail from its own root, `/download-../private` to one of
+//! `/download-{*path}`); and, with axum, the route the
 //! router chose (`MatchedPath`) and the path before any nesting
 //! (`OriginalUri`). Each spelling only adds matches, never removes one.
 //! Case is kept: axum routes on it as it is (see SECURITY.md).
@@ -23,11 +24,12 @@ use std::borrow::Cow;
 use http::{Method, Request};
 
 /// Whether `matches` holds for any spelling of `req`'s path a router or a
-/// proxy in front of it may route on (see the module docs); `depth` is the
-/// most segments a prefix that `matches` looks for has.
+/// proxy in front of it may route on (see the module docs); `matches` looks
+/// for the route prefixes `prefixes`, of at most `depth` segments.
 #[cfg(feature = "config")]
 pub(crate) fn any_spelling<B>(
     req: &Request<B>,
+    prefixes: &[String],
     depth: usize,
     mut matches: impl FnMut(&str) -> bool,
 ) -> bool {
@@ -42,16 +44,21 @@ pub(crate) fn any_spelling<B>(
         // The original path, where nesting has changed it.
         if let Some(original) = extensions.get::<axum::extract::OriginalUri>()
             && original.path() != req.uri().path()
-            && spellings_match(original.path(), depth, &mut matches)
+            && spellings_match(original.path(), prefixes, depth, &mut matches)
         {
             return true;
         }
     }
-    spellings_match(req.uri().path(), depth, &mut matches)
+    spellings_match(req.uri().path(), prefixes, depth, &mut matches)
 }
 
 #[cfg(feature = "config")]
-fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> bool) -> bool {
+fn spellings_match(
+    path: &str,
+    prefixes: &[String],
+    depth: usize,
+    matches: &mut impl FnMut(&str) -> bool,
+) -> bool {
     if matches(path) {
         return true;
     }
@@ -81,8 +88,17 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
     // roots shallower than a prefix can change whether it matches (deeper,
     // the path keeps the prefix's segments as written): at most
     // `depth - 1`, each a pass over the path, and none without a `..`.
+    if !(base.contains("..") || decoded.contains("..")) {
+        return false;
+    }
+    // A wildcard may also start inside a segment (`/download-{*path}`).
+    if cut_inside_a_segment(&base, prefixes, depth, matches)
+        || matches!(&decoded, Cow::Owned(decoded) if cut_inside_a_segment(decoded, prefixes, depth, matches))
+    {
+        return true;
+    }
     let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
-    if roots == 0 || !(base.contains("..") || decoded.contains("..")) {
+    if roots == 0 {
         return false;
     }
     // Each root is one or two passes over the path: past this length, such
@@ -112,6 +128,144 @@ fn spellings_match(path: &str, depth: usize, matches: &mut impl FnMut(&str) -> b
         }
     }
     false
+}
+
+/// Whether `matches` holds for `path` (a spelling of a request's path)
+/// with `..` resolved below a root inside one of its first `depth`
+/// segments, where a wildcard that starts inside a segment has its root:
+/// the handler of axum's `/download-{*path}` is given `../private/r` for
+/// `/download-../private/r` and, cleaning it from its own root, serves
+/// `private/r`, as for `/download-private/r`.
+///
+/// Such a root matters only where the segment's part after it is dropped
+/// (a dot segment, or one a later `..` undoes; kept, it leaves the segment
+/// whole). The tail then resolves the same wherever the root is in the
+/// segment, so each literal segment of a prefix can match at one root only:
+/// where the segment's start and the tail's first segment spell it. One
+/// pass over the path from its end, then a few bytes per prefix segment.
+/// (Within a segment, the part before its first encoded slash: a route's
+/// literal text does not hold one.)
+#[cfg(feature = "config")]
+fn cut_inside_a_segment(
+    path: &str,
+    prefixes: &[String],
+    depth: usize,
+    matches: &mut impl FnMut(&str) -> bool,
+) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    let segments: Vec<&str> = rest.split('/').collect();
+    // From the path's end back: the segments kept so far (the last first)
+    // and the `..` not yet matched; and, at each of the first `depth`
+    // segments, its first part (before an encoded slash) and both as they
+    // stand past it.
+    let mut kept: Vec<Cow<'_, str>> = Vec::new();
+    let mut pending = 0;
+    let mut past_first = vec![("", 0, 0); depth.min(segments.len())];
+    for (i, segment) in segments.iter().enumerate().rev() {
+        let parts = encoded_slash_parts(segment);
+        for part in parts[1..].iter().rev() {
+            resolve_back(part, &mut kept, &mut pending);
+        }
+        if let Some(state) = past_first.get_mut(i) {
+            *state = (parts[0], kept.len(), pending);
+        }
+        resolve_back(parts[0], &mut kept, &mut pending);
+    }
+    let mut start = 1;
+    let starts: Vec<usize> = segments
+        .iter()
+        .map(|segment| {
+            let at = start;
+            start += segment.len() + 1;
+            at
+        })
+        .collect();
+    for prefix in prefixes {
+        let Some(wanted) = prefix.strip_prefix('/') else {
+            continue;
+        };
+        let wanted: Vec<&str> = wanted.split('/').collect();
+        for (s, &literal) in wanted.iter().enumerate() {
+            let Some(&(first, kept_len, pending)) = past_first.get(s) else {
+                break;
+            };
+            // A parameter matches any segment: the roots between segments
+            // (`spellings_match`) cover it.
+            if literal.is_empty() || literal.starts_with('{') {
+                continue;
+            }
+            let next = kept_len.checked_sub(1).map_or("", |last| &kept[last]);
+            // The one root where the segment's start and the tail's first
+            // segment spell `literal`; the part after it must be dropped.
+            let Some(cut) = literal.len().checked_sub(next.len()) else {
+                continue;
+            };
+            let (Some(head), Some(dropped)) = (first.get(..cut), first.get(cut..)) else {
+                continue;
+            };
+            if cut == 0
+                || !literal.ends_with(next)
+                || head != &literal[..cut]
+                || (dots(dropped).is_none() && pending == 0)
+            {
+                continue;
+            }
+            let mut resolved = String::from(&path[..starts[s]]);
+            resolved.push_str(head);
+            // Enough segments for the prefix to tell.
+            for (n, part) in kept[..kept_len]
+                .iter()
+                .rev()
+                .take(wanted.len() - s + 1)
+                .enumerate()
+            {
+                if n > 0 {
+                    resolved.push('/');
+                }
+                resolved.push_str(part);
+            }
+            if matches(&resolved) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// `segment` split at its encoded slashes (`%2F`), which axum's `Path`
+/// decodes into a wildcard's tail.
+#[cfg(feature = "config")]
+fn encoded_slash_parts(segment: &str) -> Vec<&str> {
+    let bytes = segment.as_bytes();
+    let mut parts = Vec::new();
+    let mut from = 0;
+    let mut i = 0;
+    while i + 3 <= bytes.len() {
+        if bytes[i..i + 3].eq_ignore_ascii_case(b"%2f") {
+            parts.push(&segment[from..i]);
+            i += 3;
+            from = i;
+        } else {
+            i += 1;
+        }
+    }
+    parts.push(&segment[from..]);
+    parts
+}
+
+/// One step of resolving dot segments from a path's end back: `part`, the
+/// segment before those seen, is dropped (empty or `.`), a `..` to match,
+/// undone by one, or kept, decoded as axum's `Path` decodes it.
+#[cfg(feature = "config")]
+fn resolve_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+    match dots(part) {
+        Some(2) => *pending += 1,
+        Some(_) => {}
+        None if *pending > 0 => *pending -= 1,
+        None => kept.push(decode_all(part)),
+    }
 }
 
 /// The longest path [`spellings_match`] resolves below each root.
@@ -328,7 +482,7 @@ mod tests {
     fn spellings_at(path: &str, depth: usize) -> Vec<String> {
         let req = http::Request::get(path).body(()).unwrap();
         let mut seen = Vec::new();
-        super::any_spelling(&req, depth, |p| {
+        super::any_spelling(&req, &[], depth, |p| {
             seen.push(p.to_owned());
             false
         });
@@ -408,6 +562,7 @@ mod tests {
         let long = format!("/a/..{}", "/b".repeat(5000));
         assert!(super::any_spelling(
             &http::Request::get(long.as_str()).body(()).unwrap(),
+            &[],
             2,
             |_| false
         ));
@@ -415,6 +570,52 @@ mod tests {
         assert!(
             spellings_at("/files/%2e%2e/private/r", 2).contains(&"/files/private/r".to_owned())
         );
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn dot_dot_is_also_resolved_below_a_root_inside_a_segment() {
+        // What is tried for `path` under `prefix` (a wildcard's root inside
+        // one of the prefix's segments, as in `/download-{*path}`).
+        let tried = |path: &str, prefix: &str| {
+            let mut seen = Vec::new();
+            let depth = prefix.split('/').filter(|s| !s.is_empty()).count();
+            super::cut_inside_a_segment(path, &[prefix.to_owned()], depth, &mut |p| {
+                seen.push(p.to_owned());
+                false
+            });
+            seen
+        };
+        for path in [
+            "/download-../private/r",
+            "/download-x/../../private/r",
+            "/download-x/../private/r",
+            "/download-..%2Fprivate%2Fr",
+            "/download-.%2F..%2Fprivate/r",
+            "/download-x%2F..%2F..%2Fprivate/r",
+            "/download-%2e%2e/private/r",
+        ] {
+            assert_eq!(
+                tried(path, "/download-private"),
+                ["/download-private/r"],
+                "{path}"
+            );
+        }
+        assert_eq!(
+            tried("/api/v1-../admin/users/../x", "/api/v1-admin/x"),
+            ["/api/v1-admin/x"]
+        );
+        assert_eq!(
+            tried("/download-../private", "/download-private/"),
+            ["/download-private"]
+        );
+        // The segment's part after the root is kept: the segment stays whole.
+        assert!(tried("/download-x/private/r", "/download-private").is_empty());
+        // Another start, or another tail, than the prefix's.
+        assert!(tried("/upload-../private/r", "/download-private").is_empty());
+        assert!(tried("/download-../public/r", "/download-private").is_empty());
+        // A parameter matches any segment: the roots between segments do.
+        assert!(tried("/download-../private/r", "/{name}/private").is_empty());
     }
 
     /// The work a hostile path forces per rule: a path with a `..` deep

@@ -105,7 +105,7 @@ impl ConfiguredRule {
             return false;
         }
         match &self.routes {
-            Some(routes) => crate::path::any_spelling(req, self.route_depth, |path| {
+            Some(routes) => crate::path::any_spelling(req, routes, self.route_depth, |path| {
                 routes.iter().any(|prefix| route_matches(prefix, path))
             }),
             None => true,

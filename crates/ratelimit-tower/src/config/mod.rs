@@ -157,8 +157,9 @@
 //!   `/api/./x` and `/api/y/../x` are all `/api/x`), with encoded letters,
 //!   digits and `-._~` decoded, and with every encoded byte decoded (`%2F`
 //!   is `/`, as axum's `Path` hands a wildcard's tail to its handler), each
-//!   with `..` also resolved below every root above the prefix's depth (a
-//!   handler that cleans a wildcard's tail from its own root); with axum,
+//!   with `..` also resolved below every root above the prefix's depth or
+//!   inside one of its segments (a handler that cleans a wildcard's tail
+//!   from its own root, of `/files/{*path}` or `/download-{*path}`); with axum,
 //!   also the route the router chose (`MatchedPath`) and the path before
 //!   nesting (`OriginalUri`). Case is kept (SECURITY.md). A prefix with
 //!   escapes is also matched with them decoded. A segment may be a
