@@ -130,6 +130,11 @@ where
 /// axum's `/{tenant}/files/{*path}`, whose handler records the tenant
 /// `Path` gives it and the tail cleaned from its own root ([`cleaned`]).
 fn tenant_files() -> (Runs, Router) {
+    tenant_route("/{tenant}/files/{*path}")
+}
+
+/// [`tenant_files`] on `route`, a tenant's then a wildcard's.
+fn tenant_route(route: &str) -> (Runs, Router) {
     let runs = Runs::default();
     let serve = |State(runs): State<Runs>, Path((tenant, path)): Path<(String, String)>| async move {
         runs.lock()
@@ -138,7 +143,7 @@ fn tenant_files() -> (Runs, Router) {
         "file"
     };
     let router = Router::new()
-        .route("/{tenant}/files/{*path}", get(serve))
+        .route(route, get(serve))
         .with_state(runs.clone());
     (runs, router)
 }
@@ -481,4 +486,107 @@ async fn a_dot_dot_above_a_wildcard_tail_does_not_escape_a_rule_under_it() {
         &[200, 429, 429],
     )
     .await;
+}
+
+/// The part of a segment after a wildcard's root inside it may be dropped
+/// without any `..`: empty (`/download-/private/r`, `/download-%2Fprivate`)
+/// or a `.` (`/download-./private/r`, `/download-%2e/private/r`). A handler
+/// of `/download-{*path}` cleaning its tail from its own root serves
+/// `private/report.pdf` for each, as for `/download-private/report.pdf`: a
+/// rule on `/download-private` covers them, as it covers
+/// `/download-../private/report.pdf`.
+#[tokio::test]
+async fn an_empty_or_dot_part_after_a_wildcard_rooted_inside_a_segment_does_not_escape_a_rule_under_it()
+ {
+    let served = served_from_root(
+        "/download-{*path}",
+        "/download-private",
+        &[
+            "/download-private/report.pdf",
+            "/download-/private/report.pdf",
+            "/download-./private/report.pdf",
+            "/download-%2e/private/report.pdf",
+            "/download-%2Fprivate%2Freport.pdf",
+            "/download-.%2Fprivate/report.pdf",
+            "/download-public/report.pdf",
+        ],
+        &[200, 429, 429, 429, 429, 429, 200],
+    )
+    .await;
+    for served in served {
+        assert_eq!(served, ["private/report.pdf", "public/report.pdf"]);
+    }
+}
+
+/// A prefix ending with a slash keeps it below a root inside a segment as
+/// below a root between segments: `/files/private/` covers
+/// `/files/../private/` (the handler of `/files/{*path}` serves `private`,
+/// as for `/files/private/`), so `/download-private/` covers
+/// `/download-../private/`, `/download-x/../private/` and
+/// `/download-..%2Fprivate%2F`, which the handler of `/download-{*path}`
+/// serves as `private`, as for `/download-private/`.
+#[tokio::test]
+async fn a_trailing_slash_after_a_wildcard_rooted_inside_a_segment_does_not_escape_a_rule_under_it()
+{
+    // Below a root between segments, the slash is kept.
+    served_from_root(
+        "/files/{*path}",
+        "/files/private/",
+        &["/files/private/", "/files/../private/"],
+        &[200, 429],
+    )
+    .await;
+    let served = served_from_root(
+        "/download-{*path}",
+        "/download-private/",
+        &[
+            "/download-private/",
+            "/download-../private/",
+            "/download-x/../private/",
+            "/download-..%2Fprivate%2F",
+        ],
+        &[200, 429, 429, 429],
+    )
+    .await;
+    for served in served {
+        assert_eq!(served, ["private"]);
+    }
+}
+
+/// A rule naming a parameter before a wildcard rooted inside a segment
+/// (`/a:b/download-private` on `/{tenant}/download-{*path}`) covers the
+/// parameter as `Path` decodes it (`a%3Ab` is `a:b`) whatever the tail: a
+/// handler cleaning its tail from its own root serves `private/r` for
+/// `/a%3Ab/download-../x%252Fy/../private/r` (its tail, decoded once, is
+/// `../x%2Fy/../private/r`: `x%2Fy` is one name, which the `..` undoes),
+/// as for `/a%3Ab/download-private/r` and `/a%3Ab/download-../private/r`;
+/// and so does one naming it escaped (`/a%3Ab/download-private`) for
+/// `/a%3ab/download-../x%252Fy/../private/r`.
+#[tokio::test]
+async fn an_escaped_percent_in_the_tail_after_a_decoded_parameter_does_not_escape_a_rule_under_it()
+{
+    let (runs, router) = tenant_route("/{tenant}/download-{*path}");
+    let mut escaped = Vec::new();
+    for prefix in ["/a:b/download-private", "/a%3Ab/download-private"] {
+        let rules = rule_on("private", prefix);
+        for path in [
+            // Held: the tail's `..` resolved, the tenant decoded.
+            "/a%3Ab/download-../private/r",
+            "/a%3ab/download-../private/r",
+            // The tail's `%252F` decoded once, as `Path` decodes it.
+            "/a%3Ab/download-../x%252Fy/../private/r",
+            "/a%3ab/download-../x%252Fy/../private/r",
+        ] {
+            for (placement, app) in placements(&rules, &router) {
+                runs.lock().unwrap().clear();
+                let statuses = as_one(&app, ["/a%3Ab/download-private/r", path]).await;
+                let what = format!("{prefix} {placement}: {path}");
+                escaped.extend(escape(&what, &statuses, &runs));
+            }
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served a:b's private/r twice under a limit of one: {escaped:#?}"
+    );
 }

@@ -79,6 +79,11 @@ fn spellings_match(
     {
         return true;
     }
+    // A wildcard may also start inside a segment (`/download-{*path}`).
+    let dot_dot = base.contains("..") || decoded.contains("..");
+    if cut_inside_a_segment(&base, dot_dot, prefixes, depth, matches) {
+        return true;
+    }
     // A handler may resolve `..` in a wildcard's tail from the wildcard's
     // root, not from `/` (Go's `http.Dir` does): `/files/../private` is
     // then `private` under `/files/`. The root is unknown, so each is tried:
@@ -88,17 +93,8 @@ fn spellings_match(
     // roots shallower than a prefix can change whether it matches (deeper,
     // the path keeps the prefix's segments as written): at most
     // `depth - 1`, each a pass over the path, and none without a `..`.
-    if !(base.contains("..") || decoded.contains("..")) {
-        return false;
-    }
-    // A wildcard may also start inside a segment (`/download-{*path}`).
-    if cut_inside_a_segment(&base, prefixes, depth, matches)
-        || matches!(&decoded, Cow::Owned(decoded) if cut_inside_a_segment(decoded, prefixes, depth, matches))
-    {
-        return true;
-    }
     let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
-    if roots == 0 {
+    if roots == 0 || !dot_dot {
         return false;
     }
     // Each root is one or two passes over the path: past this length, such
@@ -130,24 +126,28 @@ fn spellings_match(
     false
 }
 
-/// Whether `matches` holds for `path` (a spelling of a request's path)
-/// with `..` resolved below a root inside one of its first `depth`
-/// segments, where a wildcard that starts inside a segment has its root:
-/// the handler of axum's `/download-{*path}` is given `../private/r` for
-/// `/download-../private/r` and, cleaning it from its own root, serves
+/// Whether `matches` holds for `path` (the path with unreserved escapes
+/// decoded; `dot_dot`: whether it has a `..`) resolved below a root inside
+/// one of its first `depth` segments, where a wildcard that starts inside a
+/// segment has its root: the handler of axum's `/download-{*path}` is given
+/// `../private/r` for `/download-../private/r`, or `/private/r` for
+/// `/download-/private/r`, and, cleaning it from its own root, serves
 /// `private/r`, as for `/download-private/r`.
 ///
 /// Such a root matters only where the segment's part after it is dropped
-/// (a dot segment, or one a later `..` undoes; kept, it leaves the segment
-/// whole). The tail then resolves the same wherever the root is in the
-/// segment, so each literal segment of a prefix can match at one root only:
-/// where the segment's start and the tail's first segment spell it. One
-/// pass over the path from its end, then a few bytes per prefix segment.
-/// (Within a segment, the part before its first encoded slash: a route's
-/// literal text does not hold one.)
+/// (empty, a dot segment, or undone by a later `..`; kept, it leaves the
+/// segment whole). The tail then resolves the same wherever the root is in
+/// the segment, so each literal segment of a prefix can match at one root
+/// only: where the segment's start and the tail's first segment spell it.
+/// One pass over the path from its end, then a few bytes per prefix
+/// segment, and a path rebuilt for each root found (past
+/// [`MAX_RESOLVED_PATH`], the path is taken to be under the prefix
+/// instead). Within a segment, a root is looked for before its first
+/// encoded slash: a route's literal text does not hold one.
 #[cfg(feature = "config")]
 fn cut_inside_a_segment(
     path: &str,
+    dot_dot: bool,
     prefixes: &[String],
     depth: usize,
     matches: &mut impl FnMut(&str) -> bool,
@@ -156,6 +156,12 @@ fn cut_inside_a_segment(
         return false;
     };
     let segments: Vec<&str> = rest.split('/').collect();
+    if !prefixes
+        .iter()
+        .any(|prefix| may_have_a_root_inside(prefix, &segments, dot_dot))
+    {
+        return false;
+    }
     // From the path's end back: the segments kept so far (the last first)
     // and the `..` not yet matched; and, at each of the first `depth`
     // segments, its first part (before an encoded slash) and both as they
@@ -173,6 +179,12 @@ fn cut_inside_a_segment(
         }
         resolve_back(parts[0], &mut kept, &mut pending);
     }
+    // A resolved tail ends with a slash where the path ends with an empty
+    // or dot segment (`/download-../private/` is `private/`).
+    let trailing = segments
+        .last()
+        .and_then(|last| encoded_slash_parts(last).pop())
+        .is_some_and(|last| dots(last).is_some());
     let mut start = 1;
     let starts: Vec<usize> = segments
         .iter()
@@ -212,23 +224,63 @@ fn cut_inside_a_segment(
             {
                 continue;
             }
-            let mut resolved = String::from(&path[..starts[s]]);
-            resolved.push_str(head);
-            // Enough segments for the prefix to tell.
-            for (n, part) in kept[..kept_len]
-                .iter()
-                .rev()
-                .take(wanted.len() - s + 1)
-                .enumerate()
-            {
-                if n > 0 {
-                    resolved.push('/');
-                }
-                resolved.push_str(part);
-            }
-            if matches(&resolved) {
+            // Each root found is a path rebuilt: past this length, such a
+            // path (no client sends one) is taken to be under the prefix.
+            if path.len() > MAX_RESOLVED_PATH {
                 return true;
             }
+            let mut tail = String::from(head);
+            // Enough segments for the prefix to tell.
+            let shown = wanted.len() - s + 1;
+            for (n, part) in kept[..kept_len].iter().rev().take(shown).enumerate() {
+                if n > 0 {
+                    tail.push('/');
+                }
+                tail.push_str(part);
+            }
+            if trailing && kept_len > 0 && kept_len <= shown {
+                tail.push('/');
+            }
+            // The segments above the root as written, and as `Path` decodes
+            // them, as a prefix may name them (`/a%3Ab/...` is `/a:b/...`).
+            let above = &path[..starts[s]];
+            if matches(&format!("{above}{tail}"))
+                || matches!(decode_all(above), Cow::Owned(above) if matches(&format!("{above}{tail}")))
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether `prefix` may cover `segments` (a path's) below a root inside one
+/// of them: the segments above that one are the prefix's (or its
+/// parameters', or decode to the prefix's), and it starts as the prefix's
+/// segment does (or with an escape); without a `..` (`dot_dot`) to undo
+/// part of a segment, the first segment that is not the prefix's is the
+/// only one where a root can change anything. So a path that shares no
+/// segment's start with a prefix costs no pass.
+#[cfg(feature = "config")]
+fn may_have_a_root_inside(prefix: &str, segments: &[&str], dot_dot: bool) -> bool {
+    let Some(wanted) = prefix.strip_prefix('/') else {
+        return false;
+    };
+    for (literal, segment) in wanted.split('/').zip(segments) {
+        if literal.starts_with("{*") {
+            return false;
+        }
+        if literal.starts_with('{') {
+            continue;
+        }
+        let same = literal == *segment || (segment.contains('%') && decode_all(segment) == literal);
+        if !same {
+            return !literal.is_empty()
+                && (segment.starts_with('%')
+                    || literal.as_bytes().first() == segment.as_bytes().first());
+        }
+        if dot_dot {
+            return true;
         }
     }
     false
@@ -580,7 +632,8 @@ mod tests {
         let tried = |path: &str, prefix: &str| {
             let mut seen = Vec::new();
             let depth = prefix.split('/').filter(|s| !s.is_empty()).count();
-            super::cut_inside_a_segment(path, &[prefix.to_owned()], depth, &mut |p| {
+            let dot_dot = path.contains("..");
+            super::cut_inside_a_segment(path, dot_dot, &[prefix.to_owned()], depth, &mut |p| {
                 seen.push(p.to_owned());
                 false
             });
@@ -605,10 +658,39 @@ mod tests {
             tried("/api/v1-../admin/users/../x", "/api/v1-admin/x"),
             ["/api/v1-admin/x"]
         );
+        // No `..`: the part after the root is empty or a dot.
+        for path in [
+            "/download-/private/r",
+            "/download-./private/r",
+            "/download-%2Fprivate%2Fr",
+        ] {
+            assert_eq!(
+                tried(path, "/download-private"),
+                ["/download-private/r"],
+                "{path}"
+            );
+        }
+        // A trailing slash stays.
+        assert_eq!(
+            tried("/download-../private/", "/download-private/"),
+            ["/download-private/"]
+        );
         assert_eq!(
             tried("/download-../private", "/download-private/"),
             ["/download-private"]
         );
+        // The segments above the root as written, then decoded.
+        assert_eq!(
+            tried("/a%3Ab/download-../private/r", "/a:b/download-private"),
+            ["/a%3Ab/download-private/r", "/a:b/download-private/r"]
+        );
+        assert_eq!(
+            tried("/%3Ax/download-../private/r", "/:x/download-private"),
+            ["/%3Ax/download-private/r", "/:x/download-private/r"]
+        );
+        // A path under none of the prefix's segments, or that leaves them as
+        // they are, costs no pass.
+        assert!(tried("/api/users/x", "/api/admin").is_empty());
         // The segment's part after the root is kept: the segment stays whole.
         assert!(tried("/download-x/private/r", "/download-private").is_empty());
         // Another start, or another tail, than the prefix's.
