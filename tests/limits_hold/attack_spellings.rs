@@ -408,6 +408,20 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
     );
 }
 
+/// axum's `route` (a wildcard's), whose handler records its tail cleaned
+/// from its own root ([`cleaned`]).
+fn cleaning_route(route: &str) -> (Runs, Router) {
+    let runs: Runs = Arc::default();
+    let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
+        runs.lock().unwrap().push(cleaned(&path));
+        "file"
+    };
+    let router = Router::new()
+        .route(route, get(serve))
+        .with_state(runs.clone());
+    (runs, router)
+}
+
 /// What a handler of `route` (a wildcard's) that cleans its tail from its
 /// own root (as Go's `http.Dir` does: `..` stops there) serves for each of
 /// `paths`, one client's, in turn, behind a rule of one request a window on
@@ -419,15 +433,8 @@ async fn served_from_root(
     paths: &[&str],
     want: &[u16],
 ) -> Vec<Vec<String>> {
-    let runs: Runs = Arc::default();
-    let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
-        runs.lock().unwrap().push(cleaned(&path));
-        "file"
-    };
+    let (runs, router) = cleaning_route(route);
     let rules = rule_on("private", prefix);
-    let router = Router::new()
-        .route(route, get(serve))
-        .with_state(runs.clone());
     let mut served_by_placement = Vec::new();
     for (placement, app) in placements(&rules, &router) {
         runs.lock().unwrap().clear();
@@ -588,5 +595,233 @@ async fn an_escaped_percent_in_the_tail_after_a_decoded_parameter_does_not_escap
     assert!(
         escaped.is_empty(),
         "a handler served a:b's private/r twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// What the handler of `route` (a wildcard's, cleaning its tail from its
+/// own root) serves for `path`, with no layer: `None` unless it runs.
+async fn served_without_a_layer(route: &str, path: &str) -> Option<String> {
+    let (runs, router) = cleaning_route(route);
+    let req = Request::get(path).body(Body::empty()).unwrap();
+    let status = router.oneshot(req).await.unwrap().status();
+    let served = runs.lock().unwrap().pop();
+    (status == StatusCode::OK).then_some(served).flatten()
+}
+
+/// What escapes a rule of one request a window on `prefix` when one client
+/// sends `plain`, then `path`, to `router` (whose handlers record their
+/// runs in `runs`), with the layer on the router and around it.
+async fn escapes_after(
+    runs: &Runs,
+    router: &Router,
+    prefix: &str,
+    plain: &str,
+    path: &str,
+) -> Vec<String> {
+    let rules = rule_on("private", prefix);
+    let mut escaped = Vec::new();
+    for (placement, app) in placements(&rules, router) {
+        runs.lock().unwrap().clear();
+        let statuses = as_one(&app, [plain, path]).await;
+        let what = format!("rule on {prefix}, {placement}: {plain} then {path}");
+        escaped.extend(escape(&what, &statuses, runs));
+    }
+    escaped
+}
+
+/// For each `(route, prefix, plain, spellings)`: `plain` and each of
+/// `spellings` are served the same by the handler of `route` (checked
+/// without a layer), and a rule of one request a window on `prefix` limits
+/// `plain`; so each spelling sent after `plain` by the same client is
+/// refused, with the layer on the router and around it.
+async fn assert_limited_after_plain(cases: &[(&str, &str, &str, &[&str])]) {
+    let mut escaped = Vec::new();
+    for &(route, prefix, plain, spellings) in cases {
+        let want = served_without_a_layer(route, plain).await;
+        assert!(want.is_some(), "{route} does not serve {plain}");
+        for &path in spellings {
+            assert_eq!(
+                served_without_a_layer(route, path).await,
+                want,
+                "{route} serves {path} otherwise than {plain}"
+            );
+            let (runs, router) = cleaning_route(route);
+            escaped.extend(escapes_after(&runs, &router, prefix, plain, path).await);
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served one file twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// axum matches a route's literal text against the raw path, so a route
+/// whose literal part before a wildcard rooted inside a segment needs an
+/// escape is written with it: `/caf%C3%A9-{*path}` (what a browser sends
+/// for `/café-...`), `/a%3Ab-{*path}`, `/a%2Fb-{*path}`. A rule naming the
+/// prefix decoded (`/café-private`, `/a:b-private`; SECURITY.md: "a prefix
+/// with escapes is matched with them decoded too"), or with escapes on both
+/// sides of the root (`/caf%C3%A9-priv%C3%A9`), or with an encoded slash
+/// before it (`/a%2Fb-private`) limits the plain spelling, and must limit
+/// `/caf%C3%A9-../private/r` and `/caf%C3%A9-/private/r`, which the
+/// handler serves the same (`private/r`): the root inside a segment is
+/// also tried on the path with every escape decoded.
+#[tokio::test]
+async fn an_escaped_route_literal_before_a_wildcard_rooted_inside_a_segment_does_not_escape_a_rule_under_it()
+ {
+    assert_limited_after_plain(&[
+        (
+            "/caf%C3%A9-{*path}",
+            "/café-private",
+            "/caf%C3%A9-private/r",
+            &["/caf%C3%A9-../private/r", "/caf%C3%A9-/private/r"],
+        ),
+        (
+            "/caf%C3%A9-{*path}",
+            "/caf%C3%A9-priv%C3%A9",
+            "/caf%C3%A9-priv%C3%A9/r",
+            &["/caf%C3%A9-../priv%C3%A9/r", "/caf%C3%A9-/priv%C3%A9/r"],
+        ),
+        (
+            "/a%3Ab-{*path}",
+            "/a:b-private",
+            "/a%3Ab-private/r",
+            &["/a%3Ab-../private/r", "/a%3Ab-/private/r"],
+        ),
+        (
+            "/a%2Fb-{*path}",
+            "/a%2Fb-private",
+            "/a%2Fb-private/r",
+            &["/a%2Fb-../private/r", "/a%2Fb-/private/r"],
+        ),
+    ])
+    .await;
+}
+
+/// A parameter of a rule's prefix (`/{dir}/private`) matches any segment,
+/// `download-x` included: the rule limits `/download-x/private/r`, which
+/// the handler of `/download-{*path}` (cleaning its tail from its own root)
+/// serves as `x/private/r`. It serves `/download-../x/private/r` and
+/// `/download-./x/private/r` the same: the root inside the segment is
+/// tried where the parameter is, wherever the layer is.
+#[tokio::test]
+async fn a_wildcard_rooted_inside_a_segment_a_prefix_parameter_matches_does_not_escape_a_rule() {
+    assert_limited_after_plain(&[(
+        "/download-{*path}",
+        "/{dir}/private",
+        "/download-x/private/r",
+        &["/download-../x/private/r", "/download-./x/private/r"],
+    )])
+    .await;
+}
+
+/// `/download-/x/private/r` is served as `x/private/r` too, but only the
+/// router's route tells that its first segment joins the next: on the
+/// router (axum's `MatchedPath`), a rule on `/{dir}/private` limits it.
+/// Around the router, where the route is unknown, a parameter joining any
+/// two segments would put every `/a/b/private` under that rule, so there
+/// it does not, and `/a/b/private` is not limited by it either.
+#[tokio::test]
+async fn an_empty_part_after_a_root_inside_a_segment_a_prefix_parameter_matches_is_limited_on_the_router()
+ {
+    let (runs, router) = cleaning_route("/download-{*path}");
+    let router = router.route("/{a}/{b}/private", get(|| async { "other" }));
+    let rules = rule_on("private", "/{dir}/private");
+    let [(_, on_the_router), (_, around_the_router)] = placements(&rules, &router);
+    let statuses = as_one(
+        &on_the_router,
+        ["/download-x/private/r", "/download-/x/private/r"],
+    )
+    .await;
+    assert_eq!(statuses, [200, 429], "ran {:?}", runs.lock().unwrap());
+    for app in [on_the_router, around_the_router] {
+        assert_eq!(as_one(&app, ["/a/b/private"; 3]).await, [200; 3]);
+    }
+}
+
+/// `path` with repeated slashes merged and dot segments resolved, as a
+/// proxy in front of a router may forward it (RFC 3986 remove_dot_segments).
+fn proxy_normalized(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/').skip(1) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// SECURITY.md: "servers and proxies in front of [the router] may merge
+/// slashes, resolve dot segments or decode bytes first. So a rule applies
+/// when its prefix matches any spelling any of them may route on". A hop
+/// between the layer and the router that resolves dot segments forwards
+/// `/x/../download-../private/r` as `/download-../private/r`, which the
+/// handler of `/download-{*path}` serves as `private/r`, as it serves
+/// `/download-private/r`: the root inside a segment is also tried on the
+/// path with dot segments resolved (`download-..` is no dot segment, so
+/// resolving keeps it).
+#[tokio::test]
+async fn a_dot_dot_resolved_before_routing_then_below_a_root_inside_a_segment_does_not_escape_a_rule()
+ {
+    let mut escaped = Vec::new();
+    for path in [
+        "/x/../download-../private/r",
+        "/download-x/../download-../private/r",
+    ] {
+        let (runs, router) = cleaning_route("/download-{*path}");
+        let proxied = ServiceExt::<Request<Body>>::map_request(router, |mut req: Request<Body>| {
+            let path = proxy_normalized(req.uri().path());
+            *req.uri_mut() = path.parse().unwrap();
+            req
+        });
+        let rules = rule_on("private", "/download-private");
+        let app = App::new(ServiceExt::<Request<Body>>::map_response(
+            layer_of(&rules).layer(proxied),
+            IntoResponse::into_response,
+        ));
+        let statuses = as_one(&app, ["/download-private/r", path]).await;
+        escaped.extend(escape(path, &statuses, &runs));
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler behind a dot-resolving hop served private/r twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// A parameter holding an encoded slash (`a%2Fb`: `Path` gives the handler
+/// the tenant `a/b`) and an encoded slash in the tail's first name
+/// (`private%2Fr`, given as `private/r`): the handler of
+/// `/{tenant}/files/{*path}` serves `/a%2Fb/files/private%2Fr` as it serves
+/// `/a%2Fb/files/private/r`, which a rule on `/{tenant}/files/private`
+/// limits: the roots between segments are tried where the path has an
+/// encoded slash, as where it has a `..`. The same with a root inside a
+/// segment (`/{tenant}/download-{*path}`, `/a%2Fb/download-private%2Fr`).
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_and_in_the_tail_does_not_escape_a_rule_under_it() {
+    let mut escaped = Vec::new();
+    for (route, prefix, plain, path) in [
+        (
+            "/{tenant}/files/{*path}",
+            "/{tenant}/files/private",
+            "/a%2Fb/files/private/r",
+            "/a%2Fb/files/private%2Fr",
+        ),
+        (
+            "/{tenant}/download-{*path}",
+            "/{tenant}/download-private",
+            "/a%2Fb/download-private/r",
+            "/a%2Fb/download-private%2Fr",
+        ),
+    ] {
+        let (runs, router) = tenant_route(route);
+        escaped.extend(escapes_after(&runs, &router, prefix, plain, path).await);
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served a/b's private/r twice under a limit of one: {escaped:#?}"
     );
 }

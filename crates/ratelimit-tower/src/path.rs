@@ -13,10 +13,11 @@
 //! of those with `..` resolved below a root a wildcard may have
 //! (`/files/../private` is `private` to a handler of `/files/{*path}` that
 //! cleans its tail from its own root, `/download-../private` to one of
-//! `/download-{*path}`); and, with axum, the route the
-//! router chose (`MatchedPath`) and the path before any nesting
-//! (`OriginalUri`). Each spelling only adds matches, never removes one.
-//! Case is kept: axum routes on it as it is (see SECURITY.md).
+//! `/download-{*path}`); and, with axum, the route the router chose
+//! (`MatchedPath`), the path below that route's own wildcard, and the path
+//! before any nesting (`OriginalUri`). Each spelling only adds matches,
+//! never removes one. Case is kept: axum routes on it as it is (see
+//! SECURITY.md).
 
 use std::borrow::Cow;
 
@@ -36,13 +37,18 @@ pub(crate) fn any_spelling<B>(
     #[cfg(feature = "axum")]
     {
         let extensions = req.extensions();
-        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>()
-            && matches(matched.as_str())
-        {
-            return true;
+        let original = extensions.get::<axum::extract::OriginalUri>();
+        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
+            // The router's route, and the path below its wildcard's root
+            // (the route as registered, so the path before any nesting).
+            let full = original.map_or(req.uri().path(), |uri| uri.path());
+            if matches(matched.as_str()) || below_the_wildcard(full, matched.as_str(), &mut matches)
+            {
+                return true;
+            }
         }
         // The original path, where nesting has changed it.
-        if let Some(original) = extensions.get::<axum::extract::OriginalUri>()
+        if let Some(original) = original
             && original.path() != req.uri().path()
             && spellings_match(original.path(), prefixes, depth, &mut matches)
         {
@@ -62,39 +68,47 @@ fn spellings_match(
     if matches(path) {
         return true;
     }
-    if let Cow::Owned(normal) = normalize(path)
-        && matches(&normal)
-    {
+    let normal = normalize(path);
+    if matches!(&normal, Cow::Owned(normal) if matches(normal)) {
         return true;
     }
     let base = decode_unreserved(path);
-    if let Cow::Owned(decoded) = &base
-        && (matches(decoded) || matches(&normalize(decoded)))
-    {
+    let base_normal = normalize(&base);
+    if matches!(&base, Cow::Owned(base) if matches(base) || matches(&base_normal)) {
         return true;
     }
     let decoded = decode_all(path);
-    if let Cow::Owned(decoded) = &decoded
-        && (matches(decoded) || matches(&normalize(decoded)))
-    {
+    let decoded_normal = normalize(&decoded);
+    if matches!(&decoded, Cow::Owned(decoded) if matches(decoded) || matches(&decoded_normal)) {
         return true;
     }
-    // A wildcard may also start inside a segment (`/download-{*path}`).
-    let dot_dot = base.contains("..") || decoded.contains("..");
-    if cut_inside_a_segment(&base, dot_dot, prefixes, depth, matches) {
-        return true;
+    // A wildcard may start inside a segment (`/download-{*path}`); a hop
+    // in front of the router may have resolved dot segments first, and
+    // `Path` decodes the tail (each spelling once: a decoded one is not
+    // decoded again).
+    let mut inside: Vec<(&str, bool)> = vec![(&base, false), (&base_normal, false)];
+    if let Cow::Owned(decoded) = &decoded {
+        inside.extend([(decoded.as_str(), true), (&decoded_normal, true)]);
+    }
+    for (i, &(spelling, decoded)) in inside.iter().enumerate() {
+        let repeated = inside[..i].iter().any(|&(seen, _)| seen == spelling);
+        if !repeated && cut_inside_a_segment(spelling, decoded, prefixes, depth, matches) {
+            return true;
+        }
     }
     // A handler may resolve `..` in a wildcard's tail from the wildcard's
     // root, not from `/` (Go's `http.Dir` does): `/files/../private` is
-    // then `private` under `/files/`. The root is unknown, so each is tried:
-    // the first `root` segments as the router splits them (a parameter
-    // there may hold `..` or an encoded `/`), then the tail as `Path` hands
-    // it over, every escape decoded, with `..` climbing no higher. Only
-    // roots shallower than a prefix can change whether it matches (deeper,
-    // the path keeps the prefix's segments as written): at most
-    // `depth - 1`, each a pass over the path, and none without a `..`.
+    // then `private` under `/files/`; and `Path` decodes an encoded slash
+    // in the tail (`/{tenant}/files/private%2Fr` is tenant's `private/r`).
+    // The root is unknown, so each is tried: the first `root` segments as
+    // the router splits them (a parameter there may hold `..` or an
+    // encoded `/`), then the tail as `Path` hands it over, every escape
+    // decoded, with `..` climbing no higher. Only roots shallower than a
+    // prefix can change whether it matches (deeper, the path keeps the
+    // prefix's segments as written): at most `depth - 1`, each a pass over
+    // the path, and none without a `..` or an encoded slash.
     let roots = depth.saturating_sub(1).min(MAX_ROUTE_DEPTH);
-    if roots == 0 || !dot_dot {
+    if roots == 0 || !(base.contains("..") || decoded.contains("..") || has_encoded_slash(&base)) {
         return false;
     }
     // Each root is one or two passes over the path: past this length, such
@@ -126,11 +140,12 @@ fn spellings_match(
     false
 }
 
-/// Whether `matches` holds for `path` (the path with unreserved escapes
-/// decoded; `dot_dot`: whether it has a `..`) resolved below a root inside
-/// one of its first `depth` segments, where a wildcard that starts inside a
-/// segment has its root: the handler of axum's `/download-{*path}` is given
-/// `../private/r` for `/download-../private/r`, or `/private/r` for
+/// Whether `matches` holds for `path` (a spelling of a request's path:
+/// with unreserved escapes decoded, or, `decoded`, with every escape
+/// decoded, which is not decoded again) resolved below a root inside one
+/// of its first `depth` segments, where a wildcard that starts inside a
+/// segment has its root: the handler of axum's `/download-{*path}` is
+/// given `../private/r` for `/download-../private/r`, or `/private/r` for
 /// `/download-/private/r`, and, cleaning it from its own root, serves
 /// `private/r`, as for `/download-private/r`.
 ///
@@ -139,6 +154,12 @@ fn spellings_match(
 /// segment whole). The tail then resolves the same wherever the root is in
 /// the segment, so each literal segment of a prefix can match at one root
 /// only: where the segment's start and the tail's first segment spell it.
+/// A parameter matches any segment: there the root is taken where it
+/// joins the segment to the tail's first, but only where a dot segment or
+/// a `..` is dropped (an empty part would join every pair of segments, and
+/// a prefix `/{dir}/private` would cover `/a/b/private`; the router's own
+/// route covers those, see [`below_the_wildcard`]).
+///
 /// One pass over the path from its end, then a few bytes per prefix
 /// segment, and a path rebuilt for each root found (past
 /// [`MAX_RESOLVED_PATH`], the path is taken to be under the prefix
@@ -147,7 +168,7 @@ fn spellings_match(
 #[cfg(feature = "config")]
 fn cut_inside_a_segment(
     path: &str,
-    dot_dot: bool,
+    decoded: bool,
     prefixes: &[String],
     depth: usize,
     matches: &mut impl FnMut(&str) -> bool,
@@ -156,6 +177,7 @@ fn cut_inside_a_segment(
         return false;
     };
     let segments: Vec<&str> = rest.split('/').collect();
+    let dot_dot = path.contains("..");
     if !prefixes
         .iter()
         .any(|prefix| may_have_a_root_inside(prefix, &segments, dot_dot))
@@ -170,20 +192,20 @@ fn cut_inside_a_segment(
     let mut pending = 0;
     let mut past_first = vec![("", 0, 0); depth.min(segments.len())];
     for (i, segment) in segments.iter().enumerate().rev() {
-        let parts = encoded_slash_parts(segment);
+        let parts = parts_of(segment, decoded);
         for part in parts[1..].iter().rev() {
-            resolve_back(part, &mut kept, &mut pending);
+            resolve_back(part, !decoded, &mut kept, &mut pending);
         }
         if let Some(state) = past_first.get_mut(i) {
             *state = (parts[0], kept.len(), pending);
         }
-        resolve_back(parts[0], &mut kept, &mut pending);
+        resolve_back(parts[0], !decoded, &mut kept, &mut pending);
     }
     // A resolved tail ends with a slash where the path ends with an empty
     // or dot segment (`/download-../private/` is `private/`).
     let trailing = segments
         .last()
-        .and_then(|last| encoded_slash_parts(last).pop())
+        .and_then(|last| parts_of(last, decoded).pop())
         .is_some_and(|last| dots(last).is_some());
     let mut start = 1;
     let starts: Vec<usize> = segments
@@ -203,27 +225,36 @@ fn cut_inside_a_segment(
             let Some(&(first, kept_len, pending)) = past_first.get(s) else {
                 break;
             };
-            // A parameter matches any segment: the roots between segments
-            // (`spellings_match`) cover it.
-            if literal.is_empty() || literal.starts_with('{') {
+            if literal.is_empty() || literal.starts_with("{*") {
                 continue;
             }
             let next = kept_len.checked_sub(1).map_or("", |last| &kept[last]);
-            // The one root where the segment's start and the tail's first
-            // segment spell `literal`; the part after it must be dropped.
-            let Some(cut) = literal.len().checked_sub(next.len()) else {
-                continue;
+            let head = if literal.starts_with('{') {
+                // Any root works for a parameter: the first part, without
+                // the dots that are dropped.
+                if kept_len == 0 || !(pending > 0 || ends_with_a_dot_segment(first)) {
+                    continue;
+                }
+                first.trim_end_matches('.')
+            } else {
+                // The one root where the segment's start and the tail's
+                // first segment spell `literal`; the part after it must be
+                // dropped.
+                let Some(cut) = literal.len().checked_sub(next.len()) else {
+                    continue;
+                };
+                let (Some(head), Some(dropped)) = (first.get(..cut), first.get(cut..)) else {
+                    continue;
+                };
+                if cut == 0
+                    || !literal.ends_with(next)
+                    || head != &literal[..cut]
+                    || (dots(dropped).is_none() && pending == 0)
+                {
+                    continue;
+                }
+                head
             };
-            let (Some(head), Some(dropped)) = (first.get(..cut), first.get(cut..)) else {
-                continue;
-            };
-            if cut == 0
-                || !literal.ends_with(next)
-                || head != &literal[..cut]
-                || (dots(dropped).is_none() && pending == 0)
-            {
-                continue;
-            }
             // Each root found is a path rebuilt: past this length, such a
             // path (no client sends one) is taken to be under the prefix.
             if path.len() > MAX_RESOLVED_PATH {
@@ -254,13 +285,22 @@ fn cut_inside_a_segment(
     false
 }
 
-/// Whether `prefix` may cover `segments` (a path's) below a root inside one
-/// of them: the segments above that one are the prefix's (or its
-/// parameters', or decode to the prefix's), and it starts as the prefix's
-/// segment does (or with an escape); without a `..` (`dot_dot`) to undo
-/// part of a segment, the first segment that is not the prefix's is the
-/// only one where a root can change anything. So a path that shares no
-/// segment's start with a prefix costs no pass.
+/// Whether `segment` ends with a dot segment after something else
+/// (`download-..`, `a.`): a root before the dots drops them.
+#[cfg(feature = "config")]
+fn ends_with_a_dot_segment(segment: &str) -> bool {
+    let name = segment.trim_end_matches('.');
+    !name.is_empty() && name.len() < segment.len() && segment.len() - name.len() <= 2
+}
+
+/// Whether `prefix` may cover `segments` (a path's; `dot_dot`: the path
+/// has a `..`) below a root inside one of them: the segments above that
+/// one are the prefix's (or its parameters'), and it starts as the
+/// prefix's segment does, or a parameter matches it and it ends with a dot
+/// segment. Without a `..` to undo part of a segment, the first segment
+/// that is not the prefix's is the only literal one where a root can change
+/// anything. A few bytes per prefix segment: a path that starts as no
+/// prefix does costs no pass.
 #[cfg(feature = "config")]
 fn may_have_a_root_inside(prefix: &str, segments: &[&str], dot_dot: bool) -> bool {
     let Some(wanted) = prefix.strip_prefix('/') else {
@@ -271,19 +311,70 @@ fn may_have_a_root_inside(prefix: &str, segments: &[&str], dot_dot: bool) -> boo
             return false;
         }
         if literal.starts_with('{') {
+            if dot_dot || ends_with_a_dot_segment(segment) {
+                return true;
+            }
             continue;
         }
-        let same = literal == *segment || (segment.contains('%') && decode_all(segment) == literal);
-        if !same {
-            return !literal.is_empty()
-                && (segment.starts_with('%')
-                    || literal.as_bytes().first() == segment.as_bytes().first());
+        if literal != *segment {
+            return !literal.is_empty() && literal.as_bytes().first() == segment.as_bytes().first();
         }
         if dot_dot {
             return true;
         }
     }
     false
+}
+
+/// Whether `matches` holds for `path` resolved below the root of the
+/// wildcard of `route`, the route axum's router chose for it (its
+/// `MatchedPath`, as registered, and `path` before any nesting): the path
+/// the route's handler serves when it cleans its tail from its own root,
+/// wherever the wildcard starts (`/download-/private/r` is
+/// `/download-private/r` to `/download-{*path}`, `/files/../private` is
+/// `/files/private` to `/files/{*path}`). A route without a wildcard, or
+/// that `path` does not follow segment by segment, adds nothing.
+#[cfg(all(feature = "config", feature = "axum"))]
+fn below_the_wildcard(path: &str, route: &str, matches: &mut impl FnMut(&str) -> bool) -> bool {
+    let (Some(route), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
+        return false;
+    };
+    let Some(star) = route.find("{*") else {
+        return false;
+    };
+    let above = &route[..star];
+    // The wildcard's segment: its literal start, and the segments above it.
+    let (whole, start) = match above.rfind('/') {
+        Some(at) => (&above[..at], &above[at + 1..]),
+        None => ("", above),
+    };
+    if start.contains('{') {
+        return false;
+    }
+    let mut root = 1;
+    let mut segments = rest.split('/');
+    for template in whole.split('/').filter(|_| !whole.is_empty()) {
+        let Some(segment) = segments.next() else {
+            return false;
+        };
+        if !template.starts_with('{') && template != segment {
+            return false;
+        }
+        root += segment.len() + 1;
+    }
+    if !path.get(root..).is_some_and(|tail| tail.starts_with(start)) {
+        return false;
+    }
+    root += start.len();
+    // A path too long to resolve, which no client sends, is under it.
+    if path.len() > MAX_RESOLVED_PATH {
+        return true;
+    }
+    let resolved = resolve_below(&format!("/{}", decode_all(&path[root..])), 0);
+    let tail = &resolved[1..];
+    let head = &path[..root];
+    matches(&format!("{head}{tail}"))
+        || matches!(decode_all(head), Cow::Owned(head) if matches(&format!("{head}{tail}")))
 }
 
 /// `segment` split at its encoded slashes (`%2F`), which axum's `Path`
@@ -307,16 +398,42 @@ fn encoded_slash_parts(segment: &str) -> Vec<&str> {
     parts
 }
 
+/// The parts of `segment` a wildcard's tail decodes it into: split at its
+/// encoded slashes, unless `decoded` already.
+#[cfg(feature = "config")]
+fn parts_of(segment: &str, decoded: bool) -> Vec<&str> {
+    if decoded {
+        vec![segment]
+    } else {
+        encoded_slash_parts(segment)
+    }
+}
+
+/// Whether `path` has an encoded slash (`%2F`), which `Path` decodes.
+#[cfg(feature = "config")]
+fn has_encoded_slash(path: &str) -> bool {
+    path.as_bytes()
+        .windows(3)
+        .any(|w| w.eq_ignore_ascii_case(b"%2f"))
+}
+
 /// One step of resolving dot segments from a path's end back: `part`, the
 /// segment before those seen, is dropped (empty or `.`), a `..` to match,
-/// undone by one, or kept, decoded as axum's `Path` decodes it.
+/// undone by one, or kept, decoded as axum's `Path` decodes it (`decode`)
+/// or as it is.
 #[cfg(feature = "config")]
-fn resolve_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+fn resolve_back<'a>(
+    part: &'a str,
+    decode: bool,
+    kept: &mut Vec<Cow<'a, str>>,
+    pending: &mut usize,
+) {
     match dots(part) {
         Some(2) => *pending += 1,
         Some(_) => {}
         None if *pending > 0 => *pending -= 1,
-        None => kept.push(decode_all(part)),
+        None if decode => kept.push(decode_all(part)),
+        None => kept.push(Cow::Borrowed(part)),
     }
 }
 
@@ -629,16 +746,16 @@ mod tests {
     fn dot_dot_is_also_resolved_below_a_root_inside_a_segment() {
         // What is tried for `path` under `prefix` (a wildcard's root inside
         // one of the prefix's segments, as in `/download-{*path}`).
-        let tried = |path: &str, prefix: &str| {
+        let tried_in = |path: &str, decoded: bool, prefix: &str| {
             let mut seen = Vec::new();
             let depth = prefix.split('/').filter(|s| !s.is_empty()).count();
-            let dot_dot = path.contains("..");
-            super::cut_inside_a_segment(path, dot_dot, &[prefix.to_owned()], depth, &mut |p| {
+            super::cut_inside_a_segment(path, decoded, &[prefix.to_owned()], depth, &mut |p| {
                 seen.push(p.to_owned());
                 false
             });
             seen
         };
+        let tried = |path: &str, prefix: &str| tried_in(path, false, prefix);
         for path in [
             "/download-../private/r",
             "/download-x/../../private/r",
@@ -684,9 +801,16 @@ mod tests {
             tried("/a%3Ab/download-../private/r", "/a:b/download-private"),
             ["/a%3Ab/download-private/r", "/a:b/download-private/r"]
         );
+        // Escaped above the root, a prefix's segment is met in the decoded
+        // spelling, which is not decoded again (`%252F` is one name).
+        assert!(tried("/%3Ax/download-../private/r", "/:x/download-private").is_empty());
         assert_eq!(
-            tried("/%3Ax/download-../private/r", "/:x/download-private"),
-            ["/%3Ax/download-private/r", "/:x/download-private/r"]
+            tried_in(
+                "/:x/download-../x%2Fy/../private/r",
+                true,
+                "/:x/download-private"
+            ),
+            ["/:x/download-private/r"]
         );
         // A path under none of the prefix's segments, or that leaves them as
         // they are, costs no pass.
@@ -696,8 +820,55 @@ mod tests {
         // Another start, or another tail, than the prefix's.
         assert!(tried("/upload-../private/r", "/download-private").is_empty());
         assert!(tried("/download-../public/r", "/download-private").is_empty());
-        // A parameter matches any segment: the roots between segments do.
-        assert!(tried("/download-../private/r", "/{name}/private").is_empty());
+        // A parameter matches any segment, joined to the tail's first where
+        // a dot segment or a `..` is dropped, not an empty part.
+        assert_eq!(
+            tried("/download-../x/private/r", "/{dir}/private"),
+            ["/download-x/private/r"]
+        );
+        assert_eq!(
+            tried("/download-y/../x/private/r", "/{dir}/private"),
+            ["/download-yx/private/r"]
+        );
+        assert!(tried("/download-/x/private/r", "/{dir}/private").is_empty());
+    }
+
+    #[cfg(all(feature = "config", feature = "axum"))]
+    #[test]
+    fn the_matched_routes_wildcard_is_resolved_from_its_own_root() {
+        let seen = |path: &str, route: &str| {
+            let mut seen = Vec::new();
+            super::below_the_wildcard(path, route, &mut |p| {
+                seen.push(p.to_owned());
+                false
+            });
+            seen
+        };
+        assert_eq!(
+            seen("/download-/private/r", "/download-{*path}"),
+            ["/download-private/r"]
+        );
+        assert_eq!(
+            seen("/download-/x/private/r", "/download-{*path}"),
+            ["/download-x/private/r"]
+        );
+        assert_eq!(
+            seen("/t/download-../x/r", "/{tenant}/download-{*path}"),
+            ["/t/download-x/r"]
+        );
+        assert_eq!(
+            seen("/files/a%2F..%2F..%2Fprivate/", "/files/{*path}"),
+            ["/files/private/"]
+        );
+        assert_eq!(
+            seen("/caf%C3%A9-../p", "/caf%C3%A9-{*path}"),
+            ["/caf%C3%A9-p", "/café-p"]
+        );
+        // A path that does not follow the route, or a route without a
+        // wildcard, adds nothing.
+        assert!(seen("/other/x", "/files/{*path}").is_empty());
+        assert!(seen("/t", "/{tenant}/files/{*path}").is_empty());
+        assert!(seen("/users/7", "/users/{id}").is_empty());
     }
 
     /// The work a hostile path forces per rule: a path with a `..` deep

@@ -159,7 +159,8 @@
 //!   is `/`, as axum's `Path` hands a wildcard's tail to its handler), each
 //!   with `..` also resolved below every root above the prefix's depth or
 //!   inside one of its segments (a handler that cleans a wildcard's tail
-//!   from its own root, of `/files/{*path}` or `/download-{*path}`); with axum,
+//!   from its own root, of `/files/{*path}` or `/download-{*path}`; on the
+//!   router, below the matched route's wildcard); with axum,
 //!   also the route the router chose (`MatchedPath`) and the path before
 //!   nesting (`OriginalUri`). Case is kept (SECURITY.md). A prefix with
 //!   escapes is also matched with them decoded. A segment may be a
