@@ -629,30 +629,18 @@ async fn escapes_after(
     escaped
 }
 
-/// For each `(route, prefix, plain, spellings)`: `plain` and each of
-/// `spellings` are served the same by the handler of `route` (checked
-/// without a layer), and a rule of one request a window on `prefix` limits
-/// `plain`; so each spelling sent after `plain` by the same client is
-/// refused, with the layer on the router and around it.
+/// For each `(route, prefix, plain, spellings)`: the handler of `route`
+/// (a wildcard's, cleaning its tail from its own root) serves each of
+/// `spellings` as it serves `plain`, and a rule of one request a window on
+/// `prefix` refuses each after `plain` from the same client, with the
+/// layer on the router and around it.
 async fn assert_limited_after_plain(cases: &[(&str, &str, &str, &[&str])]) {
-    let mut escaped = Vec::new();
     for &(route, prefix, plain, spellings) in cases {
-        let want = served_without_a_layer(route, plain).await;
-        assert!(want.is_some(), "{route} does not serve {plain}");
-        for &path in spellings {
-            assert_eq!(
-                served_without_a_layer(route, path).await,
-                want,
-                "{route} serves {path} otherwise than {plain}"
-            );
-            let (runs, router) = cleaning_route(route);
-            escaped.extend(escapes_after(&runs, &router, prefix, plain, path).await);
-        }
+        let served = served_without_a_layer(route, plain)
+            .await
+            .unwrap_or_else(|| panic!("{route} does not serve {plain}"));
+        assert_spellings_limited(cleaning_route(route), prefix, (plain, &served), spellings).await;
     }
-    assert!(
-        escaped.is_empty(),
-        "a handler served one file twice under a limit of one: {escaped:#?}"
-    );
 }
 
 /// axum matches a route's literal text against the raw path, so a route
@@ -767,29 +755,21 @@ fn proxy_normalized(path: &str) -> String {
 #[tokio::test]
 async fn a_dot_dot_resolved_before_routing_then_below_a_root_inside_a_segment_does_not_escape_a_rule()
  {
-    let mut escaped = Vec::new();
-    for path in [
-        "/x/../download-../private/r",
-        "/download-x/../download-../private/r",
-    ] {
-        let (runs, router) = cleaning_route("/download-{*path}");
-        let proxied = ServiceExt::<Request<Body>>::map_request(router, |mut req: Request<Body>| {
-            let path = proxy_normalized(req.uri().path());
-            *req.uri_mut() = path.parse().unwrap();
-            req
-        });
-        let rules = rule_on("private", "/download-private");
-        let app = App::new(ServiceExt::<Request<Body>>::map_response(
-            layer_of(&rules).layer(proxied),
-            IntoResponse::into_response,
-        ));
-        let statuses = as_one(&app, ["/download-private/r", path]).await;
-        escaped.extend(escape(path, &statuses, &runs));
-    }
-    assert!(
-        escaped.is_empty(),
-        "a handler behind a dot-resolving hop served private/r twice under a limit of one: {escaped:#?}"
-    );
+    assert_limited_behind_a_dot_resolving_hop(&[
+        (
+            "/download-{*path}",
+            "/download-private",
+            "/download-private/r",
+            "/x/../download-../private/r",
+        ),
+        (
+            "/download-{*path}",
+            "/download-private",
+            "/download-private/r",
+            "/download-x/../download-../private/r",
+        ),
+    ])
+    .await;
 }
 
 /// A parameter holding an encoded slash (`a%2Fb`: `Path` gives the handler
@@ -824,4 +804,213 @@ async fn an_encoded_slash_in_a_parameter_and_in_the_tail_does_not_escape_a_rule_
         escaped.is_empty(),
         "a handler served a/b's private/r twice under a limit of one: {escaped:#?}"
     );
+}
+
+/// Checks that the handler of `router` (recording in `runs`) serves each
+/// of `paths` as it serves `plain`, which it records as `served`; then that
+/// a rule of one request a window on `prefix` refuses each after `plain`
+/// from the same client, with the layer on the router and around it.
+async fn assert_spellings_limited(
+    (runs, router): (Runs, Router),
+    prefix: &str,
+    (plain, served): (&str, &str),
+    paths: &[&str],
+) {
+    let mut escaped = Vec::new();
+    for &path in paths {
+        for sent in [plain, path] {
+            runs.lock().unwrap().clear();
+            let req = Request::get(sent).body(Body::empty()).unwrap();
+            let status = router.clone().oneshot(req).await.unwrap().status();
+            assert_eq!(status, StatusCode::OK, "{sent}");
+            assert_eq!(
+                runs.lock().unwrap().pop().as_deref(),
+                Some(served),
+                "{sent}"
+            );
+        }
+        escaped.extend(escapes_after(&runs, &router, prefix, plain, path).await);
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler served {served} twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// A parameter holding an encoded slash before a route literal that needs
+/// an escape, on `/{tenant}/caf%C3%A9-{*path}`: the handler (cleaning its
+/// tail from its own root) serves tenant `a/b`'s `private/r` for
+/// `/a%2Fb/caf%C3%A9-private/r`, which a rule on `/{tenant}/café-private`
+/// limits, and the same for `/a%2Fb/caf%C3%A9-../private/r`,
+/// `-/private/r`, `-./private/r` and `-..%2Fprivate%2Fr`: each segment is
+/// read as `Path` decodes it (the tenant one segment `a/b`, the literal
+/// `café-`), so the rule covers them.
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_before_an_escaped_literal_rooted_inside_a_segment_does_not_escape_a_rule()
+ {
+    assert_spellings_limited(
+        tenant_route("/{tenant}/caf%C3%A9-{*path}"),
+        "/{tenant}/café-private",
+        ("/a%2Fb/caf%C3%A9-private/r", "\"a/b\": private/r"),
+        &[
+            "/a%2Fb/caf%C3%A9-../private/r",
+            "/a%2Fb/caf%C3%A9-/private/r",
+            "/a%2Fb/caf%C3%A9-./private/r",
+            "/a%2Fb/caf%C3%A9-..%2Fprivate%2Fr",
+        ],
+    )
+    .await;
+}
+
+/// The same below a root between segments: on `/{tenant}/caf%C3%A9/{*path}`
+/// the handler serves tenant `a/b`'s `private/r` for
+/// `/a%2Fb/caf%C3%A9/private/r`, which a rule on `/{tenant}/café/private`
+/// limits, and for `/a%2Fb/caf%C3%A9/../private/r`,
+/// `/a%2Fb/caf%C3%A9/..%2Fprivate%2Fr` and `/a%2Fb/caf%C3%A9/x/../../private/r`.
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_before_an_escaped_literal_above_a_wildcard_does_not_escape_a_rule()
+ {
+    assert_spellings_limited(
+        tenant_route("/{tenant}/caf%C3%A9/{*path}"),
+        "/{tenant}/café/private",
+        ("/a%2Fb/caf%C3%A9/private/r", "\"a/b\": private/r"),
+        &[
+            "/a%2Fb/caf%C3%A9/../private/r",
+            "/a%2Fb/caf%C3%A9/..%2Fprivate%2Fr",
+            "/a%2Fb/caf%C3%A9/x/../../private/r",
+        ],
+    )
+    .await;
+}
+
+/// axum runs `/{tenant}/files/{*path}` for `/./files/private/r` with the
+/// tenant `.` (the router does not resolve dot segments), and a rule on
+/// `/{tenant}/files/private` limits it. The handler serves the same
+/// (tenant `.`, `private/r`) for `/./files//private/r` and
+/// `/./files/./private/r`: the tail is cleaned below each root between
+/// segments wherever cleaning changes it (an empty or dot segment), so the
+/// rule covers them around the router too.
+#[tokio::test]
+async fn a_dot_parameter_and_an_empty_or_dot_segment_in_the_tail_do_not_escape_a_rule_around_the_router()
+ {
+    assert_spellings_limited(
+        tenant_files(),
+        "/{tenant}/files/private",
+        ("/./files/private/r", "\".\": private/r"),
+        &["/./files//private/r", "/./files/./private/r"],
+    )
+    .await;
+}
+
+/// What escapes a rule of one request a window on `prefix` when one client
+/// sends `plain`, then `path`, through the layer to a hop that resolves dot
+/// segments ([`proxy_normalized`]) in front of the handler of `route` (a
+/// wildcard's, cleaning its tail from its own root), after checking that
+/// the handler serves both the same through the hop.
+async fn assert_limited_behind_a_dot_resolving_hop(cases: &[(&str, &str, &str, &str)]) {
+    let mut escaped = Vec::new();
+    for &(route, prefix, plain, path) in cases {
+        escaped.extend(escapes_behind_a_dot_resolving_hop(route, prefix, plain, path).await);
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler behind a dot-resolving hop served a file twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// [`assert_limited_behind_a_dot_resolving_hop`] of one case: what escapes.
+async fn escapes_behind_a_dot_resolving_hop(
+    route: &str,
+    prefix: &str,
+    plain: &str,
+    path: &str,
+) -> Vec<String> {
+    let (runs, router) = if route.contains("{tenant}") {
+        tenant_route(route)
+    } else {
+        cleaning_route(route)
+    };
+    let hop = |router: Router| {
+        ServiceExt::<Request<Body>>::map_request(router, |mut req: Request<Body>| {
+            let path = proxy_normalized(req.uri().path());
+            *req.uri_mut() = path.parse().unwrap();
+            req
+        })
+    };
+    let mut served = Vec::new();
+    for p in [plain, path] {
+        runs.lock().unwrap().clear();
+        let req = Request::get(p).body(Body::empty()).unwrap();
+        let status = hop(router.clone()).oneshot(req).await.unwrap().status();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{route} does not serve {p} behind the hop"
+        );
+        served.push(runs.lock().unwrap().pop().unwrap());
+    }
+    assert_eq!(
+        served[0], served[1],
+        "{route} serves {path} otherwise than {plain}"
+    );
+    let app = App::new(ServiceExt::<Request<Body>>::map_response(
+        layer_of(&rule_on("private", prefix)).layer(hop(router)),
+        IntoResponse::into_response,
+    ));
+    runs.lock().unwrap().clear();
+    let statuses = as_one(&app, [plain, path]).await;
+    escape(
+        &format!("rule on {prefix}, behind a hop: {plain} then {path}"),
+        &statuses,
+        &runs,
+    )
+    .into_iter()
+    .collect()
+}
+
+/// SECURITY.md: proxies in front of the router may resolve dot segments
+/// first, and a rule applies to any spelling any of them may route on. A
+/// hop resolving dot segments (an encoded slash is no separator to it)
+/// forwards `/x/../files/..%2Fprivate%2Fr` as `/files/..%2Fprivate%2Fr`,
+/// which the handler of `/files/{*path}` serves as `private/r`; and
+/// `/x/../caf%C3%A9-x%2F../private/r` as `/caf%C3%A9-x%2F../private/r`,
+/// which the handler of `/caf%C3%A9-{*path}` serves as `private/r`: the
+/// path as such a hop forwards it is read below each root too, so a rule
+/// on the plain path's prefix covers both.
+#[tokio::test]
+async fn a_dot_resolving_hop_then_an_encoded_slash_dot_dot_below_a_wildcard_does_not_escape_a_rule()
+{
+    assert_limited_behind_a_dot_resolving_hop(&[
+        (
+            "/files/{*path}",
+            "/files/private",
+            "/files/private/r",
+            "/x/../files/..%2Fprivate%2Fr",
+        ),
+        (
+            "/caf%C3%A9-{*path}",
+            "/café-private",
+            "/caf%C3%A9-private/r",
+            "/x/../caf%C3%A9-x%2F../private/r",
+        ),
+    ])
+    .await;
+}
+
+/// A hop that resolves dot segments as written (`.`, `..`: the test's own
+/// [`proxy_normalized`]) keeps `%2e%2e`, so it forwards
+/// `/x/../%2e%2e/download-/private/r` as `/%2e%2e/download-/private/r`,
+/// which axum runs on `/{tenant}/download-{*path}` with the tenant `..`
+/// and the tail `/private/r`, served as for `/%2e%2e/download-private/r`,
+/// which a rule on `/{tenant}/download-private` limits: the path is also
+/// read as a hop that takes `%2e` for no dot forwards it.
+#[tokio::test]
+async fn a_hop_keeping_an_escaped_dot_dot_parameter_does_not_escape_a_rule() {
+    assert_limited_behind_a_dot_resolving_hop(&[(
+        "/{tenant}/download-{*path}",
+        "/{tenant}/download-private",
+        "/%2e%2e/download-private/r",
+        "/x/../%2e%2e/download-/private/r",
+    )])
+    .await;
 }

@@ -9,6 +9,7 @@ use super::values::{Parsed, UtcOffset};
 
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
+use super::routes::Routes;
 use super::schema::{
     ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RefundOnSpec, RuleSpec,
     SettleSpec, period,
@@ -381,28 +382,9 @@ fn build_rule(
     };
     non_empty("routes", "path", spec.routes.as_ref().map(Vec::len))?;
     non_empty("methods", "method", spec.methods.as_ref().map(Vec::len))?;
-    // A prefix with escapes also as axum's `Path` reads it, every escape
-    // decoded (`/files/caf%C3%A9` is `/files/café`), as request paths are
-    // matched in that spelling too.
-    let routes: Option<Box<[String]>> = spec.routes.map(|routes| {
-        routes
-            .into_iter()
-            .flat_map(|r| {
-                let written = r.0.0;
-                let decoded = match crate::path::decode_all(&written) {
-                    std::borrow::Cow::Owned(decoded) => Some(decoded),
-                    std::borrow::Cow::Borrowed(_) => None,
-                };
-                std::iter::once(written).chain(decoded)
-            })
-            .collect()
-    });
-    let route_depth = routes
-        .iter()
-        .flatten()
-        .map(|route| route.split('/').filter(|s| !s.is_empty()).count())
-        .max()
-        .unwrap_or(0);
+    let routes = spec
+        .routes
+        .map(|routes| Routes::new(routes.iter().map(|route| route.0.0.as_str())));
     let methods = spec
         .methods
         .map(|methods| methods.into_iter().map(|m| m.0).collect());
@@ -442,7 +424,6 @@ fn build_rule(
         cost,
         settlement,
         routes,
-        route_depth,
         methods,
         missing_key: spec.missing_key.map(MissingKey::from),
     })

@@ -151,17 +151,16 @@
 //!   never both, and no other algorithm takes either field.
 //! - A route prefix matches whole path segments: `/api` matches `/api` and
 //!   `/api/users` but not `/apiary`; `/api/` matches only below `/api/`. A
-//!   rule applies when its prefix matches any spelling of the path that a
-//!   router or a proxy may route on: the path as the client wrote it, the
-//!   same with repeated slashes merged and dot segments resolved (`/api//x`,
-//!   `/api/./x` and `/api/y/../x` are all `/api/x`), with encoded letters,
-//!   digits and `-._~` decoded, and with every encoded byte decoded (`%2F`
-//!   is `/`, as axum's `Path` hands a wildcard's tail to its handler), each
-//!   with `..` also resolved below every root above the prefix's depth or
-//!   inside one of its segments (a handler that cleans a wildcard's tail
-//!   from its own root, of `/files/{*path}` or `/download-{*path}`; on the
-//!   router, below the matched route's wildcard); with axum,
-//!   also the route the router chose (`MatchedPath`) and the path before
+//!   rule applies when its prefix covers any reading of the path that a
+//!   router, a proxy in front of it, or a handler under a wildcard may
+//!   make: its segments each decoded as axum's `Path` decodes them (`/%61pi`
+//!   is `/api`, `a%2Fb` one segment), as sent or with repeated slashes
+//!   merged and dot segments resolved (`/api//x`, `/api/./x` and
+//!   `/api/y/../x` are all `/api/x`), and with a wildcard's tail decoded and
+//!   cleaned below each root it may have, between segments or inside one (a
+//!   handler that cleans it from its own root, of `/files/{*path}` or
+//!   `/download-{*path}`); with axum, also the route the router chose
+//!   (`MatchedPath`), the path below its wildcard, and the path before
 //!   nesting (`OriginalUri`). Case is kept (SECURITY.md). A prefix with
 //!   escapes is also matched with them decoded. A segment may be a
 //!   parameter as axum writes routes: `/users/{id}` covers `/users/7`,
@@ -257,6 +256,7 @@ mod load;
 mod matching;
 mod parse;
 mod reload;
+mod routes;
 mod schema;
 mod values;
 

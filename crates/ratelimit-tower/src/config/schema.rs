@@ -345,7 +345,7 @@ impl std::str::FromStr for Route {
             ));
         }
         // A parameter, as axum writes routes, matches any segment (see
-        // `matching::route_matches`); a brace anywhere else would match no
+        // `routes::Prefix`); a brace anywhere else would match no
         // request's path.
         let segments: Vec<&str> = s.split('/').collect();
         for (i, segment) in segments.iter().enumerate() {

@@ -1,0 +1,694 @@
+//! Which requests a rule's route prefixes cover.
+//!
+//! A route rule must cover every request the router runs under its route,
+//! whatever the client's spelling, and whatever reads the path on the way.
+//! The layer does not know the routes (but for axum's `MatchedPath`), so it
+//! reads the path every way it may be read, and a rule applies when one of
+//! its prefixes covers one reading (each only adds matches):
+//!
+//! - what reaches the router: the path as sent, or as a hop in front of it
+//!   may forward it: slashes merged and dot segments resolved (`%2e` taken
+//!   for a dot or not), or every escape decoded ([`Routes::covers_path`]);
+//! - what the router routes on: the path's segments, each as axum's `Path`
+//!   decodes a parameter (`a%3Ab` is `a:b`, `a%2Fb` the one segment `a/b`;
+//!   a prefix's segments are read the same way, so escapes match however
+//!   they are written);
+//! - what a handler serves under a wildcard, if it cleans its tail from its
+//!   own root (`..` never above it, as Go's `http.Dir` does): the segments
+//!   above the root, then the tail decoded and cleaned. The root is
+//!   unknown, so each is tried: between the first segments a prefix has,
+//!   and inside a segment (axum's `/download-{*path}`) where a prefix's
+//!   segment can be spelled ([`Routes::covers_routed`]);
+//! - with axum, the route the router chose (`MatchedPath`), the path below
+//!   that route's own wildcard, and the path before nesting (`OriginalUri`).
+//!
+//! A reading is a list of segments; a path ending with a slash reads with a
+//! last, empty one. Case is kept: axum routes on it as it is (SECURITY.md).
+//! One pass over the path per way a hop may forward it, and a few segments
+//! compared per root: no path costs more than a few passes over it.
+
+use std::borrow::Cow;
+
+use http::Request;
+
+use crate::path::{decode_escapes, dots, escaped, normalize, normalize_literal_dots};
+
+/// One segment of a route prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wanted {
+    /// A segment as `Path` decodes one.
+    Literal(String),
+    /// `{name}`: any one segment, an empty one included (axum runs
+    /// `/users/{id}/posts` for `/users//posts`).
+    Param,
+    /// A last `{*name}`, or the empty segment after a last slash (`/api/`):
+    /// at least one segment more.
+    Below,
+}
+
+/// One route prefix, its segments read as a path's are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Prefix(Box<[Wanted]>);
+
+impl Prefix {
+    /// `written` (validated by the schema: starts with `/`, parameters whole
+    /// segments), and, when it writes an encoded slash, the same with it
+    /// decoded into a segment boundary (`/files/private%2Fr` is also
+    /// `/files/private/r`, as a wildcard's tail decodes it).
+    fn compile(written: &str) -> Vec<Prefix> {
+        let read = |prefix: &str, decode: bool| {
+            let segments = prefix.strip_prefix('/').unwrap_or(prefix).split('/');
+            Prefix(
+                segments
+                    .map(|segment| match segment {
+                        "" => Wanted::Below,
+                        _ if segment.starts_with("{*") => Wanted::Below,
+                        _ if segment.starts_with('{') => Wanted::Param,
+                        _ if decode => Wanted::Literal(decode_segment(segment).into_owned()),
+                        _ => Wanted::Literal(segment.to_owned()),
+                    })
+                    .collect(),
+            )
+        };
+        let mut prefixes = vec![read(written, true)];
+        if has_encoded_slash(written) {
+            let decoded = decode_escapes(written, |_| false);
+            prefixes.push(read(&decoded, false));
+        }
+        prefixes
+    }
+
+    /// Whether this prefix covers `reading`, segment by segment.
+    fn covers(&self, reading: &[&str]) -> bool {
+        for (i, wanted) in self.0.iter().enumerate() {
+            match wanted {
+                Wanted::Below => return reading.len() > i,
+                Wanted::Param if reading.len() <= i => return false,
+                Wanted::Param => {}
+                Wanted::Literal(literal) => {
+                    if reading.get(i) != Some(&literal.as_str()) {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The route prefixes of a rule, ready to match requests.
+#[derive(Debug, Clone)]
+pub(super) struct Routes {
+    prefixes: Box<[Prefix]>,
+    /// The most segments a prefix has: the roots worth trying are above it.
+    depth: usize,
+}
+
+impl Routes {
+    /// The prefixes `written`, as a rule's `routes` give them.
+    pub(super) fn new<'a>(written: impl IntoIterator<Item = &'a str>) -> Routes {
+        let prefixes: Box<[Prefix]> = written.into_iter().flat_map(Prefix::compile).collect();
+        let depth = prefixes.iter().map(|p| p.0.len()).max().unwrap_or(0);
+        Routes { prefixes, depth }
+    }
+
+    /// Whether a prefix covers `req`'s path, however it is read (see the
+    /// module docs).
+    pub(super) fn cover<B>(&self, req: &Request<B>) -> bool {
+        #[cfg(feature = "axum")]
+        {
+            let extensions = req.extensions();
+            let original = extensions.get::<axum::extract::OriginalUri>();
+            if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
+                // The router's route, as registered: the path before any
+                // nesting follows it.
+                let full = original.map_or(req.uri().path(), |uri| uri.path());
+                let route = matched.as_str();
+                if self.covers(
+                    &route
+                        .strip_prefix('/')
+                        .unwrap_or(route)
+                        .split('/')
+                        .collect::<Vec<_>>(),
+                ) || self.covers_below_the_wildcard(full, route)
+                {
+                    return true;
+                }
+            }
+            // The original path, where nesting has changed it.
+            if let Some(original) = original
+                && original.path() != req.uri().path()
+                && self.covers_path(original.path())
+            {
+                return true;
+            }
+        }
+        self.covers_path(req.uri().path())
+    }
+
+    fn covers(&self, reading: &[&str]) -> bool {
+        self.prefixes.iter().any(|prefix| prefix.covers(reading))
+    }
+
+    /// Whether a prefix covers `path` as the router reads it, or as a hop
+    /// in front of it may forward it: slashes merged and dot segments
+    /// resolved, `%2e` as a dot (RFC 3986) or not (a hop that leaves
+    /// escapes alone); every escape decoded, an encoded slash then a
+    /// segment boundary; both.
+    fn covers_path(&self, path: &str) -> bool {
+        if self.covers_routed(path, false) {
+            return true;
+        }
+        if !(path.contains("//") || path.contains("/.") || path.contains('%')) {
+            return false;
+        }
+        let mut forwarded: Vec<(String, bool)> = vec![
+            (normalize(path).into_owned(), false),
+            (normalize_literal_dots(path), false),
+        ];
+        if path.contains('%') {
+            let decoded = decode_escapes(path, |_| false);
+            forwarded.push((normalize(&decoded).into_owned(), true));
+            forwarded.push((decoded, true));
+        }
+        for (i, (forwarded_path, decoded)) in forwarded.iter().enumerate() {
+            let seen = forwarded_path == path
+                || forwarded[..i].contains(&(forwarded_path.clone(), *decoded));
+            if !seen && self.covers_routed(forwarded_path, *decoded) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether a prefix covers `path` as the router reads it (its segments,
+    /// each decoded unless `decoded` already), or as a handler below a
+    /// wildcard's root reads it. One pass over the path from its end finds,
+    /// at each root between the first segments, what the tail cleans to
+    /// (the segments kept, the last first, and the `..` left over); and at
+    /// each segment's first part (before an encoded slash, which `Path`
+    /// decodes into the tail), the same past it, for a root inside it.
+    fn covers_routed(&self, path: &str, decoded: bool) -> bool {
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let raw: Vec<&str> = rest.split('/').collect();
+        let segments: Vec<Cow<'_, str>> = raw
+            .iter()
+            .map(|segment| {
+                if decoded {
+                    Cow::Borrowed(*segment)
+                } else {
+                    decode_segment(segment)
+                }
+            })
+            .collect();
+        let plain: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
+        if self.covers(&plain) {
+            return true;
+        }
+        let cleaning = needs_cleaning(path);
+        let dot_dot = path.contains("..") || contains_ignoring_case(path, "%2e");
+        let inside = self
+            .prefixes
+            .iter()
+            .any(|prefix| may_have_a_root_inside(prefix, &plain, dot_dot));
+        if !cleaning && !inside {
+            return false;
+        }
+        let depth = self.depth.min(raw.len());
+        let mut kept: Vec<Cow<'_, str>> = Vec::new();
+        let mut pending = 0;
+        let mut between = vec![0; depth];
+        let mut within = vec![("", 0, 0); depth];
+        for (i, segment) in raw.iter().enumerate().rev() {
+            let parts = parts_of(segment, decoded);
+            for part in parts[1..].iter().rev() {
+                clean_back(part, decoded, &mut kept, &mut pending);
+            }
+            if let Some(state) = within.get_mut(i) {
+                *state = (parts[0], kept.len(), pending);
+            }
+            clean_back(parts[0], decoded, &mut kept, &mut pending);
+            if let Some(state) = between.get_mut(i) {
+                *state = kept.len();
+            }
+        }
+        // A cleaned tail ends with a slash where the path ends with an empty
+        // or dot segment (`/files/../private/` is `private/`).
+        let trailing = raw
+            .last()
+            .and_then(|last| parts_of(last, decoded).pop())
+            .is_some_and(|last| dots(last).is_some());
+        // Enough segments for any prefix to tell.
+        let shown = |above: usize| (self.depth + 1).saturating_sub(above);
+        if cleaning {
+            // A tail whose segments are all dropped ends with a slash: its
+            // last one is empty or dots.
+            for (root, &kept_len) in between.iter().enumerate() {
+                if self.covers(&reading(
+                    &plain[..root],
+                    &kept[..kept_len],
+                    shown(root),
+                    trailing,
+                )) {
+                    return true;
+                }
+            }
+        }
+        if !inside {
+            return false;
+        }
+        for prefix in &self.prefixes {
+            for (s, wanted) in prefix.0.iter().enumerate() {
+                let Some(&(first, kept_len, pending)) = within.get(s) else {
+                    break;
+                };
+                let next = kept_len
+                    .checked_sub(1)
+                    .map_or("", |last| kept[last].as_ref());
+                let head: Cow<'_, str> = match wanted {
+                    Wanted::Below => break,
+                    // Any root works for a parameter: the first part,
+                    // without the dots dropped. An empty part dropped
+                    // would join every two segments (`/a/b/private` under
+                    // `/{dir}/private`): only the router's route tells
+                    // (`covers_below_the_wildcard`).
+                    Wanted::Param => {
+                        let first = if decoded {
+                            Cow::Borrowed(first)
+                        } else {
+                            decode_segment(first)
+                        };
+                        if kept_len == 0 || !(pending > 0 || ends_with_a_dot_segment(&first)) {
+                            continue;
+                        }
+                        Cow::Owned(first.trim_end_matches('.').to_owned())
+                    }
+                    // The one root where the segment's start and the tail's
+                    // first segment spell the literal; the part after the
+                    // root must be dropped (empty, dots, or undone by `..`).
+                    Wanted::Literal(literal) => {
+                        let Some(start) = literal.strip_suffix(next) else {
+                            continue;
+                        };
+                        let Some(cut) = raw_cut(first, start, decoded) else {
+                            continue;
+                        };
+                        if start.is_empty() || (dots(&first[cut..]).is_none() && pending == 0) {
+                            continue;
+                        }
+                        Cow::Borrowed(start)
+                    }
+                };
+                let joined = format!("{head}{next}");
+                let rest = &kept[..kept_len.saturating_sub(1)];
+                let mut read = reading(&plain[..s], rest, shown(s), trailing && kept_len > 0);
+                read.insert(s, &joined);
+                if prefix.covers(&read) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether a prefix covers `path` below the root of the wildcard of
+    /// `route`, the route axum's router chose for it (its `MatchedPath`, as
+    /// registered; `path` before any nesting): what the route's handler
+    /// serves when it cleans its tail from its own root, wherever the
+    /// wildcard starts (`/download-/private/r` is `download-private/r` to
+    /// `/download-{*path}`). A route without a wildcard, or that `path` does
+    /// not follow segment by segment, adds nothing.
+    #[cfg(feature = "axum")]
+    fn covers_below_the_wildcard(&self, path: &str, route: &str) -> bool {
+        let (Some(route), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
+            return false;
+        };
+        let Some(star) = route.find("{*") else {
+            return false;
+        };
+        let above = &route[..star];
+        // The wildcard's segment: its literal start, and the segments above.
+        let (whole, start) = match above.rfind('/') {
+            Some(at) => (&above[..at], &above[at + 1..]),
+            None => ("", above),
+        };
+        if start.contains('{') {
+            return false;
+        }
+        let mut segments = rest.split('/');
+        let mut reading: Vec<Cow<'_, str>> = Vec::new();
+        let mut root = 1;
+        for template in whole.split('/').filter(|_| !whole.is_empty()) {
+            let Some(segment) = segments.next() else {
+                return false;
+            };
+            if !template.starts_with('{') && template != segment {
+                return false;
+            }
+            reading.push(decode_segment(segment));
+            root += segment.len() + 1;
+        }
+        let Some(tail) = path.get(root..).and_then(|tail| tail.strip_prefix(start)) else {
+            return false;
+        };
+        let cleaned = normalize(&format!("/{}", decode_escapes(tail, |_| false))).into_owned();
+        let mut cleaned = cleaned[1..].split('/');
+        let first = cleaned.next().unwrap_or_default();
+        reading.push(Cow::Owned(format!("{}{first}", decode_segment(start))));
+        reading.extend(cleaned.take(self.depth).map(Cow::Borrowed));
+        self.covers(&reading.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+    }
+}
+
+/// A reading: `above`, then `kept` (the last first), at most `shown` of
+/// them, and the empty segment of a trailing slash (`slash`) after them all.
+fn reading<'a>(
+    above: &[&'a str],
+    kept: &'a [Cow<'_, str>],
+    shown: usize,
+    slash: bool,
+) -> Vec<&'a str> {
+    let mut reading = above.to_vec();
+    reading.extend(kept.iter().rev().take(shown).map(|s| s.as_ref()));
+    if slash && kept.len() <= shown {
+        reading.push("");
+    }
+    reading
+}
+
+/// The raw length of `part`'s start that decodes to `start` (`decoded`:
+/// `part` is decoded already), if one does.
+fn raw_cut(part: &str, start: &str, decoded: bool) -> Option<usize> {
+    if decoded {
+        return part.starts_with(start).then_some(start.len());
+    }
+    let (bytes, want) = (part.as_bytes(), start.as_bytes());
+    let (mut at, mut got) = (0, 0);
+    while got < want.len() {
+        let (byte, step) = match escaped(bytes, at) {
+            Some(byte) if bytes[at] == b'%' => (byte, 3),
+            _ => (*bytes.get(at)?, 1),
+        };
+        if byte != want[got] {
+            return None;
+        }
+        got += 1;
+        at += step;
+    }
+    Some(at)
+}
+
+/// `segment` with every escape decoded, as `Path` decodes a parameter;
+/// bytes that are not UTF-8 replaced. Borrowed when it has none.
+fn decode_segment(segment: &str) -> Cow<'_, str> {
+    let bytes = segment.as_bytes();
+    if !(0..bytes.len()).any(|at| bytes[at] == b'%' && escaped(bytes, at).is_some()) {
+        return Cow::Borrowed(segment);
+    }
+    Cow::Owned(decode_escapes(segment, |_| false))
+}
+
+/// The parts of `segment` a wildcard's tail decodes it into: split at its
+/// encoded slashes, unless `decoded` already.
+fn parts_of(segment: &str, decoded: bool) -> Vec<&str> {
+    if decoded {
+        return vec![segment];
+    }
+    let bytes = segment.as_bytes();
+    let mut parts = Vec::new();
+    let (mut from, mut at) = (0, 0);
+    while at + 3 <= bytes.len() {
+        if bytes[at..at + 3].eq_ignore_ascii_case(b"%2f") {
+            parts.push(&segment[from..at]);
+            at += 3;
+            from = at;
+        } else {
+            at += 1;
+        }
+    }
+    parts.push(&segment[from..]);
+    parts
+}
+
+/// One step of cleaning a tail from its end back: `part`, the segment
+/// before those seen, is dropped (empty or `.`), a `..` to match, undone by
+/// one, or kept, decoded unless `decoded` already.
+fn clean_back<'a>(part: &'a str, decoded: bool, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+    match dots(part) {
+        Some(2) => *pending += 1,
+        Some(_) => {}
+        None if *pending > 0 => *pending -= 1,
+        None if decoded => kept.push(Cow::Borrowed(part)),
+        None => kept.push(decode_segment(part)),
+    }
+}
+
+/// Whether cleaning a tail of `path` may change it: an empty or dot
+/// segment, an escaped dot, or an encoded slash.
+fn needs_cleaning(path: &str) -> bool {
+    path.contains("//")
+        || path
+            .split('/')
+            .skip(1)
+            .any(|segment| matches!(dots(segment), Some(1 | 2)))
+        || contains_ignoring_case(path, "%2e")
+        || has_encoded_slash(path)
+}
+
+fn has_encoded_slash(path: &str) -> bool {
+    contains_ignoring_case(path, "%2f")
+}
+
+fn contains_ignoring_case(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
+/// Whether `segment` ends with a dot segment after something else
+/// (`download-..`, `a.`): a root before the dots drops them.
+fn ends_with_a_dot_segment(segment: &str) -> bool {
+    let name = segment.trim_end_matches('.');
+    !name.is_empty() && name.len() < segment.len() && segment.len() - name.len() <= 2
+}
+
+/// Whether `prefix` may cover `segments` (a path's, decoded; `dot_dot`:
+/// the path has a `..`) below a root inside one of them: the segments above
+/// that one are the prefix's, and it starts as the prefix's does, or a
+/// parameter matches it and it ends with a dot segment. Without a `..` to
+/// undo part of a segment, the first that is not the prefix's is the only
+/// literal one where a root can change anything. A few bytes per prefix
+/// segment: a path that starts as no prefix does costs no pass.
+fn may_have_a_root_inside(prefix: &Prefix, segments: &[&str], dot_dot: bool) -> bool {
+    for (wanted, segment) in prefix.0.iter().zip(segments) {
+        match wanted {
+            Wanted::Below => return false,
+            Wanted::Param if dot_dot || ends_with_a_dot_segment(segment) => return true,
+            Wanted::Param => {}
+            Wanted::Literal(literal) if literal.as_str() != *segment => {
+                return literal.as_bytes().first() == segment.as_bytes().first();
+            }
+            Wanted::Literal(_) if dot_dot => return true,
+            Wanted::Literal(_) => {}
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Prefix, Routes};
+
+    /// Asserts, for each line of `cases` (a prefix, a path, and whether
+    /// the prefix covers the path, however it is read: `yes` or `no`;
+    /// `#` starts a comment), that it does or does not.
+    fn assert_covers(cases: &str) {
+        for line in cases
+            .lines()
+            .map(|line| line.split('#').next().unwrap_or_default())
+        {
+            let case: Vec<&str> = line.split_whitespace().collect();
+            let [prefix, path, want] = case[..] else {
+                assert!(case.is_empty(), "{line:?}");
+                continue;
+            };
+            let covered = Routes::new([prefix]).covers_path(path);
+            assert_eq!(covered, want == "yes", "{prefix} on {path}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_covers_whole_segments() {
+        assert_covers(
+            "
+            /api /api yes
+            /api /api/users yes
+            /api /apiary no
+            /api/ /api/users yes
+            /api/ /api no
+            /api/ /apiary no
+            / /anything yes
+            / / yes
+            /API/x /api/x no
+            /users/{id} * no
+            ",
+        );
+    }
+
+    #[test]
+    fn a_parameter_matches_any_segment() {
+        assert_covers(
+            "
+            /users/{id} /users/7 yes
+            /users/{id} /users/7/posts yes
+            /users/{id} /users no
+            /users/{id} /users/ yes
+            /users/{id}/posts /users//posts yes
+            /{tenant}/admin //admin yes
+            /users/{id} /usersx/7 no
+            /users/{id}/posts /users/7/posts/1 yes
+            /users/{id}/posts /users/7/postsx no
+            /users/{id}/posts /users/7 no
+            /users/{id}/ /users/7/ yes
+            /users/{id}/ /users/7 no
+            /files/{*path} /files/a/b yes
+            /files/{*path} /files no
+            /files/{*path} /other/a no
+            /{tenant}/admin /acme/admin/x yes
+            /{tenant}/admin /acme/public no
+            # A parameter is joined to the next segment only where dots
+            # are dropped: else every `/a/b/private` would be under it.
+            /{dir}/private /a/b/private no
+            /{dir}/private /download-../x/private/r yes
+            ",
+        );
+    }
+
+    #[test]
+    fn segments_are_read_as_path_decodes_them() {
+        assert_covers(
+            "
+            /api /%61pi/x yes
+            /a:b /a%3ab yes
+            /a%3Ab /a:b/x yes
+            /files/caf%C3%A9 /files/café yes
+            /files/café /files/caf%c3%a9/x yes
+            # One segment with an encoded slash, and the same decoded into
+            # two, as a wildcard's tail decodes it.
+            /files/private%2Fr /files/private%2Fr yes
+            /files/private%2Fr /files/private/r yes
+            /files/private /files/private%2Freport yes
+            /api%2Fx /api/x yes
+            ",
+        );
+    }
+
+    #[test]
+    fn dot_segments_are_read_as_the_router_and_a_hop_read_them() {
+        assert_covers(
+            "
+            # The router runs `/api/export/{*rest}` for it.
+            /api/export /api/export/x/../.. yes
+            # A hop resolving dot segments forwards `/api/`.
+            /api/ /api/export/x/../.. yes
+            /api/x /api//x yes
+            /api/x //api/x yes
+            /api/x /api/./x yes
+            /api/x /api/y/../x yes
+            /api/x /api/%2e/x yes
+            /api/x /api/y/.%2e/x yes
+            /api/y /%61pi/x/%2e%2e/y yes
+            /files/b /files/a%2F..%2Fb yes
+            /api/x /api/y no
+            ",
+        );
+    }
+
+    #[test]
+    fn a_tail_is_cleaned_below_each_root_a_wildcard_may_have() {
+        assert_covers(
+            "
+            # Between segments (`/files/{*path}`).
+            /files/private /files/../private/r yes
+            /files/private /files/x/..%2F..%2Fprivate yes
+            /files/private /files/%2e%2e/private/r yes
+            /files/private/ /files/../private/ yes
+            /{tenant}/files/private /../files/../private/r yes
+            /{tenant}/files/private /./files//private/r yes
+            /{tenant}/files/private /a%2Fb/files/private%2Fr yes
+            # Inside a segment (`/download-{*path}`).
+            /download-private /download-../private/r yes
+            /download-private /download-x/../../private/r yes
+            /download-private /download-..%2Fprivate%2Fr yes
+            /download-private /download-/private/r yes
+            /download-private /download-./private/r yes
+            /download-private /download-%2e%2e/private/r yes
+            /download-private/ /download-../private/ yes
+            /download-private/ /download-../private no
+            /café-private /caf%C3%A9-../private/r yes
+            /a:b/download-private /a%3Ab/download-../x%252Fy/../private/r yes
+            /api/v1-admin/x /api/v1-../admin/users/../x yes
+            # The part after the root kept, or another start or tail.
+            /download-private /download-x/private/r no
+            /download-private /upload-../private/r no
+            /download-private /download-../public/r no
+            /download-private /downloads/x no
+            /api/admin /api/users/x no
+            ",
+        );
+    }
+
+    #[test]
+    fn prefixes_with_an_encoded_slash_are_also_read_decoded() {
+        assert_eq!(Prefix::compile("/files/a%2Fb").len(), 2);
+        assert_eq!(Prefix::compile("/files/caf%C3%A9").len(), 1);
+        assert_eq!(Routes::new(["/a/b/c", "/x"]).depth, 3);
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn on_the_router_the_tail_is_cleaned_below_the_matched_routes_wildcard() {
+        for (prefix, route, path, want) in [
+            (
+                "/download-private",
+                "/download-{*path}",
+                "/download-/private/r",
+                true,
+            ),
+            (
+                "/{dir}/private",
+                "/download-{*path}",
+                "/download-/x/private/r",
+                true,
+            ),
+            (
+                "/t/download-x",
+                "/{tenant}/download-{*path}",
+                "/t/download-../x/r",
+                true,
+            ),
+            (
+                "/files/private/",
+                "/files/{*path}",
+                "/files/a%2F..%2F..%2Fprivate/",
+                true,
+            ),
+            ("/café-p", "/caf%C3%A9-{*path}", "/caf%C3%A9-../p", true),
+            // A path that does not follow the route, or a route without a
+            // wildcard, adds nothing.
+            ("/files/x", "/files/{*path}", "/other/x", false),
+            ("/t/files", "/{tenant}/files/{*path}", "/t", false),
+            ("/users", "/users/{id}", "/users/7", false),
+        ] {
+            let routes = Routes::new([prefix]);
+            assert_eq!(
+                routes.covers_below_the_wildcard(path, route),
+                want,
+                "{prefix}: {route} for {path}"
+            );
+        }
+    }
+}
