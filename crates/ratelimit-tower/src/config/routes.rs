@@ -124,14 +124,14 @@ impl Routes {
                 // nesting follows it.
                 let full = original.map_or(req.uri().path(), |uri| uri.path());
                 let route = matched.as_str();
-                if self.covers(
-                    &route
-                        .strip_prefix('/')
-                        .unwrap_or(route)
-                        .split('/')
-                        .collect::<Vec<_>>(),
-                ) || self.covers_below_the_wildcard(full, route)
-                {
+                let segments: Vec<Cow<'_, str>> = route
+                    .strip_prefix('/')
+                    .unwrap_or(route)
+                    .split('/')
+                    .map(decode_segment)
+                    .collect();
+                let reading: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
+                if self.covers(&reading) || self.covers_below_the_wildcard(full, route) {
                     return true;
                 }
             }
@@ -295,7 +295,8 @@ impl Routes {
                         let Some(cut) = raw_cut(first, start, decoded) else {
                             continue;
                         };
-                        if start.is_empty() || (dots(&first[cut..]).is_none() && pending == 0) {
+                        let dropped = first.get(cut..).and_then(dots);
+                        if start.is_empty() || (dropped.is_none() && pending == 0) {
                             continue;
                         }
                         Cow::Borrowed(start)
