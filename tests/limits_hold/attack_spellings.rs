@@ -703,28 +703,54 @@ async fn a_wildcard_rooted_inside_a_segment_a_prefix_parameter_matches_does_not_
     .await;
 }
 
-/// `/download-/x/private/r` is served as `x/private/r` too, but only the
-/// router's route tells that its first segment joins the next: on the
-/// router (axum's `MatchedPath`), a rule on `/{dir}/private` limits it.
-/// Around the router, where the route is unknown, a parameter joining any
-/// two segments would put every `/a/b/private` under that rule, so there
-/// it does not, and `/a/b/private` is not limited by it either.
-#[tokio::test]
-async fn an_empty_part_after_a_root_inside_a_segment_a_prefix_parameter_matches_is_limited_on_the_router()
- {
-    let (runs, router) = cleaning_route("/download-{*path}");
-    let router = router.route("/{a}/{b}/private", get(|| async { "other" }));
-    let rules = rule_on("private", "/{dir}/private");
+/// With the layer on the router of `route` (a wildcard's, whose handler
+/// cleans its tail from its own root) and a rule on `prefix`: `path` after
+/// `plain` from one client is refused, the router's route telling that it
+/// is served alike; and `unrelated`, which `prefix` does not cover, is not
+/// limited on the router or around it (where the route is unknown).
+async fn assert_limited_on_the_router(
+    route: &str,
+    prefix: &str,
+    (plain, path): (&str, &str),
+    unrelated: &str,
+) {
+    let (runs, router) = cleaning_route(route);
+    let router = router.fallback(|| async { "other" });
+    let rules = rule_on("private", prefix);
     let [(_, on_the_router), (_, around_the_router)] = placements(&rules, &router);
-    let statuses = as_one(
-        &on_the_router,
-        ["/download-x/private/r", "/download-/x/private/r"],
-    )
-    .await;
+    let statuses = as_one(&on_the_router, [plain, path]).await;
     assert_eq!(statuses, [200, 429], "ran {:?}", runs.lock().unwrap());
     for app in [on_the_router, around_the_router] {
-        assert_eq!(as_one(&app, ["/a/b/private"; 3]).await, [200; 3]);
+        assert_eq!(as_one(&app, [unrelated; 3]).await, [200; 3], "{unrelated}");
     }
+}
+
+/// Two readings only the router's route tells, covered with the layer on
+/// the router (axum's `MatchedPath`) and not around it:
+/// - `/download-/x/private/r` is served by `/download-{*path}` as
+///   `x/private/r`, as `/download-x/private/r` is, which a rule on
+///   `/{dir}/private` limits; around the router, a parameter joining any
+///   two segments would put every `/a/b/private` under that rule;
+/// - `/staticprivate/r` is served by `/static{*path}` (given `private/r`)
+///   as `/static/private/r` is, which a rule on `/static/private` limits;
+///   around the router, splitting a segment wherever it starts as a
+///   literal does would put every `/apiary` under `/api`.
+#[tokio::test]
+async fn what_only_the_route_tells_is_limited_on_the_router() {
+    assert_limited_on_the_router(
+        "/download-{*path}",
+        "/{dir}/private",
+        ("/download-x/private/r", "/download-/x/private/r"),
+        "/a/b/private",
+    )
+    .await;
+    assert_limited_on_the_router(
+        "/static{*path}",
+        "/static/private",
+        ("/static/private/r", "/staticprivate/r"),
+        "/static-assets/private/r",
+    )
+    .await;
 }
 
 /// `path` with repeated slashes merged and dot segments resolved, as a
@@ -908,18 +934,32 @@ async fn a_dot_parameter_and_an_empty_or_dot_segment_in_the_tail_do_not_escape_a
 /// wildcard's, cleaning its tail from its own root), after checking that
 /// the handler serves both the same through the hop.
 async fn assert_limited_behind_a_dot_resolving_hop(cases: &[(&str, &str, &str, &str)]) {
+    assert_limited_behind_a_hop(proxy_normalized, cases).await;
+}
+
+/// [`assert_limited_behind_a_dot_resolving_hop`] behind a hop that
+/// forwards each path as `forward` rewrites it.
+async fn assert_limited_behind_a_hop(
+    forward: fn(&str) -> String,
+    cases: &[(&str, &str, &str, &str)],
+) {
     let mut escaped = Vec::new();
     for &(route, prefix, plain, path) in cases {
-        escaped.extend(escapes_behind_a_dot_resolving_hop(route, prefix, plain, path).await);
+        escaped.extend(escapes_behind_a_hop(forward, route, prefix, plain, path).await);
     }
     assert!(
         escaped.is_empty(),
-        "a handler behind a dot-resolving hop served a file twice under a limit of one: {escaped:#?}"
+        "a handler behind a hop served a file twice under a limit of one: {escaped:#?}"
     );
 }
 
-/// [`assert_limited_behind_a_dot_resolving_hop`] of one case: what escapes.
-async fn escapes_behind_a_dot_resolving_hop(
+/// What escapes a rule of one request a window on `prefix` when one client
+/// sends `plain`, then `path`, through the layer to a hop that forwards
+/// each path as `forward` rewrites it, in front of the handler of `route`
+/// (a wildcard's, cleaning its tail from its own root), after checking
+/// that the handler serves both the same through the hop.
+async fn escapes_behind_a_hop(
+    forward: fn(&str) -> String,
     route: &str,
     prefix: &str,
     plain: &str,
@@ -931,8 +971,8 @@ async fn escapes_behind_a_dot_resolving_hop(
         cleaning_route(route)
     };
     let hop = |router: Router| {
-        ServiceExt::<Request<Body>>::map_request(router, |mut req: Request<Body>| {
-            let path = proxy_normalized(req.uri().path());
+        ServiceExt::<Request<Body>>::map_request(router, move |mut req: Request<Body>| {
+            let path = forward(req.uri().path());
             *req.uri_mut() = path.parse().unwrap();
             req
         })
@@ -1012,5 +1052,77 @@ async fn a_hop_keeping_an_escaped_dot_dot_parameter_does_not_escape_a_rule() {
         "/%2e%2e/download-private/r",
         "/x/../%2e%2e/download-/private/r",
     )])
+    .await;
+}
+
+/// axum allows a wildcard right after a segment's literal start, with no
+/// slash between (`/static{*path}`, as `/download-{*path}`). Its handler,
+/// cleaning its tail from its own root, is given `/private/r` for
+/// `/static/private/r`, which a rule on `/static/private` limits, and
+/// `../private/r` and `./private/r` for `/static../private/r` and
+/// `/static./private/r`: it serves all as `private/r`, so the rule limits
+/// each of them, with the layer on the router and around it.
+#[tokio::test]
+async fn a_wildcard_rooted_right_after_a_literal_start_does_not_escape_a_rule_with_a_slash_at_its_root()
+ {
+    assert_limited_after_plain(&[(
+        "/static{*path}",
+        "/static/private",
+        "/static/private/r",
+        &["/static../private/r", "/static./private/r"],
+    )])
+    .await;
+}
+
+/// `path` with every escape decoded, as a hop may forward it (SECURITY.md:
+/// "or every escape decoded first, `%2F` then a separator").
+fn fully_decoded(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A hop that decodes every escape forwards `/files/%2570rivate/r` as
+/// `/files/%70rivate/r`, and axum's `Path` then decodes the tail once
+/// more: the handler of `/files/{*path}` serves `private/r`, as for
+/// `/files/private/r`, which a rule on `/files/private` limits. The layer
+/// reads the path as such a hop forwards it, then decodes its segments as
+/// `Path` does: the rule covers it, and `/files/x/%252e%252e/private/r`.
+#[tokio::test]
+async fn a_hop_decoding_every_escape_then_path_decoding_again_does_not_escape_a_rule() {
+    assert_limited_behind_a_hop(
+        fully_decoded,
+        &[
+            (
+                "/files/{*path}",
+                "/files/private",
+                "/files/private/r",
+                "/files/%2570rivate/r",
+            ),
+            (
+                "/files/{*path}",
+                "/files/private",
+                "/files/private/r",
+                "/files/x/%252e%252e/private/r",
+            ),
+        ],
+    )
     .await;
 }

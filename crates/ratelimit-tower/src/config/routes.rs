@@ -156,25 +156,23 @@ impl Routes {
     /// escapes alone); every escape decoded, an encoded slash then a
     /// segment boundary; both.
     fn covers_path(&self, path: &str) -> bool {
-        if self.covers_routed(path, false) {
+        if self.covers_routed(path) {
             return true;
         }
         if !(path.contains("//") || path.contains("/.") || path.contains('%')) {
             return false;
         }
-        let mut forwarded: Vec<(String, bool)> = vec![
-            (normalize(path).into_owned(), false),
-            (normalize_literal_dots(path), false),
-        ];
+        let mut forwarded: Vec<String> =
+            vec![normalize(path).into_owned(), normalize_literal_dots(path)];
+        // Decoded by the hop, then by `Path` again.
         if path.contains('%') {
             let decoded = decode_escapes(path, |_| false);
-            forwarded.push((normalize(&decoded).into_owned(), true));
-            forwarded.push((decoded, true));
+            forwarded.push(normalize(&decoded).into_owned());
+            forwarded.push(decoded);
         }
-        for (i, (forwarded_path, decoded)) in forwarded.iter().enumerate() {
-            let seen = forwarded_path == path
-                || forwarded[..i].contains(&(forwarded_path.clone(), *decoded));
-            if !seen && self.covers_routed(forwarded_path, *decoded) {
+        for (i, forwarded_path) in forwarded.iter().enumerate() {
+            let seen = forwarded_path == path || forwarded[..i].contains(forwarded_path);
+            if !seen && self.covers_routed(forwarded_path) {
                 return true;
             }
         }
@@ -182,27 +180,19 @@ impl Routes {
     }
 
     /// Whether a prefix covers `path` as the router reads it (its segments,
-    /// each decoded unless `decoded` already), or as a handler below a
+    /// each decoded as `Path` decodes them), or as a handler below a
     /// wildcard's root reads it. One pass over the path from its end finds,
     /// at each root between the first segments, what the tail cleans to
     /// (the segments kept, the last first, and the `..` left over); and at
     /// each segment's first part (before an encoded slash, which `Path`
     /// decodes into the tail), the same past it, for a root inside it.
-    fn covers_routed(&self, path: &str, decoded: bool) -> bool {
+    fn covers_routed(&self, path: &str) -> bool {
         let Some(rest) = path.strip_prefix('/') else {
             return false;
         };
         let raw: Vec<&str> = rest.split('/').collect();
-        let segments: Vec<Cow<'_, str>> = raw
-            .iter()
-            .map(|segment| {
-                if decoded {
-                    Cow::Borrowed(*segment)
-                } else {
-                    decode_segment(segment)
-                }
-            })
-            .collect();
+        let segments: Vec<Cow<'_, str>> =
+            raw.iter().map(|segment| decode_segment(segment)).collect();
         let plain: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
         if self.covers(&plain) {
             return true;
@@ -222,14 +212,14 @@ impl Routes {
         let mut between = vec![0; depth];
         let mut within = vec![("", 0, 0); depth];
         for (i, segment) in raw.iter().enumerate().rev() {
-            let parts = parts_of(segment, decoded);
+            let parts = parts_of(segment);
             for part in parts[1..].iter().rev() {
-                clean_back(part, decoded, &mut kept, &mut pending);
+                clean_back(part, &mut kept, &mut pending);
             }
             if let Some(state) = within.get_mut(i) {
                 *state = (parts[0], kept.len(), pending);
             }
-            clean_back(parts[0], decoded, &mut kept, &mut pending);
+            clean_back(parts[0], &mut kept, &mut pending);
             if let Some(state) = between.get_mut(i) {
                 *state = kept.len();
             }
@@ -238,7 +228,7 @@ impl Routes {
         // or dot segment (`/files/../private/` is `private/`).
         let trailing = raw
             .last()
-            .and_then(|last| parts_of(last, decoded).pop())
+            .and_then(|last| parts_of(last).pop())
             .is_some_and(|last| dots(last).is_some());
         // Enough segments for any prefix to tell.
         let shown = |above: usize| (self.depth + 1).saturating_sub(above);
@@ -267,47 +257,68 @@ impl Routes {
                 let next = kept_len
                     .checked_sub(1)
                     .map_or("", |last| kept[last].as_ref());
-                let head: Cow<'_, str> = match wanted {
+                let rest = &kept[..kept_len.saturating_sub(1)];
+                let slash = trailing && kept_len > 0;
+                match wanted {
                     Wanted::Below => break,
-                    // Any root works for a parameter: the first part,
-                    // without the dots dropped. An empty part dropped
-                    // would join every two segments (`/a/b/private` under
-                    // `/{dir}/private`): only the router's route tells
-                    // (`covers_below_the_wildcard`).
+                    // Any root works for a parameter, joined to the tail's
+                    // first segment: the first part, without the dots
+                    // dropped. An empty part dropped, or the part kept as a
+                    // segment of its own, would join or split any segments
+                    // (`/a/b/private` under `/{dir}/private`): only the
+                    // router's route tells (`covers_below_the_wildcard`).
                     Wanted::Param => {
-                        let first = if decoded {
-                            Cow::Borrowed(first)
-                        } else {
-                            decode_segment(first)
-                        };
+                        let first = decode_segment(first);
                         if kept_len == 0 || !(pending > 0 || ends_with_a_dot_segment(&first)) {
                             continue;
                         }
-                        Cow::Owned(first.trim_end_matches('.').to_owned())
+                        let joined = format!("{}{next}", first.trim_end_matches('.'));
+                        if prefix.covers(&reading_with(&plain[..s], &joined, rest, shown(s), slash))
+                        {
+                            return true;
+                        }
                     }
-                    // The one root where the segment's start and the tail's
-                    // first segment spell the literal; the part after the
-                    // root must be dropped (empty, dots, or undone by `..`).
                     Wanted::Literal(literal) => {
+                        // The root where the segment's start is the literal,
+                        // the tail after it, where the part after the root
+                        // is dropped (`/static{*path}` serves
+                        // `/static../private/r` as `/static/private/r`).
+                        // Kept, it would split any segment (`/apiary` under
+                        // `/api`): only the router's route tells.
+                        let separated = raw_cut(first, literal).filter(|&cut| {
+                            cut < first.len() && (pending > 0 || dots(&first[cut..]).is_some())
+                        });
+                        if separated.is_some()
+                            && prefix.covers(&reading_with(
+                                &plain[..s],
+                                literal,
+                                &kept[..kept_len],
+                                shown(s),
+                                trailing,
+                            ))
+                        {
+                            return true;
+                        }
+                        // The one root where the segment's start and the
+                        // tail's first segment spell the literal; the part
+                        // after the root must be dropped (empty, dots, or
+                        // undone by `..`).
                         let Some(start) = literal.strip_suffix(next) else {
                             continue;
                         };
-                        let Some(cut) = raw_cut(first, start, decoded) else {
+                        let Some(cut) = raw_cut(first, start) else {
                             continue;
                         };
                         let dropped = first.get(cut..).and_then(dots);
                         if start.is_empty() || (dropped.is_none() && pending == 0) {
                             continue;
                         }
-                        Cow::Borrowed(start)
+                        let joined = format!("{start}{next}");
+                        if prefix.covers(&reading_with(&plain[..s], &joined, rest, shown(s), slash))
+                        {
+                            return true;
+                        }
                     }
-                };
-                let joined = format!("{head}{next}");
-                let rest = &kept[..kept_len.saturating_sub(1)];
-                let mut read = reading(&plain[..s], rest, shown(s), trailing && kept_len > 0);
-                read.insert(s, &joined);
-                if prefix.covers(&read) {
-                    return true;
                 }
             }
         }
@@ -355,11 +366,24 @@ impl Routes {
             return false;
         };
         let cleaned = normalize(&format!("/{}", decode_escapes(tail, |_| false))).into_owned();
-        let mut cleaned = cleaned[1..].split('/');
-        let first = cleaned.next().unwrap_or_default();
-        reading.push(Cow::Owned(format!("{}{first}", decode_segment(start))));
-        reading.extend(cleaned.take(self.depth).map(Cow::Borrowed));
-        self.covers(&reading.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+        let cleaned: Vec<&str> = cleaned[1..].split('/').take(self.depth + 1).collect();
+        let start = decode_segment(start);
+        let above: Vec<&str> = reading.iter().map(|s| s.as_ref()).collect();
+        // The wildcard's start joined to the tail's first segment
+        // (`/download-{*path}` serves `download-private/r`), and, where it
+        // has one, as a segment of its own (`/static{*path}` serves
+        // `static/private/r`, which a prefix may spell either way).
+        let joined = format!("{start}{}", cleaned[0]);
+        let mut read = above.clone();
+        read.push(&joined);
+        read.extend(&cleaned[1..]);
+        if self.covers(&read) {
+            return true;
+        }
+        let mut read = above;
+        read.push(&start);
+        read.extend(&cleaned);
+        !start.is_empty() && self.covers(&read)
     }
 }
 
@@ -379,12 +403,21 @@ fn reading<'a>(
     reading
 }
 
-/// The raw length of `part`'s start that decodes to `start` (`decoded`:
-/// `part` is decoded already), if one does.
-fn raw_cut(part: &str, start: &str, decoded: bool) -> Option<usize> {
-    if decoded {
-        return part.starts_with(start).then_some(start.len());
-    }
+/// [`reading`] with `segment` after `above`.
+fn reading_with<'a>(
+    above: &[&'a str],
+    segment: &'a str,
+    kept: &'a [Cow<'_, str>],
+    shown: usize,
+    slash: bool,
+) -> Vec<&'a str> {
+    let mut read = reading(above, kept, shown, slash);
+    read.insert(above.len(), segment);
+    read
+}
+
+/// The raw length of `part`'s start that decodes to `start`, if one does.
+fn raw_cut(part: &str, start: &str) -> Option<usize> {
     let (bytes, want) = (part.as_bytes(), start.as_bytes());
     let (mut at, mut got) = (0, 0);
     while got < want.len() {
@@ -412,11 +445,8 @@ fn decode_segment(segment: &str) -> Cow<'_, str> {
 }
 
 /// The parts of `segment` a wildcard's tail decodes it into: split at its
-/// encoded slashes, unless `decoded` already.
-fn parts_of(segment: &str, decoded: bool) -> Vec<&str> {
-    if decoded {
-        return vec![segment];
-    }
+/// encoded slashes.
+fn parts_of(segment: &str) -> Vec<&str> {
     let bytes = segment.as_bytes();
     let mut parts = Vec::new();
     let (mut from, mut at) = (0, 0);
@@ -435,13 +465,12 @@ fn parts_of(segment: &str, decoded: bool) -> Vec<&str> {
 
 /// One step of cleaning a tail from its end back: `part`, the segment
 /// before those seen, is dropped (empty or `.`), a `..` to match, undone by
-/// one, or kept, decoded unless `decoded` already.
-fn clean_back<'a>(part: &'a str, decoded: bool, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+/// one, or kept, decoded.
+fn clean_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
     match dots(part) {
         Some(2) => *pending += 1,
         Some(_) => {}
         None if *pending > 0 => *pending -= 1,
-        None if decoded => kept.push(Cow::Borrowed(part)),
         None => kept.push(decode_segment(part)),
     }
 }
@@ -603,6 +632,8 @@ mod tests {
             /api/x /api/y/.%2e/x yes
             /api/y /%61pi/x/%2e%2e/y yes
             /files/b /files/a%2F..%2Fb yes
+            # Decoded by a hop, then by `Path` again.
+            /files/private /files/%2570rivate/r yes
             /api/x /api/y no
             ",
         );
@@ -637,6 +668,12 @@ mod tests {
             /download-private /upload-../private/r no
             /download-private /download-../public/r no
             /download-private /downloads/x no
+            # Right after a literal start (`/static{*path}`), where the part
+            # after the root is dropped; a part kept splits the segment only
+            # on the router.
+            /static/private /static../private/r yes
+            /static/private /static./private/r yes
+            /static/private /staticprivate/r no
             /api/admin /api/users/x no
             ",
         );
@@ -678,6 +715,18 @@ mod tests {
                 true,
             ),
             ("/café-p", "/caf%C3%A9-{*path}", "/caf%C3%A9-../p", true),
+            (
+                "/static/private",
+                "/static{*path}",
+                "/staticprivate/r",
+                true,
+            ),
+            (
+                "/static/private",
+                "/static{*path}",
+                "/static-x/private/r",
+                false,
+            ),
             // A path that does not follow the route, or a route without a
             // wildcard, adds nothing.
             ("/files/x", "/files/{*path}", "/other/x", false),
