@@ -1099,30 +1099,102 @@ fn fully_decoded(path: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-/// A hop that decodes every escape forwards `/files/%2570rivate/r` as
-/// `/files/%70rivate/r`, and axum's `Path` then decodes the tail once
-/// more: the handler of `/files/{*path}` serves `private/r`, as for
-/// `/files/private/r`, which a rule on `/files/private` limits. The layer
-/// reads the path as such a hop forwards it, then decodes its segments as
-/// `Path` does: the rule covers it, and `/files/x/%252e%252e/private/r`.
+/// Hops that decode every escape, alone or around one that resolves dot
+/// segments as written, forward a path the router's `Path` decodes once
+/// more: `/files/%2570rivate/r` as `/files/%70rivate/r`,
+/// `/files/x/%252e%252e/private/r` as `/files/x/%2e%2e/private/r`, and
+/// `/x/%2e%2e/files/%252e%252e/private/r` (decoded, then resolved) or
+/// `/x/../files/%252e%252e/private/r` (resolved, then decoded) as
+/// `/files/%2e%2e/private/r`. The handler of `/files/{*path}` serves each
+/// as `private/r`, as for `/files/private/r`, which a rule on
+/// `/files/private` limits: the layer reads the path as each hop forwards
+/// it, then decodes its segments as `Path` does, so the rule covers them.
 #[tokio::test]
-async fn a_hop_decoding_every_escape_then_path_decoding_again_does_not_escape_a_rule() {
+async fn hops_decoding_every_escape_do_not_escape_a_rule() {
+    for (forward, path) in [
+        (fully_decoded as fn(&str) -> String, "/files/%2570rivate/r"),
+        (fully_decoded, "/files/x/%252e%252e/private/r"),
+        (
+            decoded_then_dot_resolved,
+            "/x/%2e%2e/files/%252e%252e/private/r",
+        ),
+        (
+            dot_resolved_then_decoded,
+            "/x/../files/%252e%252e/private/r",
+        ),
+    ] {
+        let case = ("/files/{*path}", "/files/private", "/files/private/r", path);
+        assert_limited_behind_a_hop(forward, &[case]).await;
+    }
+}
+
+/// [`fully_decoded`], then dot segments resolved as written
+/// ([`proxy_normalized`]): a hop that decodes every escape once and then
+/// resolves `.`/`..` (as nginx normalises a path: `%252e` decodes to the
+/// text `%2e`, which it does not decode again, so is no dot to it).
+fn decoded_then_dot_resolved(path: &str) -> String {
+    proxy_normalized(&fully_decoded(path))
+}
+
+/// A hop that decodes every escape (SECURITY.md: "every escape decoded
+/// first") turns `%3F` into `?`, which ends the path it forwards:
+/// `/files/private%3Fx` reaches the router as `/files/private` (query `x`),
+/// and the handler of `/files/{*path}` serves `private`, as for
+/// `/files/private`, which a rule on `/files/private` limits. The layer's
+/// decoded reading ends the path there too; `%23` (`#`) likewise.
+#[tokio::test]
+async fn a_hop_decoding_an_escaped_question_mark_does_not_escape_a_rule() {
     assert_limited_behind_a_hop(
         fully_decoded,
         &[
             (
                 "/files/{*path}",
                 "/files/private",
+                "/files/private",
+                "/files/private%3Fx",
+            ),
+            (
+                "/files/{*path}",
                 "/files/private/r",
-                "/files/%2570rivate/r",
+                "/files/private/r",
+                "/files/private/r%3F",
             ),
             (
                 "/files/{*path}",
                 "/files/private",
-                "/files/private/r",
-                "/files/x/%252e%252e/private/r",
+                "/files/private",
+                "/files/private%23x",
             ),
         ],
     )
     .await;
+}
+
+/// On `/{tenant}/static{*path}`, the handler (cleaning its tail from its
+/// own root) serves tenant `a/b`'s `private/r` for
+/// `/a%2Fb/static/private/r`, which a rule on `/{tenant}/static/private`
+/// limits, and the same for `/a%2Fb/static%2F..%2Fprivate/r` (tail
+/// `/../private/r`): the wildcard's start is read as a segment of its own
+/// where what follows it in the segment is empty, the encoded slash then
+/// the tail's, so the rule covers it around the router too.
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_and_after_a_wildcards_literal_start_does_not_escape_a_rule()
+ {
+    assert_spellings_limited(
+        tenant_route("/{tenant}/static{*path}"),
+        "/{tenant}/static/private",
+        ("/a%2Fb/static/private/r", "\"a/b\": private/r"),
+        &[
+            "/a%2Fb/static%2F..%2Fprivate/r",
+            "/a%2Fb/static%2F..%2Fprivate%2Fr",
+            "/a%2Fb/static%2F%2e%2e/private/r",
+        ],
+    )
+    .await;
+}
+
+/// [`proxy_normalized`], then [`fully_decoded`]: a hop that resolves dot
+/// segments, then one that decodes every escape.
+fn dot_resolved_then_decoded(path: &str) -> String {
+    fully_decoded(&proxy_normalized(path))
 }

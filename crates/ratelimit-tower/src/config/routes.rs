@@ -151,10 +151,11 @@ impl Routes {
     }
 
     /// Whether a prefix covers `path` as the router reads it, or as a hop
-    /// in front of it may forward it: slashes merged and dot segments
-    /// resolved, `%2e` as a dot (RFC 3986) or not (a hop that leaves
-    /// escapes alone); every escape decoded, an encoded slash then a
-    /// segment boundary; both.
+    /// (or two) in front of it may forward it: slashes merged and dot
+    /// segments resolved, `%2e` as a dot (RFC 3986) or not (a hop that
+    /// leaves escapes alone); every escape decoded (an encoded slash then a
+    /// separator, and a `?` or `#` the end of the path), before resolving
+    /// or after.
     fn covers_path(&self, path: &str) -> bool {
         if self.covers_routed(path) {
             return true;
@@ -162,12 +163,13 @@ impl Routes {
         if !(path.contains("//") || path.contains("/.") || path.contains('%')) {
             return false;
         }
-        let mut forwarded: Vec<String> =
-            vec![normalize(path).into_owned(), normalize_literal_dots(path)];
-        // Decoded by the hop, then by `Path` again.
+        let resolved = [normalize(path).into_owned(), normalize_literal_dots(path)];
+        let mut forwarded: Vec<String> = resolved.to_vec();
         if path.contains('%') {
-            let decoded = decode_escapes(path, |_| false);
+            let decoded = decoded_by_a_hop(path);
             forwarded.push(normalize(&decoded).into_owned());
+            forwarded.push(normalize_literal_dots(&decoded));
+            forwarded.extend(resolved.iter().map(|path| decoded_by_a_hop(path)));
             forwarded.push(decoded);
         }
         for (i, forwarded_path) in forwarded.iter().enumerate() {
@@ -286,7 +288,7 @@ impl Routes {
                         // Kept, it would split any segment (`/apiary` under
                         // `/api`): only the router's route tells.
                         let separated = raw_cut(first, literal).filter(|&cut| {
-                            cut < first.len() && (pending > 0 || dots(&first[cut..]).is_some())
+                            pending > 0 || first.get(cut..).and_then(dots).is_some()
                         });
                         if separated.is_some()
                             && prefix.covers(&reading_with(
@@ -385,6 +387,16 @@ impl Routes {
         read.extend(&cleaned);
         !start.is_empty() && self.covers(&read)
     }
+}
+
+/// `path` as a hop that decodes every escape forwards it: a `?` or `#` it
+/// decodes ends the path (the rest is a query or a fragment to the router).
+fn decoded_by_a_hop(path: &str) -> String {
+    let mut decoded = decode_escapes(path, |_| false);
+    if let Some(end) = decoded.find(['?', '#']) {
+        decoded.truncate(end);
+    }
+    decoded
 }
 
 /// A reading: `above`, then `kept` (the last first), at most `shown` of
@@ -634,6 +646,10 @@ mod tests {
             /files/b /files/a%2F..%2Fb yes
             # Decoded by a hop, then by `Path` again.
             /files/private /files/%2570rivate/r yes
+            /files/private /x/%2e%2e/files/%252e%252e/private/r yes
+            /files/private /x/../files/%252e%252e/private/r yes
+            /files/private /files/private%3Fx yes
+            /files/private /files/privatex%3F no
             /api/x /api/y no
             ",
         );
@@ -674,6 +690,7 @@ mod tests {
             /static/private /static../private/r yes
             /static/private /static./private/r yes
             /static/private /staticprivate/r no
+            /{tenant}/static/private /a%2Fb/static%2F..%2Fprivate/r yes
             /api/admin /api/users/x no
             ",
         );
