@@ -1198,3 +1198,116 @@ async fn an_encoded_slash_in_a_parameter_and_after_a_wildcards_literal_start_doe
 fn dot_resolved_then_decoded(path: &str) -> String {
     fully_decoded(&proxy_normalized(path))
 }
+
+/// [`proxy_normalized`] after backslashes are turned into slashes, as
+/// Istio's default path normalization (`BASE`: "Istio will normalize the
+/// backslash `\` to the forward slash `/`"), Envoy's `normalize_path` and
+/// Cloudflare's URL normalization (type "Cloudflare") forward a path.
+fn backslash_normalized(path: &str) -> String {
+    proxy_normalized(&path.replace('\\', "/"))
+}
+
+/// A hop that turns `\` into `/` before resolving dot segments (Istio's
+/// default `BASE` normalization, Cloudflare's) forwards `/files\private/r`
+/// and `/x\..\files/private/r` as `/files/private/r`, which the handler of
+/// `/files/{*path}` serves as `private/r` and a rule on `/files/private`
+/// limits; `http` accepts a raw `\` in a path, so a client can send it. The
+/// layer also reads the path with backslashes as slashes, so the rule
+/// covers them.
+#[tokio::test]
+async fn a_hop_turning_backslashes_into_slashes_does_not_escape_a_rule() {
+    assert_limited_behind_a_hop(
+        backslash_normalized,
+        &[
+            (
+                "/files/{*path}",
+                "/files/private",
+                "/files/private/r",
+                "/files\\private/r",
+            ),
+            (
+                "/files/{*path}",
+                "/files/private",
+                "/files/private/r",
+                "/x\\..\\files/private/r",
+            ),
+            (
+                "/download-{*path}",
+                "/download-private",
+                "/download-private/r",
+                "/download-\\private/r",
+            ),
+        ],
+    )
+    .await;
+}
+
+/// A hop that decodes every escape, merges slashes, resolves dot segments,
+/// then escapes again what would change the request line (`%`, `?`, `#`,
+/// bytes outside printable ASCII), as nginx forwards a path to a
+/// `proxy_pass` with a URI: a decoded `%3F` does not end the path it
+/// forwards.
+fn nginx_forwarded(path: &str) -> String {
+    let mut out = String::new();
+    for &byte in proxy_normalized(&fully_decoded(path)).as_bytes() {
+        if matches!(byte, b'%' | b'?' | b'#') || !byte.is_ascii_graphic() {
+            out.push_str(&format!("%{byte:02X}"));
+        } else {
+            out.push(byte as char);
+        }
+    }
+    out
+}
+
+/// A hop that decodes only encoded slashes, then merges slashes and
+/// resolves dot segments (Envoy's `UNESCAPE_AND_FORWARD`, Istio's
+/// `DECODE_AND_MERGE_SLASHES`): a `%3F` stays as it is.
+fn slashes_decoded_then_resolved(path: &str) -> String {
+    proxy_normalized(&path.replace("%2F", "/").replace("%2f", "/"))
+}
+
+/// A hop that decodes `%2F` but keeps `?` in the path (nginx re-escapes
+/// it; Envoy and Istio decode only `%2F`) forwards
+/// `/x%3F/..%2Fdownload-/private/r` as `/download-/private/r`, which
+/// `/download-{*path}` serves as `private/r`, as for `/download-private/r`;
+/// and `/x%3F/..%2Fstatic../private/r` as `/static../private/r`, served as
+/// `private/r` by `/static{*path}`, as for `/static/private/r`. The layer
+/// also reads a path as such a hop forwards it (every escape but `%`, `?`
+/// and `#` decoded), so a rule on the plain path's prefix covers them.
+#[tokio::test]
+async fn an_escaped_question_mark_before_an_encoded_slash_does_not_hide_a_wildcard_rooted_inside_a_segment()
+ {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "/download-{*path}",
+            "/download-private",
+            "/download-private/r",
+            "/x%3F/..%2Fdownload-/private/r",
+        ),
+        (
+            "/static{*path}",
+            "/static/private",
+            "/static/private/r",
+            "/x%3F/..%2Fstatic../private/r",
+        ),
+        (
+            "/{tenant}/download-{*path}",
+            "/{tenant}/download-private",
+            "/t%3F/download-private/r",
+            "/t%3F/%2Fdownload-/private/r",
+        ),
+    ];
+    let mut escaped = Vec::new();
+    for forward in [
+        nginx_forwarded as fn(&str) -> String,
+        slashes_decoded_then_resolved,
+    ] {
+        for &(route, prefix, plain, path) in cases {
+            escaped.extend(escapes_behind_a_hop(forward, route, prefix, plain, path).await);
+        }
+    }
+    assert!(
+        escaped.is_empty(),
+        "a handler behind a hop served a file twice under a limit of one: {escaped:#?}"
+    );
+}

@@ -151,26 +151,44 @@ impl Routes {
     }
 
     /// Whether a prefix covers `path` as the router reads it, or as a hop
-    /// (or two) in front of it may forward it: slashes merged and dot
-    /// segments resolved, `%2e` as a dot (RFC 3986) or not (a hop that
-    /// leaves escapes alone); every escape decoded (an encoded slash then a
-    /// separator, and a `?` or `#` the end of the path), before resolving
-    /// or after.
+    /// (or two) in front of it may forward it: a backslash taken for a
+    /// slash (Istio, Cloudflare); slashes merged and dot segments resolved,
+    /// `%2e` as a dot (RFC 3986) or not (a hop that leaves escapes alone);
+    /// escapes decoded, before resolving or after: every one (an encoded
+    /// slash then a separator, a `?` or `#` the end of the path), or all
+    /// but `%`, `?` and `#` (as nginx forwards a path, and as a hop that
+    /// decodes only `%2F` reads for the router, which decodes the rest).
     fn covers_path(&self, path: &str) -> bool {
         if self.covers_routed(path) {
             return true;
         }
-        if !(path.contains("//") || path.contains("/.") || path.contains('%')) {
+        let backslash = path.contains('\\') || contains_ignoring_case(path, "%5c");
+        if !(path.contains("//") || path.contains("/.") || path.contains('%') || backslash) {
             return false;
         }
-        let resolved = [normalize(path).into_owned(), normalize_literal_dots(path)];
-        let mut forwarded: Vec<String> = resolved.to_vec();
-        if path.contains('%') {
-            let decoded = decoded_by_a_hop(path);
-            forwarded.push(normalize(&decoded).into_owned());
-            forwarded.push(normalize_literal_dots(&decoded));
-            forwarded.extend(resolved.iter().map(|path| decoded_by_a_hop(path)));
-            forwarded.push(decoded);
+        let mut sent = vec![path.to_owned()];
+        if backslash {
+            sent.push(
+                path.replace('\\', "/")
+                    .replace("%5C", "/")
+                    .replace("%5c", "/"),
+            );
+        }
+        let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
+        let mut forwarded: Vec<String> = Vec::new();
+        for sent in &sent {
+            let resolved = [normalize(sent).into_owned(), normalize_literal_dots(sent)];
+            forwarded.push(sent.clone());
+            forwarded.extend(resolved.iter().cloned());
+            if sent.contains('%') {
+                for decode in decoders {
+                    let decoded = decode(sent);
+                    forwarded.push(normalize(&decoded).into_owned());
+                    forwarded.push(normalize_literal_dots(&decoded));
+                    forwarded.extend(resolved.iter().map(|path| decode(path)));
+                    forwarded.push(decoded);
+                }
+            }
         }
         for (i, forwarded_path) in forwarded.iter().enumerate() {
             let seen = forwarded_path == path || forwarded[..i].contains(forwarded_path);
@@ -397,6 +415,13 @@ fn decoded_by_a_hop(path: &str) -> String {
         decoded.truncate(end);
     }
     decoded
+}
+
+/// `path` as a hop that decodes every escape but `%`, `?` and `#` forwards
+/// it (nginx re-escapes those): the router sees the query marks still in
+/// the path, and `Path` decodes them.
+fn decoded_but_query_marks(path: &str) -> String {
+    decode_escapes(path, |byte| matches!(byte, b'%' | b'?' | b'#'))
 }
 
 /// A reading: `above`, then `kept` (the last first), at most `shown` of
@@ -650,6 +675,12 @@ mod tests {
             /files/private /x/../files/%252e%252e/private/r yes
             /files/private /files/private%3Fx yes
             /files/private /files/privatex%3F no
+            /download-private /x%3F/..%2Fdownload-/private/r yes
+            # A backslash taken for a slash.
+            /files/private /files\\private/r yes
+            /files/private /x\\..\\files/private/r yes
+            # A trailing slash wants a segment after it.
+            /files/private/ /files/private no
             /api/x /api/y no
             ",
         );
