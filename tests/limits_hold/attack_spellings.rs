@@ -1311,3 +1311,90 @@ async fn an_escaped_question_mark_before_an_encoded_slash_does_not_hide_a_wildca
         "a handler behind a hop served a file twice under a limit of one: {escaped:#?}"
     );
 }
+
+/// RFC 3986's `remove_dot_segments`, as a hop that resolves dot segments
+/// but does not merge slashes forwards a path (Envoy's `normalize_path`,
+/// Istio's default `BASE` normalization: merging slashes is a separate
+/// option): a `..` after an empty segment removes the empty one, so
+/// `/api//../x` is `/api/x`, where merging first would give `/x`.
+fn dot_resolved_keeping_empty_segments(path: &str) -> String {
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    let mut out: Vec<&str> = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        match *part {
+            "." => {}
+            ".." => {
+                out.pop();
+            }
+            part => {
+                out.push(part);
+                continue;
+            }
+        }
+        if last {
+            out.push("");
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+/// A hop resolving dot segments without merging slashes (Istio's default,
+/// Envoy's `normalize_path`) forwards `/api//../download-../private/r` as
+/// `/api/download-../private/r`, which the handler of
+/// `/api/download-{*path}` (cleaning its tail from its own root) serves as
+/// `private/r`, as it serves `/api/download-private/r`, which a rule on
+/// `/api/download-private` limits. The layer also reads the path as such a
+/// hop forwards it, so the rule covers it. The same for
+/// `/api/static{*path}` and `/{tenant}/download-{*path}`.
+#[tokio::test]
+async fn a_hop_resolving_dot_segments_without_merging_slashes_does_not_hide_a_root_inside_a_segment()
+ {
+    assert_limited_behind_a_hop(
+        dot_resolved_keeping_empty_segments,
+        &[
+            (
+                "/api/download-{*path}",
+                "/api/download-private",
+                "/api/download-private/r",
+                "/api//../download-../private/r",
+            ),
+            (
+                "/api/static{*path}",
+                "/api/static/private",
+                "/api/static/private/r",
+                "/api//../static../private/r",
+            ),
+            (
+                "/{tenant}/download-{*path}",
+                "/{tenant}/download-private",
+                "/t/download-private/r",
+                "/t//../download-../private/r",
+            ),
+        ],
+    )
+    .await;
+}
+
+/// Over-matching an ordinary request: GitLab-style APIs name a project by
+/// its encoded path (`/projects/acme%2Fexport` is the project `export` of
+/// the group `acme`), which axum's `/projects/{id}` runs with the one
+/// segment `acme/export`. With the layer on the router, the router's route
+/// (`MatchedPath`: `/projects/{id}`, no wildcard) tells that no handler
+/// reads `export` as a segment of its own, and no hop can sit between the
+/// layer and the router: a rule on `/projects/{id}/export` does not count
+/// it, and a client may read that project three times.
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_counted_on_the_router()
+ {
+    let router = Router::new()
+        .route("/projects/{id}", get(|| async { "project" }))
+        .route("/projects/{id}/export", get(|| async { "export" }));
+    let rules = rule_on("export", "/projects/{id}/export");
+    let app = App::new(router.layer(layer_of(&rules)));
+    let statuses = as_one(&app, ["/projects/acme%2Fexport"; 3]).await;
+    assert_eq!(
+        statuses, [200; 3],
+        "GET /projects/acme%2Fexport (route /projects/{{id}}) counted under /projects/{{id}}/export"
+    );
+}

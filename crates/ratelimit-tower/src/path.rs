@@ -30,8 +30,19 @@ pub(crate) fn normalize_literal_dots(path: &str) -> String {
     })
 }
 
+/// `path` with dot segments (`%2e` a dot) removed as RFC 3986 removes
+/// them, empty segments kept (a `..` removes the one before it), as a hop
+/// that resolves dot segments without merging slashes forwards it (Envoy's
+/// `normalize_path`, Istio's default).
+#[cfg(feature = "config")]
+pub(crate) fn dots_resolved_keeping_empty_segments(path: &str) -> String {
+    resolve(path, 0, |segment| {
+        dots(segment).filter(|_| !segment.is_empty())
+    })
+}
+
 /// [`resolve_below`], with `dots` telling the dot segments (and how many
-/// dots each is).
+/// dots each is; none, for an empty segment dropped).
 fn resolve(path: &str, root: usize, dots: impl Fn(&str) -> Option<usize>) -> String {
     let mut segments: Vec<&str> = Vec::new();
     // Whether the result ends with a slash: the path does, or its last
@@ -44,8 +55,7 @@ fn resolve(path: &str, root: usize, dots: impl Fn(&str) -> Option<usize>) -> Str
         }
         trailing = true;
         match dots(segment) {
-            _ if segment.is_empty() => {}
-            Some(1) => {}
+            Some(0 | 1) => {}
             Some(2) => {
                 if segments.len() > root {
                     segments.pop();
@@ -233,5 +243,9 @@ mod tests {
             "/files/x/private"
         );
         assert_eq!(resolve_below("/a/b/..", 1), "/a/");
+        assert_eq!(
+            super::dots_resolved_keeping_empty_segments("/api//../x/./y/"),
+            "/api/x/y/"
+        );
     }
 }

@@ -31,7 +31,10 @@ use std::borrow::Cow;
 
 use http::Request;
 
-use crate::path::{decode_escapes, dots, escaped, normalize, normalize_literal_dots};
+use crate::path::{
+    decode_escapes, dots, dots_resolved_keeping_empty_segments, escaped, normalize,
+    normalize_literal_dots,
+};
 
 /// One segment of a route prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,20 +123,22 @@ impl Routes {
             let extensions = req.extensions();
             let original = extensions.get::<axum::extract::OriginalUri>();
             if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
-                // The router's route, as registered: the path before any
-                // nesting follows it.
+                // On the router, the route is known and no hop sits between:
+                // the route itself, the path as it routed it (before any
+                // nesting, as the route is registered), and the path below
+                // the route's wildcard, if it has one, are all there is to
+                // read (an encoded slash in a parameter is no separator).
                 let full = original.map_or(req.uri().path(), |uri| uri.path());
                 let route = matched.as_str();
-                let segments: Vec<Cow<'_, str>> = route
-                    .strip_prefix('/')
-                    .unwrap_or(route)
-                    .split('/')
-                    .map(decode_segment)
-                    .collect();
-                let reading: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
-                if self.covers(&reading) || self.covers_below_the_wildcard(full, route) {
-                    return true;
-                }
+                return [route, full].iter().any(|path| {
+                    let segments: Vec<Cow<'_, str>> = path
+                        .strip_prefix('/')
+                        .unwrap_or(path)
+                        .split('/')
+                        .map(decode_segment)
+                        .collect();
+                    self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+                }) || self.covers_below_the_wildcard(full, route);
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
@@ -177,7 +182,12 @@ impl Routes {
         let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
         let mut forwarded: Vec<String> = Vec::new();
         for sent in &sent {
-            let resolved = [normalize(sent).into_owned(), normalize_literal_dots(sent)];
+            let resolved = [
+                normalize(sent).into_owned(),
+                normalize_literal_dots(sent),
+                dots_resolved_keeping_empty_segments(sent),
+                slashes_merged(sent),
+            ];
             forwarded.push(sent.clone());
             forwarded.extend(resolved.iter().cloned());
             if sent.contains('%') {
@@ -185,6 +195,8 @@ impl Routes {
                     let decoded = decode(sent);
                     forwarded.push(normalize(&decoded).into_owned());
                     forwarded.push(normalize_literal_dots(&decoded));
+                    forwarded.push(dots_resolved_keeping_empty_segments(&decoded));
+                    forwarded.push(slashes_merged(&decoded));
                     forwarded.extend(resolved.iter().map(|path| decode(path)));
                     forwarded.push(decoded);
                 }
@@ -417,6 +429,18 @@ fn decoded_by_a_hop(path: &str) -> String {
     decoded
 }
 
+/// `path` with repeated slashes merged and nothing else, as a hop that only
+/// merges slashes forwards it.
+fn slashes_merged(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && out.ends_with('/')) {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `path` as a hop that decodes every escape but `%`, `?` and `#` forwards
 /// it (nginx re-escapes those): the router sees the query marks still in
 /// the path, and `Path` decodes them.
@@ -536,10 +560,11 @@ fn contains_ignoring_case(haystack: &str, needle: &str) -> bool {
 }
 
 /// Whether `segment` ends with a dot segment after something else
-/// (`download-..`, `a.`): a root before the dots drops them.
+/// (`download-..`, `a.`; a root among three dots or more leaves one or two
+/// after it): a root before the dots drops them.
 fn ends_with_a_dot_segment(segment: &str) -> bool {
     let name = segment.trim_end_matches('.');
-    !name.is_empty() && name.len() < segment.len() && segment.len() - name.len() <= 2
+    !name.is_empty() && name.len() < segment.len()
 }
 
 /// Whether `prefix` may cover `segments` (a path's, decoded; `dot_dot`:
@@ -630,6 +655,7 @@ mod tests {
             # are dropped: else every `/a/b/private` would be under it.
             /{dir}/private /a/b/private no
             /{dir}/private /download-../x/private/r yes
+            /{dir}/private /download-.../x/private/r yes
             ",
         );
     }
@@ -676,6 +702,10 @@ mod tests {
             /files/private /files/private%3Fx yes
             /files/private /files/privatex%3F no
             /download-private /x%3F/..%2Fdownload-/private/r yes
+            # Dot segments resolved with empty segments kept, or slashes
+            # merged alone.
+            /api/download-private /api//../download-../private/r yes
+            /{tenant}/download-private //./download-../private/r yes
             # A backslash taken for a slash.
             /files/private /files\\private/r yes
             /files/private /x\\..\\files/private/r yes
