@@ -1398,3 +1398,128 @@ async fn an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_co
         "GET /projects/acme%2Fexport (route /projects/{{id}}) counted under /projects/{{id}}/export"
     );
 }
+
+/// `paths`, one client's, sent in turn to `router` with the layer of a rule
+/// of one request a window on `prefix` on the router (`Router::layer`, so
+/// `MatchedPath` is set): the statuses and what the handler served.
+async fn on_the_router(
+    router: &Router,
+    runs: &Runs,
+    prefix: &str,
+    paths: &[&str],
+) -> (Vec<u16>, Vec<String>) {
+    let rules = rule_on("private", prefix);
+    let app = App::new(router.clone().layer(layer_of(&rules)));
+    runs.lock().unwrap().clear();
+    let statuses = as_one(&app, paths.iter().copied()).await;
+    let served = runs.lock().unwrap().clone();
+    (statuses, served)
+}
+
+/// [`on_the_router`], asserting that only the first of `paths` is
+/// served (the rest refused, one request a window).
+async fn assert_only_the_first_on_the_router(
+    router: &Router,
+    runs: &Runs,
+    prefix: &str,
+    paths: &[&str],
+) {
+    let (statuses, served) = on_the_router(router, runs, prefix, paths).await;
+    let mut want = vec![429; paths.len()];
+    want[0] = 200;
+    assert_eq!(
+        statuses, want,
+        "on the router, {served:?} served under a limit of one"
+    );
+}
+
+/// matchit 0.8 lets a route's segment start with a literal before a
+/// parameter (`/user_{name}/{*path}`); axum runs
+/// `/user_bob/x/../private/r` with `name` `bob` and the tail
+/// `x/../private/r`, which a handler cleaning its tail from its own root
+/// serves as `private/r`, as for `/user_bob/private/r`: on the router the
+/// layer takes the route's segment `user_{name}` for a parameter, reads
+/// below the wildcard, and a rule on `/user_bob/private` covers it.
+#[tokio::test]
+async fn a_parameter_with_a_literal_start_before_a_wildcard_does_not_escape_a_rule_on_the_router() {
+    let (runs, router) = tenant_route("/user_{name}/{*path}");
+    assert_only_the_first_on_the_router(
+        &router,
+        &runs,
+        "/user_bob/private",
+        &[
+            "/user_bob/private/r",
+            "/user_bob/x/../private/r",
+            "/user_bob/../private/r",
+        ],
+    )
+    .await;
+}
+
+/// A route literal with matchit's escaped braces (`/v{{1}}/{*path}`, the
+/// literal segment `v{1}`): axum runs `/v{1}/x/../private/r` under it, and a
+/// handler cleaning its tail serves `private/r`, as for `/v{1}/private/r`.
+/// On the router the layer reads the registered `v{{1}}` as `v{1}`, so the
+/// path follows the route and is read below its wildcard.
+#[tokio::test]
+async fn a_route_literal_with_escaped_braces_before_a_wildcard_does_not_escape_a_rule_on_the_router()
+ {
+    let (runs, router) = cleaning_route("/v{{1}}/{*path}");
+    assert_only_the_first_on_the_router(
+        &router,
+        &runs,
+        "/v%7B1%7D/private",
+        &["/v{1}/private/r", "/v{1}/x/../private/r"],
+    )
+    .await;
+}
+
+/// Below `/files/{*path}`, `Path` decodes `%2F` in the tail into a
+/// separator, so `/files/a%2Fb/x` and `/files/a/b/x` are one file,
+/// `a/b/x`: on the router a wildcard's tail is read as `Path` hands it
+/// over, so a rule on `/files/{dir}/x` gives both one answer.
+#[tokio::test]
+async fn an_encoded_slash_in_a_wildcard_tail_is_read_as_the_handler_reads_it_on_the_router() {
+    let (runs, router) = cleaning_route("/files/{*path}");
+    let mut answers = Vec::new();
+    for path in ["/files/a%2Fb/x", "/files/a/b/x"] {
+        let (statuses, served) = on_the_router(&router, &runs, "/files/{dir}/x", &[path; 2]).await;
+        assert_eq!(served.first().map(String::as_str), Some("a/b/x"));
+        answers.push((path, statuses));
+    }
+    assert_eq!(
+        answers[0].1, answers[1].1,
+        "on the router, one file a/b/x was limited one way and not the other: {answers:?}"
+    );
+}
+
+/// A service mounted with `route_service` (or a handler reading `Uri`)
+/// is given the whole path, not the wildcard's tail: a reverse proxy on
+/// `/api/{*rest}` forwards `/api/../api/admin/r` to a backend that
+/// resolves dot segments (RFC 3986), which serves `/api/admin/r`. On the
+/// router the layer also reads the whole path decoded and cleaned, so a
+/// rule on `/api/admin` covers it, as it does around the router.
+#[tokio::test]
+async fn a_route_service_given_the_whole_path_does_not_escape_a_rule_on_the_router() {
+    let runs: Runs = Arc::default();
+    let proxy = {
+        let runs = runs.clone();
+        tower::service_fn(move |req: Request<Body>| {
+            let runs = runs.clone();
+            async move {
+                // The backend resolves dot segments of the whole path.
+                let served = cleaned(req.uri().path());
+                runs.lock().unwrap().push(served);
+                Ok::<_, Infallible>("proxied".into_response())
+            }
+        })
+    };
+    let router = Router::new().route_service("/api/{*rest}", proxy);
+    assert_only_the_first_on_the_router(
+        &router,
+        &runs,
+        "/api/admin",
+        &["/api/admin/r", "/api/../api/admin/r"],
+    )
+    .await;
+}

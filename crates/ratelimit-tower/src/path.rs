@@ -243,6 +243,11 @@ mod tests {
             "/files/x/private"
         );
         assert_eq!(resolve_below("/a/b/..", 1), "/a/");
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn dot_segments_may_be_resolved_keeping_empty_ones() {
         assert_eq!(
             super::dots_resolved_keeping_empty_segments("/api//../x/./y/"),
             "/api/x/y/"

@@ -123,22 +123,9 @@ impl Routes {
             let extensions = req.extensions();
             let original = extensions.get::<axum::extract::OriginalUri>();
             if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
-                // On the router, the route is known and no hop sits between:
-                // the route itself, the path as it routed it (before any
-                // nesting, as the route is registered), and the path below
-                // the route's wildcard, if it has one, are all there is to
-                // read (an encoded slash in a parameter is no separator).
+                // On the router, the route is known and no hop sits between.
                 let full = original.map_or(req.uri().path(), |uri| uri.path());
-                let route = matched.as_str();
-                return [route, full].iter().any(|path| {
-                    let segments: Vec<Cow<'_, str>> = path
-                        .strip_prefix('/')
-                        .unwrap_or(path)
-                        .split('/')
-                        .map(decode_segment)
-                        .collect();
-                    self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
-                }) || self.covers_below_the_wildcard(full, route);
+                return self.covers_as_routed(full, matched.as_str());
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
@@ -298,7 +285,7 @@ impl Routes {
                     // dropped. An empty part dropped, or the part kept as a
                     // segment of its own, would join or split any segments
                     // (`/a/b/private` under `/{dir}/private`): only the
-                    // router's route tells (`covers_below_the_wildcard`).
+                    // router's route tells (`covers_as_routed`).
                     Wanted::Param => {
                         let first = decode_segment(first);
                         if kept_len == 0 || !(pending > 0 || ends_with_a_dot_segment(&first)) {
@@ -357,65 +344,123 @@ impl Routes {
         false
     }
 
-    /// Whether a prefix covers `path` below the root of the wildcard of
-    /// `route`, the route axum's router chose for it (its `MatchedPath`, as
-    /// registered; `path` before any nesting): what the route's handler
-    /// serves when it cleans its tail from its own root, wherever the
-    /// wildcard starts (`/download-/private/r` is `download-private/r` to
-    /// `/download-{*path}`). A route without a wildcard, or that `path` does
-    /// not follow segment by segment, adds nothing.
+    /// Whether a prefix covers `path` as axum's router routed it on `route`
+    /// (its `MatchedPath`, as registered; `path` before any nesting), where
+    /// no hop sits between: the route itself; without a wildcard, the
+    /// path's segments, each decoded as `Path` decodes a parameter (an
+    /// encoded slash is no separator); with one, the segments above the
+    /// wildcard, then its tail decoded (an encoded slash a separator, as
+    /// `Path` hands it over), as it is and cleaned from the wildcard's root
+    /// (`/download-/private/r` is `download-private/r` to
+    /// `/download-{*path}`), the wildcard's start joined to the tail's first
+    /// segment or a segment of its own (`/staticprivate/r` is
+    /// `static/private/r` to `/static{*path}`), and the whole path decoded
+    /// and cleaned (a service given the whole path, `route_service`). A
+    /// path that does not follow the route segment by segment, or a route
+    /// this does not read (a parameter inside the wildcard's segment), is
+    /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
-    fn covers_below_the_wildcard(&self, path: &str, route: &str) -> bool {
-        let (Some(route), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
-            return false;
-        };
-        let Some(star) = route.find("{*") else {
-            return false;
-        };
-        let above = &route[..star];
-        // The wildcard's segment: its literal start, and the segments above.
-        let (whole, start) = match above.rfind('/') {
-            Some(at) => (&above[..at], &above[at + 1..]),
-            None => ("", above),
-        };
-        if start.contains('{') {
-            return false;
+    fn covers_as_routed(&self, path: &str, route: &str) -> bool {
+        let route_segments: Vec<Cow<'_, str>> = route
+            .strip_prefix('/')
+            .unwrap_or(route)
+            .split('/')
+            .map(decode_segment)
+            .collect();
+        if self.covers(
+            &route_segments
+                .iter()
+                .map(|s| s.as_ref())
+                .collect::<Vec<_>>(),
+        ) {
+            return true;
         }
+        let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
+            return self.covers_path(path);
+        };
+        let Some(star) = wildcard_at(template) else {
+            let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode_segment).collect();
+            return self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>());
+        };
+        // The wildcard's segment: its literal start, and the segments above.
+        let (whole, start) = match template[..star].rfind('/') {
+            Some(at) => (&template[..at], &template[at + 1..star]),
+            None => ("", &template[..star]),
+        };
+        if has_a_parameter(start) {
+            return self.covers_path(path);
+        }
+        let start = unescape_braces(start);
         let mut segments = rest.split('/');
-        let mut reading: Vec<Cow<'_, str>> = Vec::new();
+        let mut above: Vec<Cow<'_, str>> = Vec::new();
         let mut root = 1;
         for template in whole.split('/').filter(|_| !whole.is_empty()) {
             let Some(segment) = segments.next() else {
-                return false;
+                return self.covers_path(path);
             };
-            if !template.starts_with('{') && template != segment {
-                return false;
+            if !has_a_parameter(template) && unescape_braces(template) != segment {
+                return self.covers_path(path);
             }
-            reading.push(decode_segment(segment));
+            above.push(decode_segment(segment));
             root += segment.len() + 1;
         }
-        let Some(tail) = path.get(root..).and_then(|tail| tail.strip_prefix(start)) else {
-            return false;
+        let Some(tail) = path
+            .get(root..)
+            .and_then(|tail| tail.strip_prefix(start.as_ref()))
+        else {
+            return self.covers_path(path);
         };
-        let cleaned = normalize(&format!("/{}", decode_escapes(tail, |_| false))).into_owned();
-        let cleaned: Vec<&str> = cleaned[1..].split('/').take(self.depth + 1).collect();
-        let start = decode_segment(start);
-        let above: Vec<&str> = reading.iter().map(|s| s.as_ref()).collect();
-        // The wildcard's start joined to the tail's first segment
-        // (`/download-{*path}` serves `download-private/r`), and, where it
-        // has one, as a segment of its own (`/static{*path}` serves
-        // `static/private/r`, which a prefix may spell either way).
-        let joined = format!("{start}{}", cleaned[0]);
-        let mut read = above.clone();
-        read.push(&joined);
-        read.extend(&cleaned[1..]);
-        if self.covers(&read) {
-            return true;
+        let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
+        let start = decode_segment(&start);
+        let decoded = decode_escapes(tail, |_| false);
+        let cleaned = normalize(&format!("/{decoded}")).into_owned();
+        for tail in [decoded.as_str(), &cleaned[1..]] {
+            let tail: Vec<&str> = tail.split('/').take(self.depth + 1).collect();
+            let joined = format!("{start}{}", tail[0]);
+            let mut read = above.clone();
+            read.push(&joined);
+            read.extend(&tail[1..]);
+            if self.covers(&read) {
+                return true;
+            }
+            let mut read = above.clone();
+            read.push(&start);
+            read.extend(&tail);
+            if !start.is_empty() && self.covers(&read) {
+                return true;
+            }
         }
-        let mut read = above;
-        read.push(&start);
-        read.extend(&cleaned);
-        !start.is_empty() && self.covers(&read)
+        let whole = normalize(&decode_escapes(path, |_| false)).into_owned();
+        let whole: Vec<&str> = whole[1..].split('/').take(self.depth + 1).collect();
+        self.covers(&whole)
+    }
+}
+
+/// Where the wildcard of a route template (as axum registers it, without
+/// its first `/`) starts: its `{*`, not an escaped `{{`.
+#[cfg(feature = "axum")]
+fn wildcard_at(template: &str) -> Option<usize> {
+    let unescaped = template.replace("{{", "\0\0");
+    unescaped.find("{*")
+}
+
+/// Whether a route template's segment holds a parameter, not only braces
+/// escaped as `{{` and `}}`.
+#[cfg(feature = "axum")]
+fn has_a_parameter(segment: &str) -> bool {
+    segment
+        .replace("{{", "")
+        .replace("}}", "")
+        .contains(['{', '}'])
+}
+
+/// A route template's literal text with its escaped braces as they match.
+#[cfg(feature = "axum")]
+fn unescape_braces(text: &str) -> Cow<'_, str> {
+    if text.contains("{{") || text.contains("}}") {
+        Cow::Owned(text.replace("{{", "{").replace("}}", "}"))
+    } else {
+        Cow::Borrowed(text)
     }
 }
 
@@ -809,11 +854,31 @@ mod tests {
             // wildcard, adds nothing.
             ("/files/x", "/files/{*path}", "/other/x", false),
             ("/t/files", "/{tenant}/files/{*path}", "/t", false),
-            ("/users", "/users/{id}", "/users/7", false),
+            ("/users", "/users/{id}", "/users/7", true),
+            (
+                "/users/{id}/export",
+                "/users/{id}",
+                "/users/a%2Fexport",
+                false,
+            ),
+            ("/files/{dir}/x", "/files/{*path}", "/files/a%2Fb/x", false),
+            (
+                "/user_bob/private",
+                "/user_{name}/{*path}",
+                "/user_bob/x/../private/r",
+                true,
+            ),
+            (
+                "/v%7B1%7D/private",
+                "/v{{1}}/{*path}",
+                "/v{1}/x/../private/r",
+                true,
+            ),
+            ("/api/admin", "/api/{*rest}", "/api/../api/admin/r", true),
         ] {
             let routes = Routes::new([prefix]);
             assert_eq!(
-                routes.covers_below_the_wildcard(path, route),
+                routes.covers_as_routed(path, route),
                 want,
                 "{prefix}: {route} for {path}"
             );
