@@ -2,13 +2,21 @@
 //!
 //! A route rule must cover every request the router runs under its route,
 //! whatever the client's spelling, and whatever reads the path on the way.
-//! The layer does not know the routes (but for axum's `MatchedPath`), so it
-//! reads the path every way it may be read, and a rule applies when one of
-//! its prefixes covers one reading (each only adds matches):
+//! A rule applies when one of its prefixes covers one reading of the path
+//! (each only adds matches). A reading is a list of segments; a path ending
+//! with a slash reads with a last, empty one. Case is kept: axum routes on
+//! it as it is (SECURITY.md).
 //!
-//! - what reaches the router: the path as sent, or as a hop in front of it
-//!   may forward it: slashes merged and dot segments resolved (`%2e` taken
-//!   for a dot or not), or every escape decoded ([`Routes::covers_path`]);
+//! With the layer on axum's router, the route is known (`MatchedPath`) and
+//! no hop sits between, so the readings are exact: the route, the path as
+//! routed, and below the route's wildcard ([`Routes::covers_as_routed`]).
+//! Elsewhere the layer does not know the route, so it reads the path every
+//! way it may be read:
+//!
+//! - what reaches the router: the path as sent, or as one or two hops in
+//!   front of it may forward it: backslashes as slashes, slashes merged and
+//!   dot segments resolved (`%2e` a dot or not, empty segments kept or
+//!   not), escapes decoded before or after ([`Routes::covers_path`]);
 //! - what the router routes on: the path's segments, each as axum's `Path`
 //!   decodes a parameter (`a%3Ab` is `a:b`, `a%2Fb` the one segment `a/b`;
 //!   a prefix's segments are read the same way, so escapes match however
@@ -18,12 +26,8 @@
 //!   above the root, then the tail decoded and cleaned. The root is
 //!   unknown, so each is tried: between the first segments a prefix has,
 //!   and inside a segment (axum's `/download-{*path}`) where a prefix's
-//!   segment can be spelled ([`Routes::covers_routed`]);
-//! - with axum, the route the router chose (`MatchedPath`), the path below
-//!   that route's own wildcard, and the path before nesting (`OriginalUri`).
+//!   segment can be spelled ([`Routes::covers_routed`]).
 //!
-//! A reading is a list of segments; a path ending with a slash reads with a
-//! last, empty one. Case is kept: axum routes on it as it is (SECURITY.md).
 //! One pass over the path per way a hop may forward it, and a few segments
 //! compared per root: no path costs more than a few passes over it.
 
