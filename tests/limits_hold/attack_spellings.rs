@@ -1387,16 +1387,24 @@ async fn a_hop_resolving_dot_segments_without_merging_slashes_does_not_hide_a_ro
 #[tokio::test]
 async fn an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_counted_on_the_router()
  {
-    let router = Router::new()
-        .route("/projects/{id}", get(|| async { "project" }))
-        .route("/projects/{id}/export", get(|| async { "export" }));
-    let rules = rule_on("export", "/projects/{id}/export");
-    let app = App::new(router.layer(layer_of(&rules)));
-    let statuses = as_one(&app, ["/projects/acme%2Fexport"; 3]).await;
-    assert_eq!(
-        statuses, [200; 3],
-        "GET /projects/acme%2Fexport (route /projects/{{id}}) counted under /projects/{{id}}/export"
-    );
+    assert_not_counted_on_the_router(
+        &["/projects/{id}", "/projects/{id}/export"],
+        "/projects/{id}/export",
+        "/projects/acme%2Fexport",
+    )
+    .await;
+}
+
+/// With the layer on a router of `routes` (each answering `200`) and a
+/// rule of one request a window on `prefix`, `path`, which no route under
+/// `prefix` runs, is answered three times: the rule does not count it.
+async fn assert_not_counted_on_the_router(routes: &[&str], prefix: &str, path: &str) {
+    let router = routes.iter().fold(Router::new(), |router, route| {
+        router.route(route, get(|| async { "ok" }))
+    });
+    let app = App::new(router.layer(layer_of(&rule_on("rule", prefix))));
+    let statuses = as_one(&app, [path; 3]).await;
+    assert_eq!(statuses, [200; 3], "{path} counted under {prefix}");
 }
 
 /// `paths`, one client's, sent in turn to `router` with the layer of a rule
@@ -1522,4 +1530,79 @@ async fn a_route_service_given_the_whole_path_does_not_escape_a_rule_on_the_rout
         &["/api/admin/r", "/api/../api/admin/r"],
     )
     .await;
+}
+
+/// GitLab-style ids hold an encoded slash (`acme%2Fexport` is the project
+/// `export` of the group `acme`): axum's `/projects/{id}/files/{*path}`
+/// runs `/projects/acme%2Fexport/files/readme` with the one id
+/// `acme/export`, an ordinary request no rule on `/projects/{id}/export`
+/// is over: on the router the layer keeps the id one segment in every
+/// reading, on a route with a wildcard as on one without.
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_above_a_wildcard_is_not_counted_on_the_router() {
+    assert_not_counted_on_the_router(
+        &["/projects/{id}/files/{*path}", "/projects/{id}/export"],
+        "/projects/{id}/export",
+        "/projects/acme%2Fexport/files/readme",
+    )
+    .await;
+}
+
+/// A rule on a literal path with braces (`/users/%7Bid%7D`, what a client
+/// sends for `/users/{id}` written out) is over that one path: on the
+/// router a rule's literal segment matches a route's literal segment,
+/// never a parameter's braces, so `/users/7` is not counted under it.
+#[tokio::test]
+async fn a_rule_on_a_literal_brace_segment_does_not_count_every_request_of_the_route_on_the_router()
+{
+    assert_not_counted_on_the_router(&["/users/{id}"], "/users/%7Bid%7D", "/users/7").await;
+}
+
+/// A router mounted whole with `route_service` behind a middleware of its
+/// own (axum refuses a bare `Router` there, not one wrapped in a Tower
+/// layer, as `ServiceBuilder` stacks are) runs its own routes on the whole
+/// path: its `/api/files/{*path}` handler, cleaning its tail from its own
+/// root, serves `private/r` for `/api/files/../private/r` as for
+/// `/api/files/private/r`. With the layer on the inner router,
+/// `MatchedPath` joins the two routes (`/api/{*rest}/api/files/{*path}`):
+/// the path does not follow that, so the layer reads it every way, and a
+/// rule on `/api/files/private` covers it. (On the outer router, whose
+/// route `/api/{*rest}` says nothing of the inner one's, it does not: see
+/// SECURITY.md.)
+#[tokio::test]
+async fn a_router_mounted_with_route_service_is_limited_with_the_layer_on_it() {
+    // A middleware around the inner router, as a `ServiceBuilder` stack is.
+    fn wrapped(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
+        ServiceExt::<Request<Body>>::map_response(router, |response| response)
+    }
+    // The outer route's `rest` is among the inner handler's parameters.
+    let runs: Runs = Arc::default();
+    let serve = |State(runs): State<Runs>,
+                 Path(params): Path<std::collections::HashMap<String, String>>| async move {
+        runs.lock().unwrap().push(cleaned(&params["path"]));
+        "file"
+    };
+    let inner = Router::new()
+        .route("/api/files/{*path}", get(serve))
+        .with_state(runs.clone());
+    let rules = rule_on("private", "/api/files/private");
+    let paths = ["/api/files/private/r", "/api/files/../private/r"];
+    let mut escaped = Vec::new();
+    for (placement, app) in [(
+        "on the inner router",
+        App::new(Router::new().route_service(
+            "/api/{*rest}",
+            wrapped(inner.clone().layer(layer_of(&rules))),
+        )),
+    )] {
+        runs.lock().unwrap().clear();
+        let statuses = as_one(&app, paths).await;
+        if statuses != [200, 429] {
+            escaped.push(format!(
+                "{placement}: {statuses:?}, served {:?}",
+                runs.lock().unwrap()
+            ));
+        }
+    }
+    assert!(escaped.is_empty(), "served private/r twice: {escaped:#?}");
 }

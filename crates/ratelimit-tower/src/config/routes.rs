@@ -85,6 +85,34 @@ impl Prefix {
         prefixes
     }
 
+    /// Whether this prefix covers `route`, a route template as axum
+    /// registers it (`MatchedPath`): a literal segment of the prefix
+    /// matches the route's literal segment, never a parameter's braces.
+    #[cfg(feature = "axum")]
+    fn covers_route(&self, route: &str) -> bool {
+        let segments: Vec<&str> = route
+            .strip_prefix('/')
+            .unwrap_or(route)
+            .split('/')
+            .collect();
+        for (i, wanted) in self.0.iter().enumerate() {
+            match wanted {
+                Wanted::Below => return segments.len() > i,
+                Wanted::Param if segments.len() <= i => return false,
+                Wanted::Param => {}
+                Wanted::Literal(literal) => match segments.get(i) {
+                    Some(segment) if !has_a_parameter(segment) => {
+                        if decode_segment(&unescape_braces(segment)) != literal.as_str() {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                },
+            }
+        }
+        true
+    }
+
     /// Whether this prefix covers `reading`, segment by segment.
     fn covers(&self, reading: &[&str]) -> bool {
         for (i, wanted) in self.0.iter().enumerate() {
@@ -350,7 +378,7 @@ impl Routes {
 
     /// Whether a prefix covers `path` as axum's router routed it on `route`
     /// (its `MatchedPath`, as registered; `path` before any nesting), where
-    /// no hop sits between: the route itself; without a wildcard, the
+    /// no hop sits between: without a wildcard, the
     /// path's segments, each decoded as `Path` decodes a parameter (an
     /// encoded slash is no separator); with one, the segments above the
     /// wildcard, then its tail decoded (an encoded slash a separator, as
@@ -358,25 +386,18 @@ impl Routes {
     /// (`/download-/private/r` is `download-private/r` to
     /// `/download-{*path}`), the wildcard's start joined to the tail's first
     /// segment or a segment of its own (`/staticprivate/r` is
-    /// `static/private/r` to `/static{*path}`), and the whole path decoded
-    /// and cleaned (a service given the whole path, `route_service`). A
+    /// `static/private/r` to `/static{*path}`), and the whole path cleaned
+    /// (a service given the whole path, `route_service`). A
     /// path that does not follow the route segment by segment, or a route
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
     fn covers_as_routed(&self, path: &str, route: &str) -> bool {
-        let route_segments: Vec<Cow<'_, str>> = route
-            .strip_prefix('/')
-            .unwrap_or(route)
-            .split('/')
-            .map(decode_segment)
-            .collect();
-        if self.covers(
-            &route_segments
-                .iter()
-                .map(|s| s.as_ref())
-                .collect::<Vec<_>>(),
-        ) {
+        if self
+            .prefixes
+            .iter()
+            .any(|prefix| prefix.covers_route(route))
+        {
             return true;
         }
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
@@ -434,18 +455,28 @@ impl Routes {
                 return true;
             }
         }
-        let whole = normalize(&decode_escapes(path, |_| false)).into_owned();
-        let whole: Vec<&str> = whole[1..].split('/').take(self.depth + 1).collect();
-        self.covers(&whole)
+        // Dot segments resolved as a proxy resolves them, before decoding:
+        // an encoded slash in a parameter stays in it.
+        let Cow::Owned(whole) = normalize(path) else {
+            return false;
+        };
+        let whole: Vec<Cow<'_, str>> = whole[1..]
+            .split('/')
+            .take(self.depth + 1)
+            .map(decode_segment)
+            .collect();
+        self.covers(&whole.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
     }
 }
 
 /// Where the wildcard of a route template (as axum registers it, without
-/// its first `/`) starts: its `{*`, not an escaped `{{`.
+/// its first `/`) starts: its last `{*`, not an escaped `{{` (a router
+/// mounted in another's wildcard joins their routes, and routes on its
+/// own).
 #[cfg(feature = "axum")]
 fn wildcard_at(template: &str) -> Option<usize> {
     let unescaped = template.replace("{{", "\0\0");
-    unescaped.find("{*")
+    unescaped.rfind("{*")
 }
 
 /// Whether a route template's segment holds a parameter, not only braces
@@ -816,76 +847,40 @@ mod tests {
     #[cfg(feature = "axum")]
     #[test]
     fn on_the_router_the_tail_is_cleaned_below_the_matched_routes_wildcard() {
-        for (prefix, route, path, want) in [
-            (
-                "/download-private",
-                "/download-{*path}",
-                "/download-/private/r",
-                true,
-            ),
-            (
-                "/{dir}/private",
-                "/download-{*path}",
-                "/download-/x/private/r",
-                true,
-            ),
-            (
-                "/t/download-x",
-                "/{tenant}/download-{*path}",
-                "/t/download-../x/r",
-                true,
-            ),
-            (
-                "/files/private/",
-                "/files/{*path}",
-                "/files/a%2F..%2F..%2Fprivate/",
-                true,
-            ),
-            ("/café-p", "/caf%C3%A9-{*path}", "/caf%C3%A9-../p", true),
-            (
-                "/static/private",
-                "/static{*path}",
-                "/staticprivate/r",
-                true,
-            ),
-            (
-                "/static/private",
-                "/static{*path}",
-                "/static-x/private/r",
-                false,
-            ),
-            // A path that does not follow the route, or a route without a
-            // wildcard, adds nothing.
-            ("/files/x", "/files/{*path}", "/other/x", false),
-            ("/t/files", "/{tenant}/files/{*path}", "/t", false),
-            ("/users", "/users/{id}", "/users/7", true),
-            (
-                "/users/{id}/export",
-                "/users/{id}",
-                "/users/a%2Fexport",
-                false,
-            ),
-            ("/files/{dir}/x", "/files/{*path}", "/files/a%2Fb/x", false),
-            (
-                "/user_bob/private",
-                "/user_{name}/{*path}",
-                "/user_bob/x/../private/r",
-                true,
-            ),
-            (
-                "/v%7B1%7D/private",
-                "/v{{1}}/{*path}",
-                "/v{1}/x/../private/r",
-                true,
-            ),
-            ("/api/admin", "/api/{*rest}", "/api/../api/admin/r", true),
-        ] {
-            let routes = Routes::new([prefix]);
-            assert_eq!(
-                routes.covers_as_routed(path, route),
-                want,
-                "{prefix}: {route} for {path}"
-            );
+        // A prefix, a route, a path, and whether the prefix covers the path
+        // as the router routed it on the route.
+        let cases = "
+            /download-private /download-{*path} /download-/private/r yes
+            /{dir}/private /download-{*path} /download-/x/private/r yes
+            /t/download-x /{tenant}/download-{*path} /t/download-../x/r yes
+            /files/private/ /files/{*path} /files/a%2F..%2F..%2Fprivate/ yes
+            /café-p /caf%C3%A9-{*path} /caf%C3%A9-../p yes
+            /static/private /static{*path} /staticprivate/r yes
+            /static/private /static{*path} /static-x/private/r no
+            # A path that does not follow the route, or a route without a
+            # wildcard, adds nothing.
+            /files/x /files/{*path} /other/x no
+            /t/files /{tenant}/files/{*path} /t no
+            /users /users/{id} /users/7 yes
+            /users/{id}/export /users/{id} /users/a%2Fexport no
+            /files/{dir}/x /files/{*path} /files/a%2Fb/x no
+            /user_bob/private /user_{name}/{*path} /user_bob/x/../private/r yes
+            /v%7B1%7D/private /v{{1}}/{*path} /v{1}/x/../private/r yes
+            /api/admin /api/{*rest} /api/../api/admin/r yes
+            /projects/{id}/export /projects/{id}/files/{*path} /projects/a%2Fexport/files/x no
+            /users/%7Bid%7D /users/{id} /users/7 no
+        ";
+        for line in cases
+            .lines()
+            .map(|line| line.split('#').next().unwrap_or_default())
+        {
+            let case: Vec<&str> = line.split_whitespace().collect();
+            let [prefix, route, path, want] = case[..] else {
+                assert!(case.is_empty(), "{line:?}");
+                continue;
+            };
+            let covered = Routes::new([prefix]).covers_as_routed(path, route);
+            assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
     }
 }
