@@ -857,8 +857,8 @@ mod tests {
             /café-p /caf%C3%A9-{*path} /caf%C3%A9-../p yes
             /static/private /static{*path} /staticprivate/r yes
             /static/private /static{*path} /static-x/private/r no
-            # A path that does not follow the route, or a route without a
-            # wildcard, adds nothing.
+            # A path that does not follow its route is read every way; one
+            # on a route without a wildcard, its segments each decoded.
             /files/x /files/{*path} /other/x no
             /t/files /{tenant}/files/{*path} /t no
             /users /users/{id} /users/7 yes
