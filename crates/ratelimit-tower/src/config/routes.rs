@@ -85,16 +85,11 @@ impl Prefix {
         prefixes
     }
 
-    /// Whether this prefix covers `route`, a route template as axum
-    /// registers it (`MatchedPath`): a literal segment of the prefix
+    /// Whether this prefix covers the `segments` of a route template as
+    /// axum registers it (`MatchedPath`): a literal segment of the prefix
     /// matches the route's literal segment, never a parameter's braces.
     #[cfg(feature = "axum")]
-    fn covers_route(&self, route: &str) -> bool {
-        let segments: Vec<&str> = route
-            .strip_prefix('/')
-            .unwrap_or(route)
-            .split('/')
-            .collect();
+    fn covers_route(&self, segments: &[&str]) -> bool {
         for (i, wanted) in self.0.iter().enumerate() {
             match wanted {
                 Wanted::Below => return segments.len() > i,
@@ -393,10 +388,15 @@ impl Routes {
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
     fn covers_as_routed(&self, path: &str, route: &str) -> bool {
+        let route_segments: Vec<&str> = route
+            .strip_prefix('/')
+            .unwrap_or(route)
+            .split('/')
+            .collect();
         if self
             .prefixes
             .iter()
-            .any(|prefix| prefix.covers_route(route))
+            .any(|prefix| prefix.covers_route(&route_segments))
         {
             return true;
         }
