@@ -408,12 +408,15 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
     );
 }
 
-/// axum's `route` (a wildcard's), whose handler records its tail cleaned
-/// from its own root ([`cleaned`]).
+/// axum's `route` (its wildcard named `path`), whose handler records its
+/// tail cleaned from its own root ([`cleaned`]).
 fn cleaning_route(route: &str) -> (Runs, Router) {
     let runs: Runs = Arc::default();
-    let serve = |State(runs): State<Runs>, Path(path): Path<String>| async move {
-        runs.lock().unwrap().push(cleaned(&path));
+    // By name: a router mounted below another's wildcard is given that
+    // wildcard's parameter too.
+    let serve = |State(runs): State<Runs>,
+                 Path(params): Path<std::collections::HashMap<String, String>>| async move {
+        runs.lock().unwrap().push(cleaned(&params["path"]));
         "file"
     };
     let router = Router::new()
@@ -1501,6 +1504,32 @@ async fn an_encoded_slash_in_a_wildcard_tail_is_read_as_the_handler_reads_it_on_
     );
 }
 
+/// A reverse proxy's backend, given the whole path, that resolves its dot
+/// segments (RFC 3986) and serves what they resolve to, noted in `runs`.
+fn resolving_proxy() -> (
+    Runs,
+    impl tower::Service<
+        Request<Body>,
+        Response = Response,
+        Error = Infallible,
+        Future = impl Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static,
+) {
+    let runs: Runs = Arc::default();
+    let seen = runs.clone();
+    let proxy = tower::service_fn(move |req: Request<Body>| {
+        let runs = seen.clone();
+        async move {
+            runs.lock().unwrap().push(cleaned(req.uri().path()));
+            Ok::<_, Infallible>("proxied".into_response())
+        }
+    });
+    (runs, proxy)
+}
+
 /// A service mounted with `route_service` (or a handler reading `Uri`)
 /// is given the whole path, not the wildcard's tail: a reverse proxy on
 /// `/api/{*rest}` forwards `/api/../api/admin/r` to a backend that
@@ -1509,19 +1538,7 @@ async fn an_encoded_slash_in_a_wildcard_tail_is_read_as_the_handler_reads_it_on_
 /// rule on `/api/admin` covers it, as it does around the router.
 #[tokio::test]
 async fn a_route_service_given_the_whole_path_does_not_escape_a_rule_on_the_router() {
-    let runs: Runs = Arc::default();
-    let proxy = {
-        let runs = runs.clone();
-        tower::service_fn(move |req: Request<Body>| {
-            let runs = runs.clone();
-            async move {
-                // The backend resolves dot segments of the whole path.
-                let served = cleaned(req.uri().path());
-                runs.lock().unwrap().push(served);
-                Ok::<_, Infallible>("proxied".into_response())
-            }
-        })
-    };
+    let (runs, proxy) = resolving_proxy();
     let router = Router::new().route_service("/api/{*rest}", proxy);
     assert_only_the_first_on_the_router(
         &router,
@@ -1575,16 +1592,7 @@ async fn a_router_mounted_with_route_service_is_limited_with_the_layer_on_it() {
     fn wrapped(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
         ServiceExt::<Request<Body>>::map_response(router, |response| response)
     }
-    // The outer route's `rest` is among the inner handler's parameters.
-    let runs: Runs = Arc::default();
-    let serve = |State(runs): State<Runs>,
-                 Path(params): Path<std::collections::HashMap<String, String>>| async move {
-        runs.lock().unwrap().push(cleaned(&params["path"]));
-        "file"
-    };
-    let inner = Router::new()
-        .route("/api/files/{*path}", get(serve))
-        .with_state(runs.clone());
+    let (runs, inner) = cleaning_route("/api/files/{*path}");
     let rules = rule_on("private", "/api/files/private");
     let paths = ["/api/files/private/r", "/api/files/../private/r"];
     let mut escaped = Vec::new();
@@ -1605,4 +1613,110 @@ async fn a_router_mounted_with_route_service_is_limited_with_the_layer_on_it() {
         }
     }
     assert!(escaped.is_empty(), "served private/r twice: {escaped:#?}");
+}
+
+/// Below `/files/{*path}`, `Path` decodes `%252e%252e` once, into the
+/// name `%2e%2e`, which a handler cleaning its tail from its own root (as
+/// Go's `http.Dir` does) takes for a name, not a `..`: it serves
+/// `/files/y/..%2Fprivate/x/%252e%252e/../../r` as `private/r` (`y`, `..`,
+/// `private`, `x`, `%2e%2e`, then two `..` undo `%2e%2e` and `x`), as it
+/// serves `/files/private/r`. On the router the layer cleans the tail as
+/// the handler does, `%2e` in what `Path` gives a name, not a dot (taken
+/// for a dot, the tail would clean to `r`), so a rule on `/files/private`
+/// covers both.
+#[tokio::test]
+async fn an_escaped_percent_dot_dot_in_a_wildcard_tail_does_not_escape_a_rule_on_the_router() {
+    let (runs, router) = cleaning_route("/files/{*path}");
+    assert_only_the_first_on_the_router(
+        &router,
+        &runs,
+        "/files/private",
+        &[
+            "/files/private/r",
+            "/files/y/..%2Fprivate/x/%252e%252e/../../r",
+        ],
+    )
+    .await;
+}
+
+/// A service given the whole path (`route_service`, or a handler reading
+/// `Uri`) on a route without a wildcard, as a gateway's
+/// `/{service}/{id}` and `/{service}`: a backend resolving dot segments
+/// (RFC 3986) serves `/../admin` and `/./admin` (which axum runs on
+/// `/{service}/{id}`, `service` `..` or `.`) as `/admin`, which a rule on
+/// `/admin` limits. On the router a path with dot segments is read cleaned
+/// whole on a route without a wildcard too.
+#[tokio::test]
+async fn a_route_service_without_a_wildcard_given_the_whole_path_does_not_escape_a_rule_on_the_router()
+ {
+    let (runs, proxy) = resolving_proxy();
+    let router = Router::new()
+        .route_service("/{service}", proxy.clone())
+        .route_service("/{service}/{id}", proxy);
+    assert_only_the_first_on_the_router(
+        &router,
+        &runs,
+        "/admin",
+        &["/admin", "/../admin", "/./admin"],
+    )
+    .await;
+}
+
+/// `router` with the layer of a rule of one request a window on `prefix`
+/// on it, mounted whole with `route_service` below `/api/{*rest}` behind a
+/// middleware of its own (as `a_router_mounted_with_route_service_is_limited_with_the_layer_on_it`).
+fn mounted_with_the_layer_inside(router: Router, prefix: &str) -> App {
+    fn wrapped(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
+        ServiceExt::<Request<Body>>::map_response(router, |response| response)
+    }
+    let rules = rule_on("private", prefix);
+    App::new(Router::new().route_service("/api/{*rest}", wrapped(router.layer(layer_of(&rules)))))
+}
+
+/// GitLab-style ids hold an encoded slash (`acme%2Fexport`): the inner
+/// router's `/api/projects/{id}` runs `/api/projects/acme%2Fexport` with
+/// the one id `acme/export`, an ordinary request no rule on
+/// `/api/projects/{id}/export` is over (as
+/// `an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_counted_on_the_router`
+/// holds for the router alone). Mounted with `route_service` below the
+/// outer `/api/{*rest}`, with the layer on the inner router, `MatchedPath`
+/// is `/api/{*rest}/api/projects/{id}`, and the layer reads the inner
+/// route, not a tail below the outer wildcard (where `%2F` would be a
+/// separator and the id two segments).
+#[tokio::test]
+async fn an_encoded_slash_in_a_parameter_of_a_router_mounted_with_route_service_is_not_counted() {
+    let inner = Router::new()
+        .route("/api/projects/{id}", get(|| async { "ok" }))
+        .route("/api/projects/{id}/export", get(|| async { "export" }));
+    let app = mounted_with_the_layer_inside(inner, "/api/projects/{id}/export");
+    let path = "/api/projects/acme%2Fexport";
+    let statuses = as_one(&app, [path; 3]).await;
+    assert_eq!(
+        statuses, [200; 3],
+        "{path} counted under /api/projects/{{id}}/export"
+    );
+}
+
+/// The inner router's `/api/static{*path}` (its handler cleaning its tail
+/// from its own root) serves `/api/staticprivate/r` as
+/// `/api/static/private/r` (`private/r`), which a rule on
+/// `/api/static/private` limits; on a router alone the layer reads it so
+/// (`what_only_the_route_tells_is_limited_on_the_router`). Mounted with
+/// `route_service` below `/api/{*rest}`, with the layer on the inner
+/// router, `MatchedPath` is `/api/{*rest}/api/static{*path}`, and the
+/// layer reads the inner route, as on a router alone (taking the outer
+/// wildcard for one segment, the path would be off the route, and read
+/// only as around a router, which does not split a segment).
+#[tokio::test]
+async fn a_wildcard_right_after_a_literal_start_in_a_router_mounted_with_route_service_does_not_escape_a_rule()
+ {
+    let (runs, inner) = cleaning_route("/api/static{*path}");
+    let app = mounted_with_the_layer_inside(inner, "/api/static/private");
+    let statuses = as_one(&app, ["/api/static/private/r", "/api/staticprivate/r"]).await;
+    assert_eq!(
+        statuses,
+        [200, 429],
+        "served {:?} under a limit of one",
+        runs.lock().unwrap()
+    );
 }

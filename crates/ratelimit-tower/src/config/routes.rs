@@ -90,33 +90,27 @@ impl Prefix {
     /// matches the route's literal segment, never a parameter's braces.
     #[cfg(feature = "axum")]
     fn covers_route(&self, segments: &[&str]) -> bool {
-        for (i, wanted) in self.0.iter().enumerate() {
-            match wanted {
-                Wanted::Below => return segments.len() > i,
-                Wanted::Param if segments.len() <= i => return false,
-                Wanted::Param => {}
-                Wanted::Literal(literal) => match segments.get(i) {
-                    Some(segment) if !has_a_parameter(segment) => {
-                        if decode_segment(&unescape_braces(segment)) != literal.as_str() {
-                            return false;
-                        }
-                    }
-                    _ => return false,
-                },
-            }
-        }
-        true
+        self.covers_with(segments.len(), |i, literal| {
+            let segment = segments[i];
+            !has_a_parameter(segment) && decode_segment(&unescape_braces(segment)) == literal
+        })
     }
 
     /// Whether this prefix covers `reading`, segment by segment.
     fn covers(&self, reading: &[&str]) -> bool {
+        self.covers_with(reading.len(), |i, literal| reading[i] == literal)
+    }
+
+    /// Whether this prefix covers `len` segments, the `i`th of which its
+    /// literal segment matches when `literal_at(i, literal)` says so.
+    fn covers_with(&self, len: usize, literal_at: impl Fn(usize, &str) -> bool) -> bool {
         for (i, wanted) in self.0.iter().enumerate() {
             match wanted {
-                Wanted::Below => return reading.len() > i,
-                Wanted::Param if reading.len() <= i => return false,
+                Wanted::Below => return len > i,
+                Wanted::Param if len <= i => return false,
                 Wanted::Param => {}
                 Wanted::Literal(literal) => {
-                    if reading.get(i) != Some(&literal.as_str()) {
+                    if i >= len || !literal_at(i, literal) {
                         return false;
                     }
                 }
@@ -152,7 +146,7 @@ impl Routes {
             if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
                 // On the router, the route is known and no hop sits between.
                 let full = original.map_or(req.uri().path(), |uri| uri.path());
-                return self.covers_as_routed(full, matched.as_str());
+                return self.covers_as_routed(full, req.uri().path(), matched.as_str());
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
@@ -372,22 +366,27 @@ impl Routes {
     }
 
     /// Whether a prefix covers `path` as axum's router routed it on `route`
-    /// (its `MatchedPath`, as registered; `path` before any nesting), where
-    /// no hop sits between: without a wildcard, the
-    /// path's segments, each decoded as `Path` decodes a parameter (an
-    /// encoded slash is no separator); with one, the segments above the
-    /// wildcard, then its tail decoded (an encoded slash a separator, as
-    /// `Path` hands it over), as it is and cleaned from the wildcard's root
+    /// (its `MatchedPath`, as registered; `path` before any nesting, and
+    /// `routed` the path the router that matched was given), where no hop
+    /// sits between: without a wildcard, the path's segments, each decoded
+    /// as `Path` decodes a parameter (an encoded slash is no separator);
+    /// with one, the segments above the wildcard, then its tail decoded (an
+    /// encoded slash a separator, as `Path` hands it over), as it is and
+    /// cleaned from the wildcard's root as a handler cleans it (`%2e` in
+    /// the decoded tail a name: `Path` decodes once), the wildcard's start
+    /// joined to the tail's first segment or a segment of its own
     /// (`/download-/private/r` is `download-private/r` to
-    /// `/download-{*path}`), the wildcard's start joined to the tail's first
-    /// segment or a segment of its own (`/staticprivate/r` is
-    /// `static/private/r` to `/static{*path}`), and the whole path cleaned
-    /// (a service given the whole path, `route_service`). A
+    /// `/download-{*path}`, `/staticprivate/r` is `static/private/r` to
+    /// `/static{*path}`). With a wildcard or without, a path with dot
+    /// segments is also read cleaned whole (a service given the whole path,
+    /// `route_service`). A router mounted whole with `route_service` below
+    /// a wildcard registers its own route after that wildcard's segment,
+    /// which it matched on the path it was given: that route is read. A
     /// path that does not follow the route segment by segment, or a route
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
-    fn covers_as_routed(&self, path: &str, route: &str) -> bool {
+    fn covers_as_routed(&self, path: &str, routed: &str, route: &str) -> bool {
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
             .unwrap_or(route)
@@ -400,12 +399,16 @@ impl Routes {
         {
             return true;
         }
+        if let Some(inner) = mounted_route(route) {
+            return self.covers_as_routed(routed, routed, inner);
+        }
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
             return self.covers_path(path);
         };
         let Some(star) = wildcard_at(template) else {
             let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode_segment).collect();
-            return self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>());
+            return self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+                || self.covers_cleaned_whole(path);
         };
         // The wildcard's segment: its literal start, and the segments above.
         let (whole, start) = match template[..star].rfind('/') {
@@ -438,7 +441,7 @@ impl Routes {
         let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
         let start = decode_segment(&start);
         let decoded = decode_escapes(tail, |_| false);
-        let cleaned = normalize(&format!("/{decoded}")).into_owned();
+        let cleaned = normalize_literal_dots(&format!("/{decoded}"));
         for tail in [decoded.as_str(), &cleaned[1..]] {
             let tail: Vec<&str> = tail.split('/').take(self.depth + 1).collect();
             let joined = format!("{start}{}", tail[0]);
@@ -455,8 +458,14 @@ impl Routes {
                 return true;
             }
         }
-        // Dot segments resolved as a proxy resolves them, before decoding:
-        // an encoded slash in a parameter stays in it.
+        self.covers_cleaned_whole(path)
+    }
+
+    /// Whether a prefix covers `path` with its dot segments resolved as a
+    /// proxy resolves them, before decoding (an encoded slash in a
+    /// parameter stays in it); false for a path without dot segments.
+    #[cfg(feature = "axum")]
+    fn covers_cleaned_whole(&self, path: &str) -> bool {
         let Cow::Owned(whole) = normalize(path) else {
             return false;
         };
@@ -469,10 +478,22 @@ impl Routes {
     }
 }
 
+/// The route a router mounted whole with `route_service` below a wildcard
+/// matched: axum joins it to the outer route (`/api/{*rest}` and
+/// `/projects/{id}` make `/api/{*rest}/projects/{id}`), and it follows
+/// the first wildcard's segment. A route of its own never has a wildcard
+/// before its last segment.
+#[cfg(feature = "axum")]
+fn mounted_route(route: &str) -> Option<&str> {
+    // Same length: the offsets found are the route's.
+    let unescaped = route.replace("{{", "\0\0");
+    let star = unescaped.find("{*")?;
+    let slash = star + route[star..].find('/')?;
+    Some(&route[slash..])
+}
+
 /// Where the wildcard of a route template (as axum registers it, without
-/// its first `/`) starts: its last `{*`, not an escaped `{{` (a router
-/// mounted in another's wildcard joins their routes, and routes on its
-/// own).
+/// its first `/`) starts: its `{*`, not an escaped `{{`.
 #[cfg(feature = "axum")]
 fn wildcard_at(template: &str) -> Option<usize> {
     let unescaped = template.replace("{{", "\0\0");
@@ -869,6 +890,15 @@ mod tests {
             /api/admin /api/{*rest} /api/../api/admin/r yes
             /projects/{id}/export /projects/{id}/files/{*path} /projects/a%2Fexport/files/x no
             /users/%7Bid%7D /users/{id} /users/7 no
+            # The handler is given %2e%2e, a name, by Path's one decoding.
+            /files/private /files/{*path} /files/y/..%2Fprivate/x/%252e%252e/../../r yes
+            /files/r /files/{*path} /files/x/%252e%252e/r no
+            /admin /{service}/{id} /../admin yes
+            # A router mounted whole below a wildcard: its own route, as it
+            # routed the path.
+            /api/projects/{id}/export /api/{*rest}/api/projects/{id} /api/projects/a%2Fexport no
+            /api/static/private /api/{*rest}/api/static{*path} /api/staticprivate/r yes
+            /api/x/private /api/{*rest}/api/{*more}/x/{*path} /api/x/../x/private/r yes
         ";
         for line in cases
             .lines()
@@ -879,7 +909,7 @@ mod tests {
                 assert!(case.is_empty(), "{line:?}");
                 continue;
             };
-            let covered = Routes::new([prefix]).covers_as_routed(path, route);
+            let covered = Routes::new([prefix]).covers_as_routed(path, path, route);
             assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
     }
