@@ -162,9 +162,16 @@ pub(crate) fn normalize(path: &str) -> Cow<'_, str> {
 }
 
 fn needs_normalizing(path: &str) -> bool {
-    let bytes = path.as_bytes();
-    bytes.windows(2).any(|w| w == b"//" || w == b"/.")
-        || bytes.windows(3).any(|w| w.eq_ignore_ascii_case(b"%2e"))
+    path.contains("//") || path.contains("/.") || contains_ignoring_case(path, "%2e")
+}
+
+/// Whether `haystack` holds `needle`, ASCII case ignored (an escape's hex
+/// digits may be in either case).
+pub(crate) fn contains_ignoring_case(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// How many dots a segment is made of (`.` or `%2e` each), if only dots.

@@ -36,8 +36,8 @@ use std::borrow::Cow;
 use http::Request;
 
 use crate::path::{
-    decode_escapes, dots, dots_resolved_keeping_empty_segments, escaped, normalize,
-    normalize_literal_dots,
+    contains_ignoring_case, decode_escapes, dots, dots_resolved_keeping_empty_segments, escaped,
+    normalize, normalize_literal_dots,
 };
 
 /// One segment of a route prefix.
@@ -651,13 +651,6 @@ fn needs_cleaning(path: &str) -> bool {
 
 fn has_encoded_slash(path: &str) -> bool {
     contains_ignoring_case(path, "%2f")
-}
-
-fn contains_ignoring_case(haystack: &str, needle: &str) -> bool {
-    haystack
-        .as_bytes()
-        .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// Whether `segment` ends with a dot segment after something else
