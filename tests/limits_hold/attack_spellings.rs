@@ -1575,6 +1575,20 @@ async fn a_rule_on_a_literal_brace_segment_does_not_count_every_request_of_the_r
     assert_not_counted_on_the_router(&["/users/{id}"], "/users/%7Bid%7D", "/users/7").await;
 }
 
+/// A middleware around a router mounted with `route_service` (axum refuses
+/// a bare `Router` there).
+fn wrapped_router(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
+    ServiceExt::<Request<Body>>::map_response(router, |response| response)
+}
+
+/// [`escape`] of `paths`, one client's (`label` its key), sent to `app`,
+/// the handlers' runs cleared first.
+async fn escape_of(app: &App, runs: &Runs, label: &str, paths: &[&str]) -> Option<String> {
+    runs.lock().unwrap().clear();
+    let statuses = answers(app, paths.iter().map(|path| (*path, ("x-id", label)))).await;
+    escape(label, &statuses, runs)
+}
+
 /// A router mounted whole with `route_service` behind a middleware of its
 /// own (axum refuses a bare `Router` there, not one wrapped in a Tower
 /// layer, as `ServiceBuilder` stacks are) runs its own routes on the whole
@@ -1588,10 +1602,6 @@ async fn a_rule_on_a_literal_brace_segment_does_not_count_every_request_of_the_r
 /// SECURITY.md.)
 #[tokio::test]
 async fn a_router_mounted_with_route_service_is_limited_with_the_layer_on_it() {
-    // A middleware around the inner router, as a `ServiceBuilder` stack is.
-    fn wrapped(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
-        ServiceExt::<Request<Body>>::map_response(router, |response| response)
-    }
     let (runs, inner) = cleaning_route("/api/files/{*path}");
     let rules = rule_on("private", "/api/files/private");
     let paths = ["/api/files/private/r", "/api/files/../private/r"];
@@ -1600,17 +1610,10 @@ async fn a_router_mounted_with_route_service_is_limited_with_the_layer_on_it() {
         "on the inner router",
         App::new(Router::new().route_service(
             "/api/{*rest}",
-            wrapped(inner.clone().layer(layer_of(&rules))),
+            wrapped_router(inner.clone().layer(layer_of(&rules))),
         )),
     )] {
-        runs.lock().unwrap().clear();
-        let statuses = as_one(&app, paths).await;
-        if statuses != [200, 429] {
-            escaped.push(format!(
-                "{placement}: {statuses:?}, served {:?}",
-                runs.lock().unwrap()
-            ));
-        }
+        escaped.extend(escape_of(&app, &runs, placement, &paths).await);
     }
     assert!(escaped.is_empty(), "served private/r twice: {escaped:#?}");
 }
@@ -1666,11 +1669,11 @@ async fn a_route_service_without_a_wildcard_given_the_whole_path_does_not_escape
 /// on it, mounted whole with `route_service` below `/api/{*rest}` behind a
 /// middleware of its own (as `a_router_mounted_with_route_service_is_limited_with_the_layer_on_it`).
 fn mounted_with_the_layer_inside(router: Router, prefix: &str) -> App {
-    fn wrapped(router: Router) -> tower::util::MapResponse<Router, fn(Response) -> Response> {
-        ServiceExt::<Request<Body>>::map_response(router, |response| response)
-    }
     let rules = rule_on("private", prefix);
-    App::new(Router::new().route_service("/api/{*rest}", wrapped(router.layer(layer_of(&rules)))))
+    App::new(Router::new().route_service(
+        "/api/{*rest}",
+        wrapped_router(router.layer(layer_of(&rules))),
+    ))
 }
 
 /// GitLab-style ids hold an encoded slash (`acme%2Fexport`): the inner
@@ -1718,5 +1721,118 @@ async fn a_wildcard_right_after_a_literal_start_in_a_router_mounted_with_route_s
         [200, 429],
         "served {:?} under a limit of one",
         runs.lock().unwrap()
+    );
+}
+
+/// A router mounted with `route_service` below `/api/{*rest}` nests
+/// (`nest("/api/v1", files)`) a router whose `/files/{*path}` has the layer
+/// on it (`Router::layer` on the nested router, so `MatchedPath` is
+/// `/api/{*rest}/api/v1/files/{*path}`). The nested router is given the
+/// path with its prefix stripped (`/files/private/r`); the layer reads the
+/// whole path (`OriginalUri`) on the inner route `/api/v1/files/{*path}`,
+/// so a rule on `/api/v1/files/private` limits `/api/v1/files/private/r`
+/// and `/api/v1/files/../private/r`, as it does for the same nest without
+/// the `route_service` mount.
+#[tokio::test]
+async fn a_router_nested_inside_a_router_mounted_with_route_service_does_not_escape_a_rule() {
+    let rules = rule_on("private", "/api/v1/files/private");
+    let (runs, files) = cleaning_route("/files/{*path}");
+    let files = files.layer(layer_of(&rules));
+    let mounted = App::new(Router::new().route_service(
+        "/api/{*rest}",
+        wrapped_router(Router::new().nest("/api/v1", files.clone())),
+    ));
+    let nested_alone = App::new(Router::new().nest("/api/v1", files));
+    let mut escaped = Vec::new();
+    for (placement, app) in [("nested alone", nested_alone), ("mounted", mounted)] {
+        for paths in [
+            ["/api/v1/files/private/r"; 2],
+            ["/api/v1/files/private/r", "/api/v1/files/../private/r"],
+        ] {
+            // A client of its own per case.
+            let label = format!("{placement} {paths:?}");
+            escaped.extend(escape_of(&app, &runs, &label, &paths).await);
+        }
+    }
+    assert!(escaped.is_empty(), "served private/r twice: {escaped:#?}");
+}
+
+/// The same with a route without a wildcard: the nested router's
+/// `/projects/{id}` (layer on it), nested at `/api/v1` in a router mounted
+/// with `route_service` below `/api/{*rest}`: a rule on
+/// `/api/v1/projects/acme` limits `/api/v1/projects/acme`, and a rule on
+/// `/projects/{id}` (a route of the outer router's own) does not count it,
+/// as it is not under it.
+#[tokio::test]
+async fn a_router_nested_inside_a_router_mounted_with_route_service_is_read_as_routed() {
+    fn app(prefix: &str) -> App {
+        let rules = rule_on("private", prefix);
+        let projects = Router::new()
+            .route("/projects/{id}", get(|| async { "project" }))
+            .layer(layer_of(&rules));
+        App::new(
+            Router::new()
+                .route("/projects/{id}", get(|| async { "outer project" }))
+                .route_service(
+                    "/api/{*rest}",
+                    wrapped_router(Router::new().nest("/api/v1", projects)),
+                ),
+        )
+    }
+    assert_under_one_not_the_other(
+        app,
+        "/api/v1/projects/acme",
+        "/api/v1/projects/acme",
+        "/projects/{id}",
+    )
+    .await;
+}
+
+/// The outer router nested (`nest("/app", ...)`) around a router mounted
+/// with `route_service` below `/api/{*rest}`, the layer on the inner
+/// router: `MatchedPath` is `/app/api/{*rest}/api/files/{*path}`,
+/// `OriginalUri` `/app/api/files/private/r`, and the inner router is
+/// given `/api/files/private/r`. A rule on `/app/api/files/private`
+/// (the path as sent, as for any nested route) limits
+/// `/app/api/files/private/r`; a rule on `/api/files/private` (a route of
+/// the outer router's own, here) does not count it.
+#[tokio::test]
+async fn a_router_mounted_with_route_service_in_a_nested_router_is_read_on_the_whole_path() {
+    fn app(prefix: &str) -> App {
+        let rules = rule_on("private", prefix);
+        let (_, inner) = cleaning_route("/api/files/{*path}");
+        let (_, own) = cleaning_route("/api/files/{*path}");
+        App::new(own.nest(
+            "/app",
+            Router::new().route_service(
+                "/api/{*rest}",
+                wrapped_router(inner.layer(layer_of(&rules))),
+            ),
+        ))
+    }
+    assert_under_one_not_the_other(
+        app,
+        "/app/api/files/private/r",
+        "/app/api/files/private",
+        "/api/files/private",
+    )
+    .await;
+}
+
+/// Asserts that `path` is limited by a rule on `under` (one request a
+/// window: a second is refused) and not by one on `not_under` (three
+/// pass), each on the `app` made with that rule's prefix.
+async fn assert_under_one_not_the_other(
+    app: fn(&str) -> App,
+    path: &str,
+    under: &str,
+    not_under: &str,
+) {
+    let limited = as_one(&app(under), [path; 2]).await;
+    let other = as_one(&app(not_under), [path; 3]).await;
+    assert_eq!(
+        (limited, other),
+        (vec![200, 429], vec![200; 3]),
+        "{path}: under {under} (want [200, 429]), under {not_under} (want [200; 3])"
     );
 }

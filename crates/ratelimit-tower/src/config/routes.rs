@@ -146,7 +146,7 @@ impl Routes {
             if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
                 // On the router, the route is known and no hop sits between.
                 let full = original.map_or(req.uri().path(), |uri| uri.path());
-                return self.covers_as_routed(full, req.uri().path(), matched.as_str());
+                return self.covers_as_routed(full, matched.as_str());
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
@@ -366,9 +366,8 @@ impl Routes {
     }
 
     /// Whether a prefix covers `path` as axum's router routed it on `route`
-    /// (its `MatchedPath`, as registered; `path` before any nesting, and
-    /// `routed` the path the router that matched was given), where no hop
-    /// sits between: without a wildcard, the path's segments, each decoded
+    /// (its `MatchedPath`, as registered; `path` before any nesting), where
+    /// no hop sits between: without a wildcard, the path's segments, each decoded
     /// as `Path` decodes a parameter (an encoded slash is no separator);
     /// with one, the segments above the wildcard, then its tail decoded (an
     /// encoded slash a separator, as `Path` hands it over), as it is and
@@ -380,13 +379,16 @@ impl Routes {
     /// `/static{*path}`). With a wildcard or without, a path with dot
     /// segments is also read cleaned whole (a service given the whole path,
     /// `route_service`). A router mounted whole with `route_service` below
-    /// a wildcard registers its own route after that wildcard's segment,
-    /// which it matched on the path it was given: that route is read. A
+    /// a wildcard registers its own route after that wildcard's segment
+    /// ([`mounted_route`]): it matched it on the path it was given, which
+    /// is `path` without the prefixes of the nests around the outer
+    /// router, so that route is read below each of the outer route's
+    /// first segments the path follows it from. A
     /// path that does not follow the route segment by segment, or a route
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
-    fn covers_as_routed(&self, path: &str, routed: &str, route: &str) -> bool {
+    fn covers_as_routed(&self, path: &str, route: &str) -> bool {
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
             .unwrap_or(route)
@@ -399,8 +401,28 @@ impl Routes {
         {
             return true;
         }
-        if let Some(inner) = mounted_route(route) {
-            return self.covers_as_routed(routed, routed, inner);
+        if let Some((above, inner)) = mounted_route(route) {
+            if !follows(path, route) {
+                return self.covers_path(path);
+            }
+            // Which of `above` were nests' prefixes is not in the route:
+            // each count the path follows the route it makes from.
+            let above: Vec<&str> = above.split('/').skip(1).collect();
+            let mut followed = false;
+            for nests in 0..=above.len() {
+                let route: String = above[..nests]
+                    .iter()
+                    .flat_map(|segment| ["/", segment])
+                    .chain([inner])
+                    .collect();
+                if follows(path, &route) {
+                    followed = true;
+                    if self.covers_as_routed(path, &route) {
+                        return true;
+                    }
+                }
+            }
+            return !followed && self.covers_path(path);
         }
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
             return self.covers_path(path);
@@ -478,18 +500,45 @@ impl Routes {
     }
 }
 
-/// The route a router mounted whole with `route_service` below a wildcard
-/// matched: axum joins it to the outer route (`/api/{*rest}` and
-/// `/projects/{id}` make `/api/{*rest}/projects/{id}`), and it follows
-/// the first wildcard's segment. A route of its own never has a wildcard
-/// before its last segment.
+/// A route joined from a router mounted whole with `route_service` below
+/// a wildcard and that router's own route (`/api/{*rest}` and
+/// `/projects/{id}` make `/api/{*rest}/projects/{id}`): what comes before
+/// the first wildcard's segment (`/api`; empty, or starting with `/`), and
+/// the inner router's route, which follows that segment. A route of its
+/// own never has a wildcard before its last segment.
 #[cfg(feature = "axum")]
-fn mounted_route(route: &str) -> Option<&str> {
+fn mounted_route(route: &str) -> Option<(&str, &str)> {
     // Same length: the offsets found are the route's.
     let unescaped = route.replace("{{", "\0\0");
     let star = unescaped.find("{*")?;
     let slash = star + route[star..].find('/')?;
-    Some(&route[slash..])
+    let above = route[..star].rfind('/').map_or("", |at| &route[..at]);
+    Some((above, &route[slash..]))
+}
+
+/// Whether `path` follows `route` (a `MatchedPath`) up to its first
+/// wildcard: each literal segment as written, a segment with a parameter
+/// any, the wildcard's segment starting with its literal start; without a
+/// wildcard, as many segments.
+#[cfg(feature = "axum")]
+fn follows(path: &str, route: &str) -> bool {
+    let (Some(route), Some(path)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
+        return false;
+    };
+    let mut segments = path.split('/');
+    for template in route.split('/') {
+        let Some(segment) = segments.next() else {
+            return false;
+        };
+        if let Some(star) = wildcard_at(template) {
+            let start = &template[..star];
+            return has_a_parameter(start) || segment.starts_with(unescape_braces(start).as_ref());
+        }
+        if !has_a_parameter(template) && unescape_braces(template) != segment {
+            return false;
+        }
+    }
+    segments.next().is_none()
 }
 
 /// Where the wildcard of a route template (as axum registers it, without
@@ -892,6 +941,12 @@ mod tests {
             /api/projects/{id}/export /api/{*rest}/api/projects/{id} /api/projects/a%2Fexport no
             /api/static/private /api/{*rest}/api/static{*path} /api/staticprivate/r yes
             /api/x/private /api/{*rest}/api/{*more}/x/{*path} /api/x/../x/private/r yes
+            # Nests around the outer router (their prefixes before the
+            # inner route) or inside the mounted one (in the inner route).
+            /app/api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r yes
+            /api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r no
+            /api/v1/files/private /api/{*rest}/api/v1/files/{*path} /api/v1/files/../private/r yes
+            /projects/{id} /api/{*rest}/api/v1/projects/{id} /api/v1/projects/acme no
         ";
         for line in cases
             .lines()
@@ -902,7 +957,7 @@ mod tests {
                 assert!(case.is_empty(), "{line:?}");
                 continue;
             };
-            let covered = Routes::new([prefix]).covers_as_routed(path, path, route);
+            let covered = Routes::new([prefix]).covers_as_routed(path, route);
             assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
     }
