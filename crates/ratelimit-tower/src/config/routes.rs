@@ -367,24 +367,28 @@ impl Routes {
 
     /// Whether a prefix covers `path` as axum's router routed it on `route`
     /// (its `MatchedPath`, as registered; `path` before any nesting), where
-    /// no hop sits between: without a wildcard, the path's segments, each decoded
-    /// as `Path` decodes a parameter (an encoded slash is no separator);
-    /// with one, the segments above the wildcard, then its tail decoded (an
-    /// encoded slash a separator, as `Path` hands it over), as it is and
-    /// cleaned from the wildcard's root as a handler cleans it (`%2e` in
-    /// the decoded tail a name: `Path` decodes once), the wildcard's start
-    /// joined to the tail's first segment or a segment of its own
-    /// (`/download-/private/r` is `download-private/r` to
-    /// `/download-{*path}`, `/staticprivate/r` is `static/private/r` to
-    /// `/static{*path}`). With a wildcard or without, a path with dot
-    /// segments is also read cleaned whole (a service given the whole path,
-    /// `route_service`). A router mounted whole with `route_service` below
-    /// a wildcard registers its own route after that wildcard's segment
-    /// ([`mounted_route`]): it matched it on the path it was given, which
-    /// is `path` without the prefixes of the nests around the outer
-    /// router, so that route is read below each of the outer route's
-    /// first segments the path follows it from. A
-    /// path that does not follow the route segment by segment, or a route
+    /// no hop sits between:
+    ///
+    /// - without a wildcard, the path's segments, each decoded as `Path`
+    ///   decodes a parameter (an encoded slash is no separator);
+    /// - with one, the segments above the wildcard, then its tail decoded
+    ///   (an encoded slash a separator, as `Path` hands it over), as it is
+    ///   and cleaned from the wildcard's root as a handler cleans it (`%2e`
+    ///   in the decoded tail a name: `Path` decodes once), the wildcard's
+    ///   start joined to the tail's first segment or a segment of its own
+    ///   (`/download-/private/r` is `download-private/r` to
+    ///   `/download-{*path}`, `/staticprivate/r` is `static/private/r` to
+    ///   `/static{*path}`);
+    /// - either way, a path with dot segments cleaned whole (a service given
+    ///   the whole path, `route_service`);
+    /// - a router mounted whole with `route_service` below a wildcard
+    ///   registers its own route after that wildcard's segment
+    ///   ([`mounted_route`]), matched on the path it was given: `path`
+    ///   without the prefixes of the nests around the outer router. That
+    ///   route is read below each count of the outer route's first segments
+    ///   the path follows it from.
+    ///
+    /// A path that does not follow the route segment by segment, or a route
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
