@@ -1836,3 +1836,124 @@ async fn assert_under_one_not_the_other(
         "{path}: under {under} (want [200, 429]), under {not_under} (want [200; 3])"
     );
 }
+
+/// A whole app mounted with `route_service` below a root catch-all
+/// (`/{*rest}`, behind a middleware of its own), the layer on the inner
+/// router: `MatchedPath` joins the two routes into `/{*rest}/users/{id}`,
+/// whose outer wildcard is no segment of the path. `/users/7`, which the
+/// inner router runs on `/users/{id}`, is not under a rule on
+/// `/{tenant}/users` (a tenant's user list), mounted as on `/users/{id}`
+/// alone: a rule's parameter does not take the outer wildcard's braces.
+#[tokio::test]
+async fn a_router_mounted_below_a_root_catch_all_is_not_counted_by_a_rule_over_the_joined_route() {
+    let inner = || {
+        Router::new()
+            .route("/users/{id}", get(|| async { "user" }))
+            .route("/{tenant}/users", get(|| async { "tenant's users" }))
+    };
+    let rules = rule_on("private", "/{tenant}/users");
+    let alone = App::new(inner().layer(layer_of(&rules)));
+    let mounted = App::new(
+        Router::new().route_service("/{*rest}", wrapped_router(inner().layer(layer_of(&rules)))),
+    );
+    let path = "/users/7";
+    let statuses = (
+        as_one(&alone, [path; 3]).await,
+        as_one(&mounted, [path; 3]).await,
+    );
+    assert_eq!(
+        statuses,
+        (vec![200; 3], vec![200; 3]),
+        "{path} counted under /{{tenant}}/users (alone, mounted below /{{*rest}})"
+    );
+}
+
+/// An app mounted with `route_service` below `/{*rest}` in a router
+/// nested at `/{tenant}`, the layer on the app, whose `/{project}/{*file}`
+/// serves a project's files, a GitLab-style project id holding an encoded
+/// slash (`grp%2Fexport`, the project `export` of the group `grp`). axum
+/// runs `/acme/grp%2Fexport/readme` with the tenant `acme`, the project
+/// `grp/export` and the file `readme`: no export, and not under a rule on
+/// `/{tenant}/{project}/export`, mounted as on `/{tenant}/{project}/{*file}`
+/// alone. `MatchedPath` (`/{tenant}/{*rest}/{project}/{*file}`) does not
+/// say which segments above the outer wildcard are nests' prefixes; the
+/// path also follows the app's route with none (`project` `acme`, the id
+/// in the tail, its encoded slash a separator), but only the count that
+/// `NestedPath` (`/{tenant}`) gives is how the router ran it.
+#[tokio::test]
+async fn a_router_mounted_with_route_service_in_a_nest_with_a_parameter_is_not_counted_below_a_prefix_it_is_not_under()
+ {
+    fn app(nested: bool) -> App {
+        let files = Router::new()
+            .route("/{project}/{*file}", get(|| async { "file" }))
+            .route("/{project}/export", get(|| async { "export" }))
+            .layer(layer_of(&rule_on("private", "/{tenant}/{project}/export")));
+        if nested {
+            App::new(Router::new().nest(
+                "/{tenant}",
+                Router::new().route_service("/{*rest}", wrapped_router(files)),
+            ))
+        } else {
+            App::new(Router::new().nest("/{tenant}", files))
+        }
+    }
+    let path = "/acme/grp%2Fexport/readme";
+    let statuses = (
+        as_one(&app(false), [path; 3]).await,
+        as_one(&app(true), [path; 3]).await,
+    );
+    assert_eq!(
+        statuses,
+        (vec![200; 3], vec![200; 3]),
+        "{path} counted under /{{tenant}}/{{project}}/export (nested alone, mounted in the nest)"
+    );
+}
+
+/// A service mounted with `route_service` in a nested router is given the
+/// path below the nest's prefix (axum strips it), not the whole path: a
+/// reverse proxy's backend that resolves dot segments (RFC 3986) resolves
+/// them from that root, never above it. In `nest("/v1", ...)`, a gateway's
+/// `/{service}` and `/{service}/{id}` forward `/v1/admin` as `/admin` and
+/// `/v1/../admin` (`service` `..`, `id` `admin`) as `/../admin`: both
+/// serve `admin`, and a rule on `/v1/admin` limits both (cleaned whole,
+/// the path is `/admin`; below the nest's prefix, `/v1/admin`). Likewise
+/// below a wildcard: `/v1/api/{*rest}` forwards
+/// `/v1/api/../../api/admin/r` as `/api/../../api/admin/r`, served as
+/// `api/admin/r`, as for `/v1/api/admin/r`, under a rule on
+/// `/v1/api/admin`. The layer, on the outer router, sees neither the
+/// stripped path nor `NestedPath`: it cleans the path below each count of
+/// the route's first segments.
+#[tokio::test]
+async fn a_route_service_in_a_nested_router_given_the_path_below_the_prefix_does_not_escape_a_rule()
+{
+    let (runs, proxy) = resolving_proxy();
+    let gateway = Router::new().nest(
+        "/v1",
+        Router::new()
+            .route_service("/{service}", proxy.clone())
+            .route_service("/{service}/{id}", proxy.clone()),
+    );
+    let (statuses, served) =
+        on_the_router(&gateway, &runs, "/v1/admin", &["/v1/admin", "/v1/../admin"]).await;
+    let mut escaped = Vec::new();
+    if statuses != [200, 429] {
+        escaped.push(format!(
+            "/{{service}}/{{id}}: {statuses:?}, served {served:?}"
+        ));
+    }
+    let api = Router::new().nest("/v1", Router::new().route_service("/api/{*rest}", proxy));
+    let (statuses, served) = on_the_router(
+        &api,
+        &runs,
+        "/v1/api/admin",
+        &["/v1/api/admin/r", "/v1/api/../../api/admin/r"],
+    )
+    .await;
+    if statuses != [200, 429] {
+        escaped.push(format!("/api/{{*rest}}: {statuses:?}, served {served:?}"));
+    }
+    assert!(
+        escaped.is_empty(),
+        "served twice under a limit of one: {escaped:#?}"
+    );
+}

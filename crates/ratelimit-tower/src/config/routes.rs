@@ -145,8 +145,13 @@ impl Routes {
             let original = extensions.get::<axum::extract::OriginalUri>();
             if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
                 // On the router, the route is known and no hop sits between.
-                let full = original.map_or(req.uri().path(), |uri| uri.path());
-                return self.covers_as_routed(full, matched.as_str());
+                let routed = Routed {
+                    path: original.map_or(req.uri().path(), |uri| uri.path()),
+                    nested: extensions
+                        .get::<axum::extract::NestedPath>()
+                        .map(|nested| nested.as_str()),
+                };
+                return self.covers_as_routed(&routed, matched.as_str());
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
@@ -379,20 +384,38 @@ impl Routes {
     ///   (`/download-/private/r` is `download-private/r` to
     ///   `/download-{*path}`, `/staticprivate/r` is `static/private/r` to
     ///   `/static{*path}`);
-    /// - either way, a path with dot segments cleaned whole (a service given
-    ///   the whole path, `route_service`);
+    /// - either way, a path with dot segments cleaned as a service given it
+    ///   cleans it (`route_service`): whole, or below a nest's prefix
+    ///   ([`Routes::covers_cleaned_whole`]);
     /// - a router mounted whole with `route_service` below a wildcard
     ///   registers its own route after that wildcard's segment
     ///   ([`mounted_route`]), matched on the path it was given: `path`
     ///   without the prefixes of the nests around the outer router. That
-    ///   route is read below each count of the outer route's first segments
-    ///   the path follows it from.
+    ///   route is read after them ([`inner_routes`]), never the joined one.
     ///
     /// A path that does not follow the route segment by segment, or a route
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
-    fn covers_as_routed(&self, path: &str, route: &str) -> bool {
+    fn covers_as_routed(&self, routed: &Routed<'_>, route: &str) -> bool {
+        let path = routed.path;
+        if let Some((above, inner)) = mounted_route(route) {
+            // Not the joined route itself: the outer wildcard's braces are
+            // no segment of the path.
+            if !follows(path, route) {
+                return self.covers_path(path);
+            }
+            let mut followed = false;
+            for route in inner_routes(above, inner, routed.nested) {
+                if follows(path, &route) {
+                    followed = true;
+                    if self.covers_as_routed(routed, &route) {
+                        return true;
+                    }
+                }
+            }
+            return !followed && self.covers_path(path);
+        }
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
             .unwrap_or(route)
@@ -405,36 +428,13 @@ impl Routes {
         {
             return true;
         }
-        if let Some((above, inner)) = mounted_route(route) {
-            if !follows(path, route) {
-                return self.covers_path(path);
-            }
-            // Which of `above` were nests' prefixes is not in the route:
-            // each count the path follows the route it makes from.
-            let above: Vec<&str> = above.split('/').skip(1).collect();
-            let mut followed = false;
-            for nests in 0..=above.len() {
-                let route: String = above[..nests]
-                    .iter()
-                    .flat_map(|segment| ["/", segment])
-                    .chain([inner])
-                    .collect();
-                if follows(path, &route) {
-                    followed = true;
-                    if self.covers_as_routed(path, &route) {
-                        return true;
-                    }
-                }
-            }
-            return !followed && self.covers_path(path);
-        }
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
             return self.covers_path(path);
         };
         let Some(star) = wildcard_at(template) else {
             let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode_segment).collect();
             return self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
-                || self.covers_cleaned_whole(path);
+                || self.covers_cleaned_whole(path, route);
         };
         // The wildcard's segment: its literal start, and the segments above.
         let (whole, start) = match template[..star].rfind('/') {
@@ -484,23 +484,98 @@ impl Routes {
                 return true;
             }
         }
-        self.covers_cleaned_whole(path)
+        self.covers_cleaned_whole(path, route)
     }
 
-    /// Whether a prefix covers `path` with its dot segments resolved as a
-    /// proxy resolves them, before decoding (an encoded slash in a
-    /// parameter stays in it); false for a path without dot segments.
+    /// Whether a prefix covers `path`, routed on `route`, with its dot
+    /// segments resolved as a service given it resolves them, before
+    /// decoding (an encoded slash in a parameter stays in it): the whole
+    /// path, or the path below a nest's prefix (which axum strips before
+    /// the service sees it) under that prefix. A nest's prefix is whole
+    /// segments of the route, the first few: each count of them is tried.
+    /// False for a path without dot segments.
     #[cfg(feature = "axum")]
-    fn covers_cleaned_whole(&self, path: &str) -> bool {
-        let Cow::Owned(whole) = normalize(path) else {
+    fn covers_cleaned_whole(&self, path: &str, route: &str) -> bool {
+        let (Some(rest), Some(template)) = (path.strip_prefix('/'), route.strip_prefix('/')) else {
             return false;
         };
-        let whole: Vec<Cow<'_, str>> = whole[1..]
-            .split('/')
-            .take(self.depth + 1)
-            .map(decode_segment)
-            .collect();
-        self.covers(&whole.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+        if matches!(normalize(path), Cow::Borrowed(_)) {
+            return false;
+        }
+        let segments: Vec<&str> = rest.split('/').collect();
+        let template: Vec<&str> = template.split('/').collect();
+        for root in 0..=self.depth.min(segments.len()) {
+            if root > 0 {
+                // The prefix's last segment, as the route has it.
+                let (wanted, segment) = (template.get(root - 1), segments[root - 1]);
+                let nestable = wanted.is_some_and(|wanted| {
+                    wildcard_at(wanted).is_none()
+                        && (has_a_parameter(wanted) || unescape_braces(wanted) == segment)
+                });
+                if !nestable {
+                    break;
+                }
+            }
+            let Cow::Owned(cleaned) = normalize(&format!("/{}", segments[root..].join("/"))) else {
+                continue;
+            };
+            let reading: Vec<Cow<'_, str>> = segments[..root]
+                .iter()
+                .map(|segment| decode_segment(segment))
+                .chain(
+                    cleaned[1..]
+                        .split('/')
+                        .take(self.depth + 1)
+                        .map(|segment| Cow::Owned(decode_segment(segment).into_owned())),
+                )
+                .collect();
+            if self.covers(&reading.iter().map(|s| s.as_ref()).collect::<Vec<_>>()) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A request as axum's router routed it.
+#[cfg(feature = "axum")]
+struct Routed<'a> {
+    /// The whole path (`OriginalUri`'s).
+    path: &'a str,
+    /// The nests' prefixes, as registered (`NestedPath`), if the layer is
+    /// nested.
+    nested: Option<&'a str>,
+}
+
+/// The routes a router mounted below a wildcard (see [`mounted_route`])
+/// may have matched: `inner`, its own, after each count of the segments
+/// `above` (which of these were nests' prefixes the joined route does not
+/// say). With `nested`, the nests' prefixes around it and inside it, only
+/// the counts whose route starts with those.
+#[cfg(feature = "axum")]
+fn inner_routes(above: &str, inner: &str, nested: Option<&str>) -> Vec<String> {
+    let above: Vec<&str> = above.split('/').skip(1).collect();
+    let routes = (0..=above.len()).map(|nests| {
+        above[..nests]
+            .iter()
+            .flat_map(|segment| ["/", segment])
+            .chain([inner])
+            .collect::<String>()
+    });
+    let Some(nested) = nested else {
+        // Not nested: no nest's prefix is among them.
+        return routes.take(1).collect();
+    };
+    let nested: Vec<&str> = nested.trim_matches('/').split('/').collect();
+    let starts_with_nested = |route: &String| {
+        let segments: Vec<&str> = route[1..].split('/').collect();
+        segments.len() >= nested.len() && segments[..nested.len()] == nested[..]
+    };
+    let all: Vec<String> = routes.collect();
+    if all.iter().any(starts_with_nested) {
+        all.into_iter().filter(starts_with_nested).collect()
+    } else {
+        all
     }
 }
 
@@ -739,6 +814,8 @@ fn may_have_a_root_inside(prefix: &Prefix, segments: &[&str], dot_dot: bool) -> 
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "axum")]
+    use super::Routed;
     use super::{Prefix, Routes};
 
     /// Asserts, for each line of `cases` (a prefix, a path, and whether
@@ -947,21 +1024,34 @@ mod tests {
             /api/x/private /api/{*rest}/api/{*more}/x/{*path} /api/x/../x/private/r yes
             # Nests around the outer router (their prefixes before the
             # inner route) or inside the mounted one (in the inner route).
-            /app/api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r yes
-            /api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r no
-            /api/v1/files/private /api/{*rest}/api/v1/files/{*path} /api/v1/files/../private/r yes
-            /projects/{id} /api/{*rest}/api/v1/projects/{id} /api/v1/projects/acme no
+            # The nests' prefixes (NestedPath) follow the answer.
+            /app/api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r yes /app
+            /api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r no /app
+            /api/v1/files/private /api/{*rest}/api/v1/files/{*path} /api/v1/files/../private/r yes /api/v1
+            /projects/{id} /api/{*rest}/api/v1/projects/{id} /api/v1/projects/acme no /api/v1
+            /{t}/{p}/export /{tenant}/{*rest}/{project}/{*file} /a/g%2Fexport/r no /{tenant}
+            /{t}/{p}/export /{tenant}/{*rest}/{project}/{*file} /a/g/export/r yes /{tenant}
+            # The joined route's wildcard is no segment of the path.
+            /{tenant}/users /{*rest}/users/{id} /users/7 no
+            # A service below a nest's prefix cleans the path it is given.
+            /v1/admin /v1/{service}/{id} /v1/../admin yes
+            /v1/api/admin /v1/api/{*rest} /v1/api/../../api/admin/r yes
+            /v1/admin /v1/{service} /v1/admin%2F.. no
         ";
         for line in cases
             .lines()
             .map(|line| line.split('#').next().unwrap_or_default())
         {
             let case: Vec<&str> = line.split_whitespace().collect();
-            let [prefix, route, path, want] = case[..] else {
+            let (&[prefix, route, path, want], nested) = case.split_at(case.len().min(4)) else {
                 assert!(case.is_empty(), "{line:?}");
                 continue;
             };
-            let covered = Routes::new([prefix]).covers_as_routed(path, route);
+            let routed = Routed {
+                path,
+                nested: nested.first().copied(),
+            };
+            let covered = Routes::new([prefix]).covers_as_routed(&routed, route);
             assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
     }
