@@ -1504,9 +1504,13 @@ async fn an_encoded_slash_in_a_wildcard_tail_is_read_as_the_handler_reads_it_on_
     );
 }
 
-/// A reverse proxy's backend, given the whole path, that resolves its dot
-/// segments (RFC 3986) and serves what they resolve to, noted in `runs`.
-fn resolving_proxy() -> (
+/// A reverse proxy's backend, given the whole path, that serves what
+/// `resolve` makes of it ([`cleaned`]: dot segments resolved, RFC 3986,
+/// slashes merged; [`rfc3986_resolved`]: empty segments kept), noted in
+/// `runs`.
+fn proxy_serving(
+    resolve: fn(&str) -> String,
+) -> (
     Runs,
     impl tower::Service<
         Request<Body>,
@@ -1523,7 +1527,7 @@ fn resolving_proxy() -> (
     let proxy = tower::service_fn(move |req: Request<Body>| {
         let runs = seen.clone();
         async move {
-            runs.lock().unwrap().push(cleaned(req.uri().path()));
+            runs.lock().unwrap().push(resolve(req.uri().path()));
             Ok::<_, Infallible>("proxied".into_response())
         }
     });
@@ -1538,7 +1542,7 @@ fn resolving_proxy() -> (
 /// rule on `/api/admin` covers it, as it does around the router.
 #[tokio::test]
 async fn a_route_service_given_the_whole_path_does_not_escape_a_rule_on_the_router() {
-    let (runs, proxy) = resolving_proxy();
+    let (runs, proxy) = proxy_serving(cleaned);
     let router = Router::new().route_service("/api/{*rest}", proxy);
     assert_only_the_first_on_the_router(
         &router,
@@ -1652,7 +1656,7 @@ async fn an_escaped_percent_dot_dot_in_a_wildcard_tail_does_not_escape_a_rule_on
 #[tokio::test]
 async fn a_route_service_without_a_wildcard_given_the_whole_path_does_not_escape_a_rule_on_the_router()
  {
-    let (runs, proxy) = resolving_proxy();
+    let (runs, proxy) = proxy_serving(cleaned);
     let router = Router::new()
         .route_service("/{service}", proxy.clone())
         .route_service("/{service}/{id}", proxy);
@@ -1926,7 +1930,7 @@ async fn a_router_mounted_with_route_service_in_a_nest_with_a_parameter_is_not_c
 #[tokio::test]
 async fn a_route_service_in_a_nested_router_given_the_path_below_the_prefix_does_not_escape_a_rule()
 {
-    let (runs, proxy) = resolving_proxy();
+    let (runs, proxy) = proxy_serving(cleaned);
     let gateway = Router::new().nest(
         "/v1",
         Router::new()
@@ -1951,6 +1955,72 @@ async fn a_route_service_in_a_nested_router_given_the_path_below_the_prefix_does
     .await;
     if statuses != [200, 429] {
         escaped.push(format!("/api/{{*rest}}: {statuses:?}, served {served:?}"));
+    }
+    assert!(
+        escaped.is_empty(),
+        "served twice under a limit of one: {escaped:#?}"
+    );
+}
+
+/// `path` with its dot segments removed as RFC 3986 (5.2.4) removes them:
+/// an empty segment is a segment, which a `..` removes (`/api//../admin`
+/// is `/api/admin`), as Envoy's `normalize_path`, Java's `URI.normalize`
+/// and the layer's own `dots_resolved_keeping_empty_segments` read it.
+fn rfc3986_resolved(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let mut trailing = false;
+    for segment in &segments {
+        trailing = false;
+        match *segment {
+            "." => trailing = true,
+            ".." => {
+                out.pop();
+                trailing = true;
+            }
+            segment => out.push(segment),
+        }
+    }
+    let mut resolved: String = out.iter().flat_map(|s| ["/", s]).collect();
+    if trailing || resolved.is_empty() {
+        resolved.push('/');
+    }
+    resolved
+}
+
+/// A service given the whole path (`route_service`) that resolves dot
+/// segments as RFC 3986 does keeps empty segments: a `..` after `//`
+/// removes the empty segment, not the one before it. A gateway's root
+/// catch-all `/{*rest}` forwards `/api//../admin/r` to a backend that
+/// serves `/api/admin/r`, as for `/api/admin/r`, which a rule on
+/// `/api/admin` limits; likewise `/v1/{*rest}` and `/v1/api//../admin/r`
+/// (served `/v1/api/admin/r`) under `/v1/api/admin`. On the router, as
+/// around it, the path is also read with empty segments kept (merged
+/// first, they would be `/admin/r` and `/v1/admin/r`).
+#[tokio::test]
+async fn an_empty_segment_before_a_dot_dot_for_an_rfc3986_service_does_not_escape_a_rule_on_the_router()
+ {
+    let mut escaped = Vec::new();
+    for (route, prefix, paths) in [
+        (
+            "/{*rest}",
+            "/api/admin",
+            ["/api/admin/r", "/api//../admin/r"],
+        ),
+        (
+            "/v1/{*rest}",
+            "/v1/api/admin",
+            ["/v1/api/admin/r", "/v1/api//../admin/r"],
+        ),
+    ] {
+        let (runs, proxy) = proxy_serving(rfc3986_resolved);
+        let router = Router::new().route_service(route, proxy);
+        let (statuses, served) = on_the_router(&router, &runs, prefix, &paths).await;
+        if statuses != [200, 429] {
+            escaped.push(format!(
+                "{route} under {prefix}: {statuses:?}, served {served:?}"
+            ));
+        }
     }
     assert!(
         escaped.is_empty(),

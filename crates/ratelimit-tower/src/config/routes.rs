@@ -280,15 +280,8 @@ impl Routes {
         if cleaning {
             // A tail whose segments are all dropped ends with a slash: its
             // last one is empty or dots.
-            for (root, &kept_len) in between.iter().enumerate() {
-                if self.covers(&reading(
-                    &plain[..root],
-                    &kept[..kept_len],
-                    shown(root),
-                    trailing,
-                )) {
-                    return true;
-                }
+            if self.covers_below_a_root(&plain, &kept, &between, trailing) {
+                return true;
             }
         }
         if !inside {
@@ -368,6 +361,23 @@ impl Routes {
             }
         }
         false
+    }
+
+    /// Whether a prefix covers a path below one of its roots: the segments
+    /// `above` it (as many as the root's index), then what the rest cleans
+    /// to from there (`kept`, the last first, the first `between[root]` of
+    /// them), and the empty segment of a trailing slash (`slash`).
+    fn covers_below_a_root(
+        &self,
+        above: &[&str],
+        kept: &[Cow<'_, str>],
+        between: &[usize],
+        slash: bool,
+    ) -> bool {
+        between.iter().enumerate().any(|(root, &kept_len)| {
+            let shown = (self.depth + 1).saturating_sub(root);
+            self.covers(&reading(&above[..root], &kept[..kept_len], shown, slash))
+        })
     }
 
     /// Whether a prefix covers `path` as axum's router routed it on `route`
@@ -489,47 +499,59 @@ impl Routes {
 
     /// Whether a prefix covers `path`, routed on `route`, with its dot
     /// segments resolved as a service given it resolves them, before
-    /// decoding (an encoded slash in a parameter stays in it): the whole
-    /// path, or the path below a nest's prefix (which axum strips before
-    /// the service sees it) under that prefix. A nest's prefix is whole
-    /// segments of the route, the first few: each count of them is tried.
-    /// False for a path without dot segments.
+    /// decoding (an encoded slash in a parameter stays in it), empty
+    /// segments dropped (slashes merged) or kept (RFC 3986, Envoy's
+    /// `normalize_path`): the whole path, or the path below a nest's prefix
+    /// (which axum strips before the service sees it) under that prefix. A
+    /// nest's prefix is whole segments of the route, the first few: each
+    /// count of them is tried. False for a path without dot or empty
+    /// segments. One pass from the path's end per way of resolving finds
+    /// what the path below each count cleans to.
     #[cfg(feature = "axum")]
     fn covers_cleaned_whole(&self, path: &str, route: &str) -> bool {
         let (Some(rest), Some(template)) = (path.strip_prefix('/'), route.strip_prefix('/')) else {
             return false;
         };
-        if matches!(normalize(path), Cow::Borrowed(_)) {
+        let raw: Vec<&str> = rest.split('/').collect();
+        let last = raw.len() - 1;
+        let cleanable = raw.iter().enumerate().any(|(i, segment)| {
+            matches!(dots(segment), Some(1 | 2)) || (segment.is_empty() && i < last)
+        });
+        if !cleanable {
             return false;
         }
-        let segments: Vec<&str> = rest.split('/').collect();
-        let template: Vec<&str> = template.split('/').collect();
-        for root in 0..=self.depth.min(segments.len()) {
-            if root > 0 {
-                // The prefix's last segment, as the route has it.
-                let (wanted, segment) = (template.get(root - 1), segments[root - 1]);
-                let nestable = wanted.is_some_and(|wanted| {
-                    wildcard_at(wanted).is_none()
-                        && (has_a_parameter(wanted) || unescape_braces(wanted) == segment)
-                });
-                if !nestable {
-                    break;
+        // The roots a nest's prefix may end at: after whole segments of the
+        // route, before its wildcard, that the path follows.
+        let roots = template
+            .split('/')
+            .zip(&raw)
+            .take_while(|(wanted, segment)| {
+                wildcard_at(wanted).is_none()
+                    && (has_a_parameter(wanted) || unescape_braces(wanted) == **segment)
+            })
+            .count()
+            .min(self.depth);
+        let above: Vec<Cow<'_, str>> = raw[..roots].iter().map(|s| decode_segment(s)).collect();
+        let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
+        // A path ending with an empty or dot segment cleans to one ending
+        // with a slash.
+        let trailing = dots(raw[last]).is_some();
+        for keep_empty in [false, true] {
+            let mut kept: Vec<Cow<'_, str>> = Vec::new();
+            let mut pending = 0;
+            let mut between = vec![0; roots + 1];
+            for (i, segment) in raw.iter().enumerate().rev() {
+                match dots(segment) {
+                    Some(0) if keep_empty => clean_back_kept(segment, &mut kept, &mut pending),
+                    _ => clean_back(segment, &mut kept, &mut pending),
+                }
+                if let Some(at) = between.get_mut(i) {
+                    *at = kept.len();
                 }
             }
-            let Cow::Owned(cleaned) = normalize(&format!("/{}", segments[root..].join("/"))) else {
-                continue;
-            };
-            let reading: Vec<Cow<'_, str>> = segments[..root]
-                .iter()
-                .map(|segment| decode_segment(segment))
-                .chain(
-                    cleaned[1..]
-                        .split('/')
-                        .take(self.depth + 1)
-                        .map(|segment| Cow::Owned(decode_segment(segment).into_owned())),
-                )
-                .collect();
-            if self.covers(&reading.iter().map(|s| s.as_ref()).collect::<Vec<_>>()) {
+            // Kept, a last empty segment is that slash already.
+            let slash = trailing && !(keep_empty && raw[last].is_empty());
+            if self.covers_below_a_root(&above, &kept, &between, slash) {
                 return true;
             }
         }
@@ -762,6 +784,17 @@ fn clean_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usi
         Some(_) => {}
         None if *pending > 0 => *pending -= 1,
         None => kept.push(decode_segment(part)),
+    }
+}
+
+/// [`clean_back`] for a segment kept whatever it is (an empty one, where
+/// empty segments are kept): undone by a `..` to match, or kept.
+#[cfg(feature = "axum")]
+fn clean_back_kept<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+    if *pending > 0 {
+        *pending -= 1;
+    } else {
+        kept.push(Cow::Borrowed(part));
     }
 }
 
@@ -1037,6 +1070,11 @@ mod tests {
             /v1/admin /v1/{service}/{id} /v1/../admin yes
             /v1/api/admin /v1/api/{*rest} /v1/api/../../api/admin/r yes
             /v1/admin /v1/{service} /v1/admin%2F.. no
+            # Empty segments kept, as RFC 3986 resolves dot segments.
+            /api/admin /{*rest} /api//../admin/r yes
+            /v1/api/admin /v1/{*rest} /v1/api//../admin/r yes
+            # Limited more: an empty parameter merged by a service.
+            /users/posts /users/{id}/posts /users//posts yes
         ";
         for line in cases
             .lines()
