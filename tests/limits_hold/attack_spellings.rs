@@ -2027,3 +2027,76 @@ async fn an_empty_segment_before_a_dot_dot_for_an_rfc3986_service_does_not_escap
         "served twice under a limit of one: {escaped:#?}"
     );
 }
+
+/// `path` as a backend given the whole path serves it when it decodes
+/// every escape first, then cleans dot segments (Go's `http.FileServer`,
+/// which cleans the decoded `URL.Path`; Python's `http.server`, which
+/// `normpath`s the unquoted path): `%2F` is then a separator like any
+/// other.
+fn decoded_then_cleaned(path: &str) -> String {
+    cleaned(&fully_decoded(path))
+}
+
+/// A gateway's `/{service}` and `/{service}/{id}`, mounted with
+/// `route_service` on a backend that decodes the path before cleaning it
+/// ([`decoded_then_cleaned`]): axum runs `/..%2Fadmin` and
+/// `/x%2F..%2Fadmin` on `/{service}` (one segment), and the backend serves
+/// each as `admin`, as for `/admin`, which a rule on `/admin` limits.
+/// Likewise below a wildcard's root: `/api/{*rest}` gives it
+/// `/api/..%2F..%2Fapi/admin/r`, served as `api/admin/r` (not
+/// `api/api/admin/r`, as the tail cleaned from the wildcard's root would
+/// be). The layer reads the path decoded, then cleaned, too, around the
+/// router and on it (none of these raw segments is a dot segment).
+#[tokio::test]
+async fn a_route_service_decoding_before_cleaning_does_not_escape_a_rule() {
+    let (runs, proxy) = proxy_serving(decoded_then_cleaned);
+    let gateway = Router::new()
+        .route_service("/{service}", proxy.clone())
+        .route_service("/{service}/{id}", proxy.clone());
+    let api = Router::new().route_service("/api/{*rest}", proxy);
+    let cases = [
+        (&gateway, "/admin", "/admin", "/..%2Fadmin"),
+        (&gateway, "/admin", "/admin", "/x%2F..%2Fadmin"),
+        (&gateway, "/admin", "/admin/r", "/x%2F..%2Fadmin/r"),
+        (
+            &api,
+            "/api/admin",
+            "/api/admin/r",
+            "/api/..%2F..%2Fapi/admin/r",
+        ),
+    ];
+    let mut escaped = Vec::new();
+    for (router, prefix, first, path) in cases {
+        for (placement, app) in placements(&rule_on("private", prefix), router) {
+            runs.lock().unwrap().clear();
+            let statuses = as_one(&app, [first, path]).await;
+            let what = format!("{placement}: {first} then {path}");
+            escaped.extend(escape(&what, &statuses, &runs));
+        }
+    }
+    assert!(escaped.is_empty(), "served twice: {escaped:#?}");
+}
+
+/// A tenant's pages `/{tenant}` and the site's index `/` are two routes:
+/// axum never runs `/{tenant}` for `/` (a parameter is never empty at the
+/// end of a path), nor `/users/{id}` for `/users/`. On the router, where
+/// `MatchedPath` says `/` (or `/users/`), a rule on `/{tenant}` (or
+/// `/users/{id}`) is not over the index: it must not count it.
+#[tokio::test]
+async fn an_index_route_is_not_counted_by_a_rule_on_a_parameter_below_it_on_the_router() {
+    let mut counted = Vec::new();
+    for (routes, prefix, path) in [
+        (&["/", "/{tenant}"][..], "/{tenant}", "/"),
+        (&["/users/", "/users/{id}"][..], "/users/{id}", "/users/"),
+    ] {
+        let router = routes.iter().fold(Router::new(), |router, route| {
+            router.route(route, get(|| async { "ok" }))
+        });
+        let app = App::new(router.layer(layer_of(&rule_on("rule", prefix))));
+        let statuses = as_one(&app, [path; 3]).await;
+        if statuses != [200; 3] {
+            counted.push(format!("{path} counted under {prefix}: {statuses:?}"));
+        }
+    }
+    assert!(counted.is_empty(), "{counted:#?}");
+}

@@ -88,26 +88,50 @@ impl Prefix {
     /// Whether this prefix covers the `segments` of a route template as
     /// axum registers it (`MatchedPath`): a literal segment of the prefix
     /// matches the route's literal segment, never a parameter's braces.
+    /// The route's trailing slash (an empty last segment) is no parameter's
+    /// value: `/users/` is not under `/users/{id}`.
     #[cfg(feature = "axum")]
     fn covers_route(&self, segments: &[&str]) -> bool {
-        self.covers_with(segments.len(), |i, literal| {
-            let segment = segments[i];
-            !has_a_parameter(segment) && decode_segment(&unescape_braces(segment)) == literal
-        })
+        self.covers_with(
+            segments.len(),
+            |i, literal| {
+                let segment = segments[i];
+                !has_a_parameter(segment) && decode_segment(&unescape_braces(segment)) == literal
+            },
+            |i| !segments[i].is_empty(),
+        )
     }
 
     /// Whether this prefix covers `reading`, segment by segment.
     fn covers(&self, reading: &[&str]) -> bool {
-        self.covers_with(reading.len(), |i, literal| reading[i] == literal)
+        self.covers_with(reading.len(), |i, literal| reading[i] == literal, |_| true)
+    }
+
+    /// [`Prefix::covers`] of the `reading` of a path routed on a route of
+    /// as many segments, `route`: where the route has an empty segment (a
+    /// trailing slash), the path's is no parameter's value.
+    #[cfg(feature = "axum")]
+    fn covers_as_routed(&self, reading: &[&str], route: &[&str]) -> bool {
+        self.covers_with(
+            reading.len(),
+            |i, literal| reading[i] == literal,
+            |i| !(reading[i].is_empty() && route.get(i).is_some_and(|s| s.is_empty())),
+        )
     }
 
     /// Whether this prefix covers `len` segments, the `i`th of which its
-    /// literal segment matches when `literal_at(i, literal)` says so.
-    fn covers_with(&self, len: usize, literal_at: impl Fn(usize, &str) -> bool) -> bool {
+    /// literal segment matches when `literal_at(i, literal)` says so, and a
+    /// parameter when `param_at(i)` does.
+    fn covers_with(
+        &self,
+        len: usize,
+        literal_at: impl Fn(usize, &str) -> bool,
+        param_at: impl Fn(usize) -> bool,
+    ) -> bool {
         for (i, wanted) in self.0.iter().enumerate() {
             match wanted {
                 Wanted::Below => return len > i,
-                Wanted::Param if len <= i => return false,
+                Wanted::Param if len <= i || !param_at(i) => return false,
                 Wanted::Param => {}
                 Wanted::Literal(literal) => {
                     if i >= len || !literal_at(i, literal) {
@@ -443,7 +467,12 @@ impl Routes {
         };
         let Some(star) = wildcard_at(template) else {
             let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode_segment).collect();
-            return self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+            let segments: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
+            let templates: Vec<&str> = template.split('/').collect();
+            return self
+                .prefixes
+                .iter()
+                .any(|prefix| prefix.covers_as_routed(&segments, &templates))
                 || self.covers_cleaned_whole(path, route);
         };
         // The wildcard's segment: its literal start, and the segments above.
@@ -501,12 +530,14 @@ impl Routes {
     /// segments resolved as a service given it resolves them, before
     /// decoding (an encoded slash in a parameter stays in it), empty
     /// segments dropped (slashes merged) or kept (RFC 3986, Envoy's
-    /// `normalize_path`): the whole path, or the path below a nest's prefix
+    /// `normalize_path`), or after decoding, where an encoded slash hides
+    /// a dot segment (Go's `http.FileServer`): the whole path, or the path below a nest's prefix
     /// (which axum strips before the service sees it) under that prefix. A
     /// nest's prefix is whole segments of the route, the first few: each
     /// count of them is tried. False for a path without dot or empty
-    /// segments. One pass from the path's end per way of resolving finds
-    /// what the path below each count cleans to.
+    /// segments, or dot segments behind an encoded slash. One pass from the
+    /// path's end per way of resolving finds what the path below each count
+    /// cleans to.
     #[cfg(feature = "axum")]
     fn covers_cleaned_whole(&self, path: &str, route: &str) -> bool {
         let (Some(rest), Some(template)) = (path.strip_prefix('/'), route.strip_prefix('/')) else {
@@ -517,7 +548,15 @@ impl Routes {
         let cleanable = raw.iter().enumerate().any(|(i, segment)| {
             matches!(dots(segment), Some(1 | 2)) || (segment.is_empty() && i < last)
         });
-        if !cleanable {
+        // Dot segments an encoded slash hides, for a service that decodes
+        // the path before cleaning it (Go's `http.FileServer`).
+        let hidden_dots = has_encoded_slash(path)
+            && raw.iter().any(|segment| {
+                parts_of(segment)
+                    .iter()
+                    .any(|part| matches!(dots(part), Some(1 | 2)))
+            });
+        if !cleanable && !hidden_dots {
             return false;
         }
         // The roots a nest's prefix may end at: after whole segments of the
@@ -533,24 +572,38 @@ impl Routes {
             .min(self.depth);
         let above: Vec<Cow<'_, str>> = raw[..roots].iter().map(|s| decode_segment(s)).collect();
         let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
-        // A path ending with an empty or dot segment cleans to one ending
-        // with a slash.
-        let trailing = dots(raw[last]).is_some();
-        for keep_empty in [false, true] {
+        // Empty segments dropped or kept; encoded slashes decoded first.
+        let ways = [(false, false), (true, false), (false, true)];
+        for (keep_empty, decoded) in ways {
+            if (decoded && !hidden_dots) || (!decoded && !cleanable) {
+                continue;
+            }
             let mut kept: Vec<Cow<'_, str>> = Vec::new();
             let mut pending = 0;
             let mut between = vec![0; roots + 1];
             for (i, segment) in raw.iter().enumerate().rev() {
-                match dots(segment) {
-                    Some(0) if keep_empty => clean_back_kept(segment, &mut kept, &mut pending),
-                    _ => clean_back(segment, &mut kept, &mut pending),
+                if decoded {
+                    for part in parts_of(segment).into_iter().rev() {
+                        clean_back(part, &mut kept, &mut pending);
+                    }
+                } else if keep_empty && segment.is_empty() {
+                    clean_back_kept(segment, &mut kept, &mut pending);
+                } else {
+                    clean_back(segment, &mut kept, &mut pending);
                 }
                 if let Some(at) = between.get_mut(i) {
                     *at = kept.len();
                 }
             }
-            // Kept, a last empty segment is that slash already.
-            let slash = trailing && !(keep_empty && raw[last].is_empty());
+            // A path ending with an empty or dot segment cleans to one
+            // ending with a slash; kept, a last empty segment is that
+            // slash already.
+            let end = if decoded {
+                parts_of(raw[last]).pop().unwrap_or_default()
+            } else {
+                raw[last]
+            };
+            let slash = dots(end).is_some() && !(keep_empty && end.is_empty());
             if self.covers_below_a_root(&above, &kept, &between, slash) {
                 return true;
             }
@@ -1075,6 +1128,14 @@ mod tests {
             /v1/api/admin /v1/{*rest} /v1/api//../admin/r yes
             # Limited more: an empty parameter merged by a service.
             /users/posts /users/{id}/posts /users//posts yes
+            # A service that decodes before cleaning.
+            /admin /{service} /..%2Fadmin yes
+            /api/admin /api/{*rest} /api/..%2F..%2Fapi/admin/r yes
+            /projects/{id}/export /{a}/{b} /projects/acme%2Fexport no
+            # A route's trailing slash is no parameter's value.
+            /{tenant} / / no
+            /users/{id} /users/ /users/ no
+            /users/{id} /users/{id} /users/7 yes
         ";
         for line in cases
             .lines()
