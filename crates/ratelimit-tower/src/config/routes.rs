@@ -450,6 +450,12 @@ impl Routes {
             }
             return !followed && self.covers_path(path);
         }
+        // A route the path does not follow segment by segment (axum joins a
+        // router mounted with `route_service` to the route it is mounted
+        // on, wildcard or not) says nothing of it: read it every way.
+        if !follows(path, route) {
+            return self.covers_path(path);
+        }
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
             .unwrap_or(route)
@@ -545,18 +551,24 @@ impl Routes {
         };
         let raw: Vec<&str> = rest.split('/').collect();
         let last = raw.len() - 1;
-        let cleanable = raw.iter().enumerate().any(|(i, segment)| {
-            matches!(dots(segment), Some(1 | 2)) || (segment.is_empty() && i < last)
-        });
-        // Dot segments an encoded slash hides, for a service that decodes
-        // the path before cleaning it (Go's `http.FileServer`).
+        // Which ways of resolving can change anything: raw dot or empty
+        // segments (`%2e` a dot, or only literal dots), or dot segments an
+        // encoded slash hides, for a service that decodes the path first
+        // (Go's `http.FileServer`).
+        let cleans = |dots: DotsOf| {
+            raw.iter().enumerate().any(|(i, segment)| {
+                matches!(dots(segment), Some(1 | 2)) || (segment.is_empty() && i < last)
+            })
+        };
+        let percent_dots = cleans(dots);
+        let written_dots = contains_ignoring_case(path, "%2e") && cleans(literal_dots);
         let hidden_dots = has_encoded_slash(path)
             && raw.iter().any(|segment| {
                 parts_of(segment)
                     .iter()
                     .any(|part| matches!(dots(part), Some(1 | 2)))
             });
-        if !cleanable && !hidden_dots {
+        if !percent_dots && !written_dots && !hidden_dots {
             return false;
         }
         // The roots a nest's prefix may end at: after whole segments of the
@@ -572,24 +584,31 @@ impl Routes {
             .min(self.depth);
         let above: Vec<Cow<'_, str>> = raw[..roots].iter().map(|s| decode_segment(s)).collect();
         let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
-        // Empty segments dropped or kept; encoded slashes decoded first.
-        let ways = [(false, false), (true, false), (false, true)];
-        for (keep_empty, decoded) in ways {
-            if (decoded && !hidden_dots) || (!decoded && !cleanable) {
+        // Each way: how dots are told, empty segments kept (RFC 3986,
+        // Envoy) or dropped (slashes merged), encoded slashes decoded first.
+        let ways: [(DotsOf, bool, bool, bool); 6] = [
+            (dots, false, false, percent_dots),
+            (dots, true, false, percent_dots),
+            (literal_dots, false, false, written_dots),
+            (literal_dots, true, false, written_dots),
+            (dots, false, true, hidden_dots),
+            (dots, true, true, hidden_dots),
+        ];
+        for (dots, keep_empty, decoded, useful) in ways {
+            if !useful {
                 continue;
             }
             let mut kept: Vec<Cow<'_, str>> = Vec::new();
             let mut pending = 0;
             let mut between = vec![0; roots + 1];
             for (i, segment) in raw.iter().enumerate().rev() {
-                if decoded {
-                    for part in parts_of(segment).into_iter().rev() {
-                        clean_back(part, &mut kept, &mut pending);
-                    }
-                } else if keep_empty && segment.is_empty() {
-                    clean_back_kept(segment, &mut kept, &mut pending);
+                let parts = if decoded {
+                    parts_of(segment)
                 } else {
-                    clean_back(segment, &mut kept, &mut pending);
+                    vec![*segment]
+                };
+                for part in parts.into_iter().rev() {
+                    clean_back_with(part, dots, keep_empty, &mut kept, &mut pending);
                 }
                 if let Some(at) = between.get_mut(i) {
                     *at = kept.len();
@@ -832,7 +851,21 @@ fn parts_of(segment: &str) -> Vec<&str> {
 /// before those seen, is dropped (empty or `.`), a `..` to match, undone by
 /// one, or kept, decoded.
 fn clean_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
+    clean_back_with(part, dots, false, kept, pending);
+}
+
+/// [`clean_back`] with `dots` telling the dot segments, and empty
+/// segments kept (`keep_empty`: undone by a `..` like a name) or dropped.
+fn clean_back_with<'a>(
+    part: &'a str,
+    dots: fn(&str) -> Option<usize>,
+    keep_empty: bool,
+    kept: &mut Vec<Cow<'a, str>>,
+    pending: &mut usize,
+) {
     match dots(part) {
+        Some(0) if keep_empty && *pending > 0 => *pending -= 1,
+        Some(0) if keep_empty => kept.push(Cow::Borrowed(part)),
         Some(2) => *pending += 1,
         Some(_) => {}
         None if *pending > 0 => *pending -= 1,
@@ -840,14 +873,20 @@ fn clean_back<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usi
     }
 }
 
-/// [`clean_back`] for a segment kept whatever it is (an empty one, where
-/// empty segments are kept): undone by a `..` to match, or kept.
+/// How a way of cleaning tells a dot segment: how many dots it is made
+/// of, if only dots ([`dots`], [`literal_dots`]).
 #[cfg(feature = "axum")]
-fn clean_back_kept<'a>(part: &'a str, kept: &mut Vec<Cow<'a, str>>, pending: &mut usize) {
-    if *pending > 0 {
-        *pending -= 1;
-    } else {
-        kept.push(Cow::Borrowed(part));
+type DotsOf = fn(&str) -> Option<usize>;
+
+/// How many dots `segment` is made of, written as dots (`%2e` a name), if
+/// only dots: for a service that leaves escapes alone.
+#[cfg(feature = "axum")]
+fn literal_dots(segment: &str) -> Option<usize> {
+    match segment {
+        "" => Some(0),
+        "." => Some(1),
+        ".." => Some(2),
+        _ => None,
     }
 }
 
@@ -1136,6 +1175,17 @@ mod tests {
             /{tenant} / / no
             /users/{id} /users/ /users/ no
             /users/{id} /users/{id} /users/7 yes
+            # A service taking %2e for a name (dots as written).
+            /api/admin /{*rest} /api/%2e%2e/../admin yes
+            /api/admin /{a}/{b}/{c}/{d} /api/%2e%2e/../admin yes
+            /api/admin /{a}/{b}/{c} /api/%2e/../admin yes
+            # Decoded, then resolved keeping empty segments.
+            /api/admin /{*rest} /api/%2F..%2Fadmin yes
+            /api/admin /api/{name} /api/%2F..%2Fadmin yes
+            # A router mounted with route_service on a route without a
+            # wildcard: axum joins the routes, which the path does not follow.
+            /users/{id}/users /users/{id}/users/{id} /users/7 no
+            /health/health /health/health /health no
         ";
         for line in cases
             .lines()
