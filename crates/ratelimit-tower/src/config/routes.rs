@@ -8,8 +8,9 @@
 //! it as it is (SECURITY.md).
 //!
 //! With the layer on axum's router, the route is known (`MatchedPath`) and
-//! no hop sits between, so the readings are exact: the route, the path as
-//! routed, and below the route's wildcard ([`Routes::covers_as_routed`]).
+//! no hop sits between, so the readings follow it: the route, the path as
+//! routed, below the route's wildcard, and as a service given the path may
+//! resolve it ([`Routes::covers_as_routed`]).
 //! Elsewhere the layer does not know the route, so it reads the path every
 //! way it may be read:
 //!
@@ -433,12 +434,15 @@ impl Routes {
     #[cfg(feature = "axum")]
     fn covers_as_routed(&self, routed: &Routed<'_>, route: &str) -> bool {
         let path = routed.path;
+        // A route the path does not follow segment by segment (axum joins a
+        // router mounted with `route_service` on a route without a wildcard
+        // to that route) says nothing of it: read it every way.
+        if !follows(path, route) {
+            return self.covers_path(path);
+        }
         if let Some((above, inner)) = mounted_route(route) {
             // Not the joined route itself: the outer wildcard's braces are
             // no segment of the path.
-            if !follows(path, route) {
-                return self.covers_path(path);
-            }
             let mut followed = false;
             for route in inner_routes(above, inner, routed.nested) {
                 if follows(path, &route) {
@@ -449,12 +453,6 @@ impl Routes {
                 }
             }
             return !followed && self.covers_path(path);
-        }
-        // A route the path does not follow segment by segment (axum joins a
-        // router mounted with `route_service` to the route it is mounted
-        // on, wildcard or not) says nothing of it: read it every way.
-        if !follows(path, route) {
-            return self.covers_path(path);
         }
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
@@ -493,13 +491,11 @@ impl Routes {
         let mut segments = rest.split('/');
         let mut above: Vec<Cow<'_, str>> = Vec::new();
         let mut root = 1;
-        for template in whole.split('/').filter(|_| !whole.is_empty()) {
-            let Some(segment) = segments.next() else {
-                return self.covers_path(path);
-            };
-            if !has_a_parameter(template) && unescape_braces(template) != segment {
-                return self.covers_path(path);
-            }
+        // The path follows the route: a segment for each above.
+        for segment in segments
+            .by_ref()
+            .take(whole.split('/').filter(|_| !whole.is_empty()).count())
+        {
             above.push(decode_segment(segment));
             root += segment.len() + 1;
         }
