@@ -2100,3 +2100,39 @@ async fn an_index_route_is_not_counted_by_a_rule_on_a_parameter_below_it_on_the_
     }
     assert!(counted.is_empty(), "{counted:#?}");
 }
+
+/// `path` as Apache Tomcat (and so Spring Boot, Jetty likewise) maps it:
+/// each segment's path parameters (`;jsessionid=...`, any `;...`) removed
+/// first, then escapes decoded, then dot segments resolved and slashes
+/// merged. `/api/admin;x/r` and `/api/x/..;/admin/r` are `/api/admin/r`
+/// to it (the well-known `..;` of "Breaking Parser Logic", Orange Tsai,
+/// Black Hat 2018).
+fn tomcat_resolved(path: &str) -> String {
+    let stripped: Vec<&str> = path
+        .split('/')
+        .map(|segment| segment.split(';').next().unwrap_or_default())
+        .collect();
+    cleaned(&fully_decoded(&stripped.join("/")))
+}
+
+/// A reverse proxy on `/api/{*rest}` (`route_service`) forwards the whole
+/// path to a Tomcat or Spring backend ([`tomcat_resolved`]), which serves
+/// `/api/admin;x/r`, `/api/admin;/r` and `/api/x/..;/admin/r` as
+/// `/api/admin/r`, which a rule on `/api/admin` limits: none of them is
+/// counted, on the router or around it (a `;` is no separator nor dot to
+/// the layer).
+#[tokio::test]
+async fn path_parameters_a_tomcat_backend_strips_do_not_escape_a_rule() {
+    let (runs, proxy) = proxy_serving(tomcat_resolved);
+    let router = Router::new().route_service("/api/{*rest}", proxy);
+    let mut escaped = Vec::new();
+    for path in ["/api/admin;x/r", "/api/admin;/r", "/api/x/..;/admin/r"] {
+        for (placement, app) in placements(&rule_on("private", "/api/admin"), &router) {
+            runs.lock().unwrap().clear();
+            let statuses = as_one(&app, ["/api/admin/r", path]).await;
+            let what = format!("{placement}: /api/admin/r then {path}");
+            escaped.extend(escape(&what, &statuses, &runs));
+        }
+    }
+    assert!(escaped.is_empty(), "served twice: {escaped:#?}");
+}

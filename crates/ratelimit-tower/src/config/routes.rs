@@ -15,7 +15,8 @@
 //! way it may be read:
 //!
 //! - what reaches the router: the path as sent, or as one or two hops in
-//!   front of it may forward it: backslashes as slashes, slashes merged and
+//!   front of it may forward it: backslashes as slashes, path parameters
+//!   (`;...`) dropped, slashes merged and
 //!   dot segments resolved (`%2e` a dot or not, empty segments kept or
 //!   not), escapes decoded before or after ([`Routes::covers_path`]);
 //! - what the router routes on: the path's segments, each as axum's `Path`
@@ -195,7 +196,8 @@ impl Routes {
 
     /// Whether a prefix covers `path` as the router reads it, or as a hop
     /// (or two) in front of it may forward it: a backslash taken for a
-    /// slash (Istio, Cloudflare); slashes merged and dot segments resolved,
+    /// slash (Istio, Cloudflare); path parameters dropped (`;...` in a
+    /// segment, as Tomcat, Jetty and Spring read a path); slashes merged and dot segments resolved,
     /// `%2e` as a dot (RFC 3986) or not (a hop that leaves escapes alone);
     /// escapes decoded, before resolving or after: every one (an encoded
     /// slash then a separator, a `?` or `#` the end of the path), or all
@@ -206,7 +208,12 @@ impl Routes {
             return true;
         }
         let backslash = path.contains('\\') || contains_ignoring_case(path, "%5c");
-        if !(path.contains("//") || path.contains("/.") || path.contains('%') || backslash) {
+        if !(path.contains("//")
+            || path.contains("/.")
+            || path.contains('%')
+            || path.contains(';')
+            || backslash)
+        {
             return false;
         }
         let mut sent = vec![path.to_owned()];
@@ -216,6 +223,9 @@ impl Routes {
                     .replace("%5C", "/")
                     .replace("%5c", "/"),
             );
+        }
+        if path.contains(';') {
+            sent.push(without_path_parameters(path));
         }
         let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
         let mut forwarded: Vec<String> = Vec::new();
@@ -477,7 +487,7 @@ impl Routes {
                 .prefixes
                 .iter()
                 .any(|prefix| prefix.covers_as_routed(&segments, &templates))
-                || self.covers_cleaned_whole(path, route);
+                || self.covers_as_served(path, route);
         };
         // The wildcard's segment: its literal start, and the segments above.
         let (whole, start) = match template[..star].rfind('/') {
@@ -525,7 +535,33 @@ impl Routes {
                 return true;
             }
         }
-        self.covers_cleaned_whole(path, route)
+        self.covers_as_served(path, route)
+    }
+
+    /// Whether a prefix covers `path`, routed on `route`, as a service given
+    /// it may read it: cleaned ([`Routes::covers_cleaned_whole`]), and,
+    /// where it has path parameters (`;` in a segment), without them, as
+    /// Tomcat, Jetty and Spring read a path before decoding and cleaning it
+    /// (`/api/x/..;/admin` is `/api/admin` to them).
+    #[cfg(feature = "axum")]
+    fn covers_as_served(&self, path: &str, route: &str) -> bool {
+        if self.covers_cleaned_whole(path, route) {
+            return true;
+        }
+        if !path.contains(';') {
+            return false;
+        }
+        let path = without_path_parameters(path);
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let segments: Vec<Cow<'_, str>> = rest
+            .split('/')
+            .take(self.depth + 1)
+            .map(decode_segment)
+            .collect();
+        self.covers(&segments.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+            || self.covers_cleaned_whole(&path, route)
     }
 
     /// Whether a prefix covers `path`, routed on `route`, with its dot
@@ -746,6 +782,16 @@ fn decoded_by_a_hop(path: &str) -> String {
         decoded.truncate(end);
     }
     decoded
+}
+
+/// `path` without its path parameters: each segment cut at its first `;`,
+/// as Tomcat, Jetty and Spring read a path (`..;` is then `..`).
+fn without_path_parameters(path: &str) -> String {
+    let segments: Vec<&str> = path
+        .split('/')
+        .map(|segment| segment.split(';').next().unwrap_or_default())
+        .collect();
+    segments.join("/")
 }
 
 /// `path` with repeated slashes merged and nothing else, as a hop that only
@@ -1182,6 +1228,11 @@ mod tests {
             # wildcard: axum joins the routes, which the path does not follow.
             /users/{id}/users /users/{id}/users/{id} /users/7 no
             /health/health /health/health /health no
+            # Path parameters a Java backend drops (Tomcat, Jetty, Spring).
+            /api/admin /api/{*rest} /api/x/..;/admin/r yes
+            /api/admin /api/{*rest} /api/admin;x/r yes
+            /api/admin /{a}/{b} /api/admin;jsessionid=1 yes
+            /api/admin /api/{*rest} /api/administrator;x/r no
         ";
         for line in cases
             .lines()
