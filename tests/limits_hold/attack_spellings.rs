@@ -411,18 +411,7 @@ async fn a_dot_dot_parameter_before_a_wildcard_tail_does_not_escape_a_rule_under
 /// axum's `route` (its wildcard named `path`), whose handler records its
 /// tail cleaned from its own root ([`cleaned`]).
 fn cleaning_route(route: &str) -> (Runs, Router) {
-    let runs: Runs = Arc::default();
-    // By name: a router mounted below another's wildcard is given that
-    // wildcard's parameter too.
-    let serve = |State(runs): State<Runs>,
-                 Path(params): Path<std::collections::HashMap<String, String>>| async move {
-        runs.lock().unwrap().push(cleaned(&params["path"]));
-        "file"
-    };
-    let router = Router::new()
-        .route(route, get(serve))
-        .with_state(runs.clone());
-    (runs, router)
+    handing_tail_to(route, cleaned)
 }
 
 /// What a handler of `route` (a wildcard's) that cleans its tail from its
@@ -2079,15 +2068,24 @@ async fn a_route_service_decoding_before_cleaning_does_not_escape_a_rule() {
 
 /// A tenant's pages `/{tenant}` and the site's index `/` are two routes:
 /// axum never runs `/{tenant}` for `/` (a parameter is never empty at the
-/// end of a path), nor `/users/{id}` for `/users/`. On the router, where
-/// `MatchedPath` says `/` (or `/users/`), a rule on `/{tenant}` (or
-/// `/users/{id}`) is not over the index: it must not count it.
+/// end of a path), nor `/users/{id}` for `/users/`, nor a catch-all for an
+/// empty tail (`/files/{*path}` for `/files/`, `/{*rest}` for `/`). On the
+/// router, where `MatchedPath` says `/` (or `/users/`, `/files/`), a rule
+/// on `/{tenant}` (or `/users/{id}`, or one copied from a catch-all route)
+/// is not over the index: it does not count it.
 #[tokio::test]
 async fn an_index_route_is_not_counted_by_a_rule_on_a_parameter_below_it_on_the_router() {
     let mut counted = Vec::new();
     for (routes, prefix, path) in [
         (&["/", "/{tenant}"][..], "/{tenant}", "/"),
         (&["/users/", "/users/{id}"][..], "/users/{id}", "/users/"),
+        (&["/files/", "/files/{*path}"], "/files/{*path}", "/files/"),
+        (&["/", "/{*rest}"], "/{*rest}", "/"),
+        (
+            &["/users/{id}/", "/users/{id}/{*rest}"],
+            "/users/{id}/{*rest}",
+            "/users/7/",
+        ),
     ] {
         let router = routes.iter().fold(Router::new(), |router, route| {
             router.route(route, get(|| async { "ok" }))
@@ -2135,4 +2133,131 @@ async fn path_parameters_a_tomcat_backend_strips_do_not_escape_a_rule() {
         }
     }
     assert!(escaped.is_empty(), "served twice: {escaped:#?}");
+}
+
+/// axum's `route` (its wildcard named `path`), whose handler hands its
+/// tail, as `Path` gives it, to another server, which serves what
+/// `serve` makes of it, noted in `runs`.
+fn handing_tail_to(route: &str, serve: fn(&str) -> String) -> (Runs, Router) {
+    let runs: Runs = Arc::default();
+    let handler =
+        move |State(runs): State<Runs>,
+              Path(params): Path<std::collections::HashMap<String, String>>| async move {
+            runs.lock().unwrap().push(serve(&params["path"]));
+            "file"
+        };
+    let router = Router::new()
+        .route(route, get(handler))
+        .with_state(runs.clone());
+    (runs, router)
+}
+
+/// Asserts, for each line of `cases` (a route, a prefix, a first path and
+/// a path), that a rule on the prefix limiting the first path limits the
+/// path after it, on the router and around it, where the route's handler
+/// hands its tail to a server that serves what `serve` makes of it
+/// ([`handing_tail_to`]).
+async fn assert_tails_limited(serve: fn(&str) -> String, cases: &str) {
+    let mut escaped = Vec::new();
+    for line in cases.lines().filter(|line| !line.trim().is_empty()) {
+        let case: Vec<&str> = line.split_whitespace().collect();
+        let [route, prefix, first, path] = case[..] else {
+            panic!("a case is a route, a prefix and two paths: {line:?}");
+        };
+        let (runs, router) = handing_tail_to(route, serve);
+        for (placement, app) in placements(&rule_on("private", prefix), &router) {
+            runs.lock().unwrap().clear();
+            let statuses = as_one(&app, [first, path]).await;
+            let what = format!("{placement}: {route}: {first} then {path}");
+            escaped.extend(escape(&what, &statuses, &runs));
+        }
+    }
+    assert!(escaped.is_empty(), "served twice: {escaped:#?}");
+}
+
+/// A tail proxied to the root of a Tomcat or Spring backend (`/{tail}`,
+/// `;` a path character, sent as it is), which serves it as
+/// [`tomcat_resolved`] does.
+fn tomcat_below(tail: &str) -> String {
+    tomcat_resolved(&format!("/{tail}"))
+}
+
+/// A tail proxied with reqwest (`reqwest::get(format!("{backend}/{tail}"))`,
+/// the way handlers write a proxy): reqwest's `Url` parses it as the
+/// WHATWG URL standard says, a `\` a `/` in an `http` URL and `%2e%2e`
+/// (any case, or `.%2e`) a `..`, both resolved before the request is sent;
+/// the backend serves the path it is sent.
+fn url_proxy_below(tail: &str) -> String {
+    let sent = reqwest::Url::parse(&format!("http://backend/{tail}")).unwrap();
+    cleaned(&fully_decoded(sent.path()))
+}
+
+/// A tail proxied (decoded once, by `Path`) to a backend that decodes the
+/// path it is sent and cleans it, as Go's `http.FileServer` (`r.URL.Path`,
+/// then `path.Clean`) and nginx (decoding, then resolving dot segments) do.
+fn decoding_backend_below(tail: &str) -> String {
+    cleaned(&fully_decoded(&format!("/{tail}")))
+}
+
+/// Below `/download-{*path}` proxying its tail to Tomcat ([`tomcat_below`]):
+/// `/download-private/r` (tail `private/r`) and `/download-;x/private/r`
+/// (tail `;x/private/r`, whose first segment Tomcat reads as empty) are
+/// both `/private/r` to the backend. The rule on `/download-private`
+/// counts the first (and `/download-/private/r`, SECURITY.md), and the
+/// second too: a tail with a path parameter is also read as a hop's would
+/// be. So too with a `..;` in the tail (`/download-x/..;/private/r`, and
+/// `/staticx/..;/private/r` on `/static{*path}`), counted as without the
+/// `;`; and with `%3B`, which `Path` decodes to `;` (`/files/private%3Bx/r`
+/// and `/files/x/..%3B/private/r` reach the backend as `/private;x/r` and
+/// `/x/..;/private/r`).
+#[tokio::test]
+async fn path_parameters_in_a_wildcards_tail_do_not_escape() {
+    let cases = "
+        /download-{*path} /download-private /download-private/r /download-;x/private/r
+        /download-{*path} /download-private /download-private/r /download-;/private/r
+        /download-{*path} /download-private /download-private/r /download-x/..;/private/r
+        /static{*path} /static/private /static/private/r /staticx/..;/private/r
+        /files/{*path} /files/private /files/private/r /files/private%3Bx/r
+        /files/{*path} /files/private /files/private/r /files/x/..%3B/private/r
+    ";
+    assert_tails_limited(tomcat_below, &cases).await;
+}
+
+/// Through a reqwest proxy below the wildcard ([`url_proxy_below`]),
+/// `/files/x%5C..%5Cprivate/r` (tail `x\..\private/r`) and
+/// `/files/x/..%5Cprivate/r` are sent as `/private/r`, as
+/// `/files/private/r` is (a backslash a slash), and so is
+/// `/files/x/%252e%252e/private/r` (tail `x/%2e%2e/private/r`: the URL
+/// standard reads `%2e%2e` as `..`). A tail with an escape or a backslash
+/// is also read as a hop's would be, so a rule on `/files/private` counts
+/// them on the router and around it; likewise on `/download-{*path}` under
+/// `/download-private`.
+#[tokio::test]
+async fn a_tail_a_url_parser_resolves_does_not_escape() {
+    let cases = "
+        /files/{*path} /files/private /files/private/r /files/x%5C..%5Cprivate/r
+        /files/{*path} /files/private /files/private/r /files/x/..%5Cprivate/r
+        /download-{*path} /download-private /download-private/r /download-x%5C..%5Cprivate/r
+        /files/{*path} /files/private /files/private/r /files/x/%252e%252e/private/r
+        /files/{*path} /files/private /files/private/r /files/x/.%252E/private/r
+        /download-{*path} /download-private /download-private/r /download-x/%252e%252e/private/r
+    ";
+    assert_tails_limited(url_proxy_below, &cases).await;
+}
+
+/// Through a proxy below the wildcard to a backend that decodes its path
+/// ([`decoding_backend_below`]), `/files/x%252F..%252Fprivate/r` (tail
+/// `x%2F..%2Fprivate/r`), `/files/x/%252e%252e/private/r` and
+/// `/files/%2570rivate/r` are `/private/r`, as `/files/private/r` is: the
+/// tail is decoded twice, once by `Path` and once by the backend. The rule
+/// on `/files/private` counts them on the router and around it.
+#[tokio::test]
+async fn a_tail_a_backend_decodes_again_does_not_escape() {
+    let cases = "
+        /files/{*path} /files/private /files/private/r /files/x%252F..%252Fprivate/r
+        /files/{*path} /files/private /files/private/r /files/x/%252e%252e/private/r
+        /files/{*path} /files/private /files/private/r /files/%2570rivate/r
+        /download-{*path} /download-private /download-private/r /download-x%252F..%252Fprivate/r
+    ";
+    assert_tails_limited(decoding_backend_below, &cases).await;
 }

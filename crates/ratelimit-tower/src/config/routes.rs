@@ -50,9 +50,11 @@ enum Wanted {
     /// `{name}`: any one segment, an empty one included (axum runs
     /// `/users/{id}/posts` for `/users//posts`).
     Param,
-    /// A last `{*name}`, or the empty segment after a last slash (`/api/`):
-    /// at least one segment more.
-    Below,
+    /// A last `{*name}` (`wildcard`), or the empty segment after a last
+    /// slash (`/api/`): at least one segment more. On the router a
+    /// wildcard's is never a route's trailing slash: axum runs no
+    /// `/files/{*path}` for `/files/`.
+    Below { wildcard: bool },
 }
 
 /// One route prefix, its segments read as a path's are.
@@ -70,8 +72,8 @@ impl Prefix {
             Prefix(
                 segments
                     .map(|segment| match segment {
-                        "" => Wanted::Below,
-                        _ if segment.starts_with("{*") => Wanted::Below,
+                        "" => Wanted::Below { wildcard: false },
+                        _ if segment.starts_with("{*") => Wanted::Below { wildcard: true },
                         _ if segment.starts_with('{') => Wanted::Param,
                         _ if decode => Wanted::Literal(decode_segment(segment).into_owned()),
                         _ => Wanted::Literal(segment.to_owned()),
@@ -123,7 +125,7 @@ impl Prefix {
 
     /// Whether this prefix covers `len` segments, the `i`th of which its
     /// literal segment matches when `literal_at(i, literal)` says so, and a
-    /// parameter when `param_at(i)` does.
+    /// parameter (or a wildcard, its first segment) when `param_at(i)` does.
     fn covers_with(
         &self,
         len: usize,
@@ -132,7 +134,7 @@ impl Prefix {
     ) -> bool {
         for (i, wanted) in self.0.iter().enumerate() {
             match wanted {
-                Wanted::Below => return len > i,
+                Wanted::Below { wildcard } => return len > i && (!wildcard || param_at(i)),
                 Wanted::Param if len <= i || !param_at(i) => return false,
                 Wanted::Param => {}
                 Wanted::Literal(literal) => {
@@ -250,6 +252,13 @@ impl Routes {
                 }
             }
         }
+        // Path parameters a decoding hop uncovered (`%3B`), dropped too.
+        let stripped: Vec<String> = forwarded
+            .iter()
+            .filter(|forwarded| forwarded.contains(';'))
+            .map(|forwarded| without_path_parameters(forwarded))
+            .collect();
+        forwarded.extend(stripped);
         for (i, forwarded_path) in forwarded.iter().enumerate() {
             let seen = forwarded_path == path || forwarded[..i].contains(forwarded_path);
             if !seen && self.covers_routed(forwarded_path) {
@@ -333,7 +342,7 @@ impl Routes {
                 let rest = &kept[..kept_len.saturating_sub(1)];
                 let slash = trailing && kept_len > 0;
                 match wanted {
-                    Wanted::Below => break,
+                    Wanted::Below { .. } => break,
                     // Any root works for a parameter, joined to the tail's
                     // first segment: the first part, without the dots
                     // dropped. An empty part dropped, or the part kept as a
@@ -518,6 +527,16 @@ impl Routes {
         let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
         let start = decode_segment(&start);
         let decoded = decode_escapes(tail, |_| false);
+        // A handler may hand its tail to another server (a proxy, a URL
+        // parser), which reads it again: where what `Path` gave holds an
+        // escape, a backslash or a path parameter, the path with that
+        // tail is read every way a hop's may be.
+        if decoded.contains(['%', '\\', ';']) {
+            let handed = format!("{}{decoded}", &path[..path.len() - tail.len()]);
+            if self.covers_path(&handed) {
+                return true;
+            }
+        }
         let cleaned = normalize_literal_dots(&format!("/{decoded}"));
         for tail in [decoded.as_str(), &cleaned[1..]] {
             let tail: Vec<&str> = tail.split('/').take(self.depth + 1).collect();
@@ -966,7 +985,7 @@ fn ends_with_a_dot_segment(segment: &str) -> bool {
 fn may_have_a_root_inside(prefix: &Prefix, segments: &[&str], dot_dot: bool) -> bool {
     for (wanted, segment) in prefix.0.iter().zip(segments) {
         match wanted {
-            Wanted::Below => return false,
+            Wanted::Below { .. } => return false,
             Wanted::Param if dot_dot || ends_with_a_dot_segment(segment) => return true,
             Wanted::Param => {}
             Wanted::Literal(literal) if literal.as_str() != *segment => {
@@ -1182,7 +1201,9 @@ mod tests {
             /users/%7Bid%7D /users/{id} /users/7 no
             # The handler is given %2e%2e, a name, by Path's one decoding.
             /files/private /files/{*path} /files/y/..%2Fprivate/x/%252e%252e/../../r yes
-            /files/r /files/{*path} /files/x/%252e%252e/r no
+            # Limited more: a handler may hand its tail to a server that
+            # decodes it again.
+            /files/r /files/{*path} /files/x/%252e%252e/r yes
             /admin /{service}/{id} /../admin yes
             # A router mounted whole below a wildcard: its own route, as it
             # routed the path.
