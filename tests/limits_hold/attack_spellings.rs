@@ -2220,7 +2220,7 @@ async fn path_parameters_in_a_wildcards_tail_do_not_escape() {
         /files/{*path} /files/private /files/private/r /files/private%3Bx/r
         /files/{*path} /files/private /files/private/r /files/x/..%3B/private/r
     ";
-    assert_tails_limited(tomcat_below, &cases).await;
+    assert_tails_limited(tomcat_below, cases).await;
 }
 
 /// Through a reqwest proxy below the wildcard ([`url_proxy_below`]),
@@ -2242,7 +2242,7 @@ async fn a_tail_a_url_parser_resolves_does_not_escape() {
         /files/{*path} /files/private /files/private/r /files/x/.%252E/private/r
         /download-{*path} /download-private /download-private/r /download-x/%252e%252e/private/r
     ";
-    assert_tails_limited(url_proxy_below, &cases).await;
+    assert_tails_limited(url_proxy_below, cases).await;
 }
 
 /// Through a proxy below the wildcard to a backend that decodes its path
@@ -2259,5 +2259,5 @@ async fn a_tail_a_backend_decodes_again_does_not_escape() {
         /files/{*path} /files/private /files/private/r /files/%2570rivate/r
         /download-{*path} /download-private /download-private/r /download-x%252F..%252Fprivate/r
     ";
-    assert_tails_limited(decoding_backend_below, &cases).await;
+    assert_tails_limited(decoding_backend_below, cases).await;
 }
