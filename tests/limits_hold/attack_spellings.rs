@@ -2261,3 +2261,40 @@ async fn a_tail_a_backend_decodes_again_does_not_escape() {
     ";
     assert_tails_limited(decoding_backend_below, cases).await;
 }
+
+/// reqwest's `Url` (the WHATWG URL standard) removes every ASCII tab and
+/// newline from the URL it parses, anywhere, and trims leading and
+/// trailing C0 controls and spaces: through a reqwest proxy below the
+/// wildcard ([`url_proxy_below`]), `/files/pri%09vate/r` (tail
+/// `pri\tvate/r` once `Path` decodes it), `/files/pri%0Avate/r`,
+/// `/files/x/.%0D./private/r` and `/files/private%20` are sent as
+/// `/private/r` (or `/private`), as `/files/private/r` is. A rule on
+/// `/files/private` counts them, on the router and around it.
+#[tokio::test]
+async fn a_tail_a_url_parser_strips_tabs_and_newlines_from_does_not_escape() {
+    let cases = "
+        /files/{*path} /files/private /files/private/r /files/pri%09vate/r
+        /files/{*path} /files/private /files/private/r /files/pri%0Avate/r
+        /files/{*path} /files/private /files/private/r /files/x/.%0D./private/r
+        /files/{*path} /files/private /files/private /files/private%20
+        /download-{*path} /download-private /download-private/r /download-pri%09vate/r
+    ";
+    assert_tails_limited(url_proxy_below, cases).await;
+}
+
+/// reqwest's `Url` takes a `?` in the URL for the start of the query and a
+/// `#` for the fragment's: through a reqwest proxy below the wildcard
+/// ([`url_proxy_below`]), `/files/private%3Fx` (tail `private?x` once
+/// `Path` decodes it) and `/files/private%23x` are sent as `/private`, as
+/// `/files/private` is. A rule on `/files/private` counts them on the
+/// router as it does around it.
+#[tokio::test]
+async fn a_tail_a_url_parser_cuts_at_a_query_mark_does_not_escape() {
+    let cases = "
+        /files/{*path} /files/private /files/private /files/private%3Fx
+        /files/{*path} /files/private /files/private /files/private%23x
+        /files/{*path} /files/private /files/private/r /files/private%3F/r
+        /download-{*path} /download-private /download-private /download-private%3Fx
+    ";
+    assert_tails_limited(url_proxy_below, cases).await;
+}

@@ -31,7 +31,9 @@
 //!   segment can be spelled ([`Routes::covers_routed`]).
 //!
 //! One pass over the path per way a hop may forward it, and a few segments
-//! compared per root: no path costs more than a few passes over it.
+//! compared per root; a path longer than [`LONGEST_PATH_READ`] that a hop
+//! would read otherwise is counted instead: no request costs more than a
+//! few dozen passes over a few kilobytes.
 
 use std::borrow::Cow;
 
@@ -210,13 +212,18 @@ impl Routes {
             return true;
         }
         let backslash = path.contains('\\') || contains_ignoring_case(path, "%5c");
+        let url_read = as_a_url_parser_reads(path);
         if !(path.contains("//")
             || path.contains("/.")
             || path.contains('%')
             || path.contains(';')
-            || backslash)
+            || backslash
+            || url_read.is_some())
         {
             return false;
+        }
+        if path.len() > LONGEST_PATH_READ {
+            return true;
         }
         let mut sent = vec![path.to_owned()];
         if backslash {
@@ -229,6 +236,7 @@ impl Routes {
         if path.contains(';') {
             sent.push(without_path_parameters(path));
         }
+        sent.extend(url_read);
         let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
         let mut forwarded: Vec<String> = Vec::new();
         for sent in &sent {
@@ -252,13 +260,19 @@ impl Routes {
                 }
             }
         }
-        // Path parameters a decoding hop uncovered (`%3B`), dropped too.
-        let stripped: Vec<String> = forwarded
+        // What a decoding hop uncovered (`%3B`, `%09`, `%3F`) read again:
+        // path parameters dropped, and as a URL parser reads a path.
+        let uncovered: Vec<String> = forwarded
             .iter()
             .filter(|forwarded| forwarded.contains(';'))
             .map(|forwarded| without_path_parameters(forwarded))
+            .chain(
+                forwarded
+                    .iter()
+                    .filter_map(|forwarded| as_a_url_parser_reads(forwarded)),
+            )
             .collect();
-        forwarded.extend(stripped);
+        forwarded.extend(uncovered);
         for (i, forwarded_path) in forwarded.iter().enumerate() {
             let seen = forwarded_path == path || forwarded[..i].contains(forwarded_path);
             if !seen && self.covers_routed(forwarded_path) {
@@ -529,9 +543,12 @@ impl Routes {
         let decoded = decode_escapes(tail, |_| false);
         // A handler may hand its tail to another server (a proxy, a URL
         // parser), which reads it again: where what `Path` gave holds an
-        // escape, a backslash or a path parameter, the path with that
-        // tail is read every way a hop's may be.
-        if decoded.contains(['%', '\\', ';']) {
+        // escape, a backslash, a path parameter, a query mark, a space or
+        // a control character, the path with that tail is read every way
+        // a hop's may be.
+        if decoded.contains(|c: char| {
+            matches!(c, '%' | '\\' | ';' | '?' | '#' | ' ') || c.is_ascii_control()
+        }) {
             let handed = format!("{}{decoded}", &path[..path.len() - tail.len()]);
             if self.covers_path(&handed) {
                 return true;
@@ -803,6 +820,38 @@ fn decoded_by_a_hop(path: &str) -> String {
     decoded
 }
 
+/// The longest path read every way a hop may read it: a longer one that
+/// any hop would read otherwise (an escape, a dot segment, a backslash...)
+/// is counted under the rule instead, limited more, never less. Each
+/// reading is a pass over the path, and no client sends such paths (common
+/// servers refuse request lines past 8 KiB): a hostile one costs no more
+/// than a few kilobytes' passes.
+const LONGEST_PATH_READ: usize = 4096;
+
+/// `path` as a URL parser reads it (the WHATWG URL standard, reqwest's
+/// `Url`): tabs and newlines removed, the path ending at a `?` or `#`,
+/// trailing spaces and control characters trimmed; none when that changes
+/// nothing.
+fn as_a_url_parser_reads(path: &str) -> Option<String> {
+    if !path.contains(['\t', '\n', '\r', '?', '#'])
+        && !path.ends_with(|c: char| c == ' ' || c.is_ascii_control())
+    {
+        return None;
+    }
+    let mut read: String = path
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
+    if let Some(end) = read.find(['?', '#']) {
+        read.truncate(end);
+    }
+    let kept = read
+        .trim_end_matches(|c: char| c == ' ' || c.is_ascii_control())
+        .len();
+    read.truncate(kept);
+    Some(read)
+}
+
 /// `path` without its path parameters: each segment cut at its first `;`,
 /// as Tomcat, Jetty and Spring read a path (`..;` is then `..`).
 fn without_path_parameters(path: &str) -> String {
@@ -1002,7 +1051,7 @@ fn may_have_a_root_inside(prefix: &Prefix, segments: &[&str], dot_dot: bool) -> 
 mod tests {
     #[cfg(feature = "axum")]
     use super::Routed;
-    use super::{Prefix, Routes};
+    use super::{LONGEST_PATH_READ, Prefix, Routes};
 
     /// Asserts, for each line of `cases` (a prefix, a path, and whether
     /// the prefix covers the path, however it is read: `yes` or `no`;
@@ -1271,5 +1320,19 @@ mod tests {
             let covered = Routes::new([prefix]).covers_as_routed(&routed, route);
             assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
+    }
+
+    /// A path longer than [`LONGEST_PATH_READ`] that a hop would read
+    /// otherwise is counted rather than read every way (each reading a
+    /// pass over it); a long path with nothing to read otherwise, or a
+    /// short one, is read as always.
+    #[test]
+    fn a_path_too_long_to_read_every_way_is_counted() {
+        let routes = Routes::new(["/files/private"]);
+        let long = format!("/files/{}", "a%2F".repeat(LONGEST_PATH_READ / 4));
+        assert!(routes.covers_path(&long));
+        let plain = format!("/files/{}", "a".repeat(LONGEST_PATH_READ));
+        assert!(!routes.covers_path(&plain));
+        assert!(!routes.covers_path("/files/a%2Fb"));
     }
 }
