@@ -2298,3 +2298,41 @@ async fn a_tail_a_url_parser_cuts_at_a_query_mark_does_not_escape() {
     ";
     assert_tails_limited(url_proxy_below, cases).await;
 }
+
+/// A request whose target is no path: `CONNECT example.com:443`
+/// (authority form, an empty path) or `OPTIONS *` (asterisk form, the
+/// path `*`), both of which hyper accepts from any client. axum's router
+/// runs its fallback for them, as it does for `/other`: a rule on `/`,
+/// which covers every path, limits them as it limits `/other`. Else one
+/// client gets the fallback (a proxy, an SPA's index) past a limit of one.
+#[tokio::test]
+async fn a_request_whose_target_is_no_path_does_not_escape_a_rule_on_every_path() {
+    let router = Router::new()
+        .route("/files/{*path}", get(|| async { "file" }))
+        .fallback(|| async { "other" });
+    let rules = rule_on("everything", "/");
+    for (placement, app) in placements(&rules, &router) {
+        assert_eq!(as_one(&app, ["/other"; 2]).await, [200, 429], "{placement}");
+    }
+    let mut escaped = Vec::new();
+    for (method, target) in [("CONNECT", "example.com:443"), ("OPTIONS", "*")] {
+        for (placement, app) in placements(&rules, &router) {
+            let mut statuses = Vec::new();
+            for (method, target) in [("GET", "/other"), (method, target)] {
+                let req = Request::builder()
+                    .method(method)
+                    .uri(target)
+                    .header("x-id", "one")
+                    .body(Body::empty())
+                    .unwrap();
+                statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            if statuses != [200, 429] {
+                escaped.push(format!(
+                    "{placement}: GET /other then {method} {target}: {statuses:?}"
+                ));
+            }
+        }
+    }
+    assert!(escaped.is_empty(), "{escaped:#?}");
+}

@@ -33,7 +33,7 @@
 //! One pass over the path per way a hop may forward it, and a few segments
 //! compared per root; a path longer than [`LONGEST_PATH_READ`] that a hop
 //! would read otherwise is counted instead: no request costs more than a
-//! few dozen passes over a few kilobytes.
+//! few hundred passes over 2 KiB.
 
 use std::borrow::Cow;
 
@@ -169,6 +169,11 @@ impl Routes {
     /// Whether a prefix covers `req`'s path, however it is read (see the
     /// module docs).
     pub(super) fn cover<B>(&self, req: &Request<B>) -> bool {
+        // A target that is no path (`CONNECT host:443`, `OPTIONS *`) is
+        // read as the root, which a rule on `/` covers.
+        if !req.uri().path().starts_with('/') {
+            return self.covers_path("/");
+        }
         #[cfg(feature = "axum")]
         {
             let extensions = req.extensions();
@@ -273,13 +278,10 @@ impl Routes {
             )
             .collect();
         forwarded.extend(uncovered);
-        for (i, forwarded_path) in forwarded.iter().enumerate() {
-            let seen = forwarded_path == path || forwarded[..i].contains(forwarded_path);
-            if !seen && self.covers_routed(forwarded_path) {
-                return true;
-            }
-        }
-        false
+        let mut seen = std::collections::HashSet::from([path]);
+        forwarded
+            .iter()
+            .any(|forwarded| seen.insert(forwarded.as_str()) && self.covers_routed(forwarded))
     }
 
     /// Whether a prefix covers `path` as the router reads it (its segments,
@@ -823,10 +825,10 @@ fn decoded_by_a_hop(path: &str) -> String {
 /// The longest path read every way a hop may read it: a longer one that
 /// any hop would read otherwise (an escape, a dot segment, a backslash...)
 /// is counted under the rule instead, limited more, never less. Each
-/// reading is a pass over the path, and no client sends such paths (common
-/// servers refuse request lines past 8 KiB): a hostile one costs no more
-/// than a few kilobytes' passes.
-const LONGEST_PATH_READ: usize = 4096;
+/// reading is a pass over the path (a few hundred, for a path holding every
+/// character hops read otherwise), and no client sends such paths: a
+/// hostile one costs no more than those passes over 2 KiB.
+const LONGEST_PATH_READ: usize = 2048;
 
 /// `path` as a URL parser reads it (the WHATWG URL standard, reqwest's
 /// `Url`): tabs and newlines removed, the path ending at a `?` or `#`,
