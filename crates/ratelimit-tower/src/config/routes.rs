@@ -265,6 +265,16 @@ impl Routes {
                 }
             }
         }
+        // Two hops that each decode every escape (`%25` hides a second
+        // one), the last perhaps taking a backslash for a slash.
+        if contains_ignoring_case(path, "%25") {
+            let twice = decoded_by_a_hop(&decoded_by_a_hop(path));
+            let slashed = twice.replace('\\', "/");
+            for twice in [twice, slashed] {
+                forwarded.push(normalize(&twice).into_owned());
+                forwarded.push(twice);
+            }
+        }
         // What a decoding hop uncovered (`%3B`, `%09`, `%3F`) read again:
         // path parameters dropped, and as a URL parser reads a path.
         let uncovered: Vec<String> = forwarded
@@ -1136,6 +1146,14 @@ mod tests {
             /files/private%2Fr /files/private/r yes
             /files/private /files/private%2Freport yes
             /api%2Fx /api/x yes
+            # Two hops each decoding every escape, then Path.
+            /files/private /files/%2570rivate/r yes
+            /files/private /files/%252570rivate/r yes
+            /files/private /files%255Cprivate/r yes
+            /admin/keys /admin%253Bx/keys yes
+            # Limited more: a name ending with a dot, joined to the next
+            # segment where a root inside it drops the dot (SECURITY.md).
+            /{org}/members /acme./teams/members yes
             ",
         );
     }
