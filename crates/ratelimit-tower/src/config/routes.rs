@@ -206,12 +206,14 @@ impl Routes {
     /// Whether a prefix covers `path` as the router reads it, or as a hop
     /// (or two) in front of it may forward it: a backslash taken for a
     /// slash (Istio, Cloudflare); path parameters dropped (`;...` in a
-    /// segment, as Tomcat, Jetty and Spring read a path); slashes merged and dot segments resolved,
-    /// `%2e` as a dot (RFC 3986) or not (a hop that leaves escapes alone);
-    /// escapes decoded, before resolving or after: every one (an encoded
-    /// slash then a separator, a `?` or `#` the end of the path), or all
-    /// but `%`, `?` and `#` (as nginx forwards a path, and as a hop that
-    /// decodes only `%2F` reads for the router, which decodes the rest).
+    /// segment, as Tomcat, Jetty and Spring read a path); read as a URL
+    /// parser reads it; slashes merged and dot segments resolved, `%2e` as
+    /// a dot (RFC 3986) or not (a hop that leaves escapes alone); escapes
+    /// decoded, before resolving or after: every one (an encoded slash then
+    /// a separator, a `?` or `#` the end of the path), by one hop or two,
+    /// or all but `%`, `?` and `#` (as nginx forwards a path, and as a hop
+    /// that decodes only `%2F` reads for the router, which decodes the
+    /// rest).
     fn covers_path(&self, path: &str) -> bool {
         if self.covers_routed(path) {
             return true;
@@ -761,9 +763,7 @@ fn inner_routes(above: &str, inner: &str, nested: Option<&str>) -> Vec<String> {
 /// own never has a wildcard before its last segment.
 #[cfg(feature = "axum")]
 fn mounted_route(route: &str) -> Option<(&str, &str)> {
-    // Same length: the offsets found are the route's.
-    let unescaped = route.replace("{{", "\0\0");
-    let star = unescaped.find("{*")?;
+    let star = wildcard_at(route)?;
     let slash = star + route[star..].find('/')?;
     let above = route[..star].rfind('/').map_or("", |at| &route[..at]);
     Some((above, &route[slash..]))
@@ -794,12 +794,13 @@ fn follows(path: &str, route: &str) -> bool {
     segments.next().is_none()
 }
 
-/// Where the wildcard of a route template (as axum registers it, without
-/// its first `/`) starts: its `{*`, not an escaped `{{`.
+/// Where the first wildcard of a route template (or of one of its
+/// segments) starts: its `{*`, not an escaped `{{`.
 #[cfg(feature = "axum")]
 fn wildcard_at(template: &str) -> Option<usize> {
+    // Same length: the offset found is the template's.
     let unescaped = template.replace("{{", "\0\0");
-    unescaped.rfind("{*")
+    unescaped.find("{*")
 }
 
 /// Whether a route template's segment holds a parameter, not only braces
