@@ -1368,34 +1368,76 @@ async fn a_hop_resolving_dot_segments_without_merging_slashes_does_not_hide_a_ro
     .await;
 }
 
-/// Over-matching an ordinary request: GitLab-style APIs name a project by
-/// its encoded path (`/projects/acme%2Fexport` is the project `export` of
-/// the group `acme`), which axum's `/projects/{id}` runs with the one
-/// segment `acme/export`. With the layer on the router, the router's route
-/// (`MatchedPath`: `/projects/{id}`, no wildcard) tells that no handler
-/// reads `export` as a segment of its own, and no hop can sit between the
-/// layer and the router: a rule on `/projects/{id}/export` does not count
-/// it, and a client may read that project three times.
+/// Limited more: GitLab-style APIs name a project by its encoded path
+/// (`/projects/acme%2Fexport` is the project `export` of the group
+/// `acme`), which axum's `/projects/{id}` runs with the one segment
+/// `acme/export`. The layer cannot tell that handler from a service that
+/// decodes the path it is given (see
+/// `a_service_decoding_an_encoded_slash_in_a_parameter_does_not_escape_a_rule_on_the_router`),
+/// so a parameter holding an encoded slash is also read with the slash a
+/// separator, and a rule on `/projects/{id}/export` counts the project,
+/// on a route with a wildcard as on one without.
 #[tokio::test]
-async fn an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_counted_on_the_router()
- {
-    assert_not_counted_on_the_router(
-        &["/projects/{id}", "/projects/{id}/export"],
-        "/projects/{id}/export",
-        "/projects/acme%2Fexport",
-    )
-    .await;
+async fn an_encoded_slash_in_a_parameter_is_also_read_as_a_separator_on_the_router() {
+    let cases = [
+        (
+            &["/projects/{id}", "/projects/{id}/export"],
+            "/projects/acme%2Fexport",
+        ),
+        (
+            &["/projects/{id}/files/{*path}", "/projects/{id}/export"],
+            "/projects/acme%2Fexport/files/readme",
+        ),
+    ];
+    for (routes, path) in cases {
+        let statuses = on_routes(routes, "/projects/{id}/export", path).await;
+        assert_eq!(
+            statuses,
+            [200, 429, 429],
+            "{path} under /projects/{{id}}/export"
+        );
+    }
+}
+
+/// A reverse proxy mounted with `route_service` on `/{service}` and
+/// `/{service}/{*rest}`, to a backend that decodes the path before routing
+/// it (Go's `http.FileServer`, `http.ServeMux` before 1.22), serves
+/// `/admin%2Fkeys` (one `service`, `admin/keys`, to axum) as `/admin/keys`,
+/// which a rule on `/admin/keys` limits: on the router a parameter holding
+/// an encoded slash is also read with the slash a separator.
+#[tokio::test]
+async fn a_service_decoding_an_encoded_slash_in_a_parameter_does_not_escape_a_rule_on_the_router() {
+    let (runs, proxy) = proxy_serving(|path| cleaned(&fully_decoded(path)));
+    let router = Router::new()
+        .route_service("/{service}", proxy.clone())
+        .route_service("/{service}/{*rest}", proxy);
+    for escape in ["/admin%2Fkeys", "/admin%2Fkeys/r", "/admin%252Fkeys/r"] {
+        assert_only_the_first_on_the_router(
+            &router,
+            &runs,
+            "/admin/keys",
+            &["/admin/keys", escape],
+        )
+        .await;
+    }
+}
+
+/// With the layer on a router of `routes` (each answering `200`) and a
+/// rule of one request a window on `prefix`, the statuses of `path` sent
+/// three times.
+async fn on_routes(routes: &[&str], prefix: &str, path: &str) -> Vec<u16> {
+    let router = routes.iter().fold(Router::new(), |router, route| {
+        router.route(route, get(|| async { "ok" }))
+    });
+    let app = App::new(router.layer(layer_of(&rule_on("rule", prefix))));
+    as_one(&app, [path; 3]).await
 }
 
 /// With the layer on a router of `routes` (each answering `200`) and a
 /// rule of one request a window on `prefix`, `path`, which no route under
 /// `prefix` runs, is answered three times: the rule does not count it.
 async fn assert_not_counted_on_the_router(routes: &[&str], prefix: &str, path: &str) {
-    let router = routes.iter().fold(Router::new(), |router, route| {
-        router.route(route, get(|| async { "ok" }))
-    });
-    let app = App::new(router.layer(layer_of(&rule_on("rule", prefix))));
-    let statuses = as_one(&app, [path; 3]).await;
+    let statuses = on_routes(routes, prefix, path).await;
     assert_eq!(statuses, [200; 3], "{path} counted under {prefix}");
 }
 
@@ -1542,22 +1584,6 @@ async fn a_route_service_given_the_whole_path_does_not_escape_a_rule_on_the_rout
     .await;
 }
 
-/// GitLab-style ids hold an encoded slash (`acme%2Fexport` is the project
-/// `export` of the group `acme`): axum's `/projects/{id}/files/{*path}`
-/// runs `/projects/acme%2Fexport/files/readme` with the one id
-/// `acme/export`, an ordinary request no rule on `/projects/{id}/export`
-/// is over: on the router the layer keeps the id one segment in every
-/// reading, on a route with a wildcard as on one without.
-#[tokio::test]
-async fn an_encoded_slash_in_a_parameter_above_a_wildcard_is_not_counted_on_the_router() {
-    assert_not_counted_on_the_router(
-        &["/projects/{id}/files/{*path}", "/projects/{id}/export"],
-        "/projects/{id}/export",
-        "/projects/acme%2Fexport/files/readme",
-    )
-    .await;
-}
-
 /// A rule on a literal path with braces (`/users/%7Bid%7D`, what a client
 /// sends for `/users/{id}` written out) is over that one path: on the
 /// router a rule's literal segment matches a route's literal segment,
@@ -1669,18 +1695,16 @@ fn mounted_with_the_layer_inside(router: Router, prefix: &str) -> App {
     ))
 }
 
-/// GitLab-style ids hold an encoded slash (`acme%2Fexport`): the inner
-/// router's `/api/projects/{id}` runs `/api/projects/acme%2Fexport` with
-/// the one id `acme/export`, an ordinary request no rule on
-/// `/api/projects/{id}/export` is over (as
-/// `an_encoded_slash_in_a_parameter_of_a_route_without_a_wildcard_is_not_counted_on_the_router`
-/// holds for the router alone). Mounted with `route_service` below the
-/// outer `/api/{*rest}`, with the layer on the inner router, `MatchedPath`
-/// is `/api/{*rest}/api/projects/{id}`, and the layer reads the inner
-/// route, not a tail below the outer wildcard (where `%2F` would be a
-/// separator and the id two segments).
+/// Limited more, as on a router alone
+/// (`an_encoded_slash_in_a_parameter_is_also_read_as_a_separator_on_the_router`):
+/// the inner router's `/api/projects/{id}` runs
+/// `/api/projects/acme%2Fexport` with the one id `acme/export`, which a
+/// service there may read as two segments. Mounted with `route_service`
+/// below the outer `/api/{*rest}`, with the layer on the inner router,
+/// `MatchedPath` is `/api/{*rest}/api/projects/{id}`: the layer reads the
+/// inner route, and a rule on `/api/projects/{id}/export` counts the id.
 #[tokio::test]
-async fn an_encoded_slash_in_a_parameter_of_a_router_mounted_with_route_service_is_not_counted() {
+async fn an_encoded_slash_in_a_parameter_of_a_router_mounted_with_route_service_is_counted() {
     let inner = Router::new()
         .route("/api/projects/{id}", get(|| async { "ok" }))
         .route("/api/projects/{id}/export", get(|| async { "export" }));
@@ -1688,8 +1712,9 @@ async fn an_encoded_slash_in_a_parameter_of_a_router_mounted_with_route_service_
     let path = "/api/projects/acme%2Fexport";
     let statuses = as_one(&app, [path; 3]).await;
     assert_eq!(
-        statuses, [200; 3],
-        "{path} counted under /api/projects/{{id}}/export"
+        statuses,
+        [200, 429, 429],
+        "{path} under /api/projects/{{id}}/export"
     );
 }
 
@@ -1863,19 +1888,15 @@ async fn a_router_mounted_below_a_root_catch_all_is_not_counted_by_a_rule_over_t
 
 /// An app mounted with `route_service` below `/{*rest}` in a router
 /// nested at `/{tenant}`, the layer on the app, whose `/{project}/{*file}`
-/// serves a project's files, a GitLab-style project id holding an encoded
-/// slash (`grp%2Fexport`, the project `export` of the group `grp`). axum
-/// runs `/acme/grp%2Fexport/readme` with the tenant `acme`, the project
-/// `grp/export` and the file `readme`: no export, and not under a rule on
-/// `/{tenant}/{project}/export`, mounted as on `/{tenant}/{project}/{*file}`
-/// alone. `MatchedPath` (`/{tenant}/{*rest}/{project}/{*file}`) does not
-/// say which segments above the outer wildcard are nests' prefixes; the
-/// path also follows the app's route with none (`project` `acme`, the id
-/// in the tail, its encoded slash a separator), but only the count that
-/// `NestedPath` (`/{tenant}`) gives is how the router ran it.
+/// serves a project's files, is read as the app nested alone: axum runs
+/// `/acme/grp%2Fexport/readme` with the tenant `acme`, the project
+/// `grp/export` (`NestedPath`, `/{tenant}`, says which segments above the
+/// outer wildcard of `/{tenant}/{*rest}/{project}/{*file}` are the nest's
+/// prefix) and the file `readme`; the project's encoded slash is also read
+/// as a separator (limited more, as on a router alone), so a rule on
+/// `/{tenant}/{project}/export` counts it in both placements.
 #[tokio::test]
-async fn a_router_mounted_with_route_service_in_a_nest_with_a_parameter_is_not_counted_below_a_prefix_it_is_not_under()
- {
+async fn a_router_mounted_with_route_service_in_a_nest_reads_a_parameter_as_the_app_nested_alone() {
     fn app(nested: bool) -> App {
         let files = Router::new()
             .route("/{project}/{*file}", get(|| async { "file" }))
@@ -1897,8 +1918,8 @@ async fn a_router_mounted_with_route_service_in_a_nest_with_a_parameter_is_not_c
     );
     assert_eq!(
         statuses,
-        (vec![200; 3], vec![200; 3]),
-        "{path} counted under /{{tenant}}/{{project}}/export (nested alone, mounted in the nest)"
+        (vec![200, 429, 429], vec![200, 429, 429]),
+        "{path} under /{{tenant}}/{{project}}/export (nested alone, mounted in the nest)"
     );
 }
 

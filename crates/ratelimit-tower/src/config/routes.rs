@@ -10,7 +10,9 @@
 //! With the layer on axum's router, the route is known (`MatchedPath`) and
 //! no hop sits between, so the readings follow it: the route, the path as
 //! routed, below the route's wildcard, and as a service given the path may
-//! resolve it ([`Routes::covers_as_routed`]).
+//! resolve it ([`Routes::covers_as_routed`]); and, where a parameter holds
+//! an encoded slash or what a hop reads otherwise, every way, since a
+//! handler or service may hand it on as a path.
 //! Elsewhere the layer does not know the route, so it reads the path every
 //! way it may be read:
 //!
@@ -516,6 +518,23 @@ impl Routes {
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
             return self.covers_path(path);
         };
+        // A parameter's value may be handed on as a path, by a handler or
+        // by a service mounted on the route (`/admin%2Fkeys` on
+        // `/{service}` is `/admin/keys` to a backend that decodes the
+        // path, as Go's `http.FileServer` does): where a segment above the
+        // wildcard decodes to what a hop reads otherwise, the path is read
+        // every way too.
+        let above_wildcard =
+            wildcard_at(template).map_or(usize::MAX, |star| template[..star].matches('/').count());
+        if rest
+            .split('/')
+            .take(above_wildcard)
+            .map(decode_segment)
+            .any(|segment| segment.contains('/') || a_hop_reads_otherwise(&segment))
+            && self.covers_path(path)
+        {
+            return true;
+        }
         let Some(star) = wildcard_at(template) else {
             let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode_segment).collect();
             let segments: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
@@ -560,9 +579,7 @@ impl Routes {
         // escape, a backslash, a path parameter, a query mark, a space or
         // a control character, the path with that tail is read every way
         // a hop's may be.
-        if decoded.contains(|c: char| {
-            matches!(c, '%' | '\\' | ';' | '?' | '#' | ' ') || c.is_ascii_control()
-        }) {
+        if a_hop_reads_otherwise(&decoded) {
             let handed = format!("{}{decoded}", &path[..path.len() - tail.len()]);
             if self.covers_path(&handed) {
                 return true;
@@ -792,6 +809,15 @@ fn follows(path: &str, route: &str) -> bool {
         }
     }
     segments.next().is_none()
+}
+
+/// Whether a hop handed `decoded` as (part of) a path may read it otherwise
+/// than the router: it holds an escape, a backslash, a path parameter, a
+/// query mark, a space or a control character.
+#[cfg(feature = "axum")]
+fn a_hop_reads_otherwise(decoded: &str) -> bool {
+    decoded
+        .contains(|c: char| matches!(c, '%' | '\\' | ';' | '?' | '#' | ' ') || c.is_ascii_control())
 }
 
 /// Where the first wildcard of a route template (or of one of its
@@ -1262,12 +1288,10 @@ mod tests {
             /files/x /files/{*path} /other/x no
             /t/files /{tenant}/files/{*path} /t no
             /users /users/{id} /users/7 yes
-            /users/{id}/export /users/{id} /users/a%2Fexport no
             /files/{dir}/x /files/{*path} /files/a%2Fb/x no
             /user_bob/private /user_{name}/{*path} /user_bob/x/../private/r yes
             /v%7B1%7D/private /v{{1}}/{*path} /v{1}/x/../private/r yes
             /api/admin /api/{*rest} /api/../api/admin/r yes
-            /projects/{id}/export /projects/{id}/files/{*path} /projects/a%2Fexport/files/x no
             /users/%7Bid%7D /users/{id} /users/7 no
             # The handler is given %2e%2e, a name, by Path's one decoding.
             /files/private /files/{*path} /files/y/..%2Fprivate/x/%252e%252e/../../r yes
@@ -1277,7 +1301,6 @@ mod tests {
             /admin /{service}/{id} /../admin yes
             # A router mounted whole below a wildcard: its own route, as it
             # routed the path.
-            /api/projects/{id}/export /api/{*rest}/api/projects/{id} /api/projects/a%2Fexport no
             /api/static/private /api/{*rest}/api/static{*path} /api/staticprivate/r yes
             /api/x/private /api/{*rest}/api/{*more}/x/{*path} /api/x/../x/private/r yes
             # Nests around the outer router (their prefixes before the
@@ -1287,14 +1310,12 @@ mod tests {
             /api/files/private /app/api/{*rest}/api/files/{*path} /app/api/files/private/r no /app
             /api/v1/files/private /api/{*rest}/api/v1/files/{*path} /api/v1/files/../private/r yes /api/v1
             /projects/{id} /api/{*rest}/api/v1/projects/{id} /api/v1/projects/acme no /api/v1
-            /{t}/{p}/export /{tenant}/{*rest}/{project}/{*file} /a/g%2Fexport/r no /{tenant}
             /{t}/{p}/export /{tenant}/{*rest}/{project}/{*file} /a/g/export/r yes /{tenant}
             # The joined route's wildcard is no segment of the path.
             /{tenant}/users /{*rest}/users/{id} /users/7 no
             # A service below a nest's prefix cleans the path it is given.
             /v1/admin /v1/{service}/{id} /v1/../admin yes
             /v1/api/admin /v1/api/{*rest} /v1/api/../../api/admin/r yes
-            /v1/admin /v1/{service} /v1/admin%2F.. no
             # Empty segments kept, as RFC 3986 resolves dot segments.
             /api/admin /{*rest} /api//../admin/r yes
             /v1/api/admin /v1/{*rest} /v1/api//../admin/r yes
@@ -1303,7 +1324,6 @@ mod tests {
             # A service that decodes before cleaning.
             /admin /{service} /..%2Fadmin yes
             /api/admin /api/{*rest} /api/..%2F..%2Fapi/admin/r yes
-            /projects/{id}/export /{a}/{b} /projects/acme%2Fexport no
             # A route's trailing slash is no parameter's value.
             /{tenant} / / no
             /users/{id} /users/ /users/ no
@@ -1319,6 +1339,20 @@ mod tests {
             # wildcard: axum joins the routes, which the path does not follow.
             /users/{id}/users /users/{id}/users/{id} /users/7 no
             /health/health /health/health /health no
+            # Limited more: a parameter's value may be handed on as a path,
+            # to a service that decodes it (an encoded slash a separator).
+            /users/{id}/export /users/{id} /users/a%2Fexport yes
+            /projects/{id}/export /projects/{id}/files/{*path} /projects/a%2Fexport/files/x yes
+            /api/projects/{id}/export /api/{*rest}/api/projects/{id} /api/projects/a%2Fexport yes
+            /{t}/{p}/export /{tenant}/{*rest}/{project}/{*file} /a/g%2Fexport/r yes /{tenant}
+            /v1/admin /v1/{service} /v1/admin%2F.. yes
+            /projects/{id}/export /{a}/{b} /projects/acme%2Fexport yes
+            /admin/keys /{service} /admin%2Fkeys yes
+            /admin/keys /{service}/{*rest} /admin%2Fkeys/x yes
+            /admin/keys /{service} /admin%5Ckeys yes
+            /admin/keys /{service} /admin%252Fkeys yes
+            /admin/keys /{service} /admin%2Fkeysx no
+            /admin/keys /files/{*rest} /files/admin%2Fkeys no
             # Path parameters a Java backend drops (Tomcat, Jetty, Spring).
             /api/admin /api/{*rest} /api/x/..;/admin/r yes
             /api/admin /api/{*rest} /api/admin;x/r yes
