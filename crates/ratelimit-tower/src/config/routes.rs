@@ -246,27 +246,59 @@ impl Routes {
             sent.push(without_path_parameters(path));
         }
         sent.extend(url_read);
-        let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
-        let mut forwarded: Vec<String> = Vec::new();
-        for sent in &sent {
-            let resolved = [
-                normalize(sent).into_owned(),
-                normalize_literal_dots(sent),
-                dots_resolved_keeping_empty_segments(sent),
-                slashes_merged(sent),
+        // Each reading is read as it is made, so a path stops at the first
+        // that a prefix covers; what a decoding hop uncovered in it (`%3B`,
+        // `%09`, `%3F`) is read again: path parameters dropped, and as a URL
+        // parser reads a path.
+        let mut seen = std::collections::HashSet::from([path.to_owned()]);
+        let mut reads = |reading: String| {
+            let uncovered = [
+                reading
+                    .contains(';')
+                    .then(|| without_path_parameters(&reading)),
+                as_a_url_parser_reads(&reading),
             ];
-            forwarded.push(sent.clone());
-            forwarded.extend(resolved.iter().cloned());
+            std::iter::once(reading)
+                .chain(uncovered.into_iter().flatten())
+                .any(|reading| {
+                    if seen.contains(&reading) {
+                        return false;
+                    }
+                    let covered = self.covers_routed(&reading);
+                    seen.insert(reading);
+                    covered
+                })
+        };
+        let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
+        for sent in sent {
+            let resolved = [
+                normalize(&sent).into_owned(),
+                normalize_literal_dots(&sent),
+                dots_resolved_keeping_empty_segments(&sent),
+                slashes_merged(&sent),
+            ];
+            if resolved.iter().cloned().any(&mut reads) {
+                return true;
+            }
             if sent.contains('%') {
                 for decode in decoders {
-                    let decoded = decode(sent);
-                    forwarded.push(normalize(&decoded).into_owned());
-                    forwarded.push(normalize_literal_dots(&decoded));
-                    forwarded.push(dots_resolved_keeping_empty_segments(&decoded));
-                    forwarded.push(slashes_merged(&decoded));
-                    forwarded.extend(resolved.iter().map(|path| decode(path)));
-                    forwarded.push(decoded);
+                    let decoded = decode(&sent);
+                    let readings = [
+                        normalize(&decoded).into_owned(),
+                        normalize_literal_dots(&decoded),
+                        dots_resolved_keeping_empty_segments(&decoded),
+                        slashes_merged(&decoded),
+                    ];
+                    if readings.into_iter().any(&mut reads)
+                        || resolved.iter().map(|path| decode(path)).any(&mut reads)
+                        || reads(decoded)
+                    {
+                        return true;
+                    }
                 }
+            }
+            if reads(sent) {
+                return true;
             }
         }
         // Two hops that each decode every escape (`%25` hides a second
@@ -274,28 +306,11 @@ impl Routes {
         if contains_ignoring_case(path, "%25") {
             let twice = decoded_by_a_hop(&decoded_by_a_hop(path));
             let slashed = twice.replace('\\', "/");
-            for twice in [twice, slashed] {
-                forwarded.push(normalize(&twice).into_owned());
-                forwarded.push(twice);
-            }
+            return [twice, slashed]
+                .into_iter()
+                .any(|twice| reads(normalize(&twice).into_owned()) || reads(twice));
         }
-        // What a decoding hop uncovered (`%3B`, `%09`, `%3F`) read again:
-        // path parameters dropped, and as a URL parser reads a path.
-        let uncovered: Vec<String> = forwarded
-            .iter()
-            .filter(|forwarded| forwarded.contains(';'))
-            .map(|forwarded| without_path_parameters(forwarded))
-            .chain(
-                forwarded
-                    .iter()
-                    .filter_map(|forwarded| as_a_url_parser_reads(forwarded)),
-            )
-            .collect();
-        forwarded.extend(uncovered);
-        let mut seen = std::collections::HashSet::from([path]);
-        forwarded
-            .iter()
-            .any(|forwarded| seen.insert(forwarded.as_str()) && self.covers_routed(forwarded))
+        false
     }
 
     /// Whether a prefix covers `path` as the router reads it (its segments,
