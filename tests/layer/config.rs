@@ -1670,3 +1670,56 @@ async fn the_config_reload_example_follows_its_file() {
         reqwest::StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// A policy asked only at cost 0 (a `cost = 0` written for 10, or copied
+/// from a peek rule) would never be limited: a cost of 0 reports without
+/// spending. Such a configuration is refused, naming the rule's cost; a
+/// cost-0 rule beside a rule that spends the same policy loads.
+#[test]
+fn a_policy_asked_only_at_cost_zero_is_refused() {
+    const POLICY: &str = "[policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n";
+    let rule = |cost: &str| format!("[[rules]]\npolicy = \"api\"\nkey = \"ip\"\n{cost}\n");
+    for rules in [
+        rule("cost = 0"),
+        format!("{}{}", rule("cost = 0"), rule("cost = 0")),
+    ] {
+        let error = Config::from_toml(&format!("{POLICY}{rules}")).expect_err(&rules);
+        assert_eq!(error.path(), "rules[0].cost", "{error}");
+        assert!(error.to_string().contains("cost 0"), "{error}");
+    }
+    for rules in [
+        format!("{}{}", rule("cost = 0"), rule("")),
+        format!(
+            "{}{}",
+            rule("cost = 0"),
+            rule("settle = { header = \"x-cost\", estimate = 0 }")
+        ),
+    ] {
+        Config::from_toml(&format!("{POLICY}{rules}")).expect(&rules);
+    }
+}
+
+/// `[client_ip] trusted_proxies` naming a network that holds every address
+/// of a family (`0.0.0.0/0`, `::/0`, and `::ffff:0:0/96` or `::/64`, which
+/// hold every IPv4 address mapped) would let every client write its own
+/// address in `X-Forwarded-For`, a fresh budget per request: refused,
+/// naming the entry. A wide but bounded network loads.
+#[test]
+fn trusting_every_address_is_refused_by_the_config() {
+    let config = |trusted: &str| {
+        Config::from_toml(&format!(
+            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", \"{trusted}\"]\n\
+             header = \"x-forwarded-for\"\n\n\
+             [policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n\n\
+             [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n"
+        ))
+    };
+    for trusted in ["0.0.0.0/0", "::/0", "::ffff:0:0/96", "::/64"] {
+        let error = config(trusted).expect_err(trusted);
+        assert_eq!(error.path(), "client_ip.trusted_proxies[1]", "{error}");
+        assert!(error.to_string().contains("every"), "{error}");
+    }
+    for trusted in ["0.0.0.0/1", "fc00::/7", "::ffff:10.0.0.0/104"] {
+        config(trusted).expect(trusted);
+    }
+}

@@ -1171,3 +1171,46 @@ async fn token_budget_holds_across_two_processes() {
         refusals.len()
     );
 }
+
+/// A settling rule with `estimate = 0` (a peek) whose service never sends
+/// the named header (a typo in `header`, a handler that forgot it, a
+/// streaming reply that writes it as a trailer): each response is charged
+/// 1, not the estimate of 0, so the limit holds instead of every request
+/// passing free: 3 of 20 pass a limit of 2 (a peek admits while the bucket
+/// holds zero tokens or more, and the third's charge takes it into debt),
+/// and the debt keeps the rest out.
+#[tokio::test]
+async fn a_cost_header_never_sent_is_charged_one_on_an_estimate_of_zero() {
+    // A token bucket of 2 an hour, keyed by API key, settling from a header
+    // the service never sends.
+    let config = Config::from_toml(
+        "[policies.tokens]\nalgorithm = \"token-bucket\"\nlimit = 2\nrate = \"2/h\"\n\
+         [[rules]]\npolicy = \"tokens\"\nkey = \"header:x-api-key\"\n\
+         settle = { header = \"x-tokens-used\", estimate = 0 }\n",
+    )
+    .expect("config");
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(NOW_MICROS))
+        .build();
+    // The service answers with `x-token-used` (the typo), never `x-tokens-used`.
+    let service =
+        RateLimitLayer::with_rules(store, config).layer(service_fn(|_req: Request<String>| {
+            ready(Ok::<_, Infallible>(
+                Response::builder()
+                    .header("x-token-used", "1")
+                    .body(String::from("ok"))
+                    .expect("response"),
+            ))
+        }));
+    let mut passed = 0;
+    for _ in 0..20 {
+        let mut req = Request::get("/").body(String::new()).expect("request");
+        req.headers_mut()
+            .insert("x-api-key", HeaderValue::from_static("k1"));
+        let response = service.clone().oneshot(req).await.expect("infallible");
+        if response.status() == StatusCode::OK {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, 3, "requests of one API key passing a limit of 2");
+}

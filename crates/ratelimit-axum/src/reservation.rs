@@ -23,7 +23,8 @@ use crate::limiter::{Granted, decisions_of};
 /// - [`refund`](Self::refund) gives the whole estimate back (the work did
 ///   not happen).
 /// - Dropping it keeps the estimate as the cost: nothing more to do, no
-///   call to the store.
+///   call to the store (with an estimate of 0, nothing is charged: settle
+///   it once the cost is known).
 ///
 /// Each reservation carries its own [`SettlementId`]: the store applies its
 /// settlement once however often it is sent while it remembers the id (the

@@ -180,7 +180,8 @@
 //! keeps requests in flight across a window's edge and cancels them (or
 //! makes them fail) after spending the next window gets no more than that
 //! window. A missing or
-//! invalid cost keeps the estimate, and a cost above twice the limit is
+//! invalid cost keeps the estimate (1 for an estimate of 0: a cost unknown
+//! is never free), and a cost above twice the limit is
 //! charged as twice the limit; both are logged and counted, and neither ever
 //! lifts a limit. When the store cannot settle (an outage), the request has
 //! already run: the reservation stays as it was taken, and the failure is

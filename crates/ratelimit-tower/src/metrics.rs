@@ -44,8 +44,8 @@
 //! | `refunded` | the response was a failure (`5xx` by default): the reservation was given back |
 //! | `cancelled` | the request ended without a response head (dropped, or its service failed): the reservation was given back |
 //! | `cancelled_kept` | the same, under a rule that keeps the estimate then |
-//! | `missing_cost` | the response named no cost: the estimate stays |
-//! | `invalid_cost` | the response named a cost that is not a whole number: the estimate stays |
+//! | `missing_cost` | the response named no cost: the estimate stays (1 for an estimate of 0) |
+//! | `invalid_cost` | the response named a cost that is not a whole number: the estimate stays (1 for an estimate of 0) |
 //! | `error` | an outage: the store could not settle; the reservation stays as it was taken |
 //! | `invalid` | the store answered the settlement with an error that is not an outage; the reservation stays |
 //!

@@ -1,6 +1,7 @@
 //! Compiling: the parsed [schema](super::schema) checked field by field into
 //! policies and rules ready to apply.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
@@ -57,9 +58,35 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
         };
         rules.push(build_rule(index, rule, &policies, keys)?);
     }
+    only_peeked(&rules)?;
     Ok(Config {
         inner: Arc::new(Inner { policies, rules }),
     })
+}
+
+/// Refuses a configuration that asks a policy only at cost 0: a cost of 0
+/// reports and never spends, so no rule would limit it (a `cost = 0`
+/// written for 10, or copied from a peek rule).
+fn only_peeked(rules: &[ConfiguredRule]) -> Result<(), ConfigError> {
+    let peeks = |rule: &ConfiguredRule| rule.cost == 0 && rule.settlement.is_none();
+    let Some((index, rule)) = rules.iter().enumerate().find(|(_, rule)| {
+        peeks(rule)
+            && rules
+                .iter()
+                .filter(|other| other.policy.name() == rule.policy.name())
+                .all(peeks)
+    }) else {
+        return Ok(());
+    };
+    Err(ConfigError::new(
+        ConfigErrorKind::Rule,
+        format!("rules[{index}].cost"),
+        format!(
+            "policy {:?} is asked only at cost 0, which reports without spending: no rule \
+             would limit it; give a rule a cost of 1 or more (leave cost out for 1)",
+            rule.policy.name()
+        ),
+    ))
 }
 
 /// Whether two keys differ only in the headers they read: their values
@@ -254,6 +281,35 @@ fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
 }
 
 fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
+    // A network holding every address of a family (`0.0.0.0/0`, `::/0`, or
+    // `::ffff:0:0/96` and the IPv6 networks around it, which hold every
+    // IPv4 address mapped) trusts every client: each could write its own
+    // address in the header, a fresh budget per request.
+    let everyone: [(IpAddr, IpAddr); 2] = [
+        (Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::BROADCAST.into()),
+        (
+            Ipv6Addr::UNSPECIFIED.into(),
+            Ipv6Addr::from(u128::MAX).into(),
+        ),
+    ];
+    for (index, cidr) in spec.trusted_proxies.iter().enumerate() {
+        if let Some((low, _)) = everyone
+            .iter()
+            .find(|(low, high)| cidr.0.contains(*low) && cidr.0.contains(*high))
+        {
+            let family = if low.is_ipv4() { "IPv4" } else { "IPv6" };
+            return Err(ConfigError::new(
+                ConfigErrorKind::Parse,
+                format!("client_ip.trusted_proxies[{index}]"),
+                format!(
+                    "{} holds every {family} address: every client would be a trusted proxy \
+                     and could write its own address in the header, a fresh budget per \
+                     request; name your proxies' networks",
+                    cidr.0
+                ),
+            ));
+        }
+    }
     let proxies: TrustedProxies = spec.trusted_proxies.into_iter().map(|c| c.0).collect();
     let header = match spec.header {
         Some(header) => header.into(),

@@ -100,7 +100,8 @@
 //! policy = "api"
 //! key = "ip"           # global | ip | client-ip | route | header:<name>,
 //!                      # or a list of them joined into one key: ["route", "ip"]
-//! cost = 1             # optional, default 1; 0 only reports
+//! cost = 1             # optional, default 1; 0 only reports (a policy
+//!                      # asked only at cost 0 is refused: nothing spends it)
 //! routes = ["/api/"]   # optional path prefixes; absent: every path
 //! methods = ["POST"]   # optional; absent: every method
 //! missing_key = "reject"  # or "allow": requests without the header
@@ -133,7 +134,8 @@
 //!
 //! # Needed by the client-ip key: the proxies whose forwarding headers are believed.
 //! [client_ip]
-//! trusted_proxies = ["10.0.0.0/8"]
+//! trusted_proxies = ["10.0.0.0/8"]   # a network holding every address
+//!                      # (0.0.0.0/0, ::/0, ::ffff:0:0/96) is refused
 //! header = "x-forwarded-for"  # required with trusted_proxies: the header
 //!                      # they write, x-forwarded-for | forwarded
 //! ipv6_prefix = 64     # optional, default 64: key IPv6 clients by network
@@ -205,7 +207,8 @@
 //!
 //! - `settle` works as [`Settlement`](crate::Settlement) describes (see
 //!   [Costs known after the response](crate#costs-known-after-the-response)):
-//!   a missing or invalid header keeps the estimate, a value above twice the
+//!   a missing or invalid header keeps the estimate (1 for an estimate of
+//!   0, so a header the service never sends cannot lift the limit), a value above twice the
 //!   policy's limit is charged as twice the limit, and a store that cannot
 //!   settle leaves the reservation as it was taken; all are logged and
 //!   counted.

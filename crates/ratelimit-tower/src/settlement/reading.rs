@@ -15,9 +15,10 @@ pub(crate) enum Reading {
     Clamped(u64),
     /// The response was a failure: the reservation is given back.
     Refunded,
-    /// The response named no cost: the estimate stays.
+    /// The response named no cost: the estimate stays (1 for an estimate
+    /// of 0: a cost unknown is never free).
     Missing,
-    /// The response named something that is not a cost: the estimate stays.
+    /// The response named something that is not a cost: as [`Reading::Missing`].
     Invalid,
     /// No response head came (the request was cancelled, or its service
     /// failed): the reservation is given back when `refund`, else kept.
@@ -29,11 +30,15 @@ pub(crate) enum Reading {
 
 impl Reading {
     /// The cost the limit is settled to, for a reservation of `estimate`.
+    /// A response that names no cost, or no valid one, is charged at least
+    /// 1: with an estimate of 0 (a peek), a service that never names its
+    /// costs (a misspelt header) would otherwise lift the limit.
     pub(crate) fn actual(self, estimate: u64) -> u64 {
         match self {
             Reading::Cost(cost) | Reading::Clamped(cost) => cost,
             Reading::Refunded | Reading::Cancelled { refund: true } => 0,
-            Reading::Missing | Reading::Invalid | Reading::Cancelled { refund: false } => estimate,
+            Reading::Missing | Reading::Invalid => estimate.max(1),
+            Reading::Cancelled { refund: false } => estimate,
         }
     }
 
@@ -150,5 +155,8 @@ mod tests {
         assert_eq!(Reading::Refunded.actual(7), 0);
         assert_eq!(Reading::Missing.actual(7), 7);
         assert_eq!(Reading::Invalid.actual(7), 7);
+        assert_eq!(Reading::Missing.actual(0), 1);
+        assert_eq!(Reading::Invalid.actual(0), 1);
+        assert_eq!(Reading::Cancelled { refund: false }.actual(0), 0);
     }
 }

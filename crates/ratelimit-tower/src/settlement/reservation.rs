@@ -154,12 +154,12 @@ impl Reservation {
         let (first, what) = match reading {
             Reading::Missing => (
                 self.stats.record_cost_missing(),
-                "named no cost; the estimate stays",
+                "named no cost; the estimate stays (1 for an estimate of 0)",
             ),
             Reading::Invalid => (
                 self.stats.record_cost_invalid(),
                 "named a cost that is not a whole number (or sent its header twice); \
-                 the estimate stays",
+                 the estimate stays (1 for an estimate of 0)",
             ),
             Reading::Clamped(_) => (
                 self.stats.record_cost_clamped(),

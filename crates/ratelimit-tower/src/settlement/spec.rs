@@ -44,7 +44,8 @@ type IsFailure = dyn Fn(&Parts) -> bool + Send + Sync;
 ///   spaces and tabs around it allowed, sent once. Anything else (a sign, a
 ///   fraction, hex, an empty value, the header twice) is invalid. A missing
 ///   or invalid cost settles at the estimate: the reservation stays as it
-///   was taken. Both are logged (the first of a layer at `warn`, then at
+///   was taken (an estimate of 0 is charged 1: a cost unknown is never
+///   free, so a header the service never sends cannot lift the limit). Both are logged (the first of a layer at `warn`, then at
 ///   `debug`) and counted ([`Stats`](crate::Stats),
 ///   `ratelimit_settlements_total` outcomes `missing_cost` and
 ///   `invalid_cost`).
