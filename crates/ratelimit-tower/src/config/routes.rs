@@ -1368,6 +1368,11 @@ mod tests {
             /admin/keys /{service} /admin%252Fkeys yes
             /admin/keys /{service} /admin%2Fkeysx no
             /admin/keys /files/{*rest} /files/admin%2Fkeys no
+            # Rules name this server's paths: a parameter that is not the
+            # whole path counts under the path it came in on, decoded.
+            /acme/admin/keys /{tenant}/{service} /acme/admin%2Fkeys yes
+            /user_admin/keys /user_{name} /user_admin%2Fkeys yes
+            /admin/keys /{tenant}/{service} /acme/admin%2Fkeys no
             # Path parameters a Java backend drops (Tomcat, Jetty, Spring).
             /api/admin /api/{*rest} /api/x/..;/admin/r yes
             /api/admin /api/{*rest} /api/admin;x/r yes
