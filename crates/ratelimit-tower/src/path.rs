@@ -161,7 +161,9 @@ pub(crate) fn normalize(path: &str) -> Cow<'_, str> {
     Cow::Owned(resolve_below(path, 0))
 }
 
-fn needs_normalizing(path: &str) -> bool {
+/// Whether [`normalize`] (or any way of resolving dot segments or merging
+/// slashes) can change `path`.
+pub(crate) fn needs_normalizing(path: &str) -> bool {
     path.contains("//") || path.contains("/.") || contains_ignoring_case(path, "%2e")
 }
 

@@ -33,9 +33,10 @@
 //!   segment can be spelled ([`Routes::covers_routed`]).
 //!
 //! One pass over the path per way a hop may forward it, and a few segments
-//! compared per root; a path longer than [`LONGEST_PATH_READ`] that a hop
-//! would read otherwise is counted instead: no request costs more than a
-//! few hundred passes over 2 KiB.
+//! compared per root. A path longer than [`LONGEST_PATH_READ`] that a hop
+//! would read otherwise, or one whose readings would take more than
+//! [`READING_BUDGET`] bytes, is counted instead: no request costs a rule
+//! more than some 16 KiB of readings, whatever it holds.
 
 use std::borrow::Cow;
 
@@ -43,7 +44,7 @@ use http::Request;
 
 use crate::path::{
     contains_ignoring_case, decode_escapes, dots, dots_resolved_keeping_empty_segments, escaped,
-    normalize, normalize_literal_dots,
+    needs_normalizing, normalize, normalize_literal_dots,
 };
 
 /// One segment of a route prefix.
@@ -171,10 +172,11 @@ impl Routes {
     /// Whether a prefix covers `req`'s path, however it is read (see the
     /// module docs).
     pub(super) fn cover<B>(&self, req: &Request<B>) -> bool {
+        let budget = &Budget::new();
         // A target that is no path (`CONNECT host:443`, `OPTIONS *`) is
         // read as the root, which a rule on `/` covers.
         if !req.uri().path().starts_with('/') {
-            return self.covers_path("/");
+            return self.covers_path("/", budget);
         }
         #[cfg(feature = "axum")]
         {
@@ -188,17 +190,17 @@ impl Routes {
                         .get::<axum::extract::NestedPath>()
                         .map(|nested| nested.as_str()),
                 };
-                return self.covers_as_routed(&routed, matched.as_str());
+                return self.covers_as_routed(&routed, matched.as_str(), budget);
             }
             // The original path, where nesting has changed it.
             if let Some(original) = original
                 && original.path() != req.uri().path()
-                && self.covers_path(original.path())
+                && self.covers_path(original.path(), budget)
             {
                 return true;
             }
         }
-        self.covers_path(req.uri().path())
+        self.covers_path(req.uri().path(), budget)
     }
 
     fn covers(&self, reading: &[&str]) -> bool {
@@ -216,7 +218,7 @@ impl Routes {
     /// or all but `%`, `?` and `#` (as nginx forwards a path, and as a hop
     /// that decodes only `%2F` reads for the router, which decodes the
     /// rest).
-    fn covers_path(&self, path: &str) -> bool {
+    fn covers_path(&self, path: &str, budget: &Budget) -> bool {
         if self.covers_routed(path) {
             return true;
         }
@@ -252,6 +254,10 @@ impl Routes {
         // parser reads a path.
         let mut seen = std::collections::HashSet::from([path.to_owned()]);
         let mut reads = |reading: String| {
+            // Out of budget: counted (see `READING_BUDGET`).
+            if !budget.spend(reading.len()) {
+                return true;
+            }
             let uncovered = [
                 reading
                     .contains(';')
@@ -264,6 +270,9 @@ impl Routes {
                     if seen.contains(&reading) {
                         return false;
                     }
+                    if !budget.spend(reading.len()) {
+                        return true;
+                    }
                     let covered = self.covers_routed(&reading);
                     seen.insert(reading);
                     covered
@@ -271,25 +280,14 @@ impl Routes {
         };
         let decoders: [fn(&str) -> String; 2] = [decoded_by_a_hop, decoded_but_query_marks];
         for sent in sent {
-            let resolved = [
-                normalize(&sent).into_owned(),
-                normalize_literal_dots(&sent),
-                dots_resolved_keeping_empty_segments(&sent),
-                slashes_merged(&sent),
-            ];
+            let resolved = resolved_every_way(&sent);
             if resolved.iter().cloned().any(&mut reads) {
                 return true;
             }
             if sent.contains('%') {
                 for decode in decoders {
                     let decoded = decode(&sent);
-                    let readings = [
-                        normalize(&decoded).into_owned(),
-                        normalize_literal_dots(&decoded),
-                        dots_resolved_keeping_empty_segments(&decoded),
-                        slashes_merged(&decoded),
-                    ];
-                    if readings.into_iter().any(&mut reads)
+                    if resolved_every_way(&decoded).into_iter().any(&mut reads)
                         || resolved.iter().map(|path| decode(path)).any(&mut reads)
                         || reads(decoded)
                     {
@@ -325,8 +323,12 @@ impl Routes {
             return false;
         };
         let raw: Vec<&str> = rest.split('/').collect();
-        let segments: Vec<Cow<'_, str>> =
-            raw.iter().map(|segment| decode_segment(segment)).collect();
+        // Enough segments for any prefix to tell, each decoded.
+        let segments: Vec<Cow<'_, str>> = raw
+            .iter()
+            .take(self.depth + 1)
+            .map(|segment| decode_segment(segment))
+            .collect();
         let plain: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
         if self.covers(&plain) {
             return true;
@@ -346,14 +348,18 @@ impl Routes {
         let mut between = vec![0; depth];
         let mut within = vec![("", 0, 0); depth];
         for (i, segment) in raw.iter().enumerate().rev() {
-            let parts = parts_of(segment);
-            for part in parts[1..].iter().rev() {
-                clean_back(part, &mut kept, &mut pending);
+            let mut first = *segment;
+            if has_encoded_slash(segment) {
+                let parts = parts_of(segment);
+                for part in parts[1..].iter().rev() {
+                    clean_back(part, &mut kept, &mut pending);
+                }
+                first = parts[0];
             }
             if let Some(state) = within.get_mut(i) {
-                *state = (parts[0], kept.len(), pending);
+                *state = (first, kept.len(), pending);
             }
-            clean_back(parts[0], &mut kept, &mut pending);
+            clean_back(first, &mut kept, &mut pending);
             if let Some(state) = between.get_mut(i) {
                 *state = kept.len();
             }
@@ -496,13 +502,13 @@ impl Routes {
     /// this does not read (a parameter inside the wildcard's segment), is
     /// read every way instead ([`Routes::covers_path`]).
     #[cfg(feature = "axum")]
-    fn covers_as_routed(&self, routed: &Routed<'_>, route: &str) -> bool {
+    fn covers_as_routed(&self, routed: &Routed<'_>, route: &str, budget: &Budget) -> bool {
         let path = routed.path;
         // A route the path does not follow segment by segment (axum joins a
         // router mounted with `route_service` on a route without a wildcard
         // to that route) says nothing of it: read it every way.
         if !follows(path, route) {
-            return self.covers_path(path);
+            return self.covers_path(path, budget);
         }
         if let Some((above, inner)) = mounted_route(route) {
             // Not the joined route itself: the outer wildcard's braces are
@@ -511,12 +517,12 @@ impl Routes {
             for route in inner_routes(above, inner, routed.nested) {
                 if follows(path, &route) {
                     followed = true;
-                    if self.covers_as_routed(routed, &route) {
+                    if self.covers_as_routed(routed, &route, budget) {
                         return true;
                     }
                 }
             }
-            return !followed && self.covers_path(path);
+            return !followed && self.covers_path(path, budget);
         }
         let route_segments: Vec<&str> = route
             .strip_prefix('/')
@@ -531,7 +537,7 @@ impl Routes {
             return true;
         }
         let (Some(template), Some(rest)) = (route.strip_prefix('/'), path.strip_prefix('/')) else {
-            return self.covers_path(path);
+            return self.covers_path(path, budget);
         };
         // A parameter's value may be handed on as a path, by a handler or
         // by a service mounted on the route (`/admin%2Fkeys` on
@@ -546,7 +552,7 @@ impl Routes {
             .take(above_wildcard)
             .map(decode_segment)
             .any(|segment| segment.contains('/') || a_hop_reads_otherwise(&segment))
-            && self.covers_path(path)
+            && self.covers_path(path, budget)
         {
             return true;
         }
@@ -566,7 +572,7 @@ impl Routes {
             None => ("", &template[..star]),
         };
         if has_a_parameter(start) {
-            return self.covers_path(path);
+            return self.covers_path(path, budget);
         }
         let start = unescape_braces(start);
         let mut segments = rest.split('/');
@@ -584,7 +590,7 @@ impl Routes {
             .get(root..)
             .and_then(|tail| tail.strip_prefix(start.as_ref()))
         else {
-            return self.covers_path(path);
+            return self.covers_path(path, budget);
         };
         let above: Vec<&str> = above.iter().map(|s| s.as_ref()).collect();
         let start = decode_segment(&start);
@@ -596,7 +602,7 @@ impl Routes {
         // a hop's may be.
         if a_hop_reads_otherwise(&decoded) {
             let handed = format!("{}{decoded}", &path[..path.len() - tail.len()]);
-            if self.covers_path(&handed) {
+            if self.covers_path(&handed, budget) {
                 return true;
             }
         }
@@ -876,11 +882,49 @@ fn decoded_by_a_hop(path: &str) -> String {
 
 /// The longest path read every way a hop may read it: a longer one that
 /// any hop would read otherwise (an escape, a dot segment, a backslash...)
-/// is counted under the rule instead, limited more, never less. Each
-/// reading is a pass over the path (a few hundred, for a path holding every
-/// character hops read otherwise), and no client sends such paths: a
-/// hostile one costs no more than those passes over 2 KiB.
+/// is counted under the rule instead, limited more, never less, and no
+/// client sends such paths.
 const LONGEST_PATH_READ: usize = 2048;
+
+/// The most bytes of readings one rule reads a request's path as: a path
+/// that would need more (one holding many characters hops read otherwise,
+/// each doubling the ways) is counted under the rule instead, limited more,
+/// never less. A path with escapes, dot or empty segments or encoded
+/// slashes is read whole up to [`LONGEST_PATH_READ`], one with `;` up to
+/// some 1.5 KiB; one holding every kind of character hops read otherwise,
+/// up to some 400 bytes.
+const READING_BUDGET: usize = 16 * 1024;
+
+/// What is left of [`READING_BUDGET`] for one request and rule.
+pub(super) struct Budget(std::cell::Cell<usize>);
+
+impl Budget {
+    pub(super) fn new() -> Budget {
+        Budget(std::cell::Cell::new(READING_BUDGET))
+    }
+
+    /// Takes `bytes` from what is left: false once it runs out.
+    fn spend(&self, bytes: usize) -> bool {
+        let left = self.0.get().checked_sub(bytes);
+        self.0.set(left.unwrap_or(0));
+        left.is_some()
+    }
+}
+
+/// `path` resolved as hops resolve it: slashes merged and dot segments
+/// resolved (`%2e` a dot), dots as written only, empty segments kept, or
+/// slashes merged alone; none when there is nothing to resolve.
+fn resolved_every_way(path: &str) -> Vec<String> {
+    if !needs_normalizing(path) {
+        return Vec::new();
+    }
+    vec![
+        normalize(path).into_owned(),
+        normalize_literal_dots(path),
+        dots_resolved_keeping_empty_segments(path),
+        slashes_merged(path),
+    ]
+}
 
 /// `path` as a URL parser reads it (the WHATWG URL standard, reqwest's
 /// `Url`): tabs and newlines removed, the path ending at a `?` or `#`,
@@ -1105,7 +1149,7 @@ fn may_have_a_root_inside(prefix: &Prefix, segments: &[&str], dot_dot: bool) -> 
 mod tests {
     #[cfg(feature = "axum")]
     use super::Routed;
-    use super::{LONGEST_PATH_READ, Prefix, Routes};
+    use super::{Budget, LONGEST_PATH_READ, Prefix, Routes};
 
     /// Asserts, for each line of `cases` (a prefix, a path, and whether
     /// the prefix covers the path, however it is read: `yes` or `no`;
@@ -1120,7 +1164,7 @@ mod tests {
                 assert!(case.is_empty(), "{line:?}");
                 continue;
             };
-            let covered = Routes::new([prefix]).covers_path(path);
+            let covered = Routes::new([prefix]).covers_path(path, &Budget::new());
             assert_eq!(covered, want == "yes", "{prefix} on {path}");
         }
     }
@@ -1392,7 +1436,7 @@ mod tests {
                 path,
                 nested: nested.first().copied(),
             };
-            let covered = Routes::new([prefix]).covers_as_routed(&routed, route);
+            let covered = Routes::new([prefix]).covers_as_routed(&routed, route, &Budget::new());
             assert_eq!(covered, want == "yes", "{prefix}: {route} for {path}");
         }
     }
@@ -1405,9 +1449,33 @@ mod tests {
     fn a_path_too_long_to_read_every_way_is_counted() {
         let routes = Routes::new(["/files/private"]);
         let long = format!("/files/{}", "a%2F".repeat(LONGEST_PATH_READ / 4));
-        assert!(routes.covers_path(&long));
+        assert!(routes.covers_path(&long, &Budget::new()));
         let plain = format!("/files/{}", "a".repeat(LONGEST_PATH_READ));
-        assert!(!routes.covers_path(&plain));
-        assert!(!routes.covers_path("/files/a%2Fb"));
+        assert!(!routes.covers_path(&plain, &Budget::new()));
+        assert!(!routes.covers_path("/files/a%2Fb", &Budget::new()));
+    }
+
+    /// A path that would take more than [`READING_BUDGET`](super::READING_BUDGET) to read every
+    /// way (one holding many characters hops read otherwise, each adding
+    /// ways) is counted under the rule; paths with one or two kinds of them
+    /// are read whole up to [`LONGEST_PATH_READ`].
+    #[test]
+    fn a_path_too_costly_to_read_every_way_is_counted() {
+        let routes = Routes::new(["/nothing"]);
+        let near_the_longest = |piece: &str| {
+            let path = format!(
+                "/files/{}",
+                piece.repeat((LONGEST_PATH_READ - 8) / piece.len())
+            );
+            path[..path.rfind('/').unwrap_or(path.len())].to_owned()
+        };
+        for piece in ["a%20b/", "a/../", "a%20/../", "a%2Fb/", "./a//b/"] {
+            let path = near_the_longest(piece);
+            assert!(!routes.covers_path(&path, &Budget::new()), "{piece}");
+        }
+        let every_kind = format!("/files/{}", "a%252F..%5C;x%3B%09/.%2e/".repeat(24));
+        assert!(every_kind.len() < LONGEST_PATH_READ / 3);
+        assert!(routes.covers_path(&every_kind, &Budget::new()));
+        assert!(!routes.covers_path(&every_kind[..60], &Budget::new()));
     }
 }
