@@ -1703,23 +1703,38 @@ fn a_policy_asked_only_at_cost_zero_is_refused() {
 /// of a family (`0.0.0.0/0`, `::/0`, and `::ffff:0:0/96` or `::/64`, which
 /// hold every IPv4 address mapped) would let every client write its own
 /// address in `X-Forwarded-For`, a fresh budget per request: refused,
-/// naming the entry. A wide but bounded network loads.
+/// naming the entry, as are networks that add up to every address. Wide
+/// but bounded networks load.
 #[test]
 fn trusting_every_address_is_refused_by_the_config() {
     let config = |trusted: &str| {
         Config::from_toml(&format!(
-            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", \"{trusted}\"]\n\
+            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", {trusted}]\n\
              header = \"x-forwarded-for\"\n\n\
              [policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n\n\
              [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n"
         ))
     };
     for trusted in ["0.0.0.0/0", "::/0", "::ffff:0:0/96", "::/64"] {
-        let error = config(trusted).expect_err(trusted);
+        let error = config(&format!("{trusted:?}")).expect_err(trusted);
         assert_eq!(error.path(), "client_ip.trusted_proxies[1]", "{error}");
         assert!(error.to_string().contains("every"), "{error}");
     }
-    for trusted in ["0.0.0.0/1", "fc00::/7", "::ffff:10.0.0.0/104"] {
+    // Halves adding up to every address.
+    for trusted in [
+        r#""0.0.0.0/1", "128.0.0.0/1""#,
+        r#""128.0.0.0/1", "::ffff:0:0/97""#,
+    ] {
+        let error = config(trusted).expect_err(trusted);
+        assert_eq!(error.path(), "client_ip.trusted_proxies", "{error}");
+    }
+    for trusted in [
+        r#""0.0.0.0/1""#,
+        r#""fc00::/7""#,
+        r#""::ffff:10.0.0.0/104""#,
+        r#""0.0.0.0/1", "128.0.0.0/2""#,
+        r#""8000::/1", "4000::/2""#,
+    ] {
         config(trusted).expect(trusted);
     }
 }
