@@ -240,3 +240,64 @@ impl<St> std::error::Error for SettleFailed<St> {
         Some(&self.error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ratelimit_core::clock::ManualClock;
+    use ratelimit_core::{MemoryStore, Policy};
+
+    use crate::Limiter;
+
+    /// Moves the store's clock and tokio's (which times how long a
+    /// reservation was held) on by `micros`.
+    async fn advance(clock: &ManualClock, micros: u64) {
+        clock.advance(Duration::from_micros(micros));
+        tokio::time::advance(Duration::from_micros(micros)).await;
+    }
+
+    /// Admits requests of 1 on `key` until the first denial (at most 100).
+    async fn fill(limiter: &Limiter<MemoryStore<ManualClock>>, key: &[u8]) -> u64 {
+        let mut n = 0;
+        while n < 100 && limiter.check(key, 1).await.is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    /// A sliding window counter (10 a second): a reservation of 5 made at
+    /// 0.9 s and refunded at 1.000002 s, after 5 more requests of its key
+    /// in the new window, gives nothing back (its units are in the previous
+    /// window's count, and a refund from the current one would free the
+    /// later requests' units in the window after): at 2 s the key admits
+    /// 5, as a key that never reserved does, not 9.
+    #[tokio::test(start_paused = true)]
+    async fn a_counter_reservation_refunded_after_its_window_frees_no_later_units() {
+        // A whole second of Unix time, where the store's windows start.
+        const T0: u64 = 1_763_000_000_000_000;
+        let clock = ManualClock::new(T0 + 900_000);
+        let policy = Policy::sliding_window_counter(10, Duration::from_secs(1))
+            .and_then(|policy| policy.with_name("counter"))
+            .expect("policy");
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limiter = Limiter::new(store, policy);
+        let reservation = limiter
+            .reserve(&b"refunder"[..], 5)
+            .await
+            .expect("reserved");
+        advance(&clock, 100_001).await;
+        for _ in 0..5 {
+            assert!(limiter.check(&b"refunder"[..], 1).await.is_ok());
+            assert!(limiter.check(&b"honest"[..], 1).await.is_ok());
+        }
+        advance(&clock, 1).await;
+        reservation.refund().await.expect("refunded");
+        advance(&clock, 999_998).await;
+        let admitted = (
+            fill(&limiter, b"refunder").await,
+            fill(&limiter, b"honest").await,
+        );
+        assert_eq!(admitted, (5, 5), "admitted in the window after the refund");
+    }
+}

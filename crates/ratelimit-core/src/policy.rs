@@ -284,11 +284,12 @@ impl Algorithm {
     ///
     /// - A fixed window (or calendar period) counts them until the window
     ///   ends, `reset` after the reservation; a sliding log until they
-    ///   leave it, one window later. A sliding window counter counts them
-    ///   whole until their window ends, one window before `reset`, then in
-    ///   the next window less and less: what it gives back then (from the
-    ///   current window's count first, which may hold later requests')
-    ///   shrinks with it, and nothing once that window ended too.
+    ///   leave it, one window later. A sliding window counter gives them
+    ///   back until their window ends, one window before `reset`, and
+    ///   nothing after: the previous window's count then holds them, and a
+    ///   refund (taken from the current window's count first, which holds
+    ///   later requests') would free later requests' units in the window
+    ///   after.
     /// - A bucket (token bucket, GCRA, leaky bucket) pays a reservation back
     ///   by its refill once, without the reservation, it would have been
     ///   full: not before `reset` less the reservation's own refill time.
@@ -302,16 +303,7 @@ impl Algorithm {
         match self {
             Algorithm::FixedWindow(_) => whole_until(reset),
             Algorithm::SlidingWindowCounter(a) => {
-                let window = a.window_micros().max(1);
-                let end = reset.saturating_sub(window);
-                match held.checked_sub(end) {
-                    None => consumed,
-                    Some(over) if over < window => {
-                        let left = u128::from(consumed) * u128::from(window - over);
-                        u64::try_from(left / u128::from(window)).unwrap_or(consumed)
-                    }
-                    Some(_) => 0,
-                }
+                whole_until(reset.saturating_sub(a.window_micros()))
             }
             Algorithm::SlidingWindowLog(a) => whole_until(a.window_micros()),
             Algorithm::TokenBucket(a) => refilled(a.interval_micros()),

@@ -30,8 +30,8 @@ pub type SettleFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreE
 /// consumed. So a settlement below the reservation gives back only what the
 /// reservation can still hold after `held`: nothing once the window it was
 /// counted in ended (a fixed window or calendar period, the window of a
-/// sliding log; for a sliding window counter, a share that shrinks through
-/// the next window), and for a token bucket, GCRA or leaky bucket one unit
+/// sliding log or of a sliding window counter, whose count of the next
+/// window holds later requests' units only), and for a token bucket, GCRA or leaky bucket one unit
 /// less per emission interval in which, without the reservation, the bucket
 /// could have been full. Settlements of one key and policy in one call are
 /// bounded as one reservation (the longest held, the soonest whole again).
@@ -267,12 +267,12 @@ mod tests {
         let log = Policy::sliding_window_log(10, minute).unwrap();
         assert_eq!(kept(&log, 60_000, 59_999), 0);
         assert_eq!(kept(&log, 60_000, 60_000), 10);
-        // The counter's reservation counts whole for a second, then less
-        // and less through the next window.
+        // The counter's reservation is given back until its window ends,
+        // a second after it was made, and not from the next window's count.
         let counter = Policy::sliding_window_counter(10, minute).unwrap();
         assert_eq!(kept(&counter, 61_000, 999), 0);
-        assert_eq!(kept(&counter, 61_000, 31_000), 5);
-        assert_eq!(kept(&counter, 61_000, 61_000), 10);
+        assert_eq!(kept(&counter, 61_000, 1_000), 10);
+        assert_eq!(kept(&counter, 61_000, 31_000), 10);
         // Ten tokens a minute: one every 6 s. Into a full bucket, the
         // reservation is paid back by the refill from the start; into one
         // already 10 tokens down, only after 60 s.

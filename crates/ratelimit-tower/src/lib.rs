@@ -173,8 +173,7 @@
 //! whose service fails, unless the rule says otherwise. What is given back
 //! is what the reservation still holds when it settles: nothing once the
 //! window it was counted in ended (a fixed window or calendar period, a
-//! sliding log's window; a sliding window counter's less and less through
-//! the next window), and for a bucket one unit less per emission interval in
+//! sliding log's or a sliding window counter's window), and for a bucket one unit less per emission interval in
 //! which the bucket, without the reservation, could have been full. Units
 //! that already left the budget are not given back again, so a client that
 //! keeps requests in flight across a window's edge and cancels them (or

@@ -368,3 +368,64 @@ async fn the_store_trait_settles_as_settle_now_does() {
         4
     );
 }
+
+/// How many requests of 1 `store` admits on `key` at the clock's time,
+/// until the first denial (at most `cap`).
+fn fill(store: &MemoryStore<ManualClock>, key: &[u8], policy: &Policy, cap: u64) -> u64 {
+    let mut n = 0;
+    while n < cap
+        && store
+            .check_now(key, policy, 1)
+            .expect("decided")
+            .is_allowed()
+    {
+        n += 1;
+    }
+    n
+}
+
+/// A sliding window counter's reservation made late in one window and
+/// refunded early in the next gives nothing back: its units are in the
+/// previous window's count, and a refund taken from the current one (the
+/// units of the requests admitted since) would leave that count short when
+/// it becomes the previous one at full weight, so the key would admit more
+/// than a key that never reserved.
+///
+/// Limit 10 a second. `A` reserves 5 at 0.9 s; both `A` and `B` (which never
+/// reserved) admit 5 more requests at 1.000001 s; `A` settles its
+/// reservation to 0 (held 0.100002 s). At 2 s `A` admits as many as `B`,
+/// 5, not 9 (14 requests in one window of limit 10).
+#[test]
+fn a_counter_refund_never_frees_later_requests_units_in_the_next_window() {
+    let policy = named(
+        Policy::sliding_window_counter(10, Duration::from_secs(1)),
+        "counter",
+    );
+    let (a, a_clock) = store();
+    let (b, b_clock) = store();
+    let at = |t: u64| {
+        a_clock.set(T0 + t);
+        b_clock.set(T0 + t);
+    };
+    at(900_000);
+    let reservation = a.check_now(b"k", &policy, 5).expect("decided");
+    assert!(reservation.is_allowed());
+    at(SECOND + 1);
+    for _ in 0..5 {
+        assert!(a.check_now(b"k", &policy, 1).expect("decided").is_allowed());
+        assert!(b.check_now(b"k", &policy, 1).expect("decided").is_allowed());
+    }
+    at(SECOND + 2);
+    let settles = [Settle::new(b"k", &policy, 5, 0, &reservation).held_for(us(100_002))];
+    a.settle_now(SettlementId::random(), &settles)
+        .expect("settled");
+    at(2 * SECOND);
+    let (with_refund, never_reserved) =
+        (fill(&a, b"k", &policy, 100), fill(&b, b"k", &policy, 100));
+    assert!(
+        with_refund <= never_reserved,
+        "the refunded key admits {with_refund} at 2 s, one that never reserved {never_reserved}: \
+         {} requests in one window of limit 10",
+        5 + with_refund
+    );
+}
