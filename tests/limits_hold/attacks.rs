@@ -408,6 +408,37 @@ async fn a_dropped_waiting_request_leaves_every_algorithm_as_if_it_never_came() 
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
+/// A request dropped while it waits after the window it was counted in
+/// ended (x's second request counted at 400 ms in a window of 500 ms,
+/// dropped at 700 ms, after y's request of the next window) must never
+/// leave a limit with more than if it had never come: what it gives back
+/// is what its limit still holds, never the units of y's request (a
+/// sliding window counter's refund would take them from the new window's
+/// count, and the window after would admit them again).
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_after_its_window_never_leaves_more_than_if_it_never_came() {
+    let window = Duration::from_millis(500);
+    let mut wrong = Vec::new();
+    for shared in [
+        Policy::fixed_window(3, window).unwrap(),
+        Policy::sliding_window_log(3, window).unwrap(),
+        Policy::sliding_window_counter(3, window).unwrap(),
+        Policy::token_bucket(3, Rate::per_second(6)).unwrap(),
+        Policy::gcra(3, Rate::per_second(6)).unwrap(),
+    ] {
+        let shared = shared.with_name("shared").unwrap();
+        let (got, want) =
+            with_and_without_a_drop(&shared, [400, 600, 700], &[700, 1_000, 1_100, 1_300]).await;
+        if got.iter().zip(&want).any(|(got, want)| got > want) {
+            wrong.push(format!(
+                "{:?}: remaining {got:?}, as if it never came {want:?}",
+                shared.algorithm()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
 /// The sliding log over-admission after a wait-mode drop, on a real Redis
 /// (`RedisStore::refund` is an admin reward, which also takes the most
 /// recent units). Script clock: a `ManualClock`; waits: real time.

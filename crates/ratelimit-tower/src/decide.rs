@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, Check, Decision, Policy, RefundFuture, Store, StoreError};
+use ratelimit_core::{
+    Algorithm, Check, Decision, Policy, RefundFuture, Settle, SettlementId, Store, StoreError,
+};
 use tokio::time::Instant;
 
 use crate::decisions::{Decisions, PolicyDecision};
@@ -467,14 +469,14 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 // it took (see `Taken`); its concurrency permits are released
                 // as `permits` drops.
                 if started.elapsed() + delay > max_delay {
-                    Taken::new(&settings.store, &enforced, &decisions)
+                    Taken::new(&settings.store, started, &enforced, &decisions)
                         .give_back()
                         .await;
                     return Outcome::Rejected(Rejection::Limited(merged()));
                 }
                 permits.absorb(shadow_permits);
                 if !delay.is_zero() {
-                    let taken = Taken::new(&settings.store, &enforced, &decisions);
+                    let taken = Taken::new(&settings.store, started, &enforced, &decisions);
                     tokio::time::sleep(delay).await;
                     taken.keep();
                 }
@@ -502,33 +504,37 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
 /// after all (its leaky bucket slot lies beyond the wait allowed) or dropped
 /// while it waits: denied requests consume nothing, in wait mode too.
 ///
-/// Each limit is refunded ([`Store::refund`]) at its cost; a limit whose
-/// budget would be full again by now ([`Decision::reset_after`]: a window
-/// that ended) is left alone, so a late refund never gives back what a later
-/// window's requests took. A refund the store cannot make is logged and the
-/// consumption stays, which errs towards denying.
+/// Each limit is given back as a settlement to nothing that says how long
+/// it was held ([`Settle::held_for`]), so the store gives back only what
+/// the limit still holds: a window that ended, or a refill that paid the
+/// units back, leaves the units of later requests alone (a sliding window
+/// counter's next window holds only theirs). A store that cannot settle
+/// the policy refunds it ([`Store::refund`]) while its budget would not be
+/// full again ([`Decision::reset_after`]). A give-back the store cannot
+/// make is logged and the consumption stays, which errs towards denying.
 struct Taken<St: Store> {
     store: St,
-    /// Each limit taken, its decision, and until when its refund is worth
-    /// making.
-    limits: Vec<(Policy, Key, u64, Decision, Instant)>,
+    /// When the limits were asked of the store (no later: a longer hold
+    /// gives back less).
+    asked: Instant,
+    /// Each limit taken and its decision.
+    limits: Vec<(Policy, Key, u64, Decision)>,
 }
 
 impl<St: Store + Clone> Taken<St> {
-    fn new(store: &St, enforced: &[Limit], decisions: &[Decision]) -> Self {
-        let now = Instant::now();
+    fn new(store: &St, asked: Instant, enforced: &[Limit], decisions: &[Decision]) -> Self {
         let limits = enforced
             .iter()
             .zip(decisions)
             .filter(|(limit, _)| limit.cost() > 0)
             .map(|(limit, decision)| {
-                let until = now + decision.reset_after();
                 let (policy, key) = (limit.policy().clone(), limit.key().clone());
-                (policy, key, limit.cost(), decision.clone(), until)
+                (policy, key, limit.cost(), decision.clone())
             })
             .collect();
         Taken {
             store: store.clone(),
+            asked,
             limits,
         }
     }
@@ -545,16 +551,27 @@ impl<St: Store + Clone> Taken<St> {
             log_refund(&policy, refund.await);
         }
     }
+}
 
-    /// The refunds still worth making (none once called).
+impl<St: Store> Taken<St> {
+    /// The give-backs still worth making (none once called).
     fn refunds(&mut self) -> Vec<(Policy, RefundFuture)> {
-        let now = Instant::now();
+        let held = self.asked.elapsed();
         std::mem::take(&mut self.limits)
             .into_iter()
-            .filter(|(.., until)| now < *until)
-            .map(|(policy, key, cost, decision, _)| {
-                let refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
-                (policy, refund)
+            .filter_map(|(policy, key, cost, decision)| {
+                let give_back: RefundFuture = if self.store.supports_settlement(&policy) {
+                    let settle = Settle::new(key.as_bytes(), &policy, cost, 0, &decision);
+                    let settled = self
+                        .store
+                        .settle(SettlementId::random(), &[settle.held_for(held)]);
+                    Box::pin(async move { settled.await.map(drop) })
+                } else if held < decision.reset_after() {
+                    self.store.refund(key.as_bytes(), &policy, cost, &decision)
+                } else {
+                    return None;
+                };
+                Some((policy, give_back))
             })
             .collect()
     }
@@ -562,19 +579,11 @@ impl<St: Store + Clone> Taken<St> {
 
 impl<St: Store> Drop for Taken<St> {
     /// Dropped while still holding limits: the request future was dropped
-    /// mid-wait. The refunds run at once when the store answers without
+    /// mid-wait. The give-backs run at once when the store answers without
     /// waiting (in memory), else on the current tokio runtime; without one
     /// the consumption stays.
     fn drop(&mut self) {
-        if self.limits.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        for (policy, key, cost, decision, until) in std::mem::take(&mut self.limits) {
-            if now >= until {
-                continue;
-            }
-            let mut refund = self.store.refund(key.as_bytes(), &policy, cost, &decision);
+        for (policy, mut refund) in self.refunds() {
             let mut cx = Context::from_waker(Waker::noop());
             if let Poll::Ready(result) = refund.as_mut().poll(&mut cx) {
                 log_refund(&policy, result);
