@@ -1692,49 +1692,73 @@ fn a_policy_asked_only_at_cost_zero_is_refused() {
         format!(
             "{}{}",
             rule("cost = 0"),
-            rule("settle = { header = \"x-cost\", estimate = 0 }")
+            rule("settle = { header = \"x-cost\" }")
         ),
     ] {
         Config::from_toml(&format!("{POLICY}{rules}")).expect(&rules);
     }
 }
 
-/// `[client_ip] trusted_proxies` naming a network that holds every address
-/// of a family (`0.0.0.0/0`, `::/0`, and `::ffff:0:0/96` or `::/64`, which
-/// hold every IPv4 address mapped) would let every client write its own
-/// address in `X-Forwarded-For`, a fresh budget per request: refused,
-/// naming the entry, as are networks that add up to every address. Wide
-/// but bounded networks load.
+/// `[client_ip] trusted_proxies` that trust more public addresses than any
+/// proxy fleet has (a network holding every address of a family,
+/// `0.0.0.0/0`, `::/0`, `::ffff:0:0/96` or `::/64`, which hold every IPv4
+/// address mapped; `2000::/3`, every global IPv6 address; or networks that
+/// add up to more than a `/8` of public IPv4 or a `/16` of public IPv6)
+/// would let any client there write its own address in `X-Forwarded-For`,
+/// a fresh budget per request: refused, naming the network, or the list
+/// when only together they trust too many. Private networks and a CDN's
+/// published ranges load.
 #[test]
-fn trusting_every_address_is_refused_by_the_config() {
-    let config = |trusted: &str| {
+fn trusting_more_public_addresses_than_a_proxy_fleet_is_refused_by_the_config() {
+    let config = |trusted: &[String]| {
+        let list: Vec<String> = trusted.iter().map(|t| format!("{t:?}")).collect();
         Config::from_toml(&format!(
-            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", {trusted}]\n\
+            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\", {}]\n\
              header = \"x-forwarded-for\"\n\n\
              [policies.api]\nalgorithm = \"gcra\"\nlimit = 2\nrate = \"1/h\"\n\n\
-             [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n"
+             [[rules]]\npolicy = \"api\"\nkey = \"client-ip\"\n",
+            list.join(", ")
         ))
     };
-    for trusted in ["0.0.0.0/0", "::/0", "::ffff:0:0/96", "::/64"] {
-        let error = config(&format!("{trusted:?}")).expect_err(trusted);
-        assert_eq!(error.path(), "client_ip.trusted_proxies[1]", "{error}");
-        assert!(error.to_string().contains("every"), "{error}");
+    let list = |text: &str| {
+        text.split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // Every IPv6 network but the IPv4-mapped one: every address an IPv6
+    // peer can have (a mapped peer is read as IPv4).
+    let mapped: u128 = 0xffff << 32;
+    let all_but_mapped: Vec<String> = (0..96u32)
+        .map(|i| {
+            let network = (mapped ^ (1u128 << (127 - i))) & !(u128::MAX >> (i + 1));
+            format!("{}/{}", std::net::Ipv6Addr::from(network), i + 1)
+        })
+        .collect();
+    let refused: [(Vec<String>, &str); 9] = [
+        (list("0.0.0.0/0"), "client_ip.trusted_proxies[1]"),
+        (list("::/0"), "client_ip.trusted_proxies[1]"),
+        (list("::ffff:0:0/96"), "client_ip.trusted_proxies[1]"),
+        (list("::/64"), "client_ip.trusted_proxies[1]"),
+        (list("2000::/3"), "client_ip.trusted_proxies[1]"),
+        (list("0.0.0.0/1"), "client_ip.trusted_proxies[1]"),
+        (list("11.0.0.0/8 12.0.0.0/8"), "client_ip.trusted_proxies"),
+        (
+            list("2001::/17 2001:8000::/17 2002::/17"),
+            "client_ip.trusted_proxies",
+        ),
+        (all_but_mapped, "client_ip.trusted_proxies[1]"),
+    ];
+    for (trusted, path) in refused {
+        let error = config(&trusted).expect_err(&trusted.join(" "));
+        assert_eq!(error.path(), path, "{error}");
+        assert!(error.to_string().contains("public"), "{error}");
     }
-    // Halves adding up to every address.
     for trusted in [
-        r#""0.0.0.0/1", "128.0.0.0/1""#,
-        r#""128.0.0.0/1", "::ffff:0:0/97""#,
+        "fc00::/7 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10",
+        "::ffff:10.0.0.0/104",
+        "173.245.48.0/20 103.21.244.0/22 104.16.0.0/13 2400:cb00::/32 2606:4700::/32",
+        "11.0.0.0/8",
     ] {
-        let error = config(trusted).expect_err(trusted);
-        assert_eq!(error.path(), "client_ip.trusted_proxies", "{error}");
-    }
-    for trusted in [
-        r#""0.0.0.0/1""#,
-        r#""fc00::/7""#,
-        r#""::ffff:10.0.0.0/104""#,
-        r#""0.0.0.0/1", "128.0.0.0/2""#,
-        r#""8000::/1", "4000::/2""#,
-    ] {
-        config(trusted).expect(trusted);
+        config(&list(trusted)).expect(trusted);
     }
 }

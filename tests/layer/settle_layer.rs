@@ -1172,29 +1172,27 @@ async fn token_budget_holds_across_two_processes() {
     );
 }
 
-/// A settling rule with `estimate = 0` (a peek) whose service never sends
-/// the named header (a typo in `header`, a handler that forgot it, a
-/// streaming reply that writes it as a trailer): each response is charged
-/// 1, not the estimate of 0, so the limit holds instead of every request
-/// passing free: 3 of 20 pass a limit of 2 (a peek admits while the bucket
-/// holds zero tokens or more, and the third's charge takes it into debt),
-/// and the debt keeps the rest out.
+/// A settling rule with an estimate of 0 (a peek; `Rule::cost(0)`, which a
+/// configuration file refuses) whose service never sends the named header
+/// (a typo in its name, a handler that forgot it, a streaming reply that
+/// writes it as a trailer): each response is charged 1, not the estimate
+/// of 0, so the limit holds instead of every request passing free: 3 of 20
+/// pass a limit of 2 (a peek admits while the bucket holds zero tokens or
+/// more, and the third's charge takes it into debt), and the debt keeps the
+/// rest out.
 #[tokio::test]
 async fn a_cost_header_never_sent_is_charged_one_on_an_estimate_of_zero() {
-    // A token bucket of 2 an hour, keyed by API key, settling from a header
-    // the service never sends.
-    let config = Config::from_toml(
-        "[policies.tokens]\nalgorithm = \"token-bucket\"\nlimit = 2\nrate = \"2/h\"\n\
-         [[rules]]\npolicy = \"tokens\"\nkey = \"header:x-api-key\"\n\
-         settle = { header = \"x-tokens-used\", estimate = 0 }\n",
-    )
-    .expect("config");
+    let tokens = named("tokens", Policy::token_bucket(2, Rate::per_hour(2)));
     let store = MemoryStore::builder()
         .clock(ManualClock::new(NOW_MICROS))
         .build();
+    let rule = Rule::new(tokens, ratelimit_tower::HeaderKey::from_static("x-api-key"))
+        .cost(0)
+        .settle(Settlement::from_static_header("x-tokens-used"))
+        .expect("a token bucket settles");
     // The service answers with `x-token-used` (the typo), never `x-tokens-used`.
     let service =
-        RateLimitLayer::with_rules(store, config).layer(service_fn(|_req: Request<String>| {
+        RateLimitLayer::with_rules(store, rule).layer(service_fn(|_req: Request<String>| {
             ready(Ok::<_, Infallible>(
                 Response::builder()
                     .header("x-token-used", "1")
@@ -1213,4 +1211,19 @@ async fn a_cost_header_never_sent_is_charged_one_on_an_estimate_of_zero() {
         }
     }
     assert_eq!(passed, 3, "requests of one API key passing a limit of 2");
+}
+
+/// An estimate of 0 reserves nothing: every request in flight at once
+/// passes before any is charged (20 concurrent requests of one key under a
+/// limit of 2, each costing 1). A configuration file refuses it, naming the
+/// field.
+#[test]
+fn a_configured_estimate_of_zero_is_refused() {
+    let error = Config::from_toml(
+        "[policies.tokens]\nalgorithm = \"token-bucket\"\nlimit = 2\nrate = \"2/h\"\n\
+         [[rules]]\npolicy = \"tokens\"\nkey = \"header:x-api-key\"\n\
+         settle = { header = \"x-tokens-used\", estimate = 0 }\n",
+    )
+    .expect_err("an estimate of 0");
+    assert_eq!(error.path(), "rules[0].settle.estimate", "{error}");
 }

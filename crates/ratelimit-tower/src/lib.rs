@@ -196,7 +196,10 @@
 //! zero tokens or more; a GCRA's or leaky bucket's theoretical arrival time
 //! lies at most one full burst ahead (nothing owed beyond the burst); a
 //! fixed window, sliding window counter or sliding log counts at most its
-//! limit in its window. A larger estimate keeps more
+//! limit in its window. So every request in flight at once passes before
+//! any is charged: use an estimate of 0 only where something else bounds
+//! the requests in flight (a concurrency limit); a configuration file
+//! refuses it. A larger estimate keeps more
 //! requests from running at once on one budget: each in flight holds its
 //! estimate until it settles, so the debt that requests in flight can run
 //! up together is their actual costs beyond their estimates, and at most one

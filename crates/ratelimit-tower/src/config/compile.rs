@@ -1,10 +1,7 @@
 //! Compiling: the parsed [schema](super::schema) checked field by field into
 //! policies and rules ready to apply.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-
-use ipnet::IpNet;
 
 use ratelimit_core::{AlgorithmKind, Policy, PolicyError};
 
@@ -283,36 +280,8 @@ fn policy_error(base: &str, period: Period, error: PolicyError) -> ConfigError {
 }
 
 fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
-    // Networks holding every address of a family (`0.0.0.0/0`, `::/0`,
-    // `::ffff:0:0/96` and the IPv6 networks around it, which hold every
-    // IPv4 address mapped, or halves that add up to one of these) trust
-    // every client: each could write its own address in the header, a
-    // fresh budget per request.
-    let refuse = |path: String, what: String, family: &str| {
-        ConfigError::new(
-            ConfigErrorKind::Parse,
-            path,
-            format!(
-                "{what} every {family} address: every client would be a trusted proxy and could \
-                 write its own address in the header, a fresh budget per request; name your \
-                 proxies' networks"
-            ),
-        )
-    };
-    for (index, cidr) in spec.trusted_proxies.iter().enumerate() {
-        if let Some(family) = every_address_of([cidr.0]) {
-            let path = format!("client_ip.trusted_proxies[{index}]");
-            return Err(refuse(path, format!("{} holds", cidr.0), family));
-        }
-    }
-    if let Some(family) = every_address_of(spec.trusted_proxies.iter().map(|c| c.0)) {
-        let what = String::from("together, these networks hold");
-        return Err(refuse(
-            String::from("client_ip.trusted_proxies"),
-            what,
-            family,
-        ));
-    }
+    let trusted: Vec<Cidr> = spec.trusted_proxies.iter().map(|c| c.0).collect();
+    super::trusted::check(&trusted)?;
     let proxies: TrustedProxies = spec.trusted_proxies.into_iter().map(|c| c.0).collect();
     let header = match spec.header {
         Some(header) => header.into(),
@@ -338,53 +307,6 @@ fn build_client_ip(spec: ClientIpSpec) -> Result<ClientIp, ConfigError> {
         client_ip = client_ip.max_hops(max_hops);
     }
     Ok(client_ip)
-}
-
-/// The family whose every address `nets` hold together (an IPv6 network
-/// holding the IPv4-mapped range holds every IPv4 address), if one's.
-fn every_address_of(nets: impl IntoIterator<Item = Cidr>) -> Option<&'static str> {
-    let mapped = |v4: Ipv4Addr| IpAddr::V6(v4.to_ipv6_mapped());
-    let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for net in nets {
-        match IpNet::from(net) {
-            IpNet::V4(net) => v4.push((
-                u128::from(u32::from(net.network())),
-                u128::from(u32::from(net.broadcast())),
-            )),
-            IpNet::V6(v6_net) => {
-                if net.contains(mapped(Ipv4Addr::UNSPECIFIED))
-                    && net.contains(mapped(Ipv4Addr::BROADCAST))
-                {
-                    v4.push((0, u128::from(u32::MAX)));
-                }
-                v6.push((u128::from(v6_net.network()), u128::from(v6_net.broadcast())));
-            }
-        }
-    }
-    if covers_every_one(v4, u128::from(u32::MAX)) {
-        Some("IPv4")
-    } else if covers_every_one(v6, u128::MAX) {
-        Some("IPv6")
-    } else {
-        None
-    }
-}
-
-/// Whether `ranges` (first and last, inclusive) together cover `0..=last`.
-fn covers_every_one(mut ranges: Vec<(u128, u128)>, last: u128) -> bool {
-    ranges.sort_unstable();
-    // The first number not covered yet.
-    let mut next = 0;
-    for (first, end) in ranges {
-        if first > next {
-            return false;
-        }
-        if end == last {
-            return true;
-        }
-        next = next.max(end + 1);
-    }
-    false
 }
 
 /// `[ip]`: the `ip` key with another IPv6 prefix than [`PeerIp`](struct@PeerIp)'s default,
@@ -452,6 +374,16 @@ fn build_rule(
                 String::from(
                     "a rule that settles reserves settle.estimate before the call: \
                      leave cost out",
+                ),
+            ));
+        }
+        Some(settle) if settle.estimate == 0 => {
+            return Err(rule_error(
+                "settle.estimate",
+                String::from(
+                    "an estimate of 0 reserves nothing, so every request in flight at once \
+                     passes before any is charged: give the cost of a typical request, at \
+                     least 1",
                 ),
             ));
         }

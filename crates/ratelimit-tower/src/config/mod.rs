@@ -120,7 +120,8 @@
 //! key = "header:x-api-key"
 //! settle = { header = "x-tokens-used", estimate = 1, refund_on = "5xx" }
 //!                      # estimate: optional, default 1 (no `cost` beside
-//!                      # `settle`); 0 admits while the budget is not in debt.
+//!                      # `settle`); 0 is refused: every request in flight
+//!                      # at once would pass before any is charged.
 //!                      # The header is removed from the response unless
 //!                      # keep_header = true. refund_on: "5xx" (default),
 //!                      # "4xx-5xx" or "never": responses that give the
@@ -207,8 +208,7 @@
 //!
 //! - `settle` works as [`Settlement`](crate::Settlement) describes (see
 //!   [Costs known after the response](crate#costs-known-after-the-response)):
-//!   a missing or invalid header keeps the estimate (1 for an estimate of
-//!   0, so a header the service never sends cannot lift the limit), a value above twice the
+//!   a missing or invalid header keeps the estimate, a value above twice the
 //!   policy's limit is charged as twice the limit, and a store that cannot
 //!   settle leaves the reservation as it was taken; all are logged and
 //!   counted.
@@ -261,6 +261,7 @@ mod parse;
 mod reload;
 mod routes;
 mod schema;
+mod trusted;
 mod values;
 
 pub use error::{ConfigError, ConfigErrorKind};

@@ -1,0 +1,135 @@
+//! How many public addresses `[client_ip] trusted_proxies` trust: a client
+//! at any of them may write its own address in the forwarding header, a
+//! fresh budget per request, so a list that trusts more public addresses
+//! than any proxy fleet has is a mistake, and refused.
+
+use std::net::Ipv4Addr;
+
+use ipnet::IpNet;
+
+use super::{ConfigError, ConfigErrorKind};
+use crate::keys::Cidr;
+
+/// The most public IPv4 addresses trusted: a `/8`'s worth. A CDN's
+/// published ranges hold far fewer; more is a whole cloud, or the internet.
+const MOST_PUBLIC_IPV4: u128 = 1 << 24;
+
+/// The most public IPv6 addresses trusted: a `/16`'s worth (providers'
+/// blocks are `/29` to `/48`); `2000::/3`, every global address, is more.
+const MOST_PUBLIC_IPV6: u128 = 1 << 112;
+
+/// IPv4 networks no client on the internet connects from: "this network",
+/// private, shared (carrier-grade NAT), loopback, link-local, multicast
+/// and reserved.
+const NOT_PUBLIC_IPV4: [([u8; 4], u8); 8] = [
+    ([0, 0, 0, 0], 8),
+    ([10, 0, 0, 0], 8),
+    ([100, 64, 0, 0], 10),
+    ([127, 0, 0, 0], 8),
+    ([169, 254, 0, 0], 16),
+    ([172, 16, 0, 0], 12),
+    ([192, 168, 0, 0], 16),
+    ([224, 0, 0, 0], 3),
+];
+
+/// The same for IPv6: the reserved `::/8` (loopback, and the IPv4-mapped
+/// range, counted as IPv4), unique local, link-local and multicast.
+const NOT_PUBLIC_IPV6: [(u128, u8); 4] = [
+    (0, 8),
+    (0xfc00 << 112, 7),
+    (0xfe80 << 112, 10),
+    (0xff00 << 112, 8),
+];
+
+/// Refuses `trusted` when one network, or all of them together, trust more
+/// public addresses than [`MOST_PUBLIC_IPV4`] or [`MOST_PUBLIC_IPV6`],
+/// naming the network, or the list.
+pub(super) fn check(trusted: &[Cidr]) -> Result<(), ConfigError> {
+    let refuse = |path: String, what: String, family: &str| {
+        ConfigError::new(
+            ConfigErrorKind::Parse,
+            path,
+            format!(
+                "{what} more public {family} addresses than any proxy fleet has: every client \
+                 there would be a trusted proxy and could write its own address in the header, \
+                 a fresh budget per request; name your proxies' own networks"
+            ),
+        )
+    };
+    for (index, cidr) in trusted.iter().enumerate() {
+        if let Some(family) = too_many([*cidr]) {
+            let path = format!("client_ip.trusted_proxies[{index}]");
+            return Err(refuse(path, format!("{cidr} holds"), family));
+        }
+    }
+    match too_many(trusted.iter().copied()) {
+        Some(family) => Err(refuse(
+            String::from("client_ip.trusted_proxies"),
+            String::from("together, these networks hold"),
+            family,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The family of which `nets` together trust too many public addresses,
+/// if one (an IPv6 network holding the IPv4-mapped range trusts every IPv4
+/// address).
+fn too_many(nets: impl IntoIterator<Item = Cidr>) -> Option<&'static str> {
+    let mapped = |v4: Ipv4Addr| v4.to_ipv6_mapped().into();
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for cidr in nets {
+        match IpNet::from(cidr) {
+            IpNet::V4(net) => v4.push((
+                u128::from(u32::from(net.network())),
+                u128::from(u32::from(net.broadcast())),
+            )),
+            IpNet::V6(net) => {
+                if cidr.contains(mapped(Ipv4Addr::UNSPECIFIED))
+                    && cidr.contains(mapped(Ipv4Addr::BROADCAST))
+                {
+                    v4.push((0, u128::from(u32::MAX)));
+                }
+                v6.push((u128::from(net.network()), u128::from(net.broadcast())));
+            }
+        }
+    }
+    let not_public_v4 = NOT_PUBLIC_IPV4.map(|(octets, len)| {
+        let first = u128::from(u32::from_be_bytes(octets));
+        (first, first + (1 << (32 - len)) - 1)
+    });
+    let not_public_v6 =
+        NOT_PUBLIC_IPV6.map(|(first, len)| (first, first + ((1 << (128 - len)) - 1)));
+    if public(v4, &not_public_v4) > MOST_PUBLIC_IPV4 {
+        Some("IPv4")
+    } else if public(v6, &not_public_v6) > MOST_PUBLIC_IPV6 {
+        Some("IPv6")
+    } else {
+        None
+    }
+}
+
+/// How many addresses `ranges` (first and last, inclusive) hold together,
+/// leaving out those in `not_public` (disjoint ranges); saturating.
+fn public(mut ranges: Vec<(u128, u128)>, not_public: &[(u128, u128)]) -> u128 {
+    ranges.sort_unstable();
+    let mut merged: Vec<(u128, u128)> = Vec::new();
+    for (first, last) in ranges {
+        match merged.last_mut() {
+            Some((_, end)) if first <= end.saturating_add(1) => *end = (*end).max(last),
+            _ => merged.push((first, last)),
+        }
+    }
+    let size = |(first, last): (u128, u128)| (last - first).saturating_add(1);
+    merged.iter().fold(0u128, |count, &(first, last)| {
+        let inside = not_public.iter().fold(0u128, |inside, &(low, high)| {
+            let (from, to) = (first.max(low), last.min(high));
+            if from <= to {
+                inside.saturating_add(size((from, to)))
+            } else {
+                inside
+            }
+        });
+        count.saturating_add(size((first, last)) - inside)
+    })
+}
