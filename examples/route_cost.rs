@@ -2,8 +2,9 @@
 //! to be costly to read: an axum app with eight route rules, the layer on
 //! the router and around it, called in process (no sockets) with an
 //! ordinary path, a plain 2 KiB path, and paths holding every kind of
-//! character hops read otherwise (escapes hidden under `%25`, dot segments,
-//! backslashes, `;`, tabs), 400 bytes and 2 KiB long.
+//! character hops read otherwise (escapes hidden under `%25` or not, dot
+//! segments, backslashes, `;`, tabs, empty segments), 400 bytes and 2 KiB
+//! long.
 //!
 //! ```sh
 //! cargo bench -p ratelimit-examples --bench route_cost            # 2,000 requests a path
@@ -88,6 +89,7 @@ fn main() -> ExitCode {
         ("plain 2 KiB", path_of("abc/", 2000)),
         ("costly 400 B", path_of(costly, 400)),
         ("costly 2 KiB", path_of(costly, 2000)),
+        ("costly 2 KiB b", path_of("a%2F%2e%2e;x%5C%3F/%09//", 2000)),
     ];
     let layer = || RateLimitLayer::with_rules(MemoryStore::new(), config.clone());
     let placements = [
@@ -122,7 +124,7 @@ fn main() -> ExitCode {
                 plain = Some(micros);
             }
             let ratio = plain.map_or(String::from("-"), |plain| format!("{:.1}", micros / plain));
-            println!("{placement:<14} {name:<13} {micros:>12.1} {ratio:>9}");
+            println!("{placement:<14} {name:<15} {micros:>12.1} {ratio:>9}");
         }
     }
     ExitCode::SUCCESS
