@@ -1702,7 +1702,8 @@ fn a_policy_asked_only_at_cost_zero_is_refused() {
 /// `[client_ip] trusted_proxies` that trust more public addresses than any
 /// proxy fleet has (a network holding every address of a family,
 /// `0.0.0.0/0`, `::/0`, `::ffff:0:0/96` or `::/64`, which hold every IPv4
-/// address mapped; `2000::/3`, every global IPv6 address; or networks that
+/// address mapped; `64:ff9b::/96`, every IPv4 client behind a NAT64
+/// translator; `2000::/3`, every global IPv6 address; or networks that
 /// add up to more than a `/8` of public IPv4 or a `/16` of public IPv6)
 /// would let any client there write its own address in `X-Forwarded-For`,
 /// a fresh budget per request: refused, naming the network, or the list
@@ -1734,8 +1735,12 @@ fn trusting_more_public_addresses_than_a_proxy_fleet_is_refused_by_the_config() 
             format!("{}/{}", std::net::Ipv6Addr::from(network), i + 1)
         })
         .collect();
-    let refused: [(Vec<String>, &str); 9] = [
+    let refused: [(Vec<String>, &str); 12] = [
         (list("0.0.0.0/0"), "client_ip.trusted_proxies[1]"),
+        // The NAT64 well-known prefix: every IPv4 client behind a translator.
+        (list("64:ff9b::/96"), "client_ip.trusted_proxies[1]"),
+        (list("64:ff9b::/64"), "client_ip.trusted_proxies[1]"),
+        (list("64:ff9b::/97"), "client_ip.trusted_proxies[1]"),
         (list("::/0"), "client_ip.trusted_proxies[1]"),
         (list("::ffff:0:0/96"), "client_ip.trusted_proxies[1]"),
         (list("::/64"), "client_ip.trusted_proxies[1]"),

@@ -378,6 +378,19 @@ async fn with_and_without_a_drop(
     (got, want)
 }
 
+/// A limit of 3 named `shared` under each algorithm that counts units: the
+/// windows of `window`, the buckets refilled at `rate`.
+fn shared_limits(window: Duration, rate: Rate) -> [Policy; 5] {
+    [
+        Policy::fixed_window(3, window),
+        Policy::sliding_window_log(3, window),
+        Policy::sliding_window_counter(3, window),
+        Policy::token_bucket(3, rate),
+        Policy::gcra(3, rate),
+    ]
+    .map(|policy| named("shared", policy))
+}
+
 /// Claim (RELIABILITY.md): a request dropped while it waits gives back what
 /// it took: afterwards each limit is as if the request had never come. Per
 /// algorithm of the shared limit: client x is admitted and its second
@@ -386,56 +399,45 @@ async fn with_and_without_a_drop(
 /// after x's and y's admitted requests alone.
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiting_request_leaves_every_algorithm_as_if_it_never_came() {
-    let window = Duration::from_secs(10);
-    let mut wrong = Vec::new();
-    for shared in [
-        Policy::fixed_window(3, window).unwrap(),
-        Policy::sliding_window_log(3, window).unwrap(),
-        Policy::sliding_window_counter(3, window).unwrap(),
-        Policy::token_bucket(3, Rate::per_hour(3)).unwrap(),
-        Policy::gcra(3, Rate::per_hour(3)).unwrap(),
-    ] {
-        let shared = shared.with_name("shared").unwrap();
-        let (got, want) =
-            with_and_without_a_drop(&shared, [0, 200, 400], &[400, 5_000, 10_100, 10_300]).await;
-        if got != want {
-            wrong.push(format!(
-                "{:?}: remaining {got:?}, want {want:?}",
-                shared.algorithm()
+    let limits = shared_limits(Duration::from_secs(10), Rate::per_hour(3));
+    let times = ([0, 200, 400], &[400, 5_000, 10_100, 10_300][..]);
+    let wrong = drops_where(limits, times, |got, want| got != want).await;
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// For each of `limits`, [`with_and_without_a_drop`] at `times` (x, y and
+/// the drop; the peeks): where `wrong` says the remaining units after the
+/// drop and as if it never came are wrong, which and how.
+async fn drops_where(
+    limits: [Policy; 5],
+    (times, peeks): ([u64; 3], &[u64]),
+    wrong: fn(&[u64], &[u64]) -> bool,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for shared in limits {
+        let (got, want) = with_and_without_a_drop(&shared, times, peeks).await;
+        if wrong(&got, &want) {
+            let algorithm = shared.algorithm();
+            found.push(format!(
+                "{algorithm:?}: remaining {got:?}, as if it never came {want:?}"
             ));
         }
     }
-    assert!(wrong.is_empty(), "{wrong:#?}");
+    found
 }
 
 /// A request dropped while it waits after the window it was counted in
 /// ended (x's second request counted at 400 ms in a window of 500 ms,
 /// dropped at 700 ms, after y's request of the next window) must never
-/// leave a limit with more than if it had never come: what it gives back
-/// is what its limit still holds, never the units of y's request (a
-/// sliding window counter's refund would take them from the new window's
-/// count, and the window after would admit them again).
+/// leave a limit with more than if it had never come: it gives back what
+/// its limit still holds, never later requests' units (a sliding window
+/// counter's refund would take y's unit from the new window's count).
 #[tokio::test(start_paused = true)]
-async fn a_request_dropped_after_its_window_never_leaves_more_than_if_it_never_came() {
-    let window = Duration::from_millis(500);
-    let mut wrong = Vec::new();
-    for shared in [
-        Policy::fixed_window(3, window).unwrap(),
-        Policy::sliding_window_log(3, window).unwrap(),
-        Policy::sliding_window_counter(3, window).unwrap(),
-        Policy::token_bucket(3, Rate::per_second(6)).unwrap(),
-        Policy::gcra(3, Rate::per_second(6)).unwrap(),
-    ] {
-        let shared = shared.with_name("shared").unwrap();
-        let (got, want) =
-            with_and_without_a_drop(&shared, [400, 600, 700], &[700, 1_000, 1_100, 1_300]).await;
-        if got.iter().zip(&want).any(|(got, want)| got > want) {
-            wrong.push(format!(
-                "{:?}: remaining {got:?}, as if it never came {want:?}",
-                shared.algorithm()
-            ));
-        }
-    }
+async fn a_request_dropped_while_it_waits_never_leaves_more_than_if_it_never_came() {
+    let limits = shared_limits(Duration::from_millis(500), Rate::per_second(6));
+    let times = ([400, 600, 700], &[700, 1_000, 1_100, 1_300][..]);
+    let more = |got: &[u64], want: &[u64]| got.iter().zip(want).any(|(got, want)| got > want);
+    let wrong = drops_where(limits, times, more).await;
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 

@@ -582,6 +582,19 @@ impl Policy {
         self.inner.algorithm.supports_adjustments()
     }
 
+    /// How many of the `consumed` units of a decision (`decided`) a give-back
+    /// `held` after it was asked of the store may return: those the limit
+    /// still counts, not those a window's end or a bucket's refill already
+    /// let later requests take (see [`Settle`](crate::Settle)). A store's
+    /// settlement bounds itself so; a caller that can only
+    /// [`refund`](crate::Store::refund) refunds this many.
+    pub fn refundable(&self, consumed: u64, decided: &Decision, held: Duration) -> u64 {
+        let held = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        self.inner
+            .algorithm
+            .refundable(consumed, decided.reset_after_micros(), held)
+    }
+
     /// The largest cost a single request can ever be admitted with.
     #[inline]
     pub fn max_cost(&self) -> u64 {

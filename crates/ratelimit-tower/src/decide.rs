@@ -85,6 +85,8 @@ where
     if let Some(error) = unsettleable(store, std::slice::from_ref(&limit)) {
         return Ok(refuse_unsettleable(&settings.stats, error));
     }
+    // How long a reservation is held counts from before the store's answer.
+    let asked = limit.settlement().map(|_| Instant::now());
     let timer = metrics::StoreCall::start();
     let Some(answer) = store.check_at_once(Check::new(
         limit.key().as_bytes(),
@@ -107,10 +109,10 @@ where
             ));
         }
     };
-    if limit.settlement().is_some() {
+    if let Some(asked) = asked {
         // Settled after the response: the request holds a reservation,
         // which takes the layer's settings.
-        return Ok(allowed_or_refused(settings, &[limit], &[decision]));
+        return Ok(allowed_or_refused(settings, asked, &[limit], &[decision]));
     }
     // No settlement: the limit's decision has no estimate.
     let (policy, key, _) = limit.into_parts();
@@ -146,10 +148,12 @@ where
 }
 
 /// The outcome of `decisions`, of the enforced `limits` of a request
-/// without shadow policies, decided in reject mode: allowed, with its
-/// permits and its reservation, or refused; the decisions recorded.
+/// without shadow policies, decided in reject mode (asked of the store at
+/// `asked`): allowed, with its permits and its reservation, or refused; the
+/// decisions recorded.
 fn allowed_or_refused<St: Store + Clone>(
     settings: &Settings<St>,
+    asked: Instant,
     limits: &[Limit],
     decisions: &[Decision],
 ) -> Outcome {
@@ -160,8 +164,6 @@ fn allowed_or_refused<St: Store + Clone>(
         return Outcome::Rejected(Rejection::Limited(merged));
     }
     let permits = hold_permits(&settings.store, limits, decisions);
-    // Decided at once, without waiting: asked just now.
-    let asked = Instant::now();
     let reservation = reserve(settings, asked, &[], limits, decisions, (&[], &[]), &merged);
     Outcome::Allowed(merged, permits, reservation)
 }
@@ -509,9 +511,9 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
 /// the limit still holds: a window that ended, or a refill that paid the
 /// units back, leaves the units of later requests alone (a sliding window
 /// counter's next window holds only theirs). A store that cannot settle
-/// the policy refunds it ([`Store::refund`]) while its budget would not be
-/// full again ([`Decision::reset_after`]). A give-back the store cannot
-/// make is logged and the consumption stays, which errs towards denying.
+/// the policy is refunded ([`Store::refund`]) as many units
+/// ([`Policy::refundable`]). A give-back the store cannot make is logged
+/// and the consumption stays, which errs towards denying.
 struct Taken<St: Store> {
     store: St,
     /// When the limits were asked of the store (no later: a longer hold
@@ -566,10 +568,11 @@ impl<St: Store> Taken<St> {
                         .store
                         .settle(SettlementId::random(), &[settle.held_for(held)]);
                     Box::pin(async move { settled.await.map(drop) })
-                } else if held < decision.reset_after() {
-                    self.store.refund(key.as_bytes(), &policy, cost, &decision)
                 } else {
-                    return None;
+                    match policy.refundable(cost, &decision, held) {
+                        0 => return None,
+                        units => self.store.refund(key.as_bytes(), &policy, units, &decision),
+                    }
                 };
                 Some((policy, give_back))
             })

@@ -401,31 +401,44 @@ fn a_counter_refund_never_frees_later_requests_units_in_the_next_window() {
         Policy::sliding_window_counter(10, Duration::from_secs(1)),
         "counter",
     );
-    let (a, a_clock) = store();
-    let (b, b_clock) = store();
-    let at = |t: u64| {
-        a_clock.set(T0 + t);
-        b_clock.set(T0 + t);
-    };
-    at(900_000);
-    let reservation = a.check_now(b"k", &policy, 5).expect("decided");
-    assert!(reservation.is_allowed());
-    at(SECOND + 1);
-    for _ in 0..5 {
-        assert!(a.check_now(b"k", &policy, 1).expect("decided").is_allowed());
-        assert!(b.check_now(b"k", &policy, 1).expect("decided").is_allowed());
-    }
-    at(SECOND + 2);
-    let settles = [Settle::new(b"k", &policy, 5, 0, &reservation).held_for(us(100_002))];
-    a.settle_now(SettlementId::random(), &settles)
-        .expect("settled");
-    at(2 * SECOND);
-    let (with_refund, never_reserved) =
-        (fill(&a, b"k", &policy, 100), fill(&b, b"k", &policy, 100));
+    let times = [900_000, SECOND + 1, SECOND + 2, 2 * SECOND];
+    let (with_refund, never_reserved) = after_a_refund(&policy, times, 5);
     assert!(
         with_refund <= never_reserved,
         "the refunded key admits {with_refund} at 2 s, one that never reserved {never_reserved}: \
          {} requests in one window of limit 10",
         5 + with_refund
     );
+}
+
+/// Two stores on clocks set together: `A` reserves 5 at `reserved`, both
+/// admit `checks` requests of 1 at `checked`, `A` settles its reservation
+/// to 0 at `settled` (held since `reserved`), and both admit what they can
+/// at `filled` (µs after `T0`): how many `A` then admits, and `B`.
+fn after_a_refund(
+    policy: &Policy,
+    [reserved, checked, settled, filled]: [u64; 4],
+    checks: usize,
+) -> (u64, u64) {
+    let (a, a_clock) = store();
+    let (b, b_clock) = store();
+    let at = |t: u64| {
+        a_clock.set(T0 + t);
+        b_clock.set(T0 + t);
+    };
+    at(reserved);
+    let reservation = a.check_now(b"k", policy, 5).expect("decided");
+    assert!(reservation.is_allowed());
+    at(checked);
+    for _ in 0..checks {
+        assert!(a.check_now(b"k", policy, 1).expect("decided").is_allowed());
+        assert!(b.check_now(b"k", policy, 1).expect("decided").is_allowed());
+    }
+    at(settled);
+    let held = us(settled - reserved);
+    let settles = [Settle::new(b"k", policy, 5, 0, &reservation).held_for(held)];
+    a.settle_now(SettlementId::random(), &settles)
+        .expect("settled");
+    at(filled);
+    (fill(&a, b"k", policy, 100), fill(&b, b"k", policy, 100))
 }

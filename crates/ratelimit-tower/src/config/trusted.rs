@@ -3,8 +3,6 @@
 //! fresh budget per request, so a list that trusts more public addresses
 //! than any proxy fleet has is a mistake, and refused.
 
-use std::net::Ipv4Addr;
-
 use ipnet::IpNet;
 
 use super::{ConfigError, ConfigErrorKind};
@@ -32,14 +30,21 @@ const NOT_PUBLIC_IPV4: [([u8; 4], u8); 8] = [
     ([224, 0, 0, 0], 3),
 ];
 
-/// The same for IPv6: the reserved `::/8` (loopback, and the IPv4-mapped
-/// range, counted as IPv4), unique local, link-local and multicast.
+/// The same for IPv6: the reserved `::/8` (loopback; the ranges that
+/// carry IPv4 addresses are counted as IPv4, see [`CARRY_IPV4`]), unique
+/// local, link-local and multicast.
 const NOT_PUBLIC_IPV6: [(u128, u8); 4] = [
     (0, 8),
     (0xfc00 << 112, 7),
     (0xfe80 << 112, 10),
     (0xff00 << 112, 8),
 ];
+
+/// The IPv6 `/96` ranges whose peers are IPv4 clients: IPv4-mapped
+/// addresses (`::ffff:0:0/96`) and the NAT64 well-known prefix
+/// (`64:ff9b::/96`, RFC 6052), behind which every IPv4 client connects from
+/// `64:ff9b::a.b.c.d`.
+const CARRY_IPV4: [u128; 2] = [0xffff << 32, 0x0064_ff9b << 96];
 
 /// Refuses `trusted` when one network, or all of them together, trust more
 /// public addresses than [`MOST_PUBLIC_IPV4`] or [`MOST_PUBLIC_IPV6`],
@@ -73,10 +78,9 @@ pub(super) fn check(trusted: &[Cidr]) -> Result<(), ConfigError> {
 }
 
 /// The family of which `nets` together trust too many public addresses,
-/// if one (an IPv6 network holding the IPv4-mapped range trusts every IPv4
-/// address).
+/// if one (an IPv6 network holding a range of [`CARRY_IPV4`] trusts the
+/// IPv4 clients it carries).
 fn too_many(nets: impl IntoIterator<Item = Cidr>) -> Option<&'static str> {
-    let mapped = |v4: Ipv4Addr| v4.to_ipv6_mapped().into();
     let (mut v4, mut v6) = (Vec::new(), Vec::new());
     for cidr in nets {
         match IpNet::from(cidr) {
@@ -85,12 +89,14 @@ fn too_many(nets: impl IntoIterator<Item = Cidr>) -> Option<&'static str> {
                 u128::from(u32::from(net.broadcast())),
             )),
             IpNet::V6(net) => {
-                if cidr.contains(mapped(Ipv4Addr::UNSPECIFIED))
-                    && cidr.contains(mapped(Ipv4Addr::BROADCAST))
-                {
-                    v4.push((0, u128::from(u32::MAX)));
+                let (first, last) = (u128::from(net.network()), u128::from(net.broadcast()));
+                for carrier in CARRY_IPV4 {
+                    let (from, to) = (first.max(carrier), last.min(carrier + u128::from(u32::MAX)));
+                    if from <= to {
+                        v4.push((from - carrier, to - carrier));
+                    }
                 }
-                v6.push((u128::from(net.network()), u128::from(net.broadcast())));
+                v6.push((first, last));
             }
         }
     }
