@@ -1702,8 +1702,9 @@ fn a_policy_asked_only_at_cost_zero_is_refused() {
 /// `[client_ip] trusted_proxies` that trust more public addresses than any
 /// proxy fleet has (a network holding every address of a family,
 /// `0.0.0.0/0`, `::/0`, `::ffff:0:0/96` or `::/64`, which hold every IPv4
-/// address mapped; `64:ff9b::/96`, every IPv4 client behind a NAT64
-/// translator; `2000::/3`, every global IPv6 address; or networks that
+/// address mapped; NAT64's `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4's
+/// `2002::/16` and Teredo's `2001::/32`, which carry every IPv4 client;
+/// `2000::/3`, every global IPv6 address; or networks that
 /// add up to more than a `/8` of public IPv4 or a `/16` of public IPv6)
 /// would let any client there write its own address in `X-Forwarded-For`,
 /// a fresh budget per request: refused, naming the network, or the list
@@ -1735,10 +1736,15 @@ fn trusting_more_public_addresses_than_a_proxy_fleet_is_refused_by_the_config() 
             format!("{}/{}", std::net::Ipv6Addr::from(network), i + 1)
         })
         .collect();
-    let refused: [(Vec<String>, &str); 12] = [
+    let refused: [(Vec<String>, &str); 16] = [
         (list("0.0.0.0/0"), "client_ip.trusted_proxies[1]"),
-        // The NAT64 well-known prefix: every IPv4 client behind a translator.
+        // IPv6 ranges carrying every IPv4 client: NAT64's well-known and
+        // local-use prefixes, 6to4 and Teredo.
         (list("64:ff9b::/96"), "client_ip.trusted_proxies[1]"),
+        (list("64:ff9b:1::/96"), "client_ip.trusted_proxies[1]"),
+        (list("64:ff9b:1::/48"), "client_ip.trusted_proxies[1]"),
+        (list("2002::/16"), "client_ip.trusted_proxies[1]"),
+        (list("2001::/32"), "client_ip.trusted_proxies[1]"),
         (list("64:ff9b::/64"), "client_ip.trusted_proxies[1]"),
         (list("64:ff9b::/97"), "client_ip.trusted_proxies[1]"),
         (list("::/0"), "client_ip.trusted_proxies[1]"),
@@ -1748,7 +1754,7 @@ fn trusting_more_public_addresses_than_a_proxy_fleet_is_refused_by_the_config() 
         (list("0.0.0.0/1"), "client_ip.trusted_proxies[1]"),
         (list("11.0.0.0/8 12.0.0.0/8"), "client_ip.trusted_proxies"),
         (
-            list("2001::/17 2001:8000::/17 2002::/17"),
+            list("2400::/17 2400:8000::/17 2401::/17"),
             "client_ip.trusted_proxies",
         ),
         (all_but_mapped, "client_ip.trusted_proxies[1]"),
@@ -1763,6 +1769,7 @@ fn trusting_more_public_addresses_than_a_proxy_fleet_is_refused_by_the_config() 
         "::ffff:10.0.0.0/104",
         "173.245.48.0/20 103.21.244.0/22 104.16.0.0/13 2400:cb00::/32 2606:4700::/32",
         "11.0.0.0/8",
+        "2002:a00::/24",
     ] {
         config(&list(trusted)).expect(trusted);
     }

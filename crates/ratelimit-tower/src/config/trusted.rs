@@ -40,11 +40,73 @@ const NOT_PUBLIC_IPV6: [(u128, u8); 4] = [
     (0xff00 << 112, 8),
 ];
 
-/// The IPv6 `/96` ranges whose peers are IPv4 clients: IPv4-mapped
-/// addresses (`::ffff:0:0/96`) and the NAT64 well-known prefix
-/// (`64:ff9b::/96`, RFC 6052), behind which every IPv4 client connects from
-/// `64:ff9b::a.b.c.d`.
-const CARRY_IPV4: [u128; 2] = [0xffff << 32, 0x0064_ff9b << 96];
+/// The IPv6 ranges whose peers are IPv4 clients, each with where the
+/// client's IPv4 address lies in a peer's address: IPv4-mapped addresses
+/// (`::ffff:0:0/96`), NAT64's well-known and local-use prefixes
+/// (`64:ff9b::/96`, RFC 6052; any `/96` in `64:ff9b:1::/48`, RFC 8215),
+/// behind which every IPv4 client connects from `64:ff9b::a.b.c.d`, in its
+/// last 32 bits; 6to4 (`2002::/16`: `2002:a.b.c.d::/48`), after the first
+/// 16; Teredo (`2001::/32`), in the last 32, inverted.
+const CARRY_IPV4: [Carrier; 5] = [
+    Carrier::last_bits(0xffff << 32, 96),
+    Carrier::last_bits(0x0064_ff9b << 96, 96),
+    Carrier::last_bits(0x0064_ff9b_0001 << 80, 48),
+    Carrier {
+        first: 0x2002 << 112,
+        len: 16,
+        shift: 80,
+        inverted: false,
+    },
+    Carrier {
+        first: 0x2001 << 112,
+        len: 32,
+        shift: 0,
+        inverted: true,
+    },
+];
+
+/// An IPv6 range carrying IPv4 clients: the range (`first`, `len`), and
+/// the IPv4 address in a peer's, `shift` bits from the end (`inverted`:
+/// each bit flipped, as Teredo writes it).
+struct Carrier {
+    first: u128,
+    len: u8,
+    shift: u8,
+    inverted: bool,
+}
+
+impl Carrier {
+    const fn last_bits(first: u128, len: u8) -> Carrier {
+        Carrier {
+            first,
+            len,
+            shift: 0,
+            inverted: false,
+        }
+    }
+
+    /// The IPv4 addresses the IPv6 addresses `first..=last` carry, as one
+    /// range (all of them, where the range spans more than one run of the
+    /// IPv4 field).
+    fn carried(&self, first: u128, last: u128) -> Option<(u128, u128)> {
+        let end = self.first + ((1 << (128 - self.len)) - 1);
+        let (from, to) = (first.max(self.first), last.min(end));
+        if from > to {
+            return None;
+        }
+        let field = |address: u128| (address >> self.shift) & u128::from(u32::MAX);
+        let above = |address: u128| address >> self.shift >> 32;
+        if above(from) != above(to) || to - from >= (u128::from(u32::MAX) << self.shift) {
+            return Some((0, u128::from(u32::MAX)));
+        }
+        let (low, high) = (field(from), field(to));
+        Some(if self.inverted {
+            (u128::from(u32::MAX) - high, u128::from(u32::MAX) - low)
+        } else {
+            (low, high)
+        })
+    }
+}
 
 /// Refuses `trusted` when one network, or all of them together, trust more
 /// public addresses than [`MOST_PUBLIC_IPV4`] or [`MOST_PUBLIC_IPV6`],
@@ -90,12 +152,7 @@ fn too_many(nets: impl IntoIterator<Item = Cidr>) -> Option<&'static str> {
             )),
             IpNet::V6(net) => {
                 let (first, last) = (u128::from(net.network()), u128::from(net.broadcast()));
-                for carrier in CARRY_IPV4 {
-                    let (from, to) = (first.max(carrier), last.min(carrier + u128::from(u32::MAX)));
-                    if from <= to {
-                        v4.push((from - carrier, to - carrier));
-                    }
-                }
+                v4.extend(CARRY_IPV4.iter().filter_map(|c| c.carried(first, last)));
                 v6.push((first, last));
             }
         }
