@@ -11,6 +11,8 @@ use arc_swap::ArcSwap;
 use http::Request;
 
 use super::compile::{describe, headers_apart};
+use super::matching::ConfiguredRule;
+use super::schema::KeyPart;
 use super::{Config, ConfigError, ConfigErrorKind, Format};
 use crate::rules::rule::{Limits, RuleProvider};
 
@@ -38,8 +40,17 @@ use crate::rules::rule::{Limits, RuleProvider};
 /// ([`ConfigErrorKind::RulesDropped`]) when the new configuration
 ///
 /// - defines no rules,
-/// - defines fewer rules than the one in force, or
-/// - defines fewer policies than the one in force.
+/// - defines fewer rules than the one in force,
+/// - defines fewer policies than the one in force, or
+/// - has a rule in force (same policy, same key) no longer settle after the
+///   response, or give cancelled requests back where it kept them (a file
+///   cut before its `[rules.settle]` table or `refund_cancelled = false`).
+///
+/// A reloader does not start from a configuration without rules either
+/// ([`from_file`](ReloadableRules::from_file),
+/// [`from_str`](ReloadableRules::from_str)), and a policy is never keyed by
+/// another header than a configuration put in force before keyed it by,
+/// however many reloads lie between ([`ConfigErrorKind::Rule`]).
 ///
 /// Changing rules and policies, adding some, or renaming a policy (one name
 /// replaced by another) is not dropping one. A renamed policy is a new limit:
@@ -95,6 +106,10 @@ struct Shared {
     reload: Mutex<Option<(PathBuf, Option<Stamp>)>>,
     /// [`ReloadableRules::allow_dropping_rules`].
     allow_dropping: AtomicBool,
+    /// Each policy and the key of a rule over it, in every configuration
+    /// put in force: a policy is never keyed by another header, even over
+    /// several reloads (see [`refuse_rekeyed`]).
+    keyed: Mutex<Vec<(String, Box<[KeyPart]>)>>,
 }
 
 /// What identifies a version of a file.
@@ -143,17 +158,19 @@ impl fmt::Debug for ReloadableRules {
 impl ReloadableRules {
     /// Starts with `config`.
     pub fn new(config: Config) -> Self {
+        let keyed = keys_of(&config);
         ReloadableRules {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(config),
                 reload: Mutex::new(None),
                 allow_dropping: AtomicBool::new(false),
+                keyed: Mutex::new(keyed),
             }),
         }
     }
 
-    /// Whether a reload may drop rules or policies in force, or load a
-    /// configuration without rules (default `false`: such a reload is
+    /// Whether a reload may drop rules, policies or settlements in force, or
+    /// load a configuration without rules (default `false`: such a reload is
     /// refused with [`ConfigErrorKind::RulesDropped`]; see
     /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits)).
     ///
@@ -169,9 +186,13 @@ impl ReloadableRules {
     ///
     /// # Errors
     ///
-    /// As [`Config::parse`].
+    /// As [`Config::parse`]; [`ConfigErrorKind::RulesDropped`] when it
+    /// defines no rules (start from [`ReloadableRules::new`] if that is
+    /// meant).
     pub fn from_str(text: &str, format: Format) -> Result<Self, ConfigError> {
-        Config::parse(text, format).map(ReloadableRules::new)
+        Config::parse(text, format)
+            .and_then(with_rules)
+            .map(ReloadableRules::new)
     }
 
     /// Starts with the configuration in the file at `path`, remembering its
@@ -179,11 +200,17 @@ impl ReloadableRules {
     ///
     /// # Errors
     ///
-    /// As [`Config::from_file`].
+    /// As [`Config::from_file`]; [`ConfigErrorKind::Changing`] when the file
+    /// changed while it was read; [`ConfigErrorKind::RulesDropped`] when it
+    /// defines no rules.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
         let version = stamp(path);
-        let rules = ReloadableRules::new(Config::from_file(path)?);
+        let config = Config::from_file(path);
+        if stamp(path) != version {
+            return Err(changing(path));
+        }
+        let rules = ReloadableRules::new(with_rules(config?).map_err(|e| e.in_file(path))?);
         *rules.lock() = Some((path.to_owned(), version));
         Ok(rules)
     }
@@ -239,12 +266,7 @@ impl ReloadableRules {
         let version = stamp(path);
         let config = Config::from_file(path);
         if stamp(path) != version {
-            return Err(ConfigError::new(
-                ConfigErrorKind::Changing,
-                "",
-                "the file changed while it was read; it is read again once it stops changing",
-            )
-            .in_file(path));
+            return Err(changing(path));
         }
         self.swap(config?).map_err(|e| e.in_file(path))?;
         *loaded = Some((path.to_owned(), version));
@@ -351,8 +373,14 @@ impl ReloadableRules {
         let current = self.shared.current.load();
         if !self.shared.allow_dropping.load(Ordering::Relaxed) {
             refuse_dropped(&current, &config)?;
+            refuse_unsettled(&current, &config)?;
         }
-        refuse_rekeyed(&current, &config)?;
+        let mut keyed = self
+            .shared
+            .keyed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        refuse_rekeyed(&keyed, &config)?;
         for policy in config.policies() {
             if let Some(old) = current.policy(policy.name()) {
                 let (was, now) = (old.algorithm().kind(), policy.algorithm().kind());
@@ -371,36 +399,78 @@ impl ReloadableRules {
                 }
             }
         }
+        for pair in keys_of(&config) {
+            if !keyed.contains(&pair) {
+                keyed.push(pair);
+            }
+        }
         self.shared.current.store(Arc::new(config));
         Ok(())
     }
 }
 
-/// Refuses `config` when it keys a policy in force by another header than
-/// `current` does. A value is one budget whichever header brings it, so
+/// Each policy of `config`'s rules and the key written for it.
+fn keys_of(config: &Config) -> Vec<(String, Box<[KeyPart]>)> {
+    let mut keyed: Vec<(String, Box<[KeyPart]>)> = Vec::new();
+    for rule in config.inner.rules.iter() {
+        let pair = (rule.policy.name().to_owned(), rule.written_key.clone());
+        if !keyed.contains(&pair) {
+            keyed.push(pair);
+        }
+    }
+    keyed
+}
+
+/// `config`, refused when it has no rules: a reloader started from an
+/// empty or cut file would limit nothing.
+fn with_rules(config: Config) -> Result<Config, ConfigError> {
+    if config.rule_count() == 0 {
+        return Err(ConfigError::new(
+            ConfigErrorKind::RulesDropped,
+            "rules",
+            "the configuration defines no rules: an empty or truncated file would limit \
+             nothing; start from ReloadableRules::new(config) if that is meant",
+        ));
+    }
+    Ok(config)
+}
+
+/// The error of a file that changed while it was read.
+fn changing(path: &Path) -> ConfigError {
+    ConfigError::new(
+        ConfigErrorKind::Changing,
+        "",
+        "the file changed while it was read; it is read again once it stops changing",
+    )
+    .in_file(path)
+}
+
+/// Refuses `config` when it keys a policy by another header than a
+/// configuration put in force before did (`keyed`, since the reloader
+/// started: over two reloads, through a configuration where the policy has
+/// no rule, too). A value is one budget whichever header brings it, so
 /// while the instances sharing a store reload one after the other (or a
 /// rolling deploy runs), both headers would key the policy: a client could
 /// send another's value (a tenant's id, no secret) in the new header and
 /// spend that budget where the old one is still read, as
 /// [`Config::from_toml`] refuses within one configuration.
-fn refuse_rekeyed(current: &Config, config: &Config) -> Result<(), ConfigError> {
+fn refuse_rekeyed(keyed: &[(String, Box<[KeyPart]>)], config: &Config) -> Result<(), ConfigError> {
     for (index, rule) in config.inner.rules.iter().enumerate() {
-        let in_force = current.inner.rules.iter().find(|old| {
-            old.policy.name() == rule.policy.name()
-                && headers_apart(&old.written_key, &rule.written_key)
+        let before = keyed.iter().find(|(policy, key)| {
+            policy == rule.policy.name() && headers_apart(key, &rule.written_key)
         });
-        if let Some(old) = in_force {
+        if let Some((_, key)) = before {
             return Err(ConfigError::new(
                 ConfigErrorKind::Rule,
                 format!("rules[{index}].key"),
                 format!(
-                    "policy {:?} is keyed by {} in the configuration in force and by {} here: \
-                     while the instances that share its store reload one after the other, a \
-                     value sent in either header would be one budget, so a client could spend \
-                     another's budget by sending its value in the new header; give the new key \
-                     a new policy name",
+                    "policy {:?} was keyed by {} in a configuration in force and is by {} \
+                     here: while the instances that share its store reload one after the \
+                     other, a value sent in either header would be one budget, so a client \
+                     could spend another's budget by sending its value in the new header; give \
+                     the new key a new policy name",
                     rule.policy.name(),
-                    describe(&old.written_key),
+                    describe(key),
                     describe(&rule.written_key),
                 ),
             ));
@@ -455,6 +525,46 @@ fn refuse_dropped(current: &Config, config: &Config) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// Refuses `config` when a rule in force that settles after the response
+/// (same policy, same key) no longer does, or now gives cancelled requests
+/// back where it kept them: a file cut before its `[rules.settle]` table,
+/// or before `refund_cancelled = false`, would turn a token budget into a
+/// count of requests, or let a client that drops its connection once the
+/// work is done spend nothing.
+fn refuse_unsettled(current: &Config, config: &Config) -> Result<(), ConfigError> {
+    for old in current.inner.rules.iter() {
+        let Some(settled) = &old.settlement else {
+            continue;
+        };
+        let same = |rule: &&ConfiguredRule| {
+            rule.policy.name() == old.policy.name() && rule.written_key == old.written_key
+        };
+        for (index, rule) in config.inner.rules.iter().enumerate() {
+            if !same(&rule) {
+                continue;
+            }
+            let what = match &rule.settlement {
+                None => "no longer settles after the response",
+                Some(now) if now.refunds_on_cancel() && !settled.refunds_on_cancel() => {
+                    "now gives cancelled requests back"
+                }
+                Some(_) => continue,
+            };
+            return Err(ConfigError::new(
+                ConfigErrorKind::RulesDropped,
+                format!("rules[{index}].settle"),
+                format!(
+                    "the rule over policy {:?} keyed by {} {what}, as a cut file would: \
+                     {ALLOW_HINT}",
+                    old.policy.name(),
+                    describe(&old.written_key)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Counts a reload's outcome in `ratelimit_config_reloads_total`.
 fn counted(result: Result<(), ConfigError>) -> Result<(), ConfigError> {
     #[cfg(feature = "metrics")]
@@ -475,5 +585,116 @@ impl<B> RuleProvider<Request<B>> for ReloadableRules {
 
     fn limits_at_once(&self, req: &Request<B>) -> Option<Limits> {
         Some(self.shared.current.load().limits(req))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConfigErrorKind, Format, ReloadableRules};
+    use crate::config::Config;
+
+    /// A token budget charged by the response's `x-tokens-used` (up to 1000
+    /// tokens a minute per API key), its `settle` written as a subtable at the
+    /// end of the file, as TOML allows.
+    const TOKENS: &str = "[policies.tokens]\nalgorithm = \"token-bucket\"\nlimit = 1000\n\
+        rate = \"1000/m\"\n\n[[rules]]\npolicy = \"tokens\"\nkey = \"header:x-api-key\"\n\n\
+        [rules.settle]\nheader = \"x-tokens-used\"\nestimate = 100\n";
+
+    /// A writer that dies before `[rules.settle]`, its dotted `settle.` keys
+    /// or `refund_cancelled = false` (or a file read while written in place
+    /// and stable for an interval) leaves a prefix with as many rules and
+    /// policies, whose rule charges each request 1 unit instead of the
+    /// tokens it used (1000 requests a minute where 10 of 100 tokens each
+    /// passed), or gives a client that drops its connection once the work
+    /// is done its reservation back: refused, as a dropped rule is.
+    #[test]
+    fn a_file_cut_before_its_settlement_is_refused() {
+        let dotted = TOKENS.replace(
+            "\n[rules.settle]\nheader = \"x-tokens-used\"\nestimate = 100\n",
+            "settle.header = \"x-tokens-used\"\nsettle.estimate = 100\n",
+        );
+        let kept = TOKENS.replace(
+            "estimate = 100\n",
+            "estimate = 100\nrefund_on = \"never\"\nrefund_cancelled = false\n",
+        );
+        let cuts = [
+            (TOKENS, "[rules.settle]"),
+            (dotted.as_str(), "settle.header"),
+            (kept.as_str(), "refund_cancelled"),
+        ];
+        for (text, marker) in cuts {
+            let rules = ReloadableRules::from_str(text, Format::Toml).expect("valid");
+            let cut = &text[..text.find(marker).expect("present")];
+            let prefix = Config::from_toml(cut).expect("the prefix parses");
+            assert_eq!(prefix.rule_count(), 1, "cut before {marker}");
+            let error = rules.reload_from_str(cut, Format::Toml).expect_err(marker);
+            assert_eq!(
+                error.kind(),
+                ConfigErrorKind::RulesDropped,
+                "cut before {marker}"
+            );
+        }
+    }
+
+    /// A process (re)started while its configuration file is empty (being
+    /// rewritten in place, or left so by a writer that died) would serve with
+    /// no limit at all: `from_file` refuses a configuration without rules, as
+    /// a reload does.
+    #[test]
+    fn a_reloader_started_from_an_empty_file_is_refused() {
+        let dir =
+            std::env::temp_dir().join(format!("ratelimit-empty-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("ratelimit.toml");
+        std::fs::write(&path, "").expect("write");
+        let started = ReloadableRules::from_file(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        match started {
+            Err(error) => assert_eq!(error.kind(), ConfigErrorKind::RulesDropped),
+            Ok(rules) => panic!(
+                "an empty file starts the reloader with {} rules: every request passes",
+                rules.current().rule_count()
+            ),
+        }
+    }
+
+    /// A policy is never keyed by another header, even over two reloads: first
+    /// its rule moves to another policy (the policy stays defined, its state
+    /// stays in the store), then the policy is keyed by the new header. An
+    /// instance that goes straight from the first file to the last refuses it
+    /// and keeps `api` keyed by `x-tenant`; one that saw the middle file must
+    /// refuse it too, or both headers would key one budget on one store.
+    #[test]
+    fn a_policy_rekeyed_in_two_reloads_is_refused() {
+        let file = |rules: &str| {
+            format!(
+                "[policies.api]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1m\"\n\n\
+                 [policies.other]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1m\"\n\n{rules}"
+            )
+        };
+        let rule = |policy: &str, header: &str| {
+            format!("[[rules]]\npolicy = \"{policy}\"\nkey = \"header:{header}\"\n\n")
+        };
+        let first = file(&rule("api", "x-tenant"));
+        let middle = file(&rule("other", "x-tenant"));
+        let last = file(&format!(
+            "{}{}",
+            rule("api", "x-api-key"),
+            rule("other", "x-tenant")
+        ));
+
+        // Straight from the first file to the last: refused, as documented.
+        let straight = ReloadableRules::from_str(&first, Format::Toml).expect("valid");
+        assert!(straight.reload_from_str(&last, Format::Toml).is_err());
+
+        let stepwise = ReloadableRules::from_str(&first, Format::Toml).expect("valid");
+        stepwise
+            .reload_from_str(&middle, Format::Toml)
+            .expect("the middle file only moves a rule");
+        assert!(
+            stepwise.reload_from_str(&last, Format::Toml).is_err(),
+            "policy \"api\", keyed by x-tenant two reloads ago (and still so on an instance \
+             that skipped the middle file), is now keyed by x-api-key"
+        );
     }
 }
