@@ -255,6 +255,14 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     /// error that is already `BoxError`, the futures may not be `Send` across
     /// `tokio::spawn`, because of how the compiler checks that conversion for
     /// all lifetimes).
+    ///
+    /// Such a layer does not wrap the inner service's response, so a
+    /// concurrency permit ends when that response arrives: right where the
+    /// response is the whole work (a query, a unary call), not where a body
+    /// streams after it (an HTTP client's download, which the permit then
+    /// does not cover). To hold a slot through a streamed body, use the HTTP
+    /// layer (without `for_errors`), whose bodies hold their permits, or
+    /// keep a `ratelimit-axum` `Limiter`'s grant with the body.
     pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
         self.map(|rules| rules, |_| ErrorRejections)
     }

@@ -19,7 +19,9 @@
 //! - Keys are hashed alike whichever way they come ([`Key`]): a value (an
 //!   API key from a header, a tenant id from a rule provider) is one budget
 //!   and never reaches a store as it is; addresses stay readable.
-//! - Concurrency permits are held until the response body ends.
+//! - Concurrency permits are held until the response body ends (with
+//!   [`for_errors`](RateLimitLayer::for_errors), whose responses are not
+//!   wrapped, until the inner service answers).
 //! - A cost known only after the response (tokens generated, rows scanned)
 //!   is reserved as an estimate and settled when the response head arrives
 //!   ([`Settlement`], see [below](#costs-known-after-the-response)).
