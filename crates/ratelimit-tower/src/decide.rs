@@ -409,10 +409,15 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
     );
     let mut first = Some(first);
     let mut attempts: u32 = 0;
+    // When the enforced limits were last asked of the store (no later).
+    let mut asked = started;
     loop {
         let (answer, permits) = match first.take() {
             Some(answer) => answer,
-            None => ask_holding(&settings, &enforced).await,
+            None => {
+                asked = Instant::now();
+                ask_holding(&settings, &enforced).await
+            }
         };
         let decisions = match answer {
             Ok(decisions) => decisions,
@@ -471,14 +476,14 @@ async fn decide_limits<St: Store + Clone>(settings: Settings<St>, limits: Vec<Li
                 // it took (see `Taken`); its concurrency permits are released
                 // as `permits` drops.
                 if started.elapsed() + delay > max_delay {
-                    Taken::new(&settings.store, started, &enforced, &decisions)
+                    Taken::new(&settings.store, asked, &enforced, &decisions)
                         .give_back()
                         .await;
                     return Outcome::Rejected(Rejection::Limited(merged()));
                 }
                 permits.absorb(shadow_permits);
                 if !delay.is_zero() {
-                    let taken = Taken::new(&settings.store, started, &enforced, &decisions);
+                    let taken = Taken::new(&settings.store, asked, &enforced, &decisions);
                     tokio::time::sleep(delay).await;
                     taken.keep();
                 }
