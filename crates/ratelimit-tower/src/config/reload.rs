@@ -11,7 +11,6 @@ use arc_swap::ArcSwap;
 use http::Request;
 
 use super::compile::{describe, headers_apart};
-use super::matching::ConfiguredRule;
 use super::schema::KeyPart;
 use super::{Config, ConfigError, ConfigErrorKind, Format};
 use crate::rules::rule::{Limits, RuleProvider};
@@ -40,17 +39,20 @@ use crate::rules::rule::{Limits, RuleProvider};
 /// ([`ConfigErrorKind::RulesDropped`]) when the new configuration
 ///
 /// - defines no rules,
-/// - defines fewer rules than the one in force,
-/// - defines fewer policies than the one in force, or
-/// - has a rule in force (same policy, same key) no longer settle after the
-///   response, or give cancelled requests back where it kept them (a file
-///   cut before its `[rules.settle]` table or `refund_cancelled = false`).
+/// - defines fewer rules than the one in force, or
+/// - defines fewer policies than the one in force.
 ///
 /// A reloader does not start from a configuration without rules either
 /// ([`from_file`](ReloadableRules::from_file),
-/// [`from_str`](ReloadableRules::from_str)), and a policy is never keyed by
-/// another header than a configuration put in force before keyed it by,
-/// however many reloads lie between ([`ConfigErrorKind::Rule`]).
+/// [`from_str`](ReloadableRules::from_str)). A policy is never keyed by
+/// another header ([`ConfigErrorKind::Rule`]), nor given another algorithm,
+/// than a configuration put in force before gave it, however many reloads
+/// lie between.
+///
+/// A file cut after a rule's optional field, with as many rules and
+/// policies, still loads: cut before a rule's last `cost`, its `settle`
+/// table or one of its fields, or an `[ip]` section, its defaults apply.
+/// Write the new file beside the old one and rename it over it.
 ///
 /// Changing rules and policies, adding some, or renaming a policy (one name
 /// replaced by another) is not dropping one. A renamed policy is a new limit:
@@ -106,10 +108,36 @@ struct Shared {
     reload: Mutex<Option<(PathBuf, Option<Stamp>)>>,
     /// [`ReloadableRules::allow_dropping_rules`].
     allow_dropping: AtomicBool,
-    /// Each policy and the key of a rule over it, in every configuration
-    /// put in force: a policy is never keyed by another header, even over
-    /// several reloads (see [`refuse_rekeyed`]).
-    keyed: Mutex<Vec<(String, Box<[KeyPart]>)>>,
+    /// What every configuration put in force gave each policy.
+    seen: Mutex<Seen>,
+}
+
+/// Each policy's keys (of the rules over it) and algorithm, in every
+/// configuration put in force: a policy is never keyed by another header
+/// (see [`refuse_rekeyed`]) nor given another algorithm under its name,
+/// even over several reloads.
+#[derive(Default)]
+struct Seen {
+    keys: Vec<(String, Box<[KeyPart]>)>,
+    algorithms: Vec<(String, &'static str)>,
+}
+
+impl Seen {
+    /// Adds what `config` gives its policies.
+    fn add(&mut self, config: &Config) {
+        for rule in config.inner.rules.iter() {
+            let pair = (rule.policy.name().to_owned(), rule.written_key.clone());
+            if !self.keys.contains(&pair) {
+                self.keys.push(pair);
+            }
+        }
+        for policy in config.policies() {
+            let pair = (policy.name().to_owned(), policy.algorithm().kind());
+            if !self.algorithms.contains(&pair) {
+                self.algorithms.push(pair);
+            }
+        }
+    }
 }
 
 /// What identifies a version of a file.
@@ -158,19 +186,20 @@ impl fmt::Debug for ReloadableRules {
 impl ReloadableRules {
     /// Starts with `config`.
     pub fn new(config: Config) -> Self {
-        let keyed = keys_of(&config);
+        let mut seen = Seen::default();
+        seen.add(&config);
         ReloadableRules {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(config),
                 reload: Mutex::new(None),
                 allow_dropping: AtomicBool::new(false),
-                keyed: Mutex::new(keyed),
+                seen: Mutex::new(seen),
             }),
         }
     }
 
-    /// Whether a reload may drop rules, policies or settlements in force, or
-    /// load a configuration without rules (default `false`: such a reload is
+    /// Whether a reload may drop rules or policies in force, or load a
+    /// configuration without rules (default `false`: such a reload is
     /// refused with [`ConfigErrorKind::RulesDropped`]; see
     /// [reloads that would lift limits](ReloadableRules#reloads-that-would-lift-limits)).
     ///
@@ -373,52 +402,37 @@ impl ReloadableRules {
         let current = self.shared.current.load();
         if !self.shared.allow_dropping.load(Ordering::Relaxed) {
             refuse_dropped(&current, &config)?;
-            refuse_unsettled(&current, &config)?;
         }
-        let mut keyed = self
+        let mut seen = self
             .shared
-            .keyed
+            .seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        refuse_rekeyed(&keyed, &config)?;
+        refuse_rekeyed(&seen.keys, &config)?;
         for policy in config.policies() {
-            if let Some(old) = current.policy(policy.name()) {
-                let (was, now) = (old.algorithm().kind(), policy.algorithm().kind());
-                if was != now {
-                    return Err(ConfigError::new(
-                        ConfigErrorKind::AlgorithmChanged,
-                        format!("policies.{}.algorithm", policy.name()),
-                        format!(
-                            "policy {:?} is {was} in the configuration in force, not {now}: \
-                             stores keep state per policy name, so give the new algorithm \
-                             a new name (such as \"{}-{now}\")",
-                            policy.name(),
-                            policy.name()
-                        ),
-                    ));
-                }
+            let now = policy.algorithm().kind();
+            let before = seen
+                .algorithms
+                .iter()
+                .find(|(name, was)| name == policy.name() && *was != now);
+            if let Some(&(_, was)) = before {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::AlgorithmChanged,
+                    format!("policies.{}.algorithm", policy.name()),
+                    format!(
+                        "policy {:?} was {was} in a configuration in force, not {now}: \
+                         stores keep state per policy name, so give the new algorithm a new \
+                         name (such as \"{}-{now}\")",
+                        policy.name(),
+                        policy.name()
+                    ),
+                ));
             }
         }
-        for pair in keys_of(&config) {
-            if !keyed.contains(&pair) {
-                keyed.push(pair);
-            }
-        }
+        seen.add(&config);
         self.shared.current.store(Arc::new(config));
         Ok(())
     }
-}
-
-/// Each policy of `config`'s rules and the key written for it.
-fn keys_of(config: &Config) -> Vec<(String, Box<[KeyPart]>)> {
-    let mut keyed: Vec<(String, Box<[KeyPart]>)> = Vec::new();
-    for rule in config.inner.rules.iter() {
-        let pair = (rule.policy.name().to_owned(), rule.written_key.clone());
-        if !keyed.contains(&pair) {
-            keyed.push(pair);
-        }
-    }
-    keyed
 }
 
 /// `config`, refused when it has no rules: a reloader started from an
@@ -525,46 +539,6 @@ fn refuse_dropped(current: &Config, config: &Config) -> Result<(), ConfigError> 
     Ok(())
 }
 
-/// Refuses `config` when a rule in force that settles after the response
-/// (same policy, same key) no longer does, or now gives cancelled requests
-/// back where it kept them: a file cut before its `[rules.settle]` table,
-/// or before `refund_cancelled = false`, would turn a token budget into a
-/// count of requests, or let a client that drops its connection once the
-/// work is done spend nothing.
-fn refuse_unsettled(current: &Config, config: &Config) -> Result<(), ConfigError> {
-    for old in current.inner.rules.iter() {
-        let Some(settled) = &old.settlement else {
-            continue;
-        };
-        let same = |rule: &&ConfiguredRule| {
-            rule.policy.name() == old.policy.name() && rule.written_key == old.written_key
-        };
-        for (index, rule) in config.inner.rules.iter().enumerate() {
-            if !same(&rule) {
-                continue;
-            }
-            let what = match &rule.settlement {
-                None => "no longer settles after the response",
-                Some(now) if now.refunds_on_cancel() && !settled.refunds_on_cancel() => {
-                    "now gives cancelled requests back"
-                }
-                Some(_) => continue,
-            };
-            return Err(ConfigError::new(
-                ConfigErrorKind::RulesDropped,
-                format!("rules[{index}].settle"),
-                format!(
-                    "the rule over policy {:?} keyed by {} {what}, as a cut file would: \
-                     {ALLOW_HINT}",
-                    old.policy.name(),
-                    describe(&old.written_key)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Counts a reload's outcome in `ratelimit_config_reloads_total`.
 fn counted(result: Result<(), ConfigError>) -> Result<(), ConfigError> {
     #[cfg(feature = "metrics")]
@@ -591,50 +565,6 @@ impl<B> RuleProvider<Request<B>> for ReloadableRules {
 #[cfg(test)]
 mod tests {
     use super::{ConfigErrorKind, Format, ReloadableRules};
-    use crate::config::Config;
-
-    /// A token budget charged by the response's `x-tokens-used` (up to 1000
-    /// tokens a minute per API key), its `settle` written as a subtable at the
-    /// end of the file, as TOML allows.
-    const TOKENS: &str = "[policies.tokens]\nalgorithm = \"token-bucket\"\nlimit = 1000\n\
-        rate = \"1000/m\"\n\n[[rules]]\npolicy = \"tokens\"\nkey = \"header:x-api-key\"\n\n\
-        [rules.settle]\nheader = \"x-tokens-used\"\nestimate = 100\n";
-
-    /// A writer that dies before `[rules.settle]`, its dotted `settle.` keys
-    /// or `refund_cancelled = false` (or a file read while written in place
-    /// and stable for an interval) leaves a prefix with as many rules and
-    /// policies, whose rule charges each request 1 unit instead of the
-    /// tokens it used (1000 requests a minute where 10 of 100 tokens each
-    /// passed), or gives a client that drops its connection once the work
-    /// is done its reservation back: refused, as a dropped rule is.
-    #[test]
-    fn a_file_cut_before_its_settlement_is_refused() {
-        let dotted = TOKENS.replace(
-            "\n[rules.settle]\nheader = \"x-tokens-used\"\nestimate = 100\n",
-            "settle.header = \"x-tokens-used\"\nsettle.estimate = 100\n",
-        );
-        let kept = TOKENS.replace(
-            "estimate = 100\n",
-            "estimate = 100\nrefund_on = \"never\"\nrefund_cancelled = false\n",
-        );
-        let cuts = [
-            (TOKENS, "[rules.settle]"),
-            (dotted.as_str(), "settle.header"),
-            (kept.as_str(), "refund_cancelled"),
-        ];
-        for (text, marker) in cuts {
-            let rules = ReloadableRules::from_str(text, Format::Toml).expect("valid");
-            let cut = &text[..text.find(marker).expect("present")];
-            let prefix = Config::from_toml(cut).expect("the prefix parses");
-            assert_eq!(prefix.rule_count(), 1, "cut before {marker}");
-            let error = rules.reload_from_str(cut, Format::Toml).expect_err(marker);
-            assert_eq!(
-                error.kind(),
-                ConfigErrorKind::RulesDropped,
-                "cut before {marker}"
-            );
-        }
-    }
 
     /// A process (re)started while its configuration file is empty (being
     /// rewritten in place, or left so by a writer that died) would serve with
@@ -696,5 +626,31 @@ mod tests {
             "policy \"api\", keyed by x-tenant two reloads ago (and still so on an instance \
              that skipped the middle file), is now keyed by x-api-key"
         );
+    }
+
+    /// A policy's algorithm never changes under its name, even over two
+    /// reloads: renamed away (a rename is not a drop), then renamed back
+    /// with another algorithm, as an instance that skipped the middle file
+    /// still runs it with the first on the shared store.
+    #[test]
+    fn a_policy_algorithm_changed_in_two_reloads_is_refused() {
+        let file = |name: &str, algorithm: &str| {
+            format!(
+                "[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = 5\nwindow = \"1m\"\n\n\
+                 [[rules]]\npolicy = \"{name}\"\nkey = \"ip\"\n"
+            )
+        };
+        let rules =
+            ReloadableRules::from_str(&file("api", "fixed-window"), Format::Toml).expect("valid");
+        rules
+            .reload_from_str(&file("api-old", "fixed-window"), Format::Toml)
+            .expect("a rename loads");
+        let error = rules
+            .reload_from_str(&file("api", "sliding-log"), Format::Toml)
+            .expect_err("fixed-window two reloads ago");
+        assert_eq!(error.kind(), ConfigErrorKind::AlgorithmChanged);
+        rules
+            .reload_from_str(&file("api", "fixed-window"), Format::Toml)
+            .expect("the same algorithm again");
     }
 }
