@@ -35,7 +35,8 @@ use ratelimit_tests::{
 };
 use ratelimit_tower::config::Config;
 use ratelimit_tower::{
-    ActualCost, Decisions, Key, Limits, PeerAddr, RateLimitLayer, Rule, SettleError, Settlement,
+    ActualCost, Decisions, Key, Limits, PeerAddr, RateLimitLayer, Rejection, Rule, SettleError,
+    Settlement,
 };
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -58,6 +59,13 @@ fn bucket(name: &str, capacity: u64) -> Policy {
         name,
         Policy::token_bucket(capacity, Rate::per_hour(capacity)),
     )
+}
+
+/// A memory store whose clock stands still at [`NOW_MICROS`].
+fn still_store() -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .clock(ManualClock::new(NOW_MICROS))
+        .build()
 }
 
 /// The settlement from [`COST_HEADER`].
@@ -655,9 +663,7 @@ async fn configured_settlements() {
         settle = { header = "X-Tokens-Used", estimate = 5 }
     "#;
     let config = Config::from_toml(CONFIG).expect("valid");
-    let store = MemoryStore::builder()
-        .clock(ManualClock::new(NOW_MICROS))
-        .build();
+    let store = still_store();
     let service = RateLimitLayer::with_rules(store.clone(), config).layer(model());
     let request = |cost: &[u8], status: &[u8]| {
         let mut req = call("c", &[("x-reply-cost", cost), ("x-reply-status", status)]);
@@ -784,9 +790,7 @@ impl Store for CannotSettle {
 #[test]
 fn metrics_and_a_store_that_cannot_settle() {
     let ((), recorded) = ratelimit_tests::metrics::capture(false, || async {
-        let store = MemoryStore::builder()
-            .clock(ManualClock::new(NOW_MICROS))
-            .build();
+        let store = still_store();
         let tokens = bucket("m-tokens", 1_000);
         let layer = settling(&store, &tokens, 10, from_header());
         let service = layer.clone().layer(model());
@@ -862,9 +866,7 @@ async fn failing_open_keeps_the_cost_header_inside() {
 /// the reservation of a request whose service fails.
 #[tokio::test]
 async fn layers_for_errors_refund_errors_and_keep_estimates() {
-    let store = MemoryStore::builder()
-        .clock(ManualClock::new(NOW_MICROS))
-        .build();
+    let store = still_store();
     let tokens = bucket("e-tokens", 1_000);
     let layer = RateLimitLayer::new(store.clone(), tokens.clone(), |n: &u64| {
         Some(n.to_be_bytes().to_vec())
@@ -891,6 +893,51 @@ async fn layers_for_errors_refund_errors_and_keep_estimates() {
     assert_eq!(left(7).await, 990);
     assert_eq!(left(0).await, 1_000);
     assert_eq!(layer.stats().costs_missing(), 1);
+}
+
+/// An HTTP client's layer reads the response's head as the HTTP layer does:
+/// the downstream API's cost header settles the reservation (and stays on
+/// the response when the settlement keeps it), a `5xx` gives the
+/// reservation back, a refusal is an error.
+#[tokio::test]
+async fn an_http_clients_layer_settles_from_the_response_head() {
+    let store = still_store();
+    let tokens = bucket("c-tokens", 1_000);
+    let layer = RateLimitLayer::new(store.clone(), tokens.clone(), everyone)
+        .cost(10)
+        .settle(from_header().keep_header(true))
+        .expect("settles")
+        .for_http_client();
+    let client = layer.clone().layer(model());
+    let response = client
+        .clone()
+        .oneshot(costing("o", 400))
+        .await
+        .expect("allowed");
+    assert_eq!(
+        response.headers()[COST_HEADER],
+        "400",
+        "kept for the caller"
+    );
+    assert_eq!(level(&store, &tokens, "everyone").await, 600);
+    let failed = call("o", &[("x-reply-status", b"503")]);
+    let response = client.clone().oneshot(failed).await.expect("allowed");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(level(&store, &tokens, "everyone").await, 600, "given back");
+    client
+        .clone()
+        .oneshot(costing("o", 600))
+        .await
+        .expect("allowed");
+    let refused = client.oneshot(costing("o", 1)).await.expect_err("refused");
+    assert!(
+        matches!(
+            refused.downcast_ref::<Rejection>(),
+            Some(Rejection::Limited(_))
+        ),
+        "{refused}"
+    );
+    assert_eq!(layer.stats().costs_missing(), 0);
 }
 
 /// A request with a peer address, for the example's routes.
@@ -1183,9 +1230,7 @@ async fn token_budget_holds_across_two_processes() {
 #[tokio::test]
 async fn a_cost_header_never_sent_is_charged_one_on_an_estimate_of_zero() {
     let tokens = named("tokens", Policy::token_bucket(2, Rate::per_hour(2)));
-    let store = MemoryStore::builder()
-        .clock(ManualClock::new(NOW_MICROS))
-        .build();
+    let store = still_store();
     let rule = Rule::new(tokens, ratelimit_tower::HeaderKey::from_static("x-api-key"))
         .cost(0)
         .settle(Settlement::from_static_header("x-tokens-used"))

@@ -306,39 +306,89 @@ async fn poll_ready_is_the_inner_service() {
     assert_eq!(body_text(response.unwrap()).await, "ok");
 }
 
-#[tokio::test]
-async fn a_streaming_response_holds_its_concurrency_permit_until_the_body_ends() {
-    use tower::ServiceExt as _;
+/// Calls a layer of a concurrency limit of 1 whose inner service streams
+/// every body from a channel: the slot stays taken while a body streams,
+/// and frees when it ends or is dropped. `choose` picks how refusals come
+/// back, and `allowed` tells an allowed call (the HTTP layer answers a
+/// refusal, a client's layer returns it as an error).
+async fn streamed_bodies_hold_their_slot<J, B, E>(
+    choose: impl FnOnce(
+        RateLimitLayer<MemoryStore<ManualClock>, Rule<GlobalKey>>,
+    ) -> RateLimitLayer<MemoryStore<ManualClock>, Rule<GlobalKey>, J>,
+    allowed: impl Fn(&Result<Response<B>, E>) -> bool,
+) where
+    J: ratelimit_tower::Reject<
+            Request<&'static str>,
+            Response<ChannelBody>,
+            std::convert::Infallible,
+            Response = Response<B>,
+            Error = E,
+        > + Clone,
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: std::fmt::Debug,
+    E: std::fmt::Debug,
+{
     let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
     let inner = {
         let senders = senders.clone();
         tower::service_fn(move |_req: Request<&'static str>| {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             senders.lock().unwrap().push(tx);
-            async move { Ok::<_, std::convert::Infallible>(Response::new(ChannelBody(rx))) }
+            ready(Ok::<_, std::convert::Infallible>(Response::new(
+                ChannelBody(rx),
+            )))
         })
     };
     let policy = Policy::concurrency(1, Duration::from_secs(60)).unwrap();
-    let service = RateLimitLayer::new(store(), policy, GlobalKey::default()).layer(inner);
+    let service = choose(RateLimitLayer::new(store(), policy, GlobalKey::default())).layer(inner);
 
-    let first = service.clone().oneshot(Request::new("")).await.unwrap();
-    assert_eq!(first.status(), StatusCode::OK);
+    let first = service.clone().oneshot(Request::new("")).await;
+    assert!(allowed(&first), "{:?}", first.as_ref().err());
     // The response future has resolved, but its body is still streaming.
-    let second = service.clone().oneshot(Request::new("")).await.unwrap();
-    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let second = service.clone().oneshot(Request::new("")).await;
+    assert!(!allowed(&second), "a second body streamed at once");
 
     let tx = senders.lock().unwrap().remove(0);
     tx.send(bytes::Bytes::from_static(b"chunk")).await.unwrap();
     drop(tx);
-    let body = first.into_body().collect().await.unwrap().to_bytes();
+    let body = first
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
     assert_eq!(&body[..], b"chunk");
     // The body ended: the slot is free again.
-    let third = service.clone().oneshot(Request::new("")).await.unwrap();
-    assert_eq!(third.status(), StatusCode::OK);
+    let third = service.clone().oneshot(Request::new("")).await;
+    assert!(allowed(&third));
     // Dropping a body before its end frees the slot too.
     drop(third);
-    let fourth = service.clone().oneshot(Request::new("")).await.unwrap();
-    assert_eq!(fourth.status(), StatusCode::OK);
+    let fourth = service.clone().oneshot(Request::new("")).await;
+    assert!(allowed(&fourth));
+}
+
+#[tokio::test]
+async fn a_streaming_response_holds_its_concurrency_permit_until_the_body_ends() {
+    streamed_bodies_hold_their_slot(
+        |layer| layer,
+        |r| r.as_ref().unwrap().status() == StatusCode::OK,
+    )
+    .await;
+}
+
+/// An HTTP client's layer returns refusals as errors and, unlike a layer
+/// `for_errors`, holds a permit while the downloaded body streams.
+#[tokio::test]
+async fn an_http_clients_download_holds_its_concurrency_permit_until_the_body_ends() {
+    streamed_bodies_hold_their_slot(RateLimitLayer::for_http_client, |r| match r {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(e.downcast_ref::<Rejection>().is_some(), "{e}");
+            false
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use crate::decide::Settings;
 use crate::metrics::Recorder;
 use crate::options::{FailurePolicy, MissingKey, Mode, Stats};
 use crate::responses::headers::RateLimitHeaders;
-use crate::responses::reject::{ErrorRejections, HttpRejections};
+use crate::responses::reject::{ClientRejections, ErrorRejections, HttpRejections};
 use crate::responses::rejection::Rejection;
 use crate::rules::rule::{And, Rule};
 use crate::settlement::{SettleError, Settlement};
@@ -258,13 +258,47 @@ impl<St, P, J> RateLimitLayer<St, P, J> {
     ///
     /// Such a layer does not wrap the inner service's response, so a
     /// concurrency permit ends when that response arrives: right where the
-    /// response is the whole work (a query, a unary call), not where a body
-    /// streams after it (an HTTP client's download, which the permit then
-    /// does not cover). To hold a slot through a streamed body, use the HTTP
-    /// layer (without `for_errors`), whose bodies hold their permits, or
-    /// keep a `ratelimit-axum` `Limiter`'s grant with the body.
+    /// response is the whole work (a query, a job), not where a body
+    /// streams after it. For an HTTP client, use
+    /// [`for_http_client`](Self::for_http_client), whose response bodies
+    /// hold their permits.
     pub fn for_errors(self) -> RateLimitLayer<St, P, ErrorRejections> {
         self.map(|rules| rules, |_| ErrorRejections)
+    }
+
+    /// Refusals become errors, as with [`for_errors`](Self::for_errors),
+    /// for a stack that sends HTTP requests (`http::Request` in,
+    /// `http::Response` out; [`ClientRejections`]): an allowed response's
+    /// body holds the request's concurrency permits until it ends or is
+    /// dropped, so a download keeps its slot while it streams, and costs
+    /// settle from the response's head.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use ratelimit_tower::{GlobalKey, MemoryStore, Policy, RateLimitLayer, Rejection};
+    /// use std::time::Duration;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let downloads = Policy::concurrency(1, Duration::from_secs(60))?;
+    /// let client = ServiceBuilder::new()
+    ///     .layer(RateLimitLayer::new(MemoryStore::new(), downloads, GlobalKey::default()).for_http_client())
+    ///     .service_fn(|_: Request<()>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::from("a large file")))
+    ///     });
+    /// let first = client.clone().oneshot(Request::new(())).await?;
+    /// // Its body has not been read: the slot is still taken.
+    /// let second = client.clone().oneshot(Request::new(())).await;
+    /// assert!(second.unwrap_err().downcast_ref::<Rejection>().is_some());
+    /// drop(first);
+    /// assert!(client.oneshot(Request::new(())).await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn for_http_client(self) -> RateLimitLayer<St, P, ClientRejections> {
+        self.map(|rules| rules, |_| ClientRejections)
     }
 
     /// Reject or wait (default: [`Mode::Reject`]).

@@ -13,15 +13,15 @@
 //!   ([`Mode::Wait`]). HTTP refusals are responses (`429` with `Retry-After`,
 //!   or a gRPC trailers-only `RESOURCE_EXHAUSTED`), so the inner error type is
 //!   kept ([`HttpRejections`], see [`RateLimitLayer::on_rejection`]); for
-//!   other request types they are errors
-//!   ([`RateLimitLayer::for_errors`]).
+//!   other request types, and for an HTTP client, they are errors
+//!   ([`RateLimitLayer::for_errors`], [`RateLimitLayer::for_http_client`]).
 //! - When the store fails, the [`FailurePolicy`] decides (open by default).
 //! - Keys are hashed alike whichever way they come ([`Key`]): a value (an
 //!   API key from a header, a tenant id from a rule provider) is one budget
 //!   and never reaches a store as it is; addresses stay readable.
 //! - Concurrency permits are held until the response body ends (with
-//!   [`for_errors`](RateLimitLayer::for_errors), whose responses are not
-//!   wrapped, until the inner service answers).
+//!   [`for_errors`](RateLimitLayer::for_errors), whose responses need not be
+//!   HTTP and are not wrapped, until the inner service answers).
 //! - A cost known only after the response (tokens generated, rows scanned)
 //!   is reserved as an estimate and settled when the response head arrives
 //!   ([`Settlement`], see [below](#costs-known-after-the-response)).
@@ -214,7 +214,9 @@
 //! (the weaker guarantee `RedisStore` documents for several slots). A
 //! layer built [`for_errors`](RateLimitLayer::for_errors) sees no response
 //! head: it keeps the estimate of every response (counted as a missing
-//! cost) and gives back the reservation of a request whose service fails.
+//! cost) and gives back the reservation of a request whose service fails
+//! (one built [`for_http_client`](RateLimitLayer::for_http_client) settles
+//! as the HTTP layer does).
 //!
 //! Concurrency limits have no settlement: a rule that would settle one is
 //! refused when it is built ([`SettleError`]).
@@ -341,7 +343,9 @@ pub use keys::{
 pub use layer::RateLimitLayer;
 pub use options::{FailurePolicy, MissingKey, Mode, Stats};
 pub use permit::PermitGuard;
-pub use responses::{ErrorRejections, HttpRejections, Reject, Rejection, headers};
+pub use responses::{
+    ClientRejections, ErrorRejections, HttpRejections, Reject, Rejection, headers,
+};
 pub use rules::{And, Cost, Limits, Rule, RuleProvider};
 pub use service::RateLimit;
 pub use settlement::{ActualCost, SettleError, Settlement};

@@ -11,5 +11,5 @@ pub(crate) mod problem;
 pub(crate) mod reject;
 pub(crate) mod rejection;
 
-pub use reject::{ErrorRejections, HttpRejections, Reject};
+pub use reject::{ClientRejections, ErrorRejections, HttpRejections, Reject};
 pub use rejection::Rejection;

@@ -90,6 +90,7 @@ pub(crate) mod sealed {
 
     impl Sealed for super::HttpRejections {}
     impl Sealed for super::ErrorRejections {}
+    impl Sealed for super::ClientRejections {}
 }
 
 type CustomHttp = Box<dyn Fn(&Rejection, Response<Bytes>) -> Response<Bytes> + Send + Sync>;
@@ -316,6 +317,53 @@ where
     }
 
     fn rejected(&self, _: &Req, rejection: Rejection) -> Result<Res, BoxError> {
+        Err(Box::new(rejection))
+    }
+
+    fn error(error: E) -> BoxError {
+        error.into()
+    }
+}
+
+/// Refusals as errors, for HTTP requests a client sends (a stack around
+/// `hyper_util`'s client, or a service returning `http::Response`s): a
+/// refusal is a [`Rejection`] inside a boxed error, as with
+/// [`ErrorRejections`], and an allowed response is the inner one with its
+/// body wrapped, so a concurrency permit is held until that body ends or is
+/// dropped (a download holds its slot while it streams), and costs settle
+/// from the response's head ([`Settlement`](crate::Settlement); a cost
+/// header is removed from the response unless the settlement keeps it,
+/// [`Settlement::keep_header`](crate::Settlement::keep_header)). Chosen by
+/// [`RateLimitLayer::for_http_client`](crate::RateLimitLayer::for_http_client).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientRejections;
+
+impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for ClientRejections
+where
+    E: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = BoxError;
+    type Allowed = ();
+
+    fn allowing(&self, _: Option<&Decisions>, _: sealed::Token) {}
+
+    fn annotate(&self, req: &mut Request<B>, decisions: Decisions) {
+        req.extensions_mut().insert(decisions);
+    }
+
+    fn allowed((): (), response: Response<ResB>, permit: PermitGuard) -> Self::Response {
+        response.map(|body| ResponseBody::with_permit(body, permit))
+    }
+
+    fn inspect(
+        response: Response<ResB>,
+        f: impl FnOnce(Option<&mut http::response::Parts>),
+    ) -> Response<ResB> {
+        <HttpRejections as Reject<Request<B>, Response<ResB>, E>>::inspect(response, f)
+    }
+
+    fn rejected(&self, _: &Request<B>, rejection: Rejection) -> Result<Self::Response, BoxError> {
         Err(Box::new(rejection))
     }
 
