@@ -19,6 +19,7 @@ mod bounded_work;
 mod calendar;
 mod coalesce;
 mod multi_region;
+mod multi_region_snapshot;
 mod parameter_changes;
 mod permits;
 mod redis_acl;

@@ -16,13 +16,13 @@ use ratelimit_tests::fixtures::fixed_window;
 use ratelimit_tests::fixtures::ok_service;
 use ratelimit_tests::{RedisServer, admits, build, named};
 
-const NAMES: [&str; 3] = ["eu", "us", "ap"];
+pub(crate) const NAMES: [&str; 3] = ["eu", "us", "ap"];
 /// A fixed time (µs) a second into a window of an hour: the script clock,
 /// so no test crosses a window boundary.
 const T0: u64 = 1_800_000_000_000_000 + 1_000_000;
 /// How often the regions of most tests sync: quick, so that each hears
 /// from its peers within moments.
-const SYNC: Duration = Duration::from_millis(20);
+pub(crate) const SYNC: Duration = Duration::from_millis(20);
 
 /// The staleness of tests that count the one skewed peer at its share and
 /// every other peer as heard: long enough that a loaded machine never lets
@@ -30,12 +30,12 @@ const SYNC: Duration = Duration::from_millis(20);
 /// share too.
 const STALENESS_LOADED: Duration = Duration::from_secs(30);
 
-struct Regions {
-    servers: Vec<RedisServer>,
+pub(crate) struct Regions {
+    pub(crate) servers: Vec<RedisServer>,
     /// `proxies[from][to]`: the path from region `from` to `to`'s Redis
     /// (`None` on the diagonal).
     proxies: Vec<Vec<Option<FaultProxy>>>,
-    stores: Vec<MultiRegionStore>,
+    pub(crate) stores: Vec<MultiRegionStore>,
     /// Region 0's script clock; every region's unless started apart.
     clock: ManualClock,
     /// Each region's script clock.
@@ -53,7 +53,7 @@ impl Regions {
 
     /// [`start`](Self::start), then waits until every region has heard
     /// from every peer.
-    async fn start_fresh(sync: Duration, staleness: Duration) -> Regions {
+    pub(crate) async fn start_fresh(sync: Duration, staleness: Duration) -> Regions {
         let regions = Self::start(sync, staleness).await;
         regions.wait_fresh().await;
         regions
@@ -176,14 +176,24 @@ impl Regions {
     /// since `since`: everything `from` admitted before `since` has landed
     /// in `to`'s Redis, and `to` counts `from` at what it sent (not at its
     /// share). Returns how long after `since` that was.
-    async fn wait_heard_since(&self, to: usize, from: usize, since: Instant) -> Duration {
+    pub(crate) async fn wait_heard_since(
+        &self,
+        to: usize,
+        from: usize,
+        since: Instant,
+    ) -> Duration {
         self.wait_heard_within(to, from, since, Duration::from_secs(10))
             .await
     }
 
     /// Waits until `eu` has heard from `us` since `since`, then asserts
     /// that none of `keys` has budget left in `eu` under `policy`.
-    async fn assert_eu_heard_all(&self, policy: &Policy, keys: &[String], since: Instant) {
+    pub(crate) async fn assert_eu_heard_all(
+        &self,
+        policy: &Policy,
+        keys: &[String],
+        since: Instant,
+    ) {
         self.wait_heard_since(0, 1, since).await;
         assert_eq!(with_budget_left(&self.stores[0], policy, keys).await, 0);
     }
@@ -272,7 +282,7 @@ impl Regions {
     }
 
     /// The G-counter fields of `hash` in region `i`'s Redis, as `region:start value` pairs.
-    fn fields(&self, i: usize, hash: &str) -> Vec<(String, u64)> {
+    pub(crate) fn fields(&self, i: usize, hash: &str) -> Vec<(String, u64)> {
         let out = self.servers[i].cli(&["HGETALL", hash]);
         let lines: Vec<&str> = out.lines().collect();
         let mut fields: Vec<(String, u64)> = lines
@@ -283,7 +293,7 @@ impl Regions {
         fields
     }
 
-    fn assert_every_key_has_a_ttl(&self) {
+    pub(crate) fn assert_every_key_has_a_ttl(&self) {
         for server in &self.servers {
             let keys = server.cli(&["--scan", "--pattern", "*"]);
             for key in keys.lines().filter(|k| !k.is_empty()) {
@@ -294,7 +304,7 @@ impl Regions {
     }
 }
 
-fn fixed(limit: usize) -> Policy {
+pub(crate) fn fixed(limit: usize) -> Policy {
     let limit = u64::try_from(limit).expect("a limit");
     fixed_window("mr", limit, Duration::from_secs(3600))
 }
@@ -1005,7 +1015,11 @@ async fn one_region_decides_as_the_single_region_algorithm() {
 }
 
 /// How many of `keys` region `i` admits once each, at cost 1.
-async fn admitted_once_each(store: &MultiRegionStore, policy: &Policy, keys: &[String]) -> usize {
+pub(crate) async fn admitted_once_each(
+    store: &MultiRegionStore,
+    policy: &Policy,
+    keys: &[String],
+) -> usize {
     let mut admitted = 0;
     for key in keys {
         let decision = store
@@ -1089,7 +1103,12 @@ async fn a_peer_is_heard_only_once_all_its_counts_landed() {
 }
 
 /// One `check_all` of every key of `keys` at `cost`, which admits them all.
-async fn admit_all(store: &MultiRegionStore, policy: &Policy, keys: &[String], cost: u64) {
+pub(crate) async fn admit_all(
+    store: &MultiRegionStore,
+    policy: &Policy,
+    keys: &[String],
+    cost: u64,
+) {
     let checks: Vec<Check<'_>> = keys
         .iter()
         .map(|k| Check::new(k.as_bytes(), policy, cost))
@@ -1105,7 +1124,11 @@ async fn admit_all(store: &MultiRegionStore, policy: &Policy, keys: &[String], c
 
 /// How many of `keys` still have budget in `store`, peeked at once (cost 0,
 /// 500 keys per call).
-async fn with_budget_left(store: &MultiRegionStore, policy: &Policy, keys: &[String]) -> usize {
+pub(crate) async fn with_budget_left(
+    store: &MultiRegionStore,
+    policy: &Policy,
+    keys: &[String],
+) -> usize {
     let mut left = 0;
     for chunk in keys.chunks(500) {
         let checks: Vec<Check<'_>> = chunk

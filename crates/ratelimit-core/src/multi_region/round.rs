@@ -73,6 +73,8 @@ pub(super) struct Pusher {
 /// One read of the outbox.
 struct Read {
     epoch: String,
+    /// The sequence number read after (the cursor, when read from it).
+    after: u64,
     last: u64,
     done: bool,
     clock: u64,
@@ -84,11 +86,15 @@ struct Read {
 /// of the peer's Redis) has landed there, read by a last read when this
 /// region's clock read `clock`, on top of what the cursor says was
 /// delivered into the generation `relied` (empty: nothing, the round
-/// started from the outbox's beginning).
+/// started from the outbox's beginning), up to `cursor` in the outbox's
+/// `epoch`; the round delivers up to `last`.
 struct Mark<'a> {
     ticket: Ticket,
     clock: u64,
     relied: &'a str,
+    cursor: u64,
+    epoch: &'a str,
+    last: u64,
     /// False when the round read only part of a longer backlog: it claims
     /// no ticket, and only learns the generation its part landed in.
     whole: bool,
@@ -189,17 +195,17 @@ impl Pusher {
         // last read, after the ticket, is what the mark claims.
         let mut entries = Vec::new();
         let mut after = None;
-        let mut first: Option<(String, String)> = None;
+        let mut first: Option<(String, String, u64)> = None;
         let end = loop {
             let read = self.read(peer, after).await?;
             match &first {
-                Some((epoch, _)) if *epoch != read.epoch => {
+                Some((epoch, _, _)) if *epoch != read.epoch => {
                     return Err(StoreError::Backend(
                         "multi-region: the outbox started a new epoch during a round".into(),
                     ));
                 }
                 Some(_) => {}
-                None => first = Some((read.epoch.clone(), read.born.clone())),
+                None => first = Some((read.epoch.clone(), read.born.clone(), read.after)),
             }
             entries.extend(read.entries);
             after = Some(read.last);
@@ -210,7 +216,7 @@ impl Pusher {
                 break None;
             }
         };
-        let (epoch, relied) = first.unwrap_or_default();
+        let (epoch, relied, cursor) = first.unwrap_or_default();
         // A backlog longer than one round is delivered in part and claims
         // nothing (the peer counts this region at its share once the
         // staleness passes without a mark); the next round goes on from
@@ -223,6 +229,9 @@ impl Pusher {
             ticket,
             clock,
             relied: &relied,
+            cursor,
+            epoch: &epoch,
+            last,
             whole,
         };
         match self.send(peer, &epoch, &entries, mark).await? {
@@ -373,7 +382,10 @@ impl Pusher {
             .arg(mark.map_or("", |m| m.relied))
             .arg(round)
             .arg(merges)
-            .arg(u8::from(mark.is_some_and(|m| m.whole)));
+            .arg(u8::from(mark.is_some_and(|m| m.whole)))
+            .arg(mark.map_or(0, |m| m.cursor))
+            .arg(mark.map_or("", |m| m.epoch))
+            .arg(mark.map_or(0, |m| m.last));
         cmd
     }
 
@@ -406,6 +418,7 @@ impl Pusher {
             .ok_or_else(bad)?;
         Ok(Read {
             epoch: text(&items[0]).ok_or_else(bad)?,
+            after: number(&items[1]).ok_or_else(bad)?,
             last: number(&items[2]).ok_or_else(bad)?,
             done: number(&items[3]).ok_or_else(bad)? == 1,
             clock: number(&items[4]).ok_or_else(bad)?,

@@ -29,11 +29,19 @@
 -- ARGV[10] 1 when the round read the outbox to its end (it claims the
 --          ticket); 0 when it read only part of a longer backlog: then it
 --          only learns the generation its part landed in, marking nothing
+-- ARGV[11] the sender's cursor the round relies on (a sequence number of
+--          its outbox: everything up to it was delivered here), ARGV[12]
+--          the epoch of the sender's outbox, ARGV[13] the sequence number
+--          the round delivers up to; the hash keeps the highest delivered
+--          (`epoch`, `seq`)
 --
 -- A round that relies on a generation claims what earlier rounds delivered
 -- into it: if this hash is missing or was born again since (this Redis lost
--- its data, or the sender was silent past the TTL), nothing is marked and
--- the sender must push its whole outbox again. Returns this Redis's TIME
+-- its data, or the sender was silent past the TTL), or says less was
+-- delivered than the cursor does (this Redis came back from a snapshot
+-- older than the last deliveries: the same generation, but not all that
+-- landed in it), nothing is marked and the sender must push its whole
+-- outbox again. Returns this Redis's TIME
 -- and clock (the next ticket), then 1 when marked, 0 when the sender must
 -- start over, 2 when a merge of the round had not run, and the generation
 -- marked.
@@ -61,10 +69,21 @@ if done ~= tonumber(ARGV[9]) then
   return {fmt(real_now), fmt(now), 2, ''}
 end
 
-local heard = redis.call('HMGET', KEYS[1], 'born', 'at', 'late')
+local heard = redis.call('HMGET', KEYS[1], 'born', 'at', 'late', 'epoch', 'seq')
 local born = heard[1]
-if relied ~= '' and born ~= relied then
+local epoch = ARGV[12]
+local delivered = tonumber(heard[5] or '0') or 0
+if heard[4] ~= epoch then
+  delivered = 0
+end
+if relied ~= '' and (born ~= relied or delivered < tonumber(ARGV[11])) then
   return {fmt(real_now), fmt(now), 0, ''}
+end
+-- A whole push sets what was delivered anew (a new epoch's sequence
+-- numbers start low); rounds on a cursor only raise it.
+local seq = tonumber(ARGV[13])
+if relied ~= '' and delivered > seq then
+  seq = delivered
 end
 if born == false then
   born = fmt(real_now)
@@ -77,7 +96,7 @@ if late > late_until then
   late_until = late
 end
 if ARGV[10] ~= '1' then
-  redis.call('HSET', KEYS[1], 'born', born, 'late', fmt(late_until))
+  redis.call('HSET', KEYS[1], 'born', born, 'late', fmt(late_until), 'epoch', epoch, 'seq', fmt(seq))
   if late > 0 then
     redis.call('HSET', KEYS[1], 'skewed', 1)
   end
@@ -94,6 +113,6 @@ local skewed = 0
 if lo > max_skew or hi < -max_skew or late > 0 then
   skewed = 1
 end
-redis.call('HSET', KEYS[1], 'born', born, 'at', fmt(at), 'lo', fmt(lo), 'hi', fmt(hi), 'skewed', skewed, 'late', fmt(late_until))
+redis.call('HSET', KEYS[1], 'born', born, 'at', fmt(at), 'lo', fmt(lo), 'hi', fmt(hi), 'skewed', skewed, 'late', fmt(late_until), 'epoch', epoch, 'seq', fmt(seq))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {fmt(real_now), fmt(now), 1, born}
