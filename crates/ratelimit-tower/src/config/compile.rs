@@ -9,7 +9,7 @@ use super::values::{Parsed, UtcOffset};
 
 use super::load::Inner;
 use super::matching::{ConfiguredRule, KeySource};
-use super::routes::Routes;
+use super::routes::{Prefix, Routes};
 use super::schema::{
     ClientIpSpec, ConfigSpec, IpSpec, KeyPart, Period, PolicySpec, RefundOnSpec, RuleSpec,
     SettleSpec, period,
@@ -29,6 +29,7 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
     let client_ip = spec.client_ip.map(build_client_ip).transpose()?;
     let peer_ip = spec.ip.map(build_peer_ip).transpose()?.flatten();
     let mut rules = Vec::with_capacity(spec.rules.len());
+    let mut routes = Vec::new();
     let mut keyed: Vec<(String, Vec<KeyPart>)> = Vec::with_capacity(spec.rules.len());
     for (index, rule) in spec.rules.into_iter().enumerate() {
         if let Some((earlier, (_, parts))) =
@@ -55,11 +56,15 @@ pub(super) fn compile(spec: ConfigSpec) -> Result<Config, ConfigError> {
             client_ip: client_ip.as_ref(),
             peer_ip: peer_ip.as_ref(),
         };
-        rules.push(build_rule(index, rule, &policies, keys)?);
+        rules.push(build_rule(index, rule, &policies, keys, &mut routes)?);
     }
     only_peeked(&rules)?;
     Ok(Config {
-        inner: Arc::new(Inner { policies, rules }),
+        inner: Arc::new(Inner {
+            policies,
+            rules,
+            routes: Routes::join(routes),
+        }),
     })
 }
 
@@ -345,6 +350,7 @@ fn build_rule(
     spec: RuleSpec,
     policies: &[Policy],
     keys: Keys<'_>,
+    routes: &mut Vec<Vec<Prefix>>,
 ) -> Result<ConfiguredRule, ConfigError> {
     let base = format!("rules[{index}]");
     let rule_error = |field: &str, message: String| {
@@ -420,9 +426,12 @@ fn build_rule(
     };
     non_empty("routes", "path", spec.routes.as_ref().map(Vec::len))?;
     non_empty("methods", "method", spec.methods.as_ref().map(Vec::len))?;
-    let routes = spec
-        .routes
-        .map(|routes| Routes::new(routes.iter().map(|route| route.0.0.as_str())));
+    // The rule's prefixes go in the configuration's table, as its rule
+    // number `routes.len()`.
+    let routes = spec.routes.map(|written| {
+        routes.push(Routes::of(written.iter().map(|route| route.0.0.as_str())));
+        routes.len() - 1
+    });
     let methods = spec
         .methods
         .map(|methods| methods.into_iter().map(|m| m.0).collect());

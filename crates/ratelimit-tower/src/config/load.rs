@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ratelimit_core::Policy;
 
 use super::matching::ConfiguredRule;
+use super::routes::Routes;
 use super::{ConfigError, ConfigErrorKind, compile, parse};
 
 /// The syntax of a configuration.
@@ -56,6 +57,9 @@ pub struct Config {
 pub(super) struct Inner {
     pub(super) policies: Vec<Policy>,
     pub(super) rules: Vec<ConfiguredRule>,
+    /// The route prefixes of every rule with `routes`, read once per
+    /// request for all of them.
+    pub(super) routes: Routes,
 }
 
 impl fmt::Debug for Config {

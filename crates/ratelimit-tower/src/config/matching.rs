@@ -6,7 +6,7 @@ use http::{Method, Request};
 use ratelimit_core::Policy;
 
 use super::Config;
-use super::routes::Routes;
+use super::routes::Budget;
 use super::schema::KeyPart;
 use crate::keys::{
     ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, NoKey, PeerIp, RouteKey, join_keys,
@@ -43,9 +43,18 @@ impl Config {
     /// ```
     pub fn limits<B>(&self, req: &Request<B>) -> Limits {
         let mut limits = Limits::none();
+        // The path is read once, for every rule with routes whose methods
+        // match, when the first of them is met.
+        let mut routes: Option<Budget> = None;
         for rule in &self.inner.rules {
-            if !rule.matches(req) {
+            if !rule.matches_method(req) {
                 continue;
+            }
+            if let Some(number) = rule.routes {
+                let reading = routes.get_or_insert_with(|| self.read_routes(req));
+                if !reading.covered(number) {
+                    continue;
+                }
             }
             match rule.key(req) {
                 Ok(key) => match &rule.settlement {
@@ -70,6 +79,25 @@ impl Config {
     }
 }
 
+impl Config {
+    /// `req`'s path read against the routes of every rule whose methods
+    /// match it.
+    fn read_routes<B>(&self, req: &Request<B>) -> Budget {
+        let mut asked = Vec::new();
+        for rule in &self.inner.rules {
+            if let Some(number) = rule.routes {
+                if asked.len() <= number {
+                    asked.resize(number + 1, false);
+                }
+                asked[number] = rule.matches_method(req);
+            }
+        }
+        let reading = Budget::asking(asked);
+        self.inner.routes.read(req, &reading);
+        reading
+    }
+}
+
 impl<B> RuleProvider<Request<B>> for Config {
     type Future = Ready<Limits>;
 
@@ -89,21 +117,19 @@ pub(super) struct ConfiguredRule {
     /// The cost, or the estimate of a rule that settles.
     pub(super) cost: u64,
     pub(super) settlement: Option<Settlement>,
-    pub(super) routes: Option<Routes>,
+    /// The rule's number in the configuration's table of routes.
+    pub(super) routes: Option<usize>,
     pub(super) methods: Option<Box<[Method]>>,
     pub(super) missing_key: Option<MissingKey>,
 }
 
 impl ConfiguredRule {
-    fn matches<B>(&self, req: &Request<B>) -> bool {
+    fn matches_method<B>(&self, req: &Request<B>) -> bool {
         // A `GET` rule covers `HEAD`: the router runs the `GET` handler.
-        if let Some(methods) = &self.methods
-            && !methods.contains(req.method())
-            && !methods.contains(crate::path::route_method(req.method()))
-        {
-            return false;
-        }
-        self.routes.as_ref().is_none_or(|routes| routes.cover(req))
+        self.methods.as_ref().is_none_or(|methods| {
+            methods.contains(req.method())
+                || methods.contains(crate::path::route_method(req.method()))
+        })
     }
 
     fn key<B>(&self, req: &Request<B>) -> Result<Key, NoKey> {
