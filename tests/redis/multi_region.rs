@@ -150,7 +150,7 @@ impl Regions {
     /// Another instance of region `i`, with proxies of its own to each peer
     /// (`None` on the diagonal), deciding in `local` (its region's Redis
     /// when `None`).
-    async fn instance(
+    pub(crate) async fn instance(
         &self,
         i: usize,
         local: Option<String>,

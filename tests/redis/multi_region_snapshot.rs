@@ -7,6 +7,13 @@
 //!   that landed in it: the sender's next round must not be marked on it,
 //!   and the whole outbox goes again before the peer counts the sender as
 //!   heard.
+//! - A sender's Redis back from a snapshot (its outbox's epoch and
+//!   sequence numbers would stand for other, lower counts) starts a new
+//!   epoch, so its peers count what it sends afresh; so does one that lost
+//!   everything, while its peers keep a higher sequence number of the old
+//!   epoch.
+//! - Heard hashes without `seq` (an older version's) or gone, and several
+//!   instances racing rounds on the shared cursor.
 //! - Keys that look like fields (`eu:0:3600000000`, `us@1:2:3`) or like the
 //!   outbox's own names are delivered and counted once, with a TTL on every
 //!   key.
@@ -106,4 +113,209 @@ async fn keys_with_the_protocols_delimiters_reach_the_peers() {
         0
     );
     regions.assert_every_key_has_a_ttl();
+}
+
+const EU: usize = 0;
+const US: usize = 1;
+const AP: usize = 2;
+
+/// Waits until `us` has heard both its peers since `since` (its Redis came
+/// back or lost everything then).
+async fn us_hears_its_peers_since(regions: &Regions, since: Instant) {
+    regions.wait_heard_since(US, EU, since).await;
+    regions.wait_heard_since(US, AP, since).await;
+}
+
+/// Once `us` heard its peers since `since`, admits `key` there `n` times
+/// and waits until `eu` heard `us`: returns `n`.
+async fn us_admits_after(regions: &Regions, since: Instant, key: &str, n: usize) -> usize {
+    us_hears_its_peers_since(regions, since).await;
+    assert_eq!(admit_n(regions, US, key, n).await, n);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    n
+}
+
+/// Admits `key` in region `i` up to `tries` times, one at a time.
+async fn admit_n(regions: &Regions, i: usize, key: &str, tries: usize) -> usize {
+    let keys = [key.to_owned()];
+    let mut admitted = 0;
+    for _ in 0..tries {
+        admitted += admitted_once_each(&regions.stores[i], &fixed(10), &keys).await;
+    }
+    admitted
+}
+
+/// The sender's Redis (`us`) comes back from a snapshot (the same outbox
+/// epoch, lower counts and sequence numbers) while its peer `eu` kept
+/// everything. `us` admits 3 on one key, is snapshotted, admits 4 more
+/// (7, heard by `eu`), comes back from the snapshot (3) and admits 3 more:
+/// 10 in all, the limit, every one of them pushed to `eu` afterwards.
+/// Once `eu` heard `us` again, `eu` must admit nothing: `us`'s Redis runs
+/// anew, so its outbox starts a new epoch and `eu` counts what it sends
+/// afresh. (Before, `eu`'s `seen` field of `us`'s epoch said 7, so `us`'s
+/// new cumulative 6 added nothing there, and `eu` admitted 3 more: 13 of
+/// 10, the extra passing in the region that lost nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_back_from_a_snapshot_is_still_counted_by_its_peers() {
+    let mut regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let key = "sender-restored";
+    let mut us_admitted = admit_n(&regions, US, key, 3).await;
+    assert_eq!(us_admitted, 3);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[US].cli(&["SAVE"]), "OK");
+    us_admitted += admit_n(&regions, US, key, 4).await;
+    assert_eq!(us_admitted, 7);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    regions.servers[US].restart();
+    let restarted = Instant::now();
+    us_hears_its_peers_since(&regions, restarted).await;
+    us_admitted += admit_n(&regions, US, key, 3).await;
+    assert_eq!(
+        us_admitted, 10,
+        "us forgot 4 and admits 3 of the 4 it sees left"
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let hash = regions.stores[EU].state_key(key.as_bytes(), &fixed(10));
+    let fields = regions.fields(EU, &hash);
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    assert_eq!(
+        eu_admitted,
+        0,
+        "us admitted {us_admitted} of a limit of 10, every one after the snapshot pushed to \
+         eu and heard there; eu then admitted {eu_admitted} more: the fleet {} of 10 \
+         (eu's fields {fields:?})",
+        us_admitted + eu_admitted
+    );
+}
+
+/// Both Redis restored, at different times: `us` (the sender) from a
+/// snapshot taken at sequence `s1`, `eu` from one taken after `us` had
+/// delivered up to `s1 + 10` (old keys). Back from its snapshot, `us`
+/// reuses the numbers `s1 + 1 ..`: it admits 6 on a new key (sequence
+/// `<= s1 + 6`), which lands in `eu`; then `eu` comes back from its
+/// snapshot, which lacks them. `eu` must not count `us` as heard without
+/// them. (Before `us`'s restart started a new epoch, `eu`'s heard hash
+/// said `seq = s1 + 10` in the same epoch and generation, beyond `us`'s
+/// cursor: the mark took the round, and `eu` admitted the whole limit
+/// again, 16 of 10.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_numbers_reused_after_a_senders_snapshot_do_not_pass_for_delivered() {
+    let mut regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let policy = fixed(10);
+    for i in 0..3 {
+        assert_eq!(admit_n(&regions, US, &format!("first-{i}"), 1).await, 1);
+    }
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[US].cli(&["SAVE"]), "OK");
+    let old: Vec<String> = (0..10).map(|i| format!("old-{i}")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[US], &policy, &old).await,
+        10
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[EU].cli(&["SAVE"]), "OK");
+    let heard_at_eu_save = regions.servers[EU].cli(&["HGETALL", "ratelimit:mr:heard:us"]);
+    regions.servers[US].restart();
+    let restarted = Instant::now();
+    let key = "after-both";
+    let us_admitted = us_admits_after(&regions, restarted, key, 6).await;
+    let meta = regions.servers[US].cli(&["HGETALL", "ratelimit:mr:out:meta"]);
+    // eu had the 6: 4 left there.
+    assert_eq!(
+        with_budget_left(&regions.stores[EU], &policy, &[key.to_owned()]).await,
+        1
+    );
+    regions.servers[EU].restart();
+    let restarted = Instant::now();
+    regions.wait_heard_since(EU, US, restarted).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let heard = regions.servers[EU].cli(&["HGETALL", "ratelimit:mr:heard:us"]);
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    assert!(
+        us_admitted + eu_admitted <= 10,
+        "eu heard us again after its Redis came back from a snapshot that lacked us's 6 on \
+         {key:?}, then admitted {eu_admitted}: the fleet {} of 10. eu's heard hash at its \
+         snapshot {heard_at_eu_save:?}, after {heard:?}; us's outbox meta {meta:?}",
+        us_admitted + eu_admitted
+    );
+}
+
+/// The sender's Redis loses everything (`FLUSHALL`): a new epoch, sequence
+/// numbers from 1 again, while `eu`'s heard hash keeps a high `seq` of the
+/// old epoch. What `us` admits afterwards reaches `eu` before `eu` counts
+/// it as heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_epoch_below_the_old_seq_is_delivered() {
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let policy = fixed(10);
+    let old: Vec<String> = (0..50).map(|i| format!("old-{i}")).collect();
+    assert_eq!(
+        admitted_once_each(&regions.stores[US], &policy, &old).await,
+        50
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[US].cli(&["FLUSHALL"]), "OK");
+    let flushed = Instant::now();
+    let key = "new-epoch";
+    let us_admitted = us_admits_after(&regions, flushed, key, 6).await;
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    assert_eq!(us_admitted + eu_admitted, 10);
+    regions.assert_every_key_has_a_ttl();
+}
+
+/// `eu`'s heard hash of `us` as an older version wrote it (no `epoch`, no
+/// `seq`), then gone altogether (expired while `us`'s cursor stayed): each
+/// time `us`'s next round is refused and the whole outbox goes again, `eu`
+/// hears `us` again, and nothing counts twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heard_hashes_without_seq_or_gone_are_pushed_everything_again() {
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let key = "mixed";
+    assert_eq!(admit_n(&regions, US, key, 3).await, 3);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let heard = "ratelimit:mr:heard:us";
+    assert_eq!(
+        regions.servers[EU].cli(&["HDEL", heard, "epoch", "seq"]),
+        "2"
+    );
+    assert_eq!(admit_n(&regions, US, key, 2).await, 2);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let fields = regions.servers[EU].cli(&["HMGET", heard, "epoch", "seq"]);
+    assert!(!fields.lines().any(str::is_empty), "{fields:?}");
+    assert_eq!(regions.servers[EU].cli(&["DEL", heard]), "1");
+    assert_eq!(admit_n(&regions, US, key, 1).await, 1);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    // 6 admitted in us, counted once in eu.
+    assert_eq!(admit_n(&regions, EU, key, 20).await, 4);
+    regions.assert_every_key_has_a_ttl();
+}
+
+/// Three instances of `us` racing rounds on the one cursor while all of
+/// them admit: `eu` keeps hearing `us` (no instance's round refuses the
+/// others' for good) and, each time, has every count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_racing_on_the_cursor_keep_the_peer_heard() {
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let policy = fixed(1);
+    let (second, _p2) = regions.instance(US, None, Duration::from_secs(2)).await;
+    let (third, _p3) = regions.instance(US, None, Duration::from_secs(2)).await;
+    let instances = [&regions.stores[US], &second, &third];
+    for round in 0..5 {
+        let mut all = Vec::new();
+        for (n, store) in instances.iter().enumerate() {
+            let keys: Vec<String> = (0..40).map(|k| format!("race-{round}-{n}-{k}")).collect();
+            assert_eq!(admitted_once_each(store, &policy, &keys).await, 40);
+            all.extend(keys);
+        }
+        let since = Instant::now();
+        let took = regions.wait_heard_since(EU, US, since).await;
+        assert!(
+            took < Duration::from_secs(5),
+            "round {round}: heard after {took:?}"
+        );
+        assert_eq!(
+            with_budget_left(&regions.stores[EU], &policy, &all).await,
+            0
+        );
+    }
 }

@@ -191,13 +191,14 @@ impl Pusher {
             Some(ticket) => ticket,
             None => self.ask_ticket(peer).await?,
         };
+        let run = self.run_id().await?;
         // Everything after the cursor, read before anything is sent: the
         // last read, after the ticket, is what the mark claims.
         let mut entries = Vec::new();
         let mut after = None;
         let mut first: Option<(String, String, u64)> = None;
         let end = loop {
-            let read = self.read(peer, after).await?;
+            let read = self.read(peer, after, &run).await?;
             match &first {
                 Some((epoch, _, _)) if *epoch != read.epoch => {
                     return Err(StoreError::Backend(
@@ -389,8 +390,29 @@ impl Pusher {
         cmd
     }
 
-    /// Reads the outbox after `after` (the peer's cursor when `None`).
-    async fn read(&self, peer: &Peer, after: Option<u64>) -> Result<Read, StoreError> {
+    /// This region's Redis's run id (`INFO server`): another one after a
+    /// restart (see `outbox.lua`).
+    async fn run_id(&self) -> Result<String, StoreError> {
+        let mut connection = self.local.clone();
+        let timeout = self.timing.push_timeout;
+        let info: String = tokio::time::timeout(
+            timeout,
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut connection),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
+        .map_err(backend_error)?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .ok_or_else(|| StoreError::Backend("multi-region: INFO server has no run_id".into()))
+    }
+
+    /// Reads the outbox after `after` (the peer's cursor when `None`), in
+    /// this Redis's run `run`.
+    async fn read(&self, peer: &Peer, after: Option<u64>, run: &str) -> Result<Read, StoreError> {
         let keys = outbox_keys(&self.prefix);
         let mut invocation = self.outbox.prepare_invoke();
         invocation
@@ -401,7 +423,8 @@ impl Pusher {
             .arg(after.map_or(-1, |a| i64::try_from(a).unwrap_or(i64::MAX)))
             .arg(READ_CHUNK)
             .arg(self.fixed_now())
-            .arg(micros(self.timing.max_skew));
+            .arg(micros(self.timing.max_skew))
+            .arg(run);
         let reply =
             super::peer::invoke_local(&self.local, &invocation, self.timing.push_timeout).await?;
         let bad = || bad_reply("outbox.lua", &reply);

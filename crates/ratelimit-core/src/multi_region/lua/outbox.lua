@@ -11,6 +11,13 @@
 -- ARGV[3]     the most entries to return
 -- ARGV[4]     the fixed time in µs (tests), or 0 for the server's TIME
 -- ARGV[5]     the largest clock skew allowed between regions (µs)
+-- ARGV[6]     this Redis's run id (`INFO server`), kept in the meta as
+--             `run`: another one means this Redis restarted, perhaps from
+--             a snapshot older than what its peers were sent (the same
+--             epoch and sequence numbers would then stand for other,
+--             lower counts), so the outbox starts a new epoch and every
+--             peer gets everything again, counted afresh (twice what the
+--             snapshot held, until its windows end: towards denying)
 --
 -- Returns the outbox's epoch, the sequence number read after, the last one
 -- read, 1 when this read reached the end (fewer entries than asked), this
@@ -30,7 +37,26 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local max_skew = tonumber(ARGV[5])
-local meta = redis.call('HMGET', KEYS[3], 'epoch', 'seq', 'cursor:' .. ARGV[1], 'born:' .. ARGV[1])
+local meta = redis.call('HMGET', KEYS[3], 'epoch', 'seq', 'cursor:' .. ARGV[1], 'born:' .. ARGV[1], 'run')
+-- Only an outbox that exists (decide.lua writes it, with its TTL) keeps
+-- the run id.
+if meta[1] and meta[5] ~= ARGV[6] then
+  if meta[5] then
+    local t = redis.call('TIME')
+    local fresh = fmt(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+    if fresh == meta[1] then
+      fresh = fmt(tonumber(fresh) + 1)
+    end
+    local fields = redis.call('HKEYS', KEYS[3])
+    for f = 1, #fields do
+      if string.sub(fields[f], 1, 7) == 'cursor:' or string.sub(fields[f], 1, 5) == 'born:' then
+        redis.call('HDEL', KEYS[3], fields[f])
+      end
+    end
+    meta[1], meta[3], meta[4] = fresh, false, false
+  end
+  redis.call('HSET', KEYS[3], 'epoch', meta[1], 'run', ARGV[6])
+end
 local epoch = meta[1] or '0'
 local seq = tonumber(meta[2] or '0') or 0
 local after = tonumber(ARGV[2])
