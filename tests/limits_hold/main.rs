@@ -15,5 +15,6 @@ mod attack_spellings;
 mod attacks;
 mod attacks2;
 mod attacks3;
+mod route_rules_together;
 mod routing;
 mod rules;
