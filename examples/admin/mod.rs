@@ -4,6 +4,7 @@ mod error;
 mod token;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, Request};
@@ -62,7 +63,7 @@ pub use token::AdminToken;
 ///
 /// Errors are `{"error":"..."}`: `400` for a bad key, amount or duration,
 /// a missing, repeated or unknown query parameter (amounts are whole
-/// numbers above 0, durations above zero); `401` without the token; `403`
+/// numbers above 0, durations of a microsecond or more); `401` without the token; `403`
 /// for requests sent by a web browser from a page (they carry `Origin`, or
 /// a `Sec-Fetch-Site` other than `none`): no web page can reset or unblock
 /// anything through an operator's browser; `409` when the operation does
@@ -308,10 +309,11 @@ async fn block<S: AdminStore + Clone>(on: OnKey<S>) -> Result<StatusCode, AdminE
     let (on, text) = on.parameter(Some("for"))?;
     let text = text.unwrap_or_default();
     let duration = parse_duration(&text).map_err(|e| AdminError::bad(format!("for: {e}")))?;
-    if duration.is_zero() {
-        // The store would unblock: say so rather than do it quietly.
+    // Blocks count whole microseconds: less is zero, and the store would
+    // unblock. Say so rather than do it quietly.
+    if duration < Duration::from_micros(1) {
         return Err(AdminError::bad(format!(
-            "for: {text:?} is zero (to end a block, POST .../unblock)"
+            "for: {text:?} is under a microsecond (to end a block, POST .../unblock)"
         )));
     }
     for policy in on.policies() {

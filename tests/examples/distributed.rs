@@ -653,6 +653,7 @@ async fn an_operator_resets_blocks_and_unblocks_a_client_on_every_instance() {
         ("block?for=60", "for"),
         ("block?for=soon", "for"),
         ("block?for=0s", "for"),
+        ("block?for=500ns", "for"),
         ("block", "for"),
         ("reset?amount=1", "amount"),
         ("unblock?for=1s", "for"),
