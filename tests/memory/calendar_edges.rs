@@ -1,6 +1,7 @@
-//! Review of calendar periods and admin operations on `MemoryStore` (no-
-//! context adversarial review): clocks at the ends of `u64`, hostile
-//! offsets and limits, blocks and rewards with hostile amounts.
+//! Calendar periods and admin operations on `MemoryStore` at their edges:
+//! clocks at the ends of `u64`, offsets at their bounds, hostile offsets
+//! and limits refused, blocks and rewards with hostile amounts: never a
+//! panic, never more than the limit, a block never lifted early.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ fn store_at(now: u64) -> (ManualClock, MemoryStore<ManualClock>) {
 /// the limit, and admin operations with hostile amounts and durations
 /// neither panic nor admit more.
 #[tokio::test]
-async fn review_calendar_periods_at_the_ends_of_time_never_panic_nor_over_admit() {
+async fn calendar_periods_at_the_ends_of_time_never_panic_nor_over_admit() {
     // 9999-12-31 00:00 UTC: 2,932,896 days after 1970-01-01.
     let y9999_dec_31 = 2_932_896 * DAY;
     let times = [
@@ -80,7 +81,7 @@ async fn review_calendar_periods_at_the_ends_of_time_never_panic_nor_over_admit(
 /// just before local midnight is denied up to its last microsecond, and a
 /// fresh budget comes exactly at the local edge (not earlier).
 #[tokio::test]
-async fn review_offsets_move_the_edge_exactly_and_never_early() {
+async fn offsets_move_the_edge_exactly_and_never_early() {
     // 2024-03-01 00:00 UTC.
     let mar_1 = 19_783 * DAY;
     for offset in [-86_399i32, -19_800, -1, 1, 20_700, 86_399] {
@@ -103,7 +104,7 @@ async fn review_offsets_move_the_edge_exactly_and_never_early() {
 
 /// Hostile parameters are refused when the policy is built.
 #[test]
-fn review_hostile_calendar_parameters_are_refused() {
+fn hostile_calendar_parameters_are_refused() {
     for offset in [86_400, -86_400, i32::MAX, i32::MIN, i32::MIN + 1] {
         for period in Period::ALL {
             assert!(
@@ -121,7 +122,7 @@ fn review_hostile_calendar_parameters_are_refused() {
 /// nothing; blocking again with a shorter duration shortens it; a block
 /// lifted by `reset` leaves a full budget.
 #[tokio::test]
-async fn review_a_block_is_never_lifted_early_nor_consumes() {
+async fn a_block_is_never_lifted_early_nor_consumes() {
     let jan_31 = 19_753 * DAY;
     let (clock, store) = store_at(jan_31);
     let policy = Policy::calendar(4, Period::Day).expect("valid");

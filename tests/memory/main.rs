@@ -6,7 +6,7 @@
 //! The tests of a theme share one binary, so the suite links it once.
 
 mod algorithms;
-mod calendar_admin_review;
+mod calendar_edges;
 mod lease;
 mod memory_store;
 mod store_errors;

@@ -17,7 +17,7 @@ mod attack_storm;
 mod bb8_pool;
 mod bounded_work;
 mod calendar;
-mod calendar_admin_review;
+mod calendar_admin;
 mod coalesce;
 mod multi_region;
 mod multi_region_snapshot;
