@@ -24,7 +24,8 @@
 //! Routes:
 //!
 //! - `POST /v1/complete?tokens=N` stands for a model call that generated `N`
-//!   tokens: it answers `x-tokens-used: N`. The rule settles the call from
+//!   tokens, at most `--limit` (a model's `max_tokens`; more is `400`): it
+//!   answers `x-tokens-used: N`. The rule settles the call from
 //!   that header, then removes it, so the client never sees it; the
 //!   response's `RateLimit` field says what is left after the settlement.
 //! - `GET /v1/fail` stands for a call that failed: it answers `500`, and its
@@ -40,6 +41,11 @@
 //! `Retry-After` until the refill has paid it. With the defaults, three calls
 //! of 400 tokens pass (the third leaves the key 200 tokens in debt) and the
 //! fourth is refused for about 12 seconds.
+//!
+//! Bound what one call may use, as this example does with `--limit`: a call
+//! is admitted on its reservation and settled after, and a cost past twice
+//! a budget is charged as twice the budget, so without a bound one call
+//! could use far more than it is charged.
 //!
 //! The API key is the client's to choose, and this example does not check
 //! it: a client sending a new key with every request would get a new budget
@@ -132,10 +138,11 @@ async fn run<St: Store + Clone>(args: &Args, store: St) -> Result<(), Box<dyn Er
         .on_failure(FailurePolicy::Closed);
     let quota = Quota {
         limiter: Limiter::new(store, per_key),
+        max_tokens: args.limit,
     };
 
     let app = Router::new()
-        .route("/v1/complete", post(complete))
+        .route("/v1/complete", post(complete::<St>))
         .route("/v1/fail", get(fail))
         .route_layer(budgets)
         // Not limited: it only looks.
@@ -153,8 +160,21 @@ struct Completion {
     tokens: u64,
 }
 
-/// `POST /v1/complete?tokens=N`: a model call that used `N` tokens.
-async fn complete(info: RateLimitInfo, Query(call): Query<Completion>) -> impl IntoResponse {
+/// `POST /v1/complete?tokens=N`: a model call that used `N` tokens, at
+/// most `max_tokens`.
+async fn complete<St>(
+    State(quota): State<Quota<St>>,
+    info: RateLimitInfo,
+    Query(call): Query<Completion>,
+) -> Response {
+    if call.tokens > quota.max_tokens {
+        // No header: charged the reservation.
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("a call uses at most {} tokens\n", quota.max_tokens),
+        )
+            .into_response();
+    }
     let reserved = info.estimate().unwrap_or(0);
     (
         [(TOKENS_USED, call.tokens.to_string())],
@@ -163,6 +183,7 @@ async fn complete(info: RateLimitInfo, Query(call): Query<Completion>) -> impl I
             call.tokens
         ),
     )
+        .into_response()
 }
 
 /// `GET /v1/fail`: a model call that failed; its reservation is given back.
@@ -173,10 +194,11 @@ async fn fail() -> (StatusCode, &'static str) {
     )
 }
 
-/// What `GET /v1/quota` looks at.
+/// What `GET /v1/quota` looks at, and the most tokens one call may use.
 #[derive(Clone)]
 struct Quota<St> {
     limiter: Limiter<St>,
+    max_tokens: u64,
 }
 
 /// `GET /v1/quota`: the caller's token budget, consuming nothing.

@@ -8,5 +8,6 @@
 mod axum_examples;
 mod bench_example;
 mod distributed;
+mod hostile_clients;
 mod quickstart;
 mod tonic_grpc;
