@@ -184,7 +184,11 @@
 //! invalid cost keeps the estimate (1 for an estimate of 0: a cost unknown
 //! is never free), and a cost above twice the limit is
 //! charged as twice the limit; both are logged and counted, and neither ever
-//! lifts a limit. When the store cannot settle (an outage), the request has
+//! lifts a limit. A settlement can take a budget at most one budget into
+//! debt, so bound what one request may use in the service (a model's
+//! `max_tokens`, a query's row limit) at or below a budget: the limiter
+//! charges what a request used, it cannot stop a request already running.
+//! When the store cannot settle (an outage), the request has
 //! already run: the reservation stays as it was taken, and the failure is
 //! logged and counted ([`Stats::settle_failed`]); the failure policy does
 //! not apply.
