@@ -12,6 +12,9 @@
 //!   epoch, so its peers count what it sends afresh; so does one that lost
 //!   everything, while its peers keep a higher sequence number of the old
 //!   epoch.
+//! - A sender's outbox snapshotted before any round recorded its Redis's
+//!   run id starts a new epoch too once restored; a sender restarted from
+//!   one snapshot again and again stays heard and bounded.
 //! - Heard hashes without `seq` (an older version's) or gone, and several
 //!   instances racing rounds on the shared cursor.
 //! - Keys that look like fields (`eu:0:3600000000`, `us@1:2:3`) or like the
@@ -118,6 +121,8 @@ async fn keys_with_the_protocols_delimiters_reach_the_peers() {
 const EU: usize = 0;
 const US: usize = 1;
 const AP: usize = 2;
+
+const META: &str = "ratelimit:mr:out:meta";
 
 /// Waits until `us` has heard both its peers since `since` (its Redis came
 /// back or lost everything then).
@@ -318,4 +323,126 @@ async fn instances_racing_on_the_cursor_keep_the_peer_heard() {
             0
         );
     }
+}
+
+/// `us`'s Redis refuses `INFO` for a while (an ACL without it, a transient
+/// failure: rounds fail before reading the outbox), during which `us`
+/// admits 3 on a key: the outbox is created by `decide.lua` with an epoch
+/// but no `run`, and that is what a snapshot (`SAVE`) holds. `INFO` comes
+/// back; `eu` hears the 3, then 4 more (7). `us`'s Redis then comes back
+/// from the snapshot (3, the same epoch, no `run`) and admits 3 more: 10
+/// in all, every one pushed to `eu` afterwards. Once `eu` heard `us`
+/// again, `eu` must admit nothing: an outbox without a recorded `run` also
+/// starts a new epoch. (Before, a missing `run` was only recorded, so
+/// `us`'s new cumulative counts (4, 5, 6) stayed below `eu`'s `seen` 7 of
+/// the same epoch and `eu` admitted 3 more: 13 of 10.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_taken_before_the_run_was_recorded_hides_the_senders_new_counts() {
+    let mut regions = Regions::start_fresh(SYNC, std::time::Duration::from_secs(2)).await;
+    let key = "run-missing";
+    assert_eq!(
+        regions.servers[US].cli(&["ACL", "SETUSER", "default", "-info"]),
+        "OK"
+    );
+    let mut us_admitted = admit_n(&regions, US, key, 3).await;
+    assert_eq!(us_admitted, 3);
+    // Let a few rounds try (and fail at INFO).
+    tokio::time::sleep(SYNC * 5).await;
+    let meta_at_save = regions.servers[US].cli(&["HGETALL", META]);
+    assert!(
+        !meta_at_save.lines().any(|l| l == "run"),
+        "the outbox meta already has a run: {meta_at_save:?}"
+    );
+    assert_eq!(regions.servers[US].cli(&["SAVE"]), "OK");
+    assert_eq!(
+        regions.servers[US].cli(&["ACL", "SETUSER", "default", "+info"]),
+        "OK"
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    us_admitted += admit_n(&regions, US, key, 4).await;
+    assert_eq!(us_admitted, 7);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let meta_before = regions.servers[US].cli(&["HGETALL", META]);
+    regions.servers[US].restart();
+    let restarted = Instant::now();
+    us_hears_its_peers_since(&regions, restarted).await;
+    us_admitted += admit_n(&regions, US, key, 3).await;
+    assert_eq!(us_admitted, 10, "us forgot 4 and admits 3 more");
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let meta_after = regions.servers[US].cli(&["HGETALL", META]);
+    let hash = regions.stores[EU].state_key(key.as_bytes(), &fixed(10));
+    let fields = regions.fields(EU, &hash);
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    assert_eq!(
+        eu_admitted,
+        0,
+        "us admitted {us_admitted} of a limit of 10 (the last 3 after its Redis came back \
+         from a snapshot whose outbox meta had no run), all pushed to eu and heard there; eu \
+         then admitted {eu_admitted}: the fleet {} of 10. us's meta at the save \
+         {meta_at_save:?}, before the restart {meta_before:?}, after {meta_after:?}; eu's \
+         fields {fields:?}",
+        us_admitted + eu_admitted
+    );
+}
+
+/// `us`'s Redis is snapshotted once (2 admitted on a key), then killed and
+/// brought back from that snapshot four times, admitting 1 on the key each
+/// time. Each time `eu` hears `us` again (liveness) under a new epoch, and
+/// counts at least everything `us` admitted (its epochs afresh: towards
+/// denying), so `eu` admits nothing beyond the limit less `us`'s
+/// admissions; the outbox meta and `eu`'s heard hash of `us` stay a
+/// handful of fields; every key has a TTL. (`us` itself forgets what it
+/// admitted after the snapshot at each restart: the data-loss slack
+/// RELIABILITY.md states, once per loss.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_restarted_again_and_again_from_one_snapshot_stays_heard_and_bounded() {
+    let mut regions = Regions::start_fresh(SYNC, std::time::Duration::from_secs(2)).await;
+    let key = "again-and-again";
+    let mut us_admitted = admit_n(&regions, US, key, 2).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[US].cli(&["SAVE"]), "OK");
+    let mut epochs = Vec::new();
+    let mut eu_before = 0;
+    for restart in 0..4 {
+        regions.servers[US].restart();
+        let restarted = Instant::now();
+        us_hears_its_peers_since(&regions, restarted).await;
+        us_admitted += admit_n(&regions, US, key, 1).await;
+        regions.wait_heard_since(EU, US, Instant::now()).await;
+        let meta: Vec<String> = regions.servers[US]
+            .cli(&["HGETALL", META])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let epoch = meta
+            .chunks_exact(2)
+            .find(|p| p[0] == "epoch")
+            .map(|p| p[1].clone())
+            .expect("an epoch");
+        assert!(
+            !epochs.contains(&epoch),
+            "restart {restart}: epoch {epoch} reused ({epochs:?})"
+        );
+        epochs.push(epoch);
+        assert!(meta.len() / 2 <= 3 + 2 * 2, "restart {restart}: {meta:?}");
+        let heard: usize = regions.servers[EU]
+            .cli(&["HLEN", "ratelimit:mr:heard:us"])
+            .parse()
+            .expect("a length");
+        assert!(
+            heard <= 10,
+            "restart {restart}: heard hash of {heard} fields"
+        );
+        let hash = regions.stores[EU].state_key(key.as_bytes(), &fixed(10));
+        let fields = regions.fields(EU, &hash);
+        let eu_admitted = admit_n(&regions, EU, key, 20).await;
+        assert!(
+            eu_admitted <= 10usize.saturating_sub(us_admitted + eu_before),
+            "restart {restart}: us admitted {us_admitted}, eu {eu_before} before and \
+             {eu_admitted} now; eu's fields {fields:?}"
+        );
+        eu_before += eu_admitted;
+    }
+    regions.assert_every_key_has_a_ttl();
 }

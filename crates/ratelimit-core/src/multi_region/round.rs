@@ -217,6 +217,14 @@ impl Pusher {
                 break None;
             }
         };
+        // A restart while the outbox was read (from a snapshot that
+        // recorded the run read before) could leave the old epoch standing
+        // for other counts: the next round starts a new one.
+        if self.run_id().await? != run {
+            return Err(StoreError::Backend(
+                "multi-region: this region's Redis restarted during a round".into(),
+            ));
+        }
         let (epoch, relied, cursor) = first.unwrap_or_default();
         // A backlog longer than one round is delivered in part and claims
         // nothing (the peer counts this region at its share once the

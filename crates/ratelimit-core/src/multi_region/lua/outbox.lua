@@ -39,22 +39,22 @@ end
 local max_skew = tonumber(ARGV[5])
 local meta = redis.call('HMGET', KEYS[3], 'epoch', 'seq', 'cursor:' .. ARGV[1], 'born:' .. ARGV[1], 'run')
 -- Only an outbox that exists (decide.lua writes it, with its TTL) keeps
--- the run id.
+-- the run id. One without it (new, or kept in a snapshot taken before a
+-- round recorded it) may be from another run too: a new epoch as well
+-- (for a new outbox, one that no peer has seen yet).
 if meta[1] and meta[5] ~= ARGV[6] then
-  if meta[5] then
-    local t = redis.call('TIME')
-    local fresh = fmt(tonumber(t[1]) * 1000000 + tonumber(t[2]))
-    if fresh == meta[1] then
-      fresh = fmt(tonumber(fresh) + 1)
-    end
-    local fields = redis.call('HKEYS', KEYS[3])
-    for f = 1, #fields do
-      if string.sub(fields[f], 1, 7) == 'cursor:' or string.sub(fields[f], 1, 5) == 'born:' then
-        redis.call('HDEL', KEYS[3], fields[f])
-      end
-    end
-    meta[1], meta[3], meta[4] = fresh, false, false
+  local t = redis.call('TIME')
+  local fresh = fmt(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  if fresh == meta[1] then
+    fresh = fmt(tonumber(fresh) + 1)
   end
+  local fields = redis.call('HKEYS', KEYS[3])
+  for f = 1, #fields do
+    if string.sub(fields[f], 1, 7) == 'cursor:' or string.sub(fields[f], 1, 5) == 'born:' then
+      redis.call('HDEL', KEYS[3], fields[f])
+    end
+  end
+  meta[1], meta[3], meta[4] = fresh, false, false
   redis.call('HSET', KEYS[3], 'epoch', meta[1], 'run', ARGV[6])
 end
 local epoch = meta[1] or '0'
