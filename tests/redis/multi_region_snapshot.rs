@@ -337,7 +337,7 @@ async fn instances_racing_on_the_cursor_keep_the_peer_heard() {
 /// `us`'s new cumulative counts (4, 5, 6) stayed below `eu`'s `seen` 7 of
 /// the same epoch and `eu` admitted 3 more: 13 of 10.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_taken_before_the_run_was_recorded_hides_the_senders_new_counts() {
+async fn a_snapshot_taken_before_the_run_was_recorded_does_not_hide_the_senders_new_counts() {
     let mut regions = Regions::start_fresh(SYNC, std::time::Duration::from_secs(2)).await;
     let key = "run-missing";
     assert_eq!(
