@@ -1,7 +1,7 @@
 //! A client's layer (`RateLimitLayer::for_http_client`) and the bodies that
 //! hold concurrency permits: a body keeps its slot while it can still
 //! stream (after an error frame too), frees it at the end a consumer sees
-//! (`None`, or a frame after which it says it ended) or when dropped;
+//! (`None`) or when dropped, never on its word alone;
 //! every refusal is an error.
 
 use std::collections::VecDeque;
@@ -25,27 +25,31 @@ use ratelimit_tower::{FailurePolicy, GlobalKey, HeaderKey, RateLimitLayer, Rejec
 use tokio::sync::mpsc;
 use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
 
-fn still() -> MemoryStore<ManualClock> {
+pub(super) fn still() -> MemoryStore<ManualClock> {
     MemoryStore::builder().clock(ManualClock::new(0)).build()
 }
 
-fn one_at_a_time() -> Policy {
+pub(super) fn one_at_a_time() -> Policy {
     named("downloads", Policy::concurrency(1, Duration::from_secs(60)))
 }
 
 /// What a scripted body does next.
-enum Step {
+pub(super) enum Step {
     Data(&'static str),
     /// A trailers frame, after which the body reports its end.
     Trailers,
+    /// A data frame after which the body says it has ended, though it may
+    /// go on (a body that breaks http-body's contract).
+    SaysEnded(&'static str),
     /// An error frame (not necessarily the last: the script goes on).
     Fail,
 }
 
 /// A body whose frames are sent by the test, one step at a time.
-struct Scripted {
+pub(super) struct Scripted {
     rx: mpsc::UnboundedReceiver<Step>,
     ended: bool,
+    says_ended: bool,
 }
 
 impl Body for Scripted {
@@ -70,12 +74,16 @@ impl Body for Scripted {
                 trailers.insert("x-checksum", HeaderValue::from_static("abc"));
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
+            Some(Step::SaysEnded(s)) => {
+                self.says_ended = true;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(s.as_bytes())))))
+            }
             Some(Step::Fail) => Poll::Ready(Some(Err(std::io::Error::other("stream reset")))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended
+        self.ended || self.says_ended
     }
 }
 
@@ -97,13 +105,14 @@ fn scripted_client() -> (
         ready(Ok::<_, Infallible>(Response::new(Scripted {
             rx,
             ended: false,
+            says_ended: false,
         })))
     });
     (service, scripts)
 }
 
 #[track_caller]
-fn refused(result: &Result<impl std::fmt::Debug, BoxError>) -> bool {
+pub(super) fn refused(result: &Result<impl std::fmt::Debug, BoxError>) -> bool {
     match result {
         Ok(_) => false,
         Err(e) => {
@@ -118,7 +127,7 @@ fn refused(result: &Result<impl std::fmt::Debug, BoxError>) -> bool {
 
 /// A client's layer of one slot around [`scripted_client`], the body of
 /// its first call (streaming, holding the slot) and that body's script.
-async fn one_body() -> (
+pub(super) async fn one_body() -> (
     impl Service<Request<()>, Response = Response<ResponseBody<Scripted>>, Error = BoxError> + Clone,
     ResponseBody<Scripted>,
     mpsc::UnboundedSender<Step>,
@@ -154,21 +163,24 @@ async fn a_body_that_goes_on_after_an_error_frame_keeps_its_slot() {
     assert!(!refused(&client.oneshot(Request::new(())).await));
 }
 
-/// A body whose last frame is its trailers says it has ended, and hyper's
-/// encoders stop polling there: the slot frees with that frame, not only
-/// at a poll that returns `None` or at drop.
+/// A body whose last frame is its trailers says it has ended: it keeps its
+/// slot until it is polled to `None` or dropped (hyper drops it there), not
+/// on its word, which a body may give too early.
 #[tokio::test]
-async fn a_body_that_says_it_ended_frees_its_slot() {
+async fn a_body_that_says_it_ended_keeps_its_slot_until_none_or_drop() {
     let (client, mut first, script) = one_body().await;
     script.send(Step::Data("the whole file")).unwrap();
     script.send(Step::Trailers).unwrap();
     assert!(first.frame().await.unwrap().unwrap().is_data());
-    assert!(refused(&client.clone().oneshot(Request::new(())).await));
     assert!(first.frame().await.unwrap().unwrap().is_trailers());
     assert!(first.is_end_stream(), "the body says it has ended");
+    assert!(refused(&client.clone().oneshot(Request::new(())).await));
+    assert!(first.frame().await.is_none());
     let second = client.clone().oneshot(Request::new(())).await;
-    assert!(!refused(&second), "a body that ended still held its slot");
-    drop(first);
+    assert!(
+        !refused(&second),
+        "a body polled to its end still held its slot"
+    );
 }
 
 /// A body read to its end frees its slot, and answers `None` when polled

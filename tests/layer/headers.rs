@@ -59,7 +59,7 @@ fn store_at(micros: u64) -> (Store, ManualClock) {
 
 /// Serves `app` on a fresh loopback port, in this runtime, with the peer
 /// address as `ConnectInfo`. Returns its base URL.
-async fn serve(app: Router) -> String {
+pub(super) async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .await
         .expect("bind 127.0.0.1:0");

@@ -10,6 +10,7 @@
 //! subscribers, so the tests of these modules run side by side in one
 //! binary, which the suite links once.
 
+mod bodies_and_rules;
 mod client_bodies;
 mod client_ip;
 mod config;

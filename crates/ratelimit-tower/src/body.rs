@@ -72,19 +72,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, permit } => {
-                let frame = body.as_mut().poll_frame(cx);
-                // Complete: free the slot now, at the end a consumer sees
-                // (`None`, or a frame after which the body says it ended,
-                // where hyper stops polling). Not on an error: http-body does
-                // not make it the last frame, and a body that goes on must
-                // keep its slot; a consumer that gives up drops the body.
-                let ended = match &frame {
-                    Poll::Ready(None) => true,
-                    Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
-                    Poll::Ready(Some(Err(_))) | Poll::Pending => false,
-                };
-                if ended {
+            KindProj::Inner { body, permit } => {
+                let frame = body.poll_frame(cx);
+                // Complete: free the slot now. Only at `None`: an error frame
+                // need not be the last (http-body does not say so), nor need
+                // a frame after which the body says it ended be (a body may
+                // say so early), and a body that goes on must keep its slot.
+                // A consumer that stops reading drops the body (hyper does
+                // once it has the last frame), which frees the slot too.
+                if matches!(frame, Poll::Ready(None)) {
                     drop(std::mem::take(permit));
                 }
                 frame
