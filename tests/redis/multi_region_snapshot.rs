@@ -15,6 +15,11 @@
 //! - A sender's outbox snapshotted before any round recorded its Redis's
 //!   run id starts a new epoch too once restored; a sender restarted from
 //!   one snapshot again and again stays heard and bounded.
+//! - A region's Redis whose data a full resync replaced (demoted, resynced
+//!   from a promoted replica that was behind, promoted back: the same
+//!   process and run id) starts a new epoch too: the replication id is part
+//!   of what the outbox records. Both sides back from snapshots at once
+//!   hear each other again within the data-loss slack.
 //! - Heard hashes without `seq` (an older version's) or gone, and several
 //!   instances racing rounds on the shared cursor.
 //! - Keys that look like fields (`eu:0:3600000000`, `us@1:2:3`) or like the
@@ -22,6 +27,8 @@
 //!   key.
 
 use std::time::{Duration, Instant};
+
+use ratelimit_tests::RedisServer;
 
 use super::multi_region::{Regions, SYNC, admitted_once_each, fixed, with_budget_left};
 
@@ -444,5 +451,168 @@ async fn a_sender_restarted_again_and_again_from_one_snapshot_stays_heard_and_bo
         );
         eu_before += eu_admitted;
     }
+    regions.assert_every_key_has_a_ttl();
+}
+
+/// `INFO server`'s run id of `server`.
+fn run_id(server: &RedisServer) -> String {
+    server
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(|r| r.trim().to_owned())
+        .expect("a run id")
+}
+
+/// The value of `field` in the `HGETALL` output `out`.
+fn field(out: &str, field: &str) -> Option<String> {
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .chunks_exact(2)
+        .find(|p| p[0] == field)
+        .map(|p| p[1].to_owned())
+}
+
+/// `us`'s Redis (process P1) has a replica P2. `us` admits 3 on one key;
+/// P2 has them, then is cut off from P1 (promoted: `REPLICAOF NO ONE`, as
+/// Sentinel does when P1 looks down), so it stays behind. `us` admits 4 more
+/// on P1 (7), and `eu` hears all 7. P1 is then demoted and resynced from P2
+/// (a full sync: P1's data is now P2's, 3 on the key) and promoted back, as a
+/// fail-back does. P1 runs on with the same run id, and the outbox meta it
+/// got from P2 records it (P2 served no round), but its replication id is
+/// new, so the outbox starts a new epoch. `us` forgot 4 (the data-loss
+/// slack) and admits 3 more, 10 in all, every one after the fail-back
+/// pushed to `eu`. Once `eu` heard `us` again it must admit nothing.
+/// (With the run id alone, the old epoch stayed, `eu`'s `seen` of `us` said
+/// 7, `us`'s new cumulative 4, 5, 6 added nothing there, and `eu` admitted
+/// 3 more: 13 of 10.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_resynced_from_a_replica_behind_starts_a_new_epoch() {
+    let regions = Regions::start_fresh(SYNC, Duration::from_secs(10)).await;
+    let key = "fail-back";
+    let replica = RedisServer::start();
+    let us_port = regions.servers[US].port().to_string();
+    assert_eq!(replica.cli(&["REPLICAOF", "127.0.0.1", &us_port]), "OK");
+    let mut us_admitted = admit_n(&regions, US, key, 3).await;
+    assert_eq!(us_admitted, 3);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    // P2 catches up with P1 (a round recorded P1's run id in the meta).
+    let deadline = Instant::now();
+    loop {
+        if replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            break;
+        }
+        assert!(
+            deadline.elapsed() < Duration::from_secs(10),
+            "replica never linked"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    regions.servers[US].wait_replicated(&replica);
+    let p1_run = run_id(&regions.servers[US]);
+    let meta_on_p2 = replica.cli(&["HGETALL", META]);
+    assert!(
+        field(&meta_on_p2, "run").is_some_and(|run| run.starts_with(&p1_run)),
+        "P2's copy of the meta records P1's run: {meta_on_p2:?}"
+    );
+    // P2 promoted (cut off from P1): behind from now on.
+    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    us_admitted += admit_n(&regions, US, key, 4).await;
+    assert_eq!(us_admitted, 7);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let meta_before = regions.servers[US].cli(&["HGETALL", META]);
+    // Fail-back: P1 demoted, fully resynced from P2, promoted again.
+    let p2_port = replica.port().to_string();
+    assert_eq!(
+        regions.servers[US].cli(&["REPLICAOF", "127.0.0.1", &p2_port]),
+        "OK"
+    );
+    let deadline = Instant::now();
+    loop {
+        let info = regions.servers[US].cli(&["INFO", "replication"]);
+        if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0") {
+            break;
+        }
+        assert!(
+            deadline.elapsed() < Duration::from_secs(10),
+            "P1 never resynced: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    replica.wait_replicated(&regions.servers[US]);
+    assert_eq!(regions.servers[US].cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    let failed_back = Instant::now();
+    assert_eq!(run_id(&regions.servers[US]), p1_run, "the same process");
+    let hash = regions.stores[US].state_key(key.as_bytes(), &fixed(10));
+    let us_fields = regions.fields(US, &hash);
+    regions.wait_heard_since(US, EU, failed_back).await;
+    regions.wait_heard_since(US, AP, failed_back).await;
+    us_admitted += admit_n(&regions, US, key, 3).await;
+    assert_eq!(
+        us_admitted, 10,
+        "us forgot 4 and admits 3 of the 7 it sees left (its fields after the resync \
+         {us_fields:?})"
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let meta_after = regions.servers[US].cli(&["HGETALL", META]);
+    let fields = regions.fields(
+        EU,
+        &regions.stores[EU].state_key(key.as_bytes(), &fixed(10)),
+    );
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    assert_eq!(
+        eu_admitted,
+        0,
+        "us admitted {us_admitted} of a limit of 10 (the last 3 after its Redis process was \
+         resynced from a replica behind and promoted back, the same run id), all pushed to eu \
+         and heard there; eu then admitted {eu_admitted}: the fleet {} of 10. us's meta before \
+         {meta_before:?}, after {meta_after:?}; eu's fields {fields:?}",
+        us_admitted + eu_admitted
+    );
+    regions.assert_every_key_has_a_ttl();
+}
+
+/// `eu` and `us` both snapshotted (`SAVE`) after `us` admitted 3 on a key
+/// (heard by `eu`), then `us` admits 4 more (heard), then both Redis are
+/// killed and come back from their snapshots at once. Each hears the other
+/// again (liveness), and after `us` admits 3 more (10 in all, 4 of them
+/// forgotten by both sides: one loss's slack) the fleet admits at most one
+/// more limit in all: `eu` at most the 10 `us`'s forgotten 4 leave, less
+/// what `eu` counts of `us`. Every key has a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_back_from_snapshots_at_once_hear_each_other_within_the_slack() {
+    let mut regions = Regions::start_fresh(SYNC, Duration::from_secs(2)).await;
+    let key = "both-restored";
+    let mut us_admitted = admit_n(&regions, US, key, 3).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    assert_eq!(regions.servers[US].cli(&["SAVE"]), "OK");
+    assert_eq!(regions.servers[EU].cli(&["SAVE"]), "OK");
+    us_admitted += admit_n(&regions, US, key, 4).await;
+    assert_eq!(us_admitted, 7);
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    regions.servers[US].restart();
+    regions.servers[EU].restart();
+    let restarted = Instant::now();
+    for (to, from) in [(US, EU), (US, AP), (EU, US), (EU, AP), (AP, US), (AP, EU)] {
+        regions.wait_heard_since(to, from, restarted).await;
+    }
+    us_admitted += admit_n(&regions, US, key, 3).await;
+    assert_eq!(
+        us_admitted, 10,
+        "us forgot 4 and admits 3 of the 4 it sees left"
+    );
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    regions.wait_heard_since(EU, US, Instant::now()).await;
+    let eu_admitted = admit_n(&regions, EU, key, 20).await;
+    // 4 forgotten fleet-wide (the loss's slack): at most 4 more anywhere.
+    assert!(
+        eu_admitted <= 4,
+        "the fleet admitted {} of 10 after one loss of 4",
+        us_admitted + eu_admitted
+    );
     regions.assert_every_key_has_a_ttl();
 }

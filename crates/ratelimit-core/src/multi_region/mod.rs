@@ -41,10 +41,11 @@
 //! Concurrency and the sliding window log need every unit, not a count, and
 //! a token bucket or GCRA would need their units consumed per period (see
 //! `ARCHITECTURE.md`). Each region's Redis is one node (not a cluster).
-//! Its user may run scripts and `INFO`: a round reads the Redis's run id,
-//! and a Redis that restarted (perhaps from a snapshot older than what its
-//! peers were sent) starts a new outbox, which its peers count afresh (what
-//! it kept, twice, until its windows end). Rounds that cannot read it fail,
+//! Its user may run scripts and `INFO`: a round reads the Redis's run and
+//! replication ids, and a Redis that restarted, was promoted or resynced
+//! (perhaps to data older than what its peers were sent) starts a new
+//! outbox, which its peers count afresh (what it kept, twice, until its
+//! windows end). Rounds that cannot read it fail,
 //! and the peers count the region at its share.
 //! Refunds and settlements ([`Store::settle`]) are
 //! [`StoreError::Unsupported`]: the counts only ever grow (a G-counter), so

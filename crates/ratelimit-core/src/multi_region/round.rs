@@ -398,24 +398,38 @@ impl Pusher {
         cmd
     }
 
-    /// This region's Redis's run id (`INFO server`): another one after a
-    /// restart (see `outbox.lua`).
+    /// What this region's Redis holds its data as: its run id and its
+    /// replication id (`INFO server`, `INFO replication`), one of which is
+    /// another after a restart, a promotion or a full resync from another
+    /// node, whenever the data may have been replaced (see `outbox.lua`).
     async fn run_id(&self) -> Result<String, StoreError> {
         let mut connection = self.local.clone();
         let timeout = self.timing.push_timeout;
-        let info: String = tokio::time::timeout(
+        let (server, replication): (String, String) = tokio::time::timeout(
             timeout,
-            redis::cmd("INFO")
+            redis::pipe()
+                .cmd("INFO")
                 .arg("server")
+                .cmd("INFO")
+                .arg("replication")
                 .query_async(&mut connection),
         )
         .await
         .map_err(|_| StoreError::Timeout(timeout))?
         .map_err(backend_error)?;
-        info.lines()
-            .find_map(|line| line.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_owned())
-            .ok_or_else(|| StoreError::Backend("multi-region: INFO server has no run_id".into()))
+        let field = |info: &str, name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(|id| id.trim().to_owned())
+                .ok_or_else(|| {
+                    StoreError::Backend(format!("multi-region: INFO has no {name}").into())
+                })
+        };
+        Ok(format!(
+            "{}:{}",
+            field(&server, "run_id:")?,
+            field(&replication, "master_replid:")?
+        ))
     }
 
     /// Reads the outbox after `after` (the peer's cursor when `None`), in

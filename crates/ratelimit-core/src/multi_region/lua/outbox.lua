@@ -11,9 +11,11 @@
 -- ARGV[3]     the most entries to return
 -- ARGV[4]     the fixed time in µs (tests), or 0 for the server's TIME
 -- ARGV[5]     the largest clock skew allowed between regions (µs)
--- ARGV[6]     this Redis's run id (`INFO server`), kept in the meta as
---             `run`: another one means this Redis restarted, perhaps from
---             a snapshot older than what its peers were sent (the same
+-- ARGV[6]     this Redis's run id and replication id (`INFO server`,
+--             `INFO replication`), kept in the meta as `run`: another one
+--             means this Redis restarted, was promoted or resynced from
+--             another node, perhaps to data older than what its peers were
+--             sent (the same
 --             epoch and sequence numbers would then stand for other,
 --             lower counts), so the outbox starts a new epoch and every
 --             peer gets everything again, counted afresh (twice what the
