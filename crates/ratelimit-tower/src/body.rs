@@ -30,7 +30,7 @@ pin_project! {
 
 impl<B> ResponseBody<B> {
     /// Wraps the inner service's body, holding a concurrency permit (renewed
-    /// meanwhile) until the body ends or is dropped.
+    /// meanwhile) until a poll returns no more frames or the body is dropped.
     pub(crate) fn with_permit(body: B, permit: PermitGuard) -> Self {
         ResponseBody {
             kind: Kind::Inner { body, permit },
@@ -78,8 +78,9 @@ where
                 // need not be the last (http-body does not say so), nor need
                 // a frame after which the body says it ended be (a body may
                 // say so early), and a body that goes on must keep its slot.
-                // A consumer that stops reading drops the body (hyper does
-                // once it has the last frame), which frees the slot too.
+                // A consumer that stops reading frees the slot when it
+                // drops the body (hyper drops it once the body says it
+                // ended, and unread when it sends none: HEAD, 204, 304).
                 if matches!(frame, Poll::Ready(None)) {
                     drop(std::mem::take(permit));
                 }

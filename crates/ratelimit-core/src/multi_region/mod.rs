@@ -45,7 +45,7 @@
 //! replication ids, and a Redis that restarted, was promoted or resynced
 //! (perhaps to data older than what its peers were sent) starts a new
 //! outbox, which its peers count afresh (what it kept, twice, until its
-//! windows end). Rounds that cannot read it fail,
+//! windows end). Rounds that cannot read the ids fail,
 //! and the peers count the region at its share.
 //! Refunds and settlements ([`Store::settle`]) are
 //! [`StoreError::Unsupported`]: the counts only ever grow (a G-counter), so

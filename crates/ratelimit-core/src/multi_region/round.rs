@@ -5,8 +5,11 @@
 //! admitted, whichever instance admitted it and whether or not its reply
 //! arrived. A round:
 //!
-//! 1. reads the outbox after the peer's cursor (what was delivered to it),
-//!    1,024 entries per read, until a read reaches the end;
+//! 1. reads this region's Redis's run and replication ids (`INFO`), then
+//!    the outbox after the peer's cursor (what was delivered to it),
+//!    1,024 entries per read, until a read reaches the end; the outbox
+//!    starts a new epoch when the ids are not the ones it recorded
+//!    (`outbox.lua`), and a round during which they changed fails;
 //! 2. pushes them to the peer's Redis, [`PUSH_BATCH`] entries per merge
 //!    (`merge.lua`), [`PUSH_PIPELINE`] merges per pipeline, every pipeline
 //!    at once and in order on one connection, so a round takes one round

@@ -35,10 +35,12 @@
 //! One pass over the path per way a hop may forward it, and a few segments
 //! compared per root. A path longer than [`LONGEST_PATH_READ`] that a hop
 //! would read otherwise, or one whose readings would take more than
-//! [`READING_BUDGET`] bytes, is counted instead: no request costs a rule
-//! more than some 16 KiB of readings, whatever it holds. A configuration's
-//! rules read a path once for all of them ([`Budget`] says which rules are
-//! asked and covered), so the cost does not grow with the rules.
+//! [`READING_BUDGET`] bytes, is counted instead, under every rule not yet
+//! covered: no request costs more than some 16 KiB of readings, whatever
+//! it holds, however many rules there are. A configuration's rules read a
+//! path once for all of them ([`Budget`] says which rules are asked and
+//! covered), so the readings do not multiply with the rules; each is
+//! compared with the prefixes of the rules not yet covered.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -939,15 +941,15 @@ fn decoded_by_a_hop(path: &str) -> String {
 
 /// The longest path read every way a hop may read it: a longer one that
 /// any hop would read otherwise (an escape, a dot segment, a backslash...)
-/// is counted under the rule instead, limited more, never less, and no
-/// client sends such paths.
+/// is counted under every rule asked for it and not yet covered instead,
+/// limited more, never less, and no client sends such paths.
 const LONGEST_PATH_READ: usize = 2048;
 
 /// The most bytes of readings a request's path is read as, for every rule
-/// of a configuration at once: a path
-/// that would need more (one holding many characters hops read otherwise,
-/// each doubling the ways) is counted under the rule instead, limited more,
-/// never less. A path with escapes, dot or empty segments or encoded
+/// of a configuration at once: a path that would need more (one holding
+/// many characters hops read otherwise, each doubling the ways) is counted
+/// under every rule asked for it and not yet covered instead, limited
+/// more, never less. A path with escapes, dot or empty segments or encoded
 /// slashes is read whole up to [`LONGEST_PATH_READ`], one with `;` up to
 /// some 1.5 KiB; one holding every kind of character hops read otherwise,
 /// up to some 400 bytes.

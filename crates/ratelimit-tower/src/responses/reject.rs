@@ -1,5 +1,5 @@
 //! How refusals reach the client: responses for HTTP and gRPC, errors for
-//! other request types.
+//! other request types and for an HTTP client's stack.
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,12 +26,14 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// [`HttpRejections`] (the default) answers refusals with HTTP responses
 /// (`429`, `503`, or a gRPC trailers-only response), and keeps the inner
 /// service's error; [`ErrorRejections`] makes them errors, for request
-/// types that are not HTTP.
+/// types that are not HTTP; [`ClientRejections`] makes them errors for an
+/// HTTP client's stack, whose response bodies hold their permits.
 ///
-/// Sealed: these two are the only implementations, and only the associated
-/// types [`Response`](Reject::Response) and [`Error`](Reject::Error) are
-/// API; the hidden items are how this crate's service uses the two, called
-/// nowhere else. Answers are customised with [`HttpRejections::on_rejection`].
+/// Sealed: these three are the only implementations, and only the
+/// associated types [`Response`](Reject::Response) and
+/// [`Error`](Reject::Error) are API; the hidden items are how this crate's
+/// service uses them, called nowhere else. Answers are customised with
+/// [`HttpRejections::on_rejection`].
 pub trait Reject<Req, Res, E>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The service's response.
     type Response;
@@ -284,7 +286,8 @@ impl<B, ResB, E> Reject<Request<B>, Response<ResB>, E> for HttpRejections {
 }
 
 /// Refusals as errors, for request types that are not HTTP (a client-side
-/// stack calling a downstream API, a queue consumer): the service's error
+/// stack calling a downstream API, a queue consumer; for HTTP requests a
+/// client sends, see [`ClientRejections`]): the service's error
 /// becomes a boxed error (`Box<dyn Error + Send + Sync>`, `tower::BoxError`),
 /// and a refusal is a [`Rejection`] inside it (downcast to read the
 /// decisions). Chosen by

@@ -6,7 +6,8 @@
 -- that read another epoch of the outbox (lost and started again meanwhile)
 -- moves nothing.
 --
--- KEYS[1]  the outbox's meta (HASH: epoch, seq, cursor:<peer>, born:<peer>)
+-- KEYS[1]  the outbox's meta (HASH: epoch, seq, run, cursor:<peer>,
+--          born:<peer>)
 -- ARGV[1]  the peer's name
 -- ARGV[2]  the sequence number, or -1 to go back to 0
 -- ARGV[3]  the epoch the round read

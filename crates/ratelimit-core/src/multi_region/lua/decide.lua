@@ -9,7 +9,7 @@
 -- this call is lost.
 --
 -- KEYS[1..4]   the outbox: by sequence (ZSET), by end (ZSET), values (HASH),
---              meta (HASH: epoch, seq, cursor:<peer>)
+--              meta (HASH: epoch, seq, run, cursor:<peer>, born:<peer>)
 -- KEYS[5..4+P] `<prefix>:mr:heard:<peer>` of each peer (mark.lua)
 -- then         the state hash of each check
 -- ARGV[1]      the fixed time in µs (tests), or 0 for the server's TIME

@@ -10,8 +10,10 @@
 --          TIME µs), the last clock sample (`lo` and `hi`, bounds of the
 --          sender's clock minus this one's, µs) and `skewed` (1 when the
 --          bounds lie beyond the skew allowed, or a merge found counts
---          over by this clock that the sender still held), and `late`
---          (until when, by this clock, such counts would have counted)
+--          over by this clock that the sender still held), `late`
+--          (until when, by this clock, such counts would have counted),
+--          and `epoch` and `seq` (how far the sender's outbox was
+--          delivered here)
 -- ARGV[1]  the ticket: TIME µs of this Redis at an earlier call; 0 asks
 --          for a ticket only (nothing claimed, nothing written)
 -- ARGV[2]  the ticket: this Redis's clock then (the fixed time in tests)
@@ -32,8 +34,9 @@
 -- ARGV[11] the sender's cursor the round relies on (a sequence number of
 --          its outbox: everything up to it was delivered here), ARGV[12]
 --          the epoch of the sender's outbox, ARGV[13] the sequence number
---          the round delivers up to; the hash keeps the highest delivered
---          (`epoch`, `seq`)
+--          the round delivers up to; the hash keeps how far it was
+--          delivered (`epoch`, `seq`): set by a round that pushed the whole
+--          outbox, only raised by one that relies on a cursor
 --
 -- A round that relies on a generation claims what earlier rounds delivered
 -- into it: if this hash is missing or was born again since (this Redis lost
