@@ -194,7 +194,7 @@ impl Pusher {
             Some(ticket) => ticket,
             None => self.ask_ticket(peer).await?,
         };
-        let run = self.run_id().await?;
+        let run = self.data_ids().await?;
         // Everything after the cursor, read before anything is sent: the
         // last read, after the ticket, is what the mark claims.
         let mut entries = Vec::new();
@@ -223,7 +223,7 @@ impl Pusher {
         // A restart while the outbox was read (from a snapshot that
         // recorded the run read before) could leave the old epoch standing
         // for other counts: the next round starts a new one.
-        if self.run_id().await? != run {
+        if self.data_ids().await? != run {
             return Err(StoreError::Backend(
                 "multi-region: this region's Redis restarted during a round".into(),
             ));
@@ -405,7 +405,7 @@ impl Pusher {
     /// replication id (`INFO server`, `INFO replication`), one of which is
     /// another after a restart, a promotion or a full resync from another
     /// node, whenever the data may have been replaced (see `outbox.lua`).
-    async fn run_id(&self) -> Result<String, StoreError> {
+    async fn data_ids(&self) -> Result<String, StoreError> {
         let mut connection = self.local.clone();
         let timeout = self.timing.push_timeout;
         let (server, replication): (String, String) = tokio::time::timeout(

@@ -195,13 +195,9 @@ impl Routes {
     }
 
     /// Reads `req`'s path every way it may be read (see the module docs),
-    /// marking in `reading` each rule it asks for whose prefixes cover it.
-    pub(super) fn read<B>(&self, req: &Request<B>, reading: &Budget) {
-        self.read_marking(req, reading);
-    }
-
-    /// [`Routes::read`]; true once every rule asked is covered.
-    fn read_marking<B>(&self, req: &Request<B>, budget: &Budget) -> bool {
+    /// marking in `budget` each rule it asks for whose prefixes cover it;
+    /// true once every one is covered.
+    pub(super) fn read<B>(&self, req: &Request<B>, budget: &Budget) -> bool {
         // A target that is no path (`CONNECT host:443`, `OPTIONS *`) is
         // read as the root, which a rule on `/` covers.
         if !req.uri().path().starts_with('/') {
