@@ -83,15 +83,13 @@ impl Config {
     /// `req`'s path read against the routes of every rule whose methods
     /// match it.
     fn read_routes<B>(&self, req: &Request<B>) -> Budget {
-        let mut asked = Vec::new();
-        for rule in &self.inner.rules {
-            if let Some(number) = rule.routes {
-                if asked.len() <= number {
-                    asked.resize(number + 1, false);
-                }
-                asked[number] = rule.matches_method(req);
-            }
-        }
+        // The rules with routes are numbered in order (see `compile`).
+        let asked = self
+            .inner
+            .rules
+            .iter()
+            .filter(|rule| rule.routes.is_some())
+            .map(|rule| rule.matches_method(req));
         let reading = Budget::asking(asked);
         self.inner.routes.read(req, &reading);
         reading

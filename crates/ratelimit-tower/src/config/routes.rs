@@ -375,14 +375,17 @@ impl Routes {
         let dot_dot = path.contains("..") || contains_ignoring_case(path, "%2e");
         // The rules (asked, not yet covered) with a prefix that may have a
         // root inside a segment: each of their prefixes is tried there.
-        let mut inside = vec![false; budget.open.len()];
-        let mut any_inside = false;
+        // Made only when one has (most paths have none).
+        let mut inside: Vec<bool> = Vec::new();
         for (prefix, rule) in &*self.prefixes {
             if budget.open(*rule) && may_have_a_root_inside(prefix, &plain, dot_dot) {
+                if inside.is_empty() {
+                    inside = vec![false; budget.rules()];
+                }
                 inside[*rule] = true;
-                any_inside = true;
             }
         }
+        let any_inside = !inside.is_empty();
         if !cleaning && !any_inside {
             return false;
         }
@@ -955,12 +958,19 @@ const READING_BUDGET: usize = 16 * 1024;
 /// and which rules it is asked for and which of them are covered so far.
 pub(super) struct Budget {
     left: Cell<usize>,
-    /// Per rule: asked for.
-    asked: Box<[bool]>,
-    /// Per rule: asked for and not yet covered.
-    open: Box<[Cell<bool>]>,
-    /// How many are.
+    /// Per rule: not asked for, open (asked and not yet covered), or
+    /// covered.
+    rules: Box<[Cell<RuleState>]>,
+    /// How many are open.
     opened: Cell<usize>,
+}
+
+/// Where a rule stands in one request's [`Budget`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RuleState {
+    NotAsked,
+    Open,
+    Covered,
 }
 
 impl Budget {
@@ -972,15 +982,30 @@ impl Budget {
 
     /// A reading for the rules `asked` says (by index).
     pub(super) fn asking(asked: impl IntoIterator<Item = bool>) -> Budget {
-        let asked: Box<[bool]> = asked.into_iter().collect();
-        let open: Box<[Cell<bool>]> = asked.iter().copied().map(Cell::new).collect();
-        let opened = asked.iter().filter(|&&asked| asked).count();
+        let rules: Box<[Cell<RuleState>]> = asked
+            .into_iter()
+            .map(|asked| {
+                Cell::new(if asked {
+                    RuleState::Open
+                } else {
+                    RuleState::NotAsked
+                })
+            })
+            .collect();
+        let opened = rules
+            .iter()
+            .filter(|rule| rule.get() == RuleState::Open)
+            .count();
         Budget {
             left: Cell::new(READING_BUDGET),
-            asked,
-            open,
+            rules,
             opened: Cell::new(opened),
         }
+    }
+
+    /// How many rules the reading has a place for.
+    fn rules(&self) -> usize {
+        self.rules.len()
     }
 
     /// Takes `bytes` from what is left: false once it runs out.
@@ -992,14 +1017,19 @@ impl Budget {
 
     /// Whether `rule` is asked for and not yet covered.
     fn open(&self, rule: usize) -> bool {
-        self.open.get(rule).is_some_and(Cell::get)
+        self.state(rule) == RuleState::Open
+    }
+
+    fn state(&self, rule: usize) -> RuleState {
+        self.rules.get(rule).map_or(RuleState::NotAsked, Cell::get)
     }
 
     /// Marks `rule` covered; true once every rule asked is.
     fn cover(&self, rule: usize) -> bool {
-        if let Some(open) = self.open.get(rule)
-            && open.replace(false)
+        if let Some(state) = self.rules.get(rule)
+            && state.get() == RuleState::Open
         {
+            state.set(RuleState::Covered);
             self.opened.set(self.opened.get() - 1);
         }
         self.opened.get() == 0
@@ -1008,8 +1038,10 @@ impl Budget {
     /// Counts the path under every rule still open (it is too long or too
     /// costly to read every way): true.
     fn cover_every_rule(&self) -> bool {
-        for open in &*self.open {
-            open.set(false);
+        for state in &*self.rules {
+            if state.get() == RuleState::Open {
+                state.set(RuleState::Covered);
+            }
         }
         self.opened.set(0);
         true
@@ -1017,7 +1049,7 @@ impl Budget {
 
     /// Whether `rule` was asked for and is covered.
     pub(super) fn covered(&self, rule: usize) -> bool {
-        self.asked.get(rule).copied().unwrap_or(false) && !self.open(rule)
+        self.state(rule) == RuleState::Covered
     }
 }
 
